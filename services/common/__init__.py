@@ -1,0 +1,1 @@
+"""What the gateway, scheduler and workers share: bootstrap, telemetry, config, errors."""
