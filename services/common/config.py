@@ -1,0 +1,134 @@
+"""Configuration: one frozen dataclass per service, read from flags and env in one place.
+
+Every field `foo_bar` of a service's config can be set as `--foo-bar` or as
+`INFERMESH_<SERVICE>_FOO_BAR`; a flag wins over the environment, which wins over
+the default. Bad values fail at start with a message naming the variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+T = typing.TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing or malformed; the message names its source."""
+
+
+def env_name(service: str, field_name: str) -> str:
+    return f"INFERMESH_{service.upper()}_{field_name.upper()}"
+
+
+def env_names(config_cls: type, service: str) -> set[str]:
+    """Every environment variable a service reads (the deploy manifests are checked against it)."""
+    return {env_name(service, f.name) for f in dataclasses.fields(config_cls)}
+
+
+def describe(f: dataclasses.Field) -> str:
+    return f.metadata.get("help", "")
+
+
+def setting(default, help: str):  # noqa: A002 - mirrors argparse's keyword
+    """A config field with its documentation."""
+    if isinstance(default, list | dict | set):
+        raise TypeError("use a tuple for sequence defaults")
+    return field(default=default, metadata={"help": help})
+
+
+def _convert(raw: str, type_: object, source: str) -> object:
+    origin = typing.get_origin(type_)
+    if origin in (typing.Union, types.UnionType):
+        options = [t for t in typing.get_args(type_) if t is not type(None)]
+        if raw == "":
+            return None
+        return _convert(raw, options[0], source)
+    if origin is tuple:
+        (item_type, *_rest) = typing.get_args(type_)
+        return tuple(_convert(part.strip(), item_type, source) for part in raw.split(",") if part.strip())
+    if type_ is bool:
+        lowered = raw.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{source}={raw!r}: expected true or false")
+    if type_ is int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"{source}={raw!r}: expected an integer") from None
+    if type_ is float:
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError(f"{source}={raw!r}: expected a number") from None
+    return raw
+
+
+def load_config(
+    config_cls: type[T],
+    service: str,
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> T:
+    environ = os.environ if environ is None else environ
+    hints = typing.get_type_hints(config_cls)
+    parser = argparse.ArgumentParser(prog=f"python -m services.{service}")
+    for f in dataclasses.fields(config_cls):
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            default=None,
+            help=f"{describe(f)} (env {env_name(service, f.name)}, default {f.default!r})",
+        )
+    args = parser.parse_args(argv)
+    values: dict[str, object] = {}
+    for f in dataclasses.fields(config_cls):
+        raw = getattr(args, f.name)
+        source = "--" + f.name.replace("_", "-")
+        if raw is None:
+            source = env_name(service, f.name)
+            raw = environ.get(source)
+        if raw is not None:
+            values[f.name] = _convert(raw, hints[f.name], source)
+    try:
+        return config_cls(**values)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{service} config: {exc}") from None
+
+
+def require(condition: bool, message: str) -> None:
+    """Validation inside a config's __post_init__."""
+    if not condition:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Fields every service has; each service's config extends this."""
+
+    host: str = setting("127.0.0.1", "address the gRPC server binds to")
+    port: int = setting(0, "gRPC port; 0 picks a free port")
+    metrics_port: int = setting(-1, "Prometheus /metrics HTTP port; 0 picks a free one, -1 disables")
+    drain_grace_s: float = setting(10.0, "on SIGTERM, how long in-flight work may finish")
+    max_message_bytes: int = setting(8 * 1024 * 1024, "largest gRPC message accepted")
+    log_level: str = setting("INFO", "DEBUG, INFO, WARNING or ERROR")
+
+    def __post_init__(self) -> None:
+        require(0 <= self.port <= 65535, f"port must be 0..65535, got {self.port}")
+        require(-1 <= self.metrics_port <= 65535, f"metrics_port must be -1..65535, got {self.metrics_port}")
+        require(self.drain_grace_s >= 0, f"drain_grace_s must be >= 0, got {self.drain_grace_s}")
+        require(self.max_message_bytes >= 1024, f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
+        require(
+            self.log_level in ("DEBUG", "INFO", "WARNING", "ERROR"),
+            f"log_level must be DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}",
+        )

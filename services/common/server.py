@@ -1,0 +1,146 @@
+"""One bootstrap for every service: grpc.aio on uvloop, health, reflection, metrics, tracing, drain.
+
+A service supplies the `Service` protocol; `run()` owns the process lifecycle:
+
+    start: bind, serve health NOT_SERVING, `service.start()` (which marks itself
+           SERVING when ready: the worker only after load, warm-up and golden check)
+    SIGTERM/SIGINT: health NOT_SERVING at once, `service.drain(grace)`, stop the
+           server with the rest of the grace period, `service.close()`, flush spans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import grpc
+import uvloop
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from services.common.config import ConfigError, ServerSettings
+from services.common.telemetry import setup_tracing
+
+log = logging.getLogger(__name__)
+
+
+class Health:
+    """The standard grpc.health.v1 service, set for the server and each named service."""
+
+    def __init__(self, service_names: tuple[str, ...]) -> None:
+        self.servicer = HealthServicer()
+        self._names = ("", *service_names)
+        self.serving = False
+
+    async def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        self.serving = serving
+        for name in self._names:
+            await self.servicer.set(name, status)
+
+    async def enter_drain(self) -> None:
+        self.serving = False
+        await self.servicer.enter_graceful_shutdown()
+
+
+class Service(Protocol):
+    # Fully qualified gRPC service names, for health and reflection.
+    service_names: tuple[str, ...]
+
+    def register(self, server: grpc.aio.Server) -> None: ...
+
+    async def start(self, health: Health) -> None: ...
+
+    async def drain(self, grace_s: float) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def configure_logging(service_name: str, level: str) -> None:
+    logging.basicConfig(
+        level=level,
+        stream=sys.stderr,
+        format=f"%(asctime)s {service_name} %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def server_options(settings: ServerSettings) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+        ("grpc.keepalive_time_ms", 20_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ]
+
+
+async def serve(service_name: str, settings: ServerSettings, service: Service) -> None:
+    provider = setup_tracing(service_name)
+    health = Health(service.service_names)
+    server = grpc.aio.server(options=server_options(settings))
+    health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
+    reflection.enable_server_reflection(
+        (*service.service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        server,
+    )
+    service.register(server)
+    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    if port == 0:
+        raise ConfigError(f"cannot bind {settings.host}:{settings.port}")
+    _start_metrics(settings)
+    await health.set_serving(False)
+    await server.start()
+    log.info("listening on %s:%d", settings.host, port)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    starting = asyncio.create_task(service.start(health))
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if starting.done() and starting.exception() is not None:
+        log.error("start failed: %s", starting.exception())
+        await server.stop(0)
+        provider.shutdown()
+        raise SystemExit(1)
+    await stopped
+
+    log.info("draining for up to %.1fs", settings.drain_grace_s)
+    began = time.monotonic()
+    starting.cancel()
+    await health.enter_drain()
+    try:
+        await asyncio.wait_for(service.drain(settings.drain_grace_s), timeout=settings.drain_grace_s)
+    except TimeoutError:
+        log.warning("drain did not finish within %.1fs", settings.drain_grace_s)
+    remaining_s = max(0.0, settings.drain_grace_s - (time.monotonic() - began))
+    await server.stop(remaining_s)
+    await service.close()
+    provider.shutdown()
+    log.info("stopped")
+
+
+def _start_metrics(settings: ServerSettings) -> None:
+    if settings.metrics_port < 0:
+        return
+    metrics_server, _thread = start_http_server(settings.metrics_port, addr=settings.host)
+    log.info("metrics on http://%s:%d/metrics", settings.host, metrics_server.server_port)
+
+
+def run(service_name: str, load: Callable[[], tuple[ServerSettings, Service]]) -> None:
+    """Entry point for `python -m services.<name>`: config errors exit 2 with the reason."""
+    try:
+        settings, service = load()
+    except ConfigError as exc:
+        print(f"{service_name}: configuration error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    configure_logging(service_name, settings.log_level)
+    uvloop.run(serve(service_name, settings, service))

@@ -1,0 +1,126 @@
+"""The one table between domain errors and gRPC status codes, both directions.
+
+Servicers wrap handlers with `maps_domain_errors`; clients turn an upstream
+`AioRpcError` back into a domain error with `from_rpc_error`, so a status passes
+through the gateway unchanged (code, message and retry hint).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+from services.common import errors
+
+log = logging.getLogger(__name__)
+
+PUSHBACK_KEY = "grpc-retry-pushback-ms"
+_DETAILS_KEY = "grpc-status-details-bin"
+
+STATUS_BY_ERROR: dict[type[errors.InfermeshError], grpc.StatusCode] = {
+    errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.NotFound: grpc.StatusCode.NOT_FOUND,
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.Cancelled: grpc.StatusCode.CANCELLED,
+    errors.Internal: grpc.StatusCode.INTERNAL,
+}
+ERROR_BY_STATUS = {code: cls for cls, code in STATUS_BY_ERROR.items()}
+
+
+def status_code_of(err: errors.InfermeshError) -> grpc.StatusCode:
+    for cls in type(err).__mro__:
+        if cls in STATUS_BY_ERROR:
+            return STATUS_BY_ERROR[cls]
+    return grpc.StatusCode.INTERNAL
+
+
+def trailing_metadata_of(err: errors.InfermeshError) -> tuple[tuple[str, str | bytes], ...]:
+    """Retry hint as both `grpc-retry-pushback-ms` and google.rpc.RetryInfo details."""
+    retry_after_s = getattr(err, "retry_after_s", None)
+    if retry_after_s is None:
+        return ()
+    code = status_code_of(err)
+    delay = duration_pb2.Duration()
+    delay.FromMilliseconds(int(retry_after_s * 1000))
+    detail = any_pb2.Any()
+    detail.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+    rich = status_pb2.Status(code=code.value[0], message=err.message, details=[detail])
+    return (
+        (PUSHBACK_KEY, str(int(retry_after_s * 1000))),
+        (_DETAILS_KEY, rich.SerializeToString()),
+    )
+
+
+async def abort(context: grpc.aio.ServicerContext, err: errors.InfermeshError) -> None:
+    await context.abort(status_code_of(err), err.message, trailing_metadata=trailing_metadata_of(err))
+
+
+def retry_after_s_of(rpc_error: grpc.RpcError) -> float | None:
+    for key, value in rpc_error.trailing_metadata() or ():
+        if key == PUSHBACK_KEY:
+            try:
+                return max(0.0, int(value) / 1000)
+            except ValueError:
+                return None
+    return None
+
+
+def from_rpc_error(rpc_error: grpc.RpcError) -> errors.InfermeshError:
+    """The domain error an upstream status stands for, keeping message and hint."""
+    code = rpc_error.code()
+    message = rpc_error.details() or code.name
+    cls = ERROR_BY_STATUS.get(code, errors.Internal)
+    if code == grpc.StatusCode.UNKNOWN:
+        cls = errors.Internal
+    if issubclass(cls, errors._RetryableError):
+        return cls(message, retry_after_s=retry_after_s_of(rpc_error))
+    return cls(message)
+
+
+def maps_domain_errors(handler: Callable) -> Callable:
+    """Turn domain errors raised by a servicer method into statuses.
+
+    Unexpected exceptions become INTERNAL with the traceback logged, never a
+    crashed process or an OK with an error string.
+    """
+
+    async def _handle(context, exc: BaseException) -> None:
+        if isinstance(exc, errors.InfermeshError):
+            await abort(context, exc)
+        log.exception("unhandled error in %s", handler.__qualname__)
+        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+
+    if inspect.isasyncgenfunction(handler):
+
+        @functools.wraps(handler)
+        async def stream_wrapper(self, request, context):
+            try:
+                async for item in handler(self, request, context):
+                    yield item
+            except (errors.InfermeshError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+                await _handle(context, exc)
+
+        return stream_wrapper
+
+    @functools.wraps(handler)
+    async def unary_wrapper(self, request, context):
+        try:
+            return await handler(self, request, context)
+        except (errors.InfermeshError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+            await _handle(context, exc)
+
+    return unary_wrapper
+
+
+# google.rpc.Code numbers equal grpc.StatusCode values; workers report item errors by number.
+STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}

@@ -1,0 +1,125 @@
+"""OpenTelemetry: tracer setup from the standard OTEL_* variables, W3C context in gRPC metadata.
+
+Exporter choice, first match wins:
+  * `OTEL_TRACES_EXPORTER=none|console|otlp` (the standard variable);
+  * OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set;
+  * a JSON-lines file when `INFERMESH_TRACE_FILE` is set (local runs and tests);
+  * otherwise none: spans are still created (so trace ids propagate) but not exported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+
+TRACE_FILE_ENV = "INFERMESH_TRACE_FILE"
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """Appends one JSON object per finished span; safe for several processes on one file."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        lines = "".join(json.dumps(_span_record(span)) + "\n" for span in spans)
+        with self._lock, open(self._path, "a", encoding="utf-8") as out:
+            out.write(lines)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+def _span_record(span: ReadableSpan) -> dict:
+    ctx = span.get_span_context()
+    return {
+        "name": span.name,
+        "service": span.resource.attributes.get("service.name"),
+        "trace_id": format(ctx.trace_id, "032x"),
+        "span_id": format(ctx.span_id, "016x"),
+        "parent_id": format(span.parent.span_id, "016x") if span.parent else None,
+        "start_ns": span.start_time,
+        "end_ns": span.end_time,
+        "attributes": dict(span.attributes or {}),
+    }
+
+
+def setup_tracing(service_name: str, environ: Mapping[str, str] | None = None) -> TracerProvider:
+    environ = os.environ if environ is None else environ
+    resource = Resource.create({"service.name": environ.get("OTEL_SERVICE_NAME", service_name)})
+    provider = TracerProvider(resource=resource)
+    processor = _span_processor(environ)
+    if processor is not None:
+        provider.add_span_processor(processor)
+    trace.set_tracer_provider(provider)
+    return provider
+
+
+def _span_processor(environ: Mapping[str, str]):
+    choice = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    has_endpoint = "OTEL_EXPORTER_OTLP_ENDPOINT" in environ or "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" in environ
+    if choice == "none":
+        return None
+    if choice == "console":
+        return SimpleSpanProcessor(ConsoleSpanExporter())
+    if choice == "otlp" or (not choice and has_endpoint):
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return BatchSpanProcessor(OTLPSpanExporter())
+    if environ.get(TRACE_FILE_ENV):
+        return SimpleSpanProcessor(JsonLinesSpanExporter(environ[TRACE_FILE_ENV]))
+    return None
+
+
+def tracer(name: str) -> trace.Tracer:
+    return trace.get_tracer(name)
+
+
+def context_from_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) -> otel_context.Context:
+    """The caller's trace context from incoming gRPC metadata (traceparent, tracestate)."""
+    carrier = {key: value for key, value in (metadata or ()) if isinstance(value, str)}
+    return propagate.extract(carrier)
+
+
+def context_from_carrier(carrier: Mapping[str, str]) -> otel_context.Context:
+    return propagate.extract(dict(carrier))
+
+
+def carrier_for(ctx: otel_context.Context | None = None) -> dict[str, str]:
+    """W3C headers for the given (or current) context, to put on an outgoing call or message."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=ctx)
+    return carrier
+
+
+def metadata_for(ctx: otel_context.Context | None = None) -> tuple[tuple[str, str], ...]:
+    return tuple(carrier_for(ctx).items())
+
+
+def record_stage_span(
+    tracer_: trace.Tracer,
+    name: str,
+    start_ns: int,
+    end_ns: int,
+    parent: otel_context.Context | None,
+    attributes: Mapping[str, str | int | float] | None = None,
+) -> None:
+    """A span for a stage measured after the fact (queue wait, batch wait, compute)."""
+    span = tracer_.start_span(name, context=parent, start_time=start_ns, attributes=dict(attributes or {}))
+    span.end(end_time=end_ns)
