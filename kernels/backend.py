@@ -1,0 +1,156 @@
+"""Where a kernel runs, and how its arrays get there.
+
+Every public kernel function takes numpy arrays, PyTorch tensors (CPU or CUDA)
+or Numba device arrays. This module answers two questions for them:
+
+* which backend runs the op: the ``backend=`` argument, else the
+  ``INFERMESH_KERNEL_BACKEND`` environment variable, else automatic — CUDA when
+  the data already live on the GPU (or, for ops whose inputs always start on the
+  host, when ``numba.cuda.is_available()``), the CPU twin otherwise;
+* how to view an array for that backend without copying it: ``.numpy()`` for
+  CPU tensors, ``numba.cuda.as_cuda_array`` for CUDA tensors, launched on
+  PyTorch's current stream so the kernel orders correctly with the model's ops.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import os
+from typing import Any
+
+import numpy as np
+
+BACKEND_ENV_VAR = "INFERMESH_KERNEL_BACKEND"
+
+
+class Backend(enum.Enum):
+    CUDA = "cuda"
+    CPU = "cpu"
+    REFERENCE = "reference"
+
+
+@functools.cache
+def cuda_available() -> bool:
+    from numba import cuda
+
+    return bool(cuda.is_available())
+
+
+def resolve_backend(requested: str | Backend | None, *, prefer_cuda: bool) -> Backend:
+    """The backend for one call.
+
+    ``prefer_cuda`` is what automatic choice leans to: True when the data are on
+    the GPU already (or always start on the host, like images), False when they
+    are host arrays that a GPU would first have to copy in and out.
+    """
+    if isinstance(requested, Backend):
+        return requested
+    choice = requested if requested is not None else os.environ.get(BACKEND_ENV_VAR, "auto")
+    choice = choice.strip().lower()
+    if choice == "auto" or choice == "":
+        return Backend.CUDA if prefer_cuda and cuda_available() else Backend.CPU
+    try:
+        backend = Backend(choice)
+    except ValueError:
+        names = ", ".join(repr(b.value) for b in Backend)
+        source = "backend" if requested is not None else BACKEND_ENV_VAR
+        raise ValueError(f"{source} must be one of {names} or 'auto'; got {choice!r}") from None
+    if backend is Backend.CUDA and not cuda_available():
+        raise ValueError("backend 'cuda' requested but numba.cuda.is_available() is False")
+    return backend
+
+
+def is_torch_tensor(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "is_cuda")
+
+
+def is_on_device(x: Any) -> bool:
+    """True for CUDA tensors and Numba device arrays (anything exposing __cuda_array_interface__)."""
+    if is_torch_tensor(x):
+        return bool(x.is_cuda)
+    return hasattr(x, "__cuda_array_interface__")
+
+
+def all_on_device(names_and_arrays: dict[str, Any]) -> bool:
+    """Whether every array is on the GPU; mixing host and device arrays is a caller error."""
+    placements = {name: is_on_device(x) for name, x in names_and_arrays.items()}
+    if all(placements.values()):
+        return True
+    if not any(placements.values()):
+        return False
+    on_device = sorted(n for n, d in placements.items() if d)
+    on_host = sorted(n for n, d in placements.items() if not d)
+    raise ValueError(
+        f"arrays must all be on the GPU or all on the host; on the GPU: {', '.join(on_device)}; "
+        f"on the host: {', '.join(on_host)}"
+    )
+
+
+def dtype_name(x: Any) -> str:
+    """'float32', 'int64', … for numpy arrays, torch tensors and Numba device arrays alike."""
+    dtype = x.dtype
+    if is_torch_tensor(x):
+        return str(dtype).removeprefix("torch.")
+    return np.dtype(dtype).name
+
+
+def host_view(x: Any) -> np.ndarray:
+    """A numpy view of a host array or CPU tensor (no copy)."""
+    if is_torch_tensor(x):
+        return x.detach().numpy()
+    return np.asarray(x)
+
+
+def as_torch(x: Any):
+    """A torch view of a numpy array or tensor (no copy), for the PyTorch references."""
+    import torch
+
+    if is_torch_tensor(x):
+        return x
+    if hasattr(x, "__cuda_array_interface__"):
+        return torch.as_tensor(x, device="cuda")
+    return torch.from_numpy(np.asarray(x))
+
+
+class DeviceLaunch:
+    """Device views of a call's arrays and the stream to launch on.
+
+    Torch CUDA tensors and Numba device arrays are viewed in place; host arrays
+    (numpy, CPU tensors) are copied in, and ``copy_back`` writes results into
+    the host arrays the caller passed — which is how the simulator tests run.
+    """
+
+    def __init__(self, torch_tensors: list[Any]) -> None:
+        from numba import cuda
+
+        self._cuda = cuda
+        self._host_outputs: list[tuple[Any, np.ndarray]] = []
+        self.stream = 0
+        if torch_tensors and any(is_torch_tensor(t) and t.is_cuda for t in torch_tensors):
+            import torch
+
+            device = next(t.device for t in torch_tensors if is_torch_tensor(t) and t.is_cuda)
+            torch_stream = torch.cuda.current_stream(device)
+            self.stream = cuda.external_stream(torch_stream.cuda_stream)
+
+    def view(self, x: Any, *, is_output: bool = False):
+        cuda = self._cuda
+        if is_torch_tensor(x) and x.is_cuda:
+            return cuda.as_cuda_array(x.detach())
+        if hasattr(x, "__cuda_array_interface__") and not is_torch_tensor(x):
+            return x if cuda.is_cuda_array(x) else cuda.as_cuda_array(x)
+        host = np.ascontiguousarray(host_view(x))
+        device = cuda.to_device(host, stream=self.stream)
+        if is_output:
+            self._host_outputs.append((device, host_view(x)))
+        return device
+
+    def copy_back(self) -> None:
+        for device, host in self._host_outputs:
+            if host.flags.c_contiguous:
+                device.copy_to_host(host, stream=self.stream)
+            else:
+                host[...] = device.copy_to_host(stream=self.stream)
+        if self._host_outputs and self.stream != 0:
+            self.stream.synchronize()

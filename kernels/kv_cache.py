@@ -1,0 +1,165 @@
+"""write_kv_cache: scatter one step's new keys and values into paged KV blocks.
+
+Layouts (vLLM's, minus its x-packing of keys):
+
+    key, value:             float32[num_tokens, num_kv_heads, head_size]
+    key_cache, value_cache: float32[num_blocks, block_size, num_kv_heads, head_size]
+    slot_mapping:           int64[num_tokens]
+
+Token ``t`` goes to block ``slot // block_size``, row ``slot % block_size``.
+A negative slot marks a padding token, which is skipped. Slots must be
+distinct; two tokens aimed at one slot leave either value there.
+
+The op is one copy of ``num_tokens * num_kv_heads * head_size`` floats per
+cache, so every backend is bound by memory traffic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+from numba import cuda
+
+from kernels.backend import (
+    Backend,
+    DeviceLaunch,
+    all_on_device,
+    as_torch,
+    host_view,
+    resolve_backend,
+)
+from kernels.validation import check_array, check_contiguous, check_dim
+
+THREADS_PER_BLOCK = 256
+
+
+@cuda.jit
+def _write_kv_cache_cuda(key, value, key_cache, value_cache, slot_mapping):
+    """One thread per (token, head, dim) element, so neighbouring threads copy neighbouring floats."""
+    idx = cuda.grid(1)
+    num_tokens, num_kv_heads, head_size = key.shape
+    row = num_kv_heads * head_size
+    if idx >= num_tokens * row:
+        return
+    token = idx // row
+    slot = slot_mapping[token]
+    block_size = key_cache.shape[1]
+    # Device-resident slots are not range-checked on the host (that would
+    # synchronize); an out-of-range slot is dropped rather than written wild.
+    if slot < 0 or slot >= key_cache.shape[0] * block_size:
+        return
+    within = idx - token * row
+    head = within // head_size
+    dim = within - head * head_size
+    block = slot // block_size
+    offset = slot - block * block_size
+    key_cache[block, offset, head, dim] = key[token, head, dim]
+    value_cache[block, offset, head, dim] = value[token, head, dim]
+
+
+@numba.njit(parallel=True, cache=True)
+def _write_kv_cache_cpu(key, value, key_cache, value_cache, slot_mapping):
+    """CPU twin: one token per iteration; each token's rows are contiguous in both tensors."""
+    num_tokens, num_kv_heads, head_size = key.shape
+    block_size = key_cache.shape[1]
+    for token in numba.prange(num_tokens):
+        slot = slot_mapping[token]
+        if slot < 0:
+            continue
+        block = slot // block_size
+        offset = slot - block * block_size
+        for head in range(num_kv_heads):
+            for dim in range(head_size):
+                key_cache[block, offset, head, dim] = key[token, head, dim]
+                value_cache[block, offset, head, dim] = value[token, head, dim]
+
+
+def write_kv_cache_reference(key, value, key_cache, value_cache, slot_mapping) -> None:
+    """PyTorch reference: index_copy_ into the caches viewed as [num_slots, num_kv_heads, head_size]."""
+    key_t, value_t = as_torch(key), as_torch(value)
+    key_cache_t, value_cache_t = as_torch(key_cache), as_torch(value_cache)
+    slots = as_torch(slot_mapping)
+    keep = slots >= 0
+    kept_slots = slots[keep]
+    num_kv_heads, head_size = key_cache_t.shape[2], key_cache_t.shape[3]
+    key_cache_t.view(-1, num_kv_heads, head_size).index_copy_(0, kept_slots, key_t[keep])
+    value_cache_t.view(-1, num_kv_heads, head_size).index_copy_(0, kept_slots, value_t[keep])
+
+
+def write_kv_cache(
+    key: Any,
+    value: Any,
+    key_cache: Any,
+    value_cache: Any,
+    slot_mapping: Any,
+    backend: str | Backend | None = None,
+) -> None:
+    """Writes ``key``/``value`` into ``key_cache``/``value_cache`` in place at ``slot_mapping``.
+
+    Layouts are in the module docstring. Arrays are numpy, PyTorch (CPU or
+    CUDA) or Numba device arrays, all on the host or all on the GPU. The caches
+    must be C-contiguous. On host arrays every slot is checked against the
+    cache's capacity (ValueError); on GPU arrays an out-of-range slot is skipped.
+    """
+    num_tokens, num_kv_heads, head_size = check_array(
+        "key", key, dtypes=("float32",), layout=("num_tokens", "num_kv_heads", "head_size")
+    )
+    value_shape = check_array("value", value, dtypes=("float32",), layout=("num_tokens", "num_kv_heads", "head_size"))
+    if value_shape != (num_tokens, num_kv_heads, head_size):
+        raise ValueError(f"value has shape {value_shape} but key has shape {(num_tokens, num_kv_heads, head_size)}")
+    cache_layout = ("num_blocks", "block_size", "num_kv_heads", "head_size")
+    cache_shape = check_array("key_cache", key_cache, dtypes=("float32",), layout=cache_layout)
+    value_cache_shape = check_array("value_cache", value_cache, dtypes=("float32",), layout=cache_layout)
+    if value_cache_shape != cache_shape:
+        raise ValueError(f"value_cache has shape {value_cache_shape} but key_cache has shape {cache_shape}")
+    check_dim("key_cache", "num_kv_heads", cache_shape[2], num_kv_heads, "key")
+    check_dim("key_cache", "head_size", cache_shape[3], head_size, "key")
+    (num_slots_given,) = check_array("slot_mapping", slot_mapping, dtypes=("int64",), layout=("num_tokens",))
+    check_dim("slot_mapping", "num_tokens", num_slots_given, num_tokens, "key")
+    check_contiguous("key_cache", key_cache)
+    check_contiguous("value_cache", value_cache)
+
+    arrays = {"key": key, "value": value, "key_cache": key_cache, "value_cache": value_cache,
+              "slot_mapping": slot_mapping}
+    on_device = all_on_device(arrays)
+    chosen = resolve_backend(backend, prefer_cuda=on_device)
+    if not on_device:
+        _check_slots(host_view(slot_mapping), num_slots=cache_shape[0] * cache_shape[1])
+    if num_tokens == 0:
+        return
+    if chosen is Backend.REFERENCE:
+        write_kv_cache_reference(key, value, key_cache, value_cache, slot_mapping)
+    elif chosen is Backend.CPU:
+        if on_device:
+            raise ValueError("backend 'cpu' needs host arrays; got GPU arrays")
+        _write_kv_cache_cpu(
+            np.ascontiguousarray(host_view(key)),
+            np.ascontiguousarray(host_view(value)),
+            host_view(key_cache),
+            host_view(value_cache),
+            np.ascontiguousarray(host_view(slot_mapping)),
+        )
+    else:
+        launch = DeviceLaunch(list(arrays.values()))
+        num_threads = num_tokens * num_kv_heads * head_size
+        num_blocks = (num_threads + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
+        _write_kv_cache_cuda[num_blocks, THREADS_PER_BLOCK, launch.stream](
+            launch.view(key),
+            launch.view(value),
+            launch.view(key_cache, is_output=True),
+            launch.view(value_cache, is_output=True),
+            launch.view(slot_mapping),
+        )
+        launch.copy_back()
+
+
+def _check_slots(slots: np.ndarray, *, num_slots: int) -> None:
+    bad = np.flatnonzero(slots >= num_slots)
+    if bad.size:
+        token = int(bad[0])
+        raise ValueError(
+            f"slot_mapping[{token}] is {int(slots[token])} but the cache holds only {num_slots} slots "
+            f"(num_blocks * block_size)"
+        )
