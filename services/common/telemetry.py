@@ -123,3 +123,26 @@ def record_stage_span(
     """A span for a stage measured after the fact (queue wait, batch wait, compute)."""
     span = tracer_.start_span(name, context=parent, start_time=start_ns, attributes=dict(attributes or {}))
     span.end(end_time=end_ns)
+
+
+def record_stages_under(
+    tracer_: trace.Tracer,
+    name: str,
+    start_ns: int,
+    end_ns: int,
+    parent: otel_context.Context | None,
+    stages: Sequence[tuple[str, int]],
+    attributes: Mapping[str, str | int | float] | None = None,
+) -> None:
+    """One span for a hop's work with one child per stage, laid end to end from start_ns.
+
+    stages: (stage name, duration in microseconds), in the order they ran.
+    """
+    span = tracer_.start_span(name, context=parent, start_time=start_ns, attributes=dict(attributes or {}))
+    inside = trace.set_span_in_context(span)
+    cursor_ns = start_ns
+    for stage, duration_us in stages:
+        stage_end_ns = min(end_ns, cursor_ns + duration_us * 1000)
+        record_stage_span(tracer_, stage, cursor_ns, stage_end_ns, inside)
+        cursor_ns = stage_end_ns
+    span.end(end_time=end_ns)

@@ -1,0 +1,1 @@
+"""Gateway: the edge. Auth, tenant quotas, deadlines, retries, shedding, routing."""

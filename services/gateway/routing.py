@@ -1,0 +1,253 @@
+"""Routing table: model name → version → scheduler endpoint.
+
+Config (a mapping, e.g. the `models` section of the gateway's routing YAML):
+
+    models:
+      digits:
+        default_version: "1"
+        endpoints: ["127.0.0.1:50061"]          # every version, unless it lists its own
+      tinylm:
+        default_version: "1"
+        endpoints:
+          - {address: "10.0.0.5:50061", weight: 3}
+          - {address: "10.0.0.6:50061", weight: 1}
+        versions:
+          "2": {canary_percent: 10}            # 10% of version-less requests; the default gets the rest
+
+A request naming a version goes to that version. A version-less request goes
+to a canary with its `canary_percent` chance, else to the default version; a
+canary with no available endpoint falls back to the default, so a broken
+canary never fails requests that did not ask for it. Within a version, an
+endpoint is drawn by weight among those whose circuit breaker lets a call
+through; a retry passes the endpoints it already tried in `exclude`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from services.common.errors import NotFound, Unavailable
+from services.gateway.circuit_breaker import BreakerPermit, CircuitBreakers
+
+
+class RoutingConfigError(ValueError):
+    """The routing config is unusable; the message names source, model and field."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    # host:port of a scheduler.
+    address: str
+    # Relative share among the version's endpoints, > 0.
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class VersionRoute:
+    version: str
+    endpoints: tuple[Endpoint, ...]
+    # Share of version-less requests, [0, 100]; the default version's is the remainder.
+    canary_percent: float = 0.0
+
+
+@dataclass(frozen=True)
+class ModelRoute:
+    model: str
+    default_version: str
+    versions: tuple[VersionRoute, ...]
+
+    def version(self, version: str) -> VersionRoute | None:
+        return next((v for v in self.versions if v.version == version), None)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one attempt goes. Report its outcome through `permit`."""
+
+    model: str
+    version: str
+    endpoint: str
+    permit: BreakerPermit
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def parse_routing_config(data: object, source: str) -> tuple[ModelRoute, ...]:
+    if not isinstance(data, Mapping) or not isinstance(data.get("models"), Mapping) or not data["models"]:
+        raise RoutingConfigError(
+            f"{source}: field 'models': must be a non-empty mapping of model name to route"
+        )
+    return tuple(_parse_model(str(name), spec, source) for name, spec in data["models"].items())
+
+
+def _parse_model(name: str, spec: object, source: str) -> ModelRoute:
+    def fail(field_name: str, problem: str) -> RoutingConfigError:
+        return RoutingConfigError(f"{source}: model '{name}': field '{field_name}': {problem}")
+
+    if not isinstance(spec, Mapping):
+        raise fail("", "must be a mapping")
+    unknown = sorted(set(spec) - {"default_version", "endpoints", "versions"})
+    if unknown:
+        raise fail(unknown[0], "unknown field (expected default_version, endpoints, versions)")
+    default_version = spec.get("default_version")
+    if (
+        not isinstance(default_version, str | int)
+        or isinstance(default_version, bool)
+        or str(default_version) == ""
+    ):
+        raise fail("default_version", 'is required: a version string such as "1"')
+    default_version = str(default_version)
+    shared = _parse_endpoints(spec["endpoints"], "endpoints", fail) if "endpoints" in spec else None
+    version_specs = spec.get("versions") or {}
+    if not isinstance(version_specs, Mapping):
+        raise fail("versions", "must be a mapping of version to {endpoints, canary_percent}")
+    version_specs = {str(v): s for v, s in version_specs.items()}
+    version_specs.setdefault(default_version, {})
+    versions = tuple(
+        _parse_version(version, vspec, version == default_version, shared, fail)
+        for version, vspec in version_specs.items()
+    )
+    total_canary = sum(v.canary_percent for v in versions)
+    if total_canary > 100:
+        raise fail("versions", f"canary_percent values add up to {total_canary:g}, more than 100")
+    return ModelRoute(model=name, default_version=default_version, versions=versions)
+
+
+def _parse_version(version: str, spec: object, is_default: bool, shared, fail) -> VersionRoute:
+    where = f"versions.{version}"
+    if spec is None:
+        spec = {}
+    if not isinstance(spec, Mapping):
+        raise fail(where, "must be a mapping with endpoints and/or canary_percent")
+    unknown = sorted(set(spec) - {"endpoints", "canary_percent"})
+    if unknown:
+        raise fail(f"{where}.{unknown[0]}", "unknown field (expected endpoints, canary_percent)")
+    canary_percent = spec.get("canary_percent", 0)
+    if is_default and "canary_percent" in spec:
+        raise fail(f"{where}.canary_percent", "not allowed on the default version (it gets the remainder)")
+    if (
+        isinstance(canary_percent, bool)
+        or not isinstance(canary_percent, int | float)
+        or not 0 <= canary_percent <= 100
+    ):
+        raise fail(f"{where}.canary_percent", f"must be a number in [0, 100], got {canary_percent!r}")
+    if "endpoints" in spec:
+        endpoints = _parse_endpoints(spec["endpoints"], f"{where}.endpoints", fail)
+    elif shared is not None:
+        endpoints = shared
+    else:
+        raise fail(f"{where}.endpoints", "required (or set the model's endpoints)")
+    return VersionRoute(version=version, endpoints=endpoints, canary_percent=float(canary_percent))
+
+
+def _parse_endpoints(value: object, field_name: str, fail) -> tuple[Endpoint, ...]:
+    if not isinstance(value, list) or not value:
+        raise fail(field_name, "must be a non-empty list of 'host:port' or {address, weight}")
+    endpoints = []
+    for index, item in enumerate(value):
+        where = f"{field_name}[{index}]"
+        address, weight = (item, 1.0) if isinstance(item, str) else (None, None)
+        if isinstance(item, Mapping):
+            address, weight = item.get("address"), item.get("weight", 1.0)
+        if not isinstance(address, str) or ":" not in address:
+            raise fail(where, f"address must be 'host:port', got {address!r}")
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
+            raise fail(where, f"weight must be a number > 0, got {weight!r}")
+        endpoints.append(Endpoint(address=address, weight=float(weight)))
+    addresses = [e.address for e in endpoints]
+    if len(set(addresses)) != len(addresses):
+        raise fail(field_name, "lists an address twice")
+    return tuple(endpoints)
+
+
+# --------------------------------------------------------------------------- choosing
+
+
+class RoutingTable:
+    def __init__(
+        self,
+        routes: Iterable[ModelRoute],
+        breakers: CircuitBreakers,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self._routes = {route.model: route for route in routes}
+        self._breakers = breakers
+        self._rng = rng
+
+    @property
+    def models(self) -> tuple[ModelRoute, ...]:
+        return tuple(self._routes.values())
+
+    def endpoints(self) -> tuple[str, ...]:
+        """Every scheduler address in the table (to dial, and to poll for pressure)."""
+        seen = dict.fromkeys(
+            e.address for r in self._routes.values() for v in r.versions for e in v.endpoints
+        )
+        return tuple(seen)
+
+    def model(self, model: str) -> ModelRoute:
+        route = self._routes.get(model)
+        if route is None:
+            raise NotFound(f"unknown model '{model}'")
+        return route
+
+    def choose(self, model: str, version: str = "", *, exclude: frozenset[str] = frozenset()) -> Route:
+        """Pick a version (when `version` is empty) and an endpoint whose breaker admits a call.
+
+        Raises NotFound for an unknown model or version, Unavailable when every endpoint's
+        breaker is open (with the time until the first one lets a probe through).
+        """
+        model_route = self.model(model)
+        if version:
+            chosen = model_route.version(version)
+            if chosen is None:
+                raise NotFound(f"unknown version '{version}' of model '{model}'")
+        else:
+            chosen = self._draw_version(model_route)
+            if chosen.version != model_route.default_version and not self._available(chosen, exclude):
+                chosen = model_route.version(model_route.default_version)
+        endpoint = self._draw_endpoint(model_route.model, chosen, exclude)
+        permit = self._breakers.for_endpoint(endpoint.address).try_acquire()
+        if permit is None:  # cannot happen on one event loop: availability was just checked
+            raise Unavailable(f"scheduler {endpoint.address} refused the call (circuit open)")
+        return Route(model=model, version=chosen.version, endpoint=endpoint.address, permit=permit)
+
+    def _draw_version(self, model_route: ModelRoute) -> VersionRoute:
+        point = self._rng() * 100
+        for version in model_route.versions:
+            if version.canary_percent <= 0:
+                continue
+            if point < version.canary_percent:
+                return version
+            point -= version.canary_percent
+        return model_route.version(model_route.default_version)
+
+    def _available(self, version: VersionRoute, exclude: frozenset[str]) -> list[Endpoint]:
+        breakers = self._breakers
+        return [
+            e
+            for e in version.endpoints
+            if e.address not in exclude and breakers.for_endpoint(e.address).is_available()
+        ]
+
+    def _draw_endpoint(self, model: str, version: VersionRoute, exclude: frozenset[str]) -> Endpoint:
+        # Prefer endpoints this request has not tried; fall back to them rather than fail.
+        candidates = self._available(version, exclude) or self._available(version, frozenset())
+        if not candidates:
+            retry_after_s = min(
+                self._breakers.for_endpoint(e.address).retry_after_s() for e in version.endpoints
+            )
+            raise Unavailable(
+                f"no scheduler available for model '{model}' version '{version.version}': "
+                f"circuit open for all {len(version.endpoints)} endpoints",
+                retry_after_s=retry_after_s,
+            )
+        point = self._rng() * sum(e.weight for e in candidates)
+        for endpoint in candidates:
+            point -= endpoint.weight
+            if point < 0:
+                return endpoint
+        return candidates[-1]

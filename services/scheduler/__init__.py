@@ -1,0 +1,1 @@
+"""Scheduler: per-model queues, dynamic and continuous batching, worker attachment."""

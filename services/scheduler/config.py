@@ -1,0 +1,38 @@
+"""Scheduler configuration (flags / INFERMESH_SCHEDULER_* variables)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.config import ServerSettings, require, setting
+
+
+@dataclass(frozen=True)
+class SchedulerConfig(ServerSettings):
+    max_queue_delay_ms: float = setting(5.0, "classify: longest a request waits for its batch to fill")
+    preferred_batch_sizes: tuple[int, ...] = setting((), "classify: batch sizes to prefer, comma-separated")
+    max_batch_size: int = setting(0, "classify: cap below the worker's own max batch (0: worker's)")
+    max_queue_size: int = setting(1024, "per model: queued requests beyond which new ones are refused")
+    max_num_batched_tokens: int = setting(0, "generate: token budget per step (0: worker's)")
+    max_num_seqs: int = setting(0, "generate: running sequences per step (0: worker's)")
+    long_prefill_chunk_tokens: int = setting(64, "generate: largest prompt chunk per step (chunked prefill); 0 disables chunking")
+    heartbeat_interval_ms: int = setting(1000, "how often workers send heartbeats")
+    worker_timeout_ms: int = setting(5000, "a worker silent this long is treated as gone")
+    deadline_margin_ms: float = setting(2.0, "time kept back from each request's deadline for the reply")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.max_queue_delay_ms >= 0, f"max_queue_delay_ms must be >= 0, got {self.max_queue_delay_ms}")
+        require(all(size >= 1 for size in self.preferred_batch_sizes),
+                f"preferred_batch_sizes must all be >= 1, got {self.preferred_batch_sizes}")
+        require(self.max_batch_size >= 0, f"max_batch_size must be >= 0, got {self.max_batch_size}")
+        require(self.max_queue_size >= 1, f"max_queue_size must be >= 1, got {self.max_queue_size}")
+        require(self.max_num_batched_tokens >= 0, f"max_num_batched_tokens must be >= 0, got {self.max_num_batched_tokens}")
+        require(self.max_num_seqs >= 0, f"max_num_seqs must be >= 0, got {self.max_num_seqs}")
+        require(self.long_prefill_chunk_tokens >= 0,
+                f"long_prefill_chunk_tokens must be >= 0, got {self.long_prefill_chunk_tokens}")
+        require(self.heartbeat_interval_ms >= 10, f"heartbeat_interval_ms must be >= 10, got {self.heartbeat_interval_ms}")
+        require(self.worker_timeout_ms > self.heartbeat_interval_ms,
+                "worker_timeout_ms must exceed heartbeat_interval_ms, got "
+                f"{self.worker_timeout_ms} <= {self.heartbeat_interval_ms}")
+        require(self.deadline_margin_ms >= 0, f"deadline_margin_ms must be >= 0, got {self.deadline_margin_ms}")

@@ -1,0 +1,73 @@
+"""Which model versions have workers, and the pool that serves each."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from infermesh.v1 import common_pb2, scheduler_pb2
+from services.common import errors
+from services.scheduler.classify_pool import ClassifyPool
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.generate_pool import GeneratePool
+from services.scheduler.worker_link import ModelKey, WorkerLink
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelEntry:
+    key: ModelKey
+    kind: int  # common_pb2.ModelKind
+    hello: scheduler_pb2.WorkerHello  # what the first worker declared (labels, tokenizer, limits)
+    pool: ClassifyPool | GeneratePool
+
+
+class ModelRegistry:
+    def __init__(self, config: SchedulerConfig) -> None:
+        self._config = config
+        self._models: dict[ModelKey, ModelEntry] = {}
+
+    def attach(self, link: WorkerLink) -> ModelEntry:
+        hello = link.hello
+        entry = self._models.get(link.model)
+        if entry is None:
+            pool_cls = ClassifyPool if hello.kind == common_pb2.MODEL_KIND_CLASSIFIER else GeneratePool
+            entry = ModelEntry(link.model, hello.kind, hello, pool_cls(link.model, self._config))
+            self._models[link.model] = entry
+        elif entry.kind != hello.kind:
+            raise errors.InvalidArgument(
+                f"worker {link.worker_id} declares {link.model} as kind {hello.kind}, "
+                f"but attached workers serve it as kind {entry.kind}"
+            )
+        entry.pool.add_worker(link)
+        log.info("worker %s attached for %s (%d workers)", link.worker_id, link.model, len(entry.pool.workers))
+        return entry
+
+    def detach(self, link: WorkerLink) -> None:
+        entry = self._models.get(link.model)
+        if entry is not None:
+            entry.pool.remove_worker(link)
+            log.info("worker %s detached from %s (%d left)", link.worker_id, link.model, len(entry.pool.workers))
+
+    def resolve(self, ref: common_pb2.ModelRef, kind: int) -> ModelEntry:
+        if not ref.name:
+            raise errors.InvalidArgument("model.name is required")
+        if ref.version:
+            entry = self._models.get(ModelKey(ref.name, ref.version))
+        else:
+            versions = [e for key, e in self._models.items() if key.name == ref.name]
+            if len(versions) > 1:
+                names = ", ".join(sorted(e.key.version for e in versions))
+                raise errors.InvalidArgument(f"model {ref.name!r} has versions {names}; name one in model.version")
+            entry = versions[0] if versions else None
+        if entry is None:
+            shown = f"{ref.name}:{ref.version}" if ref.version else ref.name
+            raise errors.NotFound(f"model {shown!r} is not served here")
+        if entry.kind != kind:
+            wanted = "Classify" if kind == common_pb2.MODEL_KIND_CLASSIFIER else "Generate"
+            raise errors.InvalidArgument(f"model {entry.key} is a {common_pb2.ModelKind.Name(entry.kind)} and cannot serve {wanted}")
+        return entry
+
+    def entries(self) -> list[ModelEntry]:
+        return list(self._models.values())

@@ -1,0 +1,94 @@
+"""What of a sequence's generated tokens may be streamed to the client yet.
+
+Stop strings are never returned, so text that could be the start of one is held
+back until the next tokens show it is not; bytes of an incomplete UTF-8
+character are held back until it completes. Token ids travel in lockstep with
+their text: a chunk's text is exactly the decoding of its token ids' bytes
+(continuing the bytes held back before), so a client counting tokens by
+`index` and reading text never sees either skipped or repeated.
+
+The stream belongs to the sequence, not to a worker: preemption or failover
+recomputes KV but leaves what was generated and what was streamed untouched.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.scheduler.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    # Newly streamable token ids, in order (may be empty with text, or text empty with ids).
+    token_ids: tuple[int, ...]
+    text: str
+    # Position in the streamed output of token_ids[0].
+    index: int
+
+    def __bool__(self) -> bool:
+        return bool(self.token_ids or self.text)
+
+
+class OutputStream:
+    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = ()) -> None:
+        self._tokenizer = tokenizer
+        self._stops = tuple(s.encode("utf-8") for s in stop if s)
+        self._max_stop_len_bytes = max((len(s) for s in self._stops), default=0)
+        self._token_ids: list[int] = []
+        # _byte_ends[i]: end offset in _bytes of token i's bytes.
+        self._byte_ends: list[int] = []
+        self._bytes = bytearray()
+        self._num_emitted_tokens = 0
+        self._num_emitted_bytes = 0
+        # Offset where the first matched stop string begins; None while none matched.
+        self._stop_at_byte: int | None = None
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    @property
+    def stopped(self) -> bool:
+        """A stop string matched: append nothing more."""
+        return self._stop_at_byte is not None
+
+    @property
+    def num_emitted_tokens(self) -> int:
+        return self._num_emitted_tokens
+
+    def append(self, token_id: int) -> bool:
+        """Adds a generated token; True when the text now contains a stop string."""
+        if self.stopped:
+            raise ValueError("cannot append after a stop string matched")
+        search_from = max(0, len(self._bytes) - self._max_stop_len_bytes + 1)
+        self._bytes += self._tokenizer.token_bytes(token_id)
+        self._token_ids.append(token_id)
+        self._byte_ends.append(len(self._bytes))
+        matches = [i for i in (self._bytes.find(s, search_from) for s in self._stops) if i >= 0]
+        if matches:
+            self._stop_at_byte = min(matches)
+        return self.stopped
+
+    def take(self, *, final: bool) -> StreamChunk:
+        """Everything streamable now and not streamed before. `final`: the sequence ended."""
+        limit = len(self._bytes) if self._stop_at_byte is None else self._stop_at_byte
+        if not final and self._stop_at_byte is None:
+            limit -= self._stop_prefix_suffix_len(limit)
+        end = self._num_emitted_tokens
+        while end < len(self._token_ids) and self._byte_ends[end] <= limit:
+            end += 1
+        token_ids = tuple(self._token_ids[self._num_emitted_tokens : end])
+        end_byte = self._byte_ends[end - 1] if end > 0 else 0
+        text = self._decoder.decode(bytes(self._bytes[self._num_emitted_bytes : end_byte]), final=final)
+        chunk = StreamChunk(token_ids, text, self._num_emitted_tokens)
+        self._num_emitted_tokens = end
+        self._num_emitted_bytes = end_byte
+        return chunk
+
+    def _stop_prefix_suffix_len(self, limit: int) -> int:
+        """Length of the longest tail of _bytes[:limit] that a stop string starts with."""
+        for length in range(min(self._max_stop_len_bytes - 1, limit), 0, -1):
+            tail = bytes(self._bytes[limit - length : limit])
+            if any(s.startswith(tail) for s in self._stops):
+                return length
+        return 0

@@ -1,0 +1,126 @@
+"""One generate request as the step scheduler tracks it.
+
+The invariant of continuous batching, stated once: there is no prefill phase and
+no decode phase, only `num_computed_tokens` catching up with `num_tokens`. A
+prompt chunk, a decode step and a recompute after preemption all compute
+`all_token_ids[num_computed_tokens : num_computed_tokens + n]`; a step samples a
+next token only when it reaches the end of the sequence.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from services.scheduler.fair_queue import Priority, TenantContext
+from services.scheduler.output_stream import OutputStream
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # queued, never scheduled
+    RUNNING = "running"  # holds KV blocks; scheduled every step while budget allows
+    PREEMPTED = "preempted"  # blocks freed; will recompute prompt + generated tokens
+    FINISHED = "finished"  # stopped or aborted; holds nothing
+
+
+class FinishReason(enum.Enum):
+    LENGTH = "length"  # max_tokens or max_seq_len reached
+    EOS = "eos"  # the model emitted end-of-sequence
+    STOP = "stop"  # a stop string matched
+
+
+class AbortReason(enum.Enum):
+    CANCELLED = "cancelled"  # the client went away
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    FAILED = "failed"  # the worker reported an error for this sequence
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Mirrors infermesh.v1.SamplingParams, with defaults already resolved."""
+
+    max_tokens: int
+    # 0: greedy.
+    temperature: float = 0.0
+    # In (0, 1]; 1 disables nucleus sampling.
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+
+@dataclass(eq=False)
+class Sequence:
+    seq_id: int
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    tenant: TenantContext
+    # Monotonic seconds (the scheduler's clock).
+    arrival_s: float
+    # Monotonic seconds; None: no deadline.
+    deadline_s: float | None
+    stream: OutputStream
+    output_token_ids: list[int] = field(default_factory=list)
+    # Tokens whose KV the current worker holds; 0 after preemption.
+    num_computed_tokens: int = 0
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: FinishReason | None = None
+    abort_reason: AbortReason | None = None
+    # The next step that mentions this sequence must tell the worker to drop its block table.
+    needs_block_table_reset: bool = True
+    num_preemptions: int = 0
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+
+    @property
+    def priority(self) -> Priority:
+        return self.tenant.priority
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    def token_ids(self, start: int, stop: int) -> tuple[int, ...]:
+        """all_token_ids[start:stop] without concatenating prompt and output."""
+        num_prompt = len(self.prompt_token_ids)
+        head = self.prompt_token_ids[start:stop] if start < num_prompt else ()
+        tail = self.output_token_ids[max(start - num_prompt, 0) : max(stop - num_prompt, 0)]
+        return head + tuple(tail)
+
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def is_expired(self, now_s: float) -> bool:
+        return self.deadline_s is not None and now_s >= self.deadline_s
+
+    def preemption_key(self) -> tuple[int, float, int]:
+        """Larger is preempted first: lowest priority class, then newest."""
+        return (int(self.priority), self.arrival_s, self.seq_id)
+
+    def reset_for_recompute(self) -> None:
+        """Forget the KV the worker had: prompt + generated tokens become the next prefill."""
+        self.num_computed_tokens = 0
+        self.needs_block_table_reset = True
+        self.status = SequenceStatus.PREEMPTED

@@ -1,0 +1,27 @@
+"""Wiring: the scheduler servicer as one service for the bootstrap."""
+
+from __future__ import annotations
+
+from infermesh.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.common.server import Health
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.servicer import SchedulerServicer
+
+
+class SchedulerService:
+    service_names = (scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name,)
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.servicer = SchedulerServicer(config)
+
+    def register(self, server) -> None:
+        scheduler_pb2_grpc.add_SchedulerServicer_to_server(self.servicer, server)
+
+    async def start(self, health: Health) -> None:
+        await health.set_serving(True)
+
+    async def drain(self, grace_s: float) -> None:
+        await self.servicer.drain(grace_s)
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,293 @@
+"""Scheduler gRPC servicer: protobuf <-> pools, domain errors -> statuses."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+import grpc
+from opentelemetry import trace
+
+from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
+from services.common import errors
+from services.common.status import maps_domain_errors
+from services.common.telemetry import carrier_for, context_from_metadata, record_stage_span, tracer
+from services.common.timings import StageTime, from_proto, seconds_to_us, to_proto
+from services.scheduler.classify_pool import ClassifyJob
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.generate_pool import Sequence
+from services.scheduler.model_registry import ModelRegistry
+from services.scheduler.worker_link import WorkerLink
+
+log = logging.getLogger(__name__)
+_tracer = tracer("infermesh.scheduler")
+PROTOCOL_VERSION = 1
+SERVICE = "scheduler"
+
+
+def _deadline_s(context: grpc.aio.ServicerContext, now_s: float, margin_s: float) -> float | None:
+    remaining_s = context.time_remaining()
+    if remaining_s is None or remaining_s > 1e6:
+        return None
+    return now_s + remaining_s - margin_s
+
+
+def _check_hello(hello: scheduler_pb2.WorkerHello) -> None:
+    if not hello.worker_id:
+        raise errors.InvalidArgument("hello.worker_id is required")
+    if not hello.model.name or not hello.model.version:
+        raise errors.InvalidArgument("hello.model needs both name and version")
+    if hello.kind == common_pb2.MODEL_KIND_UNSPECIFIED:
+        raise errors.InvalidArgument("hello.kind is required")
+    if hello.protocol_version > PROTOCOL_VERSION:
+        raise errors.InvalidArgument(
+            f"worker speaks Attach protocol {hello.protocol_version}; this scheduler serves up to {PROTOCOL_VERSION}"
+        )
+    capacity = hello.capacity
+    if hello.kind == common_pb2.MODEL_KIND_GENERATOR and (capacity.num_kv_blocks < 1 or capacity.block_size < 1):
+        raise errors.InvalidArgument("a generator worker must declare num_kv_blocks and block_size >= 1")
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self, config: SchedulerConfig, clock=time.monotonic) -> None:
+        self._config = config
+        self._clock = clock
+        self.registry = ModelRegistry(config)
+        self._links: set[WorkerLink] = set()
+        self._scheduler_id = f"scheduler-{uuid.uuid4().hex[:8]}"
+
+    # -- Classify --------------------------------------------------------------
+
+    @maps_domain_errors
+    async def Classify(self, request: scheduler_pb2.ScheduleClassifyRequest, context) -> scheduler_pb2.ScheduleClassifyResponse:
+        began_s = self._clock()
+        parent = context_from_metadata(context.invocation_metadata())
+        with _tracer.start_as_current_span("scheduler.Classify", context=parent, kind=trace.SpanKind.SERVER) as span:
+            req = request.request
+            if not req.HasField("image") or req.image.WhichOneof("data") is None:
+                raise errors.InvalidArgument("image is required (encoded bytes or raw pixels)")
+            entry = self.registry.resolve(req.model, common_pb2.MODEL_KIND_CLASSIFIER)
+            num_labels = len(entry.hello.labels)
+            if num_labels and req.top_k > num_labels:
+                raise errors.InvalidArgument(f"top_k {req.top_k} exceeds the {num_labels} classes of {entry.key}")
+            span.set_attribute("infermesh.model", str(entry.key))
+            span.set_attribute("infermesh.tenant", request.tenant.tenant_id)
+            job = ClassifyJob(
+                request=req,
+                tenant=request.tenant,
+                enqueued_s=began_s,
+                deadline_s=_deadline_s(context, began_s, self._config.deadline_margin_ms / 1000),
+                trace_context=carrier_for(),
+            )
+            try:
+                outcome = await entry.pool.submit(job)
+            except asyncio.CancelledError:
+                entry.pool.cancel(job)
+                raise
+            self._record_wait_spans(job, outcome)
+            worker_stages = from_proto(outcome.worker_timings)
+            worker_total_s = outcome.worker_timings.total_us / 1e6
+            stages = [
+                StageTime("queue_wait", seconds_to_us(outcome.queue_wait_s), SERVICE),
+                StageTime("batch_wait", seconds_to_us(outcome.batch_wait_s), SERVICE),
+                *worker_stages,
+                StageTime("network", seconds_to_us(outcome.round_trip_s - worker_total_s), SERVICE),
+                StageTime("scheduler", seconds_to_us(self._clock() - began_s), SERVICE),
+            ]
+            span.set_attribute("infermesh.batch_size", outcome.batch_size)
+            response = gateway_pb2.ClassifyResponse(
+                request_id=req.request_id,
+                model=common_pb2.ModelRef(name=entry.key.name, version=entry.key.version),
+                labels=outcome.labels,
+                timings=to_proto(stages, total_us=seconds_to_us(self._clock() - began_s)),
+            )
+            return scheduler_pb2.ScheduleClassifyResponse(response=response)
+
+    def _record_wait_spans(self, job: ClassifyJob, outcome) -> None:
+        now_ns = time.time_ns()
+        sent_ns = now_ns - int(outcome.round_trip_s * 1e9)
+        ready_ns = sent_ns - int(outcome.batch_wait_s * 1e9)
+        enqueued_ns = ready_ns - int(outcome.queue_wait_s * 1e9)
+        record_stage_span(_tracer, "queue_wait", enqueued_ns, ready_ns, None)
+        record_stage_span(_tracer, "batch_wait", ready_ns, sent_ns, None, {"infermesh.batch_size": outcome.batch_size})
+
+    # -- Generate --------------------------------------------------------------
+
+    @maps_domain_errors
+    async def Generate(self, request: scheduler_pb2.ScheduleGenerateRequest, context):
+        began_s = self._clock()
+        parent = context_from_metadata(context.invocation_metadata())
+        with _tracer.start_as_current_span("scheduler.Generate", context=parent, kind=trace.SpanKind.SERVER) as span:
+            req = request.request
+            entry = self.registry.resolve(req.model, common_pb2.MODEL_KIND_GENERATOR)
+            seq = self._make_sequence(req, entry, began_s, context)
+            span.set_attribute("infermesh.model", str(entry.key))
+            span.set_attribute("infermesh.prompt_tokens", len(seq.prompt_ids))
+            entry.pool.submit(seq)
+            model = common_pb2.ModelRef(name=entry.key.name, version=entry.key.version)
+            try:
+                while True:
+                    event = await seq.events.get()
+                    if event.error is not None:
+                        raise event.error
+                    chunk = gateway_pb2.GenerateResponse(
+                        request_id=req.request_id, token_ids=event.token_ids, text=event.text, index=event.index,
+                        finish_reason=event.finish_reason,
+                    )
+                    if event.index == 0:
+                        chunk.model.CopyFrom(model)
+                    if event.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
+                        self._finish_chunk(chunk, seq, began_s, model)
+                        yield scheduler_pb2.ScheduleGenerateResponse(chunk=chunk)
+                        return
+                    yield scheduler_pb2.ScheduleGenerateResponse(chunk=chunk)
+            finally:
+                if not seq.finished:
+                    entry.pool.abort(seq)
+
+    def _make_sequence(self, req: gateway_pb2.GenerateRequest, entry, began_s: float, context) -> Sequence:
+        if not req.prompt:
+            raise errors.InvalidArgument("prompt must not be empty")
+        sampling = req.sampling
+        if sampling.temperature < 0:
+            raise errors.InvalidArgument(f"sampling.temperature must be >= 0, got {sampling.temperature}")
+        if not 0 <= sampling.top_p <= 1:
+            raise errors.InvalidArgument(f"sampling.top_p must be in [0, 1], got {sampling.top_p}")
+        tokenizer = entry.hello.tokenizer
+        prompt_ids = list(req.prompt.encode("utf-8"))
+        if tokenizer.bos_token_id >= 0:
+            prompt_ids.insert(0, tokenizer.bos_token_id)
+        max_seq_len = entry.hello.capacity.max_seq_len or 1 << 30
+        max_tokens = sampling.max_tokens or max(1, min(128, max_seq_len - len(prompt_ids)))
+        return Sequence(
+            prompt_ids=prompt_ids,
+            sampling=sampling,
+            max_tokens=max_tokens,
+            eos_token_id=tokenizer.eos_token_id,
+            arrival_s=began_s,
+            deadline_s=_deadline_s(context, began_s, self._config.deadline_margin_ms / 1000),
+            trace_context=carrier_for(),
+        )
+
+    def _finish_chunk(self, chunk: gateway_pb2.GenerateResponse, seq: Sequence, began_s: float, model) -> None:
+        now_s = self._clock()
+        chunk.model.CopyFrom(model)
+        chunk.usage.prompt_tokens = len(seq.prompt_ids)
+        chunk.usage.completion_tokens = len(seq.output_ids)
+        first_s = seq.first_token_s or now_s
+        chunk.ttft_us = seconds_to_us(first_s - began_s)
+        admitted_s = seq.admitted_s or began_s
+        stages = [
+            StageTime("queue_wait", seconds_to_us(admitted_s - began_s), SERVICE),
+            StageTime("compute", seconds_to_us(seq.compute_s), "worker"),
+            StageTime("scheduler", seconds_to_us(now_s - began_s), SERVICE),
+        ]
+        chunk.timings.CopyFrom(to_proto(stages, total_us=seconds_to_us(now_s - began_s)))
+
+    # -- Attach ----------------------------------------------------------------
+
+    async def Attach(self, request_iterator, context):
+        first = await context.read()
+        if first is grpc.aio.EOF or first.WhichOneof("kind") != "hello":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first Attach message must be hello")
+        try:
+            _check_hello(first.hello)
+            link = WorkerLink(first.hello)
+            self.registry.attach(link)
+        except errors.InfermeshError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+        self._links.add(link)
+        welcome = scheduler_pb2.Welcome(
+            scheduler_id=self._scheduler_id, heartbeat_interval_ms=self._config.heartbeat_interval_ms
+        )
+        reader = asyncio.create_task(self._read_worker(link, context))
+        try:
+            await context.write(scheduler_pb2.SchedulerCommand(welcome=welcome))
+            while (command := await link.next_command()) is not None:
+                await context.write(command)
+        finally:
+            reader.cancel()
+            link.close()
+            self._links.discard(link)
+            self.registry.detach(link)
+
+    async def _read_worker(self, link: WorkerLink, context) -> None:
+        timeout_s = self._config.worker_timeout_ms / 1000
+        try:
+            while True:
+                message = await asyncio.wait_for(context.read(), timeout=timeout_s)
+                if message is grpc.aio.EOF:
+                    break
+                self._on_worker_message(link, message)
+        except TimeoutError:
+            log.warning("worker %s silent for %.1fs; treating it as gone", link.worker_id, timeout_s)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
+            log.warning("worker %s stream failed: %s", link.worker_id, exc)
+        link.close()
+
+    def _on_worker_message(self, link: WorkerLink, message: scheduler_pb2.WorkerMessage) -> None:
+        kind = message.WhichOneof("kind")
+        if kind == "batch_result":
+            link.on_result(message.batch_result.batch_id, message.batch_result)
+        elif kind == "step_result":
+            link.on_result(message.step_result.step_id, message.step_result)
+        elif kind == "heartbeat":
+            link.kv_blocks_used = message.heartbeat.num_kv_blocks_used
+        elif kind == "draining":
+            log.info("worker %s is draining", link.worker_id)
+            link.draining = True
+        if link.draining and link.hello.kind == common_pb2.MODEL_KIND_CLASSIFIER and link.num_in_flight == 0:
+            link.end_stream()
+
+    # -- Pressure and models ------------------------------------------------------
+
+    async def GetPressure(self, request: scheduler_pb2.GetPressureRequest, context) -> scheduler_pb2.GetPressureResponse:
+        wanted = {(m.name, m.version) for m in request.models}
+        response = scheduler_pb2.GetPressureResponse(measured_at_unix_us=int(time.time() * 1e6))
+        for entry in self.registry.entries():
+            if wanted and (entry.key.name, entry.key.version) not in wanted and (entry.key.name, "") not in wanted:
+                continue
+            pool = entry.pool
+            workers = [w for w in pool.workers if w.usable]
+            per_request_s = getattr(pool, "batch_time_s", 0.0)
+            est_us = seconds_to_us(pool.queue_depth * per_request_s / max(1, len(workers)))
+            response.models.append(
+                common_pb2.ModelPressure(
+                    model=common_pb2.ModelRef(name=entry.key.name, version=entry.key.version),
+                    est_queue_time_us=[0, est_us, est_us, est_us],
+                    queue_depth=pool.queue_depth,
+                    kv_usage=pool.kv_usage() if hasattr(pool, "kv_usage") else 0.0,
+                    num_workers=len(workers),
+                    min_service_time_us=seconds_to_us(per_request_s),
+                )
+            )
+        return response
+
+    async def ListModels(self, request: gateway_pb2.ListModelsRequest, context) -> gateway_pb2.ListModelsResponse:
+        response = gateway_pb2.ListModelsResponse()
+        for entry in self.registry.entries():
+            hello = entry.hello
+            response.models.append(
+                gateway_pb2.ModelInfo(
+                    model=common_pb2.ModelRef(name=entry.key.name, version=entry.key.version),
+                    kind=entry.kind,
+                    ready=any(w.usable for w in entry.pool.workers),
+                    labels=hello.labels,
+                    max_seq_len=hello.capacity.max_seq_len,
+                    input_height=hello.input_height,
+                    input_width=hello.input_width,
+                )
+            )
+        return response
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def drain(self, grace_s: float) -> None:
+        """Ask every worker to finish in-flight work and re-dial; wait for them up to grace_s."""
+        for link in list(self._links):
+            link.drain(int(grace_s * 1000))
+        deadline = self._clock() + grace_s
+        while self._links and self._clock() < deadline:
+            await asyncio.sleep(0.05)

@@ -1,0 +1,76 @@
+"""What the step scheduler hands a worker for one iteration, and what it hands back to clients.
+
+`StepPlan` maps 1:1 onto infermesh.v1.RunStep and `SequenceStep` onto
+infermesh.v1.SequenceStep (trace_context is added by the servicer, which owns
+the per-request trace). `SequenceDelta` is one chunk of a Generate stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.scheduler.sequence import AbortReason, FinishReason, SamplingParams
+
+
+@dataclass(frozen=True)
+class SequenceStep:
+    seq_id: int
+    # Tokens to compute: a prompt chunk, recomputed tokens after preemption, or the last sampled token.
+    token_ids: tuple[int, ...]
+    # Position of token_ids[0] in the sequence (= tokens whose KV the worker already holds).
+    start_position: int
+    # Physical KV blocks appended to the sequence's block table by this step, in order.
+    new_blocks: tuple[int, ...]
+    # Drop the worker's block table before appending new_blocks (first step, after preemption).
+    reset_block_table: bool
+    # Sample a next token after the last of token_ids (false for non-final prefill chunks).
+    sample: bool
+    sampling: SamplingParams
+    # Tokens generated so far, so seeded sampling is reproducible across preemption.
+    num_generated: int
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    step_id: int
+    seqs: tuple[SequenceStep, ...]
+    # Sequences finished, aborted or preempted since the last plan: the worker forgets
+    # their block tables before running `seqs`. Never also in `seqs`.
+    finished_seq_ids: tuple[int, ...]
+    # Scheduler side only (not sent): sequences aborted because their deadline passed;
+    # the servicer ends their streams with DEADLINE_EXCEEDED.
+    expired_seq_ids: tuple[int, ...] = ()
+    # Scheduler side only: sequences preempted by this plan (a subset of finished_seq_ids), for metrics.
+    preempted_seq_ids: tuple[int, ...] = ()
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.seqs)
+
+    def has_work(self) -> bool:
+        """Whether the worker must run this plan (otherwise only `finished_seq_ids` may need sending)."""
+        return bool(self.seqs)
+
+
+@dataclass(frozen=True)
+class SequenceDelta:
+    """New output of one sequence after a step: stream it as one GenerateResponse chunk."""
+
+    seq_id: int
+    token_ids: tuple[int, ...]
+    # UTF-8 text of token_ids, continuing held-back bytes; stop strings never appear.
+    text: str
+    # Position in the streamed output of token_ids[0].
+    index: int
+    # Set when the sequence finished normally with this chunk.
+    finish_reason: FinishReason | None = None
+    # Set when the sequence was aborted (e.g. its worker sent no token); end the stream with an error.
+    abort_reason: AbortReason | None = None
+    num_prompt_tokens: int = 0
+    # Tokens generated in total (usage.completion_tokens), counting an end-of-sequence token
+    # that is not streamed.
+    num_generated: int = 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.finish_reason is not None or self.abort_reason is not None

@@ -1,0 +1,452 @@
+"""Iteration-level (continuous) batching for one generator worker.
+
+One engine step reads: `schedule()` -> the worker runs the plan ->
+`update_from_output()`. There is no prefill or decode phase, only each
+sequence's `num_computed_tokens` catching up with its tokens (see sequence.py).
+
+Each step, under `max_num_batched_tokens` and `max_num_seqs`:
+1. Running sequences first, decodes before prompt chunks so decodes keep flowing
+   while long prompts are split across steps (chunked prefill). A sequence that
+   cannot get blocks preempts the running sequence of the lowest priority class,
+   newest first (maybe itself): its blocks are freed and it later recomputes
+   prompt + generated tokens as one new prefill.
+2. Then, unless step 1 preempted, preempted sequences and waiting ones are admitted
+   while KV blocks allow: strict priority between classes, weighted deficit round
+   robin among tenants (in prompt tokens), preempted before new in a class. A
+   waiting sequence may preempt a running one of a strictly lower class.
+
+Deadlines are checked at the start of every schedule; expired sequences are
+aborted and their blocks freed in that same call, as are cancelled ones in abort().
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from services.common.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
+from services.scheduler.fair_queue import FairQueue, Priority, TenantContext
+from services.scheduler.kv_block_manager import KVBlockManager
+from services.scheduler.output_stream import OutputStream, StreamChunk
+from services.scheduler.sequence import (
+    AbortReason,
+    FinishReason,
+    SamplingParams,
+    Sequence,
+    SequenceStatus,
+)
+from services.scheduler.step_plan import SequenceDelta, SequenceStep, StepPlan
+from services.scheduler.tokenizer import Tokenizer
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class StepSchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    # Prompt + output tokens of one sequence.
+    max_seq_len: int
+    # Waiting (never scheduled) sequences; beyond it add_request raises ResourceExhausted.
+    max_num_waiting: int = 1024
+    # Most tokens one sequence computes in one step; 0: up to the whole budget.
+    max_prefill_chunk_tokens: int = 0
+    # False: a waiting prompt is admitted only when it fits the step whole (the benchmark's baseline).
+    enable_chunked_prefill: bool = True
+    # Deficit round robin credit per visit, in prompt tokens.
+    tenant_quantum_tokens: int = 256
+    # Admission keeps this fraction of blocks free, so running sequences can grow without preempting.
+    kv_watermark: float = 0.01
+    # Step time assumed before any is measured, and the weight of each new measurement.
+    initial_step_time_s: float = 0.02
+    step_time_ewma_alpha: float = 0.2
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_seq_len", "max_num_waiting", "tenant_quantum_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_prefill_chunk_tokens < 0:
+            raise ValueError(f"max_prefill_chunk_tokens must be >= 0, got {self.max_prefill_chunk_tokens}")
+        if not 0 <= self.kv_watermark < 1:
+            raise ValueError(f"kv_watermark must be in [0, 1), got {self.kv_watermark}")
+        if not 0 < self.step_time_ewma_alpha <= 1:
+            raise ValueError(f"step_time_ewma_alpha must be in (0, 1], got {self.step_time_ewma_alpha}")
+
+
+class _StepBuilder:
+    """The sequences picked so far in one schedule() call, and what budget is left."""
+
+    def __init__(self, token_budget: int) -> None:
+        self.token_budget = token_budget
+        # seq_id -> (sequence, tokens to compute, blocks appended this step)
+        self.picked: dict[int, tuple[Sequence, int, tuple[int, ...]]] = {}
+        self.preempted: list[int] = []
+
+    def pick(self, seq: Sequence, num_new_tokens: int, new_blocks: tuple[int, ...]) -> None:
+        self.picked[seq.seq_id] = (seq, num_new_tokens, new_blocks)
+        self.token_budget -= num_new_tokens
+
+    def unpick(self, seq: Sequence) -> None:
+        picked = self.picked.pop(seq.seq_id, None)
+        if picked is not None:
+            self.token_budget += picked[1]
+
+    def build_steps(self) -> tuple[SequenceStep, ...]:
+        steps = []
+        for seq, num_new, new_blocks in self.picked.values():
+            start = seq.num_computed_tokens
+            steps.append(
+                SequenceStep(
+                    seq_id=seq.seq_id,
+                    token_ids=seq.token_ids(start, start + num_new),
+                    start_position=start,
+                    new_blocks=new_blocks,
+                    reset_block_table=seq.needs_block_table_reset,
+                    sample=start + num_new == seq.num_tokens,
+                    sampling=seq.sampling,
+                    num_generated=seq.num_generated,
+                )
+            )
+            seq.needs_block_table_reset = False
+        return tuple(steps)
+
+
+class StepScheduler:
+    def __init__(self, config: StepSchedulerConfig, kv: KVBlockManager, tokenizer: Tokenizer, clock: Clock) -> None:
+        if kv.blocks_for(config.max_seq_len) > kv.num_blocks:
+            # Otherwise one long sequence could preempt everyone, itself last, forever.
+            raise ValueError(
+                f"max_seq_len {config.max_seq_len} needs {kv.blocks_for(config.max_seq_len)} blocks, "
+                f"the worker has {kv.num_blocks}"
+            )
+        self.config = config
+        self.kv = kv
+        self._tokenizer = tokenizer
+        self._clock = clock
+        self._seqs: dict[int, Sequence] = {}  # every unfinished sequence
+        self._waiting: FairQueue[Sequence] = FairQueue(
+            config.max_num_waiting, quantum=config.tenant_quantum_tokens
+        )
+        self._preempted: list[Sequence] = []  # sorted by preemption_key: best first
+        self._running: list[Sequence] = []
+        self._forget_ids: list[int] = []  # for the next plan's finished_seq_ids
+        self._in_flight: StepPlan | None = None
+        self._in_flight_since_s = 0.0
+        self._next_step_id = 1
+        self._watermark_blocks = int(config.kv_watermark * kv.num_blocks)
+        self.step_time_s = config.initial_step_time_s
+
+    # -- intake ------------------------------------------------------------
+
+    def add_request(
+        self,
+        seq_id: int,
+        prompt_token_ids: tuple[int, ...],
+        sampling: SamplingParams,
+        tenant: TenantContext,
+        *,
+        deadline_s: float | None,
+    ) -> Sequence:
+        now = self._clock()
+        self._check_admissible(seq_id, prompt_token_ids, sampling, tenant, deadline_s, now)
+        seq = Sequence(
+            seq_id=seq_id,
+            prompt_token_ids=tuple(prompt_token_ids),
+            sampling=sampling,
+            tenant=tenant,
+            arrival_s=now,
+            deadline_s=deadline_s,
+            stream=OutputStream(self._tokenizer, sampling.stop),
+        )
+        self._waiting.push(seq, tenant, cost=seq.num_prompt_tokens)
+        self._seqs[seq_id] = seq
+        return seq
+
+    def adopt(self, seq: Sequence) -> None:
+        """Takes over a sequence evicted from another worker (its generated tokens are kept)."""
+        if seq.seq_id in self._seqs:
+            raise ValueError(f"sequence {seq.seq_id} is already scheduled here")
+        if seq.status is SequenceStatus.WAITING:
+            self._waiting.push_front(seq, seq.tenant, cost=seq.num_prompt_tokens)
+        elif seq.status is SequenceStatus.PREEMPTED:
+            self._add_preempted(seq)
+        else:
+            raise ValueError(f"can only adopt waiting or preempted sequences, {seq.seq_id} is {seq.status.value}")
+        self._seqs[seq.seq_id] = seq
+
+    def abort(self, seq_id: int, reason: AbortReason = AbortReason.CANCELLED) -> Sequence | None:
+        """Drops the sequence and frees its blocks now; None if it is not here (already finished)."""
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            return None
+        seq.abort_reason = reason
+        self._retire(seq)
+        return seq
+
+    # -- the step ----------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        if self._in_flight is not None:
+            raise RuntimeError(f"step {self._in_flight.step_id} is still running; call update_from_output first")
+        now = self._clock()
+        expired = self._abort_expired(now)
+        step = _StepBuilder(self.config.max_num_batched_tokens)
+        self._schedule_running(step)
+        if not step.preempted:  # admitting right after preempting would only thrash
+            self._admit(step, now)
+        plan = StepPlan(
+            step_id=self._next_step_id,
+            seqs=step.build_steps(),
+            finished_seq_ids=tuple(self._forget_ids),
+            expired_seq_ids=tuple(expired),
+            preempted_seq_ids=tuple(step.preempted),
+        )
+        self._next_step_id += 1
+        self._forget_ids.clear()
+        if plan.has_work():
+            self._in_flight, self._in_flight_since_s = plan, now
+        return plan
+
+    def update_from_output(self, plan: StepPlan, sampled_token_ids: Mapping[int, int]) -> list[SequenceDelta]:
+        """Applies the worker's result of `plan`: one sampled token per sequence whose step sampled.
+
+        A sampling sequence missing from `sampled_token_ids` (the worker failed it) is
+        aborted with AbortReason.FAILED and reported in its delta.
+        """
+        if plan is not self._in_flight:
+            raise ValueError(f"step {plan.step_id} is not the step in flight")
+        self._in_flight = None
+        now = self._clock()
+        alpha = self.config.step_time_ewma_alpha
+        self.step_time_s += alpha * (now - self._in_flight_since_s - self.step_time_s)
+        deltas = []
+        for step in plan.seqs:
+            seq = self._seqs.get(step.seq_id)
+            if seq is None or seq.status is not SequenceStatus.RUNNING:
+                continue  # aborted while the step ran
+            seq.num_computed_tokens += len(step.token_ids)
+            if not step.sample:
+                continue
+            token_id = sampled_token_ids.get(seq.seq_id)
+            if token_id is None:
+                self.abort(seq.seq_id, AbortReason.FAILED)
+                deltas.append(self._delta(seq, StreamChunk((), "", seq.stream.num_emitted_tokens)))
+                continue
+            delta = self._append_token(seq, token_id, now)
+            if delta is not None:
+                deltas.append(delta)
+        return deltas
+
+    # -- failover ----------------------------------------------------------
+
+    def evict_all(self) -> list[Sequence]:
+        """The worker is gone: hands back every unfinished sequence, ready for another's adopt()."""
+        seqs = sorted(self._seqs.values(), key=Sequence.preemption_key)
+        for seq in seqs:
+            self.kv.free(seq.seq_id)
+            if seq.status is not SequenceStatus.WAITING:
+                seq.reset_for_recompute()
+        self._seqs.clear()
+        self._running.clear()
+        self._preempted.clear()
+        self._waiting.remove_where(lambda _: True)
+        self._forget_ids.clear()
+        self._in_flight = None
+        return seqs
+
+    # -- state -------------------------------------------------------------
+
+    def get(self, seq_id: int) -> Sequence | None:
+        return self._seqs.get(seq_id)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Sequences holding no blocks: never scheduled, or preempted."""
+        return len(self._waiting) + len(self._preempted)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._seqs)
+
+    def has_work(self) -> bool:
+        return bool(self._seqs) or bool(self._forget_ids)
+
+    def estimated_queue_time_s(self, priority: Priority) -> float:
+        """Rough wait before a new sequence of `priority` gets its first step: the prompt
+        tokens queued ahead of it (classes at or above its own) at a full token budget per step."""
+        tokens_ahead = sum(s.num_uncomputed_tokens for s in self._preempted if s.priority <= priority)
+        tokens_ahead += sum(self._waiting.total_cost(p) for p in Priority if p <= priority)
+        num_steps = -(-tokens_ahead // self.config.max_num_batched_tokens)
+        return num_steps * self.step_time_s
+
+    # -- internals ---------------------------------------------------------
+
+    def _check_admissible(self, seq_id, prompt_token_ids, sampling, tenant, deadline_s, now) -> None:
+        if seq_id in self._seqs:
+            raise ValueError(f"sequence {seq_id} already exists")
+        if not prompt_token_ids:
+            raise InvalidArgument("prompt must be non-empty")
+        total = len(prompt_token_ids) + sampling.max_tokens
+        if total > self.config.max_seq_len:
+            raise InvalidArgument(
+                f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({sampling.max_tokens}) = {total} "
+                f"exceeds the model's max_seq_len {self.config.max_seq_len}"
+            )
+        if not self.config.enable_chunked_prefill and len(prompt_token_ids) > self.config.max_num_batched_tokens:
+            raise InvalidArgument(
+                f"prompt ({len(prompt_token_ids)} tokens) exceeds max_num_batched_tokens "
+                f"{self.config.max_num_batched_tokens} and chunked prefill is off"
+            )
+        if deadline_s is not None and deadline_s <= now:
+            raise DeadlineExceeded("deadline passed before the sequence was queued")
+        if self._waiting.is_full():
+            raise ResourceExhausted(
+                f"generate queue full: {len(self._waiting)} sequences waiting",
+                retry_after_s=max(self.step_time_s, self.estimated_queue_time_s(tenant.priority)),
+            )
+
+    def _abort_expired(self, now: float) -> list[int]:
+        expired = [seq.seq_id for seq in self._seqs.values() if seq.is_expired(now)]
+        for seq_id in expired:
+            self.abort(seq_id, AbortReason.DEADLINE_EXCEEDED)
+        return expired
+
+    def _schedule_running(self, step: _StepBuilder) -> None:
+        # Decodes (one token) first, then prompt chunks, each by priority then age.
+        order = sorted(self._running, key=lambda s: (s.num_uncomputed_tokens > 1, s.preemption_key()))
+        for seq in order:
+            if step.token_budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = self._num_tokens_to_compute(seq, step.token_budget)
+            num_tokens = seq.num_computed_tokens + num_new
+            if self._make_room(seq, num_tokens, step):
+                step.pick(seq, num_new, self.kv.allocate(seq.seq_id, num_tokens))
+
+    def _make_room(self, seq: Sequence, num_tokens: int, step: _StepBuilder) -> bool:
+        """Preempts running sequences (lowest class, newest first) until `seq` fits;
+        False when `seq` itself was the one to go."""
+        while not self.kv.can_allocate(seq.seq_id, num_tokens):
+            victim = max(self._running, key=Sequence.preemption_key)
+            self._preempt(victim, step)
+            if victim is seq:
+                return False
+        return True
+
+    def _admit(self, step: _StepBuilder, now: float) -> None:
+        while step.token_budget > 0 and len(self._running) < self.config.max_num_seqs:
+            seq = self._next_to_admit()
+            if seq is None or seq.seq_id in step.preempted:
+                return
+            num_new = self._num_tokens_to_compute(seq, step.token_budget)
+            if not self._fits_unchunked(seq, num_new):
+                return
+            num_tokens = seq.num_computed_tokens + num_new
+            # The watermark only protects running sequences; with none, everything is free to use.
+            reserve = self._watermark_blocks if self._running else 0
+            if not self.kv.can_allocate(seq.seq_id, num_tokens, reserve_blocks=reserve):
+                if self._preempt_lower_class(seq, step):
+                    continue
+                return
+            self._take_for_admission(seq)
+            seq.status = SequenceStatus.RUNNING
+            if seq.first_scheduled_s is None:
+                seq.first_scheduled_s = now
+            self._running.append(seq)
+            step.pick(seq, num_new, self.kv.allocate(seq.seq_id, num_tokens))
+
+    def _next_to_admit(self) -> Sequence | None:
+        """Preempted sequences go before new ones of the same class; classes are strict."""
+        queued = self._waiting.peek()
+        preempted = self._preempted[0] if self._preempted else None
+        if preempted is None or (queued is not None and queued.priority < preempted.priority):
+            return queued
+        return preempted
+
+    def _take_for_admission(self, seq: Sequence) -> None:
+        if self._preempted and self._preempted[0] is seq:
+            self._preempted.pop(0)
+        else:
+            self._waiting.pop()
+
+    def _num_tokens_to_compute(self, seq: Sequence, token_budget: int) -> int:
+        cap = self.config.max_prefill_chunk_tokens or token_budget
+        return min(seq.num_uncomputed_tokens, token_budget, cap)
+
+    def _fits_unchunked(self, seq: Sequence, num_new: int) -> bool:
+        if self.config.enable_chunked_prefill or num_new == seq.num_uncomputed_tokens:
+            return True
+        # A recompute longer than a whole step can only ever go in chunks.
+        return seq.num_uncomputed_tokens > self.config.max_num_batched_tokens
+
+    def _preempt_lower_class(self, seq: Sequence, step: _StepBuilder) -> bool:
+        lower = [s for s in self._running if s.priority > seq.priority]
+        if not lower:
+            return False
+        self._preempt(max(lower, key=Sequence.preemption_key), step)
+        return True
+
+    def _preempt(self, seq: Sequence, step: _StepBuilder) -> None:
+        step.unpick(seq)
+        step.preempted.append(seq.seq_id)
+        self._running.remove(seq)
+        self.kv.free(seq.seq_id)
+        self._forget_ids.append(seq.seq_id)
+        seq.reset_for_recompute()
+        seq.num_preemptions += 1
+        self._add_preempted(seq)
+
+    def _add_preempted(self, seq: Sequence) -> None:
+        keys = [s.preemption_key() for s in self._preempted]
+        self._preempted.insert(bisect.bisect(keys, seq.preemption_key()), seq)
+
+    def _append_token(self, seq: Sequence, token_id: int, now: float) -> SequenceDelta | None:
+        seq.output_token_ids.append(token_id)
+        if seq.first_token_s is None:
+            seq.first_token_s = now
+        if token_id == self._tokenizer.eos_token_id and not seq.sampling.ignore_eos:
+            reason = FinishReason.EOS  # the end-of-sequence token is counted, never streamed
+        elif seq.stream.append(token_id):
+            reason = FinishReason.STOP
+        elif seq.num_generated >= seq.sampling.max_tokens:
+            reason = FinishReason.LENGTH
+        else:
+            reason = None
+        if reason is not None:
+            seq.finish_reason = reason
+            self._retire(seq)
+        chunk = seq.stream.take(final=reason is not None)
+        if not chunk and reason is None:
+            return None
+        return self._delta(seq, chunk)
+
+    def _delta(self, seq: Sequence, chunk: StreamChunk) -> SequenceDelta:
+        return SequenceDelta(
+            seq_id=seq.seq_id,
+            token_ids=chunk.token_ids,
+            text=chunk.text,
+            index=chunk.index,
+            finish_reason=seq.finish_reason,
+            abort_reason=seq.abort_reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_generated=seq.num_generated,
+        )
+
+    def _retire(self, seq: Sequence) -> None:
+        """Removes a finished or aborted sequence from every list and frees its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self._running.remove(seq)
+        elif seq.status is SequenceStatus.PREEMPTED:
+            self._preempted.remove(seq)
+        else:
+            self._waiting.remove(seq)
+        if self.kv.free(seq.seq_id) or seq.first_scheduled_s is not None:
+            self._forget_ids.append(seq.seq_id)
+        seq.status = SequenceStatus.FINISHED
+        del self._seqs[seq.seq_id]

@@ -1,0 +1,1 @@
+"""Worker: loads one model version, attaches to the scheduler, runs batches and steps."""

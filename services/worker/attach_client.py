@@ -1,0 +1,179 @@
+"""The worker's end of Scheduler.Attach: dial, say hello, run commands, re-dial on loss.
+
+Commands run one at a time on a single compute thread (one model, one device
+stream); the event loop stays free for heartbeats and reading aborts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+
+from infermesh.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.common.telemetry import context_from_carrier, record_stages_under, tracer
+from services.common.timings import from_proto
+from services.worker.runtime import WorkerRuntime
+
+log = logging.getLogger(__name__)
+_tracer = tracer("infermesh.worker")
+
+
+class Backoff:
+    """Exponential backoff with full jitter (the AWS architecture blog's variant)."""
+
+    def __init__(self, initial_s: float, max_s: float, rng: random.Random | None = None) -> None:
+        self._initial_s = initial_s
+        self._max_s = max_s
+        self._attempt = 0
+        self._rng = rng or random.Random()
+
+    def next_delay_s(self) -> float:
+        ceiling_s = min(self._max_s, self._initial_s * 2**self._attempt)
+        self._attempt += 1
+        return self._rng.uniform(0, ceiling_s)
+
+    def reset(self) -> None:
+        self._attempt = 0
+
+
+class AttachClient:
+    def __init__(self, address: str, runtime: WorkerRuntime, worker_id: str, backoff: Backoff) -> None:
+        self._address = address
+        self._runtime = runtime
+        self._worker_id = worker_id
+        self._backoff = backoff
+        self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
+        self._call: grpc.aio.StreamStreamCall | None = None
+        self._write_lock = asyncio.Lock()
+        self._in_flight: set[asyncio.Task] = set()
+        self._stopping = False
+        self.attached = asyncio.Event()
+        self.num_attaches = 0
+
+    async def run(self) -> None:
+        """Attach, and re-attach after every break, until drained."""
+        while not self._stopping:
+            try:
+                await self._session()
+            except grpc.aio.AioRpcError as exc:
+                log.warning("attach stream to %s broke: %s %s", self._address, exc.code().name, exc.details())
+            except ConnectionError as exc:
+                log.warning("attach stream to %s broke: %s", self._address, exc)
+            self.attached.clear()
+            if self._stopping:
+                break
+            delay_s = self._backoff.next_delay_s()
+            log.info("re-dialling scheduler in %.2fs", delay_s)
+            await asyncio.sleep(delay_s)
+
+    async def _session(self) -> None:
+        async with grpc.aio.insecure_channel(self._address) as channel:
+            call = scheduler_pb2_grpc.SchedulerStub(channel).Attach()
+            self._call = call
+            await call.write(scheduler_pb2.WorkerMessage(hello=self._runtime.hello(self._worker_id)))
+            first = await call.read()
+            if first is grpc.aio.EOF or first.WhichOneof("kind") != "welcome":
+                raise ConnectionError("scheduler closed the stream without a welcome")
+            self._backoff.reset()
+            self.num_attaches += 1
+            self.attached.set()
+            log.info("attached to scheduler %s as %s", first.welcome.scheduler_id, self._worker_id)
+            heartbeat = asyncio.create_task(self._heartbeats(call, first.welcome.heartbeat_interval_ms / 1000 or 1.0))
+            try:
+                await self._read_commands(call)
+            finally:
+                heartbeat.cancel()
+                self._call = None
+
+    async def _read_commands(self, call: grpc.aio.StreamStreamCall) -> None:
+        while True:
+            command = await call.read()
+            if command is grpc.aio.EOF:
+                await self._wait_in_flight()
+                return
+            kind = command.WhichOneof("kind")
+            if kind == "execute_batch":
+                self._spawn(self._execute(call, command.execute_batch))
+            elif kind == "run_step":
+                self._spawn(self._step(call, command.run_step))
+            elif kind == "abort":
+                self._runtime.abort(command.abort)
+            elif kind == "drain":
+                log.info("scheduler asked to drain; finishing in-flight work and re-dialling")
+                await self._wait_in_flight()
+                await call.done_writing()
+                return
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def _execute(self, call, command: scheduler_pb2.ExecuteBatch) -> None:
+        began_ns = time.time_ns()
+        result = await asyncio.get_running_loop().run_in_executor(self._compute, self._runtime.execute_batch, command)
+        await self._write(call, scheduler_pb2.WorkerMessage(batch_result=result))
+        _trace_work("worker.execute_batch", began_ns, result.timings, [i.trace_context for i in command.items],
+                    {"infermesh.batch_size": len(command.items)})
+
+    async def _step(self, call, command: scheduler_pb2.RunStep) -> None:
+        began_ns = time.time_ns()
+        result = await asyncio.get_running_loop().run_in_executor(self._compute, self._runtime.run_step, command)
+        await self._write(call, scheduler_pb2.WorkerMessage(step_result=result))
+        _trace_work("worker.run_step", began_ns, result.timings, [s.trace_context for s in command.seqs],
+                    {"infermesh.num_seqs": len(command.seqs)})
+
+    async def _heartbeats(self, call, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            beat = scheduler_pb2.Heartbeat(
+                sent_unix_us=int(time.time() * 1e6), num_kv_blocks_used=self._runtime.kv_blocks_used()
+            )
+            await self._write(call, scheduler_pb2.WorkerMessage(heartbeat=beat))
+
+    async def _write(self, call, message: scheduler_pb2.WorkerMessage) -> None:
+        async with self._write_lock:
+            try:
+                await call.write(message)
+            except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
+                # The stream is gone; the scheduler re-queues this work elsewhere.
+                log.warning("could not send %s: %s", message.WhichOneof("kind"), exc)
+
+    async def _wait_in_flight(self) -> None:
+        if self._in_flight:
+            await asyncio.gather(*self._in_flight, return_exceptions=True)
+
+    async def drain(self, grace_s: float) -> None:
+        """Tell the scheduler, finish what was sent, then close the stream and stop re-dialling."""
+        self._stopping = True
+        call = self._call
+        if call is None:
+            return
+        await self._write(call, scheduler_pb2.WorkerMessage(draining=scheduler_pb2.Draining(grace_ms=int(grace_s * 1000))))
+        # The scheduler stops sending work, and ends the stream once nothing of ours is in flight.
+        try:
+            await asyncio.wait_for(self.attached_closed(), timeout=grace_s)
+        except TimeoutError:
+            log.warning("scheduler did not release the stream within %.1fs", grace_s)
+        await self._wait_in_flight()
+
+    async def attached_closed(self) -> None:
+        while self._call is not None:
+            await asyncio.sleep(0.02)
+
+    def close(self) -> None:
+        self._compute.shutdown(wait=False, cancel_futures=True)
+
+
+def _trace_work(name: str, began_ns: int, timings, carriers, attributes: dict) -> None:
+    """One span per request the batch/step served, under that request's own trace."""
+    ended_ns = time.time_ns()
+    stages = [(stage.stage, stage.duration_us) for stage in from_proto(timings)]
+    for carrier in carriers:
+        if carrier:
+            record_stages_under(_tracer, name, began_ns, ended_ns, context_from_carrier(carrier), stages, attributes)

@@ -1,0 +1,182 @@
+"""Two toy models that need no weights: for tests of the mesh's plumbing and quick local runs.
+
+toy-classifier: labels an image "dark" or "bright" by its mean brightness.
+toy-generator:  byte-level; each next token is the byte after the previous one
+                within 'a'..'z' (so "abc" continues "defg..."), never EOS.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from infermesh.v1 import common_pb2, scheduler_pb2
+from services.common.timings import StageTime, seconds_to_us, to_proto
+
+PROTOCOL_VERSION = 1
+INVALID_ARGUMENT = 3
+MAX_IMAGE_PIXELS = 4096 * 4096
+BYTE_VOCAB_SIZE = 257  # 256 bytes + EOS
+BYTE_EOS = 256
+
+
+def _item_error(item_id: int, message: str) -> scheduler_pb2.ItemResult:
+    return scheduler_pb2.ItemResult(
+        item_id=item_id, error=scheduler_pb2.ItemError(code=INVALID_ARGUMENT, message=message)
+    )
+
+
+def _pixels(image: common_pb2.Image) -> np.ndarray:
+    kind = image.WhichOneof("data")
+    if kind == "raw":
+        raw = image.raw
+        expected = raw.height * raw.width * raw.channels
+        if raw.height < 1 or raw.width < 1 or raw.channels not in (1, 3, 4):
+            raise ValueError(f"raw image needs height, width >= 1 and channels 1, 3 or 4, got "
+                             f"{raw.height}x{raw.width}x{raw.channels}")
+        if len(raw.pixels) != expected:
+            raise ValueError(f"raw image has {len(raw.pixels)} bytes, expected {expected} "
+                             f"({raw.height}x{raw.width}x{raw.channels})")
+        return np.frombuffer(raw.pixels, dtype=np.uint8)
+    if kind == "encoded":
+        try:
+            with Image.open(io.BytesIO(image.encoded)) as img:
+                if img.width * img.height > MAX_IMAGE_PIXELS:
+                    raise ValueError(f"image of {img.width}x{img.height} exceeds {MAX_IMAGE_PIXELS} pixels")
+                return np.asarray(img.convert("L"))
+        except (UnidentifiedImageError, OSError) as exc:
+            raise ValueError(f"cannot decode image: {exc}") from None
+    raise ValueError("image has neither encoded nor raw data")
+
+
+class ToyClassifierRuntime:
+    labels = ("dark", "bright")
+
+    def __init__(self, version: str, max_batch_size: int = 8, compute_ms: float = 0.0) -> None:
+        self._version = version
+        self._max_batch_size = max_batch_size or 8
+        self._compute_s = compute_ms / 1000
+
+    def load(self) -> None:
+        golden = common_pb2.Image(raw=common_pb2.RawImage(pixels=bytes([255] * 4), height=2, width=2, channels=1))
+        result = self.execute_batch(scheduler_pb2.ExecuteBatch(items=[scheduler_pb2.BatchItem(item_id=1, image=golden)]))
+        if result.items[0].labels[0].label != "bright":
+            raise RuntimeError("toy-classifier failed its golden check")
+
+    def hello(self, worker_id: str) -> scheduler_pb2.WorkerHello:
+        return scheduler_pb2.WorkerHello(
+            worker_id=worker_id,
+            model=common_pb2.ModelRef(name="toy-classifier", version=self._version),
+            kind=common_pb2.MODEL_KIND_CLASSIFIER,
+            capacity=scheduler_pb2.WorkerCapacity(max_batch_size=self._max_batch_size, device="cpu"),
+            labels=list(self.labels),
+            input_height=8,
+            input_width=8,
+            max_image_pixels=MAX_IMAGE_PIXELS,
+            protocol_version=PROTOCOL_VERSION,
+        )
+
+    def execute_batch(self, command: scheduler_pb2.ExecuteBatch) -> scheduler_pb2.BatchResult:
+        began = time.perf_counter()
+        results = []
+        for item in command.items:
+            try:
+                brightness = float(_pixels(item.image).mean()) / 255
+            except ValueError as exc:
+                results.append(_item_error(item.item_id, str(exc)))
+                continue
+            scores = sorted(zip((1 - brightness, brightness), range(2), strict=True), reverse=True)
+            top_k = max(1, min(item.top_k or 1, 2))
+            labels = [common_pb2.Label(label=self.labels[i], index=i, score=s) for s, i in scores[:top_k]]
+            results.append(scheduler_pb2.ItemResult(item_id=item.item_id, labels=labels))
+        if self._compute_s:
+            time.sleep(self._compute_s)
+        elapsed = seconds_to_us(time.perf_counter() - began)
+        return scheduler_pb2.BatchResult(
+            batch_id=command.batch_id,
+            items=results,
+            timings=to_proto([StageTime("compute", elapsed, "worker")], total_us=elapsed),
+        )
+
+    def run_step(self, command: scheduler_pb2.RunStep) -> scheduler_pb2.StepResult:
+        raise ValueError("toy-classifier cannot run generation steps")
+
+    def abort(self, command: scheduler_pb2.Abort) -> None:
+        return None
+
+    def kv_blocks_used(self) -> int:
+        return 0
+
+
+class ToyGeneratorRuntime:
+    def __init__(self, version: str, num_kv_blocks: int = 256, compute_ms: float = 0.0) -> None:
+        self._version = version
+        self._num_kv_blocks = num_kv_blocks or 256
+        self._compute_s = compute_ms / 1000
+        self._blocks: dict[int, list[int]] = {}
+
+    def load(self) -> None:
+        step = scheduler_pb2.RunStep(seqs=[scheduler_pb2.SequenceStep(seq_id=1, token_ids=list(b"abc"), sample=True,
+                                                                         new_blocks=[0], reset_block_table=True)])
+        if self.run_step(step).outputs[0].token_id != ord("d"):
+            raise RuntimeError("toy-generator failed its golden check")
+        self._blocks.clear()
+
+    def hello(self, worker_id: str) -> scheduler_pb2.WorkerHello:
+        return scheduler_pb2.WorkerHello(
+            worker_id=worker_id,
+            model=common_pb2.ModelRef(name="toy-generator", version=self._version),
+            kind=common_pb2.MODEL_KIND_GENERATOR,
+            capacity=scheduler_pb2.WorkerCapacity(
+                num_kv_blocks=self._num_kv_blocks,
+                block_size=16,
+                max_seq_len=512,
+                max_num_seqs=32,
+                max_num_batched_tokens=512,
+                device="cpu",
+            ),
+            tokenizer=scheduler_pb2.TokenizerSpec(
+                kind=scheduler_pb2.TOKENIZER_KIND_BYTES, vocab_size=BYTE_VOCAB_SIZE, eos_token_id=BYTE_EOS,
+                bos_token_id=-1,
+            ),
+            protocol_version=PROTOCOL_VERSION,
+        )
+
+    def execute_batch(self, command: scheduler_pb2.ExecuteBatch) -> scheduler_pb2.BatchResult:
+        raise ValueError("toy-generator cannot classify")
+
+    def run_step(self, command: scheduler_pb2.RunStep) -> scheduler_pb2.StepResult:
+        began = time.perf_counter()
+        for seq_id in command.finished_seq_ids:
+            self._blocks.pop(seq_id, None)
+        outputs = []
+        for seq in command.seqs:
+            if seq.reset_block_table:
+                self._blocks[seq.seq_id] = []
+            self._blocks.setdefault(seq.seq_id, []).extend(seq.new_blocks)
+            if not seq.sample:
+                continue
+            last = seq.token_ids[-1] if seq.token_ids else ord("a")
+            letter = last - ord("a") if ord("a") <= last <= ord("z") else -1
+            outputs.append(scheduler_pb2.SequenceOutput(seq_id=seq.seq_id, token_id=ord("a") + (letter + 1) % 26))
+        if self._compute_s:
+            time.sleep(self._compute_s)
+        elapsed = seconds_to_us(time.perf_counter() - began)
+        return scheduler_pb2.StepResult(
+            step_id=command.step_id,
+            outputs=outputs,
+            timings=to_proto([StageTime("compute", elapsed, "worker")], total_us=elapsed),
+        )
+
+    def abort(self, command: scheduler_pb2.Abort) -> None:
+        for seq_id in command.seq_ids:
+            self._blocks.pop(seq_id, None)
+
+    def kv_blocks_used(self) -> int:
+        return sum(len(blocks) for blocks in self._blocks.values())
+
+
+TOY_MODELS = {"toy-classifier": ToyClassifierRuntime, "toy-generator": ToyGeneratorRuntime}

@@ -1,0 +1,35 @@
+"""Worker configuration (flags / INFERMESH_WORKER_* variables)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.config import ServerSettings, require, setting
+
+
+@dataclass(frozen=True)
+class WorkerConfig(ServerSettings):
+    scheduler_address: str = setting("127.0.0.1:50052", "scheduler host:port the worker dials (Attach)")
+    model_repository: str = setting("model_repo", "folder holding <name>/<version>/manifest.json")
+    model_name: str = setting("toy-classifier", "model to serve: a repository model, or toy-classifier / toy-generator")
+    model_version: str = setting("1", "immutable model version to serve")
+    worker_id: str = setting("", "unique id; empty derives host:pid:random")
+    max_batch_size: int = setting(0, "classifier: override the manifest's max batch (0: manifest)")
+    num_kv_blocks: int = setting(0, "generator: override the manifest's KV block count (0: manifest)")
+    reconnect_initial_s: float = setting(0.1, "first re-dial delay after the Attach stream breaks")
+    reconnect_max_s: float = setting(5.0, "longest re-dial delay (exponential backoff, full jitter)")
+    toy_compute_ms: float = setting(0.0, "toy models only: simulated compute time per batch/step")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(":" in self.scheduler_address, f"scheduler_address must be host:port, got {self.scheduler_address!r}")
+        require(bool(self.model_name), "model_name must not be empty")
+        require(bool(self.model_version), "model_version must not be empty (there is no 'latest')")
+        require(self.max_batch_size >= 0, f"max_batch_size must be >= 0, got {self.max_batch_size}")
+        require(self.num_kv_blocks >= 0, f"num_kv_blocks must be >= 0, got {self.num_kv_blocks}")
+        require(
+            0 < self.reconnect_initial_s <= self.reconnect_max_s,
+            "need 0 < reconnect_initial_s <= reconnect_max_s, got "
+            f"{self.reconnect_initial_s} and {self.reconnect_max_s}",
+        )
+        require(self.toy_compute_ms >= 0, f"toy_compute_ms must be >= 0, got {self.toy_compute_ms}")

@@ -1,0 +1,94 @@
+"""Token generator: a `DecoderLM` served through the paged step, with a dense twin.
+
+`step` is what the worker runs each continuous-batching iteration. `greedy_dense`
+and `greedy_paged` generate one sequence end to end (dense reference, and the
+paged path with chunked prefill in a private cache); the golden check and the
+tests hold them to the same tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from services.worker.models.paged import KVCache, PagedSequence, paged_forward
+from services.worker.models.transformer import DecoderLM, TransformerConfig
+
+
+class Generator:
+    def __init__(self, lm: DecoderLM, *, max_seq_len: int, eos_token_id: int, bos_token_id: int | None) -> None:
+        if max_seq_len < 1:
+            raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
+        self.lm = lm.eval()
+        self.max_seq_len = max_seq_len
+        self.eos_token_id = eos_token_id
+        self.bos_token_id = bos_token_id
+
+    @property
+    def config(self) -> TransformerConfig:
+        return self.lm.config
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm.embed.weight.device
+
+    def new_kv_cache(self, num_blocks: int, block_size: int) -> KVCache:
+        c = self.config
+        return KVCache(
+            num_layers=c.num_layers, num_blocks=num_blocks, block_size=block_size,
+            num_kv_heads=c.num_kv_heads, head_size=c.head_size, device=self.device,
+        )
+
+    def step(self, seqs: Sequence[PagedSequence], cache: KVCache) -> torch.Tensor:
+        """One paged step; logits `float32[num_needing_logits, vocab]` in the order of `seqs`."""
+        with torch.inference_mode():
+            return paged_forward(self.lm, seqs, cache)
+
+    def dense_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Dense reference over a whole sequence: logits `float32[len(token_ids), vocab]`."""
+        with torch.inference_mode():
+            ids = torch.tensor([list(token_ids)], dtype=torch.int64, device=self.device)
+            return self.lm(ids)[0]
+
+    def greedy_dense(self, prompt_ids: Sequence[int], num_new_tokens: int) -> list[int]:
+        """Greedy continuation by re-running the dense forward over the whole sequence each token."""
+        ids = list(prompt_ids)
+        self._check_length(len(ids), num_new_tokens)
+        for _ in range(num_new_tokens):
+            ids.append(int(self.dense_logits(ids)[-1].argmax()))
+        return ids[len(prompt_ids):]
+
+    def greedy_paged(
+        self, prompt_ids: Sequence[int], num_new_tokens: int, *, block_size: int = 16, prefill_chunk: int = 64
+    ) -> list[int]:
+        """Greedy continuation through the paged path: chunked prefill, then one-token decode steps."""
+        self._check_length(len(prompt_ids), num_new_tokens)
+        total = len(prompt_ids) + num_new_tokens
+        num_blocks = -(-total // block_size)
+        cache = self.new_kv_cache(num_blocks, block_size)
+        table = tuple(reversed(range(num_blocks)))  # deliberately not the identity mapping
+        ids = list(prompt_ids)
+        pos = 0
+        while pos < len(ids):
+            chunk = tuple(ids[pos:pos + prefill_chunk])
+            last = pos + len(chunk) == len(ids)
+            logits = self.step([PagedSequence(chunk, pos, table, needs_logits=last)], cache)
+            pos += len(chunk)
+        for i in range(num_new_tokens):
+            ids.append(int(logits[0].argmax()))
+            if i + 1 < num_new_tokens:
+                logits = self.step([PagedSequence((ids[-1],), len(ids) - 1, table, needs_logits=True)], cache)
+        return ids[len(prompt_ids):]
+
+    def _check_length(self, num_prompt: int, num_new_tokens: int) -> None:
+        if num_prompt < 1 or num_new_tokens < 1:
+            raise ValueError(f"need a prompt and >= 1 new token, got {num_prompt} and {num_new_tokens}")
+        if num_prompt + num_new_tokens > self.max_seq_len:
+            raise ValueError(
+                f"prompt {num_prompt} + {num_new_tokens} new tokens exceeds max_seq_len {self.max_seq_len}"
+            )

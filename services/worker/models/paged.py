@@ -1,0 +1,162 @@
+"""One continuous-batching step of a `DecoderLM` over a paged KV cache.
+
+Every sequence in a step brings its new tokens (a prompt chunk, recomputed
+tokens after preemption, or the one token sampled last step), the position of
+the first of them, and its whole block table. There is no prefill or decode
+phase: a sequence with one new token attends through the
+`paged_attention_decode` kernel; a longer chunk gathers its cached prefix by
+block table and runs causal attention over prefix + chunk. Keys and values of
+all new tokens are scattered into the cache with `write_kv_cache` first, so a
+chunk sees its own keys the same way a later step will.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kernels import paged_attention_decode, write_kv_cache
+from services.worker.models.transformer import DecoderLM
+
+
+@dataclass(frozen=True)
+class PagedSequence:
+    token_ids: tuple[int, ...]  # new tokens this step, >= 1
+    start_position: int  # position of token_ids[0] = tokens already in the cache
+    block_table: tuple[int, ...]  # physical block of each logical block; covers start_position + len(token_ids)
+    needs_logits: bool  # return the logits after the last new token
+
+    @property
+    def end_position(self) -> int:
+        return self.start_position + len(self.token_ids)
+
+
+class KVCache:
+    """The worker's physical KV pages: per layer `float32[num_blocks, block_size, num_kv_heads, head_size]`."""
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
+        shape = (num_blocks, block_size, num_kv_heads, head_size)
+        self.key = [torch.zeros(shape, dtype=torch.float32, device=device) for _ in range(num_layers)]
+        self.value = [torch.zeros(shape, dtype=torch.float32, device=device) for _ in range(num_layers)]
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.device = torch.device(device)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.key, *self.value))
+
+
+def slot_mapping_of(seq: PagedSequence, block_size: int) -> list[int]:
+    """Cache slot (block * block_size + offset) of each new token."""
+    return [
+        seq.block_table[pos // block_size] * block_size + pos % block_size
+        for pos in range(seq.start_position, seq.end_position)
+    ]
+
+
+def check_sequence(seq: PagedSequence, cache: KVCache) -> None:
+    """ValueError when the sequence's block table cannot hold its tokens or names blocks the cache lacks."""
+    if not seq.token_ids:
+        raise ValueError("a sequence must bring at least one new token")
+    if seq.start_position < 0:
+        raise ValueError(f"start_position must be >= 0, got {seq.start_position}")
+    num_needed = -(-seq.end_position // cache.block_size)
+    if len(seq.block_table) < num_needed:
+        raise ValueError(
+            f"block table has {len(seq.block_table)} blocks but positions up to {seq.end_position - 1} "
+            f"need {num_needed} (block_size {cache.block_size})"
+        )
+    bad = [b for b in seq.block_table[:num_needed] if not 0 <= b < cache.num_blocks]
+    if bad:
+        raise ValueError(f"block ids {bad} are outside the cache's {cache.num_blocks} blocks")
+
+
+def paged_forward(lm: DecoderLM, seqs: Sequence[PagedSequence], cache: KVCache) -> torch.Tensor:
+    """Runs one step; returns logits `float32[num_needing_logits, vocab]` in the order of `seqs`."""
+    for seq in seqs:
+        check_sequence(seq, cache)
+    device = cache.device
+    bs = cache.block_size
+    lengths = [len(s.token_ids) for s in seqs]
+    starts = [sum(lengths[:i]) for i in range(len(seqs))]  # row of each sequence's first token
+    tokens = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.int64, device=device)
+    positions = torch.tensor(
+        [p for s in seqs for p in range(s.start_position, s.end_position)], dtype=torch.int64, device=device
+    )
+    slots = torch.tensor([x for s in seqs for x in slot_mapping_of(s, bs)], dtype=torch.int64, device=device)
+    decode = [i for i, n in enumerate(lengths) if n == 1]
+    chunks = [i for i, n in enumerate(lengths) if n > 1]
+    decode_rows = torch.tensor([starts[i] for i in decode], dtype=torch.int64, device=device)
+    decode_tables, decode_lens = _decode_tables([seqs[i] for i in decode], bs, device)
+    scale = 1.0 / math.sqrt(lm.config.head_size)
+
+    x = lm.embed(tokens)
+    for layer_index, layer in enumerate(lm.layers):
+        key_cache, value_cache = cache.key[layer_index], cache.value[layer_index]
+        q, k, v = layer.qkv(x, positions)
+        write_kv_cache(k.contiguous(), v.contiguous(), key_cache, value_cache, slots)
+        attn = torch.empty_like(q)
+        if decode:
+            attn[decode_rows] = paged_attention_decode(
+                q[decode_rows].contiguous(), key_cache, value_cache, decode_tables, decode_lens, bs, scale
+            )
+        for i in chunks:
+            rows = slice(starts[i], starts[i] + lengths[i])
+            attn[rows] = _chunk_attention(q[rows], seqs[i], key_cache, value_cache, bs, scale)
+        x = x + layer.attn_out(attn)
+        x = x + layer.mlp(x)
+    last_rows = [starts[i] + lengths[i] - 1 for i, s in enumerate(seqs) if s.needs_logits]
+    return lm.logits(x[last_rows])
+
+
+def _decode_tables(
+    seqs: Sequence[PagedSequence], block_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`block_tables int32[num_seqs, max_blocks]` (zero-padded; the kernel reads only up to each context) and `context_lens int32[num_seqs]`."""
+    num_blocks = [-(-s.end_position // block_size) for s in seqs]
+    width = max(num_blocks, default=1)
+    tables = torch.zeros((len(seqs), width), dtype=torch.int32, device=device)
+    for row, (seq, n) in enumerate(zip(seqs, num_blocks, strict=True)):
+        tables[row, :n] = torch.tensor(seq.block_table[:n], dtype=torch.int32)
+    lens = torch.tensor([s.end_position for s in seqs], dtype=torch.int32, device=device)
+    return tables, lens
+
+
+def _chunk_attention(
+    q: torch.Tensor,
+    seq: PagedSequence,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_size: int,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of a chunk's queries `[n, num_heads, hs]` over its cached prefix and itself."""
+    context_len = seq.end_position
+    blocks = torch.tensor(seq.block_table[: -(-context_len // block_size)], dtype=torch.int64, device=q.device)
+    num_kv_heads, head_size = key_cache.shape[2], key_cache.shape[3]
+    keys = key_cache[blocks].reshape(-1, num_kv_heads, head_size)[:context_len]
+    values = value_cache[blocks].reshape(-1, num_kv_heads, head_size)[:context_len]
+    query_pos = torch.arange(seq.start_position, context_len, device=q.device)
+    key_pos = torch.arange(context_len, device=q.device)
+    allowed = key_pos[None, :] <= query_pos[:, None]  # [n, context_len]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
+        attn_mask=allowed, scale=scale, enable_gqa=True,
+    )
+    return out[0].transpose(0, 1)

@@ -1,0 +1,128 @@
+"""A small decoder-only transformer (RMSNorm, RoPE, grouped-query attention, SwiGLU).
+
+The layers expose their pieces (`qkv`, `attn_out`, `mlp`) so the same weights
+run two ways: `DecoderLM.forward` is the dense full-sequence reference, and
+`models.paged.paged_forward` runs one continuous-batching step over a paged KV
+cache. Tests hold the two to the same greedy tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    vocab_size: int
+    num_layers: int
+    d_model: int
+    num_heads: int
+    num_kv_heads: int
+    d_ff: int
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "num_layers", "d_model", "num_heads", "num_kv_heads", "d_ff"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.d_model % self.num_heads:
+            raise ValueError(f"d_model {self.d_model} is not divisible by num_heads {self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.head_size % 2:
+            raise ValueError(f"head_size {self.head_size} must be even for rotary embeddings")
+        if self.rope_theta <= 0 or self.norm_eps <= 0:
+            raise ValueError(f"rope_theta and norm_eps must be > 0, got {self.rope_theta}, {self.norm_eps}")
+
+    @property
+    def head_size(self) -> int:
+        return self.d_model // self.num_heads
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate `x[..., T, heads, head_size]` by its token positions `positions[..., T]` (rotate-half form)."""
+    half = x.shape[-1] // 2
+    inv_freq = theta ** (-torch.arange(half, dtype=torch.float32, device=x.device) / half)
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # [..., T, half]
+    cos = angles.cos()[..., None, :]  # broadcast over heads
+    sin = angles.sin()[..., None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        hs = config.head_size
+        self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.wq = nn.Linear(config.d_model, config.num_heads * hs, bias=False)
+        self.wk = nn.Linear(config.d_model, config.num_kv_heads * hs, bias=False)
+        self.wv = nn.Linear(config.d_model, config.num_kv_heads * hs, bias=False)
+        self.wo = nn.Linear(config.num_heads * hs, config.d_model, bias=False)
+        self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.w_gate = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.w_up = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.w_down = nn.Linear(config.d_ff, config.d_model, bias=False)
+
+    def qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Normed `x[..., T, d_model]` → q `[..., T, num_heads, hs]`, k and v `[..., T, num_kv_heads, hs]`, RoPE applied."""
+        c = self.config
+        h = self.attn_norm(x)
+        lead = h.shape[:-1]
+        q = self.wq(h).view(*lead, c.num_heads, c.head_size)
+        k = self.wk(h).view(*lead, c.num_kv_heads, c.head_size)
+        v = self.wv(h).view(*lead, c.num_kv_heads, c.head_size)
+        return apply_rope(q, positions, c.rope_theta), apply_rope(k, positions, c.rope_theta), v
+
+    def attn_out(self, attn: torch.Tensor) -> torch.Tensor:
+        """Attention output `[..., T, num_heads, hs]` → residual update `[..., T, d_model]`."""
+        return self.wo(attn.flatten(-2))
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.mlp_norm(x)
+        return self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))
+
+
+class DecoderLM(nn.Module):
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(DecoderBlock(config) for _ in range(config.num_layers))
+        self.final_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.final_norm(hidden))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Dense causal reference: `input_ids int64[B, T]` (positions 0..T-1) → logits `float32[B, T, vocab]`."""
+        _, num_tokens = input_ids.shape
+        positions = torch.arange(num_tokens, device=input_ids.device)
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            q, k, v = layer.qkv(x, positions)
+            # SDPA wants [B, heads, T, hs]; GQA by sharing each KV head across its query group.
+            attn = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+            )
+            x = x + layer.attn_out(attn.transpose(1, 2))
+            x = x + layer.mlp(x)
+        return self.logits(x)

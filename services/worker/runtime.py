@@ -1,0 +1,26 @@
+"""The seam between the Attach stream and a model: commands in, results out (protobuf).
+
+A runtime is where protobuf meets the model's domain objects; the attach client
+only moves messages.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from infermesh.v1 import scheduler_pb2
+
+
+class WorkerRuntime(Protocol):
+    def load(self) -> None:
+        """Load weights (checksum), warm up, pass the golden check; raise if not servable."""
+
+    def hello(self, worker_id: str) -> scheduler_pb2.WorkerHello: ...
+
+    def execute_batch(self, command: scheduler_pb2.ExecuteBatch) -> scheduler_pb2.BatchResult: ...
+
+    def run_step(self, command: scheduler_pb2.RunStep) -> scheduler_pb2.StepResult: ...
+
+    def abort(self, command: scheduler_pb2.Abort) -> None: ...
+
+    def kv_blocks_used(self) -> int: ...

@@ -1,0 +1,59 @@
+"""Wiring: model runtime + Attach client + health, as one service for the bootstrap."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+
+from services.common.server import Health
+from services.worker.attach_client import AttachClient, Backoff
+from services.worker.builtin_models import TOY_MODELS
+from services.worker.config import WorkerConfig
+from services.worker.runtime import WorkerRuntime
+
+log = logging.getLogger(__name__)
+
+
+def make_runtime(config: WorkerConfig) -> WorkerRuntime:
+    if config.model_name in TOY_MODELS:
+        toy = TOY_MODELS[config.model_name]
+        capacity = config.max_batch_size if config.model_name == "toy-classifier" else config.num_kv_blocks
+        return toy(config.model_version, capacity, compute_ms=config.toy_compute_ms)
+    from services.worker.model_runtime import load_repository_runtime
+
+    return load_repository_runtime(config)
+
+
+class WorkerService:
+    service_names: tuple[str, ...] = ()
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self._config = config
+        self._worker_id = config.worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._client: AttachClient | None = None
+        self._task: asyncio.Task | None = None
+
+    def register(self, server) -> None:
+        return None  # the worker serves only health; it dials out for work
+
+    async def start(self, health: Health) -> None:
+        runtime = make_runtime(self._config)
+        await asyncio.get_running_loop().run_in_executor(None, runtime.load)
+        log.info("model %s:%s loaded and passed its golden check", self._config.model_name, self._config.model_version)
+        backoff = Backoff(self._config.reconnect_initial_s, self._config.reconnect_max_s)
+        self._client = AttachClient(self._config.scheduler_address, runtime, self._worker_id, backoff)
+        await health.set_serving(True)
+        self._task = asyncio.create_task(self._client.run())
+
+    async def drain(self, grace_s: float) -> None:
+        if self._client is not None:
+            await self._client.drain(grace_s)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self._client is not None:
+            self._client.close()
