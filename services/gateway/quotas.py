@@ -46,7 +46,8 @@ class TokenBucket:
         """Seconds until `amount` tokens are available; 0 when they are now."""
         self._refill(now_s)
         missing = amount - self._level
-        return 0.0 if missing <= 0 else missing / self.rate_per_s
+        # A billionth of a token is float rounding of the refill, not a real shortfall.
+        return 0.0 if missing <= 1e-9 else missing / self.rate_per_s
 
     def take(self, amount: float, now_s: float) -> None:
         self._refill(now_s)
