@@ -1,0 +1,99 @@
+"""Runs the CUDA kernels under Numba's simulator against the references, on small shapes.
+
+Run as its own process, because NUMBA_ENABLE_CUDASIM is read when numba is
+imported:
+
+    NUMBA_ENABLE_CUDASIM=1 PYTHONPATH=. python tests/unit/kernels/cudasim_check.py
+
+Prints one line per case and exits non-zero on the first mismatch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+TOLERANCE = 1e-4
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    got64, want64 = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.linalg.norm(got64 - want64) / max(np.linalg.norm(want64), 1e-30))
+
+
+def check(name: str, got: np.ndarray, want: np.ndarray, tolerance: float = TOLERANCE) -> None:
+    if got.shape != want.shape:
+        sys.exit(f"FAIL {name}: shape {got.shape} != {want.shape}")
+    error = relative_error(got, want)
+    if not error <= tolerance:
+        sys.exit(f"FAIL {name}: relative error {error:.3g} > {tolerance:g}")
+    print(f"ok {name}: relative error {error:.2e}")
+
+
+def check_write_kv_cache(rng: np.random.Generator) -> None:
+    from kernels import write_kv_cache
+
+    num_blocks, block_size, num_kv_heads, head_size = 4, 4, 2, 8
+    key = rng.standard_normal((5, num_kv_heads, head_size), dtype=np.float32)
+    value = rng.standard_normal((5, num_kv_heads, head_size), dtype=np.float32)
+    slots = np.array([0, 7, -1, 8, 15], np.int64)  # block starts/ends, a padding token, the last slot
+    initial = rng.standard_normal((num_blocks, block_size, num_kv_heads, head_size), dtype=np.float32)
+    results = {}
+    for backend in ("cuda", "reference"):
+        key_cache, value_cache = initial.copy(), initial + 1
+        write_kv_cache(key, value, key_cache, value_cache, slots, backend=backend)
+        results[backend] = (key_cache, value_cache)
+    # A scatter does no arithmetic, so the caches must agree to the bit.
+    check("write_kv_cache key_cache", results["cuda"][0], results["reference"][0], 0.0)
+    check("write_kv_cache value_cache", results["cuda"][1], results["reference"][1], 0.0)
+
+
+def check_paged_attention(rng: np.random.Generator) -> None:
+    from kernels import paged_attention_decode
+    from kernels.paged_attention import THREADS
+
+    num_blocks, block_size, num_kv_heads, head_size, num_heads = 24, 8, 2, 16, 4
+    key_cache = rng.standard_normal((num_blocks, block_size, num_kv_heads, head_size), dtype=np.float32)
+    value_cache = rng.standard_normal((num_blocks, block_size, num_kv_heads, head_size), dtype=np.float32)
+    # 1 token; exactly one block; a partial last block; more than one tile of THREADS tokens.
+    context_lens = np.array([1, block_size, 2 * block_size + 3, THREADS + 21], np.int32)
+    max_blocks = (int(context_lens.max()) + block_size - 1) // block_size
+    block_tables = rng.permutation(num_blocks)[None, :max_blocks].repeat(len(context_lens), 0).astype(np.int32)
+    block_tables[0] = np.roll(block_tables[0], 5)
+    query = rng.standard_normal((len(context_lens), num_heads, head_size), dtype=np.float32) * 3
+    scale = head_size**-0.5
+    args = (query, key_cache, value_cache, block_tables, context_lens, block_size, scale)
+    got = paged_attention_decode(*args, backend="cuda")
+    want = paged_attention_decode(*args, backend="reference")
+    check("paged_attention_decode (GQA 4/2, ctx 1..149)", got, want)
+
+
+def check_preprocess(rng: np.random.Generator) -> None:
+    from kernels import preprocess_images
+
+    sizes = [(1, 1), (1, 40), (30, 2), (9, 7), (3, 5)]  # 1x1, extreme aspect ratios, down- and upscaling
+    for channels, mean, std in ((3, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]), (1, [0.5], [0.25])):
+        images = [rng.integers(0, 256, (h, w, channels), dtype=np.uint8) for h, w in sizes]
+        want = preprocess_images(images, 6, 5, mean, std, backend="reference")
+        got = preprocess_images(images, 6, 5, mean, std, backend="cuda").copy_to_host()
+        check(f"preprocess_images C={channels} float32", got, want)
+    got16 = preprocess_images(images, 6, 5, mean, std, out_dtype=np.float16, backend="cuda").copy_to_host()
+    if got16.dtype != np.float16:
+        sys.exit(f"FAIL preprocess_images float16: dtype {got16.dtype}")
+    check("preprocess_images float16", got16, want, 1e-3)
+
+
+def main() -> None:
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+        sys.exit("set NUMBA_ENABLE_CUDASIM=1: this script checks the CUDA kernels on the simulator")
+    rng = np.random.default_rng(1234)
+    check_write_kv_cache(rng)
+    check_paged_attention(rng)
+    check_preprocess(rng)
+    print("all CUDA kernels match the references")
+
+
+if __name__ == "__main__":
+    main()

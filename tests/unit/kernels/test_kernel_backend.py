@@ -1,0 +1,54 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernels.backend import Backend, all_on_device, cuda_available, resolve_backend
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_argument_wins_over_the_environment(monkeypatch):
+    monkeypatch.setenv("INFERMESH_KERNEL_BACKEND", "reference")
+    assert resolve_backend("cpu", prefer_cuda=False) is Backend.CPU
+    assert resolve_backend(None, prefer_cuda=False) is Backend.REFERENCE
+    assert resolve_backend(Backend.CPU, prefer_cuda=True) is Backend.CPU
+
+
+@pytest.mark.skipif(cuda_available(), reason="automatic choice picks CUDA on a machine with a GPU")
+def test_automatic_choice_is_the_cpu_twin_without_a_gpu(monkeypatch):
+    monkeypatch.delenv("INFERMESH_KERNEL_BACKEND", raising=False)
+    assert resolve_backend(None, prefer_cuda=True) is Backend.CPU
+    monkeypatch.setenv("INFERMESH_KERNEL_BACKEND", "auto")
+    assert resolve_backend(None, prefer_cuda=True) is Backend.CPU
+
+
+@pytest.mark.skipif(cuda_available(), reason="needs a machine without a GPU")
+def test_asking_for_cuda_without_a_gpu_is_refused():
+    with pytest.raises(ValueError, match=r"backend 'cuda' requested but numba.cuda.is_available\(\) is False"):
+        resolve_backend("cuda", prefer_cuda=False)
+
+
+def test_unknown_backend_names_the_choices():
+    with pytest.raises(ValueError, match="backend must be one of 'cuda', 'cpu', 'reference' or 'auto'; got 'gpu'"):
+        resolve_backend("gpu", prefer_cuda=False)
+
+
+def test_host_arrays_are_not_on_device():
+    assert all_on_device({"a": np.zeros(2), "b": np.zeros(3)}) is False
+
+
+def test_cuda_kernels_match_references_on_the_simulator():
+    """The CUDA kernels run under NUMBA_ENABLE_CUDASIM, which must be set before numba is imported."""
+    result = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("cudasim_check.py"))],
+        cwd=REPO_ROOT,
+        env={"NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all CUDA kernels match the references" in result.stdout
