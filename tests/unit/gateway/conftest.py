@@ -41,7 +41,9 @@ def clock() -> FakeClock:
 
 
 def make_quota(**over) -> TenantQuota:
-    base = TenantQuota(requests_per_s=10, requests_burst=20, tokens_per_s=100, tokens_burst=400, max_in_flight=5)
+    base = TenantQuota(
+        requests_per_s=10, requests_burst=20, tokens_per_s=100, tokens_burst=400, max_in_flight=5
+    )
     return dataclasses.replace(base, **over)
 
 

@@ -90,12 +90,27 @@ def test_example_file_in_deploy_is_valid():
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"priority": "urgent"}, "t.yaml: tenant 'acme': field 'priority': must be one of critical, standard, sheddable, got 'urgent'"),
+        (
+            {"priority": "urgent"},
+            "t.yaml: tenant 'acme': field 'priority': must be one of critical, standard, sheddable, got 'urgent'",
+        ),
         ({"weight": "0"}, "t.yaml: tenant 'acme': field 'weight': must be an integer >= 1, got 0"),
-        ({"allowed_models": "[]"}, "t.yaml: tenant 'acme': field 'allowed_models': must be '*' or a non-empty list of model names, got []"),
-        ({"requests_per_s": "-1"}, "t.yaml: tenant 'acme': field 'quotas.requests_per_s': must be a number > 0, got -1"),
-        ({"tokens_burst": "1.5"}, "t.yaml: tenant 'acme': field 'quotas.tokens_burst': must be an integer >= 1, got 1.5"),
-        ({"max_in_flight": "true"}, "t.yaml: tenant 'acme': field 'quotas.max_in_flight': must be an integer >= 1, got True"),
+        (
+            {"allowed_models": "[]"},
+            "t.yaml: tenant 'acme': field 'allowed_models': must be '*' or a non-empty list of model names, got []",
+        ),
+        (
+            {"requests_per_s": "-1"},
+            "t.yaml: tenant 'acme': field 'quotas.requests_per_s': must be a number > 0, got -1",
+        ),
+        (
+            {"tokens_burst": "1.5"},
+            "t.yaml: tenant 'acme': field 'quotas.tokens_burst': must be an integer >= 1, got 1.5",
+        ),
+        (
+            {"max_in_flight": "true"},
+            "t.yaml: tenant 'acme': field 'quotas.max_in_flight': must be an integer >= 1, got True",
+        ),
     ],
 )
 def test_rejects_bad_field_naming_file_tenant_and_field(fields, message):
@@ -106,7 +121,9 @@ def test_rejects_bad_field_naming_file_tenant_and_field(fields, message):
 
 def test_rejects_missing_quota_and_unknown_field():
     text = config_text(tenant_yaml()).replace("      max_in_flight: 5\n", "")
-    with pytest.raises(TenantConfigError, match=r"^t.yaml: tenant 'acme': field 'quotas.max_in_flight': is required$"):
+    with pytest.raises(
+        TenantConfigError, match=r"^t.yaml: tenant 'acme': field 'quotas.max_in_flight': is required$"
+    ):
         parse_tenant_config(text, "t.yaml")
     text = config_text(tenant_yaml()).replace("    weight: 3", "    wieght: 3")
     with pytest.raises(TenantConfigError, match=r"^t.yaml: tenant 'acme': field 'wieght': unknown field"):
@@ -122,7 +139,8 @@ def test_rejects_duplicate_ids_and_shared_keys():
     with pytest.raises(TenantConfigError, match=r"^t.yaml: tenant 'acme': field 'id': duplicate tenant id$"):
         parse_tenant_config(config_text(tenant_yaml(), tenant_yaml("acme", KEY_B)), "t.yaml")
     with pytest.raises(
-        TenantConfigError, match=r"^t.yaml: tenant 'beta': field 'api_key_sha256\[0\]': same key as tenant 'acme'$"
+        TenantConfigError,
+        match=r"^t.yaml: tenant 'beta': field 'api_key_sha256\[0\]': same key as tenant 'acme'$",
     ):
         parse_tenant_config(config_text(tenant_yaml(), tenant_yaml("beta", KEY_A)), "t.yaml")
 
@@ -132,7 +150,9 @@ def test_bad_digest_error_never_echoes_the_value():
     text = config_text(tenant_yaml()).replace(hash_api_key(KEY_A), raw_key_pasted_by_mistake)
     with pytest.raises(TenantConfigError) as info:
         parse_tenant_config(text, "t.yaml")
-    assert str(info.value).startswith("t.yaml: tenant 'acme': field 'api_key_sha256[0]': must be 64 hex characters")
+    assert str(info.value).startswith(
+        "t.yaml: tenant 'acme': field 'api_key_sha256[0]': must be 64 hex characters"
+    )
     assert raw_key_pasted_by_mistake not in str(info.value)
 
 
