@@ -71,12 +71,19 @@ class PressureReport:
 
 
 class PressureBoard:
-    """Latest pressure per (scheduler endpoint, model), read per model name."""
+    """Latest pressure per (scheduler endpoint, model), read per model name.
+
+    Reads are on every request's path and updates arrive about once a second per
+    endpoint, so the per-model aggregate is computed on update and reused until one
+    of the reports in it goes stale.
+    """
 
     def __init__(self, clock: Clock, *, max_report_age_s: float = 5.0) -> None:
         self.clock = clock
         self.max_report_age_s = max_report_age_s
         self._by_endpoint: dict[str, tuple[float, dict[str, list[PressureReport]]]] = {}
+        # model -> (receive time of its oldest report, aggregate or None)
+        self._aggregates: dict[str, tuple[float, PressureReport | None]] = {}
 
     def update(self, endpoint: str, reports: Iterable[PressureReport]) -> None:
         """Replace everything known from `endpoint` with one fresh poll's reports."""
@@ -84,6 +91,7 @@ class PressureBoard:
         for report in reports:
             by_model.setdefault(report.model, []).append(report)
         self._by_endpoint[endpoint] = (self.clock(), by_model)
+        self._aggregates.clear()
 
     def pressure(self, model: str) -> PressureReport | None:
         """The model's best-case pressure over fresh reports (versions and endpoints), None if none.
@@ -91,31 +99,35 @@ class PressureBoard:
         Best case per field: the gateway sheds only when every scheduler serving the
         model is under pressure.
         """
-        reports = self._fresh(model)
-        if not reports:
-            return None
-        return PressureReport(
-            model=model,
-            est_queue_time_s={p: min(r.queue_time_s(p) for r in reports) for p in Priority},
-            queue_depth=min(r.queue_depth for r in reports),
-            kv_usage=min(r.kv_usage for r in reports),
-            num_workers=sum(r.num_workers for r in reports),
-            min_service_time_s=min(r.min_service_time_s for r in reports),
-        )
+        oldest_allowed_s = self.clock() - self.max_report_age_s
+        cached = self._aggregates.get(model)
+        if cached is not None and cached[0] >= oldest_allowed_s:
+            return cached[1]
+        received, reports = [], []
+        for received_s, by_model in self._by_endpoint.values():
+            if received_s >= oldest_allowed_s and model in by_model:
+                received.append(received_s)
+                reports.extend(by_model[model])
+        aggregate = _best_case(model, reports) if reports else None
+        # With no fresh report, the answer (None) holds until the next update clears the cache.
+        self._aggregates[model] = (min(received, default=float("inf")), aggregate)
+        return aggregate
 
     def min_service_time_s(self, model: str) -> float:
         """Estimated minimum service time for deadline checks; 0 when unknown."""
         report = self.pressure(model)
         return 0.0 if report is None else report.min_service_time_s
 
-    def _fresh(self, model: str) -> list[PressureReport]:
-        oldest_s = self.clock() - self.max_report_age_s
-        return [
-            report
-            for received_s, by_model in self._by_endpoint.values()
-            if received_s >= oldest_s
-            for report in by_model.get(model, ())
-        ]
+
+def _best_case(model: str, reports: list[PressureReport]) -> PressureReport:
+    return PressureReport(
+        model=model,
+        est_queue_time_s={p: min(r.queue_time_s(p) for r in reports) for p in Priority},
+        queue_depth=min(r.queue_depth for r in reports),
+        kv_usage=min(r.kv_usage for r in reports),
+        num_workers=sum(r.num_workers for r in reports),
+        min_service_time_s=min(r.min_service_time_s for r in reports),
+    )
 
 
 class ShedReason(enum.Enum):
@@ -189,7 +201,7 @@ class LoadShedder:
         own_queue_s = 0.0 if report is None else report.queue_time_s(priority)
         for reason, level, detail in self._signals(report, gateway_utilization):
             if level >= _SHED_FROM_LEVEL[priority]:
-                return self._shed(reason, detail, own_queue_s)
+                return self._shed(reason, detail(), own_queue_s)
         slo_s = self.config.queue_slo_s[priority]
         if own_queue_s > slo_s:
             return self._shed(
@@ -210,11 +222,12 @@ class LoadShedder:
             )
 
     def _signals(self, report: PressureReport | None, gateway_utilization: float):
+        """(reason, level, detail) per signal; details are built only when something is shed."""
         config = self.config
         yield (
             ShedReason.GATEWAY_IN_FLIGHT,
             config.gateway_in_flight.level(gateway_utilization),
-            f"gateway concurrency {gateway_utilization:.0%} in use",
+            lambda: f"gateway concurrency {gateway_utilization:.0%} in use",
         )
         if report is None:
             return
@@ -223,12 +236,12 @@ class LoadShedder:
         yield (
             ShedReason.QUEUE_TIME,
             config.queue.level(critical_queue_s / critical_slo_s),
-            f"critical queue time {critical_queue_s:.3f} s of its {critical_slo_s:g} s SLO",
+            lambda: f"critical queue time {critical_queue_s:.3f} s of its {critical_slo_s:g} s SLO",
         )
         yield (
             ShedReason.KV_USAGE,
             config.kv_usage.level(report.kv_usage),
-            f"KV cache {report.kv_usage:.0%} used",
+            lambda: f"KV cache {report.kv_usage:.0%} used",
         )
 
     def _shed(self, reason: ShedReason, detail: str, own_queue_s: float) -> ShedDecision:

@@ -114,3 +114,14 @@ def test_pressure_from_proto_fields_is_indexed_by_priority_number(board):
     assert (pressure.queue_depth, pressure.kv_usage, pressure.num_workers) == (7, 0.5, 2)
     assert board.min_service_time_s("tinylm") == pytest.approx(0.012)
     assert board.pressure("digits") is None
+
+
+def test_pressure_follows_reports_going_stale_one_endpoint_at_a_time(shedder, board, clock):
+    board.update("a:1", [report(critical_s=0.05)])
+    clock.advance(3.0)
+    board.update("b:1", [report(critical_s=0.45)])
+    assert admitted(shedder) == {CRITICAL, STANDARD, SHEDDABLE}  # a:1 still has room
+    clock.advance(2.1)  # a:1's report is now 5.1 s old
+    assert admitted(shedder) == {CRITICAL}
+    clock.advance(3.0)
+    assert admitted(shedder) == {CRITICAL, STANDARD, SHEDDABLE}  # nothing fresh: fail open
