@@ -1,0 +1,72 @@
+# infermesh entry points. `make help` lists them. Everything sets itself up:
+# a fresh clone needs only python3 (3.11), make and the package registries.
+
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+GEN := gen/python
+PROTOS := $(wildcard protos/infermesh/v1/*.proto protos/inference/*.proto)
+MODEL_REPO ?= model_repo
+MESH_PID := run/mesh.pid
+MESH_HEALTH := 127.0.0.1:$${MESH_GATEWAY_PORT:-50051} 127.0.0.1:$${MESH_SCHEDULER_PORT:-50052} \
+	127.0.0.1:$${MESH_CLASSIFIER_PORT:-50061} 127.0.0.1:$${MESH_GENERATOR_PORT:-50062}
+MESH_GATEWAY := 127.0.0.1:$${MESH_GATEWAY_PORT:-50051}
+export MESH_CLASSIFIER_MODEL ?= toy-classifier
+export MESH_GENERATOR_MODEL ?= toy-generator
+
+.PHONY: help setup protos models up down demo test lint bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-8s %s\n", $$1, $$2}'
+
+setup: $(STAMP) $(GEN)/.stamp ## create .venv, install pinned dependencies and the project, generate stubs
+
+$(STAMP): requirements.lock pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	echo "$(CURDIR)/$(GEN)" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/infermesh-stubs.pth"
+	touch $@
+
+protos: $(GEN)/.stamp ## generate gRPC stubs from protos/ into gen/python (never edited by hand)
+
+$(GEN)/.stamp: $(PROTOS) $(STAMP)
+	rm -rf $(GEN) && mkdir -p $(GEN)
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=$(GEN) --pyi_out=$(GEN) --grpc_python_out=$(GEN) $(PROTOS)
+	touch $@
+
+up: setup ## start scheduler, gateway and two workers on 127.0.0.1; wait until all are SERVING
+	@mkdir -p run
+	@if [ -f $(MESH_PID) ] && kill -0 $$(cat $(MESH_PID)) 2>/dev/null; then \
+		echo "mesh already running (pid $$(cat $(MESH_PID))); make down stops it"; exit 0; fi; \
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" setsid $(VENV)/bin/honcho -f deploy/local/Procfile -d . start \
+		> run/mesh.log 2>&1 < /dev/null & echo $$! > $(MESH_PID); \
+	if ! $(PY) -m tools.mesh wait --health $(MESH_HEALTH) --gateway $(MESH_GATEWAY) \
+		--models $(MESH_CLASSIFIER_MODEL) $(MESH_GENERATOR_MODEL) --timeout-s 180; then \
+		tail -n 40 run/mesh.log; $(MAKE) --no-print-directory down; exit 1; fi; \
+	echo "infermesh is up: gateway at $(MESH_GATEWAY) (logs: run/mesh.log). Stop it with: make down"
+
+down: ## stop the local mesh started by make up
+	@if [ -f $(MESH_PID) ]; then \
+		pid=$$(cat $(MESH_PID)); kill -TERM $$pid 2>/dev/null; \
+		for i in $$(seq 1 200); do kill -0 $$pid 2>/dev/null || break; sleep 0.1; done; \
+		if kill -0 $$pid 2>/dev/null; then kill -KILL -- -$$pid 2>/dev/null; fi; \
+		rm -f $(MESH_PID); echo "mesh stopped"; \
+	else echo "mesh is not running"; fi
+
+demo: setup ## start the mesh, send a few requests, print answers and per-stage timings, stop
+	@$(MAKE) --no-print-directory up
+	@$(PY) -m tools.demo --gateway $(MESH_GATEWAY); status=$$?; $(MAKE) --no-print-directory down; exit $$status
+
+test: setup ## run the whole suite (unit, contract, integration, reliability)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup ## ruff
+	$(VENV)/bin/ruff check .
+
+bench: setup ## benchmarks: tables on stdout, JSON under bench/results/
+	$(PY) -m bench.bench_kernels
+
+clean: ## remove generated stubs, run files and reports (keeps .venv)
+	rm -rf $(GEN) run reports bench/results

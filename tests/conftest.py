@@ -1,0 +1,27 @@
+"""Shared fixtures: a toy mesh of real processes for contract and integration tests."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from infermesh.v1 import gateway_pb2_grpc
+from tests.support.processes import Mesh, running_mesh
+
+
+@pytest.fixture(scope="module")
+def toy_mesh(tmp_path_factory) -> Mesh:
+    """Scheduler + gateway + one toy classifier and one toy generator worker."""
+    tmp = tmp_path_factory.mktemp("toy-mesh")
+    with running_mesh(tmp) as mesh:
+        mesh.start_scheduler()
+        mesh.start_worker("toy-classifier")
+        mesh.start_worker("toy-generator")
+        mesh.start_gateway("--max-message-bytes", str(256 * 1024))
+        yield mesh
+
+
+@pytest.fixture
+def gateway_stub(toy_mesh: Mesh):
+    with grpc.insecure_channel(toy_mesh.gateway.address) as channel:
+        yield gateway_pb2_grpc.InferenceStub(channel)

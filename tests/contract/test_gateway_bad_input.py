@@ -1,0 +1,92 @@
+"""Bad input at the gateway gets the right status and message, and no process dies."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from infermesh.v1 import common_pb2, gateway_pb2
+from tests.support.processes import SERVING, health_status
+
+pytestmark = pytest.mark.integration
+
+
+def _raw(height: int, width: int, channels: int = 3, num_bytes: int | None = None) -> common_pb2.Image:
+    size = height * width * channels if num_bytes is None else num_bytes
+    return common_pb2.Image(raw=common_pb2.RawImage(pixels=bytes(size), height=height, width=width, channels=channels))
+
+
+def _classify(stub, **fields):
+    return stub.Classify(gateway_pb2.ClassifyRequest(**fields), timeout=10)
+
+
+def _status_of(call) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    return caught.value.code(), caught.value.details()
+
+
+CLASSIFIER = common_pb2.ModelRef(name="toy-classifier")
+GENERATOR = common_pb2.ModelRef(name="toy-generator")
+
+
+@pytest.mark.parametrize(
+    ("fields", "code", "message"),
+    [
+        ({"model": common_pb2.ModelRef(name="nope"), "image": _raw(2, 2)}, grpc.StatusCode.NOT_FOUND,
+         "model 'nope' is not served here"),
+        ({"model": common_pb2.ModelRef(name="toy-classifier", version="9"), "image": _raw(2, 2)},
+         grpc.StatusCode.NOT_FOUND, "model 'toy-classifier:9' is not served here"),
+        ({"image": _raw(2, 2)}, grpc.StatusCode.INVALID_ARGUMENT, "model.name is required"),
+        ({"model": CLASSIFIER}, grpc.StatusCode.INVALID_ARGUMENT, "image is required (encoded bytes or raw pixels)"),
+        ({"model": GENERATOR, "image": _raw(2, 2)}, grpc.StatusCode.INVALID_ARGUMENT,
+         "model toy-generator:1 is a MODEL_KIND_GENERATOR and cannot serve Classify"),
+        ({"model": CLASSIFIER, "image": _raw(2, 2, num_bytes=5)}, grpc.StatusCode.INVALID_ARGUMENT,
+         "raw image has 5 bytes, expected 12 (2x2x3)"),
+        ({"model": CLASSIFIER, "image": common_pb2.Image(encoded=b"not an image")}, grpc.StatusCode.INVALID_ARGUMENT,
+         "cannot decode image"),
+        ({"model": CLASSIFIER, "image": _raw(2, 2), "top_k": 5}, grpc.StatusCode.INVALID_ARGUMENT,
+         "top_k 5 exceeds the 2 classes of toy-classifier:1"),
+    ],
+)
+def test_classify_rejects_bad_input_with_precise_status(gateway_stub, fields, code, message):
+    got_code, got_message = _status_of(lambda: _classify(gateway_stub, **fields))
+    assert got_code == code
+    assert got_message.startswith(message)
+
+
+def test_oversized_message_is_resource_exhausted(gateway_stub):
+    got_code, got_message = _status_of(lambda: _classify(gateway_stub, model=CLASSIFIER, image=_raw(400, 400)))
+    assert got_code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "larger than max" in got_message.lower() or "message" in got_message.lower()
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "code", "message"),
+    [
+        ({"model": GENERATOR, "prompt": ""}, grpc.StatusCode.INVALID_ARGUMENT, "prompt must not be empty"),
+        ({"model": CLASSIFIER, "prompt": "hi"}, grpc.StatusCode.INVALID_ARGUMENT,
+         "model toy-classifier:1 is a MODEL_KIND_CLASSIFIER and cannot serve Generate"),
+        ({"model": GENERATOR, "prompt": "hi", "sampling": common_pb2.SamplingParams(temperature=-1)},
+         grpc.StatusCode.INVALID_ARGUMENT, "sampling.temperature must be >= 0, got -1.0"),
+        ({"model": GENERATOR, "prompt": "hi", "sampling": common_pb2.SamplingParams(max_tokens=100_000)},
+         grpc.StatusCode.INVALID_ARGUMENT, "prompt of 2 tokens plus max_tokens 100000 exceeds"),
+    ],
+)
+def test_generate_rejects_bad_input_with_precise_status(gateway_stub, request_fields, code, message):
+    def call():
+        return list(gateway_stub.Generate(gateway_pb2.GenerateRequest(**request_fields), timeout=10))
+
+    got_code, got_message = _status_of(call)
+    assert got_code == code
+    assert got_message.startswith(message)
+
+
+def test_no_process_died_after_bad_input(toy_mesh, gateway_stub):
+    _status_of(lambda: _classify(gateway_stub, model=CLASSIFIER, image=common_pb2.Image(encoded=b"\x89PNG garbage")))
+    for process in toy_mesh.processes:
+        assert process.alive(), f"{process.name} died:\n{process.log_tail()}"
+        if process.service != "worker":
+            assert health_status(process.address) == SERVING
+    reply = _classify(gateway_stub, model=CLASSIFIER, image=_raw(2, 2))
+    assert reply.labels[0].label == "dark"

@@ -1,0 +1,169 @@
+"""Real service processes on 127.0.0.1 with free ports, for integration and reliability tests.
+
+Each process is started by the test and stopped by its PID (SIGTERM, then SIGKILL);
+nothing is left behind even when a test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def health_status(address: str, timeout_s: float = 1.0) -> int | None:
+    """The overall health status, or None when the server does not answer."""
+    try:
+        with grpc.insecure_channel(address) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+    except grpc.RpcError:
+        return None
+    return reply.status
+
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    service: str  # gateway | scheduler | worker
+    port: int
+    args: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> ServiceProcess:
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process for its lifetime
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", f"services.{self.service}", "--port", str(self.port), *self.args],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+        log.close()
+        return self
+
+    def wait_serving(self, timeout_s: float = 60.0) -> None:
+        give_up = time.monotonic() + timeout_s
+        while time.monotonic() < give_up:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if health_status(self.address) == SERVING:
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"{self.name} not SERVING after {timeout_s}s:\n{self.log_tail()}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            self.proc.send_signal(sig)
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        return self.proc.returncode
+
+    def log_tail(self, num_lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+
+@dataclass
+class Mesh:
+    """A scheduler, a gateway and any number of workers, all started by the test."""
+
+    tmp: Path
+    env: dict[str, str] = field(default_factory=dict)
+    processes: list[ServiceProcess] = field(default_factory=list)
+    scheduler: ServiceProcess | None = None
+    gateway: ServiceProcess | None = None
+
+    def _spawn(self, name: str, service: str, args: list[str], env: dict[str, str] | None = None) -> ServiceProcess:
+        process = ServiceProcess(name, service, free_port(), args, {**self.env, **(env or {})}, self.tmp / f"{name}.log")
+        self.processes.append(process)
+        return process.start()
+
+    def start_scheduler(self, *args: str, env: dict[str, str] | None = None) -> ServiceProcess:
+        self.scheduler = self._spawn("scheduler", "scheduler", list(args), env)
+        self.scheduler.wait_serving()
+        return self.scheduler
+
+    def start_gateway(self, *args: str, env: dict[str, str] | None = None) -> ServiceProcess:
+        self.gateway = self._spawn(
+            "gateway", "gateway", ["--scheduler-address", self.scheduler.address, *args], env
+        )
+        self.gateway.wait_serving()
+        return self.gateway
+
+    def start_worker(self, model_name: str, *args: str, name: str | None = None, wait: bool = True,
+                     env: dict[str, str] | None = None) -> ServiceProcess:
+        name = name or f"worker-{model_name}-{len(self.processes)}"
+        worker = self._spawn(
+            name, "worker",
+            ["--scheduler-address", self.scheduler.address, "--model-name", model_name,
+             "--reconnect-initial-s", "0.05", "--reconnect-max-s", "0.5", *args],
+            env,
+        )
+        if wait:
+            worker.wait_serving()
+        return worker
+
+    def stop_all(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.log_tail()}" for p in self.processes)
+
+
+@contextmanager
+def running_mesh(tmp: Path, env: dict[str, str] | None = None) -> Iterator[Mesh]:
+    mesh = Mesh(tmp, dict(env or {}))
+    try:
+        yield mesh
+    finally:
+        mesh.stop_all()
+
+
+def wait_until(predicate, timeout_s: float, interval_s: float = 0.05, message: str = "condition") -> None:
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        if predicate():
+            return
+        time.sleep(interval_s)
+    raise TimeoutError(f"{message} not reached within {timeout_s}s")

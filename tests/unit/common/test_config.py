@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import pytest
+
+from services.common.config import ConfigError, env_names, load_config
+from services.gateway.config import GatewayConfig
+from services.scheduler.config import SchedulerConfig
+from services.worker.config import WorkerConfig
+
+
+def test_flag_wins_over_environment_which_wins_over_default():
+    env = {"INFERMESH_GATEWAY_PORT": "6000", "INFERMESH_GATEWAY_HOP_MARGIN_MS": "7.5"}
+    config = load_config(GatewayConfig, "gateway", ["--port", "7000"], env)
+    assert config.port == 7000
+    assert config.hop_margin_ms == 7.5
+    assert config.default_deadline_ms == 30_000.0
+
+
+def test_tuple_fields_read_comma_separated_values():
+    config = load_config(SchedulerConfig, "scheduler", [], {"INFERMESH_SCHEDULER_PREFERRED_BATCH_SIZES": "4, 8"})
+    assert config.preferred_batch_sizes == (4, 8)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"INFERMESH_GATEWAY_PORT": "abc"}, "INFERMESH_GATEWAY_PORT='abc': expected an integer"),
+        ({"INFERMESH_GATEWAY_PORT": "70000"}, "port must be 0..65535, got 70000"),
+        ({"INFERMESH_GATEWAY_MAX_DEADLINE_MS": "10"}, "max_deadline_ms (10.0) must be >= default_deadline_ms"),
+        ({"INFERMESH_GATEWAY_SCHEDULER_ADDRESS": "nowhere"}, "scheduler_address must be host:port, got 'nowhere'"),
+        ({"INFERMESH_GATEWAY_LOG_LEVEL": "LOUD"}, "log_level must be DEBUG, INFO, WARNING or ERROR, got 'LOUD'"),
+    ],
+)
+def test_bad_values_fail_with_a_message_naming_the_setting(env, message):
+    with pytest.raises(ConfigError) as caught:
+        load_config(GatewayConfig, "gateway", [], env)
+    assert str(caught.value).startswith(message)
+
+
+def test_bad_boolean_names_its_source():
+    with pytest.raises(ConfigError, match=r"--port='x': expected an integer"):
+        load_config(WorkerConfig, "worker", ["--port", "x"], {})
+
+
+def test_env_names_lists_every_variable_a_service_reads():
+    names = env_names(WorkerConfig, "worker")
+    assert {"INFERMESH_WORKER_SCHEDULER_ADDRESS", "INFERMESH_WORKER_MODEL_NAME", "INFERMESH_WORKER_PORT"} <= names
+    assert all(name.startswith("INFERMESH_WORKER_") for name in names)
+
+
+def test_model_version_cannot_be_empty_because_there_is_no_latest():
+    with pytest.raises(ConfigError, match="there is no 'latest'"):
+        load_config(WorkerConfig, "worker", ["--model-version", ""], {})

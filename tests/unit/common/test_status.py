@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+from services.common import errors
+from services.common.status import (
+    ERROR_BY_STATUS,
+    STATUS_BY_ERROR,
+    from_rpc_error,
+    status_code_of,
+    trailing_metadata_of,
+)
+
+
+class FakeRpcError(grpc.RpcError):
+    def __init__(self, code, details, trailing=()):
+        self._code, self._details, self._trailing = code, details, trailing
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+    def trailing_metadata(self):
+        return self._trailing
+
+
+def test_every_domain_error_has_exactly_one_status():
+    assert len(set(STATUS_BY_ERROR.values())) == len(STATUS_BY_ERROR)
+    assert status_code_of(errors.NotFound("x")) == grpc.StatusCode.NOT_FOUND
+
+
+def test_retry_hint_travels_as_pushback_and_retry_info():
+    metadata = dict(trailing_metadata_of(errors.ResourceExhausted("over quota", retry_after_s=1.25)))
+    assert metadata["grpc-retry-pushback-ms"] == "1250"
+    rich = status_pb2.Status.FromString(metadata["grpc-status-details-bin"])
+    assert rich.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    info = error_details_pb2.RetryInfo()
+    assert rich.details[0].Unpack(info)
+    assert info.retry_delay.ToMilliseconds() == 1250
+
+
+def test_errors_without_hint_carry_no_trailing_metadata():
+    assert trailing_metadata_of(errors.InvalidArgument("bad")) == ()
+
+
+def test_upstream_status_maps_back_to_the_same_domain_error_with_its_hint():
+    rpc_error = FakeRpcError(grpc.StatusCode.UNAVAILABLE, "no worker", (("grpc-retry-pushback-ms", "500"),))
+    err = from_rpc_error(rpc_error)
+    assert isinstance(err, errors.Unavailable)
+    assert (err.message, err.retry_after_s) == ("no worker", 0.5)
+    for code, cls in ERROR_BY_STATUS.items():
+        assert type(from_rpc_error(FakeRpcError(code, "m"))) is cls
+
+
+def test_unknown_upstream_status_becomes_internal():
+    assert isinstance(from_rpc_error(FakeRpcError(grpc.StatusCode.UNKNOWN, "boom")), errors.Internal)

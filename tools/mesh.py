@@ -1,0 +1,63 @@
+"""Local mesh helper: wait until every service reports SERVING, and until models are attached.
+
+    python -m tools.mesh wait --health 127.0.0.1:50051 127.0.0.1:50052 ... \
+        --gateway 127.0.0.1:50051 --models digits tinylm --timeout-s 120
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
+
+
+def is_serving(address: str, timeout_s: float = 1.0) -> bool:
+    try:
+        with grpc.insecure_channel(address) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+    except grpc.RpcError:
+        return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def ready_models(gateway: str, timeout_s: float = 2.0) -> set[str]:
+    try:
+        with grpc.insecure_channel(gateway) as channel:
+            reply = gateway_pb2_grpc.InferenceStub(channel).ListModels(gateway_pb2.ListModelsRequest(), timeout=timeout_s)
+    except grpc.RpcError:
+        return set()
+    return {m.model.name for m in reply.models if m.ready}
+
+
+def wait(health: list[str], gateway: str | None, models: list[str], timeout_s: float) -> bool:
+    give_up = time.monotonic() + timeout_s
+    pending = set(health)
+    while time.monotonic() < give_up:
+        pending = {address for address in pending if not is_serving(address)}
+        missing = set(models) - ready_models(gateway) if gateway and models else set()
+        if not pending and not missing:
+            return True
+        time.sleep(0.2)
+    print(f"not ready after {timeout_s:.0f}s: services {sorted(pending)} models {sorted(missing)}", file=sys.stderr)
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.mesh")
+    sub = parser.add_subparsers(dest="command", required=True)
+    waiter = sub.add_parser("wait", help="wait until services are SERVING and models are attached")
+    waiter.add_argument("--health", nargs="+", default=[], help="host:port of each service's health endpoint")
+    waiter.add_argument("--gateway", help="gateway host:port, to check that --models are attached")
+    waiter.add_argument("--models", nargs="*", default=[])
+    waiter.add_argument("--timeout-s", type=float, default=120.0)
+    args = parser.parse_args(argv)
+    return 0 if wait(args.health, args.gateway, args.models, args.timeout_s) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
