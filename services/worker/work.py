@@ -1,0 +1,109 @@
+"""Plain data the worker's executors take and give back.
+
+They mirror `BatchItem`/`ItemResult`/`ItemError` and `RunStep`/`SequenceStep`/
+`SequenceOutput` in protos/infermesh/v1/scheduler.proto, so the executors stay
+free of protobuf; the servicer converts at the edge.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class ErrorCode(enum.IntEnum):
+    """The google.rpc.Code values a per-item or per-sequence error carries."""
+
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    INTERNAL = 13
+
+
+@dataclass(frozen=True)
+class ItemError:
+    code: ErrorCode
+    message: str
+
+
+# --- classify ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RawImage:
+    pixels: bytes  # row-major HWC uint8, exactly height * width * channels bytes
+    height: int
+    width: int
+    channels: int  # 1 (grey), 3 (RGB) or 4 (RGBA; alpha dropped)
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    item_id: int
+    image: bytes | RawImage  # bytes: an encoded PNG or JPEG file
+    top_k: int = 1  # labels to return, >= 1; more than the model has returns them all
+
+
+@dataclass(frozen=True)
+class Label:
+    label: str
+    index: int  # class index in the model's output
+    score: float  # softmax probability in [0, 1]
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    """Labels for one item, or the error that item failed with alone."""
+
+    item_id: int
+    labels: tuple[Label, ...] = ()
+    error: ItemError | None = None
+
+
+# --- generate ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0: greedy (argmax)
+    top_p: float = 1.0  # nucleus mass in (0, 1]; 0 is read as 1, like the proto
+    seed: int | None = None  # None: the worker draws one per sequence (not reproducible across workers)
+
+
+@dataclass(frozen=True)
+class SequenceStep:
+    seq_id: int
+    token_ids: tuple[int, ...]  # tokens to compute this step (prompt chunk, recomputed tokens, or last sample)
+    start_position: int  # position of token_ids[0] = tokens whose KV is already cached
+    new_blocks: tuple[int, ...] = ()  # physical KV blocks appended to the block table, in order
+    reset_block_table: bool = False  # drop the worker's table before appending new_blocks
+    sample: bool = False  # sample a next token after the last of token_ids
+    sampling: SamplingParams = SamplingParams()
+    num_generated: int = 0  # tokens generated so far: the index of the token sampled now
+
+
+@dataclass(frozen=True)
+class RunStep:
+    step_id: int
+    seqs: tuple[SequenceStep, ...]
+    finished_seq_ids: tuple[int, ...] = ()  # forget these block tables before running the step
+
+
+@dataclass(frozen=True)
+class SequenceOutput:
+    seq_id: int
+    token_id: int | None = None  # set only when the step had sample=True and succeeded
+    logprob: float | None = None  # log-probability of token_id under the sampling distribution
+    error: ItemError | None = None
+
+
+# --- timings ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageDurations:
+    """Worker stages of one batch or step, seconds."""
+
+    decode_s: float = 0.0
+    preprocess_s: float = 0.0
+    compute_s: float = 0.0
+    postprocess_s: float = 0.0

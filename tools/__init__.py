@@ -1,0 +1,1 @@
+"""Project tools run as modules (python -m tools.<name>)."""
