@@ -211,8 +211,8 @@ class StepScheduler:
     def update_from_output(self, plan: StepPlan, sampled_token_ids: Mapping[int, int]) -> list[SequenceDelta]:
         """Applies the worker's result of `plan`: one sampled token per sequence whose step sampled.
 
-        A sampling sequence missing from `sampled_token_ids` (the worker failed it) is
-        aborted with AbortReason.FAILED and reported in its delta.
+        A sampling sequence missing from `sampled_token_ids` (the worker failed it), or given
+        a token outside the vocabulary, is aborted with AbortReason.FAILED and reported in its delta.
         """
         if plan is not self._in_flight:
             raise ValueError(f"step {plan.step_id} is not the step in flight")
@@ -229,7 +229,7 @@ class StepScheduler:
             if not step.sample:
                 continue
             token_id = sampled_token_ids.get(seq.seq_id)
-            if token_id is None:
+            if token_id is None or not 0 <= token_id < self._tokenizer.vocab_size:
                 self.abort(seq.seq_id, AbortReason.FAILED)
                 deltas.append(self._delta(seq, StreamChunk((), "", seq.stream.num_emitted_tokens)))
                 continue

@@ -19,6 +19,9 @@ class Tokenizer(Protocol):
     """What the step scheduler needs from a tokenizer."""
 
     @property
+    def vocab_size(self) -> int: ...
+
+    @property
     def eos_token_id(self) -> int: ...
 
     def encode(self, text: str) -> tuple[int, ...]: ...

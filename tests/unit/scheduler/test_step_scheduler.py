@@ -399,13 +399,16 @@ def test_scheduling_again_before_the_step_returns_is_refused(clock):
 
 def test_a_sequence_the_worker_failed_is_aborted_and_reported(clock):
     scheduler = make_scheduler(clock)
-    make_requests(scheduler, 2)
+    make_requests(scheduler, 3)
     plan = scheduler.schedule()
     sampled = FakePagedWorker(4).run(plan)
     del sampled[2]
+    sampled[3] = 999  # outside the 257-token vocabulary
     deltas = {d.seq_id: d for d in scheduler.update_from_output(plan, sampled)}
-    assert deltas[2].abort_reason is AbortReason.FAILED and deltas[2].is_last
-    assert scheduler.get(2) is None and 2 not in scheduler.kv
+    for seq_id in (2, 3):
+        assert deltas[seq_id].abort_reason is AbortReason.FAILED and deltas[seq_id].is_last
+        assert scheduler.get(seq_id) is None and seq_id not in scheduler.kv
+    assert deltas[1].abort_reason is None
 
 
 def test_config_must_fit_one_full_sequence_in_the_cache(clock):

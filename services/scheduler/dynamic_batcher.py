@@ -1,0 +1,356 @@
+"""Dynamic batching of one fixed-shape model's requests over its workers.
+
+A batch goes out when a worker has a free slot (one batch running plus
+`max_batches_per_worker - 1` prefetched, so a worker never idles between
+batches) and one of these holds:
+  * the queue fills a batch of the worker's maximum size, or a preferred size;
+  * the oldest request has waited `max_queue_delay_s`;
+  * waiting any longer would make the most urgent request miss its deadline,
+    given the measured time of a full batch.
+The queue is per tenant (fair_queue.py), bounded (full: ResourceExhausted at
+once). A request whose deadline cannot be met behind the queue ahead of it is
+rejected at submit (DeadlineExceeded); one that expires while queued is dropped
+before dispatch and never reaches a worker. When a worker is lost, its batches'
+items go back to the front of the queue with their original arrival and deadline.
+
+Batch times are learned per batch size (EWMA) from `complete()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from services.common.errors import DeadlineExceeded, InfermeshError, ResourceExhausted, Unavailable
+from services.scheduler.fair_queue import FairQueue, Priority, TenantContext
+
+P = TypeVar("P")
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class BatcherConfig:
+    max_batch_size: int
+    max_queue_delay_s: float
+    # Sizes worth sending at once without waiting for more (Triton's preferred_batch_size).
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_size: int = 1024
+    # Batch time assumed before any batch was measured.
+    initial_batch_time_s: float = 0.05
+    batch_time_ewma_alpha: float = 0.2
+    # Batches one worker holds at once: one running, the rest prefetched.
+    max_batches_per_worker: int = 2
+    # Dispatches of one item (first try + re-queues after worker loss) before it fails UNAVAILABLE.
+    max_attempts: int = 3
+    # Retry hint when no worker is attached.
+    no_worker_retry_after_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_queue_size", "max_batches_per_worker", "max_attempts"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_queue_delay_s < 0:
+            raise ValueError(f"max_queue_delay_s must be >= 0, got {self.max_queue_delay_s}")
+        bad = [s for s in self.preferred_batch_sizes if not 1 <= s <= self.max_batch_size]
+        if bad:
+            raise ValueError(f"preferred_batch_sizes must be in [1, {self.max_batch_size}], got {bad}")
+        if self.initial_batch_time_s <= 0:
+            raise ValueError(f"initial_batch_time_s must be > 0, got {self.initial_batch_time_s}")
+        if not 0 < self.batch_time_ewma_alpha <= 1:
+            raise ValueError(f"batch_time_ewma_alpha must be in (0, 1], got {self.batch_time_ewma_alpha}")
+
+
+@dataclass(frozen=True)
+class QueuedItem(Generic[P]):
+    item_id: int
+    payload: P
+    tenant: TenantContext
+    # Monotonic seconds (the batcher's clock); kept across re-queues.
+    arrival_s: float
+    deadline_s: float | None
+    num_attempts: int = 0
+
+
+@dataclass(frozen=True)
+class Batch(Generic[P]):
+    batch_id: int
+    worker_id: str
+    items: tuple[QueuedItem[P], ...]
+    dispatched_at_s: float
+
+    @property
+    def deadline_s(self) -> float | None:
+        """Latest useful completion (ExecuteBatch.deadline): the loosest item deadline, None if any has none."""
+        deadlines = [item.deadline_s for item in self.items]
+        return None if None in deadlines else max(deadlines)
+
+
+@dataclass(frozen=True)
+class FailedItem(Generic[P]):
+    """A queued item the batcher gave up on; fail its request with `error`."""
+
+    item: QueuedItem[P]
+    error: InfermeshError
+
+
+@dataclass
+class _Worker:
+    worker_id: str
+    max_batch_size: int
+    order: int
+    in_flight: dict[int, Batch] = dataclasses.field(default_factory=dict)
+    last_completed_s: float = -math.inf
+    draining: bool = False
+
+    def load(self) -> tuple[int, int, int]:
+        return (len(self.in_flight), sum(len(b.items) for b in self.in_flight.values()), self.order)
+
+
+class DynamicBatcher(Generic[P]):
+    def __init__(self, config: BatcherConfig, clock: Clock) -> None:
+        self.config = config
+        self._clock = clock
+        self._queue: FairQueue[QueuedItem[P]] = FairQueue(config.max_queue_size)
+        self._queued: dict[int, QueuedItem[P]] = {}
+        self._workers: dict[str, _Worker] = {}
+        self._batch_owner: dict[int, _Worker] = {}
+        self._failed: list[FailedItem[P]] = []
+        self._batch_time_s: dict[int, float] = {}
+        self._item_ids = itertools.count(1)
+        self._batch_ids = itertools.count(1)
+        self._worker_order = itertools.count()
+
+    # -- workers -----------------------------------------------------------
+
+    def add_worker(self, worker_id: str, max_batch_size: int) -> None:
+        if worker_id in self._workers:
+            raise ValueError(f"worker {worker_id!r} is already attached")
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self._workers[worker_id] = _Worker(worker_id, max_batch_size, next(self._worker_order))
+
+    def drain_worker(self, worker_id: str) -> None:
+        """Sends the worker nothing new; what it holds may still complete."""
+        self._workers[worker_id].draining = True
+
+    def remove_worker(self, worker_id: str) -> list[QueuedItem[P]]:
+        """The worker is gone: its in-flight items go back to the queue front; returns them.
+
+        Items now expired, or dispatched `max_attempts` times, go to take_failed() instead.
+        """
+        worker = self._workers.pop(worker_id, None)
+        if worker is None:
+            return []
+        now = self._clock()
+        items = [item for batch in worker.in_flight.values() for item in batch.items]
+        for batch_id in worker.in_flight:
+            del self._batch_owner[batch_id]
+        requeued = []
+        for item in reversed(items):  # push_front in reverse keeps their order
+            if item.deadline_s is not None and now >= item.deadline_s:
+                self._failed.append(FailedItem(item, DeadlineExceeded("deadline passed while its worker was lost")))
+            elif item.num_attempts >= self.config.max_attempts:
+                self._failed.append(
+                    FailedItem(item, Unavailable(f"worker lost {item.num_attempts} times while running this request"))
+                )
+            else:
+                self._queue.push_front(item, item.tenant)
+                self._queued[item.item_id] = item
+                requeued.append(item)
+        return requeued[::-1]
+
+    @property
+    def num_workers(self) -> int:
+        return len(self._workers)
+
+    # -- requests ----------------------------------------------------------
+
+    def submit(self, payload: P, tenant: TenantContext, *, deadline_s: float | None) -> QueuedItem[P]:
+        now = self._clock()
+        if not any(not w.draining for w in self._workers.values()):
+            raise Unavailable("no worker serves this model", retry_after_s=self.config.no_worker_retry_after_s)
+        if self._queue.is_full():
+            raise ResourceExhausted(
+                f"queue full: {len(self._queue)} requests waiting (max {self.config.max_queue_size})",
+                retry_after_s=self.estimate_batch_time_s(self.config.max_batch_size),
+            )
+        if deadline_s is not None:
+            _, done_s = self._estimate_run_s(self._queue.cost_ahead(tenant), now)
+            if done_s > deadline_s:
+                raise DeadlineExceeded(
+                    f"cannot finish in time: estimated {done_s - now:.3f} s behind the queue, "
+                    f"{max(0.0, deadline_s - now):.3f} s left"
+                )
+        item = QueuedItem(next(self._item_ids), payload, tenant, now, deadline_s)
+        self._queue.push(item, tenant)
+        self._queued[item.item_id] = item
+        return item
+
+    def cancel(self, item_id: int) -> bool:
+        """Drops a still-queued item (the client went away); False if dispatched or unknown."""
+        item = self._queued.pop(item_id, None)
+        return item is not None and self._queue.remove(item)
+
+    def take_failed(self) -> list[FailedItem[P]]:
+        """Items dropped since the last call (expired in queue, lost too often); fail their requests."""
+        failed, self._failed = self._failed, []
+        return failed
+
+    # -- dispatch ----------------------------------------------------------
+
+    def next_batch(self) -> Batch[P] | None:
+        """The batch to send now, with its worker chosen; None when none should go yet."""
+        now = self._clock()
+        self._drop_expired(now)
+        worker = self._pick_worker()
+        if worker is None or not self._queue:
+            return None
+        size = self._batch_size(worker, now)
+        if size == 0:
+            return None
+        items = tuple(self._queue.pop() for _ in range(size))
+        for item in items:
+            del self._queued[item.item_id]
+        items = tuple(dataclasses.replace(item, num_attempts=item.num_attempts + 1) for item in items)
+        batch = Batch(next(self._batch_ids), worker.worker_id, items, now)
+        worker.in_flight[batch.batch_id] = batch
+        self._batch_owner[batch.batch_id] = worker
+        return batch
+
+    def time_until_ready(self) -> float | None:
+        """Seconds until next_batch() may return a batch or drop an expired item; None: wait for an event
+        (submit, complete, add_worker)."""
+        if not self._queue:
+            return None
+        now = self._clock()
+        deadlines = [item.deadline_s for item in self._queue if item.deadline_s is not None]
+        expiry_s = min(deadlines, default=math.inf)
+        worker = self._pick_worker()
+        if worker is None:
+            return None if expiry_s == math.inf else max(0.0, expiry_s - now)
+        if self._batch_size(worker, now) > 0:
+            return 0.0
+        return max(0.0, min(self._must_dispatch_at_s(self._batch_limit(worker)), expiry_s) - now)
+
+    def complete(self, batch_id: int, *, compute_s: float | None = None) -> Batch[P] | None:
+        """The worker answered `batch_id`; None if unknown (its worker was removed and its items re-queued).
+
+        `compute_s`: the worker's own measure of the batch; otherwise the time since the
+        batch could start (dispatch, or the worker's previous completion if later).
+        """
+        worker = self._batch_owner.pop(batch_id, None)
+        if worker is None:
+            return None
+        batch = worker.in_flight.pop(batch_id)
+        now = self._clock()
+        if compute_s is None:
+            compute_s = now - max(batch.dispatched_at_s, worker.last_completed_s)
+        worker.last_completed_s = now
+        self._record_batch_time(len(batch.items), compute_s)
+        return batch
+
+    # -- estimates ---------------------------------------------------------
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def num_in_flight_items(self) -> int:
+        return sum(len(batch.items) for worker in self._workers.values() for batch in worker.in_flight.values())
+
+    def estimate_batch_time_s(self, size: int) -> float:
+        """Measured time of a batch of `size`; unmeasured sizes borrow from the nearest larger
+        measured size, else scale the largest measured one linearly (time grows with size)."""
+        if size in self._batch_time_s:
+            return self._batch_time_s[size]
+        larger = [s for s in self._batch_time_s if s > size]
+        if larger:
+            return self._batch_time_s[min(larger)]
+        if self._batch_time_s:
+            largest = max(self._batch_time_s)
+            return self._batch_time_s[largest] * size / largest
+        return self.config.initial_batch_time_s
+
+    def estimated_queue_time_s(self, priority: Priority) -> float:
+        """Wait before a new request of `priority` starts running, behind everything queued at
+        its class or above (inf with no worker)."""
+        now = self._clock()
+        ahead = sum(self._queue.num_waiting(p) for p in Priority if p <= priority)
+        start_s, _ = self._estimate_run_s(ahead, now)
+        return start_s - now
+
+    # -- internals ---------------------------------------------------------
+
+    def _drop_expired(self, now: float) -> None:
+        for item in self._queue.remove_where(lambda i: i.deadline_s is not None and now >= i.deadline_s):
+            del self._queued[item.item_id]
+            waited_s = now - item.arrival_s
+            self._failed.append(FailedItem(item, DeadlineExceeded(f"deadline passed after {waited_s:.3f} s in queue")))
+
+    def _pick_worker(self) -> _Worker | None:
+        free = [
+            w
+            for w in self._workers.values()
+            if not w.draining and len(w.in_flight) < self.config.max_batches_per_worker
+        ]
+        return min(free, key=_Worker.load, default=None)
+
+    def _batch_limit(self, worker: _Worker) -> int:
+        return min(self.config.max_batch_size, worker.max_batch_size)
+
+    def _batch_size(self, worker: _Worker, now: float) -> int:
+        """How many items to send `worker` now; 0: keep waiting."""
+        limit = self._batch_limit(worker)
+        num_queued = len(self._queue)
+        if num_queued >= limit:
+            return limit
+        preferred = [s for s in self.config.preferred_batch_sizes if s <= num_queued]
+        if preferred:
+            return max(preferred)
+        return num_queued if now >= self._must_dispatch_at_s(limit) else 0
+
+    def _must_dispatch_at_s(self, limit: int) -> float:
+        """When waiting for a fuller batch must end: the oldest item's max delay, or the latest
+        start from which the most urgent item still finishes in a full batch."""
+        oldest_s = min(item.arrival_s for item in self._queue)
+        deadlines = [item.deadline_s for item in self._queue if item.deadline_s is not None]
+        latest_start_s = min(deadlines, default=math.inf) - self.estimate_batch_time_s(limit)
+        return min(oldest_s + self.config.max_queue_delay_s, latest_start_s)
+
+    def _estimate_run_s(self, num_items_ahead: int, now: float) -> tuple[float, float]:
+        """When the batch of an item with `num_items_ahead` queued before it would start and end,
+        if batches go out as soon as a worker frees up (inf with no worker)."""
+        workers = [w for w in self._workers.values() if not w.draining]
+        if not workers:
+            return math.inf, math.inf
+        free_at = [(self._busy_until_s(w, now), w.order, w) for w in workers]
+        heapq.heapify(free_at)
+        remaining = num_items_ahead + 1
+        while True:
+            start_s, order, worker = heapq.heappop(free_at)
+            size = min(remaining, self._batch_limit(worker))
+            end_s = start_s + self.estimate_batch_time_s(size)
+            remaining -= size
+            if remaining == 0:
+                return start_s, end_s
+            heapq.heappush(free_at, (end_s, order, worker))
+
+    def _busy_until_s(self, worker: _Worker, now: float) -> float:
+        busy_s = sum(self.estimate_batch_time_s(len(b.items)) for b in worker.in_flight.values())
+        if worker.in_flight:
+            running = next(iter(worker.in_flight.values()))
+            busy_s -= now - max(running.dispatched_at_s, worker.last_completed_s)
+        return now + max(0.0, busy_s)
+
+    def _record_batch_time(self, size: int, compute_s: float) -> None:
+        previous = self._batch_time_s.get(size)
+        if previous is None:
+            self._batch_time_s[size] = compute_s
+        else:
+            self._batch_time_s[size] = previous + self.config.batch_time_ewma_alpha * (compute_s - previous)

@@ -1,0 +1,74 @@
+"""How loaded one model is, for the gateway's load shedding (infermesh.v1.ModelPressure).
+
+Estimates come from the batchers' own state: what is queued at or above each
+priority class, and measured batch / step times. They are deliberately rough
+and pessimistic for the class that is flooding: the gateway only needs to know
+which classes to shed before queues explode.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from services.scheduler.dynamic_batcher import DynamicBatcher
+from services.scheduler.fair_queue import Priority
+from services.scheduler.step_scheduler import StepScheduler
+
+# Reported instead of "forever" (no worker attached), so the wire value stays finite.
+MAX_QUEUE_TIME_S = 3600.0
+
+
+@dataclass(frozen=True)
+class ModelPressure:
+    # Estimated wait before a new request of each class is scheduled, seconds (<= MAX_QUEUE_TIME_S).
+    est_queue_time_s: Mapping[Priority, float]
+    # Classify items queued, or generate sequences waiting for admission (incl. preempted).
+    queue_depth: int
+    # Fraction of KV blocks in use across the model's workers, [0, 1]; 0 for classifiers.
+    kv_usage: float
+    num_workers: int
+    # Recent shortest service time of one request (one batch of 1, or one step), seconds.
+    min_service_time_s: float
+
+    def est_queue_time_us_by_priority(self) -> list[int]:
+        """ModelPressure.est_queue_time_us: indexed by Priority value, index 0 (UNSPECIFIED) unused."""
+        by_value = [0] * (max(Priority) + 1)
+        for priority, seconds in self.est_queue_time_s.items():
+            by_value[priority] = round(seconds * 1e6)
+        return by_value
+
+
+def classifier_pressure(batcher: DynamicBatcher) -> ModelPressure:
+    return ModelPressure(
+        est_queue_time_s={p: _capped(batcher.estimated_queue_time_s(p)) for p in Priority},
+        queue_depth=batcher.queue_depth,
+        kv_usage=0.0,
+        num_workers=batcher.num_workers,
+        min_service_time_s=batcher.estimate_batch_time_s(1),
+    )
+
+
+def generator_pressure(schedulers: Collection[StepScheduler]) -> ModelPressure:
+    """One StepScheduler per attached worker; a new sequence goes to the least loaded one."""
+    if not schedulers:
+        return ModelPressure(
+            est_queue_time_s={p: MAX_QUEUE_TIME_S for p in Priority},
+            queue_depth=0,
+            kv_usage=0.0,
+            num_workers=0,
+            min_service_time_s=0.0,
+        )
+    num_blocks = sum(s.kv.num_blocks for s in schedulers)
+    return ModelPressure(
+        est_queue_time_s={p: _capped(min(s.estimated_queue_time_s(p) for s in schedulers)) for p in Priority},
+        queue_depth=sum(s.num_waiting for s in schedulers),
+        kv_usage=sum(s.kv.num_used_blocks for s in schedulers) / num_blocks,
+        num_workers=len(schedulers),
+        min_service_time_s=min(s.step_time_s for s in schedulers),
+    )
+
+
+def _capped(seconds: float) -> float:
+    return MAX_QUEUE_TIME_S if math.isinf(seconds) else min(seconds, MAX_QUEUE_TIME_S)

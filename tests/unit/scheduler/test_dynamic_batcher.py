@@ -1,0 +1,237 @@
+from __future__ import annotations
+
+import pytest
+
+from services.common.errors import DeadlineExceeded, ResourceExhausted, Unavailable
+from services.scheduler.dynamic_batcher import BatcherConfig
+from services.scheduler.fair_queue import Priority
+
+from .conftest import make_batcher, tenant
+
+
+def submit_n(batcher, n: int, *, who=None, deadline_s=None) -> list:
+    return [batcher.submit(f"img{i}", who or tenant(), deadline_s=deadline_s) for i in range(n)]
+
+
+def test_dispatches_a_full_batch_at_once(clock):
+    batcher = make_batcher(clock)
+    submit_n(batcher, 10)
+    assert batcher.time_until_ready() == 0.0
+    batch = batcher.next_batch()
+    assert len(batch.items) == 8 and batch.worker_id == "w1"
+    assert [item.payload for item in batch.items] == [f"img{i}" for i in range(8)]
+
+
+def test_waits_max_queue_delay_for_a_partial_batch_then_sends_it(clock):
+    batcher = make_batcher(clock, max_queue_delay_s=0.010)
+    submit_n(batcher, 3)
+    assert batcher.next_batch() is None
+    assert batcher.time_until_ready() == pytest.approx(0.010)
+    clock.advance(0.004)
+    submit_n(batcher, 1)
+    assert batcher.time_until_ready() == pytest.approx(0.006)  # the oldest sets the pace
+    clock.advance(0.006)
+    assert len(batcher.next_batch().items) == 4
+
+
+def test_preferred_batch_size_goes_without_waiting(clock):
+    batcher = make_batcher(clock, preferred_batch_sizes=(4,))
+    submit_n(batcher, 3)
+    assert batcher.next_batch() is None
+    submit_n(batcher, 2)
+    assert len(batcher.next_batch().items) == 4
+    assert batcher.queue_depth == 1
+
+
+def test_never_waits_past_the_point_where_the_oldest_deadline_is_still_met(clock):
+    batcher = make_batcher(clock, max_queue_delay_s=1.0)
+    batcher.submit("x", tenant(), deadline_s=clock() + 0.100)
+    full_batch_s = batcher.estimate_batch_time_s(8)
+    wait_s = batcher.time_until_ready()
+    assert wait_s == pytest.approx(0.100 - full_batch_s)
+    clock.advance(wait_s - 0.001)
+    assert batcher.next_batch() is None
+    clock.advance(0.001)
+    batch = batcher.next_batch()
+    assert batch is not None and clock() + full_batch_s <= batch.items[0].deadline_s + 1e-9
+
+
+def test_a_full_queue_refuses_at_once_with_a_retry_hint(clock):
+    batcher = make_batcher(clock, max_queue_size=4)
+    submit_n(batcher, 4)
+    with pytest.raises(ResourceExhausted, match=r"queue full: 4 requests waiting \(max 4\)") as info:
+        batcher.submit("one too many", tenant(), deadline_s=None)
+    assert info.value.retry_after_s > 0
+
+
+def test_rejects_at_once_a_deadline_that_cannot_be_met_behind_the_queue(clock):
+    batcher = make_batcher(clock, max_queue_size=100)
+    submit_n(batcher, 40)  # five full batches of 20 ms ahead
+    with pytest.raises(DeadlineExceeded, match="cannot finish in time"):
+        batcher.submit("late", tenant(), deadline_s=clock() + 0.050)
+    assert batcher.queue_depth == 40
+    # A tenant with nothing queued is served by round robin, so it fits in the first batches.
+    assert batcher.submit("fair", tenant("other"), deadline_s=clock() + 0.050)
+
+
+def test_expired_requests_are_dropped_before_dispatch_and_reported(clock):
+    batcher = make_batcher(clock, workers={"w1": 2}, max_queue_delay_s=0.0, initial_batch_time_s=0.001)
+    submit_n(batcher, 4)
+    assert batcher.next_batch() and batcher.next_batch()  # one running, one prefetched
+    late = batcher.submit("late", tenant(), deadline_s=clock() + 0.030)
+    assert batcher.next_batch() is None  # no free slot
+    assert batcher.time_until_ready() == pytest.approx(0.030)  # wake up to drop it
+    clock.advance(0.030)
+    assert batcher.next_batch() is None
+    (failed,) = batcher.take_failed()
+    assert failed.item is late and isinstance(failed.error, DeadlineExceeded)
+    assert "deadline passed after 0.030 s in queue" in failed.error.message
+    assert batcher.queue_depth == 0 and batcher.take_failed() == []
+
+
+def test_dispatches_to_the_least_loaded_worker(clock):
+    batcher = make_batcher(clock, workers={"w1": 4, "w2": 4, "w3": 4})
+    submit_n(batcher, 12)
+    first, second, third = (batcher.next_batch() for _ in range(3))
+    assert [b.worker_id for b in (first, second, third)] == ["w1", "w2", "w3"]
+    batcher.complete(second.batch_id)
+    submit_n(batcher, 4)
+    assert batcher.next_batch().worker_id == "w2"
+
+
+def test_each_worker_holds_one_running_batch_plus_one_prefetched(clock):
+    batcher = make_batcher(clock, workers={"w1": 4})
+    submit_n(batcher, 12)
+    first, second = batcher.next_batch(), batcher.next_batch()
+    assert first and second and batcher.next_batch() is None
+    assert batcher.num_in_flight_items == 8
+    clock.advance(0.02)
+    assert batcher.complete(first.batch_id) is first
+    assert batcher.next_batch() is not None
+
+
+def test_batch_time_is_learned_per_size_from_completions(clock):
+    batcher = make_batcher(clock, batch_time_ewma_alpha=0.5)
+    submit_n(batcher, 8)
+    batch = batcher.next_batch()
+    clock.advance(0.040)
+    batcher.complete(batch.batch_id)
+    assert batcher.estimate_batch_time_s(8) == pytest.approx(0.040)
+    assert batcher.estimate_batch_time_s(4) == pytest.approx(0.040)  # borrowed from the larger size
+    assert batcher.estimate_batch_time_s(16) == pytest.approx(0.080)  # scaled up
+    submit_n(batcher, 8)
+    batcher.complete(batcher.next_batch().batch_id, compute_s=0.020)
+    assert batcher.estimate_batch_time_s(8) == pytest.approx(0.030)
+
+
+def test_prefetched_batch_time_counts_from_when_the_worker_freed_up(clock):
+    batcher = make_batcher(clock)
+    submit_n(batcher, 16)
+    first, second = batcher.next_batch(), batcher.next_batch()
+    clock.advance(0.030)
+    batcher.complete(first.batch_id)
+    clock.advance(0.030)
+    batcher.complete(second.batch_id)
+    assert batcher.estimate_batch_time_s(8) == pytest.approx(0.030)
+
+
+def test_lost_workers_items_are_requeued_first_with_their_arrival_and_deadline(clock):
+    batcher = make_batcher(clock, workers={"w1": 4, "w2": 4})
+    originals = submit_n(batcher, 4, deadline_s=clock() + 5.0)
+    lost = batcher.next_batch()
+    clock.advance(0.5)
+    submit_n(batcher, 2)
+    requeued = batcher.remove_worker(lost.worker_id)
+    assert [i.item_id for i in requeued] == [i.item_id for i in originals]
+    assert batcher.num_workers == 1
+    retry = batcher.next_batch()
+    assert retry.worker_id == "w2"
+    assert [i.item_id for i in retry.items] == [i.item_id for i in originals]
+    assert [(i.arrival_s, i.deadline_s) for i in retry.items] == [(o.arrival_s, o.deadline_s) for o in originals]
+    assert all(i.num_attempts == 2 for i in retry.items)
+    assert batcher.complete(lost.batch_id) is None  # a late answer from the lost worker is ignored
+
+
+def test_items_lost_too_often_or_expired_fail_instead_of_requeueing(clock):
+    batcher = make_batcher(clock, workers={"w1": 4}, max_attempts=2, max_queue_delay_s=0.0)
+    batcher.submit("poison", tenant(), deadline_s=None)
+    batcher.submit("short", tenant("b"), deadline_s=clock() + 0.5)
+    for _ in range(2):
+        batcher.next_batch()
+        clock.advance(0.3)
+        batcher.remove_worker("w1")
+        batcher.add_worker("w1", 4)
+    failed = {f.item.payload: f.error for f in batcher.take_failed()}
+    assert isinstance(failed["short"], DeadlineExceeded)
+    assert isinstance(failed["poison"], Unavailable) and "worker lost 2 times" in failed["poison"].message
+    assert batcher.queue_depth == 0
+
+
+def test_cancel_removes_a_queued_request_only(clock):
+    batcher = make_batcher(clock)
+    a, b = submit_n(batcher, 2)
+    assert batcher.cancel(a.item_id)
+    assert not batcher.cancel(a.item_id)
+    clock.advance(1.0)
+    assert [i.item_id for i in batcher.next_batch().items] == [b.item_id]
+    assert not batcher.cancel(b.item_id)
+
+
+def test_without_workers_submit_is_unavailable_and_draining_workers_get_nothing(clock):
+    batcher = make_batcher(clock, workers={})
+    with pytest.raises(Unavailable, match="no worker serves this model"):
+        batcher.submit("x", tenant(), deadline_s=None)
+    batcher.add_worker("w1", 8)
+    submit_n(batcher, 8)
+    batcher.drain_worker("w1")
+    assert batcher.next_batch() is None
+    with pytest.raises(Unavailable):
+        batcher.submit("y", tenant(), deadline_s=None)
+
+
+def test_critical_requests_go_out_before_a_standard_backlog(clock):
+    batcher = make_batcher(clock, workers={"w1": 4})
+    submit_n(batcher, 8, who=tenant("app"))
+    crit = batcher.submit("urgent", tenant("pager", Priority.CRITICAL), deadline_s=None)
+    assert batcher.next_batch().items[0].item_id == crit.item_id
+    assert batcher.estimated_queue_time_s(Priority.CRITICAL) < batcher.estimated_queue_time_s(Priority.STANDARD)
+
+
+def test_light_tenant_wait_is_nearly_unchanged_by_a_heavy_tenant(clock):
+    """Open-loop simulation: one worker, 4 items per 10 ms batch. The light tenant sends one request
+    every 10 ms; the heavy tenant offers 5x the light tenant's rate, overloading the worker."""
+
+    def light_waits(heavy_per_tick: int, light_tenant: str = "light") -> list[float]:
+        batcher = make_batcher(clock, workers={"w1": 4}, max_queue_size=10_000, max_queue_delay_s=0.002)
+        waits, in_flight = [], []
+        for tick in range(400):  # 1 ms ticks
+            if tick % 10 == 0:
+                batcher.submit(("light", clock()), tenant(light_tenant), deadline_s=None)
+                for _ in range(heavy_per_tick):
+                    batcher.submit(("heavy", clock()), tenant("heavy"), deadline_s=None)
+            while in_flight and in_flight[0][0] <= clock() + 1e-9:
+                batcher.complete(in_flight.pop(0)[1].batch_id, compute_s=0.010)
+            while (batch := batcher.next_batch()) is not None:
+                start_s = max(clock(), in_flight[-1][0] if in_flight else clock())
+                in_flight.append((start_s + 0.010, batch))
+                waits += [start_s - sent_s for who, sent_s in (i.payload for i in batch.items) if who == "light"]
+            clock.advance(0.001)
+        return waits
+
+    def p99(waits: list[float]) -> float:
+        return sorted(waits)[int(0.99 * (len(waits) - 1))]
+
+    alone = light_waits(0)
+    flooded = light_waits(5)
+    assert len(flooded) == len(alone)
+    # Non-preemptive: at worst it waits for the batch already running.
+    assert p99(flooded) <= 1.5 * p99(alone) + 0.010
+    # The flood is real: sharing one FIFO queue with it, the same requests wait far longer.
+    assert p99(light_waits(5, light_tenant="heavy")) > 5 * p99(flooded)
+
+
+def test_config_rejects_impossible_values():
+    with pytest.raises(ValueError, match=r"preferred_batch_sizes must be in \[1, 8\], got \[9\]"):
+        BatcherConfig(max_batch_size=8, max_queue_delay_s=0.0, preferred_batch_sizes=(4, 9))
+    with pytest.raises(ValueError, match="max_queue_delay_s must be >= 0"):
+        BatcherConfig(max_batch_size=8, max_queue_delay_s=-1.0)

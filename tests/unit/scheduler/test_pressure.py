@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import pytest
+
+from services.scheduler.fair_queue import Priority
+from services.scheduler.pressure import MAX_QUEUE_TIME_S, classifier_pressure, generator_pressure
+
+from .conftest import FakePagedWorker, make_batcher, make_requests, make_scheduler, run_steps, tenant
+
+
+def test_classifier_queue_time_grows_with_the_backlog_of_its_class_and_above(clock):
+    batcher = make_batcher(clock, workers={"w1": 4}, max_queue_size=100, initial_batch_time_s=0.010)
+    idle = classifier_pressure(batcher)
+    assert idle.est_queue_time_s[Priority.STANDARD] == pytest.approx(0.0)
+    for i in range(40):
+        batcher.submit(i, tenant("bulk", Priority.SHEDDABLE), deadline_s=None)
+    for i in range(8):
+        batcher.submit(i, tenant("app", Priority.STANDARD), deadline_s=None)
+    busy = classifier_pressure(batcher)
+    assert busy.queue_depth == 48 and busy.num_workers == 1 and busy.kv_usage == 0.0
+    assert busy.est_queue_time_s[Priority.CRITICAL] == pytest.approx(0.0)
+    assert busy.est_queue_time_s[Priority.STANDARD] == pytest.approx(0.020)  # two batches of 4 ahead
+    assert busy.est_queue_time_s[Priority.SHEDDABLE] == pytest.approx(0.120)
+    assert busy.min_service_time_s == pytest.approx(0.010)
+
+
+def test_wire_form_is_microseconds_indexed_by_priority_value(clock):
+    batcher = make_batcher(clock, workers={"w1": 4}, initial_batch_time_s=0.010)
+    for i in range(4):
+        batcher.submit(i, tenant(), deadline_s=None)
+    assert classifier_pressure(batcher).est_queue_time_us_by_priority() == [0, 0, 10_000, 10_000]
+
+
+def test_classifier_without_workers_reports_the_capped_maximum(clock):
+    pressure = classifier_pressure(make_batcher(clock, workers={}))
+    assert pressure.num_workers == 0
+    assert set(pressure.est_queue_time_s.values()) == {MAX_QUEUE_TIME_S}
+
+
+def test_generator_pressure_sums_kv_usage_and_waiting_over_workers(clock):
+    busy = make_scheduler(clock, num_blocks=64, max_num_seqs=2)
+    idle = make_scheduler(clock, num_blocks=64)
+    make_requests(busy, 5, prompt_len=16)
+    run_steps(busy, FakePagedWorker(4), clock, max_steps=1)
+    pressure = generator_pressure([busy, idle])
+    assert pressure.num_workers == 2
+    assert pressure.queue_depth == 3
+    assert pressure.kv_usage == pytest.approx(8 / 128)
+    assert pressure.est_queue_time_s[Priority.STANDARD] == 0.0  # the idle worker takes it
+    assert busy.estimated_queue_time_s(Priority.STANDARD) > 0
+    assert generator_pressure([]).est_queue_time_s[Priority.CRITICAL] == MAX_QUEUE_TIME_S
