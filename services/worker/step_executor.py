@@ -71,14 +71,17 @@ class StepExecutor:
         admitted: list[tuple[int, SequenceStep, PagedSequence]] = []
         seen: set[int] = set()
         for pos, seq in enumerate(step.seqs):
+            if seq.seq_id in seen:
+                # Only the repeat fails; the first occurrence already owns the sequence's state.
+                message = f"sequence {seq.seq_id} appears twice in step {step.step_id}"
+                outputs[pos] = SequenceOutput(seq.seq_id, error=ItemError(ErrorCode.INVALID_ARGUMENT, message))
+                continue
+            seen.add(seq.seq_id)
             try:
-                if seq.seq_id in seen:
-                    raise InvalidArgument(f"sequence {seq.seq_id} appears twice in step {step.step_id}")
-                seen.add(seq.seq_id)
                 admitted.append((pos, seq, self._admit(seq)))
             except InvalidArgument as exc:
                 outputs[pos] = SequenceOutput(seq.seq_id, error=ItemError(ErrorCode.INVALID_ARGUMENT, exc.message))
-                self._seqs.pop(seq.seq_id, None)
+                self._seqs.pop(seq.seq_id, None)  # the scheduler aborts a failed sequence
 
         t_start = self.clock()
         logits = self.generator.step([paged for _, _, paged in admitted], self.cache) if admitted else None
