@@ -1,0 +1,222 @@
+"""python -m loadtest {run,compare,sweep,render}: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import datetime as dt
+import sys
+from pathlib import Path
+
+EXIT_OK = 0
+EXIT_REGRESSION = 1  # compare: a metric regressed beyond its threshold
+EXIT_USAGE = 2  # bad arguments, scenario or report
+EXIT_NOT_READY = 3  # run/sweep: the target did not answer or serve the models
+EXIT_NO_SUCCESS = 4  # run: not one request succeeded
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except ValueError as err:
+        print(f"loadtest: {err}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a scenario and write JSON, Markdown and HTML reports")
+    run.add_argument("scenario", type=Path)
+    _add_target_args(run)
+    run.add_argument("--duration-s", type=float, help="measured time (scales staged schedules)")
+    run.add_argument("--warmup-s", type=float, help="warm-up, sent but excluded from results")
+    run.add_argument("--rate-rps", type=float, help="replace the schedule by this constant rate (open loop)")
+    run.add_argument("--seed", type=int)
+    run.add_argument("--name", help="report name (default: the scenario's)")
+    run.add_argument("--out", type=Path, default=Path("reports"), help="report directory (default: reports/)")
+    run.add_argument("--formats", default="json,md,html", help="comma-separated: json,md,html")
+    run.set_defaults(handler=_cmd_run)
+
+    compare = sub.add_parser("compare", help="compare two JSON reports; exit 1 on a regression")
+    compare.add_argument("base", type=Path)
+    compare.add_argument("new", type=Path)
+    compare.add_argument("--max-regression", action="append", default=[], metavar="METRIC=LIMIT",
+                         help="e.g. p99=10%%, p99.9=25ms, throughput=5%%, error_ratio=1%% (repeatable, or "
+                              "comma-separated)")
+    compare.add_argument("--groups", help="comma-separated groups to compare: overall, class:NAME, tenant:NAME "
+                                          "(default: all in the base report)")
+    compare.add_argument("--min-requests", type=int, default=1, help="groups with fewer requests are not gated")
+    compare.set_defaults(handler=_cmd_compare)
+
+    sweep = sub.add_parser("sweep", help="raise the rate until an SLO breaks; report the knee")
+    sweep.add_argument("scenario", type=Path)
+    _add_target_args(sweep)
+    sweep.add_argument("--start-rps", type=float)
+    sweep.add_argument("--step-rps", type=float)
+    sweep.add_argument("--factor", type=float, help="multiply the rate by this each step instead of adding")
+    sweep.add_argument("--max-rps", type=float)
+    sweep.add_argument("--step-duration-s", type=float)
+    sweep.add_argument("--min-goodput-ratio", type=float)
+    sweep.add_argument("--max-error-ratio", type=float)
+    sweep.add_argument("--refine-steps", type=int)
+    sweep.add_argument("--out", type=Path, default=Path("reports"))
+    sweep.set_defaults(handler=_cmd_sweep)
+
+    render = sub.add_parser("render", help="re-render Markdown/HTML (and the summary) from a JSON report")
+    render.add_argument("report", type=Path)
+    render.add_argument("--out", type=Path, help="directory (default: next to the report)")
+    render.set_defaults(handler=_cmd_render)
+    return parser
+
+
+def _add_target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", help="gateway HOST:PORT (default: the scenario's target)")
+    p.add_argument("--wait-ready-s", type=float, default=10.0,
+                   help="wait this long for the gateway to serve the scenario's models (0: skip the check)")
+    p.add_argument("--no-progress", action="store_true", help="no live progress line")
+
+
+def _load(path: Path):
+    import yaml
+
+    from loadtest.scenario import load_scenario
+
+    try:
+        return load_scenario(path)
+    except OSError as err:
+        raise ValueError(f"cannot read scenario: {err}") from None
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: invalid YAML: {err}") from None
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from loadtest.execute import RunOptions, TargetNotReady, report_stem, run_blocking, write_reports
+    from loadtest.report_text import terminal_summary
+
+    scenario = _load(args.scenario)
+    if args.rate_rps is not None:
+        scenario = scenario.with_constant_level(args.rate_rps)
+    if args.duration_s is not None:
+        scenario = scenario.with_duration(args.duration_s)
+    for field in ("warmup_s", "seed", "name"):
+        if getattr(args, field) is not None:
+            scenario = dataclasses.replace(scenario, **{field: getattr(args, field)})
+    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+    unknown = set(formats) - {"json", "md", "html"}
+    if unknown:
+        raise ValueError(f"--formats: unknown format(s) {sorted(unknown)}; use json, md, html")
+    target = args.target or scenario.target
+    try:
+        doc = run_blocking(scenario, RunOptions(target, not args.no_progress, args.wait_ready_s))
+    except TargetNotReady as err:
+        print(f"loadtest: target {target} not ready: {err}", file=sys.stderr)
+        return EXIT_NOT_READY
+    print(terminal_summary(doc))
+    paths = write_reports(doc, args.out, report_stem(doc), formats)
+    for kind, path in paths.items():
+        print(f"{kind:>4} report: {path}")
+    if doc["overall"]["num_requests"] and not doc["overall"]["num_ok"]:
+        print("loadtest: no request succeeded", file=sys.stderr)
+        return EXIT_NO_SUCCESS
+    return EXIT_OK
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from loadtest.compare import compare_reports, comparison_table, parse_threshold
+    from loadtest.report_json import load_report
+
+    base, new = load_report(args.base), load_report(args.new)
+    specs = [s for arg in args.max_regression for s in arg.split(",") if s.strip()]
+    thresholds = [parse_threshold(s) for s in specs]
+    groups = [g.strip() for g in args.groups.split(",")] if args.groups else None
+    cells, warnings = compare_reports(base, new, thresholds, groups, args.min_requests)
+    print(f"base: {args.base} ({base['meta']['name']}, {base['meta']['started_at']})")
+    print(f"new:  {args.new} ({new['meta']['name']}, {new['meta']['started_at']})\n")
+    print(comparison_table(cells, thresholds).to_text())
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    regressed = [c for c in cells if c.regressed]
+    if regressed:
+        print(f"\nREGRESSION: {len(regressed)} metric(s) beyond threshold: "
+              + ", ".join(f"{c.group} {c.metric}" for c in regressed))
+        return EXIT_REGRESSION
+    print("\nno regression beyond thresholds" if thresholds else "\n(no thresholds given; nothing gated)")
+    return EXIT_OK
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from loadtest.execute import RunOptions, TargetNotReady, run_scenario
+    from loadtest.report_json import write_json
+    from loadtest.sweep import run_sweep, sweep_document
+    from loadtest.sweep_report import sweep_html, sweep_markdown, sweep_text
+
+    scenario = _load(args.scenario)
+    overrides = {k: getattr(args, k) for k in ("start_rps", "step_rps", "factor", "max_rps", "step_duration_s",
+                                                "min_goodput_ratio", "max_error_ratio", "refine_steps")
+                 if getattr(args, k) is not None}
+    spec = dataclasses.replace(scenario.sweep, **overrides)
+    target = args.target or scenario.target
+    started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+    def on_step(step) -> None:
+        verdict = "pass" if step.passed else "FAIL: " + "; ".join(step.reasons)
+        lat = step.report["overall"]["latency_ms"]
+        print(f"sweep {step.rate_rps:g} req/s: p99 {lat.get('p99', '-')} ms, goodput "
+              f"{step.report['overall']['goodput_ratio']:.1%} → {verdict}", file=sys.stderr)
+
+    async def sweep_all():
+        options = RunOptions(target, not args.no_progress, args.wait_ready_s)
+        first = True
+
+        async def run_step(step_scenario):
+            nonlocal first
+            opts = options if first else dataclasses.replace(options, wait_ready_s=0)
+            first = False
+            return await run_scenario(step_scenario, opts)
+
+        return await run_sweep(scenario, spec, run_step, on_step)
+
+    try:
+        steps = _run_async(sweep_all())
+    except TargetNotReady as err:
+        print(f"loadtest: target {target} not ready: {err}", file=sys.stderr)
+        return EXIT_NOT_READY
+    doc = sweep_document(scenario, spec, steps, target=target, started_at=started_at)
+    print(sweep_text(doc))
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"sweep-{scenario.name}-{started_at.replace(':', '').replace('-', '').replace('+0000', 'Z')}"
+    write_json(doc, args.out / f"{stem}.json")
+    (args.out / f"{stem}.md").write_text(sweep_markdown(doc), encoding="utf-8")
+    (args.out / f"{stem}.html").write_text(sweep_html(doc), encoding="utf-8")
+    for ext in ("json", "md", "html"):
+        print(f"{ext:>4} report: {args.out / f'{stem}.{ext}'}")
+    return EXIT_OK
+
+
+def _cmd_render(args: argparse.Namespace) -> int:
+    from loadtest.execute import write_reports
+    from loadtest.report_json import load_report
+    from loadtest.report_text import terminal_summary
+
+    doc = load_report(args.report)
+    out = args.out or args.report.parent
+    print(terminal_summary(doc))
+    for kind, path in write_reports(doc, out, args.report.stem, ("md", "html")).items():
+        print(f"{kind:>4} report: {path}")
+    return EXIT_OK
+
+
+def _run_async(coro):
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+

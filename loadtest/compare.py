@@ -1,0 +1,164 @@
+"""Side-by-side comparison of two reports, with regression thresholds for CI gates.
+
+A threshold reads METRIC=LIMIT:
+    p99=10%            p99 latency may grow by at most 10% of the base value
+    p99.9=25ms         ... by at most 25 ms
+    throughput=5%      throughput may drop by at most 5%
+    error_ratio=1%     ratios (error_ratio, goodput_ratio) move in percentage points: at most +1 point
+Latency metrics: p50 p90 p99 p99.9 max mean, service_<p>, ttft_<p>, tpot_<p>, itl_<p>, e2e_<p>
+(streams); rates: throughput goodput (req/s); ratios: goodput_ratio error_ratio.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from loadtest.report_json import groups_of
+from loadtest.tables import Table
+
+_LATENCY_KEYS = ("p50", "p90", "p99", "p99.9", "max", "mean")
+DEFAULT_METRICS = ("p50", "p99", "p99.9", "throughput", "goodput_ratio", "error_ratio")
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    read: Callable[[dict], float | None]
+    higher_is_worse: bool
+    unit: str  # "ms", "rps" or "ratio"
+
+
+@dataclass(frozen=True)
+class Threshold:
+    metric: str
+    limit: float  # a fraction (relative) or the metric's unit (absolute; ratios: a fraction)
+    relative: bool
+
+    def describe(self) -> str:
+        return f"{self.metric}≤+{self.limit * 100:g}%" if self.relative else f"{self.metric}≤+{self.limit:g}"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    group: str
+    metric: str
+    base: float | None
+    new: float | None
+    regressed: bool
+    gated: bool  # a threshold applied to this cell
+
+    @property
+    def change(self) -> float | None:
+        if self.base is None or self.new is None or self.base == 0:
+            return None
+        return (self.new - self.base) / self.base
+
+
+def _at(*path: str) -> Callable[[dict], float | None]:
+    def read(group: dict) -> float | None:
+        node = group
+        for key in path:
+            if not isinstance(node, dict):
+                return None
+            node = node.get(key)
+        return node if isinstance(node, int | float) else None
+    return read
+
+
+def _metrics() -> dict[str, Metric]:
+    metrics = {k: Metric(k, _at("latency_ms", k), True, "ms") for k in _LATENCY_KEYS}
+    sections = {"service": ("service_ms",), "ttft": ("stream", "ttft_ms"), "tpot": ("stream", "tpot_ms"),
+                "itl": ("stream", "itl_ms"), "e2e": ("stream", "e2e_ms")}
+    for prefix, path in sections.items():
+        for k in _LATENCY_KEYS:
+            metrics[f"{prefix}_{k}"] = Metric(f"{prefix}_{k}", _at(*path, k), True, "ms")
+    metrics["throughput"] = Metric("throughput", _at("throughput_rps"), False, "rps")
+    metrics["goodput"] = Metric("goodput", _at("goodput_rps"), False, "rps")
+    metrics["goodput_ratio"] = Metric("goodput_ratio", _at("goodput_ratio"), False, "ratio")
+    metrics["error_ratio"] = Metric("error_ratio", _at("error_ratio"), True, "ratio")
+    return metrics
+
+
+METRICS = _metrics()
+_THRESHOLD = re.compile(r"^\s*([a-z0-9_.]+)\s*=\s*([0-9]*\.?[0-9]+)\s*(%|ms)?\s*$")
+
+
+def parse_threshold(text: str) -> Threshold:
+    match = _THRESHOLD.match(text)
+    if not match:
+        raise ValueError(f"threshold {text!r}: expected METRIC=N% or METRIC=N[ms], e.g. p99=10%")
+    name, number, unit = match.group(1), float(match.group(2)), match.group(3)
+    if name not in METRICS:
+        raise ValueError(f"threshold {text!r}: unknown metric {name!r}; known: {', '.join(METRICS)}")
+    metric = METRICS[name]
+    if unit == "ms" and metric.unit != "ms":
+        raise ValueError(f"threshold {text!r}: {name} is in {metric.unit}, not ms")
+    if metric.unit == "ratio":
+        # Ratios are already fractions: "1%" means one percentage point, absolute.
+        return Threshold(name, number / 100 if unit == "%" else number, relative=False)
+    return Threshold(name, number / 100 if unit == "%" else number, relative=unit == "%")
+
+
+def is_regression(metric: Metric, threshold: Threshold, base: float, new: float) -> bool:
+    worse_by = (new - base) if metric.higher_is_worse else (base - new)
+    if threshold.relative:
+        if base == 0:
+            return worse_by > 0
+        return worse_by / abs(base) > threshold.limit + 1e-12
+    return worse_by > threshold.limit + 1e-12
+
+
+def compare_reports(
+    base: dict,
+    new: dict,
+    thresholds: Sequence[Threshold],
+    groups: Sequence[str] | None = None,
+    min_requests: int = 1,
+) -> tuple[list[Comparison], list[str]]:
+    """Cells for every shared group and metric (thresholded ones first), and warnings."""
+    base_groups, new_groups = groups_of(base), groups_of(new)
+    wanted = list(groups) if groups else list(base_groups)
+    warnings = [f"group {g!r} is missing from the new report" for g in wanted
+                if g in base_groups and g not in new_groups]
+    warnings += [f"group {g!r} is in neither report" for g in wanted if g not in base_groups and g not in new_groups]
+    by_metric = {t.metric: t for t in thresholds}
+    names = list(by_metric) + [m for m in DEFAULT_METRICS if m not in by_metric]
+    cells = []
+    for group in wanted:
+        if group not in base_groups or group not in new_groups:
+            continue
+        b, n = base_groups[group], new_groups[group]
+        enough = min(b["num_requests"], n["num_requests"]) >= min_requests
+        if not enough:
+            warnings.append(f"group {group!r} has fewer than {min_requests} requests; not gated")
+        for name in names:
+            metric = METRICS[name]
+            bv, nv = metric.read(b), metric.read(n)
+            if bv is None and nv is None:
+                continue
+            threshold = by_metric.get(name)
+            gated = threshold is not None and enough
+            regressed = gated and bv is not None and (nv is None or is_regression(metric, threshold, bv, nv))
+            cells.append(Comparison(group, name, bv, nv, regressed, gated))
+    return cells, warnings
+
+
+def comparison_table(cells: Sequence[Comparison], thresholds: Sequence[Threshold]) -> Table:
+    limits = {t.metric: t.describe() for t in thresholds}
+    rows = []
+    for c in cells:
+        change = "-" if c.change is None else f"{c.change * 100:+.1f}%"
+        verdict = "REGRESSED" if c.regressed else ("ok" if c.gated else "")
+        rows.append((c.group, c.metric, _fmt(c.base), _fmt(c.new), change, limits.get(c.metric, "") if c.gated else "",
+                     verdict))
+    return Table("Comparison (base → new)", ("group", "metric", "base", "new", "change", "limit", "verdict"),
+                 tuple(rows))
+
+
+def _fmt(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.4g}" if abs(value) < 1000 else f"{value:.0f}"

@@ -1,0 +1,100 @@
+"""One load-test run end to end: preflight the gateway, drive the scenario, build the report."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import grpc
+
+from loadtest.client import GatewayClient
+from loadtest.progress import ProgressPrinter
+from loadtest.report_html import html_report
+from loadtest.report_json import build_report, write_json
+from loadtest.report_text import markdown_report
+from loadtest.runner import LoadRunner, MonotonicClock
+from loadtest.scenario import LoadMode, Scenario
+
+
+class TargetNotReady(Exception):
+    """The gateway did not answer, or did not serve the scenario's models, within the wait."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    target: str
+    progress: bool = True
+    wait_ready_s: float = 10.0  # 0: do not preflight
+    stream: TextIO = sys.stderr
+
+
+async def wait_until_ready(client: GatewayClient, scenario: Scenario, wait_s: float, stream: TextIO) -> None:
+    """Polls ListModels until every model the scenario uses is ready."""
+    clock = MonotonicClock()
+    deadline_s = clock.now_s() + wait_s
+    api_key = scenario.tenants[0].api_key
+    problem = ""
+    while True:
+        try:
+            models = await client.list_models(api_key, timeout_s=2.0)
+            ready = {m.name for m in models if m.ready}
+            missing = sorted(scenario.models() - ready)
+            if not missing:
+                return
+            problem = f"models not ready: {', '.join(missing)} (ready: {', '.join(sorted(ready)) or 'none'})"
+        except grpc.aio.AioRpcError as err:
+            problem = f"ListModels failed: {err.code().name}: {err.details()}"
+        if clock.now_s() >= deadline_s:
+            raise TargetNotReady(problem)
+        stream.write(f"waiting for the gateway: {problem}\n")
+        await clock.sleep_until(min(deadline_s, clock.now_s() + 1.0))
+
+
+async def run_scenario(scenario: Scenario, options: RunOptions) -> dict:
+    started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    clock = MonotonicClock()
+    run_id = "lt" + dt.datetime.now(dt.UTC).strftime("%H%M%S")
+    async with GatewayClient(options.target, clock, scenario.load.num_channels, run_id) as client:
+        if options.wait_ready_s > 0:
+            await wait_until_ready(client, scenario, options.wait_ready_s, options.stream)
+        printer = ProgressPrinter(options.stream, "rps" if scenario.load.mode is LoadMode.OPEN else "clients") \
+            if options.progress else None
+        result = await LoadRunner(scenario, client, clock, on_progress=printer).run()
+        if printer:
+            printer.close()
+    return build_report(scenario, result, target=options.target, started_at=started_at)
+
+
+def run_blocking(scenario: Scenario, options: RunOptions) -> dict:
+    """Runs on uvloop when available (the servers use it too), else the default loop."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is pinned, but the harness should not depend on it
+        return asyncio.run(run_scenario(scenario, options))
+    return uvloop.run(run_scenario(scenario, options))
+
+
+def write_reports(doc: dict, out_dir: Path, stem: str, formats: tuple[str, ...] = ("json", "md", "html")) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    if "json" in formats:
+        paths["json"] = out_dir / f"{stem}.json"
+        write_json(doc, paths["json"])
+    if "md" in formats:
+        paths["md"] = out_dir / f"{stem}.md"
+        paths["md"].write_text(markdown_report(doc), encoding="utf-8")
+    if "html" in formats:
+        paths["html"] = out_dir / f"{stem}.html"
+        paths["html"].write_text(html_report(doc), encoding="utf-8")
+    return paths
+
+
+def report_stem(doc: dict) -> str:
+    """<scenario>-<UTC start time>, safe as a file name."""
+    started = doc["meta"]["started_at"].replace(":", "").replace("-", "").replace("+0000", "Z")
+    name = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in doc["meta"]["name"])
+    return f"{name}-{started}"

@@ -1,0 +1,383 @@
+"""A load-test scenario: what to send, how often, as whom, and what counts as good.
+
+The YAML schema is documented in docs/loadtest.md; `parse_scenario` checks it
+field by field and names the offending field in every error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from loadtest.arrivals import ArrivalProcess, RateSchedule, Segment
+from loadtest.distributions import IntDist, fixed, parse_int_dist
+
+
+class LoadMode(Enum):
+    OPEN = "open"  # arrivals follow the schedule whatever the server does
+    CLOSED = "closed"  # a fixed number of clients, each sending its next request after a reply
+
+
+class RequestKind(Enum):
+    CLASSIFY = "classify"
+    GENERATE = "generate"
+
+
+class ImageEncoding(Enum):
+    PNG = "png"
+    RAW = "raw"
+
+
+@dataclass(frozen=True)
+class TenantSpec:
+    name: str
+    api_key: str
+    share: float  # normalized weight, sums to 1 over tenants
+    priority: str  # label for the report; the gateway derives the real priority from the key
+
+
+@dataclass(frozen=True)
+class Slo:
+    """A request is good when it succeeded and met every bound that is set."""
+
+    e2e_ms: float | None = None
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    height_px: IntDist
+    width_px: IntDist
+    channels: int
+    encoding: ImageEncoding
+    num_variants: int  # distinct images pre-generated per class; requests cycle through them
+
+
+@dataclass(frozen=True)
+class ClassSpec:
+    name: str
+    kind: RequestKind
+    model: str
+    version: str
+    share: float  # normalized weight, sums to 1 over classes
+    deadline_ms: float | None
+    slo: Slo
+    top_k: int = 1
+    image: ImageSpec | None = None
+    prompt_len: IntDist | None = None  # bytes (= tokens for the byte-level demo model)
+    output_len: IntDist | None = None  # max_tokens
+    temperature: float = 0.0
+    ignore_eos: bool = True
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    mode: LoadMode
+    arrival: ArrivalProcess
+    burstiness: float
+    levels: tuple[Segment, ...]  # open: requests/s; closed: concurrent clients
+    max_in_flight: int  # open: 0 unlimited; above it requests wait client-side (and that wait counts)
+    think_time_ms: float  # closed: pause between a reply and the next request
+    num_channels: int
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    start_rps: float
+    step_rps: float
+    factor: float  # > 1: multiply instead of adding step_rps
+    max_rps: float
+    step_duration_s: float
+    warmup_s: float
+    min_goodput_ratio: float  # every class must keep at least this fraction of requests within SLO
+    max_error_ratio: float
+    refine_steps: int  # bisection steps between the last good and the first bad rate
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    target: str
+    warmup_s: float
+    seed: int
+    window_s: float | None  # None: chosen from the duration
+    lag_warn_ms: float
+    load: LoadSpec
+    tenants: tuple[TenantSpec, ...]
+    classes: tuple[ClassSpec, ...]
+    sweep: SweepSpec
+
+    @property
+    def duration_s(self) -> float:
+        return sum(s.duration_s for s in self.load.levels)
+
+    def schedule(self) -> RateSchedule:
+        """Levels over the whole run: a warm-up at the first level, then the measured stages."""
+        first = self.load.levels[0].from_value
+        warmup = [Segment(self.warmup_s, first, first)] if self.warmup_s > 0 else []
+        return RateSchedule([*warmup, *self.load.levels])
+
+    def with_duration(self, duration_s: float) -> Scenario:
+        """Same shape, stretched or shrunk to `duration_s` of measured time."""
+        if not duration_s > 0:
+            raise ValueError(f"duration_s must be > 0, got {duration_s}")
+        scale = duration_s / self.duration_s
+        levels = tuple(dataclasses.replace(s, duration_s=s.duration_s * scale) for s in self.load.levels)
+        return dataclasses.replace(self, load=dataclasses.replace(self.load, levels=levels))
+
+    def with_constant_level(self, value: float, duration_s: float | None = None) -> Scenario:
+        """Replaces the schedule by one constant level (rate or concurrency)."""
+        levels = (Segment(duration_s or self.duration_s, value, value),)
+        return dataclasses.replace(self, load=dataclasses.replace(self.load, levels=levels))
+
+    def models(self) -> set[str]:
+        return {c.model for c in self.classes}
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    with open(path, encoding="utf-8") as f:
+        raw = yaml.safe_load(f)
+    return parse_scenario(raw, default_name=Path(path).stem)
+
+
+def parse_scenario(raw: Any, default_name: str = "scenario") -> Scenario:
+    doc = _mapping(raw, "scenario")
+    _no_unknown(doc, "scenario", {"name", "target", "duration_s", "warmup_s", "seed", "window_s",
+                                  "lag_warn_ms", "load", "tenants", "classes", "sweep"})
+    duration_s = _positive(doc.get("duration_s", 30), "duration_s") if "duration_s" in doc else None
+    load = _parse_load(_mapping(doc.get("load"), "load"), duration_s)
+    window_s = doc.get("window_s")
+    return Scenario(
+        name=str(doc.get("name", default_name)),
+        target=str(doc.get("target", "127.0.0.1:50051")),
+        warmup_s=_non_negative(doc.get("warmup_s", 0), "warmup_s"),
+        seed=int(doc.get("seed", 1)),
+        window_s=None if window_s is None else _positive(window_s, "window_s"),
+        lag_warn_ms=_positive(doc.get("lag_warn_ms", 10), "lag_warn_ms"),
+        load=load,
+        tenants=_parse_tenants(doc.get("tenants")),
+        classes=_parse_classes(doc.get("classes")),
+        sweep=_parse_sweep(_mapping(doc.get("sweep", {}), "sweep"), load),
+    )
+
+
+def _parse_load(raw: dict, duration_s: float | None) -> LoadSpec:
+    _no_unknown(raw, "load", {"mode", "arrival", "burstiness", "rate_rps", "concurrency", "stages",
+                              "max_in_flight", "think_time_ms", "num_channels"})
+    mode = _enum(LoadMode, raw.get("mode", "open"), "load.mode")
+    unit = "rps" if mode is LoadMode.OPEN else "concurrency"
+    level_key = "rate_rps" if mode is LoadMode.OPEN else "concurrency"
+    if "stages" in raw:
+        levels = tuple(_parse_stage(s, i, mode) for i, s in enumerate(_list(raw["stages"], "load.stages")))
+        if duration_s is not None and abs(sum(s.duration_s for s in levels) - duration_s) > 1e-9:
+            raise ValueError(f"duration_s ({duration_s}) disagrees with the sum of load.stages durations; drop one")
+    else:
+        if level_key not in raw:
+            raise ValueError(f"load: mode {mode.value} needs {level_key!r} or 'stages'")
+        value = _positive(raw[level_key], f"load.{level_key}")
+        levels = (Segment(duration_s or 30.0, value, value),)
+    if mode is LoadMode.CLOSED and any(s.from_value < 1 or s.to_value < 1 for s in levels):
+        raise ValueError(f"load: closed-loop {unit} must be >= 1 in every stage")
+    return LoadSpec(
+        mode=mode,
+        arrival=_enum(ArrivalProcess, raw.get("arrival", "poisson"), "load.arrival"),
+        burstiness=_positive(raw.get("burstiness", 1.0), "load.burstiness"),
+        levels=levels,
+        max_in_flight=int(_non_negative(raw.get("max_in_flight", 0), "load.max_in_flight")),
+        think_time_ms=_non_negative(raw.get("think_time_ms", 0), "load.think_time_ms"),
+        num_channels=int(_positive(raw.get("num_channels", 1), "load.num_channels")),
+    )
+
+
+def _parse_stage(raw: Any, index: int, mode: LoadMode) -> Segment:
+    field = f"load.stages[{index}]"
+    stage = _mapping(raw, field)
+    key = "rps" if mode is LoadMode.OPEN else "concurrency"
+    step_key = "rate_rps" if mode is LoadMode.OPEN else "concurrency"
+    _no_unknown(stage, field, {"duration_s", step_key, f"from_{key}", f"to_{key}"})
+    duration_s = _positive(stage.get("duration_s"), f"{field}.duration_s")
+    if step_key in stage:
+        value = _non_negative(stage[step_key], f"{field}.{step_key}")
+        return Segment(duration_s, value, value)
+    if f"from_{key}" in stage and f"to_{key}" in stage:
+        return Segment(duration_s, _non_negative(stage[f"from_{key}"], f"{field}.from_{key}"),
+                       _non_negative(stage[f"to_{key}"], f"{field}.to_{key}"))
+    raise ValueError(f"{field}: give {step_key!r} (step) or 'from_{key}' and 'to_{key}' (ramp)")
+
+
+def _parse_tenants(raw: Any) -> tuple[TenantSpec, ...]:
+    items = _list(raw, "tenants")
+    if not items:
+        raise ValueError("tenants: at least one tenant is needed")
+    parsed = []
+    for i, item in enumerate(items):
+        field = f"tenants[{i}]"
+        t = _mapping(item, field)
+        _no_unknown(t, field, {"name", "api_key", "share", "priority"})
+        if not t.get("api_key"):
+            raise ValueError(f"{field}.api_key is required")
+        parsed.append((str(t.get("name", f"tenant{i}")), str(t["api_key"]),
+                       _positive(t.get("share", 1), f"{field}.share"), str(t.get("priority", "standard"))))
+    _unique([p[0] for p in parsed], "tenants")
+    total = sum(p[2] for p in parsed)
+    return tuple(TenantSpec(name, key, share / total, prio) for name, key, share, prio in parsed)
+
+
+_CLASS_KEYS = {"name", "kind", "model", "version", "share", "deadline_ms", "slo", "top_k", "image",
+               "prompt_len", "output_len", "temperature", "ignore_eos"}
+
+
+def _parse_classes(raw: Any) -> tuple[ClassSpec, ...]:
+    items = _list(raw, "classes")
+    if not items:
+        raise ValueError("classes: at least one request class is needed")
+    parsed = [_parse_class(_mapping(item, f"classes[{i}]"), f"classes[{i}]") for i, item in enumerate(items)]
+    _unique([c.name for c in parsed], "classes")
+    total = sum(c.share for c in parsed)
+    return tuple(dataclasses.replace(c, share=c.share / total) for c in parsed)
+
+
+def _parse_class(c: dict, field: str) -> ClassSpec:
+    _no_unknown(c, field, _CLASS_KEYS)
+    kind = _enum(RequestKind, c.get("kind"), f"{field}.kind")
+    if not c.get("model"):
+        raise ValueError(f"{field}.model is required")
+    deadline = c.get("deadline_ms")
+    common = dict(
+        name=str(c.get("name", f"{kind.value}{field}")),
+        kind=kind,
+        model=str(c["model"]),
+        version=str(c.get("version", "")),
+        share=_positive(c.get("share", 1), f"{field}.share"),
+        deadline_ms=None if deadline is None else _positive(deadline, f"{field}.deadline_ms"),
+        slo=_parse_slo(_mapping(c.get("slo", {}), f"{field}.slo"), f"{field}.slo", kind),
+    )
+    if kind is RequestKind.CLASSIFY:
+        for key in ("prompt_len", "output_len", "temperature", "ignore_eos"):
+            if key in c:
+                raise ValueError(f"{field}.{key} applies to generate classes only")
+        return ClassSpec(**common, top_k=int(_positive(c.get("top_k", 1), f"{field}.top_k")),
+                         image=_parse_image(_mapping(c.get("image", {}), f"{field}.image"), f"{field}.image"))
+    for key in ("image", "top_k"):
+        if key in c:
+            raise ValueError(f"{field}.{key} applies to classify classes only")
+    return ClassSpec(
+        **common,
+        prompt_len=parse_int_dist(c.get("prompt_len", 16), f"{field}.prompt_len"),
+        output_len=parse_int_dist(c.get("output_len", 16), f"{field}.output_len"),
+        temperature=_non_negative(c.get("temperature", 0.0), f"{field}.temperature"),
+        ignore_eos=bool(c.get("ignore_eos", True)),
+    )
+
+
+def _parse_slo(raw: dict, field: str, kind: RequestKind) -> Slo:
+    _no_unknown(raw, field, {"e2e_ms", "ttft_ms", "tpot_ms"})
+    if kind is RequestKind.CLASSIFY and ({"ttft_ms", "tpot_ms"} & raw.keys()):
+        raise ValueError(f"{field}: ttft_ms/tpot_ms apply to generate classes only")
+    return Slo(**{k: _positive(v, f"{field}.{k}") for k, v in raw.items()})
+
+
+def _parse_image(raw: dict, field: str) -> ImageSpec:
+    _no_unknown(raw, field, {"height_px", "width_px", "size_px", "channels", "encoding", "num_variants"})
+    size = raw.get("size_px")
+    height = parse_int_dist(raw.get("height_px", size if size is not None else 32), f"{field}.height_px")
+    width = parse_int_dist(raw.get("width_px", size), f"{field}.width_px") if (
+        "width_px" in raw or size is not None) else height
+    channels = int(raw.get("channels", 3))
+    if channels not in (1, 3, 4):
+        raise ValueError(f"{field}.channels must be 1, 3 or 4, got {channels}")
+    return ImageSpec(
+        height_px=height,
+        width_px=width,
+        channels=channels,
+        encoding=_enum(ImageEncoding, raw.get("encoding", "png"), f"{field}.encoding"),
+        num_variants=int(_positive(raw.get("num_variants", 16), f"{field}.num_variants")),
+    )
+
+
+def _parse_sweep(raw: dict, load: LoadSpec) -> SweepSpec:
+    _no_unknown(raw, "sweep", {"start_rps", "step_rps", "factor", "max_rps", "step_duration_s", "warmup_s",
+                               "min_goodput_ratio", "max_error_ratio", "refine_steps"})
+    start = _positive(raw.get("start_rps", max(load.levels[0].from_value, 1.0)), "sweep.start_rps")
+    ratio = float(raw.get("min_goodput_ratio", 0.99))
+    if not 0 < ratio <= 1:
+        raise ValueError(f"sweep.min_goodput_ratio must be in (0, 1], got {ratio}")
+    factor = float(raw.get("factor", 0))
+    if factor and factor <= 1:
+        raise ValueError(f"sweep.factor must be > 1 when set, got {factor}")
+    return SweepSpec(
+        start_rps=start,
+        step_rps=_positive(raw.get("step_rps", start), "sweep.step_rps"),
+        factor=factor,
+        max_rps=_positive(raw.get("max_rps", start * 20), "sweep.max_rps"),
+        step_duration_s=_positive(raw.get("step_duration_s", 10), "sweep.step_duration_s"),
+        warmup_s=_non_negative(raw.get("warmup_s", 2), "sweep.warmup_s"),
+        min_goodput_ratio=ratio,
+        max_error_ratio=_non_negative(raw.get("max_error_ratio", 0.01), "sweep.max_error_ratio"),
+        refine_steps=int(_non_negative(raw.get("refine_steps", 2), "sweep.refine_steps")),
+    )
+
+
+def _mapping(raw: Any, field: str) -> dict:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{field}: expected a mapping, got {type(raw).__name__}")
+    return raw
+
+
+def _list(raw: Any, field: str) -> list:
+    if not isinstance(raw, list):
+        raise ValueError(f"{field}: expected a list, got {type(raw).__name__}")
+    return raw
+
+
+def _no_unknown(raw: dict, field: str, known: set[str]) -> None:
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"{field}: unknown key(s) {unknown}; known: {sorted(known)}")
+
+
+def _unique(names: list[str], field: str) -> None:
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"{field}: duplicate name(s) {dupes}")
+
+
+def _number(raw: Any, field: str) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        raise ValueError(f"{field} must be a number, got {raw!r}")
+    return float(raw)
+
+
+def _positive(raw: Any, field: str) -> float:
+    value = _number(raw, field)
+    if not value > 0:
+        raise ValueError(f"{field} must be > 0, got {raw!r}")
+    return value
+
+
+def _non_negative(raw: Any, field: str) -> float:
+    value = _number(raw, field)
+    if value < 0:
+        raise ValueError(f"{field} must be >= 0, got {raw!r}")
+    return value
+
+
+def _enum(cls: type[Enum], raw: Any, field: str):
+    try:
+        return cls(raw)
+    except ValueError:
+        names = ", ".join(str(m.value) for m in cls)
+        raise ValueError(f"{field} must be one of {names}, got {raw!r}") from None
+
+
+__all__ = ["ClassSpec", "ImageEncoding", "ImageSpec", "IntDist", "LoadMode", "LoadSpec", "RequestKind",
+           "Scenario", "Slo", "SweepSpec", "TenantSpec", "fixed", "load_scenario", "parse_scenario"]

@@ -1,0 +1,62 @@
+"""Turns a scenario into concrete requests: who sends what, and when it is due."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from loadtest.arrivals import arrival_times_s
+from loadtest.payloads import ImagePayload, TextPayload, make_image_pool, make_prompt
+from loadtest.scenario import ClassSpec, RequestKind, Scenario, TenantSpec
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    seq: int
+    scheduled_s: float  # due time, seconds from the run's start
+    tenant: TenantSpec
+    request_class: ClassSpec
+    payload: ImagePayload | TextPayload
+    payload_key: int  # stable id of the payload, so a sender may cache encoded messages
+
+
+class WorkloadSampler:
+    """Draws tenant, class and payload per request from the scenario's shares, reproducibly."""
+
+    def __init__(self, scenario: Scenario, rng: np.random.Generator) -> None:
+        self._rng = rng
+        self._tenants = scenario.tenants
+        self._tenant_p = np.array([t.share for t in scenario.tenants])
+        self._classes = scenario.classes
+        self._class_p = np.array([c.share for c in scenario.classes])
+        self._pools = {
+            c.name: make_image_pool(c.image, rng) for c in scenario.classes
+            if c.kind is RequestKind.CLASSIFY and c.image is not None
+        }
+
+    def draw(self, seq: int, scheduled_s: float) -> PlannedRequest:
+        tenant = self._tenants[int(self._rng.choice(len(self._tenants), p=self._tenant_p))]
+        class_index = int(self._rng.choice(len(self._classes), p=self._class_p))
+        request_class = self._classes[class_index]
+        if request_class.kind is RequestKind.CLASSIFY:
+            pool = self._pools[request_class.name]
+            variant = int(self._rng.integers(len(pool)))
+            payload: ImagePayload | TextPayload = pool[variant]
+            key = class_index * 1_000_003 + variant
+        else:
+            prompt = make_prompt(request_class.prompt_len.sample(self._rng), self._rng)
+            payload = TextPayload(prompt, request_class.output_len.sample(self._rng))
+            key = -1  # prompts are not reused
+        return PlannedRequest(seq, scheduled_s, tenant, request_class, payload, key)
+
+
+def open_loop_plan(scenario: Scenario) -> Iterator[PlannedRequest]:
+    """Every request of an open-loop run, in due order. Arrival times and payloads use separate
+    random streams, so changing the request mix does not move the arrivals."""
+    arrivals_rng = np.random.default_rng([scenario.seed, 1])
+    sampler = WorkloadSampler(scenario, np.random.default_rng([scenario.seed, 2]))
+    times = arrival_times_s(scenario.schedule(), scenario.load.arrival, arrivals_rng, scenario.load.burstiness)
+    for seq, t_s in enumerate(times):
+        yield sampler.draw(seq, t_s)
