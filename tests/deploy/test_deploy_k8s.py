@@ -1,0 +1,268 @@
+"""Kubernetes manifests (deploy/k8s): rendered with kustomize, checked against the API schemas
+and against what the services actually read and serve."""
+
+from __future__ import annotations
+
+import copy
+import posixpath
+
+import pytest
+from deploy_manifests import (
+    DOWNWARD_HELPERS,
+    OTEL_ENV,
+    OVERLAYS,
+    SERVICES,
+    by_name,
+    container_of,
+    env_names_of,
+    environment,
+    infermesh_deployments,
+    loaded_config,
+    of_kind,
+    pod_labels,
+    references,
+    selects,
+    service_of,
+)
+from deploy_tools import KUBERNETES_VALIDATE_PIP, REPO, pip_module
+
+from services.common.config import env_names
+
+# Oldest supported (native gRPC probes, preStop sleep action) and newest the schemas know.
+KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
+DOCKERFILES = {p.name.removesuffix(".Dockerfile") for p in (REPO / "deploy" / "docker").glob("*.Dockerfile")}
+
+
+@pytest.fixture(scope="module")
+def kubernetes_validate():
+    return pip_module("kubernetes_validate", KUBERNETES_VALIDATE_PIP)
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("kustomization", [*OVERLAYS, "observability"])
+def test_every_manifest_validates_against_the_kubernetes_schema(rendered, kubernetes_validate, kustomization, version):
+    failures = []
+    for doc in rendered[kustomization]:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            failures.append(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at {list(exc.path)}")
+    assert not failures, "\n".join(failures)
+
+
+def test_schema_validation_rejects_a_misspelt_probe_field(rendered, kubernetes_validate):
+    # Proves the check above is not vacuous: strict mode refuses unknown fields.
+    deployment = copy.deepcopy(infermesh_deployments(rendered["cpu"])[0])
+    container_of(deployment)["readinessProbe"]["grpc"] = {"prot": 50051}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[0], strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_service_has_deployment_service_account_config_map_and_disruption_budget(rendered, overlay):
+    docs = rendered[overlay]
+    deployments = infermesh_deployments(docs)
+    assert {service_of(d) for d in deployments} == set(SERVICES)
+    for deployment in deployments:
+        name, labels = deployment["metadata"]["name"], pod_labels(deployment)
+        assert selects(deployment["spec"]["selector"]["matchLabels"], labels)
+        pod_spec = deployment["spec"]["template"]["spec"]
+        by_name(docs, "ServiceAccount", pod_spec["serviceAccountName"])
+        for source in container_of(deployment)["envFrom"]:
+            by_name(docs, "ConfigMap", source["configMapRef"]["name"])
+        services = [s for s in of_kind(docs, "Service") if selects(s["spec"]["selector"], labels)]
+        assert len(services) == 1, f"{name}: expected one Service selecting its pods, found {len(services)}"
+        budgets = [p for p in of_kind(docs, "PodDisruptionBudget") if selects(p["spec"]["selector"]["matchLabels"], labels)]
+        assert len(budgets) == 1, f"{name}: expected one PodDisruptionBudget, found {len(budgets)}"
+        # A budget must never select another Deployment's pods.
+        others = [pod_labels(d) for d in deployments if d is not deployment]
+        assert not any(selects(budgets[0]["spec"]["selector"]["matchLabels"], o) for o in others), name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_env_names_are_ones_the_service_config_reads(rendered, overlay):
+    docs = rendered[overlay]
+    for deployment in infermesh_deployments(docs):
+        service = service_of(deployment)
+        readable = env_names(type(loaded_config(deployment, docs)), service)
+        raw_env = {item["name"]: item for item in container_of(deployment).get("env", [])}
+        used_helpers = set().union(*(references(item.get("value", "")) for item in raw_env.values()))
+        for name, origin in env_names_of(deployment, docs).items():
+            if name.startswith("INFERMESH_"):
+                assert name in readable, f"{deployment['metadata']['name']}: {name} ({origin}) is not read by {service}"
+            elif name in DOWNWARD_HELPERS:
+                assert name in used_helpers, f"{deployment['metadata']['name']}: helper {name} is never substituted"
+            else:
+                assert name in OTEL_ENV, f"{deployment['metadata']['name']}: {name} ({origin}) is read by nothing"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_service_config_loads_from_the_manifest_environment(rendered, overlay):
+    docs = rendered[overlay]
+    for deployment in infermesh_deployments(docs):
+        config = loaded_config(deployment, docs)
+        ports = {p["name"]: p["containerPort"] for p in container_of(deployment)["ports"]}
+        assert config.host == "0.0.0.0", "bind all interfaces inside the pod"
+        assert (config.port, config.metrics_port) == (ports["grpc"], ports["metrics"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_workers_serve_a_pinned_model_version_and_use_their_pod_name_as_id(rendered, overlay):
+    docs = rendered[overlay]
+    workers = [d for d in infermesh_deployments(docs) if service_of(d) == "worker"]
+    assert {loaded_config(w, docs).model_name for w in workers} == {"digits", "tinylm"}
+    for worker in workers:
+        config = loaded_config(worker, docs)
+        assert config.model_version.isdigit(), "versions are immutable numbers; there is no 'latest'"
+        assert pod_labels(worker)["infermesh.dev/model"] == config.model_name
+        assert config.worker_id == "fieldref-metadata-name"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_scheduler_address_is_the_scheduler_service(rendered, overlay):
+    docs = rendered[overlay]
+    scheduler_service = next(s for s in of_kind(docs, "Service") if s["spec"]["selector"].get("app.kubernetes.io/name") == "scheduler")
+    grpc_port = next(p["port"] for p in scheduler_service["spec"]["ports"] if p["name"] == "grpc")
+    for deployment in infermesh_deployments(docs):
+        if service_of(deployment) in ("gateway", "worker"):
+            address = loaded_config(deployment, docs).scheduler_address
+            assert address == f"{scheduler_service['metadata']['name']}:{grpc_port}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_probes_are_native_grpc_health_checks_on_the_grpc_port(rendered, overlay):
+    for deployment in infermesh_deployments(rendered[overlay]):
+        container = container_of(deployment)
+        grpc_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc")
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["grpc"] == {"port": grpc_port}, f"{deployment['metadata']['name']} {probe}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_termination_grace_covers_the_prestop_pause_and_the_drain(rendered, overlay):
+    docs = rendered[overlay]
+    for deployment in infermesh_deployments(docs):
+        name = deployment["metadata"]["name"]
+        drain_grace_s = loaded_config(deployment, docs).drain_grace_s
+        container = container_of(deployment)
+        pause_s = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+        grace_s = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace_s > pause_s + drain_grace_s, f"{name}: {grace_s}s <= {pause_s}s + {drain_grace_s}s"
+        # Health turns NOT_SERVING when the drain starts; liveness must not kill a draining pod.
+        liveness = container["livenessProbe"]
+        assert liveness["periodSeconds"] * liveness["failureThreshold"] > drain_grace_s, name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_rollouts_never_drop_below_the_desired_count_except_gpu_workers(rendered, overlay):
+    for deployment in infermesh_deployments(rendered[overlay]):
+        strategy = deployment["spec"]["strategy"]
+        assert strategy["type"] == "RollingUpdate"
+        gpu_worker = overlay == "gpu" and service_of(deployment) == "worker"
+        expected = {"maxSurge": 0, "maxUnavailable": 1} if gpu_worker else {"maxUnavailable": 0}
+        assert expected.items() <= strategy["rollingUpdate"].items(), deployment["metadata"]["name"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_pods_run_non_root_read_only_without_privileges(rendered, overlay):
+    docs = rendered[overlay]
+    for deployment in infermesh_deployments(docs):
+        name = deployment["metadata"]["name"]
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod["securityContext"]["runAsUser"] != 0, name
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert pod["automountServiceAccountToken"] is False, name
+        assert by_name(docs, "ServiceAccount", pod["serviceAccountName"])["automountServiceAccountToken"] is False
+        context = container_of(deployment)["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False, name
+        assert context["readOnlyRootFilesystem"] is True, name
+        assert context["capabilities"] == {"drop": ["ALL"]}, name
+        assert context.get("privileged", False) is False, name
+        # The one writable place is /tmp, an emptyDir.
+        mounts = {m["mountPath"]: m["name"] for m in container_of(deployment)["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert "emptyDir" in volumes[mounts["/tmp"]], name
+        writable = [path for path, volume in mounts.items() if "emptyDir" in volumes[volume]]
+        assert writable == ["/tmp"], f"{name}: writable mounts {writable}"
+
+
+def test_namespace_enforces_the_restricted_pod_security_standard(rendered):
+    namespace = by_name(rendered["cpu"], "Namespace", "infermesh")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert {d["metadata"].get("namespace") for d in rendered["cpu"] if d["kind"] != "Namespace"} == {"infermesh"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_container_has_cpu_and_memory_requests_and_limits(rendered, overlay):
+    for deployment in infermesh_deployments(rendered[overlay]):
+        resources = container_of(deployment)["resources"]
+        for kind in ("requests", "limits"):
+            assert {"cpu", "memory"} <= resources[kind].keys(), f"{deployment['metadata']['name']} {kind}"
+
+
+def test_only_gpu_overlay_workers_request_a_gpu(rendered):
+    for overlay in OVERLAYS:
+        for deployment in infermesh_deployments(rendered[overlay]):
+            resources = container_of(deployment)["resources"]
+            wants_gpu = overlay == "gpu" and service_of(deployment) == "worker"
+            gpus = (resources["requests"].get("nvidia.com/gpu"), resources["limits"].get("nvidia.com/gpu"))
+            assert gpus == ((1, 1) if wants_gpu else (None, None)), f"{overlay} {deployment['metadata']['name']}"
+            if wants_gpu:
+                tolerations = deployment["spec"]["template"]["spec"]["tolerations"]
+                assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_images_are_the_ones_deploy_docker_builds_with_pinned_tags(rendered, overlay):
+    expected = {"gateway": "gateway", "scheduler": "scheduler", "worker": f"worker-{'cuda' if overlay == 'gpu' else 'cpu'}"}
+    for deployment in infermesh_deployments(rendered[overlay]):
+        repository, _, tag = container_of(deployment)["image"].rpartition(":")
+        assert repository == f"infermesh/{expected[service_of(deployment)]}"
+        assert repository.removeprefix("infermesh/") in DOCKERFILES
+        assert tag and tag != "latest"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_gateway_reads_tenants_from_the_mounted_secret(rendered, overlay):
+    docs = rendered[overlay]
+    gateway = next(d for d in infermesh_deployments(docs) if service_of(d) == "gateway")
+    tenants_file = loaded_config(gateway, docs).tenants_file
+    mounts = {m["name"]: m for m in container_of(gateway)["volumeMounts"]}
+    volumes = {v["name"]: v for v in gateway["spec"]["template"]["spec"]["volumes"]}
+    secret_volumes = [name for name, v in volumes.items() if "secret" in v]
+    assert len(secret_volumes) == 1
+    volume, mount = volumes[secret_volumes[0]], mounts[secret_volumes[0]]
+    assert volume["secret"]["secretName"] == "infermesh-tenants"
+    assert mount["readOnly"] is True and "subPath" not in mount, "subPath mounts never see Secret updates"
+    item_paths = {item["path"] for item in volume["secret"]["items"]}
+    assert posixpath.dirname(tenants_file) == mount["mountPath"]
+    assert posixpath.basename(tenants_file) in item_paths
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_gateway_scales_on_cpu_and_each_worker_on_its_model_queue_time(rendered, overlay):
+    docs = rendered[overlay]
+    hpas = {h["spec"]["scaleTargetRef"]["name"]: h for h in of_kind(docs, "HorizontalPodAutoscaler")}
+    for deployment in infermesh_deployments(docs):
+        name, service = deployment["metadata"]["name"], service_of(deployment)
+        if service == "scheduler":
+            assert name not in hpas, "one scheduler owns the queues; it is not scaled by replicas"
+            continue
+        (metric,) = hpas[name]["spec"]["metrics"]
+        if service == "gateway":
+            assert metric["type"] == "Resource" and metric["resource"]["name"] == "cpu"
+        else:
+            assert metric["type"] == "External"
+            assert metric["external"]["metric"]["name"] == "infermesh_scheduler_queue_time_p90_seconds"
+            model = loaded_config(deployment, docs).model_name
+            assert metric["external"]["metric"]["selector"]["matchLabels"] == {"model": model}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_traces_go_to_the_collector_service(rendered, overlay):
+    collector = by_name(rendered["observability"], "Service", "otel-collector")
+    grpc_port = next(p["port"] for p in collector["spec"]["ports"] if p["name"] == "otlp-grpc")
+    expected = f"http://{collector['metadata']['name']}.{collector['metadata']['namespace']}.svc:{grpc_port}"
+    for deployment in infermesh_deployments(rendered[overlay]):
+        assert environment(deployment, rendered[overlay])["OTEL_EXPORTER_OTLP_ENDPOINT"] == expected
