@@ -10,8 +10,10 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from loadtest.stats import STAGE_ORDER
 from loadtest.tables import report_tables, summary_lines
@@ -36,7 +38,7 @@ def html_report(doc: dict) -> str:
     plots = [
         ("Latency over time (p50 and p99 per window, by class)", _latency_over_time(doc)),
         ("Throughput over time", _throughput_over_time(doc)),
-        ("Latency distribution (CDF)", _cdf(doc)),
+        ("Latency distribution: CDF (left) and the tail on a nines scale (right)", _cdf(doc)),
         ("Where the time goes: mean per stage, all requests vs the tail (> p99)", _stage_bars(doc)),
     ]
     images = "".join(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' "
@@ -66,6 +68,7 @@ def _latency_over_time(doc: dict) -> str | None:
         ax.plot(xs, [w["p99_ms"] for w in windows], color=color, label=f"{name} p99")
         ax.plot(xs, [w["p50_ms"] for w in windows], color=color, linestyle="--", label=f"{name} p50")
     ax.set_yscale("log")
+    plain_log_ticks(ax.yaxis)
     ax.set_xlabel("seconds since warm-up ended (by scheduled send time)")
     ax.set_ylabel("latency (ms)")
     ax.grid(True, which="both", alpha=0.3)
@@ -98,20 +101,42 @@ def _cdf(doc: dict) -> str | None:
     groups = [(n, g) for n, g in groups if g["cdf_ms"]]
     if not groups:
         return None
-    fig = Figure(figsize=(10, 4))
-    ax = fig.subplots()
+    fig = Figure(figsize=(11, 4))
+    body, tail = fig.subplots(1, 2)
     for i, (name, g) in enumerate(groups):
-        points = g["cdf_ms"]
-        ax.plot([max(ms, 1e-3) for _, ms in points], [p for p, _ in points], marker=".", color=f"C{i % 10}",
-                label=name, linewidth=2 if name == "overall" else 1)
+        style = dict(marker=".", color=f"C{i % 10}", label=name, linewidth=2 if name == "overall" else 1)
+        points = [(p, max(ms, 1e-3)) for p, ms in g["cdf_ms"]]
+        body.plot([ms for _, ms in points], [p for p, _ in points], **style)
+        # Nines scale: x = -log10(1 - p), so 90, 99, 99.9 are evenly spaced; p = 100 has no place on it.
+        nines = [(_nines(p), ms) for p, ms in points if p < 100]
+        tail.plot([x for x, _ in nines], [ms for _, ms in nines], **style)
     for p in (50, 90, 99):
-        ax.axhline(p, color="#999", linewidth=0.5, linestyle=":")
-    ax.set_xscale("log")
-    ax.set_xlabel("latency (ms)")
-    ax.set_ylabel("percentile")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+        body.axhline(p, color="#999", linewidth=0.5, linestyle=":")
+    body.set_xscale("log")
+    plain_log_ticks(body.xaxis)
+    body.set_xlabel("latency (ms)")
+    body.set_ylabel("percentile")
+    ticks = [0, 90, 99, 99.9, 99.99]
+    tail.set_xticks([_nines(p) for p in ticks], [f"{p:g}" for p in ticks])
+    tail.set_yscale("log")
+    plain_log_ticks(tail.yaxis)
+    tail.set_xlabel("percentile")
+    tail.set_ylabel("latency (ms)")
+    for ax in (body, tail):
+        ax.grid(True, which="both", alpha=0.3)
+    body.legend(fontsize=8)
     return png_base64(fig)
+
+
+def _nines(percentile: float) -> float:
+    return -math.log10(1 - percentile / 100)
+
+
+def plain_log_ticks(axis) -> None:
+    """1, 2, 5, 10, 20, 50 rather than 10^0, 10^1 on log axes, so a range inside one decade is labelled."""
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(
+        lambda v, _: f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v)), 6) in (2, 5) else ""))
 
 
 def _stage_bars(doc: dict) -> str | None:

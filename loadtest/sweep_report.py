@@ -6,7 +6,7 @@ import html
 
 from matplotlib.figure import Figure
 
-from loadtest.report_html import STYLE, png_base64
+from loadtest.report_html import STYLE, plain_log_ticks, png_base64
 from loadtest.tables import Table
 
 
@@ -51,6 +51,7 @@ def sweep_html(doc: dict) -> str:
         points = [(r, v) for r, v in points if v is not None]
         left.plot([r for r, _ in points], [v for _, v in points], marker="o", color=f"C{i}", label=f"{name} p99")
     left.set_yscale("log")
+    plain_log_ticks(left.yaxis)
     left.set_xlabel("offered rate (req/s)")
     left.set_ylabel("p99 latency (ms)")
     right.plot(rates, [s["overall"]["throughput_rps"] for s in steps], marker="o", label="throughput")
