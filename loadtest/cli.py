@@ -99,9 +99,12 @@ def _load(path: Path):
 def _cmd_run(args: argparse.Namespace) -> int:
     from loadtest.execute import RunOptions, TargetNotReady, report_stem, run_blocking, write_reports
     from loadtest.report_text import terminal_summary
+    from loadtest.scenario import LoadMode
 
     scenario = _load(args.scenario)
     if args.rate_rps is not None:
+        if scenario.load.mode is not LoadMode.OPEN:
+            raise ValueError("--rate-rps applies to open-loop scenarios; this one is closed-loop")
         scenario = scenario.with_constant_level(args.rate_rps)
     if args.duration_s is not None:
         scenario = scenario.with_duration(args.duration_s)

@@ -80,6 +80,18 @@ async def test_closed_loop_keeps_exactly_the_configured_clients_busy(fake_gatewa
     assert any(s.phase is Phase.MEASURE and s.done_rps > 50 for s in snapshots)
 
 
+async def test_closed_loop_steps_its_number_of_clients(fake_gateway):
+    servicer, address = await fake_gateway(compute_s=0.01)
+    scenario = _scenario({"mode": "closed", "stages": [{"duration_s": 0.5, "concurrency": 1},
+                                                      {"duration_s": 0.5, "concurrency": 3}]})
+    async with GatewayClient(address) as client:
+        result = await LoadRunner(scenario, client).run()
+    first = sorted((r for r in result.records if r.scheduled_s < 0.45), key=lambda r: r.scheduled_s)
+    assert all(a.done_s <= b.sent_s for a, b in zip(first, first[1:], strict=False))  # one at a time
+    assert servicer.max_concurrent == 3
+    assert sum(r.scheduled_s >= 0.55 for r in result.records) > 2 * len(first)
+
+
 async def test_deadline_exceeded_when_the_server_is_slower_than_the_deadline(fake_gateway):
     _, address = await fake_gateway(compute_s=0.3)
     classes = [{"name": "c", "kind": "classify", "model": "digits", "deadline_ms": 100,
