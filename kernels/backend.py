@@ -14,14 +14,22 @@ or Numba device arrays. This module answers two questions for them:
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 BACKEND_ENV_VAR = "INFERMESH_KERNEL_BACKEND"
+
+# Below this many bytes touched, a CPU twin runs on the calling thread: waking
+# the pool costs more than the work (microseconds on an idle machine, and
+# milliseconds when other processes hold the cores and a worker thread waits
+# for its time slice). About 25 µs of single-threaded memory traffic.
+PARALLEL_MIN_BYTES = 256 * 1024
 
 
 class Backend(enum.Enum):
@@ -59,6 +67,25 @@ def resolve_backend(requested: str | Backend | None, *, prefer_cuda: bool) -> Ba
     if backend is Backend.CUDA and not cuda_available():
         raise ValueError("backend 'cuda' requested but numba.cuda.is_available() is False")
     return backend
+
+
+@contextlib.contextmanager
+def cpu_threads_for(num_bytes: int) -> Iterator[None]:
+    """Runs the enclosed CPU twin single-threaded when it touches fewer than PARALLEL_MIN_BYTES.
+
+    numba.set_num_threads is thread-local, so this affects only the caller.
+    """
+    if num_bytes >= PARALLEL_MIN_BYTES:
+        yield
+        return
+    import numba
+
+    previous = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(previous)
 
 
 def is_torch_tensor(x: Any) -> bool:

@@ -26,7 +26,7 @@ import numba
 import numpy as np
 from numba import cuda, float32
 
-from kernels.backend import Backend, dtype_name, host_view, is_on_device, resolve_backend
+from kernels.backend import Backend, cpu_threads_for, dtype_name, host_view, is_on_device, resolve_backend
 
 _OUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
@@ -93,7 +93,10 @@ def _source_coord_cpu(dst, in_size, out_size):
 
 @numba.njit(inline="always")
 def _half_bits(value):
-    """IEEE binary16 bits of a float32, rounded to nearest even (numba has no CPU float16)."""
+    """IEEE binary16 bits of a float32, rounded to nearest even (numba has no CPU float16).
+
+    The general path; ``_half_bits_from_float_bits`` is the fast one for normal halves.
+    """
     v = np.float64(value)
     sign = 0
     if v < 0.0 or (v == 0.0 and math.copysign(1.0, v) < 0.0):
@@ -110,39 +113,73 @@ def _half_bits(value):
     return np.uint16(sign | (((exponent + 14) << 10) + int(np.rint((mantissa * 2.0 - 1.0) * 1024.0))))
 
 
+@numba.njit(inline="always")
+def _half_bits_from_float_bits(bits, value):
+    """Half bits from a float32's bits by integer rounding (numpy's algorithm) when the result is a
+    normal half or rounds up to inf; anything else goes to ``_half_bits``."""
+    f = np.int64(bits)
+    exponent_bits = f & 0x7F800000
+    if exponent_bits <= 0x38000000 or exponent_bits >= 0x47800000:  # |v| < 2**-14 or >= 2**16, inf, nan
+        return _half_bits(value)
+    significand = f & 0x007FFFFF
+    if (significand & 0x3FFF) != 0x1000:  # round half to even: add half an ulp unless that tie would go odd
+        significand += 0x1000
+    # A significand that overflows carries into the exponent (and 65520.. into inf), as it should.
+    return np.uint16(((f >> 16) & 0x8000) + ((exponent_bits - 0x38000000) >> 13) + (significand >> 13))
+
+
 @numba.njit(parallel=True, cache=True)
 def _preprocess_cpu(pixels, offsets, heights, widths, channel_scale, channel_bias, out_height, out_width, out32,
-                    out16_bits, to_half):
-    """CPU twin: one output row per iteration, every channel of each output pixel from one coordinate pair.
+                    out16_bits, to_half, num_chunks):
+    """CPU twin: output rows in chunks, one chunk per task; every channel of a pixel from one coordinate pair.
 
-    ``out16_bits`` (uint16, the bits of a float16 output) is written when
-    ``to_half``, else ``out32``; the other is an unused placeholder.
+    Each chunk keeps the current image's x coordinates and weights in a table
+    (rebuilt only when the chunk moves on to the next image), so the inner
+    loop is loads and multiply-adds. ``num_chunks`` is at most the number of output rows. ``out16_bits`` (uint16, the bits of a
+    float16 output) is written when ``to_half``, via a float32 row buffer;
+    else ``out32``. The other output is an unused placeholder.
     """
     num_images = offsets.shape[0]
     num_channels = channel_scale.shape[0]
-    for row in numba.prange(num_images * out_height):
-        image = row // out_height
-        y = row - image * out_height
-        height = heights[image]
-        width = widths[image]
-        base = offsets[image]
-        y0, y1, ly = _source_coord_cpu(y, height, out_height)
-        row0 = base + y0 * width * num_channels
-        row1 = base + y1 * width * num_channels
-        for x in range(out_width):
-            x0, x1, lx = _source_coord_cpu(x, width, out_width)
-            for c in range(num_channels):
-                top = (np.float32(1.0) - lx) * np.float32(pixels[row0 + x0 * num_channels + c]) + lx * np.float32(
-                    pixels[row0 + x1 * num_channels + c]
-                )
-                bottom = (np.float32(1.0) - lx) * np.float32(pixels[row1 + x0 * num_channels + c]) + lx * np.float32(
-                    pixels[row1 + x1 * num_channels + c]
-                )
-                value = ((np.float32(1.0) - ly) * top + ly * bottom) * channel_scale[c] + channel_bias[c]
-                if to_half:
-                    out16_bits[image, c, y, x] = _half_bits(value)
-                else:
-                    out32[image, c, y, x] = value
+    num_rows = num_images * out_height
+    one = np.float32(1.0)
+    for chunk in numba.prange(num_chunks):
+        x_lo = np.empty(out_width, np.int64)
+        x_hi = np.empty(out_width, np.int64)
+        x_weight = np.empty(out_width, np.float32)
+        row_values = np.empty((num_channels, out_width), np.float32)
+        row_bits = row_values.view(np.uint32)
+        table_image = -1
+        for row in range((chunk * num_rows) // num_chunks, ((chunk + 1) * num_rows) // num_chunks):
+            image = row // out_height
+            y = row - image * out_height
+            width = widths[image]
+            if image != table_image:
+                for x in range(out_width):
+                    x0, x1, lx = _source_coord_cpu(x, width, out_width)
+                    x_lo[x] = x0 * num_channels
+                    x_hi[x] = x1 * num_channels
+                    x_weight[x] = lx
+                table_image = image
+            y0, y1, ly = _source_coord_cpu(y, heights[image], out_height)
+            row0 = offsets[image] + y0 * width * num_channels
+            row1 = offsets[image] + y1 * width * num_channels
+            for x in range(out_width):
+                lx = x_weight[x]
+                a, b = row0 + x_lo[x], row0 + x_hi[x]
+                d, e = row1 + x_lo[x], row1 + x_hi[x]
+                for c in range(num_channels):
+                    top = (one - lx) * np.float32(pixels[a + c]) + lx * np.float32(pixels[b + c])
+                    bottom = (one - lx) * np.float32(pixels[d + c]) + lx * np.float32(pixels[e + c])
+                    value = ((one - ly) * top + ly * bottom) * channel_scale[c] + channel_bias[c]
+                    if to_half:
+                        row_values[c, x] = value
+                    else:
+                        out32[image, c, y, x] = value
+            if to_half:
+                for c in range(num_channels):
+                    for x in range(out_width):
+                        out16_bits[image, c, y, x] = _half_bits_from_float_bits(row_bits[c, x], row_values[c, x])
 
 
 def preprocess_images_reference(images, out_height, out_width, mean, std, out_dtype=np.float32) -> np.ndarray:
@@ -264,10 +301,13 @@ def _run_cpu(packed: PackedImages, channel_scale, channel_bias, out_shape, dtype
     out = np.empty(out_shape, np.uint16 if to_half else np.float32)
     placeholder32 = np.empty((0, 0, 0, 0), np.float32)
     placeholder16 = np.empty((0, 0, 0, 0), np.uint16)
-    _preprocess_cpu(
-        packed.pixels, packed.offsets, packed.heights, packed.widths, channel_scale, channel_bias,
-        out_shape[2], out_shape[3], placeholder32 if to_half else out, out if to_half else placeholder16, to_half,
-    )
+    with cpu_threads_for(out.nbytes + packed.pixels.nbytes):
+        _preprocess_cpu(
+            packed.pixels, packed.offsets, packed.heights, packed.widths, channel_scale, channel_bias,
+            out_shape[2], out_shape[3], placeholder32 if to_half else out, out if to_half else placeholder16, to_half,
+            # A few chunks per thread balance images of different sizes.
+            min(out_shape[0] * out_shape[2], numba.get_num_threads() * 8),
+        )
     return out.view(np.float16) if to_half else out
 
 

@@ -27,6 +27,7 @@ from kernels.backend import (
     DeviceLaunch,
     all_on_device,
     as_torch,
+    cpu_threads_for,
     host_view,
     resolve_backend,
 )
@@ -134,13 +135,14 @@ def write_kv_cache(
     elif chosen is Backend.CPU:
         if on_device:
             raise ValueError("backend 'cpu' needs host arrays; got GPU arrays")
-        _write_kv_cache_cpu(
-            np.ascontiguousarray(host_view(key)),
-            np.ascontiguousarray(host_view(value)),
-            host_view(key_cache),
-            host_view(value_cache),
-            np.ascontiguousarray(host_view(slot_mapping)),
-        )
+        with cpu_threads_for(4 * num_tokens * num_kv_heads * head_size * 4):  # read + write, K and V
+            _write_kv_cache_cpu(
+                np.ascontiguousarray(host_view(key)),
+                np.ascontiguousarray(host_view(value)),
+                host_view(key_cache),
+                host_view(value_cache),
+                np.ascontiguousarray(host_view(slot_mapping)),
+            )
     else:
         launch = DeviceLaunch(list(arrays.values()))
         num_threads = num_tokens * num_kv_heads * head_size

@@ -36,6 +36,7 @@ from kernels.backend import (
     DeviceLaunch,
     all_on_device,
     as_torch,
+    cpu_threads_for,
     host_view,
     is_torch_tensor,
     resolve_backend,
@@ -279,16 +280,19 @@ def paged_attention_decode(
     elif chosen is Backend.CPU:
         if on_device:
             raise ValueError("backend 'cpu' needs host arrays; got GPU arrays")
-        _paged_attention_cpu(
-            host_view(out),
-            np.ascontiguousarray(host_view(query)),
-            np.ascontiguousarray(host_view(key_cache)),
-            np.ascontiguousarray(host_view(value_cache)),
-            np.ascontiguousarray(host_view(block_tables)),
-            np.ascontiguousarray(host_view(context_lens)),
-            int(block_size),
-            np.float32(scale),
-        )
+        context_lens_host = host_view(context_lens)
+        kv_bytes = 2 * int(context_lens_host.sum()) * num_kv_heads * head_size * 4
+        with cpu_threads_for(kv_bytes):
+            _paged_attention_cpu(
+                host_view(out),
+                np.ascontiguousarray(host_view(query)),
+                np.ascontiguousarray(host_view(key_cache)),
+                np.ascontiguousarray(host_view(value_cache)),
+                np.ascontiguousarray(host_view(block_tables)),
+                np.ascontiguousarray(host_view(context_lens)),
+                int(block_size),
+                np.float32(scale),
+            )
     else:
         if head_size > MAX_HEAD_SIZE:
             raise ValueError(f"backend 'cuda' supports head_size <= {MAX_HEAD_SIZE}; got {head_size}")

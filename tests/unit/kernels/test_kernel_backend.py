@@ -52,3 +52,16 @@ def test_cuda_kernels_match_references_on_the_simulator():
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all CUDA kernels match the references" in result.stdout
+
+
+def test_small_cpu_work_runs_on_the_calling_thread_and_restores_the_pool():
+    import numba
+
+    from kernels.backend import PARALLEL_MIN_BYTES, cpu_threads_for
+
+    before = numba.get_num_threads()
+    with cpu_threads_for(PARALLEL_MIN_BYTES - 1):
+        assert numba.get_num_threads() == 1
+    assert numba.get_num_threads() == before
+    with cpu_threads_for(PARALLEL_MIN_BYTES):
+        assert numba.get_num_threads() == before

@@ -1,0 +1,1 @@
+"""Benchmarks: performance claims live here, never in timed unit tests."""
