@@ -80,6 +80,22 @@ def test_every_service_has_deployment_service_account_config_map_and_disruption_
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_service_can_be_applied_alone_by_its_name_label(rendered, overlay):
+    # `kubectl apply -l app.kubernetes.io/name=<service>` must carry everything the pods need.
+    docs = rendered[overlay]
+    for deployment in infermesh_deployments(docs):
+        service = service_of(deployment)
+        labelled = {(d["kind"], d["metadata"]["name"]) for d in docs
+                    if d["metadata"].get("labels", {}).get("app.kubernetes.io/name") == service}
+        pod = deployment["spec"]["template"]["spec"]
+        needed = {("Deployment", deployment["metadata"]["name"]), ("ServiceAccount", pod["serviceAccountName"])}
+        needed |= {("ConfigMap", s["configMapRef"]["name"]) for s in container_of(deployment)["envFrom"]}
+        needed |= {(d["kind"], d["metadata"]["name"]) for d in of_kind(docs, "PodDisruptionBudget") + of_kind(docs, "Service")
+                   if selects(d["spec"].get("selector", {}).get("matchLabels", d["spec"].get("selector")), pod_labels(deployment))}
+        assert needed <= labelled, f"{service}: not labelled {needed - labelled}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_env_names_are_ones_the_service_config_reads(rendered, overlay):
     docs = rendered[overlay]
     for deployment in infermesh_deployments(docs):
@@ -115,6 +131,8 @@ def test_workers_serve_a_pinned_model_version_and_use_their_pod_name_as_id(rende
         config = loaded_config(worker, docs)
         assert config.model_version.isdigit(), "versions are immutable numbers; there is no 'latest'"
         assert pod_labels(worker)["infermesh.dev/model"] == config.model_name
+        assert pod_labels(worker)["infermesh.dev/version"] == config.model_version
+        assert worker["metadata"]["name"].endswith(f"-{config.model_name}-v{config.model_version}")
         assert config.worker_id == "fieldref-metadata-name"
 
 
