@@ -104,8 +104,9 @@ class Classifier:
 
     def predict_proba(self, batch: torch.Tensor) -> np.ndarray:
         """Normalized `float32[N, C, H, W]` → softmax probabilities `float32[N, num_classes]`."""
+        device = next(self.net.parameters()).device
         with torch.inference_mode():
-            return torch.softmax(self.net(batch), dim=-1).cpu().numpy()
+            return torch.softmax(self.net(batch.to(device)), dim=-1).cpu().numpy()
 
     def classify(self, images: Sequence[np.ndarray]) -> np.ndarray:
         return self.predict_proba(self.preprocess(images))
