@@ -5,15 +5,52 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.config import ServerSettings, require, setting
+from services.gateway.circuit_breaker import BreakerConfig
+from services.gateway.deadlines import DeadlinePolicy
+from services.gateway.retry_budget import RetryBudgetConfig
+from services.gateway.retry_policy import RetryPolicyConfig
+from services.gateway.shedding import SheddingConfig, ShedThresholds
+from services.gateway.tenants import Priority
 
 
 @dataclass(frozen=True)
 class GatewayConfig(ServerSettings):
-    scheduler_address: str = setting("127.0.0.1:50052", "default scheduler host:port for every model")
+    scheduler_address: str = setting(
+        "127.0.0.1:50052", "scheduler host:port every model routes to when routing_file is empty"
+    )
+    routing_file: str = setting("", "routing YAML (models: name -> versions -> scheduler endpoints); empty: all to scheduler_address")
     default_deadline_ms: float = setting(30_000.0, "deadline applied when the client sets none")
     max_deadline_ms: float = setting(300_000.0, "client deadlines are clamped to this")
     hop_margin_ms: float = setting(5.0, "time kept back from the deadline passed to the scheduler")
     tenants_file: str = setting("", "tenant/API-key YAML; empty admits every caller as tenant 'anonymous'")
+    tenants_poll_interval_ms: float = setting(1000.0, "how often the tenants file is checked for changes; 0: only on SIGHUP")
+    max_in_flight: int = setting(1024, "gateway-wide cap on requests in flight; beyond it UNAVAILABLE at once")
+    # Retries (gRPC A6-style backoff, Finagle-style budget per scheduler endpoint).
+    retry_max_attempts: int = setting(3, "attempts per request, the first included")
+    retry_initial_backoff_ms: float = setting(25.0, "backoff cap after the first failed attempt (full jitter)")
+    retry_max_backoff_ms: float = setting(500.0, "largest backoff cap")
+    retry_budget_ratio: float = setting(0.1, "retries allowed per original request, over the budget window")
+    retry_budget_window_s: float = setting(10.0, "retry budget sliding window")
+    retry_budget_min_per_s: float = setting(1.0, "retries per second always allowed, even when quiet")
+    # Circuit breaker per scheduler endpoint.
+    breaker_consecutive_failures: int = setting(5, "failures in a row that open the breaker")
+    breaker_error_rate: float = setting(0.5, "error rate over the window that opens the breaker, (0, 1]")
+    breaker_window_s: float = setting(10.0, "error-rate window")
+    breaker_min_calls: int = setting(20, "calls in the window before the error rate counts")
+    breaker_open_cooldown_ms: float = setting(5000.0, "how long an open breaker fails calls fast before a probe")
+    # Load shedding.
+    shed_queue_slo_ms: tuple[float, ...] = setting(
+        (500.0, 2000.0, 5000.0), "queue-time SLO of critical,standard,sheddable traffic"
+    )
+    shed_queue_at: tuple[float, ...] = setting(
+        (0.5, 0.8), "critical queue time / its SLO at which sheddable, then standard, are shed"
+    )
+    shed_kv_usage_at: tuple[float, ...] = setting((0.90, 0.97), "KV usage at which sheddable, then standard, are shed")
+    shed_in_flight_at: tuple[float, ...] = setting(
+        (0.8, 0.9), "gateway in-flight / max_in_flight at which sheddable, then standard, are shed"
+    )
+    pressure_poll_interval_ms: float = setting(1000.0, "how often every scheduler's GetPressure is polled")
+    pressure_max_age_ms: float = setting(5000.0, "pressure reports older than this are ignored (fail open)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -24,3 +61,66 @@ class GatewayConfig(ServerSettings):
             f"max_deadline_ms ({self.max_deadline_ms}) must be >= default_deadline_ms ({self.default_deadline_ms})",
         )
         require(self.hop_margin_ms >= 0, f"hop_margin_ms must be >= 0, got {self.hop_margin_ms}")
+        require(self.tenants_poll_interval_ms >= 0,
+                f"tenants_poll_interval_ms must be >= 0, got {self.tenants_poll_interval_ms}")
+        require(self.max_in_flight >= 1, f"max_in_flight must be >= 1, got {self.max_in_flight}")
+        require(self.pressure_poll_interval_ms > 0,
+                f"pressure_poll_interval_ms must be > 0, got {self.pressure_poll_interval_ms}")
+        require(self.pressure_max_age_ms > 0, f"pressure_max_age_ms must be > 0, got {self.pressure_max_age_ms}")
+        require(len(self.shed_queue_slo_ms) == 3,
+                f"shed_queue_slo_ms needs 3 values (critical,standard,sheddable), got {self.shed_queue_slo_ms}")
+        for name in ("shed_queue_at", "shed_kv_usage_at", "shed_in_flight_at"):
+            value = getattr(self, name)
+            require(len(value) == 2, f"{name} needs 2 values (sheddable,standard), got {value}")
+        # The logic modules validate their own ranges; surface their messages as config errors.
+        for build in (self.deadline_policy, self.retry_policy_config, self.retry_budget_config,
+                      self.breaker_config, self.shedding_config):
+            try:
+                build()
+            except ValueError as exc:
+                require(False, str(exc))
+
+    # -- the logic modules' configs, in their units ---------------------------------
+
+    def deadline_policy(self) -> DeadlinePolicy:
+        return DeadlinePolicy(
+            default_timeout_s=self.default_deadline_ms / 1000,
+            max_timeout_s=self.max_deadline_ms / 1000,
+            hop_margin_s=self.hop_margin_ms / 1000,
+        )
+
+    def retry_policy_config(self) -> RetryPolicyConfig:
+        return RetryPolicyConfig(
+            max_attempts=self.retry_max_attempts,
+            initial_backoff_s=self.retry_initial_backoff_ms / 1000,
+            max_backoff_s=self.retry_max_backoff_ms / 1000,
+        )
+
+    def retry_budget_config(self) -> RetryBudgetConfig:
+        return RetryBudgetConfig(
+            retry_ratio=self.retry_budget_ratio,
+            window_s=self.retry_budget_window_s,
+            min_retries_per_s=self.retry_budget_min_per_s,
+        )
+
+    def breaker_config(self) -> BreakerConfig:
+        return BreakerConfig(
+            num_consecutive_failures_to_open=self.breaker_consecutive_failures,
+            error_rate_to_open=self.breaker_error_rate,
+            error_rate_window_s=self.breaker_window_s,
+            min_calls_in_window=self.breaker_min_calls,
+            open_cooldown_s=self.breaker_open_cooldown_ms / 1000,
+        )
+
+    def shedding_config(self) -> SheddingConfig:
+        critical_ms, standard_ms, sheddable_ms = self.shed_queue_slo_ms
+        return SheddingConfig(
+            queue_slo_s={
+                Priority.CRITICAL: critical_ms / 1000,
+                Priority.STANDARD: standard_ms / 1000,
+                Priority.SHEDDABLE: sheddable_ms / 1000,
+            },
+            queue=ShedThresholds(*self.shed_queue_at),
+            kv_usage=ShedThresholds(*self.shed_kv_usage_at),
+            gateway_in_flight=ShedThresholds(*self.shed_in_flight_at),
+        )

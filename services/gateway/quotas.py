@@ -18,6 +18,15 @@ from services.gateway.tenants import Tenant, TenantQuota
 Clock = Callable[[], float]
 
 
+class QuotaExceeded(ResourceExhausted):
+    """A tenant quota refused the request; `kind` names which one (a metrics label)."""
+
+    def __init__(self, message: str, kind: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        # requests_per_s | tokens_per_s | tokens_burst | max_in_flight
+        self.kind = kind
+
+
 class TokenBucket:
     """Holds up to `burst` tokens, refilled continuously at `rate_per_s`."""
 
@@ -138,29 +147,33 @@ class TenantQuotas:
         now_s = self.clock()
         who = f"tenant '{tenant.tenant_id}'"
         if state.num_in_flight >= state.max_in_flight:
-            raise ResourceExhausted(
+            raise QuotaExceeded(
                 f"{who} has {state.num_in_flight} requests in flight (limit {state.max_in_flight})",
+                "max_in_flight",
                 retry_after_s=self.in_flight_retry_after_s,
             )
         if num_tokens > state.tokens.burst:
             # No wait would help, so no retry hint: the caller must ask for fewer tokens.
-            raise ResourceExhausted(
+            raise QuotaExceeded(
                 f"request needs {num_tokens} tokens (prompt + max_tokens) but {who} may use at most "
-                f"{state.tokens.burst:g} at once; lower max_tokens"
+                f"{state.tokens.burst:g} at once; lower max_tokens",
+                "tokens_burst",
             )
         request_wait_s = state.requests.wait_s(1, now_s)
         if request_wait_s > 0:
-            raise ResourceExhausted(
+            raise QuotaExceeded(
                 f"{who} is over its request rate quota ({state.requests.rate_per_s:g} requests/s, "
                 f"burst {state.requests.burst:g}); retry after {request_wait_s:.3f} s",
+                "requests_per_s",
                 retry_after_s=request_wait_s,
             )
         token_wait_s = state.tokens.wait_s(num_tokens, now_s)
         if token_wait_s > 0:
-            raise ResourceExhausted(
+            raise QuotaExceeded(
                 f"{who} is over its token rate quota ({state.tokens.rate_per_s:g} tokens/s, "
                 f"burst {state.tokens.burst:g}): request needs {num_tokens} tokens; "
                 f"retry after {token_wait_s:.3f} s",
+                "tokens_per_s",
                 retry_after_s=token_wait_s,
             )
         state.requests.take(1, now_s)

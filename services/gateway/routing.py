@@ -20,6 +20,10 @@ canary with no available endpoint falls back to the default, so a broken
 canary never fails requests that did not ask for it. Within a version, an
 endpoint is drawn by weight among those whose circuit breaker lets a call
 through; a retry passes the endpoints it already tried in `exclude`.
+
+Without a routing config (development), a table with a `fallback_endpoint`
+sends every model there with the version the client named, or none: the
+scheduler then serves the only version it has attached.
 """
 
 from __future__ import annotations
@@ -172,10 +176,13 @@ class RoutingTable:
         routes: Iterable[ModelRoute],
         breakers: CircuitBreakers,
         rng: Callable[[], float] = random.random,
+        *,
+        fallback_endpoint: str | None = None,
     ) -> None:
         self._routes = {route.model: route for route in routes}
         self._breakers = breakers
         self._rng = rng
+        self._fallback = None if fallback_endpoint is None else (Endpoint(address=fallback_endpoint),)
 
     @property
     def models(self) -> tuple[ModelRoute, ...]:
@@ -186,11 +193,14 @@ class RoutingTable:
         seen = dict.fromkeys(
             e.address for r in self._routes.values() for v in r.versions for e in v.endpoints
         )
+        seen.update(dict.fromkeys(e.address for e in self._fallback or ()))
         return tuple(seen)
 
     def model(self, model: str) -> ModelRoute:
         route = self._routes.get(model)
         if route is None:
+            if self._fallback is not None:
+                return ModelRoute(model=model, default_version="", versions=(VersionRoute("", self._fallback),))
             raise NotFound(f"unknown model '{model}'")
         return route
 
@@ -201,7 +211,9 @@ class RoutingTable:
         breaker is open (with the time until the first one lets a probe through).
         """
         model_route = self.model(model)
-        if version:
+        if model not in self._routes:  # the fallback: the scheduler resolves the version itself
+            chosen = VersionRoute(version, model_route.versions[0].endpoints)
+        elif version:
             chosen = model_route.version(version)
             if chosen is None:
                 raise NotFound(f"unknown version '{version}' of model '{model}'")
@@ -240,9 +252,9 @@ class RoutingTable:
             retry_after_s = min(
                 self._breakers.for_endpoint(e.address).retry_after_s() for e in version.endpoints
             )
+            which = f"model '{model}' version '{version.version}'" if version.version else f"model '{model}'"
             raise Unavailable(
-                f"no scheduler available for model '{model}' version '{version.version}': "
-                f"circuit open for all {len(version.endpoints)} endpoints",
+                f"no scheduler available for {which}: circuit open for all {len(version.endpoints)} endpoints",
                 retry_after_s=retry_after_s,
             )
         point = self._rng() * sum(e.weight for e in candidates)

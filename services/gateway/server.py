@@ -1,31 +1,157 @@
-"""Wiring: the public Inference service on the gateway port."""
+"""Wiring: the public Inference service and KServe v2 on the gateway port, plus background loops.
+
+Background: GetPressure/ListModels polling of every scheduler endpoint, the
+tenants file watcher (poll, and SIGHUP for an immediate reload).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import signal
+import time
+from pathlib import Path
+
+import yaml
+
+from inference import grpc_predict_v2_pb2, grpc_predict_v2_pb2_grpc
 from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
+from services.common.config import ConfigError
 from services.common.server import Health
+from services.gateway.admission import Admission, AdmissionParts, OpenTenants, WatchedTenants
+from services.gateway.circuit_breaker import CircuitBreakers
+from services.gateway.concurrency import ConcurrencyLimiter
 from services.gateway.config import GatewayConfig
+from services.gateway.deadlines import Deadlines
+from services.gateway.dispatch import Dispatcher
+from services.gateway.kserve_servicer import KServeServicer
+from services.gateway.pressure_poller import ModelCatalog, PressurePoller
+from services.gateway.quotas import TenantQuotas
+from services.gateway.retry_budget import RetryBudgets
+from services.gateway.retry_policy import RetryPolicy
+from services.gateway.routing import RoutingConfigError, RoutingTable, parse_routing_config
 from services.gateway.servicer import InferenceServicer
-from services.gateway.upstream import SchedulerClient
+from services.gateway.shedding import LoadShedder, PressureBoard
+from services.gateway.tenants import TenantConfig, TenantConfigError, TenantConfigWatcher
+from services.gateway.upstream import SchedulerClients
+
+log = logging.getLogger(__name__)
+
+
+def load_routing(config: GatewayConfig, breakers: CircuitBreakers) -> RoutingTable:
+    if not config.routing_file:
+        return RoutingTable((), breakers, fallback_endpoint=config.scheduler_address)
+    try:
+        data = yaml.safe_load(Path(config.routing_file).read_text(encoding="utf-8"))
+        return RoutingTable(parse_routing_config(data, config.routing_file), breakers)
+    except OSError as exc:
+        raise ConfigError(f"routing_file {config.routing_file}: cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"routing_file {config.routing_file}: not valid YAML: {exc}") from None
+    except RoutingConfigError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 class GatewayService:
-    service_names = (gateway_pb2.DESCRIPTOR.services_by_name["Inference"].full_name,)
+    service_names = (
+        gateway_pb2.DESCRIPTOR.services_by_name["Inference"].full_name,
+        grpc_predict_v2_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name,
+    )
 
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, clock=time.monotonic) -> None:
+        """Builds everything; a bad tenants or routing file raises ConfigError (the process exits 2)."""
         self._config = config
-        self._scheduler: SchedulerClient | None = None
+        self._health: Health | None = None
+        self._tasks: list[asyncio.Task] = []
+        self.breakers = CircuitBreakers(config.breaker_config(), clock)
+        self.budgets = RetryBudgets(config.retry_budget_config(), clock)
+        self.routing = load_routing(config, self.breakers)
+        self.board = PressureBoard(clock, max_report_age_s=config.pressure_max_age_ms / 1000)
+        self.catalog = ModelCatalog()
+        self.clients = SchedulerClients(config.max_message_bytes)
+        self.quotas: TenantQuotas | None = None
+        self.watcher: TenantConfigWatcher | None = None
+        tenants = OpenTenants()
+        if config.tenants_file:
+            self.quotas = TenantQuotas(clock)
+            try:
+                self.watcher = TenantConfigWatcher(config.tenants_file, on_reload=self._apply_tenants)
+            except TenantConfigError as exc:
+                raise ConfigError(str(exc)) from None
+            tenants = WatchedTenants(self.watcher)
+        deadlines = Deadlines(config.deadline_policy(), clock)
+        self.limiter = ConcurrencyLimiter(config.max_in_flight)
+        self.admission = Admission(
+            AdmissionParts(
+                limiter=self.limiter,
+                tenants=tenants,
+                routing=self.routing,
+                deadlines=deadlines,
+                board=self.board,
+                shedder=LoadShedder(config.shedding_config(), self.board),
+                quotas=self.quotas,
+            ),
+            clock,
+        )
+        self.dispatcher = Dispatcher(
+            routing=self.routing,
+            clients=self.clients,
+            policy=RetryPolicy(config.retry_policy_config()),
+            budgets=self.budgets,
+            breakers=self.breakers,
+            deadlines=deadlines,
+            board=self.board,
+        )
+        self.poller = PressurePoller(
+            routing=self.routing,
+            clients=self.clients,
+            board=self.board,
+            catalog=self.catalog,
+            breakers=self.breakers,
+            budgets=self.budgets,
+            interval_s=config.pressure_poll_interval_ms / 1000,
+        )
+
+    def _apply_tenants(self, config: TenantConfig) -> None:
+        # Runs for the first load and every accepted reload; quota levels and in-flight counts carry over.
+        self.quotas.update(config.tenants)
 
     def register(self, server) -> None:
-        self._scheduler = SchedulerClient(self._config.scheduler_address, self._config.max_message_bytes)
-        gateway_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(self._config, self._scheduler), server)
+        inference = InferenceServicer(self.admission, self.dispatcher, self.clients)
+        gateway_pb2_grpc.add_InferenceServicer_to_server(inference, server)
+        kserve = KServeServicer(
+            admission=self.admission,
+            catalog=self.catalog,
+            refresh_catalog=self.poller.poll_once,
+            classify=inference.classify_admitted,
+            ready=lambda: bool(self._health and self._health.serving and self.poller.reachable),
+        )
+        grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(kserve, server)
 
     async def start(self, health: Health) -> None:
+        self._health = health
+        self._tasks.append(asyncio.create_task(self.poller.run(), name="pressure-poller"))
+        if self.watcher is not None:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._on_sighup)
+            if self._config.tenants_poll_interval_ms > 0:
+                self._tasks.append(asyncio.create_task(self._watch_tenants(), name="tenants-watcher"))
         await health.set_serving(True)
+
+    def _on_sighup(self) -> None:
+        log.info("SIGHUP: reloading tenants from %s", self.watcher.path)
+        self.watcher.reload()
+
+    async def _watch_tenants(self) -> None:
+        interval_s = self._config.tenants_poll_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            self.watcher.poll()
 
     async def drain(self, grace_s: float) -> None:
         return None  # the server's own graceful stop lets in-flight calls finish
 
     async def close(self) -> None:
-        if self._scheduler is not None:
-            await self._scheduler.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.clients.close()

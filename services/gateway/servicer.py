@@ -1,7 +1,8 @@
-"""Gateway gRPC servicer (infermesh.v1.Inference): validate, admit, set the deadline, forward."""
+"""Gateway gRPC servicer (infermesh.v1.Inference): validate, admit, dispatch with retries, account."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
@@ -12,15 +13,45 @@ from services.common import errors
 from services.common.status import maps_domain_errors
 from services.common.telemetry import context_from_metadata, tracer
 from services.common.timings import StageTime, seconds_to_us
-from services.gateway.config import GatewayConfig
-from services.gateway.upstream import SchedulerClient
+from services.gateway.admission import Admission, RequestScope
+from services.gateway.dispatch import Dispatcher
+from services.gateway.retry_policy import WorkKind
+from services.gateway.tenants import Tenant
+from services.gateway.upstream import AttemptError, SchedulerClients
 
 _tracer = tracer("infermesh.gateway")
 SERVICE = "gateway"
-ANONYMOUS = scheduler_pb2.TenantContext(tenant_id="anonymous", priority=common_pb2.PRIORITY_STANDARD, weight=1)
+# The scheduler's max_tokens when the client sets none (services/scheduler/servicer.py); the quota
+# charge assumes it, and the unused part is refunded at the end.
+DEFAULT_MAX_TOKENS = 128
 
 
-def _append_gateway_timings(timings: common_pb2.Timings, admission_s: float, total_s: float) -> None:
+def authorization_of(metadata) -> str | None:
+    for key, value in metadata or ():
+        if key == "authorization":
+            return value if isinstance(value, str) else value.decode("utf-8", "replace")
+    return None
+
+
+def client_timeout_s(context) -> float | None:
+    """The client's remaining time; None when it set no deadline."""
+    remaining_s = context.time_remaining()
+    if remaining_s is None or remaining_s > 1e6:
+        return None
+    return remaining_s
+
+
+def prompt_tokens_upper_bound(prompt: str) -> int:
+    # Schedulers tokenize bytes (plus a BOS token); every tokenizer spends at least one byte per
+    # token, so this never undercharges. The exact count comes back in the last chunk's usage.
+    return len(prompt.encode("utf-8")) + 1
+
+
+def tenant_context(tenant: Tenant) -> scheduler_pb2.TenantContext:
+    return scheduler_pb2.TenantContext(tenant_id=tenant.tenant_id, priority=int(tenant.priority), weight=tenant.weight)
+
+
+def append_gateway_timings(timings: common_pb2.Timings, admission_s: float, total_s: float) -> None:
     for stage in (StageTime("admission", seconds_to_us(admission_s), SERVICE),
                   StageTime("gateway", seconds_to_us(total_s), SERVICE)):
         timings.stages.add(stage=common_pb2.Stage.Value("STAGE_" + stage.stage.upper()),
@@ -29,59 +60,97 @@ def _append_gateway_timings(timings: common_pb2.Timings, admission_s: float, tot
 
 
 class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
-    def __init__(self, config: GatewayConfig, scheduler: SchedulerClient, clock=time.monotonic) -> None:
-        self._config = config
-        self._scheduler = scheduler
+    def __init__(
+        self, admission: Admission, dispatcher: Dispatcher, clients: SchedulerClients, clock=time.monotonic
+    ) -> None:
+        self._admission = admission
+        self._dispatcher = dispatcher
+        self._clients = clients
         self._clock = clock
-
-    def _timeout_s(self, context) -> float:
-        """What the scheduler gets: the client's remaining time (default/clamped) minus our margin."""
-        remaining_s = context.time_remaining()
-        if remaining_s is None or remaining_s > 1e6:
-            remaining_s = self._config.default_deadline_ms / 1000
-        remaining_s = min(remaining_s, self._config.max_deadline_ms / 1000)
-        timeout_s = remaining_s - self._config.hop_margin_ms / 1000
-        if timeout_s <= 0:
-            raise errors.DeadlineExceeded(f"only {remaining_s * 1000:.1f} ms left; nothing can finish in time")
-        return timeout_s
 
     @maps_domain_errors
     async def Classify(self, request: gateway_pb2.ClassifyRequest, context) -> gateway_pb2.ClassifyResponse:
-        began_s = self._clock()
-        parent = context_from_metadata(context.invocation_metadata())
-        with _tracer.start_as_current_span("gateway.Classify", context=parent, kind=trace.SpanKind.SERVER):
+        metadata = context.invocation_metadata()
+        with self._admission.scope("Classify", request.model.name, request.model.version) as scope, \
+                _tracer.start_as_current_span("gateway.Classify", context=context_from_metadata(metadata),
+                                              kind=trace.SpanKind.SERVER):
             with _tracer.start_as_current_span("admission"):
                 if not request.model.name:
                     raise errors.InvalidArgument("model.name is required")
+                self._admission.admit(scope, authorization_of(metadata), client_timeout_s(context))
                 if not request.HasField("image") or request.image.WhichOneof("data") is None:
                     raise errors.InvalidArgument("image is required (encoded bytes or raw pixels)")
                 request.request_id = request.request_id or uuid.uuid4().hex
-                timeout_s = self._timeout_s(context)
             admitted_s = self._clock()
-            upstream = scheduler_pb2.ScheduleClassifyRequest(request=request, tenant=ANONYMOUS)
-            response = await self._scheduler.classify(upstream, timeout_s)
-            _append_gateway_timings(response.timings, admitted_s - began_s, self._clock() - began_s)
+            response = await self.classify_admitted(scope, request)
+            append_gateway_timings(response.timings, admitted_s - scope.began_s, self._clock() - scope.began_s)
             return response
+
+    async def classify_admitted(self, scope: RequestScope, request: gateway_pb2.ClassifyRequest):
+        """Send an admitted classify request upstream, with retries (shared with KServe ModelInfer)."""
+        upstream = scheduler_pb2.ScheduleClassifyRequest(request=request, tenant=tenant_context(scope.tenant))
+
+        def call(client, version: str, timeout_s: float):
+            upstream.request.model.version = version
+            return client.classify(upstream, timeout_s)
+
+        return await self._dispatcher.unary(scope, WorkKind.CLASSIFY, call)
 
     @maps_domain_errors
     async def Generate(self, request: gateway_pb2.GenerateRequest, context):
-        began_s = self._clock()
-        parent = context_from_metadata(context.invocation_metadata())
-        with _tracer.start_as_current_span("gateway.Generate", context=parent, kind=trace.SpanKind.SERVER):
+        metadata = context.invocation_metadata()
+        with self._admission.scope("Generate", request.model.name, request.model.version) as scope, \
+                _tracer.start_as_current_span("gateway.Generate", context=context_from_metadata(metadata),
+                                              kind=trace.SpanKind.SERVER):
             with _tracer.start_as_current_span("admission"):
                 if not request.model.name:
                     raise errors.InvalidArgument("model.name is required")
                 if not request.prompt:
                     raise errors.InvalidArgument("prompt must not be empty")
+                prompt_tokens = prompt_tokens_upper_bound(request.prompt)
+                num_tokens = prompt_tokens + (request.sampling.max_tokens or DEFAULT_MAX_TOKENS)
+                self._admission.admit(scope, authorization_of(metadata), client_timeout_s(context), num_tokens)
                 request.request_id = request.request_id or uuid.uuid4().hex
-                timeout_s = self._timeout_s(context)
             admitted_s = self._clock()
-            upstream = scheduler_pb2.ScheduleGenerateRequest(request=request, tenant=ANONYMOUS)
-            async for chunk in self._scheduler.generate(upstream, timeout_s):
+            upstream = scheduler_pb2.ScheduleGenerateRequest(request=request, tenant=tenant_context(scope.tenant))
+
+            def call(client, version: str, timeout_s: float):
+                upstream.request.model.version = version
+                return client.generate(upstream, timeout_s)
+
+            num_generated = 0
+            # Until the last chunk says what was used: the prompt once generation started, plus tokens sent.
+            scope.num_tokens_used = 0
+
+            def on_chunk(chunk: gateway_pb2.GenerateResponse) -> None:
+                nonlocal num_generated
+                num_generated += len(chunk.token_ids)
                 if chunk.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
-                    _append_gateway_timings(chunk.timings, admitted_s - began_s, self._clock() - began_s)
+                    scope.num_tokens_used = chunk.usage.prompt_tokens + chunk.usage.completion_tokens
+                    append_gateway_timings(chunk.timings, admitted_s - scope.began_s, self._clock() - scope.began_s)
+                else:
+                    scope.num_tokens_used = prompt_tokens + num_generated
+
+            async for chunk in self._dispatcher.stream(scope, call, on_chunk):
                 yield chunk
 
     @maps_domain_errors
     async def ListModels(self, request: gateway_pb2.ListModelsRequest, context) -> gateway_pb2.ListModelsResponse:
-        return await self._scheduler.list_models(timeout_s=self._timeout_s(context))
+        tenants = self._admission.parts.tenants
+        tenant = tenants.authenticate(authorization_of(context.invocation_metadata()))
+        timeout_s = min(client_timeout_s(context) or 5.0, 5.0)
+        endpoints = self._admission.parts.routing.endpoints()
+        replies = await asyncio.gather(
+            *(self._clients.get(e).list_models(timeout_s) for e in endpoints), return_exceptions=True
+        )
+        answered = [r for r in replies if isinstance(r, gateway_pb2.ListModelsResponse)]
+        if not answered:
+            failure = next(r for r in replies if isinstance(r, BaseException))
+            raise failure.error if isinstance(failure, AttemptError) else failure
+        merged: dict[tuple[str, str], gateway_pb2.ModelInfo] = {}
+        for reply in answered:
+            for info in reply.models:
+                key = (info.model.name, info.model.version)
+                if tenant.may_use(info.model.name) and (key not in merged or info.ready):
+                    merged[key] = info
+        return gateway_pb2.ListModelsResponse(models=[merged[k] for k in sorted(merged)])

@@ -1,0 +1,181 @@
+"""What gets in: the gateway's admission path, shared by the infermesh and KServe servicers.
+
+In order, cheapest and most fundamental first, so a refused request costs little:
+
+    concurrency limit -> auth -> model allowed -> routing (model known) -> deadline
+    -> early reject (deadline below the model's minimum service time) -> shedding -> quota
+
+`RequestScope` is one request's bookkeeping: the metric labels as they become
+known, the concurrency permit and quota lease it holds (released exactly once
+when the scope exits, with the Generate refund), and the final
+`infermesh_gateway_requests_total` / duration observation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from opentelemetry import trace
+
+from services.common.errors import InfermeshError, ResourceExhausted
+from services.common.status import status_code_of
+from services.gateway import metrics
+from services.gateway.concurrency import ConcurrencyLimiter, ConcurrencyPermit
+from services.gateway.deadlines import Deadline, Deadlines
+from services.gateway.quotas import QuotaExceeded, QuotaLease, TenantQuotas
+from services.gateway.routing import RoutingTable
+from services.gateway.shedding import LoadShedder, PressureBoard
+from services.gateway.tenants import ALL_MODELS, Priority, Tenant, TenantConfigWatcher, TenantQuota
+
+log = logging.getLogger(__name__)
+_tracer = trace.get_tracer("infermesh.gateway")
+
+Clock = Callable[[], float]
+
+# Development mode (no tenants file): every caller is this tenant, with no quotas.
+ANONYMOUS = Tenant(
+    tenant_id="anonymous",
+    priority=Priority.STANDARD,
+    weight=1,
+    allowed_models=frozenset({ALL_MODELS}),
+    quota=TenantQuota(requests_per_s=1e9, requests_burst=10**9, tokens_per_s=1e9, tokens_burst=10**9,
+                      max_in_flight=10**9),
+    api_key_sha256=(),
+)
+UNAUTHENTICATED = "unauthenticated"  # tenant label of requests refused before auth
+
+
+class TenantSource(Protocol):
+    def authenticate(self, authorization: str | None) -> Tenant: ...
+
+    def check_model_allowed(self, tenant: Tenant, model_name: str) -> None: ...
+
+
+class OpenTenants:
+    """Development mode: everyone is ANONYMOUS and may use every model."""
+
+    def authenticate(self, authorization: str | None) -> Tenant:
+        return ANONYMOUS
+
+    def check_model_allowed(self, tenant: Tenant, model_name: str) -> None:
+        return None
+
+
+class WatchedTenants:
+    """The tenants file in force, as the watcher last loaded it (reloads swap it atomically)."""
+
+    def __init__(self, watcher: TenantConfigWatcher) -> None:
+        self.watcher = watcher
+
+    def authenticate(self, authorization: str | None) -> Tenant:
+        return self.watcher.directory.authenticate(authorization)
+
+    def check_model_allowed(self, tenant: Tenant, model_name: str) -> None:
+        self.watcher.directory.check_model_allowed(tenant, model_name)
+
+
+class RequestScope:
+    """One request's life at the gateway; use as a context manager around the whole handler."""
+
+    def __init__(self, method: str, model: str, version: str, clock: Clock, limiter: ConcurrencyLimiter) -> None:
+        self.method = method
+        self.model = model
+        self.version = version
+        self.began_s = clock()
+        self._clock = clock
+        self._limiter = limiter
+        self.tenant_id = UNAUTHENTICATED
+        self.tenant: Tenant | None = None
+        self.deadline: Deadline | None = None
+        self.permit: ConcurrencyPermit | None = None
+        self.lease: QuotaLease | None = None
+        # Generate: tokens the request really used (prompt + generated), for the quota refund.
+        self.num_tokens_used: int | None = None
+
+    @property
+    def priority(self) -> Priority:
+        return self.tenant.priority if self.tenant is not None else Priority.STANDARD
+
+    def __enter__(self) -> RequestScope:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.finish(_code_name(exc))
+
+    def finish(self, code: str) -> None:
+        if self.lease is not None:
+            self.lease.release(self.num_tokens_used)
+            self.lease = None
+        if self.permit is not None:
+            self.permit.release()
+            self.permit = None
+            metrics.IN_FLIGHT.set(self._limiter.num_in_flight)
+        metrics.REQUESTS.labels(self.tenant_id, self.model, self.method, code).inc()
+        metrics.REQUEST_DURATION.labels(self.model, self.method, self.priority.name.lower()).observe(
+            self._clock() - self.began_s
+        )
+
+
+def _code_name(exc: BaseException | None) -> str:
+    if exc is None:
+        return "OK"
+    if isinstance(exc, InfermeshError):
+        return status_code_of(exc).name
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return "CANCELLED"
+    return "INTERNAL"
+
+
+@dataclass(frozen=True)
+class AdmissionParts:
+    limiter: ConcurrencyLimiter
+    tenants: TenantSource
+    routing: RoutingTable
+    deadlines: Deadlines
+    board: PressureBoard
+    shedder: LoadShedder
+    # None in development mode (no tenants file): no quotas.
+    quotas: TenantQuotas | None
+
+
+class Admission:
+    def __init__(self, parts: AdmissionParts, clock: Clock) -> None:
+        self.parts = parts
+        self.clock = clock
+
+    def scope(self, method: str, model: str, version: str = "") -> RequestScope:
+        return RequestScope(method, model, version, self.clock, self.parts.limiter)
+
+    def admit(
+        self, scope: RequestScope, authorization: str | None, client_timeout_s: float | None, num_tokens: int = 0
+    ) -> None:
+        """Admit the request or raise the domain error that refuses it; fills `scope`."""
+        parts = self.parts
+        scope.permit = parts.limiter.acquire()
+        metrics.IN_FLIGHT.set(parts.limiter.num_in_flight)
+        with _tracer.start_as_current_span("auth"):
+            tenant = parts.tenants.authenticate(authorization)
+            scope.tenant, scope.tenant_id = tenant, tenant.tenant_id
+            parts.tenants.check_model_allowed(tenant, scope.model)
+        with _tracer.start_as_current_span("routing"):
+            parts.routing.model(scope.model)
+        scope.deadline = parts.deadlines.start(client_timeout_s)
+        parts.deadlines.check_can_finish(scope.deadline, scope.model, parts.board.min_service_time_s(scope.model))
+        # Utilization as it was before this request arrived: the request at 90% is the one refused.
+        utilization = (parts.limiter.num_in_flight - 1) / parts.limiter.max_in_flight
+        try:
+            parts.shedder.check(scope.model, tenant.priority, utilization)
+        except ResourceExhausted:
+            metrics.SHED_REQUESTS.labels(scope.model, tenant.priority.name.lower()).inc()
+            raise
+        if parts.quotas is not None:
+            with _tracer.start_as_current_span("quota"):
+                try:
+                    scope.lease = parts.quotas.admit(tenant, num_tokens)
+                except QuotaExceeded as exc:
+                    metrics.QUOTA_REJECTIONS.labels(tenant.tenant_id, exc.kind).inc()
+                    raise

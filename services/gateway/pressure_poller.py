@@ -1,0 +1,114 @@
+"""Background feedback from the schedulers: pressure for shedding, model catalog for KServe.
+
+About once a second the gateway asks every scheduler endpoint in its routing
+table for `GetPressure` (fed to the `PressureBoard`: queue-time estimates, KV
+usage, minimum service time) and `ListModels` (kept in `ModelCatalog`: kind,
+labels and input size of each attached model version). An endpoint that does
+not answer keeps its last reports until they go stale on the board (fail open).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from infermesh.v1 import gateway_pb2
+from services.gateway import metrics
+from services.gateway.circuit_breaker import CircuitBreakers
+from services.gateway.retry_budget import RetryBudgets
+from services.gateway.routing import RoutingTable
+from services.gateway.shedding import PressureBoard, PressureReport
+from services.gateway.upstream import AttemptError, SchedulerClients
+
+log = logging.getLogger(__name__)
+Clock = Callable[[], float]
+
+
+class ModelCatalog:
+    """What each endpoint's ListModels last said, looked up by model name."""
+
+    def __init__(self) -> None:
+        self._by_endpoint: dict[str, tuple[gateway_pb2.ModelInfo, ...]] = {}
+
+    def update(self, endpoint: str, models: tuple[gateway_pb2.ModelInfo, ...]) -> None:
+        self._by_endpoint[endpoint] = models
+
+    def versions(self, name: str) -> list[gateway_pb2.ModelInfo]:
+        """Every known version of `name` (one entry per version, ready if any endpoint is)."""
+        by_version: dict[str, gateway_pb2.ModelInfo] = {}
+        for models in self._by_endpoint.values():
+            for info in models:
+                if info.model.name != name:
+                    continue
+                known = by_version.get(info.model.version)
+                if known is None or (info.ready and not known.ready):
+                    by_version[info.model.version] = info
+        return [by_version[v] for v in sorted(by_version)]
+
+    def all_models(self) -> list[gateway_pb2.ModelInfo]:
+        names = sorted({info.model.name for models in self._by_endpoint.values() for info in models})
+        return [info for name in names for info in self.versions(name)]
+
+
+class PressurePoller:
+    def __init__(
+        self,
+        *,
+        routing: RoutingTable,
+        clients: SchedulerClients,
+        board: PressureBoard,
+        catalog: ModelCatalog,
+        breakers: CircuitBreakers,
+        budgets: RetryBudgets,
+        interval_s: float,
+    ) -> None:
+        self._routing = routing
+        self._clients = clients
+        self._board = board
+        self._catalog = catalog
+        self._breakers = breakers
+        self._budgets = budgets
+        self.interval_s = interval_s
+        # Endpoints that answered the last poll (KServe ServerReady).
+        self.reachable: set[str] = set()
+        self._failing: set[str] = set()
+
+    async def run(self) -> None:
+        while True:
+            await self.poll_once()
+            await asyncio.sleep(self.interval_s)
+
+    async def poll_once(self) -> None:
+        await asyncio.gather(*(self.poll_endpoint(e) for e in self._routing.endpoints()))
+        metrics.observe_breakers(self._breakers.states())
+        metrics.observe_budgets(self._budgets.balances())
+
+    async def poll_endpoint(self, endpoint: str) -> None:
+        client = self._clients.get(endpoint)
+        try:
+            pressure = await client.get_pressure(timeout_s=self.interval_s)
+            models = await client.list_models(timeout_s=self.interval_s)
+        except AttemptError as exc:
+            self.reachable.discard(endpoint)
+            if endpoint not in self._failing:  # once per outage, not every second
+                log.warning("scheduler %s: pressure poll failed: %s", endpoint, exc.error.message)
+                self._failing.add(endpoint)
+            return
+        if endpoint in self._failing:
+            log.info("scheduler %s answers pressure polls again", endpoint)
+            self._failing.discard(endpoint)
+        self.reachable.add(endpoint)
+        self._board.update(endpoint, [_report(p) for p in pressure.models])
+        self._catalog.update(endpoint, tuple(models.models))
+
+
+def _report(pressure) -> PressureReport:
+    return PressureReport.from_fields(
+        pressure.model.name,
+        list(pressure.est_queue_time_us),
+        pressure.queue_depth,
+        pressure.kv_usage,
+        pressure.num_workers,
+        pressure.min_service_time_us,
+    )
