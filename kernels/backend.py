@@ -25,11 +25,11 @@ import numpy as np
 
 BACKEND_ENV_VAR = "INFERMESH_KERNEL_BACKEND"
 
-# Below this many bytes touched, a CPU twin runs on the calling thread: waking
-# the pool costs more than the work (microseconds on an idle machine, and
-# milliseconds when other processes hold the cores and a worker thread waits
-# for its time slice). About 25 µs of single-threaded memory traffic.
-PARALLEL_MIN_BYTES = 256 * 1024
+# Below this many bytes touched (about 150 µs of single-threaded memory
+# traffic), a CPU twin runs on the calling thread. Fork-join costs a few µs on
+# an idle machine, so threads could save at most ~75 µs here; on a busy one a
+# join waits for a descheduled thread's time slice and costs milliseconds.
+PARALLEL_MIN_BYTES = 2 * 1024 * 1024
 
 
 class Backend(enum.Enum):
@@ -153,6 +153,7 @@ class DeviceLaunch:
 
         self._cuda = cuda
         self._host_outputs: list[tuple[Any, np.ndarray]] = []
+        self._copies: list[Any] = []  # device copies of host arrays, alive until copy_back
         self.stream = 0
         if torch_tensors and any(is_torch_tensor(t) and t.is_cuda for t in torch_tensors):
             import torch
@@ -164,11 +165,15 @@ class DeviceLaunch:
     def view(self, x: Any, *, is_output: bool = False):
         cuda = self._cuda
         if is_torch_tensor(x) and x.is_cuda:
-            return cuda.as_cuda_array(x.detach())
+            # No sync on the tensor's exported stream: the launch goes on
+            # PyTorch's current stream, which already orders it after the
+            # ops that produced x (syncing would stall the host every call).
+            return cuda.as_cuda_array(x.detach(), sync=False)
         if hasattr(x, "__cuda_array_interface__") and not is_torch_tensor(x):
             return x if cuda.is_cuda_array(x) else cuda.as_cuda_array(x)
         host = np.ascontiguousarray(host_view(x))
         device = cuda.to_device(host, stream=self.stream)
+        self._copies.append(device)
         if is_output:
             self._host_outputs.append((device, host_view(x)))
         return device
@@ -179,5 +184,9 @@ class DeviceLaunch:
                 device.copy_to_host(host, stream=self.stream)
             else:
                 host[...] = device.copy_to_host(stream=self.stream)
-        if self._host_outputs and self.stream != 0:
-            self.stream.synchronize()
+        if self._copies:
+            if self.stream != 0:
+                self.stream.synchronize()
+            else:
+                self._cuda.synchronize()
+            self._copies.clear()

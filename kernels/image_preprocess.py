@@ -301,7 +301,8 @@ def _run_cpu(packed: PackedImages, channel_scale, channel_bias, out_shape, dtype
     out = np.empty(out_shape, np.uint16 if to_half else np.float32)
     placeholder32 = np.empty((0, 0, 0, 0), np.float32)
     placeholder16 = np.empty((0, 0, 0, 0), np.uint16)
-    with cpu_threads_for(out.nbytes + packed.pixels.nbytes):
+    # Each output element reads four source bytes and writes itself; shrinking never reads all the pixels.
+    with cpu_threads_for(out.size * (4 + out.itemsize)):
         _preprocess_cpu(
             packed.pixels, packed.offsets, packed.heights, packed.widths, channel_scale, channel_bias,
             out_shape[2], out_shape[3], placeholder32 if to_half else out, out if to_half else placeholder16, to_half,
@@ -312,34 +313,34 @@ def _run_cpu(packed: PackedImages, channel_scale, channel_bias, out_shape, dtype
 
 
 def _run_cuda(packed: PackedImages, channel_scale, channel_bias, out_shape, dtype):
-    torch_out = None
-    if out_shape[0] and _torch_has_cuda():
+    inputs = (packed.pixels, packed.offsets, packed.heights, packed.widths, channel_scale, channel_bias)
+    if _torch_has_cuda():
         import torch
 
+        # Inputs and output are PyTorch allocations on its current stream, so
+        # the caching allocator keeps them alive in stream order after we return.
         torch_dtype = torch.float16 if dtype == np.float16 else torch.float32
         torch_out = torch.empty(out_shape, dtype=torch_dtype, device="cuda")
+        if out_shape[0] == 0:
+            return torch_out
         stream = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
-        out = cuda.as_cuda_array(torch_out)
-    else:
+        device_inputs = [cuda.as_cuda_array(torch.from_numpy(a).to("cuda"), sync=False) for a in inputs]
+        out = cuda.as_cuda_array(torch_out, sync=False)
+        result = torch_out
+    else:  # the simulator, or torch without CUDA: Numba allocations on the default stream
         stream = 0
         out = cuda.device_array(out_shape, dtype=dtype)
-    if out_shape[0] == 0:
-        return out
+        if out_shape[0] == 0:
+            return out
+        device_inputs = [cuda.to_device(a) for a in inputs]
+        result = out
     grid = (
         (out_shape[3] + THREADS_X - 1) // THREADS_X,
         (out_shape[2] + THREADS_Y - 1) // THREADS_Y,
         out_shape[0],
     )
-    _preprocess_cuda[grid, (THREADS_X, THREADS_Y, 1), stream](
-        cuda.to_device(packed.pixels, stream=stream),
-        cuda.to_device(packed.offsets, stream=stream),
-        cuda.to_device(packed.heights, stream=stream),
-        cuda.to_device(packed.widths, stream=stream),
-        cuda.to_device(channel_scale, stream=stream),
-        cuda.to_device(channel_bias, stream=stream),
-        out,
-    )
-    return torch_out if torch_out is not None else out
+    _preprocess_cuda[grid, (THREADS_X, THREADS_Y, 1), stream](*device_inputs, out)
+    return result
 
 
 def _torch_has_cuda() -> bool:
