@@ -50,8 +50,15 @@ def _source_coord_cuda(dst, in_size, out_size):
     real = (float32(dst) + float32(0.5)) * (float32(in_size) / float32(out_size)) - float32(0.5)
     if real < float32(0.0):
         real = float32(0.0)
-    i0 = min(int(real), in_size - 1)
-    lam = min(max(real - float32(i0), float32(0.0)), float32(1.0))
+    # Conditionals, not min/max: those builtins failed to compile for the CUDA target (numba 0.68, compile_ptx).
+    i0 = int(real)
+    if i0 > in_size - 1:
+        i0 = in_size - 1
+    lam = real - float32(i0)
+    if lam < float32(0.0):
+        lam = float32(0.0)
+    if lam > float32(1.0):
+        lam = float32(1.0)
     i1 = i0 + 1 if i0 < in_size - 1 else i0
     return i0, i1, lam
 

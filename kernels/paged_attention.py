@@ -99,10 +99,14 @@ def _paged_attention_cuda(out, query, key_cache, value_cache, block_tables, cont
         stride = THREADS // 2
         while stride > 0:
             if tid < stride:
-                reduce_buf[tid] = max(reduce_buf[tid], reduce_buf[tid + stride])
+                other = reduce_buf[tid + stride]
+                if other > reduce_buf[tid]:
+                    reduce_buf[tid] = other
             cuda.syncthreads()
             stride //= 2
-        new_max = max(running_max, reduce_buf[0])
+        # Conditionals, not min/max: those builtins failed to compile for the CUDA target (numba 0.68, compile_ptx).
+        tile_max = reduce_buf[0]
+        new_max = tile_max if tile_max > running_max else running_max
         # First tile: running_max is -inf, so the correction is exp(-inf) = 0.
         correction = math.exp(running_max - new_max)
         prob = float32(0.0)
@@ -120,7 +124,9 @@ def _paged_attention_cuda(out, query, key_cache, value_cache, block_tables, cont
             stride //= 2
         running_sum = running_sum * correction + reduce_buf[0]
         running_max = new_max
-        num_valid = min(THREADS, context_len - tile_start)
+        num_valid = context_len - tile_start
+        if num_valid > THREADS:
+            num_valid = THREADS
         for j in range(_DIMS_PER_THREAD):
             dim = tid + j * THREADS
             if dim < head_size:

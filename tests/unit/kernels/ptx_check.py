@@ -1,0 +1,58 @@
+"""Compiles the CUDA kernels to PTX without a GPU, so the CUDA target's typing and lowering are checked.
+
+The simulator runs the kernels as Python and never types them; this does.
+Needs NVVM, e.g. from the ``nvidia-cuda-nvcc-cu12`` wheel installed anywhere:
+
+    pip install --target /tmp/nvcc nvidia-cuda-nvcc-cu12==12.9.86
+    CUDA_HOME=/tmp/nvcc/nvidia/cuda_nvcc PYTHONPATH=. python tests/unit/kernels/ptx_check.py
+
+Prints one line per kernel and signature, exits non-zero on the first failure.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numba.cuda.compiler
+import numba.cuda.dispatcher
+from numba import cuda
+from numba import types as t
+
+
+class _OfflineDevice:
+    """Stands in for the current device, which device-function typing asks for its compute capability."""
+
+    compute_capability = (9, 0)
+
+
+def main() -> None:
+    numba.cuda.compiler.get_current_device = _OfflineDevice
+    numba.cuda.dispatcher.get_current_device = _OfflineDevice
+
+    from kernels.image_preprocess import _preprocess_cuda
+    from kernels.kv_cache import _write_kv_cache_cuda
+    from kernels.paged_attention import _paged_attention_cuda
+
+    f32_3, f32_4 = t.float32[:, :, ::1], t.float32[:, :, :, ::1]
+    packed = (t.uint8[::1], t.int64[::1], t.int32[::1], t.int32[::1], t.float32[::1], t.float32[::1])
+    cases = {
+        "write_kv_cache": (_write_kv_cache_cuda, (f32_3, f32_3, f32_4, f32_4, t.int64[::1])),
+        "paged_attention_decode": (
+            _paged_attention_cuda,
+            (f32_3, f32_3, f32_4, f32_4, t.int32[:, ::1], t.int32[::1], t.int64, t.float64),
+        ),
+        "preprocess_images float32": (_preprocess_cuda, (*packed, f32_4)),
+        "preprocess_images float16": (_preprocess_cuda, (*packed, t.float16[:, :, :, ::1])),
+    }
+    for name, (kernel, signature) in cases.items():
+        try:
+            ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=_OfflineDevice.compute_capability)
+        except Exception as error:  # report which kernel, then fail
+            sys.exit(f"FAIL {name}: {type(error).__name__}: {error}")
+        local_bytes = "uses local memory" if "__local_depot" in ptx else "no local memory"
+        print(f"ok {name}: {len(ptx.splitlines())} PTX lines, {local_bytes}")
+    print("all CUDA kernels compile to PTX for sm_90")
+
+
+if __name__ == "__main__":
+    main()
