@@ -12,8 +12,9 @@ MESH_PID := run/mesh.pid
 MESH_HEALTH := 127.0.0.1:$${MESH_GATEWAY_PORT:-50051} 127.0.0.1:$${MESH_SCHEDULER_PORT:-50052} \
 	127.0.0.1:$${MESH_CLASSIFIER_PORT:-50061} 127.0.0.1:$${MESH_GENERATOR_PORT:-50062}
 MESH_GATEWAY := 127.0.0.1:$${MESH_GATEWAY_PORT:-50051}
-export MESH_CLASSIFIER_MODEL ?= toy-classifier
-export MESH_GENERATOR_MODEL ?= toy-generator
+export MESH_CLASSIFIER_MODEL ?= digits
+export MESH_GENERATOR_MODEL ?= tinylm
+export MESH_MODEL_REPO ?= $(MODEL_REPO)
 
 .PHONY: help setup protos models up down demo test lint bench clean
 
@@ -36,7 +37,10 @@ $(GEN)/.stamp: $(PROTOS) $(STAMP)
 	$(PY) -m grpc_tools.protoc -Iprotos --python_out=$(GEN) --pyi_out=$(GEN) --grpc_python_out=$(GEN) $(PROTOS)
 	touch $@
 
-up: setup ## start scheduler, gateway and two workers on 127.0.0.1; wait until all are SERVING
+models: setup ## build the demo models (digits, tinylm) into model_repo/; skips what is up to date
+	$(PY) -m tools.build_models --out $(MODEL_REPO)
+
+up: setup models ## start scheduler, gateway and two workers on 127.0.0.1; wait until all are SERVING
 	@mkdir -p run
 	@if [ -f $(MESH_PID) ] && kill -0 $$(cat $(MESH_PID)) 2>/dev/null; then \
 		echo "mesh already running (pid $$(cat $(MESH_PID))); make down stops it"; exit 0; fi; \
@@ -55,9 +59,11 @@ down: ## stop the local mesh started by make up
 		rm -f $(MESH_PID); echo "mesh stopped"; \
 	else echo "mesh is not running"; fi
 
-demo: setup ## start the mesh, send a few requests, print answers and per-stage timings, stop
+demo: setup ## start the mesh, drive a 30 s mixed load, write a tail-latency report under reports/, stop
 	@$(MAKE) --no-print-directory up
-	@$(PY) -m tools.demo --gateway $(MESH_GATEWAY); status=$$?; $(MAKE) --no-print-directory down; exit $$status
+	@$(PY) -m tools.demo --gateway $(MESH_GATEWAY) --api-key demo-key-alpha \
+		&& $(PY) -m loadtest run loadtest/scenarios/demo.yaml --target $(MESH_GATEWAY) --out reports --wait-ready-s 60; \
+		status=$$?; $(MAKE) --no-print-directory down; exit $$status
 
 test: setup ## run the whole suite (unit, contract, integration, reliability)
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -65,8 +71,9 @@ test: setup ## run the whole suite (unit, contract, integration, reliability)
 lint: setup ## ruff
 	$(VENV)/bin/ruff check .
 
-bench: setup ## benchmarks: tables on stdout, JSON under bench/results/
-	$(PY) -m bench.bench_kernels
+bench: setup models ## benchmarks: tables on stdout, JSON under bench/results/
+	@for script in bench/bench_*.py; do \
+		name=$$(basename $$script .py); echo "== $$name"; $(PY) -m bench.$$name $(BENCH_ARGS) || exit 1; done
 
 clean: ## remove generated stubs, run files and reports (keeps .venv)
 	rm -rf $(GEN) run reports bench/results

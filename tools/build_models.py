@@ -175,7 +175,7 @@ def _train_digits(recipe: DigitsRecipe, directory: Path, log: Callable[[str], No
     )
 
     def prep(images: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(preprocess_images(list(images), recipe.input_size, recipe.input_size,
+        return torch.as_tensor(preprocess_images(list(images), recipe.input_size, recipe.input_size,
                                                   recipe.mean, recipe.std))
 
     x_train, y_train = prep(data.train_images), torch.from_numpy(data.train_labels)

@@ -17,6 +17,7 @@ import grpc
 from infermesh.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common.telemetry import context_from_carrier, record_stages_under, tracer
 from services.common.timings import from_proto
+from services.worker import metrics
 from services.worker.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class AttachClient:
         self._stopping = False
         self.attached = asyncio.Event()
         self.num_attaches = 0
+        self._model_label = ""
 
     async def run(self) -> None:
         """Attach, and re-attach after every break, until drained."""
@@ -75,7 +77,9 @@ class AttachClient:
         async with grpc.aio.insecure_channel(self._address) as channel:
             call = scheduler_pb2_grpc.SchedulerStub(channel).Attach()
             self._call = call
-            await call.write(scheduler_pb2.WorkerMessage(hello=self._runtime.hello(self._worker_id)))
+            hello = self._runtime.hello(self._worker_id)
+            self._model_label = f"{hello.model.name}:{hello.model.version}"
+            await call.write(scheduler_pb2.WorkerMessage(hello=hello))
             first = await call.read()
             if first is grpc.aio.EOF or first.WhichOneof("kind") != "welcome":
                 raise ConnectionError("scheduler closed the stream without a welcome")
@@ -116,15 +120,17 @@ class AttachClient:
 
     async def _execute(self, call, command: scheduler_pb2.ExecuteBatch) -> None:
         began_ns = time.time_ns()
-        result = await asyncio.get_running_loop().run_in_executor(self._compute, self._runtime.execute_batch, command)
+        result = await asyncio.get_running_loop().run_in_executor(self._compute, _guarded_batch, self._runtime, command)
         await self._write(call, scheduler_pb2.WorkerMessage(batch_result=result))
+        metrics.observe_batch(self._model_label, command, result)
         _trace_work("worker.execute_batch", began_ns, result.timings, [i.trace_context for i in command.items],
                     {"infermesh.batch_size": len(command.items)})
 
     async def _step(self, call, command: scheduler_pb2.RunStep) -> None:
         began_ns = time.time_ns()
-        result = await asyncio.get_running_loop().run_in_executor(self._compute, self._runtime.run_step, command)
+        result = await asyncio.get_running_loop().run_in_executor(self._compute, _guarded_step, self._runtime, command)
         await self._write(call, scheduler_pb2.WorkerMessage(step_result=result))
+        metrics.observe_step(self._model_label, command, result, self._runtime.kv_blocks_used())
         _trace_work("worker.run_step", began_ns, result.timings, [s.trace_context for s in command.seqs],
                     {"infermesh.num_seqs": len(command.seqs)})
 
@@ -177,3 +183,31 @@ def _trace_work(name: str, began_ns: int, timings, carriers, attributes: dict) -
     for carrier in carriers:
         if carrier:
             record_stages_under(_tracer, name, began_ns, ended_ns, context_from_carrier(carrier), stages, attributes)
+
+
+INTERNAL = 13  # google.rpc.Code
+
+
+def _guarded_batch(runtime: WorkerRuntime, command: scheduler_pb2.ExecuteBatch) -> scheduler_pb2.BatchResult:
+    """A runtime failure fails every item of the batch, never the stream (the scheduler would wait forever)."""
+    try:
+        return runtime.execute_batch(command)
+    except Exception as exc:  # noqa: BLE001 - reported per item, and logged
+        log.exception("batch %d failed", command.batch_id)
+        error = scheduler_pb2.ItemError(code=INTERNAL, message=f"worker failed the batch: {exc}")
+        return scheduler_pb2.BatchResult(
+            batch_id=command.batch_id,
+            items=[scheduler_pb2.ItemResult(item_id=item.item_id, error=error) for item in command.items],
+        )
+
+
+def _guarded_step(runtime: WorkerRuntime, command: scheduler_pb2.RunStep) -> scheduler_pb2.StepResult:
+    try:
+        return runtime.run_step(command)
+    except Exception as exc:  # noqa: BLE001 - reported per sequence, and logged
+        log.exception("step %d failed", command.step_id)
+        error = scheduler_pb2.ItemError(code=INTERNAL, message=f"worker failed the step: {exc}")
+        return scheduler_pb2.StepResult(
+            step_id=command.step_id,
+            outputs=[scheduler_pb2.SequenceOutput(seq_id=seq.seq_id, error=error) for seq in command.seqs],
+        )

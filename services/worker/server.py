@@ -9,6 +9,7 @@ import socket
 import uuid
 
 from services.common.server import Health
+from services.worker import metrics
 from services.worker.attach_client import AttachClient, Backoff
 from services.worker.builtin_models import TOY_MODELS
 from services.worker.config import WorkerConfig
@@ -40,15 +41,18 @@ class WorkerService:
         return None  # the worker serves only health; it dials out for work
 
     async def start(self, health: Health) -> None:
-        runtime = make_runtime(self._config)
-        await asyncio.get_running_loop().run_in_executor(None, runtime.load)
+        loop = asyncio.get_running_loop()
+        runtime = await loop.run_in_executor(None, make_runtime, self._config)
+        await loop.run_in_executor(None, runtime.load)
         log.info("model %s:%s loaded and passed its golden check", self._config.model_name, self._config.model_version)
         backoff = Backoff(self._config.reconnect_initial_s, self._config.reconnect_max_s)
         self._client = AttachClient(self._config.scheduler_address, runtime, self._worker_id, backoff)
         await health.set_serving(True)
+        metrics.READY.labels(self._config.model_name, self._config.model_version).set(1)
         self._task = asyncio.create_task(self._client.run())
 
     async def drain(self, grace_s: float) -> None:
+        metrics.READY.labels(self._config.model_name, self._config.model_version).set(0)
         if self._client is not None:
             await self._client.drain(grace_s)
 

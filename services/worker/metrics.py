@@ -1,0 +1,37 @@
+"""Worker metrics (names are the contract in deploy/observability/metrics.yaml)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from infermesh.v1 import common_pb2, scheduler_pb2
+from services.common.timings import from_proto
+
+READY = Gauge("infermesh_worker_ready", "1 when the worker has loaded, warmed up and passed its golden check",
+              ["model", "version"])
+STAGE_SECONDS = Histogram(
+    "infermesh_worker_stage_duration_seconds", "Time per batch or step spent in each worker stage",
+    ["model", "stage"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+BATCH_SIZE = Histogram("infermesh_worker_batch_size", "Items per classify batch or sequences per step",
+                       ["model", "kind"], buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+KV_BLOCKS_USED = Gauge("infermesh_worker_kv_blocks_used", "KV blocks holding pages of live sequences", ["model"])
+GENERATED_TOKENS = Counter("infermesh_worker_generated_tokens_total", "Tokens sampled (rate = tokens/s)", ["model"])
+
+
+def _observe_stages(model: str, timings: common_pb2.Timings) -> None:
+    for stage in from_proto(timings):
+        STAGE_SECONDS.labels(model, stage.stage).observe(stage.duration_us / 1e6)
+
+
+def observe_batch(model: str, command: scheduler_pb2.ExecuteBatch, result: scheduler_pb2.BatchResult) -> None:
+    BATCH_SIZE.labels(model, "classify").observe(len(command.items))
+    _observe_stages(model, result.timings)
+
+
+def observe_step(model: str, command: scheduler_pb2.RunStep, result: scheduler_pb2.StepResult,
+                 kv_blocks_used: int) -> None:
+    BATCH_SIZE.labels(model, "step").observe(len(command.seqs))
+    _observe_stages(model, result.timings)
+    GENERATED_TOKENS.labels(model).inc(sum(1 for out in result.outputs if not out.HasField("error")))
+    KV_BLOCKS_USED.labels(model).set(kv_blocks_used)

@@ -1,0 +1,202 @@
+"""Runtimes for repository models: protobuf commands <-> the executors' plain data.
+
+Loading is the readiness gate: checksum (in load_model), warm-up at the full
+envelope (so kernel compilation and allocator growth happen before traffic),
+then the manifest's golden check.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from infermesh.v1 import common_pb2, scheduler_pb2
+from services.common.timings import StageTime, seconds_to_us, to_proto
+from services.worker import work
+from services.worker.batch_executor import BatchExecutor
+from services.worker.config import WorkerConfig
+from services.worker.model_repository import LoadedModel, ModelKind, load_model, run_golden_check
+from services.worker.step_executor import StepExecutor
+
+log = logging.getLogger(__name__)
+PROTOCOL_VERSION = 1
+SERVICE = "worker"
+
+
+def _timings(durations: work.StageDurations) -> common_pb2.Timings:
+    stages = [
+        StageTime("decode", seconds_to_us(durations.decode_s), SERVICE),
+        StageTime("preprocess", seconds_to_us(durations.preprocess_s), SERVICE),
+        StageTime("compute", seconds_to_us(durations.compute_s), SERVICE),
+        StageTime("postprocess", seconds_to_us(durations.postprocess_s), SERVICE),
+    ]
+    stages = [s for s in stages if s.duration_us or s.stage == "compute"]
+    return to_proto(stages, total_us=sum(s.duration_us for s in stages))
+
+
+def _error(error: work.ItemError | None) -> scheduler_pb2.ItemError | None:
+    return None if error is None else scheduler_pb2.ItemError(code=int(error.code), message=error.message)
+
+
+def _batch_item(item: scheduler_pb2.BatchItem) -> work.BatchItem:
+    kind = item.image.WhichOneof("data")
+    if kind == "raw":
+        raw = item.image.raw
+        image = work.RawImage(raw.pixels, raw.height, raw.width, raw.channels)
+    else:
+        image = item.image.encoded  # empty bytes when neither is set: the executor rejects it
+    return work.BatchItem(item.item_id, image, max(1, item.top_k))
+
+
+def _sequence_step(seq: scheduler_pb2.SequenceStep) -> work.SequenceStep:
+    sampling = seq.sampling
+    return work.SequenceStep(
+        seq_id=seq.seq_id,
+        token_ids=tuple(seq.token_ids),
+        start_position=seq.start_position,
+        new_blocks=tuple(seq.new_blocks),
+        reset_block_table=seq.reset_block_table,
+        sample=seq.sample,
+        sampling=work.SamplingParams(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p or 1.0,
+            seed=sampling.seed if sampling.HasField("seed") else None,
+        ),
+        num_generated=seq.num_generated,
+    )
+
+
+class ClassifierRuntime:
+    def __init__(self, model: LoadedModel, max_batch_size: int) -> None:
+        self._model = model
+        self._max_batch_size = max_batch_size
+        self._executor = BatchExecutor(model.classifier, max_batch_size=max_batch_size)
+
+    def load(self) -> None:
+        spec = self._model.manifest.classifier
+        warm = [work.BatchItem(i, work.RawImage(g.pixels, g.height, g.width, g.channels))
+                for i, g in enumerate(spec.golden * self._max_batch_size)][: self._max_batch_size]
+        self._executor.execute(warm)
+        run_golden_check(self._model)
+
+    def hello(self, worker_id: str) -> scheduler_pb2.WorkerHello:
+        manifest = self._model.manifest
+        inputs = manifest.classifier.inputs
+        return scheduler_pb2.WorkerHello(
+            worker_id=worker_id,
+            model=common_pb2.ModelRef(name=manifest.name, version=manifest.version),
+            kind=common_pb2.MODEL_KIND_CLASSIFIER,
+            capacity=scheduler_pb2.WorkerCapacity(
+                max_batch_size=self._max_batch_size, memory_bytes=manifest.envelope.memory_bytes, device="cpu"
+            ),
+            labels=list(manifest.classifier.labels),
+            input_height=inputs.input_height,
+            input_width=inputs.input_width,
+            max_image_pixels=inputs.max_image_pixels,
+            protocol_version=PROTOCOL_VERSION,
+        )
+
+    def execute_batch(self, command: scheduler_pb2.ExecuteBatch) -> scheduler_pb2.BatchResult:
+        results, durations = self._executor.execute([_batch_item(item) for item in command.items])
+        return scheduler_pb2.BatchResult(
+            batch_id=command.batch_id,
+            items=[
+                scheduler_pb2.ItemResult(
+                    item_id=r.item_id,
+                    labels=[common_pb2.Label(label=lb.label, index=lb.index, score=lb.score) for lb in r.labels],
+                    error=_error(r.error),
+                )
+                for r in results
+            ],
+            timings=_timings(durations),
+        )
+
+    def run_step(self, command: scheduler_pb2.RunStep) -> scheduler_pb2.StepResult:
+        raise ValueError(f"{self._model.manifest.name} is a classifier and cannot run generation steps")
+
+    def abort(self, command: scheduler_pb2.Abort) -> None:
+        return None  # batches are short; items are not interrupted
+
+    def kv_blocks_used(self) -> int:
+        return 0
+
+
+class GeneratorRuntime:
+    def __init__(self, model: LoadedModel, num_kv_blocks: int) -> None:
+        self._model = model
+        envelope = model.manifest.envelope
+        self._num_kv_blocks = num_kv_blocks
+        self._executor = StepExecutor(model.generator, num_kv_blocks, envelope.block_size)
+
+    def load(self) -> None:
+        envelope = self._model.manifest.envelope
+        prompt = tuple(range(65, 65 + min(envelope.max_num_batched_tokens, envelope.block_size * 2)))
+        warm = work.RunStep(step_id=0, seqs=(work.SequenceStep(
+            seq_id=0, token_ids=prompt, start_position=0, new_blocks=tuple(range(-(-len(prompt) // envelope.block_size))),
+            reset_block_table=True, sample=True),))
+        self._executor.run(warm)
+        self._executor.forget([0])
+        run_golden_check(self._model)
+
+    def hello(self, worker_id: str) -> scheduler_pb2.WorkerHello:
+        manifest = self._model.manifest
+        envelope, spec = manifest.envelope, manifest.generator
+        return scheduler_pb2.WorkerHello(
+            worker_id=worker_id,
+            model=common_pb2.ModelRef(name=manifest.name, version=manifest.version),
+            kind=common_pb2.MODEL_KIND_GENERATOR,
+            capacity=scheduler_pb2.WorkerCapacity(
+                num_kv_blocks=self._num_kv_blocks,
+                block_size=envelope.block_size,
+                max_seq_len=spec.max_seq_len,
+                max_num_seqs=envelope.max_num_seqs,
+                max_num_batched_tokens=envelope.max_num_batched_tokens,
+                memory_bytes=envelope.memory_bytes,
+                device="cpu",
+            ),
+            tokenizer=scheduler_pb2.TokenizerSpec(
+                kind=scheduler_pb2.TOKENIZER_KIND_BYTES,
+                vocab_size=spec.tokenizer.vocab_size,
+                eos_token_id=spec.tokenizer.eos_token_id,
+                bos_token_id=spec.tokenizer.bos_token_id,
+            ),
+            protocol_version=PROTOCOL_VERSION,
+        )
+
+    def execute_batch(self, command: scheduler_pb2.ExecuteBatch) -> scheduler_pb2.BatchResult:
+        raise ValueError(f"{self._model.manifest.name} is a generator and cannot classify")
+
+    def run_step(self, command: scheduler_pb2.RunStep) -> scheduler_pb2.StepResult:
+        step = work.RunStep(
+            step_id=command.step_id,
+            seqs=tuple(_sequence_step(seq) for seq in command.seqs),
+            finished_seq_ids=tuple(command.finished_seq_ids),
+        )
+        outputs, durations = self._executor.run(step)
+        return scheduler_pb2.StepResult(
+            step_id=command.step_id,
+            outputs=[
+                scheduler_pb2.SequenceOutput(
+                    seq_id=out.seq_id,
+                    token_id=out.token_id if out.token_id is not None else 0,
+                    logprob=out.logprob or 0.0,
+                    error=_error(out.error),
+                )
+                for out in outputs
+                if out.token_id is not None or out.error is not None
+            ],
+            timings=_timings(durations),
+        )
+
+    def abort(self, command: scheduler_pb2.Abort) -> None:
+        self._executor.forget(command.seq_ids)
+
+    def kv_blocks_used(self) -> int:
+        return self._executor.num_kv_blocks_used
+
+
+def load_repository_runtime(config: WorkerConfig) -> ClassifierRuntime | GeneratorRuntime:
+    model = load_model(config.model_repository, config.model_name, config.model_version)
+    envelope = model.manifest.envelope
+    if model.manifest.kind == ModelKind.CLASSIFIER:
+        return ClassifierRuntime(model, config.max_batch_size or envelope.max_batch_size)
+    return GeneratorRuntime(model, config.num_kv_blocks or envelope.num_kv_blocks)
