@@ -1,7 +1,12 @@
-"""Classify requests for one model version: queue, form batches, dispatch to its workers.
+"""Classify requests for one model version: the dynamic batcher wired to the model's workers.
 
-Stages measured per request: queue wait (enqueued until a worker slot was free
-for it) and batch wait (slot free until its batch was dispatched).
+The decisions (which requests, when, to which worker; deadlines; tenant fairness;
+re-queue on worker loss) are `DynamicBatcher`'s; this module runs its loop:
+next_batch() -> send it over the worker's Attach stream -> complete() when the
+result comes back, and fails the requests the batcher gave up on.
+
+Stages measured per request: queue wait (arrival until a worker slot was free for
+it) and batch wait (slot free until its batch was dispatched).
 """
 
 from __future__ import annotations
@@ -9,31 +14,31 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from infermesh.v1 import gateway_pb2, scheduler_pb2
 from services.common import errors
 from services.common.status import ERROR_BY_STATUS, STATUS_BY_NUMBER
+from services.scheduler import metrics
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.dynamic_batcher import Batch, BatcherConfig, DynamicBatcher, FailedItem
+from services.scheduler.fair_queue import TenantContext
+from services.scheduler.pressure import ModelPressure, classifier_pressure
 from services.scheduler.worker_link import ModelKey, WorkerGone, WorkerLink
 
 log = logging.getLogger(__name__)
-
-BATCHES_IN_FLIGHT_PER_WORKER = 2  # one running plus one prefetched, so a worker never idles
-ORPHAN_GRACE_S = 2.0  # queued work waits this long for a worker to (re)attach
 
 
 @dataclass(eq=False)
 class ClassifyJob:
     request: gateway_pb2.ClassifyRequest
-    tenant: scheduler_pb2.TenantContext
+    tenant: TenantContext
     enqueued_s: float
     deadline_s: float | None
     trace_context: dict[str, str]
-    item_id: int = field(default_factory=WorkerLink.next_id)
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    item_id: int | None = None  # the batcher's id, once queued
     slot_ready_s: float | None = None
     dispatched_s: float | None = None
 
@@ -48,174 +53,192 @@ class ClassifyOutcome:
     batch_size: int
 
 
+def batcher_config(config: SchedulerConfig, hello: scheduler_pb2.WorkerHello) -> BatcherConfig:
+    max_batch_size = config.max_batch_size or hello.capacity.max_batch_size or 1
+    preferred = tuple(size for size in config.preferred_batch_sizes if size <= max_batch_size)
+    if preferred != config.preferred_batch_sizes:
+        log.warning("ignoring preferred batch sizes above %d for %s: %s", max_batch_size, hello.model.name,
+                    sorted(set(config.preferred_batch_sizes) - set(preferred)))
+    return BatcherConfig(
+        max_batch_size=max_batch_size,
+        max_queue_delay_s=config.max_queue_delay_ms / 1000,
+        preferred_batch_sizes=preferred,
+        max_queue_size=config.max_queue_size,
+    )
+
+
 class ClassifyPool:
-    def __init__(self, model: ModelKey, config: SchedulerConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, model: ModelKey, hello: scheduler_pb2.WorkerHello, config: SchedulerConfig,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.model = model
         self._config = config
         self._clock = clock
-        self._queue: deque[ClassifyJob] = deque()
-        self._workers: list[WorkerLink] = []
-        self._changed = asyncio.Event()
+        self._batcher: DynamicBatcher[ClassifyJob] = DynamicBatcher(batcher_config(config, hello), clock)
+        self._links: dict[str, WorkerLink] = {}
+        self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._completions: set[asyncio.Task] = set()
         self._orphaned_since_s: float | None = None
-        self.batch_time_s = 0.0  # EWMA of round-trip batch time, for early deadline rejection
+        # Since when a worker slot has been free (None: every slot busy), for the queue/batch wait split.
+        self._slot_free_since_s: float | None = None
+        self._label = model.name
 
     # -- workers -------------------------------------------------------------
 
     def add_worker(self, link: WorkerLink) -> None:
-        self._workers.append(link)
+        self._batcher.add_worker(link.worker_id, link.hello.capacity.max_batch_size or 1)
+        self._links[link.worker_id] = link
         self._orphaned_since_s = None
         if self._task is None:
             self._task = asyncio.create_task(self._run())
-        self._changed.set()
+        self._changed()
+
+    def drain_worker(self, link: WorkerLink) -> None:
+        if link.worker_id in self._links:
+            self._batcher.drain_worker(link.worker_id)
+            self._changed()
 
     def remove_worker(self, link: WorkerLink) -> None:
-        if link in self._workers:
-            self._workers.remove(link)
-        if not self._workers:
-            self._orphaned_since_s = self._clock()
-        self._changed.set()
+        if self._links.pop(link.worker_id, None) is None:
+            return
+        requeued = self._batcher.remove_worker(link.worker_id)
+        if requeued:
+            log.warning("re-queued %d items of %s from worker %s", len(requeued), self.model, link.worker_id)
+        self._changed()
 
     @property
     def workers(self) -> list[WorkerLink]:
-        return list(self._workers)
+        return list(self._links.values())
 
     @property
     def queue_depth(self) -> int:
-        return len(self._queue)
+        return self._batcher.queue_depth
 
-    def max_batch_size(self) -> int:
-        sizes = [w.hello.capacity.max_batch_size or 1 for w in self._workers] or [1]
-        worker_max = min(sizes)
-        return min(worker_max, self._config.max_batch_size) if self._config.max_batch_size else worker_max
+    def pressure(self) -> ModelPressure:
+        return classifier_pressure(self._batcher)
 
     # -- requests ------------------------------------------------------------
 
     async def submit(self, job: ClassifyJob) -> ClassifyOutcome:
-        if not any(w.usable for w in self._workers):
+        if self._batcher.num_usable_workers == 0:
             raise errors.Unavailable(f"no worker serves model {self.model}", retry_after_s=1.0)
-        if len(self._queue) >= self._config.max_queue_size:
-            raise errors.ResourceExhausted(
-                f"queue for model {self.model} is full ({self._config.max_queue_size} requests)", retry_after_s=0.1
-            )
-        if job.deadline_s is not None and job.deadline_s - job.enqueued_s < self.batch_time_s:
-            raise errors.DeadlineExceeded(
-                f"deadline of {1000 * (job.deadline_s - job.enqueued_s):.1f} ms is shorter than the "
-                f"{1000 * self.batch_time_s:.1f} ms a batch of {self.model} takes"
-            )
-        self._queue.append(job)
-        self._changed.set()
+        item = self._batcher.submit(job, job.tenant, deadline_s=job.deadline_s)
+        job.item_id = item.item_id
+        self._changed()
         return await job.future
 
     def cancel(self, job: ClassifyJob) -> None:
         """The caller went away: drop the job if it has not been dispatched."""
-        if job in self._queue:
-            self._queue.remove(job)
+        if job.item_id is not None and self._batcher.cancel(job.item_id):
+            self._changed()
 
     # -- batching loop -------------------------------------------------------
 
+    def _changed(self) -> None:
+        self._wake.set()
+
     async def _run(self) -> None:
         while True:
-            self._drop_expired()
-            self._fail_if_orphaned()
-            worker = self._free_worker()
-            wait_s = None
-            if worker is not None and self._queue:
-                now = self._clock()
-                for job in self._queue:
-                    job.slot_ready_s = job.slot_ready_s or now
-                wait_s = self._time_until_ready(now)
-                if wait_s <= 0:
-                    self._dispatch(worker, self._take_batch())
-                    continue
-            if self._orphaned_since_s is not None and self._queue:
-                wait_s = min(wait_s or ORPHAN_GRACE_S, ORPHAN_GRACE_S)
-            self._changed.clear()
+            now = self._clock()
+            self._abandon_if_orphaned(now)
+            batch = self._batcher.next_batch()
+            self._fail(self._batcher.take_failed())
+            if batch is not None:
+                self._dispatch(batch)
+                continue
+            if self._batcher.has_free_worker():
+                self._slot_free_since_s = self._slot_free_since_s or now
+            else:
+                self._slot_free_since_s = None
+            metrics.QUEUE_DEPTH.labels(self._label).set(self._batcher.queue_depth)
+            self._wake.clear()
             try:
-                await asyncio.wait_for(self._changed.wait(), timeout=wait_s)
+                await asyncio.wait_for(self._wake.wait(), timeout=self._wait_s(now))
             except TimeoutError:
                 pass
 
-    def _time_until_ready(self, now: float) -> float:
-        if len(self._queue) >= self.max_batch_size() or len(self._queue) in self._config.preferred_batch_sizes:
-            return 0.0
-        oldest = self._queue[0]
-        until_delay = oldest.enqueued_s + self._config.max_queue_delay_ms / 1000 - now
-        if oldest.deadline_s is not None:
-            # Never hold a request past the point where its deadline can still be met.
-            until_delay = min(until_delay, oldest.deadline_s - self.batch_time_s - now)
-        return max(0.0, until_delay)
+    def _wait_s(self, now: float) -> float | None:
+        wait_s = self._batcher.time_until_ready()
+        if self._orphaned_since_s is not None and self._batcher.queue_depth:
+            orphan_s = max(0.0, self._orphaned_since_s + self._config.orphan_grace_ms / 1000 - now)
+            wait_s = orphan_s if wait_s is None else min(wait_s, orphan_s)
+        return wait_s
 
-    def _free_worker(self) -> WorkerLink | None:
-        usable = [w for w in self._workers if w.usable and w.num_in_flight < BATCHES_IN_FLIGHT_PER_WORKER]
-        return min(usable, key=lambda w: w.num_in_flight, default=None)
-
-    def _take_batch(self) -> list[ClassifyJob]:
-        size = min(len(self._queue), self.max_batch_size())
-        return [self._queue.popleft() for _ in range(size)]
-
-    def _drop_expired(self) -> None:
-        now = self._clock()
-        for job in [j for j in self._queue if j.deadline_s is not None and j.deadline_s <= now]:
-            self._queue.remove(job)
-            _fail(job, errors.DeadlineExceeded(f"deadline passed after {1000 * (now - job.enqueued_s):.1f} ms in queue"))
-
-    def _fail_if_orphaned(self) -> None:
-        if self._orphaned_since_s is None or self._clock() - self._orphaned_since_s < ORPHAN_GRACE_S:
+    def _abandon_if_orphaned(self, now: float) -> None:
+        if self._batcher.num_usable_workers or not self._batcher.queue_depth:
+            self._orphaned_since_s = None
             return
-        while self._queue:
-            _fail(self._queue.popleft(), errors.Unavailable(f"no worker serves model {self.model}", retry_after_s=1.0))
+        if self._orphaned_since_s is None:
+            self._orphaned_since_s = now
+        elif now - self._orphaned_since_s >= self._config.orphan_grace_ms / 1000:
+            self._batcher.abandon_queued(errors.Unavailable(f"no worker serves model {self.model}", retry_after_s=1.0))
 
-    def _dispatch(self, worker: WorkerLink, jobs: list[ClassifyJob]) -> None:
+    def _dispatch(self, batch: Batch[ClassifyJob]) -> None:
         now = self._clock()
-        for job in jobs:
+        slot_free_s = min(self._slot_free_since_s or now, now)
+        priority_of = metrics.PRIORITY_LABELS
+        for item in batch.items:
+            job = item.payload
+            job.slot_ready_s = max(job.enqueued_s, slot_free_s)
             job.dispatched_s = now
-        batch = scheduler_pb2.ExecuteBatch(
-            batch_id=WorkerLink.next_id(),
+            metrics.QUEUE_TIME.labels(self._label, priority_of[item.tenant.priority]).observe(now - item.arrival_s)
+        metrics.BATCH_SIZE.labels(self._label).observe(len(batch.items))
+        command = scheduler_pb2.ExecuteBatch(
+            batch_id=batch.batch_id,
             items=[
                 scheduler_pb2.BatchItem(
-                    item_id=job.item_id,
-                    image=job.request.image,
-                    top_k=job.request.top_k or 1,
-                    trace_context=job.trace_context,
+                    item_id=item.item_id,
+                    image=item.payload.request.image,
+                    top_k=item.payload.request.top_k or 1,
+                    trace_context=item.payload.trace_context,
                 )
-                for job in jobs
+                for item in batch.items
             ],
         )
-        future = worker.execute_batch(batch)
-        asyncio.create_task(self._complete(jobs, future, now))
+        if batch.deadline_s is not None:
+            command.deadline_unix_us = int((time.time() + batch.deadline_s - now) * 1e6)
+        try:
+            future = self._links[batch.worker_id].execute_batch(command)
+        except WorkerGone:
+            # Its stream broke but it is not removed yet: remove_worker() will re-queue this batch.
+            self._batcher.drain_worker(batch.worker_id)
+            return
+        task = asyncio.create_task(self._complete(batch, future, now))
+        self._completions.add(task)
+        task.add_done_callback(self._completions.discard)
 
-    async def _complete(self, jobs: list[ClassifyJob], future: asyncio.Future, sent_s: float) -> None:
+    async def _complete(self, batch: Batch[ClassifyJob], future: asyncio.Future, sent_s: float) -> None:
         try:
             result: scheduler_pb2.BatchResult = await future
-        except WorkerGone as exc:
-            log.warning("re-queueing %d items of %s: %s", len(jobs), self.model, exc.message)
-            for job in reversed(jobs):
-                job.dispatched_s = None
-                self._queue.appendleft(job)
-            self._changed.set()
-            return
+        except WorkerGone:
+            return  # remove_worker() re-queues its items
+        self._batcher.complete(batch.batch_id)
         round_trip_s = self._clock() - sent_s
-        self.batch_time_s = round_trip_s if not self.batch_time_s else 0.8 * self.batch_time_s + 0.2 * round_trip_s
         by_id = {item.item_id: item for item in result.items}
-        for job in jobs:
-            item = by_id.get(job.item_id)
-            if item is None:
-                _fail(job, errors.Internal(f"worker returned no result for item {job.item_id}"))
-            elif item.HasField("error") and item.error.code != 0:
-                _fail(job, _item_error(item.error))
+        for item in batch.items:
+            job = item.payload
+            got = by_id.get(item.item_id)
+            if got is None:
+                _fail(job, errors.Internal(f"worker returned no result for item {item.item_id}"))
+            elif got.HasField("error") and got.error.code != 0:
+                _fail(job, _item_error(got.error))
             elif not job.future.done():
+                slot_ready_s = job.slot_ready_s or sent_s
                 job.future.set_result(
                     ClassifyOutcome(
-                        labels=list(item.labels),
+                        labels=list(got.labels),
                         worker_timings=result.timings,
-                        queue_wait_s=(job.slot_ready_s or sent_s) - job.enqueued_s,
-                        batch_wait_s=sent_s - (job.slot_ready_s or sent_s),
+                        queue_wait_s=slot_ready_s - job.enqueued_s,
+                        batch_wait_s=sent_s - slot_ready_s,
                         round_trip_s=round_trip_s,
-                        batch_size=len(jobs),
+                        batch_size=len(batch.items),
                     )
                 )
-        self._changed.set()
+        self._changed()
+
+    def _fail(self, failed: list[FailedItem[ClassifyJob]]) -> None:
+        for entry in failed:
+            _fail(entry.item.payload, entry.error)
 
 
 def _item_error(error: scheduler_pb2.ItemError) -> errors.InfermeshError:

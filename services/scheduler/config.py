@@ -16,6 +16,10 @@ class SchedulerConfig(ServerSettings):
     max_num_batched_tokens: int = setting(0, "generate: token budget per step (0: worker's)")
     max_num_seqs: int = setting(0, "generate: running sequences per step (0: worker's)")
     long_prefill_chunk_tokens: int = setting(64, "generate: largest prompt chunk per step (chunked prefill); 0 disables chunking")
+    static_batching: bool = setting(False, "generate: admit a new batch only when the whole running set finished "
+                                    "(a baseline for benchmarks; continuous batching when false)")
+    orphan_grace_ms: float = setting(5000.0, "queued work of a model whose last worker left waits this long "
+                                     "(at most until its deadline) for a worker to attach")
     heartbeat_interval_ms: int = setting(1000, "how often workers send heartbeats")
     worker_timeout_ms: int = setting(5000, "a worker silent this long is treated as gone")
     deadline_margin_ms: float = setting(2.0, "time kept back from each request's deadline for the reply")
@@ -31,6 +35,7 @@ class SchedulerConfig(ServerSettings):
         require(self.max_num_seqs >= 0, f"max_num_seqs must be >= 0, got {self.max_num_seqs}")
         require(self.long_prefill_chunk_tokens >= 0,
                 f"long_prefill_chunk_tokens must be >= 0, got {self.long_prefill_chunk_tokens}")
+        require(self.orphan_grace_ms >= 0, f"orphan_grace_ms must be >= 0, got {self.orphan_grace_ms}")
         require(self.heartbeat_interval_ms >= 10, f"heartbeat_interval_ms must be >= 10, got {self.heartbeat_interval_ms}")
         require(self.worker_timeout_ms > self.heartbeat_interval_ms,
                 "worker_timeout_ms must exceed heartbeat_interval_ms, got "

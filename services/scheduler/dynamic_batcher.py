@@ -168,13 +168,22 @@ class DynamicBatcher(Generic[P]):
     def num_workers(self) -> int:
         return len(self._workers)
 
+    @property
+    def num_usable_workers(self) -> int:
+        """Workers that may get new batches (attached and not draining)."""
+        return sum(not w.draining for w in self._workers.values())
+
+    def has_free_worker(self) -> bool:
+        """Whether a batch could go out now if one were ready (a worker has a free slot)."""
+        return self._pick_worker() is not None
+
     # -- requests ----------------------------------------------------------
 
     def submit(self, payload: P, tenant: TenantContext, *, deadline_s: float | None) -> QueuedItem[P]:
         now = self._clock()
         if not any(not w.draining for w in self._workers.values()):
             raise Unavailable("no worker serves this model", retry_after_s=self.config.no_worker_retry_after_s)
-        if self._queue.is_full():
+        if self._queue.is_full() and not self._queue.can_displace_for(tenant):
             raise ResourceExhausted(
                 f"queue full: {len(self._queue)} requests waiting (max {self.config.max_queue_size})",
                 retry_after_s=self.estimate_batch_time_s(self.config.max_batch_size),
@@ -187,14 +196,32 @@ class DynamicBatcher(Generic[P]):
                     f"{max(0.0, deadline_s - now):.3f} s left"
                 )
         item = QueuedItem(next(self._item_ids), payload, tenant, now, deadline_s)
-        self._queue.push(item, tenant)
+        displaced = self._queue.push_displacing(item, tenant)
         self._queued[item.item_id] = item
+        if displaced is not None:
+            del self._queued[displaced.item_id]
+            self._failed.append(
+                FailedItem(
+                    displaced,
+                    ResourceExhausted(
+                        f"queue full ({self.config.max_queue_size} requests): dropped the newest request "
+                        f"of tenant {displaced.tenant.tenant_id!r}, which holds the most",
+                        retry_after_s=self.estimate_batch_time_s(self.config.max_batch_size),
+                    ),
+                )
+            )
         return item
 
     def cancel(self, item_id: int) -> bool:
         """Drops a still-queued item (the client went away); False if dispatched or unknown."""
         item = self._queued.pop(item_id, None)
         return item is not None and self._queue.remove(item)
+
+    def abandon_queued(self, error: InfermeshError) -> None:
+        """Gives up on everything queued (e.g. no worker came back in time); see take_failed()."""
+        for item in self._queue.remove_where(lambda _: True):
+            del self._queued[item.item_id]
+            self._failed.append(FailedItem(item, error))
 
     def take_failed(self) -> list[FailedItem[P]]:
         """Items dropped since the last call (expired in queue, lost too often); fail their requests."""

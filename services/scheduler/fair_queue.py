@@ -82,9 +82,11 @@ class _PriorityClass(Generic[T]):
 class FairQueue(Generic[T]):
     """A bounded multi-tenant queue; `peek`/`pop` give entries in service order.
 
-    `push` raises ResourceExhausted when `max_size` entries wait. `push_front`
-    (re-queueing work that was already accepted) ignores the bound, because an
-    accepted request must never be lost to its own retry.
+    `push` raises ResourceExhausted when `max_size` entries wait. `push_displacing`
+    instead pushes out the newest entry of the longest tenant queue of the same or a
+    lower class, so one tenant flooding a full queue cannot lock the others out
+    (longest-queue drop). `push_front` (re-queueing work that was already accepted)
+    ignores the bound, because an accepted request must never be lost to its own retry.
     """
 
     def __init__(self, max_size: int, *, quantum: int = 1, retry_after_s: float = 0.1) -> None:
@@ -118,6 +120,27 @@ class FairQueue(Generic[T]):
                 retry_after_s=self.retry_after_s,
             )
         self._add(item, tenant, cost, front=False)
+
+    def can_displace_for(self, tenant: TenantContext) -> bool:
+        """Whether `push_displacing` for `tenant` would succeed on a full queue."""
+        return self._longest_queue_at_or_below(tenant) is not None
+
+    def push_displacing(self, item: T, tenant: TenantContext, *, cost: int = 1) -> T | None:
+        """Like `push`, but when full, displaces (removes and returns) the newest entry of the
+        longest tenant queue in the class of `tenant` or below, if that queue is longer than
+        this tenant's own would become. Raises ResourceExhausted when nothing can be displaced."""
+        displaced = None
+        if self.is_full():
+            victim = self._longest_queue_at_or_below(tenant)
+            if victim is None:
+                raise ResourceExhausted(
+                    f"queue full: {len(self)} requests waiting (max {self.max_size})",
+                    retry_after_s=self.retry_after_s,
+                )
+            displaced = victim.entries[-1].item
+            self.remove(displaced)
+        self._add(item, tenant, cost, front=False)
+        return displaced
 
     def push_front(self, item: T, tenant: TenantContext, *, cost: int = 1) -> None:
         """Put `item` ahead of its tenant's other entries (re-queued or preempted work)."""
@@ -230,6 +253,25 @@ class FairQueue(Generic[T]):
         del cls.by_tenant[queue.tenant.tenant_id]
         if was_visited and cls.ring:
             cls.ring[0].deficit += self._grant(cls.ring[0])
+
+    def _longest_queue_at_or_below(self, tenant: TenantContext) -> _TenantQueue[T] | None:
+        own = self._classes[tenant.priority].by_tenant.get(tenant.tenant_id)
+        own_len = len(own.entries) if own is not None else 0
+        best: _TenantQueue[T] | None = None
+        for priority in sorted(Priority, reverse=True):  # lowest class first
+            if priority < tenant.priority:
+                break
+            for queue in self._classes[priority].ring:
+                if queue is own:
+                    continue
+                # Weighted: a tenant of weight 3 may hold three times as many entries.
+                if len(queue.entries) * tenant.weight > (own_len + 1) * queue.tenant.weight and (
+                    best is None or len(queue.entries) > len(best.entries)
+                ):
+                    best = queue
+            if best is not None:
+                return best
+        return None
 
     def _next_tenant(self) -> _TenantQueue[T] | None:
         for cls in self._classes.values():

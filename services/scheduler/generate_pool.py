@@ -1,210 +1,194 @@
-"""Generate requests for one model version: continuous batching over its workers.
+"""Generate requests for one model version: one StepScheduler per worker, wired to its Attach stream.
 
-Each worker has its own KV blocks, so each runs its own step loop; waiting
-sequences are admitted by whichever worker has room. There is no prefill or
-decode phase: every step a running sequence computes the tokens it has not yet
-computed (a prompt chunk, a recompute after preemption, or its last sampled
-token), under the step's token budget.
+Each worker has its own KV blocks, so each gets its own `StepScheduler` (continuous
+batching, chunked prefill, preemption by recompute) and its own step loop:
+schedule() -> RunStep over the stream -> update_from_output() -> chunks to the
+clients' streams. A new sequence goes to the least loaded worker.
+
+Failover: when a worker's stream breaks, its scheduler's sequences are evicted
+with what they generated so far and adopted by the other workers, which recompute
+prompt + generated tokens; the client's stream continues at the next index, with
+nothing repeated or skipped. With no worker left they are held until one attaches,
+at most until their deadline (or `orphan_grace_ms` without one). A draining
+worker finishes its running sequences and hands its waiting ones to the others.
 """
 
 from __future__ import annotations
 
 import asyncio
-import codecs
+import dataclasses
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from infermesh.v1 import common_pb2, scheduler_pb2
 from services.common import errors
+from services.scheduler import metrics
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.fair_queue import TenantContext
+from services.scheduler.kv_block_manager import KVBlockManager
+from services.scheduler.pressure import ModelPressure, generator_pressure
+from services.scheduler.sequence import AbortReason, SamplingParams, Sequence
+from services.scheduler.step_plan import SequenceDelta, StepPlan
+from services.scheduler.step_scheduler import StepScheduler, StepSchedulerConfig
+from services.scheduler.tokenizer import ByteTokenizer
 from services.scheduler.worker_link import ModelKey, WorkerGone, WorkerLink
 
 log = logging.getLogger(__name__)
 
+# A scheduler with work but nothing it may run now (rare: admission blocked) looks again this often.
+_BLOCKED_POLL_S = 0.01
+
 
 @dataclass(frozen=True)
-class TokenEvent:
-    """New tokens for a stream; `finish_reason` set on the last one."""
+class StreamEvent:
+    """One chunk for the client, or the error that ends its stream."""
 
-    token_ids: list[int]
-    text: str
-    index: int
-    finish_reason: int = common_pb2.FINISH_REASON_UNSPECIFIED
+    delta: SequenceDelta | None = None
     error: errors.InfermeshError | None = None
 
 
 @dataclass(eq=False)
-class Sequence:
-    prompt_ids: list[int]
-    sampling: common_pb2.SamplingParams
-    max_tokens: int
-    eos_token_id: int
+class GenerateStream:
+    """The client's side of one sequence, and what the servicer reports in its last chunk."""
+
+    seq_id: int
+    tenant: TenantContext
+    # Sent to workers with every step of this sequence (temperature, top_p, seed).
+    sampling_proto: common_pb2.SamplingParams
+    trace_context: dict[str, str]
     arrival_s: float
     deadline_s: float | None
-    trace_context: dict[str, str]
-    seq_id: int = field(default_factory=WorkerLink.next_id)
-    output_ids: list[int] = field(default_factory=list)
-    num_computed: int = 0
-    blocks: list[int] = field(default_factory=list)
-    new_blocks: list[int] = field(default_factory=list)
-    reset_blocks: bool = True
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    seq: Sequence | None = None
     finished: bool = False
-    first_token_s: float | None = None
-    admitted_s: float | None = None
+    first_scheduled_s: float | None = None
+    # Worker compute time of the steps this sequence was part of.
     compute_s: float = 0.0
-    num_streamed: int = 0
-    _decoder: object = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
-    _text: str = ""
+    last_chunk_s: float | None = None
 
-    @property
-    def all_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+
+def step_scheduler_config(config: SchedulerConfig, capacity: scheduler_pb2.WorkerCapacity) -> StepSchedulerConfig:
+    def smaller(ours: int, theirs: int, default: int) -> int:
+        return min(v for v in (ours, theirs) if v) if (ours or theirs) else default
+
+    block_size = capacity.block_size or 16
+    max_seq_len = min(capacity.max_seq_len or 1 << 30, capacity.num_kv_blocks * block_size)
+    return StepSchedulerConfig(
+        max_num_seqs=smaller(config.max_num_seqs, capacity.max_num_seqs, 32),
+        max_num_batched_tokens=smaller(config.max_num_batched_tokens, capacity.max_num_batched_tokens, 512),
+        max_seq_len=max_seq_len,
+        max_num_waiting=config.max_queue_size,
+        max_prefill_chunk_tokens=config.long_prefill_chunk_tokens,
+        enable_chunked_prefill=config.long_prefill_chunk_tokens > 0,
+        static_batching=config.static_batching,
+    )
 
 
 class _WorkerLoop:
-    """The step loop of one generator worker: its running set and its free KV blocks."""
+    """The step loop of one generator worker."""
 
-    def __init__(self, pool: GeneratePool, link: WorkerLink) -> None:
+    def __init__(self, pool: GeneratePool, link: WorkerLink, scheduler: StepScheduler) -> None:
         self.pool = pool
         self.link = link
-        capacity = link.hello.capacity
-        self.block_size = capacity.block_size or 16
-        self.free_blocks: deque[int] = deque(range(capacity.num_kv_blocks))
-        self.num_blocks = capacity.num_kv_blocks
-        config = pool.config
-        self.max_num_seqs = min(filter(None, (capacity.max_num_seqs, config.max_num_seqs))) if (
-            capacity.max_num_seqs or config.max_num_seqs) else 32
-        self.token_budget = min(filter(None, (capacity.max_num_batched_tokens, config.max_num_batched_tokens))) if (
-            capacity.max_num_batched_tokens or config.max_num_batched_tokens) else 512
-        self.running: list[Sequence] = []
-        self.forget: list[int] = []
+        self.scheduler = scheduler
+        self.attached = True
+        self._wake = asyncio.Event()
+        self.task = asyncio.create_task(self.run())
 
-    def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+    def wake(self) -> None:
+        self._wake.set()
+
+    def load(self) -> tuple[int, float]:
+        return (self.scheduler.num_unfinished, self.scheduler.kv.usage)
 
     async def run(self) -> None:
-        while not self.link.closed.is_set():
-            self.pool.drop_finished(self)
-            self.admit()
-            if not self.running:
+        scheduler = self.scheduler
+        while self.attached:
+            if not scheduler.has_work():
                 if self.link.draining:
                     self.link.end_stream()
                     return
-                await self.pool.wait_for_work(self.link)
+                await self._sleep(None)
                 continue
-            step, planned = self.plan()
+            plan = scheduler.schedule()
+            self.pool.after_schedule(plan)
+            if not plan.has_work():
+                if plan.finished_seq_ids:
+                    self.link.abort(scheduler_pb2.Abort(seq_ids=plan.finished_seq_ids))
+                if scheduler.has_work():
+                    await self._sleep(_BLOCKED_POLL_S)
+                continue
             try:
-                result = await self.link.run_step(step)
+                result = await self.link.run_step(self.pool.run_step_command(plan))
             except WorkerGone:
-                self.pool.requeue(self.running)
-                self.running = []
+                return  # remove_worker() evicts this worker's sequences to the others
+            if not self.attached:
                 return
-            self.pool.apply(self, planned, result)
+            self.pool.after_step(self, plan, result)
 
-    def admit(self) -> None:
-        if self.link.draining:
-            return
-        while len(self.running) < self.max_num_seqs:
-            seq = self.pool.next_waiting(self)
-            if seq is None:
-                return
-            self.running.append(seq)
-            seq.admitted_s = seq.admitted_s or self.pool.clock()
-            seq.reset_blocks = True
-            seq.num_computed = 0
-            seq.blocks = []
-
-    def plan(self) -> tuple[scheduler_pb2.RunStep, list[tuple[Sequence, int]]]:
-        budget = self.token_budget
-        chunk_cap = self.pool.config.long_prefill_chunk_tokens or budget
-        planned: list[tuple[Sequence, int]] = []
-        for seq in list(self.running):
-            if seq not in self.running:  # preempted while planning an earlier one
-                continue
-            todo = len(seq.all_ids) - seq.num_computed
-            num_tokens = min(todo, budget, chunk_cap if todo > 1 else todo)
-            if num_tokens <= 0:
-                continue
-            if not self.grow(seq, seq.num_computed + num_tokens):
-                continue
-            planned.append((seq, num_tokens))
-            budget -= num_tokens
-        step = scheduler_pb2.RunStep(step_id=WorkerLink.next_id(), finished_seq_ids=self.forget)
-        self.forget = []
-        for seq, num_tokens in planned:
-            start = seq.num_computed
-            step.seqs.append(
-                scheduler_pb2.SequenceStep(
-                    seq_id=seq.seq_id,
-                    token_ids=seq.all_ids[start : start + num_tokens],
-                    start_position=start,
-                    new_blocks=seq.new_blocks,
-                    reset_block_table=seq.reset_blocks,
-                    sample=start + num_tokens == len(seq.all_ids),
-                    sampling=seq.sampling,
-                    num_generated=len(seq.output_ids),
-                    trace_context=seq.trace_context,
-                )
-            )
-            seq.new_blocks = []
-            seq.reset_blocks = False
-        return step, planned
-
-    def grow(self, seq: Sequence, num_tokens: int) -> bool:
-        """Give seq blocks for num_tokens, preempting the newest other sequence when out of blocks."""
-        while len(seq.blocks) < self.blocks_needed(num_tokens):
-            if not self.free_blocks:
-                victim = self.running[-1]
-                self.preempt(victim)
-                if victim is seq:
-                    return False
-                continue
-            block = self.free_blocks.popleft()
-            seq.blocks.append(block)
-            seq.new_blocks.append(block)
-        return True
-
-    def preempt(self, seq: Sequence) -> None:
-        log.info("preempting sequence %d of %s (recomputed later)", seq.seq_id, self.pool.model)
-        self.release(seq)
-        self.pool.requeue([seq])
-
-    def release(self, seq: Sequence) -> None:
-        if seq in self.running:
-            self.running.remove(seq)
-        self.free_blocks.extend(seq.blocks)
-        seq.blocks, seq.new_blocks = [], []
-        seq.num_computed = 0
-        self.forget.append(seq.seq_id)
+    async def _sleep(self, timeout_s: float | None) -> None:
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout=timeout_s)
+        except TimeoutError:
+            pass
 
 
 class GeneratePool:
-    def __init__(self, model: ModelKey, config: SchedulerConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, model: ModelKey, hello: scheduler_pb2.WorkerHello, config: SchedulerConfig,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        spec = hello.tokenizer
         self.model = model
         self.config = config
         self.clock = clock
-        self._waiting: deque[Sequence] = deque()
+        self.tokenizer = ByteTokenizer.from_spec(
+            vocab_size=spec.vocab_size, eos_token_id=spec.eos_token_id, bos_token_id=spec.bos_token_id
+        )
         self._loops: dict[str, _WorkerLoop] = {}
-        self._work = asyncio.Event()
+        self._streams: dict[int, GenerateStream] = {}
+        self._where: dict[int, _WorkerLoop] = {}
+        # Evicted sequences no worker could take, with when they started waiting.
+        self._held: dict[int, tuple[Sequence, float]] = {}
+        self._hold_timer: asyncio.Task | None = None
+        self._label = model.name
 
     # -- workers -------------------------------------------------------------
 
     def add_worker(self, link: WorkerLink) -> None:
-        loop = _WorkerLoop(self, link)
-        self._loops[link.worker_id] = loop
-        asyncio.create_task(loop.run())
-        self._work.set()
+        capacity = link.hello.capacity
+        kv = KVBlockManager(capacity.num_kv_blocks, capacity.block_size or 16)
+        scheduler = StepScheduler(step_scheduler_config(self.config, capacity), kv, self.tokenizer, self.clock)
+        self._loops[link.worker_id] = _WorkerLoop(self, link, scheduler)
+        if self._held:
+            held = [seq for seq, _ in self._held.values()]
+            self._held.clear()
+            log.info("worker %s adopts %d held sequences of %s", link.worker_id, len(held), self.model)
+            self._place(held)
+        self._update_gauges()
+
+    def drain_worker(self, link: WorkerLink) -> None:
+        """The worker finishes its running sequences; its waiting ones move to the others."""
+        loop = self._loops.get(link.worker_id)
+        if loop is None:
+            return
+        if self._usable_loops():
+            self._place(loop.scheduler.evict_waiting())
+        loop.wake()
 
     def remove_worker(self, link: WorkerLink) -> None:
         loop = self._loops.pop(link.worker_id, None)
-        if loop is not None and loop.running:
-            self.requeue(loop.running)
-            loop.running = []
-        self._work.set()
+        if loop is None:
+            return
+        loop.attached = False
+        loop.wake()
+        evicted = [seq for seq in loop.scheduler.evict_all() if seq.seq_id in self._streams]
+        if evicted:
+            log.warning("worker %s of %s gone: recomputing %d sequences elsewhere", link.worker_id, self.model,
+                        len(evicted))
+        self._place(evicted)
+        self._update_gauges()
 
     @property
     def workers(self) -> list[WorkerLink]:
@@ -212,122 +196,208 @@ class GeneratePool:
 
     @property
     def queue_depth(self) -> int:
-        return len(self._waiting)
+        return sum(loop.scheduler.num_waiting for loop in self._loops.values()) + len(self._held)
+
+    def max_seq_len(self) -> int:
+        return min((loop.scheduler.config.max_seq_len for loop in self._loops.values()), default=1 << 30)
+
+    def pressure(self) -> ModelPressure:
+        pressure = generator_pressure([loop.scheduler for loop in self._loops.values()])
+        if self._held:
+            pressure = dataclasses.replace(pressure, queue_depth=pressure.queue_depth + len(self._held))
+        return pressure
 
     def kv_usage(self) -> float:
-        total = sum(loop.num_blocks for loop in self._loops.values())
-        used = sum(loop.num_blocks - len(loop.free_blocks) for loop in self._loops.values())
-        return used / total if total else 0.0
+        return self.pressure().kv_usage
 
     # -- sequences -----------------------------------------------------------
 
-    def submit(self, seq: Sequence) -> None:
-        if not any(loop.link.usable for loop in self._loops.values()):
+    def submit(self, stream: GenerateStream, prompt_ids: tuple[int, ...], sampling: SamplingParams) -> None:
+        loops = self._usable_loops()
+        if not loops:
             raise errors.Unavailable(f"no worker serves model {self.model}", retry_after_s=1.0)
-        if len(self._waiting) >= self.config.max_queue_size:
-            raise errors.ResourceExhausted(
-                f"queue for model {self.model} is full ({self.config.max_queue_size} sequences)", retry_after_s=0.5
-            )
-        max_seq_len = min(loop.link.hello.capacity.max_seq_len or 1 << 30 for loop in self._loops.values())
-        if len(seq.prompt_ids) + seq.max_tokens > max_seq_len:
+        max_seq_len = self.max_seq_len()
+        if len(prompt_ids) + sampling.max_tokens > max_seq_len:
             raise errors.InvalidArgument(
-                f"prompt of {len(seq.prompt_ids)} tokens plus max_tokens {seq.max_tokens} exceeds the "
+                f"prompt of {len(prompt_ids)} tokens plus max_tokens {sampling.max_tokens} exceeds the "
                 f"model's max sequence length {max_seq_len}"
             )
-        self._waiting.append(seq)
-        self._work.set()
+        loop = min(loops, key=_WorkerLoop.load)
+        stream.seq = loop.scheduler.add_request(
+            stream.seq_id, prompt_ids, sampling, stream.tenant, deadline_s=stream.deadline_s
+        )
+        self._streams[stream.seq_id] = stream
+        self._where[stream.seq_id] = loop
+        loop.wake()
+        self._update_gauges()
 
-    def abort(self, seq: Sequence) -> None:
-        """Client cancel or deadline: frees its blocks before the next step."""
-        seq.finished = True
-        if seq in self._waiting:
-            self._waiting.remove(seq)
+    def abort(self, stream: GenerateStream) -> None:
+        """The client went away: the sequence is dropped and its blocks freed now."""
+        if not self._finish(stream.seq_id):
+            return
+        loop = self._where.pop(stream.seq_id, None)
+        if loop is not None:
+            loop.scheduler.abort(stream.seq_id, AbortReason.CANCELLED)
+            loop.wake()  # tells the worker to forget the sequence even if nothing else runs
+        self._held.pop(stream.seq_id, None)
+        self._update_gauges()
 
-    def requeue(self, seqs: list[Sequence]) -> None:
-        for seq in reversed(seqs):
-            if not seq.finished:
-                seq.num_computed = 0
-                seq.blocks, seq.new_blocks = [], []
-                seq.reset_blocks = True
-                self._waiting.appendleft(seq)
-        self._work.set()
+    # -- the step loop's callbacks --------------------------------------------
 
-    def next_waiting(self, loop: _WorkerLoop) -> Sequence | None:
-        self._drop_expired()
-        if not self._waiting:
-            return None
-        seq = self._waiting[0]
-        # Admit only when the whole prompt (plus the first token) fits in the free blocks.
-        if loop.blocks_needed(len(seq.all_ids) + 1) > len(loop.free_blocks):
-            return None
-        return self._waiting.popleft()
-
-    async def wait_for_work(self, link: WorkerLink) -> None:
-        self._work.clear()
-        closed = asyncio.create_task(link.closed.wait())
-        work = asyncio.create_task(self._work.wait())
-        await asyncio.wait({closed, work}, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
-        closed.cancel()
-        work.cancel()
-
-    def drop_finished(self, loop: _WorkerLoop) -> None:
+    def after_schedule(self, plan: StepPlan) -> None:
         now = self.clock()
-        for seq in list(loop.running):
-            if seq.deadline_s is not None and seq.deadline_s <= now and not seq.finished:
-                seq.finished = True
-                seq.events.put_nowait(TokenEvent([], "", seq.num_streamed, error=errors.DeadlineExceeded(
-                    f"deadline passed after {len(seq.output_ids)} tokens")))
-            if seq.finished:
-                loop.release(seq)
+        for seq_id in plan.expired_seq_ids:
+            stream = self._streams.get(seq_id)
+            if stream is not None:
+                self._end(stream, _deadline_error(stream))
+        if plan.preempted_seq_ids:
+            metrics.PREEMPTIONS.labels(self._label).inc(len(plan.preempted_seq_ids))
+        if not plan.seqs:
+            return
+        metrics.BATCH_SIZE.labels(self._label).observe(len(plan.seqs))
+        for step in plan.seqs:
+            stream = self._streams.get(step.seq_id)
+            if stream is not None and stream.first_scheduled_s is None:
+                stream.first_scheduled_s = now
+                priority = metrics.PRIORITY_LABELS[stream.tenant.priority]
+                metrics.QUEUE_TIME.labels(self._label, priority).observe(now - stream.arrival_s)
 
-    def _drop_expired(self) -> None:
-        now = self.clock()
-        for seq in [s for s in self._waiting if s.deadline_s is not None and s.deadline_s <= now]:
-            self._waiting.remove(seq)
-            seq.finished = True
-            seq.events.put_nowait(TokenEvent([], "", seq.num_streamed, error=errors.DeadlineExceeded(
-                "deadline passed while waiting for admission")))
+    def run_step_command(self, plan: StepPlan) -> scheduler_pb2.RunStep:
+        command = scheduler_pb2.RunStep(step_id=plan.step_id, finished_seq_ids=plan.finished_seq_ids)
+        for step in plan.seqs:
+            stream = self._streams.get(step.seq_id)
+            command.seqs.append(
+                scheduler_pb2.SequenceStep(
+                    seq_id=step.seq_id,
+                    token_ids=step.token_ids,
+                    start_position=step.start_position,
+                    new_blocks=step.new_blocks,
+                    reset_block_table=step.reset_block_table,
+                    sample=step.sample,
+                    sampling=stream.sampling_proto if stream is not None else None,
+                    num_generated=step.num_generated,
+                    trace_context=stream.trace_context if stream is not None else None,
+                )
+            )
+        return command
 
-    def apply(self, loop: _WorkerLoop, planned: list[tuple[Sequence, int]], result: scheduler_pb2.StepResult) -> None:
-        outputs = {out.seq_id: out for out in result.outputs}
-        step_compute_s = sum(s.duration_us for s in result.timings.stages) / 1e6
-        now = self.clock()
-        for seq, num_tokens in planned:
-            if seq.finished or seq not in loop.running:
-                continue
-            seq.num_computed += num_tokens
-            seq.compute_s += step_compute_s
-            out = outputs.get(seq.seq_id)
-            if out is None:
-                continue
+    def after_step(self, loop: _WorkerLoop, plan: StepPlan, result: scheduler_pb2.StepResult) -> None:
+        tokens: dict[int, int] = {}
+        failures: dict[int, str] = {}
+        for out in result.outputs:
             if out.HasField("error") and out.error.code != 0:
-                seq.finished = True
-                seq.events.put_nowait(TokenEvent([], "", seq.num_streamed, error=errors.Internal(out.error.message)))
-                loop.release(seq)
-                continue
-            self._append_token(seq, out.token_id, now)
-            if seq.finished:
-                loop.release(seq)
+                failures[out.seq_id] = out.error.message
+            else:
+                tokens[out.seq_id] = out.token_id
+        deltas = loop.scheduler.update_from_output(plan, tokens)
+        compute_s = result.timings.total_us / 1e6
+        for step in plan.seqs:
+            stream = self._streams.get(step.seq_id)
+            if stream is not None:
+                stream.compute_s += compute_s
+        now = self.clock()
+        for delta in deltas:
+            self._deliver(delta, failures, now)
+        self._update_gauges()
 
-    def _append_token(self, seq: Sequence, token_id: int, now: float) -> None:
-        seq.first_token_s = seq.first_token_s or now
-        seq.output_ids.append(token_id)
-        finish = common_pb2.FINISH_REASON_UNSPECIFIED
-        text = ""
-        if token_id == seq.eos_token_id and not seq.sampling.ignore_eos:
-            finish = common_pb2.FINISH_REASON_EOS
+    # -- internals ---------------------------------------------------------
+
+    def _deliver(self, delta: SequenceDelta, failures: dict[int, str], now: float) -> None:
+        stream = self._streams.get(delta.seq_id)
+        if stream is None:
+            return
+        if delta.abort_reason is not None:
+            reason = failures.get(delta.seq_id, "the worker returned no valid token")
+            self._end(stream, errors.Internal(f"worker failed sequence {delta.seq_id}: {reason}"))
+            return
+        self._observe_token_times(stream, delta, now)
+        stream.events.put_nowait(StreamEvent(delta=delta))
+        if delta.is_last:
+            self._finish(delta.seq_id)
+            self._where.pop(delta.seq_id, None)
+
+    def _observe_token_times(self, stream: GenerateStream, delta: SequenceDelta, now: float) -> None:
+        num_tokens = len(delta.token_ids)
+        if not num_tokens:
+            return
+        if stream.last_chunk_s is None:
+            first_token_s = stream.seq.first_token_s if stream.seq and stream.seq.first_token_s else now
+            metrics.TTFT.labels(self._label).observe(first_token_s - stream.arrival_s)
+            num_tokens -= 1
         else:
-            text = seq._decoder.decode(bytes([token_id]) if token_id < 256 else b"")
-            seq._text += text
-            for stop in seq.sampling.stop:
-                if stop and stop in seq._text:
-                    finish = common_pb2.FINISH_REASON_STOP
-                    break
-        if finish == common_pb2.FINISH_REASON_UNSPECIFIED and len(seq.output_ids) >= seq.max_tokens:
-            finish = common_pb2.FINISH_REASON_LENGTH
-        if finish != common_pb2.FINISH_REASON_UNSPECIFIED:
-            seq.finished = True
-            text += seq._decoder.decode(b"", final=True)
-        ids = [] if finish == common_pb2.FINISH_REASON_EOS else [token_id]
-        seq.events.put_nowait(TokenEvent(ids, text, seq.num_streamed, finish))
-        seq.num_streamed += len(ids)
+            gap_s = (now - stream.last_chunk_s) / num_tokens
+            histogram = metrics.INTER_TOKEN_LATENCY.labels(self._label)
+            for _ in range(num_tokens):
+                histogram.observe(gap_s)
+        stream.last_chunk_s = now
+
+    def _end(self, stream: GenerateStream, error: errors.InfermeshError) -> None:
+        if self._finish(stream.seq_id):
+            self._where.pop(stream.seq_id, None)
+            stream.events.put_nowait(StreamEvent(error=error))
+
+    def _finish(self, seq_id: int) -> bool:
+        """Forgets the stream; False if it had already finished."""
+        stream = self._streams.pop(seq_id, None)
+        if stream is None or stream.finished:
+            return False
+        stream.finished = True
+        return True
+
+    def _usable_loops(self) -> list[_WorkerLoop]:
+        return [loop for loop in self._loops.values() if loop.link.usable]
+
+    def _place(self, seqs: list[Sequence]) -> None:
+        """Hands evicted sequences to the least loaded usable workers, or holds them."""
+        loops = self._usable_loops()
+        now = self.clock()
+        for seq in seqs:
+            if not loops:
+                self._held[seq.seq_id] = (seq, now)
+                continue
+            loop = min(loops, key=_WorkerLoop.load)
+            loop.scheduler.adopt(seq)
+            self._where[seq.seq_id] = loop
+            loop.wake()
+        if self._held and (self._hold_timer is None or self._hold_timer.done()):
+            self._hold_timer = asyncio.create_task(self._expire_held())
+
+    async def _expire_held(self) -> None:
+        """Fails held sequences whose deadline (or the orphan grace) passes before a worker attaches."""
+        grace_s = self.config.orphan_grace_ms / 1000
+        while self._held:
+            now = self.clock()
+            next_s = None
+            for seq_id, (seq, held_s) in list(self._held.items()):
+                give_up_s = held_s + grace_s if seq.deadline_s is None else min(seq.deadline_s, held_s + grace_s)
+                if now >= give_up_s:
+                    del self._held[seq_id]
+                    stream = self._streams.get(seq_id)
+                    if stream is not None:
+                        expired = seq.deadline_s is not None and now >= seq.deadline_s
+                        self._end(stream, _deadline_error(stream) if expired else errors.Unavailable(
+                            f"no worker serves model {self.model}", retry_after_s=1.0))
+                else:
+                    next_s = give_up_s if next_s is None else min(next_s, give_up_s)
+            self._update_gauges()
+            if next_s is not None:
+                await asyncio.sleep(max(0.0, next_s - now))
+
+    def _update_gauges(self) -> None:
+        schedulers = [loop.scheduler for loop in self._loops.values()]
+        num_waiting = sum(s.num_waiting for s in schedulers) + len(self._held)
+        num_blocks = sum(s.kv.num_blocks for s in schedulers)
+        label = self._label
+        metrics.RUNNING_SEQUENCES.labels(label).set(sum(s.num_running for s in schedulers))
+        metrics.WAITING_SEQUENCES.labels(label).set(num_waiting)
+        metrics.QUEUE_DEPTH.labels(label).set(num_waiting)
+        metrics.KV_CACHE_USAGE.labels(label).set(
+            sum(s.kv.num_used_blocks for s in schedulers) / num_blocks if num_blocks else 0.0
+        )
+
+
+def _deadline_error(stream: GenerateStream) -> errors.DeadlineExceeded:
+    seq = stream.seq
+    if seq is None or seq.first_scheduled_s is None:
+        return errors.DeadlineExceeded("deadline passed while waiting for admission")
+    return errors.DeadlineExceeded(f"deadline passed after {seq.num_generated} tokens")

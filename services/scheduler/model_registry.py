@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from infermesh.v1 import common_pb2, scheduler_pb2
 from services.common import errors
+from services.scheduler import metrics
 from services.scheduler.classify_pool import ClassifyPool
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.generate_pool import GeneratePool
@@ -31,24 +32,41 @@ class ModelRegistry:
     def attach(self, link: WorkerLink) -> ModelEntry:
         hello = link.hello
         entry = self._models.get(link.model)
-        if entry is None:
-            pool_cls = ClassifyPool if hello.kind == common_pb2.MODEL_KIND_CLASSIFIER else GeneratePool
-            entry = ModelEntry(link.model, hello.kind, hello, pool_cls(link.model, self._config))
-            self._models[link.model] = entry
-        elif entry.kind != hello.kind:
-            raise errors.InvalidArgument(
-                f"worker {link.worker_id} declares {link.model} as kind {hello.kind}, "
-                f"but attached workers serve it as kind {entry.kind}"
-            )
-        entry.pool.add_worker(link)
+        try:
+            if entry is None:
+                pool_cls = ClassifyPool if hello.kind == common_pb2.MODEL_KIND_CLASSIFIER else GeneratePool
+                entry = ModelEntry(link.model, hello.kind, hello, pool_cls(link.model, hello, self._config))
+                self._models[link.model] = entry
+            elif entry.kind != hello.kind:
+                raise errors.InvalidArgument(
+                    f"worker {link.worker_id} declares {link.model} as kind {hello.kind}, "
+                    f"but attached workers serve it as kind {entry.kind}"
+                )
+            entry.pool.add_worker(link)
+        except ValueError as exc:  # a capacity or tokenizer the scheduler cannot work with
+            raise errors.InvalidArgument(f"worker {link.worker_id}: {exc}") from None
+        self._count_workers(entry)
         log.info("worker %s attached for %s (%d workers)", link.worker_id, link.model, len(entry.pool.workers))
         return entry
+
+    def draining(self, link: WorkerLink) -> None:
+        """The worker takes no new work from now on (it finishes what it has)."""
+        link.draining = True
+        entry = self._models.get(link.model)
+        if entry is not None:
+            entry.pool.drain_worker(link)
+            self._count_workers(entry)
 
     def detach(self, link: WorkerLink) -> None:
         entry = self._models.get(link.model)
         if entry is not None:
             entry.pool.remove_worker(link)
+            self._count_workers(entry)
             log.info("worker %s detached from %s (%d left)", link.worker_id, link.model, len(entry.pool.workers))
+
+    def _count_workers(self, entry: ModelEntry) -> None:
+        versions = [e for key, e in self._models.items() if key.name == entry.key.name]
+        metrics.WORKERS.labels(entry.key.name).set(sum(w.usable for e in versions for w in e.pool.workers))
 
     def resolve(self, ref: common_pb2.ModelRef, kind: int) -> ModelEntry:
         if not ref.name:

@@ -4,27 +4,44 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import grpc
 from opentelemetry import trace
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.common import errors
-from services.common.status import maps_domain_errors
+from services.common.status import maps_domain_errors, status_code_of
 from services.common.telemetry import carrier_for, context_from_metadata, record_stage_span, tracer
 from services.common.timings import StageTime, from_proto, seconds_to_us, to_proto
+from services.scheduler import metrics
 from services.scheduler.classify_pool import ClassifyJob
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.generate_pool import Sequence
+from services.scheduler.fair_queue import Priority, TenantContext
+from services.scheduler.generate_pool import GenerateStream
 from services.scheduler.model_registry import ModelRegistry
+from services.scheduler.pressure import ModelPressure
+from services.scheduler.sequence import FinishReason, SamplingParams
+from services.scheduler.step_plan import SequenceDelta
 from services.scheduler.worker_link import WorkerLink
 
 log = logging.getLogger(__name__)
 _tracer = tracer("infermesh.scheduler")
 PROTOCOL_VERSION = 1
 SERVICE = "scheduler"
+# Requests that carry no tenant (direct calls, tests) share one queue.
+ANONYMOUS_TENANT = "anonymous"
+# Generated tokens a request gets when it names no max_tokens (capped by the model's max sequence length).
+DEFAULT_MAX_TOKENS = 128
+_FINISH_REASONS = {
+    FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
+    FinishReason.EOS: common_pb2.FINISH_REASON_EOS,
+    FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
+}
 
 
 def _deadline_s(context: grpc.aio.ServicerContext, now_s: float, margin_s: float) -> float | None:
@@ -50,6 +67,47 @@ def _check_hello(hello: scheduler_pb2.WorkerHello) -> None:
         raise errors.InvalidArgument("a generator worker must declare num_kv_blocks and block_size >= 1")
 
 
+def _tenant(context: scheduler_pb2.TenantContext) -> TenantContext:
+    if context.priority not in common_pb2.Priority.values():
+        raise errors.InvalidArgument(f"tenant.priority {context.priority} is not a known Priority")
+    return TenantContext(context.tenant_id or ANONYMOUS_TENANT, Priority.from_wire(context.priority),
+                         max(1, context.weight))
+
+
+def _sampling(sampling: common_pb2.SamplingParams, max_tokens: int) -> SamplingParams:
+    if sampling.temperature < 0:
+        raise errors.InvalidArgument(f"sampling.temperature must be >= 0, got {sampling.temperature}")
+    if not 0 <= sampling.top_p <= 1:
+        raise errors.InvalidArgument(f"sampling.top_p must be in [0, 1], got {sampling.top_p}")
+    if any(not stop for stop in sampling.stop):
+        raise errors.InvalidArgument("sampling.stop must not contain empty strings")
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p or 1.0,
+        seed=sampling.seed if sampling.HasField("seed") else None,
+        stop=tuple(sampling.stop),
+        ignore_eos=sampling.ignore_eos,
+    )
+
+
+def _pressure_proto(key, pressure: ModelPressure) -> common_pb2.ModelPressure:
+    return common_pb2.ModelPressure(
+        model=common_pb2.ModelRef(name=key.name, version=key.version),
+        est_queue_time_us=pressure.est_queue_time_us_by_priority(),
+        queue_depth=pressure.queue_depth,
+        kv_usage=pressure.kv_usage,
+        num_workers=pressure.num_workers,
+        min_service_time_us=seconds_to_us(pressure.min_service_time_s),
+    )
+
+
+class _Outcome:
+    """The status code a request ended with, for requests_total."""
+
+    code = "OK"
+
+
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, config: SchedulerConfig, clock=time.monotonic) -> None:
         self._config = config
@@ -64,7 +122,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def Classify(self, request: scheduler_pb2.ScheduleClassifyRequest, context) -> scheduler_pb2.ScheduleClassifyResponse:
         began_s = self._clock()
         parent = context_from_metadata(context.invocation_metadata())
-        with _tracer.start_as_current_span("scheduler.Classify", context=parent, kind=trace.SpanKind.SERVER) as span:
+        with (
+            _tracer.start_as_current_span("scheduler.Classify", context=parent, kind=trace.SpanKind.SERVER) as span,
+            self._counted(request.request.model.name, request.tenant.tenant_id, "classify", began_s),
+        ):
             req = request.request
             if not req.HasField("image") or req.image.WhichOneof("data") is None:
                 raise errors.InvalidArgument("image is required (encoded bytes or raw pixels)")
@@ -76,7 +137,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             span.set_attribute("infermesh.tenant", request.tenant.tenant_id)
             job = ClassifyJob(
                 request=req,
-                tenant=request.tenant,
+                tenant=_tenant(request.tenant),
                 enqueued_s=began_s,
                 deadline_s=_deadline_s(context, began_s, self._config.deadline_margin_ms / 1000),
                 trace_context=carrier_for(),
@@ -119,72 +180,101 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def Generate(self, request: scheduler_pb2.ScheduleGenerateRequest, context):
         began_s = self._clock()
         parent = context_from_metadata(context.invocation_metadata())
-        with _tracer.start_as_current_span("scheduler.Generate", context=parent, kind=trace.SpanKind.SERVER) as span:
+        with (
+            _tracer.start_as_current_span("scheduler.Generate", context=parent, kind=trace.SpanKind.SERVER) as span,
+            self._counted(request.request.model.name, request.tenant.tenant_id, "generate", began_s),
+        ):
             req = request.request
             entry = self.registry.resolve(req.model, common_pb2.MODEL_KIND_GENERATOR)
-            seq = self._make_sequence(req, entry, began_s, context)
+            stream, prompt_ids, sampling = self._make_stream(req, request.tenant, entry, began_s, context)
             span.set_attribute("infermesh.model", str(entry.key))
-            span.set_attribute("infermesh.prompt_tokens", len(seq.prompt_ids))
-            entry.pool.submit(seq)
+            span.set_attribute("infermesh.tenant", stream.tenant.tenant_id)
+            span.set_attribute("infermesh.prompt_tokens", len(prompt_ids))
+            entry.pool.submit(stream, prompt_ids, sampling)
             model = common_pb2.ModelRef(name=entry.key.name, version=entry.key.version)
+            first = True
             try:
                 while True:
-                    event = await seq.events.get()
+                    event = await stream.events.get()
                     if event.error is not None:
                         raise event.error
+                    delta: SequenceDelta = event.delta
                     chunk = gateway_pb2.GenerateResponse(
-                        request_id=req.request_id, token_ids=event.token_ids, text=event.text, index=event.index,
-                        finish_reason=event.finish_reason,
+                        request_id=req.request_id, token_ids=delta.token_ids, text=delta.text, index=delta.index,
+                        finish_reason=_FINISH_REASONS.get(delta.finish_reason, common_pb2.FINISH_REASON_UNSPECIFIED),
                     )
-                    if event.index == 0:
+                    if first:
                         chunk.model.CopyFrom(model)
-                    if event.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
-                        self._finish_chunk(chunk, seq, began_s, model)
+                        first = False
+                    if delta.is_last:
+                        self._finish_chunk(chunk, delta, stream, began_s, model)
+                        span.set_attribute("infermesh.completion_tokens", delta.num_generated)
                         yield scheduler_pb2.ScheduleGenerateResponse(chunk=chunk)
                         return
                     yield scheduler_pb2.ScheduleGenerateResponse(chunk=chunk)
             finally:
-                if not seq.finished:
-                    entry.pool.abort(seq)
+                if not stream.finished:
+                    entry.pool.abort(stream)
 
-    def _make_sequence(self, req: gateway_pb2.GenerateRequest, entry, began_s: float, context) -> Sequence:
+    def _make_stream(self, req: gateway_pb2.GenerateRequest, tenant: scheduler_pb2.TenantContext, entry,
+                     began_s: float, context) -> tuple[GenerateStream, tuple[int, ...], SamplingParams]:
         if not req.prompt:
             raise errors.InvalidArgument("prompt must not be empty")
-        sampling = req.sampling
-        if sampling.temperature < 0:
-            raise errors.InvalidArgument(f"sampling.temperature must be >= 0, got {sampling.temperature}")
-        if not 0 <= sampling.top_p <= 1:
-            raise errors.InvalidArgument(f"sampling.top_p must be in [0, 1], got {sampling.top_p}")
-        tokenizer = entry.hello.tokenizer
-        prompt_ids = list(req.prompt.encode("utf-8"))
-        if tokenizer.bos_token_id >= 0:
-            prompt_ids.insert(0, tokenizer.bos_token_id)
-        max_seq_len = entry.hello.capacity.max_seq_len or 1 << 30
-        max_tokens = sampling.max_tokens or max(1, min(128, max_seq_len - len(prompt_ids)))
-        return Sequence(
-            prompt_ids=prompt_ids,
-            sampling=sampling,
-            max_tokens=max_tokens,
-            eos_token_id=tokenizer.eos_token_id,
+        prompt_ids = entry.pool.tokenizer.encode(req.prompt)
+        max_tokens = req.sampling.max_tokens or max(1, min(DEFAULT_MAX_TOKENS, entry.pool.max_seq_len() - len(prompt_ids)))
+        sampling = _sampling(req.sampling, max_tokens)
+        sampling_proto = req.sampling
+        if not sampling_proto.HasField("seed"):
+            # A seed drawn here, not by each worker, keeps sampling reproducible across preemption and failover.
+            sampling_proto = common_pb2.SamplingParams()
+            sampling_proto.CopyFrom(req.sampling)
+            sampling_proto.seed = random.getrandbits(63)
+        stream = GenerateStream(
+            seq_id=WorkerLink.next_id(),
+            tenant=_tenant(tenant),
+            sampling_proto=sampling_proto,
+            trace_context=carrier_for(),
             arrival_s=began_s,
             deadline_s=_deadline_s(context, began_s, self._config.deadline_margin_ms / 1000),
-            trace_context=carrier_for(),
         )
+        return stream, prompt_ids, sampling
 
-    def _finish_chunk(self, chunk: gateway_pb2.GenerateResponse, seq: Sequence, began_s: float, model) -> None:
+    def _finish_chunk(self, chunk: gateway_pb2.GenerateResponse, delta: SequenceDelta, stream: GenerateStream,
+                      began_s: float, model) -> None:
         now_s = self._clock()
         chunk.model.CopyFrom(model)
-        chunk.usage.prompt_tokens = len(seq.prompt_ids)
-        chunk.usage.completion_tokens = len(seq.output_ids)
-        first_s = seq.first_token_s or now_s
-        chunk.ttft_us = seconds_to_us(first_s - began_s)
-        admitted_s = seq.admitted_s or began_s
+        chunk.usage.prompt_tokens = delta.num_prompt_tokens
+        chunk.usage.completion_tokens = delta.num_generated
+        first_token_s = stream.seq.first_token_s if stream.seq is not None and stream.seq.first_token_s else now_s
+        chunk.ttft_us = seconds_to_us(first_token_s - began_s)
+        scheduled_s = stream.first_scheduled_s or began_s
         stages = [
-            StageTime("queue_wait", seconds_to_us(admitted_s - began_s), SERVICE),
-            StageTime("compute", seconds_to_us(seq.compute_s), "worker"),
+            StageTime("queue_wait", seconds_to_us(scheduled_s - began_s), SERVICE),
+            StageTime("compute", seconds_to_us(stream.compute_s), "worker"),
             StageTime("scheduler", seconds_to_us(now_s - began_s), SERVICE),
         ]
         chunk.timings.CopyFrom(to_proto(stages, total_us=seconds_to_us(now_s - began_s)))
+        metrics.E2E_LATENCY.labels(model.name, "generate").observe(now_s - began_s)
+
+    @contextmanager
+    def _counted(self, model_name: str, tenant_id: str, kind: str, began_s: float) -> Iterator[_Outcome]:
+        """Counts the request by its final status (requests_total) and times successful classify replies."""
+        outcome = _Outcome()
+        try:
+            yield outcome
+        except errors.InfermeshError as exc:
+            outcome.code = status_code_of(exc).name
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            outcome.code = "CANCELLED"
+            raise
+        except Exception:
+            outcome.code = "INTERNAL"
+            raise
+        finally:
+            metrics.REQUESTS.labels(model_name or "", tenant_id or ANONYMOUS_TENANT, outcome.code).inc()
+            if kind == "classify" and outcome.code == "OK":
+                metrics.E2E_LATENCY.labels(model_name, kind).observe(self._clock() - began_s)
 
     # -- Attach ----------------------------------------------------------------
 
@@ -237,7 +327,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             link.kv_blocks_used = message.heartbeat.num_kv_blocks_used
         elif kind == "draining":
             log.info("worker %s is draining", link.worker_id)
-            link.draining = True
+            self.registry.draining(link)
         if link.draining and link.hello.kind == common_pb2.MODEL_KIND_CLASSIFIER and link.num_in_flight == 0:
             link.end_stream()
 
@@ -249,20 +339,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         for entry in self.registry.entries():
             if wanted and (entry.key.name, entry.key.version) not in wanted and (entry.key.name, "") not in wanted:
                 continue
-            pool = entry.pool
-            workers = [w for w in pool.workers if w.usable]
-            per_request_s = getattr(pool, "batch_time_s", 0.0)
-            est_us = seconds_to_us(pool.queue_depth * per_request_s / max(1, len(workers)))
-            response.models.append(
-                common_pb2.ModelPressure(
-                    model=common_pb2.ModelRef(name=entry.key.name, version=entry.key.version),
-                    est_queue_time_us=[0, est_us, est_us, est_us],
-                    queue_depth=pool.queue_depth,
-                    kv_usage=pool.kv_usage() if hasattr(pool, "kv_usage") else 0.0,
-                    num_workers=len(workers),
-                    min_service_time_us=seconds_to_us(per_request_s),
-                )
-            )
+            response.models.append(_pressure_proto(entry.key, entry.pool.pressure()))
         return response
 
     async def ListModels(self, request: gateway_pb2.ListModelsRequest, context) -> gateway_pb2.ListModelsResponse:
@@ -287,6 +364,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def drain(self, grace_s: float) -> None:
         """Ask every worker to finish in-flight work and re-dial; wait for them up to grace_s."""
         for link in list(self._links):
+            self.registry.draining(link)
             link.drain(int(grace_s * 1000))
         deadline = self._clock() + grace_s
         while self._links and self._clock() < deadline:

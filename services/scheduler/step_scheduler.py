@@ -54,6 +54,9 @@ class StepSchedulerConfig:
     max_prefill_chunk_tokens: int = 0
     # False: a waiting prompt is admitted only when it fits the step whole (the benchmark's baseline).
     enable_chunked_prefill: bool = True
+    # Static batching (the benchmark's baseline for continuous batching): once a running set
+    # has started decoding, nothing new is admitted until all of it finished.
+    static_batching: bool = False
     # Deficit round robin credit per visit, in prompt tokens.
     tenant_quantum_tokens: int = 256
     # Admission keeps this fraction of blocks free, so running sequences can grow without preempting.
@@ -135,6 +138,8 @@ class StepScheduler:
         self._in_flight_since_s = 0.0
         self._next_step_id = 1
         self._watermark_blocks = int(config.kv_watermark * kv.num_blocks)
+        # Static batching only: the running set has begun decoding, so admission waits for it to empty.
+        self._batch_closed = False
         self.step_time_s = config.initial_step_time_s
 
     # -- intake ------------------------------------------------------------
@@ -193,7 +198,9 @@ class StepScheduler:
         expired = self._abort_expired(now)
         step = _StepBuilder(self.config.max_num_batched_tokens)
         self._schedule_running(step)
-        if not step.preempted:  # admitting right after preempting would only thrash
+        if not self._running:
+            self._batch_closed = False
+        if not step.preempted and not self._batch_closed:  # admitting right after preempting would only thrash
             self._admit(step, now)
         plan = StepPlan(
             step_id=self._next_step_id,
@@ -233,6 +240,7 @@ class StepScheduler:
                 self.abort(seq.seq_id, AbortReason.FAILED)
                 deltas.append(self._delta(seq, StreamChunk((), "", seq.stream.num_emitted_tokens)))
                 continue
+            self._batch_closed = self.config.static_batching
             delta = self._append_token(seq, token_id, now)
             if delta is not None:
                 deltas.append(delta)
@@ -253,6 +261,19 @@ class StepScheduler:
         self._waiting.remove_where(lambda _: True)
         self._forget_ids.clear()
         self._in_flight = None
+        return seqs
+
+    def evict_waiting(self) -> list[Sequence]:
+        """Hands back the sequences holding no blocks (never scheduled, or preempted), ready for
+        another worker's adopt(); running ones stay (a draining worker finishes them)."""
+        seqs = [s for s in self._seqs.values() if s.status in (SequenceStatus.WAITING, SequenceStatus.PREEMPTED)]
+        seqs.sort(key=Sequence.preemption_key)
+        for seq in seqs:
+            if seq.status is SequenceStatus.PREEMPTED:
+                self._preempted.remove(seq)
+            else:
+                self._waiting.remove(seq)
+            del self._seqs[seq.seq_id]
         return seqs
 
     # -- state -------------------------------------------------------------

@@ -235,3 +235,40 @@ def test_config_rejects_impossible_values():
         BatcherConfig(max_batch_size=8, max_queue_delay_s=0.0, preferred_batch_sizes=(4, 9))
     with pytest.raises(ValueError, match="max_queue_delay_s must be >= 0"):
         BatcherConfig(max_batch_size=8, max_queue_delay_s=-1.0)
+
+
+def test_a_tenant_flooding_a_full_queue_loses_its_newest_request_not_the_others_turn(clock):
+    batcher = make_batcher(clock, max_queue_size=4)
+    flood = submit_n(batcher, 4, who=tenant("heavy"))
+    light = batcher.submit("light", tenant("light"), deadline_s=None)
+    (failed,) = batcher.take_failed()
+    assert failed.item is flood[-1] and isinstance(failed.error, ResourceExhausted)
+    assert "dropped the newest request of tenant 'heavy'" in failed.error.message
+    assert failed.error.retry_after_s > 0
+    assert batcher.queue_depth == 4
+    with pytest.raises(ResourceExhausted, match="queue full"):
+        batcher.submit("more", tenant("heavy"), deadline_s=None)
+    clock.advance(1.0)
+    assert light.item_id in {i.item_id for i in batcher.next_batch().items}
+
+
+def test_abandon_queued_fails_everything_waiting_but_not_what_is_in_flight(clock):
+    batcher = make_batcher(clock, workers={"w1": 2}, max_queue_delay_s=0.0)
+    submit_n(batcher, 6)
+    running = batcher.next_batch()
+    batcher.abandon_queued(Unavailable("no worker serves model m"))
+    failed = batcher.take_failed()
+    assert len(failed) == 4 and all(isinstance(f.error, Unavailable) for f in failed)
+    assert batcher.queue_depth == 0 and batcher.complete(running.batch_id) is running
+
+
+def test_has_free_worker_counts_the_prefetch_slot(clock):
+    batcher = make_batcher(clock, workers={"w1": 2}, max_queue_delay_s=0.0)
+    assert batcher.has_free_worker() and batcher.num_usable_workers == 1
+    submit_n(batcher, 4)
+    batcher.next_batch()
+    assert batcher.has_free_worker()
+    batcher.next_batch()
+    assert not batcher.has_free_worker()
+    batcher.drain_worker("w1")
+    assert batcher.num_usable_workers == 0

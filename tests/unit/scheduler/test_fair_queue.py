@@ -153,3 +153,35 @@ def test_rejects_bad_construction_and_duplicate_items():
         queue.push(item, tenant())
     with pytest.raises(ValueError, match="cost must be >= 1"):
         queue.push(object(), tenant(), cost=0)
+
+
+def test_a_full_queue_displaces_the_newest_entry_of_the_longest_tenant():
+    queue: FairQueue[str] = FairQueue(4)
+    for i in range(3):
+        queue.push(f"heavy{i}", tenant("heavy"))
+    queue.push("light0", tenant("light"))
+    assert queue.can_displace_for(tenant("light"))
+    assert queue.push_displacing("light1", tenant("light")) == "heavy2"
+    assert sorted(drain(queue)) == ["heavy0", "heavy1", "light0", "light1"]
+
+
+def test_displacement_never_takes_from_a_higher_class_or_a_shorter_queue():
+    queue: FairQueue[str] = FairQueue(4)
+    for i in range(2):
+        queue.push(f"crit{i}", tenant("pager", Priority.CRITICAL))
+        queue.push(f"std{i}", tenant("app"))
+    with pytest.raises(ResourceExhausted, match=r"queue full: 4 requests waiting \(max 4\)"):
+        queue.push_displacing("shed", tenant("batch", Priority.SHEDDABLE))
+    # app holds two, a newcomer of its class would hold one: app's newest goes.
+    assert queue.push_displacing("std-new", tenant("other")) == "std1"
+    # Now app and other hold one and one: nothing longer than the newcomer's own would be.
+    assert not queue.can_displace_for(tenant("other"))
+
+
+def test_displacement_weighs_queue_lengths_by_tenant_weight():
+    queue: FairQueue[str] = FairQueue(4)
+    for i in range(3):
+        queue.push(f"big{i}", tenant("big", weight=3))
+    queue.push("small0", tenant("small"))
+    # big may hold three times what small holds: 3 entries vs small's 2 after the push is within share.
+    assert not queue.can_displace_for(tenant("small"))

@@ -414,3 +414,56 @@ def test_a_sequence_the_worker_failed_is_aborted_and_reported(clock):
 def test_config_must_fit_one_full_sequence_in_the_cache(clock):
     with pytest.raises(ValueError, match="max_seq_len 128 needs 32 blocks, the worker has 16"):
         make_scheduler(clock, num_blocks=16, block_size=4, max_seq_len=128)
+
+
+# -- static batching (benchmark baseline) and draining ----------------------------
+
+
+def test_static_batching_admits_nothing_new_until_the_whole_running_set_finished(clock):
+    scheduler = make_scheduler(clock, static_batching=True, max_num_seqs=2)
+    worker = FakePagedWorker(4)
+    make_requests(scheduler, 1, prompt_len=4, max_tokens=2)
+    make_requests(scheduler, 1, prompt_len=4, max_tokens=6, first_id=2)
+    make_requests(scheduler, 1, prompt_len=4, max_tokens=2, first_id=3)
+    admitted_at = {}
+    for step in range(12):
+        plan = scheduler.schedule()
+        for s in plan.seqs:
+            admitted_at.setdefault(s.seq_id, step)
+        if plan.has_work():
+            scheduler.update_from_output(plan, worker.run(plan))
+    # Sequence 1 finishes after step 1, but 3 only starts once 2 (six tokens) is done too.
+    assert admitted_at == {1: 0, 2: 0, 3: 6}
+
+
+def test_continuous_batching_fills_a_freed_slot_at_the_next_step(clock):
+    scheduler = make_scheduler(clock, max_num_seqs=2)
+    worker = FakePagedWorker(4)
+    make_requests(scheduler, 1, prompt_len=4, max_tokens=2)
+    make_requests(scheduler, 1, prompt_len=4, max_tokens=6, first_id=2)
+    make_requests(scheduler, 1, prompt_len=4, max_tokens=2, first_id=3)
+    admitted_at = {}
+    for step in range(12):
+        plan = scheduler.schedule()
+        for s in plan.seqs:
+            admitted_at.setdefault(s.seq_id, step)
+        if plan.has_work():
+            scheduler.update_from_output(plan, worker.run(plan))
+    assert admitted_at == {1: 0, 2: 0, 3: 2}
+
+
+def test_evict_waiting_hands_over_unscheduled_and_preempted_sequences_only(clock):
+    scheduler = make_scheduler(clock, max_num_seqs=2)
+    worker = FakePagedWorker(4)
+    make_requests(scheduler, 4, prompt_len=4, max_tokens=8)
+    plan = scheduler.schedule()
+    scheduler.update_from_output(plan, worker.run(plan))
+    moved = scheduler.evict_waiting()
+    assert [s.seq_id for s in moved] == [3, 4]
+    assert scheduler.num_running == 2 and scheduler.num_waiting == 0 and scheduler.num_unfinished == 2
+    other = make_scheduler(clock)
+    for seq in moved:
+        other.adopt(seq)
+    transcript = run_steps(other, FakePagedWorker(4), clock)
+    for seq_id in (3, 4):
+        assert transcript.token_ids(seq_id) == expected_tokens(seq_id, 4, 8)

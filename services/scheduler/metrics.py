@@ -1,0 +1,66 @@
+"""The scheduler's Prometheus metrics (prometheus-client, the process's default registry).
+
+Names and labels are a contract with dashboards and alerts; change them only together.
+Label values: `model` is the model name; `priority` is critical | standard | sheddable;
+`kind` is classify | generate; `code` is the gRPC status code name (OK, UNAVAILABLE, ...).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from services.scheduler.fair_queue import Priority
+
+# Seconds, from 0.5 ms to 60 s: scheduler queues range from sub-millisecond to overload.
+_LATENCY_BUCKETS_S = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)
+_BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+QUEUE_DEPTH = Gauge(
+    "infermesh_scheduler_queue_depth", "Requests waiting in the scheduler queue (classify items or waiting sequences).",
+    ["model"],
+)
+QUEUE_TIME = Histogram(
+    "infermesh_scheduler_queue_time_seconds",
+    "Time from arrival at the scheduler until the request's batch was dispatched (classify) or its first step "
+    "was scheduled (generate).",
+    ["model", "priority"], buckets=_LATENCY_BUCKETS_S,
+)
+BATCH_SIZE = Histogram(
+    "infermesh_scheduler_batch_size", "Requests per classify batch, or sequences per generate step.",
+    ["model"], buckets=_BATCH_SIZE_BUCKETS,
+)
+RUNNING_SEQUENCES = Gauge(
+    "infermesh_scheduler_running_sequences", "Generate sequences holding KV blocks, over the model's workers.", ["model"]
+)
+WAITING_SEQUENCES = Gauge(
+    "infermesh_scheduler_waiting_sequences",
+    "Generate sequences waiting for admission (new, preempted, or held for a worker).", ["model"],
+)
+KV_CACHE_USAGE = Gauge(
+    "infermesh_scheduler_kv_cache_usage_ratio", "Fraction of the model's KV blocks allocated, over its workers, 0..1.",
+    ["model"],
+)
+PREEMPTIONS = Counter(
+    "infermesh_scheduler_preemptions_total", "Sequences preempted (blocks freed, recomputed later).", ["model"]
+)
+TTFT = Histogram(
+    "infermesh_scheduler_ttft_seconds", "Generate: arrival at the scheduler until the first generated token.",
+    ["model"], buckets=_LATENCY_BUCKETS_S,
+)
+INTER_TOKEN_LATENCY = Histogram(
+    "infermesh_scheduler_inter_token_latency_seconds", "Generate: time between consecutive streamed tokens.",
+    ["model"], buckets=_LATENCY_BUCKETS_S,
+)
+E2E_LATENCY = Histogram(
+    "infermesh_scheduler_e2e_latency_seconds", "Arrival at the scheduler until the reply (or the last chunk).",
+    ["model", "kind"], buckets=_LATENCY_BUCKETS_S,
+)
+REQUESTS = Counter(
+    "infermesh_scheduler_requests_total", "Requests finished at the scheduler, by status code.",
+    ["model", "tenant", "code"],
+)
+WORKERS = Gauge("infermesh_scheduler_workers", "Workers attached and serving the model.", ["model"])
+
+PRIORITY_LABELS = {p: p.name.lower() for p in Priority}
