@@ -1,0 +1,198 @@
+"""KServe v2 / Triton GRPCInferenceService on the gateway port: health, metadata, inference, errors."""
+
+from __future__ import annotations
+
+import io
+import struct
+
+import grpc
+import pytest
+from PIL import Image
+
+from inference import grpc_predict_v2_pb2 as kserve
+from inference import grpc_predict_v2_pb2_grpc as kserve_grpc
+from tests.support.gateway_fixtures import bearer, spawn_gateway, status_of, tenant, write_tenants
+from tests.support.processes import running_mesh, wait_until
+
+pytestmark = pytest.mark.integration
+
+BRIGHT_PIXELS = bytes([250] * 12)  # 2 x 2 x 3
+DARK_PIXELS = bytes([5] * 12)
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gateway-kserve")
+    tenants = write_tenants(tmp / "tenants.yaml", [
+        tenant("vision", "vision-key", allowed_models=["toy-classifier"]),
+        tenant("text", "text-key", allowed_models=["toy-generator"]),
+    ])
+    with running_mesh(tmp) as mesh:
+        mesh.start_scheduler()
+        mesh.start_worker("toy-classifier")
+        mesh.start_worker("toy-generator")
+        mesh.start_gateway("--pressure-poll-interval-ms", "200")
+        mesh.secured = spawn_gateway(mesh, "gateway-secured", "--tenants-file", str(tenants))
+        yield mesh
+
+
+@pytest.fixture(scope="module")
+def stub(mesh):
+    with grpc.insecure_channel(mesh.gateway.address) as channel:
+        yield kserve_grpc.GRPCInferenceServiceStub(channel)
+
+
+def _image_input(pixels: bytes = BRIGHT_PIXELS, shape=(2, 2, 3), datatype="UINT8") -> kserve.ModelInferRequest:
+    return kserve.ModelInferRequest(
+        model_name="toy-classifier", id="req-1",
+        inputs=[kserve.ModelInferRequest.InferInputTensor(name="IMAGE", datatype=datatype, shape=list(shape))],
+        raw_input_contents=[pixels],
+    )
+
+
+def _floats(raw: bytes) -> list[float]:
+    return list(struct.unpack(f"<{len(raw) // 4}f", raw))
+
+
+def _strings(raw: bytes) -> list[str]:
+    out, offset = [], 0
+    while offset < len(raw):
+        (length,) = struct.unpack_from("<I", raw, offset)
+        out.append(raw[offset + 4:offset + 4 + length].decode())
+        offset += 4 + length
+    return out
+
+
+def test_server_health_and_metadata(stub):
+    assert stub.ServerLive(kserve.ServerLiveRequest(), timeout=5).live
+    wait_until(lambda: stub.ServerReady(kserve.ServerReadyRequest(), timeout=5).ready, timeout_s=10,
+               message="ready once the scheduler answered a poll")
+    meta = stub.ServerMetadata(kserve.ServerMetadataRequest(), timeout=5)
+    assert (meta.name, list(meta.extensions)) == ("infermesh", ["classification"])
+
+
+def test_model_ready_only_for_attached_classifiers(stub):
+    assert stub.ModelReady(kserve.ModelReadyRequest(name="toy-classifier"), timeout=5).ready
+    assert stub.ModelReady(kserve.ModelReadyRequest(name="toy-classifier", version="1"), timeout=5).ready
+    assert not stub.ModelReady(kserve.ModelReadyRequest(name="toy-classifier", version="7"), timeout=5).ready
+    assert not stub.ModelReady(kserve.ModelReadyRequest(name="nope"), timeout=5).ready
+    assert not stub.ModelReady(kserve.ModelReadyRequest(name="toy-generator"), timeout=5).ready
+
+
+def test_model_metadata_describes_the_tensor_contract(stub):
+    meta = stub.ModelMetadata(kserve.ModelMetadataRequest(name="toy-classifier"), timeout=5)
+    assert (meta.name, list(meta.versions), meta.platform) == ("toy-classifier", ["1"], "infermesh_classifier")
+    assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [("IMAGE", "UINT8", [-1, -1, -1])]
+    assert [(t.name, t.datatype, list(t.shape)) for t in meta.outputs] == [
+        ("PROBABILITIES", "FP32", [2]), ("LABELS", "BYTES", [2]),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "code", "message"),
+    [
+        ("nope", grpc.StatusCode.NOT_FOUND, "model 'nope' is not served here"),
+        ("toy-generator", grpc.StatusCode.INVALID_ARGUMENT,
+         "model toy-generator:1 is a MODEL_KIND_GENERATOR; the KServe v2 endpoint serves classifier models only"),
+    ],
+)
+def test_model_metadata_errors(stub, name, code, message):
+    got = status_of(lambda: stub.ModelMetadata(kserve.ModelMetadataRequest(name=name), timeout=5))
+    assert (got.code, got.message) == (code, message)
+
+
+def test_infer_raw_uint8_gives_probabilities_and_labels_in_class_order(stub):
+    reply = stub.ModelInfer(_image_input(), timeout=10)
+    assert (reply.model_name, reply.model_version, reply.id) == ("toy-classifier", "1", "req-1")
+    assert [(o.name, o.datatype, list(o.shape)) for o in reply.outputs] == [
+        ("PROBABILITIES", "FP32", [2]), ("LABELS", "BYTES", [2]),
+    ]
+    probabilities = _floats(reply.raw_output_contents[0])
+    assert _strings(reply.raw_output_contents[1]) == ["dark", "bright"]
+    assert probabilities[1] > probabilities[0] and abs(sum(probabilities) - 1) < 1e-3
+
+
+def test_infer_with_typed_contents_and_batch_of_one_shape(stub):
+    request = kserve.ModelInferRequest(
+        model_name="toy-classifier",
+        inputs=[kserve.ModelInferRequest.InferInputTensor(
+            name="IMAGE", datatype="UINT8", shape=[1, 2, 2, 3],
+            contents=kserve.InferTensorContents(uint_contents=list(DARK_PIXELS)),
+        )],
+        outputs=[kserve.ModelInferRequest.InferRequestedOutputTensor(name="PROBABILITIES")],
+    )
+    reply = stub.ModelInfer(request, timeout=10)
+    assert [o.name for o in reply.outputs] == ["PROBABILITIES"]
+    dark, bright = _floats(reply.raw_output_contents[0])
+    assert dark > bright
+
+
+def test_infer_encoded_png_as_bytes_with_the_classification_extension(stub):
+    png = io.BytesIO()
+    Image.new("RGB", (4, 4), (255, 255, 255)).save(png, format="PNG")
+    encoded = png.getvalue()
+    request = _image_input(struct.pack("<I", len(encoded)) + encoded, shape=(1,), datatype="BYTES")
+    request.outputs.add(name="PROBABILITIES").parameters["classification"].int64_param = 1
+    reply = stub.ModelInfer(request, timeout=10)
+    assert [(o.name, o.datatype, list(o.shape)) for o in reply.outputs] == [("PROBABILITIES", "BYTES", [1])]
+    (entry,) = _strings(reply.raw_output_contents[0])
+    score, index, label = entry.split(":")
+    assert (index, label) == ("1", "bright") and 0.5 < float(score) <= 1
+
+
+@pytest.mark.parametrize(
+    ("request_", "code", "message"),
+    [
+        (kserve.ModelInferRequest(model_name="nope", inputs=_image_input().inputs,
+                                  raw_input_contents=[BRIGHT_PIXELS]),
+         grpc.StatusCode.NOT_FOUND, "model 'nope' is not served here"),
+        (kserve.ModelInferRequest(inputs=_image_input().inputs, raw_input_contents=[BRIGHT_PIXELS]),
+         grpc.StatusCode.INVALID_ARGUMENT, "model_name is required"),
+        (_image_input(datatype="FP32"), grpc.StatusCode.INVALID_ARGUMENT,
+         "input 'IMAGE' has datatype FP32; expected UINT8 (HWC pixels) or BYTES (a PNG or JPEG file)"),
+        (_image_input(shape=(2, 6)), grpc.StatusCode.INVALID_ARGUMENT,
+         "input 'IMAGE' UINT8 shape must be [H, W, C] or [1, H, W, C] with H, W >= 1 and C in 1, 3, 4; got [2, 6]"),
+        (_image_input(shape=(2, 3, 3)), grpc.StatusCode.INVALID_ARGUMENT,
+         "input 'IMAGE' has 12 bytes, expected 18 (2x3x3)"),
+        (kserve.ModelInferRequest(model_name="toy-classifier", raw_input_contents=[BRIGHT_PIXELS],
+                                  inputs=[kserve.ModelInferRequest.InferInputTensor(
+                                      name="INPUT0", datatype="UINT8", shape=[2, 2, 3])]),
+         grpc.StatusCode.INVALID_ARGUMENT, "expected exactly one input named 'IMAGE', got ['INPUT0']"),
+        (kserve.ModelInferRequest(model_name="toy-classifier", inputs=_image_input().inputs,
+                                  raw_input_contents=[BRIGHT_PIXELS],
+                                  outputs=[kserve.ModelInferRequest.InferRequestedOutputTensor(name="SCORES")]),
+         grpc.StatusCode.INVALID_ARGUMENT, "unknown output 'SCORES'; this model has PROBABILITIES, LABELS"),
+        (kserve.ModelInferRequest(model_name="toy-generator", inputs=_image_input().inputs,
+                                  raw_input_contents=[BRIGHT_PIXELS]),
+         grpc.StatusCode.INVALID_ARGUMENT,
+         "model toy-generator:1 is a MODEL_KIND_GENERATOR; the KServe v2 endpoint serves classifier models only"),
+    ],
+)
+def test_infer_errors_are_statuses_with_precise_messages(stub, request_, code, message):
+    got = status_of(lambda: stub.ModelInfer(request_, timeout=10))
+    assert (got.code, got.message) == (code, message)
+
+
+def test_undecodable_image_error_comes_from_the_worker(stub):
+    garbage = b"not a png"
+    got = status_of(lambda: stub.ModelInfer(
+        _image_input(struct.pack("<I", len(garbage)) + garbage, shape=(1,), datatype="BYTES"), timeout=10))
+    assert got.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert got.message.startswith("cannot decode image")
+
+
+def test_kserve_calls_authenticate_like_the_infermesh_api(mesh):
+    with grpc.insecure_channel(mesh.secured.address) as channel:
+        secured = kserve_grpc.GRPCInferenceServiceStub(channel)
+        missing = status_of(lambda: secured.ModelInfer(_image_input(), timeout=10))
+        assert (missing.code, missing.message) == (
+            grpc.StatusCode.UNAUTHENTICATED, "missing API key: send metadata 'authorization: Bearer <key>'"
+        )
+        denied = status_of(lambda: secured.ModelMetadata(kserve.ModelMetadataRequest(name="toy-classifier"),
+                                                         timeout=5, metadata=bearer("text-key")))
+        assert (denied.code, denied.message) == (
+            grpc.StatusCode.PERMISSION_DENIED, "tenant 'text' may not use model 'toy-classifier'"
+        )
+        reply = secured.ModelInfer(_image_input(), timeout=10, metadata=bearer("vision-key"))
+        assert _strings(reply.raw_output_contents[1]) == ["dark", "bright"]
+        assert secured.ServerLive(kserve.ServerLiveRequest(), timeout=5).live, "probes need no key"
