@@ -1,0 +1,176 @@
+"""The attempt loop: retries by policy and budget, breaker reports, Generate never retried after a token."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from services.common.errors import InvalidArgument, Unavailable
+from services.gateway.circuit_breaker import BreakerConfig, BreakerState, CircuitBreakers
+from services.gateway.deadlines import Deadline, DeadlinePolicy, Deadlines
+from services.gateway.dispatch import Dispatcher
+from services.gateway.retry_budget import RetryBudgetConfig, RetryBudgets
+from services.gateway.retry_policy import RetryPolicy, RetryPolicyConfig, WorkKind
+from services.gateway.routing import RoutingTable
+from services.gateway.shedding import PressureBoard
+from services.gateway.upstream import AttemptError
+from services.gateway.upstream_status import UpstreamCode
+from tests.unit.gateway.conftest import FixedRng
+
+ENDPOINT = "10.0.0.1:50052"
+
+
+def _unavailable(pushback_ms: int | None = None) -> AttemptError:
+    return AttemptError(Unavailable("connection refused"), UpstreamCode.UNAVAILABLE, pushback_ms)
+
+
+class FakeClients:
+    def __init__(self) -> None:
+        self.addresses: list[str] = []
+
+    def get(self, address: str):
+        self.addresses.append(address)
+        return address
+
+
+class FakeStream:
+    """A Generate call that yields `chunks`, then raises `error` (if any)."""
+
+    def __init__(self, chunks, error: AttemptError | None = None, block: bool = False) -> None:
+        self._chunks = chunks
+        self._error = error
+        self._block = block
+        self.cancelled = False
+        self.blocked = asyncio.Event()
+
+    async def chunks(self):
+        for chunk in self._chunks:
+            yield chunk
+        if self._block:
+            self.blocked.set()
+            await asyncio.Event().wait()
+        if self._error is not None:
+            raise self._error
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def _chunk(*token_ids: int):
+    return SimpleNamespace(token_ids=list(token_ids))
+
+
+@pytest.fixture
+def parts(clock):
+    breakers = CircuitBreakers(BreakerConfig(num_consecutive_failures_to_open=2, open_cooldown_s=5), clock)
+    budgets = RetryBudgets(RetryBudgetConfig(retry_ratio=0.0, window_s=10, min_retries_per_s=0.2), clock)
+    deadlines = Deadlines(DeadlinePolicy(), clock)
+    sleeps: list[float] = []
+
+    async def sleep(delay_s: float) -> None:
+        sleeps.append(delay_s)
+
+    dispatcher = Dispatcher(
+        routing=RoutingTable((), breakers, fallback_endpoint=ENDPOINT),
+        clients=FakeClients(),
+        policy=RetryPolicy(RetryPolicyConfig(max_attempts=3), rng=FixedRng(0.5)),
+        budgets=budgets,
+        breakers=breakers,
+        deadlines=deadlines,
+        board=PressureBoard(clock),
+        sleep=sleep,
+    )
+    scope = SimpleNamespace(model="digits", version="", deadline=Deadline(expires_at_s=clock() + 10))
+    return SimpleNamespace(dispatcher=dispatcher, scope=scope, breakers=breakers, budgets=budgets, sleeps=sleeps)
+
+
+def _scripted(*outcomes):
+    """A unary call that fails or answers in the given order; records each attempt's version."""
+    calls = []
+
+    async def call(client, version, timeout_s):
+        calls.append((client, version))
+        outcome = outcomes[len(calls) - 1]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    return call, calls
+
+
+async def test_classify_is_retried_after_unavailable_with_backoff(parts):
+    call, calls = _scripted(_unavailable(), "labels")
+    assert await parts.dispatcher.unary(parts.scope, WorkKind.CLASSIFY, call) == "labels"
+    assert calls == [(ENDPOINT, ""), (ENDPOINT, "")]
+    assert parts.sleeps == [0.0125]  # full jitter 0.5 x 25 ms
+
+
+async def test_scheduler_pushback_replaces_backoff_and_is_not_a_breaker_failure(parts):
+    call, _ = _scripted(_unavailable(pushback_ms=300), _unavailable(pushback_ms=300), "labels")
+    assert await parts.dispatcher.unary(parts.scope, WorkKind.CLASSIFY, call) == "labels"
+    assert parts.sleeps == [0.3, 0.3]
+    assert parts.breakers.for_endpoint(ENDPOINT).state is BreakerState.CLOSED
+
+
+async def test_non_retryable_error_surfaces_at_once(parts):
+    call, calls = _scripted(AttemptError(InvalidArgument("bad image"), UpstreamCode.INVALID_ARGUMENT, None))
+    with pytest.raises(InvalidArgument, match="bad image"):
+        await parts.dispatcher.unary(parts.scope, WorkKind.CLASSIFY, call)
+    assert len(calls) == 1
+
+
+async def test_retries_stop_when_the_budget_is_spent(parts):
+    # Floor 0.2/s over 10 s = 2 retries for the whole window, ratio 0: the third request gets none.
+    for _ in range(2):
+        call, calls = _scripted(_unavailable(), "ok")
+        await parts.dispatcher.unary(parts.scope, WorkKind.CLASSIFY, call)
+    call, calls = _scripted(_unavailable(), "ok")
+    with pytest.raises(Unavailable, match="connection refused"):
+        await parts.dispatcher.unary(parts.scope, WorkKind.CLASSIFY, call)
+    assert len(calls) == 1
+
+
+async def test_open_breaker_fails_fast_without_calling(parts):
+    call, calls = _scripted(_unavailable(), _unavailable(), _unavailable())
+    with pytest.raises(Unavailable, match="connection refused"):
+        await parts.dispatcher.unary(parts.scope, WorkKind.CLASSIFY, call)
+    assert len(calls) == 2, "the second failure opened the breaker; the last error is reported"
+    call, calls = _scripted("never")
+    with pytest.raises(Unavailable, match="circuit open for all 1 endpoints") as info:
+        await parts.dispatcher.unary(parts.scope, WorkKind.CLASSIFY, call)
+    assert calls == [] and info.value.retry_after_s == 5
+
+
+async def test_generate_is_retried_when_it_failed_before_any_chunk(parts):
+    streams = [FakeStream([], _unavailable()), FakeStream([_chunk(1), _chunk(2)])]
+    seen = []
+    out = [c async for c in parts.dispatcher.stream(parts.scope, lambda *_: streams.pop(0), seen.append)]
+    assert [c.token_ids for c in out] == [[1], [2]] and seen == out
+
+
+async def test_generate_is_never_retried_once_a_token_was_sent(parts):
+    streams = [FakeStream([_chunk(7)], _unavailable()), FakeStream([_chunk(8)])]
+    out = []
+    with pytest.raises(Unavailable):
+        async for chunk in parts.dispatcher.stream(parts.scope, lambda *_: streams.pop(0), lambda c: None):
+            out.append(chunk)
+    assert [c.token_ids for c in out] == [[7]]
+    assert len(streams) == 1, "no second attempt"
+
+
+async def test_client_cancellation_cancels_the_upstream_stream(parts):
+    stream = FakeStream([_chunk(1)], block=True)
+
+    async def consume():
+        async for _ in parts.dispatcher.stream(parts.scope, lambda *_: stream, lambda c: None):
+            pass
+
+    task = asyncio.create_task(consume())
+    await stream.blocked.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert stream.cancelled
+    assert parts.breakers.for_endpoint(ENDPOINT).state is BreakerState.CLOSED

@@ -1,0 +1,56 @@
+"""KServe v2 tensor codec: input image decoding, output encoding, Triton's BYTES layout."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from inference import grpc_predict_v2_pb2 as kserve
+from infermesh.v1 import common_pb2
+from services.common.errors import InvalidArgument
+from services.gateway import kserve_codec
+from services.gateway.kserve_codec import ClassScores, RequestedOutput
+
+
+def _request(datatype: str, shape, raw: bytes) -> kserve.ModelInferRequest:
+    tensor = kserve.ModelInferRequest.InferInputTensor(name="IMAGE", datatype=datatype, shape=shape)
+    return kserve.ModelInferRequest(model_name="m", inputs=[tensor], raw_input_contents=[raw])
+
+
+def test_bytes_tensor_round_trips_and_rejects_truncation():
+    packed = kserve_codec.pack_bytes_tensor([b"dark", b"", b"bright"])
+    assert packed[:8] == struct.pack("<I", 4) + b"dark"
+    assert kserve_codec.unpack_bytes_tensor(packed) == [b"dark", b"", b"bright"]
+    with pytest.raises(InvalidArgument, match="element of 6 bytes runs past the end"):
+        kserve_codec.unpack_bytes_tensor(packed[:-1])
+    with pytest.raises(InvalidArgument, match="length prefix is cut short"):
+        kserve_codec.unpack_bytes_tensor(b"\x01\x00")
+
+
+def test_uint8_hwc_and_batch_of_one_become_raw_images():
+    image = kserve_codec.decode_image(_request("UINT8", [1, 2, 1, 4], bytes(8)))
+    assert (image.raw.height, image.raw.width, image.raw.channels) == (2, 1, 4)
+
+
+def test_encoded_image_comes_from_one_bytes_element():
+    image = kserve_codec.decode_image(_request("BYTES", [1], kserve_codec.pack_bytes_tensor([b"PNG..."])))
+    assert image == common_pb2.Image(encoded=b"PNG...")
+    with pytest.raises(InvalidArgument, match="hold 2 elements, expected 1"):
+        kserve_codec.decode_image(_request("BYTES", [1], kserve_codec.pack_bytes_tensor([b"a", b"b"])))
+
+
+def test_outputs_in_class_order_and_classification_ranked():
+    scores = kserve_codec.scores_from_labels(
+        ["cat", "dog", "eel"],
+        [common_pb2.Label(label="dog", index=1, score=0.7), common_pb2.Label(label="eel", index=2, score=0.2),
+         common_pb2.Label(label="cat", index=0, score=0.1)],
+    )
+    assert scores == ClassScores(labels=("cat", "dog", "eel"), scores=pytest.approx((0.1, 0.7, 0.2)))
+    response = kserve.ModelInferResponse()
+    kserve_codec.encode_outputs(response, [RequestedOutput("PROBABILITIES"), RequestedOutput("LABELS", 2)], scores)
+    assert [(o.name, o.datatype, list(o.shape)) for o in response.outputs] == [
+        ("PROBABILITIES", "FP32", [3]), ("LABELS", "BYTES", [2]),
+    ]
+    assert struct.unpack("<3f", response.raw_output_contents[0]) == pytest.approx((0.1, 0.7, 0.2))
+    assert kserve_codec.unpack_bytes_tensor(response.raw_output_contents[1]) == [b"0.700000:1:dog", b"0.200000:2:eel"]
