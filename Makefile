@@ -47,7 +47,7 @@ up: setup models ## start scheduler, gateway and two workers on 127.0.0.1; wait 
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" setsid $(VENV)/bin/honcho -f deploy/local/Procfile -d . start \
 		> run/mesh.log 2>&1 < /dev/null & echo $$! > $(MESH_PID); \
 	if ! $(PY) -m tools.mesh wait --health $(MESH_HEALTH) --gateway $(MESH_GATEWAY) \
-		--models $(MESH_CLASSIFIER_MODEL) $(MESH_GENERATOR_MODEL) --timeout-s 180; then \
+		--models $(MESH_CLASSIFIER_MODEL) $(MESH_GENERATOR_MODEL) --api-key demo-key-alpha --timeout-s 180; then \
 		tail -n 40 run/mesh.log; $(MAKE) --no-print-directory down; exit 1; fi; \
 	echo "infermesh is up: gateway at $(MESH_GATEWAY) (logs: run/mesh.log). Stop it with: make down"
 

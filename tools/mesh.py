@@ -25,21 +25,23 @@ def is_serving(address: str, timeout_s: float = 1.0) -> bool:
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def ready_models(gateway: str, timeout_s: float = 2.0) -> set[str]:
+def ready_models(gateway: str, api_key: str = "", timeout_s: float = 2.0) -> set[str]:
+    metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
     try:
         with grpc.insecure_channel(gateway) as channel:
-            reply = gateway_pb2_grpc.InferenceStub(channel).ListModels(gateway_pb2.ListModelsRequest(), timeout=timeout_s)
+            stub = gateway_pb2_grpc.InferenceStub(channel)
+            reply = stub.ListModels(gateway_pb2.ListModelsRequest(), timeout=timeout_s, metadata=metadata)
     except grpc.RpcError:
         return set()
     return {m.model.name for m in reply.models if m.ready}
 
 
-def wait(health: list[str], gateway: str | None, models: list[str], timeout_s: float) -> bool:
+def wait(health: list[str], gateway: str | None, models: list[str], timeout_s: float, api_key: str = "") -> bool:
     give_up = time.monotonic() + timeout_s
     pending = set(health)
     while time.monotonic() < give_up:
         pending = {address for address in pending if not is_serving(address)}
-        missing = set(models) - ready_models(gateway) if gateway and models else set()
+        missing = set(models) - ready_models(gateway, api_key) if gateway and models else set()
         if not pending and not missing:
             return True
         time.sleep(0.2)
@@ -55,8 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     waiter.add_argument("--gateway", help="gateway host:port, to check that --models are attached")
     waiter.add_argument("--models", nargs="*", default=[])
     waiter.add_argument("--timeout-s", type=float, default=120.0)
+    waiter.add_argument("--api-key", default="", help="sent as 'authorization: Bearer' when listing models")
     args = parser.parse_args(argv)
-    return 0 if wait(args.health, args.gateway, args.models, args.timeout_s) else 1
+    return 0 if wait(args.health, args.gateway, args.models, args.timeout_s, args.api_key) else 1
 
 
 if __name__ == "__main__":
