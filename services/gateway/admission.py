@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from services.common.errors import InfermeshError, ResourceExhausted
@@ -47,6 +48,37 @@ ANONYMOUS = Tenant(
     api_key_sha256=(),
 )
 UNAUTHENTICATED = "unauthenticated"  # tenant label of requests refused before auth
+
+
+class span:  # noqa: N801 - used like the tracer's own context manager
+    """A child span of the current one, current while the block runs.
+
+    Cheaper than `start_as_current_span` on the refusal path, which is what matters there:
+    no generator-based context managers, and exceptions are not recorded (formatting a
+    traceback per span made a refused request cost more than a served one). The request's
+    server span carries the final status code instead.
+    """
+
+    __slots__ = ("_name", "_attributes", "_span", "_token")
+
+    def __init__(self, name: str, **attributes) -> None:
+        self._name = name
+        self._attributes = attributes or None
+
+    def __enter__(self) -> trace.Span:
+        parent = trace.get_current_span()
+        if not parent.is_recording():
+            # The request's trace is not sampled: its children would not be either, so skip them.
+            self._span = None
+            return parent
+        self._span = _tracer.start_span(self._name, attributes=self._attributes)
+        self._token = otel_context.attach(trace.set_span_in_context(self._span))
+        return self._span
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._span is not None:
+            otel_context.detach(self._token)
+            self._span.end()
 
 
 class TenantSource(Protocol):
@@ -79,9 +111,16 @@ class WatchedTenants:
 
 
 class RequestScope:
-    """One request's life at the gateway; use as a context manager around the whole handler."""
+    """One request's life at the gateway; use as a context manager around the whole handler.
 
-    def __init__(self, method: str, model: str, version: str, clock: Clock, limiter: ConcurrencyLimiter) -> None:
+    Entering it opens the request's server span (`gateway.<method>`, child of the caller's
+    trace context) and makes it current; leaving it tags the span with the final status code.
+    """
+
+    def __init__(
+        self, method: str, model: str, version: str, clock: Clock, limiter: ConcurrencyLimiter,
+        parent: otel_context.Context | None = None,
+    ) -> None:
         self.method = method
         self.model = model
         self.version = version
@@ -95,16 +134,26 @@ class RequestScope:
         self.lease: QuotaLease | None = None
         # Generate: tokens the request really used (prompt + generated), for the quota refund.
         self.num_tokens_used: int | None = None
+        self._parent = parent
 
     @property
     def priority(self) -> Priority:
         return self.tenant.priority if self.tenant is not None else Priority.STANDARD
 
     def __enter__(self) -> RequestScope:
+        self.span = _tracer.start_span(f"gateway.{self.method}", context=self._parent, kind=trace.SpanKind.SERVER)
+        self._token = otel_context.attach(trace.set_span_in_context(self.span))
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.finish(_code_name(exc))
+        code = _code_name(exc)
+        self.span.set_attribute("rpc.grpc.status_code", code)
+        self.span.set_attribute("infermesh.tenant", self.tenant_id)
+        if code != "OK":
+            self.span.set_status(trace.Status(trace.StatusCode.ERROR, code))
+        otel_context.detach(self._token)
+        self.span.end()
+        self.finish(code)
 
     def finish(self, code: str) -> None:
         if self.lease is not None:
@@ -147,8 +196,10 @@ class Admission:
         self.parts = parts
         self.clock = clock
 
-    def scope(self, method: str, model: str, version: str = "") -> RequestScope:
-        return RequestScope(method, model, version, self.clock, self.parts.limiter)
+    def scope(
+        self, method: str, model: str, version: str = "", parent: otel_context.Context | None = None
+    ) -> RequestScope:
+        return RequestScope(method, model, version, self.clock, self.parts.limiter, parent)
 
     def admit(
         self, scope: RequestScope, authorization: str | None, client_timeout_s: float | None, num_tokens: int = 0
@@ -157,11 +208,11 @@ class Admission:
         parts = self.parts
         scope.permit = parts.limiter.acquire()
         metrics.IN_FLIGHT.set(parts.limiter.num_in_flight)
-        with _tracer.start_as_current_span("auth"):
+        with span("auth"):
             tenant = parts.tenants.authenticate(authorization)
             scope.tenant, scope.tenant_id = tenant, tenant.tenant_id
             parts.tenants.check_model_allowed(tenant, scope.model)
-        with _tracer.start_as_current_span("routing"):
+        with span("routing"):
             parts.routing.model(scope.model)
         scope.deadline = parts.deadlines.start(client_timeout_s)
         parts.deadlines.check_can_finish(scope.deadline, scope.model, parts.board.min_service_time_s(scope.model))
@@ -173,7 +224,7 @@ class Admission:
             metrics.SHED_REQUESTS.labels(scope.model, tenant.priority.name.lower()).inc()
             raise
         if parts.quotas is not None:
-            with _tracer.start_as_current_span("quota"):
+            with span("quota"):
                 try:
                     scope.lease = parts.quotas.admit(tenant, num_tokens)
                 except QuotaExceeded as exc:

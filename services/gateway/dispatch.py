@@ -18,6 +18,7 @@ from opentelemetry import trace
 
 from services.common.errors import InfermeshError
 from services.gateway import metrics
+from services.gateway.admission import span
 from services.gateway.circuit_breaker import CircuitBreakers
 from services.gateway.deadlines import Deadlines
 from services.gateway.retry_budget import RetryBudgets
@@ -88,10 +89,10 @@ class Dispatcher:
         while True:
             route = self._route(scope, tried, last_failure)
             timeout_s = self._timeout_s(scope, route, last_failure)
-            span = _tracer.start_span(
+            attempt_span = _tracer.start_span(
                 "attempt", attributes={"infermesh.attempt": len(tried), "infermesh.endpoint": route.endpoint}
             )
-            with trace.use_span(span, end_on_exit=False):  # the call carries this span's traceparent
+            with trace.use_span(attempt_span, end_on_exit=False):  # the call carries this span's traceparent
                 upstream = call(self._clients.get(route.endpoint), route.version, timeout_s)
             num_chunks = num_tokens_sent = 0
             try:
@@ -118,7 +119,7 @@ class Dispatcher:
                 self._observe(route.endpoint)
                 return
             finally:
-                span.end()
+                attempt_span.end()
             await self._sleep(decision.delay_s)
 
     # -- one attempt's steps ----------------------------------------------------------
@@ -175,6 +176,4 @@ class Dispatcher:
 
 
 def _attempt_span(number: int, route: Route):
-    return _tracer.start_as_current_span(
-        "attempt", attributes={"infermesh.attempt": number, "infermesh.endpoint": route.endpoint}
-    )
+    return span("attempt", **{"infermesh.attempt": number, "infermesh.endpoint": route.endpoint})

@@ -13,20 +13,17 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
-from opentelemetry import trace
-
 from inference import grpc_predict_v2_pb2 as kserve
 from inference import grpc_predict_v2_pb2_grpc as kserve_grpc
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.common.status import maps_domain_errors
-from services.common.telemetry import context_from_metadata, tracer
+from services.common.telemetry import context_from_metadata
 from services.gateway import kserve_codec
-from services.gateway.admission import Admission, RequestScope
+from services.gateway.admission import Admission, RequestScope, span
 from services.gateway.pressure_poller import ModelCatalog
 from services.gateway.servicer import authorization_of, client_timeout_s
 
-_tracer = tracer("infermesh.gateway")
 SERVER_NAME = "infermesh"
 SERVER_VERSION = "0.1.0"
 # The catalog is refreshed on a miss at most this often, so unknown-model floods stay cheap.
@@ -82,10 +79,9 @@ class KServeServicer(kserve_grpc.GRPCInferenceServiceServicer):
     @maps_domain_errors
     async def ModelInfer(self, request: kserve.ModelInferRequest, context) -> kserve.ModelInferResponse:
         metadata = context.invocation_metadata()
-        with self._admission.scope("ModelInfer", request.model_name, request.model_version) as scope, \
-                _tracer.start_as_current_span("gateway.ModelInfer", context=context_from_metadata(metadata),
-                                              kind=trace.SpanKind.SERVER):
-            with _tracer.start_as_current_span("admission"):
+        with self._admission.scope("ModelInfer", request.model_name, request.model_version,
+                                   parent=context_from_metadata(metadata)) as scope:
+            with span("admission"):
                 if not request.model_name:
                     raise errors.InvalidArgument("model_name is required")
                 self._admission.admit(scope, authorization_of(metadata), client_timeout_s(context))

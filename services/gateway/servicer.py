@@ -6,20 +6,17 @@ import asyncio
 import time
 import uuid
 
-from opentelemetry import trace
-
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2
 from services.common import errors
 from services.common.status import maps_domain_errors
-from services.common.telemetry import context_from_metadata, tracer
+from services.common.telemetry import context_from_metadata
 from services.common.timings import StageTime, seconds_to_us
-from services.gateway.admission import Admission, RequestScope
+from services.gateway.admission import Admission, RequestScope, span
 from services.gateway.dispatch import Dispatcher
 from services.gateway.retry_policy import WorkKind
 from services.gateway.tenants import Tenant
 from services.gateway.upstream import AttemptError, SchedulerClients
 
-_tracer = tracer("infermesh.gateway")
 SERVICE = "gateway"
 # The scheduler's max_tokens when the client sets none (services/scheduler/servicer.py); the quota
 # charge assumes it, and the unused part is refunded at the end.
@@ -71,10 +68,9 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
     @maps_domain_errors
     async def Classify(self, request: gateway_pb2.ClassifyRequest, context) -> gateway_pb2.ClassifyResponse:
         metadata = context.invocation_metadata()
-        with self._admission.scope("Classify", request.model.name, request.model.version) as scope, \
-                _tracer.start_as_current_span("gateway.Classify", context=context_from_metadata(metadata),
-                                              kind=trace.SpanKind.SERVER):
-            with _tracer.start_as_current_span("admission"):
+        with self._admission.scope("Classify", request.model.name, request.model.version,
+                                   parent=context_from_metadata(metadata)) as scope:
+            with span("admission"):
                 if not request.model.name:
                     raise errors.InvalidArgument("model.name is required")
                 self._admission.admit(scope, authorization_of(metadata), client_timeout_s(context))
@@ -99,10 +95,9 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
     @maps_domain_errors
     async def Generate(self, request: gateway_pb2.GenerateRequest, context):
         metadata = context.invocation_metadata()
-        with self._admission.scope("Generate", request.model.name, request.model.version) as scope, \
-                _tracer.start_as_current_span("gateway.Generate", context=context_from_metadata(metadata),
-                                              kind=trace.SpanKind.SERVER):
-            with _tracer.start_as_current_span("admission"):
+        with self._admission.scope("Generate", request.model.name, request.model.version,
+                                   parent=context_from_metadata(metadata)) as scope:
+            with span("admission"):
                 if not request.model.name:
                     raise errors.InvalidArgument("model.name is required")
                 if not request.prompt:
