@@ -64,6 +64,7 @@ def batcher_config(config: SchedulerConfig, hello: scheduler_pb2.WorkerHello) ->
         max_queue_delay_s=config.max_queue_delay_ms / 1000,
         preferred_batch_sizes=preferred,
         max_queue_size=config.max_queue_size,
+        prefetch_lead_s=config.prefetch_lead_ms / 1000,
     )
 
 

@@ -12,6 +12,9 @@ class SchedulerConfig(ServerSettings):
     max_queue_delay_ms: float = setting(5.0, "classify: longest a request waits for its batch to fill")
     preferred_batch_sizes: tuple[int, ...] = setting((), "classify: batch sizes to prefer, comma-separated")
     max_batch_size: int = setting(0, "classify: cap below the worker's own max batch (0: worker's)")
+    prefetch_lead_ms: float = setting(3.0, "classify: a worker's next batch is formed this long before its running "
+                                      "batch is expected to end, so late arrivals and other tenants get into it "
+                                      "(a large value prefetches as soon as a slot is free)")
     max_queue_size: int = setting(1024, "per model: queued requests beyond which new ones are refused")
     max_num_batched_tokens: int = setting(0, "generate: token budget per step (0: worker's)")
     max_num_seqs: int = setting(0, "generate: running sequences per step (0: worker's)")
@@ -29,6 +32,7 @@ class SchedulerConfig(ServerSettings):
         require(self.max_queue_delay_ms >= 0, f"max_queue_delay_ms must be >= 0, got {self.max_queue_delay_ms}")
         require(all(size >= 1 for size in self.preferred_batch_sizes),
                 f"preferred_batch_sizes must all be >= 1, got {self.preferred_batch_sizes}")
+        require(self.prefetch_lead_ms >= 0, f"prefetch_lead_ms must be >= 0, got {self.prefetch_lead_ms}")
         require(self.max_batch_size >= 0, f"max_batch_size must be >= 0, got {self.max_batch_size}")
         require(self.max_queue_size >= 1, f"max_queue_size must be >= 1, got {self.max_queue_size}")
         require(self.max_num_batched_tokens >= 0, f"max_num_batched_tokens must be >= 0, got {self.max_num_batched_tokens}")

@@ -45,6 +45,11 @@ class BatcherConfig:
     batch_time_ewma_alpha: float = 0.2
     # Batches one worker holds at once: one running, the rest prefetched.
     max_batches_per_worker: int = 2
+    # A prefetched batch goes out only once the worker's running batch is expected to end within
+    # this many seconds (None: as soon as a slot is free). Forming it late lets what arrives
+    # meanwhile (another tenant's request, a more urgent one) into it, while the worker still
+    # finds its next batch waiting; a wrong estimate costs at most one round trip of idling.
+    prefetch_lead_s: float | None = None
     # Dispatches of one item (first try + re-queues after worker loss) before it fails UNAVAILABLE.
     max_attempts: int = 3
     # Retry hint when no worker is attached.
@@ -59,6 +64,8 @@ class BatcherConfig:
         bad = [s for s in self.preferred_batch_sizes if not 1 <= s <= self.max_batch_size]
         if bad:
             raise ValueError(f"preferred_batch_sizes must be in [1, {self.max_batch_size}], got {bad}")
+        if self.prefetch_lead_s is not None and self.prefetch_lead_s < 0:
+            raise ValueError(f"prefetch_lead_s must be >= 0, got {self.prefetch_lead_s}")
         if self.initial_batch_time_s <= 0:
             raise ValueError(f"initial_batch_time_s must be > 0, got {self.initial_batch_time_s}")
         if not 0 < self.batch_time_ewma_alpha <= 1:
@@ -175,7 +182,7 @@ class DynamicBatcher(Generic[P]):
 
     def has_free_worker(self) -> bool:
         """Whether a batch could go out now if one were ready (a worker has a free slot)."""
-        return self._pick_worker() is not None
+        return self._pick_worker(self._clock()) is not None
 
     # -- requests ----------------------------------------------------------
 
@@ -234,7 +241,7 @@ class DynamicBatcher(Generic[P]):
         """The batch to send now, with its worker chosen; None when none should go yet."""
         now = self._clock()
         self._drop_expired(now)
-        worker = self._pick_worker()
+        worker = self._pick_worker(now)
         if worker is None or not self._queue:
             return None
         size = self._batch_size(worker, now)
@@ -257,9 +264,10 @@ class DynamicBatcher(Generic[P]):
         now = self._clock()
         deadlines = [item.deadline_s for item in self._queue if item.deadline_s is not None]
         expiry_s = min(deadlines, default=math.inf)
-        worker = self._pick_worker()
+        worker = self._pick_worker(now)
         if worker is None:
-            return None if expiry_s == math.inf else max(0.0, expiry_s - now)
+            wake_s = min(expiry_s, self._next_prefetch_s(now))
+            return None if wake_s == math.inf else max(0.0, wake_s - now)
         if self._batch_size(worker, now) > 0:
             return 0.0
         return max(0.0, min(self._must_dispatch_at_s(self._batch_limit(worker)), expiry_s) - now)
@@ -320,13 +328,23 @@ class DynamicBatcher(Generic[P]):
             waited_s = now - item.arrival_s
             self._failed.append(FailedItem(item, DeadlineExceeded(f"deadline passed after {waited_s:.3f} s in queue")))
 
-    def _pick_worker(self) -> _Worker | None:
-        free = [
-            w
-            for w in self._workers.values()
-            if not w.draining and len(w.in_flight) < self.config.max_batches_per_worker
-        ]
+    def _pick_worker(self, now: float) -> _Worker | None:
+        free = [w for w in self._workers.values() if self._has_slot(w) and self._prefetch_due_s(w, now) <= now]
         return min(free, key=_Worker.load, default=None)
+
+    def _has_slot(self, worker: _Worker) -> bool:
+        return not worker.draining and len(worker.in_flight) < self.config.max_batches_per_worker
+
+    def _prefetch_due_s(self, worker: _Worker, now: float) -> float:
+        """From when `worker` may take another batch (it has a slot): at once when idle, else
+        `prefetch_lead_s` before what it holds is expected to be done."""
+        if not worker.in_flight or self.config.prefetch_lead_s is None:
+            return -math.inf
+        return self._busy_until_s(worker, now) - self.config.prefetch_lead_s
+
+    def _next_prefetch_s(self, now: float) -> float:
+        return min((self._prefetch_due_s(w, now) for w in self._workers.values() if self._has_slot(w)),
+                   default=math.inf)
 
     def _batch_limit(self, worker: _Worker) -> int:
         return min(self.config.max_batch_size, worker.max_batch_size)

@@ -105,8 +105,14 @@ class _WorkerLoop:
 
     async def run(self) -> None:
         scheduler = self.scheduler
+        deltas: list[SequenceDelta] = []
+        clock = self.pool.clock
+        result_at_s: float | None = None  # when the last step's result came back
         while self.attached:
             if not scheduler.has_work():
+                self.pool.deliver(deltas)
+                deltas = []
+                result_at_s = None
                 if self.link.draining:
                     self.link.end_stream()
                     return
@@ -114,19 +120,34 @@ class _WorkerLoop:
                 continue
             plan = scheduler.schedule()
             self.pool.after_schedule(plan)
-            if not plan.has_work():
+            try:
+                result = self.link.run_step(self.pool.run_step_command(plan)) if plan.has_work() else None
+            except WorkerGone:
+                result = None
+            sent_at_s = clock()
+            # The last step's chunks go to the clients after the next step is on its way, so
+            # streaming them to many clients overlaps the worker's compute instead of delaying it.
+            self.pool.deliver(deltas)
+            deltas = []
+            if result is None:
                 if plan.finished_seq_ids:
                     self.link.abort(scheduler_pb2.Abort(seq_ids=plan.finished_seq_ids))
+                if self.link.closed.is_set():
+                    return  # remove_worker() evicts this worker's sequences to the others
                 if scheduler.has_work():
                     await self._sleep(_BLOCKED_POLL_S)
                 continue
             try:
-                result = await self.link.run_step(self.pool.run_step_command(plan))
+                outcome = await result
             except WorkerGone:
-                return  # remove_worker() evicts this worker's sequences to the others
+                return
             if not self.attached:
                 return
-            self.pool.after_step(self, plan, result)
+            now = clock()
+            gap_s = sent_at_s - result_at_s if result_at_s is not None else 0.0
+            self.pool.observe_step(now - sent_at_s, outcome.timings.total_us / 1e6, gap_s)
+            result_at_s = now
+            deltas = self.pool.after_step(self, plan, outcome)
 
     async def _sleep(self, timeout_s: float | None) -> None:
         self._wake.clear()
@@ -151,8 +172,23 @@ class GeneratePool:
         self._where: dict[int, _WorkerLoop] = {}
         # Evicted sequences no worker could take, with when they started waiting.
         self._held: dict[int, tuple[Sequence, float]] = {}
+        # Why the worker failed a sequence, until its error is delivered.
+        self._failures: dict[int, str] = {}
         self._hold_timer: asyncio.Task | None = None
         self._label = model.name
+        # Labelled children looked up once: the step loop updates them every step.
+        self._step_time = metrics.STEP_TIME.labels(model.name)
+        self._step_overhead = metrics.STEP_OVERHEAD.labels(model.name)
+        self._batch_size = metrics.BATCH_SIZE.labels(model.name)
+        self._preemptions = metrics.PREEMPTIONS.labels(model.name)
+        self._ttft = metrics.TTFT.labels(model.name)
+        self._inter_token = metrics.INTER_TOKEN_LATENCY.labels(model.name)
+        self._gauges = (
+            metrics.RUNNING_SEQUENCES.labels(model.name),
+            metrics.WAITING_SEQUENCES.labels(model.name),
+            metrics.QUEUE_DEPTH.labels(model.name),
+            metrics.KV_CACHE_USAGE.labels(model.name),
+        )
 
     # -- workers -------------------------------------------------------------
 
@@ -251,10 +287,10 @@ class GeneratePool:
             if stream is not None:
                 self._end(stream, _deadline_error(stream))
         if plan.preempted_seq_ids:
-            metrics.PREEMPTIONS.labels(self._label).inc(len(plan.preempted_seq_ids))
+            self._preemptions.inc(len(plan.preempted_seq_ids))
         if not plan.seqs:
             return
-        metrics.BATCH_SIZE.labels(self._label).observe(len(plan.seqs))
+        self._batch_size.observe(len(plan.seqs))
         for step in plan.seqs:
             stream = self._streams.get(step.seq_id)
             if stream is not None and stream.first_scheduled_s is None:
@@ -276,12 +312,13 @@ class GeneratePool:
                     sample=step.sample,
                     sampling=stream.sampling_proto if stream is not None else None,
                     num_generated=step.num_generated,
-                    trace_context=stream.trace_context if stream is not None else None,
+                    trace_context=stream.trace_context if stream is not None and _traced(step) else None,
                 )
             )
         return command
 
-    def after_step(self, loop: _WorkerLoop, plan: StepPlan, result: scheduler_pb2.StepResult) -> None:
+    def after_step(self, loop: _WorkerLoop, plan: StepPlan, result: scheduler_pb2.StepResult) -> list[SequenceDelta]:
+        """Applies the worker's result; returns the chunks to deliver()."""
         tokens: dict[int, int] = {}
         failures: dict[int, str] = {}
         for out in result.outputs:
@@ -295,19 +332,35 @@ class GeneratePool:
             stream = self._streams.get(step.seq_id)
             if stream is not None:
                 stream.compute_s += compute_s
+        for delta in deltas:
+            if delta.abort_reason is not None:
+                self._failures[delta.seq_id] = failures.get(delta.seq_id, "the worker returned no valid token")
+        self._update_gauges()
+        return deltas
+
+    def observe_step(self, round_trip_s: float, worker_s: float, scheduler_gap_s: float) -> None:
+        """One step's timing: the worker's own time, and the overhead around it (the scheduler's time
+        from the previous result to this step's send, plus the round trip beyond the worker's time)."""
+        self._step_time.observe(round_trip_s + scheduler_gap_s)
+
+        self._step_overhead.observe(max(0.0, round_trip_s - worker_s) + scheduler_gap_s)
+
+    def deliver(self, deltas: list[SequenceDelta]) -> None:
+        """Streams one step's chunks to their clients (ending failed sequences with an error)."""
+        if not deltas:
+            return
         now = self.clock()
         for delta in deltas:
-            self._deliver(delta, failures, now)
-        self._update_gauges()
+            self._deliver(delta, now)
 
     # -- internals ---------------------------------------------------------
 
-    def _deliver(self, delta: SequenceDelta, failures: dict[int, str], now: float) -> None:
+    def _deliver(self, delta: SequenceDelta, now: float) -> None:
         stream = self._streams.get(delta.seq_id)
+        reason = self._failures.pop(delta.seq_id, None) if delta.abort_reason is not None else None
         if stream is None:
             return
         if delta.abort_reason is not None:
-            reason = failures.get(delta.seq_id, "the worker returned no valid token")
             self._end(stream, errors.Internal(f"worker failed sequence {delta.seq_id}: {reason}"))
             return
         self._observe_token_times(stream, delta, now)
@@ -322,13 +375,12 @@ class GeneratePool:
             return
         if stream.last_chunk_s is None:
             first_token_s = stream.seq.first_token_s if stream.seq and stream.seq.first_token_s else now
-            metrics.TTFT.labels(self._label).observe(first_token_s - stream.arrival_s)
+            self._ttft.observe(first_token_s - stream.arrival_s)
             num_tokens -= 1
         else:
             gap_s = (now - stream.last_chunk_s) / num_tokens
-            histogram = metrics.INTER_TOKEN_LATENCY.labels(self._label)
             for _ in range(num_tokens):
-                histogram.observe(gap_s)
+                self._inter_token.observe(gap_s)
         stream.last_chunk_s = now
 
     def _end(self, stream: GenerateStream, error: errors.InfermeshError) -> None:
@@ -387,13 +439,18 @@ class GeneratePool:
         schedulers = [loop.scheduler for loop in self._loops.values()]
         num_waiting = sum(s.num_waiting for s in schedulers) + len(self._held)
         num_blocks = sum(s.kv.num_blocks for s in schedulers)
-        label = self._label
-        metrics.RUNNING_SEQUENCES.labels(label).set(sum(s.num_running for s in schedulers))
-        metrics.WAITING_SEQUENCES.labels(label).set(num_waiting)
-        metrics.QUEUE_DEPTH.labels(label).set(num_waiting)
-        metrics.KV_CACHE_USAGE.labels(label).set(
-            sum(s.kv.num_used_blocks for s in schedulers) / num_blocks if num_blocks else 0.0
-        )
+        running, waiting, queue_depth, kv_usage = self._gauges
+        running.set(sum(s.num_running for s in schedulers))
+        waiting.set(num_waiting)
+        queue_depth.set(num_waiting)
+        kv_usage.set(sum(s.kv.num_used_blocks for s in schedulers) / num_blocks if num_blocks else 0.0)
+
+
+def _traced(step) -> bool:
+    """Whether the worker records spans for this step under the request's trace: prompt chunks and
+    recomputes, not every single-token decode (at 32 sequences that is 32 traces touched per step,
+    about a millisecond of the worker's event loop)."""
+    return step.start_position == 0 or len(step.token_ids) > 1
 
 
 def _deadline_error(stream: GenerateStream) -> errors.DeadlineExceeded:

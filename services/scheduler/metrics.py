@@ -61,6 +61,15 @@ REQUESTS = Counter(
     "infermesh_scheduler_requests_total", "Requests finished at the scheduler, by status code.",
     ["model", "tenant", "code"],
 )
+STEP_TIME = Histogram(
+    "infermesh_scheduler_step_seconds", "Generate: one step, from the previous step's result to this one's.",
+    ["model"], buckets=_LATENCY_BUCKETS_S,
+)
+STEP_OVERHEAD = Histogram(
+    "infermesh_scheduler_step_overhead_seconds",
+    "Generate: the part of a step that is not the worker's own time (scheduling, serialization, transport).",
+    ["model"], buckets=_LATENCY_BUCKETS_S,
+)
 WORKERS = Gauge("infermesh_scheduler_workers", "Workers attached and serving the model.", ["model"])
 
 PRIORITY_LABELS = {p: p.name.lower() for p in Priority}

@@ -304,18 +304,31 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             self.registry.detach(link)
 
     async def _read_worker(self, link: WorkerLink, context) -> None:
-        timeout_s = self._config.worker_timeout_ms / 1000
+        # A watchdog, not a timeout per read: wrapping every read in wait_for costs a task per message.
+        watchdog = asyncio.create_task(self._watch_silence(link, context))
         try:
             while True:
-                message = await asyncio.wait_for(context.read(), timeout=timeout_s)
+                message = await context.read()
                 if message is grpc.aio.EOF:
                     break
+                link.last_heard_s = self._clock()
                 self._on_worker_message(link, message)
-        except TimeoutError:
-            log.warning("worker %s silent for %.1fs; treating it as gone", link.worker_id, timeout_s)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
             log.warning("worker %s stream failed: %s", link.worker_id, exc)
+        finally:
+            watchdog.cancel()
         link.close()
+
+    async def _watch_silence(self, link: WorkerLink, context) -> None:
+        timeout_s = self._config.worker_timeout_ms / 1000
+        link.last_heard_s = self._clock()
+        while True:
+            silent_s = self._clock() - link.last_heard_s
+            if silent_s >= timeout_s:
+                log.warning("worker %s silent for %.1fs; treating it as gone", link.worker_id, silent_s)
+                link.close()  # ends the writer; Attach's cleanup detaches the worker
+                return
+            await asyncio.sleep(timeout_s - silent_s)
 
     def _on_worker_message(self, link: WorkerLink, message: scheduler_pb2.WorkerMessage) -> None:
         kind = message.WhichOneof("kind")

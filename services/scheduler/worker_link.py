@@ -33,6 +33,7 @@ class WorkerLink:
         self.draining = False
         self.closed = asyncio.Event()
         self.kv_blocks_used = 0
+        self.last_heard_s = 0.0  # monotonic seconds of the last message from the worker
         self._commands: asyncio.Queue[scheduler_pb2.SchedulerCommand | None] = asyncio.Queue()
         self._pending: dict[int, asyncio.Future] = {}
 

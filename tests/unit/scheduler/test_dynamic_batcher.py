@@ -272,3 +272,19 @@ def test_has_free_worker_counts_the_prefetch_slot(clock):
     assert not batcher.has_free_worker()
     batcher.drain_worker("w1")
     assert batcher.num_usable_workers == 0
+
+
+def test_with_a_prefetch_lead_the_next_batch_is_formed_just_before_the_running_one_ends(clock):
+    batcher = make_batcher(clock, workers={"w1": 4}, max_queue_delay_s=0.0, initial_batch_time_s=0.020,
+                           prefetch_lead_s=0.003)
+    submit_n(batcher, 8, who=tenant("heavy"))
+    running = batcher.next_batch()
+    assert running is not None and batcher.next_batch() is None, "no prefetch 17 ms early"
+    assert not batcher.has_free_worker()
+    assert batcher.time_until_ready() == pytest.approx(0.017)
+    clock.advance(0.010)
+    light = batcher.submit("late arrival", tenant("light"), deadline_s=None)
+    clock.advance(0.007)
+    prefetched = batcher.next_batch()
+    assert prefetched is not None and light.item_id in {i.item_id for i in prefetched.items}
+    assert batcher.num_in_flight_items == 8
