@@ -19,6 +19,7 @@ from tests.support.gateway_fixtures import (
     CLASSIFIER,
     GENERATOR,
     bearer,
+    scheduler_pressure,
     scrape,
     status_of,
     tenant,
@@ -83,16 +84,24 @@ class _Holders:
 
     def __init__(self, stub, mesh, key: str, count: int) -> None:
         self.port = mesh.metrics_port
+        self.scheduler = mesh.scheduler.address
         before = scrape(self.port).value("infermesh_gateway_in_flight_requests")
         self.calls = [_generate(stub, key, max_tokens=200, prompt="a", timeout_s=30) for _ in range(count)]
         wait_until(lambda: scrape(self.port).value("infermesh_gateway_in_flight_requests") >= before + count,
                    timeout_s=10, message=f"{count} streams in flight")
 
+    def _kv_usage(self) -> float:
+        return scheduler_pressure(self.scheduler, "toy-generator").kv_usage
+
     def release(self) -> None:
+        """Cancel the streams: the gateway frees its slots and cancels upstream, so the scheduler
+        frees the sequences' KV blocks (they would otherwise run for 10 s)."""
+        wait_until(lambda: self._kv_usage() > 0, timeout_s=10, message="sequences hold KV blocks")
         for call in self.calls:
             call.cancel()
         wait_until(lambda: scrape(self.port).value("infermesh_gateway_in_flight_requests") == 0,
                    timeout_s=10, message="in-flight slots released by cancellation")
+        wait_until(lambda: self._kv_usage() == 0, timeout_s=5, message="scheduler freed the cancelled sequences")
 
 
 # --------------------------------------------------------------------------- auth

@@ -12,7 +12,7 @@ import yaml
 from google.rpc import error_details_pb2, status_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
-from infermesh.v1 import common_pb2
+from infermesh.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.gateway.tenants import hash_api_key
 from tests.support.processes import Mesh, ServiceProcess, free_port
 
@@ -71,6 +71,13 @@ def restart_on_same_port(mesh: Mesh, old: ServiceProcess, name: str) -> ServiceP
     process.start()
     process.wait_serving()
     return process
+
+
+def scheduler_pressure(address: str, model_name: str) -> common_pb2.ModelPressure | None:
+    """What the scheduler reports for `model_name` in GetPressure (None when it does not know it)."""
+    with grpc.insecure_channel(address) as channel:
+        reply = scheduler_pb2_grpc.SchedulerStub(channel).GetPressure(scheduler_pb2.GetPressureRequest(), timeout=5)
+    return next((m for m in reply.models if m.model.name == model_name), None)
 
 
 # --------------------------------------------------------------------------- metrics
