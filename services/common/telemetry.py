@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 TRACE_FILE_ENV = "INFERMESH_TRACE_FILE"
 
@@ -63,8 +64,12 @@ def _span_record(span: ReadableSpan) -> dict:
 def setup_tracing(service_name: str, environ: Mapping[str, str] | None = None) -> TracerProvider:
     environ = os.environ if environ is None else environ
     resource = Resource.create({"service.name": environ.get("OTEL_SERVICE_NAME", service_name)})
-    provider = TracerProvider(resource=resource)
     processor = _span_processor(environ)
+    if processor is None and "OTEL_TRACES_SAMPLER" not in environ:
+        # Nothing exports: spans need not be recorded (10-25 us each), only their ids propagated.
+        provider = TracerProvider(resource=resource, sampler=ALWAYS_OFF)
+    else:
+        provider = TracerProvider(resource=resource)
     if processor is not None:
         provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)

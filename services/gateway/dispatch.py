@@ -166,7 +166,7 @@ class Dispatcher:
             min_service_time_s=self._board.min_service_time_s(scope.model),
         )
         if decision.verdict is not RetryVerdict.NOT_RETRYABLE:
-            metrics.RETRIES.labels(route.endpoint, decision.verdict.value).inc()
+            metrics.RETRIES.labels(scope.model, route.endpoint, decision.verdict.value).inc()
         metrics.RETRY_BUDGET_REMAINING.labels(route.endpoint).set(budget.balance())
         return decision
 

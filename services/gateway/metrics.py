@@ -7,7 +7,7 @@ change them only together. Label values:
   method    Classify | Generate | ModelInfer
   code      final gRPC status name (OK, RESOURCE_EXHAUSTED, ...)
   priority  critical | standard | sheddable
-  kind      requests_per_s | tokens_per_s | tokens_burst | max_in_flight
+  quota     requests_per_s | tokens_per_s | tokens_burst | max_in_flight
   upstream  scheduler host:port
   verdict   retry | budget_exhausted | attempts_exhausted | deadline | pushback_stop | tokens_sent
 """
@@ -32,17 +32,17 @@ REQUEST_DURATION = Histogram(
 QUOTA_REJECTIONS = Counter(
     "infermesh_gateway_quota_rejections",
     "Requests refused by a tenant quota.",
-    ["tenant", "kind"],
+    ["tenant", "quota"],
 )
 SHED_REQUESTS = Counter(
-    "infermesh_gateway_shed_requests",
+    "infermesh_gateway_shed",
     "Requests shed under overload (RESOURCE_EXHAUSTED with a retry hint).",
     ["model", "priority"],
 )
 RETRIES = Counter(
     "infermesh_gateway_retries",
     "Retry decisions after a retryable failed attempt; verdict=retry are the retries made.",
-    ["upstream", "verdict"],
+    ["model", "upstream", "verdict"],
 )
 RETRY_BUDGET_REMAINING = Gauge(
     "infermesh_gateway_retry_budget_remaining",

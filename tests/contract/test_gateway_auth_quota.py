@@ -186,7 +186,7 @@ def test_over_request_rate_is_resource_exhausted_with_retry_info_and_pushback(st
     assert 1.0 < got.retry_delay_s <= 2.0
     assert 1000 < got.pushback_ms <= 2000
     after = scrape(mesh.metrics_port)
-    rejected = dict(tenant="ratelimited", kind="requests_per_s")
+    rejected = dict(tenant="ratelimited", quota="requests_per_s")
     assert after.value("infermesh_gateway_quota_rejections_total", **rejected) == \
         before.value("infermesh_gateway_quota_rejections_total", **rejected) + 1
     counted = dict(tenant="ratelimited", model="toy-classifier", method="Classify")
@@ -255,7 +255,7 @@ def test_gateway_concurrency_limit_is_unavailable_at_once(stub, mesh):
 
 
 def test_sheddable_traffic_is_shed_first_with_a_retry_hint(stub, mesh):
-    before = scrape(mesh.metrics_port).value("infermesh_gateway_shed_requests_total",
+    before = scrape(mesh.metrics_port).value("infermesh_gateway_shed_total",
                                              model="toy-classifier", priority="sheddable")
     holders = _Holders(stub, mesh, KEYS["gold"], 2)  # 2 of 4 slots: sheddable is shed from 50%
     try:
@@ -270,7 +270,7 @@ def test_sheddable_traffic_is_shed_first_with_a_retry_hint(stub, mesh):
     )
     assert shed.retry_delay_s == 0.1 and shed.pushback_ms == 100
     assert standard.labels[0].label == "bright", "standard traffic is still admitted at this level"
-    after = scrape(mesh.metrics_port).value("infermesh_gateway_shed_requests_total",
+    after = scrape(mesh.metrics_port).value("infermesh_gateway_shed_total",
                                             model="toy-classifier", priority="sheddable")
     assert after == before + 1
 
