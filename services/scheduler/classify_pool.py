@@ -82,7 +82,10 @@ class ClassifyPool:
         self._orphaned_since_s: float | None = None
         # Since when a worker slot has been free (None: every slot busy), for the queue/batch wait split.
         self._slot_free_since_s: float | None = None
-        self._label = model.name
+        # Labelled metric children looked up once: they are updated per request.
+        self._queue_depth = metrics.QUEUE_DEPTH.labels(model.name)
+        self._batch_size = metrics.BATCH_SIZE.labels(model.name)
+        self._queue_time = {p: metrics.QUEUE_TIME.labels(model.name, label) for p, label in metrics.PRIORITY_LABELS.items()}
 
     # -- workers -------------------------------------------------------------
 
@@ -151,12 +154,16 @@ class ClassifyPool:
                 self._slot_free_since_s = self._slot_free_since_s or now
             else:
                 self._slot_free_since_s = None
-            metrics.QUEUE_DEPTH.labels(self._label).set(self._batcher.queue_depth)
-            self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self._wait_s(now))
-            except TimeoutError:
-                pass
+            self._queue_depth.set(self._batcher.queue_depth)
+            await self._sleep(self._wait_s(now))
+
+    async def _sleep(self, timeout_s: float | None) -> None:
+        """Until something changed, or `timeout_s` (a timer, cheaper than wait_for's task per wait)."""
+        self._wake.clear()
+        timer = None if timeout_s is None else asyncio.get_running_loop().call_later(timeout_s, self._wake.set)
+        await self._wake.wait()
+        if timer is not None:
+            timer.cancel()
 
     def _wait_s(self, now: float) -> float | None:
         wait_s = self._batcher.time_until_ready()
@@ -177,13 +184,12 @@ class ClassifyPool:
     def _dispatch(self, batch: Batch[ClassifyJob]) -> None:
         now = self._clock()
         slot_free_s = min(self._slot_free_since_s or now, now)
-        priority_of = metrics.PRIORITY_LABELS
         for item in batch.items:
             job = item.payload
             job.slot_ready_s = max(job.enqueued_s, slot_free_s)
             job.dispatched_s = now
-            metrics.QUEUE_TIME.labels(self._label, priority_of[item.tenant.priority]).observe(now - item.arrival_s)
-        metrics.BATCH_SIZE.labels(self._label).observe(len(batch.items))
+            self._queue_time[item.tenant.priority].observe(now - item.arrival_s)
+        self._batch_size.observe(len(batch.items))
         command = scheduler_pb2.ExecuteBatch(
             batch_id=batch.batch_id,
             items=[

@@ -124,6 +124,9 @@ class DynamicBatcher(Generic[P]):
         self._clock = clock
         self._queue: FairQueue[QueuedItem[P]] = FairQueue(config.max_queue_size)
         self._queued: dict[int, QueuedItem[P]] = {}
+        # (deadline_s, item_id) of queued items, a heap with lazy deletion: entries whose item is no
+        # longer queued are skipped, so finding the most urgent item is O(log n), not a scan.
+        self._deadlines: list[tuple[float, int]] = []
         self._workers: dict[str, _Worker] = {}
         self._batch_owner: dict[int, _Worker] = {}
         self._failed: list[FailedItem[P]] = []
@@ -167,7 +170,7 @@ class DynamicBatcher(Generic[P]):
                 )
             else:
                 self._queue.push_front(item, item.tenant)
-                self._queued[item.item_id] = item
+                self._queue_item(item)
                 requeued.append(item)
         return requeued[::-1]
 
@@ -204,7 +207,7 @@ class DynamicBatcher(Generic[P]):
                 )
         item = QueuedItem(next(self._item_ids), payload, tenant, now, deadline_s)
         displaced = self._queue.push_displacing(item, tenant)
-        self._queued[item.item_id] = item
+        self._queue_item(item)
         if displaced is not None:
             del self._queued[displaced.item_id]
             self._failed.append(
@@ -262,8 +265,7 @@ class DynamicBatcher(Generic[P]):
         if not self._queue:
             return None
         now = self._clock()
-        deadlines = [item.deadline_s for item in self._queue if item.deadline_s is not None]
-        expiry_s = min(deadlines, default=math.inf)
+        expiry_s = self._earliest_deadline_s()
         worker = self._pick_worker(now)
         if worker is None:
             wake_s = min(expiry_s, self._next_prefetch_s(now))
@@ -322,9 +324,21 @@ class DynamicBatcher(Generic[P]):
 
     # -- internals ---------------------------------------------------------
 
+    def _queue_item(self, item: QueuedItem[P]) -> None:
+        self._queued[item.item_id] = item
+        if item.deadline_s is not None:
+            heapq.heappush(self._deadlines, (item.deadline_s, item.item_id))
+
+    def _earliest_deadline_s(self) -> float:
+        while self._deadlines and self._deadlines[0][1] not in self._queued:
+            heapq.heappop(self._deadlines)
+        return self._deadlines[0][0] if self._deadlines else math.inf
+
     def _drop_expired(self, now: float) -> None:
-        for item in self._queue.remove_where(lambda i: i.deadline_s is not None and now >= i.deadline_s):
-            del self._queued[item.item_id]
+        while self._earliest_deadline_s() <= now:
+            _, item_id = heapq.heappop(self._deadlines)
+            item = self._queued.pop(item_id)
+            self._queue.remove(item)
             waited_s = now - item.arrival_s
             self._failed.append(FailedItem(item, DeadlineExceeded(f"deadline passed after {waited_s:.3f} s in queue")))
 
@@ -363,9 +377,9 @@ class DynamicBatcher(Generic[P]):
     def _must_dispatch_at_s(self, limit: int) -> float:
         """When waiting for a fuller batch must end: the oldest item's max delay, or the latest
         start from which the most urgent item still finishes in a full batch."""
-        oldest_s = min(item.arrival_s for item in self._queue)
-        deadlines = [item.deadline_s for item in self._queue if item.deadline_s is not None]
-        latest_start_s = min(deadlines, default=math.inf) - self.estimate_batch_time_s(limit)
+        # Each tenant's queue is in arrival order, so the oldest item is one of their heads.
+        oldest_s = min(item.arrival_s for item in self._queue.heads())
+        latest_start_s = self._earliest_deadline_s() - self.estimate_batch_time_s(limit)
         return min(oldest_s + self.config.max_queue_delay_s, latest_start_s)
 
     def _estimate_run_s(self, num_items_ahead: int, now: float) -> tuple[float, float]:

@@ -186,6 +186,12 @@ class FairQueue(Generic[T]):
                 for entry in list(queue.entries):
                     yield entry.item
 
+    def heads(self) -> Iterator[T]:
+        """The oldest entry of each tenant (each tenant's entries keep their order)."""
+        for cls in self._classes.values():
+            for queue in cls.ring:
+                yield queue.entries[0].item
+
     def num_waiting(self, priority: Priority | None = None) -> int:
         if priority is None:
             return len(self)

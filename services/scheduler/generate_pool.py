@@ -151,10 +151,10 @@ class _WorkerLoop:
 
     async def _sleep(self, timeout_s: float | None) -> None:
         self._wake.clear()
-        try:
-            await asyncio.wait_for(self._wake.wait(), timeout=timeout_s)
-        except TimeoutError:
-            pass
+        timer = None if timeout_s is None else asyncio.get_running_loop().call_later(timeout_s, self._wake.set)
+        await self._wake.wait()
+        if timer is not None:
+            timer.cancel()
 
 
 class GeneratePool:
@@ -182,6 +182,7 @@ class GeneratePool:
         self._batch_size = metrics.BATCH_SIZE.labels(model.name)
         self._preemptions = metrics.PREEMPTIONS.labels(model.name)
         self._ttft = metrics.TTFT.labels(model.name)
+        self._queue_time = {p: metrics.QUEUE_TIME.labels(model.name, label) for p, label in metrics.PRIORITY_LABELS.items()}
         self._inter_token = metrics.INTER_TOKEN_LATENCY.labels(model.name)
         self._gauges = (
             metrics.RUNNING_SEQUENCES.labels(model.name),
@@ -295,8 +296,7 @@ class GeneratePool:
             stream = self._streams.get(step.seq_id)
             if stream is not None and stream.first_scheduled_s is None:
                 stream.first_scheduled_s = now
-                priority = metrics.PRIORITY_LABELS[stream.tenant.priority]
-                metrics.QUEUE_TIME.labels(self._label, priority).observe(now - stream.arrival_s)
+                self._queue_time[stream.tenant.priority].observe(now - stream.arrival_s)
 
     def run_step_command(self, plan: StepPlan) -> scheduler_pb2.RunStep:
         command = scheduler_pb2.RunStep(step_id=plan.step_id, finished_seq_ids=plan.finished_seq_ids)

@@ -17,7 +17,7 @@ from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_g
 from services.common import errors
 from services.common.status import maps_domain_errors, status_code_of
 from services.common.telemetry import carrier_for, context_from_metadata, record_stage_span, tracer
-from services.common.timings import StageTime, from_proto, seconds_to_us, to_proto
+from services.common.timings import StageTime, seconds_to_us, to_proto
 from services.scheduler import metrics
 from services.scheduler.classify_pool import ClassifyJob
 from services.scheduler.config import SchedulerConfig
@@ -67,11 +67,24 @@ def _check_hello(hello: scheduler_pb2.WorkerHello) -> None:
         raise errors.InvalidArgument("a generator worker must declare num_kv_blocks and block_size >= 1")
 
 
+_KNOWN_PRIORITIES = frozenset(common_pb2.Priority.values())
+_tenants: dict[tuple[str, int, int], TenantContext] = {}
+_MAX_REMEMBERED_TENANTS = 10_000
+
+
 def _tenant(context: scheduler_pb2.TenantContext) -> TenantContext:
-    if context.priority not in common_pb2.Priority.values():
+    key = (context.tenant_id, context.priority, context.weight)
+    tenant = _tenants.get(key)
+    if tenant is not None:
+        return tenant
+    if context.priority not in _KNOWN_PRIORITIES:
         raise errors.InvalidArgument(f"tenant.priority {context.priority} is not a known Priority")
-    return TenantContext(context.tenant_id or ANONYMOUS_TENANT, Priority.from_wire(context.priority),
-                         max(1, context.weight))
+    tenant = TenantContext(context.tenant_id or ANONYMOUS_TENANT, Priority.from_wire(context.priority),
+                           max(1, context.weight))
+    if len(_tenants) >= _MAX_REMEMBERED_TENANTS:
+        _tenants.clear()  # tenants come from the gateway's config; this only bounds a misbehaving caller
+    _tenants[key] = tenant
+    return tenant
 
 
 def _sampling(sampling: common_pb2.SamplingParams, max_tokens: int) -> SamplingParams:
@@ -115,6 +128,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.registry = ModelRegistry(config)
         self._links: set[WorkerLink] = set()
         self._scheduler_id = f"scheduler-{uuid.uuid4().hex[:8]}"
+        self._metric_children: dict[tuple, object] = {}
 
     # -- Classify --------------------------------------------------------------
 
@@ -148,23 +162,28 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 entry.pool.cancel(job)
                 raise
             self._record_wait_spans(job, outcome)
-            worker_stages = from_proto(outcome.worker_timings)
-            worker_total_s = outcome.worker_timings.total_us / 1e6
-            stages = [
-                StageTime("queue_wait", seconds_to_us(outcome.queue_wait_s), SERVICE),
-                StageTime("batch_wait", seconds_to_us(outcome.batch_wait_s), SERVICE),
-                *worker_stages,
-                StageTime("network", seconds_to_us(outcome.round_trip_s - worker_total_s), SERVICE),
-                StageTime("scheduler", seconds_to_us(self._clock() - began_s), SERVICE),
-            ]
             span.set_attribute("infermesh.batch_size", outcome.batch_size)
-            response = gateway_pb2.ClassifyResponse(
-                request_id=req.request_id,
-                model=common_pb2.ModelRef(name=entry.key.name, version=entry.key.version),
-                labels=outcome.labels,
-                timings=to_proto(stages, total_us=seconds_to_us(self._clock() - began_s)),
-            )
-            return scheduler_pb2.ScheduleClassifyResponse(response=response)
+            reply = scheduler_pb2.ScheduleClassifyResponse()
+            response = reply.response
+            response.request_id = req.request_id
+            response.model.name, response.model.version = entry.key.name, entry.key.version
+            response.labels.extend(outcome.labels)
+            self._classify_timings(response.timings, outcome, began_s)
+            return reply
+
+    def _classify_timings(self, timings: common_pb2.Timings, outcome, began_s: float) -> None:
+        """queue_wait, batch_wait, the worker's stages, network (round trip minus worker), scheduler total.
+        Built on the proto directly: this runs for every classify request."""
+        worker = outcome.worker_timings
+        add = timings.stages.add
+        add(stage=common_pb2.STAGE_QUEUE_WAIT, duration_us=seconds_to_us(outcome.queue_wait_s), service=SERVICE)
+        add(stage=common_pb2.STAGE_BATCH_WAIT, duration_us=seconds_to_us(outcome.batch_wait_s), service=SERVICE)
+        timings.stages.extend(worker.stages)
+        network_s = outcome.round_trip_s - worker.total_us / 1e6
+        add(stage=common_pb2.STAGE_NETWORK, duration_us=seconds_to_us(network_s), service=SERVICE)
+        total_us = seconds_to_us(self._clock() - began_s)
+        add(stage=common_pb2.STAGE_SCHEDULER, duration_us=total_us, service=SERVICE)
+        timings.total_us = total_us
 
     def _record_wait_spans(self, job: ClassifyJob, outcome) -> None:
         now_ns = time.time_ns()
@@ -254,7 +273,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             StageTime("scheduler", seconds_to_us(now_s - began_s), SERVICE),
         ]
         chunk.timings.CopyFrom(to_proto(stages, total_us=seconds_to_us(now_s - began_s)))
-        metrics.E2E_LATENCY.labels(model.name, "generate").observe(now_s - began_s)
+        self._child(metrics.E2E_LATENCY, model.name, "generate").observe(now_s - began_s)
 
     @contextmanager
     def _counted(self, model_name: str, tenant_id: str, kind: str, began_s: float) -> Iterator[_Outcome]:
@@ -272,9 +291,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             outcome.code = "INTERNAL"
             raise
         finally:
-            metrics.REQUESTS.labels(model_name or "", tenant_id or ANONYMOUS_TENANT, outcome.code).inc()
+            self._child(metrics.REQUESTS, model_name or "", tenant_id or ANONYMOUS_TENANT, outcome.code).inc()
             if kind == "classify" and outcome.code == "OK":
-                metrics.E2E_LATENCY.labels(model_name, kind).observe(self._clock() - began_s)
+                self._child(metrics.E2E_LATENCY, model_name, kind).observe(self._clock() - began_s)
+
+    def _child(self, metric, *labels: str):
+        """metric.labels(*labels), remembered: the lookup takes a lock and is paid per request."""
+        key = (metric, labels)
+        child = self._metric_children.get(key)
+        if child is None:
+            child = self._metric_children[key] = metric.labels(*labels)
+        return child
 
     # -- Attach ----------------------------------------------------------------
 

@@ -1,0 +1,711 @@
+"""Scheduler benchmarks against real processes on 127.0.0.1 (scheduler + workers, called at the
+scheduler's own RPCs with a TenantContext, no gateway).
+
+    .venv/bin/python -m bench.bench_scheduler [--quick] [--runs N] [--only NAME ...]
+
+Each run measures both sides of every comparison, so each ratio comes from one run; the
+table shows the median over runs (and every run's ratio in the JSON). Scenarios:
+
+  batching     max classify throughput with p99 <= 100 ms (and <= 1% errors), dynamic batching
+               vs --max-batch-size 1; open-loop Poisson arrivals, rate searched by growth then
+               bisection. Model: digits from model_repo (else the toy classifier, constant 5 ms
+               per batch - a sublinear batch cost - and the table says so).
+  continuous   output tokens/s on tinylm (else the toy generator) for a burst of requests with
+               output lengths drawn log-uniformly from [4, 240]: continuous batching vs
+               --static-batching (a new batch only once the whole running set finished).
+  chunked      TTFT p99 under Poisson arrivals, 20% long prompts (~220 tokens) and 80% short:
+               chunked prefill (64-token chunks) vs none; short-prompt TTFT and all requests.
+  overhead     scheduler<->worker overhead per decode step at 32 running sequences: the toy
+               generator with a fixed 20 ms step (a small model's GPU decode step), the
+               clients' median gap between tokens minus the worker's own time per step; the
+               scheduler's step metrics split it into scheduling and transport.
+  fairness     light tenant's p99 (half its fair share) alone vs while a heavy tenant offers 5x
+               its share; toy classifier at 20 ms per batch of 8, so the load is the model's and
+               not this 2-core machine's CPU. Also the light p99 if both shared one queue.
+
+Prints a table and writes bench/results/scheduler.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import tempfile
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+import uvloop
+from prometheus_client.parser import text_string_to_metric_families
+
+from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
+from tests.support.processes import free_port, running_mesh
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS_PATH = ROOT / "bench" / "results" / "scheduler.json"
+MODEL_REPO = ROOT / "model_repo"
+# One compute thread per worker: the machine's cores are shared with the scheduler and this client.
+WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+SLO_P99_S = 0.100
+MAX_ERROR_RATIO = 0.01
+TARGETS = {
+    "batching": ">= 4x",
+    "continuous": ">= 3x",
+    "chunked": "<= 0.5x",
+    "overhead": "<= 10%",
+    "fairness": "<= 1.5x",
+}
+CORPUS = (
+    "The quick brown fox jumps over the lazy dog while the scheduler batches requests. "
+    "A list is not the same as a tuple, and a string is a sequence of characters. "
+    "Every worker dials the scheduler and runs the steps it is given, one after another. "
+)
+
+
+@dataclass(frozen=True)
+class Profile:
+    runs: int
+    probe_s: float  # measured part of one throughput probe
+    warmup_s: float
+    num_bisections: int
+    fairness_s: float
+    continuous_warmup_s: float
+    continuous_s: float
+    chunked_s: float
+    chunked_rate_per_s: float
+    overhead_tokens: int
+
+
+FULL = Profile(runs=3, probe_s=2.0, warmup_s=0.4, num_bisections=3, fairness_s=4.0, continuous_warmup_s=1.5,
+               continuous_s=8.0, chunked_s=6.0, chunked_rate_per_s=35.0, overhead_tokens=160)
+QUICK = Profile(runs=1, probe_s=1.0, warmup_s=0.25, num_bisections=2, fairness_s=2.5, continuous_warmup_s=1.0,
+                continuous_s=4.0, chunked_s=3.0, chunked_rate_per_s=35.0, overhead_tokens=100)
+
+
+# -- processes -------------------------------------------------------------------
+
+
+@dataclass
+class Cluster:
+    address: str
+    metrics_url: str
+    pids: dict[str, int] = field(default_factory=dict)
+    channel: grpc.aio.Channel | None = None
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time (user + system) each process has used so far."""
+        ticks = os.sysconf("SC_CLK_TCK")
+        used = {}
+        for name, pid in {**self.pids, "client": os.getpid()}.items():
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            used[name] = (int(fields[11]) + int(fields[12])) / ticks
+        return used
+
+    @property
+    def stub(self) -> scheduler_pb2_grpc.SchedulerStub:
+        return scheduler_pb2_grpc.SchedulerStub(self.channel)
+
+    def metrics(self) -> dict[tuple[str, tuple], float]:
+        text = urllib.request.urlopen(self.metrics_url, timeout=5).read().decode()
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
+
+@contextmanager
+def cluster(scheduler_args: list[str], workers: list[tuple[str, list[str]]]) -> Iterator[Cluster]:
+    """A scheduler and its workers as processes; waits until every worker is attached."""
+    metrics_port = free_port()
+    with tempfile.TemporaryDirectory(prefix="bench-scheduler-") as tmp, running_mesh(Path(tmp)) as mesh:
+        mesh.start_scheduler("--log-level", "WARNING", "--metrics-port", str(metrics_port), *scheduler_args)
+        for model, args in workers:
+            mesh.start_worker(model, "--log-level", "WARNING", *args, env=WORKER_ENV)
+        _wait_attached(mesh.scheduler.address, len(workers))
+        yield Cluster(mesh.scheduler.address, f"http://127.0.0.1:{metrics_port}/metrics",
+                      {p.name: p.proc.pid for p in mesh.processes})
+
+
+def _wait_attached(address: str, num_workers: int, timeout_s: float = 60.0) -> None:
+    give_up = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        while time.monotonic() < give_up:
+            reply = stub.GetPressure(scheduler_pb2.GetPressureRequest(), timeout=5)
+            if sum(m.num_workers for m in reply.models) >= num_workers:
+                return
+            time.sleep(0.05)
+    raise TimeoutError(f"{num_workers} workers not attached within {timeout_s}s")
+
+
+def repository_model(name: str) -> bool:
+    return (MODEL_REPO / name / "1" / "manifest.json").exists()
+
+
+# -- load ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    latency_s: float  # from the scheduled send time (open loop: no coordinated omission)
+    code: str
+
+
+async def _timed(send: Callable[[], Awaitable[object]], scheduled_s: float) -> Outcome:
+    try:
+        await send()
+        code = "OK"
+    except grpc.aio.AioRpcError as exc:
+        code = exc.code().name
+    return Outcome(time.perf_counter() - scheduled_s, code)
+
+
+async def open_loop(send: Callable[[], Awaitable[object]], rate_per_s: float, duration_s: float, warmup_s: float,
+                    rng: random.Random) -> list[Outcome]:
+    """Poisson arrivals at `rate_per_s` for warmup + duration; outcomes of those sent after warm-up."""
+    start_s = time.perf_counter()
+    end_s = start_s + warmup_s + duration_s
+    measured_from_s = start_s + warmup_s
+    next_s = start_s
+    calls: list[tuple[float, asyncio.Task]] = []
+    while next_s < end_s:
+        now_s = time.perf_counter()
+        if next_s > now_s:
+            await asyncio.sleep(next_s - now_s)
+            now_s = time.perf_counter()
+        while next_s <= now_s and next_s < end_s:
+            calls.append((next_s, asyncio.ensure_future(_timed(send, next_s))))
+            next_s += rng.expovariate(rate_per_s)
+    outcomes = await asyncio.gather(*(task for _, task in calls))
+    return [o for (sent_s, _), o in zip(calls, outcomes, strict=True) if sent_s >= measured_from_s]
+
+
+def quantile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+def tenant(tenant_id: str) -> scheduler_pb2.TenantContext:
+    return scheduler_pb2.TenantContext(tenant_id=tenant_id, priority=common_pb2.PRIORITY_STANDARD, weight=1)
+
+
+# -- batching --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Probe:
+    offered_per_s: float
+    throughput_per_s: float
+    p99_ms: float
+    error_ratio: float
+
+    @property
+    def passed(self) -> bool:
+        return self.p99_ms <= SLO_P99_S * 1000 and self.error_ratio <= MAX_ERROR_RATIO
+
+
+def _digits_image() -> common_pb2.Image:
+    manifest = json.loads((MODEL_REPO / "digits" / "1" / "manifest.json").read_text())
+    golden = manifest["classifier"]["golden"][0]
+    return common_pb2.Image(raw=common_pb2.RawImage(
+        pixels=base64.b64decode(golden["pixels_b64"]), height=golden["height"], width=golden["width"],
+        channels=golden["channels"]))
+
+
+def classify_sender(stub, model: str, image: common_pb2.Image, who: str, timeout_s: float):
+    request = scheduler_pb2.ScheduleClassifyRequest(
+        request=gateway_pb2.ClassifyRequest(model=common_pb2.ModelRef(name=model), image=image), tenant=tenant(who))
+
+    def send():
+        return stub.Classify(request, timeout=timeout_s)
+
+    return send
+
+
+async def probe(send, rate_per_s: float, profile: Profile, rng: random.Random) -> Probe:
+    outcomes = await open_loop(send, rate_per_s, profile.probe_s, profile.warmup_s, rng)
+    ok = [o.latency_s for o in outcomes if o.code == "OK"]
+    latencies = ok + [math.inf] * (len(outcomes) - len(ok))
+    await asyncio.sleep(0.2)  # let a failed probe's backlog drain before the next
+    return Probe(rate_per_s, len(ok) / profile.probe_s, 1000 * quantile(latencies, 0.99),
+                 1 - len(ok) / max(1, len(outcomes)))
+
+
+async def max_rate_at_slo(send, start_per_s: float, profile: Profile, rng: random.Random) -> tuple[Probe, list[Probe]]:
+    """Grows the offered rate by 1.5x until the SLO breaks, then bisects between the last pass and fail."""
+    probes = []
+    rate = start_per_s
+    best: Probe | None = None
+    while True:
+        result = await probe(send, rate, profile, rng)
+        probes.append(result)
+        if not result.passed:
+            break
+        best = result
+        rate *= 1.5
+    if best is None:  # even the starting rate failed: come down
+        while best is None and rate > 5:
+            rate /= 2
+            result = await probe(send, rate, profile, rng)
+            probes.append(result)
+            best = result if result.passed else None
+        if best is None:
+            return probes[-1], probes
+    low, high = best.offered_per_s, rate
+    for _ in range(profile.num_bisections):
+        mid = (low + high) / 2
+        result = await probe(send, mid, profile, rng)
+        probes.append(result)
+        if result.passed:
+            best, low = result, mid
+        else:
+            high = mid
+    return best, probes
+
+
+def bench_batching(profile: Profile) -> dict:
+    real = repository_model("digits")
+    if real:
+        model, image, worker_args = "digits", _digits_image(), ["--model-repository", str(MODEL_REPO)]
+        note = "digits CNN (model_repo/digits/1), raw 32x32x3 images"
+    else:
+        model = "toy-classifier"
+        image = common_pb2.Image(raw=common_pb2.RawImage(pixels=bytes(12), height=2, width=2, channels=3))
+        worker_args = ["--toy-compute-ms", "5", "--max-batch-size", "64"]
+        note = "toy classifier, constant 5 ms per batch (sublinear batch cost): digits not built"
+    runs = []
+    with (cluster([], [(model, worker_args)]) as batched,
+          cluster(["--max-batch-size", "1"], [(model, worker_args)]) as single):
+        start = {"batched": 200.0, "single": 100.0}
+        for run in range(profile.runs):
+            rng = random.Random(run)
+            result = {}
+            for name, target in (("batched", batched), ("single", single)):
+                best, probes = _with_channel(target, lambda t, n=name, r=rng: max_rate_at_slo(
+                    classify_sender(t.stub, model, image, "bench", 1.0), start[n], profile, r))
+                start[name] = max(20.0, 0.6 * best.offered_per_s)
+                result[name] = {"best": asdict(best), "probes": [asdict(p) for p in probes]}
+            result["ratio"] = result["batched"]["best"]["throughput_per_s"] / max(
+                1e-9, result["single"]["best"]["throughput_per_s"])
+            runs.append(result)
+            _progress(f"batching run {run + 1}: batched {result['batched']['best']['throughput_per_s']:.0f}/s, "
+                      f"single {result['single']['best']['throughput_per_s']:.0f}/s, ratio {result['ratio']:.2f}")
+    return {"model": model, "note": note, "runs": runs, "ratio": statistics.median(r["ratio"] for r in runs),
+            "batched_per_s": statistics.median(r["batched"]["best"]["throughput_per_s"] for r in runs),
+            "single_per_s": statistics.median(r["single"]["best"]["throughput_per_s"] for r in runs)}
+
+
+def _with_channel(target: Cluster, body):
+    """Runs `body(target)` on a fresh event loop with an open channel to the scheduler."""
+
+    async def main():
+        async with grpc.aio.insecure_channel(target.address) as channel:
+            target.channel = channel
+            try:
+                return await body(target)
+            finally:
+                target.channel = None
+
+    return uvloop.run(main())
+
+
+# -- generation ------------------------------------------------------------------
+
+
+@dataclass
+class StreamResult:
+    num_tokens: int = 0
+    ttft_s: float = math.nan
+    done_s: float = math.nan
+    code: str = "OK"
+    token_times_s: list[float] = field(default_factory=list)
+    worker_compute_s: float = 0.0
+
+
+def generate_request(model: str, prompt: str, max_tokens: int, who: str = "bench") -> scheduler_pb2.ScheduleGenerateRequest:
+    return scheduler_pb2.ScheduleGenerateRequest(
+        request=gateway_pb2.GenerateRequest(
+            model=common_pb2.ModelRef(name=model), prompt=prompt,
+            sampling=common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=7)),
+        tenant=tenant(who))
+
+
+async def stream(stub, request, began_s: float, keep_times: bool = False, timeout_s: float = 120.0) -> StreamResult:
+    result = StreamResult()
+    try:
+        async for response in stub.Generate(request, timeout=timeout_s):
+            chunk = response.chunk
+            now = time.perf_counter()
+            if chunk.token_ids:
+                if result.num_tokens == 0:
+                    result.ttft_s = now - began_s
+                result.num_tokens += len(chunk.token_ids)
+                if keep_times:
+                    result.token_times_s.append(now)
+            if chunk.finish_reason:
+                result.worker_compute_s = sum(s.duration_us for s in chunk.timings.stages
+                                              if s.stage == common_pb2.STAGE_COMPUTE) / 1e6
+    except grpc.aio.AioRpcError as exc:
+        result.code = exc.code().name
+    result.done_s = time.perf_counter() - began_s
+    return result
+
+
+def _generator(real_name: str, toy_step_ms: float) -> tuple[str, list[str], str]:
+    if repository_model(real_name):
+        return real_name, ["--model-repository", str(MODEL_REPO)], f"{real_name} (model_repo/{real_name}/1)"
+    return ("toy-generator", ["--toy-compute-ms", str(toy_step_ms), "--num-kv-blocks", "1024"],
+            f"toy generator, constant {toy_step_ms} ms per step: {real_name} not built")
+
+
+def _prompt(rng: random.Random, length: int) -> str:
+    start = rng.randrange(len(CORPUS) - 1)
+    return (CORPUS[start:] + CORPUS * (1 + length // len(CORPUS)))[:length]
+
+
+def bench_continuous(profile: Profile) -> dict:
+    model, worker_args, note = _generator("tinylm", 20.0)
+    result = _continuous_vs_static(model, worker_args, profile)
+    result["note"] = note
+    if model != "toy-generator":
+        # Reference: a step whose cost does not grow with the batch (like a memory-bound GPU decode).
+        reference = _continuous_vs_static(
+            "toy-generator", ["--toy-compute-ms", "20", "--num-kv-blocks", "1024"], profile)
+        reference["note"] = "toy generator, constant 20 ms per step, 32 running sequences"
+        result["constant_step_reference"] = reference
+    return result
+
+
+def _continuous_vs_static(model: str, worker_args: list[str], profile: Profile) -> dict:
+    runs = []
+    with cluster([], [(model, worker_args)]) as continuous, \
+            cluster(["--static-batching", "true"], [(model, worker_args)]) as static:
+        max_num_seqs = _max_num_seqs(model)
+        concurrency = 3 * max_num_seqs  # the queue never runs dry
+        for run in range(profile.runs):
+            result = {name: _with_channel(target, lambda t: _saturate(t, model, concurrency, profile))
+                      for name, target in (("continuous", continuous), ("static", static))}
+            result["ratio"] = result["continuous"] / result["static"]
+            runs.append(result)
+            _progress(f"continuous run {run + 1} ({model}): {result['continuous']:.0f} vs {result['static']:.0f} "
+                      f"tokens/s, ratio {result['ratio']:.2f}")
+        step = _step_split(continuous)
+    return {"model": model, "max_num_seqs": max_num_seqs, "concurrency": concurrency, "runs": runs,
+            "ratio": statistics.median(r["ratio"] for r in runs),
+            "continuous_tokens_per_s": statistics.median(r["continuous"] for r in runs),
+            "static_tokens_per_s": statistics.median(r["static"] for r in runs), "step": step}
+
+
+def _max_num_seqs(model: str) -> int:
+    """Running sequences the model's worker declares (its manifest's envelope; the toy's is 32)."""
+    if model == "toy-generator":
+        return 32
+    manifest = json.loads((MODEL_REPO / model / "1" / "manifest.json").read_text())
+    return manifest["envelope"]["max_num_seqs"]
+
+
+async def _saturate(target: Cluster, model: str, concurrency: int, profile: Profile) -> float:
+    """Closed loop: each client sends its next request as soon as the last one ends; output tokens/s
+    over the measured window, after a warm-up that fills the running set. Output lengths are drawn
+    log-uniformly from [4, 240] (ignore_eos, so each is exact)."""
+    window_from_s = time.perf_counter() + profile.continuous_warmup_s
+    window_to_s = window_from_s + profile.continuous_s
+    token_times: list[float] = []
+
+    async def client(seed: int) -> None:
+        rng = random.Random(seed)
+        while time.perf_counter() < window_to_s:
+            length = int(math.exp(rng.uniform(math.log(4), math.log(240))))
+            request = generate_request(model, _prompt(rng, rng.randint(6, 14)), length)
+            result = await stream(target.stub, request, time.perf_counter(), keep_times=True)
+            if result.code != "OK":
+                raise RuntimeError(f"generate failed: {result.code}")
+            token_times.extend(result.token_times_s)
+
+    tasks = [asyncio.ensure_future(client(seed)) for seed in range(concurrency)]
+    await asyncio.sleep(window_to_s - time.perf_counter())
+    for task in tasks:
+        task.cancel()  # cancelling the call aborts the sequence at the scheduler
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.sleep(0.3)
+    return sum(window_from_s <= t < window_to_s for t in token_times) / profile.continuous_s
+
+
+def _step_split(target: Cluster) -> dict:
+    """Mean step time and overhead from the scheduler's own step histograms."""
+    samples = target.metrics()
+
+    def total(name: str) -> float:
+        return sum(v for (n, _), v in samples.items() if n == name)
+
+    num_steps = total("infermesh_scheduler_step_seconds_count")
+    step_s = total("infermesh_scheduler_step_seconds_sum") / max(1, num_steps)
+    overhead_s = total("infermesh_scheduler_step_overhead_seconds_sum") / max(1, num_steps)
+    return {"num_steps": num_steps, "mean_step_ms": 1000 * step_s, "mean_overhead_ms": 1000 * overhead_s}
+
+
+def bench_chunked(profile: Profile) -> dict:
+    model, worker_args, note = _generator("tinylm", 5.0)
+
+    def make_requests(rng: random.Random):
+        while True:
+            if rng.random() < 0.2:
+                yield "long", generate_request(model, _prompt(rng, rng.randint(200, 230)), 16)
+            else:
+                yield "short", generate_request(model, _prompt(rng, rng.randint(8, 20)), 32)
+
+    async def mixed_load(target: Cluster, seed: int) -> dict:
+        rng = random.Random(seed)
+        stream_of_requests = make_requests(random.Random(seed + 1))
+        kinds: list[str] = []
+
+        def send():
+            kind, request = next(stream_of_requests)
+            kinds.append(kind)
+            return stream(target.stub, request, time.perf_counter())
+
+        results: list[StreamResult] = []
+
+        async def send_and_keep():
+            result = await send()
+            results.append(result)
+            if result.code != "OK":
+                raise RuntimeError(result.code)
+
+        await open_loop(send_and_keep, profile.chunked_rate_per_s, profile.chunked_s, 0.0, rng)
+        by_kind = {"short": [], "long": []}
+        for kind, result in zip(kinds, results, strict=False):
+            by_kind[kind].append(result.ttft_s)
+        everything = by_kind["short"] + by_kind["long"]
+        return {"ttft_p99_ms": 1000 * quantile(everything, 0.99),
+                "short_ttft_p99_ms": 1000 * quantile(by_kind["short"], 0.99),
+                "long_ttft_p99_ms": 1000 * quantile(by_kind["long"], 0.99),
+                "num_requests": len(everything)}
+
+    runs = []
+    with cluster(["--long-prefill-chunk-tokens", "64"], [(model, worker_args)]) as chunked, \
+            cluster(["--long-prefill-chunk-tokens", "0"], [(model, worker_args)]) as whole:
+        for run in range(profile.runs):
+            result = {name: _with_channel(target, lambda t, s=run: mixed_load(t, s)) for name, target in
+                      (("chunked", chunked), ("whole", whole))}
+            result["short_ratio"] = result["chunked"]["short_ttft_p99_ms"] / result["whole"]["short_ttft_p99_ms"]
+            result["all_ratio"] = result["chunked"]["ttft_p99_ms"] / result["whole"]["ttft_p99_ms"]
+            runs.append(result)
+            _progress(f"chunked run {run + 1}: short TTFT p99 {result['chunked']['short_ttft_p99_ms']:.1f} vs "
+                      f"{result['whole']['short_ttft_p99_ms']:.1f} ms, all {result['chunked']['ttft_p99_ms']:.1f} "
+                      f"vs {result['whole']['ttft_p99_ms']:.1f} ms")
+    return {"model": model, "note": note, "rate_per_s": profile.chunked_rate_per_s, "runs": runs,
+            "short_ratio": statistics.median(r["short_ratio"] for r in runs),
+            "all_ratio": statistics.median(r["all_ratio"] for r in runs),
+            "chunked_short_p99_ms": statistics.median(r["chunked"]["short_ttft_p99_ms"] for r in runs),
+            "whole_short_p99_ms": statistics.median(r["whole"]["short_ttft_p99_ms"] for r in runs),
+            "chunked_all_p99_ms": statistics.median(r["chunked"]["ttft_p99_ms"] for r in runs),
+            "whole_all_p99_ms": statistics.median(r["whole"]["ttft_p99_ms"] for r in runs)}
+
+
+OVERHEAD_NUM_SEQS = 32
+OVERHEAD_STEP_MS = 20.0
+
+
+def bench_overhead(profile: Profile) -> dict:
+    num_tokens = profile.overhead_tokens
+
+    async def decode(target: Cluster) -> dict:
+        began = time.perf_counter()
+        results = await asyncio.gather(*(
+            stream(target.stub, generate_request("toy-generator", "abc", num_tokens, who=f"t{i}"), began,
+                   keep_times=True)
+            for i in range(OVERHEAD_NUM_SEQS)))
+        # Steady state only: every sequence decoding, none prefilling or finished.
+        gaps = [b - a for r in results for a, b in zip(r.token_times_s[20:-10], r.token_times_s[21:-10], strict=False)]
+        step_s = statistics.median(gaps)
+        worker_s = statistics.median(r.worker_compute_s / r.num_tokens for r in results)
+        return {"step_ms": 1000 * step_s, "worker_ms": 1000 * worker_s, "overhead_ms": 1000 * (step_s - worker_s),
+                "overhead_ratio": (step_s - worker_s) / step_s}
+
+    runs = []
+    worker_args = ["--toy-compute-ms", str(OVERHEAD_STEP_MS), "--num-kv-blocks", "1024"]
+    with cluster([], [("toy-generator", worker_args)]) as target:
+        for run in range(profile.runs):
+            runs.append(_with_channel(target, decode))
+            _progress(f"overhead run {run + 1}: step {runs[-1]['step_ms']:.2f} ms, worker {runs[-1]['worker_ms']:.2f} ms,"
+                      f" overhead {100 * runs[-1]['overhead_ratio']:.1f}%")
+        split = _step_split(target)
+    return {"num_seqs": OVERHEAD_NUM_SEQS, "worker_step_ms": OVERHEAD_STEP_MS, "runs": runs,
+            "overhead_ratio": statistics.median(r["overhead_ratio"] for r in runs),
+            "overhead_ms": statistics.median(r["overhead_ms"] for r in runs),
+            "step_ms": statistics.median(r["step_ms"] for r in runs), "scheduler_metrics": split}
+
+
+# -- fairness --------------------------------------------------------------------
+
+FAIR_BATCH = 8
+FAIR_BATCH_MS = 20.0
+
+
+def bench_fairness(profile: Profile) -> dict:
+    capacity_per_s = FAIR_BATCH / (FAIR_BATCH_MS / 1000)
+    share_per_s = capacity_per_s / 2  # two tenants of equal weight
+    light_per_s, heavy_per_s = share_per_s / 2, 5 * share_per_s
+    image = common_pb2.Image(raw=common_pb2.RawImage(pixels=bytes(12), height=2, width=2, channels=3))
+    worker_args = ["--toy-compute-ms", str(FAIR_BATCH_MS), "--max-batch-size", str(FAIR_BATCH)]
+
+    async def light_p99(target: Cluster, heavy_tenant: str | None, seed: int) -> dict:
+        light = classify_sender(target.stub, "toy-classifier", image, "light", 1.0)
+        loads = [open_loop(light, light_per_s, profile.fairness_s, 0.5, random.Random(seed))]
+        if heavy_tenant is not None:
+            heavy = classify_sender(target.stub, "toy-classifier", image, heavy_tenant, 1.0)
+            loads.append(open_loop(heavy, heavy_per_s, profile.fairness_s + 1.0, 0.0, random.Random(seed + 1)))
+        outcomes = await asyncio.gather(*loads)
+        light_ok = [o.latency_s for o in outcomes[0] if o.code == "OK"]
+        result = {"light_p99_ms": 1000 * quantile(light_ok, 0.99), "light_p50_ms": 1000 * quantile(light_ok, 0.5),
+                  "light_errors": len(outcomes[0]) - len(light_ok), "light_requests": len(outcomes[0])}
+        if heavy_tenant is not None:
+            heavy_ok = [o for o in outcomes[1] if o.code == "OK"]
+            result["heavy_goodput_per_s"] = len(heavy_ok) / (profile.fairness_s + 1.0)
+            result["heavy_rejected_ratio"] = 1 - len(heavy_ok) / max(1, len(outcomes[1]))
+        await asyncio.sleep(1.2)  # the flood's queue drains (1 s deadlines) before the next measurement
+        return result
+
+    runs = []
+    with cluster([], [("toy-classifier", worker_args)]) as target:
+        for run in range(profile.runs):
+            result = {
+                "alone": _with_channel(target, lambda t, s=run: light_p99(t, None, s)),
+                "flooded": _with_channel(target, lambda t, s=run: light_p99(t, "heavy", s)),
+                "one_queue": _with_channel(target, lambda t, s=run: light_p99(t, "light", s)),
+            }
+            result["ratio"] = result["flooded"]["light_p99_ms"] / result["alone"]["light_p99_ms"]
+            runs.append(result)
+            _progress(f"fairness run {run + 1}: light p99 alone {result['alone']['light_p99_ms']:.1f} ms, "
+                      f"flooded {result['flooded']['light_p99_ms']:.1f} ms (ratio {result['ratio']:.2f}), "
+                      f"one queue {result['one_queue']['light_p99_ms']:.1f} ms")
+    return {"capacity_per_s": capacity_per_s, "light_per_s": light_per_s, "heavy_per_s": heavy_per_s, "runs": runs,
+            "ratio": statistics.median(r["ratio"] for r in runs),
+            "alone_p99_ms": statistics.median(r["alone"]["light_p99_ms"] for r in runs),
+            "flooded_p99_ms": statistics.median(r["flooded"]["light_p99_ms"] for r in runs),
+            "one_queue_p99_ms": statistics.median(r["one_queue"]["light_p99_ms"] for r in runs)}
+
+
+# -- report ----------------------------------------------------------------------
+
+SCENARIOS = {
+    "batching": bench_batching,
+    "continuous": bench_continuous,
+    "chunked": bench_chunked,
+    "overhead": bench_overhead,
+    "fairness": bench_fairness,
+}
+
+
+def table_rows(results: dict) -> list[tuple[str, str, str, str, str]]:
+    """(benchmark, measured, ratio, target, met) per scenario that ran."""
+    rows = []
+    if r := results.get("batching"):
+        rows.append(("dynamic batching: max classify/s at p99 <= 100 ms",
+                     f"{r['batched_per_s']:.0f}/s vs {r['single_per_s']:.0f}/s unbatched ({r['model']})",
+                     f"{r['ratio']:.2f}x", TARGETS["batching"], _met(r["ratio"] >= 4)))
+    if r := results.get("continuous"):
+        rows.append(("continuous vs static batching: output tokens/s",
+                     f"{r['continuous_tokens_per_s']:.0f} vs {r['static_tokens_per_s']:.0f} ({r['model']})",
+                     f"{r['ratio']:.2f}x", TARGETS["continuous"], _met(r["ratio"] >= 3)))
+        if ref := r.get("constant_step_reference"):
+            rows.append(("  same, constant-cost step (reference)",
+                         f"{ref['continuous_tokens_per_s']:.0f} vs {ref['static_tokens_per_s']:.0f} (toy, 32 seqs)",
+                         f"{ref['ratio']:.2f}x", TARGETS["continuous"], "(ref)"))
+    if r := results.get("chunked"):
+        rows.append(("chunked prefill: TTFT p99 of short prompts",
+                     f"{r['chunked_short_p99_ms']:.1f} vs {r['whole_short_p99_ms']:.1f} ms ({r['model']})",
+                     f"{r['short_ratio']:.2f}x", TARGETS["chunked"], _met(r["short_ratio"] <= 0.5)))
+        rows.append(("chunked prefill: TTFT p99 of all requests",
+                     f"{r['chunked_all_p99_ms']:.1f} vs {r['whole_all_p99_ms']:.1f} ms",
+                     f"{r['all_ratio']:.2f}x", TARGETS["chunked"], _met(r["all_ratio"] <= 0.5)))
+    if r := results.get("overhead"):
+        rows.append((f"scheduler<->worker overhead per step, {r['num_seqs']} seqs",
+                     f"{r['overhead_ms']:.2f} ms of a {r['step_ms']:.2f} ms step ({r['worker_step_ms']:.0f} ms worker)",
+                     f"{100 * r['overhead_ratio']:.1f}%", TARGETS["overhead"], _met(r["overhead_ratio"] <= 0.10)))
+    if r := results.get("fairness"):
+        rows.append(("fairness: light p99, heavy at 5x its share vs alone",
+                     f"{r['flooded_p99_ms']:.1f} vs {r['alone_p99_ms']:.1f} ms (one shared queue: "
+                     f"{r['one_queue_p99_ms']:.0f} ms)", f"{r['ratio']:.2f}x", TARGETS["fairness"],
+                     _met(r["ratio"] <= 1.5)))
+    return rows
+
+
+def _met(ok: bool) -> str:
+    return "yes" if ok else "NO"
+
+
+def print_table(rows) -> None:
+    headers = ("benchmark", "measured", "ratio", "target", "met")
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
+    line = "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |"
+    print(line)
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in rows:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
+
+
+def _progress(message: str) -> None:
+    print(f"  {message}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one short run of each (about 2 minutes)")
+    parser.add_argument("--runs", type=int, default=None, help="runs per scenario (median reported)")
+    parser.add_argument("--only", nargs="*", choices=sorted(SCENARIOS), help="scenarios to run (default: all)")
+    parser.add_argument("--output", type=Path, default=RESULTS_PATH)
+    args = parser.parse_args()
+    profile = QUICK if args.quick else FULL
+    if args.runs:
+        profile = Profile(**{**asdict(profile), "runs": args.runs})
+    began = time.monotonic()
+    results = {}
+    for name in args.only or SCENARIOS:
+        print(f"{name} ...", flush=True)
+        results[name] = SCENARIOS[name](profile)
+    elapsed_s = time.monotonic() - began
+    rows = table_rows(results)
+    print()
+    print_table(rows)
+    for name in ("batching", "continuous", "chunked"):
+        if name in results and "not built" in results[name]["note"]:
+            print(f"note ({name}): {results[name]['note']}")
+    print(f"\n{profile.runs} run(s) per scenario, median shown; {elapsed_s:.0f} s in all")
+    report = {
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
+                    "load_average_1m": os.getloadavg()[0], "python": platform.python_version()},
+        "profile": asdict(profile),
+        "quick": args.quick,
+        "elapsed_s": elapsed_s,
+        "table": [dict(zip(("benchmark", "measured", "ratio", "target", "met"), row, strict=True)) for row in rows],
+        "results": results,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
+    print(f"wrote {args.output}")
+
+
+def _json_default(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    raise TypeError(f"cannot serialize {type(value).__name__}")
+
+
+if __name__ == "__main__":
+    main()
