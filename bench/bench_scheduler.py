@@ -88,9 +88,9 @@ class Profile:
 
 
 FULL = Profile(runs=3, probe_s=2.0, warmup_s=0.4, num_bisections=3, fairness_s=4.0, continuous_warmup_s=1.5,
-               continuous_s=8.0, chunked_s=6.0, chunked_rate_per_s=35.0, overhead_tokens=160)
+               continuous_s=8.0, chunked_s=8.0, chunked_rate_per_s=35.0, overhead_tokens=160)
 QUICK = Profile(runs=1, probe_s=1.0, warmup_s=0.25, num_bisections=2, fairness_s=2.5, continuous_warmup_s=1.0,
-                continuous_s=4.0, chunked_s=3.0, chunked_rate_per_s=35.0, overhead_tokens=100)
+                continuous_s=4.0, chunked_s=4.0, chunked_rate_per_s=35.0, overhead_tokens=100)
 
 
 # -- processes -------------------------------------------------------------------
@@ -212,6 +212,8 @@ class Probe:
     throughput_per_s: float
     p99_ms: float
     error_ratio: float
+    # CPU used by each process during the probe, in cores (the machine has os.cpu_count()).
+    cpu_cores: dict[str, float] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -236,22 +238,26 @@ def classify_sender(stub, model: str, image: common_pb2.Image, who: str, timeout
     return send
 
 
-async def probe(send, rate_per_s: float, profile: Profile, rng: random.Random) -> Probe:
+async def probe(target: Cluster, send, rate_per_s: float, profile: Profile, rng: random.Random) -> Probe:
+    cpu_before, began = target.cpu_seconds(), time.perf_counter()
     outcomes = await open_loop(send, rate_per_s, profile.probe_s, profile.warmup_s, rng)
+    cpu_after, elapsed_s = target.cpu_seconds(), time.perf_counter() - began
     ok = [o.latency_s for o in outcomes if o.code == "OK"]
     latencies = ok + [math.inf] * (len(outcomes) - len(ok))
     await asyncio.sleep(0.2)  # let a failed probe's backlog drain before the next
     return Probe(rate_per_s, len(ok) / profile.probe_s, 1000 * quantile(latencies, 0.99),
-                 1 - len(ok) / max(1, len(outcomes)))
+                 1 - len(ok) / max(1, len(outcomes)),
+                 {name: round((cpu_after[name] - cpu_before[name]) / elapsed_s, 2) for name in cpu_after})
 
 
-async def max_rate_at_slo(send, start_per_s: float, profile: Profile, rng: random.Random) -> tuple[Probe, list[Probe]]:
+async def max_rate_at_slo(target: Cluster, send, start_per_s: float, profile: Profile,
+                          rng: random.Random) -> tuple[Probe, list[Probe]]:
     """Grows the offered rate by 1.5x until the SLO breaks, then bisects between the last pass and fail."""
     probes = []
     rate = start_per_s
     best: Probe | None = None
     while True:
-        result = await probe(send, rate, profile, rng)
+        result = await probe(target, send, rate, profile, rng)
         probes.append(result)
         if not result.passed:
             break
@@ -260,7 +266,7 @@ async def max_rate_at_slo(send, start_per_s: float, profile: Profile, rng: rando
     if best is None:  # even the starting rate failed: come down
         while best is None and rate > 5:
             rate /= 2
-            result = await probe(send, rate, profile, rng)
+            result = await probe(target, send, rate, profile, rng)
             probes.append(result)
             best = result if result.passed else None
         if best is None:
@@ -268,7 +274,7 @@ async def max_rate_at_slo(send, start_per_s: float, profile: Profile, rng: rando
     low, high = best.offered_per_s, rate
     for _ in range(profile.num_bisections):
         mid = (low + high) / 2
-        result = await probe(send, mid, profile, rng)
+        result = await probe(target, send, mid, profile, rng)
         probes.append(result)
         if result.passed:
             best, low = result, mid
@@ -296,7 +302,7 @@ def bench_batching(profile: Profile) -> dict:
             result = {}
             for name, target in (("batched", batched), ("single", single)):
                 best, probes = _with_channel(target, lambda t, n=name, r=rng: max_rate_at_slo(
-                    classify_sender(t.stub, model, image, "bench", 1.0), start[n], profile, r))
+                    t, classify_sender(t.stub, model, image, "bench", 1.0), start[n], profile, r))
                 start[name] = max(20.0, 0.6 * best.offered_per_s)
                 result[name] = {"best": asdict(best), "probes": [asdict(p) for p in probes]}
             result["ratio"] = result["batched"]["best"]["throughput_per_s"] / max(
@@ -469,32 +475,33 @@ def bench_chunked(profile: Profile) -> dict:
                 yield "short", generate_request(model, _prompt(rng, rng.randint(8, 20)), 32)
 
     async def mixed_load(target: Cluster, seed: int) -> dict:
-        rng = random.Random(seed)
-        stream_of_requests = make_requests(random.Random(seed + 1))
-        kinds: list[str] = []
+        requests = make_requests(random.Random(seed + 1))
+        measured_from_s = time.perf_counter() + CHUNKED_WARMUP_S
+        done: list[tuple[str, StreamResult]] = []
 
-        def send():
-            kind, request = next(stream_of_requests)
-            kinds.append(kind)
-            return stream(target.stub, request, time.perf_counter())
-
-        results: list[StreamResult] = []
-
-        async def send_and_keep():
-            result = await send()
-            results.append(result)
+        async def send() -> None:
+            kind, request = next(requests)
+            began = time.perf_counter()
+            result = await stream(target.stub, request, began, keep_times=True)
             if result.code != "OK":
-                raise RuntimeError(result.code)
+                raise RuntimeError(f"generate failed: {result.code}")
+            if began >= measured_from_s:
+                done.append((kind, result))
 
-        await open_loop(send_and_keep, profile.chunked_rate_per_s, profile.chunked_s, 0.0, rng)
-        by_kind = {"short": [], "long": []}
-        for kind, result in zip(kinds, results, strict=False):
-            by_kind[kind].append(result.ttft_s)
-        everything = by_kind["short"] + by_kind["long"]
-        return {"ttft_p99_ms": 1000 * quantile(everything, 0.99),
-                "short_ttft_p99_ms": 1000 * quantile(by_kind["short"], 0.99),
-                "long_ttft_p99_ms": 1000 * quantile(by_kind["long"], 0.99),
-                "num_requests": len(everything)}
+        await open_loop(send, profile.chunked_rate_per_s, CHUNKED_WARMUP_S + profile.chunked_s, 0.0,
+                        random.Random(seed))
+        ttft_ms = {"short": [], "long": []}
+        for kind, result in done:
+            ttft_ms[kind].append(1000 * result.ttft_s)
+        # Decode stalls: gaps between a short request's tokens (a long prefill step stalls them).
+        gaps_ms = [1000 * (b - a) for kind, r in done if kind == "short"
+                   for a, b in zip(r.token_times_s, r.token_times_s[1:], strict=False)]
+        return {"ttft_p99_ms": quantile(ttft_ms["short"] + ttft_ms["long"], 0.99),
+                "short_ttft_p99_ms": quantile(ttft_ms["short"], 0.99),
+                "short_ttft_p50_ms": quantile(ttft_ms["short"], 0.5),
+                "long_ttft_p99_ms": quantile(ttft_ms["long"], 0.99),
+                "short_inter_token_p99_ms": quantile(gaps_ms, 0.99),
+                "num_short": len(ttft_ms["short"]), "num_long": len(ttft_ms["long"])}
 
     runs = []
     with cluster(["--long-prefill-chunk-tokens", "64"], [(model, worker_args)]) as chunked, \
@@ -507,16 +514,21 @@ def bench_chunked(profile: Profile) -> dict:
             runs.append(result)
             _progress(f"chunked run {run + 1}: short TTFT p99 {result['chunked']['short_ttft_p99_ms']:.1f} vs "
                       f"{result['whole']['short_ttft_p99_ms']:.1f} ms, all {result['chunked']['ttft_p99_ms']:.1f} "
-                      f"vs {result['whole']['ttft_p99_ms']:.1f} ms")
+                      f"vs {result['whole']['ttft_p99_ms']:.1f} ms, short inter-token p99 "
+                      f"{result['chunked']['short_inter_token_p99_ms']:.1f} vs "
+                      f"{result['whole']['short_inter_token_p99_ms']:.1f} ms")
     return {"model": model, "note": note, "rate_per_s": profile.chunked_rate_per_s, "runs": runs,
             "short_ratio": statistics.median(r["short_ratio"] for r in runs),
             "all_ratio": statistics.median(r["all_ratio"] for r in runs),
             "chunked_short_p99_ms": statistics.median(r["chunked"]["short_ttft_p99_ms"] for r in runs),
             "whole_short_p99_ms": statistics.median(r["whole"]["short_ttft_p99_ms"] for r in runs),
             "chunked_all_p99_ms": statistics.median(r["chunked"]["ttft_p99_ms"] for r in runs),
-            "whole_all_p99_ms": statistics.median(r["whole"]["ttft_p99_ms"] for r in runs)}
+            "whole_all_p99_ms": statistics.median(r["whole"]["ttft_p99_ms"] for r in runs),
+            "chunked_inter_token_p99_ms": statistics.median(r["chunked"]["short_inter_token_p99_ms"] for r in runs),
+            "whole_inter_token_p99_ms": statistics.median(r["whole"]["short_inter_token_p99_ms"] for r in runs)}
 
 
+CHUNKED_WARMUP_S = 1.0
 OVERHEAD_NUM_SEQS = 32
 OVERHEAD_STEP_MS = 20.0
 
@@ -634,6 +646,9 @@ def table_rows(results: dict) -> list[tuple[str, str, str, str, str]]:
         rows.append(("chunked prefill: TTFT p99 of all requests",
                      f"{r['chunked_all_p99_ms']:.1f} vs {r['whole_all_p99_ms']:.1f} ms",
                      f"{r['all_ratio']:.2f}x", TARGETS["chunked"], _met(r["all_ratio"] <= 0.5)))
+        rows.append(("  same run: inter-token p99 of short requests",
+                     f"{r['chunked_inter_token_p99_ms']:.1f} vs {r['whole_inter_token_p99_ms']:.1f} ms",
+                     f"{r['chunked_inter_token_p99_ms'] / r['whole_inter_token_p99_ms']:.2f}x", "-", "(info)"))
     if r := results.get("overhead"):
         rows.append((f"scheduler<->worker overhead per step, {r['num_seqs']} seqs",
                      f"{r['overhead_ms']:.2f} ms of a {r['step_ms']:.2f} ms step ({r['worker_step_ms']:.0f} ms worker)",

@@ -90,22 +90,22 @@ class ClassifyPool:
     # -- workers -------------------------------------------------------------
 
     def add_worker(self, link: WorkerLink) -> None:
-        self._batcher.add_worker(link.worker_id, link.hello.capacity.max_batch_size or 1)
-        self._links[link.worker_id] = link
+        self._batcher.add_worker(link.link_id, link.hello.capacity.max_batch_size or 1)
+        self._links[link.link_id] = link
         self._orphaned_since_s = None
         if self._task is None:
             self._task = asyncio.create_task(self._run())
         self._changed()
 
     def drain_worker(self, link: WorkerLink) -> None:
-        if link.worker_id in self._links:
-            self._batcher.drain_worker(link.worker_id)
+        if link.link_id in self._links:
+            self._batcher.drain_worker(link.link_id)
             self._changed()
 
     def remove_worker(self, link: WorkerLink) -> None:
-        if self._links.pop(link.worker_id, None) is None:
+        if self._links.pop(link.link_id, None) is None:
             return
-        requeued = self._batcher.remove_worker(link.worker_id)
+        requeued = self._batcher.remove_worker(link.link_id)
         if requeued:
             log.warning("re-queued %d items of %s from worker %s", len(requeued), self.model, link.worker_id)
         self._changed()
@@ -190,18 +190,12 @@ class ClassifyPool:
             job.dispatched_s = now
             self._queue_time[item.tenant.priority].observe(now - item.arrival_s)
         self._batch_size.observe(len(batch.items))
-        command = scheduler_pb2.ExecuteBatch(
-            batch_id=batch.batch_id,
-            items=[
-                scheduler_pb2.BatchItem(
-                    item_id=item.item_id,
-                    image=item.payload.request.image,
-                    top_k=item.payload.request.top_k or 1,
-                    trace_context=item.payload.trace_context,
-                )
-                for item in batch.items
-            ],
-        )
+        command = scheduler_pb2.ExecuteBatch(batch_id=batch.batch_id)
+        add = command.items.add  # add() builds in place; append() would copy each item (and its image)
+        for item in batch.items:
+            request = item.payload.request
+            add(item_id=item.item_id, image=request.image, top_k=request.top_k or 1,
+                trace_context=item.payload.trace_context)
         if batch.deadline_s is not None:
             command.deadline_unix_us = int((time.time() + batch.deadline_s - now) * 1e6)
         try:

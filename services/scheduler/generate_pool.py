@@ -197,7 +197,7 @@ class GeneratePool:
         capacity = link.hello.capacity
         kv = KVBlockManager(capacity.num_kv_blocks, capacity.block_size or 16)
         scheduler = StepScheduler(step_scheduler_config(self.config, capacity), kv, self.tokenizer, self.clock)
-        self._loops[link.worker_id] = _WorkerLoop(self, link, scheduler)
+        self._loops[link.link_id] = _WorkerLoop(self, link, scheduler)
         if self._held:
             held = [seq for seq, _ in self._held.values()]
             self._held.clear()
@@ -207,7 +207,7 @@ class GeneratePool:
 
     def drain_worker(self, link: WorkerLink) -> None:
         """The worker finishes its running sequences; its waiting ones move to the others."""
-        loop = self._loops.get(link.worker_id)
+        loop = self._loops.get(link.link_id)
         if loop is None:
             return
         if self._usable_loops():
@@ -215,7 +215,7 @@ class GeneratePool:
         loop.wake()
 
     def remove_worker(self, link: WorkerLink) -> None:
-        loop = self._loops.pop(link.worker_id, None)
+        loop = self._loops.pop(link.link_id, None)
         if loop is None:
             return
         loop.attached = False
@@ -300,20 +300,20 @@ class GeneratePool:
 
     def run_step_command(self, plan: StepPlan) -> scheduler_pb2.RunStep:
         command = scheduler_pb2.RunStep(step_id=plan.step_id, finished_seq_ids=plan.finished_seq_ids)
+        add = command.seqs.add  # add() builds in place; append() would copy each step
+        streams = self._streams
         for step in plan.seqs:
-            stream = self._streams.get(step.seq_id)
-            command.seqs.append(
-                scheduler_pb2.SequenceStep(
-                    seq_id=step.seq_id,
-                    token_ids=step.token_ids,
-                    start_position=step.start_position,
-                    new_blocks=step.new_blocks,
-                    reset_block_table=step.reset_block_table,
-                    sample=step.sample,
-                    sampling=stream.sampling_proto if stream is not None else None,
-                    num_generated=step.num_generated,
-                    trace_context=stream.trace_context if stream is not None and _traced(step) else None,
-                )
+            stream = streams.get(step.seq_id)
+            add(
+                seq_id=step.seq_id,
+                token_ids=step.token_ids,
+                start_position=step.start_position,
+                new_blocks=step.new_blocks,
+                reset_block_table=step.reset_block_table,
+                sample=step.sample,
+                sampling=stream.sampling_proto if stream is not None else None,
+                num_generated=step.num_generated,
+                trace_context=stream.trace_context if stream is not None and _traced(step) else None,
             )
         return command
 

@@ -29,6 +29,9 @@ class WorkerLink:
     def __init__(self, hello: scheduler_pb2.WorkerHello) -> None:
         self.hello = hello
         self.worker_id = hello.worker_id
+        # Unique per Attach stream: a worker re-dialling keeps its worker_id, and its new stream may
+        # attach before the scheduler has noticed the old one broke, so pools key links by this.
+        self.link_id = f"{hello.worker_id}#{next(_ids)}"
         self.model = ModelKey(hello.model.name, hello.model.version)
         self.draining = False
         self.closed = asyncio.Event()
