@@ -83,7 +83,7 @@ class ClassifyPool:
         # Since when a worker slot has been free (None: every slot busy), for the queue/batch wait split.
         self._slot_free_since_s: float | None = None
         # Labelled metric children looked up once: they are updated per request.
-        self._queue_depth = metrics.QUEUE_DEPTH.labels(model.name)
+        self._queue_depth = {p: metrics.QUEUE_DEPTH.labels(model.name, label) for p, label in metrics.PRIORITY_LABELS.items()}
         self._batch_size = metrics.BATCH_SIZE.labels(model.name)
         self._queue_time = {p: metrics.QUEUE_TIME.labels(model.name, label) for p, label in metrics.PRIORITY_LABELS.items()}
 
@@ -154,7 +154,8 @@ class ClassifyPool:
                 self._slot_free_since_s = self._slot_free_since_s or now
             else:
                 self._slot_free_since_s = None
-            self._queue_depth.set(self._batcher.queue_depth)
+            for priority, gauge in self._queue_depth.items():
+                gauge.set(self._batcher.queue_depth_of(priority))
             await self._sleep(self._wait_s(now))
 
     async def _sleep(self, timeout_s: float | None) -> None:

@@ -297,6 +297,9 @@ class DynamicBatcher(Generic[P]):
     def queue_depth(self) -> int:
         return len(self._queue)
 
+    def queue_depth_of(self, priority: Priority) -> int:
+        return self._queue.num_waiting(priority)
+
     @property
     def num_in_flight_items(self) -> int:
         return sum(len(batch.items) for worker in self._workers.values() for batch in worker.in_flight.values())

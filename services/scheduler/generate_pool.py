@@ -67,6 +67,8 @@ class GenerateStream:
     # Worker compute time of the steps this sequence was part of.
     compute_s: float = 0.0
     last_chunk_s: float | None = None
+    first_chunk_s: float | None = None
+    num_tokens_seen: int = 0
 
 
 def step_scheduler_config(config: SchedulerConfig, capacity: scheduler_pb2.WorkerCapacity) -> StepSchedulerConfig:
@@ -184,11 +186,11 @@ class GeneratePool:
         self._ttft = metrics.TTFT.labels(model.name)
         self._queue_time = {p: metrics.QUEUE_TIME.labels(model.name, label) for p, label in metrics.PRIORITY_LABELS.items()}
         self._inter_token = metrics.INTER_TOKEN_LATENCY.labels(model.name)
+        self._tpot = metrics.TIME_PER_OUTPUT_TOKEN.labels(model.name)
         self._gauges = (
             metrics.RUNNING_SEQUENCES.labels(model.name),
             metrics.WAITING_SEQUENCES.labels(model.name),
-            metrics.QUEUE_DEPTH.labels(model.name),
-            metrics.KV_CACHE_USAGE.labels(model.name),
+            {p: metrics.QUEUE_DEPTH.labels(model.name, label) for p, label in metrics.PRIORITY_LABELS.items()},
         )
 
     # -- workers -------------------------------------------------------------
@@ -220,6 +222,11 @@ class GeneratePool:
             return
         loop.attached = False
         loop.wake()
+        if not any(other.link.worker_id == link.worker_id for other in self._loops.values()):
+            try:  # no stale series for a worker that is gone
+                metrics.KV_CACHE_USAGE.remove(self.model.name, link.worker_id)
+            except KeyError:
+                pass
         evicted = [seq for seq in loop.scheduler.evict_all() if seq.seq_id in self._streams]
         if evicted:
             log.warning("worker %s of %s gone: recomputing %d sequences elsewhere", link.worker_id, self.model,
@@ -371,17 +378,20 @@ class GeneratePool:
 
     def _observe_token_times(self, stream: GenerateStream, delta: SequenceDelta, now: float) -> None:
         num_tokens = len(delta.token_ids)
-        if not num_tokens:
-            return
-        if stream.last_chunk_s is None:
-            first_token_s = stream.seq.first_token_s if stream.seq and stream.seq.first_token_s else now
-            self._ttft.observe(first_token_s - stream.arrival_s)
-            num_tokens -= 1
-        else:
-            gap_s = (now - stream.last_chunk_s) / num_tokens
-            for _ in range(num_tokens):
-                self._inter_token.observe(gap_s)
-        stream.last_chunk_s = now
+        if num_tokens:
+            if stream.last_chunk_s is None:
+                first_token_s = stream.seq.first_token_s if stream.seq and stream.seq.first_token_s else now
+                self._ttft.observe(first_token_s - stream.arrival_s)
+                stream.first_chunk_s = now
+                num_tokens -= 1
+            else:
+                gap_s = (now - stream.last_chunk_s) / num_tokens
+                for _ in range(num_tokens):
+                    self._inter_token.observe(gap_s)
+            stream.last_chunk_s = now
+            stream.num_tokens_seen += len(delta.token_ids)
+        if delta.is_last and stream.num_tokens_seen > 1:
+            self._tpot.observe((stream.last_chunk_s - stream.first_chunk_s) / (stream.num_tokens_seen - 1))
 
     def _end(self, stream: GenerateStream, error: errors.InfermeshError) -> None:
         if self._finish(stream.seq_id):
@@ -438,12 +448,15 @@ class GeneratePool:
     def _update_gauges(self) -> None:
         schedulers = [loop.scheduler for loop in self._loops.values()]
         num_waiting = sum(s.num_waiting for s in schedulers) + len(self._held)
-        num_blocks = sum(s.kv.num_blocks for s in schedulers)
-        running, waiting, queue_depth, kv_usage = self._gauges
+        running, waiting, queue_depth = self._gauges
         running.set(sum(s.num_running for s in schedulers))
         waiting.set(num_waiting)
-        queue_depth.set(num_waiting)
-        kv_usage.set(sum(s.kv.num_used_blocks for s in schedulers) / num_blocks if num_blocks else 0.0)
+        held = [seq for seq, _ in self._held.values()]
+        for priority, gauge in queue_depth.items():
+            gauge.set(sum(s.num_waiting_of(priority) for s in schedulers) + sum(s.priority == priority for s in held))
+        for loop in self._loops.values():
+            kv = loop.scheduler.kv
+            metrics.KV_CACHE_USAGE.labels(self.model.name, loop.link.worker_id).set(kv.num_used_blocks / kv.num_blocks)
 
 
 def _traced(step) -> bool:

@@ -19,7 +19,7 @@ _BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 QUEUE_DEPTH = Gauge(
     "infermesh_scheduler_queue_depth", "Requests waiting in the scheduler queue (classify items or waiting sequences).",
-    ["model"],
+    ["model", "priority"],
 )
 QUEUE_TIME = Histogram(
     "infermesh_scheduler_queue_time_seconds",
@@ -39,14 +39,19 @@ WAITING_SEQUENCES = Gauge(
     "Generate sequences waiting for admission (new, preempted, or held for a worker).", ["model"],
 )
 KV_CACHE_USAGE = Gauge(
-    "infermesh_scheduler_kv_cache_usage_ratio", "Fraction of the model's KV blocks allocated, over its workers, 0..1.",
-    ["model"],
+    "infermesh_scheduler_kv_cache_usage_ratio", "Fraction of a worker's KV blocks allocated, 0..1.",
+    ["model", "worker"],
 )
 PREEMPTIONS = Counter(
     "infermesh_scheduler_preemptions_total", "Sequences preempted (blocks freed, recomputed later).", ["model"]
 )
 TTFT = Histogram(
-    "infermesh_scheduler_ttft_seconds", "Generate: arrival at the scheduler until the first generated token.",
+    "infermesh_scheduler_time_to_first_token_seconds", "Generate: arrival at the scheduler until the first generated token.",
+    ["model"], buckets=_LATENCY_BUCKETS_S,
+)
+TIME_PER_OUTPUT_TOKEN = Histogram(
+    "infermesh_scheduler_time_per_output_token_seconds",
+    "Generate, per finished request: (last token - first token) / (tokens - 1).",
     ["model"], buckets=_LATENCY_BUCKETS_S,
 )
 INTER_TOKEN_LATENCY = Histogram(
@@ -70,6 +75,7 @@ STEP_OVERHEAD = Histogram(
     "Generate: the part of a step that is not the worker's own time (scheduling, serialization, transport).",
     ["model"], buckets=_LATENCY_BUCKETS_S,
 )
-WORKERS = Gauge("infermesh_scheduler_workers", "Workers attached and serving the model.", ["model"])
+WORKERS = Gauge("infermesh_scheduler_attached_workers", "Workers attached and serving a model version.",
+                ["model", "version"])
 
 PRIORITY_LABELS = {p: p.name.lower() for p in Priority}

@@ -65,8 +65,7 @@ class ModelRegistry:
             log.info("worker %s detached from %s (%d left)", link.worker_id, link.model, len(entry.pool.workers))
 
     def _count_workers(self, entry: ModelEntry) -> None:
-        versions = [e for key, e in self._models.items() if key.name == entry.key.name]
-        metrics.WORKERS.labels(entry.key.name).set(sum(w.usable for e in versions for w in e.pool.workers))
+        metrics.WORKERS.labels(entry.key.name, entry.key.version).set(sum(w.usable for w in entry.pool.workers))
 
     def resolve(self, ref: common_pb2.ModelRef, kind: int) -> ModelEntry:
         if not ref.name:

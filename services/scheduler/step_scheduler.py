@@ -290,6 +290,9 @@ class StepScheduler:
         """Sequences holding no blocks: never scheduled, or preempted."""
         return len(self._waiting) + len(self._preempted)
 
+    def num_waiting_of(self, priority: Priority) -> int:
+        return self._waiting.num_waiting(priority) + sum(1 for s in self._preempted if s.priority == priority)
+
     @property
     def num_unfinished(self) -> int:
         return len(self._seqs)

@@ -130,14 +130,16 @@ def test_metrics_count_requests_by_code_and_time_tokens(mesh, stub):
 
     assert value("infermesh_scheduler_requests_total", tenant="tests", code="OK") >= 1
     assert value("infermesh_scheduler_requests_total", tenant="tests", code="DEADLINE_EXCEEDED") >= 2
-    assert value("infermesh_scheduler_ttft_seconds_count") >= 1
+    assert value("infermesh_scheduler_time_to_first_token_seconds_count") >= 1
+    assert value("infermesh_scheduler_time_per_output_token_seconds_count") >= 1
     assert value("infermesh_scheduler_inter_token_latency_seconds_count") >= 9
     assert value("infermesh_scheduler_e2e_latency_seconds_count", kind="generate") >= 1
     assert value("infermesh_scheduler_queue_time_seconds_count", priority="standard") >= 1
     assert value("infermesh_scheduler_batch_size_count") >= 10
-    assert value("infermesh_scheduler_workers") == 1
-    assert value("infermesh_scheduler_kv_cache_usage_ratio") == 0
+    assert value("infermesh_scheduler_attached_workers", version="1") == 1
+    kv_usage = [v for (name, _), v in samples.items() if name == "infermesh_scheduler_kv_cache_usage_ratio"]
+    assert kv_usage == [0.0], "one worker, all its blocks free again"
     assert value("infermesh_scheduler_running_sequences") == 0
     assert value("infermesh_scheduler_waiting_sequences") == 0
-    assert value("infermesh_scheduler_queue_depth") == 0
+    assert all(value("infermesh_scheduler_queue_depth", priority=p) == 0 for p in ("critical", "standard", "sheddable"))
     assert "infermesh_scheduler_preemptions_total" in text
