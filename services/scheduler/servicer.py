@@ -129,6 +129,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._links: set[WorkerLink] = set()
         self._scheduler_id = f"scheduler-{uuid.uuid4().hex[:8]}"
         self._metric_children: dict[tuple, object] = {}
+        self._draining = False
 
     # -- Classify --------------------------------------------------------------
 
@@ -306,6 +307,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     # -- Attach ----------------------------------------------------------------
 
     async def Attach(self, request_iterator, context):
+        if self._draining:
+            # Workers we just drained re-dial at once; they must find another scheduler.
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "scheduler is draining; attach elsewhere")
         first = await context.read()
         if first is grpc.aio.EOF or first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first Attach message must be hello")
@@ -403,6 +407,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def drain(self, grace_s: float) -> None:
         """Ask every worker to finish in-flight work and re-dial; wait for them up to grace_s."""
+        self._draining = True
         for link in list(self._links):
             self.registry.draining(link)
             link.drain(int(grace_s * 1000))

@@ -76,13 +76,14 @@ class AttachClient:
     async def _session(self) -> None:
         async with grpc.aio.insecure_channel(self._address) as channel:
             call = scheduler_pb2_grpc.SchedulerStub(channel).Attach()
-            self._call = call
             hello = self._runtime.hello(self._worker_id)
             self._model_label = f"{hello.model.name}:{hello.model.version}"
             await call.write(scheduler_pb2.WorkerMessage(hello=hello))
             first = await call.read()
             if first is grpc.aio.EOF or first.WhichOneof("kind") != "welcome":
                 raise ConnectionError("scheduler closed the stream without a welcome")
+            # Only an attached stream is drained through; a dial in progress is simply abandoned.
+            self._call = call
             self._backoff.reset()
             self.num_attaches += 1
             self.attached.set()
