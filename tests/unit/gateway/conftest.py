@@ -7,19 +7,7 @@ import dataclasses
 import pytest
 
 from services.gateway.tenants import Priority, Tenant, TenantQuota, hash_api_key
-
-
-class FakeClock:
-    """Monotonic seconds that move only when a test says so."""
-
-    def __init__(self, start_s: float = 1000.0) -> None:
-        self.now_s = start_s
-
-    def __call__(self) -> float:
-        return self.now_s
-
-    def advance(self, seconds: float) -> None:
-        self.now_s += seconds
+from tests.support.fake_clock import FakeClock  # noqa: F401 - re-exported to the tests
 
 
 class FixedRng:

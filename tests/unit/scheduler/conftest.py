@@ -14,22 +14,10 @@ from services.scheduler.sequence import SamplingParams
 from services.scheduler.step_plan import SequenceDelta, StepPlan
 from services.scheduler.step_scheduler import StepScheduler, StepSchedulerConfig
 from services.scheduler.tokenizer import ByteTokenizer
+from tests.support.fake_clock import FakeClock  # noqa: F401 - re-exported to the tests
 
 EOS = 256
 TOKENIZER = ByteTokenizer(vocab_size=257, eos_token_id=EOS)
-
-
-class FakeClock:
-    """Monotonic seconds that move only when a test says so."""
-
-    def __init__(self, start_s: float = 1000.0) -> None:
-        self.now_s = start_s
-
-    def __call__(self) -> float:
-        return self.now_s
-
-    def advance(self, seconds: float) -> None:
-        self.now_s += seconds
 
 
 @pytest.fixture
