@@ -71,9 +71,10 @@ test: setup ## run the whole suite (unit, contract, integration, reliability)
 lint: setup ## ruff
 	$(VENV)/bin/ruff check .
 
-bench: setup models ## benchmarks: tables on stdout, JSON under bench/results/
+bench: setup models ## benchmarks: tables on stdout, JSON under bench/results/ (QUICK=1: a shorter run)
 	@for script in bench/bench_*.py; do \
-		name=$$(basename $$script .py); echo "== $$name"; $(PY) -m bench.$$name $(BENCH_ARGS) || exit 1; done
+		name=$$(basename $$script .py); echo "== $$name"; \
+		$(PY) -m bench.$$name $(if $(QUICK),--quick) || exit 1; done
 
 clean: ## remove generated stubs, run files and reports (keeps .venv)
 	rm -rf $(GEN) run reports bench/results

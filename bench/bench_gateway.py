@@ -234,7 +234,10 @@ def main() -> None:
     parser.add_argument("--num-rejected", type=int, default=10000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--idle-s", type=float, default=2.0, help="how long the idle CPU rate is measured")
+    parser.add_argument("--quick", action="store_true", help="a quarter of the requests")
     args = parser.parse_args()
+    if args.quick:
+        args.num_admitted, args.num_rejected = args.num_admitted // 4, args.num_rejected // 4
     results = run(args.num_admitted, args.num_rejected, args.concurrency, args.idle_s)
     print_table(results)
     RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)

@@ -335,7 +335,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="threads for both numba and torch (default: each library's own default)")
     parser.add_argument("--output", type=Path, default=RESULTS_PATH)
+    parser.add_argument("--quick", action="store_true", help="5 repeats instead of --repeats")
     args = parser.parse_args()
+    if args.quick:
+        args.repeats = min(args.repeats, 5)
     sizes = SMALL if args.small else Sizes()
     if args.threads:
         numba.set_num_threads(args.threads)
