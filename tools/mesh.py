@@ -16,13 +16,18 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
 
 
-def is_serving(address: str, timeout_s: float = 1.0) -> bool:
+def health_status(address: str, timeout_s: float = 1.0) -> int | None:
+    """The server's overall grpc.health.v1 status, or None when it does not answer."""
     try:
         with grpc.insecure_channel(address) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
     except grpc.RpcError:
-        return False
-    return reply.status == health_pb2.HealthCheckResponse.SERVING
+        return None
+    return reply.status
+
+
+def is_serving(address: str, timeout_s: float = 1.0) -> bool:
+    return health_status(address, timeout_s) == health_pb2.HealthCheckResponse.SERVING
 
 
 def ready_models(gateway: str, api_key: str = "", timeout_s: float = 2.0) -> set[str]:

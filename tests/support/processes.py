@@ -17,8 +17,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
+
+from tools.mesh import health_status  # noqa: F401 - tests import it from here
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,16 +28,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def health_status(address: str, timeout_s: float = 1.0) -> int | None:
-    """The overall health status, or None when the server does not answer."""
-    try:
-        with grpc.insecure_channel(address) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
-    except grpc.RpcError:
-        return None
-    return reply.status
 
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
