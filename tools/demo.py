@@ -20,24 +20,15 @@ def _stages(timings: common_pb2.Timings) -> str:
     return " ".join(parts) + f" | total={timings.total_us / 1000:.2f}ms"
 
 
-def _digit_like_image(seed: int, height: int, width: int) -> common_pb2.Image:
-    rng = np.random.default_rng(seed)
-    pixels = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
-    return common_pb2.Image(raw=common_pb2.RawImage(pixels=pixels.tobytes(), height=height, width=width, channels=3))
+def _handwritten_digit(index: int) -> tuple[common_pb2.Image, str]:
+    """One of scikit-learn's 8x8 digits as raw RGB pixels; the worker resizes it to the model's input."""
+    from sklearn.datasets import load_digits
 
-
-def _classifier_image(stub, model: gateway_pb2.ModelInfo, index: int) -> common_pb2.Image:
-    try:
-        from sklearn.datasets import load_digits
-
-        digits = load_digits()
-        grey = (digits.images[index] * (255 / 16)).astype(np.uint8)
-        rgb = np.repeat(grey[:, :, None], 3, axis=2)
-        label = digits.target[index]
-        image = common_pb2.Image(raw=common_pb2.RawImage(pixels=rgb.tobytes(), height=8, width=8, channels=3))
-        return image, f"handwritten {label}"
-    except ImportError:
-        return _digit_like_image(index, 16, 16), "random pixels"
+    digits = load_digits()
+    grey = (digits.images[index] * (255 / 16)).astype(np.uint8)
+    rgb = np.repeat(grey[:, :, None], 3, axis=2)
+    image = common_pb2.Image(raw=common_pb2.RawImage(pixels=rgb.tobytes(), height=8, width=8, channels=3))
+    return image, f"handwritten {digits.target[index]}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         for model in models:
             if model.kind == common_pb2.MODEL_KIND_CLASSIFIER:
                 for index in range(3):
-                    image, what = _classifier_image(stub, model, index)
+                    image, what = _handwritten_digit(index)
                     reply = stub.Classify(gateway_pb2.ClassifyRequest(model=model.model, image=image, top_k=2),
                                           timeout=10, metadata=metadata)
                     labels = ", ".join(f"{label.label} ({label.score:.2f})" for label in reply.labels)
