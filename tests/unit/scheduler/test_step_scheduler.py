@@ -419,37 +419,30 @@ def test_config_must_fit_one_full_sequence_in_the_cache(clock):
 # -- static batching (benchmark baseline) and draining ----------------------------
 
 
-def test_static_batching_admits_nothing_new_until_the_whole_running_set_finished(clock):
-    scheduler = make_scheduler(clock, static_batching=True, max_num_seqs=2)
+def _first_step_of_each_sequence(clock, **over) -> dict[int, int]:
+    """Three sequences (2, 6 and 2 tokens to generate) through two slots: the step each first ran in."""
+    scheduler = make_scheduler(clock, max_num_seqs=2, **over)
     worker = FakePagedWorker(4)
     make_requests(scheduler, 1, prompt_len=4, max_tokens=2)
     make_requests(scheduler, 1, prompt_len=4, max_tokens=6, first_id=2)
     make_requests(scheduler, 1, prompt_len=4, max_tokens=2, first_id=3)
-    admitted_at = {}
+    admitted_at: dict[int, int] = {}
     for step in range(12):
         plan = scheduler.schedule()
         for s in plan.seqs:
             admitted_at.setdefault(s.seq_id, step)
         if plan.has_work():
             scheduler.update_from_output(plan, worker.run(plan))
+    return admitted_at
+
+
+def test_static_batching_admits_nothing_new_until_the_whole_running_set_finished(clock):
     # Sequence 1 finishes after step 1, but 3 only starts once 2 (six tokens) is done too.
-    assert admitted_at == {1: 0, 2: 0, 3: 6}
+    assert _first_step_of_each_sequence(clock, static_batching=True) == {1: 0, 2: 0, 3: 6}
 
 
 def test_continuous_batching_fills_a_freed_slot_at_the_next_step(clock):
-    scheduler = make_scheduler(clock, max_num_seqs=2)
-    worker = FakePagedWorker(4)
-    make_requests(scheduler, 1, prompt_len=4, max_tokens=2)
-    make_requests(scheduler, 1, prompt_len=4, max_tokens=6, first_id=2)
-    make_requests(scheduler, 1, prompt_len=4, max_tokens=2, first_id=3)
-    admitted_at = {}
-    for step in range(12):
-        plan = scheduler.schedule()
-        for s in plan.seqs:
-            admitted_at.setdefault(s.seq_id, step)
-        if plan.has_work():
-            scheduler.update_from_output(plan, worker.run(plan))
-    assert admitted_at == {1: 0, 2: 0, 3: 2}
+    assert _first_step_of_each_sequence(clock) == {1: 0, 2: 0, 3: 2}
 
 
 def test_evict_waiting_hands_over_unscheduled_and_preempted_sequences_only(clock):
