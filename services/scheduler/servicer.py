@@ -11,12 +11,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import grpc
-from opentelemetry import trace
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.common import errors
 from services.common.status import maps_domain_errors, status_code_of
-from services.common.telemetry import carrier_for, context_from_metadata, record_stage_span, tracer
+from services.common.telemetry import (
+    carrier_for,
+    context_from_metadata,
+    record_stage_span,
+    server_span,
+    tracer,
+)
 from services.common.timings import StageTime, seconds_to_us, to_proto
 from services.scheduler import metrics
 from services.scheduler.classify_pool import ClassifyJob
@@ -138,7 +143,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         began_s = self._clock()
         parent = context_from_metadata(context.invocation_metadata())
         with (
-            _tracer.start_as_current_span("scheduler.Classify", context=parent, kind=trace.SpanKind.SERVER) as span,
+            server_span(_tracer, "scheduler.Classify", parent) as span,
             self._counted(request.request.model.name, request.tenant.tenant_id, "classify", began_s),
         ):
             req = request.request
@@ -201,7 +206,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         began_s = self._clock()
         parent = context_from_metadata(context.invocation_metadata())
         with (
-            _tracer.start_as_current_span("scheduler.Generate", context=parent, kind=trace.SpanKind.SERVER) as span,
+            server_span(_tracer, "scheduler.Generate", parent) as span,
             self._counted(request.request.model.name, request.tenant.tenant_id, "generate", began_s),
         ):
             req = request.request
