@@ -107,12 +107,17 @@ class _WorkerLoop:
 
     async def run(self) -> None:
         scheduler = self.scheduler
+        pool = self.pool
         deltas: list[SequenceDelta] = []
-        clock = self.pool.clock
+        done: tuple[StepPlan, scheduler_pb2.StepResult] | None = None  # the last step, to account for
+        clock = pool.clock
         result_at_s: float | None = None  # when the last step's result came back
         while self.attached:
             if not scheduler.has_work():
-                self.pool.deliver(deltas)
+                if done is not None:
+                    pool.account_step(*done)
+                    done = None
+                pool.deliver(deltas)
                 deltas = []
                 result_at_s = None
                 if self.link.draining:
@@ -120,16 +125,21 @@ class _WorkerLoop:
                     return
                 await self._sleep(None)
                 continue
+            # Critical path: from the last result to this send, only what the next step needs.
             plan = scheduler.schedule()
-            self.pool.after_schedule(plan)
             try:
-                result = self.link.run_step(self.pool.run_step_command(plan)) if plan.has_work() else None
+                result = self.link.run_step(pool.run_step_command(plan)) if plan.has_work() else None
             except WorkerGone:
                 result = None
             sent_at_s = clock()
-            # The last step's chunks go to the clients after the next step is on its way, so
-            # streaming them to many clients overlaps the worker's compute instead of delaying it.
-            self.pool.deliver(deltas)
+            if result is not None:
+                await asyncio.sleep(0)  # the Attach writer puts the step on the wire first
+            # Then, while the worker computes: metrics, and the last step's chunks to the clients.
+            pool.after_schedule(plan)
+            if done is not None:
+                pool.account_step(*done)
+                done = None
+            pool.deliver(deltas)
             deltas = []
             if result is None:
                 if plan.finished_seq_ids:
@@ -147,9 +157,10 @@ class _WorkerLoop:
                 return
             now = clock()
             gap_s = sent_at_s - result_at_s if result_at_s is not None else 0.0
-            self.pool.observe_step(now - sent_at_s, outcome.timings.total_us / 1e6, gap_s)
+            pool.observe_step(now - sent_at_s, outcome.timings.total_us / 1e6, gap_s)
             result_at_s = now
-            deltas = self.pool.after_step(self, plan, outcome)
+            deltas = pool.after_step(self, plan, outcome)
+            done = (plan, outcome)
 
     async def _sleep(self, timeout_s: float | None) -> None:
         self._wake.clear()
@@ -325,7 +336,7 @@ class GeneratePool:
         return command
 
     def after_step(self, loop: _WorkerLoop, plan: StepPlan, result: scheduler_pb2.StepResult) -> list[SequenceDelta]:
-        """Applies the worker's result; returns the chunks to deliver()."""
+        """Applies the worker's result (what the next step depends on); returns the chunks to deliver()."""
         tokens: dict[int, int] = {}
         failures: dict[int, str] = {}
         for out in result.outputs:
@@ -334,16 +345,20 @@ class GeneratePool:
             else:
                 tokens[out.seq_id] = out.token_id
         deltas = loop.scheduler.update_from_output(plan, tokens)
-        compute_s = result.timings.total_us / 1e6
-        for step in plan.seqs:
-            stream = self._streams.get(step.seq_id)
-            if stream is not None:
-                stream.compute_s += compute_s
         for delta in deltas:
             if delta.abort_reason is not None:
                 self._failures[delta.seq_id] = failures.get(delta.seq_id, "the worker returned no valid token")
-        self._update_gauges()
         return deltas
+
+    def account_step(self, plan: StepPlan, result: scheduler_pb2.StepResult) -> None:
+        """Bookkeeping of a finished step that no next step waits for: compute time per stream, gauges."""
+        compute_s = result.timings.total_us / 1e6
+        streams = self._streams
+        for step in plan.seqs:
+            stream = streams.get(step.seq_id)
+            if stream is not None:
+                stream.compute_s += compute_s
+        self._update_gauges()
 
     def observe_step(self, round_trip_s: float, worker_s: float, scheduler_gap_s: float) -> None:
         """One step's timing: the worker's own time, and the overhead around it (the scheduler's time

@@ -1,7 +1,11 @@
 """The worker's end of Scheduler.Attach: dial, say hello, run commands, re-dial on loss.
 
-Commands run one at a time on a single compute thread (one model, one device
-stream); the event loop stays free for heartbeats and reading aborts.
+Commands run one at a time (one model, one device stream). Classify batches run
+on a compute thread, so the loop reads the prefetched next batch meanwhile.
+Generate steps run on the event loop itself: only one is ever in flight, and the
+thread hand-off cost ~0.2 ms of every step's critical path (read -> compute start
+went from 0.28 to 0.07 ms at 32 sequences); heartbeats and aborts wait for the step
+to end, which is when the next step would see them anyway.
 """
 
 from __future__ import annotations
@@ -129,7 +133,7 @@ class AttachClient:
 
     async def _step(self, call, command: scheduler_pb2.RunStep) -> None:
         began_ns = time.time_ns()
-        result = await asyncio.get_running_loop().run_in_executor(self._compute, _guarded_step, self._runtime, command)
+        result = _guarded_step(self._runtime, command)
         await self._write(call, scheduler_pb2.WorkerMessage(step_result=result))
         metrics.observe_step(self._model_label, command, result, self._runtime.kv_blocks_used())
         _trace_work("worker.run_step", began_ns, result.timings, [s.trace_context for s in command.seqs],
