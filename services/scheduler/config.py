@@ -21,6 +21,8 @@ class SchedulerConfig(ServerSettings):
     long_prefill_chunk_tokens: int = setting(64, "generate: largest prompt chunk per step (chunked prefill); 0 disables chunking")
     static_batching: bool = setting(False, "generate: admit a new batch only when the whole running set finished "
                                     "(a baseline for benchmarks; continuous batching when false)")
+    static_batch_padding: bool = setting(True, "generate, with static batching: finished members stay in the "
+                                         "batch as padding until it ends, as in a fixed-shape batch")
     orphan_grace_ms: float = setting(5000.0, "queued work of a model whose last worker left waits this long "
                                      "(at most until its deadline) for a worker to attach")
     heartbeat_interval_ms: int = setting(1000, "how often workers send heartbeats")

@@ -85,6 +85,7 @@ def step_scheduler_config(config: SchedulerConfig, capacity: scheduler_pb2.Worke
         max_prefill_chunk_tokens=config.long_prefill_chunk_tokens,
         enable_chunked_prefill=config.long_prefill_chunk_tokens > 0,
         static_batching=config.static_batching,
+        static_batch_padding=config.static_batch_padding,
     )
 
 

@@ -57,6 +57,10 @@ class StepSchedulerConfig:
     # Static batching (the benchmark's baseline for continuous batching): once a running set
     # has started decoding, nothing new is admitted until all of it finished.
     static_batching: bool = False
+    # With static batching: a member that finished stays in the batch as padding (its last
+    # position recomputed, the sample thrown away) until the whole batch ends, as in a
+    # fixed-shape batch (FasterTransformer, HF generate). False: finished members drop out.
+    static_batch_padding: bool = True
     # Deficit round robin credit per visit, in prompt tokens.
     tenant_quantum_tokens: int = 256
     # Admission keeps this fraction of blocks free, so running sequences can grow without preempting.
@@ -85,6 +89,7 @@ class _StepBuilder:
         # seq_id -> (sequence, tokens to compute, blocks appended this step)
         self.picked: dict[int, tuple[Sequence, int, tuple[int, ...]]] = {}
         self.preempted: list[int] = []
+        self.padding: list[SequenceStep] = []
 
     def pick(self, seq: Sequence, num_new_tokens: int, new_blocks: tuple[int, ...]) -> None:
         self.picked[seq.seq_id] = (seq, num_new_tokens, new_blocks)
@@ -112,7 +117,7 @@ class _StepBuilder:
                 )
             )
             seq.needs_block_table_reset = False
-        return tuple(steps)
+        return (*steps, *self.padding)
 
 
 class StepScheduler:
@@ -140,6 +145,9 @@ class StepScheduler:
         self._watermark_blocks = int(config.kv_watermark * kv.num_blocks)
         # Static batching only: the running set has begun decoding, so admission waits for it to empty.
         self._batch_closed = False
+        # Static batching with padding: finished members still computed until the batch ends
+        # (they keep their blocks and the worker keeps their tables until then).
+        self._padding: list[Sequence] = []
         self.step_time_s = config.initial_step_time_s
 
     # -- intake ------------------------------------------------------------
@@ -200,6 +208,8 @@ class StepScheduler:
         self._schedule_running(step)
         if not self._running:
             self._batch_closed = False
+        else:
+            self._pad(step)
         if not step.preempted and not self._batch_closed:  # admitting right after preempting would only thrash
             self._admit(step, now)
         plan = StepPlan(
@@ -255,6 +265,9 @@ class StepScheduler:
             self.kv.free(seq.seq_id)
             if seq.status is not SequenceStatus.WAITING:
                 seq.reset_for_recompute()
+        for pad in self._padding:
+            self.kv.free(pad.seq_id)
+        self._padding.clear()
         self._seqs.clear()
         self._running.clear()
         self._preempted.clear()
@@ -463,14 +476,46 @@ class StepScheduler:
         )
 
     def _retire(self, seq: Sequence) -> None:
-        """Removes a finished or aborted sequence from every list and frees its blocks."""
+        """Removes a finished or aborted sequence from every list and frees its blocks
+        (static batching with padding: keeps them while it pads the batch)."""
+        padding = False
         if seq.status is SequenceStatus.RUNNING:
             self._running.remove(seq)
+            padding = self._pads_batch(seq)
         elif seq.status is SequenceStatus.PREEMPTED:
             self._preempted.remove(seq)
         else:
             self._waiting.remove(seq)
-        if self.kv.free(seq.seq_id) or seq.first_scheduled_s is not None:
-            self._forget_ids.append(seq.seq_id)
+        if padding:
+            self._padding.append(seq)
+        else:
+            self._release(seq)
+        if not self._running:
+            for pad in self._padding:
+                self._release(pad)
+            self._padding.clear()
         seq.status = SequenceStatus.FINISHED
         del self._seqs[seq.seq_id]
+
+    def _release(self, seq: Sequence) -> None:
+        if self.kv.free(seq.seq_id) or seq.first_scheduled_s is not None:
+            self._forget_ids.append(seq.seq_id)
+
+    def _pads_batch(self, seq: Sequence) -> bool:
+        """Whether a member leaving the running set stays in the batch as padding."""
+        config = self.config
+        return (config.static_batching and config.static_batch_padding and bool(self._running)
+                and seq.num_computed_tokens > 0)
+
+    def _pad(self, step: _StepBuilder) -> None:
+        """Recomputes each padding member's last cached position (same token, same KV): the cost
+        of its slot in a fixed-shape batch. The worker's sample for it is ignored."""
+        for seq in self._padding:
+            if step.token_budget == 0:
+                return
+            last = seq.num_computed_tokens - 1
+            step.padding.append(SequenceStep(
+                seq_id=seq.seq_id, token_ids=seq.token_ids(last, last + 1), start_position=last, new_blocks=(),
+                reset_block_table=False, sample=True,
+                sampling=seq.sampling, num_generated=seq.num_generated))
+            step.token_budget -= 1

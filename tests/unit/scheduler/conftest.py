@@ -116,7 +116,8 @@ class FakePagedWorker:
                 self.num_cached[step.seq_id] = 0
             table = self.tables[step.seq_id]
             table.extend(step.new_blocks)
-            if step.start_position != self.num_cached[step.seq_id]:
+            # Like the real worker: a step may recompute cached positions, never skip any.
+            if step.start_position > self.num_cached[step.seq_id]:
                 raise AssertionError(f"seq {step.seq_id}: start {step.start_position}, cached {self.num_cached}")
             self._check_exclusive(step.seq_id)
             for offset, token_id in enumerate(step.token_ids):

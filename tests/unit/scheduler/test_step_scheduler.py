@@ -441,6 +441,37 @@ def test_static_batching_admits_nothing_new_until_the_whole_running_set_finished
     assert _first_step_of_each_sequence(clock, static_batching=True) == {1: 0, 2: 0, 3: 6}
 
 
+def test_static_batching_pads_a_finished_member_until_the_batch_ends(clock):
+    scheduler = make_scheduler(clock, max_num_seqs=2, static_batching=True)
+    worker = FakePagedWorker(4)
+    make_requests(scheduler, 1, prompt_len=4, max_tokens=2)
+    make_requests(scheduler, 1, prompt_len=4, max_tokens=6, first_id=2)
+    make_requests(scheduler, 1, prompt_len=4, max_tokens=2, first_id=3)
+    streamed: dict[int, list[int]] = {1: [], 2: [], 3: []}
+    plans = []
+    for _ in range(12):
+        plan = scheduler.schedule()
+        if not plan.has_work():
+            break
+        plans.append(plan)
+        for delta in scheduler.update_from_output(plan, worker.run(plan)):
+            streamed[delta.seq_id].extend(delta.token_ids)
+    # Steps 0-1 run 1 and 2; 1 is done after step 1 but its slot is computed through step 5, recomputing
+    # its last cached position (4 prompt + 1 generated tokens -> position 4) with nothing streamed.
+    for plan in plans[2:6]:
+        pad = next(s for s in plan.seqs if s.seq_id == 1)
+        assert (pad.start_position, len(pad.token_ids), pad.new_blocks, pad.sample) == (4, 1, (), True)
+    assert 1 not in plans[5].finished_seq_ids and 1 in plans[6].finished_seq_ids  # released with the batch
+    assert [s.seq_id for s in plans[6].seqs] == [3]
+    for seq_id, max_tokens in ((1, 2), (2, 6), (3, 2)):
+        assert streamed[seq_id] == list(expected_tokens(seq_id, 4, max_tokens))
+    assert scheduler.kv.num_used_blocks == 0
+
+
+def test_static_batching_without_padding_drops_finished_members(clock):
+    assert _first_step_of_each_sequence(clock, static_batching=True, static_batch_padding=False) == {1: 0, 2: 0, 3: 6}
+
+
 def test_continuous_batching_fills_a_freed_slot_at_the_next_step(clock):
     assert _first_step_of_each_sequence(clock) == {1: 0, 2: 0, 3: 2}
 
