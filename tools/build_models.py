@@ -96,9 +96,11 @@ class TinyLMRecipe:
     architecture: TransformerConfig = field(default_factory=lambda: TransformerConfig(
         vocab_size=BYTE_VOCAB_SIZE, num_layers=4, d_model=128, num_heads=4, num_kv_heads=2, d_ff=384,
     ))
-    max_seq_len: int = 256
-    train_seq_len: int = 256
-    batch_size: int = 16
+    # 1024 so the chunked-prefill benchmark can mix in prompts whose prefill is many decode steps
+    # long; trained at that length (4 x 1024 tokens per step, as many as 16 x 256 before).
+    max_seq_len: int = 1024
+    train_seq_len: int = 1024
+    batch_size: int = 4
     num_steps: int = 500
     learning_rate: float = 3e-3
     warmup_steps: int = 30
@@ -108,8 +110,8 @@ class TinyLMRecipe:
     golden_prompts: tuple[str, ...] = ("The ", "A list is ")
     num_golden_tokens: int = 24
     max_num_seqs: int = 16
-    max_num_batched_tokens: int = 256
-    num_kv_blocks: int = 512
+    max_num_batched_tokens: int = 1024  # a whole max_seq_len prompt fits one step (chunking off)
+    num_kv_blocks: int = 1024  # 16 sequences of 1024 tokens
     block_size: int = 16
 
 

@@ -165,7 +165,8 @@ def test_bad_manifests_are_rejected_naming_the_field(
 def test_generator_manifest_must_fit_one_sequence_in_its_kv_blocks(tinylm: LoadedModel) -> None:
     data = manifest_to_dict(tinylm.manifest)
     data["envelope"]["num_kv_blocks"] = 1
-    with pytest.raises(InvalidManifest, match="fewer than one sequence of max_seq_len 256"):
+    max_seq_len = tinylm.manifest.generator.max_seq_len
+    with pytest.raises(InvalidManifest, match=f"fewer than one sequence of max_seq_len {max_seq_len}"):
         parse_manifest(data, source="m")
 
 

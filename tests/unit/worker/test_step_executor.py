@@ -84,12 +84,13 @@ def test_greedy_step_returns_argmax_with_logprob(tinylm: LoadedModel) -> None:
 def test_bad_sequences_fail_alone_with_invalid_argument(tinylm: LoadedModel) -> None:
     executor = _executor(tinylm, num_kv_blocks=32)
     good = SequenceStep(1, PROMPT, 0, (0, 1, 2, 3), True, sample=True)
+    max_seq_len = tinylm.generator.max_seq_len
     bad = [
         (SequenceStep(2, (1, 2), 0, (32,), True, sample=True), "block ids [32] outside the worker's 32 blocks"),
         (SequenceStep(3, (300,), 0, (4,), True, sample=True), "token ids [300] outside [0, 258)"),
         (SequenceStep(4, (1, 2, 3), 0, (), True, sample=True), "block table of 0 blocks holds 0 positions"),
         (SequenceStep(5, (1,), 4, (5,), sample=True), "start_position 4 but only 0 positions are cached"),
-        (SequenceStep(6, (1,), 256, (6,), True, sample=True), "outside [0, max_seq_len 256)"),
+        (SequenceStep(6, (1,), max_seq_len, (6,), True, sample=True), f"outside [0, max_seq_len {max_seq_len})"),
         (SequenceStep(7, (1,), 0, (7,), True, sample=True, sampling=SamplingParams(temperature=-1.0)),
          "temperature must be a finite number >= 0"),
         (SequenceStep(8, (), 0, (8,), True), "no token_ids"),
