@@ -17,7 +17,7 @@ table shows the median over runs (and every run's ratio in the JSON). Scenarios:
                fixed-shape batch) and, as an info row, vs static batching whose finished members
                drop out of the steps. With tinylm, also the toy generator (a step cost that does
                not grow with the batch, like a memory-bound GPU decode) as a reference row.
-  chunked      TTFT p99 under Poisson arrivals (35/s), 20% long prompts (800-1000 tokens) and 80%
+  chunked      TTFT p99 under Poisson arrivals (20/s), 20% long prompts (800-1000 tokens) and 80%
                short (8-20): chunked prefill (128-token chunks, a 256-token step budget) vs
                none (whole prompts, a 1024-token budget); TTFT of short prompts and
                of all requests, and the short requests' inter-token p99 (decode stalls).
@@ -97,10 +97,10 @@ class Profile:
 
 
 FULL = Profile(runs=3, probe_s=2.0, warmup_s=0.4, num_bisections=3, fairness_s=4.0, continuous_warmup_s=1.5,
-               continuous_s=8.0, chunked_s=8.0, chunked_rate_per_s=35.0, overhead_tokens=160,
+               continuous_s=8.0, chunked_s=8.0, chunked_rate_per_s=20.0, overhead_tokens=160,
                constant_step_reference=True)
 QUICK = Profile(runs=1, probe_s=1.0, warmup_s=0.25, num_bisections=2, fairness_s=2.5, continuous_warmup_s=1.0,
-                continuous_s=4.0, chunked_s=4.0, chunked_rate_per_s=35.0, overhead_tokens=100,
+                continuous_s=4.0, chunked_s=4.0, chunked_rate_per_s=20.0, overhead_tokens=100,
                 constant_step_reference=False)
 
 
