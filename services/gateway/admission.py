@@ -24,6 +24,7 @@ from opentelemetry import trace
 
 from services.common.errors import InfermeshError, ResourceExhausted
 from services.common.status import status_code_of
+from services.common.telemetry import server_span
 from services.gateway import metrics
 from services.gateway.concurrency import ConcurrencyLimiter, ConcurrencyPermit
 from services.gateway.deadlines import Deadline, Deadlines
@@ -141,8 +142,8 @@ class RequestScope:
         return self.tenant.priority if self.tenant is not None else Priority.STANDARD
 
     def __enter__(self) -> RequestScope:
-        self.span = _tracer.start_span(f"gateway.{self.method}", context=self._parent, kind=trace.SpanKind.SERVER)
-        self._token = otel_context.attach(trace.set_span_in_context(self.span))
+        self._server_span = server_span(_tracer, f"gateway.{self.method}", self._parent)
+        self.span = self._server_span.__enter__()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -151,8 +152,7 @@ class RequestScope:
         self.span.set_attribute("infermesh.tenant", self.tenant_id)
         if code != "OK":
             self.span.set_status(trace.Status(trace.StatusCode.ERROR, code))
-        otel_context.detach(self._token)
-        self.span.end()
+        self._server_span.__exit__(None, None, None)  # the status above names the gRPC code
         self.finish(code)
 
     def finish(self, code: str) -> None:

@@ -38,3 +38,24 @@ def test_exception_inside_leaves_no_context_behind(not_recording):
     with pytest.raises(ValueError), server_span(telemetry.tracer("test"), "hop", parent):
         raise ValueError("boom")
     assert "traceparent" not in carrier_for()
+
+
+def test_recording_span_is_a_child_of_the_caller_and_an_error_keeps_no_traceback(monkeypatch):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    monkeypatch.setattr(telemetry, "_recording", True)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    parent = context_from_metadata([("traceparent", CALLER)])
+    with pytest.raises(ValueError), server_span(provider.get_tracer("test"), "hop", parent) as span:
+        assert carrier_for()["traceparent"].split("-")[1] == CALLER.split("-")[1]  # same trace, our span id
+        raise ValueError("boom")
+    (finished,) = exporter.get_finished_spans()
+    assert finished is not None and span.get_span_context().span_id == finished.context.span_id
+    assert format(finished.parent.span_id, "016x") == CALLER.split("-")[2]
+    assert finished.kind is trace.SpanKind.SERVER
+    assert finished.status.status_code is trace.StatusCode.ERROR and finished.events == ()
+    assert "traceparent" not in carrier_for()
