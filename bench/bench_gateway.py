@@ -13,9 +13,9 @@ requests it gives CPU microseconds per request. Phases:
   rejected: quota     one tenant flooding past its request quota (RESOURCE_EXHAUSTED)
   rejected: bad key   unknown API key (UNAUTHENTICATED)
 
-Each mesh runs twice: with every trace sampled (the SDK default, what tests
-and local runs use) and with `parentbased_traceidratio` at 1% (production
-tracing). The same client also drives a bare grpc.aio server (uvloop) whose
+Each mesh runs twice: with no span exporter configured (the default: the
+gateway then makes no spans, only passes trace context on) and with
+`parentbased_traceidratio` at 1% (production tracing: spans are made, 1% kept). The same client also drives a bare grpc.aio server (uvloop) whose
 handler only aborts with RESOURCE_EXHAUSTED: the per-RPC transport floor any
 Python gRPC server pays before its handler runs. "Above floor" ratios compare
 the gateway's own work: (rejected - floor) / (admitted - floor).
@@ -71,7 +71,7 @@ tenants:
 
 
 SAMPLING = {
-    "all traces sampled": {},
+    "no span exporter": {},
     "1% of traces sampled": {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.01"},
 }
 # A gRPC server that does nothing but refuse: the transport cost under every gateway answer.
