@@ -97,7 +97,7 @@ class Profile:
 
 
 FULL = Profile(runs=3, probe_s=2.0, warmup_s=0.4, num_bisections=3, fairness_s=4.0, continuous_warmup_s=1.5,
-               continuous_s=8.0, chunked_s=8.0, chunked_rate_per_s=20.0, overhead_tokens=160,
+               continuous_s=8.0, chunked_s=20.0, chunked_rate_per_s=20.0, overhead_tokens=160,
                constant_step_reference=True)
 QUICK = Profile(runs=1, probe_s=1.0, warmup_s=0.25, num_bisections=2, fairness_s=2.5, continuous_warmup_s=1.0,
                 continuous_s=4.0, chunked_s=4.0, chunked_rate_per_s=20.0, overhead_tokens=100,

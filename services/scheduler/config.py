@@ -19,6 +19,8 @@ class SchedulerConfig(ServerSettings):
     max_num_batched_tokens: int = setting(0, "generate: token budget per step (0: worker's)")
     max_num_seqs: int = setting(0, "generate: running sequences per step (0: worker's)")
     long_prefill_chunk_tokens: int = setting(64, "generate: largest prompt chunk per step (chunked prefill); 0 disables chunking")
+    max_long_partial_prefills: int = setting(1, "generate: prompts longer than one chunk that prefill at once; "
+                                             "short prompts are admitted past the others (0: no limit)")
     static_batching: bool = setting(False, "generate: admit a new batch only when the whole running set finished "
                                     "(a baseline for benchmarks; continuous batching when false)")
     static_batch_padding: bool = setting(True, "generate, with static batching: finished members stay in the "

@@ -159,6 +159,15 @@ class FairQueue(Generic[T]):
         self._forget(queue, entry)
         return entry.item
 
+    def take(self, item: T) -> None:
+        """Serve `item` out of turn (the scheduler skipped entries it cannot run now): removed and
+        charged to its tenant's credit like pop(), which may go negative and is repaid in later turns."""
+        priority, tenant_id = self._where[id(item)]
+        queue = self._classes[priority].by_tenant[tenant_id]
+        cost = next(entry.cost for entry in queue.entries if entry.item is item)
+        queue.deficit -= cost
+        self.remove(item)
+
     def remove(self, item: T) -> bool:
         """Drop `item` wherever it waits; False if it is not queued."""
         where = self._where.get(id(item))

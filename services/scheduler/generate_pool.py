@@ -84,6 +84,7 @@ def step_scheduler_config(config: SchedulerConfig, capacity: scheduler_pb2.Worke
         max_num_waiting=config.max_queue_size,
         max_prefill_chunk_tokens=config.long_prefill_chunk_tokens,
         enable_chunked_prefill=config.long_prefill_chunk_tokens > 0,
+        max_long_partial_prefills=config.max_long_partial_prefills,
         static_batching=config.static_batching,
         static_batch_padding=config.static_batch_padding,
     )

@@ -54,6 +54,9 @@ class StepSchedulerConfig:
     max_prefill_chunk_tokens: int = 0
     # False: a waiting prompt is admitted only when it fits the step whole (the benchmark's baseline).
     enable_chunked_prefill: bool = True
+    # Prompts needing more than one chunk that may prefill at once (vLLM's max_long_partial_prefills);
+    # others wait, and short prompts behind them are admitted meanwhile. 0: no limit.
+    max_long_partial_prefills: int = 1
     # Static batching (the benchmark's baseline for continuous batching): once a running set
     # has started decoding, nothing new is admitted until all of it finished.
     static_batching: bool = False
@@ -73,6 +76,8 @@ class StepSchedulerConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_seq_len", "max_num_waiting", "tenant_quantum_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_long_partial_prefills < 0:
+            raise ValueError(f"max_long_partial_prefills must be >= 0, got {self.max_long_partial_prefills}")
         if self.max_prefill_chunk_tokens < 0:
             raise ValueError(f"max_prefill_chunk_tokens must be >= 0, got {self.max_prefill_chunk_tokens}")
         if not 0 <= self.kv_watermark < 1:
@@ -90,6 +95,7 @@ class _StepBuilder:
         self.picked: dict[int, tuple[Sequence, int, tuple[int, ...]]] = {}
         self.preempted: list[int] = []
         self.padding: list[SequenceStep] = []
+        self.num_long_prefills = 0  # picked sequences with more than one chunk of prompt left
 
     def pick(self, seq: Sequence, num_new_tokens: int, new_blocks: tuple[int, ...]) -> None:
         self.picked[seq.seq_id] = (seq, num_new_tokens, new_blocks)
@@ -361,10 +367,14 @@ class StepScheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
+            long = self._is_long_prefill(seq)
+            if long and self._long_prefills_full(step):
+                continue  # it keeps its blocks and resumes when an earlier long prompt is through
             num_new = self._num_tokens_to_compute(seq, step.token_budget)
             num_tokens = seq.num_computed_tokens + num_new
             if self._make_room(seq, num_tokens, step):
                 step.pick(seq, num_new, self.kv.allocate(seq.seq_id, num_tokens))
+                step.num_long_prefills += long
 
     def _make_room(self, seq: Sequence, num_tokens: int, step: _StepBuilder) -> bool:
         """Preempts running sequences (lowest class, newest first) until `seq` fits;
@@ -379,6 +389,8 @@ class StepScheduler:
     def _admit(self, step: _StepBuilder, now: float) -> None:
         while step.token_budget > 0 and len(self._running) < self.config.max_num_seqs:
             seq = self._next_to_admit()
+            if seq is not None and self._is_long_prefill(seq) and self._long_prefills_full(step):
+                seq = self._short_waiting(seq.priority)
             if seq is None or seq.seq_id in step.preempted:
                 return
             num_new = self._num_tokens_to_compute(seq, step.token_budget)
@@ -397,6 +409,7 @@ class StepScheduler:
                 seq.first_scheduled_s = now
             self._running.append(seq)
             step.pick(seq, num_new, self.kv.allocate(seq.seq_id, num_tokens))
+            step.num_long_prefills += self._is_long_prefill(seq)
 
     def _next_to_admit(self) -> Sequence | None:
         """Preempted sequences go before new ones of the same class; classes are strict."""
@@ -406,11 +419,29 @@ class StepScheduler:
             return queued
         return preempted
 
+    def _is_long_prefill(self, seq: Sequence) -> bool:
+        chunk = self.config.max_prefill_chunk_tokens
+        return self.config.enable_chunked_prefill and chunk > 0 and seq.num_uncomputed_tokens > chunk
+
+    def _long_prefills_full(self, step: _StepBuilder) -> bool:
+        cap = self.config.max_long_partial_prefills
+        return cap > 0 and step.num_long_prefills >= cap
+
+    def _short_waiting(self, priority: Priority) -> Sequence | None:
+        """The first waiting sequence of `priority` that is not a long prefill (by tenant, then age),
+        to admit past long prompts that must wait for the one prefilling."""
+        for seq in self._waiting:
+            if seq.priority == priority and not self._is_long_prefill(seq):
+                return seq
+        return None
+
     def _take_for_admission(self, seq: Sequence) -> None:
         if self._preempted and self._preempted[0] is seq:
             self._preempted.pop(0)
-        else:
+        elif self._waiting.peek() is seq:
             self._waiting.pop()
+        else:
+            self._waiting.take(seq)
 
     def _num_tokens_to_compute(self, seq: Sequence, token_budget: int) -> int:
         cap = self.config.max_prefill_chunk_tokens or token_budget

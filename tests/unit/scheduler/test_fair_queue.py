@@ -185,3 +185,15 @@ def test_displacement_weighs_queue_lengths_by_tenant_weight():
     queue.push("small0", tenant("small"))
     # big may hold three times what small holds: 3 entries vs small's 2 after the push is within share.
     assert not queue.can_displace_for(tenant("small"))
+
+
+def test_an_entry_taken_out_of_turn_is_charged_to_its_tenant():
+    queue: FairQueue[str] = FairQueue(10)
+    entries = {}
+    for i in range(3):
+        for who in "ab":
+            entries[f"{who}{i}"] = f"{who}{i}"
+            queue.push(entries[f"{who}{i}"], tenant(who))
+    queue.take(entries["b1"])  # served past a0 and b0: b owes a turn (entries are matched by identity)
+    assert entries["b1"] not in queue and len(queue) == 5
+    assert drain(queue) == ["a0", "a1", "b0", "a2", "b2"]

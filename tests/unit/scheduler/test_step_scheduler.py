@@ -73,10 +73,41 @@ def test_long_prompt_is_chunked_while_decodes_keep_flowing(clock):
 
 
 def test_prefill_chunk_cap_limits_one_sequences_share_of_the_step(clock):
-    scheduler = make_scheduler(clock, max_num_batched_tokens=32, max_prefill_chunk_tokens=8)
+    scheduler = make_scheduler(clock, max_num_batched_tokens=32, max_prefill_chunk_tokens=8,
+                               max_long_partial_prefills=0)
     make_requests(scheduler, 3, prompt_len=20)
     plan = scheduler.schedule()
     assert [len(s.token_ids) for s in plan.seqs] == [8, 8, 8]
+
+
+def test_one_long_prompt_prefills_at_a_time_and_short_ones_are_admitted_past_the_others(clock):
+    # Budget 16, chunks of 8: prompts 1 and 2 (20 tokens) need three chunks, 3 and 4 (6 tokens) one.
+    scheduler = make_scheduler(clock, max_num_batched_tokens=16, max_prefill_chunk_tokens=8, max_seq_len=64)
+    worker = FakePagedWorker(4)
+    make_requests(scheduler, 2, prompt_len=20, max_tokens=4)
+    make_requests(scheduler, 2, prompt_len=6, max_tokens=4, first_id=3)
+    transcript = run_steps(scheduler, worker, clock)
+    plans = [p for p in transcript.plans if p.has_work()]
+    # Long 1 takes a chunk; long 2 must wait; the shorts are admitted past it in the same step.
+    assert [(s.seq_id, s.start_position, len(s.token_ids)) for s in plans[0].seqs] == [(1, 0, 8), (3, 0, 6), (4, 0, 2)]
+    for plan in plans:
+        # "Long": more than one chunk (8 tokens) of its 20-token prompt still to compute.
+        long_ones = [s.seq_id for s in plan.seqs if s.seq_id in (1, 2) and 20 - s.start_position > 8]
+        assert len(long_ones) <= 1, plan
+    first_of_2 = next(i for i, p in enumerate(plans) if any(s.seq_id == 2 for s in p.seqs))
+    steps_of_1 = [s for p in plans[:first_of_2] for s in p.seqs if s.seq_id == 1]
+    assert sum(len(s.token_ids) for s in steps_of_1) >= 12  # 2 started once 1 had one chunk left
+    for seq_id, prompt_len in ((1, 20), (2, 20), (3, 6), (4, 6)):
+        assert_contiguous(transcript, seq_id)
+        assert transcript.token_ids(seq_id) == expected_tokens(seq_id, prompt_len, 4)
+
+
+def test_without_a_long_prefill_limit_long_prompts_fill_the_budget_first(clock):
+    scheduler = make_scheduler(clock, max_num_batched_tokens=16, max_prefill_chunk_tokens=8, max_seq_len=64,
+                               max_long_partial_prefills=0)
+    make_requests(scheduler, 2, prompt_len=20, max_tokens=4)
+    make_requests(scheduler, 1, prompt_len=6, max_tokens=4, first_id=3)
+    assert [(s.seq_id, len(s.token_ids)) for s in scheduler.schedule().seqs] == [(1, 8), (2, 8)]
 
 
 def test_without_chunked_prefill_a_prompt_waits_until_it_fits_whole(clock):
