@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -82,6 +83,8 @@ class ClassifyPool:
         self._orphaned_since_s: float | None = None
         # Since when a worker slot has been free (None: every slot busy), for the queue/batch wait split.
         self._slot_free_since_s: float | None = None
+        # When the sleeping batching loop's timer fires (inf: no timer); None while it is not asleep.
+        self._wake_at_s: float | None = None
         # Labelled metric children looked up once: they are updated per request.
         self._queue_depth = {p: metrics.QUEUE_DEPTH.labels(model.name, label) for p, label in metrics.PRIORITY_LABELS.items()}
         self._batch_size = metrics.BATCH_SIZE.labels(model.name)
@@ -128,7 +131,10 @@ class ClassifyPool:
             raise errors.Unavailable(f"no worker serves model {self.model}", retry_after_s=1.0)
         item = self._batcher.submit(job, job.tenant, deadline_s=job.deadline_s)
         job.item_id = item.item_id
-        self._changed()
+        # Wake the loop only if this request moves its next decision earlier: a loop pass per
+        # request was ~8% of the scheduler's CPU at 2000 classify/s.
+        if self._wake_at_s is not None and self._batcher.due_after_submit_s(item) < self._wake_at_s:
+            self._changed()
         return await job.future
 
     def cancel(self, job: ClassifyJob) -> None:
@@ -140,6 +146,7 @@ class ClassifyPool:
 
     def _changed(self) -> None:
         self._wake.set()
+        self._wake_at_s = None
 
     async def _run(self) -> None:
         while True:
@@ -162,7 +169,9 @@ class ClassifyPool:
         """Until something changed, or `timeout_s` (a timer, cheaper than wait_for's task per wait)."""
         self._wake.clear()
         timer = None if timeout_s is None else asyncio.get_running_loop().call_later(timeout_s, self._wake.set)
+        self._wake_at_s = math.inf if timeout_s is None else self._clock() + timeout_s
         await self._wake.wait()
+        self._wake_at_s = None
         if timer is not None:
             timer.cancel()
 

@@ -274,6 +274,22 @@ class DynamicBatcher(Generic[P]):
             return 0.0
         return max(0.0, min(self._must_dispatch_at_s(self._batch_limit(worker)), expiry_s) - now)
 
+    def due_after_submit_s(self, item: QueuedItem[P]) -> float:
+        """By when next_batch() must run again because `item` was just submitted, given that it was
+        already planned for what was queued before (time_until_ready): at once when the queue was
+        empty or now makes a batch for a free worker, else the latest start that still meets the
+        item's deadline (inf without one: the oldest item's delay or a worker's prefetch governs)."""
+        num_queued = len(self._queue)
+        if num_queued <= 1:
+            return item.arrival_s
+        worker = self._pick_worker(item.arrival_s)
+        if worker is not None and (num_queued >= self._batch_limit(worker)
+                                   or any(s <= num_queued for s in self.config.preferred_batch_sizes)):
+            return item.arrival_s
+        if item.deadline_s is None:
+            return math.inf
+        return item.deadline_s - self.estimate_batch_time_s(self.config.max_batch_size)
+
     def complete(self, batch_id: int, *, compute_s: float | None = None) -> Batch[P] | None:
         """The worker answered `batch_id`; None if unknown (its worker was removed and its items re-queued).
 

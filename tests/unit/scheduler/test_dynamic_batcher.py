@@ -288,3 +288,29 @@ def test_with_a_prefetch_lead_the_next_batch_is_formed_just_before_the_running_o
     prefetched = batcher.next_batch()
     assert prefetched is not None and light.item_id in {i.item_id for i in prefetched.items}
     assert batcher.num_in_flight_items == 8
+
+
+def test_a_submit_needs_the_loop_only_when_it_moves_the_next_decision_earlier(clock):
+    batcher = make_batcher(clock, max_queue_delay_s=0.010, preferred_batch_sizes=(4,))
+    first = batcher.submit("img0", tenant(), deadline_s=None)
+    assert batcher.due_after_submit_s(first) == clock()  # the queue was empty: nothing planned yet
+    planned_s = clock() + batcher.time_until_ready()
+    clock.advance(0.002)
+    second = batcher.submit("img1", tenant(), deadline_s=None)
+    assert batcher.due_after_submit_s(second) == float("inf")  # the oldest item's delay governs
+    assert clock() + batcher.time_until_ready() == pytest.approx(planned_s)  # and indeed nothing moved
+    urgent = batcher.submit("img2", tenant(), deadline_s=clock() + 0.025)
+    # Its latest start (deadline - 20 ms batch estimate) is before the planned wake: wake for it.
+    assert batcher.due_after_submit_s(urgent) == pytest.approx(clock() + 0.005)
+    assert batcher.due_after_submit_s(urgent) < planned_s
+    fourth = batcher.submit("img3", tenant(), deadline_s=None)
+    assert batcher.due_after_submit_s(fourth) == clock()  # a preferred batch for a free worker
+    assert batcher.time_until_ready() == 0.0
+
+
+def test_a_full_queue_with_no_free_worker_leaves_the_planned_wake(clock):
+    batcher = make_batcher(clock, max_queue_delay_s=0.010, max_batches_per_worker=1)
+    submit_n(batcher, 8)
+    assert batcher.next_batch() is not None and not batcher.has_free_worker()
+    items = submit_n(batcher, 9)  # a full batch waits, but for the worker, not for the loop
+    assert batcher.due_after_submit_s(items[-1]) == float("inf")
