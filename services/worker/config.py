@@ -19,6 +19,9 @@ class WorkerConfig(ServerSettings):
     reconnect_initial_s: float = setting(0.1, "first re-dial delay after the Attach stream breaks")
     reconnect_max_s: float = setting(5.0, "longest re-dial delay (exponential backoff, full jitter)")
     toy_compute_ms: float = setting(0.0, "toy models only: simulated compute time per batch/step")
+    num_threads: int = setting(
+        0, "torch/OpenMP/Numba threads (0: from the CPU allocation: cgroup quota, else CPU affinity)"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -33,3 +36,4 @@ class WorkerConfig(ServerSettings):
             f"{self.reconnect_initial_s} and {self.reconnect_max_s}",
         )
         require(self.toy_compute_ms >= 0, f"toy_compute_ms must be >= 0, got {self.toy_compute_ms}")
+        require(self.num_threads >= 0, f"num_threads must be >= 0 (0: from the CPU allocation), got {self.num_threads}")

@@ -16,6 +16,8 @@ STAGE_SECONDS = Histogram(
 BATCH_SIZE = Histogram("infermesh_worker_batch_size", "Items per classify batch or sequences per step",
                        ["model", "kind"], buckets=(1, 2, 4, 8, 16, 32, 64, 128))
 KV_BLOCKS_USED = Gauge("infermesh_worker_kv_blocks_used", "KV blocks holding pages of live sequences", ["model"])
+THREADS = Gauge("infermesh_worker_threads", "torch/OpenMP/Numba threads the worker runs, from its CPU allocation "
+                "(source: flag | OMP_NUM_THREADS | cgroup | affinity)", ["model", "source"])
 GENERATED_TOKENS = Counter("infermesh_worker_generated_tokens_total", "Tokens sampled (rate = tokens/s)", ["model"])
 
 

@@ -16,6 +16,7 @@ from services.worker.batch_executor import BatchExecutor
 from services.worker.config import WorkerConfig
 from services.worker.model_repository import LoadedModel, ModelKind, load_model, run_golden_check
 from services.worker.step_executor import StepExecutor
+from services.worker.thread_settings import set_library_threads
 
 log = logging.getLogger(__name__)
 PROTOCOL_VERSION = 1
@@ -194,7 +195,8 @@ class GeneratorRuntime:
         return self._executor.num_kv_blocks_used
 
 
-def load_repository_runtime(config: WorkerConfig) -> ClassifierRuntime | GeneratorRuntime:
+def load_repository_runtime(config: WorkerConfig, num_threads: int) -> ClassifierRuntime | GeneratorRuntime:
+    set_library_threads(num_threads)  # before the model's first parallel op (load, warm-up)
     model = load_model(config.model_repository, config.model_name, config.model_version)
     envelope = model.manifest.envelope
     if model.manifest.kind == ModelKind.CLASSIFIER:

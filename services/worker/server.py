@@ -13,19 +13,29 @@ from services.worker import metrics
 from services.worker.attach_client import AttachClient, Backoff
 from services.worker.builtin_models import TOY_MODELS
 from services.worker.config import WorkerConfig
+from services.worker.cpu_allocation import ThreadDecision, decide_num_threads
 from services.worker.runtime import WorkerRuntime
+from services.worker.thread_settings import export_thread_env
 
 log = logging.getLogger(__name__)
 
 
-def make_runtime(config: WorkerConfig) -> WorkerRuntime:
+def make_runtime(config: WorkerConfig, num_threads: int) -> WorkerRuntime:
     if config.model_name in TOY_MODELS:
         toy = TOY_MODELS[config.model_name]
         capacity = config.max_batch_size if config.model_name == "toy-classifier" else config.num_kv_blocks
         return toy(config.model_version, capacity, compute_ms=config.toy_compute_ms)
     from services.worker.model_runtime import load_repository_runtime
 
-    return load_repository_runtime(config)
+    return load_repository_runtime(config, num_threads)
+
+
+def decide_threads(config: WorkerConfig) -> ThreadDecision:
+    """The worker's thread count, exported to the environment before any compute library loads."""
+    decision = decide_num_threads(config.num_threads, len(os.sched_getaffinity(0)), os.environ)
+    export_thread_env(decision.num_threads)
+    log.info("compute threads: %d (source: %s; %s)", decision.num_threads, decision.source.value, decision.detail)
+    return decision
 
 
 class WorkerService:
@@ -41,8 +51,10 @@ class WorkerService:
         return None  # the worker serves only health; it dials out for work
 
     async def start(self, health: Health) -> None:
+        threads = decide_threads(self._config)
+        metrics.THREADS.labels(self._config.model_name, threads.source.value).set(threads.num_threads)
         loop = asyncio.get_running_loop()
-        runtime = await loop.run_in_executor(None, make_runtime, self._config)
+        runtime = await loop.run_in_executor(None, make_runtime, self._config, threads.num_threads)
         await loop.run_in_executor(None, runtime.load)
         log.info("model %s:%s loaded and passed its golden check", self._config.model_name, self._config.model_version)
         backoff = Backoff(self._config.reconnect_initial_s, self._config.reconnect_max_s)
