@@ -7,7 +7,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 
 import grpc
@@ -17,6 +17,7 @@ from services.common import errors
 from services.common.status import maps_domain_errors, status_code_of
 from services.common.telemetry import (
     carrier_for,
+    context_from_carrier,
     context_from_metadata,
     record_stage_span,
     server_span,
@@ -27,11 +28,12 @@ from services.scheduler import metrics
 from services.scheduler.classify_pool import ClassifyJob
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import Priority, TenantContext
-from services.scheduler.generate_pool import GenerateStream
+from services.scheduler.generate_pool import GenerateStream, StreamEvent
 from services.scheduler.model_registry import ModelRegistry
 from services.scheduler.pressure import ModelPressure
 from services.scheduler.sequence import FinishReason, SamplingParams
 from services.scheduler.step_plan import SequenceDelta
+from services.scheduler.submit_stream import SubmitStream
 from services.scheduler.worker_link import WorkerLink
 
 log = logging.getLogger(__name__)
@@ -49,8 +51,8 @@ _FINISH_REASONS = {
 }
 
 
-def _deadline_s(context: grpc.aio.ServicerContext, now_s: float, margin_s: float) -> float | None:
-    remaining_s = context.time_remaining()
+def _deadline_s(remaining_s: float | None, now_s: float, margin_s: float) -> float | None:
+    """The call's deadline on this clock; remaining_s: the caller's budget (gRPC deadline or entry timeout)."""
     if remaining_s is None or remaining_s > 1e6:
         return None
     return now_s + remaining_s - margin_s
@@ -126,6 +128,65 @@ class _Outcome:
     code = "OK"
 
 
+class _GenerateRun:
+    """One admitted sequence: its stream in the pool, and what its chunks carry (both transports)."""
+
+    __slots__ = ("_servicer", "_request_id", "_entry", "stream", "_began_s", "_span", "_model", "_first")
+
+    def __init__(self, servicer: SchedulerServicer, request_id: str, entry, stream: GenerateStream,
+                 began_s: float, span) -> None:
+        self._servicer = servicer
+        self._request_id = request_id
+        self._entry = entry
+        self.stream = stream
+        self._began_s = began_s
+        self._span = span
+        self._model = common_pb2.ModelRef(name=entry.key.name, version=entry.key.version)
+        self._first = True
+
+    def fill_chunk(self, chunk: gateway_pb2.GenerateResponse, delta: SequenceDelta) -> None:
+        """Builds delta's chunk in place; the first names the model, the last carries usage and timings."""
+        chunk.request_id = self._request_id
+        chunk.token_ids.extend(delta.token_ids)
+        chunk.text = delta.text
+        chunk.index = delta.index
+        chunk.finish_reason = _FINISH_REASONS.get(delta.finish_reason, common_pb2.FINISH_REASON_UNSPECIFIED)
+        if self._first:
+            chunk.model.CopyFrom(self._model)
+            self._first = False
+        if delta.is_last:
+            self._servicer._finish_chunk(chunk, delta, self.stream, self._began_s, self._model)
+            self._span.set_attribute("infermesh.completion_tokens", delta.num_generated)
+
+    def abort_unless_finished(self) -> None:
+        """The caller went away (or the call failed): drop the sequence and free its KV blocks now."""
+        if not self.stream.finished:
+            self._entry.pool.abort(self.stream)
+
+
+class _ChunkSink:
+    """Stands in for GenerateStream.events on a Submit stream: the pool's `put_nowait(event)` builds
+    the chunk at once in the stream's outbox, so a step's chunks cost no await or task per token."""
+
+    __slots__ = ("_next_chunk", "run", "done")
+
+    def __init__(self, next_chunk: Callable[[], gateway_pb2.GenerateResponse]) -> None:
+        self._next_chunk = next_chunk
+        self.run: _GenerateRun | None = None
+        # Resolves with the last chunk, or fails with the error that ends the sequence.
+        self.done: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    def put_nowait(self, event: StreamEvent) -> None:
+        if self.done.done():
+            return
+        if event.error is not None:
+            self.done.set_exception(event.error)
+            return
+        self.run.fill_chunk(self._next_chunk(), event.delta)
+        if event.delta.is_last:
+            self.done.set_result(None)
+
+
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, config: SchedulerConfig, clock=time.monotonic) -> None:
         self._config = config
@@ -140,8 +201,21 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     @maps_domain_errors
     async def Classify(self, request: scheduler_pb2.ScheduleClassifyRequest, context) -> scheduler_pb2.ScheduleClassifyResponse:
-        began_s = self._clock()
+        reply = scheduler_pb2.ScheduleClassifyResponse()
         parent = context_from_metadata(context.invocation_metadata())
+        await self._classify(request, parent, context.time_remaining(), lambda: reply.response)
+        return reply
+
+    def classify_call(self, request: scheduler_pb2.ScheduleClassifyRequest, carrier: dict[str, str],
+                      remaining_s: float | None, respond) -> Awaitable[None]:
+        """Classify on a Submit stream: the same core, the response built in the stream's outbox."""
+        return self._classify(request, context_from_carrier(carrier), remaining_s, respond)
+
+    async def _classify(self, request: scheduler_pb2.ScheduleClassifyRequest, parent, remaining_s: float | None,
+                        respond: Callable[[], gateway_pb2.ClassifyResponse]) -> None:
+        """Validate, queue for the batcher, await the worker; `respond()` gives the message to fill
+        (built in place: this runs for every classify request)."""
+        began_s = self._clock()
         with (
             server_span(_tracer, "scheduler.Classify", parent) as span,
             self._counted(request.request.model.name, request.tenant.tenant_id, "classify", began_s),
@@ -159,7 +233,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 request=req,
                 tenant=_tenant(request.tenant),
                 enqueued_s=began_s,
-                deadline_s=_deadline_s(context, began_s, self._config.deadline_margin_ms / 1000),
+                deadline_s=_deadline_s(remaining_s, began_s, self._config.deadline_margin_ms / 1000),
                 trace_context=carrier_for(),
             )
             try:
@@ -169,13 +243,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 raise
             self._record_wait_spans(job, outcome)
             span.set_attribute("infermesh.batch_size", outcome.batch_size)
-            reply = scheduler_pb2.ScheduleClassifyResponse()
-            response = reply.response
+            response = respond()
             response.request_id = req.request_id
             response.model.name, response.model.version = entry.key.name, entry.key.version
             response.labels.extend(outcome.labels)
             self._classify_timings(response.timings, outcome, began_s)
-            return reply
 
     def _classify_timings(self, timings: common_pb2.Timings, outcome, began_s: float) -> None:
         """queue_wait, batch_wait, the worker's stages, network (round trip minus worker), scheduler total.
@@ -209,40 +281,51 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             server_span(_tracer, "scheduler.Generate", parent) as span,
             self._counted(request.request.model.name, request.tenant.tenant_id, "generate", began_s),
         ):
-            req = request.request
-            entry = self.registry.resolve(req.model, common_pb2.MODEL_KIND_GENERATOR)
-            stream, prompt_ids, sampling = self._make_stream(req, request.tenant, entry, began_s, context)
-            span.set_attribute("infermesh.model", str(entry.key))
-            span.set_attribute("infermesh.tenant", stream.tenant.tenant_id)
-            span.set_attribute("infermesh.prompt_tokens", len(prompt_ids))
-            entry.pool.submit(stream, prompt_ids, sampling)
-            model = common_pb2.ModelRef(name=entry.key.name, version=entry.key.version)
-            first = True
+            run = self._admit_generate(request, context.time_remaining(), began_s, asyncio.Queue(), span)
             try:
                 while True:
-                    event = await stream.events.get()
+                    event = await run.stream.events.get()
                     if event.error is not None:
                         raise event.error
-                    delta: SequenceDelta = event.delta
-                    chunk = gateway_pb2.GenerateResponse(
-                        request_id=req.request_id, token_ids=delta.token_ids, text=delta.text, index=delta.index,
-                        finish_reason=_FINISH_REASONS.get(delta.finish_reason, common_pb2.FINISH_REASON_UNSPECIFIED),
-                    )
-                    if first:
-                        chunk.model.CopyFrom(model)
-                        first = False
-                    if delta.is_last:
-                        self._finish_chunk(chunk, delta, stream, began_s, model)
-                        span.set_attribute("infermesh.completion_tokens", delta.num_generated)
-                        yield scheduler_pb2.ScheduleGenerateResponse(chunk=chunk)
+                    reply = scheduler_pb2.ScheduleGenerateResponse()
+                    run.fill_chunk(reply.chunk, event.delta)
+                    yield reply
+                    if event.delta.is_last:
                         return
-                    yield scheduler_pb2.ScheduleGenerateResponse(chunk=chunk)
             finally:
-                if not stream.finished:
-                    entry.pool.abort(stream)
+                run.abort_unless_finished()
+
+    async def generate_call(self, request: scheduler_pb2.ScheduleGenerateRequest, carrier: dict[str, str],
+                            remaining_s: float | None, next_chunk: Callable[[], gateway_pb2.GenerateResponse]) -> None:
+        """Generate on a Submit stream: the pool's step loop hands each chunk to a callback that builds
+        it in the stream's outbox (no await or task per token); this task only waits for the end."""
+        began_s = self._clock()
+        with (
+            server_span(_tracer, "scheduler.Generate", context_from_carrier(carrier)) as span,
+            self._counted(request.request.model.name, request.tenant.tenant_id, "generate", began_s),
+        ):
+            sink = _ChunkSink(next_chunk)
+            sink.run = run = self._admit_generate(request, remaining_s, began_s, sink, span)
+            try:
+                await sink.done
+            finally:
+                run.abort_unless_finished()
+
+    def _admit_generate(self, request: scheduler_pb2.ScheduleGenerateRequest, remaining_s: float | None,
+                        began_s: float, events, span) -> _GenerateRun:
+        """Validate, make the sequence and submit it to the pool; `events` receives its StreamEvents."""
+        req = request.request
+        entry = self.registry.resolve(req.model, common_pb2.MODEL_KIND_GENERATOR)
+        stream, prompt_ids, sampling = self._make_stream(req, request.tenant, entry, began_s, remaining_s, events)
+        span.set_attribute("infermesh.model", str(entry.key))
+        span.set_attribute("infermesh.tenant", stream.tenant.tenant_id)
+        span.set_attribute("infermesh.prompt_tokens", len(prompt_ids))
+        entry.pool.submit(stream, prompt_ids, sampling)
+        return _GenerateRun(self, req.request_id, entry, stream, began_s, span)
 
     def _make_stream(self, req: gateway_pb2.GenerateRequest, tenant: scheduler_pb2.TenantContext, entry,
-                     began_s: float, context) -> tuple[GenerateStream, tuple[int, ...], SamplingParams]:
+                     began_s: float, remaining_s: float | None,
+                     events) -> tuple[GenerateStream, tuple[int, ...], SamplingParams]:
         if not req.prompt:
             raise errors.InvalidArgument("prompt must not be empty")
         prompt_ids = entry.pool.tokenizer.encode(req.prompt)
@@ -260,7 +343,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             sampling_proto=sampling_proto,
             trace_context=carrier_for(),
             arrival_s=began_s,
-            deadline_s=_deadline_s(context, began_s, self._config.deadline_margin_ms / 1000),
+            deadline_s=_deadline_s(remaining_s, began_s, self._config.deadline_margin_ms / 1000),
+            events=events,
         )
         return stream, prompt_ids, sampling
 
@@ -308,6 +392,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if child is None:
             child = self._metric_children[key] = metric.labels(*labels)
         return child
+
+    # -- Submit ----------------------------------------------------------------
+
+    async def Submit(self, request_iterator, context):
+        """Many calls on one stream; submit_stream.SubmitStream routes entries to the cores above."""
+        async def read() -> scheduler_pb2.SubmitBatch | None:
+            try:
+                batch = await context.read()
+            except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
+                log.info("Submit stream from %s ended: %s", context.peer(), exc)
+                return None
+            return None if batch is grpc.aio.EOF else batch
+
+        await SubmitStream(self).serve(read, context.write)
 
     # -- Attach ----------------------------------------------------------------
 

@@ -1,0 +1,179 @@
+"""One Submit stream: many gateway calls multiplexed on one bidirectional gRPC stream.
+
+The stream owns three things: the call table (call_id -> the task serving that
+call), the outbox (replies made in one event-loop turn, sent as one
+ReplyBatch), and the writer task that drains it. What a call does (validation,
+tenant, deadline, pool submit, building the reply) is the servicer's core, the
+same code the unary Classify and Generate run; this module only routes entries
+in and replies out.
+
+Invariants: a call's replies leave in the order it made them; after a call's
+last reply (classify response, last chunk, or error) its call_id is gone from
+the table; when the stream ends, every call still in the table is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from infermesh.v1 import gateway_pb2, scheduler_pb2
+from services.common import errors
+from services.common.status import status_code_of
+
+log = logging.getLogger(__name__)
+
+
+class SubmitCore(Protocol):
+    """The servicer's per-kind cores, driven here with the stream's delivery."""
+
+    def classify_call(self, request: scheduler_pb2.ScheduleClassifyRequest, carrier: dict[str, str],
+                      remaining_s: float | None,
+                      respond: Callable[[], gateway_pb2.ClassifyResponse]) -> Awaitable[None]: ...
+
+    def generate_call(self, request: scheduler_pb2.ScheduleGenerateRequest, carrier: dict[str, str],
+                      remaining_s: float | None,
+                      next_chunk: Callable[[], gateway_pb2.GenerateResponse]) -> Awaitable[None]: ...
+
+
+class ReplyOutbox:
+    """Replies made since the last send, built in place in the next ReplyBatch.
+
+    `wake` runs once per batch, when its first reply is added: the writer then sends
+    everything added before it gets to run (the rest of this event-loop turn) as one
+    message, e.g. the chunks of all of this stream's sequences from one engine step.
+    """
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self._wake = wake
+        self._batch = scheduler_pb2.ReplyBatch()
+
+    def add(self, call_id: int) -> scheduler_pb2.CallReply:
+        """A new reply for call_id, to fill in before control returns to the event loop."""
+        replies = self._batch.replies
+        if not replies:
+            self._wake()
+        return replies.add(call_id=call_id)
+
+    def take(self) -> scheduler_pb2.ReplyBatch | None:
+        """The batch to send now (None when empty); later replies start a new one."""
+        if not self._batch.replies:
+            return None
+        batch, self._batch = self._batch, scheduler_pb2.ReplyBatch()
+        return batch
+
+
+def fill_error(reply: scheduler_pb2.CallReply, exc: BaseException) -> None:
+    """The CallError the unary RPC would end with (see status.maps_domain_errors)."""
+    error = reply.error
+    if isinstance(exc, errors.InfermeshError):
+        error.code = status_code_of(exc).value[0]
+        error.message = exc.message
+        retry_after_s = getattr(exc, "retry_after_s", None)
+        if retry_after_s is not None:
+            error.retry_pushback_ms = int(retry_after_s * 1000)
+    else:
+        error.code = status_code_of(errors.Internal("")).value[0]
+        error.message = f"internal error: {type(exc).__name__}"
+
+
+class SubmitStream:
+    """The call table and outbox of one Submit stream; `serve` runs it until the stream ends."""
+
+    def __init__(self, core: SubmitCore) -> None:
+        self._core = core
+        self._calls: dict[int, asyncio.Task] = {}
+        self._wake = asyncio.Event()
+        self.outbox = ReplyOutbox(self._wake.set)
+
+    @property
+    def num_calls(self) -> int:
+        return len(self._calls)
+
+    async def serve(self, read: Callable[[], Awaitable[scheduler_pb2.SubmitBatch | None]],
+                    write: Callable[[scheduler_pb2.ReplyBatch], Awaitable[None]]) -> None:
+        """Reads entries until `read` gives None (the gateway closed its side) or fails; then
+        cancels every call still running."""
+        writer = asyncio.create_task(self._write(write))
+        try:
+            while (batch := await read()) is not None:
+                for entry in batch.entries:
+                    self.on_entry(entry)
+        finally:
+            self.cancel_all()
+            writer.cancel()
+
+    def on_entry(self, entry: scheduler_pb2.SubmitEntry) -> None:
+        kind = entry.WhichOneof("kind")
+        call_id = entry.call_id
+        if kind == "cancel":
+            task = self._calls.pop(call_id, None)
+            if task is not None:
+                task.cancel()
+            return
+        if kind is None or call_id == 0 or call_id in self._calls:
+            self._fail(call_id, errors.InvalidArgument(_bad_entry_message(kind, call_id)))
+            return
+        remaining_s = entry.timeout_us / 1e6 if entry.timeout_us else None
+        carrier = dict(entry.trace_context)
+        if kind == "classify":
+            work = self._core.classify_call(entry.classify, carrier, remaining_s, self._responder(call_id, "classify"))
+        else:
+            work = self._core.generate_call(entry.generate, carrier, remaining_s, self._responder(call_id, "chunk"))
+        task = asyncio.create_task(work)
+        self._calls[call_id] = task
+        task.add_done_callback(lambda done, call_id=call_id: self._finished(call_id, done))
+
+    def cancel_all(self) -> None:
+        calls, self._calls = self._calls, {}
+        for task in calls.values():
+            task.cancel()
+
+    # -- internals ---------------------------------------------------------
+
+    def _responder(self, call_id: int, field: str):
+        add = self.outbox.add
+
+        def next_reply():
+            return getattr(add(call_id), field)
+
+        return next_reply
+
+    def _finished(self, call_id: int, task: asyncio.Task) -> None:
+        if self._calls.get(call_id) is not task:
+            return  # cancelled by the gateway or the stream's end: no reply is owed
+        del self._calls[call_id]
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            if not isinstance(exc, errors.InfermeshError):
+                log.error("unhandled error in Submit call %d", call_id, exc_info=exc)
+            fill_error(self.outbox.add(call_id), exc)
+
+    def _fail(self, call_id: int, exc: errors.InfermeshError) -> None:
+        fill_error(self.outbox.add(call_id), exc)
+
+    async def _write(self, write: Callable[[scheduler_pb2.ReplyBatch], Awaitable[None]]) -> None:
+        wake = self._wake
+        while True:
+            await wake.wait()
+            wake.clear()
+            batch = self.outbox.take()
+            if batch is None:
+                continue
+            try:
+                await write(batch)
+            except Exception as exc:  # noqa: BLE001 - the stream is gone; serve()'s read ends it too
+                log.info("Submit stream write failed: %s", exc)
+                return
+
+
+def _bad_entry_message(kind: str | None, call_id: int) -> str:
+    if call_id == 0:
+        return "entry.call_id must be >= 1"
+    if kind is None:
+        return f"entry {call_id} has none of classify, generate or cancel"
+    return f"call_id {call_id} is already in flight on this stream"
