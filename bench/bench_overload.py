@@ -1,0 +1,528 @@
+"""Overload: peak goodput, goodput past the peak, flood isolation, generate fairness, lone latency.
+
+    .venv/bin/python -m bench.bench_overload [--quick] [--runs N] [--only peak,multiples,flood,generate,lone]
+                                            [--target HOST:PORT] [--peak-per-s R] [--output PATH]
+
+Starts a `make up`-like mesh on 127.0.0.1 (scheduler, gateway with bench/overload_tenants.yaml,
+one digits worker, one tinylm worker; each worker with one compute thread, as in
+bench_scheduler) unless --target names a gateway already serving those models with that
+tenants file. Load is open-loop Poisson from spawned load processes (bench/overload_load.py)
+replaying pre-built requests; latency runs from each request's scheduled send time, and each
+request carries `x-request-start` with that time. Parts:
+
+  peak       Classify on digits (raw 16x16x3 pixels), 100 ms deadlines: the offered rate grows
+             1.5x while goodput (ok within 100 ms, per s) keeps >= 90% of it, then bisects; the
+             peak is the best goodput seen.
+  multiples  1x, 2x and 4x that peak offered: goodput as a fraction of the peak.
+  flood      tenant A at a third of the peak alone, then while tenant B offers 10x its
+             requests_per_s quota: A's p99 flooded / alone (1 s deadlines, so queueing shows).
+  generate   tinylm streams (greedy, EOS ignored, prompts 8-48 bytes, max_tokens 8-128, 5 s
+             deadlines). Capacity = streams/s completed by 48 closed-loop clients. A critical
+             tenant's TTFT p99 at 3 streams/s alone vs while a sheddable tenant offers 2x capacity;
+             a light tenant (3 streams/s) alone vs while a same-class, same-weight heavy tenant
+             offers 2x capacity.
+  lone       Classify at 20/s: p50 end to end.
+
+Every part reports the load generator's own lag (actual - scheduled send) and flags a run whose
+lag p99 exceeds 5 ms ("generator fell behind": it offered less than asked), the 1-minute load
+average when the part started (the 2 cores are shared), and stage coverage: leaf stages of the
+reply's timings / end-to-end latency, around p50 and at p99. The full run repeats every part 3
+times and shows medians (every run in the JSON); --quick runs once with shorter windows.
+
+Prints a table and writes bench/results/overload.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+import yaml
+
+from bench.overload_load import ClosedLoopJob, LoadPool
+from bench.overload_plan import RequestTemplate, Rpc, Stream, build_plan, num_load_procs
+from bench.overload_stats import SendResult, by_tenant, in_window, ratio, summarize, summarize_streams
+from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
+from loadtest.payloads import make_prompt, render_image
+from tests.support.processes import running_mesh
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS_PATH = ROOT / "bench" / "results" / "overload.json"
+TENANTS_PATH = ROOT / "bench" / "overload_tenants.yaml"
+MODEL_REPO = ROOT / "model_repo"
+WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+PARTS = ("peak", "multiples", "flood", "generate", "lone")
+KEYS = {"bench": "overload-bench", "flood-a": "overload-flood-a", "flood-b": "overload-flood-b",
+        "gen-critical": "overload-gen-critical", "gen-sheddable": "overload-gen-sheddable",
+        "gen-light": "overload-gen-light", "gen-heavy": "overload-gen-heavy"}
+GOODPUT_DEADLINE_S = 0.100
+FLOOD_DEADLINE_S = 1.0
+GENERATE_DEADLINE_S = 5.0
+LAG_THRESHOLD_MS = 5.0
+# One load process per this many requests/s (one process costs ~0.3 ms of CPU per request here).
+PER_PROC_PER_S = 700.0
+MAX_LOAD_PROCS = 3
+MULTIPLES = (1.0, 2.0, 4.0)
+LIGHT_STREAMS_PER_S = 3.0
+CAPACITY_CLIENTS = 48
+LONE_PER_S = 20.0
+TARGETS = {"peak": ">= 1.3x today's", "2x": ">= 0.90", "4x": ">= 0.75", "flood": "<= 2x",
+           "fairness": "<= 3x", "lone": "<= 4 ms", "coverage": ">= 95%"}
+
+
+@dataclass(frozen=True)
+class Profile:
+    runs: int
+    warmup_s: float  # sent before every measured window, not counted
+    probe_s: float  # measured window of one peak-sweep probe
+    num_bisections: int
+    multiple_s: float
+    flood_s: float
+    capacity_s: float
+    generate_s: float
+    lone_s: float
+
+
+FULL = Profile(runs=3, warmup_s=1.0, probe_s=4.0, num_bisections=2, multiple_s=20.0, flood_s=20.0, capacity_s=12.0,
+               generate_s=20.0, lone_s=10.0)
+QUICK = Profile(runs=1, warmup_s=1.0, probe_s=2.0, num_bisections=1, multiple_s=6.0, flood_s=6.0, capacity_s=6.0,
+                generate_s=8.0, lone_s=5.0)
+
+
+# -- requests -------------------------------------------------------------------------
+
+
+def classify_templates(tenant: str, deadline_s: float, num_images: int = 10) -> tuple[RequestTemplate, ...]:
+    """Digit images as raw 16x16x3 pixels, serialized once."""
+    rng = np.random.default_rng(7)
+    return tuple(RequestTemplate(
+        Rpc.CLASSIFY,
+        gateway_pb2.ClassifyRequest(
+            model=common_pb2.ModelRef(name="digits"),
+            image=common_pb2.Image(raw=common_pb2.RawImage(
+                pixels=render_image(i % 10, 16, 16, 3, rng).tobytes(), height=16, width=16, channels=3)),
+        ).SerializeToString(),
+        KEYS[tenant], tenant, deadline_s) for i in range(num_images))
+
+
+def generate_templates(tenant: str, seed: int, num: int = 400) -> tuple[RequestTemplate, ...]:
+    """Greedy, EOS ignored, prompts of 8-48 bytes, max_tokens uniform in 8-128."""
+    rng = np.random.default_rng([seed, 11])
+    templates = []
+    for i in range(num):
+        request = gateway_pb2.GenerateRequest(
+            model=common_pb2.ModelRef(name="tinylm"),
+            prompt=make_prompt(int(rng.integers(8, 49)), rng),
+            sampling=common_pb2.SamplingParams(max_tokens=int(rng.integers(8, 129)), temperature=0.0,
+                                               ignore_eos=True, seed=i),
+        )
+        templates.append(RequestTemplate(Rpc.GENERATE, request.SerializeToString(), KEYS[tenant], tenant,
+                                         GENERATE_DEADLINE_S))
+    return tuple(templates)
+
+
+def flood_quota_per_s() -> float:
+    tenants = yaml.safe_load(TENANTS_PATH.read_text())["tenants"]
+    return float(next(t for t in tenants if t["id"] == "flood-b")["quotas"]["requests_per_s"])
+
+
+# -- running load ---------------------------------------------------------------------
+
+
+@dataclass
+class Bench:
+    target: str
+    pool: LoadPool
+    profile: Profile
+    seed: int = 0
+
+    def replay(self, streams: list[Stream]) -> list[SendResult]:
+        """Runs the streams together; results measured after the warm-up only."""
+        self.seed += 1
+        plan = build_plan(streams, self.seed)
+        rate_per_s = sum(s.rate_per_s for s in streams)
+        results = self.pool.replay(self.target, plan, num_load_procs(rate_per_s, PER_PROC_PER_S, self.pool.max_procs))
+        time.sleep(0.5)  # queues drain (deadlines are short) before the next window
+        return in_window(results, self.profile.warmup_s, plan.duration_s)
+
+    def open_loop(self, templates: tuple[RequestTemplate, ...], rate_per_s: float, measured_s: float) -> list[SendResult]:
+        return self.replay([Stream(templates, rate_per_s, self.profile.warmup_s + measured_s)])
+
+
+def load_average() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+# -- parts ----------------------------------------------------------------------------
+
+
+def part_peak(bench: Bench, start_per_s: float = 300.0) -> dict:
+    """Grows the offered rate 1.5x while goodput keeps up (>= 90% of offered), then bisects."""
+    templates = classify_templates("bench", GOODPUT_DEADLINE_S)
+    probes = []
+
+    def probe(rate_per_s: float) -> dict:
+        results = bench.open_loop(templates, rate_per_s, bench.profile.probe_s)
+        summary = summarize(results, bench.profile.probe_s, GOODPUT_DEADLINE_S, LAG_THRESHOLD_MS)
+        summary["target_per_s"] = rate_per_s
+        summary["kept_up"] = summary["goodput_per_s"] >= 0.9 * rate_per_s
+        probes.append(summary)
+        _progress(f"  probe {rate_per_s:.0f}/s: goodput {summary['goodput_per_s']:.0f}/s, p99 "
+                  f"{summary['p99_ms']:.1f} ms, lag p99 {summary['lag_p99_ms']:.1f} ms")
+        return summary
+
+    rate = start_per_s
+    last_pass = None
+    while probe(rate)["kept_up"] and rate < 20_000:
+        last_pass = rate
+        rate *= 1.5
+    low, high = (last_pass, rate) if last_pass is not None else (rate / 4, rate)
+    for _ in range(bench.profile.num_bisections):
+        mid = (low + high) / 2
+        if probe(mid)["kept_up"]:
+            low = mid
+        else:
+            high = mid
+    best = max(probes, key=lambda p: p["goodput_per_s"])
+    return {"peak_per_s": best["goodput_per_s"], "at_offered_per_s": best["target_per_s"], "best": best,
+            "probes": probes}
+
+
+def part_multiples(bench: Bench, peak_per_s: float) -> dict:
+    templates = classify_templates("bench", GOODPUT_DEADLINE_S)
+    out = {"peak_per_s": peak_per_s}
+    for multiple in MULTIPLES:
+        results = bench.open_loop(templates, multiple * peak_per_s, bench.profile.multiple_s)
+        summary = summarize(results, bench.profile.multiple_s, GOODPUT_DEADLINE_S, LAG_THRESHOLD_MS)
+        summary["fraction_of_peak"] = summary["goodput_per_s"] / peak_per_s
+        out[f"{multiple:g}x"] = summary
+        _progress(f"  {multiple:g}x ({multiple * peak_per_s:.0f}/s): goodput {summary['goodput_per_s']:.0f}/s = "
+                  f"{summary['fraction_of_peak']:.2f} of peak, lag p99 {summary['lag_p99_ms']:.1f} ms")
+    return out
+
+
+def part_flood(bench: Bench, peak_per_s: float) -> dict:
+    a_per_s = peak_per_s / 3
+    b_per_s = 10 * flood_quota_per_s()
+    window_s = bench.profile.warmup_s + bench.profile.flood_s
+    a = classify_templates("flood-a", FLOOD_DEADLINE_S)
+    alone = bench.open_loop(a, a_per_s, bench.profile.flood_s)
+    flooded = by_tenant(bench.replay([Stream(a, a_per_s, window_s),
+                                      Stream(classify_templates("flood-b", FLOOD_DEADLINE_S), b_per_s, window_s)]))
+    s = bench.profile.flood_s
+    out = {"a_per_s": a_per_s, "b_per_s": b_per_s,
+           "alone": summarize(alone, s, FLOOD_DEADLINE_S, LAG_THRESHOLD_MS),
+           "flooded": summarize(flooded.get("flood-a", []), s, FLOOD_DEADLINE_S, LAG_THRESHOLD_MS),
+           "flood_b": summarize(flooded.get("flood-b", []), s, FLOOD_DEADLINE_S, LAG_THRESHOLD_MS)}
+    out["p99_ratio"] = ratio(out["flooded"]["p99_ms"], out["alone"]["p99_ms"])
+    _progress(f"  A p99 alone {out['alone']['p99_ms']:.1f} ms, flooded {out['flooded']['p99_ms']:.1f} ms "
+              f"({out['p99_ratio']:.2f}x); B ok {out['flood_b']['throughput_per_s']:.0f}/s of {b_per_s:.0f}/s")
+    return out
+
+
+def part_generate(bench: Bench) -> dict:
+    capacity = generate_capacity(bench)
+    flood_per_s = 2 * capacity["streams_per_s"]
+    window_s = bench.profile.warmup_s + bench.profile.generate_s
+    out = {"capacity": capacity, "flood_per_s": flood_per_s, "light_per_s": LIGHT_STREAMS_PER_S}
+    for name, light, heavy in (("critical", "gen-critical", "gen-sheddable"), ("fairness", "gen-light", "gen-heavy")):
+        light_templates = generate_templates(light, seed=1)
+        alone = bench.open_loop(light_templates, LIGHT_STREAMS_PER_S, bench.profile.generate_s)
+        flooded = by_tenant(bench.replay([Stream(light_templates, LIGHT_STREAMS_PER_S, window_s),
+                                          Stream(generate_templates(heavy, seed=2), flood_per_s, window_s)]))
+        s = bench.profile.generate_s
+        part = {"alone": summarize_streams(alone, s, LAG_THRESHOLD_MS),
+                "flooded": summarize_streams(flooded.get(light, []), s, LAG_THRESHOLD_MS),
+                "flooder": summarize_streams(flooded.get(heavy, []), s, LAG_THRESHOLD_MS)}
+        part["ttft_p99_ratio"] = ratio(part["flooded"]["ttft_p99_ms"], part["alone"]["ttft_p99_ms"])
+        part["e2e_p99_ratio"] = ratio(part["flooded"]["e2e_p99_ms"], part["alone"]["e2e_p99_ms"])
+        out[name] = part
+        _progress(f"  {name}: {light} TTFT p99 alone {part['alone']['ttft_p99_ms']:.0f} ms, with {heavy} at "
+                  f"{flood_per_s:.1f}/s {part['flooded']['ttft_p99_ms']:.0f} ms ({part['ttft_p99_ratio']:.2f}x); "
+                  f"e2e p99 {part['alone']['e2e_p99_ms']:.0f} -> {part['flooded']['e2e_p99_ms']:.0f} ms")
+    return out
+
+
+def generate_capacity(bench: Bench) -> dict:
+    """Streams/s completed with the running set kept full (closed loop), after a 1 s ramp."""
+    job = ClosedLoopJob(generate_templates("gen-heavy", seed=3), CAPACITY_CLIENTS, 1.0 + bench.profile.capacity_s)
+    results, _ = bench.pool.closed_loop(bench.target, job)
+    done = [r for r in results if r.ok and r.done_s >= 1.0]
+    streams_per_s = len(done) / bench.profile.capacity_s
+    time.sleep(0.5)
+    _progress(f"  capacity: {streams_per_s:.1f} streams/s ({CAPACITY_CLIENTS} closed-loop clients)")
+    return {"streams_per_s": streams_per_s, "clients": CAPACITY_CLIENTS, "num_errors": sum(not r.ok for r in results),
+            "output_tokens_per_s": sum(r.num_tokens for r in done) / bench.profile.capacity_s}
+
+
+def part_lone(bench: Bench) -> dict:
+    results = bench.open_loop(classify_templates("bench", FLOOD_DEADLINE_S), LONE_PER_S, bench.profile.lone_s)
+    summary = summarize(results, bench.profile.lone_s, FLOOD_DEADLINE_S, LAG_THRESHOLD_MS)
+    _progress(f"  lone: p50 {summary['p50_ms']:.2f} ms, p99 {summary['p99_ms']:.2f} ms")
+    return summary
+
+
+def run_once(bench: Bench, parts: list[str], peak_per_s: float | None) -> dict:
+    out = {}
+
+    def timed(name: str, body: Callable[[], dict]) -> None:
+        _progress(f"{name} (load average {load_average()})")
+        load_1m = load_average()
+        began = time.monotonic()
+        out[name] = {**body(), "load_average_1m": load_1m, "elapsed_s": round(time.monotonic() - began, 1)}
+
+    if "peak" in parts or (peak_per_s is None and {"multiples", "flood"} & set(parts)):
+        timed("peak", lambda: part_peak(bench))
+        peak_per_s = out["peak"]["peak_per_s"]
+    if "multiples" in parts:
+        timed("multiples", lambda: part_multiples(bench, peak_per_s))
+    if "flood" in parts:
+        timed("flood", lambda: part_flood(bench, peak_per_s))
+    if "generate" in parts:
+        timed("generate", lambda: part_generate(bench))
+    if "lone" in parts:
+        timed("lone", lambda: part_lone(bench))
+    return out
+
+
+# -- the mesh -------------------------------------------------------------------------
+
+
+@contextmanager
+def mesh(need_generator: bool) -> Iterator[str]:
+    """Scheduler, gateway and workers as processes; yields the gateway's address once both models serve."""
+    with tempfile.TemporaryDirectory(prefix="bench-overload-") as tmp, running_mesh(Path(tmp)) as m:
+        m.start_scheduler("--log-level", "WARNING")
+        m.start_worker("digits", "--log-level", "WARNING", "--model-repository", str(MODEL_REPO), env=WORKER_ENV)
+        models = ["digits"]
+        if need_generator:
+            m.start_worker("tinylm", "--log-level", "WARNING", "--model-repository", str(MODEL_REPO), env=WORKER_ENV)
+            models.append("tinylm")
+        _wait_attached(m.scheduler.address, len(models))
+        m.start_gateway("--tenants-file", str(TENANTS_PATH), "--log-level", "WARNING")
+        _wait_gateway_serves(m.gateway.address)
+        yield m.gateway.address
+
+
+def _wait_attached(address: str, num_workers: int, timeout_s: float = 120.0) -> None:
+    give_up = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        while time.monotonic() < give_up:
+            reply = stub.GetPressure(scheduler_pb2.GetPressureRequest(), timeout=5)
+            if sum(m.num_workers for m in reply.models) >= num_workers:
+                return
+            time.sleep(0.1)
+    raise TimeoutError(f"{num_workers} workers not attached to {address} within {timeout_s}s")
+
+
+def _wait_gateway_serves(address: str, timeout_s: float = 30.0) -> None:
+    """Until a Classify through the gateway succeeds (routes and pressure known)."""
+    request = classify_templates("bench", 5.0)[0]
+    give_up = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        classify = channel.unary_unary("/infermesh.v1.Inference/Classify")
+        while True:
+            try:
+                classify(request.body, timeout=5, metadata=(("authorization", f"Bearer {request.api_key}"),))
+                return
+            except grpc.RpcError as err:
+                if time.monotonic() > give_up:
+                    raise TimeoutError(f"gateway {address} did not serve digits: {err.code().name}") from err
+                time.sleep(0.2)
+
+
+# -- report ---------------------------------------------------------------------------
+
+
+def medians(runs: list[dict]) -> dict:
+    """Per-figure medians over runs of the headline numbers the table shows."""
+
+    def med(path: Callable[[dict], float]) -> float:
+        values = [path(r) for r in runs if _has(r, path)]
+        values = [v for v in values if not math.isnan(v)]
+        return statistics.median(values) if values else math.nan
+
+    return {
+        "peak_per_s": med(lambda r: r["peak"]["peak_per_s"]),
+        **{f"{m:g}x": med(lambda r, m=m: r["multiples"][f"{m:g}x"]["fraction_of_peak"]) for m in MULTIPLES},
+        "flood_ratio": med(lambda r: r["flood"]["p99_ratio"]),
+        "critical_ttft_ratio": med(lambda r: r["generate"]["critical"]["ttft_p99_ratio"]),
+        "fairness_ttft_ratio": med(lambda r: r["generate"]["fairness"]["ttft_p99_ratio"]),
+        "lone_p50_ms": med(lambda r: r["lone"]["p50_ms"]),
+    }
+
+
+def _has(run: dict, path: Callable[[dict], float]) -> bool:
+    try:
+        path(run)
+    except (KeyError, TypeError):
+        return False
+    return True
+
+
+def table_rows(runs: list[dict]) -> list[tuple[str, ...]]:
+    """(figure, every run, median, target, coverage p50/p99, lag p99 / fell behind, load average) rows."""
+    rows = []
+
+    def row(figure: str, values: list[float], fmt: str, target: str, sections: list[dict]) -> None:
+        shown = ", ".join(fmt.format(v) for v in values)
+        median = fmt.format(statistics.median(values)) if values else "-"
+        coverage = ", ".join(f"{_pct(s.get('coverage_p50'))}/{_pct(s.get('coverage_p99'))}" for s in sections)
+        lag = ", ".join(f"{s.get('lag_p99_ms', math.nan):.1f}{' BEHIND' if s.get('generator_fell_behind') else ''}"
+                        for s in sections)
+        rows.append((figure, shown, median, target, coverage, lag))
+
+    if all("peak" in r for r in runs):
+        row("peak goodput (ok <= 100 ms)/s", [r["peak"]["peak_per_s"] for r in runs], "{:.0f}", TARGETS["peak"],
+            [r["peak"]["best"] for r in runs])
+    if all("multiples" in r for r in runs):
+        for m in MULTIPLES:
+            key = f"{m:g}x"
+            row(f"goodput at {key} peak / peak", [r["multiples"][key]["fraction_of_peak"] for r in runs], "{:.2f}",
+                TARGETS.get(key, "-"), [r["multiples"][key] for r in runs])
+    if all("flood" in r for r in runs):
+        row("flood: A p99 with B at 10x quota / alone", [r["flood"]["p99_ratio"] for r in runs], "{:.2f}",
+            TARGETS["flood"], [r["flood"]["flooded"] for r in runs])
+        row("  A p99 alone, ms", [r["flood"]["alone"]["p99_ms"] for r in runs], "{:.1f}", "-",
+            [r["flood"]["alone"] for r in runs])
+        row("  A p99 flooded, ms", [r["flood"]["flooded"]["p99_ms"] for r in runs], "{:.1f}", "-",
+            [r["flood"]["flooded"] for r in runs])
+    if all("generate" in r for r in runs):
+        row("generate capacity, streams/s", [r["generate"]["capacity"]["streams_per_s"] for r in runs], "{:.1f}",
+            "-", [])
+        for name, label, target in (("critical", "critical TTFT p99, sheddable at 2x cap / alone", "(info)"),
+                                    ("fairness", "light TTFT p99, same-class heavy at 2x cap / alone",
+                                     TARGETS["fairness"])):
+            g = [r["generate"][name] for r in runs]
+            row(label, [p["ttft_p99_ratio"] for p in g], "{:.2f}", target, [p["flooded"] for p in g])
+            row("  TTFT p99 alone -> flooded, ms", [p["alone"]["ttft_p99_ms"] for p in g], "{:.0f}", "-",
+                [p["alone"] for p in g])
+            rows[-1] = (rows[-1][0], ", ".join(f"{p['alone']['ttft_p99_ms']:.0f} -> {p['flooded']['ttft_p99_ms']:.0f}"
+                                              for p in g), *rows[-1][2:])
+            row("  e2e p99 alone -> flooded, ms", [p["e2e_p99_ratio"] for p in g], "{:.2f}", "-", [])
+            rows[-1] = (rows[-1][0], ", ".join(f"{p['alone']['e2e_p99_ms']:.0f} -> {p['flooded']['e2e_p99_ms']:.0f}"
+                                              for p in g), *rows[-1][2:])
+    if all("lone" in r for r in runs):
+        row("lone request p50 at 20/s, ms", [r["lone"]["p50_ms"] for r in runs], "{:.2f}", TARGETS["lone"],
+            [r["lone"] for r in runs])
+    return rows
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None or math.isnan(value) else f"{100 * value:.0f}%"
+
+
+def markdown_table(rows: list[tuple[str, ...]]) -> str:
+    headers = ("figure", "every run", "median", "target", "coverage p50/p99", "gen lag p99 ms")
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
+    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |",
+             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def noise_line(runs: list[dict]) -> str:
+    loads = [p["load_average_1m"] for r in runs for p in r.values()]
+    return (f"load average (1 min) at each part's start: {min(loads):.2f}-{max(loads):.2f} on {os.cpu_count()} cores"
+            if loads else "")
+
+
+def _progress(message: str) -> None:
+    print(message, flush=True)
+
+
+def _json_default(value):
+    raise TypeError(f"cannot serialize {type(value).__name__}")
+
+
+def _finite(value):
+    """NaN/inf as null, so the JSON is strict."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one run, shorter windows (a few minutes)")
+    parser.add_argument("--runs", type=int, default=None, help="runs of every part (median shown)")
+    parser.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {','.join(PARTS)}")
+    parser.add_argument("--target", default=None, help="an existing gateway (tenants: bench/overload_tenants.yaml)")
+    parser.add_argument("--peak-per-s", type=float, default=None, help="skip the sweep for multiples/flood")
+    parser.add_argument("--label", default="", help="stored in the JSON (e.g. baseline)")
+    parser.add_argument("--output", type=Path, default=RESULTS_PATH)
+    args = parser.parse_args()
+    parts = [p.strip() for p in args.only.split(",") if p.strip()]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        parser.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    profile = QUICK if args.quick else FULL
+    if args.runs:
+        profile = Profile(**{**asdict(profile), "runs": args.runs})
+    began = time.monotonic()
+    runs = []
+    with LoadPool(MAX_LOAD_PROCS) as pool:
+        with (_existing(args.target) if args.target else mesh("generate" in parts)) as target:
+            bench = Bench(target, pool, profile)
+            for run in range(profile.runs):
+                _progress(f"== run {run + 1}/{profile.runs}")
+                runs.append(run_once(bench, parts, args.peak_per_s))
+    rows = table_rows(runs)
+    print()
+    print(markdown_table(rows))
+    print(noise_line(runs))
+    print(f"{profile.runs} run(s); {time.monotonic() - began:.0f} s in all")
+    report = {
+        "benchmark": "overload",
+        "label": args.label,
+        "commit": _commit(),
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version()},
+        "profile": asdict(profile),
+        "quick": args.quick,
+        "settings": {"goodput_deadline_s": GOODPUT_DEADLINE_S, "flood_deadline_s": FLOOD_DEADLINE_S,
+                     "generate_deadline_s": GENERATE_DEADLINE_S, "lag_threshold_ms": LAG_THRESHOLD_MS,
+                     "flood_quota_per_s": flood_quota_per_s(), "max_load_procs": MAX_LOAD_PROCS,
+                     "per_proc_per_s": PER_PROC_PER_S},
+        "medians": medians(runs),
+        "table": [dict(zip(("figure", "every_run", "median", "target", "coverage", "lag_p99_ms"), r, strict=True))
+                  for r in rows],
+        "runs": runs,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(_finite(report), indent=2, default=_json_default) + "\n")
+    print(f"wrote {args.output}")
+
+
+@contextmanager
+def _existing(target: str) -> Iterator[str]:
+    yield target
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+if __name__ == "__main__":
+    main()
