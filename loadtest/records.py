@@ -26,6 +26,7 @@ AGGREGATE_STAGES = frozenset({"gateway", "scheduler"})
 CLIENT_QUEUE = "client_queue"  # scheduled -> actually sent, on the load generator
 CLIENT_NETWORK = "client_network"  # service time the servers did not account for
 OTHER = "other"  # the rest of the latency no reported stage covers
+INGRESS = "ingress"  # gateway: the client's send (x-request-start) until its handler ran
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,9 @@ class RequestRecord:
         totals: dict[str, int] = {CLIENT_QUEUE: round(self.client_queue_s * 1e6)}
         service_us = round(self.service_s * 1e6)
         if self.server_total_us > 0:
-            totals[CLIENT_NETWORK] = max(0, service_us - self.server_total_us)
+            # The gateway's ingress stage (x-request-start) is outside its total but inside the service time.
+            ingress_us = sum(s.duration_us for s in self.stages if s.stage == INGRESS)
+            totals[CLIENT_NETWORK] = max(0, service_us - self.server_total_us - ingress_us)
         for s in self.stages:
             if s.stage not in AGGREGATE_STAGES:
                 totals[s.stage] = totals.get(s.stage, 0) + s.duration_us

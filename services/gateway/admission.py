@@ -4,10 +4,12 @@ In order, cheapest and most fundamental first, so a refused request costs little
 
     concurrency limit -> auth -> model allowed -> routing (model known) -> deadline
     -> early reject (deadline below the model's minimum service time) -> shedding -> quota
+    -> the model's adaptive concurrency limit (by priority class)
 
 `RequestScope` is one request's bookkeeping: the metric labels as they become
-known, the concurrency permit and quota lease it holds (released exactly once
-when the scope exits, with the Generate refund), and the final
+known, the concurrency permits and quota lease it holds (released exactly once
+when the scope exits, with the Generate refund; the model's permit feeds the
+adaptive limit the request's latency and outcome), and the final
 `infermesh_gateway_requests_total` / duration observation.
 """
 
@@ -22,10 +24,11 @@ from typing import Protocol
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from services.common.errors import InfermeshError, ResourceExhausted
+from services.common.errors import DeadlineExceeded, InfermeshError, ResourceExhausted, Unavailable
 from services.common.status import status_code_of
 from services.common.telemetry import server_span
 from services.gateway import metrics
+from services.gateway.adaptive_limit import AdaptiveLimits, LimitPermit, Outcome
 from services.gateway.concurrency import ConcurrencyLimiter, ConcurrencyPermit
 from services.gateway.deadlines import Deadline, Deadlines
 from services.gateway.quotas import QuotaExceeded, QuotaLease, TenantQuotas
@@ -132,6 +135,8 @@ class RequestScope:
         self.tenant: Tenant | None = None
         self.deadline: Deadline | None = None
         self.permit: ConcurrencyPermit | None = None
+        # The model's adaptive-limit slot; streams call first_response() on their first chunk.
+        self.model_permit: LimitPermit | None = None
         self.lease: QuotaLease | None = None
         # Generate: tokens the request really used (prompt + generated), for the quota refund.
         self.num_tokens_used: int | None = None
@@ -156,6 +161,9 @@ class RequestScope:
         self.finish(code)
 
     def finish(self, code: str) -> None:
+        if self.model_permit is not None:
+            self.model_permit.done(_LIMIT_OUTCOMES.get(code, Outcome.IGNORED))
+            self.model_permit = None
         if self.lease is not None:
             self.lease.release(self.num_tokens_used)
             self.lease = None
@@ -167,6 +175,15 @@ class RequestScope:
         metrics.REQUEST_DURATION.labels(self.model, self.method, self.priority.name.lower()).observe(
             self._clock() - self.began_s
         )
+
+
+# How a request's final status reads as a load signal for its model's adaptive limit. Upstream refusals
+# as too late or too much are congestion; bad input, cancellation and a missing worker are not.
+_LIMIT_OUTCOMES = {
+    "OK": Outcome.SUCCESS,
+    "DEADLINE_EXCEEDED": Outcome.DROPPED,
+    "RESOURCE_EXHAUSTED": Outcome.DROPPED,
+}
 
 
 def _code_name(exc: BaseException | None) -> str:
@@ -187,6 +204,7 @@ class AdmissionParts:
     deadlines: Deadlines
     board: PressureBoard
     shedder: LoadShedder
+    limits: AdaptiveLimits
     # None in development mode (no tenants file): no quotas.
     quotas: TenantQuotas | None
 
@@ -206,7 +224,11 @@ class Admission:
     ) -> None:
         """Admit the request or raise the domain error that refuses it; fills `scope`."""
         parts = self.parts
-        scope.permit = parts.limiter.acquire()
+        try:
+            scope.permit = parts.limiter.acquire()
+        except Unavailable:
+            metrics.refused(scope.model, Priority.STANDARD, metrics.Refusal.GATEWAY_IN_FLIGHT)
+            raise
         metrics.IN_FLIGHT.set(parts.limiter.num_in_flight)
         with span("auth"):
             tenant = parts.tenants.authenticate(authorization)
@@ -214,14 +236,19 @@ class Admission:
             parts.tenants.check_model_allowed(tenant, scope.model)
         with span("routing"):
             parts.routing.model(scope.model)
-        scope.deadline = parts.deadlines.start(client_timeout_s)
-        parts.deadlines.check_can_finish(scope.deadline, scope.model, parts.board.min_service_time_s(scope.model))
+        try:
+            scope.deadline = parts.deadlines.start(client_timeout_s)
+            parts.deadlines.check_can_finish(scope.deadline, scope.model, parts.board.min_service_time_s(scope.model))
+        except DeadlineExceeded:
+            metrics.refused(scope.model, tenant.priority, metrics.Refusal.DEADLINE)
+            raise
         # Utilization as it was before this request arrived: the request at 90% is the one refused.
         utilization = (parts.limiter.num_in_flight - 1) / parts.limiter.max_in_flight
         try:
             parts.shedder.check(scope.model, tenant.priority, utilization)
         except ResourceExhausted:
             metrics.SHED_REQUESTS.labels(scope.model, tenant.priority.name.lower()).inc()
+            metrics.refused(scope.model, tenant.priority, metrics.Refusal.SHED)
             raise
         if parts.quotas is not None:
             with span("quota"):
@@ -229,4 +256,13 @@ class Admission:
                     scope.lease = parts.quotas.admit(tenant, num_tokens)
                 except QuotaExceeded as exc:
                     metrics.QUOTA_REJECTIONS.labels(tenant.tenant_id, exc.kind).inc()
+                    metrics.refused(scope.model, tenant.priority, metrics.Refusal.QUOTA)
                     raise
+        # Last: a permit taken here is held only by requests that go upstream, and a request refused
+        # by its own tenant's quota never takes a slot another tenant could use.
+        limit = parts.limits.for_model(scope.model)
+        try:
+            scope.model_permit = limit.acquire(tenant.priority, scope.deadline.remaining_s(self.clock()))
+        except ResourceExhausted:
+            metrics.refused(scope.model, tenant.priority, metrics.Refusal.LIMIT)
+            raise

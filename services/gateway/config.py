@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.config import ServerSettings, require, setting
+from services.gateway.adaptive_limit import AdaptiveLimitConfig
 from services.gateway.circuit_breaker import BreakerConfig
 from services.gateway.deadlines import DeadlinePolicy
 from services.gateway.retry_budget import RetryBudgetConfig
@@ -25,6 +26,15 @@ class GatewayConfig(ServerSettings):
     tenants_file: str = setting("", "tenant/API-key YAML; empty admits every caller as tenant 'anonymous'")
     tenants_poll_interval_ms: float = setting(1000.0, "how often the tenants file is checked for changes; 0: only on SIGHUP")
     max_in_flight: int = setting(1024, "gateway-wide cap on requests in flight; beyond it UNAVAILABLE at once")
+    # Adaptive concurrency limit per model (services/gateway/adaptive_limit.py).
+    limit_initial: int = setting(64, "each model's adaptive concurrency limit before anything was measured")
+    limit_min: int = setting(4, "the adaptive limit never falls below this")
+    limit_max: int = setting(2048, "the adaptive limit never grows above this")
+    limit_tolerance: float = setting(1.5, "latency may grow to this multiple of its baseline before the limit shrinks")
+    limit_late_fraction: float = setting(0.5, "a request that used more of its deadline than this counts as late")
+    limit_share: tuple[float, ...] = setting(
+        (1.0, 0.9, 0.6), "fraction of the limit critical,standard,sheddable traffic may fill"
+    )
     # Retries (gRPC A6-style backoff, Finagle-style budget per scheduler endpoint).
     retry_max_attempts: int = setting(3, "attempts per request, the first included")
     retry_initial_backoff_ms: float = setting(25.0, "backoff cap after the first failed attempt (full jitter)")
@@ -69,12 +79,14 @@ class GatewayConfig(ServerSettings):
         require(self.pressure_max_age_ms > 0, f"pressure_max_age_ms must be > 0, got {self.pressure_max_age_ms}")
         require(len(self.shed_queue_slo_ms) == 3,
                 f"shed_queue_slo_ms needs 3 values (critical,standard,sheddable), got {self.shed_queue_slo_ms}")
+        require(len(self.limit_share) == 3,
+                f"limit_share needs 3 values (critical,standard,sheddable), got {self.limit_share}")
         for name in ("shed_queue_at", "shed_kv_usage_at", "shed_in_flight_at"):
             value = getattr(self, name)
             require(len(value) == 2, f"{name} needs 2 values (sheddable,standard), got {value}")
         # The logic modules validate their own ranges; surface their messages as config errors.
         for build in (self.deadline_policy, self.retry_policy_config, self.retry_budget_config,
-                      self.breaker_config, self.shedding_config):
+                      self.breaker_config, self.shedding_config, self.limit_config):
             try:
                 build()
             except ValueError as exc:
@@ -87,6 +99,17 @@ class GatewayConfig(ServerSettings):
             default_timeout_s=self.default_deadline_ms / 1000,
             max_timeout_s=self.max_deadline_ms / 1000,
             hop_margin_s=self.hop_margin_ms / 1000,
+        )
+
+    def limit_config(self) -> AdaptiveLimitConfig:
+        critical, standard, sheddable = self.limit_share
+        return AdaptiveLimitConfig(
+            initial_limit=self.limit_initial,
+            min_limit=self.limit_min,
+            max_limit=self.limit_max,
+            tolerance=self.limit_tolerance,
+            late_fraction=self.limit_late_fraction,
+            share={Priority.CRITICAL: critical, Priority.STANDARD: standard, Priority.SHEDDABLE: sheddable},
         )
 
     def retry_policy_config(self) -> RetryPolicyConfig:

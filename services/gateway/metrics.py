@@ -10,13 +10,17 @@ change them only together. Label values:
   quota     requests_per_s | tokens_per_s | tokens_burst | max_in_flight
   upstream  scheduler host:port
   verdict   retry | budget_exhausted | attempts_exhausted | deadline | pushback_stop | tokens_sent
+  reason    limit | deadline | quota | shed | gateway_in_flight (why admission refused a request)
 """
 
 from __future__ import annotations
 
+import enum
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from services.gateway.circuit_breaker import BreakerState
+from services.gateway.tenants import Priority
 
 REQUESTS = Counter(
     "infermesh_gateway_requests",
@@ -54,6 +58,21 @@ BREAKER_STATE = Gauge(
     "Circuit breaker per scheduler endpoint: 0 closed, 1 half-open, 2 open.",
     ["upstream"],
 )
+REFUSALS = Counter(
+    "infermesh_gateway_refusals",
+    "Requests refused by admission before any upstream call, by reason.",
+    ["model", "reason", "priority"],
+)
+CONCURRENCY_LIMIT = Gauge(
+    "infermesh_gateway_concurrency_limit",
+    "The model's adaptive concurrency limit (critical traffic may fill all of it).",
+    ["model"],
+)
+MODEL_IN_FLIGHT = Gauge(
+    "infermesh_gateway_model_in_flight_requests",
+    "Requests in flight upstream per model, counted against its adaptive limit.",
+    ["model"],
+)
 IN_FLIGHT = Gauge("infermesh_gateway_in_flight_requests", "Requests in flight at the gateway.")
 
 BREAKER_STATE_VALUE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
@@ -67,3 +86,32 @@ def observe_breakers(states: dict[str, BreakerState]) -> None:
 def observe_budgets(balances: dict[str, float]) -> None:
     for upstream, balance in balances.items():
         RETRY_BUDGET_REMAINING.labels(upstream).set(balance)
+
+
+class Refusal(enum.Enum):
+    LIMIT = "limit"
+    DEADLINE = "deadline"
+    QUOTA = "quota"
+    SHED = "shed"
+    GATEWAY_IN_FLIGHT = "gateway_in_flight"
+
+
+_refusal_children: dict[tuple[str, Refusal, Priority], object] = {}
+
+
+def refused(model: str, priority: Priority, reason: Refusal) -> None:
+    """refusals_total += 1; children are cached because this runs on the refusal path, which must stay cheap."""
+    key = (model, reason, priority)
+    child = _refusal_children.get(key)
+    if child is None:
+        if len(_refusal_children) > 10_000:  # model names come from clients: bound what a bad one can grow
+            _refusal_children.clear()
+        child = _refusal_children[key] = REFUSALS.labels(model, reason.value, priority.name.lower())
+    child.inc()
+
+
+def observe_limits(limits: dict) -> None:
+    """The adaptive limits' state (name -> AdaptiveLimit), set periodically rather than per request."""
+    for model, limit in limits.items():
+        CONCURRENCY_LIMIT.labels(model).set(int(limit.limit))
+        MODEL_IN_FLIGHT.labels(model).set(limit.num_in_flight)

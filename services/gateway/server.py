@@ -18,6 +18,8 @@ from inference import grpc_predict_v2_pb2, grpc_predict_v2_pb2_grpc
 from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
 from services.common.config import ConfigError
 from services.common.server import Health
+from services.gateway import metrics
+from services.gateway.adaptive_limit import AdaptiveLimits
 from services.gateway.admission import Admission, AdmissionParts, OpenTenants, WatchedTenants
 from services.gateway.circuit_breaker import CircuitBreakers
 from services.gateway.concurrency import ConcurrencyLimiter
@@ -81,6 +83,7 @@ class GatewayService:
             tenants = WatchedTenants(self.watcher)
         deadlines = Deadlines(config.deadline_policy(), clock)
         self.limiter = ConcurrencyLimiter(config.max_in_flight)
+        self.limits = AdaptiveLimits(config.limit_config(), clock)
         self.admission = Admission(
             AdmissionParts(
                 limiter=self.limiter,
@@ -89,6 +92,7 @@ class GatewayService:
                 deadlines=deadlines,
                 board=self.board,
                 shedder=LoadShedder(config.shedding_config(), self.board),
+                limits=self.limits,
                 quotas=self.quotas,
             ),
             clock,
@@ -131,6 +135,7 @@ class GatewayService:
     async def start(self, health: Health) -> None:
         self._health = health
         self._tasks.append(asyncio.create_task(self.poller.run(), name="pressure-poller"))
+        self._tasks.append(asyncio.create_task(self._observe_limits(), name="limit-gauges"))
         if self.watcher is not None:
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._on_sighup)
             if self._config.tenants_poll_interval_ms > 0:
@@ -146,6 +151,11 @@ class GatewayService:
         while True:
             await asyncio.sleep(interval_s)
             self.watcher.poll()
+
+    async def _observe_limits(self) -> None:
+        while True:  # gauges, not per request: the admitted path stays cheap
+            metrics.observe_limits(self.limits.limits())
+            await asyncio.sleep(1.0)
 
     async def drain(self, grace_s: float) -> None:
         return None  # the server's own graceful stop lets in-flight calls finish

@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from dataclasses import dataclass
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2
 from services.common import errors
 from services.common.status import maps_domain_errors
 from services.common.telemetry import context_from_metadata
-from services.common.timings import StageTime, seconds_to_us
 from services.gateway.admission import Admission, RequestScope, span
 from services.gateway.dispatch import Dispatcher
 from services.gateway.retry_policy import WorkKind
+from services.gateway.stage_timings import REQUEST_START_KEY, gateway_stages, ingress_s, parse_request_start_s
 from services.gateway.tenants import Tenant
 from services.gateway.upstream import AttemptError, SchedulerClients
 
@@ -28,6 +29,24 @@ def authorization_of(metadata) -> str | None:
         if key == "authorization":
             return value if isinstance(value, str) else value.decode("utf-8", "replace")
     return None
+
+
+@dataclass(frozen=True)
+class CallerMetadata:
+    authorization: str | None
+    # The client's send time (x-request-start), unix seconds; None when it sent none.
+    request_start_s: float | None
+
+    @classmethod
+    def read(cls, metadata) -> CallerMetadata:
+        """One pass over the metadata: it runs for every request, refused ones included."""
+        authorization = request_start = None
+        for key, value in metadata or ():
+            if key == "authorization":
+                authorization = value if isinstance(value, str) else value.decode("utf-8", "replace")
+            elif key == REQUEST_START_KEY:
+                request_start = value
+        return cls(authorization, parse_request_start_s(request_start))
 
 
 def client_timeout_s(context) -> float | None:
@@ -48,12 +67,36 @@ def tenant_context(tenant: Tenant) -> scheduler_pb2.TenantContext:
     return scheduler_pb2.TenantContext(tenant_id=tenant.tenant_id, priority=int(tenant.priority), weight=tenant.weight)
 
 
-def append_gateway_timings(timings: common_pb2.Timings, admission_s: float, total_s: float) -> None:
-    for stage in (StageTime("admission", seconds_to_us(admission_s), SERVICE),
-                  StageTime("gateway", seconds_to_us(total_s), SERVICE)):
-        timings.stages.add(stage=common_pb2.Stage.Value("STAGE_" + stage.stage.upper()),
-                           duration_us=stage.duration_us, service=SERVICE)
-    timings.total_us = seconds_to_us(total_s)
+@dataclass(frozen=True)
+class HandlerTimes:
+    """When one request's handler ran, on the gateway's monotonic clock (and the wall clock for ingress)."""
+
+    began_s: float
+    began_unix_s: float
+    request_start_s: float | None
+
+    @classmethod
+    def start(cls, scope: RequestScope, caller: CallerMetadata) -> HandlerTimes:
+        return cls(scope.began_s, time.time(), caller.request_start_s)
+
+
+def append_gateway_timings(timings: common_pb2.Timings, handler: HandlerTimes, admitted_s: float,
+                           upstream_done_s: float | None, now_s: float) -> None:
+    """Adds the gateway's stages to the upstream's (whose total_us is the scheduler's) and sets the total."""
+    stages = gateway_stages(
+        ingress_s=ingress_s(handler.request_start_s, handler.began_unix_s),
+        admission_s=admitted_s - handler.began_s,
+        upstream_s=None if upstream_done_s is None else upstream_done_s - admitted_s,
+        upstream_total_us=timings.total_us,
+        total_s=now_s - handler.began_s,
+    )
+    add = timings.stages.add
+    for stage in stages:
+        add(stage=_STAGE_VALUES[stage.stage], duration_us=stage.duration_us, service=SERVICE)
+    timings.total_us = stages[-1].duration_us
+
+
+_STAGE_VALUES = {name.removeprefix("STAGE_").lower(): value for name, value in common_pb2.Stage.items()}
 
 
 class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
@@ -68,18 +111,21 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
     @maps_domain_errors
     async def Classify(self, request: gateway_pb2.ClassifyRequest, context) -> gateway_pb2.ClassifyResponse:
         metadata = context.invocation_metadata()
+        caller = CallerMetadata.read(metadata)
         with self._admission.scope("Classify", request.model.name, request.model.version,
                                    parent=context_from_metadata(metadata)) as scope:
+            handler = HandlerTimes.start(scope, caller)
             with span("admission"):
                 if not request.model.name:
                     raise errors.InvalidArgument("model.name is required")
-                self._admission.admit(scope, authorization_of(metadata), client_timeout_s(context))
+                self._admission.admit(scope, caller.authorization, client_timeout_s(context))
                 if not request.HasField("image") or request.image.WhichOneof("data") is None:
                     raise errors.InvalidArgument("image is required (encoded bytes or raw pixels)")
                 request.request_id = request.request_id or uuid.uuid4().hex
             admitted_s = self._clock()
             response = await self.classify_admitted(scope, request)
-            append_gateway_timings(response.timings, admitted_s - scope.began_s, self._clock() - scope.began_s)
+            done_s = self._clock()
+            append_gateway_timings(response.timings, handler, admitted_s, done_s, done_s)
             return response
 
     async def classify_admitted(self, scope: RequestScope, request: gateway_pb2.ClassifyRequest):
@@ -95,8 +141,10 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
     @maps_domain_errors
     async def Generate(self, request: gateway_pb2.GenerateRequest, context):
         metadata = context.invocation_metadata()
+        caller = CallerMetadata.read(metadata)
         with self._admission.scope("Generate", request.model.name, request.model.version,
                                    parent=context_from_metadata(metadata)) as scope:
+            handler = HandlerTimes.start(scope, caller)
             with span("admission"):
                 if not request.model.name:
                     raise errors.InvalidArgument("model.name is required")
@@ -104,7 +152,7 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
                     raise errors.InvalidArgument("prompt must not be empty")
                 prompt_tokens = prompt_tokens_upper_bound(request.prompt)
                 num_tokens = prompt_tokens + (request.sampling.max_tokens or DEFAULT_MAX_TOKENS)
-                self._admission.admit(scope, authorization_of(metadata), client_timeout_s(context), num_tokens)
+                self._admission.admit(scope, caller.authorization, client_timeout_s(context), num_tokens)
                 request.request_id = request.request_id or uuid.uuid4().hex
             admitted_s = self._clock()
             upstream = scheduler_pb2.ScheduleGenerateRequest(request=request, tenant=tenant_context(scope.tenant))
@@ -119,10 +167,13 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
 
             def on_chunk(chunk: gateway_pb2.GenerateResponse) -> None:
                 nonlocal num_generated
+                if num_generated == 0 and scope.model_permit is not None:
+                    scope.model_permit.first_response()
                 num_generated += len(chunk.token_ids)
                 if chunk.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
                     scope.num_tokens_used = chunk.usage.prompt_tokens + chunk.usage.completion_tokens
-                    append_gateway_timings(chunk.timings, admitted_s - scope.began_s, self._clock() - scope.began_s)
+                    now_s = self._clock()
+                    append_gateway_timings(chunk.timings, handler, admitted_s, now_s, now_s)
                 else:
                     scope.num_tokens_used = prompt_tokens + num_generated
 

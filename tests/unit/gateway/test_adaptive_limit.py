@@ -1,0 +1,138 @@
+from __future__ import annotations
+
+import pytest
+
+from services.common.errors import ResourceExhausted
+from services.gateway.adaptive_limit import AdaptiveLimit, AdaptiveLimitConfig, AdaptiveLimits, Outcome
+from services.gateway.tenants import Priority
+from tests.support.fake_clock import FakeClock
+
+CRITICAL, STANDARD, SHEDDABLE = Priority.CRITICAL, Priority.STANDARD, Priority.SHEDDABLE
+
+
+def make_limit(clock: FakeClock | None = None, **over) -> AdaptiveLimit:
+    # Windows close at their 20th event: run_windows' rounds of 20 requests are one window each.
+    settings = dict(initial_limit=20, min_limit=2, max_limit=200, min_window_samples=20, min_window_s=0.001)
+    settings.update(over)
+    return AdaptiveLimit("digits", AdaptiveLimitConfig(**settings), clock or FakeClock())
+
+
+def run_windows(limit: AdaptiveLimit, clock: FakeClock, *, num_windows: int, num_in_flight: int,
+                latency_s: float, budget_s: float | None = 1.0, outcome: Outcome = Outcome.SUCCESS) -> None:
+    """Each window: `num_in_flight` requests admitted together, all finishing after `latency_s`."""
+    for _ in range(num_windows):
+        permits = [limit.acquire(CRITICAL, budget_s) for _ in range(num_in_flight)]
+        clock.advance(latency_s)
+        for permit in permits:
+            permit.done(outcome)
+        clock.advance(0.06)
+
+
+def test_refuses_at_once_beyond_the_class_share_with_a_retry_hint():
+    limit = make_limit(initial_limit=10, min_limit=2)
+    permits = [limit.acquire(SHEDDABLE, 1.0) for _ in range(6)]  # 0.6 x 10
+    with pytest.raises(ResourceExhausted) as info:
+        limit.acquire(SHEDDABLE, 1.0)
+    assert info.value.message == (
+        "overloaded: model 'digits' has 6 requests in flight, the adaptive limit for sheddable traffic is 6; "
+        "retry after 0.02 s"
+    )
+    assert info.value.retry_after_s == 0.02
+    permits += [limit.acquire(STANDARD, 1.0) for _ in range(3)]  # standard may fill 9
+    with pytest.raises(ResourceExhausted, match="standard traffic is 9"):
+        limit.acquire(STANDARD, 1.0)
+    permits.append(limit.acquire(CRITICAL, 1.0))  # critical may fill all 10
+    with pytest.raises(ResourceExhausted, match="critical traffic is 10"):
+        limit.acquire(CRITICAL, 1.0)
+    permits[0].done(Outcome.SUCCESS)
+    permits[0].done(Outcome.SUCCESS)  # idempotent
+    assert limit.num_in_flight == 9
+    limit.acquire(CRITICAL, 1.0)
+
+
+def test_grows_while_latency_holds_and_the_limit_is_what_holds_traffic_back():
+    clock = FakeClock()
+    limit = make_limit(clock)
+    run_windows(limit, clock, num_windows=20, num_in_flight=20, latency_s=0.01)
+    assert limit.limit > 35  # about 0.2 * sqrt(limit) per window
+
+
+def test_keeps_its_limit_while_traffic_stays_below_half_of_it():
+    clock = FakeClock()
+    limit = make_limit(clock)
+    run_windows(limit, clock, num_windows=10, num_in_flight=9, latency_s=0.01)
+    assert limit.limit == 20
+
+
+def test_shrinks_when_latency_climbs_past_the_tolerance_of_its_baseline():
+    clock = FakeClock()
+    limit = make_limit(clock, initial_limit=30)
+    run_windows(limit, clock, num_windows=3, num_in_flight=20, latency_s=0.01)
+    grown = limit.limit
+    run_windows(limit, clock, num_windows=5, num_in_flight=20, latency_s=0.05)
+    assert limit.limit < 0.8 * grown  # about x0.94 a window: half the limit plus sqrt headroom, smoothed
+
+
+def test_backs_off_when_requests_use_more_than_the_late_fraction_of_their_deadline():
+    clock = FakeClock()
+    limit = make_limit(clock, initial_limit=30, tolerance=10.0)
+    run_windows(limit, clock, num_windows=3, num_in_flight=20, latency_s=0.04, budget_s=0.1)
+    before = limit.limit
+    run_windows(limit, clock, num_windows=3, num_in_flight=20, latency_s=0.06, budget_s=0.1)  # > 50% of 100 ms
+    assert limit.limit == pytest.approx(before * 0.9**3)
+
+
+def test_upstream_refusals_as_too_late_back_off_and_ignored_outcomes_do_not_count():
+    clock = FakeClock()
+    limit = make_limit(clock, initial_limit=30)
+    run_windows(limit, clock, num_windows=2, num_in_flight=20, latency_s=0.01, outcome=Outcome.DROPPED)
+    assert limit.limit == pytest.approx(30 * 0.9**2)
+    before = limit.limit
+    run_windows(limit, clock, num_windows=3, num_in_flight=20, latency_s=5.0, outcome=Outcome.IGNORED)
+    assert limit.limit == before
+    assert limit.num_in_flight == 0
+
+
+def test_never_leaves_its_bounds():
+    clock = FakeClock()
+    limit = make_limit(clock, initial_limit=4, min_limit=3, max_limit=8, min_window_samples=4)
+    run_windows(limit, clock, num_windows=40, num_in_flight=limit.class_limit(CRITICAL), latency_s=0.01)
+    assert limit.limit == 8
+    run_windows(limit, clock, num_windows=40, num_in_flight=3, latency_s=0.01, outcome=Outcome.DROPPED)
+    assert limit.limit == 3
+
+
+def test_a_stream_is_sampled_at_its_first_response_not_at_its_end():
+    clock = FakeClock()
+    limit = make_limit(clock, initial_limit=20, min_window_samples=1)
+    permit = limit.acquire(CRITICAL, 10.0)
+    clock.advance(0.02)
+    permit.first_response()
+    assert limit.recent_s == pytest.approx(0.02)
+    clock.advance(5.0)
+    permit.done(Outcome.SUCCESS)
+    assert limit.recent_s == pytest.approx(0.02)
+    assert limit.num_in_flight == 0
+
+
+def test_one_limit_per_model():
+    limits = AdaptiveLimits(AdaptiveLimitConfig(initial_limit=4, min_limit=1), FakeClock())
+    for _ in range(4):
+        limits.for_model("a").acquire(CRITICAL, None)
+    limits.for_model("b").acquire(CRITICAL, None)
+    assert limits.for_model("a").num_in_flight == 4
+    assert sorted(limits.limits()) == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        (dict(initial_limit=1, min_limit=2), "need 1 <= min_limit <= initial_limit <= max_limit"),
+        (dict(tolerance=0.5), "tolerance must be >= 1"),
+        (dict(backoff=0.0), r"backoff must be in \(0, 1\]"),
+        (dict(share={CRITICAL: 1.0}), "share needs a fraction for every priority; missing standard, sheddable"),
+    ],
+)
+def test_config_errors_are_precise(over, message):
+    with pytest.raises(ValueError, match=message):
+        AdaptiveLimitConfig(**over)
