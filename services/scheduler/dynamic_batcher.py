@@ -3,6 +3,8 @@
 A batch goes out when a worker has a free slot (one batch running plus
 `max_batches_per_worker - 1` prefetched, so a worker never idles between
 batches) and one of these holds:
+  * the worker is idle: waiting for a fuller batch would only leave it idle longer
+    (what arrives meanwhile forms the next batch, while this one runs);
   * the queue fills a batch of the worker's maximum size, or a preferred size;
   * the oldest request has waited `max_queue_delay_s`;
   * waiting any longer would make the most urgent request miss its deadline,
@@ -50,6 +52,9 @@ class BatcherConfig:
     # meanwhile (another tenant's request, a more urgent one) into it, while the worker still
     # finds its next batch waiting; a wrong estimate costs at most one round trip of idling.
     prefetch_lead_s: float | None = None
+    # An idle worker takes what is queued at once rather than wait for a fuller batch (what arrives
+    # meanwhile forms the next one). False: Triton's rule, every partial batch waits max_queue_delay_s.
+    dispatch_to_idle_worker: bool = True
     # Dispatches of one item (first try + re-queues after worker loss) before it fails UNAVAILABLE.
     max_attempts: int = 3
     # Retry hint when no worker is attached.
@@ -277,13 +282,13 @@ class DynamicBatcher(Generic[P]):
     def due_after_submit_s(self, item: QueuedItem[P]) -> float:
         """By when next_batch() must run again because `item` was just submitted, given that it was
         already planned for what was queued before (time_until_ready): at once when the queue was
-        empty or now makes a batch for a free worker, else the latest start that still meets the
+        empty, a worker is idle, or the queue now makes a batch for a free worker, else the latest start that still meets the
         item's deadline (inf without one: the oldest item's delay or a worker's prefetch governs)."""
         num_queued = len(self._queue)
         if num_queued <= 1:
             return item.arrival_s
         worker = self._pick_worker(item.arrival_s)
-        if worker is not None and (num_queued >= self._batch_limit(worker)
+        if worker is not None and ((not worker.in_flight and self.config.dispatch_to_idle_worker) or num_queued >= self._batch_limit(worker)
                                    or any(s <= num_queued for s in self.config.preferred_batch_sizes)):
             return item.arrival_s
         if item.deadline_s is None:
@@ -388,6 +393,8 @@ class DynamicBatcher(Generic[P]):
         num_queued = len(self._queue)
         if num_queued >= limit:
             return limit
+        if not worker.in_flight and self.config.dispatch_to_idle_worker:
+            return num_queued
         preferred = [s for s in self.config.preferred_batch_sizes if s <= num_queued]
         if preferred:
             return max(preferred)

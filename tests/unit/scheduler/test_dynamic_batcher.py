@@ -22,8 +22,27 @@ def test_dispatches_a_full_batch_at_once(clock):
     assert [item.payload for item in batch.items] == [f"img{i}" for i in range(8)]
 
 
-def test_waits_max_queue_delay_for_a_partial_batch_then_sends_it(clock):
+def test_an_idle_worker_takes_what_is_queued_at_once(clock):
     batcher = make_batcher(clock, max_queue_delay_s=0.010)
+    first = batcher.submit("img0", tenant(), deadline_s=None)
+    assert batcher.due_after_submit_s(first) == clock()
+    assert batcher.time_until_ready() == 0.0
+    assert [i.payload for i in batcher.next_batch().items] == ["img0"]
+    # Busy now: the next partial batch waits for company as before (prefetch slot, max delay).
+    items = submit_n(batcher, 3)
+    assert batcher.due_after_submit_s(items[-1]) == float("inf")
+    assert batcher.next_batch() is None
+    assert batcher.time_until_ready() == pytest.approx(0.010)
+
+
+def test_two_requests_arriving_while_the_worker_is_idle_leave_together(clock):
+    batcher = make_batcher(clock, max_queue_delay_s=0.010)
+    submit_n(batcher, 2)  # both queued before the loop ran
+    assert len(batcher.next_batch().items) == 2
+
+
+def test_waits_max_queue_delay_for_a_partial_batch_then_sends_it(clock):
+    batcher = make_batcher(clock, max_queue_delay_s=0.010, dispatch_to_idle_worker=False)
     submit_n(batcher, 3)
     assert batcher.next_batch() is None
     assert batcher.time_until_ready() == pytest.approx(0.010)
@@ -35,7 +54,7 @@ def test_waits_max_queue_delay_for_a_partial_batch_then_sends_it(clock):
 
 
 def test_preferred_batch_size_goes_without_waiting(clock):
-    batcher = make_batcher(clock, preferred_batch_sizes=(4,))
+    batcher = make_batcher(clock, preferred_batch_sizes=(4,), dispatch_to_idle_worker=False)
     submit_n(batcher, 3)
     assert batcher.next_batch() is None
     submit_n(batcher, 2)
@@ -44,7 +63,7 @@ def test_preferred_batch_size_goes_without_waiting(clock):
 
 
 def test_never_waits_past_the_point_where_the_oldest_deadline_is_still_met(clock):
-    batcher = make_batcher(clock, max_queue_delay_s=1.0)
+    batcher = make_batcher(clock, max_queue_delay_s=1.0, dispatch_to_idle_worker=False)
     batcher.submit("x", tenant(), deadline_s=clock() + 0.100)
     full_batch_s = batcher.estimate_batch_time_s(8)
     wait_s = batcher.time_until_ready()
@@ -202,7 +221,8 @@ def test_light_tenant_wait_is_nearly_unchanged_by_a_heavy_tenant(clock):
     every 10 ms; the heavy tenant offers 5x the light tenant's rate, overloading the worker."""
 
     def light_waits(heavy_per_tick: int, light_tenant: str = "light") -> list[float]:
-        batcher = make_batcher(clock, workers={"w1": 4}, max_queue_size=10_000, max_queue_delay_s=0.002)
+        batcher = make_batcher(clock, workers={"w1": 4}, max_queue_size=10_000, max_queue_delay_s=0.002,
+                               dispatch_to_idle_worker=False)
         waits, in_flight = [], []
         for tick in range(400):  # 1 ms ticks
             if tick % 10 == 0:
@@ -291,7 +311,7 @@ def test_with_a_prefetch_lead_the_next_batch_is_formed_just_before_the_running_o
 
 
 def test_a_submit_needs_the_loop_only_when_it_moves_the_next_decision_earlier(clock):
-    batcher = make_batcher(clock, max_queue_delay_s=0.010, preferred_batch_sizes=(4,))
+    batcher = make_batcher(clock, max_queue_delay_s=0.010, preferred_batch_sizes=(4,), dispatch_to_idle_worker=False)
     first = batcher.submit("img0", tenant(), deadline_s=None)
     assert batcher.due_after_submit_s(first) == clock()  # the queue was empty: nothing planned yet
     planned_s = clock() + batcher.time_until_ready()
