@@ -80,6 +80,10 @@ class Sequence:
     needs_block_table_reset: bool = True
     num_preemptions: int = 0
     first_scheduled_s: float | None = None
+    # When it last entered the running set; fairness preemption spares it for a minimum run time.
+    running_since_s: float | None = None
+    # Prompt tokens billed to the tenant's service counter: a recompute after preemption is not billed again.
+    num_billed_prompt_tokens: int = 0
     first_token_s: float | None = None
 
     @property
@@ -124,3 +128,4 @@ class Sequence:
         self.num_computed_tokens = 0
         self.needs_block_table_reset = True
         self.status = SequenceStatus.PREEMPTED
+        self.running_since_s = None

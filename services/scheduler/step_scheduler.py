@@ -6,14 +6,17 @@ sequence's `num_computed_tokens` catching up with its tokens (see sequence.py).
 
 Each step, under `max_num_batched_tokens` and `max_num_seqs`:
 1. Running sequences first, decodes before prompt chunks so decodes keep flowing
-   while long prompts are split across steps (chunked prefill). A sequence that
-   cannot get blocks preempts the running sequence of the lowest priority class,
+   while long prompts are split across steps (chunked prefill); prompt chunks by
+   class, then least-served tenant first. A sequence that cannot get blocks preempts
+   the running sequence of the lowest priority class, of its most-served tenant,
    newest first (maybe itself): its blocks are freed and it later recomputes
    prompt + generated tokens as one new prefill.
 2. Then, unless step 1 preempted, preempted sequences and waiting ones are admitted
-   while KV blocks allow: strict priority between classes, weighted deficit round
-   robin among tenants (in prompt tokens), preempted before new in a class. A
-   waiting sequence may preempt a running one of a strictly lower class.
+   while slots and KV blocks allow: strict priority between classes; inside a class
+   the tenant with the least service so far (virtual token counters, tenant_service.py),
+   its preempted sequences before its new ones. A waiting sequence that finds no room
+   preempts a running one of a strictly lower class, else (fairness) one of a same-class
+   tenant holding more than its weighted share of the slots (TenantService.fairness_victim).
 
 Deadlines are checked at the start of every schedule; expired sequences are
 aborted and their blocks freed in that same call, as are cancelled ones in abort().
@@ -37,6 +40,7 @@ from services.scheduler.sequence import (
     SequenceStatus,
 )
 from services.scheduler.step_plan import SequenceDelta, SequenceStep, StepPlan
+from services.scheduler.tenant_service import ServiceCost, TenantService, held_slots, tenant_key
 from services.scheduler.tokenizer import Tokenizer
 
 Clock = Callable[[], float]
@@ -64,8 +68,15 @@ class StepSchedulerConfig:
     # position recomputed, the sample thrown away) until the whole batch ends, as in a
     # fixed-shape batch (FasterTransformer, HF generate). False: finished members drop out.
     static_batch_padding: bool = True
-    # Deficit round robin credit per visit, in prompt tokens.
+    # Deficit round robin credit per visit, in prompt tokens (the waiting queue's own order; admission
+    # picks tenants by service counter and only uses the queue's per-tenant order).
     tenant_quantum_tokens: int = 256
+    # Service counter units per prompt token computed and per output token sampled (VTC's weights).
+    service_cost: ServiceCost = ServiceCost()
+    # A tenant below its weighted share of max_num_seqs that waits preempts a same-class tenant above
+    # its share; a sequence runs at least this long before it can be preempted so (anti-thrash).
+    enable_fairness_preemption: bool = True
+    fairness_min_run_s: float = 0.2
     # Admission keeps this fraction of blocks free, so running sequences can grow without preempting.
     kv_watermark: float = 0.01
     # Step time assumed before any is measured, and the weight of each new measurement.
@@ -82,6 +93,8 @@ class StepSchedulerConfig:
             raise ValueError(f"max_prefill_chunk_tokens must be >= 0, got {self.max_prefill_chunk_tokens}")
         if not 0 <= self.kv_watermark < 1:
             raise ValueError(f"kv_watermark must be in [0, 1), got {self.kv_watermark}")
+        if self.fairness_min_run_s < 0:
+            raise ValueError(f"fairness_min_run_s must be >= 0, got {self.fairness_min_run_s}")
         if not 0 < self.step_time_ewma_alpha <= 1:
             raise ValueError(f"step_time_ewma_alpha must be in (0, 1], got {self.step_time_ewma_alpha}")
 
@@ -89,8 +102,9 @@ class StepSchedulerConfig:
 class _StepBuilder:
     """The sequences picked so far in one schedule() call, and what budget is left."""
 
-    def __init__(self, token_budget: int) -> None:
+    def __init__(self, token_budget: int, service: TenantService) -> None:
         self.token_budget = token_budget
+        self._service = service
         # seq_id -> (sequence, tokens to compute, blocks appended this step)
         self.picked: dict[int, tuple[Sequence, int, tuple[int, ...]]] = {}
         self.preempted: list[int] = []
@@ -100,6 +114,16 @@ class _StepBuilder:
     def pick(self, seq: Sequence, num_new_tokens: int, new_blocks: tuple[int, ...]) -> None:
         self.picked[seq.seq_id] = (seq, num_new_tokens, new_blocks)
         self.token_budget -= num_new_tokens
+        self._bill(seq, num_new_tokens)
+
+    def _bill(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Charges the tenant when service is given, so later picks in this step already see it:
+        prompt tokens computed for the first time, and the token sampled at the end."""
+        end = seq.num_computed_tokens + num_new_tokens
+        num_prompt = min(end, seq.num_prompt_tokens) - seq.num_billed_prompt_tokens
+        seq.num_billed_prompt_tokens += max(0, num_prompt)
+        self._service.charge(seq.tenant, num_prefill_tokens=max(0, num_prompt),
+                             num_decode_tokens=int(end == seq.num_tokens))
 
     def unpick(self, seq: Sequence) -> None:
         picked = self.picked.pop(seq.seq_id, None)
@@ -155,6 +179,7 @@ class StepScheduler:
         # (they keep their blocks and the worker keeps their tables until then).
         self._padding: list[Sequence] = []
         self.step_time_s = config.initial_step_time_s
+        self._service = TenantService(config.service_cost)
 
     # -- intake ------------------------------------------------------------
 
@@ -180,6 +205,7 @@ class StepScheduler:
         )
         self._waiting.push(seq, tenant, cost=seq.num_prompt_tokens)
         self._seqs[seq_id] = seq
+        self._service.activate(tenant)
         return seq
 
     def adopt(self, seq: Sequence) -> None:
@@ -193,6 +219,7 @@ class StepScheduler:
         else:
             raise ValueError(f"can only adopt waiting or preempted sequences, {seq.seq_id} is {seq.status.value}")
         self._seqs[seq.seq_id] = seq
+        self._service.activate(seq.tenant)
 
     def abort(self, seq_id: int, reason: AbortReason = AbortReason.CANCELLED) -> Sequence | None:
         """Drops the sequence and frees its blocks now; None if it is not here (already finished)."""
@@ -210,7 +237,7 @@ class StepScheduler:
             raise RuntimeError(f"step {self._in_flight.step_id} is still running; call update_from_output first")
         now = self._clock()
         expired = self._abort_expired(now)
-        step = _StepBuilder(self.config.max_num_batched_tokens)
+        step = _StepBuilder(self.config.max_num_batched_tokens, self._service)
         self._schedule_running(step)
         if not self._running:
             self._batch_closed = False
@@ -274,6 +301,8 @@ class StepScheduler:
         for pad in self._padding:
             self.kv.free(pad.seq_id)
         self._padding.clear()
+        for seq in seqs:
+            self._service.deactivate(seq.tenant)
         self._seqs.clear()
         self._running.clear()
         self._preempted.clear()
@@ -293,6 +322,7 @@ class StepScheduler:
             else:
                 self._waiting.remove(seq)
             del self._seqs[seq.seq_id]
+            self._service.deactivate(seq.tenant)
         return seqs
 
     # -- state -------------------------------------------------------------
@@ -360,8 +390,8 @@ class StepScheduler:
         return expired
 
     def _schedule_running(self, step: _StepBuilder) -> None:
-        # Decodes (one token) first, then prompt chunks, each by priority then age.
-        order = sorted(self._running, key=lambda s: (s.num_uncomputed_tokens > 1, s.preemption_key()))
+        # Decodes (one token) first, then prompt chunks; each by class, then least-served tenant, then age.
+        order = sorted(self._running, key=lambda s: (s.num_uncomputed_tokens > 1, self._service_key(s)))
         for seq in order:
             if step.token_budget == 0:
                 break
@@ -380,14 +410,14 @@ class StepScheduler:
         """Preempts running sequences (lowest class, newest first) until `seq` fits;
         False when `seq` itself was the one to go."""
         while not self.kv.can_allocate(seq.seq_id, num_tokens):
-            victim = max(self._running, key=Sequence.preemption_key)
+            victim = max(self._running, key=self._service_key)
             self._preempt(victim, step)
             if victim is seq:
                 return False
         return True
 
     def _admit(self, step: _StepBuilder, now: float) -> None:
-        while step.token_budget > 0 and len(self._running) < self.config.max_num_seqs:
+        while step.token_budget > 0:
             seq = self._next_to_admit()
             if seq is not None and self._is_long_prefill(seq) and self._long_prefills_full(step):
                 seq = self._short_waiting(seq.priority)
@@ -397,27 +427,51 @@ class StepScheduler:
             if not self._fits_unchunked(seq, num_new):
                 return
             num_tokens = seq.num_computed_tokens + num_new
-            # The watermark only protects running sequences; with none, everything is free to use.
-            reserve = self._watermark_blocks if self._running else 0
-            if not self.kv.can_allocate(seq.seq_id, num_tokens, reserve_blocks=reserve):
-                if self._preempt_lower_class(seq, step):
+            if not self._has_room(seq, num_tokens):
+                if self._preempt_for(seq, step, now):
                     continue
                 return
-            self._take_for_admission(seq)
-            seq.status = SequenceStatus.RUNNING
-            if seq.first_scheduled_s is None:
-                seq.first_scheduled_s = now
-            self._running.append(seq)
+            self._start_running(seq, now)
             step.pick(seq, num_new, self.kv.allocate(seq.seq_id, num_tokens))
             step.num_long_prefills += self._is_long_prefill(seq)
 
+    def _has_room(self, seq: Sequence, num_tokens: int) -> bool:
+        if len(self._running) >= self.config.max_num_seqs:
+            return False
+        # The watermark only protects running sequences; with none, everything is free to use.
+        reserve = self._watermark_blocks if self._running else 0
+        return self.kv.can_allocate(seq.seq_id, num_tokens, reserve_blocks=reserve)
+
+    def _start_running(self, seq: Sequence, now: float) -> None:
+        self._take_for_admission(seq)
+        seq.status = SequenceStatus.RUNNING
+        seq.running_since_s = now
+        if seq.first_scheduled_s is None:
+            seq.first_scheduled_s = now
+        self._running.append(seq)
+
     def _next_to_admit(self) -> Sequence | None:
-        """Preempted sequences go before new ones of the same class; classes are strict."""
-        queued = self._waiting.peek()
-        preempted = self._preempted[0] if self._preempted else None
-        if preempted is None or (queued is not None and queued.priority < preempted.priority):
-            return queued
-        return preempted
+        """Classes are strict; inside one, tenants below their entitled slots first (so admission never
+        undoes what fairness preemption would), then the least served, then the oldest; a tenant's
+        preempted sequences before its new ones."""
+        held = held_slots(self._running)
+
+        def admission_key(seq: Sequence) -> tuple:
+            entitled = self._service.entitled_slots(seq.tenant, self.config.max_num_seqs)
+            return (int(seq.priority), held[tenant_key(seq.tenant)] >= entitled, *self._service_key(seq)[1:])
+
+        return min(self._tenant_heads(), key=admission_key, default=None)
+
+    def _tenant_heads(self) -> list[Sequence]:
+        """Each waiting tenant's next sequence: its best preempted one, else its oldest new one."""
+        heads: dict[tuple[Priority, str], Sequence] = {}
+        for seq in (*self._preempted, *self._waiting.heads()):
+            heads.setdefault((seq.priority, seq.tenant.tenant_id), seq)
+        return list(heads.values())
+
+    def _service_key(self, seq: Sequence) -> tuple[int, float, float, int]:
+        """Smaller is served first (and preempted last): higher class, less-served tenant, older."""
+        return (int(seq.priority), self._service.counter(seq.tenant), seq.arrival_s, seq.seq_id)
 
     def _is_long_prefill(self, seq: Sequence) -> bool:
         chunk = self.config.max_prefill_chunk_tokens
@@ -428,18 +482,14 @@ class StepScheduler:
         return cap > 0 and step.num_long_prefills >= cap
 
     def _short_waiting(self, priority: Priority) -> Sequence | None:
-        """The first waiting sequence of `priority` that is not a long prefill (by tenant, then age),
-        to admit past long prompts that must wait for the one prefilling."""
-        for seq in self._waiting:
-            if seq.priority == priority and not self._is_long_prefill(seq):
-                return seq
-        return None
+        """The waiting sequence of `priority` that is not a long prefill, of the least-served tenant
+        (then oldest), to admit past long prompts that must wait for the one prefilling."""
+        shorts = (s for s in self._waiting if s.priority == priority and not self._is_long_prefill(s))
+        return min(shorts, key=self._service_key, default=None)
 
     def _take_for_admission(self, seq: Sequence) -> None:
-        if self._preempted and self._preempted[0] is seq:
-            self._preempted.pop(0)
-        elif self._waiting.peek() is seq:
-            self._waiting.pop()
+        if seq.status is SequenceStatus.PREEMPTED:
+            self._preempted.remove(seq)
         else:
             self._waiting.take(seq)
 
@@ -453,11 +503,20 @@ class StepScheduler:
         # A recompute longer than a whole step can only ever go in chunks.
         return seq.num_uncomputed_tokens > self.config.max_num_batched_tokens
 
-    def _preempt_lower_class(self, seq: Sequence, step: _StepBuilder) -> bool:
+    def _preempt_for(self, seq: Sequence, step: _StepBuilder, now: float) -> bool:
+        """Makes room for waiting `seq`: preempts a running sequence of a strictly lower class, else
+        one of a same-class tenant above its weighted share; False when neither exists."""
         lower = [s for s in self._running if s.priority > seq.priority]
-        if not lower:
+        if lower:
+            victim = max(lower, key=self._service_key)
+        elif self.config.enable_fairness_preemption:
+            victim = self._service.fairness_victim(seq.tenant, self._running, self.config.max_num_seqs, now,
+                                                   self.config.fairness_min_run_s)
+        else:
+            victim = None
+        if victim is None:
             return False
-        self._preempt(max(lower, key=Sequence.preemption_key), step)
+        self._preempt(victim, step)
         return True
 
     def _preempt(self, seq: Sequence, step: _StepBuilder) -> None:
@@ -527,6 +586,7 @@ class StepScheduler:
             self._padding.clear()
         seq.status = SequenceStatus.FINISHED
         del self._seqs[seq.seq_id]
+        self._service.deactivate(seq.tenant)
 
     def _release(self, seq: Sequence) -> None:
         if self.kv.free(seq.seq_id) or seq.first_scheduled_s is not None:

@@ -1,0 +1,165 @@
+"""Weighted fairness of the step scheduler across admission, running slots and the token budget."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from services.scheduler.fair_queue import Priority
+from services.scheduler.sequence import SequenceStatus
+
+from .conftest import (
+    FakePagedWorker,
+    Transcript,
+    assert_contiguous,
+    fake_next_token,
+    make_prompt,
+    make_requests,
+    make_scheduler,
+    run_steps,
+    tenant,
+)
+
+HEAVY, LIGHT = tenant("heavy"), tenant("light")
+
+
+def expected_tokens(seq_id: int, prompt_len: int, max_tokens: int) -> list[int]:
+    context = list(make_prompt(seq_id, prompt_len))
+    out: list[int] = []
+    for _ in range(max_tokens):
+        out.append(fake_next_token(context + out))
+    return out
+
+
+def step(scheduler, worker, clock, transcript: Transcript, step_s: float = 0.1):
+    plan = scheduler.schedule()
+    transcript.plans.append(plan)
+    if plan.has_work():
+        sampled = worker.run(plan)
+        clock.advance(step_s)
+        for delta in scheduler.update_from_output(plan, sampled):
+            transcript.deltas[delta.seq_id].append(delta)
+    return plan
+
+
+def heavy_holds_every_slot(clock, **over):
+    """Four slots, all running heavy sequences (ids 100-103, 40 tokens each), a heavy backlog
+    (104-111) behind them, and one light request (id 1) arriving after three steps."""
+    scheduler = make_scheduler(clock, max_num_seqs=4, **over)
+    worker, transcript = FakePagedWorker(4), Transcript()
+    make_requests(scheduler, 12, prompt_len=8, max_tokens=40, who=HEAVY, first_id=100)
+    for _ in range(3):
+        step(scheduler, worker, clock, transcript)
+    make_requests(scheduler, 1, prompt_len=8, max_tokens=10, who=LIGHT, first_id=1)
+    return scheduler, worker, transcript
+
+
+def test_over_served_tenant_is_preempted_newest_first_when_a_same_class_tenant_waits(clock):
+    scheduler, worker, transcript = heavy_holds_every_slot(clock)
+    plan = step(scheduler, worker, clock, transcript)
+    assert plan.preempted_seq_ids == (103,)
+    assert {s.seq_id for s in plan.seqs} == {1, 100, 101, 102}
+    assert scheduler.get(103).status is SequenceStatus.PREEMPTED
+
+
+def test_tokens_stay_exact_after_fairness_preemption(clock):
+    scheduler, worker, transcript = heavy_holds_every_slot(clock)
+    run_steps(scheduler, worker, clock, transcript=transcript, step_s=0.1)
+    assert sum(len(p.preempted_seq_ids) for p in transcript.plans) >= 1
+    assert scheduler.get(103) is None and scheduler.kv.num_free_blocks == scheduler.kv.num_blocks
+    for seq_id, max_tokens in ((1, 10), *((i, 40) for i in range(100, 112))):
+        assert transcript.token_ids(seq_id) == expected_tokens(seq_id, 8, max_tokens)
+        assert_contiguous(transcript, seq_id)
+
+
+def test_light_tenant_is_admitted_before_the_heavy_tenants_backlog(clock):
+    # Without preemption the light request waits for a slot, but takes the first one that frees.
+    scheduler = make_scheduler(clock, max_num_seqs=4, enable_fairness_preemption=False)
+    worker, transcript = FakePagedWorker(4), Transcript()
+    for i in range(4):  # 5, 10, 15 and 20 tokens: one slot frees every five steps
+        make_requests(scheduler, 1, prompt_len=8, max_tokens=5 * (i + 1), who=HEAVY, first_id=100 + i)
+    make_requests(scheduler, 10, prompt_len=8, max_tokens=20, who=HEAVY, first_id=104)
+    step(scheduler, worker, clock, transcript)
+    make_requests(scheduler, 1, prompt_len=8, max_tokens=10, who=LIGHT, first_id=1)
+    admitted = []
+    while len(admitted) < 2:
+        plan = step(scheduler, worker, clock, transcript)
+        admitted += [s.seq_id for s in plan.seqs if s.start_position == 0]
+        assert not plan.preempted_seq_ids
+    assert admitted == [1, 104]
+
+
+def test_no_fairness_preemption_when_no_other_tenant_waits(clock):
+    scheduler = make_scheduler(clock, max_num_seqs=4, fairness_min_run_s=0.0)
+    make_requests(scheduler, 12, prompt_len=8, max_tokens=20, who=HEAVY, first_id=100)
+    transcript = run_steps(scheduler, FakePagedWorker(4), clock, step_s=0.1)
+    assert not any(p.preempted_seq_ids for p in transcript.plans)
+
+
+def test_sequences_younger_than_the_minimum_run_time_are_not_preempted_for_fairness(clock):
+    scheduler, worker, transcript = heavy_holds_every_slot(clock, fairness_min_run_s=1.0)
+    for _ in range(6):  # 0.3 s run so far + 0.6 s: still under a second
+        plan = step(scheduler, worker, clock, transcript)
+        assert not plan.preempted_seq_ids and 1 not in {s.seq_id for s in plan.seqs}
+    clock.advance(0.2)
+    plan = step(scheduler, worker, clock, transcript)
+    assert plan.preempted_seq_ids == (103,) and 1 in {s.seq_id for s in plan.seqs}
+
+
+def test_fairness_preemption_stops_once_both_tenants_hold_their_share(clock):
+    scheduler = make_scheduler(clock, max_num_seqs=4, fairness_min_run_s=0.0)
+    worker, transcript = FakePagedWorker(4), Transcript()
+    make_requests(scheduler, 8, prompt_len=8, max_tokens=30, who=HEAVY, first_id=100)
+    step(scheduler, worker, clock, transcript)
+    make_requests(scheduler, 8, prompt_len=8, max_tokens=30, who=LIGHT, first_id=1)
+    run_steps(scheduler, worker, clock, transcript=transcript, step_s=0.1)
+    preempted = [seq_id for p in transcript.plans for seq_id in p.preempted_seq_ids]
+    assert preempted == [103, 102]  # light reaches 2 of 4 slots; after that slots change hands as they free
+    for seq_id in [*range(1, 9), *range(100, 108)]:
+        assert transcript.token_ids(seq_id) == expected_tokens(seq_id, 8, 30)
+
+
+def test_priority_classes_stay_strict_over_service_counters(clock):
+    scheduler = make_scheduler(clock, max_num_seqs=2, fairness_min_run_s=0.0)
+    worker, transcript = FakePagedWorker(4), Transcript()
+    pager, bulk = tenant("pager", Priority.CRITICAL), tenant("bulk", Priority.SHEDDABLE)
+    make_requests(scheduler, 2, prompt_len=8, max_tokens=30, who=HEAVY, first_id=100)
+    make_requests(scheduler, 2, prompt_len=8, max_tokens=30, who=bulk, first_id=200)
+    for _ in range(3):
+        step(scheduler, worker, clock, transcript)
+    # The sheddable tenant has had no service at all, yet does not take a standard slot.
+    assert not any(p.preempted_seq_ids for p in transcript.plans)
+    assert {s.seq_id for s in transcript.plans[-1].seqs} == {100, 101}
+    # A critical request takes a slot from the standard class at once, whatever the counters.
+    make_requests(scheduler, 1, prompt_len=8, max_tokens=4, who=pager, first_id=1)
+    plan = step(scheduler, worker, clock, transcript)
+    assert plan.preempted_seq_ids == (101,) and 1 in {s.seq_id for s in plan.seqs}
+
+
+def test_two_to_one_weights_give_two_to_one_tokens_under_contention(clock):
+    scheduler = make_scheduler(clock, max_num_seqs=6, num_blocks=256, max_seq_len=64, fairness_min_run_s=0.0)
+    worker, transcript = FakePagedWorker(4), Transcript()
+    gold, basic = tenant("gold", weight=2), tenant("basic", weight=1)
+    make_requests(scheduler, 40, prompt_len=8, max_tokens=24, who=gold, first_id=1000)
+    make_requests(scheduler, 40, prompt_len=8, max_tokens=24, who=basic, first_id=2000)
+    for _ in range(150):
+        step(scheduler, worker, clock, transcript, step_s=0.01)
+    tokens = Counter()
+    for seq_id, deltas in transcript.deltas.items():
+        tokens["gold" if seq_id < 2000 else "basic"] += sum(len(d.token_ids) for d in deltas)
+    assert scheduler.num_waiting > 0  # still contended at the end
+    assert 1.8 <= tokens["gold"] / tokens["basic"] <= 2.2, tokens
+
+
+def test_less_served_tenants_prompt_chunk_gets_the_token_budget_first(clock):
+    scheduler = make_scheduler(clock, max_num_batched_tokens=12, max_prefill_chunk_tokens=8,
+                               max_long_partial_prefills=0, max_seq_len=64)
+    worker, transcript = FakePagedWorker(4), Transcript()
+    make_requests(scheduler, 1, prompt_len=40, max_tokens=4, who=HEAVY, first_id=100)
+    clock.advance(0.001)
+    make_requests(scheduler, 1, prompt_len=40, max_tokens=4, who=LIGHT, first_id=1)
+    chunks = []
+    for _ in range(3):
+        plan = step(scheduler, worker, clock, transcript)
+        chunks.append({s.seq_id: len(s.token_ids) for s in plan.seqs})
+    # Heavy's older prompt goes first once; from then on each step's first chunk is the less-served tenant's.
+    assert chunks == [{100: 8, 1: 4}, {1: 8, 100: 4}, {100: 8, 1: 4}]
