@@ -25,6 +25,10 @@ class SchedulerConfig(ServerSettings):
                                     "(a baseline for benchmarks; continuous batching when false)")
     static_batch_padding: bool = setting(True, "generate, with static batching: finished members stay in the "
                                          "batch as padding until it ends, as in a fixed-shape batch")
+    fairness_preemption: bool = setting(True, "generate: a tenant below its weighted share of the running slots "
+                                        "that waits preempts the newest sequence of a same-class tenant above its share")
+    fairness_min_run_ms: float = setting(200.0, "generate: a sequence runs at least this long before fairness "
+                                         "preemption may take its slot (anti-thrash)")
     orphan_grace_ms: float = setting(5000.0, "queued work of a model whose last worker left waits this long "
                                      "(at most until its deadline) for a worker to attach")
     heartbeat_interval_ms: int = setting(1000, "how often workers send heartbeats")
@@ -43,6 +47,7 @@ class SchedulerConfig(ServerSettings):
         require(self.max_num_seqs >= 0, f"max_num_seqs must be >= 0, got {self.max_num_seqs}")
         require(self.long_prefill_chunk_tokens >= 0,
                 f"long_prefill_chunk_tokens must be >= 0, got {self.long_prefill_chunk_tokens}")
+        require(self.fairness_min_run_ms >= 0, f"fairness_min_run_ms must be >= 0, got {self.fairness_min_run_ms}")
         require(self.orphan_grace_ms >= 0, f"orphan_grace_ms must be >= 0, got {self.orphan_grace_ms}")
         require(self.heartbeat_interval_ms >= 10, f"heartbeat_interval_ms must be >= 10, got {self.heartbeat_interval_ms}")
         require(self.worker_timeout_ms > self.heartbeat_interval_ms,

@@ -87,6 +87,8 @@ def step_scheduler_config(config: SchedulerConfig, capacity: scheduler_pb2.Worke
         max_long_partial_prefills=config.max_long_partial_prefills,
         static_batching=config.static_batching,
         static_batch_padding=config.static_batch_padding,
+        enable_fairness_preemption=config.fairness_preemption,
+        fairness_min_run_s=config.fairness_min_run_ms / 1000,
     )
 
 
