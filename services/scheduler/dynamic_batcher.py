@@ -10,7 +10,11 @@ batches) and one of these holds:
   * waiting any longer would make the most urgent request miss its deadline,
     given the measured time of a full batch.
 The queue is per tenant (fair_queue.py), bounded (full: ResourceExhausted at
-once). A request whose deadline cannot be met behind the queue ahead of it is
+once). When it stops draining (standing_queue.py: its oldest wait stays above
+target for an interval), it serves the newest items first, which have the most
+time left, so those it serves still finish in time while the oldest run into
+their deadlines; an item that waited `aging_s` is served before newer ones, so
+none starves. It goes back to oldest-first once it drains. A request whose deadline cannot be met behind the queue ahead of it is
 rejected at submit (DeadlineExceeded); one that expires while queued is dropped
 before dispatch and never reaches a worker. When a worker is lost, its batches'
 items go back to the front of the queue with their original arrival and deadline.
@@ -30,6 +34,7 @@ from typing import Generic, TypeVar
 
 from services.common.errors import DeadlineExceeded, InfermeshError, ResourceExhausted, Unavailable
 from services.scheduler.fair_queue import FairQueue, Priority, TenantContext
+from services.scheduler.standing_queue import StandingQueue, StandingQueueConfig
 
 P = TypeVar("P")
 Clock = Callable[[], float]
@@ -55,6 +60,8 @@ class BatcherConfig:
     # An idle worker takes what is queued at once rather than wait for a fuller batch (what arrives
     # meanwhile forms the next one). False: Triton's rule, every partial batch waits max_queue_delay_s.
     dispatch_to_idle_worker: bool = True
+    # Adaptive LIFO and a wait limit while the queue stands (None: always oldest-first, no limit).
+    standing_queue: StandingQueueConfig | None = dataclasses.field(default_factory=StandingQueueConfig)
     # Dispatches of one item (first try + re-queues after worker loss) before it fails UNAVAILABLE.
     max_attempts: int = 3
     # Retry hint when no worker is attached.
@@ -139,6 +146,7 @@ class DynamicBatcher(Generic[P]):
         self._item_ids = itertools.count(1)
         self._batch_ids = itertools.count(1)
         self._worker_order = itertools.count()
+        self._standing = None if config.standing_queue is None else StandingQueue(config.standing_queue, clock())
 
     # -- workers -----------------------------------------------------------
 
@@ -255,14 +263,20 @@ class DynamicBatcher(Generic[P]):
         size = self._batch_size(worker, now)
         if size == 0:
             return None
-        items = tuple(self._queue.pop() for _ in range(size))
+        items = self._take_standing(size, now) if self.standing else tuple(self._queue.pop() for _ in range(size))
         for item in items:
             del self._queued[item.item_id]
+        self._watch_waits(items, self._batch_limit(worker), now)
         items = tuple(dataclasses.replace(item, num_attempts=item.num_attempts + 1) for item in items)
         batch = Batch(next(self._batch_ids), worker.worker_id, items, now)
         worker.in_flight[batch.batch_id] = batch
         self._batch_owner[batch.batch_id] = worker
         return batch
+
+    @property
+    def standing(self) -> bool:
+        """Whether the queue is standing now (serving newest first, refusing long waiters)."""
+        return self._standing is not None and self._standing.standing
 
     def time_until_ready(self) -> float | None:
         """Seconds until next_batch() may return a batch or drop an expired item; None: wait for an event
@@ -365,6 +379,27 @@ class DynamicBatcher(Generic[P]):
             self._queue.remove(item)
             waited_s = now - item.arrival_s
             self._failed.append(FailedItem(item, DeadlineExceeded(f"deadline passed after {waited_s:.3f} s in queue")))
+    def _take_standing(self, size: int, now: float) -> tuple[QueuedItem[P], ...]:
+        """Adaptive LIFO: items that waited `aging_s` first (oldest first, so none starves), then the newest."""
+        aged_before_s = now - self.config.standing_queue.aging_s
+        items: list[QueuedItem[P]] = []
+        while len(items) < size:  # each tenant's entries are in arrival order: the oldest is a head
+            oldest = min(self._queue.heads(), key=lambda i: i.arrival_s)
+            if oldest.arrival_s > aged_before_s:
+                break
+            self._queue.take(oldest)
+            items.append(oldest)
+        return tuple(items) + tuple(self._queue.pop(newest=True) for _ in range(size - len(items)))
+
+    def _watch_waits(self, items: tuple[QueuedItem[P], ...], limit: int, now: float) -> None:
+        if self._standing is None:
+            return
+        if not self._queue:
+            self._standing.on_empty(now)
+            return
+        # The queue's oldest wait, not the served items': served newest-first they would hide the backlog.
+        oldest_s = min(min(item.arrival_s for item in items), min(item.arrival_s for item in self._queue.heads()))
+        self._standing.on_dispatch(now - oldest_s, self.estimate_batch_time_s(limit), now)
 
     def _pick_worker(self, now: float) -> _Worker | None:
         free = [w for w in self._workers.values() if self._has_slot(w) and self._prefetch_due_s(w, now) <= now]

@@ -150,11 +150,15 @@ class FairQueue(Generic[T]):
         queue = self._next_tenant()
         return None if queue is None else queue.entries[0].item
 
-    def pop(self) -> T:
+    def pop(self, *, newest: bool = False) -> T:
+        """The next entry in DRR order: the chosen tenant's oldest, or its newest with `newest`
+        (adaptive LIFO under a standing queue: the newest entry still has the most time left)."""
         queue = self._next_tenant()
         if queue is None:
             raise IndexError("pop from an empty FairQueue")
-        entry = queue.entries.popleft()
+        if newest and queue.entries[-1].cost > queue.deficit:
+            newest = False  # DRR granted credit for the head's cost; keep the accounting exact
+        entry = queue.entries.pop() if newest else queue.entries.popleft()
         queue.deficit -= entry.cost
         self._forget(queue, entry)
         return entry.item
