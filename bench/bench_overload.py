@@ -147,14 +147,18 @@ class Bench:
     target: str
     pool: LoadPool
     profile: Profile
+    pids: dict[str, int]  # processes whose CPU each part reports: the mesh's (when started here) and the load's
     seed: int = 0
 
     def replay(self, streams: list[Stream]) -> list[SendResult]:
         """Runs the streams together; results measured after the warm-up only."""
         self.seed += 1
         plan = build_plan(streams, self.seed)
-        rate_per_s = sum(s.rate_per_s for s in streams)
-        results = self.pool.replay(self.target, plan, num_load_procs(rate_per_s, PER_PROC_PER_S, self.pool.max_procs))
+        if any(t.rpc is Rpc.GENERATE for t in plan.templates):
+            num_procs = self.pool.max_procs  # every token is a chunk to receive: spread them
+        else:
+            num_procs = num_load_procs(sum(s.rate_per_s for s in streams), PER_PROC_PER_S, self.pool.max_procs)
+        results = self.pool.replay(self.target, plan, num_procs)
         time.sleep(0.5)  # queues drain (deadlines are short) before the next window
         return in_window(results, self.profile.warmup_s, plan.duration_s)
 
@@ -166,10 +170,23 @@ def load_average() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """User + system CPU time each process has used so far (fields 14 and 15 of /proc/<pid>/stat)."""
+    ticks_per_s = os.sysconf("SC_CLK_TCK")
+    used = {}
+    for name, pid in pids.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        used[name] = (int(fields[11]) + int(fields[12])) / ticks_per_s
+    return used
+
+
 # -- parts ----------------------------------------------------------------------------
 
 
-def part_peak(bench: Bench, start_per_s: float = 300.0) -> dict:
+def part_peak(bench: Bench, start_per_s: float = 100.0) -> dict:
     """Grows the offered rate 1.5x while goodput keeps up (>= 90% of offered), then bisects."""
     templates = classify_templates("bench", GOODPUT_DEADLINE_S)
     probes = []
@@ -279,10 +296,15 @@ def run_once(bench: Bench, parts: list[str], peak_per_s: float | None) -> dict:
     out = {}
 
     def timed(name: str, body: Callable[[], dict]) -> None:
-        _progress(f"{name} (load average {load_average()})")
         load_1m = load_average()
-        began = time.monotonic()
-        out[name] = {**body(), "load_average_1m": load_1m, "elapsed_s": round(time.monotonic() - began, 1)}
+        _progress(f"{name} (load average {load_1m})")
+        cpu_before, began = cpu_seconds(bench.pids), time.monotonic()
+        result = body()
+        elapsed_s = time.monotonic() - began
+        cpu_cores = {name: round((used - cpu_before[name]) / elapsed_s, 2)
+                     for name, used in cpu_seconds(bench.pids).items()}
+        out[name] = {**result, "load_average_1m": load_1m, "elapsed_s": round(elapsed_s, 1), "cpu_cores": cpu_cores}
+        _progress(f"  cores used over {elapsed_s:.0f} s: " + ", ".join(f"{k} {v:.2f}" for k, v in cpu_cores.items()))
 
     if "peak" in parts or (peak_per_s is None and {"multiples", "flood"} & set(parts)):
         timed("peak", lambda: part_peak(bench))
@@ -302,8 +324,9 @@ def run_once(bench: Bench, parts: list[str], peak_per_s: float | None) -> dict:
 
 
 @contextmanager
-def mesh(need_generator: bool) -> Iterator[str]:
-    """Scheduler, gateway and workers as processes; yields the gateway's address once both models serve."""
+def mesh(need_generator: bool) -> Iterator[tuple[str, dict[str, int]]]:
+    """Scheduler, gateway and workers as processes; yields the gateway's address and the processes'
+    pids once every model serves."""
     with tempfile.TemporaryDirectory(prefix="bench-overload-") as tmp, running_mesh(Path(tmp)) as m:
         m.start_scheduler("--log-level", "WARNING")
         m.start_worker("digits", "--log-level", "WARNING", "--model-repository", str(MODEL_REPO), env=WORKER_ENV)
@@ -314,7 +337,7 @@ def mesh(need_generator: bool) -> Iterator[str]:
         _wait_attached(m.scheduler.address, len(models))
         m.start_gateway("--tenants-file", str(TENANTS_PATH), "--log-level", "WARNING")
         _wait_gateway_serves(m.gateway.address)
-        yield m.gateway.address
+        yield m.gateway.address, {p.name: p.proc.pid for p in m.processes}
 
 
 def _wait_attached(address: str, num_workers: int, timeout_s: float = 120.0) -> None:
@@ -409,17 +432,23 @@ def table_rows(runs: list[dict]) -> list[tuple[str, ...]]:
                                      TARGETS["fairness"])):
             g = [r["generate"][name] for r in runs]
             row(label, [p["ttft_p99_ratio"] for p in g], "{:.2f}", target, [p["flooded"] for p in g])
-            row("  TTFT p99 alone -> flooded, ms", [p["alone"]["ttft_p99_ms"] for p in g], "{:.0f}", "-",
-                [p["alone"] for p in g])
-            rows[-1] = (rows[-1][0], ", ".join(f"{p['alone']['ttft_p99_ms']:.0f} -> {p['flooded']['ttft_p99_ms']:.0f}"
-                                              for p in g), *rows[-1][2:])
-            row("  e2e p99 alone -> flooded, ms", [p["e2e_p99_ratio"] for p in g], "{:.2f}", "-", [])
-            rows[-1] = (rows[-1][0], ", ".join(f"{p['alone']['e2e_p99_ms']:.0f} -> {p['flooded']['e2e_p99_ms']:.0f}"
-                                              for p in g), *rows[-1][2:])
+            for metric in ("ttft", "e2e"):
+                rows.append(_before_after(f"  {metric} p99 alone -> flooded, ms", g, f"{metric}_p99_ms"))
     if all("lone" in r for r in runs):
         row("lone request p50 at 20/s, ms", [r["lone"]["p50_ms"] for r in runs], "{:.2f}", TARGETS["lone"],
             [r["lone"] for r in runs])
     return rows
+
+
+def _before_after(figure: str, parts: list[dict], key: str) -> tuple[str, ...]:
+    """A row of `alone -> flooded` values per run and of their medians."""
+    alone, flooded = [p["alone"][key] for p in parts], [p["flooded"][key] for p in parts]
+    shown = ", ".join(f"{a:.0f} -> {f:.0f}" for a, f in zip(alone, flooded, strict=True))
+    median = f"{statistics.median(alone):.0f} -> {statistics.median(flooded):.0f}"
+    return (figure, shown, median, "-", ", ".join(f"{_pct(p['alone'].get('coverage_p50'))}/"
+                                                  f"{_pct(p['alone'].get('coverage_p99'))}" for p in parts),
+            ", ".join(f"{p['alone']['lag_p99_ms']:.1f}{' BEHIND' if p['alone']['generator_fell_behind'] else ''}"
+                      for p in parts))
 
 
 def _pct(value: float | None) -> str:
@@ -480,8 +509,8 @@ def main() -> None:
     began = time.monotonic()
     runs = []
     with LoadPool(MAX_LOAD_PROCS) as pool:
-        with (_existing(args.target) if args.target else mesh("generate" in parts)) as target:
-            bench = Bench(target, pool, profile)
+        with (_existing(args.target) if args.target else mesh("generate" in parts)) as (target, pids):
+            bench = Bench(target, pool, profile, {**pids, **pool.pids})
             for run in range(profile.runs):
                 _progress(f"== run {run + 1}/{profile.runs}")
                 runs.append(run_once(bench, parts, args.peak_per_s))
@@ -512,8 +541,8 @@ def main() -> None:
 
 
 @contextmanager
-def _existing(target: str) -> Iterator[str]:
-    yield target
+def _existing(target: str) -> Iterator[tuple[str, dict[str, int]]]:
+    yield target, {}
 
 
 def _commit() -> str:

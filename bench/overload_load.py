@@ -61,6 +61,10 @@ class LoadPool:
             self._procs.append(proc)
 
     @property
+    def pids(self) -> dict[str, int]:
+        return {f"load-{i}": proc.pid for i, proc in enumerate(self._procs)}
+
+    @property
     def max_procs(self) -> int:
         return len(self._procs)
 
@@ -178,6 +182,7 @@ class _Tracker:
         self.calls: list = [None] * num_sends
         self.chunks: list = [None] * num_sends  # streams: [(receipt time, raw chunk)], then the status
         self.stream_status: list[str | None] = [None] * num_sends
+        self.stream_message = [""] * num_sends
         self._num_left = num_sends
         self.all_done = asyncio.get_running_loop().create_future()
         if num_sends == 0:
@@ -191,6 +196,7 @@ class _Tracker:
 
     def missed(self, i: int) -> None:
         self.stream_status[i] = "DEADLINE_EXCEEDED"
+        self.stream_message[i] = "deadline passed before the load generator sent it"
         self.done(i)
 
     async def stream(self, i: int, call) -> None:
@@ -201,6 +207,7 @@ class _Tracker:
             self.stream_status[i] = OK
         except grpc.aio.AioRpcError as err:
             self.stream_status[i] = err.code().name
+            self.stream_message[i] = err.details() or ""
         except asyncio.CancelledError:
             self.stream_status[i] = "CANCELLED"
         self.chunks[i] = chunks
@@ -215,13 +222,15 @@ async def _result(plan: LoadPlan, i: int, origin_s: float, tracker: _Tracker) ->
         try:
             reply = gateway_pb2.ClassifyResponse.FromString(await tracker.calls[i])
         except grpc.aio.AioRpcError as err:
-            return SendResult(template.tenant, send.scheduled_s, sent_s, done_s, err.code().name)
+            return SendResult(template.tenant, send.scheduled_s, sent_s, done_s, err.code().name,
+                              message=err.details() or "")
         except asyncio.CancelledError:
             return SendResult(template.tenant, send.scheduled_s, sent_s, done_s, "CANCELLED")
         return SendResult(template.tenant, send.scheduled_s, sent_s, done_s, OK, _leaf_stage_us(reply.timings))
     status = tracker.stream_status[i] or "CANCELLED"
     if status != OK or not tracker.chunks[i]:
-        return SendResult(template.tenant, send.scheduled_s, sent_s, done_s, status)
+        return SendResult(template.tenant, send.scheduled_s, sent_s, done_s, status,
+                          message=tracker.stream_message[i])
     return _stream_result(template, send.scheduled_s, sent_s, done_s, tracker.chunks[i], origin_s)
 
 
@@ -275,19 +284,20 @@ async def _closed_loop(target: str, job: ClosedLoopJob) -> tuple[list[SendResult
                 template = job.templates[next(next_template) % len(job.templates)]
                 sent_s = time.perf_counter()
                 chunks = []
-                status = OK
+                status, message = OK, ""
                 try:
                     async for chunk in generate(template.body, timeout=template.deadline_s,
                                                 metadata=(("authorization", f"Bearer {template.api_key}"),)):
                         chunks.append((time.perf_counter(), chunk))
                 except grpc.aio.AioRpcError as err:
-                    status = err.code().name
+                    status, message = err.code().name, err.details() or ""
                 done_s = time.perf_counter()
                 if done_s > end_s:
                     return  # only streams that ended inside the window count
                 scheduled_s = sent_s - origin_s
                 if status != OK or not chunks:
-                    results.append(SendResult(template.tenant, scheduled_s, scheduled_s, done_s - origin_s, status))
+                    results.append(SendResult(template.tenant, scheduled_s, scheduled_s, done_s - origin_s, status,
+                                              message=message))
                 else:
                     results.append(_stream_result(template, scheduled_s, scheduled_s, done_s - origin_s, chunks,
                                                   origin_s))

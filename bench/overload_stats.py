@@ -31,6 +31,7 @@ class SendResult:
     leaf_stage_us: int = 0  # sum of the reply's leaf stage timings (0 when it failed)
     ttft_s: float | None = None  # first token chunk, from the scheduled time (streams)
     num_tokens: int = 0
+    message: str = ""  # the status details of a failure
 
     @property
     def ok(self) -> bool:
@@ -105,6 +106,15 @@ def lag_summary(results: Sequence[SendResult], threshold_ms: float) -> LagSummar
     return LagSummary(quantile(lags_ms, 0.5), quantile(lags_ms, 0.99), max(lags_ms, default=math.nan), threshold_ms)
 
 
+def error_examples(results: Iterable[SendResult]) -> dict[str, str]:
+    """The first failure's details per status code: why requests failed, in the servers' words."""
+    examples: dict[str, str] = {}
+    for r in results:
+        if not r.ok:
+            examples.setdefault(r.status, r.message[:200])
+    return dict(sorted(examples.items()))
+
+
 def summarize(results: Sequence[SendResult], window_s: float, deadline_s: float, lag_threshold_ms: float) -> dict:
     """The figures every part reports for one tenant's (or all) measured requests."""
     ok = [r for r in results if r.ok]
@@ -114,6 +124,7 @@ def summarize(results: Sequence[SendResult], window_s: float, deadline_s: float,
         "num_requests": len(results),
         "num_ok": len(ok),
         "errors": dict(sorted(Counter(r.status for r in results if not r.ok).items())),
+        "error_examples": error_examples(results),
         "offered_per_s": len(results) / window_s,
         "throughput_per_s": len(ok) / window_s,
         "goodput_per_s": goodput_per_s(results, deadline_s, window_s),
@@ -138,6 +149,7 @@ def summarize_streams(results: Sequence[SendResult], window_s: float, lag_thresh
         "num_streams": len(results),
         "num_ok": len(ok),
         "errors": dict(sorted(Counter(r.status for r in results if not r.ok).items())),
+        "error_examples": error_examples(results),
         "offered_per_s": len(results) / window_s,
         "completed_per_s": len(ok) / window_s,
         "output_tokens_per_s": sum(r.num_tokens for r in ok) / window_s,
