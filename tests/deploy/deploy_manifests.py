@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 
@@ -78,10 +79,28 @@ def environment(workload: Mapping, docs: list[dict]) -> dict[str, str]:
     for item in container.get("env", []):
         if "value" in item:
             values[item["name"]] = _REFERENCE.sub(lambda m: values.get(m.group(1), m.group(0)), item["value"])
+        elif "resourceFieldRef" in item["valueFrom"]:
+            values[item["name"]] = str(resource_field_value(workload, item["valueFrom"]["resourceFieldRef"]))
         else:
             field_path = item["valueFrom"]["fieldRef"]["fieldPath"]
             values[item["name"]] = f"fieldref-{field_path.replace('.', '-')}"
     return values
+
+
+def cpu_cores(quantity: str | int | float) -> float:
+    """A Kubernetes CPU quantity ("4", "1500m", 2) in cores."""
+    text = str(quantity)
+    return int(text.removesuffix("m")) / 1000 if text.endswith("m") else float(text)
+
+
+def resource_field_value(workload: Mapping, ref: Mapping) -> int:
+    """What the kubelet puts in a resourceFieldRef variable: the container's CPU request or limit
+    divided by the divisor, rounded up (only CPU is modelled here)."""
+    containers = {c["name"]: c for c in workload["spec"]["template"]["spec"]["containers"]}
+    container = containers[ref.get("containerName") or container_of(workload)["name"]]
+    kind, resource = ref["resource"].split(".")
+    assert resource == "cpu", f"only cpu resourceFieldRefs are modelled, got {ref['resource']}"
+    return math.ceil(cpu_cores(container["resources"][kind]["cpu"]) / cpu_cores(ref.get("divisor", "1")))
 
 
 def references(value: str) -> set[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import importlib.util
+import math
 import re
 import shlex
 from concurrent import futures
@@ -177,6 +178,16 @@ def test_compose_services_are_hardened_and_stop_slower_than_they_drain(compose):
         assert stop_s > config.drain_grace_s, name
         if service != "scheduler":
             assert config.scheduler_address == "scheduler:50052", name
+
+
+def test_compose_workers_have_a_cpu_limit_and_threads_to_match(compose):
+    workers = [(name, spec) for name, spec, image in infermesh_services(compose) if IMAGES[image] == "worker"]
+    assert workers
+    for name, spec in workers:
+        config = load_config(CONFIG_OF["worker"], "worker", argv=[], environ={k: str(v) for k, v in
+                                                                             spec["environment"].items()})
+        assert float(spec["cpus"]) >= 1, name
+        assert config.num_threads == math.ceil(float(spec["cpus"])), name
 
 
 def test_compose_gateway_reads_the_tenants_secret(compose):

@@ -4,6 +4,7 @@ and against what the services actually read and serve."""
 from __future__ import annotations
 
 import copy
+import math
 import posixpath
 
 import pytest
@@ -14,6 +15,7 @@ from deploy_manifests import (
     SERVICES,
     by_name,
     container_of,
+    cpu_cores,
     env_names_of,
     environment,
     infermesh_deployments,
@@ -21,6 +23,7 @@ from deploy_manifests import (
     of_kind,
     pod_labels,
     references,
+    resource_field_value,
     selects,
     service_of,
 )
@@ -217,6 +220,30 @@ def test_every_container_has_cpu_and_memory_requests_and_limits(rendered, overla
         resources = container_of(deployment)["resources"]
         for kind in ("requests", "limits"):
             assert {"cpu", "memory"} <= resources[kind].keys(), f"{deployment['metadata']['name']} {kind}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_worker_threads_follow_the_containers_cpu_limit(rendered, overlay):
+    docs = rendered[overlay]
+    for worker in (d for d in infermesh_deployments(docs) if service_of(d) == "worker"):
+        container = container_of(worker)
+        (item,) = [e for e in container["env"] if e["name"] == "INFERMESH_WORKER_NUM_THREADS"]
+        ref = item["valueFrom"]["resourceFieldRef"]
+        assert (ref["containerName"], ref["resource"]) == (container["name"], "limits.cpu")
+        limit_cores = cpu_cores(container["resources"]["limits"]["cpu"])
+        assert loaded_config(worker, docs).num_threads == math.ceil(limit_cores) >= 1
+        if overlay == "cpu":
+            # Threads sized to the limit need the limit's CPU time: a lower request would let busy
+            # neighbours squeeze the pool below its size.
+            assert cpu_cores(container["resources"]["requests"]["cpu"]) == limit_cores
+
+
+def test_resource_field_values_round_up_like_the_kubelet():
+    worker = {"spec": {"template": {"spec": {"containers": [
+        {"name": "worker", "resources": {"limits": {"cpu": "1500m"}, "requests": {"cpu": "250m"}}}]}}}}
+    assert resource_field_value(worker, {"resource": "limits.cpu"}) == 2
+    assert resource_field_value(worker, {"resource": "requests.cpu", "containerName": "worker"}) == 1
+    assert resource_field_value(worker, {"resource": "limits.cpu", "divisor": "500m"}) == 3
 
 
 def test_only_gpu_overlay_workers_request_a_gpu(rendered):
