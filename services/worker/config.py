@@ -11,7 +11,9 @@ from services.common.config import ServerSettings, require, setting
 class WorkerConfig(ServerSettings):
     scheduler_address: str = setting("127.0.0.1:50052", "scheduler host:port the worker dials (Attach)")
     model_repository: str = setting("model_repo", "folder holding <name>/<version>/manifest.json")
-    model_name: str = setting("toy-classifier", "model to serve: a repository model, or toy-classifier / toy-generator")
+    model_name: str = setting(
+        "toy-classifier", "model to serve: a repository model, toy-classifier / toy-generator, or mock-* (tests)"
+    )
     model_version: str = setting("1", "immutable model version to serve")
     worker_id: str = setting("", "unique id; empty derives host:pid:random")
     max_batch_size: int = setting(0, "classifier: override the manifest's max batch (0: manifest)")
@@ -19,6 +21,10 @@ class WorkerConfig(ServerSettings):
     reconnect_initial_s: float = setting(0.1, "first re-dial delay after the Attach stream breaks")
     reconnect_max_s: float = setting(5.0, "longest re-dial delay (exponential backoff, full jitter)")
     toy_compute_ms: float = setting(0.0, "toy models only: simulated compute time per batch/step")
+    mock_profile: str = setting(
+        "", "mock-generator / mock-classifier only (tests, benchmarks): capacity and step time, e.g. "
+        "'step_ms=10,per_token_us=20,num_kv_blocks=4096,max_num_seqs=256' (services/worker/mock_models.py)"
+    )
     num_threads: int = setting(
         0, "torch/OpenMP/Numba threads (0: from the CPU allocation: cgroup quota, else CPU affinity)"
     )

@@ -15,6 +15,7 @@ from services.worker import work
 from services.worker.batch_executor import BatchExecutor
 from services.worker.config import WorkerConfig
 from services.worker.model_repository import LoadedModel, ModelKind, load_model, run_golden_check
+from services.worker.step_codec import item_error_to_proto, run_step_from_proto, step_result_to_proto
 from services.worker.step_executor import StepExecutor
 from services.worker.thread_settings import set_library_threads
 
@@ -34,10 +35,6 @@ def _timings(durations: work.StageDurations) -> common_pb2.Timings:
     return to_proto(stages, total_us=sum(s.duration_us for s in stages))
 
 
-def _error(error: work.ItemError | None) -> scheduler_pb2.ItemError | None:
-    return None if error is None else scheduler_pb2.ItemError(code=int(error.code), message=error.message)
-
-
 def _batch_item(item: scheduler_pb2.BatchItem) -> work.BatchItem:
     kind = item.image.WhichOneof("data")
     if kind == "raw":
@@ -46,24 +43,6 @@ def _batch_item(item: scheduler_pb2.BatchItem) -> work.BatchItem:
     else:
         image = item.image.encoded  # empty bytes when neither is set: the executor rejects it
     return work.BatchItem(item.item_id, image, max(1, item.top_k))
-
-
-def _sequence_step(seq: scheduler_pb2.SequenceStep) -> work.SequenceStep:
-    sampling = seq.sampling
-    return work.SequenceStep(
-        seq_id=seq.seq_id,
-        token_ids=tuple(seq.token_ids),
-        start_position=seq.start_position,
-        new_blocks=tuple(seq.new_blocks),
-        reset_block_table=seq.reset_block_table,
-        sample=seq.sample,
-        sampling=work.SamplingParams(
-            temperature=sampling.temperature,
-            top_p=sampling.top_p or 1.0,
-            seed=sampling.seed if sampling.HasField("seed") else None,
-        ),
-        num_generated=seq.num_generated,
-    )
 
 
 class ClassifierRuntime:
@@ -104,7 +83,7 @@ class ClassifierRuntime:
                 scheduler_pb2.ItemResult(
                     item_id=r.item_id,
                     labels=[common_pb2.Label(label=lb.label, index=lb.index, score=lb.score) for lb in r.labels],
-                    error=_error(r.error),
+                    error=item_error_to_proto(r.error),
                 )
                 for r in results
             ],
@@ -167,26 +146,8 @@ class GeneratorRuntime:
         raise ValueError(f"{self._model.manifest.name} is a generator and cannot classify")
 
     def run_step(self, command: scheduler_pb2.RunStep) -> scheduler_pb2.StepResult:
-        step = work.RunStep(
-            step_id=command.step_id,
-            seqs=tuple(_sequence_step(seq) for seq in command.seqs),
-            finished_seq_ids=tuple(command.finished_seq_ids),
-        )
-        outputs, durations = self._executor.run(step)
-        return scheduler_pb2.StepResult(
-            step_id=command.step_id,
-            outputs=[
-                scheduler_pb2.SequenceOutput(
-                    seq_id=out.seq_id,
-                    token_id=out.token_id if out.token_id is not None else 0,
-                    logprob=out.logprob or 0.0,
-                    error=_error(out.error),
-                )
-                for out in outputs
-                if out.token_id is not None or out.error is not None
-            ],
-            timings=_timings(durations),
-        )
+        outputs, durations = self._executor.run(run_step_from_proto(command))
+        return step_result_to_proto(command.step_id, outputs, _timings(durations))
 
     def abort(self, command: scheduler_pb2.Abort) -> None:
         self._executor.forget(command.seq_ids)

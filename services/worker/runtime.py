@@ -6,6 +6,7 @@ only moves messages.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Protocol
 
 from infermesh.v1 import scheduler_pb2
@@ -17,9 +18,15 @@ class WorkerRuntime(Protocol):
 
     def hello(self, worker_id: str) -> scheduler_pb2.WorkerHello: ...
 
-    def execute_batch(self, command: scheduler_pb2.ExecuteBatch) -> scheduler_pb2.BatchResult: ...
+    # Either may return an awaitable of its result instead (a runtime that waits on a timer or a
+    # device, not the CPU): the attach client awaits it on its event loop.
+    def execute_batch(
+        self, command: scheduler_pb2.ExecuteBatch
+    ) -> scheduler_pb2.BatchResult | Awaitable[scheduler_pb2.BatchResult]: ...
 
-    def run_step(self, command: scheduler_pb2.RunStep) -> scheduler_pb2.StepResult: ...
+    def run_step(
+        self, command: scheduler_pb2.RunStep
+    ) -> scheduler_pb2.StepResult | Awaitable[scheduler_pb2.StepResult]: ...
 
     def abort(self, command: scheduler_pb2.Abort) -> None: ...
 

@@ -14,6 +14,7 @@ from services.worker.attach_client import AttachClient, Backoff
 from services.worker.builtin_models import TOY_MODELS
 from services.worker.config import WorkerConfig
 from services.worker.cpu_allocation import ThreadDecision, decide_num_threads
+from services.worker.mock_models import MOCK_MODELS, make_mock_runtime
 from services.worker.runtime import WorkerRuntime
 from services.worker.thread_settings import export_thread_env
 
@@ -21,6 +22,10 @@ log = logging.getLogger(__name__)
 
 
 def make_runtime(config: WorkerConfig, num_threads: int) -> WorkerRuntime:
+    if config.model_name in MOCK_MODELS:
+        log.warning("%s serves mock tokens after a timer: for scale tests and benchmarks only", config.model_name)
+        return make_mock_runtime(config.model_name, config.model_version, config.mock_profile,
+                                 num_kv_blocks=config.num_kv_blocks, max_batch_size=config.max_batch_size)
     if config.model_name in TOY_MODELS:
         toy = TOY_MODELS[config.model_name]
         capacity = config.max_batch_size if config.model_name == "toy-classifier" else config.num_kv_blocks

@@ -1,7 +1,8 @@
 """A generator worker SIGKILLed mid-stream: its sequences are recomputed elsewhere and every
 client's stream continues with exactly the model's tokens, none repeated, none skipped.
 
-The toy generator is deterministic ("abc" continues "defgh..."), so the exact text is known.
+The toy generator is deterministic ("abc" continues "defgh..."), and so is the mock generator
+(tokens from seed, position and last token, on a timer), so the exact text is known. Both run.
 """
 
 from __future__ import annotations
@@ -13,28 +14,26 @@ import time
 import pytest
 
 from infermesh.v1 import common_pb2
+from tests.support.generator_models import GENERATOR_MODELS, GeneratorModel
 from tests.support.processes import running_mesh, wait_until
-from tests.support.scheduler_fixtures import (
-    GENERATOR,
-    generate_request,
-    pressure_of,
-    scheduler_stub,
-    toy_continuation,
-    wait_for_idle_kv,
-    wait_for_workers,
-)
+from tests.support.scheduler_fixtures import pressure_of, scheduler_stub, wait_for_idle_kv, wait_for_workers
 
 pytestmark = pytest.mark.integration
 
 NUM_TOKENS = 120
 
 
+@pytest.fixture(params=sorted(GENERATOR_MODELS))
+def model(request) -> GeneratorModel:
+    return GENERATOR_MODELS[request.param]
+
+
 class _Reader(threading.Thread):
     """Reads one stream, checking each chunk's index as it comes."""
 
-    def __init__(self, stub, prompt: str) -> None:
+    def __init__(self, stub, model: GeneratorModel, prompt: str) -> None:
         super().__init__()
-        self.call = stub.Generate(generate_request(prompt, NUM_TOKENS, who=f"t-{prompt}"), timeout=30)
+        self.call = stub.Generate(model.request(prompt, NUM_TOKENS, who=f"t-{prompt}"), timeout=30)
         self.text: list[str] = []
         self.num_tokens = 0
         self.finish_reason = common_pb2.FINISH_REASON_UNSPECIFIED
@@ -52,51 +51,51 @@ class _Reader(threading.Thread):
             self.error = exc
 
 
-def _start_readers(stub, prompts: list[str]) -> list[_Reader]:
-    readers = [_Reader(stub, prompt) for prompt in prompts]
+def _start_readers(stub, model: GeneratorModel, prompts: list[str]) -> list[_Reader]:
+    readers = [_Reader(stub, model, prompt) for prompt in prompts]
     for reader in readers:
         reader.start()
     wait_until(lambda: all(r.num_tokens >= 8 for r in readers), timeout_s=10, message="every stream under way")
     return readers
 
 
-def _assert_exact(readers: list[_Reader], prompts: list[str], logs) -> None:
+def _assert_exact(readers: list[_Reader], model: GeneratorModel, prompts: list[str], logs) -> None:
     for reader, prompt in zip(readers, prompts, strict=True):
         reader.join(timeout=30)
         assert reader.error is None, f"{prompt}: {reader.error}\n{logs()}"
-        assert "".join(reader.text) == toy_continuation(prompt, NUM_TOKENS)
+        assert "".join(reader.text) == model.continuation(prompt, NUM_TOKENS)
         assert reader.num_tokens == NUM_TOKENS and reader.finish_reason == common_pb2.FINISH_REASON_LENGTH
 
 
-def test_streams_continue_exactly_on_the_other_worker_when_theirs_is_killed(tmp_path):
+def test_streams_continue_exactly_on_the_other_worker_when_theirs_is_killed(tmp_path, model):
     prompts = ["abc", "klm", "uvw", "fgh"]
     with running_mesh(tmp_path) as mesh:
         mesh.start_scheduler()
-        doomed = mesh.start_worker("toy-generator", "--toy-compute-ms", "20", name="doomed")
-        mesh.start_worker("toy-generator", "--toy-compute-ms", "20", name="survivor")
+        doomed = mesh.start_worker(model.name, *model.worker_args(20), name="doomed")
+        mesh.start_worker(model.name, *model.worker_args(20), name="survivor")
         with scheduler_stub(mesh.scheduler.address) as stub:
-            wait_for_workers(stub, GENERATOR, 2)
-            readers = _start_readers(stub, prompts)  # least loaded: two on each worker
+            wait_for_workers(stub, model.ref, 2)
+            readers = _start_readers(stub, model, prompts)  # least loaded: two on each worker
             doomed.signal(signal.SIGKILL)
-            _assert_exact(readers, prompts, mesh.logs)
-            assert pressure_of(stub, GENERATOR).num_workers == 1
-            wait_for_idle_kv(stub, GENERATOR)
+            _assert_exact(readers, model, prompts, mesh.logs)
+            assert pressure_of(stub, model.ref).num_workers == 1
+            wait_for_idle_kv(stub, model.ref)
         assert "recomputing 2 sequences elsewhere" in mesh.scheduler.log_tail(200)
 
 
-def test_with_no_worker_left_streams_are_held_until_a_new_one_attaches(tmp_path):
+def test_with_no_worker_left_streams_are_held_until_a_new_one_attaches(tmp_path, model):
     prompts = ["abc", "pqr"]
     with running_mesh(tmp_path) as mesh:
         mesh.start_scheduler()
-        only = mesh.start_worker("toy-generator", "--toy-compute-ms", "20", name="only")
+        only = mesh.start_worker(model.name, *model.worker_args(20), name="only")
         with scheduler_stub(mesh.scheduler.address) as stub:
-            wait_for_workers(stub, GENERATOR, 1)
-            readers = _start_readers(stub, prompts)
+            wait_for_workers(stub, model.ref, 1)
+            readers = _start_readers(stub, model, prompts)
             only.signal(signal.SIGKILL)
-            wait_until(lambda: pressure_of(stub, GENERATOR).num_workers == 0, timeout_s=5, message="worker gone")
+            wait_until(lambda: pressure_of(stub, model.ref).num_workers == 0, timeout_s=5, message="worker gone")
             held_at = [r.num_tokens for r in readers]
             time.sleep(0.3)
             assert [r.num_tokens for r in readers] == held_at, "nothing streams without a worker"
-            assert pressure_of(stub, GENERATOR).queue_depth == len(prompts), "both held, waiting"
-            mesh.start_worker("toy-generator", "--toy-compute-ms", "20", name="replacement")
-            _assert_exact(readers, prompts, mesh.logs)
+            assert pressure_of(stub, model.ref).queue_depth == len(prompts), "both held, waiting"
+            mesh.start_worker(model.name, *model.worker_args(20), name="replacement")
+            _assert_exact(readers, model, prompts, mesh.logs)

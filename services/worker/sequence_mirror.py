@@ -1,0 +1,157 @@
+"""The worker's mirror of the scheduler's block tables: the Attach contract for one step.
+
+The scheduler owns block allocation; the worker keeps a mirror of each
+sequence's block table (appending `new_blocks`, dropping it on
+`reset_block_table` or when the sequence is finished) and how many of its
+positions hold valid KV. A sequence whose step is inconsistent with that
+mirror — unknown blocks, positions past its table, a gap before its first new
+token — fails alone with INVALID_ARGUMENT and is forgotten; the others run.
+
+Shared by every generator runtime (the model's StepExecutor, the mock), so they
+accept and refuse exactly the same steps. No torch, no grpc.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from services.common.errors import InvalidArgument
+from services.worker.sampling import check_sampling
+from services.worker.work import ErrorCode, ItemError, RunStep, SequenceOutput, SequenceStep
+
+
+@dataclass
+class _SequenceState:
+    block_table: list[int]
+    num_cached: int  # positions 0..num_cached-1 hold this sequence's KV
+    seed: int  # used when the request brought none
+
+
+@dataclass(frozen=True)
+class AdmittedSequence:
+    index: int  # position of the sequence in the step
+    step: SequenceStep
+    block_table: tuple[int, ...]  # the whole table after this step's new blocks
+    seed: int  # the request's seed, else the one this worker drew for the sequence
+
+    @property
+    def end_position(self) -> int:
+        return self.step.start_position + len(self.step.token_ids)
+
+
+@dataclass(frozen=True)
+class StepAdmission:
+    admitted: tuple[AdmittedSequence, ...]  # in step order
+    refused: dict[int, SequenceOutput]  # index in the step -> its INVALID_ARGUMENT output
+
+
+class SequenceMirror:
+    def __init__(
+        self,
+        num_kv_blocks: int,
+        block_size: int,
+        vocab_size: int,
+        max_seq_len: int,
+        seed_source: Callable[[], int] | None = None,
+    ) -> None:
+        self.num_kv_blocks = num_kv_blocks
+        self.block_size = block_size
+        self.vocab_size = vocab_size
+        self.max_seq_len = max_seq_len
+        self._seed_source = seed_source or (lambda: random.SystemRandom().getrandbits(64))
+        self._seqs: dict[int, _SequenceState] = {}
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self._seqs)
+
+    @property
+    def num_kv_blocks_used(self) -> int:
+        return len({b for s in self._seqs.values() for b in s.block_table})
+
+    def block_table(self, seq_id: int) -> tuple[int, ...]:
+        return tuple(self._seqs[seq_id].block_table)
+
+    def forget(self, seq_ids: Iterable[int]) -> None:
+        """Drop block-table mirrors (finished, aborted or preempted sequences); unknown ids are ignored."""
+        for seq_id in seq_ids:
+            self._seqs.pop(seq_id, None)
+
+    def admit_step(self, step: RunStep) -> StepAdmission:
+        """Forgets the step's finished sequences, then checks and mirrors each sequence of the step."""
+        self.forget(step.finished_seq_ids)
+        admitted: list[AdmittedSequence] = []
+        refused: dict[int, SequenceOutput] = {}
+        seen: set[int] = set()
+        for index, seq in enumerate(step.seqs):
+            if seq.seq_id in seen:
+                # Only the repeat fails; the first occurrence already owns the sequence's state.
+                message = f"sequence {seq.seq_id} appears twice in step {step.step_id}"
+                refused[index] = SequenceOutput(seq.seq_id, error=ItemError(ErrorCode.INVALID_ARGUMENT, message))
+                continue
+            seen.add(seq.seq_id)
+            try:
+                admitted.append(self._admit(index, seq))
+            except InvalidArgument as exc:
+                refused[index] = SequenceOutput(seq.seq_id, error=ItemError(ErrorCode.INVALID_ARGUMENT, exc.message))
+                self._seqs.pop(seq.seq_id, None)  # the scheduler aborts a failed sequence
+        return StepAdmission(tuple(admitted), refused)
+
+    def computed(self, sequence: AdmittedSequence) -> None:
+        """The step ran: the sequence's KV now covers every position up to its last new token."""
+        self._seqs[sequence.step.seq_id].num_cached = sequence.end_position
+
+    def _admit(self, index: int, seq: SequenceStep) -> AdmittedSequence:
+        """Validates the step against the mirror, then updates the mirror; InvalidArgument leaves it untouched."""
+        self._check_alone(seq)
+        known = self._seqs.get(seq.seq_id)
+        fresh = seq.reset_block_table or known is None
+        table = list(seq.new_blocks) if fresh else known.block_table + list(seq.new_blocks)
+        num_cached = 0 if fresh else known.num_cached
+        if seq.start_position > num_cached:
+            raise InvalidArgument(
+                f"sequence {seq.seq_id}: start_position {seq.start_position} but only {num_cached} positions are "
+                f"cached on this worker" + (" (unknown sequence: send reset_block_table)" if known is None else "")
+            )
+        end = seq.start_position + len(seq.token_ids)
+        if len(table) * self.block_size < end:
+            raise InvalidArgument(
+                f"sequence {seq.seq_id}: block table of {len(table)} blocks holds {len(table) * self.block_size} "
+                f"positions; this step needs {end}"
+            )
+        if fresh:
+            state = _SequenceState(table, 0, known.seed if known else self._seed_source())
+            self._seqs[seq.seq_id] = state
+        else:
+            state = known
+            state.block_table = table
+        seed = seq.sampling.seed if seq.sampling.seed is not None else state.seed
+        return AdmittedSequence(index, seq, tuple(table), seed)
+
+    def _check_alone(self, seq: SequenceStep) -> None:
+        """What can be checked without the mirror: token ids, positions, block ids, sampling."""
+        n = len(seq.token_ids)
+        if n == 0:
+            raise InvalidArgument(f"sequence {seq.seq_id}: no token_ids to compute")
+        bad_tokens = [t for t in seq.token_ids if not 0 <= t < self.vocab_size]
+        if bad_tokens:
+            raise InvalidArgument(f"sequence {seq.seq_id}: token ids {bad_tokens[:5]} outside [0, {self.vocab_size})")
+        if seq.start_position < 0 or seq.start_position + n > self.max_seq_len:
+            raise InvalidArgument(
+                f"sequence {seq.seq_id}: positions {seq.start_position}..{seq.start_position + n - 1} "
+                f"outside [0, max_seq_len {self.max_seq_len})"
+            )
+        bad_blocks = [b for b in seq.new_blocks if not 0 <= b < self.num_kv_blocks]
+        if bad_blocks:
+            raise InvalidArgument(
+                f"sequence {seq.seq_id}: block ids {bad_blocks[:5]} outside the worker's {self.num_kv_blocks} blocks"
+            )
+        if seq.sample:
+            try:
+                check_sampling(seq.sampling)
+            except ValueError as exc:
+                raise InvalidArgument(f"sequence {seq.seq_id}: {exc}") from None
+            if seq.num_generated < 0:
+                raise InvalidArgument(f"sequence {seq.seq_id}: num_generated must be >= 0, got {seq.num_generated}")

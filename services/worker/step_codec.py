@@ -1,0 +1,57 @@
+"""RunStep / StepResult protobuf <-> the plain data of services/worker/work.py, for every generator runtime."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from infermesh.v1 import common_pb2, scheduler_pb2
+from services.worker import work
+
+
+def item_error_to_proto(error: work.ItemError | None) -> scheduler_pb2.ItemError | None:
+    return None if error is None else scheduler_pb2.ItemError(code=int(error.code), message=error.message)
+
+
+def sequence_step_from_proto(seq: scheduler_pb2.SequenceStep) -> work.SequenceStep:
+    sampling = seq.sampling
+    return work.SequenceStep(
+        seq_id=seq.seq_id,
+        token_ids=tuple(seq.token_ids),
+        start_position=seq.start_position,
+        new_blocks=tuple(seq.new_blocks),
+        reset_block_table=seq.reset_block_table,
+        sample=seq.sample,
+        sampling=work.SamplingParams(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p or 1.0,
+            seed=sampling.seed if sampling.HasField("seed") else None,
+        ),
+        num_generated=seq.num_generated,
+    )
+
+
+def run_step_from_proto(command: scheduler_pb2.RunStep) -> work.RunStep:
+    return work.RunStep(
+        step_id=command.step_id,
+        seqs=tuple(sequence_step_from_proto(seq) for seq in command.seqs),
+        finished_seq_ids=tuple(command.finished_seq_ids),
+    )
+
+
+def step_result_to_proto(step_id: int, outputs: Iterable[work.SequenceOutput],
+                         timings: common_pb2.Timings) -> scheduler_pb2.StepResult:
+    """Sequences that only computed (no sample, no error) send nothing back."""
+    return scheduler_pb2.StepResult(
+        step_id=step_id,
+        outputs=[
+            scheduler_pb2.SequenceOutput(
+                seq_id=out.seq_id,
+                token_id=out.token_id if out.token_id is not None else 0,
+                logprob=out.logprob or 0.0,
+                error=item_error_to_proto(out.error),
+            )
+            for out in outputs
+            if out.token_id is not None or out.error is not None
+        ],
+        timings=timings,
+    )
