@@ -120,6 +120,11 @@ class LimitPermit:
             self._sampled = True
             self._limit._sample(self.admitted_s, self._budget_s, Outcome.SUCCESS)
 
+    @property
+    def num_in_flight(self) -> int:
+        """Requests in flight on this permit's limit now."""
+        return self._limit.num_in_flight
+
     def done(self, outcome: Outcome) -> None:
         if self.released:
             return

@@ -163,6 +163,7 @@ class RequestScope:
     def finish(self, code: str) -> None:
         if self.model_permit is not None:
             self.model_permit.done(_LIMIT_OUTCOMES.get(code, Outcome.IGNORED))
+            metrics.observe_model_in_flight(self.model, self.model_permit.num_in_flight)
             self.model_permit = None
         if self.lease is not None:
             self.lease.release(self.num_tokens_used)
@@ -266,3 +267,4 @@ class Admission:
         except ResourceExhausted:
             metrics.refused(scope.model, tenant.priority, metrics.Refusal.LIMIT)
             raise
+        metrics.observe_model_in_flight(scope.model, limit.num_in_flight)

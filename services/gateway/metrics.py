@@ -110,8 +110,18 @@ def refused(model: str, priority: Priority, reason: Refusal) -> None:
     child.inc()
 
 
+_in_flight_children: dict[str, object] = {}
+
+
+def observe_model_in_flight(model: str, num_in_flight: int) -> None:
+    """Set on every change (a cached child's set() is a lock and a float): a sampled gauge misses bursts."""
+    child = _in_flight_children.get(model)
+    if child is None:
+        child = _in_flight_children[model] = MODEL_IN_FLIGHT.labels(model)
+    child.set(num_in_flight)
+
+
 def observe_limits(limits: dict) -> None:
-    """The adaptive limits' state (name -> AdaptiveLimit), set periodically rather than per request."""
+    """The adaptive limits (name -> AdaptiveLimit); the limit moves once per window, so it is sampled."""
     for model, limit in limits.items():
         CONCURRENCY_LIMIT.labels(model).set(int(limit.limit))
-        MODEL_IN_FLIGHT.labels(model).set(limit.num_in_flight)

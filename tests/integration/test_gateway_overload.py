@@ -1,0 +1,116 @@
+"""Overload at the gateway, with real processes: the adaptive limit refuses before any upstream call
+(the scheduler never sees those requests), priority classes are refused in order (sheddable first,
+critical last), and a request whose deadline passes while it is queued never reaches a worker.
+
+The worker is the toy classifier taking 800 ms a batch of at most one item, so requests stay in
+flight long enough to count them; the gateway's adaptive limit is pinned (min = max) so its shares
+are exact: 10 in flight for critical, 9 for standard, 6 for sheddable.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
+from tests.support.gateway_fixtures import BRIGHT, CLASSIFIER, bearer, scrape, tenant, write_tenants
+from tests.support.processes import free_port, running_mesh, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+KEYS = {"critical": "key-critical", "standard": "key-standard", "sheddable": "key-sheddable"}
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("overload")
+    tenants = write_tenants(tmp / "tenants.yaml", [tenant(p, key, priority=p) for p, key in KEYS.items()])
+    ports = {name: free_port() for name in ("gateway", "scheduler", "worker")}
+    with running_mesh(tmp) as mesh:
+        mesh.start_scheduler("--metrics-port", str(ports["scheduler"]))
+        mesh.start_worker("toy-classifier", "--toy-compute-ms", "800", "--max-batch-size", "1",
+                          "--metrics-port", str(ports["worker"]))
+        mesh.start_gateway("--tenants-file", str(tenants), "--metrics-port", str(ports["gateway"]),
+                           "--limit-initial", "10", "--limit-min", "10", "--limit-max", "10",
+                           "--shed-in-flight-at", "0.99,1.0")
+        mesh.ports = ports
+        with grpc.insecure_channel(mesh.gateway.address) as channel:
+            mesh.stub = gateway_pb2_grpc.InferenceStub(channel)
+            yield mesh
+
+
+def classify(stub, priority: str, timeout_s: float = 30.0):
+    return stub.Classify.future(gateway_pb2.ClassifyRequest(model=CLASSIFIER, image=BRIGHT),
+                                timeout=timeout_s, metadata=bearer(KEYS[priority]))
+
+
+def refused_code(future) -> grpc.StatusCode | None:
+    try:
+        future.result()
+    except grpc.RpcError as exc:
+        return exc.code()
+    return None
+
+
+def wait_in_flight(mesh, num: int) -> None:
+    wait_until(lambda: scrape(mesh.ports["gateway"]).value(
+        "infermesh_gateway_model_in_flight_requests", model="toy-classifier") == num,
+        timeout_s=10, message=f"{num} requests in flight at the gateway")
+
+
+def scheduler_requests(mesh) -> float:
+    return scrape(mesh.ports["scheduler"]).value("infermesh_scheduler_requests_total", model="toy-classifier")
+
+
+def test_priority_classes_are_refused_in_order_sheddable_first_critical_last(mesh):
+    stub = mesh.stub
+    held = [classify(stub, "sheddable") for _ in range(6)]
+    wait_in_flight(mesh, 6)
+    status = refused_code(classify(stub, "sheddable"))
+    assert status == grpc.StatusCode.RESOURCE_EXHAUSTED
+    held += [classify(stub, "standard") for _ in range(3)]  # standard may fill 9 of the 10
+    wait_in_flight(mesh, 9)
+    assert refused_code(classify(stub, "standard")) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert refused_code(classify(stub, "sheddable")) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    held.append(classify(stub, "critical"))  # critical may fill all 10
+    wait_in_flight(mesh, 10)
+    with pytest.raises(grpc.RpcError) as refused:
+        classify(stub, "critical").result()
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "adaptive limit for critical traffic is 10" in refused.value.details()
+    assert dict(refused.value.trailing_metadata())["grpc-retry-pushback-ms"]
+    assert all(refused_code(f) is None for f in held), "every admitted request is served"
+    metrics = scrape(mesh.ports["gateway"])
+    refusals = {p: metrics.value("infermesh_gateway_refusals_total", reason="limit", priority=p) for p in KEYS}
+    assert refusals == {"sheddable": 2.0, "standard": 1.0, "critical": 1.0}
+
+
+def test_refusals_happen_at_the_gateway_and_the_scheduler_never_sees_them(mesh):
+    stub = mesh.stub
+    wait_in_flight(mesh, 0)
+    before_gateway = scrape(mesh.ports["gateway"]).value("infermesh_gateway_refusals_total", reason="limit")
+    before_scheduler = scheduler_requests(mesh)
+    futures = [classify(stub, "critical") for _ in range(40)]
+    codes = [refused_code(f) for f in futures]
+    num_ok = codes.count(None)
+    num_refused = codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED)
+    assert num_ok + num_refused == 40 and num_refused >= 30
+    refused_by_limit = scrape(mesh.ports["gateway"]).value("infermesh_gateway_refusals_total", reason="limit")
+    assert refused_by_limit - before_gateway == num_refused
+    wait_until(lambda: scheduler_requests(mesh) - before_scheduler == num_ok, timeout_s=5,
+               message="the scheduler counted the admitted requests")
+    assert scheduler_requests(mesh) - before_scheduler == num_ok  # and not one of the refused
+
+
+def test_a_request_whose_deadline_passes_in_the_queue_never_reaches_a_worker(mesh):
+    stub = mesh.stub
+    wait_in_flight(mesh, 0)
+    items_before = scrape(mesh.ports["worker"]).value("infermesh_worker_batch_size_sum")
+    slow = [classify(stub, "critical") for _ in range(2)]  # the worker is busy with these for ~1.6 s
+    wait_in_flight(mesh, 2)
+    late = [classify(stub, "critical", timeout_s=0.25) for _ in range(4)]
+    assert [refused_code(f) for f in late] == [grpc.StatusCode.DEADLINE_EXCEEDED] * 4
+    assert all(refused_code(f) is None for f in slow)
+    wait_until(lambda: scrape(mesh.ports["worker"]).value("infermesh_worker_batch_size_sum") - items_before >= 2,
+               timeout_s=5, message="the worker ran the two slow requests")
+    assert scrape(mesh.ports["worker"]).value("infermesh_worker_batch_size_sum") - items_before == 2
