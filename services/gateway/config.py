@@ -20,6 +20,9 @@ class GatewayConfig(ServerSettings):
         "127.0.0.1:50052", "scheduler host:port every model routes to when routing_file is empty"
     )
     routing_file: str = setting("", "routing YAML (models: name -> versions -> scheduler endpoints); empty: all to scheduler_address")
+    upstream_mode: str = setting(
+        "stream", "how calls reach a scheduler: stream (one Submit stream per endpoint, many calls per message) or unary (an RPC per call)"
+    )
     default_deadline_ms: float = setting(30_000.0, "deadline applied when the client sets none")
     max_deadline_ms: float = setting(300_000.0, "client deadlines are clamped to this")
     hop_margin_ms: float = setting(5.0, "time kept back from the deadline passed to the scheduler")
@@ -65,6 +68,8 @@ class GatewayConfig(ServerSettings):
     def __post_init__(self) -> None:
         super().__post_init__()
         require(":" in self.scheduler_address, f"scheduler_address must be host:port, got {self.scheduler_address!r}")
+        require(self.upstream_mode in ("stream", "unary"),
+                f"upstream_mode must be stream or unary, got {self.upstream_mode!r}")
         require(self.default_deadline_ms > 0, f"default_deadline_ms must be > 0, got {self.default_deadline_ms}")
         require(
             self.max_deadline_ms >= self.default_deadline_ms,

@@ -35,7 +35,7 @@ from services.gateway.routing import RoutingConfigError, RoutingTable, parse_rou
 from services.gateway.servicer import InferenceServicer
 from services.gateway.shedding import LoadShedder, PressureBoard
 from services.gateway.tenants import TenantConfig, TenantConfigError, TenantConfigWatcher
-from services.gateway.upstream import SchedulerClients
+from services.gateway.upstream import SchedulerClients, UpstreamMode
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class GatewayService:
         self.routing = load_routing(config, self.breakers)
         self.board = PressureBoard(clock, max_report_age_s=config.pressure_max_age_ms / 1000)
         self.catalog = ModelCatalog()
-        self.clients = SchedulerClients(config.max_message_bytes)
+        self.clients = SchedulerClients(config.max_message_bytes, UpstreamMode(config.upstream_mode))
         self.quotas: TenantQuotas | None = None
         self.watcher: TenantConfigWatcher | None = None
         tenants = OpenTenants()

@@ -1,22 +1,26 @@
 """The gateway's clients of scheduler endpoints.
 
-A failed call raises `AttemptError`: the domain error the client would see
-(code, message and retry hint kept by `from_rpc_error`) plus what the retry
-policy and the circuit breaker need (the raw status code, the server's
-pushback, whether the scheduler's handler answered).
+Classify and Generate go upstream one of two ways, with the same interface and
+errors: as entries on one long-lived Submit stream per endpoint
+(`UpstreamMode.STREAM`, scheduler_stream.py) or as a unary/server-streaming RPC
+each (`UpstreamMode.UNARY`). A failed call raises `AttemptError`
+(attempt_error.py): the domain error the client would see plus what the retry
+policy and the circuit breaker need.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import AsyncIterator
 
 import grpc
 
 from infermesh.v1 import gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
-from services.common.errors import InfermeshError
-from services.common.status import PUSHBACK_KEY, from_rpc_error
-from services.common.telemetry import metadata_for
-from services.gateway.upstream_status import UpstreamCode
+from services.common.telemetry import carrier_for, metadata_for
+from services.gateway.attempt_error import AttemptError
+from services.gateway.scheduler_stream import SchedulerStream, StreamGenerateCall
+
+__all__ = ["AttemptError", "GenerateCall", "SchedulerClient", "SchedulerClients", "UpstreamMode"]
 
 # A restarted scheduler must be found again within about a second, not after gRPC's
 # default reconnect backoff (up to 120 s).
@@ -27,38 +31,11 @@ _RECONNECT_OPTIONS = [
 ]
 
 
-class AttemptError(Exception):
-    """One upstream call failed; `error` is what the caller gets unless the gateway retries."""
-
-    def __init__(self, error: InfermeshError, code: UpstreamCode, pushback_ms: int | None) -> None:
-        super().__init__(error.message)
-        self.error = error
-        self.code = code
-        # `grpc-retry-pushback-ms` as sent (negative: do not retry); None when absent.
-        self.pushback_ms = pushback_ms
-
-    @property
-    def answered_by_scheduler(self) -> bool:
-        """The scheduler itself refused with a retry hint (e.g. no worker for this model).
-
-        It is up and talking, so for its circuit breaker this is not a failure, unlike a
-        connection refused or reset, which carries no hint.
-        """
-        return self.pushback_ms is not None
-
-    @classmethod
-    def from_rpc_error(cls, exc: grpc.aio.AioRpcError) -> AttemptError:
-        return cls(from_rpc_error(exc), UpstreamCode(exc.code().value[0]), _pushback_ms(exc))
-
-
-def _pushback_ms(exc: grpc.aio.AioRpcError) -> int | None:
-    for key, value in exc.trailing_metadata() or ():
-        if key == PUSHBACK_KEY:
-            try:
-                return int(value)
-            except (TypeError, ValueError):
-                return None
-    return None
+class UpstreamMode(enum.Enum):
+    # One Submit stream per scheduler endpoint, many calls per message.
+    STREAM = "stream"
+    # One RPC per call (Classify unary, Generate server-streaming).
+    UNARY = "unary"
 
 
 class GenerateCall:
@@ -80,8 +57,9 @@ class GenerateCall:
 
 
 class SchedulerClient:
-    def __init__(self, address: str, max_message_bytes: int) -> None:
+    def __init__(self, address: str, max_message_bytes: int, mode: UpstreamMode = UpstreamMode.STREAM) -> None:
         self.address = address
+        self.mode = mode
         self._channel = grpc.aio.insecure_channel(
             address,
             options=[
@@ -91,17 +69,24 @@ class SchedulerClient:
             ],
         )
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self._stream = SchedulerStream(address, self._stub.Submit) if mode is UpstreamMode.STREAM else None
 
     async def classify(
         self, request: scheduler_pb2.ScheduleClassifyRequest, timeout_s: float
     ) -> gateway_pb2.ClassifyResponse:
+        if self._stream is not None:
+            # The entry carries the attempt's trace context, as the unary call's metadata does.
+            return await self._stream.classify(request, timeout_s, carrier_for())
         try:
             reply = await self._stub.Classify(request, timeout=timeout_s, metadata=metadata_for())
         except grpc.aio.AioRpcError as exc:
             raise AttemptError.from_rpc_error(exc) from None
         return reply.response
 
-    def generate(self, request: scheduler_pb2.ScheduleGenerateRequest, timeout_s: float) -> GenerateCall:
+    def generate(self, request: scheduler_pb2.ScheduleGenerateRequest,
+                 timeout_s: float) -> GenerateCall | StreamGenerateCall:
+        if self._stream is not None:
+            return self._stream.generate(request, timeout_s, carrier_for())
         return GenerateCall(self._stub.Generate(request, timeout=timeout_s, metadata=metadata_for()))
 
     async def list_models(self, timeout_s: float) -> gateway_pb2.ListModelsResponse:
@@ -117,20 +102,23 @@ class SchedulerClient:
             raise AttemptError.from_rpc_error(exc) from None
 
     async def close(self) -> None:
+        if self._stream is not None:
+            await self._stream.close()
         await self._channel.close()
 
 
 class SchedulerClients:
-    """One client (channel) per scheduler endpoint, made on first use."""
+    """One client (channel, and Submit stream in stream mode) per scheduler endpoint, made on first use."""
 
-    def __init__(self, max_message_bytes: int) -> None:
+    def __init__(self, max_message_bytes: int, mode: UpstreamMode = UpstreamMode.STREAM) -> None:
         self._max_message_bytes = max_message_bytes
+        self._mode = mode
         self._by_address: dict[str, SchedulerClient] = {}
 
     def get(self, address: str) -> SchedulerClient:
         client = self._by_address.get(address)
         if client is None:
-            client = self._by_address[address] = SchedulerClient(address, self._max_message_bytes)
+            client = self._by_address[address] = SchedulerClient(address, self._max_message_bytes, self._mode)
         return client
 
     async def close(self) -> None:

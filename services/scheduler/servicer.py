@@ -193,6 +193,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._clock = clock
         self.registry = ModelRegistry(config)
         self._links: set[WorkerLink] = set()
+        self._submit_streams: set[SubmitStream] = set()
         self._scheduler_id = f"scheduler-{uuid.uuid4().hex[:8]}"
         self._metric_children: dict[tuple, object] = {}
         self._draining = False
@@ -405,7 +406,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 return None
             return None if batch is grpc.aio.EOF else batch
 
-        await SubmitStream(self).serve(read, context.write)
+        if self._draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "scheduler is draining; submit elsewhere")
+        stream = SubmitStream(self)
+        self._submit_streams.add(stream)
+        try:
+            await stream.serve(read, context.write)
+        finally:
+            self._submit_streams.discard(stream)
 
     # -- Attach ----------------------------------------------------------------
 
@@ -511,6 +519,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def drain(self, grace_s: float) -> None:
         """Ask every worker to finish in-flight work and re-dial; wait for them up to grace_s."""
         self._draining = True
+        for stream in self._submit_streams:
+            stream.drain()
         for link in list(self._links):
             self.registry.draining(link)
             link.drain(int(grace_s * 1000))

@@ -57,6 +57,10 @@ class ReplyOutbox:
             self._wake()
         return replies.add(call_id=call_id)
 
+    @property
+    def empty(self) -> bool:
+        return not self._batch.replies
+
     def take(self) -> scheduler_pb2.ReplyBatch | None:
         """The batch to send now (None when empty); later replies start a new one."""
         if not self._batch.replies:
@@ -86,6 +90,7 @@ class SubmitStream:
         self._core = core
         self._calls: dict[int, asyncio.Task] = {}
         self._wake = asyncio.Event()
+        self._draining = False
         self.outbox = ReplyOutbox(self._wake.set)
 
     @property
@@ -94,16 +99,22 @@ class SubmitStream:
 
     async def serve(self, read: Callable[[], Awaitable[scheduler_pb2.SubmitBatch | None]],
                     write: Callable[[scheduler_pb2.ReplyBatch], Awaitable[None]]) -> None:
-        """Reads entries until `read` gives None (the gateway closed its side) or fails; then
-        cancels every call still running."""
+        """Runs until `read` gives None (the gateway closed its side or the stream failed), or, once
+        draining, until the last call's replies are sent; then cancels every call still running."""
+        reader = asyncio.create_task(self._read(read))
         writer = asyncio.create_task(self._write(write))
         try:
-            while (batch := await read()) is not None:
-                for entry in batch.entries:
-                    self.on_entry(entry)
+            await asyncio.wait((reader, writer), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            self.cancel_all()
+            reader.cancel()
             writer.cancel()
+            self.cancel_all()
+
+    def drain(self) -> None:
+        """The scheduler is stopping: refuse new calls (UNAVAILABLE, no retry hint, so the gateway
+        retries elsewhere as after a refused connection) and end the stream when the calls in flight are done."""
+        self._draining = True
+        self._wake.set()
 
     def on_entry(self, entry: scheduler_pb2.SubmitEntry) -> None:
         kind = entry.WhichOneof("kind")
@@ -112,9 +123,13 @@ class SubmitStream:
             task = self._calls.pop(call_id, None)
             if task is not None:
                 task.cancel()
+                self._wake_if_drained()
             return
         if kind is None or call_id == 0 or call_id in self._calls:
             self._fail(call_id, errors.InvalidArgument(_bad_entry_message(kind, call_id)))
+            return
+        if self._draining:
+            self._fail(call_id, errors.Unavailable("scheduler is draining; submit elsewhere"))
             return
         remaining_s = entry.timeout_us / 1e6 if entry.timeout_us else None
         carrier = dict(entry.trace_context)
@@ -145,6 +160,7 @@ class SubmitStream:
         if self._calls.get(call_id) is not task:
             return  # cancelled by the gateway or the stream's end: no reply is owed
         del self._calls[call_id]
+        self._wake_if_drained()
         if task.cancelled():
             return
         exc = task.exception()
@@ -156,18 +172,28 @@ class SubmitStream:
     def _fail(self, call_id: int, exc: errors.InfermeshError) -> None:
         fill_error(self.outbox.add(call_id), exc)
 
+    def _wake_if_drained(self) -> None:
+        if self._draining and not self._calls:
+            self._wake.set()  # the writer sends what is left, then ends the stream
+
+    async def _read(self, read: Callable[[], Awaitable[scheduler_pb2.SubmitBatch | None]]) -> None:
+        while (batch := await read()) is not None:
+            for entry in batch.entries:
+                self.on_entry(entry)
+
     async def _write(self, write: Callable[[scheduler_pb2.ReplyBatch], Awaitable[None]]) -> None:
         wake = self._wake
         while True:
             await wake.wait()
             wake.clear()
             batch = self.outbox.take()
-            if batch is None:
-                continue
-            try:
-                await write(batch)
-            except Exception as exc:  # noqa: BLE001 - the stream is gone; serve()'s read ends it too
-                log.info("Submit stream write failed: %s", exc)
+            if batch is not None:
+                try:
+                    await write(batch)
+                except Exception as exc:  # noqa: BLE001 - the stream is gone; serve() ends it
+                    log.info("Submit stream write failed: %s", exc)
+                    return
+            if self._draining and not self._calls and self.outbox.empty:
                 return
 
 
