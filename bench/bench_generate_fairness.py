@@ -45,9 +45,9 @@ from bench.bench_scheduler import (
     print_table,
     quantile,
     repository_model,
-    stream,
 )
-from infermesh.v1 import scheduler_pb2_grpc
+from bench.bench_scheduler import stream as bench_stream
+from infermesh.v1 import common_pb2, scheduler_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_PATH = ROOT / "bench" / "results" / "generate_fairness.json"
@@ -73,13 +73,50 @@ FULL = Profile(runs=3, capacity_s=8.0, warmup_s=3.0, window_s=30.0)
 QUICK = Profile(runs=1, capacity_s=4.0, warmup_s=2.0, window_s=12.0)
 
 
-def _request(rng: random.Random, who: str):
+# Priority classes of the light and the heavy tenant: "same" is the issue's case; "critical" puts a
+# critical light tenant against a sheddable flood.
+CLASSES = {"same": (common_pb2.PRIORITY_STANDARD, common_pb2.PRIORITY_STANDARD),
+           "critical": (common_pb2.PRIORITY_CRITICAL, common_pb2.PRIORITY_SHEDDABLE)}
+
+
+def _request(rng: random.Random, who: str, priority: int = common_pb2.PRIORITY_STANDARD):
     prompt = _prompt(rng, rng.randint(MIN_PROMPT_BYTES, MAX_PROMPT_BYTES))
-    return generate_request(MODEL, prompt, rng.randint(MIN_TOKENS, MAX_TOKENS), who)
+    request = generate_request(MODEL, prompt, rng.randint(MIN_TOKENS, MAX_TOKENS), who)
+    request.tenant.priority = priority
+    return request
 
 
-async def _open_loop_streams(stub, who: str, rate_per_s: float, seed: int, send_for_s: float, timeout_s: float,
-                             measured_from_s: float = 0.0, stop: asyncio.Event | None = None) -> list:
+@dataclass
+class LightStream:
+    ttft_s: float = math.nan
+    done_s: float = math.nan
+    num_tokens: int = 0
+    code: str = "OK"
+    # From the scheduler's last chunk: its own TTFT (from the call's arrival there) and queue wait.
+    scheduler_ttft_s: float = math.nan
+    queue_wait_s: float = math.nan
+
+
+async def stream(stub, request, began_s: float, timeout_s: float) -> LightStream:
+    result = LightStream()
+    try:
+        async for response in stub.Generate(request, timeout=timeout_s):
+            chunk = response.chunk
+            if chunk.token_ids and result.num_tokens == 0:
+                result.ttft_s = time.perf_counter() - began_s
+            result.num_tokens += len(chunk.token_ids)
+            if chunk.finish_reason:
+                result.scheduler_ttft_s = chunk.ttft_us / 1e6
+                result.queue_wait_s = sum(s.duration_us for s in chunk.timings.stages
+                                          if s.stage == common_pb2.STAGE_QUEUE_WAIT) / 1e6
+    except grpc.aio.AioRpcError as exc:
+        result.code = exc.code().name
+    result.done_s = time.perf_counter() - began_s
+    return result
+
+
+async def _open_loop_streams(stub, who: str, priority: int, rate_per_s: float, seed: int, send_for_s: float,
+                             timeout_s: float, measured_from_s: float = 0.0, stop: asyncio.Event | None = None) -> list:
     """Poisson arrivals for `send_for_s`; (sent offset, StreamResult) per stream sent at or after
     `measured_from_s`. With `stop`: sending ends when it is set, and calls still running are cancelled."""
     rng = random.Random(seed)
@@ -92,7 +129,7 @@ async def _open_loop_streams(stub, who: str, rate_per_s: float, seed: int, send_
             await asyncio.sleep(delay_s)
         # Latency counts from the scheduled send time (open loop: no coordinated omission).
         calls.append((next_s - start_s, asyncio.ensure_future(
-            stream(stub, _request(rng, who), next_s, timeout_s=timeout_s))))
+            stream(stub, _request(rng, who, priority), next_s, timeout_s))))
         next_s += rng.expovariate(rate_per_s)
     if stop is not None:
         await stop.wait()
@@ -103,7 +140,7 @@ async def _open_loop_streams(stub, who: str, rate_per_s: float, seed: int, send_
             if sent >= measured_from_s and not isinstance(r, BaseException)]
 
 
-def _heavy_process(address: str, rate_per_s: float, seed: int, send_for_s: float, stop, out) -> None:
+def _heavy_process(address: str, priority: int, rate_per_s: float, seed: int, send_for_s: float, stop, out) -> None:
     """The flood, in its own process: sends until `send_for_s`, cancels what is left once `stop` is set."""
 
     async def main():
@@ -116,8 +153,8 @@ def _heavy_process(address: str, rate_per_s: float, seed: int, send_for_s: float
                 done.set()
 
             watcher = asyncio.ensure_future(watch_stop())
-            results = await _open_loop_streams(scheduler_pb2_grpc.SchedulerStub(channel), "heavy", rate_per_s,
-                                               seed, send_for_s, HEAVY_TIMEOUT_S, stop=done)
+            results = await _open_loop_streams(scheduler_pb2_grpc.SchedulerStub(channel), "heavy", priority,
+                                               rate_per_s, seed, send_for_s, HEAVY_TIMEOUT_S, stop=done)
             await watcher
             return results
 
@@ -135,6 +172,8 @@ def _light_summary(results: list) -> dict:
             "ttft_p99_ms": 1000 * quantile([r.ttft_s for r in ok], 0.99),
             "e2e_p50_ms": 1000 * quantile([r.done_s for r in ok], 0.50),
             "e2e_p99_ms": 1000 * quantile([r.done_s for r in ok], 0.99),
+            "scheduler_ttft_p99_ms": 1000 * quantile([r.scheduler_ttft_s for r in ok], 0.99),
+            "queue_wait_p99_ms": 1000 * quantile([r.queue_wait_s for r in ok], 0.99),
             "ttft_ms": sorted(round(1000 * r.ttft_s, 1) for r in ok)}
 
 
@@ -142,23 +181,26 @@ def _preemptions(target: Cluster) -> float:
     return sum(v for (name, _), v in target.metrics().items() if name == "infermesh_scheduler_preemptions_total")
 
 
-def measure_light(target: Cluster, profile: Profile, seed: int, heavy_per_s: float | None) -> dict:
+def measure_light(target: Cluster, profile: Profile, seed: int, heavy_per_s: float | None, classes: str) -> dict:
     """The light tenant's streams (sent after warm-up), alone or under a same-class flood."""
     ctx = multiprocessing.get_context("spawn")
     stop, out = ctx.Event(), ctx.Queue()
     heavy = None
+    light_priority, heavy_priority = CLASSES[classes]
     preempted_before = _preemptions(target)
     if heavy_per_s is not None:
         heavy = ctx.Process(target=_heavy_process, args=(
-            target.address, heavy_per_s, seed + 1000, profile.warmup_s + profile.window_s + 60.0, stop, out))
+            target.address, heavy_priority, heavy_per_s, seed + 1000, profile.warmup_s + profile.window_s + 60.0, stop, out))
         heavy.start()
 
     async def light(t: Cluster):
-        return await _open_loop_streams(t.stub, "light", LIGHT_PER_S, seed, profile.warmup_s + profile.window_s,
+        return await _open_loop_streams(t.stub, "light", light_priority, LIGHT_PER_S, seed, profile.warmup_s + profile.window_s,
                                         LIGHT_TIMEOUT_S, measured_from_s=profile.warmup_s)
 
     summary = _light_summary(_with_channel(target, light))
     summary["preemptions"] = _preemptions(target) - preempted_before
+    # The machine is shared: a high load average marks a phase whose latencies are not the scheduler's alone.
+    summary["load_average_1m"] = os.getloadavg()[0]
     if heavy is not None:
         stop.set()
         summary["heavy"] = out.get(timeout=60)
@@ -179,7 +221,7 @@ def measure_capacity(target: Cluster, profile: Profile) -> dict:
 
         async def client() -> None:
             while time.perf_counter() < window_to_s:
-                result = await stream(t.stub, _request(rng, "capacity"), time.perf_counter(), keep_times=True)
+                result = await bench_stream(t.stub, _request(rng, "capacity"), time.perf_counter(), keep_times=True)
                 token_times.extend(result.token_times_s)
 
         tasks = [asyncio.ensure_future(client()) for _ in range(concurrency)]
@@ -194,7 +236,7 @@ def measure_capacity(target: Cluster, profile: Profile) -> dict:
     return {"tokens_per_s": tokens_per_s, "streams_per_s": tokens_per_s / mean_tokens}
 
 
-def run(profile: Profile, scheduler_args: list[str]) -> dict:
+def run(profile: Profile, scheduler_args: list[str], classes: str) -> dict:
     if not repository_model(MODEL):
         raise SystemExit(f"{MODEL} is not built: run `make models` first")
     runs = []
@@ -204,16 +246,19 @@ def run(profile: Profile, scheduler_args: list[str]) -> dict:
         _progress(f"capacity {capacity['streams_per_s']:.1f} streams/s ({capacity['tokens_per_s']:.0f} tokens/s); "
                   f"heavy offers {heavy_per_s:.1f}/s")
         for index in range(profile.runs):
-            alone = measure_light(target, profile, seed=index, heavy_per_s=None)
-            flooded = measure_light(target, profile, seed=index, heavy_per_s=heavy_per_s)
+            alone = measure_light(target, profile, seed=index, heavy_per_s=None, classes=classes)
+            flooded = measure_light(target, profile, seed=index, heavy_per_s=heavy_per_s, classes=classes)
             result = {"alone": alone, "flooded": flooded,
                       "ttft_ratio": flooded["ttft_p99_ms"] / alone["ttft_p99_ms"],
                       "e2e_ratio": flooded["e2e_p99_ms"] / alone["e2e_p99_ms"]}
             runs.append(result)
             _progress(f"run {index + 1}: light TTFT p99 {alone['ttft_p99_ms']:.0f} -> {flooded['ttft_p99_ms']:.0f} ms "
-                      f"({result['ttft_ratio']:.2f}x), e2e p99 {alone['e2e_p99_ms']:.0f} -> "
+                      f"({result['ttft_ratio']:.2f}x; at the scheduler {alone['scheduler_ttft_p99_ms']:.0f} -> "
+                      f"{flooded['scheduler_ttft_p99_ms']:.0f} ms, queue wait p99 {alone['queue_wait_p99_ms']:.0f} -> "
+                      f"{flooded['queue_wait_p99_ms']:.0f} ms), e2e p99 {alone['e2e_p99_ms']:.0f} -> "
                       f"{flooded['e2e_p99_ms']:.0f} ms, heavy ok {flooded['heavy']['ok']}/{flooded['heavy']['sent']}, "
-                      f"preemptions {flooded['preemptions']:.0f}")
+                      f"preemptions {flooded['preemptions']:.0f}, load average {alone['load_average_1m']:.1f} / "
+                      f"{flooded['load_average_1m']:.1f}")
 
     def median(*path: str) -> float:
         values = []
@@ -225,7 +270,7 @@ def run(profile: Profile, scheduler_args: list[str]) -> dict:
         return statistics.median(values)
 
     window_s = profile.window_s + profile.warmup_s
-    return {"capacity": capacity, "heavy_per_s": heavy_per_s, "light_per_s": LIGHT_PER_S, "runs": runs,
+    return {"classes": classes, "capacity": capacity, "heavy_per_s": heavy_per_s, "light_per_s": LIGHT_PER_S, "runs": runs,
             "ttft_ratio": median("ttft_ratio"), "e2e_ratio": median("e2e_ratio"),
             "alone_ttft_p99_ms": median("alone", "ttft_p99_ms"), "flooded_ttft_p99_ms": median("flooded", "ttft_p99_ms"),
             "alone_e2e_p99_ms": median("alone", "e2e_p99_ms"), "flooded_e2e_p99_ms": median("flooded", "e2e_p99_ms"),
@@ -235,8 +280,9 @@ def run(profile: Profile, scheduler_args: list[str]) -> dict:
 
 def table_rows(r: dict) -> list[tuple[str, str, str, str, str]]:
     met = "yes" if r["ttft_ratio"] <= TARGET_RATIO else "NO"
+    who = "same-class heavy" if r["classes"] == "same" else "critical light, sheddable heavy"
     return [
-        (f"light TTFT p99 (3/s), same-class heavy at {HEAVY_CAPACITY_MULTIPLE:.0f}x capacity vs alone",
+        (f"light TTFT p99 (3/s), {who} at {HEAVY_CAPACITY_MULTIPLE:.0f}x capacity vs alone",
          f"{r['flooded_ttft_p99_ms']:.0f} vs {r['alone_ttft_p99_ms']:.0f} ms", f"{r['ttft_ratio']:.2f}x",
          f"<= {TARGET_RATIO:.0f}x", met),
         ("  same runs: light e2e p99", f"{r['flooded_e2e_p99_ms']:.0f} vs {r['alone_e2e_p99_ms']:.0f} ms",
@@ -253,6 +299,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=None, help="runs (median reported)")
     parser.add_argument("--scheduler-arg", action="append", default=[],
                         help="extra scheduler flag, e.g. --scheduler-arg=--max-num-seqs=16 (repeatable)")
+    parser.add_argument("--classes", choices=sorted(CLASSES), default="same",
+                        help="priority classes of the light and heavy tenants (critical: critical vs sheddable)")
     parser.add_argument("--output", type=Path, default=RESULTS_PATH)
     args = parser.parse_args()
     profile = QUICK if args.quick else FULL
@@ -260,7 +308,7 @@ def main() -> None:
         profile = Profile(**{**asdict(profile), "runs": args.runs})
     began = time.monotonic()
     scheduler_args = [part for arg in args.scheduler_arg for part in arg.split("=", 1)]
-    result = run(profile, scheduler_args)
+    result = run(profile, scheduler_args, args.classes)
     rows = table_rows(result)
     print()
     print_table(rows)

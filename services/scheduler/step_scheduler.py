@@ -40,7 +40,7 @@ from services.scheduler.sequence import (
     SequenceStatus,
 )
 from services.scheduler.step_plan import SequenceDelta, SequenceStep, StepPlan
-from services.scheduler.tenant_service import ServiceCost, TenantService, held_slots, tenant_key
+from services.scheduler.tenant_service import ServiceCost, TenantService
 from services.scheduler.tokenizer import Tokenizer
 
 Clock = Callable[[], float]
@@ -451,16 +451,9 @@ class StepScheduler:
         self._running.append(seq)
 
     def _next_to_admit(self) -> Sequence | None:
-        """Classes are strict; inside one, tenants below their entitled slots first (so admission never
-        undoes what fairness preemption would), then the least served, then the oldest; a tenant's
-        preempted sequences before its new ones."""
-        held = held_slots(self._running)
-
-        def admission_key(seq: Sequence) -> tuple:
-            entitled = self._service.entitled_slots(seq.tenant, self.config.max_num_seqs)
-            return (int(seq.priority), held[tenant_key(seq.tenant)] >= entitled, *self._service_key(seq)[1:])
-
-        return min(self._tenant_heads(), key=admission_key, default=None)
+        """Classes are strict; inside one, the least-served tenant (ties: oldest first), its preempted
+        sequences before its new ones."""
+        return min(self._tenant_heads(), key=self._service_key, default=None)
 
     def _tenant_heads(self) -> list[Sequence]:
         """Each waiting tenant's next sequence: its best preempted one, else its oldest new one."""
