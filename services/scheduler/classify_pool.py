@@ -202,12 +202,14 @@ class ClassifyPool:
         self._batch_size.observe(len(batch.items))
         command = scheduler_pb2.ExecuteBatch(batch_id=batch.batch_id)
         add = command.items.add  # add() builds in place; append() would copy each item (and its image)
+        unix_offset_s = time.time() - now  # monotonic -> unix, once per batch
         for item in batch.items:
             request = item.payload.request
+            deadline_unix_us = 0 if item.deadline_s is None else int((item.deadline_s + unix_offset_s) * 1e6)
             add(item_id=item.item_id, image=request.image, top_k=request.top_k or 1,
-                trace_context=item.payload.trace_context)
+                trace_context=item.payload.trace_context, deadline_unix_us=deadline_unix_us)
         if batch.deadline_s is not None:
-            command.deadline_unix_us = int((time.time() + batch.deadline_s - now) * 1e6)
+            command.deadline_unix_us = int((batch.deadline_s + unix_offset_s) * 1e6)
         try:
             future = self._links[batch.worker_id].execute_batch(command)
         except WorkerGone:

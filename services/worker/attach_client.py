@@ -26,6 +26,7 @@ from infermesh.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common.telemetry import context_from_carrier, record_stages_under, tracer
 from services.common.timings import from_proto
 from services.worker import metrics
+from services.worker.expired_items import split_expired
 from services.worker.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,7 @@ class AttachClient:
         if inspect.isawaitable(result):
             result = await _awaited_batch(result, command)
         await self._write(call, scheduler_pb2.WorkerMessage(batch_result=result))
-        metrics.observe_batch(self._model_label, command, result)
+        metrics.observe_batch(self._model_label, result)
         _trace_work("worker.execute_batch", began_ns, result.timings, [i.trace_context for i in command.items],
                     {"infermesh.batch_size": len(command.items)})
 
@@ -220,11 +221,28 @@ def _failed_step(command: scheduler_pb2.RunStep, exc: Exception) -> scheduler_pb
 
 
 def _guarded_batch(runtime: WorkerRuntime, command: scheduler_pb2.ExecuteBatch):
-    """A runtime failure fails every item of the batch, never the stream (the scheduler would wait forever)."""
+    """A runtime failure fails every item of the batch, never the stream (the scheduler would wait forever).
+    Items already past their deadline are answered, not computed."""
+    live, expired = split_expired(command, time.time_ns() // 1000)
+    if not live.items:
+        return scheduler_pb2.BatchResult(batch_id=command.batch_id, items=expired)
     try:
-        return runtime.execute_batch(command)
+        result = runtime.execute_batch(live)
     except Exception as exc:  # noqa: BLE001 - reported per item, and logged
-        return _failed_batch(command, exc)
+        result = _failed_batch(live, exc)
+    if not expired:
+        return result
+    if inspect.isawaitable(result):
+        return _with_expired(result, expired)
+    result.items.extend(expired)
+    return result
+
+
+async def _with_expired(pending: Awaitable[scheduler_pb2.BatchResult],
+                        expired: list[scheduler_pb2.ItemResult]) -> scheduler_pb2.BatchResult:
+    result = await pending
+    result.items.extend(expired)
+    return result
 
 
 def _guarded_step(runtime: WorkerRuntime, command: scheduler_pb2.RunStep):

@@ -6,6 +6,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from infermesh.v1 import common_pb2, scheduler_pb2
 from services.common.timings import from_proto
+from services.worker.expired_items import DEADLINE_EXCEEDED
 
 READY = Gauge("infermesh_worker_ready", "1 when the worker has loaded, warmed up and passed its golden check",
               ["model", "version"])
@@ -26,8 +27,11 @@ def _observe_stages(model: str, timings: common_pb2.Timings) -> None:
         STAGE_SECONDS.labels(model, stage.stage).observe(stage.duration_us / 1e6)
 
 
-def observe_batch(model: str, command: scheduler_pb2.ExecuteBatch, result: scheduler_pb2.BatchResult) -> None:
-    BATCH_SIZE.labels(model, "classify").observe(len(command.items))
+def observe_batch(model: str, result: scheduler_pb2.BatchResult) -> None:
+    """Items computed: an item answered DEADLINE_EXCEEDED before compute is not counted."""
+    computed = sum(1 for item in result.items if item.error.code != DEADLINE_EXCEEDED)
+    if computed:
+        BATCH_SIZE.labels(model, "classify").observe(computed)
     _observe_stages(model, result.timings)
 
 
