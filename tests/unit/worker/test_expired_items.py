@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from infermesh.v1 import scheduler_pb2
+from services.worker.attach_client import _guarded_batch
 from services.worker.expired_items import DEADLINE_EXCEEDED, split_expired
 
 
@@ -26,8 +27,6 @@ def test_a_batch_with_nothing_expired_is_passed_on_as_it_is():
 
 
 def test_the_runtime_sees_only_live_items_and_the_reply_answers_every_item():
-    from services.worker.attach_client import _guarded_batch
-
     seen = []
 
     class Runtime:
