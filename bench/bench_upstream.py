@@ -1,0 +1,179 @@
+"""Gateway and scheduler CPU per classify request and per generated token: unary RPCs vs the Submit stream.
+
+    .venv/bin/python -m bench.bench_upstream [--num-classify 3000] [--num-generate 96] [--max-tokens 64]
+                                             [--concurrency 16] [--quick]
+
+One toy mesh (scheduler, toy classifier and toy generator with no compute) and
+two gateways on it, `--upstream-mode unary` and `--upstream-mode stream`,
+driven in turn by a grpc.aio client in this process. CPU time of the gateway
+and of the scheduler comes from /proc/<pid>/stat (bench_gateway.cpu_seconds)
+before and after each phase, minus each process's idle rate measured first.
+Phases per mode:
+
+  classify   admitted classify requests, end to end: CPU us per request
+  generate   streams of --max-tokens tokens, --concurrency at once: CPU us per generated token
+
+The toy worker computes nothing, so these are the two Python hops' own costs.
+The client shares the machine's cores, so the rates are lower bounds.
+Prints a table and writes ``bench/results/upstream.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import grpc
+
+from bench.bench_gateway import cpu_seconds, drive
+from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tests.support.gateway_fixtures import spawn_gateway
+from tests.support.processes import running_mesh
+
+RESULTS_PATH = Path(__file__).resolve().parent / "results" / "upstream.json"
+MODES = ("unary", "stream")
+
+
+@dataclass(frozen=True)
+class Phase:
+    mode: str
+    phase: str
+    num_requests: int
+    num_ok: int
+    num_tokens: int
+    wall_s: float
+    gateway_cpu_us: float
+    scheduler_cpu_us: float
+    # Per request (classify) or per generated token (generate).
+    gateway_cpu_us_per_unit: float
+    scheduler_cpu_us_per_unit: float
+    units_per_s: float
+
+
+async def drive_generate(address: str, num_requests: int, concurrency: int, max_tokens: int) -> tuple[int, int, float]:
+    request = gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name="toy-generator"), prompt="abc",
+                                          sampling=common_pb2.SamplingParams(max_tokens=max_tokens))
+    remaining, num_ok, num_tokens = num_requests, 0, 0
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = gateway_pb2_grpc.InferenceStub(channel)
+
+        async def worker() -> None:
+            nonlocal remaining, num_ok, num_tokens
+            while remaining > 0:
+                remaining -= 1
+                try:
+                    async for chunk in stub.Generate(request, timeout=60):
+                        num_tokens += len(chunk.token_ids)
+                    num_ok += 1
+                except grpc.aio.AioRpcError:
+                    pass
+
+        began = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return num_ok, num_tokens, time.perf_counter() - began
+
+
+def idle_rates(pids: dict[str, int], idle_s: float) -> dict[str, float]:
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    time.sleep(idle_s)
+    return {name: (cpu_seconds(pid) - before[name]) / idle_s for name, pid in pids.items()}
+
+
+def measure(mode: str, phase: str, pids: dict[str, int], idle: dict[str, float], run) -> Phase:
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    num_requests, num_ok, num_tokens, wall_s = run()
+    cpu_us = {name: max(0.0, cpu_seconds(pid) - before[name] - idle[name] * wall_s) * 1e6 for name, pid in pids.items()}
+    units = num_tokens if phase == "generate" else num_ok
+    return Phase(
+        mode=mode, phase=phase, num_requests=num_requests, num_ok=num_ok, num_tokens=num_tokens,
+        wall_s=round(wall_s, 3), gateway_cpu_us=round(cpu_us["gateway"]), scheduler_cpu_us=round(cpu_us["scheduler"]),
+        gateway_cpu_us_per_unit=round(cpu_us["gateway"] / max(1, units), 1),
+        scheduler_cpu_us_per_unit=round(cpu_us["scheduler"] / max(1, units), 1),
+        units_per_s=round(units / wall_s, 1),
+    )
+
+
+def run(num_classify: int, num_generate: int, max_tokens: int, concurrency: int, idle_s: float) -> dict:
+    phases: list[Phase] = []
+    with tempfile.TemporaryDirectory(prefix="bench-upstream-") as tmp_dir, running_mesh(Path(tmp_dir)) as mesh:
+        mesh.start_scheduler("--log-level", "WARNING")
+        mesh.start_worker("toy-classifier")
+        mesh.start_worker("toy-generator")
+        gateways = {mode: spawn_gateway(mesh, f"gateway-{mode}", "--upstream-mode", mode, "--log-level", "WARNING")
+                    for mode in MODES}
+        for gateway in gateways.values():  # warm up channels, streams, caches, code paths
+            asyncio.run(drive(gateway.address, "", 200, concurrency))
+            asyncio.run(drive_generate(gateway.address, concurrency, concurrency, 8))
+        for mode, gateway in gateways.items():
+            pids = {"gateway": gateway.proc.pid, "scheduler": mesh.scheduler.proc.pid}
+            idle = idle_rates(pids, idle_s)
+
+            def classify(address=gateway.address):
+                codes, wall_s = asyncio.run(drive(address, "", num_classify, concurrency))
+                return num_classify, codes.get("OK", 0), 0, wall_s
+
+            def generate(address=gateway.address):
+                return num_generate, *asyncio.run(drive_generate(address, num_generate, concurrency, max_tokens))
+
+            phases.append(measure(mode, "classify", pids, idle, classify))
+            phases.append(measure(mode, "generate", pids, idle, generate))
+    return {
+        "benchmark": "upstream",
+        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "settings": {"num_classify": num_classify, "num_generate": num_generate, "max_tokens": max_tokens,
+                     "concurrency": concurrency},
+        "phases": [asdict(p) for p in phases],
+        "stream_over_unary": ratios(phases),
+    }
+
+
+def ratios(phases: list[Phase]) -> dict:
+    by_key = {(p.mode, p.phase): p for p in phases}
+    out = {}
+    for phase in ("classify", "generate"):
+        unary, stream = by_key[("unary", phase)], by_key[("stream", phase)]
+        out[phase] = {
+            "gateway_cpu": round(stream.gateway_cpu_us_per_unit / max(unary.gateway_cpu_us_per_unit, 1e-9), 3),
+            "scheduler_cpu": round(stream.scheduler_cpu_us_per_unit / max(unary.scheduler_cpu_us_per_unit, 1e-9), 3),
+        }
+    return out
+
+
+def print_table(results: dict) -> None:
+    print(f"{'mode':<7} {'phase':<9} {'requests':>8} {'ok':>6} {'tokens':>7} {'gateway us/unit':>15} "
+          f"{'scheduler us/unit':>17} {'units/s':>9}")
+    for p in results["phases"]:
+        print(f"{p['mode']:<7} {p['phase']:<9} {p['num_requests']:>8} {p['num_ok']:>6} {p['num_tokens']:>7} "
+              f"{p['gateway_cpu_us_per_unit']:>15.1f} {p['scheduler_cpu_us_per_unit']:>17.1f} {p['units_per_s']:>9.1f}")
+    print("unit: a classify request, or a generated token")
+    for phase, ratio in results["stream_over_unary"].items():
+        print(f"stream / unary, {phase}: gateway CPU {ratio['gateway_cpu']}, scheduler CPU {ratio['scheduler_cpu']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-classify", type=int, default=3000)
+    parser.add_argument("--num-generate", type=int, default=96)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--idle-s", type=float, default=2.0, help="how long each process's idle CPU rate is measured")
+    parser.add_argument("--quick", action="store_true", help="a quarter of the requests")
+    args = parser.parse_args()
+    if args.quick:
+        args.num_classify, args.num_generate = args.num_classify // 4, args.num_generate // 4
+    results = run(args.num_classify, args.num_generate, args.max_tokens, args.concurrency, args.idle_s)
+    print_table(results)
+    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS_PATH.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {RESULTS_PATH}")
+
+
+if __name__ == "__main__":
+    main()
