@@ -62,7 +62,7 @@ def simulate(heavy_per_s: float, seed: int, options: dict) -> dict:
     if heavy_per_s:
         pending += arrivals("heavy", heavy_per_s, end_s + 5.0, random.Random(seed + 1000))
     heapq.heapify(pending)
-    seqs, next_id, done = {}, 1, {"light": [], "heavy": []}
+    seqs, next_id, done, num_preempted = {}, 1, {"light": [], "heavy": []}, 0
     while pending or scheduler.has_work():
         while pending and pending[0][0] <= clock():
             at_s, who, prompt_len, max_tokens = heapq.heappop(pending)
@@ -81,6 +81,7 @@ def simulate(heavy_per_s: float, seed: int, options: dict) -> dict:
                 break
             clock.now_s = pending[0][0]
             continue
+        num_preempted += len(plan.preempted_seq_ids)
         clock.advance(step_cost_s(plan))
         sampled = {s.seq_id: 97 for s in plan.seqs if s.sample}
         for delta in scheduler.update_from_output(plan, sampled):
@@ -93,7 +94,8 @@ def simulate(heavy_per_s: float, seed: int, options: dict) -> dict:
     return {"light_ttft_p99_ms": 1000 * quantile([t for t, _ in light], 0.99),
             "light_ttft_p50_ms": 1000 * quantile([t for t, _ in light], 0.50),
             "light_e2e_p99_ms": 1000 * quantile([e for _, e in light], 0.99),
-            "heavy_done_per_s": sum(1 for at_s, *_ in done["heavy"] if WARMUP_S <= at_s < end_s) / WINDOW_S}
+            "heavy_done_per_s": sum(1 for at_s, *_ in done["heavy"] if WARMUP_S <= at_s < end_s) / WINDOW_S,
+            "preemptions_per_s": num_preempted / clock()}
 
 
 def capacity_per_s() -> float:
@@ -123,7 +125,7 @@ def main() -> None:
         print(f"seed {seed}: light TTFT p99 {alone['light_ttft_p99_ms']:.0f} -> {flooded['light_ttft_p99_ms']:.0f} ms "
               f"({ratios[-1]:.2f}x), p50 {alone['light_ttft_p50_ms']:.0f} -> {flooded['light_ttft_p50_ms']:.0f} ms, "
               f"e2e p99 {alone['light_e2e_p99_ms']:.0f} -> {flooded['light_e2e_p99_ms']:.0f} ms, "
-              f"heavy done {flooded['heavy_done_per_s']:.1f}/s")
+              f"heavy done {flooded['heavy_done_per_s']:.1f}/s, preemptions {flooded['preemptions_per_s']:.1f}/s")
     print(f"median TTFT p99 ratio {statistics.median(ratios):.2f}x over {args.seeds} seeds")
 
 

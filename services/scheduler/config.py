@@ -27,7 +27,7 @@ class SchedulerConfig(ServerSettings):
                                          "batch as padding until it ends, as in a fixed-shape batch")
     fairness_preemption: bool = setting(True, "generate: a tenant below its weighted share of the running slots "
                                         "that waits preempts the newest sequence of a same-class tenant above its share")
-    fairness_min_run_ms: float = setting(200.0, "generate: a sequence runs at least this long before fairness "
+    fairness_min_run_ms: float = setting(100.0, "generate: a sequence runs at least this long before fairness "
                                          "preemption may take its slot (anti-thrash)")
     orphan_grace_ms: float = setting(5000.0, "queued work of a model whose last worker left waits this long "
                                      "(at most until its deadline) for a worker to attach")

@@ -76,7 +76,7 @@ class StepSchedulerConfig:
     # A tenant below its weighted share of max_num_seqs that waits preempts a same-class tenant above
     # its share; a sequence runs at least this long before it can be preempted so (anti-thrash).
     enable_fairness_preemption: bool = True
-    fairness_min_run_s: float = 0.2
+    fairness_min_run_s: float = 0.1
     # Admission keeps this fraction of blocks free, so running sequences can grow without preempting.
     kv_watermark: float = 0.01
     # Step time assumed before any is measured, and the weight of each new measurement.
@@ -407,7 +407,7 @@ class StepScheduler:
                 step.num_long_prefills += long
 
     def _make_room(self, seq: Sequence, num_tokens: int, step: _StepBuilder) -> bool:
-        """Preempts running sequences (lowest class, newest first) until `seq` fits;
+        """Preempts running sequences (lowest class, most-served tenant, newest first) until `seq` fits;
         False when `seq` itself was the one to go."""
         while not self.kv.can_allocate(seq.seq_id, num_tokens):
             victim = max(self._running, key=self._service_key)
