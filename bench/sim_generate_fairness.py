@@ -7,6 +7,7 @@ measured without the noise of a shared machine (or of the scheduler's own CPU).
 A light tenant at 3 streams/s alone, then with a same-class, same-weight heavy tenant at 2x
 capacity (heavy calls carry 5 s deadlines, as in the real benchmark); greedy, ignore EOS, prompts
 8-48 tokens, max_tokens uniform in [8, 128]; 60 simulated seconds per phase after 3 s of warm-up.
+`--classes critical` makes the light tenant critical and the flood sheddable.
 Prints the light tenant's TTFT p99 and e2e p99 per seed and their medians. `--option` overrides a
 StepSchedulerConfig field (e.g. enable_fairness_preemption=false) where the code has it.
 """
@@ -21,7 +22,7 @@ import statistics
 
 from bench.bench_scheduler import quantile
 from services.common.errors import ResourceExhausted
-from services.scheduler.fair_queue import TenantContext
+from services.scheduler.fair_queue import Priority, TenantContext
 from services.scheduler.kv_block_manager import KVBlockManager
 from services.scheduler.sequence import SamplingParams
 from services.scheduler.step_scheduler import StepScheduler, StepSchedulerConfig
@@ -36,6 +37,8 @@ NUM_BLOCKS, BLOCK_SIZE = 1024, 16
 # near what the real worker takes on one thread.
 STEP_FIXED_S, STEP_PER_SEQ_S, STEP_PER_TOKEN_S = 0.002, 0.0006, 0.00005
 LIGHT_PER_S, HEAVY_TIMEOUT_S = 3.0, 5.0
+# Priority classes of (light, heavy): the issue's same-class case, or a critical tenant against a sheddable flood.
+CLASSES = {"same": (Priority.STANDARD, Priority.STANDARD), "critical": (Priority.CRITICAL, Priority.SHEDDABLE)}
 WARMUP_S, WINDOW_S = 3.0, 60.0
 
 
@@ -52,12 +55,13 @@ def arrivals(who: str, rate_per_s: float, until_s: float, rng: random.Random) ->
     return out
 
 
-def simulate(heavy_per_s: float, seed: int, options: dict) -> dict:
+def simulate(heavy_per_s: float, seed: int, options: dict, classes: str = "same") -> dict:
     """Light TTFT and e2e (seconds) of the streams sent after warm-up, and heavy completions/s."""
     clock = FakeClock(0.0)
     scheduler = StepScheduler(dataclasses.replace(CONFIG, **options), KVBlockManager(NUM_BLOCKS, BLOCK_SIZE),
                               ByteTokenizer(vocab_size=257, eos_token_id=256), clock)
     end_s = WARMUP_S + WINDOW_S
+    priorities = dict(zip(("light", "heavy"), CLASSES[classes], strict=True))
     pending = arrivals("light", LIGHT_PER_S, end_s, random.Random(seed))
     if heavy_per_s:
         pending += arrivals("heavy", heavy_per_s, end_s + 5.0, random.Random(seed + 1000))
@@ -70,7 +74,7 @@ def simulate(heavy_per_s: float, seed: int, options: dict) -> dict:
             try:
                 seq = scheduler.add_request(next_id, tuple(97 + i % 26 for i in range(prompt_len)),
                                             SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                                            TenantContext(who), deadline_s=deadline_s)
+                                            TenantContext(who, priorities[who]), deadline_s=deadline_s)
             except ResourceExhausted:
                 continue  # the queue is full: refused, as the real scheduler refuses the call
             seqs[next_id] = (who, at_s, seq)
@@ -107,6 +111,7 @@ def capacity_per_s() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--classes", choices=sorted(CLASSES), default="same")
     parser.add_argument("--option", action="append", default=[], help="StepSchedulerConfig field=value")
     args = parser.parse_args()
     options = {}
@@ -119,8 +124,8 @@ def main() -> None:
     print(f"capacity {capacity:.1f} streams/s; heavy offers {2 * capacity:.1f}/s")
     ratios = []
     for seed in range(args.seeds):
-        alone = simulate(0.0, seed, options)
-        flooded = simulate(2 * capacity, seed, options)
+        alone = simulate(0.0, seed, options, args.classes)
+        flooded = simulate(2 * capacity, seed, options, args.classes)
         ratios.append(flooded["light_ttft_p99_ms"] / alone["light_ttft_p99_ms"])
         print(f"seed {seed}: light TTFT p99 {alone['light_ttft_p99_ms']:.0f} -> {flooded['light_ttft_p99_ms']:.0f} ms "
               f"({ratios[-1]:.2f}x), p50 {alone['light_ttft_p50_ms']:.0f} -> {flooded['light_ttft_p50_ms']:.0f} ms, "
