@@ -27,13 +27,13 @@ import grpc
 from infermesh.v1 import gateway_pb2, scheduler_pb2
 from services.gateway.attempt_error import AttemptError
 from services.gateway.call_table import CallTable
+from services.gateway.submit_outbox import EntryOutbox, encode_call, encode_cancel
 from services.gateway.upstream_status import UpstreamCode
 
 log = logging.getLogger(__name__)
 
 # What grpc reports for an RPC whose deadline passed; the unary path gives the client this message.
 DEADLINE_MESSAGE = "Deadline Exceeded"
-_CANCEL = scheduler_pb2.CancelCall()
 # Handler of one call: a future (classify) or a queue of chunks and at most one AttemptError (generate).
 Handler = asyncio.Future | asyncio.Queue
 
@@ -64,10 +64,12 @@ class StreamGenerateCall:
 
 
 class SchedulerStream:
-    def __init__(self, address: str, open_call: Callable[[], grpc.aio.StreamStreamCall],
+    def __init__(self, address: str, open_call: Callable[[], grpc.aio.StreamStreamCall], max_message_bytes: int,
                  clock: Callable[[], float] = time.monotonic,
                  call_later: Callable[[float, Callable[[], None]], asyncio.TimerHandle] | None = None) -> None:
-        """open_call: starts a Submit RPC (stub.Submit()); it is written to and read from here.
+        """open_call: starts a Submit RPC whose requests are SubmitBatch bytes (submit_outbox.py) and
+        whose responses are ReplyBatch messages; it is written to and read from here.
+        max_message_bytes: the largest message the scheduler accepts.
         clock and call_later (the event loop's by default) drive the deadline timer; tests fake both."""
         self._address = address
         self._open_call = open_call
@@ -77,7 +79,7 @@ class SchedulerStream:
         self._call: grpc.aio.StreamStreamCall | None = None
         self._tasks: tuple[asyncio.Task, ...] = ()
         self._wake = asyncio.Event()
-        self._outbox = scheduler_pb2.SubmitBatch()
+        self._outbox = EntryOutbox(max_message_bytes, self._wake.set)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at_s: float | None = None
 
@@ -90,8 +92,7 @@ class SchedulerStream:
     async def classify(self, request: scheduler_pb2.ScheduleClassifyRequest, timeout_s: float,
                        trace_context: dict[str, str]) -> gateway_pb2.ClassifyResponse:
         future = asyncio.get_running_loop().create_future()
-        call_id = self._open(future, timeout_s)
-        self._entry(call_id, timeout_s, trace_context).classify.CopyFrom(request)
+        call_id = self._open(future, request, timeout_s, trace_context)
         try:
             return await future
         except asyncio.CancelledError:
@@ -101,14 +102,12 @@ class SchedulerStream:
     def generate(self, request: scheduler_pb2.ScheduleGenerateRequest, timeout_s: float,
                  trace_context: dict[str, str]) -> StreamGenerateCall:
         queue: asyncio.Queue = asyncio.Queue()
-        call_id = self._open(queue, timeout_s)
-        self._entry(call_id, timeout_s, trace_context).generate.CopyFrom(request)
-        return StreamGenerateCall(self, call_id, queue)
+        return StreamGenerateCall(self, self._open(queue, request, timeout_s, trace_context), queue)
 
     def abandon(self, call_id: int) -> None:
         """Forgets a call still in flight and tells the scheduler to drop it."""
         if self._calls.pop(call_id) is not None and self._call is not None:
-            self._entries().add(call_id=call_id, cancel=_CANCEL)
+            self._outbox.add(encode_cancel(call_id))
 
     async def close(self) -> None:
         if self._call is not None:
@@ -116,12 +115,21 @@ class SchedulerStream:
 
     # -- stream lifecycle ---------------------------------------------------------
 
-    def _open(self, handler: Handler, timeout_s: float) -> int:
+    def _open(self, handler: Handler, request, timeout_s: float, trace_context: dict[str, str]) -> int:
+        """Registers the call and queues its entry; returns its id.
+        Raises AttemptError (nothing sent) when it has no time left or is too large for one message."""
         if timeout_s <= 0:
             raise AttemptError.local(UpstreamCode.DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
         if self._call is None:
             self._start()
         call_id = self._calls.open(handler, timeout_s)
+        record = encode_call(call_id, request, max(1, int(timeout_s * 1e6)), trace_context)
+        if not self._outbox.fits(record):
+            self._calls.pop(call_id)
+            raise AttemptError.local(UpstreamCode.RESOURCE_EXHAUSTED, (
+                f"request of {len(record)} bytes exceeds the {self._outbox.max_message_bytes}-byte message "
+                f"limit of the stream to {self._address}"))
+        self._outbox.add(record)
         deadline_s = self._calls.deadline_s(call_id)
         if self._timer_at_s is None or deadline_s < self._timer_at_s:
             self._arm(deadline_s)
@@ -129,7 +137,7 @@ class SchedulerStream:
 
     def _start(self) -> None:
         call = self._call = self._open_call()
-        self._outbox = scheduler_pb2.SubmitBatch()
+        self._outbox.clear()
         self._tasks = (
             asyncio.create_task(self._read(call), name=f"submit-reader {self._address}"),
             asyncio.create_task(self._write(call), name=f"submit-writer {self._address}"),
@@ -146,7 +154,7 @@ class SchedulerStream:
                 task.cancel()
         self._tasks = ()
         call.cancel()
-        self._outbox = scheduler_pb2.SubmitBatch()
+        self._outbox.clear()
         self._disarm()
         failed = self._calls.pop_all()
         if failed:
@@ -161,10 +169,8 @@ class SchedulerStream:
             while True:
                 await wake.wait()
                 wake.clear()
-                if not self._outbox.entries:
-                    continue
-                batch, self._outbox = self._outbox, scheduler_pb2.SubmitBatch()
-                await call.write(batch)
+                while (message := self._outbox.take()) is not None:
+                    await call.write(message)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
             self._broken(call, _why(exc))
 
@@ -179,18 +185,7 @@ class SchedulerStream:
             log.exception("Submit reader for %s failed", self._address)
             self._broken(call, _why(exc))
 
-    # -- entries and replies -----------------------------------------------------
-
-    def _entries(self):
-        """The entries of the next SubmitBatch; the first one of a batch wakes the writer."""
-        entries = self._outbox.entries
-        if not entries:
-            self._wake.set()
-        return entries
-
-    def _entry(self, call_id: int, timeout_s: float, trace_context: dict[str, str]) -> scheduler_pb2.SubmitEntry:
-        return self._entries().add(call_id=call_id, timeout_us=max(1, int(timeout_s * 1e6)),
-                                   trace_context=trace_context)
+    # -- replies -------------------------------------------------------------------
 
     def _route(self, batch: scheduler_pb2.ReplyBatch) -> None:
         calls = self._calls
@@ -236,7 +231,7 @@ class SchedulerStream:
         for call_id, handler in self._calls.pop_expired():
             _fail(handler, AttemptError.local(UpstreamCode.DEADLINE_EXCEEDED, DEADLINE_MESSAGE))
             if self._call is not None:
-                self._entries().add(call_id=call_id, cancel=_CANCEL)
+                self._outbox.add(encode_cancel(call_id))
         next_s = self._calls.next_deadline_s()
         if next_s is not None:
             self._arm(next_s)

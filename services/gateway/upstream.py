@@ -31,6 +31,9 @@ _RECONNECT_OPTIONS = [
 ]
 
 
+_SUBMIT_METHOD = f"/{scheduler_pb2.DESCRIPTOR.services_by_name['Scheduler'].full_name}/Submit"
+
+
 class UpstreamMode(enum.Enum):
     # One Submit stream per scheduler endpoint, many calls per message.
     STREAM = "stream"
@@ -69,7 +72,13 @@ class SchedulerClient:
             ],
         )
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
-        self._stream = SchedulerStream(address, self._stub.Submit) if mode is UpstreamMode.STREAM else None
+        self._stream = None
+        if mode is UpstreamMode.STREAM:
+            # Requests go out as SubmitBatch bytes encoded by submit_outbox.py (no serializer here).
+            open_submit = self._channel.stream_stream(
+                _SUBMIT_METHOD, request_serializer=None, response_deserializer=scheduler_pb2.ReplyBatch.FromString
+            )
+            self._stream = SchedulerStream(address, open_submit, max_message_bytes)
 
     async def classify(
         self, request: scheduler_pb2.ScheduleClassifyRequest, timeout_s: float

@@ -24,8 +24,8 @@ class FakeSubmitCall:
         self._incoming: asyncio.Queue = asyncio.Queue()
         self.cancelled = False
 
-    async def write(self, batch: scheduler_pb2.SubmitBatch) -> None:
-        self.written.append(batch)
+    async def write(self, message: bytes) -> None:
+        self.written.append(scheduler_pb2.SubmitBatch.FromString(message))
 
     async def read(self):
         item = await self._incoming.get()
@@ -76,7 +76,7 @@ def stream(clock, calls) -> SchedulerStream:
         calls.append(FakeSubmitCall())
         return calls[-1]
 
-    stream = SchedulerStream("sched:1", open_call, clock)
+    stream = SchedulerStream("sched:1", open_call, 4096, clock)
     stream.timers = FakeTimers(clock)
     stream._call_later = stream.timers.call_later
     return stream
@@ -236,3 +236,24 @@ async def test_an_abandoned_classify_is_cancelled_upstream(stream, calls):
     await settle()
     assert [e.WhichOneof("kind") for e in calls[0].entries()] == ["classify", "cancel"]
     assert stream.num_calls == 0
+
+
+async def test_entries_beyond_the_message_limit_go_in_several_messages_and_an_oversized_call_fails_alone(
+        stream, calls):
+    image = common_pb2.Image(encoded=bytes(1500))
+    request = scheduler_pb2.ScheduleClassifyRequest(request=gateway_pb2.ClassifyRequest(image=image))
+    tasks = [asyncio.create_task(stream.classify(request, 2.0, {})) for _ in range(5)]
+    await settle()
+    assert [len(batch.entries) for batch in calls[0].written] == [2, 2, 1]
+    assert [e.call_id for e in calls[0].entries()] == [1, 2, 3, 4, 5]
+    assert calls[0].entries()[0].classify == request
+
+    huge = scheduler_pb2.ScheduleClassifyRequest(request=gateway_pb2.ClassifyRequest(
+        image=common_pb2.Image(encoded=bytes(5000))))
+    with pytest.raises(AttemptError) as caught:
+        await stream.classify(huge, 2.0, {})
+    assert (caught.value.code, caught.value.pushback_ms) == (UpstreamCode.RESOURCE_EXHAUSTED, None)
+    assert caught.value.error.message.startswith("request of 50")
+    assert stream.num_calls == 5
+    for task in tasks:
+        task.cancel()
