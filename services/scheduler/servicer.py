@@ -408,7 +408,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
         if self._draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "scheduler is draining; submit elsewhere")
-        stream = SubmitStream(self)
+        stream = SubmitStream(self, self._config.max_message_bytes)
         self._submit_streams.add(stream)
         try:
             await stream.serve(read, context.write)

@@ -69,6 +69,30 @@ class ReplyOutbox:
         return batch
 
 
+def within_size(batch: scheduler_pb2.ReplyBatch, max_message_bytes: int) -> list[scheduler_pb2.ReplyBatch]:
+    """batch as messages of at most max_message_bytes (the gateway's receive limit, assumed equal to ours):
+    one message too large would break the stream and every call on it. A single reply over the limit
+    becomes that call's RESOURCE_EXHAUSTED error."""
+    if batch.ByteSize() <= max_message_bytes:
+        return [batch]
+    out = [scheduler_pb2.ReplyBatch()]
+    num_bytes = 0
+    for reply in batch.replies:
+        size = reply.ByteSize() + 8  # + the field's tag and length
+        if size > max_message_bytes:
+            too_large = errors.ResourceExhausted(
+                f"reply of {size} bytes exceeds the {max_message_bytes}-byte message limit of the stream")
+            reply = scheduler_pb2.CallReply(call_id=reply.call_id)
+            fill_error(reply, too_large)
+            size = reply.ByteSize() + 8
+        if num_bytes + size > max_message_bytes and out[-1].replies:
+            out.append(scheduler_pb2.ReplyBatch())
+            num_bytes = 0
+        out[-1].replies.append(reply)
+        num_bytes += size
+    return out
+
+
 def fill_error(reply: scheduler_pb2.CallReply, exc: BaseException) -> None:
     """The CallError the unary RPC would end with (see status.maps_domain_errors)."""
     error = reply.error
@@ -86,8 +110,9 @@ def fill_error(reply: scheduler_pb2.CallReply, exc: BaseException) -> None:
 class SubmitStream:
     """The call table and outbox of one Submit stream; `serve` runs it until the stream ends."""
 
-    def __init__(self, core: SubmitCore) -> None:
+    def __init__(self, core: SubmitCore, max_message_bytes: int) -> None:
         self._core = core
+        self._max_message_bytes = max_message_bytes
         self._calls: dict[int, asyncio.Task] = {}
         self._wake = asyncio.Event()
         self._draining = False
@@ -189,7 +214,8 @@ class SubmitStream:
             batch = self.outbox.take()
             if batch is not None:
                 try:
-                    await write(batch)
+                    for message in within_size(batch, self._max_message_bytes):
+                        await write(message)
                 except Exception as exc:  # noqa: BLE001 - the stream is gone; serve() ends it
                     log.info("Submit stream write failed: %s", exc)
                     return

@@ -8,7 +8,7 @@ import pytest
 
 from infermesh.v1 import gateway_pb2, scheduler_pb2
 from services.common import errors
-from services.scheduler.submit_stream import ReplyOutbox, SubmitStream, fill_error
+from services.scheduler.submit_stream import ReplyOutbox, SubmitStream, fill_error, within_size
 
 
 class ScriptedCore:
@@ -85,7 +85,7 @@ async def settle() -> None:
 @pytest.fixture
 async def running():
     core, pipe = ScriptedCore(), Pipe()
-    stream = SubmitStream(core)
+    stream = SubmitStream(core, 1 << 20)
     serving = asyncio.create_task(stream.serve(pipe.read, pipe.write))
     yield core, pipe, stream, serving
     pipe.incoming.put_nowait(None)
@@ -162,7 +162,7 @@ async def test_bad_entries_fail_alone(running):
 
 async def test_the_end_of_the_stream_cancels_every_call():
     core, pipe = ScriptedCore(), Pipe()
-    serving = asyncio.create_task(SubmitStream(core).serve(pipe.read, pipe.write))
+    serving = asyncio.create_task(SubmitStream(core, 1 << 20).serve(pipe.read, pipe.write))
     pipe.send(classify(1, "a"), generate(2, "b"))
     await settle()
     pipe.incoming.put_nowait(None)
@@ -173,7 +173,7 @@ async def test_the_end_of_the_stream_cancels_every_call():
 
 async def test_draining_refuses_new_calls_and_ends_after_the_last_reply():
     core, pipe = ScriptedCore(), Pipe()
-    stream = SubmitStream(core)
+    stream = SubmitStream(core, 1 << 20)
     serving = asyncio.create_task(stream.serve(pipe.read, pipe.write))
     pipe.send(classify(1, "a"))
     await settle()
@@ -187,3 +187,18 @@ async def test_draining_refuses_new_calls_and_ends_after_the_last_reply():
     assert replies[1].classify.labels[0].label == "dark"
     assert (replies[2].error.code, replies[2].error.message) == (14, "scheduler is draining; submit elsewhere")
     assert not replies[2].error.HasField("retry_pushback_ms")
+
+
+def test_a_batch_over_the_message_limit_is_cut_and_an_oversized_reply_becomes_its_error():
+    batch = scheduler_pb2.ReplyBatch()
+    for call_id in (1, 2, 3):
+        batch.replies.add(call_id=call_id).chunk.text = "x" * 300
+    batch.replies.add(call_id=4).chunk.text = "y" * 5000
+    assert within_size(batch, 10_000) == [batch]
+
+    messages = within_size(batch, 1000)
+    assert [[r.call_id for r in m.replies] for m in messages] == [[1, 2, 3], [4]]
+    assert all(m.ByteSize() <= 1000 for m in messages)
+    assert messages[0].replies[0].chunk.text == "x" * 300
+    error = messages[1].replies[0].error
+    assert error.code == 8 and error.message.endswith("exceeds the 1000-byte message limit of the stream")
