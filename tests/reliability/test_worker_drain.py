@@ -5,6 +5,7 @@ Counted, not sampled: every request sent gets a correct answer.
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 import time
@@ -14,6 +15,8 @@ import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.worker.mock_models import MOCK_LABELS, mock_label_index
+from tests.support.generator_models import mock_text
 from tests.support.processes import running_mesh, wait_until
 
 pytestmark = pytest.mark.integration
@@ -37,17 +40,17 @@ def _steady_load(address: str, make_call, stop: threading.Event, rate_per_s: flo
     return outcomes
 
 
-def _classify(stub) -> str:
+def _classify(model: str, stub) -> str:
     try:
-        reply = stub.Classify(gateway_pb2.ClassifyRequest(model=common_pb2.ModelRef(name="toy-classifier"),
+        reply = stub.Classify(gateway_pb2.ClassifyRequest(model=common_pb2.ModelRef(name=model),
                                                           image=BRIGHT), timeout=10)
         return reply.labels[0].label
     except grpc.RpcError as exc:
         return f"{exc.code().name}: {exc.details()}"
 
 
-def _generate(stub) -> str:
-    request = gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name="toy-generator"), prompt="a",
+def _generate(model: str, stub) -> str:
+    request = gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name=model), prompt="a",
                                           sampling=common_pb2.SamplingParams(max_tokens=12))
     try:
         chunks = list(stub.Generate(request, timeout=20))
@@ -59,14 +62,20 @@ def _generate(stub) -> str:
 
 
 @pytest.mark.parametrize(
-    ("model", "call", "expected", "compute_ms", "rate_per_s"),
-    [("toy-classifier", _classify, "bright", "30", 40.0), ("toy-generator", _generate, "bcdefghijklm", "40", 6.0)],
+    ("model", "call", "expected", "worker_args", "rate_per_s"),
+    [
+        ("toy-classifier", _classify, "bright", ("--toy-compute-ms", "30"), 40.0),
+        ("toy-generator", _generate, "bcdefghijklm", ("--toy-compute-ms", "40"), 6.0),
+        ("mock-classifier", _classify, MOCK_LABELS[mock_label_index(BRIGHT)], ("--mock-profile", "batch_ms=30"), 40.0),
+        ("mock-generator", _generate, mock_text("a", 12), ("--mock-profile", "step_ms=40"), 6.0),
+    ],
 )
-def test_sigterm_to_a_worker_under_load_fails_no_request(tmp_path, model, call, expected, compute_ms, rate_per_s):
+def test_sigterm_to_a_worker_under_load_fails_no_request(tmp_path, model, call, expected, worker_args, rate_per_s):
+    call = functools.partial(call, model)
     with running_mesh(tmp_path) as mesh:
         mesh.start_scheduler()
-        draining = mesh.start_worker(model, "--toy-compute-ms", compute_ms, "--drain-grace-s", "15", name="draining")
-        mesh.start_worker(model, "--toy-compute-ms", compute_ms, name="staying")
+        draining = mesh.start_worker(model, *worker_args, "--drain-grace-s", "15", name="draining")
+        mesh.start_worker(model, *worker_args, name="staying")
         mesh.start_gateway()
         stop = threading.Event()
         results: list = []
