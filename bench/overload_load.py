@@ -53,6 +53,8 @@ class LoadPool:
         context = multiprocessing.get_context("spawn")
         self._conns = []
         self._procs = []
+        # CPU the load processes spent sending and receiving in the last replay (not preparing or parsing).
+        self.last_send_cpu_s = 0.0
         for _ in range(num_procs):
             parent, child = context.Pipe()
             proc = context.Process(target=_serve, args=(child,), daemon=True)
@@ -81,7 +83,9 @@ class LoadPool:
         origin_unix_s = time.time() + START_LEAD_S
         for conn in conns:
             conn.send((origin_s, origin_unix_s))
-        return merge_results(_expect_results(conn.recv()) for conn in conns)
+        replies = [_expect_results(conn.recv()) for conn in conns]
+        self.last_send_cpu_s = sum(cpu_s for _, cpu_s in replies)
+        return merge_results(results for results, _ in replies)
 
     def closed_loop(self, target: str, job: ClosedLoopJob) -> tuple[list[SendResult], float]:
         """Runs a closed-loop job in the first process: its results and its measured length."""
@@ -133,7 +137,7 @@ def _serve(conn) -> None:
             conn.send(exc)
 
 
-async def _replay(conn, target: str, plan: LoadPlan) -> list[SendResult]:
+async def _replay(conn, target: str, plan: LoadPlan) -> tuple[list[SendResult], float]:
     async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
         await asyncio.wait_for(channel.channel_ready(), timeout=10)
         classify = channel.unary_unary(CLASSIFY_METHOD)
@@ -141,6 +145,7 @@ async def _replay(conn, target: str, plan: LoadPlan) -> list[SendResult]:
         auth = {i: ("authorization", f"Bearer {t.api_key}") for i, t in enumerate(plan.templates)}
         conn.send("ready")
         origin_s, origin_unix_s = conn.recv()
+        cpu_before_s = time.process_time()
         metadata = [(auth[s.template], request_start_header(origin_unix_s, s.scheduled_s)) for s in plan.sends]
         tracker = _Tracker(len(plan.sends))
         streams = []
@@ -170,7 +175,8 @@ async def _replay(conn, target: str, plan: LoadPlan) -> list[SendResult]:
             if call is not None and not call.done():
                 call.cancel()
         await asyncio.gather(*streams, return_exceptions=True)
-        return [await _result(plan, i, origin_s, tracker) for i in range(len(plan.sends))]
+        send_cpu_s = time.process_time() - cpu_before_s
+        return [await _result(plan, i, origin_s, tracker) for i in range(len(plan.sends))], send_cpu_s
 
 
 class _Tracker:
