@@ -5,7 +5,10 @@ Every request leaves the gateway with a deadline: the client's (clamped to
 what remains minus `hop_margin_s`, so the gateway still has time to turn a
 late upstream answer into a clean DEADLINE_EXCEEDED. A request whose
 downstream budget is below the model's estimated minimum service time is
-rejected before any work is spent on it.
+rejected before any work is spent on it, except one probe per model every
+`estimate_probe_interval_s`: the estimate is measured from requests served, so
+refusing all of them would freeze an estimate inflated by a passing overload
+(once it exceeds the clients' deadlines, nothing would ever be admitted again).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ class DeadlinePolicy:
     max_timeout_s: float = 300.0
     # Kept back by the gateway at each downstream call, for its own reply path.
     hop_margin_s: float = 0.005
+    # A request the service-time estimate would refuse is let through this often per model.
+    estimate_probe_interval_s: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.default_timeout_s > 0:
@@ -36,6 +41,8 @@ class DeadlinePolicy:
             raise ValueError(
                 f"hop_margin_s must be in [0, default_timeout_s={self.default_timeout_s}), got {self.hop_margin_s}"
             )
+        if self.estimate_probe_interval_s <= 0:
+            raise ValueError(f"estimate_probe_interval_s must be > 0, got {self.estimate_probe_interval_s}")
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,7 @@ class Deadlines:
     def __init__(self, policy: DeadlinePolicy, clock: Clock) -> None:
         self.policy = policy
         self.clock = clock
+        self._last_probe_s: dict[str, float] = {}
 
     def start(self, client_timeout_s: float | None) -> Deadline:
         """The request's deadline from the client's remaining time (None: it set none)."""
@@ -76,10 +84,21 @@ class Deadlines:
 
     def check_can_finish(self, deadline: Deadline, model_name: str, min_service_time_s: float) -> None:
         """Reject at once what the model cannot serve in the time left (0: no estimate yet)."""
-        remaining_s = deadline.remaining_s(self.clock())
+        now_s = self.clock()
+        remaining_s = deadline.remaining_s(now_s)
         budget_s = remaining_s - self.policy.hop_margin_s
+        if budget_s > 0 and budget_s < min_service_time_s and self._may_probe(model_name, now_s):
+            return
         if budget_s <= 0 or budget_s < min_service_time_s:
             raise DeadlineExceeded(
                 f"deadline too short for model '{model_name}': {remaining_s * 1000:.1f} ms left, "
                 f"estimated minimum service time {min_service_time_s * 1000:.1f} ms"
             )
+
+    def _may_probe(self, model_name: str, now_s: float) -> bool:
+        if now_s - self._last_probe_s.get(model_name, -float("inf")) < self.policy.estimate_probe_interval_s:
+            return False
+        if len(self._last_probe_s) > 10_000:  # model names come from clients
+            self._last_probe_s.clear()
+        self._last_probe_s[model_name] = now_s
+        return True

@@ -71,11 +71,27 @@ def test_rejects_early_when_remaining_is_below_min_service_time(deadlines, clock
     deadline = deadlines.start(0.050)
     deadlines.check_can_finish(deadline, "digits", min_service_time_s=0.040)
     clock.advance(0.010)
+    deadlines.check_can_finish(deadline, "digits", min_service_time_s=0.040)  # the model's probe
     with pytest.raises(DeadlineExceeded) as info:
         deadlines.check_can_finish(deadline, "digits", min_service_time_s=0.040)
     assert info.value.message == (
         "deadline too short for model 'digits': 40.0 ms left, estimated minimum service time 40.0 ms"
     )
+
+
+def test_one_request_a_second_per_model_probes_a_service_time_estimate_that_refuses_everything(deadlines, clock):
+    """The estimate is learned from served requests: refusing all of them would freeze it."""
+    admitted = 0
+    for _ in range(300):  # 3 s of 100 ms deadlines against a 150 ms estimate
+        try:
+            deadlines.check_can_finish(deadlines.start(0.100), "digits", min_service_time_s=0.150)
+            admitted += 1
+        except DeadlineExceeded:
+            pass
+        clock.advance(0.010)
+    assert admitted == 3
+    with pytest.raises(DeadlineExceeded, match="deadline exceeded|already expired|too short"):
+        deadlines.check_can_finish(deadlines.start(0.004), "other", min_service_time_s=0.0)  # no time left at all
 
 
 def test_policy_validates_its_fields():
