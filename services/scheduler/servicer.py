@@ -251,16 +251,21 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             self._classify_timings(response.timings, outcome, began_s)
 
     def _classify_timings(self, timings: common_pb2.Timings, outcome, began_s: float) -> None:
-        """queue_wait, batch_wait, the worker's stages, network (round trip minus worker), scheduler total.
-        Built on the proto directly: this runs for every classify request."""
+        """queue_wait, batch_wait, the worker's stages, network (round trip minus worker), overhead (the
+        rest: handler code and event-loop waits, e.g. between the result's arrival and this reply),
+        scheduler total. Built on the proto directly: this runs for every classify request."""
         worker = outcome.worker_timings
         add = timings.stages.add
-        add(stage=common_pb2.STAGE_QUEUE_WAIT, duration_us=seconds_to_us(outcome.queue_wait_s), service=SERVICE)
-        add(stage=common_pb2.STAGE_BATCH_WAIT, duration_us=seconds_to_us(outcome.batch_wait_s), service=SERVICE)
-        timings.stages.extend(worker.stages)
-        network_s = outcome.round_trip_s - worker.total_us / 1e6
-        add(stage=common_pb2.STAGE_NETWORK, duration_us=seconds_to_us(network_s), service=SERVICE)
+        queue_us = seconds_to_us(outcome.queue_wait_s)
+        batch_us = seconds_to_us(outcome.batch_wait_s)
+        network_us = seconds_to_us(outcome.round_trip_s - worker.total_us / 1e6)
         total_us = seconds_to_us(self._clock() - began_s)
+        add(stage=common_pb2.STAGE_QUEUE_WAIT, duration_us=queue_us, service=SERVICE)
+        add(stage=common_pb2.STAGE_BATCH_WAIT, duration_us=batch_us, service=SERVICE)
+        timings.stages.extend(worker.stages)
+        add(stage=common_pb2.STAGE_NETWORK, duration_us=network_us, service=SERVICE)
+        overhead_us = total_us - queue_us - batch_us - network_us - worker.total_us
+        add(stage=common_pb2.STAGE_OVERHEAD, duration_us=max(0, overhead_us), service=SERVICE)
         add(stage=common_pb2.STAGE_SCHEDULER, duration_us=total_us, service=SERVICE)
         timings.total_us = total_us
 
@@ -358,10 +363,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         first_token_s = stream.seq.first_token_s if stream.seq is not None and stream.seq.first_token_s else now_s
         chunk.ttft_us = seconds_to_us(first_token_s - began_s)
         scheduled_s = stream.first_scheduled_s or began_s
+        queue_us = seconds_to_us(scheduled_s - began_s)
+        compute_us = seconds_to_us(stream.compute_s)
+        total_us = seconds_to_us(now_s - began_s)
         stages = [
-            StageTime("queue_wait", seconds_to_us(scheduled_s - began_s), SERVICE),
-            StageTime("compute", seconds_to_us(stream.compute_s), "worker"),
-            StageTime("scheduler", seconds_to_us(now_s - began_s), SERVICE),
+            StageTime("queue_wait", queue_us, SERVICE),
+            StageTime("compute", compute_us, "worker"),
+            # Steps' network, scheduling and waits for the rest of each step's batch.
+            StageTime("overhead", max(0, total_us - queue_us - compute_us), SERVICE),
+            StageTime("scheduler", total_us, SERVICE),
         ]
         chunk.timings.CopyFrom(to_proto(stages, total_us=seconds_to_us(now_s - began_s)))
         self._child(metrics.E2E_LATENCY, model.name, "generate").observe(now_s - began_s)

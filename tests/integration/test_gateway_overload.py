@@ -9,10 +9,12 @@ are exact: 10 in flight for critical, 9 for standard, 6 for sheddable.
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
 
-from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
+from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.support.gateway_fixtures import BRIGHT, CLASSIFIER, bearer, scrape, tenant, write_tenants
 from tests.support.processes import free_port, running_mesh, wait_until
 
@@ -32,7 +34,7 @@ def mesh(tmp_path_factory):
                           "--metrics-port", str(ports["worker"]))
         mesh.start_gateway("--tenants-file", str(tenants), "--metrics-port", str(ports["gateway"]),
                            "--limit-initial", "10", "--limit-min", "10", "--limit-max", "10",
-                           "--shed-in-flight-at", "0.99,1.0")
+                           "--shed-in-flight-at", "0.99,1.0", "--shed-queue-slo-ms", "10000,10000,10000")
         mesh.ports = ports
         with grpc.insecure_channel(mesh.gateway.address) as channel:
             mesh.stub = gateway_pb2_grpc.InferenceStub(channel)
@@ -55,7 +57,7 @@ def refused_code(future) -> grpc.StatusCode | None:
 def wait_in_flight(mesh, num: int) -> None:
     wait_until(lambda: scrape(mesh.ports["gateway"]).value(
         "infermesh_gateway_model_in_flight_requests", model="toy-classifier") == num,
-        timeout_s=10, message=f"{num} requests in flight at the gateway")
+        timeout_s=30, message=f"{num} requests in flight at the gateway")
 
 
 def scheduler_requests(mesh) -> float:
@@ -114,3 +116,22 @@ def test_a_request_whose_deadline_passes_in_the_queue_never_reaches_a_worker(mes
     wait_until(lambda: scrape(mesh.ports["worker"]).value("infermesh_worker_batch_size_sum") - items_before >= 2,
                timeout_s=5, message="the worker ran the two slow requests")
     assert scrape(mesh.ports["worker"]).value("infermesh_worker_batch_size_sum") - items_before == 2
+
+
+def test_the_stages_add_up_to_what_the_client_waited(mesh):
+    """Leaf stages cover the gateway's total exactly (overhead is each service's remainder), and
+    ingress covers the wait before the handler: together they are the client's whole wait but the
+    reply's way back."""
+    wait_in_flight(mesh, 0)
+    began_s = time.perf_counter()
+    sent_us = time.time_ns() // 1000
+    reply = mesh.stub.Classify(gateway_pb2.ClassifyRequest(model=CLASSIFIER, image=BRIGHT), timeout=30,
+                               metadata=(*bearer(KEYS["critical"]), ("x-request-start", f"t={sent_us}")))
+    waited_us = (time.perf_counter() - began_s) * 1e6
+    stages = {(common_pb2.Stage.Name(s.stage), s.service): s.duration_us for s in reply.timings.stages}
+    aggregates = {("STAGE_GATEWAY", "gateway"), ("STAGE_SCHEDULER", "scheduler"), ("STAGE_INGRESS", "gateway")}
+    leaves_us = sum(us for key, us in stages.items() if key not in aggregates)
+    assert abs(leaves_us - reply.timings.total_us) <= 10  # rounding of each stage to 1 us
+    assert ("STAGE_OVERHEAD", "scheduler") in stages and ("STAGE_NETWORK", "gateway") in stages
+    covered_us = leaves_us + stages[("STAGE_INGRESS", "gateway")]
+    assert 0.5 * waited_us < covered_us <= waited_us + 1000  # clocks read a few us apart
