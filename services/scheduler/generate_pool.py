@@ -32,6 +32,7 @@ from services.scheduler.pressure import ModelPressure, generator_pressure
 from services.scheduler.sequence import AbortReason, SamplingParams, Sequence
 from services.scheduler.step_plan import SequenceDelta, StepPlan
 from services.scheduler.step_scheduler import StepScheduler, StepSchedulerConfig
+from services.scheduler.tenant_service import TenantService
 from services.scheduler.tokenizer import ByteTokenizer
 from services.scheduler.worker_link import ModelKey, WorkerGone, WorkerLink
 
@@ -185,6 +186,8 @@ class GeneratePool:
             vocab_size=spec.vocab_size, eos_token_id=spec.eos_token_id, bos_token_id=spec.bos_token_id
         )
         self._loops: dict[str, _WorkerLoop] = {}
+        # One set of tenant service counters for all of this model's workers (generate fairness).
+        self._tenant_service = TenantService()
         self._streams: dict[int, GenerateStream] = {}
         self._where: dict[int, _WorkerLoop] = {}
         # Evicted sequences no worker could take, with when they started waiting.
@@ -213,7 +216,8 @@ class GeneratePool:
     def add_worker(self, link: WorkerLink) -> None:
         capacity = link.hello.capacity
         kv = KVBlockManager(capacity.num_kv_blocks, capacity.block_size or 16)
-        scheduler = StepScheduler(step_scheduler_config(self.config, capacity), kv, self.tokenizer, self.clock)
+        scheduler = StepScheduler(step_scheduler_config(self.config, capacity), kv, self.tokenizer, self.clock,
+                                  self._tenant_service)
         self._loops[link.link_id] = _WorkerLoop(self, link, scheduler)
         if self._held:
             held = [seq for seq, _ in self._held.values()]

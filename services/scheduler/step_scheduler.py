@@ -151,7 +151,10 @@ class _StepBuilder:
 
 
 class StepScheduler:
-    def __init__(self, config: StepSchedulerConfig, kv: KVBlockManager, tokenizer: Tokenizer, clock: Clock) -> None:
+    def __init__(self, config: StepSchedulerConfig, kv: KVBlockManager, tokenizer: Tokenizer, clock: Clock,
+                 service: TenantService | None = None) -> None:
+        """`service`: the tenants' service counters, shared by the schedulers of one model's workers
+        so that service on one worker counts on all; None: this scheduler's own (config.service_cost)."""
         if kv.blocks_for(config.max_seq_len) > kv.num_blocks:
             # Otherwise one long sequence could preempt everyone, itself last, forever.
             raise ValueError(
@@ -179,7 +182,7 @@ class StepScheduler:
         # (they keep their blocks and the worker keeps their tables until then).
         self._padding: list[Sequence] = []
         self.step_time_s = config.initial_step_time_s
-        self._service = TenantService(config.service_cost)
+        self._service = service if service is not None else TenantService(config.service_cost)
 
     # -- intake ------------------------------------------------------------
 

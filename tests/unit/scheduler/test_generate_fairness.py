@@ -5,9 +5,13 @@ from __future__ import annotations
 from collections import Counter
 
 from services.scheduler.fair_queue import Priority
+from services.scheduler.kv_block_manager import KVBlockManager
 from services.scheduler.sequence import SequenceStatus
+from services.scheduler.step_scheduler import StepScheduler, StepSchedulerConfig
+from services.scheduler.tenant_service import TenantService
 
 from .conftest import (
+    TOKENIZER,
     FakePagedWorker,
     Transcript,
     assert_contiguous,
@@ -172,3 +176,16 @@ def test_less_served_tenants_prompt_chunk_gets_the_token_budget_first(clock):
         chunks.append({s.seq_id: len(s.token_ids) for s in plan.seqs})
     # Heavy's older prompt goes first once; from then on each step's first chunk is the less-served tenant's.
     assert chunks == [{100: 8, 1: 4}, {1: 8, 100: 4}, {100: 8, 1: 4}]
+
+
+def test_service_on_one_worker_counts_on_the_others_sharing_the_counters(clock):
+    service = TenantService()
+    config = StepSchedulerConfig(max_num_seqs=2, max_num_batched_tokens=32, max_seq_len=128, kv_watermark=0.0)
+    first, second = (StepScheduler(config, KVBlockManager(64, 4), TOKENIZER, clock, service) for _ in range(2))
+    make_requests(first, 2, prompt_len=8, max_tokens=20, who=HEAVY, first_id=100)
+    make_requests(second, 3, prompt_len=8, max_tokens=4, who=HEAVY, first_id=200)
+    clock.advance(1.0)
+    make_requests(second, 1, prompt_len=8, max_tokens=4, who=LIGHT, first_id=1)
+    run_steps(first, FakePagedWorker(4), clock, max_steps=5)
+    # Heavy's backlog on the second worker is older, but heavy has been served on the first.
+    assert [s.seq_id for s in second.schedule().seqs] == [1, 200]
