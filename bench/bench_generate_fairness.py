@@ -1,7 +1,8 @@
 """Generate fairness inside one priority class, against real processes on 127.0.0.1
 (scheduler + one tinylm worker, called at the scheduler's own Generate RPC, no gateway).
 
-    .venv/bin/python -m bench.bench_generate_fairness [--quick] [--runs N] [--scheduler-arg=--flag=value ...]
+    .venv/bin/python -m bench.bench_generate_fairness [--quick] [--runs N] [--classes same|critical]
+        [--scheduler-arg=--flag=value ...]
 
 1. Capacity: streams/s the worker sustains for this request mix (closed loop, 3x max_num_seqs
    clients; output tokens/s over the window divided by the mean output length).
@@ -12,8 +13,13 @@
    backlog is bounded by expiry rather than by the queue's hard cap.
 
 Reports the light tenant's TTFT p99 alone vs flooded (target: <= 3x), its end-to-end p99, the
-heavy tenant's goodput, and the scheduler's preemptions during the flood. Medians over runs in
-the table; every run's figures in bench/results/generate_fairness.json.
+heavy tenant's goodput, and the scheduler's preemptions during the flood; per run also the TTFT
+and queue wait the scheduler itself measured (from the last chunk), the load average and the
+cores each process used, since on a shared machine a starved worker or scheduler shows up there
+and not in the scheduling policy. `--classes critical` makes the light tenant critical and the
+flood sheddable. Medians over runs in the table; every run's figures (and every light TTFT) in
+bench/results/generate_fairness.json. bench/sim_generate_fairness.py runs the same scenario on a
+fake clock.
 """
 
 from __future__ import annotations
@@ -188,6 +194,7 @@ def measure_light(target: Cluster, profile: Profile, seed: int, heavy_per_s: flo
     heavy = None
     light_priority, heavy_priority = CLASSES[classes]
     preempted_before = _preemptions(target)
+    cpu_before_s, began_s = target.cpu_seconds(), time.perf_counter()
     if heavy_per_s is not None:
         heavy = ctx.Process(target=_heavy_process, args=(
             target.address, heavy_priority, heavy_per_s, seed + 1000, profile.warmup_s + profile.window_s + 60.0, stop, out))
@@ -201,6 +208,9 @@ def measure_light(target: Cluster, profile: Profile, seed: int, heavy_per_s: flo
     summary["preemptions"] = _preemptions(target) - preempted_before
     # The machine is shared: a high load average marks a phase whose latencies are not the scheduler's alone.
     summary["load_average_1m"] = os.getloadavg()[0]
+    elapsed_s = time.perf_counter() - began_s
+    summary["cpu_cores"] = {name: round((used - cpu_before_s[name]) / elapsed_s, 2)
+                            for name, used in target.cpu_seconds().items()}
     if heavy is not None:
         stop.set()
         summary["heavy"] = out.get(timeout=60)
@@ -258,7 +268,7 @@ def run(profile: Profile, scheduler_args: list[str], classes: str) -> dict:
                       f"{flooded['queue_wait_p99_ms']:.0f} ms), e2e p99 {alone['e2e_p99_ms']:.0f} -> "
                       f"{flooded['e2e_p99_ms']:.0f} ms, heavy ok {flooded['heavy']['ok']}/{flooded['heavy']['sent']}, "
                       f"preemptions {flooded['preemptions']:.0f}, load average {alone['load_average_1m']:.1f} / "
-                      f"{flooded['load_average_1m']:.1f}")
+                      f"{flooded['load_average_1m']:.1f}, cores used under flood {flooded['cpu_cores']}")
 
     def median(*path: str) -> float:
         values = []
