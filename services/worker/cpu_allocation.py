@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,13 +39,46 @@ class ThreadSource(enum.Enum):
     AFFINITY = "affinity"
 
 
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
 @dataclass(frozen=True)
 class CgroupFiles:
-    """Where the quota lives. Inside a container the cgroup namespace makes these the container's own."""
+    """Where one cgroup level's quota lives. Defaults: the mount root, which inside a container (its
+    own cgroup namespace) is the container's cgroup."""
 
-    cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")  # v2 (unified hierarchy)
-    cfs_quota_us: Path = Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")  # v1 cpu controller
-    cfs_period_us: Path = Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
+    cpu_max: Path = CGROUP_ROOT / "cpu.max"  # v2 (unified hierarchy)
+    cfs_quota_us: Path = CGROUP_ROOT / "cpu" / "cpu.cfs_quota_us"  # v1 cpu controller
+    cfs_period_us: Path = CGROUP_ROOT / "cpu" / "cpu.cfs_period_us"
+
+
+def _ancestors(path: str) -> list[str]:
+    """'/a/b' -> ['a/b', 'a', ''] (relative to the mount), innermost first."""
+    parts = [p for p in path.split("/") if p]
+    if ".." in parts:
+        parts = []  # outside our namespace's root: only the root is visible
+    return ["/".join(parts[:n]) for n in range(len(parts), -1, -1)]
+
+
+def cgroup_levels(proc_self_cgroup: str | None, root: Path = CGROUP_ROOT) -> tuple[CgroupFiles, ...]:
+    """This process's cgroup and each ancestor up to the mount root, innermost first, from the text of
+    /proc/self/cgroup ("0::/path" for v2, "N:cpu,cpuacct:/path" for v1). In a container that is the
+    root alone; a process in a systemd slice sees its nested path, and a quota on any level caps it."""
+    v2_path = v1_path = "/"
+    for line in (proc_self_cgroup or "").splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and controllers == "":
+            v2_path = path or "/"
+        elif "cpu" in controllers.split(","):
+            v1_path = path or "/"
+    v2_levels, v1_levels = _ancestors(v2_path), _ancestors(v1_path)
+    levels = []
+    for i in range(max(len(v2_levels), len(v1_levels))):
+        v2 = root / v2_levels[min(i, len(v2_levels) - 1)]
+        v1 = root / "cpu" / v1_levels[min(i, len(v1_levels) - 1)]
+        levels.append(CgroupFiles(v2 / "cpu.max", v1 / "cpu.cfs_quota_us", v1 / "cpu.cfs_period_us"))
+    return tuple(levels)
 
 
 @dataclass(frozen=True)
@@ -136,11 +169,12 @@ def decide_num_threads(
     requested: int,
     num_affinity_cpus: int,
     environ: Mapping[str, str] | None = None,
-    files: CgroupFiles = CgroupFiles(),
+    levels: Sequence[CgroupFiles] = (CgroupFiles(),),
     read: ReadText = read_text,
 ) -> ThreadDecision:
     """The worker's thread count. `requested` > 0 is an explicit count (0: decide);
-    `num_affinity_cpus` is len(os.sched_getaffinity(0))."""
+    `num_affinity_cpus` is len(os.sched_getaffinity(0)); `levels` the cgroup levels whose quotas
+    apply (`cgroup_levels`): the smallest quota among them counts."""
     if requested < 0:
         raise ValueError(f"requested threads must be >= 0 (0: from the CPU allocation), got {requested}")
     if num_affinity_cpus < 1:
@@ -150,7 +184,8 @@ def decide_num_threads(
     omp = _omp_num_threads(environ or {})
     if omp is not None:
         return ThreadDecision(omp, ThreadSource.OMP_ENV, f"OMP_NUM_THREADS={omp}")
-    quota = cgroup_cpu_quota(files, read)
+    quotas = [q for q in (cgroup_cpu_quota(files, read) for files in levels) if q is not None]
+    quota = min(quotas, key=lambda q: q.num_cpus, default=None)
     if quota is not None:
         # A fractional quota (1.5 CPUs) still gets its partial CPU's thread; more threads than the
         # CPUs we may run on would only time-slice.

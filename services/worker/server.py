@@ -7,13 +7,14 @@ import logging
 import os
 import socket
 import uuid
+from pathlib import Path
 
 from services.common.server import Health
 from services.worker import metrics
 from services.worker.attach_client import AttachClient, Backoff
 from services.worker.builtin_models import TOY_MODELS
 from services.worker.config import WorkerConfig
-from services.worker.cpu_allocation import ThreadDecision, decide_num_threads
+from services.worker.cpu_allocation import ThreadDecision, cgroup_levels, decide_num_threads, read_text
 from services.worker.mock_models import MOCK_MODELS, make_mock_runtime
 from services.worker.runtime import WorkerRuntime
 from services.worker.thread_settings import export_thread_env
@@ -37,7 +38,8 @@ def make_runtime(config: WorkerConfig, num_threads: int) -> WorkerRuntime:
 
 def decide_threads(config: WorkerConfig) -> ThreadDecision:
     """The worker's thread count, exported to the environment before any compute library loads."""
-    decision = decide_num_threads(config.num_threads, len(os.sched_getaffinity(0)), os.environ)
+    levels = cgroup_levels(read_text(Path("/proc/self/cgroup")))
+    decision = decide_num_threads(config.num_threads, len(os.sched_getaffinity(0)), os.environ, levels)
     export_thread_env(decision.num_threads)
     log.info("compute threads: %d (source: %s; %s)", decision.num_threads, decision.source.value, decision.detail)
     return decision

@@ -6,7 +6,13 @@ import logging
 
 import pytest
 
-from services.worker.cpu_allocation import CgroupFiles, ThreadSource, cgroup_cpu_quota, decide_num_threads
+from services.worker.cpu_allocation import (
+    CgroupFiles,
+    ThreadSource,
+    cgroup_cpu_quota,
+    cgroup_levels,
+    decide_num_threads,
+)
 from services.worker.thread_settings import THREAD_ENV_VARS, export_thread_env
 
 
@@ -23,7 +29,7 @@ def write_v1(files: CgroupFiles, quota: str, period: str = "100000\n") -> None:
 
 
 def decide(files: CgroupFiles, requested: int = 0, cpus: int = 16, environ: dict | None = None):
-    return decide_num_threads(requested, cpus, environ or {}, files)
+    return decide_num_threads(requested, cpus, environ or {}, (files,))
 
 
 def test_cgroup_v2_quota_rounds_up_to_whole_threads(files):
@@ -127,7 +133,7 @@ def test_unreadable_file_counts_as_missing(files):
         return None if path == files.cpu_max else path.read_text()
 
     write_v1(files, "100000\n")
-    assert decide_num_threads(0, 8, {}, files, read).num_threads == 1
+    assert decide_num_threads(0, 8, {}, (files,), read).num_threads == 1
 
 
 @pytest.mark.parametrize(("requested", "cpus", "message"), [(-1, 4, "requested threads must be >= 0"),
@@ -141,3 +147,39 @@ def test_export_sets_every_pool_variable_for_later_imports_and_children():
     environ = {"OMP_NUM_THREADS": "16"}
     export_thread_env(2, environ)
     assert environ == {name: "2" for name in THREAD_ENV_VARS}
+
+
+def test_levels_in_a_container_namespace_are_the_mount_root(tmp_path):
+    (level,) = cgroup_levels("0::/\n", tmp_path)
+    assert level == CgroupFiles(tmp_path / "cpu.max", tmp_path / "cpu" / "cpu.cfs_quota_us",
+                                tmp_path / "cpu" / "cpu.cfs_period_us")
+    assert cgroup_levels(None, tmp_path) == cgroup_levels("garbage", tmp_path) == (level,)
+
+
+def test_levels_walk_from_a_nested_v2_cgroup_up_to_the_root(tmp_path):
+    levels = cgroup_levels("0::/system.slice/worker.service\n", tmp_path)
+    assert [lv.cpu_max for lv in levels] == [tmp_path / "system.slice/worker.service/cpu.max",
+                                             tmp_path / "system.slice/cpu.max", tmp_path / "cpu.max"]
+
+
+def test_levels_follow_the_v1_cpu_controllers_path(tmp_path):
+    text = "12:memory:/pod/x\n4:cpu,cpuacct:/kubepods/pod1/c1\n0::/\n"
+    levels = cgroup_levels(text, tmp_path)
+    assert [lv.cfs_quota_us for lv in levels] == [
+        tmp_path / "cpu/kubepods/pod1/c1/cpu.cfs_quota_us", tmp_path / "cpu/kubepods/pod1/cpu.cfs_quota_us",
+        tmp_path / "cpu/kubepods/cpu.cfs_quota_us", tmp_path / "cpu/cpu.cfs_quota_us"]
+
+
+def test_a_path_outside_the_namespace_root_falls_back_to_the_root(tmp_path):
+    assert len(cgroup_levels("0::/../../other\n", tmp_path)) == 1
+
+
+def test_the_smallest_quota_on_any_level_counts(tmp_path):
+    leaf = tmp_path / "slice" / "svc"
+    leaf.mkdir(parents=True)
+    (leaf / "cpu.max").write_text("max 100000\n")  # the service itself is unlimited...
+    (tmp_path / "slice" / "cpu.max").write_text("150000 100000\n")  # ...but its slice has 1.5 CPUs
+    (tmp_path / "cpu.max").write_text("400000 100000\n")
+    decision = decide_num_threads(0, 8, {}, cgroup_levels("0::/slice/svc", tmp_path))
+    assert (decision.num_threads, decision.source) == (2, ThreadSource.CGROUP)
+    assert str(tmp_path / "slice" / "cpu.max") in decision.detail
