@@ -9,8 +9,9 @@ CFS quota throttles it mid-step. The allocation, in order of precedence:
    fills it from the container's CPU limit through the downward API);
 2. OMP_NUM_THREADS when the operator already set it (the benchmarks pin workers to 1);
 3. the cgroup CPU quota: v2 `cpu.max` ("<quota> <period>" or "max <period>"), else v1
-   `cpu.cfs_quota_us` / `cpu.cfs_period_us` (quota -1: none); ceil(quota / period)
-   threads, at most the CPUs this process may run on;
+   `cpu.cfs_quota_us` / `cpu.cfs_period_us` (quota -1: none), the smallest over this
+   process's cgroup and its ancestors; ceil(quota / period) threads, at most the CPUs
+   this process may run on;
 4. the CPUs this process may run on (`os.sched_getaffinity(0)`).
 
 A file that is missing means "no such limit"; one with content that cannot be read as a
