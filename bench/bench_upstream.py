@@ -1,7 +1,7 @@
 """Gateway and scheduler CPU per classify request and per generated token: unary RPCs vs the Submit stream.
 
     .venv/bin/python -m bench.bench_upstream [--num-classify 3000] [--num-generate 96] [--max-tokens 64]
-                                             [--concurrency 16] [--quick]
+                                             [--concurrency 16] [--rounds 2] [--quick]
 
 One toy mesh (scheduler, toy classifier and toy generator with no compute) and
 two gateways on it, `--upstream-mode unary` and `--upstream-mode stream`,
@@ -12,6 +12,10 @@ Phases per mode:
 
   classify   admitted classify requests, end to end: CPU us per request
   generate   streams of --max-tokens tokens, --concurrency at once: CPU us per generated token
+
+Rounds alternate the order of the modes (unary first, then stream first, ...), so
+load from elsewhere drifting during a run does not favour one mode; the ratios
+compare the modes' medians over the rounds.
 
 The toy worker computes nothing, so these are the two Python hops' own costs.
 The client shares the machine's cores, so the rates are lower bounds.
@@ -25,6 +29,7 @@ import asyncio
 import json
 import os
 import platform
+import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -43,6 +48,7 @@ MODES = ("unary", "stream")
 
 @dataclass(frozen=True)
 class Phase:
+    round: int
     mode: str
     phase: str
     num_requests: int
@@ -86,13 +92,13 @@ def idle_rates(pids: dict[str, int], idle_s: float) -> dict[str, float]:
     return {name: (cpu_seconds(pid) - before[name]) / idle_s for name, pid in pids.items()}
 
 
-def measure(mode: str, phase: str, pids: dict[str, int], idle: dict[str, float], run) -> Phase:
+def measure(round_: int, mode: str, phase: str, pids: dict[str, int], idle: dict[str, float], run) -> Phase:
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     num_requests, num_ok, num_tokens, wall_s = run()
     cpu_us = {name: max(0.0, cpu_seconds(pid) - before[name] - idle[name] * wall_s) * 1e6 for name, pid in pids.items()}
     units = num_tokens if phase == "generate" else num_ok
     return Phase(
-        mode=mode, phase=phase, num_requests=num_requests, num_ok=num_ok, num_tokens=num_tokens,
+        round=round_, mode=mode, phase=phase, num_requests=num_requests, num_ok=num_ok, num_tokens=num_tokens,
         wall_s=round(wall_s, 3), gateway_cpu_us=round(cpu_us["gateway"]), scheduler_cpu_us=round(cpu_us["scheduler"]),
         gateway_cpu_us_per_unit=round(cpu_us["gateway"] / max(1, units), 1),
         scheduler_cpu_us_per_unit=round(cpu_us["scheduler"] / max(1, units), 1),
@@ -100,7 +106,8 @@ def measure(mode: str, phase: str, pids: dict[str, int], idle: dict[str, float],
     )
 
 
-def run(num_classify: int, num_generate: int, max_tokens: int, concurrency: int, idle_s: float) -> dict:
+def run(num_classify: int, num_generate: int, max_tokens: int, concurrency: int, idle_s: float,
+        num_rounds: int) -> dict:
     phases: list[Phase] = []
     with tempfile.TemporaryDirectory(prefix="bench-upstream-") as tmp_dir, running_mesh(Path(tmp_dir)) as mesh:
         mesh.start_scheduler("--log-level", "WARNING")
@@ -111,50 +118,55 @@ def run(num_classify: int, num_generate: int, max_tokens: int, concurrency: int,
         for gateway in gateways.values():  # warm up channels, streams, caches, code paths
             asyncio.run(drive(gateway.address, "", 200, concurrency))
             asyncio.run(drive_generate(gateway.address, concurrency, concurrency, 8))
-        for mode, gateway in gateways.items():
-            pids = {"gateway": gateway.proc.pid, "scheduler": mesh.scheduler.proc.pid}
-            idle = idle_rates(pids, idle_s)
+        for round_ in range(num_rounds):
+            for mode in MODES if round_ % 2 == 0 else MODES[::-1]:
+                gateway = gateways[mode]
+                pids = {"gateway": gateway.proc.pid, "scheduler": mesh.scheduler.proc.pid}
+                idle = idle_rates(pids, idle_s)
 
-            def classify(address=gateway.address):
-                codes, wall_s = asyncio.run(drive(address, "", num_classify, concurrency))
-                return num_classify, codes.get("OK", 0), 0, wall_s
+                def classify(address=gateway.address):
+                    codes, wall_s = asyncio.run(drive(address, "", num_classify, concurrency))
+                    return num_classify, codes.get("OK", 0), 0, wall_s
 
-            def generate(address=gateway.address):
-                return num_generate, *asyncio.run(drive_generate(address, num_generate, concurrency, max_tokens))
+                def generate(address=gateway.address):
+                    return num_generate, *asyncio.run(drive_generate(address, num_generate, concurrency, max_tokens))
 
-            phases.append(measure(mode, "classify", pids, idle, classify))
-            phases.append(measure(mode, "generate", pids, idle, generate))
+                phases.append(measure(round_, mode, "classify", pids, idle, classify))
+                phases.append(measure(round_, mode, "generate", pids, idle, generate))
     return {
         "benchmark": "upstream",
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version()},
         "settings": {"num_classify": num_classify, "num_generate": num_generate, "max_tokens": max_tokens,
-                     "concurrency": concurrency},
+                     "concurrency": concurrency, "num_rounds": num_rounds},
         "phases": [asdict(p) for p in phases],
         "stream_over_unary": ratios(phases),
     }
 
 
 def ratios(phases: list[Phase]) -> dict:
-    by_key = {(p.mode, p.phase): p for p in phases}
-    out = {}
-    for phase in ("classify", "generate"):
-        unary, stream = by_key[("unary", phase)], by_key[("stream", phase)]
-        out[phase] = {
-            "gateway_cpu": round(stream.gateway_cpu_us_per_unit / max(unary.gateway_cpu_us_per_unit, 1e-9), 3),
-            "scheduler_cpu": round(stream.scheduler_cpu_us_per_unit / max(unary.scheduler_cpu_us_per_unit, 1e-9), 3),
+    """stream / unary of the medians over rounds, per phase and process."""
+    def median(mode: str, phase: str, field: str) -> float:
+        return statistics.median(getattr(p, field) for p in phases if (p.mode, p.phase) == (mode, phase))
+
+    return {
+        phase: {
+            process: round(median("stream", phase, f"{process}_cpu_us_per_unit")
+                           / max(median("unary", phase, f"{process}_cpu_us_per_unit"), 1e-9), 3)
+            for process in ("gateway", "scheduler")
         }
-    return out
+        for phase in ("classify", "generate")
+    }
 
 
 def print_table(results: dict) -> None:
-    print(f"{'mode':<7} {'phase':<9} {'requests':>8} {'ok':>6} {'tokens':>7} {'gateway us/unit':>15} "
+    print(f"{'round':<5} {'mode':<7} {'phase':<9} {'requests':>8} {'ok':>6} {'tokens':>7} {'gateway us/unit':>15} "
           f"{'scheduler us/unit':>17} {'units/s':>9}")
     for p in results["phases"]:
-        print(f"{p['mode']:<7} {p['phase']:<9} {p['num_requests']:>8} {p['num_ok']:>6} {p['num_tokens']:>7} "
+        print(f"{p['round']:<5} {p['mode']:<7} {p['phase']:<9} {p['num_requests']:>8} {p['num_ok']:>6} {p['num_tokens']:>7} "
               f"{p['gateway_cpu_us_per_unit']:>15.1f} {p['scheduler_cpu_us_per_unit']:>17.1f} {p['units_per_s']:>9.1f}")
     print("unit: a classify request, or a generated token")
     for phase, ratio in results["stream_over_unary"].items():
-        print(f"stream / unary, {phase}: gateway CPU {ratio['gateway_cpu']}, scheduler CPU {ratio['scheduler_cpu']}")
+        print(f"stream / unary (medians), {phase}: gateway CPU {ratio['gateway']}, scheduler CPU {ratio['scheduler']}")
 
 
 def main() -> None:
@@ -163,12 +175,13 @@ def main() -> None:
     parser.add_argument("--num-generate", type=int, default=96)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=2, help="measurements per mode, in alternating order")
     parser.add_argument("--idle-s", type=float, default=2.0, help="how long each process's idle CPU rate is measured")
     parser.add_argument("--quick", action="store_true", help="a quarter of the requests")
     args = parser.parse_args()
     if args.quick:
         args.num_classify, args.num_generate = args.num_classify // 4, args.num_generate // 4
-    results = run(args.num_classify, args.num_generate, args.max_tokens, args.concurrency, args.idle_s)
+    results = run(args.num_classify, args.num_generate, args.max_tokens, args.concurrency, args.idle_s, args.rounds)
     print_table(results)
     RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
     RESULTS_PATH.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
