@@ -8,6 +8,7 @@ indexes, usage, and each failure's status and message.
 from __future__ import annotations
 
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -153,3 +154,18 @@ def test_killing_the_scheduler_fails_calls_unavailable_and_the_gateway_serves_af
                     return False
 
             wait_until(serves, timeout_s=20, message="the gateway serves again through a new stream")
+
+
+def test_a_draining_scheduler_ends_the_gateways_stream_and_exits_without_waiting_out_its_grace(tmp_path):
+    with running_mesh(tmp_path) as mesh:
+        scheduler = mesh.start_scheduler("--drain-grace-s", "20")
+        mesh.start_worker("toy-classifier")
+        gateway = spawn_gateway(mesh, "gateway-stream", "--upstream-mode", "stream")
+        with grpc.insecure_channel(gateway.address) as channel:
+            stub = gateway_pb2_grpc.InferenceStub(channel)
+            request = gateway_pb2.ClassifyRequest(model=CLASSIFIER, image=BRIGHT)
+            assert stub.Classify(request, timeout=10).labels[0].label == "bright"  # the stream is open
+            began = time.monotonic()
+            scheduler.signal(signal.SIGTERM)
+            assert scheduler.proc.wait(timeout=25) == 0
+            assert time.monotonic() - began < 5, "the Submit stream ended with its calls, not at the 20 s grace"
