@@ -480,8 +480,11 @@ class StepScheduler:
     def _short_waiting(self, priority: Priority) -> Sequence | None:
         """The waiting sequence of `priority` that is not a long prefill, of the least-served tenant
         (then oldest), to admit past long prompts that must wait for the one prefilling."""
-        shorts = (s for s in self._waiting if s.priority == priority and not self._is_long_prefill(s))
-        return min(shorts, key=self._service_key, default=None)
+        firsts: dict[str, Sequence] = {}  # each tenant's oldest short one
+        for seq in self._waiting:
+            if seq.priority == priority and not self._is_long_prefill(seq):
+                firsts.setdefault(seq.tenant.tenant_id, seq)
+        return min(firsts.values(), key=self._service_key, default=None)
 
     def _take_for_admission(self, seq: Sequence) -> None:
         if seq.status is SequenceStatus.PREEMPTED:

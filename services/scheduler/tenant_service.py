@@ -56,6 +56,7 @@ class TenantService:
         self._counters: dict[TenantKey, float] = {}
         self._num_unfinished: Counter[TenantKey] = Counter()
         self._weights: dict[TenantKey, int] = {}  # active tenants' latest weights
+        self._class_weights: Counter[Priority] = Counter()  # sums of _weights per class
 
     def activate(self, tenant: TenantContext) -> None:
         """One more unfinished sequence of `tenant`; the first lifts its counter (see module doc)."""
@@ -64,6 +65,7 @@ class TenantService:
             floor = min((self._counters[k] for k in self._weights if k[0] == key[0]), default=0.0)
             self._counters[key] = max(self._counters.get(key, 0.0), floor)
         self._num_unfinished[key] += 1
+        self._class_weights[key[0]] += tenant.weight - self._weights.get(key, 0)
         self._weights[key] = tenant.weight
 
     def deactivate(self, tenant: TenantContext) -> None:
@@ -74,7 +76,7 @@ class TenantService:
         self._num_unfinished[key] -= 1
         if self._num_unfinished[key] == 0:
             del self._num_unfinished[key]
-            del self._weights[key]
+            self._class_weights[key[0]] -= self._weights.pop(key)
 
     def charge(self, tenant: TenantContext, *, num_prefill_tokens: int = 0, num_decode_tokens: int = 0) -> None:
         """Counts service given to `tenant`: prompt tokens computed, output tokens sampled."""
@@ -91,7 +93,7 @@ class TenantService:
     def share(self, tenant: TenantContext) -> float:
         """The fraction of its class's capacity `tenant` is entitled to, among the active tenants."""
         key = tenant_key(tenant)
-        total = sum(w for k, w in self._weights.items() if k[0] == key[0])
+        total = self._class_weights[key[0]]
         weight = self._weights.get(key, tenant.weight)
         return weight / (total if key in self._weights else total + weight)
 
@@ -116,11 +118,13 @@ class TenantService:
         if held[tenant_key(waiter)] >= self.entitled_slots(waiter, num_slots):
             return None
         waiter_counter = self.counter(waiter)
+        # Over their cap and more served: each tenant checked once, not once per running sequence.
+        tenants = {tenant_key(s.tenant): s.tenant for s in same_class}
+        over = {key for key, tenant in tenants.items() if key != tenant_key(waiter)
+                and held[key] > self.slot_cap(tenant, num_slots) and self.counter(tenant) > waiter_counter}
         candidates = [
             s for s in same_class
-            if s.tenant.tenant_id != waiter.tenant_id
-            and held[tenant_key(s.tenant)] > self.slot_cap(s.tenant, num_slots)
-            and self.counter(s.tenant) > waiter_counter
+            if tenant_key(s.tenant) in over
             and s.running_since_s is not None and now_s - s.running_since_s >= min_run_s
         ]
         return max(candidates, key=lambda s: (self.counter(s.tenant), s.arrival_s, s.seq_id), default=None)
