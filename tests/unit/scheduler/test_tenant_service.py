@@ -143,3 +143,14 @@ def test_weighted_tenant_may_hold_its_larger_share(clock):
 def test_service_cost_must_charge_output_tokens():
     with pytest.raises(ValueError, match="token costs must be prefill >= 0 and decode > 0, got 1.0 and 0.0"):
         ServiceCost(prefill_token=1.0, decode_token=0.0)
+
+
+def test_a_tenants_latest_weight_sets_its_share():
+    service = TenantService()
+    service.activate(tenant("gold", weight=3))
+    service.activate(tenant("basic"))
+    service.activate(tenant("gold", weight=1))  # the gateway's configuration changed
+    assert service.share(tenant("basic")) == 0.5
+    service.deactivate(tenant("gold"))
+    service.deactivate(tenant("gold"))
+    assert service.share(tenant("basic")) == 1.0
