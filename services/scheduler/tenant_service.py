@@ -16,7 +16,7 @@ class's active tenants)`. `fairness_victim` names the running sequence that give
 tenant below its share waits: one of the most over-served tenant above its share, old enough.
 The two thresholds (at least one slot each, integer rounding apart) make a swap never pay the
 other way at once, so fairness preemption cannot ping-pong; the minimum run time bounds churn
-when shares change.
+when shares change or equally served tenants' counters cross.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class ServiceCost:
 
 
 class TenantService:
-    """Virtual token counters of the tenants one step scheduler serves."""
+    """Virtual token counters of the tenants of one model (shared by its workers' step schedulers)."""
 
     def __init__(self, cost: ServiceCost = ServiceCost()) -> None:
         self.cost = cost
@@ -87,9 +87,6 @@ class TenantService:
     def counter(self, tenant: TenantContext) -> float:
         return self._counters.get(tenant_key(tenant), 0.0)
 
-    def is_active(self, tenant: TenantContext) -> bool:
-        return tenant_key(tenant) in self._weights
-
     def share(self, tenant: TenantContext) -> float:
         """The fraction of its class's capacity `tenant` is entitled to, among the active tenants."""
         key = tenant_key(tenant)
@@ -114,7 +111,7 @@ class TenantService:
         holding more than their slot cap and more served than `waiter`.
         """
         same_class = [s for s in running if s.priority == waiter.priority]
-        held = held_slots(same_class)
+        held = _held_slots(same_class)
         if held[tenant_key(waiter)] >= self.entitled_slots(waiter, num_slots):
             return None
         waiter_counter = self.counter(waiter)
@@ -130,7 +127,7 @@ class TenantService:
         return max(candidates, key=lambda s: (self.counter(s.tenant), s.arrival_s, s.seq_id), default=None)
 
 
-def held_slots(running: Iterable[Sequence]) -> Counter[TenantKey]:
+def _held_slots(running: Iterable[Sequence]) -> Counter[TenantKey]:
     """Running sequences per (class, tenant)."""
     return Counter(tenant_key(s.tenant) for s in running)
 
