@@ -1,7 +1,7 @@
 """The token fast path benchmark's peer: request-level batching in one process, no gRPC.
 
-    .venv/bin/python -m bench.request_level_baseline --rate 5 --duration-s 30 --seed 1   # open loop
-    .venv/bin/python -m bench.request_level_baseline --concurrency 64 --duration-s 20 --seed 1  # closed
+    .venv/bin/python -m bench.request_level_baseline \
+        --phases-json '[{"name": "5/s", "rate_per_s": 5, "duration_s": 30, "seed": 1}]'
 
 What the issue compared against (a Ray Serve deployment with `@serve.batch`, 32 at a time),
 rebuilt over the worker's own code: the model is loaded from model_repo the way the worker
@@ -11,7 +11,7 @@ formed only when the previous batch has ended; its members are prefilled in one 
 decode together, each dropping out when it has its `max_tokens` (EOS ignored). The load is
 generated in the same asyncio loop and reaches the batcher as a method call; latency counts
 from each request's scheduled send time, so a step blocking the loop is charged to the
-requests it delays. Prints the results as JSON (bench.overload_stats.SendResult fields).
+requests it delays. Prints each phase's results as JSON (bench.overload_stats.SendResult fields).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from bench.overload_stats import OK, SendResult
-from bench.token_path_workload import TokenRequest, closed_loop_requests, make_requests
+from bench.token_path_workload import LoadPhase, TokenRequest, closed_loop_requests
 from services.worker.work import RunStep, SequenceOutput, SequenceStep, StageDurations
 
 MAX_BATCH_SIZE = 32  # the issue's @serve.batch(max_batch_size=32)
@@ -208,36 +208,44 @@ def load_tinylm(model_repo: str, num_threads: int):
     return executor, encode
 
 
-async def _main(args) -> dict:
-    executor, encode = load_tinylm(args.model_repo, args.num_threads)
-    batcher = RequestLevelBatcher(executor, args.max_batch_size)
+async def run_phases(phases: Sequence[LoadPhase], model_repo: str, num_threads: int, max_batch_size: int
+                     ) -> list[dict]:
+    """Each phase's results (SendResult fields), elapsed time, CPU and step counts, in order."""
+    executor, encode = load_tinylm(model_repo, num_threads)
+    batcher = RequestLevelBatcher(executor, max_batch_size)
     engine = asyncio.create_task(batcher.serve_forever())
-    await closed_loop(batcher, closed_loop_requests(8, args.seed + 1000), 8, 1.0, encode, time.perf_counter)  # warm
-    cpu_before_s = time.process_time()
-    if args.concurrency:
-        results, elapsed_s = await closed_loop(batcher, closed_loop_requests(256, args.seed), args.concurrency,
-                                               args.duration_s, encode, time.perf_counter)
-    else:
-        results = await open_loop(batcher, make_requests(args.rate, args.duration_s, args.seed), encode,
-                                  time.perf_counter)
-        elapsed_s = max((r.done_s for r in results), default=0.0)
-    cpu_s = time.process_time() - cpu_before_s
+    clock = time.perf_counter
+    await closed_loop(batcher, closed_loop_requests(8, 1000), 8, 1.0, encode, clock)  # warm-up
+    reports = []
+    for phase in phases:
+        num_steps_before, num_sizes_before = batcher.num_steps, len(batcher.batch_sizes)
+        cpu_before_s = time.process_time()
+        load_average = os.getloadavg()
+        if phase.open_loop:
+            results = await open_loop(batcher, phase.requests(), encode, clock)
+            elapsed_s = max((r.done_s for r in results), default=0.0)
+        else:
+            results, elapsed_s = await closed_loop(batcher, phase.requests(), phase.concurrency, phase.duration_s,
+                                                   encode, clock)
+        sizes = batcher.batch_sizes[num_sizes_before:]
+        reports.append({"phase": asdict(phase), "results": [asdict(r) for r in results], "elapsed_s": elapsed_s,
+                        "cpu_s": time.process_time() - cpu_before_s, "load_average": load_average,
+                        "num_steps": batcher.num_steps - num_steps_before,
+                        "mean_running": sum(sizes) / max(1, len(sizes))})
     engine.cancel()
-    return {"results": [asdict(r) for r in results], "elapsed_s": elapsed_s, "cpu_s": cpu_s,
-            "num_steps": batcher.num_steps, "mean_batch": sum(batcher.batch_sizes) / max(1, len(batcher.batch_sizes))}
+    return reports
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rate", type=float, default=5.0, help="open loop: Poisson arrivals per second")
-    parser.add_argument("--concurrency", type=int, default=0, help="closed loop with this many clients (0: open loop)")
-    parser.add_argument("--duration-s", type=float, default=30.0)
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--phases-json", required=True, help="a JSON list of LoadPhase fields")
     parser.add_argument("--num-threads", type=int, default=1, help="torch/OpenMP threads")
     parser.add_argument("--max-batch-size", type=int, default=MAX_BATCH_SIZE)
     parser.add_argument("--model-repo", default=os.environ.get("MESH_MODEL_REPO", "model_repo"))
     args = parser.parse_args()
-    json.dump(asyncio.run(_main(args)), sys.stdout)
+    phases = [LoadPhase(**fields) for fields in json.loads(args.phases_json)]
+    reports = asyncio.run(run_phases(phases, args.model_repo, args.num_threads, args.max_batch_size))
+    json.dump(reports, sys.stdout)
 
 
 if __name__ == "__main__":

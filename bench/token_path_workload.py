@@ -58,3 +58,34 @@ def offered_tokens_per_s(requests: tuple[TokenRequest, ...], duration_s: float) 
     if duration_s <= 0:
         raise ValueError(f"duration_s must be > 0, got {duration_s}")
     return sum(r.max_tokens for r in requests) / duration_s
+
+
+@dataclass(frozen=True)
+class LoadPhase:
+    """One load the mesh and the baseline both get: open loop at `rate_per_s`, or closed loop
+    with `concurrency` clients (rate_per_s 0) cycling through NUM_CLOSED_LOOP_REQUESTS requests."""
+
+    name: str  # e.g. "5/s", "closed 48"
+    duration_s: float
+    seed: int
+    rate_per_s: float = 0.0
+    concurrency: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.rate_per_s > 0) == (self.concurrency > 0):
+            raise ValueError(f"phase {self.name!r}: set exactly one of rate_per_s ({self.rate_per_s}) "
+                             f"and concurrency ({self.concurrency})")
+        if self.duration_s <= 0:
+            raise ValueError(f"phase {self.name!r}: duration_s must be > 0, got {self.duration_s}")
+
+    @property
+    def open_loop(self) -> bool:
+        return self.rate_per_s > 0
+
+    def requests(self) -> tuple[TokenRequest, ...]:
+        if self.open_loop:
+            return make_requests(self.rate_per_s, self.duration_s, self.seed)
+        return closed_loop_requests(NUM_CLOSED_LOOP_REQUESTS, self.seed)
+
+
+NUM_CLOSED_LOOP_REQUESTS = 256
