@@ -1,0 +1,368 @@
+"""The token fast path: scheduler and gateway CPU per token, and end to end against request-level batching.
+
+    .venv/bin/python -m bench.bench_token_path [--quick] [--runs 3] [--only scheduler,gateway,e2e]
+                                               [--profile-s 20]
+
+Parts (each run measures every part asked for; the table shows medians and every run):
+
+  scheduler  one scheduler + 4 mock-generator workers (2 ms steps on a timer, 64 sequences and 4096
+             KV blocks each), 256 Generate calls kept open on one Submit stream from this process
+             (bench/token_path_clients.py). Tokens/s delivered to the client, scheduler CPU us per
+             token (user+system from /proc/<pid>/stat over the window), and the client's and the
+             workers' CPU, so a reader can tell who was the bottleneck.
+  gateway    the same mesh plus two gateways (--upstream-mode stream, and unary as info), each driven
+             in turn by 64 closed-loop Generate streams of 256 tokens: gateway CPU us per streamed
+             token. The gateway has no coalescing option at this commit: every token is one message.
+  e2e        tinylm through a `make up`-like mesh (scheduler, gateway in stream mode with no tenants
+             file, one tinylm worker with --num-threads 1) against bench/request_level_baseline.py
+             (one process, the worker's StepExecutor, batches of 32, 1 torch thread) on the same
+             requests (bench/token_path_workload.py): open-loop Poisson 5/s, 20/s and 30/s (e2e
+             p50/p99 from the scheduled send) and a closed loop of 48 clients (saturation tokens/s).
+             Mesh and baseline run one after the other, in alternating order across runs.
+
+--profile-s: in the first run, py-spy (must be on PATH or in .venv/bin) records the scheduler during
+an extra scheduler window, and the stream gateway during an extra gateway window; the top functions
+by self and total share go into the JSON and the table. The measured windows are never profiled.
+
+Every part records os.getloadavg() at its start: the 2 cores are shared, figures are noisy.
+Prints tables and writes bench/results/token_path.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from bench.bench_gateway import cpu_seconds
+from bench.bench_overload import _wait_attached
+from bench.overload_load import ClosedLoopJob, LoadPool
+from bench.overload_plan import LoadPlan, RequestTemplate, Rpc, Send
+from bench.overload_stats import SendResult
+from bench.token_path_clients import SubmitWindow, drive_gateway, drive_submit
+from bench.token_path_report import Target, e2e_figures, median_of, ratio, speedscope_top, us_per_token
+from bench.token_path_workload import LoadPhase, TokenRequest
+from infermesh.v1 import common_pb2, gateway_pb2
+from tests.support.gateway_fixtures import spawn_gateway
+from tests.support.processes import Mesh, running_mesh
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS_PATH = ROOT / "bench" / "results" / "token_path.json"
+MODEL_REPO = ROOT / "model_repo"
+PARTS = ("scheduler", "gateway", "e2e")
+NUM_MOCK_WORKERS = 4
+MOCK_SEQS_PER_WORKER = 64
+MOCK_PROFILE = (f"step_ms=2,max_num_seqs={MOCK_SEQS_PER_WORKER},num_kv_blocks=4096,max_num_batched_tokens=4096,"
+                "block_size=16,max_seq_len=1024")
+SCHEDULER_MAX_TOKENS = 128
+GATEWAY_STREAMS = 64
+GATEWAY_MAX_TOKENS = 256
+# The adaptive limit starts at 64 per model (standard traffic may fill 0.9 of it): raised so the
+# gateway part measures streaming, not admission refusals.
+GATEWAY_ARGS = ("--log-level", "WARNING", "--limit-initial", "1024")
+E2E_CONCURRENCY = 48
+E2E_DEADLINE_S = 300.0
+WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+TARGETS = {
+    "scheduler_us_per_token": Target("scheduler CPU per token", "<=", 20, " us"),
+    "scheduler_tokens_per_s": Target("tokens/s from one scheduler (4 x 64 mock sequences)", ">=", 20_000),
+    "gateway_coalesced_us_per_token": Target("gateway CPU per streamed token, coalescing on", "<=", 20, " us"),
+    "gateway_us_per_token": Target("gateway CPU per streamed token, 1 token a message", "<=", 60, " us"),
+    "saturation_ratio": Target("e2e saturation tokens/s, mesh / baseline", ">=", 1.5, "x"),
+    "p50_ratio_5": Target("e2e p50 at 5/s, mesh / baseline", "<=", 1.1, "x"),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    warmup_s: float
+    window_s: float  # scheduler and gateway windows
+    open_loop_s: float  # e2e open-loop schedules
+    saturated_s: float  # e2e 30/s schedule and closed loop
+    profile_s: float  # 0: no profile
+
+    def phases(self, seed: int) -> list[LoadPhase]:
+        return [LoadPhase("5/s", self.open_loop_s, seed, rate_per_s=5.0),
+                LoadPhase("20/s", self.open_loop_s, seed + 1, rate_per_s=20.0),
+                LoadPhase("30/s", self.saturated_s, seed + 2, rate_per_s=30.0),
+                LoadPhase(f"closed {E2E_CONCURRENCY}", self.saturated_s, seed + 3, concurrency=E2E_CONCURRENCY)]
+
+
+FULL = Settings(warmup_s=2.0, window_s=10.0, open_loop_s=30.0, saturated_s=20.0, profile_s=20.0)
+QUICK = Settings(warmup_s=1.5, window_s=5.0, open_loop_s=15.0, saturated_s=10.0, profile_s=10.0)
+
+
+def _progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def _load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def cpu_meter(pids: dict[str, int], into: dict[str, float]) -> Callable[[], Callable[[], None]]:
+    """A window-start callback: reads each pid's CPU seconds, and returns the window-end callback
+    that writes each one's CPU seconds over the window into `into`."""
+    def start() -> Callable[[], None]:
+        before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+
+        def stop() -> None:
+            into.update({name: cpu_seconds(pid) - before[name] for name, pid in pids.items()})
+        return stop
+    return start
+
+
+def _py_spy() -> str | None:
+    return shutil.which("py-spy") or next((str(p) for p in [Path(sys.executable).parent / "py-spy"] if p.exists()),
+                                          None)
+
+
+def profiled(pid: int, duration_s: float, out_path: Path) -> Callable[[], Callable[[], None]]:
+    """A window-start callback that runs py-spy on `pid` for `duration_s`; the end callback waits for it."""
+    def start() -> Callable[[], None]:
+        proc = subprocess.Popen([_py_spy(), "record", "--pid", str(pid), "-d", str(int(duration_s)), "--rate", "100",
+                                 "--format", "speedscope", "-o", str(out_path)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def stop() -> None:
+            proc.wait(timeout=duration_s + 30)
+        return stop
+    return start
+
+
+def profile_summary(path: Path, top_n: int = 25) -> dict:
+    if not path.exists():
+        return {"error": f"py-spy wrote no {path}"}
+    num_samples, by_self, by_total = speedscope_top(json.loads(path.read_text()), top_n)
+    return {"num_samples": num_samples, "by_self": [asdict(f) for f in by_self],
+            "by_total": [asdict(f) for f in by_total]}
+
+
+# -- scheduler and gateway: mock workers --------------------------------------------------
+
+
+def _start_mock_mesh(mesh: Mesh) -> None:
+    mesh.start_scheduler("--log-level", "WARNING")
+    for i in range(NUM_MOCK_WORKERS):
+        mesh.start_worker("mock-generator", "--mock-profile", MOCK_PROFILE, "--log-level", "WARNING",
+                          name=f"mock-{i}")
+    _wait_attached(mesh.scheduler.address, NUM_MOCK_WORKERS)
+
+
+def _window_figures(window: SubmitWindow, cpu_s: dict[str, float]) -> dict:
+    return {
+        **asdict(window),
+        "tokens_per_s": round(window.num_tokens / window.window_s, 1),
+        "cpu_cores": {name: round(s / window.window_s, 3) for name, s in cpu_s.items()},
+        "cpu_us_per_token": {name: round(us_per_token(s, window.num_tokens), 2) for name, s in cpu_s.items()},
+    }
+
+
+def scheduler_part(settings: Settings, profile_dir: Path | None) -> dict:
+    load_average = _load_average()
+    with tempfile.TemporaryDirectory(prefix="bench-token-path-") as tmp, running_mesh(Path(tmp)) as mesh:
+        _start_mock_mesh(mesh)
+        workers = [p for p in mesh.processes if p.service == "worker"]
+        pids = {"scheduler": mesh.scheduler.proc.pid, "client": os.getpid(),
+                **{w.name: w.proc.pid for w in workers}}
+        cpu_s: dict[str, float] = {}
+        num_streams = NUM_MOCK_WORKERS * MOCK_SEQS_PER_WORKER
+        window = asyncio.run(drive_submit(mesh.scheduler.address, "mock-generator", num_streams, SCHEDULER_MAX_TOKENS,
+                                          settings.warmup_s, settings.window_s, cpu_meter(pids, cpu_s)))
+        figures = _window_figures(window, cpu_s)
+        figures["cpu_cores"]["workers"] = round(sum(cpu_s[w.name] for w in workers) / window.window_s, 3)
+        if profile_dir is not None:
+            path = profile_dir / "scheduler.speedscope.json"
+            asyncio.run(drive_submit(mesh.scheduler.address, "mock-generator", num_streams, SCHEDULER_MAX_TOKENS,
+                                     1.0, settings.profile_s + 0.5,
+                                     profiled(mesh.scheduler.proc.pid, settings.profile_s, path)))
+            figures["profile"] = profile_summary(path)
+    return {"load_average": load_average, "num_streams": num_streams, "max_tokens": SCHEDULER_MAX_TOKENS, **figures}
+
+
+def gateway_part(settings: Settings, profile_dir: Path | None) -> dict:
+    load_average = _load_average()
+    modes = {}
+    with tempfile.TemporaryDirectory(prefix="bench-token-path-") as tmp, running_mesh(Path(tmp)) as mesh:
+        _start_mock_mesh(mesh)
+        gateways = {mode: spawn_gateway(mesh, f"gateway-{mode}", "--upstream-mode", mode, *GATEWAY_ARGS)
+                    for mode in ("stream", "unary")}
+        for mode, gateway in gateways.items():
+            pids = {"gateway": gateway.proc.pid, "scheduler": mesh.scheduler.proc.pid, "client": os.getpid()}
+            cpu_s: dict[str, float] = {}
+            window = asyncio.run(drive_gateway(gateway.address, "mock-generator", GATEWAY_STREAMS, GATEWAY_MAX_TOKENS,
+                                               settings.warmup_s, settings.window_s, cpu_meter(pids, cpu_s)))
+            modes[mode] = _window_figures(window, cpu_s)
+        if profile_dir is not None:
+            path = profile_dir / "gateway.speedscope.json"
+            asyncio.run(drive_gateway(gateways["stream"].address, "mock-generator", GATEWAY_STREAMS,
+                                      GATEWAY_MAX_TOKENS, 1.0, settings.profile_s + 0.5,
+                                      profiled(gateways["stream"].proc.pid, settings.profile_s, path)))
+            modes["stream"]["profile"] = profile_summary(path)
+    return {"load_average": load_average, "num_streams": GATEWAY_STREAMS, "max_tokens": GATEWAY_MAX_TOKENS,
+            "coalescing": "not available at this commit (one token per message)", **modes}
+
+
+# -- e2e: tinylm ---------------------------------------------------------------------------
+
+
+def _templates(requests: tuple[TokenRequest, ...]) -> tuple[RequestTemplate, ...]:
+    return tuple(RequestTemplate(Rpc.GENERATE, gateway_pb2.GenerateRequest(
+        model=common_pb2.ModelRef(name="tinylm"), prompt=r.prompt,
+        sampling=common_pb2.SamplingParams(max_tokens=r.max_tokens, ignore_eos=True)).SerializeToString(),
+        api_key="none", tenant="mesh", deadline_s=E2E_DEADLINE_S) for r in requests)
+
+
+def _mesh_phase(pool: LoadPool, address: str, phase: LoadPhase, pids: dict[str, int]) -> dict:
+    requests = phase.requests()
+    templates = _templates(requests)
+    load_average = _load_average()
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    if phase.open_loop:
+        plan = LoadPlan(templates, tuple(Send(r.scheduled_s, i) for i, r in enumerate(requests)), phase.duration_s)
+        results = pool.replay(address, plan, 1)
+        elapsed_s = max((r.done_s for r in results), default=0.0)
+    else:
+        results, elapsed_s = pool.closed_loop(address, ClosedLoopJob(templates, phase.concurrency, phase.duration_s))
+    cpu_s = {name: round(cpu_seconds(pid) - before[name], 2) for name, pid in pids.items()}
+    return {"phase": phase.name, "load_average": load_average, "elapsed_s": round(elapsed_s, 2), "cpu_s": cpu_s,
+            **e2e_figures(results, elapsed_s)}
+
+
+def mesh_e2e(phases: list[LoadPhase]) -> list[dict]:
+    with tempfile.TemporaryDirectory(prefix="bench-token-path-") as tmp, running_mesh(Path(tmp)) as mesh, \
+            LoadPool(1) as pool:
+        mesh.start_scheduler("--log-level", "WARNING")
+        mesh.start_worker("tinylm", "--log-level", "WARNING", "--model-repository", str(MODEL_REPO),
+                          "--num-threads", "1", env=WORKER_ENV)
+        _wait_attached(mesh.scheduler.address, 1)
+        mesh.start_gateway("--log-level", "WARNING")
+        pids = {p.name: p.proc.pid for p in mesh.processes}
+        warm = LoadPhase("warm-up", 2.0, 1000, concurrency=8)
+        pool.closed_loop(mesh.gateway.address, ClosedLoopJob(_templates(warm.requests()), 8, warm.duration_s))
+        return [_mesh_phase(pool, mesh.gateway.address, phase, pids) for phase in phases]
+
+
+def baseline_e2e(phases: list[LoadPhase]) -> list[dict]:
+    env = {**os.environ, **WORKER_ENV, "PYTHONUNBUFFERED": "1"}
+    done = subprocess.run([sys.executable, "-m", "bench.request_level_baseline", "--model-repo", str(MODEL_REPO),
+                           "--phases-json", json.dumps([asdict(p) for p in phases])],
+                          cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"baseline exited with {done.returncode}:\n{done.stderr[-3000:]}")
+    reports = []
+    for report in json.loads(done.stdout):
+        results = [SendResult(**r) for r in report["results"]]
+        reports.append({"phase": report["phase"]["name"], "load_average": [round(x, 2) for x in report["load_average"]],
+                        "elapsed_s": round(report["elapsed_s"], 2), "cpu_s": {"baseline": round(report["cpu_s"], 2)},
+                        "mean_running": round(report["mean_running"], 1), "num_steps": report["num_steps"],
+                        **e2e_figures(results, report["elapsed_s"])})
+    return reports
+
+
+def e2e_part(settings: Settings, run_index: int) -> dict:
+    phases = settings.phases(seed=1 + 10 * run_index)
+    sides = {}
+    order = ("mesh", "baseline") if run_index % 2 == 0 else ("baseline", "mesh")
+    for side in order:
+        _progress(f"  e2e: {side}")
+        sides[side] = mesh_e2e(phases) if side == "mesh" else baseline_e2e(phases)
+    ratios = {}
+    for mesh, base in zip(sides["mesh"], sides["baseline"], strict=True):
+        ratios[mesh["phase"]] = {"e2e_p50": ratio(mesh["e2e_p50_ms"], base["e2e_p50_ms"]),
+                                 "e2e_p99": ratio(mesh["e2e_p99_ms"], base["e2e_p99_ms"]),
+                                 "tokens_per_s": ratio(mesh["tokens_per_s"], base["tokens_per_s"])}
+    return {"order": list(order), **sides, "mesh_over_baseline": ratios}
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+def run_once(settings: Settings, parts: list[str], run_index: int, profile_dir: Path | None) -> dict:
+    run: dict = {"run": run_index}
+    for part in parts:
+        _progress(f"run {run_index}: {part}")
+        if part == "scheduler":
+            run[part] = scheduler_part(settings, profile_dir)
+        elif part == "gateway":
+            run[part] = gateway_part(settings, profile_dir)
+        else:
+            run[part] = e2e_part(settings, run_index)
+    return run
+
+
+def headline(runs: list[dict]) -> dict:
+    """The targets' figures: median over runs, and every run's value."""
+    closed = f"closed {E2E_CONCURRENCY}"
+    figures = {
+        "scheduler_us_per_token": lambda r: r["scheduler"]["cpu_us_per_token"]["scheduler"],
+        "scheduler_tokens_per_s": lambda r: r["scheduler"]["tokens_per_s"],
+        "gateway_coalesced_us_per_token": lambda r: r["gateway"]["coalesced"]["cpu_us_per_token"]["gateway"],
+        "gateway_us_per_token": lambda r: r["gateway"]["stream"]["cpu_us_per_token"]["gateway"],
+        "saturation_ratio": lambda r: r["e2e"]["mesh_over_baseline"][closed]["tokens_per_s"],
+        "p50_ratio_5": lambda r: r["e2e"]["mesh_over_baseline"]["5/s"]["e2e_p50"],
+    }
+    out = {}
+    for key, figure in figures.items():
+        median = median_of(runs, figure)
+        out[key] = {"target": TARGETS[key].text, "median": median, "met": TARGETS[key].met(median),
+                    "runs": [median_of([r], figure) for r in runs]}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="one run, shorter windows")
+    parser.add_argument("--runs", type=int, default=None, help="runs (default 3, --quick 1)")
+    parser.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {','.join(PARTS)}")
+    parser.add_argument("--profile-s", type=float, default=None,
+                        help="py-spy the scheduler and the gateway this long in the first run (0: no profile)")
+    parser.add_argument("--output", type=Path, default=RESULTS_PATH)
+    args = parser.parse_args()
+    settings = QUICK if args.quick else FULL
+    if args.profile_s is not None:
+        settings = replace(settings, profile_s=args.profile_s)
+    parts = [p.strip() for p in args.only.split(",") if p.strip()]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        parser.error(f"--only: unknown parts {unknown}; choose from {','.join(PARTS)}")
+    num_runs = args.runs or (1 if args.quick else 3)
+    if settings.profile_s > 0 and _py_spy() is None:
+        _progress("py-spy not found (pip install py-spy into .venv): no profile")
+        settings = replace(settings, profile_s=0.0)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="bench-token-path-profiles-") as profiles:
+        for run_index in range(num_runs):
+            profile_dir = Path(profiles) if run_index == 0 and settings.profile_s > 0 else None
+            runs.append(run_once(settings, parts, run_index, profile_dir))
+            _write(args.output, settings, runs)
+    from bench.token_path_tables import print_tables
+    print_tables(json.loads(args.output.read_text()))
+    print(f"wrote {args.output}")
+
+
+def _write(path: Path, settings: Settings, runs: list[dict]) -> None:
+    """After every run, so a cut-off keeps what was measured."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "benchmark": "token_path",
+        "host": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "settings": {**asdict(settings), "mock_profile": MOCK_PROFILE, "num_mock_workers": NUM_MOCK_WORKERS,
+                     "e2e_concurrency": E2E_CONCURRENCY, "gateway_args": list(GATEWAY_ARGS)},
+        "headline": headline(runs),
+        "runs": runs,
+    }, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
