@@ -13,16 +13,19 @@ Parts (each run measures every part asked for; the table shows medians and every
   gateway    the same mesh plus two gateways (--upstream-mode stream, and unary as info), each driven
              in turn by 64 closed-loop Generate streams of 256 tokens: gateway CPU us per streamed
              token. The gateway has no coalescing option at this commit: every token is one message.
-  e2e        tinylm through a `make up`-like mesh (scheduler, gateway in stream mode with no tenants
-             file, one tinylm worker with --num-threads 1) against bench/request_level_baseline.py
+  e2e        tinylm through a `make up`-like mesh (scheduler, gateway in stream mode, one tinylm
+             worker with --num-threads 1; one critical tenant, like make up's alpha, with generous quotas) against bench/request_level_baseline.py
              (one process, the worker's StepExecutor, batches of 32, 1 torch thread) on the same
              requests (bench/token_path_workload.py): open-loop Poisson 5/s, 20/s and 30/s (e2e
              p50/p99 from the scheduled send) and a closed loop of 48 clients (saturation tokens/s).
-             Mesh and baseline run one after the other, in alternating order across runs.
+             The mesh runs as shipped and again with the gateway's adaptive concurrency limit pinned
+             at 1024 (info). Mesh variants and baseline run one after the other, in reversed order
+             every other run.
 
 --profile-s: in the first run, py-spy (must be on PATH or in .venv/bin) records the scheduler during
-an extra scheduler window, and the stream gateway during an extra gateway window; the top functions
-by self and total share go into the JSON and the table. The measured windows are never profiled.
+extra scheduler windows, and the stream gateway during extra gateway windows: one with Python frames
+only, one with --native (C frames too); the top functions by self and total share go into the JSON
+and the tables. The measured windows are never profiled.
 
 Every part records os.getloadavg() at its start: the 2 cores are shared, figures are noisy.
 Prints tables and writes bench/results/token_path.json.
@@ -53,7 +56,7 @@ from bench.token_path_clients import SubmitWindow, drive_gateway, drive_submit
 from bench.token_path_report import Target, e2e_figures, median_of, ratio, speedscope_top, us_per_token
 from bench.token_path_workload import LoadPhase, TokenRequest
 from infermesh.v1 import common_pb2, gateway_pb2
-from tests.support.gateway_fixtures import spawn_gateway
+from tests.support.gateway_fixtures import spawn_gateway, tenant, write_tenants
 from tests.support.processes import Mesh, running_mesh
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,6 +75,12 @@ GATEWAY_MAX_TOKENS = 256
 GATEWAY_ARGS = ("--log-level", "WARNING", "--limit-initial", "1024")
 E2E_CONCURRENCY = 48
 E2E_DEADLINE_S = 300.0
+# make up's demo traffic comes from tenant alpha (critical); quotas generous so none refuses the load.
+E2E_API_KEY = "bench-token-path"
+E2E_TENANT = tenant("bench", E2E_API_KEY, priority="critical")
+# The mesh as shipped, and with the gateway's adaptive concurrency limit pinned high (info): the
+# shipped limit refuses streams once their latency grows (RESOURCE_EXHAUSTED "adaptive limit").
+MESH_VARIANTS = {"mesh": (), "mesh_no_limit": ("--limit-initial", "1024", "--limit-min", "1024")}
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
 TARGETS = {
     "scheduler_us_per_token": Target("scheduler CPU per token", "<=", 20, " us"),
@@ -80,6 +89,8 @@ TARGETS = {
     "gateway_us_per_token": Target("gateway CPU per streamed token, 1 token a message", "<=", 60, " us"),
     "saturation_ratio": Target("e2e saturation tokens/s, mesh / baseline", ">=", 1.5, "x"),
     "p50_ratio_5": Target("e2e p50 at 5/s, mesh / baseline", "<=", 1.1, "x"),
+    "saturation_ratio_no_limit": Target("the same, adaptive limit pinned high (info)", ">=", 1.5, "x"),
+    "p50_ratio_5_no_limit": Target("the same, adaptive limit pinned high (info)", "<=", 1.1, "x"),
 }
 
 
@@ -127,11 +138,14 @@ def _py_spy() -> str | None:
                                           None)
 
 
-def profiled(pid: int, duration_s: float, out_path: Path) -> Callable[[], Callable[[], None]]:
-    """A window-start callback that runs py-spy on `pid` for `duration_s`; the end callback waits for it."""
+def profiled(pid: int, duration_s: float, out_path: Path, native: bool) -> Callable[[], Callable[[], None]]:
+    """A window-start callback that runs py-spy on `pid` for `duration_s`; the end callback waits for it.
+
+    native: also C frames. Most of a gateway's time is in grpc's Cython core, uvloop and system
+    calls, which Python frames alone show as self time of the event loop's run()."""
     def start() -> Callable[[], None]:
         proc = subprocess.Popen([_py_spy(), "record", "--pid", str(pid), "-d", str(int(duration_s)), "--rate", "100",
-                                 "--format", "speedscope", "-o", str(out_path)],
+                                 *(["--native"] if native else []), "--format", "speedscope", "-o", str(out_path)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
         def stop() -> None:
@@ -140,10 +154,28 @@ def profiled(pid: int, duration_s: float, out_path: Path) -> Callable[[], Callab
     return start
 
 
-def profile_summary(path: Path, top_n: int = 25) -> dict:
+PROFILE_KINDS = {"python": False, "native": True}
+
+
+def profile_windows(drive: Callable[[float, float, Callable], object], pid: int, duration_s: float,
+                    profile_dir: Path, part: str) -> dict:
+    """One extra window of load per profile kind, py-spy on `pid` during it; the summaries by kind."""
+    summaries = {}
+    for kind, native in PROFILE_KINDS.items():
+        path = profile_dir / f"{part}-{kind}.speedscope.json"
+        drive(1.0, duration_s + 0.5, profiled(pid, duration_s, path, native))
+        summaries[kind] = profile_summary(path)
+    return summaries
+
+
+def profile_summary(path: Path, num_self: int = 25, num_total: int = 40) -> dict:
+    """Top functions by self share, and by total share (more rows: the outer frames of every stack,
+    from runpy to the event loop, fill the first ones)."""
     if not path.exists():
         return {"error": f"py-spy wrote no {path}"}
-    num_samples, by_self, by_total = speedscope_top(json.loads(path.read_text()), top_n)
+    doc = json.loads(path.read_text())
+    num_samples, by_self, _ = speedscope_top(doc, num_self)
+    _, _, by_total = speedscope_top(doc, num_total)
     return {"num_samples": num_samples, "by_self": [asdict(f) for f in by_self],
             "by_total": [asdict(f) for f in by_total]}
 
@@ -182,11 +214,11 @@ def scheduler_part(settings: Settings, profile_dir: Path | None) -> dict:
         figures = _window_figures(window, cpu_s)
         figures["cpu_cores"]["workers"] = round(sum(cpu_s[w.name] for w in workers) / window.window_s, 3)
         if profile_dir is not None:
-            path = profile_dir / "scheduler.speedscope.json"
-            asyncio.run(drive_submit(mesh.scheduler.address, "mock-generator", num_streams, SCHEDULER_MAX_TOKENS,
-                                     1.0, settings.profile_s + 0.5,
-                                     profiled(mesh.scheduler.proc.pid, settings.profile_s, path)))
-            figures["profile"] = profile_summary(path)
+            figures["profile"] = profile_windows(
+                lambda warmup_s, window_s, on_start: asyncio.run(drive_submit(
+                    mesh.scheduler.address, "mock-generator", num_streams, SCHEDULER_MAX_TOKENS, warmup_s, window_s,
+                    on_start)),
+                mesh.scheduler.proc.pid, settings.profile_s, profile_dir, "scheduler")
     return {"load_average": load_average, "num_streams": num_streams, "max_tokens": SCHEDULER_MAX_TOKENS, **figures}
 
 
@@ -204,11 +236,11 @@ def gateway_part(settings: Settings, profile_dir: Path | None) -> dict:
                                                settings.warmup_s, settings.window_s, cpu_meter(pids, cpu_s)))
             modes[mode] = _window_figures(window, cpu_s)
         if profile_dir is not None:
-            path = profile_dir / "gateway.speedscope.json"
-            asyncio.run(drive_gateway(gateways["stream"].address, "mock-generator", GATEWAY_STREAMS,
-                                      GATEWAY_MAX_TOKENS, 1.0, settings.profile_s + 0.5,
-                                      profiled(gateways["stream"].proc.pid, settings.profile_s, path)))
-            modes["stream"]["profile"] = profile_summary(path)
+            modes["stream"]["profile"] = profile_windows(
+                lambda warmup_s, window_s, on_start: asyncio.run(drive_gateway(
+                    gateways["stream"].address, "mock-generator", GATEWAY_STREAMS, GATEWAY_MAX_TOKENS, warmup_s,
+                    window_s, on_start)),
+                gateways["stream"].proc.pid, settings.profile_s, profile_dir, "gateway")
     return {"load_average": load_average, "num_streams": GATEWAY_STREAMS, "max_tokens": GATEWAY_MAX_TOKENS,
             "coalescing": "not available at this commit (one token per message)", **modes}
 
@@ -220,7 +252,7 @@ def _templates(requests: tuple[TokenRequest, ...]) -> tuple[RequestTemplate, ...
     return tuple(RequestTemplate(Rpc.GENERATE, gateway_pb2.GenerateRequest(
         model=common_pb2.ModelRef(name="tinylm"), prompt=r.prompt,
         sampling=common_pb2.SamplingParams(max_tokens=r.max_tokens, ignore_eos=True)).SerializeToString(),
-        api_key="none", tenant="mesh", deadline_s=E2E_DEADLINE_S) for r in requests)
+        api_key=E2E_API_KEY, tenant="mesh", deadline_s=E2E_DEADLINE_S) for r in requests)
 
 
 def _mesh_phase(pool: LoadPool, address: str, phase: LoadPhase, pids: dict[str, int]) -> dict:
@@ -239,14 +271,15 @@ def _mesh_phase(pool: LoadPool, address: str, phase: LoadPhase, pids: dict[str, 
             **e2e_figures(results, elapsed_s)}
 
 
-def mesh_e2e(phases: list[LoadPhase]) -> list[dict]:
+def mesh_e2e(phases: list[LoadPhase], gateway_args: tuple[str, ...]) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="bench-token-path-") as tmp, running_mesh(Path(tmp)) as mesh, \
             LoadPool(1) as pool:
         mesh.start_scheduler("--log-level", "WARNING")
         mesh.start_worker("tinylm", "--log-level", "WARNING", "--model-repository", str(MODEL_REPO),
                           "--num-threads", "1", env=WORKER_ENV)
         _wait_attached(mesh.scheduler.address, 1)
-        mesh.start_gateway("--log-level", "WARNING")
+        mesh.start_gateway("--log-level", "WARNING", "--tenants-file",
+                           str(write_tenants(Path(tmp) / "tenants.yaml", [E2E_TENANT])), *gateway_args)
         pids = {p.name: p.proc.pid for p in mesh.processes}
         warm = LoadPhase("warm-up", 2.0, 1000, concurrency=8)
         pool.closed_loop(mesh.gateway.address, ClosedLoopJob(_templates(warm.requests()), 8, warm.duration_s))
@@ -273,16 +306,18 @@ def baseline_e2e(phases: list[LoadPhase]) -> list[dict]:
 def e2e_part(settings: Settings, run_index: int) -> dict:
     phases = settings.phases(seed=1 + 10 * run_index)
     sides = {}
-    order = ("mesh", "baseline") if run_index % 2 == 0 else ("baseline", "mesh")
+    order = [*MESH_VARIANTS, "baseline"]
+    if run_index % 2:
+        order.reverse()
     for side in order:
         _progress(f"  e2e: {side}")
-        sides[side] = mesh_e2e(phases) if side == "mesh" else baseline_e2e(phases)
-    ratios = {}
-    for mesh, base in zip(sides["mesh"], sides["baseline"], strict=True):
-        ratios[mesh["phase"]] = {"e2e_p50": ratio(mesh["e2e_p50_ms"], base["e2e_p50_ms"]),
-                                 "e2e_p99": ratio(mesh["e2e_p99_ms"], base["e2e_p99_ms"]),
-                                 "tokens_per_s": ratio(mesh["tokens_per_s"], base["tokens_per_s"])}
-    return {"order": list(order), **sides, "mesh_over_baseline": ratios}
+        sides[side] = baseline_e2e(phases) if side == "baseline" else mesh_e2e(phases, MESH_VARIANTS[side])
+    ratios = {variant: {mesh["phase"]: {"e2e_p50": ratio(mesh["e2e_p50_ms"], base["e2e_p50_ms"]),
+                                        "e2e_p99": ratio(mesh["e2e_p99_ms"], base["e2e_p99_ms"]),
+                                        "tokens_per_s": ratio(mesh["tokens_per_s"], base["tokens_per_s"])}
+                        for mesh, base in zip(sides[variant], sides["baseline"], strict=True)}
+              for variant in MESH_VARIANTS}
+    return {"order": order, **sides, "over_baseline": ratios}
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -309,8 +344,10 @@ def headline(runs: list[dict]) -> dict:
         "scheduler_tokens_per_s": lambda r: r["scheduler"]["tokens_per_s"],
         "gateway_coalesced_us_per_token": lambda r: r["gateway"]["coalesced"]["cpu_us_per_token"]["gateway"],
         "gateway_us_per_token": lambda r: r["gateway"]["stream"]["cpu_us_per_token"]["gateway"],
-        "saturation_ratio": lambda r: r["e2e"]["mesh_over_baseline"][closed]["tokens_per_s"],
-        "p50_ratio_5": lambda r: r["e2e"]["mesh_over_baseline"]["5/s"]["e2e_p50"],
+        "saturation_ratio": lambda r: r["e2e"]["over_baseline"]["mesh"][closed]["tokens_per_s"],
+        "p50_ratio_5": lambda r: r["e2e"]["over_baseline"]["mesh"]["5/s"]["e2e_p50"],
+        "saturation_ratio_no_limit": lambda r: r["e2e"]["over_baseline"]["mesh_no_limit"][closed]["tokens_per_s"],
+        "p50_ratio_5_no_limit": lambda r: r["e2e"]["over_baseline"]["mesh_no_limit"]["5/s"]["e2e_p50"],
     }
     out = {}
     for key, figure in figures.items():

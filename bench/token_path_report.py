@@ -32,6 +32,7 @@ def e2e_figures(results: Sequence[SendResult], elapsed_s: float) -> dict:
         "num_requests": len(results),
         "num_ok": len(ok),
         "errors": dict(Counter(r.status for r in results if not r.ok)),
+        "error_examples": sorted({f"{r.status}: {r.message}" for r in results if not r.ok})[:3],
         "e2e_p50_ms": round(quantile(latencies_ms, 0.50), 1),
         "e2e_p99_ms": round(quantile(latencies_ms, 0.99), 1),
         "ttft_p50_ms": round(quantile(ttfts_ms, 0.50), 1),

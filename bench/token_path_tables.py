@@ -51,17 +51,20 @@ def e2e_table(doc: dict) -> str:
         e = run.get("e2e")
         if not e:
             continue
-        for mesh, base in zip(e["mesh"], e["baseline"], strict=True):
-            r = e["mesh_over_baseline"][mesh["phase"]]
-            rows.append((run["run"], mesh["phase"], f"{_load(mesh)} / {_load(base)}",
-                         f"{mesh['e2e_p50_ms']:.0f} / {mesh['e2e_p99_ms']:.0f}",
-                         f"{base['e2e_p50_ms']:.0f} / {base['e2e_p99_ms']:.0f}",
-                         f"{mesh['tokens_per_s']:.0f} / {base['tokens_per_s']:.0f}",
-                         f"{r['e2e_p50']} / {r['e2e_p99']} / {r['tokens_per_s']}",
-                         f"{mesh['num_ok']}/{mesh['num_requests']} {_errors(mesh)}",
-                         f"{base['num_ok']}/{base['num_requests']}"))
-    return markdown_table(["run", "load", "load avg mesh / base", "mesh p50 / p99 ms", "baseline p50 / p99 ms",
-                           "tokens/s mesh / base", "ratio p50 / p99 / tok/s", "mesh ok", "base ok"], rows)
+        for variant, ratios in e["over_baseline"].items():
+            for mesh, base in zip(e[variant], e["baseline"], strict=True):
+                r = ratios[mesh["phase"]]
+                rows.append((run["run"], variant, mesh["phase"], f"{_load(mesh)} / {_load(base)}",
+                             f"{mesh['e2e_p50_ms']:.0f} / {mesh['e2e_p99_ms']:.0f}",
+                             f"{base['e2e_p50_ms']:.0f} / {base['e2e_p99_ms']:.0f}",
+                             f"{mesh['ttft_p50_ms']:.0f} / {base['ttft_p50_ms']:.0f}",
+                             f"{mesh['tokens_per_s']:.0f} / {base['tokens_per_s']:.0f}",
+                             f"{r['e2e_p50']} / {r['e2e_p99']} / {r['tokens_per_s']}",
+                             f"{mesh['num_ok']}/{mesh['num_requests']} {_errors(mesh)}",
+                             f"{base['num_ok']}/{base['num_requests']}"))
+    return markdown_table(["run", "mesh", "load", "load avg mesh / base", "mesh p50 / p99 ms",
+                           "baseline p50 / p99 ms", "ttft p50 mesh / base", "tokens/s mesh / base",
+                           "ratio p50 / p99 / tok/s", "mesh ok", "base ok"], rows)
 
 
 def profile_table(profile: dict, key: str) -> str:
@@ -88,8 +91,8 @@ def print_tables(doc: dict) -> None:
         print("\ne2e on tinylm, mesh vs in-process request-level batching\n" + e2e_table(doc))
     for run in doc["runs"]:
         for part, section in (("scheduler", run.get("scheduler")), ("gateway", (run.get("gateway") or {}).get("stream"))):
-            profile = (section or {}).get("profile")
-            if profile and "by_self" in profile:
-                print(f"\n{part} profile ({profile['num_samples']} samples), top by self\n"
-                      + profile_table(profile, "by_self"))
-                print(f"\n{part} profile, top by total\n" + profile_table(profile, "by_total"))
+            for kind, profile in ((section or {}).get("profile") or {}).items():
+                if "by_self" in profile:
+                    print(f"\n{part} profile, {kind} frames ({profile['num_samples']} samples), top by self\n"
+                          + profile_table(profile, "by_self"))
+                    print(f"\n{part} profile, {kind} frames, top by total\n" + profile_table(profile, "by_total"))
