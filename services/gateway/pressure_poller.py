@@ -111,4 +111,5 @@ def _report(pressure) -> PressureReport:
         pressure.kv_usage,
         pressure.num_workers,
         pressure.min_service_time_us,
+        pressure.num_slots,
     )

@@ -153,8 +153,11 @@ class GatewayService:
             self.watcher.poll()
 
     async def _observe_limits(self) -> None:
-        while True:  # gauges, not per request: the admitted path stays cheap
-            metrics.observe_limits(self.limits.limits())
+        while True:  # once a second, not per request: the admitted path stays cheap
+            limits = self.limits.limits()
+            for model, limit in limits.items():
+                limit.num_slots = self.board.num_slots(model)
+            metrics.observe_limits(limits)
             await asyncio.sleep(1.0)
 
     async def drain(self, grace_s: float) -> None:

@@ -44,6 +44,8 @@ class PressureReport:
     kv_usage: float = 0.0
     num_workers: int = 0
     min_service_time_s: float = 0.0
+    # Requests the model's workers hold at once without queueing (0: unknown).
+    num_slots: int = 0
 
     @classmethod
     def from_fields(
@@ -54,6 +56,7 @@ class PressureReport:
         kv_usage: float,
         num_workers: int,
         min_service_time_us: int,
+        num_slots: int = 0,
     ) -> PressureReport:
         """From ModelPressure's field values; `est_queue_time_us` is indexed by Priority number."""
         queue_s = {p: (est_queue_time_us[p] / 1e6 if p < len(est_queue_time_us) else 0.0) for p in Priority}
@@ -64,6 +67,7 @@ class PressureReport:
             kv_usage=kv_usage,
             num_workers=num_workers,
             min_service_time_s=min_service_time_us / 1e6,
+            num_slots=num_slots,
         )
 
     def queue_time_s(self, priority: Priority) -> float:
@@ -113,6 +117,11 @@ class PressureBoard:
         self._aggregates[model] = (min(received, default=float("inf")), aggregate)
         return aggregate
 
+    def num_slots(self, model: str) -> int:
+        """Requests the model's workers hold at once, over every scheduler serving it; 0 when unknown."""
+        report = self.pressure(model)
+        return 0 if report is None else report.num_slots
+
     def min_service_time_s(self, model: str) -> float:
         """Estimated minimum service time for deadline checks; 0 when unknown."""
         report = self.pressure(model)
@@ -127,6 +136,7 @@ def _best_case(model: str, reports: list[PressureReport]) -> PressureReport:
         kv_usage=min(r.kv_usage for r in reports),
         num_workers=sum(r.num_workers for r in reports),
         min_service_time_s=min(r.min_service_time_s for r in reports),
+        num_slots=sum(r.num_slots for r in reports),
     )
 
 

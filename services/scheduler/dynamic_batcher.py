@@ -192,6 +192,12 @@ class DynamicBatcher(Generic[P]):
         return len(self._workers)
 
     @property
+    def num_slots(self) -> int:
+        """Items the usable workers hold at once: full batches, running and prefetched."""
+        per_batch = self.config.max_batches_per_worker
+        return sum(self._batch_limit(w) * per_batch for w in self._workers.values() if not w.draining)
+
+    @property
     def num_usable_workers(self) -> int:
         """Workers that may get new batches (attached and not draining)."""
         return sum(not w.draining for w in self._workers.values())

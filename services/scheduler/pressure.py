@@ -31,6 +31,8 @@ class ModelPressure:
     num_workers: int
     # Recent shortest service time of one request (one batch of 1, or one step), seconds.
     min_service_time_s: float
+    # Requests the workers hold at once without queueing (running batches + prefetched; running sequences).
+    num_slots: int = 0
 
     def est_queue_time_us_by_priority(self) -> list[int]:
         """ModelPressure.est_queue_time_us: indexed by Priority value, index 0 (UNSPECIFIED) unused."""
@@ -47,6 +49,7 @@ def classifier_pressure(batcher: DynamicBatcher) -> ModelPressure:
         kv_usage=0.0,
         num_workers=batcher.num_workers,
         min_service_time_s=batcher.estimate_batch_time_s(1),
+        num_slots=batcher.num_slots,
     )
 
 
@@ -67,6 +70,7 @@ def generator_pressure(schedulers: Collection[StepScheduler]) -> ModelPressure:
         kv_usage=sum(s.kv.num_used_blocks for s in schedulers) / num_blocks,
         num_workers=len(schedulers),
         min_service_time_s=min(s.step_time_s for s in schedulers),
+        num_slots=sum(s.config.max_num_seqs for s in schedulers),
     )
 
 

@@ -119,6 +119,7 @@ def _pressure_proto(key, pressure: ModelPressure) -> common_pb2.ModelPressure:
         kv_usage=pressure.kv_usage,
         num_workers=pressure.num_workers,
         min_service_time_us=seconds_to_us(pressure.min_service_time_s),
+        num_slots=pressure.num_slots,
     )
 
 

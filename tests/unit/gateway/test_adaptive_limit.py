@@ -136,3 +136,16 @@ def test_one_limit_per_model():
 def test_config_errors_are_precise(over, message):
     with pytest.raises(ValueError, match=message):
         AdaptiveLimitConfig(**over)
+
+
+def test_never_limits_below_the_slots_the_schedulers_report():
+    clock = FakeClock()
+    limit = make_limit(clock, initial_limit=8, min_limit=2)
+    limit.num_slots = 32  # e.g. one worker of max batch 16, one batch running and one prefetched
+    run_windows(limit, clock, num_windows=20, num_in_flight=20, latency_s=0.01, outcome=Outcome.DROPPED)
+    assert limit.limit == 2 and limit.effective_limit == 32
+    assert limit.class_limit(SHEDDABLE) == 19
+    permits = [limit.acquire(CRITICAL, 1.0) for _ in range(32)]
+    with pytest.raises(ResourceExhausted, match="critical traffic is 32"):
+        limit.acquire(CRITICAL, 1.0)
+    assert len(permits) == 32

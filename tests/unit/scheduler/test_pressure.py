@@ -22,6 +22,7 @@ def test_classifier_queue_time_grows_with_the_backlog_of_its_class_and_above(clo
     assert busy.est_queue_time_s[Priority.STANDARD] == pytest.approx(0.020)  # two batches of 4 ahead
     assert busy.est_queue_time_s[Priority.SHEDDABLE] == pytest.approx(0.120)
     assert busy.min_service_time_s == pytest.approx(0.010)
+    assert busy.num_slots == 8  # a batch of 4 running and one prefetched
 
 
 def test_wire_form_is_microseconds_indexed_by_priority_value(clock):
@@ -44,6 +45,7 @@ def test_generator_pressure_sums_kv_usage_and_waiting_over_workers(clock):
     run_steps(busy, FakePagedWorker(4), clock, max_steps=1)
     pressure = generator_pressure([busy, idle])
     assert pressure.num_workers == 2
+    assert pressure.num_slots == 2 + idle.config.max_num_seqs
     assert pressure.queue_depth == 3
     assert pressure.kv_usage == pytest.approx(8 / 128)
     assert pressure.est_queue_time_s[Priority.STANDARD] == 0.0  # the idle worker takes it
