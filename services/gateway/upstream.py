@@ -29,13 +29,6 @@ _RECONNECT_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
-# A scheduler that vanished without closing its connections (host gone) must fail the Submit stream,
-# and every call on it, within ~30 s, not after the OS's TCP timeout. 20 s is above the servers'
-# minimum ping interval (services/common/server.py), so they never answer these pings with GOAWAY.
-_KEEPALIVE_OPTIONS = [
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-]
 
 
 _SUBMIT_METHOD = f"/{scheduler_pb2.DESCRIPTOR.services_by_name['Scheduler'].full_name}/Submit"
@@ -76,7 +69,6 @@ class SchedulerClient:
                 ("grpc.max_receive_message_length", max_message_bytes),
                 ("grpc.max_send_message_length", max_message_bytes),
                 *_RECONNECT_OPTIONS,
-                *_KEEPALIVE_OPTIONS,
             ],
         )
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
