@@ -41,6 +41,13 @@ def e2e_figures(results: Sequence[SendResult], elapsed_s: float) -> dict:
     }
 
 
+def rate_window_s(open_loop: bool, duration_s: float, elapsed_s: float) -> float:
+    """What tokens/s divides by: an open loop's span from the schedule's start to its last reply
+    (saturated, the server is busy all along, so this is its service rate); a closed loop's window,
+    since only streams that ended inside it count (the clients' last streams end after it)."""
+    return elapsed_s if open_loop else duration_s
+
+
 def ratio(numerator: float, denominator: float) -> float:
     """numerator / denominator rounded to 3 places; NaN when either is missing or the denominator is 0."""
     if math.isnan(numerator) or math.isnan(denominator) or denominator == 0:
