@@ -91,3 +91,10 @@ def test_a_phase_is_either_open_or_closed_loop():
     assert len(LoadPhase("closed 4", 10.0, 1, concurrency=4).requests()) == 256
     with pytest.raises(ValueError, match="set exactly one of rate_per_s"):
         LoadPhase("both", 10.0, 1, rate_per_s=5.0, concurrency=4)
+
+
+def test_open_loops_rate_over_their_span_and_closed_loops_over_their_window():
+    from bench.token_path_report import rate_window_s
+
+    assert rate_window_s(True, duration_s=20.0, elapsed_s=31.5) == 31.5
+    assert rate_window_s(False, duration_s=20.0, elapsed_s=23.0) == 20.0
