@@ -26,8 +26,9 @@ Parts (each run measures every part asked for; the table shows medians and every
 
 --profile-s: in the first run, py-spy (must be on PATH or in .venv/bin) records the scheduler during
 extra scheduler windows, and the stream gateway during extra gateway windows: one with Python frames
-only, one with --native (C frames too); the top functions by self and total share go into the JSON
-and the tables. The measured windows are never profiled.
+only, one with --native (C frames too); the top functions by self share, total share and "owner"
+(each sample charged to its innermost services/ frame) go into the JSON and the tables, the
+speedscope files into bench/results/token_path_profiles/. The measured windows are never profiled.
 
 Every part records os.getloadavg() at its start: the 2 cores are shared, figures are noisy.
 Prints tables and writes bench/results/token_path.json.
@@ -61,6 +62,7 @@ from bench.token_path_report import (
     median_of,
     rate_window_s,
     ratio,
+    speedscope_owners,
     speedscope_top,
     us_per_token,
 )
@@ -71,6 +73,7 @@ from tests.support.processes import Mesh, running_mesh
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_PATH = ROOT / "bench" / "results" / "token_path.json"
+PROFILES_DIR = ROOT / "bench" / "results" / "token_path_profiles"  # speedscope files (speedscope.app)
 MODEL_REPO = ROOT / "model_repo"
 PARTS = ("scheduler", "gateway", "e2e")
 NUM_MOCK_WORKERS = 4
@@ -188,8 +191,9 @@ def profile_summary(path: Path, num_self: int = 25, num_total: int = 40) -> dict
     doc = json.loads(path.read_text())
     num_samples, by_self, _ = speedscope_top(doc, num_self)
     _, _, by_total = speedscope_top(doc, num_total)
-    return {"num_samples": num_samples, "by_self": [asdict(f) for f in by_self],
-            "by_total": [asdict(f) for f in by_total]}
+    return {"num_samples": num_samples, "file": str(path), "by_self": [asdict(f) for f in by_self],
+            "by_total": [asdict(f) for f in by_total],
+            "by_owner": [{"name": name, "share": share} for name, share in speedscope_owners(doc, num_self)]}
 
 
 # -- scheduler and gateway: mock workers --------------------------------------------------
@@ -404,11 +408,12 @@ def main() -> None:
         _progress("py-spy not found (pip install py-spy into .venv): no profile")
         settings = replace(settings, profile_s=0.0)
     runs = []
-    with tempfile.TemporaryDirectory(prefix="bench-token-path-profiles-") as profiles:
-        for run_index in range(num_runs):
-            profile_dir = Path(profiles) if run_index == 0 and settings.profile_s > 0 else None
-            runs.append(run_once(settings, parts, run_index, profile_dir))
-            _write(args.output, settings, runs)
+    if settings.profile_s > 0:
+        PROFILES_DIR.mkdir(parents=True, exist_ok=True)
+    for run_index in range(num_runs):
+        profile_dir = PROFILES_DIR if run_index == 0 and settings.profile_s > 0 else None
+        runs.append(run_once(settings, parts, run_index, profile_dir))
+        _write(args.output, settings, runs)
     from bench.token_path_tables import print_tables
     print_tables(json.loads(args.output.read_text()))
     print(f"wrote {args.output}")

@@ -129,6 +129,28 @@ def speedscope_top(doc: dict, top_n: int = 15) -> tuple[int, list[FunctionShare]
     return num_samples, shares(self_weight), shares(total_weight)
 
 
+NO_OWNER = "(no services/ frame on the stack)"
+
+
+def speedscope_owners(doc: dict, top_n: int = 15, marker: str = "/services/") -> list[tuple[str, float]]:
+    """(function, share) of samples charged to their innermost project frame (a file containing
+    `marker`): what a service function costs with everything it calls in libraries and C (protobuf,
+    grpc, system calls), each sample counted once. Samples with no such frame go to NO_OWNER."""
+    frames = doc["shared"]["frames"]
+    owned = [marker in f.get("file", "") for f in frames]
+    names = [f"{f['name']} ({_short_file(f.get('file', ''))})" for f in frames]
+    weights: Counter[str] = Counter()
+    for profile in doc["profiles"]:
+        if profile.get("type") != "sampled":
+            continue
+        for stack, weight in zip(profile["samples"], profile["weights"], strict=True):
+            if stack:
+                owner = next((names[i] for i in reversed(stack) if owned[i]), NO_OWNER)
+                weights[owner] += weight
+    total = sum(weights.values())
+    return [(name, round(w / total, 4)) for name, w in weights.most_common(top_n)] if total else []
+
+
 def _short_file(path: str) -> str:
     """The path from the project's top package or site-packages on, else the file name."""
     for marker in ("/services/", "/bench/", "/site-packages/", "/infermesh/", "/lib/python"):

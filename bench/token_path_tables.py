@@ -72,6 +72,11 @@ def profile_table(profile: dict, key: str) -> str:
     return markdown_table(["function (file)", "self", "total"], rows)
 
 
+def owner_table(profile: dict) -> str:
+    rows = [(f["name"], f"{100 * f['share']:.1f}%") for f in profile["by_owner"]]
+    return markdown_table(["innermost services/ function (with what it calls)", "share"], rows)
+
+
 def _load(section: dict) -> str:
     return f"{section['load_average'][0]:.1f}"
 
@@ -96,3 +101,5 @@ def print_tables(doc: dict) -> None:
                     print(f"\n{part} profile, {kind} frames ({profile['num_samples']} samples), top by self\n"
                           + profile_table(profile, "by_self"))
                     print(f"\n{part} profile, {kind} frames, top by total\n" + profile_table(profile, "by_total"))
+                    if "by_owner" in profile:
+                        print(f"\n{part} profile, {kind} frames, by innermost services/ frame\n" + owner_table(profile))

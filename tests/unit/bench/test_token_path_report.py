@@ -98,3 +98,17 @@ def test_open_loops_rate_over_their_span_and_closed_loops_over_their_window():
 
     assert rate_window_s(True, duration_s=20.0, elapsed_s=31.5) == 31.5
     assert rate_window_s(False, duration_s=20.0, elapsed_s=23.0) == 20.0
+
+
+def test_owners_charge_each_sample_to_its_innermost_services_frame():
+    from bench.token_path_report import NO_OWNER, speedscope_owners
+
+    doc = {
+        "shared": {"frames": [{"name": "run", "file": "/x/services/gateway/server.py"},
+                              {"name": "Generate", "file": "/x/services/gateway/servicer.py"},
+                              {"name": "sendmsg", "file": "libc.so.6"},
+                              {"name": "poll", "file": "/venv/lib/python3.11/threading.py"}]},
+        "profiles": [{"type": "sampled", "samples": [[0, 1, 2], [0, 1], [0, 2], [3]], "weights": [1, 1, 1, 1]}],
+    }
+    assert speedscope_owners(doc) == [("Generate (services/gateway/servicer.py)", 0.5),
+                                      ("run (services/gateway/server.py)", 0.25), (NO_OWNER, 0.25)]
