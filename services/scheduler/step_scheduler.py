@@ -77,6 +77,10 @@ class StepSchedulerConfig:
     # its share; a sequence runs at least this long before it can be preempted so (anti-thrash).
     enable_fairness_preemption: bool = True
     fairness_min_run_s: float = 0.1
+    # Service units by which a waiting tenant below its share of max_num_seqs counts as less served
+    # at admission (TenantService.admission_key): slots stay at the shares unless one tenant is clearly
+    # less served, instead of changing hands by admission and back by fairness preemption.
+    fairness_share_credit: float = 200.0
     # Admission keeps this fraction of blocks free, so running sequences can grow without preempting.
     kv_watermark: float = 0.01
     # Step time assumed before any is measured, and the weight of each new measurement.
@@ -456,7 +460,8 @@ class StepScheduler:
     def _next_to_admit(self) -> Sequence | None:
         """Classes are strict; inside one, the least-served tenant (ties: oldest first), its preempted
         sequences before its new ones."""
-        return min(self._tenant_heads(), key=self._service_key, default=None)
+        key = self._service.admission_key(self._running, self.config.max_num_seqs, self.config.fairness_share_credit)
+        return min(self._tenant_heads(), key=key, default=None)
 
     def _tenant_heads(self) -> list[Sequence]:
         """Each waiting tenant's next sequence: its best preempted one, else its oldest new one."""

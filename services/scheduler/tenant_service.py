@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from services.scheduler.fair_queue import Priority, TenantContext
@@ -101,6 +101,25 @@ class TenantService:
     def slot_cap(self, tenant: TenantContext, num_slots: int) -> int:
         """Slots `tenant` keeps when others wait: its share rounded up, at least one."""
         return max(1, math.ceil(num_slots * self.share(tenant)))
+
+    def admission_key(self, running: Iterable[Sequence], num_slots: int,
+                      share_credit: float) -> Callable[[Sequence], tuple[int, float, float, int]]:
+        """Sort key for the waiting tenants' next sequences (smallest first): class, then counter,
+        with `share_credit` taken off for a tenant below its entitled slots, then age.
+
+        The credit keeps admission from handing a slot to a tenant at its share when another,
+        about as served, waits below its share and would only preempt it back (churn between two
+        tenants that both want more than half); a tenant clearly less served still goes first.
+        """
+        held = _held_slots(running)
+
+        def key(seq: Sequence) -> tuple[int, float, float, int]:
+            counter = self.counter(seq.tenant)
+            if held[tenant_key(seq.tenant)] < self.entitled_slots(seq.tenant, num_slots):
+                counter -= share_credit
+            return (int(seq.priority), counter, seq.arrival_s, seq.seq_id)
+
+        return key
 
     def fairness_victim(self, waiter: TenantContext, running: Iterable[Sequence], num_slots: int, now_s: float,
                         min_run_s: float) -> Sequence | None:

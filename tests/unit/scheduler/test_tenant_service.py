@@ -154,3 +154,18 @@ def test_a_tenants_latest_weight_sets_its_share():
     service.deactivate(tenant("gold"))
     service.deactivate(tenant("gold"))
     assert service.share(tenant("basic")) == 1.0
+
+
+def test_admission_prefers_a_tenant_below_its_share_unless_the_other_is_clearly_less_served(clock):
+    service = TenantService()
+    heavy, light = tenant("heavy"), tenant("light")
+    service.activate(heavy)
+    service.activate(light)
+    running = [running_seq(i, light, since_s=0.0) for i in range(2)] + [running_seq(9, heavy, since_s=0.0)]
+    heavy_next, light_next = running_seq(20, heavy, since_s=0.0), running_seq(21, light, since_s=0.0)
+    service.charge(heavy, num_decode_tokens=60)  # heavy 120 units, light 0: within the credit
+    key = service.admission_key(running, num_slots=4, share_credit=200.0)
+    assert min((light_next, heavy_next), key=key) is heavy_next  # heavy holds 1 of its 2
+    service.charge(heavy, num_decode_tokens=100)  # heavy 320: light is clearly less served
+    key = service.admission_key(running, num_slots=4, share_credit=200.0)
+    assert min((light_next, heavy_next), key=key) is light_next
