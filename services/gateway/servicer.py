@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2
 from services.common import errors
 from services.common.status import maps_domain_errors
+from services.common.stream_options import stream_options
 from services.common.telemetry import context_from_metadata
 from services.gateway.admission import Admission, RequestScope, span
 from services.gateway.dispatch import Dispatcher
@@ -150,6 +151,8 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
                     raise errors.InvalidArgument("model.name is required")
                 if not request.prompt:
                     raise errors.InvalidArgument("prompt must not be empty")
+                # Refused here with the scheduler's own check: coalescing itself happens upstream.
+                stream_options(request.stream.max_tokens_per_chunk, request.stream.interval_ms)
                 prompt_tokens = prompt_tokens_upper_bound(request.prompt)
                 num_tokens = prompt_tokens + (request.sampling.max_tokens or DEFAULT_MAX_TOKENS)
                 self._admission.admit(scope, caller.authorization, client_timeout_s(context), num_tokens)

@@ -15,6 +15,7 @@ import grpc
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.common import errors
 from services.common.status import maps_domain_errors, status_code_of
+from services.common.stream_options import stream_options
 from services.common.telemetry import (
     carrier_for,
     context_from_carrier,
@@ -25,6 +26,7 @@ from services.common.telemetry import (
 )
 from services.common.timings import StageTime, seconds_to_us, to_proto
 from services.scheduler import metrics
+from services.scheduler.chunk_coalescer import ChunkCoalescer, CoalescedEvents
 from services.scheduler.classify_pool import ClassifyJob
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import Priority, TenantContext
@@ -163,6 +165,8 @@ class _GenerateRun:
         """The caller went away (or the call failed): drop the sequence and free its KV blocks now."""
         if not self.stream.finished:
             self._entry.pool.abort(self.stream)
+        if isinstance(self.stream.events, CoalescedEvents):
+            self.stream.events.close()  # no interval timer may outlive the call
 
 
 class _ChunkSink:
@@ -288,10 +292,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             server_span(_tracer, "scheduler.Generate", parent) as span,
             self._counted(request.request.model.name, request.tenant.tenant_id, "generate", began_s),
         ):
-            run = self._admit_generate(request, context.time_remaining(), began_s, asyncio.Queue(), span)
+            events = asyncio.Queue()
+            run = self._admit_generate(request, context.time_remaining(), began_s, events, span)
             try:
                 while True:
-                    event = await run.stream.events.get()
+                    event = await events.get()
                     if event.error is not None:
                         raise event.error
                     reply = scheduler_pb2.ScheduleGenerateResponse()
@@ -338,6 +343,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         prompt_ids = entry.pool.tokenizer.encode(req.prompt)
         max_tokens = req.sampling.max_tokens or max(1, min(DEFAULT_MAX_TOKENS, entry.pool.max_seq_len() - len(prompt_ids)))
         sampling = _sampling(req.sampling, max_tokens)
+        options = stream_options(req.stream.max_tokens_per_chunk, req.stream.interval_ms)
+        if options.coalesces:
+            # Coalesced here, not at the gateway, so both hops carry the fewer, larger chunks.
+            events = CoalescedEvents(events, ChunkCoalescer(options, self._clock), self._clock,
+                                     asyncio.get_running_loop().call_later)
         sampling_proto = req.sampling
         if not sampling_proto.HasField("seed"):
             # A seed drawn here, not by each worker, keeps sampling reproducible across preemption and failover.
