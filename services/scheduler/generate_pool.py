@@ -90,6 +90,7 @@ def step_scheduler_config(config: SchedulerConfig, capacity: scheduler_pb2.Worke
         static_batch_padding=config.static_batch_padding,
         enable_fairness_preemption=config.fairness_preemption,
         fairness_min_run_s=config.fairness_min_run_ms / 1000,
+        fairness_share_credit=config.fairness_share_credit,
     )
 
 

@@ -99,6 +99,8 @@ class StepSchedulerConfig:
             raise ValueError(f"kv_watermark must be in [0, 1), got {self.kv_watermark}")
         if self.fairness_min_run_s < 0:
             raise ValueError(f"fairness_min_run_s must be >= 0, got {self.fairness_min_run_s}")
+        if self.fairness_share_credit < 0:
+            raise ValueError(f"fairness_share_credit must be >= 0, got {self.fairness_share_credit}")
         if not 0 < self.step_time_ewma_alpha <= 1:
             raise ValueError(f"step_time_ewma_alpha must be in (0, 1], got {self.step_time_ewma_alpha}")
 
