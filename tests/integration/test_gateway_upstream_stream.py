@@ -21,7 +21,8 @@ from tests.support.scheduler_fixtures import pressure_of, scheduler_stub, wait_f
 
 pytestmark = pytest.mark.integration
 
-TINYLM = common_pb2.ModelRef(name="tinylm")
+# A paged generator with seeded sampling that needs no trained weights (a fresh clone has no model_repo/).
+MOCK_GENERATOR = common_pb2.ModelRef(name="mock-generator")
 DARK = common_pb2.Image(raw=common_pb2.RawImage(pixels=bytes([5] * 12), height=2, width=2, channels=3))
 
 
@@ -31,11 +32,11 @@ def mesh(tmp_path_factory):
         mesh.start_scheduler()
         mesh.start_worker("toy-classifier")
         mesh.start_worker("toy-generator", "--toy-compute-ms", "10")
-        mesh.start_worker("tinylm")
+        mesh.start_worker("mock-generator")
         mesh.unary = spawn_gateway(mesh, "gateway-unary", "--upstream-mode", "unary")
         mesh.stream = spawn_gateway(mesh, "gateway-stream", "--upstream-mode", "stream")
         with scheduler_stub(mesh.scheduler.address) as stub:
-            for model in (CLASSIFIER, GENERATOR, TINYLM):
+            for model in (CLASSIFIER, GENERATOR, MOCK_GENERATOR):
                 wait_for_workers(stub, model, 1)
         yield mesh
 
@@ -82,9 +83,9 @@ def test_classify_gives_the_same_labels_in_both_modes(stubs):
     {"max_tokens": 12},
     {"max_tokens": 12, "temperature": 0.9, "top_p": 0.95, "seed": 1234},
 ], ids=["greedy", "seeded"])
-def test_tinylm_streams_the_same_tokens_indexes_and_usage_in_both_modes(stubs, sampling):
-    unary = _generate(stubs["unary"], TINYLM, "The Python ", **sampling)
-    stream = _generate(stubs["stream"], TINYLM, "The Python ", **sampling)
+def test_paged_generator_streams_the_same_tokens_indexes_and_usage_in_both_modes(stubs, sampling):
+    unary = _generate(stubs["unary"], MOCK_GENERATOR, "The Python ", **sampling)
+    stream = _generate(stubs["stream"], MOCK_GENERATOR, "The Python ", **sampling)
     assert _essence(stream) == _essence(unary)
     assert stream[-1].usage.completion_tokens == 12 or stream[-1].finish_reason == common_pb2.FINISH_REASON_EOS
 
