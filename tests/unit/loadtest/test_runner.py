@@ -75,7 +75,9 @@ async def test_closed_loop_keeps_exactly_the_configured_clients_busy(fake_gatewa
         result = await LoadRunner(scenario, client, on_progress=snapshots.append, progress_interval_s=0.25).run()
     assert servicer.max_concurrent == 3
     assert 100 < len(result.records) <= 300  # ~3 clients x 1 s / ~10 ms
-    assert all(r.client_queue_s < 0.002 for r in result.records)  # a closed loop sends when it decides to
+    # A closed loop sends when it decides to: what queueing remains is event-loop lag, milliseconds even on a
+    # busy shared box (an open loop behind a stall queues for hundreds of ms, test_coordinated_omission.py).
+    assert all(r.client_queue_s < 0.05 for r in result.records)
     assert snapshots[-1].num_done == len(result.records) and snapshots[-1].phase is Phase.DRAIN
     assert any(s.phase is Phase.MEASURE and s.done_rps > 50 for s in snapshots)
 
