@@ -9,6 +9,7 @@ each chunk's index is the number of tokens before it. Both gateway upstream mode
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import grpc
 import pytest
@@ -23,6 +24,8 @@ pytestmark = pytest.mark.integration
 MOCK = common_pb2.ModelRef(name="mock-generator")
 TINYLM = common_pb2.ModelRef(name="tinylm")
 TOKENS_KEY = "coalesced-tokens-secret-0123"
+# Built by `make models`; a fresh clone (CI) has none, so the tinylm case is skipped there.
+TINYLM_BUILT = (Path(__file__).resolve().parents[2] / "model_repo" / "tinylm").is_dir()
 BY_COUNT = gateway_pb2.StreamOptions(max_tokens_per_chunk=4)
 BY_INTERVAL = gateway_pb2.StreamOptions(interval_ms=50)
 
@@ -37,12 +40,11 @@ def mesh(tmp_path_factory):
         mesh.start_scheduler()
         mesh.start_worker("toy-generator", "--toy-compute-ms", "5")
         mesh.start_worker("mock-generator", "--mock-profile", "step_ms=5")
-        mesh.start_worker("tinylm")
         mesh.unary = spawn_gateway(mesh, "gateway-unary", "--upstream-mode", "unary")
         mesh.stream = spawn_gateway(mesh, "gateway-stream", "--upstream-mode", "stream")
         mesh.quota = spawn_gateway(mesh, "gateway-quota", "--upstream-mode", "stream", "--tenants-file", str(tenants))
         with scheduler_stub(mesh.scheduler.address) as stub:
-            for model in (GENERATOR, MOCK, TINYLM):
+            for model in (GENERATOR, MOCK):
                 wait_for_workers(stub, model, 1)
         yield mesh
 
@@ -126,7 +128,11 @@ def test_stop_strings_cut_the_text_exactly_as_uncoalesced(stubs, stream):
     _assert_well_formed(coalesced)
 
 
-def test_tinylm_coalesced_matches_uncoalesced(stubs):
+@pytest.mark.skipif(not TINYLM_BUILT, reason="model_repo/tinylm not built (make models)")
+def test_tinylm_coalesced_matches_uncoalesced(mesh, stubs):
+    mesh.start_worker("tinylm")
+    with scheduler_stub(mesh.scheduler.address) as stub:
+        wait_for_workers(stub, TINYLM, 1)
     sampling = {"max_tokens": 12, "temperature": 0.9, "top_p": 0.95, "seed": 1234}
     plain = _generate(stubs["stream"], TINYLM, "The Python ", **sampling)
     coalesced = _generate(stubs["stream"], TINYLM, "The Python ", BY_COUNT, **sampling)
