@@ -381,12 +381,17 @@ class GeneratePool:
         if not deltas:
             return
         now = self.clock()
+        # Inter-token gaps of this step by value: the step's streams mostly share their last chunk's
+        # time, so one histogram update per distinct gap instead of one per token.
+        gaps: dict[float, int] = {}
         for delta in deltas:
-            self._deliver(delta, now)
+            self._deliver(delta, now, gaps)
+        for gap_s, count in gaps.items():
+            metrics.observe_many(self._inter_token, gap_s, count)
 
     # -- internals ---------------------------------------------------------
 
-    def _deliver(self, delta: SequenceDelta, now: float) -> None:
+    def _deliver(self, delta: SequenceDelta, now: float, gaps: dict[float, int]) -> None:
         stream = self._streams.get(delta.seq_id)
         reason = self._failures.pop(delta.seq_id, None) if delta.abort_reason is not None else None
         if stream is None:
@@ -394,13 +399,15 @@ class GeneratePool:
         if delta.abort_reason is not None:
             self._end(stream, errors.Internal(f"worker failed sequence {delta.seq_id}: {reason}"))
             return
-        self._observe_token_times(stream, delta, now)
+        self._observe_token_times(stream, delta, now, gaps)
         stream.events.put_nowait(StreamEvent(delta=delta))
         if delta.is_last:
             self._finish(delta.seq_id)
             self._where.pop(delta.seq_id, None)
 
-    def _observe_token_times(self, stream: GenerateStream, delta: SequenceDelta, now: float) -> None:
+    def _observe_token_times(self, stream: GenerateStream, delta: SequenceDelta, now: float,
+                             gaps: dict[float, int]) -> None:
+        """TTFT and time per output token now; inter-token gaps added to `gaps` for deliver()."""
         num_tokens = len(delta.token_ids)
         if num_tokens:
             if stream.last_chunk_s is None:
@@ -410,8 +417,7 @@ class GeneratePool:
                 num_tokens -= 1
             else:
                 gap_s = (now - stream.last_chunk_s) / num_tokens
-                for _ in range(num_tokens):
-                    self._inter_token.observe(gap_s)
+                gaps[gap_s] = gaps.get(gap_s, 0) + num_tokens
             stream.last_chunk_s = now
             stream.num_tokens_seen += len(delta.token_ids)
         if delta.is_last and stream.num_tokens_seen > 1:

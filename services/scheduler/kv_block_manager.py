@@ -56,13 +56,22 @@ class KVBlockManager:
         """Blocks `seq_id` still needs so its table covers `num_tokens` tokens."""
         return max(0, self.blocks_for(num_tokens) - len(self._tables.get(seq_id, ())))
 
+    def _covers(self, seq_id: int, num_tokens: int) -> bool:
+        """Whether the table already covers `num_tokens` (most decode steps): no block arithmetic."""
+        table = self._tables.get(seq_id)
+        return table is not None and num_tokens >= 0 and len(table) * self.block_size >= num_tokens
+
     def can_allocate(self, seq_id: int, num_tokens: int, *, reserve_blocks: int = 0) -> bool:
         """Whether the table of `seq_id` can grow to cover `num_tokens` tokens in total,
         leaving at least `reserve_blocks` free."""
+        if reserve_blocks <= len(self._free) and self._covers(seq_id, num_tokens):
+            return True
         return self.num_missing_blocks(seq_id, num_tokens) + reserve_blocks <= len(self._free)
 
     def allocate(self, seq_id: int, num_tokens: int) -> tuple[int, ...]:
         """Grows the table of `seq_id` to cover `num_tokens` tokens; returns the appended block ids."""
+        if self._covers(seq_id, num_tokens):
+            return ()
         missing = self.num_missing_blocks(seq_id, num_tokens)
         if missing > len(self._free):
             raise OutOfBlocksError(

@@ -58,12 +58,15 @@ class OutputStream:
 
     def append(self, token_id: int) -> bool:
         """Adds a generated token; True when the text now contains a stop string."""
-        if self.stopped:
+        if self._stop_at_byte is not None:
             raise ValueError("cannot append after a stop string matched")
-        search_from = max(0, len(self._bytes) - self._max_stop_len_bytes + 1)
+        search_from = len(self._bytes) - self._max_stop_len_bytes + 1
         self._bytes += self._tokenizer.token_bytes(token_id)
         self._token_ids.append(token_id)
         self._byte_ends.append(len(self._bytes))
+        if not self._stops:  # the common case: once per generated token, so no search at all
+            return False
+        search_from = max(0, search_from)
         matches = [i for i in (self._bytes.find(s, search_from) for s in self._stops) if i >= 0]
         if matches:
             self._stop_at_byte = min(matches)
@@ -71,16 +74,23 @@ class OutputStream:
 
     def take(self, *, final: bool) -> StreamChunk:
         """Everything streamable now and not streamed before. `final`: the sequence ended."""
-        limit = len(self._bytes) if self._stop_at_byte is None else self._stop_at_byte
-        if not final and self._stop_at_byte is None:
-            limit -= self._stop_prefix_suffix_len(limit)
-        end = self._num_emitted_tokens
-        while end < len(self._token_ids) and self._byte_ends[end] <= limit:
+        start = self._num_emitted_tokens
+        num_tokens = len(self._token_ids)
+        byte_ends = self._byte_ends
+        if self._stop_at_byte is not None:
+            limit = self._stop_at_byte
+        elif self._stops and not final:
+            limit = len(self._bytes) - self._stop_prefix_suffix_len(len(self._bytes))
+        else:  # no stop string to hold text back for: everything appended is streamable
+            limit = len(self._bytes)
+        end = start
+        while end < num_tokens and byte_ends[end] <= limit:
             end += 1
-        token_ids = tuple(self._token_ids[self._num_emitted_tokens : end])
-        end_byte = self._byte_ends[end - 1] if end > 0 else 0
-        text = self._decoder.decode(bytes(self._bytes[self._num_emitted_bytes : end_byte]), final=final)
-        chunk = StreamChunk(token_ids, text, self._num_emitted_tokens)
+        token_ids = tuple(self._token_ids[start:end])
+        end_byte = byte_ends[end - 1] if end > 0 else 0
+        # The decoder copies what it keeps of an incomplete character, so a bytearray slice will do.
+        text = self._decoder.decode(self._bytes[self._num_emitted_bytes : end_byte], final)
+        chunk = StreamChunk(token_ids, text, start)
         self._num_emitted_tokens = end
         self._num_emitted_bytes = end_byte
         return chunk
