@@ -10,9 +10,10 @@ Parts (each run measures every part asked for; the table shows medians and every
              (bench/token_path_clients.py). Tokens/s delivered to the client, scheduler CPU us per
              token (user+system from /proc/<pid>/stat over the window), and the client's and the
              workers' CPU, so a reader can tell who was the bottleneck.
-  gateway    the same mesh plus two gateways (--upstream-mode stream, and unary as info), each driven
-             in turn by 64 closed-loop Generate streams of 256 tokens: gateway CPU us per streamed
-             token. The gateway has no coalescing option at this commit: every token is one message.
+  gateway    the same mesh plus two gateways (--upstream-mode stream, and unary as info), driven in
+             turn by 64 closed-loop Generate streams of 256 tokens: gateway CPU us per streamed token,
+             one token per message ("stream", "unary") and with stream coalescing asked for
+             ("coalesced": GenerateRequest.stream.max_tokens_per_chunk = 8, stream mode).
   e2e        tinylm through a `make up`-like mesh (scheduler, gateway in stream mode, one tinylm
              worker with --num-threads 1; one critical tenant, like make up's alpha, with generous quotas) against bench/request_level_baseline.py
              (one process, the worker's StepExecutor, batches of 32, 1 torch thread) on the same
@@ -83,6 +84,8 @@ MOCK_PROFILE = (f"step_ms=2,max_num_seqs={MOCK_SEQS_PER_WORKER},num_kv_blocks=40
 SCHEDULER_MAX_TOKENS = 128
 GATEWAY_STREAMS = 64
 GATEWAY_MAX_TOKENS = 256
+# The coalesced case asks for GenerateRequest.stream.max_tokens_per_chunk = 8 (as bench_upstream's generate_k8).
+COALESCE_TOKENS_PER_CHUNK = 8
 # The adaptive limit starts at 64 per model (standard traffic may fill 0.9 of it): raised so the
 # gateway part measures streaming, not admission refusals.
 GATEWAY_ARGS = ("--log-level", "WARNING", "--limit-initial", "1024")
@@ -245,12 +248,15 @@ def gateway_part(settings: Settings, profile_dir: Path | None) -> dict:
         _start_mock_mesh(mesh)
         gateways = {mode: spawn_gateway(mesh, f"gateway-{mode}", "--upstream-mode", mode, *GATEWAY_ARGS)
                     for mode in ("stream", "unary")}
-        for mode, gateway in gateways.items():
+        cases = {"stream": (gateways["stream"], 0), "coalesced": (gateways["stream"], COALESCE_TOKENS_PER_CHUNK),
+                 "unary": (gateways["unary"], 0)}
+        for case, (gateway, tokens_per_chunk) in cases.items():
             pids = {"gateway": gateway.proc.pid, "scheduler": mesh.scheduler.proc.pid, "client": os.getpid()}
             cpu_s: dict[str, float] = {}
             window = asyncio.run(drive_gateway(gateway.address, "mock-generator", GATEWAY_STREAMS, GATEWAY_MAX_TOKENS,
-                                               settings.warmup_s, settings.window_s, cpu_meter(pids, cpu_s)))
-            modes[mode] = _window_figures(window, cpu_s)
+                                               settings.warmup_s, settings.window_s, cpu_meter(pids, cpu_s),
+                                               tokens_per_chunk))
+            modes[case] = _window_figures(window, cpu_s)
         if profile_dir is not None:
             modes["stream"]["profile"] = profile_windows(
                 lambda warmup_s, window_s, on_start: asyncio.run(drive_gateway(
@@ -258,7 +264,7 @@ def gateway_part(settings: Settings, profile_dir: Path | None) -> dict:
                     window_s, on_start)),
                 gateways["stream"].proc.pid, settings.profile_s, profile_dir, "gateway")
     return {"load_average": load_average, "num_streams": GATEWAY_STREAMS, "max_tokens": GATEWAY_MAX_TOKENS,
-            "coalescing": "not available at this commit (one token per message)", **modes}
+            "coalesced_tokens_per_chunk": COALESCE_TOKENS_PER_CHUNK, **modes}
 
 
 # -- e2e: tinylm ---------------------------------------------------------------------------

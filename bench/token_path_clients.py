@@ -107,14 +107,16 @@ async def drive_submit(address: str, model: str, num_streams: int, max_tokens: i
 
 
 async def drive_gateway(address: str, model: str, num_streams: int, max_tokens: int, warmup_s: float,
-                        window_s: float, on_window_start=None) -> SubmitWindow:
-    """Like drive_submit, through a gateway's public Generate (errors: failed calls)."""
+                        window_s: float, on_window_start=None, max_tokens_per_chunk: int = 0) -> SubmitWindow:
+    """Like drive_submit, through a gateway's public Generate (errors: failed calls).
+    max_tokens_per_chunk > 0 asks for stream coalescing (GenerateRequest.stream)."""
     counts = {"tokens": 0, "completed": 0, "short": 0, "errors": 0}
     measuring = False
     stop = False
     body = gateway_pb2.GenerateRequest(
         model=common_pb2.ModelRef(name=model), prompt="a stream through the gateway ",
-        sampling=common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True)).SerializeToString()
+        sampling=common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        stream=gateway_pb2.StreamOptions(max_tokens_per_chunk=max_tokens_per_chunk)).SerializeToString()
     parse = gateway_pb2.GenerateResponse.FromString
 
     async with grpc.aio.insecure_channel(address) as channel:

@@ -35,7 +35,7 @@ def gateway_table(doc: dict) -> str:
         g = run.get("gateway")
         if not g:
             continue
-        for mode in ("stream", "unary", "coalesced"):
+        for mode in ("stream", "coalesced", "unary"):
             m = g.get(mode)
             if m:
                 rows.append((run["run"], mode, _load(g), m["tokens_per_s"], m["cpu_us_per_token"]["gateway"],
