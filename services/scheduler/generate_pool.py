@@ -331,17 +331,22 @@ class GeneratePool:
         streams = self._streams
         for step in plan.seqs:
             stream = streams.get(step.seq_id)
-            add(
+            # Fields a decode step leaves at their defaults are set only when present: passing an empty
+            # list, False or None to add() still costs about half of the call (1.6 us of 3.1).
+            seq = add(
                 seq_id=step.seq_id,
                 token_ids=step.token_ids,
                 start_position=step.start_position,
-                new_blocks=step.new_blocks,
-                reset_block_table=step.reset_block_table,
                 sample=step.sample,
                 sampling=stream.sampling_proto if stream is not None else None,
                 num_generated=step.num_generated,
-                trace_context=stream.trace_context if stream is not None and _traced(step) else None,
             )
+            if step.new_blocks:
+                seq.new_blocks.extend(step.new_blocks)
+            if step.reset_block_table:
+                seq.reset_block_table = True
+            if stream is not None and stream.trace_context and _traced(step):
+                seq.trace_context.update(stream.trace_context)
         return command
 
     def after_step(self, loop: _WorkerLoop, plan: StepPlan, result: scheduler_pb2.StepResult) -> list[SequenceDelta]:
