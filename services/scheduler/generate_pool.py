@@ -102,6 +102,8 @@ class _WorkerLoop:
         self.link = link
         self.scheduler = scheduler
         self.attached = True
+        # Looked up once: _update_gauges sets it for every worker after every step of every worker.
+        self.kv_gauge = metrics.KV_CACHE_USAGE.labels(pool.model.name, link.worker_id)
         self._wake = asyncio.Event()
         self.task = asyncio.create_task(self.run())
 
@@ -490,8 +492,7 @@ class GeneratePool:
         for priority, gauge in queue_depth.items():
             gauge.set(sum(s.num_waiting_of(priority) for s in schedulers) + sum(s.priority == priority for s in held))
         for loop in self._loops.values():
-            kv = loop.scheduler.kv
-            metrics.KV_CACHE_USAGE.labels(self.model.name, loop.link.worker_id).set(kv.num_used_blocks / kv.num_blocks)
+            loop.kv_gauge.set(loop.scheduler.kv.usage)
 
 
 def _traced(step) -> bool:

@@ -126,7 +126,11 @@ class _StepBuilder:
         """Charges the tenant when service is given, so later picks in this step already see it:
         prompt tokens computed for the first time, and the token sampled at the end."""
         end = seq.num_computed_tokens + num_new_tokens
-        num_prompt = min(end, seq.num_prompt_tokens) - seq.num_billed_prompt_tokens
+        num_prompt_tokens = len(seq.prompt_token_ids)
+        if seq.num_billed_prompt_tokens == num_prompt_tokens:  # a decode: the whole prompt billed before
+            self._service.charge(seq.tenant, num_decode_tokens=int(end == seq.num_tokens))
+            return
+        num_prompt = min(end, num_prompt_tokens) - seq.num_billed_prompt_tokens
         seq.num_billed_prompt_tokens += max(0, num_prompt)
         self._service.charge(seq.tenant, num_prefill_tokens=max(0, num_prompt),
                              num_decode_tokens=int(end == seq.num_tokens))
@@ -182,6 +186,9 @@ class StepScheduler:
         self._in_flight_since_s = 0.0
         self._next_step_id = 1
         self._watermark_blocks = int(config.kv_watermark * kv.num_blocks)
+        # Uncomputed tokens beyond which a sequence is a long prefill; None: none ever is (no chunking).
+        chunk = config.max_prefill_chunk_tokens
+        self._long_prefill_above = chunk if config.enable_chunked_prefill and chunk > 0 else None
         # Static batching only: the running set has begun decoding, so admission waits for it to empty.
         self._batch_closed = False
         # Static batching with padding: finished members still computed until the batch ends
@@ -280,15 +287,19 @@ class StepScheduler:
         alpha = self.config.step_time_ewma_alpha
         self.step_time_s += alpha * (now - self._in_flight_since_s - self.step_time_s)
         deltas = []
+        # Looked up once per step, not once per sequence: this loop runs for every generated token.
+        seqs = self._seqs
+        vocab_size = self._tokenizer.vocab_size
+        running = SequenceStatus.RUNNING
         for step in plan.seqs:
-            seq = self._seqs.get(step.seq_id)
-            if seq is None or seq.status is not SequenceStatus.RUNNING:
+            seq = seqs.get(step.seq_id)
+            if seq is None or seq.status is not running:
                 continue  # aborted while the step ran
             seq.num_computed_tokens += len(step.token_ids)
             if not step.sample:
                 continue
             token_id = sampled_token_ids.get(seq.seq_id)
-            if token_id is None or not 0 <= token_id < self._tokenizer.vocab_size:
+            if token_id is None or not 0 <= token_id < vocab_size:
                 self.abort(seq.seq_id, AbortReason.FAILED)
                 deltas.append(self._delta(seq, StreamChunk((), "", seq.stream.num_emitted_tokens)))
                 continue
@@ -477,8 +488,8 @@ class StepScheduler:
         return (int(seq.priority), self._service.counter(seq.tenant), seq.arrival_s, seq.seq_id)
 
     def _is_long_prefill(self, seq: Sequence) -> bool:
-        chunk = self.config.max_prefill_chunk_tokens
-        return self.config.enable_chunked_prefill and chunk > 0 and seq.num_uncomputed_tokens > chunk
+        above = self._long_prefill_above
+        return above is not None and seq.num_uncomputed_tokens > above
 
     def _long_prefills_full(self, step: _StepBuilder) -> bool:
         cap = self.config.max_long_partial_prefills
