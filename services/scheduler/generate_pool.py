@@ -322,6 +322,8 @@ class GeneratePool:
             return
         self._batch_size.observe(len(plan.seqs))
         for step in plan.seqs:
+            if not step.reset_block_table:
+                continue  # a sequence's first step always resets its block table: no lookup per decode
             stream = self._streams.get(step.seq_id)
             if stream is not None and stream.first_scheduled_s is None:
                 stream.first_scheduled_s = now
