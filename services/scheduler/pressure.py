@@ -31,7 +31,8 @@ class ModelPressure:
     num_workers: int
     # Recent shortest service time of one request (one batch of 1, or one step), seconds.
     min_service_time_s: float
-    # Requests the workers hold at once without queueing (running batches + prefetched; running sequences).
+    # Requests the workers keep busy with (running + prefetched batches; running sequences + half as many
+    # waiting to refill slots freed between steps). The gateway never limits concurrency below it.
     num_slots: int = 0
 
     def est_queue_time_us_by_priority(self) -> list[int]:
@@ -70,7 +71,7 @@ def generator_pressure(schedulers: Collection[StepScheduler]) -> ModelPressure:
         kv_usage=sum(s.kv.num_used_blocks for s in schedulers) / num_blocks,
         num_workers=len(schedulers),
         min_service_time_s=min(s.step_time_s for s in schedulers),
-        num_slots=sum(s.config.max_num_seqs for s in schedulers),
+        num_slots=sum(s.config.max_num_seqs * 3 // 2 for s in schedulers),
     )
 
 

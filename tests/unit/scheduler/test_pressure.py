@@ -45,7 +45,7 @@ def test_generator_pressure_sums_kv_usage_and_waiting_over_workers(clock):
     run_steps(busy, FakePagedWorker(4), clock, max_steps=1)
     pressure = generator_pressure([busy, idle])
     assert pressure.num_workers == 2
-    assert pressure.num_slots == 2 + idle.config.max_num_seqs
+    assert pressure.num_slots == 3 + idle.config.max_num_seqs * 3 // 2  # running + half as many waiting
     assert pressure.queue_depth == 3
     assert pressure.kv_usage == pytest.approx(8 / 128)
     assert pressure.est_queue_time_s[Priority.STANDARD] == 0.0  # the idle worker takes it
