@@ -109,7 +109,9 @@ class Sequence:
     def token_ids(self, start: int, stop: int) -> tuple[int, ...]:
         """all_token_ids[start:stop] without concatenating prompt and output."""
         num_prompt = len(self.prompt_token_ids)
-        head = self.prompt_token_ids[start:stop] if start < num_prompt else ()
+        if start >= num_prompt:  # decodes and most recomputed tails: output tokens only
+            return tuple(self.output_token_ids[start - num_prompt : max(stop - num_prompt, 0)])
+        head = self.prompt_token_ids[start:stop]
         tail = self.output_token_ids[max(start - num_prompt, 0) : max(stop - num_prompt, 0)]
         return head + tuple(tail)
 

@@ -473,8 +473,11 @@ class StepScheduler:
     def _next_to_admit(self) -> Sequence | None:
         """Classes are strict; inside one, the least-served tenant (ties: oldest first), its preempted
         sequences before its new ones."""
+        heads = self._tenant_heads()
+        if not heads:  # most steps at full load: no tenant counting over the running set for nobody
+            return None
         key = self._service.admission_key(self._running, self.config.max_num_seqs, self.config.fairness_share_credit)
-        return min(self._tenant_heads(), key=key, default=None)
+        return min(heads, key=key)
 
     def _tenant_heads(self) -> list[Sequence]:
         """Each waiting tenant's next sequence: its best preempted one, else its oldest new one."""
