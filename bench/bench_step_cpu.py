@@ -1,6 +1,6 @@
 """In-process CPU per token of the generate step path, without gRPC or other processes.
 
-    .venv/bin/python -m bench.bench_step_cpu [--seqs 64] [--steps 2000] [--tenants 1] [--repeats 3]
+    .venv/bin/python -m bench.bench_step_cpu [--seqs 64] [--steps 2000] [--tenants 1] [--backlog 0] [--repeats 3]
 
 One GeneratePool's step callbacks driven by hand for one worker: schedule() -> RunStep proto ->
 a StepResult with one token per sampling sequence -> after_step -> account_step -> deliver to
@@ -43,7 +43,8 @@ def _hello(num_seqs: int) -> scheduler_pb2.WorkerHello:
     )
 
 
-async def run_once(num_seqs: int, num_steps: int, num_tenants: int, max_tokens: int) -> tuple[float, int]:
+async def run_once(num_seqs: int, num_steps: int, num_tenants: int, max_tokens: int,
+                   backlog: int = 0) -> tuple[float, int]:
     """Returns (CPU seconds, tokens delivered)."""
     from services.scheduler.generate_pool import step_scheduler_config
     from services.scheduler.kv_block_manager import KVBlockManager
@@ -68,7 +69,7 @@ async def run_once(num_seqs: int, num_steps: int, num_tenants: int, max_tokens: 
         pool._streams[seq_id] = stream
         pool._where[seq_id] = loop
 
-    for _ in range(num_seqs):
+    for _ in range(num_seqs + backlog):
         add()
     tokens = 0
     started = time.process_time()
@@ -98,14 +99,16 @@ def main() -> None:
     parser.add_argument("--tenants", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--backlog", type=int, default=0,
+                        help="sequences kept waiting beyond --seqs (admission and fairness work every step)")
     args = parser.parse_args()
     import os
 
     import services
     print(f"services from {services.__file__}, load {os.getloadavg()[0]:.1f}")
     for _ in range(args.repeats):
-        cpu_s, tokens = asyncio.run(run_once(args.seqs, args.steps, args.tenants, args.max_tokens))
-        print(f"{args.seqs} seqs, {args.tenants} tenants: {cpu_s / tokens * 1e6:.2f} us/token "
+        cpu_s, tokens = asyncio.run(run_once(args.seqs, args.steps, args.tenants, args.max_tokens, args.backlog))
+        print(f"{args.seqs} seqs, {args.tenants} tenants, backlog {args.backlog}: {cpu_s / tokens * 1e6:.2f} us/token "
               f"({tokens} tokens, {cpu_s:.2f} s CPU)")
 
 
