@@ -336,15 +336,17 @@ class GeneratePool:
         for step in plan.seqs:
             stream = streams.get(step.seq_id)
             # Fields a decode step leaves at their defaults are set only when present: passing an empty
-            # list, False or None to add() still costs about half of the call (1.6 us of 3.1).
+            # list, False or None to add() still costs about half of the call (1.6 us of 3.1); and a
+            # message passed to add() costs ~0.9 us more than CopyFrom() into the new one.
             seq = add(
                 seq_id=step.seq_id,
                 token_ids=step.token_ids,
                 start_position=step.start_position,
                 sample=step.sample,
-                sampling=stream.sampling_proto if stream is not None else None,
                 num_generated=step.num_generated,
             )
+            if stream is not None:
+                seq.sampling.CopyFrom(stream.sampling_proto)
             if step.new_blocks:
                 seq.new_blocks.extend(step.new_blocks)
             if step.reset_block_table:
