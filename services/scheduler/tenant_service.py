@@ -89,14 +89,19 @@ class TenantService:
 
     def share(self, tenant: TenantContext) -> float:
         """The fraction of its class's capacity `tenant` is entitled to, among the active tenants."""
-        key = tenant_key(tenant)
+        return self._share(tenant_key(tenant), tenant.weight)
+
+    def _share(self, key: TenantKey, weight: int) -> float:
         total = self._class_weights[key[0]]
-        weight = self._weights.get(key, tenant.weight)
-        return weight / (total if key in self._weights else total + weight)
+        active_weight = self._weights.get(key)
+        return active_weight / total if active_weight is not None else weight / (total + weight)
 
     def entitled_slots(self, tenant: TenantContext, num_slots: int) -> int:
         """Slots `tenant` may take from over-share tenants of its class: its share rounded down, at least one."""
-        return max(1, math.floor(num_slots * self.share(tenant)))
+        return self._entitled_slots(tenant_key(tenant), tenant.weight, num_slots)
+
+    def _entitled_slots(self, key: TenantKey, weight: int, num_slots: int) -> int:
+        return max(1, math.floor(num_slots * self._share(key, weight)))
 
     def slot_cap(self, tenant: TenantContext, num_slots: int) -> int:
         """Slots `tenant` keeps when others wait: its share rounded up, at least one."""
@@ -112,10 +117,15 @@ class TenantService:
         tenants that both want more than half); a tenant clearly less served still goes first.
         """
         held = _held_slots(running)
+        counters = self._counters
 
+        # Called for every waiting tenant at every step that admits: the tenant's key is built once
+        # (counter() and entitled_slots() would each build it again).
         def key(seq: Sequence) -> tuple[int, float, float, int]:
-            counter = self.counter(seq.tenant)
-            if held[tenant_key(seq.tenant)] < self.entitled_slots(seq.tenant, num_slots):
+            tenant = seq.tenant
+            tkey = tenant_key(tenant)
+            counter = counters.get(tkey, 0.0)
+            if held[tkey] < self._entitled_slots(tkey, tenant.weight, num_slots):
                 counter -= share_credit
             return (int(seq.priority), counter, seq.arrival_s, seq.seq_id)
 
