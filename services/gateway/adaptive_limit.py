@@ -20,9 +20,11 @@ too many (DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED), multiplies the limit by
 `backoff`. A batching backend's latency rises with concurrency by design; these
 two signals stop the rise where it starts to cost deadlines.
 
-The limit never falls below the model's slots, as its schedulers report them (what
-its workers run at once without queueing): admitting that much queues nothing, so
-latency growth below it is the backend batching, not a queue to cut.
+Latency growth alone never takes the limit below the model's slots, as its
+schedulers report them (what its workers keep busy with): below that, latency grows
+because the backend batches, not because a queue stands. The deadline signal may:
+when full batches themselves take too long for the deadlines (a starved CPU), only
+fewer requests in flight keep the served ones on time.
 
 Priority classes share one limit by fraction: sheddable traffic is refused first,
 at `share[SHEDDABLE]` of the limit, then standard, and critical may use all of it.
@@ -154,12 +156,8 @@ class AdaptiveLimit:
         self.recent_s: float | None = None
         self._window = _Window(clock())
 
-    @property
-    def effective_limit(self) -> float:
-        return min(float(self.config.max_limit), max(self.limit, float(self.num_slots)))
-
     def class_limit(self, priority: Priority) -> int:
-        return max(1, int(self.effective_limit * self.config.share[priority]))
+        return max(1, int(self.limit * self.config.share[priority]))
 
     def acquire(self, priority: Priority, budget_s: float | None) -> LimitPermit:
         """A permit, or ResourceExhausted at once when this class's part of the limit is full.
@@ -220,11 +218,14 @@ class AdaptiveLimit:
             self.baseline_s += alpha * (recent_s - self.baseline_s)
             if self.baseline_s > 2 * recent_s:  # latency fell far below the baseline: forget the old normal
                 self.baseline_s *= 0.95
-        if window.max_in_flight < self.effective_limit / 2:
+        if window.max_in_flight < self.limit / 2:
             return  # the limit held nothing back: no evidence that more would be fine
         gradient = max(0.5, min(1.0, config.tolerance * self.baseline_s / recent_s))
         target = self.limit * gradient + math.sqrt(self.limit)
-        self._set_limit(self.limit + config.smoothing * (target - self.limit))
+        smoothed = self.limit + config.smoothing * (target - self.limit)
+        if smoothed < self.limit:  # latency growth shrinks it at most down to the slots
+            smoothed = max(smoothed, min(self.limit, float(self.num_slots)))
+        self._set_limit(smoothed)
 
     def _set_limit(self, value: float) -> None:
         self.limit = min(float(self.config.max_limit), max(float(self.config.min_limit), value))

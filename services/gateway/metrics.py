@@ -124,4 +124,4 @@ def observe_model_in_flight(model: str, num_in_flight: int) -> None:
 def observe_limits(limits: dict) -> None:
     """The adaptive limits (name -> AdaptiveLimit); the limit moves once per window, so it is sampled."""
     for model, limit in limits.items():
-        CONCURRENCY_LIMIT.labels(model).set(int(limit.effective_limit))
+        CONCURRENCY_LIMIT.labels(model).set(int(limit.limit))

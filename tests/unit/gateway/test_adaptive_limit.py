@@ -138,14 +138,24 @@ def test_config_errors_are_precise(over, message):
         AdaptiveLimitConfig(**over)
 
 
-def test_never_limits_below_the_slots_the_schedulers_report():
+def test_latency_growth_alone_never_takes_the_limit_below_the_slots():
+    def settle(num_slots: int) -> float:
+        clock = FakeClock()
+        limit = make_limit(clock, initial_limit=40, min_window_samples=30)
+        limit.num_slots = num_slots  # e.g. one worker of max batch 16, one batch running and one prefetched
+        run_windows(limit, clock, num_windows=3, num_in_flight=30, latency_s=0.01)
+        for _ in range(20):  # batching: latency grows with what is in flight
+            num_in_flight = min(30, limit.class_limit(CRITICAL))
+            run_windows(limit, clock, num_windows=1, num_in_flight=num_in_flight, latency_s=0.08)
+            assert limit.limit >= min(40, num_slots)
+        return limit.limit
+
+    assert settle(num_slots=0) < 30 <= 32 <= settle(num_slots=32)
+
+
+def test_the_deadline_signal_goes_below_the_slots_when_full_batches_are_too_slow():
     clock = FakeClock()
-    limit = make_limit(clock, initial_limit=8, min_limit=2)
-    limit.num_slots = 32  # e.g. one worker of max batch 16, one batch running and one prefetched
-    run_windows(limit, clock, num_windows=20, num_in_flight=20, latency_s=0.01, outcome=Outcome.DROPPED)
-    assert limit.limit == 2 and limit.effective_limit == 32
-    assert limit.class_limit(SHEDDABLE) == 19
-    permits = [limit.acquire(CRITICAL, 1.0) for _ in range(32)]
-    with pytest.raises(ResourceExhausted, match="critical traffic is 32"):
-        limit.acquire(CRITICAL, 1.0)
-    assert len(permits) == 32
+    limit = make_limit(clock, initial_limit=40, min_window_samples=4)
+    limit.num_slots = 32
+    run_windows(limit, clock, num_windows=10, num_in_flight=4, latency_s=0.06, budget_s=0.1)
+    assert limit.limit == pytest.approx(40 * 0.9**10)
