@@ -50,11 +50,12 @@ import grpc
 import numpy as np
 import yaml
 
+from bench.mesh_ready import wait_attached
 from bench.overload_load import ClosedLoopJob, LoadPool
 from bench.overload_plan import RequestTemplate, Rpc, Stream, build_plan, num_load_procs
 from bench.overload_report import MULTIPLES, finite, markdown_table, medians, noise_line, table_rows
 from bench.overload_stats import SendResult, by_tenant, in_window, ratio, summarize, summarize_streams
-from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
+from infermesh.v1 import common_pb2, gateway_pb2
 from loadtest.payloads import make_prompt, render_image
 from tests.support.processes import running_mesh
 
@@ -335,22 +336,12 @@ def mesh(need_generator: bool) -> Iterator[tuple[str, dict[str, int]]]:
         if need_generator:
             m.start_worker("tinylm", "--log-level", "WARNING", "--model-repository", str(MODEL_REPO), env=WORKER_ENV)
             models.append("tinylm")
-        _wait_attached(m.scheduler.address, len(models))
+        wait_attached(m.scheduler.address, len(models))
         m.start_gateway("--tenants-file", str(TENANTS_PATH), "--log-level", "WARNING")
         _wait_gateway_serves(m.gateway.address)
         yield m.gateway.address, {p.name: p.proc.pid for p in m.processes}
 
 
-def _wait_attached(address: str, num_workers: int, timeout_s: float = 120.0) -> None:
-    give_up = time.monotonic() + timeout_s
-    with grpc.insecure_channel(address) as channel:
-        stub = scheduler_pb2_grpc.SchedulerStub(channel)
-        while time.monotonic() < give_up:
-            reply = stub.GetPressure(scheduler_pb2.GetPressureRequest(), timeout=5)
-            if sum(m.num_workers for m in reply.models) >= num_workers:
-                return
-            time.sleep(0.1)
-    raise TimeoutError(f"{num_workers} workers not attached to {address} within {timeout_s}s")
 
 
 def _wait_gateway_serves(address: str, timeout_s: float = 30.0) -> None:

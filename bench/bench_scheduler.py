@@ -55,6 +55,7 @@ import grpc
 import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.mesh_ready import wait_attached
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
 from tests.support.processes import free_port, running_mesh
 
@@ -144,21 +145,11 @@ def cluster(scheduler_args: list[str], workers: list[tuple[str, list[str]]]) -> 
         mesh.start_scheduler("--log-level", "WARNING", "--metrics-port", str(metrics_port), *scheduler_args)
         for model, args in workers:
             mesh.start_worker(model, "--log-level", "WARNING", *args, env=WORKER_ENV)
-        _wait_attached(mesh.scheduler.address, len(workers))
+        wait_attached(mesh.scheduler.address, len(workers))
         yield Cluster(mesh.scheduler.address, f"http://127.0.0.1:{metrics_port}/metrics",
                       {p.name: p.proc.pid for p in mesh.processes})
 
 
-def _wait_attached(address: str, num_workers: int, timeout_s: float = 60.0) -> None:
-    give_up = time.monotonic() + timeout_s
-    with grpc.insecure_channel(address) as channel:
-        stub = scheduler_pb2_grpc.SchedulerStub(channel)
-        while time.monotonic() < give_up:
-            reply = stub.GetPressure(scheduler_pb2.GetPressureRequest(), timeout=5)
-            if sum(m.num_workers for m in reply.models) >= num_workers:
-                return
-            time.sleep(0.05)
-    raise TimeoutError(f"{num_workers} workers not attached within {timeout_s}s")
 
 
 def repository_model(name: str) -> bool:

@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from bench.bench_gateway import cpu_seconds
-from bench.bench_overload import _wait_attached
+from bench.mesh_ready import wait_attached
 from bench.overload_load import ClosedLoopJob, LoadPool
 from bench.overload_plan import LoadPlan, RequestTemplate, Rpc, Send
 from bench.overload_stats import SendResult
@@ -207,7 +207,7 @@ def _start_mock_mesh(mesh: Mesh) -> None:
     for i in range(NUM_MOCK_WORKERS):
         mesh.start_worker("mock-generator", "--mock-profile", MOCK_PROFILE, "--log-level", "WARNING",
                           name=f"mock-{i}")
-    _wait_attached(mesh.scheduler.address, NUM_MOCK_WORKERS)
+    wait_attached(mesh.scheduler.address, NUM_MOCK_WORKERS)
 
 
 def _window_figures(window: SubmitWindow, cpu_s: dict[str, float]) -> dict:
@@ -300,7 +300,7 @@ def mesh_e2e(phases: list[LoadPhase], gateway_args: tuple[str, ...]) -> list[dic
         mesh.start_scheduler("--log-level", "WARNING")
         mesh.start_worker("tinylm", "--log-level", "WARNING", "--model-repository", str(MODEL_REPO),
                           "--num-threads", "1", env=WORKER_ENV)
-        _wait_attached(mesh.scheduler.address, 1)
+        wait_attached(mesh.scheduler.address, 1)
         mesh.start_gateway("--log-level", "WARNING", "--tenants-file",
                            str(write_tenants(Path(tmp) / "tenants.yaml", [E2E_TENANT])), *gateway_args)
         pids = {p.name: p.proc.pid for p in mesh.processes}

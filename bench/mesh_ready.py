@@ -1,0 +1,23 @@
+"""Waiting for a benchmark's mesh: every worker attached to its scheduler."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+
+from infermesh.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+
+def wait_attached(address: str, num_workers: int, timeout_s: float = 120.0) -> None:
+    """Until the scheduler at `address` reports `num_workers` workers over its models."""
+    give_up = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        while time.monotonic() < give_up:
+            reply = stub.GetPressure(scheduler_pb2.GetPressureRequest(), timeout=5)
+            if sum(m.num_workers for m in reply.models) >= num_workers:
+                return
+            time.sleep(0.05)
+    raise TimeoutError(f"{num_workers} workers not attached to {address} within {timeout_s}s")
+
