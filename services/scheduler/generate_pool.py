@@ -278,7 +278,9 @@ class GeneratePool:
 
     # -- sequences -----------------------------------------------------------
 
-    def submit(self, stream: GenerateStream, prompt_ids: tuple[int, ...], sampling: SamplingParams) -> None:
+    def submit(self, stream: GenerateStream, prompt_ids: tuple[int, ...], sampling: SamplingParams,
+               delivered_token_ids: tuple[int, ...] = ()) -> None:
+        """`delivered_token_ids`: a continuation's tokens (StepScheduler.add_request)."""
         loops = self._usable_loops()
         if not loops:
             raise errors.Unavailable(f"no worker serves model {self.model}", retry_after_s=1.0)
@@ -290,7 +292,8 @@ class GeneratePool:
             )
         loop = min(loops, key=_WorkerLoop.load)
         stream.seq = loop.scheduler.add_request(
-            stream.seq_id, prompt_ids, sampling, stream.tenant, deadline_s=stream.deadline_s
+            stream.seq_id, prompt_ids, sampling, stream.tenant, deadline_s=stream.deadline_s,
+            delivered_token_ids=delivered_token_ids,
         )
         self._streams[stream.seq_id] = stream
         self._where[stream.seq_id] = loop

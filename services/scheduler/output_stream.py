@@ -72,6 +72,25 @@ class OutputStream:
             self._stop_at_byte = min(matches)
         return self.stopped
 
+    def replay(self, token_ids: Sequence[int]) -> None:
+        """Takes tokens the client already received (a continuation) as appended and streamed.
+
+        Afterwards the state is what the unbroken stream had once it sent them: the
+        bytes of a character they leave incomplete sit in the decoder, and the stop
+        search sees their bytes, so a held-back prefix of a stop string that the
+        next tokens complete still matches. Nothing they hold back is streamed again:
+        the client has it. ValueError when a stop string matched inside them (the
+        unbroken stream would have ended before sending them).
+        """
+        if self._token_ids:
+            raise ValueError("replay() only on a fresh stream")
+        for i, token_id in enumerate(token_ids):
+            if self.append(token_id):
+                raise ValueError(f"a stop string ends at token {i} of the tokens already delivered")
+        self._decoder.decode(bytes(self._bytes), False)  # keeps an incomplete character's bytes, as streaming did
+        self._num_emitted_tokens = len(self._token_ids)
+        self._num_emitted_bytes = len(self._bytes)
+
     def take(self, *, final: bool) -> StreamChunk:
         """Everything streamable now and not streamed before. `final`: the sequence ended."""
         start = self._num_emitted_tokens

@@ -332,7 +332,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         span.set_attribute("infermesh.model", str(entry.key))
         span.set_attribute("infermesh.tenant", stream.tenant.tenant_id)
         span.set_attribute("infermesh.prompt_tokens", len(prompt_ids))
-        entry.pool.submit(stream, prompt_ids, sampling)
+        delivered = tuple(request.continuation.token_ids)
+        if delivered:
+            span.set_attribute("infermesh.continued_tokens", len(delivered))
+        entry.pool.submit(stream, prompt_ids, sampling, delivered)
         return _GenerateRun(self, req.request_id, entry, stream, began_s, span)
 
     def _make_stream(self, req: gateway_pb2.GenerateRequest, tenant: scheduler_pb2.TenantContext, entry,

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from services.common.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
+from services.scheduler.continuation import check_continuation
 from services.scheduler.fair_queue import FairQueue, Priority, TenantContext
 from services.scheduler.kv_block_manager import KVBlockManager
 from services.scheduler.output_stream import OutputStream, StreamChunk
@@ -207,9 +208,20 @@ class StepScheduler:
         tenant: TenantContext,
         *,
         deadline_s: float | None,
+        delivered_token_ids: tuple[int, ...] = (),
     ) -> Sequence:
+        """`delivered_token_ids`: a continuation, output tokens the client already received from a
+        stream that broke elsewhere (see continuation.py); they are prefilled with the prompt and
+        never streamed again, and sampling and chunk indexes continue after them."""
         now = self._clock()
         self._check_admissible(seq_id, prompt_token_ids, sampling, tenant, deadline_s, now)
+        stream = OutputStream(self._tokenizer, sampling.stop)
+        if delivered_token_ids:
+            check_continuation(delivered_token_ids, sampling, self._tokenizer)
+            try:
+                stream.replay(delivered_token_ids)
+            except ValueError as exc:
+                raise InvalidArgument(f"continuation cannot be a prefix of this stream: {exc}") from None
         seq = Sequence(
             seq_id=seq_id,
             prompt_token_ids=tuple(prompt_token_ids),
@@ -217,9 +229,10 @@ class StepScheduler:
             tenant=tenant,
             arrival_s=now,
             deadline_s=deadline_s,
-            stream=OutputStream(self._tokenizer, sampling.stop),
+            stream=stream,
+            output_token_ids=list(delivered_token_ids),
         )
-        self._waiting.push(seq, tenant, cost=seq.num_prompt_tokens)
+        self._waiting.push(seq, tenant, cost=seq.num_tokens)
         self._seqs[seq_id] = seq
         self._service.activate(tenant)
         return seq
@@ -229,7 +242,7 @@ class StepScheduler:
         if seq.seq_id in self._seqs:
             raise ValueError(f"sequence {seq.seq_id} is already scheduled here")
         if seq.status is SequenceStatus.WAITING:
-            self._waiting.push_front(seq, seq.tenant, cost=seq.num_prompt_tokens)
+            self._waiting.push_front(seq, seq.tenant, cost=seq.num_tokens)
         elif seq.status is SequenceStatus.PREEMPTED:
             self._add_preempted(seq)
         else:
