@@ -45,6 +45,12 @@ def infermesh_deployments(docs: list[dict]) -> list[dict]:
     return [d for d in of_kind(docs, "Deployment") if service_of(d) in SERVICES]
 
 
+def quota_store(docs: list[dict]) -> dict:
+    """The Valkey StatefulSet gateways share tenant quotas through."""
+    (store,) = [d for d in of_kind(docs, "StatefulSet") if service_of(d) == "quota-store"]
+    return store
+
+
 def container_of(workload: Mapping) -> dict:
     containers = workload["spec"]["template"]["spec"]["containers"]
     assert len(containers) == 1, f"{workload['metadata']['name']}: expected one container"

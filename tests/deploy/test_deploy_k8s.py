@@ -22,6 +22,7 @@ from deploy_manifests import (
     loaded_config,
     of_kind,
     pod_labels,
+    quota_store,
     references,
     resource_field_value,
     selects,
@@ -139,15 +140,44 @@ def test_workers_serve_a_pinned_model_version_and_use_their_pod_name_as_id(rende
         assert config.worker_id == "fieldref-metadata-name"
 
 
+def scheduler_deployment(docs: list[dict]) -> dict:
+    (scheduler,) = [d for d in infermesh_deployments(docs) if service_of(d) == "scheduler"]
+    return scheduler
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_scheduler_address_is_the_scheduler_service(rendered, overlay):
+def test_gateways_and_workers_discover_every_scheduler_through_the_headless_service(rendered, overlay):
     docs = rendered[overlay]
-    scheduler_service = next(s for s in of_kind(docs, "Service") if s["spec"]["selector"].get("app.kubernetes.io/name") == "scheduler")
-    grpc_port = next(p["port"] for p in scheduler_service["spec"]["ports"] if p["name"] == "grpc")
+    scheduler = scheduler_deployment(docs)
+    (service,) = [s for s in of_kind(docs, "Service") if selects(s["spec"]["selector"], pod_labels(scheduler))]
+    # Headless: DNS answers with every ready pod's address, so a client sees each replica rather
+    # than one virtual IP that pins its HTTP/2 connection to one pod.
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"].get("publishNotReadyAddresses", False) is False, "a draining scheduler must leave DNS"
+    grpc_port = next(p for p in service["spec"]["ports"] if p["name"] == "grpc")
+    container_port = next(p["containerPort"] for p in container_of(scheduler)["ports"] if p["name"] == "grpc")
+    # Headless Services do no port mapping: clients dial the pod's own port.
+    assert grpc_port["port"] == container_port and grpc_port["targetPort"] == "grpc"
     for deployment in infermesh_deployments(docs):
         if service_of(deployment) in ("gateway", "worker"):
             address = loaded_config(deployment, docs).scheduler_address
-            assert address == f"{scheduler_service['metadata']['name']}:{grpc_port}"
+            assert address == f"dns:///{service['metadata']['name']}:{container_port}", deployment["metadata"]["name"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_two_active_schedulers_of_which_evictions_leave_one(rendered, overlay):
+    docs = rendered[overlay]
+    scheduler = scheduler_deployment(docs)
+    replicas = scheduler["spec"]["replicas"]
+    assert replicas == 2
+    (budget,) = [p for p in of_kind(docs, "PodDisruptionBudget")
+                 if selects(p["spec"]["selector"]["matchLabels"], pod_labels(scheduler))]
+    assert budget["spec"]["minAvailable"] == 1 and "maxUnavailable" not in budget["spec"]
+    # The budget still lets a node drain evict one (minAvailable == replicas would block every drain).
+    assert replicas - budget["spec"]["minAvailable"] >= 1
+    (spread,) = scheduler["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert selects(spread["labelSelector"]["matchLabels"], pod_labels(scheduler))
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -292,7 +322,7 @@ def test_gateway_scales_on_cpu_and_each_worker_on_its_model_queue_time(rendered,
     for deployment in infermesh_deployments(docs):
         name, service = deployment["metadata"]["name"], service_of(deployment)
         if service == "scheduler":
-            assert name not in hpas, "one scheduler owns the queues; it is not scaled by replicas"
+            assert name not in hpas, "schedulers are a fixed set of active replicas; workers are what scales"
             continue
         (metric,) = hpas[name]["spec"]["metrics"]
         if service == "gateway":
@@ -311,3 +341,31 @@ def test_traces_go_to_the_collector_service(rendered, overlay):
     expected = f"http://{collector['metadata']['name']}.{collector['metadata']['namespace']}.svc:{grpc_port}"
     for deployment in infermesh_deployments(rendered[overlay]):
         assert environment(deployment, rendered[overlay])["OTEL_EXPORTER_OTLP_ENDPOINT"] == expected
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_quota_store_is_one_pinned_hardened_valkey_behind_a_service(rendered, overlay):
+    docs = rendered[overlay]
+    store = quota_store(docs)
+    # A StatefulSet of one: never two stores at once, even mid-roll (a surge pod would split counters).
+    assert store["spec"]["replicas"] == 1
+    container = container_of(store)
+    repository, _, tag = container["image"].rpartition(":")
+    assert repository == "valkey/valkey" and tag[0].isdigit() and tag.count(".") == 2, container["image"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"valkey": 6379}
+    assert by_name(docs, "Service", store["spec"]["serviceName"])
+    (service,) = [s for s in of_kind(docs, "Service") if selects(s["spec"]["selector"], pod_labels(store))]
+    assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(6379, "valkey")]
+    assert {"readinessProbe", "livenessProbe"} <= container.keys()
+    args = container["args"]
+    assert args[args.index("--save") + 1] == "" and args[args.index("--appendonly") + 1] == "no"
+    pod = store["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    assert pod["automountServiceAccountToken"] is False
+    context = container["securityContext"]
+    assert context["readOnlyRootFilesystem"] is True and context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert all("emptyDir" in volumes[m["name"]] for m in container["volumeMounts"]), "writes go to emptyDirs only"
+    assert {"cpu", "memory"} <= container["resources"]["limits"].keys()

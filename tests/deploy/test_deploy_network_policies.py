@@ -1,10 +1,11 @@
-"""NetworkPolicies: only the gateway is reachable from outside, nothing reaches a worker,
-Prometheus scrapes everything; evaluated with deploy_netpol over the rendered manifests."""
+"""NetworkPolicies: only the gateway is reachable from outside, nothing reaches a worker, only
+gateways reach the quota store, Prometheus scrapes every service; evaluated with deploy_netpol over
+the rendered manifests."""
 
 from __future__ import annotations
 
 import pytest
-from deploy_manifests import OVERLAYS, by_name, infermesh_deployments, of_kind, service_of
+from deploy_manifests import OVERLAYS, by_name, infermesh_deployments, of_kind, quota_store, service_of
 from deploy_netpol import Peer, can_connect, pod_of
 
 OUTSIDE_CLUSTER = Peer("internet", None, ports={"https": (443, "TCP")})
@@ -19,12 +20,18 @@ def mesh(request, rendered):
     pods: dict[str, list[Peer]] = {}
     for deployment in infermesh_deployments(docs):
         pods.setdefault(service_of(deployment), []).append(pod_of(deployment))
+    pods["quota-store"] = [pod_of(quota_store(docs))]
     collector = pod_of(by_name(rendered["observability"], "Deployment", "otel-collector"))
     return of_kind(docs, "NetworkPolicy"), pods, collector
 
 
 def every_pod(pods):
     return [pod for group in pods.values() for pod in group]
+
+
+def service_pods(pods):
+    """The gateway, scheduler and worker pods (not the store)."""
+    return [pod for service, group in pods.items() if service != "quota-store" for pod in group]
 
 
 def test_only_the_gateway_grpc_port_is_reachable_from_outside_the_namespace(mesh):
@@ -57,14 +64,25 @@ def test_gateway_and_workers_reach_the_scheduler_and_nothing_else_does(mesh):
     assert not can_connect(policies, OTHER_NAMESPACE_POD, scheduler, "grpc")
 
 
-def test_prometheus_scrapes_every_pod_and_nothing_else(mesh):
+def test_only_gateways_reach_the_quota_store(mesh):
     policies, pods, _ = mesh
-    for pod in every_pod(pods):
+    (store,) = pods["quota-store"]
+    assert set(store.ports) == {"valkey"}
+    for source in [OUTSIDE_CLUSTER, OTHER_NAMESPACE_POD, PROMETHEUS, *every_pod(pods)]:
+        expected = source.namespace == "infermesh" and source.labels.get("app.kubernetes.io/name") == "gateway"
+        assert can_connect(policies, source, store, "valkey") == expected, f"{source.name} -> {store.name}"
+    impostor = Peer("gateway-lookalike", "shop", {"app.kubernetes.io/name": "gateway"})
+    assert not can_connect(policies, impostor, store, "valkey")
+
+
+def test_prometheus_scrapes_every_service_and_nothing_else(mesh):
+    policies, pods, _ = mesh
+    for pod in service_pods(pods):
         assert can_connect(policies, PROMETHEUS, pod, "metrics"), pod.name
         if service_of_peer(pod) != "gateway":
             assert not can_connect(policies, PROMETHEUS, pod, "grpc"), pod.name
     impostor = Peer("prometheus-lookalike", "shop", {"app.kubernetes.io/name": "prometheus"})
-    assert not any(can_connect(policies, impostor, pod, "metrics") for pod in every_pod(pods))
+    assert not any(can_connect(policies, impostor, pod, "metrics") for pod in service_pods(pods))
 
 
 def test_pods_reach_dns_and_the_collector_but_not_the_internet(mesh):
@@ -94,7 +112,8 @@ def service_of_peer(peer: Peer) -> str:
 def test_policies_select_pods_by_the_labels_the_deployments_carry(rendered):
     # A policy whose selector matches no pod protects nothing; catch renamed labels.
     docs = rendered["cpu"]
-    labels = [d["spec"]["template"]["metadata"]["labels"] for d in infermesh_deployments(docs)]
+    workloads = [*infermesh_deployments(docs), quota_store(docs)]
+    labels = [d["spec"]["template"]["metadata"]["labels"] for d in workloads]
     for policy in of_kind(docs, "NetworkPolicy"):
         wanted = policy["spec"]["podSelector"].get("matchLabels", {})
         assert any(wanted.items() <= pod.items() for pod in labels), policy["metadata"]["name"]
