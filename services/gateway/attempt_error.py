@@ -37,6 +37,16 @@ class AttemptError(Exception):
         """
         return self.pushback_ms is not None
 
+    @property
+    def endpoint_gone(self) -> bool:
+        """The endpoint is unreachable or leaving, rather than a live scheduler refusing this call.
+
+        UNAVAILABLE with no retry hint is a transport failure (connection refused or
+        reset, a broken Submit stream); with pushback 0 it is a draining scheduler
+        ("go elsewhere now"). A live scheduler's "no worker" hint has a pushback > 0.
+        """
+        return self.code == UpstreamCode.UNAVAILABLE and (self.pushback_ms is None or self.pushback_ms == 0)
+
     @classmethod
     def from_rpc_error(cls, exc: grpc.aio.AioRpcError) -> AttemptError:
         return cls(from_rpc_error(exc), UpstreamCode(exc.code().value[0]), _pushback_ms(exc))

@@ -8,6 +8,7 @@ from services.common.config import ServerSettings, require, setting
 from services.gateway.adaptive_limit import AdaptiveLimitConfig
 from services.gateway.circuit_breaker import BreakerConfig
 from services.gateway.deadlines import DeadlinePolicy
+from services.gateway.discovery import DiscoveryConfigError, SchedulerTarget, parse_scheduler_target
 from services.gateway.retry_budget import RetryBudgetConfig
 from services.gateway.retry_policy import RetryPolicyConfig
 from services.gateway.shedding import SheddingConfig, ShedThresholds
@@ -17,8 +18,11 @@ from services.gateway.tenants import Priority
 @dataclass(frozen=True)
 class GatewayConfig(ServerSettings):
     scheduler_address: str = setting(
-        "127.0.0.1:50052", "scheduler host:port every model routes to when routing_file is empty"
+        "127.0.0.1:50052",
+        "schedulers serving models without a route: host:port[,host:port...] or dns:///name:port "
+        "(every A/AAAA record, re-resolved every discovery_interval_ms)",
     )
+    discovery_interval_ms: float = setting(5000.0, "how often a dns:/// scheduler_address is re-resolved")
     routing_file: str = setting("", "routing YAML (models: name -> versions -> scheduler endpoints); empty: all to scheduler_address")
     upstream_mode: str = setting(
         "stream", "how calls reach a scheduler: stream (one Submit stream per endpoint, many calls per message) or unary (an RPC per call)"
@@ -67,7 +71,11 @@ class GatewayConfig(ServerSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require(":" in self.scheduler_address, f"scheduler_address must be host:port, got {self.scheduler_address!r}")
+        try:
+            parse_scheduler_target(self.scheduler_address)
+        except DiscoveryConfigError as exc:
+            require(False, str(exc))
+        require(self.discovery_interval_ms > 0, f"discovery_interval_ms must be > 0, got {self.discovery_interval_ms}")
         require(self.upstream_mode in ("stream", "unary"),
                 f"upstream_mode must be stream or unary, got {self.upstream_mode!r}")
         require(self.default_deadline_ms > 0, f"default_deadline_ms must be > 0, got {self.default_deadline_ms}")
@@ -98,6 +106,9 @@ class GatewayConfig(ServerSettings):
                 require(False, str(exc))
 
     # -- the logic modules' configs, in their units ---------------------------------
+
+    def scheduler_target(self) -> SchedulerTarget:
+        return parse_scheduler_target(self.scheduler_address)
 
     def deadline_policy(self) -> DeadlinePolicy:
         return DeadlinePolicy(

@@ -3,9 +3,11 @@
 Each attempt takes a route (an endpoint whose circuit breaker admits the call),
 calls it with the deadline's remaining time minus the hop margin, and reports
 the outcome to that endpoint's breaker. A failure goes to the retry policy,
-which pays for a retry from the failed endpoint's budget; the next attempt
-prefers an endpoint not tried yet. A Generate stream is never retried once a
-token reached the client.
+which pays for a retry from the failed endpoint's budget, or fails over free of
+it when the endpoint is gone and another is untried (retry_policy.py); the next
+attempt prefers an endpoint not tried yet. A Generate stream that already sent
+tokens to the client is never retried: it is resumed as a continuation
+(stream_resume.py), in a "resume" span, on the version that served it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import TypeVar
 
 from opentelemetry import trace
 
-from services.common.errors import InfermeshError
+from services.common.errors import InfermeshError, Internal
 from services.gateway import metrics
 from services.gateway.admission import span
 from services.gateway.circuit_breaker import CircuitBreakers
@@ -25,7 +27,9 @@ from services.gateway.retry_budget import RetryBudgets
 from services.gateway.retry_policy import AttemptFailure, RetryDecision, RetryPolicy, RetryVerdict, WorkKind
 from services.gateway.routing import Route, RoutingTable
 from services.gateway.shedding import PressureBoard
+from services.gateway.stream_resume import DEFAULT_MAX_RESUMES, ResumeState, StreamMismatch
 from services.gateway.upstream import AttemptError, GenerateCall, SchedulerClient, SchedulerClients
+from services.gateway.upstream_status import UpstreamCode
 
 _tracer = trace.get_tracer("infermesh.gateway")
 
@@ -33,7 +37,8 @@ T = TypeVar("T")
 Clock = Callable[[], float]
 # (client, version to ask for ("" lets the scheduler pick), timeout_s) -> the reply
 UnaryCall = Callable[[SchedulerClient, str, float], Awaitable[T]]
-StreamCall = Callable[[SchedulerClient, str, float], GenerateCall]
+# (client, version, timeout_s, continuation: token ids the client already has) -> the stream
+StreamCall = Callable[[SchedulerClient, str, float, tuple[int, ...]], GenerateCall]
 
 
 class Dispatcher:
@@ -48,6 +53,7 @@ class Dispatcher:
         deadlines: Deadlines,
         board: PressureBoard,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        max_resumes: int = DEFAULT_MAX_RESUMES,
     ) -> None:
         self._routing = routing
         self._clients = clients
@@ -57,6 +63,7 @@ class Dispatcher:
         self._deadlines = deadlines
         self._board = board
         self._sleep = sleep
+        self._max_resumes = max_resumes
 
     async def unary(self, scope, work: WorkKind, call: UnaryCall[T]) -> T:
         tried: list[str] = []
@@ -70,7 +77,7 @@ class Dispatcher:
                 except AttemptError as failure:
                     last_failure = failure
                     self._report(route, failure)
-                    decision = self._decide(scope, work, route, failure, len(tried), accepted=True, num_tokens_sent=0)
+                    decision = self._decide(scope, work, route, failure, tried, accepted=True, num_tokens_sent=0)
                     if not decision.retry:
                         raise failure.error from None
                 except BaseException:
@@ -83,33 +90,46 @@ class Dispatcher:
             await self._sleep(decision.delay_s)
 
     async def stream(self, scope, call: StreamCall, on_chunk: Callable[[object], None]) -> AsyncIterator:
-        """Chunks of the first attempt that streams; `on_chunk` sees each before it is yielded."""
+        """The stream's chunks, over as many attempts and resumes as it takes; `on_chunk` sees each first."""
         tried: list[str] = []
         last_failure: AttemptError | None = None
+        resume = ResumeState(self._max_resumes)
         while True:
-            route = self._route(scope, tried, last_failure)
+            route = self._route(scope, tried, last_failure, resume.version or scope.version)
             timeout_s = self._timeout_s(scope, route, last_failure)
             attempt_span = _tracer.start_span(
-                "attempt", attributes={"infermesh.attempt": len(tried), "infermesh.endpoint": route.endpoint}
+                "resume" if resume.num_delivered else "attempt",
+                attributes={"infermesh.attempt": len(tried) - 1, "infermesh.endpoint": route.endpoint,
+                            "infermesh.tokens_delivered": resume.num_delivered},
             )
             with trace.use_span(attempt_span, end_on_exit=False):  # the call carries this span's traceparent
-                upstream = call(self._clients.get(route.endpoint), route.version, timeout_s)
-            num_chunks = num_tokens_sent = 0
+                upstream = call(self._clients.get(route.endpoint), route.version, timeout_s, resume.continuation())
+            num_chunks = 0
             try:
                 async for chunk in upstream.chunks():
                     num_chunks += 1
-                    num_tokens_sent += len(chunk.token_ids)
+                    resume.accept(chunk)
                     on_chunk(chunk)
                     yield chunk
+                if not resume.finished:
+                    raise _cut(route.endpoint)
             except AttemptError as failure:
                 last_failure = failure
                 self._report(route, failure)
+                if resume.num_delivered:
+                    if not self._resume(scope, route, resume, failure):
+                        raise failure.error from None
+                    continue
                 decision = self._decide(
-                    scope, WorkKind.GENERATE, route, failure, len(tried),
-                    accepted=num_chunks > 0, num_tokens_sent=num_tokens_sent,
+                    scope, WorkKind.GENERATE, route, failure, tried,
+                    accepted=num_chunks > 0, num_tokens_sent=0,
                 )
                 if not decision.retry:
                     raise failure.error from None
+            except StreamMismatch as exc:
+                upstream.cancel()
+                route.permit.record(UpstreamCode.INTERNAL)
+                raise Internal(f"scheduler {route.endpoint} broke the stream: {exc}") from None
             except BaseException:
                 upstream.cancel()  # the client went away: free the sequence's KV blocks now
                 route.permit.abandon()
@@ -122,11 +142,22 @@ class Dispatcher:
                 attempt_span.end()
             await self._sleep(decision.delay_s)
 
+    def _resume(self, scope, route: Route, resume: ResumeState, failure: AttemptError) -> bool:
+        decision = resume.decide(
+            failure.code, failure.pushback_ms, failure.error.message, cut=isinstance(failure, StreamCut),
+            remaining_s=scope.deadline.remaining_s(self._deadlines.clock()),
+            min_service_time_s=self._board.min_service_time_s(scope.model),
+        )
+        if decision.resume:
+            metrics.STREAM_RESUMES.labels(scope.model, decision.reason.value).inc()
+        return decision.resume
+
     # -- one attempt's steps ----------------------------------------------------------
 
-    def _route(self, scope, tried: list[str], last_failure: AttemptError | None) -> Route:
+    def _route(self, scope, tried: list[str], last_failure: AttemptError | None, version: str | None = None) -> Route:
         try:
-            route = self._routing.choose(scope.model, scope.version, exclude=frozenset(tried))
+            route = self._routing.choose(scope.model, scope.version if version is None else version,
+                                         exclude=frozenset(tried), priority=scope.priority)
         except InfermeshError:
             if last_failure is not None:  # every breaker opened meanwhile: report what really failed
                 raise last_failure.error from None
@@ -153,18 +184,22 @@ class Dispatcher:
         self._observe(route.endpoint)
 
     def _decide(
-        self, scope, work: WorkKind, route: Route, failure: AttemptError, num_attempts: int,
+        self, scope, work: WorkKind, route: Route, failure: AttemptError, tried: list[str],
         *, accepted: bool, num_tokens_sent: int,
     ) -> RetryDecision:
         budget = self._budgets.for_upstream(route.endpoint)
+        gone = failure.endpoint_gone
         decision = self._policy.decide(
             work=work,
-            failure=AttemptFailure(failure.code, accepted, num_tokens_sent, failure.pushback_ms),
-            num_attempts=num_attempts,
+            failure=AttemptFailure(failure.code, accepted, num_tokens_sent, failure.pushback_ms, gone),
+            num_attempts=len(tried),
             remaining_s=scope.deadline.remaining_s(self._deadlines.clock()),
             budget=budget,
             min_service_time_s=self._board.min_service_time_s(scope.model),
+            can_fail_over=gone and self._routing.has_untried(scope.model, route.version, frozenset(tried)),
         )
+        if decision.verdict is RetryVerdict.FAILOVER:
+            metrics.FAILOVERS.labels(scope.model).inc()
         if decision.verdict is not RetryVerdict.NOT_RETRYABLE:
             metrics.RETRIES.labels(scope.model, route.endpoint, decision.verdict.value).inc()
         metrics.RETRY_BUDGET_REMAINING.labels(route.endpoint).set(budget.balance())
@@ -173,6 +208,15 @@ class Dispatcher:
     def _observe(self, endpoint: str) -> None:
         state = self._breakers.for_endpoint(endpoint).state
         metrics.BREAKER_STATE.labels(endpoint).set(metrics.BREAKER_STATE_VALUE[state])
+
+
+class StreamCut(AttemptError):
+    """The upstream stream ended without its final chunk (no status says why)."""
+
+
+def _cut(endpoint: str) -> StreamCut:
+    local = AttemptError.local(UpstreamCode.UNAVAILABLE, f"scheduler {endpoint} ended the stream before its last chunk")
+    return StreamCut(local.error, local.code, None)
 
 
 def _attempt_span(number: int, route: Route):

@@ -9,8 +9,9 @@ change them only together. Label values:
   priority  critical | standard | sheddable
   quota     requests_per_s | tokens_per_s | tokens_burst | max_in_flight
   upstream  scheduler host:port
-  verdict   retry | budget_exhausted | attempts_exhausted | deadline | pushback_stop | tokens_sent
-  reason    limit | deadline | quota | shed | gateway_in_flight (why admission refused a request)
+  verdict   retry | failover | budget_exhausted | attempts_exhausted | deadline | pushback_stop | tokens_sent
+  reason    limit | deadline | quota | shed | gateway_in_flight (why admission refused a request);
+            unavailable | draining | cut (why a stream resumed)
 """
 
 from __future__ import annotations
@@ -52,6 +53,16 @@ RETRY_BUDGET_REMAINING = Gauge(
     "infermesh_gateway_retry_budget_remaining",
     "Retries the upstream's budget still allows now; below 1 means exhausted.",
     ["upstream"],
+)
+FAILOVERS = Counter(
+    "infermesh_gateway_failovers",
+    "Calls re-sent to another scheduler because theirs was gone (outside the retry budget).",
+    ["model"],
+)
+STREAM_RESUMES = Counter(
+    "infermesh_gateway_stream_resumes",
+    "Generate streams resumed on another scheduler as a continuation after tokens were sent.",
+    ["model", "reason"],
 )
 BREAKER_STATE = Gauge(
     "infermesh_gateway_breaker_state",

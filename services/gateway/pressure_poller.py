@@ -1,10 +1,12 @@
 """Background feedback from the schedulers: pressure for shedding, model catalog for KServe.
 
 About once a second the gateway asks every scheduler endpoint in its routing
-table for `GetPressure` (fed to the `PressureBoard`: queue-time estimates, KV
-usage, minimum service time) and `ListModels` (kept in `ModelCatalog`: kind,
-labels and input size of each attached model version). An endpoint that does
-not answer keeps its last reports until they go stale on the board (fail open).
+table (the discovered ones included) for `GetPressure` (fed to the
+`PressureBoard`: queue-time estimates, KV usage, minimum service time) and
+`ListModels` (kept in `ModelCatalog`: kind, labels and input size of each
+attached model version; and in `Membership`: which models it serves ready). An
+endpoint that does not answer keeps its last reports until they go stale on the
+board (fail open), and membership tries it after the others.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable
 from infermesh.v1 import gateway_pb2
 from services.gateway import metrics
 from services.gateway.circuit_breaker import CircuitBreakers
+from services.gateway.replicas import Membership
 from services.gateway.retry_budget import RetryBudgets
 from services.gateway.routing import RoutingTable
 from services.gateway.shedding import PressureBoard, PressureReport
@@ -33,6 +36,9 @@ class ModelCatalog:
 
     def update(self, endpoint: str, models: tuple[gateway_pb2.ModelInfo, ...]) -> None:
         self._by_endpoint[endpoint] = models
+
+    def forget(self, endpoint: str) -> None:
+        self._by_endpoint.pop(endpoint, None)
 
     def versions(self, name: str) -> list[gateway_pb2.ModelInfo]:
         """Every known version of `name` (one entry per version, ready if any endpoint is)."""
@@ -62,6 +68,7 @@ class PressurePoller:
         breakers: CircuitBreakers,
         budgets: RetryBudgets,
         interval_s: float,
+        membership: Membership | None = None,
     ) -> None:
         self._routing = routing
         self._clients = clients
@@ -70,6 +77,7 @@ class PressurePoller:
         self._breakers = breakers
         self._budgets = budgets
         self.interval_s = interval_s
+        self._membership = membership
         # Endpoints that answered the last poll (KServe ServerReady).
         self.reachable: set[str] = set()
         self._failing: set[str] = set()
@@ -91,6 +99,8 @@ class PressurePoller:
             models = await client.list_models(timeout_s=self.interval_s)
         except AttemptError as exc:
             self.reachable.discard(endpoint)
+            if self._membership is not None:
+                self._membership.unreachable(endpoint)
             if endpoint not in self._failing:  # once per outage, not every second
                 log.warning("scheduler %s: pressure poll failed: %s", endpoint, exc.error.message)
                 self._failing.add(endpoint)
@@ -101,6 +111,8 @@ class PressurePoller:
         self.reachable.add(endpoint)
         self._board.update(endpoint, [_report(p) for p in pressure.models])
         self._catalog.update(endpoint, tuple(models.models))
+        if self._membership is not None:
+            self._membership.update(endpoint, (m.model.name for m in models.models if m.ready))
 
 
 def _report(pressure) -> PressureReport:

@@ -18,6 +18,20 @@ Retries are bounded by `max_attempts`, spaced by full-jitter exponential
 backoff (gRPC A6), replaced by server pushback when given (a negative
 pushback means "do not retry"), never scheduled past the deadline, and paid
 for from the upstream's `RetryBudget`.
+
+Failover is the exception to the budget. When the failed endpoint is provably
+gone (`endpoint_gone`: a transport failure, UNAVAILABLE the scheduler did not
+answer with a retry hint, or a draining scheduler's UNAVAILABLE with pushback
+0) and the call has an endpoint it has not tried yet, it is re-sent there at
+once, free of the budget and of `max_attempts`. Otherwise one dead replica
+would fail most of its share of the load: the budget allows about 10% retries,
+and the dead replica took 1/N of the calls. Failovers cannot storm: each goes to
+an endpoint the call has not tried (at most N-1 per call), a dead endpoint's
+breaker opens after a few failures and takes it out of routing, and the
+deadline still bounds them. A live scheduler's answers (RESOURCE_EXHAUSTED,
+DEADLINE_EXCEEDED, INTERNAL, UNAVAILABLE with a pushback > 0 such as "no
+worker") stay ordinary retries, paid from the budget: retries against a live
+but struggling replica stay a bounded fraction of its requests.
 """
 
 from __future__ import annotations
@@ -47,10 +61,14 @@ class AttemptFailure:
     # The `grpc-retry-pushback-ms` trailer: None when absent; negative when the server
     # asks not to be retried.
     pushback_ms: int | None = None
+    # The endpoint is gone or leaving (see the module doc), not a live scheduler's answer.
+    endpoint_gone: bool = False
 
 
 class RetryVerdict(enum.Enum):
     RETRY = "retry"
+    # Re-sent at once to an endpoint not tried yet, free of the budget: the failed one is gone.
+    FAILOVER = "failover"
     NOT_RETRYABLE = "not_retryable"
     TOKENS_SENT = "tokens_sent"
     PUSHBACK_STOP = "pushback_stop"
@@ -67,7 +85,7 @@ class RetryDecision:
 
     @property
     def retry(self) -> bool:
-        return self.verdict is RetryVerdict.RETRY
+        return self.verdict in (RetryVerdict.RETRY, RetryVerdict.FAILOVER)
 
 
 @dataclass(frozen=True)
@@ -123,9 +141,11 @@ class RetryPolicy:
         remaining_s: float,
         budget: RetryBudget,
         min_service_time_s: float = 0.0,
+        can_fail_over: bool = False,
     ) -> RetryDecision:
         """Retry after `num_attempts` attempts (>= 1) failed, with `remaining_s` until the deadline?
 
+        can_fail_over: the call has an endpoint it has not tried that may be called now.
         The budget is charged only when the answer is RETRY.
         """
         if num_attempts < 1:
@@ -136,6 +156,10 @@ class RetryPolicy:
             return RetryDecision(RetryVerdict.NOT_RETRYABLE)
         if failure.pushback_ms is not None and failure.pushback_ms < 0:
             return RetryDecision(RetryVerdict.PUSHBACK_STOP)
+        if failure.endpoint_gone and can_fail_over:
+            if min_service_time_s >= remaining_s:
+                return RetryDecision(RetryVerdict.DEADLINE)
+            return RetryDecision(RetryVerdict.FAILOVER)
         if num_attempts >= self.config.max_attempts:
             return RetryDecision(RetryVerdict.ATTEMPTS_EXHAUSTED)
         if failure.pushback_ms is not None:

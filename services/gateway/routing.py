@@ -21,9 +21,11 @@ canary never fails requests that did not ask for it. Within a version, an
 endpoint is drawn by weight among those whose circuit breaker lets a call
 through; a retry passes the endpoints it already tried in `exclude`.
 
-Without a routing config (development), a table with a `fallback_endpoint`
-sends every model there with the version the client named, or none: the
-scheduler then serves the only version it has attached.
+Without a routing config, every model goes to the discovered schedulers with
+the version the client named, or none (a scheduler then serves the only version
+it has attached): `replicas` (replicas.py) picks one among those serving the
+model, by affinity and pressure. A table with a single `fallback_endpoint`
+sends every model there (tests, one scheduler).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from dataclasses import dataclass
 
 from services.common.errors import NotFound, Unavailable
 from services.gateway.circuit_breaker import BreakerPermit, CircuitBreakers
+from services.gateway.replicas import ReplicaSelector
+from services.gateway.tenants import Priority
 
 
 class RoutingConfigError(ValueError):
@@ -178,11 +182,13 @@ class RoutingTable:
         rng: Callable[[], float] = random.random,
         *,
         fallback_endpoint: str | None = None,
+        replicas: ReplicaSelector | None = None,
     ) -> None:
         self._routes = {route.model: route for route in routes}
         self._breakers = breakers
         self._rng = rng
         self._fallback = None if fallback_endpoint is None else (Endpoint(address=fallback_endpoint),)
+        self._replicas = replicas
 
     @property
     def models(self) -> tuple[ModelRoute, ...]:
@@ -194,17 +200,27 @@ class RoutingTable:
             e.address for r in self._routes.values() for v in r.versions for e in v.endpoints
         )
         seen.update(dict.fromkeys(e.address for e in self._fallback or ()))
+        if self._replicas is not None:
+            seen.update(dict.fromkeys(self._replicas.membership.live()))
         return tuple(seen)
 
     def model(self, model: str) -> ModelRoute:
         route = self._routes.get(model)
         if route is None:
-            if self._fallback is not None:
-                return ModelRoute(model=model, default_version="", versions=(VersionRoute("", self._fallback),))
+            endpoints = self._unrouted_endpoints(model)
+            if endpoints is not None:
+                return ModelRoute(model=model, default_version="", versions=(VersionRoute("", endpoints),))
             raise NotFound(f"unknown model '{model}'")
         return route
 
-    def choose(self, model: str, version: str = "", *, exclude: frozenset[str] = frozenset()) -> Route:
+    def _unrouted_endpoints(self, model: str) -> tuple[Endpoint, ...] | None:
+        """Where a model without a route goes: the replicas serving it, the fallback, or nowhere (None)."""
+        if self._replicas is not None:
+            return tuple(Endpoint(address=a) for a in self._replicas.membership.candidates(model))
+        return self._fallback
+
+    def choose(self, model: str, version: str = "", *, exclude: frozenset[str] = frozenset(),
+               priority: Priority = Priority.STANDARD) -> Route:
         """Pick a version (when `version` is empty) and an endpoint whose breaker admits a call.
 
         Raises NotFound for an unknown model or version, Unavailable when every endpoint's
@@ -221,7 +237,7 @@ class RoutingTable:
             chosen = self._draw_version(model_route)
             if chosen.version != model_route.default_version and not self._available(chosen, exclude):
                 chosen = model_route.version(model_route.default_version)
-        endpoint = self._draw_endpoint(model_route.model, chosen, exclude)
+        endpoint = self._draw_endpoint(model_route.model, chosen, exclude, priority)
         permit = self._breakers.for_endpoint(endpoint.address).try_acquire()
         if permit is None:  # cannot happen on one event loop: availability was just checked
             raise Unavailable(f"scheduler {endpoint.address} refused the call (circuit open)")
@@ -245,18 +261,34 @@ class RoutingTable:
             if e.address not in exclude and breakers.for_endpoint(e.address).is_available()
         ]
 
-    def _draw_endpoint(self, model: str, version: VersionRoute, exclude: frozenset[str]) -> Endpoint:
+    def has_untried(self, model: str, version: str, tried: frozenset[str]) -> bool:
+        """Is there an endpoint for `model` (at `version`) that this call has not tried and may call now?"""
+        try:
+            model_route = self.model(model)
+        except NotFound:
+            return False
+        if model not in self._routes:
+            chosen = model_route.versions[0]
+        else:
+            chosen = model_route.version(version) or model_route.version(model_route.default_version)
+        return bool(self._available(chosen, tried))
+
+    def _draw_endpoint(self, model: str, version: VersionRoute, exclude: frozenset[str],
+                       priority: Priority = Priority.STANDARD) -> Endpoint:
         # Prefer endpoints this request has not tried; fall back to them rather than fail.
         candidates = self._available(version, exclude) or self._available(version, frozenset())
         if not candidates:
             retry_after_s = min(
-                self._breakers.for_endpoint(e.address).retry_after_s() for e in version.endpoints
+                (self._breakers.for_endpoint(e.address).retry_after_s() for e in version.endpoints), default=1.0
             )
             which = f"model '{model}' version '{version.version}'" if version.version else f"model '{model}'"
             raise Unavailable(
                 f"no scheduler available for {which}: circuit open for all {len(version.endpoints)} endpoints",
                 retry_after_s=retry_after_s,
             )
+        if self._replicas is not None and model not in self._routes:
+            address = self._replicas.choose(model, [e.address for e in candidates], priority)
+            return next(e for e in candidates if e.address == address)
         point = self._rng() * sum(e.weight for e in candidates)
         for endpoint in candidates:
             point -= endpoint.weight

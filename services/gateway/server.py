@@ -25,10 +25,12 @@ from services.gateway.circuit_breaker import CircuitBreakers
 from services.gateway.concurrency import ConcurrencyLimiter
 from services.gateway.config import GatewayConfig
 from services.gateway.deadlines import Deadlines
+from services.gateway.discovery import SchedulerDiscovery
 from services.gateway.dispatch import Dispatcher
 from services.gateway.kserve_servicer import KServeServicer
 from services.gateway.pressure_poller import ModelCatalog, PressurePoller
 from services.gateway.quotas import TenantQuotas
+from services.gateway.replicas import Membership, ReplicaSelector
 from services.gateway.retry_budget import RetryBudgets
 from services.gateway.retry_policy import RetryPolicy
 from services.gateway.routing import RoutingConfigError, RoutingTable, parse_routing_config
@@ -40,9 +42,9 @@ from services.gateway.upstream import SchedulerClients, UpstreamMode
 log = logging.getLogger(__name__)
 
 
-def load_routing(config: GatewayConfig, breakers: CircuitBreakers) -> RoutingTable:
+def load_routing(config: GatewayConfig, breakers: CircuitBreakers, replicas: ReplicaSelector) -> RoutingTable:
     if not config.routing_file:
-        return RoutingTable((), breakers, fallback_endpoint=config.scheduler_address)
+        return RoutingTable((), breakers, replicas=replicas)
     try:
         data = yaml.safe_load(Path(config.routing_file).read_text(encoding="utf-8"))
         return RoutingTable(parse_routing_config(data, config.routing_file), breakers)
@@ -67,8 +69,10 @@ class GatewayService:
         self._tasks: list[asyncio.Task] = []
         self.breakers = CircuitBreakers(config.breaker_config(), clock)
         self.budgets = RetryBudgets(config.retry_budget_config(), clock)
-        self.routing = load_routing(config, self.breakers)
         self.board = PressureBoard(clock, max_report_age_s=config.pressure_max_age_ms / 1000)
+        self.discovery = SchedulerDiscovery(config.scheduler_target(), on_change=self._on_schedulers_changed)
+        self.membership = Membership(lambda: self.discovery.endpoints)
+        self.routing = load_routing(config, self.breakers, ReplicaSelector(self.membership, self.board))
         self.catalog = ModelCatalog()
         self.clients = SchedulerClients(config.max_message_bytes, UpstreamMode(config.upstream_mode))
         self.quotas: TenantQuotas | None = None
@@ -114,7 +118,15 @@ class GatewayService:
             breakers=self.breakers,
             budgets=self.budgets,
             interval_s=config.pressure_poll_interval_ms / 1000,
+            membership=self.membership,
         )
+
+    def _on_schedulers_changed(self, added: tuple[str, ...], removed: tuple[str, ...]) -> None:
+        # A removed scheduler's channel stays open: calls already on it finish there.
+        for endpoint in removed:
+            self.membership.forget(endpoint)
+            self.board.forget(endpoint)
+            self.catalog.forget(endpoint)
 
     def _apply_tenants(self, config: TenantConfig) -> None:
         # Runs for the first load and every accepted reload; quota levels and in-flight counts carry over.
@@ -134,6 +146,10 @@ class GatewayService:
 
     async def start(self, health: Health) -> None:
         self._health = health
+        if self.discovery.target.is_dns:
+            await self.discovery.refresh()  # the first answer before the first poll and the first call
+            interval_s = self._config.discovery_interval_ms / 1000
+            self._tasks.append(asyncio.create_task(self.discovery.run(interval_s), name="scheduler-discovery"))
         self._tasks.append(asyncio.create_task(self.poller.run(), name="pressure-poller"))
         self._tasks.append(asyncio.create_task(self._observe_limits(), name="limit-gauges"))
         if self.watcher is not None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2
@@ -68,6 +70,17 @@ def tenant_context(tenant: Tenant) -> scheduler_pb2.TenantContext:
     return scheduler_pb2.TenantContext(tenant_id=tenant.tenant_id, priority=int(tenant.priority), weight=tenant.weight)
 
 
+def fix_seed(sampling: common_pb2.SamplingParams, seed_source: Callable[[], int]) -> None:
+    """Sets a seed (< 2**63) on a sampled request that has none, before its first attempt.
+
+    Sampling is a function of (seed, position), so with the seed fixed here a stream
+    resumed on another scheduler samples exactly what the unbroken one would have.
+    Greedy requests need none.
+    """
+    if sampling.temperature > 0 and not sampling.HasField("seed"):
+        sampling.seed = seed_source()
+
+
 @dataclass(frozen=True)
 class HandlerTimes:
     """When one request's handler ran, on the gateway's monotonic clock (and the wall clock for ingress)."""
@@ -102,12 +115,14 @@ _STAGE_VALUES = {name.removeprefix("STAGE_").lower(): value for name, value in c
 
 class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
     def __init__(
-        self, admission: Admission, dispatcher: Dispatcher, clients: SchedulerClients, clock=time.monotonic
+        self, admission: Admission, dispatcher: Dispatcher, clients: SchedulerClients, clock=time.monotonic,
+        seed_source: Callable[[], int] = lambda: secrets.randbits(63),
     ) -> None:
         self._admission = admission
         self._dispatcher = dispatcher
         self._clients = clients
         self._clock = clock
+        self._seed_source = seed_source
 
     @maps_domain_errors
     async def Classify(self, request: gateway_pb2.ClassifyRequest, context) -> gateway_pb2.ClassifyResponse:
@@ -157,11 +172,14 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
                 num_tokens = prompt_tokens + (request.sampling.max_tokens or DEFAULT_MAX_TOKENS)
                 self._admission.admit(scope, caller.authorization, client_timeout_s(context), num_tokens)
                 request.request_id = request.request_id or uuid.uuid4().hex
+                fix_seed(request.sampling, self._seed_source)
             admitted_s = self._clock()
             upstream = scheduler_pb2.ScheduleGenerateRequest(request=request, tenant=tenant_context(scope.tenant))
 
-            def call(client, version: str, timeout_s: float):
+            def call(client, version: str, timeout_s: float, continuation: tuple[int, ...]):
                 upstream.request.model.version = version
+                if continuation:
+                    upstream.continuation.token_ids[:] = continuation
                 return client.generate(upstream, timeout_s)
 
             num_generated = 0

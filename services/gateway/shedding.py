@@ -97,6 +97,21 @@ class PressureBoard:
         self._by_endpoint[endpoint] = (self.clock(), by_model)
         self._aggregates.clear()
 
+    def forget(self, endpoint: str) -> None:
+        """`endpoint` left discovery: its reports no longer count."""
+        if self._by_endpoint.pop(endpoint, None) is not None:
+            self._aggregates.clear()
+
+    def report(self, endpoint: str, model: str) -> PressureReport | None:
+        """`endpoint`'s fresh pressure for `model` (best case over its versions), None if none."""
+        entry = self._by_endpoint.get(endpoint)
+        if entry is None or entry[0] < self.clock() - self.max_report_age_s:
+            return None
+        reports = entry[1].get(model)
+        if not reports:
+            return None
+        return reports[0] if len(reports) == 1 else _best_case(model, reports)
+
     def pressure(self, model: str) -> PressureReport | None:
         """The model's best-case pressure over fresh reports (versions and endpoints), None if none.
 

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from infermesh.v1 import common_pb2, gateway_pb2
 from services.common.errors import InvalidArgument, Unavailable
 from services.gateway.circuit_breaker import BreakerConfig, BreakerState, CircuitBreakers
 from services.gateway.deadlines import Deadline, DeadlinePolicy, Deadlines
@@ -15,6 +16,7 @@ from services.gateway.retry_budget import RetryBudgetConfig, RetryBudgets
 from services.gateway.retry_policy import RetryPolicy, RetryPolicyConfig, WorkKind
 from services.gateway.routing import RoutingTable
 from services.gateway.shedding import PressureBoard
+from services.gateway.tenants import Priority
 from services.gateway.upstream import AttemptError
 from services.gateway.upstream_status import UpstreamCode
 from tests.unit.gateway.conftest import FixedRng
@@ -58,8 +60,12 @@ class FakeStream:
         self.cancelled = True
 
 
-def _chunk(*token_ids: int):
-    return SimpleNamespace(token_ids=list(token_ids))
+def _chunk(index: int, *token_ids: int, final: bool = False) -> gateway_pb2.GenerateResponse:
+    chunk = gateway_pb2.GenerateResponse(token_ids=token_ids, index=index)
+    if final:
+        chunk.finish_reason = common_pb2.FINISH_REASON_LENGTH
+        chunk.usage.completion_tokens = index + len(token_ids)
+    return chunk
 
 
 @pytest.fixture
@@ -82,7 +88,9 @@ def parts(clock):
         board=PressureBoard(clock),
         sleep=sleep,
     )
-    scope = SimpleNamespace(model="digits", version="", deadline=Deadline(expires_at_s=clock() + 10))
+    scope = SimpleNamespace(
+        model="digits", version="", priority=Priority.STANDARD, deadline=Deadline(expires_at_s=clock() + 10)
+    )
     return SimpleNamespace(dispatcher=dispatcher, scope=scope, breakers=breakers, budgets=budgets, sleeps=sleeps)
 
 
@@ -144,24 +152,39 @@ async def test_open_breaker_fails_fast_without_calling(parts):
 
 
 async def test_generate_is_retried_when_it_failed_before_any_chunk(parts):
-    streams = [FakeStream([], _unavailable()), FakeStream([_chunk(1), _chunk(2)])]
+    streams = [FakeStream([], _unavailable()), FakeStream([_chunk(0, 1), _chunk(1, 2, final=True)])]
     seen = []
     out = [c async for c in parts.dispatcher.stream(parts.scope, lambda *_: streams.pop(0), seen.append)]
-    assert [c.token_ids for c in out] == [[1], [2]] and seen == out
+    assert [list(c.token_ids) for c in out] == [[1], [2]] and seen == out
 
 
-async def test_generate_is_never_retried_once_a_token_was_sent(parts):
-    streams = [FakeStream([_chunk(7)], _unavailable()), FakeStream([_chunk(8)])]
+async def test_generate_is_resumed_not_retried_once_a_token_was_sent(parts):
+    streams = [FakeStream([_chunk(0, 7)], _unavailable()), FakeStream([_chunk(1, 8, final=True)])]
+    continuations = []
+
+    def call(client, version, timeout_s, continuation):
+        continuations.append(continuation)
+        return streams.pop(0)
+
+    out = [c async for c in parts.dispatcher.stream(parts.scope, call, lambda c: None)]
+    assert [list(c.token_ids) for c in out] == [[7], [8]]
+    assert continuations == [(), (7,)], "the second attempt continues from the token delivered"
+    assert parts.sleeps == [], "a resume goes at once, with no backoff"
+
+
+async def test_generate_is_not_resumed_after_an_answer_a_continuation_would_get_again(parts):
+    error = AttemptError(InvalidArgument("prompt too long"), UpstreamCode.INVALID_ARGUMENT, None)
+    streams = [FakeStream([_chunk(0, 7)], error), FakeStream([_chunk(1, 8, final=True)])]
     out = []
-    with pytest.raises(Unavailable):
+    with pytest.raises(InvalidArgument):
         async for chunk in parts.dispatcher.stream(parts.scope, lambda *_: streams.pop(0), lambda c: None):
             out.append(chunk)
-    assert [c.token_ids for c in out] == [[7]]
+    assert [list(c.token_ids) for c in out] == [[7]]
     assert len(streams) == 1, "no second attempt"
 
 
 async def test_client_cancellation_cancels_the_upstream_stream(parts):
-    stream = FakeStream([_chunk(1)], block=True)
+    stream = FakeStream([_chunk(0, 1)], block=True)
 
     async def consume():
         async for _ in parts.dispatcher.stream(parts.scope, lambda *_: stream, lambda c: None):
