@@ -122,6 +122,26 @@ class ServerSettings:
     drain_grace_s: float = setting(10.0, "on SIGTERM, how long in-flight work may finish")
     max_message_bytes: int = setting(8 * 1024 * 1024, "largest gRPC message accepted")
     log_level: str = setting("INFO", "DEBUG, INFO, WARNING or ERROR")
+    # TLS (docs/security.md). Plaintext while tls_cert_file is empty, with a loud warning at start.
+    tls_cert_file: str = setting("", "PEM certificate (chain) this process presents as server and client; empty: plaintext")
+    tls_key_file: str = setting("", "PEM private key of tls_cert_file; both files are re-read when they rotate")
+    tls_ca_file: str = setting("", "PEM CA bundle that verifies peers (client certs here, server certs upstream)")
+    tls_client_auth: str = setting(
+        "auto", "require (mTLS: verify client certs), none, or auto: none at the gateway (tenants use API keys), "
+        "require at the scheduler and workers")
+    tls_identity_check: bool = setting(
+        True, "with client certs required, allow each method only to the identities in the policy; "
+        "off only where a service mesh does mTLS and authorization instead")
+    tls_allowed_gateway_ids: tuple[str, ...] = setting(
+        ("spiffe://infermesh/gateway",), "peer ids (SPIFFE URI or DNS SAN) that may call the scheduler as a gateway")
+    tls_allowed_worker_ids: tuple[str, ...] = setting(
+        ("spiffe://infermesh/worker",), "peer ids (SPIFFE URI or DNS SAN) that may Attach to the scheduler as workers")
+    metrics_tls: bool = setting(True, "with TLS on, serve /metrics over HTTPS with the same certificate; "
+                                      "off when scrapes stay inside the pod")
+
+    @property
+    def tls_enabled(self) -> bool:
+        return bool(self.tls_cert_file)
 
     def __post_init__(self) -> None:
         require(0 <= self.port <= 65535, f"port must be 0..65535, got {self.port}")
@@ -132,3 +152,9 @@ class ServerSettings:
             self.log_level in ("DEBUG", "INFO", "WARNING", "ERROR"),
             f"log_level must be DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}",
         )
+        require(bool(self.tls_cert_file) == bool(self.tls_key_file),
+                "tls_cert_file and tls_key_file go together: set both or neither")
+        require(self.tls_client_auth in ("auto", "require", "none"),
+                f"tls_client_auth must be auto, require or none, got {self.tls_client_auth!r}")
+        require(not self.tls_ca_file or self.tls_enabled,
+                "tls_ca_file is set but tls_cert_file is not: TLS needs this process's own certificate too")

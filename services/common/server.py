@@ -23,8 +23,10 @@ import uvloop
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import start_http_server
+from prometheus_client import Gauge, start_http_server
 
+from services.common import tls
+from services.common.authz import IdentityInterceptor
 from services.common.config import ConfigError, ServerSettings
 from services.common.telemetry import setup_tracing
 
@@ -84,17 +86,19 @@ def server_options(settings: ServerSettings) -> list[tuple[str, int]]:
 async def serve(service_name: str, settings: ServerSettings, service: Service) -> None:
     provider = setup_tracing(service_name)
     health = Health(service.service_names)
-    server = grpc.aio.server(options=server_options(settings))
+    tls_plan = tls.plan(settings, service_name)
+    tls.configure_client_tls(tls_plan.files)
+    interceptors = [IdentityInterceptor(tls_plan.identity_policy)] if tls_plan.identity_policy else []
+    server = grpc.aio.server(options=server_options(settings), interceptors=interceptors)
     health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     reflection.enable_server_reflection(
         (*service.service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
         server,
     )
     service.register(server)
-    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
-    if port == 0:
-        raise ConfigError(f"cannot bind {settings.host}:{settings.port}")
-    _start_metrics(settings)
+    port = _add_port(server, settings, tls_plan)
+    _report_tls(service_name, tls_plan)
+    _start_metrics(settings, tls_plan)
     await health.set_serving(False)
     await server.start()
     log.info("listening on %s:%d", settings.host, port)
@@ -128,11 +132,47 @@ async def serve(service_name: str, settings: ServerSettings, service: Service) -
     log.info("stopped")
 
 
-def _start_metrics(settings: ServerSettings) -> None:
+def _add_port(server: grpc.aio.Server, settings: ServerSettings, tls_plan: tls.TlsPlan) -> int:
+    address = f"{settings.host}:{settings.port}"
+    if tls_plan.enabled:
+        credentials, _watcher = tls.server_credentials(tls_plan)
+        port = server.add_secure_port(address, credentials)
+    else:
+        port = server.add_insecure_port(address)
+    if port == 0:
+        raise ConfigError(f"cannot bind {address}")
+    return port
+
+
+_tls_gauges: dict[str, Gauge] = {}
+
+
+def _report_tls(service_name: str, tls_plan: tls.TlsPlan) -> None:
+    """One gauge (metrics.yaml) and, without TLS, one loud warning: plaintext must never go unnoticed."""
+    name = f"infermesh_{service_name}_tls_enabled"
+    if name not in _tls_gauges:
+        _tls_gauges[name] = Gauge(name, "1 when the gRPC listener serves TLS, 0 when it serves plaintext")
+    _tls_gauges[name].set(1 if tls_plan.enabled else 0)
+    if not tls_plan.enabled:
+        log.warning("TLS is OFF: the gRPC port accepts plaintext from anyone who can reach it, and peers are not "
+                    "authenticated; set --tls-cert-file, --tls-key-file and --tls-ca-file (docs/security.md)")
+        return
+    checks = "identity per method" if tls_plan.identity_policy else "no per-method identity check"
+    log.info("TLS on (%s; %s)", "client certificates required" if tls_plan.require_client_cert
+             else "no client certificates", checks)
+
+
+def _start_metrics(settings: ServerSettings, tls_plan: tls.TlsPlan) -> None:
     if settings.metrics_port < 0:
         return
-    metrics_server, _thread = start_http_server(settings.metrics_port, addr=settings.host)
-    log.info("metrics on http://%s:%d/metrics", settings.host, metrics_server.server_port)
+    https = tls_plan.enabled and settings.metrics_tls
+    files = tls_plan.files if https else None
+    metrics_server, _thread = start_http_server(
+        settings.metrics_port, addr=settings.host,
+        certfile=files.cert_path if files else None, keyfile=files.key_path if files else None,
+    )
+    scheme = "https" if https else "http"
+    log.info("metrics on %s://%s:%d/metrics", scheme, settings.host, metrics_server.server_port)
 
 
 def run(service_name: str, load: Callable[[], tuple[ServerSettings, Service]]) -> None:
@@ -143,4 +183,9 @@ def run(service_name: str, load: Callable[[], tuple[ServerSettings, Service]]) -
         print(f"{service_name}: configuration error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     configure_logging(service_name, settings.log_level)
-    uvloop.run(serve(service_name, settings, service))
+    try:
+        uvloop.run(serve(service_name, settings, service))
+    except ConfigError as exc:
+        # Certificate files are read at bind time, inside the loop: a bad one is still a configuration error.
+        print(f"{service_name}: configuration error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
