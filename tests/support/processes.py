@@ -43,16 +43,23 @@ class ServiceProcess:
     env: dict[str, str]
     log_path: Path
     proc: subprocess.Popen | None = None
+    # Prepended to the command line, e.g. ("ip", "netns", "exec", "ns") to run it in a network namespace.
+    launcher: tuple[str, ...] = ()
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def probe_address(self) -> str:
+        """Where the test itself reaches the process (its health probe); the same as address here."""
+        return self.address
+
     def start(self) -> ServiceProcess:
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process for its lifetime
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", f"services.{self.service}", "--port", str(self.port), *self.args],
+            [*self.launcher, sys.executable, "-m", f"services.{self.service}", "--port", str(self.port), *self.args],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )
         log.close()
@@ -63,7 +70,7 @@ class ServiceProcess:
         while time.monotonic() < give_up:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if health_status(self.address) == SERVING:
+            if health_status(self.probe_address) == SERVING:
                 return
             time.sleep(0.1)
         raise TimeoutError(f"{self.name} not SERVING after {timeout_s}s:\n{self.log_tail()}")

@@ -1,0 +1,270 @@
+"""Steady mixed load on the gateways for reliability tests, counted call by call.
+
+Open loop: classify calls and Generate streams are started at fixed rates whatever happens
+to earlier ones (a fault must not slow the offered load down and hide itself). Every call
+is judged when it ends:
+
+* classify: the right label, within its deadline;
+* a stream: no error, every chunk's `index` equal to the tokens read before it (nothing
+  repeated, nothing missing), the text equal to the unbroken reference, exactly one final
+  chunk, usage counting every token.
+
+Greedy streams and seeded sampled streams both run: the mock generator's tokens are a
+function of (seed, position, last token), so the reference is known without a model.
+
+Calls go through grpc.aio on one event loop in a background thread (cheaper on a shared
+2-core box than a thread per call). A gRPC client that reaches several gateways spreads
+its calls with round_robin and retries UNAVAILABLE (what a connect to a dead gateway
+ends with) through the channel's service config; see `channel_options`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import threading
+from dataclasses import dataclass, field
+
+import grpc
+from grpc import aio
+
+from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tests.support.generator_models import mock_text
+
+CLASSIFIER = common_pb2.ModelRef(name="toy-classifier")
+GENERATOR = common_pb2.ModelRef(name="mock-generator")
+BRIGHT = common_pb2.Image(raw=common_pb2.RawImage(pixels=bytes([250] * 12), height=2, width=2, channels=3))
+BRIGHT_LABEL = "bright"
+
+
+def channel_options(num_attempts: int = 5) -> list[tuple[str, object]]:
+    """A channel that spreads calls over every address of its target and retries UNAVAILABLE.
+
+    A call whose connection dies before any response arrived (a gateway killed under it, or a
+    connect refused) fails UNAVAILABLE and is not yet committed, so gRPC retries it on another
+    subchannel; a stream that already delivered tokens is committed and is the caller's to redo.
+    """
+    service_config = {
+        "loadBalancingConfig": [{"round_robin": {}}],
+        "methodConfig": [{
+            "name": [{"service": "infermesh.v1.Inference"}],
+            "retryPolicy": {
+                "maxAttempts": num_attempts,
+                "initialBackoff": "0.05s",
+                "maxBackoff": "0.5s",
+                "backoffMultiplier": 2,
+                "retryableStatusCodes": ["UNAVAILABLE"],
+            },
+        }],
+    }
+    return [("grpc.service_config", json.dumps(service_config)), ("grpc.enable_retries", 1)]
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """One kind of stream the load sends: a prompt, a length and greedy or seeded sampling."""
+
+    prompt: str
+    max_tokens: int
+    seed: int | None = None  # None: greedy; otherwise temperature 1 with this seed
+
+    def request(self, request_id: str) -> gateway_pb2.GenerateRequest:
+        sampling = common_pb2.SamplingParams(max_tokens=self.max_tokens)
+        if self.seed is not None:
+            sampling.temperature = 1.0
+            sampling.seed = self.seed
+        return gateway_pb2.GenerateRequest(model=GENERATOR, prompt=self.prompt, sampling=sampling,
+                                           request_id=request_id)
+
+    def reference(self) -> str:
+        """The text of an unbroken stream (the mock uses seed 0 for greedy requests)."""
+        return mock_text(self.prompt, self.max_tokens, self.seed or 0)
+
+
+DEFAULT_STREAMS = (
+    StreamSpec("abc", 80), StreamSpec("hello", 80),
+    StreamSpec("abc", 80, seed=7), StreamSpec("mesh", 80, seed=12345),
+)
+
+
+@dataclass(frozen=True)
+class LoadShape:
+    classify_per_s: float = 60.0
+    streams_per_s: float = 4.0
+    classify_deadline_s: float = 10.0
+    stream_deadline_s: float = 30.0
+    streams: tuple[StreamSpec, ...] = DEFAULT_STREAMS
+    # A stream cut after tokens arrived is re-sent and its delivered prefix checked and skipped:
+    # what a client of several gateways must do when the gateway holding its stream dies.
+    client_resumes_streams: bool = False
+
+
+@dataclass
+class LoadCounts:
+    num_classify: int = 0
+    num_greedy_streams: int = 0
+    num_sampled_streams: int = 0
+    num_client_resumed_streams: int = 0
+    failed_classify: list[str] = field(default_factory=list)
+    failed_streams: list[str] = field(default_factory=list)
+    wrong_text: list[str] = field(default_factory=list)
+    bad_indices: list[str] = field(default_factory=list)
+
+    def problems(self) -> dict[str, int]:
+        """The counts the issue requires to be 0."""
+        return {"failed_classify": len(self.failed_classify), "failed_streams": len(self.failed_streams),
+                "wrong_text": len(self.wrong_text), "bad_indices": len(self.bad_indices)}
+
+    def summary(self) -> str:
+        return (f"classify {self.num_classify}, streams {self.num_greedy_streams} greedy + "
+                f"{self.num_sampled_streams} sampled (client-resumed {self.num_client_resumed_streams}); "
+                f"problems {self.problems()}")
+
+    def examples(self, num: int = 3) -> str:
+        lists = (self.failed_classify, self.failed_streams, self.wrong_text, self.bad_indices)
+        return "\n".join(example for examples in lists for example in examples[:num])
+
+
+@dataclass
+class _StreamRead:
+    spec: StreamSpec
+    token_ids: list[int] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    num_final_chunks: int = 0
+    completion_tokens: int = -1
+    problems: list[str] = field(default_factory=list)
+
+    def take(self, chunk: gateway_pb2.GenerateResponse, skip_before: int) -> None:
+        """One chunk; with skip_before > 0 (a re-sent stream) tokens below it must equal what was read."""
+        if chunk.token_ids:
+            if chunk.index + len(chunk.token_ids) <= skip_before:
+                if list(chunk.token_ids) != self.token_ids[chunk.index:chunk.index + len(chunk.token_ids)]:
+                    self.problems.append(f"re-sent tokens at {chunk.index} differ from those delivered")
+            elif chunk.index != len(self.token_ids):
+                self.problems.append(f"chunk index {chunk.index} after {len(self.token_ids)} tokens")
+            else:
+                self.token_ids.extend(chunk.token_ids)
+                self.text.append(chunk.text)
+        if chunk.finish_reason:
+            self.num_final_chunks += 1
+            self.completion_tokens = chunk.usage.completion_tokens
+
+
+class MeshLoad:
+    """Runs the load until stop(); counts() afterwards. `target` is a gRPC target string."""
+
+    def __init__(self, target: str, shape: LoadShape | None = None) -> None:
+        self.target = target
+        self.shape = shape or LoadShape()
+        self._counts = LoadCounts()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="mesh-load", daemon=True)
+        self._stopping: asyncio.Event | None = None
+        self._main: asyncio.Future | None = None
+        self._num_done = 0
+        self._done_lock = threading.Lock()
+
+    def start(self) -> MeshLoad:
+        self._thread.start()
+        self._main = asyncio.run_coroutine_threadsafe(self._run(), self._loop)
+        return self
+
+    @property
+    def num_done(self) -> int:
+        """Calls finished so far (any outcome)."""
+        with self._done_lock:
+            return self._num_done
+
+    def stop(self, timeout_s: float = 60.0) -> LoadCounts:
+        """Stops sending, waits for every call already sent to end, and returns the counts."""
+        self._loop.call_soon_threadsafe(self._stopping.set)
+        self._main.result(timeout=timeout_s)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        return self._counts
+
+    async def _run(self) -> None:
+        self._stopping = asyncio.Event()
+        async with aio.insecure_channel(self.target, options=channel_options()) as channel:
+            stub = gateway_pb2_grpc.InferenceStub(channel)
+            await asyncio.gather(
+                self._open_loop(self.shape.classify_per_s, lambda n: self._classify(stub, n)),
+                self._open_loop(self.shape.streams_per_s, lambda n: self._stream(stub, n)),
+            )
+
+    async def _open_loop(self, rate_per_s: float, make_call) -> None:
+        if rate_per_s <= 0:
+            return
+        calls: set[asyncio.Task] = set()
+        next_at = self._loop.time()
+        for number in itertools.count():
+            calls.add(asyncio.ensure_future(make_call(number)))
+            next_at += 1 / rate_per_s
+            try:
+                await asyncio.wait_for(self._stopping.wait(), timeout=max(0.0, next_at - self._loop.time()))
+                break
+            except TimeoutError:
+                pass
+        await asyncio.gather(*calls)
+
+    def _finished(self) -> None:
+        with self._done_lock:
+            self._num_done += 1
+
+    async def _classify(self, stub, number: int) -> None:
+        self._counts.num_classify += 1
+        request = gateway_pb2.ClassifyRequest(model=CLASSIFIER, image=BRIGHT, request_id=f"c{number}")
+        try:
+            reply = await stub.Classify(request, timeout=self.shape.classify_deadline_s)
+            if reply.labels[0].label != BRIGHT_LABEL:
+                self._counts.failed_classify.append(f"classify c{number}: label {reply.labels[0].label!r}")
+        except grpc.RpcError as exc:
+            self._counts.failed_classify.append(f"classify c{number}: {exc.code().name} {exc.details()}")
+        finally:
+            self._finished()
+
+    async def _stream(self, stub, number: int) -> None:
+        spec = self.shape.streams[number % len(self.shape.streams)]
+        if spec.seed is None:
+            self._counts.num_greedy_streams += 1
+        else:
+            self._counts.num_sampled_streams += 1
+        name = f"stream s{number} ({spec.prompt!r}, seed {spec.seed})"
+        read = _StreamRead(spec)
+        try:
+            await self._read_stream(stub, spec, f"s{number}", read)
+        except grpc.RpcError as exc:
+            self._counts.failed_streams.append(f"{name}: {exc.code().name} {exc.details()} "
+                                               f"after {len(read.token_ids)} tokens")
+            return
+        finally:
+            self._finished()
+        self._judge(name, read)
+
+    async def _read_stream(self, stub, spec: StreamSpec, request_id: str, read: _StreamRead) -> None:
+        loop_deadline = self._loop.time() + self.shape.stream_deadline_s
+        while True:
+            delivered = len(read.token_ids)
+            call = stub.Generate(spec.request(request_id), timeout=max(0.1, loop_deadline - self._loop.time()))
+            try:
+                async for chunk in call:
+                    read.take(chunk, skip_before=delivered)
+                return
+            except grpc.RpcError as exc:
+                resumable = (self.shape.client_resumes_streams and exc.code() == grpc.StatusCode.UNAVAILABLE
+                             and self._loop.time() < loop_deadline)
+                if not resumable:
+                    raise
+                self._counts.num_client_resumed_streams += 1
+
+    def _judge(self, name: str, read: _StreamRead) -> None:
+        spec = read.spec
+        if read.problems or read.num_final_chunks != 1:
+            self._counts.bad_indices.append(f"{name}: {read.problems[:3]}, {read.num_final_chunks} final chunks")
+        if len(read.token_ids) != spec.max_tokens or read.completion_tokens != spec.max_tokens:
+            self._counts.bad_indices.append(f"{name}: {len(read.token_ids)} tokens read, usage says "
+                                            f"{read.completion_tokens}, expected {spec.max_tokens}")
+        text = "".join(read.text)
+        if text != spec.reference():
+            self._counts.wrong_text.append(f"{name}: {text!r} != {spec.reference()!r}")

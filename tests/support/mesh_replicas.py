@@ -1,0 +1,152 @@
+"""A replicated mesh of real processes: N schedulers, M gateways, workers spread over the schedulers.
+
+Every gateway and worker is given every scheduler address (`--scheduler-address a,b`), as
+`make up` and the Kubernetes manifests do. By default everything runs on 127.0.0.1; with a
+`Lan` (tests/support/netns.py) each process runs on the network-namespace host it is placed
+on, so a test can cut one host's link instead of killing its processes.
+
+A killed process is restarted on the same port (`restart`), so the others find it again
+at the address they were given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infermesh.v1 import common_pb2
+from tests.support.netns import HostedProcess, Lan
+from tests.support.processes import ServiceProcess, free_port, wait_until
+from tests.support.scheduler_fixtures import pressure_of, scheduler_stub
+
+CLASSIFIER_ARGS = ("--toy-compute-ms", "5")
+# block_size 16 and max_seq_len 512 like the toy generator; a 20 ms step on an asyncio timer.
+GENERATOR_ARGS = ("--mock-profile", "step_ms=20,block_size=16,max_seq_len=512")
+WORKER_ARGS = {"toy-classifier": CLASSIFIER_ARGS, "mock-generator": GENERATOR_ARGS}
+
+
+@dataclass
+class ReplicatedMesh:
+    tmp: Path
+    lan: Lan | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    schedulers: list[ServiceProcess] = field(default_factory=list)
+    gateways: list[ServiceProcess] = field(default_factory=list)
+    workers: list[ServiceProcess] = field(default_factory=list)
+
+    # ------------------------------------------------------------------ starting
+
+    def _new(self, name: str, service: str, port: int, args: list[str], host: str) -> ServiceProcess:
+        log_path = self.tmp / f"{name}.log"
+        if self.lan is None:
+            return ServiceProcess(name, service, port, args, dict(self.env), log_path)
+        return HostedProcess(name, service, port, ["--host", self.lan.ip_of(host), *args], dict(self.env),
+                             log_path, launcher=self.lan.launcher(host), lan=self.lan, host=host)
+
+    def add_schedulers(self, num: int, *args: str, hosts: list[str] | None = None) -> list[ServiceProcess]:
+        """Starts `num` schedulers (on `hosts[i]` with a Lan) and waits until each serves."""
+        started = []
+        for i in range(num):
+            name = f"scheduler{len(self.schedulers) + 1}"
+            process = self._new(name, "scheduler", free_port(), list(args), hosts[i] if hosts else "")
+            self.schedulers.append(process.start())
+            started.append(process)
+        for process in started:
+            process.wait_serving()
+        return started
+
+    @property
+    def scheduler_addresses(self) -> str:
+        return ",".join(s.address for s in self.schedulers)
+
+    def add_gateway(self, *args: str, host: str = "") -> ServiceProcess:
+        name = f"gateway{len(self.gateways) + 1}"
+        process = self._new(name, "gateway", free_port(),
+                            ["--scheduler-address", self.scheduler_addresses, *args], host)
+        self.gateways.append(process.start())
+        process.wait_serving()
+        return process
+
+    def add_worker(self, model_name: str, *args: str, host: str = "", wait: bool = True) -> ServiceProcess:
+        name = f"worker{len(self.workers) + 1}-{model_name}"
+        process = self._new(
+            name, "worker", free_port(),
+            ["--scheduler-address", self.scheduler_addresses, "--model-name", model_name,
+             "--reconnect-initial-s", "0.05", "--reconnect-max-s", "0.5", *WORKER_ARGS.get(model_name, ()), *args],
+            host,
+        )
+        self.workers.append(process.start())
+        if wait:
+            process.wait_serving()
+        return process
+
+    def restart(self, old: ServiceProcess) -> ServiceProcess:
+        """A fresh process in `old`'s place, same port and flags (old must have exited); its log is name+.log."""
+        assert not old.alive(), f"{old.name} is still running"
+        for group in (self.schedulers, self.gateways, self.workers):
+            if old in group:
+                process = self._copy(old, f"{old.name}+")
+                group[group.index(old)] = process
+                process.start()
+                process.wait_serving()
+                return process
+        raise ValueError(f"{old.name} is not part of this mesh")
+
+    def _copy(self, old: ServiceProcess, name: str) -> ServiceProcess:
+        copy = ServiceProcess(name, old.service, old.port, list(old.args), dict(old.env), self.tmp / f"{name}.log",
+                              launcher=old.launcher)
+        if isinstance(old, HostedProcess):
+            copy = HostedProcess(copy.name, copy.service, copy.port, copy.args, copy.env, copy.log_path,
+                                 launcher=copy.launcher, lan=old.lan, host=old.host)
+        return copy
+
+    # ------------------------------------------------------------------ observing
+
+    @property
+    def gateway_target(self) -> str:
+        """A gRPC target over every gateway (ipv4:a,b on 127.0.0.1; the first gateway's forwarder on a Lan)."""
+        if self.lan is None:
+            return "ipv4:" + ",".join(g.address for g in self.gateways)
+        return self.gateways[0].probe_address
+
+    def num_workers(self, scheduler: ServiceProcess, model_name: str) -> int:
+        try:
+            with scheduler_stub(scheduler.probe_address) as stub:
+                pressure = pressure_of(stub, common_pb2.ModelRef(name=model_name))
+        except Exception:  # noqa: BLE001 - an unreachable scheduler has no workers to count
+            return 0
+        return 0 if pressure is None else pressure.num_workers
+
+    def workers_by_scheduler(self, model_name: str) -> list[int]:
+        return [self.num_workers(s, model_name) for s in self.schedulers]
+
+    def wait_spread(self, model_names: list[str], timeout_s: float = 30.0) -> None:
+        """Until every scheduler has at least one worker of each model (workers spread over them)."""
+        def spread() -> bool:
+            return all(min(self.workers_by_scheduler(m)) >= 1 for m in model_names)
+
+        wait_until(spread, timeout_s=timeout_s, interval_s=0.2,
+                   message=f"workers of {model_names} on every scheduler")
+
+    def processes(self) -> list[ServiceProcess]:
+        return [*self.gateways, *self.workers, *self.schedulers]
+
+    def logs(self, num_lines: int = 30) -> str:
+        return "\n".join(f"--- {p.name}\n{p.log_tail(num_lines)}" for p in self.processes())
+
+    def stop_all(self) -> None:
+        # Gateways first (no new calls), then workers, then schedulers: a scheduler stopped before
+        # its workers would wait out its drain grace for them.
+        for process in self.processes():
+            process.stop()
+
+
+@contextmanager
+def replicated_mesh(tmp: Path, lan: Lan | None = None, env: dict[str, str] | None = None) -> Iterator[ReplicatedMesh]:
+    mesh = ReplicatedMesh(tmp, lan, dict(env or {}))
+    try:
+        yield mesh
+    finally:
+        mesh.stop_all()
