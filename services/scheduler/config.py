@@ -37,6 +37,10 @@ class SchedulerConfig(ServerSettings):
     heartbeat_interval_ms: int = setting(1000, "how often workers send heartbeats")
     worker_timeout_ms: int = setting(5000, "a worker silent this long is treated as gone")
     deadline_margin_ms: float = setting(2.0, "time kept back from each request's deadline for the reply")
+    drain_grace_ms: float = setting(2000.0, "on SIGTERM, how long generate streams may run on before each still "
+                                    "running is handed over (ended with UNAVAILABLE 'scheduler draining: stream "
+                                    "handed over', pushback 0, for the gateway to resume elsewhere); at most "
+                                    "0.8 x drain_grace_s")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -59,3 +63,4 @@ class SchedulerConfig(ServerSettings):
                 "worker_timeout_ms must exceed heartbeat_interval_ms, got "
                 f"{self.worker_timeout_ms} <= {self.heartbeat_interval_ms}")
         require(self.deadline_margin_ms >= 0, f"deadline_margin_ms must be >= 0, got {self.deadline_margin_ms}")
+        require(self.drain_grace_ms >= 0, f"drain_grace_ms must be >= 0, got {self.drain_grace_ms}")

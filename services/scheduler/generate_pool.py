@@ -304,11 +304,24 @@ class GeneratePool:
         """The client went away: the sequence is dropped and its blocks freed now."""
         if not self._finish(stream.seq_id):
             return
-        loop = self._where.pop(stream.seq_id, None)
+        self._drop(stream.seq_id)
+
+    def hand_over(self, stream: GenerateStream, error: errors.InfermeshError) -> bool:
+        """Ends the stream with `error` (tokens already streamed stay delivered; nothing follows them)
+        and drops its sequence, blocks freed now: the scheduler is draining and the caller resumes
+        the stream elsewhere. False when it had already finished."""
+        if not self._finish(stream.seq_id):
+            return False
+        self._drop(stream.seq_id)
+        stream.events.put_nowait(StreamEvent(error=error))
+        return True
+
+    def _drop(self, seq_id: int) -> None:
+        loop = self._where.pop(seq_id, None)
         if loop is not None:
-            loop.scheduler.abort(stream.seq_id, AbortReason.CANCELLED)
+            loop.scheduler.abort(seq_id, AbortReason.CANCELLED)
             loop.wake()  # tells the worker to forget the sequence even if nothing else runs
-        self._held.pop(stream.seq_id, None)
+        self._held.pop(seq_id, None)
         self._update_gauges()
 
     # -- the step loop's callbacks --------------------------------------------

@@ -33,6 +33,12 @@ BATCH_SIZE = Histogram(
     "infermesh_scheduler_batch_size", "Requests per classify batch, or sequences per generate step.",
     ["model"], buckets=_BATCH_SIZE_BUCKETS,
 )
+STREAMS_HANDED_OVER = Counter(
+    "infermesh_scheduler_streams_handed_over_total",
+    "Generate streams a draining scheduler ended with UNAVAILABLE 'scheduler draining: stream handed over' "
+    "after its drain grace, for the gateway to resume elsewhere.",
+    ["model"],
+)
 RUNNING_SEQUENCES = Gauge(
     "infermesh_scheduler_running_sequences", "Generate sequences holding KV blocks, over the model's workers.", ["model"]
 )

@@ -14,6 +14,7 @@ import grpc
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.common import errors
+from services.common.status import abort as abort_with
 from services.common.status import maps_domain_errors, status_code_of
 from services.common.stream_options import stream_options
 from services.common.telemetry import (
@@ -31,6 +32,7 @@ from services.scheduler.classify_pool import ClassifyJob
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import Priority, TenantContext
 from services.scheduler.generate_pool import GenerateStream, StreamEvent
+from services.scheduler.in_flight import InFlightCalls, idle, no_classify
 from services.scheduler.model_registry import ModelRegistry
 from services.scheduler.pressure import ModelPressure
 from services.scheduler.sequence import FinishReason, SamplingParams
@@ -161,6 +163,17 @@ class _GenerateRun:
             self._servicer._finish_chunk(chunk, delta, self.stream, self._began_s, self._model)
             self._span.set_attribute("infermesh.completion_tokens", delta.num_generated)
 
+    @property
+    def model_name(self) -> str:
+        return self._entry.key.name
+
+    def hand_over(self, error: errors.Unavailable) -> bool:
+        """The scheduler drains: end the stream with `error` for the caller to resume elsewhere."""
+        handed_over = self._entry.pool.hand_over(self.stream, error)
+        if handed_over:
+            self._span.set_attribute("infermesh.handed_over", True)
+        return handed_over
+
     def abort_unless_finished(self) -> None:
         """The caller went away (or the call failed): drop the sequence and free its KV blocks now."""
         if not self.stream.finished:
@@ -202,6 +215,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._scheduler_id = f"scheduler-{uuid.uuid4().hex[:8]}"
         self._metric_children: dict[tuple, object] = {}
         self._draining = False
+        self._in_flight: InFlightCalls[_GenerateRun] = InFlightCalls(clock)
 
     # -- Classify --------------------------------------------------------------
 
@@ -226,6 +240,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             server_span(_tracer, "scheduler.Classify", parent) as span,
             self._counted(request.request.model.name, request.tenant.tenant_id, "classify", began_s),
         ):
+            self._refuse_if_draining()
             req = request.request
             if not req.HasField("image") or req.image.WhichOneof("data") is None:
                 raise errors.InvalidArgument("image is required (encoded bytes or raw pixels)")
@@ -242,11 +257,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 deadline_s=_deadline_s(remaining_s, began_s, self._config.deadline_margin_ms / 1000),
                 trace_context=carrier_for(),
             )
+            self._in_flight.classify_began()
             try:
                 outcome = await entry.pool.submit(job)
             except asyncio.CancelledError:
                 entry.pool.cancel(job)
                 raise
+            finally:
+                self._in_flight.classify_ended()
             self._record_wait_spans(job, outcome)
             span.set_attribute("infermesh.batch_size", outcome.batch_size)
             response = respond()
@@ -294,6 +312,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         ):
             events = asyncio.Queue()
             run = self._admit_generate(request, context.time_remaining(), began_s, events, span)
+            self._in_flight.stream_began(run)
             try:
                 while True:
                     event = await events.get()
@@ -305,6 +324,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     if event.delta.is_last:
                         return
             finally:
+                self._in_flight.stream_ended(run)
                 run.abort_unless_finished()
 
     async def generate_call(self, request: scheduler_pb2.ScheduleGenerateRequest, carrier: dict[str, str],
@@ -318,14 +338,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         ):
             sink = _ChunkSink(next_chunk)
             sink.run = run = self._admit_generate(request, remaining_s, began_s, sink, span)
+            self._in_flight.stream_began(run)
             try:
                 await sink.done
             finally:
+                self._in_flight.stream_ended(run)
                 run.abort_unless_finished()
 
     def _admit_generate(self, request: scheduler_pb2.ScheduleGenerateRequest, remaining_s: float | None,
                         began_s: float, events, span) -> _GenerateRun:
         """Validate, make the sequence and submit it to the pool; `events` receives its StreamEvents."""
+        self._refuse_if_draining()
         req = request.request
         entry = self.registry.resolve(req.model, common_pb2.MODEL_KIND_GENERATOR)
         stream, prompt_ids, sampling = self._make_stream(req, request.tenant, entry, began_s, remaining_s, events)
@@ -431,7 +454,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             return None if batch is grpc.aio.EOF else batch
 
         if self._draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "scheduler is draining; submit elsewhere")
+            await abort_with(context, _draining_error("submit elsewhere"))
         stream = SubmitStream(self, self._config.max_message_bytes)
         self._submit_streams.add(stream)
         try:
@@ -444,7 +467,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def Attach(self, request_iterator, context):
         if self._draining:
             # Workers we just drained re-dial at once; they must find another scheduler.
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "scheduler is draining; attach elsewhere")
+            await abort_with(context, _draining_error("attach elsewhere"))
         first = await context.read()
         if first is grpc.aio.EOF or first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first Attach message must be hello")
@@ -529,7 +552,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 gateway_pb2.ModelInfo(
                     model=common_pb2.ModelRef(name=entry.key.name, version=entry.key.version),
                     kind=entry.kind,
-                    ready=any(w.usable for w in entry.pool.workers),
+                    # Draining: gateways discovering models stop routing here at once.
+                    ready=not self._draining and any(w.usable for w in entry.pool.workers),
                     labels=hello.labels,
                     max_seq_len=hello.capacity.max_seq_len,
                     input_height=hello.input_height,
@@ -540,14 +564,49 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     # -- lifecycle -----------------------------------------------------------------
 
+    def _refuse_if_draining(self) -> None:
+        if self._draining:
+            raise _draining_error("call another scheduler")
+
     async def drain(self, grace_s: float) -> None:
-        """Ask every worker to finish in-flight work and re-dial; wait for them up to grace_s."""
+        """SIGTERM: refuse new calls at once (UNAVAILABLE, pushback 0: the gateway retries elsewhere
+        at once); let classify calls finish and streams run up to drain_grace_ms; end the streams
+        still running with UNAVAILABLE "scheduler draining: stream handed over" (pushback 0; the
+        gateway resumes each elsewhere as a continuation) and free their blocks; then ask every
+        worker to re-dial another scheduler and wait for them to go, all within grace_s."""
+        began_s = self._clock()
         self._draining = True
         for stream in self._submit_streams:
             stream.drain()
+        # Some of grace_s is kept for the workers' goodbye and the server's stop after it.
+        budget_s = grace_s * 0.8
+        stream_grace_s = min(self._config.drain_grace_ms / 1000, budget_s)
+        log.info("draining: %d classify calls and %d streams in flight; streams still running in %.2fs are "
+                 "handed over", self._in_flight.num_classify, self._in_flight.num_streams, stream_grace_s)
+        if not await self._in_flight.wait_until(idle, stream_grace_s):
+            self._hand_over_streams()
+        await self._in_flight.wait_until(no_classify, budget_s - (self._clock() - began_s))
         for link in list(self._links):
             self.registry.draining(link)
-            link.drain(int(grace_s * 1000))
-        deadline = self._clock() + grace_s
+            link.drain(int(max(0.0, grace_s - (self._clock() - began_s)) * 1000))
+        deadline = began_s + budget_s
         while self._links and self._clock() < deadline:
             await asyncio.sleep(0.05)
+
+    def _hand_over_streams(self) -> None:
+        error = errors.Unavailable(f"{DRAINING} stream handed over", retry_after_s=0.0)
+        handed_over: dict[str, int] = {}
+        for run in self._in_flight.streams:
+            if run.hand_over(error):
+                handed_over[run.model_name] = handed_over.get(run.model_name, 0) + 1
+        for model_name, count in handed_over.items():
+            metrics.STREAMS_HANDED_OVER.labels(model_name).inc(count)
+        log.info("draining: handed over %d streams", sum(handed_over.values()))
+
+
+# Every refusal and handover of a draining scheduler starts so (gateways and tests match on it).
+DRAINING = "scheduler draining:"
+
+
+def _draining_error(what_instead: str) -> errors.Unavailable:
+    return errors.Unavailable(f"{DRAINING} {what_instead}", retry_after_s=0.0)

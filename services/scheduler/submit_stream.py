@@ -136,8 +136,8 @@ class SubmitStream:
             self.cancel_all()
 
     def drain(self) -> None:
-        """The scheduler is stopping: refuse new calls (UNAVAILABLE, no retry hint, so the gateway
-        retries elsewhere as after a refused connection) and end the stream when the calls in flight are done."""
+        """The scheduler is stopping: refuse new calls (UNAVAILABLE, pushback 0 ms: no work was done, the
+        gateway retries elsewhere at once) and end the stream when the calls in flight are done."""
         self._draining = True
         self._wake.set()
 
@@ -154,7 +154,7 @@ class SubmitStream:
             self._fail(call_id, errors.InvalidArgument(_bad_entry_message(kind, call_id)))
             return
         if self._draining:
-            self._fail(call_id, errors.Unavailable("scheduler is draining; submit elsewhere"))
+            self._fail(call_id, errors.Unavailable("scheduler draining: call another scheduler", retry_after_s=0.0))
             return
         remaining_s = entry.timeout_us / 1e6 if entry.timeout_us else None
         carrier = dict(entry.trace_context)

@@ -1,15 +1,96 @@
-"""SIGTERM to a scheduler: workers finish, detach, and the scheduler exits without waiting out its grace."""
+"""SIGTERM to a scheduler: new calls refused at once (UNAVAILABLE, pushback 0), classify in flight
+finishes, streams still running after --drain-grace-ms handed over (UNAVAILABLE "scheduler draining:
+stream handed over", pushback 0), workers told to go elsewhere, and the scheduler exits without
+waiting out its whole grace."""
 
 from __future__ import annotations
 
 import signal
+import threading
 import time
 
+import grpc
 import pytest
 
-from tests.support.processes import running_mesh
+from infermesh.v1 import gateway_pb2
+from tests.support.processes import NOT_SERVING, health_status, running_mesh, wait_until
+from tests.support.scheduler_fixtures import (
+    CLASSIFIER,
+    GENERATOR,
+    classify_request,
+    generate_request,
+    scheduler_stub,
+    wait_for_workers,
+)
 
 pytestmark = pytest.mark.integration
+NUM_STREAMS = 4
+MAX_TOKENS = 400  # 8 s at 20 ms per step: far beyond the drain grace
+
+
+def pushback_ms(error: grpc.RpcError) -> str | None:
+    return dict(error.trailing_metadata() or ()).get("grpc-retry-pushback-ms")
+
+
+class StreamReader(threading.Thread):
+    """Reads one Generate stream to its end; remembers its tokens, indexes and the error it ended with."""
+
+    def __init__(self, stub, prompt: str) -> None:
+        super().__init__(daemon=True)
+        self._call = stub.Generate(generate_request(prompt, MAX_TOKENS), timeout=30)
+        self.indexes: list[int] = []
+        self.num_tokens = 0
+        self.error: grpc.RpcError | None = None
+        self.first_token = threading.Event()
+
+    def run(self) -> None:
+        try:
+            for reply in self._call:
+                if reply.chunk.token_ids:
+                    self.indexes.append(reply.chunk.index)
+                    self.num_tokens += len(reply.chunk.token_ids)
+                    self.first_token.set()
+        except grpc.RpcError as exc:
+            self.error = exc
+
+
+def test_sigterm_hands_running_streams_over_and_lets_classify_in_flight_finish(tmp_path):
+    with running_mesh(tmp_path) as mesh:
+        scheduler = mesh.start_scheduler("--drain-grace-ms", "300", "--drain-grace-s", "10")
+        mesh.start_worker("toy-generator", "--toy-compute-ms", "20")
+        mesh.start_worker("toy-classifier", "--toy-compute-ms", "1500")
+        with scheduler_stub(scheduler.address) as stub:
+            wait_for_workers(stub, GENERATOR, 1)
+            wait_for_workers(stub, CLASSIFIER, 1)
+            readers = [StreamReader(stub, f"stream{i}") for i in range(NUM_STREAMS)]
+            for reader in readers:
+                reader.start()
+            classify = stub.Classify.future(classify_request("tests"), timeout=20)
+            for reader in readers:
+                assert reader.first_token.wait(10)
+            began = time.monotonic()
+            scheduler.signal(signal.SIGTERM)
+            wait_until(lambda: health_status(scheduler.address) == NOT_SERVING, timeout_s=5, interval_s=0.01,
+                       message="scheduler NOT_SERVING")
+            with pytest.raises(grpc.RpcError) as refused:
+                list(stub.Generate(generate_request("late", 5), timeout=5))
+            for reader in readers:
+                reader.join(10)
+            assert classify.result().response.labels, "the classify call in flight finished"
+        assert scheduler.proc.wait(timeout=15) == 0
+        exited_s = time.monotonic() - began
+
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert refused.value.details().startswith("scheduler draining:") and pushback_ms(refused.value) == "0"
+    handed_over = [r for r in readers if r.error is not None
+                   and r.error.code() == grpc.StatusCode.UNAVAILABLE
+                   and r.error.details() == "scheduler draining: stream handed over"
+                   and pushback_ms(r.error) == "0"]
+    assert len(handed_over) == NUM_STREAMS, [(r.error and r.error.details(), r.num_tokens) for r in readers]
+    for reader in readers:
+        assert 0 < reader.num_tokens < MAX_TOKENS
+        assert reader.indexes == sorted(set(reader.indexes)) and reader.indexes[0] == 0
+    assert exited_s < 8, f"drain took {exited_s:.1f}s; streams are handed over after 0.3 s"
 
 
 def test_draining_scheduler_refuses_re_attaching_workers_and_exits_promptly(tmp_path):
@@ -22,4 +103,22 @@ def test_draining_scheduler_refuses_re_attaching_workers_and_exits_promptly(tmp_
         scheduler.signal(signal.SIGTERM)
         assert scheduler.proc.wait(timeout=25) == 0
         assert time.monotonic() - began < 5, "drain ended when the workers left, not at the 20 s grace"
-        assert "scheduler is draining" in "".join(p.log_tail(200) for p in mesh.processes if p.service == "worker")
+        assert "scheduler draining" in "".join(p.log_tail(200) for p in mesh.processes if p.service == "worker")
+
+
+def test_list_models_reports_nothing_ready_once_draining(tmp_path):
+    with running_mesh(tmp_path) as mesh:
+        scheduler = mesh.start_scheduler("--drain-grace-ms", "2000", "--drain-grace-s", "10")
+        mesh.start_worker("toy-generator", "--toy-compute-ms", "20")
+        with scheduler_stub(scheduler.address) as stub:
+            wait_for_workers(stub, GENERATOR, 1)
+            reader = StreamReader(stub, "keeps the drain open")
+            reader.start()
+            assert reader.first_token.wait(10)
+            scheduler.signal(signal.SIGTERM)
+            wait_until(lambda: health_status(scheduler.address) == NOT_SERVING, timeout_s=5, interval_s=0.01,
+                       message="scheduler NOT_SERVING")
+            models = stub.ListModels(gateway_pb2.ListModelsRequest(), timeout=5).models
+            reader.join(10)
+        assert [m.ready for m in models] == [False]
+

@@ -185,8 +185,8 @@ async def test_draining_refuses_new_calls_and_ends_after_the_last_reply():
     await asyncio.wait_for(serving, timeout=5)
     replies = {r.call_id: r for batch in pipe.sent for r in batch.replies}
     assert replies[1].classify.labels[0].label == "dark"
-    assert (replies[2].error.code, replies[2].error.message) == (14, "scheduler is draining; submit elsewhere")
-    assert not replies[2].error.HasField("retry_pushback_ms")
+    assert (replies[2].error.code, replies[2].error.message) == (14, "scheduler draining: call another scheduler")
+    assert replies[2].error.retry_pushback_ms == 0  # no work was done: retry elsewhere at once
 
 
 def test_a_batch_over_the_message_limit_is_cut_and_an_oversized_reply_becomes_its_error():

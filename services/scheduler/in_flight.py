@@ -1,0 +1,62 @@
+"""The calls a scheduler is serving (both transports), so a drain knows what to wait for and what
+to hand over: classify calls are waited for, generate streams waited for up to the drain grace."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class InFlightCalls(Generic[T]):
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self.num_classify = 0
+        self._streams: set[T] = set()
+        self._changed = asyncio.Event()
+
+    @property
+    def streams(self) -> list[T]:
+        return list(self._streams)
+
+    @property
+    def num_streams(self) -> int:
+        return len(self._streams)
+
+    def classify_began(self) -> None:
+        self.num_classify += 1
+
+    def classify_ended(self) -> None:
+        self.num_classify -= 1
+        self._changed.set()
+
+    def stream_began(self, stream: T) -> None:
+        self._streams.add(stream)
+
+    def stream_ended(self, stream: T) -> None:
+        self._streams.discard(stream)
+        self._changed.set()
+
+    async def wait_until(self, done: Callable[[InFlightCalls[T]], bool], timeout_s: float) -> bool:
+        """Waits until `done(self)` holds, re-checked after each call ends; False when timeout_s passed first."""
+        deadline_s = self._clock() + timeout_s
+        while not done(self):
+            remaining_s = deadline_s - self._clock()
+            if remaining_s <= 0:
+                return False
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining_s)
+            except TimeoutError:
+                return done(self)
+        return True
+
+
+def idle(calls: InFlightCalls) -> bool:
+    return calls.num_classify == 0 and calls.num_streams == 0
+
+
+def no_classify(calls: InFlightCalls) -> bool:
+    return calls.num_classify == 0
