@@ -16,7 +16,7 @@ export MESH_CLASSIFIER_MODEL ?= digits
 export MESH_GENERATOR_MODEL ?= tinylm
 export MESH_MODEL_REPO ?= $(MODEL_REPO)
 
-.PHONY: help setup protos models up down demo test lint bench clean
+.PHONY: help setup protos models model-repo up down demo test lint bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-8s %s\n", $$1, $$2}'
@@ -37,10 +37,13 @@ $(GEN)/.stamp: $(PROTOS) $(STAMP)
 	$(PY) -m grpc_tools.protoc -Iprotos --python_out=$(GEN) --pyi_out=$(GEN) --grpc_python_out=$(GEN) $(PROTOS)
 	touch $@
 
-models: setup ## build the demo models (digits, tinylm) into model_repo/; skips what is up to date
-	$(PY) -m tools.build_models --out $(MODEL_REPO)
+models: setup ## rebuild the shipped demo models (digits, tinylm) from their recipes; fail unless bit-identical
+	$(PY) -m tools.build_models --out $(MODEL_REPO) --verify
 
-up: setup models ## start scheduler, gateway and two workers on 127.0.0.1; wait until all are SERVING
+model-repo: setup ## check the demo models in model_repo/ (sha256, recipe); build only what is missing
+	@$(PY) -m tools.build_models --out $(MODEL_REPO)
+
+up: setup model-repo ## start scheduler, gateway and two workers on 127.0.0.1; wait until all are SERVING
 	@mkdir -p run
 	@if [ -f $(MESH_PID) ] && kill -0 $$(cat $(MESH_PID)) 2>/dev/null; then \
 		echo "mesh already running (pid $$(cat $(MESH_PID))); make down stops it"; exit 0; fi; \
@@ -71,7 +74,7 @@ test: setup ## run the whole suite (unit, contract, integration, reliability)
 lint: setup ## ruff
 	$(VENV)/bin/ruff check .
 
-bench: setup models ## benchmarks: tables on stdout, JSON under bench/results/ (QUICK=1: a shorter run)
+bench: setup model-repo ## benchmarks: tables on stdout, JSON under bench/results/ (QUICK=1: a shorter run)
 	@for script in bench/bench_*.py; do \
 		name=$$(basename $$script .py); echo "== $$name"; \
 		$(PY) -m bench.$$name $(if $(QUICK),--quick) || exit 1; done

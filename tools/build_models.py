@@ -1,6 +1,6 @@
 """Builds the demo models into a model repository, reproducibly and from local data only.
 
-    python -m tools.build_models --out model_repo [--only digits|tinylm] [--force]
+    python -m tools.build_models --out model_repo [--only digits|tinylm] [--force | --verify]
 
 * `digits/1`: a small CNN on scikit-learn's handwritten digits (8x8, 0..16),
   served as 32x32 RGB uint8 images; the model's input is 16x16, so the
@@ -14,6 +14,12 @@ on the same machine and torch version byte-identical. A version directory that
 already holds a model built from the same recipe is left alone (so a second
 `make models` is cheap); one built from a different recipe is an error, since
 versions are immutable — bump the version or pass --force.
+
+The two demo models are shipped built, in the repository's model_repo/, so a
+fresh clone serves at once (`make demo` trains nothing). The recipe stays the
+source of truth: `--verify` (`make models`) rebuilds them from scratch in a
+scratch directory and fails unless the result is bit-identical, and a unit test
+fails when a recipe changes without the shipped build being rebuilt.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import json
 import math
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -427,14 +434,64 @@ def _build(root: Path, recipe, force: bool, log: Callable[[str], None], train) -
     return BuildResult(recipe.name, recipe.version, final, True, manifest.quality, sample_text)
 
 
+# Manifest fields that say how a build went, not what it produced: they may differ between
+# two builds of one recipe.
+_RUN_FIELDS = ("train_seconds",)
+
+
+def _produced(manifest: Manifest) -> dict:
+    """The manifest as JSON data, without the fields a rebuild may legitimately change."""
+    data = json.loads(json.dumps(asdict(manifest), default=str))
+    data["quality"] = {k: v for k, v in data["quality"].items() if k not in _RUN_FIELDS}
+    return data
+
+
+def compare_builds(shipped_root: Path, rebuilt_root: Path, recipe: DigitsRecipe | TinyLMRecipe) -> list[str]:
+    """What differs between the build in `shipped_root` and a fresh one in `rebuilt_root` (empty: nothing)."""
+    if not is_up_to_date(shipped_root, recipe):
+        return [f"{shipped_root / recipe.name / recipe.version} is missing, damaged or built from another recipe "
+                f"(recipe sha256 {recipe_digest(recipe)})"]
+    shipped = load_manifest(shipped_root, recipe.name, recipe.version)
+    rebuilt = load_manifest(rebuilt_root, recipe.name, recipe.version)
+    problems: list[str] = []
+    if rebuilt.weights.sha256 != shipped.weights.sha256:
+        problems.append(f"{recipe.name}/{recipe.version}: rebuilt weights sha256 {rebuilt.weights.sha256} "
+                        f"!= shipped {shipped.weights.sha256}")
+    if _produced(rebuilt) != _produced(shipped):
+        problems.append(f"{recipe.name}/{recipe.version}: rebuilt manifest differs from the shipped one "
+                        f"(beyond {', '.join(_RUN_FIELDS)})")
+    return problems
+
+
+def verify_rebuild(root: Path, recipe: DigitsRecipe | TinyLMRecipe, build, log: Callable[[str], None] = print) -> list[str]:
+    """Rebuild `recipe` from scratch in a scratch root and compare with the build in `root`.
+
+    The shipped weights are a cache; the recipe is the source of truth.
+    """
+    with tempfile.TemporaryDirectory(prefix="infermesh-rebuild-") as scratch:
+        build(Path(scratch), recipe, force=True, log=log)
+        return compare_builds(root, Path(scratch), recipe)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.build_models", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("model_repo"), help="repository root (default model_repo)")
     parser.add_argument("--only", choices=("digits", "tinylm"), action="append",
                         help="build only this model (repeatable)")
     parser.add_argument("--force", action="store_true", help="rebuild even when an up-to-date build exists")
+    parser.add_argument("--verify", action="store_true",
+                        help="rebuild from scratch in a scratch directory and fail unless the result is "
+                             "bit-identical to the build in --out (the shipped demo models)")
     args = parser.parse_args(argv)
     wanted = args.only or ["digits", "tinylm"]
+    if args.verify:
+        builders = {"digits": (DigitsRecipe(), build_digits), "tinylm": (TinyLMRecipe(), build_tinylm)}
+        problems = [p for name in wanted for p in verify_rebuild(args.out, *builders[name])]
+        for problem in problems:
+            print(f"NOT IDENTICAL: {problem}", file=sys.stderr)
+        if not problems:
+            print(f"rebuilt {', '.join(wanted)}: bit-identical to {args.out}")
+        return 1 if problems else 0
     args.out.mkdir(parents=True, exist_ok=True)
     if "digits" in wanted:
         build_digits(args.out, force=args.force)

@@ -9,7 +9,6 @@ each chunk's index is the number of tokens before it. Both gateway upstream mode
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import grpc
 import pytest
@@ -24,8 +23,6 @@ pytestmark = pytest.mark.integration
 MOCK = common_pb2.ModelRef(name="mock-generator")
 TINYLM = common_pb2.ModelRef(name="tinylm")
 TOKENS_KEY = "coalesced-tokens-secret-0123"
-# Built by `make models`; a fresh clone (CI) has none, so the tinylm case is skipped there.
-TINYLM_BUILT = (Path(__file__).resolve().parents[2] / "model_repo" / "tinylm").is_dir()
 BY_COUNT = gateway_pb2.StreamOptions(max_tokens_per_chunk=4)
 BY_INTERVAL = gateway_pb2.StreamOptions(interval_ms=50)
 
@@ -128,7 +125,6 @@ def test_stop_strings_cut_the_text_exactly_as_uncoalesced(stubs, stream):
     _assert_well_formed(coalesced)
 
 
-@pytest.mark.skipif(not TINYLM_BUILT, reason="model_repo/tinylm not built (make models)")
 def test_tinylm_coalesced_matches_uncoalesced(mesh, stubs):
     mesh.start_worker("tinylm")
     with scheduler_stub(mesh.scheduler.address) as stub:
