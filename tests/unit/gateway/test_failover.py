@@ -1,0 +1,267 @@
+"""Failover accounting with two schedulers: a dead one's whole load fails over outside the retry budget,
+while retries against a live but struggling one stay capped by it. Streams resume as continuations."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from infermesh.v1 import common_pb2, gateway_pb2
+from services.common.errors import Internal, ResourceExhausted, Unavailable
+from services.gateway.circuit_breaker import BreakerConfig, CircuitBreakers
+from services.gateway.deadlines import Deadline, DeadlinePolicy, Deadlines
+from services.gateway.dispatch import Dispatcher
+from services.gateway.replicas import Membership, ReplicaSelector, rendezvous_order
+from services.gateway.retry_budget import RetryBudgetConfig, RetryBudgets
+from services.gateway.retry_policy import RetryPolicy, RetryPolicyConfig, WorkKind
+from services.gateway.routing import RoutingTable
+from services.gateway.shedding import PressureBoard
+from services.gateway.tenants import Priority
+from services.gateway.upstream import AttemptError
+from services.gateway.upstream_status import UpstreamCode
+from tests.unit.gateway.conftest import FixedRng
+
+A, B = "10.0.0.1:50052", "10.0.0.2:50052"
+MODEL = "tinylm"
+PREFERRED = rendezvous_order(MODEL, [A, B])[0]
+OTHER = B if PREFERRED == A else A
+# 0.2 retries/s floor over 10 s and no ratio: 2 retries per window for the whole gateway's calls to one endpoint.
+BUDGET = RetryBudgetConfig(retry_ratio=0.0, window_s=10, min_retries_per_s=0.2)
+
+
+class FakeClients:
+    def get(self, address: str) -> str:
+        return address
+
+
+def _make(clock, breaker: BreakerConfig | None = None, max_resumes: int = 3):
+    breakers = CircuitBreakers(breaker or BreakerConfig(num_consecutive_failures_to_open=1000,
+                                                        min_calls_in_window=1000), clock)
+    budgets = RetryBudgets(BUDGET, clock)
+    sleeps: list[float] = []
+
+    async def sleep(delay_s: float) -> None:
+        sleeps.append(delay_s)
+        clock.advance(delay_s)
+
+    dispatcher = Dispatcher(
+        routing=RoutingTable((), breakers, replicas=ReplicaSelector(Membership(lambda: (A, B)))),
+        clients=FakeClients(),
+        policy=RetryPolicy(RetryPolicyConfig(max_attempts=3), rng=FixedRng(0.5)),
+        budgets=budgets,
+        breakers=breakers,
+        deadlines=Deadlines(DeadlinePolicy(), clock),
+        board=PressureBoard(clock),
+        sleep=sleep,
+        max_resumes=max_resumes,
+    )
+    return SimpleNamespace(dispatcher=dispatcher, budgets=budgets, breakers=breakers, sleeps=sleeps)
+
+
+def _scope(clock, timeout_s: float = 10.0):
+    return SimpleNamespace(model=MODEL, version="", priority=Priority.STANDARD,
+                           deadline=Deadline(expires_at_s=clock() + timeout_s))
+
+
+def _gone() -> AttemptError:
+    return AttemptError(Unavailable("scheduler stream broke: connection reset"), UpstreamCode.UNAVAILABLE, None)
+
+
+def _draining() -> AttemptError:
+    return AttemptError(Unavailable("scheduler draining: try another", retry_after_s=0.0), UpstreamCode.UNAVAILABLE, 0)
+
+
+def _no_worker() -> AttemptError:
+    return AttemptError(Unavailable("no worker serves model tinylm", retry_after_s=0.3), UpstreamCode.UNAVAILABLE, 300)
+
+
+def _by_endpoint(failures: dict[str, AttemptError]):
+    calls: list[str] = []
+
+    async def call(client, version, timeout_s):
+        calls.append(client)
+        if client in failures:
+            raise failures[client]
+        return f"labels from {client}"
+
+    return call, calls
+
+
+@pytest.mark.parametrize("failure", [_gone, _draining], ids=["transport", "draining"])
+async def test_a_dead_replicas_whole_load_fails_over_outside_the_budget(clock, failure):
+    parts = _make(clock)
+    call, calls = _by_endpoint({PREFERRED: failure()})
+    results = [await parts.dispatcher.unary(_scope(clock), WorkKind.CLASSIFY, call) for _ in range(200)]
+    assert results == [f"labels from {OTHER}"] * 200, "every call succeeded on the live replica"
+    assert calls.count(PREFERRED) == 200 and calls.count(OTHER) == 200
+    assert set(parts.sleeps) == {0.0}, "a failover goes at once"
+    assert parts.budgets.for_upstream(PREFERRED).balance() == pytest.approx(2.0), "no retry was charged"
+
+
+async def test_once_the_breaker_opens_the_dead_replica_gets_no_calls(clock):
+    parts = _make(clock, BreakerConfig(num_consecutive_failures_to_open=5))
+    call, calls = _by_endpoint({PREFERRED: _gone()})
+    for _ in range(50):
+        assert await parts.dispatcher.unary(_scope(clock), WorkKind.CLASSIFY, call) == f"labels from {OTHER}"
+    assert calls.count(PREFERRED) == 5, "failovers stop costing anything once the breaker opened"
+
+
+async def test_retries_against_a_live_struggling_replica_stay_capped_by_the_budget(clock):
+    parts = _make(clock)
+    call, calls = _by_endpoint({PREFERRED: _no_worker(), OTHER: _no_worker()})
+    outcomes = []
+    for _ in range(20):
+        try:
+            await parts.dispatcher.unary(_scope(clock), WorkKind.CLASSIFY, call)
+        except Unavailable as exc:
+            outcomes.append(exc.message)
+    assert len(outcomes) == 20, "nobody can serve it: every call fails"
+    num_retries = len(calls) - 20
+    assert num_retries == 4, f"each endpoint's budget allows 2 retries over the window, made {num_retries}"
+    assert all(parts.budgets.for_upstream(e).balance() < 1 for e in (A, B))
+
+
+async def test_a_live_schedulers_refusal_is_not_failed_over(clock):
+    parts = _make(clock)
+    refusal = AttemptError(ResourceExhausted("queue full", retry_after_s=1.0), UpstreamCode.RESOURCE_EXHAUSTED, 1000)
+    call, calls = _by_endpoint({PREFERRED: refusal})
+    with pytest.raises(ResourceExhausted):
+        await parts.dispatcher.unary(_scope(clock), WorkKind.CLASSIFY, call)
+    assert calls == [PREFERRED]
+
+
+async def test_failover_goes_to_each_endpoint_once_then_falls_back_to_budgeted_retries(clock):
+    parts = _make(clock)
+    call, calls = _by_endpoint({A: _gone(), B: _gone()})
+    with pytest.raises(Unavailable):
+        await parts.dispatcher.unary(_scope(clock), WorkKind.CLASSIFY, call)
+    # 1 failover (free) to the other endpoint, then max_attempts=3 ends it after one budgeted retry.
+    assert calls == [PREFERRED, OTHER, PREFERRED]
+    assert parts.budgets.for_upstream(OTHER).balance() == pytest.approx(1.0)
+
+
+async def test_failover_stops_at_the_deadline(clock):
+    parts = _make(clock)
+    calls = []
+
+    async def call(client, version, timeout_s):
+        calls.append(client)
+        clock.advance(timeout_s)  # the dead scheduler took the whole deadline to fail
+        raise _gone()
+
+    with pytest.raises(Unavailable, match="connection reset"):
+        await parts.dispatcher.unary(_scope(clock, timeout_s=1.0), WorkKind.CLASSIFY, call)
+    assert calls == [PREFERRED]
+
+
+# -- stream resumption ------------------------------------------------------------------
+
+
+def _chunk(index: int, *token_ids: int, version: str = "", final: bool = False) -> gateway_pb2.GenerateResponse:
+    chunk = gateway_pb2.GenerateResponse(token_ids=token_ids, index=index, text="".join(chr(96 + t) for t in token_ids))
+    chunk.model.version = version
+    if final:
+        chunk.finish_reason = common_pb2.FINISH_REASON_LENGTH
+        chunk.usage.prompt_tokens = 4
+        chunk.usage.completion_tokens = index + len(token_ids)
+    return chunk
+
+
+class ScriptedStream:
+    def __init__(self, chunks, error: AttemptError | None = None) -> None:
+        self._chunks, self._error = chunks, error
+        self.cancelled = False
+
+    async def chunks(self):
+        for chunk in self._chunks:
+            yield chunk
+        if self._error is not None:
+            raise self._error
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def _streams(*streams):
+    attempts: list[tuple[str, str, tuple[int, ...]]] = []
+    queue = list(streams)
+
+    def call(client, version, timeout_s, continuation):
+        attempts.append((client, version, continuation))
+        return queue.pop(0)
+
+    return call, attempts
+
+
+async def _collect(parts, scope, call):
+    return [c async for c in parts.dispatcher.stream(scope, call, lambda c: None)]
+
+
+async def test_a_broken_stream_resumes_on_the_other_replica_as_one_unbroken_stream(clock):
+    parts = _make(clock)
+    call, attempts = _streams(
+        ScriptedStream([_chunk(0, 1, 2, version="3"), _chunk(2, 3)], _gone()),
+        ScriptedStream([_chunk(3, 4), _chunk(4, 5, version="3", final=True)]),
+    )
+    chunks = await _collect(parts, _scope(clock), call)
+    assert [t for c in chunks for t in c.token_ids] == [1, 2, 3, 4, 5]
+    assert [c.index for c in chunks] == [0, 2, 3, 4]
+    assert attempts == [(PREFERRED, "", ()), (OTHER, "3", (1, 2, 3))], "same version, every delivered token"
+    assert [c.finish_reason != 0 for c in chunks].count(True) == 1
+    assert chunks[-1].usage.completion_tokens == 5
+
+
+@pytest.mark.parametrize("cut", [
+    ScriptedStream([_chunk(0, 1)]),  # ended with no final chunk and no status
+    ScriptedStream([_chunk(0, 1)], _draining()),
+])
+async def test_a_cut_or_handed_over_stream_resumes(clock, cut):
+    parts = _make(clock)
+    call, attempts = _streams(cut, ScriptedStream([_chunk(1, 2, final=True)]))
+    chunks = await _collect(parts, _scope(clock), call)
+    assert [t for c in chunks for t in c.token_ids] == [1, 2]
+    assert attempts[1][2] == (1,)
+
+
+async def test_a_resumed_scheduler_that_undercounts_usage_is_corrected(clock):
+    parts = _make(clock)
+    final = _chunk(1, 2, final=True)
+    final.usage.completion_tokens = 1  # it counted only what it generated itself
+    call, _ = _streams(ScriptedStream([_chunk(0, 1)], _gone()), ScriptedStream([final]))
+    chunks = await _collect(parts, _scope(clock), call)
+    assert chunks[-1].usage.completion_tokens == 2
+
+
+async def test_resumes_are_capped_per_stream(clock):
+    parts = _make(clock, max_resumes=3)
+    streams = [ScriptedStream([_chunk(i, 10 + i)], _gone()) for i in range(5)]
+    call, attempts = _streams(*streams)
+    delivered = []
+    with pytest.raises(Unavailable):
+        async for chunk in parts.dispatcher.stream(_scope(clock), call, lambda c: None):
+            delivered.extend(chunk.token_ids)
+    assert len(attempts) == 4, "the first attempt and 3 resumes"
+    assert delivered == [10, 11, 12, 13]
+    assert attempts[-1][2] == (10, 11, 12)
+
+
+async def test_a_resume_that_would_repeat_or_skip_tokens_fails_the_stream(clock):
+    parts = _make(clock)
+    repeat = ScriptedStream([_chunk(0, 1, 2, final=True)])  # a scheduler ignoring the continuation
+    call, _ = _streams(ScriptedStream([_chunk(0, 1)], _gone()), repeat)
+    delivered = []
+    with pytest.raises(Internal, match="chunk at index 0 does not continue the 1 tokens delivered"):
+        async for chunk in parts.dispatcher.stream(_scope(clock), call, lambda c: None):
+            delivered.extend(chunk.token_ids)
+    assert delivered == [1] and repeat.cancelled
+
+
+async def test_no_resume_after_the_deadline(clock):
+    parts = _make(clock)
+    call, attempts = _streams(ScriptedStream([_chunk(0, 1)], _gone()), ScriptedStream([_chunk(1, 2, final=True)]))
+    scope = _scope(clock, timeout_s=1.0)
+    with pytest.raises(Unavailable):
+        async for _ in parts.dispatcher.stream(scope, call, lambda c: None):
+            clock.advance(2.0)
+    assert len(attempts) == 1
