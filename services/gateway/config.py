@@ -9,6 +9,7 @@ from services.gateway.adaptive_limit import AdaptiveLimitConfig
 from services.gateway.circuit_breaker import BreakerConfig
 from services.gateway.deadlines import DeadlinePolicy
 from services.gateway.discovery import DiscoveryConfigError, SchedulerTarget, parse_scheduler_target
+from services.gateway.quota_lease import LeaseConfig
 from services.gateway.retry_budget import RetryBudgetConfig
 from services.gateway.retry_policy import RetryPolicyConfig
 from services.gateway.shedding import SheddingConfig, ShedThresholds
@@ -32,6 +33,19 @@ class GatewayConfig(ServerSettings):
     hop_margin_ms: float = setting(5.0, "time kept back from the deadline passed to the scheduler")
     tenants_file: str = setting("", "tenant/API-key YAML; empty admits every caller as tenant 'anonymous'")
     tenants_poll_interval_ms: float = setting(1000.0, "how often the tenants file is checked for changes; 0: only on SIGHUP")
+    # Quotas across gateways (services/gateway/quota_lease.py, docs/gateway.md).
+    quota_store_address: str = setting(
+        "", "Valkey/Redis host:port shared by all gateways for tenant quotas; empty: each gateway enforces the full quota alone"
+    )
+    quota_store_prefix: str = setting("infermesh:quota:", "namespace of the quota keys in the store")
+    quota_lease_interval_ms: float = setting(100.0, "how often quota slices are leased from and returned to the store")
+    quota_store_ttl_ms: float = setting(
+        1000.0, "a gateway that has not synced for this long counts as gone (its in-flight slots free up)"
+    )
+    quota_expected_gateways: int = setting(
+        1, "gateway replicas assumed until the store has reported how many are alive (the fallback divisor)"
+    )
+    gateway_id: str = setting("", "this gateway's name in the quota store; empty: host:pid:random")
     max_in_flight: int = setting(1024, "gateway-wide cap on requests in flight; beyond it UNAVAILABLE at once")
     # Adaptive concurrency limit per model (services/gateway/adaptive_limit.py).
     limit_initial: int = setting(64, "each model's adaptive concurrency limit before anything was measured")
@@ -86,6 +100,13 @@ class GatewayConfig(ServerSettings):
         require(self.hop_margin_ms >= 0, f"hop_margin_ms must be >= 0, got {self.hop_margin_ms}")
         require(self.tenants_poll_interval_ms >= 0,
                 f"tenants_poll_interval_ms must be >= 0, got {self.tenants_poll_interval_ms}")
+        if self.quota_store_address:
+            host, _, port = self.quota_store_address.rpartition(":")
+            require(bool(host) and port.isdigit(),
+                    f"quota_store_address must be host:port, got {self.quota_store_address!r}")
+        require(self.quota_store_ttl_ms >= 2 * self.quota_lease_interval_ms,
+                f"quota_store_ttl_ms ({self.quota_store_ttl_ms}) must be >= 2 x quota_lease_interval_ms "
+                f"({self.quota_lease_interval_ms}), or live gateways expire between their syncs")
         require(self.max_in_flight >= 1, f"max_in_flight must be >= 1, got {self.max_in_flight}")
         require(self.pressure_poll_interval_ms > 0,
                 f"pressure_poll_interval_ms must be > 0, got {self.pressure_poll_interval_ms}")
@@ -98,7 +119,7 @@ class GatewayConfig(ServerSettings):
             value = getattr(self, name)
             require(len(value) == 2, f"{name} needs 2 values (sheddable,standard), got {value}")
         # The logic modules validate their own ranges; surface their messages as config errors.
-        for build in (self.deadline_policy, self.retry_policy_config, self.retry_budget_config,
+        for build in (self.lease_config, self.deadline_policy, self.retry_policy_config, self.retry_budget_config,
                       self.breaker_config, self.shedding_config, self.limit_config):
             try:
                 build()
@@ -109,6 +130,10 @@ class GatewayConfig(ServerSettings):
 
     def scheduler_target(self) -> SchedulerTarget:
         return parse_scheduler_target(self.scheduler_address)
+
+    def lease_config(self) -> LeaseConfig:
+        return LeaseConfig(interval_s=self.quota_lease_interval_ms / 1000,
+                           expected_gateways=self.quota_expected_gateways)
 
     def deadline_policy(self) -> DeadlinePolicy:
         return DeadlinePolicy(

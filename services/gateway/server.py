@@ -29,6 +29,9 @@ from services.gateway.discovery import SchedulerDiscovery
 from services.gateway.dispatch import Dispatcher
 from services.gateway.kserve_servicer import KServeServicer
 from services.gateway.pressure_poller import ModelCatalog, PressurePoller
+from services.gateway.quota_lease import SharedQuotas
+from services.gateway.quota_store import ValkeyQuotaStore
+from services.gateway.quota_sync import QuotaSync, default_gateway_id
 from services.gateway.quotas import TenantQuotas
 from services.gateway.replicas import Membership, ReplicaSelector
 from services.gateway.retry_budget import RetryBudgets
@@ -75,11 +78,12 @@ class GatewayService:
         self.routing = load_routing(config, self.breakers, ReplicaSelector(self.membership, self.board))
         self.catalog = ModelCatalog()
         self.clients = SchedulerClients(config.max_message_bytes, UpstreamMode(config.upstream_mode))
-        self.quotas: TenantQuotas | None = None
+        self.quotas: TenantQuotas | SharedQuotas | None = None
+        self.quota_sync: QuotaSync | None = None
         self.watcher: TenantConfigWatcher | None = None
         tenants = OpenTenants()
         if config.tenants_file:
-            self.quotas = TenantQuotas(clock)
+            self.quotas = self._build_quotas(config, clock)
             try:
                 self.watcher = TenantConfigWatcher(config.tenants_file, on_reload=self._apply_tenants)
             except TenantConfigError as exc:
@@ -128,6 +132,18 @@ class GatewayService:
             self.board.forget(endpoint)
             self.catalog.forget(endpoint)
 
+    def _build_quotas(self, config: GatewayConfig, clock) -> TenantQuotas | SharedQuotas:
+        if not config.quota_store_address:
+            return TenantQuotas(clock)
+        quotas = SharedQuotas(clock, config.lease_config())
+        store = ValkeyQuotaStore(
+            config.quota_store_address, config.quota_store_prefix,
+            gateway_id=config.gateway_id or default_gateway_id(),
+            ttl_s=config.quota_store_ttl_ms / 1000, timeout_s=config.quota_lease_interval_ms / 1000,
+        )
+        self.quota_sync = QuotaSync(quotas, store)
+        return quotas
+
     def _apply_tenants(self, config: TenantConfig) -> None:
         # Runs for the first load and every accepted reload; quota levels and in-flight counts carry over.
         self.quotas.update(config.tenants)
@@ -151,6 +167,9 @@ class GatewayService:
             interval_s = self._config.discovery_interval_ms / 1000
             self._tasks.append(asyncio.create_task(self.discovery.run(interval_s), name="scheduler-discovery"))
         self._tasks.append(asyncio.create_task(self.poller.run(), name="pressure-poller"))
+        if self.quota_sync is not None:
+            await self.quota_sync.sync_once()  # leases (or the fallback share) before the first request
+            self._tasks.append(asyncio.create_task(self.quota_sync.run(), name="quota-sync"))
         self._tasks.append(asyncio.create_task(self._observe_limits(), name="limit-gauges"))
         if self.watcher is not None:
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._on_sighup)
@@ -183,4 +202,6 @@ class GatewayService:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.quota_sync is not None:
+            await self.quota_sync.close()
         await self.clients.close()

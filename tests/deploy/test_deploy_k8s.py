@@ -181,6 +181,20 @@ def test_two_active_schedulers_of_which_evictions_leave_one(rendered, overlay):
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_scheduler_hands_streams_over_early_in_its_grace_period(rendered, overlay):
+    # A roll must not wait for long generations: streams are handed over (and resumed by the
+    # gateway elsewhere) after drain_grace_ms, well inside the drain grace and the pod's grace.
+    docs = rendered[overlay]
+    scheduler = scheduler_deployment(docs)
+    config = loaded_config(scheduler, docs)
+    assert "INFERMESH_SCHEDULER_DRAIN_GRACE_MS" in environment(scheduler, docs), "say the handover grace explicitly"
+    pause_s = container_of(scheduler)["lifecycle"]["preStop"]["sleep"]["seconds"]
+    grace_s = scheduler["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert config.drain_grace_ms / 1000 <= 5, "streams wait at most a few seconds before handover"
+    assert pause_s + config.drain_grace_ms / 1000 < pause_s + config.drain_grace_s < grace_s
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_probes_are_native_grpc_health_checks_on_the_grpc_port(rendered, overlay):
     for deployment in infermesh_deployments(rendered[overlay]):
         container = container_of(deployment)

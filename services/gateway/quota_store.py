@@ -1,0 +1,229 @@
+"""The shared quota store: Valkey (or Redis), one Lua script per sync, atomic across gateways.
+
+Keys, under a prefix (`--quota-store-prefix`, default "infermesh:quota:"):
+  <prefix>gateways                  sorted set: gateway id -> expiry (store clock, ms)
+  <prefix>t:<tenant>:requests       hash {level, ts_ms}: the tenant's shared requests/s bucket
+  <prefix>t:<tenant>:tokens         hash {level, ts_ms}: its tokens/s bucket
+  <prefix>t:<tenant>:in_flight      hash: gateway id -> "lease:desire:expiry_ms" (slots held)
+An absent bucket is a full one, so the store may be flushed or restarted at the cost of one
+burst. Every key carries a TTL, so a store that gateways stopped using empties itself.
+
+The script reads the store's clock (TIME), never the gateways', so their clocks may disagree.
+It trusts nothing it reads: a key of the wrong type is deleted, a value that is not a finite
+number >= 0 is treated as an empty bucket (never a full one) and reported back, a level above
+the burst is capped, an in-flight entry that is unparsable, above the tenant's quota, or expires
+later than any gateway could have set, is deleted. So garbage can make a tenant wait, never let
+it past its configured quota. Keys of tenants the gateway does not know are never read
+(`audit()` finds and reports them).
+
+The script declares every key it touches (KEYS), so it runs on a single Valkey/Redis; on a
+cluster all of a gateway's keys would need one hash slot (a `{...}` tag in the prefix).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+
+import valkey.asyncio as valkey_asyncio
+
+from services.gateway.quota_lease import LeasePlan, LeaseReply, TenantGrant
+
+DEFAULT_PREFIX = "infermesh:quota:"
+_FIELDS_PER_TENANT = 11
+
+_SYNC_SCRIPT = r"""
+local gateway_id = ARGV[1]
+local ttl_ms = tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local bad = {}
+
+local function number_or_nil(value)
+  local n = tonumber(value)
+  -- NaN is the only value not equal to itself; infinities are not quotas either.
+  if n == nil or n ~= n or n == math.huge or n == -math.huge or n < 0 then return nil end
+  return n
+end
+
+local function reset_if_wrong_type(key, wanted)
+  local kind = redis.call('TYPE', key).ok
+  if kind ~= wanted and kind ~= 'none' then
+    redis.call('DEL', key)
+    table.insert(bad, key .. ' (a ' .. kind .. ', expected a ' .. wanted .. ')')
+    return true
+  end
+  return false
+end
+
+-- Registry of live gateways.
+local registry = KEYS[1]
+reset_if_wrong_type(registry, 'zset')
+redis.call('ZREMRANGEBYSCORE', registry, '-inf', now_ms)
+-- No gateway sets an expiry further out than ttl_ms: such members are foreign.
+local foreign = redis.call('ZRANGEBYSCORE', registry, '(' .. (now_ms + ttl_ms), '+inf')
+for _, member in ipairs(foreign) do
+  redis.call('ZREM', registry, member)
+  table.insert(bad, registry .. ' member ' .. member .. ' (expiry too far ahead)')
+end
+redis.call('ZADD', registry, now_ms + ttl_ms, gateway_id)
+redis.call('PEXPIRE', registry, 2 * ttl_ms)
+local live = redis.call('ZCARD', registry)
+
+local function lease_bucket(key, rate_per_s, burst, returned, wanted)
+  local level = burst
+  if reset_if_wrong_type(key, 'hash') then
+    level = 0
+  elseif redis.call('EXISTS', key) == 1 then
+    local stored = redis.call('HMGET', key, 'level', 'ts_ms')
+    local stored_level, stored_ms = number_or_nil(stored[1]), number_or_nil(stored[2])
+    if stored_level == nil or stored_ms == nil then
+      level = 0
+      table.insert(bad, key .. ' (level/ts_ms not numbers >= 0)')
+    else
+      level = math.min(burst, stored_level + math.max(0, now_ms - stored_ms) * rate_per_s / 1000)
+    end
+  end
+  level = math.min(burst, level + returned)
+  local granted = math.max(0, math.min(wanted, level))
+  level = level - granted
+  redis.call('HSET', key, 'level', tostring(level), 'ts_ms', tostring(now_ms))
+  -- Gone once it would have refilled: an absent bucket is a full one.
+  redis.call('PEXPIRE', key, math.ceil((burst - level) / rate_per_s * 1000) + ttl_ms)
+  return granted
+end
+
+local function lease_slots(key, max_in_flight, num_in_flight, wanted)
+  reset_if_wrong_type(key, 'hash')
+  local entries = redis.call('HGETALL', key)
+  local others_held, others_wanted = 0, 0
+  for i = 1, #entries, 2 do
+    local holder, value = entries[i], entries[i + 1]
+    if holder ~= gateway_id then
+      local held, desire, expiry = string.match(value, '^(%d+):(%d+):(%d+)$')
+      held, desire, expiry = tonumber(held), tonumber(desire), tonumber(expiry)
+      if held == nil or held > max_in_flight or desire > max_in_flight or expiry > now_ms + ttl_ms then
+        redis.call('HDEL', key, holder)
+        table.insert(bad, key .. ' field ' .. holder .. ' (not lease:desire:expiry within the quota)')
+      elseif expiry <= now_ms then
+        redis.call('HDEL', key, holder)  -- its gateway stopped renewing: the slots are free
+      else
+        others_held = others_held + held
+        others_wanted = others_wanted + desire
+      end
+    end
+  end
+  local granted = math.min(wanted, math.max(0, max_in_flight - others_held))
+  if others_wanted + wanted > max_in_flight then
+    -- Contended: nobody grows past its fair share, so those above it shrink as requests end.
+    granted = math.min(granted, math.ceil(max_in_flight / live))
+  end
+  local held = math.max(granted, num_in_flight)
+  redis.call('HSET', key, gateway_id, held .. ':' .. wanted .. ':' .. (now_ms + ttl_ms))
+  redis.call('PEXPIRE', key, 2 * ttl_ms)
+  return granted
+end
+
+local grants = {}
+local num_tenants = (#KEYS - 1) / 3
+for i = 0, num_tenants - 1 do
+  local k, a = 2 + 3 * i, 3 + 11 * i
+  local n = {}
+  for j = 0, 10 do n[j] = tonumber(ARGV[a + j]) end
+  table.insert(grants, tostring(lease_bucket(KEYS[k], n[0], n[1], n[2], n[3])))
+  table.insert(grants, tostring(lease_bucket(KEYS[k + 1], n[4], n[5], n[6], n[7])))
+  table.insert(grants, tostring(lease_slots(KEYS[k + 2], n[8], n[9], n[10])))
+end
+return {live, bad, grants}
+"""
+
+_GATEWAY_KEY = "gateways"
+_TENANT_KEY = re.compile(r"^t:(?P<tenant>[A-Za-z0-9][A-Za-z0-9._-]{0,63}):(?P<kind>requests|tokens|in_flight)$")
+
+
+class StoreReplyError(RuntimeError):
+    """The store answered something that is not the sync script's reply (treated as unreachable)."""
+
+
+class ValkeyQuotaStore:
+    """Runs a LeasePlan as one atomic script; a failure raises (the caller falls back)."""
+
+    def __init__(self, address: str, prefix: str, *, gateway_id: str, ttl_s: float, timeout_s: float) -> None:
+        host, _, port = address.rpartition(":")
+        self.address = address
+        self.prefix = prefix
+        self.gateway_id = gateway_id
+        self._ttl_ms = max(1, math.ceil(ttl_s * 1000))
+        # No client-side retries: a failed sync is retried at the next interval, after the
+        # gateway has fallen back, never while admission waits on it.
+        self._client = valkey_asyncio.Valkey(
+            host=host.strip("[]"), port=int(port), socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s, retry_on_timeout=False, retry=None,
+        )
+        self._script = self._client.register_script(_SYNC_SCRIPT)
+
+    def keys_of(self, tenant_id: str) -> tuple[str, str, str]:
+        base = f"{self.prefix}t:{tenant_id}:"
+        return (base + "requests", base + "tokens", base + "in_flight")
+
+    async def sync(self, plan: LeasePlan) -> LeaseReply:
+        keys = [self.prefix + _GATEWAY_KEY]
+        args: list[str | int | float] = [self.gateway_id, self._ttl_ms]
+        for ask in plan.asks:
+            keys.extend(self.keys_of(ask.tenant_id))
+            quota = ask.quota
+            args.extend((
+                quota.requests_per_s, quota.requests_burst, ask.return_requests, ask.want_requests,
+                quota.tokens_per_s, quota.tokens_burst, ask.return_tokens, ask.want_tokens,
+                quota.max_in_flight, ask.num_in_flight, ask.want_in_flight,
+            ))
+        raw = await self._script(keys=keys, args=[_number(a) for a in args])
+        return _parse_reply(raw, plan)
+
+    async def audit(self, known_tenants: Iterable[str]) -> list[str]:
+        """Keys under the prefix that no gateway of this tenants file would write (foreign or
+        stale tenants, other layouts). Read-only: they are reported, never trusted, never deleted."""
+        known = set(known_tenants)
+        strange: list[str] = []
+        async for raw_key in self._client.scan_iter(match=_glob_escape(self.prefix) + "*", count=500):
+            key = raw_key.decode(errors="replace") if isinstance(raw_key, bytes) else str(raw_key)
+            rest = key[len(self.prefix):]
+            match = _TENANT_KEY.match(rest)
+            if rest == _GATEWAY_KEY or (match and match["tenant"] in known):
+                continue
+            strange.append(key)
+        return strange
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def _number(value: str | int | float) -> str | int:
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else "0"
+    return value
+
+
+def _glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def _parse_reply(raw: object, plan: LeasePlan) -> LeaseReply:
+    if not (isinstance(raw, list) and len(raw) == 3 and isinstance(raw[1], list) and isinstance(raw[2], list)):
+        raise StoreReplyError(f"unexpected sync reply shape: {str(raw)[:200]}")
+    live, bad, values = raw
+    if len(values) != 3 * len(plan.asks):
+        raise StoreReplyError(f"sync reply has {len(values)} grant values for {len(plan.asks)} tenants")
+    grants = []
+    for index, ask in enumerate(plan.asks):
+        requests, tokens, slots = (float(v) for v in values[3 * index: 3 * index + 3])
+        # The script never grants more than asked; the clamp keeps a broken store from doing so.
+        grants.append(TenantGrant(
+            tenant_id=ask.tenant_id,
+            requests=min(max(0.0, requests), ask.want_requests),
+            tokens=min(max(0.0, tokens), ask.want_tokens),
+            in_flight_limit=int(min(max(0.0, slots), ask.want_in_flight)),
+        ))
+    bad_keys = tuple(b.decode(errors="replace") if isinstance(b, bytes) else str(b) for b in bad)
+    return LeaseReply(num_live_gateways=int(live), grants=tuple(grants), bad_keys=bad_keys)

@@ -1,0 +1,181 @@
+"""The quota store's script against a real valkey-server (tests/support/valkey.py), and the sync
+loop's fallback and re-sync when that server is killed and comes back."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import pytest
+import valkey.asyncio as valkey_asyncio
+
+from services.gateway.quota_lease import LeaseConfig, LeaseMode, LeasePlan, SharedQuotas, TenantAsk
+from services.gateway.quota_store import ValkeyQuotaStore
+from services.gateway.quota_sync import LIVE_GATEWAYS, STORE_UP, QuotaSync
+from tests.support.valkey import ValkeyProcess, running_valkey
+
+from .conftest import make_quota, make_tenant
+
+_prefixes = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with running_valkey(tmp_path_factory.mktemp("valkey")) as server:
+        yield server
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"test{next(_prefixes)}:"  # one namespace per test: they share the server
+
+
+@pytest.fixture
+async def raw(server):
+    client = valkey_asyncio.Valkey(host="127.0.0.1", port=server.port, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+def _store(server, prefix, gateway_id, ttl_s=5.0) -> ValkeyQuotaStore:
+    return ValkeyQuotaStore(server.address, prefix, gateway_id=gateway_id, ttl_s=ttl_s, timeout_s=2.0)
+
+
+def _ask(quota, want_requests=0.0, return_requests=0.0, want_tokens=0.0, num_in_flight=0, want_in_flight=0,
+         tenant_id="acme") -> LeasePlan:
+    return LeasePlan((TenantAsk(tenant_id, quota, return_requests, return_tokens=0.0, want_requests=want_requests,
+                                want_tokens=want_tokens, num_in_flight=num_in_flight,
+                                want_in_flight=want_in_flight),))
+
+
+# A rate slow enough that the refill during a test (well under a second) is below one request.
+SLOW = make_quota(requests_per_s=0.1, requests_burst=10, tokens_per_s=0.1, tokens_burst=400, max_in_flight=6)
+
+
+async def test_grants_across_gateways_never_exceed_the_bucket_and_returns_go_back(server, prefix):
+    stores = [_store(server, prefix, f"gw{i}") for i in range(3)]
+    grants = [(await store.sync(_ask(SLOW, want_requests=4))).grants[0].requests for store in stores]
+    assert grants == [pytest.approx(4), pytest.approx(4), pytest.approx(2, abs=0.1)]  # burst 10
+    reply = await stores[0].sync(_ask(SLOW, want_requests=4, return_requests=3))
+    assert reply.grants[0].requests == pytest.approx(3, abs=0.1)  # only what gw0 gave back is there
+    assert reply.num_live_gateways == 3
+    for store in stores:
+        await store.close()
+
+
+async def test_in_flight_slots_are_leased_never_oversubscribed_and_shared_fairly_when_contended(server, prefix):
+    first, second, third = (_store(server, prefix, f"gw{i}") for i in range(3))
+    assert (await first.sync(_ask(SLOW, num_in_flight=0, want_in_flight=6))).grants[0].in_flight_limit == 6
+    # Contended: second wants 6 too; the first holds all of them.
+    assert (await second.sync(_ask(SLOW, want_in_flight=6))).grants[0].in_flight_limit == 0
+    # The first sees the contention and shrinks to its fair share (ceil(6 / 2)), keeping what runs (2).
+    assert (await first.sync(_ask(SLOW, num_in_flight=2, want_in_flight=6))).grants[0].in_flight_limit == 3
+    assert (await second.sync(_ask(SLOW, want_in_flight=6))).grants[0].in_flight_limit == 3
+    # A third gateway: ceil(6 / 3) = 2, but only what the others do not hold.
+    assert (await third.sync(_ask(SLOW, want_in_flight=6))).grants[0].in_flight_limit == 0
+    assert (await first.sync(_ask(SLOW, num_in_flight=2, want_in_flight=6))).grants[0].in_flight_limit == 2
+    assert (await second.sync(_ask(SLOW, num_in_flight=0, want_in_flight=6))).grants[0].in_flight_limit == 2
+    assert (await third.sync(_ask(SLOW, want_in_flight=6))).grants[0].in_flight_limit == 2
+    for store in (first, second, third):
+        await store.close()
+
+
+async def test_a_gateway_that_stops_syncing_frees_its_slots_and_leaves_the_live_count(server, prefix, raw):
+    gone, stays = _store(server, prefix, "gone"), _store(server, prefix, "stays")
+    await gone.sync(_ask(SLOW, want_in_flight=6))
+    # Age gone's registration and lease as if its TTL had run out (the store's clock cannot be faked).
+    await raw.zadd(f"{prefix}gateways", {"gone": 1})
+    await raw.hset(f"{prefix}t:acme:in_flight", "gone", "6:6:1")
+    reply = await stays.sync(_ask(SLOW, want_in_flight=6))
+    assert reply.num_live_gateways == 1
+    assert reply.grants[0].in_flight_limit == 6
+    assert await raw.hkeys(f"{prefix}t:acme:in_flight") == ["stays"]
+    await gone.close()
+    await stays.close()
+
+
+@pytest.mark.parametrize("garbage", ["not-a-number", "-5", "nan", "inf"])
+async def test_a_garbage_level_is_an_empty_bucket_and_reported(server, prefix, raw, garbage):
+    await raw.hset(f"{prefix}t:acme:requests", mapping={"level": garbage, "ts_ms": "0"})
+    store = _store(server, prefix, "gw")
+    reply = await store.sync(_ask(SLOW, want_requests=5))
+    assert reply.grants[0].requests == pytest.approx(0, abs=0.1)
+    assert reply.bad_keys == (f"{prefix}t:acme:requests (level/ts_ms not numbers >= 0)",)
+    # Rewritten as a real (empty) bucket: the next sync finds nothing wrong.
+    assert (await store.sync(_ask(SLOW, want_requests=5))).bad_keys == ()
+    await store.close()
+
+
+async def test_a_level_above_the_burst_is_capped(server, prefix, raw):
+    await raw.hset(f"{prefix}t:acme:requests", mapping={"level": "1e9", "ts_ms": "0"})
+    store = _store(server, prefix, "gw")
+    reply = await store.sync(_ask(SLOW, want_requests=1000))
+    assert reply.grants[0].requests == pytest.approx(10)  # the burst, not the stored billion
+    await store.close()
+
+
+async def test_keys_of_the_wrong_type_are_replaced_and_reported(server, prefix, raw):
+    await raw.set(f"{prefix}t:acme:requests", "garbage")
+    await raw.rpush(f"{prefix}t:acme:in_flight", "x")
+    await raw.set(f"{prefix}gateways", "7")
+    store = _store(server, prefix, "gw")
+    reply = await store.sync(_ask(SLOW, want_requests=5, want_in_flight=6))
+    assert reply.grants[0].requests == pytest.approx(0, abs=0.1)  # reset to empty, never full
+    assert reply.grants[0].in_flight_limit == 6
+    assert reply.num_live_gateways == 1
+    assert sorted(reply.bad_keys) == sorted([
+        f"{prefix}gateways (a string, expected a zset)",
+        f"{prefix}t:acme:requests (a string, expected a hash)",
+        f"{prefix}t:acme:in_flight (a list, expected a hash)",
+    ])
+    await store.close()
+
+
+async def test_foreign_in_flight_entries_and_registry_members_are_dropped(server, prefix, raw):
+    await raw.hset(f"{prefix}t:acme:in_flight", mapping={
+        "junk": "lots", "huge": "999:999:99999999999999", "negative": "-1:0:99999999999999",
+    })
+    await raw.zadd(f"{prefix}gateways", {"from-the-future": 9e15})
+    store = _store(server, prefix, "gw")
+    reply = await store.sync(_ask(SLOW, want_in_flight=6))
+    assert reply.grants[0].in_flight_limit == 6
+    assert reply.num_live_gateways == 1
+    assert len(reply.bad_keys) == 4
+    assert all("in_flight field" in key or "from-the-future" in key for key in reply.bad_keys)
+    await store.close()
+
+
+async def test_audit_reports_keys_of_unknown_tenants_and_unknown_layouts(server, prefix, raw):
+    store = _store(server, prefix, "gw")
+    await store.sync(_ask(SLOW, want_requests=1))
+    await raw.set(f"{prefix}t:ghost:requests", "1")
+    await raw.set(f"{prefix}whatever", "1")
+    await raw.set("elsewhere:t:ghost:requests", "1")  # outside the prefix: not ours to judge
+    assert sorted(await store.audit({"acme"})) == [f"{prefix}t:ghost:requests", f"{prefix}whatever"]
+    await store.close()
+
+
+async def test_sync_loop_falls_back_when_the_store_dies_and_re_syncs_when_it_returns(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="services.gateway.quota_sync")
+    server = ValkeyProcess(tmp_path).start()
+    try:
+        quotas = SharedQuotas(lambda: 0.0, LeaseConfig(interval_s=0.5, expected_gateways=2))
+        tenant = make_tenant(quota=make_quota(requests_per_s=100, requests_burst=90, max_in_flight=9))
+        quotas.update([tenant])
+        sync = QuotaSync(quotas, _store(server, "loop:", "gw", ttl_s=5.0))
+        assert await sync.sync_once() is True
+        assert quotas.mode is LeaseMode.LEASED and STORE_UP._value.get() == 1
+        assert LIVE_GATEWAYS._value.get() == 1
+        server.kill()
+        assert await sync.sync_once() is False
+        assert await sync.sync_once() is False
+        assert quotas.mode is LeaseMode.FALLBACK and STORE_UP._value.get() == 0
+        lost = [r for r in caplog.records if "unreachable" in r.getMessage()]
+        assert len(lost) == 1  # one line, not one per failed sync
+        server.start()  # same port, empty: buckets read as full again
+        assert await sync.sync_once() is True
+        assert quotas.mode is LeaseMode.LEASED and STORE_UP._value.get() == 1
+        assert any("answering" in r.getMessage() for r in caplog.records)
+        await sync.close()
+    finally:
+        server.stop()
