@@ -27,58 +27,75 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__)
+    # Every option says its default: a literal one, or which scenario field it overrides.
+    parser = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__,
+                                     epilog="Scenario format: docs/loadtest.md. Tenants' API keys may come from "
+                                            "an environment variable (api_key_env) or a file (api_key_file).")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run a scenario and write JSON, Markdown and HTML reports")
-    run.add_argument("scenario", type=Path)
+    run = sub.add_parser("run", help="run a scenario and write JSON, Markdown and HTML reports",
+                         description="Run a scenario against a gateway and write its reports.")
+    run.add_argument("scenario", type=Path, help="scenario YAML (e.g. loadtest/scenarios/demo.yaml)")
     _add_target_args(run)
-    run.add_argument("--duration-s", type=float, help="measured time (scales staged schedules)")
-    run.add_argument("--warmup-s", type=float, help="warm-up, sent but excluded from results")
-    run.add_argument("--rate-rps", type=float, help="replace the schedule by this constant rate (open loop)")
-    run.add_argument("--seed", type=int)
-    run.add_argument("--name", help="report name (default: the scenario's)")
-    run.add_argument("--out", type=Path, default=Path("reports"), help="report directory (default: reports/)")
-    run.add_argument("--formats", default="json,md,html", help="comma-separated: json,md,html")
+    run.add_argument("--duration-s", type=float,
+                     help="measured time; scales staged schedules (default: the scenario's duration_s)")
+    run.add_argument("--warmup-s", type=float,
+                     help="warm-up, sent but excluded from results (default: the scenario's warmup_s, else 0)")
+    run.add_argument("--rate-rps", type=float,
+                     help="replace the schedule by this constant rate, open loop (default: the scenario's load)")
+    run.add_argument("--seed", type=int, help="seed of arrivals and payloads (default: the scenario's seed, else 1)")
+    run.add_argument("--name", help="report name (default: the scenario's name, else its file name)")
+    run.add_argument("--out", type=Path, default=Path("reports"), help="report directory (default: %(default)s)")
+    run.add_argument("--formats", default="json,md,html", help="comma-separated: json,md,html (default: %(default)s)")
     run.set_defaults(handler=_cmd_run)
 
-    compare = sub.add_parser("compare", help="compare two JSON reports; exit 1 on a regression")
-    compare.add_argument("base", type=Path)
-    compare.add_argument("new", type=Path)
+    compare = sub.add_parser("compare", help="compare two JSON reports; exit 1 on a regression",
+                             description="Compare two JSON reports group by group; exit 1 on a regression.")
+    compare.add_argument("base", type=Path, help="the baseline report (JSON)")
+    compare.add_argument("new", type=Path, help="the report to judge (JSON)")
     compare.add_argument("--max-regression", action="append", default=[], metavar="METRIC=LIMIT",
                          help="e.g. p99=10%%, p99.9=25ms, throughput=5%%, error_ratio=1%% (repeatable, or "
-                              "comma-separated)")
+                              "comma-separated; default: none, the table is printed and nothing gates)")
     compare.add_argument("--groups", help="comma-separated groups to compare: overall, class:NAME, tenant:NAME "
                                           "(default: all in the base report)")
-    compare.add_argument("--min-requests", type=int, default=1, help="groups with fewer requests are not gated")
+    compare.add_argument("--min-requests", type=int, default=1,
+                         help="groups with fewer requests are not gated (default: %(default)s)")
     compare.set_defaults(handler=_cmd_compare)
 
-    sweep = sub.add_parser("sweep", help="raise the rate until an SLO breaks; report the knee")
-    sweep.add_argument("scenario", type=Path)
+    sweep = sub.add_parser("sweep", help="raise the rate until an SLO breaks; report the knee",
+                           description="Raise the open-loop rate step by step until an SLO breaks, then bisect. "
+                                       "Each option overrides the scenario's `sweep` section.")
+    sweep.add_argument("scenario", type=Path, help="scenario YAML")
     _add_target_args(sweep)
-    sweep.add_argument("--start-rps", type=float)
-    sweep.add_argument("--step-rps", type=float)
-    sweep.add_argument("--factor", type=float, help="multiply the rate by this each step instead of adding")
-    sweep.add_argument("--max-rps", type=float)
-    sweep.add_argument("--step-duration-s", type=float)
-    sweep.add_argument("--min-goodput-ratio", type=float)
-    sweep.add_argument("--max-error-ratio", type=float)
-    sweep.add_argument("--refine-steps", type=int)
-    sweep.add_argument("--out", type=Path, default=Path("reports"))
+    sweep.add_argument("--start-rps", type=float, help="first rate (default: sweep.start_rps, else the load's rate)")
+    sweep.add_argument("--step-rps", type=float, help="added each step (default: sweep.step_rps, else start)")
+    sweep.add_argument("--factor", type=float,
+                       help="multiply the rate by this each step instead of adding (default: sweep.factor, unset)")
+    sweep.add_argument("--max-rps", type=float, help="stop here (default: sweep.max_rps, else 20 x start)")
+    sweep.add_argument("--step-duration-s", type=float, help="measured time per step (default: sweep.step_duration_s, else 10)")
+    sweep.add_argument("--min-goodput-ratio", type=float,
+                       help="every class must keep this share within its SLO (default: sweep.min_goodput_ratio, else 0.99)")
+    sweep.add_argument("--max-error-ratio", type=float,
+                       help="largest error share a passing step may have (default: sweep.max_error_ratio, else 0.01)")
+    sweep.add_argument("--refine-steps", type=int,
+                       help="bisections between the last passing and first failing rate (default: sweep.refine_steps, else 2)")
+    sweep.add_argument("--out", type=Path, default=Path("reports"), help="report directory (default: %(default)s)")
     sweep.set_defaults(handler=_cmd_sweep)
 
-    render = sub.add_parser("render", help="re-render Markdown/HTML (and the summary) from a JSON report")
-    render.add_argument("report", type=Path)
+    render = sub.add_parser("render", help="re-render Markdown/HTML (and the summary) from a JSON report",
+                            description="Re-render Markdown and HTML from a JSON report.")
+    render.add_argument("report", type=Path, help="a JSON report written by run or sweep")
     render.add_argument("--out", type=Path, help="directory (default: next to the report)")
     render.set_defaults(handler=_cmd_render)
     return parser
 
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", help="gateway HOST:PORT (default: the scenario's target)")
+    p.add_argument("--target", help="gateway HOST:PORT (default: the scenario's target, else 127.0.0.1:50051)")
     p.add_argument("--wait-ready-s", type=float, default=10.0,
-                   help="wait this long for the gateway to serve the scenario's models (0: skip the check)")
-    p.add_argument("--no-progress", action="store_true", help="no live progress line")
+                   help="wait this long for the gateway to serve the scenario's models; 0 skips the check "
+                        "(default: %(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="no live progress line (default: shown)")
 
 
 def _load(path: Path):

@@ -7,6 +7,8 @@ field by field and names the offending field in every error.
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -146,10 +148,13 @@ class Scenario:
 def load_scenario(path: str | Path) -> Scenario:
     with open(path, encoding="utf-8") as f:
         raw = yaml.safe_load(f)
-    return parse_scenario(raw, default_name=Path(path).stem)
+    return parse_scenario(raw, default_name=Path(path).stem, base_dir=Path(path).parent)
 
 
-def parse_scenario(raw: Any, default_name: str = "scenario") -> Scenario:
+def parse_scenario(raw: Any, default_name: str = "scenario", base_dir: Path | None = None,
+                   environ: Mapping[str, str] | None = None) -> Scenario:
+    """`base_dir` resolves relative `api_key_file`s (default: the working directory);
+    `environ` is where `api_key_env` names are looked up (default: os.environ)."""
     doc = _mapping(raw, "scenario")
     _no_unknown(doc, "scenario", {"name", "target", "duration_s", "warmup_s", "seed", "window_s",
                                   "lag_warn_ms", "load", "tenants", "classes", "sweep"})
@@ -164,7 +169,7 @@ def parse_scenario(raw: Any, default_name: str = "scenario") -> Scenario:
         window_s=None if window_s is None else _positive(window_s, "window_s"),
         lag_warn_ms=_positive(doc.get("lag_warn_ms", 10), "lag_warn_ms"),
         load=load,
-        tenants=_parse_tenants(doc.get("tenants")),
+        tenants=_parse_tenants(doc.get("tenants"), base_dir or Path.cwd(), os.environ if environ is None else environ),
         classes=_parse_classes(doc.get("classes")),
         sweep=_parse_sweep(_mapping(doc.get("sweep", {}), "sweep"), load),
     )
@@ -214,7 +219,10 @@ def _parse_stage(raw: Any, index: int, mode: LoadMode) -> Segment:
     raise ValueError(f"{field}: give {step_key!r} (step) or 'from_{key}' and 'to_{key}' (ramp)")
 
 
-def _parse_tenants(raw: Any) -> tuple[TenantSpec, ...]:
+_KEY_SOURCES = ("api_key", "api_key_env", "api_key_file")
+
+
+def _parse_tenants(raw: Any, base_dir: Path, environ: Mapping[str, str]) -> tuple[TenantSpec, ...]:
     items = _list(raw, "tenants")
     if not items:
         raise ValueError("tenants: at least one tenant is needed")
@@ -222,14 +230,39 @@ def _parse_tenants(raw: Any) -> tuple[TenantSpec, ...]:
     for i, item in enumerate(items):
         field = f"tenants[{i}]"
         t = _mapping(item, field)
-        _no_unknown(t, field, {"name", "api_key", "share", "priority"})
-        if not t.get("api_key"):
-            raise ValueError(f"{field}.api_key is required")
-        parsed.append((str(t.get("name", f"tenant{i}")), str(t["api_key"]),
+        _no_unknown(t, field, {"name", "share", "priority", *_KEY_SOURCES})
+        parsed.append((str(t.get("name", f"tenant{i}")), _api_key(t, field, base_dir, environ),
                        _positive(t.get("share", 1), f"{field}.share"), str(t.get("priority", "standard"))))
     _unique([p[0] for p in parsed], "tenants")
     total = sum(p[2] for p in parsed)
     return tuple(TenantSpec(name, key, share / total, prio) for name, key, share, prio in parsed)
+
+
+def _api_key(tenant: dict, field: str, base_dir: Path, environ: Mapping[str, str]) -> str:
+    """The tenant's key: inline, from an environment variable, or from a file (so scenarios can be
+    committed without secrets). Exactly one source."""
+    given = [k for k in _KEY_SOURCES if k in tenant]
+    if len(given) != 1:
+        raise ValueError(f"{field}: give exactly one of {', '.join(_KEY_SOURCES)} (got {given or 'none'})")
+    source = given[0]
+    value = tenant[source]
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{field}.{source} must be a non-empty string")
+    if source == "api_key":
+        return value
+    if source == "api_key_env":
+        key = environ.get(value, "")
+        if not key.strip():
+            raise ValueError(f"{field}.api_key_env: environment variable {value} is not set or empty")
+        return key.strip()
+    path = Path(value) if Path(value).is_absolute() else base_dir / value
+    try:
+        key = path.read_text(encoding="utf-8").strip()
+    except OSError as err:
+        raise ValueError(f"{field}.api_key_file: cannot read {path}: {err.strerror or err}") from None
+    if not key:
+        raise ValueError(f"{field}.api_key_file: {path} is empty")
+    return key
 
 
 _CLASS_KEYS = {"name", "kind", "model", "version", "share", "deadline_ms", "slo", "top_k", "image",

@@ -1,4 +1,5 @@
 import io
+import re
 
 import numpy as np
 import pytest
@@ -59,7 +60,7 @@ def test_stages_and_warmup_build_the_schedule():
     ({"load": {"arrival": "bursty", "rate_rps": 1}}, "load.arrival must be one of constant, poisson, gamma"),
     ({"load": {"mode": "closed"}}, "needs 'concurrency'"),
     ({"load": {"rate_rps": 1, "rps": 2}}, "unknown key"),
-    ({"tenants": [{"name": "a"}]}, r"tenants\[0\].api_key is required"),
+    ({"tenants": [{"name": "a"}]}, r"tenants\[0\]: give exactly one of api_key, api_key_env, api_key_file"),
     ({"tenants": [{"name": "a", "api_key": "x"}, {"name": "a", "api_key": "y"}]}, "duplicate name"),
     ({"classes": [{"kind": "classify", "model": "m", "output_len": 4}]}, "generate classes only"),
     ({"classes": [{"kind": "generate", "model": "m", "slo": {"e2e_ms": -1}}]}, r"slo.e2e_ms must be > 0"),
@@ -95,3 +96,41 @@ def test_images_are_digit_like_and_encoded_as_asked():
     decoded = Image.open(io.BytesIO(pool[0].data))
     assert decoded.size == (24, pool[0].height) and 20 <= pool[0].height <= 40
     assert len(make_prompt(37, rng)) == 37
+
+
+# -- where a tenant's API key comes from -------------------------------------------------
+
+
+def test_api_key_from_an_environment_variable():
+    s = parse_scenario(_doc(tenants=[{"name": "a", "api_key_env": "LOADTEST_KEY_A"}]),
+                       environ={"LOADTEST_KEY_A": "secret-a\n"})
+    assert s.tenants[0].api_key == "secret-a"
+
+
+def test_api_key_from_a_file_relative_to_the_scenario(tmp_path):
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "alpha.key").write_text("secret-from-file\n")
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("load: {rate_rps: 1}\ntenants: [{name: a, api_key_file: keys/alpha.key}]\n"
+                        "classes: [{kind: classify, model: digits}]\n")
+    assert load_scenario(scenario).tenants[0].api_key == "secret-from-file"
+
+
+@pytest.mark.parametrize(("tenant", "environ", "message"), [
+    ({"name": "a"}, {}, "give exactly one of api_key, api_key_env, api_key_file (got none)"),
+    ({"api_key": "k", "api_key_env": "X"}, {"X": "k"}, "give exactly one of"),
+    ({"api_key_env": "MISSING"}, {}, "environment variable MISSING is not set or empty"),
+    ({"api_key_env": "BLANK"}, {"BLANK": "  "}, "environment variable BLANK is not set or empty"),
+    ({"api_key_file": "/nonexistent/key"}, {}, "api_key_file: cannot read /nonexistent/key"),
+    ({"api_key": ""}, {}, "tenants[0].api_key must be a non-empty string"),
+    ({"api_key": 12}, {}, "tenants[0].api_key must be a non-empty string"),
+])
+def test_bad_api_key_sources_name_the_field(tenant, environ, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_scenario(_doc(tenants=[tenant]), environ=environ)
+
+
+def test_empty_key_file_is_refused(tmp_path):
+    (tmp_path / "empty.key").write_text("\n")
+    with pytest.raises(ValueError, match="empty.key is empty"):
+        parse_scenario(_doc(tenants=[{"api_key_file": "empty.key"}]), base_dir=tmp_path)
