@@ -1,5 +1,10 @@
 """The worker's end of Scheduler.Attach: dial, say hello, run commands, re-dial on loss.
 
+With several schedulers the worker is attached to one at a time, picked by a
+`dialer` (scheduler_dialer.py: fewest workers of our model first). When its stream
+breaks or the scheduler drains it, it re-dials at once, another scheduler first;
+it backs off only when no scheduler took it.
+
 Commands run one at a time (one model, one device stream). Classify batches run
 on a compute thread, so the loop reads the prefetched next batch meanwhile.
 Generate steps run on the event loop itself: only one is ever in flight, and the
@@ -19,6 +24,7 @@ import random
 import time
 from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 import grpc
 
@@ -51,9 +57,26 @@ class Backoff:
         self._attempt = 0
 
 
-class AttachClient:
-    def __init__(self, address: str, runtime: WorkerRuntime, worker_id: str, backoff: Backoff) -> None:
+class Dialer(Protocol):
+    async def dial_order(self, avoid: str | None = None) -> list[str]:
+        """Scheduler addresses to try, best first (`avoid`, the one just left, last)."""
+        ...
+
+
+class FixedAddress:
+    """A dialer for one scheduler address (tests, and the single-scheduler case)."""
+
+    def __init__(self, address: str) -> None:
         self._address = address
+
+    async def dial_order(self, avoid: str | None = None) -> list[str]:
+        return [self._address]
+
+
+class AttachClient:
+    def __init__(self, dialer: Dialer | str, runtime: WorkerRuntime, worker_id: str, backoff: Backoff) -> None:
+        self._dialer = FixedAddress(dialer) if isinstance(dialer, str) else dialer
+        self._address = ""  # the scheduler dialled last
         self._runtime = runtime
         self._worker_id = worker_id
         self._backoff = backoff
@@ -66,21 +89,43 @@ class AttachClient:
         self.num_attaches = 0
         self._model_label = ""
 
+    @property
+    def address(self) -> str:
+        """The scheduler this worker dialled last (attached to, while `attached` is set)."""
+        return self._address
+
     async def run(self) -> None:
-        """Attach, and re-attach after every break, until drained."""
+        """Attach, and re-attach after every break, until drained: at once (another scheduler first)
+        after a session that was attached; with backoff when no scheduler took us."""
+        left: str | None = None
         while not self._stopping:
-            try:
-                await self._session()
-            except grpc.aio.AioRpcError as exc:
-                log.warning("attach stream to %s broke: %s %s", self._address, exc.code().name, exc.details())
-            except ConnectionError as exc:
-                log.warning("attach stream to %s broke: %s", self._address, exc)
+            was_attached = False
+            for address in await self._dialer.dial_order(left):
+                was_attached = await self._attach_to(address)
+                if was_attached or self._stopping:
+                    left = address
+                    break
             self.attached.clear()
             if self._stopping:
                 break
+            if was_attached:
+                log.info("re-dialling at once")
+                continue
             delay_s = self._backoff.next_delay_s()
-            log.info("re-dialling scheduler in %.2fs", delay_s)
+            log.info("no scheduler took us; re-dialling in %.2fs", delay_s)
             await asyncio.sleep(delay_s)
+
+    async def _attach_to(self, address: str) -> bool:
+        """One Attach session with `address`; True when it was attached (welcomed), however it ended."""
+        self._address = address
+        num_attaches = self.num_attaches
+        try:
+            await self._session()
+        except grpc.aio.AioRpcError as exc:
+            log.warning("attach stream to %s broke: %s %s", address, exc.code().name, exc.details())
+        except ConnectionError as exc:
+            log.warning("attach stream to %s broke: %s", address, exc)
+        return self.num_attaches > num_attaches
 
     async def _session(self) -> None:
         async with grpc.aio.insecure_channel(self._address) as channel:
@@ -96,7 +141,7 @@ class AttachClient:
             self._backoff.reset()
             self.num_attaches += 1
             self.attached.set()
-            log.info("attached to scheduler %s as %s", first.welcome.scheduler_id, self._worker_id)
+            log.info("attached to scheduler %s at %s as %s", first.welcome.scheduler_id, self._address, self._worker_id)
             heartbeat = asyncio.create_task(self._heartbeats(call, first.welcome.heartbeat_interval_ms / 1000 or 1.0))
             try:
                 await self._read_commands(call)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.config import ServerSettings, require, setting
+from services.common.config import ConfigError, ServerSettings, require, setting
+from services.worker.scheduler_endpoints import parse_scheduler_address
 
 
 @dataclass(frozen=True)
 class WorkerConfig(ServerSettings):
-    scheduler_address: str = setting("127.0.0.1:50052", "scheduler host:port the worker dials (Attach)")
+    scheduler_address: str = setting(
+        "127.0.0.1:50052", "scheduler(s) the worker dials (Attach): host:port[,host:port...] or dns:///name:port "
+        "(every A/AAAA record, re-resolved at each re-dial); attached to one at a time, the one with fewest "
+        "workers of this model")
     model_repository: str = setting("model_repo", "folder holding <name>/<version>/manifest.json")
     model_name: str = setting(
         "toy-classifier", "model to serve: a repository model, toy-classifier / toy-generator, or mock-* (tests)"
@@ -31,7 +35,10 @@ class WorkerConfig(ServerSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require(":" in self.scheduler_address, f"scheduler_address must be host:port, got {self.scheduler_address!r}")
+        try:
+            parse_scheduler_address(self.scheduler_address)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         require(bool(self.model_name), "model_name must not be empty")
         require(bool(self.model_version), "model_version must not be empty (there is no 'latest')")
         require(self.max_batch_size >= 0, f"max_batch_size must be >= 0, got {self.max_batch_size}")

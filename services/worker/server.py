@@ -17,6 +17,8 @@ from services.worker.config import WorkerConfig
 from services.worker.cpu_allocation import ThreadDecision, cgroup_levels, decide_num_threads, read_text
 from services.worker.mock_models import MOCK_MODELS, make_mock_runtime
 from services.worker.runtime import WorkerRuntime
+from services.worker.scheduler_dialer import SchedulerDialer
+from services.worker.scheduler_endpoints import parse_scheduler_address
 from services.worker.thread_settings import export_thread_env
 
 log = logging.getLogger(__name__)
@@ -65,7 +67,9 @@ class WorkerService:
         await loop.run_in_executor(None, runtime.load)
         log.info("model %s:%s loaded and passed its golden check", self._config.model_name, self._config.model_version)
         backoff = Backoff(self._config.reconnect_initial_s, self._config.reconnect_max_s)
-        self._client = AttachClient(self._config.scheduler_address, runtime, self._worker_id, backoff)
+        dialer = SchedulerDialer(parse_scheduler_address(self._config.scheduler_address),
+                                 runtime.hello(self._worker_id).model, self._worker_id)
+        self._client = AttachClient(dialer, runtime, self._worker_id, backoff)
         await health.set_serving(True)
         metrics.READY.labels(self._config.model_name, self._config.model_version).set(1)
         self._task = asyncio.create_task(self._client.run())

@@ -1,0 +1,61 @@
+"""The worker's probe of its schedulers: resolve the endpoints, ask each how many workers of our model
+it has (GetPressure), and hand back the order to dial them in (scheduler_endpoints.dial_order)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+import grpc
+
+from infermesh.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from services.worker.scheduler_endpoints import EndpointLoad, SchedulerEndpoints, dial_order, resolve
+
+log = logging.getLogger(__name__)
+
+# A scheduler that cannot answer GetPressure this fast is skipped this round (it is down or swamped).
+PROBE_TIMEOUT_S = 0.5
+
+
+async def resolve_dns(name: str, port: int) -> list[str]:
+    infos = await asyncio.get_running_loop().getaddrinfo(name, port, type=socket.SOCK_STREAM)
+    return [info[4][0] for info in infos]
+
+
+class SchedulerDialer:
+    def __init__(self, endpoints: SchedulerEndpoints, model: common_pb2.ModelRef, worker_id: str,
+                 resolver=resolve_dns, probe_timeout_s: float = PROBE_TIMEOUT_S) -> None:
+        self._endpoints = endpoints
+        self._model = model
+        self._worker_id = worker_id
+        self._resolver = resolver
+        self._probe_timeout_s = probe_timeout_s
+
+    async def dial_order(self, avoid: str | None = None) -> list[str]:
+        """Addresses to try, best first; empty when no scheduler answered (the caller backs off)."""
+        if self._endpoints.is_single:
+            return list(self._endpoints.addresses)
+        try:
+            addresses = await resolve(self._endpoints, self._resolver)
+        except OSError as exc:
+            log.warning("cannot resolve %s: %s", self._endpoints.dns_name, exc)
+            return []
+        loads = await asyncio.gather(*(self._probe(address) for address in addresses))
+        order = dial_order(loads, self._worker_id, avoid)
+        log.info("schedulers for %s: %s; dialling in order %s", self._model.name,
+                 ", ".join(f"{load.address}={load.num_workers}" for load in loads), order)
+        return order
+
+    async def _probe(self, address: str) -> EndpointLoad:
+        request = scheduler_pb2.GetPressureRequest(models=[self._model])
+        async with grpc.aio.insecure_channel(address) as channel:
+            try:
+                reply = await scheduler_pb2_grpc.SchedulerStub(channel).GetPressure(
+                    request, timeout=self._probe_timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                log.info("scheduler %s did not answer: %s", address, exc.code().name)
+                return EndpointLoad(address, None)
+        num_workers = sum(m.num_workers for m in reply.models
+                          if (m.model.name, m.model.version) == (self._model.name, self._model.version))
+        return EndpointLoad(address, num_workers)

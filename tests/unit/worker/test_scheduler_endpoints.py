@@ -1,0 +1,128 @@
+"""Which scheduler a worker attaches to: the --scheduler-address syntax, DNS endpoints, the dial
+order (fewest workers of the model first, ties spread by worker id, the scheduler just left last),
+and the attach loop's re-dial at once after a session versus backoff when none took it."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.worker.attach_client import AttachClient
+from services.worker.scheduler_endpoints import (
+    EndpointLoad,
+    SchedulerEndpoints,
+    dial_order,
+    parse_scheduler_address,
+    resolve,
+)
+
+
+def test_parses_one_address_a_comma_list_and_a_dns_name():
+    assert parse_scheduler_address("127.0.0.1:50052") == SchedulerEndpoints(addresses=("127.0.0.1:50052",))
+    assert parse_scheduler_address("127.0.0.1:50052").is_single
+    both = parse_scheduler_address("a:1, b:2,a:1")
+    assert both.addresses == ("a:1", "b:2") and not both.is_single
+    dns = parse_scheduler_address("dns:///scheduler.mesh.svc:50052")
+    assert (dns.dns_name, dns.dns_port, dns.is_single) == ("scheduler.mesh.svc", 50052, False)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("a:1,,b:2", "has an empty entry"),
+        ("scheduler", "'scheduler' is not host:port"),
+        ("a:0", "'a:0' is not host:port with a port in 1..65535"),
+        ("a:x", "'a:x' is not host:port"),
+        ("dns:///name", "'name' is not host:port"),
+        ("http://a:1", "only the dns:/// scheme is supported"),
+    ],
+)
+def test_rejects_malformed_addresses_with_the_reason(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_scheduler_address(text)
+
+
+async def test_dns_endpoints_are_every_distinct_record_ipv6_bracketed():
+    asked = []
+
+    async def resolver(name, port):
+        asked.append((name, port))
+        return ["10.0.0.1", "fd00::2", "10.0.0.1"]
+
+    endpoints = parse_scheduler_address("dns:///sched:7000")
+    assert await resolve(endpoints, resolver) == ["10.0.0.1:7000", "[fd00::2]:7000"]
+    assert await resolve(parse_scheduler_address("a:1,b:2"), resolver) == ["a:1", "b:2"]
+    assert asked == [("sched", 7000)]
+
+
+def test_dials_the_scheduler_with_fewest_workers_of_the_model_first_and_skips_silent_ones():
+    loads = [EndpointLoad("a:1", 2), EndpointLoad("b:1", None), EndpointLoad("c:1", 0), EndpointLoad("d:1", 1)]
+    assert dial_order(loads, "worker-1") == ["c:1", "d:1", "a:1"]
+
+
+def test_the_scheduler_just_left_goes_last_even_with_fewest_workers():
+    loads = [EndpointLoad("a:1", 0), EndpointLoad("b:1", 3)]
+    assert dial_order(loads, "worker-1", avoid="a:1") == ["b:1", "a:1"]
+
+
+def test_ties_are_spread_over_the_schedulers_by_worker_id_and_stable_per_worker():
+    loads = [EndpointLoad("a:1", 0), EndpointLoad("b:1", 0)]
+    firsts = [dial_order(loads, f"host:{pid}:abc")[0] for pid in range(200)]
+    assert 60 < firsts.count("a:1") < 140
+    assert dial_order(loads, "host:7:abc") == dial_order(list(reversed(loads)), "host:7:abc")
+
+
+class ScriptedDialer:
+    def __init__(self, orders):
+        self.orders = list(orders)
+        self.avoided = []
+
+    async def dial_order(self, avoid=None):
+        self.avoided.append(avoid)
+        return self.orders.pop(0) if self.orders else []
+
+
+class CountingBackoff:
+    def __init__(self):
+        self.num_delays = 0
+
+    def next_delay_s(self):
+        self.num_delays += 1
+        return 0.0
+
+    def reset(self):
+        pass
+
+
+class ScriptedClient(AttachClient):
+    """The attach loop with each session's outcome scripted: address -> attached (welcomed) or refused."""
+
+    def __init__(self, dialer, outcomes, stop_after):
+        super().__init__(dialer, runtime=None, worker_id="w", backoff=CountingBackoff())
+        self.outcomes = outcomes
+        self.dialled = []
+        self._stop_after = stop_after
+
+    async def _attach_to(self, address):
+        self.dialled.append(address)
+        if len(self.dialled) >= self._stop_after:
+            self._stopping = True
+        return self.outcomes[address]
+
+
+async def test_after_a_session_ends_the_worker_re_dials_at_once_another_scheduler_first():
+    dialer = ScriptedDialer([["a:1", "b:1"], ["b:1", "a:1"]])
+    client = ScriptedClient(dialer, {"a:1": True, "b:1": True}, stop_after=2)
+    await client.run()
+    client.close()
+    assert client.dialled == ["a:1", "b:1"]
+    assert dialer.avoided == [None, "a:1"]
+    assert client._backoff.num_delays == 0
+
+
+async def test_a_refusing_scheduler_is_passed_over_and_backoff_only_when_none_took_the_worker():
+    dialer = ScriptedDialer([["a:1", "b:1"], [], ["b:1"]])
+    client = ScriptedClient(dialer, {"a:1": False, "b:1": False}, stop_after=3)
+    await client.run()
+    client.close()
+    assert client.dialled == ["a:1", "b:1", "b:1"]
+    assert client._backoff.num_delays == 2  # after a round where both refused, and after a round with none
