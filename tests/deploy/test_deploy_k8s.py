@@ -383,3 +383,19 @@ def test_quota_store_is_one_pinned_hardened_valkey_behind_a_service(rendered, ov
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert all("emptyDir" in volumes[m["name"]] for m in container["volumeMounts"]), "writes go to emptyDirs only"
     assert {"cpu", "memory"} <= container["resources"]["limits"].keys()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_gateways_share_quotas_through_the_store(rendered, overlay):
+    docs = rendered[overlay]
+    gateway = next(d for d in infermesh_deployments(docs) if service_of(d) == "gateway")
+    config = loaded_config(gateway, docs)
+    store = quota_store(docs)
+    (service,) = [s for s in of_kind(docs, "Service") if selects(s["spec"]["selector"], pod_labels(store))]
+    assert config.quota_store_address == f"{service['metadata']['name']}:{service['spec']['ports'][0]['port']}"
+    # Each gateway is named in the store by its pod, so leases and liveness are per replica.
+    assert config.gateway_id == "fieldref-metadata-name"
+    # Before the store has reported the live gateways, the fallback divides by the fewest there are.
+    hpa = next(h for h in of_kind(docs, "HorizontalPodAutoscaler")
+               if h["spec"]["scaleTargetRef"]["name"] == gateway["metadata"]["name"])
+    assert config.quota_expected_gateways == hpa["spec"]["minReplicas"]
