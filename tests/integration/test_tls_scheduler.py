@@ -124,3 +124,12 @@ def test_handshake_garbage_is_dropped(scheduler, num_bytes):
         except OSError:
             pass  # the server reset the connection while we were still sending: the refusal we want
     assert len(received) < 64  # at most a TLS alert, never application data
+
+
+def test_unreadable_certificate_files_stop_the_start_with_a_configuration_error(pki, tmp_path):
+    args = ["--tls-cert-file", str(tmp_path / "missing.pem"), "--tls-key-file", str(tmp_path / "missing-key.pem"),
+            "--tls-ca-file", str(pki.files["scheduler"].ca_path)]
+    process = ServiceProcess("scheduler", "scheduler", free_port(), args, {}, tmp_path / "bad.log").start()
+    assert process.proc.wait(timeout=60) == 2
+    assert f"scheduler: configuration error: cannot read the TLS certificate file {tmp_path}/missing.pem" in (
+        process.log_tail())
