@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import secrets
 import socket
 from collections.abc import Callable, Iterable
@@ -53,11 +54,13 @@ class QuotaSync:
         *,
         audit_interval_s: float = 60.0,
         sleep: Callable[[float], object] = asyncio.sleep,
+        rng: Callable[[], float] = random.random,
     ) -> None:
         self._quotas = quotas
         self._store = store
         self._audit_interval_s = audit_interval_s
         self._sleep = sleep
+        self._rng = rng
         self._reported: set[str] = set()
         self._logged_unreachable = False
         LIVE_GATEWAYS.set(quotas.num_live_gateways)
@@ -67,7 +70,9 @@ class QuotaSync:
         num_syncs_per_audit = max(1, round(self._audit_interval_s / interval_s))
         num_syncs = 0
         while True:  # the first sync_once() is the caller's, before it serves
-            await self._sleep(interval_s)
+            # Jittered (0.5-1.5 x interval): a sync takes what refilled since the previous one by
+            # any gateway, so gateways whose phases stayed locked would split the quota unevenly.
+            await self._sleep(interval_s * (0.5 + self._rng()))
             await self.sync_once()
             if num_syncs % num_syncs_per_audit == 0 and self._quotas.mode is LeaseMode.LEASED:
                 await self.audit_once()

@@ -1,0 +1,175 @@
+"""One tenant's requests/s quota held across three gateways (issue 12): one tenant offers 3x its
+quota spread evenly over three gateway processes (one scheduler, a mock classifier worker);
+the rate admitted by all of them together stays within 10% of the quota
+  * with the shared Valkey store (slices leased from one bucket),
+  * with the store never started (each gateway enforces quota / --quota-expected-gateways),
+  * with the store SIGKILLed mid-load and restarted on the same port (fallback share, then re-sync).
+Each prints its counts per phase and gateway."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.gateway.tenants import hash_api_key
+from tests.support.processes import ServiceProcess, free_port, running_mesh
+from tests.support.valkey import ValkeyProcess
+
+pytestmark = pytest.mark.integration
+
+QUOTA_PER_S = 20.0
+OFFERED_PER_S = 3 * QUOTA_PER_S
+NUM_GATEWAYS = 3
+API_KEY = "quota-test-key"
+IMAGE = common_pb2.Image(raw=common_pb2.RawImage(pixels=bytes([250] * 12), height=2, width=2, channels=3))
+# Slices and the fallback bucket settle within a few lease intervals; the first second of a
+# phase is not counted (it includes the burst and the switch between modes).
+SETTLE_S = 1.0
+
+TENANTS = f"""
+tenants:
+  - id: acme
+    api_key_sha256: ["{hash_api_key(API_KEY)}"]
+    priority: standard
+    allowed_models: "*"
+    quotas:
+      requests_per_s: {QUOTA_PER_S}
+      requests_burst: 4
+      tokens_per_s: 100000
+      tokens_burst: 100000
+      max_in_flight: 200
+"""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    sent_s: float
+    gateway: int
+    result: str  # OK | QUOTA | the status name of anything else
+
+
+def _classify(stub, gateway: int, sent_s: float) -> Outcome:
+    try:
+        stub.Classify(gateway_pb2.ClassifyRequest(model=common_pb2.ModelRef(name="mock-classifier"), image=IMAGE),
+                      timeout=10, metadata=(("authorization", f"Bearer {API_KEY}"),))
+        return Outcome(sent_s, gateway, "OK")
+    except grpc.RpcError as exc:
+        quota = exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "quota" in (exc.details() or "")
+        return Outcome(sent_s, gateway, "QUOTA" if quota else f"{exc.code().name}: {exc.details()}")
+
+
+def _offer_load(addresses: list[str], duration_s: float, on_tick=None) -> list[Outcome]:
+    """Open loop at OFFERED_PER_S, round-robin over the gateways, for `duration_s`.
+    `on_tick(elapsed_s)` runs on the sending thread between sends (to kill or restart the store)."""
+    channels = [grpc.insecure_channel(a) for a in addresses]
+    stubs = [gateway_pb2_grpc.InferenceStub(c) for c in channels]
+    futures = []
+    try:
+        with ThreadPoolExecutor(max_workers=24) as pool:
+            start_s = time.monotonic()
+            for index in range(int(duration_s * OFFERED_PER_S)):
+                send_at_s = start_s + index / OFFERED_PER_S
+                time.sleep(max(0.0, send_at_s - time.monotonic()))
+                if on_tick is not None:
+                    on_tick(time.monotonic() - start_s)
+                gateway = index % len(stubs)
+                futures.append(pool.submit(_classify, stubs[gateway], gateway, time.monotonic() - start_s))
+            return [f.result() for f in futures]
+    finally:
+        for channel in channels:
+            channel.close()
+
+
+def _admitted_rate(outcomes: list[Outcome], from_s: float, to_s: float) -> tuple[float, dict]:
+    window = [o for o in outcomes if from_s <= o.sent_s < to_s]
+    counts = {"offered": len(window), "admitted": sum(o.result == "OK" for o in window),
+              "refused_by_quota": sum(o.result == "QUOTA" for o in window),
+              "per_gateway_admitted": [sum(o.result == "OK" and o.gateway == g for o in window)
+                                       for g in range(NUM_GATEWAYS)]}
+    return counts["admitted"] / (to_s - from_s), counts
+
+
+def _start_gateways(mesh, tmp: Path, store_address: str) -> list[ServiceProcess]:
+    tenants = tmp / "tenants.yaml"
+    tenants.write_text(TENANTS)
+    gateways = []
+    for index in range(NUM_GATEWAYS):
+        gateway = ServiceProcess(
+            f"gateway{index}", "gateway", free_port(),
+            ["--scheduler-address", mesh.scheduler.address, "--tenants-file", str(tenants),
+             "--quota-store-address", store_address, "--quota-expected-gateways", str(NUM_GATEWAYS),
+             "--quota-lease-interval-ms", "100", "--gateway-id", f"gw{index}"],
+            {}, tmp / f"gateway{index}.log",
+        )
+        mesh.processes.append(gateway)
+        gateways.append(gateway.start())
+    for gateway in gateways:
+        gateway.wait_serving()
+    return gateways
+
+
+def _check(label: str, outcomes: list[Outcome], from_s: float, to_s: float, mesh) -> None:
+    rate, counts = _admitted_rate(outcomes, from_s, to_s)
+    print(f"{label}: {from_s:.0f}-{to_s:.0f} s admitted {rate:.2f}/s (quota {QUOTA_PER_S:g}/s) {counts}")
+    others = [o.result for o in outcomes if from_s <= o.sent_s < to_s and o.result not in ("OK", "QUOTA")]
+    assert others == [], f"{label}: {len(others)} failed for other reasons: {others[:3]}\n{mesh.logs()}"
+    assert abs(rate - QUOTA_PER_S) <= 0.1 * QUOTA_PER_S, f"{label}: admitted {rate:.2f}/s, {counts}"
+
+
+@pytest.fixture
+def mesh(tmp_path):
+    with running_mesh(tmp_path) as mesh:
+        mesh.start_scheduler()
+        mesh.start_worker("mock-classifier", "--mock-profile", "batch_ms=5")
+        yield mesh
+
+
+def test_three_gateways_hold_one_quota_through_the_store(tmp_path, mesh):
+    store = ValkeyProcess(tmp_path).start()
+    try:
+        gateways = _start_gateways(mesh, tmp_path, store.address)
+        outcomes = _offer_load([g.address for g in gateways], duration_s=7.0)
+        _check("with the store", outcomes, SETTLE_S, 7.0, mesh)
+    finally:
+        store.stop()
+
+
+def test_three_gateways_hold_one_quota_with_the_store_never_started(tmp_path, mesh):
+    gateways = _start_gateways(mesh, tmp_path, f"127.0.0.1:{free_port()}")  # nothing listens there
+    outcomes = _offer_load([g.address for g in gateways], duration_s=7.0)
+    _check("store never started", outcomes, SETTLE_S, 7.0, mesh)
+    assert all("unreachable" in g.log_tail(400) for g in gateways)
+
+
+def test_store_killed_mid_load_then_restarted(tmp_path, mesh):
+    store = ValkeyProcess(tmp_path).start()
+    try:
+        gateways = _start_gateways(mesh, tmp_path, store.address)
+        killed_at_s, restarted_at_s, end_s = 5.0, 10.0, 15.0
+        events: dict[str, float] = {}
+
+        def on_tick(elapsed_s: float) -> None:
+            if elapsed_s >= killed_at_s and "killed" not in events:
+                store.kill()
+                events["killed"] = elapsed_s
+            elif elapsed_s >= restarted_at_s and "restarted" not in events:
+                store.start()  # same port, empty: its buckets read as full
+                events["restarted"] = elapsed_s
+
+        outcomes = _offer_load([g.address for g in gateways], duration_s=end_s, on_tick=on_tick)
+        print(f"store SIGKILLed at {events['killed']:.2f} s, restarted at {events['restarted']:.2f} s")
+        _check("store up", outcomes, SETTLE_S, killed_at_s, mesh)
+        _check("store down (fallback share)", outcomes, killed_at_s + SETTLE_S, restarted_at_s, mesh)
+        _check("store back (re-synced)", outcomes, restarted_at_s + SETTLE_S, end_s, mesh)
+        for gateway in gateways:
+            log = gateway.log_tail(400)
+            assert log.count("unreachable") == 1, log  # one line for the outage, not one per request
+            assert "answering" in log, log
+    finally:
+        store.stop()
