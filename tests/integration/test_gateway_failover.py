@@ -1,0 +1,66 @@
+"""One of two schedulers SIGKILLed under load, through one gateway, in both upstream modes: every
+classify succeeds (failed over to the other scheduler outside the retry budget) and every stream
+equals its unbroken reference (resumed as a continuation), with no index repeated or skipped.
+
+Real processes on 127.0.0.1: two schedulers, a toy-classifier and a mock-generator worker on each
+(workers given both addresses spread over them), one gateway given both addresses.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from services.gateway.replicas import rendezvous_order
+from tests.support.gateway_fixtures import scrape
+from tests.support.mesh_load import LoadShape, MeshLoad, StreamSpec
+from tests.support.mesh_replicas import replicated_mesh
+from tests.support.processes import free_port, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+MODELS = ["toy-classifier", "mock-generator"]
+# Streams of 80 tokens at 20 ms a step take ~1.6 s, so a kill lands mid-stream for several.
+SHAPE = LoadShape(classify_per_s=30, streams_per_s=4, classify_deadline_s=10, stream_deadline_s=30,
+                  streams=(StreamSpec("abc", 80), StreamSpec("hello", 80), StreamSpec("mesh", 80, seed=12345)))
+
+
+@pytest.mark.parametrize("upstream_mode", ["stream", "unary"])
+@pytest.mark.parametrize("victim_of", MODELS)
+def test_a_scheduler_killed_under_load_loses_no_classify_and_no_stream(tmp_path, upstream_mode, victim_of):
+    """victim_of: the model whose preferred scheduler (rendezvous, as every gateway computes it) is killed."""
+    with replicated_mesh(tmp_path) as mesh:
+        mesh.add_schedulers(2)
+        for model in MODELS:
+            for _ in range(2):
+                mesh.add_worker(model)
+        mesh.wait_spread(MODELS)
+        metrics_port = free_port()
+        mesh.add_gateway("--upstream-mode", upstream_mode, "--pressure-poll-interval-ms", "200",
+                         "--metrics-port", str(metrics_port))
+        load = MeshLoad(mesh.gateways[0].address, SHAPE).start()
+        try:
+            wait_until(lambda: load.num_done >= 60, timeout_s=30, message="load under way")
+            # The scheduler the gateway prefers for that model: the one holding its calls.
+            preferred = rendezvous_order(victim_of, [s.address for s in mesh.schedulers])[0]
+            victim = next(s for s in mesh.schedulers if s.address == preferred)
+            victim.signal(signal.SIGKILL)
+            victim.proc.wait(timeout=5)
+            time.sleep(4.0)  # open-loop load keeps arriving while the survivor takes over
+        finally:
+            counts = load.stop()
+        metrics = scrape(metrics_port)
+        logs = mesh.logs()
+
+    print(f"\n[{upstream_mode}, killed {victim_of}'s scheduler] {counts.summary()}; failovers "
+          f"{metrics.value('infermesh_gateway_failovers_total'):g}, stream resumes "
+          f"{metrics.value('infermesh_gateway_stream_resumes_total'):g}")
+    assert counts.problems() == {"failed_classify": 0, "failed_streams": 0, "wrong_text": 0, "bad_indices": 0}, (
+        f"{counts.summary()}\n{counts.examples()}\n{logs}")
+    assert counts.num_classify >= 150 and counts.num_greedy_streams + counts.num_sampled_streams >= 20
+    if victim_of == "mock-generator":
+        assert metrics.value("infermesh_gateway_stream_resumes_total") >= 1, "streams were cut mid-way and resumed"
+    else:
+        assert metrics.value("infermesh_gateway_failovers_total", model=victim_of) >= 1, "classify failed over"
