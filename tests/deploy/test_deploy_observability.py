@@ -260,6 +260,19 @@ def test_collector_pipelines_reference_only_defined_components(collector):
     assert traces["processors"][0] == "memory_limiter" and "batch" in traces["processors"]
 
 
+def test_production_pipelines_export_nothing_to_the_collector_log(collector):
+    # The debug exporter logs every span: never in the shipped pipeline.
+    for name, pipeline in collector["service"]["pipelines"].items():
+        assert not [e for e in pipeline["exporters"] if e.split("/")[0] in ("debug", "logging")], name
+
+
+def test_retries_panel_separates_retries_from_other_verdicts(dashboard):
+    (panel,) = [p for p in dashboard["panels"] if p.get("title") == "Retries"]
+    exprs = [t["expr"] for t in panel["targets"]]
+    assert any('verdict="retry"' in e for e in exprs), "the retries actually made"
+    assert all("verdict" in e for e in exprs), "a series summing every verdict mixes refusals with retries"
+
+
 def test_collector_receives_otlp_on_all_interfaces_where_services_send_it(collector, rendered):
     protocols = collector["receivers"]["otlp"]["protocols"]
     assert protocols["grpc"]["endpoint"] == "0.0.0.0:4317" and protocols["http"]["endpoint"] == "0.0.0.0:4318"
