@@ -1,0 +1,187 @@
+"""What TLS and the per-method identity check cost on a gRPC hop: per call, per streamed message, per connection.
+
+    .venv/bin/python -m bench.bench_tls [--num-calls 2000] [--num-messages 20000] [--num-connections 50]
+                                        [--rounds 3] [--quick]
+
+One grpc.aio server and its client in this process, on one event loop, so each figure
+is the client's and the server's Python and TLS work together (what a hop costs the
+machine, not one side's share). The server is built the way services/common/server.py
+builds it, for three modes:
+
+  plaintext   add_insecure_port
+  mtls        dynamic_ssl_server_credentials from tools/dev_ca.py files, client certs required,
+              --tls-identity-check off
+  mtls_ids    the same plus the identity interceptor (services/common/authz.py)
+
+and serves two methods under the scheduler's names so the policy applies: a unary echo
+(`GetPressure`) and a server stream of 64-byte messages (`Generate`), both as raw bytes.
+Phases per mode: `unary` (sequential calls: us per call), `stream` (one stream: us per
+message), `connect` (new channel, handshake and first call: ms per connection).
+Rounds alternate the mode order; the table gives every round and the medians.
+Prints a table and writes ``bench/results/tls.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+from services.common import tls
+from services.common.authz import IdentityInterceptor
+from services.common.config import ServerSettings
+from tools.dev_ca import write_service_certs
+
+RESULTS_PATH = Path(__file__).resolve().parent / "results" / "tls.json"
+MODES = ("plaintext", "mtls", "mtls_ids")
+_UNARY = "/infermesh.v1.Scheduler/GetPressure"
+_STREAM = "/infermesh.v1.Scheduler/Generate"
+_MESSAGE = bytes(64)
+
+
+def _handlers(num_messages: int) -> grpc.GenericRpcHandler:
+    async def echo(request: bytes, context) -> bytes:
+        return request
+
+    async def stream(request: bytes, context):
+        for _ in range(num_messages):
+            yield _MESSAGE
+
+    return grpc.method_handlers_generic_handler("infermesh.v1.Scheduler", {
+        "GetPressure": grpc.unary_unary_rpc_method_handler(echo),
+        "Generate": grpc.unary_stream_rpc_method_handler(stream),
+    })
+
+
+async def _start(mode: str, certs: dict, num_messages: int) -> tuple[grpc.aio.Server, int]:
+    files = certs["scheduler"]
+    settings = ServerSettings(
+        tls_cert_file=str(files.cert_path), tls_key_file=str(files.key_path), tls_ca_file=str(files.ca_path),
+        tls_identity_check=mode == "mtls_ids",
+    )
+    plan = tls.plan(settings, "scheduler")
+    interceptors = [IdentityInterceptor(plan.identity_policy)] if plan.identity_policy else []
+    server = grpc.aio.server(interceptors=interceptors)
+    server.add_generic_rpc_handlers((_handlers(num_messages),))
+    if mode == "plaintext":
+        port = server.add_insecure_port("127.0.0.1:0")
+    else:
+        credentials, _watcher = tls.server_credentials(plan)
+        port = server.add_secure_port("127.0.0.1:0", credentials)
+    await server.start()
+    return server, port
+
+
+def _channel(mode: str, certs: dict, port: int) -> grpc.aio.Channel:
+    target = f"127.0.0.1:{port}"
+    if mode == "plaintext":
+        return grpc.aio.insecure_channel(target)
+    files = certs["gateway"]
+    credentials = grpc.ssl_channel_credentials(files.ca_path.read_bytes(), files.key_path.read_bytes(),
+                                               files.cert_path.read_bytes())
+    return grpc.aio.secure_channel(target, credentials)
+
+
+async def _phase_unary(channel: grpc.aio.Channel, num_calls: int) -> float:
+    call = channel.unary_unary(_UNARY)
+    await call(_MESSAGE, timeout=10)  # connected and warm before the clock starts
+    began = time.perf_counter()
+    for _ in range(num_calls):
+        await call(_MESSAGE, timeout=10)
+    return (time.perf_counter() - began) / num_calls * 1e6
+
+
+async def _phase_stream(channel: grpc.aio.Channel, num_messages: int) -> float:
+    began = time.perf_counter()
+    received = 0
+    async for _message in channel.unary_stream(_STREAM)(b"", timeout=60):
+        received += 1
+    assert received == num_messages, received
+    return (time.perf_counter() - began) / num_messages * 1e6
+
+
+async def _phase_connect(mode: str, certs: dict, port: int, num_connections: int) -> float:
+    began = time.perf_counter()
+    for _ in range(num_connections):
+        async with _channel(mode, certs, port) as channel:
+            await channel.unary_unary(_UNARY)(_MESSAGE, timeout=10)
+    return (time.perf_counter() - began) / num_connections * 1e3
+
+
+async def _measure(mode: str, certs: dict, args) -> dict:
+    server, port = await _start(mode, certs, args.num_messages)
+    try:
+        async with _channel(mode, certs, port) as channel:
+            unary_us = await _phase_unary(channel, args.num_calls)
+            stream_us = await _phase_stream(channel, args.num_messages)
+        connect_ms = await _phase_connect(mode, certs, port, args.num_connections)
+    finally:
+        await server.stop(0)
+    return {"unary_us_per_call": unary_us, "stream_us_per_message": stream_us, "connect_ms": connect_ms}
+
+
+async def run(args) -> dict:
+    rounds = []
+    with tempfile.TemporaryDirectory() as tmp:
+        certs = write_service_certs(Path(tmp))
+        for number in range(args.rounds):
+            order = MODES if number % 2 == 0 else tuple(reversed(MODES))
+            for mode in order:
+                rounds.append({"round": number, "mode": mode, **await _measure(mode, certs, args)})
+    medians = {
+        mode: {key: statistics.median(r[key] for r in rounds if r["mode"] == mode)
+               for key in ("unary_us_per_call", "stream_us_per_message", "connect_ms")}
+        for mode in MODES
+    }
+    return {
+        "params": vars(args) | {"out": str(args.out)},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "grpc": grpc.__version__,
+                    "load_avg_1m": os.getloadavg()[0]},
+        "rounds": rounds,
+        "medians": medians,
+        "over_plaintext": {mode: {k: medians[mode][k] / medians["plaintext"][k] for k in medians[mode]}
+                           for mode in MODES},
+    }
+
+
+def print_table(results: dict) -> None:
+    print(f"{'round':>5} {'mode':<10} {'unary us/call':>14} {'stream us/msg':>14} {'connect ms':>11}")
+    for r in results["rounds"]:
+        print(f"{r['round']:>5} {r['mode']:<10} {r['unary_us_per_call']:>14.1f} {r['stream_us_per_message']:>14.2f}"
+              f" {r['connect_ms']:>11.2f}")
+    print("medians (x plaintext):")
+    for mode, m in results["medians"].items():
+        ratio = results["over_plaintext"][mode]
+        print(f"      {mode:<10} {m['unary_us_per_call']:>8.1f} ({ratio['unary_us_per_call']:.2f}x)"
+              f" {m['stream_us_per_message']:>8.2f} ({ratio['stream_us_per_message']:.2f}x)"
+              f" {m['connect_ms']:>6.2f} ({ratio['connect_ms']:.2f}x)")
+    print(f"load average (1 min) at the end: {results['machine']['load_avg_1m']:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-calls", type=int, default=2000)
+    parser.add_argument("--num-messages", type=int, default=20000)
+    parser.add_argument("--num-connections", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="a short run (fewer calls, messages, connections)")
+    parser.add_argument("--out", type=Path, default=RESULTS_PATH)
+    args = parser.parse_args()
+    if args.quick:
+        args.num_calls, args.num_messages, args.num_connections, args.rounds = 300, 3000, 10, 1
+    results = asyncio.run(run(args))
+    print_table(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
