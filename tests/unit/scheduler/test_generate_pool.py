@@ -168,3 +168,39 @@ async def test_cancelling_frees_the_blocks_and_tells_the_worker(pool):
     await asyncio.sleep(0.02)
     assert reader.stream.seq_id in worker.forgotten
     assert pool.pressure().kv_usage == 0 and worker.num_steps < 100
+
+
+async def _until(condition, timeout_s: float = 5.0) -> None:
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(poll(), timeout_s)
+
+
+async def test_handing_a_stream_over_ends_it_with_the_error_frees_its_blocks_and_tells_the_worker(pool):
+    worker = attach(pool, "w1", step_s=0.002)
+    reader = submit(pool, "abc", 100)
+    other = submit(pool, "xyz", 20)
+    await reader.read(until_tokens=3)
+    handover = errors.Unavailable("scheduler draining: stream handed over", retry_after_s=0.0)
+    assert pool.hand_over(reader.stream, handover)
+    assert not pool.hand_over(reader.stream, handover), "a stream is handed over once"
+    with pytest.raises(errors.Unavailable, match="^scheduler draining: stream handed over$"):
+        await reader.read()
+    await _until(lambda: reader.stream.seq_id in worker.forgotten)
+    assert await other.read() == expected("xyz", 20), "the other stream runs on untouched"
+    assert pool.pressure().kv_usage == 0
+
+
+async def test_a_continuation_streams_the_rest_from_its_index(pool):
+    attach(pool, "w1")
+    stream = GenerateStream(seq_id=WorkerLink.next_id(), tenant=TenantContext("t"),
+                            sampling_proto=common_pb2.SamplingParams(max_tokens=12), trace_context={},
+                            arrival_s=pool.clock(), deadline_s=None)
+    whole = expected("abc", 12)
+    pool.submit(stream, tuple(b"abc"), SamplingParams(max_tokens=12), tuple(whole[:5].encode()))
+    reader = Reader(stream)
+    reader.num_tokens = 5  # the client holds tokens 0..4
+    assert await reader.read() == whole[5:]
+    assert reader.num_tokens == 12
