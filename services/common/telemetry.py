@@ -1,10 +1,14 @@
 """OpenTelemetry: tracer setup from the standard OTEL_* variables, W3C context in gRPC metadata.
 
 Exporter choice, first match wins:
+  * `OTEL_SDK_DISABLED=true`: nothing is recorded or exported (trace context still passes through);
   * `OTEL_TRACES_EXPORTER=none|console|otlp` (the standard variable);
   * OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set;
   * a JSON-lines file when `INFERMESH_TRACE_FILE` is set (local runs and tests);
   * otherwise none: spans are still created (so trace ids propagate) but not exported.
+
+OTLP goes over gRPC unless `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` (or `OTEL_EXPORTER_OTLP_PROTOCOL`)
+says `http/protobuf`; any other value is a startup error rather than silently using gRPC.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+from services.common.config import ConfigError
 
 TRACE_FILE_ENV = "INFERMESH_TRACE_FILE"
 
@@ -65,21 +71,44 @@ def _span_record(span: ReadableSpan) -> dict:
     }
 
 
+OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+
+
+def sdk_disabled(environ: Mapping[str, str]) -> bool:
+    """`OTEL_SDK_DISABLED`, read as the specification says: only "true" (any case) disables."""
+    return environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+
+
+def otlp_protocol(environ: Mapping[str, str]) -> str:
+    """The OTLP transport for traces: the signal-specific variable wins over the general one."""
+    raw = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc"
+    protocol = raw.strip().lower()
+    if protocol not in OTLP_PROTOCOLS:
+        raise ConfigError(f"OTEL_EXPORTER_OTLP_PROTOCOL={raw!r} is not supported: use one of {', '.join(OTLP_PROTOCOLS)}")
+    return protocol
+
+
 def setup_tracing(service_name: str, environ: Mapping[str, str] | None = None) -> TracerProvider:
-    environ = os.environ if environ is None else environ
-    resource = Resource.create({"service.name": environ.get("OTEL_SERVICE_NAME", service_name)})
-    processor = _span_processor(environ)
     global _recording
-    _recording = processor is not None or "OTEL_TRACES_SAMPLER" in environ
-    if not _recording:
+    provider, _recording = build_provider(service_name, os.environ if environ is None else environ)
+    trace.set_tracer_provider(provider)
+    return provider
+
+
+def build_provider(service_name: str, environ: Mapping[str, str]) -> tuple[TracerProvider, bool]:
+    """The tracer provider the variables ask for, and whether it records spans at all."""
+    resource = Resource.create({"service.name": environ.get("OTEL_SERVICE_NAME", service_name)})
+    disabled = sdk_disabled(environ)
+    processor = None if disabled else _span_processor(environ)
+    recording = processor is not None or ("OTEL_TRACES_SAMPLER" in environ and not disabled)
+    if not recording:
         # Nothing exports: spans need not be recorded (10-25 us each), only their ids propagated.
         provider = TracerProvider(resource=resource, sampler=ALWAYS_OFF)
     else:
         provider = TracerProvider(resource=resource)
     if processor is not None:
         provider.add_span_processor(processor)
-    trace.set_tracer_provider(provider)
-    return provider
+    return provider, recording
 
 
 def _span_processor(environ: Mapping[str, str]):
@@ -90,9 +119,15 @@ def _span_processor(environ: Mapping[str, str]):
     if choice == "console":
         return SimpleSpanProcessor(ConsoleSpanExporter())
     if choice == "otlp" or (not choice and has_endpoint):
+        if otlp_protocol(environ) == "http/protobuf":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+            return BatchSpanProcessor(HttpExporter())
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
         return BatchSpanProcessor(OTLPSpanExporter())
+    if choice not in ("", "none"):
+        raise ConfigError(f"OTEL_TRACES_EXPORTER={choice!r} is not supported: use otlp, console or none")
     if environ.get(TRACE_FILE_ENV):
         return SimpleSpanProcessor(JsonLinesSpanExporter(environ[TRACE_FILE_ENV]))
     return None

@@ -6,6 +6,7 @@ import pytest
 from opentelemetry import trace
 
 from services.common import telemetry
+from services.common.config import ConfigError
 from services.common.telemetry import carrier_for, context_from_metadata, server_span
 
 CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -59,3 +60,43 @@ def test_recording_span_is_a_child_of_the_caller_and_an_error_keeps_no_traceback
     assert finished.kind is trace.SpanKind.SERVER
     assert finished.status.status_code is trace.StatusCode.ERROR and finished.events == ()
     assert "traceparent" not in carrier_for()
+
+
+# -- the standard OTEL_* variables ------------------------------------------------------
+
+
+def _exporter_of(environ):
+    processor = telemetry._span_processor(environ)
+    return None if processor is None else type(processor.span_exporter).__module__
+
+
+def test_otlp_protocol_selects_the_transport():
+    assert "proto.grpc" in _exporter_of({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"})
+    http = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+    assert "proto.http" in _exporter_of(http)
+    # The traces-specific variable wins over the general one.
+    assert "proto.grpc" in _exporter_of({**http, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"})
+
+
+@pytest.mark.parametrize("environ", [
+    {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
+    {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "thrift"},
+    {"OTEL_TRACES_EXPORTER": "jaeger"},
+])
+def test_unsupported_values_are_a_configuration_error_not_a_silent_default(environ):
+    with pytest.raises(ConfigError, match="is not supported"):
+        telemetry._span_processor(environ)
+
+
+@pytest.mark.parametrize(("value", "disabled"), [("true", True), ("TRUE", True), ("false", False), ("1", False), ("", False)])
+def test_sdk_disabled_reads_only_true(value, disabled):
+    assert telemetry.sdk_disabled({"OTEL_SDK_DISABLED": value}) is disabled
+
+
+def test_sdk_disabled_records_nothing_even_with_an_exporter_configured():
+    provider, recording = telemetry.build_provider("svc", {"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "console",
+                                                           "OTEL_TRACES_SAMPLER": "always_on"})
+    assert recording is False
+    assert not provider.get_tracer("t").start_span("x").is_recording()
+    _, recording = telemetry.build_provider("svc", {"OTEL_TRACES_EXPORTER": "console"})
+    assert recording is True
