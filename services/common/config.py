@@ -2,13 +2,15 @@
 
 Every field `foo_bar` of a service's config can be set as `--foo-bar` or as
 `INFERMESH_<SERVICE>_FOO_BAR`; a flag wins over the environment, which wins over
-the default. Bad values fail at start with a message naming the variable.
+the default. Bad values fail at start with a message naming the variable, and so
+does an `INFERMESH_<SERVICE>_*` variable the service does not know (a typo).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
 import types
 import typing
@@ -89,6 +91,7 @@ def load_config(
             help=f"{describe(f)} (env {env_name(service, f.name)}, default {f.default!r})",
         )
     args = parser.parse_args(argv)
+    _refuse_unknown_variables(config_cls, service, environ)
     values: dict[str, object] = {}
     for f in dataclasses.fields(config_cls):
         raw = getattr(args, f.name)
@@ -104,6 +107,24 @@ def load_config(
         raise
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{service} config: {exc}") from None
+
+
+def _refuse_unknown_variables(config_cls: type, service: str, environ: Mapping[str, str]) -> None:
+    """A mistyped INFERMESH_<SERVICE>_* variable would otherwise be ignored without a word,
+    leaving the default in force (and the operator believing otherwise)."""
+    prefix = f"INFERMESH_{service.upper()}_"
+    known = env_names(config_cls, service)
+    unknown = sorted(name for name in environ if name.startswith(prefix) and name not in known)
+    if not unknown:
+        return
+    hints = []
+    suffixes = [name[len(prefix):] for name in sorted(known)]
+    for name in unknown:
+        # Compare what follows the shared prefix, or every name would look alike.
+        close = difflib.get_close_matches(name[len(prefix):], suffixes, n=1, cutoff=0.75)
+        hints.append(f"{name} (did you mean {prefix}{close[0]}?)" if close else name)
+    raise ConfigError(f"unknown variable{'s' if len(unknown) > 1 else ''} for the {service}: {', '.join(hints)}; "
+                      f"`python -m services.{service} --help` lists every setting")
 
 
 def require(condition: bool, message: str) -> None:

@@ -51,3 +51,18 @@ def test_env_names_lists_every_variable_a_service_reads():
 def test_model_version_cannot_be_empty_because_there_is_no_latest():
     with pytest.raises(ConfigError, match="there is no 'latest'"):
         load_config(WorkerConfig, "worker", ["--model-version", ""], {})
+
+
+def test_a_mistyped_variable_fails_at_start_and_suggests_the_real_name():
+    with pytest.raises(ConfigError) as info:
+        load_config(GatewayConfig, "gateway", [], {"INFERMESH_GATEWAY_MAX_INFLIGHT": "10"})
+    assert "unknown variable for the gateway: INFERMESH_GATEWAY_MAX_INFLIGHT (did you mean INFERMESH_GATEWAY_MAX_IN_FLIGHT?)" in str(info.value)
+
+
+def test_unknown_variables_are_all_named_and_other_services_variables_are_left_alone():
+    env = {"INFERMESH_WORKER_NUMTHREADS": "2", "INFERMESH_WORKER_ZZZ": "1",
+           "INFERMESH_GATEWAY_PORT": "1", "INFERMESH_TRACE_FILE": "/tmp/x"}  # not the worker's: ignored
+    with pytest.raises(ConfigError, match=r"unknown variables for the worker: INFERMESH_WORKER_NUMTHREADS \(did you "
+                                          r"mean INFERMESH_WORKER_NUM_THREADS\?\), INFERMESH_WORKER_ZZZ;"):
+        load_config(WorkerConfig, "worker", [], env)
+    load_config(SchedulerConfig, "scheduler", [], env)  # no INFERMESH_SCHEDULER_* at all: fine
