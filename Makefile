@@ -10,7 +10,9 @@ PROTOS := $(wildcard protos/infermesh/v1/*.proto protos/inference/*.proto)
 MODEL_REPO ?= model_repo
 MESH_PID := run/mesh.pid
 MESH_HEALTH := 127.0.0.1:$${MESH_GATEWAY_PORT:-50051} 127.0.0.1:$${MESH_SCHEDULER_PORT:-50052} \
+	127.0.0.1:$${MESH_SCHEDULER2_PORT:-50053} \
 	127.0.0.1:$${MESH_CLASSIFIER_PORT:-50061} 127.0.0.1:$${MESH_GENERATOR_PORT:-50062}
+MESH_STORE := 127.0.0.1:$${MESH_STORE_PORT:-6390}
 MESH_GATEWAY := 127.0.0.1:$${MESH_GATEWAY_PORT:-50051}
 export MESH_CLASSIFIER_MODEL ?= digits
 export MESH_GENERATOR_MODEL ?= tinylm
@@ -43,13 +45,13 @@ models: setup ## rebuild the shipped demo models (digits, tinylm) from their rec
 model-repo: setup ## check the demo models in model_repo/ (sha256, recipe); build only what is missing
 	@$(PY) -m tools.build_models --out $(MODEL_REPO)
 
-up: setup model-repo ## start scheduler, gateway and two workers on 127.0.0.1; wait until all are SERVING
+up: setup model-repo ## start two schedulers, the quota store, gateway and two workers on 127.0.0.1; wait until all are SERVING
 	@mkdir -p run
 	@if [ -f $(MESH_PID) ] && kill -0 $$(cat $(MESH_PID)) 2>/dev/null; then \
 		echo "mesh already running (pid $$(cat $(MESH_PID))); make down stops it"; exit 0; fi; \
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" setsid $(VENV)/bin/honcho -f deploy/local/Procfile -d . start \
 		> run/mesh.log 2>&1 < /dev/null & echo $$! > $(MESH_PID); \
-	if ! $(PY) -m tools.mesh wait --health $(MESH_HEALTH) --gateway $(MESH_GATEWAY) \
+	if ! $(PY) -m tools.mesh wait --health $(MESH_HEALTH) --store $(MESH_STORE) --gateway $(MESH_GATEWAY) \
 		--models $(MESH_CLASSIFIER_MODEL) $(MESH_GENERATOR_MODEL) --api-key demo-key-alpha --timeout-s 180; then \
 		tail -n 40 run/mesh.log; $(MAKE) --no-print-directory down; exit 1; fi; \
 	echo "infermesh is up: gateway at $(MESH_GATEWAY) (logs: run/mesh.log). Stop it with: make down"

