@@ -177,7 +177,30 @@ def test_compose_services_are_hardened_and_stop_slower_than_they_drain(compose):
         stop_s = int(spec["stop_grace_period"].removesuffix("s"))
         assert stop_s > config.drain_grace_s, name
         if service != "scheduler":
-            assert config.scheduler_address == "scheduler:50052", name
+            assert config.scheduler_address == ",".join(f"{s}:50052" for s in schedulers(compose)), name
+
+
+def schedulers(compose: dict) -> list[str]:
+    return [name for name, spec, image in infermesh_services(compose) if image == "scheduler"]
+
+
+def test_compose_runs_two_schedulers_and_a_quota_store_the_gateway_leases_from(compose):
+    assert schedulers(compose) == ["scheduler", "scheduler-2"]
+    store = compose["services"]["quota-store"]
+    repository, _, tag = store["image"].rpartition(":")
+    assert repository == "valkey/valkey" and tag[0].isdigit() and tag.count(".") == 2, store["image"]
+    assert store["read_only"] is True and store["cap_drop"] == ["ALL"] and store["user"].split(":")[0] != "0"
+    assert "ports" not in store, "only the gateway (on the compose network) reaches the store"
+    command = store["command"]
+    assert command[command.index("--port") + 1] == "6379"
+    assert "valkey-cli" in store["healthcheck"]["test"]
+    gateway = compose["services"]["gateway"]
+    assert gateway["environment"]["INFERMESH_GATEWAY_QUOTA_STORE_ADDRESS"] == "quota-store:6379"
+    # A gateway serves without the store (fallback shares), so it does not wait for it to be healthy.
+    assert gateway["depends_on"]["quota-store"] == {"condition": "service_started"}
+    for name, spec, image in infermesh_services(compose):
+        if image != "scheduler" and "depends_on" in spec:
+            assert {s: {"condition": "service_healthy"} for s in schedulers(compose)}.items() <= spec["depends_on"].items(), name
 
 
 def test_compose_workers_have_a_cpu_limit_and_threads_to_match(compose):
