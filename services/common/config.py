@@ -17,6 +17,8 @@ import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from services.common import build_info
+
 T = typing.TypeVar("T")
 
 
@@ -83,6 +85,7 @@ def load_config(
     environ = os.environ if environ is None else environ
     hints = typing.get_type_hints(config_cls)
     parser = argparse.ArgumentParser(prog=f"python -m services.{service}")
+    parser.add_argument("--version", action="version", version=build_info.current().line(service))
     for f in dataclasses.fields(config_cls):
         parser.add_argument(
             "--" + f.name.replace("_", "-"),

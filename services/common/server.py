@@ -25,7 +25,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import Gauge, start_http_server
 
-from services.common import tls
+from services.common import build_info, tls
 from services.common.authz import IdentityInterceptor
 from services.common.config import ConfigError, ServerSettings
 from services.common.telemetry import setup_tracing
@@ -98,6 +98,7 @@ async def serve(service_name: str, settings: ServerSettings, service: Service) -
     service.register(server)
     port = _add_port(server, settings, tls_plan)
     _report_tls(service_name, tls_plan)
+    build_info.export(service_name)
     _start_metrics(settings, tls_plan)
     await health.set_serving(False)
     await server.start()
