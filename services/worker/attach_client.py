@@ -148,6 +148,9 @@ class AttachClient:
             finally:
                 heartbeat.cancel()
                 self._call = None
+                # Whichever scheduler we attach to next recomputes what it wants from scratch
+                # (first steps reset their block tables); the ids of this session mean nothing there.
+                self._runtime.forget_all()
 
     async def _read_commands(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:

@@ -107,6 +107,9 @@ class ToyClassifierRuntime:
     def abort(self, command: scheduler_pb2.Abort) -> None:
         return None
 
+    def forget_all(self) -> None:
+        return None
+
     def kv_blocks_used(self) -> int:
         return 0
 
@@ -174,6 +177,9 @@ class ToyGeneratorRuntime:
     def abort(self, command: scheduler_pb2.Abort) -> None:
         for seq_id in command.seq_ids:
             self._blocks.pop(seq_id, None)
+
+    def forget_all(self) -> None:
+        self._blocks.clear()
 
     def kv_blocks_used(self) -> int:
         return sum(len(blocks) for blocks in self._blocks.values())

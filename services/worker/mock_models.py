@@ -176,6 +176,9 @@ class MockGeneratorRuntime:
     def abort(self, command: scheduler_pb2.Abort) -> None:
         self._mirror.forget(command.seq_ids)
 
+    def forget_all(self) -> None:
+        self._mirror.forget_all()
+
     def kv_blocks_used(self) -> int:
         return self._mirror.num_kv_blocks_used
 
@@ -238,6 +241,9 @@ class MockClassifierRuntime:
         raise ValueError(f"{self.name} cannot run generation steps")
 
     def abort(self, command: scheduler_pb2.Abort) -> None:
+        return None
+
+    def forget_all(self) -> None:
         return None
 
     def kv_blocks_used(self) -> int:

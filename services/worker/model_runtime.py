@@ -96,6 +96,9 @@ class ClassifierRuntime:
     def abort(self, command: scheduler_pb2.Abort) -> None:
         return None  # batches are short; items are not interrupted
 
+    def forget_all(self) -> None:
+        return None
+
     def kv_blocks_used(self) -> int:
         return 0
 
@@ -151,6 +154,9 @@ class GeneratorRuntime:
 
     def abort(self, command: scheduler_pb2.Abort) -> None:
         self._executor.forget(command.seq_ids)
+
+    def forget_all(self) -> None:
+        self._executor.forget_all()
 
     def kv_blocks_used(self) -> int:
         return self._executor.num_kv_blocks_used

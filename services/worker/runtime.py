@@ -30,4 +30,8 @@ class WorkerRuntime(Protocol):
 
     def abort(self, command: scheduler_pb2.Abort) -> None: ...
 
+    def forget_all(self) -> None:
+        """The Attach session ended: forget every sequence's block table. A scheduler re-dialled (or
+        another one) recomputes what it still wants from scratch, so none of them is used again."""
+
     def kv_blocks_used(self) -> int: ...

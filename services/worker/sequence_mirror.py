@@ -79,6 +79,9 @@ class SequenceMirror:
         for seq_id in seq_ids:
             self._seqs.pop(seq_id, None)
 
+    def forget_all(self) -> None:
+        self._seqs.clear()
+
     def admit_step(self, step: RunStep) -> StepAdmission:
         """Forgets the step's finished sequences, then checks and mirrors each sequence of the step."""
         self.forget(step.finished_seq_ids)

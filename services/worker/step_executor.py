@@ -51,6 +51,10 @@ class StepExecutor:
         """Drop block-table mirrors (finished, aborted or preempted sequences); unknown ids are ignored."""
         self._mirror.forget(seq_ids)
 
+    def forget_all(self) -> None:
+        """The scheduler session ended: no block table is used again."""
+        self._mirror.forget_all()
+
     def run(self, step: RunStep) -> tuple[list[SequenceOutput], StageDurations]:
         """One output per sequence of the step, in order, and the step's stage durations."""
         admission = self._mirror.admit_step(step)

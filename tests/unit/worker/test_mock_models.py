@@ -131,6 +131,12 @@ def test_abort_and_finished_ids_free_the_mirrored_blocks(generator):
     assert generator.kv_blocks_used() == 0
 
 
+def test_forget_all_drops_every_sequence_of_the_session_that_ended(generator):
+    run(generator, seq_step(1, b"abcdef", 0, (0, 1), reset=True), seq_step(2, b"ab", 0, (2,), reset=True))
+    generator.forget_all()
+    assert generator.kv_blocks_used() == 0
+
+
 def test_unknown_blocks_and_positions_past_max_seq_len_are_refused(generator):
     out = run(generator, seq_step(1, b"a", 0, (8,), reset=True), seq_step(2, b"a", 64, (0,), reset=True))
     messages = [o.error.message for o in out.outputs]
