@@ -1,14 +1,23 @@
-"""Local mesh helper: wait until every service reports SERVING, the quota store answers, and
-models are attached.
+"""Local mesh helpers.
+
+wait: until every service reports SERVING, the quota store answers, and models are attached.
 
     python -m tools.mesh wait --health 127.0.0.1:50051 127.0.0.1:50052 ... \
         --store 127.0.0.1:6390 --gateway 127.0.0.1:50051 --models digits tinylm --timeout-s 120
+
+keep: run a command and start it again whenever it exits, as a Deployment restarts a pod. honcho
+(`make up`) stops the whole mesh when any one process exits, so without this, stopping or killing
+one scheduler to watch the other take over would end every process.
+
+    python -m tools.mesh keep -- python -m services.scheduler --port 50053
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -80,6 +89,40 @@ def wait(health: list[str], gateway: str | None, models: list[str], timeout_s: f
     return False
 
 
+def keep_running(argv: Sequence[str], restart_delay_s: float = 1.0, max_restarts: int | None = None) -> int:
+    """Run argv, and again each time it exits, until this process gets SIGTERM or SIGINT: then the
+    signal goes to the child (which drains as it would under a kubelet), and its exit status is
+    returned once it exits. `max_restarts` bounds the restarts (tests); None: no bound."""
+    stopping = False
+    child: subprocess.Popen | None = None
+
+    def forward(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        num_restarts = 0
+        while True:
+            child = subprocess.Popen(list(argv))
+            if stopping:  # the signal came while the child was being started: it missed the forward
+                child.send_signal(signal.SIGTERM)
+            returncode = child.wait()
+            if stopping or (max_restarts is not None and num_restarts >= max_restarts):
+                return returncode
+            num_restarts += 1
+            print(f"tools.mesh keep: {' '.join(argv[:4])} ... exited with {returncode}; "
+                  f"starting it again in {restart_delay_s:g}s (restart {num_restarts})", file=sys.stderr, flush=True)
+            time.sleep(restart_delay_s)  # a signal during the pause ends it: stopping is then set
+            if stopping:
+                return returncode
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.mesh")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -90,7 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     waiter.add_argument("--models", nargs="*", default=[])
     waiter.add_argument("--timeout-s", type=float, default=120.0)
     waiter.add_argument("--api-key", default="", help="sent as 'authorization: Bearer' when listing models")
+    keeper = sub.add_parser("keep", help="run a command, restarting it whenever it exits, until SIGTERM/SIGINT")
+    keeper.add_argument("--restart-delay-s", type=float, default=1.0)
+    keeper.add_argument("argv", nargs=argparse.REMAINDER, help="-- then the command")
     args = parser.parse_args(argv)
+    if args.command == "keep":
+        command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+        if not command:
+            parser.error("keep needs a command after --")
+        return keep_running(command, args.restart_delay_s)
     return 0 if wait(args.health, args.gateway, args.models, args.timeout_s, args.api_key, args.store) else 1
 
 

@@ -1,11 +1,15 @@
 """deploy/local/Procfile (`make up`): every worker runs with a thread count that leaves the scheduler
-and gateway their share of a small machine; `tools.mesh wait` knows when the quota store answers."""
+and gateway their share of a small machine; `tools.mesh wait` knows when the quota store answers;
+`tools.mesh keep` restarts a scheduler that was stopped or killed, as a Deployment would."""
 
 from __future__ import annotations
 
 import re
 import shlex
+import signal
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +21,7 @@ from services.common.config import load_config
 from services.gateway.config import GatewayConfig
 from services.scheduler.config import SchedulerConfig
 from services.worker.config import WorkerConfig
-from tools.mesh import store_answers, wait
+from tools.mesh import keep_running, store_answers, wait
 
 PROCFILE = REPO / "deploy" / "local" / "Procfile"
 _DEFAULTED = re.compile(r"\$\{([A-Z][A-Z0-9_]*):?-([^}]*)\}")
@@ -145,3 +149,40 @@ def test_wait_names_the_store_that_never_answered(capsys):
         closed = f"127.0.0.1:{unused.getsockname()[1]}"
     assert not wait([], None, [], timeout_s=0.3, stores=[closed])
     assert f"stores ['{closed}']" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- tools.mesh keep
+
+
+def test_keep_starts_a_command_again_each_time_it_exits(tmp_path):
+    runs = tmp_path / "runs"
+    child = [sys.executable, "-c", f"open({str(runs)!r}, 'a').write('x'); raise SystemExit(3)"]
+    assert keep_running(child, restart_delay_s=0, max_restarts=2) == 3
+    assert runs.read_text() == "xxx"
+
+
+_DRAINING_CHILD = """
+import signal, sys
+def drain(signum, frame):
+    print("drained", flush=True)
+    sys.exit(7)
+signal.signal(signal.SIGTERM, drain)
+print("started", flush=True)
+signal.pause()
+"""
+
+
+def test_keep_passes_sigterm_to_the_command_and_ends_with_it():
+    keeper = subprocess.Popen(
+        [sys.executable, "-m", "tools.mesh", "keep", "--restart-delay-s", "0", "--",
+         sys.executable, "-c", _DRAINING_CHILD],
+        cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert keeper.stdout.readline() == "started\n"  # blocks until the child runs
+        keeper.send_signal(signal.SIGTERM)  # the keeper only, as `make down` / a kubelet would
+        assert keeper.wait(timeout=30) == 7
+        assert keeper.stdout.read() == "drained\n", "drained once, and not started again"
+    finally:
+        if keeper.poll() is None:
+            keeper.kill()
+            keeper.wait()
