@@ -24,6 +24,8 @@ import asyncio
 import itertools
 import json
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -125,6 +127,13 @@ class LoadCounts:
         lists = (self.failed_classify, self.failed_streams, self.wrong_text, self.bad_indices)
         return "\n".join(example for examples in lists for example in examples[:num])
 
+    def assert_nothing_lost(self, phase: str, logs: Callable[[], str]) -> None:
+        """Prints the phase's counts, then requires every problem count to be 0 and some of each call."""
+        print(f"{phase}: {self.summary()}")
+        assert self.problems() == dict.fromkeys(self.problems(), 0), f"{phase}: {self.examples()}\n{logs()}"
+        assert self.num_classify >= 100 and self.num_greedy_streams >= 4 and self.num_sampled_streams >= 4, (
+            f"{phase}: too little load to judge: {self.summary()}")
+
 
 @dataclass
 class _StreamRead:
@@ -149,6 +158,12 @@ class _StreamRead:
         if chunk.finish_reason:
             self.num_final_chunks += 1
             self.completion_tokens = chunk.usage.completion_tokens
+
+
+def _wall_clock() -> str:
+    """Time of day to the millisecond, as the services' log lines print it (to match a failure to them)."""
+    now = time.time()
+    return time.strftime("%H:%M:%S", time.localtime(now)) + f",{int(now * 1000) % 1000:03d}"
 
 
 class MeshLoad:
@@ -176,6 +191,15 @@ class MeshLoad:
         with self._done_lock:
             return self._num_done
 
+    def wait_completed(self, num: int, during: str, timeout_s: float = 30.0) -> None:
+        """Until `num` more calls have ended (any outcome): the load goes on through `during`."""
+        target = self.num_done + num
+        give_up = time.monotonic() + timeout_s
+        while self.num_done < target:
+            if time.monotonic() > give_up:
+                raise TimeoutError(f"{num} calls not completed {during} within {timeout_s}s")
+            time.sleep(0.05)
+
     def stop(self, timeout_s: float = 60.0) -> LoadCounts:
         """Stops sending, waits for every call already sent to end, and returns the counts."""
         self._loop.call_soon_threadsafe(self._stopping.set)
@@ -186,11 +210,15 @@ class MeshLoad:
 
     async def _run(self) -> None:
         self._stopping = asyncio.Event()
-        async with aio.insecure_channel(self.target, options=channel_options()) as channel:
-            stub = gateway_pb2_grpc.InferenceStub(channel)
+        # A channel each: on one round_robin channel the two fixed rates interleave in a fixed
+        # pattern that can put every stream on the same gateway.
+        async with (aio.insecure_channel(self.target, options=channel_options()) as classify_channel,
+                    aio.insecure_channel(self.target, options=channel_options()) as stream_channel):
+            classify_stub = gateway_pb2_grpc.InferenceStub(classify_channel)
+            stream_stub = gateway_pb2_grpc.InferenceStub(stream_channel)
             await asyncio.gather(
-                self._open_loop(self.shape.classify_per_s, lambda n: self._classify(stub, n)),
-                self._open_loop(self.shape.streams_per_s, lambda n: self._stream(stub, n)),
+                self._open_loop(self.shape.classify_per_s, lambda n: self._classify(classify_stub, n)),
+                self._open_loop(self.shape.streams_per_s, lambda n: self._stream(stream_stub, n)),
             )
 
     async def _open_loop(self, rate_per_s: float, make_call) -> None:
@@ -215,12 +243,13 @@ class MeshLoad:
     async def _classify(self, stub, number: int) -> None:
         self._counts.num_classify += 1
         request = gateway_pb2.ClassifyRequest(model=CLASSIFIER, image=BRIGHT, request_id=f"c{number}")
+        name = f"classify c{number} sent {_wall_clock()}"
         try:
             reply = await stub.Classify(request, timeout=self.shape.classify_deadline_s)
             if reply.labels[0].label != BRIGHT_LABEL:
-                self._counts.failed_classify.append(f"classify c{number}: label {reply.labels[0].label!r}")
+                self._counts.failed_classify.append(f"{name}: label {reply.labels[0].label!r}")
         except grpc.RpcError as exc:
-            self._counts.failed_classify.append(f"classify c{number}: {exc.code().name} {exc.details()}")
+            self._counts.failed_classify.append(f"{name}: {exc.code().name} {exc.details()}")
         finally:
             self._finished()
 
@@ -230,7 +259,7 @@ class MeshLoad:
             self._counts.num_greedy_streams += 1
         else:
             self._counts.num_sampled_streams += 1
-        name = f"stream s{number} ({spec.prompt!r}, seed {spec.seed})"
+        name = f"stream s{number} ({spec.prompt!r}, seed {spec.seed}) sent {_wall_clock()}"
         read = _StreamRead(spec)
         try:
             await self._read_stream(stub, spec, f"s{number}", read)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infermesh.v1 import common_pb2
+from tests.support.gateway_fixtures import scrape
 from tests.support.netns import HostedProcess, Lan
 from tests.support.processes import ServiceProcess, free_port, wait_until
 from tests.support.scheduler_fixtures import pressure_of, scheduler_stub
@@ -49,8 +50,9 @@ class ReplicatedMesh:
         """Starts `num` schedulers (on `hosts[i]` with a Lan) and waits until each serves."""
         started = []
         for i in range(num):
+            metrics = [] if self.lan is not None else ["--metrics-port", str(free_port())]
             name = f"scheduler{len(self.schedulers) + 1}"
-            process = self._new(name, "scheduler", free_port(), list(args), hosts[i] if hosts else "")
+            process = self._new(name, "scheduler", free_port(), [*metrics, *args], hosts[i] if hosts else "")
             self.schedulers.append(process.start())
             started.append(process)
         for process in started:
@@ -62,9 +64,11 @@ class ReplicatedMesh:
         return ",".join(s.address for s in self.schedulers)
 
     def add_gateway(self, *args: str, host: str = "") -> ServiceProcess:
+        """A gateway on every scheduler; on 127.0.0.1 it also serves /metrics (see gateway_metric)."""
         name = f"gateway{len(self.gateways) + 1}"
+        metrics = [] if self.lan is not None else ["--metrics-port", str(free_port())]
         process = self._new(name, "gateway", free_port(),
-                            ["--scheduler-address", self.scheduler_addresses, *args], host)
+                            ["--scheduler-address", self.scheduler_addresses, *metrics, *args], host)
         self.gateways.append(process.start())
         process.wait_serving()
         return process
@@ -111,6 +115,21 @@ class ReplicatedMesh:
             return "ipv4:" + ",".join(g.address for g in self.gateways)
         return self.gateways[0].probe_address
 
+    def metric(self, process: ServiceProcess, name: str, **labels: str) -> float:
+        """The sum of a metric's samples on a gateway or scheduler whose labels include `labels`."""
+        port = int(process.args[process.args.index("--metrics-port") + 1])
+        return scrape(port).value(name, **labels)
+
+    def scheduler_serving(self, model_name: str) -> ServiceProcess:
+        """The scheduler the gateway sends `model_name` to now: the one with its calls running or done."""
+        def activity(scheduler: ServiceProcess) -> float:
+            return (self.metric(scheduler, "infermesh_scheduler_running_sequences", model=model_name)
+                    + self.metric(scheduler, "infermesh_scheduler_requests_total", model=model_name))
+
+        wait_until(lambda: any(activity(s) > 0 for s in self.schedulers), timeout_s=10,
+                   message=f"a scheduler serving {model_name}")
+        return max(self.schedulers, key=activity)
+
     def num_workers(self, scheduler: ServiceProcess, model_name: str) -> int:
         try:
             with scheduler_stub(scheduler.probe_address) as stub:
@@ -129,6 +148,14 @@ class ReplicatedMesh:
 
         wait_until(spread, timeout_s=timeout_s, interval_s=0.2,
                    message=f"workers of {model_names} on every scheduler")
+
+    def wait_attached(self, model_names: list[str], num_per_model: int, timeout_s: float = 20.0) -> None:
+        """Until `num_per_model` workers of each model are attached, to whichever schedulers."""
+        def attached() -> bool:
+            return all(sum(self.workers_by_scheduler(m)) == num_per_model for m in model_names)
+
+        wait_until(attached, timeout_s=timeout_s, interval_s=0.2,
+                   message=f"{num_per_model} workers of each of {model_names} attached")
 
     def processes(self) -> list[ServiceProcess]:
         return [*self.gateways, *self.workers, *self.schedulers]
