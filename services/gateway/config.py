@@ -63,6 +63,9 @@ class GatewayConfig(ServerSettings):
     retry_budget_ratio: float = setting(0.1, "retries allowed per original request, over the budget window")
     retry_budget_window_s: float = setting(10.0, "retry budget sliding window")
     retry_budget_min_per_s: float = setting(1.0, "retries per second always allowed, even when quiet")
+    stream_max_resumes: int = setting(
+        3, "times one Generate stream may be resumed on another scheduler after its upstream broke mid-stream"
+    )
     # Circuit breaker per scheduler endpoint.
     breaker_consecutive_failures: int = setting(5, "failures in a row that open the breaker")
     breaker_error_rate: float = setting(0.5, "error rate over the window that opens the breaker, (0, 1]")
@@ -88,8 +91,9 @@ class GatewayConfig(ServerSettings):
         try:
             parse_scheduler_target(self.scheduler_address)
         except DiscoveryConfigError as exc:
-            require(False, str(exc))
+            require(False, f"scheduler_address must be host:port, got {self.scheduler_address!r} ({exc})")
         require(self.discovery_interval_ms > 0, f"discovery_interval_ms must be > 0, got {self.discovery_interval_ms}")
+        require(self.stream_max_resumes >= 0, f"stream_max_resumes must be >= 0, got {self.stream_max_resumes}")
         require(self.upstream_mode in ("stream", "unary"),
                 f"upstream_mode must be stream or unary, got {self.upstream_mode!r}")
         require(self.default_deadline_ms > 0, f"default_deadline_ms must be > 0, got {self.default_deadline_ms}")

@@ -113,6 +113,7 @@ class GatewayService:
             breakers=self.breakers,
             deadlines=deadlines,
             board=self.board,
+            max_resumes=config.stream_max_resumes,
         )
         self.poller = PressurePoller(
             routing=self.routing,
