@@ -399,3 +399,16 @@ def test_gateways_share_quotas_through_the_store(rendered, overlay):
     hpa = next(h for h in of_kind(docs, "HorizontalPodAutoscaler")
                if h["spec"]["scaleTargetRef"]["name"] == gateway["metadata"]["name"])
     assert config.quota_expected_gateways == hpa["spec"]["minReplicas"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_model_keeps_a_worker_per_scheduler(rendered, overlay):
+    # A scheduler serves only the workers attached to it: with fewer workers of a model than
+    # schedulers, rolling or losing the one that holds them leaves the model unserved while they move.
+    docs = rendered[overlay]
+    num_schedulers = scheduler_deployment(docs)["spec"]["replicas"]
+    hpas = {h["spec"]["scaleTargetRef"]["name"]: h for h in of_kind(docs, "HorizontalPodAutoscaler")}
+    for worker in (d for d in infermesh_deployments(docs) if service_of(d) == "worker"):
+        name = worker["metadata"]["name"]
+        assert worker["spec"]["replicas"] >= num_schedulers, name
+        assert hpas[name]["spec"]["minReplicas"] >= num_schedulers, name
