@@ -22,6 +22,7 @@ cluster all of a gateway's keys would need one hash slot (a `{...}` tag in the p
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterable
@@ -31,11 +32,13 @@ import valkey.asyncio as valkey_asyncio
 from services.gateway.quota_lease import LeasePlan, LeaseReply, TenantGrant
 
 DEFAULT_PREFIX = "infermesh:quota:"
-_FIELDS_PER_TENANT = 11
 
 _SYNC_SCRIPT = r"""
 local gateway_id = ARGV[1]
 local ttl_ms = tonumber(ARGV[2])
+-- Per tenant: {requests_per_s, requests_burst, return, want, tokens_per_s, tokens_burst, return,
+-- want, max_in_flight, num_in_flight, want_in_flight}, in KEYS order.
+local asks = cjson.decode(ARGV[3])
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local bad = {}
@@ -47,19 +50,19 @@ local function number_or_nil(value)
   return n
 end
 
-local function reset_if_wrong_type(key, wanted)
+-- A command on a key of the wrong type fails; the key is replaced, never trusted.
+local function read(command, key, ...)
+  local ok, reply = pcall(redis.call, command, key, ...)
+  if ok then return reply end
   local kind = redis.call('TYPE', key).ok
-  if kind ~= wanted and kind ~= 'none' then
-    redis.call('DEL', key)
-    table.insert(bad, key .. ' (a ' .. kind .. ', expected a ' .. wanted .. ')')
-    return true
-  end
-  return false
+  redis.call('DEL', key)
+  table.insert(bad, key .. ' (a ' .. kind .. ', expected a ' .. (command == 'ZCARD' and 'zset' or 'hash') .. ')')
+  return nil
 end
 
 -- Registry of live gateways.
 local registry = KEYS[1]
-reset_if_wrong_type(registry, 'zset')
+read('ZCARD', registry)
 redis.call('ZREMRANGEBYSCORE', registry, '-inf', now_ms)
 -- No gateway sets an expiry further out than ttl_ms: such members are foreign.
 local foreign = redis.call('ZRANGEBYSCORE', registry, '(' .. (now_ms + ttl_ms), '+inf')
@@ -72,17 +75,18 @@ redis.call('PEXPIRE', registry, 2 * ttl_ms)
 local live = redis.call('ZCARD', registry)
 
 local function lease_bucket(key, rate_per_s, burst, returned, wanted)
-  local level = burst
-  if reset_if_wrong_type(key, 'hash') then
-    level = 0
-  elseif redis.call('EXISTS', key) == 1 then
-    local stored = redis.call('HMGET', key, 'level', 'ts_ms')
-    local stored_level, stored_ms = number_or_nil(stored[1]), number_or_nil(stored[2])
-    if stored_level == nil or stored_ms == nil then
-      level = 0
-      table.insert(bad, key .. ' (level/ts_ms not numbers >= 0)')
+  local stored = read('HMGET', key, 'level', 'ts_ms')
+  local level = 0  -- a key of the wrong type is an empty bucket, never a full one
+  if stored ~= nil then
+    if not stored[1] and not stored[2] then
+      level = burst  -- absent: a bucket nobody drew from lately is full
     else
-      level = math.min(burst, stored_level + math.max(0, now_ms - stored_ms) * rate_per_s / 1000)
+      local stored_level, stored_ms = number_or_nil(stored[1]), number_or_nil(stored[2])
+      if stored_level == nil or stored_ms == nil then
+        table.insert(bad, key .. ' (level/ts_ms not numbers >= 0)')
+      else
+        level = math.min(burst, stored_level + math.max(0, now_ms - stored_ms) * rate_per_s / 1000)
+      end
     end
   end
   level = math.min(burst, level + returned)
@@ -95,8 +99,7 @@ local function lease_bucket(key, rate_per_s, burst, returned, wanted)
 end
 
 local function lease_slots(key, max_in_flight, num_in_flight, wanted)
-  reset_if_wrong_type(key, 'hash')
-  local entries = redis.call('HGETALL', key)
+  local entries = read('HGETALL', key) or {}
   local others_held, others_wanted = 0, 0
   for i = 1, #entries, 2 do
     local holder, value = entries[i], entries[i + 1]
@@ -120,22 +123,21 @@ local function lease_slots(key, max_in_flight, num_in_flight, wanted)
     granted = math.min(granted, math.ceil(max_in_flight / live))
   end
   local held = math.max(granted, num_in_flight)
-  redis.call('HSET', key, gateway_id, held .. ':' .. wanted .. ':' .. (now_ms + ttl_ms))
+  redis.call('HSET', key, gateway_id, string.format('%d:%d:%d', held, wanted, now_ms + ttl_ms))
   redis.call('PEXPIRE', key, 2 * ttl_ms)
   return granted
 end
 
 local grants = {}
-local num_tenants = (#KEYS - 1) / 3
-for i = 0, num_tenants - 1 do
-  local k, a = 2 + 3 * i, 3 + 11 * i
-  local n = {}
-  for j = 0, 10 do n[j] = tonumber(ARGV[a + j]) end
-  table.insert(grants, tostring(lease_bucket(KEYS[k], n[0], n[1], n[2], n[3])))
-  table.insert(grants, tostring(lease_bucket(KEYS[k + 1], n[4], n[5], n[6], n[7])))
-  table.insert(grants, tostring(lease_slots(KEYS[k + 2], n[8], n[9], n[10])))
+for i, n in ipairs(asks) do
+  local k = 3 * i - 1
+  table.insert(grants, lease_bucket(KEYS[k], n[1], n[2], n[3], n[4]))
+  table.insert(grants, lease_bucket(KEYS[k + 1], n[5], n[6], n[7], n[8]))
+  table.insert(grants, lease_slots(KEYS[k + 2], n[9], n[10], n[11]))
 end
-return {live, bad, grants}
+-- One JSON string, not a reply array (which would turn fractions into integers, and cost the
+-- client a parse per element).
+return {live, bad, cjson.encode(grants)}
 """
 
 _GATEWAY_KEY = "gateways"
@@ -154,6 +156,7 @@ class ValkeyQuotaStore:
         self.address = address
         self.prefix = prefix
         self.gateway_id = gateway_id
+        self.timeout_s = timeout_s
         self._ttl_ms = max(1, math.ceil(ttl_s * 1000))
         # No client-side retries: a failed sync is retried at the next interval, after the
         # gateway has fallen back, never while admission waits on it.
@@ -169,16 +172,18 @@ class ValkeyQuotaStore:
 
     async def sync(self, plan: LeasePlan) -> LeaseReply:
         keys = [self.prefix + _GATEWAY_KEY]
-        args: list[str | int | float] = [self.gateway_id, self._ttl_ms]
+        asks = []
         for ask in plan.asks:
             keys.extend(self.keys_of(ask.tenant_id))
             quota = ask.quota
-            args.extend((
+            asks.append((
                 quota.requests_per_s, quota.requests_burst, ask.return_requests, ask.want_requests,
                 quota.tokens_per_s, quota.tokens_burst, ask.return_tokens, ask.want_tokens,
                 quota.max_in_flight, ask.num_in_flight, ask.want_in_flight,
             ))
-        raw = await self._script(keys=keys, args=[_number(a) for a in args])
+        # One JSON argument rather than eleven per tenant: packing thousands of arguments cost
+        # the client more than the whole script cost the server (bench/bench_quota_store.py).
+        raw = await self._script(keys=keys, args=[self.gateway_id, self._ttl_ms, json.dumps(asks)])
         return _parse_reply(raw, plan)
 
     async def audit(self, known_tenants: Iterable[str]) -> list[str]:
@@ -199,20 +204,22 @@ class ValkeyQuotaStore:
         await self._client.aclose()
 
 
-def _number(value: str | int | float) -> str | int:
-    if isinstance(value, float):
-        return repr(value) if math.isfinite(value) else "0"
-    return value
-
-
 def _glob_escape(text: str) -> str:
     return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
 def _parse_reply(raw: object, plan: LeasePlan) -> LeaseReply:
-    if not (isinstance(raw, list) and len(raw) == 3 and isinstance(raw[1], list) and isinstance(raw[2], list)):
+    if not (isinstance(raw, list) and len(raw) == 3 and isinstance(raw[1], list)):
         raise StoreReplyError(f"unexpected sync reply shape: {str(raw)[:200]}")
-    live, bad, values = raw
+    live, bad, encoded = raw
+    try:
+        values = json.loads(encoded)
+    except (TypeError, ValueError) as exc:
+        raise StoreReplyError(f"sync reply grants are not JSON: {exc}") from None
+    if values == {}:  # cjson encodes an empty Lua table as an object: no tenants
+        values = []
+    if not isinstance(values, list):
+        raise StoreReplyError(f"sync reply grants are not a list: {str(values)[:200]}")
     if len(values) != 3 * len(plan.asks):
         raise StoreReplyError(f"sync reply has {len(values)} grant values for {len(plan.asks)} tenants")
     grants = []

@@ -82,7 +82,7 @@ class QuotaSync:
         """One lease round; True when the store answered."""
         plan = self._quotas.plan()
         try:
-            reply = await asyncio.wait_for(self._store.sync(plan), timeout=self._quotas.config.interval_s)
+            reply = await asyncio.wait_for(self._store.sync(plan), timeout=self._store.timeout_s)
         except Exception as exc:  # noqa: BLE001 - any failure of the store means: fall back
             started = self._quotas.store_unreachable()
             STORE_UP.set(0)

@@ -140,7 +140,8 @@ class GatewayService:
         store = ValkeyQuotaStore(
             config.quota_store_address, config.quota_store_prefix,
             gateway_id=config.gateway_id or default_gateway_id(),
-            ttl_s=config.quota_store_ttl_ms / 1000, timeout_s=config.quota_lease_interval_ms / 1000,
+            # Half the TTL: a slow sync is waited for (the next one starts later), a dead store is not.
+            ttl_s=config.quota_store_ttl_ms / 1000, timeout_s=config.quota_store_ttl_ms / 2000,
         )
         self.quota_sync = QuotaSync(quotas, store)
         return quotas

@@ -179,3 +179,18 @@ async def test_sync_loop_falls_back_when_the_store_dies_and_re_syncs_when_it_ret
         await sync.close()
     finally:
         server.stop()
+
+
+async def test_a_gateway_with_no_tenants_still_registers(server, prefix):
+    store = _store(server, prefix, "gw")
+    reply = await store.sync(LeasePlan(()))
+    assert reply.grants == () and reply.num_live_gateways == 1
+    await store.close()
+
+
+async def test_fractional_grants_survive_the_reply(server, prefix):
+    store = _store(server, prefix, "gw")
+    quota = make_quota(requests_per_s=0.001, requests_burst=10, tokens_per_s=0.001, tokens_burst=400)
+    reply = await store.sync(_ask(quota, want_requests=2.5, want_tokens=0.25))
+    assert reply.grants[0].requests == pytest.approx(2.5) and reply.grants[0].tokens == pytest.approx(0.25)
+    await store.close()
