@@ -14,8 +14,10 @@ Invariants, with the store reachable:
     (`apply`), so there is no gap with an empty slice and no double spending that lasts.
   * In-flight: slots are leased, not counted after the fact. The script grants a gateway at
     most the slots the other live gateways do not hold, so the tenant's requests in flight
-    across all gateways never exceed max_in_flight. When demand exceeds it, each gateway is
-    held to its fair share (ceil(max / live gateways)) until the others give slots back.
+    across all gateways never exceed max_in_flight. Slots nobody wants are spread as headroom
+    for bursts; when the wants exceed the quota, a gateway may keep what the others are not
+    entitled to (their wants up to a fair share, ceil(max / live gateways)), and shrinks to it
+    as its requests end.
 The bucket in the store is capped at the tenant's burst like any token bucket: refill that
 arrives while it is full is lost. With a lease interval of I seconds, a burst below
 rate x I makes the tenant get less than its rate (docs/gateway.md, "Quotas across gateways").

@@ -100,7 +100,9 @@ end
 
 local function lease_slots(key, max_in_flight, num_in_flight, wanted)
   local entries = read('HGETALL', key) or {}
-  local others_held, others_wanted = 0, 0
+  local fair = math.ceil(max_in_flight / live)
+  -- others_entitled: what the others want, each counted up to its fair share.
+  local others_held, others_wanted, others_entitled = 0, 0, 0
   for i = 1, #entries, 2 do
     local holder, value = entries[i], entries[i + 1]
     if holder ~= gateway_id then
@@ -114,13 +116,21 @@ local function lease_slots(key, max_in_flight, num_in_flight, wanted)
       else
         others_held = others_held + held
         others_wanted = others_wanted + desire
+        others_entitled = others_entitled + math.min(desire, fair)
       end
     end
   end
-  local granted = math.min(wanted, math.max(0, max_in_flight - others_held))
+  -- Never more than the others leave free: the bound that holds whatever the rest decides.
+  local free = math.max(0, max_in_flight - others_held)
+  local granted
   if others_wanted + wanted > max_in_flight then
-    -- Contended: nobody grows past its fair share, so those above it shrink as requests end.
-    granted = math.min(granted, math.ceil(max_in_flight / live))
+    -- Contended: what the others are entitled to (their wants up to a fair share) is theirs;
+    -- those above it shrink as their requests end.
+    granted = math.min(wanted, free, math.max(fair, max_in_flight - others_entitled))
+  else
+    -- Not contended: what it wants plus an even share of the slots nobody wants, as headroom for
+    -- a burst before the next sync (one gateway alone may fill the whole quota at once).
+    granted = math.min(free, wanted + math.floor((max_in_flight - others_wanted - wanted) / live))
   end
   local held = math.max(granted, num_in_flight)
   redis.call('HSET', key, gateway_id, string.format('%d:%d:%d', held, wanted, now_ms + ttl_ms))
@@ -225,12 +235,13 @@ def _parse_reply(raw: object, plan: LeasePlan) -> LeaseReply:
     grants = []
     for index, ask in enumerate(plan.asks):
         requests, tokens, slots = (float(v) for v in values[3 * index: 3 * index + 3])
-        # The script never grants more than asked; the clamp keeps a broken store from doing so.
+        # The script never grants more than asked (slots: than the quota); the clamp keeps a broken
+        # store from doing so.
         grants.append(TenantGrant(
             tenant_id=ask.tenant_id,
             requests=min(max(0.0, requests), ask.want_requests),
             tokens=min(max(0.0, tokens), ask.want_tokens),
-            in_flight_limit=int(min(max(0.0, slots), ask.want_in_flight)),
+            in_flight_limit=int(min(max(0.0, slots), ask.quota.max_in_flight)),
         ))
     bad_keys = tuple(b.decode(errors="replace") if isinstance(b, bytes) else str(b) for b in bad)
     return LeaseReply(num_live_gateways=int(live), grants=tuple(grants), bad_keys=bad_keys)

@@ -194,3 +194,21 @@ async def test_fractional_grants_survive_the_reply(server, prefix):
     reply = await store.sync(_ask(quota, want_requests=2.5, want_tokens=0.25))
     assert reply.grants[0].requests == pytest.approx(2.5) and reply.grants[0].tokens == pytest.approx(0.25)
     await store.close()
+
+
+async def test_spare_slots_are_headroom_and_move_to_the_gateway_that_needs_them(server, prefix):
+    async def slots(store, num_in_flight, wanted) -> int:
+        reply = await store.sync(_ask(SLOW, num_in_flight=num_in_flight, want_in_flight=wanted))
+        return reply.grants[0].in_flight_limit
+
+    first, second = _store(server, prefix, "gw0"), _store(server, prefix, "gw1")
+    assert await slots(first, 0, 1) == 6  # alone: a burst may fill the whole quota at once
+    assert await slots(second, 0, 1) == 0  # the first holds it all until its next sync
+    assert await slots(first, 0, 1) == 3  # wants 1, plus half of the 4 nobody wants
+    assert await slots(second, 0, 1) == 3
+    # The second gets busy: it may take what the first is not entitled to, once the first lets go.
+    assert await slots(second, 3, 6) == 3
+    assert await slots(first, 0, 1) == 1
+    assert await slots(second, 3, 6) == 5
+    for store in (first, second):
+        await store.close()
