@@ -57,6 +57,22 @@ class Backoff:
         self._attempt = 0
 
 
+# HTTP/2 keepalive on the Attach stream: a scheduler cut off without a reset (a partition, a frozen
+# host) sends nothing an idle worker would miss, so only an unanswered ping shows it is gone (in at
+# most ~20 s, then the worker re-dials another). Every 15 s: the schedulers accept pings 10 s apart
+# when they send no data (services/common/server.py), so these never count as ping abuse.
+ATTACH_CHANNEL_OPTIONS = (
+    ("grpc.keepalive_time_ms", 15_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    # This grpc's keepalive waits this one (default 60 s) for the ack, not keepalive_timeout_ms alone.
+    ("grpc.http2.ping_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    # Without it a ping after one sent earlier (e.g. a BDP probe) waits 5 min for the peer to send data.
+    ("grpc.http2.min_time_between_pings_ms", 10_000),
+)
+
+
 class Dialer(Protocol):
     async def dial_order(self, avoid: str | None = None) -> list[str]:
         """Scheduler addresses to try, best first (`avoid`, the one just left, last)."""
@@ -128,7 +144,7 @@ class AttachClient:
         return self.num_attaches > num_attaches
 
     async def _session(self) -> None:
-        async with grpc.aio.insecure_channel(self._address) as channel:
+        async with grpc.aio.insecure_channel(self._address, options=ATTACH_CHANNEL_OPTIONS) as channel:
             call = scheduler_pb2_grpc.SchedulerStub(channel).Attach()
             hello = self._runtime.hello(self._worker_id)
             self._model_label = f"{hello.model.name}:{hello.model.version}"

@@ -50,3 +50,19 @@ def test_a_workers_scheduler_gone_it_attaches_to_the_other_within_a_second(tmp_p
         assert first.proc.wait(timeout=15) in (0, -signal.SIGKILL)
     print(f"re-attached {took_s * 1000:.0f} ms after {sig.name}")
     assert took_s < 1.5, f"the worker took {took_s:.2f}s to attach to the other scheduler"
+
+
+def test_a_frozen_scheduler_is_noticed_by_keepalive_and_its_worker_moves(tmp_path):
+    """SIGSTOP: no reset, no goodbye, only unanswered pings (15 s + 5 s) tell the worker."""
+    with running_mesh(tmp_path) as mesh:
+        first, second = start_spread_mesh(mesh)
+        began = time.monotonic()
+        first.signal(signal.SIGSTOP)
+        try:
+            wait_until(lambda: num_workers(second.address) == 2, timeout_s=30, interval_s=0.1,
+                       message="both workers on the scheduler that still answers")
+            took_s = time.monotonic() - began
+        finally:
+            first.signal(signal.SIGCONT)
+    print(f"moved {took_s:.1f} s after SIGSTOP")
+    assert took_s < 25
