@@ -1,5 +1,6 @@
 """The calls a scheduler is serving (both transports), so a drain knows what to wait for and what
-to hand over: classify calls are waited for, generate streams waited for up to the drain grace."""
+to hand over: classify calls are waited for, generate streams waited for up to the drain grace;
+and the status a draining scheduler answers with."""
 
 from __future__ import annotations
 
@@ -7,7 +8,17 @@ import asyncio
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from services.common.errors import Unavailable
+
 T = TypeVar("T")
+# Every refusal and handover of a draining scheduler starts so (gateways and tests match on it).
+DRAINING = "scheduler draining:"
+
+
+def draining_error(what_instead: str) -> Unavailable:
+    """Pushback 0: no work was done (or the caller resumes the stream), so the gateway goes to
+    another scheduler at once."""
+    return Unavailable(f"{DRAINING} {what_instead}", retry_after_s=0.0)
 
 
 class InFlightCalls(Generic[T]):

@@ -32,7 +32,7 @@ from services.scheduler.classify_pool import ClassifyJob
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import Priority, TenantContext
 from services.scheduler.generate_pool import GenerateStream, StreamEvent
-from services.scheduler.in_flight import InFlightCalls, idle, no_classify
+from services.scheduler.in_flight import InFlightCalls, draining_error, idle, no_classify
 from services.scheduler.model_registry import ModelRegistry
 from services.scheduler.pressure import ModelPressure
 from services.scheduler.sequence import FinishReason, SamplingParams
@@ -454,7 +454,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             return None if batch is grpc.aio.EOF else batch
 
         if self._draining:
-            await abort_with(context, _draining_error("submit elsewhere"))
+            await abort_with(context, draining_error("submit elsewhere"))
         stream = SubmitStream(self, self._config.max_message_bytes)
         self._submit_streams.add(stream)
         try:
@@ -467,7 +467,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def Attach(self, request_iterator, context):
         if self._draining:
             # Workers we just drained re-dial at once; they must find another scheduler.
-            await abort_with(context, _draining_error("attach elsewhere"))
+            await abort_with(context, draining_error("attach elsewhere"))
         first = await context.read()
         if first is grpc.aio.EOF or first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first Attach message must be hello")
@@ -566,7 +566,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     def _refuse_if_draining(self) -> None:
         if self._draining:
-            raise _draining_error("call another scheduler")
+            raise draining_error("call another scheduler")
 
     async def drain(self, grace_s: float) -> None:
         """SIGTERM: refuse new calls at once (UNAVAILABLE, pushback 0: the gateway retries elsewhere
@@ -594,7 +594,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             await asyncio.sleep(0.05)
 
     def _hand_over_streams(self) -> None:
-        error = errors.Unavailable(f"{DRAINING} stream handed over", retry_after_s=0.0)
+        error = draining_error("stream handed over")
         handed_over: dict[str, int] = {}
         for run in self._in_flight.streams:
             if run.hand_over(error):
@@ -603,10 +603,3 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             metrics.STREAMS_HANDED_OVER.labels(model_name).inc(count)
         log.info("draining: handed over %d streams", sum(handed_over.values()))
 
-
-# Every refusal and handover of a draining scheduler starts so (gateways and tests match on it).
-DRAINING = "scheduler draining:"
-
-
-def _draining_error(what_instead: str) -> errors.Unavailable:
-    return errors.Unavailable(f"{DRAINING} {what_instead}", retry_after_s=0.0)

@@ -22,6 +22,7 @@ from typing import Protocol
 from infermesh.v1 import gateway_pb2, scheduler_pb2
 from services.common import errors
 from services.common.status import status_code_of
+from services.scheduler.in_flight import draining_error
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ class SubmitStream:
             self._fail(call_id, errors.InvalidArgument(_bad_entry_message(kind, call_id)))
             return
         if self._draining:
-            self._fail(call_id, errors.Unavailable("scheduler draining: call another scheduler", retry_after_s=0.0))
+            self._fail(call_id, draining_error("call another scheduler"))
             return
         remaining_s = entry.timeout_us / 1e6 if entry.timeout_us else None
         carrier = dict(entry.trace_context)
