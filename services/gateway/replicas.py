@@ -7,7 +7,8 @@ questions pick one for a call:
    ListModels reported ready. The candidates are the live endpoints serving the
    model; when none is known to (startup, a model whose workers are all
    re-attaching) every live endpoint is a candidate: fail open, the scheduler
-   answers "no worker" itself. Endpoints whose last poll failed go last.
+   answers "no worker" itself. An endpoint whose last poll failed is chosen only
+   when no other is available (it is probably dead; its breaker may not know yet).
 2. Which one is preferred? Rendezvous (highest-random-weight) hashing of the
    model name over the candidates: every gateway prefers the same replica for a
    model, and losing or adding one replica moves only the models it preferred.
@@ -54,6 +55,10 @@ class Membership:
     def unreachable(self, endpoint: str) -> None:
         """Its poll failed: keep what it served, but try it after the others."""
         self._unreachable.add(endpoint)
+
+    def reachable(self, endpoint: str) -> bool:
+        """False while its last poll failed."""
+        return endpoint not in self._unreachable
 
     def forget(self, endpoint: str) -> None:
         """Left discovery: nothing is known about it any more."""
@@ -140,6 +145,8 @@ class ReplicaSelector:
         self._policy = policy or SpillPolicy()
 
     def choose(self, model: str, available: Sequence[str], priority: Priority) -> str:
+        membership = self.membership
+        available = [e for e in available if membership.reachable(e)] or available
         board = self._board
         if board is None:
             return rendezvous_order(model, available)[0]

@@ -72,13 +72,18 @@ def test_a_model_no_replica_reports_ready_tries_every_live_one(clock):
     assert table.choose("tinylm", exclude=frozenset({B})).endpoint == A
 
 
-def test_a_replica_whose_poll_failed_is_tried_after_the_others(clock):
+def test_a_replica_whose_poll_failed_is_chosen_only_when_no_other_is_available(clock):
     table, membership, *_ = _table(clock)
     membership.update(A, ["tinylm"])
     membership.update(B, ["tinylm"])
     unreachable = rendezvous_order("tinylm", [A, B])[0]
+    other = B if unreachable == A else A
     membership.unreachable(unreachable)
     assert membership.candidates("tinylm")[-1] == unreachable
+    assert table.choose("tinylm").endpoint == other, "the preferred one is skipped while its poll fails"
+    assert table.choose("tinylm", exclude=frozenset({other})).endpoint == unreachable, "but not left out"
+    membership.update(unreachable, ["tinylm"])
+    assert table.choose("tinylm").endpoint == unreachable, "it answers polls again: back to affinity"
 
 
 def test_a_replica_gone_from_discovery_gets_no_new_calls(clock):
