@@ -16,7 +16,9 @@ builds it, for three modes:
 and serves two methods under the scheduler's names so the policy applies: a unary echo
 (`GetPressure`) and a server stream of 64-byte messages (`Generate`), both as raw bytes.
 Phases per mode: `unary` (sequential calls: us per call), `stream` (one stream: us per
-message), `connect` (new channel, handshake and first call: ms per connection).
+message), `connect` (new channel, handshake and first call: ms per connection). Each is
+given as wall time and as this process's CPU time (client, server and gRPC's threads
+together), the figure that holds up on a box shared with other work.
 Rounds alternate the mode order; the table gives every round and the medians.
 Prints a table and writes ``bench/results/tls.json``.
 """
@@ -45,6 +47,8 @@ MODES = ("plaintext", "mtls", "mtls_ids")
 _UNARY = "/infermesh.v1.Scheduler/GetPressure"
 _STREAM = "/infermesh.v1.Scheduler/Generate"
 _MESSAGE = bytes(64)
+_FIGURES = ("unary_us_per_call", "unary_cpu_us_per_call", "stream_us_per_message", "stream_cpu_us_per_message",
+            "connect_ms", "connect_cpu_ms")
 
 
 def _handlers(num_messages: int) -> grpc.GenericRpcHandler:
@@ -90,55 +94,70 @@ def _channel(mode: str, certs: dict, port: int) -> grpc.aio.Channel:
     return grpc.aio.secure_channel(target, credentials)
 
 
-async def _phase_unary(channel: grpc.aio.Channel, num_calls: int) -> float:
+class _Clocks:
+    """Wall time and this process's CPU time (all threads: the client, the server and gRPC's own)."""
+
+    def __init__(self) -> None:
+        self._wall_s, self._cpu_s = time.perf_counter(), time.process_time()
+
+    def per(self, count: int, scale: float) -> tuple[float, float]:
+        wall_s, cpu_s = time.perf_counter() - self._wall_s, time.process_time() - self._cpu_s
+        return wall_s / count * scale, cpu_s / count * scale
+
+
+async def _phase_unary(channel: grpc.aio.Channel, num_calls: int) -> tuple[float, float]:
     call = channel.unary_unary(_UNARY)
     await call(_MESSAGE, timeout=10)  # connected and warm before the clock starts
-    began = time.perf_counter()
+    clocks = _Clocks()
     for _ in range(num_calls):
         await call(_MESSAGE, timeout=10)
-    return (time.perf_counter() - began) / num_calls * 1e6
+    return clocks.per(num_calls, 1e6)
 
 
-async def _phase_stream(channel: grpc.aio.Channel, num_messages: int) -> float:
-    began = time.perf_counter()
+async def _phase_stream(channel: grpc.aio.Channel, num_messages: int) -> tuple[float, float]:
+    clocks = _Clocks()
     received = 0
     async for _message in channel.unary_stream(_STREAM)(b"", timeout=60):
         received += 1
     assert received == num_messages, received
-    return (time.perf_counter() - began) / num_messages * 1e6
+    return clocks.per(num_messages, 1e6)
 
 
-async def _phase_connect(mode: str, certs: dict, port: int, num_connections: int) -> float:
-    began = time.perf_counter()
+async def _phase_connect(mode: str, certs: dict, port: int, num_connections: int) -> tuple[float, float]:
+    clocks = _Clocks()
     for _ in range(num_connections):
         async with _channel(mode, certs, port) as channel:
             await channel.unary_unary(_UNARY)(_MESSAGE, timeout=10)
-    return (time.perf_counter() - began) / num_connections * 1e3
+    return clocks.per(num_connections, 1e3)
 
 
 async def _measure(mode: str, certs: dict, args) -> dict:
     server, port = await _start(mode, certs, args.num_messages)
     try:
         async with _channel(mode, certs, port) as channel:
-            unary_us = await _phase_unary(channel, args.num_calls)
-            stream_us = await _phase_stream(channel, args.num_messages)
-        connect_ms = await _phase_connect(mode, certs, port, args.num_connections)
+            unary = await _phase_unary(channel, args.num_calls)
+            stream = await _phase_stream(channel, args.num_messages)
+        connect = await _phase_connect(mode, certs, port, args.num_connections)
     finally:
         await server.stop(0)
-    return {"unary_us_per_call": unary_us, "stream_us_per_message": stream_us, "connect_ms": connect_ms}
+    return {"unary_us_per_call": unary[0], "unary_cpu_us_per_call": unary[1],
+            "stream_us_per_message": stream[0], "stream_cpu_us_per_message": stream[1],
+            "connect_ms": connect[0], "connect_cpu_ms": connect[1]}
 
 
 async def run(args) -> dict:
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
         certs = write_service_certs(Path(tmp))
+        warm_up = argparse.Namespace(**{**vars(args), "num_calls": 100, "num_messages": 1000, "num_connections": 3})
+        for mode in MODES:  # imports, first handshakes, allocator growth: not part of any mode's figure
+            await _measure(mode, certs, warm_up)
         for number in range(args.rounds):
             order = MODES if number % 2 == 0 else tuple(reversed(MODES))
             for mode in order:
                 rounds.append({"round": number, "mode": mode, **await _measure(mode, certs, args)})
     medians = {
-        mode: {key: statistics.median(r[key] for r in rounds if r["mode"] == mode)
-               for key in ("unary_us_per_call", "stream_us_per_message", "connect_ms")}
+        mode: {key: statistics.median(r[key] for r in rounds if r["mode"] == mode) for key in _FIGURES}
         for mode in MODES
     }
     return {
@@ -153,16 +172,21 @@ async def run(args) -> dict:
 
 
 def print_table(results: dict) -> None:
-    print(f"{'round':>5} {'mode':<10} {'unary us/call':>14} {'stream us/msg':>14} {'connect ms':>11}")
+    print("wall (CPU of the process) per unit")
+    print(f"{'round':>5} {'mode':<10} {'unary us/call':>20} {'stream us/msg':>18} {'connect ms':>16}")
+
+    def row(m: dict) -> str:
+        return (f"{m['unary_us_per_call']:>9.1f} ({m['unary_cpu_us_per_call']:>7.1f}) "
+                f"{m['stream_us_per_message']:>8.2f} ({m['stream_cpu_us_per_message']:>6.2f}) "
+                f"{m['connect_ms']:>6.2f} ({m['connect_cpu_ms']:>6.2f})")
+
     for r in results["rounds"]:
-        print(f"{r['round']:>5} {r['mode']:<10} {r['unary_us_per_call']:>14.1f} {r['stream_us_per_message']:>14.2f}"
-              f" {r['connect_ms']:>11.2f}")
-    print("medians (x plaintext):")
+        print(f"{r['round']:>5} {r['mode']:<10} {row(r)}")
+    print("medians, then x plaintext:")
     for mode, m in results["medians"].items():
         ratio = results["over_plaintext"][mode]
-        print(f"      {mode:<10} {m['unary_us_per_call']:>8.1f} ({ratio['unary_us_per_call']:.2f}x)"
-              f" {m['stream_us_per_message']:>8.2f} ({ratio['stream_us_per_message']:.2f}x)"
-              f" {m['connect_ms']:>6.2f} ({ratio['connect_ms']:.2f}x)")
+        print(f"{'':>5} {mode:<10} {row(m)}")
+        print(f"{'':>5} {'':<10} {row(ratio)}")
     print(f"load average (1 min) at the end: {results['machine']['load_avg_1m']:.2f}")
 
 

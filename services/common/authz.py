@@ -35,6 +35,9 @@ class IdentityInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, policy: IdentityPolicy) -> None:
         self._policy = policy
+        # Method -> (the handler as registered, its guarded twin); only registered methods get here,
+        # so this holds one entry per method the server serves, built on its first call.
+        self._guarded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(
         self,
@@ -44,13 +47,18 @@ class IdentityInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None  # unknown method: gRPC answers UNIMPLEMENTED itself
+        method = handler_call_details.method
+        cached = self._guarded.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
         kind = next(k for k in _BEHAVIORS if getattr(handler, k) is not None)
-        guarded = _guard(getattr(handler, kind), handler_call_details.method, self._policy)
-        return _FACTORIES[kind](
-            guarded,
+        guarded = _FACTORIES[kind](
+            _guard(getattr(handler, kind), method, self._policy),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
+        self._guarded[method] = (handler, guarded)
+        return guarded
 
 
 async def _check(context: grpc.aio.ServicerContext, method: str, policy: IdentityPolicy) -> None:
