@@ -349,9 +349,13 @@ class SharedQuotas:
         leased = self.mode is LeaseMode.LEASED
         for allowance in (share.requests, share.tokens):
             allowance.level_at_plan = allowance.refill(now_s)
-        # At least one request's worth is always asked for, so an idle tenant's first request
-        # is admitted at once rather than after a sync.
-        want_requests = min(quota.requests_burst, max(1.0, request_rate * horizon_s))
+        # Even idle, a gateway holds one interval's refill (at most its share of the burst, at
+        # least one request), so a tenant's first requests, or a small burst, are admitted at
+        # once rather than after a sync. Held slices are returned and re-taken every sync, so
+        # they do not keep the refill from a busier gateway.
+        floor_requests = max(1.0, min(quota.requests_burst / self.num_live_gateways,
+                                      quota.requests_per_s * config.interval_s))
+        want_requests = min(quota.requests_burst, max(floor_requests, request_rate * horizon_s))
         # Tokens: at least one interval's refill split over the live gateways (so an idle tenant's
         # first generate fits unless it is large), and at least the largest recent charge.
         floor_tokens = min(quota.tokens_burst / self.num_live_gateways, quota.tokens_per_s * config.interval_s)

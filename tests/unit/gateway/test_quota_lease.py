@@ -159,7 +159,7 @@ def test_slice_wanted_follows_recent_demand_within_burst(clock):
             quotas.admit(tenant)
     assert quotas.plan().asks[0].want_requests == 40  # capped at the burst
     clock.advance(0.1)
-    assert quotas.plan().asks[0].want_requests == 1  # idle: one request's worth, for the next arrival
+    assert quotas.plan().asks[0].want_requests == 5  # idle: one interval's refill, for the next arrivals
 
 
 def test_token_slice_covers_the_largest_recent_charge_and_refunds_return_to_the_store(clock):
