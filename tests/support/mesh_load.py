@@ -25,6 +25,7 @@ import itertools
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -112,6 +113,7 @@ class LoadCounts:
     failed_streams: list[str] = field(default_factory=list)
     wrong_text: list[str] = field(default_factory=list)
     bad_indices: list[str] = field(default_factory=list)
+    failure_codes: Counter = field(default_factory=Counter)  # status code name -> failed calls
 
     def problems(self) -> dict[str, int]:
         """The counts the issue requires to be 0."""
@@ -121,7 +123,7 @@ class LoadCounts:
     def summary(self) -> str:
         return (f"classify {self.num_classify}, streams {self.num_greedy_streams} greedy + "
                 f"{self.num_sampled_streams} sampled (client-resumed {self.num_client_resumed_streams}); "
-                f"problems {self.problems()}")
+                f"problems {self.problems()}" + (f", by code {dict(self.failure_codes)}" if self.failure_codes else ""))
 
     def examples(self, num: int = 3) -> str:
         lists = (self.failed_classify, self.failed_streams, self.wrong_text, self.bad_indices)
@@ -250,6 +252,7 @@ class MeshLoad:
                 self._counts.failed_classify.append(f"{name}: label {reply.labels[0].label!r}")
         except grpc.RpcError as exc:
             self._counts.failed_classify.append(f"{name}: {exc.code().name} {exc.details()}")
+            self._counts.failure_codes[f"classify {exc.code().name}"] += 1
         finally:
             self._finished()
 
@@ -266,6 +269,7 @@ class MeshLoad:
         except grpc.RpcError as exc:
             self._counts.failed_streams.append(f"{name}: {exc.code().name} {exc.details()} "
                                                f"after {len(read.token_ids)} tokens")
+            self._counts.failure_codes[f"stream {exc.code().name}"] += 1
             return
         finally:
             self._finished()

@@ -11,13 +11,19 @@ at the address they were given.
 
 from __future__ import annotations
 
+import http.client
+import signal
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from infermesh.v1 import common_pb2
-from tests.support.gateway_fixtures import scrape
+from tests.support.gateway_fixtures import Metrics, scrape
+from tests.support.mesh_load import LoadShape, MeshLoad
 from tests.support.netns import HostedProcess, Lan
 from tests.support.processes import ServiceProcess, free_port, wait_until
 from tests.support.scheduler_fixtures import pressure_of, scheduler_stub
@@ -50,7 +56,7 @@ class ReplicatedMesh:
         """Starts `num` schedulers (on `hosts[i]` with a Lan) and waits until each serves."""
         started = []
         for i in range(num):
-            metrics = [] if self.lan is not None else ["--metrics-port", str(free_port())]
+            metrics = ["--metrics-port", str(free_port())]
             name = f"scheduler{len(self.schedulers) + 1}"
             process = self._new(name, "scheduler", free_port(), [*metrics, *args], hosts[i] if hosts else "")
             self.schedulers.append(process.start())
@@ -64,9 +70,9 @@ class ReplicatedMesh:
         return ",".join(s.address for s in self.schedulers)
 
     def add_gateway(self, *args: str, host: str = "") -> ServiceProcess:
-        """A gateway on every scheduler; on 127.0.0.1 it also serves /metrics (see gateway_metric)."""
+        """A gateway on every scheduler, serving /metrics (see metric)."""
         name = f"gateway{len(self.gateways) + 1}"
-        metrics = [] if self.lan is not None else ["--metrics-port", str(free_port())]
+        metrics = ["--metrics-port", str(free_port())]
         process = self._new(name, "gateway", free_port(),
                             ["--scheduler-address", self.scheduler_addresses, *metrics, *args], host)
         self.gateways.append(process.start())
@@ -118,7 +124,10 @@ class ReplicatedMesh:
     def metric(self, process: ServiceProcess, name: str, **labels: str) -> float:
         """The sum of a metric's samples on a gateway or scheduler whose labels include `labels`."""
         port = int(process.args[process.args.index("--metrics-port") + 1])
-        return scrape(port).value(name, **labels)
+        if not isinstance(process, HostedProcess):
+            return scrape(port).value(name, **labels)
+        return Metrics(_samples(_get_over_unix(process.lan.forward(process.host, port), "/metrics"))).value(
+            name, **labels)
 
     def scheduler_serving(self, model_name: str) -> ServiceProcess:
         """The scheduler the gateway sends `model_name` to now: the one with its calls running or done."""
@@ -168,6 +177,61 @@ class ReplicatedMesh:
         # its workers would wait out its drain grace for them.
         for process in self.processes():
             process.stop()
+
+
+# What the reliability tests run: the toy classifier and the mock generator, two workers each.
+MODELS = ["toy-classifier", "mock-generator"]
+SHAPE = LoadShape(classify_per_s=60, streams_per_s=4)
+
+
+def start_spread_mesh(mesh: ReplicatedMesh) -> None:
+    """Two schedulers, one gateway, two workers per model with one of each on each scheduler."""
+    mesh.add_schedulers(2)
+    for model in MODELS:
+        mesh.add_worker(model)
+        mesh.add_worker(model)
+    mesh.add_gateway()
+    mesh.wait_spread(MODELS)
+
+
+def kill(victim: ServiceProcess, load: MeshLoad) -> None:
+    victim.signal(signal.SIGKILL)
+    victim.proc.wait(timeout=10)
+    load.wait_completed(150, f"after the SIGKILL of {victim.name}")
+
+
+def kill_and_restart(mesh: ReplicatedMesh, victim: ServiceProcess, load: MeshLoad) -> None:
+    kill(victim, load)
+    mesh.restart(victim)
+    mesh.wait_attached(MODELS, 2)
+    load.wait_completed(60, f"after the restart of {victim.name}")
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a Unix socket: a service's /metrics inside a network namespace, through its forwarder."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__("localhost", timeout=5)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
+def _get_over_unix(target: str, path: str) -> str:
+    connection = _UnixHTTPConnection(target.removeprefix("unix:"))
+    try:
+        connection.request("GET", path)
+        return connection.getresponse().read().decode()
+    finally:
+        connection.close()
+
+
+def _samples(text: str) -> dict[tuple[str, frozenset], float]:
+    return {(sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
 @contextmanager
