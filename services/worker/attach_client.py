@@ -89,9 +89,16 @@ class FixedAddress:
         return [self._address]
 
 
+# An attached session shorter than this is followed by backoff like a refusal: a scheduler that
+# welcomes workers and drops them at once must not be re-dialled in a hot loop.
+MIN_SESSION_S = 1.0
+
+
 class AttachClient:
-    def __init__(self, dialer: Dialer | str, runtime: WorkerRuntime, worker_id: str, backoff: Backoff) -> None:
+    def __init__(self, dialer: Dialer | str, runtime: WorkerRuntime, worker_id: str, backoff: Backoff,
+                 clock=time.monotonic) -> None:
         self._dialer = FixedAddress(dialer) if isinstance(dialer, str) else dialer
+        self._clock = clock
         self._address = ""  # the scheduler dialled last
         self._runtime = runtime
         self._worker_id = worker_id
@@ -115,8 +122,9 @@ class AttachClient:
         after a session that was attached; with backoff when no scheduler took us."""
         left: str | None = None
         while not self._stopping:
-            was_attached = False
+            was_attached, began_s = False, self._clock()
             for address in await self._dialer.dial_order(left):
+                began_s = self._clock()
                 was_attached = await self._attach_to(address)
                 if was_attached or self._stopping:
                     left = address
@@ -124,11 +132,11 @@ class AttachClient:
             self.attached.clear()
             if self._stopping:
                 break
-            if was_attached:
+            if was_attached and self._clock() - began_s >= MIN_SESSION_S:
                 log.info("re-dialling at once")
                 continue
             delay_s = self._backoff.next_delay_s()
-            log.info("no scheduler took us; re-dialling in %.2fs", delay_s)
+            log.info("no scheduler took us (for long); re-dialling in %.2fs", delay_s)
             await asyncio.sleep(delay_s)
 
     async def _attach_to(self, address: str) -> bool:

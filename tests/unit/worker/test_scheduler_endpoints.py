@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.worker.attach_client import AttachClient
+from services.worker.attach_client import MIN_SESSION_S, AttachClient
 from services.worker.scheduler_endpoints import (
     EndpointLoad,
     SchedulerEndpoints,
@@ -14,6 +14,7 @@ from services.worker.scheduler_endpoints import (
     parse_scheduler_address,
     resolve,
 )
+from tests.support.fake_clock import FakeClock
 
 
 def test_parses_one_address_a_comma_list_and_a_dns_name():
@@ -94,18 +95,23 @@ class CountingBackoff:
 
 
 class ScriptedClient(AttachClient):
-    """The attach loop with each session's outcome scripted: address -> attached (welcomed) or refused."""
+    """The attach loop with each session's outcome scripted: address -> attached (welcomed) or refused;
+    an attached session lasts `session_s` on the fake clock."""
 
-    def __init__(self, dialer, outcomes, stop_after):
-        super().__init__(dialer, runtime=None, worker_id="w", backoff=CountingBackoff())
+    def __init__(self, dialer, outcomes, stop_after, session_s=60.0):
+        self.clock = FakeClock()
+        super().__init__(dialer, runtime=None, worker_id="w", backoff=CountingBackoff(), clock=self.clock)
         self.outcomes = outcomes
         self.dialled = []
         self._stop_after = stop_after
+        self._session_s = session_s
 
     async def _attach_to(self, address):
         self.dialled.append(address)
         if len(self.dialled) >= self._stop_after:
             self._stopping = True
+        if self.outcomes[address]:
+            self.clock.advance(self._session_s)
         return self.outcomes[address]
 
 
@@ -126,3 +132,11 @@ async def test_a_refusing_scheduler_is_passed_over_and_backoff_only_when_none_to
     client.close()
     assert client.dialled == ["a:1", "b:1", "b:1"]
     assert client._backoff.num_delays == 2  # after a round where both refused, and after a round with none
+
+
+async def test_a_scheduler_dropping_workers_at_once_is_re_dialled_with_backoff_not_in_a_hot_loop():
+    dialer = ScriptedDialer([["a:1"], ["a:1"], ["a:1"]])
+    client = ScriptedClient(dialer, {"a:1": True}, stop_after=3, session_s=MIN_SESSION_S / 10)
+    await client.run()
+    client.close()
+    assert client._backoff.num_delays == 2
