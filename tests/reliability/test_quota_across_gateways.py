@@ -1,10 +1,10 @@
-"""One tenant's requests/s quota held across three gateways (issue 12): one tenant offers 3x its
+"""One tenant's quotas held across three gateways (issue 12): one tenant offers 3x its requests/s
 quota spread evenly over three gateway processes (one scheduler, a mock classifier worker);
 the rate admitted by all of them together stays within 10% of the quota
   * with the shared Valkey store (slices leased from one bucket),
   * with the store never started (each gateway enforces quota / --quota-expected-gateways),
-  * with the store SIGKILLed mid-load and restarted on the same port (fallback share, then re-sync).
-Each prints its counts per phase and gateway."""
+  * with the store SIGKILLed mid-load and restarted on the same port (fallback share, then re-sync);
+and its in-flight limit holds across them (slots leased from the store). Each prints its counts."""
 
 from __future__ import annotations
 
@@ -54,15 +54,18 @@ class Outcome:
     sent_s: float
     gateway: int
     result: str  # OK | QUOTA | the status name of anything else
+    duration_s: float = 0.0
 
 
 def _classify(stub, gateway: int, sent_s: float) -> Outcome:
+    began_s = time.monotonic()
     try:
         stub.Classify(gateway_pb2.ClassifyRequest(model=common_pb2.ModelRef(name="mock-classifier"), image=IMAGE),
                       timeout=10, metadata=(("authorization", f"Bearer {API_KEY}"),))
-        return Outcome(sent_s, gateway, "OK")
+        return Outcome(sent_s, gateway, "OK", time.monotonic() - began_s)
     except grpc.RpcError as exc:
-        quota = exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "quota" in (exc.details() or "")
+        # Every tenant quota refusal names the tenant; the gateway's own limits do not.
+        quota = exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "tenant 'acme'" in (exc.details() or "")
         return Outcome(sent_s, gateway, "QUOTA" if quota else f"{exc.code().name}: {exc.details()}")
 
 
@@ -97,9 +100,9 @@ def _admitted_rate(outcomes: list[Outcome], from_s: float, to_s: float) -> tuple
     return counts["admitted"] / (to_s - from_s), counts
 
 
-def _start_gateways(mesh, tmp: Path, store_address: str) -> list[ServiceProcess]:
+def _start_gateways(mesh, tmp: Path, store_address: str, tenants_yaml: str = TENANTS) -> list[ServiceProcess]:
     tenants = tmp / "tenants.yaml"
-    tenants.write_text(TENANTS)
+    tenants.write_text(tenants_yaml)
     gateways = []
     for index in range(NUM_GATEWAYS):
         gateway = ServiceProcess(
@@ -175,3 +178,50 @@ def test_store_killed_mid_load_then_restarted(tmp_path, mesh):
             assert "answering" in log, log
     finally:
         store.stop()
+
+
+IN_FLIGHT_QUOTA = 4
+SLOW_BATCH_S = 0.3
+IN_FLIGHT_TENANTS = TENANTS.replace("requests_per_s: 20.0", "requests_per_s: 1000").replace(
+    "requests_burst: 10", "requests_burst: 1000").replace("max_in_flight: 200", f"max_in_flight: {IN_FLIGHT_QUOTA}")
+
+
+def test_in_flight_limit_holds_across_gateways_through_the_store(tmp_path):
+    """Every classify takes at least SLOW_BATCH_S, so one slot serves at most window / SLOW_BATCH_S + 1
+    requests in a window: IN_FLIGHT_QUOTA slots across all gateways bound what all of them admit.
+    Each gateway enforcing the whole limit alone would admit up to three times that."""
+    with running_mesh(tmp_path) as mesh:
+        mesh.start_scheduler()
+        mesh.start_worker("mock-classifier", "--mock-profile", f"batch_ms={SLOW_BATCH_S * 1000:g}")
+        store = ValkeyProcess(tmp_path).start()
+        try:
+            gateways = _start_gateways(mesh, tmp_path, store.address, IN_FLIGHT_TENANTS)
+            stop_s = time.monotonic() + 7.0
+            outcomes: list[Outcome] = []
+            start_s = time.monotonic()
+
+            def client(gateway: int) -> None:  # closed loop: a refused call is retried after 20 ms
+                with grpc.insecure_channel(gateways[gateway].address) as channel:
+                    stub = gateway_pb2_grpc.InferenceStub(channel)
+                    while time.monotonic() < stop_s:
+                        outcome = _classify(stub, gateway, time.monotonic() - start_s)
+                        outcomes.append(outcome)
+                        if outcome.result != "OK":
+                            time.sleep(0.02)
+
+            with ThreadPoolExecutor(max_workers=4 * NUM_GATEWAYS) as pool:
+                list(pool.map(client, [g for g in range(NUM_GATEWAYS) for _ in range(4)]))
+        finally:
+            store.stop()
+        window_s = 7.0 - SETTLE_S
+        _, counts = _admitted_rate(outcomes, SETTLE_S, 7.0)
+        bound = IN_FLIGHT_QUOTA * (window_s / SLOW_BATCH_S + 1)
+        # Slot-seconds the admitted calls used, over those the quota offers: low if leases starve gateways.
+        used_s = sum(o.duration_s for o in outcomes if o.result == "OK" and SETTLE_S <= o.sent_s < 7.0)
+        utilization = used_s / (IN_FLIGHT_QUOTA * window_s)
+        print(f"in flight {IN_FLIGHT_QUOTA} across gateways, >= {SLOW_BATCH_S:g} s per call: admitted "
+              f"{counts['admitted']} in {window_s:g} s (bound {bound:g}), slot utilization {utilization:.2f} {counts}")
+        others = [o.result for o in outcomes if o.result not in ("OK", "QUOTA")]
+        assert others == [], f"{len(others)} failed for other reasons: {others[:3]}\n{mesh.logs()}"
+        assert counts["admitted"] <= bound
+        assert utilization >= 0.6, "slots left unused: the leases starve the gateways"
