@@ -22,6 +22,7 @@ from tests.support.scheduler_fixtures import (
     scheduler_stub,
     wait_for_workers,
 )
+from tests.support.submit_session import SubmitSession, generate_entry
 
 pytestmark = pytest.mark.integration
 NUM_STREAMS = 4
@@ -66,6 +67,11 @@ def test_sigterm_hands_running_streams_over_and_lets_classify_in_flight_finish(t
             for reader in readers:
                 reader.start()
             classify = stub.Classify.future(classify_request("tests"), timeout=20)
+            session = SubmitSession(stub)
+            session.send(generate_entry(1, generate_request("on a submit stream", MAX_TOKENS)))
+            session.read_batch()  # its first chunk: the call is running
+            submitted = threading.Thread(target=session.replies_until_done, args=(1,), daemon=True)
+            submitted.start()
             for reader in readers:
                 assert reader.first_token.wait(10)
             began = time.monotonic()
@@ -76,6 +82,8 @@ def test_sigterm_hands_running_streams_over_and_lets_classify_in_flight_finish(t
                 list(stub.Generate(generate_request("late", 5), timeout=5))
             for reader in readers:
                 reader.join(10)
+            submitted.join(10)
+            session.close()
             assert classify.result().response.labels, "the classify call in flight finished"
         assert scheduler.proc.wait(timeout=15) == 0
         exited_s = time.monotonic() - began
@@ -87,6 +95,10 @@ def test_sigterm_hands_running_streams_over_and_lets_classify_in_flight_finish(t
                    and r.error.details() == "scheduler draining: stream handed over"
                    and pushback_ms(r.error) == "0"]
     assert len(handed_over) == NUM_STREAMS, [(r.error and r.error.details(), r.num_tokens) for r in readers]
+    last = session.by_call[1][-1]
+    assert last.WhichOneof("kind") == "error", "the Submit call ended with an error, not a last chunk"
+    assert (last.error.code, last.error.message, last.error.retry_pushback_ms) == (
+        grpc.StatusCode.UNAVAILABLE.value[0], "scheduler draining: stream handed over", 0)
     for reader in readers:
         assert 0 < reader.num_tokens < MAX_TOKENS
         assert reader.indexes == sorted(set(reader.indexes)) and reader.indexes[0] == 0
