@@ -64,3 +64,38 @@ def test_a_scheduler_killed_under_load_loses_no_classify_and_no_stream(tmp_path,
         assert metrics.value("infermesh_gateway_stream_resumes_total") >= 1, "streams were cut mid-way and resumed"
     else:
         assert metrics.value("infermesh_gateway_failovers_total", model=victim_of) >= 1, "classify failed over"
+
+
+@pytest.mark.parametrize("upstream_mode", ["stream", "unary"])
+def test_a_draining_scheduler_hands_its_streams_over_and_nothing_is_lost(tmp_path, upstream_mode):
+    """SIGTERM instead of SIGKILL: new calls are refused 'scheduler draining' with pushback 0 and fail
+    over, streams still running after the drain grace (300 ms here) are handed over and resumed."""
+    with replicated_mesh(tmp_path) as mesh:
+        mesh.add_schedulers(2, "--drain-grace-ms", "300")
+        for model in MODELS:
+            for _ in range(2):
+                mesh.add_worker(model)
+        mesh.wait_spread(MODELS)
+        metrics_port = free_port()
+        mesh.add_gateway("--upstream-mode", upstream_mode, "--pressure-poll-interval-ms", "200",
+                         "--metrics-port", str(metrics_port))
+        load = MeshLoad(mesh.gateways[0].address, SHAPE).start()
+        try:
+            wait_until(lambda: load.num_done >= 60, timeout_s=30, message="load under way")
+            preferred = rendezvous_order("mock-generator", [s.address for s in mesh.schedulers])[0]
+            victim = next(s for s in mesh.schedulers if s.address == preferred)
+            victim.signal(signal.SIGTERM)
+            exit_code = victim.proc.wait(timeout=20)
+            time.sleep(1.0)
+        finally:
+            counts = load.stop()
+        metrics = scrape(metrics_port)
+        logs = mesh.logs()
+
+    handed_over = metrics.value("infermesh_gateway_stream_resumes_total", reason="draining")
+    print(f"\n[{upstream_mode}, drained] {counts.summary()}; resumes after a handover {handed_over:g}, "
+          f"failovers {metrics.value('infermesh_gateway_failovers_total'):g}")
+    assert exit_code == 0
+    assert counts.problems() == {"failed_classify": 0, "failed_streams": 0, "wrong_text": 0, "bad_indices": 0}, (
+        f"{counts.summary()}\n{counts.examples()}\n{logs}")
+    assert handed_over >= 1, "streams running past the drain grace were handed over and resumed"
