@@ -8,14 +8,14 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /app
-COPY requirements.lock ./
-# The lock pins torch==2.13.0; PyPI's wheel for that is a multi-GB CUDA build. The CPU build
-# (2.13.0+cpu, from the PyTorch CPU index) satisfies the same pin, so install it first.
-RUN pip install --no-cache-dir --no-deps --index-url https://download.pytorch.org/whl/cpu torch==2.13.0+cpu \
- && pip install --no-cache-dir -r requirements.lock
+# Only the scheduler's own dependency set (no torch, numba or numpy; no test or dev tools).
+COPY requirements/scheduler.txt requirements.txt
+RUN pip install --no-cache-dir -r requirements.txt
+# grpcio-tools only generates the stubs: it lives in a venv the final stage does not copy.
+RUN python -m venv /opt/protoc && /opt/protoc/bin/pip install --no-cache-dir grpcio-tools==1.85.1
 COPY protos/ protos/
 RUN mkdir -p gen/python \
- && python -m grpc_tools.protoc -Iprotos --python_out=gen/python --pyi_out=gen/python --grpc_python_out=gen/python protos/infermesh/v1/*.proto protos/inference/*.proto
+ && /opt/protoc/bin/python -m grpc_tools.protoc -Iprotos --python_out=gen/python --pyi_out=gen/python --grpc_python_out=gen/python protos/infermesh/v1/*.proto protos/inference/*.proto
 COPY services/ services/
 COPY deploy/docker/healthcheck.py healthcheck.py
 # Byte-compile now: at run time the root filesystem is read-only.

@@ -1,8 +1,8 @@
 # syntax=docker/dockerfile:1.7
 # infermesh worker, CPU variant (kernels run as Numba CPU twins). Build from the repository root:
 #   docker build -f deploy/docker/worker-cpu.Dockerfile -t infermesh/worker-cpu:0.1.0 .
-# The demo models (digits/1, tinylm/1) are built into /app/model_repo at image build time, from
-# data that ships with scikit-learn and the standard library; mount a real repository over
+# The demo models (digits/1, tinylm/1) are copied into /app/model_repo as shipped in the
+# repository (docs/models.md); mount a real repository over
 # INFERMESH_WORKER_MODEL_REPOSITORY to serve other models. Runs as uid 10001 with a read-only root
 # filesystem: Numba's cache and every other write go under /tmp.
 
@@ -11,21 +11,25 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /app
-COPY requirements.lock ./
-# The lock pins torch==2.13.0; PyPI's wheel for that is a multi-GB CUDA build. The CPU build
+# Only the worker's own dependency set (no test or dev tools, no scikit-learn).
+COPY requirements/worker.txt requirements.txt
+# The set pins torch==2.13.0; PyPI's wheel for that is a multi-GB CUDA build. The CPU build
 # (2.13.0+cpu, from the PyTorch CPU index) satisfies the same pin, so install it first.
 RUN pip install --no-cache-dir --no-deps --index-url https://download.pytorch.org/whl/cpu torch==2.13.0+cpu \
- && pip install --no-cache-dir -r requirements.lock
+ && pip install --no-cache-dir -r requirements.txt
+# grpcio-tools only generates the stubs: it lives in a venv the final stage does not copy.
+RUN python -m venv /opt/protoc && /opt/protoc/bin/pip install --no-cache-dir grpcio-tools==1.85.1
 COPY protos/ protos/
 RUN mkdir -p gen/python \
- && python -m grpc_tools.protoc -Iprotos --python_out=gen/python --pyi_out=gen/python --grpc_python_out=gen/python protos/infermesh/v1/*.proto protos/inference/*.proto
+ && /opt/protoc/bin/python -m grpc_tools.protoc -Iprotos --python_out=gen/python --pyi_out=gen/python --grpc_python_out=gen/python protos/infermesh/v1/*.proto protos/inference/*.proto
 COPY services/ services/
 COPY kernels/ kernels/
-COPY tools/ tools/
+# The demo models ship built in the repository (docs/models.md): nothing is trained here.
+COPY model_repo/digits/ model_repo/digits/
+COPY model_repo/tinylm/ model_repo/tinylm/
 COPY deploy/docker/healthcheck.py healthcheck.py
 ENV PYTHONPATH=/app:/app/gen/python NUMBA_CACHE_DIR=/tmp/numba-cache
-RUN python -m tools.build_models --out /app/model_repo \
- && python -m compileall -q services kernels tools gen/python healthcheck.py
+RUN python -m compileall -q services kernels gen/python healthcheck.py
 
 FROM python:3.11.13-slim-bookworm
 LABEL org.opencontainers.image.title="infermesh-worker-cpu" \

@@ -18,25 +18,27 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /app
-COPY requirements.lock ./
-# torch's CUDA build with its nvidia-* runtime wheels first (it satisfies the lock's torch==2.13.0),
-# then the lock (which re-pins the dependencies torch shares with it), then the CUDA target for Numba.
+COPY requirements/worker.txt requirements.txt
+# torch's CUDA build with its nvidia-* runtime wheels first (it satisfies the set's torch==2.13.0),
+# then the worker's dependency set (which re-pins what torch shares with it), then the CUDA target for Numba.
 # DL3013 cannot see through the build args; both are exact == pins, set at the top of this file.
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" --extra-index-url https://pypi.org/simple "torch==${TORCH_VERSION}" \
- && pip install --no-cache-dir -r requirements.lock \
+ && pip install --no-cache-dir -r requirements.txt \
  && pip install --no-cache-dir "${NUMBA_CUDA_SPEC}"
+# grpcio-tools only generates the stubs: it lives in a venv the final stage does not copy.
+RUN python -m venv /opt/protoc && /opt/protoc/bin/pip install --no-cache-dir grpcio-tools==1.85.1
 COPY protos/ protos/
 RUN mkdir -p gen/python \
- && python -m grpc_tools.protoc -Iprotos --python_out=gen/python --pyi_out=gen/python --grpc_python_out=gen/python protos/infermesh/v1/*.proto protos/inference/*.proto
+ && /opt/protoc/bin/python -m grpc_tools.protoc -Iprotos --python_out=gen/python --pyi_out=gen/python --grpc_python_out=gen/python protos/infermesh/v1/*.proto protos/inference/*.proto
 COPY services/ services/
 COPY kernels/ kernels/
-COPY tools/ tools/
+# The demo models ship built in the repository (docs/models.md), the same as the CPU image's.
+COPY model_repo/digits/ model_repo/digits/
+COPY model_repo/tinylm/ model_repo/tinylm/
 COPY deploy/docker/healthcheck.py healthcheck.py
 ENV PYTHONPATH=/app:/app/gen/python NUMBA_CACHE_DIR=/tmp/numba-cache
-# Models are built on the build machine's CPU; the repository is the same as the CPU image's.
-RUN python -m tools.build_models --out /app/model_repo \
- && python -m compileall -q services kernels tools gen/python healthcheck.py
+RUN python -m compileall -q services kernels gen/python healthcheck.py
 
 FROM python:3.11.13-slim-bookworm
 LABEL org.opencontainers.image.title="infermesh-worker-cuda" \

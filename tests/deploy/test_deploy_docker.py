@@ -97,16 +97,25 @@ def test_image_env_is_read_by_the_service_and_matches_exposed_ports(image):
 
 
 @pytest.mark.parametrize("image", IMAGES)
-def test_image_installs_the_lock_and_generates_the_stubs(image):
+def test_image_installs_only_its_services_set_and_generates_the_stubs(image):
+    service = IMAGES[image]
+    copies = [value for instruction, value in instructions(image) if instruction == "COPY"]
+    assert f"requirements/{service}.txt requirements.txt" in copies, f"{image}: not its own dependency set"
+    assert not any("requirements.lock" in value for value in copies), f"{image}: installs the whole lock"
     runs = " ".join(value for instruction, value in instructions(image) if instruction == "RUN")
-    assert "pip install --no-cache-dir -r requirements.lock" in runs
-    assert PROTOC in runs
+    assert "pip install --no-cache-dir -r requirements.txt" in runs
+    # The stub generator lives in its own venv, which the final stage does not copy.
+    assert "/opt/protoc/bin/" + PROTOC in runs
+    final_copies = [v for i, v in final_stage(instructions(image)) if i == "COPY"]
+    assert not any("/opt/protoc" in value for value in final_copies)
     assert "compileall" in runs
     if image == "worker-cuda":
         assert "numba-cuda" in " ".join(v for i, v in instructions(image) if i == "ARG")
         assert '--index-url "${TORCH_INDEX_URL}"' in runs
-    else:
+    elif image == "worker-cpu":
         assert "--index-url https://download.pytorch.org/whl/cpu torch==2.13.0+cpu" in runs
+    else:
+        assert "torch" not in runs, f"{image}: the gateway and the scheduler run without torch"
 
 
 @pytest.mark.parametrize("image", IMAGES)
@@ -118,9 +127,14 @@ def test_dockerignore_lets_in_everything_the_dockerfile_copies(image):
             for source in value.split()[:-1]:
                 probe = source.rstrip("/") + ("/x.py" if source.endswith("/") else "")
                 assert not ignored(probe, patterns), f"{image}: COPY {source} is excluded by its .dockerignore"
-    # ...and keeps the rest of the repository (virtualenvs, model_repo, tests) out of the context.
-    for outside in (".venv/bin/python", "model_repo/digits/1/manifest.json", "tests/unit/x.py", "services/__pycache__"):
-        assert ignored(outside, patterns), f"{image}: {outside} would be sent to the build"
+    # ...and keeps the rest of the repository (virtualenvs, tests, other models) out of the context;
+    # only workers take the shipped demo models.
+    outside = [".venv/bin/python", "model_repo/other/1/weights.pt", "tests/unit/x.py", "services/__pycache__",
+               "requirements.lock", "tools/build_models.py"]
+    if IMAGES[image] != "worker":
+        outside.append("model_repo/digits/1/manifest.json")
+    for path in outside:
+        assert ignored(path, patterns), f"{image}: {path} would be sent to the build"
 
 
 def ignored(path: str, patterns: list[str]) -> bool:

@@ -45,6 +45,8 @@ class ServiceProcess:
     proc: subprocess.Popen | None = None
     # Prepended to the command line, e.g. ("ip", "netns", "exec", "ns") to run it in a network namespace.
     launcher: tuple[str, ...] = ()
+    # The interpreter (another environment's python, e.g. one built from a service's requirements set).
+    python: str = sys.executable
 
     @property
     def address(self) -> str:
@@ -59,7 +61,7 @@ class ServiceProcess:
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process for its lifetime
         self.proc = subprocess.Popen(
-            [*self.launcher, sys.executable, "-m", f"services.{self.service}", "--port", str(self.port), *self.args],
+            [*self.launcher, self.python, "-m", f"services.{self.service}", "--port", str(self.port), *self.args],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )
         log.close()
