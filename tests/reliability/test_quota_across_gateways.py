@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import valkey
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.gateway.tenants import hash_api_key
@@ -135,13 +136,49 @@ def mesh(tmp_path):
         yield mesh
 
 
+PREFIX = "infermesh:quota:"
+# Written into the store mid-load: none of it may let the tenant past its quota.
+GARBAGE = {
+    f"{PREFIX}t:acme:requests": ("set", "garbage"),  # wrong type
+    f"{PREFIX}t:acme:tokens": ("hset", {"level": "-5", "ts_ms": "0"}),  # negative
+    f"{PREFIX}t:acme:in_flight": ("hset", {"intruder": "999:999:99999999999999"}),  # above the quota
+}
+
+
+def _write(client, key: str, how: tuple) -> None:
+    kind, value = how
+    client.delete(key)
+    if kind == "set":
+        client.set(key, value)
+    else:
+        client.hset(key, mapping=value)
+
+
 def test_three_gateways_hold_one_quota_through_the_store(tmp_path, mesh):
+    """Garbage is also written into the store mid-load (and a foreign tenant's key before the start):
+    the rate holds, and the gateways log each bad key."""
     store = ValkeyProcess(tmp_path).start()
+    client = valkey.Valkey(host="127.0.0.1", port=store.port)
     try:
+        client.set(f"{PREFIX}t:ghost:requests", "1")
         gateways = _start_gateways(mesh, tmp_path, store.address)
-        outcomes = _offer_load([g.address for g in gateways], duration_s=7.0)
-        _check("with the store", outcomes, SETTLE_S, 7.0, mesh)
+
+        written: list[float] = []
+
+        def on_tick(elapsed_s: float) -> None:
+            if elapsed_s >= 3.0 and not written:
+                written.append(elapsed_s)
+                for key, how in GARBAGE.items():
+                    _write(client, key, how)
+
+        outcomes = _offer_load([g.address for g in gateways], duration_s=7.0, on_tick=on_tick)
+        _check("with the store (garbage written at 3 s)", outcomes, SETTLE_S, 7.0, mesh)
+        logs = "\n".join(g.log_tail(400) for g in gateways)
+        for key in GARBAGE:
+            assert f"quota store key {key} " in logs, f"{key} not reported:\n{logs}"
+        assert all(f"{PREFIX}t:ghost:requests is not a key of any tenant" in g.log_tail(400) for g in gateways)
     finally:
+        client.close()
         store.stop()
 
 
