@@ -27,6 +27,7 @@ caller (routing.py) before the choice: they decide who is a candidate at all.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -43,18 +44,27 @@ class Membership:
         self._live = live
         self._ready: dict[str, frozenset[str]] = {}
         self._unreachable: set[str] = set()
+        # model -> (live endpoints, generation, candidates): candidates() runs for every call, while
+        # what it depends on changes about once a poll interval at most.
+        self._cached: dict[str, tuple[Sequence[str], int, tuple[str, ...]]] = {}
+        self._generation = 0
 
     def live(self) -> tuple[str, ...]:
         return tuple(self._live())
 
     def update(self, endpoint: str, ready_models: Iterable[str]) -> None:
         """One successful poll of `endpoint`: the model names it serves with a ready worker."""
-        self._ready[endpoint] = frozenset(ready_models)
-        self._unreachable.discard(endpoint)
+        ready = frozenset(ready_models)
+        if self._ready.get(endpoint) != ready or endpoint in self._unreachable:
+            self._ready[endpoint] = ready
+            self._unreachable.discard(endpoint)
+            self._generation += 1
 
     def unreachable(self, endpoint: str) -> None:
         """Its poll failed: keep what it served, but try it after the others."""
-        self._unreachable.add(endpoint)
+        if endpoint not in self._unreachable:
+            self._unreachable.add(endpoint)
+            self._generation += 1
 
     def reachable(self, endpoint: str) -> bool:
         """False while its last poll failed."""
@@ -64,17 +74,28 @@ class Membership:
         """Left discovery: nothing is known about it any more."""
         self._ready.pop(endpoint, None)
         self._unreachable.discard(endpoint)
+        self._generation += 1
 
     def candidates(self, model: str) -> tuple[str, ...]:
         """Live endpoints serving `model` ready, else every live endpoint; unreachable ones last."""
-        live = self.live()
+        live = self._live()
+        cached = self._cached.get(model)
+        if cached is not None and cached[0] is live and cached[1] == self._generation:
+            return cached[2]
         serving = [e for e in live if model in self._ready.get(e, ())] or list(live)
-        return tuple(sorted(serving, key=lambda e: e in self._unreachable))
+        candidates = tuple(sorted(serving, key=lambda e: e in self._unreachable))
+        self._cached[model] = (live, self._generation, candidates)
+        return candidates
 
 
 def rendezvous_order(model: str, endpoints: Iterable[str]) -> list[str]:
     """Endpoints by descending hash of (model, endpoint): the first is the model's preferred replica."""
-    return sorted(endpoints, key=lambda e: _weight(model, e), reverse=True)
+    return list(_rendezvous_order(model, tuple(endpoints)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _rendezvous_order(model: str, endpoints: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(sorted(endpoints, key=lambda e: _weight(model, e), reverse=True))
 
 
 def _weight(model: str, endpoint: str) -> bytes:

@@ -30,6 +30,7 @@ sends every model there (tests, one scheduler).
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -216,7 +217,7 @@ class RoutingTable:
     def _unrouted_endpoints(self, model: str) -> tuple[Endpoint, ...] | None:
         """Where a model without a route goes: the replicas serving it, the fallback, or nowhere (None)."""
         if self._replicas is not None:
-            return tuple(Endpoint(address=a) for a in self._replicas.membership.candidates(model))
+            return _as_endpoints(self._replicas.membership.candidates(model))
         return self._fallback
 
     def choose(self, model: str, version: str = "", *, exclude: frozenset[str] = frozenset(),
@@ -295,3 +296,8 @@ class RoutingTable:
             if point < 0:
                 return endpoint
         return candidates[-1]
+
+
+@functools.lru_cache(maxsize=1024)
+def _as_endpoints(addresses: tuple[str, ...]) -> tuple[Endpoint, ...]:
+    return tuple(Endpoint(address=a) for a in addresses)
