@@ -154,3 +154,17 @@ def test_has_untried_counts_only_callable_endpoints(clock):
     assert not table.has_untried("tinylm", "", frozenset({A, B}))
     table.choose("tinylm", exclude=frozenset({A})).permit.record(UpstreamCode.UNAVAILABLE)
     assert not table.has_untried("tinylm", "", frozenset({A})), "B's breaker is open"
+
+
+def test_candidates_follow_a_new_discovery_answer(clock):
+    discovered = {"endpoints": (A,)}
+    membership = Membership(lambda: discovered["endpoints"])
+    membership.update(A, ["tinylm"])
+    assert membership.candidates("tinylm") == (A,)
+    discovered["endpoints"] = (A, B)  # discovery replaces its tuple on every change
+    assert membership.candidates("tinylm") == (A,), "B has not said it serves tinylm"
+    membership.update(B, ["tinylm"])
+    assert set(membership.candidates("tinylm")) == {A, B}
+    membership.update(B, ["tinylm"])  # the same answer again changes nothing
+    membership.unreachable(A)
+    assert membership.candidates("tinylm") == (B, A)
