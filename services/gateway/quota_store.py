@@ -93,8 +93,10 @@ local function lease_bucket(key, rate_per_s, burst, returned, wanted)
   local granted = math.max(0, math.min(wanted, level))
   level = level - granted
   redis.call('HSET', key, 'level', tostring(level), 'ts_ms', tostring(now_ms))
-  -- Gone once it would have refilled: an absent bucket is a full one.
-  redis.call('PEXPIRE', key, math.ceil((burst - level) / rate_per_s * 1000) + ttl_ms)
+  -- Gone once it would have refilled: an absent bucket is a full one. At most a day, so that a
+  -- tenant with a tiny rate does not leave keys behind for years (a day later it reads as full,
+  -- which for such a rate is at most one burst).
+  redis.call('PEXPIRE', key, math.min(86400000, math.ceil((burst - level) / rate_per_s * 1000) + ttl_ms))
   return granted
 end
 

@@ -212,3 +212,11 @@ async def test_spare_slots_are_headroom_and_move_to_the_gateway_that_needs_them(
     assert await slots(second, 3, 6) == 5
     for store in (first, second):
         await store.close()
+
+
+async def test_extreme_quotas_are_leased(server, prefix):
+    store = _store(server, prefix, "gw")
+    tiny_rate = make_quota(requests_per_s=1e-6, requests_burst=10**9, tokens_per_s=1e-6, tokens_burst=10**9)
+    reply = await store.sync(_ask(tiny_rate, want_requests=3, want_tokens=5))
+    assert (reply.grants[0].requests, reply.grants[0].tokens) == (pytest.approx(3), pytest.approx(5))
+    await store.close()
