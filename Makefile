@@ -17,6 +17,8 @@ MESH_GATEWAY := 127.0.0.1:$${MESH_GATEWAY_PORT:-50051}
 export MESH_CLASSIFIER_MODEL ?= digits
 export MESH_GENERATOR_MODEL ?= tinylm
 export MESH_MODEL_REPO ?= $(MODEL_REPO)
+# The key make up checks readiness with (and make demo loads with): a tenant's key in MESH_TENANTS_FILE.
+MESH_API_KEY ?= demo-key-alpha
 
 .PHONY: help setup protos models model-repo up down demo test lint bench clean
 
@@ -47,12 +49,13 @@ model-repo: setup ## check the demo models in model_repo/ (sha256, recipe); buil
 
 up: setup model-repo ## start two schedulers, the quota store, gateway and two workers on 127.0.0.1; wait until all are SERVING
 	@mkdir -p run
+	@$(PY) -m tools.mesh check-key --tenants-file "$${MESH_TENANTS_FILE-deploy/local/tenants.yaml}" --api-key $(MESH_API_KEY)
 	@if [ -f $(MESH_PID) ] && kill -0 $$(cat $(MESH_PID)) 2>/dev/null; then \
 		echo "mesh already running (pid $$(cat $(MESH_PID))); make down stops it"; exit 0; fi; \
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" setsid $(VENV)/bin/honcho -f deploy/local/Procfile -d . start \
 		> run/mesh.log 2>&1 < /dev/null & echo $$! > $(MESH_PID); \
 	if ! $(PY) -m tools.mesh wait --health $(MESH_HEALTH) --store $(MESH_STORE) --gateway $(MESH_GATEWAY) \
-		--models $(MESH_CLASSIFIER_MODEL) $(MESH_GENERATOR_MODEL) --api-key demo-key-alpha --timeout-s 180; then \
+		--models $(MESH_CLASSIFIER_MODEL) $(MESH_GENERATOR_MODEL) --api-key $(MESH_API_KEY) --timeout-s 180; then \
 		tail -n 40 run/mesh.log; $(MAKE) --no-print-directory down; exit 1; fi; \
 	echo "infermesh is up: gateway at $(MESH_GATEWAY) (logs: run/mesh.log). Stop it with: make down"
 
@@ -66,7 +69,7 @@ down: ## stop the local mesh started by make up
 
 demo: setup ## start the mesh, drive a 30 s mixed load, write a tail-latency report under reports/, stop
 	@$(MAKE) --no-print-directory up
-	@$(PY) -m tools.demo --gateway $(MESH_GATEWAY) --api-key demo-key-alpha \
+	@$(PY) -m tools.demo --gateway $(MESH_GATEWAY) --api-key $(MESH_API_KEY) \
 		&& $(PY) -m loadtest run loadtest/scenarios/demo.yaml --target $(MESH_GATEWAY) --out reports --wait-ready-s 60; \
 		status=$$?; $(MAKE) --no-print-directory down; exit $$status
 

@@ -61,15 +61,39 @@ def store_answers(address: str, timeout_s: float = 1.0) -> bool:
     return reply == b"+PONG\r\n"
 
 
+class KeyRefused(Exception):
+    """The gateway answered, and refused the readiness key: waiting longer cannot help."""
+
+
 def ready_models(gateway: str, api_key: str = "", timeout_s: float = 2.0) -> set[str]:
     metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
     try:
         with grpc.insecure_channel(gateway) as channel:
             stub = gateway_pb2_grpc.InferenceStub(channel)
             reply = stub.ListModels(gateway_pb2.ListModelsRequest(), timeout=timeout_s, metadata=metadata)
-    except grpc.RpcError:
+    except grpc.RpcError as exc:
+        if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            raise KeyRefused(f"{exc.code().name}: {exc.details()}") from None
         return set()
     return {m.model.name for m in reply.models if m.ready}
+
+
+def key_problem(tenants_file: str, api_key: str) -> str | None:
+    """Why `api_key` cannot pass the gateway's auth with this tenants file; None when it can."""
+    if not tenants_file:
+        return None  # no tenants file: the gateway admits every caller
+    from services.gateway.tenants import TenantConfigError, TenantDirectory, load_tenant_config
+
+    try:
+        directory = TenantDirectory(load_tenant_config(tenants_file))
+    except (OSError, TenantConfigError) as exc:
+        return f"the tenants file {tenants_file} is unusable: {exc}"
+    try:
+        directory.authenticate_key(api_key)
+    except Exception:  # noqa: BLE001 - Unauthenticated, whatever its module
+        return (f"the readiness key is not in {tenants_file}: `make up` checks readiness with MESH_API_KEY "
+                f"(now {api_key[:4]}...); set MESH_API_KEY to a key of a tenant in that file")
+    return None
 
 
 def wait(health: list[str], gateway: str | None, models: list[str], timeout_s: float, api_key: str = "",
@@ -80,7 +104,12 @@ def wait(health: list[str], gateway: str | None, models: list[str], timeout_s: f
     while time.monotonic() < give_up:
         pending = {address for address in pending if not is_serving(address)}
         silent_stores = {address for address in silent_stores if not store_answers(address)}
-        missing = set(models) - ready_models(gateway, api_key) if gateway and models else set()
+        try:
+            missing = set(models) - ready_models(gateway, api_key) if gateway and models else set()
+        except KeyRefused as exc:
+            print(f"the gateway refused the readiness key ({exc}): it is not a key of the gateway's tenants "
+                  f"file; set MESH_API_KEY to one that is", file=sys.stderr)
+            return False
         if not pending and not silent_stores and not missing:
             return True
         time.sleep(0.2)
@@ -133,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     waiter.add_argument("--models", nargs="*", default=[])
     waiter.add_argument("--timeout-s", type=float, default=120.0)
     waiter.add_argument("--api-key", default="", help="sent as 'authorization: Bearer' when listing models")
+    checker = sub.add_parser("check-key", help="exit 1 unless the API key passes auth with this tenants file")
+    checker.add_argument("--tenants-file", default="", help="the gateway's tenants YAML (empty: anyone passes)")
+    checker.add_argument("--api-key", required=True)
     keeper = sub.add_parser("keep", help="run a command, restarting it whenever it exits, until SIGTERM/SIGINT")
     keeper.add_argument("--restart-delay-s", type=float, default=1.0)
     keeper.add_argument("argv", nargs=argparse.REMAINDER, help="-- then the command")
@@ -142,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         if not command:
             parser.error("keep needs a command after --")
         return keep_running(command, args.restart_delay_s)
+    if args.command == "check-key":
+        problem = key_problem(args.tenants_file, args.api_key)
+        if problem:
+            print(f"make up: {problem}", file=sys.stderr)
+        return 1 if problem else 0
     return 0 if wait(args.health, args.gateway, args.models, args.timeout_s, args.api_key, args.store) else 1
 
 
