@@ -129,11 +129,11 @@ class LoadCounts:
         lists = (self.failed_classify, self.failed_streams, self.wrong_text, self.bad_indices)
         return "\n".join(example for examples in lists for example in examples[:num])
 
-    def assert_nothing_lost(self, phase: str, logs: Callable[[], str]) -> None:
+    def assert_nothing_lost(self, phase: str, logs: Callable[[], str], min_classify: int = 100) -> None:
         """Prints the phase's counts, then requires every problem count to be 0 and some of each call."""
         print(f"{phase}: {self.summary()}")
         assert self.problems() == dict.fromkeys(self.problems(), 0), f"{phase}: {self.examples()}\n{logs()}"
-        assert self.num_classify >= 100 and self.num_greedy_streams >= 4 and self.num_sampled_streams >= 4, (
+        assert self.num_classify >= min_classify and self.num_greedy_streams >= 4 and self.num_sampled_streams >= 4, (
             f"{phase}: too little load to judge: {self.summary()}")
 
 

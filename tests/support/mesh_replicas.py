@@ -14,6 +14,7 @@ from __future__ import annotations
 import http.client
 import signal
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from infermesh.v1 import common_pb2
 from tests.support.gateway_fixtures import Metrics, scrape
-from tests.support.mesh_load import LoadShape, MeshLoad
+from tests.support.mesh_load import LoadCounts, LoadShape, MeshLoad, StreamSpec
 from tests.support.netns import HostedProcess, Lan
 from tests.support.processes import ServiceProcess, free_port, wait_until
 from tests.support.scheduler_fixtures import pressure_of, scheduler_stub
@@ -205,6 +206,45 @@ def kill_and_restart(mesh: ReplicatedMesh, victim: ServiceProcess, load: MeshLoa
     mesh.restart(victim)
     mesh.wait_attached(MODELS, 2)
     load.wait_completed(60, f"after the restart of {victim.name}")
+
+
+# The partition tests' hosts: a scheduler each on s1 and s2, the gateway on gw, every worker on wk.
+PARTITION_HOSTS = ["s1", "s2", "gw", "wk"]
+CUT_S = 5.0
+# Long streams (longer than the cut) too, so that some still run when the link returns.
+PARTITION_STREAMS = (StreamSpec("abc", 80), StreamSpec("mesh", 80, seed=12345),
+                     StreamSpec("hello", 400), StreamSpec("xyz", 400, seed=99))
+
+
+def cut_scheduler_under_load(tmp_path, network: Lan, model: str, shape: LoadShape) -> LoadCounts:
+    """Cuts the link of the scheduler serving `model` mid-load for CUT_S, then requires nothing lost."""
+    with replicated_mesh(tmp_path, lan=network) as mesh:
+        mesh.add_schedulers(2, hosts=PARTITION_HOSTS[:2])
+        for worker_model in MODELS:
+            mesh.add_worker(worker_model, host=PARTITION_HOSTS[3])
+            mesh.add_worker(worker_model, host=PARTITION_HOSTS[3])
+        mesh.add_gateway(host=PARTITION_HOSTS[2])
+        mesh.wait_spread(MODELS)
+
+        load = MeshLoad(mesh.gateway_target, shape).start()
+        load.wait_completed(20, "before the cut")
+        victim = mesh.scheduler_serving(model)
+        network.cut(victim.host)
+        done_at_cut = load.num_done
+        time.sleep(CUT_S)  # the partition lasts this long whatever happens meanwhile
+        done_during_cut = load.num_done - done_at_cut
+        network.restore(victim.host)
+        load.wait_completed(20, "after the restore")
+        counts = load.stop()  # waits for every call sent, so chunks the cut-off scheduler held arrive first
+
+        gateway = mesh.gateways[0]
+        resumed = mesh.metric(gateway, "infermesh_gateway_stream_resumes_total")
+        failed_over = mesh.metric(gateway, "infermesh_gateway_failovers_total")
+        print(f"gateway: {resumed:g} streams resumed, {failed_over:g} calls failed over")
+        counts.assert_nothing_lost(
+            f"link of the scheduler serving {model} cut {CUT_S:g} s ({done_during_cut} calls done meanwhile)",
+            mesh.logs, min_classify=100 if shape.classify_per_s else 0)
+        return counts
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
