@@ -1,0 +1,90 @@
+"""Schedulers restarted under load, and the other one going while one was just restarted: nothing lost.
+
+A SIGKILLed scheduler restarted while the load goes on; the SIGKILL of the scheduler holding
+every worker and call while the other has just been restarted (as after any earlier kill);
+and a SIGTERM roll of both, one after the other.
+
+In the roll each scheduler drains in turn (new calls refused with pushback 0 and sent to the other at
+once, classify in flight finished, streams still running after the drain grace handed
+over and resumed by the gateway on the other) and is restarted on its port before the next
+one goes. The second roll is the hard one: it finds the first scheduler freshly restarted,
+so the workers must reach it before the calls refused by the draining one run out of time.
+
+These fail today (see each marker's reason); they are kept, not run, until the services
+change: `pytest --runxfail tests/reliability/test_scheduler_roll.py` shows the failures.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.support.mesh_load import MeshLoad
+from tests.support.mesh_replicas import (
+    MODELS,
+    SHAPE,
+    ReplicatedMesh,
+    kill_and_restart,
+    replicated_mesh,
+    start_spread_mesh,
+)
+from tests.support.processes import ServiceProcess
+
+pytestmark = pytest.mark.integration
+
+
+def _roll(mesh: ReplicatedMesh, scheduler: ServiceProcess, load: MeshLoad) -> None:
+    scheduler.signal(signal.SIGTERM)
+    assert scheduler.proc.wait(timeout=30) == 0, scheduler.log_tail()
+    load.wait_completed(60, f"with {scheduler.name} gone")
+    mesh.restart(scheduler)
+    mesh.wait_attached(MODELS, 2)
+
+
+@pytest.mark.xfail(run=False, reason=(
+    "5 of 5 runs failed (107-425 classify, 7-28 streams: NOT_FOUND 'not served here', DEADLINE_EXCEEDED): "
+    "workers never move back to a restarted scheduler, the draining one lets its workers go only after the "
+    "2 s stream grace, and the gateway neither fails over on NOT_FOUND nor reaches the restarted port at once "
+    "(channel reconnect backoff, breaker open 5 s)"))
+def test_a_rolling_sigterm_of_both_schedulers_loses_no_call(tmp_path):
+    with replicated_mesh(tmp_path) as mesh:
+        start_spread_mesh(mesh)
+        load = MeshLoad(mesh.gateway_target, SHAPE).start()
+        load.wait_completed(90, "before the roll")
+        for index in range(len(mesh.schedulers)):
+            _roll(mesh, mesh.schedulers[index], load)
+        load.wait_completed(60, "after the roll")
+        load.stop().assert_nothing_lost("SIGTERM roll of both schedulers", mesh.logs)
+
+
+@pytest.mark.xfail(run=False, reason=(
+    "2 of 2 runs failed (181 classify DEADLINE_EXCEEDED + 18 streams; 7 streams UNAVAILABLE/NOT_FOUND): the "
+    "workers re-attach to the restarted scheduler in ~25 ms but the gateway reaches it only after its channel's "
+    "reconnect backoff and next poll, and a stream resume never goes back to an endpoint it already tried"))
+def test_sigkill_of_the_scheduler_holding_every_worker_next_to_a_restarted_one_loses_no_call(tmp_path):
+    with replicated_mesh(tmp_path) as mesh:
+        start_spread_mesh(mesh)
+        first = mesh.schedulers[0]
+        first.signal(signal.SIGKILL)
+        first.proc.wait(timeout=10)
+        mesh.restart(first)
+        mesh.wait_attached(MODELS, 2)  # all on the other one now
+        load = MeshLoad(mesh.gateway_target, SHAPE).start()
+        load.wait_completed(90, "before the kill")
+        kill_and_restart(mesh, mesh.scheduler_serving("mock-generator"), load)
+        load.stop().assert_nothing_lost("SIGKILL of the scheduler holding every worker", mesh.logs)
+
+
+@pytest.mark.xfail(run=False, reason=(
+    "intermittent, about 1 run in 8: 19 classify + 1 stream NOT_FOUND 'not served here' in the 0.5 s after "
+    "the restarted scheduler listens, before the gateway's next ListModels poll (membership keeps its old "
+    "ready models, affinity prefers it, NOT_FOUND is not failed over)"))
+@pytest.mark.parametrize("model", MODELS)
+def test_a_scheduler_restarted_under_load_after_a_sigkill_fails_no_call(tmp_path, model):
+    with replicated_mesh(tmp_path) as mesh:
+        start_spread_mesh(mesh)
+        load = MeshLoad(mesh.gateway_target, SHAPE).start()
+        load.wait_completed(90, "before the kill")
+        kill_and_restart(mesh, mesh.scheduler_serving(model), load)
+        load.stop().assert_nothing_lost(f"SIGKILL + restart of the scheduler serving {model}", mesh.logs)
