@@ -9,12 +9,16 @@ Real processes on 127.0.0.1: two schedulers, a toy-classifier and a mock-generat
 from __future__ import annotations
 
 import signal
+import threading
 import time
 
+import grpc
 import pytest
 
+from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.gateway.replicas import rendezvous_order
 from tests.support.gateway_fixtures import scrape
+from tests.support.generator_models import mock_text
 from tests.support.mesh_load import LoadShape, MeshLoad, StreamSpec
 from tests.support.mesh_replicas import replicated_mesh
 from tests.support.processes import free_port, wait_until
@@ -99,3 +103,69 @@ def test_a_draining_scheduler_hands_its_streams_over_and_nothing_is_lost(tmp_pat
     assert counts.problems() == {"failed_classify": 0, "failed_streams": 0, "wrong_text": 0, "bad_indices": 0}, (
         f"{counts.summary()}\n{counts.examples()}\n{logs}")
     assert handed_over >= 1, "streams running past the drain grace were handed over and resumed"
+
+
+def test_coalesced_streams_resume_with_whole_chunks_and_every_token_once(tmp_path):
+    """Streams asking for coalescing (at most 4 tokens a chunk) cut by a SIGKILL resume coalesced."""
+    with replicated_mesh(tmp_path) as mesh:
+        mesh.add_schedulers(2)
+        for _ in range(2):
+            mesh.add_worker("mock-generator")
+        mesh.wait_spread(["mock-generator"])
+        metrics_port = free_port()
+        mesh.add_gateway("--metrics-port", str(metrics_port))
+        with grpc.insecure_channel(mesh.gateways[0].address) as channel:
+            stub = gateway_pb2_grpc.InferenceStub(channel)
+            readers = [_CoalescedReader(stub, prompt, seed) for prompt, seed in
+                       (("abc", None), ("hello", None), ("mesh", 7), ("zz", 12345))]
+            wait_until(lambda: all(r.num_tokens >= 8 for r in readers), timeout_s=20, message="streams under way")
+            preferred = rendezvous_order("mock-generator", [s.address for s in mesh.schedulers])[0]
+            victim = next(s for s in mesh.schedulers if s.address == preferred)
+            victim.signal(signal.SIGKILL)
+            for reader in readers:
+                reader.join(timeout=30)
+        resumed = scrape(metrics_port).value("infermesh_gateway_stream_resumes_total")
+
+    for reader in readers:
+        assert reader.error is None, reader.error
+        assert reader.text == mock_text(reader.prompt, COALESCED_TOKENS, reader.seed or 0)
+        assert reader.gaps == [], "every chunk's index equals the tokens before it"
+        assert max(reader.sizes) <= 4 and len(reader.sizes) <= COALESCED_TOKENS // 4 + 8, (
+            f"coalesced before and after the resume: chunk sizes {reader.sizes}")
+        assert reader.num_final == 1 and reader.completion_tokens == COALESCED_TOKENS
+    assert resumed == len(readers)
+
+
+COALESCED_TOKENS = 120
+
+
+class _CoalescedReader(threading.Thread):
+    def __init__(self, stub, prompt: str, seed: int | None) -> None:
+        super().__init__(daemon=True)
+        self.prompt, self.seed = prompt, seed
+        sampling = common_pb2.SamplingParams(max_tokens=COALESCED_TOKENS)
+        if seed is not None:
+            sampling.temperature, sampling.seed = 1.0, seed
+        self.call = stub.Generate(gateway_pb2.GenerateRequest(
+            model=common_pb2.ModelRef(name="mock-generator"), prompt=prompt, sampling=sampling,
+            stream=gateway_pb2.StreamOptions(max_tokens_per_chunk=4)), timeout=30)
+        self.text, self.num_tokens, self.num_final, self.completion_tokens = "", 0, 0, 0
+        self.gaps: list[tuple[int, int]] = []  # (index, tokens read before) of chunks that do not continue
+        self.sizes: list[int] = []
+        self.error: Exception | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            for chunk in self.call:
+                if chunk.token_ids:
+                    if chunk.index != self.num_tokens:
+                        self.gaps.append((chunk.index, self.num_tokens))
+                    self.sizes.append(len(chunk.token_ids))
+                    self.num_tokens += len(chunk.token_ids)
+                self.text += chunk.text
+                if chunk.finish_reason:
+                    self.num_final += 1
+                    self.completion_tokens = chunk.usage.completion_tokens
+        except grpc.RpcError as exc:
+            self.error = exc
