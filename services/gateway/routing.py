@@ -277,10 +277,13 @@ class RoutingTable:
     def _draw_endpoint(self, model: str, version: VersionRoute, exclude: frozenset[str],
                        priority: Priority = Priority.STANDARD) -> Endpoint:
         # Prefer endpoints this request has not tried; fall back to them rather than fail.
+        if not version.endpoints:
+            raise Unavailable(f"no scheduler known for model '{model}': discovery has found none yet",
+                              retry_after_s=1.0)
         candidates = self._available(version, exclude) or self._available(version, frozenset())
         if not candidates:
             retry_after_s = min(
-                (self._breakers.for_endpoint(e.address).retry_after_s() for e in version.endpoints), default=1.0
+                self._breakers.for_endpoint(e.address).retry_after_s() for e in version.endpoints
             )
             which = f"model '{model}' version '{version.version}'" if version.version else f"model '{model}'"
             raise Unavailable(

@@ -168,3 +168,15 @@ def test_candidates_follow_a_new_discovery_answer(clock):
     membership.update(B, ["tinylm"])  # the same answer again changes nothing
     membership.unreachable(A)
     assert membership.candidates("tinylm") == (B, A)
+
+
+def test_no_scheduler_discovered_yet_is_unavailable_with_a_hint(clock):
+    table, *_ = _table(clock, live=())
+    try:
+        table.choose("tinylm")
+    except Unavailable as exc:
+        assert exc.message == "no scheduler known for model 'tinylm': discovery has found none yet"
+        assert exc.retry_after_s == 1.0
+    else:
+        raise AssertionError("nothing to route to")
+    assert not table.has_untried("tinylm", "", frozenset())
