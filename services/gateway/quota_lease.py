@@ -16,8 +16,9 @@ Invariants, with the store reachable:
     most the slots the other live gateways do not hold, so the tenant's requests in flight
     across all gateways never exceed max_in_flight. Slots nobody wants are spread as headroom
     for bursts; when the wants exceed the quota, a gateway may keep what the others are not
-    entitled to (their wants up to a fair share, ceil(max / live gateways)), and shrinks to it
-    as its requests end.
+    entitled to (their wants up to their fair shares, which add up to max: floor(max / live
+    gateways) each, the remainder to some of them in a rotating order), and shrinks to that as
+    its requests end.
 The bucket in the store is capped at the tenant's burst like any token bucket: refill that
 arrives while it is full is lost. With a lease interval of I seconds, a burst below
 rate x I makes the tenant get less than its rate (docs/gateway.md, "Quotas across gateways").

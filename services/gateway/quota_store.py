@@ -39,6 +39,7 @@ local ttl_ms = tonumber(ARGV[2])
 -- Per tenant: {requests_per_s, requests_burst, return, want, tokens_per_s, tokens_burst, return,
 -- want, max_in_flight, num_in_flight, want_in_flight}, in KEYS order.
 local asks = cjson.decode(ARGV[3])
+local rotation_ms = tonumber(ARGV[4])
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local bad = {}
@@ -72,7 +73,15 @@ for _, member in ipairs(foreign) do
 end
 redis.call('ZADD', registry, now_ms + ttl_ms, gateway_id)
 redis.call('PEXPIRE', registry, 2 * ttl_ms)
-local live = redis.call('ZCARD', registry)
+-- Fair shares of in-flight slots: floor(max / live) each, and the remainder one slot each to
+-- the first gateways in id order, an order that rotates every rotation_ms so no gateway is
+-- always the one left out. They add up to the quota, so every gateway can get its share.
+local members = redis.call('ZRANGE', registry, 0, -1)
+table.sort(members)
+local live = #members
+local rank = {}
+local rotation = math.floor(now_ms / rotation_ms) % live
+for i, member in ipairs(members) do rank[member] = (i - 1 - rotation) % live end
 
 local function lease_bucket(key, rate_per_s, burst, returned, wanted)
   local stored = read('HMGET', key, 'level', 'ts_ms')
@@ -102,7 +111,12 @@ end
 
 local function lease_slots(key, max_in_flight, num_in_flight, wanted)
   local entries = read('HGETALL', key) or {}
-  local fair = math.ceil(max_in_flight / live)
+  local base, extra = math.floor(max_in_flight / live), max_in_flight % live
+  local function fair(holder)
+    local r = rank[holder]
+    if r ~= nil and r < extra then return base + 1 end
+    return base
+  end
   -- others_entitled: what the others want, each counted up to its fair share.
   local others_held, others_wanted, others_entitled = 0, 0, 0
   for i = 1, #entries, 2 do
@@ -118,7 +132,7 @@ local function lease_slots(key, max_in_flight, num_in_flight, wanted)
       else
         others_held = others_held + held
         others_wanted = others_wanted + desire
-        others_entitled = others_entitled + math.min(desire, fair)
+        others_entitled = others_entitled + math.min(desire, fair(holder))
       end
     end
   end
@@ -128,7 +142,7 @@ local function lease_slots(key, max_in_flight, num_in_flight, wanted)
   if others_wanted + wanted > max_in_flight then
     -- Contended: what the others are entitled to (their wants up to a fair share) is theirs;
     -- those above it shrink as their requests end.
-    granted = math.min(wanted, free, math.max(fair, max_in_flight - others_entitled))
+    granted = math.min(wanted, free, math.max(fair(gateway_id), max_in_flight - others_entitled))
   else
     -- Not contended: what it wants plus an even share of the slots nobody wants, as headroom for
     -- a burst before the next sync (one gateway alone may fill the whole quota at once).
@@ -163,13 +177,18 @@ class StoreReplyError(RuntimeError):
 class ValkeyQuotaStore:
     """Runs a LeasePlan as one atomic script; a failure raises (the caller falls back)."""
 
-    def __init__(self, address: str, prefix: str, *, gateway_id: str, ttl_s: float, timeout_s: float) -> None:
+    def __init__(
+        self, address: str, prefix: str, *, gateway_id: str, ttl_s: float, timeout_s: float,
+        share_rotation_s: float = 10.0,
+    ) -> None:
         host, _, port = address.rpartition(":")
         self.address = address
         self.prefix = prefix
         self.gateway_id = gateway_id
         self.timeout_s = timeout_s
         self._ttl_ms = max(1, math.ceil(ttl_s * 1000))
+        # How often the gateways that get the remainder of max_in_flight / live change.
+        self._rotation_ms = max(1, math.ceil(share_rotation_s * 1000))
         # No client-side retries: a failed sync is retried at the next interval, after the
         # gateway has fallen back, never while admission waits on it.
         self._client = valkey_asyncio.Valkey(
@@ -195,7 +214,7 @@ class ValkeyQuotaStore:
             ))
         # One JSON argument rather than eleven per tenant: packing thousands of arguments cost
         # the client more than the whole script cost the server (bench/bench_quota_store.py).
-        raw = await self._script(keys=keys, args=[self.gateway_id, self._ttl_ms, json.dumps(asks)])
+        raw = await self._script(keys=keys, args=[self.gateway_id, self._ttl_ms, json.dumps(asks), self._rotation_ms])
         return _parse_reply(raw, plan)
 
     async def audit(self, known_tenants: Iterable[str]) -> list[str]:

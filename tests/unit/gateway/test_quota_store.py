@@ -220,3 +220,19 @@ async def test_extreme_quotas_are_leased(server, prefix):
     reply = await store.sync(_ask(tiny_rate, want_requests=3, want_tokens=5))
     assert (reply.grants[0].requests, reply.grants[0].tokens) == (pytest.approx(3), pytest.approx(5))
     await store.close()
+
+
+async def test_fair_shares_add_up_to_the_quota_so_no_gateway_is_left_out(server, prefix):
+    """max_in_flight 4 over 3 busy gateways: 1 each and the remaining slot to one of them (by id,
+    rotating; here it never rotates), not ceil(4 / 3) = 2 to two of them and 0 to the third."""
+    stores = [ValkeyQuotaStore(server.address, prefix, gateway_id=f"gw{i}", ttl_s=5.0, timeout_s=2.0,
+                               share_rotation_s=1e9)  # no rotation during the test
+              for i in range(3)]
+    quota = make_quota(requests_per_s=0.1, requests_burst=10, max_in_flight=4)
+    grants = [(await store.sync(_ask(quota, want_in_flight=4))).grants[0].in_flight_limit for store in stores]
+    assert grants == [4, 0, 0]  # the first alone took everything; the others are now registered
+    for _ in range(2):  # each lets go of what it is not entitled to; the next takes it
+        grants = [(await store.sync(_ask(quota, want_in_flight=4))).grants[0].in_flight_limit for store in stores]
+    assert sorted(grants) == [1, 1, 2]
+    for store in stores:
+        await store.close()
