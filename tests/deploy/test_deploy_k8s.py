@@ -410,5 +410,34 @@ def test_every_model_keeps_a_worker_per_scheduler(rendered, overlay):
     hpas = {h["spec"]["scaleTargetRef"]["name"]: h for h in of_kind(docs, "HorizontalPodAutoscaler")}
     for worker in (d for d in infermesh_deployments(docs) if service_of(d) == "worker"):
         name = worker["metadata"]["name"]
-        assert worker["spec"]["replicas"] >= num_schedulers, name
         assert hpas[name]["spec"]["minReplicas"] >= num_schedulers, name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_autoscaled_deployments_leave_the_count_to_their_hpa(rendered, overlay):
+    # `replicas` on an HPA-managed Deployment resets it on every apply, fighting the autoscaler.
+    docs = rendered[overlay]
+    scaled = {h["spec"]["scaleTargetRef"]["name"] for h in of_kind(docs, "HorizontalPodAutoscaler")}
+    for deployment in of_kind(docs, "Deployment"):
+        if deployment["metadata"]["name"] in scaled:
+            assert "replicas" not in deployment["spec"], deployment["metadata"]["name"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_a_rollout_or_a_drain_always_leaves_a_pod_of_each_service_serving(rendered, overlay):
+    # The gpu overlay replaces workers one at a time (maxSurge 0): safe only with two or more.
+    docs = rendered[overlay]
+    hpas = {h["spec"]["scaleTargetRef"]["name"]: h for h in of_kind(docs, "HorizontalPodAutoscaler")}
+    budgets = of_kind(docs, "PodDisruptionBudget")
+    for deployment in infermesh_deployments(docs):
+        name = deployment["metadata"]["name"]
+        fewest = hpas[name]["spec"]["minReplicas"] if name in hpas else deployment["spec"]["replicas"]
+        rolling = deployment["spec"]["strategy"]["rollingUpdate"]
+        unavailable = rolling["maxUnavailable"]
+        unavailable = -(-fewest * int(unavailable[:-1]) // 100) if isinstance(unavailable, str) else unavailable
+        assert fewest - unavailable >= 1, f"{overlay} {name}: a rollout may take every pod down"
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        (budget,) = [b for b in budgets if b["spec"]["selector"]["matchLabels"].items() <= labels.items()]
+        allowed = budget["spec"].get("maxUnavailable", fewest - budget["spec"].get("minAvailable", 0))
+        assert fewest - allowed >= 1, f"{overlay} {name}: a node drain may evict every pod"
+        assert allowed >= 1, f"{overlay} {name}: the budget blocks every drain"
