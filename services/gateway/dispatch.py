@@ -181,6 +181,9 @@ class Dispatcher:
             route.permit.success()  # it answered with a retry hint: alive, just no room for this
         else:
             route.permit.record(failure.code)
+        if failure.endpoint_gone:
+            # Later calls avoid it now rather than after its next failed poll or its breaker opening.
+            self._routing.note_gone(route.endpoint)
         self._observe(route.endpoint)
 
     def _decide(

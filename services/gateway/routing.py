@@ -262,6 +262,11 @@ class RoutingTable:
             if e.address not in exclude and breakers.for_endpoint(e.address).is_available()
         ]
 
+    def note_gone(self, endpoint: str) -> None:
+        """A call found `endpoint` gone or draining: discovered models avoid it until it answers a poll."""
+        if self._replicas is not None:
+            self._replicas.membership.unreachable(endpoint)
+
     def has_untried(self, model: str, version: str, tried: frozenset[str]) -> bool:
         """Is there an endpoint for `model` (at `version`) that this call has not tried and may call now?"""
         try:

@@ -3,6 +3,7 @@ while retries against a live but struggling one stay capped by it. Streams resum
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import pytest
@@ -15,7 +16,7 @@ from services.gateway.dispatch import Dispatcher
 from services.gateway.replicas import Membership, ReplicaSelector, rendezvous_order
 from services.gateway.retry_budget import RetryBudgetConfig, RetryBudgets
 from services.gateway.retry_policy import RetryPolicy, RetryPolicyConfig, WorkKind
-from services.gateway.routing import RoutingTable
+from services.gateway.routing import RoutingTable, parse_routing_config
 from services.gateway.shedding import PressureBoard
 from services.gateway.tenants import Priority
 from services.gateway.upstream import AttemptError
@@ -91,20 +92,50 @@ def _by_endpoint(failures: dict[str, AttemptError]):
 @pytest.mark.parametrize("failure", [_gone, _draining], ids=["transport", "draining"])
 async def test_a_dead_replicas_whole_load_fails_over_outside_the_budget(clock, failure):
     parts = _make(clock)
-    call, calls = _by_endpoint({PREFERRED: failure()})
-    results = [await parts.dispatcher.unary(_scope(clock), WorkKind.CLASSIFY, call) for _ in range(200)]
+    died = asyncio.Event()
+    calls: list[str] = []
+
+    async def call(client, version, timeout_s):
+        calls.append(client)
+        if client == PREFERRED:
+            await died.wait()  # 200 calls in flight on it when it dies
+            raise failure()
+        return f"labels from {client}"
+
+    pending = [asyncio.ensure_future(parts.dispatcher.unary(_scope(clock), WorkKind.CLASSIFY, call))
+               for _ in range(200)]
+    await asyncio.sleep(0)
+    assert calls == [PREFERRED] * 200
+    died.set()
+    results = await asyncio.gather(*pending)
     assert results == [f"labels from {OTHER}"] * 200, "every call succeeded on the live replica"
-    assert calls.count(PREFERRED) == 200 and calls.count(OTHER) == 200
+    assert calls.count(OTHER) == 200
     assert set(parts.sleeps) == {0.0}, "a failover goes at once"
     assert parts.budgets.for_upstream(PREFERRED).balance() == pytest.approx(2.0), "no retry was charged"
 
 
-async def test_once_the_breaker_opens_the_dead_replica_gets_no_calls(clock):
-    parts = _make(clock, BreakerConfig(num_consecutive_failures_to_open=5))
+async def test_after_one_call_found_it_gone_later_calls_avoid_the_dead_replica(clock):
+    parts = _make(clock)
     call, calls = _by_endpoint({PREFERRED: _gone()})
     for _ in range(50):
         assert await parts.dispatcher.unary(_scope(clock), WorkKind.CLASSIFY, call) == f"labels from {OTHER}"
-    assert calls.count(PREFERRED) == 5, "failovers stop costing anything once the breaker opened"
+    assert calls.count(PREFERRED) == 1, "until it answers a poll again, it is chosen only if nothing else is"
+
+
+async def test_the_breaker_stops_calls_to_a_dead_replica_even_without_membership(clock):
+    breakers = CircuitBreakers(BreakerConfig(num_consecutive_failures_to_open=5), clock)
+    dispatcher = Dispatcher(
+        routing=RoutingTable(parse_routing_config(
+            {"models": {MODEL: {"default_version": "1", "endpoints": [A, B]}}}, "routing.yaml"), breakers,
+            rng=FixedRng(0.0)),
+        clients=FakeClients(), policy=RetryPolicy(RetryPolicyConfig(max_attempts=3), rng=FixedRng(0.5)),
+        budgets=RetryBudgets(BUDGET, clock), breakers=breakers, deadlines=Deadlines(DeadlinePolicy(), clock),
+        board=PressureBoard(clock),
+    )
+    call, calls = _by_endpoint({A: _gone()})
+    for _ in range(50):
+        assert await dispatcher.unary(_scope(clock), WorkKind.CLASSIFY, call) == f"labels from {B}"
+    assert calls.count(A) == 5, "failovers stop costing anything once the breaker opened"
 
 
 async def test_retries_against_a_live_struggling_replica_stay_capped_by_the_budget(clock):
