@@ -99,7 +99,7 @@ class Dispatcher:
             timeout_s = self._timeout_s(scope, route, last_failure)
             attempt_span = _tracer.start_span(
                 "resume" if resume.num_delivered else "attempt",
-                attributes={"infermesh.attempt": len(tried) - 1, "infermesh.endpoint": route.endpoint,
+                attributes={"infermesh.attempt": len(tried), "infermesh.endpoint": route.endpoint,
                             "infermesh.tokens_delivered": resume.num_delivered},
             )
             with trace.use_span(attempt_span, end_on_exit=False):  # the call carries this span's traceparent
