@@ -118,3 +118,14 @@ def test_policies_select_pods_by_the_labels_the_deployments_carry(rendered):
         wanted = policy["spec"]["podSelector"].get("matchLabels", {})
         assert any(wanted.items() <= pod.items() for pod in labels), policy["metadata"]["name"]
     assert {service_of(d) for d in infermesh_deployments(docs)} == {"gateway", "scheduler", "worker"}
+
+
+def test_dns_egress_also_reaches_node_local_dns_cache(mesh):
+    # NodeLocal DNSCache listens on a node link-local address, not in a pod: a kube-dns-only rule
+    # leaves clusters that run it without name resolution.
+    policies, _, _ = mesh
+    dns_rules = [rule for policy in policies for rule in policy["spec"].get("egress", [])
+                 if {p.get("port") for p in rule.get("ports", [])} == {53}]
+    assert any({"cidr": "169.254.20.10/32"} in [peer.get("ipBlock") for peer in rule["to"]] for rule in dns_rules)
+    for rule in dns_rules:  # still only DNS servers: no rule opens port 53 to everything
+        assert rule.get("to"), "DNS egress to any address"
