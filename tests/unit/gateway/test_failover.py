@@ -296,3 +296,27 @@ async def test_no_resume_after_the_deadline(clock):
         async for _ in parts.dispatcher.stream(scope, call, lambda c: None):
             clock.advance(2.0)
     assert len(attempts) == 1
+
+
+async def test_a_resumed_attempt_is_a_resume_child_span_of_the_request(clock, monkeypatch):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from services.gateway import dispatch
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    monkeypatch.setattr(dispatch, "_tracer", tracer)
+    parts = _make(clock)
+    call, _ = _streams(ScriptedStream([_chunk(0, 1, 2)], _gone()), ScriptedStream([_chunk(2, 3, final=True)]))
+    with tracer.start_as_current_span("gateway.Generate") as request_span:
+        await _collect(parts, _scope(clock), call)
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(spans) == {"gateway.Generate", "attempt", "resume"}
+    request_id = request_span.get_span_context().span_id
+    assert spans["attempt"].parent.span_id == request_id and spans["resume"].parent.span_id == request_id
+    assert spans["resume"].attributes["infermesh.tokens_delivered"] == 2
+    assert spans["resume"].attributes["infermesh.endpoint"] == OTHER
