@@ -210,7 +210,7 @@ def kill_and_restart(mesh: ReplicatedMesh, victim: ServiceProcess, load: MeshLoa
 
 # The partition tests' hosts: a scheduler each on s1 and s2, the gateway on gw, every worker on wk.
 PARTITION_HOSTS = ["s1", "s2", "gw", "wk"]
-CUT_S = 5.0
+CUT_S = 4.0
 # Long streams (longer than the cut) too, so that some still run when the link returns.
 PARTITION_STREAMS = (StreamSpec("abc", 80), StreamSpec("mesh", 80, seed=12345),
                      StreamSpec("hello", 400), StreamSpec("xyz", 400, seed=99))
