@@ -25,7 +25,7 @@ from services.gateway.circuit_breaker import CircuitBreakers
 from services.gateway.concurrency import ConcurrencyLimiter
 from services.gateway.config import GatewayConfig
 from services.gateway.deadlines import Deadlines
-from services.gateway.discovery import SchedulerDiscovery
+from services.gateway.discovery import Resolver, SchedulerDiscovery
 from services.gateway.dispatch import Dispatcher
 from services.gateway.kserve_servicer import KServeServicer
 from services.gateway.pressure_poller import ModelCatalog, PressurePoller
@@ -65,15 +65,20 @@ class GatewayService:
         grpc_predict_v2_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name,
     )
 
-    def __init__(self, config: GatewayConfig, clock=time.monotonic) -> None:
-        """Builds everything; a bad tenants or routing file raises ConfigError (the process exits 2)."""
+    def __init__(self, config: GatewayConfig, clock=time.monotonic, resolver: Resolver | None = None) -> None:
+        """Builds everything; a bad tenants or routing file raises ConfigError (the process exits 2).
+
+        resolver: resolves a dns:/// scheduler address (the event loop's getaddrinfo by default)."""
         self._config = config
         self._health: Health | None = None
         self._tasks: list[asyncio.Task] = []
         self.breakers = CircuitBreakers(config.breaker_config(), clock)
         self.budgets = RetryBudgets(config.retry_budget_config(), clock)
         self.board = PressureBoard(clock, max_report_age_s=config.pressure_max_age_ms / 1000)
-        self.discovery = SchedulerDiscovery(config.scheduler_target(), on_change=self._on_schedulers_changed)
+        self.discovery = SchedulerDiscovery(config.scheduler_target(), resolver,
+                                            on_change=self._on_schedulers_changed)
+        # Endpoints gone from discovery whose channels close once their calls' deadlines have passed.
+        self._retiring: dict[str, asyncio.TimerHandle] = {}
         self.membership = Membership(lambda: self.discovery.endpoints)
         self.routing = load_routing(config, self.breakers, ReplicaSelector(self.membership, self.board))
         self.catalog = ModelCatalog()
@@ -127,11 +132,22 @@ class GatewayService:
         )
 
     def _on_schedulers_changed(self, added: tuple[str, ...], removed: tuple[str, ...]) -> None:
-        # A removed scheduler's channel stays open: calls already on it finish there.
+        for endpoint in added:
+            retiring = self._retiring.pop(endpoint, None)
+            if retiring is not None:
+                retiring.cancel()
         for endpoint in removed:
             self.membership.forget(endpoint)
             self.board.forget(endpoint)
             self.catalog.forget(endpoint)
+            # Calls already on it finish there, and none outlives the longest deadline: close its
+            # channel then, so pod IPs that come and go with rollouts do not pile up channels.
+            self._retiring[endpoint] = asyncio.get_running_loop().call_later(
+                self._config.max_deadline_ms / 1000, self._retire, endpoint)
+
+    def _retire(self, endpoint: str) -> None:
+        self._retiring.pop(endpoint, None)
+        self._tasks.append(asyncio.create_task(self.clients.retire(endpoint), name=f"retire {endpoint}"))
 
     def _build_quotas(self, config: GatewayConfig, clock) -> TenantQuotas | SharedQuotas:
         if not config.quota_store_address:
@@ -201,6 +217,8 @@ class GatewayService:
         return None  # the server's own graceful stop lets in-flight calls finish
 
     async def close(self) -> None:
+        for retiring in self._retiring.values():
+            retiring.cancel()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -130,6 +130,12 @@ class SchedulerClients:
             client = self._by_address[address] = SchedulerClient(address, self._max_message_bytes, self._mode)
         return client
 
+    async def retire(self, address: str) -> None:
+        """Closes `address`'s client (it left discovery); a later `get` makes a new one."""
+        client = self._by_address.pop(address, None)
+        if client is not None:
+            await client.close()
+
     async def close(self) -> None:
         for client in self._by_address.values():
             await client.close()
