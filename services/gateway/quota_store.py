@@ -40,6 +40,9 @@ local ttl_ms = tonumber(ARGV[2])
 -- want, max_in_flight, num_in_flight, want_in_flight}, in KEYS order.
 local asks = cjson.decode(ARGV[3])
 local rotation_ms = tonumber(ARGV[4])
+-- A gateway shutting down: it gives its slices back, frees its slots and deregisters now
+-- rather than when its TTL runs out.
+local leaving = ARGV[5] == '1'
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local bad = {}
@@ -71,14 +74,18 @@ for _, member in ipairs(foreign) do
   redis.call('ZREM', registry, member)
   table.insert(bad, registry .. ' member ' .. member .. ' (expiry too far ahead)')
 end
-redis.call('ZADD', registry, now_ms + ttl_ms, gateway_id)
-redis.call('PEXPIRE', registry, 2 * ttl_ms)
+if leaving then
+  redis.call('ZREM', registry, gateway_id)
+else
+  redis.call('ZADD', registry, now_ms + ttl_ms, gateway_id)
+  redis.call('PEXPIRE', registry, 2 * ttl_ms)
+end
 -- Fair shares of in-flight slots: floor(max / live) each, and the remainder one slot each to
 -- the first gateways in id order, an order that rotates every rotation_ms so no gateway is
 -- always the one left out. They add up to the quota, so every gateway can get its share.
 local members = redis.call('ZRANGE', registry, 0, -1)
 table.sort(members)
-local live = #members
+local live = math.max(1, #members)
 local rank = {}
 local rotation = math.floor(now_ms / rotation_ms) % live
 for i, member in ipairs(members) do rank[member] = (i - 1 - rotation) % live end
@@ -110,6 +117,10 @@ local function lease_bucket(key, rate_per_s, burst, returned, wanted)
 end
 
 local function lease_slots(key, max_in_flight, num_in_flight, wanted)
+  if leaving then
+    redis.call('HDEL', key, gateway_id)
+    return 0
+  end
   local entries = read('HGETALL', key) or {}
   local base, extra = math.floor(max_in_flight / live), max_in_flight % live
   local function fair(holder)
@@ -201,7 +212,7 @@ class ValkeyQuotaStore:
         base = f"{self.prefix}t:{tenant_id}:"
         return (base + "requests", base + "tokens", base + "in_flight")
 
-    async def sync(self, plan: LeasePlan) -> LeaseReply:
+    async def sync(self, plan: LeasePlan, *, leaving: bool = False) -> LeaseReply:
         keys = [self.prefix + _GATEWAY_KEY]
         asks = []
         for ask in plan.asks:
@@ -214,7 +225,7 @@ class ValkeyQuotaStore:
             ))
         # One JSON argument rather than eleven per tenant: packing thousands of arguments cost
         # the client more than the whole script cost the server (bench/bench_quota_store.py).
-        raw = await self._script(keys=keys, args=[self.gateway_id, self._ttl_ms, json.dumps(asks), self._rotation_ms])
+        raw = await self._script(keys=keys, args=[self.gateway_id, self._ttl_ms, json.dumps(asks), self._rotation_ms, int(leaving)])
         return _parse_reply(raw, plan)
 
     async def audit(self, known_tenants: Iterable[str]) -> list[str]:

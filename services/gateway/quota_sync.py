@@ -9,6 +9,7 @@ logged once per key, and an audit every `audit_interval_s` reports keys of tenan
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import random
@@ -18,7 +19,7 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client import Counter, Gauge
 
-from services.gateway.quota_lease import LeaseMode, SharedQuotas
+from services.gateway.quota_lease import LeaseMode, LeasePlan, SharedQuotas
 from services.gateway.quota_store import ValkeyQuotaStore
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,18 @@ class QuotaSync:
 
 
     async def close(self) -> None:
+        """Leave the store: give the slices back and free this gateway's slots and registration now,
+        not a TTL later (the server has stopped: nothing is in flight any more). Best effort."""
+        if self._quotas.mode is LeaseMode.LEASED:
+            plan = self._quotas.plan()
+            leave = LeasePlan(tuple(
+                dataclasses.replace(ask, want_requests=0.0, want_tokens=0.0, num_in_flight=0, want_in_flight=0)
+                for ask in plan.asks))
+            try:
+                await asyncio.wait_for(self._store.sync(leave, leaving=True), timeout=self._store.timeout_s)
+            except Exception as exc:  # noqa: BLE001 - the TTL frees everything anyway
+                log.info("quota store %s: could not leave (%s); its TTL frees this gateway's share",
+                         self._store.address, _describe(exc))
         await self._store.close()
 
 

@@ -236,3 +236,16 @@ async def test_fair_shares_add_up_to_the_quota_so_no_gateway_is_left_out(server,
     assert sorted(grants) == [1, 1, 2]
     for store in stores:
         await store.close()
+
+
+async def test_a_leaving_gateway_gives_back_its_slices_and_slots_at_once(server, prefix, raw):
+    leaving, staying = _store(server, prefix, "leaving"), _store(server, prefix, "staying")
+    taken = await leaving.sync(_ask(SLOW, want_requests=10, want_in_flight=6))
+    assert (taken.grants[0].requests, taken.grants[0].in_flight_limit) == (pytest.approx(10), 6)
+    await leaving.sync(_ask(SLOW, return_requests=10), leaving=True)
+    reply = await staying.sync(_ask(SLOW, want_requests=10, want_in_flight=6))
+    assert reply.num_live_gateways == 1
+    assert (reply.grants[0].requests, reply.grants[0].in_flight_limit) == (pytest.approx(10, abs=0.1), 6)
+    assert await raw.zrange(f"{prefix}gateways", 0, -1) == ["staying"]
+    for store in (leaving, staying):
+        await store.close()

@@ -22,8 +22,11 @@ class FakeStore:
         self.replies: list = []  # LeaseReply, or an exception to raise
         self.audits: list[frozenset[str]] = []
         self.strange: list[str] = []
+        self.plans: list = []
+        self.closed = False
 
-    async def sync(self, plan):
+    async def sync(self, plan, *, leaving=False):
+        self.plans.append((plan, leaving))
         reply = self.replies.pop(0)
         if isinstance(reply, BaseException):
             raise reply
@@ -34,7 +37,7 @@ class FakeStore:
         return list(self.strange)
 
     async def close(self) -> None:
-        pass
+        self.closed = True
 
 
 def _reply(live=2, bad=()) -> LeaseReply:
@@ -106,3 +109,23 @@ async def test_run_sleeps_a_jittered_interval_and_audits_only_while_leased(quota
     # Every second sync (audit_interval_s / interval): not after the first, which failed; after the third.
     assert len(store.audits) == 1
     assert quotas.mode is LeaseMode.LEASED
+
+
+async def test_close_gives_everything_back_when_leased_and_only_closes_in_fallback(quotas):
+    store = FakeStore()
+    store.replies = [_reply(), _reply()]
+    sync = QuotaSync(quotas, store)
+    await sync.sync_once()
+    await sync.close()
+    plan, leaving = store.plans[-1]
+    assert leaving is True and store.closed
+    (ask,) = plan.asks
+    assert (ask.want_requests, ask.want_tokens, ask.want_in_flight, ask.num_in_flight) == (0, 0, 0, 0)
+    assert ask.return_requests == pytest.approx(5)  # the whole slice goes back
+
+    fallback_store = FakeStore()
+    fallback_store.replies = [ConnectionError("refused")]
+    sync = QuotaSync(quotas, fallback_store)
+    await sync.sync_once()
+    await sync.close()
+    assert len(fallback_store.plans) == 1 and fallback_store.closed  # nothing leased: nothing to return
