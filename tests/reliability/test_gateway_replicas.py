@@ -14,7 +14,7 @@ import signal
 
 import pytest
 
-from tests.support.mesh_load import LoadShape, MeshLoad
+from tests.support.mesh_load import LoadShape
 from tests.support.mesh_replicas import replicated_mesh
 from tests.support.processes import wait_until
 
@@ -35,8 +35,7 @@ def test_sigkill_of_one_gateway_fails_no_call_of_a_client_spread_over_both(tmp_p
         mesh.add_gateway()
         mesh.wait_spread(MODELS)
 
-        load = MeshLoad(mesh.gateway_target, LoadShape(classify_per_s=60, streams_per_s=4,
-                                                        client_resumes_streams=True)).start()
+        load = mesh.start_load(LoadShape(classify_per_s=60, streams_per_s=4, client_resumes_streams=True))
         load.wait_completed(90, "before the kill")
         victim = mesh.gateways[0]
         # Killed while it holds streams under way, so the committed-stream case is exercised.

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.mesh_load import MeshLoad
 from tests.support.mesh_replicas import MODELS, SHAPE, kill, replicated_mesh, start_spread_mesh
 
 pytestmark = pytest.mark.integration
@@ -25,7 +24,7 @@ def test_sigkill_of_the_scheduler_serving_a_model_loses_no_call(tmp_path, model)
     """
     with replicated_mesh(tmp_path) as mesh:
         start_spread_mesh(mesh)
-        load = MeshLoad(mesh.gateway_target, SHAPE).start()
+        load = mesh.start_load(SHAPE)
         load.wait_completed(90, "before the kill")
         victim = mesh.scheduler_serving(model)
         serves_streams = victim is mesh.scheduler_serving("mock-generator")

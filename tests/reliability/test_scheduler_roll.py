@@ -50,7 +50,7 @@ def _roll(mesh: ReplicatedMesh, scheduler: ServiceProcess, load: MeshLoad) -> No
 def test_a_rolling_sigterm_of_both_schedulers_loses_no_call(tmp_path):
     with replicated_mesh(tmp_path) as mesh:
         start_spread_mesh(mesh)
-        load = MeshLoad(mesh.gateway_target, SHAPE).start()
+        load = mesh.start_load(SHAPE)
         load.wait_completed(90, "before the roll")
         for index in range(len(mesh.schedulers)):
             _roll(mesh, mesh.schedulers[index], load)
@@ -70,7 +70,7 @@ def test_sigkill_of_the_scheduler_holding_every_worker_next_to_a_restarted_one_l
         first.proc.wait(timeout=10)
         mesh.restart(first)
         mesh.wait_attached(MODELS, 2)  # all on the other one now
-        load = MeshLoad(mesh.gateway_target, SHAPE).start()
+        load = mesh.start_load(SHAPE)
         load.wait_completed(90, "before the kill")
         kill_and_restart(mesh, mesh.scheduler_serving("mock-generator"), load)
         load.stop().assert_nothing_lost("SIGKILL of the scheduler holding every worker", mesh.logs)
@@ -84,7 +84,7 @@ def test_sigkill_of_the_scheduler_holding_every_worker_next_to_a_restarted_one_l
 def test_a_scheduler_restarted_under_load_after_a_sigkill_fails_no_call(tmp_path, model):
     with replicated_mesh(tmp_path) as mesh:
         start_spread_mesh(mesh)
-        load = MeshLoad(mesh.gateway_target, SHAPE).start()
+        load = mesh.start_load(SHAPE)
         load.wait_completed(90, "before the kill")
         kill_and_restart(mesh, mesh.scheduler_serving(model), load)
         load.stop().assert_nothing_lost(f"SIGKILL + restart of the scheduler serving {model}", mesh.logs)

@@ -177,8 +177,9 @@ class MeshLoad:
         self._counts = LoadCounts()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="mesh-load", daemon=True)
-        self._stopping: asyncio.Event | None = None
+        self._stopping = asyncio.Event()
         self._main: asyncio.Future | None = None
+        self._stopped = False
         self._num_done = 0
         self._done_lock = threading.Lock()
 
@@ -203,15 +204,18 @@ class MeshLoad:
             time.sleep(0.05)
 
     def stop(self, timeout_s: float = 60.0) -> LoadCounts:
-        """Stops sending, waits for every call already sent to end, and returns the counts."""
-        self._loop.call_soon_threadsafe(self._stopping.set)
-        self._main.result(timeout=timeout_s)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
+        """Stops sending, waits for every call already sent to end, and returns the counts (again if stopped)."""
+        if not self._stopped:
+            self._stopped = True
+            self._loop.call_soon_threadsafe(self._stopping.set)
+            try:
+                self._main.result(timeout=timeout_s)
+            finally:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join(timeout=5)
         return self._counts
 
     async def _run(self) -> None:
-        self._stopping = asyncio.Event()
         # A channel each: on one round_robin channel the two fixed rates interleave in a fixed
         # pattern that can put every stream on the same gateway.
         async with (aio.insecure_channel(self.target, options=channel_options()) as classify_channel,

@@ -43,6 +43,7 @@ class ReplicatedMesh:
     schedulers: list[ServiceProcess] = field(default_factory=list)
     gateways: list[ServiceProcess] = field(default_factory=list)
     workers: list[ServiceProcess] = field(default_factory=list)
+    loads: list[MeshLoad] = field(default_factory=list)
 
     # ------------------------------------------------------------------ starting
 
@@ -92,6 +93,12 @@ class ReplicatedMesh:
         if wait:
             process.wait_serving()
         return process
+
+    def start_load(self, shape: LoadShape) -> MeshLoad:
+        """Load on the gateways, stopped by stop_all at the latest (so no call outlives the test)."""
+        load = MeshLoad(self.gateway_target, shape).start()
+        self.loads.append(load)
+        return load
 
     def restart(self, old: ServiceProcess) -> ServiceProcess:
         """A fresh process in `old`'s place, same port and flags (old must have exited); its log is name+.log."""
@@ -174,8 +181,10 @@ class ReplicatedMesh:
         return "\n".join(f"--- {p.name}\n{p.log_tail(num_lines)}" for p in self.processes())
 
     def stop_all(self) -> None:
-        # Gateways first (no new calls), then workers, then schedulers: a scheduler stopped before
-        # its workers would wait out its drain grace for them.
+        # The load first, then gateways (no new calls), then workers, then schedulers: a scheduler
+        # stopped before its workers would wait out its drain grace for them.
+        for load in self.loads:
+            load.stop(timeout_s=45)
         for process in self.processes():
             process.stop()
 
@@ -226,7 +235,7 @@ def cut_scheduler_under_load(tmp_path, network: Lan, model: str, shape: LoadShap
         mesh.add_gateway(host=PARTITION_HOSTS[2])
         mesh.wait_spread(MODELS)
 
-        load = MeshLoad(mesh.gateway_target, shape).start()
+        load = mesh.start_load(shape)
         load.wait_completed(20, "before the cut")
         victim = mesh.scheduler_serving(model)
         network.cut(victim.host)
