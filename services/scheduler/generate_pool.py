@@ -256,6 +256,11 @@ class GeneratePool:
         self._place(evicted)
         self._update_gauges()
 
+    def num_sequences_on(self, link: WorkerLink) -> int:
+        """Unfinished sequences the worker holds or will run (0 for a worker not here)."""
+        loop = self._loops.get(link.link_id)
+        return 0 if loop is None else loop.scheduler.num_unfinished
+
     @property
     def workers(self) -> list[WorkerLink]:
         return [loop.link for loop in self._loops.values()]

@@ -5,7 +5,6 @@ and the status a draining scheduler answers with."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from services.common.errors import Unavailable
@@ -22,8 +21,7 @@ def draining_error(what_instead: str) -> Unavailable:
 
 
 class InFlightCalls(Generic[T]):
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self._clock = clock
+    def __init__(self) -> None:
         self.num_classify = 0
         self._streams: set[T] = set()
         self._changed = asyncio.Event()
@@ -50,24 +48,15 @@ class InFlightCalls(Generic[T]):
         self._streams.discard(stream)
         self._changed.set()
 
-    async def wait_until(self, done: Callable[[InFlightCalls[T]], bool], timeout_s: float) -> bool:
-        """Waits until `done(self)` holds, re-checked after each call ends; False when timeout_s passed first."""
-        deadline_s = self._clock() + timeout_s
-        while not done(self):
-            remaining_s = deadline_s - self._clock()
-            if remaining_s <= 0:
-                return False
-            self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), remaining_s)
-            except TimeoutError:
-                return done(self)
-        return True
+    async def changed(self, timeout_s: float) -> None:
+        """Returns when a call ends, or after timeout_s."""
+        self._changed.clear()
+        try:
+            await asyncio.wait_for(self._changed.wait(), max(0.0, timeout_s))
+        except TimeoutError:
+            pass
 
 
 def idle(calls: InFlightCalls) -> bool:
     return calls.num_classify == 0 and calls.num_streams == 0
 
-
-def no_classify(calls: InFlightCalls) -> bool:
-    return calls.num_classify == 0

@@ -86,5 +86,8 @@ class ModelRegistry:
             raise errors.InvalidArgument(f"model {entry.key} is a {common_pb2.ModelKind.Name(entry.kind)} and cannot serve {wanted}")
         return entry
 
+    def get(self, key: ModelKey) -> ModelEntry | None:
+        return self._models.get(key)
+
     def entries(self) -> list[ModelEntry]:
         return list(self._models.values())

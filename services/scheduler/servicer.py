@@ -32,7 +32,7 @@ from services.scheduler.classify_pool import ClassifyJob
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import Priority, TenantContext
 from services.scheduler.generate_pool import GenerateStream, StreamEvent
-from services.scheduler.in_flight import InFlightCalls, draining_error, idle, no_classify
+from services.scheduler.in_flight import InFlightCalls, draining_error, idle
 from services.scheduler.model_registry import ModelRegistry
 from services.scheduler.pressure import ModelPressure
 from services.scheduler.sequence import FinishReason, SamplingParams
@@ -215,7 +215,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._scheduler_id = f"scheduler-{uuid.uuid4().hex[:8]}"
         self._metric_children: dict[tuple, object] = {}
         self._draining = False
-        self._in_flight: InFlightCalls[_GenerateRun] = InFlightCalls(clock)
+        self._in_flight: InFlightCalls[_GenerateRun] = InFlightCalls()
 
     # -- Classify --------------------------------------------------------------
 
@@ -572,26 +572,54 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         """SIGTERM: refuse new calls at once (UNAVAILABLE, pushback 0: the gateway retries elsewhere
         at once); let classify calls finish and streams run up to drain_grace_ms; end the streams
         still running with UNAVAILABLE "scheduler draining: stream handed over" (pushback 0; the
-        gateway resumes each elsewhere as a continuation) and free their blocks; then ask every
-        worker to re-dial another scheduler and wait for them to go, all within grace_s."""
+        gateway resumes each elsewhere as a continuation) and free their blocks. Each worker is
+        told to re-dial another scheduler as soon as it has nothing left here (the calls refused
+        here need it there), all of them at the latest at the end, within grace_s."""
         began_s = self._clock()
         self._draining = True
         for stream in self._submit_streams:
             stream.drain()
         # Some of grace_s is kept for the workers' goodbye and the server's stop after it.
-        budget_s = grace_s * 0.8
-        stream_grace_s = min(self._config.drain_grace_ms / 1000, budget_s)
+        deadline_s = began_s + grace_s * 0.8
+        handover_at_s = min(began_s + self._config.drain_grace_ms / 1000, deadline_s)
         log.info("draining: %d classify calls and %d streams in flight; streams still running in %.2fs are "
-                 "handed over", self._in_flight.num_classify, self._in_flight.num_streams, stream_grace_s)
-        if not await self._in_flight.wait_until(idle, stream_grace_s):
-            self._hand_over_streams()
-        await self._in_flight.wait_until(no_classify, budget_s - (self._clock() - began_s))
+                 "handed over", self._in_flight.num_classify, self._in_flight.num_streams, handover_at_s - began_s)
+        released: set[WorkerLink] = set()
+        handed_over = False
+        while True:
+            self._release_idle_workers(released, grace_s)
+            now_s = self._clock()
+            if not handed_over and self._in_flight.num_streams and now_s >= handover_at_s:
+                self._hand_over_streams()
+                handed_over = True
+                continue  # their sequences are gone: their workers are idle now
+            if idle(self._in_flight) or now_s >= deadline_s:
+                break
+            await self._in_flight.changed((deadline_s if handed_over else handover_at_s) - now_s)
         for link in list(self._links):
-            self.registry.draining(link)
-            link.drain(int(max(0.0, grace_s - (self._clock() - began_s)) * 1000))
-        deadline = began_s + budget_s
-        while self._links and self._clock() < deadline:
+            if link not in released:
+                self._release(link, grace_s)
+        while self._links and self._clock() < deadline_s:
             await asyncio.sleep(0.05)
+
+    def _release_idle_workers(self, released: set[WorkerLink], grace_s: float) -> None:
+        """Tells each worker with nothing left here (no classify call in flight for a classifier, no
+        sequence for a generator) to re-dial another scheduler."""
+        for link in list(self._links):
+            if link in released:
+                continue
+            if link.hello.kind == common_pb2.MODEL_KIND_CLASSIFIER:
+                idle_here = self._in_flight.num_classify == 0
+            else:
+                entry = self.registry.get(link.model)
+                idle_here = entry is None or entry.pool.num_sequences_on(link) == 0
+            if idle_here:
+                self._release(link, grace_s)
+                released.add(link)
+
+    def _release(self, link: WorkerLink, grace_s: float) -> None:
+        self.registry.draining(link)
+        link.drain(int(grace_s * 1000))
 
     def _hand_over_streams(self) -> None:
         error = draining_error("stream handed over")

@@ -6,18 +6,30 @@ from __future__ import annotations
 import signal
 import time
 
+import grpc
 import pytest
 
-from tests.support.processes import running_mesh, wait_until
-from tests.support.scheduler_fixtures import GENERATOR, pressure_of, scheduler_stub
+from tests.support.processes import ServiceProcess, free_port, running_mesh, wait_until
+from tests.support.scheduler_fixtures import (
+    CLASSIFIER,
+    GENERATOR,
+    generate_request,
+    pressure_of,
+    scheduler_stub,
+    wait_for_workers,
+)
 
 pytestmark = pytest.mark.integration
 
 
-def num_workers(address: str) -> int:
+def workers_of(address: str, model) -> int:
     with scheduler_stub(address) as stub:
-        pressure = pressure_of(stub, GENERATOR)
+        pressure = pressure_of(stub, model)
     return pressure.num_workers if pressure is not None else 0
+
+
+def num_workers(address: str) -> int:
+    return workers_of(address, GENERATOR)
 
 
 def start_spread_mesh(mesh):
@@ -67,3 +79,39 @@ def test_a_frozen_scheduler_is_noticed_by_keepalive_and_its_worker_moves(tmp_pat
             first.signal(signal.SIGCONT)
     print(f"moved {took_s:.1f} s after SIGSTOP")
     assert took_s < 25
+
+
+def test_a_draining_scheduler_lets_idle_workers_go_at_once_and_busy_ones_after_the_handover(tmp_path):
+    """The calls a draining scheduler refuses go to the other one, which needs workers for them: an
+    idle classifier worker moves at once, a generator worker running streams after their handover."""
+    second_port = free_port()
+    with running_mesh(tmp_path) as mesh:
+        first = mesh.start_scheduler("--drain-grace-ms", "2500", "--drain-grace-s", "10")
+        both = f"{first.address},127.0.0.1:{second_port}"  # the second is not up yet: both attach to the first
+        mesh.start_worker("toy-classifier", "--scheduler-address", both, name="classifier")
+        mesh.start_worker("toy-generator", "--toy-compute-ms", "20", "--scheduler-address", both, name="generator")
+        second = ServiceProcess("second", "scheduler", second_port, [], dict(mesh.env), tmp_path / "second.log")
+        mesh.processes.append(second.start())
+        second.wait_serving()
+        with scheduler_stub(first.address) as stub:
+            wait_for_workers(stub, CLASSIFIER, 1)
+            wait_for_workers(stub, GENERATOR, 1)
+            streams = [stub.Generate(generate_request(f"long{i}", 400), timeout=30) for i in range(2)]
+            for stream in streams:
+                next(stream)  # running
+            began = time.monotonic()
+            first.signal(signal.SIGTERM)
+            wait_until(lambda: workers_of(second.address, CLASSIFIER) == 1, timeout_s=10, interval_s=0.01,
+                       message="the classifier worker on the second scheduler")
+            classifier_moved_s = time.monotonic() - began
+            wait_until(lambda: workers_of(second.address, GENERATOR) == 1, timeout_s=10, interval_s=0.01,
+                       message="the generator worker on the second scheduler")
+            generator_moved_s = time.monotonic() - began
+            for stream in streams:
+                with pytest.raises(grpc.RpcError) as ended:
+                    list(stream)
+                assert ended.value.details() == "scheduler draining: stream handed over"
+    print(f"classifier worker moved after {classifier_moved_s * 1000:.0f} ms, "
+          f"generator worker after {generator_moved_s * 1000:.0f} ms")
+    assert classifier_moved_s < 2.0
+    assert generator_moved_s >= 2.5, "the generator worker stayed while its streams ran"
