@@ -274,8 +274,11 @@ class GeneratePool:
 
     def pressure(self) -> ModelPressure:
         pressure = generator_pressure([loop.scheduler for loop in self._loops.values()])
-        if self._held:
-            pressure = dataclasses.replace(pressure, queue_depth=pressure.queue_depth + len(self._held))
+        # A draining worker serves nothing new (and workers choosing a scheduler must not count it).
+        num_usable = len(self._usable_loops())
+        if self._held or num_usable != pressure.num_workers:
+            pressure = dataclasses.replace(pressure, queue_depth=pressure.queue_depth + len(self._held),
+                                           num_workers=num_usable)
         return pressure
 
     def kv_usage(self) -> float:

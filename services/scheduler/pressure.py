@@ -48,7 +48,7 @@ def classifier_pressure(batcher: DynamicBatcher) -> ModelPressure:
         est_queue_time_s={p: _capped(batcher.estimated_queue_time_s(p)) for p in Priority},
         queue_depth=batcher.queue_depth,
         kv_usage=0.0,
-        num_workers=batcher.num_workers,
+        num_workers=batcher.num_usable_workers,  # a draining worker serves nothing new
         min_service_time_s=batcher.estimate_batch_time_s(1),
         num_slots=batcher.num_slots,
     )

@@ -34,6 +34,7 @@ from services.common.timings import from_proto
 from services.worker import metrics
 from services.worker.expired_items import split_expired
 from services.worker.runtime import WorkerRuntime
+from services.worker.scheduler_endpoints import EndpointLoad, move_probability
 
 log = logging.getLogger(__name__)
 _tracer = tracer("infermesh.worker")
@@ -74,19 +75,38 @@ ATTACH_CHANNEL_OPTIONS = (
 
 
 class Dialer(Protocol):
+    @property
+    def has_choice(self) -> bool:
+        """Whether there is more than one scheduler to attach to (else no rebalancing)."""
+        ...
+
     async def dial_order(self, avoid: str | None = None) -> list[str]:
         """Scheduler addresses to try, best first (`avoid`, the one just left, last)."""
+        ...
+
+    async def loads(self) -> list[EndpointLoad]:
+        """Each scheduler's workers of our model now (None: it did not answer)."""
         ...
 
 
 class FixedAddress:
     """A dialer for one scheduler address (tests, and the single-scheduler case)."""
 
+    has_choice = False
+
     def __init__(self, address: str) -> None:
         self._address = address
 
     async def dial_order(self, avoid: str | None = None) -> list[str]:
         return [self._address]
+
+    async def loads(self) -> list[EndpointLoad]:
+        return []
+
+
+# Sent as Draining.grace_ms when the worker moves to another scheduler: it finishes what it holds
+# there however long that takes (the scheduler ends the stream when it is done).
+_MOVE_GRACE_MS = 60_000
 
 
 # An attached session shorter than this is followed by backoff like a refusal: a scheduler that
@@ -96,9 +116,13 @@ MIN_SESSION_S = 1.0
 
 class AttachClient:
     def __init__(self, dialer: Dialer | str, runtime: WorkerRuntime, worker_id: str, backoff: Backoff,
-                 clock=time.monotonic) -> None:
+                 clock=time.monotonic, rebalance_interval_s: float = 0.0, rng: random.Random | None = None) -> None:
+        """`rebalance_interval_s`: how often (jittered 0.5-1.5x) an attached worker checks whether to move
+        to a scheduler with fewer workers of its model; 0: never."""
         self._dialer = FixedAddress(dialer) if isinstance(dialer, str) else dialer
         self._clock = clock
+        self._rebalance_interval_s = rebalance_interval_s
+        self._rng = rng or random.Random()
         self._address = ""  # the scheduler dialled last
         self._runtime = runtime
         self._worker_id = worker_id
@@ -167,10 +191,14 @@ class AttachClient:
             self.attached.set()
             log.info("attached to scheduler %s at %s as %s", first.welcome.scheduler_id, self._address, self._worker_id)
             heartbeat = asyncio.create_task(self._heartbeats(call, first.welcome.heartbeat_interval_ms / 1000 or 1.0))
+            rebalance = (asyncio.create_task(self._rebalance(call))
+                         if self._rebalance_interval_s > 0 and self._dialer.has_choice else None)
             try:
                 await self._read_commands(call)
             finally:
                 heartbeat.cancel()
+                if rebalance is not None:
+                    rebalance.cancel()
                 self._call = None
                 # Whichever scheduler we attach to next recomputes what it wants from scratch
                 # (first steps reset their block tables); the ids of this session mean nothing there.
@@ -219,6 +247,21 @@ class AttachClient:
         metrics.observe_step(self._model_label, command, result, self._runtime.kv_blocks_used())
         _trace_work("worker.run_step", began_ns, result.timings, [s.trace_context for s in command.seqs],
                     {"infermesh.num_seqs": len(command.seqs)})
+
+    async def _rebalance(self, call) -> None:
+        """Now and then: move, gracefully, when this scheduler has 2+ workers of our model more than
+        another (scheduler_endpoints.move_probability). The scheduler gives us no new work, lets what
+        we hold finish, then ends the stream; run() then dials the emptiest scheduler at once."""
+        while True:
+            await asyncio.sleep(self._rebalance_interval_s * self._rng.uniform(0.5, 1.5))
+            loads = await self._dialer.loads()
+            probability = move_probability(loads, self._address)
+            if probability > 0 and self._rng.random() < probability:
+                log.info("moving off scheduler %s to even out workers (%s)", self._address,
+                         ", ".join(f"{load.address}={load.num_workers}" for load in loads))
+                await self._write(call, scheduler_pb2.WorkerMessage(draining=scheduler_pb2.Draining(
+                    grace_ms=_MOVE_GRACE_MS)))
+                return
 
     async def _heartbeats(self, call, interval_s: float) -> None:
         while True:

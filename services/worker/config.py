@@ -24,6 +24,9 @@ class WorkerConfig(ServerSettings):
     num_kv_blocks: int = setting(0, "generator: override the manifest's KV block count (0: manifest)")
     reconnect_initial_s: float = setting(0.1, "first re-dial delay after the Attach stream breaks")
     reconnect_max_s: float = setting(5.0, "longest re-dial delay (exponential backoff, full jitter)")
+    rebalance_interval_s: float = setting(
+        5.0, "with several schedulers: how often (jittered 0.5-1.5x) the worker checks whether its scheduler has "
+        "2+ workers of its model more than another, and if so moves there gracefully (0: never)")
     toy_compute_ms: float = setting(0.0, "toy models only: simulated compute time per batch/step")
     mock_profile: str = setting(
         "", "mock-generator / mock-classifier only (tests, benchmarks): capacity and step time, e.g. "
@@ -48,5 +51,6 @@ class WorkerConfig(ServerSettings):
             "need 0 < reconnect_initial_s <= reconnect_max_s, got "
             f"{self.reconnect_initial_s} and {self.reconnect_max_s}",
         )
+        require(self.rebalance_interval_s >= 0, f"rebalance_interval_s must be >= 0, got {self.rebalance_interval_s}")
         require(self.toy_compute_ms >= 0, f"toy_compute_ms must be >= 0, got {self.toy_compute_ms}")
         require(self.num_threads >= 0, f"num_threads must be >= 0 (0: from the CPU allocation), got {self.num_threads}")

@@ -32,20 +32,28 @@ class SchedulerDialer:
         self._resolver = resolver
         self._probe_timeout_s = probe_timeout_s
 
+    @property
+    def has_choice(self) -> bool:
+        return not self._endpoints.is_single
+
     async def dial_order(self, avoid: str | None = None) -> list[str]:
         """Addresses to try, best first; empty when no scheduler answered (the caller backs off)."""
         if self._endpoints.is_single:
             return list(self._endpoints.addresses)
+        loads = await self.loads()
+        order = dial_order(loads, self._worker_id, avoid)
+        log.info("schedulers for %s: %s; dialling in order %s", self._model.name,
+                 ", ".join(f"{load.address}={load.num_workers}" for load in loads), order)
+        return order
+
+    async def loads(self) -> list[EndpointLoad]:
+        """Every endpoint now, with its workers of our model (None where it did not answer)."""
         try:
             addresses = await resolve(self._endpoints, self._resolver)
         except OSError as exc:
             log.warning("cannot resolve %s: %s", self._endpoints.dns_name, exc)
             return []
-        loads = await asyncio.gather(*(self._probe(address) for address in addresses))
-        order = dial_order(loads, self._worker_id, avoid)
-        log.info("schedulers for %s: %s; dialling in order %s", self._model.name,
-                 ", ".join(f"{load.address}={load.num_workers}" for load in loads), order)
-        return order
+        return list(await asyncio.gather(*(self._probe(address) for address in addresses)))
 
     async def _probe(self, address: str) -> EndpointLoad:
         request = scheduler_pb2.GetPressureRequest(models=[self._model])

@@ -10,6 +10,11 @@ different schedulers (rendezvous hashing). The endpoint it just left (its stream
 broke, or the scheduler drained) goes last, so it re-dials another one at once.
 Endpoints that did not answer are not dialled this round.
 
+Rebalancing: counts drift (a restarted scheduler has no workers; after a rolling
+restart every worker may sit on the scheduler rolled last), so an attached worker
+looks again now and then and moves, gracefully, when its scheduler has two or more
+workers of its model more than another (`move_probability`).
+
 Pure logic: no grpc; the resolver and the probe are injected.
 """
 
@@ -85,6 +90,22 @@ def dial_order(loads: Sequence[EndpointLoad], worker_id: str, avoid: str | None 
     answered = [load for load in loads if load.num_workers is not None]
     answered.sort(key=lambda load: (load.address == avoid, load.num_workers, _tie_break(worker_id, load.address)))
     return [load.address for load in answered]
+
+
+def move_probability(loads: Sequence[EndpointLoad], current: str) -> float:
+    """Rebalancing: the chance that this worker, attached to `current`, should move now.
+
+    Only when `current` has at least two workers of our model more than the emptiest other
+    scheduler (one move then narrows the gap without reversing it). Every worker of `current`
+    decides alone, each with gap / (2 x its count), so about gap / 2 of them move: the counts
+    meet in the middle on average, without any worker knowing the others.
+    """
+    mine = next((load.num_workers for load in loads if load.address == current), None)
+    others = [load.num_workers for load in loads if load.address != current and load.num_workers is not None]
+    if not mine or not others:
+        return 0.0
+    gap = mine - min(others)
+    return gap / (2 * mine) if gap >= 2 else 0.0
 
 
 def _tie_break(worker_id: str, address: str) -> bytes:

@@ -69,7 +69,8 @@ class WorkerService:
         backoff = Backoff(self._config.reconnect_initial_s, self._config.reconnect_max_s)
         dialer = SchedulerDialer(parse_scheduler_address(self._config.scheduler_address),
                                  runtime.hello(self._worker_id).model, self._worker_id)
-        self._client = AttachClient(dialer, runtime, self._worker_id, backoff)
+        self._client = AttachClient(dialer, runtime, self._worker_id, backoff,
+                                    rebalance_interval_s=self._config.rebalance_interval_s)
         await health.set_serving(True)
         metrics.READY.labels(self._config.model_name, self._config.model_version).set(1)
         self._task = asyncio.create_task(self._client.run())

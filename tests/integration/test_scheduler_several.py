@@ -115,3 +115,29 @@ def test_a_draining_scheduler_lets_idle_workers_go_at_once_and_busy_ones_after_t
           f"generator worker after {generator_moved_s * 1000:.0f} ms")
     assert classifier_moved_s < 2.0
     assert generator_moved_s >= 2.5, "the generator worker stayed while its streams ran"
+
+
+def test_workers_all_on_one_scheduler_rebalance_onto_a_new_one_and_stay(tmp_path):
+    """Both workers attached to the only scheduler up; a second starts (a restart, a roll): one of
+    them moves there, gracefully, and the counts stay 1/1."""
+    second_port = free_port()
+    with running_mesh(tmp_path) as mesh:
+        first = mesh.start_scheduler()
+        both = f"{first.address},127.0.0.1:{second_port}"
+        for i in range(2):
+            mesh.start_worker("toy-generator", "--scheduler-address", both, "--rebalance-interval-s", "0.5",
+                              name=f"worker-{i}")
+        wait_until(lambda: num_workers(first.address) == 2, timeout_s=15, message="both on the first scheduler")
+        second = ServiceProcess("second", "scheduler", second_port, [], dict(mesh.env), tmp_path / "second.log")
+        mesh.processes.append(second.start())
+        second.wait_serving()
+        began = time.monotonic()
+        wait_until(lambda: (num_workers(first.address), num_workers(second.address)) == (1, 1), timeout_s=20,
+                   interval_s=0.05, message="one worker on each scheduler")
+        took_s = time.monotonic() - began
+        counts = set()
+        for _ in range(20):  # 2 s: four rebalance checks per worker
+            counts.add((num_workers(first.address), num_workers(second.address)))
+            time.sleep(0.1)
+    print(f"rebalanced {took_s:.2f} s after the second scheduler served")
+    assert counts == {(1, 1)}, "the workers stay put once even"

@@ -4,6 +4,8 @@ and the attach loop's re-dial at once after a session versus backoff when none t
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from services.worker.attach_client import MIN_SESSION_S, AttachClient
@@ -11,6 +13,7 @@ from services.worker.scheduler_endpoints import (
     EndpointLoad,
     SchedulerEndpoints,
     dial_order,
+    move_probability,
     parse_scheduler_address,
     resolve,
 )
@@ -70,6 +73,23 @@ def test_ties_are_spread_over_the_schedulers_by_worker_id_and_stable_per_worker(
     firsts = [dial_order(loads, f"host:{pid}:abc")[0] for pid in range(200)]
     assert 60 < firsts.count("a:1") < 140
     assert dial_order(loads, "host:7:abc") == dial_order(list(reversed(loads)), "host:7:abc")
+
+
+@pytest.mark.parametrize(
+    ("mine", "other", "probability"),
+    [(2, 0, 0.5), (4, 0, 0.5), (3, 1, 1 / 3), (2, 1, 0.0), (1, 0, 0.0), (1, 3, 0.0), (None, 0, 0.0), (3, None, 0.0)],
+)
+def test_a_worker_moves_only_when_its_scheduler_has_two_more_workers_than_another(mine, other, probability):
+    loads = [EndpointLoad("a:1", mine), EndpointLoad("b:1", other)]
+    assert move_probability(loads, "a:1") == pytest.approx(probability)
+
+
+def test_workers_deciding_alone_move_half_the_gap_on_average():
+    rng = random.Random(3)
+    loads = [EndpointLoad("a:1", 6), EndpointLoad("b:1", 0), EndpointLoad("c:1", 2)]
+    p = move_probability(loads, "a:1")
+    movers = [sum(rng.random() < p for _ in range(6)) for _ in range(2000)]
+    assert sum(movers) / len(movers) == pytest.approx(3, abs=0.1)
 
 
 class ScriptedDialer:
