@@ -4,7 +4,8 @@ the rate admitted by all of them together stays within 10% of the quota
   * with the shared Valkey store (slices leased from one bucket),
   * with the store never started (each gateway enforces quota / --quota-expected-gateways),
   * with the store SIGKILLed mid-load and restarted on the same port (fallback share, then re-sync);
-and its in-flight limit holds across them (slots leased from the store). Each prints its counts."""
+and its in-flight limit and tokens/s (Generate streams, charged up front and settled) hold across
+them through the store. Each prints its counts."""
 
 from __future__ import annotations
 
@@ -267,3 +268,58 @@ def test_in_flight_limit_holds_across_gateways_through_the_store(tmp_path):
         assert utilization >= 0.6, "slots left unused: the leases starve the gateways"
         # Fair shares of 4 slots over 3 gateways are 2/1/1: none is left with nothing.
         assert min(counts["per_gateway_admitted"]) >= 0.15 * counts["admitted"], counts
+
+
+TOKENS_PER_S = 90.0
+MAX_TOKENS = 7
+TOKEN_TENANTS = TENANTS.replace("requests_per_s: 20.0", "requests_per_s: 1000").replace(
+    "requests_burst: 10", "requests_burst: 1000").replace("tokens_per_s: 100000", f"tokens_per_s: {TOKENS_PER_S}").replace(
+    "tokens_burst: 100000", "tokens_burst: 40")
+
+
+def _generate(stub, gateway: int, sent_s: float) -> tuple[Outcome, int]:
+    request = gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name="mock-generator"), prompt="a",
+                                          sampling=common_pb2.SamplingParams(max_tokens=MAX_TOKENS))
+    try:
+        chunks = list(stub.Generate(request, timeout=10, metadata=(("authorization", f"Bearer {API_KEY}"),)))
+        usage = chunks[-1].usage
+        return Outcome(sent_s, gateway, "OK"), usage.prompt_tokens + usage.completion_tokens
+    except grpc.RpcError as exc:
+        quota = exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "tenant 'acme'" in (exc.details() or "")
+        return Outcome(sent_s, gateway, "QUOTA" if quota else f"{exc.code().name}: {exc.details()}"), 0
+
+
+def test_token_rate_holds_across_gateways_through_the_store(tmp_path):
+    """Generate streams charged prompt + max_tokens up front and settled to their usage: the tokens
+    all three gateways let through per second stay within 10% of tokens_per_s, offered at 3x."""
+    with running_mesh(tmp_path) as mesh:
+        mesh.start_scheduler()
+        mesh.start_worker("mock-generator", "--mock-profile", "step_ms=5")
+        store = ValkeyProcess(tmp_path).start()
+        try:
+            gateways = _start_gateways(mesh, tmp_path, store.address, TOKEN_TENANTS)
+            channels = [grpc.insecure_channel(g.address) for g in gateways]
+            stubs = [gateway_pb2_grpc.InferenceStub(c) for c in channels]
+            # Charged 1 prompt byte + 1 + 7 up front; the usage of 8 is settled, 1 token refunded.
+            duration_s, tokens_per_request = 7.0, 9
+            offered_per_s = 3 * TOKENS_PER_S / tokens_per_request
+            futures = []
+            with ThreadPoolExecutor(max_workers=24) as pool:
+                start_s = time.monotonic()
+                for index in range(int(duration_s * offered_per_s)):
+                    time.sleep(max(0.0, start_s + index / offered_per_s - time.monotonic()))
+                    futures.append(pool.submit(_generate, stubs[index % NUM_GATEWAYS], index % NUM_GATEWAYS,
+                                               time.monotonic() - start_s))
+                results = [f.result() for f in futures]
+            for channel in channels:
+                channel.close()
+        finally:
+            store.stop()
+    window = [(o, n) for o, n in results if SETTLE_S <= o.sent_s < duration_s]
+    others = [o.result for o, _ in window if o.result not in ("OK", "QUOTA")]
+    assert others == [], f"{len(others)} failed for other reasons: {others[:3]}"
+    tokens_per_s = sum(n for _, n in window) / (duration_s - SETTLE_S)
+    admitted = [sum(o.result == "OK" and o.gateway == g for o, _ in window) for g in range(NUM_GATEWAYS)]
+    print(f"tokens across gateways: {tokens_per_s:.1f} tokens/s (quota {TOKENS_PER_S:g}), {len(window)} streams "
+          f"offered, admitted per gateway {admitted}, tokens per stream {sorted({n for _, n in window if n})}")
+    assert abs(tokens_per_s - TOKENS_PER_S) <= 0.1 * TOKENS_PER_S
