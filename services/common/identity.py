@@ -37,14 +37,19 @@ _OPEN_SERVICES = (
     "/inference.GRPCInferenceService/",
 )
 
+_GATEWAY = frozenset({Role.GATEWAY})
+_WORKER = frozenset({Role.WORKER})
+
 # The one home of "who may call what". Full method names as gRPC reports them.
-METHOD_ROLES: Mapping[str, Role] = {
-    _SCHEDULER + "Classify": Role.GATEWAY,
-    _SCHEDULER + "Generate": Role.GATEWAY,
-    _SCHEDULER + "Submit": Role.GATEWAY,
-    _SCHEDULER + "GetPressure": Role.GATEWAY,
-    _SCHEDULER + "ListModels": Role.GATEWAY,
-    _SCHEDULER + "Attach": Role.WORKER,
+METHOD_ROLES: Mapping[str, frozenset[Role]] = {
+    _SCHEDULER + "Classify": _GATEWAY,
+    _SCHEDULER + "Generate": _GATEWAY,
+    _SCHEDULER + "Submit": _GATEWAY,
+    _SCHEDULER + "ListModels": _GATEWAY,
+    # Read-only load figures. Workers read them too: a worker given several schedulers probes
+    # each one's GetPressure to attach where its model has the fewest workers (issue 12).
+    _SCHEDULER + "GetPressure": frozenset({Role.GATEWAY, Role.WORKER}),
+    _SCHEDULER + "Attach": _WORKER,
 }
 
 _DEV_GATEWAY_IDS = ("spiffe://infermesh/gateway",)
@@ -91,22 +96,25 @@ class IdentityPolicy:
     def _ids(self, role: Role) -> tuple[str, ...]:
         return self.gateway_ids if role is Role.GATEWAY else self.worker_ids
 
-    def role_of(self, method: str) -> Role | None:
+    def roles_of(self, method: str) -> frozenset[Role]:
+        """The roles that may call method; empty when nobody may."""
         if method.startswith(_OPEN_SERVICES):
-            return Role.PEER
-        return METHOD_ROLES.get(method)
+            return frozenset({Role.PEER})
+        return METHOD_ROLES.get(method, frozenset())
 
     def decide(self, method: str, peer: PeerIdentity | None) -> Decision:
         if peer is None:
             return Decision(False, f"{method} needs a verified client certificate; the call came without one")
-        role = self.role_of(method)
-        if role is None:
+        roles = self.roles_of(method)
+        if not roles:
             return Decision(False, f"peer {peer} may not call {method}: no identity may call a method "
                                    "that is not in the identity policy (services/common/identity.py)")
-        if role is Role.PEER:
+        if Role.PEER in roles:
             return Decision(True)
-        allowed = self._ids(role)
+        ordered = [role for role in Role if role in roles]
+        allowed = [i for role in ordered for i in self._ids(role)]
         if any(name in allowed for name in peer.names):
             return Decision(True)
-        return Decision(False, f"peer {peer} may not call {method}: only a {role.value} identity "
+        holders = " or ".join(f"a {role.value}" for role in ordered)
+        return Decision(False, f"peer {peer} may not call {method}: only {holders} identity "
                                f"({', '.join(allowed)}) may")

@@ -9,7 +9,7 @@ from services.common.identity import METHOD_ROLES, IdentityPolicy, PeerIdentity,
 
 GATEWAY = PeerIdentity(("spiffe://infermesh/gateway", "gateway", "localhost"))
 WORKER = PeerIdentity(("spiffe://infermesh/worker", "worker", "localhost"))
-SCHEDULER_METHODS = ["Classify", "Generate", "Submit", "GetPressure", "ListModels"]
+SCHEDULER_METHODS = ["Classify", "Generate", "Submit", "ListModels"]
 
 
 def _auth_context(**properties: list[bytes]) -> dict[str, list[bytes]]:
@@ -52,6 +52,17 @@ def test_only_the_gateway_may_call_the_schedulers_request_methods(method):
                              "only a gateway identity (spiffe://infermesh/gateway) may")
 
 
+def test_gateways_and_workers_may_read_pressure_and_nobody_else():
+    # Workers given several schedulers probe GetPressure to pick the emptiest (issue 12).
+    policy = IdentityPolicy()
+    method = "/infermesh.v1.Scheduler/GetPressure"
+    assert policy.decide(method, GATEWAY).allowed
+    assert policy.decide(method, WORKER).allowed
+    denied = policy.decide(method, PeerIdentity(("spiffe://infermesh/scheduler",)))
+    assert denied.reason == (f"peer spiffe://infermesh/scheduler may not call {method}: only a gateway or a worker "
+                             "identity (spiffe://infermesh/gateway, spiffe://infermesh/worker) may")
+
+
 def test_only_a_worker_may_attach():
     policy = IdentityPolicy()
     assert policy.decide("/infermesh.v1.Scheduler/Attach", WORKER).allowed
@@ -88,4 +99,4 @@ def test_every_scheduler_rpc_has_a_role():
     service = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"]
     missing = [m.name for m in service.methods if f"/{service.full_name}/{m.name}" not in METHOD_ROLES]
     assert not missing, f"add {missing} to METHOD_ROLES in services/common/identity.py"
-    assert set(METHOD_ROLES.values()) <= {Role.GATEWAY, Role.WORKER}
+    assert all(roles and roles <= {Role.GATEWAY, Role.WORKER} for roles in METHOD_ROLES.values())

@@ -76,8 +76,7 @@ async def test_allowed_peers_get_every_handler_kind_unchanged(server):
 
 
 @pytest.mark.parametrize(("identity", "method"), [
-    ("worker", "GetPressure"), ("worker", "Generate"), ("worker", "ListModels"), ("gateway", "Attach"),
-    ("scheduler", "GetPressure"),
+    ("worker", "Generate"), ("worker", "ListModels"), ("gateway", "Attach"), ("scheduler", "GetPressure"),
 ])
 async def test_refused_peers_get_permission_denied_before_the_handler_runs(server, identity, method):
     port, certs = server
