@@ -24,6 +24,12 @@ class GatewayConfig(ServerSettings):
         "(every A/AAAA record, re-resolved every discovery_interval_ms)",
     )
     discovery_interval_ms: float = setting(5000.0, "how often a dns:/// scheduler_address is re-resolved")
+    silence_probe_after_ms: float = setting(
+        300.0, "a scheduler that sent nothing this long while calls wait on it is probed; 0: never"
+    )
+    silence_probe_timeout_ms: float = setting(
+        300.0, "a probed scheduler that does not answer within this is severed: its calls fail over"
+    )
     routing_file: str = setting("", "routing YAML (models: name -> versions -> scheduler endpoints); empty: all to scheduler_address")
     upstream_mode: str = setting(
         "stream", "how calls reach a scheduler: stream (one Submit stream per endpoint, many calls per message) or unary (an RPC per call)"
@@ -93,6 +99,10 @@ class GatewayConfig(ServerSettings):
         except DiscoveryConfigError as exc:
             require(False, f"scheduler_address must be host:port, got {self.scheduler_address!r} ({exc})")
         require(self.discovery_interval_ms > 0, f"discovery_interval_ms must be > 0, got {self.discovery_interval_ms}")
+        require(self.silence_probe_after_ms >= 0,
+                f"silence_probe_after_ms must be >= 0, got {self.silence_probe_after_ms}")
+        require(self.silence_probe_timeout_ms > 0,
+                f"silence_probe_timeout_ms must be > 0, got {self.silence_probe_timeout_ms}")
         require(self.stream_max_resumes >= 0, f"stream_max_resumes must be >= 0, got {self.stream_max_resumes}")
         require(self.upstream_mode in ("stream", "unary"),
                 f"upstream_mode must be stream or unary, got {self.upstream_mode!r}")

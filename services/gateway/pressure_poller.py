@@ -23,6 +23,7 @@ from services.gateway.retry_budget import RetryBudgets
 from services.gateway.routing import RoutingTable
 from services.gateway.shedding import PressureBoard, PressureReport
 from services.gateway.upstream import AttemptError, SchedulerClients
+from services.gateway.upstream_status import UpstreamCode
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
@@ -101,6 +102,8 @@ class PressurePoller:
             self.reachable.discard(endpoint)
             if self._membership is not None:
                 self._membership.unreachable(endpoint)
+            if exc.code == UpstreamCode.DEADLINE_EXCEEDED:
+                self._sever_if_silent(endpoint, client)
             if endpoint not in self._failing:  # once per outage, not every second
                 log.warning("scheduler %s: pressure poll failed: %s", endpoint, exc.error.message)
                 self._failing.add(endpoint)
@@ -113,6 +116,19 @@ class PressurePoller:
         self._catalog.update(endpoint, tuple(models.models))
         if self._membership is not None:
             self._membership.update(endpoint, (m.model.name for m in models.models if m.ready))
+
+
+    def _sever_if_silent(self, endpoint: str, client) -> None:
+        # A poll that got no answer in time, from a scheduler that also sent nothing to the calls
+        # waiting on it for as long: it is cut off or frozen, not slow. Its calls fail over now,
+        # when there is another scheduler to take them (silence_watch.py does this sooner).
+        if self._membership is None or not self._membership.has_alternative(endpoint):
+            return
+        why = (f"scheduler {endpoint} stopped answering: nothing received for {self.interval_s:g} s "
+               f"and a pressure poll timed out")
+        num_calls = client.sever_if_silent(self.interval_s, why)
+        if num_calls:
+            log.warning("%s; failing its %d calls in flight over to other schedulers", why, num_calls)
 
 
 def _report(pressure) -> PressureReport:

@@ -66,6 +66,10 @@ class Membership:
             self._unreachable.add(endpoint)
             self._generation += 1
 
+    def has_alternative(self, endpoint: str) -> bool:
+        """Is another live endpoint answering polls? (Failing calls over needs somewhere to go.)"""
+        return any(e != endpoint and e not in self._unreachable for e in self._live())
+
     def reachable(self, endpoint: str) -> bool:
         """False while its last poll failed."""
         return endpoint not in self._unreachable

@@ -82,10 +82,27 @@ class SchedulerStream:
         self._outbox = EntryOutbox(max_message_bytes, self._wake.set)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at_s: float | None = None
+        # When the scheduler last sent anything on the stream (clock seconds); None before the first reply.
+        self._heard_at_s: float | None = None
 
     @property
     def num_calls(self) -> int:
         return len(self._calls)
+
+    def silent_for_s(self) -> float:
+        """Seconds since the scheduler last sent anything on the stream (or since it was opened)."""
+        return 0.0 if self._heard_at_s is None else self._clock() - self._heard_at_s
+
+    def sever(self, why: str) -> int:
+        """Gives up on a scheduler that stopped answering: every call in flight fails with UNAVAILABLE
+        (no pushback: the dispatcher fails over or resumes it) and the next call opens a new stream.
+        A partition resets nothing, so without this the calls would wait for their deadlines.
+        Returns the number of calls failed."""
+        if self._call is None:
+            return 0
+        num_calls = len(self._calls)
+        self._broken(self._call, why)
+        return num_calls
 
     # -- calls -----------------------------------------------------------------
 
@@ -137,6 +154,7 @@ class SchedulerStream:
 
     def _start(self) -> None:
         call = self._call = self._open_call()
+        self._heard_at_s = self._clock()
         self._outbox.clear()
         self._tasks = (
             asyncio.create_task(self._read(call), name=f"submit-reader {self._address}"),
@@ -177,6 +195,7 @@ class SchedulerStream:
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
         try:
             while (batch := await call.read()) is not grpc.aio.EOF:
+                self._heard_at_s = self._clock()
                 self._route(batch)
             self._broken(call, "the scheduler ended the stream")
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:

@@ -39,6 +39,7 @@ from services.gateway.retry_policy import RetryPolicy
 from services.gateway.routing import RoutingConfigError, RoutingTable, parse_routing_config
 from services.gateway.servicer import InferenceServicer
 from services.gateway.shedding import LoadShedder, PressureBoard
+from services.gateway.silence_watch import SilenceWatch
 from services.gateway.tenants import TenantConfig, TenantConfigError, TenantConfigWatcher
 from services.gateway.upstream import SchedulerClients, UpstreamMode
 
@@ -185,6 +186,10 @@ class GatewayService:
             interval_s = self._config.discovery_interval_ms / 1000
             self._tasks.append(asyncio.create_task(self.discovery.run(interval_s), name="scheduler-discovery"))
         self._tasks.append(asyncio.create_task(self.poller.run(), name="pressure-poller"))
+        if self._config.silence_probe_after_ms > 0:
+            watch = SilenceWatch(self.clients, self.membership, silent_s=self._config.silence_probe_after_ms / 1000,
+                                 probe_timeout_s=self._config.silence_probe_timeout_ms / 1000)
+            self._tasks.append(asyncio.create_task(watch.run(), name="silence-watch"))
         if self.quota_sync is not None:
             await self.quota_sync.sync_once()  # leases (or the fallback share) before the first request
             self._tasks.append(asyncio.create_task(self.quota_sync.run(), name="quota-sync"))

@@ -10,8 +10,10 @@ policy and the circuit breaker need.
 
 from __future__ import annotations
 
+import asyncio
 import enum
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -19,6 +21,7 @@ from infermesh.v1 import gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.common.telemetry import carrier_for, metadata_for
 from services.gateway.attempt_error import AttemptError
 from services.gateway.scheduler_stream import SchedulerStream, StreamGenerateCall
+from services.gateway.upstream_status import UpstreamCode
 
 __all__ = ["AttemptError", "GenerateCall", "SchedulerClient", "SchedulerClients", "UpstreamMode"]
 
@@ -44,19 +47,75 @@ class UpstreamMode(enum.Enum):
 class GenerateCall:
     """One upstream Generate stream: iterate for chunks; `cancel()` when abandoning it."""
 
-    def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
+    def __init__(self, call: grpc.aio.UnaryStreamCall, calls: UnaryCalls) -> None:
         self._call = call
+        self._calls = calls
 
     async def chunks(self) -> AsyncIterator[gateway_pb2.GenerateResponse]:
         try:
             async for reply in self._call:
+                self._calls.heard()
                 yield reply.chunk
         except grpc.aio.AioRpcError as exc:
-            raise AttemptError.from_rpc_error(exc) from None
+            raise self._calls.error(self._call, exc) from None
+        except asyncio.CancelledError:
+            severed = self._calls.severed(self._call)
+            if severed is None:
+                raise  # the client went away
+            raise severed from None
+        finally:
+            self._calls.done(self._call)
 
     def cancel(self) -> None:
         # The scheduler aborts the sequence and frees its KV blocks within one step.
+        self._calls.done(self._call)
         self._call.cancel()
+
+
+class UnaryCalls:
+    """A unary-mode client's calls in flight, so a silent scheduler's can be severed (see `sever`)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        # call -> why it was severed (None while it runs)
+        self._calls: dict[grpc.aio.Call, str | None] = {}
+        self._heard_at_s = clock()
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def add(self, call: grpc.aio.Call) -> grpc.aio.Call:
+        if not self._calls:
+            self._heard_at_s = self._clock()  # silence counts from when there is something to hear
+        self._calls[call] = None
+        return call
+
+    def done(self, call: grpc.aio.Call) -> None:
+        self._calls.pop(call, None)
+
+    def heard(self) -> None:
+        self._heard_at_s = self._clock()
+
+    def silent_for_s(self) -> float:
+        return self._clock() - self._heard_at_s
+
+    def sever(self, why: str) -> int:
+        calls = list(self._calls)
+        for call in calls:
+            self._calls[call] = why
+            call.cancel()
+        return len(calls)
+
+    def error(self, call: grpc.aio.Call, exc: grpc.aio.AioRpcError) -> AttemptError:
+        why = self._calls.get(call)
+        if why is not None:  # cancelled here by sever(), not by the scheduler
+            return AttemptError.local(UpstreamCode.UNAVAILABLE, why)
+        return AttemptError.from_rpc_error(exc)
+
+    def severed(self, call: grpc.aio.Call) -> AttemptError | None:
+        """For a call that ended cancelled: the AttemptError if sever() cancelled it, else None."""
+        why = self._calls.get(call)
+        return None if why is None else AttemptError.local(UpstreamCode.UNAVAILABLE, why)
 
 
 class SchedulerClient:
@@ -73,6 +132,7 @@ class SchedulerClient:
         )
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self._stream = None
+        self._unary_calls = UnaryCalls()
         if mode is UpstreamMode.STREAM:
             # Requests go out as SubmitBatch bytes encoded by submit_outbox.py (no serializer here).
             open_submit = self._channel.stream_stream(
@@ -86,17 +146,47 @@ class SchedulerClient:
         if self._stream is not None:
             # The entry carries the attempt's trace context, as the unary call's metadata does.
             return await self._stream.classify(request, timeout_s, carrier_for())
+        call = self._unary_calls.add(self._stub.Classify(request, timeout=timeout_s, metadata=metadata_for()))
         try:
-            reply = await self._stub.Classify(request, timeout=timeout_s, metadata=metadata_for())
+            reply = await call
         except grpc.aio.AioRpcError as exc:
-            raise AttemptError.from_rpc_error(exc) from None
+            raise self._unary_calls.error(call, exc) from None
+        except asyncio.CancelledError:
+            severed = self._unary_calls.severed(call)
+            if severed is None:
+                raise  # the client went away
+            raise severed from None
+        finally:
+            self._unary_calls.done(call)
+        self._unary_calls.heard()
         return reply.response
 
     def generate(self, request: scheduler_pb2.ScheduleGenerateRequest,
                  timeout_s: float) -> GenerateCall | StreamGenerateCall:
         if self._stream is not None:
             return self._stream.generate(request, timeout_s, carrier_for())
-        return GenerateCall(self._stub.Generate(request, timeout=timeout_s, metadata=metadata_for()))
+        call = self._unary_calls.add(self._stub.Generate(request, timeout=timeout_s, metadata=metadata_for()))
+        return GenerateCall(call, self._unary_calls)
+
+    def is_silent(self, silent_s: float) -> bool:
+        """Calls wait on the scheduler and it has sent nothing for `silent_s`."""
+        if self._stream is not None:
+            return self._stream.num_calls > 0 and self._stream.silent_for_s() >= silent_s
+        return len(self._unary_calls) > 0 and self._unary_calls.silent_for_s() >= silent_s
+
+    def sever_if_silent(self, silent_s: float, why: str) -> int:
+        """Fails every call in flight with UNAVAILABLE (no pushback) when the scheduler has sent
+        nothing for `silent_s` while calls waited on it; returns how many.
+
+        The pressure poller calls this when a poll timed out: a scheduler cut off the network
+        resets nothing, so its calls would otherwise wait for their deadlines, and the
+        dispatcher fails them over (classify) or resumes them (streams) instead. A scheduler
+        that is slow but still sending keeps its calls."""
+        if not self.is_silent(silent_s):
+            return 0
+        if self._stream is not None:
+            return self._stream.sever(why)
+        return self._unary_calls.sever(why)
 
     async def list_models(self, timeout_s: float) -> gateway_pb2.ListModelsResponse:
         try:
@@ -123,6 +213,10 @@ class SchedulerClients:
         self._max_message_bytes = max_message_bytes
         self._mode = mode
         self._by_address: dict[str, SchedulerClient] = {}
+
+    def clients(self) -> list[SchedulerClient]:
+        """Every client made so far."""
+        return list(self._by_address.values())
 
     def get(self, address: str) -> SchedulerClient:
         client = self._by_address.get(address)
