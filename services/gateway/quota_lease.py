@@ -41,6 +41,9 @@ from services.gateway.quotas import QuotaExceeded
 from services.gateway.tenants import Tenant, TenantQuota
 
 Clock = Callable[[], float]
+# Demand below this many units over the next intervals is none: the smoothed rate of a tenant
+# that stopped decays towards zero but never reaches it.
+_IDLE = 0.05
 
 
 class LeaseMode(enum.Enum):
@@ -84,11 +87,15 @@ class TenantAsk:
     # tokens never came from the store).
     return_requests: float
     return_tokens: float
+    # What recent demand needs until the next sync; 0 when the tenant was idle here lately.
     want_requests: float
     want_tokens: float
     # Requests of this tenant in flight here now: the slots this gateway holds whatever it is granted.
     num_in_flight: int
     want_in_flight: int
+    # Headroom for the next arrivals, granted only out of what no other gateway wants.
+    floor_requests: float = 0.0
+    floor_tokens: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -350,18 +357,20 @@ class SharedQuotas:
         leased = self.mode is LeaseMode.LEASED
         for allowance in (share.requests, share.tokens):
             allowance.level_at_plan = allowance.refill(now_s)
-        # Even idle, a gateway holds one interval's refill (at most its share of the burst, at
-        # least one request), so a tenant's first requests, or a small burst, are admitted at
-        # once rather than after a sync. Held slices are returned and re-taken every sync, so
-        # they do not keep the refill from a busier gateway.
-        floor_requests = max(1.0, min(quota.requests_burst / self.num_live_gateways,
-                                      quota.requests_per_s * config.interval_s))
-        want_requests = min(quota.requests_burst, max(floor_requests, request_rate * horizon_s))
-        # Tokens: at least one interval's refill split over the live gateways (so an idle tenant's
-        # first generate fits unless it is large), and at least the largest recent charge.
+        # Demand: the recent rate over the next intervals; while there is any, at least one request
+        # and the largest recent token charge, so a slow tenant is not leased fractions forever.
+        request_demand = request_rate * horizon_s
+        want_requests = 0.0 if request_demand < _IDLE else min(quota.requests_burst, max(1.0, request_demand))
+        token_demand = token_rate * horizon_s
+        want_tokens = 0.0 if token_demand < _IDLE else min(
+            quota.tokens_burst, max(share.tokens_wanted.largest, token_demand))
+        # Headroom, even idle: one interval's refill (at most this gateway's share of the burst; at
+        # least one request), so a tenant's first requests, or a small burst, are admitted at once.
+        # The store grants it only out of what the other gateways do not want, so idle gateways
+        # never park what a busy one needs.
+        floor_requests = min(quota.requests_burst, max(1.0, min(quota.requests_burst / self.num_live_gateways,
+                                                                quota.requests_per_s * config.interval_s)))
         floor_tokens = min(quota.tokens_burst / self.num_live_gateways, quota.tokens_per_s * config.interval_s)
-        want_tokens = min(quota.tokens_burst,
-                          max(floor_tokens, share.tokens_wanted.largest, token_rate * horizon_s))
         want_in_flight = min(quota.max_in_flight, share.num_in_flight + 1 + math.ceil(start_rate * horizon_s))
         return TenantAsk(
             tenant_id=tenant_id,
@@ -372,6 +381,8 @@ class SharedQuotas:
             want_tokens=want_tokens,
             num_in_flight=share.num_in_flight,
             want_in_flight=want_in_flight,
+            floor_requests=floor_requests,
+            floor_tokens=floor_tokens,
         )
 
     def _new_share(self, quota: TenantQuota) -> _TenantShare:

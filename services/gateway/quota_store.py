@@ -2,8 +2,9 @@
 
 Keys, under a prefix (`--quota-store-prefix`, default "infermesh:quota:"):
   <prefix>gateways                  sorted set: gateway id -> expiry (store clock, ms)
-  <prefix>t:<tenant>:requests       hash {level, ts_ms}: the tenant's shared requests/s bucket
-  <prefix>t:<tenant>:tokens         hash {level, ts_ms}: its tokens/s bucket
+  <prefix>t:<tenant>:requests       hash {level, ts_ms, d:<gateway id> = "demand:expiry_ms"}:
+                                    the tenant's shared requests/s bucket
+  <prefix>t:<tenant>:tokens         the same for its tokens/s bucket
   <prefix>t:<tenant>:in_flight      hash: gateway id -> "lease:desire:expiry_ms" (slots held)
 An absent bucket is a full one, so the store may be flushed or restarted at the cost of one
 burst. Every key carries a TTL, so a store that gateways stopped using empties itself.
@@ -36,8 +37,8 @@ DEFAULT_PREFIX = "infermesh:quota:"
 _SYNC_SCRIPT = r"""
 local gateway_id = ARGV[1]
 local ttl_ms = tonumber(ARGV[2])
--- Per tenant: {requests_per_s, requests_burst, return, want, tokens_per_s, tokens_burst, return,
--- want, max_in_flight, num_in_flight, want_in_flight}, in KEYS order.
+-- Per tenant: {requests_per_s, requests_burst, return, want, floor, tokens_per_s, tokens_burst,
+-- return, want, floor, max_in_flight, num_in_flight, want_in_flight}, in KEYS order.
 local asks = cjson.decode(ARGV[3])
 local rotation_ms = tonumber(ARGV[4])
 -- A gateway shutting down: it gives its slices back, frees its slots and deregisters now
@@ -90,25 +91,60 @@ local rank = {}
 local rotation = math.floor(now_ms / rotation_ms) % live
 for i, member in ipairs(members) do rank[member] = (i - 1 - rotation) % live end
 
-local function lease_bucket(key, rate_per_s, burst, returned, wanted)
-  local stored = read('HMGET', key, 'level', 'ts_ms')
+-- A bucket's hash: level, ts_ms, and per gateway 'd:<id>' = "demand:expiry_ms" (what it wanted
+-- at its last sync), so that idle gateways take headroom only out of what no one else wants.
+local function lease_bucket(key, rate_per_s, burst, returned, wanted, floor, whole)
+  local entries = read('HGETALL', key)
   local level = 0  -- a key of the wrong type is an empty bucket, never a full one
-  if stored ~= nil then
-    if not stored[1] and not stored[2] then
-      level = burst  -- absent: a bucket nobody drew from lately is full
-    else
-      local stored_level, stored_ms = number_or_nil(stored[1]), number_or_nil(stored[2])
-      if stored_level == nil or stored_ms == nil then
-        table.insert(bad, key .. ' (level/ts_ms not numbers >= 0)')
-      else
-        level = math.min(burst, stored_level + math.max(0, now_ms - stored_ms) * rate_per_s / 1000)
+  local others_wanted = 0
+  if entries ~= nil and #entries == 0 then
+    level = burst  -- absent: a bucket nobody drew from lately is full
+  elseif entries ~= nil then
+    local stored_level, stored_ms
+    for i = 1, #entries, 2 do
+      local name, value = entries[i], entries[i + 1]
+      if name == 'level' then
+        stored_level = number_or_nil(value)
+      elseif name == 'ts_ms' then
+        stored_ms = number_or_nil(value)
+      elseif name ~= 'd:' .. gateway_id then
+        local holder = string.match(name, '^d:(.+)$')
+        local demand, expiry = string.match(value, '^([^:]+):(%d+)$')
+        demand, expiry = number_or_nil(demand), tonumber(expiry)
+        if holder == nil or demand == nil or expiry == nil or demand > burst or expiry > now_ms + ttl_ms then
+          redis.call('HDEL', key, name)
+          table.insert(bad, key .. ' field ' .. name .. ' (not d:<gateway> = demand:expiry within the quota)')
+        elseif expiry <= now_ms then
+          redis.call('HDEL', key, name)
+        else
+          others_wanted = others_wanted + demand
+        end
       end
+    end
+    if stored_level == nil or stored_ms == nil then
+      table.insert(bad, key .. ' (level/ts_ms not numbers >= 0)')
+    else
+      level = math.min(burst, stored_level + math.max(0, now_ms - stored_ms) * rate_per_s / 1000)
     end
   end
   level = math.min(burst, level + returned)
-  local granted = math.max(0, math.min(wanted, level))
+  local granted = math.min(wanted, level)
+  -- Headroom only out of what is left once the others' demand is served.
+  local spare = level - granted - others_wanted
+  if floor > granted and spare > 0 then
+    granted = granted + math.min(floor - granted, spare)
+  end
+  -- Requests are leased whole: fractions stay in the bucket, where they add up, instead of
+  -- spread over gateways that can each admit nothing with them.
+  if whole then granted = math.floor(granted) end
+  granted = math.max(0, granted)
   level = level - granted
   redis.call('HSET', key, 'level', tostring(level), 'ts_ms', tostring(now_ms))
+  if wanted > 0 and not leaving then
+    redis.call('HSET', key, 'd:' .. gateway_id, tostring(wanted) .. ':' .. string.format('%d', now_ms + ttl_ms))
+  else
+    redis.call('HDEL', key, 'd:' .. gateway_id)
+  end
   -- Gone once it would have refilled: an absent bucket is a full one. At most a day, so that a
   -- tenant with a tiny rate does not leave keys behind for years (a day later it reads as full,
   -- which for such a rate is at most one burst).
@@ -168,9 +204,9 @@ end
 local grants = {}
 for i, n in ipairs(asks) do
   local k = 3 * i - 1
-  table.insert(grants, lease_bucket(KEYS[k], n[1], n[2], n[3], n[4]))
-  table.insert(grants, lease_bucket(KEYS[k + 1], n[5], n[6], n[7], n[8]))
-  table.insert(grants, lease_slots(KEYS[k + 2], n[9], n[10], n[11]))
+  table.insert(grants, lease_bucket(KEYS[k], n[1], n[2], n[3], n[4], n[5], true))
+  table.insert(grants, lease_bucket(KEYS[k + 1], n[6], n[7], n[8], n[9], n[10], false))
+  table.insert(grants, lease_slots(KEYS[k + 2], n[11], n[12], n[13]))
 end
 -- One JSON string, not a reply array (which would turn fractions into integers, and cost the
 -- client a parse per element).
@@ -219,8 +255,8 @@ class ValkeyQuotaStore:
             keys.extend(self.keys_of(ask.tenant_id))
             quota = ask.quota
             asks.append((
-                quota.requests_per_s, quota.requests_burst, ask.return_requests, ask.want_requests,
-                quota.tokens_per_s, quota.tokens_burst, ask.return_tokens, ask.want_tokens,
+                quota.requests_per_s, quota.requests_burst, ask.return_requests, ask.want_requests, ask.floor_requests,
+                quota.tokens_per_s, quota.tokens_burst, ask.return_tokens, ask.want_tokens, ask.floor_tokens,
                 quota.max_in_flight, ask.num_in_flight, ask.want_in_flight,
             ))
         # One JSON argument rather than eleven per tenant: packing thousands of arguments cost
@@ -271,8 +307,8 @@ def _parse_reply(raw: object, plan: LeasePlan) -> LeaseReply:
         # store from doing so.
         grants.append(TenantGrant(
             tenant_id=ask.tenant_id,
-            requests=min(max(0.0, requests), ask.want_requests),
-            tokens=min(max(0.0, tokens), ask.want_tokens),
+            requests=min(max(0.0, requests), max(ask.want_requests, ask.floor_requests)),
+            tokens=min(max(0.0, tokens), max(ask.want_tokens, ask.floor_tokens)),
             in_flight_limit=int(min(max(0.0, slots), ask.quota.max_in_flight)),
         ))
     bad_keys = tuple(b.decode(errors="replace") if isinstance(b, bytes) else str(b) for b in bad)

@@ -128,7 +128,8 @@ class QuotaSync:
         if self._quotas.mode is LeaseMode.LEASED:
             plan = self._quotas.plan()
             leave = LeasePlan(tuple(
-                dataclasses.replace(ask, want_requests=0.0, want_tokens=0.0, num_in_flight=0, want_in_flight=0)
+                dataclasses.replace(ask, want_requests=0.0, want_tokens=0.0, floor_requests=0.0, floor_tokens=0.0,
+                                    num_in_flight=0, want_in_flight=0)
                 for ask in plan.asks))
             try:
                 await asyncio.wait_for(self._store.sync(leave, leaving=True), timeout=self._store.timeout_s)

@@ -159,7 +159,9 @@ def test_slice_wanted_follows_recent_demand_within_burst(clock):
             quotas.admit(tenant)
     assert quotas.plan().asks[0].want_requests == 40  # capped at the burst
     clock.advance(0.1)
-    assert quotas.plan().asks[0].want_requests == 5  # idle: one interval's refill, for the next arrivals
+    idle = quotas.plan().asks[0]
+    assert idle.want_requests == 0  # idle: no demand, only headroom (one interval's refill)
+    assert idle.floor_requests == 5
 
 
 def test_token_slice_covers_the_largest_recent_charge_and_refunds_return_to_the_store(clock):

@@ -42,10 +42,10 @@ def _store(server, prefix, gateway_id, ttl_s=5.0) -> ValkeyQuotaStore:
 
 
 def _ask(quota, want_requests=0.0, return_requests=0.0, want_tokens=0.0, num_in_flight=0, want_in_flight=0,
-         tenant_id="acme") -> LeasePlan:
+         tenant_id="acme", floor_requests=0.0) -> LeasePlan:
     return LeasePlan((TenantAsk(tenant_id, quota, return_requests, return_tokens=0.0, want_requests=want_requests,
                                 want_tokens=want_tokens, num_in_flight=num_in_flight,
-                                want_in_flight=want_in_flight),))
+                                want_in_flight=want_in_flight, floor_requests=floor_requests),))
 
 
 # A rate slow enough that the refill during a test (well under a second) is below one request.
@@ -188,11 +188,11 @@ async def test_a_gateway_with_no_tenants_still_registers(server, prefix):
     await store.close()
 
 
-async def test_fractional_grants_survive_the_reply(server, prefix):
+async def test_requests_are_leased_whole_and_token_fractions_survive_the_reply(server, prefix):
     store = _store(server, prefix, "gw")
     quota = make_quota(requests_per_s=0.001, requests_burst=10, tokens_per_s=0.001, tokens_burst=400)
     reply = await store.sync(_ask(quota, want_requests=2.5, want_tokens=0.25))
-    assert reply.grants[0].requests == pytest.approx(2.5) and reply.grants[0].tokens == pytest.approx(0.25)
+    assert reply.grants[0].requests == 2 and reply.grants[0].tokens == pytest.approx(0.25)
     await store.close()
 
 
@@ -249,3 +249,28 @@ async def test_a_leaving_gateway_gives_back_its_slices_and_slots_at_once(server,
     assert await raw.zrange(f"{prefix}gateways", 0, -1) == ["staying"]
     for store in (leaving, staying):
         await store.close()
+
+
+async def test_idle_headroom_comes_only_from_what_no_busy_gateway_wants(server, prefix):
+    quota = make_quota(requests_per_s=0.01, requests_burst=2)
+    busy, idle = _store(server, prefix, "busy"), _store(server, prefix, "idle")
+    assert (await busy.sync(_ask(quota, want_requests=1))).grants[0].requests == 1
+    # One request is left, but the busy gateway wants one per sync: the idle one does not park it.
+    assert (await idle.sync(_ask(quota, floor_requests=1))).grants[0].requests == 0
+    assert (await busy.sync(_ask(quota, want_requests=1))).grants[0].requests == 1
+    # Nobody wants anything: headroom is granted.
+    await busy.sync(_ask(quota, return_requests=2))
+    assert (await idle.sync(_ask(quota, floor_requests=1))).grants[0].requests == 1
+    for store in (busy, idle):
+        await store.close()
+
+
+async def test_garbage_demand_fields_are_dropped_and_reported(server, prefix, raw):
+    await raw.hset(f"{prefix}t:acme:requests", mapping={
+        "level": "2", "ts_ms": "0", "d:ghost": "lots", "d:greedy": "1e9:99999999999999", "stray": "1"})
+    store = _store(server, prefix, "gw")
+    reply = await store.sync(_ask(SLOW, floor_requests=1))
+    assert reply.grants[0].requests == 1  # the garbage demand did not hold the headroom back
+    assert len(reply.bad_keys) == 3 and all("field" in key for key in reply.bad_keys)
+    assert sorted(await raw.hkeys(f"{prefix}t:acme:requests")) == ["level", "ts_ms"]
+    await store.close()
