@@ -364,13 +364,12 @@ class SharedQuotas:
         token_demand = token_rate * horizon_s
         want_tokens = 0.0 if token_demand < _IDLE else min(
             quota.tokens_burst, max(share.tokens_wanted.largest, token_demand))
-        # Headroom, even idle: one interval's refill (at most this gateway's share of the burst; at
-        # least one request), so a tenant's first requests, or a small burst, are admitted at once.
-        # The store grants it only out of what the other gateways do not want, so idle gateways
-        # never park what a busy one needs.
-        floor_requests = min(quota.requests_burst, max(1.0, min(quota.requests_burst / self.num_live_gateways,
-                                                                quota.requests_per_s * config.interval_s)))
-        floor_tokens = min(quota.tokens_burst / self.num_live_gateways, quota.tokens_per_s * config.interval_s)
+        # Headroom, even idle: this gateway's share of the burst (at least one request), so a
+        # burst is admitted at once as it would be by a lone gateway's bucket. The store grants it
+        # only out of what the other gateways do not want, so idle gateways never park what a
+        # busy one needs.
+        floor_requests = min(quota.requests_burst, max(1.0, quota.requests_burst / self.num_live_gateways))
+        floor_tokens = quota.tokens_burst / self.num_live_gateways
         want_in_flight = min(quota.max_in_flight, share.num_in_flight + 1 + math.ceil(start_rate * horizon_s))
         return TenantAsk(
             tenant_id=tenant_id,

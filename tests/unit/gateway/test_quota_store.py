@@ -312,3 +312,20 @@ async def test_a_slow_tenant_gets_its_rate_across_three_gateways(server, prefix,
     for _, sync in gateways:
         await sync.close()
     assert 2 + 4 * 3.0 - 2 <= admitted <= 2 + 4 * 3.0 + 1
+
+
+async def test_a_lone_gateway_admits_a_whole_burst_at_once_as_its_own_bucket_would(server, prefix):
+    quotas = SharedQuotas(time.monotonic, LeaseConfig())
+    tenant = make_tenant(quota=make_quota(requests_per_s=0.01, requests_burst=50, max_in_flight=100))
+    quotas.update([tenant])
+    sync = QuotaSync(quotas, _store(server, prefix, "lone"))
+    assert await sync.sync_once()  # idle: only headroom, which nobody else wants
+    admitted = 0
+    for _ in range(60):
+        try:
+            quotas.admit(tenant).release()
+            admitted += 1
+        except QuotaExceeded:
+            pass
+    assert admitted == 50
+    await sync.close()
