@@ -71,10 +71,10 @@ async def test_in_flight_slots_are_leased_never_oversubscribed_and_shared_fairly
     assert (await first.sync(_ask(SLOW, num_in_flight=0, want_in_flight=6))).grants[0].in_flight_limit == 6
     # Contended: second wants 6 too; the first holds all of them.
     assert (await second.sync(_ask(SLOW, want_in_flight=6))).grants[0].in_flight_limit == 0
-    # The first sees the contention and shrinks to its fair share (ceil(6 / 2)), keeping what runs (2).
+    # The first sees the contention and shrinks to its fair share (6 / 2), keeping what runs (2).
     assert (await first.sync(_ask(SLOW, num_in_flight=2, want_in_flight=6))).grants[0].in_flight_limit == 3
     assert (await second.sync(_ask(SLOW, want_in_flight=6))).grants[0].in_flight_limit == 3
-    # A third gateway: ceil(6 / 3) = 2, but only what the others do not hold.
+    # A third gateway: its fair share is 6 / 3 = 2, but only what the others do not hold.
     assert (await third.sync(_ask(SLOW, want_in_flight=6))).grants[0].in_flight_limit == 0
     assert (await first.sync(_ask(SLOW, num_in_flight=2, want_in_flight=6))).grants[0].in_flight_limit == 2
     assert (await second.sync(_ask(SLOW, num_in_flight=0, want_in_flight=6))).grants[0].in_flight_limit == 2
