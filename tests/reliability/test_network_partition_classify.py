@@ -3,9 +3,6 @@
 The deadline (3 s) is shorter than the cut (CUT_S), so waiting for the link to return is not
 enough: the gateway must notice the silent scheduler and send its calls elsewhere, and calls
 stuck there must not keep the model's concurrency limit full for the healthy one.
-
-Fails today (see the marker's reason); kept, not run, until the gateway changes:
-`pytest --runxfail tests/reliability/test_network_partition_classify.py` shows the failure.
 """
 
 from __future__ import annotations
@@ -18,10 +15,6 @@ from tests.support.mesh_replicas import PARTITION_STREAMS, cut_scheduler_under_l
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.xfail(run=False, reason=(
-    "3 of 3 runs failed: 57 classify DEADLINE_EXCEEDED (stuck on the silent scheduler: the gateway's scheduler "
-    "channels have no HTTP/2 keepalive) and 94-100 RESOURCE_EXHAUSTED (those 57 fill the model's adaptive "
-    "limit, so new calls are refused though the other scheduler is healthy)"))
 def test_classify_calls_on_a_scheduler_cut_off_the_network_are_re_sent_within_their_deadline(tmp_path, network):
     shape = LoadShape(classify_per_s=50, streams_per_s=4, classify_deadline_s=3.0, stream_deadline_s=40.0,
                       streams=PARTITION_STREAMS)
