@@ -139,6 +139,8 @@ class SchedulerStream:
             raise AttemptError.local(UpstreamCode.DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
         if self._call is None:
             self._start()
+        elif not self._calls:
+            self._heard_at_s = self._clock()  # silence counts from when there is something to hear
         call_id = self._calls.open(handler, timeout_s)
         record = encode_call(call_id, request, max(1, int(timeout_s * 1e6)), trace_context)
         if not self._outbox.fits(record):

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from infermesh.v1 import gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
+from services.common import tls
 from services.common.telemetry import carrier_for, metadata_for
 from services.gateway.attempt_error import AttemptError
 from services.gateway.scheduler_stream import SchedulerStream, StreamGenerateCall
@@ -122,7 +123,8 @@ class SchedulerClient:
     def __init__(self, address: str, max_message_bytes: int, mode: UpstreamMode = UpstreamMode.STREAM) -> None:
         self.address = address
         self.mode = mode
-        self._channel = grpc.aio.insecure_channel(
+        # mTLS with the gateway's certificate when --tls-* is set (services/common/tls.py), else plaintext.
+        self._channel = tls.aio_channel(
             address,
             options=[
                 ("grpc.max_receive_message_length", max_message_bytes),

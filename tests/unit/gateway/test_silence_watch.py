@@ -164,3 +164,18 @@ async def test_check_probes_only_silent_clients_and_one_probe_at_a_time():
     watch.check()  # done: a still-silent client is probed again
     await settle()
     assert silent.probes == [0.3, 0.3]
+
+
+async def test_an_idle_stream_is_not_silent_the_moment_a_call_arrives(clock, stream_and_calls):
+    stream, calls = stream_and_calls
+    first = asyncio.create_task(stream.classify(classify_request(), 10.0, TRACE))
+    await settle()
+    first.cancel()  # abandoned: the stream stays open with nothing in flight
+    await settle()
+    clock.advance(60)
+    asyncio.create_task(stream.classify(classify_request(), 10.0, TRACE))
+    await settle()
+    assert stream.num_calls == 1 and stream.silent_for_s() == 0.0
+    clock.advance(0.4)
+    assert stream.silent_for_s() == pytest.approx(0.4)
+    stream.sever("test over")
