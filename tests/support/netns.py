@@ -16,6 +16,7 @@ Needs root (or CAP_SYS_ADMIN + CAP_NET_ADMIN) and iproute2; `netns_unavailable()
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -132,9 +133,33 @@ class Lan:
         shutil.rmtree(self.sock_dir, ignore_errors=True)
 
 
+def remove_orphans() -> list[str]:
+    """Deletes namespaces this module made for a test process that no longer runs (one killed before
+    its finalizers ran); a live process's namespaces are left alone. Returns the names deleted."""
+    listed = _ip("netns", "list").stdout.split()
+    orphans = [name for name in listed if (match := _OURS.match(name)) and not _pid_alive(int(match[1]))]
+    for name in orphans:
+        _ip("netns", "del", name)
+    return orphans
+
+
+_OURS = re.compile(r"^im(\d+)-")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @contextmanager
 def lan(host_names: list[str], prefix: str | None = None) -> Iterator[Lan]:
     """Namespaces for `host_names` on one switch, all deleted on exit, even after a failure."""
+    remove_orphans()
     network = Lan(prefix or f"im{os.getpid()}", tuple(host_names), Path(tempfile.mkdtemp(prefix="imn")))
     try:
         network.create()
