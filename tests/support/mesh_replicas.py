@@ -137,6 +137,13 @@ class ReplicatedMesh:
         return Metrics(_samples(_get_over_unix(process.lan.forward(process.host, port), "/metrics"))).value(
             name, **labels)
 
+    def gateway_failovers(self) -> tuple[float, float]:
+        """Streams resumed and calls failed over by all gateways (printed; 0 would mean nothing was tested)."""
+        resumed = sum(self.metric(g, "infermesh_gateway_stream_resumes_total") for g in self.gateways if g.alive())
+        failed_over = sum(self.metric(g, "infermesh_gateway_failovers_total") for g in self.gateways if g.alive())
+        print(f"gateways: {resumed:g} streams resumed, {failed_over:g} calls failed over")
+        return resumed, failed_over
+
     def scheduler_serving(self, model_name: str) -> ServiceProcess:
         """The scheduler the gateway sends `model_name` to now: the one with its calls running or done."""
         def activity(scheduler: ServiceProcess) -> float:
@@ -194,13 +201,14 @@ MODELS = ["toy-classifier", "mock-generator"]
 SHAPE = LoadShape(classify_per_s=60, streams_per_s=4)
 
 
-def start_spread_mesh(mesh: ReplicatedMesh) -> None:
-    """Two schedulers, one gateway, two workers per model with one of each on each scheduler."""
+def start_spread_mesh(mesh: ReplicatedMesh, num_gateways: int = 1) -> None:
+    """Two schedulers, gateways on both, two workers per model with one of each on each scheduler."""
     mesh.add_schedulers(2)
     for model in MODELS:
         mesh.add_worker(model)
         mesh.add_worker(model)
-    mesh.add_gateway()
+    for _ in range(num_gateways):
+        mesh.add_gateway()
     mesh.wait_spread(MODELS)
 
 
@@ -246,10 +254,7 @@ def cut_scheduler_under_load(tmp_path, network: Lan, model: str, shape: LoadShap
         load.wait_completed(20, "after the restore")
         counts = load.stop()  # waits for every call sent, so chunks the cut-off scheduler held arrive first
 
-        gateway = mesh.gateways[0]
-        resumed = mesh.metric(gateway, "infermesh_gateway_stream_resumes_total")
-        failed_over = mesh.metric(gateway, "infermesh_gateway_failovers_total")
-        print(f"gateway: {resumed:g} streams resumed, {failed_over:g} calls failed over")
+        mesh.gateway_failovers()
         counts.assert_nothing_lost(
             f"link of the scheduler serving {model} cut {CUT_S:g} s ({done_during_cut} calls done meanwhile)",
             mesh.logs, min_classify=100 if shape.classify_per_s else 0)
