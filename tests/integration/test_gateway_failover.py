@@ -64,10 +64,10 @@ def test_a_scheduler_killed_under_load_loses_no_classify_and_no_stream(tmp_path,
     assert counts.problems() == {"failed_classify": 0, "failed_streams": 0, "wrong_text": 0, "bad_indices": 0}, (
         f"{counts.summary()}\n{counts.examples()}\n{logs}")
     assert counts.num_classify >= 150 and counts.num_greedy_streams + counts.num_sampled_streams >= 20
+    # Classify calls take ~10 ms, so whether one was in flight at the kill is luck (failovers 0-5 seen);
+    # streams of 1.6 s always are.
     if victim_of == "mock-generator":
         assert metrics.value("infermesh_gateway_stream_resumes_total") >= 1, "streams were cut mid-way and resumed"
-    else:
-        assert metrics.value("infermesh_gateway_failovers_total", model=victim_of) >= 1, "classify failed over"
 
 
 @pytest.mark.parametrize("upstream_mode", ["stream", "unary"])
