@@ -29,6 +29,7 @@ from typing import Protocol
 import grpc
 
 from infermesh.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.common import tls
 from services.common.telemetry import context_from_carrier, record_stages_under, tracer
 from services.common.timings import from_proto
 from services.worker import metrics
@@ -176,7 +177,7 @@ class AttachClient:
         return self.num_attaches > num_attaches
 
     async def _session(self) -> None:
-        async with grpc.aio.insecure_channel(self._address, options=ATTACH_CHANNEL_OPTIONS) as channel:
+        async with tls.aio_channel(self._address, options=ATTACH_CHANNEL_OPTIONS) as channel:
             call = scheduler_pb2_grpc.SchedulerStub(channel).Attach()
             hello = self._runtime.hello(self._worker_id)
             self._model_label = f"{hello.model.name}:{hello.model.version}"

@@ -10,6 +10,7 @@ import socket
 import grpc
 
 from infermesh.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from services.common import tls
 from services.worker.scheduler_endpoints import EndpointLoad, SchedulerEndpoints, dial_order, resolve
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class SchedulerDialer:
 
     async def _probe(self, address: str) -> EndpointLoad:
         request = scheduler_pb2.GetPressureRequest(models=[self._model])
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with tls.aio_channel(address) as channel:
             try:
                 reply = await scheduler_pb2_grpc.SchedulerStub(channel).GetPressure(
                     request, timeout=self._probe_timeout_s)
