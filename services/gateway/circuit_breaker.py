@@ -144,6 +144,12 @@ class CircuitBreaker:
             self._num_probes_in_flight += 1
         return BreakerPermit(self, self._epoch, is_probe)
 
+    def answered_poll(self) -> None:
+        """The endpoint answered a health poll: an OPEN breaker lets a probe call through now,
+        rather than at the end of its cool-down (a restarted scheduler is used again at once)."""
+        if self.state is BreakerState.OPEN:
+            self._enter(BreakerState.HALF_OPEN)
+
     def retry_after_s(self) -> float:
         """Time until the breaker lets a probe through; 0 unless OPEN."""
         if self.state is not BreakerState.OPEN:

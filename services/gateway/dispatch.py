@@ -27,7 +27,7 @@ from services.gateway.retry_budget import RetryBudgets
 from services.gateway.retry_policy import AttemptFailure, RetryDecision, RetryPolicy, RetryVerdict, WorkKind
 from services.gateway.routing import Route, RoutingTable
 from services.gateway.shedding import PressureBoard
-from services.gateway.stream_resume import DEFAULT_MAX_RESUMES, ResumeState, StreamMismatch
+from services.gateway.stream_resume import DEFAULT_MAX_RESUMES, ResumeDecision, ResumeState, StreamMismatch
 from services.gateway.upstream import AttemptError, GenerateCall, SchedulerClient, SchedulerClients
 from services.gateway.upstream_status import UpstreamCode
 
@@ -117,8 +117,11 @@ class Dispatcher:
                 last_failure = failure
                 self._report(route, failure)
                 if resume.num_delivered:
-                    if not self._resume(scope, route, resume, failure):
+                    resume_decision = self._resume(scope, resume, failure)
+                    if not resume_decision.resume:
                         raise failure.error from None
+                    if resume_decision.delay_s > 0:
+                        await self._sleep(resume_decision.delay_s)
                     continue
                 decision = self._decide(
                     scope, WorkKind.GENERATE, route, failure, tried,
@@ -142,7 +145,7 @@ class Dispatcher:
                 attempt_span.end()
             await self._sleep(decision.delay_s)
 
-    def _resume(self, scope, route: Route, resume: ResumeState, failure: AttemptError) -> bool:
+    def _resume(self, scope, resume: ResumeState, failure: AttemptError) -> ResumeDecision:
         decision = resume.decide(
             failure.code, failure.pushback_ms, failure.error.message, cut=isinstance(failure, StreamCut),
             remaining_s=scope.deadline.remaining_s(self._deadlines.clock()),
@@ -150,7 +153,7 @@ class Dispatcher:
         )
         if decision.resume:
             metrics.STREAM_RESUMES.labels(scope.model, decision.reason.value).inc()
-        return decision.resume
+        return decision
 
     # -- one attempt's steps ----------------------------------------------------------
 
@@ -184,6 +187,8 @@ class Dispatcher:
         if failure.endpoint_gone:
             # Later calls avoid it now rather than after its next failed poll or its breaker opening.
             self._routing.note_gone(route.endpoint)
+        elif failure.code == UpstreamCode.NOT_FOUND:
+            self._routing.note_not_serving(route.endpoint, route.model)
         self._observe(route.endpoint)
 
     def _decide(
@@ -191,7 +196,7 @@ class Dispatcher:
         *, accepted: bool, num_tokens_sent: int,
     ) -> RetryDecision:
         budget = self._budgets.for_upstream(route.endpoint)
-        gone = failure.endpoint_gone
+        gone = failure.endpoint_gone or failure.code == UpstreamCode.NOT_FOUND
         decision = self._policy.decide(
             work=work,
             failure=AttemptFailure(failure.code, accepted, num_tokens_sent, failure.pushback_ms, gone),

@@ -11,7 +11,7 @@ change them only together. Label values:
   upstream  scheduler host:port
   verdict   retry | failover | budget_exhausted | attempts_exhausted | deadline | pushback_stop | tokens_sent
   reason    limit | deadline | quota | shed | gateway_in_flight (why admission refused a request);
-            unavailable | draining | cut (why a stream resumed)
+            unavailable | draining | cut | not_served (why a stream resumed)
 """
 
 from __future__ import annotations

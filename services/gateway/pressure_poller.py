@@ -112,6 +112,7 @@ class PressurePoller:
             log.info("scheduler %s answers pressure polls again", endpoint)
             self._failing.discard(endpoint)
         self.reachable.add(endpoint)
+        self._breakers.for_endpoint(endpoint).answered_poll()
         self._board.update(endpoint, [_report(p) for p in pressure.models])
         self._catalog.update(endpoint, tuple(models.models))
         if self._membership is not None:

@@ -60,6 +60,13 @@ class Membership:
             self._unreachable.discard(endpoint)
             self._generation += 1
 
+    def not_serving(self, endpoint: str, model: str) -> None:
+        """A call found `endpoint` not serving `model` (NOT_FOUND); the next poll says again."""
+        ready = self._ready.get(endpoint, frozenset())
+        if model in ready:
+            self._ready[endpoint] = ready - {model}
+            self._generation += 1
+
     def unreachable(self, endpoint: str) -> None:
         """Its poll failed: keep what it served, but try it after the others."""
         if endpoint not in self._unreachable:
@@ -81,12 +88,17 @@ class Membership:
         self._generation += 1
 
     def candidates(self, model: str) -> tuple[str, ...]:
-        """Live endpoints serving `model` ready, else every live endpoint; unreachable ones last."""
+        """Live endpoints serving `model` ready, else (none, or only unreachable ones) every live
+        endpoint; unreachable ones last."""
         live = self._live()
         cached = self._cached.get(model)
         if cached is not None and cached[0] is live and cached[1] == self._generation:
             return cached[2]
-        serving = [e for e in live if model in self._ready.get(e, ())] or list(live)
+        serving = [e for e in live if model in self._ready.get(e, ())]
+        if all(e in self._unreachable for e in serving):
+            # Nobody reachable serves it (its schedulers died; a restarted one's workers are still
+            # re-attaching): fail open to every live endpoint rather than only to dead ones.
+            serving = list(live)
         candidates = tuple(sorted(serving, key=lambda e: e in self._unreachable))
         self._cached[model] = (live, self._generation, candidates)
         return candidates

@@ -22,7 +22,9 @@ for from the upstream's `RetryBudget`.
 Failover is the exception to the budget. When the failed endpoint is provably
 gone (`endpoint_gone`: a transport failure, UNAVAILABLE the scheduler did not
 answer with a retry hint, or a draining scheduler's UNAVAILABLE with pushback
-0) and the call has an endpoint it has not tried yet, it is re-sent there at
+0), or it does not serve the model (NOT_FOUND "not served here": a scheduler
+just restarted, before its workers re-attached and the next poll said so), and
+the call has an endpoint it has not tried yet, it is re-sent there at
 once, free of the budget and of `max_attempts`. Otherwise one dead replica
 would fail most of its share of the load: the budget allows about 10% retries,
 and the dead replica took 1/N of the calls. Failovers cannot storm: each goes to
@@ -61,7 +63,8 @@ class AttemptFailure:
     # The `grpc-retry-pushback-ms` trailer: None when absent; negative when the server
     # asks not to be retried.
     pushback_ms: int | None = None
-    # The endpoint is gone or leaving (see the module doc), not a live scheduler's answer.
+    # The endpoint is gone or leaving, or does not serve the model (see the module doc): not a
+    # live scheduler's answer about this call.
     endpoint_gone: bool = False
 
 
@@ -152,14 +155,16 @@ class RetryPolicy:
             raise ValueError(f"num_attempts must be >= 1, got {num_attempts}")
         if work is WorkKind.GENERATE and failure.num_tokens_sent > 0:
             return RetryDecision(RetryVerdict.TOKENS_SENT)
-        if not self.is_retryable(work, failure):
-            return RetryDecision(RetryVerdict.NOT_RETRYABLE)
-        if failure.pushback_ms is not None and failure.pushback_ms < 0:
-            return RetryDecision(RetryVerdict.PUSHBACK_STOP)
+        # Before the retryable check: a scheduler that does not serve the model (NOT_FOUND) did no
+        # work, and neither did one that is gone, whatever the code says about the call.
         if failure.endpoint_gone and can_fail_over:
             if min_service_time_s >= remaining_s:
                 return RetryDecision(RetryVerdict.DEADLINE)
             return RetryDecision(RetryVerdict.FAILOVER)
+        if not self.is_retryable(work, failure):
+            return RetryDecision(RetryVerdict.NOT_RETRYABLE)
+        if failure.pushback_ms is not None and failure.pushback_ms < 0:
+            return RetryDecision(RetryVerdict.PUSHBACK_STOP)
         if num_attempts >= self.config.max_attempts:
             return RetryDecision(RetryVerdict.ATTEMPTS_EXHAUSTED)
         if failure.pushback_ms is not None:

@@ -267,6 +267,11 @@ class RoutingTable:
         if self._replicas is not None:
             self._replicas.membership.unreachable(endpoint)
 
+    def note_not_serving(self, endpoint: str, model: str) -> None:
+        """`endpoint` answered NOT_FOUND for `model`: it is no candidate for it until its next poll."""
+        if self._replicas is not None and model not in self._routes:
+            self._replicas.membership.not_serving(endpoint, model)
+
     def has_untried(self, model: str, version: str, tried: frozenset[str]) -> bool:
         """Is there an endpoint for `model` (at `version`) that this call has not tried and may call now?"""
         try:

@@ -10,8 +10,9 @@ reads one stream. Sampled streams resume identically because the gateway fixed
 the seed before the first attempt and sampling is a function of (seed, position).
 
 What resumes: UNAVAILABLE (transport lost, the Submit stream broke, a draining
-scheduler handed the stream over) and a stream that ended without its final
-chunk. A scheduler's other answers (INVALID_ARGUMENT, RESOURCE_EXHAUSTED,
+scheduler handed the stream over), a stream that ended without its final
+chunk, and a resume attempt that met a scheduler not serving the model
+(NOT_FOUND: one just restarted, before its workers re-attached). A scheduler's other answers (INVALID_ARGUMENT, RESOURCE_EXHAUSTED,
 INTERNAL, a negative pushback) end the stream: a continuation would meet the
 same answer. Resumes are capped per stream and need the time for at least the
 model's minimum service time before the deadline.
@@ -31,6 +32,9 @@ from services.gateway.upstream_status import UpstreamCode
 # The message a draining scheduler ends a handed-over stream with (its status is UNAVAILABLE, pushback 0).
 DRAINING_PREFIX = "scheduler draining"
 DEFAULT_MAX_RESUMES = 3
+# Wait before the n-th resume (n from 0) when the scheduler gave no retry hint: workers re-dial a
+# restarted scheduler within about half a second.
+RESUME_BACKOFF_S = (0.0, 0.25, 0.5, 1.0)
 
 
 class ResumeReason(enum.Enum):
@@ -40,6 +44,8 @@ class ResumeReason(enum.Enum):
     DRAINING = "draining"
     # The upstream stream ended without its final chunk.
     CUT = "cut"
+    # The scheduler tried does not serve the model (NOT_FOUND, e.g. just restarted): no work was done there.
+    NOT_SERVED = "not_served"
 
 
 class ResumeVerdict(enum.Enum):
@@ -53,6 +59,8 @@ class ResumeVerdict(enum.Enum):
 class ResumeDecision:
     verdict: ResumeVerdict
     reason: ResumeReason | None = None
+    # Wait before the resumed attempt; 0 unless verdict is RESUME.
+    delay_s: float = 0.0
 
     @property
     def resume(self) -> bool:
@@ -67,6 +75,8 @@ def resume_reason(code: UpstreamCode, pushback_ms: int | None, message: str, *, 
     """Why a failed attempt may be resumed, or None when it may not."""
     if cut:
         return ResumeReason.CUT
+    if code is UpstreamCode.NOT_FOUND:
+        return ResumeReason.NOT_SERVED
     if code is not UpstreamCode.UNAVAILABLE or (pushback_ms is not None and pushback_ms < 0):
         return None
     return ResumeReason.DRAINING if message.startswith(DRAINING_PREFIX) else ResumeReason.UNAVAILABLE
@@ -115,13 +125,23 @@ class ResumeState:
 
     def decide(self, code: UpstreamCode, pushback_ms: int | None, message: str, *, cut: bool,
                remaining_s: float, min_service_time_s: float = 0.0) -> ResumeDecision:
-        """After an attempt failed with tokens delivered: resume it? Counts the resume when the answer is yes."""
+        """After an attempt failed with tokens delivered: resume it, and after how long?
+        Counts the resume when the answer is yes.
+
+        The first resume goes at once (another scheduler is likely there), unless the scheduler
+        gave a retry hint; later ones wait the hint or RESUME_BACKOFF_S: by then every scheduler
+        was likely tried, and one just restarted needs a moment for its workers to re-attach.
+        """
         reason = resume_reason(code, pushback_ms, message, cut=cut)
         if reason is None:
             return ResumeDecision(ResumeVerdict.NOT_RESUMABLE)
         if self.num_resumes >= self.max_resumes:
             return ResumeDecision(ResumeVerdict.RESUMES_EXHAUSTED, reason)
-        if min_service_time_s >= remaining_s:
+        if pushback_ms:
+            delay_s = pushback_ms / 1000
+        else:
+            delay_s = RESUME_BACKOFF_S[min(self.num_resumes, len(RESUME_BACKOFF_S) - 1)]
+        if delay_s + min_service_time_s >= remaining_s:
             return ResumeDecision(ResumeVerdict.DEADLINE, reason)
         self.num_resumes += 1
-        return ResumeDecision(ResumeVerdict.RESUME, reason)
+        return ResumeDecision(ResumeVerdict.RESUME, reason, delay_s)

@@ -156,3 +156,18 @@ def test_registry_keeps_one_breaker_per_endpoint(clock):
     assert breakers.for_endpoint("a:1") is breakers.for_endpoint("a:1")
     assert breakers.states() == {"a:1": BreakerState.OPEN}
     assert breakers.for_endpoint("b:1").state is BreakerState.CLOSED
+
+
+def test_an_answered_poll_lets_an_open_breaker_probe_at_once(clock):
+    from services.gateway.circuit_breaker import BreakerConfig, BreakerState, CircuitBreaker
+    from services.gateway.upstream_status import UpstreamCode
+
+    breaker = CircuitBreaker("a:1", BreakerConfig(num_consecutive_failures_to_open=1, open_cooldown_s=5), clock)
+    breaker.try_acquire().record(UpstreamCode.UNAVAILABLE)
+    assert breaker.state is BreakerState.OPEN
+    breaker.answered_poll()
+    assert breaker.state is BreakerState.HALF_OPEN, "a restarted scheduler is tried again before the cool-down"
+    breaker.try_acquire().success()
+    assert breaker.state is BreakerState.CLOSED
+    breaker.answered_poll()
+    assert breaker.state is BreakerState.CLOSED, "a closed breaker is left alone"

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2
-from services.common.errors import Internal, ResourceExhausted, Unavailable
+from services.common.errors import Internal, NotFound, ResourceExhausted, Unavailable
 from services.gateway.circuit_breaker import BreakerConfig, CircuitBreakers
 from services.gateway.deadlines import Deadline, DeadlinePolicy, Deadlines
 from services.gateway.dispatch import Dispatcher
@@ -320,3 +320,38 @@ async def test_a_resumed_attempt_is_a_resume_child_span_of_the_request(clock, mo
     assert spans["attempt"].parent.span_id == request_id and spans["resume"].parent.span_id == request_id
     assert spans["resume"].attributes["infermesh.tokens_delivered"] == 2
     assert spans["resume"].attributes["infermesh.endpoint"] == OTHER
+
+
+async def test_a_scheduler_not_serving_the_model_is_failed_over_and_skipped_until_its_next_poll(clock):
+    membership = Membership(lambda: (A, B))
+    membership.update(A, [MODEL])
+    membership.update(B, [MODEL])
+    parts = _make(clock)
+    parts.dispatcher._routing = RoutingTable((), parts.breakers, replicas=ReplicaSelector(membership))
+    not_served = AttemptError(NotFound(f"model '{MODEL}' is not served here"), UpstreamCode.NOT_FOUND, None)
+    call, calls = _by_endpoint({PREFERRED: not_served})
+    assert await parts.dispatcher.unary(_scope(clock), WorkKind.CLASSIFY, call) == f"labels from {OTHER}"
+    assert await parts.dispatcher.unary(_scope(clock), WorkKind.CLASSIFY, call) == f"labels from {OTHER}"
+    assert calls == [PREFERRED, OTHER, OTHER], "the restarted scheduler is skipped after its first NOT_FOUND"
+    assert parts.budgets.for_upstream(PREFERRED).balance() == pytest.approx(2.0), "no retry was charged"
+    membership.update(PREFERRED, [MODEL])  # its workers re-attached: the next poll says so
+    assert membership.candidates(MODEL) == (A, B)
+
+
+async def test_nobody_serving_the_model_ends_in_not_found_after_each_endpoint_once(clock):
+    parts = _make(clock)
+    not_served = AttemptError(NotFound(f"model '{MODEL}' is not served here"), UpstreamCode.NOT_FOUND, None)
+    call, calls = _by_endpoint({A: not_served, B: not_served})
+    with pytest.raises(NotFound):
+        await parts.dispatcher.unary(_scope(clock), WorkKind.CLASSIFY, call)
+    assert sorted(calls) == [A, B]
+
+
+async def test_a_resume_that_meets_a_scheduler_not_serving_the_model_resumes_again(clock):
+    parts = _make(clock)
+    not_served = AttemptError(NotFound(f"model '{MODEL}' is not served here"), UpstreamCode.NOT_FOUND, None)
+    call, attempts = _streams(ScriptedStream([_chunk(0, 1)], _gone()), ScriptedStream([], not_served),
+                              ScriptedStream([_chunk(1, 2, final=True)]))
+    chunks = await _collect(parts, _scope(clock), call)
+    assert [t for c in chunks for t in c.token_ids] == [1, 2]
+    assert [a[2] for a in attempts] == [(), (1,), (1,)]

@@ -180,3 +180,11 @@ def test_no_scheduler_discovered_yet_is_unavailable_with_a_hint(clock):
     else:
         raise AssertionError("nothing to route to")
     assert not table.has_untried("tinylm", "", frozenset())
+
+
+def test_a_model_served_only_by_unreachable_replicas_fails_open_to_every_live_one(clock):
+    membership = Membership(lambda: (A, B))
+    membership.update(A, ["tinylm"])
+    membership.update(B, [])  # just restarted: its workers are re-attaching
+    membership.unreachable(A)  # the scheduler that had them died
+    assert membership.candidates("tinylm") == (B, A)

@@ -9,6 +9,7 @@ from services.gateway.retry_budget import RetryBudget, RetryBudgetConfig
 from services.gateway.retry_policy import AttemptFailure, RetryPolicy, RetryVerdict, WorkKind
 from services.gateway.servicer import fix_seed
 from services.gateway.stream_resume import (
+    RESUME_BACKOFF_S,
     ResumeReason,
     ResumeState,
     ResumeVerdict,
@@ -109,3 +110,16 @@ def test_a_sampled_request_gets_a_seed_before_its_first_attempt_and_a_given_one_
     greedy = common_pb2.SamplingParams()
     fix_seed(greedy, lambda: 1)
     assert not greedy.HasField("seed")
+
+
+def test_the_first_resume_goes_at_once_later_ones_wait_the_hint_or_a_backoff():
+    state = ResumeState(max_resumes=3)
+
+    def decide(pushback_ms=None, remaining_s=10.0):
+        return state.decide(UpstreamCode.UNAVAILABLE, pushback_ms, "broke", cut=False, remaining_s=remaining_s)
+
+    assert decide().delay_s == 0.0, "another scheduler is likely there"
+    assert decide(pushback_ms=1000).delay_s == 1.0, "'no worker, retry after 1 s' from a scheduler just restarted"
+    assert decide(pushback_ms=1000, remaining_s=1.0).verdict is ResumeVerdict.DEADLINE
+    assert decide().delay_s == RESUME_BACKOFF_S[2]
+    assert state.num_resumes == 3
