@@ -20,6 +20,22 @@ KV_BLOCKS_USED = Gauge("infermesh_worker_kv_blocks_used", "KV blocks holding pag
 THREADS = Gauge("infermesh_worker_threads", "torch/OpenMP/Numba threads the worker runs, from its CPU allocation "
                 "(source: flag | OMP_NUM_THREADS | cgroup | affinity)", ["model", "source"])
 GENERATED_TOKENS = Counter("infermesh_worker_generated_tokens_total", "Tokens sampled (rate = tokens/s)", ["model"])
+# What each batch item or step sequence came to: ok (computed), expired (past its deadline on arrival,
+# answered without compute) or failed (the runtime raised; the scheduler was told per item/sequence).
+ITEMS = Counter("infermesh_worker_items_total", "Classify items and generate step sequences, by outcome",
+                ["model", "kind", "outcome"])
+MODEL_LOAD_SECONDS = Gauge("infermesh_worker_model_load_seconds",
+                           "Time to load the weights, warm up and pass the golden check, at start", ["model", "version"])
+# 1 for the state the worker is in, 0 for the others (Triton's model states, as a gauge per state).
+MODEL_STATE = Gauge("infermesh_worker_model_state", "1 for the model's current state: loading, ready or draining",
+                    ["model", "version", "state"])
+MODEL_STATES = ("loading", "ready", "draining")
+
+
+def set_model_state(model: str, version: str, state: str) -> None:
+    for each in MODEL_STATES:
+        MODEL_STATE.labels(model, version, each).set(1 if each == state else 0)
+    READY.labels(model, version).set(1 if state == "ready" else 0)
 
 
 def _observe_stages(model: str, timings: common_pb2.Timings) -> None:
@@ -29,9 +45,14 @@ def _observe_stages(model: str, timings: common_pb2.Timings) -> None:
 
 def observe_batch(model: str, result: scheduler_pb2.BatchResult) -> None:
     """Items computed: an item answered DEADLINE_EXCEEDED before compute is not counted."""
-    computed = sum(1 for item in result.items if item.error.code != DEADLINE_EXCEEDED)
-    if computed:
-        BATCH_SIZE.labels(model, "classify").observe(computed)
+    expired = sum(1 for item in result.items if item.error.code == DEADLINE_EXCEEDED)
+    failed = sum(1 for item in result.items if item.error.code and item.error.code != DEADLINE_EXCEEDED)
+    computed = len(result.items) - expired - failed
+    for outcome, count in (("ok", computed), ("expired", expired), ("failed", failed)):
+        if count:
+            ITEMS.labels(model, "classify", outcome).inc(count)
+    if computed + failed:
+        BATCH_SIZE.labels(model, "classify").observe(computed + failed)
     _observe_stages(model, result.timings)
 
 
@@ -39,5 +60,9 @@ def observe_step(model: str, command: scheduler_pb2.RunStep, result: scheduler_p
                  kv_blocks_used: int) -> None:
     BATCH_SIZE.labels(model, "step").observe(len(command.seqs))
     _observe_stages(model, result.timings)
-    GENERATED_TOKENS.labels(model).inc(sum(1 for out in result.outputs if not out.HasField("error")))
+    ok = sum(1 for out in result.outputs if not out.HasField("error"))
+    GENERATED_TOKENS.labels(model).inc(ok)
+    ITEMS.labels(model, "sequence_step", "ok").inc(ok)
+    if len(result.outputs) > ok:
+        ITEMS.labels(model, "sequence_step", "failed").inc(len(result.outputs) - ok)
     KV_BLOCKS_USED.labels(model).set(kv_blocks_used)

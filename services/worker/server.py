@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 import uuid
 from pathlib import Path
 
@@ -63,20 +64,24 @@ class WorkerService:
         threads = decide_threads(self._config)
         metrics.THREADS.labels(self._config.model_name, threads.source.value).set(threads.num_threads)
         loop = asyncio.get_running_loop()
+        model, version = self._config.model_name, self._config.model_version
+        metrics.set_model_state(model, version, "loading")
+        began_s = time.monotonic()
         runtime = await loop.run_in_executor(None, make_runtime, self._config, threads.num_threads)
         await loop.run_in_executor(None, runtime.load)
-        log.info("model %s:%s loaded and passed its golden check", self._config.model_name, self._config.model_version)
+        metrics.MODEL_LOAD_SECONDS.labels(model, version).set(time.monotonic() - began_s)
+        log.info("model %s:%s loaded and passed its golden check in %.1f s", model, version, time.monotonic() - began_s)
         backoff = Backoff(self._config.reconnect_initial_s, self._config.reconnect_max_s)
         dialer = SchedulerDialer(parse_scheduler_address(self._config.scheduler_address),
                                  runtime.hello(self._worker_id).model, self._worker_id)
         self._client = AttachClient(dialer, runtime, self._worker_id, backoff,
                                     rebalance_interval_s=self._config.rebalance_interval_s)
         await health.set_serving(True)
-        metrics.READY.labels(self._config.model_name, self._config.model_version).set(1)
+        metrics.set_model_state(model, version, "ready")
         self._task = asyncio.create_task(self._client.run())
 
     async def drain(self, grace_s: float) -> None:
-        metrics.READY.labels(self._config.model_name, self._config.model_version).set(0)
+        metrics.set_model_state(self._config.model_name, self._config.model_version, "draining")
         if self._client is not None:
             await self._client.drain(grace_s)
 
