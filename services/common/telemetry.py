@@ -13,6 +13,7 @@ says `http/protobuf`; any other value is a startup error rather than silently us
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -32,6 +33,8 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 from services.common.config import ConfigError
+from services.common.errors import InfermeshError
+from services.common.status import status_code_of
 
 TRACE_FILE_ENV = "INFERMESH_TRACE_FILE"
 
@@ -158,8 +161,29 @@ def metadata_for(ctx: otel_context.Context | None = None) -> tuple[tuple[str, st
     return tuple(carrier_for(ctx).items())
 
 
+def rpc_attributes(full_method: str) -> dict[str, str]:
+    """OpenTelemetry's RPC semantic conventions for "package.Service/Method"."""
+    service, _, method = full_method.partition("/")
+    return {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
+
+
+def grpc_status_code(exc: BaseException | None) -> int:
+    """The gRPC status a handler's outcome maps to, as the integer `rpc.grpc.status_code` wants."""
+    if exc is None:
+        return 0
+    if isinstance(exc, InfermeshError):
+        return status_code_of(exc).value[0]
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return 1  # CANCELLED
+    return 13  # INTERNAL: what the client sees of an unexpected exception
+
+
 class server_span:  # noqa: N801 - used like the tracer's own context manager
     """A hop's SERVER span under `parent`, current while the block runs.
+
+    `name` is the RPC's full method ("infermesh.v1.Inference/Classify"), the span name the
+    OpenTelemetry RPC conventions ask for; the span carries rpc.system, rpc.service, rpc.method and,
+    when the block ends, the integer rpc.grpc.status_code (0 unless an exception left the block).
 
     When this process exports no spans, it makes `parent` current instead and yields the invalid
     span (whose setters do nothing): outgoing calls still carry the caller's trace, and a request
@@ -175,7 +199,8 @@ class server_span:  # noqa: N801 - used like the tracer's own context manager
 
     def __enter__(self) -> trace.Span:
         if _recording:
-            self._span = self._tracer.start_span(self._name, context=self._parent, kind=trace.SpanKind.SERVER)
+            self._span = self._tracer.start_span(self._name, context=self._parent, kind=trace.SpanKind.SERVER,
+                                                 attributes=rpc_attributes(self._name))
             self._token = otel_context.attach(trace.set_span_in_context(self._span, self._parent))
         else:
             self._span = trace.INVALID_SPAN
@@ -184,7 +209,11 @@ class server_span:  # noqa: N801 - used like the tracer's own context manager
 
     def __exit__(self, exc_type, exc, tb) -> None:
         otel_context.detach(self._token)
-        if exc is not None:
+        if not _recording:
+            return
+        code = grpc_status_code(exc)
+        self._span.set_attribute("rpc.grpc.status_code", code)
+        if exc is not None and code != 0:
             self._span.set_status(trace.Status(trace.StatusCode.ERROR, type(exc).__name__))
         self._span.end()
 

@@ -38,6 +38,9 @@ from services.gateway.tenants import ALL_MODELS, Priority, Tenant, TenantConfigW
 
 log = logging.getLogger(__name__)
 _tracer = trace.get_tracer("infermesh.gateway")
+# Server spans are named by the full RPC method (OpenTelemetry RPC conventions).
+_INFERENCE_SERVICE = "infermesh.v1.Inference"
+_KSERVE_SERVICE = "inference.GRPCInferenceService"
 
 Clock = Callable[[], float]
 
@@ -147,17 +150,15 @@ class RequestScope:
         return self.tenant.priority if self.tenant is not None else Priority.STANDARD
 
     def __enter__(self) -> RequestScope:
-        self._server_span = server_span(_tracer, f"gateway.{self.method}", self._parent)
+        service = _KSERVE_SERVICE if self.method.startswith("Model") else _INFERENCE_SERVICE
+        self._server_span = server_span(_tracer, f"{service}/{self.method}", self._parent)
         self.span = self._server_span.__enter__()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         code = _code_name(exc)
-        self.span.set_attribute("rpc.grpc.status_code", code)
         self.span.set_attribute("infermesh.tenant", self.tenant_id)
-        if code != "OK":
-            self.span.set_status(trace.Status(trace.StatusCode.ERROR, code))
-        self._server_span.__exit__(None, None, None)  # the status above names the gRPC code
+        self._server_span.__exit__(exc_type, exc, tb)  # rpc.grpc.status_code, ERROR status
         self.finish(code)
 
     def finish(self, code: str) -> None:

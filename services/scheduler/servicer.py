@@ -237,7 +237,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         (built in place: this runs for every classify request)."""
         began_s = self._clock()
         with (
-            server_span(_tracer, "scheduler.Classify", parent) as span,
+            server_span(_tracer, "infermesh.v1.Scheduler/Classify", parent) as span,
             self._counted(request.request.model.name, request.tenant.tenant_id, "classify", began_s),
         ):
             self._refuse_if_draining()
@@ -307,7 +307,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         began_s = self._clock()
         parent = context_from_metadata(context.invocation_metadata())
         with (
-            server_span(_tracer, "scheduler.Generate", parent) as span,
+            server_span(_tracer, "infermesh.v1.Scheduler/Generate", parent) as span,
             self._counted(request.request.model.name, request.tenant.tenant_id, "generate", began_s),
         ):
             events = asyncio.Queue()
@@ -333,7 +333,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         it in the stream's outbox (no await or task per token); this task only waits for the end."""
         began_s = self._clock()
         with (
-            server_span(_tracer, "scheduler.Generate", context_from_carrier(carrier)) as span,
+            server_span(_tracer, "infermesh.v1.Scheduler/Generate", context_from_carrier(carrier)) as span,
             self._counted(request.request.model.name, request.tenant.tenant_id, "generate", began_s),
         ):
             sink = _ChunkSink(next_chunk)

@@ -128,7 +128,7 @@ def test_valid_key_is_served_and_its_tenant_reaches_the_scheduler(stub, mesh):
     def scheduler_saw_gold():
         lines = mesh.trace_file.read_text().splitlines() if mesh.trace_file.exists() else []
         spans = [json.loads(line) for line in lines]
-        return any(s["name"] == "scheduler.Classify" and s["attributes"].get("infermesh.tenant") == "gold"
+        return any(s["name"] == "infermesh.v1.Scheduler/Classify" and s["attributes"].get("infermesh.tenant") == "gold"
                    for s in spans)
 
     wait_until(scheduler_saw_gold, timeout_s=10, message="scheduler span tagged with tenant gold")

@@ -63,7 +63,7 @@ def test_one_request_gives_one_trace_with_spans_from_all_three_services(tmp_path
             return [json.loads(line) for line in trace_file.read_text().splitlines()]
 
         def root_trace():
-            roots = [s for s in spans() if s["name"] == "gateway.Classify"]
+            roots = [s for s in spans() if s["name"] == "infermesh.v1.Inference/Classify"]
             return roots[0]["trace_id"] if roots else None
 
         wait_until(lambda: root_trace() and any(s["service"] == "worker" and s["trace_id"] == root_trace()
@@ -72,8 +72,16 @@ def test_one_request_gives_one_trace_with_spans_from_all_three_services(tmp_path
         in_trace = [s for s in spans() if s["trace_id"] == trace_id]
         assert {s["service"] for s in in_trace} == {"gateway", "scheduler", "worker"}
         names = {s["name"] for s in in_trace}
-        assert {"gateway.Classify", "admission", "scheduler.Classify", "queue_wait", "batch_wait",
+        assert {"infermesh.v1.Inference/Classify", "admission", "infermesh.v1.Scheduler/Classify", "queue_wait", "batch_wait",
                 "worker.execute_batch", "compute"} <= names
+        # OpenTelemetry RPC conventions: full method as the name, rpc.* attributes, integer status code.
+        for name, service in (("infermesh.v1.Inference/Classify", "infermesh.v1.Inference"),
+                              ("infermesh.v1.Scheduler/Classify", "infermesh.v1.Scheduler")):
+            (span,) = [s for s in in_trace if s["name"] == name]
+            attributes = span["attributes"]
+            assert (attributes["rpc.system"], attributes["rpc.service"], attributes["rpc.method"]) == (
+                "grpc", service, "Classify")
+            assert attributes["rpc.grpc.status_code"] == 0
         ids = {s["span_id"] for s in in_trace}
         orphans = [s["name"] for s in in_trace if s["parent_id"] and s["parent_id"] not in ids]
         assert orphans == [], "every span's parent is in the same trace"

@@ -100,3 +100,23 @@ def test_sdk_disabled_records_nothing_even_with_an_exporter_configured():
     assert not provider.get_tracer("t").start_span("x").is_recording()
     _, recording = telemetry.build_provider("svc", {"OTEL_TRACES_EXPORTER": "console"})
     assert recording is True
+
+
+# -- RPC semantic conventions ---------------------------------------------------------------
+
+
+def test_rpc_attributes_split_the_full_method():
+    assert telemetry.rpc_attributes("infermesh.v1.Scheduler/Generate") == {
+        "rpc.system": "grpc", "rpc.service": "infermesh.v1.Scheduler", "rpc.method": "Generate"}
+
+
+def test_status_code_is_the_integer_the_client_sees():
+    import asyncio
+
+    from services.common import errors
+
+    assert telemetry.grpc_status_code(None) == 0
+    assert telemetry.grpc_status_code(errors.InvalidArgument("bad")) == 3
+    assert telemetry.grpc_status_code(errors.Unavailable("down")) == 14
+    assert telemetry.grpc_status_code(asyncio.CancelledError()) == 1
+    assert telemetry.grpc_status_code(RuntimeError("bug")) == 13
