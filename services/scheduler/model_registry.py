@@ -86,6 +86,10 @@ class ModelRegistry:
             raise errors.InvalidArgument(f"model {entry.key} is a {common_pb2.ModelKind.Name(entry.kind)} and cannot serve {wanted}")
         return entry
 
+    def knows(self, name: str) -> bool:
+        """Whether any worker ever attached a version of `name` here (metric labels use only these)."""
+        return any(key.name == name for key in self._models)
+
     def get(self, key: ModelKey) -> ModelEntry | None:
         return self._models.get(key)
 

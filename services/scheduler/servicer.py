@@ -14,6 +14,7 @@ import grpc
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.common import errors
+from services.common.metric_labels import FirstSeen, KnownValues
 from services.common.status import abort as abort_with
 from services.common.status import maps_domain_errors, status_code_of
 from services.common.stream_options import stream_options
@@ -205,6 +206,10 @@ class _ChunkSink:
             self.done.set_result(None)
 
 
+# Distinct tenant ids that get their own series; the rest are counted as "_other".
+MAX_TENANT_LABELS = 256
+
+
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, config: SchedulerConfig, clock=time.monotonic) -> None:
         self._config = config
@@ -214,6 +219,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._submit_streams: set[SubmitStream] = set()
         self._scheduler_id = f"scheduler-{uuid.uuid4().hex[:8]}"
         self._metric_children: dict[tuple, object] = {}
+        # Label values from requests stay bounded (services/common/metric_labels.py): models this
+        # scheduler has served, and the first tenant ids its gateways sent.
+        self._model_label = KnownValues(self.registry.knows)
+        self._tenant_label = FirstSeen(MAX_TENANT_LABELS)
         self._draining = False
         self._in_flight: InFlightCalls[_GenerateRun] = InFlightCalls()
 
@@ -429,9 +438,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             outcome.code = "INTERNAL"
             raise
         finally:
-            self._child(metrics.REQUESTS, model_name or "", tenant_id or ANONYMOUS_TENANT, outcome.code).inc()
+            model_label = self._model_label(model_name)
+            self._child(metrics.REQUESTS, model_label, self._tenant_label(tenant_id or ANONYMOUS_TENANT),
+                        outcome.code).inc()
             if kind == "classify" and outcome.code == "OK":
-                self._child(metrics.E2E_LATENCY, model_name, kind).observe(self._clock() - began_s)
+                self._child(metrics.E2E_LATENCY, model_label, kind).observe(self._clock() - began_s)
 
     def _child(self, metric, *labels: str):
         """metric.labels(*labels), remembered: the lookup takes a lock and is paid per request."""

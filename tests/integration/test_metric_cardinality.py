@@ -1,0 +1,64 @@
+"""Requests cannot grow the metric store: 10 000 calls with made-up model names and tenant ids
+leave the number of exported series where it was (issue 13, bounded metric cardinality)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import string
+import urllib.request
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
+from tests.support.processes import free_port, running_mesh
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+NUM_CALLS = 10_000
+PIXELS = common_pb2.Image(raw=common_pb2.RawImage(pixels=bytes(12), height=2, width=2, channels=3))
+
+
+def _num_series(port: int) -> int:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return sum(len(family.samples) for family in text_string_to_metric_families(text))
+
+
+def _junk(rng: random.Random) -> str:
+    return "".join(rng.choices(string.ascii_lowercase + string.digits, k=12))
+
+
+async def _flood_scheduler(address: str, num_calls: int, seed: int) -> None:
+    rng = random.Random(seed)
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        semaphore = asyncio.Semaphore(64)
+
+        async def one(i: int) -> None:
+            # Half for a made-up model, half for the real one from a made-up tenant.
+            model = _junk(rng) if i % 2 else "toy-classifier"
+            request = scheduler_pb2.ScheduleClassifyRequest(
+                request=gateway_pb2.ClassifyRequest(model=common_pb2.ModelRef(name=model), image=PIXELS),
+                tenant=scheduler_pb2.TenantContext(tenant_id=_junk(rng)))
+            async with semaphore:
+                try:
+                    await stub.Classify(request, timeout=10)
+                except grpc.aio.AioRpcError as exc:
+                    assert exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.RESOURCE_EXHAUSTED), exc
+
+        await asyncio.gather(*(one(i) for i in range(num_calls)))
+
+
+def test_made_up_models_and_tenants_at_the_scheduler_add_no_series(tmp_path):
+    metrics_port = free_port()
+    with running_mesh(tmp_path) as mesh:
+        scheduler = mesh.start_scheduler("--metrics-port", str(metrics_port))
+        mesh.start_worker("toy-classifier")
+        # The first flood fills the fixed "_other" series (and up to the tenant-label budget).
+        asyncio.run(_flood_scheduler(scheduler.address, 1_000, seed=1))
+        before = _num_series(metrics_port)
+        asyncio.run(_flood_scheduler(scheduler.address, NUM_CALLS, seed=2))
+        after = _num_series(metrics_port)
+        print(f"scheduler series: {before} before, {after} after {NUM_CALLS} made-up calls")
+        assert after == before
