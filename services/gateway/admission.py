@@ -126,10 +126,13 @@ class RequestScope:
 
     def __init__(
         self, method: str, model: str, version: str, clock: Clock, limiter: ConcurrencyLimiter,
-        parent: otel_context.Context | None = None,
+        parent: otel_context.Context | None = None, metric_model: str | None = None,
     ) -> None:
         self.method = method
         self.model = model
+        # The model as metrics label it: the name when the gateway knows the model (routing file, or a
+        # scheduler reported it), else "_other", so made-up names cannot grow the metric store.
+        self.metric_model = model if metric_model is None else metric_model
         self.version = version
         self.began_s = clock()
         self._clock = clock
@@ -164,7 +167,7 @@ class RequestScope:
     def finish(self, code: str) -> None:
         if self.model_permit is not None:
             self.model_permit.done(_LIMIT_OUTCOMES.get(code, Outcome.IGNORED))
-            metrics.observe_model_in_flight(self.model, self.model_permit.num_in_flight)
+            metrics.observe_model_in_flight(self.metric_model, self.model_permit.num_in_flight)
             self.model_permit = None
         if self.lease is not None:
             self.lease.release(self.num_tokens_used)
@@ -173,8 +176,8 @@ class RequestScope:
             self.permit.release()
             self.permit = None
             metrics.IN_FLIGHT.set(self._limiter.num_in_flight)
-        metrics.REQUESTS.labels(self.tenant_id, self.model, self.method, code).inc()
-        metrics.REQUEST_DURATION.labels(self.model, self.method, self.priority.name.lower()).observe(
+        metrics.REQUESTS.labels(self.tenant_id, self.metric_model, self.method, code).inc()
+        metrics.REQUEST_DURATION.labels(self.metric_model, self.method, self.priority.name.lower()).observe(
             self._clock() - self.began_s
         )
 
@@ -209,6 +212,8 @@ class AdmissionParts:
     limits: AdaptiveLimits
     # None in development mode (no tenants file): no quotas.
     quotas: TenantQuotas | None
+    # A requested model's metric label and adaptive-limit key (services/common/metric_labels.py).
+    model_label: Callable[[str], str]
 
 
 class Admission:
@@ -219,7 +224,8 @@ class Admission:
     def scope(
         self, method: str, model: str, version: str = "", parent: otel_context.Context | None = None
     ) -> RequestScope:
-        return RequestScope(method, model, version, self.clock, self.parts.limiter, parent)
+        return RequestScope(method, model, version, self.clock, self.parts.limiter, parent,
+                            metric_model=self.parts.model_label(model))
 
     def admit(
         self, scope: RequestScope, authorization: str | None, client_timeout_s: float | None, num_tokens: int = 0
@@ -229,7 +235,7 @@ class Admission:
         try:
             scope.permit = parts.limiter.acquire()
         except Unavailable:
-            metrics.refused(scope.model, Priority.STANDARD, metrics.Refusal.GATEWAY_IN_FLIGHT)
+            metrics.refused(scope.metric_model, Priority.STANDARD, metrics.Refusal.GATEWAY_IN_FLIGHT)
             raise
         metrics.IN_FLIGHT.set(parts.limiter.num_in_flight)
         with span("auth"):
@@ -242,15 +248,15 @@ class Admission:
             scope.deadline = parts.deadlines.start(client_timeout_s)
             parts.deadlines.check_can_finish(scope.deadline, scope.model, parts.board.min_service_time_s(scope.model))
         except DeadlineExceeded:
-            metrics.refused(scope.model, tenant.priority, metrics.Refusal.DEADLINE)
+            metrics.refused(scope.metric_model, tenant.priority, metrics.Refusal.DEADLINE)
             raise
         # Utilization as it was before this request arrived: the request at 90% is the one refused.
         utilization = (parts.limiter.num_in_flight - 1) / parts.limiter.max_in_flight
         try:
             parts.shedder.check(scope.model, tenant.priority, utilization)
         except ResourceExhausted:
-            metrics.SHED_REQUESTS.labels(scope.model, tenant.priority.name.lower()).inc()
-            metrics.refused(scope.model, tenant.priority, metrics.Refusal.SHED)
+            metrics.SHED_REQUESTS.labels(scope.metric_model, tenant.priority.name.lower()).inc()
+            metrics.refused(scope.metric_model, tenant.priority, metrics.Refusal.SHED)
             raise
         if parts.quotas is not None:
             with span("quota"):
@@ -258,14 +264,14 @@ class Admission:
                     scope.lease = parts.quotas.admit(tenant, num_tokens)
                 except QuotaExceeded as exc:
                     metrics.QUOTA_REJECTIONS.labels(tenant.tenant_id, exc.kind).inc()
-                    metrics.refused(scope.model, tenant.priority, metrics.Refusal.QUOTA)
+                    metrics.refused(scope.metric_model, tenant.priority, metrics.Refusal.QUOTA)
                     raise
         # Last: a permit taken here is held only by requests that go upstream, and a request refused
         # by its own tenant's quota never takes a slot another tenant could use.
-        limit = parts.limits.for_model(scope.model)
+        limit = parts.limits.for_model(scope.metric_model)  # one limiter per known model, one for the rest
         try:
             scope.model_permit = limit.acquire(tenant.priority, scope.deadline.remaining_s(self.clock()))
         except ResourceExhausted:
-            metrics.refused(scope.model, tenant.priority, metrics.Refusal.LIMIT)
+            metrics.refused(scope.metric_model, tenant.priority, metrics.Refusal.LIMIT)
             raise
-        metrics.observe_model_in_flight(scope.model, limit.num_in_flight)
+        metrics.observe_model_in_flight(scope.metric_model, limit.num_in_flight)

@@ -152,7 +152,7 @@ class Dispatcher:
             min_service_time_s=self._board.min_service_time_s(scope.model),
         )
         if decision.resume:
-            metrics.STREAM_RESUMES.labels(scope.model, decision.reason.value).inc()
+            metrics.STREAM_RESUMES.labels(scope.metric_model, decision.reason.value).inc()
         return decision
 
     # -- one attempt's steps ----------------------------------------------------------
@@ -207,9 +207,9 @@ class Dispatcher:
             can_fail_over=gone and self._routing.has_untried(scope.model, route.version, frozenset(tried)),
         )
         if decision.verdict is RetryVerdict.FAILOVER:
-            metrics.FAILOVERS.labels(scope.model).inc()
+            metrics.FAILOVERS.labels(scope.metric_model).inc()
         if decision.verdict is not RetryVerdict.NOT_RETRYABLE:
-            metrics.RETRIES.labels(scope.model, route.endpoint, decision.verdict.value).inc()
+            metrics.RETRIES.labels(scope.metric_model, route.endpoint, decision.verdict.value).inc()
         metrics.RETRY_BUDGET_REMAINING.labels(route.endpoint).set(budget.balance())
         return decision
 

@@ -17,6 +17,7 @@ import yaml
 from inference import grpc_predict_v2_pb2, grpc_predict_v2_pb2_grpc
 from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
 from services.common.config import ConfigError
+from services.common.metric_labels import KnownValues
 from services.common.server import Health
 from services.gateway import metrics
 from services.gateway.adaptive_limit import AdaptiveLimits
@@ -108,6 +109,7 @@ class GatewayService:
                 shedder=LoadShedder(config.shedding_config(), self.board),
                 limits=self.limits,
                 quotas=self.quotas,
+                model_label=KnownValues(self._knows_model),
             ),
             clock,
         )
@@ -131,6 +133,10 @@ class GatewayService:
             interval_s=config.pressure_poll_interval_ms / 1000,
             membership=self.membership,
         )
+
+    def _knows_model(self, name: str) -> bool:
+        """A model in the routing file, or one some scheduler reported (metric labels use only these)."""
+        return any(route.model == name for route in self.routing.models) or bool(self.catalog.versions(name))
 
     def _on_schedulers_changed(self, added: tuple[str, ...], removed: tuple[str, ...]) -> None:
         for endpoint in added:

@@ -12,8 +12,8 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
-from tests.support.processes import free_port, running_mesh
+from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from tests.support.processes import ROOT, free_port, running_mesh
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 NUM_CALLS = 10_000
@@ -61,4 +61,42 @@ def test_made_up_models_and_tenants_at_the_scheduler_add_no_series(tmp_path):
         asyncio.run(_flood_scheduler(scheduler.address, NUM_CALLS, seed=2))
         after = _num_series(metrics_port)
         print(f"scheduler series: {before} before, {after} after {NUM_CALLS} made-up calls")
+        assert after == before
+
+
+TENANTS = str(ROOT / "deploy" / "local" / "tenants.yaml")
+
+
+async def _flood_gateway(address: str, num_calls: int, seed: int) -> None:
+    rng = random.Random(seed)
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = gateway_pb2_grpc.InferenceStub(channel)
+        semaphore = asyncio.Semaphore(64)
+
+        async def one(i: int) -> None:
+            # Made-up keys (unauthenticated) and a real key with made-up models, alternately.
+            key = "demo-key-alpha" if i % 2 else _junk(rng)
+            request = gateway_pb2.ClassifyRequest(model=common_pb2.ModelRef(name=_junk(rng)), image=PIXELS)
+            async with semaphore:
+                try:
+                    await stub.Classify(request, timeout=10, metadata=(("authorization", f"Bearer {key}"),))
+                except grpc.aio.AioRpcError as exc:
+                    assert exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+                                          grpc.StatusCode.NOT_FOUND,
+                                          grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED), exc
+
+        await asyncio.gather(*(one(i) for i in range(num_calls)))
+
+
+def test_made_up_models_and_keys_at_the_gateway_add_no_series(tmp_path):
+    metrics_port = free_port()
+    with running_mesh(tmp_path) as mesh:
+        mesh.start_scheduler()
+        mesh.start_worker("toy-classifier")
+        gateway = mesh.start_gateway("--metrics-port", str(metrics_port), "--tenants-file", TENANTS)
+        asyncio.run(_flood_gateway(gateway.address, 1_000, seed=1))
+        before = _num_series(metrics_port)
+        asyncio.run(_flood_gateway(gateway.address, NUM_CALLS, seed=2))
+        after = _num_series(metrics_port)
+        print(f"gateway series: {before} before, {after} after {NUM_CALLS} made-up calls")
         assert after == before

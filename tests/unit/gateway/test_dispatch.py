@@ -89,7 +89,8 @@ def parts(clock):
         sleep=sleep,
     )
     scope = SimpleNamespace(
-        model="digits", version="", priority=Priority.STANDARD, deadline=Deadline(expires_at_s=clock() + 10)
+        model="digits", metric_model="digits", version="", priority=Priority.STANDARD,
+        deadline=Deadline(expires_at_s=clock() + 10),
     )
     return SimpleNamespace(dispatcher=dispatcher, scope=scope, breakers=breakers, budgets=budgets, sleeps=sleeps)
 

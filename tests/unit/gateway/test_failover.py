@@ -61,7 +61,7 @@ def _make(clock, breaker: BreakerConfig | None = None, max_resumes: int = 3):
 
 
 def _scope(clock, timeout_s: float = 10.0):
-    return SimpleNamespace(model=MODEL, version="", priority=Priority.STANDARD,
+    return SimpleNamespace(model=MODEL, metric_model=MODEL, version="", priority=Priority.STANDARD,
                            deadline=Deadline(expires_at_s=clock() + timeout_s))
 
 
