@@ -19,6 +19,7 @@ from typing import TypeVar
 from opentelemetry import trace
 
 from services.common.errors import InfermeshError, Internal
+from services.common.metric_labels import OTHER
 from services.gateway import metrics
 from services.gateway.admission import span
 from services.gateway.circuit_breaker import CircuitBreakers
@@ -39,6 +40,13 @@ Clock = Callable[[], float]
 UnaryCall = Callable[[SchedulerClient, str, float], Awaitable[T]]
 # (client, version, timeout_s, continuation: token ids the client already has) -> the stream
 StreamCall = Callable[[SchedulerClient, str, float, tuple[int, ...]], GenerateCall]
+
+
+# When every scheduler was found gone, draining or without the model's workers: rounds of retrying
+# them all, after 0.1, 0.2, 0.4, 0.8 s (a worker re-attaches within ~50 ms of its scheduler going;
+# a drain hands work over within its 2 s grace).
+MAX_REGROUPS = 4
+REGROUP_BACKOFF_S = 0.1
 
 
 class Dispatcher:
@@ -68,6 +76,7 @@ class Dispatcher:
     async def unary(self, scope, work: WorkKind, call: UnaryCall[T]) -> T:
         tried: list[str] = []
         last_failure: AttemptError | None = None
+        regroups, transient_seen = 0, False
         while True:
             route = self._route(scope, tried, last_failure)
             timeout_s = self._timeout_s(scope, route, last_failure)
@@ -76,10 +85,14 @@ class Dispatcher:
                     result = await call(self._clients.get(route.endpoint), route.version, timeout_s)
                 except AttemptError as failure:
                     last_failure = failure
+                    transient_seen |= _answered_transient(failure)
                     self._report(route, failure)
                     decision = self._decide(scope, work, route, failure, tried, accepted=True, num_tokens_sent=0)
                     if not decision.retry:
-                        raise failure.error from None
+                        decision = self._regroup(scope, failure, tried, regroups, transient_seen)
+                        if decision is None:
+                            raise failure.error from None
+                        regroups, transient_seen = regroups + 1, False
                 except BaseException:
                     route.permit.abandon()  # cancelled by the client: says nothing about the endpoint
                     raise
@@ -93,6 +106,7 @@ class Dispatcher:
         """The stream's chunks, over as many attempts and resumes as it takes; `on_chunk` sees each first."""
         tried: list[str] = []
         last_failure: AttemptError | None = None
+        regroups, transient_seen = 0, False
         resume = ResumeState(self._max_resumes)
         while True:
             route = self._route(scope, tried, last_failure, resume.version or scope.version)
@@ -115,6 +129,7 @@ class Dispatcher:
                     raise _cut(route.endpoint)
             except AttemptError as failure:
                 last_failure = failure
+                transient_seen |= _answered_transient(failure)
                 self._report(route, failure)
                 if resume.num_delivered:
                     resume_decision = self._resume(scope, resume, failure)
@@ -128,7 +143,10 @@ class Dispatcher:
                     accepted=num_chunks > 0, num_tokens_sent=0,
                 )
                 if not decision.retry:
-                    raise failure.error from None
+                    decision = self._regroup(scope, failure, tried, regroups, transient_seen)
+                    if decision is None:
+                        raise failure.error from None
+                    regroups, transient_seen = regroups + 1, False
             except StreamMismatch as exc:
                 upstream.cancel()
                 route.permit.record(UpstreamCode.INTERNAL)
@@ -144,6 +162,26 @@ class Dispatcher:
             finally:
                 attempt_span.end()
             await self._sleep(decision.delay_s)
+
+    def _regroup(self, scope, failure: AttemptError, tried: list[str], regroups: int,
+                 transient_seen: bool) -> RetryDecision | None:
+        """Every scheduler was tried and each was gone, draining or without the model's workers,
+        and at least one live scheduler said so itself (draining, or "not served here"): the
+        transient states of a roll or a restart, as workers move within about a second. Wait a
+        little and try them all again, within the deadline, a few rounds at most; None: give up.
+
+        Only for a model the gateway knows (a made-up name gets its NOT_FOUND at once), and only
+        when a live scheduler answered: endpoints that are merely unreachable stay with the retry
+        budget and the breakers, so a dead replica set cannot turn this into a retry storm."""
+        gone = failure.endpoint_gone or failure.code == UpstreamCode.NOT_FOUND
+        if not (gone and transient_seen) or regroups >= MAX_REGROUPS or scope.metric_model == OTHER:
+            return None
+        delay_s = REGROUP_BACKOFF_S * 2**regroups
+        if delay_s + self._board.min_service_time_s(scope.model) >= scope.deadline.remaining_s(self._deadlines.clock()):
+            return None
+        tried.clear()
+        metrics.RETRIES.labels(scope.metric_model, "*", "regroup").inc()
+        return RetryDecision(RetryVerdict.RETRY, delay_s=delay_s)
 
     def _resume(self, scope, resume: ResumeState, failure: AttemptError) -> ResumeDecision:
         decision = resume.decide(
@@ -216,6 +254,12 @@ class Dispatcher:
     def _observe(self, endpoint: str) -> None:
         state = self._breakers.for_endpoint(endpoint).state
         metrics.BREAKER_STATE.labels(endpoint).set(metrics.BREAKER_STATE_VALUE[state])
+
+
+def _answered_transient(failure: AttemptError) -> bool:
+    """A live scheduler said "not now, not here": draining (pushback 0) or "not served here"."""
+    return failure.code == UpstreamCode.NOT_FOUND or (
+        failure.code == UpstreamCode.UNAVAILABLE and failure.pushback_ms == 0)
 
 
 class StreamCut(AttemptError):

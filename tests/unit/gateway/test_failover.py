@@ -10,9 +10,10 @@ import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common.errors import Internal, NotFound, ResourceExhausted, Unavailable
+from services.common.metric_labels import OTHER as OTHER_LABEL
 from services.gateway.circuit_breaker import BreakerConfig, CircuitBreakers
 from services.gateway.deadlines import Deadline, DeadlinePolicy, Deadlines
-from services.gateway.dispatch import Dispatcher
+from services.gateway.dispatch import MAX_REGROUPS, REGROUP_BACKOFF_S, Dispatcher
 from services.gateway.replicas import Membership, ReplicaSelector, rendezvous_order
 from services.gateway.retry_budget import RetryBudgetConfig, RetryBudgets
 from services.gateway.retry_policy import RetryPolicy, RetryPolicyConfig, WorkKind
@@ -167,9 +168,20 @@ async def test_failover_goes_to_each_endpoint_once_then_falls_back_to_budgeted_r
     call, calls = _by_endpoint({A: _gone(), B: _gone()})
     with pytest.raises(Unavailable):
         await parts.dispatcher.unary(_scope(clock), WorkKind.CLASSIFY, call)
-    # 1 failover (free) to the other endpoint, then max_attempts=3 ends it after one budgeted retry.
+    # 1 failover (free) to the other endpoint, then max_attempts=3 ends it after one budgeted retry;
+    # no regroup rounds: no live scheduler said the state is transient, both are just unreachable.
     assert calls == [PREFERRED, OTHER, PREFERRED]
     assert parts.budgets.for_upstream(OTHER).balance() == pytest.approx(1.0)
+
+
+async def test_a_roll_one_scheduler_unreachable_the_other_draining_is_retried_in_rounds(clock):
+    parts = _make(clock)
+    draining = AttemptError(Unavailable("scheduler draining: go elsewhere"), UpstreamCode.UNAVAILABLE, 0)
+    call, calls = _by_endpoint({A: _gone(), B: draining})
+    with pytest.raises(Unavailable):
+        await parts.dispatcher.unary(_scope(clock), WorkKind.CLASSIFY, call)
+    assert [d for d in parts.sleeps if d >= REGROUP_BACKOFF_S] == [0.1, 0.2, 0.4, 0.8]
+    assert len(calls) <= 3 * (1 + MAX_REGROUPS)
 
 
 async def test_failover_stops_at_the_deadline(clock):
@@ -338,13 +350,43 @@ async def test_a_scheduler_not_serving_the_model_is_failed_over_and_skipped_unti
     assert membership.candidates(MODEL) == (A, B)
 
 
-async def test_nobody_serving_the_model_ends_in_not_found_after_each_endpoint_once(clock):
+async def test_nobody_serving_a_known_model_ends_in_not_found_after_a_few_rounds(clock):
+    # Its workers may be moving (a scheduler rolled): every round asks each scheduler once.
     parts = _make(clock)
     not_served = AttemptError(NotFound(f"model '{MODEL}' is not served here"), UpstreamCode.NOT_FOUND, None)
     call, calls = _by_endpoint({A: not_served, B: not_served})
     with pytest.raises(NotFound):
         await parts.dispatcher.unary(_scope(clock), WorkKind.CLASSIFY, call)
+    assert sorted(calls) == sorted([A, B] * (1 + MAX_REGROUPS))
+    assert [d for d in parts.sleeps if d > 0] == [0.1, 0.2, 0.4, 0.8]
+
+
+async def test_a_made_up_model_gets_not_found_after_each_endpoint_once(clock):
+    parts = _make(clock)
+    not_served = AttemptError(NotFound("model 'nope' is not served here"), UpstreamCode.NOT_FOUND, None)
+    call, calls = _by_endpoint({A: not_served, B: not_served})
+    scope = _scope(clock)
+    scope.metric_model = OTHER_LABEL  # the gateway knows no such model: no rounds
+    with pytest.raises(NotFound):
+        await parts.dispatcher.unary(scope, WorkKind.CLASSIFY, call)
     assert sorted(calls) == [A, B]
+
+
+async def test_a_model_whose_workers_moved_is_served_in_the_next_round(clock):
+    parts = _make(clock)
+    not_served = AttemptError(NotFound(f"model '{MODEL}' is not served here"), UpstreamCode.NOT_FOUND, None)
+    outcomes = iter([not_served, not_served])
+    calls = []
+
+    async def call(client, version, timeout_s):
+        calls.append(client)
+        failure = next(outcomes, None)
+        if failure is not None:
+            raise failure
+        return "answer"
+
+    assert await parts.dispatcher.unary(_scope(clock), WorkKind.CLASSIFY, call) == "answer"
+    assert len(calls) == 3 and [d for d in parts.sleeps if d > 0] == [0.1]
 
 
 async def test_a_resume_that_meets_a_scheduler_not_serving_the_model_resumes_again(clock):
