@@ -119,8 +119,11 @@ def test_coalesced_streams_resume_with_whole_chunks_and_every_token_once(tmp_pat
             readers = [_CoalescedReader(stub, prompt, seed) for prompt, seed in
                        (("abc", None), ("hello", None), ("mesh", 7), ("zz", 12345))]
             wait_until(lambda: all(r.num_tokens >= 8 for r in readers), timeout_s=20, message="streams under way")
-            preferred = rendezvous_order("mock-generator", [s.address for s in mesh.schedulers])[0]
-            victim = next(s for s in mesh.schedulers if s.address == preferred)
+            # The scheduler running most of the streams (affinity puts them on one, but a pressure
+            # spill on a loaded machine can put some on the other: those never break).
+            victim = max(mesh.schedulers, key=lambda s: mesh.metric(s, "infermesh_scheduler_running_sequences",
+                                                                     model="mock-generator"))
+            on_victim = mesh.metric(victim, "infermesh_scheduler_running_sequences", model="mock-generator")
             victim.signal(signal.SIGKILL)
             for reader in readers:
                 reader.join(timeout=30)
@@ -133,7 +136,7 @@ def test_coalesced_streams_resume_with_whole_chunks_and_every_token_once(tmp_pat
         assert max(reader.sizes) <= 4 and len(reader.sizes) <= COALESCED_TOKENS // 4 + 8, (
             f"coalesced before and after the resume: chunk sizes {reader.sizes}")
         assert reader.num_final == 1 and reader.completion_tokens == COALESCED_TOKENS
-    assert resumed == len(readers)
+    assert on_victim >= 1 and resumed == on_victim, "each stream on the killed scheduler resumed once"
 
 
 COALESCED_TOKENS = 120

@@ -7,6 +7,7 @@ import asyncio
 import random
 import string
 import urllib.request
+from collections.abc import Awaitable, Callable
 
 import grpc
 import pytest
@@ -29,11 +30,21 @@ def _junk(rng: random.Random) -> str:
     return "".join(rng.choices(string.ascii_lowercase + string.digits, k=12))
 
 
+async def _flood(num_calls: int, one: Callable[[int], Awaitable[None]]) -> None:
+    """`one(i)` for i in range(num_calls), 64 at a time."""
+    semaphore = asyncio.Semaphore(64)
+
+    async def bounded(i: int) -> None:
+        async with semaphore:
+            await one(i)
+
+    await asyncio.gather(*(bounded(i) for i in range(num_calls)))
+
+
 async def _flood_scheduler(address: str, num_calls: int, seed: int) -> None:
     rng = random.Random(seed)
     async with grpc.aio.insecure_channel(address) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
-        semaphore = asyncio.Semaphore(64)
 
         async def one(i: int) -> None:
             # Half for a made-up model, half for the real one from a made-up tenant.
@@ -41,13 +52,12 @@ async def _flood_scheduler(address: str, num_calls: int, seed: int) -> None:
             request = scheduler_pb2.ScheduleClassifyRequest(
                 request=gateway_pb2.ClassifyRequest(model=common_pb2.ModelRef(name=model), image=PIXELS),
                 tenant=scheduler_pb2.TenantContext(tenant_id=_junk(rng)))
-            async with semaphore:
-                try:
-                    await stub.Classify(request, timeout=10)
-                except grpc.aio.AioRpcError as exc:
-                    assert exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.RESOURCE_EXHAUSTED), exc
+            try:
+                await stub.Classify(request, timeout=10)
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.RESOURCE_EXHAUSTED), exc
 
-        await asyncio.gather(*(one(i) for i in range(num_calls)))
+        await _flood(num_calls, one)
 
 
 def test_made_up_models_and_tenants_at_the_scheduler_add_no_series(tmp_path):
@@ -71,21 +81,19 @@ async def _flood_gateway(address: str, num_calls: int, seed: int) -> None:
     rng = random.Random(seed)
     async with grpc.aio.insecure_channel(address) as channel:
         stub = gateway_pb2_grpc.InferenceStub(channel)
-        semaphore = asyncio.Semaphore(64)
 
         async def one(i: int) -> None:
             # Made-up keys (unauthenticated) and a real key with made-up models, alternately.
             key = "demo-key-alpha" if i % 2 else _junk(rng)
             request = gateway_pb2.ClassifyRequest(model=common_pb2.ModelRef(name=_junk(rng)), image=PIXELS)
-            async with semaphore:
-                try:
-                    await stub.Classify(request, timeout=10, metadata=(("authorization", f"Bearer {key}"),))
-                except grpc.aio.AioRpcError as exc:
-                    assert exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
-                                          grpc.StatusCode.NOT_FOUND,
-                                          grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED), exc
+            try:
+                await stub.Classify(request, timeout=10, metadata=(("authorization", f"Bearer {key}"),))
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+                                      grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE,
+                                      grpc.StatusCode.RESOURCE_EXHAUSTED), exc
 
-        await asyncio.gather(*(one(i) for i in range(num_calls)))
+        await _flood(num_calls, one)
 
 
 def test_made_up_models_and_keys_at_the_gateway_add_no_series(tmp_path):
