@@ -33,7 +33,7 @@ def _build(root: Path, service: str) -> str:
     python = str(venv / "bin" / "python")
     # This environment's pip installs into the new one (no ensurepip run per venv).
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--disable-pip-version-check",
+        [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--disable-pip-version-check", "--no-compile",
          "-r", str(ROOT / "requirements" / f"{service}.txt")],
         capture_output=True, text=True, timeout=900,
     )
