@@ -66,10 +66,11 @@ class span:  # noqa: N801 - used like the tracer's own context manager
     server span carries the final status code instead.
     """
 
-    __slots__ = ("_name", "_attributes", "_span", "_token")
+    __slots__ = ("_name", "_attributes", "_kind", "_span", "_token")
 
-    def __init__(self, name: str, **attributes) -> None:
+    def __init__(self, name: str, kind: trace.SpanKind = trace.SpanKind.INTERNAL, **attributes) -> None:
         self._name = name
+        self._kind = kind
         self._attributes = attributes or None
 
     def __enter__(self) -> trace.Span:
@@ -78,7 +79,7 @@ class span:  # noqa: N801 - used like the tracer's own context manager
             # The request's trace is not sampled: its children would not be either, so skip them.
             self._span = None
             return parent
-        self._span = _tracer.start_span(self._name, attributes=self._attributes)
+        self._span = _tracer.start_span(self._name, kind=self._kind, attributes=self._attributes)
         self._token = otel_context.attach(trace.set_span_in_context(self._span))
         return self._span
 

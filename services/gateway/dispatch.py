@@ -46,6 +46,7 @@ StreamCall = Callable[[SchedulerClient, str, float, tuple[int, ...]], GenerateCa
 # them all, after 0.1, 0.2, 0.4, 0.8 s (a worker re-attaches within ~50 ms of its scheduler going;
 # a drain hands work over within its 2 s grace).
 MAX_REGROUPS = 4
+SCHEDULER_SERVICE = "infermesh.v1.Scheduler"
 REGROUP_BACKOFF_S = 0.1
 
 
@@ -80,7 +81,7 @@ class Dispatcher:
         while True:
             route = self._route(scope, tried, last_failure)
             timeout_s = self._timeout_s(scope, route, last_failure)
-            with _attempt_span(len(tried), route):
+            with _attempt_span(len(tried), route, "Generate" if work is WorkKind.GENERATE else "Classify"):
                 try:
                     result = await call(self._clients.get(route.endpoint), route.version, timeout_s)
                 except AttemptError as failure:
@@ -112,9 +113,10 @@ class Dispatcher:
             route = self._route(scope, tried, last_failure, resume.version or scope.version)
             timeout_s = self._timeout_s(scope, route, last_failure)
             attempt_span = _tracer.start_span(
-                "resume" if resume.num_delivered else "attempt",
+                "resume" if resume.num_delivered else "attempt", kind=trace.SpanKind.CLIENT,
                 attributes={"infermesh.attempt": len(tried), "infermesh.endpoint": route.endpoint,
-                            "infermesh.tokens_delivered": resume.num_delivered},
+                            "infermesh.tokens_delivered": resume.num_delivered,
+                            **_client_attributes(route, "Generate")},
             )
             with trace.use_span(attempt_span, end_on_exit=False):  # the call carries this span's traceparent
                 upstream = call(self._clients.get(route.endpoint), route.version, timeout_s, resume.continuation())
@@ -271,5 +273,17 @@ def _cut(endpoint: str) -> StreamCut:
     return StreamCut(local.error, local.code, None)
 
 
-def _attempt_span(number: int, route: Route):
-    return span("attempt", **{"infermesh.attempt": number, "infermesh.endpoint": route.endpoint})
+def _client_attributes(route: Route, method: str) -> dict[str, str | int]:
+    """OpenTelemetry RPC conventions for the upstream call: with the attempt as a CLIENT span,
+    service graphs draw the gateway -> scheduler edge."""
+    host, _, port = route.endpoint.rpartition(":")
+    attributes: dict[str, str | int] = {"rpc.system": "grpc", "rpc.service": SCHEDULER_SERVICE, "rpc.method": method,
+                                        "server.address": host}
+    if port.isdigit():
+        attributes["server.port"] = int(port)
+    return attributes
+
+
+def _attempt_span(number: int, route: Route, method: str):
+    return span("attempt", kind=trace.SpanKind.CLIENT,
+                **{"infermesh.attempt": number, "infermesh.endpoint": route.endpoint, **_client_attributes(route, method)})

@@ -7,6 +7,7 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
+from opentelemetry import trace
 
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common.errors import Internal, NotFound, ResourceExhausted, Unavailable
@@ -332,6 +333,12 @@ async def test_a_resumed_attempt_is_a_resume_child_span_of_the_request(clock, mo
     assert spans["attempt"].parent.span_id == request_id and spans["resume"].parent.span_id == request_id
     assert spans["resume"].attributes["infermesh.tokens_delivered"] == 2
     assert spans["resume"].attributes["infermesh.endpoint"] == OTHER
+    # Upstream attempts are CLIENT spans with the RPC conventions (service graphs: gateway -> scheduler).
+    for name in ("attempt", "resume"):
+        assert spans[name].kind is trace.SpanKind.CLIENT
+        assert spans[name].attributes["rpc.service"] == "infermesh.v1.Scheduler"
+        assert spans[name].attributes["rpc.method"] == "Generate"
+    assert spans["resume"].attributes["server.address"] == OTHER.rpartition(":")[0]
 
 
 async def test_a_scheduler_not_serving_the_model_is_failed_over_and_skipped_until_its_next_poll(clock):
