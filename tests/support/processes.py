@@ -7,6 +7,7 @@ nothing is left behind even when a test fails.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -24,10 +25,37 @@ from tools.mesh import health_status  # noqa: F401 - tests import it from here
 ROOT = Path(__file__).resolve().parents[2]
 
 
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port on 127.0.0.1 nothing listens on, for a process the test starts.
+
+    Not from bind(0): that draws from the kernel's ephemeral range, which every outgoing connection
+    also draws its source port from, so a client socket could take the port between this call and
+    the service's bind (CI saw "Address already in use" on a worker's metrics port). Ports below
+    that range are only ever taken by explicit binds; none is handed out twice per test session.
+    """
+    low = _ephemeral_low()
+    for _ in range(1000):
+        port = random.randrange(max(1024, low - 12000), low)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port below {low} on 127.0.0.1")
 
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
