@@ -34,12 +34,23 @@ class ModelCatalog:
 
     def __init__(self) -> None:
         self._by_endpoint: dict[str, tuple[gateway_pb2.ModelInfo, ...]] = {}
+        # Every model name some endpoint reported, kept on each update: `knows` runs per request.
+        self._names: frozenset[str] = frozenset()
 
     def update(self, endpoint: str, models: tuple[gateway_pb2.ModelInfo, ...]) -> None:
         self._by_endpoint[endpoint] = models
+        self._reindex()
 
     def forget(self, endpoint: str) -> None:
         self._by_endpoint.pop(endpoint, None)
+        self._reindex()
+
+    def _reindex(self) -> None:
+        self._names = frozenset(info.model.name for models in self._by_endpoint.values() for info in models)
+
+    def knows(self, name: str) -> bool:
+        """Whether any endpoint reported a version of `name` (ready or not)."""
+        return name in self._names
 
     def versions(self, name: str) -> list[gateway_pb2.ModelInfo]:
         """Every known version of `name` (one entry per version, ready if any endpoint is)."""

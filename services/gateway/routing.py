@@ -205,6 +205,10 @@ class RoutingTable:
             seen.update(dict.fromkeys(self._replicas.membership.live()))
         return tuple(seen)
 
+    def has_route(self, model: str) -> bool:
+        """Whether the routing file names `model` (not a fallback or discovered route)."""
+        return model in self._routes
+
     def model(self, model: str) -> ModelRoute:
         route = self._routes.get(model)
         if route is None:

@@ -136,7 +136,7 @@ class GatewayService:
 
     def _knows_model(self, name: str) -> bool:
         """A model in the routing file, or one some scheduler reported (metric labels use only these)."""
-        return any(route.model == name for route in self.routing.models) or bool(self.catalog.versions(name))
+        return self.routing.has_route(name) or self.catalog.knows(name)
 
     def _on_schedulers_changed(self, added: tuple[str, ...], removed: tuple[str, ...]) -> None:
         for endpoint in added:

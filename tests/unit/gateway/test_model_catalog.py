@@ -1,0 +1,22 @@
+"""ModelCatalog.knows: the names any scheduler reported, kept current as reports come and go."""
+
+from __future__ import annotations
+
+from infermesh.v1 import common_pb2, gateway_pb2
+from services.gateway.pressure_poller import ModelCatalog
+
+
+def _info(name: str, ready: bool = True) -> gateway_pb2.ModelInfo:
+    return gateway_pb2.ModelInfo(model=common_pb2.ModelRef(name=name, version="1"), ready=ready)
+
+
+def test_knows_what_any_endpoint_reported_until_it_is_forgotten():
+    catalog = ModelCatalog()
+    assert not catalog.knows("digits")
+    catalog.update("a:1", (_info("digits"),))
+    catalog.update("b:1", (_info("tinylm", ready=False),))
+    assert catalog.knows("digits") and catalog.knows("tinylm") and not catalog.knows("made-up")
+    catalog.update("a:1", ())
+    assert not catalog.knows("digits") and catalog.knows("tinylm")
+    catalog.forget("b:1")
+    assert not catalog.knows("tinylm")
