@@ -31,25 +31,35 @@ SHAPE = LoadShape(classify_per_s=30, streams_per_s=4, classify_deadline_s=10, st
                   streams=(StreamSpec("abc", 80), StreamSpec("hello", 80), StreamSpec("mesh", 80, seed=12345)))
 
 
+def _spread_mesh_with_gateway(mesh, upstream_mode: str, *scheduler_args: str) -> int:
+    """Two schedulers, two workers of each model spread over them, one gateway; its metrics port."""
+    mesh.add_schedulers(2, *scheduler_args)
+    for model in MODELS:
+        for _ in range(2):
+            mesh.add_worker(model)
+    mesh.wait_spread(MODELS)
+    metrics_port = free_port()
+    mesh.add_gateway("--upstream-mode", upstream_mode, "--pressure-poll-interval-ms", "200",
+                     "--metrics-port", str(metrics_port))
+    return metrics_port
+
+
+def _preferred_scheduler(mesh, model: str):
+    """The scheduler the gateway prefers for `model` (rendezvous, as every gateway computes it)."""
+    preferred = rendezvous_order(model, [s.address for s in mesh.schedulers])[0]
+    return next(s for s in mesh.schedulers if s.address == preferred)
+
+
 @pytest.mark.parametrize("upstream_mode", ["stream", "unary"])
 @pytest.mark.parametrize("victim_of", MODELS)
 def test_a_scheduler_killed_under_load_loses_no_classify_and_no_stream(tmp_path, upstream_mode, victim_of):
     """victim_of: the model whose preferred scheduler (rendezvous, as every gateway computes it) is killed."""
     with replicated_mesh(tmp_path) as mesh:
-        mesh.add_schedulers(2)
-        for model in MODELS:
-            for _ in range(2):
-                mesh.add_worker(model)
-        mesh.wait_spread(MODELS)
-        metrics_port = free_port()
-        mesh.add_gateway("--upstream-mode", upstream_mode, "--pressure-poll-interval-ms", "200",
-                         "--metrics-port", str(metrics_port))
+        metrics_port = _spread_mesh_with_gateway(mesh, upstream_mode)
         load = MeshLoad(mesh.gateways[0].address, SHAPE).start()
         try:
             wait_until(lambda: load.num_done >= 60, timeout_s=30, message="load under way")
-            # The scheduler the gateway prefers for that model: the one holding its calls.
-            preferred = rendezvous_order(victim_of, [s.address for s in mesh.schedulers])[0]
-            victim = next(s for s in mesh.schedulers if s.address == preferred)
+            victim = _preferred_scheduler(mesh, victim_of)  # the one holding that model's calls
             victim.signal(signal.SIGKILL)
             victim.proc.wait(timeout=5)
             time.sleep(4.0)  # open-loop load keeps arriving while the survivor takes over
@@ -75,19 +85,11 @@ def test_a_draining_scheduler_hands_its_streams_over_and_nothing_is_lost(tmp_pat
     """SIGTERM instead of SIGKILL: new calls are refused 'scheduler draining' with pushback 0 and fail
     over, streams still running after the drain grace (300 ms here) are handed over and resumed."""
     with replicated_mesh(tmp_path) as mesh:
-        mesh.add_schedulers(2, "--drain-grace-ms", "300")
-        for model in MODELS:
-            for _ in range(2):
-                mesh.add_worker(model)
-        mesh.wait_spread(MODELS)
-        metrics_port = free_port()
-        mesh.add_gateway("--upstream-mode", upstream_mode, "--pressure-poll-interval-ms", "200",
-                         "--metrics-port", str(metrics_port))
+        metrics_port = _spread_mesh_with_gateway(mesh, upstream_mode, "--drain-grace-ms", "300")
         load = MeshLoad(mesh.gateways[0].address, SHAPE).start()
         try:
             wait_until(lambda: load.num_done >= 60, timeout_s=30, message="load under way")
-            preferred = rendezvous_order("mock-generator", [s.address for s in mesh.schedulers])[0]
-            victim = next(s for s in mesh.schedulers if s.address == preferred)
+            victim = _preferred_scheduler(mesh, "mock-generator")
             victim.signal(signal.SIGTERM)
             exit_code = victim.proc.wait(timeout=20)
             time.sleep(1.0)
