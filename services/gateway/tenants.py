@@ -9,7 +9,8 @@ Neither keys nor their digests are ever logged or put in error messages (an
 operator who pasted a raw key into the digest field must not see it in logs).
 
 `TenantConfigWatcher` swaps in a new config when the file changes (the caller
-polls) or on demand (SIGHUP); a bad file is refused and the old config stays.
+polls) or on demand (SIGHUP); a bad file is refused and the old config stays
+(file_watch.py, shared with the routing file).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from pathlib import Path
 import yaml
 
 from services.common.errors import PermissionDenied, Unauthenticated
+from services.gateway.file_watch import ReloadResult as FileReload
+from services.gateway.file_watch import WatchedFile
 
 log = logging.getLogger(__name__)
 
@@ -287,8 +290,12 @@ class ReloadResult:
     num_tenants: int
 
 
+def _load_directory(path: str | os.PathLike) -> TenantDirectory:
+    return TenantDirectory(load_tenant_config(path))
+
+
 class TenantConfigWatcher:
-    """Holds the current `TenantDirectory` and replaces it when the file changes.
+    """Holds the current `TenantDirectory` and replaces it when the file changes (file_watch.py).
 
     `poll()` is cheap (one stat) and meant to be called every second or so;
     `reload()` is for SIGHUP. The first load happens in the constructor and
@@ -303,50 +310,27 @@ class TenantConfigWatcher:
         stat: Callable[[str | os.PathLike], os.stat_result] = os.stat,
     ) -> None:
         self.path = path
-        self._on_reload = on_reload
-        self._stat = stat
-        self._signature = self._file_signature()
-        self._directory = TenantDirectory(load_tenant_config(path))
-        self._notify(self._directory.config)
+        self.file = WatchedFile(
+            path, _load_directory, what="tenant config", error=TenantConfigError,
+            describe=lambda directory: f"{len(directory.tenants)} tenants",
+            on_reload=None if on_reload is None else (lambda directory: on_reload(directory.config)),
+            log=log, stat=stat,
+        )
 
     @property
     def directory(self) -> TenantDirectory:
-        return self._directory
+        return self.file.current
 
     def poll(self) -> ReloadResult | None:
         """Reload if the file's mtime, size or inode changed; None when unchanged."""
-        signature = self._file_signature()
-        if signature == self._signature:
-            return None
-        # Remember the new signature even if the file is bad, so a bad file is reported
-        # once rather than every poll; the next edit triggers another attempt.
-        self._signature = signature
-        return self.reload()
+        result = self.file.poll()
+        return None if result is None else self._with_count(result)
 
     def reload(self) -> ReloadResult:
-        self._signature = self._file_signature()
-        kept = len(self._directory.tenants)
-        try:
-            config = load_tenant_config(self.path)
-        except TenantConfigError as exc:
-            log.error("refused tenant config, keeping the previous one (%d tenants): %s", kept, exc)
-            return ReloadResult(applied=False, reason=str(exc), num_tenants=kept)
-        self._directory = TenantDirectory(config)
-        self._notify(config)
-        summary = f"{config.source}: loaded {len(config.tenants)} tenants"
-        log.info("tenant config reloaded: %s", summary)
-        return ReloadResult(applied=True, reason=summary, num_tenants=len(config.tenants))
+        return self._with_count(self.file.reload())
 
-    def _notify(self, config: TenantConfig) -> None:
-        if self._on_reload is not None:
-            self._on_reload(config)
-
-    def _file_signature(self) -> tuple[int, int, int] | None:
-        try:
-            st = self._stat(self.path)
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
+    def _with_count(self, result: FileReload) -> ReloadResult:
+        return ReloadResult(result.applied, result.reason, len(self.directory.tenants))
 
 
 # --------------------------------------------------------------------------- CLI
