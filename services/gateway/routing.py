@@ -13,15 +13,26 @@ Config (a mapping, e.g. the `models` section of the gateway's routing YAML):
           - {address: "10.0.0.6:50061", weight: 1}
         versions:
           "2": {canary_percent: 10}            # 10% of version-less requests; the default gets the rest
+      classifier:
+        default_version: "3"                   # no endpoints: the discovered schedulers (below)
 
 A request naming a version goes to that version. A version-less request goes
 to a canary with its `canary_percent` chance, else to the default version; a
 canary with no available endpoint falls back to the default, so a broken
 canary never fails requests that did not ask for it. Within a version, an
 endpoint is drawn by weight among those whose circuit breaker lets a call
-through; a retry passes the endpoints it already tried in `exclude`.
+through; a retry passes the endpoints it already tried in `exclude`. A version
+without endpoints (the model lists none either) goes to the schedulers the
+gateway discovers (`scheduler_address`), chosen as for a model without a route,
+with the version named in the call: the file then decides only which version
+serves a request, which is what a canary on Kubernetes needs.
 
-Without a routing config, every model goes to the discovered schedulers with
+The routing file is reloaded when it changes (`load_routing_file` with
+file_watch.py); `RoutingTable.replace` swaps the routes in one assignment, so a
+call that already chose its route keeps it.
+
+With a routing config, a model it does not name is NOT_FOUND at the gateway.
+Without one, every model goes to the discovered schedulers with
 the version the client named, or none (a scheduler then serves the only version
 it has attached): `replicas` (replicas.py) picks one among those serving the
 model, by affinity and pressure. A table with a single `fallback_endpoint`
@@ -31,14 +42,21 @@ sends every model there (tests, one scheduler).
 from __future__ import annotations
 
 import functools
+import os
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
 
 from services.common.errors import NotFound, Unavailable
 from services.gateway.circuit_breaker import BreakerPermit, CircuitBreakers
 from services.gateway.replicas import ReplicaSelector
 from services.gateway.tenants import Priority
+
+# (model, version) -> the endpoints whose last ListModels reported that version ready.
+VersionServing = Callable[[str, str], Collection[str]]
 
 
 class RoutingConfigError(ValueError):
@@ -56,6 +74,7 @@ class Endpoint:
 @dataclass(frozen=True)
 class VersionRoute:
     version: str
+    # Empty in a routing file's version without endpoints: the discovered schedulers.
     endpoints: tuple[Endpoint, ...]
     # Share of version-less requests, [0, 100]; the default version's is the remainder.
     canary_percent: float = 0.0
@@ -82,6 +101,29 @@ class Route:
 
 
 # --------------------------------------------------------------------------- parsing
+
+
+def load_routing_file(path: str | os.PathLike) -> tuple[ModelRoute, ...]:
+    """The routes in a routing YAML file; RoutingConfigError names the file and what is wrong."""
+    source = str(path)
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise RoutingConfigError(f"{source}: cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise RoutingConfigError(f"{source}: not valid YAML: {exc}") from None
+    return parse_routing_config(data, source)
+
+
+def describe_routes(routes: tuple[ModelRoute, ...]) -> str:
+    """One line for logs: each model's versions and canary shares ("tinylm 1 (default), 2 (10%)")."""
+    def version(route: ModelRoute, v: VersionRoute) -> str:
+        return f"{v.version} (default)" if v.version == route.default_version else f"{v.version} ({v.canary_percent:g}%)"
+
+    def versions(route: ModelRoute) -> list[VersionRoute]:
+        return sorted(route.versions, key=lambda v: v.version != route.default_version)
+
+    return "; ".join(f"{r.model} {', '.join(version(r, v) for v in versions(r))}" for r in routes)
 
 
 def parse_routing_config(data: object, source: str) -> tuple[ModelRoute, ...]:
@@ -145,10 +187,8 @@ def _parse_version(version: str, spec: object, is_default: bool, shared, fail) -
         raise fail(f"{where}.canary_percent", f"must be a number in [0, 100], got {canary_percent!r}")
     if "endpoints" in spec:
         endpoints = _parse_endpoints(spec["endpoints"], f"{where}.endpoints", fail)
-    elif shared is not None:
-        endpoints = shared
     else:
-        raise fail(f"{where}.endpoints", "required (or set the model's endpoints)")
+        endpoints = shared or ()  # none: the discovered schedulers
     return VersionRoute(version=version, endpoints=endpoints, canary_percent=float(canary_percent))
 
 
@@ -184,16 +224,30 @@ class RoutingTable:
         *,
         fallback_endpoint: str | None = None,
         replicas: ReplicaSelector | None = None,
+        serving: VersionServing | None = None,
     ) -> None:
+        """serving: the endpoints that last reported a model version ready (pressure_poller's
+        ModelCatalog); narrows a discovered version's schedulers to those that have it, and a
+        canary nobody serves falls back to the default version."""
         self._routes = {route.model: route for route in routes}
+        self._versions = _version_pairs(self._routes)
+        # A table with routes (a routing file) knows only its models; discovery then only finds
+        # the schedulers for versions that list no endpoints.
+        self._routed_only = bool(self._routes)
         self._breakers = breakers
         self._rng = rng
         self._fallback = None if fallback_endpoint is None else (Endpoint(address=fallback_endpoint),)
         self._replicas = replicas
+        self._serving = serving
 
     @property
     def models(self) -> tuple[ModelRoute, ...]:
         return tuple(self._routes.values())
+
+    def replace(self, routes: Iterable[ModelRoute]) -> None:
+        """A reloaded routing file's routes; calls that already chose a route keep it."""
+        by_model = {route.model: route for route in routes}
+        self._routes, self._versions = by_model, _version_pairs(by_model)
 
     def endpoints(self) -> tuple[str, ...]:
         """Every scheduler address in the table (to dial, and to poll for pressure)."""
@@ -209,6 +263,10 @@ class RoutingTable:
         """Whether the routing file names `model` (not a fallback or discovered route)."""
         return model in self._routes
 
+    def has_version(self, model: str, version: str) -> bool:
+        """Whether the routing file names `version` of `model`."""
+        return (model, version) in self._versions
+
     def model(self, model: str) -> ModelRoute:
         route = self._routes.get(model)
         if route is None:
@@ -220,6 +278,8 @@ class RoutingTable:
 
     def _unrouted_endpoints(self, model: str) -> tuple[Endpoint, ...] | None:
         """Where a model without a route goes: the replicas serving it, the fallback, or nowhere (None)."""
+        if self._routed_only:
+            return None
         if self._replicas is not None:
             return _as_endpoints(self._replicas.membership.candidates(model))
         return self._fallback
@@ -231,8 +291,9 @@ class RoutingTable:
         Raises NotFound for an unknown model or version, Unavailable when every endpoint's
         breaker is open (with the time until the first one lets a probe through).
         """
-        model_route = self.model(model)
-        if model not in self._routes:  # the fallback: the scheduler resolves the version itself
+        routes = self._routes  # one read: a reload swapping the table mid-call changes nothing here
+        model_route = routes.get(model) or self.model(model)
+        if model not in routes:  # the fallback: the scheduler resolves the version itself
             chosen = VersionRoute(version, model_route.versions[0].endpoints)
         elif version:
             chosen = model_route.version(version)
@@ -240,13 +301,28 @@ class RoutingTable:
                 raise NotFound(f"unknown version '{version}' of model '{model}'")
         else:
             chosen = self._draw_version(model_route)
-            if chosen.version != model_route.default_version and not self._available(chosen, exclude):
+            if chosen.version != model_route.default_version and not self._available(
+                    self._resolved(model, chosen, only_serving=True), exclude):
                 chosen = model_route.version(model_route.default_version)
-        endpoint = self._draw_endpoint(model_route.model, chosen, exclude, priority)
+        discovered = self._replicas is not None and (model not in routes or not chosen.endpoints)
+        endpoint = self._draw_endpoint(model, self._resolved(model, chosen), exclude, priority, discovered)
         permit = self._breakers.for_endpoint(endpoint.address).try_acquire()
         if permit is None:  # cannot happen on one event loop: availability was just checked
             raise Unavailable(f"scheduler {endpoint.address} refused the call (circuit open)")
         return Route(model=model, version=chosen.version, endpoint=endpoint.address, permit=permit)
+
+    def _resolved(self, model: str, version: VersionRoute, *, only_serving: bool = False) -> VersionRoute:
+        """A routed version without endpoints, with the discovered schedulers: those that reported
+        the version ready, else (none known; unless `only_serving`) the model's candidates."""
+        if version.endpoints or self._replicas is None:
+            return version
+        candidates = self._replicas.membership.candidates(model)
+        if self._serving is not None:
+            ready = self._serving(model, version.version)
+            having = tuple(e for e in candidates if e in ready)
+            if having or only_serving:
+                candidates = having
+        return VersionRoute(version.version, _as_endpoints(candidates), version.canary_percent)
 
     def _draw_version(self, model_route: ModelRoute) -> VersionRoute:
         point = self._rng() * 100
@@ -286,10 +362,10 @@ class RoutingTable:
             chosen = model_route.versions[0]
         else:
             chosen = model_route.version(version) or model_route.version(model_route.default_version)
-        return bool(self._available(chosen, tried))
+        return bool(self._available(self._resolved(model, chosen), tried))
 
     def _draw_endpoint(self, model: str, version: VersionRoute, exclude: frozenset[str],
-                       priority: Priority = Priority.STANDARD) -> Endpoint:
+                       priority: Priority = Priority.STANDARD, discovered: bool = False) -> Endpoint:
         # Prefer endpoints this request has not tried; fall back to them rather than fail.
         if not version.endpoints:
             raise Unavailable(f"no scheduler known for model '{model}': discovery has found none yet",
@@ -304,7 +380,7 @@ class RoutingTable:
                 f"no scheduler available for {which}: circuit open for all {len(version.endpoints)} endpoints",
                 retry_after_s=retry_after_s,
             )
-        if self._replicas is not None and model not in self._routes:
+        if discovered:
             address = self._replicas.choose(model, [e.address for e in candidates], priority)
             return next(e for e in candidates if e.address == address)
         point = self._rng() * sum(e.weight for e in candidates)
@@ -313,6 +389,10 @@ class RoutingTable:
             if point < 0:
                 return endpoint
         return candidates[-1]
+
+
+def _version_pairs(routes: Mapping[str, ModelRoute]) -> frozenset[tuple[str, str]]:
+    return frozenset((r.model, v.version) for r in routes.values() for v in r.versions)
 
 
 @functools.lru_cache(maxsize=1024)
