@@ -48,3 +48,29 @@ class FirstSeen:
             self._seen.add(value)
             return value
         return OTHER
+
+
+class KnownVersions:
+    """A model version's label: itself when `is_known(model, version)`, else OTHER; `none` when empty.
+
+    A version once known keeps its label (remembered, so the hot path is one set lookup): the
+    versions a service ever knew are few, and a series must not flip to OTHER when a version
+    leaves the routing file while its last requests finish.
+    """
+
+    __slots__ = ("_is_known", "_known", "_none")
+
+    def __init__(self, is_known: Callable[[str, str], bool], none: str) -> None:
+        self._is_known = is_known
+        self._known: set[tuple[str, str]] = set()
+        self._none = none
+
+    def __call__(self, model: str, version: str) -> str:
+        if not version:
+            return self._none
+        if (model, version) in self._known:
+            return version
+        if model != OTHER and self._is_known(model, version):
+            self._known.add((model, version))
+            return version
+        return OTHER

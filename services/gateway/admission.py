@@ -25,6 +25,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from services.common.errors import DeadlineExceeded, InfermeshError, ResourceExhausted, Unavailable
+from services.common.metric_labels import OTHER
 from services.common.status import status_code_of
 from services.common.telemetry import server_span
 from services.gateway import metrics
@@ -128,6 +129,7 @@ class RequestScope:
     def __init__(
         self, method: str, model: str, version: str, clock: Clock, limiter: ConcurrencyLimiter,
         parent: otel_context.Context | None = None, metric_model: str | None = None,
+        version_label: Callable[[str, str], str] | None = None,
     ) -> None:
         self.method = method
         self.model = model
@@ -135,6 +137,11 @@ class RequestScope:
         # scheduler reported it), else "_other", so made-up names cannot grow the metric store.
         self.metric_model = model if metric_model is None else metric_model
         self.version = version
+        # The version that served the request, or the last one an attempt was routed to (served_by).
+        self.served_version = version
+        self._version_label = version_label or _unlabelled_version
+        # A served request's timings (common_pb2.Timings), for the per-stage histogram.
+        self.timings = None
         self.began_s = clock()
         self._clock = clock
         self._limiter = limiter
@@ -148,6 +155,11 @@ class RequestScope:
         # Generate: tokens the request really used (prompt + generated), for the quota refund.
         self.num_tokens_used: int | None = None
         self._parent = parent
+
+    def served_by(self, version: str) -> None:
+        """An attempt was routed to `version`, or a reply said it served; "" (the scheduler picks) is no news."""
+        if version:
+            self.served_version = version
 
     @property
     def priority(self) -> Priority:
@@ -177,10 +189,13 @@ class RequestScope:
             self.permit.release()
             self.permit = None
             metrics.IN_FLIGHT.set(self._limiter.num_in_flight)
-        metrics.REQUESTS.labels(self.tenant_id, self.metric_model, self.method, code).inc()
-        metrics.REQUEST_DURATION.labels(self.metric_model, self.method, self.priority.name.lower()).observe(
+        version = self._version_label(self.metric_model, self.served_version)
+        metrics.REQUESTS.labels(self.tenant_id, self.metric_model, version, self.method, code).inc()
+        metrics.REQUEST_DURATION.labels(self.metric_model, version, self.method, self.priority.name.lower()).observe(
             self._clock() - self.began_s
         )
+        if self.timings is not None:
+            metrics.observe_stages(self.metric_model, version, self.timings.stages)
 
 
 # How a request's final status reads as a load signal for its model's adaptive limit. Upstream refusals
@@ -190,6 +205,10 @@ _LIMIT_OUTCOMES = {
     "DEADLINE_EXCEEDED": Outcome.DROPPED,
     "RESOURCE_EXHAUSTED": Outcome.DROPPED,
 }
+
+
+def _unlabelled_version(model: str, version: str) -> str:
+    return metrics.NO_VERSION if not version else OTHER
 
 
 def _code_name(exc: BaseException | None) -> str:
@@ -215,6 +234,8 @@ class AdmissionParts:
     quotas: TenantQuotas | None
     # A requested model's metric label and adaptive-limit key (services/common/metric_labels.py).
     model_label: Callable[[str], str]
+    # (model label, version) -> the version's metric label (metric_labels.KnownVersions).
+    version_label: Callable[[str, str], str] = _unlabelled_version
 
 
 class Admission:
@@ -226,7 +247,7 @@ class Admission:
         self, method: str, model: str, version: str = "", parent: otel_context.Context | None = None
     ) -> RequestScope:
         return RequestScope(method, model, version, self.clock, self.parts.limiter, parent,
-                            metric_model=self.parts.model_label(model))
+                            metric_model=self.parts.model_label(model), version_label=self.parts.version_label)
 
     def admit(
         self, scope: RequestScope, authorization: str | None, client_timeout_s: float | None, num_tokens: int = 0

@@ -3,7 +3,13 @@
 Names and labels are a contract with deploy/observability (dashboards, alerts);
 change them only together. Label values:
   tenant    tenant id ("anonymous" in dev mode, "unauthenticated" before auth)
-  model     model name as requested
+  model     model name as requested (a name the gateway does not know: "_other")
+  version   the model version that served the request, or the last one an attempt was routed to
+            (only versions the routing file or a scheduler reported, else "_other"; "_none" when
+            no version was named or chosen: refused at admission, or a scheduler picked and failed)
+  stage     a common.proto Stage name: queue_wait, batch_wait, preprocess, compute, network, ...
+  service   the service that measured a stage: gateway | scheduler | worker
+  file      tenants | routing (a reloaded config file); result applied | refused
   method    Classify | Generate | ModelInfer
   code      final gRPC status name (OK, RESOURCE_EXHAUSTED, ...)
   priority  critical | standard | sheddable
@@ -20,19 +26,35 @@ import enum
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from infermesh.v1 import common_pb2
 from services.gateway.circuit_breaker import BreakerState
 from services.gateway.tenants import Priority
 
+_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+NO_VERSION = "_none"
+
 REQUESTS = Counter(
     "infermesh_gateway_requests",
-    "Requests finished at the gateway, by final status code.",
-    ["tenant", "model", "method", "code"],
+    "Requests finished at the gateway, by final status code and the model version that served them.",
+    ["tenant", "model", "version", "method", "code"],
 )
 REQUEST_DURATION = Histogram(
     "infermesh_gateway_request_duration_seconds",
-    "Gateway-observed latency from receipt to the last byte (Generate: the whole stream).",
-    ["model", "method", "priority"],
-    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+    "Gateway-observed latency from receipt to the last byte (Generate: the whole stream), by model version.",
+    ["model", "version", "method", "priority"],
+    buckets=_LATENCY_BUCKETS_S,
+)
+STAGE_DURATION = Histogram(
+    "infermesh_gateway_stage_duration_seconds",
+    "Each stage of a served request as its response's timings report it (gateway, scheduler and worker "
+    "stages), so a p99 splits into queue, batch wait, preprocess, compute and network.",
+    ["model", "version", "service", "stage"],
+    buckets=_LATENCY_BUCKETS_S,
+)
+CONFIG_RELOADS = Counter(
+    "infermesh_gateway_config_reloads",
+    "Changed config files re-read: applied, or refused (the previous config stays in force).",
+    ["file", "result"],
 )
 QUOTA_REJECTIONS = Counter(
     "infermesh_gateway_quota_rejections",
@@ -119,6 +141,37 @@ def refused(model: str, priority: Priority, reason: Refusal) -> None:
             _refusal_children.clear()
         child = _refusal_children[key] = REFUSALS.labels(model, reason.value, priority.name.lower())
     child.inc()
+
+
+_stage_children: dict[tuple[str, str, str, str], object] = {}
+
+
+def observe_stages(model: str, version: str, stages) -> None:
+    """A served request's stage timings (common_pb2.StageTiming: stage number, duration_us, service).
+
+    Labels are bounded: model and version come through metric_labels, stages and services are enums."""
+    for timing in stages:
+        key = (model, version, timing.service, timing.stage)
+        child = _stage_children.get(key)
+        if child is None:
+            stage = _STAGE_NAMES.get(timing.stage)
+            if stage is None or timing.service not in _SERVICES:
+                continue
+            child = _stage_children[key] = STAGE_DURATION.labels(model, version, timing.service, stage)
+        child.observe(timing.duration_us / 1e6)
+
+
+_STAGE_NAMES = {value: name.removeprefix("STAGE_").lower() for name, value in common_pb2.Stage.items() if value}
+_SERVICES = frozenset({"gateway", "scheduler", "worker"})
+
+
+for _file in ("tenants", "routing"):  # at 0 from the start, so rate() and alerts see the first refusal
+    for _result in ("applied", "refused"):
+        CONFIG_RELOADS.labels(_file, _result)
+
+
+def config_reload(file: str, applied: bool) -> None:
+    CONFIG_RELOADS.labels(file, "applied" if applied else "refused").inc()
 
 
 _in_flight_children: dict[str, object] = {}

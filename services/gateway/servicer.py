@@ -142,6 +142,7 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
             response = await self.classify_admitted(scope, request)
             done_s = self._clock()
             append_gateway_timings(response.timings, handler, admitted_s, done_s, done_s)
+            scope.timings = response.timings
             return response
 
     async def classify_admitted(self, scope: RequestScope, request: gateway_pb2.ClassifyRequest):
@@ -152,7 +153,9 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
             upstream.request.model.version = version
             return client.classify(upstream, timeout_s)
 
-        return await self._dispatcher.unary(scope, WorkKind.CLASSIFY, call)
+        response = await self._dispatcher.unary(scope, WorkKind.CLASSIFY, call)
+        scope.served_by(response.model.version)
+        return response
 
     @maps_domain_errors
     async def Generate(self, request: gateway_pb2.GenerateRequest, context):
@@ -191,10 +194,12 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
                 if num_generated == 0 and scope.model_permit is not None:
                     scope.model_permit.first_response()
                 num_generated += len(chunk.token_ids)
+                scope.served_by(chunk.model.version)  # set on the first and the last chunk
                 if chunk.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
                     scope.num_tokens_used = chunk.usage.prompt_tokens + chunk.usage.completion_tokens
                     now_s = self._clock()
                     append_gateway_timings(chunk.timings, handler, admitted_s, now_s, now_s)
+                    scope.timings = chunk.timings
                 else:
                     scope.num_tokens_used = prompt_tokens + num_generated
 
