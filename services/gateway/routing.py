@@ -245,9 +245,11 @@ class RoutingTable:
         return tuple(self._routes.values())
 
     def replace(self, routes: Iterable[ModelRoute]) -> None:
-        """A reloaded routing file's routes; calls that already chose a route keep it."""
+        """A (re)loaded routing file's routes, which the table then knows alone; calls that already
+        chose a route keep it."""
         by_model = {route.model: route for route in routes}
         self._routes, self._versions = by_model, _version_pairs(by_model)
+        self._routed_only = True
 
     def endpoints(self) -> tuple[str, ...]:
         """Every scheduler address in the table (to dial, and to poll for pressure)."""
