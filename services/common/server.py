@@ -28,6 +28,7 @@ from prometheus_client import Gauge, start_http_server
 from services.common import build_info, tls
 from services.common.authz import IdentityInterceptor
 from services.common.config import ConfigError, ServerSettings
+from services.common.request_decoding import RequestDecodingInterceptor
 from services.common.telemetry import setup_tracing
 
 log = logging.getLogger(__name__)
@@ -37,19 +38,41 @@ class Health:
     """The standard grpc.health.v1 service, set for the server and each named service."""
 
     def __init__(self, service_names: tuple[str, ...]) -> None:
-        self.servicer = HealthServicer()
+        self.servicer = _ListingHealthServicer(self)
         self._names = ("", *service_names)
         self.serving = False
+        self._draining = False
 
     async def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        self.serving = serving
+        if not self._draining:  # the stock servicer ignores sets after its graceful shutdown too
+            self.serving = serving
         for name in self._names:
             await self.servicer.set(name, status)
 
     async def enter_drain(self) -> None:
         self.serving = False
+        self._draining = True
         await self.servicer.enter_graceful_shutdown()
+
+    def statuses(self) -> dict[str, int]:
+        """Every name Check answers for, with its status."""
+        status = health_pb2.HealthCheckResponse.SERVING if self.serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        return dict.fromkeys(self._names, status)
+
+
+class _ListingHealthServicer(HealthServicer):
+    """The stock aio servicer plus List: grpc.health.v1 has it (reflection lists it), the aio servicer
+    leaves it to the generated base class, which raises NotImplementedError (UNKNOWN to the caller)."""
+
+    def __init__(self, health: Health) -> None:
+        super().__init__()
+        self._health = health
+
+    async def List(self, request: health_pb2.HealthListRequest, context) -> health_pb2.HealthListResponse:
+        return health_pb2.HealthListResponse(statuses={
+            name: health_pb2.HealthCheckResponse(status=status) for name, status in self._health.statuses().items()
+        })
 
 
 class Service(Protocol):
@@ -88,7 +111,9 @@ async def serve(service_name: str, settings: ServerSettings, service: Service) -
     health = Health(service.service_names)
     tls_plan = tls.plan(settings, service_name)
     tls.configure_client_tls(tls_plan.files)
+    # The identity check runs first: a refused caller learns nothing about how its bytes parse.
     interceptors = [IdentityInterceptor(tls_plan.identity_policy)] if tls_plan.identity_policy else []
+    interceptors.append(RequestDecodingInterceptor())
     server = grpc.aio.server(options=server_options(settings), interceptors=interceptors)
     health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     reflection.enable_server_reflection(
