@@ -12,10 +12,12 @@ from pathlib import Path
 
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FileDescriptor
 
-from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
+from infermesh.v1 import admin_pb2, common_pb2, gateway_pb2, scheduler_pb2
 
 SNAPSHOT_PATH = Path(__file__).with_name("infermesh_v1_snapshot.json")
-FILES: tuple[FileDescriptor, ...] = (common_pb2.DESCRIPTOR, gateway_pb2.DESCRIPTOR, scheduler_pb2.DESCRIPTOR)
+FILES: tuple[FileDescriptor, ...] = (
+    common_pb2.DESCRIPTOR, gateway_pb2.DESCRIPTOR, scheduler_pb2.DESCRIPTOR, admin_pb2.DESCRIPTOR,
+)
 
 
 def _message(desc: Descriptor, out: dict) -> None:
