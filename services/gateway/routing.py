@@ -110,6 +110,8 @@ def load_routing_file(path: str | os.PathLike) -> tuple[ModelRoute, ...]:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise RoutingConfigError(f"{source}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise RoutingConfigError(f"{source}: not UTF-8 text: {exc}") from None
     except yaml.YAMLError as exc:
         raise RoutingConfigError(f"{source}: not valid YAML: {exc}") from None
     return parse_routing_config(data, source)

@@ -96,6 +96,8 @@ def load_tenant_config(path: str | os.PathLike) -> TenantConfig:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise TenantConfigError(f"{source}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise TenantConfigError(f"{source}: not UTF-8 text: {exc}") from None
     return parse_tenant_config(text, source)
 
 

@@ -8,7 +8,7 @@ import yaml
 
 from services.common.errors import NotFound, Unavailable
 from services.gateway.circuit_breaker import BreakerConfig, CircuitBreakers
-from services.gateway.routing import RoutingConfigError, RoutingTable, parse_routing_config
+from services.gateway.routing import RoutingConfigError, RoutingTable, load_routing_file, parse_routing_config
 
 from .conftest import FixedRng
 
@@ -141,3 +141,11 @@ def test_route_permit_reports_to_the_chosen_endpoints_breaker(clock):
     route.permit.failure()
     assert not breakers.for_endpoint(route.endpoint).is_available()
     assert table.endpoints() == ("a:1", "b:1", "c:1")
+
+
+def test_a_routing_file_that_is_not_utf8_is_a_config_error(tmp_path):
+    # Found by atheris (fuzz/routing.py): UnicodeDecodeError escaped the file watcher's refusal.
+    path = tmp_path / "routing.yaml"
+    path.write_bytes(b"models:\n  digits: {default_version: '1'}  # caf\xe9\n")
+    with pytest.raises(RoutingConfigError, match="not UTF-8"):
+        load_routing_file(path)

@@ -289,3 +289,12 @@ def test_hash_key_cli_prints_sha256_of_stdin():
         check=True,
     )
     assert result.stdout.strip() == hash_api_key(KEY_A)
+
+
+def test_a_tenants_file_that_is_not_utf8_is_a_config_error(tmp_path):
+    # Found by atheris (fuzz/tenants.py): UnicodeDecodeError escaped, so a bad edit crashed the
+    # reload instead of being refused with the old tenants kept.
+    path = tmp_path / "tenants.yaml"
+    path.write_bytes(tenant_yaml().encode() + b"# caf\xe9\n")
+    with pytest.raises(TenantConfigError, match="not UTF-8"):
+        load_tenant_config(path)
