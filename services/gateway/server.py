@@ -55,6 +55,8 @@ def load_routing(config: GatewayConfig, breakers: CircuitBreakers, replicas: Rep
         return RoutingTable(parse_routing_config(data, config.routing_file), breakers)
     except OSError as exc:
         raise ConfigError(f"routing_file {config.routing_file}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"routing_file {config.routing_file}: not UTF-8 text: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"routing_file {config.routing_file}: not valid YAML: {exc}") from None
     except RoutingConfigError as exc:

@@ -1,0 +1,21 @@
+"""The gateway's start-up reading of its files: every bad file is a ConfigError (exit 2 with the reason)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from services.common.config import ConfigError
+from services.gateway.circuit_breaker import BreakerConfig, CircuitBreakers
+from services.gateway.config import GatewayConfig
+from services.gateway.server import load_routing
+
+
+def test_a_routing_file_that_is_not_utf8_stops_the_start_with_a_config_error(tmp_path):
+    # Found by atheris (fuzz/routing.py): the start-up read let UnicodeDecodeError out as a traceback.
+    path = tmp_path / "routing.yaml"
+    path.write_bytes(b"models:\n  digits: {default_version: '1'}  # caf\xe9\n")
+    breakers = CircuitBreakers(BreakerConfig(), time.monotonic)
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_routing(GatewayConfig(routing_file=str(path)), breakers, None)
