@@ -300,9 +300,14 @@ def _parse_reply(raw: object, plan: LeasePlan) -> LeaseReply:
         raise StoreReplyError(f"sync reply grants are not a list: {str(values)[:200]}")
     if len(values) != 3 * len(plan.asks):
         raise StoreReplyError(f"sync reply has {len(values)} grant values for {len(plan.asks)} tenants")
+    try:
+        numbers = [float(v) for v in values]
+        num_live = int(live)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise StoreReplyError(f"sync reply holds a value that is not a number: {exc}") from None
     grants = []
     for index, ask in enumerate(plan.asks):
-        requests, tokens, slots = (float(v) for v in values[3 * index: 3 * index + 3])
+        requests, tokens, slots = numbers[3 * index: 3 * index + 3]
         # The script never grants more than asked (slots: than the quota); the clamp keeps a broken
         # store from doing so.
         grants.append(TenantGrant(
@@ -312,4 +317,4 @@ def _parse_reply(raw: object, plan: LeasePlan) -> LeaseReply:
             in_flight_limit=int(min(max(0.0, slots), ask.quota.max_in_flight)),
         ))
     bad_keys = tuple(b.decode(errors="replace") if isinstance(b, bytes) else str(b) for b in bad)
-    return LeaseReply(num_live_gateways=int(live), grants=tuple(grants), bad_keys=bad_keys)
+    return LeaseReply(num_live_gateways=num_live, grants=tuple(grants), bad_keys=bad_keys)

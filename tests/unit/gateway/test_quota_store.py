@@ -12,9 +12,10 @@ import pytest
 import valkey.asyncio as valkey_asyncio
 
 from services.gateway.quota_lease import LeaseConfig, LeaseMode, LeasePlan, SharedQuotas, TenantAsk
-from services.gateway.quota_store import ValkeyQuotaStore
+from services.gateway.quota_store import StoreReplyError, ValkeyQuotaStore, _parse_reply
 from services.gateway.quota_sync import LIVE_GATEWAYS, STORE_UP, QuotaSync
 from services.gateway.quotas import QuotaExceeded
+from services.gateway.tenants import TenantQuota
 from tests.support.valkey import ValkeyProcess, running_valkey
 
 from .conftest import make_quota, make_tenant
@@ -329,3 +330,15 @@ async def test_a_lone_gateway_admits_a_whole_burst_at_once_as_its_own_bucket_wou
             pass
     assert admitted == 50
     await sync.close()
+
+
+@pytest.mark.parametrize("raw", [
+    [1, [], b'[1, "x", 3]'], [1, [], b"[1, {}, 3]"], [1, [], b"[1, 2, 1" + b"0" * 400 + b"]"],
+    [b"x", [], b"[1, 2, 3]"], [None, [], b"[1, 2, 3]"],
+])
+def test_a_sync_reply_with_values_that_are_not_numbers_is_a_store_reply_error(raw):
+    # Found by atheris (fuzz/quota_reply.py): TypeError/ValueError/OverflowError escaped the parser.
+    quota = TenantQuota(requests_per_s=10, requests_burst=20, tokens_per_s=100, tokens_burst=200, max_in_flight=4)
+    plan = LeasePlan((TenantAsk("t0", quota, 0.0, 0.0, 5.0, 50.0, 1, 2),))
+    with pytest.raises(StoreReplyError, match="not a number"):
+        _parse_reply(raw, plan)
