@@ -20,7 +20,7 @@ export MESH_MODEL_REPO ?= $(MODEL_REPO)
 # The key make up checks readiness with (and make demo loads with): a tenant's key in MESH_TENANTS_FILE.
 MESH_API_KEY ?= demo-key-alpha
 
-.PHONY: help setup protos models model-repo up down demo test lint bench clean
+.PHONY: help setup protos models model-repo up down demo test lint fuzz bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-8s %s\n", $$1, $$2}'
@@ -80,6 +80,9 @@ test: setup ## run the whole suite (unit, contract, integration, reliability)
 
 lint: setup ## ruff
 	$(VENV)/bin/ruff check .
+
+fuzz: setup ## atheris on every parser of outside input, FUZZ_SECONDS each (default 180); findings under run/fuzz/
+	$(PY) -m fuzz.run --seconds $${FUZZ_SECONDS:-180}
 
 bench: setup model-repo ## benchmarks: tables on stdout, JSON under bench/results/ (QUICK=1: a shorter run)
 	@for script in bench/bench_*.py; do \
