@@ -21,6 +21,10 @@ from services.common import errors
 log = logging.getLogger(__name__)
 
 PUSHBACK_KEY = "grpc-retry-pushback-ms"
+# "Retry at once" goes on the wire as 1 ms, never 0: a stock grpcio client (1.85) whose service
+# config has a retryPolicy does not retry on a pushback of "0" but waits for its deadline
+# (tests/integration/test_pushback_with_grpc_retries.py). Readers take <= this as "at once".
+AT_ONCE_PUSHBACK_MS = 1
 _DETAILS_KEY = "grpc-status-details-bin"
 
 STATUS_BY_ERROR: dict[type[errors.InfermeshError], grpc.StatusCode] = {
@@ -56,7 +60,7 @@ def trailing_metadata_of(err: errors.InfermeshError) -> tuple[tuple[str, str | b
     detail.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
     rich = status_pb2.Status(code=code.value[0], message=err.message, details=[detail])
     return (
-        (PUSHBACK_KEY, str(int(retry_after_s * 1000))),
+        (PUSHBACK_KEY, str(max(AT_ONCE_PUSHBACK_MS, int(retry_after_s * 1000)))),
         (_DETAILS_KEY, rich.SerializeToString()),
     )
 

@@ -14,7 +14,13 @@ import grpc
 
 from infermesh.v1 import scheduler_pb2
 from services.common import errors
-from services.common.status import ERROR_BY_STATUS, PUSHBACK_KEY, STATUS_BY_NUMBER, from_rpc_error
+from services.common.status import (
+    AT_ONCE_PUSHBACK_MS,
+    ERROR_BY_STATUS,
+    PUSHBACK_KEY,
+    STATUS_BY_NUMBER,
+    from_rpc_error,
+)
 from services.gateway.upstream_status import UpstreamCode
 
 
@@ -42,10 +48,15 @@ class AttemptError(Exception):
         """The endpoint is unreachable or leaving, rather than a live scheduler refusing this call.
 
         UNAVAILABLE with no retry hint is a transport failure (connection refused or
-        reset, a broken Submit stream); with pushback 0 it is a draining scheduler
-        ("go elsewhere now"). A live scheduler's "no worker" hint has a pushback > 0.
+        reset, a broken Submit stream); with a pushback of "at once" it is a draining
+        scheduler ("go elsewhere now"). A live scheduler's "no worker" hint waits longer.
         """
-        return self.code == UpstreamCode.UNAVAILABLE and (self.pushback_ms is None or self.pushback_ms == 0)
+        return self.code == UpstreamCode.UNAVAILABLE and (self.pushback_ms is None or self.retry_at_once)
+
+    @property
+    def retry_at_once(self) -> bool:
+        """The hint says "now" (0 in a Submit reply; 1 ms in a trailer, see status.AT_ONCE_PUSHBACK_MS)."""
+        return self.pushback_ms is not None and 0 <= self.pushback_ms <= AT_ONCE_PUSHBACK_MS
 
     @classmethod
     def from_rpc_error(cls, exc: grpc.aio.AioRpcError) -> AttemptError:

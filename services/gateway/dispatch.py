@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from opentelemetry import trace
@@ -50,6 +51,29 @@ SCHEDULER_SERVICE = "infermesh.v1.Scheduler"
 REGROUP_BACKOFF_S = 0.1
 
 
+@dataclass
+class _Attempts:
+    """One call's attempts so far: what its next route must avoid and what its regroup rounds need."""
+
+    tried: list[str] = field(default_factory=list)
+    last_failure: AttemptError | None = None
+    regroups: int = 0
+    # A live scheduler said "draining" or "not served here" to this call.
+    transient_seen: bool = False
+
+    def failed(self, failure: AttemptError) -> None:
+        self.last_failure = failure
+        self.transient_seen |= _answered_transient(failure)
+
+
+class _NoRoute(Exception):
+    """No endpoint may be called now (all tried, or their breakers open) after `failure`."""
+
+    def __init__(self, failure: AttemptError) -> None:
+        super().__init__(failure.error.message)
+        self.failure = failure
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -63,7 +87,10 @@ class Dispatcher:
         board: PressureBoard,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         max_resumes: int = DEFAULT_MAX_RESUMES,
+        on_regroup: Callable[[], None] = lambda: None,
     ) -> None:
+        """on_regroup: runs when a call starts a regroup round (the server polls every scheduler
+        then, so one just restarted is known answering before the round ends, not a poll later)."""
         self._routing = routing
         self._clients = clients
         self._policy = policy
@@ -73,27 +100,25 @@ class Dispatcher:
         self._board = board
         self._sleep = sleep
         self._max_resumes = max_resumes
+        self._on_regroup = on_regroup
 
     async def unary(self, scope, work: WorkKind, call: UnaryCall[T]) -> T:
-        tried: list[str] = []
-        last_failure: AttemptError | None = None
-        regroups, transient_seen = 0, False
+        attempts = _Attempts()
         while True:
-            route = self._route(scope, tried, last_failure)
-            timeout_s = self._timeout_s(scope, route, last_failure)
-            with _attempt_span(len(tried), route, "Generate" if work is WorkKind.GENERATE else "Classify"):
+            route = await self._route_or_regroup(scope, attempts)
+            timeout_s = self._timeout_s(scope, route, attempts.last_failure)
+            with _attempt_span(len(attempts.tried), route, "Generate" if work is WorkKind.GENERATE else "Classify"):
                 try:
                     result = await call(self._clients.get(route.endpoint), route.version, timeout_s)
                 except AttemptError as failure:
-                    last_failure = failure
-                    transient_seen |= _answered_transient(failure)
+                    attempts.failed(failure)
                     self._report(route, failure)
-                    decision = self._decide(scope, work, route, failure, tried, accepted=True, num_tokens_sent=0)
+                    decision = self._decide(scope, work, route, failure, attempts.tried,
+                                            accepted=True, num_tokens_sent=0)
                     if not decision.retry:
-                        decision = self._regroup(scope, failure, tried, regroups, transient_seen)
+                        decision = self._regroup(scope, failure, attempts)
                         if decision is None:
                             raise failure.error from None
-                        regroups, transient_seen = regroups + 1, False
                 except BaseException:
                     route.permit.abandon()  # cancelled by the client: says nothing about the endpoint
                     raise
@@ -105,16 +130,14 @@ class Dispatcher:
 
     async def stream(self, scope, call: StreamCall, on_chunk: Callable[[object], None]) -> AsyncIterator:
         """The stream's chunks, over as many attempts and resumes as it takes; `on_chunk` sees each first."""
-        tried: list[str] = []
-        last_failure: AttemptError | None = None
-        regroups, transient_seen = 0, False
+        attempts = _Attempts()
         resume = ResumeState(self._max_resumes)
         while True:
-            route = self._route(scope, tried, last_failure, resume.version or scope.version)
-            timeout_s = self._timeout_s(scope, route, last_failure)
+            route = await self._route_or_regroup(scope, attempts, resume.version or scope.version)
+            timeout_s = self._timeout_s(scope, route, attempts.last_failure)
             attempt_span = _tracer.start_span(
                 "resume" if resume.num_delivered else "attempt", kind=trace.SpanKind.CLIENT,
-                attributes={"infermesh.attempt": len(tried), "infermesh.endpoint": route.endpoint,
+                attributes={"infermesh.attempt": len(attempts.tried), "infermesh.endpoint": route.endpoint,
                             "infermesh.tokens_delivered": resume.num_delivered,
                             **_client_attributes(route, "Generate")},
             )
@@ -130,8 +153,7 @@ class Dispatcher:
                 if not resume.finished:
                     raise _cut(route.endpoint)
             except AttemptError as failure:
-                last_failure = failure
-                transient_seen |= _answered_transient(failure)
+                attempts.failed(failure)
                 self._report(route, failure)
                 if resume.num_delivered:
                     resume_decision = self._resume(scope, resume, failure)
@@ -141,14 +163,13 @@ class Dispatcher:
                         await self._sleep(resume_decision.delay_s)
                     continue
                 decision = self._decide(
-                    scope, WorkKind.GENERATE, route, failure, tried,
+                    scope, WorkKind.GENERATE, route, failure, attempts.tried,
                     accepted=num_chunks > 0, num_tokens_sent=0,
                 )
                 if not decision.retry:
-                    decision = self._regroup(scope, failure, tried, regroups, transient_seen)
+                    decision = self._regroup(scope, failure, attempts)
                     if decision is None:
                         raise failure.error from None
-                    regroups, transient_seen = regroups + 1, False
             except StreamMismatch as exc:
                 upstream.cancel()
                 route.permit.record(UpstreamCode.INTERNAL)
@@ -165,24 +186,40 @@ class Dispatcher:
                 attempt_span.end()
             await self._sleep(decision.delay_s)
 
-    def _regroup(self, scope, failure: AttemptError, tried: list[str], regroups: int,
-                 transient_seen: bool) -> RetryDecision | None:
+    async def _route_or_regroup(self, scope, attempts: _Attempts, version: str | None = None) -> Route:
+        """The next attempt's route. When none may be called now after a round that began regrouping
+        (e.g. a just-restarted scheduler's breaker opened on connects refused while its channel
+        reconnected, and the other one is draining), wait for the next round instead of giving up."""
+        while True:
+            try:
+                return self._route(scope, attempts.tried, attempts.last_failure, version)
+            except _NoRoute as no_route:
+                decision = self._regroup(scope, no_route.failure, attempts)
+                if decision is None:
+                    raise no_route.failure.error from None
+                await self._sleep(decision.delay_s)
+
+    def _regroup(self, scope, failure: AttemptError, attempts: _Attempts) -> RetryDecision | None:
         """Every scheduler was tried and each was gone, draining or without the model's workers,
-        and at least one live scheduler said so itself (draining, or "not served here"): the
-        transient states of a roll or a restart, as workers move within about a second. Wait a
-        little and try them all again, within the deadline, a few rounds at most; None: give up.
+        and at least one live scheduler said so itself during this call (draining, or "not served
+        here"): the transient states of a roll or a restart, as workers move within about a second.
+        Wait a little and try them all again, within the deadline, a few rounds at most; None: give
+        up. Later rounds go on when every scheduler is merely unreachable by then (the draining one
+        exited, the restarted one's channel still reconnects, its breaker open).
 
         Only for a model the gateway knows (a made-up name gets its NOT_FOUND at once), and only
         when a live scheduler answered: endpoints that are merely unreachable stay with the retry
         budget and the breakers, so a dead replica set cannot turn this into a retry storm."""
         gone = failure.endpoint_gone or failure.code == UpstreamCode.NOT_FOUND
-        if not (gone and transient_seen) or regroups >= MAX_REGROUPS or scope.metric_model == OTHER:
+        if not (gone and attempts.transient_seen) or attempts.regroups >= MAX_REGROUPS or scope.metric_model == OTHER:
             return None
-        delay_s = REGROUP_BACKOFF_S * 2**regroups
+        delay_s = REGROUP_BACKOFF_S * 2**attempts.regroups
         if delay_s + self._board.min_service_time_s(scope.model) >= scope.deadline.remaining_s(self._deadlines.clock()):
             return None
-        tried.clear()
+        attempts.tried.clear()
+        attempts.regroups += 1
         metrics.RETRIES.labels(scope.metric_model, "*", "regroup").inc()
+        self._on_regroup()
         return RetryDecision(RetryVerdict.RETRY, delay_s=delay_s)
 
     def _resume(self, scope, resume: ResumeState, failure: AttemptError) -> ResumeDecision:
@@ -203,7 +240,7 @@ class Dispatcher:
                                          exclude=frozenset(tried), priority=scope.priority)
         except InfermeshError:
             if last_failure is not None:  # every breaker opened meanwhile: report what really failed
-                raise last_failure.error from None
+                raise _NoRoute(last_failure) from None
             raise
         if not tried:
             self._budgets.for_upstream(route.endpoint).record_request()
@@ -259,9 +296,9 @@ class Dispatcher:
 
 
 def _answered_transient(failure: AttemptError) -> bool:
-    """A live scheduler said "not now, not here": draining (pushback 0) or "not served here"."""
+    """A live scheduler said "not now, not here": draining (retry elsewhere at once) or "not served here"."""
     return failure.code == UpstreamCode.NOT_FOUND or (
-        failure.code == UpstreamCode.UNAVAILABLE and failure.pushback_ms == 0)
+        failure.code == UpstreamCode.UNAVAILABLE and failure.retry_at_once)
 
 
 class StreamCut(AttemptError):

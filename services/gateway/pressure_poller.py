@@ -93,11 +93,19 @@ class PressurePoller:
         # Endpoints that answered the last poll (KServe ServerReady).
         self.reachable: set[str] = set()
         self._failing: set[str] = set()
+        self._extra_poll: asyncio.Task | None = None
 
     async def run(self) -> None:
         while True:
             await self.poll_once()
             await asyncio.sleep(self.interval_s)
+
+    def poll_soon(self) -> None:
+        """Polls every endpoint now, outside the schedule (at most one such poll at a time): a call
+        regrouping after a restart needs to know within its round that the restarted scheduler
+        answers again, which lets its breaker probe and membership take it back."""
+        if self._extra_poll is None or self._extra_poll.done():
+            self._extra_poll = asyncio.create_task(self.poll_once(), name="pressure-poll-now")
 
     async def poll_once(self) -> None:
         await asyncio.gather(*(self.poll_endpoint(e) for e in self._routing.endpoints()))

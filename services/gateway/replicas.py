@@ -87,19 +87,24 @@ class Membership:
         self._unreachable.discard(endpoint)
         self._generation += 1
 
+    def serves(self, endpoint: str, model: str) -> bool:
+        """Its last poll said it serves `model` with a ready worker."""
+        return model in self._ready.get(endpoint, ())
+
     def candidates(self, model: str) -> tuple[str, ...]:
-        """Live endpoints serving `model` ready, else (none, or only unreachable ones) every live
-        endpoint; unreachable ones last."""
+        """Every live endpoint: reachable ones serving `model` ready first, then the other reachable
+        ones, then the unreachable ones.
+
+        The others are the fallback when no serving one may be called: nobody reachable serves it
+        (its schedulers died, a restarted one's workers are still re-attaching), or the serving
+        ones' breakers are open (a half-open probe in flight during a roll). A call then gets a
+        live scheduler's own answer ("not served here", "draining"), which the dispatcher regroups
+        on, rather than "circuit open" at once."""
         live = self._live()
         cached = self._cached.get(model)
         if cached is not None and cached[0] is live and cached[1] == self._generation:
             return cached[2]
-        serving = [e for e in live if model in self._ready.get(e, ())]
-        if all(e in self._unreachable for e in serving):
-            # Nobody reachable serves it (its schedulers died; a restarted one's workers are still
-            # re-attaching): fail open to every live endpoint rather than only to dead ones.
-            serving = list(live)
-        candidates = tuple(sorted(serving, key=lambda e: e in self._unreachable))
+        candidates = tuple(sorted(live, key=lambda e: (e in self._unreachable, not self.serves(e, model))))
         self._cached[model] = (live, self._generation, candidates)
         return candidates
 
@@ -183,7 +188,8 @@ class ReplicaSelector:
 
     def choose(self, model: str, available: Sequence[str], priority: Priority) -> str:
         membership = self.membership
-        available = [e for e in available if membership.reachable(e)] or available
+        reachable = [e for e in available if membership.reachable(e)]
+        available = [e for e in reachable if membership.serves(e, model)] or reachable or available
         board = self._board
         if board is None:
             return rendezvous_order(model, available)[0]

@@ -124,6 +124,7 @@ class GatewayService:
             deadlines=deadlines,
             board=self.board,
             max_resumes=config.stream_max_resumes,
+            on_regroup=lambda: self.poller.poll_soon(),
         )
         self.poller = PressurePoller(
             routing=self.routing,

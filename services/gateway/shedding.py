@@ -223,6 +223,12 @@ class LoadShedder:
 
     def decide(self, model: str, priority: Priority, gateway_utilization: float) -> ShedDecision:
         report = self.board.pressure(model)
+        if report is not None and report.num_workers == 0:
+            # No worker anywhere (a roll or restart moving them, or none yet) is not overload: its
+            # "queue time" is the no-worker sentinel. Each scheduler answers for itself ("no worker",
+            # "not served here") and the dispatcher fails over or regroups; shedding would refuse
+            # every call for its 10 s retry hint.
+            report = None
         own_queue_s = 0.0 if report is None else report.queue_time_s(priority)
         for reason, level, detail in self._signals(report, gateway_utilization):
             if level >= _SHED_FROM_LEVEL[priority]:

@@ -89,11 +89,11 @@ def test_sigterm_hands_running_streams_over_and_lets_classify_in_flight_finish(t
         exited_s = time.monotonic() - began
 
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert refused.value.details().startswith("scheduler draining:") and pushback_ms(refused.value) == "0"
+    assert refused.value.details().startswith("scheduler draining:") and pushback_ms(refused.value) == "1"  # "at once"
     handed_over = [r for r in readers if r.error is not None
                    and r.error.code() == grpc.StatusCode.UNAVAILABLE
                    and r.error.details() == "scheduler draining: stream handed over"
-                   and pushback_ms(r.error) == "0"]
+                   and pushback_ms(r.error) == "1"]
     assert len(handed_over) == NUM_STREAMS, [(r.error and r.error.details(), r.num_tokens) for r in readers]
     last = session.by_call[1][-1]
     assert last.WhichOneof("kind") == "error", "the Submit call ended with an error, not a last chunk"

@@ -48,6 +48,9 @@ def channel_options(num_attempts: int = 5) -> list[tuple[str, object]]:
     connect refused) fails UNAVAILABLE and is not yet committed, so gRPC retries it on another
     subchannel; a stream that already delivered tokens is committed and is the caller's to redo.
     """
+    if num_attempts <= 1:  # no retries of gRPC's own: every failure the gateway returns is counted
+        return [("grpc.service_config", json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})),
+                ("grpc.enable_retries", 0)]
     service_config = {
         "loadBalancingConfig": [{"round_robin": {}}],
         "methodConfig": [{
@@ -101,6 +104,9 @@ class LoadShape:
     # A stream cut after tokens arrived is re-sent and its delivered prefix checked and skipped:
     # what a client of several gateways must do when the gateway holding its stream dies.
     client_resumes_streams: bool = False
+    # gRPC's own retries of UNAVAILABLE before any response (a gateway killed under the call); off:
+    # the gateway alone must keep every call.
+    client_retries: bool = True
 
 
 @dataclass
@@ -218,8 +224,8 @@ class MeshLoad:
     async def _run(self) -> None:
         # A channel each: on one round_robin channel the two fixed rates interleave in a fixed
         # pattern that can put every stream on the same gateway.
-        async with (aio.insecure_channel(self.target, options=channel_options()) as classify_channel,
-                    aio.insecure_channel(self.target, options=channel_options()) as stream_channel):
+        async with (aio.insecure_channel(self.target, options=channel_options(5 if self.shape.client_retries else 1)) as classify_channel,
+                    aio.insecure_channel(self.target, options=channel_options(5 if self.shape.client_retries else 1)) as stream_channel):
             classify_stub = gateway_pb2_grpc.InferenceStub(classify_channel)
             stream_stub = gateway_pb2_grpc.InferenceStub(stream_channel)
             await asyncio.gather(

@@ -42,6 +42,12 @@ def test_retry_hint_travels_as_pushback_and_retry_info():
     assert info.retry_delay.ToMilliseconds() == 1250
 
 
+def test_a_retry_at_once_hint_goes_on_the_wire_as_one_millisecond():
+    # grpcio's own retry policy waits for the deadline on a pushback of "0" (test_pushback_with_grpc_retries.py).
+    metadata = dict(trailing_metadata_of(errors.Unavailable("draining", retry_after_s=0.0)))
+    assert metadata["grpc-retry-pushback-ms"] == "1"
+
+
 def test_errors_without_hint_carry_no_trailing_metadata():
     assert trailing_metadata_of(errors.InvalidArgument("bad")) == ()
 

@@ -38,7 +38,7 @@ class FakeClients:
         return address
 
 
-def _make(clock, breaker: BreakerConfig | None = None, max_resumes: int = 3):
+def _make(clock, breaker: BreakerConfig | None = None, max_resumes: int = 3, on_regroup=lambda: None):
     breakers = CircuitBreakers(breaker or BreakerConfig(num_consecutive_failures_to_open=1000,
                                                         min_calls_in_window=1000), clock)
     budgets = RetryBudgets(BUDGET, clock)
@@ -58,6 +58,7 @@ def _make(clock, breaker: BreakerConfig | None = None, max_resumes: int = 3):
         board=PressureBoard(clock),
         sleep=sleep,
         max_resumes=max_resumes,
+        on_regroup=on_regroup,
     )
     return SimpleNamespace(dispatcher=dispatcher, budgets=budgets, breakers=breakers, sleeps=sleeps)
 
@@ -183,6 +184,50 @@ async def test_a_roll_one_scheduler_unreachable_the_other_draining_is_retried_in
         await parts.dispatcher.unary(_scope(clock), WorkKind.CLASSIFY, call)
     assert [d for d in parts.sleeps if d >= REGROUP_BACKOFF_S] == [0.1, 0.2, 0.4, 0.8]
     assert len(calls) <= 3 * (1 + MAX_REGROUPS)
+
+
+async def test_a_roll_waits_out_rounds_where_every_breaker_is_open_for_the_restarted_scheduler(clock):
+    # The roll that lost calls: the restarted scheduler's breaker opened on connects refused while its
+    # channel reconnected; the other drained and exited. No endpoint may be called for a while: the
+    # call waits for the next round, and the poll each round starts lets the restarted one back in.
+    restarted = {"up": False}
+    num_regroups = []
+
+    def on_regroup() -> None:
+        num_regroups.append(1)
+        if len(num_regroups) == 3:  # the poll started by the third round finds it answering
+            restarted["up"] = True
+            parts.breakers.for_endpoint(PREFERRED).answered_poll()
+
+    parts = _make(clock, BreakerConfig(num_consecutive_failures_to_open=1, open_cooldown_s=5), on_regroup=on_regroup)
+    calls: list[str] = []
+
+    async def call(client, version, timeout_s):
+        calls.append(client)
+        if client == PREFERRED:
+            if not restarted["up"]:
+                raise _gone()
+            return "labels"
+        raise _draining() if calls.count(OTHER) == 1 else _gone()
+
+    assert await parts.dispatcher.unary(_scope(clock), WorkKind.CLASSIFY, call) == "labels"
+    assert calls == [PREFERRED, OTHER, OTHER, PREFERRED]
+    assert len(num_regroups) == 3
+    assert [d for d in parts.sleeps if d >= REGROUP_BACKOFF_S] == [0.1, 0.2, 0.4]
+
+
+async def test_rounds_with_every_breaker_open_end_with_the_last_error_within_the_regroup_limit(clock):
+    parts = _make(clock, BreakerConfig(num_consecutive_failures_to_open=1, open_cooldown_s=5))
+    calls: list[str] = []
+
+    async def call(client, version, timeout_s):
+        calls.append(client)
+        raise _draining() if client == OTHER and calls.count(OTHER) == 1 else _gone()
+
+    with pytest.raises(Unavailable, match="connection reset"):
+        await parts.dispatcher.unary(_scope(clock), WorkKind.CLASSIFY, call)
+    assert calls == [PREFERRED, OTHER, OTHER]
+    assert [d for d in parts.sleeps if d >= REGROUP_BACKOFF_S] == [0.1, 0.2, 0.4, 0.8]
 
 
 async def test_failover_stops_at_the_deadline(clock):

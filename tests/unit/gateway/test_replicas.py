@@ -72,6 +72,17 @@ def test_a_model_no_replica_reports_ready_tries_every_live_one(clock):
     assert table.choose("tinylm", exclude=frozenset({B})).endpoint == A
 
 
+def test_with_the_serving_replicas_breaker_open_a_live_one_answers_instead(clock):
+    # A roll: the restarted scheduler serves the model again, its breaker is open after connects refused
+    # while its channel reconnected; the other one (draining, not serving) answers for itself.
+    table, membership, _, breakers, _ = _table(clock)
+    membership.update(A, ["tinylm"])
+    membership.update(B, [])
+    assert table.choose("tinylm").endpoint == A
+    breakers.for_endpoint(A).try_acquire().record(UpstreamCode.UNAVAILABLE)
+    assert table.choose("tinylm").endpoint == B, "not 'circuit open' while another scheduler is live"
+
+
 def test_a_replica_whose_poll_failed_is_chosen_only_when_no_other_is_available(clock):
     table, membership, *_ = _table(clock)
     membership.update(A, ["tinylm"])
@@ -162,7 +173,7 @@ def test_candidates_follow_a_new_discovery_answer(clock):
     membership.update(A, ["tinylm"])
     assert membership.candidates("tinylm") == (A,)
     discovered["endpoints"] = (A, B)  # discovery replaces its tuple on every change
-    assert membership.candidates("tinylm") == (A,), "B has not said it serves tinylm"
+    assert membership.candidates("tinylm") == (A, B), "B has not said it serves tinylm: only a fallback"
     membership.update(B, ["tinylm"])
     assert set(membership.candidates("tinylm")) == {A, B}
     membership.update(B, ["tinylm"])  # the same answer again changes nothing

@@ -16,9 +16,10 @@ from services.gateway.tenants import Priority
 CRITICAL, STANDARD, SHEDDABLE = Priority.CRITICAL, Priority.STANDARD, Priority.SHEDDABLE
 
 
-def report(model: str = "tinylm", *, critical_s=0.0, standard_s=0.0, sheddable_s=0.0, kv_usage=0.0, **over):
+def report(model: str = "tinylm", *, critical_s=0.0, standard_s=0.0, sheddable_s=0.0, kv_usage=0.0,
+           num_workers=1, **over):
     queue_s = {CRITICAL: critical_s, STANDARD: standard_s, SHEDDABLE: sheddable_s}
-    return PressureReport(model=model, est_queue_time_s=queue_s, kv_usage=kv_usage, **over)
+    return PressureReport(model=model, est_queue_time_s=queue_s, kv_usage=kv_usage, num_workers=num_workers, **over)
 
 
 @pytest.fixture
@@ -96,6 +97,16 @@ def test_ignores_stale_reports_and_admits(shedder, board, clock):
     clock.advance(5.1)
     assert admitted(shedder) == {CRITICAL, STANDARD, SHEDDABLE}
     assert board.min_service_time_s("tinylm") == 0.0
+
+
+def test_no_worker_anywhere_is_not_overload(shedder, board):
+    # A roll: the draining scheduler's workers left, the restarted one's have not attached yet; both
+    # report the no-worker sentinel. The schedulers answer for themselves; nothing is shed for 10 s.
+    board.update("a:1", [report(critical_s=3600.0, standard_s=3600.0, sheddable_s=3600.0, num_workers=0)])
+    board.update("b:1", [report(critical_s=3600.0, standard_s=3600.0, sheddable_s=3600.0, num_workers=0)])
+    assert admitted(shedder) == {CRITICAL, STANDARD, SHEDDABLE}
+    board.update("b:1", [report(critical_s=0.45, num_workers=1)])
+    assert admitted(shedder) == {CRITICAL}, "with a worker somewhere, its queue counts again"
 
 
 def test_sheds_only_when_every_scheduler_is_under_pressure(shedder, board):
