@@ -160,6 +160,9 @@ class ServerSettings:
         ("spiffe://infermesh/gateway",), "peer ids (SPIFFE URI or DNS SAN) that may call the scheduler as a gateway")
     tls_allowed_worker_ids: tuple[str, ...] = setting(
         ("spiffe://infermesh/worker",), "peer ids (SPIFFE URI or DNS SAN) that may Attach to the scheduler as workers")
+    tls_allowed_admin_ids: tuple[str, ...] = setting(
+        ("spiffe://infermesh/operator",), "peer ids (SPIFFE URI or DNS SAN) that may call Admin/GetStatus "
+        "(infermesh status) under mTLS")
     metrics_tls: bool = setting(True, "with TLS on, serve /metrics over HTTPS with the same certificate; "
                                       "off when scrapes stay inside the pod")
 

@@ -24,10 +24,12 @@ from dataclasses import dataclass
 class Role(enum.Enum):
     GATEWAY = "gateway"
     WORKER = "worker"
+    OPERATOR = "operator"  # a person or tool reading a service's status (infermesh CLI)
     PEER = "peer"  # any peer whose certificate the CA bundle verifies
 
 
 _SCHEDULER = "/infermesh.v1.Scheduler/"
+_ADMIN = "/infermesh.v1.Admin/"
 _OPEN_SERVICES = (
     "/grpc.health.v1.Health/",
     "/grpc.reflection.v1alpha.ServerReflection/",
@@ -50,10 +52,13 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
     # each one's GetPressure to attach where its model has the fewest workers (issue 12).
     _SCHEDULER + "GetPressure": frozenset({Role.GATEWAY, Role.WORKER}),
     _SCHEDULER + "Attach": _WORKER,
+    # What a process has in force (services/common/admin_servicer.py), on every service's port.
+    _ADMIN + "GetStatus": frozenset({Role.OPERATOR}),
 }
 
 _DEV_GATEWAY_IDS = ("spiffe://infermesh/gateway",)
 _DEV_WORKER_IDS = ("spiffe://infermesh/worker",)
+_DEV_ADMIN_IDS = ("spiffe://infermesh/operator",)
 
 
 @dataclass(frozen=True)
@@ -92,9 +97,10 @@ class IdentityPolicy:
 
     gateway_ids: tuple[str, ...] = _DEV_GATEWAY_IDS
     worker_ids: tuple[str, ...] = _DEV_WORKER_IDS
+    admin_ids: tuple[str, ...] = _DEV_ADMIN_IDS
 
     def _ids(self, role: Role) -> tuple[str, ...]:
-        return self.gateway_ids if role is Role.GATEWAY else self.worker_ids
+        return {Role.GATEWAY: self.gateway_ids, Role.WORKER: self.worker_ids}.get(role, self.admin_ids)
 
     def roles_of(self, method: str) -> frozenset[Role]:
         """The roles that may call method; empty when nobody may."""
@@ -115,6 +121,6 @@ class IdentityPolicy:
         allowed = [i for role in ordered for i in self._ids(role)]
         if any(name in allowed for name in peer.names):
             return Decision(True)
-        holders = " or ".join(f"a {role.value}" for role in ordered)
+        holders = " or ".join(f"{'an' if role.value[0] in 'aeiou' else 'a'} {role.value}" for role in ordered)
         return Decision(False, f"peer {peer} may not call {method}: only {holders} identity "
                                f"({', '.join(allowed)}) may")

@@ -61,7 +61,8 @@ def plan(settings: ServerSettings, service_name: str) -> TlsPlan:
                           f"{settings.tls_client_auth}) but --tls-ca-file is empty: nothing to verify them against")
     policy = None
     if require and settings.tls_identity_check:
-        policy = IdentityPolicy(settings.tls_allowed_gateway_ids, settings.tls_allowed_worker_ids)
+        policy = IdentityPolicy(settings.tls_allowed_gateway_ids, settings.tls_allowed_worker_ids,
+                                settings.tls_allowed_admin_ids)
     return TlsPlan(files, require, policy)
 
 

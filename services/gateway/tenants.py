@@ -72,6 +72,8 @@ class Tenant:
     allowed_models: frozenset[str]
     quota: TenantQuota
     api_key_sha256: tuple[str, ...]
+    # May call Admin/GetStatus at the gateway (infermesh status): sees every tenant's limits, never keys.
+    admin: bool = False
 
     def may_use(self, model_name: str) -> bool:
         return ALL_MODELS in self.allowed_models or model_name in self.allowed_models
@@ -117,7 +119,7 @@ def parse_tenant_config(text: str, source: str) -> TenantConfig:
     return TenantConfig(tenants=tenants, source=source)
 
 
-_TENANT_FIELDS = {"id", "api_key_sha256", "priority", "weight", "allowed_models", "quotas"}
+_TENANT_FIELDS = {"id", "api_key_sha256", "priority", "weight", "allowed_models", "quotas", "admin"}
 _QUOTA_FIELDS = ("requests_per_s", "requests_burst", "tokens_per_s", "tokens_burst", "max_in_flight")
 
 
@@ -144,6 +146,7 @@ def _parse_tenant(entry: object, index: int, source: str) -> Tenant:
         allowed_models=_parse_models(entry.get("allowed_models"), fail),
         quota=_parse_quota(entry.get("quotas"), fail),
         api_key_sha256=_parse_key_hashes(entry.get("api_key_sha256"), fail),
+        admin=_parse_flag(entry.get("admin", False), "admin", fail),
     )
 
 
@@ -200,6 +203,12 @@ def _parse_key_hashes(value: object, fail) -> tuple[str, ...]:
 def _parse_int(value: object, field_name: str, minimum: int, fail) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise fail(field_name, f"must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _parse_flag(value: object, field_name: str, fail) -> bool:
+    if not isinstance(value, bool):  # a quoted "true" or 1 is refused: a flag that grants access must be plain
+        raise fail(field_name, f"must be true or false, got {value!r}")
     return value
 
 

@@ -10,8 +10,10 @@ import time
 import uuid
 from pathlib import Path
 
+from services.common.admin_servicer import SERVICE_NAME as ADMIN_SERVICE
+from services.common.admin_servicer import AdminServicer, add_to_server
 from services.common.server import Health
-from services.worker import metrics
+from services.worker import admin_status, metrics
 from services.worker.attach_client import AttachClient, Backoff
 from services.worker.builtin_models import TOY_MODELS
 from services.worker.config import WorkerConfig
@@ -49,19 +51,23 @@ def decide_threads(config: WorkerConfig) -> ThreadDecision:
 
 
 class WorkerService:
-    service_names: tuple[str, ...] = ()
+    service_names: tuple[str, ...] = (ADMIN_SERVICE,)
 
     def __init__(self, config: WorkerConfig) -> None:
         self._config = config
-        self._worker_id = config.worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.worker_id = config.worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._client: AttachClient | None = None
         self._task: asyncio.Task | None = None
+        # Set by start(), read by Admin/GetStatus.
+        self.threads: ThreadDecision | None = None
+        self.runtime: WorkerRuntime | None = None
 
     def register(self, server) -> None:
-        return None  # the worker serves only health; it dials out for work
+        # Health and Admin only: the worker dials out for work.
+        add_to_server(AdminServicer(*admin_status.handlers(self, self._config)), server)
 
     async def start(self, health: Health) -> None:
-        threads = decide_threads(self._config)
+        threads = self.threads = decide_threads(self._config)
         metrics.THREADS.labels(self._config.model_name, threads.source.value).set(threads.num_threads)
         loop = asyncio.get_running_loop()
         model, version = self._config.model_name, self._config.model_version
@@ -69,12 +75,13 @@ class WorkerService:
         began_s = time.monotonic()
         runtime = await loop.run_in_executor(None, make_runtime, self._config, threads.num_threads)
         await loop.run_in_executor(None, runtime.load)
+        self.runtime = runtime
         metrics.MODEL_LOAD_SECONDS.labels(model, version).set(time.monotonic() - began_s)
         log.info("model %s:%s loaded and passed its golden check in %.1f s", model, version, time.monotonic() - began_s)
         backoff = Backoff(self._config.reconnect_initial_s, self._config.reconnect_max_s)
         dialer = SchedulerDialer(parse_scheduler_address(self._config.scheduler_address),
-                                 runtime.hello(self._worker_id).model, self._worker_id)
-        self._client = AttachClient(dialer, runtime, self._worker_id, backoff,
+                                 runtime.hello(self.worker_id).model, self.worker_id)
+        self._client = AttachClient(dialer, runtime, self.worker_id, backoff,
                                     rebalance_interval_s=self._config.rebalance_interval_s)
         await health.set_serving(True)
         metrics.set_model_state(model, version, "ready")

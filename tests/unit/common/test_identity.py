@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infermesh.v1 import scheduler_pb2
+from infermesh.v1 import admin_pb2, scheduler_pb2
 from services.common.identity import METHOD_ROLES, IdentityPolicy, PeerIdentity, Role, peer_identity
 
 GATEWAY = PeerIdentity(("spiffe://infermesh/gateway", "gateway", "localhost"))
@@ -99,4 +99,21 @@ def test_every_scheduler_rpc_has_a_role():
     service = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"]
     missing = [m.name for m in service.methods if f"/{service.full_name}/{m.name}" not in METHOD_ROLES]
     assert not missing, f"add {missing} to METHOD_ROLES in services/common/identity.py"
-    assert all(roles and roles <= {Role.GATEWAY, Role.WORKER} for roles in METHOD_ROLES.values())
+    assert all(roles and roles <= {Role.GATEWAY, Role.WORKER, Role.OPERATOR} for roles in METHOD_ROLES.values())
+
+
+def test_only_an_operator_identity_may_read_a_services_status():
+    method = "/infermesh.v1.Admin/GetStatus"
+    operator = PeerIdentity(("spiffe://infermesh/operator",))
+    assert IdentityPolicy().decide(method, operator).allowed
+    for peer in (GATEWAY, WORKER):
+        decision = IdentityPolicy().decide(method, peer)
+        assert not decision.allowed
+        assert "only an operator identity (spiffe://infermesh/operator) may" in decision.reason
+    assert IdentityPolicy(admin_ids=("spiffe://infermesh/gateway",)).decide(method, GATEWAY).allowed
+
+
+def test_every_admin_rpc_has_a_role():
+    service = admin_pb2.DESCRIPTOR.services_by_name["Admin"]
+    missing = [m.name for m in service.methods if f"/{service.full_name}/{m.name}" not in METHOD_ROLES]
+    assert not missing, f"add {missing} to METHOD_ROLES in services/common/identity.py"

@@ -1,0 +1,1 @@
+"""The `infermesh` console command: status of every service, classify and generate through the gateway."""
