@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     classify.add_argument("file", help="PNG or JPEG file, or a uint8 .npy array (HxW or HxWxC)")
     classify.add_argument("--model", required=True)
     classify.add_argument("--model-version", default="", help="a version; empty: the routing's choice")
-    classify.add_argument("--top-k", type=int, default=3, help="labels to print (default: %(default)s)")
+    classify.add_argument("--top-k", type=int, default=1,
+                          help="labels to print, 1..the model's class count (default: %(default)s)")
     classify.add_argument("--gateway", default=os.environ.get("INFERMESH_GATEWAY", DEFAULT_GATEWAY))
     classify.add_argument("--json", action="store_true")
     _common(classify)
