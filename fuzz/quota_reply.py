@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 import atheris
 
 from fuzz.harness import fuzz
@@ -32,15 +35,34 @@ def _value(provider: atheris.FuzzedDataProvider) -> object:
     return [provider.ConsumeBytes(8) for _ in range(provider.ConsumeIntInRange(0, 3))]
 
 
+def _grant(provider: atheris.FuzzedDataProvider) -> object:
+    """One grant value as the script's JSON could hold it: mostly numbers, sometimes anything else."""
+    kind = provider.ConsumeIntInRange(0, 7)
+    if kind <= 2:
+        return provider.ConsumeRegularFloat() if kind else provider.ConsumeInt(4)
+    if kind == 3:
+        return provider.PickValueInList([math.nan, math.inf, -math.inf, 10**400, -(10**400), True])
+    if kind == 4:
+        return provider.ConsumeUnicodeNoSurrogates(8)
+    return provider.PickValueInList([None, {}, [], {"a": 1}])
+
+
+def _grants(provider: atheris.FuzzedDataProvider, num_asks: int) -> bytes:
+    """The reply's JSON text: a list of about 3 values per tenant, or raw bytes."""
+    if provider.ConsumeIntInRange(0, 4) == 0:
+        return provider.ConsumeBytes(provider.ConsumeIntInRange(0, 64))
+    length = max(0, 3 * num_asks + provider.ConsumeIntInRange(-1, 1))
+    return json.dumps([_grant(provider) for _ in range(length)]).encode()
+
+
 def check(data: bytes) -> None:
     provider = atheris.FuzzedDataProvider(data)
     plan = LeasePlan(tuple(_ask(i) for i in range(provider.ConsumeIntInRange(0, 3))))
-    shape = provider.ConsumeIntInRange(0, 3)
-    if shape == 0:
-        raw = _value(provider)
+    if provider.ConsumeIntInRange(0, 7) == 0:
+        raw = _value(provider)  # not the script's [live, bad keys, grants] shape at all
     else:
         live, bad = _value(provider), [_value(provider) for _ in range(provider.ConsumeIntInRange(0, 2))]
-        raw = [live, bad, provider.ConsumeBytes(atheris.ALL_REMAINING)]
+        raw = [live, bad, _grants(provider, len(plan.asks))]
     try:
         _parse_reply(raw, plan)
     except StoreReplyError:
