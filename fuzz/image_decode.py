@@ -16,15 +16,14 @@ MAX_IMAGE_PIXELS = 1 << 20  # the digits model's limit (model_repo/digits/1/mani
 
 
 def check(data: bytes) -> None:
-    provider = atheris.FuzzedDataProvider(data)
-    channels = provider.PickValueInList([1, 3])
-    if provider.ConsumeBool():
-        image = RawImage(pixels=b"", height=provider.ConsumeIntInRange(-2, 4096),
-                         width=provider.ConsumeIntInRange(-2, 4096), channels=provider.ConsumeIntInRange(-1, 5))
-        image = RawImage(provider.ConsumeBytes(provider.ConsumeIntInRange(0, 1 << 16)), image.height, image.width,
-                         image.channels)
-    else:
-        image = provider.ConsumeBytes(atheris.ALL_REMAINING)
+    """data[0]: bit 0 picks the model's channels (1 or 3), bit 1 raw pixels instead of a file, bit 2
+    scales the raw height past the pixel limit; a raw image's height, width and channels are data[1:4]."""
+    mode, payload = (data[0], data[1:]) if data else (0, b"")
+    channels = 1 if mode & 1 else 3
+    image: bytes | RawImage = payload
+    if mode & 2:
+        height, width, num_channels = (list(payload[:3]) + [0, 0, 0])[:3]
+        image = RawImage(payload[3:], height * (4099 if mode & 4 else 1), width, num_channels % 6 - 1)
     try:
         decode_image(image, channels=channels, max_image_pixels=MAX_IMAGE_PIXELS)
     except InvalidArgument:
