@@ -82,6 +82,7 @@ def _state(model: str, version: str) -> str:
 
 
 def served(model: str, generator: bool) -> tuple[ServedView, ...]:
+    """`model`: the counters' model label, "name:version" (attach_client.py)."""
     rows = []
     for kind, items_kind in _KINDS[1:] if generator else _KINDS[:1]:
         def items(outcome: str, items_kind=items_kind) -> int:
@@ -105,7 +106,7 @@ def collect(service, config) -> WorkerView:
         device=device or "unknown", threads=threads.num_threads if threads else 0,
         threads_source=threads.source.value if threads else "", scheduler_address=config.scheduler_address,
         model_load_s=_sample("infermesh_worker_model_load_seconds", model=model, version=version),
-        served=served(model, generator) if hello is not None else (),
+        served=served(f"{model}:{version}", generator) if hello is not None else (),
     )
 
 
