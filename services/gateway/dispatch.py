@@ -245,6 +245,8 @@ class Dispatcher:
         if not tried:
             self._budgets.for_upstream(route.endpoint).record_request()
         tried.append(route.endpoint)
+        if route.version:  # the request's metrics carry the version it was routed to
+            scope.served_version = route.version
         return route
 
     def _timeout_s(self, scope, route: Route, last_failure: AttemptError | None) -> float:

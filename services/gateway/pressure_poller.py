@@ -36,6 +36,8 @@ class ModelCatalog:
         self._by_endpoint: dict[str, tuple[gateway_pb2.ModelInfo, ...]] = {}
         # Every model name some endpoint reported, kept on each update: `knows` runs per request.
         self._names: frozenset[str] = frozenset()
+        # (name, version) -> endpoints that reported it ready; routing reads it per canary draw.
+        self._ready: dict[tuple[str, str], frozenset[str]] = {}
 
     def update(self, endpoint: str, models: tuple[gateway_pb2.ModelInfo, ...]) -> None:
         self._by_endpoint[endpoint] = models
@@ -47,10 +49,24 @@ class ModelCatalog:
 
     def _reindex(self) -> None:
         self._names = frozenset(info.model.name for models in self._by_endpoint.values() for info in models)
+        ready: dict[tuple[str, str], set[str]] = {}
+        for endpoint, models in self._by_endpoint.items():
+            for info in models:
+                if info.ready:
+                    ready.setdefault((info.model.name, info.model.version), set()).add(endpoint)
+        self._ready = {key: frozenset(endpoints) for key, endpoints in ready.items()}
 
     def knows(self, name: str) -> bool:
         """Whether any endpoint reported a version of `name` (ready or not)."""
         return name in self._names
+
+    def serving(self, name: str, version: str) -> frozenset[str]:
+        """The endpoints whose last ListModels reported `version` of `name` ready."""
+        return self._ready.get((name, version), frozenset())
+
+    def knows_version(self, name: str, version: str) -> bool:
+        """Whether any endpoint reported `version` of `name` (ready or not)."""
+        return any(info.model.version == version for info in self.versions(name))
 
     def versions(self, name: str) -> list[gateway_pb2.ModelInfo]:
         """Every known version of `name` (one entry per version, ready if any endpoint is)."""

@@ -1,7 +1,7 @@
 """Wiring: the public Inference service and KServe v2 on the gateway port, plus background loops.
 
 Background: GetPressure/ListModels polling of every scheduler endpoint, the
-tenants file watcher (poll, and SIGHUP for an immediate reload).
+tenants and routing file watchers (poll, and SIGHUP for an immediate reload of both).
 """
 
 from __future__ import annotations
@@ -10,18 +10,13 @@ import asyncio
 import logging
 import signal
 import time
-from pathlib import Path
-
-import yaml
 
 from inference import grpc_predict_v2_pb2, grpc_predict_v2_pb2_grpc
 from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
-from services.common.admin_servicer import SERVICE_NAME as ADMIN_SERVICE
-from services.common.admin_servicer import AdminServicer, add_to_server
 from services.common.config import ConfigError
-from services.common.metric_labels import KnownValues
+from services.common.metric_labels import KnownValues, KnownVersions
 from services.common.server import Health
-from services.gateway import admin_status, metrics
+from services.gateway import metrics
 from services.gateway.adaptive_limit import AdaptiveLimits
 from services.gateway.admission import Admission, AdmissionParts, OpenTenants, WatchedTenants
 from services.gateway.circuit_breaker import CircuitBreakers
@@ -30,6 +25,7 @@ from services.gateway.config import GatewayConfig
 from services.gateway.deadlines import Deadlines
 from services.gateway.discovery import Resolver, SchedulerDiscovery
 from services.gateway.dispatch import Dispatcher
+from services.gateway.file_watch import ReloadResult, WatchedFile
 from services.gateway.kserve_servicer import KServeServicer
 from services.gateway.pressure_poller import ModelCatalog, PressurePoller
 from services.gateway.quota_lease import SharedQuotas
@@ -39,7 +35,13 @@ from services.gateway.quotas import TenantQuotas
 from services.gateway.replicas import Membership, ReplicaSelector
 from services.gateway.retry_budget import RetryBudgets
 from services.gateway.retry_policy import RetryPolicy
-from services.gateway.routing import RoutingConfigError, RoutingTable, parse_routing_config
+from services.gateway.routing import (
+    RoutingConfigError,
+    RoutingTable,
+    VersionServing,
+    describe_routes,
+    load_routing_file,
+)
 from services.gateway.servicer import InferenceServicer
 from services.gateway.shedding import LoadShedder, PressureBoard
 from services.gateway.silence_watch import SilenceWatch
@@ -49,27 +51,27 @@ from services.gateway.upstream import SchedulerClients, UpstreamMode
 log = logging.getLogger(__name__)
 
 
-def load_routing(config: GatewayConfig, breakers: CircuitBreakers, replicas: ReplicaSelector) -> RoutingTable:
+def load_routing(config: GatewayConfig, breakers: CircuitBreakers, replicas: ReplicaSelector | None,
+                 serving: VersionServing | None = None) -> tuple[RoutingTable, WatchedFile | None]:
+    """The routing table, and the routing file's watcher that loads it now and on every change.
+
+    A bad file at start raises ConfigError (the gateway does not start); later it is refused and
+    logged, and the routing in force stays (file_watch.py)."""
+    routing = RoutingTable((), breakers, replicas=replicas, serving=serving)
     if not config.routing_file:
-        return RoutingTable((), breakers, replicas=replicas)
+        return routing, None
     try:
-        data = yaml.safe_load(Path(config.routing_file).read_text(encoding="utf-8"))
-        return RoutingTable(parse_routing_config(data, config.routing_file), breakers)
-    except OSError as exc:
-        raise ConfigError(f"routing_file {config.routing_file}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"routing_file {config.routing_file}: not UTF-8 text: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"routing_file {config.routing_file}: not valid YAML: {exc}") from None
+        watched = WatchedFile(config.routing_file, load_routing_file, what="routing file", error=RoutingConfigError,
+                              describe=describe_routes, on_reload=routing.replace, log=log)
     except RoutingConfigError as exc:
         raise ConfigError(str(exc)) from None
+    return routing, watched
 
 
 class GatewayService:
     service_names = (
         gateway_pb2.DESCRIPTOR.services_by_name["Inference"].full_name,
         grpc_predict_v2_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name,
-        ADMIN_SERVICE,
     )
 
     def __init__(self, config: GatewayConfig, clock=time.monotonic, resolver: Resolver | None = None) -> None:
@@ -87,8 +89,9 @@ class GatewayService:
         # Endpoints gone from discovery whose channels close once their calls' deadlines have passed.
         self._retiring: dict[str, asyncio.TimerHandle] = {}
         self.membership = Membership(lambda: self.discovery.endpoints)
-        self.routing = load_routing(config, self.breakers, ReplicaSelector(self.membership, self.board))
         self.catalog = ModelCatalog()
+        self.routing, self.routing_file = load_routing(
+            config, self.breakers, ReplicaSelector(self.membership, self.board), self.catalog.serving)
         self.clients = SchedulerClients(config.max_message_bytes, UpstreamMode(config.upstream_mode))
         self.quotas: TenantQuotas | SharedQuotas | None = None
         self.quota_sync: QuotaSync | None = None
@@ -115,6 +118,7 @@ class GatewayService:
                 limits=self.limits,
                 quotas=self.quotas,
                 model_label=KnownValues(self._knows_model),
+                version_label=KnownVersions(self._knows_version, none=metrics.NO_VERSION),
             ),
             clock,
         )
@@ -143,6 +147,10 @@ class GatewayService:
     def _knows_model(self, name: str) -> bool:
         """A model in the routing file, or one some scheduler reported (metric labels use only these)."""
         return self.routing.has_route(name) or self.catalog.knows(name)
+
+    def _knows_version(self, model: str, version: str) -> bool:
+        """A version of a known model in the routing file or reported by some scheduler."""
+        return self.routing.has_version(model, version) or self.catalog.knows_version(model, version)
 
     def _on_schedulers_changed(self, added: tuple[str, ...], removed: tuple[str, ...]) -> None:
         for endpoint in added:
@@ -190,7 +198,6 @@ class GatewayService:
             ready=lambda: bool(self._health and self._health.serving and self.poller.reachable),
         )
         grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(kserve, server)
-        add_to_server(AdminServicer(*admin_status.handlers(self, self._config)), server)
 
     async def start(self, health: Health) -> None:
         self._health = health
@@ -207,21 +214,28 @@ class GatewayService:
             await self.quota_sync.sync_once()  # leases (or the fallback share) before the first request
             self._tasks.append(asyncio.create_task(self.quota_sync.run(), name="quota-sync"))
         self._tasks.append(asyncio.create_task(self._observe_limits(), name="limit-gauges"))
-        if self.watcher is not None:
+        if self._watched_files():
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._on_sighup)
             if self._config.tenants_poll_interval_ms > 0:
-                self._tasks.append(asyncio.create_task(self._watch_tenants(), name="tenants-watcher"))
+                self._tasks.append(asyncio.create_task(self._watch_files(), name="config-file-watcher"))
         await health.set_serving(True)
 
-    def _on_sighup(self) -> None:
-        log.info("SIGHUP: reloading tenants from %s", self.watcher.path)
-        self.watcher.reload()
+    def _watched_files(self) -> list[tuple[str, WatchedFile]]:
+        files = [("routing", self.routing_file)] if self.routing_file is not None else []
+        return files + ([("tenants", self.watcher.file)] if self.watcher is not None else [])
 
-    async def _watch_tenants(self) -> None:
+    def _on_sighup(self) -> None:
+        for name, watched in self._watched_files():
+            log.info("SIGHUP: reloading %s from %s", name, watched.path)
+            _count_reload(name, watched.reload())
+
+    async def _watch_files(self) -> None:
+        # The tenants and the routing file, both at the tenants file's interval.
         interval_s = self._config.tenants_poll_interval_ms / 1000
         while True:
             await asyncio.sleep(interval_s)
-            self.watcher.poll()
+            for name, watched in self._watched_files():
+                _count_reload(name, watched.poll())
 
     async def _observe_limits(self) -> None:
         while True:  # once a second, not per request: the admitted path stays cheap
@@ -243,3 +257,8 @@ class GatewayService:
         if self.quota_sync is not None:
             await self.quota_sync.close()
         await self.clients.close()
+
+
+def _count_reload(name: str, result: ReloadResult | None) -> None:
+    if result is not None:
+        metrics.config_reload(name, result.applied)
