@@ -20,7 +20,7 @@ export MESH_MODEL_REPO ?= $(MODEL_REPO)
 # The key make up checks readiness with (and make demo loads with): a tenant's key in MESH_TENANTS_FILE.
 MESH_API_KEY ?= demo-key-alpha
 
-.PHONY: help setup protos models model-repo up down demo test lint fuzz bench clean
+.PHONY: help setup protos models model-repo up down demo test lint fuzz bench images clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-8s %s\n", $$1, $$2}'
@@ -88,6 +88,9 @@ bench: setup model-repo ## benchmarks: tables on stdout, JSON under bench/result
 	@for script in bench/bench_*.py; do \
 		name=$$(basename $$script .py); echo "== $$name"; \
 		$(PY) -m bench.$$name $(if $(QUICK),--quick) || exit 1; done
+
+images: setup ## docker build each service image, tagged with the release --version prints (tools/images.py)
+	$(PY) -m tools.images $(IMAGES_ARGS)
 
 clean: ## remove generated stubs, run files and reports (keeps .venv)
 	rm -rf $(GEN) run reports bench/results
