@@ -217,6 +217,10 @@ class CircuitBreakers:
             breaker = self._by_endpoint[endpoint] = CircuitBreaker(endpoint, self.config, self.clock)
         return breaker
 
+    def forget(self, endpoint: str) -> None:
+        """`endpoint` left discovery for good: its breaker goes (a later return starts closed)."""
+        self._by_endpoint.pop(endpoint, None)
+
     def states(self) -> dict[str, BreakerState]:
         """State per endpoint, for the breaker-state gauge."""
         return {endpoint: breaker.state for endpoint, breaker in self._by_endpoint.items()}

@@ -121,6 +121,13 @@ def observe_budgets(balances: dict[str, float]) -> None:
         RETRY_BUDGET_REMAINING.labels(upstream).set(balance)
 
 
+def forget_upstream(upstream: str) -> None:
+    """A scheduler endpoint left discovery for good: its series go, so the pod addresses that
+    come and go with every rollout do not pile up in the metric store."""
+    for metric in (RETRIES, RETRY_BUDGET_REMAINING, BREAKER_STATE):
+        metric.remove_by_labels({"upstream": upstream})
+
+
 class Refusal(enum.Enum):
     LIMIT = "limit"
     DEADLINE = "deadline"

@@ -78,6 +78,10 @@ class RetryBudgets:
             budget = self._by_upstream[upstream] = RetryBudget(self.config, self.clock)
         return budget
 
+    def forget(self, upstream: str) -> None:
+        """`upstream` left discovery for good: its budget goes."""
+        self._by_upstream.pop(upstream, None)
+
     def balances(self) -> dict[str, float]:
         """Budget left per upstream, for the `retry budget` gauge."""
         return {upstream: budget.balance() for upstream, budget in self._by_upstream.items()}

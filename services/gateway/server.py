@@ -168,6 +168,9 @@ class GatewayService:
 
     def _retire(self, endpoint: str) -> None:
         self._retiring.pop(endpoint, None)
+        self.breakers.forget(endpoint)
+        self.budgets.forget(endpoint)
+        metrics.forget_upstream(endpoint)
         self._tasks.append(asyncio.create_task(self.clients.retire(endpoint), name=f"retire {endpoint}"))
 
     def _build_quotas(self, config: GatewayConfig, clock) -> TenantQuotas | SharedQuotas:
