@@ -70,6 +70,8 @@ class GenerateStream:
     last_chunk_s: float | None = None
     first_chunk_s: float | None = None
     num_tokens_seen: int = 0
+    # A continuation (a stream resumed here): its first token is not the client's first token.
+    resumed: bool = False
 
 
 def step_scheduler_config(config: SchedulerConfig, capacity: scheduler_pb2.WorkerCapacity) -> StepSchedulerConfig:
@@ -303,6 +305,7 @@ class GeneratePool:
             stream.seq_id, prompt_ids, sampling, stream.tenant, deadline_s=stream.deadline_s,
             delivered_token_ids=delivered_token_ids,
         )
+        stream.resumed = bool(delivered_token_ids)
         self._streams[stream.seq_id] = stream
         self._where[stream.seq_id] = loop
         loop.wake()
@@ -447,7 +450,8 @@ class GeneratePool:
         if num_tokens:
             if stream.last_chunk_s is None:
                 first_token_s = stream.seq.first_token_s if stream.seq and stream.seq.first_token_s else now
-                self._ttft.observe(first_token_s - stream.arrival_s)
+                if not stream.resumed:
+                    self._ttft.observe(first_token_s - stream.arrival_s)
                 stream.first_chunk_s = now
                 num_tokens -= 1
             else:

@@ -54,7 +54,7 @@ PREEMPTIONS = Counter(
     "infermesh_scheduler_preemptions_total", "Sequences preempted (blocks freed, recomputed later).", ["model"]
 )
 TTFT = Histogram(
-    "infermesh_scheduler_time_to_first_token_seconds", "Generate: arrival at the scheduler until the first generated token.",
+    "infermesh_scheduler_time_to_first_token_seconds", "Generate: arrival at the scheduler until the first generated token (not for continuations).",
     ["model"], buckets=_LATENCY_BUCKETS_S,
 )
 TIME_PER_OUTPUT_TOKEN = Histogram(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from prometheus_client import REGISTRY
 
 from infermesh.v1 import common_pb2, scheduler_pb2
 from services.common import errors
@@ -204,3 +205,24 @@ async def test_a_continuation_streams_the_rest_from_its_index(pool):
     reader.num_tokens = 5  # the client holds tokens 0..4
     assert await reader.read() == whole[5:]
     assert reader.num_tokens == 12
+
+
+async def test_a_continuations_first_token_is_no_time_to_first_token(pool):
+    # A stream resumed here already gave its client a first token elsewhere.
+    def num_ttft() -> float:
+        return REGISTRY.get_sample_value(
+            "infermesh_scheduler_time_to_first_token_seconds_count", {"model": MODEL.name}) or 0.0
+
+    attach(pool, "w1")
+    before = num_ttft()
+    resumed = GenerateStream(seq_id=WorkerLink.next_id(), tenant=TenantContext("t"),
+                             sampling_proto=common_pb2.SamplingParams(max_tokens=6), trace_context={},
+                             arrival_s=pool.clock(), deadline_s=None)
+    delivered = tuple(expected("abc", 2).encode())
+    pool.submit(resumed, tuple(b"abc"), SamplingParams(max_tokens=6), delivered_token_ids=delivered)
+    reader = Reader(resumed)
+    reader.num_tokens = len(delivered)  # indices continue after the delivered tokens
+    await reader.read()
+    assert num_ttft() == before
+    await submit(pool, "abc", 4).read()
+    assert num_ttft() == before + 1
