@@ -23,17 +23,20 @@ class KVBlockManager:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        # Freed blocks go to the back, so recently used pages are reused last.
-        self._free: deque[int] = deque(range(num_blocks))
+        # Blocks never handed out yet are [_num_untouched_from, num_blocks) and go first; freed blocks
+        # queue at the back, so recently used pages are reused last. Nothing is built per block up
+        # front: a worker's hello may declare millions of blocks (a list of them took seconds and GBs).
+        self._num_untouched_from = 0
+        self._free: deque[int] = deque()
         self._tables: dict[int, list[int]] = {}
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return self.num_blocks - self._num_untouched_from + len(self._free)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free_blocks
 
     @property
     def usage(self) -> float:
@@ -64,22 +67,29 @@ class KVBlockManager:
     def can_allocate(self, seq_id: int, num_tokens: int, *, reserve_blocks: int = 0) -> bool:
         """Whether the table of `seq_id` can grow to cover `num_tokens` tokens in total,
         leaving at least `reserve_blocks` free."""
-        if reserve_blocks <= len(self._free) and self._covers(seq_id, num_tokens):
+        num_free = self.num_free_blocks
+        if reserve_blocks <= num_free and self._covers(seq_id, num_tokens):
             return True
-        return self.num_missing_blocks(seq_id, num_tokens) + reserve_blocks <= len(self._free)
+        return self.num_missing_blocks(seq_id, num_tokens) + reserve_blocks <= num_free
 
     def allocate(self, seq_id: int, num_tokens: int) -> tuple[int, ...]:
         """Grows the table of `seq_id` to cover `num_tokens` tokens; returns the appended block ids."""
         if self._covers(seq_id, num_tokens):
             return ()
         missing = self.num_missing_blocks(seq_id, num_tokens)
-        if missing > len(self._free):
+        if missing > self.num_free_blocks:
             raise OutOfBlocksError(
-                f"sequence {seq_id} needs {missing} more blocks for {num_tokens} tokens, {len(self._free)} free"
+                f"sequence {seq_id} needs {missing} more blocks for {num_tokens} tokens, {self.num_free_blocks} free"
             )
-        new_blocks = tuple(self._free.popleft() for _ in range(missing))
+        new_blocks = tuple(self._take_block() for _ in range(missing))
         self._tables.setdefault(seq_id, []).extend(new_blocks)
         return new_blocks
+
+    def _take_block(self) -> int:
+        if self._num_untouched_from < self.num_blocks:
+            self._num_untouched_from += 1
+            return self._num_untouched_from - 1
+        return self._free.popleft()
 
     def can_append(self, seq_id: int, num_tokens: int) -> bool:
         """Whether a sequence now holding `num_tokens` tokens can take one more."""

@@ -53,3 +53,24 @@ def test_rejects_bad_arguments_with_precise_messages():
         KVBlockManager(4, 0)
     with pytest.raises(ValueError, match="num_tokens must be >= 0, got -1"):
         KVBlockManager(4, 4).can_allocate(1, -1)
+
+
+def test_a_pool_as_large_as_a_hello_can_declare_is_built_without_a_list_of_its_blocks():
+    # Found by atheris (fuzz/attach_hello.py): a generator's hello declaring 68 million KV blocks made
+    # the scheduler build a deque of every block id on Attach (14 s and ~1 GB; 2**32 - 1 would exhaust memory).
+    kv = KVBlockManager(2**32 - 1, 16)
+    assert kv.num_free_blocks == 2**32 - 1
+    assert kv.allocate(seq_id=1, num_tokens=33) == (0, 1, 2)
+    assert kv.num_free_blocks == 2**32 - 4 and kv.num_used_blocks == 3
+
+
+def test_untouched_blocks_go_before_freed_ones_and_freed_ones_oldest_first():
+    kv = KVBlockManager(num_blocks=4, block_size=1)
+    assert kv.allocate(seq_id=1, num_tokens=1) == (0,)
+    assert kv.allocate(seq_id=2, num_tokens=1) == (1,)
+    kv.free(2)
+    kv.free(1)
+    assert kv.allocate(seq_id=3, num_tokens=4) == (2, 3, 1, 0)
+    assert kv.num_free_blocks == 0
+    with pytest.raises(OutOfBlocksError):
+        kv.allocate(seq_id=4, num_tokens=1)
