@@ -13,10 +13,12 @@ import time
 
 from inference import grpc_predict_v2_pb2, grpc_predict_v2_pb2_grpc
 from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
+from services.common.admin_servicer import SERVICE_NAME as ADMIN_SERVICE
+from services.common.admin_servicer import AdminServicer, add_to_server
 from services.common.config import ConfigError
 from services.common.metric_labels import KnownValues, KnownVersions
 from services.common.server import Health
-from services.gateway import metrics
+from services.gateway import admin_status, metrics
 from services.gateway.adaptive_limit import AdaptiveLimits
 from services.gateway.admission import Admission, AdmissionParts, OpenTenants, WatchedTenants
 from services.gateway.circuit_breaker import CircuitBreakers
@@ -72,6 +74,7 @@ class GatewayService:
     service_names = (
         gateway_pb2.DESCRIPTOR.services_by_name["Inference"].full_name,
         grpc_predict_v2_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name,
+        ADMIN_SERVICE,
     )
 
     def __init__(self, config: GatewayConfig, clock=time.monotonic, resolver: Resolver | None = None) -> None:
@@ -201,6 +204,7 @@ class GatewayService:
             ready=lambda: bool(self._health and self._health.serving and self.poller.reachable),
         )
         grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(kserve, server)
+        add_to_server(AdminServicer(*admin_status.handlers(self, self._config)), server)
 
     async def start(self, health: Health) -> None:
         self._health = health

@@ -72,3 +72,12 @@ def test_a_reply_with_a_ragged_row_is_refused():
     del message.sections[0].rows[0].cells[1]
     with pytest.raises(ValueError, match="a row has 1 cells for 2 columns"):
         from_proto(message)
+
+
+def test_every_service_lists_admin_for_health_and_reflection():
+    from services.gateway.server import GatewayService
+    from services.scheduler.server import SchedulerService
+    from services.worker.server import WorkerService
+
+    for service in (GatewayService, SchedulerService, WorkerService):
+        assert "infermesh.v1.Admin" in service.service_names, service.__name__
