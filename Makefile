@@ -19,6 +19,29 @@ export MESH_GENERATOR_MODEL ?= tinylm
 export MESH_MODEL_REPO ?= $(MODEL_REPO)
 # The key make up checks readiness with (and make demo loads with): a tenant's key in MESH_TENANTS_FILE.
 MESH_API_KEY ?= demo-key-alpha
+# TLS: make up issues a throwaway dev CA and one certificate per service into MESH_TLS_DIR (tools.dev_ca,
+# kept while valid for a day more) and starts every service with it: mTLS between gateway, schedulers and
+# workers, server TLS on the gateway's public port (tenants bring API keys). The services read their
+# files from INFERMESH_<SERVICE>_TLS_* (exported to honcho below); the readiness wait, the demo and the
+# load test verify the gateway with the CA. MESH_PLAINTEXT=1 starts the old plaintext mesh (every service
+# then logs "TLS is OFF").
+MESH_TLS_DIR ?= $(CURDIR)/run/tls
+ifeq ($(filter 1 true yes,$(MESH_PLAINTEXT)),)
+MESH_TLS_ENV := $(foreach svc,gateway scheduler worker,\
+	INFERMESH_$(shell echo $(svc) | tr a-z A-Z)_TLS_CERT_FILE=$(MESH_TLS_DIR)/$(svc).pem \
+	INFERMESH_$(shell echo $(svc) | tr a-z A-Z)_TLS_KEY_FILE=$(MESH_TLS_DIR)/$(svc)-key.pem \
+	INFERMESH_$(shell echo $(svc) | tr a-z A-Z)_TLS_CA_FILE=$(MESH_TLS_DIR)/ca.pem)
+# The readiness wait dials the schedulers and workers too: they want a client certificate.
+MESH_WAIT_TLS := --ca-file $(MESH_TLS_DIR)/ca.pem --cert-file $(MESH_TLS_DIR)/gateway.pem \
+	--key-file $(MESH_TLS_DIR)/gateway-key.pem
+MESH_CLIENT_TLS := --ca-file $(MESH_TLS_DIR)/ca.pem
+MESH_SCHEME := TLS, CA $(MESH_TLS_DIR)/ca.pem
+else
+MESH_TLS_ENV :=
+MESH_WAIT_TLS :=
+MESH_CLIENT_TLS :=
+MESH_SCHEME := PLAINTEXT (MESH_PLAINTEXT=$(MESH_PLAINTEXT))
+endif
 
 .PHONY: help setup protos models model-repo up down demo test lint fuzz bench images clean
 
@@ -54,12 +77,14 @@ up: setup model-repo ## start two schedulers, the quota store, gateway and two w
 	@$(PY) -m tools.mesh check-key --tenants-file "$${MESH_TENANTS_FILE-deploy/local/tenants.yaml}" --api-key $(MESH_API_KEY)
 	@if [ -f $(MESH_PID) ] && kill -0 $$(cat $(MESH_PID)) 2>/dev/null; then \
 		echo "mesh already running (pid $$(cat $(MESH_PID))); make down stops it"; exit 0; fi; \
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" setsid $(VENV)/bin/honcho -f deploy/local/Procfile -d . start \
+	$(if $(MESH_TLS_ENV),$(PY) -m tools.dev_ca --out $(MESH_TLS_DIR) --keep-valid-days 1 > /dev/null || exit 1;) \
+	$(MESH_TLS_ENV) PATH="$(CURDIR)/$(VENV)/bin:$$PATH" setsid $(VENV)/bin/honcho -f deploy/local/Procfile -d . start \
 		> run/mesh.log 2>&1 < /dev/null & echo $$! > $(MESH_PID); \
 	if ! $(PY) -m tools.mesh wait --health $(MESH_HEALTH) --store $(MESH_STORE) --gateway $(MESH_GATEWAY) \
-		--models $(MESH_CLASSIFIER_MODEL) $(MESH_GENERATOR_MODEL) --api-key $(MESH_API_KEY) --timeout-s 180; then \
+		--models $(MESH_CLASSIFIER_MODEL) $(MESH_GENERATOR_MODEL) --api-key $(MESH_API_KEY) --timeout-s 180 \
+		$(MESH_WAIT_TLS); then \
 		tail -n 40 run/mesh.log; $(MAKE) --no-print-directory down; exit 1; fi; \
-	echo "infermesh is up: gateway at $(MESH_GATEWAY) (logs: run/mesh.log). Stop it with: make down"
+	echo "infermesh is up: gateway at $(MESH_GATEWAY), $(MESH_SCHEME) (logs: run/mesh.log). Stop it with: make down"
 
 down: ## stop the local mesh started by make up
 	@if [ -f $(MESH_PID) ]; then \
@@ -71,8 +96,9 @@ down: ## stop the local mesh started by make up
 
 demo: setup ## start the mesh, drive a 30 s mixed load, write a tail-latency report under reports/, stop
 	@$(MAKE) --no-print-directory up
-	@$(PY) -m tools.demo --gateway $(MESH_GATEWAY) --api-key $(MESH_API_KEY) \
-		&& $(PY) -m loadtest run loadtest/scenarios/demo.yaml --target $(MESH_GATEWAY) --out reports --wait-ready-s 60; \
+	@$(PY) -m tools.demo --gateway $(MESH_GATEWAY) --api-key $(MESH_API_KEY) $(MESH_CLIENT_TLS) \
+		&& $(PY) -m loadtest run loadtest/scenarios/demo.yaml --target $(MESH_GATEWAY) --out reports --wait-ready-s 60 \
+		$(MESH_CLIENT_TLS); \
 		status=$$?; $(MAKE) --no-print-directory down; exit $$status
 
 test: setup ## run the whole suite (unit, contract, integration, reliability)

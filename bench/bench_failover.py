@@ -33,10 +33,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import grpc
-from grpc import aio
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.gateway.replicas import rendezvous_order
+from tests.support import session_tls
 from tests.support.gateway_fixtures import scrape
 from tests.support.generator_models import mock_text
 from tests.support.mesh_replicas import replicated_mesh
@@ -118,7 +118,7 @@ async def _open_loop(rate_per_s: float, until_s: float, start) -> None:
 
 async def _drive(address: str, args, kill) -> tuple[Calls, float]:
     calls = Calls()
-    async with aio.insecure_channel(address) as channel:
+    async with session_tls.aio_channel(address) as channel:  # the replicated mesh runs mTLS, as in the tests
         stub = gateway_pb2_grpc.InferenceStub(channel)
         until_s = time.monotonic() + args.before_s + args.after_s
         loops = asyncio.gather(

@@ -166,7 +166,7 @@ def grpc_floor(num_requests: int, concurrency: int) -> PhaseResult:
 
 
 def run_mesh(env: dict[str, str], num_admitted: int, num_rejected: int, concurrency: int, idle_s: float) -> dict:
-    with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp_dir, running_mesh(Path(tmp_dir), env) as mesh:
+    with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp_dir, running_mesh(Path(tmp_dir), env, tls=False) as mesh:
         tenants = Path(tmp_dir) / "tenants.yaml"
         tenants.write_text(TENANTS_YAML, encoding="utf-8")
         mesh.start_scheduler()

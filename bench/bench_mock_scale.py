@@ -95,7 +95,7 @@ async def _client(address: str, num_streams: int, warmup_s: float, window_s: flo
 
 def measure(num_workers: int, num_streams: int, args, tmp: Path) -> Case:
     profile = f"step_ms={args.step_ms:g},max_num_seqs={MAX_NUM_SEQS},max_num_batched_tokens=4096"
-    with running_mesh(tmp) as mesh:
+    with running_mesh(tmp, tls=False) as mesh:
         scheduler = mesh.start_scheduler()
         workers = [mesh.start_worker(MOCK.name, "--mock-profile", profile, name=f"mock-{num_workers}-{i}")
                    for i in range(num_workers)]

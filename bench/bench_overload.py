@@ -329,7 +329,7 @@ def run_once(bench: Bench, parts: list[str], peak_per_s: float | None) -> dict:
 def mesh(need_generator: bool) -> Iterator[tuple[str, dict[str, int]]]:
     """Scheduler, gateway and workers as processes; yields the gateway's address and the processes'
     pids once every model serves."""
-    with tempfile.TemporaryDirectory(prefix="bench-overload-") as tmp, running_mesh(Path(tmp)) as m:
+    with tempfile.TemporaryDirectory(prefix="bench-overload-") as tmp, running_mesh(Path(tmp), tls=False) as m:
         m.start_scheduler("--log-level", "WARNING")
         m.start_worker("digits", "--log-level", "WARNING", "--model-repository", str(MODEL_REPO), env=WORKER_ENV)
         models = ["digits"]

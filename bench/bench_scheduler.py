@@ -141,7 +141,7 @@ class Cluster:
 def cluster(scheduler_args: list[str], workers: list[tuple[str, list[str]]]) -> Iterator[Cluster]:
     """A scheduler and its workers as processes; waits until every worker is attached."""
     metrics_port = free_port()
-    with tempfile.TemporaryDirectory(prefix="bench-scheduler-") as tmp, running_mesh(Path(tmp)) as mesh:
+    with tempfile.TemporaryDirectory(prefix="bench-scheduler-") as tmp, running_mesh(Path(tmp), tls=False) as mesh:
         mesh.start_scheduler("--log-level", "WARNING", "--metrics-port", str(metrics_port), *scheduler_args)
         for model, args in workers:
             mesh.start_worker(model, "--log-level", "WARNING", *args, env=WORKER_ENV)

@@ -221,7 +221,7 @@ def _window_figures(window: SubmitWindow, cpu_s: dict[str, float]) -> dict:
 
 def scheduler_part(settings: Settings, profile_dir: Path | None) -> dict:
     load_average = _load_average()
-    with tempfile.TemporaryDirectory(prefix="bench-token-path-") as tmp, running_mesh(Path(tmp)) as mesh:
+    with tempfile.TemporaryDirectory(prefix="bench-token-path-") as tmp, running_mesh(Path(tmp), tls=False) as mesh:
         _start_mock_mesh(mesh)
         workers = [p for p in mesh.processes if p.service == "worker"]
         pids = {"scheduler": mesh.scheduler.proc.pid, "client": os.getpid(),
@@ -244,7 +244,7 @@ def scheduler_part(settings: Settings, profile_dir: Path | None) -> dict:
 def gateway_part(settings: Settings, profile_dir: Path | None) -> dict:
     load_average = _load_average()
     modes = {}
-    with tempfile.TemporaryDirectory(prefix="bench-token-path-") as tmp, running_mesh(Path(tmp)) as mesh:
+    with tempfile.TemporaryDirectory(prefix="bench-token-path-") as tmp, running_mesh(Path(tmp), tls=False) as mesh:
         _start_mock_mesh(mesh)
         gateways = {mode: spawn_gateway(mesh, f"gateway-{mode}", "--upstream-mode", mode, *GATEWAY_ARGS)
                     for mode in ("stream", "unary")}
@@ -295,7 +295,7 @@ def _mesh_phase(pool: LoadPool, address: str, phase: LoadPhase, pids: dict[str, 
 
 
 def mesh_e2e(phases: list[LoadPhase], gateway_args: tuple[str, ...]) -> list[dict]:
-    with tempfile.TemporaryDirectory(prefix="bench-token-path-") as tmp, running_mesh(Path(tmp)) as mesh, \
+    with tempfile.TemporaryDirectory(prefix="bench-token-path-") as tmp, running_mesh(Path(tmp), tls=False) as mesh, \
             LoadPool(1) as pool:
         mesh.start_scheduler("--log-level", "WARNING")
         mesh.start_worker("tinylm", "--log-level", "WARNING", "--model-repository", str(MODEL_REPO),

@@ -127,7 +127,7 @@ def measure(round_: int, mode: str, phase: str, pids: dict[str, int], idle: dict
 def run(num_classify: int, num_generate: int, max_tokens: int, concurrency: int, idle_s: float,
         num_rounds: int, coalesce_k: int = 8, with_classify: bool = True) -> dict:
     phases: list[Phase] = []
-    with tempfile.TemporaryDirectory(prefix="bench-upstream-") as tmp_dir, running_mesh(Path(tmp_dir)) as mesh:
+    with tempfile.TemporaryDirectory(prefix="bench-upstream-") as tmp_dir, running_mesh(Path(tmp_dir), tls=False) as mesh:
         mesh.start_scheduler("--log-level", "WARNING")
         mesh.start_worker("toy-classifier")
         mesh.start_worker("toy-generator")

@@ -103,7 +103,7 @@ async def _drive(address: str, num_streams: int, warmup_s: float, window_s: floa
 
 def measure(num_threads: int, args, tmp: Path) -> Figures:
     env = {name: "" for name in THREAD_ENV_VARS}  # the flag alone decides (an empty variable is unset)
-    with running_mesh(tmp, env=env) as mesh:
+    with running_mesh(tmp, env=env, tls=False) as mesh:
         mesh.start_scheduler()
         mesh.start_worker("digits", "--num-threads", str(num_threads), name=f"digits-{num_threads}")
         mesh.start_worker("tinylm", "--num-threads", str(num_threads), name=f"tinylm-{num_threads}")

@@ -96,6 +96,8 @@ def _add_target_args(p: argparse.ArgumentParser) -> None:
                    help="wait this long for the gateway to serve the scenario's models; 0 skips the check "
                         "(default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no live progress line (default: shown)")
+    p.add_argument("--ca-file", default="", help="PEM CA bundle: talk TLS to the gateway and verify it "
+                   "(make demo: run/tls/ca.pem); default: plaintext")
 
 
 def _load(path: Path):
@@ -134,7 +136,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise ValueError(f"--formats: unknown format(s) {sorted(unknown)}; use json, md, html")
     target = args.target or scenario.target
     try:
-        doc = run_blocking(scenario, RunOptions(target, not args.no_progress, args.wait_ready_s))
+        doc = run_blocking(scenario, RunOptions(target, not args.no_progress, args.wait_ready_s, ca_file=args.ca_file))
     except TargetNotReady as err:
         print(f"loadtest: target {target} not ready: {err}", file=sys.stderr)
         return EXIT_NOT_READY
@@ -192,7 +194,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
               f"{step.report['overall']['goodput_ratio']:.1%} → {verdict}", file=sys.stderr)
 
     async def sweep_all():
-        options = RunOptions(target, not args.no_progress, args.wait_ready_s)
+        options = RunOptions(target, not args.no_progress, args.wait_ready_s, ca_file=args.ca_file)
         first = True
 
         async def run_step(step_scenario):

@@ -31,6 +31,18 @@ _CHANNEL_OPTIONS = [
 ]
 
 
+def _channel(target: str, ca_file: str) -> grpc.aio.Channel:
+    if not ca_file:
+        return grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+    try:
+        with open(ca_file, "rb") as f:
+            ca_pem = f.read()
+    except OSError as err:
+        raise ValueError(f"cannot read the CA file {ca_file}: {err.strerror}") from None
+    # Tenants bring an API key, not a client certificate: only the server is verified.
+    return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(ca_pem), options=_CHANNEL_OPTIONS)
+
+
 @dataclass(frozen=True)
 class ModelStatus:
     name: str
@@ -40,11 +52,13 @@ class ModelStatus:
 
 
 class GatewayClient:
-    def __init__(self, target: str, clock: Clock | None = None, num_channels: int = 1, run_id: str = "lt") -> None:
+    def __init__(self, target: str, clock: Clock | None = None, num_channels: int = 1, run_id: str = "lt",
+                 ca_file: str = "") -> None:
+        """ca_file: a PEM CA bundle to verify the gateway's TLS certificate with; empty: plaintext."""
         if num_channels < 1:
             raise ValueError(f"num_channels must be >= 1, got {num_channels}")
         self._clock = clock or MonotonicClock()
-        self._channels = [grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS) for _ in range(num_channels)]
+        self._channels = [_channel(target, ca_file) for _ in range(num_channels)]
         self._stubs = itertools.cycle([gateway_pb2_grpc.InferenceStub(c) for c in self._channels])
         self._images: dict[int, common_pb2.Image] = {}
         self._run_id = run_id

@@ -30,6 +30,7 @@ class RunOptions:
     progress: bool = True
     wait_ready_s: float = 10.0  # 0: do not preflight
     stream: TextIO = sys.stderr
+    ca_file: str = ""  # PEM CA bundle: TLS to the gateway, verified against it; empty: plaintext
 
 
 async def wait_until_ready(client: GatewayClient, scenario: Scenario, wait_s: float, stream: TextIO) -> None:
@@ -58,7 +59,8 @@ async def run_scenario(scenario: Scenario, options: RunOptions) -> dict:
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     clock = MonotonicClock()
     run_id = "lt" + dt.datetime.now(dt.UTC).strftime("%H%M%S")
-    async with GatewayClient(options.target, clock, scenario.load.num_channels, run_id) as client:
+    async with GatewayClient(options.target, clock, scenario.load.num_channels, run_id,
+                             ca_file=options.ca_file) as client:
         if options.wait_ready_s > 0:
             await wait_until_ready(client, scenario, options.wait_ready_s, options.stream)
         printer = ProgressPrinter(options.stream, "rps" if scenario.load.mode is LoadMode.OPEN else "clients") \

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import grpc
 import pytest
 
 from infermesh.v1 import gateway_pb2_grpc
+from tests.support import session_tls
 from tests.support.processes import Mesh, running_mesh
 
 
@@ -23,5 +23,5 @@ def toy_mesh(tmp_path_factory) -> Mesh:
 
 @pytest.fixture
 def gateway_stub(toy_mesh: Mesh):
-    with grpc.insecure_channel(toy_mesh.gateway.address) as channel:
+    with session_tls.channel(toy_mesh.gateway.address) as channel:
         yield gateway_pb2_grpc.InferenceStub(channel)

@@ -1,6 +1,9 @@
 """A few Classify and Generate calls against a running gateway, with per-stage timings.
 
-    python -m tools.demo --gateway 127.0.0.1:50051 [--api-key KEY]
+    python -m tools.demo --gateway 127.0.0.1:50051 [--api-key KEY] [--ca-file run/tls/ca.pem]
+
+With --ca-file the call is TLS, verifying the gateway against that CA (`make demo` passes the local
+mesh's dev CA); the gateway's public port asks tenants for an API key, not a client certificate.
 """
 
 from __future__ import annotations
@@ -8,10 +11,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-import grpc
 import numpy as np
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tools.mesh import open_channel, tls_credentials
 
 
 def _stages(timings: common_pb2.Timings) -> str:
@@ -35,9 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.demo")
     parser.add_argument("--gateway", default="127.0.0.1:50051")
     parser.add_argument("--api-key", default="")
+    parser.add_argument("--ca-file", default="", help="CA bundle to verify the gateway with (empty: plaintext)")
     args = parser.parse_args(argv)
     metadata = (("authorization", f"Bearer {args.api_key}"),) if args.api_key else ()
-    with grpc.insecure_channel(args.gateway) as channel:
+    with open_channel(args.gateway, tls_credentials(args.ca_file)) as channel:
         stub = gateway_pb2_grpc.InferenceStub(channel)
         models = stub.ListModels(gateway_pb2.ListModelsRequest(), timeout=5, metadata=metadata).models
         print("models:", ", ".join(f"{m.model.name}:{m.model.version}" for m in models))

@@ -1,6 +1,7 @@
 """A throwaway certificate authority and per-service certificates, for tests and the local mesh.
 
     python -m tools.dev_ca --out run/tls            # ca.pem, <service>.pem, <service>-key.pem
+    python -m tools.dev_ca --out run/tls --keep-valid-days 1   # reuse them while all are good for a day more
 
 Every service certificate serves both ends of mTLS (server and client auth) and names
 the service three ways: a SPIFFE URI SAN (`spiffe://infermesh/<service>`, the identity
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -149,15 +151,21 @@ class DevCA:
         cert = builder.sign(self._key, hashes.SHA256())
         return IssuedCert(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
-    def issue_service(self, service: str, **validity: dt.datetime) -> IssuedCert:
-        """The local mesh's certificate for one service: SPIFFE id, service DNS name, localhost, 127.0.0.1."""
+    def issue_service(self, service: str, *, dns_names: Iterable[str] = (), ip_addresses: Iterable[str] = (),
+                      **validity: dt.datetime) -> IssuedCert:
+        """The local mesh's certificate for one service: SPIFFE id, service DNS name, localhost, 127.0.0.1,
+        and any further names peers dial it by (compose service names, test network addresses)."""
         return self.issue(
             service,
             uris=[spiffe_id(service)],
-            dns_names=[service, "localhost"],
-            ip_addresses=["127.0.0.1"],
+            dns_names=_unique([service, "localhost", *dns_names]),
+            ip_addresses=_unique(["127.0.0.1", *ip_addresses]),
             **validity,
         )
+
+
+def _unique(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(items))
 
 
 @dataclass(frozen=True)
@@ -173,28 +181,87 @@ class ServiceFiles:
         return ["--tls-cert-file", str(self.cert_path), "--tls-key-file", str(self.key_path),
                 "--tls-ca-file", str(self.ca_path)]
 
+    def server_env(self, service: str) -> dict[str, str]:
+        """The same as environment variables of `service` (INFERMESH_<SERVICE>_TLS_*), as `make up` sets them."""
+        prefix = f"INFERMESH_{service.upper()}_TLS_"
+        return {f"{prefix}CERT_FILE": str(self.cert_path), f"{prefix}KEY_FILE": str(self.key_path),
+                f"{prefix}CA_FILE": str(self.ca_path)}
 
-def write_service_certs(out_dir: Path, services: Iterable[str] = SERVICES,
-                        ca: DevCA | None = None) -> dict[str, ServiceFiles]:
-    """A fresh CA (unless given) and one certificate per service, written under out_dir."""
+
+def service_files(out_dir: Path, services: Iterable[str] = SERVICES) -> dict[str, ServiceFiles]:
+    """Where write_service_certs puts each service's files under out_dir."""
+    ca_path = out_dir / "ca.pem"
+    return {s: ServiceFiles(out_dir / f"{s}.pem", out_dir / f"{s}-key.pem", ca_path) for s in services}
+
+
+def write_service_certs(out_dir: Path, services: Iterable[str] = SERVICES, ca: DevCA | None = None, *,
+                        dns_names: Iterable[str] = (), ip_addresses: Iterable[str] = ()) -> dict[str, ServiceFiles]:
+    """A fresh CA (unless given) and one certificate per service, written under out_dir; dns_names and
+    ip_addresses are added to every service's certificate."""
     ca = ca or DevCA()
     out_dir.mkdir(parents=True, exist_ok=True)
-    ca_path = out_dir / "ca.pem"
-    ca_path.write_bytes(ca.cert_pem)
-    files = {}
-    for service in services:
-        paths = ServiceFiles(out_dir / f"{service}.pem", out_dir / f"{service}-key.pem", ca_path)
-        ca.issue_service(service).write(paths.cert_path, paths.key_path)
-        files[service] = paths
+    files = service_files(out_dir, services)
+    dns_names, ip_addresses = list(dns_names), list(ip_addresses)
+    for service, paths in files.items():
+        issued = ca.issue_service(service, dns_names=dns_names, ip_addresses=ip_addresses)
+        issued.write(paths.cert_path, paths.key_path)
+    # The CA last: a folder with a ca.pem holds a whole set (a run stopped half way is redone next time).
+    _replace(out_dir / "ca.pem", ca.cert_pem, mode=0o644)
     return files
+
+
+def still_valid(files: dict[str, ServiceFiles], for_at_least: dt.timedelta,
+                now: dt.datetime | None = None) -> bool:
+    """True when every file exists, every certificate is signed by the CA beside it and none expires
+    within `for_at_least`; anything unreadable counts as not valid."""
+    deadline = (now or dt.datetime.now(dt.UTC)) + for_at_least
+    try:
+        ca_paths = {paths.ca_path for paths in files.values()}
+        cas = [x509.load_pem_x509_certificate(path.read_bytes()) for path in ca_paths]
+        for paths in files.values():
+            cert = x509.load_pem_x509_certificate(paths.cert_path.read_bytes())
+            serialization.load_pem_private_key(paths.key_path.read_bytes(), password=None)
+            cert.verify_directly_issued_by(next(ca for ca in cas if ca.subject == cert.issuer))
+            if min(cert.not_valid_after_utc, *(ca.not_valid_after_utc for ca in cas)) <= deadline:
+                return False
+    except (OSError, ValueError, TypeError, StopIteration, InvalidSignature):
+        return False
+    return True
+
+
+def ensure_service_certs(out_dir: Path, services: Iterable[str] = SERVICES, *,
+                         keep_valid_for: dt.timedelta = dt.timedelta(days=1), **names: Iterable[str]
+                         ) -> tuple[dict[str, ServiceFiles], bool]:
+    """The service certs under out_dir, issued anew (with a new CA) unless the ones there are still
+    good for `keep_valid_for`; returns the files and whether they were issued now."""
+    services = list(services)
+    files = service_files(out_dir, services)
+    if still_valid(files, keep_valid_for):
+        return files, False
+    return write_service_certs(out_dir, services, **names), True
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.dev_ca", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for ca.pem and the service certs")
     parser.add_argument("--services", nargs="+", default=list(SERVICES), help="services to issue certs for")
+    parser.add_argument("--dns", nargs="*", default=[], help="more DNS names for every certificate "
+                        "(the names peers dial, e.g. compose service names)")
+    parser.add_argument("--ip", nargs="*", default=[], help="more IP addresses for every certificate")
+    parser.add_argument("--keep-valid-days", type=float, default=None,
+                        help="keep the files already in --out when every one is still valid this many days "
+                             "(make up); default: always issue a new set")
     args = parser.parse_args(argv)
-    for service, paths in write_service_certs(args.out, args.services).items():
+    names = {"dns_names": args.dns, "ip_addresses": args.ip}
+    if args.keep_valid_days is None:
+        files, issued = write_service_certs(args.out, args.services, **names), True
+    else:
+        files, issued = ensure_service_certs(args.out, args.services,
+                                             keep_valid_for=dt.timedelta(days=args.keep_valid_days), **names)
+    if not issued:
+        print(f"dev CA: the certificates in {args.out} are valid for {args.keep_valid_days:g} more days; kept")
+        return
+    for service, paths in files.items():
         print(f"{service}: {paths.cert_path} {paths.key_path} ({spiffe_id(service)})")
     print(f"CA: {args.out / 'ca.pem'} (throwaway: its key was never written)")
 

@@ -3,7 +3,12 @@
 wait: until every service reports SERVING, the quota store answers, and models are attached.
 
     python -m tools.mesh wait --health 127.0.0.1:50051 127.0.0.1:50052 ... \
-        --store 127.0.0.1:6390 --gateway 127.0.0.1:50051 --models digits tinylm --timeout-s 120
+        --store 127.0.0.1:6390 --gateway 127.0.0.1:50051 --models digits tinylm --timeout-s 120 \
+        --ca-file run/tls/ca.pem --cert-file run/tls/gateway.pem --key-file run/tls/gateway-key.pem
+
+With --ca-file every call is TLS, verifying the services against that CA; the schedulers and workers
+require a client certificate (mTLS), so the mesh's own wait presents one with --cert-file/--key-file
+(the health service is open to every verified identity).
 
 keep: run a command and start it again whenever it exits, as a Deployment restarts a pod. honcho
 (`make up`) stops the whole mesh when any one process exits, so without this, stopping or killing
@@ -28,18 +33,39 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
 
 
-def health_status(address: str, timeout_s: float = 1.0) -> int | None:
-    """The server's overall grpc.health.v1 status, or None when it does not answer."""
+def open_channel(address: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.Channel:
+    """A channel to address: TLS with these credentials, plaintext without."""
+    if credentials is None:
+        return grpc.insecure_channel(address)
+    return grpc.secure_channel(address, credentials)
+
+
+def tls_credentials(ca_file: str, cert_file: str = "", key_file: str = "") -> grpc.ChannelCredentials | None:
+    """Credentials trusting ca_file and presenting cert_file/key_file when given; None without a CA (plaintext)."""
+    if not ca_file:
+        return None
+    with open(ca_file, "rb") as f:
+        ca_pem = f.read()
+    if not cert_file:
+        return grpc.ssl_channel_credentials(ca_pem)
+    with open(cert_file, "rb") as cert, open(key_file, "rb") as key:
+        return grpc.ssl_channel_credentials(ca_pem, key.read(), cert.read())
+
+
+def health_status(address: str, timeout_s: float = 1.0,
+                  credentials: grpc.ChannelCredentials | None = None) -> int | None:
+    """The server's overall grpc.health.v1 status, or None when it does not answer (a TLS port
+    dialed in plaintext, or with a certificate it refuses, does not answer either)."""
     try:
-        with grpc.insecure_channel(address) as channel:
+        with open_channel(address, credentials) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
     except grpc.RpcError:
         return None
     return reply.status
 
 
-def is_serving(address: str, timeout_s: float = 1.0) -> bool:
-    return health_status(address, timeout_s) == health_pb2.HealthCheckResponse.SERVING
+def is_serving(address: str, timeout_s: float = 1.0, credentials: grpc.ChannelCredentials | None = None) -> bool:
+    return health_status(address, timeout_s, credentials) == health_pb2.HealthCheckResponse.SERVING
 
 
 def store_answers(address: str, timeout_s: float = 1.0) -> bool:
@@ -65,10 +91,11 @@ class KeyRefused(Exception):
     """The gateway answered, and refused the readiness key: waiting longer cannot help."""
 
 
-def ready_models(gateway: str, api_key: str = "", timeout_s: float = 2.0) -> set[str]:
+def ready_models(gateway: str, api_key: str = "", timeout_s: float = 2.0,
+                 credentials: grpc.ChannelCredentials | None = None) -> set[str]:
     metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
     try:
-        with grpc.insecure_channel(gateway) as channel:
+        with open_channel(gateway, credentials) as channel:
             stub = gateway_pb2_grpc.InferenceStub(channel)
             reply = stub.ListModels(gateway_pb2.ListModelsRequest(), timeout=timeout_s, metadata=metadata)
     except grpc.RpcError as exc:
@@ -97,15 +124,16 @@ def key_problem(tenants_file: str, api_key: str) -> str | None:
 
 
 def wait(health: list[str], gateway: str | None, models: list[str], timeout_s: float, api_key: str = "",
-         stores: Sequence[str] = ()) -> bool:
+         stores: Sequence[str] = (), credentials: grpc.ChannelCredentials | None = None) -> bool:
     give_up = time.monotonic() + timeout_s
     pending = set(health)
     silent_stores = set(stores)
     while time.monotonic() < give_up:
-        pending = {address for address in pending if not is_serving(address)}
+        pending = {address for address in pending if not is_serving(address, credentials=credentials)}
         silent_stores = {address for address in silent_stores if not store_answers(address)}
         try:
-            missing = set(models) - ready_models(gateway, api_key) if gateway and models else set()
+            missing = (set(models) - ready_models(gateway, api_key, credentials=credentials)
+                       if gateway and models else set())
         except KeyRefused as exc:
             print(f"the gateway refused the readiness key ({exc}): it is not a key of the gateway's tenants "
                   f"file; set MESH_API_KEY to one that is", file=sys.stderr)
@@ -162,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     waiter.add_argument("--models", nargs="*", default=[])
     waiter.add_argument("--timeout-s", type=float, default=120.0)
     waiter.add_argument("--api-key", default="", help="sent as 'authorization: Bearer' when listing models")
+    waiter.add_argument("--ca-file", default="", help="CA bundle: talk TLS and verify the services (empty: plaintext)")
+    waiter.add_argument("--cert-file", default="", help="client certificate for the mTLS ports (with --ca-file)")
+    waiter.add_argument("--key-file", default="", help="key of --cert-file")
     checker = sub.add_parser("check-key", help="exit 1 unless the API key passes auth with this tenants file")
     checker.add_argument("--tenants-file", default="", help="the gateway's tenants YAML (empty: anyone passes)")
     checker.add_argument("--api-key", required=True)
@@ -179,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             print(f"make up: {problem}", file=sys.stderr)
         return 1 if problem else 0
-    return 0 if wait(args.health, args.gateway, args.models, args.timeout_s, args.api_key, args.store) else 1
+    credentials = tls_credentials(args.ca_file, args.cert_file, args.key_file)
+    ready = wait(args.health, args.gateway, args.models, args.timeout_s, args.api_key, args.store, credentials)
+    return 0 if ready else 1
 
 
 if __name__ == "__main__":

@@ -17,9 +17,11 @@ COPY protos/ protos/
 RUN mkdir -p gen/python \
  && /opt/protoc/bin/python -m grpc_tools.protoc -Iprotos --python_out=gen/python --pyi_out=gen/python --grpc_python_out=gen/python protos/infermesh/v1/*.proto protos/inference/*.proto
 COPY services/ services/
+# The dev CA, for compose's one-shot tls-init (deploy/compose.yaml); the gateway itself never runs it.
+COPY tools/__init__.py tools/dev_ca.py tools/
 COPY deploy/docker/healthcheck.py healthcheck.py
 # Byte-compile now: at run time the root filesystem is read-only.
-RUN python -m compileall -q services gen/python healthcheck.py
+RUN python -m compileall -q services tools gen/python healthcheck.py
 
 FROM python:3.11.13-slim-bookworm
 LABEL org.opencontainers.image.title="infermesh-gateway" \

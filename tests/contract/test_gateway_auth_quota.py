@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tests.support import session_tls
 from tests.support.gateway_fixtures import (
     BRIGHT,
     CLASSIFIER,
@@ -62,7 +63,7 @@ def mesh(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stub(mesh):
-    with grpc.insecure_channel(mesh.gateway.address) as channel:
+    with session_tls.channel(mesh.gateway.address) as channel:
         yield gateway_pb2_grpc.InferenceStub(channel)
 
 

@@ -11,6 +11,7 @@ from PIL import Image
 
 from inference import grpc_predict_v2_pb2 as kserve
 from inference import grpc_predict_v2_pb2_grpc as kserve_grpc
+from tests.support import session_tls
 from tests.support.gateway_fixtures import bearer, spawn_gateway, status_of, tenant, write_tenants
 from tests.support.processes import running_mesh, wait_until
 
@@ -38,7 +39,7 @@ def mesh(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stub(mesh):
-    with grpc.insecure_channel(mesh.gateway.address) as channel:
+    with session_tls.channel(mesh.gateway.address) as channel:
         yield kserve_grpc.GRPCInferenceServiceStub(channel)
 
 
@@ -182,7 +183,7 @@ def test_undecodable_image_error_comes_from_the_worker(stub):
 
 
 def test_kserve_calls_authenticate_like_the_infermesh_api(mesh):
-    with grpc.insecure_channel(mesh.secured.address) as channel:
+    with session_tls.channel(mesh.secured.address) as channel:
         secured = kserve_grpc.GRPCInferenceServiceStub(channel)
         missing = status_of(lambda: secured.ModelInfer(_image_input(), timeout=10))
         assert (missing.code, missing.message) == (

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tests.support import session_tls
 from tests.support.gateway_fixtures import BRIGHT, status_of
 from tests.support.processes import ROOT, running_mesh
 
@@ -29,7 +30,7 @@ def routed(tmp_path_factory):
             "toy-classifier": {"default_version": "1", "endpoints": [mesh.scheduler.address]},
         }}), encoding="utf-8")
         mesh.start_gateway("--routing-file", str(routing))
-        with grpc.insecure_channel(mesh.gateway.address) as channel:
+        with session_tls.channel(mesh.gateway.address) as channel:
             yield gateway_pb2_grpc.InferenceStub(channel)
 
 

@@ -6,6 +6,7 @@ import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
+from tests.support import session_tls
 from tests.support.processes import SERVING, health_status
 
 pytestmark = pytest.mark.integration
@@ -14,7 +15,7 @@ GOOD_CAPACITY = scheduler_pb2.WorkerCapacity(num_kv_blocks=8, block_size=16, max
 
 
 def _attach(address: str, *messages: scheduler_pb2.WorkerMessage) -> grpc.RpcError | scheduler_pb2.SchedulerCommand:
-    with grpc.insecure_channel(address) as channel:
+    with session_tls.channel(address, identity="worker") as channel:  # only a worker may Attach
         replies = scheduler_pb2_grpc.SchedulerStub(channel).Attach(iter(messages), timeout=5)
         try:
             return next(replies)

@@ -6,6 +6,7 @@ import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2_grpc
+from tests.support import session_tls
 from tests.support.scheduler_fixtures import generate_request
 from tests.support.submit_session import SubmitSession, generate_entry
 
@@ -37,7 +38,7 @@ def test_out_of_range_stream_options_are_invalid_argument_at_gateway_and_schedul
 
     upstream = generate_request("abc", 3)
     upstream.request.stream.CopyFrom(options)
-    with grpc.insecure_channel(toy_mesh.scheduler.address) as channel:
+    with session_tls.channel(toy_mesh.scheduler.address) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         assert _status_of(lambda: list(stub.Generate(upstream, timeout=10))) == (
             grpc.StatusCode.INVALID_ARGUMENT, message)

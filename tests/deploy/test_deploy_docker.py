@@ -164,10 +164,29 @@ def test_compose_file_validates_against_the_compose_specification():
 
 
 def infermesh_services(compose: dict):
+    """Services running an infermesh image's own entry point (not the one-shot tls-init)."""
     for name, spec in compose["services"].items():
         image = spec["image"].split(":")[0].removeprefix("infermesh/")
-        if image in IMAGES:
+        if image in IMAGES and "entrypoint" not in spec:
             yield name, spec, image
+
+
+def test_compose_services_run_mtls_with_certificates_tls_init_writes_first(compose):
+    init = compose["services"]["tls-init"]
+    command = " ".join(init["command"])
+    assert "python -m tools.dev_ca --out /etc/infermesh/tls" in command
+    assert init["volumes"] == ["tls:/etc/infermesh/tls"] and init["network_mode"] == "none"
+    assert init["cap_drop"] == ["ALL"] and set(init["cap_add"]) == {"CHOWN", "DAC_OVERRIDE"}
+    dialed = set(schedulers(compose)) | {"gateway"}
+    assert dialed <= set(command.split("--dns", 1)[1].split("&&")[0].split()), "names peers dial"
+    for name, spec, image in infermesh_services(compose):
+        service = IMAGES[image]
+        env = {k: str(v) for k, v in spec["environment"].items()}
+        config = load_config(CONFIG_OF[service], service, argv=[], environ=env)
+        assert (config.tls_cert_file, config.tls_key_file, config.tls_ca_file) == (
+            f"/etc/infermesh/tls/{service}.pem", f"/etc/infermesh/tls/{service}-key.pem", "/etc/infermesh/tls/ca.pem")
+        assert spec["volumes"] == ["tls:/etc/infermesh/tls:ro"], name
+        assert spec["depends_on"]["tls-init"] == {"condition": "service_completed_successfully"}, name
 
 
 def test_compose_builds_every_infermesh_service_from_its_dockerfile(compose):

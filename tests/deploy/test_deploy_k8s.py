@@ -6,8 +6,11 @@ from __future__ import annotations
 import copy
 import math
 import posixpath
+from pathlib import Path
 
+import jsonschema
 import pytest
+import yaml
 from deploy_manifests import (
     DOWNWARD_HELPERS,
     OTEL_ENV,
@@ -32,7 +35,7 @@ from deploy_tools import KUBERNETES_VALIDATE_PIP, REPO, pip_module
 
 from services.common.config import env_names
 
-# Oldest supported (native gRPC probes, preStop sleep action) and newest the schemas know.
+# Oldest supported (preStop sleep action) and newest the schemas know.
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
 DOCKERFILES = {p.name.removesuffix(".Dockerfile") for p in (REPO / "deploy" / "docker").glob("*.Dockerfile")}
 
@@ -48,10 +51,34 @@ def test_every_manifest_validates_against_the_kubernetes_schema(rendered, kubern
     failures = []
     for doc in rendered[kustomization]:
         try:
-            kubernetes_validate.validate(doc, version, strict=True)
-        except kubernetes_validate.ValidationError as exc:
+            if doc["apiVersion"].startswith(CERT_MANAGER_GROUP):
+                cert_manager_validator(doc["kind"]).validate(doc)
+            else:
+                kubernetes_validate.validate(doc, version, strict=True)
+        except (kubernetes_validate.ValidationError, jsonschema.ValidationError) as exc:
             failures.append(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at {list(exc.path)}")
     assert not failures, "\n".join(failures)
+
+
+CERT_MANAGER_GROUP = "cert-manager.io/"
+CERT_MANAGER_SCHEMA = Path(__file__).parent / "schemas" / "cert-manager-v1.yaml"
+
+
+def cert_manager_validator(kind: str) -> jsonschema.protocols.Validator:
+    """cert-manager's CRDs are not in kubernetes-validate: their objects are checked against the
+    vendored subset of the CRD schemas, which refuses unknown fields as strict mode does."""
+    schema = yaml.safe_load(CERT_MANAGER_SCHEMA.read_text())
+    if kind not in schema["$defs"]:
+        raise jsonschema.ValidationError(f"no vendored cert-manager schema for kind {kind}")
+    return jsonschema.Draft202012Validator({**schema, "$ref": f"#/$defs/{kind}"})
+
+
+def test_cert_manager_schema_rejects_a_misspelt_field(rendered):
+    certificate = copy.deepcopy(next(c for c in of_kind(rendered["cpu"], "Certificate") if "dnsNames" in c["spec"]))
+    cert_manager_validator("Certificate").validate(certificate)
+    certificate["spec"]["dnsName"] = certificate["spec"].pop("dnsNames")
+    with pytest.raises(jsonschema.ValidationError):
+        cert_manager_validator("Certificate").validate(certificate)
 
 
 def test_schema_validation_rejects_a_misspelt_probe_field(rendered, kubernetes_validate):
@@ -195,12 +222,53 @@ def test_scheduler_hands_streams_over_early_in_its_grace_period(rendered, overla
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_probes_are_native_grpc_health_checks_on_the_grpc_port(rendered, overlay):
-    for deployment in infermesh_deployments(rendered[overlay]):
-        container = container_of(deployment)
+def test_probes_check_grpc_health_on_the_grpc_port_with_the_pods_own_certificate(rendered, overlay):
+    # The kubelet's native gRPC probe sends no client certificate and the ports require one (mTLS):
+    # each pod probes itself with services.common.health_probe, which dials 127.0.0.1 on the port
+    # its config names, with the TLS files its config names.
+    docs = rendered[overlay]
+    for deployment in infermesh_deployments(docs):
+        service, container = service_of(deployment), container_of(deployment)
+        config = loaded_config(deployment, docs)
         grpc_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc")
+        assert config.port == grpc_port
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert container[probe]["grpc"] == {"port": grpc_port}, f"{deployment['metadata']['name']} {probe}"
+            assert container[probe]["exec"]["command"] == ["python", "-m", "services.common.health_probe", service]
+            assert container[probe]["timeoutSeconds"] >= 5, "a Python start fits in the probe's timeout"
+        assert config.tls_enabled and config.tls_ca_file, deployment["metadata"]["name"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_service_runs_mtls_with_a_cert_manager_certificate_naming_its_identity(rendered, overlay):
+    docs = rendered[overlay]
+    certificates = {c["spec"]["secretName"]: c for c in of_kind(docs, "Certificate")}
+    for deployment in infermesh_deployments(docs):
+        name, service = deployment["metadata"]["name"], service_of(deployment)
+        config = loaded_config(deployment, docs)
+        pod = deployment["spec"]["template"]["spec"]
+        mounts = {m["mountPath"]: m["name"] for m in container_of(deployment)["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        paths = (config.tls_cert_file, config.tls_key_file, config.tls_ca_file)
+        folders = {posixpath.dirname(path) for path in paths}
+        assert len(folders) == 1, f"{name}: TLS files in {folders}"
+        secret = volumes[mounts[folders.pop()]]["secret"]["secretName"]
+        assert [posixpath.basename(path) for path in paths] == ["tls.crt", "tls.key", "ca.crt"], name
+        spec = certificates[secret]["spec"]
+        assert spec["uris"] == [f"spiffe://infermesh/{service}"], name
+        assert {"server auth", "client auth"} <= set(spec["usages"]), name
+        assert "127.0.0.1" in spec["ipAddresses"], f"{name}: its exec probe dials 127.0.0.1"
+        assert config.tls_client_auth == "auto" and config.tls_identity_check, name
+        if service != "scheduler":  # the scheduler's callers verify the name they dial
+            host = config.scheduler_address.removeprefix("dns:///").rsplit(":", 1)[0]
+            scheduler_certificate = next(c for c in certificates.values()
+                                         if c["spec"].get("uris") == ["spiffe://infermesh/scheduler"])
+            assert host in scheduler_certificate["spec"]["dnsNames"], name
+    # The self-signed CA bootstrap: selfSigned Issuer -> CA Certificate -> CA Issuer -> the leaves.
+    issuers = {i["metadata"]["name"]: i["spec"] for i in of_kind(docs, "Issuer")}
+    ca = next(c["spec"] for c in of_kind(docs, "Certificate") if c["spec"].get("isCA"))
+    assert "selfSigned" in issuers[ca["issuerRef"]["name"]]
+    leaf_issuers = {c["spec"]["issuerRef"]["name"] for c in certificates.values() if not c["spec"].get("isCA")}
+    assert [issuers[name]["ca"]["secretName"] for name in leaf_issuers] == [ca["secretName"]]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -319,10 +387,9 @@ def test_gateway_reads_tenants_from_the_mounted_secret(rendered, overlay):
     tenants_file = loaded_config(gateway, docs).tenants_file
     mounts = {m["name"]: m for m in container_of(gateway)["volumeMounts"]}
     volumes = {v["name"]: v for v in gateway["spec"]["template"]["spec"]["volumes"]}
-    secret_volumes = [name for name, v in volumes.items() if "secret" in v]
+    secret_volumes = [name for name, v in volumes.items() if v.get("secret", {}).get("secretName") == "infermesh-tenants"]
     assert len(secret_volumes) == 1
     volume, mount = volumes[secret_volumes[0]], mounts[secret_volumes[0]]
-    assert volume["secret"]["secretName"] == "infermesh-tenants"
     assert mount["readOnly"] is True and "subPath" not in mount, "subPath mounts never see Secret updates"
     item_paths = {item["path"] for item in volume["secret"]["items"]}
     assert posixpath.dirname(tenants_file) == mount["mountPath"]

@@ -1,7 +1,8 @@
 """`make up`'s Procfile run for real, under honcho as the Makefile runs it, on free ports and with the
 toy models: every process (two schedulers, the quota store, the gateway, two workers) becomes ready,
 calls of both kinds go through, a scheduler that is killed is started again by `tools.mesh keep`
-while the other serves, and stopping honcho stops every process it started."""
+while the other serves, and stopping honcho stops every process it started. With TLS as `make up` sets
+it: the services read their certificates from INFERMESH_<SERVICE>_TLS_* (the test session's dev CA)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pytest
 from deploy_tools import REPO
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tests.support import session_tls
 from tests.support.gateway_fixtures import BRIGHT
 from tests.support.processes import free_port, wait_until
 from tools.mesh import is_serving, ready_models, store_answers, wait
@@ -33,6 +35,7 @@ GRPC_PORTS = ("MESH_GATEWAY_PORT", "MESH_SCHEDULER_PORT", "MESH_SCHEDULER2_PORT"
 OTHER_PORTS = ("MESH_STORE_PORT", "MESH_GATEWAY_METRICS_PORT", "MESH_SCHEDULER_METRICS_PORT",
                "MESH_SCHEDULER2_METRICS_PORT", "MESH_CLASSIFIER_METRICS_PORT", "MESH_GENERATOR_METRICS_PORT")
 READY_TIMEOUT_S = 120.0
+TLS = session_tls.credentials()  # the gateway's certificate: the schedulers and workers want one
 
 
 @dataclass
@@ -80,6 +83,8 @@ def local_mesh(tmp_path) -> Iterator[LocalMesh]:
     # As the Makefile runs it: the virtualenv's python first on PATH (the Procfile says `python`).
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONUNBUFFERED"] = "1"
+    for service, files in session_tls.session_pki().files.items():
+        env.update(files.server_env(service))
     log_path = tmp_path / "mesh.log"
     with open(log_path, "wb") as log:
         honcho = subprocess.Popen(
@@ -105,11 +110,11 @@ def test_make_up_procfile_serves_survives_a_scheduler_kill_and_stops_cleanly(loc
     mesh = local_mesh
     health = [mesh.address(variable) for variable in GRPC_PORTS]
     ready = wait(health, mesh.address("MESH_GATEWAY_PORT"), ["toy-classifier", "toy-generator"],
-                 READY_TIMEOUT_S, API_KEY, stores=[mesh.address("MESH_STORE_PORT")])
+                 READY_TIMEOUT_S, API_KEY, stores=[mesh.address("MESH_STORE_PORT")], credentials=TLS)
     assert ready, mesh.log_tail()
     assert store_answers(mesh.address("MESH_STORE_PORT"))
 
-    with grpc.insecure_channel(mesh.address("MESH_GATEWAY_PORT")) as channel:
+    with session_tls.channel(mesh.address("MESH_GATEWAY_PORT")) as channel:
         stub = gateway_pb2_grpc.InferenceStub(channel)
 
         def serve_one_of_each() -> tuple[str, int]:
@@ -136,11 +141,13 @@ def test_make_up_procfile_serves_survives_a_scheduler_kill_and_stops_cleanly(loc
         os.kill(killed, signal.SIGKILL)
         wait_until(lambda: _restarted(mesh, port, killed), READY_TIMEOUT_S, interval_s=0.2,
                    message=f"scheduler on {port} started again")
-        wait_until(lambda: {"toy-classifier", "toy-generator"} <= ready_models(mesh.address("MESH_GATEWAY_PORT"), API_KEY),
+        gateway = mesh.address("MESH_GATEWAY_PORT")
+        wait_until(lambda: {"toy-classifier", "toy-generator"} <= ready_models(gateway, API_KEY, credentials=TLS),
                    READY_TIMEOUT_S, interval_s=0.2, message="both models ready again")
         wait_until(lambda: _serves(serve_one_of_each), READY_TIMEOUT_S, interval_s=0.2, message="served again")
         assert serve_one_of_each() == ("bright", 8)
         assert mesh.honcho.poll() is None, mesh.log_tail()
+        assert "TLS is OFF" not in mesh.log_path.read_text(errors="replace")
 
     started = mesh.started()
     assert len(started) >= 6
@@ -148,12 +155,12 @@ def test_make_up_procfile_serves_survives_a_scheduler_kill_and_stops_cleanly(loc
     mesh.honcho.wait(timeout=30)
     _, alive = psutil.wait_procs(started, timeout=15)
     assert not alive, f"left running after honcho stopped: {[p.pid for p in alive]}"
-    assert not any(is_serving(address) for address in health)
+    assert not any(is_serving(address, credentials=TLS) for address in health)
 
 
 def _restarted(mesh: LocalMesh, port: int, old_pid: int) -> bool:
     try:
-        return mesh.service_pid("services.scheduler", port) != old_pid and is_serving(f"127.0.0.1:{port}")
+        return mesh.service_pid("services.scheduler", port) != old_pid and is_serving(f"127.0.0.1:{port}", credentials=TLS)
     except AssertionError:
         return False  # between the old process and the new one
 

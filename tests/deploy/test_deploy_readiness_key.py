@@ -9,6 +9,7 @@ import time
 
 from deploy_tools import REPO
 
+from tests.support import session_tls
 from tests.support.processes import running_mesh
 from tools.mesh import key_problem, wait
 
@@ -38,6 +39,7 @@ def test_wait_gives_up_at_once_when_the_gateway_refuses_the_key(tmp_path, capsys
         mesh.start_scheduler()
         mesh.start_gateway("--tenants-file", DEMO_TENANTS)
         started = time.monotonic()
-        assert not wait([], mesh.gateway.address, ["digits"], timeout_s=60, api_key="wrong-key")
+        assert not wait([], mesh.gateway.address, ["digits"], timeout_s=60, api_key="wrong-key",
+                        credentials=session_tls.credentials())
         assert time.monotonic() - started < 10  # not the 60 s timeout
     assert "refused the readiness key" in capsys.readouterr().err

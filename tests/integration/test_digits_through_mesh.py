@@ -7,12 +7,12 @@ import io
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import grpc
 import pytest
 from PIL import Image
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.worker.model_repository import load_manifest
+from tests.support import session_tls
 from tests.support.processes import running_mesh
 from tools.build_models import DigitsRecipe, build_digits, digits_dataset, is_up_to_date
 
@@ -47,7 +47,7 @@ def test_served_accuracy_on_held_out_digits_equals_offline_accuracy(tmp_path, di
         mesh.start_scheduler("--max-queue-delay-ms", "2")
         mesh.start_worker("digits", "--model-repository", str(digits_root))
         mesh.start_gateway()
-        with grpc.insecure_channel(mesh.gateway.address) as channel:
+        with session_tls.channel(mesh.gateway.address) as channel:
             stub = gateway_pb2_grpc.InferenceStub(channel)
             with ThreadPoolExecutor(max_workers=16) as pool:
                 replies = list(pool.map(lambda r: stub.Classify(r, timeout=30), requests))

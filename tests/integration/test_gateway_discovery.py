@@ -3,10 +3,10 @@ as a headless Service's name would be), polls them and serves through them."""
 
 from __future__ import annotations
 
-import grpc
 import pytest
 
 from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
+from tests.support import session_tls
 from tests.support.gateway_fixtures import BRIGHT, CLASSIFIER
 from tests.support.processes import ServiceProcess, free_port, running_mesh
 
@@ -25,7 +25,7 @@ def test_a_dns_scheduler_address_is_resolved_and_served_through(tmp_path):
         mesh.processes.append(gateway)
         gateway.start()
         gateway.wait_serving()
-        with grpc.insecure_channel(gateway.address) as channel:
+        with session_tls.channel(gateway.address) as channel:
             stub = gateway_pb2_grpc.InferenceStub(channel)
             labels = [stub.Classify(gateway_pb2.ClassifyRequest(model=CLASSIFIER, image=BRIGHT), timeout=10)
                       .labels[0].label for _ in range(10)]

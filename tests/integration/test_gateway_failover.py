@@ -17,6 +17,7 @@ import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.gateway.replicas import rendezvous_order
+from tests.support import session_tls
 from tests.support.gateway_fixtures import scrape
 from tests.support.generator_models import mock_text
 from tests.support.mesh_load import LoadShape, MeshLoad, StreamSpec
@@ -116,7 +117,7 @@ def test_coalesced_streams_resume_with_whole_chunks_and_every_token_once(tmp_pat
         mesh.wait_spread(["mock-generator"])
         metrics_port = free_port()
         mesh.add_gateway("--metrics-port", str(metrics_port))
-        with grpc.insecure_channel(mesh.gateways[0].address) as channel:
+        with session_tls.channel(mesh.gateways[0].address) as channel:
             stub = gateway_pb2_grpc.InferenceStub(channel)
             readers = [_CoalescedReader(stub, prompt, seed) for prompt, seed in
                        (("abc", None), ("hello", None), ("mesh", 7), ("zz", 12345))]

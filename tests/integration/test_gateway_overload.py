@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tests.support import session_tls
 from tests.support.gateway_fixtures import BRIGHT, CLASSIFIER, bearer, scrape, tenant, write_tenants
 from tests.support.processes import free_port, running_mesh, wait_until
 
@@ -36,7 +37,7 @@ def mesh(tmp_path_factory):
                            "--limit-initial", "10", "--limit-min", "10", "--limit-max", "10",
                            "--shed-in-flight-at", "0.99,1.0", "--shed-queue-slo-ms", "10000,10000,10000")
         mesh.ports = ports
-        with grpc.insecure_channel(mesh.gateway.address) as channel:
+        with session_tls.channel(mesh.gateway.address) as channel:
             mesh.stub = gateway_pb2_grpc.InferenceStub(channel)
             yield mesh
 

@@ -19,6 +19,7 @@ import grpc
 import pytest
 
 from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
+from tests.support import session_tls
 from tests.support.gateway_fixtures import BRIGHT, CLASSIFIER, restart_on_same_port, scrape, spawn_gateway
 from tests.support.processes import free_port, running_mesh, wait_until
 
@@ -59,7 +60,7 @@ class ClosedLoop:
         return sum(1 for o in list(self.outcomes) if o.sent_s >= since_s and o.code == grpc.StatusCode.OK)
 
     def _run(self) -> None:
-        with grpc.insecure_channel(self.address) as channel:
+        with session_tls.channel(self.address) as channel:
             stub = gateway_pb2_grpc.InferenceStub(channel)
             request = gateway_pb2.ClassifyRequest(model=CLASSIFIER, image=BRIGHT)
             while not self._stop.is_set():

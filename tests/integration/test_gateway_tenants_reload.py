@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
+from tests.support import session_tls
 from tests.support.gateway_fixtures import BRIGHT, CLASSIFIER, bearer, spawn_gateway, tenant, write_tenants
 from tests.support.processes import running_mesh, wait_until
 
@@ -75,8 +76,8 @@ def test_reload_on_change_and_sighup_keeps_traffic_and_refuses_bad_files(tmp_pat
                                "--tenants-poll-interval-ms", "100")
         signalled = spawn_gateway(mesh, "gateway-signalled", "--tenants-file", str(signalled_file),
                                   "--tenants-poll-interval-ms", "0")
-        with grpc.insecure_channel(polled.address) as polled_channel, \
-                grpc.insecure_channel(signalled.address) as signalled_channel:
+        with session_tls.channel(polled.address) as polled_channel, \
+                session_tls.channel(signalled.address) as signalled_channel:
             polled_stub = gateway_pb2_grpc.InferenceStub(polled_channel)
             signalled_stub = gateway_pb2_grpc.InferenceStub(signalled_channel)
             traffic = SteadyTraffic([polled_stub, signalled_stub])

@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tests.support import session_tls
 from tests.support.gateway_fixtures import BRIGHT, CLASSIFIER, GENERATOR, restart_on_same_port, spawn_gateway
 from tests.support.processes import running_mesh, wait_until
 from tests.support.scheduler_fixtures import pressure_of, scheduler_stub, wait_for_idle_kv, wait_for_workers
@@ -43,7 +44,7 @@ def mesh(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stubs(mesh):
-    with grpc.insecure_channel(mesh.unary.address) as unary, grpc.insecure_channel(mesh.stream.address) as stream:
+    with session_tls.channel(mesh.unary.address) as unary, session_tls.channel(mesh.stream.address) as stream:
         yield {"unary": gateway_pb2_grpc.InferenceStub(unary), "stream": gateway_pb2_grpc.InferenceStub(stream)}
 
 
@@ -132,7 +133,7 @@ def test_killing_the_scheduler_fails_calls_unavailable_and_the_gateway_serves_af
         mesh.start_scheduler()
         mesh.start_worker("toy-generator", "--toy-compute-ms", "10")
         gateway = spawn_gateway(mesh, "gateway-stream", "--upstream-mode", "stream", "--retry-max-attempts", "1")
-        with grpc.insecure_channel(gateway.address) as channel:
+        with session_tls.channel(gateway.address) as channel:
             stub = gateway_pb2_grpc.InferenceStub(channel)
             request = gateway_pb2.GenerateRequest(model=GENERATOR, prompt="abc",
                                                   sampling=common_pb2.SamplingParams(max_tokens=400))
@@ -162,7 +163,7 @@ def test_a_draining_scheduler_ends_the_gateways_stream_and_exits_without_waiting
         scheduler = mesh.start_scheduler("--drain-grace-s", "20")
         mesh.start_worker("toy-classifier")
         gateway = spawn_gateway(mesh, "gateway-stream", "--upstream-mode", "stream")
-        with grpc.insecure_channel(gateway.address) as channel:
+        with session_tls.channel(gateway.address) as channel:
             stub = gateway_pb2_grpc.InferenceStub(channel)
             request = gateway_pb2.ClassifyRequest(model=CLASSIFIER, image=BRIGHT)
             assert stub.Classify(request, timeout=10).labels[0].label == "bright"  # the stream is open

@@ -6,6 +6,7 @@ import pytest
 
 from loadtest.cli import EXIT_OK, main
 from loadtest.report_json import load_report
+from tests.support import session_tls
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -31,7 +32,7 @@ def test_loadtest_run_against_the_toy_mesh(toy_mesh, tmp_path, capsys):
     scenario = tmp_path / "toy.yaml"
     scenario.write_text(SCENARIO)
     code = main(["run", str(scenario), "--target", toy_mesh.gateway.address, "--out", str(tmp_path),
-                 "--no-progress", "--wait-ready-s", "20"])
+                 "--no-progress", "--wait-ready-s", "20", "--ca-file", str(session_tls.session_pki().ca_path)])
     assert code == EXIT_OK, capsys.readouterr()
     (path,) = tmp_path.glob("toy-mesh-*.json")
     doc = load_report(path)

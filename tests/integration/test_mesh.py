@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tests.support import session_tls
 from tests.support.processes import NOT_SERVING, SERVING, health_status, running_mesh, wait_until
 
 pytestmark = pytest.mark.integration
@@ -53,7 +54,7 @@ def test_one_request_gives_one_trace_with_spans_from_all_three_services(tmp_path
         mesh.start_scheduler()
         mesh.start_worker("toy-classifier")
         mesh.start_gateway()
-        with grpc.insecure_channel(mesh.gateway.address) as channel:
+        with session_tls.channel(mesh.gateway.address) as channel:
             stub = gateway_pb2_grpc.InferenceStub(channel)
             stub.Classify(gateway_pb2.ClassifyRequest(model=CLASSIFIER, image=BRIGHT), timeout=10)
 
@@ -96,7 +97,7 @@ def test_health_is_serving_after_start_and_not_serving_while_draining(tmp_path):
         outcome = {}
 
         def slow_request():
-            with grpc.insecure_channel(mesh.gateway.address) as channel:
+            with session_tls.channel(mesh.gateway.address) as channel:
                 stub = gateway_pb2_grpc.InferenceStub(channel)
                 outcome["reply"] = stub.Classify(gateway_pb2.ClassifyRequest(model=CLASSIFIER, image=BRIGHT), timeout=20)
 
@@ -117,7 +118,7 @@ def test_killed_worker_is_replaced_by_a_new_one_and_the_mesh_answers_again(tmp_p
         mesh.start_scheduler()
         first = mesh.start_worker("toy-classifier")
         mesh.start_gateway()
-        with grpc.insecure_channel(mesh.gateway.address) as channel:
+        with session_tls.channel(mesh.gateway.address) as channel:
             stub = gateway_pb2_grpc.InferenceStub(channel)
             request = gateway_pb2.ClassifyRequest(model=CLASSIFIER, image=BRIGHT)
             assert stub.Classify(request, timeout=10).labels[0].label == "bright"
@@ -151,7 +152,7 @@ def test_work_on_a_killed_worker_is_redispatched_to_another(tmp_path):
         outcome = {}
 
         def request():
-            with grpc.insecure_channel(mesh.gateway.address) as channel:
+            with session_tls.channel(mesh.gateway.address) as channel:
                 stub = gateway_pb2_grpc.InferenceStub(channel)
                 outcome["reply"] = stub.Classify(gateway_pb2.ClassifyRequest(model=CLASSIFIER, image=BRIGHT), timeout=20)
 

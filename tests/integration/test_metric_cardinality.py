@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from tests.support import session_tls
 from tests.support.processes import ROOT, free_port, running_mesh
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -43,7 +44,7 @@ async def _flood(num_calls: int, one: Callable[[int], Awaitable[None]]) -> None:
 
 async def _flood_scheduler(address: str, num_calls: int, seed: int) -> None:
     rng = random.Random(seed)
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with session_tls.aio_channel(address) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
 
         async def one(i: int) -> None:
@@ -79,7 +80,7 @@ TENANTS = str(ROOT / "deploy" / "local" / "tenants.yaml")
 
 async def _flood_gateway(address: str, num_calls: int, seed: int) -> None:
     rng = random.Random(seed)
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with session_tls.aio_channel(address) as channel:
         stub = gateway_pb2_grpc.InferenceStub(channel)
 
         async def one(i: int) -> None:

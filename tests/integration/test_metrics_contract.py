@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import urllib.request
 
-import grpc
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tests.support import session_tls
 from tests.support.processes import ROOT, free_port, running_mesh
 
 pytestmark = pytest.mark.integration
@@ -39,7 +39,7 @@ def exported(tmp_path_factory) -> dict[str, dict]:
         mesh.start_worker("toy-classifier", "--metrics-port", str(ports["classifier"]))
         mesh.start_worker("toy-generator", "--metrics-port", str(ports["generator"]))
         mesh.start_gateway("--metrics-port", str(ports["gateway"]), "--tenants-file", str(TENANTS))
-        with grpc.insecure_channel(mesh.gateway.address) as channel:
+        with session_tls.channel(mesh.gateway.address) as channel:
             stub = gateway_pb2_grpc.InferenceStub(channel)
             image = common_pb2.Image(raw=common_pb2.RawImage(pixels=bytes(12), height=2, width=2, channels=3))
             for _ in range(3):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import signal
 
-import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.worker.mock_models import MOCK_LABELS, mock_label_index
+from tests.support import session_tls
 from tests.support.generator_models import MOCK, mock_text
 from tests.support.processes import running_mesh
 from tests.support.scheduler_fixtures import (
@@ -48,7 +48,7 @@ def test_greedy_and_seeded_streams_are_exactly_the_mock_tokens(tmp_path):
 
 
 async def _many_streams(address: str, prompts: list[str], max_tokens: int) -> list[str]:
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with session_tls.aio_channel(address) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
 
         async def one(prompt: str) -> str:

@@ -11,12 +11,12 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import grpc
 import numpy as np
 import pytest
 from PIL import Image
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tests.support import session_tls
 from tests.support.processes import ROOT, ServiceProcess, free_port
 
 # Building the worker environment unpacks torch (about 1.3 GB): minutes on a loaded 2-core machine.
@@ -79,7 +79,7 @@ def test_a_request_crosses_three_services_each_in_its_own_environment(pythons, t
         pixels[6:26, 14:18] = 255  # a "1"
         png = io.BytesIO()
         Image.fromarray(pixels).save(png, format="PNG")
-        with grpc.insecure_channel(gateway.address) as channel:
+        with session_tls.channel(gateway.address) as channel:
             stub = gateway_pb2_grpc.InferenceStub(channel)
             reply = stub.Classify(gateway_pb2.ClassifyRequest(
                 model=common_pb2.ModelRef(name="digits"), image=common_pb2.Image(encoded=png.getvalue()), top_k=3,

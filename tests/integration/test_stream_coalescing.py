@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tests.support import session_tls
 from tests.support.gateway_fixtures import GENERATOR, bearer, spawn_gateway, status_of, tenant, write_tenants
 from tests.support.processes import running_mesh, wait_until
 from tests.support.scheduler_fixtures import scheduler_stub, wait_for_workers
@@ -48,7 +49,7 @@ def mesh(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stubs(mesh):
-    with grpc.insecure_channel(mesh.unary.address) as unary, grpc.insecure_channel(mesh.stream.address) as stream:
+    with session_tls.channel(mesh.unary.address) as unary, session_tls.channel(mesh.stream.address) as stream:
         yield {"unary": gateway_pb2_grpc.InferenceStub(unary), "stream": gateway_pb2_grpc.InferenceStub(stream)}
 
 
@@ -149,7 +150,7 @@ def test_a_cancelled_coalesced_stream_is_refunded_by_the_tokens_it_carried(mesh)
     # Burst 40, refill ~0. Charged 4 + 30 = 34 up front; cancelled after the chunks of 1 and 4
     # tokens (maybe more chunks reached the gateway first), the gateway keeps prompt + tokens sent:
     # counted by token_ids per chunk, the tokens kept are 4 + 1 + 4m, never 4 + the number of chunks.
-    with grpc.insecure_channel(mesh.quota.address) as channel:
+    with session_tls.channel(mesh.quota.address) as channel:
         stub = gateway_pb2_grpc.InferenceStub(channel)
         request = gateway_pb2.GenerateRequest(model=GENERATOR, prompt="abc", stream=BY_COUNT,
                                               sampling=common_pb2.SamplingParams(max_tokens=30))

@@ -24,14 +24,14 @@ def pki(tmp_path_factory) -> DevPki:
 @pytest.fixture(scope="module")
 def gateway(pki, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tls-gateway")
-    with running_mesh(tmp) as mesh:
+    with running_mesh(tmp, tls=False) as mesh:  # this module brings its own CA
         scheduler = mesh.start_scheduler()
         metrics_port = free_port()
         process = ServiceProcess(
             "gateway", "gateway", free_port(),
             ["--scheduler-address", scheduler.address, "--metrics-port", str(metrics_port),
              *pki.files["gateway"].server_args()],
-            {}, tmp / "gateway.log")
+            {}, tmp / "gateway.log", tls=False)
         mesh.processes.append(process)
         process.start()
         wait_tls_serving(process, pki.client_with(None))

@@ -22,7 +22,7 @@ def mesh(tmp_path_factory):
     processes: list[ServiceProcess] = []
 
     def spawn(name: str, service: str, args: list[str]) -> ServiceProcess:
-        process = ServiceProcess(name, service, free_port(), args, {}, tmp / f"{name}.log")
+        process = ServiceProcess(name, service, free_port(), args, {}, tmp / f"{name}.log", tls=False)
         processes.append(process)
         return process.start()
 
@@ -67,7 +67,7 @@ def test_a_process_with_the_gateways_certificate_cannot_attach_as_a_worker(mesh,
     impostor = ServiceProcess("impostor", "worker", free_port(), [
         "--scheduler-address", scheduler.address, "--model-name", "toy-classifier",
         "--reconnect-initial-s", "0.05", "--reconnect-max-s", "0.5",
-        *pki.files["gateway"].server_args()], {}, tmp_path / "impostor.log")
+        *pki.files["gateway"].server_args()], {}, tmp_path / "impostor.log", tls=False)
     impostor.start()
     try:
         give_up = time.monotonic() + 60

@@ -30,7 +30,7 @@ def _wait_for_serial(address, pki, folder, serial: int, timeout_s: float = 15.0)
 def test_rotated_files_reach_new_connections_while_an_open_stream_keeps_flowing(tmp_path):
     pki = DevPki.create(tmp_path / "pki")
     files = pki.files["scheduler"]
-    process = ServiceProcess("scheduler", "scheduler", free_port(), files.server_args(), {}, tmp_path / "s.log")
+    process = ServiceProcess("scheduler", "scheduler", free_port(), files.server_args(), {}, tmp_path / "s.log", tls=False)
     process.start()
     try:
         wait_tls_serving(process, pki.client("gateway"))
@@ -64,7 +64,7 @@ def test_rotated_files_reach_new_connections_while_an_open_stream_keeps_flowing(
 def test_a_certificate_without_its_key_is_not_taken(tmp_path):
     pki = DevPki.create(tmp_path / "pki")
     files = pki.files["scheduler"]
-    process = ServiceProcess("scheduler", "scheduler", free_port(), files.server_args(), {}, tmp_path / "s.log")
+    process = ServiceProcess("scheduler", "scheduler", free_port(), files.server_args(), {}, tmp_path / "s.log", tls=False)
     process.start()
     try:
         wait_tls_serving(process, pki.client("gateway"))

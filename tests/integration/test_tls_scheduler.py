@@ -28,7 +28,7 @@ def pki(tmp_path_factory) -> DevPki:
 def scheduler(pki, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tls-scheduler")
     process = ServiceProcess("scheduler", "scheduler", free_port(), pki.files["scheduler"].server_args(), {},
-                             tmp / "scheduler.log")
+                             tmp / "scheduler.log", tls=False)
     process.start()
     try:
         wait_tls_serving(process, pki.client("gateway"))
@@ -129,7 +129,7 @@ def test_handshake_garbage_is_dropped(scheduler, num_bytes):
 def test_unreadable_certificate_files_stop_the_start_with_a_configuration_error(pki, tmp_path):
     args = ["--tls-cert-file", str(tmp_path / "missing.pem"), "--tls-key-file", str(tmp_path / "missing-key.pem"),
             "--tls-ca-file", str(pki.files["scheduler"].ca_path)]
-    process = ServiceProcess("scheduler", "scheduler", free_port(), args, {}, tmp_path / "bad.log").start()
+    process = ServiceProcess("scheduler", "scheduler", free_port(), args, {}, tmp_path / "bad.log", tls=False).start()
     assert process.proc.wait(timeout=60) == 2
     assert f"scheduler: configuration error: cannot read the TLS certificate file {tmp_path}/missing.pem" in (
         process.log_tail())

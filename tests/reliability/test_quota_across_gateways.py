@@ -20,6 +20,7 @@ import valkey
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.gateway.tenants import hash_api_key
+from tests.support import session_tls
 from tests.support.processes import ServiceProcess, free_port, running_mesh
 from tests.support.valkey import ValkeyProcess
 
@@ -74,7 +75,7 @@ def _classify(stub, gateway: int, sent_s: float) -> Outcome:
 def _offer_load(addresses: list[str], duration_s: float, on_tick=None) -> list[Outcome]:
     """Open loop at OFFERED_PER_S, round-robin over the gateways, for `duration_s`.
     `on_tick(elapsed_s)` runs on the sending thread between sends (to kill or restart the store)."""
-    channels = [grpc.insecure_channel(a) for a in addresses]
+    channels = [session_tls.channel(a) for a in addresses]
     stubs = [gateway_pb2_grpc.InferenceStub(c) for c in channels]
     futures = []
     try:
@@ -242,7 +243,7 @@ def test_in_flight_limit_holds_across_gateways_through_the_store(tmp_path):
             start_s = time.monotonic()
 
             def client(gateway: int) -> None:  # closed loop: a refused call is retried after 20 ms
-                with grpc.insecure_channel(gateways[gateway].address) as channel:
+                with session_tls.channel(gateways[gateway].address) as channel:
                     stub = gateway_pb2_grpc.InferenceStub(channel)
                     while time.monotonic() < stop_s:
                         outcome = _classify(stub, gateway, time.monotonic() - start_s)
@@ -298,7 +299,7 @@ def test_token_rate_holds_across_gateways_through_the_store(tmp_path):
         store = ValkeyProcess(tmp_path).start()
         try:
             gateways = _start_gateways(mesh, tmp_path, store.address, TOKEN_TENANTS)
-            channels = [grpc.insecure_channel(g.address) for g in gateways]
+            channels = [session_tls.channel(g.address) for g in gateways]
             stubs = [gateway_pb2_grpc.InferenceStub(c) for c in channels]
             # Charged 1 prompt byte + 1 + 7 up front; the usage of 8 is settled, 1 token refunded.
             duration_s, tokens_per_request = 7.0, 9

@@ -16,6 +16,7 @@ import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.worker.mock_models import MOCK_LABELS, mock_label_index
+from tests.support import session_tls
 from tests.support.generator_models import mock_text
 from tests.support.processes import running_mesh, wait_until
 
@@ -27,7 +28,7 @@ BRIGHT = common_pb2.Image(raw=common_pb2.RawImage(pixels=bytes([250] * 12), heig
 def _steady_load(address: str, make_call, stop: threading.Event, rate_per_s: float) -> list:
     """Open-loop calls at a fixed rate until `stop`; returns each call's outcome."""
     outcomes: list = []
-    with grpc.insecure_channel(address) as channel, ThreadPoolExecutor(max_workers=16) as pool:
+    with session_tls.channel(address) as channel, ThreadPoolExecutor(max_workers=16) as pool:
         stub = gateway_pb2_grpc.InferenceStub(channel)
         futures = []
         next_send = time.monotonic()

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from infermesh.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.gateway.tenants import hash_api_key
+from tests.support import session_tls
 from tests.support.processes import Mesh, ServiceProcess, free_port
 
 BRIGHT = common_pb2.Image(raw=common_pb2.RawImage(pixels=bytes([250] * 12), height=2, width=2, channels=3))
@@ -50,7 +51,7 @@ def spawn_gateway(mesh: Mesh, name: str, *args: str, metrics_port: int | None = 
     extra = ["--metrics-port", str(metrics_port)] if metrics_port is not None else []
     process = ServiceProcess(
         name, "gateway", free_port(), ["--scheduler-address", mesh.scheduler.address, *extra, *args],
-        dict(mesh.env), mesh.tmp / f"{name}.log",
+        dict(mesh.env), mesh.tmp / f"{name}.log", tls=mesh.tls,
     )
     mesh.processes.append(process)
     process.start()
@@ -64,7 +65,8 @@ def restart_on_same_port(mesh: Mesh, old: ServiceProcess, name: str) -> ServiceP
     It takes the old one's place in the mesh, so the mesh still stops it after its workers
     (a scheduler stopped before them waits out its drain grace for their re-dials).
     """
-    process = ServiceProcess(name, old.service, old.port, list(old.args), dict(old.env), mesh.tmp / f"{name}.log")
+    process = ServiceProcess(name, old.service, old.port, list(old.args), dict(old.env), mesh.tmp / f"{name}.log",
+                             tls=old.tls)
     mesh.processes[mesh.processes.index(old)] = process
     if mesh.scheduler is old:
         mesh.scheduler = process
@@ -75,7 +77,7 @@ def restart_on_same_port(mesh: Mesh, old: ServiceProcess, name: str) -> ServiceP
 
 def scheduler_pressure(address: str, model_name: str) -> common_pb2.ModelPressure | None:
     """What the scheduler reports for `model_name` in GetPressure (None when it does not know it)."""
-    with grpc.insecure_channel(address) as channel:
+    with session_tls.channel(address) as channel:
         reply = scheduler_pb2_grpc.SchedulerStub(channel).GetPressure(scheduler_pb2.GetPressureRequest(), timeout=5)
     return next((m for m in reply.models if m.model.name == model_name), None)
 

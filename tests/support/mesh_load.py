@@ -30,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
-from grpc import aio
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tests.support import session_tls
 from tests.support.generator_models import mock_text
 
 CLASSIFIER = common_pb2.ModelRef(name="toy-classifier")
@@ -224,8 +224,8 @@ class MeshLoad:
     async def _run(self) -> None:
         # A channel each: on one round_robin channel the two fixed rates interleave in a fixed
         # pattern that can put every stream on the same gateway.
-        async with (aio.insecure_channel(self.target, options=channel_options(5 if self.shape.client_retries else 1)) as classify_channel,
-                    aio.insecure_channel(self.target, options=channel_options(5 if self.shape.client_retries else 1)) as stream_channel):
+        async with (session_tls.aio_channel(self.target, options=channel_options(5 if self.shape.client_retries else 1)) as classify_channel,
+                    session_tls.aio_channel(self.target, options=channel_options(5 if self.shape.client_retries else 1)) as stream_channel):
             classify_stub = gateway_pb2_grpc.InferenceStub(classify_channel)
             stream_stub = gateway_pb2_grpc.InferenceStub(stream_channel)
             await asyncio.gather(

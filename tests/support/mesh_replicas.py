@@ -114,10 +114,10 @@ class ReplicatedMesh:
 
     def _copy(self, old: ServiceProcess, name: str) -> ServiceProcess:
         copy = ServiceProcess(name, old.service, old.port, list(old.args), dict(old.env), self.tmp / f"{name}.log",
-                              launcher=old.launcher)
+                              launcher=old.launcher, tls=old.tls)
         if isinstance(old, HostedProcess):
             copy = HostedProcess(copy.name, copy.service, copy.port, copy.args, copy.env, copy.log_path,
-                                 launcher=copy.launcher, lan=old.lan, host=old.host)
+                                 launcher=copy.launcher, tls=old.tls, lan=old.lan, host=old.host)
         return copy
 
     # ------------------------------------------------------------------ observing

@@ -2,6 +2,12 @@
 
 Each process is started by the test and stopped by its PID (SIGTERM, then SIGKILL);
 nothing is left behind even when a test fails.
+
+Every process talks TLS by default, with the test session's dev CA (tests/support/session_tls.py):
+mTLS at the scheduler and workers, server TLS on the gateway's public port. Tests reach a process
+with `process.channel()` (or session_tls.channel(address)); a test about plaintext starts its
+processes with tls=False. /metrics stays plain HTTP in tests (--metrics-tls false): scrapes are
+the test's own, and HTTPS metrics are tested once, in test_tls_gateway.py.
 """
 
 from __future__ import annotations
@@ -18,9 +24,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpc_health.v1 import health_pb2
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tools.mesh import health_status  # noqa: F401 - tests import it from here
+from tests.support import session_tls
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,6 +69,16 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
+def health_status(address: str, timeout_s: float = 1.0, *, tls: bool = True) -> int | None:
+    """The overall grpc.health.v1 status of a test's process (over the session's mTLS unless tls is
+    False), or None when it does not answer."""
+    try:
+        with session_tls.channel(address, tls=tls) as channel:
+            return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s).status
+    except grpc.RpcError:
+        return None
+
+
 @dataclass
 class ServiceProcess:
     name: str
@@ -75,6 +92,8 @@ class ServiceProcess:
     launcher: tuple[str, ...] = ()
     # The interpreter (another environment's python, e.g. one built from a service's requirements set).
     python: str = sys.executable
+    # TLS with the session's dev CA (flags before args, so a test's own --tls-* flags win); False: plaintext.
+    tls: bool = True
 
     @property
     def address(self) -> str:
@@ -85,11 +104,25 @@ class ServiceProcess:
         """Where the test itself reaches the process (its health probe); the same as address here."""
         return self.address
 
+    def tls_args(self) -> list[str]:
+        if not self.tls:
+            return []
+        return [*session_tls.session_pki().server_args(self.service), "--metrics-tls", "false"]
+
+    def channel(self, identity: str | None = "gateway", **options) -> grpc.Channel:
+        """A channel to this process as the test reaches it: mTLS as `identity` (the gateway's certificate
+        by default: the scheduler serves requests only to it), plaintext for a tls=False process."""
+        return session_tls.channel(self.probe_address, identity, tls=self.tls, **options)
+
+    def aio_channel(self, identity: str | None = "gateway", **options) -> grpc.aio.Channel:
+        return session_tls.aio_channel(self.probe_address, identity, tls=self.tls, **options)
+
     def start(self) -> ServiceProcess:
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process for its lifetime
         self.proc = subprocess.Popen(
-            [*self.launcher, self.python, "-m", f"services.{self.service}", "--port", str(self.port), *self.args],
+            [*self.launcher, self.python, "-m", f"services.{self.service}", "--port", str(self.port),
+             *self.tls_args(), *self.args],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )
         log.close()
@@ -100,7 +133,7 @@ class ServiceProcess:
         while time.monotonic() < give_up:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if health_status(self.probe_address) == SERVING:
+            if health_status(self.probe_address, tls=self.tls) == SERVING:
                 return
             time.sleep(0.1)
         raise TimeoutError(f"{self.name} not SERVING after {timeout_s}s:\n{self.log_tail()}")
@@ -137,12 +170,14 @@ class Mesh:
 
     tmp: Path
     env: dict[str, str] = field(default_factory=dict)
+    tls: bool = True  # every process with the session's dev CA; False: all plaintext
     processes: list[ServiceProcess] = field(default_factory=list)
     scheduler: ServiceProcess | None = None
     gateway: ServiceProcess | None = None
 
     def _spawn(self, name: str, service: str, args: list[str], env: dict[str, str] | None = None) -> ServiceProcess:
-        process = ServiceProcess(name, service, free_port(), args, {**self.env, **(env or {})}, self.tmp / f"{name}.log")
+        process = ServiceProcess(name, service, free_port(), args, {**self.env, **(env or {})}, self.tmp / f"{name}.log",
+                                 tls=self.tls)
         self.processes.append(process)
         return process.start()
 
@@ -180,8 +215,8 @@ class Mesh:
 
 
 @contextmanager
-def running_mesh(tmp: Path, env: dict[str, str] | None = None) -> Iterator[Mesh]:
-    mesh = Mesh(tmp, dict(env or {}))
+def running_mesh(tmp: Path, env: dict[str, str] | None = None, tls: bool = True) -> Iterator[Mesh]:
+    mesh = Mesh(tmp, dict(env or {}), tls=tls)
     try:
         yield mesh
     finally:

@@ -8,9 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import grpc
-
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
+from tests.support import session_tls
 from tests.support.processes import wait_until
 
 CLASSIFIER = common_pb2.ModelRef(name="toy-classifier")
@@ -20,7 +19,7 @@ BRIGHT = common_pb2.Image(raw=common_pb2.RawImage(pixels=bytes([250] * 12), heig
 
 @contextmanager
 def scheduler_stub(address: str) -> Iterator[scheduler_pb2_grpc.SchedulerStub]:
-    with grpc.insecure_channel(address) as channel:
+    with session_tls.channel(address) as channel:
         yield scheduler_pb2_grpc.SchedulerStub(channel)
 
 
