@@ -85,6 +85,14 @@ def _drive(executor: StepExecutor, prompts: list[list[int]], num_new: int, *, ch
     return [done[i] for i in range(len(prompts))]
 
 
+def _greedy_given_each_prefix(generator, prompt: list[int], tokens: list[int]) -> list[int]:
+    """The dense model's greedy pick at each generated position, given the tokens before it: equal to
+    tokens exactly when they are the dense greedy continuation (by induction over positions). One
+    causal forward over prompt + tokens replaces greedy_dense's forward per new token (47 s -> a few)."""
+    logits = generator.dense_logits([*prompt, *tokens])
+    return [int(logits[len(prompt) - 1 + t].argmax()) for t in range(len(tokens))]
+
+
 def test_greedy_paged_generation_equals_dense_on_20_interleaved_prompts(tinylm: LoadedModel) -> None:
     generator = tinylm.generator
     prompts = [[BOS, *TEXT[:n].encode()] for n in PROMPT_LENGTHS]
@@ -92,7 +100,8 @@ def test_greedy_paged_generation_equals_dense_on_20_interleaved_prompts(tinylm: 
     executor = StepExecutor(generator, num_kv_blocks=96, block_size=16)
     paged = _drive(executor, prompts, num_new=10, chunk=32, token_budget=80, max_running=6)
     for prompt, tokens in zip(prompts, paged, strict=True):
-        assert tokens == generator.greedy_dense(prompt, 10), f"prompt of {len(prompt)} tokens diverged"
+        assert tokens == _greedy_given_each_prefix(generator, prompt, tokens), f"prompt of {len(prompt)} tokens diverged"
+    assert paged[5] == generator.greedy_dense(prompts[5], 10), "and greedy_dense itself agrees"
     assert executor.num_sequences == 1  # the last finished sequence is forgotten on the next step only
 
 
