@@ -75,6 +75,10 @@ class ModelRegistry:
         else:
             versions = [e for key, e in self._models.items() if key.name == ref.name]
             if len(versions) > 1:
+                # A version no worker serves any more (a retired canary, a worker that declared a
+                # version by mistake) leaves its entry behind; it must not make the name ambiguous.
+                versions = [e for e in versions if e.pool.workers] or versions
+            if len(versions) > 1:
                 names = ", ".join(sorted(e.key.version for e in versions))
                 raise errors.InvalidArgument(f"model {ref.name!r} has versions {names}; name one in model.version")
             entry = versions[0] if versions else None
