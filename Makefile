@@ -26,11 +26,11 @@ MESH_API_KEY ?= demo-key-alpha
 # load test verify the gateway with the CA. MESH_PLAINTEXT=1 starts the old plaintext mesh (every service
 # then logs "TLS is OFF").
 MESH_TLS_DIR ?= $(CURDIR)/run/tls
+# $(call tls_env,SERVICE,service): the three variables that give one service its files.
+tls_env = INFERMESH_$(1)_TLS_CERT_FILE=$(MESH_TLS_DIR)/$(2).pem INFERMESH_$(1)_TLS_KEY_FILE=$(MESH_TLS_DIR)/$(2)-key.pem \
+	INFERMESH_$(1)_TLS_CA_FILE=$(MESH_TLS_DIR)/ca.pem
 ifeq ($(filter 1 true yes,$(MESH_PLAINTEXT)),)
-MESH_TLS_ENV := $(foreach svc,gateway scheduler worker,\
-	INFERMESH_$(shell echo $(svc) | tr a-z A-Z)_TLS_CERT_FILE=$(MESH_TLS_DIR)/$(svc).pem \
-	INFERMESH_$(shell echo $(svc) | tr a-z A-Z)_TLS_KEY_FILE=$(MESH_TLS_DIR)/$(svc)-key.pem \
-	INFERMESH_$(shell echo $(svc) | tr a-z A-Z)_TLS_CA_FILE=$(MESH_TLS_DIR)/ca.pem)
+MESH_TLS_ENV := $(call tls_env,GATEWAY,gateway) $(call tls_env,SCHEDULER,scheduler) $(call tls_env,WORKER,worker)
 # The readiness wait dials the schedulers and workers too: they want a client certificate.
 MESH_WAIT_TLS := --ca-file $(MESH_TLS_DIR)/ca.pem --cert-file $(MESH_TLS_DIR)/gateway.pem \
 	--key-file $(MESH_TLS_DIR)/gateway-key.pem

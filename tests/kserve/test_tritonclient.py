@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import session_tls
 from tests.support.gateway_fixtures import tenant, write_tenants
 from tests.support.processes import ROOT, running_mesh
 
@@ -55,7 +56,9 @@ def test_official_tritonclient_reads_metadata_infers_raw_uint8_and_gets_errors(t
         mesh.start_scheduler()
         mesh.start_worker("toy-classifier")
         mesh.start_gateway("--tenants-file", str(tenants))
-        done = subprocess.run([str(triton_python), str(SCRIPT), mesh.gateway.address, API_KEY],
+        # Over TLS, verifying the gateway with the session's dev CA, as a tenant of a TLS gateway would.
+        done = subprocess.run([str(triton_python), str(SCRIPT), mesh.gateway.address, API_KEY,
+                               str(session_tls.session_pki().ca_path)],
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr + mesh.logs()
     seen = json.loads(done.stdout)

@@ -1,6 +1,7 @@
 """Runs under the official tritonclient (its own virtualenv, older protobuf): no project imports.
 
-usage: python triton_client_script.py HOST:PORT API_KEY
+usage: python triton_client_script.py HOST:PORT API_KEY [CA_FILE]
+With CA_FILE the client talks TLS and verifies the gateway against it (the mesh's dev CA).
 Prints one JSON object with what the client saw.
 """
 
@@ -20,9 +21,9 @@ def error_of(call):
     return None
 
 
-def main(url: str, api_key: str) -> dict:
+def main(url: str, api_key: str, ca_file: str = "") -> dict:
     headers = {"authorization": f"Bearer {api_key}"}
-    client = grpcclient.InferenceServerClient(url=url)
+    client = grpcclient.InferenceServerClient(url=url, ssl=bool(ca_file), root_certificates=ca_file or None)
     seen = {
         "live": client.is_server_live(),
         "ready": client.is_server_ready(),
@@ -50,4 +51,4 @@ def main(url: str, api_key: str) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], sys.argv[2])))
+    print(json.dumps(main(*sys.argv[1:4])))
