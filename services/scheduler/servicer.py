@@ -502,6 +502,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             link.close()
             self._links.discard(link)
             self.registry.detach(link)
+        if reader.done() and not reader.cancelled() and reader.exception() is not None:
+            raise reader.exception()  # e.g. the abort for an undecodable message: the call ends with it
 
     async def _read_worker(self, link: WorkerLink, context) -> None:
         # A watchdog, not a timeout per read: wrapping every read in wait_for costs a task per message.
@@ -517,7 +519,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             log.warning("worker %s stream failed: %s", link.worker_id, exc)
         finally:
             watchdog.cancel()
-        link.close()
+            # Whatever ended the reading, Attach's writer must stop and detach the worker: a reader that
+            # died on an exception without this left a ghost worker taking batches until restart.
+            link.close()
 
     async def _watch_silence(self, link: WorkerLink, context) -> None:
         timeout_s = self._config.worker_timeout_ms / 1000

@@ -6,8 +6,9 @@ import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
+from services.worker.builtin_models import ToyGeneratorRuntime
 from tests.support import session_tls
-from tests.support.processes import SERVING, health_status
+from tests.support.processes import SERVING, health_status, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -64,3 +65,25 @@ def test_scheduler_keeps_serving_after_malformed_workers(toy_mesh, gateway_stub)
     reply = gateway_stub.Classify(gateway_pb2.ClassifyRequest(model=common_pb2.ModelRef(name="toy-classifier"),
                                                               image=image), timeout=10)
     assert reply.labels[0].label == "dark"
+
+
+def _num_workers(address: str, model: common_pb2.ModelRef) -> int:
+    with session_tls.channel(address, identity="worker") as channel:
+        reply = scheduler_pb2_grpc.SchedulerStub(channel).GetPressure(
+            scheduler_pb2.GetPressureRequest(models=[model]), timeout=5)
+    return sum(m.num_workers for m in reply.models)
+
+
+def test_an_undecodable_message_after_the_hello_ends_the_attach_and_detaches_the_worker(toy_mesh):
+    # Found by the reflection fuzz (tests/fuzz): the reader died on it and the worker stayed attached
+    # as a ghost (15 of them after 600 hostile Attach calls), taking work it would never answer.
+    address, model = toy_mesh.scheduler.address, common_pb2.ModelRef(name="toy-generator", version="1")
+    num_real = _num_workers(address, model)
+    hello = scheduler_pb2.WorkerMessage(hello=ToyGeneratorRuntime("1").hello("w-garbage"))
+    with session_tls.channel(address, identity="worker") as channel:
+        attach = channel.stream_stream("/infermesh.v1.Scheduler/Attach")
+        call = attach(iter([hello.SerializeToString(), b"\xff\xff\xff"]), timeout=5)
+        with pytest.raises(grpc.RpcError) as failure:
+            list(call)
+    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    wait_until(lambda: _num_workers(address, model) == num_real, timeout_s=5, message="the worker detached")

@@ -18,11 +18,11 @@ import random
 import pytest
 
 from inference import grpc_predict_v2_pb2 as kserve
-from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2
+from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from services.worker.builtin_models import ToyClassifierRuntime, ToyGeneratorRuntime
 from tests.fuzz.grpc_fuzz import FuzzPlan, discover, fuzz_port
 from tests.support.gateway_fixtures import bearer, tenant, write_tenants
-from tests.support.processes import SERVING, Mesh, health_status, running_mesh
+from tests.support.processes import SERVING, Mesh, health_status, running_mesh, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -113,7 +113,17 @@ async def test_hostile_calls_get_clean_statuses_and_every_process_keeps_serving(
     _assert_mesh_healthy(mesh)
 
 
+def _fake_workers_gone(mesh: Mesh) -> bool:
+    """Only the two real workers attached: a fake one the fuzz attached may outlive its call briefly
+    (the client sees its deadline before the scheduler has run the stream's cleanup)."""
+    with mesh.scheduler.channel("gateway") as channel:
+        pressure = scheduler_pb2_grpc.SchedulerStub(channel).GetPressure(scheduler_pb2.GetPressureRequest(), timeout=5)
+    attached = {(m.model.name, m.model.version): m.num_workers for m in pressure.models if m.num_workers}
+    return attached == {("toy-classifier", "1"): 1, ("toy-generator", "1"): 1}
+
+
 def _assert_mesh_healthy(mesh: Mesh) -> None:
+    wait_until(lambda: _fake_workers_gone(mesh), timeout_s=15, message="only the real workers attached")
     for process in mesh.processes:
         assert process.alive(), process.log_tail()
         assert health_status(process.address) == SERVING, process.name
