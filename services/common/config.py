@@ -87,11 +87,14 @@ def load_config(
     parser = argparse.ArgumentParser(prog=f"python -m services.{service}")
     parser.add_argument("--version", action="version", version=build_info.current().line(service))
     for f in dataclasses.fields(config_cls):
+        # A bool flag alone means true (`--allow-anonymous`); `--allow-anonymous false` still reads.
+        bare = {"nargs": "?", "const": "true"} if hints[f.name] is bool else {}
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
             dest=f.name,
             default=None,
             help=f"{describe(f)} (env {env_name(service, f.name)}, default {f.default!r})",
+            **bare,
         )
     args = parser.parse_args(argv)
     _refuse_unknown_variables(config_cls, service, environ)

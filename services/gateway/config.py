@@ -15,6 +15,10 @@ from services.gateway.retry_policy import RetryPolicyConfig
 from services.gateway.shedding import SheddingConfig, ShedThresholds
 from services.gateway.tenants import Priority
 
+# Fail closed: a gateway that would serve everyone must have been asked to (docs/security.md).
+NO_TENANTS_MESSAGE = ("no tenants file: the gateway refuses to serve unauthenticated callers; give --tenants-file "
+                      "(INFERMESH_GATEWAY_TENANTS_FILE), or --allow-anonymous to admit everyone (development only)")
+
 
 @dataclass(frozen=True)
 class GatewayConfig(ServerSettings):
@@ -37,7 +41,10 @@ class GatewayConfig(ServerSettings):
     default_deadline_ms: float = setting(30_000.0, "deadline applied when the client sets none")
     max_deadline_ms: float = setting(300_000.0, "client deadlines are clamped to this")
     hop_margin_ms: float = setting(5.0, "time kept back from the deadline passed to the scheduler")
-    tenants_file: str = setting("", "tenant/API-key YAML; empty admits every caller as tenant 'anonymous'")
+    tenants_file: str = setting("", "tenant/API-key YAML; required unless allow_anonymous")
+    allow_anonymous: bool = setting(
+        False, "with no tenants_file, admit every caller as tenant 'anonymous' (development only; warned at start)"
+    )
     tenants_poll_interval_ms: float = setting(1000.0, "how often the tenants file is checked for changes; 0: only on SIGHUP")
     # Quotas across gateways (services/gateway/quota_lease.py, docs/gateway.md).
     quota_store_address: str = setting(
@@ -139,6 +146,8 @@ class GatewayConfig(ServerSettings):
                 build()
             except ValueError as exc:
                 require(False, str(exc))
+        # Last, so a gateway with other mistakes too hears of those first.
+        require(bool(self.tenants_file) or self.allow_anonymous, NO_TENANTS_MESSAGE)
 
     # -- the logic modules' configs, in their units ---------------------------------
 

@@ -107,6 +107,10 @@ MODEL_IN_FLIGHT = Gauge(
     ["model"],
 )
 IN_FLIGHT = Gauge("infermesh_gateway_in_flight_requests", "Requests in flight at the gateway.")
+ANONYMOUS_ALLOWED = Gauge(
+    "infermesh_gateway_anonymous_allowed",
+    "1 when the gateway runs without a tenants file (--allow-anonymous: every caller admitted), else 0.",
+)
 
 BREAKER_STATE_VALUE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 

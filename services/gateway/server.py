@@ -208,6 +208,7 @@ class GatewayService:
 
     async def start(self, health: Health) -> None:
         self._health = health
+        _report_anonymous(self._config)
         if self.discovery.target.is_dns:
             await self.discovery.refresh()  # the first answer before the first poll and the first call
             interval_s = self._config.discovery_interval_ms / 1000
@@ -264,6 +265,16 @@ class GatewayService:
         if self.quota_sync is not None:
             await self.quota_sync.close()
         await self.clients.close()
+
+
+def _report_anonymous(config: GatewayConfig) -> None:
+    """The gauge, and a loud line: an open gateway must never go unnoticed (the config refuses one
+    unless --allow-anonymous asked for it)."""
+    anonymous = not config.tenants_file
+    metrics.ANONYMOUS_ALLOWED.set(1 if anonymous else 0)
+    if anonymous:
+        log.warning("ANONYMOUS MODE (--allow-anonymous): no tenants file, every caller is admitted as tenant "
+                    "'anonymous' with no quota; give --tenants-file outside development (docs/security.md)")
 
 
 def _count_reload(name: str, result: ReloadResult | None) -> None:

@@ -68,7 +68,7 @@ def test_models_and_versions_outside_the_routing_table_are_not_found(routed, nam
 def test_bad_file_at_start_is_a_configuration_error(tmp_path, flag, content, message):
     path = tmp_path / "bad.yaml"
     path.write_text(content, encoding="utf-8")
-    done = subprocess.run([sys.executable, "-m", "services.gateway", flag, str(path)], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "services.gateway", "--allow-anonymous", flag, str(path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.startswith(f"gateway: configuration error: {path}: ")

@@ -109,6 +109,12 @@ class ServiceProcess:
             return []
         return [*session_tls.session_pki().server_args(self.service), "--metrics-tls", "false"]
 
+    def anonymous_args(self) -> list[str]:
+        """A test gateway with no tenants file admits everyone: the gateway refuses that unless told."""
+        if self.service != "gateway" or "--tenants-file" in self.args or "INFERMESH_GATEWAY_TENANTS_FILE" in self.env:
+            return []
+        return ["--allow-anonymous"]
+
     def channel(self, identity: str | None = "gateway", **options) -> grpc.Channel:
         """A channel to this process as the test reaches it: mTLS as `identity` (the gateway's certificate
         by default: the scheduler serves requests only to it), plaintext for a tls=False process."""
@@ -122,7 +128,7 @@ class ServiceProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process for its lifetime
         self.proc = subprocess.Popen(
             [*self.launcher, self.python, "-m", f"services.{self.service}", "--port", str(self.port),
-             *self.tls_args(), *self.args],
+             *self.tls_args(), *self.anonymous_args(), *self.args],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )
         log.close()

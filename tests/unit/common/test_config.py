@@ -10,7 +10,7 @@ from services.worker.config import WorkerConfig
 
 def test_flag_wins_over_environment_which_wins_over_default():
     env = {"INFERMESH_GATEWAY_PORT": "6000", "INFERMESH_GATEWAY_HOP_MARGIN_MS": "7.5"}
-    config = load_config(GatewayConfig, "gateway", ["--port", "7000"], env)
+    config = load_config(GatewayConfig, "gateway", ["--port", "7000", "--allow-anonymous"], env)
     assert config.port == 7000
     assert config.hop_margin_ms == 7.5
     assert config.default_deadline_ms == 30_000.0

@@ -22,7 +22,7 @@ class Answers:
 
 
 async def test_endpoints_follow_dns_and_a_removed_one_is_forgotten():
-    config = load_config(GatewayConfig, "gateway", ["--scheduler-address", "dns:///sched:50052"], {})
+    config = load_config(GatewayConfig, "gateway", ["--scheduler-address", "dns:///sched:50052", "--allow-anonymous"], {})
     service = GatewayService(config, resolver=Answers(["10.0.0.1", "10.0.0.2"], ["10.0.0.2", "10.0.0.3"]))
     try:
         assert service.routing.endpoints() == ()
@@ -42,7 +42,7 @@ async def test_endpoints_follow_dns_and_a_removed_one_is_forgotten():
 
 async def test_a_retired_endpoint_leaves_no_breaker_budget_or_metric_series():
     # Pod addresses come and go with every scheduler rollout; what the gateway keeps per endpoint must go too.
-    config = load_config(GatewayConfig, "gateway", ["--scheduler-address", "dns:///sched:50052"], {})
+    config = load_config(GatewayConfig, "gateway", ["--scheduler-address", "dns:///sched:50052", "--allow-anonymous"], {})
     service = GatewayService(config, resolver=Answers(["10.0.0.7"]))
     gone = "10.0.0.7:50052"
     try:

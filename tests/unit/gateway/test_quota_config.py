@@ -9,10 +9,10 @@ from services.gateway.config import GatewayConfig
 
 
 def test_no_store_by_default_and_the_lease_config_in_seconds():
-    config = load_config(GatewayConfig, "gateway", [], {})
+    config = load_config(GatewayConfig, "gateway", ["--allow-anonymous"], {})
     assert config.quota_store_address == ""  # per-gateway quotas, as before the store
     assert config.quota_store_prefix == "infermesh:quota:"
-    flags = ["--quota-store-address", "valkey:6379", "--quota-lease-interval-ms", "250",
+    flags = ["--allow-anonymous", "--quota-store-address", "valkey:6379", "--quota-lease-interval-ms", "250",
              "--quota-expected-gateways", "3", "--quota-store-ttl-ms", "2000", "--gateway-id", "gw-a"]
     config = load_config(GatewayConfig, "gateway", flags, {})
     lease = config.lease_config()

@@ -18,4 +18,4 @@ def test_a_routing_file_that_is_not_utf8_stops_the_start_with_a_config_error(tmp
     path.write_bytes(b"models:\n  digits: {default_version: '1'}  # caf\xe9\n")
     breakers = CircuitBreakers(BreakerConfig(), time.monotonic)
     with pytest.raises(ConfigError, match="not UTF-8"):
-        load_routing(GatewayConfig(routing_file=str(path)), breakers, None)
+        load_routing(GatewayConfig(routing_file=str(path), allow_anonymous=True), breakers, None)
