@@ -30,6 +30,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 from services.common.config import ConfigError
@@ -146,6 +147,36 @@ def context_from_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) ->
     return propagate.extract(carrier)
 
 
+def edge_parent(caller: otel_context.Context, trusted: bool) -> tuple[otel_context.Context, tuple[trace.Link, ...]]:
+    """The parent of an edge's server span, and the links it starts with.
+
+    A trusted caller's context is followed: its trace, its sampling decision. An untrusted one (any
+    client on the internet) could otherwise force every request it sends to be recorded, or hide
+    them, and choose their trace ids: its request starts a fresh trace that this process's sampler
+    decides, and the span it sent (if valid) becomes a link, so the two traces still join. Its
+    baggage is dropped with it.
+    """
+    sent = trace.get_current_span(caller).get_span_context()
+    if not sent.is_valid:
+        return _fresh_root(), ()
+    if trusted:
+        return caller, ()
+    return _fresh_root(), (trace.Link(sent, {"infermesh.trace_context": "untrusted"}),)
+
+
+_ids = RandomIdGenerator()
+
+
+def _fresh_root() -> otel_context.Context:
+    if _recording:
+        return otel_context.Context()  # no parent: the provider's sampler decides, ids come with the span
+    # Nothing is recorded, so no span makes ids: mint an unsampled context so every hop's log lines
+    # and the downstream traceparent still share one trace id.
+    minted = trace.SpanContext(_ids.generate_trace_id(), _ids.generate_span_id(), is_remote=False,
+                               trace_flags=trace.TraceFlags(trace.TraceFlags.DEFAULT))
+    return trace.set_span_in_context(trace.NonRecordingSpan(minted), otel_context.Context())
+
+
 def context_from_carrier(carrier: Mapping[str, str]) -> otel_context.Context:
     return propagate.extract(dict(carrier))
 
@@ -192,15 +223,17 @@ class server_span:  # noqa: N801 - used like the tracer's own context manager
     refused request cost more than serving a request).
     """
 
-    __slots__ = ("_tracer", "_name", "_parent", "_span", "_token")
+    __slots__ = ("_tracer", "_name", "_parent", "_links", "_span", "_token")
 
-    def __init__(self, tracer_: trace.Tracer, name: str, parent: otel_context.Context | None) -> None:
+    def __init__(self, tracer_: trace.Tracer, name: str, parent: otel_context.Context | None,
+                 links: Sequence[trace.Link] = ()) -> None:
         self._tracer, self._name, self._parent = tracer_, name, parent  # None: the current context
+        self._links = links
 
     def __enter__(self) -> trace.Span:
         if _recording:
             self._span = self._tracer.start_span(self._name, context=self._parent, kind=trace.SpanKind.SERVER,
-                                                 attributes=rpc_attributes(self._name))
+                                                 attributes=rpc_attributes(self._name), links=self._links)
             self._token = otel_context.attach(trace.set_span_in_context(self._span, self._parent))
         else:
             self._span = trace.INVALID_SPAN

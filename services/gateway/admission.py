@@ -36,6 +36,7 @@ from services.gateway.quotas import QuotaExceeded, QuotaLease, TenantQuotas
 from services.gateway.routing import RoutingTable
 from services.gateway.shedding import LoadShedder, PressureBoard
 from services.gateway.tenants import ALL_MODELS, Priority, Tenant, TenantConfigWatcher, TenantQuota
+from services.gateway.trace_trust import TraceTrust
 
 log = logging.getLogger(__name__)
 _tracer = trace.get_tracer("infermesh.gateway")
@@ -129,7 +130,7 @@ class RequestScope:
     def __init__(
         self, method: str, model: str, version: str, clock: Clock, limiter: ConcurrencyLimiter,
         parent: otel_context.Context | None = None, metric_model: str | None = None,
-        version_label: Callable[[str, str], str] | None = None,
+        version_label: Callable[[str, str], str] | None = None, links: tuple[trace.Link, ...] = (),
     ) -> None:
         self.method = method
         self.model = model
@@ -155,6 +156,7 @@ class RequestScope:
         # Generate: tokens the request really used (prompt + generated), for the quota refund.
         self.num_tokens_used: int | None = None
         self._parent = parent
+        self._links = links
 
     def served_by(self, version: str) -> None:
         """An attempt was routed to `version`, or a reply said it served; "" (the scheduler picks) is no news."""
@@ -167,7 +169,7 @@ class RequestScope:
 
     def __enter__(self) -> RequestScope:
         service = _KSERVE_SERVICE if self.method.startswith("Model") else _INFERENCE_SERVICE
-        self._server_span = server_span(_tracer, f"{service}/{self.method}", self._parent)
+        self._server_span = server_span(_tracer, f"{service}/{self.method}", self._parent, self._links)
         self.span = self._server_span.__enter__()
         return self
 
@@ -236,6 +238,8 @@ class AdmissionParts:
     model_label: Callable[[str], str]
     # (model label, version) -> the version's metric label (metric_labels.KnownVersions).
     version_label: Callable[[str, str], str] = _unlabelled_version
+    # Whose trace context a request's span follows (trace_trust.py); by default nobody's.
+    trace_trust: TraceTrust = TraceTrust()
 
 
 class Admission:
@@ -243,11 +247,13 @@ class Admission:
         self.parts = parts
         self.clock = clock
 
-    def scope(
-        self, method: str, model: str, version: str = "", parent: otel_context.Context | None = None
-    ) -> RequestScope:
+    def scope(self, method: str, model: str, version: str = "", metadata=None,
+              authorization: str | None = None) -> RequestScope:
+        """The request's scope; its span's parent comes from the call's metadata if the caller is trusted."""
+        parent, links = self.parts.trace_trust.parent(metadata, authorization)
         return RequestScope(method, model, version, self.clock, self.parts.limiter, parent,
-                            metric_model=self.parts.model_label(model), version_label=self.parts.version_label)
+                            metric_model=self.parts.model_label(model), version_label=self.parts.version_label,
+                            links=links)
 
     def admit(
         self, scope: RequestScope, authorization: str | None, client_timeout_s: float | None, num_tokens: int = 0

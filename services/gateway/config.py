@@ -45,6 +45,10 @@ class GatewayConfig(ServerSettings):
     allow_anonymous: bool = setting(
         False, "with no tenants_file, admit every caller as tenant 'anonymous' (development only; warned at start)"
     )
+    trust_trace_context: str = setting(
+        "none", "whose W3C traceparent a request's trace follows: none (the gateway samples; the sent one is a link), "
+        "all (a trusted proxy in front), or tenants (those marked trust_trace_context in the tenants file)"
+    )
     tenants_poll_interval_ms: float = setting(1000.0, "how often the tenants file is checked for changes; 0: only on SIGHUP")
     # Quotas across gateways (services/gateway/quota_lease.py, docs/gateway.md).
     quota_store_address: str = setting(
@@ -119,6 +123,8 @@ class GatewayConfig(ServerSettings):
             f"max_deadline_ms ({self.max_deadline_ms}) must be >= default_deadline_ms ({self.default_deadline_ms})",
         )
         require(self.hop_margin_ms >= 0, f"hop_margin_ms must be >= 0, got {self.hop_margin_ms}")
+        require(self.trust_trace_context in ("none", "all", "tenants"),
+                f"trust_trace_context must be none, all or tenants, got {self.trust_trace_context!r}")
         require(self.tenants_poll_interval_ms >= 0,
                 f"tenants_poll_interval_ms must be >= 0, got {self.tenants_poll_interval_ms}")
         if self.quota_store_address:

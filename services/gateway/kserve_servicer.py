@@ -18,7 +18,6 @@ from inference import grpc_predict_v2_pb2_grpc as kserve_grpc
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.common.status import maps_domain_errors
-from services.common.telemetry import context_from_metadata
 from services.gateway import kserve_codec
 from services.gateway.admission import Admission, RequestScope, span
 from services.gateway.pressure_poller import ModelCatalog
@@ -79,12 +78,13 @@ class KServeServicer(kserve_grpc.GRPCInferenceServiceServicer):
     @maps_domain_errors
     async def ModelInfer(self, request: kserve.ModelInferRequest, context) -> kserve.ModelInferResponse:
         metadata = context.invocation_metadata()
+        authorization = authorization_of(metadata)
         with self._admission.scope("ModelInfer", request.model_name, request.model_version,
-                                   parent=context_from_metadata(metadata)) as scope:
+                                   metadata, authorization) as scope:
             with span("admission"):
                 if not request.model_name:
                     raise errors.InvalidArgument("model_name is required")
-                self._admission.admit(scope, authorization_of(metadata), client_timeout_s(context))
+                self._admission.admit(scope, authorization, client_timeout_s(context))
                 info = await self._classifier(request.model_name, request.model_version)
                 image = kserve_codec.decode_image(request)
                 outputs = kserve_codec.requested_outputs(request)

@@ -48,6 +48,7 @@ from services.gateway.servicer import InferenceServicer
 from services.gateway.shedding import LoadShedder, PressureBoard
 from services.gateway.silence_watch import SilenceWatch
 from services.gateway.tenants import TenantConfig, TenantConfigError, TenantConfigWatcher
+from services.gateway.trace_trust import TraceTrust, TrustMode
 from services.gateway.upstream import SchedulerClients, UpstreamMode
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,7 @@ class GatewayService:
                 quotas=self.quotas,
                 model_label=KnownValues(self._knows_model),
                 version_label=KnownVersions(self._knows_version, none=metrics.NO_VERSION),
+                trace_trust=TraceTrust(TrustMode(config.trust_trace_context), tenants),
             ),
             clock,
         )

@@ -13,7 +13,6 @@ from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb
 from services.common import errors
 from services.common.status import maps_domain_errors
 from services.common.stream_options import stream_options
-from services.common.telemetry import context_from_metadata
 from services.gateway.admission import Admission, RequestScope, span
 from services.gateway.dispatch import Dispatcher
 from services.gateway.retry_policy import WorkKind
@@ -129,7 +128,7 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
         metadata = context.invocation_metadata()
         caller = CallerMetadata.read(metadata)
         with self._admission.scope("Classify", request.model.name, request.model.version,
-                                   parent=context_from_metadata(metadata)) as scope:
+                                   metadata, caller.authorization) as scope:
             handler = HandlerTimes.start(scope, caller)
             with span("admission"):
                 if not request.model.name:
@@ -162,7 +161,7 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
         metadata = context.invocation_metadata()
         caller = CallerMetadata.read(metadata)
         with self._admission.scope("Generate", request.model.name, request.model.version,
-                                   parent=context_from_metadata(metadata)) as scope:
+                                   metadata, caller.authorization) as scope:
             handler = HandlerTimes.start(scope, caller)
             with span("admission"):
                 if not request.model.name:

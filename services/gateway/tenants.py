@@ -74,6 +74,9 @@ class Tenant:
     api_key_sha256: tuple[str, ...]
     # May call Admin/GetStatus at the gateway (infermesh status): sees every tenant's limits, never keys.
     admin: bool = False
+    # Its requests' W3C trace context is followed (parent and sampling decision) when the gateway runs
+    # with --trust-trace-context tenants; otherwise only linked (docs/security.md).
+    trust_trace_context: bool = False
 
     def may_use(self, model_name: str) -> bool:
         return ALL_MODELS in self.allowed_models or model_name in self.allowed_models
@@ -119,7 +122,8 @@ def parse_tenant_config(text: str, source: str) -> TenantConfig:
     return TenantConfig(tenants=tenants, source=source)
 
 
-_TENANT_FIELDS = {"id", "api_key_sha256", "priority", "weight", "allowed_models", "quotas", "admin"}
+_TENANT_FIELDS = {"id", "api_key_sha256", "priority", "weight", "allowed_models", "quotas", "admin",
+                  "trust_trace_context"}
 _QUOTA_FIELDS = ("requests_per_s", "requests_burst", "tokens_per_s", "tokens_burst", "max_in_flight")
 
 
@@ -147,6 +151,7 @@ def _parse_tenant(entry: object, index: int, source: str) -> Tenant:
         quota=_parse_quota(entry.get("quotas"), fail),
         api_key_sha256=_parse_key_hashes(entry.get("api_key_sha256"), fail),
         admin=_parse_flag(entry.get("admin", False), "admin", fail),
+        trust_trace_context=_parse_flag(entry.get("trust_trace_context", False), "trust_trace_context", fail),
     )
 
 
