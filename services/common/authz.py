@@ -13,52 +13,29 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import grpc
 
+from services.common.handler_wrapping import FACTORIES, HandlerWrappingInterceptor
 from services.common.identity import IdentityPolicy, peer_identity
 
 log = logging.getLogger(__name__)
 
-_BEHAVIORS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
-_FACTORIES = {
-    "unary_unary": grpc.unary_unary_rpc_method_handler,
-    "unary_stream": grpc.unary_stream_rpc_method_handler,
-    "stream_unary": grpc.stream_unary_rpc_method_handler,
-    "stream_stream": grpc.stream_stream_rpc_method_handler,
-}
 
-
-class IdentityInterceptor(grpc.aio.ServerInterceptor):
+class IdentityInterceptor(HandlerWrappingInterceptor):
     """Refuses every call whose verified peer identity the policy does not allow for the method."""
 
     def __init__(self, policy: IdentityPolicy) -> None:
+        super().__init__()
         self._policy = policy
-        # Method -> (the handler as registered, its guarded twin); only registered methods get here,
-        # so this holds one entry per method the server serves, built on its first call.
-        self._guarded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None  # unknown method: gRPC answers UNIMPLEMENTED itself
-        method = handler_call_details.method
-        cached = self._guarded.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        kind = next(k for k in _BEHAVIORS if getattr(handler, k) is not None)
-        guarded = _FACTORIES[kind](
+    def wrap(self, handler: grpc.RpcMethodHandler, kind: str, method: str) -> grpc.RpcMethodHandler:
+        return FACTORIES[kind](
             _guard(getattr(handler, kind), method, self._policy),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
-        self._guarded[method] = (handler, guarded)
-        return guarded
 
 
 async def _check(context: grpc.aio.ServicerContext, method: str, policy: IdentityPolicy) -> None:

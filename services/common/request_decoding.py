@@ -17,18 +17,12 @@ per message.
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import grpc
 
-_BEHAVIORS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
-_FACTORIES = {
-    "unary_unary": grpc.unary_unary_rpc_method_handler,
-    "unary_stream": grpc.unary_stream_rpc_method_handler,
-    "stream_unary": grpc.stream_unary_rpc_method_handler,
-    "stream_stream": grpc.stream_stream_rpc_method_handler,
-}
+from services.common.handler_wrapping import FACTORIES, HandlerWrappingInterceptor
 
 
 @dataclass(frozen=True)
@@ -78,35 +72,16 @@ async def decoded_requests(requests: AsyncIterator, context: grpc.aio.ServicerCo
         yield message
 
 
-class RequestDecodingInterceptor(grpc.aio.ServerInterceptor):
+class RequestDecodingInterceptor(HandlerWrappingInterceptor):
     """Answers INVALID_ARGUMENT for request bytes the method's message type cannot parse."""
 
-    def __init__(self) -> None:
-        # Method -> (the handler as registered, its wrapped twin): one entry per served method.
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None  # unknown method: gRPC answers UNIMPLEMENTED itself
-        method = handler_call_details.method
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        kind = next(k for k in _BEHAVIORS if getattr(handler, k) is not None)
-        behavior = getattr(handler, kind)
+    def wrap(self, handler: grpc.RpcMethodHandler, kind: str, method: str) -> grpc.RpcMethodHandler:
         wrap = _wrap_stream_request if handler.request_streaming else _wrap_unary_request
-        wrapped = _FACTORIES[kind](
-            wrap(behavior),
+        return FACTORIES[kind](
+            wrap(getattr(handler, kind)),
             request_deserializer=tolerant(handler.request_deserializer, method),
             response_serializer=handler.response_serializer,
         )
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
 
 
 def _wrap_unary_request(behavior: Callable) -> Callable:
