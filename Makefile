@@ -77,7 +77,7 @@ up: setup model-repo ## start two schedulers, the quota store, gateway and two w
 	@$(PY) -m tools.mesh check-key --tenants-file "$${MESH_TENANTS_FILE-deploy/local/tenants.yaml}" --api-key $(MESH_API_KEY)
 	@if [ -f $(MESH_PID) ] && kill -0 $$(cat $(MESH_PID)) 2>/dev/null; then \
 		echo "mesh already running (pid $$(cat $(MESH_PID))); make down stops it"; exit 0; fi; \
-	$(if $(MESH_TLS_ENV),$(PY) -m tools.dev_ca --out $(MESH_TLS_DIR) --keep-valid-days 1 > /dev/null || exit 1;) \
+	$(if $(MESH_TLS_ENV),$(PY) -m tools.dev_ca --out $(MESH_TLS_DIR) --services gateway scheduler worker operator --keep-valid-days 1 > /dev/null || exit 1;) \
 	$(MESH_TLS_ENV) PATH="$(CURDIR)/$(VENV)/bin:$$PATH" setsid $(VENV)/bin/honcho -f deploy/local/Procfile -d . start \
 		> run/mesh.log 2>&1 < /dev/null & echo $$! > $(MESH_PID); \
 	if ! $(PY) -m tools.mesh wait --health $(MESH_HEALTH) --store $(MESH_STORE) --gateway $(MESH_GATEWAY) \
