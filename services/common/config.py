@@ -149,6 +149,8 @@ class ServerSettings:
     drain_grace_s: float = setting(10.0, "on SIGTERM, how long in-flight work may finish")
     max_message_bytes: int = setting(8 * 1024 * 1024, "largest gRPC message accepted")
     log_level: str = setting("INFO", "DEBUG, INFO, WARNING or ERROR")
+    log_format: str = setting("text", "text (one line per record, request and trace ids in brackets) or json "
+                                      "(one object per line); docs/operations.md")
     # TLS (docs/security.md). Plaintext while tls_cert_file is empty, with a loud warning at start.
     tls_cert_file: str = setting("", "PEM certificate (chain) this process presents as server and client; empty: plaintext")
     tls_key_file: str = setting("", "PEM private key of tls_cert_file; both files are re-read when they rotate")
@@ -182,6 +184,7 @@ class ServerSettings:
             self.log_level in ("DEBUG", "INFO", "WARNING", "ERROR"),
             f"log_level must be DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}",
         )
+        require(self.log_format in ("text", "json"), f"log_format must be text or json, got {self.log_format!r}")
         require(bool(self.tls_cert_file) == bool(self.tls_key_file),
                 "tls_cert_file and tls_key_file go together: set both or neither")
         require(self.tls_client_auth in ("auto", "require", "none"),

@@ -28,6 +28,7 @@ from prometheus_client import Gauge, start_http_server
 from services.common import build_info, tls
 from services.common.authz import IdentityInterceptor
 from services.common.config import ConfigError, ServerSettings
+from services.common.log_context import configure_logging
 from services.common.request_decoding import RequestDecodingInterceptor
 from services.common.telemetry import setup_tracing
 
@@ -86,14 +87,6 @@ class Service(Protocol):
     async def drain(self, grace_s: float) -> None: ...
 
     async def close(self) -> None: ...
-
-
-def configure_logging(service_name: str, level: str) -> None:
-    logging.basicConfig(
-        level=level,
-        stream=sys.stderr,
-        format=f"%(asctime)s {service_name} %(levelname)s %(name)s: %(message)s",
-    )
 
 
 def server_options(settings: ServerSettings) -> list[tuple[str, int]]:
@@ -208,7 +201,7 @@ def run(service_name: str, load: Callable[[], tuple[ServerSettings, Service]]) -
     except ConfigError as exc:
         print(f"{service_name}: configuration error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    configure_logging(service_name, settings.log_level)
+    configure_logging(service_name, settings.log_level, settings.log_format)
     try:
         uvloop.run(serve(service_name, settings, service))
     except ConfigError as exc:

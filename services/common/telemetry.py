@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
+from services.common import log_context
 from services.common.config import ConfigError
 from services.common.errors import InfermeshError
 from services.common.status import status_code_of
@@ -238,6 +239,7 @@ class server_span:  # noqa: N801 - used like the tracer's own context manager
         else:
             self._span = trace.INVALID_SPAN
             self._token = otel_context.attach(otel_context.get_current() if self._parent is None else self._parent)
+        log_context.remember_span()
         return self._span
 
     def __exit__(self, exc_type, exc, tb) -> None:

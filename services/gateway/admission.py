@@ -24,6 +24,7 @@ from typing import Protocol
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from services.common import log_context
 from services.common.errors import DeadlineExceeded, InfermeshError, ResourceExhausted, Unavailable
 from services.common.metric_labels import OTHER
 from services.common.status import status_code_of
@@ -176,6 +177,9 @@ class RequestScope:
     def __exit__(self, exc_type, exc, tb) -> None:
         code = _code_name(exc)
         self.span.set_attribute("infermesh.tenant", self.tenant_id)
+        if log.isEnabledFor(logging.DEBUG):  # with its ids, like every line about the request
+            log.debug("%s %r finished: %s in %.1f ms", self.method, self.model, code,
+                      (self._clock() - self.began_s) * 1000)
         self._server_span.__exit__(exc_type, exc, tb)  # rpc.grpc.status_code, ERROR status
         self.finish(code)
 
@@ -269,6 +273,7 @@ class Admission:
         with span("auth"):
             tenant = parts.tenants.authenticate(authorization)
             scope.tenant, scope.tenant_id = tenant, tenant.tenant_id
+            log_context.bind(tenant=tenant.tenant_id)
             parts.tenants.check_model_allowed(tenant, scope.model)
         with span("routing"):
             parts.routing.model(scope.model)

@@ -17,6 +17,7 @@ from inference import grpc_predict_v2_pb2 as kserve
 from inference import grpc_predict_v2_pb2_grpc as kserve_grpc
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
+from services.common.log_context import bind
 from services.common.status import maps_domain_errors
 from services.gateway import kserve_codec
 from services.gateway.admission import Admission, RequestScope, span
@@ -79,6 +80,8 @@ class KServeServicer(kserve_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: kserve.ModelInferRequest, context) -> kserve.ModelInferResponse:
         metadata = context.invocation_metadata()
         authorization = authorization_of(metadata)
+        request_id = request.id or uuid.uuid4().hex
+        bind(request_id=request_id)
         with self._admission.scope("ModelInfer", request.model_name, request.model_version,
                                    metadata, authorization) as scope:
             with span("admission"):
@@ -92,7 +95,7 @@ class KServeServicer(kserve_grpc.GRPCInferenceServiceServicer):
                 model=common_pb2.ModelRef(name=request.model_name, version=request.model_version),
                 image=image,
                 top_k=max(1, len(info.labels)),  # every class, so PROBABILITIES is complete
-                request_id=request.id or uuid.uuid4().hex,
+                request_id=request_id,
             )
             answer = await self._classify(scope, classify)
             response = kserve.ModelInferResponse(

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 
 from infermesh.v1 import gateway_pb2
+from services.common.log_context import clean_context
 from services.gateway import metrics
 from services.gateway.circuit_breaker import CircuitBreakers
 from services.gateway.replicas import Membership
@@ -121,7 +122,7 @@ class PressurePoller:
         regrouping after a restart needs to know within its round that the restarted scheduler
         answers again, which lets its breaker probe and membership take it back."""
         if self._extra_poll is None or self._extra_poll.done():
-            self._extra_poll = asyncio.create_task(self.poll_once(), name="pressure-poll-now")
+            self._extra_poll = asyncio.create_task(self.poll_once(), name="pressure-poll-now", context=clean_context())
 
     async def poll_once(self) -> None:
         await asyncio.gather(*(self.poll_endpoint(e) for e in self._routing.endpoints()))

@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from infermesh.v1 import gateway_pb2, scheduler_pb2
+from services.common.log_context import clean_context
 from services.gateway.attempt_error import AttemptError
 from services.gateway.call_table import CallTable
 from services.gateway.submit_outbox import EntryOutbox, encode_call, encode_cancel
@@ -158,9 +159,10 @@ class SchedulerStream:
         call = self._call = self._open_call()
         self._heard_at_s = self._clock()
         self._outbox.clear()
+        # Opened by whichever request came first: the stream's tasks must not carry its log ids or span.
         self._tasks = (
-            asyncio.create_task(self._read(call), name=f"submit-reader {self._address}"),
-            asyncio.create_task(self._write(call), name=f"submit-writer {self._address}"),
+            asyncio.create_task(self._read(call), name=f"submit-reader {self._address}", context=clean_context()),
+            asyncio.create_task(self._write(call), name=f"submit-writer {self._address}", context=clean_context()),
         )
 
     def _broken(self, call: grpc.aio.StreamStreamCall, why: str) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2
 from services.common import errors
+from services.common.log_context import bind
 from services.common.status import maps_domain_errors
 from services.common.stream_options import stream_options
 from services.gateway.admission import Admission, RequestScope, span
@@ -127,6 +128,8 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
     async def Classify(self, request: gateway_pb2.ClassifyRequest, context) -> gateway_pb2.ClassifyResponse:
         metadata = context.invocation_metadata()
         caller = CallerMetadata.read(metadata)
+        request.request_id = request.request_id or uuid.uuid4().hex
+        bind(request_id=request.request_id)
         with self._admission.scope("Classify", request.model.name, request.model.version,
                                    metadata, caller.authorization) as scope:
             handler = HandlerTimes.start(scope, caller)
@@ -136,7 +139,6 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
                 self._admission.admit(scope, caller.authorization, client_timeout_s(context))
                 if not request.HasField("image") or request.image.WhichOneof("data") is None:
                     raise errors.InvalidArgument("image is required (encoded bytes or raw pixels)")
-                request.request_id = request.request_id or uuid.uuid4().hex
             admitted_s = self._clock()
             response = await self.classify_admitted(scope, request)
             done_s = self._clock()
@@ -160,6 +162,8 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
     async def Generate(self, request: gateway_pb2.GenerateRequest, context):
         metadata = context.invocation_metadata()
         caller = CallerMetadata.read(metadata)
+        request.request_id = request.request_id or uuid.uuid4().hex
+        bind(request_id=request.request_id)
         with self._admission.scope("Generate", request.model.name, request.model.version,
                                    metadata, caller.authorization) as scope:
             handler = HandlerTimes.start(scope, caller)
@@ -173,7 +177,6 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
                 prompt_tokens = prompt_tokens_upper_bound(request.prompt)
                 num_tokens = prompt_tokens + (request.sampling.max_tokens or DEFAULT_MAX_TOKENS)
                 self._admission.admit(scope, caller.authorization, client_timeout_s(context), num_tokens)
-                request.request_id = request.request_id or uuid.uuid4().hex
                 fix_seed(request.sampling, self._seed_source)
             admitted_s = self._clock()
             upstream = scheduler_pb2.ScheduleGenerateRequest(request=request, tenant=tenant_context(scope.tenant))

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from infermesh.v1 import common_pb2, scheduler_pb2
 from services.common import errors
+from services.common.log_context import clean_context
 from services.scheduler import metrics
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import TenantContext
@@ -491,7 +492,7 @@ class GeneratePool:
             self._where[seq.seq_id] = loop
             loop.wake()
         if self._held and (self._hold_timer is None or self._hold_timer.done()):
-            self._hold_timer = asyncio.create_task(self._expire_held())
+            self._hold_timer = asyncio.create_task(self._expire_held(), context=clean_context())  # not the request's
 
     async def _expire_held(self) -> None:
         """Fails held sequences whose deadline (or the orphan grace) passes before a worker attaches."""

@@ -14,6 +14,7 @@ import grpc
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.common import errors
+from services.common.log_context import bind
 from services.common.metric_labels import FirstSeen, KnownValues
 from services.common.status import abort as abort_with
 from services.common.status import maps_domain_errors, status_code_of
@@ -245,6 +246,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         """Validate, queue for the batcher, await the worker; `respond()` gives the message to fill
         (built in place: this runs for every classify request)."""
         began_s = self._clock()
+        bind(request_id=request.request.request_id, tenant=request.tenant.tenant_id)
         with (
             server_span(_tracer, "infermesh.v1.Scheduler/Classify", parent) as span,
             self._counted(request.request.model.name, request.tenant.tenant_id, "classify", began_s),
@@ -315,6 +317,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def Generate(self, request: scheduler_pb2.ScheduleGenerateRequest, context):
         began_s = self._clock()
         parent = context_from_metadata(context.invocation_metadata())
+        bind(request_id=request.request.request_id, tenant=request.tenant.tenant_id)
         with (
             server_span(_tracer, "infermesh.v1.Scheduler/Generate", parent) as span,
             self._counted(request.request.model.name, request.tenant.tenant_id, "generate", began_s),
@@ -341,6 +344,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         """Generate on a Submit stream: the pool's step loop hands each chunk to a callback that builds
         it in the stream's outbox (no await or task per token); this task only waits for the end."""
         began_s = self._clock()
+        bind(request_id=request.request.request_id, tenant=request.tenant.tenant_id)
         with (
             server_span(_tracer, "infermesh.v1.Scheduler/Generate", context_from_carrier(carrier)) as span,
             self._counted(request.request.model.name, request.tenant.tenant_id, "generate", began_s),
@@ -438,6 +442,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             outcome.code = "INTERNAL"
             raise
         finally:
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s %r finished: %s", kind, model_name, outcome.code)
             model_label = self._model_label(model_name)
             self._child(metrics.REQUESTS, model_label, self._tenant_label(tenant_id or ANONYMOUS_TENANT),
                         outcome.code).inc()

@@ -18,6 +18,7 @@ serves heartbeats and aborts while it waits.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 import random
@@ -30,6 +31,7 @@ import grpc
 
 from infermesh.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import tls
+from services.common.log_context import bind
 from services.common.telemetry import context_from_carrier, record_stages_under, tracer
 from services.common.timings import from_proto
 from services.worker import metrics
@@ -230,16 +232,21 @@ class AttachClient:
         task.add_done_callback(self._in_flight.discard)
 
     async def _execute(self, call, command: scheduler_pb2.ExecuteBatch) -> None:
+        bind(batch_id=command.batch_id)  # a batch serves several requests: its lines name the batch
         began_ns = time.time_ns()
-        result = await asyncio.get_running_loop().run_in_executor(self._compute, _guarded_batch, self._runtime, command)
+        # The compute thread logs with this task's fields (run_in_executor alone does not copy them).
+        result = await asyncio.get_running_loop().run_in_executor(
+            self._compute, contextvars.copy_context().run, _guarded_batch, self._runtime, command)
         if inspect.isawaitable(result):
             result = await _awaited_batch(result, command)
         await self._write(call, scheduler_pb2.WorkerMessage(batch_result=result))
+        log.debug("batch of %d items done", len(command.items))
         metrics.observe_batch(self._model_label, result)
         _trace_work("worker.execute_batch", began_ns, result.timings, [i.trace_context for i in command.items],
                     {"infermesh.batch_size": len(command.items)})
 
     async def _step(self, call, command: scheduler_pb2.RunStep) -> None:
+        bind(batch_id=f"step-{command.step_id}")
         began_ns = time.time_ns()
         result = _guarded_step(self._runtime, command)
         if inspect.isawaitable(result):
