@@ -50,6 +50,8 @@ _bound: contextvars.ContextVar[Bound | None] = contextvars.ContextVar("infermesh
 def safe_id(value: object) -> str:
     """A client-chosen id as it may appear in a log line: printable, no spaces, at most 64 characters."""
     text = str(value)[:MAX_ID_CHARS]
+    if text.isprintable() and " " not in text:  # the usual id, checked in C (the space is the one printable separator)
+        return text
     return "".join(c if c.isprintable() and not c.isspace() else "?" for c in text)
 
 
