@@ -74,7 +74,8 @@ model-repo: setup ## check the demo models in model_repo/ (sha256, recipe); buil
 
 up: setup model-repo ## start two schedulers, the quota store, gateway and two workers on 127.0.0.1; wait until all are SERVING
 	@mkdir -p run
-	@$(PY) -m tools.mesh check-key --tenants-file "$${MESH_TENANTS_FILE-deploy/local/tenants.yaml}" --api-key $(MESH_API_KEY)
+	@$(PY) -m tools.mesh check-key --tenants-file "$${MESH_TENANTS_FILE-deploy/local/tenants.yaml}" --api-key $(MESH_API_KEY) \
+		--allow-anonymous $${MESH_ALLOW_ANONYMOUS:-false}
 	@if [ -f $(MESH_PID) ] && kill -0 $$(cat $(MESH_PID)) 2>/dev/null; then \
 		echo "mesh already running (pid $$(cat $(MESH_PID))); make down stops it"; exit 0; fi; \
 	$(if $(MESH_TLS_ENV),$(PY) -m tools.dev_ca --out $(MESH_TLS_DIR) --services gateway scheduler worker operator --keep-valid-days 1 > /dev/null || exit 1;) \

@@ -105,10 +105,13 @@ def ready_models(gateway: str, api_key: str = "", timeout_s: float = 2.0,
     return {m.model.name for m in reply.models if m.ready}
 
 
-def key_problem(tenants_file: str, api_key: str) -> str | None:
+def key_problem(tenants_file: str, api_key: str, allow_anonymous: bool = False) -> str | None:
     """Why `api_key` cannot pass the gateway's auth with this tenants file; None when it can."""
     if not tenants_file:
-        return None  # no tenants file: the gateway admits every caller
+        if allow_anonymous:
+            return None  # the gateway admits every caller
+        return ("no tenants file: the gateway fails closed and will not start; set MESH_TENANTS_FILE, "
+                "or MESH_ALLOW_ANONYMOUS=true to admit everyone (development only)")
     from services.gateway.tenants import TenantConfigError, TenantDirectory, load_tenant_config
 
     try:
@@ -194,8 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     waiter.add_argument("--cert-file", default="", help="client certificate for the mTLS ports (with --ca-file)")
     waiter.add_argument("--key-file", default="", help="key of --cert-file")
     checker = sub.add_parser("check-key", help="exit 1 unless the API key passes auth with this tenants file")
-    checker.add_argument("--tenants-file", default="", help="the gateway's tenants YAML (empty: anyone passes)")
+    checker.add_argument("--tenants-file", default="", help="the gateway's tenants YAML (empty: refused "
+                         "unless --allow-anonymous)")
     checker.add_argument("--api-key", required=True)
+    checker.add_argument("--allow-anonymous", default="false", choices=("true", "false"),
+                         help="the gateway runs with --allow-anonymous (default: false)")
     keeper = sub.add_parser("keep", help="run a command, restarting it whenever it exits, until SIGTERM/SIGINT")
     keeper.add_argument("--restart-delay-s", type=float, default=1.0)
     keeper.add_argument("argv", nargs=argparse.REMAINDER, help="-- then the command")
@@ -206,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("keep needs a command after --")
         return keep_running(command, args.restart_delay_s)
     if args.command == "check-key":
-        problem = key_problem(args.tenants_file, args.api_key)
+        problem = key_problem(args.tenants_file, args.api_key, args.allow_anonymous == "true")
         if problem:
             print(f"make up: {problem}", file=sys.stderr)
         return 1 if problem else 0

@@ -16,9 +16,10 @@ from tools.mesh import key_problem, wait
 DEMO_TENANTS = str(REPO / "deploy" / "local" / "tenants.yaml")
 
 
-def test_the_demo_key_passes_with_the_demo_tenants_and_anything_passes_without_a_file():
+def test_the_demo_key_passes_with_the_demo_tenants_and_anything_passes_only_when_anonymous_is_allowed():
     assert key_problem(DEMO_TENANTS, "demo-key-alpha") is None
-    assert key_problem("", "whatever") is None
+    assert key_problem("", "whatever", allow_anonymous=True) is None
+    assert "MESH_ALLOW_ANONYMOUS=true" in key_problem("", "whatever"), "the gateway fails closed without a file"
 
 
 def test_a_key_missing_from_the_file_is_named_with_the_fix(tmp_path):
