@@ -21,7 +21,7 @@ from deploy_manifests import CONFIG_OF
 from deploy_tools import CHECK_JSONSCHEMA_PIP, DOCKERFILE_PARSE_PIP, REPO, pip_module, pip_tool, run
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.common.config import env_names, load_config
+from services.common.config import ConfigError, env_names, load_config
 
 DOCKER = REPO / "deploy" / "docker"
 COMPOSE = REPO / "deploy" / "compose.yaml"
@@ -85,6 +85,11 @@ def test_image_env_is_read_by_the_service_and_matches_exposed_ports(image):
     env = env_of(final)
     readable = env_names(CONFIG_OF[service], service)
     assert {n for n in env if n.startswith("INFERMESH_")} <= readable
+    if service == "gateway":
+        # The image alone fails closed: a deployment mounts the tenants file (k8s gateway.env, compose).
+        with pytest.raises(ConfigError, match="no tenants file"):
+            load_config(CONFIG_OF[service], service, argv=[], environ=env)
+        env = {**env, "INFERMESH_GATEWAY_TENANTS_FILE": "/etc/infermesh/tenants/tenants.yaml"}
     config = load_config(CONFIG_OF[service], service, argv=[], environ=env)
     (exposed,) = [value for instruction, value in final if instruction == "EXPOSE"]
     assert {int(p) for p in exposed.split()} == {config.port, config.metrics_port}
