@@ -14,7 +14,7 @@ import sys
 import numpy as np
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tools.mesh import open_channel, tls_credentials
+from services.common.client_files import credentials_from_files, open_channel
 
 
 def _stages(timings: common_pb2.Timings) -> str:
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ca-file", default="", help="CA bundle to verify the gateway with (empty: plaintext)")
     args = parser.parse_args(argv)
     metadata = (("authorization", f"Bearer {args.api_key}"),) if args.api_key else ()
-    with open_channel(args.gateway, tls_credentials(args.ca_file)) as channel:
+    with open_channel(args.gateway, credentials_from_files(args.ca_file)) as channel:
         stub = gateway_pb2_grpc.InferenceStub(channel)
         models = stub.ListModels(gateway_pb2.ListModelsRequest(), timeout=5, metadata=metadata).models
         print("models:", ", ".join(f"{m.model.name}:{m.model.version}" for m in models))

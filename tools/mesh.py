@@ -28,40 +28,11 @@ import time
 from collections.abc import Sequence
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
-
-
-def open_channel(address: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.Channel:
-    """A channel to address: TLS with these credentials, plaintext without."""
-    if credentials is None:
-        return grpc.insecure_channel(address)
-    return grpc.secure_channel(address, credentials)
-
-
-def tls_credentials(ca_file: str, cert_file: str = "", key_file: str = "") -> grpc.ChannelCredentials | None:
-    """Credentials trusting ca_file and presenting cert_file/key_file when given; None without a CA (plaintext)."""
-    if not ca_file:
-        return None
-    with open(ca_file, "rb") as f:
-        ca_pem = f.read()
-    if not cert_file:
-        return grpc.ssl_channel_credentials(ca_pem)
-    with open(cert_file, "rb") as cert, open(key_file, "rb") as key:
-        return grpc.ssl_channel_credentials(ca_pem, key.read(), cert.read())
-
-
-def health_status(address: str, timeout_s: float = 1.0,
-                  credentials: grpc.ChannelCredentials | None = None) -> int | None:
-    """The server's overall grpc.health.v1 status, or None when it does not answer (a TLS port
-    dialed in plaintext, or with a certificate it refuses, does not answer either)."""
-    try:
-        with open_channel(address, credentials) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
-    except grpc.RpcError:
-        return None
-    return reply.status
+from services.common.client_files import credentials_from_files, open_channel
+from services.common.health_probe import health_status
 
 
 def is_serving(address: str, timeout_s: float = 1.0, credentials: grpc.ChannelCredentials | None = None) -> bool:
@@ -216,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             print(f"make up: {problem}", file=sys.stderr)
         return 1 if problem else 0
-    credentials = tls_credentials(args.ca_file, args.cert_file, args.key_file)
+    credentials = credentials_from_files(args.ca_file, args.cert_file, args.key_file)
     ready = wait(args.health, args.gateway, args.models, args.timeout_s, args.api_key, args.store, credentials)
     return 0 if ready else 1
 

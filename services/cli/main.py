@@ -24,7 +24,7 @@ import grpc
 from infermesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.cli import completion
 from services.cli.render import Answer, render_json, render_text
-from services.common import admin_servicer, build_info
+from services.common import admin_servicer, build_info, client_files
 
 DEFAULT_GATEWAY = "127.0.0.1:50051"
 API_KEY_ENV = "INFERMESH_API_KEY"
@@ -109,14 +109,13 @@ def _read(path: str, what: str) -> bytes:
 def channel(address: str, args: argparse.Namespace) -> grpc.Channel:
     if bool(args.cert_file) != bool(args.key_file):
         raise UsageError("--cert-file and --key-file go together")
-    if not args.ca_file:
-        if args.cert_file:
-            raise UsageError("--cert-file needs --ca-file (a client certificate is only sent over TLS)")
-        return grpc.insecure_channel(address)
-    ca = _read(args.ca_file, "CA file")
-    key = _read(args.key_file, "key file") if args.key_file else None
-    cert = _read(args.cert_file, "certificate file") if args.cert_file else None
-    return grpc.secure_channel(address, grpc.ssl_channel_credentials(ca, key, cert))
+    if not args.ca_file and args.cert_file:
+        raise UsageError("--cert-file needs --ca-file (a client certificate is only sent over TLS)")
+    try:
+        credentials = client_files.credentials_from_files(args.ca_file, args.cert_file, args.key_file)
+    except OSError as exc:
+        raise UsageError(f"cannot read {exc.filename}: {exc.strerror or exc}") from None
+    return client_files.open_channel(address, credentials)
 
 
 def api_key(args: argparse.Namespace) -> str:

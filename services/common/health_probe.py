@@ -23,6 +23,8 @@ from collections.abc import Mapping
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.common import client_files
+
 SERVICES = ("gateway", "scheduler", "worker")
 
 
@@ -43,27 +45,19 @@ def credentials_of(service: str, environ: Mapping[str, str]) -> grpc.ChannelCred
     cert_path = environ.get(f"{prefix}CERT_FILE", "")
     if not cert_path:
         return None
-    key_path, ca_path = environ.get(f"{prefix}KEY_FILE", ""), environ.get(f"{prefix}CA_FILE", "")
     try:
-        with open(cert_path, "rb") as cert, open(key_path, "rb") as key:
-            cert_pem, key_pem = cert.read(), key.read()
-        ca_pem = None
-        if ca_path:
-            with open(ca_path, "rb") as ca:
-                ca_pem = ca.read()
+        return client_files.credentials_from_files(environ.get(f"{prefix}CA_FILE", ""), cert_path,
+                                          environ.get(f"{prefix}KEY_FILE", ""))
     except OSError as exc:
         raise ValueError(f"cannot read the TLS file {exc.filename}: {exc.strerror}") from None
-    return grpc.ssl_channel_credentials(ca_pem, key_pem, cert_pem)
 
 
-def health_status(target: str, credentials: grpc.ChannelCredentials | None, timeout_s: float) -> int | None:
-    """The overall grpc.health.v1 status, or None when the call fails."""
+def health_status(address: str, timeout_s: float = 1.0,
+                  credentials: grpc.ChannelCredentials | None = None) -> int | None:
+    """The server's overall grpc.health.v1 status, or None when it does not answer (a TLS port
+    dialed in plaintext, or with a certificate it refuses, does not answer either)."""
     try:
-        if credentials is None:
-            channel = grpc.insecure_channel(target)
-        else:
-            channel = grpc.secure_channel(target, credentials)
-        with channel:
+        with client_files.open_channel(address, credentials) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
     except grpc.RpcError:
         return None
@@ -81,7 +75,7 @@ def main(argv: list[str], environ: Mapping[str, str]) -> int:
     except ValueError as exc:
         print(f"health_probe: {exc}", file=sys.stderr)
         return 2
-    status = health_status(target, credentials, timeout_s=2.0)
+    status = health_status(target, timeout_s=2.0, credentials=credentials)
     if status == health_pb2.HealthCheckResponse.SERVING:
         return 0
     state = "no answer" if status is None else health_pb2.HealthCheckResponse.ServingStatus.Name(status)
