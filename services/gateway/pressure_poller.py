@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from infermesh.v1 import gateway_pb2
@@ -28,6 +29,7 @@ from services.gateway.upstream_status import UpstreamCode
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
+EXTRA_POLL_MIN_GAP_S = 0.1
 
 
 class ModelCatalog:
@@ -98,6 +100,7 @@ class PressurePoller:
         budgets: RetryBudgets,
         interval_s: float,
         membership: Membership | None = None,
+        clock: Clock = time.monotonic,
     ) -> None:
         self._routing = routing
         self._clients = clients
@@ -111,6 +114,8 @@ class PressurePoller:
         self.reachable: set[str] = set()
         self._failing: set[str] = set()
         self._extra_poll: asyncio.Task | None = None
+        self._extra_poll_at_s = float("-inf")
+        self._clock = clock
 
     async def run(self) -> None:
         while True:
@@ -118,10 +123,15 @@ class PressurePoller:
             await asyncio.sleep(self.interval_s)
 
     def poll_soon(self) -> None:
-        """Polls every endpoint now, outside the schedule (at most one such poll at a time): a call
-        regrouping after a restart needs to know within its round that the restarted scheduler
-        answers again, which lets its breaker probe and membership take it back."""
+        """Polls every endpoint now, outside the schedule: a call regrouping after a restart needs to
+        know within its round that the restarted scheduler answers again, which lets its breaker probe
+        and membership take it back. Every call of a roll regroups, so such polls start at most one at
+        a time and one per EXTRA_POLL_MIN_GAP_S (the first regroup round's wait)."""
+        now_s = self._clock()
+        if now_s - self._extra_poll_at_s < EXTRA_POLL_MIN_GAP_S:
+            return
         if self._extra_poll is None or self._extra_poll.done():
+            self._extra_poll_at_s = now_s
             self._extra_poll = asyncio.create_task(self.poll_once(), name="pressure-poll-now", context=clean_context())
 
     async def poll_once(self) -> None:
