@@ -199,6 +199,18 @@ def rpc_attributes(full_method: str) -> dict[str, str]:
     return {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
 
 
+def detach_attached(token: object, attached: otel_context.Context) -> None:
+    """Undo `otel_context.attach(attached)`, unless the block is being closed from another context.
+
+    grpc.aio closes a streaming handler cancelled mid-stream (an async generator) from a task of its
+    own, whose context never saw the attach: detaching there raises inside OpenTelemetry, which logs
+    "Failed to detach context" at ERROR with a traceback for every cancelled stream. That context
+    has nothing of ours to undo, and the handler's own context ends with its task.
+    """
+    if otel_context.get_current() is attached:
+        otel_context.detach(token)
+
+
 def grpc_status_code(exc: BaseException | None) -> int:
     """The gRPC status a handler's outcome maps to, as the integer `rpc.grpc.status_code` wants."""
     if exc is None:
@@ -224,7 +236,7 @@ class server_span:  # noqa: N801 - used like the tracer's own context manager
     refused request cost more than serving a request).
     """
 
-    __slots__ = ("_tracer", "_name", "_parent", "_links", "_span", "_token")
+    __slots__ = ("_tracer", "_name", "_parent", "_links", "_span", "_attached", "_token")
 
     def __init__(self, tracer_: trace.Tracer, name: str, parent: otel_context.Context | None,
                  links: Sequence[trace.Link] = ()) -> None:
@@ -235,15 +247,16 @@ class server_span:  # noqa: N801 - used like the tracer's own context manager
         if _recording:
             self._span = self._tracer.start_span(self._name, context=self._parent, kind=trace.SpanKind.SERVER,
                                                  attributes=rpc_attributes(self._name), links=self._links)
-            self._token = otel_context.attach(trace.set_span_in_context(self._span, self._parent))
+            self._attached = trace.set_span_in_context(self._span, self._parent)
         else:
             self._span = trace.INVALID_SPAN
-            self._token = otel_context.attach(otel_context.get_current() if self._parent is None else self._parent)
+            self._attached = otel_context.get_current() if self._parent is None else self._parent
+        self._token = otel_context.attach(self._attached)
         log_context.remember_span()
         return self._span
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        otel_context.detach(self._token)
+        detach_attached(self._token, self._attached)
         if not _recording:
             return
         code = grpc_status_code(exc)

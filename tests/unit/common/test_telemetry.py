@@ -62,6 +62,40 @@ def test_recording_span_is_a_child_of_the_caller_and_an_error_keeps_no_traceback
     assert "traceparent" not in carrier_for()
 
 
+
+@pytest.mark.parametrize("recording", [False, True])
+async def test_a_stream_closed_from_another_task_detaches_quietly_and_still_ends_its_span(
+        monkeypatch, caplog, recording):
+    """grpc.aio closes a cancelled streaming handler from a task of its own: no "Failed to detach
+    context" ERROR per cancelled stream, the span still ends, and the closing task's context is
+    left as it was."""
+    import asyncio
+
+    ended = []
+    monkeypatch.setattr(telemetry, "_recording", recording)
+    tracer_ = telemetry.tracer("test")
+    if recording:
+        from opentelemetry.sdk.trace import TracerProvider
+        tracer_ = TracerProvider().get_tracer("test")
+    parent = context_from_metadata([("traceparent", CALLER)])
+
+    async def handler():
+        with server_span(tracer_, "infermesh.v1.Inference/Generate", parent) as span:
+            try:
+                yield carrier_for()["traceparent"]
+                yield "never"
+            finally:
+                ended.append(span)
+
+    stream = handler()
+    first = await asyncio.create_task(stream.__anext__())
+    assert first.split("-")[1] == CALLER.split("-")[1]
+    await asyncio.create_task(stream.aclose())
+    assert [r for r in caplog.records if r.levelname == "ERROR"] == []
+    assert len(ended) == 1 and "traceparent" not in carrier_for()
+    if recording:
+        assert ended[0].end_time is not None
+
 # -- the standard OTEL_* variables ------------------------------------------------------
 
 
