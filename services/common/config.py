@@ -148,6 +148,9 @@ class ServerSettings:
     metrics_port: int = setting(-1, "Prometheus /metrics HTTP port; 0 picks a free one, -1 disables")
     drain_grace_s: float = setting(10.0, "on SIGTERM, how long in-flight work may finish")
     max_message_bytes: int = setting(8 * 1024 * 1024, "largest gRPC message accepted")
+    keepalive_min_ping_interval_ms: int = setting(
+        10_000, "shortest gap between a client's pings on a connection with no data that this server accepts "
+        "(faster pingers are sent GOAWAY); workers' --attach-keepalive-ms must not be below it")
     log_level: str = setting("INFO", "DEBUG, INFO, WARNING or ERROR")
     log_format: str = setting("text", "text (one line per record, request and trace ids in brackets) or json "
                                       "(one object per line); docs/operations.md")
@@ -180,6 +183,8 @@ class ServerSettings:
         require(-1 <= self.metrics_port <= 65535, f"metrics_port must be -1..65535, got {self.metrics_port}")
         require(self.drain_grace_s >= 0, f"drain_grace_s must be >= 0, got {self.drain_grace_s}")
         require(self.max_message_bytes >= 1024, f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
+        require(self.keepalive_min_ping_interval_ms >= 1000,
+                f"keepalive_min_ping_interval_ms must be >= 1000, got {self.keepalive_min_ping_interval_ms}")
         require(
             self.log_level in ("DEBUG", "INFO", "WARNING", "ERROR"),
             f"log_level must be DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}",

@@ -95,7 +95,7 @@ def server_options(settings: ServerSettings) -> list[tuple[str, int]]:
         ("grpc.max_send_message_length", settings.max_message_bytes),
         ("grpc.keepalive_time_ms", 20_000),
         ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", settings.keepalive_min_ping_interval_ms),
     ]
 
 

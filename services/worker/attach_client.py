@@ -62,19 +62,22 @@ class Backoff:
 
 
 # HTTP/2 keepalive on the Attach stream: a scheduler cut off without a reset (a partition, a frozen
-# host) sends nothing an idle worker would miss, so only an unanswered ping shows it is gone (in at
-# most ~20 s, then the worker re-dials another). Every 15 s: the schedulers accept pings 10 s apart
-# when they send no data (services/common/server.py), so these never count as ping abuse.
-ATTACH_CHANNEL_OPTIONS = (
-    ("grpc.keepalive_time_ms", 15_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    # This grpc's keepalive waits this one (default 60 s) for the ack, not keepalive_timeout_ms alone.
-    ("grpc.http2.ping_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    # Without it a ping after one sent earlier (e.g. a BDP probe) waits 5 min for the peer to send data.
-    ("grpc.http2.min_time_between_pings_ms", 10_000),
-)
+# host) sends nothing an idle worker would miss, so only an unanswered ping shows it is gone (by
+# default in at most ~20 s, then the worker re-dials another). Every 15 s by default: the schedulers
+# accept pings 10 s apart when they send no data (services/common/server.py), so these never count
+# as ping abuse.
+def attach_channel_options(keepalive_ms: int = 15_000) -> tuple[tuple[str, int], ...]:
+    timeout_ms = keepalive_ms // 3
+    return (
+        ("grpc.keepalive_time_ms", keepalive_ms),
+        ("grpc.keepalive_timeout_ms", timeout_ms),
+        # This grpc's keepalive waits this one (default 60 s) for the ack, not keepalive_timeout_ms alone.
+        ("grpc.http2.ping_timeout_ms", timeout_ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        # Without it a ping after one sent earlier (e.g. a BDP probe) waits 5 min for the peer to send data.
+        ("grpc.http2.min_time_between_pings_ms", keepalive_ms * 2 // 3),
+    )
 
 
 class Dialer(Protocol):
@@ -119,7 +122,8 @@ MIN_SESSION_S = 1.0
 
 class AttachClient:
     def __init__(self, dialer: Dialer | str, runtime: WorkerRuntime, worker_id: str, backoff: Backoff,
-                 clock=time.monotonic, rebalance_interval_s: float = 0.0, rng: random.Random | None = None) -> None:
+                 clock=time.monotonic, rebalance_interval_s: float = 0.0, rng: random.Random | None = None,
+                 keepalive_ms: int = 15_000) -> None:
         """`rebalance_interval_s`: how often (jittered 0.5-1.5x) an attached worker checks whether to move
         to a scheduler with fewer workers of its model; 0: never."""
         self._dialer = FixedAddress(dialer) if isinstance(dialer, str) else dialer
@@ -130,6 +134,7 @@ class AttachClient:
         self._runtime = runtime
         self._worker_id = worker_id
         self._backoff = backoff
+        self._channel_options = attach_channel_options(keepalive_ms)
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
         self._call: grpc.aio.StreamStreamCall | None = None
         self._write_lock = asyncio.Lock()
@@ -179,7 +184,7 @@ class AttachClient:
         return self.num_attaches > num_attaches
 
     async def _session(self) -> None:
-        async with tls.aio_channel(self._address, options=ATTACH_CHANNEL_OPTIONS) as channel:
+        async with tls.aio_channel(self._address, options=self._channel_options) as channel:
             call = scheduler_pb2_grpc.SchedulerStub(channel).Attach()
             hello = self._runtime.hello(self._worker_id)
             self._model_label = f"{hello.model.name}:{hello.model.version}"

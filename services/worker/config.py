@@ -27,6 +27,10 @@ class WorkerConfig(ServerSettings):
     rebalance_interval_s: float = setting(
         5.0, "with several schedulers: how often (jittered 0.5-1.5x) the worker checks whether its scheduler has "
         "2+ workers of its model more than another, and if so moves there gracefully (0: never)")
+    attach_keepalive_ms: int = setting(
+        15_000, "HTTP/2 ping on the Attach stream this often; a scheduler frozen or cut off without a reset is "
+        "noticed within this plus a third of it, then another is dialled (schedulers accept pings every "
+        "--keepalive-min-ping-interval-ms, 10 s by default: keep this at or above theirs)")
     toy_compute_ms: float = setting(0.0, "toy models only: simulated compute time per batch/step")
     mock_profile: str = setting(
         "", "mock-generator / mock-classifier only (tests, benchmarks): capacity and step time, e.g. "
@@ -52,5 +56,6 @@ class WorkerConfig(ServerSettings):
             f"{self.reconnect_initial_s} and {self.reconnect_max_s}",
         )
         require(self.rebalance_interval_s >= 0, f"rebalance_interval_s must be >= 0, got {self.rebalance_interval_s}")
+        require(self.attach_keepalive_ms >= 1000, f"attach_keepalive_ms must be >= 1000, got {self.attach_keepalive_ms}")
         require(self.toy_compute_ms >= 0, f"toy_compute_ms must be >= 0, got {self.toy_compute_ms}")
         require(self.num_threads >= 0, f"num_threads must be >= 0 (0: from the CPU allocation), got {self.num_threads}")

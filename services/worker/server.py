@@ -82,7 +82,8 @@ class WorkerService:
         dialer = SchedulerDialer(parse_scheduler_address(self._config.scheduler_address),
                                  runtime.hello(self.worker_id).model, self.worker_id)
         self._client = AttachClient(dialer, runtime, self.worker_id, backoff,
-                                    rebalance_interval_s=self._config.rebalance_interval_s)
+                                    rebalance_interval_s=self._config.rebalance_interval_s,
+                                    keepalive_ms=self._config.attach_keepalive_ms)
         await health.set_serving(True)
         metrics.set_model_state(model, version, "ready")
         self._task = asyncio.create_task(self._client.run())
