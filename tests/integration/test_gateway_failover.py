@@ -32,17 +32,31 @@ SHAPE = LoadShape(classify_per_s=30, streams_per_s=4, classify_deadline_s=10, st
                   streams=(StreamSpec("abc", 80), StreamSpec("hello", 80), StreamSpec("mesh", 80, seed=12345)))
 
 
-def _spread_mesh_with_gateway(mesh, upstream_mode: str, *scheduler_args: str) -> int:
-    """Two schedulers, two workers of each model spread over them, one gateway; its metrics port."""
+MODES = ("stream", "unary")
+
+
+def _spread_mesh_with_gateways(mesh, *scheduler_args: str) -> dict[str, int]:
+    """Two schedulers, two workers of each model spread over them, and a gateway in each upstream
+    mode (one kill then tests both); each mode's gateway metrics port."""
     mesh.add_schedulers(2, *scheduler_args)
     for model in MODELS:
         for _ in range(2):
             mesh.add_worker(model)
     mesh.wait_spread(MODELS)
-    metrics_port = free_port()
-    mesh.add_gateway("--upstream-mode", upstream_mode, "--pressure-poll-interval-ms", "200",
-                     "--metrics-port", str(metrics_port))
-    return metrics_port
+    metrics_ports = {}
+    for mode in MODES:
+        metrics_ports[mode] = free_port()
+        mesh.add_gateway("--upstream-mode", mode, "--pressure-poll-interval-ms", "200",
+                         "--metrics-port", str(metrics_ports[mode]))
+    return metrics_ports
+
+
+def _start_loads(mesh) -> dict[str, MeshLoad]:
+    """The same open-loop load through each mode's gateway, under way (60 calls done through each)."""
+    loads = {mode: MeshLoad(gateway.address, SHAPE).start() for mode, gateway in zip(MODES, mesh.gateways, strict=True)}
+    for mode, load in loads.items():
+        wait_until(lambda load=load: load.num_done >= 60, timeout_s=30, message=f"load under way ({mode})")
+    return loads
 
 
 def _preferred_scheduler(mesh, model: str):
@@ -51,61 +65,66 @@ def _preferred_scheduler(mesh, model: str):
     return next(s for s in mesh.schedulers if s.address == preferred)
 
 
-@pytest.mark.parametrize("upstream_mode", ["stream", "unary"])
 @pytest.mark.parametrize("victim_of", MODELS)
-def test_a_scheduler_killed_under_load_loses_no_classify_and_no_stream(tmp_path, upstream_mode, victim_of):
-    """victim_of: the model whose preferred scheduler (rendezvous, as every gateway computes it) is killed."""
+def test_a_scheduler_killed_under_load_loses_no_classify_and_no_stream(tmp_path, victim_of):
+    """victim_of: the model whose preferred scheduler (rendezvous, as every gateway computes it) is killed,
+    under load through a gateway in each upstream mode at once."""
     with replicated_mesh(tmp_path) as mesh:
-        metrics_port = _spread_mesh_with_gateway(mesh, upstream_mode)
-        load = MeshLoad(mesh.gateways[0].address, SHAPE).start()
+        metrics_ports = _spread_mesh_with_gateways(mesh)
+        loads = _start_loads(mesh)
         try:
-            wait_until(lambda: load.num_done >= 60, timeout_s=30, message="load under way")
             victim = _preferred_scheduler(mesh, victim_of)  # the one holding that model's calls
             victim.signal(signal.SIGKILL)
             victim.proc.wait(timeout=5)
             time.sleep(4.0)  # open-loop load keeps arriving while the survivor takes over
         finally:
-            counts = load.stop()
-        metrics = scrape(metrics_port)
+            counts = {mode: load.stop() for mode, load in loads.items()}
+        metrics = {mode: scrape(port) for mode, port in metrics_ports.items()}
         logs = mesh.logs()
 
-    print(f"\n[{upstream_mode}, killed {victim_of}'s scheduler] {counts.summary()}; failovers "
-          f"{metrics.value('infermesh_gateway_failovers_total'):g}, stream resumes "
-          f"{metrics.value('infermesh_gateway_stream_resumes_total'):g}")
-    assert counts.problems() == {"failed_classify": 0, "failed_streams": 0, "wrong_text": 0, "bad_indices": 0}, (
-        f"{counts.summary()}\n{counts.examples()}\n{logs}")
-    assert counts.num_classify >= 150 and counts.num_greedy_streams + counts.num_sampled_streams >= 20
-    # Classify calls take ~10 ms, so whether one was in flight at the kill is luck (failovers 0-5 seen);
-    # streams of 1.6 s always are.
-    if victim_of == "mock-generator":
-        assert metrics.value("infermesh_gateway_stream_resumes_total") >= 1, "streams were cut mid-way and resumed"
+    for mode in MODES:
+        print(f"\n[{mode}, killed {victim_of}'s scheduler] {counts[mode].summary()}; failovers "
+              f"{metrics[mode].value('infermesh_gateway_failovers_total'):g}, stream resumes "
+              f"{metrics[mode].value('infermesh_gateway_stream_resumes_total'):g}")
+    for mode in MODES:
+        assert counts[mode].problems() == {"failed_classify": 0, "failed_streams": 0, "wrong_text": 0,
+                                           "bad_indices": 0}, (
+            f"{mode}: {counts[mode].summary()}\n{counts[mode].examples()}\n{logs}")
+        assert counts[mode].num_classify >= 150
+        assert counts[mode].num_greedy_streams + counts[mode].num_sampled_streams >= 20
+        # Classify calls take ~10 ms, so whether one was in flight at the kill is luck (failovers 0-5
+        # seen); streams of 1.6 s always are.
+        if victim_of == "mock-generator":
+            assert metrics[mode].value("infermesh_gateway_stream_resumes_total") >= 1, (
+                f"{mode}: streams were cut mid-way and resumed")
 
 
-@pytest.mark.parametrize("upstream_mode", ["stream", "unary"])
-def test_a_draining_scheduler_hands_its_streams_over_and_nothing_is_lost(tmp_path, upstream_mode):
+def test_a_draining_scheduler_hands_its_streams_over_and_nothing_is_lost(tmp_path):
     """SIGTERM instead of SIGKILL: new calls are refused 'scheduler draining' with pushback 0 and fail
-    over, streams still running after the drain grace (300 ms here) are handed over and resumed."""
+    over, streams still running after the drain grace (300 ms here) are handed over and resumed, in
+    both upstream modes."""
     with replicated_mesh(tmp_path) as mesh:
-        metrics_port = _spread_mesh_with_gateway(mesh, upstream_mode, "--drain-grace-ms", "300")
-        load = MeshLoad(mesh.gateways[0].address, SHAPE).start()
+        metrics_ports = _spread_mesh_with_gateways(mesh, "--drain-grace-ms", "300")
+        loads = _start_loads(mesh)
         try:
-            wait_until(lambda: load.num_done >= 60, timeout_s=30, message="load under way")
             victim = _preferred_scheduler(mesh, "mock-generator")
             victim.signal(signal.SIGTERM)
             exit_code = victim.proc.wait(timeout=20)
             time.sleep(1.0)
         finally:
-            counts = load.stop()
-        metrics = scrape(metrics_port)
+            counts = {mode: load.stop() for mode, load in loads.items()}
+        metrics = {mode: scrape(port) for mode, port in metrics_ports.items()}
         logs = mesh.logs()
 
-    handed_over = metrics.value("infermesh_gateway_stream_resumes_total", reason="draining")
-    print(f"\n[{upstream_mode}, drained] {counts.summary()}; resumes after a handover {handed_over:g}, "
-          f"failovers {metrics.value('infermesh_gateway_failovers_total'):g}")
     assert exit_code == 0
-    assert counts.problems() == {"failed_classify": 0, "failed_streams": 0, "wrong_text": 0, "bad_indices": 0}, (
-        f"{counts.summary()}\n{counts.examples()}\n{logs}")
-    assert handed_over >= 1, "streams running past the drain grace were handed over and resumed"
+    for mode in MODES:
+        handed_over = metrics[mode].value("infermesh_gateway_stream_resumes_total", reason="draining")
+        print(f"\n[{mode}, drained] {counts[mode].summary()}; resumes after a handover {handed_over:g}, "
+              f"failovers {metrics[mode].value('infermesh_gateway_failovers_total'):g}")
+        assert counts[mode].problems() == {"failed_classify": 0, "failed_streams": 0, "wrong_text": 0,
+                                           "bad_indices": 0}, (
+            f"{mode}: {counts[mode].summary()}\n{counts[mode].examples()}\n{logs}")
+        assert handed_over >= 1, f"{mode}: streams running past the drain grace were handed over and resumed"
 
 
 def test_coalesced_streams_resume_with_whole_chunks_and_every_token_once(tmp_path):
