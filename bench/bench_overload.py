@@ -57,7 +57,8 @@ from bench.overload_report import MULTIPLES, finite, markdown_table, medians, no
 from bench.overload_stats import SendResult, by_tenant, in_window, ratio, summarize, summarize_streams
 from infermesh.v1 import common_pb2, gateway_pb2
 from loadtest.payloads import make_prompt, render_image
-from tests.support.processes import running_mesh
+from tests.support.processes import ServiceProcess, running_mesh
+from tests.support.valkey import ValkeyProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_PATH = ROOT / "bench" / "results" / "overload.json"
@@ -326,10 +327,13 @@ def run_once(bench: Bench, parts: list[str], peak_per_s: float | None) -> dict:
 
 
 @contextmanager
-def mesh(need_generator: bool) -> Iterator[tuple[str, dict[str, int]]]:
+def mesh(need_generator: bool, gateway_processes: int = 1) -> Iterator[tuple[str, dict[str, int]]]:
     """Scheduler, gateway and workers as processes; yields the gateway's address and the processes'
-    pids once every model serves."""
-    with tempfile.TemporaryDirectory(prefix="bench-overload-") as tmp, running_mesh(Path(tmp), tls=False) as m:
+    pids once every model serves. With gateway_processes > 1, that many gateways listen on the one
+    port (SO_REUSEPORT, grpc's default: the kernel spreads connections over them), their quotas
+    shared through a Valkey store, as `make up` would run them on a machine with more cores."""
+    with tempfile.TemporaryDirectory(prefix="bench-overload-") as tmp, running_mesh(Path(tmp), tls=False) as m, \
+            _quota_store(Path(tmp), gateway_processes) as store_args:
         m.start_scheduler("--log-level", "WARNING")
         m.start_worker("digits", "--log-level", "WARNING", "--model-repository", str(MODEL_REPO), env=WORKER_ENV)
         models = ["digits"]
@@ -337,9 +341,29 @@ def mesh(need_generator: bool) -> Iterator[tuple[str, dict[str, int]]]:
             m.start_worker("tinylm", "--log-level", "WARNING", "--model-repository", str(MODEL_REPO), env=WORKER_ENV)
             models.append("tinylm")
         wait_attached(m.scheduler.address, len(models))
-        m.start_gateway("--tenants-file", str(TENANTS_PATH), "--log-level", "WARNING")
+        gateway_args = ("--tenants-file", str(TENANTS_PATH), "--log-level", "WARNING", *store_args)
+        m.start_gateway(*gateway_args)
+        for i in range(1, gateway_processes):
+            same_port = ServiceProcess(f"gateway{i + 1}", "gateway", m.gateway.port,
+                                       ["--scheduler-address", m.scheduler.address, *gateway_args],
+                                       dict(m.env), Path(tmp) / f"gateway{i + 1}.log", tls=False)
+            m.processes.append(same_port.start())
+            same_port.wait_serving()
         _wait_gateway_serves(m.gateway.address)
         yield m.gateway.address, {p.name: p.proc.pid for p in m.processes}
+
+
+@contextmanager
+def _quota_store(tmp: Path, gateway_processes: int) -> Iterator[tuple[str, ...]]:
+    """The gateways' flags for one shared quota store (none for a single gateway)."""
+    if gateway_processes <= 1:
+        yield ()
+        return
+    store = ValkeyProcess(tmp).start()
+    try:
+        yield ("--quota-store-address", store.address, "--quota-expected-gateways", str(gateway_processes))
+    finally:
+        store.stop()
 
 
 
@@ -371,6 +395,8 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {','.join(PARTS)}")
     parser.add_argument("--target", default=None, help="an existing gateway (tenants: bench/overload_tenants.yaml)")
     parser.add_argument("--peak-per-s", type=float, default=None, help="skip the sweep for multiples/flood")
+    parser.add_argument("--gateway-processes", type=int, default=1,
+                        help="gateways on the one port (SO_REUSEPORT), quotas shared through a Valkey store")
     parser.add_argument("--label", default="", help="stored in the JSON (e.g. baseline)")
     parser.add_argument("--output", type=Path, default=RESULTS_PATH)
     args = parser.parse_args()
@@ -384,7 +410,8 @@ def main() -> None:
     began = time.monotonic()
     runs = []
     with LoadPool(MAX_LOAD_PROCS) as pool:
-        with (_existing(args.target) if args.target else mesh("generate" in parts)) as (target, pids):
+        started = _existing(args.target) if args.target else mesh("generate" in parts, args.gateway_processes)
+        with started as (target, pids):
             bench = Bench(target, pool, profile, {**pids, **pool.pids})
             for run in range(profile.runs):
                 _progress(f"== run {run + 1}/{profile.runs}")
@@ -401,6 +428,7 @@ def main() -> None:
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version()},
         "profile": asdict(profile),
         "quick": args.quick,
+        "gateway_processes": args.gateway_processes,
         "settings": {"goodput_deadline_s": GOODPUT_DEADLINE_S, "flood_deadline_s": FLOOD_DEADLINE_S,
                      "generate_deadline_s": GENERATE_DEADLINE_S, "lag_threshold_ms": LAG_THRESHOLD_MS,
                      "flood_quota_per_s": flood_quota_per_s(), "max_load_procs": MAX_LOAD_PROCS,
