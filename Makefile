@@ -24,7 +24,7 @@ MESH_API_KEY ?= demo-key-alpha
 # workers, server TLS on the gateway's public port (tenants bring API keys). The services read their
 # files from INFERMESH_<SERVICE>_TLS_* (exported to honcho below); the readiness wait, the demo and the
 # load test verify the gateway with the CA. MESH_PLAINTEXT=1 starts the old plaintext mesh (every service
-# then logs "TLS is OFF").
+# is given --plaintext through INFERMESH_<SERVICE>_PLAINTEXT and logs "TLS is OFF").
 MESH_TLS_DIR ?= $(CURDIR)/run/tls
 # $(call tls_env,SERVICE,service): the three variables that give one service its files.
 tls_env = INFERMESH_$(1)_TLS_CERT_FILE=$(MESH_TLS_DIR)/$(2).pem INFERMESH_$(1)_TLS_KEY_FILE=$(MESH_TLS_DIR)/$(2)-key.pem \
@@ -37,7 +37,8 @@ MESH_WAIT_TLS := --ca-file $(MESH_TLS_DIR)/ca.pem --cert-file $(MESH_TLS_DIR)/ga
 MESH_CLIENT_TLS := --ca-file $(MESH_TLS_DIR)/ca.pem
 MESH_SCHEME := TLS, CA $(MESH_TLS_DIR)/ca.pem
 else
-MESH_TLS_ENV :=
+# Plaintext only when asked for by name: a service without certificates refuses to start otherwise.
+MESH_TLS_ENV := INFERMESH_GATEWAY_PLAINTEXT=true INFERMESH_SCHEDULER_PLAINTEXT=true INFERMESH_WORKER_PLAINTEXT=true
 MESH_WAIT_TLS :=
 MESH_CLIENT_TLS :=
 MESH_SCHEME := PLAINTEXT (MESH_PLAINTEXT=$(MESH_PLAINTEXT))
@@ -78,7 +79,7 @@ up: setup model-repo ## start two schedulers, the quota store, gateway and two w
 		--allow-anonymous $${MESH_ALLOW_ANONYMOUS:-false}
 	@if [ -f $(MESH_PID) ] && kill -0 $$(cat $(MESH_PID)) 2>/dev/null; then \
 		echo "mesh already running (pid $$(cat $(MESH_PID))); make down stops it"; exit 0; fi; \
-	$(if $(MESH_TLS_ENV),$(PY) -m tools.dev_ca --out $(MESH_TLS_DIR) --services gateway scheduler worker operator --keep-valid-days 1 > /dev/null || exit 1;) \
+	$(if $(MESH_WAIT_TLS),$(PY) -m tools.dev_ca --out $(MESH_TLS_DIR) --services gateway scheduler worker operator --keep-valid-days 1 > /dev/null || exit 1;) \
 	$(MESH_TLS_ENV) PATH="$(CURDIR)/$(VENV)/bin:$$PATH" setsid $(VENV)/bin/honcho -f deploy/local/Procfile -d . start \
 		> run/mesh.log 2>&1 < /dev/null & echo $$! > $(MESH_PID); \
 	if ! $(PY) -m tools.mesh wait --health $(MESH_HEALTH) --store $(MESH_STORE) --gateway $(MESH_GATEWAY) \

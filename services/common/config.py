@@ -173,10 +173,21 @@ class ServerSettings:
         "(infermesh status) under mTLS")
     metrics_tls: bool = setting(True, "with TLS on, serve /metrics over HTTPS with the same certificate; "
                                       "off when scrapes stay inside the pod")
+    plaintext: bool = setting(False, "serve gRPC without TLS (development only; logged as a warning): without it, "
+                                     "a process given no --tls-cert-file refuses to start")
 
     @property
     def tls_enabled(self) -> bool:
         return bool(self.tls_cert_file)
+
+    def require_listener_security(self, service_name: str) -> None:
+        """Plaintext only when asked for by name: a process started without its certificate files
+        (a lost mount, a mistyped variable) must not quietly serve in clear. Checked at start, not in
+        __post_init__, so that code building settings for other purposes needs neither."""
+        require(self.tls_enabled or self.plaintext,
+                f"no TLS certificate: give --tls-cert-file and --tls-key-file (and --tls-ca-file for mutual TLS; "
+                f"INFERMESH_{service_name.upper()}_TLS_* in the environment), or --plaintext "
+                f"(INFERMESH_{service_name.upper()}_PLAINTEXT=true) to serve without TLS (development only)")
 
     def __post_init__(self) -> None:
         require(0 <= self.port <= 65535, f"port must be 0..65535, got {self.port}")
@@ -194,5 +205,7 @@ class ServerSettings:
                 "tls_cert_file and tls_key_file go together: set both or neither")
         require(self.tls_client_auth in ("auto", "require", "none"),
                 f"tls_client_auth must be auto, require or none, got {self.tls_client_auth!r}")
+        require(not (self.plaintext and self.tls_enabled),
+                "--plaintext and --tls-cert-file contradict each other: give the certificate files, or --plaintext")
         require(not self.tls_ca_file or self.tls_enabled,
                 "tls_ca_file is set but tls_cert_file is not: TLS needs this process's own certificate too")

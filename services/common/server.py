@@ -173,8 +173,9 @@ def _report_tls(service_name: str, tls_plan: tls.TlsPlan) -> None:
         _tls_gauges[name] = Gauge(name, "1 when the gRPC listener serves TLS, 0 when it serves plaintext")
     _tls_gauges[name].set(1 if tls_plan.enabled else 0)
     if not tls_plan.enabled:
-        log.warning("TLS is OFF: the gRPC port accepts plaintext from anyone who can reach it, and peers are not "
-                    "authenticated; set --tls-cert-file, --tls-key-file and --tls-ca-file (docs/security.md)")
+        log.warning("TLS is OFF (--plaintext): the gRPC port accepts plaintext from anyone who can reach it, and "
+                    "peers are not authenticated; set --tls-cert-file, --tls-key-file and --tls-ca-file instead "
+                    "(docs/security.md)")
         return
     checks = "identity per method" if tls_plan.identity_policy else "no per-method identity check"
     log.info("TLS on (%s; %s)", "client certificates required" if tls_plan.require_client_cert
@@ -198,6 +199,7 @@ def run(service_name: str, load: Callable[[], tuple[ServerSettings, Service]]) -
     """Entry point for `python -m services.<name>`: config errors exit 2 with the reason."""
     try:
         settings, service = load()
+        settings.require_listener_security(service_name)
     except ConfigError as exc:
         print(f"{service_name}: configuration error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

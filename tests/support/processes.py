@@ -106,7 +106,8 @@ class ServiceProcess:
 
     def tls_args(self) -> list[str]:
         if not self.tls:
-            return []
+            own_files = "--tls-cert-file" in self.args or any(k.endswith("_TLS_CERT_FILE") for k in self.env)
+            return [] if own_files else ["--plaintext"]
         return [*session_tls.session_pki().server_args(self.service), "--metrics-tls", "false"]
 
     def anonymous_args(self) -> list[str]:
