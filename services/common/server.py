@@ -27,8 +27,10 @@ from prometheus_client import Gauge, start_http_server
 
 from services.common import build_info, tls
 from services.common.authz import IdentityInterceptor
+from services.common.cert_files import DEFAULT_CHECK_INTERVAL_S
 from services.common.config import ConfigError, ServerSettings
 from services.common.log_context import configure_logging
+from services.common.metrics_tls import RotatingMetricsCertificate
 from services.common.request_decoding import RequestDecodingInterceptor
 from services.common.telemetry import setup_tracing
 
@@ -117,7 +119,7 @@ async def serve(service_name: str, settings: ServerSettings, service: Service) -
     port = _add_port(server, settings, tls_plan)
     _report_tls(service_name, tls_plan)
     build_info.export(service_name)
-    _start_metrics(settings, tls_plan)
+    metrics_rotation = asyncio.create_task(_follow_rotation(_start_metrics(settings, tls_plan)))
     await health.set_serving(False)
     await server.start()
     log.info("listening on %s:%d", settings.host, port)
@@ -146,6 +148,7 @@ async def serve(service_name: str, settings: ServerSettings, service: Service) -
         log.warning("drain did not finish within %.1fs", settings.drain_grace_s)
     remaining_s = max(0.0, settings.drain_grace_s - (time.monotonic() - began))
     await server.stop(remaining_s)
+    metrics_rotation.cancel()
     await service.close()
     provider.shutdown()
     log.info("stopped")
@@ -182,9 +185,9 @@ def _report_tls(service_name: str, tls_plan: tls.TlsPlan) -> None:
              else "no client certificates", checks)
 
 
-def _start_metrics(settings: ServerSettings, tls_plan: tls.TlsPlan) -> None:
+def _start_metrics(settings: ServerSettings, tls_plan: tls.TlsPlan) -> RotatingMetricsCertificate | None:
     if settings.metrics_port < 0:
-        return
+        return None
     https = tls_plan.enabled and settings.metrics_tls
     files = tls_plan.files if https else None
     metrics_server, _thread = start_http_server(
@@ -193,6 +196,18 @@ def _start_metrics(settings: ServerSettings, tls_plan: tls.TlsPlan) -> None:
     )
     scheme = "https" if https else "http"
     log.info("metrics on %s://%s:%d/metrics", scheme, settings.host, metrics_server.server_port)
+    if files is None:
+        return None
+    return RotatingMetricsCertificate(metrics_server.socket, files, time.monotonic)
+
+
+async def _follow_rotation(certificate: RotatingMetricsCertificate | None) -> None:
+    """Looks at the /metrics certificate files as often as the gRPC port's watcher does."""
+    if certificate is None:
+        return
+    while True:
+        await asyncio.sleep(DEFAULT_CHECK_INTERVAL_S)
+        certificate.refresh()
 
 
 def run(service_name: str, load: Callable[[], tuple[ServerSettings, Service]]) -> None:

@@ -4,6 +4,7 @@ an established stream keeps flowing, and a half-written rotation is not taken.""
 from __future__ import annotations
 
 import queue
+import ssl
 import time
 
 import grpc
@@ -11,7 +12,7 @@ import pytest
 from cryptography import x509
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tests.support.processes import SERVING, ServiceProcess, free_port
+from tests.support.processes import SERVING, ServiceProcess, free_port, wait_until
 from tests.support.tls_fixtures import DevPki, served_certificate, tls_health, wait_tls_serving
 
 pytestmark = pytest.mark.integration
@@ -27,14 +28,25 @@ def _wait_for_serial(address, pki, folder, serial: int, timeout_s: float = 15.0)
     raise TimeoutError(f"the scheduler did not present certificate serial {serial} within {timeout_s}s")
 
 
+def _metrics_serial(port: int) -> int:
+    """The serial of the certificate /metrics presents to a new connection."""
+    pem = ssl.get_server_certificate(("127.0.0.1", port), timeout=5)
+    return x509.load_pem_x509_certificate(pem.encode()).serial_number
+
+
 def test_rotated_files_reach_new_connections_while_an_open_stream_keeps_flowing(tmp_path):
+    """On the gRPC port and on HTTPS /metrics alike."""
     pki = DevPki.create(tmp_path / "pki")
     files = pki.files["scheduler"]
-    process = ServiceProcess("scheduler", "scheduler", free_port(), files.server_args(), {}, tmp_path / "s.log", tls=False)
+    metrics_port = free_port()
+    process = ServiceProcess("scheduler", "scheduler", free_port(),
+                             [*files.server_args(), "--metrics-port", str(metrics_port), "--metrics-tls", "true"],
+                             {}, tmp_path / "s.log", tls=False)
     process.start()
     try:
         wait_tls_serving(process, pki.client("gateway"))
         first = served_certificate(process.address, pki.ca.issue_service("gateway"), pki.ca.cert_pem, tmp_path)
+        assert _metrics_serial(metrics_port) == first.serial_number
 
         # A bidi stream (server reflection: one answer per question) opened before the rotation.
         channel = grpc.secure_channel(process.address, pki.client("worker"))
@@ -50,6 +62,8 @@ def test_rotated_files_reach_new_connections_while_an_open_stream_keeps_flowing(
         new_serial = x509.load_pem_x509_certificate(rotated.cert_pem).serial_number
         assert new_serial != first.serial_number
         _wait_for_serial(process.address, pki, tmp_path, new_serial)
+        wait_until(lambda: _metrics_serial(metrics_port) == new_serial, timeout_s=15,
+                   message="/metrics presents the rotated certificate")
 
         questions.put(ask)
         assert "infermesh.v1.Scheduler" in {s.name for s in next(answers).list_services_response.service}
@@ -57,6 +71,7 @@ def test_rotated_files_reach_new_connections_while_an_open_stream_keeps_flowing(
         channel.close()
         assert tls_health(process.address, pki.client("gateway")) == SERVING
         assert "TLS certificate reloaded" in process.log_tail(200)
+        assert "/metrics certificate reloaded" in process.log_tail(200)
     finally:
         process.stop()
 
