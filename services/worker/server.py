@@ -13,7 +13,7 @@ from pathlib import Path
 from services.common.admin_servicer import SERVICE_NAME as ADMIN_SERVICE
 from services.common.admin_servicer import AdminServicer, add_to_server
 from services.common.server import Health
-from services.worker import admin_status, metrics
+from services.worker import admin_status, gpu_metrics, metrics
 from services.worker.attach_client import AttachClient, Backoff
 from services.worker.builtin_models import TOY_MODELS
 from services.worker.config import WorkerConfig
@@ -77,6 +77,8 @@ class WorkerService:
         await loop.run_in_executor(None, runtime.load)
         self.runtime = runtime
         metrics.MODEL_LOAD_SECONDS.labels(model, version).set(time.monotonic() - began_s)
+        if gpu_metrics.register_if_cuda(model):
+            log.info("CUDA device(s) found: exporting GPU device memory on /metrics")
         log.info("model %s:%s loaded and passed its golden check in %.1f s", model, version, time.monotonic() - began_s)
         backoff = Backoff(self._config.reconnect_initial_s, self._config.reconnect_max_s)
         dialer = SchedulerDialer(parse_scheduler_address(self._config.scheduler_address),

@@ -186,8 +186,9 @@ def panel_exprs(dashboard: dict) -> dict[str, str]:
 def test_dashboard_reads_top_down_request_slo_then_queue_batch_then_workers_kv(dashboard):
     rows = sorted((p for p in dashboard["panels"] if p["type"] == "row"), key=lambda p: p["gridPos"]["y"])
     titles = [row["title"].lower() for row in rows]
-    assert len(titles) == 3
+    assert len(titles) == 4
     assert "slo" in titles[0] and "queue" in titles[1] and "batch" in titles[1] and "kv" in titles[2]
+    assert "gpu" in titles[3], "the GPU overlay's panels last: empty on CPU workers"
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
     # Panels belong to the row above them, in reading order.
