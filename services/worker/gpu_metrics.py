@@ -7,6 +7,7 @@ using the GPU, so the dashboard joins both on the pod (docs/operations.md, "GPU 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -57,11 +58,13 @@ class GpuMemoryCollector(Collector):
 
 
 def register_if_cuda(model: str, registry=None) -> bool:
-    """Export GPU memory when this worker sees a CUDA device; False (nothing registered) on a CPU."""
-    import torch
+    """Export GPU memory when this worker's model runs on torch and torch sees a CUDA device; False
+    (nothing registered) otherwise. A runtime that never imported torch (toy and mock models) has no
+    torch memory to report, and importing it here would add ~2 s of CPU to every such worker's start."""
     from prometheus_client import REGISTRY
 
-    if not torch.cuda.is_available():
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
         return False
     (registry or REGISTRY).register(GpuMemoryCollector(torch.cuda, model))
     return True

@@ -56,6 +56,18 @@ def test_values_are_torchs_figures_at_scrape_time():
 
 
 def test_a_cpu_worker_registers_nothing():
+    import torch  # noqa: F401 - a model runtime on torch, as digits and tinylm are
+
     registry = CollectorRegistry()
     assert register_if_cuda("digits", registry) is False  # this machine has no GPU
     assert generate_latest(registry) == b""
+
+
+def test_a_worker_without_torch_neither_imports_it_nor_registers(monkeypatch):
+    """Toy and mock workers never import torch: importing it to look for a GPU cost ~2 s per start."""
+    import sys
+
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    registry = CollectorRegistry()
+    assert register_if_cuda("toy-classifier", registry) is False
+    assert "torch" not in sys.modules
