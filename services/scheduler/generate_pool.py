@@ -207,10 +207,11 @@ class GeneratePool:
         self._step_overhead = metrics.STEP_OVERHEAD.labels(model.name)
         self._batch_size = metrics.BATCH_SIZE.labels(model.name)
         self._preemptions = metrics.PREEMPTIONS.labels(model.name)
-        self._ttft = metrics.TTFT.labels(model.name)
+        # By version too: a canary's token latency against its baseline's (docs/operations.md).
+        self._ttft = metrics.TTFT.labels(model.name, model.version)
         self._queue_time = {p: metrics.QUEUE_TIME.labels(model.name, label) for p, label in metrics.PRIORITY_LABELS.items()}
         self._inter_token = metrics.INTER_TOKEN_LATENCY.labels(model.name)
-        self._tpot = metrics.TIME_PER_OUTPUT_TOKEN.labels(model.name)
+        self._tpot = metrics.TIME_PER_OUTPUT_TOKEN.labels(model.name, model.version)
         self._gauges = (
             metrics.RUNNING_SEQUENCES.labels(model.name),
             metrics.WAITING_SEQUENCES.labels(model.name),

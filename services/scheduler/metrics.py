@@ -55,12 +55,12 @@ PREEMPTIONS = Counter(
 )
 TTFT = Histogram(
     "infermesh_scheduler_time_to_first_token_seconds", "Generate: arrival at the scheduler until the first generated token (not for continuations).",
-    ["model"], buckets=_LATENCY_BUCKETS_S,
+    ["model", "version"], buckets=_LATENCY_BUCKETS_S,
 )
 TIME_PER_OUTPUT_TOKEN = Histogram(
     "infermesh_scheduler_time_per_output_token_seconds",
     "Generate, per finished request: (last token - first token) / (tokens - 1).",
-    ["model"], buckets=_LATENCY_BUCKETS_S,
+    ["model", "version"], buckets=_LATENCY_BUCKETS_S,
 )
 INTER_TOKEN_LATENCY = Histogram(
     "infermesh_scheduler_inter_token_latency_seconds", "Generate: time between consecutive streamed tokens.",

@@ -211,7 +211,8 @@ async def test_a_continuations_first_token_is_no_time_to_first_token(pool):
     # A stream resumed here already gave its client a first token elsewhere.
     def num_ttft() -> float:
         return REGISTRY.get_sample_value(
-            "infermesh_scheduler_time_to_first_token_seconds_count", {"model": MODEL.name}) or 0.0
+            "infermesh_scheduler_time_to_first_token_seconds_count",
+            {"model": MODEL.name, "version": MODEL.version}) or 0.0
 
     attach(pool, "w1")
     before = num_ttft()
