@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from opentelemetry import context as otel_context
@@ -261,9 +261,12 @@ class Admission:
                             links=links)
 
     def admit(
-        self, scope: RequestScope, authorization: str | None, client_timeout_s: float | None, num_tokens: int = 0
+        self, scope: RequestScope, authorization: str | None, client_timeout_s: float | None, num_tokens: int = 0,
+        priority: Priority | None = None,
     ) -> None:
-        """Admit the request or raise the domain error that refuses it; fills `scope`."""
+        """Admit the request or raise the domain error that refuses it; fills `scope`.
+
+        priority: the class the request asks for; it lowers its tenant's for this request, never raises it."""
         parts = self.parts
         try:
             scope.permit = parts.limiter.acquire()
@@ -273,6 +276,8 @@ class Admission:
         metrics.IN_FLIGHT.set(parts.limiter.num_in_flight)
         with span("auth"):
             tenant = parts.tenants.authenticate(authorization)
+            if priority is not None and priority > tenant.priority:  # a larger value is a lower class
+                tenant = replace(tenant, priority=priority)
             scope.tenant, scope.tenant_id = tenant, tenant.tenant_id
             log_context.bind(tenant=tenant.tenant_id)
             parts.tenants.check_model_allowed(tenant, scope.model)

@@ -34,6 +34,10 @@ class GatewayConfig(ServerSettings):
     silence_probe_timeout_ms: float = setting(
         300.0, "a probed scheduler that does not answer within this is severed: its calls fail over"
     )
+    http_port: int = setting(
+        0, "port of the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models) on the "
+        "gateway's host, HTTPS when the gRPC port serves TLS; 0: off (docs/clients.md)"
+    )
     routing_file: str = setting("", "routing YAML (models: name -> versions -> scheduler endpoints); empty: all to scheduler_address")
     upstream_mode: str = setting(
         "stream", "how calls reach a scheduler: stream (one Submit stream per endpoint, many calls per message) or unary (an RPC per call)"
@@ -109,6 +113,7 @@ class GatewayConfig(ServerSettings):
             parse_scheduler_target(self.scheduler_address)
         except DiscoveryConfigError as exc:
             require(False, f"scheduler_address must be host:port, got {self.scheduler_address!r} ({exc})")
+        require(0 <= self.http_port <= 65535, f"http_port must be 0..65535, got {self.http_port}")
         require(self.discovery_interval_ms > 0, f"discovery_interval_ms must be > 0, got {self.discovery_interval_ms}")
         require(self.silence_probe_after_ms >= 0,
                 f"silence_probe_after_ms must be >= 0, got {self.silence_probe_after_ms}")

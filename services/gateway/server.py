@@ -15,6 +15,7 @@ from inference import grpc_predict_v2_pb2, grpc_predict_v2_pb2_grpc
 from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
 from services.common.admin_servicer import SERVICE_NAME as ADMIN_SERVICE
 from services.common.admin_servicer import AdminServicer, add_to_server
+from services.common.cert_files import TlsFiles
 from services.common.config import ConfigError
 from services.common.metric_labels import KnownValues, KnownVersions
 from services.common.server import Health
@@ -28,7 +29,9 @@ from services.gateway.deadlines import Deadlines
 from services.gateway.discovery import Resolver, SchedulerDiscovery
 from services.gateway.dispatch import Dispatcher
 from services.gateway.file_watch import ReloadResult, WatchedFile
+from services.gateway.http_server import HttpServer
 from services.gateway.kserve_servicer import KServeServicer
+from services.gateway.openai_http import OpenAIFront
 from services.gateway.pressure_poller import ModelCatalog, PressurePoller
 from services.gateway.quota_lease import SharedQuotas
 from services.gateway.quota_store import ValkeyQuotaStore
@@ -85,6 +88,8 @@ class GatewayService:
         self._config = config
         self._health: Health | None = None
         self._tasks: list[asyncio.Task] = []
+        self.http: HttpServer | None = None  # --http-port: made in register(), listening from start()
+        self._http_closing: asyncio.Task | None = None
         self.breakers = CircuitBreakers(config.breaker_config(), clock)
         self.budgets = RetryBudgets(config.retry_budget_config(), clock)
         self.board = PressureBoard(clock, max_report_age_s=config.pressure_max_age_ms / 1000)
@@ -206,11 +211,22 @@ class GatewayService:
             ready=lambda: bool(self._health and self._health.serving and self.poller.reachable),
         )
         grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(kserve, server)
+        if self._config.http_port:
+            self.http = self._http_server(inference)
         add_to_server(AdminServicer(*admin_status.handlers(self, self._config)), server)
+
+    def _http_server(self, inference: InferenceServicer) -> HttpServer:
+        config = self._config
+        files = TlsFiles(config.tls_cert_file, config.tls_key_file, config.tls_ca_file) if config.tls_enabled else None
+        return HttpServer(OpenAIFront(inference.generate_core, inference.list_models,
+                                      self.admission.parts.tenants.authenticate), config.host, config.http_port,
+                          files, max_body_bytes=config.max_message_bytes, shutdown_timeout_s=config.drain_grace_s)
 
     async def start(self, health: Health) -> None:
         self._health = health
         _report_anonymous(self._config)
+        if self.http is not None:
+            await self.http.start()
         if self.discovery.target.is_dns:
             await self.discovery.refresh()  # the first answer before the first poll and the first call
             interval_s = self._config.discovery_interval_ms / 1000
@@ -256,7 +272,10 @@ class GatewayService:
             await asyncio.sleep(1.0)
 
     async def drain(self, grace_s: float) -> None:
-        return None  # the server's own graceful stop lets in-flight calls finish
+        # The gRPC server's own graceful stop lets its in-flight calls finish; the HTTP listener closes
+        # now and lets its requests finish meanwhile (within the same grace), awaited in close().
+        if self.http is not None:
+            self._http_closing = asyncio.create_task(self.http.close(), name="http-drain")
 
     async def close(self) -> None:
         for retiring in self._retiring.values():
@@ -264,6 +283,8 @@ class GatewayService:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.http is not None:
+            await (self._http_closing or self.http.close())
         if self.quota_sync is not None:
             await self.quota_sync.close()
         await self.clients.close()

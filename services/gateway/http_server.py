@@ -1,0 +1,77 @@
+"""The gateway's HTTP listener (--http-port): aiohttp on the gateway's own uvloop event loop.
+
+HTTPS with the gateway's certificate when the gRPC port serves TLS (no client certificates:
+tenants bring API keys), plaintext with --plaintext. The certificate files are looked at once
+a second, and a rotated valid pair is loaded into the listener's context for new connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+
+from aiohttp import web
+
+from services.common.cert_files import DEFAULT_CHECK_INTERVAL_S, CertificateWatcher, TlsFiles
+from services.common.config import ConfigError
+from services.gateway.openai_http import OpenAIFront, openai_errors
+
+log = logging.getLogger(__name__)
+
+
+class HttpServer:
+    def __init__(self, front: OpenAIFront, host: str, port: int, tls_files: TlsFiles | None,
+                 max_body_bytes: int, shutdown_timeout_s: float = 10.0) -> None:
+        app = web.Application(middlewares=[openai_errors], client_max_size=max_body_bytes)
+        app.add_routes(front.routes())
+        # Cancelled on disconnect: the generation is closed and its KV blocks freed upstream.
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                                    shutdown_timeout=shutdown_timeout_s)
+        self._host = host
+        self._port = port
+        self._tls_files = tls_files
+        self._ssl: ssl.SSLContext | None = None
+        self._rotation: asyncio.Task | None = None
+        self.port: int | None = None
+
+    async def start(self) -> None:
+        if self._tls_files is not None:
+            watcher = CertificateWatcher(self._tls_files, time.monotonic)
+            self._ssl = _server_context(self._tls_files)
+            self._rotation = asyncio.create_task(self._follow_rotation(watcher), name="http-certificate")
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port, ssl_context=self._ssl, reuse_port=True)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise ConfigError(f"cannot bind the HTTP port {self._host}:{self._port}: {exc}") from None
+        self.port = site._server.sockets[0].getsockname()[1]  # the bound one, when 0 asked for any
+        log.info("OpenAI-compatible HTTP on %s://%s:%d/v1", "https" if self._ssl else "http", self._host, self.port)
+
+    async def close(self) -> None:
+        if self._rotation is not None:
+            self._rotation.cancel()
+        await self._runner.cleanup()
+
+    async def _follow_rotation(self, watcher: CertificateWatcher) -> None:
+        while True:
+            await asyncio.sleep(DEFAULT_CHECK_INTERVAL_S)
+            if watcher.poll() is not None:
+                try:
+                    self._ssl.load_cert_chain(self._tls_files.cert_path, self._tls_files.key_path)
+                except (OSError, ssl.SSLError) as exc:  # rotated again between the check and this read
+                    log.warning("HTTP port keeps its certificate: %s", exc)
+                    continue
+                log.info("HTTP port certificate reloaded from %s", self._tls_files.cert_path)
+
+
+def _server_context(files: TlsFiles) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(files.cert_path, files.key_path)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"HTTP port: cannot load {files.cert_path} / {files.key_path}: {exc}") from None
+    return context
