@@ -152,6 +152,7 @@ class DeviceLaunch:
         from numba import cuda
 
         self._cuda = cuda
+        self._torch_device = None
         self._host_outputs: list[tuple[Any, np.ndarray]] = []
         self._copies: list[Any] = []  # device copies of host arrays, alive until copy_back
         self.stream = 0
@@ -159,6 +160,7 @@ class DeviceLaunch:
             import torch
 
             device = next(t.device for t in torch_tensors if is_torch_tensor(t) and t.is_cuda)
+            self._torch_device = device
             torch_stream = torch.cuda.current_stream(device)
             self.stream = cuda.external_stream(torch_stream.cuda_stream)
 
@@ -177,6 +179,19 @@ class DeviceLaunch:
         if is_output:
             self._host_outputs.append((device, host_view(x)))
         return device
+
+    def scratch(self, shape: tuple[int, ...]):
+        """A float32 device work array for this launch: from PyTorch's caching allocator when the call's
+        tensors are PyTorch's (stream-ordered, so it may be reused as soon as the launch is queued),
+        else a Numba allocation kept alive until ``copy_back``."""
+        if self._torch_device is not None:
+            import torch
+
+            return self._cuda.as_cuda_array(torch.empty(shape, dtype=torch.float32, device=self._torch_device),
+                                            sync=False)
+        array = self._cuda.device_array(shape, dtype=np.float32, stream=self.stream)
+        self._copies.append(array)
+        return array
 
     def copy_back(self) -> None:
         for device, host in self._host_outputs:

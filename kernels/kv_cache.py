@@ -2,7 +2,7 @@
 
 Layouts (vLLM's, minus its x-packing of keys):
 
-    key, value:             float32[num_tokens, num_kv_heads, head_size]
+    key, value:             float32[num_tokens, num_kv_heads, head_size]   (or float16, all four alike)
     key_cache, value_cache: float32[num_blocks, block_size, num_kv_heads, head_size]
     slot_mapping:           int64[num_tokens]
 
@@ -28,6 +28,7 @@ from kernels.backend import (
     all_on_device,
     as_torch,
     cpu_threads_for,
+    dtype_name,
     host_view,
     resolve_backend,
 )
@@ -105,14 +106,15 @@ def write_kv_cache(
     cache's capacity (ValueError); on GPU arrays an out-of-range slot is skipped.
     """
     num_tokens, num_kv_heads, head_size = check_array(
-        "key", key, dtypes=("float32",), layout=("num_tokens", "num_kv_heads", "head_size")
+        "key", key, dtypes=("float32", "float16"), layout=("num_tokens", "num_kv_heads", "head_size")
     )
-    value_shape = check_array("value", value, dtypes=("float32",), layout=("num_tokens", "num_kv_heads", "head_size"))
+    dtype = dtype_name(key)
+    value_shape = check_array("value", value, dtypes=(dtype,), layout=("num_tokens", "num_kv_heads", "head_size"))
     if value_shape != (num_tokens, num_kv_heads, head_size):
         raise ValueError(f"value has shape {value_shape} but key has shape {(num_tokens, num_kv_heads, head_size)}")
     cache_layout = ("num_blocks", "block_size", "num_kv_heads", "head_size")
-    cache_shape = check_array("key_cache", key_cache, dtypes=("float32",), layout=cache_layout)
-    value_cache_shape = check_array("value_cache", value_cache, dtypes=("float32",), layout=cache_layout)
+    cache_shape = check_array("key_cache", key_cache, dtypes=(dtype,), layout=cache_layout)
+    value_cache_shape = check_array("value_cache", value_cache, dtypes=(dtype,), layout=cache_layout)
     if value_cache_shape != cache_shape:
         raise ValueError(f"value_cache has shape {value_cache_shape} but key_cache has shape {cache_shape}")
     check_dim("key_cache", "num_kv_heads", cache_shape[2], num_kv_heads, "key")
@@ -135,12 +137,14 @@ def write_kv_cache(
     elif chosen is Backend.CPU:
         if on_device:
             raise ValueError("backend 'cpu' needs host arrays; got GPU arrays")
-        with cpu_threads_for(4 * num_tokens * num_kv_heads * head_size * 4):  # read + write, K and V
+        # A pure copy: float16 travels as its bits (numba's CPU target has no float16).
+        bits = np.uint16 if dtype == "float16" else np.float32
+        with cpu_threads_for(4 * num_tokens * num_kv_heads * head_size * np.dtype(bits).itemsize):
             _write_kv_cache_cpu(
-                np.ascontiguousarray(host_view(key)),
-                np.ascontiguousarray(host_view(value)),
-                host_view(key_cache),
-                host_view(value_cache),
+                np.ascontiguousarray(host_view(key)).view(bits),
+                np.ascontiguousarray(host_view(value)).view(bits),
+                host_view(key_cache).view(bits),
+                host_view(value_cache).view(bits),
                 np.ascontiguousarray(host_view(slot_mapping)),
             )
     else:

@@ -24,12 +24,13 @@ to read K/V once, contiguously, and never materialize the gathered context.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 import numba
 import numpy as np
-from numba import cuda, float32
+from numba import cuda
 
 from kernels.backend import (
     Backend,
@@ -37,110 +38,19 @@ from kernels.backend import (
     all_on_device,
     as_torch,
     cpu_threads_for,
+    dtype_name,
     host_view,
     is_torch_tensor,
     resolve_backend,
 )
+from kernels.paged_attention_cuda import THREADS, attention_kernels, partition_length
 from kernels.validation import check_array, check_contiguous, check_dim
 
-# CUDA launch shape: one thread block per (head, sequence). Each tile of
-# THREADS context tokens is scored one token per thread, then its values are
-# accumulated one head dimension per thread (coalesced reads).
-THREADS = 128
-MAX_HEAD_SIZE = 256
-_DIMS_PER_THREAD = MAX_HEAD_SIZE // THREADS
+_FLOAT_DTYPES = ("float32", "float16")
 
 # Reassociation lets LLVM vectorize the dot products and sums; no nnan/ninf,
 # because the softmax relies on exp(-inf) == 0 semantics staying honest.
 _CPU_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
-
-
-@cuda.jit
-def _paged_attention_cuda(out, query, key_cache, value_cache, block_tables, context_lens, block_size, scale):
-    head = cuda.blockIdx.x
-    seq = cuda.blockIdx.y
-    tid = cuda.threadIdx.x
-    num_heads = query.shape[1]
-    head_size = query.shape[2]
-    kv_head = head // (num_heads // key_cache.shape[2])
-    context_len = context_lens[seq]
-
-    q_scaled = cuda.shared.array(MAX_HEAD_SIZE, float32)
-    probs = cuda.shared.array(THREADS, float32)
-    reduce_buf = cuda.shared.array(THREADS, float32)
-    tile_blocks = cuda.shared.array(THREADS, numba.int32)
-    tile_offsets = cuda.shared.array(THREADS, numba.int32)
-    acc = cuda.local.array(_DIMS_PER_THREAD, float32)
-
-    for dim in range(tid, head_size, THREADS):
-        q_scaled[dim] = query[seq, head, dim] * float32(scale)
-    for j in range(_DIMS_PER_THREAD):
-        acc[j] = float32(0.0)
-    # Online softmax: running max and running sum of exp(score - running_max).
-    running_max = float32(-math.inf)
-    running_sum = float32(0.0)
-    cuda.syncthreads()
-
-    for tile_start in range(0, context_len, THREADS):
-        token = tile_start + tid
-        score = float32(-math.inf)
-        if token < context_len:
-            logical_block = token // block_size
-            block = block_tables[seq, logical_block]
-            offset = token - logical_block * block_size
-            tile_blocks[tid] = block
-            tile_offsets[tid] = offset
-            dot = float32(0.0)
-            for dim in range(head_size):
-                dot += q_scaled[dim] * key_cache[block, offset, kv_head, dim]
-            score = dot
-        reduce_buf[tid] = score
-        cuda.syncthreads()
-        stride = THREADS // 2
-        while stride > 0:
-            if tid < stride:
-                other = reduce_buf[tid + stride]
-                if other > reduce_buf[tid]:
-                    reduce_buf[tid] = other
-            cuda.syncthreads()
-            stride //= 2
-        # Conditionals, not min/max: those builtins failed to compile for the CUDA target (numba 0.68, compile_ptx).
-        tile_max = reduce_buf[0]
-        new_max = tile_max if tile_max > running_max else running_max
-        # First tile: running_max is -inf, so the correction is exp(-inf) = 0.
-        correction = math.exp(running_max - new_max)
-        prob = float32(0.0)
-        if token < context_len:
-            prob = math.exp(score - new_max)
-        cuda.syncthreads()  # everyone has read reduce_buf[0] before it is reused
-        probs[tid] = prob
-        reduce_buf[tid] = prob
-        cuda.syncthreads()
-        stride = THREADS // 2
-        while stride > 0:
-            if tid < stride:
-                reduce_buf[tid] += reduce_buf[tid + stride]
-            cuda.syncthreads()
-            stride //= 2
-        running_sum = running_sum * correction + reduce_buf[0]
-        running_max = new_max
-        num_valid = context_len - tile_start
-        if num_valid > THREADS:
-            num_valid = THREADS
-        for j in range(_DIMS_PER_THREAD):
-            dim = tid + j * THREADS
-            if dim < head_size:
-                total = acc[j] * correction
-                for i in range(num_valid):
-                    total += probs[i] * value_cache[tile_blocks[i], tile_offsets[i], kv_head, dim]
-                acc[j] = total
-        cuda.syncthreads()  # the next tile overwrites probs, tile_blocks, reduce_buf
-
-    inv_sum = float32(1.0) / running_sum
-    for j in range(_DIMS_PER_THREAD):
-        dim = tid + j * THREADS
-        if dim < head_size:
-            out[seq, head, dim] = acc[j] * inv_sum
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_CPU_FASTMATH)
@@ -200,10 +110,15 @@ def _paged_attention_cpu(out, query, key_cache, value_cache, block_tables, conte
 
 
 def paged_attention_decode_reference(query, key_cache, value_cache, block_tables, context_lens, block_size, scale):
-    """PyTorch reference, gather-then-dense: per sequence, gather its K/V by block table, then matmul/softmax."""
+    """PyTorch reference, gather-then-dense: per sequence, gather its K/V by block table, then matmul/softmax.
+
+    Computes in float32 whatever the input dtype and returns the query's dtype.
+    """
     import torch
 
     q_all, key_cache_t, value_cache_t = as_torch(query), as_torch(key_cache), as_torch(value_cache)
+    in_dtype = q_all.dtype
+    q_all = q_all.float()
     tables = as_torch(block_tables).long()
     num_seqs, num_heads, head_size = q_all.shape
     num_kv_heads = key_cache_t.shape[2]
@@ -211,13 +126,13 @@ def paged_attention_decode_reference(query, key_cache, value_cache, block_tables
     out = torch.empty_like(q_all)
     for seq, context_len in enumerate(as_torch(context_lens).tolist()):
         blocks = tables[seq, : (context_len + block_size - 1) // block_size]
-        keys = key_cache_t[blocks].reshape(-1, num_kv_heads, head_size)[:context_len]  # [ctx, kv, d]
-        values = value_cache_t[blocks].reshape(-1, num_kv_heads, head_size)[:context_len]
+        keys = key_cache_t[blocks].reshape(-1, num_kv_heads, head_size)[:context_len].float()  # [ctx, kv, d]
+        values = value_cache_t[blocks].reshape(-1, num_kv_heads, head_size)[:context_len].float()
         q = q_all[seq].reshape(num_kv_heads, group, head_size)
         scores = torch.bmm(q, keys.permute(1, 2, 0)) * scale  # [kv, group, ctx]
         probs = torch.softmax(scores, dim=-1)
         out[seq] = torch.bmm(probs, values.permute(1, 0, 2)).reshape(num_heads, head_size)
-    return out
+    return out.to(in_dtype)
 
 
 def paged_attention_decode(
@@ -230,6 +145,8 @@ def paged_attention_decode(
     scale: float,
     out: Any = None,
     backend: str | Backend | None = None,
+    *,
+    partition_size: int | None = None,
 ):
     """Decode attention over paged KV; returns ``out`` (allocated like ``query`` when None).
 
@@ -237,14 +154,19 @@ def paged_attention_decode(
     CUDA) or Numba device arrays, all on the host or all on the GPU. On host
     arrays the context lengths and the block-table entries they reach are
     checked (ValueError); on GPU arrays that check would synchronize and is
-    skipped.
+    skipped. float16 query/K/V/out run on the CUDA and reference backends
+    (accumulating in float32); the CPU twin takes float32.
+    ``partition_size`` (CUDA only) fixes the context partition length of the
+    split-context kernel; None lets it fill the GPU (see
+    ``kernels.paged_attention_cuda``).
     """
     num_seqs, num_heads, head_size = check_array(
-        "query", query, dtypes=("float32",), layout=("num_seqs", "num_heads", "head_size")
+        "query", query, dtypes=_FLOAT_DTYPES, layout=("num_seqs", "num_heads", "head_size")
     )
+    dtype = dtype_name(query)
     cache_layout = ("num_blocks", "block_size", "num_kv_heads", "head_size")
-    cache_shape = check_array("key_cache", key_cache, dtypes=("float32",), layout=cache_layout)
-    value_cache_shape = check_array("value_cache", value_cache, dtypes=("float32",), layout=cache_layout)
+    cache_shape = check_array("key_cache", key_cache, dtypes=(dtype,), layout=cache_layout)
+    value_cache_shape = check_array("value_cache", value_cache, dtypes=(dtype,), layout=cache_layout)
     if value_cache_shape != cache_shape:
         raise ValueError(f"value_cache has shape {value_cache_shape} but key_cache has shape {cache_shape}")
     num_blocks, cache_block_size, num_kv_heads, _ = cache_shape
@@ -260,7 +182,7 @@ def paged_attention_decode(
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite; got {scale}")
     if out is not None:
-        out_shape = check_array("out", out, dtypes=("float32",), layout=("num_seqs", "num_heads", "head_size"))
+        out_shape = check_array("out", out, dtypes=(dtype,), layout=("num_seqs", "num_heads", "head_size"))
         if out_shape != (num_seqs, num_heads, head_size):
             raise ValueError(f"out has shape {out_shape} but query has shape {(num_seqs, num_heads, head_size)}")
         check_contiguous("out", out)
@@ -277,6 +199,8 @@ def paged_attention_decode(
         out = _empty_like(query)
     if num_seqs == 0:
         return out
+    if dtype != "float32" and chosen is Backend.CPU:
+        raise ValueError(f"backend 'cpu' takes float32 arrays; got {dtype} (float16 runs on 'cuda' or 'reference')")
 
     if chosen is Backend.REFERENCE:
         as_torch(out).copy_(
@@ -300,21 +224,49 @@ def paged_attention_decode(
                 np.float32(scale),
             )
     else:
-        if head_size > MAX_HEAD_SIZE:
-            raise ValueError(f"backend 'cuda' supports head_size <= {MAX_HEAD_SIZE}; got {head_size}")
-        launch = DeviceLaunch(list(arrays.values()))
-        _paged_attention_cuda[(num_heads, num_seqs), THREADS, launch.stream](
-            launch.view(out, is_output=True),
-            launch.view(query),
-            launch.view(key_cache),
-            launch.view(value_cache),
-            launch.view(block_tables),
-            launch.view(context_lens),
-            int(block_size),
-            float(scale),
-        )
-        launch.copy_back()
+        _launch_cuda(arrays, out, num_kv_heads, int(block_size), float(scale), partition_size)
     return out
+
+
+def _launch_cuda(arrays: dict[str, Any], out: Any, num_kv_heads: int, block_size: int, scale: float,
+                 partition_size: int | None) -> None:
+    """Launches the split-context kernel (and its merge when the context is split) on PyTorch's stream."""
+    num_seqs, num_heads, head_size = arrays["query"].shape
+    partition_kernel, merge_kernel = attention_kernels(head_size, num_heads // num_kv_heads)
+    max_context = arrays["block_tables"].shape[1] * block_size
+    if partition_size is None:
+        part_len = partition_length(max_context, num_seqs * num_kv_heads, 2 * _multiprocessor_count())
+    elif partition_size < 1:
+        raise ValueError(f"partition_size must be >= 1; got {partition_size}")
+    else:
+        part_len = min(int(partition_size), max_context)
+    num_parts = -(-max_context // part_len)
+    launch = DeviceLaunch([*arrays.values(), out])
+    views = [launch.view(arrays[name]) for name in ("query", "key_cache", "value_cache", "block_tables",
+                                                     "context_lens")]
+    out_view = launch.view(out, is_output=True)
+    if num_parts == 1:
+        part_max = part_sum = part_out = launch.scratch((1, 1, 1, 1))
+    else:
+        part_max = launch.scratch((num_seqs, num_heads, num_parts))
+        part_sum = launch.scratch((num_seqs, num_heads, num_parts))
+        part_out = launch.scratch((num_seqs, num_heads, num_parts, head_size))
+    partition_kernel[(num_kv_heads, num_seqs, num_parts), THREADS, launch.stream](
+        out_view, part_max, part_sum, part_out, *views, block_size, scale, part_len
+    )
+    if num_parts > 1:
+        merge_kernel[(num_heads, num_seqs), THREADS, launch.stream](
+            out_view, part_max, part_sum, part_out, views[4], part_len
+        )
+    launch.copy_back()
+
+
+@functools.cache
+def _multiprocessor_count() -> int:
+    try:
+        return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
+    except AttributeError:  # the simulator has no such attribute
+        return 1
 
 
 def _empty_like(query: Any):
@@ -323,8 +275,8 @@ def _empty_like(query: Any):
 
         return torch.empty_like(query, memory_format=torch.contiguous_format)
     if hasattr(query, "__cuda_array_interface__"):
-        return cuda.device_array(tuple(query.shape), dtype=np.float32)
-    return np.empty(query.shape, np.float32)
+        return cuda.device_array(tuple(query.shape), dtype=np.dtype(query.dtype))
+    return np.empty(query.shape, np.dtype(query.dtype))
 
 
 def _check_context(block_tables: np.ndarray, context_lens: np.ndarray, block_size: int, num_blocks: int) -> None:

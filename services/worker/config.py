@@ -36,6 +36,9 @@ class WorkerConfig(ServerSettings):
         "", "mock-generator / mock-classifier only (tests, benchmarks): capacity and step time, e.g. "
         "'step_ms=10,per_token_us=20,num_kv_blocks=4096,max_num_seqs=256' (services/worker/mock_models.py)"
     )
+    device: str = setting(
+        "cpu", "repository models: where weights, KV cache and kernels run: 'cpu' or 'cuda[:N]' "
+        "(one GPU per worker process)")
     num_threads: int = setting(
         0, "torch/OpenMP/Numba threads (0: from the CPU allocation: cgroup quota, else CPU affinity)"
     )
@@ -58,4 +61,12 @@ class WorkerConfig(ServerSettings):
         require(self.rebalance_interval_s >= 0, f"rebalance_interval_s must be >= 0, got {self.rebalance_interval_s}")
         require(self.attach_keepalive_ms >= 1000, f"attach_keepalive_ms must be >= 1000, got {self.attach_keepalive_ms}")
         require(self.toy_compute_ms >= 0, f"toy_compute_ms must be >= 0, got {self.toy_compute_ms}")
+        require(_is_device(self.device), f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         require(self.num_threads >= 0, f"num_threads must be >= 0 (0: from the CPU allocation), got {self.num_threads}")
+
+
+def _is_device(name: str) -> bool:
+    if name in ("cpu", "cuda"):
+        return True
+    prefix, _, index = name.partition(":")
+    return prefix == "cuda" and index.isdigit()

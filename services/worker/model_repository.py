@@ -173,6 +173,13 @@ class LoadedModel:
     runtime: Classifier | Generator
 
     @property
+    def device(self) -> str:
+        """Where the weights live, as torch names it: 'cpu', 'cuda:0', …"""
+        if isinstance(self.runtime, Generator):
+            return str(self.runtime.device)
+        return str(next(self.runtime.net.parameters()).device)
+
+    @property
     def classifier(self) -> Classifier:
         if not isinstance(self.runtime, Classifier):
             raise ValueError(f"{self.manifest.name}/{self.manifest.version} is a {self.manifest.kind.value}")

@@ -66,7 +66,8 @@ class ClassifierRuntime:
             model=common_pb2.ModelRef(name=manifest.name, version=manifest.version),
             kind=common_pb2.MODEL_KIND_CLASSIFIER,
             capacity=scheduler_pb2.WorkerCapacity(
-                max_batch_size=self._max_batch_size, memory_bytes=manifest.envelope.memory_bytes, device="cpu"
+                max_batch_size=self._max_batch_size, memory_bytes=manifest.envelope.memory_bytes,
+                device=self._model.device,
             ),
             labels=list(manifest.classifier.labels),
             input_height=inputs.input_height,
@@ -134,7 +135,7 @@ class GeneratorRuntime:
                 max_num_seqs=envelope.max_num_seqs,
                 max_num_batched_tokens=envelope.max_num_batched_tokens,
                 memory_bytes=envelope.memory_bytes,
-                device="cpu",
+                device=self._model.device,
             ),
             tokenizer=scheduler_pb2.TokenizerSpec(
                 kind=scheduler_pb2.TOKENIZER_KIND_BYTES,
@@ -164,8 +165,27 @@ class GeneratorRuntime:
 
 def load_repository_runtime(config: WorkerConfig, num_threads: int) -> ClassifierRuntime | GeneratorRuntime:
     set_library_threads(num_threads)  # before the model's first parallel op (load, warm-up)
-    model = load_model(config.model_repository, config.model_name, config.model_version)
+    if config.device != "cpu":
+        _check_cuda(config.device)
+    model = load_model(config.model_repository, config.model_name, config.model_version, device=config.device)
     envelope = model.manifest.envelope
     if model.manifest.kind == ModelKind.CLASSIFIER:
         return ClassifierRuntime(model, config.max_batch_size or envelope.max_batch_size)
     return GeneratorRuntime(model, config.num_kv_blocks or envelope.num_kv_blocks)
+
+
+def _check_cuda(device: str) -> None:
+    """ConfigError-like exit before loading when the worker was asked for a GPU it does not have."""
+    import torch
+
+    from services.common.config import ConfigError
+
+    if not torch.cuda.is_available():
+        raise ConfigError(f"--device {device}: torch sees no CUDA device")
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise ConfigError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s)")
+    torch.cuda.set_device(index)
+    from numba import cuda
+
+    cuda.select_device(index)  # the kernels launch on numba's current device

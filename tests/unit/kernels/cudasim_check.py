@@ -50,24 +50,47 @@ def check_write_kv_cache(rng: np.random.Generator) -> None:
     check("write_kv_cache value_cache", results["cuda"][1], results["reference"][1], 0.0)
 
 
+def _attention_case(rng: np.random.Generator, context_lens: list[int], *, num_heads: int, num_kv_heads: int,
+                    head_size: int, block_size: int, dtype=np.float32):
+    lens = np.array(context_lens, np.int32)
+    max_blocks = (int(lens.max()) + block_size - 1) // block_size
+    num_blocks = max_blocks + 3
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_size)
+    key_cache = rng.standard_normal(cache_shape, dtype=np.float32).astype(dtype)
+    value_cache = rng.standard_normal(cache_shape, dtype=np.float32).astype(dtype)
+    # Each sequence its own shuffled table (not the identity), padded with -1 past its blocks.
+    tables = np.full((len(lens), max_blocks + 1), -1, np.int32)
+    for row, n in enumerate((lens + block_size - 1) // block_size):
+        tables[row, :n] = rng.permutation(num_blocks)[:n]
+    query = (rng.standard_normal((len(lens), num_heads, head_size), dtype=np.float32) * 3).astype(dtype)
+    return query, key_cache, value_cache, tables, lens, block_size, head_size**-0.5
+
+
 def check_paged_attention(rng: np.random.Generator) -> None:
     from kernels import paged_attention_decode
-    from kernels.paged_attention import THREADS
+    from kernels.paged_attention_cuda import DEFAULT_TILE
 
-    num_blocks, block_size, num_kv_heads, head_size, num_heads = 24, 8, 2, 16, 4
-    key_cache = rng.standard_normal((num_blocks, block_size, num_kv_heads, head_size), dtype=np.float32)
-    value_cache = rng.standard_normal((num_blocks, block_size, num_kv_heads, head_size), dtype=np.float32)
-    # 1 token; exactly one block; a partial last block; more than one tile of THREADS tokens.
-    context_lens = np.array([1, block_size, 2 * block_size + 3, THREADS + 21], np.int32)
-    max_blocks = (int(context_lens.max()) + block_size - 1) // block_size
-    block_tables = rng.permutation(num_blocks)[None, :max_blocks].repeat(len(context_lens), 0).astype(np.int32)
-    block_tables[0] = np.roll(block_tables[0], 5)
-    query = rng.standard_normal((len(context_lens), num_heads, head_size), dtype=np.float32) * 3
-    scale = head_size**-0.5
-    args = (query, key_cache, value_cache, block_tables, context_lens, block_size, scale)
-    got = paged_attention_decode(*args, backend="cuda")
-    want = paged_attention_decode(*args, backend="reference")
-    check("paged_attention_decode (GQA 4/2, ctx 1..149)", got, want)
+    # 1 token; exactly one block; a partial last block; more than one tile.
+    gqa = _attention_case(rng, [1, 8, 19, DEFAULT_TILE + 13], num_heads=4, num_kv_heads=2, head_size=16,
+                          block_size=8)
+    want = paged_attention_decode(*gqa, backend="reference")
+    check(f"paged_attention_decode GQA 4/2 x16, ctx 1..{DEFAULT_TILE + 13} (tile {DEFAULT_TILE}), one partition",
+          paged_attention_decode(*gqa, backend="cuda"), want)
+    check("paged_attention_decode same, split into 24-token partitions + merge",
+          paged_attention_decode(*gqa, backend="cuda", partition_size=24), want)
+    mha = _attention_case(rng, [5, 21], num_heads=2, num_kv_heads=2, head_size=24, block_size=4)
+    check("paged_attention_decode MHA 2/2 x24 (head size not a multiple of 8), 16-token partitions",
+          paged_attention_decode(*mha, backend="cuda", partition_size=16),
+          paged_attention_decode(*mha, backend="reference"))
+    wide = _attention_case(rng, [3, 20], num_heads=3, num_kv_heads=1, head_size=160, block_size=16)
+    check("paged_attention_decode MQA 3/1 x160 (two dims per thread)",
+          paged_attention_decode(*wide, backend="cuda"), paged_attention_decode(*wide, backend="reference"))
+    half = tuple(a.astype(np.float16) if isinstance(a, np.ndarray) and a.dtype == np.float32 else a for a in gqa)
+    got16 = paged_attention_decode(*half, backend="cuda", partition_size=24)
+    if got16.dtype != np.float16:
+        sys.exit(f"FAIL paged_attention_decode float16: dtype {got16.dtype}")
+    check("paged_attention_decode float16 K/V/query, split", got16,
+          paged_attention_decode(*half, backend="reference"), 2e-3)
 
 
 def check_preprocess(rng: np.random.Generator) -> None:

@@ -31,26 +31,35 @@ def main() -> None:
 
     from kernels.image_preprocess import _preprocess_cuda
     from kernels.kv_cache import _write_kv_cache_cuda
-    from kernels.paged_attention import _paged_attention_cuda
+    from kernels.paged_attention_cuda import attention_kernels
 
     f32_3, f32_4 = t.float32[:, :, ::1], t.float32[:, :, :, ::1]
     packed = (t.uint8[::1], t.int64[::1], t.int32[::1], t.int32[::1], t.float32[::1], t.float32[::1])
     cases = {
         "write_kv_cache": (_write_kv_cache_cuda, (f32_3, f32_3, f32_4, f32_4, t.int64[::1])),
-        "paged_attention_decode": (
-            _paged_attention_cuda,
-            (f32_3, f32_3, f32_4, f32_4, t.int32[:, ::1], t.int32[::1], t.int64, t.float64),
-        ),
+    }
+    # (head_size, group): tinylm's 32/2, the benchmark's 64/4 and 128/4, a wide 256/1.
+    for head_size, group in ((32, 2), (64, 4), (128, 4), (256, 1)):
+        partition, merge = attention_kernels(head_size, group)
+        for name, dtype in (("float32", t.float32), ("float16", t.float16)):
+            x3, x4 = dtype[:, :, ::1], dtype[:, :, :, ::1]
+            cases[f"paged_attention partition {head_size}/{group} {name}"] = (partition, (
+                x3, t.float32[:, :, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1], x3, x4, x4,
+                t.int32[:, ::1], t.int32[::1], t.int64, t.float64, t.int64))
+        cases[f"paged_attention merge {head_size}/{group}"] = (merge, (
+            f32_3, t.float32[:, :, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1], t.int32[::1], t.int64))
+    cases.update({
         "preprocess_images float32": (_preprocess_cuda, (*packed, f32_4)),
         "preprocess_images float16": (_preprocess_cuda, (*packed, t.float16[:, :, :, ::1])),
-    }
+    })
     for name, (kernel, signature) in cases.items():
         try:
             ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=_OfflineDevice.compute_capability)
         except Exception as error:  # report which kernel, then fail
             sys.exit(f"FAIL {name}: {type(error).__name__}: {error}")
         local_bytes = "uses local memory" if "__local_depot" in ptx else "no local memory"
-        print(f"ok {name}: {len(ptx.splitlines())} PTX lines, {local_bytes}")
+        shuffles = ptx.count("shfl.sync")
+        print(f"ok {name}: {len(ptx.splitlines())} PTX lines, {local_bytes}, {shuffles} shuffles")
     print("all CUDA kernels compile to PTX for sm_90")
 
 

@@ -35,6 +35,15 @@ def test_cpu_twin_matches_reference_with_padding_slots(rng, assert_close):
     assert_close(cpu[1], reference[1])
 
 
+def test_float16_caches_are_written_bit_for_bit_by_the_cpu_twin(rng):
+    key, value, slots = make_step(rng, 300, num_padding=11)
+    caches = tuple(c.astype(np.float16) for c in make_caches(rng))
+    cpu = run("cpu", key.astype(np.float16), value.astype(np.float16), *caches, slots)
+    reference = run("reference", key.astype(np.float16), value.astype(np.float16), *caches, slots)
+    assert cpu[0].dtype == np.float16
+    assert cpu[0].tobytes() == reference[0].tobytes() and cpu[1].tobytes() == reference[1].tobytes()
+
+
 def test_writes_each_token_to_its_block_and_offset_and_skips_padding(rng, assert_close):
     key, value, _ = make_step(rng, 4)
     slots = np.array([0, BLOCK_SIZE - 1, -1, NUM_BLOCKS * BLOCK_SIZE - 1], np.int64)
@@ -82,7 +91,8 @@ def test_no_tokens_is_a_no_op(rng, assert_close):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"key": np.zeros((3, NUM_KV_HEADS, HEAD_SIZE), np.float64)}, r"key must be float32\[num_tokens, num_kv_heads, head_size\]; got float64"),
+        ({"key": np.zeros((3, NUM_KV_HEADS, HEAD_SIZE), np.float64)}, r"key must be float32\|float16\[num_tokens, num_kv_heads, head_size\]; got float64"),
+        ({"key": np.zeros((3, NUM_KV_HEADS, HEAD_SIZE), np.float16)}, r"value must be float16\[num_tokens, num_kv_heads, head_size\]; got float32"),
         ({"value": np.zeros((3, NUM_KV_HEADS, HEAD_SIZE + 1), np.float32)}, "value has shape"),
         ({"slot_mapping": np.zeros(3, np.int32)}, r"slot_mapping must be int64\[num_tokens\]; got int32"),
         ({"slot_mapping": np.zeros(4, np.int64)}, "slot_mapping: num_tokens is 4 but key says 3"),

@@ -96,6 +96,19 @@ def test_writes_into_out_and_accepts_torch_tensors(rng, assert_close):
     assert_close(allocated.numpy(), want)
 
 
+def test_float16_is_refused_by_the_cpu_twin_and_served_by_the_reference(rng, assert_close):
+    batch = make_batch(rng, [20, 5], num_heads=4, num_kv_heads=2, head_size=8)
+    half = {k: v.astype(np.float16) if isinstance(v, np.ndarray) and v.dtype == np.float32 else v
+            for k, v in batch.items()}
+    with pytest.raises(ValueError, match="backend 'cpu' takes float32 arrays; got float16"):
+        paged_attention_decode(**half, backend="cpu")
+    got = paged_attention_decode(**half, backend="reference")
+    assert got.dtype == np.float16
+    want = paged_attention_decode(**{k: v.astype(np.float32) if isinstance(v, np.ndarray) and v.dtype == np.float16
+                                     else v for k, v in half.items()}, backend="reference")
+    assert_close(got.astype(np.float32), want, 2e-3)
+
+
 def invalid(rng, **change):
     batch = make_batch(rng, [20, 5], num_heads=4, num_kv_heads=2, head_size=8)
     batch.update(change)
@@ -105,7 +118,8 @@ def invalid(rng, **change):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"query": np.zeros((2, 4, 8), np.float16)}, r"query must be float32\[num_seqs, num_heads, head_size\]; got float16"),
+        ({"query": np.zeros((2, 4, 8), np.float64)}, r"query must be float32\|float16\[num_seqs, num_heads, head_size\]; got float64"),
+        ({"query": np.zeros((2, 4, 8), np.float16)}, r"key_cache must be float16\[num_blocks, block_size, num_kv_heads, head_size\]; got float32"),
         ({"query": np.zeros((2, 3, 8), np.float32)}, r"num_heads \(3\) must be a multiple of num_kv_heads \(2\)"),
         ({"query": np.zeros((2, 4, 16), np.float32)}, "key_cache: head_size is 8 but query says 16"),
         ({"block_size": 8}, "block_size is 8 but key_cache has block_size 16"),
