@@ -14,6 +14,8 @@ MESH_HEALTH := 127.0.0.1:$${MESH_GATEWAY_PORT:-50051} 127.0.0.1:$${MESH_SCHEDULE
 	127.0.0.1:$${MESH_CLASSIFIER_PORT:-50061} 127.0.0.1:$${MESH_GENERATOR_PORT:-50062}
 MESH_STORE := 127.0.0.1:$${MESH_STORE_PORT:-6390}
 MESH_GATEWAY := 127.0.0.1:$${MESH_GATEWAY_PORT:-50051}
+# The gateway's OpenAI-compatible HTTP API (docs/clients.md).
+MESH_GATEWAY_HTTP := 127.0.0.1:$${MESH_GATEWAY_HTTP_PORT:-8000}
 export MESH_CLASSIFIER_MODEL ?= digits
 export MESH_GENERATOR_MODEL ?= tinylm
 export MESH_MODEL_REPO ?= $(MODEL_REPO)
@@ -36,12 +38,14 @@ MESH_WAIT_TLS := --ca-file $(MESH_TLS_DIR)/ca.pem --cert-file $(MESH_TLS_DIR)/ga
 	--key-file $(MESH_TLS_DIR)/gateway-key.pem
 MESH_CLIENT_TLS := --ca-file $(MESH_TLS_DIR)/ca.pem
 MESH_SCHEME := TLS, CA $(MESH_TLS_DIR)/ca.pem
+MESH_HTTP_SCHEME := https
 else
 # Plaintext only when asked for by name: a service without certificates refuses to start otherwise.
 MESH_TLS_ENV := INFERMESH_GATEWAY_PLAINTEXT=true INFERMESH_SCHEDULER_PLAINTEXT=true INFERMESH_WORKER_PLAINTEXT=true
 MESH_WAIT_TLS :=
 MESH_CLIENT_TLS :=
 MESH_SCHEME := PLAINTEXT (MESH_PLAINTEXT=$(MESH_PLAINTEXT))
+MESH_HTTP_SCHEME := http
 endif
 
 .PHONY: help setup protos models model-repo up down demo test lint fuzz bench images clean
@@ -86,7 +90,8 @@ up: setup model-repo ## start two schedulers, the quota store, gateway and two w
 		--models $(MESH_CLASSIFIER_MODEL) $(MESH_GENERATOR_MODEL) --api-key $(MESH_API_KEY) --timeout-s 180 \
 		$(MESH_WAIT_TLS); then \
 		tail -n 40 run/mesh.log; $(MAKE) --no-print-directory down; exit 1; fi; \
-	echo "infermesh is up: gateway at $(MESH_GATEWAY), $(MESH_SCHEME) (logs: run/mesh.log). Stop it with: make down"
+	echo "infermesh is up: gateway at $(MESH_GATEWAY), $(MESH_SCHEME); OpenAI-compatible API at" \
+		"$(MESH_HTTP_SCHEME)://$(MESH_GATEWAY_HTTP)/v1 (logs: run/mesh.log). Stop it with: make down"
 
 down: ## stop the local mesh started by make up
 	@if [ -f $(MESH_PID) ]; then \
