@@ -1,0 +1,84 @@
+"""openai_codec and the priority header, as plain functions (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from infermesh.v1 import common_pb2, gateway_pb2
+from services.common import errors
+from services.gateway import openai_codec
+from services.gateway.generate_core import parse_priority
+from services.gateway.quotas import QuotaExceeded
+from services.gateway.tenants import Priority
+
+
+def test_chat_template_puts_each_message_on_its_own_line_and_opens_the_reply():
+    prompt = openai_codec.chat_prompt([{"role": "system", "content": "Be brief."},
+                                       {"role": "user", "content": [{"type": "text", "text": "Hi"},
+                                                                    {"type": "text", "text": " there"}]}])
+    assert prompt == "system: Be brief.\nuser: Hi there\nassistant:"
+
+
+def test_completion_fields_become_sampling_params():
+    parsed = openai_codec.parse_completion({"model": "tinylm:2", "prompt": ["abc"], "max_tokens": 5, "top_p": 0.5,
+                                            "stop": "x", "seed": 3, "stream": True,
+                                            "stream_options": {"include_usage": True}, "ignore_eos": True})
+    assert (parsed.generate.model.name, parsed.generate.model.version, parsed.generate.prompt) == ("tinylm", "2", "abc")
+    sampling = parsed.generate.sampling
+    assert (sampling.max_tokens, sampling.top_p, list(sampling.stop), sampling.seed, sampling.ignore_eos) == (
+        5, 0.5, ["x"], 3, True)
+    assert sampling.temperature == 1.0, "OpenAI's default temperature"
+    assert (parsed.stream, parsed.include_usage, parsed.model) == (True, True, "tinylm:2")
+
+
+def test_defaults_are_accepted_and_non_defaults_refused():
+    body = {"model": "m", "prompt": "a", "n": 1, "echo": False, "presence_penalty": 0, "logit_bias": {},
+            "tools": [], "tool_choice": "none", "logprobs": None, "response_format": {"type": "text"}}
+    assert openai_codec.parse_completion(body).generate.prompt == "a"
+    with pytest.raises(openai_codec.BadParameter) as caught:
+        openai_codec.parse_completion({"model": "m", "prompt": "a", "n": True})
+    assert caught.value.param == "n"
+
+
+def test_chat_prefers_max_completion_tokens():
+    parsed = openai_codec.parse_chat({"model": "m", "messages": [{"role": "user", "content": "a"}],
+                                      "max_tokens": 9, "max_completion_tokens": 4})
+    assert parsed.generate.sampling.max_tokens == 4
+
+
+@pytest.mark.parametrize(("error", "status", "kind", "retry_after"), [
+    (QuotaExceeded("over", "requests_per_s", retry_after_s=0.2), 429, "rate_limit_error", 1),
+    (errors.ResourceExhausted("shed", retry_after_s=2.5), 503, "overloaded_error", 3),
+    (errors.Unavailable("no worker"), 503, "service_unavailable_error", None),
+    (errors.DeadlineExceeded("late"), 504, "timeout_error", None),
+    (errors.Internal("bug"), 500, "internal_error", None),
+])
+def test_error_table(error, status, kind, retry_after):
+    reply = openai_codec.error_reply(error)
+    assert (reply.status, reply.body["error"]["type"], reply.retry_after_s) == (status, kind, retry_after)
+
+
+def test_last_stream_chunk_carries_finish_reason_and_timings():
+    parsed = openai_codec.parse_chat({"model": "m", "messages": [{"role": "user", "content": "a"}], "stream": True})
+    parsed.generate.request_id = "r1"
+    last = gateway_pb2.GenerateResponse(text="", finish_reason=common_pb2.FINISH_REASON_EOS,
+                                        timings=common_pb2.Timings(total_us=1500, stages=[common_pb2.StageTiming(
+                                            stage=common_pb2.STAGE_ADMISSION, duration_us=500, service="gateway")]))
+    event = openai_codec.stream_chunk(parsed, 1, last, first=False)
+    assert event["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}
+    assert event["infermesh"]["timings"] == {"total_us": 1500, "stages": [
+        {"service": "gateway", "stage": "admission", "duration_us": 500}]}
+    assert openai_codec.timings_header(last) == "gateway.admission;dur=0.500, total;dur=1.500"
+
+
+@pytest.mark.parametrize(("value", "priority"), [
+    (None, None), ("", None), ("Sheddable", Priority.SHEDDABLE), (b"critical", Priority.CRITICAL),
+])
+def test_priority_header(value, priority):
+    assert parse_priority(value) is priority
+
+
+def test_an_unknown_priority_is_invalid():
+    with pytest.raises(errors.InvalidArgument, match="x-infermesh-priority must be one of critical, standard, "
+                                                     "sheddable, got 'urgent'"):
+        parse_priority("urgent")
