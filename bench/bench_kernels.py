@@ -336,6 +336,7 @@ def main() -> None:
                         help="threads for both numba and torch (default: each library's own default)")
     parser.add_argument("--output", type=Path, default=RESULTS_PATH)
     parser.add_argument("--quick", action="store_true", help="5 repeats instead of --repeats")
+    parser.add_argument("--gpu-only", action="store_true", help="skip the CPU rows")
     args = parser.parse_args()
     if args.quick:
         args.repeats = min(args.repeats, 5)
@@ -344,10 +345,18 @@ def main() -> None:
         numba.set_num_threads(args.threads)
         torch.set_num_threads(args.threads)
 
-    cpu = cpu_rows(sizes, args.repeats)
-    print_cpu_table(cpu)
+    cpu = [] if args.gpu_only else cpu_rows(sizes, args.repeats)
+    if cpu:
+        print_cpu_table(cpu)
     cuda = None
-    if cuda_available():
+    gpu = None
+    copy_gb_per_s = None
+    if torch.cuda.is_available() and cuda_available():
+        from bench.gpu_kernel_bench import gpu_rows
+
+        print(f"\nGPU ({_device_name()}), medians of {max(args.repeats, 30)} CUDA-event timings")
+        copy_gb_per_s, gpu = gpu_rows(max(args.repeats, 30), peak_bandwidth_gb_per_s())
+    elif cuda_available():  # the simulator: a smoke run of the launch paths, timings meaningless
         print(f"\nCUDA ({_device_name()})")
         cuda = cuda_rows(sizes, args.repeats)
         print_cuda_table(cuda)
@@ -371,8 +380,11 @@ def main() -> None:
         "sizes": asdict(sizes),
         "repeats": args.repeats,
         "cpu": [asdict(r) for r in cpu],
-        "cuda_device": _device_name() if cuda is not None else None,
+        "cuda_device": _device_name() if cuda is not None or gpu is not None else None,
         "cuda": [asdict(r) for r in cuda] if cuda is not None else None,
+        "gpu_copy_gb_per_s": copy_gb_per_s,
+        "gpu_peak_gb_per_s": peak_bandwidth_gb_per_s() if gpu is not None else None,
+        "gpu": [asdict(r) for r in gpu] if gpu is not None else None,
     }
     args.output.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nwrote {args.output}")
