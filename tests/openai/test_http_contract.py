@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import http.client
 import json
+import signal
 import threading
 
 import pytest
 
 from tests.openai.conftest import KEYS, MODEL
-from tests.support.processes import wait_until
+from tests.support.gateway_fixtures import spawn_gateway
+from tests.support.processes import free_port, wait_until
 from tests.support.scheduler_fixtures import toy_continuation
 
 pytestmark = pytest.mark.integration
@@ -280,6 +282,22 @@ def test_a_disconnect_mid_stream_cancels_the_generation_and_frees_its_blocks(htt
     http_mesh.wait_idle(timeout_s=2.0)
 
 
+def test_a_disconnect_while_waiting_for_a_whole_completion_frees_its_blocks_too(http_mesh):
+    host, port = http_mesh.base_url.removeprefix("https://").split("/")[0].split(":")
+    connection = http.client.HTTPSConnection(host, int(port), context=http_mesh.ssl_context(), timeout=30)
+    connection.request("POST", "/v1/completions", body=json.dumps({"model": MODEL, "prompt": "abc", "max_tokens": 450}),
+                       headers={"Authorization": f"Bearer {KEYS['alpha']}", "Content-Type": "application/json"})
+    wait_until(lambda: http_mesh.kv_usage() > 0, timeout_s=5, message="the request holds KV blocks")
+    connection.sock.close()
+    connection.close()
+    http_mesh.wait_idle(timeout_s=2.0)
+
+
+def test_a_body_over_the_size_limit_is_413_in_the_error_shape(http_mesh):
+    status, error = _error(http_mesh.post("/completions", b'{"prompt": "' + b"a" * (8 * 1024 * 1024) + b'"}'))
+    assert (status, error["type"], error["code"]) == (413, "invalid_request_error", "413")
+
+
 def test_a_deadline_too_short_to_start_is_504(http_mesh):
     status, error = _error(http_mesh.post("/completions", {"model": MODEL, "prompt": "a"},
                                           headers={"x-infermesh-timeout-ms": "1"}))
@@ -333,3 +351,33 @@ def test_many_streams_in_parallel_each_get_their_own_text(http_mesh):
     for thread in threads:
         thread.join(timeout=30)
     assert results == {p: toy_continuation(p, 8) for p in ("abc", "klm")}
+
+
+def test_sigterm_lets_a_stream_in_flight_finish_then_the_gateway_exits(http_mesh):
+    http_port = free_port()
+    gateway = spawn_gateway(http_mesh.mesh, "gateway-drained", "--tenants-file",
+                            str(http_mesh.mesh.tmp / "tenants.yaml"), "--http-port", str(http_port))
+    connection = http.client.HTTPSConnection("127.0.0.1", http_port, context=http_mesh.ssl_context(), timeout=30)
+    wait_until(lambda: _models_listed(connection), timeout_s=10, message="the new gateway knows the model")
+    connection.request("POST", "/v1/completions", body=json.dumps({
+        "model": MODEL, "prompt": "abc", "max_tokens": 40, "temperature": 0, "stream": True}),
+        headers={"Authorization": f"Bearer {KEYS['alpha']}", "Content-Type": "application/json"})
+    response = response_of(connection)
+    first = response.readline()
+    gateway.signal(signal.SIGTERM)
+    rest = response.read()
+    events = _events(first + rest)
+    assert events[-1] == "[DONE]"
+    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == toy_continuation("abc", 40)
+    assert gateway.proc.wait(timeout=10) == 0
+
+
+def _models_listed(connection: http.client.HTTPSConnection) -> bool:
+    connection.request("GET", "/v1/models", headers={"Authorization": f"Bearer {KEYS['alpha']}"})
+    return MODEL in response_of(connection).read().decode()
+
+
+def response_of(connection: http.client.HTTPSConnection) -> http.client.HTTPResponse:
+    response = connection.getresponse()
+    assert response.status == 200
+    return response
