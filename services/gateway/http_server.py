@@ -34,7 +34,6 @@ class HttpServer:
         self._tls_files = tls_files
         self._ssl: ssl.SSLContext | None = None
         self._rotation: asyncio.Task | None = None
-        self.port: int | None = None
 
     async def start(self) -> None:
         if self._tls_files is not None:
@@ -47,8 +46,7 @@ class HttpServer:
             await site.start()
         except OSError as exc:
             raise ConfigError(f"cannot bind the HTTP port {self._host}:{self._port}: {exc}") from None
-        self.port = site._server.sockets[0].getsockname()[1]  # the bound one, when 0 asked for any
-        log.info("OpenAI-compatible HTTP on %s://%s:%d/v1", "https" if self._ssl else "http", self._host, self.port)
+        log.info("OpenAI-compatible HTTP on %s://%s:%d/v1", "https" if self._ssl else "http", self._host, self._port)
 
     async def close(self) -> None:
         if self._rotation is not None:
