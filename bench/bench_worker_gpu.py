@@ -104,6 +104,15 @@ def step_times(device: str, batch_sizes: list[int], context: int, repeats: int) 
         rows.append(_time_step(generator, seqs, cache, device, repeats, "decode", batch, batch))
     prefill = [PagedSequence(tuple(range(1, 257)) * 2, 0, tuple(range(512 // block_size)), True)]
     rows.append(_time_step(generator, prefill, cache, device, repeats, "prefill chunk 512", 1, 512))
+    if device.startswith("cuda"):  # the same steps with Numba's generic kernel launch, for the launch cost
+        from kernels import fast_launch
+
+        fast_launch.set_enabled(False)
+        for batch in (1, 64):
+            seqs = [PagedSequence((65,), context, tuple(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)), True)
+                    for i in range(batch)]
+            rows.append(_time_step(generator, seqs, cache, device, repeats, "decode, generic", batch, batch))
+        fast_launch.set_enabled(True)
     return rows
 
 

@@ -16,6 +16,7 @@ width from the device attributes).
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.paged_attention_v1 import paged_attention_v1
-from kernels import paged_attention_decode, preprocess_images, write_kv_cache
+from kernels import fast_launch, paged_attention_decode, preprocess_images, write_kv_cache
 from kernels.image_preprocess import _preprocess_cuda, pack_images
 
 L2_MULTIPLE = 4  # input sets together span at least this many L2 caches
@@ -58,6 +59,32 @@ def event_median_ms(fn: Callable[[int], object], num_sets: int, repeats: int) ->
     return statistics.median(samples)
 
 
+def generic_launch(fn: Callable[[int], object]) -> Callable[[int], object]:
+    """The same call with kernels.fast_launch off (Numba's own argument handling every launch)."""
+
+    def call(i: int) -> object:
+        fast_launch.set_enabled(False)
+        try:
+            return fn(i)
+        finally:
+            fast_launch.set_enabled(True)
+
+    return call
+
+
+def host_us_per_call(fn: Callable[[int], object], num_sets: int, calls: int = 200) -> float:
+    """Host time per call with nothing waited for: the launch overhead when the GPU keeps up."""
+    for i in range(3):
+        fn(i % num_sets)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for i in range(calls):
+        fn(i % num_sets)
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
 def copy_gb_per_s(repeats: int) -> float:
     """Device-to-device copy of 2 GiB, counting bytes read plus written."""
     src = torch.empty(1 << 29, dtype=torch.float32, device="cuda").normal_()
@@ -68,7 +95,7 @@ def copy_gb_per_s(repeats: int) -> float:
 
 def _sets_needed(bytes_per_set: int) -> int:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    return max(2, -(-L2_MULTIPLE * l2 // max(bytes_per_set, 1)))
+    return min(64, max(2, -(-L2_MULTIPLE * l2 // max(bytes_per_set, 1))))
 
 
 def attention_rows(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: int, ctx: tuple[int, int],
@@ -111,6 +138,7 @@ def attention_rows(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: 
 
     variants: list[tuple[str, Callable[[int], object]]] = [
         ("ours (auto partitions)", ours(None)),
+        ("ours (auto), generic Numba launch", generic_launch(ours(None))),
         ("ours, unsplit", ours(1 << 30)),
         ("ours, 256-token partitions", ours(256)),
         ("ours, 512-token partitions", ours(512)),
@@ -149,8 +177,15 @@ def kv_cache_rows(num_tokens: int, num_kv_heads: int, head_size: int, dtype: tor
         key_cache.view(-1, num_kv_heads, head_size).index_copy_(0, slots, key)
         value_cache.view(-1, num_kv_heads, head_size).index_copy_(0, slots, value)
 
+    def ours(i):
+        write_kv_cache(*sets[i], backend="cuda")
+
+    print(f"  write_kv_cache {num_tokens} tokens {dtype}: host us per call: fast launch "
+          f"{host_us_per_call(ours, len(sets)):.1f}, generic {host_us_per_call(generic_launch(ours), len(sets)):.1f}, "
+          f"torch index_copy_ {host_us_per_call(index_copy, len(sets)):.1f}")
     return [
-        ("ours", event_median_ms(lambda i: write_kv_cache(*sets[i], backend="cuda"), len(sets), repeats), moved),
+        ("ours", event_median_ms(ours, len(sets), repeats), moved),
+        ("ours, generic Numba launch", event_median_ms(generic_launch(ours), len(sets), repeats), moved),
         ("torch index_copy_", event_median_ms(index_copy, len(sets), repeats), moved),
     ]
 
@@ -207,6 +242,7 @@ def preprocess_rows(num_images: int, low: int, high: int, out_px: int, dtype, re
 
 def gpu_rows(repeats: int, peak_gb_per_s: float | None) -> tuple[float, list[GpuRow]]:
     copy = copy_gb_per_s(repeats)
+    print(f"fast launch available: {fast_launch.enabled()}")
     print(f"device-to-device copy: {copy:.0f} GB/s (read + write); datasheet-style peak: "
           f"{peak_gb_per_s or float('nan'):.0f} GB/s")
     rows: list[GpuRow] = []

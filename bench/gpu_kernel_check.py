@@ -104,7 +104,8 @@ def check_attention(gen: torch.Generator, results: list[CheckResult]) -> None:
             args = attention_inputs(gen, lens, num_heads, num_kv_heads, head_size, block_size, dtype)
             scale = head_size**-0.5
             want = attention_reference64(*args, block_size, scale)
-            for split_name, partition_size in (("auto", None), ("unsplit", 1 << 30), ("256-token partitions", 256)):
+            for split_name, partition_size in (("auto", None), ("unsplit", 1 << 30), ("256-token partitions", 256),
+                                               ("auto again (fast launch)", None)):
                 out = torch.full_like(args[0], float("nan"))
                 paged_attention_decode(*args, block_size, scale, out=out, backend="cuda",
                                        partition_size=partition_size)
@@ -174,8 +175,10 @@ def main() -> None:
     for r in results:
         print(f"{r.op:<24} {r.dtype:<8} {r.relative_error:>10.2e} {r.bound:>8.0e}  {'ok' if r.ok else 'FAIL'} {r.case}")
     failed = [r for r in results if not r.ok]
+    from kernels import fast_launch
+
     print(f"{len(results) - len(failed)}/{len(results)} ok in {time.perf_counter() - started:.1f} s "
-          f"on {torch.cuda.get_device_name()}, seed {args.seed}")
+          f"on {torch.cuda.get_device_name()}, seed {args.seed}; fast launch in use: {fast_launch.enabled()}")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({"device": torch.cuda.get_device_name(), "seed": args.seed,
                                        "results": [asdict(r) for r in results]}, indent=2) + "\n")

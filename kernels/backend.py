@@ -141,11 +141,13 @@ def as_torch(x: Any):
 
 
 class DeviceLaunch:
-    """Device views of a call's arrays and the stream to launch on.
+    """Device views of a call's arrays, the stream to launch on, and the launch itself.
 
     Torch CUDA tensors and Numba device arrays are viewed in place; host arrays
     (numpy, CPU tensors) are copied in, and ``copy_back`` writes results into
     the host arrays the caller passed — which is how the simulator tests run.
+    When every array is a PyTorch CUDA tensor, ``launch`` goes through
+    ``kernels.fast_launch`` after the first call of each signature.
     """
 
     def __init__(self, torch_tensors: list[Any]) -> None:
@@ -156,13 +158,30 @@ class DeviceLaunch:
         self._host_outputs: list[tuple[Any, np.ndarray]] = []
         self._copies: list[Any] = []  # device copies of host arrays, alive until copy_back
         self.stream = 0
+        self.all_torch_cuda = bool(torch_tensors) and all(is_torch_tensor(t) and t.is_cuda for t in torch_tensors)
         if torch_tensors and any(is_torch_tensor(t) and t.is_cuda for t in torch_tensors):
             import torch
 
             device = next(t.device for t in torch_tensors if is_torch_tensor(t) and t.is_cuda)
             self._torch_device = device
-            torch_stream = torch.cuda.current_stream(device)
-            self.stream = cuda.external_stream(torch_stream.cuda_stream)
+            self.stream = _external_stream(torch.cuda.current_stream(device).cuda_stream)
+
+    def launch(self, kernel: Any, griddim: Any, blockdim: Any, args: list[Any], outputs: tuple[int, ...] = ()) -> None:
+        """Launches ``kernel[griddim, blockdim, stream](*args)``; ``outputs`` are the positions written.
+
+        Arrays among ``args`` are viewed (or copied in, for host arrays, and
+        back out for outputs); ints and floats pass as they are.
+        """
+        from kernels import fast_launch
+
+        if self.all_torch_cuda and fast_launch.launch(kernel, griddim, blockdim, self.stream, args):
+            return
+        views = [a if isinstance(a, int | float) or _is_numba_device_array(a) else self.view(a, is_output=i in outputs)
+                 for i, a in enumerate(args)]
+        kernel[griddim, blockdim, self.stream](*views)
+        if self.all_torch_cuda:
+            fast_launch.remember(kernel, args, views)
+        self.copy_back()
 
     def view(self, x: Any, *, is_output: bool = False):
         cuda = self._cuda
@@ -181,14 +200,13 @@ class DeviceLaunch:
         return device
 
     def scratch(self, shape: tuple[int, ...]):
-        """A float32 device work array for this launch: from PyTorch's caching allocator when the call's
-        tensors are PyTorch's (stream-ordered, so it may be reused as soon as the launch is queued),
-        else a Numba allocation kept alive until ``copy_back``."""
+        """A float32 device work array for this launch: a PyTorch tensor from its caching allocator when
+        the call's tensors are PyTorch's (stream-ordered, so it may be reused as soon as the launch is
+        queued), else a Numba allocation kept alive until ``copy_back``."""
         if self._torch_device is not None:
             import torch
 
-            return self._cuda.as_cuda_array(torch.empty(shape, dtype=torch.float32, device=self._torch_device),
-                                            sync=False)
+            return torch.empty(shape, dtype=torch.float32, device=self._torch_device)
         array = self._cuda.device_array(shape, dtype=np.float32, stream=self.stream)
         self._copies.append(array)
         return array
@@ -199,9 +217,23 @@ class DeviceLaunch:
                 device.copy_to_host(host, stream=self.stream)
             else:
                 host[...] = device.copy_to_host(stream=self.stream)
+        self._host_outputs.clear()
         if self._copies:
             if self.stream != 0:
                 self.stream.synchronize()
             else:
                 self._cuda.synchronize()
             self._copies.clear()
+
+
+@functools.lru_cache(maxsize=64)
+def _external_stream(handle: int):
+    """Numba's view of a PyTorch stream, made once per stream (making one costs driver calls)."""
+    from numba import cuda
+
+    return cuda.external_stream(handle)
+
+
+def _is_numba_device_array(x: Any) -> bool:
+    """A Numba device array (real or the simulator's), passed to a kernel as it is."""
+    return hasattr(x, "copy_to_host") and not is_torch_tensor(x)

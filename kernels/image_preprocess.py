@@ -26,7 +26,15 @@ import numba
 import numpy as np
 from numba import cuda, float32
 
-from kernels.backend import Backend, cpu_threads_for, dtype_name, host_view, is_on_device, resolve_backend
+from kernels.backend import (
+    Backend,
+    DeviceLaunch,
+    cpu_threads_for,
+    dtype_name,
+    host_view,
+    is_on_device,
+    resolve_backend,
+)
 
 _OUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
@@ -327,27 +335,23 @@ def _run_cuda(packed: PackedImages, channel_scale, channel_bias, out_shape, dtyp
         # Inputs and output are PyTorch allocations on its current stream, so
         # the caching allocator keeps them alive in stream order after we return.
         torch_dtype = torch.float16 if dtype == np.float16 else torch.float32
-        torch_out = torch.empty(out_shape, dtype=torch_dtype, device="cuda")
+        out = torch.empty(out_shape, dtype=torch_dtype, device="cuda")
         if out_shape[0] == 0:
-            return torch_out
-        stream = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
-        device_inputs = [cuda.as_cuda_array(torch.from_numpy(a).to("cuda"), sync=False) for a in inputs]
-        out = cuda.as_cuda_array(torch_out, sync=False)
-        result = torch_out
+            return out
+        device_inputs = [torch.from_numpy(a).to("cuda", non_blocking=True) for a in inputs]
     else:  # the simulator, or torch without CUDA: Numba allocations on the default stream
-        stream = 0
         out = cuda.device_array(out_shape, dtype=dtype)
         if out_shape[0] == 0:
             return out
         device_inputs = [cuda.to_device(a) for a in inputs]
-        result = out
     grid = (
         (out_shape[3] + THREADS_X - 1) // THREADS_X,
         (out_shape[2] + THREADS_Y - 1) // THREADS_Y,
         out_shape[0],
     )
-    _preprocess_cuda[grid, (THREADS_X, THREADS_Y, 1), stream](*device_inputs, out)
-    return result
+    DeviceLaunch([*device_inputs, out]).launch(_preprocess_cuda, grid, (THREADS_X, THREADS_Y, 1),
+                                               [*device_inputs, out])
+    return out
 
 
 def _torch_has_cuda() -> bool:

@@ -151,14 +151,8 @@ def write_kv_cache(
         launch = DeviceLaunch(list(arrays.values()))
         num_threads = num_tokens * num_kv_heads * head_size
         num_blocks = (num_threads + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
-        _write_kv_cache_cuda[num_blocks, THREADS_PER_BLOCK, launch.stream](
-            launch.view(key),
-            launch.view(value),
-            launch.view(key_cache, is_output=True),
-            launch.view(value_cache, is_output=True),
-            launch.view(slot_mapping),
-        )
-        launch.copy_back()
+        launch.launch(_write_kv_cache_cuda, num_blocks, THREADS_PER_BLOCK,
+                      [key, value, key_cache, value_cache, slot_mapping], outputs=(2, 3))
 
 
 def _check_slots(slots: np.ndarray, *, num_slots: int) -> None:

@@ -235,30 +235,25 @@ def _launch_cuda(arrays: dict[str, Any], out: Any, num_kv_heads: int, block_size
     partition_kernel, merge_kernel = attention_kernels(head_size, num_heads // num_kv_heads)
     max_context = arrays["block_tables"].shape[1] * block_size
     if partition_size is None:
-        part_len = partition_length(max_context, num_seqs * num_kv_heads, 2 * _multiprocessor_count())
+        part_len = partition_length(max_context, num_seqs * num_kv_heads, 4 * _multiprocessor_count())
     elif partition_size < 1:
         raise ValueError(f"partition_size must be >= 1; got {partition_size}")
     else:
         part_len = min(int(partition_size), max_context)
     num_parts = -(-max_context // part_len)
     launch = DeviceLaunch([*arrays.values(), out])
-    views = [launch.view(arrays[name]) for name in ("query", "key_cache", "value_cache", "block_tables",
-                                                     "context_lens")]
-    out_view = launch.view(out, is_output=True)
+    inputs = [arrays[name] for name in ("query", "key_cache", "value_cache", "block_tables", "context_lens")]
     if num_parts == 1:
         part_max = part_sum = part_out = launch.scratch((1, 1, 1, 1))
     else:
         part_max = launch.scratch((num_seqs, num_heads, num_parts))
         part_sum = launch.scratch((num_seqs, num_heads, num_parts))
         part_out = launch.scratch((num_seqs, num_heads, num_parts, head_size))
-    partition_kernel[(num_kv_heads, num_seqs, num_parts), THREADS, launch.stream](
-        out_view, part_max, part_sum, part_out, *views, block_size, scale, part_len
-    )
+    launch.launch(partition_kernel, (num_kv_heads, num_seqs, num_parts), THREADS,
+                  [out, part_max, part_sum, part_out, *inputs, block_size, scale, part_len], outputs=(0,))
     if num_parts > 1:
-        merge_kernel[(num_heads, num_seqs), THREADS, launch.stream](
-            out_view, part_max, part_sum, part_out, views[4], part_len
-        )
-    launch.copy_back()
+        launch.launch(merge_kernel, (num_heads, num_seqs), THREADS,
+                      [out, part_max, part_sum, part_out, arrays["context_lens"], part_len], outputs=(0,))
 
 
 @functools.cache

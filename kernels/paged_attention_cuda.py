@@ -112,6 +112,13 @@ def attention_kernels(head_size: int, group: int, tile: int = DEFAULT_TILE):
     else:
         value_splits, dims_per_thread, value_width = 1, -(-head_size // THREADS), THREADS
     q_size = group * head_size
+    # Loads in flight per thread: ~32 registers' worth of K per lane, 16 V rows (8 for two dims each);
+    # rounds of 16 tokens per tile must divide evenly.
+    rounds = tile // TOKENS_AT_ONCE
+    keys_in_flight = 1
+    while keys_in_flight * 2 <= rounds and keys_in_flight * 2 * dims_per_lane <= 32 and rounds % (keys_in_flight * 2) == 0:
+        keys_in_flight *= 2
+    values_in_flight = 16 // dims_per_thread
     scores_size = group * tile
     merge_size = group * THREADS
     neg_inf = np.float32(-np.inf)
@@ -143,7 +150,8 @@ def attention_kernels(head_size: int, group: int, tile: int = DEFAULT_TILE):
         correction = cuda.shared.array(group, float32)
         scratch = cuda.shared.array(merge_size, float32)
         acc = cuda.local.array((group, dims_per_thread), float32)
-        dots = cuda.local.array(group, float32)
+        keys = cuda.local.array((keys_in_flight, dims_per_lane), float32)
+        values = cuda.local.array((values_in_flight, dims_per_thread), float32)
 
         first_head = kv_head * group
         for i in range(tid, q_size, THREADS):
@@ -163,28 +171,36 @@ def attention_kernels(head_size: int, group: int, tile: int = DEFAULT_TILE):
 
         for tile_start in range(part_start, part_end, tile):
             num_valid = part_end - tile_start
-            # 1. Scores: 8 lanes per token, 16 tokens at a time.
-            for t in range(token_slot, tile, TOKENS_AT_ONCE):
-                for g in range(group):
-                    dots[g] = float32(0.0)
-                if t < num_valid:
-                    token = tile_start + t
-                    logical_block = token // block_size
-                    block = block_tables[seq, logical_block]
-                    offset = token - logical_block * block_size
-                    if sub == 0:
-                        tile_blocks[t] = block
-                        tile_offsets[t] = offset
+            # 1. Scores: 8 lanes per token, 16 tokens at a time, `keys_in_flight` such rounds loaded
+            #    before any is used (independent loads in flight hide the memory latency).
+            for t0 in range(token_slot, tile, TOKENS_AT_ONCE * keys_in_flight):
+                for u in range(keys_in_flight):
+                    t = t0 + u * TOKENS_AT_ONCE
                     for k in range(dims_per_lane):
-                        dim = sub + k * LANES_PER_TOKEN
-                        if dim < head_size:
-                            key = float32(key_cache[block, offset, kv_head, dim])
-                            for g in range(group):
-                                dots[g] += q[g * head_size + dim] * key
-                for g in range(group):
-                    dot = _sum_lanes(dots[g], LANES_PER_TOKEN, scratch, tid)
-                    if sub == 0:
-                        scores[g * tile + t] = dot if t < num_valid else neg_inf
+                        keys[u, k] = float32(0.0)
+                    if t < num_valid:
+                        token = tile_start + t
+                        logical_block = token // block_size
+                        block = block_tables[seq, logical_block]
+                        offset = token - logical_block * block_size
+                        if sub == 0:
+                            tile_blocks[t] = block
+                            tile_offsets[t] = offset
+                        for k in range(dims_per_lane):
+                            dim = sub + k * LANES_PER_TOKEN
+                            if dim < head_size:
+                                keys[u, k] = float32(key_cache[block, offset, kv_head, dim])
+                for u in range(keys_in_flight):
+                    t = t0 + u * TOKENS_AT_ONCE
+                    for g in range(group):
+                        dot = float32(0.0)
+                        for k in range(dims_per_lane):
+                            dim = sub + k * LANES_PER_TOKEN
+                            if dim < head_size:
+                                dot += q[g * head_size + dim] * keys[u, k]
+                        dot = _sum_lanes(dot, LANES_PER_TOKEN, scratch, tid)
+                        if sub == 0:
+                            scores[g * tile + t] = dot if t < num_valid else neg_inf
             cuda.syncthreads()
             # 2. Softmax bookkeeping: one warp per query head.
             for g0 in range(0, group, NUM_WARPS):
@@ -217,15 +233,25 @@ def attention_kernels(head_size: int, group: int, tile: int = DEFAULT_TILE):
                     acc[g, j] *= correction[g]
             if value_split < value_splits:
                 limit = num_valid if num_valid < tile else tile
-                for t in range(value_split, limit, value_splits):
-                    block = tile_blocks[t]
-                    offset = tile_offsets[t]
-                    for j in range(dims_per_thread):
-                        dim = value_dim + j * THREADS
-                        if dim < head_size:
-                            v = float32(value_cache[block, offset, kv_head, dim])
+                for t0 in range(value_split, limit, value_splits * values_in_flight):
+                    for u in range(values_in_flight):  # loads first, all in flight together
+                        t = t0 + u * value_splits
+                        for j in range(dims_per_thread):
+                            values[u, j] = float32(0.0)
+                        if t < limit:
+                            block = tile_blocks[t]
+                            offset = tile_offsets[t]
+                            for j in range(dims_per_thread):
+                                dim = value_dim + j * THREADS
+                                if dim < head_size:
+                                    values[u, j] = float32(value_cache[block, offset, kv_head, dim])
+                    for u in range(values_in_flight):
+                        t = t0 + u * value_splits
+                        if t < limit:
                             for g in range(group):
-                                acc[g, j] += scores[g * tile + t] * v
+                                p = scores[g * tile + t]
+                                for j in range(dims_per_thread):
+                                    acc[g, j] += p * values[u, j]
             cuda.syncthreads()  # the next tile overwrites scores and the tile's rows
 
         # Merge the token subsets (same max within the block, so plain sums).

@@ -63,7 +63,9 @@ class StepExecutor:
                                needs_logits=a.step.sample) for a in admission.admitted]
 
         t_start = self.clock()
-        logits = self.generator.step(paged, self.cache) if paged else None
+        # One device-to-host copy per step (sampling runs on the host); it also waits for the GPU,
+        # so compute_s covers the device work, not only its launch.
+        logits = self.generator.step(paged, self.cache).cpu() if paged else None
         t_computed = self.clock()
 
         row = 0

@@ -131,11 +131,12 @@ def _decode_tables(
     """`block_tables int32[num_seqs, max_blocks]` (zero-padded; the kernel reads only up to each context) and `context_lens int32[num_seqs]`."""
     num_blocks = [-(-s.end_position // block_size) for s in seqs]
     width = max(num_blocks, default=1)
-    tables = torch.zeros((len(seqs), width), dtype=torch.int32, device=device)
+    # Built on the host and copied once: a row-by-row fill of a GPU tensor is one copy per sequence.
+    tables = torch.zeros((len(seqs), width), dtype=torch.int32)
     for row, (seq, n) in enumerate(zip(seqs, num_blocks, strict=True)):
         tables[row, :n] = torch.tensor(seq.block_table[:n], dtype=torch.int32)
-    lens = torch.tensor([s.end_position for s in seqs], dtype=torch.int32, device=device)
-    return tables, lens
+    lens = torch.tensor([s.end_position for s in seqs], dtype=torch.int32)
+    return tables.to(device, non_blocking=True), lens.to(device, non_blocking=True)
 
 
 def _chunk_attention(
