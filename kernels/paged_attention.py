@@ -232,7 +232,8 @@ def _launch_cuda(arrays: dict[str, Any], out: Any, num_kv_heads: int, block_size
                  partition_size: int | None) -> None:
     """Launches the split-context kernel (and its merge when the context is split) on PyTorch's stream."""
     num_seqs, num_heads, head_size = arrays["query"].shape
-    partition_kernel, merge_kernel = attention_kernels(head_size, num_heads // num_kv_heads)
+    partition_kernel, merge_kernel = attention_kernels(head_size, num_heads // num_kv_heads,
+                                                       dtype_name(arrays["key_cache"]))
     max_context = arrays["block_tables"].shape[1] * block_size
     if partition_size is None:
         part_len = partition_length(max_context, num_seqs * num_kv_heads, 4 * _multiprocessor_count())

@@ -35,6 +35,7 @@ import math
 
 import numpy as np
 from numba import config, cuda, float32, int32
+from numba.core.types import float16
 
 THREADS = 128
 WARP = 32
@@ -98,8 +99,14 @@ else:
 
 
 @functools.cache
-def attention_kernels(head_size: int, group: int, tile: int = DEFAULT_TILE):
-    """(partition kernel, merge kernel) for one head size and GQA group, both compile-time constants."""
+def attention_kernels(head_size: int, group: int, dtype: str = "float32", tile: int = DEFAULT_TILE):
+    """(partition kernel, merge kernel) for one head size, GQA group and K/V dtype, all compile-time constants.
+
+    K and V rows are loaded into registers of their own dtype and widened only when used: a
+    float16 widening is an inline-asm `cvt` that the compiler keeps in order, so widening at the
+    load would serialise the loads that are meant to be in flight together.
+    """
+    storage = {"float32": float32, "float16": float16}[dtype]
     if not 1 <= head_size <= MAX_HEAD_SIZE:
         raise ValueError(f"head_size must be in [1, {MAX_HEAD_SIZE}] for the CUDA kernel; got {head_size}")
     if not 1 <= group <= MAX_GROUP:
@@ -150,8 +157,8 @@ def attention_kernels(head_size: int, group: int, tile: int = DEFAULT_TILE):
         correction = cuda.shared.array(group, float32)
         scratch = cuda.shared.array(merge_size, float32)
         acc = cuda.local.array((group, dims_per_thread), float32)
-        keys = cuda.local.array((keys_in_flight, dims_per_lane), float32)
-        values = cuda.local.array((values_in_flight, dims_per_thread), float32)
+        keys = cuda.local.array((keys_in_flight, dims_per_lane), storage)
+        values = cuda.local.array((values_in_flight, dims_per_thread), storage)
 
         first_head = kv_head * group
         for i in range(tid, q_size, THREADS):
@@ -177,7 +184,7 @@ def attention_kernels(head_size: int, group: int, tile: int = DEFAULT_TILE):
                 for u in range(keys_in_flight):
                     t = t0 + u * TOKENS_AT_ONCE
                     for k in range(dims_per_lane):
-                        keys[u, k] = float32(0.0)
+                        keys[u, k] = storage(0.0)
                     if t < num_valid:
                         token = tile_start + t
                         logical_block = token // block_size
@@ -189,7 +196,7 @@ def attention_kernels(head_size: int, group: int, tile: int = DEFAULT_TILE):
                         for k in range(dims_per_lane):
                             dim = sub + k * LANES_PER_TOKEN
                             if dim < head_size:
-                                keys[u, k] = float32(key_cache[block, offset, kv_head, dim])
+                                keys[u, k] = key_cache[block, offset, kv_head, dim]
                 for u in range(keys_in_flight):
                     t = t0 + u * TOKENS_AT_ONCE
                     for g in range(group):
@@ -197,7 +204,7 @@ def attention_kernels(head_size: int, group: int, tile: int = DEFAULT_TILE):
                         for k in range(dims_per_lane):
                             dim = sub + k * LANES_PER_TOKEN
                             if dim < head_size:
-                                dot += q[g * head_size + dim] * keys[u, k]
+                                dot += q[g * head_size + dim] * float32(keys[u, k])
                         dot = _sum_lanes(dot, LANES_PER_TOKEN, scratch, tid)
                         if sub == 0:
                             scores[g * tile + t] = dot if t < num_valid else neg_inf
@@ -237,21 +244,21 @@ def attention_kernels(head_size: int, group: int, tile: int = DEFAULT_TILE):
                     for u in range(values_in_flight):  # loads first, all in flight together
                         t = t0 + u * value_splits
                         for j in range(dims_per_thread):
-                            values[u, j] = float32(0.0)
+                            values[u, j] = storage(0.0)
                         if t < limit:
                             block = tile_blocks[t]
                             offset = tile_offsets[t]
                             for j in range(dims_per_thread):
                                 dim = value_dim + j * THREADS
                                 if dim < head_size:
-                                    values[u, j] = float32(value_cache[block, offset, kv_head, dim])
+                                    values[u, j] = value_cache[block, offset, kv_head, dim]
                     for u in range(values_in_flight):
                         t = t0 + u * value_splits
                         if t < limit:
-                            for g in range(group):
-                                p = scores[g * tile + t]
-                                for j in range(dims_per_thread):
-                                    acc[g, j] += p * values[u, j]
+                            for j in range(dims_per_thread):
+                                v = float32(values[u, j])
+                                for g in range(group):
+                                    acc[g, j] += scores[g * tile + t] * v
             cuda.syncthreads()  # the next tile overwrites scores and the tile's rows
 
         # Merge the token subsets (same max within the block, so plain sums).

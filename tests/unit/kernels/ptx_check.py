@@ -40,14 +40,14 @@ def main() -> None:
     }
     # (head_size, group): tinylm's 32/2, the benchmark's 64/4 and 128/4, a wide 256/1.
     for head_size, group in ((32, 2), (64, 4), (128, 4), (256, 1)):
-        partition, merge = attention_kernels(head_size, group)
         for name, dtype in (("float32", t.float32), ("float16", t.float16)):
+            partition, merge = attention_kernels(head_size, group, name)
             x3, x4 = dtype[:, :, ::1], dtype[:, :, :, ::1]
             cases[f"paged_attention partition {head_size}/{group} {name}"] = (partition, (
                 x3, t.float32[:, :, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1], x3, x4, x4,
                 t.int32[:, ::1], t.int32[::1], t.int64, t.float64, t.int64))
-        cases[f"paged_attention merge {head_size}/{group}"] = (merge, (
-            f32_3, t.float32[:, :, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1], t.int32[::1], t.int64))
+            cases[f"paged_attention merge {head_size}/{group} {name}"] = (merge, (
+                x3, t.float32[:, :, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1], t.int32[::1], t.int64))
     cases.update({
         "preprocess_images float32": (_preprocess_cuda, (*packed, f32_4)),
         "preprocess_images float16": (_preprocess_cuda, (*packed, t.float16[:, :, :, ::1])),
