@@ -48,7 +48,7 @@ MESH_SCHEME := PLAINTEXT (MESH_PLAINTEXT=$(MESH_PLAINTEXT))
 MESH_HTTP_SCHEME := http
 endif
 
-.PHONY: help setup protos models model-repo up down demo test lint fuzz bench images clean
+.PHONY: help setup protos models model-repo up down demo test lint fuzz bench bench-gpu images clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-8s %s\n", $$1, $$2}'
@@ -121,6 +121,9 @@ bench: setup model-repo ## benchmarks: tables on stdout, JSON under bench/result
 	@for script in bench/bench_*.py; do \
 		name=$$(basename $$script .py); echo "== $$name"; \
 		$(PY) -m bench.$$name $(if $(QUICK),--quick) || exit 1; done
+
+bench-gpu: setup model-repo ## on a CUDA machine: kernel checks vs float64, GPU kernel/worker benchmarks, the mesh on --device cuda (logs+JSON in bench/results/)
+	PATH=$(VENV)/bin:$$PATH bash bench/gpu_session.sh
 
 images: setup ## docker build each service image, tagged with the release --version prints (tools/images.py)
 	$(PY) -m tools.images $(IMAGES_ARGS)
