@@ -90,6 +90,11 @@ class ClassifyPool:
         self._batch_size = metrics.BATCH_SIZE.labels(model.name)
         self._queue_time = {p: metrics.QUEUE_TIME.labels(model.name, label) for p, label in metrics.PRIORITY_LABELS.items()}
 
+    @property
+    def batching(self) -> BatcherConfig:
+        """The dynamic batching in force (what KServe's ModelConfig reports)."""
+        return self._batcher.config
+
     # -- workers -------------------------------------------------------------
 
     def add_worker(self, link: WorkerLink) -> None:

@@ -33,9 +33,9 @@ from services.scheduler.chunk_coalescer import ChunkCoalescer, CoalescedEvents
 from services.scheduler.classify_pool import ClassifyJob
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import Priority, TenantContext
-from services.scheduler.generate_pool import GenerateStream, StreamEvent
+from services.scheduler.generate_pool import GenerateStream, StreamEvent, step_scheduler_config
 from services.scheduler.in_flight import InFlightCalls, draining_error, idle
-from services.scheduler.model_registry import ModelRegistry
+from services.scheduler.model_registry import ModelEntry, ModelRegistry
 from services.scheduler.pressure import ModelPressure
 from services.scheduler.sequence import FinishReason, SamplingParams
 from services.scheduler.step_plan import SequenceDelta
@@ -579,9 +579,21 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     max_seq_len=hello.capacity.max_seq_len,
                     input_height=hello.input_height,
                     input_width=hello.input_width,
+                    batching=self._batching_info(entry),
                 )
             )
         return response
+
+    def _batching_info(self, entry: ModelEntry) -> gateway_pb2.BatchingInfo:
+        """The batching in force for a model, as KServe's ModelConfig reports it at the gateway."""
+        if entry.kind == common_pb2.MODEL_KIND_CLASSIFIER:
+            config = entry.pool.batching
+            return gateway_pb2.BatchingInfo(max_batch_size=config.max_batch_size,
+                                            max_queue_delay_us=round(config.max_queue_delay_s * 1e6),
+                                            preferred_batch_sizes=config.preferred_batch_sizes)
+        steps = step_scheduler_config(self._config, entry.hello.capacity)
+        return gateway_pb2.BatchingInfo(max_batch_size=steps.max_num_seqs,
+                                        max_num_batched_tokens=steps.max_num_batched_tokens)
 
     # -- lifecycle -----------------------------------------------------------------
 
