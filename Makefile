@@ -48,7 +48,7 @@ MESH_SCHEME := PLAINTEXT (MESH_PLAINTEXT=$(MESH_PLAINTEXT))
 MESH_HTTP_SCHEME := http
 endif
 
-.PHONY: help setup protos models model-repo up down demo test lint fuzz bench bench-gpu images clean
+.PHONY: help setup protos models model-repo up down demo test lint typecheck fuzz bench bench-gpu images clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-8s %s\n", $$1, $$2}'
@@ -113,6 +113,9 @@ test: setup ## run the whole suite (unit, contract, integration, reliability)
 
 lint: setup ## ruff
 	$(VENV)/bin/ruff check .
+
+typecheck: setup ## mypy over services/, kernels/ and loadtest/ (pyproject.toml [tool.mypy]; cache in .mypy_cache)
+	$(VENV)/bin/mypy
 
 fuzz: setup ## atheris on every parser of outside input, FUZZ_SECONDS each (default 180); findings under run/fuzz/
 	$(PY) -m fuzz.run --seconds $${FUZZ_SECONDS:-180}

@@ -36,13 +36,12 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from services.common.clock import Clock
 from services.common.errors import ResourceExhausted
 from services.gateway.tenants import Priority
-
-Clock = Callable[[], float]
 
 
 class Outcome(enum.Enum):

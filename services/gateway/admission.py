@@ -25,6 +25,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from services.common import log_context
+from services.common.clock import Clock
 from services.common.errors import DeadlineExceeded, InfermeshError, ResourceExhausted, Unavailable
 from services.common.metric_labels import OTHER
 from services.common.status import status_code_of
@@ -45,7 +46,6 @@ _tracer = trace.get_tracer("infermesh.gateway")
 _INFERENCE_SERVICE = "infermesh.v1.Inference"
 _KSERVE_SERVICE = "inference.GRPCInferenceService"
 
-Clock = Callable[[], float]
 
 # Development mode (no tenants file): every caller is this tenant, with no quotas.
 ANONYMOUS = Tenant(

@@ -23,13 +23,11 @@ no verdict.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from dataclasses import dataclass
 
+from services.common.clock import Clock
 from services.gateway.sliding_window import SlidingWindowCounter
 from services.gateway.upstream_status import UpstreamCode
-
-Clock = Callable[[], float]
 
 _FAILURE_CODES = frozenset(
     {UpstreamCode.UNAVAILABLE, UpstreamCode.INTERNAL, UpstreamCode.UNKNOWN, UpstreamCode.DATA_LOSS}

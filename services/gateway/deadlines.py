@@ -13,12 +13,10 @@ refusing all of them would freeze an estimate inflated by a passing overload
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
+from services.common.clock import Clock
 from services.common.errors import DeadlineExceeded
-
-Clock = Callable[[], float]
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,6 @@ from services.gateway.upstream_status import UpstreamCode
 _tracer = trace.get_tracer("infermesh.gateway")
 
 T = TypeVar("T")
-Clock = Callable[[], float]
 # (client, version to ask for ("" lets the scheduler pick), timeout_s) -> the reply
 UnaryCall = Callable[[SchedulerClient, str, float], Awaitable[T]]
 # (client, version, timeout_s, continuation: token ids the client already has) -> the stream

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 from services.common import errors
 from services.common.log_context import bind
+from services.common.protocol import DEFAULT_MAX_TOKENS
 from services.common.stream_options import stream_options
 from services.gateway.admission import Admission, RequestScope, span
 from services.gateway.dispatch import Dispatcher
@@ -29,9 +30,6 @@ from services.gateway.stage_timings import gateway_stages, ingress_s
 from services.gateway.tenants import Priority, Tenant
 
 SERVICE = "gateway"
-# The scheduler's max_tokens when the client sets none (services/scheduler/servicer.py); the quota
-# charge assumes it, and the unused part is refunded at the end.
-DEFAULT_MAX_TOKENS = 128
 PRIORITY_KEY = "x-infermesh-priority"
 _PRIORITY_BY_NAME = {p.name.lower(): p for p in Priority}
 

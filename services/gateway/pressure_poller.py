@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 
 from infermesh.v1 import gateway_pb2
+from services.common.clock import Clock
 from services.common.log_context import clean_context
 from services.gateway import metrics
 from services.gateway.circuit_breaker import CircuitBreakers
@@ -28,7 +28,6 @@ from services.gateway.upstream import AttemptError, SchedulerClients
 from services.gateway.upstream_status import UpstreamCode
 
 log = logging.getLogger(__name__)
-Clock = Callable[[], float]
 EXTRA_POLL_MIN_GAP_S = 0.1
 
 

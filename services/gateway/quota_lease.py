@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from services.common.clock import Clock
 from services.gateway.quotas import QuotaExceeded
 from services.gateway.tenants import Tenant, TenantQuota
 
-Clock = Callable[[], float]
 # Demand below this many units over the next intervals is none: the smoothed rate of a tenant
 # that stopped decays towards zero but never reaches it.
 _IDLE = 0.05

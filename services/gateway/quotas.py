@@ -10,12 +10,11 @@ Not thread-safe by design: the gateway calls it from its one event loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
+from services.common.clock import Clock
 from services.common.errors import ResourceExhausted
 from services.gateway.tenants import Tenant, TenantQuota
-
-Clock = Callable[[], float]
 
 
 class QuotaExceeded(ResourceExhausted):

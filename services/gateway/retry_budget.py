@@ -12,12 +12,10 @@ requests themselves instead of multiplying it by the attempt count.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
+from services.common.clock import Clock
 from services.gateway.sliding_window import SlidingWindowCounter
-
-Clock = Callable[[], float]
 
 
 @dataclass(frozen=True)

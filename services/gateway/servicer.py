@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from infermesh.v1 import gateway_pb2, gateway_pb2_grpc, scheduler_pb2
 from services.common import errors
+from services.common.deadlines import remaining_s
 from services.common.log_context import bind
 from services.common.status import maps_domain_errors
 from services.gateway.admission import Admission, RequestScope, span
@@ -60,10 +61,7 @@ class CallerMetadata:
 
 def client_timeout_s(context) -> float | None:
     """The client's remaining time; None when it set no deadline."""
-    remaining_s = context.time_remaining()
-    if remaining_s is None or remaining_s > 1e6:
-        return None
-    return remaining_s
+    return remaining_s(context)
 
 
 class InferenceServicer(gateway_pb2_grpc.InferenceServicer):

@@ -25,13 +25,12 @@ feedback the gateway admits (fail open) and leans on the in-flight signal.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from services.common.clock import Clock
 from services.common.errors import ResourceExhausted
 from services.gateway.tenants import Priority
-
-Clock = Callable[[], float]
 
 
 @dataclass(frozen=True)

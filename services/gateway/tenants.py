@@ -15,7 +15,6 @@ polls) or on demand (SIGHUP); a bad file is refused and the old config stays
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import hmac
 import logging
@@ -29,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from services.common.errors import PermissionDenied, Unauthenticated
+from services.common.priority import Priority
 from services.gateway.file_watch import ReloadResult as FileReload
 from services.gateway.file_watch import WatchedFile
 
@@ -38,14 +38,6 @@ ALL_MODELS = "*"
 _TENANT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 _BEARER = re.compile(r"^\s*bearer\s+(\S+)\s*$", re.IGNORECASE)
-
-
-class Priority(enum.IntEnum):
-    """Scheduling class; values equal infermesh.v1.Priority numbers."""
-
-    CRITICAL = 1
-    STANDARD = 2
-    SHEDDABLE = 3
 
 
 class TenantConfigError(ValueError):

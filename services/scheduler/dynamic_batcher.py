@@ -28,16 +28,15 @@ import dataclasses
 import heapq
 import itertools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from services.common.clock import Clock
 from services.common.errors import DeadlineExceeded, InfermeshError, ResourceExhausted, Unavailable
 from services.scheduler.fair_queue import FairQueue, Priority, TenantContext
 from services.scheduler.standing_queue import StandingQueue, StandingQueueConfig
 
 P = TypeVar("P")
-Clock = Callable[[], float]
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ the step scheduler's cost their prompt tokens, so fairness is in tokens.
 
 from __future__ import annotations
 
-import enum
 import math
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -20,21 +19,9 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from services.common.errors import ResourceExhausted
+from services.common.priority import Priority
 
 T = TypeVar("T")
-
-
-class Priority(enum.IntEnum):
-    """Scheduling class; values equal infermesh.v1.Priority numbers (lower is served first)."""
-
-    CRITICAL = 1
-    STANDARD = 2
-    SHEDDABLE = 3
-
-    @classmethod
-    def from_wire(cls, value: int) -> Priority:
-        """PRIORITY_UNSPECIFIED (0) means STANDARD."""
-        return cls.STANDARD if value == 0 else cls(value)
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,10 @@ aborted and their blocks freed in that same call, as are cancelled ones in abort
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from services.common.clock import Clock
 from services.common.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
 from services.scheduler.continuation import check_continuation
 from services.scheduler.fair_queue import FairQueue, Priority, TenantContext
@@ -43,8 +44,6 @@ from services.scheduler.sequence import (
 from services.scheduler.step_plan import SequenceDelta, SequenceStep, StepPlan
 from services.scheduler.tenant_service import ServiceCost, TenantService
 from services.scheduler.tokenizer import Tokenizer
-
-Clock = Callable[[], float]
 
 
 @dataclass(frozen=True)

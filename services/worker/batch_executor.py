@@ -8,16 +8,15 @@ with the injected clock for the whole batch.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
+from services.common.clock import Clock
 from services.common.errors import InvalidArgument
 from services.worker.image_decode import decode_image
 from services.worker.models.classifier import Classifier
 from services.worker.work import BatchItem, ErrorCode, ItemError, ItemResult, Label, StageDurations
-
-Clock = Callable[[], float]
 
 
 class BatchExecutor:

@@ -14,9 +14,9 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from infermesh.v1 import common_pb2, scheduler_pb2
+from services.common.protocol import ATTACH_PROTOCOL_VERSION as PROTOCOL_VERSION
 from services.common.timings import StageTime, seconds_to_us, to_proto
 
-PROTOCOL_VERSION = 1
 INVALID_ARGUMENT = 3
 MAX_IMAGE_PIXELS = 4096 * 4096
 BYTE_VOCAB_SIZE = 257  # 256 bytes + EOS

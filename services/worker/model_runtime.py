@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from infermesh.v1 import common_pb2, scheduler_pb2
+from services.common.protocol import ATTACH_PROTOCOL_VERSION as PROTOCOL_VERSION
 from services.common.timings import StageTime, seconds_to_us, to_proto
 from services.worker import work
 from services.worker.batch_executor import BatchExecutor
@@ -20,7 +21,6 @@ from services.worker.step_executor import StepExecutor
 from services.worker.thread_settings import set_library_threads
 
 log = logging.getLogger(__name__)
-PROTOCOL_VERSION = 1
 SERVICE = "worker"
 
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
+from services.common.clock import Clock
 from services.worker.models.generator import Generator
 from services.worker.models.paged import PagedSequence
 from services.worker.sampling import sample_token
 from services.worker.sequence_mirror import SequenceMirror
 from services.worker.work import RunStep, SequenceOutput, StageDurations
-
-Clock = Callable[[], float]
 
 
 class StepExecutor:
