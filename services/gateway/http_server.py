@@ -16,6 +16,8 @@ from aiohttp import web
 
 from services.common.cert_files import DEFAULT_CHECK_INTERVAL_S, CertificateWatcher, TlsFiles
 from services.common.config import ConfigError
+from services.gateway.kserve_http import PREFIX as KSERVE_PREFIX
+from services.gateway.kserve_http import KServeHttp, kserve_errors
 from services.gateway.openai_http import OpenAIFront, openai_errors
 
 log = logging.getLogger(__name__)
@@ -23,9 +25,12 @@ log = logging.getLogger(__name__)
 
 class HttpServer:
     def __init__(self, front: OpenAIFront, host: str, port: int, tls_files: TlsFiles | None,
-                 max_body_bytes: int, shutdown_timeout_s: float = 10.0) -> None:
-        app = web.Application(middlewares=[openai_errors], client_max_size=max_body_bytes)
+                 max_body_bytes: int, shutdown_timeout_s: float = 10.0, kserve: KServeHttp | None = None) -> None:
+        """kserve: the KServe v2 REST front (/v2/...), its errors in KServe's shape; the rest is OpenAI's."""
+        app = web.Application(middlewares=[_errors_by_protocol], client_max_size=max_body_bytes)
         app.add_routes(front.routes())
+        if kserve is not None:
+            app.add_routes(kserve.routes())
         # Cancelled on disconnect: the generation is closed and its KV blocks freed upstream.
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                     shutdown_timeout=shutdown_timeout_s)
@@ -46,7 +51,8 @@ class HttpServer:
             await site.start()
         except OSError as exc:
             raise ConfigError(f"cannot bind the HTTP port {self._host}:{self._port}: {exc}") from None
-        log.info("OpenAI-compatible HTTP on %s://%s:%d/v1", "https" if self._ssl else "http", self._host, self._port)
+        log.info("OpenAI-compatible HTTP (/v1) and KServe v2 REST (/v2) on %s://%s:%d",
+                 "https" if self._ssl else "http", self._host, self._port)
 
     async def close(self) -> None:
         if self._rotation is not None:
@@ -63,6 +69,15 @@ class HttpServer:
                     log.warning("HTTP port keeps its certificate: %s", exc)
                     continue
                 log.info("HTTP port certificate reloaded from %s", self._tls_files.cert_path)
+
+
+@web.middleware
+async def _errors_by_protocol(request: web.Request, handler) -> web.StreamResponse:
+    """Refusals in the shape of the protocol the path belongs to (unknown paths get OpenAI's)."""
+    path = request.path
+    if path == KSERVE_PREFIX or path.startswith(KSERVE_PREFIX + "/"):
+        return await kserve_errors(request, handler)
+    return await openai_errors(request, handler)
 
 
 def _server_context(files: TlsFiles) -> ssl.SSLContext:

@@ -1,13 +1,16 @@
 """KServe v2 tensors <-> infermesh classify: the input image and the output tensors.
 
-Contract (docs/gateway.md):
-  input  IMAGE  UINT8  [H, W, C] or [1, H, W, C], C in 1, 3, 4: raw pixels, row-major HWC
-         IMAGE  BYTES  [1] or [1, 1]: one PNG or JPEG file
-  output PROBABILITIES  FP32  [num_classes]: softmax score per class index
-         LABELS         BYTES [num_classes]: class names, same order
+Contract (docs/clients.md):
+  input  IMAGE  UINT8  [N, H, W, C], C in 1, 3, 4: N images of raw pixels, row-major HWC
+                       (metadata: [-1, H, W, 3] with the model's trained size; any H, W is resized)
+         IMAGE  UINT8  [H, W, C]: one image, outputs without the batch dimension (older clients)
+         IMAGE  BYTES  [N, 1]: N PNG or JPEG files; [1] or [N]: as many, outputs unbatched for [1]
+  output PROBABILITIES  FP32  [N, num_classes]: softmax score per class index
+         LABELS         BYTES [N, num_classes]: class names, same order
   An output requested with the classification extension (parameter
-  `classification: k`, tritonclient's `class_count=k`) is instead BYTES [k]
-  of "score:index:label", most probable first, as Triton writes it.
+  `classification: k`, tritonclient's `class_count=k`) is instead BYTES [N, k]
+  of "score:index:label", most probable first, as Triton writes it. An input
+  without a batch dimension gets outputs without one ([num_classes], [k]).
 Data comes from `raw_input_contents` (as tritonclient sends it) or from typed
 `contents` (uint_contents / bytes_contents); outputs go out as
 `raw_output_contents`, in the order of `outputs`.
@@ -15,7 +18,6 @@ Data comes from `raw_input_contents` (as tritonclient sends it) or from typed
 
 from __future__ import annotations
 
-import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +41,13 @@ class RequestedOutput:
 
 
 @dataclass(frozen=True)
+class DecodedImages:
+    images: tuple[common_pb2.Image, ...]
+    # The input had a leading batch dimension, so the outputs get one too.
+    batched: bool
+
+
+@dataclass(frozen=True)
 class ClassScores:
     """Every class's score, by class index; labels in the same order."""
 
@@ -46,7 +55,7 @@ class ClassScores:
     scores: tuple[float, ...]
 
 
-def decode_image(request: kserve.ModelInferRequest) -> common_pb2.Image:
+def decode_images(request: kserve.ModelInferRequest) -> DecodedImages:
     inputs = list(request.inputs)
     names = [tensor.name for tensor in inputs]
     if names.count(INPUT_NAME) != 1 or len(inputs) != 1:
@@ -67,40 +76,52 @@ def decode_image(request: kserve.ModelInferRequest) -> common_pb2.Image:
     )
 
 
-def _pixels(tensor, raw: bytes | None) -> common_pb2.Image:
+def _pixels(tensor, raw: bytes | None) -> DecodedImages:
     shape = list(tensor.shape)
-    if len(shape) == 4 and shape[0] == 1:
-        shape = shape[1:]
-    if len(shape) != 3 or shape[0] < 1 or shape[1] < 1 or shape[2] not in _CHANNELS:
+    batched = len(shape) == 4
+    batch_shape = shape if batched else [1, *shape]
+    if (len(batch_shape) != 4 or batch_shape[0] < 1 or batch_shape[1] < 1 or batch_shape[2] < 1
+            or batch_shape[3] not in _CHANNELS):
         raise InvalidArgument(
-            f"input '{INPUT_NAME}' UINT8 shape must be [H, W, C] or [1, H, W, C] with H, W >= 1 "
+            f"input '{INPUT_NAME}' UINT8 shape must be [N, H, W, C] or [H, W, C] with N, H, W >= 1 "
             f"and C in 1, 3, 4; got {list(tensor.shape)}"
         )
-    height, width, channels = shape
-    num_bytes = height * width * channels
+    num_images, height, width, channels = batch_shape
+    num_bytes = num_images * height * width * channels
     if raw is None:
         values = tensor.contents.uint_contents
         if any(v > 255 for v in values):
             raise InvalidArgument(f"input '{INPUT_NAME}' UINT8 contents must be in 0..255")
         raw = bytes(values)
     if len(raw) != num_bytes:
+        shown = "x".join(str(d) for d in (shape if batched and num_images > 1 else batch_shape[1:]))
+        raise InvalidArgument(f"input '{INPUT_NAME}' has {len(raw)} bytes, expected {num_bytes} ({shown})")
+    size = height * width * channels
+    images = tuple(
+        common_pb2.Image(raw=common_pb2.RawImage(pixels=raw[i * size:(i + 1) * size], height=height, width=width,
+                                                 channels=channels))
+        for i in range(num_images)
+    )
+    return DecodedImages(images, batched)
+
+
+def _encoded(tensor, raw: bytes | None) -> DecodedImages:
+    shape = list(tensor.shape)
+    if not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)) or shape[0] < 1:
         raise InvalidArgument(
-            f"input '{INPUT_NAME}' has {len(raw)} bytes, expected {num_bytes} ({height}x{width}x{channels})"
-        )
-    return common_pb2.Image(raw=common_pb2.RawImage(pixels=raw, height=height, width=width, channels=channels))
-
-
-def _encoded(tensor, raw: bytes | None) -> common_pb2.Image:
-    if math.prod(tensor.shape) != 1:
-        raise InvalidArgument(f"input '{INPUT_NAME}' BYTES must hold one encoded image, shape [1]; got {list(tensor.shape)}")
+            f"input '{INPUT_NAME}' BYTES must hold one encoded image per batch entry, shape [N] or [N, 1]; "
+            f"got {shape}")
+    num_images = shape[0]
     if raw is None:
-        if len(tensor.contents.bytes_contents) != 1:
-            raise InvalidArgument(f"input '{INPUT_NAME}' BYTES contents must hold exactly one element")
-        return common_pb2.Image(encoded=tensor.contents.bytes_contents[0])
-    elements = unpack_bytes_tensor(raw)
-    if len(elements) != 1:
-        raise InvalidArgument(f"input '{INPUT_NAME}' BYTES raw contents hold {len(elements)} elements, expected 1")
-    return common_pb2.Image(encoded=elements[0])
+        elements = list(tensor.contents.bytes_contents)
+        what = "contents"
+    else:
+        elements = unpack_bytes_tensor(raw)
+        what = "raw contents"
+    if len(elements) != num_images:
+        raise InvalidArgument(
+            f"input '{INPUT_NAME}' BYTES {what} hold {len(elements)} elements, expected {num_images} (shape {shape})")
+    return DecodedImages(tuple(common_pb2.Image(encoded=e) for e in elements), len(shape) == 2 or num_images > 1)
 
 
 def requested_outputs(request: kserve.ModelInferRequest) -> tuple[RequestedOutput, ...]:
@@ -128,23 +149,32 @@ def scores_from_labels(labels: Sequence[str], ranked: Sequence[common_pb2.Label]
     return ClassScores(labels=tuple(labels), scores=tuple(scores))
 
 
-def encode_outputs(
-    response: kserve.ModelInferResponse, outputs: Sequence[RequestedOutput], classes: ClassScores
-) -> None:
-    num_classes = len(classes.labels)
+def encode_outputs(response: kserve.ModelInferResponse, outputs: Sequence[RequestedOutput],
+                   batch: Sequence[ClassScores], batched: bool) -> None:
+    """One tensor per requested output, each image's row in batch order ([N, ...], or [...] unbatched)."""
     for output in outputs:
         tensor = response.outputs.add(name=output.name)
         if output.class_count:
-            ranked = sorted(range(num_classes), key=lambda i: -classes.scores[i])[: output.class_count]
-            entries = [f"{classes.scores[i]:f}:{i}:{classes.labels[i]}".encode() for i in ranked]
-            tensor.datatype, tensor.shape[:] = "BYTES", [len(entries)]
-            response.raw_output_contents.append(pack_bytes_tensor(entries))
+            rows = [_top_entries(scores, output.class_count) for scores in batch]
+            tensor.datatype = "BYTES"
+            raw = pack_bytes_tensor([entry for row in rows for entry in row])
         elif output.name == PROBABILITIES:
-            tensor.datatype, tensor.shape[:] = "FP32", [num_classes]
-            response.raw_output_contents.append(struct.pack(f"<{num_classes}f", *classes.scores))
+            rows = [scores.scores for scores in batch]
+            tensor.datatype = "FP32"
+            values = [value for row in rows for value in row]
+            raw = struct.pack(f"<{len(values)}f", *values)
         else:
-            tensor.datatype, tensor.shape[:] = "BYTES", [num_classes]
-            response.raw_output_contents.append(pack_bytes_tensor([label.encode() for label in classes.labels]))
+            rows = [scores.labels for scores in batch]
+            tensor.datatype = "BYTES"
+            raw = pack_bytes_tensor([label.encode() for row in rows for label in row])
+        width = len(rows[0]) if rows else 0
+        tensor.shape[:] = [len(rows), width] if batched else [width]
+        response.raw_output_contents.append(raw)
+
+
+def _top_entries(classes: ClassScores, class_count: int) -> list[bytes]:
+    ranked = sorted(range(len(classes.labels)), key=lambda i: -classes.scores[i])[:class_count]
+    return [f"{classes.scores[i]:f}:{i}:{classes.labels[i]}".encode() for i in ranked]
 
 
 def pack_bytes_tensor(elements: Sequence[bytes]) -> bytes:
@@ -166,15 +196,3 @@ def unpack_bytes_tensor(raw: bytes) -> list[bytes]:
     return elements
 
 
-def model_metadata(name: str, versions: Sequence[str], num_classes: int) -> kserve.ModelMetadataResponse:
-    tensor = kserve.ModelMetadataResponse.TensorMetadata
-    return kserve.ModelMetadataResponse(
-        name=name,
-        versions=list(versions),
-        platform="infermesh_classifier",
-        inputs=[tensor(name=INPUT_NAME, datatype="UINT8", shape=[-1, -1, -1])],
-        outputs=[
-            tensor(name=PROBABILITIES, datatype="FP32", shape=[num_classes]),
-            tensor(name=LABELS, datatype="BYTES", shape=[num_classes]),
-        ],
-    )

@@ -1,55 +1,49 @@
-"""KServe v2 / Triton `inference.GRPCInferenceService` on the gateway port, for classifier models.
+"""KServe v2 / Triton `inference.GRPCInferenceService` on the gateway port.
 
-ModelInfer goes through the same admission path (auth, deadline, shedding,
-quota) and the same retrying dispatcher as infermesh.v1 Classify; the tensor
-contract is in `kserve_codec`. Model-scoped calls authenticate like the
-infermesh API (`authorization: Bearer <key>`; development mode admits all);
-ServerLive / ServerReady / ServerMetadata answer anyone, as probes do.
+Thin: read the caller from the metadata, run kserve_core, map domain errors to gRPC statuses.
+ServerLive / ServerReady / ServerMetadata answer anyone, as probes do; model-scoped calls
+authenticate like the infermesh API (`authorization: Bearer <key>`).
+
+ModelStreamInfer (Triton's decoupled streaming, generator models): the requests of one stream
+run concurrently, their responses interleave, each carrying its request's id. A request that
+fails gets a stream response with `error_message` and the stream stays open for the others:
+that is what Triton does and what tritonclient expects (its stream callback gets an
+InferenceServerException for that request, and the stream keeps working); a gRPC status would
+end every request on the stream. The response's `infer_response` carries the request's id and
+the parameter `status` (the gRPC code name, e.g. RESOURCE_EXHAUSTED) so a client can act on it.
+Only a bad API key, which no request on the stream could get past, ends the stream with
+UNAUTHENTICATED.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
-from collections.abc import Awaitable, Callable
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 
 from inference import grpc_predict_v2_pb2 as kserve
 from inference import grpc_predict_v2_pb2_grpc as kserve_grpc
-from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
-from services.common.log_context import bind
-from services.common.status import maps_domain_errors
-from services.gateway import kserve_codec
-from services.gateway.admission import Admission, RequestScope, span
-from services.gateway.pressure_poller import ModelCatalog
-from services.gateway.servicer import authorization_of, client_timeout_s
+from services.common.status import abort, maps_domain_errors, status_code_of
+from services.gateway.generate_core import Caller
+from services.gateway.kserve_core import KServeCore
+from services.gateway.servicer import CallerMetadata, authorization_of, client_timeout_s
+
+log = logging.getLogger(__name__)
 
 SERVER_NAME = "infermesh"
 SERVER_VERSION = "0.1.0"
-# The catalog is refreshed on a miss at most this often, so unknown-model floods stay cheap.
-_MIN_REFRESH_INTERVAL_S = 0.25
-
-Classify = Callable[[RequestScope, gateway_pb2.ClassifyRequest], Awaitable[gateway_pb2.ClassifyResponse]]
+# Triton's protocol extensions this endpoint implements (ServerMetadata).
+EXTENSIONS = ["classification", "model_configuration", "statistics", "model_repository"]
+# Stream responses waiting for a slow reader before the generations producing them wait too.
+_MAX_QUEUED_RESPONSES = 64
 
 
 class KServeServicer(kserve_grpc.GRPCInferenceServiceServicer):
-    def __init__(
-        self,
-        *,
-        admission: Admission,
-        catalog: ModelCatalog,
-        refresh_catalog: Callable[[], Awaitable[None]],
-        classify: Classify,
-        ready: Callable[[], bool],
-        clock=time.monotonic,
-    ) -> None:
-        self._admission = admission
-        self._catalog = catalog
-        self._refresh_catalog = refresh_catalog
-        self._classify = classify
+    def __init__(self, core: KServeCore, ready: Callable[[], bool]) -> None:
+        self._core = core
         self._ready = ready
-        self._clock = clock
-        self._refreshed_s = float("-inf")
 
     async def ServerLive(self, request, context) -> kserve.ServerLiveResponse:
         return kserve.ServerLiveResponse(live=True)
@@ -58,86 +52,100 @@ class KServeServicer(kserve_grpc.GRPCInferenceServiceServicer):
         return kserve.ServerReadyResponse(ready=self._ready())
 
     async def ServerMetadata(self, request, context) -> kserve.ServerMetadataResponse:
-        return kserve.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION, extensions=["classification"])
+        return kserve.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION, extensions=EXTENSIONS)
 
     @maps_domain_errors
     async def ModelReady(self, request: kserve.ModelReadyRequest, context) -> kserve.ModelReadyResponse:
-        self._authorize(context, request.name)
-        try:
-            info = await self._classifier(request.name, request.version)
-        except (errors.NotFound, errors.InvalidArgument):
-            return kserve.ModelReadyResponse(ready=False)
-        return kserve.ModelReadyResponse(ready=info.ready)
+        ready = await self._core.model_ready(request.name, request.version, _authorization(context))
+        return kserve.ModelReadyResponse(ready=ready)
 
     @maps_domain_errors
     async def ModelMetadata(self, request: kserve.ModelMetadataRequest, context) -> kserve.ModelMetadataResponse:
-        self._authorize(context, request.name)
-        info = await self._classifier(request.name, request.version)
-        versions = [request.version] if request.version else [i.model.version for i in self._catalog.versions(request.name)]
-        return kserve_codec.model_metadata(request.name, versions, len(info.labels))
+        return await self._core.model_metadata(request.name, request.version, _authorization(context))
+
+    @maps_domain_errors
+    async def ModelConfig(self, request: kserve.ModelConfigRequest, context) -> kserve.ModelConfigResponse:
+        return await self._core.model_config(request.name, request.version, _authorization(context))
+
+    @maps_domain_errors
+    async def ModelStatistics(self, request: kserve.ModelStatisticsRequest,
+                              context) -> kserve.ModelStatisticsResponse:
+        return self._core.model_statistics(request.name, request.version, _authorization(context))
+
+    @maps_domain_errors
+    async def RepositoryIndex(self, request: kserve.RepositoryIndexRequest,
+                              context) -> kserve.RepositoryIndexResponse:
+        return self._core.repository_index(request.ready, _authorization(context))
 
     @maps_domain_errors
     async def ModelInfer(self, request: kserve.ModelInferRequest, context) -> kserve.ModelInferResponse:
-        metadata = context.invocation_metadata()
-        authorization = authorization_of(metadata)
-        request_id = request.id or uuid.uuid4().hex
-        bind(request_id=request_id)
-        with self._admission.scope("ModelInfer", request.model_name, request.model_version,
-                                   metadata, authorization) as scope:
-            with span("admission"):
-                if not request.model_name:
-                    raise errors.InvalidArgument("model_name is required")
-                self._admission.admit(scope, authorization, client_timeout_s(context))
-                info = await self._classifier(request.model_name, request.model_version)
-                image = kserve_codec.decode_image(request)
-                outputs = kserve_codec.requested_outputs(request)
-            classify = gateway_pb2.ClassifyRequest(
-                model=common_pb2.ModelRef(name=request.model_name, version=request.model_version),
-                image=image,
-                top_k=max(1, len(info.labels)),  # every class, so PROBABILITIES is complete
-                request_id=request_id,
-            )
-            answer = await self._classify(scope, classify)
-            response = kserve.ModelInferResponse(
-                model_name=request.model_name, model_version=answer.model.version, id=request.id
-            )
-            scores = kserve_codec.scores_from_labels(info.labels, answer.labels)
-            kserve_codec.encode_outputs(response, outputs, scores)
-            return response
+        return await self._core.infer(request, caller_of(context))
 
-    # -- helpers ---------------------------------------------------------------------
+    async def ModelStreamInfer(self, request_iterator, context) -> AsyncIterator[kserve.ModelStreamInferResponse]:
+        try:
+            self._core.authenticate(_authorization(context))
+        except errors.InfermeshError as err:
+            await abort(context, err)
+        queue: asyncio.Queue[kserve.ModelStreamInferResponse | None] = asyncio.Queue(_MAX_QUEUED_RESPONSES)
+        reader = asyncio.create_task(self._serve_requests(request_iterator, context, queue), name="stream-infer")
+        try:
+            while (response := await queue.get()) is not None:
+                yield response
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
 
-    def _authorize(self, context, model_name: str) -> None:
-        tenants = self._admission.parts.tenants
-        tenant = tenants.authenticate(authorization_of(context.invocation_metadata()))
-        tenants.check_model_allowed(tenant, model_name)
+    async def _serve_requests(self, request_iterator, context, queue: asyncio.Queue) -> None:
+        """Starts each request as it arrives; puts None once the client is done and every request is."""
+        running: set[asyncio.Task] = set()
+        try:
+            async for request in request_iterator:
+                task = asyncio.create_task(self._serve_one(request, caller_of(context), queue))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            await asyncio.gather(*running)
+        except asyncio.CancelledError:  # the reply stream is gone: nobody reads the queue any more
+            await _cancel(running)
+            raise
+        except Exception as exc:  # the request stream broke: what is running cannot be answered
+            log.info("ModelStreamInfer request stream ended: %s", exc)
+            await _cancel(running)
+        await queue.put(None)
 
-    async def _classifier(self, name: str, version: str) -> gateway_pb2.ModelInfo:
-        """The attached classifier `name` (at `version`, or the one routed to), or the status why not."""
-        if not name:
-            raise errors.InvalidArgument("model name is required")
-        route = self._admission.parts.routing.model(name)  # NotFound when a routing table does not list it
-        version = version or route.default_version
-        info = self._find(name, version)
-        if info is None and self._clock() - self._refreshed_s >= _MIN_REFRESH_INTERVAL_S:
-            self._refreshed_s = self._clock()
-            await self._refresh_catalog()
-            info = self._find(name, version)
-        if info is None:
-            shown = f"{name}:{version}" if version else name
-            raise errors.NotFound(f"model {shown!r} is not served here")
-        if info.kind != common_pb2.MODEL_KIND_CLASSIFIER:
-            raise errors.InvalidArgument(
-                f"model {info.model.name}:{info.model.version} is a {common_pb2.ModelKind.Name(info.kind)}; "
-                f"the KServe v2 endpoint serves classifier models only"
-            )
-        return info
+    async def _serve_one(self, request: kserve.ModelInferRequest, caller: Caller, queue: asyncio.Queue) -> None:
+        try:
+            async with aclosing(self._core.stream(request, caller)) as responses:
+                async for response in responses:
+                    await queue.put(kserve.ModelStreamInferResponse(infer_response=response))
+        except errors.InfermeshError as err:
+            await queue.put(_stream_error(request, err))
+        except Exception:
+            log.exception("ModelStreamInfer request %r failed", request.id)
+            await queue.put(_stream_error(request, errors.Internal("internal error")))
 
-    def _find(self, name: str, version: str) -> gateway_pb2.ModelInfo | None:
-        versions = self._catalog.versions(name)
-        if version:
-            return next((i for i in versions if i.model.version == version), None)
-        if len(versions) > 1:
-            shown = ", ".join(i.model.version for i in versions)
-            raise errors.InvalidArgument(f"model {name!r} has versions {shown}; name one in model_version")
-        return versions[0] if versions else None
+
+async def _cancel(tasks: set[asyncio.Task]) -> None:
+    """Cancels the generations still running (each closes its upstream stream, freeing its blocks)."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def caller_of(context) -> Caller:
+    metadata = context.invocation_metadata()
+    read = CallerMetadata.read(metadata)
+    return Caller(read.authorization, read.request_start_s, client_timeout_s(context), read.priority, metadata)
+
+
+def _authorization(context) -> str | None:
+    return authorization_of(context.invocation_metadata())
+
+
+def _stream_error(request: kserve.ModelInferRequest, err: errors.InfermeshError) -> kserve.ModelStreamInferResponse:
+    response = kserve.ModelInferResponse(model_name=request.model_name, model_version=request.model_version,
+                                         id=request.id)
+    response.parameters["status"].string_param = status_code_of(err).name
+    retry_after_s = getattr(err, "retry_after_s", None)
+    if retry_after_s is not None:
+        response.parameters["retry_after_ms"].int64_param = int(retry_after_s * 1000)
+    return kserve.ModelStreamInferResponse(error_message=err.message, infer_response=response)

@@ -30,6 +30,8 @@ from services.gateway.discovery import Resolver, SchedulerDiscovery
 from services.gateway.dispatch import Dispatcher
 from services.gateway.file_watch import ReloadResult, WatchedFile
 from services.gateway.http_server import HttpServer
+from services.gateway.kserve_core import KServeCore
+from services.gateway.kserve_http import KServeHttp
 from services.gateway.kserve_servicer import KServeServicer
 from services.gateway.openai_http import OpenAIFront
 from services.gateway.pressure_poller import ModelCatalog, PressurePoller
@@ -203,24 +205,24 @@ class GatewayService:
     def register(self, server) -> None:
         inference = InferenceServicer(self.admission, self.dispatcher, self.clients)
         gateway_pb2_grpc.add_InferenceServicer_to_server(inference, server)
-        kserve = KServeServicer(
-            admission=self.admission,
-            catalog=self.catalog,
-            refresh_catalog=self.poller.poll_once,
-            classify=inference.classify_admitted,
-            ready=lambda: bool(self._health and self._health.serving and self.poller.reachable),
-        )
-        grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(kserve, server)
+        kserve = KServeCore(admission=self.admission, catalog=self.catalog, refresh_catalog=self.poller.poll_once,
+                            classify=inference.classify_admitted, generate=inference.generate_core)
+        grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+            KServeServicer(kserve, ready=self._ready), server)
         if self._config.http_port:
-            self.http = self._http_server(inference)
+            self.http = self._http_server(inference, kserve)
         add_to_server(AdminServicer(*admin_status.handlers(self, self._config)), server)
 
-    def _http_server(self, inference: InferenceServicer) -> HttpServer:
+    def _ready(self) -> bool:
+        return bool(self._health and self._health.serving and self.poller.reachable)
+
+    def _http_server(self, inference: InferenceServicer, kserve: KServeCore) -> HttpServer:
         config = self._config
         files = TlsFiles(config.tls_cert_file, config.tls_key_file, config.tls_ca_file) if config.tls_enabled else None
         return HttpServer(OpenAIFront(inference.generate_core, inference.list_models,
                                       self.admission.parts.tenants.authenticate), config.host, config.http_port,
-                          files, max_body_bytes=config.max_message_bytes, shutdown_timeout_s=config.drain_grace_s)
+                          files, max_body_bytes=config.max_message_bytes, shutdown_timeout_s=config.drain_grace_s,
+                          kserve=KServeHttp(kserve, ready=self._ready))
 
     async def start(self, health: Health) -> None:
         self._health = health

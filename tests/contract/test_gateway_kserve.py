@@ -69,32 +69,39 @@ def test_server_health_and_metadata(stub):
     wait_until(lambda: stub.ServerReady(kserve.ServerReadyRequest(), timeout=5).ready, timeout_s=10,
                message="ready once the scheduler answered a poll")
     meta = stub.ServerMetadata(kserve.ServerMetadataRequest(), timeout=5)
-    assert (meta.name, list(meta.extensions)) == ("infermesh", ["classification"])
+    assert (meta.name, list(meta.extensions)) == (
+        "infermesh", ["classification", "model_configuration", "statistics", "model_repository"])
 
 
-def test_model_ready_only_for_attached_classifiers(stub):
+def test_model_ready_for_attached_models(stub):
     assert stub.ModelReady(kserve.ModelReadyRequest(name="toy-classifier"), timeout=5).ready
     assert stub.ModelReady(kserve.ModelReadyRequest(name="toy-classifier", version="1"), timeout=5).ready
     assert not stub.ModelReady(kserve.ModelReadyRequest(name="toy-classifier", version="7"), timeout=5).ready
     assert not stub.ModelReady(kserve.ModelReadyRequest(name="nope"), timeout=5).ready
-    assert not stub.ModelReady(kserve.ModelReadyRequest(name="toy-generator"), timeout=5).ready
+    assert stub.ModelReady(kserve.ModelReadyRequest(name="toy-generator"), timeout=5).ready, "via ModelStreamInfer"
 
 
 def test_model_metadata_describes_the_tensor_contract(stub):
     meta = stub.ModelMetadata(kserve.ModelMetadataRequest(name="toy-classifier"), timeout=5)
     assert (meta.name, list(meta.versions), meta.platform) == ("toy-classifier", ["1"], "infermesh_classifier")
-    assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [("IMAGE", "UINT8", [-1, -1, -1])]
+    # Triton's convention: batch dimension first as -1, then the trained size and 3 channels (HWC).
+    assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [("IMAGE", "UINT8", [-1, 8, 8, 3])]
     assert [(t.name, t.datatype, list(t.shape)) for t in meta.outputs] == [
-        ("PROBABILITIES", "FP32", [2]), ("LABELS", "BYTES", [2]),
+        ("PROBABILITIES", "FP32", [-1, 2]), ("LABELS", "BYTES", [-1, 2]),
     ]
+
+
+def test_generator_metadata_is_text_in_text_out(stub):
+    meta = stub.ModelMetadata(kserve.ModelMetadataRequest(name="toy-generator"), timeout=5)
+    assert (meta.platform, [(t.name, t.datatype, list(t.shape)) for t in [*meta.inputs, *meta.outputs]]) == (
+        "infermesh_generator", [("text_input", "BYTES", [1]), ("text_output", "BYTES", [1])])
 
 
 @pytest.mark.parametrize(
     ("name", "code", "message"),
     [
         ("nope", grpc.StatusCode.NOT_FOUND, "model 'nope' is not served here"),
-        ("toy-generator", grpc.StatusCode.INVALID_ARGUMENT,
-         "model toy-generator:1 is a MODEL_KIND_GENERATOR; the KServe v2 endpoint serves classifier models only"),
+        ("", grpc.StatusCode.INVALID_ARGUMENT, "model name is required"),
     ],
 )
 def test_model_metadata_errors(stub, name, code, message):
@@ -152,7 +159,8 @@ def test_infer_encoded_png_as_bytes_with_the_classification_extension(stub):
         (_image_input(datatype="FP32"), grpc.StatusCode.INVALID_ARGUMENT,
          "input 'IMAGE' has datatype FP32; expected UINT8 (HWC pixels) or BYTES (a PNG or JPEG file)"),
         (_image_input(shape=(2, 6)), grpc.StatusCode.INVALID_ARGUMENT,
-         "input 'IMAGE' UINT8 shape must be [H, W, C] or [1, H, W, C] with H, W >= 1 and C in 1, 3, 4; got [2, 6]"),
+         "input 'IMAGE' UINT8 shape must be [N, H, W, C] or [H, W, C] with N, H, W >= 1 and C in 1, 3, 4; "
+         "got [2, 6]"),
         (_image_input(shape=(2, 3, 3)), grpc.StatusCode.INVALID_ARGUMENT,
          "input 'IMAGE' has 12 bytes, expected 18 (2x3x3)"),
         (kserve.ModelInferRequest(model_name="toy-classifier", raw_input_contents=[BRIGHT_PIXELS],
@@ -166,7 +174,8 @@ def test_infer_encoded_png_as_bytes_with_the_classification_extension(stub):
         (kserve.ModelInferRequest(model_name="toy-generator", inputs=_image_input().inputs,
                                   raw_input_contents=[BRIGHT_PIXELS]),
          grpc.StatusCode.INVALID_ARGUMENT,
-         "model toy-generator:1 is a MODEL_KIND_GENERATOR; the KServe v2 endpoint serves classifier models only"),
+         "model toy-generator:1 is a generator (decoupled): use ModelStreamInfer for it; "
+         "ModelInfer serves classifier models"),
     ],
 )
 def test_infer_errors_are_statuses_with_precise_messages(stub, request_, code, message):
