@@ -216,7 +216,7 @@ def _plain_value(field: FieldDescriptor, value):
     if field.message_type is not None and field.message_type.GetOptions().map_entry:
         value_field = field.message_type.fields_by_name["value"]
         return {k: _plain_scalar(value_field, v) for k, v in value.items()}
-    if field.label == FieldDescriptor.LABEL_REPEATED:
+    if field.is_repeated:
         return [_plain_scalar(field, v) for v in value]
     return _plain_scalar(field, value)
 
