@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import io
+import json
+import ssl
 import struct
+import urllib.error
+import urllib.request
 
 import grpc
 import pytest
@@ -13,7 +17,7 @@ from inference import grpc_predict_v2_pb2 as kserve
 from inference import grpc_predict_v2_pb2_grpc as kserve_grpc
 from tests.support import session_tls
 from tests.support.gateway_fixtures import bearer, spawn_gateway, status_of, tenant, write_tenants
-from tests.support.processes import running_mesh, wait_until
+from tests.support.processes import free_port, running_mesh, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -27,13 +31,16 @@ def mesh(tmp_path_factory):
     tenants = write_tenants(tmp / "tenants.yaml", [
         tenant("vision", "vision-key", allowed_models=["toy-classifier"]),
         tenant("text", "text-key", allowed_models=["toy-generator"]),
+        tenant("any", "any-key"),
     ])
     with running_mesh(tmp) as mesh:
         mesh.start_scheduler()
         mesh.start_worker("toy-classifier")
         mesh.start_worker("toy-generator")
         mesh.start_gateway("--pressure-poll-interval-ms", "200")
-        mesh.secured = spawn_gateway(mesh, "gateway-secured", "--tenants-file", str(tenants))
+        mesh.http_port = free_port()
+        mesh.secured = spawn_gateway(mesh, "gateway-secured", "--tenants-file", str(tenants),
+                                     "--http-port", str(mesh.http_port))
         yield mesh
 
 
@@ -206,3 +213,119 @@ def test_kserve_calls_authenticate_like_the_infermesh_api(mesh):
         reply = secured.ModelInfer(_image_input(), timeout=10, metadata=bearer("vision-key"))
         assert _strings(reply.raw_output_contents[1]) == ["dark", "bright"]
         assert secured.ServerLive(kserve.ServerLiveRequest(), timeout=5).live, "probes need no key"
+
+
+# -- KServe v2 REST on the secured gateway's HTTP port ----------------------------------------
+
+
+def _rest(mesh, method: str, path: str, body=None, key: str | None = "vision-key",
+          headers: dict | None = None) -> tuple[int, dict, bytes]:
+    data = body if isinstance(body, bytes | None) else json.dumps(body).encode()
+    sent = {**({"Authorization": f"Bearer {key}"} if key else {}), **(headers or {})}
+    request = urllib.request.Request(f"https://127.0.0.1:{mesh.http_port}{path}", data=data, headers=sent,
+                                     method=method)
+    context = ssl.create_default_context(cafile=str(session_tls.session_pki().ca_path))
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as reply:
+            return reply.status, dict(reply.headers), reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def _json_image(shape=(2, 2, 3), value=250, datatype="UINT8") -> dict:
+    count = 1
+    for d in shape:
+        count *= d
+    return {"inputs": [{"name": "IMAGE", "datatype": datatype, "shape": list(shape), "data": [value] * count}]}
+
+
+def test_rest_health_metadata_and_ready(mesh):
+    assert _rest(mesh, "GET", "/v2/health/live", key=None)[:1] == (200,)
+    wait_until(lambda: _rest(mesh, "GET", "/v2/health/ready", key=None)[0] == 200, timeout_s=10,
+               message="ready once the scheduler answered a poll")
+    status, _, body = _rest(mesh, "GET", "/v2/models/toy-classifier/versions/1")
+    assert status == 200
+    assert json.loads(body)["inputs"] == [{"name": "IMAGE", "datatype": "UINT8", "shape": [-1, 8, 8, 3]}]
+    assert _rest(mesh, "GET", "/v2/models/toy-classifier/ready")[0] == 200
+    assert _rest(mesh, "GET", "/v2/models/toy-classifier/versions/7/ready")[0] == 503
+
+
+def test_rest_infer_json_tensors_batched_and_unbatched(mesh):
+    status, _, body = _rest(mesh, "POST", "/v2/models/toy-classifier/infer",
+                            {**_json_image((2, 2, 2, 3)), "id": "r-1",
+                             "outputs": [{"name": "LABELS"}, {"name": "PROBABILITIES",
+                                                              "parameters": {"classification": 1}}]})
+    assert status == 200
+    reply = json.loads(body)
+    assert (reply["id"], reply["model_name"], reply["model_version"]) == ("r-1", "toy-classifier", "1")
+    labels, top = reply["outputs"]
+    assert (labels["shape"], labels["data"]) == ([2, 2], ["dark", "bright", "dark", "bright"])
+    assert top["shape"] == [2, 1] and all(entry.endswith(":1:bright") for entry in top["data"])
+    status, _, body = _rest(mesh, "POST", "/v2/models/toy-classifier/infer", _json_image(value=5))
+    probabilities = json.loads(body)["outputs"][0]
+    assert (status, probabilities["name"], probabilities["shape"]) == (200, "PROBABILITIES", [2])
+    assert probabilities["data"][0] > probabilities["data"][1]
+
+
+def test_rest_infer_binary_tensor_extension(mesh):
+    header = json.dumps({"inputs": [{"name": "IMAGE", "datatype": "UINT8", "shape": [1, 2, 2, 3],
+                                     "parameters": {"binary_data_size": 12}}],
+                         "outputs": [{"name": "PROBABILITIES", "parameters": {"binary_data": True}}]}).encode()
+    status, headers, body = _rest(mesh, "POST", "/v2/models/toy-classifier/infer", header + BRIGHT_PIXELS,
+                                  headers={"Inference-Header-Content-Length": str(len(header))})
+    assert status == 200
+    length = int(headers["Inference-Header-Content-Length"])
+    described = json.loads(body[:length])["outputs"][0]
+    assert (described["shape"], described["parameters"]) == ([1, 2], {"binary_data_size": 8})
+    dark, bright = _floats(body[length:])
+    assert bright > dark
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "key", "status", "message"),
+    [
+        ("GET", "/v2/models/toy-classifier", None, None, 401,
+         "missing API key: send metadata 'authorization: Bearer <key>'"),
+        ("GET", "/v2/models/toy-classifier", None, "wrong", 401, "invalid API key"),
+        ("GET", "/v2/models/toy-classifier/config", None, "text-key", 403,
+         "tenant 'text' may not use model 'toy-classifier'"),
+        ("GET", "/v2/models/nope", None, "vision-key", 403, "tenant 'vision' may not use model 'nope'"),
+        ("POST", "/v2/models/nope/infer", _json_image(), "any-key", 404, "model 'nope' is not served here"),
+        ("GET", "/v2/models/nope/versions/1/config", None, "any-key", 404, "model 'nope:1' is not served here"),
+        ("GET", "/v2/nowhere", None, "vision-key", 404, "GET /v2/nowhere: Not Found"),
+        ("DELETE", "/v2/models/toy-classifier", None, "vision-key", 405,
+         "DELETE /v2/models/toy-classifier: Method Not Allowed"),
+        ("POST", "/v2/models/toy-classifier/infer", b"{not json", "vision-key", 400,
+         "the request body is not valid JSON: Expecting property name enclosed in double quotes: "
+         "line 1 column 2 (char 1)"),
+        ("POST", "/v2/models/toy-classifier/infer", b"{not json", None, 401,
+         "missing API key: send metadata 'authorization: Bearer <key>'"),
+        ("POST", "/v2/models/toy-classifier/infer", {"inputs": []}, "vision-key", 400,
+         "'inputs' must be a non-empty list of tensors"),
+        ("POST", "/v2/models/toy-classifier/infer", _json_image((2, 6)), "vision-key", 400,
+         "input 'IMAGE' UINT8 shape must be [N, H, W, C] or [H, W, C] with N, H, W >= 1 and C in 1, 3, 4; "
+         "got [2, 6]"),
+        ("POST", "/v2/models/toy-classifier/infer", _json_image((9, 1, 1, 3)), "vision-key", 400,
+         "input 'IMAGE' holds 9 images; model toy-classifier:1 takes at most 8 per request (its max_batch_size)"),
+        ("POST", "/v2/models/toy-classifier/infer", _json_image(value=300), "vision-key", 400,
+         "inputs[0] ('IMAGE'): a value is out of range for UINT8"),
+        ("POST", "/v2/models/toy-classifier/infer", _json_image(datatype="FP32"), "vision-key", 400,
+         "input 'IMAGE' has datatype FP32; expected UINT8 (HWC pixels) or BYTES (a PNG or JPEG file)"),
+        ("POST", "/v2/models/toy-generator/infer", _json_image(), "text-key", 400,
+         "model toy-generator:1 is a generator (decoupled): use ModelStreamInfer for it; "
+         "ModelInfer serves classifier models"),
+    ],
+)
+def test_rest_refusals_are_kserve_error_bodies_with_http_codes(mesh, method, path, body, key, status, message):
+    got_status, headers, raw = _rest(mesh, method, path, body, key=key)
+    assert (got_status, json.loads(raw)) == (status, {"error": message})
+    assert headers["Content-Type"].startswith("application/json")
+
+
+def test_rest_statistics_and_repository_index(mesh):
+    _rest(mesh, "POST", "/v2/models/toy-classifier/infer", _json_image())
+    status, _, body = _rest(mesh, "GET", "/v2/models/toy-classifier/stats")
+    (stats,) = json.loads(body)["model_stats"]
+    assert status == 200 and stats["name"] == "toy-classifier" and stats["execution_count"] >= 1
+    status, _, body = _rest(mesh, "POST", "/v2/repository/index", {"ready": True}, key="text-key")
+    assert (status, json.loads(body)) == (200, [{"name": "toy-generator", "version": "1", "state": "READY"}])
