@@ -28,16 +28,23 @@ def test_bytes_tensor_round_trips_and_rejects_truncation():
         kserve_codec.unpack_bytes_tensor(b"\x01\x00")
 
 
-def test_uint8_hwc_and_batch_of_one_become_raw_images():
-    image = kserve_codec.decode_image(_request("UINT8", [1, 2, 1, 4], bytes(8)))
-    assert (image.raw.height, image.raw.width, image.raw.channels) == (2, 1, 4)
+def test_uint8_batch_splits_into_images_and_hwc_stays_unbatched():
+    batch = kserve_codec.decode_images(_request("UINT8", [2, 2, 1, 4], bytes(range(16))))
+    assert batch.batched and [i.raw.pixels for i in batch.images] == [bytes(range(8)), bytes(range(8, 16))]
+    assert {(i.raw.height, i.raw.width, i.raw.channels) for i in batch.images} == {(2, 1, 4)}
+    single = kserve_codec.decode_images(_request("UINT8", [2, 1, 4], bytes(8)))
+    assert (single.batched, len(single.images)) == (False, 1)
+    with pytest.raises(InvalidArgument, match=r"has 8 bytes, expected 16 \(2x2x1x4\)"):
+        kserve_codec.decode_images(_request("UINT8", [2, 2, 1, 4], bytes(8)))
 
 
-def test_encoded_image_comes_from_one_bytes_element():
-    image = kserve_codec.decode_image(_request("BYTES", [1], kserve_codec.pack_bytes_tensor([b"PNG..."])))
-    assert image == common_pb2.Image(encoded=b"PNG...")
+def test_encoded_images_come_one_per_bytes_element():
+    one = kserve_codec.decode_images(_request("BYTES", [1], kserve_codec.pack_bytes_tensor([b"PNG..."])))
+    assert (one.images, one.batched) == ((common_pb2.Image(encoded=b"PNG..."),), False)
+    two = kserve_codec.decode_images(_request("BYTES", [2, 1], kserve_codec.pack_bytes_tensor([b"a", b"b"])))
+    assert (len(two.images), two.batched) == (2, True)
     with pytest.raises(InvalidArgument, match="hold 2 elements, expected 1"):
-        kserve_codec.decode_image(_request("BYTES", [1], kserve_codec.pack_bytes_tensor([b"a", b"b"])))
+        kserve_codec.decode_images(_request("BYTES", [1], kserve_codec.pack_bytes_tensor([b"a", b"b"])))
 
 
 def test_outputs_in_class_order_and_classification_ranked():
@@ -48,9 +55,14 @@ def test_outputs_in_class_order_and_classification_ranked():
     )
     assert scores == ClassScores(labels=("cat", "dog", "eel"), scores=pytest.approx((0.1, 0.7, 0.2)))
     response = kserve.ModelInferResponse()
-    kserve_codec.encode_outputs(response, [RequestedOutput("PROBABILITIES"), RequestedOutput("LABELS", 2)], scores)
+    outputs = [RequestedOutput("PROBABILITIES"), RequestedOutput("LABELS", 2)]
+    kserve_codec.encode_outputs(response, outputs, [scores], batched=False)
     assert [(o.name, o.datatype, list(o.shape)) for o in response.outputs] == [
         ("PROBABILITIES", "FP32", [3]), ("LABELS", "BYTES", [2]),
     ]
     assert struct.unpack("<3f", response.raw_output_contents[0]) == pytest.approx((0.1, 0.7, 0.2))
     assert kserve_codec.unpack_bytes_tensor(response.raw_output_contents[1]) == [b"0.700000:1:dog", b"0.200000:2:eel"]
+    batched = kserve.ModelInferResponse()
+    kserve_codec.encode_outputs(batched, outputs, [scores, scores], batched=True)
+    assert [list(o.shape) for o in batched.outputs] == [[2, 3], [2, 2]]
+    assert len(kserve_codec.unpack_bytes_tensor(batched.raw_output_contents[1])) == 4
