@@ -2,8 +2,9 @@
 
     .venv/bin/python -m bench.bench_step_cpu [--seqs 64] [--steps 2000] [--tenants 1] [--backlog 0] [--repeats 3]
 
-One GeneratePool's step callbacks driven by hand for one worker: schedule() -> RunStep proto ->
-a StepResult with one token per sampling sequence -> after_step -> account_step -> deliver to
+One GeneratePool's step callbacks driven by hand for one worker: schedule() -> RunStep proto
+(attach_codec) -> a StepResult with one token per sampling sequence, parsed and decoded as the
+Attach session does -> after_step -> account_step -> deliver to
 a sink that drops the chunks. A finished sequence is replaced at once, so the running set stays
 full (decode steps, with a prompt chunk now and then). Prints process CPU us per generated token
 for each repeat: the scheduler-side work of bench_token_path's "scheduler" part minus the
@@ -17,6 +18,7 @@ import asyncio
 import time
 
 from infermesh.v1 import common_pb2, scheduler_pb2
+from services.scheduler import attach_codec
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import TenantContext
 from services.scheduler.generate_pool import GeneratePool, GenerateStream
@@ -50,7 +52,7 @@ async def run_once(num_seqs: int, num_steps: int, num_tenants: int, max_tokens: 
     from services.scheduler.kv_block_manager import KVBlockManager
     from services.scheduler.step_scheduler import StepScheduler
 
-    hello = _hello(num_seqs)
+    hello = attach_codec.decode_hello(_hello(num_seqs))
     pool = GeneratePool(ModelKey("mock", "1"), hello, SchedulerConfig(), clock=time.monotonic)
     scheduler = StepScheduler(step_scheduler_config(pool.config, hello.capacity), KVBlockManager(4096, 16),
                               pool.tokenizer, time.monotonic, pool._tenant_service)
@@ -61,8 +63,7 @@ async def run_once(num_seqs: int, num_steps: int, num_tenants: int, max_tokens: 
 
     def add() -> None:
         seq_id = next(next_id)
-        stream = GenerateStream(seq_id=seq_id, tenant=tenants[seq_id % num_tenants],
-                                sampling_proto=common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        stream = GenerateStream(seq_id=seq_id, tenant=tenants[seq_id % num_tenants], seed=seq_id,
                                 trace_context={}, arrival_s=time.monotonic(), deadline_s=None, events=_DropSink())
         stream.seq = scheduler.add_request(seq_id, tuple(b"stream of the bench "), sampling, stream.tenant,
                                            deadline_s=None)
@@ -75,15 +76,16 @@ async def run_once(num_seqs: int, num_steps: int, num_tenants: int, max_tokens: 
     started = time.process_time()
     for step_no in range(num_steps):
         plan = scheduler.schedule()
-        command = pool.run_step_command(plan)
+        command = attach_codec.encode_run_step(plan, pool.streams)
         command.SerializeToString()  # the Attach writer's work
         pool.after_schedule(plan)
         result = scheduler_pb2.StepResult(step_id=plan.step_id, outputs=[
             scheduler_pb2.SequenceOutput(seq_id=s.seq_id, token_id=65 + (s.num_generated + step_no) % 26)
             for s in plan.seqs if s.sample])
-        result = scheduler_pb2.StepResult.FromString(result.SerializeToString())  # the reader's parse
-        deltas = pool.after_step(loop, plan, result)
-        pool.account_step(plan, result)
+        # The Attach session's parse and decode.
+        outcome = attach_codec.decode_step_result(scheduler_pb2.StepResult.FromString(result.SerializeToString()))
+        deltas = pool.after_step(loop, plan, outcome)
+        pool.account_step(plan, outcome)
         pool.deliver(deltas)
         for delta in deltas:
             tokens += len(delta.token_ids)

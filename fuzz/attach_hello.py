@@ -1,5 +1,5 @@
 """atheris: the first message of a worker's Attach stream as the scheduler reads it
-(services/scheduler/servicer.py: the hello check, then the model registry taking the worker)."""
+(services/scheduler/attach_session.py: decoded, checked, then the model registry takes the worker)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from fuzz.harness import fuzz
 with atheris.instrument_imports(include=["services.scheduler"]):
     from infermesh.v1 import scheduler_pb2
     from services.common.errors import InfermeshError
+    from services.scheduler.attach_codec import decode_hello
+    from services.scheduler.attach_session import check_hello
     from services.scheduler.config import SchedulerConfig
     from services.scheduler.model_registry import ModelRegistry
-    from services.scheduler.servicer import _check_hello
     from services.scheduler.worker_link import WorkerLink
 
 CONFIG = SchedulerConfig()
@@ -34,8 +35,9 @@ def check(data: bytes) -> None:
 async def _attach(hello: scheduler_pb2.WorkerHello) -> None:
     """As Attach does it, on an event loop (a pool starts its dispatch task), leaving no task behind."""
     try:
-        _check_hello(hello)
-        ModelRegistry(CONFIG).attach(WorkerLink(hello))
+        decoded = decode_hello(hello)
+        check_hello(decoded)
+        ModelRegistry(CONFIG).attach(WorkerLink(decoded))
     except InfermeshError:
         pass
     finally:

@@ -19,8 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from services.common import admin, build_info
-
-_KINDS = {1: "classifier", 2: "generator"}  # common_pb2.ModelKind values
+from services.scheduler.attach_types import ModelKind
 
 
 @dataclass(frozen=True)
@@ -93,8 +92,8 @@ def collect(registry) -> list[ModelView]:
     """`registry`: the scheduler's ModelRegistry."""
     views = []
     for entry in registry.entries():
-        kind = _KINDS.get(entry.kind, str(entry.kind))
-        generator = kind == "generator"
+        kind = entry.kind.value
+        generator = entry.kind is ModelKind.GENERATOR
         pool = entry.pool
         views.append(ModelView(
             model=entry.key.name, version=entry.key.version, kind=kind,

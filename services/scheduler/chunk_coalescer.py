@@ -140,6 +140,7 @@ class CoalescedEvents:
             self.close()
             self._downstream.put_nowait(event)
             return
+        assert event.delta is not None  # an event is an error or a delta
         for chunk in self._coalescer.push(event.delta):
             self._downstream.put_nowait(StreamEvent(delta=chunk))
         self._arm()

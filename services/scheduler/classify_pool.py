@@ -15,13 +15,13 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from infermesh.v1 import gateway_pb2, scheduler_pb2
 from services.common import errors
-from services.common.status import ERROR_BY_STATUS, STATUS_BY_NUMBER
+from services.common.clock import Clock
+from services.common.timings import StageTime
 from services.scheduler import metrics
+from services.scheduler.attach_types import BatchCommand, BatchItemCommand, BatchOutcome, Label, WorkerHello
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.dynamic_batcher import Batch, BatcherConfig, DynamicBatcher, FailedItem
 from services.scheduler.fair_queue import TenantContext
@@ -33,12 +33,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class ClassifyJob:
-    request: gateway_pb2.ClassifyRequest
+    # The request's image message, passed through to the worker untouched (attach_types.BatchItemCommand).
+    image: object
+    top_k: int
     tenant: TenantContext
     enqueued_s: float
     deadline_s: float | None
     trace_context: dict[str, str]
-    future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    future: asyncio.Future[ClassifyOutcome] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
     item_id: int | None = None  # the batcher's id, once queued
     slot_ready_s: float | None = None
     dispatched_s: float | None = None
@@ -46,15 +49,17 @@ class ClassifyJob:
 
 @dataclass(frozen=True)
 class ClassifyOutcome:
-    labels: list
-    worker_timings: object  # common_pb2.Timings of the batch
+    labels: tuple[Label, ...]
+    # The batch's stages at the worker, and its total.
+    worker_stages: tuple[StageTime, ...]
+    worker_total_us: int
     queue_wait_s: float
     batch_wait_s: float
     round_trip_s: float
     batch_size: int
 
 
-def batcher_config(config: SchedulerConfig, hello: scheduler_pb2.WorkerHello) -> BatcherConfig:
+def batcher_config(config: SchedulerConfig, hello: WorkerHello) -> BatcherConfig:
     max_batch_size = config.max_batch_size or hello.capacity.max_batch_size or 1
     preferred = tuple(size for size in config.preferred_batch_sizes if size <= max_batch_size)
     if preferred != config.preferred_batch_sizes:
@@ -70,16 +75,16 @@ def batcher_config(config: SchedulerConfig, hello: scheduler_pb2.WorkerHello) ->
 
 
 class ClassifyPool:
-    def __init__(self, model: ModelKey, hello: scheduler_pb2.WorkerHello, config: SchedulerConfig,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, model: ModelKey, hello: WorkerHello, config: SchedulerConfig,
+                 clock: Clock = time.monotonic) -> None:
         self.model = model
         self._config = config
         self._clock = clock
         self._batcher: DynamicBatcher[ClassifyJob] = DynamicBatcher(batcher_config(config, hello), clock)
         self._links: dict[str, WorkerLink] = {}
         self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
-        self._completions: set[asyncio.Task] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._completions: set[asyncio.Task[None]] = set()
         self._orphaned_since_s: float | None = None
         # Since when a worker slot has been free (None: every slot busy), for the queue/batch wait split.
         self._slot_free_since_s: float | None = None
@@ -205,16 +210,16 @@ class ClassifyPool:
             job.dispatched_s = now
             self._queue_time[item.tenant.priority].observe(now - item.arrival_s)
         self._batch_size.observe(len(batch.items))
-        command = scheduler_pb2.ExecuteBatch(batch_id=batch.batch_id)
-        add = command.items.add  # add() builds in place; append() would copy each item (and its image)
         unix_offset_s = time.time() - now  # monotonic -> unix, once per batch
-        for item in batch.items:
-            request = item.payload.request
-            deadline_unix_us = 0 if item.deadline_s is None else int((item.deadline_s + unix_offset_s) * 1e6)
-            add(item_id=item.item_id, image=request.image, top_k=request.top_k or 1,
-                trace_context=item.payload.trace_context, deadline_unix_us=deadline_unix_us)
-        if batch.deadline_s is not None:
-            command.deadline_unix_us = int((batch.deadline_s + unix_offset_s) * 1e6)
+        command = BatchCommand(
+            batch_id=batch.batch_id,
+            items=tuple(
+                BatchItemCommand(item_id=item.item_id, image=item.payload.image, top_k=item.payload.top_k or 1,
+                                 trace_context=item.payload.trace_context,
+                                 deadline_unix_s=_plus(item.deadline_s, unix_offset_s))
+                for item in batch.items),
+            deadline_unix_s=_plus(batch.deadline_s, unix_offset_s),
+        )
         try:
             future = self._links[batch.worker_id].execute_batch(command)
         except WorkerGone:
@@ -225,27 +230,28 @@ class ClassifyPool:
         self._completions.add(task)
         task.add_done_callback(self._completions.discard)
 
-    async def _complete(self, batch: Batch[ClassifyJob], future: asyncio.Future, sent_s: float) -> None:
+    async def _complete(self, batch: Batch[ClassifyJob], future: asyncio.Future[BatchOutcome],
+                        sent_s: float) -> None:
         try:
-            result: scheduler_pb2.BatchResult = await future
+            result = await future
         except WorkerGone:
             return  # remove_worker() re-queues its items
         self._batcher.complete(batch.batch_id)
         round_trip_s = self._clock() - sent_s
-        by_id = {item.item_id: item for item in result.items}
         for item in batch.items:
             job = item.payload
-            got = by_id.get(item.item_id)
+            got = result.items.get(item.item_id)
             if got is None:
                 _fail(job, errors.Internal(f"worker returned no result for item {item.item_id}"))
-            elif got.HasField("error") and got.error.code != 0:
-                _fail(job, _item_error(got.error))
+            elif got.error is not None:
+                _fail(job, got.error)
             elif not job.future.done():
                 slot_ready_s = job.slot_ready_s or sent_s
                 job.future.set_result(
                     ClassifyOutcome(
-                        labels=list(got.labels),
-                        worker_timings=result.timings,
+                        labels=got.labels,
+                        worker_stages=result.worker_stages,
+                        worker_total_us=result.worker_total_us,
                         queue_wait_s=slot_ready_s - job.enqueued_s,
                         batch_wait_s=sent_s - slot_ready_s,
                         round_trip_s=round_trip_s,
@@ -259,10 +265,8 @@ class ClassifyPool:
             _fail(entry.item.payload, entry.error)
 
 
-def _item_error(error: scheduler_pb2.ItemError) -> errors.InfermeshError:
-    code = STATUS_BY_NUMBER.get(error.code)
-    cls = ERROR_BY_STATUS.get(code, errors.Internal)
-    return cls(error.message)
+def _plus(time_s: float | None, offset_s: float) -> float | None:
+    return None if time_s is None else time_s + offset_s
 
 
 def _fail(job: ClassifyJob, exc: errors.InfermeshError) -> None:

@@ -104,8 +104,12 @@ class Batch(Generic[P]):
     @property
     def deadline_s(self) -> float | None:
         """Latest useful completion (ExecuteBatch.deadline): the loosest item deadline, None if any has none."""
-        deadlines = [item.deadline_s for item in self.items]
-        return None if None in deadlines else max(deadlines)
+        latest_s = -math.inf
+        for item in self.items:
+            if item.deadline_s is None:
+                return None
+            latest_s = max(latest_s, item.deadline_s)
+        return latest_s
 
 
 @dataclass(frozen=True)
@@ -386,7 +390,9 @@ class DynamicBatcher(Generic[P]):
             self._failed.append(FailedItem(item, DeadlineExceeded(f"deadline passed after {waited_s:.3f} s in queue")))
     def _take_standing(self, size: int, now: float) -> tuple[QueuedItem[P], ...]:
         """Adaptive LIFO: items that waited `aging_s` first (oldest first, so none starves), then the newest."""
-        aged_before_s = now - self.config.standing_queue.aging_s
+        standing = self.config.standing_queue
+        assert standing is not None  # only called while self.standing, which needs one
+        aged_before_s = now - standing.aging_s
         items: list[QueuedItem[P]] = []
         while len(items) < size:  # each tenant's entries are in arrival order: the oldest is a head
             oldest = min(self._queue.heads(), key=lambda i: i.arrival_s)

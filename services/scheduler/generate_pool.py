@@ -19,13 +19,15 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from infermesh.v1 import common_pb2, scheduler_pb2
 from services.common import errors
+from services.common.clock import Clock
 from services.common.log_context import clean_context
 from services.scheduler import metrics
+from services.scheduler.attach_types import StepCommand, StepOutcome, WorkerCapacity, WorkerHello
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import TenantContext
 from services.scheduler.kv_block_manager import KVBlockManager
@@ -51,18 +53,25 @@ class StreamEvent:
     error: errors.InfermeshError | None = None
 
 
+class EventSink(Protocol):
+    """Where a stream's events go: an asyncio.Queue, or a Submit stream's chunk builder."""
+
+    def put_nowait(self, event: StreamEvent, /) -> None: ...
+
+
 @dataclass(eq=False)
 class GenerateStream:
     """The client's side of one sequence, and what the servicer reports in its last chunk."""
 
     seq_id: int
     tenant: TenantContext
-    # Sent to workers with every step of this sequence (temperature, top_p, seed).
-    sampling_proto: common_pb2.SamplingParams
-    trace_context: dict[str, str]
+    # Sampled with at every step, drawn at admission when the request named none: sampling repeats
+    # exactly after preemption and failover.
+    seed: int
+    trace_context: Mapping[str, str]
     arrival_s: float
     deadline_s: float | None
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    events: EventSink = field(default_factory=lambda: asyncio.Queue[StreamEvent]())
     seq: Sequence | None = None
     finished: bool = False
     first_scheduled_s: float | None = None
@@ -75,7 +84,7 @@ class GenerateStream:
     resumed: bool = False
 
 
-def step_scheduler_config(config: SchedulerConfig, capacity: scheduler_pb2.WorkerCapacity) -> StepSchedulerConfig:
+def step_scheduler_config(config: SchedulerConfig, capacity: WorkerCapacity) -> StepSchedulerConfig:
     def smaller(ours: int, theirs: int, default: int) -> int:
         return min(v for v in (ours, theirs) if v) if (ours or theirs) else default
 
@@ -98,7 +107,8 @@ def step_scheduler_config(config: SchedulerConfig, capacity: scheduler_pb2.Worke
 
 
 class _WorkerLoop:
-    """The step loop of one generator worker."""
+    """The step loop of one generator worker: schedule -> send -> await -> update, with what no next
+    step waits for (the last step's chunks and bookkeeping) done while the worker computes."""
 
     def __init__(self, pool: GeneratePool, link: WorkerLink, scheduler: StepScheduler) -> None:
         self.pool = pool
@@ -108,6 +118,10 @@ class _WorkerLoop:
         # Looked up once: _update_gauges sets it for every worker after every step of every worker.
         self.kv_gauge = metrics.KV_CACHE_USAGE.labels(pool.model.name, link.worker_id)
         self._wake = asyncio.Event()
+        # The last step, its outcome and its chunks, until handed out by _flush().
+        self._done: tuple[StepPlan, StepOutcome] | None = None
+        self._deltas: list[SequenceDelta] = []
+        self._result_at_s: float | None = None  # when the last step's result came back
         self.task = asyncio.create_task(self.run())
 
     def wake(self) -> None:
@@ -117,48 +131,27 @@ class _WorkerLoop:
         return (self.scheduler.num_unfinished, self.scheduler.kv.usage)
 
     async def run(self) -> None:
-        scheduler = self.scheduler
-        pool = self.pool
-        deltas: list[SequenceDelta] = []
-        done: tuple[StepPlan, scheduler_pb2.StepResult] | None = None  # the last step, to account for
-        clock = pool.clock
-        result_at_s: float | None = None  # when the last step's result came back
         while self.attached:
-            if not scheduler.has_work():
-                if done is not None:
-                    pool.account_step(*done)
-                    done = None
-                pool.deliver(deltas)
-                deltas = []
-                result_at_s = None
+            if not self.scheduler.has_work():
+                self._flush()
+                self._result_at_s = None
                 if self.link.draining:
                     self.link.end_stream()
                     return
                 await self._sleep(None)
                 continue
             # Critical path: from the last result to this send, only what the next step needs.
-            plan = scheduler.schedule()
-            try:
-                result = self.link.run_step(pool.run_step_command(plan)) if plan.has_work() else None
-            except WorkerGone:
-                result = None
-            sent_at_s = clock()
+            plan = self.scheduler.schedule()
+            result = self._send(plan)
+            sent_at_s = self.pool.clock()
             if result is not None:
                 await asyncio.sleep(0)  # the Attach writer puts the step on the wire first
             # Then, while the worker computes: metrics, and the last step's chunks to the clients.
-            pool.after_schedule(plan)
-            if done is not None:
-                pool.account_step(*done)
-                done = None
-            pool.deliver(deltas)
-            deltas = []
+            self.pool.after_schedule(plan)
+            self._flush()
             if result is None:
-                if plan.finished_seq_ids:
-                    self.link.abort(scheduler_pb2.Abort(seq_ids=plan.finished_seq_ids))
-                if self.link.closed.is_set():
-                    return  # remove_worker() evicts this worker's sequences to the others
-                if scheduler.has_work():
-                    await self._sleep(_BLOCKED_POLL_S)
+                if not await self._after_unsent(plan):
+                    return
                 continue
             try:
                 outcome = await result
@@ -166,12 +159,43 @@ class _WorkerLoop:
                 return
             if not self.attached:
                 return
-            now = clock()
-            gap_s = sent_at_s - result_at_s if result_at_s is not None else 0.0
-            pool.observe_step(now - sent_at_s, outcome.timings.total_us / 1e6, gap_s)
-            result_at_s = now
-            deltas = pool.after_step(self, plan, outcome)
-            done = (plan, outcome)
+            self._update(plan, outcome, sent_at_s)
+
+    def _send(self, plan: StepPlan) -> asyncio.Future[StepOutcome] | None:
+        """The step on its way to the worker; None when it has nothing to run or the worker is gone."""
+        if not plan.has_work():
+            return None
+        try:
+            return self.link.run_step(StepCommand(plan, self.pool.streams))
+        except WorkerGone:
+            return None
+
+    async def _after_unsent(self, plan: StepPlan) -> bool:
+        """A step with nothing sent: the worker still forgets finished sequences. False: stop the loop."""
+        if plan.finished_seq_ids:
+            self.link.abort(plan.finished_seq_ids)
+        if self.link.closed.is_set():
+            return False  # remove_worker() evicts this worker's sequences to the others
+        if self.scheduler.has_work():
+            await self._sleep(_BLOCKED_POLL_S)
+        return True
+
+    def _update(self, plan: StepPlan, outcome: StepOutcome, sent_at_s: float) -> None:
+        """Applies the worker's result (what the next step depends on); its chunks wait for _flush()."""
+        now = self.pool.clock()
+        gap_s = sent_at_s - self._result_at_s if self._result_at_s is not None else 0.0
+        self.pool.observe_step(now - sent_at_s, outcome.worker_total_s, gap_s)
+        self._result_at_s = now
+        self._deltas = self.pool.after_step(self, plan, outcome)
+        self._done = (plan, outcome)
+
+    def _flush(self) -> None:
+        """The last step's bookkeeping and chunks, once."""
+        if self._done is not None:
+            self.pool.account_step(*self._done)
+            self._done = None
+        self.pool.deliver(self._deltas)
+        self._deltas = []
 
     async def _sleep(self, timeout_s: float | None) -> None:
         self._wake.clear()
@@ -182,12 +206,15 @@ class _WorkerLoop:
 
 
 class GeneratePool:
-    def __init__(self, model: ModelKey, hello: scheduler_pb2.WorkerHello, config: SchedulerConfig,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, model: ModelKey, hello: WorkerHello, config: SchedulerConfig,
+                 clock: Clock = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        """`sleep`: waits out `clock` seconds (a fake clock's in tests)."""
         spec = hello.tokenizer
         self.model = model
         self.config = config
         self.clock = clock
+        self._sleep = sleep
         self.tokenizer = ByteTokenizer.from_spec(
             vocab_size=spec.vocab_size, eos_token_id=spec.eos_token_id, bos_token_id=spec.bos_token_id
         )
@@ -200,7 +227,7 @@ class GeneratePool:
         self._held: dict[int, tuple[Sequence, float]] = {}
         # Why the worker failed a sequence, until its error is delivered.
         self._failures: dict[int, str] = {}
-        self._hold_timer: asyncio.Task | None = None
+        self._hold_timer: asyncio.Task[None] | None = None
         self._label = model.name
         # Labelled children looked up once: the step loop updates them every step.
         self._step_time = metrics.STEP_TIME.labels(model.name)
@@ -264,6 +291,11 @@ class GeneratePool:
         """Unfinished sequences the worker holds or will run (0 for a worker not here)."""
         loop = self._loops.get(link.link_id)
         return 0 if loop is None else loop.scheduler.num_unfinished
+
+    @property
+    def streams(self) -> Mapping[int, GenerateStream]:
+        """The unfinished sequences' streams by seq_id."""
+        return self._streams
 
     @property
     def workers(self) -> list[WorkerLink]:
@@ -358,50 +390,18 @@ class GeneratePool:
                 stream.first_scheduled_s = now
                 self._queue_time[stream.tenant.priority].observe(now - stream.arrival_s)
 
-    def run_step_command(self, plan: StepPlan) -> scheduler_pb2.RunStep:
-        command = scheduler_pb2.RunStep(step_id=plan.step_id, finished_seq_ids=plan.finished_seq_ids)
-        add = command.seqs.add  # add() builds in place; append() would copy each step
-        streams = self._streams
-        for step in plan.seqs:
-            stream = streams.get(step.seq_id)
-            # Fields a decode step leaves at their defaults are set only when present: passing an empty
-            # list, False or None to add() still costs about half of the call (1.6 us of 3.1); and a
-            # message passed to add() costs ~0.9 us more than CopyFrom() into the new one.
-            seq = add(
-                seq_id=step.seq_id,
-                token_ids=step.token_ids,
-                start_position=step.start_position,
-                sample=step.sample,
-                num_generated=step.num_generated,
-            )
-            if stream is not None:
-                seq.sampling.CopyFrom(stream.sampling_proto)
-            if step.new_blocks:
-                seq.new_blocks.extend(step.new_blocks)
-            if step.reset_block_table:
-                seq.reset_block_table = True
-            if stream is not None and stream.trace_context and _traced(step):
-                seq.trace_context.update(stream.trace_context)
-        return command
-
-    def after_step(self, loop: _WorkerLoop, plan: StepPlan, result: scheduler_pb2.StepResult) -> list[SequenceDelta]:
+    def after_step(self, loop: _WorkerLoop, plan: StepPlan, outcome: StepOutcome) -> list[SequenceDelta]:
         """Applies the worker's result (what the next step depends on); returns the chunks to deliver()."""
-        tokens: dict[int, int] = {}
-        failures: dict[int, str] = {}
-        for out in result.outputs:
-            if out.HasField("error") and out.error.code != 0:
-                failures[out.seq_id] = out.error.message
-            else:
-                tokens[out.seq_id] = out.token_id
-        deltas = loop.scheduler.update_from_output(plan, tokens)
+        deltas = loop.scheduler.update_from_output(plan, outcome.token_ids)
         for delta in deltas:
             if delta.abort_reason is not None:
-                self._failures[delta.seq_id] = failures.get(delta.seq_id, "the worker returned no valid token")
+                self._failures[delta.seq_id] = outcome.failures.get(delta.seq_id,
+                                                                    "the worker returned no valid token")
         return deltas
 
-    def account_step(self, plan: StepPlan, result: scheduler_pb2.StepResult) -> None:
+    def account_step(self, plan: StepPlan, outcome: StepOutcome) -> None:
         """Bookkeeping of a finished step that no next step waits for: compute time per stream, gauges."""
-        compute_s = result.timings.total_us / 1e6
+        compute_s = outcome.worker_total_s
         streams = self._streams
         for step in plan.seqs:
             stream = streams.get(step.seq_id)
@@ -461,8 +461,9 @@ class GeneratePool:
                 gaps[gap_s] = gaps.get(gap_s, 0) + num_tokens
             stream.last_chunk_s = now
             stream.num_tokens_seen += len(delta.token_ids)
-        if delta.is_last and stream.num_tokens_seen > 1:
-            self._tpot.observe((stream.last_chunk_s - stream.first_chunk_s) / (stream.num_tokens_seen - 1))
+        first_s, last_s = stream.first_chunk_s, stream.last_chunk_s
+        if delta.is_last and stream.num_tokens_seen > 1 and first_s is not None and last_s is not None:
+            self._tpot.observe((last_s - first_s) / (stream.num_tokens_seen - 1))
 
     def _end(self, stream: GenerateStream, error: errors.InfermeshError) -> None:
         if self._finish(stream.seq_id):
@@ -514,7 +515,7 @@ class GeneratePool:
                     next_s = give_up_s if next_s is None else min(next_s, give_up_s)
             self._update_gauges()
             if next_s is not None:
-                await asyncio.sleep(max(0.0, next_s - now))
+                await self._sleep(max(0.0, next_s - now))
 
     def _update_gauges(self) -> None:
         schedulers = [loop.scheduler for loop in self._loops.values()]
@@ -527,13 +528,6 @@ class GeneratePool:
             gauge.set(sum(s.num_waiting_of(priority) for s in schedulers) + sum(s.priority == priority for s in held))
         for loop in self._loops.values():
             loop.kv_gauge.set(loop.scheduler.kv.usage)
-
-
-def _traced(step) -> bool:
-    """Whether the worker records spans for this step under the request's trace: prompt chunks and
-    recomputes, not every single-token decode (at 32 sequences that is 32 traces touched per step,
-    about a millisecond of the worker's event loop)."""
-    return step.start_position == 0 or len(step.token_ids) > 1
 
 
 def _deadline_error(stream: GenerateStream) -> errors.DeadlineExceeded:

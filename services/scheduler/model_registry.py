@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from infermesh.v1 import common_pb2, scheduler_pb2
 from services.common import errors
 from services.scheduler import metrics
+from services.scheduler.attach_types import ModelKind, WorkerHello
 from services.scheduler.classify_pool import ClassifyPool
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.generate_pool import GeneratePool
@@ -19,9 +19,19 @@ log = logging.getLogger(__name__)
 @dataclass
 class ModelEntry:
     key: ModelKey
-    kind: int  # common_pb2.ModelKind
-    hello: scheduler_pb2.WorkerHello  # what the first worker declared (labels, tokenizer, limits)
+    kind: ModelKind
+    hello: WorkerHello  # what the first worker declared (labels, tokenizer, limits)
     pool: ClassifyPool | GeneratePool
+
+
+@dataclass
+class ClassifierEntry(ModelEntry):
+    pool: ClassifyPool
+
+
+@dataclass
+class GeneratorEntry(ModelEntry):
+    pool: GeneratePool
 
 
 class ModelRegistry:
@@ -34,13 +44,13 @@ class ModelRegistry:
         entry = self._models.get(link.model)
         try:
             if entry is None:
-                pool_cls = ClassifyPool if hello.kind == common_pb2.MODEL_KIND_CLASSIFIER else GeneratePool
-                entry = ModelEntry(link.model, hello.kind, hello, pool_cls(link.model, hello, self._config))
+                entry = self._new_entry(hello)
                 self._models[link.model] = entry
             elif entry.kind != hello.kind:
+                declared = hello.kind.wire_name if hello.kind is not None else "none"
                 raise errors.InvalidArgument(
-                    f"worker {link.worker_id} declares {link.model} as kind {hello.kind}, "
-                    f"but attached workers serve it as kind {entry.kind}"
+                    f"worker {link.worker_id} declares {link.model} as kind {declared}, "
+                    f"but attached workers serve it as kind {entry.kind.wire_name}"
                 )
             entry.pool.add_worker(link)
         except ValueError as exc:  # a capacity or tokenizer the scheduler cannot work with
@@ -48,6 +58,13 @@ class ModelRegistry:
         self._count_workers(entry)
         log.info("worker %s attached for %s (%d workers)", link.worker_id, link.model, len(entry.pool.workers))
         return entry
+
+    def _new_entry(self, hello: WorkerHello) -> ModelEntry:
+        if hello.kind is ModelKind.CLASSIFIER:
+            return ClassifierEntry(hello.model, hello.kind, hello, ClassifyPool(hello.model, hello, self._config))
+        if hello.kind is ModelKind.GENERATOR:
+            return GeneratorEntry(hello.model, hello.kind, hello, GeneratePool(hello.model, hello, self._config))
+        raise errors.InvalidArgument(f"worker {hello.worker_id} declares no model kind")
 
     def draining(self, link: WorkerLink) -> None:
         """The worker takes no new work from now on (it finishes what it has)."""
@@ -67,27 +84,39 @@ class ModelRegistry:
     def _count_workers(self, entry: ModelEntry) -> None:
         metrics.WORKERS.labels(entry.key.name, entry.key.version).set(sum(w.usable for w in entry.pool.workers))
 
-    def resolve(self, ref: common_pb2.ModelRef, kind: int) -> ModelEntry:
-        if not ref.name:
+    def resolve_classifier(self, name: str, version: str) -> ClassifierEntry:
+        entry = self._resolve(name, version, ModelKind.CLASSIFIER)
+        assert isinstance(entry, ClassifierEntry)  # _resolve checked the kind
+        return entry
+
+    def resolve_generator(self, name: str, version: str) -> GeneratorEntry:
+        entry = self._resolve(name, version, ModelKind.GENERATOR)
+        assert isinstance(entry, GeneratorEntry)  # _resolve checked the kind
+        return entry
+
+    def _resolve(self, name: str, version: str, kind: ModelKind) -> ModelEntry:
+        """The entry a request's model reference (name, version or "") names."""
+        if not name:
             raise errors.InvalidArgument("model.name is required")
-        if ref.version:
-            entry = self._models.get(ModelKey(ref.name, ref.version))
+        entry: ModelEntry | None
+        if version:
+            entry = self._models.get(ModelKey(name, version))
         else:
-            versions = [e for key, e in self._models.items() if key.name == ref.name]
+            versions = [e for key, e in self._models.items() if key.name == name]
             if len(versions) > 1:
                 # A version no worker serves any more (a retired canary, a worker that declared a
                 # version by mistake) leaves its entry behind; it must not make the name ambiguous.
                 versions = [e for e in versions if e.pool.workers] or versions
             if len(versions) > 1:
                 names = ", ".join(sorted(e.key.version for e in versions))
-                raise errors.InvalidArgument(f"model {ref.name!r} has versions {names}; name one in model.version")
+                raise errors.InvalidArgument(f"model {name!r} has versions {names}; name one in model.version")
             entry = versions[0] if versions else None
         if entry is None:
-            shown = f"{ref.name}:{ref.version}" if ref.version else ref.name
+            shown = f"{name}:{version}" if version else name
             raise errors.NotFound(f"model {shown!r} is not served here")
         if entry.kind != kind:
-            wanted = "Classify" if kind == common_pb2.MODEL_KIND_CLASSIFIER else "Generate"
-            raise errors.InvalidArgument(f"model {entry.key} is a {common_pb2.ModelKind.Name(entry.kind)} and cannot serve {wanted}")
+            wanted = "Classify" if kind is ModelKind.CLASSIFIER else "Generate"
+            raise errors.InvalidArgument(f"model {entry.key} is a {entry.kind.wire_name} and cannot serve {wanted}")
         return entry
 
     def knows(self, name: str) -> bool:

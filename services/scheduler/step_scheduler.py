@@ -539,6 +539,7 @@ class StepScheduler:
         """Makes room for waiting `seq`: preempts a running sequence of a strictly lower class, else
         one of a same-class tenant above its weighted share; False when neither exists."""
         lower = [s for s in self._running if s.priority > seq.priority]
+        victim: Sequence | None
         if lower:
             victim = max(lower, key=self._service_key)
         elif self.config.enable_fairness_preemption:

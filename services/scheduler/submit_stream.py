@@ -15,9 +15,10 @@ the table; when the stream ends, every call still in the table is cancelled.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol
 
 from infermesh.v1 import gateway_pb2, scheduler_pb2
 from services.common import errors
@@ -32,11 +33,11 @@ class SubmitCore(Protocol):
 
     def classify_call(self, request: scheduler_pb2.ScheduleClassifyRequest, carrier: dict[str, str],
                       remaining_s: float | None,
-                      respond: Callable[[], gateway_pb2.ClassifyResponse]) -> Awaitable[None]: ...
+                      respond: Callable[[], gateway_pb2.ClassifyResponse]) -> Coroutine[Any, Any, None]: ...
 
     def generate_call(self, request: scheduler_pb2.ScheduleGenerateRequest, carrier: dict[str, str],
                       remaining_s: float | None,
-                      next_chunk: Callable[[], gateway_pb2.GenerateResponse]) -> Awaitable[None]: ...
+                      next_chunk: Callable[[], gateway_pb2.GenerateResponse]) -> Coroutine[Any, Any, None]: ...
 
 
 class ReplyOutbox:
@@ -165,7 +166,7 @@ class SubmitStream:
             work = self._core.generate_call(entry.generate, carrier, remaining_s, self._responder(call_id, "chunk"))
         task = asyncio.create_task(work)
         self._calls[call_id] = task
-        task.add_done_callback(lambda done, call_id=call_id: self._finished(call_id, done))
+        task.add_done_callback(functools.partial(self._finished, call_id))
 
     def cancel_all(self) -> None:
         calls, self._calls = self._calls, {}

@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from dataclasses import dataclass
+from typing import Any
 
-from infermesh.v1 import scheduler_pb2
 from services.common.errors import Unavailable
+from services.scheduler.attach_types import (
+    AbortCommand,
+    BatchCommand,
+    BatchOutcome,
+    Command,
+    DrainCommand,
+    ModelKey,
+    StepCommand,
+    StepOutcome,
+    WorkerHello,
+)
+
+__all__ = ["ModelKey", "WorkerGone", "WorkerLink"]
 
 _ids = itertools.count(1)
 
@@ -16,29 +28,22 @@ class WorkerGone(Unavailable):
     """The worker's Attach stream broke while it held this work."""
 
 
-@dataclass(frozen=True)
-class ModelKey:
-    name: str
-    version: str
-
-    def __str__(self) -> str:
-        return f"{self.name}:{self.version}"
-
-
 class WorkerLink:
-    def __init__(self, hello: scheduler_pb2.WorkerHello) -> None:
+    """Commands are queued as domain objects; the Attach session encodes them as it writes."""
+
+    def __init__(self, hello: WorkerHello) -> None:
         self.hello = hello
         self.worker_id = hello.worker_id
         # Unique per Attach stream: a worker re-dialling keeps its worker_id, and its new stream may
         # attach before the scheduler has noticed the old one broke, so pools key links by this.
         self.link_id = f"{hello.worker_id}#{next(_ids)}"
-        self.model = ModelKey(hello.model.name, hello.model.version)
+        self.model = hello.model
         self.draining = False
         self.closed = asyncio.Event()
         self.kv_blocks_used = 0
         self.last_heard_s = 0.0  # monotonic seconds of the last message from the worker
-        self._commands: asyncio.Queue[scheduler_pb2.SchedulerCommand | None] = asyncio.Queue()
-        self._pending: dict[int, asyncio.Future] = {}
+        self._commands: asyncio.Queue[Command | None] = asyncio.Queue()
+        self._pending: dict[int, asyncio.Future[Any]] = {}
 
     @staticmethod
     def next_id() -> int:
@@ -52,35 +57,36 @@ class WorkerLink:
     def usable(self) -> bool:
         return not self.draining and not self.closed.is_set()
 
-    def execute_batch(self, batch: scheduler_pb2.ExecuteBatch) -> asyncio.Future:
-        return self._send(batch.batch_id, scheduler_pb2.SchedulerCommand(execute_batch=batch))
+    def execute_batch(self, batch: BatchCommand) -> asyncio.Future[BatchOutcome]:
+        return self._send(batch.batch_id, batch)
 
-    def run_step(self, step: scheduler_pb2.RunStep) -> asyncio.Future:
-        return self._send(step.step_id, scheduler_pb2.SchedulerCommand(run_step=step))
+    def run_step(self, step: StepCommand) -> asyncio.Future[StepOutcome]:
+        return self._send(step.plan.step_id, step)
 
-    def abort(self, abort: scheduler_pb2.Abort) -> None:
+    def abort(self, seq_ids: tuple[int, ...]) -> None:
+        """The worker forgets these sequences (their mirrors and pages)."""
         if not self.closed.is_set():
-            self._commands.put_nowait(scheduler_pb2.SchedulerCommand(abort=abort))
+            self._commands.put_nowait(AbortCommand(seq_ids))
 
     def drain(self, grace_ms: int) -> None:
         """Ask the worker to finish what it holds and re-dial; it gets no new work meanwhile."""
         self.draining = True
         if not self.closed.is_set():
-            self._commands.put_nowait(scheduler_pb2.SchedulerCommand(drain=scheduler_pb2.Drain(grace_ms=grace_ms)))
+            self._commands.put_nowait(DrainCommand(grace_ms))
 
-    def _send(self, command_id: int, command: scheduler_pb2.SchedulerCommand) -> asyncio.Future:
+    def _send(self, command_id: int, command: Command) -> asyncio.Future[Any]:
         if self.closed.is_set():
             raise WorkerGone(f"worker {self.worker_id} is gone")
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[command_id] = future
         self._commands.put_nowait(command)
         return future
 
-    async def next_command(self) -> scheduler_pb2.SchedulerCommand | None:
+    async def next_command(self) -> Command | None:
         """The next command to write to the stream; None once the link is closing."""
         return await self._commands.get()
 
-    def on_result(self, command_id: int, result) -> None:
+    def on_result(self, command_id: int, result: BatchOutcome | StepOutcome) -> None:
         future = self._pending.pop(command_id, None)
         if future is not None and not future.done():
             future.set_result(result)

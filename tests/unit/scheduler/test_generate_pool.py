@@ -1,5 +1,6 @@
 """GeneratePool wired to in-process fake workers over WorkerLink (no gRPC): failover, held
-sequences, a worker re-dialling under the same id, cancellation."""
+sequences, a worker re-dialling under the same id, cancellation. Time is a fake clock: a fake
+worker's step advances it, a test advances it to pass a deadline; nothing waits on wall time."""
 
 from __future__ import annotations
 
@@ -8,52 +9,62 @@ import asyncio
 import pytest
 from prometheus_client import REGISTRY
 
-from infermesh.v1 import common_pb2, scheduler_pb2
 from services.common import errors
+from services.scheduler.attach_types import (
+    AbortCommand,
+    ModelKind,
+    StepCommand,
+    StepOutcome,
+    TokenizerSpec,
+    WorkerCapacity,
+    WorkerHello,
+)
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import TenantContext
 from services.scheduler.generate_pool import GeneratePool, GenerateStream
 from services.scheduler.sequence import SamplingParams
 from services.scheduler.worker_link import ModelKey, WorkerLink
+from tests.support.fake_clock import FakeClock
 
 MODEL = ModelKey("toy-generator", "1")
 
 
-def hello(worker_id: str) -> scheduler_pb2.WorkerHello:
-    return scheduler_pb2.WorkerHello(
+def hello(worker_id: str) -> WorkerHello:
+    return WorkerHello(
         worker_id=worker_id,
-        model=common_pb2.ModelRef(name=MODEL.name, version=MODEL.version),
-        kind=common_pb2.MODEL_KIND_GENERATOR,
-        capacity=scheduler_pb2.WorkerCapacity(num_kv_blocks=64, block_size=4, max_seq_len=128, max_num_seqs=8,
-                                              max_num_batched_tokens=64),
-        tokenizer=scheduler_pb2.TokenizerSpec(kind=scheduler_pb2.TOKENIZER_KIND_BYTES, vocab_size=257,
-                                              eos_token_id=256, bos_token_id=-1),
+        model=MODEL,
+        kind=ModelKind.GENERATOR,
+        capacity=WorkerCapacity(num_kv_blocks=64, block_size=4, max_seq_len=128, max_num_seqs=8,
+                                max_num_batched_tokens=64),
+        protocol_version=1,
+        tokenizer=TokenizerSpec(vocab_size=257, eos_token_id=256, bos_token_id=-1),
     )
 
 
 class FakeWorker:
-    """Answers RunStep commands like the toy generator: the next letter after the last token."""
+    """Answers steps like the toy generator (the next letter after the last token); each step
+    takes `step_s` of the fake clock."""
 
-    def __init__(self, link: WorkerLink, step_s: float = 0.001) -> None:
+    def __init__(self, link: WorkerLink, clock: FakeClock, step_s: float = 0.001) -> None:
         self.link = link
         self.num_steps = 0
         self.forgotten: set[int] = set()  # sequences the scheduler told it to drop
+        self._clock = clock
         self._step_s = step_s
         self.task = asyncio.create_task(self._serve())
 
     async def _serve(self) -> None:
         while (command := await self.link.next_command()) is not None:
-            if command.WhichOneof("kind") == "abort":
-                self.forgotten.update(command.abort.seq_ids)
-            if command.WhichOneof("kind") != "run_step":
+            if isinstance(command, AbortCommand):
+                self.forgotten.update(command.seq_ids)
+            if not isinstance(command, StepCommand):
                 continue
-            self.forgotten.update(command.run_step.finished_seq_ids)
-            await asyncio.sleep(self._step_s)
+            plan = command.plan
+            self.forgotten.update(plan.finished_seq_ids)
+            self._clock.advance(self._step_s)
             self.num_steps += 1
-            step = command.run_step
-            outputs = [scheduler_pb2.SequenceOutput(seq_id=s.seq_id, token_id=_next_letter(s.token_ids[-1]))
-                       for s in step.seqs if s.sample]
-            self.link.on_result(step.step_id, scheduler_pb2.StepResult(step_id=step.step_id, outputs=outputs))
+            tokens = {s.seq_id: _next_letter(s.token_ids[-1]) for s in plan.seqs if s.sample}
+            self.link.on_result(plan.step_id, StepOutcome(tokens, {}, self._step_s))
 
 
 def _next_letter(token_id: int) -> int:
@@ -71,7 +82,7 @@ def expected(prompt: str, num_tokens: int) -> str:
 def attach(pool: GeneratePool, worker_id: str, step_s: float = 0.001) -> FakeWorker:
     link = WorkerLink(hello(worker_id))
     pool.add_worker(link)
-    return FakeWorker(link, step_s)
+    return FakeWorker(link, CLOCKS[pool], step_s)
 
 
 def detach(pool: GeneratePool, worker: FakeWorker) -> None:
@@ -80,8 +91,7 @@ def detach(pool: GeneratePool, worker: FakeWorker) -> None:
 
 
 def submit(pool: GeneratePool, prompt: str, max_tokens: int, deadline_s: float | None = None) -> Reader:
-    stream = GenerateStream(seq_id=WorkerLink.next_id(), tenant=TenantContext("t"),
-                            sampling_proto=common_pb2.SamplingParams(max_tokens=max_tokens), trace_context={},
+    stream = GenerateStream(seq_id=WorkerLink.next_id(), tenant=TenantContext("t"), seed=0, trace_context={},
                             arrival_s=pool.clock(), deadline_s=deadline_s)
     pool.submit(stream, tuple(prompt.encode()), SamplingParams(max_tokens=max_tokens))
     return Reader(stream)
@@ -98,7 +108,7 @@ class Reader:
         """Text up to the end of the stream, or until `until_tokens` tokens in all were read."""
         text = []
         while until_tokens is None or self.num_tokens < until_tokens:
-            event = await asyncio.wait_for(self.stream.events.get(), timeout=5)
+            event = await asyncio.wait_for(self.stream.events.get(), timeout=5)  # a hang fails, not blocks
             if event.error is not None:
                 raise event.error
             delta = event.delta
@@ -110,9 +120,32 @@ class Reader:
         return "".join(text)
 
 
+# The fake clock each pool runs on, for its fake workers.
+CLOCKS: dict[GeneratePool, FakeClock] = {}
+
+
 @pytest.fixture
 def pool() -> GeneratePool:
-    return GeneratePool(MODEL, hello("w0"), SchedulerConfig())
+    clock = FakeClock()
+    made = GeneratePool(MODEL, hello("w0"), SchedulerConfig(), clock=clock, sleep=clock.sleep)
+    CLOCKS[made] = clock
+    yield made
+    del CLOCKS[made]
+
+
+async def _until(condition, max_turns: int = 1000) -> None:
+    """Lets the event loop run until `condition()` holds (the fake workers answer at once)."""
+    for _ in range(max_turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"not reached in {max_turns} event-loop turns")
+
+
+async def _settle(turns: int = 50) -> None:
+    """Gives every task a chance to run: what could happen without time passing has happened."""
+    for _ in range(turns):
+        await asyncio.sleep(0)
 
 
 async def test_stream_continues_exactly_on_another_worker_when_its_worker_breaks(pool):
@@ -131,11 +164,13 @@ async def test_without_workers_evicted_sequences_are_held_until_one_attaches(poo
     reader = submit(pool, "xyz", 30)
     head = await reader.read(until_tokens=5)
     detach(pool, only)
+    await _settle()  # the step the worker finished before its stream broke is still delivered
+    num_queued = reader.stream.events.qsize()
     assert pool.queue_depth == 1 and pool.pressure().num_workers == 0
     with pytest.raises(errors.Unavailable, match="no worker serves model toy-generator:1"):
         submit(pool, "new", 3)
-    await asyncio.sleep(0.02)
-    assert reader.stream.events.empty(), "nothing streams while held"
+    await _settle()
+    assert reader.stream.events.qsize() == num_queued, "nothing streams while held"
     attach(pool, "w2")
     tail = await reader.read()
     assert head + tail == expected("xyz", 30)
@@ -146,6 +181,12 @@ async def test_held_sequences_fail_at_their_deadline(pool):
     reader = submit(pool, "abc", 30, deadline_s=pool.clock() + 0.1)
     await reader.read(until_tokens=2)
     detach(pool, only)
+    await _settle()
+    num_queued = reader.stream.events.qsize()
+    CLOCKS[pool].advance(0.05)
+    await _settle()
+    assert reader.stream.events.qsize() == num_queued and not reader.stream.finished, "held until its deadline"
+    CLOCKS[pool].advance(0.1)
     with pytest.raises(errors.DeadlineExceeded, match="deadline passed after"):
         await reader.read()
 
@@ -166,17 +207,8 @@ async def test_cancelling_frees_the_blocks_and_tells_the_worker(pool):
     pool.abort(reader.stream)
     assert pool.pressure().kv_usage == 0, "freed at once, not at the next step"
     assert reader.stream.finished
-    await asyncio.sleep(0.02)
-    assert reader.stream.seq_id in worker.forgotten
+    await _until(lambda: reader.stream.seq_id in worker.forgotten)
     assert pool.pressure().kv_usage == 0 and worker.num_steps < 100
-
-
-async def _until(condition, timeout_s: float = 5.0) -> None:
-    async def poll() -> None:
-        while not condition():
-            await asyncio.sleep(0.001)
-
-    await asyncio.wait_for(poll(), timeout_s)
 
 
 async def test_handing_a_stream_over_ends_it_with_the_error_frees_its_blocks_and_tells_the_worker(pool):
@@ -197,7 +229,7 @@ async def test_handing_a_stream_over_ends_it_with_the_error_frees_its_blocks_and
 async def test_a_continuation_streams_the_rest_from_its_index(pool):
     attach(pool, "w1")
     stream = GenerateStream(seq_id=WorkerLink.next_id(), tenant=TenantContext("t"),
-                            sampling_proto=common_pb2.SamplingParams(max_tokens=12), trace_context={},
+                            seed=0, trace_context={},
                             arrival_s=pool.clock(), deadline_s=None)
     whole = expected("abc", 12)
     pool.submit(stream, tuple(b"abc"), SamplingParams(max_tokens=12), tuple(whole[:5].encode()))
@@ -217,7 +249,7 @@ async def test_a_continuations_first_token_is_no_time_to_first_token(pool):
     attach(pool, "w1")
     before = num_ttft()
     resumed = GenerateStream(seq_id=WorkerLink.next_id(), tenant=TenantContext("t"),
-                             sampling_proto=common_pb2.SamplingParams(max_tokens=6), trace_context={},
+                             seed=0, trace_context={},
                              arrival_s=pool.clock(), deadline_s=None)
     delivered = tuple(expected("abc", 2).encode())
     pool.submit(resumed, tuple(b"abc"), SamplingParams(max_tokens=6), delivered_token_ids=delivered)

@@ -6,15 +6,14 @@ import asyncio
 
 import pytest
 
-from infermesh.v1 import common_pb2
 from services.common.errors import InvalidArgument
+from services.scheduler.attach_codec import decode_hello
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.model_registry import ModelRegistry
 from services.scheduler.worker_link import WorkerLink
 from services.worker.builtin_models import ToyGeneratorRuntime
 
-GENERATOR = common_pb2.MODEL_KIND_GENERATOR
-UNVERSIONED = common_pb2.ModelRef(name="toy-generator")
+UNVERSIONED = "toy-generator", ""
 
 
 @pytest.fixture
@@ -27,7 +26,7 @@ async def registry():
 
 
 def _attach(registry: ModelRegistry, version: str, worker_id: str) -> WorkerLink:
-    link = WorkerLink(ToyGeneratorRuntime(version).hello(worker_id))
+    link = WorkerLink(decode_hello(ToyGeneratorRuntime(version).hello(worker_id)))
     registry.attach(link)
     return link
 
@@ -36,7 +35,7 @@ async def test_an_unversioned_name_with_two_served_versions_is_ambiguous(registr
     _attach(registry, "1", "w1")
     _attach(registry, "9", "w9")
     with pytest.raises(InvalidArgument, match="has versions 1, 9"):
-        registry.resolve(UNVERSIONED, GENERATOR)
+        registry.resolve_generator(*UNVERSIONED)
 
 
 async def test_a_version_whose_workers_all_left_does_not_make_the_name_ambiguous(registry):
@@ -44,7 +43,7 @@ async def test_a_version_whose_workers_all_left_does_not_make_the_name_ambiguous
     # model left an entry behind, and every Generate without a version was refused from then on.
     _attach(registry, "1", "w1")
     registry.detach(_attach(registry, "9", "w9"))
-    assert registry.resolve(UNVERSIONED, GENERATOR).key.version == "1"
-    registry.detach(next(iter(registry.resolve(UNVERSIONED, GENERATOR).pool.workers)))
+    assert registry.resolve_generator(*UNVERSIONED).key.version == "1"
+    registry.detach(next(iter(registry.resolve_generator(*UNVERSIONED).pool.workers)))
     with pytest.raises(InvalidArgument, match="has versions 1, 9"):
-        registry.resolve(UNVERSIONED, GENERATOR)  # neither is served: still ambiguous
+        registry.resolve_generator(*UNVERSIONED)  # neither is served: still ambiguous

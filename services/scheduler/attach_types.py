@@ -1,0 +1,154 @@
+"""The Attach protocol's messages as the scheduler's logic sees them: plain frozen data.
+
+`attach_codec.py` converts them to and from protobuf; the pools, the registry and `WorkerLink`
+see only these. Counts are `num_*`, times carry their unit, 0 in a capacity field means "not
+declared" (the scheduler's own limit or default applies).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from services.common.errors import InfermeshError
+from services.common.timings import StageTime
+from services.scheduler.step_plan import StepPlan
+
+
+@dataclass(frozen=True)
+class ModelKey:
+    name: str
+    version: str
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.version}"
+
+
+class ModelKind(enum.Enum):
+    CLASSIFIER = "classifier"
+    GENERATOR = "generator"
+
+    @property
+    def wire_name(self) -> str:
+        """As infermesh.v1.ModelKind names it (error messages quote it)."""
+        return f"MODEL_KIND_{self.name}"
+
+
+@dataclass(frozen=True)
+class WorkerCapacity:
+    max_batch_size: int = 0
+    num_kv_blocks: int = 0
+    block_size: int = 0
+    max_seq_len: int = 0
+    max_num_seqs: int = 0
+    max_num_batched_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    vocab_size: int = 0
+    eos_token_id: int = 0
+    bos_token_id: int = 0
+
+
+@dataclass(frozen=True)
+class WorkerHello:
+    """What a worker declares when it attaches; `kind` is None when it named none."""
+
+    worker_id: str
+    model: ModelKey
+    kind: ModelKind | None
+    capacity: WorkerCapacity
+    protocol_version: int
+    labels: tuple[str, ...] = ()
+    tokenizer: TokenizerSpec = TokenizerSpec()
+    # Classifier: the input size the model was trained on, pixels.
+    input_height: int = 0
+    input_width: int = 0
+
+
+# -- scheduler -> worker -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BatchItemCommand:
+    item_id: int
+    # The request's image message, passed through to the codec untouched: decoding it here would
+    # copy its bytes for nothing (the scheduler never looks inside an image).
+    image: object
+    top_k: int
+    trace_context: Mapping[str, str]
+    # Unix seconds; None: no deadline.
+    deadline_unix_s: float | None
+
+
+@dataclass(frozen=True)
+class BatchCommand:
+    batch_id: int
+    items: tuple[BatchItemCommand, ...]
+    deadline_unix_s: float | None
+
+
+class StepSequenceContext(Protocol):
+    """What a step's sequence carries to the worker beyond its StepPlan entry (a GenerateStream)."""
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def trace_context(self) -> Mapping[str, str]: ...
+
+
+@dataclass(frozen=True)
+class StepCommand:
+    plan: StepPlan
+    # By seq_id; a sequence missing here (its stream just ended) is sent without sampling or trace.
+    sequences: Mapping[int, StepSequenceContext]
+
+
+@dataclass(frozen=True)
+class AbortCommand:
+    seq_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DrainCommand:
+    grace_ms: int
+
+
+Command = BatchCommand | StepCommand | AbortCommand | DrainCommand
+
+
+# -- worker -> scheduler -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Label:
+    label: str
+    index: int
+    score: float
+
+
+@dataclass(frozen=True)
+class ItemOutcome:
+    labels: tuple[Label, ...] = ()
+    # The worker's error for this item (its status and message); None when it has labels.
+    error: InfermeshError | None = None
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    items: Mapping[int, ItemOutcome]
+    worker_stages: tuple[StageTime, ...]
+    worker_total_us: int
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    # Sampled token by seq_id, for the sequences the worker served.
+    token_ids: Mapping[int, int]
+    # The worker's message by seq_id, for the sequences it failed.
+    failures: Mapping[int, str]
+    worker_total_s: float

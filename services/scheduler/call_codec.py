@@ -1,0 +1,97 @@
+"""The Scheduler service's call messages (Classify, Generate, Submit entries, GetPressure,
+ListModels): protobuf <-> the scheduler's domain types. Used by servicer.py only."""
+
+from __future__ import annotations
+
+from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
+from services.common import errors
+from services.common.priority import Priority
+from services.common.timings import StageTime, seconds_to_us
+from services.scheduler.attach_codec import KIND_TO_WIRE
+from services.scheduler.attach_types import Label, ModelKey
+from services.scheduler.fair_queue import TenantContext
+from services.scheduler.pressure import ModelPressure
+from services.scheduler.sequence import FinishReason, SamplingParams
+
+# Requests that carry no tenant (direct calls, tests) share one queue.
+ANONYMOUS_TENANT = "anonymous"
+FINISH_REASONS = {
+    FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
+    FinishReason.EOS: common_pb2.FINISH_REASON_EOS,
+    FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
+}
+_STAGES = {
+    name.removeprefix("STAGE_").lower(): value
+    for name, value in common_pb2.Stage.items()
+    if value != common_pb2.STAGE_UNSPECIFIED
+}
+_KNOWN_PRIORITIES = frozenset(common_pb2.Priority.values())
+_MAX_REMEMBERED_TENANTS = 10_000
+
+
+class TenantCodec:
+    """TenantContext messages -> domain tenants, remembered: the same few tenants arrive with every
+    request, and building one costs more than the lookup."""
+
+    def __init__(self) -> None:
+        self._tenants: dict[tuple[str, int, int], TenantContext] = {}
+
+    def decode(self, context: scheduler_pb2.TenantContext) -> TenantContext:
+        key = (context.tenant_id, context.priority, context.weight)
+        tenant = self._tenants.get(key)
+        if tenant is not None:
+            return tenant
+        if context.priority not in _KNOWN_PRIORITIES:
+            raise errors.InvalidArgument(f"tenant.priority {context.priority} is not a known Priority")
+        tenant = TenantContext(context.tenant_id or ANONYMOUS_TENANT, Priority.from_wire(context.priority),
+                               max(1, context.weight))
+        if len(self._tenants) >= _MAX_REMEMBERED_TENANTS:
+            self._tenants.clear()  # tenants come from the gateway's config; this only bounds a misbehaving caller
+        self._tenants[key] = tenant
+        return tenant
+
+
+def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int) -> SamplingParams:
+    """`max_tokens`: the request's, or the default the servicer chose."""
+    if sampling.temperature < 0:
+        raise errors.InvalidArgument(f"sampling.temperature must be >= 0, got {sampling.temperature}")
+    if not 0 <= sampling.top_p <= 1:
+        raise errors.InvalidArgument(f"sampling.top_p must be in [0, 1], got {sampling.top_p}")
+    if any(not stop for stop in sampling.stop):
+        raise errors.InvalidArgument("sampling.stop must not contain empty strings")
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p or 1.0,
+        seed=sampling.seed if sampling.HasField("seed") else None,
+        stop=tuple(sampling.stop),
+        ignore_eos=sampling.ignore_eos,
+    )
+
+
+def encode_pressure(key: ModelKey, pressure: ModelPressure) -> common_pb2.ModelPressure:
+    return common_pb2.ModelPressure(
+        model=common_pb2.ModelRef(name=key.name, version=key.version),
+        est_queue_time_us=pressure.est_queue_time_us_by_priority(),
+        queue_depth=pressure.queue_depth,
+        kv_usage=pressure.kv_usage,
+        num_workers=pressure.num_workers,
+        min_service_time_us=seconds_to_us(pressure.min_service_time_s),
+        num_slots=pressure.num_slots,
+    )
+
+
+def add_labels(response: gateway_pb2.ClassifyResponse, labels: tuple[Label, ...]) -> None:
+    add = response.labels.add
+    for label in labels:
+        add(label=label.label, index=label.index, score=label.score)
+
+
+def add_stages(timings: common_pb2.Timings, stages: tuple[StageTime, ...]) -> None:
+    add = timings.stages.add
+    for stage in stages:
+        add(stage=_STAGES[stage.stage], duration_us=stage.duration_us, service=stage.service)
+
+
+__all__ = ["ANONYMOUS_TENANT", "FINISH_REASONS", "KIND_TO_WIRE", "TenantCodec", "add_labels", "add_stages",
+           "decode_sampling", "encode_pressure"]
