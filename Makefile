@@ -108,7 +108,7 @@ demo: setup ## start the mesh, drive a 30 s mixed load, write a tail-latency rep
 		$(MESH_CLIENT_TLS); \
 		status=$$?; $(MAKE) --no-print-directory down; exit $$status
 
-test: setup ## run the whole suite (unit, contract, integration, reliability)
+test: setup lint typecheck ## lint, typecheck, then the whole suite (unit, contract, integration, reliability)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: setup ## ruff

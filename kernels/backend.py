@@ -157,7 +157,7 @@ class DeviceLaunch:
         self._torch_device = None
         self._host_outputs: list[tuple[Any, np.ndarray]] = []
         self._copies: list[Any] = []  # device copies of host arrays, alive until copy_back
-        self.stream = 0
+        self.stream: Any = 0  # Numba's default stream (0), or PyTorch's current stream as Numba sees it
         self.all_torch_cuda = bool(torch_tensors) and all(is_torch_tensor(t) and t.is_cuda for t in torch_tensors)
         if torch_tensors and any(is_torch_tensor(t) and t.is_cuda for t in torch_tensors):
             import torch

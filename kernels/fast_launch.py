@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 ENV_VAR = "INFERMESH_KERNEL_FAST_LAUNCH"
 _compiled: dict[tuple, Any] = {}
-_state = {"enabled": None}
+_state: dict[str, bool | None] = {"enabled": None}
 
 
 def enabled() -> bool:

@@ -218,7 +218,7 @@ def pack_images(images: Sequence[Any]) -> PackedImages:
     """Validates the images and packs them into one flat buffer plus offsets and sizes."""
     if isinstance(images, np.ndarray) or not isinstance(images, Sequence):
         raise ValueError(f"images must be a list of uint8[height, width, channels] arrays; got {type(images).__name__}")
-    views = []
+    views: list[np.ndarray] = []
     for i, image in enumerate(images):
         if is_on_device(image):
             raise ValueError(f"images[{i}] is on the GPU; images must be host arrays (numpy or CPU tensors)")

@@ -45,7 +45,7 @@ TOKENS_AT_ONCE = THREADS // LANES_PER_TOKEN
 MAX_HEAD_SIZE = 256
 MAX_GROUP = 16
 _FULL_MASK = 0xFFFFFFFF
-_SIMULATED = bool(config.ENABLE_CUDASIM)
+_SIMULATED = bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]  # numba.config sets it at import from the environment
 # Tokens scored per tile. The simulator pays per barrier, and barriers grow
 # with tokens, so its tests use a small tile to cross tile boundaries cheaply.
 DEFAULT_TILE = 32 if _SIMULATED else 128

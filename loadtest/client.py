@@ -144,6 +144,7 @@ class GatewayClient:
     def _image(self, request: PlannedRequest) -> common_pb2.Image:
         cached = self._images.get(request.payload_key)
         if cached is None:
+            assert isinstance(request.payload, ImagePayload)  # send() routes only images here
             cached = _image_message(request.payload)
             self._images[request.payload_key] = cached
         return cached

@@ -59,7 +59,7 @@ class Comparison:
 
 def _at(*path: str) -> Callable[[dict], float | None]:
     def read(group: dict) -> float | None:
-        node = group
+        node: object = group
         for key in path:
             if not isinstance(node, dict):
                 return None
@@ -141,7 +141,8 @@ def compare_reports(
                 continue
             threshold = by_metric.get(name)
             gated = threshold is not None and enough
-            regressed = gated and bv is not None and (nv is None or is_regression(metric, threshold, bv, nv))
+            regressed = (threshold is not None and enough and bv is not None
+                         and (nv is None or is_regression(metric, threshold, bv, nv)))
             cells.append(Comparison(group, name, bv, nv, regressed, gated))
     return cells, warnings
 

@@ -229,6 +229,7 @@ class LoadRunner:
             self._phase = Phase.WARMUP if elapsed_s < self._scenario.warmup_s else Phase.MEASURE
         max_lag_ms = self._interval_max_lag_s * 1000
         self._interval_max_lag_s = 0.0
+        assert self._on_progress is not None  # only the progress task calls this, and only when set
         self._on_progress(ProgressSnapshot(
             elapsed_s=elapsed_s,
             total_s=self._schedule.duration_s,
@@ -247,7 +248,7 @@ class LoadRunner:
 
 def _default_drain_s(scenario: Scenario) -> float:
     """Long enough for every deadline to fire; a bounded wait when a class has none."""
-    deadlines_ms = [c.deadline_ms for c in scenario.classes]
-    if any(d is None for d in deadlines_ms):
+    deadlines_ms = [c.deadline_ms for c in scenario.classes if c.deadline_ms is not None]
+    if len(deadlines_ms) < len(scenario.classes):
         return 30.0
     return max(deadlines_ms) / 1000 + 2.0

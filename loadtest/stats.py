@@ -33,7 +33,7 @@ STAGE_ORDER = (CLIENT_QUEUE, "admission", "queue_wait", "batch_wait", "prefill",
 class LatencyHistogram:
     """An HdrHistogram of microseconds that reports milliseconds."""
 
-    def __init__(self, values_us: Iterable[int] = ()) -> None:
+    def __init__(self, values_us: Iterable[float] = ()) -> None:
         self._hist = HdrHistogram(LOWEST_US, HIGHEST_US, SIGNIFICANT_DIGITS)
         self._sum_us = 0  # the mean is kept exactly: hdrh's get_mean_value walks every bucket in Python
         for value in values_us:

@@ -46,6 +46,8 @@ class WorkloadSampler:
             payload: ImagePayload | TextPayload = pool[variant]
             key = class_index * 1_000_003 + variant
         else:
+            # scenario.py gives every generate class both distributions (defaults when unset).
+            assert request_class.prompt_len is not None and request_class.output_len is not None
             prompt = make_prompt(request_class.prompt_len.sample(self._rng), self._rng)
             payload = TextPayload(prompt, request_class.output_len.sample(self._rng))
             key = -1  # prompts are not reused

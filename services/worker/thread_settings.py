@@ -35,4 +35,4 @@ def set_library_threads(num_threads: int) -> None:
         # Raised when the pool already ran (or was sized): the intra-op count above still holds.
         log.warning("torch inter-op threads stay at %d: %s", torch.get_num_interop_threads(), exc)
     # Numba's pool was sized from NUMBA_NUM_THREADS at import; this is the count for this thread.
-    numba.set_num_threads(min(num_threads, numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(min(num_threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]  # set at import from the environment
