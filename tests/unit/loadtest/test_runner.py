@@ -75,9 +75,10 @@ async def test_closed_loop_keeps_exactly_the_configured_clients_busy(fake_gatewa
         result = await LoadRunner(scenario, client, on_progress=snapshots.append, progress_interval_s=0.25).run()
     assert servicer.max_concurrent == 3
     assert 100 < len(result.records) <= 300  # ~3 clients x 1 s / ~10 ms
-    # A closed loop sends when it decides to: what queueing remains is event-loop lag, milliseconds even on a
-    # busy shared box (an open loop behind a stall queues for hundreds of ms, test_coordinated_omission.py).
-    assert all(r.client_queue_s < 0.05 for r in result.records)
+    # A closed loop sends when it decides to: what queueing remains is event-loop lag, milliseconds on a
+    # quiet box and tens of ms when other jobs share the 2 cores (CI once saw > 50 ms); an open loop behind
+    # a stall queues for hundreds of ms (test_coordinated_omission.py).
+    assert all(r.client_queue_s < 0.25 for r in result.records)
     assert snapshots[-1].num_done == len(result.records) and snapshots[-1].phase is Phase.DRAIN
     assert any(s.phase is Phase.MEASURE and s.done_rps > 50 for s in snapshots)
 
@@ -91,7 +92,15 @@ async def test_closed_loop_steps_its_number_of_clients(fake_gateway):
     first = sorted((r for r in result.records if r.scheduled_s < 0.45), key=lambda r: r.scheduled_s)
     assert all(a.done_s <= b.sent_s for a, b in zip(first, first[1:], strict=False))  # one at a time
     assert servicer.max_concurrent == 3
-    assert sum(r.scheduled_s >= 0.55 for r in result.records) > 2 * len(first)
+    # The second stage really runs 3 at once (counted from the records, not from throughput, which a busy
+    # machine can flatten).
+    second = [r for r in result.records if r.scheduled_s >= 0.5]
+    edges = sorted([(r.sent_s, 1) for r in second] + [(r.done_s, -1) for r in second], key=lambda e: (e[0], e[1]))
+    in_flight = peak = 0
+    for _, step in edges:
+        in_flight += step
+        peak = max(peak, in_flight)
+    assert peak == 3
 
 
 async def test_deadline_exceeded_when_the_server_is_slower_than_the_deadline(fake_gateway):
