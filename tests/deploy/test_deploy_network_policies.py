@@ -34,14 +34,14 @@ def service_pods(pods):
     return [pod for service, group in pods.items() if service != "quota-store" for pod in group]
 
 
-def test_only_the_gateway_grpc_port_is_reachable_from_outside_the_namespace(mesh):
+def test_only_the_gateway_grpc_and_http_ports_are_reachable_from_outside_the_namespace(mesh):
     policies, pods, _ = mesh
     for outsider in (OUTSIDE_CLUSTER, OTHER_NAMESPACE_POD):
         for service, group in pods.items():
             for pod in group:
                 for port_name in pod.ports:
                     allowed = can_connect(policies, outsider, pod, port_name)
-                    expected = service == "gateway" and port_name == "grpc"
+                    expected = service == "gateway" and port_name in ("grpc", "http")
                     assert allowed == expected, f"{outsider.name} -> {pod.name}:{port_name}"
 
 
