@@ -9,22 +9,20 @@ processes executing `triton_client_script.py` / `triton_v2_script.py` against on
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support import session_tls
 from tests.support.gateway_fixtures import tenant, write_tenants
-from tests.support.processes import ROOT, free_port, running_mesh
+from tests.support.processes import free_port, running_mesh
+from tests.support.side_venv import side_venv_python
 
 pytestmark = pytest.mark.integration
 
 # 2.71.0: the newest tritonclient that installs on Python 3.11 (2.72.0 requires 3.12).
 TRITONCLIENT_PIN = "2.71.0"
-VENV = ROOT / ".venv-tritonclient"
 SCRIPT = Path(__file__).with_name("triton_client_script.py")
 V2_SCRIPT = Path(__file__).with_name("triton_v2_script.py")
 API_KEY = "triton-test-key"
@@ -35,24 +33,8 @@ PREFERRED_BATCH_SIZES = (2, 4)
 
 @pytest.fixture(scope="session")
 def triton_python() -> Path:
-    python = VENV / "bin" / "python"
-    marker = VENV / f".installed-tritonclient-grpc-http-{TRITONCLIENT_PIN}"
-    if marker.exists():
-        return python
-    shutil.rmtree(VENV, ignore_errors=True)
-    steps = (  # the HTTP client brings geventhttpclient
-        [sys.executable, "-m", "venv", str(VENV)],
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         f"tritonclient[grpc,http]=={TRITONCLIENT_PIN}"],
-    )
-    for step in steps:
-        done = subprocess.run(step, capture_output=True, text=True, timeout=240)
-        if done.returncode != 0:
-            shutil.rmtree(VENV, ignore_errors=True)
-            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-5:])
-            pytest.skip(f"cannot install tritonclient[grpc,http]=={TRITONCLIENT_PIN} into {VENV.name}: {tail}")
-    marker.touch()
-    return python
+    # The HTTP client brings geventhttpclient.
+    return side_venv_python("tritonclient", f"tritonclient[grpc,http]=={TRITONCLIENT_PIN}")
 
 
 @pytest.fixture(scope="module")

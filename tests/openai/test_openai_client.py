@@ -9,44 +9,25 @@ of tests/openai/conftest.py.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.openai.conftest import KEYS, MODEL
-from tests.support.processes import ROOT
 from tests.support.scheduler_fixtures import toy_continuation
+from tests.support.side_venv import side_venv_python
 
 pytestmark = pytest.mark.integration
 
 OPENAI_PIN = "3.51.0"
-VENV = ROOT / ".venv-openai"
 SCRIPT = Path(__file__).with_name("openai_client_script.py")
 CHAT_ABC = "user: abc\nassistant:"
 
 
 @pytest.fixture(scope="session")
 def openai_python() -> Path:
-    python = VENV / "bin" / "python"
-    marker = VENV / f".installed-openai-{OPENAI_PIN}"
-    if marker.exists():
-        return python
-    shutil.rmtree(VENV, ignore_errors=True)
-    steps = (
-        [sys.executable, "-m", "venv", str(VENV)],
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", f"openai=={OPENAI_PIN}"],
-    )
-    for step in steps:
-        done = subprocess.run(step, capture_output=True, text=True, timeout=240)
-        if done.returncode != 0:
-            shutil.rmtree(VENV, ignore_errors=True)
-            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-5:])
-            pytest.skip(f"cannot install openai=={OPENAI_PIN} into {VENV.name}: {tail}")
-    marker.touch()
-    return python
+    return side_venv_python("openai", f"openai=={OPENAI_PIN}")
 
 
 @pytest.fixture(scope="module")
