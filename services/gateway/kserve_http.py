@@ -17,14 +17,13 @@ the OpenAI front (400, 401, 403, 404, 429 with Retry-After, 503, 504).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 
 from aiohttp import web
 
 from services.common import errors
-from services.gateway import kserve_http_codec, openai_codec
+from services.gateway import json_body, kserve_http_codec, openai_codec
 from services.gateway.kserve_core import KServeCore
 from services.gateway.kserve_servicer import EXTENSIONS, SERVER_NAME, SERVER_VERSION
 from services.gateway.openai_http import caller_of
@@ -100,9 +99,9 @@ class KServeHttp:
         ready_only = False
         if body.strip():
             try:
-                document = json.loads(body)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise errors.InvalidArgument(f"the request body is not valid JSON: {exc}") from None
+                document = json_body.loads(body)
+            except ValueError as exc:
+                raise errors.InvalidArgument(str(exc)) from None
             if not isinstance(document, dict) or not isinstance(document.get("ready", False), bool):
                 raise errors.InvalidArgument("the body must be an object whose 'ready' is true or false")
             ready_only = document.get("ready", False)

@@ -25,6 +25,7 @@ from google.protobuf.message import Message
 
 from inference import grpc_predict_v2_pb2 as kserve
 from services.common.errors import InvalidArgument
+from services.gateway import json_body
 from services.gateway.kserve_codec import pack_bytes_tensor, unpack_bytes_tensor
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -45,9 +46,9 @@ class HttpInference:
 def parse_infer(body: bytes, header_length: str | None, name: str, version: str) -> HttpInference:
     header, binary = _split(body, header_length)
     try:
-        document = json.loads(header)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidArgument(f"the request body is not valid JSON: {exc}") from None
+        document = json_body.loads(header)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
     if not isinstance(document, dict):
         raise InvalidArgument("the request body must be a JSON object")
     request = kserve.ModelInferRequest(model_name=name, model_version=version, id=_string(document, "id"))

@@ -30,7 +30,7 @@ from aiohttp import web
 
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
-from services.gateway import openai_codec
+from services.gateway import json_body, openai_codec
 from services.gateway.generate_core import PRIORITY_KEY, Caller, GenerateCore
 from services.gateway.stage_timings import REQUEST_START_KEY, parse_request_start_s
 
@@ -190,9 +190,9 @@ class OpenAIFront:
 
 async def _json_body(request: web.Request):
     try:
-        return await request.json(loads=json.loads)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise openai_codec.BadParameter(None, f"the request body is not valid JSON: {exc}") from None
+        return await request.json(loads=json_body.loads)
+    except ValueError as exc:
+        raise openai_codec.BadParameter(None, str(exc)) from None
 
 
 @web.middleware

@@ -168,6 +168,9 @@ def test_bad_chat_parameters_are_400_naming_the_parameter(http_mesh, body, param
     (b"{not json", "the request body is not valid JSON: Expecting property name enclosed in double quotes: "
                    "line 1 column 2 (char 1)"),
     (b"[1, 2]", "the request body must be a JSON object"),
+    # A lone surrogate escape parses in Python but cannot become UTF-8 (it was a 500 from protobuf).
+    (b'{"model": "toy-generator", "prompt": "\\ud800"}',
+     "the request body holds an unpaired UTF-16 surrogate escape (\\ud800-\\udfff)"),
 ])
 def test_a_body_that_is_not_a_json_object_is_400(http_mesh, raw, message):
     assert _error(http_mesh.post("/completions", raw)) == (
