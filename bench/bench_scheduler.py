@@ -12,7 +12,7 @@ table shows the median over runs (and every run's ratio in the JSON). Scenarios:
                per batch - a sublinear batch cost - and the table says so).
   continuous   output tokens/s on tinylm (else the toy generator) with the running set kept full
                (closed loop, 3x max_num_seqs clients) and output lengths drawn log-uniformly from
-               [4, 240]: continuous batching vs --static-batching (a new batch only once the whole
+               [4, 240]: continuous batching vs static batching (bench/static_batching.py: a new batch only once the whole
                running set finished; finished members stay in the batch as padding, as in a
                fixed-shape batch) and, as an info row, vs static batching whose finished members
                drop out of the steps. With tinylm, also the toy generator (a step cost that does
@@ -62,6 +62,8 @@ from tests.support.processes import free_port, running_mesh
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_PATH = ROOT / "bench" / "results" / "scheduler.json"
 MODEL_REPO = ROOT / "model_repo"
+# The scheduler with static batching, the continuous scenario's baseline (the same flags otherwise).
+STATIC_BATCHING = "bench.static_batching"
 # One compute thread per worker: the machine's cores are shared with the scheduler and this client.
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
 SLO_P99_S = 0.100
@@ -138,11 +140,14 @@ class Cluster:
 
 
 @contextmanager
-def cluster(scheduler_args: list[str], workers: list[tuple[str, list[str]]]) -> Iterator[Cluster]:
-    """A scheduler and its workers as processes; waits until every worker is attached."""
+def cluster(scheduler_args: list[str], workers: list[tuple[str, list[str]]],
+            scheduler_module: str = "") -> Iterator[Cluster]:
+    """A scheduler and its workers as processes; waits until every worker is attached.
+    `scheduler_module`: run instead of services.scheduler (bench.static_batching, the baseline)."""
     metrics_port = free_port()
     with tempfile.TemporaryDirectory(prefix="bench-scheduler-") as tmp, running_mesh(Path(tmp), tls=False) as mesh:
-        mesh.start_scheduler("--log-level", "WARNING", "--metrics-port", str(metrics_port), *scheduler_args)
+        mesh.start_scheduler("--log-level", "WARNING", "--metrics-port", str(metrics_port), *scheduler_args,
+                             module=scheduler_module)
         for model, args in workers:
             mesh.start_worker(model, "--log-level", "WARNING", *args, env=WORKER_ENV)
         wait_attached(mesh.scheduler.address, len(workers))
@@ -404,9 +409,8 @@ def _continuous_vs_static(model: str, worker_args: list[str], profile: Profile) 
     dropping out of the steps (cheaper per step on a CPU, where step cost grows with the batch)."""
     runs = []
     with cluster([], [(model, worker_args)]) as continuous, \
-            cluster(["--static-batching", "true"], [(model, worker_args)]) as static, \
-            cluster(["--static-batching", "true", "--static-batch-padding", "false"],
-                    [(model, worker_args)]) as static_unpadded:
+            cluster([], [(model, worker_args)], STATIC_BATCHING) as static, \
+            cluster(["--static-batch-padding", "false"], [(model, worker_args)], STATIC_BATCHING) as static_unpadded:
         max_num_seqs = _max_num_seqs(model)
         concurrency = 3 * max_num_seqs  # the queue never runs dry
         for run in range(profile.runs):

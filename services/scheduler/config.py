@@ -21,10 +21,6 @@ class SchedulerConfig(ServerSettings):
     long_prefill_chunk_tokens: int = setting(64, "generate: largest prompt chunk per step (chunked prefill); 0 disables chunking")
     max_long_partial_prefills: int = setting(1, "generate: prompts longer than one chunk that prefill at once; "
                                              "short prompts are admitted past the others (0: no limit)")
-    static_batching: bool = setting(False, "generate: admit a new batch only when the whole running set finished "
-                                    "(a baseline for benchmarks; continuous batching when false)")
-    static_batch_padding: bool = setting(True, "generate, with static batching: finished members stay in the "
-                                         "batch as padding until it ends, as in a fixed-shape batch")
     fairness_preemption: bool = setting(True, "generate: a tenant below its weighted share of the running slots "
                                         "that waits preempts the newest sequence of a same-class tenant above its share")
     fairness_min_run_ms: float = setting(100.0, "generate: a sequence runs at least this long before fairness "

@@ -34,7 +34,7 @@ from services.scheduler.kv_block_manager import KVBlockManager
 from services.scheduler.pressure import ModelPressure, generator_pressure
 from services.scheduler.sequence import AbortReason, SamplingParams, Sequence
 from services.scheduler.step_plan import SequenceDelta, StepPlan
-from services.scheduler.step_scheduler import StepScheduler, StepSchedulerConfig
+from services.scheduler.step_scheduler import StepScheduler, StepSchedulerConfig, StepSchedulerFactory
 from services.scheduler.tenant_service import TenantService
 from services.scheduler.tokenizer import ByteTokenizer
 from services.scheduler.worker_link import ModelKey, WorkerGone, WorkerLink
@@ -98,8 +98,6 @@ def step_scheduler_config(config: SchedulerConfig, capacity: WorkerCapacity) -> 
         max_prefill_chunk_tokens=config.long_prefill_chunk_tokens,
         enable_chunked_prefill=config.long_prefill_chunk_tokens > 0,
         max_long_partial_prefills=config.max_long_partial_prefills,
-        static_batching=config.static_batching,
-        static_batch_padding=config.static_batch_padding,
         enable_fairness_preemption=config.fairness_preemption,
         fairness_min_run_s=config.fairness_min_run_ms / 1000,
         fairness_share_credit=config.fairness_share_credit,
@@ -208,13 +206,16 @@ class _WorkerLoop:
 class GeneratePool:
     def __init__(self, model: ModelKey, hello: WorkerHello, config: SchedulerConfig,
                  clock: Clock = time.monotonic,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
-        """`sleep`: waits out `clock` seconds (a fake clock's in tests)."""
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 step_scheduler: StepSchedulerFactory = StepScheduler) -> None:
+        """`sleep`: waits out `clock` seconds (a fake clock's in tests); `step_scheduler`: makes each
+        worker's StepScheduler (a benchmark's baseline may bring its own)."""
         spec = hello.tokenizer
         self.model = model
         self.config = config
         self.clock = clock
         self._sleep = sleep
+        self._make_step_scheduler = step_scheduler
         self.tokenizer = ByteTokenizer.from_spec(
             vocab_size=spec.vocab_size, eos_token_id=spec.eos_token_id, bos_token_id=spec.bos_token_id
         )
@@ -250,8 +251,8 @@ class GeneratePool:
     def add_worker(self, link: WorkerLink) -> None:
         capacity = link.hello.capacity
         kv = KVBlockManager(capacity.num_kv_blocks, capacity.block_size or 16)
-        scheduler = StepScheduler(step_scheduler_config(self.config, capacity), kv, self.tokenizer, self.clock,
-                                  self._tenant_service)
+        scheduler = self._make_step_scheduler(step_scheduler_config(self.config, capacity), kv, self.tokenizer,
+                                              self.clock, self._tenant_service)
         self._loops[link.link_id] = _WorkerLoop(self, link, scheduler)
         if self._held:
             held = [seq for seq, _ in self._held.values()]

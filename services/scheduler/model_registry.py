@@ -11,6 +11,7 @@ from services.scheduler.attach_types import ModelKind, WorkerHello
 from services.scheduler.classify_pool import ClassifyPool
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.generate_pool import GeneratePool
+from services.scheduler.step_scheduler import StepScheduler, StepSchedulerFactory
 from services.scheduler.worker_link import ModelKey, WorkerLink
 
 log = logging.getLogger(__name__)
@@ -35,8 +36,9 @@ class GeneratorEntry(ModelEntry):
 
 
 class ModelRegistry:
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, step_scheduler: StepSchedulerFactory = StepScheduler) -> None:
         self._config = config
+        self._step_scheduler = step_scheduler
         self._models: dict[ModelKey, ModelEntry] = {}
 
     def attach(self, link: WorkerLink) -> ModelEntry:
@@ -63,7 +65,8 @@ class ModelRegistry:
         if hello.kind is ModelKind.CLASSIFIER:
             return ClassifierEntry(hello.model, hello.kind, hello, ClassifyPool(hello.model, hello, self._config))
         if hello.kind is ModelKind.GENERATOR:
-            return GeneratorEntry(hello.model, hello.kind, hello, GeneratePool(hello.model, hello, self._config))
+            pool = GeneratePool(hello.model, hello, self._config, step_scheduler=self._step_scheduler)
+            return GeneratorEntry(hello.model, hello.kind, hello, pool)
         raise errors.InvalidArgument(f"worker {hello.worker_id} declares no model kind")
 
     def draining(self, link: WorkerLink) -> None:

@@ -9,14 +9,15 @@ from services.common.server import Health
 from services.scheduler import admin_status
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.servicer import SchedulerServicer
+from services.scheduler.step_scheduler import StepScheduler, StepSchedulerFactory
 
 
 class SchedulerService:
     service_names = (scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name, ADMIN_SERVICE)
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, step_scheduler: StepSchedulerFactory = StepScheduler) -> None:
         self._config = config
-        self.servicer = SchedulerServicer(config)
+        self.servicer = SchedulerServicer(config, step_scheduler=step_scheduler)
         self.draining = False
 
     def register(self, server) -> None:

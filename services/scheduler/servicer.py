@@ -53,6 +53,7 @@ from services.scheduler.in_flight import InFlightCalls, draining_error, idle
 from services.scheduler.model_registry import ClassifierEntry, GeneratorEntry, ModelEntry, ModelRegistry
 from services.scheduler.sequence import SamplingParams
 from services.scheduler.step_plan import SequenceDelta
+from services.scheduler.step_scheduler import StepScheduler, StepSchedulerFactory
 from services.scheduler.submit_stream import SubmitStream
 from services.scheduler.worker_link import WorkerLink
 
@@ -152,10 +153,12 @@ MAX_TENANT_LABELS = 256
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
-    def __init__(self, config: SchedulerConfig, clock: Clock = time.monotonic) -> None:
+    def __init__(self, config: SchedulerConfig, clock: Clock = time.monotonic,
+                 step_scheduler: StepSchedulerFactory = StepScheduler) -> None:
+        """`step_scheduler`: each generator worker's StepScheduler (bench/static_batching.py's baseline)."""
         self._config = config
         self._clock = clock
-        self.registry = ModelRegistry(config)
+        self.registry = ModelRegistry(config, step_scheduler)
         self._sessions = AttachSessions(self.registry, f"scheduler-{uuid.uuid4().hex[:8]}",
                                         config.heartbeat_interval_ms, config.worker_timeout_ms, clock)
         self._tenants = TenantCodec()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from services.common.clock import Clock
 from services.common.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
@@ -61,13 +62,6 @@ class StepSchedulerConfig:
     # Prompts needing more than one chunk that may prefill at once (vLLM's max_long_partial_prefills);
     # others wait, and short prompts behind them are admitted meanwhile. 0: no limit.
     max_long_partial_prefills: int = 1
-    # Static batching (the benchmark's baseline for continuous batching): once a running set
-    # has started decoding, nothing new is admitted until all of it finished.
-    static_batching: bool = False
-    # With static batching: a member that finished stays in the batch as padding (its last
-    # position recomputed, the sample thrown away) until the whole batch ends, as in a
-    # fixed-shape batch (FasterTransformer, HF generate). False: finished members drop out.
-    static_batch_padding: bool = True
     # Deficit round robin credit per visit, in prompt tokens (the waiting queue's own order; admission
     # picks tenants by service counter and only uses the queue's per-tenant order).
     tenant_quantum_tokens: int = 256
@@ -105,7 +99,7 @@ class StepSchedulerConfig:
             raise ValueError(f"step_time_ewma_alpha must be in (0, 1], got {self.step_time_ewma_alpha}")
 
 
-class _StepBuilder:
+class StepBuilder:
     """The sequences picked so far in one schedule() call, and what budget is left."""
 
     def __init__(self, token_budget: int, service: TenantService) -> None:
@@ -114,7 +108,8 @@ class _StepBuilder:
         # seq_id -> (sequence, tokens to compute, blocks appended this step)
         self.picked: dict[int, tuple[Sequence, int, tuple[int, ...]]] = {}
         self.preempted: list[int] = []
-        self.padding: list[SequenceStep] = []
+        # Steps beyond the picked sequences' (a subclass's _extend_step; none in continuous batching).
+        self.extra_steps: list[SequenceStep] = []
         self.num_long_prefills = 0  # picked sequences with more than one chunk of prompt left
 
     def pick(self, seq: Sequence, num_new_tokens: int, new_blocks: tuple[int, ...]) -> None:
@@ -157,7 +152,14 @@ class _StepBuilder:
                 )
             )
             seq.needs_block_table_reset = False
-        return (*steps, *self.padding)
+        return (*steps, *self.extra_steps)
+
+
+class StepSchedulerFactory(Protocol):
+    """StepScheduler's constructor, or a subclass's (GeneratePool makes one per worker)."""
+
+    def __call__(self, config: StepSchedulerConfig, kv: KVBlockManager, tokenizer: Tokenizer, clock: Clock,
+                 service: TenantService | None = None) -> StepScheduler: ...
 
 
 class StepScheduler:
@@ -189,11 +191,6 @@ class StepScheduler:
         # Uncomputed tokens beyond which a sequence is a long prefill; None: none ever is (no chunking).
         chunk = config.max_prefill_chunk_tokens
         self._long_prefill_above = chunk if config.enable_chunked_prefill and chunk > 0 else None
-        # Static batching only: the running set has begun decoding, so admission waits for it to empty.
-        self._batch_closed = False
-        # Static batching with padding: finished members still computed until the batch ends
-        # (they keep their blocks and the worker keeps their tables until then).
-        self._padding: list[Sequence] = []
         self.step_time_s = config.initial_step_time_s
         self._service = service if service is not None else TenantService(config.service_cost)
 
@@ -258,6 +255,15 @@ class StepScheduler:
         self._retire(seq)
         return seq
 
+    # -- seams: continuous batching uses neither; bench/static_batching.py's baseline overrides both
+
+    def _extend_step(self, step: StepBuilder) -> None:
+        """Called once the running set is scheduled, before admission: may add step.extra_steps."""
+
+    def _admits_new(self) -> bool:
+        """Whether this step may admit waiting sequences (the running set's room allowing)."""
+        return True
+
     # -- the step ----------------------------------------------------------
 
     def schedule(self) -> StepPlan:
@@ -265,13 +271,10 @@ class StepScheduler:
             raise RuntimeError(f"step {self._in_flight.step_id} is still running; call update_from_output first")
         now = self._clock()
         expired = self._abort_expired(now)
-        step = _StepBuilder(self.config.max_num_batched_tokens, self._service)
+        step = StepBuilder(self.config.max_num_batched_tokens, self._service)
         self._schedule_running(step)
-        if not self._running:
-            self._batch_closed = False
-        else:
-            self._pad(step)
-        if not step.preempted and not self._batch_closed:  # admitting right after preempting would only thrash
+        self._extend_step(step)
+        if not step.preempted and self._admits_new():  # admitting right after preempting would only thrash
             self._admit(step, now)
         plan = StepPlan(
             step_id=self._next_step_id,
@@ -315,7 +318,6 @@ class StepScheduler:
                 self.abort(seq.seq_id, AbortReason.FAILED)
                 deltas.append(self._delta(seq, StreamChunk((), "", seq.stream.num_emitted_tokens)))
                 continue
-            self._batch_closed = self.config.static_batching
             delta = self._append_token(seq, token_id, now)
             if delta is not None:
                 deltas.append(delta)
@@ -330,9 +332,6 @@ class StepScheduler:
             self.kv.free(seq.seq_id)
             if seq.status is not SequenceStatus.WAITING:
                 seq.reset_for_recompute()
-        for pad in self._padding:
-            self.kv.free(pad.seq_id)
-        self._padding.clear()
         for seq in seqs:
             self._service.deactivate(seq.tenant)
         self._seqs.clear()
@@ -421,7 +420,7 @@ class StepScheduler:
             self.abort(seq_id, AbortReason.DEADLINE_EXCEEDED)
         return expired
 
-    def _schedule_running(self, step: _StepBuilder) -> None:
+    def _schedule_running(self, step: StepBuilder) -> None:
         # Decodes (one token) first, then prompt chunks; each by class, then least-served tenant, then age.
         order = sorted(self._running, key=lambda s: (s.num_uncomputed_tokens > 1, self._service_key(s)))
         for seq in order:
@@ -438,7 +437,7 @@ class StepScheduler:
                 step.pick(seq, num_new, self.kv.allocate(seq.seq_id, num_tokens))
                 step.num_long_prefills += long
 
-    def _make_room(self, seq: Sequence, num_tokens: int, step: _StepBuilder) -> bool:
+    def _make_room(self, seq: Sequence, num_tokens: int, step: StepBuilder) -> bool:
         """Preempts running sequences (lowest class, most-served tenant, newest first) until `seq` fits;
         False when `seq` itself was the one to go."""
         while not self.kv.can_allocate(seq.seq_id, num_tokens):
@@ -448,7 +447,7 @@ class StepScheduler:
                 return False
         return True
 
-    def _admit(self, step: _StepBuilder, now: float) -> None:
+    def _admit(self, step: StepBuilder, now: float) -> None:
         while step.token_budget > 0:
             seq = self._next_to_admit()
             if seq is not None and self._is_long_prefill(seq) and self._long_prefills_full(step):
@@ -506,7 +505,7 @@ class StepScheduler:
         above = self._long_prefill_above
         return above is not None and seq.num_uncomputed_tokens > above
 
-    def _long_prefills_full(self, step: _StepBuilder) -> bool:
+    def _long_prefills_full(self, step: StepBuilder) -> bool:
         cap = self.config.max_long_partial_prefills
         return cap > 0 and step.num_long_prefills >= cap
 
@@ -535,7 +534,7 @@ class StepScheduler:
         # A recompute longer than a whole step can only ever go in chunks.
         return seq.num_uncomputed_tokens > self.config.max_num_batched_tokens
 
-    def _preempt_for(self, seq: Sequence, step: _StepBuilder, now: float) -> bool:
+    def _preempt_for(self, seq: Sequence, step: StepBuilder, now: float) -> bool:
         """Makes room for waiting `seq`: preempts a running sequence of a strictly lower class, else
         one of a same-class tenant above its weighted share; False when neither exists."""
         lower = [s for s in self._running if s.priority > seq.priority]
@@ -552,7 +551,7 @@ class StepScheduler:
         self._preempt(victim, step)
         return True
 
-    def _preempt(self, seq: Sequence, step: _StepBuilder) -> None:
+    def _preempt(self, seq: Sequence, step: StepBuilder) -> None:
         step.unpick(seq)
         step.preempted.append(seq.seq_id)
         self._running.remove(seq)
@@ -599,24 +598,14 @@ class StepScheduler:
         )
 
     def _retire(self, seq: Sequence) -> None:
-        """Removes a finished or aborted sequence from every list and frees its blocks
-        (static batching with padding: keeps them while it pads the batch)."""
-        padding = False
+        """Removes a finished or aborted sequence from every list and frees its blocks."""
         if seq.status is SequenceStatus.RUNNING:
             self._running.remove(seq)
-            padding = self._pads_batch(seq)
         elif seq.status is SequenceStatus.PREEMPTED:
             self._preempted.remove(seq)
         else:
             self._waiting.remove(seq)
-        if padding:
-            self._padding.append(seq)
-        else:
-            self._release(seq)
-        if not self._running:
-            for pad in self._padding:
-                self._release(pad)
-            self._padding.clear()
+        self._release(seq)
         seq.status = SequenceStatus.FINISHED
         del self._seqs[seq.seq_id]
         self._service.deactivate(seq.tenant)
@@ -624,22 +613,3 @@ class StepScheduler:
     def _release(self, seq: Sequence) -> None:
         if self.kv.free(seq.seq_id) or seq.first_scheduled_s is not None:
             self._forget_ids.append(seq.seq_id)
-
-    def _pads_batch(self, seq: Sequence) -> bool:
-        """Whether a member leaving the running set stays in the batch as padding."""
-        config = self.config
-        return (config.static_batching and config.static_batch_padding and bool(self._running)
-                and seq.num_computed_tokens > 0)
-
-    def _pad(self, step: _StepBuilder) -> None:
-        """Recomputes each padding member's last cached position (same token, same KV): the cost
-        of its slot in a fixed-shape batch. The worker's sample for it is ignored."""
-        for seq in self._padding:
-            if step.token_budget == 0:
-                return
-            last = seq.num_computed_tokens - 1
-            step.padding.append(SequenceStep(
-                seq_id=seq.seq_id, token_ids=seq.token_ids(last, last + 1), start_position=last, new_blocks=(),
-                reset_block_table=False, sample=True,
-                sampling=seq.sampling, num_generated=seq.num_generated))
-            step.token_budget -= 1

@@ -94,6 +94,8 @@ class ServiceProcess:
     python: str = sys.executable
     # TLS with the session's dev CA (flags before args, so a test's own --tls-* flags win); False: plaintext.
     tls: bool = True
+    # The module run with -m; "" runs services.<service> (a benchmark may run its own baseline).
+    module: str = ""
 
     @property
     def address(self) -> str:
@@ -128,7 +130,7 @@ class ServiceProcess:
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process for its lifetime
         self.proc = subprocess.Popen(
-            [*self.launcher, self.python, "-m", f"services.{self.service}", "--port", str(self.port),
+            [*self.launcher, self.python, "-m", self.module or f"services.{self.service}", "--port", str(self.port),
              *self.tls_args(), *self.anonymous_args(), *self.args],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )
@@ -182,14 +184,16 @@ class Mesh:
     scheduler: ServiceProcess | None = None
     gateway: ServiceProcess | None = None
 
-    def _spawn(self, name: str, service: str, args: list[str], env: dict[str, str] | None = None) -> ServiceProcess:
+    def _spawn(self, name: str, service: str, args: list[str], env: dict[str, str] | None = None,
+               module: str = "") -> ServiceProcess:
         process = ServiceProcess(name, service, free_port(), args, {**self.env, **(env or {})}, self.tmp / f"{name}.log",
-                                 tls=self.tls)
+                                 tls=self.tls, module=module)
         self.processes.append(process)
         return process.start()
 
-    def start_scheduler(self, *args: str, env: dict[str, str] | None = None) -> ServiceProcess:
-        self.scheduler = self._spawn("scheduler", "scheduler", list(args), env)
+    def start_scheduler(self, *args: str, env: dict[str, str] | None = None, module: str = "") -> ServiceProcess:
+        """`module`: run instead of services.scheduler (the same flags), e.g. a benchmark's baseline."""
+        self.scheduler = self._spawn("scheduler", "scheduler", list(args), env, module)
         self.scheduler.wait_serving()
         return self.scheduler
 

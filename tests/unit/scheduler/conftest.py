@@ -12,7 +12,7 @@ from services.scheduler.fair_queue import Priority, TenantContext
 from services.scheduler.kv_block_manager import KVBlockManager
 from services.scheduler.sequence import SamplingParams
 from services.scheduler.step_plan import SequenceDelta, StepPlan
-from services.scheduler.step_scheduler import StepScheduler, StepSchedulerConfig
+from services.scheduler.step_scheduler import StepScheduler, StepSchedulerConfig, StepSchedulerFactory
 from services.scheduler.tokenizer import ByteTokenizer
 from tests.support.fake_clock import FakeClock  # noqa: F401 - re-exported to the tests
 
@@ -46,11 +46,30 @@ def make_batcher(clock: FakeClock, *, workers: dict[str, int] | None = None, **o
 # -- generate -----------------------------------------------------------------
 
 
-def make_scheduler(clock: FakeClock, *, num_blocks: int = 64, block_size: int = 4, **over) -> StepScheduler:
+def make_scheduler(clock: FakeClock, *, num_blocks: int = 64, block_size: int = 4,
+                   factory: StepSchedulerFactory = StepScheduler, **over) -> StepScheduler:
+    """`factory`: StepScheduler or a subclass's constructor (bench/static_batching.py)."""
     config = dataclasses.replace(
         StepSchedulerConfig(max_num_seqs=8, max_num_batched_tokens=32, max_seq_len=128, kv_watermark=0.0), **over
     )
-    return StepScheduler(config, KVBlockManager(num_blocks, block_size), TOKENIZER, clock)
+    return factory(config, KVBlockManager(num_blocks, block_size), TOKENIZER, clock)
+
+
+def first_step_of_each_sequence(clock: FakeClock, **over) -> dict[int, int]:
+    """Three sequences (2, 6 and 2 tokens to generate) through two slots: the step each first ran in."""
+    scheduler = make_scheduler(clock, max_num_seqs=2, **over)
+    worker = FakePagedWorker(4)
+    make_requests(scheduler, 1, prompt_len=4, max_tokens=2)
+    make_requests(scheduler, 1, prompt_len=4, max_tokens=6, first_id=2)
+    make_requests(scheduler, 1, prompt_len=4, max_tokens=2, first_id=3)
+    admitted_at: dict[int, int] = {}
+    for step in range(12):
+        plan = scheduler.schedule()
+        for s in plan.seqs:
+            admitted_at.setdefault(s.seq_id, step)
+        if plan.has_work():
+            scheduler.update_from_output(plan, worker.run(plan))
+    return admitted_at
 
 
 def make_prompt(seq_index: int, prompt_len: int) -> tuple[int, ...]:

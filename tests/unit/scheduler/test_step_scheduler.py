@@ -12,6 +12,7 @@ from .conftest import (
     Transcript,
     assert_contiguous,
     fake_next_token,
+    first_step_of_each_sequence,
     make_prompt,
     make_requests,
     make_scheduler,
@@ -447,64 +448,11 @@ def test_config_must_fit_one_full_sequence_in_the_cache(clock):
         make_scheduler(clock, num_blocks=16, block_size=4, max_seq_len=128)
 
 
-# -- static batching (benchmark baseline) and draining ----------------------------
-
-
-def _first_step_of_each_sequence(clock, **over) -> dict[int, int]:
-    """Three sequences (2, 6 and 2 tokens to generate) through two slots: the step each first ran in."""
-    scheduler = make_scheduler(clock, max_num_seqs=2, **over)
-    worker = FakePagedWorker(4)
-    make_requests(scheduler, 1, prompt_len=4, max_tokens=2)
-    make_requests(scheduler, 1, prompt_len=4, max_tokens=6, first_id=2)
-    make_requests(scheduler, 1, prompt_len=4, max_tokens=2, first_id=3)
-    admitted_at: dict[int, int] = {}
-    for step in range(12):
-        plan = scheduler.schedule()
-        for s in plan.seqs:
-            admitted_at.setdefault(s.seq_id, step)
-        if plan.has_work():
-            scheduler.update_from_output(plan, worker.run(plan))
-    return admitted_at
-
-
-def test_static_batching_admits_nothing_new_until_the_whole_running_set_finished(clock):
-    # Sequence 1 finishes after step 1, but 3 only starts once 2 (six tokens) is done too.
-    assert _first_step_of_each_sequence(clock, static_batching=True) == {1: 0, 2: 0, 3: 6}
-
-
-def test_static_batching_pads_a_finished_member_until_the_batch_ends(clock):
-    scheduler = make_scheduler(clock, max_num_seqs=2, static_batching=True)
-    worker = FakePagedWorker(4)
-    make_requests(scheduler, 1, prompt_len=4, max_tokens=2)
-    make_requests(scheduler, 1, prompt_len=4, max_tokens=6, first_id=2)
-    make_requests(scheduler, 1, prompt_len=4, max_tokens=2, first_id=3)
-    streamed: dict[int, list[int]] = {1: [], 2: [], 3: []}
-    plans = []
-    for _ in range(12):
-        plan = scheduler.schedule()
-        if not plan.has_work():
-            break
-        plans.append(plan)
-        for delta in scheduler.update_from_output(plan, worker.run(plan)):
-            streamed[delta.seq_id].extend(delta.token_ids)
-    # Steps 0-1 run 1 and 2; 1 is done after step 1 but its slot is computed through step 5, recomputing
-    # its last cached position (4 prompt + 1 generated tokens -> position 4) with nothing streamed.
-    for plan in plans[2:6]:
-        pad = next(s for s in plan.seqs if s.seq_id == 1)
-        assert (pad.start_position, len(pad.token_ids), pad.new_blocks, pad.sample) == (4, 1, (), True)
-    assert 1 not in plans[5].finished_seq_ids and 1 in plans[6].finished_seq_ids  # released with the batch
-    assert [s.seq_id for s in plans[6].seqs] == [3]
-    for seq_id, max_tokens in ((1, 2), (2, 6), (3, 2)):
-        assert streamed[seq_id] == list(expected_tokens(seq_id, 4, max_tokens))
-    assert scheduler.kv.num_used_blocks == 0
-
-
-def test_static_batching_without_padding_drops_finished_members(clock):
-    assert _first_step_of_each_sequence(clock, static_batching=True, static_batch_padding=False) == {1: 0, 2: 0, 3: 6}
+# -- continuous batching (its static baseline: tests/unit/bench/test_static_batching.py) and draining
 
 
 def test_continuous_batching_fills_a_freed_slot_at_the_next_step(clock):
-    assert _first_step_of_each_sequence(clock) == {1: 0, 2: 0, 3: 2}
+    assert first_step_of_each_sequence(clock) == {1: 0, 2: 0, 3: 2}
 
 
 def test_evict_waiting_hands_over_unscheduled_and_preempted_sequences_only(clock):
