@@ -8,8 +8,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import grpc
@@ -19,10 +18,9 @@ from services.common import errors
 from services.common.clock import Clock
 from services.common.deadlines import budget_s, remaining_s
 from services.common.log_context import bind
-from services.common.metric_labels import FirstSeen, KnownValues
 from services.common.protocol import DEFAULT_MAX_TOKENS
 from services.common.status import abort as abort_with
-from services.common.status import maps_domain_errors, status_code_of
+from services.common.status import maps_domain_errors
 from services.common.stream_options import stream_options
 from services.common.telemetry import (
     carrier_for,
@@ -32,12 +30,10 @@ from services.common.telemetry import (
     server_span,
     tracer,
 )
-from services.common.timings import StageTime, seconds_to_us, to_proto
+from services.common.timings import seconds_to_us
 from services.scheduler import metrics
 from services.scheduler.attach_session import AttachSessions
 from services.scheduler.call_codec import (
-    ANONYMOUS_TENANT,
-    FINISH_REASONS,
     KIND_TO_WIRE,
     TenantCodec,
     add_labels,
@@ -48,11 +44,12 @@ from services.scheduler.call_codec import (
 from services.scheduler.chunk_coalescer import ChunkCoalescer, CoalescedEvents
 from services.scheduler.classify_pool import ClassifyJob, ClassifyOutcome
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.generate_call import ChunkSink, GenerateCall
 from services.scheduler.generate_pool import EventSink, GenerateStream, StreamEvent, step_scheduler_config
 from services.scheduler.in_flight import InFlightCalls, draining_error, idle
 from services.scheduler.model_registry import ClassifierEntry, GeneratorEntry, ModelEntry, ModelRegistry
+from services.scheduler.request_metrics import RequestMetrics
 from services.scheduler.sequence import SamplingParams
-from services.scheduler.step_plan import SequenceDelta
 from services.scheduler.step_scheduler import StepScheduler, StepSchedulerFactory
 from services.scheduler.submit_stream import SubmitStream
 from services.scheduler.worker_link import WorkerLink
@@ -68,90 +65,6 @@ def _deadline_s(remaining: float | None, now_s: float, margin_s: float) -> float
     return None if left_s is None else now_s + left_s - margin_s
 
 
-class _Outcome:
-    """The status code a request ended with, for requests_total."""
-
-    code = "OK"
-
-
-class _GenerateRun:
-    """One admitted sequence: its stream in the pool, and what its chunks carry (both transports)."""
-
-    __slots__ = ("_servicer", "_request_id", "_entry", "stream", "_began_s", "_span", "_model", "_first")
-
-    def __init__(self, servicer: SchedulerServicer, request_id: str, entry: GeneratorEntry,
-                 stream: GenerateStream, began_s: float, span: Any) -> None:
-        self._servicer = servicer
-        self._request_id = request_id
-        self._entry = entry
-        self.stream = stream
-        self._began_s = began_s
-        self._span = span
-        self._model = common_pb2.ModelRef(name=entry.key.name, version=entry.key.version)
-        self._first = True
-
-    def fill_chunk(self, chunk: gateway_pb2.GenerateResponse, delta: SequenceDelta) -> None:
-        """Builds delta's chunk in place; the first names the model, the last carries usage and timings."""
-        chunk.request_id = self._request_id
-        chunk.token_ids.extend(delta.token_ids)
-        chunk.text = delta.text
-        chunk.index = delta.index
-        if delta.finish_reason is not None:
-            chunk.finish_reason = FINISH_REASONS[delta.finish_reason]
-        if self._first:
-            chunk.model.CopyFrom(self._model)
-            self._first = False
-        if delta.is_last:
-            self._servicer._finish_chunk(chunk, delta, self.stream, self._began_s, self._model)
-            self._span.set_attribute("infermesh.completion_tokens", delta.num_generated)
-
-    @property
-    def model_name(self) -> str:
-        return self._entry.key.name
-
-    def hand_over(self, error: errors.Unavailable) -> bool:
-        """The scheduler drains: end the stream with `error` for the caller to resume elsewhere."""
-        handed_over = self._entry.pool.hand_over(self.stream, error)
-        if handed_over:
-            self._span.set_attribute("infermesh.handed_over", True)
-        return handed_over
-
-    def abort_unless_finished(self) -> None:
-        """The caller went away (or the call failed): drop the sequence and free its KV blocks now."""
-        if not self.stream.finished:
-            self._entry.pool.abort(self.stream)
-        if isinstance(self.stream.events, CoalescedEvents):
-            self.stream.events.close()  # no interval timer may outlive the call
-
-
-class _ChunkSink:
-    """Stands in for GenerateStream.events on a Submit stream: the pool's `put_nowait(event)` builds
-    the chunk at once in the stream's outbox, so a step's chunks cost no await or task per token."""
-
-    __slots__ = ("_next_chunk", "run", "done")
-
-    def __init__(self, next_chunk: Callable[[], gateway_pb2.GenerateResponse]) -> None:
-        self._next_chunk = next_chunk
-        self.run: _GenerateRun | None = None
-        # Resolves with the last chunk, or fails with the error that ends the sequence.
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def put_nowait(self, event: StreamEvent, /) -> None:
-        if self.done.done():
-            return
-        if event.error is not None:
-            self.done.set_exception(event.error)
-            return
-        assert self.run is not None and event.delta is not None  # set at admission; an event is one or the other
-        self.run.fill_chunk(self._next_chunk(), event.delta)
-        if event.delta.is_last:
-            self.done.set_result(None)
-
-
-# Distinct tenant ids that get their own series; the rest are counted as "_other".
-MAX_TENANT_LABELS = 256
-
-
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, config: SchedulerConfig, clock: Clock = time.monotonic,
                  step_scheduler: StepSchedulerFactory = StepScheduler) -> None:
@@ -163,13 +76,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                         config.heartbeat_interval_ms, config.worker_timeout_ms, clock)
         self._tenants = TenantCodec()
         self._submit_streams: set[SubmitStream] = set()
-        self._metric_children: dict[tuple[Any, tuple[str, ...]], Any] = {}
-        # Label values from requests stay bounded (services/common/metric_labels.py): models this
-        # scheduler has served, and the first tenant ids its gateways sent.
-        self._model_label = KnownValues(self.registry.knows)
-        self._tenant_label = FirstSeen(MAX_TENANT_LABELS)
+        self._metrics = RequestMetrics(self.registry.knows, clock)
         self._draining = False
-        self._in_flight: InFlightCalls[_GenerateRun] = InFlightCalls()
+        self._in_flight: InFlightCalls[GenerateCall] = InFlightCalls()
 
     # -- Classify --------------------------------------------------------------
 
@@ -194,7 +103,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         bind(request_id=request.request.request_id, tenant=request.tenant.tenant_id)
         with (
             server_span(_tracer, "infermesh.v1.Scheduler/Classify", parent) as span,
-            self._counted(request.request.model.name, request.tenant.tenant_id, "classify", began_s),
+            self._metrics.counted(request.request.model.name, request.tenant.tenant_id, "classify", began_s),
         ):
             self._refuse_if_draining()
             req = request.request
@@ -267,7 +176,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         bind(request_id=request.request.request_id, tenant=request.tenant.tenant_id)
         with (
             server_span(_tracer, "infermesh.v1.Scheduler/Generate", parent) as span,
-            self._counted(request.request.model.name, request.tenant.tenant_id, "generate", began_s),
+            self._metrics.counted(request.request.model.name, request.tenant.tenant_id, "generate", began_s),
         ):
             events: asyncio.Queue[StreamEvent] = asyncio.Queue()
             run = self._admit_generate(request, remaining_s(context), began_s, events, span)
@@ -295,10 +204,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         bind(request_id=request.request.request_id, tenant=request.tenant.tenant_id)
         with (
             server_span(_tracer, "infermesh.v1.Scheduler/Generate", context_from_carrier(carrier)) as span,
-            self._counted(request.request.model.name, request.tenant.tenant_id, "generate", began_s),
+            self._metrics.counted(request.request.model.name, request.tenant.tenant_id, "generate", began_s),
         ):
-            sink = _ChunkSink(next_chunk)
-            sink.run = run = self._admit_generate(request, remaining_s, began_s, sink, span)
+            sink = ChunkSink(next_chunk)
+            sink.call = run = self._admit_generate(request, remaining_s, began_s, sink, span)
             self._in_flight.stream_began(run)
             try:
                 await sink.done
@@ -307,7 +216,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 run.abort_unless_finished()
 
     def _admit_generate(self, request: scheduler_pb2.ScheduleGenerateRequest, remaining_s: float | None,
-                        began_s: float, events: EventSink, span: Any) -> _GenerateRun:
+                        began_s: float, events: EventSink, span: Any) -> GenerateCall:
         """Validate, make the sequence and submit it to the pool; `events` receives its StreamEvents."""
         self._refuse_if_draining()
         req = request.request
@@ -320,7 +229,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if delivered:
             span.set_attribute("infermesh.continued_tokens", len(delivered))
         entry.pool.submit(stream, prompt_ids, sampling, delivered)
-        return _GenerateRun(self, req.request_id, entry, stream, began_s, span)
+        return GenerateCall(req.request_id, entry, stream, began_s, span, self._clock, self._metrics.generate_finished)
 
     def _make_stream(self, req: gateway_pb2.GenerateRequest, tenant: scheduler_pb2.TenantContext,
                      entry: GeneratorEntry, began_s: float, remaining_s: float | None,
@@ -347,60 +256,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             events=events,
         )
         return stream, prompt_ids, sampling
-
-    def _finish_chunk(self, chunk: gateway_pb2.GenerateResponse, delta: SequenceDelta, stream: GenerateStream,
-                      began_s: float, model: common_pb2.ModelRef) -> None:
-        now_s = self._clock()
-        chunk.model.CopyFrom(model)
-        chunk.usage.prompt_tokens = delta.num_prompt_tokens
-        chunk.usage.completion_tokens = delta.num_generated
-        first_token_s = stream.seq.first_token_s if stream.seq is not None and stream.seq.first_token_s else now_s
-        chunk.ttft_us = seconds_to_us(first_token_s - began_s)
-        scheduled_s = stream.first_scheduled_s or began_s
-        queue_us = seconds_to_us(scheduled_s - began_s)
-        compute_us = seconds_to_us(stream.compute_s)
-        total_us = seconds_to_us(now_s - began_s)
-        stages = [
-            StageTime("queue_wait", queue_us, SERVICE),
-            StageTime("compute", compute_us, "worker"),
-            # Steps' network, scheduling and waits for the rest of each step's batch.
-            StageTime("overhead", max(0, total_us - queue_us - compute_us), SERVICE),
-            StageTime("scheduler", total_us, SERVICE),
-        ]
-        chunk.timings.CopyFrom(to_proto(stages, total_us=seconds_to_us(now_s - began_s)))
-        self._child(metrics.E2E_LATENCY, model.name, "generate").observe(now_s - began_s)
-
-    @contextmanager
-    def _counted(self, model_name: str, tenant_id: str, kind: str, began_s: float) -> Iterator[_Outcome]:
-        """Counts the request by its final status (requests_total) and times successful classify replies."""
-        outcome = _Outcome()
-        try:
-            yield outcome
-        except errors.InfermeshError as exc:
-            outcome.code = status_code_of(exc).name
-            raise
-        except (asyncio.CancelledError, GeneratorExit):
-            outcome.code = "CANCELLED"
-            raise
-        except Exception:
-            outcome.code = "INTERNAL"
-            raise
-        finally:
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("%s %r finished: %s", kind, model_name, outcome.code)
-            model_label = self._model_label(model_name)
-            self._child(metrics.REQUESTS, model_label, self._tenant_label(tenant_id or ANONYMOUS_TENANT),
-                        outcome.code).inc()
-            if kind == "classify" and outcome.code == "OK":
-                self._child(metrics.E2E_LATENCY, model_label, kind).observe(self._clock() - began_s)
-
-    def _child(self, metric: Any, *labels: str) -> Any:
-        """metric.labels(*labels), remembered: the lookup takes a lock and is paid per request."""
-        key = (metric, labels)
-        child = self._metric_children.get(key)
-        if child is None:
-            child = self._metric_children[key] = metric.labels(*labels)
-        return child
 
     # -- Submit ----------------------------------------------------------------
 

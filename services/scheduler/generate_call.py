@@ -1,0 +1,117 @@
+"""One admitted Generate call at the scheduler, for both transports: its sequence's stream in the
+pool, and the chunks it fills (the first names the model, the last carries usage and timings)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from infermesh.v1 import common_pb2, gateway_pb2
+from services.common import errors
+from services.common.clock import Clock
+from services.common.timings import StageTime, seconds_to_us, to_proto
+from services.scheduler.call_codec import FINISH_REASONS
+from services.scheduler.chunk_coalescer import CoalescedEvents
+from services.scheduler.generate_pool import GenerateStream, StreamEvent
+from services.scheduler.model_registry import GeneratorEntry
+from services.scheduler.step_plan import SequenceDelta
+
+SERVICE = "scheduler"
+
+
+class GenerateCall:
+    __slots__ = ("_request_id", "_entry", "stream", "_began_s", "_span", "_model", "_first", "_clock",
+                 "_finished")
+
+    def __init__(self, request_id: str, entry: GeneratorEntry, stream: GenerateStream, began_s: float,
+                 span: Any, clock: Clock, finished: Callable[[str, float], None]) -> None:
+        """`finished(model_name, latency_s)`: called as the last chunk is built."""
+        self._request_id = request_id
+        self._entry = entry
+        self.stream = stream
+        self._began_s = began_s
+        self._span = span
+        self._model = common_pb2.ModelRef(name=entry.key.name, version=entry.key.version)
+        self._first = True
+        self._clock = clock
+        self._finished = finished
+
+    def fill_chunk(self, chunk: gateway_pb2.GenerateResponse, delta: SequenceDelta) -> None:
+        """Builds delta's chunk in place."""
+        chunk.request_id = self._request_id
+        chunk.token_ids.extend(delta.token_ids)
+        chunk.text = delta.text
+        chunk.index = delta.index
+        if delta.finish_reason is not None:
+            chunk.finish_reason = FINISH_REASONS[delta.finish_reason]
+        if self._first:
+            chunk.model.CopyFrom(self._model)
+            self._first = False
+        if delta.is_last:
+            self._fill_last(chunk, delta)
+            self._span.set_attribute("infermesh.completion_tokens", delta.num_generated)
+
+    def _fill_last(self, chunk: gateway_pb2.GenerateResponse, delta: SequenceDelta) -> None:
+        stream, began_s = self.stream, self._began_s
+        now_s = self._clock()
+        chunk.model.CopyFrom(self._model)
+        chunk.usage.prompt_tokens = delta.num_prompt_tokens
+        chunk.usage.completion_tokens = delta.num_generated
+        first_token_s = stream.seq.first_token_s if stream.seq is not None and stream.seq.first_token_s else now_s
+        chunk.ttft_us = seconds_to_us(first_token_s - began_s)
+        scheduled_s = stream.first_scheduled_s or began_s
+        queue_us = seconds_to_us(scheduled_s - began_s)
+        compute_us = seconds_to_us(stream.compute_s)
+        total_us = seconds_to_us(now_s - began_s)
+        stages = [
+            StageTime("queue_wait", queue_us, SERVICE),
+            StageTime("compute", compute_us, "worker"),
+            # Steps' network, scheduling and waits for the rest of each step's batch.
+            StageTime("overhead", max(0, total_us - queue_us - compute_us), SERVICE),
+            StageTime("scheduler", total_us, SERVICE),
+        ]
+        chunk.timings.CopyFrom(to_proto(stages, total_us=seconds_to_us(now_s - began_s)))
+        self._finished(self._model.name, now_s - began_s)
+
+    @property
+    def model_name(self) -> str:
+        return self._entry.key.name
+
+    def hand_over(self, error: errors.Unavailable) -> bool:
+        """The scheduler drains: end the stream with `error` for the caller to resume elsewhere."""
+        handed_over = self._entry.pool.hand_over(self.stream, error)
+        if handed_over:
+            self._span.set_attribute("infermesh.handed_over", True)
+        return handed_over
+
+    def abort_unless_finished(self) -> None:
+        """The caller went away (or the call failed): drop the sequence and free its KV blocks now."""
+        if not self.stream.finished:
+            self._entry.pool.abort(self.stream)
+        if isinstance(self.stream.events, CoalescedEvents):
+            self.stream.events.close()  # no interval timer may outlive the call
+
+
+class ChunkSink:
+    """Stands in for GenerateStream.events on a Submit stream: the pool's `put_nowait(event)` builds
+    the chunk at once in the stream's outbox, so a step's chunks cost no await or task per token."""
+
+    __slots__ = ("_next_chunk", "call", "done")
+
+    def __init__(self, next_chunk: Callable[[], gateway_pb2.GenerateResponse]) -> None:
+        self._next_chunk = next_chunk
+        self.call: GenerateCall | None = None
+        # Resolves with the last chunk, or fails with the error that ends the sequence.
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def put_nowait(self, event: StreamEvent, /) -> None:
+        if self.done.done():
+            return
+        if event.error is not None:
+            self.done.set_exception(event.error)
+            return
+        assert self.call is not None and event.delta is not None  # set at admission; an event is one or the other
+        self.call.fill_chunk(self._next_chunk(), event.delta)
+        if event.delta.is_last:
+            self.done.set_result(None)
