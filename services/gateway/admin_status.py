@@ -13,6 +13,10 @@ Sections (columns are the JSON contract, docs/operations.md):
   tenants: id, priority, weight, allowed_models, requests_per_s, requests_burst,
            tokens_per_s, tokens_burst, max_in_flight, admin
   limits: model, limit, num_in_flight, num_slots
+  rollouts: model, canary_version, state (running | paused | rolled_back | promoted | aborted),
+            step ("10% (3/5)"), canary_percent, num_baseline, num_canary (this step's samples; at
+            the shadow step the compared mirrored calls), last_decision (with its evidence)
+The models section's canary_percent is the share in force: a rollout's, else the routing file's.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 from services.common import admin, build_info
 from services.common.errors import PermissionDenied
 from services.gateway.circuit_breaker import BreakerState
+from services.gateway.rollout import RolloutView
 from services.gateway.shedding import PressureReport
 from services.gateway.tenants import Tenant, TenantDirectory
 
@@ -75,6 +80,7 @@ class GatewayView:
     schedulers: tuple[SchedulerView, ...]
     versions: tuple[VersionView, ...]
     limits: tuple[LimitView, ...]
+    rollouts: tuple[RolloutView, ...] = ()
 
 
 def build_report(view: GatewayView) -> admin.StatusReport:
@@ -113,6 +119,12 @@ def build_report(view: GatewayView) -> admin.StatusReport:
             admin.section("limits", ("model", "limit", "num_in_flight", "num_slots"), (
                 (limit.model, round(limit.limit, 1), limit.num_in_flight, limit.num_slots) for limit in view.limits
             )),
+            admin.section("rollouts", ("model", "canary_version", "state", "step", "canary_percent", "num_baseline",
+                                       "num_canary", "last_decision"), (
+                (r.model, r.canary_version, r.state, f"{r.step} ({r.step_index + 1}/{r.num_steps})", r.canary_percent,
+                 r.num_baseline, r.num_canary, r.last_decision)
+                for r in view.rollouts
+            )),
         ),
     )
 
@@ -126,8 +138,10 @@ def _versions(gateway) -> tuple[VersionView, ...]:
     routed = set()
     for route in gateway.routing.models:
         routed.add(route.model)
+        shares = gateway.routing.shares(route.model)  # a rollout's share in force, else the file's
         for v in route.versions:
-            rows.append(VersionView(route.model, v.version, v.version == route.default_version, v.canary_percent,
+            rows.append(VersionView(route.model, v.version, v.version == route.default_version,
+                                    shares.get(v.version, 0.0),
                                     tuple(e.address for e in v.endpoints), ready.get((route.model, v.version), False)))
     for (name, version), is_ready in sorted(ready.items()):
         if name not in routed:  # reported by a scheduler, routed by discovery: no file entry
@@ -172,6 +186,7 @@ def collect(gateway, config, started_s: float, clock=time.monotonic) -> GatewayV
         versions=_versions(gateway),
         limits=tuple(LimitView(name, limit.limit, limit.num_in_flight, limit.num_slots)
                      for name, limit in sorted(gateway.limits.limits().items())),
+        rollouts=tuple(gateway.rollouts.views()) if gateway.rollouts is not None else (),
     )
 
 

@@ -133,6 +133,7 @@ class RequestScope:
         self, method: str, model: str, version: str, clock: Clock, limiter: ConcurrencyLimiter,
         parent: otel_context.Context | None = None, metric_model: str | None = None,
         version_label: Callable[[str, str], str] | None = None, links: tuple[trace.Link, ...] = (),
+        on_finish: Callable[[RequestScope, str, float], None] | None = None,
     ) -> None:
         self.method = method
         self.model = model
@@ -159,6 +160,8 @@ class RequestScope:
         self.num_tokens_used: int | None = None
         self._parent = parent
         self._links = links
+        # (scope, final code, seconds from receipt): the rollout controller's per-version samples.
+        self._on_finish = on_finish
 
     def served_by(self, version: str) -> None:
         """An attempt was routed to `version`, or a reply said it served; "" (the scheduler picks) is no news."""
@@ -197,10 +200,13 @@ class RequestScope:
             self.permit = None
             metrics.IN_FLIGHT.set(self._limiter.num_in_flight)
         version = self._version_label(self.metric_model, self.served_version)
+        duration_s = self._clock() - self.began_s
         metrics.REQUESTS.labels(self.tenant_id, self.metric_model, version, self.method, code).inc()
         metrics.REQUEST_DURATION.labels(self.metric_model, version, self.method, self.priority.name.lower()).observe(
-            self._clock() - self.began_s
+            duration_s
         )
+        if self._on_finish is not None:
+            self._on_finish(self, code, duration_s)
         if self.timings is not None:
             metrics.observe_stages(self.metric_model, version, self.timings.stages)
 
@@ -245,6 +251,8 @@ class AdmissionParts:
     version_label: Callable[[str, str], str] = _unlabelled_version
     # Whose trace context a request's span follows (trace_trust.py); by default nobody's.
     trace_trust: TraceTrust = TraceTrust()
+    # Every finished request's (scope, code, duration_s): the rollout controller's samples.
+    on_finish: Callable[[RequestScope, str, float], None] | None = None
 
 
 class Admission:
@@ -258,7 +266,7 @@ class Admission:
         parent, links = self.parts.trace_trust.parent(metadata, authorization)
         return RequestScope(method, model, version, self.clock, self.parts.limiter, parent,
                             metric_model=self.parts.model_label(model), version_label=self.parts.version_label,
-                            links=links)
+                            links=links, on_finish=self.parts.on_finish)
 
     def admit(
         self, scope: RequestScope, authorization: str | None, client_timeout_s: float | None, num_tokens: int = 0,

@@ -39,6 +39,15 @@ class GatewayConfig(ServerSettings):
         "gateway's host, HTTPS when the gRPC port serves TLS; 0: off (docs/clients.md)"
     )
     routing_file: str = setting("", "routing YAML (models: name -> versions -> scheduler endpoints); empty: all to scheduler_address")
+    # Rollouts (services/gateway/rollout.py, docs/operations.md "Rollouts").
+    rollout_state_file: str = setting(
+        "", "JSON file where the rollout decider keeps each rollout's step and decisions (and the others read them); "
+        "empty: in memory only")
+    rollout_role: str = setting(
+        "decider", "decider: this gateway judges the canaries and writes --rollout-state-file; follower: it applies "
+        "what the file says (run exactly one decider)")
+    rollout_interval_ms: float = setting(500.0, "how often the rollouts are judged (the decider) or re-read (followers)")
+    shadow_timeout_ms: float = setting(5000.0, "deadline of a mirrored (shadow) call")
     upstream_mode: str = setting(
         "stream", "how calls reach a scheduler: stream (one Submit stream per endpoint, many calls per message) or unary (an RPC per call)"
     )
@@ -130,6 +139,12 @@ class GatewayConfig(ServerSettings):
         require(self.hop_margin_ms >= 0, f"hop_margin_ms must be >= 0, got {self.hop_margin_ms}")
         require(self.trust_trace_context in ("none", "all", "tenants"),
                 f"trust_trace_context must be none, all or tenants, got {self.trust_trace_context!r}")
+        require(self.rollout_role in ("decider", "follower"),
+                f"rollout_role must be decider or follower, got {self.rollout_role!r}")
+        require(self.rollout_interval_ms > 0, f"rollout_interval_ms must be > 0, got {self.rollout_interval_ms}")
+        require(self.shadow_timeout_ms > 0, f"shadow_timeout_ms must be > 0, got {self.shadow_timeout_ms}")
+        require(self.rollout_role == "decider" or bool(self.rollout_state_file),
+                "rollout_role follower needs rollout_state_file (the decider's state to follow)")
         require(self.tenants_poll_interval_ms >= 0,
                 f"tenants_poll_interval_ms must be >= 0, got {self.tenants_poll_interval_ms}")
         if self.quota_store_address:

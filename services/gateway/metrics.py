@@ -18,6 +18,10 @@ change them only together. Label values:
   verdict   retry | failover | budget_exhausted | attempts_exhausted | deadline | pushback_stop | tokens_sent
   reason    limit | deadline | quota | shed | gateway_in_flight (why admission refused a request);
             unavailable | draining | cut | not_served (why a stream resumed)
+  state     running | paused | rolled_back | promoted | aborted (a model's rollout, rollout.py)
+  action    start | advance | promote | roll_back | pause | resume | abort (a rollout decision)
+  outcome   agreed | disagreed | failed | shed (a shadow call: its output compared, it failed, or
+            it was not sent: over the shadow budget or shed as sheddable traffic)
 """
 
 from __future__ import annotations
@@ -112,6 +116,35 @@ ANONYMOUS_ALLOWED = Gauge(
     "1 when the gateway runs without a tenants file (--allow-anonymous: every caller admitted), else 0.",
 )
 
+ROLLOUT_STATE = Gauge(
+    "infermesh_gateway_rollout_state",
+    "1 for the current state of a model's rollout (running, paused, rolled_back, promoted, aborted), else 0.",
+    ["model", "state"],
+)
+ROLLOUT_STEP = Gauge(
+    "infermesh_gateway_rollout_step",
+    "Index of the rollout's current step in its policy (0: the first, the shadow step when it has one).",
+    ["model"],
+)
+ROLLOUT_CANARY_PERCENT = Gauge(
+    "infermesh_gateway_rollout_canary_percent",
+    "Share of the model's version-less requests the rollout sends to its canary version now, 0..100.",
+    ["model", "version"],
+)
+ROLLOUT_DECISIONS = Counter(
+    "infermesh_gateway_rollout_decisions",
+    "Rollout decisions (each also logged with its evidence): start, advance, promote, roll_back, pause, "
+    "resume, abort.",
+    ["model", "action"],
+)
+SHADOW_REQUESTS = Counter(
+    "infermesh_gateway_shadow_requests",
+    "Mirrored (shadow) calls to a candidate version by outcome: agreed / disagreed with the primary's "
+    "answer, failed, or shed (over the shadow budget, or shed as sheddable traffic).",
+    ["model", "version", "outcome"],
+)
+ROLLOUT_STATES = ("running", "paused", "rolled_back", "promoted", "aborted")
+
 BREAKER_STATE_VALUE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 
 
@@ -172,6 +205,16 @@ def observe_stages(model: str, version: str, stages) -> None:
         child.observe(timing.duration_us / 1e6)
 
 
+def stage_samples(stages) -> list[tuple[str, float]]:
+    """A response's stage timings as ("<service>.<stage>", seconds) pairs (the rollout windows' names)."""
+    samples = []
+    for timing in stages:
+        stage = _STAGE_NAMES.get(timing.stage)
+        if stage is not None and timing.service in _SERVICES:
+            samples.append((f"{timing.service}.{stage}", timing.duration_us / 1e6))
+    return samples
+
+
 _STAGE_NAMES = {value: name.removeprefix("STAGE_").lower() for name, value in common_pb2.Stage.items() if value}
 _SERVICES = frozenset({"gateway", "scheduler", "worker"})
 
@@ -200,3 +243,20 @@ def observe_limits(limits: dict) -> None:
     """The adaptive limits (name -> AdaptiveLimit); the limit moves once per window, so it is sampled."""
     for model, limit in limits.items():
         CONCURRENCY_LIMIT.labels(model).set(int(limit.limit))
+
+
+def observe_rollout(model: str, version: str, state: str, step_index: int, canary_percent: float) -> None:
+    for name in ROLLOUT_STATES:
+        ROLLOUT_STATE.labels(model, name).set(1 if name == state else 0)
+    ROLLOUT_STEP.labels(model).set(step_index)
+    ROLLOUT_CANARY_PERCENT.labels(model, version).set(canary_percent)
+
+
+def rollout_decision(model: str, action: str) -> None:
+    ROLLOUT_DECISIONS.labels(model, action).inc()
+
+
+def forget_rollout(model: str) -> None:
+    """The routing file dropped the model's rollout policy: its gauges go (the counters stay)."""
+    for metric in (ROLLOUT_STATE, ROLLOUT_STEP, ROLLOUT_CANARY_PERCENT):
+        metric.remove_by_labels({"model": model})

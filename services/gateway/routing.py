@@ -16,6 +16,10 @@ Config (a mapping, e.g. the `models` section of the gateway's routing YAML):
       classifier:
         default_version: "3"                   # no endpoints: the discovered schedulers (below)
 
+A model may carry a `rollout` policy (format in rollout_policy.py): the rollout controller
+(rollout.py) then sets its canary's share step by step (`set_shares`), in place of the file's
+`canary_percent`.
+
 A request naming a version goes to that version. A version-less request goes
 to a canary with its `canary_percent` chance, else to the default version; a
 canary with no available endpoint falls back to the default, so a broken
@@ -53,6 +57,7 @@ import yaml
 from services.common.errors import NotFound, Unavailable
 from services.gateway.circuit_breaker import BreakerPermit, CircuitBreakers
 from services.gateway.replicas import ReplicaSelector
+from services.gateway.rollout_policy import RolloutPolicy, parse_rollout_policy
 from services.gateway.tenants import Priority
 
 # (model, version) -> the endpoints whose last ListModels reported that version ready.
@@ -85,6 +90,8 @@ class ModelRoute:
     model: str
     default_version: str
     versions: tuple[VersionRoute, ...]
+    # The automatic canary analysis' policy; None: the versions' canary_percent is the share.
+    rollout: RolloutPolicy | None = None
 
     def version(self, version: str) -> VersionRoute | None:
         return next((v for v in self.versions if v.version == version), None)
@@ -142,9 +149,9 @@ def _parse_model(name: str, spec: object, source: str) -> ModelRoute:
 
     if not isinstance(spec, Mapping):
         raise fail("", "must be a mapping")
-    unknown = sorted(set(spec) - {"default_version", "endpoints", "versions"})
+    unknown = sorted(set(spec) - {"default_version", "endpoints", "versions", "rollout"})
     if unknown:
-        raise fail(unknown[0], "unknown field (expected default_version, endpoints, versions)")
+        raise fail(unknown[0], "unknown field (expected default_version, endpoints, versions, rollout)")
     default_version = spec.get("default_version")
     if (
         not isinstance(default_version, str | int)
@@ -166,7 +173,11 @@ def _parse_model(name: str, spec: object, source: str) -> ModelRoute:
     total_canary = sum(v.canary_percent for v in versions)
     if total_canary > 100:
         raise fail("versions", f"canary_percent values add up to {total_canary:g}, more than 100")
-    return ModelRoute(model=name, default_version=default_version, versions=versions)
+    rollout = None
+    if spec.get("rollout") is not None:
+        rollout = parse_rollout_policy(spec["rollout"], default_version, tuple(v.version for v in versions),
+                                       lambda field_name, problem: fail(field_name, problem))
+    return ModelRoute(model=name, default_version=default_version, versions=versions, rollout=rollout)
 
 
 def _parse_version(version: str, spec: object, is_default: bool, shared, fail) -> VersionRoute:
@@ -241,6 +252,9 @@ class RoutingTable:
         self._fallback = None if fallback_endpoint is None else (Endpoint(address=fallback_endpoint),)
         self._replicas = replicas
         self._serving = serving
+        # model -> version -> share of version-less requests, set by the rollout controller; a model
+        # here ignores its versions' canary_percent.
+        self._shares: dict[str, dict[str, float]] = {}
 
     @property
     def models(self) -> tuple[ModelRoute, ...]:
@@ -252,6 +266,23 @@ class RoutingTable:
         by_model = {route.model: route for route in routes}
         self._routes, self._versions = by_model, _version_pairs(by_model)
         self._routed_only = True
+
+    def set_shares(self, model: str, shares: Mapping[str, float] | None) -> None:
+        """The canary shares (version -> percent) the rollout controller decided; None: the file's."""
+        if shares is None:
+            self._shares.pop(model, None)
+        else:
+            self._shares[model] = dict(shares)
+
+    def shares(self, model: str) -> dict[str, float]:
+        """The shares of version-less requests in force for `model`'s canaries (version -> percent)."""
+        route = self._routes.get(model)
+        if route is None:
+            return {}
+        overridden = self._shares.get(model)
+        if overridden is not None:
+            return dict(overridden)
+        return {v.version: v.canary_percent for v in route.versions if v.canary_percent > 0}
 
     def endpoints(self) -> tuple[str, ...]:
         """Every scheduler address in the table (to dial, and to poll for pressure)."""
@@ -330,12 +361,14 @@ class RoutingTable:
 
     def _draw_version(self, model_route: ModelRoute) -> VersionRoute:
         point = self._rng() * 100
+        shares = self._shares.get(model_route.model)
         for version in model_route.versions:
-            if version.canary_percent <= 0:
+            percent = version.canary_percent if shares is None else shares.get(version.version, 0.0)
+            if percent <= 0:
                 continue
-            if point < version.canary_percent:
+            if point < percent:
                 return version
-            point -= version.canary_percent
+            point -= percent
         return model_route.version(model_route.default_version)
 
     def _available(self, version: VersionRoute, exclude: frozenset[str]) -> list[Endpoint]:

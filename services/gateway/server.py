@@ -10,6 +10,7 @@ import asyncio
 import logging
 import signal
 import time
+from collections.abc import Callable
 
 from inference import grpc_predict_v2_pb2, grpc_predict_v2_pb2_grpc
 from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
@@ -21,7 +22,7 @@ from services.common.metric_labels import KnownValues, KnownVersions
 from services.common.server import Health
 from services.gateway import admin_status, metrics
 from services.gateway.adaptive_limit import AdaptiveLimits
-from services.gateway.admission import Admission, AdmissionParts, OpenTenants, WatchedTenants
+from services.gateway.admission import Admission, AdmissionParts, OpenTenants, RequestScope, WatchedTenants
 from services.gateway.circuit_breaker import CircuitBreakers
 from services.gateway.concurrency import ConcurrencyLimiter
 from services.gateway.config import GatewayConfig
@@ -42,7 +43,10 @@ from services.gateway.quotas import TenantQuotas
 from services.gateway.replicas import Membership, ReplicaSelector
 from services.gateway.retry_budget import RetryBudgets
 from services.gateway.retry_policy import RetryPolicy
+from services.gateway.rollout import RolloutController
+from services.gateway.rollout_store import FileRolloutStore
 from services.gateway.routing import (
+    ModelRoute,
     RoutingConfigError,
     RoutingTable,
     VersionServing,
@@ -60,17 +64,27 @@ log = logging.getLogger(__name__)
 
 
 def load_routing(config: GatewayConfig, breakers: CircuitBreakers, replicas: ReplicaSelector | None,
-                 serving: VersionServing | None = None) -> tuple[RoutingTable, WatchedFile | None]:
-    """The routing table, and the routing file's watcher that loads it now and on every change.
+                 serving: VersionServing | None = None,
+                 rollouts_of: Callable[[RoutingTable], RolloutController] | None = None,
+                 ) -> tuple[RoutingTable, WatchedFile | None]:
+    """The routing table, and the routing file's watcher that loads it now and on every change
+    (into the table, then into the rollout controller `rollouts_of` makes for the table).
 
     A bad file at start raises ConfigError (the gateway does not start); later it is refused and
     logged, and the routing in force stays (file_watch.py)."""
     routing = RoutingTable((), breakers, replicas=replicas, serving=serving)
     if not config.routing_file:
         return routing, None
+    rollouts = rollouts_of(routing) if rollouts_of is not None else None
+
+    def apply(routes: tuple[ModelRoute, ...]) -> None:
+        routing.replace(routes)
+        if rollouts is not None:
+            rollouts.apply_routes(routes)
+
     try:
         watched = WatchedFile(config.routing_file, load_routing_file, what="routing file", error=RoutingConfigError,
-                              describe=describe_routes, on_reload=routing.replace, log=log)
+                              describe=describe_routes, on_reload=apply, log=log)
     except RoutingConfigError as exc:
         raise ConfigError(str(exc)) from None
     return routing, watched
@@ -101,8 +115,10 @@ class GatewayService:
         self._retiring: dict[str, asyncio.TimerHandle] = {}
         self.membership = Membership(lambda: self.discovery.endpoints)
         self.catalog = ModelCatalog()
+        self.rollouts: RolloutController | None = None
         self.routing, self.routing_file = load_routing(
-            config, self.breakers, ReplicaSelector(self.membership, self.board), self.catalog.serving)
+            config, self.breakers, ReplicaSelector(self.membership, self.board), self.catalog.serving,
+            rollouts_of=self._rollouts_of)
         self.clients = SchedulerClients(config.max_message_bytes, UpstreamMode(config.upstream_mode))
         self.quotas: TenantQuotas | SharedQuotas | None = None
         self.quota_sync: QuotaSync | None = None
@@ -131,6 +147,7 @@ class GatewayService:
                 model_label=KnownValues(self._knows_model),
                 version_label=KnownVersions(self._knows_version, none=metrics.NO_VERSION),
                 trace_trust=TraceTrust(TrustMode(config.trust_trace_context), tenants),
+                on_finish=self._record_rollout if self.rollouts is not None else None,
             ),
             clock,
         )
@@ -155,6 +172,18 @@ class GatewayService:
             interval_s=config.pressure_poll_interval_ms / 1000,
             membership=self.membership,
         )
+
+    def _rollouts_of(self, routing: RoutingTable) -> RolloutController:
+        store = FileRolloutStore(self._config.rollout_state_file) if self._config.rollout_state_file else None
+        self.rollouts = RolloutController(routing, store, decider=self._config.rollout_role == "decider")
+        return self.rollouts
+
+    def _record_rollout(self, scope: RequestScope, code: str, duration_s: float) -> None:
+        """A version-less request of a model under rollout: a sample of the version the shares chose."""
+        if scope.version or not scope.served_version or self.rollouts is None:
+            return
+        stages = metrics.stage_samples(scope.timings.stages) if scope.timings is not None else ()
+        self.rollouts.record(scope.model, scope.served_version, code, duration_s, stages)
 
     def _knows_model(self, name: str) -> bool:
         """A model in the routing file, or one some scheduler reported (metric labels use only these)."""
@@ -242,6 +271,9 @@ class GatewayService:
             await self.quota_sync.sync_once()  # leases (or the fallback share) before the first request
             self._tasks.append(asyncio.create_task(self.quota_sync.run(), name="quota-sync"))
         self._tasks.append(asyncio.create_task(self._observe_limits(), name="limit-gauges"))
+        if self.rollouts is not None:
+            self._tasks.append(asyncio.create_task(self.rollouts.run(self._config.rollout_interval_ms / 1000),
+                                                   name="rollouts"))
         if self._watched_files():
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._on_sighup)
             if self._config.tenants_poll_interval_ms > 0:
