@@ -19,7 +19,11 @@ from dataclasses import dataclass, field
 
 from services.common import build_info
 
-T = typing.TypeVar("T")
+if typing.TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+# A service's config class: a dataclass.
+T = typing.TypeVar("T", bound="DataclassInstance")
 
 
 class ConfigError(ValueError):
@@ -88,7 +92,7 @@ def load_config(
     parser.add_argument("--version", action="version", version=build_info.current().line(service))
     for f in dataclasses.fields(config_cls):
         # A bool flag alone means true (`--allow-anonymous`); `--allow-anonymous false` still reads.
-        bare = {"nargs": "?", "const": "true"} if hints[f.name] is bool else {}
+        bare: dict[str, typing.Any] = {"nargs": "?", "const": "true"} if hints[f.name] is bool else {}
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
             dest=f.name,

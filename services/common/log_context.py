@@ -25,6 +25,7 @@ import json
 import logging
 import sys
 from dataclasses import dataclass, replace
+from typing import Any
 
 from opentelemetry import trace
 
@@ -57,7 +58,8 @@ def safe_id(value: object) -> str:
 
 def bind(**fields: object) -> None:
     """These fields (request_id, tenant, batch_id) on every line this task logs from now on."""
-    _bound.set(replace(_bound.get() or _EMPTY, **{k: safe_id(v) for k, v in fields.items()}))
+    changes: dict[str, Any] = {k: safe_id(v) for k, v in fields.items()}  # Bound's str fields, by name
+    _bound.set(replace(_bound.get() or _EMPTY, **changes))
 
 
 def remember_span() -> None:

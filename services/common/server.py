@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import ssl
 import sys
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, cast
 
 import grpc
 import uvloop
@@ -198,7 +199,8 @@ def _start_metrics(settings: ServerSettings, tls_plan: tls.TlsPlan) -> RotatingM
     log.info("metrics on %s://%s:%d/metrics", scheme, settings.host, metrics_server.server_port)
     if files is None:
         return None
-    return RotatingMetricsCertificate(metrics_server.socket, files, time.monotonic)
+    # With files, start_http_server listens on an ssl.SSLSocket (its typeshed type is the plain socket).
+    return RotatingMetricsCertificate(cast(ssl.SSLSocket, metrics_server.socket), files, time.monotonic)
 
 
 async def _follow_rotation(certificate: RotatingMetricsCertificate | None) -> None:

@@ -14,6 +14,7 @@ says `http/protobuf`; any other value is a startup error rather than silently us
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import os
 import threading
@@ -64,6 +65,7 @@ class JsonLinesSpanExporter(SpanExporter):
 
 def _span_record(span: ReadableSpan) -> dict:
     ctx = span.get_span_context()
+    assert ctx is not None  # every span the SDK ends has one
     return {
         "name": span.name,
         "service": span.resource.attributes.get("service.name"),
@@ -199,7 +201,7 @@ def rpc_attributes(full_method: str) -> dict[str, str]:
     return {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
 
 
-def detach_attached(token: object, attached: otel_context.Context) -> None:
+def detach_attached(token: contextvars.Token[otel_context.Context], attached: otel_context.Context) -> None:
     """Undo `otel_context.attach(attached)`, unless the block is being closed from another context.
 
     grpc.aio closes a streaming handler cancelled mid-stream (an async generator) from a task of its

@@ -73,6 +73,8 @@ def _server_config(material: PemMaterial) -> grpc.ServerCertificateConfiguration
 def server_credentials(tls: TlsPlan, clock: Callable[[], float] = time.monotonic
                        ) -> tuple[grpc.ServerCredentials, CertificateWatcher]:
     """Credentials that re-read the files when they rotate; raises CertificateError for bad files."""
+    if tls.files is None:
+        raise ValueError("server_credentials needs a TLS plan with certificate files (plaintext has none)")
     watcher = CertificateWatcher(tls.files, clock)
 
     def fetch() -> grpc.ServerCertificateConfiguration | None:

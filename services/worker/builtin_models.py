@@ -185,4 +185,5 @@ class ToyGeneratorRuntime:
         return sum(len(blocks) for blocks in self._blocks.values())
 
 
-TOY_MODELS = {"toy-classifier": ToyClassifierRuntime, "toy-generator": ToyGeneratorRuntime}
+TOY_MODELS: dict[str, type[ToyClassifierRuntime] | type[ToyGeneratorRuntime]] = {
+    "toy-classifier": ToyClassifierRuntime, "toy-generator": ToyGeneratorRuntime}

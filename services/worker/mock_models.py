@@ -25,6 +25,7 @@ import dataclasses
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from infermesh.v1 import common_pb2, scheduler_pb2
 from services.common.timings import StageTime, seconds_to_us, to_proto
@@ -72,7 +73,7 @@ class MockProfile:
 def parse_mock_profile(text: str) -> MockProfile:
     """'step_ms=5,per_token_us=20,num_kv_blocks=512' -> MockProfile; unnamed fields keep their defaults."""
     types = {f.name: f.type for f in dataclasses.fields(MockProfile)}
-    values: dict[str, float | int] = {}
+    values: dict[str, Any] = {}  # field name -> a value of that field's type (int or float)
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
@@ -250,7 +251,8 @@ class MockClassifierRuntime:
         return 0
 
 
-MOCK_MODELS = {MockGeneratorRuntime.name: MockGeneratorRuntime, MockClassifierRuntime.name: MockClassifierRuntime}
+MOCK_MODELS: dict[str, type[MockGeneratorRuntime] | type[MockClassifierRuntime]] = {
+    MockGeneratorRuntime.name: MockGeneratorRuntime, MockClassifierRuntime.name: MockClassifierRuntime}
 
 
 def make_mock_runtime(name: str, version: str, profile_text: str, num_kv_blocks: int = 0,

@@ -262,20 +262,20 @@ def load_model(root: str | Path, name: str, version: str, device: str = "cpu") -
 
 def _build_runtime(manifest: Manifest, state: Any, weights_path: Path, device: str) -> Classifier | Generator:
     if manifest.classifier is not None:
-        spec = manifest.classifier
-        net = Cnn(spec.architecture)
+        classifier = manifest.classifier
+        net = Cnn(classifier.architecture)
         _load_state(net, state, weights_path)
         return Classifier(
-            net.to(device), labels=spec.labels, mean=spec.inputs.mean, std=spec.inputs.std,
-            max_image_pixels=spec.inputs.max_image_pixels,
+            net.to(device), labels=classifier.labels, mean=classifier.inputs.mean, std=classifier.inputs.std,
+            max_image_pixels=classifier.inputs.max_image_pixels,
         )
     assert manifest.generator is not None  # parse_manifest guarantees one spec per kind
-    spec = manifest.generator
-    lm = DecoderLM(spec.architecture)
+    generator = manifest.generator
+    lm = DecoderLM(generator.architecture)
     _load_state(lm, state, weights_path)
-    bos = spec.tokenizer.bos_token_id
+    bos = generator.tokenizer.bos_token_id
     return Generator(
-        lm.to(device), max_seq_len=spec.max_seq_len, eos_token_id=spec.tokenizer.eos_token_id,
+        lm.to(device), max_seq_len=generator.max_seq_len, eos_token_id=generator.tokenizer.eos_token_id,
         bos_token_id=None if bos < 0 else bos,
     )
 
@@ -299,10 +299,10 @@ def run_golden_check(model: LoadedModel) -> None:
     m = model.manifest
     where = f"{m.name}/{m.version}"
     if m.classifier is not None:
-        golden = m.classifier.golden
-        probs = model.classifier.classify([g.array() for g in golden])
+        images = m.classifier.golden
+        probs = model.classifier.classify([g.array() for g in images])
         got = [int(i) for i in probs.argmax(axis=1)]
-        want = [g.expected_top1 for g in golden]
+        want = [g.expected_top1 for g in images]
         if got != want:
             raise GoldenCheckFailed(f"{where}: golden images classified as {got}, expected {want}")
         return

@@ -15,7 +15,13 @@ from services.common.timings import StageTime, seconds_to_us, to_proto
 from services.worker import work
 from services.worker.batch_executor import BatchExecutor
 from services.worker.config import WorkerConfig
-from services.worker.model_repository import LoadedModel, ModelKind, load_model, run_golden_check
+from services.worker.model_repository import (
+    ClassifierSpec,
+    LoadedModel,
+    ModelKind,
+    load_model,
+    run_golden_check,
+)
 from services.worker.step_codec import item_error_to_proto, run_step_from_proto, step_result_to_proto
 from services.worker.step_executor import StepExecutor
 from services.worker.thread_settings import set_library_threads
@@ -37,6 +43,7 @@ def _timings(durations: work.StageDurations) -> common_pb2.Timings:
 
 def _batch_item(item: scheduler_pb2.BatchItem) -> work.BatchItem:
     kind = item.image.WhichOneof("data")
+    image: work.RawImage | bytes
     if kind == "raw":
         raw = item.image.raw
         image = work.RawImage(raw.pixels, raw.height, raw.width, raw.channels)
@@ -51,8 +58,14 @@ class ClassifierRuntime:
         self._max_batch_size = max_batch_size
         self._executor = BatchExecutor(model.classifier, max_batch_size=max_batch_size)
 
-    def load(self) -> None:
+    @property
+    def _spec(self) -> ClassifierSpec:
         spec = self._model.manifest.classifier
+        assert spec is not None  # built for a classifier's manifest (load_repository_runtime)
+        return spec
+
+    def load(self) -> None:
+        spec = self._spec
         warm = [work.BatchItem(i, work.RawImage(g.pixels, g.height, g.width, g.channels))
                 for i, g in enumerate(spec.golden * self._max_batch_size)][: self._max_batch_size]
         self._executor.execute(warm)
@@ -60,7 +73,7 @@ class ClassifierRuntime:
 
     def hello(self, worker_id: str) -> scheduler_pb2.WorkerHello:
         manifest = self._model.manifest
-        inputs = manifest.classifier.inputs
+        inputs = self._spec.inputs
         return scheduler_pb2.WorkerHello(
             worker_id=worker_id,
             model=common_pb2.ModelRef(name=manifest.name, version=manifest.version),
@@ -69,7 +82,7 @@ class ClassifierRuntime:
                 max_batch_size=self._max_batch_size, memory_bytes=manifest.envelope.memory_bytes,
                 device=self._model.device,
             ),
-            labels=list(manifest.classifier.labels),
+            labels=list(self._spec.labels),
             input_height=inputs.input_height,
             input_width=inputs.input_width,
             max_image_pixels=inputs.max_image_pixels,
@@ -124,6 +137,7 @@ class GeneratorRuntime:
     def hello(self, worker_id: str) -> scheduler_pb2.WorkerHello:
         manifest = self._model.manifest
         envelope, spec = manifest.envelope, manifest.generator
+        assert spec is not None  # built for a generator's manifest (load_repository_runtime)
         return scheduler_pb2.WorkerHello(
             worker_id=worker_id,
             model=common_pb2.ModelRef(name=manifest.name, version=manifest.version),

@@ -21,7 +21,7 @@ PROBE_TIMEOUT_S = 0.5
 
 async def resolve_dns(name: str, port: int) -> list[str]:
     infos = await asyncio.get_running_loop().getaddrinfo(name, port, type=socket.SOCK_STREAM)
-    return [info[4][0] for info in infos]
+    return [str(info[4][0]) for info in infos]  # the address of a SOCK_STREAM sockaddr: a str
 
 
 class SchedulerDialer:

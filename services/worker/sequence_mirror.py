@@ -110,9 +110,9 @@ class SequenceMirror:
         """Validates the step against the mirror, then updates the mirror; InvalidArgument leaves it untouched."""
         self._check_alone(seq)
         known = self._seqs.get(seq.seq_id)
-        fresh = seq.reset_block_table or known is None
-        table = list(seq.new_blocks) if fresh else known.block_table + list(seq.new_blocks)
-        num_cached = 0 if fresh else known.num_cached
+        kept = None if seq.reset_block_table else known  # the mirror this step extends; None: a fresh table
+        table = list(seq.new_blocks) if kept is None else kept.block_table + list(seq.new_blocks)
+        num_cached = 0 if kept is None else kept.num_cached
         if seq.start_position > num_cached:
             raise InvalidArgument(
                 f"sequence {seq.seq_id}: start_position {seq.start_position} but only {num_cached} positions are "
@@ -124,11 +124,11 @@ class SequenceMirror:
                 f"sequence {seq.seq_id}: block table of {len(table)} blocks holds {len(table) * self.block_size} "
                 f"positions; this step needs {end}"
             )
-        if fresh:
+        if kept is None:
             state = _SequenceState(table, 0, known.seed if known else self._seed_source())
             self._seqs[seq.seq_id] = state
         else:
-            state = known
+            state = kept
             state.block_table = table
         seed = seq.sampling.seed if seq.sampling.seed is not None else state.seed
         return AdmittedSequence(index, seq, tuple(table), seed)

@@ -74,6 +74,7 @@ class StepExecutor:
             if not seq.sample:
                 outputs[admitted.index] = SequenceOutput(seq.seq_id)
                 continue
+            assert logits is not None  # a sampling sequence means the step ran (paged is non-empty)
             token, logprob = sample_token(logits[row].numpy(), seq.sampling, seed=admitted.seed,
                                           index=seq.num_generated)
             outputs[admitted.index] = SequenceOutput(seq.seq_id, token_id=token, logprob=logprob)

@@ -107,7 +107,7 @@ def paged_forward(lm: DecoderLM, seqs: Sequence[PagedSequence], cache: KVCache) 
     scale = 1.0 / math.sqrt(lm.config.head_size)
 
     x = lm.embed(tokens)
-    for layer_index, layer in enumerate(lm.layers):
+    for layer_index, layer in enumerate(lm.blocks()):
         key_cache, value_cache = cache.key[layer_index], cache.value[layer_index]
         q, k, v = layer.qkv(x, positions)
         write_kv_cache(k.contiguous(), v.contiguous(), key_cache, value_cache, slots)

@@ -8,7 +8,9 @@ cache. Tests hold the two to the same greedy tokens.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -109,6 +111,10 @@ class DecoderLM(nn.Module):
         self.final_norm = RMSNorm(config.d_model, config.norm_eps)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
 
+    def blocks(self) -> Iterator[DecoderBlock]:
+        """The decoder blocks, typed (ModuleList yields plain Modules)."""
+        return iter(cast("Iterable[DecoderBlock]", self.layers))
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.final_norm(hidden))
 
@@ -117,7 +123,7 @@ class DecoderLM(nn.Module):
         _, num_tokens = input_ids.shape
         positions = torch.arange(num_tokens, device=input_ids.device)
         x = self.embed(input_ids)
-        for layer in self.layers:
+        for layer in self.blocks():
             q, k, v = layer.qkv(x, positions)
             # SDPA wants [B, heads, T, hs]; GQA by sharing each KV head across its query group.
             attn = F.scaled_dot_product_attention(
