@@ -69,6 +69,7 @@ class AttemptError(Exception):
         pushback_ms = error.retry_pushback_ms if error.HasField("retry_pushback_ms") else None
         kind = errors.Internal if status == grpc.StatusCode.UNKNOWN else ERROR_BY_STATUS.get(status, errors.Internal)
         message = error.message or status.name
+        domain: errors.InfermeshError
         if issubclass(kind, errors.ResourceExhausted | errors.Unavailable):
             retry_after_s = None if pushback_ms is None else max(0.0, pushback_ms / 1000)
             domain = kind(message, retry_after_s=retry_after_s)

@@ -97,7 +97,7 @@ def loop_resolver(getaddrinfo: Callable[..., Awaitable[list]] | None = None) -> 
     async def resolve(name: str, port: int) -> list[str]:
         lookup = getaddrinfo or asyncio.get_running_loop().getaddrinfo
         infos = await lookup(name, port, type=socket.SOCK_STREAM)
-        return list(dict.fromkeys(info[4][0] for info in infos))
+        return list(dict.fromkeys(str(info[4][0]) for info in infos))  # a SOCK_STREAM sockaddr's address: a str
 
     return resolve
 

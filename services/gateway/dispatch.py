@@ -115,9 +115,10 @@ class Dispatcher:
                     decision = self._decide(scope, work, route, failure, attempts.tried,
                                             accepted=True, num_tokens_sent=0)
                     if not decision.retry:
-                        decision = self._regroup(scope, failure, attempts)
-                        if decision is None:
+                        regrouped = self._regroup(scope, failure, attempts)
+                        if regrouped is None:
                             raise failure.error from None
+                        decision = regrouped
                 except BaseException:
                     route.permit.abandon()  # cancelled by the client: says nothing about the endpoint
                     raise
@@ -166,9 +167,10 @@ class Dispatcher:
                     accepted=num_chunks > 0, num_tokens_sent=0,
                 )
                 if not decision.retry:
-                    decision = self._regroup(scope, failure, attempts)
-                    if decision is None:
+                    regrouped = self._regroup(scope, failure, attempts)
+                    if regrouped is None:
                         raise failure.error from None
+                    decision = regrouped
             except StreamMismatch as exc:
                 upstream.cancel()
                 route.permit.record(UpstreamCode.INTERNAL)
@@ -227,7 +229,7 @@ class Dispatcher:
             remaining_s=scope.deadline.remaining_s(self._deadlines.clock()),
             min_service_time_s=self._board.min_service_time_s(scope.model),
         )
-        if decision.resume:
+        if decision.resume and decision.reason is not None:  # a resume always says why
             metrics.STREAM_RESUMES.labels(scope.metric_model, decision.reason.value).inc()
         return decision
 

@@ -27,6 +27,7 @@ change them only together. Label values:
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -173,7 +174,7 @@ class Refusal(enum.Enum):
     GATEWAY_IN_FLIGHT = "gateway_in_flight"
 
 
-_refusal_children: dict[tuple[str, Refusal, Priority], object] = {}
+_refusal_children: dict[tuple[str, Refusal, Priority], Any] = {}  # labelled prometheus children
 
 
 def refused(model: str, priority: Priority, reason: Refusal) -> None:
@@ -187,7 +188,7 @@ def refused(model: str, priority: Priority, reason: Refusal) -> None:
     child.inc()
 
 
-_stage_children: dict[tuple[str, str, str, str], object] = {}
+_stage_children: dict[tuple[str, str, str, str], Any] = {}
 
 
 def observe_stages(model: str, version: str, stages) -> None:
@@ -228,7 +229,7 @@ def config_reload(file: str, applied: bool) -> None:
     CONFIG_RELOADS.labels(file, "applied" if applied else "refused").inc()
 
 
-_in_flight_children: dict[str, object] = {}
+_in_flight_children: dict[str, Any] = {}
 
 
 def observe_model_in_flight(model: str, num_in_flight: int) -> None:

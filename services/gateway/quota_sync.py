@@ -15,7 +15,7 @@ import os
 import random
 import secrets
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from prometheus_client import Counter, Gauge
 
@@ -54,7 +54,7 @@ class QuotaSync:
         store: ValkeyQuotaStore,
         *,
         audit_interval_s: float = 60.0,
-        sleep: Callable[[float], object] = asyncio.sleep,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         rng: Callable[[], float] = random.random,
     ) -> None:
         self._quotas = quotas

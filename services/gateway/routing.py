@@ -96,6 +96,14 @@ class ModelRoute:
     def version(self, version: str) -> VersionRoute | None:
         return next((v for v in self.versions if v.version == version), None)
 
+    @property
+    def default(self) -> VersionRoute:
+        """The default version's route (every parsed or discovered ModelRoute has one)."""
+        route = self.version(self.default_version)
+        if route is None:
+            raise ValueError(f"model {self.model!r}: no route for its default version {self.default_version!r}")
+        return route
+
 
 @dataclass(frozen=True)
 class Route:
@@ -328,6 +336,7 @@ class RoutingTable:
         """
         routes = self._routes  # one read: a reload swapping the table mid-call changes nothing here
         model_route = routes.get(model) or self.model(model)
+        chosen: VersionRoute | None
         if model not in routes:  # the fallback: the scheduler resolves the version itself
             chosen = VersionRoute(version, model_route.versions[0].endpoints)
         elif version:
@@ -338,7 +347,7 @@ class RoutingTable:
             chosen = self._draw_version(model_route)
             if chosen.version != model_route.default_version and not self._available(
                     self._resolved(model, chosen, only_serving=True), exclude):
-                chosen = model_route.version(model_route.default_version)
+                chosen = model_route.default
         discovered = self._replicas is not None and (model not in routes or not chosen.endpoints)
         endpoint = self._draw_endpoint(model, self._resolved(model, chosen), exclude, priority, discovered)
         permit = self._breakers.for_endpoint(endpoint.address).try_acquire()
@@ -369,7 +378,7 @@ class RoutingTable:
             if point < percent:
                 return version
             point -= percent
-        return model_route.version(model_route.default_version)
+        return model_route.default
 
     def _available(self, version: VersionRoute, exclude: frozenset[str]) -> list[Endpoint]:
         breakers = self._breakers
@@ -398,7 +407,7 @@ class RoutingTable:
         if model not in self._routes:
             chosen = model_route.versions[0]
         else:
-            chosen = model_route.version(version) or model_route.version(model_route.default_version)
+            chosen = model_route.version(version) or model_route.default
         return bool(self._available(self._resolved(model, chosen), tried))
 
     def _draw_endpoint(self, model: str, version: VersionRoute, exclude: frozenset[str],
@@ -417,7 +426,7 @@ class RoutingTable:
                 f"no scheduler available for {which}: circuit open for all {len(version.endpoints)} endpoints",
                 retry_after_s=retry_after_s,
             )
-        if discovered:
+        if discovered and self._replicas is not None:  # discovered: there are replicas
             address = self._replicas.choose(model, [e.address for e in candidates], priority)
             return next(e for e in candidates if e.address == address)
         point = self._rng() * sum(e.weight for e in candidates)

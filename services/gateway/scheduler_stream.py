@@ -151,7 +151,7 @@ class SchedulerStream:
                 f"limit of the stream to {self._address}"))
         self._outbox.add(record)
         deadline_s = self._calls.deadline_s(call_id)
-        if self._timer_at_s is None or deadline_s < self._timer_at_s:
+        if deadline_s is not None and (self._timer_at_s is None or deadline_s < self._timer_at_s):
             self._arm(deadline_s)
         return call_id
 
@@ -165,7 +165,7 @@ class SchedulerStream:
             asyncio.create_task(self._write(call), name=f"submit-writer {self._address}", context=clean_context()),
         )
 
-    def _broken(self, call: grpc.aio.StreamStreamCall, why: str) -> None:
+    def _broken(self, call: grpc.aio.StreamStreamCall | None, why: str) -> None:
         """Fails every call in flight with UNAVAILABLE (no pushback); the next call opens a new stream."""
         if self._call is not call:
             return  # an older stream, already replaced
@@ -175,7 +175,8 @@ class SchedulerStream:
             if task is not current:
                 task.cancel()
         self._tasks = ()
-        call.cancel()
+        if call is not None:  # None: no stream was open (self._call was None too)
+            call.cancel()
         self._outbox.clear()
         self._disarm()
         failed = self._calls.pop_all()
@@ -218,13 +219,12 @@ class SchedulerStream:
             if handler is None:
                 continue  # a call given up here (deadline, cancel) whose reply was already on its way
             kind = reply.WhichOneof("kind")
-            streaming = isinstance(handler, asyncio.Queue)
-            if kind == "chunk" and streaming:
+            if kind == "chunk" and isinstance(handler, asyncio.Queue):
                 chunk = reply.chunk
                 handler.put_nowait(chunk)
                 if chunk.finish_reason:
                     calls.pop(call_id)
-            elif kind == "classify" and not streaming:
+            elif kind == "classify" and not isinstance(handler, asyncio.Queue):
                 calls.pop(call_id)
                 if not handler.done():
                     handler.set_result(reply.classify)

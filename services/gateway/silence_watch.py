@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from services.gateway.replicas import Membership
 from services.gateway.upstream import AttemptError, SchedulerClient, SchedulerClients
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 class SilenceWatch:
     def __init__(self, clients: SchedulerClients, membership: Membership | None, *, silent_s: float,
                  probe_timeout_s: float, check_interval_s: float = 0.1,
-                 sleep: Callable[[float], object] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
         if not silent_s > 0 or not probe_timeout_s > 0:
             raise ValueError(f"silent_s and probe_timeout_s must be > 0, got {silent_s} and {probe_timeout_s}")
         self._clients = clients
@@ -79,7 +79,7 @@ class SilenceWatch:
             if not self._can_fail_over(client.address):
                 return 0
             num_calls = client.sever_if_silent(silent_for_s, why)
-            if num_calls:
+            if num_calls and self._membership is not None:  # _can_fail_over() needed one
                 self._membership.unreachable(client.address)
                 log.warning("%s; failing its %d calls in flight over to other schedulers", why, num_calls)
             return num_calls

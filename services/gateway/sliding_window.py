@@ -26,8 +26,8 @@ class SlidingWindowCounter:
         self._head: int | None = None  # absolute index of the newest slice written to
 
     def add(self, now_s: float, amount: float = 1.0) -> None:
-        self._advance(now_s)
-        self._slots[self._head % len(self._slots)] += amount
+        head = self._advance(now_s)
+        self._slots[head % len(self._slots)] += amount
 
     def total(self, now_s: float) -> float:
         self._advance(now_s)
@@ -37,14 +37,16 @@ class SlidingWindowCounter:
         self._slots = [0.0] * len(self._slots)
         self._head = None
 
-    def _advance(self, now_s: float) -> None:
+    def _advance(self, now_s: float) -> int:
+        """Moves the head to now_s's slice (clearing the slices passed); returns the head."""
         index = math.floor(now_s / self._slot_s)
         if self._head is None:
             self._head = index
-            return
+            return index
         if index <= self._head:  # same slice, or a clock that stepped back: keep counting here
-            return
+            return self._head
         num_expired = min(index - self._head, len(self._slots))
         for step in range(1, num_expired + 1):
             self._slots[(self._head + step) % len(self._slots)] = 0.0
         self._head = index
+        return index

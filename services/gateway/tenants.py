@@ -157,10 +157,8 @@ def _parse_priority(value: object, fail) -> Priority:
 def _parse_models(value: object, fail) -> frozenset[str]:
     if value == ALL_MODELS:
         return frozenset({ALL_MODELS})
-    ok = (
-        isinstance(value, list) and value and all(isinstance(m, str) and m and m != ALL_MODELS for m in value)
-    )
-    if not ok:
+    if not (isinstance(value, list) and value
+            and all(isinstance(m, str) and m and m != ALL_MODELS for m in value)):
         raise fail("allowed_models", f"must be '*' or a non-empty list of model names, got {value!r}")
     return frozenset(value)
 

@@ -44,6 +44,7 @@ class TraceTrust:
             return True
         try:
             # The same lookup admission makes next; a caller it refuses is simply not trusted here.
+            assert self._tenants is not None  # TENANTS mode requires them (__init__)
             return self._tenants.authenticate(authorization).trust_trace_context
         except InfermeshError:
             return False
