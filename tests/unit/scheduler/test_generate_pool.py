@@ -82,7 +82,7 @@ def expected(prompt: str, num_tokens: int) -> str:
 def attach(pool: GeneratePool, worker_id: str, step_s: float = 0.001) -> FakeWorker:
     link = WorkerLink(hello(worker_id))
     pool.add_worker(link)
-    return FakeWorker(link, CLOCKS[pool], step_s)
+    return FakeWorker(link, pool.clock, step_s)  # the pool runs on the test's FakeClock
 
 
 def detach(pool: GeneratePool, worker: FakeWorker) -> None:
@@ -120,17 +120,10 @@ class Reader:
         return "".join(text)
 
 
-# The fake clock each pool runs on, for its fake workers.
-CLOCKS: dict[GeneratePool, FakeClock] = {}
-
-
 @pytest.fixture
 def pool() -> GeneratePool:
     clock = FakeClock()
-    made = GeneratePool(MODEL, hello("w0"), SchedulerConfig(), clock=clock, sleep=clock.sleep)
-    CLOCKS[made] = clock
-    yield made
-    del CLOCKS[made]
+    return GeneratePool(MODEL, hello("w0"), SchedulerConfig(), clock=clock, sleep=clock.sleep)
 
 
 async def _until(condition, max_turns: int = 1000) -> None:
@@ -183,10 +176,10 @@ async def test_held_sequences_fail_at_their_deadline(pool):
     detach(pool, only)
     await _settle()
     num_queued = reader.stream.events.qsize()
-    CLOCKS[pool].advance(0.05)
+    pool.clock.advance(0.05)
     await _settle()
     assert reader.stream.events.qsize() == num_queued and not reader.stream.finished, "held until its deadline"
-    CLOCKS[pool].advance(0.1)
+    pool.clock.advance(0.1)
     with pytest.raises(errors.DeadlineExceeded, match="deadline passed after"):
         await reader.read()
 
