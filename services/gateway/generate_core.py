@@ -26,6 +26,7 @@ from services.common.protocol import DEFAULT_MAX_TOKENS
 from services.common.stream_options import stream_options
 from services.gateway.admission import Admission, RequestScope, span
 from services.gateway.dispatch import Dispatcher
+from services.gateway.shadow import ShadowMirror
 from services.gateway.stage_timings import gateway_stages, ingress_s
 from services.gateway.tenants import Priority, Tenant
 
@@ -121,11 +122,13 @@ _STAGE_VALUES = {name.removeprefix("STAGE_").lower(): value for name, value in c
 
 class GenerateCore:
     def __init__(self, admission: Admission, dispatcher: Dispatcher, clock=time.monotonic,
-                 seed_source: Callable[[], int] = lambda: secrets.randbits(63)) -> None:
+                 seed_source: Callable[[], int] = lambda: secrets.randbits(63),
+                 shadow: ShadowMirror | None = None) -> None:
         self._admission = admission
         self._dispatcher = dispatcher
         self._clock = clock
         self._seed_source = seed_source
+        self._shadow = shadow
 
     async def generate(self, request: gateway_pb2.GenerateRequest,
                        caller: Caller) -> AsyncIterator[gateway_pb2.GenerateResponse]:
@@ -153,12 +156,19 @@ class GenerateCore:
             num_generated = 0
             # Until the last chunk says what was used: the prompt once generation started, plus tokens sent.
             scope.num_tokens_used = 0
+            # A greedy version-less stream at a rollout's shadow step: its tokens, to compare.
+            mirrored: list[int] | None = None
+            if (self._shadow is not None and request.sampling.temperature == 0
+                    and self._shadow.wants(request.model.name, request.model.version) is not None):
+                mirrored = []
 
             def on_chunk(chunk: gateway_pb2.GenerateResponse) -> None:
                 nonlocal num_generated
                 if num_generated == 0 and scope.model_permit is not None:
                     scope.model_permit.first_response()
                 num_generated += len(chunk.token_ids)
+                if mirrored is not None:
+                    mirrored.extend(chunk.token_ids)
                 scope.served_by(chunk.model.version)  # set on the first and the last chunk
                 if chunk.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
                     scope.num_tokens_used = chunk.usage.prompt_tokens + chunk.usage.completion_tokens
@@ -170,6 +180,8 @@ class GenerateCore:
 
             async for chunk in self._dispatcher.stream(scope, call, on_chunk):
                 yield chunk
+            if mirrored is not None and self._shadow is not None:
+                self._shadow.generate(request.model.name, request, mirrored, scope.tenant_id)
 
     def _admit(self, scope: RequestScope, request: gateway_pb2.GenerateRequest, caller: Caller) -> int:
         """Checks the request and admits it; the prompt's token estimate, for the running quota charge."""

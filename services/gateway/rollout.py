@@ -195,7 +195,10 @@ class RolloutController:
     def _start(self, route: ModelRoute, policy: RolloutPolicy) -> _Rollout:
         progress = Progress(policy.rollout_id, policy.canary_version, RolloutState.RUNNING, 0, self._clock())
         rollout = _Rollout(route.model, route.default_version, policy, progress)
-        self._decide(rollout, "start", rollout.step, rollout.step, f"policy {policy.rollout_id}")
+        self._decide(rollout, "start", rollout.step, rollout.step,
+                     f"steps {', '.join(s.name for s in policy.steps)}; each needs {policy.min_requests} canary "
+                     f"requests and {policy.min_duration_s:g} s; confidence {policy.confidence:g}; attempt "
+                     f"{policy.attempt}")
         return rollout
 
     def _apply_override(self, rollout: _Rollout) -> bool:
@@ -235,6 +238,11 @@ class RolloutController:
             return None
         policy = rollout.policy
         return ShadowTarget(policy.canary_version, policy.shadow_percent, policy.shadow_max_in_flight)
+
+    def max_score_drift(self, model: str) -> float:
+        """The policy's classify score tolerance for shadow comparisons of `model`."""
+        rollout = self._rollouts.get(model)
+        return rollout.policy.checks.max_score_drift if rollout is not None else 0.0
 
     def record_shadow(self, model: str, version: str, code: str, duration_s: float,
                       stages_s: Iterable[tuple[str, float]] = (), agreed: bool | None = None) -> None:

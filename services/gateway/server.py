@@ -54,9 +54,10 @@ from services.gateway.routing import (
     load_routing_file,
 )
 from services.gateway.servicer import InferenceServicer
+from services.gateway.shadow import ShadowMirror
 from services.gateway.shedding import LoadShedder, PressureBoard
 from services.gateway.silence_watch import SilenceWatch
-from services.gateway.tenants import TenantConfig, TenantConfigError, TenantConfigWatcher
+from services.gateway.tenants import Priority, TenantConfig, TenantConfigError, TenantConfigWatcher
 from services.gateway.trace_trust import TraceTrust, TrustMode
 from services.gateway.upstream import SchedulerClients, UpstreamMode
 
@@ -116,6 +117,7 @@ class GatewayService:
         self.membership = Membership(lambda: self.discovery.endpoints)
         self.catalog = ModelCatalog()
         self.rollouts: RolloutController | None = None
+        self.shadow: ShadowMirror | None = None
         self.routing, self.routing_file = load_routing(
             config, self.breakers, ReplicaSelector(self.membership, self.board), self.catalog.serving,
             rollouts_of=self._rollouts_of)
@@ -231,8 +233,21 @@ class GatewayService:
         # Runs for the first load and every accepted reload; quota levels and in-flight counts carry over.
         self.quotas.update(config.tenants)
 
+    def _shadow_mirror(self) -> ShadowMirror | None:
+        if self.rollouts is None:
+            return None
+        parts, rollouts = self.admission.parts, self.rollouts
+
+        def admits_sheddable(model: str) -> bool:
+            utilization = parts.limiter.num_in_flight / parts.limiter.max_in_flight
+            return parts.shedder.decide(model, Priority.SHEDDABLE, utilization).admit
+
+        return ShadowMirror(rollouts, self.routing, self.clients, admits_sheddable=admits_sheddable,
+                            timeout_s=self._config.shadow_timeout_ms / 1000, max_score_drift=rollouts.max_score_drift)
+
     def register(self, server) -> None:
-        inference = InferenceServicer(self.admission, self.dispatcher, self.clients)
+        self.shadow = self._shadow_mirror()
+        inference = InferenceServicer(self.admission, self.dispatcher, self.clients, shadow=self.shadow)
         gateway_pb2_grpc.add_InferenceServicer_to_server(inference, server)
         kserve = KServeCore(admission=self.admission, catalog=self.catalog, refresh_catalog=self.poller.poll_once,
                             classify=inference.classify_admitted, generate=inference.generate_core)
@@ -321,6 +336,8 @@ class GatewayService:
             await (self._http_closing or self.http.close())
         if self.quota_sync is not None:
             await self.quota_sync.close()
+        if self.shadow is not None:
+            await self.shadow.close()
         await self.clients.close()
 
 

@@ -26,6 +26,7 @@ from services.gateway.generate_core import (
     tenant_context,
 )
 from services.gateway.retry_policy import WorkKind
+from services.gateway.shadow import ShadowMirror
 from services.gateway.stage_timings import REQUEST_START_KEY, parse_request_start_s
 from services.gateway.upstream import AttemptError, SchedulerClients
 
@@ -67,13 +68,15 @@ def client_timeout_s(context) -> float | None:
 class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
     def __init__(
         self, admission: Admission, dispatcher: Dispatcher, clients: SchedulerClients, clock=time.monotonic,
-        seed_source: Callable[[], int] = lambda: secrets.randbits(63),
+        seed_source: Callable[[], int] = lambda: secrets.randbits(63), shadow: ShadowMirror | None = None,
     ) -> None:
+        """shadow: mirrors answered version-less requests at a rollout's shadow step (shadow.py)."""
         self._admission = admission
         self._dispatcher = dispatcher
         self._clients = clients
         self._clock = clock
-        self.generate_core = GenerateCore(admission, dispatcher, clock, seed_source)
+        self._shadow = shadow
+        self.generate_core = GenerateCore(admission, dispatcher, clock, seed_source, shadow=shadow)
 
     @maps_domain_errors
     async def Classify(self, request: gateway_pb2.ClassifyRequest, context) -> gateway_pb2.ClassifyResponse:
@@ -107,6 +110,8 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
 
         response = await self._dispatcher.unary(scope, WorkKind.CLASSIFY, call)
         scope.served_by(response.model.version)
+        if self._shadow is not None:  # after the answer is in hand; the client never waits for it
+            self._shadow.classify(scope.model, request, response, scope.tenant_id)
         return response
 
     @maps_domain_errors

@@ -16,6 +16,13 @@ mock-classifier: each item's label is a hash of its image bytes (no decode).
 
 Step time = step_ms + per_token_us x tokens computed in the step (prefill chunks cost
 more than decode steps); batch time = batch_ms + per_item_us x items.
+
+Deliberately bad versions (rollout tests, docs/operations.md "Rollouts"), mock-classifier only:
+  label_shift=N  every label is N classes off (wrong answers at the same speed), except for the
+                 golden check's input: a corruption the golden check misses, which is what
+                 shadow comparison is for
+  fail_every=N   every Nth item fails with INTERNAL (N=20: 5 %)
+A slower version is batch_ms / per_item_us.
 """
 
 from __future__ import annotations
@@ -53,9 +60,14 @@ class MockProfile:
     batch_ms: float = 5.0  # fixed cost of a classify batch
     per_item_us: float = 0.0  # plus this per item
     max_batch_size: int = 32  # items per classify batch
+    label_shift: int = 0  # classify: labels this many classes off (a bad version; 0: right)
+    fail_every: int = 0  # classify: every Nth item fails with INTERNAL (a bad version; 0: none)
 
     def __post_init__(self) -> None:
         for name in ("step_ms", "per_token_us", "batch_ms", "per_item_us"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"mock profile: {name} must be >= 0, got {getattr(self, name)}")
+        for name in ("label_shift", "fail_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"mock profile: {name} must be >= 0, got {getattr(self, name)}")
         for name in ("num_kv_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_seq_len",
@@ -190,6 +202,10 @@ def mock_label_index(image: common_pb2.Image) -> int:
     return zlib.crc32(data) % len(MOCK_LABELS)
 
 
+_GOLDEN = common_pb2.Image(raw=common_pb2.RawImage(pixels=bytes(4), height=2, width=2, channels=1))
+INTERNAL = 13  # google.rpc.Code
+
+
 class MockClassifierRuntime:
     name = "mock-classifier"
 
@@ -197,9 +213,10 @@ class MockClassifierRuntime:
         self._version = version
         self._profile = profile
         self._sleep = sleep
+        self._num_items = 0
 
     def load(self) -> None:
-        golden = common_pb2.Image(raw=common_pb2.RawImage(pixels=bytes(4), height=2, width=2, channels=1))
+        golden = _GOLDEN
         (item,) = self.classify(scheduler_pb2.ExecuteBatch(items=[scheduler_pb2.BatchItem(item_id=1, image=golden)]))
         if item.labels[0].index != mock_label_index(golden):
             raise RuntimeError(f"{self.name} failed its golden check")
@@ -224,7 +241,14 @@ class MockClassifierRuntime:
                 error = scheduler_pb2.ItemError(code=INVALID_ARGUMENT, message="image has neither encoded nor raw data")
                 results.append(scheduler_pb2.ItemResult(item_id=item.item_id, error=error))
                 continue
+            self._num_items += 1
+            if self._profile.fail_every and self._num_items % self._profile.fail_every == 0:
+                error = scheduler_pb2.ItemError(code=INTERNAL, message="mock-classifier: fail_every")
+                results.append(scheduler_pb2.ItemResult(item_id=item.item_id, error=error))
+                continue
             index = mock_label_index(item.image)
+            if item.image != _GOLDEN:
+                index = (index + self._profile.label_shift) % len(MOCK_LABELS)
             label = common_pb2.Label(label=MOCK_LABELS[index], index=index, score=1.0)
             results.append(scheduler_pb2.ItemResult(item_id=item.item_id, labels=[label]))
         return results
