@@ -140,7 +140,13 @@ def describe_routes(routes: tuple[ModelRoute, ...]) -> str:
     def versions(route: ModelRoute) -> list[VersionRoute]:
         return sorted(route.versions, key=lambda v: v.version != route.default_version)
 
-    return "; ".join(f"{r.model} {', '.join(version(r, v) for v in versions(r))}" for r in routes)
+    def rollout(route: ModelRoute) -> str:
+        if route.rollout is None:
+            return ""
+        steps = ", ".join(s.name for s in route.rollout.steps)
+        return f", rollout of {route.rollout.canary_version} ({steps}; {route.rollout.override.value})"
+
+    return "; ".join(f"{r.model} {', '.join(version(r, v) for v in versions(r))}{rollout(r)}" for r in routes)
 
 
 def parse_routing_config(data: object, source: str) -> tuple[ModelRoute, ...]:

@@ -287,6 +287,10 @@ class GatewayService:
             self._tasks.append(asyncio.create_task(self.quota_sync.run(), name="quota-sync"))
         self._tasks.append(asyncio.create_task(self._observe_limits(), name="limit-gauges"))
         if self.rollouts is not None:
+            for view in self.rollouts.views():  # logging is configured by now; the file was read before
+                log.info("rollout %s canary %s: %s at step %s (%d/%d), canary share %g%%", view.model,
+                         view.canary_version, view.state, view.step, view.step_index + 1, view.num_steps,
+                         view.canary_percent)
             self._tasks.append(asyncio.create_task(self.rollouts.run(self._config.rollout_interval_ms / 1000),
                                                    name="rollouts"))
         if self._watched_files():

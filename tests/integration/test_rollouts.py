@@ -23,7 +23,8 @@ import grpc
 import pytest
 import yaml
 
-from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from infermesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.common import admin_servicer
 from tests.support.gateway_fixtures import scrape
 from tests.support.processes import free_port, running_mesh, wait_until
 
@@ -177,3 +178,41 @@ def test_a_version_as_good_as_the_baseline_is_promoted_through_every_step(rollou
     after = {rollouts.stub.Classify(gateway_pb2.ClassifyRequest(model=common_pb2.ModelRef(name=MODEL), image=image),
                                     timeout=10).model.version for _ in range(20)}
     assert after == {"5"}, "promoted: every version-less request goes to version 5"
+
+
+def _status_rollouts(rollouts: Mesh) -> list[dict]:
+    reply = admin_pb2_grpc.AdminStub(rollouts.channel).GetStatus(admin_pb2.GetStatusRequest(), timeout=10)
+    section = admin_servicer.from_proto(reply).section("rollouts")
+    return section.records() if section is not None else []
+
+
+def test_pause_survives_a_gateway_restart_then_abort_and_promote_by_hand(rollouts):
+    held = {"canary_version": "5", "steps": [10, 100], "min_duration_s": 600, "attempt": 2}
+    rollouts.roll(**held)
+    rollouts.roll(**held, override="pause")
+    assert _state(rollouts) == "paused"
+    (row,) = _status_rollouts(rollouts)
+    assert (row["state"], row["step"], row["canary_percent"]) == ("paused", "10% (1/2)", 10.0)
+
+    rollouts.gateway.stop()
+    rollouts.gateway.start().wait_serving()
+    rollouts.num_reloads = 0  # a new process counts its reloads from 0
+    rollouts.channel.close()
+    rollouts.channel = rollouts.gateway.channel()
+    rollouts.stub = gateway_pb2_grpc.InferenceStub(rollouts.channel)
+    (row,) = _status_rollouts(rollouts)
+    assert (row["state"], row["step"]) == ("paused", "10% (1/2)"), "the state file carried it over"
+    assert "rollout mock-classifier canary 5: paused at step 10% (1/2), canary share 10%" in \
+        rollouts.gateway.log_tail(200)
+
+    rollouts.roll(**held)
+    assert _state(rollouts) == "running"
+    rollouts.roll(**held, override="abort")
+    image = common_pb2.Image(raw=common_pb2.RawImage(pixels=bytes(4), height=2, width=2, channels=1))
+    served = {rollouts.stub.Classify(gateway_pb2.ClassifyRequest(model=common_pb2.ModelRef(name=MODEL), image=image),
+                                     timeout=10).model.version for _ in range(20)}
+    assert served == {"1"} and _status_rollouts(rollouts)[0]["canary_percent"] == 0.0
+    rollouts.roll(**held, override="promote")
+    assert _status_rollouts(rollouts)[0]["canary_percent"] == 100.0
+    actions = [d["action"] for d in rollouts.saved()["decisions"]]
+    assert actions == ["start", "pause", "resume", "abort", "promote"], actions
