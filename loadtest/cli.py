@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--name", help="report name (default: the scenario's name, else its file name)")
     run.add_argument("--out", type=Path, default=Path("reports"), help="report directory (default: %(default)s)")
     run.add_argument("--formats", default="json,md,html", help="comma-separated: json,md,html (default: %(default)s)")
+    run.add_argument("--rollout-state-file", type=Path,
+                     help="the gateway's --rollout-state-file: add the rollout decisions made during the run to the "
+                          "report, on the windows' timeline (loadtest/rollout_report.py; default: none)")
     run.set_defaults(handler=_cmd_run)
 
     compare = sub.add_parser("compare", help="compare two JSON reports; exit 1 on a regression",
@@ -140,6 +143,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except TargetNotReady as err:
         print(f"loadtest: target {target} not ready: {err}", file=sys.stderr)
         return EXIT_NOT_READY
+    if args.rollout_state_file is not None:
+        from loadtest.rollout_report import rollout_section
+
+        doc["rollout"] = rollout_section(doc, args.rollout_state_file)
     print(terminal_summary(doc))
     paths = write_reports(doc, args.out, report_stem(doc), formats)
     for kind, path in paths.items():

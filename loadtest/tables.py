@@ -164,6 +164,9 @@ def report_tables(doc: dict, *, with_windows: bool) -> list[Table]:
     tables = [latency_table(doc), stream_table(doc), stage_table(doc), error_table(doc)]
     if with_windows:
         tables.append(window_table(doc))
+    from loadtest.rollout_report import rollout_table  # it builds on Table
+
+    tables.append(rollout_table(doc))
     return [t for t in tables if t is not None]
 
 

@@ -1,0 +1,70 @@
+"""A load-test report of a run that spans a rollout shows the decision points on the windows' timeline."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+
+import pytest
+
+from loadtest.report_text import markdown_report
+from loadtest.rollout_report import rollout_section, rollout_table
+from loadtest.tables import report_tables
+from services.gateway.rollout import RolloutController
+from services.gateway.rollout_store import FileRolloutStore
+from services.gateway.routing import parse_routing_config
+from tests.support.fake_clock import FakeClock
+from tests.unit.loadtest.test_reports import _demo_report
+
+START = dt.datetime(2026, 11, 27, 10, 0, 0, tzinfo=dt.UTC)
+ROUTES = parse_routing_config({"models": {"digits": {
+    "default_version": "1", "endpoints": ["127.0.0.1:1"], "versions": {"2": {}},
+    "rollout": {"canary_version": "2", "steps": [10, 100], "min_requests": 20, "min_duration_s": 5}}}}, "r")
+
+
+class NoShares:
+    def set_shares(self, model, shares) -> None:
+        return None
+
+
+def doc() -> dict:
+    return {"meta": {"started_at": START.isoformat(timespec="seconds"), "warmup_s": 2.0, "duration_s": 30.0},
+            "windows": {"window_s": 1.0, "overall": []}}
+
+
+def test_an_automatic_rollback_is_placed_on_the_runs_timeline(tmp_path):
+    clock = FakeClock(START.timestamp() + 5.0)  # the rollout starts 3 s into the measured run
+    path = tmp_path / "rollouts.json"
+    controller = RolloutController(NoShares(), FileRolloutStore(path), clock=clock)
+    controller.apply_routes(ROUTES)
+    rng = random.Random(1)
+    for _ in range(300):
+        controller.record("digits", "1", "OK", 0.01 * (1 + rng.uniform(-0.2, 0.2)))
+    for i in range(30):
+        controller.record("digits", "2", "INTERNAL" if i % 3 == 0 else "OK", 0.01)
+    clock.advance(4.0)
+    controller.tick()
+
+    section = rollout_section(doc(), path)
+    assert [(d["t_s"], d["action"]) for d in section["decisions"]] == [(3.0, "start"), (7.0, "roll_back")]
+    assert "error_rate" in section["decisions"][1]["evidence"]
+    table = rollout_table({**doc(), "rollout": section})
+    text = table.to_text()
+    assert "roll_back" in text and "7.0" in text
+    report = _demo_report()
+    report["rollout"] = section
+    assert "Rollout decisions" in [t.title.split(" (")[0] for t in report_tables(report, with_windows=True)]
+    assert "roll_back" in markdown_report(report)
+
+
+def test_decisions_outside_the_run_are_left_out_and_a_bad_file_is_named(tmp_path):
+    path = tmp_path / "rollouts.json"
+    path.write_text('{"models": {"digits": {"decisions": [{"at_s": 1.0, "action": "start"}]}}}')
+    section = rollout_section(doc(), path)
+    assert section["decisions"] == []
+    assert "no decision" in rollout_table({**doc(), "rollout": section}).note
+    path.write_text("[1]")
+    with pytest.raises(ValueError, match="has no 'models' mapping"):
+        rollout_section(doc(), path)
+    with pytest.raises(ValueError, match="cannot read"):
+        rollout_section(doc(), tmp_path / "absent.json")
