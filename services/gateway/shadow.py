@@ -178,4 +178,4 @@ class ShadowMirror:
 
 
 def _sheddable(tenant_id: str) -> scheduler_pb2.TenantContext:
-    return scheduler_pb2.TenantContext(tenant_id=tenant_id, priority=int(Priority.SHEDDABLE), weight=1)
+    return scheduler_pb2.TenantContext(tenant_id=tenant_id, priority=common_pb2.PRIORITY_SHEDDABLE, weight=1)
