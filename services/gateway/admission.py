@@ -19,7 +19,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -34,7 +34,7 @@ from services.gateway import metrics
 from services.gateway.adaptive_limit import AdaptiveLimits, LimitPermit, Outcome
 from services.gateway.concurrency import ConcurrencyLimiter, ConcurrencyPermit
 from services.gateway.deadlines import Deadline, Deadlines
-from services.gateway.quotas import QuotaExceeded, QuotaLease, TenantQuotas
+from services.gateway.quotas import Lease, QuotaExceeded, Quotas
 from services.gateway.routing import RoutingTable
 from services.gateway.shedding import LoadShedder, PressureBoard
 from services.gateway.tenants import ALL_MODELS, Priority, Tenant, TenantConfigWatcher, TenantQuota
@@ -144,24 +144,32 @@ class RequestScope:
         # The version that served the request, or the last one an attempt was routed to (served_by).
         self.served_version = version
         self._version_label = version_label or _unlabelled_version
-        # A served request's timings (common_pb2.Timings), for the per-stage histogram.
-        self.timings = None
+        # A served request's timings (common_pb2.Timings: this module keeps protobuf out), for the
+        # per-stage histogram.
+        self.timings: Any = None
         self.began_s = clock()
         self._clock = clock
         self._limiter = limiter
         self.tenant_id = UNAUTHENTICATED
-        self.tenant: Tenant | None = None
+        self.tenant: Tenant | None = None  # set by admission; admitted_tenant after it
         self.deadline: Deadline | None = None
         self.permit: ConcurrencyPermit | None = None
         # The model's adaptive-limit slot; streams call first_response() on their first chunk.
         self.model_permit: LimitPermit | None = None
-        self.lease: QuotaLease | None = None
+        self.lease: Lease | None = None
         # Generate: tokens the request really used (prompt + generated), for the quota refund.
         self.num_tokens_used: int | None = None
         self._parent = parent
         self._links = links
         # (scope, final code, seconds from receipt): the rollout controller's per-version samples.
         self._on_finish = on_finish
+
+    @property
+    def admitted_tenant(self) -> Tenant:
+        """The tenant admission established; read only after admit() succeeded."""
+        if self.tenant is None:
+            raise RuntimeError("the request's tenant was read before admission")
+        return self.tenant
 
     def served_by(self, version: str) -> None:
         """An attempt was routed to `version`, or a reply said it served; "" (the scheduler picks) is no news."""
@@ -244,7 +252,7 @@ class AdmissionParts:
     shedder: LoadShedder
     limits: AdaptiveLimits
     # None in development mode (no tenants file): no quotas.
-    quotas: TenantQuotas | None
+    quotas: Quotas | None
     # A requested model's metric label and adaptive-limit key (services/common/metric_labels.py).
     model_label: Callable[[str], str]
     # (model label, version) -> the version's metric label (metric_labels.KnownVersions).

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from opentelemetry import trace
 
@@ -128,7 +128,7 @@ class Dispatcher:
                     return result
             await self._sleep(decision.delay_s)
 
-    async def stream(self, scope, call: StreamCall, on_chunk: Callable[[object], None]) -> AsyncIterator:
+    async def stream(self, scope, call: StreamCall, on_chunk: Callable[[Any], None]) -> AsyncIterator:
         """The stream's chunks, over as many attempts and resumes as it takes; `on_chunk` sees each first."""
         attempts = _Attempts()
         resume = ResumeState(self._max_resumes)

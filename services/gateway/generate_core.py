@@ -16,8 +16,9 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass
+from typing import cast
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 from services.common import errors
@@ -74,7 +75,9 @@ def prompt_tokens_upper_bound(prompt: str) -> int:
 
 
 def tenant_context(tenant: Tenant) -> scheduler_pb2.TenantContext:
-    return scheduler_pb2.TenantContext(tenant_id=tenant.tenant_id, priority=int(tenant.priority), weight=tenant.weight)
+    # The enum's number (Priority's values are infermesh.v1.Priority's); the .pyi only lists enum members.
+    priority = cast("common_pb2.Priority", int(tenant.priority))
+    return scheduler_pb2.TenantContext(tenant_id=tenant.tenant_id, priority=priority, weight=tenant.weight)
 
 
 def fix_seed(sampling: common_pb2.SamplingParams, seed_source: Callable[[], int]) -> None:
@@ -131,7 +134,7 @@ class GenerateCore:
         self._shadow = shadow
 
     async def generate(self, request: gateway_pb2.GenerateRequest,
-                       caller: Caller) -> AsyncIterator[gateway_pb2.GenerateResponse]:
+                       caller: Caller) -> AsyncGenerator[gateway_pb2.GenerateResponse, None]:
         """The request's chunks; the last has finish_reason, usage and every stage's timings.
 
         Admission runs on the first iteration, so a refusal is raised before any chunk. Closing
@@ -145,7 +148,7 @@ class GenerateCore:
             with span("admission"):
                 prompt_tokens = self._admit(scope, request, caller)
             admitted_s = self._clock()
-            upstream = scheduler_pb2.ScheduleGenerateRequest(request=request, tenant=tenant_context(scope.tenant))
+            upstream = scheduler_pb2.ScheduleGenerateRequest(request=request, tenant=tenant_context(scope.admitted_tenant))
 
             def call(client, version: str, timeout_s: float, continuation: tuple[int, ...]):
                 upstream.request.model.version = version

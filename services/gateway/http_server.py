@@ -60,6 +60,7 @@ class HttpServer:
         await self._runner.cleanup()
 
     async def _follow_rotation(self, watcher: CertificateWatcher) -> None:
+        assert self._ssl is not None and self._tls_files is not None  # followed only when serving TLS
         while True:
             await asyncio.sleep(DEFAULT_CHECK_INTERVAL_S)
             if watcher.poll() is not None:

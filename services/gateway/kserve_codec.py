@@ -21,6 +21,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from inference import grpc_predict_v2_pb2 as kserve
 from infermesh.v1 import common_pb2
@@ -154,6 +155,7 @@ def encode_outputs(response: kserve.ModelInferResponse, outputs: Sequence[Reques
     """One tensor per requested output, each image's row in batch order ([N, ...], or [...] unbatched)."""
     for output in outputs:
         tensor = response.outputs.add(name=output.name)
+        rows: Sequence[Sequence[Any]]  # each image's entries: encoded top-k, scores or label names
         if output.class_count:
             rows = [_top_entries(scores, output.class_count) for scores in batch]
             tensor.datatype = "BYTES"

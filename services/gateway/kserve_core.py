@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 
 from inference import grpc_predict_v2_pb2 as kserve
@@ -162,7 +162,8 @@ class KServeCore:
                 task.cancel()
             raise
 
-    async def stream(self, request: kserve.ModelInferRequest, caller: Caller) -> AsyncIterator[kserve.ModelInferResponse]:
+    async def stream(self, request: kserve.ModelInferRequest,
+                     caller: Caller) -> AsyncGenerator[kserve.ModelInferResponse, None]:
         """One generator request of a ModelStreamInfer stream: its responses, the last flagged final.
 
         Admission runs on the first iteration, so a refusal is raised before any response."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,7 @@ class ModelStatistics:
     def snapshot(self, name: str = "", version: str = "") -> list[VersionStats]:
         """Every counted version (of `name`, at `version`, when given), sorted; copies, safe to keep."""
         return [
-            VersionStats(**{k: (Duration(v.count, v.ns) if isinstance(v, Duration) else v)
-                            for k, v in vars(stats).items()})
+            VersionStats(**_copied_fields(stats))
             for key, stats in sorted(self._stats.items())
             if (not name or key[0] == name) and (not version or key[1] == version)
         ]
@@ -88,3 +88,8 @@ class ModelStatistics:
             stats = self._stats[(name, version)] = VersionStats(name, version)
         stats.last_inference_ms = int(self._wall_clock() * 1000)
         return stats
+
+
+def _copied_fields(stats: VersionStats) -> dict[str, Any]:
+    """The stats' fields by name, each Duration copied (the counters keep moving)."""
+    return {k: (Duration(v.count, v.ns) if isinstance(v, Duration) else v) for k, v in vars(stats).items()}

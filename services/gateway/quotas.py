@@ -11,10 +11,25 @@ Not thread-safe by design: the gateway calls it from its one event loop.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 from services.common.clock import Clock
 from services.common.errors import ResourceExhausted
 from services.gateway.tenants import Tenant, TenantQuota
+
+
+class Lease(Protocol):
+    """What admission holds for an admitted request: QuotaLease here, or quota_lease.SharedQuotaLease."""
+
+    def release(self, num_tokens_used: int | None = None) -> int: ...
+
+
+class Quotas(Protocol):
+    """Tenant quotas as admission uses them: TenantQuotas here, or quota_lease.SharedQuotas."""
+
+    def admit(self, tenant: Tenant, num_tokens: int = 0) -> Lease: ...
+
+    def update(self, tenants: Iterable[Tenant]) -> None: ...
 
 
 class QuotaExceeded(ResourceExhausted):

@@ -125,7 +125,7 @@ class GatewayService:
         self.quotas: TenantQuotas | SharedQuotas | None = None
         self.quota_sync: QuotaSync | None = None
         self.watcher: TenantConfigWatcher | None = None
-        tenants = OpenTenants()
+        tenants: OpenTenants | WatchedTenants = OpenTenants()
         if config.tenants_file:
             self.quotas = self._build_quotas(config, clock)
             try:
@@ -231,7 +231,8 @@ class GatewayService:
 
     def _apply_tenants(self, config: TenantConfig) -> None:
         # Runs for the first load and every accepted reload; quota levels and in-flight counts carry over.
-        self.quotas.update(config.tenants)
+        if self.quotas is not None:  # built before the watcher that calls this
+            self.quotas.update(config.tenants)
 
     def _shadow_mirror(self) -> ShadowMirror | None:
         if self.rollouts is None:

@@ -102,7 +102,7 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
 
     async def classify_admitted(self, scope: RequestScope, request: gateway_pb2.ClassifyRequest):
         """Send an admitted classify request upstream, with retries (shared with KServe ModelInfer)."""
-        upstream = scheduler_pb2.ScheduleClassifyRequest(request=request, tenant=tenant_context(scope.tenant))
+        upstream = scheduler_pb2.ScheduleClassifyRequest(request=request, tenant=tenant_context(scope.admitted_tenant))
 
         def call(client, version: str, timeout_s: float):
             upstream.request.model.version = version
