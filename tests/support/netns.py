@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -113,7 +114,9 @@ class Lan:
                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
             give_up = time.monotonic() + 10
-            while not path.exists():
+            # The socket file appears at bind(), before listen(): a connect in between is refused
+            # (CI under load once failed a scrape so). Ready means a connect succeeds.
+            while not _accepts(path):
                 if time.monotonic() > give_up:
                     raise TimeoutError(f"forwarder to {host}:{port} did not listen on {path}")
                 time.sleep(0.02)
@@ -131,6 +134,15 @@ class Lan:
             _ip("netns", "del", self.namespace(host))
         _ip("netns", "del", self.hub)
         shutil.rmtree(self.sock_dir, ignore_errors=True)
+
+
+def _accepts(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except (FileNotFoundError, ConnectionRefusedError):
+            return False
+    return True
 
 
 def remove_orphans() -> list[str]:
