@@ -61,6 +61,16 @@ class DecodedContext:
             await abort_undecodable(self._context, message)
         return message
 
+    async def read_marked(self):
+        """The next message, or the Undecodable marker itself (no abort).
+
+        For a handler that reads in a task of its own: an abort from there can run while the
+        handler's task is sending a message, and when grpc refuses the second send the status
+        is never sent, so the client waits out its deadline. Such a handler aborts from its own
+        task once it has stopped writing.
+        """
+        return await self._context.read()
+
     def __getattr__(self, name: str):
         return getattr(self._context, name)
 

@@ -20,6 +20,7 @@ from infermesh.v1 import scheduler_pb2
 from services.common import errors
 from services.common.clock import Clock
 from services.common.protocol import ATTACH_PROTOCOL_VERSION
+from services.common.request_decoding import Undecodable
 from services.scheduler import attach_codec
 from services.scheduler.attach_types import ModelKind, WorkerHello
 from services.scheduler.model_registry import GeneratorEntry, ModelRegistry
@@ -84,8 +85,12 @@ class AttachSessions:
             self._links.discard(link)
             self._released.discard(link)
             self._registry.detach(link)
-        if reader.done() and not reader.cancelled() and (failure := reader.exception()) is not None:
-            raise failure  # e.g. the abort for an undecodable message: the call ends with it
+        if reader.done() and not reader.cancelled():
+            if (failure := reader.exception()) is not None:
+                raise failure
+            if (undecodable := reader.result()) is not None:
+                # Aborted here, not in the reader: this task has stopped writing (see read_marked).
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, undecodable.reason)
 
     async def _attach(self, context: AttachContext) -> WorkerLink:
         first = await context.read()
@@ -101,12 +106,16 @@ class AttachSessions:
             raise  # abort() raises; this only tells the type checker
         return link
 
-    async def _read(self, link: WorkerLink, context: AttachContext) -> None:
+    async def _read(self, link: WorkerLink, context: AttachContext) -> Undecodable | None:
+        """Reads until the stream ends; returns the undecodable message that ended it, if one did."""
         # A watchdog, not a timeout per read: wrapping every read in wait_for costs a task per message.
         watchdog = asyncio.create_task(self._watch_silence(link))
+        read = getattr(context, "read_marked", context.read)
         try:
             while True:
-                message = await context.read()
+                message = await read()
+                if isinstance(message, Undecodable):
+                    return message
                 if message is grpc.aio.EOF:
                     break
                 link.last_heard_s = self._clock()
@@ -118,6 +127,7 @@ class AttachSessions:
             # Whatever ended the reading, the writer must stop and detach the worker: a reader that
             # died on an exception without this left a ghost worker taking batches until restart.
             link.close()
+        return None
 
     async def _watch_silence(self, link: WorkerLink) -> None:
         timeout_s = self._worker_timeout_s
