@@ -3,6 +3,8 @@
     infermesh status [--gateway ADDR] [--scheduler ADDR ...] [--worker ADDR ...] [--json]
     infermesh classify FILE --model M          (PNG/JPEG bytes, or a uint8 .npy array HxW or HxWxC)
     infermesh generate PROMPT --model M [--max-tokens N] [--stream]
+    infermesh rollout pause|resume|abort|promote MODEL [--gateway ADDR] [--json]
+                                               (at the decider gateway; Admin/ControlRollout)
     infermesh completion bash|zsh              (eval "$(infermesh completion bash)")
 
 Exit codes: 0 ok; 1 an RPC failed (for status: any target); 2 usage (bad flags, unreadable file).
@@ -90,6 +92,17 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--json", action="store_true",
                           help="one JSON object at the end (with --stream: one JSON line per chunk)")
     _common(generate)
+
+    rollout = commands.add_parser("rollout", help="pause, resume, abort or promote a model's rollout by hand "
+                                                  "(at the decider gateway)")
+    rollout.add_argument("action", choices=tuple(admin_servicer.ACTION_BY_NAME),
+                         help="pause: hold the share; resume: back to the automatic path; abort: share 0; "
+                              "promote: share 100")
+    rollout.add_argument("model")
+    rollout.add_argument("--gateway", default=os.environ.get("INFERMESH_GATEWAY", DEFAULT_GATEWAY),
+                         help="the decider gateway's address (default: $INFERMESH_GATEWAY or %(default)s)")
+    rollout.add_argument("--json", action="store_true")
+    _common(rollout)
 
     shell = commands.add_parser("completion", help="print a shell completion script")
     shell.add_argument("shell", choices=completion.SHELLS)
@@ -225,7 +238,21 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"status": run_status, "classify": run_classify, "generate": run_generate}
+def run_rollout(args: argparse.Namespace) -> int:
+    request = admin_pb2.ControlRolloutRequest(model=args.model, action=admin_servicer.ACTION_BY_NAME[args.action])
+    with channel(args.gateway, args) as ch:
+        reply = admin_pb2_grpc.AdminStub(ch).ControlRollout(request, timeout=args.timeout, metadata=metadata(args))
+    if args.json:
+        print(json.dumps({"model": reply.model, "canary_version": reply.canary_version, "state": reply.state,
+                          "step": reply.step, "canary_percent": reply.canary_percent, "decision": reply.decision}))
+    else:
+        print(f"{reply.model} canary {reply.canary_version}: {reply.state} at step {reply.step}, "
+              f"canary share {reply.canary_percent:g}%")
+        print(f"  {reply.decision or 'already ' + reply.state + ': nothing changed'}")
+    return 0
+
+
+_COMMANDS = {"status": run_status, "classify": run_classify, "generate": run_generate, "rollout": run_rollout}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

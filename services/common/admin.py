@@ -61,10 +61,25 @@ class StatusReport:
         return next((s for s in self.sections if s.name == name), None)
 
 
+@dataclass(frozen=True)
+class RolloutOutcome:
+    """A rollout after Admin/ControlRollout acted on it (the gateway's)."""
+
+    model: str
+    canary_version: str
+    state: str  # running | paused | rolled_back | promoted | aborted
+    step: str  # "10% (2/4)"
+    canary_percent: float
+    decision: str  # as logged; "" when the rollout was already where the action leads
+
+
 # peer ("ipv4:127.0.0.1:5000"), invocation metadata, whether the caller presented a verified certificate;
 # raises Unauthenticated or PermissionDenied.
 Authorize = Callable[[str, Sequence[tuple[str, str | bytes]], bool], None]
 Report = Callable[[], StatusReport]
+# model, action (pause | resume | abort | promote), who asked (for the decision's evidence);
+# raises the domain errors Admin/ControlRollout documents.
+ControlRollout = Callable[[str, str, str], RolloutOutcome]
 
 
 def section(name: str, columns: Iterable[str], rows: Iterable[Iterable[Cell]]) -> Section:

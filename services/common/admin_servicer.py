@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import logging
 
+import grpc
+
 from infermesh.v1 import admin_pb2, admin_pb2_grpc
 from services.common import admin
+from services.common.errors import InvalidArgument
 from services.common.identity import peer_identity
 from services.common.status import maps_domain_errors
 
@@ -19,16 +22,47 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
 
 
+_ACTIONS = {
+    admin_pb2.ControlRolloutRequest.ACTION_PAUSE: "pause",
+    admin_pb2.ControlRolloutRequest.ACTION_RESUME: "resume",
+    admin_pb2.ControlRolloutRequest.ACTION_ABORT: "abort",
+    admin_pb2.ControlRolloutRequest.ACTION_PROMOTE: "promote",
+}
+ACTION_BY_NAME = {name: number for number, name in _ACTIONS.items()}
+
+
 class AdminServicer(admin_pb2_grpc.AdminServicer):
-    def __init__(self, authorize: admin.Authorize, report: admin.Report) -> None:
+    def __init__(self, authorize: admin.Authorize, report: admin.Report,
+                 control_rollout: admin.ControlRollout | None = None) -> None:
+        """control_rollout: the gateway's; None elsewhere (ControlRollout answers UNIMPLEMENTED)."""
         self._authorize = authorize
         self._report = report
+        self._control_rollout = control_rollout
+
+    def _check(self, context) -> None:
+        has_cert = peer_identity(context.auth_context()) is not None
+        self._authorize(context.peer(), context.invocation_metadata() or (), has_cert)
 
     @maps_domain_errors
     async def GetStatus(self, request: admin_pb2.GetStatusRequest, context) -> admin_pb2.ServiceStatus:
-        has_cert = peer_identity(context.auth_context()) is not None
-        self._authorize(context.peer(), context.invocation_metadata() or (), has_cert)
+        self._check(context)
         return to_proto(self._report())
+
+    @maps_domain_errors
+    async def ControlRollout(self, request: admin_pb2.ControlRolloutRequest,
+                             context) -> admin_pb2.ControlRolloutResponse:
+        self._check(context)
+        if self._control_rollout is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "rollouts are controlled at a gateway, not here")
+        action = _ACTIONS.get(request.action)
+        if action is None:
+            raise InvalidArgument(f"action must be pause, resume, abort or promote, got {request.action}")
+        assert self._control_rollout is not None
+        outcome = self._control_rollout(request.model, action, f"by hand: Admin/ControlRollout from "
+                                                               f"{admin.peer_host(context.peer())}")
+        return admin_pb2.ControlRolloutResponse(
+            model=outcome.model, canary_version=outcome.canary_version, state=outcome.state, step=outcome.step,
+            canary_percent=outcome.canary_percent, decision=outcome.decision)
 
 
 def add_to_server(servicer: AdminServicer, server) -> None:

@@ -31,6 +31,10 @@ class PermissionDenied(InfermeshError):
     """The tenant is known but may not use this model."""
 
 
+class FailedPrecondition(InfermeshError):
+    """The system is not in a state that allows the request (e.g. a rollout follower asked to decide)."""
+
+
 class DeadlineExceeded(InfermeshError):
     """The deadline passed, or cannot be met, so no work is spent on it."""
 

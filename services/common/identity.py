@@ -54,6 +54,8 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
     _SCHEDULER + "Attach": _WORKER,
     # What a process has in force (services/common/admin_servicer.py), on every service's port.
     _ADMIN + "GetStatus": frozenset({Role.OPERATOR}),
+    # A rollout's pause / resume / abort / promote by hand (the gateway's; others answer UNIMPLEMENTED).
+    _ADMIN + "ControlRollout": frozenset({Role.OPERATOR}),
 }
 
 _DEV_GATEWAY_IDS = ("spiffe://infermesh/gateway",)

@@ -32,6 +32,7 @@ STATUS_BY_ERROR: dict[type[errors.InfermeshError], grpc.StatusCode] = {
     errors.NotFound: grpc.StatusCode.NOT_FOUND,
     errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,

@@ -1,4 +1,5 @@
-"""The gateway's Admin/GetStatus: what it has in force, and which callers may read it.
+"""The gateway's Admin service: what it has in force (GetStatus), a rollout by hand (ControlRollout),
+and which callers may use it (the same admin tenants for both).
 
 `collect(gateway)` reads the live objects into a `GatewayView` of plain data; `build_report`
 turns a view into a StatusReport (pure: unit tests give it hand-made views). Tenants appear
@@ -26,9 +27,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from services.common import admin, build_info
-from services.common.errors import PermissionDenied
+from services.common.errors import NotFound, PermissionDenied
 from services.gateway.circuit_breaker import BreakerState
-from services.gateway.rollout import RolloutView
+from services.gateway.rollout import HandAction, RolloutController, RolloutView
 from services.gateway.shedding import PressureReport
 from services.gateway.tenants import Tenant, TenantDirectory
 
@@ -202,7 +203,8 @@ def authorize(directory: TenantDirectory | None, authorization: str | None, peer
         return
     tenant = directory.authenticate(authorization)
     if not tenant.admin:
-        raise PermissionDenied(f"tenant '{tenant.tenant_id}' may not read the gateway's status: "
+        raise PermissionDenied(f"tenant '{tenant.tenant_id}' may not use the gateway's Admin service "
+                               "(status, rollouts): "
                                "set 'admin: true' on an operator's tenant in the tenants file")
 
 
@@ -213,12 +215,23 @@ def _authorization(metadata) -> str | None:
     return None
 
 
-def handlers(gateway, config, clock=time.monotonic) -> tuple[admin.Authorize, admin.Report]:
-    """The AdminServicer's two callables for a GatewayService (server.py wires them)."""
+def control_rollout(rollouts: RolloutController | None, model: str, action: str, who: str) -> admin.RolloutOutcome:
+    """Admin/ControlRollout on this gateway's controller (None: no routing file, so no rollouts)."""
+    if rollouts is None:
+        raise NotFound(f"model {model!r} has no rollout: this gateway runs without a routing file")
+    decision, view = rollouts.control(model, HandAction(action), who)
+    return admin.RolloutOutcome(view.model, view.canary_version, view.state,
+                                f"{view.step} ({view.step_index + 1}/{view.num_steps})", view.canary_percent,
+                                decision.describe() if decision is not None else "")
+
+
+def handlers(gateway, config, clock=time.monotonic) -> tuple[admin.Authorize, admin.Report, admin.ControlRollout]:
+    """The AdminServicer's callables for a GatewayService (server.py wires them)."""
     started_s = clock()
 
     def authorize_call(peer: str, metadata, has_cert: bool) -> None:
         directory = gateway.watcher.directory if gateway.watcher is not None else None
         authorize(directory, _authorization(metadata), peer)
 
-    return authorize_call, lambda: build_report(collect(gateway, config, started_s, clock))
+    return (authorize_call, lambda: build_report(collect(gateway, config, started_s, clock)),
+            lambda model, action, who: control_rollout(gateway.rollouts, model, action, who))

@@ -16,6 +16,9 @@ By hand, in the routing file (`override`): pause holds the current share and dec
 abort sets the share to 0; promote to 100. Removing the override resumes the automatic path at
 the step it held (a paused or aborted rollout; a rollback is final for its attempt: change
 `attempt` to start over). Any other change of the policy starts a new rollout from step 0.
+The same four by RPC (`control`, Admin/ControlRollout, `infermesh rollout`) at the decider: the
+file wins while it names an override; a state set by RPC is kept across reloads of a file without
+one, and saved like any other (`Progress.by_rpc`), until the next RPC or a file override.
 
 One decider: only the gateway started with the decider role judges and writes the state store
 (rollout_store.py); the others read the store each tick and apply its shares, so every replica
@@ -33,6 +36,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
+from services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from services.gateway import metrics
 from services.gateway.rollout_analysis import Judgement, Verdict, judge
 from services.gateway.rollout_policy import Override, RolloutPolicy, Step
@@ -50,6 +54,26 @@ class RolloutState(enum.Enum):
     ROLLED_BACK = "rolled_back"  # a check failed: share 0, held for this attempt
     PROMOTED = "promoted"  # every step passed (or promoted by hand): the last step's share
     ABORTED = "aborted"  # by hand: share 0
+
+
+class HandAction(enum.Enum):
+    """What an operator asks of a rollout by RPC (the routing file's overrides, plus resume)."""
+
+    PAUSE = "pause"
+    RESUME = "resume"
+    ABORT = "abort"
+    PROMOTE = "promote"
+
+
+# The states each action may start from (RESUME: only a state set by hand; see control()).
+_ALLOWED_FROM = {
+    HandAction.PAUSE: {RolloutState.RUNNING},
+    HandAction.RESUME: {RolloutState.PAUSED, RolloutState.ABORTED, RolloutState.PROMOTED},
+    HandAction.ABORT: {RolloutState.RUNNING, RolloutState.PAUSED, RolloutState.PROMOTED},
+    HandAction.PROMOTE: {RolloutState.RUNNING, RolloutState.PAUSED, RolloutState.ABORTED, RolloutState.ROLLED_BACK},
+}
+_TARGET = {HandAction.PAUSE: RolloutState.PAUSED, HandAction.RESUME: RolloutState.RUNNING,
+           HandAction.ABORT: RolloutState.ABORTED, HandAction.PROMOTE: RolloutState.PROMOTED}
 
 
 class Shares(Protocol):
@@ -88,11 +112,14 @@ class Progress:
     step_started_s: float
     # The state was set by an override, so removing the override resumes the automatic path.
     by_hand: bool = False
+    # ... and that override came by RPC (control()), so a routing file without one keeps it.
+    by_rpc: bool = False
     decisions: list[Decision] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"rollout_id": self.rollout_id, "canary_version": self.canary_version, "state": self.state.value,
                 "step_index": self.step_index, "step_started_s": self.step_started_s, "by_hand": self.by_hand,
+                "by_rpc": self.by_rpc,
                 "decisions": [asdict(d) for d in self.decisions]}
 
     @classmethod
@@ -102,6 +129,7 @@ class Progress:
             rollout_id=str(data["rollout_id"]), canary_version=str(data["canary_version"]),
             state=RolloutState(data["state"]), step_index=int(data["step_index"]),
             step_started_s=float(data["step_started_s"]), by_hand=bool(data.get("by_hand", False)),
+            by_rpc=bool(data.get("by_rpc", False)),
             decisions=[Decision(**d) for d in data.get("decisions", [])],
         )
 
@@ -205,6 +233,9 @@ class RolloutController:
         override, progress = rollout.policy.override, rollout.progress
         target = {Override.PAUSE: RolloutState.PAUSED, Override.ABORT: RolloutState.ABORTED,
                   Override.PROMOTE: RolloutState.PROMOTED}.get(override)
+        if target is not None and progress.state is target and progress.by_rpc:
+            progress.by_rpc = False  # the file now holds what an RPC set: removing it from the file resumes
+            return True
         if target is not None and (progress.state is not target or not progress.by_hand):
             if progress.state is target:  # reached by the analysis already: nothing to do
                 return False
@@ -212,11 +243,49 @@ class RolloutController:
                 return False  # a rollback or a promotion is final: there is nothing running to pause
             self._set_state(rollout, target, by_hand=True, action=override.value, evidence="by hand")
             return True
-        if target is None and progress.by_hand:
+        if target is None and progress.by_hand and not progress.by_rpc:
             self._set_state(rollout, RolloutState.RUNNING, by_hand=False, action="resume", evidence="by hand")
             self._begin_step(rollout, progress.step_index)
             return True
         return False
+
+    # -- by RPC --------------------------------------------------------------------------
+
+    def control(self, model: str, action: HandAction, who: str = "by hand") -> tuple[Decision | None, RolloutView]:
+        """Pause, resume, abort or promote `model`'s rollout; the decision made (None: already there)
+        and the rollout after it. `who` goes into the decision's evidence (e.g. "by hand, tenant ops").
+
+        Raises FailedPrecondition (a follower; the routing file's override holds it; a move the state
+        does not allow), NotFound (no rollout for the model) or InvalidArgument (no model)."""
+        if not model:
+            raise InvalidArgument("a model is required")
+        if not self.decider:
+            raise FailedPrecondition(f"this gateway is a rollout follower (--rollout-role follower): "
+                                     f"{action.value} {model}'s rollout at the gateway whose --rollout-role is "
+                                     "decider; followers apply what it saves in the state file")
+        rollout = self._rollouts.get(model)
+        if rollout is None:
+            raise NotFound(f"model {model!r} has no rollout policy in the routing file")
+        progress = rollout.progress
+        if rollout.policy.override is not Override.AUTOMATIC:
+            raise FailedPrecondition(f"the routing file's override {rollout.policy.override.value!r} holds "
+                                     f"{model}'s rollout; remove it from the file to act by RPC")
+        target = _TARGET[action]
+        if progress.state is target:
+            return None, self._view(model, rollout)
+        by_hand_only = action is HandAction.RESUME and not progress.by_hand
+        if progress.state not in _ALLOWED_FROM[action] or by_hand_only:
+            raise FailedPrecondition(f"cannot {action.value} {model}'s rollout: it is {progress.state.value}"
+                                     + (" by the analysis" if by_hand_only else "")
+                                     + (" (a rollback is final for its attempt: change the policy's attempt "
+                                        "to start over)" if progress.state is RolloutState.ROLLED_BACK else ""))
+        if action is HandAction.RESUME:
+            decision = self._set_state(rollout, RolloutState.RUNNING, by_hand=False, action="resume", evidence=who)
+            self._begin_step(rollout, progress.step_index)
+        else:
+            decision = self._set_state(rollout, target, by_hand=True, by_rpc=True, action=action.value, evidence=who)
+        self._save()
+        return decision, self._view(model, rollout)
 
     # -- requests ------------------------------------------------------------------------
 
@@ -297,8 +366,8 @@ class RolloutController:
         rollout.canary = Window()
 
     def _set_state(self, rollout: _Rollout, state: RolloutState, *, by_hand: bool, action: str,
-                   evidence: str) -> Decision:
-        rollout.progress.state, rollout.progress.by_hand = state, by_hand
+                   evidence: str, by_rpc: bool = False) -> Decision:
+        rollout.progress.state, rollout.progress.by_hand, rollout.progress.by_rpc = state, by_hand, by_rpc
         decision = self._decide(rollout, action, rollout.step, rollout.step, evidence)
         self._publish(rollout)
         return decision
@@ -361,17 +430,18 @@ class RolloutController:
     # -- reading -------------------------------------------------------------------------
 
     def views(self) -> list[RolloutView]:
-        views = []
-        for model, r in sorted(self._rollouts.items()):
-            last = r.progress.decisions[-1] if r.progress.decisions else None
-            views.append(RolloutView(
-                model=model, canary_version=r.policy.canary_version, state=r.progress.state.value,
-                step=r.step.name, step_index=r.progress.step_index, num_steps=len(r.policy.steps),
-                canary_percent=r.share_percent(), num_baseline=r.baseline.num_requests,
-                num_canary=r.canary.num_compared if r.step.shadow else r.canary.num_requests,
-                last_decision=last.describe() if last is not None else "",
-                judgement=r.last.evidence() if r.last is not None else ""))
-        return views
+        return [self._view(model, r) for model, r in sorted(self._rollouts.items())]
+
+    @staticmethod
+    def _view(model: str, r: _Rollout) -> RolloutView:
+        last = r.progress.decisions[-1] if r.progress.decisions else None
+        return RolloutView(
+            model=model, canary_version=r.policy.canary_version, state=r.progress.state.value,
+            step=r.step.name, step_index=r.progress.step_index, num_steps=len(r.policy.steps),
+            canary_percent=r.share_percent(), num_baseline=r.baseline.num_requests,
+            num_canary=r.canary.num_compared if r.step.shadow else r.canary.num_requests,
+            last_decision=last.describe() if last is not None else "",
+            judgement=r.last.evidence() if r.last is not None else "")
 
     def decisions(self, model: str) -> list[Decision]:
         rollout = self._rollouts.get(model)

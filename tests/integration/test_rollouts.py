@@ -24,7 +24,9 @@ import pytest
 import yaml
 
 from infermesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.cli import main as cli
 from services.common import admin_servicer
+from tests.support import session_tls
 from tests.support.gateway_fixtures import scrape
 from tests.support.processes import free_port, running_mesh, wait_until
 
@@ -216,3 +218,28 @@ def test_pause_survives_a_gateway_restart_then_abort_and_promote_by_hand(rollout
     assert _status_rollouts(rollouts)[0]["canary_percent"] == 100.0
     actions = [d["action"] for d in rollouts.saved()["decisions"]]
     assert actions == ["start", "pause", "resume", "abort", "promote"], actions
+
+
+def test_the_cli_pauses_aborts_resumes_and_promotes_through_the_decider(rollouts, capsys):
+    held = {"canary_version": "5", "steps": [10, 100], "min_duration_s": 600, "attempt": 3}
+    rollouts.roll(**held)
+    # Server TLS at the gateway; the test mesh has no tenants file, so loopback callers are its admins.
+    flags = ["--gateway", rollouts.gateway.address, "--ca-file", str(session_tls.session_pki().ca_path)]
+
+    def cli_run(action: str) -> dict:
+        assert cli.main(["rollout", action, MODEL, *flags, "--json"]) == 0, capsys.readouterr().err
+        return json.loads(capsys.readouterr().out)
+
+    paused = cli_run("pause")
+    assert (paused["state"], paused["step"], paused["canary_percent"]) == ("paused", "10% (1/2)", 10.0)
+    assert "pause" in paused["decision"] and "by hand: Admin/ControlRollout from 127.0.0.1" in paused["decision"]
+    saved = rollouts.saved()
+    assert (saved["state"], saved["by_rpc"]) == ("paused", True), "persisted like the file's override"
+    assert cli_run("pause")["decision"] == "", "already paused: nothing changed"
+    assert cli_run("abort")["canary_percent"] == 0.0
+    assert _status_rollouts(rollouts)[0]["state"] == "aborted"
+    assert cli_run("resume")["state"] == "running"
+    assert cli_run("promote")["canary_percent"] == 100.0
+    assert cli.main(["rollout", "pause", MODEL, *flags]) == 1
+    assert "FAILED_PRECONDITION: cannot pause" in capsys.readouterr().err
+    assert [d["action"] for d in rollouts.saved()["decisions"]] == ["start", "pause", "abort", "resume", "promote"]

@@ -51,7 +51,8 @@ def test_uptime_reads_at_a_glance(seconds, text):
 def test_bash_completion_knows_subcommands_flags_and_choices():
     script = cli.completion.script(cli.build_parser(), "bash")
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
-    assert "compgen -W 'status classify generate completion" in script
+    assert "compgen -W 'status classify generate rollout completion" in script
+    assert "compgen -W 'pause resume abort promote'" in script
     assert "--scheduler" in script and "--max-tokens" in script
     assert "compgen -W 'bash zsh'" in script
     assert "bashcompinit" in cli.completion.script(cli.build_parser(), "zsh")
@@ -88,3 +89,11 @@ def test_api_key_flag_then_file_then_environment(tmp_path, monkeypatch):
     assert cli.api_key(args) == "sk-from-file"
     args = cli.build_parser().parse_args(["status", "--api-key", "sk-flag", "--api-key-file", str(key_file)])
     assert cli.metadata(args) == (("authorization", "Bearer sk-flag"),)
+
+
+def test_rollout_takes_an_action_and_a_model_and_refuses_other_actions(capsys):
+    args = cli.build_parser().parse_args(["rollout", "pause", "digits", "--gateway", "127.0.0.1:1"])
+    assert (args.command, args.action, args.model) == ("rollout", "pause", "digits")
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args(["rollout", "rewind", "digits"])
+    assert exited.value.code == 2

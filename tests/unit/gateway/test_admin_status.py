@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from services.common.errors import PermissionDenied, Unauthenticated
+from services.common.errors import NotFound, PermissionDenied, Unauthenticated
+from services.gateway import admin_status
 from services.gateway.admin_status import (
     GatewayView,
     LimitView,
@@ -91,7 +92,7 @@ def test_anonymous_mode_says_so():
 
 def test_only_an_admin_tenant_may_read_the_status():
     authorize(directory(), f"Bearer {ADMIN_KEY}", "ipv4:10.1.2.3:4000")
-    with pytest.raises(PermissionDenied, match="tenant 'app' may not read the gateway's status.*admin: true"):
+    with pytest.raises(PermissionDenied, match="tenant 'app' may not use the gateway's Admin service.*admin: true"):
         authorize(directory(), f"Bearer {USER_KEY}", "ipv4:127.0.0.1:4000")
     with pytest.raises(Unauthenticated, match="missing API key"):
         authorize(directory(), None, "ipv4:127.0.0.1:4000")
@@ -114,3 +115,8 @@ def test_admin_flag_must_be_a_plain_boolean(value):
 
 def test_tenants_are_not_admins_unless_flagged():
     assert [t.admin for t in directory().tenants] == [True, False]
+
+
+def test_control_rollout_without_a_routing_file_is_not_found():
+    with pytest.raises(NotFound, match="'digits' has no rollout: this gateway runs without a routing file"):
+        admin_status.control_rollout(None, "digits", "pause", "by hand")

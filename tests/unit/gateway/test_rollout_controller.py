@@ -9,8 +9,9 @@ import random
 
 import pytest
 
+from services.common.errors import FailedPrecondition, NotFound
 from services.gateway.circuit_breaker import BreakerConfig, CircuitBreakers
-from services.gateway.rollout import RolloutController
+from services.gateway.rollout import HandAction, RolloutController
 from services.gateway.rollout_store import FileRolloutStore
 from services.gateway.routing import RoutingConfigError, RoutingTable, parse_routing_config
 from tests.unit.gateway.conftest import FixedRng
@@ -191,3 +192,64 @@ def test_a_bad_rollout_in_the_routing_file_names_file_model_and_field():
         routes(canary_version="9")
     assert str(raised.value) == ("routing.yaml: model 'digits': field 'rollout.canary_version': "
                                  "'9' is not listed under versions")
+
+
+# --------------------------------------------------------------------------- by RPC (Admin/ControlRollout)
+
+
+def test_pause_resume_abort_and_promote_by_rpc_are_decisions_saved_in_the_state_file(tmp_path, clock):
+    store = FileRolloutStore(tmp_path / "rollouts.json")
+    shares = Shares()
+    controller = RolloutController(shares, store, clock=clock)
+    controller.apply_routes(routes())
+    decision, view = controller.control("digits", HandAction.PAUSE, "by hand: ops")
+    assert (decision.action, decision.evidence, view.state) == ("pause", "by hand: ops", "paused")
+    saved = json.loads((tmp_path / "rollouts.json").read_text())["models"]["digits"]
+    assert (saved["state"], saved["by_hand"], saved["by_rpc"]) == ("paused", True, True)
+    shadow(controller, 50)
+    clock.advance(10)
+    assert controller.tick() == [], "paused: nothing is decided"
+    assert controller.control("digits", HandAction.PAUSE)[0] is None, "already paused: nothing to do"
+    assert controller.control("digits", HandAction.RESUME)[1].state == "running"
+    assert controller.control("digits", HandAction.PROMOTE)[1].canary_percent == 100.0
+    assert shares.shares["digits"] == {"2": 100.0}
+    assert controller.control("digits", HandAction.ABORT)[1].canary_percent == 0.0
+    assert [d.action for d in controller.decisions("digits")] == ["start", "pause", "resume", "promote", "abort"]
+    restarted = RolloutController(Shares(), store, clock=clock)
+    restarted.apply_routes(routes())
+    assert restarted.views()[0].state == "aborted", "an RPC's state survives a restart"
+
+
+def test_a_state_set_by_rpc_survives_reloads_of_a_file_without_override_but_the_file_wins_while_it_has_one(
+        made, clock):
+    controller, shares = made
+    controller.control("digits", HandAction.PAUSE)
+    controller.apply_routes(routes())
+    assert controller.views()[0].state == "paused", "a reload without an override keeps what the RPC set"
+    controller.apply_routes(routes(override="pause"))
+    with pytest.raises(FailedPrecondition, match="routing file's override 'pause'"):
+        controller.control("digits", HandAction.RESUME)
+    controller.apply_routes(routes())
+    assert controller.views()[0].state == "running", "the file took the pause over, so removing it resumes"
+
+
+def test_moves_the_state_does_not_allow_name_the_state(made, clock):
+    controller, _ = made
+    assert controller.control("digits", HandAction.RESUME)[0] is None, "running already: nothing to do"
+    feed(controller, "1", 50)
+    shadow(controller, 10, agreed=False)
+    controller.tick()
+    assert controller.views()[0].state == "rolled_back"
+    with pytest.raises(FailedPrecondition, match="cannot pause digits's rollout: it is rolled_back.*attempt"):
+        controller.control("digits", HandAction.PAUSE)
+    with pytest.raises(FailedPrecondition, match="cannot resume digits's rollout: it is rolled_back by the analysis"):
+        controller.control("digits", HandAction.RESUME)
+    with pytest.raises(NotFound, match="'mnist' has no rollout policy"):
+        controller.control("mnist", HandAction.PAUSE)
+
+
+def test_a_follower_refuses_by_rpc_naming_the_decider_role(tmp_path, clock):
+    follower = RolloutController(Shares(), FileRolloutStore(tmp_path / "rollouts.json"), decider=False, clock=clock)
+    follower.apply_routes(routes())
+    with pytest.raises(FailedPrecondition, match="rollout follower.*--rollout-role is decider"):
+        follower.control("digits", HandAction.ABORT)
