@@ -204,7 +204,10 @@ def main() -> None:
     parser.add_argument("--before-s", type=float, default=4.0)
     parser.add_argument("--after-s", type=float, default=4.0)
     parser.add_argument("--modes", default="stream,unary")
+    parser.add_argument("--quick", action="store_true", help="one round (make bench QUICK=1)")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds = 1
     runs = []
     for round_number in range(1, args.rounds + 1):
         for mode in args.modes.split(","):

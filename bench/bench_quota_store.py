@@ -84,7 +84,10 @@ def main() -> None:
     parser.add_argument("--syncs", type=int, default=200)
     parser.add_argument("--admits", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="one repeat, a tenth of the admits (make bench QUICK=1)")
     args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.admits = 1, max(1, args.admits // 10)
     tenant_counts = [int(n) for n in args.tenants.split(",")]
     runs = []
     with tempfile.TemporaryDirectory() as workdir, running_valkey(Path(workdir)) as server:

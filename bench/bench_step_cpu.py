@@ -103,7 +103,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--backlog", type=int, default=0,
                         help="sequences kept waiting beyond --seqs (admission and fairness work every step)")
+    parser.add_argument("--quick", action="store_true", help="a quarter of the steps (make bench QUICK=1)")
     args = parser.parse_args()
+    if args.quick:
+        args.steps = max(1, args.steps // 4)
     import os
 
     import services

@@ -135,7 +135,10 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--cpu-threads", type=int, default=0, help="torch threads for the CPU rows (0: default)")
+    parser.add_argument("--quick", action="store_true", help="5 timing repeats (make bench QUICK=1)")
     args = parser.parse_args()
+    if args.quick:
+        args.repeats = min(args.repeats, 5)
     if not torch.cuda.is_available():
         print("bench_worker_gpu: no CUDA device; nothing to measure (run `make bench-gpu` on a GPU machine)")
         return
