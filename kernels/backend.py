@@ -176,8 +176,7 @@ class DeviceLaunch:
 
         if self.all_torch_cuda and fast_launch.launch(kernel, griddim, blockdim, self.stream, args):
             return
-        views = [a if isinstance(a, int | float) or _is_numba_device_array(a) else self.view(a, is_output=i in outputs)
-                 for i, a in enumerate(args)]
+        views = [a if isinstance(a, int | float) else self.view(a, is_output=i in outputs) for i, a in enumerate(args)]
         kernel[griddim, blockdim, self.stream](*views)
         if self.all_torch_cuda:
             fast_launch.remember(kernel, args, views)
@@ -185,13 +184,15 @@ class DeviceLaunch:
 
     def view(self, x: Any, *, is_output: bool = False):
         cuda = self._cuda
+        if _is_numba_device_array(x):  # Numba's own (the simulator's have no array interface)
+            return x
         if is_torch_tensor(x) and x.is_cuda:
             # No sync on the tensor's exported stream: the launch goes on
             # PyTorch's current stream, which already orders it after the
             # ops that produced x (syncing would stall the host every call).
             return cuda.as_cuda_array(x.detach(), sync=False)
-        if hasattr(x, "__cuda_array_interface__") and not is_torch_tensor(x):
-            return x if cuda.is_cuda_array(x) else cuda.as_cuda_array(x)
+        if hasattr(x, "__cuda_array_interface__") and not is_torch_tensor(x):  # CuPy and the like
+            return cuda.as_cuda_array(x)
         host = np.ascontiguousarray(host_view(x))
         device = cuda.to_device(host, stream=self.stream)
         self._copies.append(device)

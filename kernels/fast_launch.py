@@ -21,6 +21,7 @@ turns it off too (the benchmark compares both).
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 from typing import Any
@@ -49,6 +50,7 @@ def disable(reason: str) -> None:
     _state["enabled"] = False
 
 
+@functools.cache
 def _launch_api():
     try:
         from numba.cuda import dispatcher
