@@ -17,18 +17,16 @@ the OpenAI front (400, 401, 403, 404, 429 with Retry-After, 503, 504).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 from aiohttp import web
 
 from services.common import errors
 from services.gateway import json_body, kserve_http_codec, openai_codec
+from services.gateway.http_refusals import refusal_middleware, retry_headers
 from services.gateway.kserve_core import KServeCore
 from services.gateway.kserve_servicer import EXTENSIONS, SERVER_NAME, SERVER_VERSION
 from services.gateway.openai_http import caller_of
-
-log = logging.getLogger(__name__)
 
 PREFIX = "/v2"
 _MODEL = "/v2/models/{name}"
@@ -37,8 +35,7 @@ _VERSION = "/v2/models/{name}/versions/{version}"
 
 def error_response(err: errors.InfermeshError) -> web.Response:
     reply = openai_codec.error_reply(err)  # the status codes and Retry-After both HTTP fronts give
-    headers = {} if reply.retry_after_s is None else {"Retry-After": str(reply.retry_after_s)}
-    return web.json_response({"error": err.message}, status=reply.status, headers=headers)
+    return web.json_response({"error": err.message}, status=reply.status, headers=retry_headers(reply))
 
 
 class KServeHttp:
@@ -134,19 +131,9 @@ def _authorization(request: web.Request) -> str | None:
     return request.headers.get("Authorization")
 
 
-@web.middleware
-async def kserve_errors(request: web.Request, handler) -> web.StreamResponse:
-    """Every /v2 refusal as KServe's `{"error": "..."}`: domain errors, aiohttp's own (404 route,
-    405 method, 413 body too large), and bugs (500)."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return web.json_response({"error": f"{request.method} {request.path}: {exc.reason}"}, status=exc.status,
-                                 headers={k: v for k, v in exc.headers.items() if k == "Allow"})
-    except errors.InfermeshError as err:
-        return error_response(err)
-    except Exception:
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        return web.json_response({"error": "internal error"}, status=500)
+def _plain_error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+# Every /v2 refusal as KServe's `{"error": "..."}`.
+kserve_errors = refusal_middleware(error_response, _plain_error)

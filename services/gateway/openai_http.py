@@ -20,7 +20,6 @@ generation: the upstream stream is cancelled and the scheduler frees the sequenc
 from __future__ import annotations
 
 import json
-import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,9 +31,8 @@ from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.gateway import json_body, openai_codec
 from services.gateway.generate_core import PRIORITY_KEY, Caller, GenerateCore
+from services.gateway.http_refusals import refusal_middleware, retry_headers
 from services.gateway.stage_timings import REQUEST_START_KEY, parse_request_start_s
-
-log = logging.getLogger(__name__)
 
 TIMEOUT_HEADER = "x-infermesh-timeout-ms"
 TIMINGS_HEADER = "x-infermesh-timings"
@@ -76,8 +74,7 @@ def timeout_s_of(value: str | None) -> float | None:
 
 def error_response(err: errors.InfermeshError) -> web.Response:
     reply = openai_codec.error_reply(err)
-    headers = {} if reply.retry_after_s is None else {"Retry-After": str(reply.retry_after_s)}
-    return web.json_response(reply.body, status=reply.status, headers=headers, dumps=_dumps)
+    return web.json_response(reply.body, status=reply.status, headers=retry_headers(reply), dumps=_dumps)
 
 
 def _dumps(value) -> str:
@@ -195,21 +192,14 @@ async def _json_body(request: web.Request):
         raise openai_codec.BadParameter(None, str(exc)) from None
 
 
-@web.middleware
-async def openai_errors(request: web.Request, handler) -> web.StreamResponse:
-    """aiohttp's own refusals (404 route, 405 method, 413 body too large) and bugs in OpenAI's error shape."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
-        message = f"{request.method} {request.path}: {exc.reason}"
-        return web.json_response(openai_codec.error_body(message, kind, code=str(exc.status)), status=exc.status,
-                                 headers={k: v for k, v in exc.headers.items() if k == "Allow"}, dumps=_dumps)
-    except errors.InfermeshError as err:
-        return error_response(err)
-    except Exception:
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        return web.json_response(openai_codec.error_body("internal error", "internal_error", code="internal"),
-                                 status=500, dumps=_dumps)
+def _plain_error(status: int, message: str) -> web.Response:
+    if status == 500:
+        body = openai_codec.error_body(message, "internal_error", code="internal")
+    else:
+        kind = "not_found_error" if status == 404 else "invalid_request_error"
+        body = openai_codec.error_body(message, kind, code=str(status))
+    return web.json_response(body, status=status, dumps=_dumps)
+
+
+# aiohttp's own refusals, domain errors and bugs, all in OpenAI's error shape.
+openai_errors = refusal_middleware(error_response, _plain_error)
