@@ -96,11 +96,13 @@ def step_times(device: str, batch_sizes: list[int], context: int, repeats: int) 
     blocks_per_seq = -(-(context + 1) // block_size)
     largest = max(batch_sizes)
     cache = generator.new_kv_cache(largest * blocks_per_seq + 32, block_size)
-    rows = []
-    for batch in batch_sizes:
-        seqs = [PagedSequence((65,), context, tuple(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)), True)
+
+    def decoding(batch: int) -> list[PagedSequence]:  # one new token each, at `context`, own blocks
+        return [PagedSequence((65,), context, tuple(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)), True)
                 for i in range(batch)]
-        rows.append(_time_step(generator, seqs, cache, device, repeats, "decode", batch, batch))
+
+    rows = [_time_step(generator, decoding(batch), cache, device, repeats, "decode", batch, batch)
+            for batch in batch_sizes]
     prefill = [PagedSequence(tuple(range(1, 257)) * 2, 0, tuple(range(512 // block_size)), True)]
     rows.append(_time_step(generator, prefill, cache, device, repeats, "prefill chunk 512", 1, 512))
     if device.startswith("cuda"):  # the same steps with Numba's generic kernel launch, for the launch cost
@@ -108,9 +110,7 @@ def step_times(device: str, batch_sizes: list[int], context: int, repeats: int) 
 
         fast_launch.set_enabled(False)
         for batch in (1, 64):
-            seqs = [PagedSequence((65,), context, tuple(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)), True)
-                    for i in range(batch)]
-            rows.append(_time_step(generator, seqs, cache, device, repeats, "decode, generic", batch, batch))
+            rows.append(_time_step(generator, decoding(batch), cache, device, repeats, "decode, generic", batch, batch))
         fast_launch.set_enabled(True)
     return rows
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from bench.gpu_kernel_check import shuffled_block_tables
 from bench.paged_attention_v1 import paged_attention_v1
 from kernels import fast_launch, paged_attention_decode, preprocess_images, write_kv_cache
 from kernels.image_preprocess import _preprocess_cuda, pack_images
@@ -110,12 +111,7 @@ def attention_rows(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: 
     io_bytes = 2 * num_seqs * num_heads * head_size * torch.finfo(dtype).bits // 8
     sets = []
     for _ in range(_sets_needed(kv_bytes)):
-        pool = torch.randperm(num_blocks, generator=gen).to(torch.int32)
-        tables = torch.zeros((num_seqs, width), dtype=torch.int32)
-        start = 0
-        for row, n in enumerate(blocks_per_seq.tolist()):
-            tables[row, :n] = pool[start:start + n]
-            start += n
+        tables = shuffled_block_tables(blocks_per_seq.tolist(), num_blocks, width, gen, fill=0)
         shape = (num_blocks, block_size, num_kv_heads, head_size)
         sets.append([torch.randn((num_seqs, num_heads, head_size), generator=cuda_gen, device="cuda").to(dtype),
                      torch.randn(shape, generator=cuda_gen, device="cuda").to(dtype),

@@ -55,18 +55,25 @@ def attention_inputs(gen: torch.Generator, lens: list[int], num_heads: int, num_
     blocks_per_seq = [-(-n // block_size) for n in lens]
     num_blocks = sum(blocks_per_seq) + 17
     width = max(blocks_per_seq) + 2
-    pool = torch.randperm(num_blocks, generator=gen)
-    tables = torch.full((len(lens), width), -1, dtype=torch.int32)
-    start = 0
-    for row, n in enumerate(blocks_per_seq):  # distinct, shuffled blocks per sequence; -1 past the last
-        tables[row, :n] = pool[start:start + n].to(torch.int32)
-        start += n
+    tables = shuffled_block_tables(blocks_per_seq, num_blocks, width, gen, fill=-1)
     shape = (num_blocks, block_size, num_kv_heads, head_size)
     cuda_gen = torch.Generator(device="cuda").manual_seed(int(torch.randint(1 << 30, (1,), generator=gen)))
     key_cache = torch.randn(shape, generator=cuda_gen, device="cuda").to(dtype)
     value_cache = torch.randn(shape, generator=cuda_gen, device="cuda").to(dtype)
     query = (torch.randn((len(lens), num_heads, head_size), generator=cuda_gen, device="cuda") * 2).to(dtype)
     return [query, key_cache, value_cache, tables.cuda(), lens_t.cuda()]
+
+
+def shuffled_block_tables(blocks_per_seq: list[int], num_blocks: int, width: int, gen: torch.Generator,
+                          fill: int) -> torch.Tensor:
+    """int32[len(blocks_per_seq), width]: each sequence its own distinct blocks of a shuffled pool, `fill` past them."""
+    pool = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    tables = torch.full((len(blocks_per_seq), width), fill, dtype=torch.int32)
+    start = 0
+    for row, n in enumerate(blocks_per_seq):
+        tables[row, :n] = pool[start:start + n]
+        start += n
+    return tables
 
 
 def attention_reference64(query, key_cache, value_cache, tables, lens, block_size, scale) -> torch.Tensor:
