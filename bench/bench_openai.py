@@ -56,6 +56,7 @@ class StreamRecord:
     ttft_ms: float | None = None
     gaps_ms: list[float] = field(default_factory=list)
     error: str | None = None
+    send_lag_ms: float = 0.0  # actual send minus scheduled send: the load generator's own lag
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,9 @@ class PathFigures:
     inter_token_p50_ms: float
     inter_token_p99_ms: float
     gateway_cpu_ms_per_stream: float
+    send_lag_p99_ms: float
+    send_lag_max_ms: float
+    ttft_p99_ms_per_round: tuple[float, ...]
 
 
 def _prompt(rng: random.Random) -> str:
@@ -144,6 +148,7 @@ async def _drive(plan: list[tuple[float, str]], send) -> list[StreamRecord]:
         delay_s = scheduled_s - time.perf_counter()
         if delay_s > 0:
             await asyncio.sleep(delay_s)
+        record.send_lag_ms = max(0.0, (time.perf_counter() - scheduled_s) * 1000)
         tasks.append(asyncio.create_task(send(prompt, record, scheduled_s)))
     await asyncio.gather(*tasks)
     return records
@@ -154,7 +159,14 @@ def _cpu_s(process: psutil.Process) -> float:
     return times.user + times.system
 
 
-def _figures(path: str, records: list[StreamRecord], cpu_s: float) -> PathFigures:
+def _ttft_p99(records: list[StreamRecord]) -> float:
+    ttft = [r.ttft_ms for r in records if r.error is None and r.ttft_ms is not None]
+    return round(float(np.percentile(ttft, 99)), 2) if ttft else float("nan")
+
+
+def _figures(path: str, rounds: list[list[StreamRecord]], cpu_s: float) -> PathFigures:
+    records = [r for round_records in rounds for r in round_records]
+    lags = np.array([r.send_lag_ms for r in records]) if records else np.array([np.nan])
     ok = [r for r in records if r.error is None and r.ttft_ms is not None]
     ttft = np.array([r.ttft_ms for r in ok]) if ok else np.array([np.nan])
     gaps = np.array([g for r in ok for g in r.gaps_ms]) if ok else np.array([np.nan])
@@ -164,12 +176,14 @@ def _figures(path: str, records: list[StreamRecord], cpu_s: float) -> PathFigure
         inter_token_p50_ms=round(float(np.percentile(gaps, 50)), 2),
         inter_token_p99_ms=round(float(np.percentile(gaps, 99)), 2),
         gateway_cpu_ms_per_stream=round(cpu_s * 1000 / max(1, len(ok)), 3),
+        send_lag_p99_ms=round(float(np.percentile(lags, 99)), 2), send_lag_max_ms=round(float(lags.max()), 2),
+        ttft_p99_ms_per_round=tuple(_ttft_p99(r) for r in rounds),
     )
 
 
 async def _run(grpc_address: str, http_url: str, gateway: psutil.Process, rate_per_s: float, window_s: float,
                rounds: int) -> dict:
-    records: dict[str, list[StreamRecord]] = {"grpc": [], "http": []}
+    records: dict[str, list[list[StreamRecord]]] = {"grpc": [], "http": []}
     cpu_s = {"grpc": 0.0, "http": 0.0}
     connector = aiohttp.TCPConnector(limit=0)
     async with grpc.aio.insecure_channel(grpc_address) as channel, \
@@ -187,18 +201,20 @@ async def _run(grpc_address: str, http_url: str, gateway: psutil.Process, rate_p
             order = ("grpc", "http") if round_number % 2 == 0 else ("http", "grpc")
             for path in order:
                 before_s = _cpu_s(gateway)
-                records[path] += await _drive(plan, senders[path])
+                records[path].append(await _drive(plan, senders[path]))
                 cpu_s[path] += _cpu_s(gateway) - before_s
     return {path: _figures(path, records[path], cpu_s[path]) for path in records}
 
 
 def _table(figures: dict[str, PathFigures], rate_per_s: float) -> str:
     grpc_f, http_f = figures["grpc"], figures["http"]
-    rows = ["| path | streams (errors) | TTFT p50 ms | TTFT p99 ms | inter-token p50 ms | inter-token p99 ms | "
-            "gateway CPU ms/stream |", "|---|---|---|---|---|---|---|"]
+    rows = ["| path | streams (errors) | TTFT p50 ms | TTFT p99 ms | TTFT p99 per round | inter-token p50 ms | "
+            "inter-token p99 ms | gateway CPU ms/stream | send lag p99 / max ms |", "|---|---|---|---|---|---|---|---|---|"]
     for f in (grpc_f, http_f):
-        rows.append(f"| {f.path} | {f.num_streams} ({f.num_errors}) | {f.ttft_p50_ms} | {f.ttft_p99_ms} | "
-                    f"{f.inter_token_p50_ms} | {f.inter_token_p99_ms} | {f.gateway_cpu_ms_per_stream} |")
+        per_round = ", ".join(f"{v:g}" for v in f.ttft_p99_ms_per_round)
+        rows.append(f"| {f.path} | {f.num_streams} ({f.num_errors}) | {f.ttft_p50_ms} | {f.ttft_p99_ms} | {per_round} | "
+                    f"{f.inter_token_p50_ms} | {f.inter_token_p99_ms} | {f.gateway_cpu_ms_per_stream} | "
+                    f"{f.send_lag_p99_ms} / {f.send_lag_max_ms} |")
     ratio = http_f.ttft_p99_ms / grpc_f.ttft_p99_ms if grpc_f.ttft_p99_ms else float("nan")
     extra = http_f.gateway_cpu_ms_per_stream - grpc_f.gateway_cpu_ms_per_stream
     rows.append("")
