@@ -12,7 +12,9 @@ adding stages to compare does not make a false rollback likelier. Then:
 
 At the shadow step the canary's "requests" are the mirrored calls, and agreement is judged on
 their comparisons with the baseline's answers. Latency is compared for the end to end time and
-every stage both versions report with enough samples (MIN_LATENCY_SAMPLES each).
+every stage both versions report with enough samples (MIN_LATENCY_SAMPLES each); at the shadow
+step only the worker's stages (the version's own work): a mirrored call is sheddable-class and
+capped in flight, so its queueing and end to end time measure its priority, not the version.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from services.gateway.rollout_policy import RolloutPolicy, Step
 from services.gateway.rollout_window import END_TO_END, Window
 
 MIN_LATENCY_SAMPLES = 10
+# The stages that measure a version's own work, whatever the request's class (metrics.stage_samples names).
+OWN_WORK_PREFIX = "worker."
 
 
 class Verdict(enum.Enum):
@@ -79,8 +83,9 @@ def judge(policy: RolloutPolicy, step: Step, baseline: Window, canary: Window, e
         tests.append(_proportion("deadline_misses", baseline.num_requests, baseline.num_deadline_misses,
                                  canary.num_requests, canary.num_deadline_misses, checks.deadline_miss_max_increase))
     if checks.latency_max_ratio is not None:
-        for name in _latency_names(baseline, canary):
-            tests.extend(_latency(name, baseline.latencies(name), canary.latencies(name), checks.latency_max_ratio))
+        for name in _latency_names(baseline, canary, own_work_only=step.shadow):
+            tests.extend(_latency(name, baseline.latencies(name), canary.latencies(name), checks.latency_max_ratio,
+                                  checks.latency_min_increase_ms / 1000))
     alpha = (1 - policy.confidence) / max(1, len(tests))
     results = [CheckResult(name, b, c, p, p < alpha) for name, b, c, p in tests]
     if checks.min_agreement is not None and canary.num_compared:
@@ -98,8 +103,10 @@ def judge(policy: RolloutPolicy, step: Step, baseline: Window, canary: Window, e
     return Judgement(verdict, tuple(results), baseline.num_requests, num_canary, elapsed_s, alpha)
 
 
-def _latency_names(baseline: Window, canary: Window) -> list[str]:
+def _latency_names(baseline: Window, canary: Window, own_work_only: bool) -> list[str]:
     names = [END_TO_END] + [n for n in canary.latency_names() if n != END_TO_END]
+    if own_work_only:
+        names = [n for n in names if n.startswith(OWN_WORK_PREFIX)]
     return [n for n in names
             if len(baseline.latencies(n)) >= MIN_LATENCY_SAMPLES and len(canary.latencies(n)) >= MIN_LATENCY_SAMPLES]
 
@@ -111,10 +118,10 @@ def _proportion(name: str, n_base: int, base_events: int, n_canary: int, canary_
 
 
 def _latency(name: str, baseline_s: list[float], canary_s: list[float],
-             max_ratio: float) -> list[tuple[str, str, str, float]]:
-    shift = stats.shift_worse(baseline_s, canary_s, max_ratio)
+             max_ratio: float, min_increase_s: float) -> list[tuple[str, str, str, float]]:
+    shift = stats.shift_worse(baseline_s, canary_s, max_ratio, min_increase_s)
     median = (f"latency:{name}", _ms(stats.quantile(baseline_s, 0.5)), _ms(stats.quantile(canary_s, 0.5)), shift)
-    tail = stats.tail_worse(baseline_s, canary_s, max_ratio)
+    tail = stats.tail_worse(baseline_s, canary_s, max_ratio, min_increase_s=min_increase_s)
     p99 = (f"p99:{name}", _ms(stats.quantile(baseline_s, stats.TAIL_QUANTILE)),
            _ms(stats.quantile(canary_s, stats.TAIL_QUANTILE)), tail)
     return [median, p99]

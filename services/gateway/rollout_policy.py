@@ -16,7 +16,7 @@
           checks:                          # all four by default; a check set to false is off
             error_rate: {max_increase: 0.01}
             deadline_misses: {max_increase: 0.01}
-            latency: {max_ratio: 1.2}      # end to end and every stage: shift and p99
+            latency: {max_ratio: 1.2, min_increase_ms: 1}  # end to end and every stage: shift and p99
             agreement: {min_agreement: 0.98, max_score_drift: 0.05}
           override: pause                  # by hand: pause | abort | promote; absent: automatic
           attempt: 1                       # change it to start the rollout again after a rollback
@@ -65,6 +65,8 @@ class Checks:
     error_rate_max_increase: float | None = 0.01
     deadline_miss_max_increase: float | None = 0.01
     latency_max_ratio: float | None = 1.2
+    # And by more than this: a 0.2 ms stage at 0.4 ms is twice as slow and no regression anyone feels.
+    latency_min_increase_ms: float = 1.0
     min_agreement: float | None = 0.98
     # Classify: mean |score difference| of the top label above this counts as a disagreement.
     max_score_drift: float = 0.05
@@ -98,7 +100,7 @@ Fail = Callable[[str, str], Exception]
 
 _FIELDS = ("canary_version", "steps", "min_requests", "min_duration_s", "confidence", "shadow_percent",
            "shadow_max_in_flight", "checks", "override", "attempt")
-_CHECKS = {"error_rate": ("max_increase",), "deadline_misses": ("max_increase",), "latency": ("max_ratio",),
+_CHECKS = {"error_rate": ("max_increase",), "deadline_misses": ("max_increase",), "latency": ("max_ratio", "min_increase_ms"),
            "agreement": ("min_agreement", "max_score_drift")}
 
 
@@ -192,11 +194,13 @@ def _checks(value: object, fail: Fail) -> Checks:
             f"rollout.checks.{check}.{f.removeprefix('rollout.')}", p), low=low, high=high)
 
     drift = setting("agreement", "max_score_drift", defaults.max_score_drift, 0, 1)
+    min_increase_ms = setting("latency", "min_increase_ms", defaults.latency_min_increase_ms, 0, None)
     return Checks(
         error_rate_max_increase=setting("error_rate", "max_increase", defaults.error_rate_max_increase, 0, 1),
         deadline_miss_max_increase=setting("deadline_misses", "max_increase", defaults.deadline_miss_max_increase,
                                            0, 1),
         latency_max_ratio=setting("latency", "max_ratio", defaults.latency_max_ratio, 1, None),
+        latency_min_increase_ms=defaults.latency_min_increase_ms if min_increase_ms is None else min_increase_ms,
         min_agreement=setting("agreement", "min_agreement", defaults.min_agreement, 0, 1),
         max_score_drift=defaults.max_score_drift if drift is None else drift,
     )

@@ -7,9 +7,10 @@ this much evidence?" as a p-value; the caller compares it with its significance 
 
   proportion_worse   error rate, deadline misses: two-proportion z-test of
                      canary_rate - baseline_rate > max_increase (pooled variance)
-  shift_worse        latency: Mann-Whitney U of canary > baseline x max_ratio (tie-corrected
-                     normal approximation); robust to outliers, no distribution assumed
-  tail_worse         p99: of the canary's samples, how many exceed the baseline's p99 x max_ratio;
+  shift_worse        latency: Mann-Whitney U of canary > max(baseline x max_ratio, baseline +
+                     min_increase) (tie-corrected normal approximation); robust to outliers, no
+                     distribution assumed
+  tail_worse         p99: of the canary's samples, how many exceed that bound on the baseline's p99;
                      under "not worse" each does with chance <= 1 %, so the count is binomial
   agreement_below    shadow output agreement: the Wilson upper bound of the agreement rate is
                      below the minimum (conclusively below, not just one disagreement)
@@ -64,13 +65,19 @@ def proportion_worse(num_baseline: int, baseline_events: int, num_canary: int, c
     return normal_sf(difference / math.sqrt(variance))
 
 
-def shift_worse(baseline_s: Sequence[float], canary_s: Sequence[float], max_ratio: float = 1.0) -> float:
-    """p-value of "canary latencies are stochastically larger than baseline latencies x max_ratio"
-    (Mann-Whitney U, one-sided, normal approximation with tie correction)."""
+def worse_bound(baseline_s: float, max_ratio: float, min_increase_s: float = 0.0) -> float:
+    """The latency a canary must exceed to be worse than `baseline_s`: by the ratio and the margin."""
+    return max(baseline_s * max_ratio, baseline_s + min_increase_s)
+
+
+def shift_worse(baseline_s: Sequence[float], canary_s: Sequence[float], max_ratio: float = 1.0,
+                min_increase_s: float = 0.0) -> float:
+    """p-value of "canary latencies are stochastically larger than the baseline's, each raised to
+    worse_bound()" (Mann-Whitney U, one-sided, normal approximation with tie correction)."""
     n1, n2 = len(canary_s), len(baseline_s)
     if n1 == 0 or n2 == 0:
         return 1.0
-    scaled = [b * max_ratio for b in baseline_s]
+    scaled = [worse_bound(b, max_ratio, min_increase_s) for b in baseline_s]
     ranked = sorted([(v, 1) for v in canary_s] + [(v, 0) for v in scaled])
     rank_sum_canary, tie_term, i = 0.0, 0.0, 0
     while i < len(ranked):
@@ -114,13 +121,13 @@ def binomial_sf(k: int, n: int, p: float) -> float:
 
 
 def tail_worse(baseline_s: Sequence[float], canary_s: Sequence[float], max_ratio: float = 1.0,
-               q: float = TAIL_QUANTILE, min_baseline: int = 100) -> float:
-    """p-value of "the canary's q-quantile exceeds the baseline's x max_ratio": the count of canary
+               q: float = TAIL_QUANTILE, min_baseline: int = 100, min_increase_s: float = 0.0) -> float:
+    """p-value of "the canary's q-quantile exceeds worse_bound(the baseline's)": the count of canary
     samples above that bound against Binomial(n, 1 - q). 1.0 while the baseline has fewer than
     `min_baseline` samples (its p99 would be its maximum, i.e. noise)."""
     if len(baseline_s) < min_baseline or not canary_s:
         return 1.0
-    bound = quantile(baseline_s, q) * max_ratio
+    bound = worse_bound(quantile(baseline_s, q), max_ratio, min_increase_s)
     return binomial_sf(sum(1 for v in canary_s if v > bound), len(canary_s), 1.0 - q)
 
 

@@ -63,6 +63,18 @@ def test_shift_test_detects_a_slower_canary_beyond_the_tolerated_ratio():
     assert stats.shift_worse(base, [0.011] * 30, 1.2) > 0.5, "10% slower is within max_ratio 1.2"
 
 
+def test_latency_tests_need_the_margin_as_well_as_the_ratio():
+    rng = random.Random(4)
+    base = [0.0002 * (1 + rng.uniform(-0.1, 0.1)) for _ in range(300)]
+    doubled = [2 * b for b in base[:200]]
+    assert stats.shift_worse(base, doubled, 1.2) < 1e-6, "without a margin a 0.2 ms stage at 0.4 ms is worse"
+    assert stats.shift_worse(base, doubled, 1.2, min_increase_s=0.001) > 0.5, "but 0.2 ms more is within 1 ms"
+    assert stats.tail_worse(base, doubled, 1.2, min_increase_s=0.001) == 1.0
+    assert stats.shift_worse(base, [b + 0.005 for b in base[:50]], 1.2, min_increase_s=0.001) < 1e-6
+    assert stats.worse_bound(0.010, 1.2, 0.001) == pytest.approx(0.012)
+    assert stats.worse_bound(0.001, 1.2, 0.001) == pytest.approx(0.002)
+
+
 def test_tail_test_counts_exceedances_of_the_baselines_p99():
     base = [0.010] * 990 + [0.050] * 10
     assert stats.tail_worse(base, [0.010] * 200, 1.0) == 1.0
@@ -135,6 +147,26 @@ def test_shadow_step_counts_comparisons_and_rolls_back_on_disagreement():
     assert judge(policy, SHADOW, window(300), agreeing, elapsed_s=5).verdict is Verdict.ADVANCE
 
 
+def test_shadow_step_judges_latency_on_the_versions_own_work_only():
+    """Mirrored calls are sheddable-class and capped in flight: waiting longer is their priority."""
+    policy = make_policy(min_requests=20)
+    stages = {"worker.compute": 0.004, "scheduler.queue_wait": 0.002}
+    waited = {"worker.compute": 0.004, "scheduler.queue_wait": 0.030}
+    canary = window(200, latency_s=0.040, stages=waited, seed=2)
+    for _ in range(200):
+        canary.compared(agreed=True)
+    judgement = judge(policy, SHADOW, window(1000, stages=stages), canary, elapsed_s=5)
+    assert judgement.verdict is Verdict.ADVANCE, judgement.evidence()
+    assert {c.name for c in judgement.checks if c.name.startswith(("latency", "p99"))} == {
+        "latency:worker.compute", "p99:worker.compute"}
+    slow = window(200, latency_s=0.040, stages={**waited, "worker.compute": 0.012}, seed=2)
+    for _ in range(200):
+        slow.compared(agreed=True)
+    judgement = judge(policy, SHADOW, window(1000, stages=stages), slow, elapsed_s=5)
+    assert judgement.verdict is Verdict.ROLL_BACK
+    assert "latency:worker.compute" in {c.name for c in judgement.failures}
+
+
 def test_checks_switched_off_are_not_run():
     policy = make_policy(checks=Checks(error_rate_max_increase=None, latency_max_ratio=None))
     judgement = judge(policy, STEP, window(1000), window(300, error_rate=0.5, latency_s=1.0), elapsed_s=5)
@@ -163,6 +195,8 @@ def test_policy_parses_with_defaults():
     off = parse({"canary_version": "2", "steps": [100], "checks": {"latency": False, "agreement": {"min_agreement": 0.9}},
                  "override": "pause"})
     assert off.checks.latency_max_ratio is None and off.checks.min_agreement == 0.9
+    margin = parse({"canary_version": "2", "steps": [100], "checks": {"latency": {"min_increase_ms": 5}}})
+    assert (margin.checks.latency_max_ratio, margin.checks.latency_min_increase_ms) == (1.2, 5.0)
     assert off.override is Override.PAUSE
 
 
