@@ -19,6 +19,7 @@ from services.common.clock import Clock
 from services.common.deadlines import budget_s, remaining_s
 from services.common.log_context import bind
 from services.common.protocol import DEFAULT_MAX_TOKENS
+from services.common.request_decoding import Undecodable
 from services.common.status import abort as abort_with
 from services.common.status import maps_domain_errors
 from services.common.stream_options import stream_options
@@ -261,11 +262,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     async def Submit(self, request_iterator: Any, context: Any) -> None:
         """Many calls on one stream; submit_stream.SubmitStream routes entries to the cores above."""
+        undecodable: list[Undecodable] = []
+        read_message = getattr(context, "read_marked", context.read)
+
         async def read() -> scheduler_pb2.SubmitBatch | None:
             try:
-                batch = await context.read()
+                batch = await read_message()
             except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
                 log.info("Submit stream from %s ended: %s", context.peer(), exc)
+                return None
+            if isinstance(batch, Undecodable):
+                undecodable.append(batch)
                 return None
             return None if batch is grpc.aio.EOF else batch
 
@@ -277,6 +284,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             await stream.serve(read, context.write)
         finally:
             self._submit_streams.discard(stream)
+        if undecodable:
+            # Aborted here, not in the reader task: serve() has stopped the writer (see read_marked).
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, undecodable[0].reason)
 
     # -- Attach ----------------------------------------------------------------
 

@@ -6,10 +6,13 @@ sequences share steps and their chunks can share a ReplyBatch.
 
 from __future__ import annotations
 
+import queue
+
 import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
+from tests.support import session_tls
 from tests.support.processes import running_mesh
 from tests.support.scheduler_fixtures import (
     CLASSIFIER,
@@ -133,3 +136,30 @@ def test_malformed_entries_get_invalid_argument(session):
     assert [(r.error.code, r.error.message) for r in session.by_call[7]] == [
         (3, "entry 7 has none of classify, generate or cancel")
     ]
+
+
+def test_undecodable_bytes_end_the_stream_with_invalid_argument_while_a_generation_streams(mesh):
+    """Sent while the writer is busy with a long generation's chunks: the status must still arrive."""
+    outgoing: queue.Queue = queue.Queue()
+
+    def requests():
+        while (item := outgoing.get()) is not None:
+            yield item
+
+    entry = generate_entry(1, generate_request("abc", 200))
+    with session_tls.channel(mesh.scheduler.address) as channel:
+        submit = channel.stream_stream("/infermesh.v1.Scheduler/Submit", request_serializer=lambda raw: raw,
+                                       response_deserializer=scheduler_pb2.ReplyBatch.FromString)
+        call = submit(requests(), timeout=20)
+        outgoing.put(scheduler_pb2.SubmitBatch(entries=[entry]).SerializeToString())
+        first = next(call)
+        assert first.replies[0].call_id == 1
+        outgoing.put(b"\xff\xff\xff\xff")  # not a SubmitBatch
+        try:
+            with pytest.raises(grpc.RpcError) as caught:
+                for _ in call:
+                    pass
+        finally:
+            outgoing.put(None)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value
+    assert "not a valid message" in caught.value.details()
