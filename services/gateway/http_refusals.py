@@ -1,7 +1,7 @@
 """How both HTTP fronts (OpenAI /v1, KServe REST /v2) answer a refusal: one middleware, each front's body.
 
-The status code and Retry-After of a domain error come from one table (openai_codec.error_reply);
-what differs between the fronts is only the body's shape, which each passes in.
+The status code and Retry-After of a domain error come from one table (http_status.py); what
+differs between the fronts is only the body's shape, which each passes in.
 """
 
 from __future__ import annotations
@@ -12,13 +12,8 @@ from collections.abc import Callable
 from aiohttp import web
 
 from services.common import errors
-from services.gateway import openai_codec
 
 log = logging.getLogger(__name__)
-
-
-def retry_headers(reply: openai_codec.ErrorReply) -> dict[str, str]:
-    return {} if reply.retry_after_s is None else {"Retry-After": str(reply.retry_after_s)}
 
 
 def refusal_middleware(domain: Callable[[errors.InfermeshError], web.Response],

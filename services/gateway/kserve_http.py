@@ -22,8 +22,9 @@ from collections.abc import Callable
 from aiohttp import web
 
 from services.common import errors
-from services.gateway import json_body, kserve_http_codec, openai_codec
-from services.gateway.http_refusals import refusal_middleware, retry_headers
+from services.gateway import json_body, kserve_http_codec
+from services.gateway.http_refusals import refusal_middleware
+from services.gateway.http_status import http_refusal
 from services.gateway.kserve_core import KServeCore
 from services.gateway.kserve_servicer import EXTENSIONS, SERVER_NAME, SERVER_VERSION
 from services.gateway.openai_http import caller_of
@@ -34,8 +35,8 @@ _VERSION = "/v2/models/{name}/versions/{version}"
 
 
 def error_response(err: errors.InfermeshError) -> web.Response:
-    reply = openai_codec.error_reply(err)  # the status codes and Retry-After both HTTP fronts give
-    return web.json_response({"error": err.message}, status=reply.status, headers=retry_headers(reply))
+    refusal = http_refusal(err)
+    return web.json_response({"error": err.message}, status=refusal.status, headers=refusal.headers())
 
 
 class KServeHttp:

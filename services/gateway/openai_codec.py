@@ -21,6 +21,7 @@ from typing import Any
 
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
+from services.gateway.http_status import HttpRefusal, http_refusal, matching
 from services.gateway.quotas import QuotaExceeded
 
 MAX_STOP_SEQUENCES = 4
@@ -330,34 +331,32 @@ def usage_chunk(request: OpenAIRequest, created_s: int, last: gateway_pb2.Genera
 
 @dataclass(frozen=True)
 class ErrorReply:
-    status: int
+    refusal: HttpRefusal  # status and Retry-After (http_status.py, shared with KServe REST)
     body: dict
-    # Retry-After, whole seconds; None when the error carries no hint.
-    retry_after_s: int | None
+
+    @property
+    def status(self) -> int:
+        return self.refusal.status
 
 
-# Domain error -> (HTTP status, OpenAI error type, code). The first class in the error's MRO wins.
-_ERROR_TABLE: dict[type, tuple[int, str, str | None]] = {
-    QuotaExceeded: (429, "rate_limit_error", "rate_limit_exceeded"),
-    errors.InvalidArgument: (400, "invalid_request_error", None),
-    errors.Unauthenticated: (401, "authentication_error", "invalid_api_key"),
-    errors.PermissionDenied: (403, "permission_error", "model_not_allowed"),
-    errors.NotFound: (404, "not_found_error", "model_not_found"),
-    # Shed, over a concurrency limit or a scheduler's queue full: overload, not the tenant's quota.
-    errors.ResourceExhausted: (503, "overloaded_error", "overloaded"),
-    errors.Unavailable: (503, "service_unavailable_error", "unavailable"),
-    errors.DeadlineExceeded: (504, "timeout_error", "deadline_exceeded"),
-    errors.Cancelled: (499, "cancelled_error", "cancelled"),
-    errors.Internal: (500, "internal_error", "internal"),
+# Domain error -> (OpenAI error type, code); the status is http_status.py's.
+_ERROR_TYPES: dict[type, tuple[str, str | None]] = {
+    QuotaExceeded: ("rate_limit_error", "rate_limit_exceeded"),
+    errors.InvalidArgument: ("invalid_request_error", None),
+    errors.Unauthenticated: ("authentication_error", "invalid_api_key"),
+    errors.PermissionDenied: ("permission_error", "model_not_allowed"),
+    errors.NotFound: ("not_found_error", "model_not_found"),
+    errors.ResourceExhausted: ("overloaded_error", "overloaded"),
+    errors.Unavailable: ("service_unavailable_error", "unavailable"),
+    errors.DeadlineExceeded: ("timeout_error", "deadline_exceeded"),
+    errors.Cancelled: ("cancelled_error", "cancelled"),
+    errors.Internal: ("internal_error", "internal"),
 }
 
 
 def error_reply(err: errors.InfermeshError) -> ErrorReply:
-    status, kind, code = next((_ERROR_TABLE[c] for c in type(err).__mro__ if c in _ERROR_TABLE),
-                              _ERROR_TABLE[errors.Internal])
-    retry_after_s = getattr(err, "retry_after_s", None)
-    return ErrorReply(status, error_body(err.message, kind, getattr(err, "param", None), code),
-                      None if retry_after_s is None else max(1, math.ceil(retry_after_s)))
+    kind, code = _ERROR_TYPES[matching(_ERROR_TYPES, err)]
+    return ErrorReply(http_refusal(err), error_body(err.message, kind, getattr(err, "param", None), code))
 
 
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:

@@ -31,7 +31,7 @@ from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.gateway import json_body, openai_codec
 from services.gateway.generate_core import PRIORITY_KEY, Caller, GenerateCore
-from services.gateway.http_refusals import refusal_middleware, retry_headers
+from services.gateway.http_refusals import refusal_middleware
 from services.gateway.stage_timings import REQUEST_START_KEY, parse_request_start_s
 
 TIMEOUT_HEADER = "x-infermesh-timeout-ms"
@@ -74,7 +74,7 @@ def timeout_s_of(value: str | None) -> float | None:
 
 def error_response(err: errors.InfermeshError) -> web.Response:
     reply = openai_codec.error_reply(err)
-    return web.json_response(reply.body, status=reply.status, headers=retry_headers(reply), dumps=_dumps)
+    return web.json_response(reply.body, status=reply.status, headers=reply.refusal.headers(), dumps=_dumps)
 
 
 def _dumps(value) -> str:

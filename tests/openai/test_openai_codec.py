@@ -55,7 +55,7 @@ def test_chat_prefers_max_completion_tokens():
 ])
 def test_error_table(error, status, kind, retry_after):
     reply = openai_codec.error_reply(error)
-    assert (reply.status, reply.body["error"]["type"], reply.retry_after_s) == (status, kind, retry_after)
+    assert (reply.status, reply.body["error"]["type"], reply.refusal.retry_after_s) == (status, kind, retry_after)
 
 
 def test_last_stream_chunk_carries_finish_reason_and_timings():
