@@ -1,0 +1,189 @@
+"""The routing rule for new generate sequences (services/scheduler/prefix_routing.py): pure, a
+fake clock where time matters (the memory of recently routed prefixes)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from services.scheduler.prefix_routing import (
+    Candidate,
+    RecentPrefixes,
+    RoutingMode,
+    RoutingWeights,
+    WorkerLoad,
+    choose_worker,
+    routing_cost,
+)
+from tests.support.fake_clock import FakeClock
+
+
+def load(num_running: int = 0, num_waiting: int = 0, max_num_seqs: int = 16, num_prefill_tokens: int = 0,
+         kv_usage: float = 0.0) -> WorkerLoad:
+    return WorkerLoad(num_running, num_waiting, max_num_seqs, num_prefill_tokens, kv_usage)
+
+
+def cand(worker: str, cached: int = 0, **over) -> Candidate[str]:
+    return Candidate(worker, cached, load(**over))
+
+
+def pick(candidates: list[Candidate[str]], prompt_len: int = 600, mode: RoutingMode = RoutingMode.CACHE_AWARE,
+         weights: RoutingWeights | None = None) -> str:
+    return choose_worker(mode, prompt_len, candidates, random.Random(0), weights or RoutingWeights())
+
+
+# -- the cost ------------------------------------------------------------------------------
+
+
+def test_cost_counts_uncached_and_queued_prefill_sequences_and_overflow():
+    weights = RoutingWeights(prefill_weight=2.0, sequence_weight=10.0, over_capacity_weight=100.0)
+    candidate = cand("a", cached=96, num_running=3, num_waiting=1, max_num_seqs=4, num_prefill_tokens=50)
+    # 2 x (104 uncached + 50 queued) + 10 x 4 sequences + 100 x 1 beyond 4 slots (the newcomer is the 5th)
+    assert routing_cost(200, candidate, weights) == 2 * 154 + 40 + 100
+
+
+def test_a_fully_cached_prompt_still_computes_one_token():
+    assert routing_cost(64, cand("a", cached=64), RoutingWeights()) == 1.0
+
+
+def test_no_slot_limit_known_means_no_overflow_term():
+    assert routing_cost(10, cand("a", num_running=50, max_num_seqs=0), RoutingWeights()) == 10 + 32 * 50
+
+
+def test_negative_weights_are_refused():
+    with pytest.raises(ValueError, match="sequence_weight must be >= 0"):
+        RoutingWeights(sequence_weight=-1)
+
+
+# -- cache-aware ---------------------------------------------------------------------------
+
+
+def test_goes_to_the_worker_holding_the_prefix_when_loads_are_equal():
+    assert pick([cand("a", num_running=2), cand("b", cached=512, num_running=2), cand("c", num_running=2)]) == "b"
+
+
+def test_the_longest_cached_prefix_wins_over_a_shorter_one():
+    assert pick([cand("a", cached=256), cand("b", cached=512)]) == "b"
+
+
+def test_takes_a_somewhat_busier_worker_for_its_cache():
+    assert pick([cand("a", num_running=1), cand("b", cached=512, num_running=6)]) == "b"
+
+
+def test_a_saturated_worker_holding_the_prefix_does_not_attract_everything():
+    # Every slot taken and three waiting: the newcomer would queue behind them; an idle worker
+    # recomputing 512 tokens is quicker to a first token.
+    busy = cand("b", cached=512, num_running=16, num_waiting=3, max_num_seqs=16)
+    assert pick([cand("a"), busy]) == "a"
+
+
+def test_a_prefill_backlog_outweighs_the_cache():
+    backlog = cand("b", cached=512, num_running=1, num_waiting=2, num_prefill_tokens=1200)
+    assert pick([cand("a", num_running=1), backlog]) == "a"
+
+
+def test_a_stream_of_one_prefix_spills_over_once_its_worker_fills():
+    """Sequences of one tenant keep arriving: they stay with the cache until its worker's queue
+    costs more than the prefix saves, then go to the others, never all to one."""
+    running = {"a": 0, "b": 0, "c": 0}
+    cached = {"a": 480, "b": 0, "c": 0}
+    placed = []
+    for _ in range(40):
+        candidates = [cand(w, cached=cached[w], num_running=min(n, 16), num_waiting=max(0, n - 16))
+                      for w, n in running.items()]
+        worker = pick(candidates, prompt_len=500)
+        running[worker] += 1
+        cached[worker] = 480
+        placed.append(worker)
+    assert placed[0] == "a"
+    assert set(placed) == {"a", "b", "c"}
+    assert max(running.values()) - min(running.values()) <= 16
+
+
+def test_ties_go_to_more_cache_then_fewer_sequences_then_lower_kv_usage_then_order():
+    # Equal cost: a caches 32 more tokens but runs one more sequence (sequence_weight 32).
+    assert pick([cand("b", num_running=0), cand("a", cached=32, num_running=1)]) == "a"
+    assert pick([cand("b", kv_usage=0.5), cand("a", kv_usage=0.1)]) == "a"
+    assert pick([cand("b"), cand("a")]) == "b"
+
+
+def test_with_no_cache_anywhere_it_balances_by_load():
+    assert pick([cand("a", num_running=3), cand("b", num_running=1), cand("c", num_running=2)]) == "b"
+
+
+def test_no_candidates_is_an_error():
+    with pytest.raises(ValueError, match="no candidate workers"):
+        pick([])
+
+
+# -- the other modes -------------------------------------------------------------------------
+
+
+def test_least_loaded_ignores_the_cache():
+    candidates = [cand("a", cached=512, num_running=2), cand("b", num_running=1, kv_usage=0.9),
+                  cand("c", num_running=1, kv_usage=0.2)]
+    assert pick(candidates, mode=RoutingMode.LEAST_LOADED) == "c"
+
+
+def test_random_spreads_over_every_worker_whatever_their_cache():
+    rng = random.Random(7)
+    candidates = [cand("a", cached=512), cand("b"), cand("c")]
+    counts = Counter(choose_worker(RoutingMode.RANDOM, 600, candidates, rng) for _ in range(3000))
+    assert set(counts) == {"a", "b", "c"}
+    assert all(900 < n < 1100 for n in counts.values())
+
+
+def test_modes_parse_from_their_flag_values():
+    assert [RoutingMode(v) for v in ("least_loaded", "random", "cache_aware")] == list(RoutingMode)
+
+
+# -- recently routed prefixes (fake clock) ---------------------------------------------------
+
+
+def test_recent_prefixes_count_leading_blocks_routed_to_that_worker_only():
+    recent: RecentPrefixes[str] = RecentPrefixes(FakeClock(), ttl_s=2.0)
+    recent.record("a", [11, 12, 13])
+    assert recent.num_leading("a", [11, 12, 13, 14]) == 3
+    assert recent.num_leading("a", [11, 99, 13]) == 1  # chained hashes: a different block ends the prefix
+    assert recent.num_leading("b", [11, 12, 13]) == 0
+
+
+def test_recent_prefixes_expire_after_their_ttl():
+    clock = FakeClock()
+    recent: RecentPrefixes[str] = RecentPrefixes(clock, ttl_s=2.0)
+    recent.record("a", [11, 12])
+    clock.advance(1.5)
+    recent.record("a", [11])  # the first block routed again: it lives on, its successor does not
+    clock.advance(1.0)
+    assert recent.num_leading("a", [11, 12]) == 1
+    recent.record("b", [5])  # recording prunes what expired
+    assert len(recent) == 2
+    clock.advance(2.0)
+    assert recent.num_leading("a", [11]) == 0
+
+
+def test_recent_prefixes_keep_at_most_max_entries():
+    recent: RecentPrefixes[str] = RecentPrefixes(FakeClock(), ttl_s=60.0, max_entries=4)
+    recent.record("a", [1, 2, 3])
+    recent.record("a", [4, 5, 6])
+    assert len(recent) == 4
+    assert recent.num_leading("a", [1]) == 0
+    assert recent.num_leading("a", [3, 4, 5, 6]) == 4
+
+
+def test_recent_prefixes_forget_a_worker_that_left():
+    recent: RecentPrefixes[str] = RecentPrefixes(FakeClock())
+    recent.record("a", [1, 2])
+    recent.record("b", [1, 2])
+    recent.forget_worker("a")
+    assert recent.num_leading("a", [1, 2]) == 0
+    assert recent.num_leading("b", [1, 2]) == 2
+
+
+def test_recent_prefixes_refuse_bad_settings():
+    with pytest.raises(ValueError, match="ttl_s must be >= 0"):
+        RecentPrefixes(FakeClock(), ttl_s=-1)
+    with pytest.raises(ValueError, match="max_entries must be >= 1"):
+        RecentPrefixes(FakeClock(), max_entries=0)
