@@ -32,13 +32,14 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from services.gateway import metrics
 from services.gateway.rollout_analysis import Judgement, Verdict, judge
+from services.gateway.rollout_golden import CaseAnswer, GoldenCase, GoldenOutcome, compare
 from services.gateway.rollout_policy import Override, RolloutPolicy, Step
 from services.gateway.rollout_window import Window
 from services.gateway.routing import ModelRoute
@@ -46,6 +47,8 @@ from services.gateway.routing import ModelRoute
 log = logging.getLogger(__name__)
 
 MAX_DECISIONS = 20
+# A golden run left incomplete (a case shed, unavailable or out of time) is tried again this soon.
+GOLDEN_RETRY_S = 1.0
 
 
 class RolloutState(enum.Enum):
@@ -148,6 +151,33 @@ class ShadowTarget:
     max_in_flight: int
 
 
+@dataclass(frozen=True)
+class GoldenTarget:
+    """One run of a rollout's golden cases against its canary (golden_due -> golden_done)."""
+
+    model: str
+    version: str
+    cases: tuple[GoldenCase, ...]
+    # Which step's run this is: an answer that comes back after the step changed is dropped.
+    run_id: int
+
+
+class GoldenProber(Protocol):
+    """Sends golden cases to a version (rollout_probe.py): one answer per case, in order."""
+
+    async def answers(self, model: str, version: str, cases: Sequence[GoldenCase]) -> list[CaseAnswer]: ...
+
+
+@dataclass
+class _GoldenRun:
+    """The golden check within one step: the latest complete run, when the next is due."""
+
+    run_id: int
+    due_s: float = 0.0
+    in_flight: bool = False
+    outcome: GoldenOutcome | None = None
+
+
 @dataclass
 class _Rollout:
     model: str
@@ -157,6 +187,7 @@ class _Rollout:
     baseline: Window = field(default_factory=Window)
     canary: Window = field(default_factory=Window)
     last: Judgement | None = None
+    golden: _GoldenRun = field(default_factory=lambda: _GoldenRun(run_id=0))
 
     @property
     def step(self) -> Step:
@@ -181,6 +212,10 @@ class RolloutController:
         self._clock = clock
         self._rollouts: dict[str, _Rollout] = {}
         self._saved = self._load() if store is not None else {}
+        # Sends golden cases to canaries (the gateway sets it; None: golden checks cannot run).
+        self.prober: GoldenProber | None = None
+        self._num_golden_runs = 0
+        self._golden_tasks: set[asyncio.Task] = set()
 
     # -- the routing file ----------------------------------------------------------------
 
@@ -341,7 +376,7 @@ class RolloutController:
     def _judge(self, rollout: _Rollout) -> list[Decision]:
         progress = rollout.progress
         judgement = judge(rollout.policy, rollout.step, rollout.baseline, rollout.canary,
-                          max(0.0, self._clock() - progress.step_started_s))
+                          max(0.0, self._clock() - progress.step_started_s), rollout.golden.outcome)
         rollout.last = judgement
         if judgement.verdict is Verdict.ROLL_BACK:
             return [self._set_state(rollout, RolloutState.ROLLED_BACK, by_hand=False, action="roll_back",
@@ -364,6 +399,8 @@ class RolloutController:
             rollout.baseline = Window()
         # At 100% no request reaches the baseline: the canary is judged against the last step's.
         rollout.canary = Window()
+        self._num_golden_runs += 1
+        rollout.golden = _GoldenRun(run_id=self._num_golden_runs, due_s=self._clock())  # every step: at once
 
     def _set_state(self, rollout: _Rollout, state: RolloutState, *, by_hand: bool, action: str,
                    evidence: str, by_rpc: bool = False) -> Decision:
@@ -419,13 +456,74 @@ class RolloutController:
                 rollout.progress = record
                 self._publish(rollout)
 
+    # -- golden checks -------------------------------------------------------------------
+
+    def golden_due(self) -> list[GoldenTarget]:
+        """The golden runs to start now (the decider's running rollouts with cases), marked in flight."""
+        if not self.decider:
+            return []
+        due: list[GoldenTarget] = []
+        for model, rollout in self._rollouts.items():
+            golden, run = rollout.policy.checks.golden, rollout.golden
+            if (golden is None or rollout.progress.state is not RolloutState.RUNNING or run.in_flight
+                    or self._clock() < run.due_s):
+                continue
+            if run.run_id == 0:  # started or resumed from the store: this step's first run
+                self._num_golden_runs += 1
+                run.run_id = self._num_golden_runs
+            run.in_flight = True
+            due.append(GoldenTarget(model, rollout.policy.canary_version, golden.cases, run.run_id))
+        return due
+
+    def golden_done(self, target: GoldenTarget, answers: Sequence[CaseAnswer]) -> GoldenOutcome | None:
+        """A golden run's answers: its outcome, judged at the next tick (None: the step moved on)."""
+        rollout = self._rollouts.get(target.model)
+        if rollout is None or rollout.golden.run_id != target.run_id or rollout.policy.checks.golden is None:
+            return None
+        outcome = compare(target.cases, answers)
+        run = rollout.golden
+        run.in_flight = False
+        if outcome.complete:
+            run.outcome = outcome
+            run.due_s = self._clock() + rollout.policy.checks.golden.interval_s
+            (log.warning if outcome.mismatches else log.info)(
+                "rollout %s canary %s: golden check %d/%d right%s", target.model, target.version, outcome.num_passed,
+                outcome.num_cases, "; " + "; ".join(outcome.mismatches) if outcome.mismatches else "")
+        else:
+            run.due_s = self._clock() + GOLDEN_RETRY_S
+            log.info("rollout %s canary %s: golden check incomplete (%d of %d cases unanswered); again in %g s",
+                     target.model, target.version, outcome.num_unanswered, outcome.num_cases, GOLDEN_RETRY_S)
+        return outcome
+
+    def _start_golden_runs(self) -> None:
+        if self.prober is None:
+            return
+        for target in self.golden_due():
+            task = asyncio.get_running_loop().create_task(self._golden_run(self.prober, target),
+                                                          name=f"golden {target.model} {target.version}")
+            self._golden_tasks.add(task)
+            task.add_done_callback(self._golden_tasks.discard)
+
+    async def _golden_run(self, prober: GoldenProber, target: GoldenTarget) -> None:
+        try:
+            answers = await prober.answers(target.model, target.version, target.cases)
+        except Exception:  # a bug in the prober: logged, and the run counts as unanswered (tried again)
+            log.exception("golden check of %s version %s failed", target.model, target.version)
+            answers = [CaseAnswer(code="UNAVAILABLE", message="prober failed")] * len(target.cases)
+        self.golden_done(target, answers)
+
     async def run(self, interval_s: float) -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                self.tick()
-            except Exception:  # a bug here must not stop the next tick; it is logged with its trace
-                log.exception("rollout tick failed")
+        try:
+            while True:
+                await asyncio.sleep(interval_s)
+                try:
+                    self.tick()
+                    self._start_golden_runs()
+                except Exception:  # a bug here must not stop the next tick; it is logged with its trace
+                    log.exception("rollout tick failed")
+        finally:
+            for task in list(self._golden_tasks):
+                task.cancel()
 
     # -- reading -------------------------------------------------------------------------
 

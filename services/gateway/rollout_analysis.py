@@ -1,14 +1,18 @@
 """The canary analysis: one step's baseline and canary windows in, a verdict with its evidence out.
 
-    judge(policy, step, baseline, canary, elapsed_s) -> Judgement
+    judge(policy, step, baseline, canary, elapsed_s, golden) -> Judgement
 
 Every enabled check runs as a one-sided test that the canary is worse (rollout_stats.py); the
 step's significance level 1 - confidence is split evenly over the tests run (Bonferroni), so
 adding stages to compare does not make a false rollback likelier. Then:
 
-  any test significant                              -> ROLL_BACK (at once: no minimum to wait for)
-  canary has min_requests and the step min_duration -> ADVANCE
-  otherwise                                         -> WAIT
+  any test significant, or a golden case answered wrongly  -> ROLL_BACK (at once: no minimum to wait for)
+  canary has min_requests and the step min_duration, and
+  (with golden cases) a run of them passed in this step     -> ADVANCE
+  otherwise                                                 -> WAIT
+
+Golden checks are exact, not statistical: a known input has one right answer, so one wrong
+answer is proof (rollout_golden.py).
 
 At the shadow step the canary's "requests" are the mirrored calls, and agreement is judged on
 their comparisons with the baseline's answers. Latency is compared for the end to end time and
@@ -23,6 +27,7 @@ import enum
 from dataclasses import dataclass
 
 from services.gateway import rollout_stats as stats
+from services.gateway.rollout_golden import GoldenOutcome
 from services.gateway.rollout_policy import RolloutPolicy, Step
 from services.gateway.rollout_window import END_TO_END, Window
 
@@ -39,7 +44,7 @@ class Verdict(enum.Enum):
 
 @dataclass(frozen=True)
 class CheckResult:
-    # error_rate | deadline_misses | latency:<name> | p99:<name> | agreement
+    # error_rate | deadline_misses | latency:<name> | p99:<name> | agreement | golden
     name: str
     baseline: str  # the baseline's value, readable ("0.40%", "12.1 ms")
     canary: str
@@ -73,7 +78,9 @@ class Judgement:
                 + "; ".join(c.describe() for c in checks))
 
 
-def judge(policy: RolloutPolicy, step: Step, baseline: Window, canary: Window, elapsed_s: float) -> Judgement:
+def judge(policy: RolloutPolicy, step: Step, baseline: Window, canary: Window, elapsed_s: float,
+          golden: GoldenOutcome | None = None) -> Judgement:
+    """golden: the step's latest complete run of the policy's golden cases (None: none yet)."""
     checks = policy.checks
     tests: list[tuple[str, str, str, float]] = []  # (name, baseline text, canary text, p-value)
     if checks.error_rate_max_increase is not None:
@@ -93,14 +100,27 @@ def judge(policy: RolloutPolicy, step: Step, baseline: Window, canary: Window, e
                                        policy.confidence)
         results.append(CheckResult("agreement", f">= {checks.min_agreement:.1%}",
                                    f"{canary.num_agreed}/{canary.num_compared}", None, failed))
+    golden_passed = True
+    if checks.golden is not None:
+        results.append(_golden(len(checks.golden.cases), golden))
+        golden_passed = golden is not None and not golden.mismatches
     num_canary = canary.num_compared if step.shadow and canary.num_compared else canary.num_requests
     if any(r.failed for r in results):
         verdict = Verdict.ROLL_BACK
-    elif num_canary >= policy.min_requests and elapsed_s >= policy.min_duration_s:
+    elif num_canary >= policy.min_requests and elapsed_s >= policy.min_duration_s and golden_passed:
         verdict = Verdict.ADVANCE
     else:
         verdict = Verdict.WAIT
     return Judgement(verdict, tuple(results), baseline.num_requests, num_canary, elapsed_s, alpha)
+
+
+def _golden(num_cases: int, outcome: GoldenOutcome | None) -> CheckResult:
+    if outcome is None:
+        return CheckResult("golden", f"{num_cases} cases", "not run yet in this step", None, False)
+    answered = f"{outcome.num_passed}/{outcome.num_cases} right"
+    if outcome.mismatches:
+        answered += ": " + "; ".join(outcome.mismatches[:3])
+    return CheckResult("golden", f"{num_cases} cases", answered, None, bool(outcome.mismatches))
 
 
 def _latency_names(baseline: Window, canary: Window, own_work_only: bool) -> list[str]:

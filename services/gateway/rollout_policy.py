@@ -18,6 +18,7 @@
             deadline_misses: {max_increase: 0.01}
             latency: {max_ratio: 1.2, min_increase_ms: 1}  # end to end and every stage: shift and p99
             agreement: {min_agreement: 0.98, max_score_drift: 0.05}
+            golden: {cases: [...], interval_s: 30}  # on only with cases (rollout_golden.py)
           override: pause                  # by hand: pause | abort | promote; absent: automatic
           attempt: 1                       # change it to start the rollout again after a rollback
 
@@ -30,6 +31,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+
+from services.gateway.rollout_golden import GoldenCheck, parse_golden
 
 SHADOW = "shadow"
 
@@ -70,6 +73,8 @@ class Checks:
     min_agreement: float | None = 0.98
     # Classify: mean |score difference| of the top label above this counts as a disagreement.
     max_score_drift: float = 0.05
+    # Known inputs sent to the canary, answers compared exactly; None: no cases, the check is off.
+    golden: GoldenCheck | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -89,8 +94,10 @@ class RolloutPolicy:
     def rollout_id(self) -> str:
         """What identifies one rollout: a changed policy (override aside) is a new rollout, from step 0."""
         steps = ",".join(s.name for s in self.steps)
+        golden = self.checks.golden
         return (f"v{self.canary_version}#{self.attempt}[{steps}]n{self.min_requests}t{self.min_duration_s:g}"
-                f"c{self.confidence:g}{self.checks}")
+                f"c{self.confidence:g}{self.checks}"
+                + (f"golden({golden.digest},{golden.interval_s:g}s)" if golden is not None else ""))
 
     def has_shadow(self) -> bool:
         return any(s.shadow for s in self.steps)
@@ -102,6 +109,7 @@ _FIELDS = ("canary_version", "steps", "min_requests", "min_duration_s", "confide
            "shadow_max_in_flight", "checks", "override", "attempt")
 _CHECKS = {"error_rate": ("max_increase",), "deadline_misses": ("max_increase",), "latency": ("max_ratio", "min_increase_ms"),
            "agreement": ("min_agreement", "max_score_drift")}
+_ALL_CHECKS = (*_CHECKS, "golden")
 
 
 def parse_rollout_policy(spec: object, default_version: str, versions: tuple[str, ...], fail: Fail) -> RolloutPolicy:
@@ -167,10 +175,10 @@ def _number(spec: Mapping, name: str, default, fail: Fail, *, integer: bool = Fa
 
 def _checks(value: object, fail: Fail) -> Checks:
     if not isinstance(value, Mapping):
-        raise fail("rollout.checks", f"must be a mapping of {', '.join(_CHECKS)} to their settings or false")
-    unknown = sorted(set(value) - set(_CHECKS))
+        raise fail("rollout.checks", f"must be a mapping of {', '.join(_ALL_CHECKS)} to their settings or false")
+    unknown = sorted(set(value) - set(_ALL_CHECKS))
     if unknown:
-        raise fail(f"rollout.checks.{unknown[0]}", f"unknown check (expected {', '.join(_CHECKS)})")
+        raise fail(f"rollout.checks.{unknown[0]}", f"unknown check (expected {', '.join(_ALL_CHECKS)})")
     defaults = Checks()
     settings: dict[str, dict] = {}
     for name, allowed in _CHECKS.items():
@@ -203,6 +211,7 @@ def _checks(value: object, fail: Fail) -> Checks:
         latency_min_increase_ms=defaults.latency_min_increase_ms if min_increase_ms is None else min_increase_ms,
         min_agreement=setting("agreement", "min_agreement", defaults.min_agreement, 0, 1),
         max_score_drift=defaults.max_score_drift if drift is None else drift,
+        golden=parse_golden(value.get("golden"), fail),
     )
 
 

@@ -44,6 +44,7 @@ from services.gateway.replicas import Membership, ReplicaSelector
 from services.gateway.retry_budget import RetryBudgets
 from services.gateway.retry_policy import RetryPolicy
 from services.gateway.rollout import RolloutController
+from services.gateway.rollout_probe import RoutedGoldenProber
 from services.gateway.rollout_store import FileRolloutStore
 from services.gateway.routing import (
     ModelRoute,
@@ -243,8 +244,11 @@ class GatewayService:
             utilization = parts.limiter.num_in_flight / parts.limiter.max_in_flight
             return parts.shedder.decide(model, Priority.SHEDDABLE, utilization).admit
 
+        timeout_s = self._config.shadow_timeout_ms / 1000
+        rollouts.prober = RoutedGoldenProber(self.routing, self.clients, admits_sheddable=admits_sheddable,
+                                             timeout_s=timeout_s)
         return ShadowMirror(rollouts, self.routing, self.clients, admits_sheddable=admits_sheddable,
-                            timeout_s=self._config.shadow_timeout_ms / 1000, max_score_drift=rollouts.max_score_drift)
+                            timeout_s=timeout_s, max_score_drift=rollouts.max_score_drift)
 
     def register(self, server) -> None:
         self.shadow = self._shadow_mirror()
