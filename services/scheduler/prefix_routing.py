@@ -41,9 +41,9 @@ from __future__ import annotations
 import enum
 import random
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from services.common.clock import Clock
 
@@ -172,3 +172,66 @@ class RecentPrefixes(Generic[W]):
         # A hash recorded again later has a later expiry: only the entry's last record removes it.
         if self._expires_s.get((worker, block_hash)) == expires_s:
             del self._expires_s[(worker, block_hash)]
+
+
+class PrefixIndex(Protocol):
+    """One worker's resident blocks as the scheduler's KVBlockManager knows them."""
+
+    @property
+    def block_size(self) -> int: ...
+
+    def num_cached_prefix_blocks(self, hashes: Sequence[int], /) -> int: ...
+
+
+# (token ids, block size, tenant id) -> one chained hash per full block, as the prefix cache names them.
+BlockHasher = Callable[[Sequence[int], int, str], list[int]]
+
+
+@dataclass(frozen=True)
+class WorkerView(Generic[W]):
+    worker: W
+    load: WorkerLoad
+    index: PrefixIndex | None  # None: this worker keeps no prefix cache
+
+
+class Router(Generic[W]):
+    """Routes new sequences by `mode`: hashes the prompt once per block size, asks each worker's
+    index how much of it is resident (or was just routed there), and picks by choose_worker()."""
+
+    def __init__(self, mode: RoutingMode, clock: Clock, hash_blocks: BlockHasher | None, *,
+                 rng: random.Random | None = None, weights: RoutingWeights = RoutingWeights(),
+                 recent_ttl_s: float = 2.0) -> None:
+        """`hash_blocks` None: the prefix cache is off, so nothing is ever cached."""
+        self.mode = mode
+        self._hash_blocks = hash_blocks
+        self._rng = rng or random.Random()
+        self._weights = weights
+        self._recent: RecentPrefixes[W] = RecentPrefixes(clock, recent_ttl_s)
+
+    def choose(self, token_ids: Sequence[int], tenant_id: str, workers: Sequence[WorkerView[W]]) -> W:
+        if not workers:
+            raise ValueError("no candidate workers")
+        if self.mode is not RoutingMode.CACHE_AWARE or self._hash_blocks is None:
+            candidates = [Candidate(w.worker, 0, w.load) for w in workers]
+            return choose_worker(self.mode, len(token_ids), candidates, self._rng, self._weights)
+        hashes_by_size: dict[int, list[int]] = {}
+        candidates = []
+        for view in workers:
+            num_cached = 0
+            if view.index is not None:
+                size = view.index.block_size
+                if size not in hashes_by_size:
+                    hashes_by_size[size] = self._hash_blocks(token_ids, size, tenant_id)
+                hashes = hashes_by_size[size]
+                num_blocks = max(view.index.num_cached_prefix_blocks(hashes),
+                                 self._recent.num_leading(view.worker, hashes))
+                num_cached = num_blocks * size
+            candidates.append(Candidate(view.worker, num_cached, view.load))
+        chosen = choose_worker(self.mode, len(token_ids), candidates, self._rng, self._weights)
+        index = next(v.index for v in workers if v.worker == chosen)
+        if index is not None:
+            self._recent.record(chosen, hashes_by_size[index.block_size])
+        return chosen
+
+    def forget_worker(self, worker: W) -> None:
+        self._recent.forget_worker(worker)

@@ -11,9 +11,11 @@ import pytest
 from services.scheduler.prefix_routing import (
     Candidate,
     RecentPrefixes,
+    Router,
     RoutingMode,
     RoutingWeights,
     WorkerLoad,
+    WorkerView,
     choose_worker,
     routing_cost,
 )
@@ -187,3 +189,105 @@ def test_recent_prefixes_refuse_bad_settings():
         RecentPrefixes(FakeClock(), ttl_s=-1)
     with pytest.raises(ValueError, match="max_entries must be >= 1"):
         RecentPrefixes(FakeClock(), max_entries=0)
+
+
+# -- the router: hashes once, asks each worker's index (fakes for the block manager) ----------
+
+
+class FakeIndex:
+    """A worker's resident blocks: the hashes of the prompts it computed."""
+
+    def __init__(self, block_size: int = 16) -> None:
+        self.block_size = block_size
+        self.resident: set[int] = set()
+        self.num_queries = 0
+
+    def num_cached_prefix_blocks(self, hashes, /) -> int:
+        self.num_queries += 1
+        num = 0
+        for block_hash in hashes:
+            if block_hash not in self.resident:
+                break
+            num += 1
+        return num
+
+
+def hasher(token_ids, block_size, tenant_id):
+    """Chained and salted by tenant, like the prefix cache's (which the pool passes in)."""
+    hashes, parent = [], hash(tenant_id)
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash((parent, tuple(token_ids[start:start + block_size])))
+        hashes.append(parent)
+    return hashes
+
+
+SYSTEM = tuple(range(100, 100 + 480))  # 30 blocks of 16
+
+
+def views(indexes: dict[str, FakeIndex], **loads: WorkerLoad) -> list[WorkerView[str]]:
+    return [WorkerView(w, loads.get(w, load()), index) for w, index in indexes.items()]
+
+
+def test_router_sends_a_prompt_to_the_worker_holding_its_tenants_prefix():
+    indexes = {"a": FakeIndex(), "b": FakeIndex(), "c": FakeIndex()}
+    indexes["b"].resident.update(hasher(SYSTEM, 16, "acme"))
+    router: Router[str] = Router(RoutingMode.CACHE_AWARE, FakeClock(), hasher, recent_ttl_s=0)
+    prompt = SYSTEM + (1, 2, 3)
+    assert router.choose(prompt, "acme", views(indexes, a=load(num_running=1))) == "b"
+    # Another tenant's identical tokens are salted differently: nothing cached for it anywhere.
+    assert router.choose(prompt, "globex", views(indexes, b=load(num_running=1))) == "a"
+
+
+def test_router_keeps_a_burst_of_one_prefix_together_until_its_blocks_are_resident():
+    clock = FakeClock()
+    indexes = {"a": FakeIndex(), "b": FakeIndex(), "c": FakeIndex()}
+    router: Router[str] = Router(RoutingMode.CACHE_AWARE, clock, hasher, recent_ttl_s=2.0)
+    placed = []
+    for n in range(3):
+        loads = {w: load(num_running=placed.count(w)) for w in indexes}
+        placed.append(router.choose(SYSTEM + (n,), "acme", views(indexes, **loads)))
+    assert placed == ["a", "a", "a"]
+    clock.advance(2.5)  # not computed within the TTL (never, here): the memory lapses
+    assert router.choose(SYSTEM, "acme", views(indexes, a=load(num_running=3))) == "b"
+
+
+def test_router_hashes_once_per_block_size():
+    calls = []
+
+    def counting(token_ids, block_size, tenant_id):
+        calls.append(block_size)
+        return hasher(token_ids, block_size, tenant_id)
+
+    indexes = {"a": FakeIndex(16), "b": FakeIndex(16), "c": FakeIndex(32)}
+    router: Router[str] = Router(RoutingMode.CACHE_AWARE, FakeClock(), counting)
+    router.choose(SYSTEM, "acme", views(indexes))
+    assert sorted(calls) == [16, 32]
+
+
+def test_router_without_a_prefix_cache_never_hashes_and_balances_by_load():
+    indexes = {"a": FakeIndex(), "b": FakeIndex()}
+    router: Router[str] = Router(RoutingMode.CACHE_AWARE, FakeClock(), None)
+    assert router.choose(SYSTEM, "acme", views(indexes, a=load(num_running=2))) == "b"
+    assert all(index.num_queries == 0 for index in indexes.values())
+
+
+def test_router_least_loaded_and_random_never_ask_the_indexes():
+    indexes = {"a": FakeIndex(), "b": FakeIndex()}
+    for mode in (RoutingMode.LEAST_LOADED, RoutingMode.RANDOM):
+        router: Router[str] = Router(mode, FakeClock(), hasher, rng=random.Random(1))
+        assert router.choose(SYSTEM, "acme", views(indexes)) in indexes
+    assert all(index.num_queries == 0 for index in indexes.values())
+
+
+def test_router_forgets_what_it_routed_to_a_worker_that_left():
+    indexes = {"a": FakeIndex(), "b": FakeIndex()}
+    router: Router[str] = Router(RoutingMode.CACHE_AWARE, FakeClock(), hasher)
+    assert router.choose(SYSTEM, "acme", views(indexes)) == "a"
+    router.forget_worker("a")
+    assert router.choose(SYSTEM, "acme", views(indexes, a=load(num_running=1))) == "b"
+
+
+def test_router_refuses_an_empty_worker_list():
+    router: Router[str] = Router(RoutingMode.CACHE_AWARE, FakeClock(), hasher)
+    with pytest.raises(ValueError, match="no candidate workers"):
+        router.choose(SYSTEM, "acme", [])
