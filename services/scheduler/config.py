@@ -28,6 +28,7 @@ class SchedulerConfig(ServerSettings):
     fairness_share_credit: float = setting(200.0, "generate: service units (1 per prompt token, 2 per output "
                                            "token) by which a tenant below its share of the running slots "
                                            "counts as less served at admission (anti-churn)")
+    routing: str = setting("cache_aware", "generate: where a new sequence goes: least_loaded, random or cache_aware (prefix_routing.py)")
     orphan_grace_ms: float = setting(5000.0, "queued work of a model whose last worker left waits this long "
                                      "(at most until its deadline) for a worker to attach")
     heartbeat_interval_ms: int = setting(1000, "how often workers send heartbeats")
@@ -53,6 +54,7 @@ class SchedulerConfig(ServerSettings):
         require(self.fairness_min_run_ms >= 0, f"fairness_min_run_ms must be >= 0, got {self.fairness_min_run_ms}")
         require(self.fairness_share_credit >= 0,
                 f"fairness_share_credit must be >= 0, got {self.fairness_share_credit}")
+        require(self.routing in ("least_loaded", "random", "cache_aware"), f"routing must be least_loaded, random or cache_aware, got {self.routing!r}")
         require(self.orphan_grace_ms >= 0, f"orphan_grace_ms must be >= 0, got {self.orphan_grace_ms}")
         require(self.heartbeat_interval_ms >= 10, f"heartbeat_interval_ms must be >= 10, got {self.heartbeat_interval_ms}")
         require(self.worker_timeout_ms > self.heartbeat_interval_ms,
