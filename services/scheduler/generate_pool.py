@@ -3,7 +3,8 @@
 Each worker has its own KV blocks, so each gets its own `StepScheduler` (continuous
 batching, chunked prefill, preemption by recompute) and its own step loop:
 schedule() -> RunStep over the stream -> update_from_output() -> chunks to the
-clients' streams. A new sequence goes to the least loaded worker.
+clients' streams. A new sequence goes where `--routing` says (prefix_routing.py: by default the
+worker that computes least before its first token, its cached prefix counted).
 
 Failover: when a worker's stream breaks, its scheduler's sequences are evicted
 with what they generated so far and adopted by the other workers, which recompute
@@ -31,6 +32,8 @@ from services.scheduler.attach_types import StepCommand, StepOutcome, WorkerCapa
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import TenantContext
 from services.scheduler.kv_block_manager import KVBlockManager
+from services.scheduler.prefix_cache import PrefixCacheKeys
+from services.scheduler.prefix_routing import Router, RoutingMode, WorkerLoad, WorkerView
 from services.scheduler.pressure import ModelPressure, generator_pressure
 from services.scheduler.sequence import AbortReason, SamplingParams, Sequence
 from services.scheduler.step_plan import SequenceDelta, StepPlan
@@ -124,9 +127,6 @@ class _WorkerLoop:
 
     def wake(self) -> None:
         self._wake.set()
-
-    def load(self) -> tuple[int, float]:
-        return (self.scheduler.num_unfinished, self.scheduler.kv.usage)
 
     async def run(self) -> None:
         while self.attached:
@@ -229,6 +229,7 @@ class GeneratePool:
         # Why the worker failed a sequence, until its error is delivered.
         self._failures: dict[int, str] = {}
         self._hold_timer: asyncio.Task[None] | None = None
+        self._router: Router[_WorkerLoop] = Router(RoutingMode(config.routing), clock, PrefixCacheKeys().block_hashes)
         self._label = model.name
         # Labelled children looked up once: the step loop updates them every step.
         self._step_time = metrics.STEP_TIME.labels(model.name)
@@ -276,6 +277,7 @@ class GeneratePool:
             return
         loop.attached = False
         loop.wake()
+        self._router.forget_worker(loop)
         if not any(other.link.worker_id == link.worker_id for other in self._loops.values()):
             try:  # no stale series for a worker that is gone
                 metrics.KV_CACHE_USAGE.remove(self.model.name, link.worker_id)
@@ -335,7 +337,7 @@ class GeneratePool:
                 f"prompt of {len(prompt_ids)} tokens plus max_tokens {sampling.max_tokens} exceeds the "
                 f"model's max sequence length {max_seq_len}"
             )
-        loop = min(loops, key=_WorkerLoop.load)
+        loop = self._router.choose(prompt_ids + delivered_token_ids, stream.tenant.tenant_id, self._views(loops))
         stream.seq = loop.scheduler.add_request(
             stream.seq_id, prompt_ids, sampling, stream.tenant, deadline_s=stream.deadline_s,
             delivered_token_ids=delivered_token_ids,
@@ -482,15 +484,34 @@ class GeneratePool:
     def _usable_loops(self) -> list[_WorkerLoop]:
         return [loop for loop in self._loops.values() if loop.link.usable]
 
+    def _views(self, loops: list[_WorkerLoop]) -> list[WorkerView[_WorkerLoop]]:
+        """What routing knows of each worker: its load, and its block manager for cached prefixes."""
+        num_prefill = dict.fromkeys(loops, 0)
+        if self._router.mode is RoutingMode.CACHE_AWARE:  # the others never read it: no pass over the streams
+            for seq_id, where in self._where.items():
+                seq = self._streams[seq_id].seq if seq_id in self._streams else None
+                if where in num_prefill and seq is not None:
+                    num_prefill[where] += seq.num_uncomputed_tokens
+        views = []
+        for loop in loops:
+            scheduler = loop.scheduler
+            load = WorkerLoad(num_running=scheduler.num_running,
+                              num_waiting=scheduler.num_unfinished - scheduler.num_running,
+                              max_num_seqs=scheduler.config.max_num_seqs, num_prefill_tokens=num_prefill[loop],
+                              kv_usage=scheduler.kv.usage)
+            views.append(WorkerView(loop, load, scheduler.kv))
+        return views
+
     def _place(self, seqs: list[Sequence]) -> None:
-        """Hands evicted sequences to the least loaded usable workers, or holds them."""
+        """Hands evicted sequences to usable workers as `--routing` says (their generated tokens
+        count as prompt: they are recomputed), or holds them."""
         loops = self._usable_loops()
         now = self.clock()
         for seq in seqs:
             if not loops:
                 self._held[seq.seq_id] = (seq, now)
                 continue
-            loop = min(loops, key=_WorkerLoop.load)
+            loop = self._router.choose(seq.token_ids(0, seq.num_tokens), seq.tenant.tenant_id, self._views(loops))
             loop.scheduler.adopt(seq)
             self._where[seq.seq_id] = loop
             loop.wake()
