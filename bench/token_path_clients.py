@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -35,6 +36,9 @@ class SubmitWindow:
     num_completed: int  # calls that ended with their last chunk in the window
     num_short: int  # completed calls that got fewer tokens than max_tokens (should be 0)
     num_errors: int  # CallErrors in the window
+    # By status code name, and the first error's message: a run that only failed says why.
+    error_codes: dict[str, int] = field(default_factory=dict)
+    first_error: str = ""
 
 
 def generate_entry(call_id: int, model: str, prompt: str, max_tokens: int) -> scheduler_pb2.SubmitEntry:
@@ -53,6 +57,8 @@ async def drive_submit(address: str, model: str, num_streams: int, max_tokens: i
     call_ids = itertools.count(1)
     tokens_by_call: dict[int, int] = {}
     counts = {"tokens": 0, "completed": 0, "short": 0, "errors": 0}
+    codes: Counter[str] = Counter()
+    messages: list[str] = []
     measuring = False
 
     def next_entries(num: int) -> scheduler_pb2.SubmitBatch:
@@ -88,6 +94,8 @@ async def drive_submit(address: str, model: str, num_streams: int, max_tokens: i
                         tokens_by_call.pop(reply.call_id, None)
                         if measuring:
                             counts["errors"] += 1
+                            codes[_code_name(reply.error.code)] += 1
+                            messages.append(reply.error.message)
                 if num_ended:
                     await call.write(next_entries(num_ended))
 
@@ -103,7 +111,8 @@ async def drive_submit(address: str, model: str, num_streams: int, max_tokens: i
             closing()
         reader.cancel()
         call.cancel()
-    return SubmitWindow(measured_s, counts["tokens"], counts["completed"], counts["short"], counts["errors"])
+    return SubmitWindow(measured_s, counts["tokens"], counts["completed"], counts["short"], counts["errors"],
+                        dict(codes), messages[0] if messages else "")
 
 
 async def drive_gateway(address: str, model: str, num_streams: int, max_tokens: int, warmup_s: float,
@@ -111,6 +120,8 @@ async def drive_gateway(address: str, model: str, num_streams: int, max_tokens: 
     """Like drive_submit, through a gateway's public Generate (errors: failed calls).
     max_tokens_per_chunk > 0 asks for stream coalescing (GenerateRequest.stream)."""
     counts = {"tokens": 0, "completed": 0, "short": 0, "errors": 0}
+    codes: Counter[str] = Counter()
+    messages: list[str] = []
     measuring = False
     stop = False
     body = gateway_pb2.GenerateRequest(
@@ -131,9 +142,11 @@ async def drive_gateway(address: str, model: str, num_streams: int, max_tokens: 
                         got += n
                         if measuring:
                             counts["tokens"] += n
-                except grpc.aio.AioRpcError:
+                except grpc.aio.AioRpcError as exc:
                     if measuring:
                         counts["errors"] += 1
+                        codes[exc.code().name] += 1
+                        messages.append(exc.details() or "")
                     continue
                 if measuring:
                     counts["completed"] += 1
@@ -153,4 +166,10 @@ async def drive_gateway(address: str, model: str, num_streams: int, max_tokens: 
         for task in clients:
             task.cancel()
         await asyncio.gather(*clients, return_exceptions=True)
-    return SubmitWindow(measured_s, counts["tokens"], counts["completed"], counts["short"], counts["errors"])
+    return SubmitWindow(measured_s, counts["tokens"], counts["completed"], counts["short"], counts["errors"],
+                        dict(codes), messages[0] if messages else "")
+
+
+def _code_name(value: int) -> str:
+    """The name of a numeric gRPC status code."""
+    return next((c.name for c in grpc.StatusCode if c.value[0] == value), f"code {value}")
