@@ -17,12 +17,15 @@ mock-classifier: each item's label is a hash of its image bytes (no decode).
 Step time = step_ms + per_token_us x tokens computed in the step (prefill chunks cost
 more than decode steps); batch time = batch_ms + per_item_us x items.
 
-Deliberately bad versions (rollout tests, docs/operations.md "Rollouts"), mock-classifier only:
-  label_shift=N  every label is N classes off (wrong answers at the same speed), except for the
-                 golden check's input: a corruption the golden check misses, which is what
-                 shadow comparison is for
-  fail_every=N   every Nth item fails with INTERNAL (N=20: 5 %)
-A slower version is batch_ms / per_item_us.
+Deliberately bad versions (rollout tests, docs/operations.md "Rollouts"):
+  label_shift=N  mock-classifier: every label is N classes off (wrong answers at the same speed),
+                 except for the load's golden check input: a corruption the golden check misses,
+                 which is what shadow comparison is for
+  fail_every=N   mock-classifier: every Nth item fails with INTERNAL (N=20: 5 %)
+  token_shift=N  mock-generator: every sampled letter N letters on ('a' + 1 -> 'b'), except at the
+                 positions the load's golden check samples (up to GOLDEN_POSITIONS): other greedy
+                 tokens at the same speed
+A slower version is batch_ms / per_item_us (step_ms / per_token_us).
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ from services.worker.work import RunStep, SequenceOutput, SequenceStep
 Sleep = Callable[[float], Awaitable[None]]
 _MASK_64 = (1 << 64) - 1
 MOCK_LABELS = tuple(f"class-{i}" for i in range(10))
+_GOLDEN_PROMPT = tuple(b"abc")
+# The positions the generator's load check samples at (its prompt's length): token_shift spares them.
+GOLDEN_POSITIONS = len(_GOLDEN_PROMPT)
 
 
 @dataclass(frozen=True)
@@ -62,12 +68,13 @@ class MockProfile:
     max_batch_size: int = 32  # items per classify batch
     label_shift: int = 0  # classify: labels this many classes off (a bad version; 0: right)
     fail_every: int = 0  # classify: every Nth item fails with INTERNAL (a bad version; 0: none)
+    token_shift: int = 0  # generate: sampled letters this many letters on (a bad version; 0: right)
 
     def __post_init__(self) -> None:
         for name in ("step_ms", "per_token_us", "batch_ms", "per_item_us"):
             if getattr(self, name) < 0:
                 raise ValueError(f"mock profile: {name} must be >= 0, got {getattr(self, name)}")
-        for name in ("label_shift", "fail_every"):
+        for name in ("label_shift", "fail_every", "token_shift"):
             if getattr(self, name) < 0:
                 raise ValueError(f"mock profile: {name} must be >= 0, got {getattr(self, name)}")
         for name in ("num_kv_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_seq_len",
@@ -133,7 +140,7 @@ class MockGeneratorRuntime:
         self._mirror = SequenceMirror(profile.num_kv_blocks, profile.block_size, BYTE_VOCAB_SIZE, profile.max_seq_len)
 
     def load(self) -> None:
-        prompt = tuple(b"abc")
+        prompt = _GOLDEN_PROMPT
         golden = RunStep(0, (SequenceStep(0, prompt, 0, (0,), reset_block_table=True, sample=True),))
         (output,) = self.compute(golden)
         self._mirror.forget([0])
@@ -166,8 +173,10 @@ class MockGeneratorRuntime:
             seq = admitted.step
             if seq.sample:
                 seed = admitted.seed if seq.sampling.temperature > 0 else 0
-                outputs[admitted.index] = SequenceOutput(
-                    seq.seq_id, token_id=mock_token(seed, admitted.end_position, seq.token_ids[-1]), logprob=0.0)
+                token = mock_token(seed, admitted.end_position, seq.token_ids[-1])
+                if self._profile.token_shift and admitted.end_position > GOLDEN_POSITIONS:
+                    token = ord("a") + (token - ord("a") + self._profile.token_shift) % 26
+                outputs[admitted.index] = SequenceOutput(seq.seq_id, token_id=token, logprob=0.0)
             else:
                 outputs[admitted.index] = SequenceOutput(seq.seq_id)
         return [outputs[i] for i in range(len(step.seqs))]

@@ -5,12 +5,14 @@ deliberately bad or good candidate per test (services/worker/mock_models.py's pr
   3  three times slower in compute (batch_ms 3x)     -> rolled back within the first step
   4  fails 5 % of requests (fail_every=20)           -> rolled back
   5  as good as version 1                            -> promoted to 100 % through every step
+  2 again, with golden cases and no shadow step      -> rolled back by the golden check at the first step
 
 Each test rewrites the routing file's rollout policy (the gateway reloads it) and drives
 version-less traffic until the rollout decides; steps are short and minimum counts small."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -26,6 +28,7 @@ import yaml
 from infermesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.cli import main as cli
 from services.common import admin_servicer
+from services.worker.mock_models import mock_label_index
 from tests.support import session_tls
 from tests.support.gateway_fixtures import scrape
 from tests.support.processes import free_port, running_mesh, wait_until
@@ -37,6 +40,13 @@ BASE_MS = 4
 CANDIDATES = {"2": f"batch_ms={BASE_MS},label_shift=3", "3": f"batch_ms={BASE_MS * 3}",
               "4": f"batch_ms={BASE_MS},fail_every=20", "5": f"batch_ms={BASE_MS}"}
 FAST = {"min_requests": 20, "min_duration_s": 0.3, "confidence": 0.99, "shadow_max_in_flight": 8}
+
+
+def golden_cases(num: int = 3) -> list[dict]:
+    """Known inputs with version 1's answers (the manifest's golden format)."""
+    pixels = [bytes([i + 1, 2 * i + 1, 7, i]) for i in range(num)]
+    return [{"height": 2, "width": 2, "channels": 1, "pixels_b64": base64.b64encode(p).decode(),
+             "expected_top1": mock_label_index(common_pb2.Image(raw=common_pb2.RawImage(pixels=p)))} for p in pixels]
 
 
 def routing_text(rollout: dict | None) -> str:
@@ -169,7 +179,8 @@ def test_a_version_failing_5_percent_is_rolled_back(rollouts):
 
 
 def test_a_version_as_good_as_the_baseline_is_promoted_through_every_step(rollouts):
-    rollouts.roll(canary_version="5", steps=["shadow", 10, 50, 100], checks={"latency": {"max_ratio": 1.5}})
+    rollouts.roll(canary_version="5", steps=["shadow", 10, 50, 100],
+                  checks={"latency": {"max_ratio": 1.5}, "golden": {"cases": golden_cases()}})
     seen = rollouts.drive(lambda: _state(rollouts) != "running")
     decisions = rollouts.saved()["decisions"]
     assert [(d["action"], d["to_step"]) for d in decisions] == [
@@ -180,6 +191,17 @@ def test_a_version_as_good_as_the_baseline_is_promoted_through_every_step(rollou
     after = {rollouts.stub.Classify(gateway_pb2.ClassifyRequest(model=common_pb2.ModelRef(name=MODEL), image=image),
                                     timeout=10).model.version for _ in range(20)}
     assert after == {"5"}, "promoted: every version-less request goes to version 5"
+    assert all("golden 3/3 right" in d["evidence"] for d in decisions[1:]), "each step's golden run passed"
+
+
+def test_wrong_answers_are_caught_by_the_golden_check_without_a_shadow_step(rollouts):
+    rollouts.roll(canary_version="2", steps=[10, 100], min_requests=10**6, attempt=2,
+                  checks={"golden": {"cases": golden_cases()}})
+    rollouts.drive(lambda: _state(rollouts) != "running")
+    decision = rollouts.saved()["decisions"][-1]
+    assert (decision["action"], decision["from_step"]) == ("roll_back", "10%"), decision
+    assert "golden 0/3 right: case 0 (image 2x2x1): top-1" in decision["evidence"], decision["evidence"]
+    assert "rollout mock-classifier canary 2: golden check 0/3 right" in rollouts.gateway.log_tail(200)
 
 
 def _status_rollouts(rollouts: Mesh) -> list[dict]:

@@ -189,3 +189,11 @@ def test_the_workers_generic_overrides_win_over_the_profile():
     assert runtime.hello("w").capacity.num_kv_blocks == 6
     classifier = make_mock_runtime("mock-classifier", "1", "max_batch_size=4")
     assert classifier.hello("w").capacity.max_batch_size == 4
+
+
+def test_token_shift_moves_greedy_letters_but_passes_the_load_check(sleep):
+    shifted = MockGeneratorRuntime("2", MockProfile(token_shift=1, num_kv_blocks=8, block_size=4), sleep=sleep)
+    shifted.load()  # the load's golden check samples at the spared positions
+    out = run(shifted, seq_step(1, b"hello", 0, (0, 1), reset=True))
+    (right,) = mock_continuation(b"hello", 1)
+    assert out.outputs[0].token_id == ord("a") + (right - ord("a") + 1) % 26
