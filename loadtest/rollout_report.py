@@ -10,7 +10,9 @@ with `t_s` in seconds from the end of the warm-up, the origin of the "Over time"
 window in which the error ratio or the p99 moved sits next to the decision that moved the share
 (start, advance, roll_back, promote, or an override by hand). `t_s` is exact to about a second:
 the report's start time has whole seconds and includes the wait for the gateway to be ready.
-Only decisions made while the run lasted are kept. A key added within schema v1.
+Only decisions made while the run lasted are kept. A key added within schema v1. The table
+(Markdown, HTML, terminal) shows each judgement's counts and failed checks only; the JSON keeps
+the whole evidence, every check with its p-value.
 """
 
 from __future__ import annotations
@@ -48,13 +50,23 @@ def rollout_section(doc: dict, state_file: str | Path) -> dict:
     return {"state_file": str(state_file), "decisions": decisions}
 
 
+def short_evidence(evidence: str) -> str:
+    """A judgement's evidence with only its counts and failed checks (the JSON keeps all of it):
+    "canary n=102 baseline n=297 after 4.2 s; error_rate 4.90% vs 0.00% p=0.0011 FAIL"."""
+    parts = evidence.split("; ")
+    if not parts[0].startswith("canary n="):  # a start, or a decision by hand: short already
+        return evidence
+    failed = [p for p in parts[1:] if p.endswith(" FAIL")]
+    return "; ".join([parts[0], *failed]) if failed else f"{parts[0]}; all {len(parts) - 1} checks passed"
+
+
 def rollout_table(doc: dict) -> Table | None:
     rollout = doc.get("rollout")
     if not rollout:
         return None
     rows = tuple((f"{d['t_s']:.1f}", d["model"], d["canary_version"], d["action"],
                   d["from_step"] if d["from_step"] == d["to_step"] else f"{d['from_step']} -> {d['to_step']}",
-                  d["evidence"]) for d in rollout["decisions"])
+                  short_evidence(d["evidence"])) for d in rollout["decisions"])
     return Table("Rollout decisions (t from the end of warm-up, as the windows)",
                  ("t (s)", "model", "canary", "action", "step", "evidence"), rows,
                  note="" if rows else f"no decision in {rollout['state_file']} while the run lasted")

@@ -119,7 +119,7 @@ def _golden(num_cases: int, outcome: GoldenOutcome | None) -> CheckResult:
         return CheckResult("golden", f"{num_cases} cases", "not run yet in this step", None, False)
     answered = f"{outcome.num_passed}/{outcome.num_cases} right"
     if outcome.mismatches:
-        answered += ": " + "; ".join(outcome.mismatches[:3])
+        answered += ": " + " / ".join(outcome.mismatches[:3])  # not "; ", which separates the checks
     return CheckResult("golden", f"{num_cases} cases", answered, None, bool(outcome.mismatches))
 
 

@@ -253,3 +253,27 @@ def test_a_follower_refuses_by_rpc_naming_the_decider_role(tmp_path, clock):
     follower.apply_routes(routes())
     with pytest.raises(FailedPrecondition, match="rollout follower.*--rollout-role is decider"):
         follower.control("digits", HandAction.ABORT)
+
+
+def test_a_restarted_decider_keeps_the_steps_timer_and_gathers_its_minimum_again(tmp_path, clock):
+    """The chosen behaviour (docs/operations.md, "State and replicas"): a step's samples live in the
+    decider's memory; after a restart the step needs min_requests new canary requests, judged
+    together, but not its min_duration again."""
+    store = FileRolloutStore(tmp_path / "rollouts.json")
+    first = RolloutController(Shares(), store, clock=clock)
+    first.apply_routes(routes(steps=[10, 100]))
+    feed(first, "1", 200)
+    feed(first, "2", 19, seed=2)  # one short of min_requests
+    clock.advance(5)
+    assert first.tick() == [] and first.views()[0].num_canary == 19
+
+    restarted = RolloutController(Shares(), store, clock=clock)
+    restarted.apply_routes(routes(steps=[10, 100]))
+    (view,) = restarted.views()
+    assert (view.step, view.num_canary, view.num_baseline) == ("10%", 0, 0), "the samples did not survive"
+    feed(restarted, "1", 200)
+    feed(restarted, "2", 1, seed=3)
+    assert restarted.tick() == [], "one new canary request is not the step's minimum"
+    feed(restarted, "2", 19, seed=4)
+    (advance,) = restarted.tick()  # no clock advance: the step's 5 s were served before the restart
+    assert advance.to_step == "100%" and "canary n=20" in advance.evidence

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from loadtest.report_text import markdown_report
-from loadtest.rollout_report import rollout_section, rollout_table
+from loadtest.rollout_report import rollout_section, rollout_table, short_evidence
 from loadtest.tables import report_tables
 from services.gateway.rollout import RolloutController
 from services.gateway.rollout_store import FileRolloutStore
@@ -51,6 +51,8 @@ def test_an_automatic_rollback_is_placed_on_the_runs_timeline(tmp_path):
     table = rollout_table({**doc(), "rollout": section})
     text = table.to_text()
     assert "roll_back" in text and "7.0" in text
+    assert "error_rate" in text and "FAIL" in text and "latency:end_to_end" not in text, "failed checks only"
+    assert "latency:end_to_end" in section["decisions"][1]["evidence"], "the JSON keeps every check"
     report = _demo_report()
     report["rollout"] = section
     assert "Rollout decisions" in [t.title.split(" (")[0] for t in report_tables(report, with_windows=True)]
@@ -68,3 +70,11 @@ def test_decisions_outside_the_run_are_left_out_and_a_bad_file_is_named(tmp_path
         rollout_section(doc(), path)
     with pytest.raises(ValueError, match="cannot read"):
         rollout_section(doc(), tmp_path / "absent.json")
+
+
+def test_the_table_shortens_a_judgement_to_its_counts_and_failures():
+    judged = "canary n=30 baseline n=300 after 4.0 s; error_rate 10.00% vs 0.00% p=1e-05 FAIL; deadline_misses 0% vs 0% p=1"
+    assert short_evidence(judged) == "canary n=30 baseline n=300 after 4.0 s; error_rate 10.00% vs 0.00% p=1e-05 FAIL"
+    passed = "canary n=30 baseline n=300 after 4.0 s; error_rate 0% vs 0% p=1; golden 3/3 right vs 3 cases"
+    assert short_evidence(passed) == "canary n=30 baseline n=300 after 4.0 s; all 2 checks passed"
+    assert short_evidence("by hand") == "by hand"
