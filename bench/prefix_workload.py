@@ -32,9 +32,9 @@ class WorkloadSpec:
     system_prompt_chars: int = 500  # the byte tokenizer: one token per ASCII character
     conversations_per_s: float = 4.0
     duration_s: float = 20.0  # conversations start in [0, duration_s)
-    turns: tuple[int, int] = (2, 5)  # per conversation, uniform, inclusive
-    user_chars: tuple[int, int] = (16, 48)
-    max_tokens: tuple[int, int] = (16, 40)
+    turns: tuple[int, int] = (2, 4)  # per conversation, uniform, inclusive
+    user_chars: tuple[int, int] = (16, 40)
+    max_tokens: tuple[int, int] = (16, 32)
     think_time_s: float = 0.2  # mean (exponential) between an answer and the next turn
     seed: int = 1
 

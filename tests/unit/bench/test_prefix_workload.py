@@ -31,8 +31,8 @@ def test_conversations_are_seeded_poisson_over_the_window_and_spread_over_every_
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     assert statistics.mean(gaps) == pytest.approx(0.02, rel=0.1)
     assert {c.tenant_id for c in conversations} == set(tenant_ids(16))
-    assert all(2 <= len(c.turns) <= 5 and c.turns[0].think_s == 0 for c in conversations)
-    assert all(16 <= t.max_tokens <= 40 for c in conversations for t in c.turns)
+    assert all(2 <= len(c.turns) <= 4 and c.turns[0].think_s == 0 for c in conversations)
+    assert all(16 <= t.max_tokens <= 32 for c in conversations for t in c.turns)
 
 
 def test_a_run_tag_gives_each_round_its_own_tenants():
@@ -57,7 +57,7 @@ def test_each_turn_starts_with_the_previous_turns_prompt_and_answer():
 
 def test_the_longest_prompt_bound_covers_every_rendered_prompt():
     spec = WorkloadSpec()
-    answer = "x" * 40
+    answer = "x" * 32
     for conversation in make_conversations(spec)[:50]:
         exchanges: list[tuple[str, str]] = []
         for turn in conversation.turns:
