@@ -13,7 +13,7 @@
           confidence: 0.95                 # each decision's significance level is 1 - confidence
           shadow_percent: 100              # share of version-less requests mirrored at the shadow step
           shadow_max_in_flight: 4          # the shadow budget: mirrored calls in flight at once
-          checks:                          # all four by default; a check set to false is off
+          checks:                          # the first four by default; a check set to false is off
             error_rate: {max_increase: 0.01}
             deadline_misses: {max_increase: 0.01}
             latency: {max_ratio: 1.2, min_increase_ms: 1}  # end to end and every stage: shift and p99

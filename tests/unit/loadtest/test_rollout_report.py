@@ -78,3 +78,22 @@ def test_the_table_shortens_a_judgement_to_its_counts_and_failures():
     passed = "canary n=30 baseline n=300 after 4.0 s; error_rate 0% vs 0% p=1; golden 3/3 right vs 3 cases"
     assert short_evidence(passed) == "canary n=30 baseline n=300 after 4.0 s; all 2 checks passed"
     assert short_evidence("by hand") == "by hand"
+
+
+def test_the_committed_report_of_a_real_rollback_shows_its_decision_points():
+    """bench/baselines/rollout-rollback-*.json: a run of loadtest/scenarios/rollout-rollback.yaml
+    (docs/operations.md, "Rollouts"): errors in the windows between start and roll_back, none after."""
+    import json
+    from pathlib import Path
+
+    from loadtest.scenario import load_scenario
+
+    assert load_scenario("loadtest/scenarios/rollout-rollback.yaml").classes[0].model == "mock-classifier"
+    (path,) = Path("bench/baselines").glob("rollout-rollback-*.json")
+    report = json.loads(path.read_text())
+    start, roll_back = report["rollout"]["decisions"]
+    assert (start["action"], roll_back["action"]) == ("start", "roll_back") and start["t_s"] < roll_back["t_s"]
+    rows = rollout_table(report).rows
+    assert rows[1][3] == "roll_back" and rows[1][5].endswith("FAIL") and "latency" not in rows[1][5]
+    errors_after = sum(w["num_errors"] for w in report["windows"]["overall"] if w["start_s"] > roll_back["t_s"] + 1)
+    assert errors_after == 0
