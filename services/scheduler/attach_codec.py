@@ -164,14 +164,17 @@ def encode_run_step(plan: StepPlan, sequences: Mapping[int, StepSequenceContext]
             seq.new_blocks.extend(step.new_blocks)
         if step.reset_block_table:
             seq.reset_block_table = True
+            if step.num_cached_tokens:
+                seq.num_cached_tokens = step.num_cached_tokens
     return command
 
 
 def _traced(step: SequenceStep) -> bool:
     """Whether the worker records spans for this step under the request's trace: prompt chunks and
-    recomputes, not every single-token decode (at 32 sequences that is 32 traces touched per step,
-    about a millisecond of the worker's event loop)."""
-    return step.start_position == 0 or len(step.token_ids) > 1
+    recomputes (a sequence's first step, even one token after a cached prefix), not every
+    single-token decode (at 32 sequences that is 32 traces touched per step, about a millisecond of
+    the worker's event loop)."""
+    return step.reset_block_table or step.start_position == 0 or len(step.token_ids) > 1
 
 
 def _unix_us(unix_s: float | None) -> int:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
-from services.common.config import ServerSettings, require, setting
+from services.common.config import ConfigError, ServerSettings, require, setting
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ class SchedulerConfig(ServerSettings):
     heartbeat_interval_ms: int = setting(1000, "how often workers send heartbeats")
     worker_timeout_ms: int = setting(5000, "a worker silent this long is treated as gone")
     deadline_margin_ms: float = setting(2.0, "time kept back from each request's deadline for the reply")
+    prefix_cache: bool = setting(True, "generate: reuse the KV blocks of prompt prefixes a worker already computed "
+                                 "(on|off); each tenant's blocks are its own, except inside public_prefixes")
+    public_prefixes: str = setting("", "generate: prompt prefixes whose cached blocks every tenant shares (e.g. a "
+                                   "common system prompt), as a JSON list of strings; empty: none")
     drain_grace_ms: float = setting(2000.0, "on SIGTERM, how long generate streams may run on before each still "
                                     "running is handed over (ended with UNAVAILABLE 'scheduler draining: stream "
                                     "handed over', pushback 0, for the gateway to resume elsewhere); at most "
@@ -62,3 +67,16 @@ class SchedulerConfig(ServerSettings):
                 f"{self.worker_timeout_ms} <= {self.heartbeat_interval_ms}")
         require(self.deadline_margin_ms >= 0, f"deadline_margin_ms must be >= 0, got {self.deadline_margin_ms}")
         require(self.drain_grace_ms >= 0, f"drain_grace_ms must be >= 0, got {self.drain_grace_ms}")
+        self.public_prefix_texts()  # refuses a malformed list at startup
+
+    def public_prefix_texts(self) -> tuple[str, ...]:
+        """`public_prefixes` parsed: the texts an operator marked public."""
+        if not self.public_prefixes.strip():
+            return ()
+        try:
+            texts = json.loads(self.public_prefixes)
+        except ValueError as exc:
+            raise ConfigError(f"public_prefixes must be a JSON list of strings: {exc}") from None
+        require(isinstance(texts, list) and all(isinstance(t, str) and t for t in texts),
+                f"public_prefixes must be a JSON list of non-empty strings, got {self.public_prefixes!r}")
+        return tuple(texts)

@@ -104,6 +104,8 @@ def step_scheduler_config(config: SchedulerConfig, capacity: WorkerCapacity) -> 
         enable_fairness_preemption=config.fairness_preemption,
         fairness_min_run_s=config.fairness_min_run_ms / 1000,
         fairness_share_credit=config.fairness_share_credit,
+        enable_prefix_cache=config.prefix_cache,
+        public_prefix_texts=config.public_prefix_texts(),
     )
 
 
@@ -118,6 +120,7 @@ class _WorkerLoop:
         self.attached = True
         # Looked up once: _update_gauges sets it for every worker after every step of every worker.
         self.kv_gauge = metrics.KV_CACHE_USAGE.labels(pool.model.name, link.worker_id)
+        self.cache_metrics = metrics.PrefixCacheMetrics(pool.model.name, link.worker_id)
         self._wake = asyncio.Event()
         # The last step, its outcome and its chunks, until handed out by _flush().
         self._done: tuple[StepPlan, StepOutcome] | None = None
@@ -279,10 +282,11 @@ class GeneratePool:
         loop.wake()
         self._router.forget_worker(loop)
         if not any(other.link.worker_id == link.worker_id for other in self._loops.values()):
-            try:  # no stale series for a worker that is gone
+            try:  # no stale series for a worker that is gone (its prefix cache index goes with it)
                 metrics.KV_CACHE_USAGE.remove(self.model.name, link.worker_id)
             except KeyError:
                 pass
+            loop.cache_metrics.remove()
         evicted = [seq for seq in loop.scheduler.evict_all() if seq.seq_id in self._streams]
         if evicted:
             log.warning("worker %s of %s gone: recomputing %d sequences elsewhere", link.worker_id, self.model,
@@ -549,7 +553,9 @@ class GeneratePool:
         for priority, gauge in queue_depth.items():
             gauge.set(sum(s.num_waiting_of(priority) for s in schedulers) + sum(s.priority == priority for s in held))
         for loop in self._loops.values():
-            loop.kv_gauge.set(loop.scheduler.kv.usage)
+            kv = loop.scheduler.kv
+            loop.kv_gauge.set(kv.usage)
+            loop.cache_metrics.publish(loop.scheduler.cache_stats, kv.num_cached_blocks, kv.num_evictions)
 
 
 def _deadline_error(stream: GenerateStream) -> errors.DeadlineExceeded:

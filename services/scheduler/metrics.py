@@ -12,6 +12,7 @@ import bisect
 from prometheus_client import Counter, Gauge, Histogram
 
 from services.scheduler.fair_queue import Priority
+from services.scheduler.prefix_cache import PrefixCacheStats
 
 # Seconds, from 0.5 ms to 60 s: scheduler queues range from sub-millisecond to overload.
 _LATENCY_BUCKETS_S = (
@@ -85,8 +86,65 @@ STEP_OVERHEAD = Histogram(
 )
 WORKERS = Gauge("infermesh_scheduler_attached_workers", "Workers attached and serving a model version.",
                 ["model", "version"])
+PREFIX_CACHE_QUERIED_TOKENS = Counter(
+    "infermesh_scheduler_prefix_cache_queried_tokens_total",
+    "Generate: tokens of the sequences admitted to a worker (new, preempted or moved), each a candidate for the "
+    "prefix cache.", ["model", "worker"],
+)
+PREFIX_CACHE_HIT_TOKENS = Counter(
+    "infermesh_scheduler_prefix_cache_hit_tokens_total",
+    "Generate: of the queried tokens, those whose KV was reused from the worker's prefix cache, not computed.",
+    ["model", "worker"],
+)
+PREFIX_CACHE_QUERIED_BLOCKS = Counter(
+    "infermesh_scheduler_prefix_cache_queried_blocks_total",
+    "Generate: full blocks of the admitted sequences that could be reused (all but the block of the last token).",
+    ["model", "worker"],
+)
+PREFIX_CACHE_HIT_BLOCKS = Counter(
+    "infermesh_scheduler_prefix_cache_hit_blocks_total", "Generate: of the queried blocks, those reused.",
+    ["model", "worker"],
+)
+PREFIX_CACHE_BLOCKS = Gauge(
+    "infermesh_scheduler_prefix_cache_blocks",
+    "Generate: a worker's KV blocks holding a cached prefix (in use or free until evicted).", ["model", "worker"],
+)
+PREFIX_CACHE_EVICTIONS = Counter(
+    "infermesh_scheduler_prefix_cache_evictions_total",
+    "Generate: cached blocks whose page was taken for other tokens (least recently freed first).",
+    ["model", "worker"],
+)
 
 PRIORITY_LABELS = {p: p.name.lower() for p in Priority}
+_PREFIX_CACHE_COUNTERS = (PREFIX_CACHE_QUERIED_TOKENS, PREFIX_CACHE_HIT_TOKENS, PREFIX_CACHE_QUERIED_BLOCKS,
+                          PREFIX_CACHE_HIT_BLOCKS, PREFIX_CACHE_EVICTIONS)
+
+
+class PrefixCacheMetrics:
+    """One worker's prefix cache series: its scheduler's monotonic counts, published as increments."""
+
+    def __init__(self, model: str, worker: str) -> None:
+        self._labels = (model, worker)
+        self._counters = [counter.labels(model, worker) for counter in _PREFIX_CACHE_COUNTERS]
+        self._blocks = PREFIX_CACHE_BLOCKS.labels(model, worker)
+        self._published = [0] * len(self._counters)
+
+    def publish(self, stats: PrefixCacheStats, num_cached_blocks: int, num_evictions: int) -> None:
+        totals = (stats.num_queried_tokens, stats.num_hit_tokens, stats.num_queried_blocks, stats.num_hit_blocks,
+                  num_evictions)
+        for index, (counter, total) in enumerate(zip(self._counters, totals, strict=True)):
+            if total > self._published[index]:
+                counter.inc(total - self._published[index])
+                self._published[index] = total
+        self._blocks.set(num_cached_blocks)
+
+    def remove(self) -> None:
+        """The worker is gone, and its cache with it: no stale series."""
+        for metric in (*_PREFIX_CACHE_COUNTERS, PREFIX_CACHE_BLOCKS):
+            try:
+                metric.remove(*self._labels)
+            except KeyError:
+                pass
 
 
 def observe_many(histogram, amount: float, count: int) -> None:

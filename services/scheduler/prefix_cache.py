@@ -44,17 +44,18 @@ def next_block_hash(parent: int | None, token_ids: Sequence[int], salt: bytes) -
 
 def extend_block_hashes(hashes: list[int], token_ids: Sequence[int], block_size: int, salt: bytes, *,
                         num_public_tokens: int = 0) -> list[int]:
-    """Appends to `hashes` (those of the first len(hashes) blocks of `token_ids`) the hash of every
-    further FULL block of `token_ids`; returns `hashes`. Blocks wholly inside the first
-    `num_public_tokens` tokens are salted with PUBLIC_SALT instead of `salt`."""
+    """Appends to `hashes` (a sequence's first len(hashes) block hashes) the hash of each FULL block
+    of `token_ids`, the sequence's tokens from position len(hashes) * block_size on; returns `hashes`.
+    Blocks wholly inside the sequence's first `num_public_tokens` tokens are salted with PUBLIC_SALT
+    instead of `salt`."""
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
-    num_full = len(token_ids) // block_size
     parent = hashes[-1] if hashes else None
-    for index in range(len(hashes), num_full):
-        start = index * block_size
-        block_salt = PUBLIC_SALT if start + block_size <= num_public_tokens else salt
-        parent = next_block_hash(parent, token_ids[start:start + block_size], block_salt)
+    position = len(hashes) * block_size
+    for offset in range(0, len(token_ids) - block_size + 1, block_size):
+        end = position + offset + block_size
+        block_salt = PUBLIC_SALT if end <= num_public_tokens else salt
+        parent = next_block_hash(parent, token_ids[offset:offset + block_size], block_salt)
         hashes.append(parent)
     return hashes
 

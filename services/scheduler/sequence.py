@@ -82,9 +82,17 @@ class Sequence:
     first_scheduled_s: float | None = None
     # When it last entered the running set; fairness preemption spares it for a minimum run time.
     running_since_s: float | None = None
-    # Prompt tokens billed to the tenant's service counter: a recompute after preemption is not billed again.
+    # Prompt tokens billed to the tenant's service counter, or served from the prefix cache: neither a
+    # recompute after preemption nor a cached prefix is billed (again).
     num_billed_prompt_tokens: int = 0
     first_token_s: float | None = None
+    # Prefix cache identity (prefix_cache.py): the tenant's salt, how many leading prompt tokens are a
+    # public prefix, and the hashes of the full blocks hashed so far (they depend only on the tokens).
+    cache_salt: bytes = b""
+    num_public_tokens: int = 0
+    block_hashes: list[int] = field(default_factory=list)
+    # Tokens reused from the prefix cache at its last admission (0: none, or the cache is off).
+    num_cached_tokens: int = 0
 
     @property
     def priority(self) -> Priority:

@@ -28,6 +28,9 @@ class SequenceStep:
     sampling: SamplingParams
     # Tokens generated so far, so seeded sampling is reproducible across preemption.
     num_generated: int
+    # With reset_block_table: positions [0, num_cached_tokens) of the new table already hold this
+    # sequence's KV (full blocks reused from the prefix cache), so start_position may be up to it.
+    num_cached_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,12 @@ Each step, under `max_num_batched_tokens` and `max_num_seqs`:
 
 Deadlines are checked at the start of every schedule; expired sequences are
 aborted and their blocks freed in that same call, as are cancelled ones in abort().
+
+Prefix cache (prefix_cache.py, kv_block_manager.py): a sequence admitted (new, preempted or
+adopted) starts its block table with every resident full block of its prefix, up to but not
+including the block of its last token (a step must compute at least one token to sample), and
+computes from there; the tenant is billed only the prompt tokens it computes. Once a step computed
+a full block, the block is registered under its hash for later sequences.
 """
 
 from __future__ import annotations
@@ -35,6 +41,12 @@ from services.scheduler.continuation import check_continuation
 from services.scheduler.fair_queue import FairQueue, Priority, TenantContext
 from services.scheduler.kv_block_manager import KVBlockManager
 from services.scheduler.output_stream import OutputStream, StreamChunk
+from services.scheduler.prefix_cache import (
+    PrefixCacheKeys,
+    PrefixCacheStats,
+    extend_block_hashes,
+    tenant_salt,
+)
 from services.scheduler.sequence import (
     AbortReason,
     FinishReason,
@@ -80,6 +92,10 @@ class StepSchedulerConfig:
     # Step time assumed before any is measured, and the weight of each new measurement.
     initial_step_time_s: float = 0.02
     step_time_ewma_alpha: float = 0.2
+    # Reuse the resident KV blocks of a sequence's prefix (prefix_cache.py); False: compute every token.
+    enable_prefix_cache: bool = True
+    # Prompt prefixes (text) whose full blocks every tenant shares; all others are salted per tenant.
+    public_prefix_texts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_seq_len", "max_num_waiting", "tenant_quantum_tokens"):
@@ -139,16 +155,19 @@ class StepBuilder:
         steps = []
         for seq, num_new, new_blocks in self.picked.values():
             start = seq.num_computed_tokens
+            reset = seq.needs_block_table_reset
             steps.append(
                 SequenceStep(
                     seq_id=seq.seq_id,
                     token_ids=seq.token_ids(start, start + num_new),
                     start_position=start,
                     new_blocks=new_blocks,
-                    reset_block_table=seq.needs_block_table_reset,
+                    reset_block_table=reset,
                     sample=start + num_new == seq.num_tokens,
                     sampling=seq.sampling,
                     num_generated=seq.num_generated,
+                    # A reset table's tokens before `start` are reused cached blocks (0 without a hit).
+                    num_cached_tokens=start if reset else 0,
                 )
             )
             seq.needs_block_table_reset = False
@@ -193,6 +212,8 @@ class StepScheduler:
         self._long_prefill_above = chunk if config.enable_chunked_prefill and chunk > 0 else None
         self.step_time_s = config.initial_step_time_s
         self._service = service if service is not None else TenantService(config.service_cost)
+        self.prefix_keys = PrefixCacheKeys.of(tokenizer.encode(text) for text in config.public_prefix_texts)
+        self.cache_stats = PrefixCacheStats()
 
     # -- intake ------------------------------------------------------------
 
@@ -228,6 +249,9 @@ class StepScheduler:
             stream=stream,
             output_token_ids=list(delivered_token_ids),
         )
+        if self.config.enable_prefix_cache:
+            seq.cache_salt = tenant_salt(tenant.tenant_id)
+            seq.num_public_tokens = self.prefix_keys.num_public_tokens(seq.prompt_token_ids)
         self._waiting.push(seq, tenant, cost=seq.num_tokens)
         self._seqs[seq_id] = seq
         self._service.activate(tenant)
@@ -306,11 +330,14 @@ class StepScheduler:
         seqs = self._seqs
         vocab_size = self._tokenizer.vocab_size
         running = SequenceStatus.RUNNING
+        block_size, cache_on = self.kv.block_size, self.config.enable_prefix_cache
         for step in plan.seqs:
             seq = seqs.get(step.seq_id)
             if seq is None or seq.status is not running:
                 continue  # aborted while the step ran
-            seq.num_computed_tokens += len(step.token_ids)
+            num_computed = seq.num_computed_tokens = seq.num_computed_tokens + len(step.token_ids)
+            if num_computed // block_size > step.start_position // block_size and cache_on:
+                self.kv.register_computed(seq.seq_id, self._block_hashes(seq, num_computed // block_size))
             if not step.sample:
                 continue
             token_id = sampled_token_ids.get(seq.seq_id)
@@ -454,24 +481,58 @@ class StepScheduler:
                 seq = self._short_waiting(seq.priority)
             if seq is None or seq.seq_id in step.preempted:
                 return
-            num_new = self._num_tokens_to_compute(seq, step.token_budget)
-            if not self._fits_unchunked(seq, num_new):
+            prefix = self._cached_prefix(seq)
+            num_cached = len(prefix) * self.kv.block_size
+            num_new = self._num_tokens_to_compute(seq, step.token_budget, start=num_cached)
+            if not self._fits_unchunked(seq, num_new, start=num_cached):
                 return
-            num_tokens = seq.num_computed_tokens + num_new
-            if not self._has_room(seq, num_tokens):
+            num_tokens = num_cached + num_new
+            if not self._has_room(prefix, num_tokens):
                 if self._preempt_for(seq, step, now):
                     continue
                 return
             self._start_running(seq, now)
-            step.pick(seq, num_new, self.kv.allocate(seq.seq_id, num_tokens))
+            table = self.kv.allocate_prefixed(seq.seq_id, prefix, num_tokens)
+            self._reuse_cached(seq, num_cached)
+            step.pick(seq, num_new, table)
             step.num_long_prefills += self._is_long_prefill(seq)
 
-    def _has_room(self, seq: Sequence, num_tokens: int) -> bool:
+    def _has_room(self, prefix: list[int], num_tokens: int) -> bool:
+        """Whether a sequence starting with the cached blocks `prefix` may be admitted to cover `num_tokens`."""
         if len(self._running) >= self.config.max_num_seqs:
             return False
         # The watermark only protects running sequences; with none, everything is free to use.
         reserve = self._watermark_blocks if self._running else 0
-        return self.kv.can_allocate(seq.seq_id, num_tokens, reserve_blocks=reserve)
+        return self.kv.can_allocate_prefixed(prefix, num_tokens, reserve_blocks=reserve)
+
+    def _cached_prefix(self, seq: Sequence) -> list[int]:
+        """The hashes of the resident full blocks `seq` (holding no blocks) may start with: never the
+        block of its last token, which a step must compute to sample."""
+        max_blocks = (seq.num_tokens - 1) // self.kv.block_size
+        if not self.config.enable_prefix_cache or max_blocks == 0:
+            return []
+        hashes = self._block_hashes(seq, max_blocks)
+        return hashes[:self.kv.num_cached_prefix_blocks(hashes[:max_blocks])]
+
+    def _block_hashes(self, seq: Sequence, num_blocks: int) -> list[int]:
+        """The sequence's block hashes, extended to at least its first `num_blocks` full blocks."""
+        hashes = seq.block_hashes
+        if len(hashes) < num_blocks:
+            block_size = self.kv.block_size
+            extend_block_hashes(hashes, seq.token_ids(len(hashes) * block_size, num_blocks * block_size),
+                                block_size, seq.cache_salt, num_public_tokens=seq.num_public_tokens)
+        return hashes
+
+    def _reuse_cached(self, seq: Sequence, num_cached: int) -> None:
+        """`seq` starts with `num_cached` tokens' KV from the cache: it computes from there, and the
+        prompt tokens among them are not billed to its tenant."""
+        seq.num_computed_tokens = seq.num_cached_tokens = num_cached
+        seq.num_billed_prompt_tokens = max(seq.num_billed_prompt_tokens, min(num_cached, seq.num_prompt_tokens))
+        stats = self.cache_stats
+        stats.num_queried_blocks += (seq.num_tokens - 1) // self.kv.block_size
+        stats.num_queried_tokens += seq.num_tokens
+        stats.num_hit_blocks += num_cached // self.kv.block_size
+        stats.num_hit_tokens += num_cached
 
     def _start_running(self, seq: Sequence, now: float) -> None:
         self._take_for_admission(seq)
@@ -524,15 +585,18 @@ class StepScheduler:
         else:
             self._waiting.take(seq)
 
-    def _num_tokens_to_compute(self, seq: Sequence, token_budget: int) -> int:
+    def _num_tokens_to_compute(self, seq: Sequence, token_budget: int, start: int | None = None) -> int:
+        """Tokens `seq` computes this step, from `start` (default: its computed tokens) on."""
+        num_left = seq.num_tokens - (seq.num_computed_tokens if start is None else start)
         cap = self.config.max_prefill_chunk_tokens or token_budget
-        return min(seq.num_uncomputed_tokens, token_budget, cap)
+        return min(num_left, token_budget, cap)
 
-    def _fits_unchunked(self, seq: Sequence, num_new: int) -> bool:
-        if self.config.enable_chunked_prefill or num_new == seq.num_uncomputed_tokens:
+    def _fits_unchunked(self, seq: Sequence, num_new: int, start: int) -> bool:
+        num_left = seq.num_tokens - start
+        if self.config.enable_chunked_prefill or num_new == num_left:
             return True
         # A recompute longer than a whole step can only ever go in chunks.
-        return seq.num_uncomputed_tokens > self.config.max_num_batched_tokens
+        return num_left > self.config.max_num_batched_tokens
 
     def _preempt_for(self, seq: Sequence, step: StepBuilder, now: float) -> bool:
         """Makes room for waiting `seq`: preempts a running sequence of a strictly lower class, else

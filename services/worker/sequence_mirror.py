@@ -7,6 +7,11 @@ positions hold valid KV. A sequence whose step is inconsistent with that
 mirror — unknown blocks, positions past its table, a gap before its first new
 token — fails alone with INVALID_ARGUMENT and is forgotten; the others run.
 
+Prefix cache: a reset table may start with `num_cached_tokens` positions whose KV
+other sequences computed into the same pages (the scheduler's cache says which);
+the worker keeps every page as it is until the scheduler has it overwritten, so
+those positions count as cached and the step computes only from there.
+
 Shared by every generator runtime (the model's StepExecutor, the mock), so they
 accept and refuse exactly the same steps. No torch, no grpc.
 """
@@ -112,7 +117,16 @@ class SequenceMirror:
         known = self._seqs.get(seq.seq_id)
         kept = None if seq.reset_block_table else known  # the mirror this step extends; None: a fresh table
         table = list(seq.new_blocks) if kept is None else kept.block_table + list(seq.new_blocks)
-        num_cached = 0 if kept is None else kept.num_cached
+        num_cached = seq.num_cached_tokens if kept is None else kept.num_cached
+        if seq.num_cached_tokens and kept is not None:
+            raise InvalidArgument(
+                f"sequence {seq.seq_id}: num_cached_tokens {seq.num_cached_tokens} without reset_block_table"
+            )
+        if num_cached > len(table) * self.block_size:
+            raise InvalidArgument(
+                f"sequence {seq.seq_id}: num_cached_tokens {num_cached} but the new block table of {len(table)} "
+                f"blocks holds {len(table) * self.block_size} positions"
+            )
         if seq.start_position > num_cached:
             raise InvalidArgument(
                 f"sequence {seq.seq_id}: start_position {seq.start_position} but only {num_cached} positions are "
@@ -125,7 +139,7 @@ class SequenceMirror:
                 f"positions; this step needs {end}"
             )
         if kept is None:
-            state = _SequenceState(table, 0, known.seed if known else self._seed_source())
+            state = _SequenceState(table, num_cached, known.seed if known else self._seed_source())
             self._seqs[seq.seq_id] = state
         else:
             state = kept

@@ -27,6 +27,7 @@ def sequence_step_from_proto(seq: scheduler_pb2.SequenceStep) -> work.SequenceSt
             seed=sampling.seed if sampling.HasField("seed") else None,
         ),
         num_generated=seq.num_generated,
+        num_cached_tokens=seq.num_cached_tokens,
     )
 
 

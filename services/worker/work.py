@@ -79,6 +79,9 @@ class SequenceStep:
     sample: bool = False  # sample a next token after the last of token_ids
     sampling: SamplingParams = SamplingParams()
     num_generated: int = 0  # tokens generated so far: the index of the token sampled now
+    # With reset_block_table: positions [0, num_cached_tokens) of the new table already hold this
+    # sequence's KV (blocks the scheduler reuses from its prefix cache); 0: the new table holds nothing.
+    num_cached_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -109,8 +109,10 @@ def fake_next_token(context: list[int]) -> int:
 class FakePagedWorker:
     """Executes StepPlans the way a real worker must: it keeps block tables from
     reset/new_blocks/finished ids, writes each computed token into its KV slot, and
-    samples from the context read back out of the blocks. Wrong block tables or a
-    block shared by two live sequences change the sampled tokens or raise."""
+    samples from the context read back out of the blocks. A reset table starts with
+    `num_cached_tokens` positions read from whatever its reused blocks hold (the prefix
+    cache). Wrong block tables, a reused block holding other tokens, or a block written
+    while another live sequence holds it change the sampled tokens or raise."""
 
     def __init__(self, block_size: int, next_token=fake_next_token) -> None:
         self.block_size = block_size
@@ -132,13 +134,14 @@ class FakePagedWorker:
         for step in plan.seqs:
             if step.reset_block_table:
                 self.tables[step.seq_id] = []
-                self.num_cached[step.seq_id] = 0
+                self.num_cached[step.seq_id] = step.num_cached_tokens
             table = self.tables[step.seq_id]
             table.extend(step.new_blocks)
             # Like the real worker: a step may recompute cached positions, never skip any.
             if step.start_position > self.num_cached[step.seq_id]:
                 raise AssertionError(f"seq {step.seq_id}: start {step.start_position}, cached {self.num_cached}")
-            self._check_exclusive(step.seq_id)
+            end = step.start_position + len(step.token_ids)
+            self._check_exclusive(step.seq_id, {table[p // self.block_size] for p in range(step.start_position, end)})
             for offset, token_id in enumerate(step.token_ids):
                 position = step.start_position + offset
                 self.slots[table[position // self.block_size]][position % self.block_size] = token_id
@@ -151,11 +154,11 @@ class FakePagedWorker:
         table = self.tables[seq_id]
         return [self.slots[table[p // self.block_size]][p % self.block_size] for p in range(self.num_cached[seq_id])]
 
-    def _check_exclusive(self, seq_id: int) -> None:
-        mine = set(self.tables[seq_id])
+    def _check_exclusive(self, seq_id: int, written: set[int]) -> None:
+        """Blocks a step writes belong to its sequence alone (shared prefix blocks are only read)."""
         for other, table in self.tables.items():
-            if other != seq_id and mine & set(table):
-                raise AssertionError(f"blocks {mine & set(table)} held by seqs {seq_id} and {other}")
+            if other != seq_id and written & set(table):
+                raise AssertionError(f"blocks {written & set(table)} written by seq {seq_id}, held by {other}")
 
 
 @dataclasses.dataclass

@@ -14,6 +14,7 @@ from services.scheduler.generate_pool import GenerateStream
 from services.scheduler.sequence import SamplingParams
 from services.scheduler.step_plan import SequenceStep, StepPlan
 from services.worker.builtin_models import ToyGeneratorRuntime
+from services.worker.step_codec import run_step_from_proto
 
 SAMPLING = SamplingParams(max_tokens=8, temperature=0.5)
 
@@ -84,3 +85,14 @@ def test_a_hello_decodes_to_what_the_worker_declared() -> None:
     assert hello.worker_id == "w1" and hello.kind is ModelKind.GENERATOR
     assert hello.capacity.num_kv_blocks > 0 and hello.tokenizer.vocab_size > 0
     assert attach_codec.decode_hello(scheduler_pb2.WorkerHello()).kind is None
+
+
+def test_a_table_starting_with_cached_blocks_tells_the_worker_how_many_positions_are_valid() -> None:
+    cached = SequenceStep(seq_id=1, token_ids=(7,), start_position=32, new_blocks=(5, 6, 2), reset_block_table=True,
+                          sample=True, sampling=SAMPLING, num_generated=0, num_cached_tokens=32)
+    plan = StepPlan(step_id=1, seqs=(cached, _step(2, (8,), 12)), finished_seq_ids=())
+    command = attach_codec.encode_run_step(plan, _streams())
+    assert command.seqs[0].num_cached_tokens == 32 and command.seqs[1].num_cached_tokens == 0
+    assert command.seqs[0].trace_context == {"traceparent": "00-aa-bb-01"}  # a first step is traced
+    worker_side = run_step_from_proto(scheduler_pb2.RunStep.FromString(command.SerializeToString()))
+    assert [s.num_cached_tokens for s in worker_side.seqs] == [32, 0]

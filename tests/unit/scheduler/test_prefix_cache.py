@@ -49,8 +49,11 @@ def test_salt_and_tokens_cannot_be_traded_against_each_other():
 def test_extending_gives_the_hashes_computing_them_all_at_once_gives():
     tokens = list(range(30))
     hashes = block_hashes(tokens[:9], 4, SALT)
-    assert extend_block_hashes(hashes, tokens, 4, SALT) == block_hashes(tokens, 4, SALT)
+    assert extend_block_hashes(hashes, tokens[8:], 4, SALT) == block_hashes(tokens, 4, SALT)
     assert len(hashes) == 7
+    public = block_hashes(tokens[:4], 4, SALT, num_public_tokens=12)
+    assert extend_block_hashes(public, tokens[4:], 4, SALT, num_public_tokens=12) == block_hashes(
+        tokens, 4, SALT, num_public_tokens=12)
 
 
 def test_rejects_a_block_size_below_one():

@@ -177,7 +177,9 @@ def test_preempts_lowest_priority_class_before_a_newer_sequence(clock):
 
 
 def test_preempted_sequence_recomputes_prompt_and_generated_tokens_as_one_prefill(clock):
-    scheduler = make_scheduler(clock, num_blocks=4, block_size=4, max_seq_len=16)
+    # Without the prefix cache (with it, the blocks it computed before may still be resident:
+    # test_step_scheduler_prefix_cache.py).
+    scheduler = make_scheduler(clock, num_blocks=4, block_size=4, max_seq_len=16, enable_prefix_cache=False)
     worker = FakePagedWorker(4)
     make_requests(scheduler, 1, prompt_len=6, max_tokens=4)
     clock.advance(1.0)

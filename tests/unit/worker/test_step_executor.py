@@ -123,3 +123,34 @@ def test_non_sampling_chunk_reports_no_token(tinylm: LoadedModel) -> None:
     executor = _executor(tinylm)
     outputs, _ = executor.run(RunStep(0, (SequenceStep(1, PROMPT[:8], 0, (5,), True, sample=False),)))
     assert outputs[0].error is None and outputs[0].token_id is None and outputs[0].logprob is None
+
+
+def test_a_sequence_reusing_another_ones_prefix_pages_samples_what_a_full_prefill_samples(tinylm: LoadedModel) -> None:
+    # PROMPT is 25 tokens: three full blocks of 8, then one token.
+    executor = _executor(tinylm)
+    outputs, _ = executor.run(RunStep(0, (SequenceStep(1, PROMPT, 0, (3, 9, 4, 0), True, sample=True),)))
+    executor.run(RunStep(1, (), finished_seq_ids=(1,)))  # finished: the pages stay as they are
+    other = (*PROMPT[:24], *b"ABCDE")
+    reused = SequenceStep(2, other[16:], 16, (3, 9, 5, 6), True, sample=True, num_cached_tokens=16)
+    again = SequenceStep(3, PROMPT[24:], 24, (3, 9, 4, 7), True, sample=True, num_cached_tokens=24)
+    outputs, _ = executor.run(RunStep(2, (reused, again)))
+    assert [o.error for o in outputs] == [None, None]
+    assert outputs[0].token_id == int(tinylm.generator.dense_logits(other)[-1].argmax())
+    assert outputs[1].token_id == int(tinylm.generator.dense_logits(PROMPT)[-1].argmax())
+    assert executor.block_table(2) == (3, 9, 5, 6) and executor.num_kv_blocks_used == 6
+
+
+def test_cached_positions_must_fit_the_new_table_and_come_with_a_reset(tinylm: LoadedModel) -> None:
+    executor = _executor(tinylm)
+    executor.run(RunStep(0, (SequenceStep(1, PROMPT[:8], 0, (5,), True),)))
+    bad = [
+        (SequenceStep(2, (1,), 16, (1, 2), True, num_cached_tokens=17),
+         "num_cached_tokens 17 but the new block table of 2 blocks holds 16 positions"),
+        (SequenceStep(1, PROMPT[8:], 8, (2, 9, 4), num_cached_tokens=8), "num_cached_tokens 8 without reset_block_table"),
+        (SequenceStep(3, (1,), 9, (6, 7), True, num_cached_tokens=8), "start_position 9 but only 8 positions are cached"),
+    ]
+    outputs, _ = executor.run(RunStep(1, tuple(s for s, _ in bad)))
+    for out, (_, fragment) in zip(outputs, bad, strict=True):
+        assert out.error is not None and out.error.code == ErrorCode.INVALID_ARGUMENT
+        assert fragment in out.error.message
+    assert executor.num_sequences == 0
