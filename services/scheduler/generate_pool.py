@@ -232,7 +232,10 @@ class GeneratePool:
         # Why the worker failed a sequence, until its error is delivered.
         self._failures: dict[int, str] = {}
         self._hold_timer: asyncio.Task[None] | None = None
-        self._router: Router[_WorkerLoop] = Router(RoutingMode(config.routing), clock, PrefixCacheKeys().block_hashes)
+        # Blocks named as each worker's StepScheduler names them (tenant salt, public prefixes).
+        prefix_keys = PrefixCacheKeys.of(self.tokenizer.encode(text) for text in config.public_prefix_texts())
+        self._router: Router[_WorkerLoop] = Router(RoutingMode(config.routing), clock,
+                                                   prefix_keys.block_hashes if config.prefix_cache else None)
         self._label = model.name
         # Labelled children looked up once: the step loop updates them every step.
         self._step_time = metrics.STEP_TIME.labels(model.name)

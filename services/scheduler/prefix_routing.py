@@ -215,13 +215,15 @@ class Router(Generic[W]):
             candidates = [Candidate(w.worker, 0, w.load) for w in workers]
             return choose_worker(self.mode, len(token_ids), candidates, self._rng, self._weights)
         hashes_by_size: dict[int, list[int]] = {}
+        # The block of the last token is never reused (a step computes it to sample): not hashed.
+        head = token_ids[:len(token_ids) - 1]
         candidates = []
         for view in workers:
             num_cached = 0
             if view.index is not None:
                 size = view.index.block_size
                 if size not in hashes_by_size:
-                    hashes_by_size[size] = self._hash_blocks(token_ids, size, tenant_id)
+                    hashes_by_size[size] = self._hash_blocks(head, size, tenant_id)
                 hashes = hashes_by_size[size]
                 num_blocks = max(view.index.num_cached_prefix_blocks(hashes),
                                  self._recent.num_leading(view.worker, hashes))

@@ -264,6 +264,18 @@ def test_router_hashes_once_per_block_size():
     assert sorted(calls) == [16, 32]
 
 
+def test_router_never_counts_the_block_of_the_last_token():
+    lengths = []
+
+    def recording(token_ids, block_size, tenant_id):
+        lengths.append(len(token_ids))
+        return hasher(token_ids, block_size, tenant_id)
+
+    router: Router[str] = Router(RoutingMode.CACHE_AWARE, FakeClock(), recording)
+    router.choose(tuple(range(32)), "acme", views({"a": FakeIndex()}))
+    assert lengths == [31]  # one full block: the second holds the last token, which is computed anyway
+
+
 def test_router_without_a_prefix_cache_never_hashes_and_balances_by_load():
     indexes = {"a": FakeIndex(), "b": FakeIndex()}
     router: Router[str] = Router(RoutingMode.CACHE_AWARE, FakeClock(), None)
@@ -291,3 +303,85 @@ def test_router_refuses_an_empty_worker_list():
     router: Router[str] = Router(RoutingMode.CACHE_AWARE, FakeClock(), hasher)
     with pytest.raises(ValueError, match="no candidate workers"):
         router.choose(SYSTEM, "acme", [])
+
+
+# -- in the pool: a conversation finds its earlier turns (fake workers, fake clock) -----------
+
+
+def routed_pool(routing: str, **config):
+    from services.scheduler.config import SchedulerConfig
+    from services.scheduler.generate_pool import GeneratePool
+    from tests.unit.scheduler.test_generate_pool import MODEL, hello
+
+    clock = FakeClock()
+    return GeneratePool(MODEL, hello("w0"), SchedulerConfig(routing=routing, **config), clock=clock,
+                        sleep=clock.sleep)
+
+
+async def converse_turn(pool, workers, prompt: str, tenant_id: str = "acme", max_tokens: int = 4):
+    """Sends one turn, reads its answer; returns the answer and the worker that ran it."""
+    from services.scheduler.fair_queue import TenantContext
+    from services.scheduler.generate_pool import GenerateStream
+    from services.scheduler.sequence import SamplingParams
+    from services.scheduler.worker_link import WorkerLink
+    from tests.unit.scheduler.test_generate_pool import Reader, _settle
+
+    stream = GenerateStream(seq_id=WorkerLink.next_id(), tenant=TenantContext(tenant_id), seed=0,
+                            trace_context={}, arrival_s=pool.clock(), deadline_s=None)
+    pool.submit(stream, tuple(prompt.encode()), SamplingParams(max_tokens=max_tokens))
+    answer = await Reader(stream).read()
+    await _settle()  # the finished sequence is forgotten by the worker that ran it
+    (ran_on,) = [w for w in workers if stream.seq_id in w.forgotten]
+    return answer, ran_on
+
+
+@pytest.mark.parametrize("routing", ["cache_aware", "least_loaded"])
+async def test_each_turn_of_a_conversation_goes_where_its_history_is_cached(routing):
+    from services.scheduler.fair_queue import TenantContext
+    from services.scheduler.generate_pool import GenerateStream
+    from services.scheduler.sequence import SamplingParams
+    from services.scheduler.worker_link import WorkerLink
+    from tests.unit.scheduler.test_generate_pool import attach
+
+    pool = routed_pool(routing)
+    workers = [attach(pool, f"w{n}") for n in range(3)]
+    system = "You are a helpful assistant for acme. Answer briefly. "  # 53 tokens: 13 blocks of 4
+    prompt = system + "User: hi"
+    answer, first = await converse_turn(pool, workers, prompt)
+    places = []
+    for turn in range(3):
+        pool.clock.advance(10.0)  # past the recent-routing memory: only resident blocks count now
+        # Another tenant's long request arrives first and, all idle, lands on the first worker (the
+        # conversation's): the turn after it either follows its cached history or avoids the load.
+        busy = GenerateStream(seq_id=WorkerLink.next_id(), tenant=TenantContext("globex"), seed=0,
+                              trace_context={}, arrival_s=pool.clock(), deadline_s=None)
+        pool.submit(busy, tuple(f"long story {turn}".encode()), SamplingParams(max_tokens=100))
+        prompt = f"{prompt}{answer}\nUser: and {turn}?"
+        answer, ran_on = await converse_turn(pool, workers, prompt)
+        places.append(ran_on)
+        pool.abort(busy)
+    assert first is workers[0]
+    if routing == "cache_aware":
+        assert places == [first] * 3
+    else:
+        assert first not in places
+
+
+async def test_a_public_prefix_draws_every_tenant_to_the_worker_holding_it():
+    from services.scheduler.fair_queue import TenantContext
+    from services.scheduler.generate_pool import GenerateStream
+    from services.scheduler.sequence import SamplingParams
+    from services.scheduler.worker_link import WorkerLink
+    from tests.unit.scheduler.test_generate_pool import attach
+
+    public = "You are the shared assistant of every tenant here. "
+    pool = routed_pool("cache_aware", public_prefixes=f'["{public}"]')
+    workers = [attach(pool, f"w{n}") for n in range(3)]
+    _, first = await converse_turn(pool, workers, public + "User: hi", tenant_id="acme")
+    pool.clock.advance(10.0)
+    busy = GenerateStream(seq_id=WorkerLink.next_id(), tenant=TenantContext("initech"), seed=0,
+                          trace_context={}, arrival_s=pool.clock(), deadline_s=None)
+    pool.submit(busy, tuple(b"long story"), SamplingParams(max_tokens=100))  # lands on the first worker
+    _, ran_on = await converse_turn(pool, workers, public + "User: hello", tenant_id="globex")
+    pool.abort(busy)
+    assert first is workers[0] and ran_on is workers[0]
