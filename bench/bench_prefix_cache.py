@@ -21,7 +21,7 @@ Per configuration and round: TTFT p50/p90/p99 of the turns sent in the measured 
 their scheduled send time: no coordinated omission; a turn without a first token when the round
 is cut off counts with the time it had waited, a lower bound, and is counted), output tokens/s
 received in the window, the scheduler's prefix-cache hit rate (its counters' increase over the
-round) and the oracle's (an infinite per-tenant cache on the prompts actually sent), and the load
+round) and the oracle's (an infinite per-tenant cache on the sequences actually sent), and the load
 generator's lag (actual send minus scheduled). The table shows medians over rounds; the JSON
 (bench/results/prefix_cache.json) has every round.
 """
@@ -114,6 +114,7 @@ class Turn:
     num_tokens: int = 0
     code: str = "OK"
     token_times_s: list[float] = field(default_factory=list)  # from the round's start
+    output_ids: list[int] = field(default_factory=list)
 
     @property
     def censored(self) -> bool:
@@ -152,6 +153,7 @@ async def converse(stub, conversation: Conversation, began_s: float, tokenizer: 
                         turn.ttft_s = now_s - scheduled_s
                     turn.num_tokens += len(chunk.token_ids)
                     turn.token_times_s.extend([now_s] * len(chunk.token_ids))
+                    turn.output_ids.extend(chunk.token_ids)
                 answer.append(chunk.text)
         except grpc.aio.AioRpcError as exc:
             turn.code = exc.code().name
@@ -198,7 +200,8 @@ def summarize(turns: list[Turn], profile: Profile, cut_s: float, before: dict[st
     ttfts = [cut_s - t.scheduled_s if t.censored else t.ttft_s for t in measured if t.code == "OK" or t.censored]
     num_tokens = sum(window[0] <= s < window[1] for t in turns for s in t.token_times_s)
     lags = [t.sent_s - t.scheduled_s for t in turns if not math.isnan(t.sent_s)]
-    oracle = OracleCache(BLOCK_SIZE).add_all((t.tenant_id, t.token_ids) for t in sorted(turns, key=lambda t: t.sent_s))
+    oracle = OracleCache(BLOCK_SIZE).add_all((t.tenant_id, t.token_ids, t.output_ids)
+                                             for t in sorted(turns, key=lambda t: t.sent_s))
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     hit_blocks, queried_blocks = delta.get("hit_blocks", 0.0), delta.get("queried_blocks", 0.0)
     per_worker = sorted(v for k, v in delta.items() if k.startswith("queried_tokens:"))

@@ -6,9 +6,11 @@ tenant, and every turn resends the whole history (system prompt, earlier user tu
 model's answers) plus a short new user turn, as chat clients do. A turn is sent a think time
 after the previous answer ended.
 
-`OracleCache` gives the hit rate an infinite, per-tenant cache would reach on the prompts
-actually sent: a full block is a hit when a prompt of the same tenant sent earlier had the same
-tokens up to the end of that block.
+`OracleCache` gives the hit rate an infinite, per-tenant cache would reach on the sequences
+actually sent: a full block of a prompt is a hit when an earlier sequence of the same tenant (its
+prompt, or the answer it generated, which the next turn resends) had the same tokens up to the
+end of that block. Like the scheduler's counters it asks about every full block but the one
+holding the prompt's last token (that token is always computed: it yields the first output).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 WORDS = (
     "account", "answer", "billing", "cache", "customer", "deadline", "deploy", "engine", "error", "format",
@@ -126,35 +128,31 @@ def render_prompt(system: str, exchanges: Sequence[tuple[str, str]], user_text: 
 
 @dataclass
 class OracleCache:
-    """An infinite per-tenant cache: full blocks counted as they would hit, prompt by prompt in
-    the order they were sent."""
+    """An infinite per-tenant cache: the blocks of each prompt, in the order they were sent,
+    counted as they would hit."""
 
     block_size: int
-    num_blocks: int = 0  # full blocks of every prompt seen
+    num_blocks: int = 0  # full blocks asked about (all but the one of each prompt's last token)
     num_hit_blocks: int = 0
     num_tokens: int = 0  # every prompt token
     num_hit_tokens: int = 0
-    _seen: set[bytes] | None = None
+    _seen: set[bytes] = field(default_factory=set)
 
-    def add(self, tenant_id: str, token_ids: Sequence[int]) -> int:
-        """One prompt, sent after all those added before; returns its hit blocks."""
-        if self._seen is None:
-            self._seen = set()
-        num_hits = 0
-        for block_hash in _chained_hashes(tenant_id, token_ids, self.block_size):
-            if block_hash in self._seen:
-                num_hits += 1
-            else:
-                self._seen.add(block_hash)
-        self.num_blocks += len(token_ids) // self.block_size
+    def add(self, tenant_id: str, prompt_ids: Sequence[int], output_ids: Sequence[int] = ()) -> int:
+        """One sequence, sent after all those added before; returns its prompt's hit blocks."""
+        num_asked = (len(prompt_ids) - 1) // self.block_size if prompt_ids else 0
+        hashes = list(_chained_hashes(tenant_id, [*prompt_ids, *output_ids], self.block_size))
+        num_hits = sum(1 for block_hash in hashes[:num_asked] if block_hash in self._seen)
+        self._seen.update(hashes)
+        self.num_blocks += num_asked
         self.num_hit_blocks += num_hits
-        self.num_tokens += len(token_ids)
+        self.num_tokens += len(prompt_ids)
         self.num_hit_tokens += num_hits * self.block_size
         return num_hits
 
-    def add_all(self, prompts: Iterable[tuple[str, Sequence[int]]]) -> OracleCache:
-        for tenant_id, token_ids in prompts:
-            self.add(tenant_id, token_ids)
+    def add_all(self, sequences: Iterable[tuple[str, Sequence[int], Sequence[int]]]) -> OracleCache:
+        for tenant_id, prompt_ids, output_ids in sequences:
+            self.add(tenant_id, prompt_ids, output_ids)
         return self
 
     @property

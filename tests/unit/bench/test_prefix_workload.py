@@ -73,21 +73,35 @@ def test_bad_specs_are_refused():
         WorkloadSpec(conversations_per_s=0)
 
 
-def test_oracle_hits_every_full_block_a_same_tenant_prompt_sent_before():
+def test_oracle_hits_every_full_block_a_same_tenant_sequence_had_before():
     oracle = OracleCache(block_size=4)
-    assert oracle.add("a", list(range(10))) == 0  # 2 full blocks, cold
+    assert oracle.add("a", list(range(10))) == 0  # asks about 2 full blocks, cold
     assert oracle.add("a", list(range(13))) == 2  # its first 2 blocks seen, the third new
-    assert oracle.add("a", [0, 1, 2, 3, 9, 9, 9, 9]) == 1  # diverges in the second block
+    assert oracle.add("a", [0, 1, 2, 3, 9, 9, 9, 9, 9]) == 1  # diverges in the second block
     assert oracle.add("b", list(range(13))) == 0  # another tenant: nothing shared
     assert (oracle.num_blocks, oracle.num_hit_blocks) == (2 + 3 + 2 + 3, 3)
     assert oracle.block_hit_rate == pytest.approx(0.3)
-    assert oracle.token_hit_rate == pytest.approx(12 / (10 + 13 + 8 + 13))
+    assert oracle.token_hit_rate == pytest.approx(12 / (10 + 13 + 9 + 13))
+
+
+def test_oracle_never_asks_about_the_block_of_the_prompts_last_token():
+    oracle = OracleCache(block_size=4)
+    oracle.add("a", list(range(8)))
+    assert oracle.add("a", list(range(8))) == 1  # the second block holds the last token: computed anyway
+    assert oracle.num_blocks == 2
+
+
+def test_oracle_counts_an_answer_the_next_turn_resends_as_seen():
+    oracle = OracleCache(block_size=4)
+    oracle.add("a", [1, 2, 3], output_ids=[4, 5, 6, 7, 8])  # the answer completes blocks 1 and 2
+    assert oracle.add("a", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]) == 2
 
 
 def test_oracle_of_a_conversation_hits_its_system_prompt_and_history():
     system = system_prompt("tenant-00", 500)
     turn1 = render_prompt(system, [], "where is my order?")
     turn2 = render_prompt(system, [("where is my order?", " It shipped.")], "and the invoice?")
-    oracle = OracleCache(block_size=16).add_all([("tenant-00", encode(turn1)), ("tenant-00", encode(turn2))])
-    assert oracle.num_hit_blocks == len(encode(turn1)) // 16
+    oracle = OracleCache(block_size=16).add_all([("tenant-00", encode(turn1), encode(" It shipped.")[1:]),
+                                                 ("tenant-00", encode(turn2), ())])
+    assert oracle.num_hit_blocks == len(encode(turn1 + " It shipped.")) // 16
     assert OracleCache(16).block_hit_rate == 0.0
