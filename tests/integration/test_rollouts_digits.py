@@ -1,0 +1,118 @@
+"""A rollout of the real digits classifier (issue 17's first test): version 2 has a corrupted output
+layer (rows of classes 0<->1, 2<->5, 4<->8 swapped: wrong answers, the same speed), built so that
+its manifest's golden images (classes 7, 6, 3, 7) still pass, as a bad build's own check would.
+The worker loads it; the rollout's golden run of the manifest passes too; shadow agreement catches
+it before any client sees it, and it is never promoted."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import shutil
+import threading
+from collections import Counter
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+import yaml
+from PIL import Image
+
+from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.worker.model_repository import load_manifest, sha256_of
+from tests.support import session_tls
+from tests.support.gateway_fixtures import scrape
+from tests.support.processes import free_port, running_mesh, wait_until
+from tools.build_models import DigitsRecipe, build_digits, digits_dataset, is_up_to_date
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+REPO_MODEL_ROOT = Path(__file__).resolve().parents[2] / "model_repo"
+SWAPPED = ((0, 1), (2, 5), (4, 8))
+
+
+def corrupt_version_2(root: Path) -> Path:
+    """A model repository with digits 1 (as built) and 2 (its output layer's rows swapped)."""
+    source = REPO_MODEL_ROOT if is_up_to_date(REPO_MODEL_ROOT, DigitsRecipe()) else None
+    if source is None:
+        source = root / "built"
+        build_digits(source, log=lambda _: None)
+    shutil.copytree(source / "digits" / "1", root / "digits" / "1")
+    version_2 = root / "digits" / "2"
+    shutil.copytree(source / "digits" / "1", version_2)
+    weights = torch.load(version_2 / "weights.pt", weights_only=True)
+    order = list(range(10))
+    for a, b in SWAPPED:
+        order[a], order[b] = b, a
+    for name in ("head.4.weight", "head.4.bias"):
+        weights[name] = weights[name][order].clone()
+    torch.save(weights, version_2 / "weights.pt")
+    manifest = json.loads((version_2 / "manifest.json").read_text())
+    assert not {g["expected_top1"] for g in manifest["classifier"]["golden"]} & {c for pair in SWAPPED for c in pair}
+    manifest["version"] = "2"
+    manifest["weights"]["sha256"] = sha256_of(version_2 / "weights.pt")
+    (version_2 / "manifest.json").write_text(json.dumps(manifest))
+    load_manifest(root, "digits", "2")  # a valid manifest
+    return root
+
+
+def _png(pixels) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_a_digits_version_with_a_corrupted_output_layer_is_caught_by_shadow_agreement(tmp_path):
+    root = corrupt_version_2(tmp_path / "model_repo")
+    routing, state, metrics_port = tmp_path / "routing.yaml", tmp_path / "rollouts.json", free_port()
+    rollout = {"canary_version": "2", "steps": ["shadow", 10, 100], "min_requests": 50, "min_duration_s": 0.3,
+               "confidence": 0.99, "shadow_max_in_flight": 8,
+               "checks": {"golden": {"file": str(root / "digits" / "2" / "manifest.json")}}}
+    routing.write_text(yaml.safe_dump({"models": {"digits": {"default_version": "1", "versions": {"2": {}},
+                                                             "rollout": rollout}}}))
+    images = [common_pb2.Image(encoded=_png(image)) for image in digits_dataset().test_images[:120]]
+    seen: Counter = Counter()
+    with running_mesh(tmp_path) as mesh:
+        mesh.start_scheduler("--max-queue-delay-ms", "2")
+        for version in ("1", "2"):
+            mesh.start_worker("digits", "--model-repository", str(root), "--model-version", version)
+        mesh.start_gateway("--routing-file", str(routing), "--rollout-interval-ms", "100",
+                           "--rollout-state-file", str(state), "--metrics-port", str(metrics_port))
+        with session_tls.channel(mesh.gateway.address) as channel:
+            stub = gateway_pb2_grpc.InferenceStub(channel)
+            lock, stop = threading.Lock(), threading.Event()
+
+            def client(seed: int) -> None:
+                rng = random.Random(seed)
+                while not stop.is_set():
+                    request = gateway_pb2.ClassifyRequest(model=common_pb2.ModelRef(name="digits"),
+                                                          image=rng.choice(images))
+                    try:
+                        key = stub.Classify(request, timeout=30).model.version
+                    except grpc.RpcError as exc:
+                        key = exc.code().name
+                    with lock:
+                        seen[key] += 1
+
+            threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(4)]
+            for thread in threads:
+                thread.start()
+            try:
+                wait_until(lambda: state.exists() and json.loads(state.read_text())["models"]["digits"]["state"]
+                           != "running", timeout_s=60, message="the rollout decided")
+            finally:
+                stop.set()
+                for thread in threads:
+                    thread.join(timeout=30)
+            # The step's golden run started at its first tick; its answers are logged even after a rollback.
+            wait_until(lambda: "rollout digits canary 2: golden check 4/4 right" in mesh.gateway.log_tail(400),
+                       timeout_s=30, message="the golden run of version 2's manifest passed")
+        saved = json.loads(state.read_text())["models"]["digits"]
+        metrics = scrape(metrics_port)
+    decision = saved["decisions"][-1]
+    assert (saved["state"], decision["action"], decision["from_step"]) == ("rolled_back", "roll_back", "shadow")
+    assert "agreement" in decision["evidence"] and "FAIL" in decision["evidence"], decision["evidence"]
+    assert seen["1"] > 0 and seen["2"] == 0, f"no client got version 2's answer: {seen}"
+    assert metrics.value("infermesh_gateway_shadow_requests_total", model="digits", version="2",
+                         outcome="disagreed") > 0
