@@ -172,3 +172,37 @@ def test_the_run_loop_sends_the_cases_through_the_prober_and_judges_the_answers(
     controller = asyncio.run(asyncio.wait_for(main(), 5))
     assert controller.prober.calls[0] == ("digits", "2", 2)
     assert controller.decisions("digits")[-1].action == "roll_back"
+
+
+def test_the_prober_sends_each_case_pinned_sheddable_and_as_its_own_tenant(clock):
+    from services.gateway.circuit_breaker import BreakerConfig, CircuitBreakers
+    from services.gateway.rollout_probe import GOLDEN_TENANT, RoutedGoldenProber
+    from services.gateway.routing import RoutingTable
+    from services.gateway.upstream_status import UpstreamCode
+    from tests.unit.gateway.test_shadow import FakeScheduler, label
+
+    routing = RoutingTable(routes(), CircuitBreakers(BreakerConfig(), clock))
+    scheduler = FakeScheduler(labels=[label("three")], tokens=(7, 1, 9, 9))
+    scheduler.labels[0].index = 3
+    admits = {"now": True}
+    prober = RoutedGoldenProber(routing, scheduler, admits_sheddable=lambda model: admits["now"], timeout_s=1.0)
+    cases = (GoldenImage(2, 2, 1, bytes(4), 3), GoldenPrompt("hi", (7, 8, 9)))
+
+    answers = asyncio.run(prober.answers("digits", "2", cases))
+    assert answers == [CaseAnswer(top1=3), CaseAnswer(token_ids=(7, 1))], "the stream stops at the divergence"
+    assert scheduler.calls[0].cancelled
+    classify_request, generate_request = scheduler.requests
+    assert classify_request.request.model.version == generate_request.request.model.version == "2"
+    assert classify_request.tenant.tenant_id == GOLDEN_TENANT
+    assert classify_request.tenant.priority == 3  # PRIORITY_SHEDDABLE
+    assert generate_request.request.sampling.temperature == 0 and generate_request.request.sampling.max_tokens == 3
+
+    admits["now"] = False
+    (shed,) = asyncio.run(prober.answers("digits", "2", cases[:1]))
+    assert shed.code == "RESOURCE_EXHAUSTED" and len(scheduler.requests) == 2, "shed: not sent"
+    admits["now"] = True
+    scheduler.fail = UpstreamCode.INTERNAL
+    (failed,) = asyncio.run(prober.answers("digits", "2", cases[:1]))
+    assert failed.code == "INTERNAL"
+    (unknown,) = asyncio.run(prober.answers("digits", "9", cases[:1]))
+    assert unknown.code == "NOT_FOUND", "a version the routing file does not list: unanswered, not wrong"
