@@ -2,7 +2,7 @@
 
   * generate: a mock-generator version 2 whose greedy tokens differ (token_shift=1) is caught by
     greedy-token agreement at the shadow step and never served; a version 3 that matches advances
-    and is promoted;
+    and is promoted, its greedy golden prompts passing at each step;
   * overload: with the primary driven past what its (slow) worker serves, mirrored calls are shed
     (outcome="shed") while the primary's requests are still served.
 
@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.worker.mock_models import mock_continuation
 from tests.support.gateway_fixtures import scrape
 from tests.support.processes import free_port, running_mesh, wait_until
 
@@ -162,12 +163,14 @@ def test_generate_tokens_that_differ_are_caught_by_shadow_agreement_and_never_se
 
 
 def test_generate_tokens_that_match_advance_through_the_shadow_step(mesh):
-    mesh.roll(generator={"canary_version": "3", "steps": ["shadow", 100]})
+    golden = [{"prompt": p, "expected_ids": mock_continuation(p.encode(), 6)} for p in ("golden", "cases")]
+    mesh.roll(generator={"canary_version": "3", "steps": ["shadow", 100], "checks": {"golden": {"cases": golden}}})
     seen = mesh.drive(mesh.generate, _running(mesh, GENERATOR), num_threads=4)
     decisions = mesh.saved(GENERATOR)["decisions"]
     assert [(d["action"], d["to_step"]) for d in decisions] == [
         ("start", "shadow"), ("advance", "100%"), ("promote", "100%")], [d["evidence"] for d in decisions]
     assert "agreement" in decisions[1]["evidence"] and "FAIL" not in decisions[1]["evidence"]
+    assert all("golden 2/2 right" in d["evidence"] for d in decisions[1:]), "greedy golden prompts, each step"
     assert seen["3"] > 0 and set(seen) <= {"1", "3"}, seen
     assert mesh.metric("infermesh_gateway_shadow_requests_total", model=GENERATOR, version="3",
                        outcome="disagreed") == 0
