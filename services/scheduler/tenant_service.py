@@ -2,7 +2,9 @@
 
 Virtual Token Counter (VTC; Sheng et al., "Fairness in Serving Large Language Models",
 OSDI 2024): each tenant's counter grows by the service it receives, prompt tokens weighted
-lower than output tokens (1 and 2, as in the paper) and divided by the tenant's weight. The
+lower than output tokens (1 and 2, as in the paper) and divided by the tenant's weight. Only
+prompt tokens a worker computes count: those reused from the prefix cache cost nothing, and a
+recompute after preemption is not charged again (the step scheduler charges them so). The
 step scheduler admits from the tenant with the smallest counter and gives prompt chunks the
 step's token budget in the same order, so service evens out however many requests a tenant
 sends. When a tenant becomes active (its first unfinished sequence here) its counter is lifted
@@ -79,7 +81,8 @@ class TenantService:
             self._class_weights[key[0]] -= self._weights.pop(key)
 
     def charge(self, tenant: TenantContext, *, num_prefill_tokens: int = 0, num_decode_tokens: int = 0) -> None:
-        """Counts service given to `tenant`: prompt tokens computed, output tokens sampled."""
+        """Counts service given to `tenant`: prompt tokens computed (not those served from the prefix
+        cache), output tokens sampled."""
         key = tenant_key(tenant)
         service = self.cost.prefill_token * num_prefill_tokens + self.cost.decode_token * num_decode_tokens
         self._counters[key] = self._counters.get(key, 0.0) + service / tenant.weight
