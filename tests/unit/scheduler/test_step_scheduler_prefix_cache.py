@@ -232,3 +232,24 @@ def test_no_block_reference_outlives_its_sequences_after_10000_requests(clock):
     assert len(cancelled) > 100 and kv.num_evictions > 100
     assert sum(len(p.preempted_seq_ids) for p in transcript.plans) > 100
     assert scheduler.cache_stats.num_hit_tokens > 0
+
+
+def test_sequences_moved_off_a_lost_worker_free_its_blocks_and_stream_the_same_tokens(clock):
+    requests = _shared_prefix_workload(seed=4, num_requests=12)
+    _, reference, _ = _run_interleaved(clock, requests, enable_prefix_cache=False, num_blocks=64)
+    lost = make_scheduler(clock, num_blocks=24, block_size=BLOCK, max_seq_len=40, max_num_seqs=12,
+                          max_num_batched_tokens=48)
+    survivor = make_scheduler(clock, num_blocks=24, block_size=BLOCK, max_seq_len=40, max_num_seqs=12,
+                              max_num_batched_tokens=48)
+    transcript = Transcript()
+    for seq_id, (who, prompt, max_tokens) in enumerate(requests, start=1):
+        _add(lost, seq_id, prompt, max_tokens, who)
+    run_steps(lost, FakePagedWorker(BLOCK), clock, max_steps=3, transcript=transcript)
+    assert lost.kv.num_cached_blocks > 0
+    for seq in lost.evict_all():
+        survivor.adopt(seq)
+    assert lost.kv.num_used_blocks == 0
+    run_steps(survivor, FakePagedWorker(BLOCK), clock, transcript=transcript)
+    assert survivor.kv.num_used_blocks == 0 and survivor.cache_stats.num_hit_tokens > 0
+    for seq_id in range(1, len(requests) + 1):
+        assert transcript.token_ids(seq_id) == reference.token_ids(seq_id), seq_id
