@@ -236,6 +236,8 @@ class GeneratePool:
         prefix_keys = PrefixCacheKeys.of(self.tokenizer.encode(text) for text in config.public_prefix_texts())
         self._router: Router[_WorkerLoop] = Router(RoutingMode(config.routing), clock,
                                                    prefix_keys.block_hashes if config.prefix_cache else None)
+        # Per routed sequence, the tokens routing counted as cached where it went (see _views).
+        self._routed_cached: dict[int, int] = {}
         self._label = model.name
         # Labelled children looked up once: the step loop updates them every step.
         self._step_time = metrics.STEP_TIME.labels(model.name)
@@ -344,7 +346,7 @@ class GeneratePool:
                 f"prompt of {len(prompt_ids)} tokens plus max_tokens {sampling.max_tokens} exceeds the "
                 f"model's max sequence length {max_seq_len}"
             )
-        loop = self._router.choose(prompt_ids + delivered_token_ids, stream.tenant.tenant_id, self._views(loops))
+        loop = self._route(stream.seq_id, prompt_ids + delivered_token_ids, stream.tenant.tenant_id, loops)
         stream.seq = loop.scheduler.add_request(
             stream.seq_id, prompt_ids, sampling, stream.tenant, deadline_s=stream.deadline_s,
             delivered_token_ids=delivered_token_ids,
@@ -491,14 +493,27 @@ class GeneratePool:
     def _usable_loops(self) -> list[_WorkerLoop]:
         return [loop for loop in self._loops.values() if loop.link.usable]
 
+    def _route(self, seq_id: int, token_ids: tuple[int, ...], tenant_id: str,
+               loops: list[_WorkerLoop]) -> _WorkerLoop:
+        route = self._router.choose(token_ids, tenant_id, self._views(loops))
+        if route.num_cached_tokens:
+            self._routed_cached[seq_id] = route.num_cached_tokens
+        return route.worker
+
     def _views(self, loops: list[_WorkerLoop]) -> list[WorkerView[_WorkerLoop]]:
-        """What routing knows of each worker: its load, and its block manager for cached prefixes."""
+        """What routing knows of each worker: its load, and its block manager for cached prefixes.
+        A sequence holding no blocks yet (waiting, preempted) counts its tokens less what routing
+        found cached for it: the step scheduler looks its prefix up only when it admits it."""
         num_prefill = dict.fromkeys(loops, 0)
         if self._router.mode is RoutingMode.CACHE_AWARE:  # the others never read it: no pass over the streams
+            routed_cached = self._routed_cached
             for seq_id, where in self._where.items():
                 seq = self._streams[seq_id].seq if seq_id in self._streams else None
                 if where in num_prefill and seq is not None:
-                    num_prefill[where] += seq.num_uncomputed_tokens
+                    cached = routed_cached.get(seq_id, 0) if seq.num_computed_tokens == 0 else 0
+                    num_prefill[where] += max(0, seq.num_uncomputed_tokens - cached)
+            if len(routed_cached) > 2 * len(self._where) + 64:  # forget finished sequences, in bulk
+                self._routed_cached = {k: v for k, v in routed_cached.items() if k in self._where}
         views = []
         for loop in loops:
             scheduler = loop.scheduler
@@ -518,7 +533,7 @@ class GeneratePool:
             if not loops:
                 self._held[seq.seq_id] = (seq, now)
                 continue
-            loop = self._router.choose(seq.token_ids(0, seq.num_tokens), seq.tenant.tenant_id, self._views(loops))
+            loop = self._route(seq.seq_id, seq.token_ids(0, seq.num_tokens), seq.tenant.tenant_id, loops)
             loop.scheduler.adopt(seq)
             self._where[seq.seq_id] = loop
             loop.wake()

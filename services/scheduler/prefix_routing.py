@@ -188,6 +188,14 @@ BlockHasher = Callable[[Sequence[int], int, str], list[int]]
 
 
 @dataclass(frozen=True)
+class Route(Generic[W]):
+    worker: W
+    # Leading tokens counted as cached there when it was chosen: the pool's estimate of this
+    # sequence's prefill while it waits (the step scheduler looks the cache up only at admission).
+    num_cached_tokens: int
+
+
+@dataclass(frozen=True)
 class WorkerView(Generic[W]):
     worker: W
     load: WorkerLoad
@@ -208,12 +216,12 @@ class Router(Generic[W]):
         self._weights = weights
         self._recent: RecentPrefixes[W] = RecentPrefixes(clock, recent_ttl_s)
 
-    def choose(self, token_ids: Sequence[int], tenant_id: str, workers: Sequence[WorkerView[W]]) -> W:
+    def choose(self, token_ids: Sequence[int], tenant_id: str, workers: Sequence[WorkerView[W]]) -> Route[W]:
         if not workers:
             raise ValueError("no candidate workers")
         if self.mode is not RoutingMode.CACHE_AWARE or self._hash_blocks is None:
             candidates = [Candidate(w.worker, 0, w.load) for w in workers]
-            return choose_worker(self.mode, len(token_ids), candidates, self._rng, self._weights)
+            return Route(choose_worker(self.mode, len(token_ids), candidates, self._rng, self._weights), 0)
         hashes_by_size: dict[int, list[int]] = {}
         # The block of the last token is never reused (a step computes it to sample): not hashed.
         head = token_ids[:len(token_ids) - 1]
@@ -230,10 +238,10 @@ class Router(Generic[W]):
                 num_cached = num_blocks * size
             candidates.append(Candidate(view.worker, num_cached, view.load))
         chosen = choose_worker(self.mode, len(token_ids), candidates, self._rng, self._weights)
-        index = next(v.index for v in workers if v.worker == chosen)
-        if index is not None:
-            self._recent.record(chosen, hashes_by_size[index.block_size])
-        return chosen
+        view, candidate = next((v, c) for v, c in zip(workers, candidates, strict=True) if v.worker == chosen)
+        if view.index is not None:
+            self._recent.record(chosen, hashes_by_size[view.index.block_size])
+        return Route(chosen, candidate.num_cached_tokens)
 
     def forget_worker(self, worker: W) -> None:
         self._recent.forget_worker(worker)

@@ -11,6 +11,7 @@ import pytest
 from services.scheduler.prefix_routing import (
     Candidate,
     RecentPrefixes,
+    Route,
     Router,
     RoutingMode,
     RoutingWeights,
@@ -233,9 +234,9 @@ def test_router_sends_a_prompt_to_the_worker_holding_its_tenants_prefix():
     indexes["b"].resident.update(hasher(SYSTEM, 16, "acme"))
     router: Router[str] = Router(RoutingMode.CACHE_AWARE, FakeClock(), hasher, recent_ttl_s=0)
     prompt = SYSTEM + (1, 2, 3)
-    assert router.choose(prompt, "acme", views(indexes, a=load(num_running=1))) == "b"
+    assert router.choose(prompt, "acme", views(indexes, a=load(num_running=1))) == Route("b", 480)
     # Another tenant's identical tokens are salted differently: nothing cached for it anywhere.
-    assert router.choose(prompt, "globex", views(indexes, b=load(num_running=1))) == "a"
+    assert router.choose(prompt, "globex", views(indexes, b=load(num_running=1))).worker == "a"
 
 
 def test_router_keeps_a_burst_of_one_prefix_together_until_its_blocks_are_resident():
@@ -245,10 +246,10 @@ def test_router_keeps_a_burst_of_one_prefix_together_until_its_blocks_are_reside
     placed = []
     for n in range(3):
         loads = {w: load(num_running=placed.count(w)) for w in indexes}
-        placed.append(router.choose(SYSTEM + (n,), "acme", views(indexes, **loads)))
+        placed.append(router.choose(SYSTEM + (n,), "acme", views(indexes, **loads)).worker)
     assert placed == ["a", "a", "a"]
     clock.advance(2.5)  # not computed within the TTL (never, here): the memory lapses
-    assert router.choose(SYSTEM, "acme", views(indexes, a=load(num_running=3))) == "b"
+    assert router.choose(SYSTEM, "acme", views(indexes, a=load(num_running=3))).worker == "b"
 
 
 def test_router_hashes_once_per_block_size():
@@ -279,7 +280,7 @@ def test_router_never_counts_the_block_of_the_last_token():
 def test_router_without_a_prefix_cache_never_hashes_and_balances_by_load():
     indexes = {"a": FakeIndex(), "b": FakeIndex()}
     router: Router[str] = Router(RoutingMode.CACHE_AWARE, FakeClock(), None)
-    assert router.choose(SYSTEM, "acme", views(indexes, a=load(num_running=2))) == "b"
+    assert router.choose(SYSTEM, "acme", views(indexes, a=load(num_running=2))).worker == "b"
     assert all(index.num_queries == 0 for index in indexes.values())
 
 
@@ -287,16 +288,16 @@ def test_router_least_loaded_and_random_never_ask_the_indexes():
     indexes = {"a": FakeIndex(), "b": FakeIndex()}
     for mode in (RoutingMode.LEAST_LOADED, RoutingMode.RANDOM):
         router: Router[str] = Router(mode, FakeClock(), hasher, rng=random.Random(1))
-        assert router.choose(SYSTEM, "acme", views(indexes)) in indexes
+        assert router.choose(SYSTEM, "acme", views(indexes)).worker in indexes
     assert all(index.num_queries == 0 for index in indexes.values())
 
 
 def test_router_forgets_what_it_routed_to_a_worker_that_left():
     indexes = {"a": FakeIndex(), "b": FakeIndex()}
     router: Router[str] = Router(RoutingMode.CACHE_AWARE, FakeClock(), hasher)
-    assert router.choose(SYSTEM, "acme", views(indexes)) == "a"
+    assert router.choose(SYSTEM, "acme", views(indexes)).worker == "a"
     router.forget_worker("a")
-    assert router.choose(SYSTEM, "acme", views(indexes, a=load(num_running=1))) == "b"
+    assert router.choose(SYSTEM, "acme", views(indexes, a=load(num_running=1))).worker == "b"
 
 
 def test_router_refuses_an_empty_worker_list():
