@@ -85,8 +85,8 @@ class Profile:
     num_kv_blocks: int
 
 
-FULL = Profile(rounds=3, duration_s=30.0, warmup_s=5.0, drain_s=5.0, conversations_per_s=6.0, num_kv_blocks=512)
-QUICK = Profile(rounds=1, duration_s=12.0, warmup_s=3.0, drain_s=3.0, conversations_per_s=6.0, num_kv_blocks=512)
+FULL = Profile(rounds=3, duration_s=30.0, warmup_s=5.0, drain_s=5.0, conversations_per_s=18.0, num_kv_blocks=512)
+QUICK = Profile(rounds=1, duration_s=12.0, warmup_s=3.0, drain_s=3.0, conversations_per_s=18.0, num_kv_blocks=512)
 
 
 def prefix_cache_flag_supported() -> bool:
