@@ -6,9 +6,9 @@ TenantContext (no gateway).
 
 Workload (bench/prefix_workload.py), llm-d's prefix-cache benchmark scaled down to one 2-core
 machine: 16 tenants (llm-d: 150), each with its own 500-token system prompt (llm-d: 6K tokens);
-conversations arrive open-loop (Poisson), 2-5 turns each, every turn resending the whole history
-plus a 16-48 token user turn, 16-40 output tokens, a think time (mean 0.2 s) between an answer and
-the next turn. Each worker's KV cache is cut to `num_kv_blocks` blocks of 16 tokens (tinylm's
+conversations arrive open-loop (Poisson, 18/s), 2-4 turns each, every turn resending the whole
+history plus a 16-40 token user turn, 16-32 output tokens, a think time (mean 0.2 s) between an
+answer and the next turn. Each worker's KV cache is cut to `num_kv_blocks` blocks of 16 tokens (tinylm's
 manifest: 1024) so that, as in llm-d's setting, one worker cannot hold every tenant's prefix:
 routing decides what stays cached.
 
@@ -53,7 +53,6 @@ from bench.prefix_workload import (
     system_prompt,
 )
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
-from services.scheduler.config import SchedulerConfig
 from services.scheduler.tokenizer import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +65,7 @@ TARGETS = {
     "throughput": "cache-aware output tokens/s >= 1.5 x no cache",
     "hit_rate": "cache-aware hit rate >= 0.9 x oracle",
 }
-# name -> scheduler flags; the prefix-cache flag is added where this build has it.
+# name -> (--prefix-cache, --routing)
 CONFIGS = {
     "no_cache": ("off", "least_loaded"),
     "least_loaded": ("on", "least_loaded"),
@@ -89,16 +88,9 @@ FULL = Profile(rounds=3, duration_s=30.0, warmup_s=5.0, drain_s=5.0, conversatio
 QUICK = Profile(rounds=1, duration_s=12.0, warmup_s=3.0, drain_s=3.0, conversations_per_s=18.0, num_kv_blocks=512)
 
 
-def prefix_cache_flag_supported() -> bool:
-    return any(f == "prefix_cache" for f in SchedulerConfig.__dataclass_fields__)
-
-
 def scheduler_args(name: str) -> list[str]:
     cache, routing = CONFIGS[name]
-    args = ["--routing", routing]
-    if prefix_cache_flag_supported():
-        args += ["--prefix-cache", cache]
-    return args
+    return ["--prefix-cache", cache, "--routing", routing]
 
 
 # -- one round on one configuration -------------------------------------------------------
@@ -129,10 +121,10 @@ def prompt_request(prompt: str, max_tokens: int, tenant_id: str) -> scheduler_pb
         tenant=tenant(tenant_id))
 
 
-async def converse(stub, conversation: Conversation, began_s: float, tokenizer: ByteTokenizer,
+async def converse(stub, conversation: Conversation, spec: WorkloadSpec, began_s: float, tokenizer: ByteTokenizer,
                    turns: list[Turn]) -> None:
     """One conversation's turns in order, each after the previous answer and its think time."""
-    system = system_prompt(conversation.tenant_id, WorkloadSpec().system_prompt_chars)
+    system = system_prompt(conversation.tenant_id, spec.system_prompt_chars)
     exchanges: list[tuple[str, str]] = []
     scheduled_s = conversation.start_s
     for spec_turn in conversation.turns:
@@ -170,7 +162,7 @@ async def run_round(target: Cluster, profile: Profile, spec: WorkloadSpec, run_t
     async with grpc.aio.insecure_channel(target.address) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         began_s = time.perf_counter() + 0.05
-        tasks = [asyncio.ensure_future(converse(stub, c, began_s, tokenizer, turns)) for c in conversations]
+        tasks = [asyncio.ensure_future(converse(stub, c, spec, began_s, tokenizer, turns)) for c in conversations]
         cut_off_s = profile.duration_s + profile.drain_s
         await asyncio.wait(tasks, timeout=max(0.0, began_s + cut_off_s - time.perf_counter()))
         for task in tasks:
@@ -274,7 +266,7 @@ def run(profile: Profile, only: list[str]) -> dict:
     medians = {name: {key: statistics.median(r[key] for r in results) for key in MEDIAN_KEYS}
                for name, results in rounds.items()}
     return {"profile": asdict(profile), "workload": asdict(spec), "configs": {n: scheduler_args(n) for n in configs},
-            "prefix_cache_flag": prefix_cache_flag_supported(), "rounds": rounds, "medians": medians,
+            "rounds": rounds, "medians": medians,
             "verdicts": verdicts(medians)}
 
 
