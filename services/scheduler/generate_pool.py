@@ -33,7 +33,7 @@ from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import TenantContext
 from services.scheduler.kv_block_manager import KVBlockManager
 from services.scheduler.prefix_cache import PrefixCacheKeys
-from services.scheduler.prefix_routing import Router, RoutingMode, WorkerLoad, WorkerView
+from services.scheduler.prefix_routing import Route, Router, RoutingMode, WorkerLoad, WorkerView
 from services.scheduler.pressure import ModelPressure, generator_pressure
 from services.scheduler.sequence import AbortReason, SamplingParams, Sequence
 from services.scheduler.step_plan import SequenceDelta, StepPlan
@@ -236,8 +236,9 @@ class GeneratePool:
         prefix_keys = PrefixCacheKeys.of(self.tokenizer.encode(text) for text in config.public_prefix_texts())
         self._router: Router[_WorkerLoop] = Router(RoutingMode(config.routing), clock,
                                                    prefix_keys.block_hashes if config.prefix_cache else None)
-        # Per routed sequence, the tokens routing counted as cached where it went (see _views).
-        self._routed_cached: dict[int, int] = {}
+        # cache_aware: sequences routed with prompt tokens still to compute, by seq_id: where they went,
+        # and the tokens routing counted as cached there (see _views).
+        self._prefilling: dict[int, tuple[_WorkerLoop, Sequence, int]] = {}
         self._label = model.name
         # Labelled children looked up once: the step loop updates them every step.
         self._step_time = metrics.STEP_TIME.labels(model.name)
@@ -346,11 +347,13 @@ class GeneratePool:
                 f"prompt of {len(prompt_ids)} tokens plus max_tokens {sampling.max_tokens} exceeds the "
                 f"model's max sequence length {max_seq_len}"
             )
-        loop = self._route(stream.seq_id, prompt_ids + delivered_token_ids, stream.tenant.tenant_id, loops)
+        route = self._router.choose(prompt_ids + delivered_token_ids, stream.tenant.tenant_id, self._views(loops))
+        loop = route.worker
         stream.seq = loop.scheduler.add_request(
             stream.seq_id, prompt_ids, sampling, stream.tenant, deadline_s=stream.deadline_s,
             delivered_token_ids=delivered_token_ids,
         )
+        self._note_prefilling(stream.seq, route)
         stream.resumed = bool(delivered_token_ids)
         self._streams[stream.seq_id] = stream
         self._where[stream.seq_id] = loop
@@ -493,27 +496,28 @@ class GeneratePool:
     def _usable_loops(self) -> list[_WorkerLoop]:
         return [loop for loop in self._loops.values() if loop.link.usable]
 
-    def _route(self, seq_id: int, token_ids: tuple[int, ...], tenant_id: str,
-               loops: list[_WorkerLoop]) -> _WorkerLoop:
-        route = self._router.choose(token_ids, tenant_id, self._views(loops))
-        if route.num_cached_tokens:
-            self._routed_cached[seq_id] = route.num_cached_tokens
-        return route.worker
+    def _note_prefilling(self, seq: Sequence, route: Route[_WorkerLoop]) -> None:
+        if self._router.mode is RoutingMode.CACHE_AWARE:
+            self._prefilling[seq.seq_id] = (route.worker, seq, route.num_cached_tokens)
 
     def _views(self, loops: list[_WorkerLoop]) -> list[WorkerView[_WorkerLoop]]:
         """What routing knows of each worker: its load, and its block manager for cached prefixes.
-        A sequence holding no blocks yet (waiting, preempted) counts its tokens less what routing
-        found cached for it: the step scheduler looks its prefix up only when it admits it."""
+
+        Prompt tokens still to compute are summed over the sequences routed that have not finished
+        their prefill (dropped here once they have, or left): the waiting queue, not every sequence.
+        One holding no blocks yet counts its tokens less what routing found cached for it, since
+        the step scheduler looks its prefix up only when it admits it. A sequence preempted after
+        its prefill is not counted again (rare, and it recomputes on the worker it is on)."""
         num_prefill = dict.fromkeys(loops, 0)
-        if self._router.mode is RoutingMode.CACHE_AWARE:  # the others never read it: no pass over the streams
-            routed_cached = self._routed_cached
-            for seq_id, where in self._where.items():
-                seq = self._streams[seq_id].seq if seq_id in self._streams else None
-                if where in num_prefill and seq is not None:
-                    cached = routed_cached.get(seq_id, 0) if seq.num_computed_tokens == 0 else 0
-                    num_prefill[where] += max(0, seq.num_uncomputed_tokens - cached)
-            if len(routed_cached) > 2 * len(self._where) + 64:  # forget finished sequences, in bulk
-                self._routed_cached = {k: v for k, v in routed_cached.items() if k in self._where}
+        done = []
+        for seq_id, (where, seq, num_cached) in self._prefilling.items():
+            num_uncomputed = seq.num_uncomputed_tokens
+            if num_uncomputed <= 1 or seq.is_finished() or self._where.get(seq_id) is not where:
+                done.append(seq_id)  # decoding (one token a step), finished, or moved
+            elif where in num_prefill:
+                num_prefill[where] += max(0, num_uncomputed - (num_cached if seq.num_computed_tokens == 0 else 0))
+        for seq_id in done:
+            del self._prefilling[seq_id]
         views = []
         for loop in loops:
             scheduler = loop.scheduler
@@ -533,8 +537,10 @@ class GeneratePool:
             if not loops:
                 self._held[seq.seq_id] = (seq, now)
                 continue
-            loop = self._route(seq.seq_id, seq.token_ids(0, seq.num_tokens), seq.tenant.tenant_id, loops)
+            route = self._router.choose(seq.token_ids(0, seq.num_tokens), seq.tenant.tenant_id, self._views(loops))
+            loop = route.worker
             loop.scheduler.adopt(seq)
+            self._note_prefilling(seq, route)
             self._where[seq.seq_id] = loop
             loop.wake()
         if self._held and (self._hold_timer is None or self._hold_timer.done()):

@@ -386,3 +386,31 @@ async def test_a_public_prefix_draws_every_tenant_to_the_worker_holding_it():
     _, ran_on = await converse_turn(pool, workers, public + "User: hello", tenant_id="globex")
     pool.abort(busy)
     assert first is workers[0] and ran_on is workers[0]
+
+
+async def test_waiting_turns_count_only_their_uncached_tokens_as_queued_prefill():
+    """Two turns of a tenant arrive together: the first waits on the worker holding the tenant's
+    prefix; the second goes there too, because what waits ahead of it is 8 uncached tokens, not
+    the first turn's 64 (counted whole, the idle worker would look cheaper)."""
+    from services.scheduler.fair_queue import TenantContext
+    from services.scheduler.generate_pool import GenerateStream
+    from services.scheduler.sequence import SamplingParams
+    from services.scheduler.worker_link import WorkerLink
+    from tests.unit.scheduler.test_generate_pool import Reader, _settle, attach
+
+    pool = routed_pool("cache_aware")
+    workers = [attach(pool, f"w{n}") for n in range(2)]
+    system = "You are a helpful assistant for acme. Answer briefly. Be kind. "  # 63 tokens
+    _, first = await converse_turn(pool, workers, system + "hi")
+    pool.clock.advance(10.0)  # only resident blocks count
+    streams = []
+    for question in ("a?", "b?"):  # submitted back to back: neither computed when the other is routed
+        stream = GenerateStream(seq_id=WorkerLink.next_id(), tenant=TenantContext("acme"), seed=0,
+                                trace_context={}, arrival_s=pool.clock(), deadline_s=None)
+        pool.submit(stream, tuple((system + question).encode()), SamplingParams(max_tokens=2))
+        streams.append(stream)
+    for stream in streams:
+        await Reader(stream).read()
+    await _settle()
+    ran_on = [next(w for w in workers if s.seq_id in w.forgotten) for s in streams]
+    assert ran_on == [first, first]
