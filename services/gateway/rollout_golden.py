@@ -11,7 +11,8 @@ in the manifest's own format, so a version's golden outputs can be copied (or po
         cases:                                        # classify: top-1 label index of a raw image
           - {height: 2, width: 2, channels: 1, pixels_b64: "AQIDBA==", expected_top1: 3}
                                                       # generate: greedy continuation (temperature 0)
-          - {prompt: "hello", expected_ids: [104, 105]}   # or prompt_ids: [...] (byte tokenizer ids)
+          - {prompt: "hello", expected_ids: [104, 105]}   # or prompt_ids: [...] (byte tokenizer ids;
+                                                                 # a leading BOS is the scheduler's to add)
         file: /models/digits/2/manifest.json          # and/or: a manifest (its classifier/generator
                                                       # golden list) or a JSON list of cases; absolute
         interval_s: 30                                # a passed check runs again this often
@@ -41,6 +42,7 @@ DEFAULT_INTERVAL_S = 30.0
 MAX_CASES = 64
 MAX_IMAGE_BYTES = 1 << 20
 MAX_EXPECTED_TOKENS = 256
+BYTE_TOKENS = 256  # ids below are bytes in the byte tokenizer; from here on, special ids (EOS, BOS)
 
 
 @dataclass(frozen=True)
@@ -228,11 +230,16 @@ def _prompt(raw: Mapping, where: str, fail: Fail) -> GoldenPrompt:
             raise fail(f"{where}.prompt", "must be non-empty text")
     else:
         ids = _ids(raw, "prompt_ids", where, fail)
+        if ids[0] >= BYTE_TOKENS:  # the model's BOS, as a manifest records it: the scheduler prepends it
+            ids = ids[1:]
         try:  # the byte tokenizer: ids are the prompt's UTF-8 bytes
             prompt = bytes(ids).decode("utf-8")
         except (ValueError, UnicodeDecodeError):
-            raise fail(f"{where}.prompt_ids", "must be the UTF-8 bytes of a text (0..255): the gateway sends "
-                                              "text; use prompt for other tokenizers") from None
+            raise fail(f"{where}.prompt_ids", "must be the UTF-8 bytes of a text (0..255), after at most a "
+                                              "leading BOS: the gateway sends text; use prompt for other "
+                                              "tokenizers") from None
+        if not prompt:
+            raise fail(f"{where}.prompt_ids", "holds no text after the BOS")
     expected = _ids(raw, "expected_ids", where, fail)
     if len(expected) > MAX_EXPECTED_TOKENS:
         raise fail(f"{where}.expected_ids", f"has {len(expected)} tokens, at most {MAX_EXPECTED_TOKENS}")

@@ -1,8 +1,14 @@
-"""A rollout of the real digits classifier (issue 17's first test): version 2 has a corrupted output
-layer (rows of classes 0<->1, 2<->5, 4<->8 swapped: wrong answers, the same speed), built so that
-its manifest's golden images (classes 7, 6, 3, 7) still pass, as a bad build's own check would.
-The worker loads it; the rollout's golden run of the manifest passes too; shadow agreement catches
-it before any client sees it, and it is never promoted."""
+"""Rollouts of the real demo models (slow: torch workers).
+
+digits (issue 17's first test): version 2 has a corrupted output layer (rows of classes 0<->1,
+2<->5, 4<->8 swapped: wrong answers, the same speed), built so that its manifest's golden images
+(classes 7, 6, 3, 7) still pass, as a bad build's own check would. The worker loads it; the
+rollout's golden run of the manifest passes too; shadow agreement catches it before any client
+sees it, and it is never promoted.
+
+tinylm: version 2 is version 1's weights under a new version (a good build); its manifest's golden
+prompts (BOS first) pass through the scheduler's greedy path, and its greedy tokens agree with
+version 1's in the shadow, so it leaves the shadow step."""
 
 from __future__ import annotations
 
@@ -25,7 +31,14 @@ from services.worker.model_repository import load_manifest, sha256_of
 from tests.support import session_tls
 from tests.support.gateway_fixtures import scrape
 from tests.support.processes import free_port, running_mesh, wait_until
-from tools.build_models import DigitsRecipe, build_digits, digits_dataset, is_up_to_date
+from tools.build_models import (
+    DigitsRecipe,
+    TinyLMRecipe,
+    build_digits,
+    build_tinylm,
+    digits_dataset,
+    is_up_to_date,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO_MODEL_ROOT = Path(__file__).resolve().parents[2] / "model_repo"
@@ -116,3 +129,71 @@ def test_a_digits_version_with_a_corrupted_output_layer_is_caught_by_shadow_agre
     assert seen["1"] > 0 and seen["2"] == 0, f"no client got version 2's answer: {seen}"
     assert metrics.value("infermesh_gateway_shadow_requests_total", model="digits", version="2",
                          outcome="disagreed") > 0
+
+
+def copy_tinylm_as_version_2(root: Path) -> Path:
+    source = REPO_MODEL_ROOT if is_up_to_date(REPO_MODEL_ROOT, TinyLMRecipe()) else None
+    if source is None:
+        source = root / "built"
+        build_tinylm(source, log=lambda _: None)
+    shutil.copytree(source / "tinylm" / "1", root / "tinylm" / "1")
+    shutil.copytree(source / "tinylm" / "1", root / "tinylm" / "2")
+    manifest_path = root / "tinylm" / "2" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["version"] = "2"
+    manifest_path.write_text(json.dumps(manifest))
+    return root
+
+
+def test_a_tinylm_version_with_the_same_weights_passes_golden_prompts_and_shadow_agreement(tmp_path):
+    root = copy_tinylm_as_version_2(tmp_path / "model_repo")
+    manifest = root / "tinylm" / "2" / "manifest.json"
+    num_golden = len(json.loads(manifest.read_text())["generator"]["golden"])
+    routing, state = tmp_path / "routing.yaml", tmp_path / "rollouts.json"
+    rollout = {"canary_version": "2", "steps": ["shadow", 100], "min_requests": 20, "min_duration_s": 0.3,
+               "confidence": 0.99, "shadow_max_in_flight": 4, "checks": {"golden": {"file": str(manifest)}}}
+    routing.write_text(yaml.safe_dump({"models": {"tinylm": {"default_version": "1", "versions": {"2": {}},
+                                                             "rollout": rollout}}}))
+    seen: Counter = Counter()
+    with running_mesh(tmp_path) as mesh:
+        mesh.start_scheduler()
+        for version in ("1", "2"):
+            mesh.start_worker("tinylm", "--model-repository", str(root), "--model-version", version)
+        mesh.start_gateway("--routing-file", str(routing), "--rollout-interval-ms", "100",
+                           "--rollout-state-file", str(state))
+        with session_tls.channel(mesh.gateway.address) as channel:
+            stub = gateway_pb2_grpc.InferenceStub(channel)
+            lock, stop = threading.Lock(), threading.Event()
+
+            def client(seed: int) -> None:
+                rng = random.Random(seed)
+                while not stop.is_set():
+                    prompt = rng.choice(("The ", "A list ", "def ", "import ", "class ", "Return "))
+                    request = gateway_pb2.GenerateRequest(
+                        model=common_pb2.ModelRef(name="tinylm"), prompt=prompt + rng.choice("abcdefgh"),
+                        sampling=common_pb2.SamplingParams(max_tokens=6, temperature=0.0))
+                    try:
+                        versions = {c.model.version for c in stub.Generate(request, timeout=30) if c.model.version}
+                        key = ",".join(sorted(versions))
+                    except grpc.RpcError as exc:
+                        key = exc.code().name
+                    with lock:
+                        seen[key] += 1
+
+            threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(3)]
+            for thread in threads:
+                thread.start()
+            try:
+                wait_until(lambda: state.exists() and json.loads(state.read_text())["models"]["tinylm"]["step_index"]
+                           > 0 or json.loads(state.read_text())["models"]["tinylm"]["state"] != "running",
+                           timeout_s=90, message="the rollout left the shadow step")
+            finally:
+                stop.set()
+                for thread in threads:
+                    thread.join(timeout=30)
+        saved = json.loads(state.read_text())["models"]["tinylm"]
+    advance = saved["decisions"][1]
+    assert (advance["action"], advance["from_step"], advance["to_step"]) == ("advance", "shadow", "100%"), advance
+    assert f"golden {num_golden}/{num_golden} right" in advance["evidence"], advance["evidence"]
+    assert "agreement" in advance["evidence"] and "FAIL" not in advance["evidence"]
+    assert seen["1"] > 0 and set(seen) <= {"1", "2"}, f"no stream failed: {seen}"

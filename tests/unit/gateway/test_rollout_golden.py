@@ -49,7 +49,7 @@ def test_cases_parse_inline_and_from_a_manifest_and_change_the_rollouts_identity
     assert golden.interval_s == 10
     manifest = tmp_path / "manifest.json"
     manifest.write_text(json.dumps({"kind": "generator", "generator": {
-        "golden": [{"prompt_ids": list(b"abc"), "expected_ids": [100, 101]}]}}))
+        "golden": [{"prompt_ids": [257, *b"abc"], "expected_ids": [100, 101]}]}}))  # BOS first, as tinylm's
     from_file = policy_of(checks={"golden": {"file": str(manifest)}}).checks.golden
     assert from_file.cases == (GoldenPrompt("abc", (100, 101)),) and from_file.interval_s == 30
     assert policy_of().rollout_id != policy_of(checks={"golden": {"cases": [IMAGE]}}).rollout_id
@@ -65,6 +65,8 @@ def test_cases_parse_inline_and_from_a_manifest_and_change_the_rollouts_identity
     ({"cases": [{"prompt": "hi", "prompt_ids": [1], "expected_ids": [1]}]}, "needs one of prompt"),
     ({"cases": [IMAGE, {"prompt": "hi", "expected_ids": [1]}]}, "mixes image and prompt cases"),
     ({"cases": [IMAGE], "interval_s": 0.1}, "interval_s': must be a number of seconds >= 1"),
+    ({"cases": [{"prompt_ids": [257, 300], "expected_ids": [1]}]}, "prompt_ids': must be the UTF-8 bytes"),
+    ({"cases": [{"prompt_ids": [257], "expected_ids": [1]}]}, "prompt_ids': holds no text after the BOS"),
     ({"file": "relative.json"}, "golden.file': must be an absolute path"),
     ({"file": "/nonexistent/manifest.json"}, "golden.file': cannot read /nonexistent/manifest.json"),
     ({"cases": [IMAGE], "every": 3}, "golden.every': unknown field (expected cases, file, interval_s)"),
