@@ -12,6 +12,10 @@ shadow step, the mirrored calls and their output comparisons). A verdict that mo
 is a `Decision`: it changes the routing table's shares (`RoutingTable.set_shares`) in the same
 call, is logged with its evidence, counted, kept (the last MAX_DECISIONS per model) and saved.
 
+With golden cases in the policy (rollout_golden.py), the decider's run loop also sends them to the
+canary (`golden_due` -> `prober` -> `golden_done`, rollout_probe.py) at every step's start and every
+interval; the judgement rolls back on a wrong answer and advances no step before a run passed.
+
 By hand, in the routing file (`override`): pause holds the current share and decides nothing;
 abort sets the share to 0; promote to 100. Removing the override resumes the automatic path at
 the step it held (a paused or aborted rollout; a rollback is final for its attempt: change
