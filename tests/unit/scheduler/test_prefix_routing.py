@@ -1,5 +1,6 @@
 """The routing rule for new generate sequences (services/scheduler/prefix_routing.py): pure, a
-fake clock where time matters (the memory of recently routed prefixes)."""
+fake clock where time matters (the memory of recently routed prefixes); then in a GeneratePool
+with fake workers (tests/unit/scheduler/test_generate_pool.py's)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from collections import Counter
 
 import pytest
 
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.fair_queue import TenantContext
+from services.scheduler.generate_pool import GeneratePool, GenerateStream
 from services.scheduler.prefix_routing import (
     Candidate,
     RecentPrefixes,
@@ -20,7 +24,10 @@ from services.scheduler.prefix_routing import (
     choose_worker,
     routing_cost,
 )
+from services.scheduler.sequence import SamplingParams
+from services.scheduler.worker_link import WorkerLink
 from tests.support.fake_clock import FakeClock
+from tests.unit.scheduler.test_generate_pool import MODEL, Reader, _settle, attach, hello
 
 
 def load(num_running: int = 0, num_waiting: int = 0, max_num_seqs: int = 16, num_prefill_tokens: int = 0,
@@ -309,41 +316,35 @@ def test_router_refuses_an_empty_worker_list():
 # -- in the pool: a conversation finds its earlier turns (fake workers, fake clock) -----------
 
 
-def routed_pool(routing: str, **config):
-    from services.scheduler.config import SchedulerConfig
-    from services.scheduler.generate_pool import GeneratePool
-    from tests.unit.scheduler.test_generate_pool import MODEL, hello
-
+def routed_pool(routing: str, **config) -> GeneratePool:
     clock = FakeClock()
     return GeneratePool(MODEL, hello("w0"), SchedulerConfig(routing=routing, **config), clock=clock,
                         sleep=clock.sleep)
 
 
-async def converse_turn(pool, workers, prompt: str, tenant_id: str = "acme", max_tokens: int = 4):
-    """Sends one turn, reads its answer; returns the answer and the worker that ran it."""
-    from services.scheduler.fair_queue import TenantContext
-    from services.scheduler.generate_pool import GenerateStream
-    from services.scheduler.sequence import SamplingParams
-    from services.scheduler.worker_link import WorkerLink
-    from tests.unit.scheduler.test_generate_pool import Reader, _settle
-
+def start(pool: GeneratePool, prompt: str, tenant_id: str, max_tokens: int) -> GenerateStream:
     stream = GenerateStream(seq_id=WorkerLink.next_id(), tenant=TenantContext(tenant_id), seed=0,
                             trace_context={}, arrival_s=pool.clock(), deadline_s=None)
     pool.submit(stream, tuple(prompt.encode()), SamplingParams(max_tokens=max_tokens))
+    return stream
+
+
+def ran_on(workers, stream: GenerateStream):
+    """The worker that ran the finished sequence (it was told to forget it)."""
+    (worker,) = [w for w in workers if stream.seq_id in w.forgotten]
+    return worker
+
+
+async def converse_turn(pool: GeneratePool, workers, prompt: str, tenant_id: str = "acme"):
+    """Sends one turn, reads its answer; returns the answer and the worker that ran it."""
+    stream = start(pool, prompt, tenant_id, max_tokens=4)
     answer = await Reader(stream).read()
-    await _settle()  # the finished sequence is forgotten by the worker that ran it
-    (ran_on,) = [w for w in workers if stream.seq_id in w.forgotten]
-    return answer, ran_on
+    await _settle()
+    return answer, ran_on(workers, stream)
 
 
 @pytest.mark.parametrize("routing", ["cache_aware", "least_loaded"])
 async def test_each_turn_of_a_conversation_goes_where_its_history_is_cached(routing):
-    from services.scheduler.fair_queue import TenantContext
-    from services.scheduler.generate_pool import GenerateStream
-    from services.scheduler.sequence import SamplingParams
-    from services.scheduler.worker_link import WorkerLink
-    from tests.unit.scheduler.test_generate_pool import attach
-
     pool = routed_pool(routing)
     workers = [attach(pool, f"w{n}") for n in range(3)]
     system = "You are a helpful assistant for acme. Answer briefly. "  # 53 tokens: 13 blocks of 4
@@ -354,12 +355,10 @@ async def test_each_turn_of_a_conversation_goes_where_its_history_is_cached(rout
         pool.clock.advance(10.0)  # past the recent-routing memory: only resident blocks count now
         # Another tenant's long request arrives first and, all idle, lands on the first worker (the
         # conversation's): the turn after it either follows its cached history or avoids the load.
-        busy = GenerateStream(seq_id=WorkerLink.next_id(), tenant=TenantContext("globex"), seed=0,
-                              trace_context={}, arrival_s=pool.clock(), deadline_s=None)
-        pool.submit(busy, tuple(f"long story {turn}".encode()), SamplingParams(max_tokens=100))
+        busy = start(pool, f"long story {turn}", "globex", max_tokens=100)
         prompt = f"{prompt}{answer}\nUser: and {turn}?"
-        answer, ran_on = await converse_turn(pool, workers, prompt)
-        places.append(ran_on)
+        answer, place = await converse_turn(pool, workers, prompt)
+        places.append(place)
         pool.abort(busy)
     assert first is workers[0]
     if routing == "cache_aware":
@@ -369,48 +368,29 @@ async def test_each_turn_of_a_conversation_goes_where_its_history_is_cached(rout
 
 
 async def test_a_public_prefix_draws_every_tenant_to_the_worker_holding_it():
-    from services.scheduler.fair_queue import TenantContext
-    from services.scheduler.generate_pool import GenerateStream
-    from services.scheduler.sequence import SamplingParams
-    from services.scheduler.worker_link import WorkerLink
-    from tests.unit.scheduler.test_generate_pool import attach
-
     public = "You are the shared assistant of every tenant here. "
     pool = routed_pool("cache_aware", public_prefixes=f'["{public}"]')
     workers = [attach(pool, f"w{n}") for n in range(3)]
     _, first = await converse_turn(pool, workers, public + "User: hi", tenant_id="acme")
     pool.clock.advance(10.0)
-    busy = GenerateStream(seq_id=WorkerLink.next_id(), tenant=TenantContext("initech"), seed=0,
-                          trace_context={}, arrival_s=pool.clock(), deadline_s=None)
-    pool.submit(busy, tuple(b"long story"), SamplingParams(max_tokens=100))  # lands on the first worker
-    _, ran_on = await converse_turn(pool, workers, public + "User: hello", tenant_id="globex")
+    busy = start(pool, "long story", "initech", max_tokens=100)  # lands on the first worker
+    _, place = await converse_turn(pool, workers, public + "User: hello", tenant_id="globex")
     pool.abort(busy)
-    assert first is workers[0] and ran_on is workers[0]
+    assert first is workers[0] and place is workers[0]
 
 
 async def test_waiting_turns_count_only_their_uncached_tokens_as_queued_prefill():
     """Two turns of a tenant arrive together: the first waits on the worker holding the tenant's
-    prefix; the second goes there too, because what waits ahead of it is 8 uncached tokens, not
-    the first turn's 64 (counted whole, the idle worker would look cheaper)."""
-    from services.scheduler.fair_queue import TenantContext
-    from services.scheduler.generate_pool import GenerateStream
-    from services.scheduler.sequence import SamplingParams
-    from services.scheduler.worker_link import WorkerLink
-    from tests.unit.scheduler.test_generate_pool import Reader, _settle, attach
-
+    prefix; the second goes there too, because what waits ahead of it is the first's 5 uncached
+    tokens, not its 65 (counted whole, the idle worker would look cheaper)."""
     pool = routed_pool("cache_aware")
     workers = [attach(pool, f"w{n}") for n in range(2)]
     system = "You are a helpful assistant for acme. Answer briefly. Be kind. "  # 63 tokens
     _, first = await converse_turn(pool, workers, system + "hi")
     pool.clock.advance(10.0)  # only resident blocks count
-    streams = []
-    for question in ("a?", "b?"):  # submitted back to back: neither computed when the other is routed
-        stream = GenerateStream(seq_id=WorkerLink.next_id(), tenant=TenantContext("acme"), seed=0,
-                                trace_context={}, arrival_s=pool.clock(), deadline_s=None)
-        pool.submit(stream, tuple((system + question).encode()), SamplingParams(max_tokens=2))
-        streams.append(stream)
+    # Submitted back to back: neither is computed when the other is routed.
+    streams = [start(pool, system + question, "acme", max_tokens=2) for question in ("a?", "b?")]
     for stream in streams:
         await Reader(stream).read()
     await _settle()
-    ran_on = [next(w for w in workers if s.seq_id in w.forgotten) for s in streams]
-    assert ran_on == [first, first]
+    assert [ran_on(workers, stream) for stream in streams] == [first, first]
