@@ -12,8 +12,8 @@ The unit is "tokens the worker computes before the newcomer's first token". A st
 with the tokens it carries (prefill-bound: a CPU worker always, a GPU one for prompts), so:
 
 * the newcomer's own uncached prompt tokens, and the prompt tokens still to compute of the
-  sequences already there (waiting, preempted, or part-way through their prompt), are the
-  prefill ahead of its first token: weight 1 per token;
+  sequences routed there before it (waiting, or part-way through their prompt; less what they
+  will find cached), are the prefill ahead of its first token: weight 1 per token;
 * every sequence there decodes one token per step for the steps that prefill spans, and takes a
   running slot: a flat `sequence_weight` tokens each (Dynamo's decode-load term, in tokens);
 * a worker whose running slots are all taken makes the newcomer wait for a running sequence to
