@@ -151,7 +151,11 @@ def test_a_tinylm_version_with_the_same_weights_passes_golden_prompts_and_shadow
     num_golden = len(json.loads(manifest.read_text())["generator"]["golden"])
     routing, state = tmp_path / "routing.yaml", tmp_path / "rollouts.json"
     rollout = {"canary_version": "2", "steps": ["shadow", 100], "min_requests": 20, "min_duration_s": 0.3,
-               "confidence": 0.99, "shadow_max_in_flight": 4, "checks": {"golden": {"file": str(manifest)}}}
+               "confidence": 0.99, "shadow_max_in_flight": 4,
+               # Golden prompts and agreement are what this test is about. Latency is off: two tinylm
+               # processes contending for a loaded CI box's two cores differ in compute by chance (an
+               # identical version was once rolled back on worker.compute here, 16 vs 25 samples).
+               "checks": {"golden": {"file": str(manifest)}, "latency": False}}
     routing.write_text(yaml.safe_dump({"models": {"tinylm": {"default_version": "1", "versions": {"2": {}},
                                                              "rollout": rollout}}}))
     seen: Counter = Counter()
@@ -193,7 +197,8 @@ def test_a_tinylm_version_with_the_same_weights_passes_golden_prompts_and_shadow
                     thread.join(timeout=30)
         saved = json.loads(state.read_text())["models"]["tinylm"]
     advance = saved["decisions"][1]
-    assert (advance["action"], advance["from_step"], advance["to_step"]) == ("advance", "shadow", "100%"), advance
+    assert (advance["action"], advance["from_step"], advance["to_step"]) == ("advance", "shadow", "100%"), \
+        advance["evidence"]
     assert f"golden {num_golden}/{num_golden} right" in advance["evidence"], advance["evidence"]
     assert "agreement" in advance["evidence"] and "FAIL" not in advance["evidence"]
     assert seen["1"] > 0 and set(seen) <= {"1", "2"}, f"no stream failed: {seen}"
