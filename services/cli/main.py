@@ -225,7 +225,8 @@ def run_generate(args: argparse.Namespace) -> int:
                                   "finish_reason": _FINISH.get(chunk.finish_reason, "")}), flush=True)
             elif args.stream:
                 print(chunk.text, end="", flush=True)
-    usage = {"prompt_tokens": last.usage.prompt_tokens, "completion_tokens": last.usage.completion_tokens} if last else {}
+    usage = {"prompt_tokens": last.usage.prompt_tokens, "completion_tokens": last.usage.completion_tokens,
+             "cached_prompt_tokens": last.usage.cached_prompt_tokens} if last else {}
     finish = _FINISH.get(last.finish_reason, "") if last else ""
     if args.json and not args.stream:
         print(json.dumps({"request_id": last.request_id if last else "", "text": "".join(text),

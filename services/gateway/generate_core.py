@@ -174,7 +174,7 @@ class GenerateCore:
                     mirrored.extend(chunk.token_ids)
                 scope.served_by(chunk.model.version)  # set on the first and the last chunk
                 if chunk.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
-                    scope.num_tokens_used = chunk.usage.prompt_tokens + chunk.usage.completion_tokens
+                    scope.num_tokens_used = tokens_charged(chunk.usage)
                     now_s = self._clock()
                     append_gateway_timings(chunk.timings, handler, admitted_s, now_s, now_s)
                     scope.timings = chunk.timings
@@ -200,3 +200,9 @@ class GenerateCore:
         self._admission.admit(scope, caller.authorization, caller.timeout_s, num_tokens, priority=priority)
         fix_seed(request.sampling, self._seed_source)
         return prompt_tokens
+
+
+def tokens_charged(usage: common_pb2.Usage) -> int:
+    """What a finished generation costs its tenant's token quota: the prompt tokens computed for it
+    (not those the scheduler's prefix cache held) and the completion."""
+    return max(0, usage.prompt_tokens - usage.cached_prompt_tokens) + usage.completion_tokens

@@ -123,6 +123,7 @@ def chunk_responses(request: StreamRequest, chunk: gateway_pb2.GenerateResponse)
     response.parameters["finish_reason"].string_param = _FINISH_REASONS.get(chunk.finish_reason, "unknown")
     response.parameters["prompt_tokens"].int64_param = chunk.usage.prompt_tokens
     response.parameters["completion_tokens"].int64_param = chunk.usage.completion_tokens
+    response.parameters["cached_prompt_tokens"].int64_param = chunk.usage.cached_prompt_tokens
     if not request.empty_final:
         return [response]
     final = kserve.ModelInferResponse(model_name=response.model_name, model_version=response.model_version,

@@ -260,7 +260,9 @@ def finish_reason(chunk: gateway_pb2.GenerateResponse) -> str | None:
 
 def usage(chunk: gateway_pb2.GenerateResponse) -> dict:
     prompt, completion = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            # OpenAI's and vLLM's field: prompt tokens served from the prefix cache.
+            "prompt_tokens_details": {"cached_tokens": chunk.usage.cached_prompt_tokens}}
 
 
 def timings(chunk: gateway_pb2.GenerateResponse) -> dict:

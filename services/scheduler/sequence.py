@@ -93,6 +93,9 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)
     # Tokens reused from the prefix cache at its last admission (0: none, or the cache is off).
     num_cached_tokens: int = 0
+    # Prompt tokens never computed for this request because the cache held them (usage.cached_prompt_tokens):
+    # num_prompt_tokens minus this is what its tenant was billed for the prompt.
+    num_cached_prompt_tokens: int = 0
 
     @property
     def priority(self) -> Priority:

@@ -527,7 +527,9 @@ class StepScheduler:
         """`seq` starts with `num_cached` tokens' KV from the cache: it computes from there, and the
         prompt tokens among them are not billed to its tenant."""
         seq.num_computed_tokens = seq.num_cached_tokens = num_cached
-        seq.num_billed_prompt_tokens = max(seq.num_billed_prompt_tokens, min(num_cached, seq.num_prompt_tokens))
+        num_cached_prompt = min(num_cached, seq.num_prompt_tokens)
+        seq.num_cached_prompt_tokens += max(0, num_cached_prompt - seq.num_billed_prompt_tokens)
+        seq.num_billed_prompt_tokens = max(seq.num_billed_prompt_tokens, num_cached_prompt)
         stats = self.cache_stats
         stats.num_queried_blocks += (seq.num_tokens - 1) // self.kv.block_size
         stats.num_queried_tokens += seq.num_tokens

@@ -117,9 +117,11 @@ def test_a_tenant_reuses_only_its_own_blocks_unless_the_prefix_is_public(schedul
     with scheduler_stub(scheduler.mesh.scheduler.address) as stub:
         def hits_of(prompt: str, who: str) -> float:
             before = scheduler.counters()["infermesh_scheduler_prefix_cache_hit_tokens_total"]
-            read_stream(stub.Generate(_request(prompt, who), timeout=30))
+            *_, last = stub.Generate(_request(prompt, who), timeout=30)
             wait_for_idle_kv(stub, TINYLM)
-            return scheduler.counters()["infermesh_scheduler_prefix_cache_hit_tokens_total"] - before
+            hits = scheduler.counters()["infermesh_scheduler_prefix_cache_hit_tokens_total"] - before
+            assert last.chunk.usage.cached_prompt_tokens == hits, "the usage reports what the cache held"
+            return hits
 
         private = "Translate into French, please: good morning"  # BOS + 43 bytes: 2 full blocks reusable
         assert hits_of(private, "acme") == 0

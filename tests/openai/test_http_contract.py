@@ -50,7 +50,8 @@ def test_completion_returns_the_models_text_usage_and_timings(http_mesh):
     assert reply["id"] == "cmpl-" + headers["x-request-id"]
     (choice,) = reply["choices"]
     assert (choice["text"], choice["finish_reason"], choice["index"]) == (toy_continuation("abc", 6), "length", 0)
-    assert reply["usage"] == {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
+    assert reply["usage"] == {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9,
+                              "prompt_tokens_details": {"cached_tokens": 0}}
     stages = {(s["service"], s["stage"]) for s in reply["infermesh"]["timings"]["stages"]}
     assert {("gateway", "admission"), ("scheduler", "queue_wait"), ("worker", "compute")} <= stages
     assert "gateway.admission;dur=" in headers["x-infermesh-timings"]
@@ -81,7 +82,7 @@ def test_streamed_completion_sends_chunks_then_usage_then_done(http_mesh):
     assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "length"
     assert all(c["usage"] is None for c in chunks) and "timings" in chunks[-1]["infermesh"]
     assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 3, "completion_tokens": 5,
-                                                          "total_tokens": 8}
+                                                          "total_tokens": 8, "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_streamed_chat_sends_the_role_first_and_no_usage_unless_asked(http_mesh):

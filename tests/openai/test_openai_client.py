@@ -47,7 +47,10 @@ def test_lists_the_model(seen):
 def test_completion_and_chat_completion_with_usage(seen):
     assert seen["completion"] == {"text": toy_continuation("abc", 6), "finish_reason": "length",
                                   "usage": {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9,
-                                            "completion_tokens_details": None, "prompt_tokens_details": None},
+                                            "completion_tokens_details": None,
+                                            "prompt_tokens_details": {"audio_tokens": None, "cache_write_tokens": None,
+                                                                      "cached_tokens": 0, "image_tokens": None,
+                                                                      "text_tokens": None}},
                                   "object": "text_completion", "has_timings": True}
     chat = seen["chat"]
     assert (chat["content"], chat["role"], chat["finish_reason"]) == (toy_continuation(CHAT_ABC, 4), "assistant",

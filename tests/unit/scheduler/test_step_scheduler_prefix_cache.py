@@ -121,6 +121,16 @@ def test_the_tenant_is_billed_only_the_prompt_tokens_it_computes(clock):
     assert service.counter(tenant("acme")) - after_first == 2 * 1.0 + 1 * 2.0  # 12 of 14 were cached
 
 
+def test_usage_counts_the_prompt_tokens_the_cache_held(clock):
+    run = _Run(clock)
+    first = _add(run.scheduler, 1, PROMPT)
+    run.first_step(1)
+    second = _add(run.scheduler, 2, PROMPT)
+    run.first_step(2)
+    assert (first.num_cached_prompt_tokens, second.num_cached_prompt_tokens) == (0, 12)
+    run.finish()
+
+
 def test_with_the_cache_off_every_token_is_computed(clock):
     run = _Run(clock, enable_prefix_cache=False)
     run.add(1, PROMPT)
@@ -135,7 +145,7 @@ def test_a_preempted_sequence_resumes_from_its_own_blocks_still_cached(clock):
     worker = FakePagedWorker(4)
     _add(scheduler, 1, PROMPT[:6], max_tokens=4)
     clock.advance(1.0)
-    _add(scheduler, 2, PROMPT[6:12], max_tokens=8)
+    second = _add(scheduler, 2, PROMPT[6:12], max_tokens=8)
     transcript = Transcript()
     resumed = None
     for _ in range(40):
@@ -152,6 +162,7 @@ def test_a_preempted_sequence_resumes_from_its_own_blocks_still_cached(clock):
     assert any(2 in p.preempted_seq_ids for p in transcript.plans)
     assert resumed is not None and resumed.num_cached_tokens >= 4
     assert resumed.start_position == resumed.num_cached_tokens and resumed.new_blocks[0] in transcript.plans[0].seqs[1].new_blocks
+    assert second.num_cached_prompt_tokens == 0, "its own blocks it computed before: not cached prompt tokens in usage"
 
 
 def _shared_prefix_workload(seed: int, num_requests: int) -> list[tuple[str, tuple[int, ...], int]]:
