@@ -16,7 +16,6 @@ import base64
 import json
 import os
 import random
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -30,6 +29,7 @@ from services.cli import main as cli
 from services.common import admin_servicer
 from services.worker.mock_models import mock_label_index
 from tests.support import session_tls
+from tests.support.closed_loop import drive_until
 from tests.support.gateway_fixtures import scrape
 from tests.support.processes import free_port, running_mesh, wait_until
 
@@ -82,33 +82,12 @@ class Mesh:
 
     def drive(self, until, timeout_s: float = 60.0, num_threads: int = 4) -> Counter:
         """Version-less classify calls from `num_threads` threads until `until()`: versions (or codes) seen."""
-        seen: Counter = Counter()
-        lock, stop = threading.Lock(), threading.Event()
+        def classify(rng: random.Random) -> str:
+            image = common_pb2.Image(raw=common_pb2.RawImage(pixels=rng.randbytes(4), height=2, width=2, channels=1))
+            return self.stub.Classify(gateway_pb2.ClassifyRequest(model=common_pb2.ModelRef(name=MODEL), image=image),
+                                      timeout=10).model.version
 
-        def client(seed: int) -> None:
-            rng = random.Random(seed)
-            while not stop.is_set():
-                image = common_pb2.Image(raw=common_pb2.RawImage(pixels=rng.randbytes(4), height=2, width=2,
-                                                                 channels=1))
-                try:
-                    reply = self.stub.Classify(gateway_pb2.ClassifyRequest(model=common_pb2.ModelRef(name=MODEL),
-                                                                           image=image), timeout=10)
-                    key = reply.model.version
-                except grpc.RpcError as exc:
-                    key = exc.code().name
-                with lock:
-                    seen[key] += 1
-
-        threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(num_threads)]
-        for thread in threads:
-            thread.start()
-        try:
-            wait_until(until, timeout_s=timeout_s, interval_s=0.05, message="rollout decision")
-        finally:
-            stop.set()
-            for thread in threads:
-                thread.join(timeout=15)
-        return seen
+        return drive_until(classify, until, num_threads=num_threads, timeout_s=timeout_s, message="rollout decision")
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,8 @@ import io
 import json
 import random
 import shutil
-import threading
-from collections import Counter
 from pathlib import Path
 
-import grpc
 import pytest
 import torch
 import yaml
@@ -29,6 +26,7 @@ from PIL import Image
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.worker.model_repository import load_manifest, sha256_of
 from tests.support import session_tls
+from tests.support.closed_loop import drive_until
 from tests.support.gateway_fixtures import scrape
 from tests.support.processes import free_port, running_mesh, wait_until
 from tools.build_models import (
@@ -45,12 +43,17 @@ REPO_MODEL_ROOT = Path(__file__).resolve().parents[2] / "model_repo"
 SWAPPED = ((0, 1), (2, 5), (4, 8))
 
 
+def _shipped_or_built(root: Path, recipe, build) -> Path:
+    """The repository's shipped models when they are up to date with `recipe`, else a fresh build."""
+    if is_up_to_date(REPO_MODEL_ROOT, recipe):
+        return REPO_MODEL_ROOT
+    build(root / "built", log=lambda _: None)
+    return root / "built"
+
+
 def corrupt_version_2(root: Path) -> Path:
     """A model repository with digits 1 (as built) and 2 (its output layer's rows swapped)."""
-    source = REPO_MODEL_ROOT if is_up_to_date(REPO_MODEL_ROOT, DigitsRecipe()) else None
-    if source is None:
-        source = root / "built"
-        build_digits(source, log=lambda _: None)
+    source = _shipped_or_built(root, DigitsRecipe(), build_digits)
     shutil.copytree(source / "digits" / "1", root / "digits" / "1")
     version_2 = root / "digits" / "2"
     shutil.copytree(source / "digits" / "1", version_2)
@@ -85,7 +88,6 @@ def test_a_digits_version_with_a_corrupted_output_layer_is_caught_by_shadow_agre
     routing.write_text(yaml.safe_dump({"models": {"digits": {"default_version": "1", "versions": {"2": {}},
                                                              "rollout": rollout}}}))
     images = [common_pb2.Image(encoded=_png(image)) for image in digits_dataset().test_images[:120]]
-    seen: Counter = Counter()
     with running_mesh(tmp_path) as mesh:
         mesh.start_scheduler("--max-queue-delay-ms", "2")
         for version in ("1", "2"):
@@ -94,30 +96,13 @@ def test_a_digits_version_with_a_corrupted_output_layer_is_caught_by_shadow_agre
                            "--rollout-state-file", str(state), "--metrics-port", str(metrics_port))
         with session_tls.channel(mesh.gateway.address) as channel:
             stub = gateway_pb2_grpc.InferenceStub(channel)
-            lock, stop = threading.Lock(), threading.Event()
 
-            def client(seed: int) -> None:
-                rng = random.Random(seed)
-                while not stop.is_set():
-                    request = gateway_pb2.ClassifyRequest(model=common_pb2.ModelRef(name="digits"),
-                                                          image=rng.choice(images))
-                    try:
-                        key = stub.Classify(request, timeout=30).model.version
-                    except grpc.RpcError as exc:
-                        key = exc.code().name
-                    with lock:
-                        seen[key] += 1
+            def classify(rng: random.Random) -> str:
+                request = gateway_pb2.ClassifyRequest(model=common_pb2.ModelRef(name="digits"), image=rng.choice(images))
+                return stub.Classify(request, timeout=30).model.version
 
-            threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(4)]
-            for thread in threads:
-                thread.start()
-            try:
-                wait_until(lambda: state.exists() and json.loads(state.read_text())["models"]["digits"]["state"]
-                           != "running", timeout_s=60, message="the rollout decided")
-            finally:
-                stop.set()
-                for thread in threads:
-                    thread.join(timeout=30)
+            seen = drive_until(classify, lambda: state.exists() and json.loads(state.read_text())["models"]["digits"][
+                "state"] != "running", num_threads=4, timeout_s=60, message="the rollout decided")
             # The step's golden run started at its first tick; its answers are logged even after a rollback.
             wait_until(lambda: "rollout digits canary 2: golden check 4/4 right" in mesh.gateway.log_tail(400),
                        timeout_s=30, message="the golden run of version 2's manifest passed")
@@ -132,10 +117,7 @@ def test_a_digits_version_with_a_corrupted_output_layer_is_caught_by_shadow_agre
 
 
 def copy_tinylm_as_version_2(root: Path) -> Path:
-    source = REPO_MODEL_ROOT if is_up_to_date(REPO_MODEL_ROOT, TinyLMRecipe()) else None
-    if source is None:
-        source = root / "built"
-        build_tinylm(source, log=lambda _: None)
+    source = _shipped_or_built(root, TinyLMRecipe(), build_tinylm)
     shutil.copytree(source / "tinylm" / "1", root / "tinylm" / "1")
     shutil.copytree(source / "tinylm" / "1", root / "tinylm" / "2")
     manifest_path = root / "tinylm" / "2" / "manifest.json"
@@ -158,7 +140,6 @@ def test_a_tinylm_version_with_the_same_weights_passes_golden_prompts_and_shadow
                "checks": {"golden": {"file": str(manifest)}, "latency": False}}
     routing.write_text(yaml.safe_dump({"models": {"tinylm": {"default_version": "1", "versions": {"2": {}},
                                                              "rollout": rollout}}}))
-    seen: Counter = Counter()
     with running_mesh(tmp_path) as mesh:
         mesh.start_scheduler()
         for version in ("1", "2"):
@@ -167,34 +148,20 @@ def test_a_tinylm_version_with_the_same_weights_passes_golden_prompts_and_shadow
                            "--rollout-state-file", str(state))
         with session_tls.channel(mesh.gateway.address) as channel:
             stub = gateway_pb2_grpc.InferenceStub(channel)
-            lock, stop = threading.Lock(), threading.Event()
 
-            def client(seed: int) -> None:
-                rng = random.Random(seed)
-                while not stop.is_set():
-                    prompt = rng.choice(("The ", "A list ", "def ", "import ", "class ", "Return "))
-                    request = gateway_pb2.GenerateRequest(
-                        model=common_pb2.ModelRef(name="tinylm"), prompt=prompt + rng.choice("abcdefgh"),
-                        sampling=common_pb2.SamplingParams(max_tokens=6, temperature=0.0))
-                    try:
-                        versions = {c.model.version for c in stub.Generate(request, timeout=30) if c.model.version}
-                        key = ",".join(sorted(versions))
-                    except grpc.RpcError as exc:
-                        key = exc.code().name
-                    with lock:
-                        seen[key] += 1
+            def generate(rng: random.Random) -> str:
+                prompt = rng.choice(("The ", "A list ", "def ", "import ", "class ", "Return "))
+                request = gateway_pb2.GenerateRequest(
+                    model=common_pb2.ModelRef(name="tinylm"), prompt=prompt + rng.choice("abcdefgh"),
+                    sampling=common_pb2.SamplingParams(max_tokens=6, temperature=0.0))
+                return ",".join(sorted({c.model.version for c in stub.Generate(request, timeout=30) if c.model.version}))
 
-            threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(3)]
-            for thread in threads:
-                thread.start()
-            try:
-                wait_until(lambda: state.exists() and json.loads(state.read_text())["models"]["tinylm"]["step_index"]
-                           > 0 or json.loads(state.read_text())["models"]["tinylm"]["state"] != "running",
-                           timeout_s=90, message="the rollout left the shadow step")
-            finally:
-                stop.set()
-                for thread in threads:
-                    thread.join(timeout=30)
+            def left_the_shadow_step() -> bool:
+                saved = json.loads(state.read_text())["models"]["tinylm"] if state.exists() else None
+                return saved is not None and (saved["step_index"] > 0 or saved["state"] != "running")
+
+            seen = drive_until(generate, left_the_shadow_step, num_threads=3, timeout_s=90,
+                               message="the rollout left the shadow step")
         saved = json.loads(state.read_text())["models"]["tinylm"]
     advance = saved["decisions"][1]
     assert (advance["action"], advance["from_step"], advance["to_step"]) == ("advance", "shadow", "100%"), \

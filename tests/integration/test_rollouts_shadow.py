@@ -13,16 +13,15 @@ from __future__ import annotations
 import json
 import os
 import random
-import threading
 from collections import Counter
 from pathlib import Path
 
-import grpc
 import pytest
 import yaml
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.worker.mock_models import mock_continuation
+from tests.support.closed_loop import drive_until
 from tests.support.gateway_fixtures import scrape
 from tests.support.processes import free_port, running_mesh, wait_until
 
@@ -84,29 +83,7 @@ class Mesh:
 
     def drive(self, call, until, num_threads: int, timeout_s: float = 60.0) -> Counter:
         """`call(rng)` from `num_threads` threads, closed loop, until `until()`: the answers counted."""
-        seen: Counter = Counter()
-        lock, stop = threading.Lock(), threading.Event()
-
-        def client(seed: int) -> None:
-            rng = random.Random(seed)
-            while not stop.is_set():
-                try:
-                    key = call(rng)
-                except grpc.RpcError as exc:
-                    key = exc.code().name
-                with lock:
-                    seen[key] += 1
-
-        threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(num_threads)]
-        for thread in threads:
-            thread.start()
-        try:
-            wait_until(until, timeout_s=timeout_s, interval_s=0.05, message="the phase's count")
-        finally:
-            stop.set()
-            for thread in threads:
-                thread.join(timeout=15)
-        return seen
+        return drive_until(call, until, num_threads=num_threads, timeout_s=timeout_s, message="the phase's count")
 
 
 @pytest.fixture(scope="module")
