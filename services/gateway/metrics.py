@@ -144,6 +144,12 @@ SHADOW_REQUESTS = Counter(
     "answer, failed, or shed (over the shadow budget, or shed as sheddable traffic).",
     ["model", "version", "outcome"],
 )
+GOLDEN_RUNS = Counter(
+    "infermesh_gateway_rollout_golden_runs",
+    "Runs of a rollout's golden cases against its canary version by outcome: passed (every case "
+    "right), failed (a case answered wrongly: the step rolls back), incomplete (a case unanswered: tried again).",
+    ["model", "version", "outcome"],
+)
 ROLLOUT_STATES = ("running", "paused", "rolled_back", "promoted", "aborted")
 
 BREAKER_STATE_VALUE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
@@ -255,6 +261,10 @@ def observe_rollout(model: str, version: str, state: str, step_index: int, canar
 
 def rollout_decision(model: str, action: str) -> None:
     ROLLOUT_DECISIONS.labels(model, action).inc()
+
+
+def golden_run(model: str, version: str, outcome: str) -> None:
+    GOLDEN_RUNS.labels(model, version, outcome).inc()
 
 
 def forget_rollout(model: str) -> None:

@@ -487,6 +487,8 @@ class RolloutController:
         outcome = compare(target.cases, answers)
         run = rollout.golden
         run.in_flight = False
+        metrics.golden_run(target.model, target.version,
+                           "failed" if outcome.mismatches else "passed" if outcome.complete else "incomplete")
         if outcome.complete:
             run.outcome = outcome
             run.due_s = self._clock() + rollout.policy.checks.golden.interval_s

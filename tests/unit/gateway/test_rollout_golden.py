@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from services.gateway import metrics
 from services.gateway.rollout import GOLDEN_RETRY_S, RolloutController
 from services.gateway.rollout_golden import CaseAnswer, GoldenImage, GoldenPrompt, compare
 from services.gateway.routing import RoutingConfigError, parse_routing_config
@@ -208,3 +209,21 @@ def test_the_prober_sends_each_case_pinned_sheddable_and_as_its_own_tenant(clock
     assert failed.code == "INTERNAL"
     (unknown,) = asyncio.run(prober.answers("digits", "9", cases[:1]))
     assert unknown.code == "NOT_FOUND", "a version the routing file does not list: unanswered, not wrong"
+
+
+def test_each_golden_run_is_counted_by_outcome(made, clock):
+    controller, _ = made
+
+    def count(outcome: str) -> float:
+        return metrics.GOLDEN_RUNS.labels("digits", "2", outcome)._value.get()
+
+    before = {o: count(o) for o in ("passed", "failed", "incomplete")}
+    (first,) = controller.golden_due()
+    controller.golden_done(first, [CaseAnswer(top1=3), CaseAnswer(code="UNAVAILABLE", message="no worker")])
+    clock.advance(GOLDEN_RETRY_S)
+    (retry,) = controller.golden_due()
+    controller.golden_done(retry, RIGHT)
+    clock.advance(10)
+    (periodic,) = controller.golden_due()
+    controller.golden_done(periodic, [CaseAnswer(top1=0), CaseAnswer(top1=5)])
+    assert {o: count(o) - before[o] for o in before} == {"passed": 1, "failed": 1, "incomplete": 1}
