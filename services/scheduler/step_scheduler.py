@@ -477,7 +477,7 @@ class StepScheduler:
     def _admit(self, step: StepBuilder, now: float) -> None:
         while step.token_budget > 0:
             seq = self._next_to_admit()
-            if seq is not None and self._is_long_prefill(seq) and self._long_prefills_full(step):
+            if seq is not None and self._long_prefills_full(step) and self._is_long_admission(seq):
                 seq = self._short_waiting(seq.priority)
             if seq is None or seq.seq_id in step.preempted:
                 return
@@ -568,6 +568,15 @@ class StepScheduler:
         above = self._long_prefill_above
         return above is not None and seq.num_uncomputed_tokens > above
 
+    def _is_long_admission(self, seq: Sequence) -> bool:
+        """Whether a waiting or preempted `seq` would be a long prefill once admitted: what its cached
+        prefix leaves to compute (a mostly cached long prompt is not one)."""
+        if not self._is_long_prefill(seq):
+            return False
+        above = self._long_prefill_above
+        assert above is not None  # _is_long_prefill said so
+        return seq.num_tokens - len(self._cached_prefix(seq)) * self.kv.block_size > above
+
     def _long_prefills_full(self, step: StepBuilder) -> bool:
         cap = self.config.max_long_partial_prefills
         return cap > 0 and step.num_long_prefills >= cap
@@ -577,8 +586,8 @@ class StepScheduler:
         (then oldest), to admit past long prompts that must wait for the one prefilling."""
         firsts: dict[str, Sequence] = {}  # each tenant's oldest short one
         for seq in self._waiting:
-            if seq.priority == priority and not self._is_long_prefill(seq):
-                firsts.setdefault(seq.tenant.tenant_id, seq)
+            if seq.priority == priority and seq.tenant.tenant_id not in firsts and not self._is_long_admission(seq):
+                firsts[seq.tenant.tenant_id] = seq
         return min(firsts.values(), key=self._service_key, default=None)
 
     def _take_for_admission(self, seq: Sequence) -> None:

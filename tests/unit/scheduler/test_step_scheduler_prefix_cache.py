@@ -131,6 +131,18 @@ def test_usage_counts_the_prompt_tokens_the_cache_held(clock):
     run.finish()
 
 
+def test_a_long_prompt_mostly_cached_is_not_held_behind_the_long_prefill_running(clock):
+    # Budget 16, chunks of 8: "long" is more than 8 tokens left to compute; one long prefill at a time.
+    run = _Run(clock, max_num_batched_tokens=16, max_prefill_chunk_tokens=8, max_seq_len=64)
+    long_prompt = tuple(range(97, 97 + 20))
+    run.add(1, long_prompt, max_tokens=1)
+    run.finish()  # its 4 full prompt blocks are cached now
+    run.add(2, tuple(range(65, 65 + 20)), max_tokens=1)  # uncached: the long prefill of the next step
+    run.add(3, long_prompt, max_tokens=1)  # 16 of 20 cached: 4 left to compute
+    plan = run.scheduler.schedule()
+    assert [(s.seq_id, s.start_position, len(s.token_ids)) for s in plan.seqs] == [(2, 0, 8), (3, 16, 4)]
+
+
 def test_with_the_cache_off_every_token_is_computed(clock):
     run = _Run(clock, enable_prefix_cache=False)
     run.add(1, PROMPT)
