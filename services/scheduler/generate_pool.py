@@ -351,7 +351,7 @@ class GeneratePool:
         loop = route.worker
         stream.seq = loop.scheduler.add_request(
             stream.seq_id, prompt_ids, sampling, stream.tenant, deadline_s=stream.deadline_s,
-            delivered_token_ids=delivered_token_ids,
+            delivered_token_ids=delivered_token_ids, block_hashes=route.block_hashes,
         )
         self._note_prefilling(stream.seq, route)
         stream.resumed = bool(delivered_token_ids)
@@ -539,7 +539,7 @@ class GeneratePool:
                 continue
             route = self._router.choose(seq.token_ids(0, seq.num_tokens), seq.tenant.tenant_id, self._views(loops))
             loop = route.worker
-            loop.scheduler.adopt(seq)
+            loop.scheduler.adopt(seq, route.block_hashes)
             self._note_prefilling(seq, route)
             self._where[seq.seq_id] = loop
             loop.wake()

@@ -42,7 +42,7 @@ import enum
 import random
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from services.common.clock import Clock
@@ -193,6 +193,9 @@ class Route(Generic[W]):
     # Leading tokens counted as cached there when it was chosen: the pool's estimate of this
     # sequence's prefill while it waits (the step scheduler looks the cache up only at admission).
     num_cached_tokens: int
+    # The prompt's full-block hashes at the worker's block size (the block of its last token
+    # excluded), for the step scheduler to keep instead of hashing again; () when not hashed.
+    block_hashes: Sequence[int] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -239,9 +242,11 @@ class Router(Generic[W]):
             candidates.append(Candidate(view.worker, num_cached, view.load))
         chosen = choose_worker(self.mode, len(token_ids), candidates, self._rng, self._weights)
         view, candidate = next((v, c) for v, c in zip(workers, candidates, strict=True) if v.worker == chosen)
-        if view.index is not None:
-            self._recent.record(chosen, hashes_by_size[view.index.block_size])
-        return Route(chosen, candidate.num_cached_tokens)
+        if view.index is None:
+            return Route(chosen, candidate.num_cached_tokens)
+        hashes = hashes_by_size[view.index.block_size]
+        self._recent.record(chosen, hashes)
+        return Route(chosen, candidate.num_cached_tokens, hashes)
 
     def forget_worker(self, worker: W) -> None:
         self._recent.forget_worker(worker)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping
+from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -226,10 +227,14 @@ class StepScheduler:
         *,
         deadline_s: float | None,
         delivered_token_ids: tuple[int, ...] = (),
+        block_hashes: SequenceOf[int] = (),
     ) -> Sequence:
         """`delivered_token_ids`: a continuation, output tokens the client already received from a
         stream that broke elsewhere (see continuation.py); they are prefilled with the prompt and
-        never streamed again, and sampling and chunk indexes continue after them."""
+        never streamed again, and sampling and chunk indexes continue after them.
+        `block_hashes`: the hashes of the sequence's leading full blocks if the caller already
+        computed them with this scheduler's block size and keys (cache-aware routing did), so they
+        are not computed again."""
         now = self._clock()
         self._check_admissible(seq_id, prompt_token_ids, sampling, tenant, deadline_s, now)
         stream = OutputStream(self._tokenizer, sampling.stop)
@@ -252,15 +257,19 @@ class StepScheduler:
         if self.config.enable_prefix_cache:
             seq.cache_salt = tenant_salt(tenant.tenant_id)
             seq.num_public_tokens = self.prefix_keys.num_public_tokens(seq.prompt_token_ids)
+            seq.block_hashes = list(block_hashes)
         self._waiting.push(seq, tenant, cost=seq.num_tokens)
         self._seqs[seq_id] = seq
         self._service.activate(tenant)
         return seq
 
-    def adopt(self, seq: Sequence) -> None:
-        """Takes over a sequence evicted from another worker (its generated tokens are kept)."""
+    def adopt(self, seq: Sequence, block_hashes: SequenceOf[int] = ()) -> None:
+        """Takes over a sequence evicted from another worker (its generated tokens are kept).
+        `block_hashes` as for add_request; the hashes it had are dropped, since they were computed
+        with the other worker's block size."""
         if seq.seq_id in self._seqs:
             raise ValueError(f"sequence {seq.seq_id} is already scheduled here")
+        seq.block_hashes = list(block_hashes)
         if seq.status is SequenceStatus.WAITING:
             self._waiting.push_front(seq, seq.tenant, cost=seq.num_tokens)
         elif seq.status is SequenceStatus.PREEMPTED:

@@ -12,6 +12,7 @@ import pytest
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import TenantContext
 from services.scheduler.generate_pool import GeneratePool, GenerateStream
+from services.scheduler.prefix_cache import block_hashes, tenant_salt
 from services.scheduler.prefix_routing import (
     Candidate,
     RecentPrefixes,
@@ -394,3 +395,15 @@ async def test_waiting_turns_count_only_their_uncached_tokens_as_queued_prefill(
         await Reader(stream).read()
     await _settle()
     assert [ran_on(workers, stream) for stream in streams] == [first, first]
+
+
+async def test_the_hashes_routing_passes_on_are_those_the_step_scheduler_would_compute():
+    pool = routed_pool("cache_aware")
+    attach(pool, "w0")
+    prompt = "You are a helpful assistant for acme. Answer briefly. "
+    stream = start(pool, prompt, "acme", max_tokens=2)
+    assert stream.seq is not None
+    tokens = stream.seq.token_ids(0, stream.seq.num_tokens)
+    expected = block_hashes(tokens[:-1], hello("w0").capacity.block_size, tenant_salt("acme"))
+    assert expected and stream.seq.block_hashes == expected
+    await Reader(stream).read()

@@ -271,6 +271,7 @@ def test_sequences_moved_off_a_lost_worker_free_its_blocks_and_stream_the_same_t
     assert lost.kv.num_cached_blocks > 0
     for seq in lost.evict_all():
         survivor.adopt(seq)
+        assert seq.block_hashes == [], "hashes of the lost worker's block size are not kept"
     assert lost.kv.num_used_blocks == 0
     run_steps(survivor, FakePagedWorker(BLOCK), clock, transcript=transcript)
     assert survivor.kv.num_used_blocks == 0 and survivor.cache_stats.num_hit_tokens > 0
