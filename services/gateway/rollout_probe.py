@@ -17,10 +17,9 @@ from collections.abc import Callable, Sequence
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 from services.common.errors import InfermeshError
-from services.common.status import status_code_of
 from services.gateway.rollout_golden import CaseAnswer, GoldenCase, GoldenImage, GoldenPrompt
 from services.gateway.routing import RoutingTable
-from services.gateway.tenants import Priority
+from services.gateway.side_calls import error_code, pinned_client, sheddable_tenant, tokens_while_matching
 from services.gateway.upstream import AttemptError, SchedulerClients
 
 GOLDEN_TENANT = "infermesh-rollout-golden"
@@ -41,33 +40,15 @@ class RoutedGoldenProber:
         if not self._admits_sheddable(model):
             return CaseAnswer(code="RESOURCE_EXHAUSTED", message="shed: the gateway sheds sheddable traffic now")
         try:
-            route = self._routing.choose(model, version, priority=Priority.SHEDDABLE)
-            route.permit.abandon()  # a golden case's outcome says nothing to the breakers
-            client = self._clients.get(route.endpoint)
+            client = pinned_client(self._routing, self._clients, model, version)
             if isinstance(case, GoldenImage):
                 reply = await client.classify(_classify(model, version, case), self._timeout_s)
                 return CaseAnswer(top1=reply.labels[0].index if reply.labels else None)
-            return CaseAnswer(token_ids=await self._generate(client, model, version, case))
-        except AttemptError as exc:
-            return CaseAnswer(code=exc.code.name, message=str(exc))
-        except InfermeshError as exc:
-            return CaseAnswer(code=status_code_of(exc).name, message=str(exc))
-
-    async def _generate(self, client, model: str, version: str, case: GoldenPrompt) -> tuple[int, ...]:
-        tokens: list[int] = []
-        call = client.generate(_generate(model, version, case), self._timeout_s)
-        try:
-            async for chunk in call.chunks():
-                tokens.extend(chunk.token_ids)
-                if tokens[:len(case.expected_ids)] != list(case.expected_ids[:len(tokens)]):
-                    break  # diverged: the rest is not worth computing
-        finally:
-            call.cancel()
-        return tuple(tokens)
-
-
-def _tenant() -> scheduler_pb2.TenantContext:
-    return scheduler_pb2.TenantContext(tenant_id=GOLDEN_TENANT, priority=common_pb2.PRIORITY_SHEDDABLE, weight=1)
+            call = client.generate(_generate(model, version, case), self._timeout_s)
+            tokens, _ = await tokens_while_matching(call, case.expected_ids)
+            return CaseAnswer(token_ids=tuple(tokens))
+        except (AttemptError, InfermeshError) as exc:
+            return CaseAnswer(code=error_code(exc), message=str(exc))
 
 
 def _classify(model: str, version: str, case: GoldenImage) -> scheduler_pb2.ScheduleClassifyRequest:
@@ -75,11 +56,11 @@ def _classify(model: str, version: str, case: GoldenImage) -> scheduler_pb2.Sche
                                                      channels=case.channels))
     request = gateway_pb2.ClassifyRequest(model=common_pb2.ModelRef(name=model, version=version), image=image,
                                           top_k=1, request_id=f"rollout-golden-{uuid.uuid4().hex}")
-    return scheduler_pb2.ScheduleClassifyRequest(request=request, tenant=_tenant())
+    return scheduler_pb2.ScheduleClassifyRequest(request=request, tenant=sheddable_tenant(GOLDEN_TENANT))
 
 
 def _generate(model: str, version: str, case: GoldenPrompt) -> scheduler_pb2.ScheduleGenerateRequest:
     sampling = common_pb2.SamplingParams(max_tokens=len(case.expected_ids), temperature=0.0)
     request = gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name=model, version=version), prompt=case.prompt,
                                           sampling=sampling, request_id=f"rollout-golden-{uuid.uuid4().hex}")
-    return scheduler_pb2.ScheduleGenerateRequest(request=request, tenant=_tenant())
+    return scheduler_pb2.ScheduleGenerateRequest(request=request, tenant=sheddable_tenant(GOLDEN_TENANT))

@@ -29,11 +29,10 @@ from collections.abc import Callable, Sequence
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 from services.common.errors import InfermeshError
-from services.common.status import status_code_of
 from services.gateway import metrics
 from services.gateway.rollout import RolloutController, ShadowTarget
 from services.gateway.routing import RoutingTable
-from services.gateway.tenants import Priority
+from services.gateway.side_calls import error_code, pinned_client, sheddable_tenant, tokens_while_matching
 from services.gateway.upstream import AttemptError, SchedulerClients
 
 log = logging.getLogger(__name__)
@@ -85,7 +84,7 @@ class ShadowMirror:
         mirrored = gateway_pb2.ClassifyRequest()
         mirrored.CopyFrom(request)
         mirrored.model.version = target.version
-        upstream = scheduler_pb2.ScheduleClassifyRequest(request=mirrored, tenant=_sheddable(tenant_id))
+        upstream = scheduler_pb2.ScheduleClassifyRequest(request=mirrored, tenant=sheddable_tenant(tenant_id))
         labels = list(primary.labels)
         self._spawn(model, target, self._classify(model, target, upstream, labels))
 
@@ -99,7 +98,7 @@ class ShadowMirror:
         mirrored.CopyFrom(request)
         mirrored.model.version = target.version
         mirrored.ClearField("stream")
-        upstream = scheduler_pb2.ScheduleGenerateRequest(request=mirrored, tenant=_sheddable(tenant_id))
+        upstream = scheduler_pb2.ScheduleGenerateRequest(request=mirrored, tenant=sheddable_tenant(tenant_id))
         self._spawn(model, target, self._generate(model, target, upstream, tuple(primary_tokens)))
 
     def _admit(self, model: str, requested_version: str) -> ShadowTarget | None:
@@ -126,9 +125,8 @@ class ShadowMirror:
                         primary: list[common_pb2.Label]) -> None:
         began_s = self._clock()
         try:
-            route = self._routing.choose(model, target.version, priority=Priority.SHEDDABLE)
-            route.permit.abandon()  # the shadow's outcome says nothing to the breakers
-            reply = await self._clients.get(route.endpoint).classify(upstream, self._timeout_s)
+            client = pinned_client(self._routing, self._clients, model, target.version)
+            reply = await client.classify(upstream, self._timeout_s)
         except (AttemptError, InfermeshError) as exc:
             self._failed(model, target, exc, began_s)
             return
@@ -138,25 +136,12 @@ class ShadowMirror:
     async def _generate(self, model: str, target: ShadowTarget, upstream: scheduler_pb2.ScheduleGenerateRequest,
                         primary: tuple[int, ...]) -> None:
         began_s = self._clock()
-        tokens: list[int] = []
-        stages: Sequence = ()
-        call = None
         try:
-            route = self._routing.choose(model, target.version, priority=Priority.SHEDDABLE)
-            route.permit.abandon()
-            call = self._clients.get(route.endpoint).generate(upstream, self._timeout_s)
-            async for chunk in call.chunks():
-                tokens.extend(chunk.token_ids)
-                if chunk.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
-                    stages = chunk.timings.stages
-                if tokens[:len(primary)] != list(primary[:len(tokens)]):
-                    break  # diverged: the rest is not worth computing
+            client = pinned_client(self._routing, self._clients, model, target.version)
+            tokens, stages = await tokens_while_matching(client.generate(upstream, self._timeout_s), primary)
         except (AttemptError, InfermeshError) as exc:
             self._failed(model, target, exc, began_s)
             return
-        finally:
-            if call is not None:
-                call.cancel()
         agreed, _ = tokens_agree(primary, tokens)
         self._finished(model, target, began_s, stages, agreed)
 
@@ -166,7 +151,7 @@ class ShadowMirror:
                                      metrics.stage_samples(stages), agreed=agreed)
 
     def _failed(self, model: str, target: ShadowTarget, exc: AttemptError | InfermeshError, began_s: float) -> None:
-        code = exc.code.name if isinstance(exc, AttemptError) else status_code_of(exc).name
+        code = error_code(exc)
         metrics.SHADOW_REQUESTS.labels(model, target.version, "failed").inc()
         log.debug("shadow call to %s version %s failed: %s", model, target.version, code)
         self._rollouts.record_shadow(model, target.version, code, self._clock() - began_s)
@@ -176,6 +161,3 @@ class ShadowMirror:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-
-def _sheddable(tenant_id: str) -> scheduler_pb2.TenantContext:
-    return scheduler_pb2.TenantContext(tenant_id=tenant_id, priority=common_pb2.PRIORITY_SHEDDABLE, weight=1)
