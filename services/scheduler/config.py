@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 
 from services.common.config import ConfigError, ServerSettings, require, setting
+from services.scheduler.prefix_routing import RoutingMode
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,8 @@ class SchedulerConfig(ServerSettings):
         require(self.fairness_min_run_ms >= 0, f"fairness_min_run_ms must be >= 0, got {self.fairness_min_run_ms}")
         require(self.fairness_share_credit >= 0,
                 f"fairness_share_credit must be >= 0, got {self.fairness_share_credit}")
-        require(self.routing in ("least_loaded", "random", "cache_aware"), f"routing must be least_loaded, random or cache_aware, got {self.routing!r}")
+        modes = [mode.value for mode in RoutingMode]
+        require(self.routing in modes, f"routing must be {', '.join(modes[:-1])} or {modes[-1]}, got {self.routing!r}")
         require(self.orphan_grace_ms >= 0, f"orphan_grace_ms must be >= 0, got {self.orphan_grace_ms}")
         require(self.heartbeat_interval_ms >= 10, f"heartbeat_interval_ms must be >= 10, got {self.heartbeat_interval_ms}")
         require(self.worker_timeout_ms > self.heartbeat_interval_ms,
