@@ -11,13 +11,12 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-import urllib.request
 from dataclasses import dataclass
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
+from tests.support.gateway_fixtures import Metrics, scrape
 from tests.support.processes import Mesh, free_port, running_mesh
 from tests.support.scheduler_fixtures import (
     read_stream,
@@ -43,15 +42,9 @@ class Scheduler:
     mesh: Mesh
     metrics_port: int
 
-    def counters(self) -> dict[str, float]:
-        """Prefix cache and preemption counters, summed over workers."""
-        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
-        totals: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name.startswith(("infermesh_scheduler_prefix_cache", "infermesh_scheduler_preemptions")):
-                    totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
-        return totals
+    def counters(self) -> Metrics:
+        """The scheduler's metrics; `.value(name)` sums a counter over workers."""
+        return scrape(self.metrics_port)
 
 
 @pytest.fixture(scope="module")
@@ -105,21 +98,21 @@ def test_greedy_streams_are_the_same_with_the_cache_on_and_off_under_preemption(
     assert cached == computed
     assert all(len(text) > 0 for text in cached.values())
     on, off = schedulers["on"].counters(), schedulers["off"].counters()
-    assert on["infermesh_scheduler_preemptions_total"] >= 1
-    assert on["infermesh_scheduler_prefix_cache_hit_tokens_total"] > 0.3 * on[
-        "infermesh_scheduler_prefix_cache_queried_tokens_total"]
-    assert on["infermesh_scheduler_prefix_cache_evictions_total"] > 0
-    assert off["infermesh_scheduler_prefix_cache_hit_tokens_total"] == 0
+    assert on.value("infermesh_scheduler_preemptions_total") >= 1
+    assert on.value("infermesh_scheduler_prefix_cache_hit_tokens_total") > 0.3 * on.value(
+        "infermesh_scheduler_prefix_cache_queried_tokens_total")
+    assert on.value("infermesh_scheduler_prefix_cache_evictions_total") > 0
+    assert off.value("infermesh_scheduler_prefix_cache_hit_tokens_total") == 0
 
 
 def test_a_tenant_reuses_only_its_own_blocks_unless_the_prefix_is_public(schedulers):
     scheduler = schedulers["on"]
     with scheduler_stub(scheduler.mesh.scheduler.address) as stub:
         def hits_of(prompt: str, who: str) -> float:
-            before = scheduler.counters()["infermesh_scheduler_prefix_cache_hit_tokens_total"]
+            before = scheduler.counters().value("infermesh_scheduler_prefix_cache_hit_tokens_total")
             *_, last = stub.Generate(_request(prompt, who), timeout=30)
             wait_for_idle_kv(stub, TINYLM)
-            hits = scheduler.counters()["infermesh_scheduler_prefix_cache_hit_tokens_total"] - before
+            hits = scheduler.counters().value("infermesh_scheduler_prefix_cache_hit_tokens_total") - before
             assert last.chunk.usage.cached_prompt_tokens == hits, "the usage reports what the cache held"
             return hits
 
