@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from bench.overload_stats import SendResult, quantile
+from bench.overload_stats import SendResult, lag_summary, quantile
 
 
 def us_per_token(cpu_s: float, num_tokens: int) -> float:
@@ -28,6 +28,7 @@ def e2e_figures(results: Sequence[SendResult], elapsed_s: float) -> dict:
     latencies_ms = [r.latency_s * 1e3 for r in ok]
     ttfts_ms = [r.ttft_s * 1e3 for r in ok if r.ttft_s is not None]
     num_tokens = sum(r.num_tokens for r in ok)
+    lag = lag_summary(results, threshold_ms=math.inf)
     return {
         "num_requests": len(results),
         "num_ok": len(ok),
@@ -38,6 +39,9 @@ def e2e_figures(results: Sequence[SendResult], elapsed_s: float) -> dict:
         "ttft_p50_ms": round(quantile(ttfts_ms, 0.50), 1),
         "num_tokens": num_tokens,
         "tokens_per_s": round(num_tokens / elapsed_s, 1) if elapsed_s > 0 else math.nan,
+        # The load generator's own lag behind its schedule (open loops; a closed loop sends at once).
+        "lag_p99_ms": round(lag.p99_ms, 2),
+        "lag_max_ms": round(lag.max_ms, 2),
     }
 
 

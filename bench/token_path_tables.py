@@ -61,10 +61,10 @@ def e2e_table(doc: dict) -> str:
                              f"{mesh['tokens_per_s']:.0f} / {base['tokens_per_s']:.0f}",
                              f"{r['e2e_p50']} / {r['e2e_p99']} / {r['tokens_per_s']}",
                              f"{mesh['num_ok']}/{mesh['num_requests']} {_errors(mesh)}",
-                             f"{base['num_ok']}/{base['num_requests']}"))
+                             f"{base['num_ok']}/{base['num_requests']}", f"{_lag(mesh)} / {_lag(base)}"))
     return markdown_table(["run", "mesh", "load", "load avg mesh / base", "mesh p50 / p99 ms",
                            "baseline p50 / p99 ms", "ttft p50 mesh / base", "tokens/s mesh / base",
-                           "ratio p50 / p99 / tok/s", "mesh ok", "base ok"], rows)
+                           "ratio p50 / p99 / tok/s", "mesh ok", "base ok", "generator lag p99 ms mesh / base"], rows)
 
 
 def profile_table(profile: dict, key: str) -> str:
@@ -79,6 +79,12 @@ def owner_table(profile: dict) -> str:
 
 def _load(section: dict) -> str:
     return f"{section['load_average'][0]:.1f}"
+
+
+def _lag(figures: dict) -> str:
+    """The load generator's p99 lag; "-" in runs recorded before it was measured."""
+    lag = figures.get("lag_p99_ms")
+    return "-" if lag is None else f"{lag:.1f}"
 
 
 def _errors(figures: dict) -> str:

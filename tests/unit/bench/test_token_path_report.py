@@ -35,6 +35,9 @@ def test_e2e_figures_count_only_successful_streams_from_their_scheduled_send():
     assert figures["e2e_p50_ms"] == 200.0 and figures["e2e_p99_ms"] == 300.0
     assert figures["ttft_p50_ms"] == 50.0
     assert figures["tokens_per_s"] == 10.0  # 30 tokens over 3 s
+    assert figures["lag_p99_ms"] == 0.0 and figures["lag_max_ms"] == 0.0  # every request sent on schedule
+    late = SendResult("t", 1.0, 1.004, 1.3, "OK", ttft_s=0.05, num_tokens=10)
+    assert e2e_figures([*results, late], elapsed_s=3.0)["lag_max_ms"] == 4.0
 
 
 def test_ratio_and_median_skip_missing_figures():

@@ -45,6 +45,10 @@ def test_e2e_rows_pair_each_mesh_phase_with_the_baseline_and_its_ratios():
     row = e2e_table(DOC).splitlines()[2]
     assert row.startswith("| 0 | mesh | 5/s | 3.0 / 3.0 | 600 / 1200 | 500 / 1000 | 20 / 20 | 290 / 295 |")
     assert "1.2 / 1.2 / 0.983" in row and "9/10 RESOURCE_EXHAUSTED 1" in row
+    assert row.endswith("| - / - |"), "runs recorded before the generator's lag was measured"
+    lagged = {**DOC, "runs": [{**DOC["runs"][0], "e2e": {**DOC["runs"][0]["e2e"], "mesh": [
+        {**DOC["runs"][0]["e2e"]["mesh"][0], "lag_p99_ms": 1.234}]}}]}
+    assert e2e_table(lagged).splitlines()[2].endswith("| 1.2 / - |")
 
 
 def test_profile_table_in_percent():
