@@ -63,6 +63,7 @@ def decode_hello(hello: scheduler_pb2.WorkerHello) -> WorkerHello:
             max_seq_len=capacity.max_seq_len,
             max_num_seqs=capacity.max_num_seqs,
             max_num_batched_tokens=capacity.max_num_batched_tokens,
+            max_steps_in_flight=capacity.max_steps_in_flight,
         ),
         protocol_version=hello.protocol_version,
         labels=tuple(hello.labels),
@@ -160,6 +161,8 @@ def encode_run_step(plan: StepPlan, sequences: Mapping[int, StepSequenceContext]
                 sampling.top_p = step.sampling.top_p
             if context.trace_context and _traced(step):
                 seq.trace_context.update(context.trace_context)
+        if step.input_from_last_sample:
+            seq.input_from_last_sample = True
         if step.new_blocks:
             seq.new_blocks.extend(step.new_blocks)
         if step.reset_block_table:

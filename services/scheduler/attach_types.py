@@ -44,6 +44,9 @@ class WorkerCapacity:
     max_seq_len: int = 0
     max_num_seqs: int = 0
     max_num_batched_tokens: int = 0
+    # Steps the worker takes before answering the first; >= 2: it fills in SequenceStep's
+    # input_from_last_sample, so its next step may be sent before the last one's result.
+    max_steps_in_flight: int = 0
 
 
 @dataclass(frozen=True)

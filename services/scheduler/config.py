@@ -30,6 +30,9 @@ class SchedulerConfig(ServerSettings):
     fairness_share_credit: float = setting(200.0, "generate: service units (1 per prompt token, 2 per output "
                                            "token) by which a tenant below its share of the running slots "
                                            "counts as less served at admission (anti-churn)")
+    pipelined_steps: bool = setting(True, "generate: send a worker its next step before the last one's result "
+                                    "when every sequence in it decodes (on|off; workers that declare "
+                                    "max_steps_in_flight >= 2 only, others get one step at a time)")
     routing: str = setting("cache_aware", "generate: where a new sequence goes: least_loaded, random or cache_aware (prefix_routing.py)")
     orphan_grace_ms: float = setting(5000.0, "queued work of a model whose last worker left waits this long "
                                      "(at most until its deadline) for a worker to attach")

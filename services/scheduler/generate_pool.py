@@ -3,7 +3,10 @@
 Each worker has its own KV blocks, so each gets its own `StepScheduler` (continuous
 batching, chunked prefill, preemption by recompute) and its own step loop:
 schedule() -> RunStep over the stream -> update_from_output() -> chunks to the
-clients' streams. A new sequence goes where `--routing` says (prefix_routing.py: by default the
+clients' streams. With `--pipelined-steps on` and a worker that declares
+max_steps_in_flight >= 2, the loop keeps two steps in flight when it can: as soon as step N
+is sent, step N+1 is planned (StepScheduler.schedule_ahead) and sent, its decodes taking N's
+samples on the worker, so the worker never waits a round trip between decode steps. A new sequence goes where `--routing` says (prefix_routing.py: by default the
 worker that computes least before its first token, its cached prefix counted).
 
 Failover: when a worker's stream breaks, its scheduler's sequences are evicted
@@ -20,6 +23,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -109,15 +113,25 @@ def step_scheduler_config(config: SchedulerConfig, capacity: WorkerCapacity) -> 
     )
 
 
+@dataclass
+class _SentStep:
+    plan: StepPlan
+    result: asyncio.Future[StepOutcome]
+    sent_at_s: float
+
+
 class _WorkerLoop:
     """The step loop of one generator worker: schedule -> send -> await -> update, with what no next
-    step waits for (the last step's chunks and bookkeeping) done while the worker computes."""
+    step waits for (the last step's chunks and bookkeeping) done while the worker computes. Pipelined,
+    the next step is planned and sent before the oldest one's result is awaited."""
 
     def __init__(self, pool: GeneratePool, link: WorkerLink, scheduler: StepScheduler) -> None:
         self.pool = pool
         self.link = link
         self.scheduler = scheduler
         self.attached = True
+        self.pipelined = pool.config.pipelined_steps and link.hello.capacity.max_steps_in_flight >= 2
+        self._in_flight: deque[_SentStep] = deque()
         # Looked up once: _update_gauges sets it for every worker after every step of every worker.
         self.kv_gauge = metrics.KV_CACHE_USAGE.labels(pool.model.name, link.worker_id)
         self.cache_metrics = metrics.PrefixCacheMetrics(pool.model.name, link.worker_id)
@@ -133,43 +147,57 @@ class _WorkerLoop:
 
     async def run(self) -> None:
         while self.attached:
-            if not self.scheduler.has_work():
-                self._flush()
-                self._result_at_s = None
-                if self.link.draining:
-                    self.link.end_stream()
-                    return
-                await self._sleep(None)
-                continue
-            # Critical path: from the last result to this send, only what the next step needs.
-            plan = self.scheduler.schedule()
-            result = self._send(plan)
-            sent_at_s = self.pool.clock()
-            if result is not None:
-                await asyncio.sleep(0)  # the Attach writer puts the step on the wire first
+            sent = []
+            if not self._in_flight:
+                if not self.scheduler.has_work():
+                    self._flush()
+                    self._result_at_s = None
+                    if self.link.draining:
+                        self.link.end_stream()
+                        return
+                    await self._sleep(None)
+                    continue
+                # Critical path: from the last result to this send, only what the next step needs.
+                plan = self.scheduler.schedule()
+                if not self._send(plan):
+                    self.pool.after_schedule(plan)
+                    self._flush()
+                    if not await self._after_unsent(plan):
+                        return
+                    continue
+                sent.append(plan)
+            if self.pipelined and len(self._in_flight) == 1:
+                ahead = self.scheduler.schedule_ahead()
+                if ahead is not None and self._send(ahead):
+                    sent.append(ahead)
+            if sent:
+                await asyncio.sleep(0)  # the Attach writer puts the steps on the wire first
             # Then, while the worker computes: metrics, and the last step's chunks to the clients.
-            self.pool.after_schedule(plan)
+            for plan in sent:
+                self.pool.after_schedule(plan)
             self._flush()
-            if result is None:
-                if not await self._after_unsent(plan):
-                    return
-                continue
+            oldest = self._in_flight[0]
             try:
-                outcome = await result
+                outcome = await oldest.result
             except WorkerGone:
-                return
+                return  # remove_worker() evicts every sequence, those of both steps in flight included
             if not self.attached:
                 return
-            self._update(plan, outcome, sent_at_s)
+            self._in_flight.popleft()
+            self._update(oldest, outcome)
 
-    def _send(self, plan: StepPlan) -> asyncio.Future[StepOutcome] | None:
-        """The step on its way to the worker; None when it has nothing to run or the worker is gone."""
+    def _send(self, plan: StepPlan) -> bool:
+        """Puts the step on its way to the worker; False when it has nothing to run or the worker is gone."""
         if not plan.has_work():
-            return None
+            return False
         try:
-            return self.link.run_step(StepCommand(plan, self.pool.streams))
+            result = self.link.run_step(StepCommand(plan, self.pool.streams))
         except WorkerGone:
-            return None
+            return False
+        # A step behind the one whose failure ends the loop is never awaited: its WorkerGone is expected.
+        result.add_done_callback(_retrieve)
+        self._in_flight.append(_SentStep(plan, result, self.pool.clock()))
+        return True
 
     async def _after_unsent(self, plan: StepPlan) -> bool:
         """A step with nothing sent: the worker still forgets finished sequences. False: stop the loop."""
@@ -181,14 +209,18 @@ class _WorkerLoop:
             await self._sleep(_BLOCKED_POLL_S)
         return True
 
-    def _update(self, plan: StepPlan, outcome: StepOutcome, sent_at_s: float) -> None:
+    def _update(self, step: _SentStep, outcome: StepOutcome) -> None:
         """Applies the worker's result (what the next step depends on); its chunks wait for _flush()."""
         now = self.pool.clock()
-        gap_s = sent_at_s - self._result_at_s if self._result_at_s is not None else 0.0
-        self.pool.observe_step(now - sent_at_s, outcome.worker_total_s, gap_s)
+        # A step sent before the last result ran after it: its round trip starts there, with no gap.
+        began_s, gap_s = step.sent_at_s, 0.0
+        if self._result_at_s is not None:
+            began_s = max(began_s, self._result_at_s)
+            gap_s = max(0.0, step.sent_at_s - self._result_at_s)
+        self.pool.observe_step(now - began_s, outcome.worker_total_s, gap_s)
         self._result_at_s = now
-        self._deltas = self.pool.after_step(self, plan, outcome)
-        self._done = (plan, outcome)
+        self._deltas = self.pool.after_step(self, step.plan, outcome)
+        self._done = (step.plan, outcome)
 
     def _flush(self) -> None:
         """The last step's bookkeeping and chunks, once."""
@@ -580,6 +612,11 @@ class GeneratePool:
             kv = loop.scheduler.kv
             loop.kv_gauge.set(kv.usage)
             loop.cache_metrics.publish(loop.scheduler.cache_stats, kv.num_cached_blocks, kv.num_evictions)
+
+
+def _retrieve(future: asyncio.Future[StepOutcome]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _deadline_error(stream: GenerateStream) -> errors.DeadlineExceeded:

@@ -15,7 +15,8 @@ from services.scheduler.sequence import AbortReason, FinishReason, SamplingParam
 @dataclass(frozen=True)
 class SequenceStep:
     seq_id: int
-    # Tokens to compute: a prompt chunk, recomputed tokens after preemption, or the last sampled token.
+    # Tokens to compute: a prompt chunk, recomputed tokens after preemption, or the last sampled token
+    # (empty with input_from_last_sample).
     token_ids: tuple[int, ...]
     # Position of token_ids[0] in the sequence (= tokens whose KV the worker already holds).
     start_position: int
@@ -31,6 +32,14 @@ class SequenceStep:
     # With reset_block_table: positions [0, num_cached_tokens) of the new table already hold this
     # sequence's KV (full blocks reused from the prefix cache), so start_position may be up to it.
     num_cached_tokens: int = 0
+    # The one token to compute is the one the worker samples for this sequence in the step before,
+    # still in flight when this one was planned (a pipelined decode); token_ids is empty.
+    input_from_last_sample: bool = False
+
+    @property
+    def num_new_tokens(self) -> int:
+        """Tokens the step computes for the sequence."""
+        return 1 if self.input_from_last_sample else len(self.token_ids)
 
 
 @dataclass(frozen=True)
@@ -48,7 +57,7 @@ class StepPlan:
 
     @property
     def num_batched_tokens(self) -> int:
-        return sum(len(s.token_ids) for s in self.seqs)
+        return sum(s.num_new_tokens for s in self.seqs)
 
     def has_work(self) -> bool:
         """Whether the worker must run this plan (otherwise only `finished_seq_ids` may need sending)."""

@@ -21,6 +21,17 @@ Each step, under `max_num_batched_tokens` and `max_num_seqs`:
 Deadlines are checked at the start of every schedule; expired sequences are
 aborted and their blocks freed in that same call, as are cancelled ones in abort().
 
+Pipelined steps (asynchronous scheduling): with step N in flight, `schedule_ahead()` plans N+1
+when N+1 needs nothing N's result decides but the tokens N samples: every sequence of N samples,
+every running sequence is in N, nothing waits for admission, no deadline passed, and the next
+positions' blocks are free without preempting. N+1 then holds each of N's sequences that
+max_tokens does not end at N, computing the token the worker samples in N (input_from_last_sample).
+Otherwise (admission, prefill chunks, preemption, expiry) N+1 waits for N's result and `schedule()`.
+A sequence that N's result ends (EOS, stop string, failure) or that is aborted meanwhile is freed
+at once; N+1's output for it is dropped. Its blocks may be handed out again from N+2 on, which the
+worker runs after N+1; no block holding a dropped token's KV is ever registered in the prefix cache,
+as registration covers only tokens whose result came back.
+
 Prefix cache (prefix_cache.py, kv_block_manager.py): a sequence admitted (new, preempted or
 adopted) starts its block table with every resident full block of its prefix, up to but not
 including the block of its last token (a step must compute at least one token to sample), and
@@ -31,6 +42,7 @@ a full block, the block is registered under its hash for later sequences.
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from collections.abc import Mapping
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
@@ -204,8 +216,9 @@ class StepScheduler:
         self._preempted: list[Sequence] = []  # sorted by preemption_key: best first
         self._running: list[Sequence] = []
         self._forget_ids: list[int] = []  # for the next plan's finished_seq_ids
-        self._in_flight: StepPlan | None = None
-        self._in_flight_since_s = 0.0
+        # Plans sent and not yet updated from, oldest first, with when each was planned (at most two).
+        self._in_flight: deque[tuple[StepPlan, float]] = deque()
+        self._last_update_s = 0.0
         self._next_step_id = 1
         self._watermark_blocks = int(config.kv_watermark * kv.num_blocks)
         # Uncomputed tokens beyond which a sequence is a long prefill; None: none ever is (no chunking).
@@ -300,8 +313,9 @@ class StepScheduler:
     # -- the step ----------------------------------------------------------
 
     def schedule(self) -> StepPlan:
-        if self._in_flight is not None:
-            raise RuntimeError(f"step {self._in_flight.step_id} is still running; call update_from_output first")
+        if self._in_flight:
+            raise RuntimeError(f"step {self._in_flight[0][0].step_id} is still running; call update_from_output "
+                               f"first (or schedule_ahead)")
         now = self._clock()
         expired = self._abort_expired(now)
         step = StepBuilder(self.config.max_num_batched_tokens, self._service)
@@ -319,21 +333,80 @@ class StepScheduler:
         self._next_step_id += 1
         self._forget_ids.clear()
         if plan.has_work():
-            self._in_flight, self._in_flight_since_s = plan, now
+            self._in_flight.append((plan, now))
         return plan
 
+    def schedule_ahead(self) -> StepPlan | None:
+        """The next step, planned while the one step in flight runs: its decodes take their input from
+        that step's samples. None when that step's result is needed first (see the module docstring);
+        then nothing changed here and `schedule()` follows the result."""
+        if len(self._in_flight) != 1:
+            raise RuntimeError(f"schedule_ahead needs exactly one step in flight, there are {len(self._in_flight)}")
+        last, _ = self._in_flight[0]
+        now = self._clock()
+        continuing = self._continuing_decodes(last, now)
+        if not continuing:
+            return None
+        steps = []
+        for seq, start in continuing:
+            new_blocks = self.kv.allocate(seq.seq_id, start + 1)
+            self._service.charge(seq.tenant, num_decode_tokens=1)
+            steps.append(SequenceStep(
+                seq_id=seq.seq_id, token_ids=(), start_position=start, new_blocks=new_blocks,
+                reset_block_table=False, sample=True, sampling=seq.sampling, num_generated=seq.num_generated + 1,
+                input_from_last_sample=True,
+            ))
+        plan = StepPlan(step_id=self._next_step_id, seqs=tuple(steps), finished_seq_ids=tuple(self._forget_ids))
+        self._next_step_id += 1
+        self._forget_ids.clear()
+        self._in_flight.append((plan, now))
+        return plan
+
+    def _continuing_decodes(self, last: StepPlan, now: float) -> list[tuple[Sequence, int]]:
+        """The sequences of `last` (in flight) a step after it computes, with the position of the token
+        it computes; empty when that step must wait for `last`'s result."""
+        if (self._waiting or self._preempted or type(self)._extend_step is not StepScheduler._extend_step
+                or type(self)._admits_new is not StepScheduler._admits_new):
+            return []  # admission (or a subclass's own steps) decides the next step
+        if not all(step.sample for step in last.seqs):
+            return []  # prefill chunks: their next chunk's budget is planned with the result
+        in_last = {step.seq_id: step for step in last.seqs}
+        continuing = []
+        num_blocks = 0
+        for seq in self._running:
+            step = in_last.get(seq.seq_id)
+            if step is None or seq.is_expired(now):
+                return []  # a running sequence left out of `last`, or one to abort with the result
+            if seq.num_generated + 1 >= seq.sampling.max_tokens:
+                continue  # `last` samples its last token
+            start = step.start_position + step.num_new_tokens
+            num_blocks += self.kv.num_missing_blocks(seq.seq_id, start + 1)
+            continuing.append((seq, start))
+        if num_blocks > self.kv.num_free_blocks:
+            return []  # preemption is decided with the result
+        return continuing
+
+    @property
+    def num_in_flight(self) -> int:
+        """Steps planned whose result has not been applied (0, 1 or 2)."""
+        return len(self._in_flight)
+
     def update_from_output(self, plan: StepPlan, sampled_token_ids: Mapping[int, int]) -> list[SequenceDelta]:
-        """Applies the worker's result of `plan`: one sampled token per sequence whose step sampled.
+        """Applies the worker's result of `plan` (the oldest step in flight): one sampled token per
+        sequence whose step sampled. Sequences that ended since `plan` was made are skipped.
 
         A sampling sequence missing from `sampled_token_ids` (the worker failed it), or given
         a token outside the vocabulary, is aborted with AbortReason.FAILED and reported in its delta.
         """
-        if plan is not self._in_flight:
-            raise ValueError(f"step {plan.step_id} is not the step in flight")
-        self._in_flight = None
+        if not self._in_flight or plan is not self._in_flight[0][0]:
+            raise ValueError(f"step {plan.step_id} is not the step in flight (the oldest one sent)")
+        _, since_s = self._in_flight.popleft()
         now = self._clock()
         alpha = self.config.step_time_ewma_alpha
-        self.step_time_s += alpha * (now - self._in_flight_since_s - self.step_time_s)
+        # A pipelined step waited in the worker's queue for the one before: its time starts after that.
+        began_s = max(since_s, self._last_update_s)
+        self._last_update_s = now
+        self.step_time_s += alpha * (now - began_s - self.step_time_s)
         deltas = []
         # Looked up once per step, not once per sequence: this loop runs for every generated token.
         seqs = self._seqs
@@ -344,7 +417,7 @@ class StepScheduler:
             seq = seqs.get(step.seq_id)
             if seq is None or seq.status is not running:
                 continue  # aborted while the step ran
-            num_computed = seq.num_computed_tokens = seq.num_computed_tokens + len(step.token_ids)
+            num_computed = seq.num_computed_tokens = seq.num_computed_tokens + step.num_new_tokens
             if num_computed // block_size > step.start_position // block_size and cache_on:
                 self.kv.register_computed(seq.seq_id, self._block_hashes(seq, num_computed // block_size))
             if not step.sample:
@@ -375,7 +448,7 @@ class StepScheduler:
         self._preempted.clear()
         self._waiting.remove_where(lambda _: True)
         self._forget_ids.clear()
-        self._in_flight = None
+        self._in_flight.clear()
         return seqs
 
     def evict_waiting(self) -> list[Sequence]:

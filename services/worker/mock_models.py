@@ -40,7 +40,7 @@ from typing import Any
 from infermesh.v1 import common_pb2, scheduler_pb2
 from services.common.timings import StageTime, seconds_to_us, to_proto
 from services.worker.builtin_models import BYTE_EOS, BYTE_VOCAB_SIZE, INVALID_ARGUMENT, PROTOCOL_VERSION
-from services.worker.sequence_mirror import SequenceMirror
+from services.worker.sequence_mirror import MAX_STEPS_IN_FLIGHT, SequenceMirror
 from services.worker.step_codec import run_step_from_proto, step_result_to_proto
 from services.worker.work import RunStep, SequenceOutput, SequenceStep
 
@@ -138,6 +138,9 @@ class MockGeneratorRuntime:
         self._profile = profile
         self._sleep = sleep
         self._mirror = SequenceMirror(profile.num_kv_blocks, profile.block_size, BYTE_VOCAB_SIZE, profile.max_seq_len)
+        # One device: a step sent before the previous one's answer starts its step time after it (the
+        # Attach client awaits each step in its own task, in the order received; the lock is FIFO).
+        self._device = asyncio.Lock()
 
     def load(self) -> None:
         prompt = _GOLDEN_PROMPT
@@ -156,6 +159,7 @@ class MockGeneratorRuntime:
             capacity=scheduler_pb2.WorkerCapacity(
                 num_kv_blocks=p.num_kv_blocks, block_size=p.block_size, max_seq_len=p.max_seq_len,
                 max_num_seqs=p.max_num_seqs, max_num_batched_tokens=p.max_num_batched_tokens, device="mock",
+                max_steps_in_flight=MAX_STEPS_IN_FLIGHT,
             ),
             tokenizer=scheduler_pb2.TokenizerSpec(
                 kind=scheduler_pb2.TOKENIZER_KIND_BYTES, vocab_size=BYTE_VOCAB_SIZE, eos_token_id=BYTE_EOS,
@@ -169,15 +173,16 @@ class MockGeneratorRuntime:
         admission = self._mirror.admit_step(step)
         outputs = dict(admission.refused)
         for admitted in admission.admitted:
-            self._mirror.computed(admitted)
-            seq = admitted.step
+            seq = admitted.step  # an input_from_last_sample step comes with that token filled in
             if seq.sample:
                 seed = admitted.seed if seq.sampling.temperature > 0 else 0
                 token = mock_token(seed, admitted.end_position, seq.token_ids[-1])
                 if self._profile.token_shift and admitted.end_position > GOLDEN_POSITIONS:
                     token = ord("a") + (token - ord("a") + self._profile.token_shift) % 26
+                self._mirror.computed(admitted, token)
                 outputs[admitted.index] = SequenceOutput(seq.seq_id, token_id=token, logprob=0.0)
             else:
+                self._mirror.computed(admitted)
                 outputs[admitted.index] = SequenceOutput(seq.seq_id)
         return [outputs[i] for i in range(len(step.seqs))]
 
@@ -189,7 +194,8 @@ class MockGeneratorRuntime:
 
     async def _answer_after(self, delay_s: float, step_id: int,
                             outputs: list[SequenceOutput]) -> scheduler_pb2.StepResult:
-        await self._sleep(delay_s)
+        async with self._device:  # FIFO: steps take their turns in the order they were sent
+            await self._sleep(delay_s)
         return step_result_to_proto(step_id, outputs, _timings(delay_s))
 
     def execute_batch(self, command: scheduler_pb2.ExecuteBatch) -> scheduler_pb2.BatchResult:

@@ -7,6 +7,11 @@ positions hold valid KV. A sequence whose step is inconsistent with that
 mirror — unknown blocks, positions past its table, a gap before its first new
 token — fails alone with INVALID_ARGUMENT and is forgotten; the others run.
 
+Pipelined steps: the mirror keeps each sequence's last sampled token, so a step sent before the
+previous step's result (`input_from_last_sample`, no token ids) computes that token; a sequence
+whose previous step sampled nothing here fails alone with INVALID_ARGUMENT. Steps are admitted in
+the order sent, so two in flight see each other's effects as if sent one at a time.
+
 Prefix cache: a reset table may start with `num_cached_tokens` positions whose KV
 other sequences computed into the same pages (the scheduler's cache says which);
 the worker keeps every page as it is until the scheduler has it overwritten, so
@@ -18,6 +23,7 @@ accept and refuse exactly the same steps. No torch, no grpc.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -26,12 +32,17 @@ from services.common.errors import InvalidArgument
 from services.worker.sampling import check_sampling
 from services.worker.work import ErrorCode, ItemError, RunStep, SequenceOutput, SequenceStep
 
+# What the worker declares as WorkerCapacity.max_steps_in_flight: the scheduler may send the next
+# step before this one's result, its decodes taking their input from the last sample.
+MAX_STEPS_IN_FLIGHT = 2
+
 
 @dataclass
 class _SequenceState:
     block_table: list[int]
     num_cached: int  # positions 0..num_cached-1 hold this sequence's KV
     seed: int  # used when the request brought none
+    last_sample: int | None = None  # the token sampled by the last step that ran it; None: it sampled none
 
 
 @dataclass(frozen=True)
@@ -107,14 +118,19 @@ class SequenceMirror:
                 self._seqs.pop(seq.seq_id, None)  # the scheduler aborts a failed sequence
         return StepAdmission(tuple(admitted), refused)
 
-    def computed(self, sequence: AdmittedSequence) -> None:
-        """The step ran: the sequence's KV now covers every position up to its last new token."""
-        self._seqs[sequence.step.seq_id].num_cached = sequence.end_position
+    def computed(self, sequence: AdmittedSequence, sampled_token: int | None = None) -> None:
+        """The step ran: the sequence's KV now covers every position up to its last new token, and
+        `sampled_token` (None: it sampled none) is what a next `input_from_last_sample` step computes."""
+        state = self._seqs[sequence.step.seq_id]
+        state.num_cached = sequence.end_position
+        state.last_sample = sampled_token
 
     def _admit(self, index: int, seq: SequenceStep) -> AdmittedSequence:
         """Validates the step against the mirror, then updates the mirror; InvalidArgument leaves it untouched."""
-        self._check_alone(seq)
         known = self._seqs.get(seq.seq_id)
+        if seq.input_from_last_sample:
+            seq = self._with_last_sample(seq, known)
+        self._check_alone(seq)
         kept = None if seq.reset_block_table else known  # the mirror this step extends; None: a fresh table
         table = list(seq.new_blocks) if kept is None else kept.block_table + list(seq.new_blocks)
         num_cached = seq.num_cached_tokens if kept is None else kept.num_cached
@@ -146,6 +162,18 @@ class SequenceMirror:
             state.block_table = table
         seed = seq.sampling.seed if seq.sampling.seed is not None else state.seed
         return AdmittedSequence(index, seq, tuple(table), seed)
+
+    @staticmethod
+    def _with_last_sample(seq: SequenceStep, known: _SequenceState | None) -> SequenceStep:
+        """The step with the token it asks for filled in (the admitted step carries it, so runtimes see
+        ordinary token ids)."""
+        if seq.token_ids or seq.reset_block_table:
+            raise InvalidArgument(f"sequence {seq.seq_id}: input_from_last_sample with "
+                                  f"{'token_ids' if seq.token_ids else 'reset_block_table'}")
+        if known is None or known.last_sample is None:
+            raise InvalidArgument(f"sequence {seq.seq_id}: input_from_last_sample, but this worker sampled no "
+                                  f"token for it in its previous step")
+        return dataclasses.replace(seq, token_ids=(known.last_sample,))
 
     def _check_alone(self, seq: SequenceStep) -> None:
         """What can be checked without the mirror: token ids, positions, block ids, sampling."""

@@ -28,6 +28,7 @@ def sequence_step_from_proto(seq: scheduler_pb2.SequenceStep) -> work.SequenceSt
         ),
         num_generated=seq.num_generated,
         num_cached_tokens=seq.num_cached_tokens,
+        input_from_last_sample=seq.input_from_last_sample,
     )
 
 

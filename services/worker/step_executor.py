@@ -69,14 +69,15 @@ class StepExecutor:
 
         row = 0
         for admitted in admission.admitted:
-            self._mirror.computed(admitted)
             seq = admitted.step
             if not seq.sample:
+                self._mirror.computed(admitted)
                 outputs[admitted.index] = SequenceOutput(seq.seq_id)
                 continue
             assert logits is not None  # a sampling sequence means the step ran (paged is non-empty)
             token, logprob = sample_token(logits[row].numpy(), seq.sampling, seed=admitted.seed,
                                           index=seq.num_generated)
+            self._mirror.computed(admitted, token)
             outputs[admitted.index] = SequenceOutput(seq.seq_id, token_id=token, logprob=logprob)
             row += 1
         t_done = self.clock()

@@ -82,6 +82,9 @@ class SequenceStep:
     # With reset_block_table: positions [0, num_cached_tokens) of the new table already hold this
     # sequence's KV (blocks the scheduler reuses from its prefix cache); 0: the new table holds nothing.
     num_cached_tokens: int = 0
+    # Compute the token this worker sampled for the sequence in its previous step (token_ids empty):
+    # the scheduler sent this step before that result (WorkerCapacity.max_steps_in_flight >= 2).
+    input_from_last_sample: bool = False
 
 
 @dataclass(frozen=True)

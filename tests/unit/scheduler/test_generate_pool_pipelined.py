@@ -1,0 +1,220 @@
+"""GeneratePool with pipelined steps, against the real mock generator (services/worker/mock_models.py)
+through the real Attach codecs on both sides, in process: step N+1 goes out before N's result,
+streams are identical to `--pipelined-steps off`, and abort, preemption, worker loss and an old
+worker that declares no max_steps_in_flight all still work."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from infermesh.v1 import scheduler_pb2
+from services.scheduler import attach_codec
+from services.scheduler.attach_types import AbortCommand, StepCommand
+from services.scheduler.config import SchedulerConfig
+from services.scheduler.fair_queue import TenantContext
+from services.scheduler.generate_pool import GeneratePool, GenerateStream
+from services.scheduler.sequence import FinishReason, SamplingParams
+from services.scheduler.worker_link import WorkerLink
+from services.worker.mock_models import MockGeneratorRuntime, MockProfile, mock_continuation
+from tests.support.fake_clock import FakeClock
+
+
+async def _no_wait(_: float) -> None:
+    await asyncio.sleep(0)
+
+
+class MockWorker:
+    """A mock generator behind a WorkerLink: each RunStep is encoded as the scheduler sends it,
+    decoded and run by MockGeneratorRuntime, and answered at once, or when the test releases it."""
+
+    def __init__(self, pool: GeneratePool, worker_id: str, profile: MockProfile, *, old: bool = False,
+                 hold: bool = False) -> None:
+        self.runtime = MockGeneratorRuntime("1", profile, sleep=_no_wait)
+        wire = self.runtime.hello(worker_id)
+        if old:  # a worker from before pipelined steps: the field is absent on the wire
+            wire.capacity.ClearField("max_steps_in_flight")
+        self.link = WorkerLink(attach_codec.decode_hello(wire))
+        self.hold = hold
+        self.held: list[asyncio.Future[None]] = []
+        self.plans: list = []
+        self.forgotten: set[int] = set()
+        self.num_in_flight = self.max_in_flight = 0
+        pool.add_worker(self.link)
+        self.task = asyncio.create_task(self._serve())
+
+    async def _serve(self) -> None:
+        while (command := await self.link.next_command()) is not None:
+            if isinstance(command, AbortCommand):
+                self.forgotten.update(command.seq_ids)
+                self.runtime.abort(scheduler_pb2.Abort(seq_ids=command.seq_ids))
+            elif isinstance(command, StepCommand):
+                self.plans.append(command.plan)
+                self.forgotten.update(command.plan.finished_seq_ids)
+                self.num_in_flight += 1
+                self.max_in_flight = max(self.max_in_flight, self.num_in_flight)
+                wire = attach_codec.encode_run_step(command.plan, command.sequences)
+                asyncio.create_task(self._answer(wire, self.runtime.run_step(wire)))
+
+    async def _answer(self, command: scheduler_pb2.RunStep, pending) -> None:
+        if self.hold:
+            gate = asyncio.get_running_loop().create_future()
+            self.held.append(gate)
+            await gate
+        result = await pending
+        self.num_in_flight -= 1
+        self.link.on_result(command.step_id, attach_codec.decode_step_result(result))
+
+    def release_one(self) -> None:
+        self.held.pop(0).set_result(None)
+
+    def release(self) -> None:
+        self.hold = False
+        for gate in self.held:
+            gate.set_result(None)
+        self.held.clear()
+
+    def detach(self, pool: GeneratePool) -> None:
+        self.link.close()
+        pool.remove_worker(self.link)
+
+
+def make_pool(pipelined: bool = True) -> GeneratePool:
+    clock = FakeClock()
+    hello = attach_codec.decode_hello(MockGeneratorRuntime("1", MockProfile()).hello("w"))
+    return GeneratePool(hello.model, hello, SchedulerConfig(pipelined_steps=pipelined), clock=clock,
+                        sleep=clock.sleep)
+
+
+@dataclasses.dataclass
+class Stream:
+    stream: GenerateStream
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    indexes: list[int] = dataclasses.field(default_factory=list)
+    text: str = ""
+    finish: object = None
+    num_generated: int = 0
+
+    async def read(self) -> Stream:
+        while True:
+            event = await asyncio.wait_for(self.stream.events.get(), timeout=5)
+            if event.error is not None:
+                raise event.error
+            delta = event.delta
+            assert delta.index == len(self.token_ids), "no token skipped or repeated"
+            self.indexes.append(delta.index)
+            self.token_ids.extend(delta.token_ids)
+            self.text += delta.text
+            if delta.is_last:
+                self.finish, self.num_generated = delta.finish_reason, delta.num_generated
+                return self
+
+    def seen(self) -> tuple:
+        return self.token_ids, self.indexes, self.text, self.finish, self.num_generated
+
+
+def submit(pool: GeneratePool, seq_id: int, prompt: bytes, max_tokens: int, *, temperature: float = 0.0,
+           stop: tuple[str, ...] = ()) -> Stream:
+    stream = GenerateStream(seq_id=seq_id, tenant=TenantContext("t"), seed=1000 + seq_id, trace_context={},
+                            arrival_s=pool.clock(), deadline_s=None)
+    pool.submit(stream, tuple(prompt), SamplingParams(max_tokens=max_tokens, temperature=temperature,
+                                                      seed=1000 + seq_id if temperature else None, stop=stop))
+    return Stream(stream)
+
+
+async def until(condition, max_turns: int = 2000) -> None:
+    for _ in range(max_turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"not reached in {max_turns} event-loop turns")
+
+
+async def test_step_n_plus_1_goes_out_before_the_result_of_step_n():
+    pool = make_pool()
+    worker = MockWorker(pool, "w0", MockProfile(), hold=True)
+    reader = submit(pool, 1, b"hello", 6)
+    await until(lambda: len(worker.plans) == 2)
+    first, second = worker.plans
+    assert worker.num_in_flight == 2 and not first.seqs[0].input_from_last_sample
+    assert second.seqs[0].input_from_last_sample and second.seqs[0].token_ids == ()
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert len(worker.plans) == 2, "never more than two steps in flight"
+    worker.release()
+    assert (await reader.read()).token_ids == mock_continuation(b"hello", 6)
+
+
+async def _run_mixed(pipelined: bool, profile: MockProfile, num_streams: int = 30) -> tuple[dict, MockWorker]:
+    pool = make_pool(pipelined)
+    worker = MockWorker(pool, "w0", profile)
+    streams = {}
+    for seq_id in range(1, num_streams + 1):
+        if seq_id == num_streams // 2 + 1:  # a second wave while the first decodes
+            await until(lambda: len(worker.plans) >= 5)
+        streams[seq_id] = submit(pool, seq_id, f"prompt {seq_id:03d}: ".encode() * (1 + seq_id % 3),
+                                 max_tokens=2 + seq_id * 7 % 29, temperature=0.8 if seq_id % 2 else 0.0,
+                                 stop=("q",) if seq_id % 3 == 0 else ())
+    seen = {seq_id: (await reader.read()).seen() for seq_id, reader in streams.items()}
+    await until(lambda: worker.num_in_flight == 0)
+    assert pool.kv_usage() == 0.0
+    return seen, worker
+
+
+@pytest.mark.parametrize("profile", [MockProfile(), MockProfile(num_kv_blocks=24, block_size=4, max_seq_len=96)],
+                         ids=["roomy", "preempting"])
+async def test_streams_are_identical_to_pipelined_steps_off(profile):
+    pipelined, worker_on = await _run_mixed(True, profile)
+    sequential, worker_off = await _run_mixed(False, profile)
+    assert pipelined == sequential
+    assert {seen[3] for seen in sequential.values()} == {FinishReason.STOP, FinishReason.LENGTH}
+    assert worker_on.max_in_flight == 2 and worker_off.max_in_flight == 1
+    num_ahead = sum(any(s.input_from_last_sample for s in p.seqs) for p in worker_on.plans)
+    if profile.num_kv_blocks == 24:
+        # Sequences wait for blocks most of the run: mostly one step at a time, some pipelined.
+        assert any(p.preempted_seq_ids for p in worker_on.plans), "the small cache preempts"
+        assert num_ahead > 0
+    else:
+        assert num_ahead > len(worker_on.plans) / 2
+
+
+async def test_a_worker_that_declares_no_max_steps_in_flight_gets_one_step_at_a_time():
+    pool = make_pool()
+    worker = MockWorker(pool, "w0", MockProfile(), old=True)
+    assert not pool._loops[worker.link.link_id].pipelined
+    reader = submit(pool, 1, b"old worker", 12)
+    assert (await reader.read()).token_ids == mock_continuation(b"old worker", 12)
+    assert worker.max_in_flight == 1
+    assert not any(s.input_from_last_sample for p in worker.plans for s in p.seqs)
+
+
+async def test_aborting_with_two_steps_in_flight_frees_the_sequence_and_the_other_stream_goes_on():
+    pool = make_pool()
+    worker = MockWorker(pool, "w0", MockProfile(), hold=True)
+    gone, kept = submit(pool, 1, b"gone", 20), submit(pool, 2, b"kept", 20)
+    await until(lambda: worker.num_in_flight == 2)
+    pool.abort(gone.stream)
+    worker.release()
+    assert (await kept.read()).token_ids == mock_continuation(b"kept", 20)
+    await until(lambda: 1 in worker.forgotten and worker.num_in_flight == 0)
+    assert pool.kv_usage() == 0.0 and gone.stream.events.empty()
+
+
+async def test_a_worker_lost_with_two_steps_in_flight_loses_no_stream():
+    pool = make_pool()
+    first = MockWorker(pool, "w0", MockProfile(), hold=True)
+    readers = [submit(pool, seq_id, f"lost {seq_id}".encode(), 15, temperature=0.5) for seq_id in (1, 2, 3)]
+    await until(lambda: len(first.held) == 2)
+    first.release_one()  # step 1's result: its tokens are streamed, step 3 goes out behind step 2
+    await until(lambda: len(first.plans) == 3 and len(first.held) == 2)
+    assert first.plans[2].seqs[0].input_from_last_sample
+    second = MockWorker(pool, "w1", MockProfile())
+    first.detach(pool)
+    for seq_id, reader in zip((1, 2, 3), readers, strict=True):
+        seen = await reader.read()
+        expected = mock_continuation(f"lost {seq_id}".encode(), 15, seed=1000 + seq_id)
+        assert seen.token_ids == expected, seq_id
+    assert second.plans, "the streams finished on the other worker"
+    first.release()  # the dead stream's answers go nowhere

@@ -1,0 +1,131 @@
+"""The worker's side of pipelined steps: a step sent before the last one's result takes each
+decode's input from the token sampled for it last (SequenceStep.input_from_last_sample), the same
+for the sequence mirror, the model's StepExecutor, the mock generator and the protobuf codec."""
+
+from __future__ import annotations
+
+import asyncio
+
+from infermesh.v1 import common_pb2, scheduler_pb2
+from services.worker.mock_models import MockGeneratorRuntime, MockProfile, mock_continuation
+from services.worker.model_repository import LoadedModel
+from services.worker.sequence_mirror import MAX_STEPS_IN_FLIGHT, SequenceMirror
+from services.worker.step_codec import run_step_from_proto
+from services.worker.step_executor import StepExecutor
+from services.worker.work import ErrorCode, RunStep, SamplingParams, SequenceStep
+
+from .test_mock_models import seq_step
+
+
+def _from_last(seq_id: int, start: int, new_blocks=(), num_generated: int = 1, **sampling) -> SequenceStep:
+    return SequenceStep(seq_id, (), start, new_blocks, sample=True, sampling=SamplingParams(**sampling),
+                        num_generated=num_generated, input_from_last_sample=True)
+
+
+def test_the_mirror_fills_in_the_last_sample_and_refuses_a_step_without_one():
+    mirror = SequenceMirror(num_kv_blocks=8, block_size=4, vocab_size=257, max_seq_len=64)
+    first = mirror.admit_step(RunStep(1, (
+        SequenceStep(1, (97, 98, 99), 0, (0,), reset_block_table=True, sample=True),
+        SequenceStep(2, (97, 98), 0, (1,), reset_block_table=True, sample=False),
+    )))
+    one, two = first.admitted
+    mirror.computed(one, 120)
+    mirror.computed(two)
+    second = mirror.admit_step(RunStep(2, (
+        _from_last(1, 3),
+        _from_last(2, 2),  # its last step sampled nothing
+        _from_last(3, 0),  # unknown here
+        SequenceStep(1, (5,), 4, input_from_last_sample=True),  # a repeat, and token ids besides
+    )))
+    (admitted,) = second.admitted
+    assert admitted.step.token_ids == (120,) and admitted.end_position == 4
+    assert sorted(second.refused) == [1, 2, 3]
+    assert all(out.error.code == ErrorCode.INVALID_ARGUMENT for out in second.refused.values())
+    assert "sampled no token" in second.refused[1].error.message
+
+
+def test_token_ids_or_a_reset_with_input_from_last_sample_are_refused():
+    mirror = SequenceMirror(num_kv_blocks=8, block_size=4, vocab_size=257, max_seq_len=64)
+    (one,) = mirror.admit_step(RunStep(1, (SequenceStep(1, (97,), 0, (0,), reset_block_table=True, sample=True),))).admitted
+    mirror.computed(one, 98)
+    refused = mirror.admit_step(RunStep(2, (
+        SequenceStep(1, (98,), 1, sample=True, input_from_last_sample=True),
+    ))).refused
+    assert "token_ids" in refused[0].error.message
+    refused = mirror.admit_step(RunStep(3, (
+        SequenceStep(2, (), 0, (1,), reset_block_table=True, sample=True, input_from_last_sample=True),
+    ))).refused
+    assert "reset_block_table" in refused[0].error.message
+
+
+def test_the_executor_samples_the_same_pipelined_as_one_step_at_a_time(tinylm: LoadedModel):
+    prompt = (257, *b"The value of ")
+    sampling = {"temperature": 0.8, "seed": 7}
+
+    def run(pipelined: bool) -> list[int]:
+        executor = StepExecutor(tinylm.generator, 16, 8, seed_source=lambda: 1)
+        outputs, _ = executor.run(RunStep(1, (SequenceStep(1, prompt, 0, (0, 1), reset_block_table=True, sample=True,
+                                                           sampling=SamplingParams(**sampling)),)))
+        tokens = [outputs[0].token_id]
+        for n in range(1, 10):
+            position = len(prompt) + n - 1
+            new = (2 + position // 8,) if position % 8 == 0 else ()
+            step = (_from_last(1, position, new, num_generated=n, **sampling) if pipelined else
+                    SequenceStep(1, (tokens[-1],), position, new, sample=True, sampling=SamplingParams(**sampling),
+                                 num_generated=n))
+            outputs, _ = executor.run(RunStep(1 + n, (step,)))
+            assert outputs[0].error is None, outputs[0].error
+            tokens.append(outputs[0].token_id)
+        return tokens
+
+    assert run(True) == run(False)
+
+
+def test_the_codec_carries_the_flag():
+    command = scheduler_pb2.RunStep(step_id=4, seqs=[scheduler_pb2.SequenceStep(
+        seq_id=1, start_position=3, sample=True, input_from_last_sample=True)])
+    (step,) = run_step_from_proto(command).seqs
+    assert step.input_from_last_sample and step.token_ids == ()
+
+
+class GatedSleep:
+    """Stands in for asyncio.sleep: each delay lasts until the test opens its gate."""
+
+    def __init__(self) -> None:
+        self.pending: list[asyncio.Future[None]] = []
+        self.delays_s: list[float] = []
+
+    async def __call__(self, delay_s: float) -> None:
+        self.delays_s.append(delay_s)
+        gate = asyncio.get_running_loop().create_future()
+        self.pending.append(gate)
+        await gate
+
+
+def test_the_mock_declares_two_steps_in_flight_and_runs_them_one_after_the_other():
+    sleep = GatedSleep()
+    runtime = MockGeneratorRuntime("1", MockProfile(step_ms=5, num_kv_blocks=8, block_size=4, max_seq_len=64),
+                                   sleep=sleep)
+    assert runtime.hello("w").capacity.max_steps_in_flight == MAX_STEPS_IN_FLIGHT == 2
+
+    async def both() -> list[scheduler_pb2.StepResult]:
+        # Both steps are handed over before either is answered, each awaited in its own task in the
+        # order received, as the Attach client does.
+        first = runtime.run_step(scheduler_pb2.RunStep(step_id=1, seqs=[seq_step(1, b"abc", 0, (0,), reset=True)]))
+        second = runtime.run_step(scheduler_pb2.RunStep(step_id=2, seqs=[scheduler_pb2.SequenceStep(
+            seq_id=1, start_position=3, sample=True, num_generated=1, input_from_last_sample=True,
+            sampling=common_pb2.SamplingParams())]))
+        tasks = [asyncio.ensure_future(first), asyncio.ensure_future(second)]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert len(sleep.pending) == 1, "the second step's time starts when the first one's ends"
+        sleep.pending[0].set_result(None)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert tasks[0].done() and not tasks[1].done() and len(sleep.pending) == 2
+        sleep.pending[1].set_result(None)
+        return list(await asyncio.gather(*tasks))
+
+    results = asyncio.run(both())
+    assert [r.outputs[0].token_id for r in results] == mock_continuation(b"abc", 2)
+    assert sleep.delays_s == [0.005, 0.005]
