@@ -170,6 +170,7 @@ class _WorkerLoop:
                 ahead = self.scheduler.schedule_ahead()
                 if ahead is not None and self._send(ahead):
                     sent.append(ahead)
+                    self.pool.pipelined_steps.inc()
             if sent:
                 await asyncio.sleep(0)  # the Attach writer puts the steps on the wire first
             # Then, while the worker computes: metrics, and the last step's chunks to the clients.
@@ -277,6 +278,7 @@ class GeneratePool:
         self._step_overhead = metrics.STEP_OVERHEAD.labels(model.name)
         self._batch_size = metrics.BATCH_SIZE.labels(model.name)
         self._preemptions = metrics.PREEMPTIONS.labels(model.name)
+        self.pipelined_steps = metrics.PIPELINED_STEPS.labels(model.name)
         # By version too: a canary's token latency against its baseline's (docs/operations.md).
         self._ttft = metrics.TTFT.labels(model.name, model.version)
         self._queue_time = {p: metrics.QUEUE_TIME.labels(model.name, label) for p, label in metrics.PRIORITY_LABELS.items()}

@@ -84,6 +84,11 @@ STEP_OVERHEAD = Histogram(
     "Generate: the part of a step that is not the worker's own time (scheduling, serialization, transport).",
     ["model"], buckets=_LATENCY_BUCKETS_S,
 )
+PIPELINED_STEPS = Counter(
+    "infermesh_scheduler_pipelined_steps_total",
+    "Generate steps sent before the previous step's result (--pipelined-steps; their decodes take its samples).",
+    ["model"],
+)
 WORKERS = Gauge("infermesh_scheduler_attached_workers", "Workers attached and serving a model version.",
                 ["model", "version"])
 PREFIX_CACHE_QUERIED_TOKENS = Counter(
