@@ -22,6 +22,9 @@ class WorkerConfig(ServerSettings):
     worker_id: str = setting("", "unique id; empty derives host:pid:random")
     max_batch_size: int = setting(0, "classifier: override the manifest's max batch (0: manifest)")
     num_kv_blocks: int = setting(0, "generator: override the manifest's KV block count (0: manifest)")
+    max_num_seqs: int = setting(
+        0, "repository generator: override the manifest's running sequences per step (0: manifest), as vLLM's "
+        "--max-num-seqs; more sequences per step cost less per token and more per step")
     reconnect_initial_s: float = setting(0.1, "first re-dial delay after the Attach stream breaks")
     reconnect_max_s: float = setting(5.0, "longest re-dial delay (exponential backoff, full jitter)")
     rebalance_interval_s: float = setting(
@@ -53,6 +56,7 @@ class WorkerConfig(ServerSettings):
         require(bool(self.model_version), "model_version must not be empty (there is no 'latest')")
         require(self.max_batch_size >= 0, f"max_batch_size must be >= 0, got {self.max_batch_size}")
         require(self.num_kv_blocks >= 0, f"num_kv_blocks must be >= 0, got {self.num_kv_blocks}")
+        require(self.max_num_seqs >= 0, f"max_num_seqs must be >= 0, got {self.max_num_seqs}")
         require(
             0 < self.reconnect_initial_s <= self.reconnect_max_s,
             "need 0 < reconnect_initial_s <= reconnect_max_s, got "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from infermesh.v1 import common_pb2, scheduler_pb2
+from services.common.config import ConfigError
 from services.common.protocol import ATTACH_PROTOCOL_VERSION as PROTOCOL_VERSION
 from services.common.timings import StageTime, seconds_to_us, to_proto
 from services.worker import work
@@ -119,10 +120,11 @@ class ClassifierRuntime:
 
 
 class GeneratorRuntime:
-    def __init__(self, model: LoadedModel, num_kv_blocks: int) -> None:
+    def __init__(self, model: LoadedModel, num_kv_blocks: int, max_num_seqs: int = 0) -> None:
         self._model = model
         envelope = model.manifest.envelope
         self._num_kv_blocks = num_kv_blocks
+        self._max_num_seqs = max_num_seqs or envelope.max_num_seqs  # 0: the manifest's
         self._executor = StepExecutor(model.generator, num_kv_blocks, envelope.block_size)
 
     def load(self) -> None:
@@ -147,7 +149,7 @@ class GeneratorRuntime:
                 num_kv_blocks=self._num_kv_blocks,
                 block_size=envelope.block_size,
                 max_seq_len=spec.max_seq_len,
-                max_num_seqs=envelope.max_num_seqs,
+                max_num_seqs=self._max_num_seqs,
                 max_num_batched_tokens=envelope.max_num_batched_tokens,
                 memory_bytes=envelope.memory_bytes,
                 device=self._model.device,
@@ -186,15 +188,16 @@ def load_repository_runtime(config: WorkerConfig, num_threads: int) -> Classifie
     model = load_model(config.model_repository, config.model_name, config.model_version, device=config.device)
     envelope = model.manifest.envelope
     if model.manifest.kind == ModelKind.CLASSIFIER:
+        if config.max_num_seqs:
+            raise ConfigError(f"--max-num-seqs applies to generators; {config.model_name} is a classifier "
+                              "(--max-batch-size sets its batch)")
         return ClassifierRuntime(model, config.max_batch_size or envelope.max_batch_size)
-    return GeneratorRuntime(model, config.num_kv_blocks or envelope.num_kv_blocks)
+    return GeneratorRuntime(model, config.num_kv_blocks or envelope.num_kv_blocks, config.max_num_seqs)
 
 
 def _check_cuda(device: str) -> None:
     """ConfigError-like exit before loading when the worker was asked for a GPU it does not have."""
     import torch
-
-    from services.common.config import ConfigError
 
     if not torch.cuda.is_available():
         raise ConfigError(f"--device {device}: torch sees no CUDA device")

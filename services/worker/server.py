@@ -12,6 +12,7 @@ from pathlib import Path
 
 from services.common.admin_servicer import SERVICE_NAME as ADMIN_SERVICE
 from services.common.admin_servicer import AdminServicer, add_to_server
+from services.common.config import ConfigError
 from services.common.server import Health
 from services.worker import admin_status, gpu_metrics, metrics
 from services.worker.attach_client import AttachClient, Backoff
@@ -28,6 +29,9 @@ log = logging.getLogger(__name__)
 
 
 def make_runtime(config: WorkerConfig, num_threads: int) -> WorkerRuntime:
+    if config.max_num_seqs and (config.model_name in MOCK_MODELS or config.model_name in TOY_MODELS):
+        raise ConfigError(f"--max-num-seqs applies to repository generators, not {config.model_name} "
+                          "(mock-generator takes max_num_seqs in --mock-profile)")
     if config.model_name in MOCK_MODELS:
         log.warning("%s serves mock tokens after a timer: for scale tests and benchmarks only", config.model_name)
         return make_mock_runtime(config.model_name, config.model_version, config.mock_profile,
