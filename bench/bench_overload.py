@@ -50,7 +50,7 @@ import grpc
 import numpy as np
 import yaml
 
-from bench.mesh_ready import wait_attached
+from bench.mesh_ready import TINYLM_MAX_NUM_SEQS, wait_attached
 from bench.overload_load import ClosedLoopJob, LoadPool
 from bench.overload_plan import RequestTemplate, Rpc, Stream, build_plan, num_load_procs
 from bench.overload_report import MULTIPLES, finite, markdown_table, medians, noise_line, table_rows
@@ -338,7 +338,8 @@ def mesh(need_generator: bool, gateway_processes: int = 1) -> Iterator[tuple[str
         m.start_worker("digits", "--log-level", "WARNING", "--model-repository", str(MODEL_REPO), env=WORKER_ENV)
         models = ["digits"]
         if need_generator:
-            m.start_worker("tinylm", "--log-level", "WARNING", "--model-repository", str(MODEL_REPO), env=WORKER_ENV)
+            m.start_worker("tinylm", "--log-level", "WARNING", "--model-repository", str(MODEL_REPO),
+                           "--max-num-seqs", str(TINYLM_MAX_NUM_SEQS), env=WORKER_ENV)
             models.append("tinylm")
         wait_attached(m.scheduler.address, len(models))
         gateway_args = ("--tenants-file", str(TENANTS_PATH), "--log-level", "WARNING", *store_args)

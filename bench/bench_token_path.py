@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from bench.bench_gateway import cpu_seconds
-from bench.mesh_ready import wait_attached
+from bench.mesh_ready import TINYLM_MAX_NUM_SEQS, wait_attached
 from bench.overload_load import ClosedLoopJob, LoadPool
 from bench.overload_plan import LoadPlan, RequestTemplate, Rpc, Send
 from bench.overload_stats import SendResult
@@ -98,8 +98,6 @@ E2E_TENANT = tenant("bench", E2E_API_KEY, priority="critical")
 # shipped limit refuses streams once their latency grows (RESOURCE_EXHAUSTED "adaptive limit").
 MESH_VARIANTS = {"mesh": (), "mesh_no_limit": ("--limit-initial", "1024", "--limit-min", "1024")}
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
-# The tinylm worker's running sequences per step, as `make up`, compose and Kubernetes run it (the manifest says 16).
-MESH_MAX_NUM_SEQS = 64
 TARGETS = {
     "scheduler_us_per_token": Target("scheduler CPU per token", "<=", 20, " us"),
     "scheduler_tokens_per_s": Target("tokens/s from one scheduler (4 x 64 mock sequences)", ">=", 20_000),
@@ -296,7 +294,8 @@ def _mesh_phase(pool: LoadPool, address: str, phase: LoadPhase, pids: dict[str, 
             "rate_window_s": round(window_s, 2), "cpu_s": cpu_s, **e2e_figures(results, window_s)}
 
 
-def mesh_e2e(phases: list[LoadPhase], gateway_args: tuple[str, ...], max_num_seqs: int = MESH_MAX_NUM_SEQS) -> list[dict]:
+def mesh_e2e(phases: list[LoadPhase], gateway_args: tuple[str, ...],
+             max_num_seqs: int = TINYLM_MAX_NUM_SEQS) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="bench-token-path-") as tmp, running_mesh(Path(tmp), tls=False) as mesh, \
             LoadPool(1) as pool:
         mesh.start_scheduler("--log-level", "WARNING")

@@ -1,4 +1,4 @@
-"""Waiting for a benchmark's mesh: every worker attached to its scheduler."""
+"""A benchmark's mesh: what its workers run with, and waiting until every worker attached to its scheduler."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import time
 import grpc
 
 from infermesh.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+# tinylm's running sequences per step as `make up`, compose and Kubernetes run it (its manifest says 16).
+TINYLM_MAX_NUM_SEQS = 64
 
 
 def wait_attached(address: str, num_workers: int, timeout_s: float = 120.0) -> None:
