@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
+
 from infermesh.v1 import common_pb2, scheduler_pb2
+from services.worker.attach_client import AttachClient, Backoff
 from services.worker.mock_models import MockGeneratorRuntime, MockProfile, mock_continuation
 from services.worker.model_repository import LoadedModel
 from services.worker.sequence_mirror import MAX_STEPS_IN_FLIGHT, SequenceMirror
@@ -129,3 +132,61 @@ def test_the_mock_declares_two_steps_in_flight_and_runs_them_one_after_the_other
     results = asyncio.run(both())
     assert [r.outputs[0].token_id for r in results] == mock_continuation(b"abc", 2)
     assert sleep.delays_s == [0.005, 0.005]
+
+
+class _StepsThenEOF:
+    """An Attach call: reads two RunSteps, then EOF once both results are written; each write
+    completes only when the test lets it."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.gates: list[asyncio.Future[None]] = []
+        self._commands = [scheduler_pb2.SchedulerCommand(run_step=scheduler_pb2.RunStep(step_id=i)) for i in (1, 2)]
+
+    async def read(self):
+        if self._commands:
+            return self._commands.pop(0)
+        while len(self.events) < 4 or not all(g.done() for g in self.gates):
+            await asyncio.sleep(0)
+        return grpc.aio.EOF
+
+    async def write(self, message) -> None:
+        step_id = message.step_result.step_id
+        self.events.append(f"write {step_id}")
+        gate = asyncio.get_running_loop().create_future()
+        self.gates.append(gate)
+        await gate
+        self.events.append(f"written {step_id}")
+
+
+class _RecordingRuntime:
+    def __init__(self, call: _StepsThenEOF) -> None:
+        self._call = call
+
+    def run_step(self, command):
+        self._call.events.append(f"run {command.step_id}")
+        return scheduler_pb2.StepResult(step_id=command.step_id)
+
+    def kv_blocks_used(self) -> int:
+        return 0
+
+
+def test_a_step_sent_ahead_runs_once_the_last_result_is_written():
+    call = _StepsThenEOF()
+    client = AttachClient("127.0.0.1:1", _RecordingRuntime(call), "w", Backoff(0.1, 1.0))
+
+    async def session() -> None:
+        reading = asyncio.ensure_future(client._read_commands(call))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        # Step 2 arrived during step 1, but its compute would hold the event loop with result 1 unsent.
+        assert call.events == ["run 1", "write 1"]
+        call.gates[0].set_result(None)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert call.events == ["run 1", "write 1", "written 1", "run 2", "write 2"]
+        call.gates[1].set_result(None)
+        await asyncio.wait_for(reading, timeout=5)
+
+    asyncio.run(session())
+    client.close()
