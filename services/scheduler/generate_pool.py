@@ -6,8 +6,9 @@ schedule() -> RunStep over the stream -> update_from_output() -> chunks to the
 clients' streams. With `--pipelined-steps on` and a worker that declares
 max_steps_in_flight >= 2, the loop keeps two steps in flight when it can: as soon as step N
 is sent, step N+1 is planned (StepScheduler.schedule_ahead) and sent, its decodes taking N's
-samples on the worker, so the worker never waits a round trip between decode steps. A new sequence goes where `--routing` says (prefix_routing.py: by default the
-worker that computes least before its first token, its cached prefix counted).
+samples on the worker, so the worker does not wait a round trip between decode steps. A new
+sequence goes where `--routing` says (prefix_routing.py: by default the worker that computes
+least before its first token, its cached prefix counted).
 
 Failover: when a worker's stream breaks, its scheduler's sequences are evicted
 with what they generated so far and adopted by the other workers, which recompute

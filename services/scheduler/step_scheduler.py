@@ -23,10 +23,12 @@ aborted and their blocks freed in that same call, as are cancelled ones in abort
 
 Pipelined steps (asynchronous scheduling): with step N in flight, `schedule_ahead()` plans N+1
 when N+1 needs nothing N's result decides but the tokens N samples: every sequence of N samples,
-every running sequence is in N, nothing waits for admission, no deadline passed, and the next
-positions' blocks are free without preempting. N+1 then holds each of N's sequences that
-max_tokens does not end at N, computing the token the worker samples in N (input_from_last_sample).
-Otherwise (admission, prefill chunks, preemption, expiry) N+1 waits for N's result and `schedule()`.
+every running sequence is in N, no deadline passed, and the next positions' blocks are free
+without preempting. N+1 then holds each of N's sequences that max_tokens does not end at N,
+computing the token the worker samples in N (input_from_last_sample), and admits waiting
+sequences as far as room allows without preempting. Otherwise (prefill chunks, preemption, expiry,
+or a sequence the last step planned ahead left waiting for room) N+1 waits for N's result and
+`schedule()`.
 A sequence that N's result ends (EOS, stop string, failure) or that is aborted meanwhile is freed
 at once; N+1's output for it is dropped. Its blocks may be handed out again from N+2 on, which the
 worker runs after N+1; no block holding a dropped token's KV is ever registered in the prefix cache,
@@ -219,6 +221,8 @@ class StepScheduler:
         # Plans sent and not yet updated from, oldest first, with when each was planned (at most two).
         self._in_flight: deque[tuple[StepPlan, float]] = deque()
         self._last_update_s = 0.0
+        # A step planned ahead left a sequence waiting for room: the next step is a full schedule().
+        self._admission_blocked = False
         self._next_step_id = 1
         self._watermark_blocks = int(config.kv_watermark * kv.num_blocks)
         # Uncomputed tokens beyond which a sequence is a long prefill; None: none ever is (no chunking).
@@ -317,6 +321,7 @@ class StepScheduler:
             raise RuntimeError(f"step {self._in_flight[0][0].step_id} is still running; call update_from_output "
                                f"first (or schedule_ahead)")
         now = self._clock()
+        self._admission_blocked = False
         expired = self._abort_expired(now)
         step = StepBuilder(self.config.max_num_batched_tokens, self._service)
         self._schedule_running(step)
@@ -345,45 +350,55 @@ class StepScheduler:
         last, _ = self._in_flight[0]
         now = self._clock()
         continuing = self._continuing_decodes(last, now)
-        if not continuing:
+        if continuing is None or not (continuing or self._waiting or self._preempted):
             return None
-        steps = []
+        step = StepBuilder(self.config.max_num_batched_tokens, self._service)
+        decodes = []
         for seq, start in continuing:
             new_blocks = self.kv.allocate(seq.seq_id, start + 1)
             self._service.charge(seq.tenant, num_decode_tokens=1)
-            steps.append(SequenceStep(
+            step.token_budget -= 1
+            decodes.append(SequenceStep(
                 seq_id=seq.seq_id, token_ids=(), start_position=start, new_blocks=new_blocks,
                 reset_block_table=False, sample=True, sampling=seq.sampling, num_generated=seq.num_generated + 1,
                 input_from_last_sample=True,
             ))
-        plan = StepPlan(step_id=self._next_step_id, seqs=tuple(steps), finished_seq_ids=tuple(self._forget_ids))
+        # Waiting sequences are admitted as far as room allows without preempting; one that finds no
+        # room makes the step after this one wait for the result (schedule() may preempt for it).
+        self._admission_blocked = self._admit(step, now, may_preempt=False)
+        if not decodes and not step.picked:
+            return None
+        plan = StepPlan(step_id=self._next_step_id, seqs=(*decodes, *step.build_steps()),
+                        finished_seq_ids=tuple(self._forget_ids))
         self._next_step_id += 1
         self._forget_ids.clear()
         self._in_flight.append((plan, now))
         return plan
 
-    def _continuing_decodes(self, last: StepPlan, now: float) -> list[tuple[Sequence, int]]:
+    def _continuing_decodes(self, last: StepPlan, now: float) -> list[tuple[Sequence, int]] | None:
         """The sequences of `last` (in flight) a step after it computes, with the position of the token
-        it computes; empty when that step must wait for `last`'s result."""
-        if (self._waiting or self._preempted or type(self)._extend_step is not StepScheduler._extend_step
+        it computes; None when that step must wait for `last`'s result."""
+        if (self._admission_blocked or type(self)._extend_step is not StepScheduler._extend_step
                 or type(self)._admits_new is not StepScheduler._admits_new):
-            return []  # admission (or a subclass's own steps) decides the next step
+            return None  # preemption for a waiting sequence (or a subclass's own steps) decides the next step
         if not all(step.sample for step in last.seqs):
-            return []  # prefill chunks: their next chunk's budget is planned with the result
+            return None  # prefill chunks: their next chunk's budget is planned with the result
+        if any(seq.is_expired(now) for seq in self._seqs.values()):
+            return None  # aborted by schedule(), after the result
         in_last = {step.seq_id: step for step in last.seqs}
         continuing = []
         num_blocks = 0
         for seq in self._running:
             step = in_last.get(seq.seq_id)
-            if step is None or seq.is_expired(now):
-                return []  # a running sequence left out of `last`, or one to abort with the result
+            if step is None:
+                return None  # a running sequence left out of `last` (out of budget)
             if seq.num_generated + 1 >= seq.sampling.max_tokens:
                 continue  # `last` samples its last token
             start = step.start_position + step.num_new_tokens
             num_blocks += self.kv.num_missing_blocks(seq.seq_id, start + 1)
             continuing.append((seq, start))
         if num_blocks > self.kv.num_free_blocks:
-            return []  # preemption is decided with the result
+            return None  # preemption is decided with the result
         return continuing
 
     @property
@@ -556,28 +571,33 @@ class StepScheduler:
                 return False
         return True
 
-    def _admit(self, step: StepBuilder, now: float) -> None:
+    def _admit(self, step: StepBuilder, now: float, *, may_preempt: bool = True) -> bool:
+        """Admits waiting sequences while the budget allows; True when one was left for lack of room
+        (slots or blocks) that preempting might have made (`may_preempt` False: a step planned ahead)."""
         while step.token_budget > 0:
             seq = self._next_to_admit()
             if seq is not None and self._long_prefills_full(step) and self._is_long_admission(seq):
                 seq = self._short_waiting(seq.priority)
             if seq is None or seq.seq_id in step.preempted:
-                return
+                return False
             prefix = self._cached_prefix(seq)
             num_cached = len(prefix) * self.kv.block_size
             num_new = self._num_tokens_to_compute(seq, step.token_budget, start=num_cached)
             if not self._fits_unchunked(seq, num_new, start=num_cached):
-                return
+                return False
             num_tokens = num_cached + num_new
             if not self._has_room(prefix, num_tokens):
+                if not may_preempt:
+                    return True
                 if self._preempt_for(seq, step, now):
                     continue
-                return
+                return False
             self._start_running(seq, now)
             table = self.kv.allocate_prefixed(seq.seq_id, prefix, num_tokens)
             self._reuse_cached(seq, num_cached)
             step.pick(seq, num_new, table)
             step.num_long_prefills += self._is_long_prefill(seq)
+        return False
 
     def _has_room(self, prefix: list[int], num_tokens: int) -> bool:
         """Whether a sequence starting with the cached blocks `prefix` may be admitted to cover `num_tokens`."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from services.scheduler.fair_queue import Priority
 from services.scheduler.sequence import FinishReason, SamplingParams
 from services.scheduler.step_plan import StepPlan
 
@@ -173,10 +174,15 @@ def test_no_step_is_planned_ahead_of_prefill_chunks_admission_or_missing_blocks(
     chunked.schedule()  # a non-final prompt chunk: the next chunk waits for the result
     assert chunked.schedule_ahead() is None
 
+    # Sequence 2 finds no slot: the step ahead decodes 1, and the one after waits for schedule(),
+    # which may preempt for a waiting sequence.
     waiting = make_scheduler(clock, max_num_seqs=1)
-    add(waiting, [1, 2])
-    waiting.schedule()
-    assert waiting.schedule_ahead() is None  # sequence 2 waits for admission
+    add(waiting, [1, 2], max_tokens=10)
+    first = waiting.schedule()
+    ahead = waiting.schedule_ahead()
+    assert ahead is not None and [s.seq_id for s in ahead.seqs] == [1]
+    waiting.update_from_output(first, PipelinedWorker(4).run(first))
+    assert waiting.schedule_ahead() is None
 
     # Two sequences fill all four blocks; their next positions need a fifth: preemption decides.
     full = make_scheduler(clock, num_blocks=4, block_size=4, max_seq_len=16)
@@ -246,3 +252,32 @@ def test_evicting_with_two_steps_in_flight_keeps_only_applied_tokens(clock):
     assert scheduler.schedule_ahead() is not None
     (seq,) = scheduler.evict_all()
     assert seq.num_generated == 1 and seq.num_computed_tokens == 0 and scheduler.num_in_flight == 0
+
+
+def test_a_sequence_arriving_while_a_step_runs_is_admitted_in_the_step_planned_ahead(clock):
+    scheduler = make_scheduler(clock, block_size=4)
+    add(scheduler, [1], max_tokens=10)
+    scheduler.schedule()
+    add(scheduler, [2], max_tokens=10)
+    ahead = scheduler.schedule_ahead()
+    assert ahead is not None
+    one, two = ahead.seqs
+    assert one.input_from_last_sample and one.seq_id == 1
+    assert (two.seq_id, two.reset_block_table, two.start_position, two.sample) == (2, True, 0, True)
+    assert two.token_ids == make_prompt(2, 8)
+
+
+def test_a_higher_class_waiting_for_a_slot_preempts_within_a_step(clock):
+    scheduler = make_scheduler(clock, max_num_seqs=1)
+    worker = PipelinedWorker(4)
+    add(scheduler, [1], max_tokens=20)
+    first = scheduler.schedule()
+    scheduler.add_request(2, make_prompt(2, 4), SamplingParams(max_tokens=4), tenant("vip", Priority.CRITICAL),
+                          deadline_s=None)
+    ahead = scheduler.schedule_ahead()
+    assert [s.seq_id for s in ahead.seqs] == [1]  # no slot for 2 without preempting
+    scheduler.update_from_output(first, worker.run(first))
+    assert scheduler.schedule_ahead() is None
+    scheduler.update_from_output(ahead, worker.run(ahead))
+    plan = scheduler.schedule()
+    assert plan.preempted_seq_ids == (1,) and [s.seq_id for s in plan.seqs] == [2]
