@@ -343,8 +343,9 @@ class StepScheduler:
 
     def schedule_ahead(self) -> StepPlan | None:
         """The next step, planned while the one step in flight runs: its decodes take their input from
-        that step's samples. None when that step's result is needed first (see the module docstring);
-        then nothing changed here and `schedule()` follows the result."""
+        that step's samples, and waiting sequences that fit without preempting are admitted. None when
+        that step's result is needed first (see the module docstring), or there is nothing to run:
+        nothing was allocated, and `schedule()` follows the result."""
         if len(self._in_flight) != 1:
             raise RuntimeError(f"schedule_ahead needs exactly one step in flight, there are {len(self._in_flight)}")
         last, _ = self._in_flight[0]
