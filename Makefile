@@ -19,8 +19,9 @@ MESH_GATEWAY_HTTP := 127.0.0.1:$${MESH_GATEWAY_HTTP_PORT:-8000}
 export MESH_CLASSIFIER_MODEL ?= digits
 export MESH_GENERATOR_MODEL ?= tinylm
 # Running sequences per step for the generator worker (0: the model's manifest). tinylm's manifest says 16;
-# at 64 one CPU core computes a token for 80 us instead of 121 (docs/token_path.md, "Running slots").
-export MESH_GENERATOR_MAX_NUM_SEQS ?= $(if $(filter tinylm,$(MESH_GENERATOR_MODEL)),64,0)
+# at 32 one CPU core computes a token for ~86 us instead of ~117, and a light tenant's first token
+# under a heavy one stays within 3x of alone, which 64 slots broke (docs/token_path.md, "Running slots").
+export MESH_GENERATOR_MAX_NUM_SEQS ?= $(if $(filter tinylm,$(MESH_GENERATOR_MODEL)),32,0)
 export MESH_MODEL_REPO ?= $(MODEL_REPO)
 # The key make up checks readiness with (and make demo loads with): a tenant's key in MESH_TENANTS_FILE.
 MESH_API_KEY ?= demo-key-alpha

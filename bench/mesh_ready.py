@@ -9,7 +9,7 @@ import grpc
 from infermesh.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 # tinylm's running sequences per step as `make up`, compose and Kubernetes run it (its manifest says 16).
-TINYLM_MAX_NUM_SEQS = 64
+TINYLM_MAX_NUM_SEQS = 32
 
 
 def wait_attached(address: str, num_workers: int, timeout_s: float = 120.0) -> None:
