@@ -141,12 +141,24 @@ class StepBuilder:
         self.preempted: list[int] = []
         # Steps beyond the picked sequences' (a subclass's _extend_step; none in continuous batching).
         self.extra_steps: list[SequenceStep] = []
+        # Decodes planned ahead (schedule_ahead): each computes the token the step in flight samples.
+        self.ahead: list[SequenceStep] = []
         self.num_long_prefills = 0  # picked sequences with more than one chunk of prompt left
 
     def pick(self, seq: Sequence, num_new_tokens: int, new_blocks: tuple[int, ...]) -> None:
         self.picked[seq.seq_id] = (seq, num_new_tokens, new_blocks)
         self.token_budget -= num_new_tokens
         self._bill(seq, num_new_tokens)
+
+    def pick_ahead(self, seq: Sequence, start: int, new_blocks: tuple[int, ...]) -> None:
+        """A decode at `start` of the token the step in flight samples for `seq` (input_from_last_sample)."""
+        self.ahead.append(SequenceStep(
+            seq_id=seq.seq_id, token_ids=(), start_position=start, new_blocks=new_blocks,
+            reset_block_table=False, sample=True, sampling=seq.sampling, num_generated=seq.num_generated + 1,
+            input_from_last_sample=True,
+        ))
+        self.token_budget -= 1
+        self._service.charge(seq.tenant, num_decode_tokens=1)
 
     def _bill(self, seq: Sequence, num_new_tokens: int) -> None:
         """Charges the tenant when service is given, so later picks in this step already see it:
@@ -186,7 +198,7 @@ class StepBuilder:
                 )
             )
             seq.needs_block_table_reset = False
-        return (*steps, *self.extra_steps)
+        return (*self.ahead, *steps, *self.extra_steps)
 
 
 class StepSchedulerFactory(Protocol):
@@ -354,22 +366,14 @@ class StepScheduler:
         if continuing is None or not (continuing or self._waiting or self._preempted):
             return None
         step = StepBuilder(self.config.max_num_batched_tokens, self._service)
-        decodes = []
         for seq, start in continuing:
-            new_blocks = self.kv.allocate(seq.seq_id, start + 1)
-            self._service.charge(seq.tenant, num_decode_tokens=1)
-            step.token_budget -= 1
-            decodes.append(SequenceStep(
-                seq_id=seq.seq_id, token_ids=(), start_position=start, new_blocks=new_blocks,
-                reset_block_table=False, sample=True, sampling=seq.sampling, num_generated=seq.num_generated + 1,
-                input_from_last_sample=True,
-            ))
+            step.pick_ahead(seq, start, self.kv.allocate(seq.seq_id, start + 1))
         # Waiting sequences are admitted as far as room allows without preempting; one that finds no
         # room makes the step after this one wait for the result (schedule() may preempt for it).
         self._admission_blocked = self._admit(step, now, may_preempt=False)
-        if not decodes and not step.picked:
+        if not step.ahead and not step.picked:
             return None
-        plan = StepPlan(step_id=self._next_step_id, seqs=(*decodes, *step.build_steps()),
+        plan = StepPlan(step_id=self._next_step_id, seqs=step.build_steps(),
                         finished_seq_ids=tuple(self._forget_ids))
         self._next_step_id += 1
         self._forget_ids.clear()
