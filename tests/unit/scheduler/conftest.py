@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections import defaultdict
+from collections.abc import Callable
 
 import pytest
 
@@ -209,3 +211,12 @@ def assert_contiguous(transcript: Transcript, seq_id: int) -> None:
     for delta in transcript.deltas[seq_id]:
         assert delta.index == expected, f"seq {seq_id}: chunk at {delta.index}, expected {expected}"
         expected += len(delta.token_ids)
+
+
+async def until_turns(condition: Callable[[], bool], max_turns: int = 2000) -> None:
+    """Lets the event loop run until `condition()` holds (fake workers answer within a few turns)."""
+    for _ in range(max_turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"not reached in {max_turns} event-loop turns")

@@ -25,6 +25,7 @@ from services.scheduler.generate_pool import GeneratePool, GenerateStream
 from services.scheduler.sequence import SamplingParams
 from services.scheduler.worker_link import ModelKey, WorkerLink
 from tests.support.fake_clock import FakeClock
+from tests.unit.scheduler.conftest import until_turns
 
 MODEL = ModelKey("toy-generator", "1")
 
@@ -126,15 +127,6 @@ def pool() -> GeneratePool:
     return GeneratePool(MODEL, hello("w0"), SchedulerConfig(), clock=clock, sleep=clock.sleep)
 
 
-async def _until(condition, max_turns: int = 1000) -> None:
-    """Lets the event loop run until `condition()` holds (the fake workers answer at once)."""
-    for _ in range(max_turns):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError(f"not reached in {max_turns} event-loop turns")
-
-
 async def _settle(turns: int = 50) -> None:
     """Gives every task a chance to run: what could happen without time passing has happened."""
     for _ in range(turns):
@@ -200,7 +192,7 @@ async def test_cancelling_frees_the_blocks_and_tells_the_worker(pool):
     pool.abort(reader.stream)
     assert pool.pressure().kv_usage == 0, "freed at once, not at the next step"
     assert reader.stream.finished
-    await _until(lambda: reader.stream.seq_id in worker.forgotten)
+    await until_turns(lambda: reader.stream.seq_id in worker.forgotten)
     assert pool.pressure().kv_usage == 0 and worker.num_steps < 100
 
 
@@ -214,7 +206,7 @@ async def test_handing_a_stream_over_ends_it_with_the_error_frees_its_blocks_and
     assert not pool.hand_over(reader.stream, handover), "a stream is handed over once"
     with pytest.raises(errors.Unavailable, match="^scheduler draining: stream handed over$"):
         await reader.read()
-    await _until(lambda: reader.stream.seq_id in worker.forgotten)
+    await until_turns(lambda: reader.stream.seq_id in worker.forgotten)
     assert await other.read() == expected("xyz", 20), "the other stream runs on untouched"
     assert pool.pressure().kv_usage == 0
 

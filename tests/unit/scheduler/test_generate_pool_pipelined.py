@@ -20,6 +20,7 @@ from services.scheduler.sequence import FinishReason, SamplingParams
 from services.scheduler.worker_link import WorkerLink
 from services.worker.mock_models import MockGeneratorRuntime, MockProfile, mock_continuation
 from tests.support.fake_clock import FakeClock
+from tests.unit.scheduler.conftest import until_turns
 
 
 async def _no_wait(_: float) -> None:
@@ -124,19 +125,11 @@ def submit(pool: GeneratePool, seq_id: int, prompt: bytes, max_tokens: int, *, t
     return Stream(stream)
 
 
-async def until(condition, max_turns: int = 2000) -> None:
-    for _ in range(max_turns):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError(f"not reached in {max_turns} event-loop turns")
-
-
 async def test_step_n_plus_1_goes_out_before_the_result_of_step_n():
     pool = make_pool()
     worker = MockWorker(pool, "w0", MockProfile(), hold=True)
     reader = submit(pool, 1, b"hello", 6)
-    await until(lambda: len(worker.plans) == 2)
+    await until_turns(lambda: len(worker.plans) == 2)
     first, second = worker.plans
     assert worker.num_in_flight == 2 and not first.seqs[0].input_from_last_sample
     assert second.seqs[0].input_from_last_sample and second.seqs[0].token_ids == ()
@@ -153,12 +146,12 @@ async def _run_mixed(pipelined: bool, profile: MockProfile, num_streams: int = 3
     streams = {}
     for seq_id in range(1, num_streams + 1):
         if seq_id == num_streams // 2 + 1:  # a second wave while the first decodes
-            await until(lambda: len(worker.plans) >= 5)
+            await until_turns(lambda: len(worker.plans) >= 5)
         streams[seq_id] = submit(pool, seq_id, f"prompt {seq_id:03d}: ".encode() * (1 + seq_id % 3),
                                  max_tokens=2 + seq_id * 7 % 29, temperature=0.8 if seq_id % 2 else 0.0,
                                  stop=("q",) if seq_id % 3 == 0 else ())
     seen = {seq_id: (await reader.read()).seen() for seq_id, reader in streams.items()}
-    await until(lambda: worker.num_in_flight == 0)
+    await until_turns(lambda: worker.num_in_flight == 0)
     assert pool.kv_usage() == 0.0
     return seen, worker
 
@@ -194,11 +187,11 @@ async def test_aborting_with_two_steps_in_flight_frees_the_sequence_and_the_othe
     pool = make_pool()
     worker = MockWorker(pool, "w0", MockProfile(), hold=True)
     gone, kept = submit(pool, 1, b"gone", 20), submit(pool, 2, b"kept", 20)
-    await until(lambda: worker.num_in_flight == 2)
+    await until_turns(lambda: worker.num_in_flight == 2)
     pool.abort(gone.stream)
     worker.release()
     assert (await kept.read()).token_ids == mock_continuation(b"kept", 20)
-    await until(lambda: 1 in worker.forgotten and worker.num_in_flight == 0)
+    await until_turns(lambda: 1 in worker.forgotten and worker.num_in_flight == 0)
     assert pool.kv_usage() == 0.0 and gone.stream.events.empty()
 
 
@@ -206,9 +199,9 @@ async def test_a_worker_lost_with_two_steps_in_flight_loses_no_stream():
     pool = make_pool()
     first = MockWorker(pool, "w0", MockProfile(), hold=True)
     readers = [submit(pool, seq_id, f"lost {seq_id}".encode(), 15, temperature=0.5) for seq_id in (1, 2, 3)]
-    await until(lambda: len(first.held) == 2)
+    await until_turns(lambda: len(first.held) == 2)
     first.release_one()  # step 1's result: its tokens are streamed, step 3 goes out behind step 2
-    await until(lambda: len(first.plans) == 3 and len(first.held) == 2)
+    await until_turns(lambda: len(first.plans) == 3 and len(first.held) == 2)
     assert first.plans[2].seqs[0].input_from_last_sample
     second = MockWorker(pool, "w1", MockProfile())
     first.detach(pool)
