@@ -1,0 +1,181 @@
+"""Wide (up to 16-byte) loads and stores for the CUDA kernels.
+
+Numba indexes an array one element at a time, so a warp reading a float16 row
+issues one 2-byte load per lane per element. On an H200 the first kernels were
+bound by the number of load instructions, not by bytes (docs/kernels.md).
+These device functions move ``count`` consecutive elements as one vector
+access (``ld.v4.u32`` for 16 bytes), which is how CUDA C++ kernels read with
+``float4``/``uint4``.
+
+* ``vector_loader(dtype, count)`` → ``load(src, src_index)``: reads ``src``'s
+  elements ``src_index .. src_index+count-1`` (flat, row-major; ``src`` must be
+  C-contiguous) and returns them widened to float32, as a tuple (index it with
+  loop variables of unrolled constant-trip loops, so it stays in registers).
+* ``vector_copier(num_bytes)`` → ``copy(dst, dst_index, src, src_index)``:
+  copies ``num_bytes`` from ``src`` to ``dst`` (flat element indices, both
+  C-contiguous, same dtype) with one load and one store.
+
+The caller guarantees alignment: the byte address must be a multiple of the
+access width (a flat index that is a multiple of ``count`` on an allocation
+aligned to 16 bytes, which the caller checks on the host with
+``aligned``). Under ``NUMBA_ENABLE_CUDASIM=1`` the same functions run as plain
+element loops, so the simulator tests cover the kernels' indexing.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import config, cuda, types
+
+_SIMULATED = bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]  # numba.config sets it at import
+ACCESS_WIDTHS = (2, 4, 8, 16)
+_GLOBAL = 1  # NVVM's global address space: device arrays live there, and `ld.global` skips the generic-address check
+
+
+def widest_access(num_bytes: int, *, itemsize: int) -> int:
+    """The widest access (bytes, ≤ 16) that tiles a run of ``num_bytes`` and holds whole elements."""
+    for width in reversed(ACCESS_WIDTHS):
+        if width >= itemsize and num_bytes % width == 0:
+            return width
+    return itemsize
+
+
+def aligned(tensor, width: int) -> bool:
+    """Whether a tensor's data starts on a ``width``-byte boundary (views with offsets may not)."""
+    pointer = tensor.data_ptr() if hasattr(tensor, "data_ptr") else tensor.__cuda_array_interface__["data"][0]
+    return pointer % width == 0
+
+
+@functools.cache
+def vector_loader(dtype: str, count: int):
+    """A device function loading ``count`` elements of ``dtype`` (float32/float16) as float32, in one access."""
+    itemsize = np.dtype(dtype).itemsize
+    if count * itemsize not in ACCESS_WIDTHS:
+        raise ValueError(f"{count} x {dtype} is {count * itemsize} bytes; accesses are {ACCESS_WIDTHS} bytes")
+    if _SIMULATED:
+
+        @cuda.jit(device=True)
+        def load(src, src_index):
+            flat = src.reshape(-1)
+            return tuple(np.float32(flat[src_index + i]) for i in range(count))
+
+        return load
+    return _load_intrinsic(dtype, count)
+
+
+@functools.cache
+def vector_copier(num_bytes: int):
+    """A device function copying ``num_bytes`` (2, 4, 8 or 16) between arrays of one dtype, in one access."""
+    if num_bytes not in ACCESS_WIDTHS:
+        raise ValueError(f"copies are {ACCESS_WIDTHS} bytes; got {num_bytes}")
+    if _SIMULATED:
+
+        @cuda.jit(device=True)
+        def copy(dst, dst_index, src, src_index):
+            count = num_bytes // src.dtype.itemsize
+            dst_flat, src_flat = dst.reshape(-1), src.reshape(-1)
+            for i in range(count):
+                dst_flat[dst_index + i] = src_flat[src_index + i]
+
+        return copy
+    return _copy_intrinsic(num_bytes)
+
+
+# -- real GPU: LLVM IR through Numba intrinsics ------------------------------------------------
+
+
+def _address(builder, array_value, index, itemsize: int, ir):
+    """The address of flat element ``index`` of an array argument (Numba's array ABI: field 4 is the data pointer)."""
+    data = builder.extract_value(array_value, 4)
+    base = builder.ptrtoint(data, ir.IntType(64))
+    offset = builder.mul(builder.sext(index, ir.IntType(64)) if index.type.width < 64 else index,
+                         ir.Constant(ir.IntType(64), itemsize))
+    return builder.add(base, offset)
+
+
+def _word_vector(num_bytes: int, ir):
+    """The LLVM type moved for ``num_bytes``: i16, i32, or a vector of i32."""
+    if num_bytes == 2:
+        return ir.IntType(16)
+    if num_bytes == 4:
+        return ir.IntType(32)
+    return ir.VectorType(ir.IntType(32), num_bytes // 4)
+
+
+def _load(builder, address, typ, align: int, ir):
+    pointer = builder.inttoptr(address, typ.as_pointer(_GLOBAL))
+    try:
+        loaded = builder.load(pointer, align=align, typ=typ)
+    except TypeError:  # llvmlite without the `typ` argument (typed pointers)
+        loaded = builder.load(pointer, align=align)
+    return loaded
+
+
+def _words_as_floats(builder, loaded, dtype: str, count: int, ir):
+    """Split loaded words into ``count`` float32 values (float16 halves widened)."""
+    words = [loaded] if not isinstance(loaded.type, ir.VectorType) else [
+        builder.extract_element(loaded, ir.Constant(ir.IntType(32), i)) for i in range(loaded.type.count)]
+    values = []
+    for word in words:
+        if dtype == "float32":
+            values.append(builder.bitcast(word, ir.FloatType()))
+            continue
+        halves = [word] if word.type.width == 16 else [
+            builder.trunc(word, ir.IntType(16)),
+            builder.trunc(builder.lshr(word, ir.Constant(ir.IntType(32), 16)), ir.IntType(16)),
+        ]
+        for half_bits in halves:
+            values.append(builder.fpext(builder.bitcast(half_bits, ir.HalfType()), ir.FloatType()))
+    assert len(values) == count
+    return values
+
+
+def _load_intrinsic(dtype: str, count: int):
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    itemsize = np.dtype(dtype).itemsize
+    num_bytes = count * itemsize
+
+    @intrinsic
+    def load(typingctx, src, src_index):
+        if not (isinstance(src, types.Array) and str(src.dtype) == dtype and isinstance(src_index, types.Integer)):
+            return None
+        sig = types.UniTuple(types.float32, count)(src, src_index)
+
+        def codegen(context, builder, signature, args):
+            src_value, index_value = args
+            loaded = _load(builder, _address(builder, src_value, index_value, itemsize, ir),
+                           _word_vector(num_bytes, ir), num_bytes, ir)
+            values = _words_as_floats(builder, loaded, dtype, count, ir)
+            return context.make_tuple(builder, signature.return_type, values)
+
+        return sig, codegen
+
+    return load
+
+
+def _copy_intrinsic(num_bytes: int):
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def copy(typingctx, dst, dst_index, src, src_index):
+        if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.dtype == src.dtype):
+            return None
+        sig = types.void(dst, dst_index, src, src_index)
+        itemsize = src.dtype.bitwidth // 8
+
+        def codegen(context, builder, signature, args):
+            dst_value, dst_index_value, src_value, src_index_value = args
+            typ = _word_vector(num_bytes, ir)
+            loaded = _load(builder, _address(builder, src_value, src_index_value, itemsize, ir), typ, num_bytes, ir)
+            target = builder.inttoptr(_address(builder, dst_value, dst_index_value, itemsize, ir), typ.as_pointer(_GLOBAL))
+            builder.store(loaded, target, align=num_bytes)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return copy
