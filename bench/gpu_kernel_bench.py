@@ -4,7 +4,12 @@ Used by ``python -m bench.bench_kernels`` when a CUDA device is present.
 
 Each row is the median of ``repeats`` CUDA-event timings after warm-up, cycling
 through enough independent input sets that they do not fit in L2 (so the
-figure is HBM bandwidth, not cache). ``bytes`` is the least the op must move:
+figure is HBM bandwidth, not cache). Two times per row: ``call ms`` has the
+events around one call on an idle GPU, so it includes the host's launch
+cost where the GPU waits for it (what a caller sees); ``device ms`` first
+queues a ~5 ms spin on the GPU (``torch.cuda._sleep``), so every launch of
+the call is queued before the GPU reaches the start event and the events
+time the device work alone. Bandwidth is computed from ``device ms``. ``bytes`` is the least the op must move:
 for attention every K/V byte of every context once plus query and output;
 for the cache write the new K/V read once and written once; for images the
 source bytes read once and the output written once. ``of copy`` divides the
@@ -25,11 +30,15 @@ import torch
 import torch.nn.functional as F
 
 from bench.gpu_kernel_check import shuffled_block_tables
-from bench.paged_attention_v1 import paged_attention_v1
+from bench.kernels_before import write_kv_cache_per_element
 from kernels import fast_launch, paged_attention_decode, preprocess_images, write_kv_cache
+from kernels import paged_attention_warp as warp_kernel
 from kernels.image_preprocess import _preprocess_cuda, pack_images
 
 L2_MULTIPLE = 4  # input sets together span at least this many L2 caches
+
+
+SPIN_CYCLES = 10_000_000  # ~5 ms at H100/H200 clocks: longer than any call's host time below
 
 
 @dataclass(frozen=True)
@@ -38,20 +47,41 @@ class GpuRow:
     shape: str
     dtype: str
     variant: str
-    ms: float
+    ms: float  # per call, host launch included where the GPU waits for it
+    device_ms: float | None  # device work alone (launches queued behind a spin)
     bytes_moved: int
     gb_per_s: float
     of_copy: float
     of_peak: float | None
 
 
-def event_median_ms(fn: Callable[[int], object], num_sets: int, repeats: int) -> float:
+@dataclass(frozen=True)
+class Variant:
+    """One way of doing an op, to be timed: ``fn(i)`` runs it on input set ``i``."""
+
+    name: str
+    fn: Callable[[int], object]
+    num_sets: int
+    bytes_moved: int
+    device_timed: bool = True  # False where the host's time is the point (per-image loops, host packing)
+
+
+def measure(variant: Variant, repeats: int) -> tuple[float, float | None]:
+    """(call ms, device ms) of one variant."""
+    call = event_median_ms(variant.fn, variant.num_sets, repeats)
+    device = event_median_ms(variant.fn, variant.num_sets, repeats, device_only=True) if variant.device_timed else None
+    return call, device
+
+
+def event_median_ms(fn: Callable[[int], object], num_sets: int, repeats: int, *, device_only: bool = False) -> float:
     for i in range(3):
         fn(i % num_sets)
     torch.cuda.synchronize()
     samples = []
     for i in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if device_only:
+            torch.cuda._sleep(SPIN_CYCLES)
         start.record()
         fn(i % num_sets)
         end.record()
@@ -69,6 +99,19 @@ def generic_launch(fn: Callable[[int], object]) -> Callable[[int], object]:
             return fn(i)
         finally:
             fast_launch.set_enabled(True)
+
+    return call
+
+
+def lane_floats(bound: int, fn: Callable[[int], object]) -> Callable[[int], object]:
+    """The same call with the warp kernel's register bound per lane set to ``bound`` (a layout experiment)."""
+
+    def call(i: int) -> object:
+        saved, warp_kernel.MAX_LANE_FLOATS = warp_kernel.MAX_LANE_FLOATS, bound
+        try:
+            return fn(i)
+        finally:
+            warp_kernel.MAX_LANE_FLOATS = saved
 
     return call
 
@@ -99,8 +142,8 @@ def _sets_needed(bytes_per_set: int) -> int:
     return min(64, max(2, -(-L2_MULTIPLE * l2 // max(bytes_per_set, 1))))
 
 
-def attention_rows(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: int, ctx: tuple[int, int],
-                   dtype: torch.dtype, repeats: int, block_size: int = 16) -> list[tuple[str, float, int]]:
+def attention_variants(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: int, ctx: tuple[int, int],
+                       dtype: torch.dtype, block_size: int = 16) -> list[Variant]:
     gen = torch.Generator().manual_seed(0)
     cuda_gen = torch.Generator(device="cuda").manual_seed(0)
     lens = torch.randint(ctx[0], ctx[1] + 1, (num_seqs,), generator=gen, dtype=torch.int32)
@@ -120,9 +163,9 @@ def attention_rows(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: 
     scale = head_size**-0.5
     positions = torch.arange(width * block_size, device="cuda")
 
-    def ours(partition_size):
+    def ours(partition_size, kernel="warp"):
         return lambda i: paged_attention_decode(*sets[i], block_size, scale, out=out, backend="cuda",
-                                                partition_size=partition_size)
+                                                partition_size=partition_size, cuda_kernel=kernel)
 
     def gather_sdpa(i):
         query, key_cache, value_cache, tables, lens_d = sets[i]
@@ -132,28 +175,20 @@ def attention_rows(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: 
         return F.scaled_dot_product_attention(query[:, :, None, :], keys, values, attn_mask=mask, scale=scale,
                                               enable_gqa=True)
 
-    variants: list[tuple[str, Callable[[int], object]]] = [
-        ("ours (auto partitions)", ours(None)),
-        ("ours (auto), generic Numba launch", generic_launch(ours(None))),
-        ("ours, unsplit", ours(1 << 30)),
-        ("ours, 256-token partitions", ours(256)),
-        ("ours, 512-token partitions", ours(512)),
-        ("torch gather + SDPA", gather_sdpa),
+    moved, n = kv_bytes + io_bytes, len(sets)
+    return [
+        Variant("ours: warp kernel (auto partitions)", ours(None), n, moved),
+        Variant("ours: warp kernel, unsplit", ours(1 << 30), n, moved),
+        Variant("ours: warp kernel, 512-token partitions", ours(512), n, moved),
+        Variant("ours: warp kernel, 32 lane floats (more lanes/token)", lane_floats(32, ours(None)), n, moved),
+        Variant("tile kernel (first H200 design), auto", ours(None, "tile"), n, moved),
+        Variant("ours (auto), generic Numba launch", generic_launch(ours(None)), n, moved),
+        Variant("torch gather + SDPA", gather_sdpa, n, moved),
     ]
-    if dtype == torch.float32:
-        variants.append(("first kernel (per query head)", lambda i: paged_attention_v1(
-            *sets[i], block_size, scale, out)))
-    rows = []
-    for name, fn in variants:
-        try:
-            rows.append((name, event_median_ms(fn, len(sets), repeats), kv_bytes + io_bytes))
-        except Exception as error:  # one failing baseline (e.g. out of memory) must not lose the rest
-            print(f"  {name}: {type(error).__name__}: {error}")
-    return rows
 
 
-def kv_cache_rows(num_tokens: int, num_kv_heads: int, head_size: int, dtype: torch.dtype,
-                  repeats: int, block_size: int = 16) -> list[tuple[str, float, int]]:
+def kv_cache_variants(num_tokens: int, num_kv_heads: int, head_size: int, dtype: torch.dtype,
+                      block_size: int = 16) -> list[Variant]:
     gen = torch.Generator(device="cuda").manual_seed(1)
     num_blocks = 4 * -(-num_tokens // block_size)
     row_bytes = num_kv_heads * head_size * torch.finfo(dtype).bits // 8
@@ -167,6 +202,9 @@ def kv_cache_rows(num_tokens: int, num_kv_heads: int, head_size: int, dtype: tor
             torch.zeros(shape, dtype=dtype, device="cuda"), torch.zeros(shape, dtype=dtype, device="cuda"),
             torch.randperm(num_blocks * block_size, generator=gen, device="cuda")[:num_tokens],
         ])
+    from numba import cuda
+
+    stream = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
 
     def index_copy(i):
         key, value, key_cache, value_cache, slots = sets[i]
@@ -179,15 +217,17 @@ def kv_cache_rows(num_tokens: int, num_kv_heads: int, head_size: int, dtype: tor
     print(f"  write_kv_cache {num_tokens} tokens {dtype}: host us per call: fast launch "
           f"{host_us_per_call(ours, len(sets)):.1f}, generic {host_us_per_call(generic_launch(ours), len(sets)):.1f}, "
           f"torch index_copy_ {host_us_per_call(index_copy, len(sets)):.1f}")
+    n = len(sets)
     return [
-        ("ours", event_median_ms(ours, len(sets), repeats), moved),
-        ("ours, generic Numba launch", event_median_ms(generic_launch(ours), len(sets), repeats), moved),
-        ("torch index_copy_", event_median_ms(index_copy, len(sets), repeats), moved),
+        Variant("ours", ours, n, moved),
+        Variant("ours, generic Numba launch", generic_launch(ours), n, moved),
+        Variant("first kernel (one thread per element)", lambda i: write_kv_cache_per_element(*sets[i], stream), n,
+                moved),
+        Variant("torch index_copy_", index_copy, n, moved),
     ]
 
 
-def preprocess_rows(num_images: int, low: int, high: int, out_px: int, dtype, repeats: int
-                    ) -> list[tuple[str, float, int]]:
+def preprocess_variants(num_images: int, low: int, high: int, out_px: int, dtype) -> list[Variant]:
     rng = np.random.default_rng(2)
     mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
     sizes = rng.integers(low, high + 1, size=(num_images, 2))
@@ -229,10 +269,10 @@ def preprocess_rows(num_images: int, low: int, high: int, out_px: int, dtype, re
 
     moved = source_bytes + out_bytes
     return [
-        ("ours, kernel only (packed input on the GPU)", event_median_ms(kernel_only, 1, repeats), moved),
-        ("torch F.interpolate per image, on the GPU", event_median_ms(torch_on_device, 1, repeats), moved),
-        ("ours, public call: pack + H2D + kernel", event_median_ms(public, 1, repeats), moved),
-        ("torch per image: H2D + interpolate", event_median_ms(torch_from_host, 1, repeats), moved),
+        Variant("ours, kernel only (packed input on the GPU)", kernel_only, 1, moved),
+        Variant("torch F.interpolate per image, on the GPU", torch_on_device, 1, moved, device_timed=False),
+        Variant("ours, public call: pack + H2D + kernel", public, 1, moved, device_timed=False),
+        Variant("torch per image: H2D + interpolate", torch_from_host, 1, moved, device_timed=False),
     ]
 
 
@@ -247,39 +287,50 @@ def gpu_rows(repeats: int, peak_gb_per_s: float | None) -> tuple[float, list[Gpu
         name = str(dtype)[6:]
         suites += [
             ("paged_attention_decode", "64 seqs, tinylm 4/2 heads x 32, ctx 1024-2048, block 16", name,
-             lambda d=dtype: attention_rows(64, 4, 2, 32, (1024, 2048), d, repeats)),
+             lambda d=dtype: attention_variants(64, 4, 2, 32, (1024, 2048), d)),
             ("paged_attention_decode", "256 seqs, tinylm 4/2 heads x 32, ctx 1024-2048, block 16", name,
-             lambda d=dtype: attention_rows(256, 4, 2, 32, (1024, 2048), d, repeats)),
+             lambda d=dtype: attention_variants(256, 4, 2, 32, (1024, 2048), d)),
             ("paged_attention_decode", "64 seqs, 32/8 heads x 128, ctx 1024-2048, block 16", name,
-             lambda d=dtype: attention_rows(64, 32, 8, 128, (1024, 2048), d, repeats)),
+             lambda d=dtype: attention_variants(64, 32, 8, 128, (1024, 2048), d)),
             ("paged_attention_decode", "8 seqs, 32/8 heads x 128, ctx 4096, block 16", name,
-             lambda d=dtype: attention_rows(8, 32, 8, 128, (4096, 4096), d, repeats)),
+             lambda d=dtype: attention_variants(8, 32, 8, 128, (4096, 4096), d)),
             ("write_kv_cache", "prefill scatter: 16384 tokens, 8 kv heads x 128", name,
-             lambda d=dtype: kv_cache_rows(16384, 8, 128, d, repeats)),
+             lambda d=dtype: kv_cache_variants(16384, 8, 128, d)),
             ("write_kv_cache", "decode step: 256 tokens, 2 kv heads x 32", name,
-             lambda d=dtype: kv_cache_rows(256, 2, 32, d, repeats)),
+             lambda d=dtype: kv_cache_variants(256, 2, 32, d)),
         ]
     for out_dtype in (np.float32, np.float16):
         suites.append(("preprocess_images", "256 images 64-512 px -> 224x224", np.dtype(out_dtype).name,
-                       lambda d=out_dtype: preprocess_rows(256, 64, 512, 224, d, repeats)))
+                       lambda d=out_dtype: preprocess_variants(256, 64, 512, 224, d)))
     suites.append(("preprocess_images", "1024 images 16-64 px -> 32x32", "float32",
-                   lambda: preprocess_rows(1024, 16, 64, 32, np.float32, repeats)))
-    for op, shape, dtype_name, run in suites:
+                   lambda: preprocess_variants(1024, 16, 64, 32, np.float32)))
+    for op, shape, dtype_name, make in suites:
         try:
-            measured = run()
+            variants = make()
         except Exception as error:
             print(f"{op} {shape} {dtype_name}: {type(error).__name__}: {error}")
             continue
-        for variant, ms, moved in measured:
-            gb = moved / (ms * 1e-3) / 1e9
-            rows.append(GpuRow(op, shape, dtype_name, variant, ms, moved, gb, gb / copy,
-                               gb / peak_gb_per_s if peak_gb_per_s else None))
-        print_rows(rows[-len(measured):])
+        first = len(rows)
+        for variant in variants:
+            try:  # one failing variant (e.g. out of memory) must not lose the rest
+                call_ms, device_ms = measure(variant, repeats)
+            except Exception as error:
+                print(f"  {variant.name}: {type(error).__name__}: {error}")
+                continue
+            gb = variant.bytes_moved / ((device_ms or call_ms) * 1e-3) / 1e9
+            rows.append(GpuRow(op, shape, dtype_name, variant.name, call_ms, device_ms, variant.bytes_moved, gb,
+                               gb / copy, gb / peak_gb_per_s if peak_gb_per_s else None))
+        print_rows(rows[first:])
+        torch.cuda.empty_cache()
+    from kernels import paged_attention
+
+    print(f"warp attention kernel failures (rows named 'warp' then ran the tile kernel): {paged_attention._warp_failures}")
     return copy, rows
 
 
 def print_rows(rows: list[GpuRow]) -> None:
     for r in rows:
         peak = f"{r.of_peak:.0%}" if r.of_peak else "n/a"
-        print(f"{r.op:<22} {r.dtype:<8} {r.shape:<52} {r.variant:<44} {r.ms:>9.4f} ms {r.gb_per_s:>7.0f} GB/s "
-              f"{r.of_copy:>5.0%} of copy {peak:>5} of peak")
+        device = f"{r.device_ms:>8.4f}" if r.device_ms is not None else "       -"
+        print(f"{r.op:<22} {r.dtype:<8} {r.shape:<52} {r.variant:<44} call {r.ms:>8.4f} ms device {device} ms "
+              f"{r.gb_per_s:>6.0f} GB/s {r.of_copy:>4.0%} of copy {peak:>4} of peak")

@@ -111,15 +111,28 @@ def check_attention(gen: torch.Generator, results: list[CheckResult]) -> None:
             args = attention_inputs(gen, lens, num_heads, num_kv_heads, head_size, block_size, dtype)
             scale = head_size**-0.5
             want = attention_reference64(*args, block_size, scale)
-            for split_name, partition_size in (("auto", None), ("unsplit", 1 << 30), ("256-token partitions", 256),
-                                               ("auto again (fast launch)", None)):
+            variants = (("auto", None, "warp"), ("unsplit", 1 << 30, "warp"), ("256-token partitions", 256, "warp"),
+                        ("auto again (fast launch)", None, "warp"), ("tile kernel, auto", None, "tile"))
+            case_name = name
+            if name.startswith("32/8x128, batch 64"):  # caches 4 (fp32) or 2 (fp16) bytes off 16: narrower loads
+                args[1], args[2] = (_misaligned_copy(cache) for cache in args[1:3])
+                case_name = name + ", caches misaligned"
+            for split_name, partition_size, kernel in variants:
                 out = torch.full_like(args[0], float("nan"))
                 paged_attention_decode(*args, block_size, scale, out=out, backend="cuda",
-                                       partition_size=partition_size)
+                                       partition_size=partition_size, cuda_kernel=kernel)
                 torch.cuda.synchronize()
                 error = relative_error(out, want)
-                results.append(CheckResult("paged_attention_decode", f"{name}, {split_name}", str(dtype)[6:],
+                results.append(CheckResult("paged_attention_decode", f"{case_name}, {split_name}", str(dtype)[6:],
                                            error, BOUND[dtype], error <= BOUND[dtype]))
+
+
+def _misaligned_copy(cache: torch.Tensor) -> torch.Tensor:
+    """The same values in a contiguous view that starts one element past a 16-byte boundary."""
+    flat = torch.empty(cache.numel() + 1, dtype=cache.dtype, device=cache.device)
+    view = flat[1:].view(cache.shape)
+    view.copy_(cache)
+    return view
 
 
 def check_kv_cache(gen: torch.Generator, results: list[CheckResult]) -> None:

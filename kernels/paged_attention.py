@@ -25,6 +25,7 @@ to read K/V once, contiguously, and never materialize the gathered context.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from typing import Any
 
@@ -32,6 +33,7 @@ import numba
 import numpy as np
 from numba import cuda
 
+from kernels import paged_attention_warp as warp
 from kernels.backend import (
     Backend,
     DeviceLaunch,
@@ -45,7 +47,9 @@ from kernels.backend import (
 )
 from kernels.paged_attention_cuda import THREADS, attention_kernels, partition_length
 from kernels.validation import check_array, check_contiguous, check_dim
+from kernels.vector_access import aligned
 
+log = logging.getLogger(__name__)
 _FLOAT_DTYPES = ("float32", "float16")
 
 # Reassociation lets LLVM vectorize the dot products and sums; no nnan/ninf,
@@ -147,6 +151,7 @@ def paged_attention_decode(
     backend: str | Backend | None = None,
     *,
     partition_size: int | None = None,
+    cuda_kernel: str = "warp",
 ):
     """Decode attention over paged KV; returns ``out`` (allocated like ``query`` when None).
 
@@ -158,8 +163,13 @@ def paged_attention_decode(
     (accumulating in float32); the CPU twin takes float32.
     ``partition_size`` (CUDA only) fixes the context partition length of the
     split-context kernel; None lets it fill the GPU (see
-    ``kernels.paged_attention_cuda``).
+    ``kernels.paged_attention_cuda``). ``cuda_kernel`` picks the CUDA kernel:
+    ``"warp"`` (``kernels.paged_attention_warp``, 16-byte loads, the default)
+    or ``"tile"`` (the first kernel, ``kernels.paged_attention_cuda``), kept
+    for comparison.
     """
+    if cuda_kernel not in ("warp", "tile"):
+        raise ValueError(f"cuda_kernel must be 'warp' or 'tile'; got {cuda_kernel!r}")
     num_seqs, num_heads, head_size = check_array(
         "query", query, dtypes=_FLOAT_DTYPES, layout=("num_seqs", "num_heads", "head_size")
     )
@@ -224,19 +234,26 @@ def paged_attention_decode(
                 np.float32(scale),
             )
     else:
-        _launch_cuda(arrays, out, num_kv_heads, int(block_size), float(scale), partition_size)
+        _launch_cuda(arrays, out, num_kv_heads, int(block_size), float(scale), partition_size, cuda_kernel)
     return out
 
 
 def _launch_cuda(arrays: dict[str, Any], out: Any, num_kv_heads: int, block_size: int, scale: float,
-                 partition_size: int | None) -> None:
+                 partition_size: int | None, cuda_kernel: str) -> None:
     """Launches the split-context kernel (and its merge when the context is split) on PyTorch's stream."""
     num_seqs, num_heads, head_size = arrays["query"].shape
-    partition_kernel, merge_kernel = attention_kernels(head_size, num_heads // num_kv_heads,
-                                                       dtype_name(arrays["key_cache"]))
+    group, dtype = num_heads // num_kv_heads, dtype_name(arrays["key_cache"])
+    tile_kernel, merge_kernel = attention_kernels(head_size, group, dtype)
+    if cuda_kernel == "warp" and not _warp_failures:
+        layout = warp.layout_for(head_size, group, np.dtype(dtype).itemsize,
+                                 max_width=_alignment(arrays["key_cache"], arrays["value_cache"]))
+        partition_kernel, blocks_x = warp.warp_attention_kernel(head_size, group, dtype, layout), \
+            warp.grid_x(num_kv_heads, group, layout)
+    else:
+        partition_kernel, blocks_x = tile_kernel, num_kv_heads
     max_context = arrays["block_tables"].shape[1] * block_size
     if partition_size is None:
-        part_len = partition_length(max_context, num_seqs * num_kv_heads, 4 * _multiprocessor_count())
+        part_len = partition_length(max_context, num_seqs * blocks_x, 4 * _multiprocessor_count())
     elif partition_size < 1:
         raise ValueError(f"partition_size must be >= 1; got {partition_size}")
     else:
@@ -250,11 +267,32 @@ def _launch_cuda(arrays: dict[str, Any], out: Any, num_kv_heads: int, block_size
         part_max = launch.scratch((num_seqs, num_heads, num_parts))
         part_sum = launch.scratch((num_seqs, num_heads, num_parts))
         part_out = launch.scratch((num_seqs, num_heads, num_parts, head_size))
-    launch.launch(partition_kernel, (num_kv_heads, num_seqs, num_parts), THREADS,
-                  [out, part_max, part_sum, part_out, *inputs, block_size, scale, part_len], outputs=(0,))
+    args = [out, part_max, part_sum, part_out, *inputs, block_size, scale, part_len]
+    try:
+        launch.launch(partition_kernel, (blocks_x, num_seqs, num_parts), THREADS, args, outputs=(0,))
+    except Exception as error:  # a Numba/NVVM that cannot build the vector loads: serve with the first kernel
+        if partition_kernel is tile_kernel:
+            raise
+        _warp_failures.append(f"{type(error).__name__}: {error}")
+        log.warning("warp attention kernel failed to build or launch, using the tile kernel: %s", _warp_failures[-1])
+        launch.launch(tile_kernel, (num_kv_heads, num_seqs, num_parts), THREADS, args, outputs=(0,))
     if num_parts > 1:
         launch.launch(merge_kernel, (num_heads, num_seqs), THREADS,
                       [out, part_max, part_sum, part_out, arrays["context_lens"], part_len], outputs=(0,))
+
+
+_warp_failures: list[str] = []  # why the warp kernel is off in this process, if it is
+
+
+def _alignment(*arrays: Any) -> int:
+    """The widest load (≤ 16 bytes) every array's device address allows; host arrays are copied to fresh,
+    aligned device buffers."""
+    width = 16
+    for array in arrays:
+        if is_torch_tensor(array) or hasattr(array, "__cuda_array_interface__"):
+            while width > 1 and not aligned(array, width):
+                width //= 2
+    return width
 
 
 @functools.cache

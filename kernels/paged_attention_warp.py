@@ -1,0 +1,285 @@
+"""The CUDA decode-attention kernel for bandwidth: every warp streams its own tokens, 16 bytes a load.
+
+The first kernel (``kernels.paged_attention_cuda``) scored a tile of tokens
+into shared memory, then ran the softmax and the values as block-wide phases
+with three barriers per tile and 2- or 4-byte loads. On an H200 it reached at
+most 16% of the copy bandwidth: the number of load instructions and the
+barriers bound it, not bytes (docs/kernels.md). This one is built like a
+streaming copy:
+
+* **Lane groups own tokens.** ``L`` lanes (a power of two) share one token; a
+  warp holds ``32 / L`` tokens at a time and each of the 4 warps of a block
+  walks its own tokens of the partition. A lane loads the same ``16``-byte
+  pieces of the token's K row and of its V row (one ``ld.global.v4`` each),
+  so one instruction of the ``L`` lanes reads ``16·L`` contiguous bytes.
+* **No barrier in the loop.** The ``L`` lanes sum their partial dot products
+  with warp shuffles, so each of them holds the token's score, and then fold
+  the token into their own online softmax (running max, sum and the weighted
+  V of their dims). ``U`` tokens per lane group are loaded (K and V) before
+  any is used, so loads are in flight together.
+* **Merges at the end only.** The lane groups of a warp merge by shuffles,
+  the warps through shared memory, and split partitions by the merge kernel
+  of ``kernels.paged_attention_cuda`` (flash-decoding), as before.
+* **Registers bound the shape.** The query slice (``group`` heads × the lane's
+  dims) and the accumulators live in registers, so ``L`` grows with
+  ``group × head_size`` and a large GQA group is split over blocks
+  (``heads_per_block``), each reading the K/V of its KV head once.
+
+``layout_for`` picks the access width and ``L`` at launch time: 16-byte
+loads where the row's bytes and the cache's address allow it, narrower
+otherwise, so every head size and alignment runs. Under
+``NUMBA_ENABLE_CUDASIM=1`` shuffles are emulated through shared memory and
+barriers (``_xor_lane``), which every thread of the block reaches.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numba import config, cuda, float32, int32
+
+from kernels.vector_access import ACCESS_WIDTHS, vector_loader
+
+THREADS = 128
+WARP = 32
+NUM_WARPS = THREADS // WARP
+_FULL_MASK = 0xFFFFFFFF
+_SIMULATED = bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]  # numba.config sets it at import
+# Query and accumulator floats a lane keeps per block (each): more spills registers.
+MAX_LANE_FLOATS = 64
+# Bytes the lanes of one token read per load instruction, at least (two 32-byte sectors).
+MIN_BYTES_PER_TOKEN_LOAD = 64
+# Widened K and V floats a lane holds for the tokens in flight.
+MAX_FLOATS_IN_FLIGHT = 64
+MAX_TOKENS_IN_FLIGHT = 4
+
+
+@dataclass(frozen=True)
+class WarpLayout:
+    """How a block splits the work; every field is a compile-time constant of the kernel."""
+
+    width: int  # bytes per load
+    lanes_per_token: int  # L: lanes sharing one token (power of two)
+    heads_per_block: int  # query heads of the GQA group this block serves
+    tokens_in_flight: int  # U: tokens a lane group loads before using any
+
+    def elements_per_load(self, itemsize: int) -> int:
+        return self.width // itemsize
+
+
+def layout_for(head_size: int, group: int, itemsize: int, max_width: int = 16) -> WarpLayout:
+    """The widest loads, then the fewest lanes per token, that keep a lane's registers within bounds.
+
+    ``max_width`` is the largest access the cache's address alignment allows.
+    Fewer lanes per token mean fewer shuffles; at least enough lanes that one
+    load instruction reads ``MIN_BYTES_PER_TOKEN_LOAD`` of the row, where the
+    row allows it.
+    """
+    lane_floats = MAX_LANE_FLOATS  # read at call time: the benchmark tries other bounds
+    heads = max(h for h in range(1, group + 1) if group % h == 0 and (h * head_size <= WARP * lane_floats or h == 1))
+    for_registers = -(-heads * head_size // lane_floats)
+    row_bytes = head_size * itemsize
+    for width in sorted((w for w in ACCESS_WIDTHS if itemsize <= w <= max_width), reverse=True):
+        if row_bytes % width:
+            continue
+        num_loads = row_bytes // width
+        options = [lanes for lanes in (1, 2, 4, 8, 16, 32) if lanes >= for_registers and num_loads % lanes == 0]
+        if options:
+            contiguous = [lanes for lanes in options if lanes * width >= min(row_bytes, MIN_BYTES_PER_TOKEN_LOAD)]
+            lanes = contiguous[0] if contiguous else options[-1]
+            return WarpLayout(width, lanes, heads, _tokens_in_flight(head_size // lanes))
+    lanes = 1  # element-wide loads: the largest power of two that divides the row
+    while lanes * 2 <= WARP and head_size % (lanes * 2) == 0:
+        lanes *= 2
+    return WarpLayout(itemsize, lanes, heads, _tokens_in_flight(head_size // lanes))
+
+
+def _tokens_in_flight(dims_per_lane: int) -> int:
+    return max(1, min(MAX_TOKENS_IN_FLIGHT, MAX_FLOATS_IN_FLIGHT // (2 * dims_per_lane)))
+
+
+if _SIMULATED:
+
+    @cuda.jit(device=True)
+    def _xor_lane(value, offset, scratch, tid):
+        """The value of lane ``lane ^ offset`` (a barrier: every thread of the block calls it)."""
+        cuda.syncthreads()
+        scratch[tid] = value
+        cuda.syncthreads()
+        return scratch[tid ^ offset]
+
+else:
+
+    @cuda.jit(device=True, inline=True)
+    def _xor_lane(value, offset, scratch, tid):
+        return cuda.shfl_xor_sync(_FULL_MASK, value, offset)
+
+
+@functools.cache
+def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLayout):
+    """The partition kernel for one shape; it writes ``out`` directly when the grid has one partition."""
+    itemsize = np.dtype(dtype).itemsize
+    vec = layout.elements_per_load(itemsize)
+    lanes = layout.lanes_per_token
+    heads = layout.heads_per_block
+    tokens_in_flight = layout.tokens_in_flight
+    loads_per_lane = head_size // (vec * lanes)
+    dims = loads_per_lane * vec  # dims a lane owns, for K and V alike
+    tokens_per_warp = WARP // lanes
+    step = NUM_WARPS * tokens_per_warp * tokens_in_flight
+    chunks = group // heads
+    load = vector_loader(dtype, vec)
+    neg_inf = np.float32(-np.inf)
+    zero = np.float32(0.0)
+
+    @cuda.jit
+    def kernel(out, part_max, part_sum, part_out, query, key_cache, value_cache, block_tables, context_lens,
+               block_size, scale, part_len):
+        kv_head = cuda.blockIdx.x // chunks
+        first_head = kv_head * group + (cuda.blockIdx.x - kv_head * chunks) * heads
+        seq = cuda.blockIdx.y
+        part = cuda.blockIdx.z
+        num_parts = cuda.gridDim.z
+        tid = cuda.threadIdx.x
+        lane = tid % WARP
+        warp = tid // WARP
+        slot = lane // lanes
+        sub = lane - slot * lanes
+        context_len = int32(context_lens[seq])
+        part_start = int32(part * part_len)
+        if part_start >= context_len:
+            return  # the whole block leaves together: no barrier is skipped by some threads only
+        part_end = part_start + int32(part_len)
+        if part_end > context_len:
+            part_end = context_len
+        rows_per_block = int32(block_size)
+        num_kv_heads = int32(key_cache.shape[2])
+
+        scratch = cuda.shared.array(THREADS, float32)  # the simulator's shuffles
+        merge_max = cuda.shared.array((NUM_WARPS, heads), float32)
+        merge_sum = cuda.shared.array((NUM_WARPS, heads), float32)
+        merge_acc = cuda.shared.array((NUM_WARPS, heads, head_size), float32)
+        q = cuda.local.array((heads, dims), float32)
+        acc = cuda.local.array((heads, dims), float32)
+        run_max = cuda.local.array(heads, float32)
+        run_sum = cuda.local.array(heads, float32)
+        keys = cuda.local.array((tokens_in_flight, dims), float32)
+        values = cuda.local.array((tokens_in_flight, dims), float32)
+        scores = cuda.local.array((heads, tokens_in_flight), float32)
+
+        for g in range(heads):
+            for j in range(loads_per_lane):
+                for e in range(vec):
+                    dim = (sub + j * lanes) * vec + e
+                    q[g, j * vec + e] = float32(query[seq, first_head + g, dim]) * float32(scale)
+                    acc[g, j * vec + e] = zero
+            run_max[g] = neg_inf
+            run_sum[g] = zero
+
+        for step_start in range(part_start, part_end, step):
+            # 1. K and V of `tokens_in_flight` tokens per lane group, all loads issued before any use.
+            for u in range(tokens_in_flight):
+                token = step_start + (warp * tokens_in_flight + u) * tokens_per_warp + slot
+                if token < part_end:
+                    logical_block = token // rows_per_block
+                    block = int32(block_tables[seq, logical_block])
+                    row = ((block * rows_per_block + token - logical_block * rows_per_block) * num_kv_heads
+                           + kv_head) * head_size
+                    for j in range(loads_per_lane):
+                        index = row + (sub + j * lanes) * vec
+                        k_part = load(key_cache, index)
+                        v_part = load(value_cache, index)
+                        for e in range(vec):
+                            keys[u, j * vec + e] = k_part[e]
+                            values[u, j * vec + e] = v_part[e]
+                else:
+                    for d in range(dims):
+                        keys[u, d] = zero
+                        values[u, d] = zero
+            # 2. Scores: partial dots summed over the token's lanes (every lane of the warp shuffles).
+            for u in range(tokens_in_flight):
+                valid = step_start + (warp * tokens_in_flight + u) * tokens_per_warp + slot < part_end
+                for g in range(heads):
+                    dot = zero
+                    for d in range(dims):
+                        dot += q[g, d] * keys[u, d]
+                    offset = lanes // 2
+                    while offset > 0:
+                        dot += _xor_lane(dot, offset, scratch, tid)
+                        offset //= 2
+                    scores[g, u] = dot if valid else neg_inf
+            # 3. Online softmax over the new tokens, and their values into this lane's dims.
+            for g in range(heads):
+                best = run_max[g]
+                for u in range(tokens_in_flight):
+                    if scores[g, u] > best:
+                        best = scores[g, u]
+                if best > neg_inf:
+                    rescale = math.exp(run_max[g] - best)  # 0 while nothing was seen (max -inf)
+                    total = run_sum[g] * rescale
+                    for d in range(dims):
+                        acc[g, d] *= rescale
+                    for u in range(tokens_in_flight):
+                        p = math.exp(scores[g, u] - best)  # 0 for tokens past the end
+                        total += p
+                        for d in range(dims):
+                            acc[g, d] += p * values[u, d]
+                    run_sum[g] = total
+                    run_max[g] = best
+
+        # Merge the lane groups of each warp (lanes with the same `sub` hold the same dims).
+        offset = lanes
+        while offset < WARP:
+            for g in range(heads):
+                other_max = _xor_lane(run_max[g], offset, scratch, tid)
+                other_sum = _xor_lane(run_sum[g], offset, scratch, tid)
+                best = other_max if other_max > run_max[g] else run_max[g]
+                mine = math.exp(run_max[g] - best) if run_max[g] > neg_inf else zero
+                theirs = math.exp(other_max - best) if other_max > neg_inf else zero
+                run_sum[g] = run_sum[g] * mine + other_sum * theirs
+                for d in range(dims):
+                    other = _xor_lane(acc[g, d], offset, scratch, tid)
+                    acc[g, d] = acc[g, d] * mine + other * theirs
+                run_max[g] = best
+            offset *= 2
+        # Merge the warps through shared memory.
+        if slot == 0:
+            for g in range(heads):
+                if sub == 0:
+                    merge_max[warp, g] = run_max[g]
+                    merge_sum[warp, g] = run_sum[g]
+                for j in range(loads_per_lane):
+                    for e in range(vec):
+                        merge_acc[warp, g, (sub + j * lanes) * vec + e] = acc[g, j * vec + e]
+        cuda.syncthreads()
+        for i in range(tid, heads * head_size, THREADS):
+            g = i // head_size
+            dim = i - g * head_size
+            best = neg_inf
+            for w in range(NUM_WARPS):
+                if merge_max[w, g] > best:
+                    best = merge_max[w, g]
+            total = zero
+            value = zero
+            for w in range(NUM_WARPS):
+                if merge_max[w, g] > neg_inf:
+                    weight = math.exp(merge_max[w, g] - best)
+                    total += merge_sum[w, g] * weight
+                    value += merge_acc[w, g, dim] * weight
+            if num_parts == 1:
+                out[seq, first_head + g, dim] = value / total
+            else:
+                part_out[seq, first_head + g, part, dim] = value
+                if dim == 0:
+                    part_max[seq, first_head + g, part] = best
+                    part_sum[seq, first_head + g, part] = total
+
+    return kernel
+
+
+def grid_x(num_kv_heads: int, group: int, layout: WarpLayout) -> int:
+    """Blocks along x: one per (KV head, chunk of its query heads)."""
+    return num_kv_heads * (group // layout.heads_per_block)
