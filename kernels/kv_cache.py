@@ -16,6 +16,7 @@ cache, so every backend is bound by memory traffic.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numba
@@ -30,35 +31,58 @@ from kernels.backend import (
     cpu_threads_for,
     dtype_name,
     host_view,
+    is_on_device,
+    is_torch_tensor,
     resolve_backend,
 )
 from kernels.validation import check_array, check_contiguous, check_dim
+from kernels.vector_access import aligned, vector_copier, widest_access
 
 THREADS_PER_BLOCK = 256
+# Chunks each thread copies, THREADS_PER_BLOCK apart so that every pass of a
+# warp covers 32 neighbouring chunks. A copy is a load and the store that needs
+# it, so a thread has one load in flight; full occupancy (the kernel uses ~24
+# registers) supplies the rest, and the loop amortises the index setup.
+CHUNKS_PER_THREAD = 4
+CHUNKS_PER_BLOCK = THREADS_PER_BLOCK * CHUNKS_PER_THREAD
 
 
-@cuda.jit
-def _write_kv_cache_cuda(key, value, key_cache, value_cache, slot_mapping):
-    """One thread per (token, head, dim) element, so neighbouring threads copy neighbouring floats."""
-    idx = cuda.grid(1)
-    num_tokens, num_kv_heads, head_size = key.shape
-    row = num_kv_heads * head_size
-    if idx >= num_tokens * row:
-        return
-    token = idx // row
-    slot = slot_mapping[token]
-    block_size = key_cache.shape[1]
-    # Device-resident slots are not range-checked on the host (that would
-    # synchronize); an out-of-range slot is dropped rather than written wild.
-    if slot < 0 or slot >= key_cache.shape[0] * block_size:
-        return
-    within = idx - token * row
-    head = within // head_size
-    dim = within - head * head_size
-    block = slot // block_size
-    offset = slot - block * block_size
-    key_cache[block, offset, head, dim] = key[token, head, dim]
-    value_cache[block, offset, head, dim] = value[token, head, dim]
+@functools.cache
+def _scatter_kernel(row_bytes: int, width: int, itemsize: int):
+    """The kernel copying ``row_bytes``-byte token rows as ``width``-byte chunks, all compile-time constants.
+
+    Rows are contiguous in key/value and in a cache slot, so the op is a copy
+    of ``num_tokens * chunks_per_row`` chunks: chunk ``i`` of the flattened
+    key is chunk ``i % chunks_per_row`` of token ``i // chunks_per_row``'s row.
+    Consecutive threads take consecutive chunks, so a warp moves 32
+    neighbouring chunks (512 bytes at width 16) of one or two rows. The
+    constant divisor becomes a multiply and shift, not a 64-bit division.
+    """
+    copy = vector_copier(width)
+    chunk_elements = width // itemsize
+    chunks_per_row = row_bytes // width
+    row_elements = row_bytes // itemsize
+
+    @cuda.jit
+    def scatter(key, value, key_cache, value_cache, slot_mapping):
+        num_chunks = slot_mapping.shape[0] * chunks_per_row
+        num_slots = key_cache.shape[0] * key_cache.shape[1]
+        first = cuda.blockIdx.x * CHUNKS_PER_BLOCK + cuda.threadIdx.x
+        for step in range(CHUNKS_PER_THREAD):
+            chunk = first + step * THREADS_PER_BLOCK
+            if chunk < num_chunks:
+                token = chunk // chunks_per_row
+                slot = slot_mapping[token]
+                # Device-resident slots are not range-checked on the host (that
+                # would synchronize); an out-of-range slot is dropped rather
+                # than written wild, and a negative one is padding.
+                if 0 <= slot < num_slots:
+                    src = chunk * chunk_elements
+                    dst = slot * row_elements + (chunk - token * chunks_per_row) * chunk_elements
+                    copy(key_cache, dst, key, src)
+                    copy(value_cache, dst, value, src)
+
+    return scatter
 
 
 @numba.njit(parallel=True, cache=True)
@@ -148,11 +172,50 @@ def write_kv_cache(
                 np.ascontiguousarray(host_view(slot_mapping)),
             )
     else:
-        launch = DeviceLaunch(list(arrays.values()))
-        num_threads = num_tokens * num_kv_heads * head_size
-        num_blocks = (num_threads + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
-        launch.launch(_write_kv_cache_cuda, num_blocks, THREADS_PER_BLOCK,
-                      [key, value, key_cache, value_cache, slot_mapping], outputs=(2, 3))
+        _scatter_on_device(key, value, key_cache, value_cache, slot_mapping, itemsize=np.dtype(dtype).itemsize)
+
+
+def _scatter_on_device(key, value, key_cache, value_cache, slot_mapping, *, itemsize: int) -> None:
+    key, value = _c_contiguous(key), _c_contiguous(value)
+    num_tokens, num_kv_heads, head_size = (int(n) for n in key.shape)
+    row_bytes = num_kv_heads * head_size * itemsize
+    width = _access_width([key, value, key_cache, value_cache], row_bytes, itemsize=itemsize)
+    num_blocks = -(-num_tokens * (row_bytes // width) // CHUNKS_PER_BLOCK)
+    args = [key, value, key_cache, value_cache, slot_mapping]
+    DeviceLaunch(args).launch(_scatter_kernel(row_bytes, width, itemsize), num_blocks, THREADS_PER_BLOCK, args,
+                              outputs=(2, 3))
+
+
+def _c_contiguous(x: Any) -> Any:
+    """``x`` as the kernel's flat indexing needs it: C-contiguous (no copy when it already is).
+
+    Host arrays are left alone: DeviceLaunch copies them in contiguous.
+    """
+    if is_torch_tensor(x):
+        return x.contiguous()
+    if is_on_device(x):
+        tensor = as_torch(x)
+        return x if tensor.is_contiguous() else tensor.contiguous()
+    return x
+
+
+def _access_width(tensors: list[Any], row_bytes: int, *, itemsize: int) -> int:
+    """The widest access that tiles a row and that every tensor's start is aligned to; else one element.
+
+    Host arrays are judged by their own pointer, although the device gets an
+    aligned copy: erring narrow costs speed, never correctness, and keeps the
+    simulator's tests of the narrow path honest.
+    """
+    width = widest_access(row_bytes, itemsize=itemsize)
+    if all(_starts_aligned(t, width) for t in tensors):
+        return width
+    return itemsize
+
+
+def _starts_aligned(x: Any, width: int) -> bool:
+    if is_on_device(x) or is_torch_tensor(x):
+        return aligned(x, width)
+    return host_view(x).ctypes.data % width == 0
 
 
 def _check_slots(slots: np.ndarray, *, num_slots: int) -> None:

@@ -33,21 +33,75 @@ def check(name: str, got: np.ndarray, want: np.ndarray, tolerance: float = TOLER
 
 
 def check_write_kv_cache(rng: np.random.Generator) -> None:
-    from kernels import write_kv_cache
+    # (num_kv_heads, head_size, dtype, first element, num_tokens, access width): 16-byte rows; rows of 6 and
+    # 20 bytes, which narrower accesses tile; views one element into their buffers, not 16-byte aligned, so
+    # the kernel drops to the element width. 210 tokens x 5 chunks span two thread blocks and a partial one.
+    cases = [
+        (2, 8, np.float32, 0, 9, 16),
+        (3, 16, np.float16, 0, 9, 16),
+        (1, 3, np.float16, 0, 9, 2),
+        (1, 5, np.float32, 0, 210, 4),
+        (2, 8, np.float32, 1, 9, 4),
+        (2, 8, np.float16, 1, 9, 2),
+    ]
+    for case in cases:
+        _check_write_kv_cache_case(rng, *case)
+    _check_out_of_range_slots_are_dropped(rng)
 
-    num_blocks, block_size, num_kv_heads, head_size = 4, 4, 2, 8
-    key = rng.standard_normal((5, num_kv_heads, head_size), dtype=np.float32)
-    value = rng.standard_normal((5, num_kv_heads, head_size), dtype=np.float32)
-    slots = np.array([0, 7, -1, 8, 15], np.int64)  # block starts/ends, a padding token, the last slot
-    initial = rng.standard_normal((num_blocks, block_size, num_kv_heads, head_size), dtype=np.float32)
-    results = {}
+
+def _offset_array(rng: np.random.Generator, shape: tuple[int, ...], dtype, offset: int) -> np.ndarray:
+    """A random C-contiguous array starting ``offset`` elements into its buffer."""
+    size = int(np.prod(shape))
+    return rng.standard_normal(size + offset, dtype=np.float32).astype(dtype)[offset:].reshape(shape)
+
+
+def _check_write_kv_cache_case(rng: np.random.Generator, num_kv_heads: int, head_size: int, dtype, offset: int,
+                               num_tokens: int, want_width: int) -> None:
+    from kernels import write_kv_cache
+    from kernels.kv_cache import _access_width
+
+    num_blocks, block_size = 64, 4
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_size)
+    # Block starts/ends and the last slot, then shuffled slots; every third token is padding.
+    slots = np.concatenate([[0, block_size - 1, num_blocks * block_size - 1],
+                            rng.permutation(np.arange(block_size, num_blocks * block_size - 1))])[:num_tokens]
+    slots[2::3] = -1
+    key = _offset_array(rng, (num_tokens, num_kv_heads, head_size), dtype, offset)
+    value = _offset_array(rng, key.shape, dtype, offset)
+    initial = _offset_array(rng, cache_shape, dtype, 0)
+    label = f"{np.dtype(dtype).name} {num_kv_heads}x{head_size}, offset {offset}, {num_tokens} tokens"
+    caches = {}
     for backend in ("cuda", "reference"):
-        key_cache, value_cache = initial.copy(), initial + 1
+        key_cache, value_cache = _offset_array(rng, cache_shape, dtype, offset), _offset_array(rng, cache_shape, dtype, offset)
+        key_cache[...], value_cache[...] = initial, initial + 1
+        caches[backend] = (key_cache, value_cache)
+    width = _access_width([key, value, *caches["cuda"]], num_kv_heads * head_size * key.itemsize,
+                          itemsize=key.itemsize)
+    if width != want_width:
+        sys.exit(f"FAIL write_kv_cache {label}: {width}-byte accesses, expected {want_width}")
+    for backend, (key_cache, value_cache) in caches.items():
         write_kv_cache(key, value, key_cache, value_cache, slots, backend=backend)
-        results[backend] = (key_cache, value_cache)
     # A scatter does no arithmetic, so the caches must agree to the bit.
-    check("write_kv_cache key_cache", results["cuda"][0], results["reference"][0], 0.0)
-    check("write_kv_cache value_cache", results["cuda"][1], results["reference"][1], 0.0)
+    for i, name in enumerate(("key_cache", "value_cache")):
+        got, want = caches["cuda"][i], caches["reference"][i]
+        if got.tobytes() != want.tobytes():
+            sys.exit(f"FAIL write_kv_cache {label} ({width}-byte accesses): {name} differs from the reference")
+    print(f"ok write_kv_cache {label}: {width}-byte accesses, bit-exact")
+
+
+def _check_out_of_range_slots_are_dropped(rng: np.random.Generator) -> None:
+    """Device slots are not range-checked on the host; the kernel itself must skip those past the cache."""
+    from kernels.kv_cache import THREADS_PER_BLOCK, _scatter_kernel
+
+    key = rng.standard_normal((3, 2, 8), dtype=np.float32)
+    key_cache = rng.standard_normal((2, 4, 2, 8), dtype=np.float32)
+    value_cache = key_cache + 1
+    want_key, want_value = key_cache.copy(), value_cache.copy()
+    want_key[0, 1], want_value[0, 1] = key[1], key[1] + 2
+    slots = np.array([8, 1, 1 << 40], np.int64)  # one past the last slot, a kept one, far past
+    _scatter_kernel(64, 16, 4)[1, THREADS_PER_BLOCK](key, key + 2, key_cache, value_cache, slots)
+    check("write_kv_cache kernel drops out-of-range slots (key_cache)", key_cache, want_key, 0.0)
+    check("write_kv_cache kernel drops out-of-range slots (value_cache)", value_cache, want_value, 0.0)
 
 
 def _attention_case(rng: np.random.Generator, context_lens: list[int], *, num_heads: int, num_kv_heads: int,

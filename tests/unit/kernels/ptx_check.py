@@ -30,13 +30,17 @@ def main() -> None:
     numba.cuda.dispatcher.get_current_device = _OfflineDevice
 
     from kernels.image_preprocess import _preprocess_cuda
-    from kernels.kv_cache import _write_kv_cache_cuda
+    from kernels.kv_cache import _scatter_kernel
     from kernels.paged_attention_cuda import attention_kernels
 
     f32_3, f32_4 = t.float32[:, :, ::1], t.float32[:, :, :, ::1]
     packed = (t.uint8[::1], t.int64[::1], t.int32[::1], t.int32[::1], t.float32[::1], t.float32[::1])
+    f16_3, f16_4 = t.float16[:, :, ::1], t.float16[:, :, :, ::1]
+    # write_kv_cache at 8 KV heads x 128: 16-byte chunks, and the element-width fallback for unaligned views.
     cases = {
-        "write_kv_cache": (_write_kv_cache_cuda, (f32_3, f32_3, f32_4, f32_4, t.int64[::1])),
+        "write_kv_cache float32 16-byte": (_scatter_kernel(4096, 16, 4), (f32_3, f32_3, f32_4, f32_4, t.int64[::1])),
+        "write_kv_cache float16 16-byte": (_scatter_kernel(2048, 16, 2), (f16_3, f16_3, f16_4, f16_4, t.int64[::1])),
+        "write_kv_cache float32 4-byte": (_scatter_kernel(4096, 4, 4), (f32_3, f32_3, f32_4, f32_4, t.int64[::1])),
     }
     # (head_size, group): tinylm's 32/2, the benchmark's 64/4 and 128/4, a wide 256/1.
     for head_size, group in ((32, 2), (64, 4), (128, 4), (256, 1)):
@@ -59,7 +63,8 @@ def main() -> None:
             sys.exit(f"FAIL {name}: {type(error).__name__}: {error}")
         local_bytes = "uses local memory" if "__local_depot" in ptx else "no local memory"
         shuffles = ptx.count("shfl.sync")
-        print(f"ok {name}: {len(ptx.splitlines())} PTX lines, {local_bytes}, {shuffles} shuffles")
+        vectors = f"{ptx.count('ld.global.v4')} ld.global.v4, {ptx.count('st.global.v4')} st.global.v4"
+        print(f"ok {name}: {len(ptx.splitlines())} PTX lines, {local_bytes}, {shuffles} shuffles, {vectors}")
     print("all CUDA kernels compile to PTX for sm_90")
 
 

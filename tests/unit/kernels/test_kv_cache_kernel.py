@@ -115,3 +115,31 @@ def test_rejects_bad_arguments_with_precise_messages(rng, change, message):
     args.update(change)
     with pytest.raises(ValueError, match=message):
         write_kv_cache(**args)
+
+
+@pytest.mark.parametrize(
+    ("num_kv_heads", "head_size", "dtype", "offset", "width"),
+    [
+        (8, 128, np.float32, 0, 16),
+        (8, 128, np.float16, 0, 16),
+        (1, 2, np.float32, 0, 8),  # 8-byte rows
+        (1, 5, np.float32, 0, 4),  # 20-byte rows
+        (1, 3, np.float16, 0, 2),  # 6-byte rows
+        (8, 128, np.float32, 1, 4),  # a view one element into its buffer
+        (8, 128, np.float16, 1, 2),
+    ],
+)
+def test_cuda_path_copies_the_widest_chunks_that_tile_a_row_and_fit_every_tensors_alignment(
+    num_kv_heads, head_size, dtype, offset, width
+):
+    from kernels.kv_cache import _access_width
+
+    def array(shape, offset=0):
+        return np.zeros(int(np.prod(shape)) + offset, dtype)[offset:].reshape(shape)
+
+    cache = array((4, 16, num_kv_heads, head_size))
+    key = array((3, num_kv_heads, head_size), offset)
+    itemsize = np.dtype(dtype).itemsize
+    row_bytes = num_kv_heads * head_size * itemsize
+    assert _access_width([key, key, cache, cache], row_bytes, itemsize=itemsize) == width
+    assert _access_width([torch.from_numpy(key), key, cache, cache], row_bytes, itemsize=itemsize) == width
