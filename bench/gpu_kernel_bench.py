@@ -33,7 +33,7 @@ from bench.gpu_kernel_check import shuffled_block_tables
 from bench.kernels_before import write_kv_cache_per_element
 from kernels import fast_launch, paged_attention_decode, preprocess_images, write_kv_cache
 from kernels import paged_attention_warp as warp_kernel
-from kernels.image_preprocess import _preprocess_cuda, pack_images
+from kernels.image_preprocess import pack_images
 
 L2_MULTIPLE = 4  # input sets together span at least this many L2 caches
 
@@ -245,12 +245,20 @@ def preprocess_variants(num_images: int, low: int, high: int, out_px: int, dtype
     scale_d, bias_d = cuda.as_cuda_array(scale), cuda.as_cuda_array(bias)
     out = torch.empty((num_images, 3, out_px, out_px), dtype=torch_dtype, device="cuda")
     out_d = cuda.as_cuda_array(out)
-    grid = (-(-out_px // 32), -(-out_px // 4), num_images)
     stream = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
     device_images = [torch.from_numpy(i).cuda() for i in images]
+    from kernels import image_preprocess as images_module
+
+    kernel = images_module.preprocess_kernel(np.dtype(dtype).name, 3)
+    grid, block = images_module.cuda_launch_shape(tuple(out.shape))
+    vector_stores = int(images_module.uses_vector_stores(out, np.dtype(dtype)))
 
     def kernel_only(_):
-        _preprocess_cuda[grid, (32, 4, 1), stream](*device_inputs, scale_d, bias_d, out_d)
+        kernel[grid, block, stream](*device_inputs, scale_d, bias_d, out_d, vector_stores)
+
+    def first_kernel(_):  # one thread per output pixel
+        images_module._preprocess_cuda_per_pixel[(-(-out_px // 32), -(-out_px // 4), num_images), (32, 4, 1), stream](
+            *device_inputs, scale_d, bias_d, out_d)
 
     def torch_on_device(_):  # images already on the GPU, one interpolate per image (sizes differ)
         for k, image in enumerate(device_images):
@@ -270,6 +278,7 @@ def preprocess_variants(num_images: int, low: int, high: int, out_px: int, dtype
     moved = source_bytes + out_bytes
     return [
         Variant("ours, kernel only (packed input on the GPU)", kernel_only, 1, moved),
+        Variant("first kernel (one thread per pixel), kernel only", first_kernel, 1, moved),
         Variant("torch F.interpolate per image, on the GPU", torch_on_device, 1, moved, device_timed=False),
         Variant("ours, public call: pack + H2D + kernel", public, 1, moved, device_timed=False),
         Variant("torch per image: H2D + interpolate", torch_from_host, 1, moved, device_timed=False),
