@@ -14,6 +14,9 @@ access (``ld.v4.u32`` for 16 bytes), which is how CUDA C++ kernels read with
 * ``vector_copier(num_bytes)`` → ``copy(dst, dst_index, src, src_index)``:
   copies ``num_bytes`` from ``src`` to ``dst`` (flat element indices, both
   C-contiguous, same dtype) with one load and one store.
+* ``vector_storer(dtype, count)`` → ``store(dst, dst_index, values)``: writes
+  a tuple of ``count`` float32 values to ``dst``'s elements ``dst_index ..``
+  (float16 rounded to nearest even) with one store (``st.global.v4.f32``).
 
 The caller guarantees alignment: the byte address must be a multiple of the
 access width (a flat index that is a multiple of ``count`` on an allocation
@@ -179,3 +182,60 @@ def _copy_intrinsic(num_bytes: int):
         return sig, codegen
 
     return copy
+
+
+@functools.cache
+def vector_storer(dtype: str, count: int):
+    """A device function storing ``count`` float32 values into ``dtype`` (float32/float16) elements, in one access.
+
+    ``store(dst, dst_index, values)`` writes the tuple ``values`` to ``dst``'s
+    flat elements ``dst_index .. dst_index+count-1``; float16 rounds to nearest
+    even, like an element assignment.
+    """
+    itemsize = np.dtype(dtype).itemsize
+    if count * itemsize not in ACCESS_WIDTHS:
+        raise ValueError(f"{count} x {dtype} is {count * itemsize} bytes; accesses are {ACCESS_WIDTHS} bytes")
+    if _SIMULATED:
+
+        @cuda.jit(device=True)
+        def store(dst, dst_index, values):
+            flat = dst.reshape(-1)
+            for i in range(count):
+                flat[dst_index + i] = values[i]
+
+        return store
+    return _store_intrinsic(dtype, count)
+
+
+def _store_intrinsic(dtype: str, count: int):
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    itemsize = np.dtype(dtype).itemsize
+    num_bytes = count * itemsize
+
+    @intrinsic
+    def store(typingctx, dst, dst_index, values):
+        if not (isinstance(dst, types.Array) and str(dst.dtype) == dtype and isinstance(dst_index, types.Integer)
+                and isinstance(values, types.UniTuple) and values.count == count
+                and isinstance(values.dtype, types.Float)):
+            return None
+        sig = types.void(dst, dst_index, values)
+
+        def codegen(context, builder, signature, args):
+            dst_value, index_value, values_value = args
+            element = ir.FloatType() if dtype == "float32" else ir.HalfType()
+            vector = ir.Constant(ir.VectorType(element, count), None) if count > 1 else None
+            for i in range(count):
+                value = context.cast(builder, builder.extract_value(values_value, i), values.dtype, types.float32)
+                if dtype == "float16":
+                    value = builder.fptrunc(value, ir.HalfType())  # round to nearest even (cvt.rn.f16.f32)
+                vector = value if vector is None else builder.insert_element(vector, value, ir.Constant(ir.IntType(32), i))
+            pointer = builder.inttoptr(_address(builder, dst_value, index_value, itemsize, ir),
+                                       vector.type.as_pointer(_GLOBAL))
+            builder.store(vector, pointer, align=num_bytes)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return store

@@ -151,15 +151,22 @@ def check_preprocess(rng: np.random.Generator) -> None:
     from kernels import preprocess_images
 
     sizes = [(1, 1), (1, 40), (30, 2), (9, 7), (3, 5)]  # 1x1, extreme aspect ratios, down- and upscaling
-    for channels, mean, std in ((3, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]), (1, [0.5], [0.25])):
-        images = [rng.integers(0, 256, (h, w, channels), dtype=np.uint8) for h, w in sizes]
-        want = preprocess_images(images, 6, 5, mean, std, backend="reference")
-        got = preprocess_images(images, 6, 5, mean, std, backend="cuda").copy_to_host()
-        check(f"preprocess_images C={channels} float32", got, want)
-    got16 = preprocess_images(images, 6, 5, mean, std, out_dtype=np.float16, backend="cuda").copy_to_host()
-    if got16.dtype != np.float16:
-        sys.exit(f"FAIL preprocess_images float16: dtype {got16.dtype}")
-    check("preprocess_images float16", got16, want, 1e-3)
+    # Widths 5 and 262: plain stores, with a partial last group of 4 pixels; 8 and 264: vector stores.
+    # 262 and 264 span two blocks along x (64 threads of 4 pixels, then the rest), 6 rows two along y.
+    for out_width in (5, 8, 262, 264):
+        for channels, mean, std in ((3, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]), (1, [0.5], [0.25])):
+            images = [rng.integers(0, 256, (h, w, channels), dtype=np.uint8) for h, w in sizes]
+            want = preprocess_images(images, 6, out_width, mean, std, backend="reference")
+            got = preprocess_images(images, 6, out_width, mean, std, backend="cuda").copy_to_host()
+            check(f"preprocess_images C={channels} 6x{out_width} float32", got, want)
+            got16 = preprocess_images(images, 6, out_width, mean, std, out_dtype=np.float16,
+                                      backend="cuda").copy_to_host()
+            if got16.dtype != np.float16:
+                sys.exit(f"FAIL preprocess_images float16: dtype {got16.dtype}")
+            # Rounded from the same float32 values, so equal to the float32 output rounded, to the bit.
+            check(f"preprocess_images C={channels} 6x{out_width} float16 (float32 output rounded)", got16,
+                  got.astype(np.float16), 0.0)
+            check(f"preprocess_images C={channels} 6x{out_width} float16", got16, want, 1e-3)
 
 
 def main() -> None:

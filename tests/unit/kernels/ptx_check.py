@@ -29,7 +29,7 @@ def main() -> None:
     numba.cuda.compiler.get_current_device = _OfflineDevice
     numba.cuda.dispatcher.get_current_device = _OfflineDevice
 
-    from kernels.image_preprocess import _preprocess_cuda
+    from kernels.image_preprocess import _preprocess_cuda_per_pixel, preprocess_kernel
     from kernels.kv_cache import _scatter_kernel
     from kernels.paged_attention_cuda import attention_kernels
 
@@ -53,8 +53,12 @@ def main() -> None:
             cases[f"paged_attention merge {head_size}/{group} {name}"] = (merge, (
                 x3, t.float32[:, :, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1], t.int32[::1], t.int64))
     cases.update({
-        "preprocess_images float32": (_preprocess_cuda, (*packed, f32_4)),
-        "preprocess_images float16": (_preprocess_cuda, (*packed, t.float16[:, :, :, ::1])),
+        "preprocess_images float32 C=3": (preprocess_kernel("float32", 3), (*packed, f32_4, t.int64)),
+        "preprocess_images float16 C=3": (preprocess_kernel("float16", 3),
+                                          (*packed, t.float16[:, :, :, ::1], t.int64)),
+        "preprocess_images float32 C=1": (preprocess_kernel("float32", 1), (*packed, f32_4, t.int64)),
+        "preprocess_images per-pixel float32": (_preprocess_cuda_per_pixel, (*packed, f32_4)),
+        "preprocess_images per-pixel float16": (_preprocess_cuda_per_pixel, (*packed, t.float16[:, :, :, ::1])),
     })
     for name, (kernel, signature) in cases.items():
         try:

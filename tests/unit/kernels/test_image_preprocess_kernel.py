@@ -3,7 +3,13 @@ import pytest
 import torch
 
 from kernels import preprocess_images
-from kernels.image_preprocess import _half_bits, _half_bits_from_float_bits, pack_images
+from kernels.image_preprocess import (
+    PIXELS_PER_THREAD,
+    _half_bits,
+    _half_bits_from_float_bits,
+    cuda_launch_shape,
+    pack_images,
+)
 
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]
@@ -90,6 +96,21 @@ def test_half_conversions_round_like_numpy():
     for got in (general, fast):
         mismatched = values[got != want]
         assert mismatched.size == 0, f"float16 bits differ for {mismatched[:5]}"
+
+
+@pytest.mark.parametrize("out_shape", [(256, 3, 224, 224), (2, 1, 6, 5), (3, 3, 1000, 1000), (1, 3, 1, 1),
+                                       (1, 3, 7, 262)])
+def test_cuda_launch_shape_covers_the_output_without_idle_blocks(out_shape):
+    (grid_x, grid_y, grid_z), (threads_x, threads_y, threads_z) = cuda_launch_shape(out_shape)
+    columns_per_block = threads_x * PIXELS_PER_THREAD
+    assert threads_z == 1 and grid_z == out_shape[0]
+    assert (grid_x - 1) * columns_per_block < out_shape[3] <= grid_x * columns_per_block
+    assert (grid_y - 1) * threads_y < out_shape[2] <= grid_y * threads_y
+    assert threads_x * threads_y <= 1024
+
+
+def test_cuda_launch_shape_gives_a_224_row_to_one_block_of_56_threads():
+    assert cuda_launch_shape((256, 3, 224, 224)) == ((1, 56, 256), (56, 4, 1))
 
 
 def test_empty_batch_has_the_channel_count_of_mean(rng):
