@@ -28,6 +28,7 @@ element loops, so the simulator tests cover the kernels' indexing.
 from __future__ import annotations
 
 import functools
+import importlib
 
 import numpy as np
 from numba import config, cuda, types
@@ -89,6 +90,16 @@ def vector_copier(num_bytes: int):
 # -- real GPU: LLVM IR through Numba intrinsics ------------------------------------------------
 
 
+def _types_of(numba_type):
+    """The types module that made an argument's type: numba-cuda may carry its own copy of numba's."""
+    return importlib.import_module(type(numba_type).__module__.rsplit(".", 1)[0])
+
+
+def _is_array(numba_type, dtype: str | None = None) -> bool:
+    return hasattr(numba_type, "ndim") and hasattr(numba_type, "dtype") and (
+        dtype is None or str(numba_type.dtype) == dtype)
+
+
 def _address(builder, array_value, index, itemsize: int, ir):
     """The address of flat element ``index`` of an array argument (Numba's array ABI: field 4 is the data pointer)."""
     data = builder.extract_value(array_value, 4)
@@ -144,9 +155,10 @@ def _load_intrinsic(dtype: str, count: int):
 
     @intrinsic
     def load(typingctx, src, src_index):
-        if not (isinstance(src, types.Array) and str(src.dtype) == dtype and isinstance(src_index, types.Integer)):
+        if not (_is_array(src, dtype) and str(src_index).startswith(("int", "uint"))):
             return None
-        sig = types.UniTuple(types.float32, count)(src, src_index)
+        typ = _types_of(src)
+        sig = typ.UniTuple(typ.float32, count)(src, src_index)
 
         def codegen(context, builder, signature, args):
             src_value, index_value = args
@@ -166,9 +178,9 @@ def _copy_intrinsic(num_bytes: int):
 
     @intrinsic
     def copy(typingctx, dst, dst_index, src, src_index):
-        if not (isinstance(dst, types.Array) and isinstance(src, types.Array) and dst.dtype == src.dtype):
+        if not (_is_array(dst) and _is_array(src, str(dst.dtype))):
             return None
-        sig = types.void(dst, dst_index, src, src_index)
+        sig = _types_of(src).void(dst, dst_index, src, src_index)
         itemsize = src.dtype.bitwidth // 8
 
         def codegen(context, builder, signature, args):
