@@ -152,6 +152,7 @@ def paged_attention_decode(
     *,
     partition_size: int | None = None,
     cuda_kernel: str = "warp",
+    warp_layout: warp.WarpLayout | None = None,
 ):
     """Decode attention over paged KV; returns ``out`` (allocated like ``query`` when None).
 
@@ -166,7 +167,9 @@ def paged_attention_decode(
     ``kernels.paged_attention_cuda``). ``cuda_kernel`` picks the CUDA kernel:
     ``"warp"`` (``kernels.paged_attention_warp``, 16-byte loads, the default)
     or ``"tile"`` (the first kernel, ``kernels.paged_attention_cuda``), kept
-    for comparison.
+    for comparison. ``warp_layout`` replaces the warp kernel's own choice of
+    load width, lanes, heads per block and tokens in flight (for tuning;
+    ``kernels.paged_attention_warp.layout_for``).
     """
     if cuda_kernel not in ("warp", "tile"):
         raise ValueError(f"cuda_kernel must be 'warp' or 'tile'; got {cuda_kernel!r}")
@@ -234,19 +237,23 @@ def paged_attention_decode(
                 np.float32(scale),
             )
     else:
-        _launch_cuda(arrays, out, num_kv_heads, int(block_size), float(scale), partition_size, cuda_kernel)
+        _launch_cuda(arrays, out, num_kv_heads, int(block_size), float(scale), partition_size, cuda_kernel,
+                     warp_layout)
     return out
 
 
 def _launch_cuda(arrays: dict[str, Any], out: Any, num_kv_heads: int, block_size: int, scale: float,
-                 partition_size: int | None, cuda_kernel: str) -> None:
+                 partition_size: int | None, cuda_kernel: str, warp_layout: warp.WarpLayout | None) -> None:
     """Launches the split-context kernel (and its merge when the context is split) on PyTorch's stream."""
     num_seqs, num_heads, head_size = arrays["query"].shape
     group, dtype = num_heads // num_kv_heads, dtype_name(arrays["key_cache"])
     tile_kernel, merge_kernel = attention_kernels(head_size, group, dtype)
     if cuda_kernel == "warp" and not _warp_failures:
-        layout = warp.layout_for(head_size, group, np.dtype(dtype).itemsize,
-                                 max_width=_alignment(arrays["key_cache"], arrays["value_cache"]))
+        itemsize, max_width = np.dtype(dtype).itemsize, _alignment(arrays["key_cache"], arrays["value_cache"])
+        layout = warp_layout or warp.layout_for(head_size, group, itemsize, max_width=max_width)
+        layout.check(head_size, group, itemsize)
+        if layout.width > max_width:
+            raise ValueError(f"warp_layout width {layout.width} exceeds the caches' alignment ({max_width} bytes)")
         partition_kernel, blocks_x = warp.warp_attention_kernel(head_size, group, dtype, layout), \
             warp.grid_x(num_kv_heads, group, layout)
     else:

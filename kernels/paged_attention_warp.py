@@ -65,9 +65,28 @@ class WarpLayout:
     lanes_per_token: int  # L: lanes sharing one token (power of two)
     heads_per_block: int  # query heads of the GQA group this block serves
     tokens_in_flight: int  # U: tokens a lane group loads before using any
+    lazy_rescale: bool = True  # rescale the accumulators only when the running max grows
+    max_registers: int | None = None  # a per-thread cap for more blocks per multiprocessor (may spill)
 
     def elements_per_load(self, itemsize: int) -> int:
         return self.width // itemsize
+
+    def check(self, head_size: int, group: int, itemsize: int) -> None:
+        """ValueError unless this layout can serve the shape (for layouts given by hand, e.g. when tuning)."""
+        row_bytes = head_size * itemsize
+        problems = []
+        if self.width not in ACCESS_WIDTHS or self.width < itemsize or row_bytes % self.width:
+            problems.append(f"width {self.width} does not tile a {row_bytes}-byte row")
+        elif (row_bytes // self.width) % self.lanes_per_token:
+            problems.append(f"{self.lanes_per_token} lanes do not split {row_bytes // self.width} loads per row")
+        if self.lanes_per_token not in (1, 2, 4, 8, 16, 32):
+            problems.append(f"lanes_per_token must be a power of two <= 32; got {self.lanes_per_token}")
+        if group % self.heads_per_block:
+            problems.append(f"heads_per_block {self.heads_per_block} does not divide the group of {group}")
+        if not 1 <= self.tokens_in_flight <= 16:
+            problems.append(f"tokens_in_flight must be in [1, 16]; got {self.tokens_in_flight}")
+        if problems:
+            raise ValueError("warp layout: " + "; ".join(problems))
 
 
 def layout_for(head_size: int, group: int, itemsize: int, max_width: int = 16) -> WarpLayout:
@@ -131,11 +150,14 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
     tokens_per_warp = WARP // lanes
     step = NUM_WARPS * tokens_per_warp * tokens_in_flight
     chunks = group // heads
+    lazy_rescale = layout.lazy_rescale
     load = vector_loader(dtype, vec)
     neg_inf = np.float32(-np.inf)
     zero = np.float32(0.0)
 
-    @cuda.jit
+    jit = cuda.jit(max_registers=layout.max_registers) if layout.max_registers and not _SIMULATED else cuda.jit
+
+    @jit
     def kernel(out, part_max, part_sum, part_out, query, key_cache, value_cache, block_tables, context_lens,
                block_size, scale, part_len):
         kv_head = cuda.blockIdx.x // chunks
@@ -218,10 +240,14 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
                     if scores[g, u] > best:
                         best = scores[g, u]
                 if best > neg_inf:
-                    rescale = math.exp(run_max[g] - best)  # 0 while nothing was seen (max -inf)
-                    total = run_sum[g] * rescale
-                    for d in range(dims):
-                        acc[g, d] *= rescale
+                    total = run_sum[g]
+                    # After the first tokens the max rarely grows, so skipping the rescale then saves
+                    # `dims` multiplies per head and step; exp(-inf) = 0 clears the first step's sum.
+                    if best > run_max[g] or not lazy_rescale:
+                        rescale = math.exp(run_max[g] - best)
+                        total *= rescale
+                        for d in range(dims):
+                            acc[g, d] *= rescale
                     for u in range(tokens_in_flight):
                         p = math.exp(scores[g, u] - best)  # 0 for tokens past the end
                         total += p
