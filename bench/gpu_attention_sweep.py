@@ -3,8 +3,7 @@
     python -m bench.gpu_attention_sweep [--budget-s 120] [--output bench/results/gpu_attention_sweep.json]
 
 For each shape and dtype: the default layout (``layout_for``) and hand-made
-ones (lanes per token, query heads per block, tokens in flight, lazy or
-eager rescale), each checked once against a float64 reference (relative
+ones (lanes per token, query heads per block, tokens in flight), each checked once against a float64 reference (relative
 error, same bounds as ``bench.gpu_kernel_check``) and timed in device time
 (``bench.gpu_kernel_bench``: launches queued behind a spin, input sets cycled
 past L2). Stops starting new shapes after ``--budget-s`` seconds, so it fits a
@@ -17,7 +16,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -39,7 +38,7 @@ SHAPES = [  # num_seqs, heads, kv heads, head size, context range
 
 def candidate_layouts(head_size: int, group: int, itemsize: int) -> list[WarpLayout]:
     default = layout_for(head_size, group, itemsize)
-    layouts = [default, replace(default, lazy_rescale=False)]
+    layouts = [default]
     num_loads = head_size * itemsize // default.width
     for lanes in (4, 8, 16):
         for heads in sorted({group, max(1, group // 2)}, reverse=True):
@@ -96,7 +95,7 @@ def sweep_shape(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype, peak, 
                "default": layout == layout_for(head_size, group, itemsize)}
         rows.append(row)
         print(f"{shape:<40} L{layout.lanes_per_token:<2} H{layout.heads_per_block} U{layout.tokens_in_flight} "
-              f"{'lazy' if layout.lazy_rescale else 'eager'} {device_ms:8.4f} ms {gb:6.0f} GB/s "
+              f"{device_ms:8.4f} ms {gb:6.0f} GB/s "
               f"{gb / peak:4.0%} err {error:.1e}{' DEFAULT' if row['default'] else ''}"
               f"{'' if row['ok'] else ' FAIL'}", flush=True)
     return rows

@@ -136,9 +136,8 @@ def check_paged_attention(rng: np.random.Generator) -> None:
           paged_attention_decode(*gqa, backend="cuda", partition_size=24, cuda_kernel="tile"), want)
     from kernels.paged_attention_warp import WarpLayout
 
-    check("paged_attention_decode same, warp layout of one query head per block, eager rescale, 1 token in flight",
-          paged_attention_decode(*gqa, backend="cuda", partition_size=24,
-                                 warp_layout=WarpLayout(16, 2, 1, 1, lazy_rescale=False)), want)
+    check("paged_attention_decode same, warp layout of one query head per block, 1 token in flight",
+          paged_attention_decode(*gqa, backend="cuda", partition_size=24, warp_layout=WarpLayout(16, 2, 1, 1)), want)
     mha = _attention_case(rng, [5, 21], num_heads=2, num_kv_heads=2, head_size=24, block_size=4)
     check("paged_attention_decode MHA 2/2 x24 (head size not a multiple of 8), 16-token partitions",
           paged_attention_decode(*mha, backend="cuda", partition_size=16),
