@@ -153,7 +153,8 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
     neg_inf = np.float32(-np.inf)
     zero = np.float32(0.0)
 
-    jit = cuda.jit(max_registers=layout.max_registers) if layout.max_registers and not _SIMULATED else cuda.jit
+    jit = (cuda.jit(max_registers=layout.max_registers)  # type: ignore[call-arg]  # mypy sees the simulator's jit
+           if layout.max_registers and not _SIMULATED else cuda.jit)
 
     @jit
     def kernel(out, part_max, part_sum, part_out, query, key_cache, value_cache, block_tables, context_lens,

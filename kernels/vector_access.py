@@ -147,7 +147,7 @@ def _words_as_floats(builder, loaded, dtype: str, count: int, ir):
 
 
 def _load_intrinsic(dtype: str, count: int):
-    from llvmlite import ir
+    from llvmlite import ir  # type: ignore[import-untyped]  # no stubs; only the real GPU path builds IR
     from numba.cuda.extending import intrinsic
 
     itemsize = np.dtype(dtype).itemsize

@@ -3,7 +3,7 @@
 Run as its own process, because NUMBA_ENABLE_CUDASIM is read when numba is
 imported:
 
-    NUMBA_ENABLE_CUDASIM=1 PYTHONPATH=. python tests/unit/kernels/cudasim_check.py
+    NUMBA_ENABLE_CUDASIM=1 PYTHONPATH=. python tests/unit/kernels/cudasim_check.py [kv_cache|attention|images ...]
 
 Prints one line per case and exits non-zero on the first mismatch.
 """
@@ -128,16 +128,18 @@ def check_paged_attention(rng: np.random.Generator) -> None:
     gqa = _attention_case(rng, [1, 8, 19, DEFAULT_TILE + 13], num_heads=4, num_kv_heads=2, head_size=16,
                           block_size=8)
     want = paged_attention_decode(*gqa, backend="reference")
-    check(f"paged_attention_decode GQA 4/2 x16, ctx 1..{DEFAULT_TILE + 13} (tile {DEFAULT_TILE}), one partition",
-          paged_attention_decode(*gqa, backend="cuda"), want)
-    check("paged_attention_decode same, split into 24-token partitions + merge",
+    check(f"paged_attention_decode GQA 4/2 x16, ctx 1..{DEFAULT_TILE + 13}, split into 24-token partitions + merge",
           paged_attention_decode(*gqa, backend="cuda", partition_size=24), want)
     check("paged_attention_decode same, the tile kernel (cuda_kernel='tile', the warp kernel's fallback)",
           paged_attention_decode(*gqa, backend="cuda", partition_size=24, cuda_kernel="tile"), want)
     from kernels.paged_attention_warp import WarpLayout
 
-    check("paged_attention_decode same, warp layout of one query head per block, 1 token in flight",
-          paged_attention_decode(*gqa, backend="cuda", partition_size=24, warp_layout=WarpLayout(16, 2, 1, 1)), want)
+    # Two sequences are enough for the rest: the simulator runs every thread in Python (~1 s per block).
+    pair = _attention_case(rng, [19, DEFAULT_TILE + 13], num_heads=4, num_kv_heads=2, head_size=16, block_size=8)
+    check("paged_attention_decode GQA 4/2 x16, 2 seqs, one partition, warp layout of one query head per block, "
+          "1 token in flight",
+          paged_attention_decode(*pair, backend="cuda", warp_layout=WarpLayout(16, 2, 1, 1)),
+          paged_attention_decode(*pair, backend="reference"))
     mha = _attention_case(rng, [5, 21], num_heads=2, num_kv_heads=2, head_size=24, block_size=4)
     check("paged_attention_decode MHA 2/2 x24 (head size not a multiple of 8), 16-token partitions",
           paged_attention_decode(*mha, backend="cuda", partition_size=16),
@@ -145,11 +147,11 @@ def check_paged_attention(rng: np.random.Generator) -> None:
     wide = _attention_case(rng, [3, 20], num_heads=3, num_kv_heads=1, head_size=160, block_size=16)
     check("paged_attention_decode MQA 3/1 x160 (two dims per thread)",
           paged_attention_decode(*wide, backend="cuda"), paged_attention_decode(*wide, backend="reference"))
-    half = tuple(a.astype(np.float16) if isinstance(a, np.ndarray) and a.dtype == np.float32 else a for a in gqa)
-    got16 = paged_attention_decode(*half, backend="cuda", partition_size=24)
+    half = tuple(a.astype(np.float16) if isinstance(a, np.ndarray) and a.dtype == np.float32 else a for a in pair)
+    got16 = paged_attention_decode(*half, backend="cuda", partition_size=32)
     if got16.dtype != np.float16:
         sys.exit(f"FAIL paged_attention_decode float16: dtype {got16.dtype}")
-    check("paged_attention_decode float16 K/V/query, split", got16,
+    check("paged_attention_decode float16 K/V/query, 2 seqs, split", got16,
           paged_attention_decode(*half, backend="reference"), 2e-3)
 
 
@@ -178,10 +180,14 @@ def check_preprocess(rng: np.random.Generator) -> None:
 def main() -> None:
     if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
         sys.exit("set NUMBA_ENABLE_CUDASIM=1: this script checks the CUDA kernels on the simulator")
+    parts = {"kv_cache": check_write_kv_cache, "attention": check_paged_attention, "images": check_preprocess}
+    chosen = sys.argv[1:] or list(parts)
+    unknown = sorted(set(chosen) - set(parts))
+    if unknown:
+        sys.exit(f"unknown parts {unknown}; choose from {sorted(parts)}")
     rng = np.random.default_rng(1234)
-    check_write_kv_cache(rng)
-    check_paged_attention(rng)
-    check_preprocess(rng)
+    for name in chosen:
+        parts[name](rng)
     print("all CUDA kernels match the references")
 
 
