@@ -32,6 +32,7 @@ def main() -> None:
     from kernels.image_preprocess import _preprocess_cuda_per_pixel, preprocess_kernel
     from kernels.kv_cache import _scatter_kernel
     from kernels.paged_attention_cuda import attention_kernels
+    from kernels.paged_attention_warp import layout_for, warp_attention_kernel
 
     f32_3, f32_4 = t.float32[:, :, ::1], t.float32[:, :, :, ::1]
     packed = (t.uint8[::1], t.int64[::1], t.int32[::1], t.int32[::1], t.float32[::1], t.float32[::1])
@@ -47,9 +48,12 @@ def main() -> None:
         for name, dtype in (("float32", t.float32), ("float16", t.float16)):
             partition, merge = attention_kernels(head_size, group, name)
             x3, x4 = dtype[:, :, ::1], dtype[:, :, :, ::1]
-            cases[f"paged_attention partition {head_size}/{group} {name}"] = (partition, (
-                x3, t.float32[:, :, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1], x3, x4, x4,
-                t.int32[:, ::1], t.int32[::1], t.int64, t.float64, t.int64))
+            attention_args = (x3, t.float32[:, :, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1], x3, x4, x4,
+                              t.int32[:, ::1], t.int32[::1], t.int64, t.float64, t.int64)
+            cases[f"paged_attention tile partition {head_size}/{group} {name}"] = (partition, attention_args)
+            layout = layout_for(head_size, group, 4 if name == "float32" else 2)
+            cases[f"paged_attention warp {head_size}/{group} {name} {layout}"] = (
+                warp_attention_kernel(head_size, group, name, layout), attention_args)
             cases[f"paged_attention merge {head_size}/{group} {name}"] = (merge, (
                 x3, t.float32[:, :, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1], t.int32[::1], t.int64))
     cases.update({
