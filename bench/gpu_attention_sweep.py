@@ -3,7 +3,8 @@
     python -m bench.gpu_attention_sweep [--budget-s 120] [--output bench/results/gpu_attention_sweep.json]
 
 For each shape and dtype: the default layout (``layout_for``) and hand-made
-ones (lanes per token, query heads per block, tokens in flight), each checked once against a float64 reference (relative
+ones (prefetching the next step's K/V, lanes per token, query heads per
+block, tokens in flight), each checked once against a float64 reference (relative
 error, same bounds as ``bench.gpu_kernel_check``) and timed in device time
 (``bench.gpu_kernel_bench``: launches queued behind a spin, input sets cycled
 past L2). Stops starting new shapes after ``--budget-s`` seconds, so it fits a
@@ -16,7 +17,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -38,7 +39,10 @@ SHAPES = [  # num_seqs, heads, kv heads, head size, context range
 
 def candidate_layouts(head_size: int, group: int, itemsize: int) -> list[WarpLayout]:
     default = layout_for(head_size, group, itemsize)
-    layouts = [default]
+    # Prefetching (the next step's loads before this step's arithmetic) first: untimed until a GPU runs this.
+    layouts = [default, replace(default, prefetch=True),
+               replace(default, prefetch=True, tokens_in_flight=max(1, default.tokens_in_flight // 2)),
+               replace(default, prefetch=True, tokens_in_flight=1, heads_per_block=max(1, group // 2))]
     num_loads = head_size * itemsize // default.width
     for lanes in (4, 8, 16):
         for heads in sorted({group, max(1, group // 2)}, reverse=True):
@@ -95,7 +99,7 @@ def sweep_shape(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype, peak, 
                "default": layout == layout_for(head_size, group, itemsize)}
         rows.append(row)
         print(f"{shape:<40} L{layout.lanes_per_token:<2} H{layout.heads_per_block} U{layout.tokens_in_flight} "
-              f"{device_ms:8.4f} ms {gb:6.0f} GB/s "
+              f"{'prefetch' if layout.prefetch else '        '} {device_ms:8.4f} ms {gb:6.0f} GB/s "
               f"{gb / peak:4.0%} err {error:.1e}{' DEFAULT' if row['default'] else ''}"
               f"{'' if row['ok'] else ' FAIL'}", flush=True)
     return rows

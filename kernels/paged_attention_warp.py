@@ -66,6 +66,7 @@ class WarpLayout:
     heads_per_block: int  # query heads of the GQA group this block serves
     tokens_in_flight: int  # U: tokens a lane group loads before using any
     max_registers: int | None = None  # a per-thread cap for more blocks per multiprocessor (may spill)
+    prefetch: bool = False  # load the next step's K/V before folding this step's (twice the K/V registers)
 
     def elements_per_load(self, itemsize: int) -> int:
         return self.width // itemsize
@@ -150,8 +151,68 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
     step = NUM_WARPS * tokens_per_warp * tokens_in_flight
     chunks = group // heads
     load = vector_loader(dtype, vec)
+    prefetch = layout.prefetch
     neg_inf = np.float32(-np.inf)
     zero = np.float32(0.0)
+
+    @cuda.jit(device=True, inline=True)
+    def load_step(keys, values, step_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache,
+                  value_cache, rows_per_block, num_kv_heads):
+        """K and V of `tokens_in_flight` tokens of this lane group, all loads issued before any use."""
+        for u in range(tokens_in_flight):
+            token = step_start + (warp * tokens_in_flight + u) * tokens_per_warp + slot
+            if token < part_end:
+                logical_block = token // rows_per_block
+                block = int32(block_tables[seq, logical_block])
+                row = ((block * rows_per_block + token - logical_block * rows_per_block) * num_kv_heads
+                       + kv_head) * head_size
+                for j in range(loads_per_lane):
+                    index = row + (sub + j * lanes) * vec
+                    k_part = load(key_cache, index)
+                    v_part = load(value_cache, index)
+                    for e in range(vec):
+                        keys[u, j * vec + e] = k_part[e]
+                        values[u, j * vec + e] = v_part[e]
+            else:
+                for d in range(dims):
+                    keys[u, d] = zero
+                    values[u, d] = zero
+
+    @cuda.jit(device=True, inline=True)
+    def fold_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores, scratch, tid):
+        """The loaded tokens into this lane group's online softmax (every lane of the block calls it)."""
+        # Scores: partial dots summed over the token's lanes.
+        for u in range(tokens_in_flight):
+            valid = step_start + (warp * tokens_in_flight + u) * tokens_per_warp + slot < part_end
+            for g in range(heads):
+                dot = zero
+                for d in range(dims):
+                    dot += q[g, d] * keys[u, d]
+                offset = lanes // 2
+                while offset > 0:
+                    dot += _xor_lane(dot, offset, scratch, tid)
+                    offset //= 2
+                scores[g, u] = dot if valid else neg_inf
+        # Online softmax over the new tokens, and their values into this lane's dims.
+        for g in range(heads):
+            best = run_max[g]
+            for u in range(tokens_in_flight):
+                if scores[g, u] > best:
+                    best = scores[g, u]
+            if best > neg_inf:
+                # Rescaling every step was 1-2% faster on an H200 than branching to rescale only when
+                # the max grows (bench/gpu_attention_sweep.py). exp(-inf) = 0 clears the first step's sum.
+                rescale = math.exp(run_max[g] - best)
+                total = run_sum[g] * rescale
+                for d in range(dims):
+                    acc[g, d] *= rescale
+                for u in range(tokens_in_flight):
+                    p = math.exp(scores[g, u] - best)  # 0 for tokens past the end
+                    total += p
+                    for d in range(dims):
+                        acc[g, d] += p * values[u, d]
+                run_sum[g] = total
+                run_max[g] = best
 
     jit = (cuda.jit(max_registers=layout.max_registers)  # type: ignore[call-arg]  # mypy sees the simulator's jit
            if layout.max_registers and not _SIMULATED else cuda.jit)
@@ -200,58 +261,26 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
             run_max[g] = neg_inf
             run_sum[g] = zero
 
-        for step_start in range(part_start, part_end, step):
-            # 1. K and V of `tokens_in_flight` tokens per lane group, all loads issued before any use.
-            for u in range(tokens_in_flight):
-                token = step_start + (warp * tokens_in_flight + u) * tokens_per_warp + slot
-                if token < part_end:
-                    logical_block = token // rows_per_block
-                    block = int32(block_tables[seq, logical_block])
-                    row = ((block * rows_per_block + token - logical_block * rows_per_block) * num_kv_heads
-                           + kv_head) * head_size
-                    for j in range(loads_per_lane):
-                        index = row + (sub + j * lanes) * vec
-                        k_part = load(key_cache, index)
-                        v_part = load(value_cache, index)
-                        for e in range(vec):
-                            keys[u, j * vec + e] = k_part[e]
-                            values[u, j * vec + e] = v_part[e]
-                else:
-                    for d in range(dims):
-                        keys[u, d] = zero
-                        values[u, d] = zero
-            # 2. Scores: partial dots summed over the token's lanes (every lane of the warp shuffles).
-            for u in range(tokens_in_flight):
-                valid = step_start + (warp * tokens_in_flight + u) * tokens_per_warp + slot < part_end
-                for g in range(heads):
-                    dot = zero
-                    for d in range(dims):
-                        dot += q[g, d] * keys[u, d]
-                    offset = lanes // 2
-                    while offset > 0:
-                        dot += _xor_lane(dot, offset, scratch, tid)
-                        offset //= 2
-                    scores[g, u] = dot if valid else neg_inf
-            # 3. Online softmax over the new tokens, and their values into this lane's dims.
-            for g in range(heads):
-                best = run_max[g]
-                for u in range(tokens_in_flight):
-                    if scores[g, u] > best:
-                        best = scores[g, u]
-                if best > neg_inf:
-                    # Rescaling every step was 1-2% faster on an H200 than branching to rescale only when
-                    # the max grows (bench/gpu_attention_sweep.py). exp(-inf) = 0 clears the first step's sum.
-                    rescale = math.exp(run_max[g] - best)
-                    total = run_sum[g] * rescale
-                    for d in range(dims):
-                        acc[g, d] *= rescale
-                    for u in range(tokens_in_flight):
-                        p = math.exp(scores[g, u] - best)  # 0 for tokens past the end
-                        total += p
-                        for d in range(dims):
-                            acc[g, d] += p * values[u, d]
-                    run_sum[g] = total
-                    run_max[g] = best
+        if prefetch:  # the next step's loads go out before this step's arithmetic
+            next_keys = cuda.local.array((tokens_in_flight, dims), float32)
+            next_values = cuda.local.array((tokens_in_flight, dims), float32)
+            load_step(keys, values, part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache,
+                      value_cache, rows_per_block, num_kv_heads)
+            for step_start in range(part_start, part_end, 2 * step):
+                load_step(next_keys, next_values, step_start + step, part_end, warp, slot, sub, seq, kv_head,
+                          block_tables, key_cache, value_cache, rows_per_block, num_kv_heads)
+                fold_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores, scratch,
+                          tid)
+                load_step(keys, values, step_start + 2 * step, part_end, warp, slot, sub, seq, kv_head,
+                          block_tables, key_cache, value_cache, rows_per_block, num_kv_heads)
+                fold_step(next_keys, next_values, step_start + step, part_end, warp, slot, q, acc, run_max, run_sum,
+                          scores, scratch, tid)
+        else:
+            for step_start in range(part_start, part_end, step):
+                load_step(keys, values, step_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache,
+                          value_cache, rows_per_block, num_kv_heads)
+                fold_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores, scratch,
+                          tid)
 
         # Merge the lane groups of each warp (lanes with the same `sub` hold the same dims).
         offset = lanes

@@ -140,6 +140,9 @@ def check_paged_attention(rng: np.random.Generator) -> None:
           "1 token in flight",
           paged_attention_decode(*pair, backend="cuda", warp_layout=WarpLayout(16, 2, 1, 1)),
           paged_attention_decode(*pair, backend="reference"))
+    check("paged_attention_decode same 2 seqs, prefetching the next 32-token step's K/V (2 steps)",
+          paged_attention_decode(*pair, backend="cuda", warp_layout=WarpLayout(16, 4, 2, 1, prefetch=True)),
+          paged_attention_decode(*pair, backend="reference"))
     mha = _attention_case(rng, [5, 21], num_heads=2, num_kv_heads=2, head_size=24, block_size=4)
     check("paged_attention_decode MHA 2/2 x24 (head size not a multiple of 8), 16-token partitions",
           paged_attention_decode(*mha, backend="cuda", partition_size=16),
