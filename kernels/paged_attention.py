@@ -248,6 +248,7 @@ def _launch_cuda(arrays: dict[str, Any], out: Any, num_kv_heads: int, block_size
     num_seqs, num_heads, head_size = arrays["query"].shape
     group, dtype = num_heads // num_kv_heads, dtype_name(arrays["key_cache"])
     tile_kernel, merge_kernel = attention_kernels(head_size, group, dtype)
+    threads = THREADS
     if cuda_kernel == "warp" and not _warp_failures:
         itemsize, max_width = np.dtype(dtype).itemsize, _alignment(arrays["key_cache"], arrays["value_cache"])
         layout = warp_layout or warp.layout_for(head_size, group, itemsize, max_width=max_width)
@@ -256,6 +257,7 @@ def _launch_cuda(arrays: dict[str, Any], out: Any, num_kv_heads: int, block_size
             raise ValueError(f"warp_layout width {layout.width} exceeds the caches' alignment ({max_width} bytes)")
         partition_kernel, blocks_x = warp.warp_attention_kernel(head_size, group, dtype, layout), \
             warp.grid_x(num_kv_heads, group, layout)
+        threads = warp.THREADS
     else:
         partition_kernel, blocks_x = tile_kernel, num_kv_heads
     max_context = arrays["block_tables"].shape[1] * block_size
@@ -276,7 +278,7 @@ def _launch_cuda(arrays: dict[str, Any], out: Any, num_kv_heads: int, block_size
         part_out = launch.scratch((num_seqs, num_heads, num_parts, head_size))
     args = [out, part_max, part_sum, part_out, *inputs, block_size, scale, part_len]
     try:
-        launch.launch(partition_kernel, (blocks_x, num_seqs, num_parts), THREADS, args, outputs=(0,))
+        launch.launch(partition_kernel, (blocks_x, num_seqs, num_parts), threads, args, outputs=(0,))
     except Exception as error:  # a Numba/NVVM that cannot build the vector loads: serve with the first kernel
         if partition_kernel is tile_kernel:
             raise

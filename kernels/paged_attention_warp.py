@@ -43,11 +43,13 @@ from numba import config, cuda, float32, int32
 
 from kernels.vector_access import ACCESS_WIDTHS, vector_loader
 
-THREADS = 128
 WARP = 32
-NUM_WARPS = THREADS // WARP
-_FULL_MASK = 0xFFFFFFFF
 _SIMULATED = bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]  # numba.config sets it at import
+# Four warps a block on a GPU. The simulator runs every thread in Python and every emulated shuffle is
+# a block barrier, so it runs two: the warp merge still has more than one warp to merge, at half the cost.
+NUM_WARPS = 2 if _SIMULATED else 4
+THREADS = NUM_WARPS * WARP
+_FULL_MASK = 0xFFFFFFFF
 # Query and accumulator floats a lane keeps per block (each): more spills registers.
 MAX_LANE_FLOATS = 64
 # Bytes the lanes of one token read per load instruction, at least (two 32-byte sectors).
