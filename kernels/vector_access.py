@@ -31,7 +31,7 @@ import functools
 import importlib
 
 import numpy as np
-from numba import config, cuda, types
+from numba import config, cuda
 
 _SIMULATED = bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]  # numba.config sets it at import
 ACCESS_WIDTHS = (2, 4, 8, 16)
@@ -228,18 +228,18 @@ def _store_intrinsic(dtype: str, count: int):
 
     @intrinsic
     def store(typingctx, dst, dst_index, values):
-        if not (isinstance(dst, types.Array) and str(dst.dtype) == dtype and isinstance(dst_index, types.Integer)
-                and isinstance(values, types.UniTuple) and values.count == count
-                and isinstance(values.dtype, types.Float)):
+        if not (_is_array(dst, dtype) and str(dst_index).startswith(("int", "uint"))
+                and getattr(values, "count", None) == count and str(getattr(values, "dtype", "")).startswith("float")):
             return None
-        sig = types.void(dst, dst_index, values)
+        typ = _types_of(dst)
+        sig = typ.void(dst, dst_index, values)
 
         def codegen(context, builder, signature, args):
             dst_value, index_value, values_value = args
             element = ir.FloatType() if dtype == "float32" else ir.HalfType()
             vector = ir.Constant(ir.VectorType(element, count), None) if count > 1 else None
             for i in range(count):
-                value = context.cast(builder, builder.extract_value(values_value, i), values.dtype, types.float32)
+                value = context.cast(builder, builder.extract_value(values_value, i), values.dtype, typ.float32)
                 if dtype == "float16":
                     value = builder.fptrunc(value, ir.HalfType())  # round to nearest even (cvt.rn.f16.f32)
                 vector = value if vector is None else builder.insert_element(vector, value, ir.Constant(ir.IntType(32), i))
