@@ -34,10 +34,9 @@ from kernels.backend import (
     dtype_name,
     host_view,
     is_on_device,
-    is_torch_tensor,
     resolve_backend,
 )
-from kernels.vector_access import aligned, vector_storer
+from kernels.vector_access import start_alignment, vector_storer
 
 _OUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
@@ -190,14 +189,8 @@ def cuda_launch_shape(out_shape: tuple[int, ...], pixels_per_thread: int = PIXEL
 
 
 def uses_vector_stores(out, dtype: np.dtype) -> bool:
-    """Whether ``preprocess_kernel`` may store VECTOR_PIXELS pixels of ``out`` with one access.
-
-    The simulator's arrays expose no address; they are fresh allocations, so aligned.
-    """
-    if out.shape[3] % VECTOR_PIXELS:
-        return False
-    has_address = is_torch_tensor(out) or hasattr(out, "__cuda_array_interface__")
-    return not has_address or aligned(out, VECTOR_PIXELS * dtype.itemsize)
+    """Whether ``preprocess_kernel`` may store VECTOR_PIXELS pixels of ``out`` with one access."""
+    return out.shape[3] % VECTOR_PIXELS == 0 and start_alignment(out) >= VECTOR_PIXELS * dtype.itemsize
 
 
 @numba.njit(inline="always")

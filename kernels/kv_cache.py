@@ -36,7 +36,7 @@ from kernels.backend import (
     resolve_backend,
 )
 from kernels.validation import check_array, check_contiguous, check_dim
-from kernels.vector_access import aligned, vector_copier, widest_access
+from kernels.vector_access import start_alignment, vector_copier, widest_access
 
 THREADS_PER_BLOCK = 256
 # Chunks each thread copies, THREADS_PER_BLOCK apart so that every pass of a
@@ -200,22 +200,11 @@ def _c_contiguous(x: Any) -> Any:
 
 
 def _access_width(tensors: list[Any], row_bytes: int, *, itemsize: int) -> int:
-    """The widest access that tiles a row and that every tensor's start is aligned to; else one element.
-
-    Host arrays are judged by their own pointer, although the device gets an
-    aligned copy: erring narrow costs speed, never correctness, and keeps the
-    simulator's tests of the narrow path honest.
-    """
+    """The widest access that tiles a row and that every tensor's start is aligned to; else one element."""
     width = widest_access(row_bytes, itemsize=itemsize)
-    if all(_starts_aligned(t, width) for t in tensors):
+    if all(start_alignment(t) >= width for t in tensors):
         return width
     return itemsize
-
-
-def _starts_aligned(x: Any, width: int) -> bool:
-    if is_on_device(x) or is_torch_tensor(x):
-        return aligned(x, width)
-    return host_view(x).ctypes.data % width == 0
 
 
 def _check_slots(slots: np.ndarray, *, num_slots: int) -> None:

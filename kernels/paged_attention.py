@@ -47,7 +47,7 @@ from kernels.backend import (
 )
 from kernels.paged_attention_cuda import THREADS, attention_kernels, partition_length
 from kernels.validation import check_array, check_contiguous, check_dim
-from kernels.vector_access import aligned
+from kernels.vector_access import start_alignment
 
 log = logging.getLogger(__name__)
 _FLOAT_DTYPES = ("float32", "float16")
@@ -250,7 +250,7 @@ def _launch_cuda(arrays: dict[str, Any], out: Any, num_kv_heads: int, block_size
     tile_kernel, merge_kernel = attention_kernels(head_size, group, dtype)
     threads = THREADS
     if cuda_kernel == "warp" and not _warp_failures:
-        itemsize, max_width = np.dtype(dtype).itemsize, _alignment(arrays["key_cache"], arrays["value_cache"])
+        itemsize, max_width = np.dtype(dtype).itemsize, min(start_alignment(arrays["key_cache"]), start_alignment(arrays["value_cache"]))
         layout = warp_layout or warp.layout_for(head_size, group, itemsize, max_width=max_width)
         layout.check(head_size, group, itemsize)
         if layout.width > max_width:
@@ -291,17 +291,6 @@ def _launch_cuda(arrays: dict[str, Any], out: Any, num_kv_heads: int, block_size
 
 
 _warp_failures: list[str] = []  # why the warp kernel is off in this process, if it is
-
-
-def _alignment(*arrays: Any) -> int:
-    """The widest load (≤ 16 bytes) every array's device address allows; host arrays are copied to fresh,
-    aligned device buffers."""
-    width = 16
-    for array in arrays:
-        if is_torch_tensor(array) or hasattr(array, "__cuda_array_interface__"):
-            while width > 1 and not aligned(array, width):
-                width //= 2
-    return width
 
 
 @functools.cache

@@ -21,7 +21,7 @@ access (``ld.v4.u32`` for 16 bytes), which is how CUDA C++ kernels read with
 The caller guarantees alignment: the byte address must be a multiple of the
 access width (a flat index that is a multiple of ``count`` on an allocation
 aligned to 16 bytes, which the caller checks on the host with
-``aligned``). Under ``NUMBA_ENABLE_CUDASIM=1`` the same functions run as plain
+``start_alignment``). Under ``NUMBA_ENABLE_CUDASIM=1`` the same functions run as plain
 element loops, so the simulator tests cover the kernels' indexing.
 """
 
@@ -46,10 +46,28 @@ def widest_access(num_bytes: int, *, itemsize: int) -> int:
     return itemsize
 
 
-def aligned(tensor, width: int) -> bool:
-    """Whether a tensor's data starts on a ``width``-byte boundary (views with offsets may not)."""
-    pointer = tensor.data_ptr() if hasattr(tensor, "data_ptr") else tensor.__cuda_array_interface__["data"][0]
-    return pointer % width == 0
+def start_alignment(array) -> int:
+    """The widest access (bytes, ≤ 16) that an array's first element is aligned to; views with offsets may
+    allow less.
+
+    PyTorch tensors, ``__cuda_array_interface__`` arrays and numpy arrays are
+    judged by their own address (a host array is copied to a fresh device
+    buffer, so judging it ers narrow: slower, never wrong, and it lets the
+    simulator test the narrow paths). The simulator's device arrays expose no
+    address; they are fresh allocations, so aligned.
+    """
+    if hasattr(array, "data_ptr"):
+        pointer = array.data_ptr()
+    elif hasattr(array, "__cuda_array_interface__"):
+        pointer = array.__cuda_array_interface__["data"][0]
+    elif isinstance(array, np.ndarray):
+        pointer = array.ctypes.data
+    else:
+        return ACCESS_WIDTHS[-1]
+    width = ACCESS_WIDTHS[-1]
+    while width > 1 and pointer % width:
+        width //= 2
+    return width
 
 
 @functools.cache
