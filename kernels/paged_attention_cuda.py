@@ -34,8 +34,10 @@ import functools
 import math
 
 import numpy as np
-from numba import config, cuda, float32, int32
+from numba import cuda, float32, int32
 from numba.core.types import float16
+
+from kernels.lane_shuffles import SIMULATED, max_lanes, sum_lanes
 
 THREADS = 128
 WARP = 32
@@ -44,58 +46,9 @@ LANES_PER_TOKEN = 8
 TOKENS_AT_ONCE = THREADS // LANES_PER_TOKEN
 MAX_HEAD_SIZE = 256
 MAX_GROUP = 16
-_FULL_MASK = 0xFFFFFFFF
-_SIMULATED = bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]  # numba.config sets it at import from the environment
 # Tokens scored per tile. The simulator pays per barrier, and barriers grow
 # with tokens, so its tests use a small tile to cross tile boundaries cheaply.
-DEFAULT_TILE = 32 if _SIMULATED else 128
-
-
-if _SIMULATED:
-
-    @cuda.jit(device=True)
-    def _sum_lanes(value, width, scratch, tid):
-        """Sum over aligned runs of `width` threads, returned to each of them (barriers: all threads must call)."""
-        cuda.syncthreads()
-        scratch[tid] = value
-        cuda.syncthreads()
-        base = tid - tid % width
-        total = float32(0.0)
-        for i in range(width):
-            total += scratch[base + i]
-        return total
-
-    @cuda.jit(device=True)
-    def _max_lanes(value, width, scratch, tid):
-        cuda.syncthreads()
-        scratch[tid] = value
-        cuda.syncthreads()
-        base = tid - tid % width
-        best = scratch[base]
-        for i in range(1, width):
-            if scratch[base + i] > best:
-                best = scratch[base + i]
-        return best
-
-else:
-
-    @cuda.jit(device=True, inline=True)
-    def _sum_lanes(value, width, scratch, tid):
-        offset = width // 2
-        while offset > 0:
-            value += cuda.shfl_xor_sync(_FULL_MASK, value, offset)
-            offset //= 2
-        return value
-
-    @cuda.jit(device=True, inline=True)
-    def _max_lanes(value, width, scratch, tid):
-        offset = width // 2
-        while offset > 0:
-            other = cuda.shfl_xor_sync(_FULL_MASK, value, offset)
-            if other > value:
-                value = other
-            offset //= 2
-        return value
+DEFAULT_TILE = 32 if SIMULATED else 128
 
 
 @functools.cache
@@ -205,7 +158,7 @@ def attention_kernels(head_size: int, group: int, dtype: str = "float32", tile: 
                             dim = sub + k * LANES_PER_TOKEN
                             if dim < head_size:
                                 dot += q[g * head_size + dim] * float32(keys[u, k])
-                        dot = _sum_lanes(dot, LANES_PER_TOKEN, scratch, tid)
+                        dot = sum_lanes(dot, LANES_PER_TOKEN, scratch, tid)
                         if sub == 0:
                             scores[g * tile + t] = dot if t < num_valid else neg_inf
             cuda.syncthreads()
@@ -217,7 +170,7 @@ def attention_kernels(head_size: int, group: int, dtype: str = "float32", tile: 
                     for t in range(lane, tile, WARP):
                         if scores[g * tile + t] > tile_max:
                             tile_max = scores[g * tile + t]
-                tile_max = _max_lanes(tile_max, WARP, scratch, tid)
+                tile_max = max_lanes(tile_max, WARP, scratch, tid)
                 total = float32(0.0)
                 new_max = neg_inf
                 if g < group:
@@ -227,7 +180,7 @@ def attention_kernels(head_size: int, group: int, dtype: str = "float32", tile: 
                         p = math.exp(scores[g * tile + t] - new_max)  # exp(-inf) = 0 for padding
                         scores[g * tile + t] = p
                         total += p
-                total = _sum_lanes(total, WARP, scratch, tid)
+                total = sum_lanes(total, WARP, scratch, tid)
                 if g < group and lane == 0:
                     scale_old = math.exp(running_max[g] - new_max)  # 0 on the first tile
                     correction[g] = scale_old

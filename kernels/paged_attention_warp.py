@@ -29,7 +29,7 @@ streaming copy:
 loads where the row's bytes and the cache's address allow it, narrower
 otherwise, so every head size and alignment runs. Under
 ``NUMBA_ENABLE_CUDASIM=1`` shuffles are emulated through shared memory and
-barriers (``_xor_lane``), which every thread of the block reaches.
+barriers (``kernels.lane_shuffles``), which every thread of the block reaches.
 """
 
 from __future__ import annotations
@@ -39,17 +39,16 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import config, cuda, float32, int32
+from numba import cuda, float32, int32
 
+from kernels.lane_shuffles import SIMULATED, sum_lanes, xor_lane
 from kernels.vector_access import ACCESS_WIDTHS, vector_loader
 
 WARP = 32
-_SIMULATED = bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]  # numba.config sets it at import
 # Four warps a block on a GPU. The simulator runs every thread in Python and every emulated shuffle is
 # a block barrier, so it runs two: the warp merge still has more than one warp to merge, at half the cost.
-NUM_WARPS = 2 if _SIMULATED else 4
+NUM_WARPS = 2 if SIMULATED else 4
 THREADS = NUM_WARPS * WARP
-_FULL_MASK = 0xFFFFFFFF
 # Query and accumulator floats a lane keeps per block (each): more spills registers.
 MAX_LANE_FLOATS = 64
 # Bytes the lanes of one token read per load instruction, at least (two 32-byte sectors).
@@ -122,23 +121,6 @@ def _tokens_in_flight(dims_per_lane: int) -> int:
     return max(1, min(MAX_TOKENS_IN_FLIGHT, MAX_FLOATS_IN_FLIGHT // (2 * dims_per_lane)))
 
 
-if _SIMULATED:
-
-    @cuda.jit(device=True)
-    def _xor_lane(value, offset, scratch, tid):
-        """The value of lane ``lane ^ offset`` (a barrier: every thread of the block calls it)."""
-        cuda.syncthreads()
-        scratch[tid] = value
-        cuda.syncthreads()
-        return scratch[tid ^ offset]
-
-else:
-
-    @cuda.jit(device=True, inline=True)
-    def _xor_lane(value, offset, scratch, tid):
-        return cuda.shfl_xor_sync(_FULL_MASK, value, offset)
-
-
 @functools.cache
 def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLayout):
     """The partition kernel for one shape; it writes ``out`` directly when the grid has one partition."""
@@ -190,10 +172,7 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
                 dot = zero
                 for d in range(dims):
                     dot += q[g, d] * keys[u, d]
-                offset = lanes // 2
-                while offset > 0:
-                    dot += _xor_lane(dot, offset, scratch, tid)
-                    offset //= 2
+                dot = sum_lanes(dot, lanes, scratch, tid)
                 scores[g, u] = dot if valid else neg_inf
         # Online softmax over the new tokens, and their values into this lane's dims.
         for g in range(heads):
@@ -217,7 +196,7 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
                 run_max[g] = best
 
     jit = (cuda.jit(max_registers=layout.max_registers)  # type: ignore[call-arg]  # mypy sees the simulator's jit
-           if layout.max_registers and not _SIMULATED else cuda.jit)
+           if layout.max_registers and not SIMULATED else cuda.jit)
 
     @jit
     def kernel(out, part_max, part_sum, part_out, query, key_cache, value_cache, block_tables, context_lens,
@@ -288,14 +267,14 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
         offset = lanes
         while offset < WARP:
             for g in range(heads):
-                other_max = _xor_lane(run_max[g], offset, scratch, tid)
-                other_sum = _xor_lane(run_sum[g], offset, scratch, tid)
+                other_max = xor_lane(run_max[g], offset, scratch, tid)
+                other_sum = xor_lane(run_sum[g], offset, scratch, tid)
                 best = other_max if other_max > run_max[g] else run_max[g]
                 mine = math.exp(run_max[g] - best) if run_max[g] > neg_inf else zero
                 theirs = math.exp(other_max - best) if other_max > neg_inf else zero
                 run_sum[g] = run_sum[g] * mine + other_sum * theirs
                 for d in range(dims):
-                    other = _xor_lane(acc[g, d], offset, scratch, tid)
+                    other = xor_lane(acc[g, d], offset, scratch, tid)
                     acc[g, d] = acc[g, d] * mine + other * theirs
                 run_max[g] = best
             offset *= 2
