@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from bench.bench_kernels import peak_bandwidth_gb_per_s
-from bench.gpu_kernel_bench import _sets_needed, copy_gb_per_s, event_median_ms
-from bench.gpu_kernel_check import BOUND, attention_reference64, relative_error, shuffled_block_tables
+from bench.gpu_kernel_bench import attention_sets, copy_gb_per_s, event_median_ms
+from bench.gpu_kernel_check import BOUND, attention_reference64, relative_error
 from kernels import paged_attention_decode
 from kernels.paged_attention_warp import WarpLayout, layout_for
 
@@ -56,26 +56,8 @@ def candidate_layouts(head_size: int, group: int, itemsize: int) -> list[WarpLay
     return layouts
 
 
-def inputs(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype, block_size=16):
-    gen = torch.Generator().manual_seed(0)
-    cuda_gen = torch.Generator(device="cuda").manual_seed(0)
-    lens = torch.randint(ctx[0], ctx[1] + 1, (num_seqs,), generator=gen, dtype=torch.int32)
-    blocks_per_seq = ((lens + block_size - 1) // block_size).tolist()
-    num_blocks, width = sum(blocks_per_seq), max(blocks_per_seq)
-    kv_bytes = 2 * int(lens.sum()) * num_kv_heads * head_size * torch.finfo(dtype).bits // 8
-    sets = []
-    for _ in range(_sets_needed(kv_bytes)):
-        shape = (num_blocks, block_size, num_kv_heads, head_size)
-        sets.append([torch.randn((num_seqs, num_heads, head_size), generator=cuda_gen, device="cuda").to(dtype),
-                     torch.randn(shape, generator=cuda_gen, device="cuda").to(dtype),
-                     torch.randn(shape, generator=cuda_gen, device="cuda").to(dtype),
-                     shuffled_block_tables(blocks_per_seq, num_blocks, width, gen, fill=0).cuda(), lens.cuda()])
-    io_bytes = 2 * num_seqs * num_heads * head_size * torch.finfo(dtype).bits // 8
-    return sets, kv_bytes + io_bytes
-
-
 def sweep_shape(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype, peak, repeats) -> list[dict]:
-    sets, moved = inputs(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype)
+    sets, moved, _ = attention_sets(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype)
     scale = head_size**-0.5
     want = attention_reference64(*sets[0], 16, scale)
     out = torch.empty_like(sets[0][0])

@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from bench.gpu_kernel_check import shuffled_block_tables
 from bench.kernels_before import write_kv_cache_per_element
 from kernels import fast_launch, paged_attention_decode, preprocess_images, write_kv_cache
-from kernels import paged_attention_warp as warp_kernel
 from kernels.image_preprocess import pack_images
+from kernels.paged_attention_warp import layout_for
 
 L2_MULTIPLE = 4  # input sets together span at least this many L2 caches
 
@@ -103,19 +103,6 @@ def generic_launch(fn: Callable[[int], object]) -> Callable[[int], object]:
     return call
 
 
-def lane_floats(bound: int, fn: Callable[[int], object]) -> Callable[[int], object]:
-    """The same call with the warp kernel's register bound per lane set to ``bound`` (a layout experiment)."""
-
-    def call(i: int) -> object:
-        saved, warp_kernel.MAX_LANE_FLOATS = warp_kernel.MAX_LANE_FLOATS, bound
-        try:
-            return fn(i)
-        finally:
-            warp_kernel.MAX_LANE_FLOATS = saved
-
-    return call
-
-
 def host_us_per_call(fn: Callable[[int], object], num_sets: int, calls: int = 200) -> float:
     """Host time per call with nothing waited for: the launch overhead when the GPU keeps up."""
     for i in range(3):
@@ -142,8 +129,10 @@ def _sets_needed(bytes_per_set: int) -> int:
     return min(64, max(2, -(-L2_MULTIPLE * l2 // max(bytes_per_set, 1))))
 
 
-def attention_variants(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: int, ctx: tuple[int, int],
-                       dtype: torch.dtype, block_size: int = 16) -> list[Variant]:
+def attention_sets(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: int, ctx: tuple[int, int],
+                   dtype: torch.dtype, block_size: int = 16) -> tuple[list[list[torch.Tensor]], int, int]:
+    """(input sets [query, key_cache, value_cache, block_tables, context_lens] cycled past L2, the bytes a
+    call must move, block-table width) for decode attention at random contexts in ``ctx``."""
     gen = torch.Generator().manual_seed(0)
     cuda_gen = torch.Generator(device="cuda").manual_seed(0)
     lens = torch.randint(ctx[0], ctx[1] + 1, (num_seqs,), generator=gen, dtype=torch.int32)
@@ -159,13 +148,21 @@ def attention_variants(num_seqs: int, num_heads: int, num_kv_heads: int, head_si
         sets.append([torch.randn((num_seqs, num_heads, head_size), generator=cuda_gen, device="cuda").to(dtype),
                      torch.randn(shape, generator=cuda_gen, device="cuda").to(dtype),
                      torch.randn(shape, generator=cuda_gen, device="cuda").to(dtype), tables.cuda(), lens.cuda()])
+    return sets, kv_bytes + io_bytes, width
+
+
+def attention_variants(num_seqs: int, num_heads: int, num_kv_heads: int, head_size: int, ctx: tuple[int, int],
+                       dtype: torch.dtype, block_size: int = 16) -> list[Variant]:
+    sets, moved, width = attention_sets(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype, block_size)
     out = torch.empty((num_seqs, num_heads, head_size), dtype=dtype, device="cuda")
     scale = head_size**-0.5
     positions = torch.arange(width * block_size, device="cuda")
 
-    def ours(partition_size, kernel="warp"):
+    def ours(partition_size, kernel="warp", layout=None):
         return lambda i: paged_attention_decode(*sets[i], block_size, scale, out=out, backend="cuda",
-                                                partition_size=partition_size, cuda_kernel=kernel)
+                                                partition_size=partition_size, cuda_kernel=kernel, warp_layout=layout)
+
+    fewer_floats = layout_for(head_size, num_heads // num_kv_heads, torch.finfo(dtype).bits // 8, lane_floats=32)
 
     def gather_sdpa(i):
         query, key_cache, value_cache, tables, lens_d = sets[i]
@@ -175,12 +172,12 @@ def attention_variants(num_seqs: int, num_heads: int, num_kv_heads: int, head_si
         return F.scaled_dot_product_attention(query[:, :, None, :], keys, values, attn_mask=mask, scale=scale,
                                               enable_gqa=True)
 
-    moved, n = kv_bytes + io_bytes, len(sets)
+    n = len(sets)
     return [
         Variant("ours: warp kernel (auto partitions)", ours(None), n, moved),
         Variant("ours: warp kernel, unsplit", ours(1 << 30), n, moved),
         Variant("ours: warp kernel, 512-token partitions", ours(512), n, moved),
-        Variant("ours: warp kernel, 32 lane floats (more lanes/token)", lane_floats(32, ours(None)), n, moved),
+        Variant("ours: warp kernel, 32 lane floats (more lanes/token)", ours(None, layout=fewer_floats), n, moved),
         Variant("tile kernel (first H200 design), auto", ours(None, "tile"), n, moved),
         Variant("ours (auto), generic Numba launch", generic_launch(ours(None)), n, moved),
         Variant("torch gather + SDPA", gather_sdpa, n, moved),

@@ -6,7 +6,7 @@ if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,clocks.max.mem --format=csv
 python3 -c "import numba,torch;from numba import cuda;print('numba',numba.__version__,'torch',torch.__version__,cuda.is_available(),cuda.get_current_device().name)" 2>&1 | tail -2
 timeout 120 python3 -m bench.gpu_kernel_check --output $OUT/gpu_kernel_check.json > $OUT/check.log 2>&1; echo "check rc $?"
-timeout 200 python3 -m bench.bench_kernels --gpu-only --repeats 30 --output $OUT/kernels_gpu.json > $OUT/bench.log 2>&1; echo "bench rc $?"
+timeout 300 python3 -m bench.bench_kernels --gpu-only --repeats 30 --output $OUT/kernels_gpu.json > $OUT/bench.log 2>&1; echo "bench rc $?"
 timeout 150 python3 -m bench.gpu_attention_sweep --budget-s 100 --output $OUT/gpu_attention_sweep.json > $OUT/sweep.log 2>&1; echo "sweep rc $?"
 timeout 100 python3 -m bench.bench_worker_gpu --output $OUT/worker_gpu.json > $OUT/worker.log 2>&1; echo "worker rc $?"
 timeout 100 python3 -m bench.gpu_mesh_check --output $OUT/gpu_mesh.json > $OUT/mesh.log 2>&1; echo "mesh rc $?"

@@ -252,9 +252,10 @@ def _launch_cuda(arrays: dict[str, Any], out: Any, num_kv_heads: int, block_size
     if cuda_kernel == "warp" and not _warp_failures:
         itemsize, max_width = np.dtype(dtype).itemsize, min(start_alignment(arrays["key_cache"]), start_alignment(arrays["value_cache"]))
         layout = warp_layout or warp.layout_for(head_size, group, itemsize, max_width=max_width)
-        layout.check(head_size, group, itemsize)
-        if layout.width > max_width:
-            raise ValueError(f"warp_layout width {layout.width} exceeds the caches' alignment ({max_width} bytes)")
+        if warp_layout is not None:  # layout_for's own choices fit by construction
+            layout.check(head_size, group, itemsize)
+            if layout.width > max_width:
+                raise ValueError(f"warp_layout width {layout.width} exceeds the caches' alignment ({max_width} bytes)")
         partition_kernel, blocks_x = warp.warp_attention_kernel(head_size, group, dtype, layout), \
             warp.grid_x(num_kv_heads, group, layout)
         threads = warp.THREADS

@@ -66,7 +66,6 @@ class WarpLayout:
     lanes_per_token: int  # L: lanes sharing one token (power of two)
     heads_per_block: int  # query heads of the GQA group this block serves
     tokens_in_flight: int  # U: tokens a lane group loads before using any
-    max_registers: int | None = None  # a per-thread cap for more blocks per multiprocessor (may spill)
     prefetch: bool = False  # load the next step's K/V before folding this step's (twice the K/V registers)
 
     def elements_per_load(self, itemsize: int) -> int:
@@ -90,15 +89,16 @@ class WarpLayout:
             raise ValueError("warp layout: " + "; ".join(problems))
 
 
-def layout_for(head_size: int, group: int, itemsize: int, max_width: int = 16) -> WarpLayout:
+def layout_for(head_size: int, group: int, itemsize: int, max_width: int = 16,
+               lane_floats: int = MAX_LANE_FLOATS) -> WarpLayout:
     """The widest loads, then the fewest lanes per token, that keep a lane's registers within bounds.
 
-    ``max_width`` is the largest access the cache's address alignment allows.
+    ``max_width`` is the largest access the cache's address alignment allows;
+    ``lane_floats`` bounds the query (and accumulator) floats a lane holds.
     Fewer lanes per token mean fewer shuffles; at least enough lanes that one
     load instruction reads ``MIN_BYTES_PER_TOKEN_LOAD`` of the row, where the
     row allows it.
     """
-    lane_floats = MAX_LANE_FLOATS  # read at call time: the benchmark tries other bounds
     heads = max(h for h in range(1, group + 1) if group % h == 0 and (h * head_size <= WARP * lane_floats or h == 1))
     for_registers = -(-heads * head_size // lane_floats)
     row_bytes = head_size * itemsize
@@ -195,10 +195,7 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
                 run_sum[g] = total
                 run_max[g] = best
 
-    jit = (cuda.jit(max_registers=layout.max_registers)  # type: ignore[call-arg]  # mypy sees the simulator's jit
-           if layout.max_registers and not SIMULATED else cuda.jit)
-
-    @jit
+    @cuda.jit
     def kernel(out, part_max, part_sum, part_out, query, key_cache, value_cache, block_tables, context_lens,
                block_size, scale, part_len):
         kv_head = cuda.blockIdx.x // chunks
