@@ -59,10 +59,11 @@ class StaticBatchScheduler(StepScheduler):
                 reset_block_table=False, sample=True, sampling=seq.sampling, num_generated=seq.num_generated))
             step.token_budget -= 1
 
-    def update_from_output(self, plan: StepPlan, sampled_token_ids: Mapping[int, int]) -> list[SequenceDelta]:
+    def update_from_output(self, plan: StepPlan, sampled_token_ids: Mapping[int, int],
+                           step_time_s: float | None = None) -> list[SequenceDelta]:
         if any(step.sample and step.seq_id in sampled_token_ids for step in plan.seqs):
             self._batch_closed = True
-        return super().update_from_output(plan, sampled_token_ids)
+        return super().update_from_output(plan, sampled_token_ids, step_time_s)
 
     def evict_all(self) -> list[Seq]:
         for pad in self._padding:

@@ -26,6 +26,7 @@ from services.scheduler.attach_types import (
     ModelKind,
     StepCommand,
     StepOutcome,
+    StepsCommand,
     StepSequenceContext,
     TokenizerSpec,
     WorkerCapacity,
@@ -64,6 +65,7 @@ def decode_hello(hello: scheduler_pb2.WorkerHello) -> WorkerHello:
             max_num_seqs=capacity.max_num_seqs,
             max_num_batched_tokens=capacity.max_num_batched_tokens,
             max_steps_in_flight=capacity.max_steps_in_flight,
+            max_steps_per_command=capacity.max_steps_per_command,
         ),
         protocol_version=hello.protocol_version,
         labels=tuple(hello.labels),
@@ -114,6 +116,12 @@ def welcome(scheduler_id: str, heartbeat_interval_ms: int) -> scheduler_pb2.Sche
 def encode_command(command: Command) -> scheduler_pb2.SchedulerCommand:
     if isinstance(command, StepCommand):
         return scheduler_pb2.SchedulerCommand(run_step=encode_run_step(command.plan, command.sequences))
+    if isinstance(command, StepsCommand):
+        message = scheduler_pb2.SchedulerCommand()
+        add = message.run_steps.steps.add
+        for plan in command.plans:
+            _fill_run_step(add(), plan, command.sequences)
+        return message
     if isinstance(command, BatchCommand):
         return scheduler_pb2.SchedulerCommand(execute_batch=encode_execute_batch(command))
     if isinstance(command, AbortCommand):
@@ -137,7 +145,14 @@ def encode_execute_batch(batch: BatchCommand) -> scheduler_pb2.ExecuteBatch:
 def encode_run_step(plan: StepPlan, sequences: Mapping[int, StepSequenceContext]) -> scheduler_pb2.RunStep:
     """The step for the worker. Sampling carries what the worker samples with (temperature, top_p,
     seed); a sequence whose stream is gone gets neither sampling nor trace context."""
-    command = scheduler_pb2.RunStep(step_id=plan.step_id, finished_seq_ids=plan.finished_seq_ids)
+    return _fill_run_step(scheduler_pb2.RunStep(), plan, sequences)
+
+
+def _fill_run_step(command: scheduler_pb2.RunStep, plan: StepPlan,
+                   sequences: Mapping[int, StepSequenceContext]) -> scheduler_pb2.RunStep:
+    command.step_id = plan.step_id
+    if plan.finished_seq_ids:
+        command.finished_seq_ids.extend(plan.finished_seq_ids)
     add = command.seqs.add  # add() builds in place; append() would copy each step
     for step in plan.seqs:
         context = sequences.get(step.seq_id)

@@ -144,6 +144,9 @@ class AttachSessions:
         kind = message.WhichOneof("kind")
         if kind == "step_result":
             link.on_result(message.step_result.step_id, attach_codec.decode_step_result(message.step_result))
+        elif kind == "step_results":
+            for result in message.step_results.results:
+                link.on_result(result.step_id, attach_codec.decode_step_result(result))
         elif kind == "batch_result":
             link.on_result(message.batch_result.batch_id, attach_codec.decode_batch_result(message.batch_result))
         elif kind == "heartbeat":

@@ -47,6 +47,8 @@ class WorkerCapacity:
     # Steps the worker takes before answering the first; >= 2: it fills in SequenceStep's
     # input_from_last_sample, so its next step may be sent before the last one's result.
     max_steps_in_flight: int = 0
+    # Steps the worker takes in one command (run back to back, answered together); <= 1: one per command.
+    max_steps_per_command: int = 0
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,14 @@ class StepCommand:
 
 
 @dataclass(frozen=True)
+class StepsCommand:
+    """Steps to run in order, in one message, their results coming back in one (RunSteps)."""
+
+    plans: tuple[StepPlan, ...]
+    sequences: Mapping[int, StepSequenceContext]
+
+
+@dataclass(frozen=True)
 class AbortCommand:
     seq_ids: tuple[int, ...]
 
@@ -121,7 +131,7 @@ class DrainCommand:
     grace_ms: int
 
 
-Command = BatchCommand | StepCommand | AbortCommand | DrainCommand
+Command = BatchCommand | StepCommand | StepsCommand | AbortCommand | DrainCommand
 
 
 # -- worker -> scheduler -----------------------------------------------------

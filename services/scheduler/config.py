@@ -33,6 +33,12 @@ class SchedulerConfig(ServerSettings):
     pipelined_steps: bool = setting(True, "generate: send a worker its next step before the last one's result "
                                     "when every sequence in it decodes (on|off; workers that declare "
                                     "max_steps_in_flight >= 2 only, others get one step at a time)")
+    steps_per_command: int = setting(
+        4, "generate, pipelined: while no sequence waits for a slot, plan up to this many decode steps ahead and "
+        "send them to the worker as one command, their results coming back together (fewer messages per token "
+        "on both ends of the stream; tokens reach clients in bursts of up to this many). The first step after an "
+        "idle spell and every step while sequences wait go alone. 1: one step per command; capped by what the "
+        "worker declares (max_steps_per_command, half its max_steps_in_flight)")
     routing: str = setting("cache_aware", "generate: where a new sequence goes: least_loaded, random or cache_aware (prefix_routing.py)")
     orphan_grace_ms: float = setting(5000.0, "queued work of a model whose last worker left waits this long "
                                      "(at most until its deadline) for a worker to attach")
@@ -60,6 +66,7 @@ class SchedulerConfig(ServerSettings):
         require(self.max_num_seqs >= 0, f"max_num_seqs must be >= 0, got {self.max_num_seqs}")
         require(self.long_prefill_chunk_tokens >= 0,
                 f"long_prefill_chunk_tokens must be >= 0, got {self.long_prefill_chunk_tokens}")
+        require(1 <= self.steps_per_command <= 64, f"steps_per_command must be in [1, 64], got {self.steps_per_command}")
         require(self.fairness_min_run_ms >= 0, f"fairness_min_run_ms must be >= 0, got {self.fairness_min_run_ms}")
         require(self.fairness_share_credit >= 0,
                 f"fairness_share_credit must be >= 0, got {self.fairness_share_credit}")

@@ -21,18 +21,19 @@ Each step, under `max_num_batched_tokens` and `max_num_seqs`:
 Deadlines are checked at the start of every schedule; expired sequences are
 aborted and their blocks freed in that same call, as are cancelled ones in abort().
 
-Pipelined steps (asynchronous scheduling): with step N in flight, `schedule_ahead()` plans N+1
-when N+1 needs nothing N's result decides but the tokens N samples: every sequence of N samples,
-every running sequence is in N, no deadline passed, and the next positions' blocks are free
-without preempting. N+1 then holds each of N's sequences that max_tokens does not end at N,
+Pipelined steps (asynchronous scheduling): with steps up to N in flight, `schedule_ahead()` plans
+N+1 when N+1 needs nothing their results decide but the tokens they sample: every sequence of N
+samples, every running sequence is in N, no deadline passed, and the next positions' blocks are
+free without preempting. N+1 then holds each of N's sequences that max_tokens does not end by N,
 computing the token the worker samples in N (input_from_last_sample), and admits waiting
 sequences as far as room allows without preempting. Otherwise (prefill chunks, preemption, expiry,
-or a sequence the last step planned ahead left waiting for room) N+1 waits for N's result and
-`schedule()`.
-A sequence that N's result ends (EOS, stop string, failure) or that is aborted meanwhile is freed
-at once; N+1's output for it is dropped. Its blocks may be handed out again from N+2 on, which the
-worker runs after N+1; no block holding a dropped token's KV is ever registered in the prefix cache,
-as registration covers only tokens whose result came back.
+or a sequence a step planned ahead left waiting for room) N+1 waits for N's result and
+`schedule()`. Called again, it plans N+2 from N+1, and so on: the loop decides how deep.
+A sequence that the result of a step M ends (EOS, stop string, failure) or that is aborted
+meanwhile is freed at once; the output for it of the steps after M already in flight is dropped.
+Its blocks may be handed out again only to steps planned from then on, which the worker runs after
+every step in flight; no block holding a dropped token's KV is ever registered in the prefix
+cache, as registration covers only tokens whose result came back.
 
 Prefix cache (prefix_cache.py, kv_block_manager.py): a sequence admitted (new, preempted or
 adopted) starts its block table with every resident full block of its prefix, up to but not
@@ -150,11 +151,12 @@ class StepBuilder:
         self.token_budget -= num_new_tokens
         self._bill(seq, num_new_tokens)
 
-    def pick_ahead(self, seq: Sequence, start: int, new_blocks: tuple[int, ...]) -> None:
-        """A decode at `start` of the token the step in flight samples for `seq` (input_from_last_sample)."""
+    def pick_ahead(self, seq: Sequence, start: int, num_generated: int, new_blocks: tuple[int, ...]) -> None:
+        """A decode at `start` of the token the newest step in flight samples for `seq`
+        (input_from_last_sample), `num_generated` tokens into its output."""
         self.ahead.append(SequenceStep(
             seq_id=seq.seq_id, token_ids=(), start_position=start, new_blocks=new_blocks,
-            reset_block_table=False, sample=True, sampling=seq.sampling, num_generated=seq.num_generated + 1,
+            reset_block_table=False, sample=True, sampling=seq.sampling, num_generated=num_generated,
             input_from_last_sample=True,
         ))
         self.token_budget -= 1
@@ -230,7 +232,7 @@ class StepScheduler:
         self._preempted: list[Sequence] = []  # sorted by preemption_key: best first
         self._running: list[Sequence] = []
         self._forget_ids: list[int] = []  # for the next plan's finished_seq_ids
-        # Plans sent and not yet updated from, oldest first, with when each was planned (at most two).
+        # Plans sent and not yet updated from, oldest first, with when each was planned.
         self._in_flight: deque[tuple[StepPlan, float]] = deque()
         self._last_update_s = 0.0
         # A step planned ahead left a sequence waiting for room: the next step is a full schedule().
@@ -354,20 +356,20 @@ class StepScheduler:
         return plan
 
     def schedule_ahead(self) -> StepPlan | None:
-        """The next step, planned while the one step in flight runs: its decodes take their input from
-        that step's samples, and waiting sequences that fit without preempting are admitted. None when
-        that step's result is needed first (see the module docstring), or there is nothing to run:
-        nothing was allocated, and `schedule()` follows the result."""
-        if len(self._in_flight) != 1:
-            raise RuntimeError(f"schedule_ahead needs exactly one step in flight, there are {len(self._in_flight)}")
-        last, _ = self._in_flight[0]
+        """The next step, planned while the steps in flight run: its decodes take their input from the
+        newest one's samples, and waiting sequences that fit without preempting are admitted. None when
+        a result is needed first (see the module docstring), or there is nothing to run: nothing was
+        allocated, and `schedule()` follows the results."""
+        if not self._in_flight:
+            raise RuntimeError("schedule_ahead needs a step in flight (schedule() plans the first)")
+        last, _ = self._in_flight[-1]
         now = self._clock()
         continuing = self._continuing_decodes(last, now)
         if continuing is None or not (continuing or self._waiting or self._preempted):
             return None
         step = StepBuilder(self.config.max_num_batched_tokens, self._service)
-        for seq, start in continuing:
-            step.pick_ahead(seq, start, self.kv.allocate(seq.seq_id, start + 1))
+        for seq, start, num_generated in continuing:
+            step.pick_ahead(seq, start, num_generated, self.kv.allocate(seq.seq_id, start + 1))
         # Waiting sequences are admitted as far as room allows without preempting; one that finds no
         # room makes the step after this one wait for the result (schedule() may preempt for it).
         self._admission_blocked = self._admit(step, now, may_preempt=False)
@@ -380,9 +382,10 @@ class StepScheduler:
         self._in_flight.append((plan, now))
         return plan
 
-    def _continuing_decodes(self, last: StepPlan, now: float) -> list[tuple[Sequence, int]] | None:
-        """The sequences of `last` (in flight) a step after it computes, with the position of the token
-        it computes; None when that step must wait for `last`'s result."""
+    def _continuing_decodes(self, last: StepPlan, now: float) -> list[tuple[Sequence, int, int]] | None:
+        """The sequences of `last` (the newest step in flight) a step after it computes, with the
+        position of the token it computes and the number of tokens generated before it; None when that
+        step must wait for a result."""
         if (self._admission_blocked or type(self)._extend_step is not StepScheduler._extend_step
                 or type(self)._admits_new is not StepScheduler._admits_new):
             return None  # preemption for a waiting sequence (or a subclass's own steps) decides the next step
@@ -397,23 +400,27 @@ class StepScheduler:
             step = in_last.get(seq.seq_id)
             if step is None:
                 return None  # a running sequence left out of `last` (out of budget)
-            if seq.num_generated + 1 >= seq.sampling.max_tokens:
+            num_generated = step.num_generated + 1  # generated once `last` has sampled
+            if num_generated >= seq.sampling.max_tokens:
                 continue  # `last` samples its last token
             start = step.start_position + step.num_new_tokens
             num_blocks += self.kv.num_missing_blocks(seq.seq_id, start + 1)
-            continuing.append((seq, start))
+            continuing.append((seq, start, num_generated))
         if num_blocks > self.kv.num_free_blocks:
             return None  # preemption is decided with the result
         return continuing
 
     @property
     def num_in_flight(self) -> int:
-        """Steps planned whose result has not been applied (0, 1 or 2)."""
+        """Steps planned whose result has not been applied."""
         return len(self._in_flight)
 
-    def update_from_output(self, plan: StepPlan, sampled_token_ids: Mapping[int, int]) -> list[SequenceDelta]:
+    def update_from_output(self, plan: StepPlan, sampled_token_ids: Mapping[int, int],
+                           step_time_s: float | None = None) -> list[SequenceDelta]:
         """Applies the worker's result of `plan` (the oldest step in flight): one sampled token per
         sequence whose step sampled. Sequences that ended since `plan` was made are skipped.
+        `step_time_s`: what the step took, when the caller knows better than the time since the last
+        result (steps whose results came back together).
 
         A sampling sequence missing from `sampled_token_ids` (the worker failed it), or given
         a token outside the vocabulary, is aborted with AbortReason.FAILED and reported in its delta.
@@ -426,7 +433,9 @@ class StepScheduler:
         # A pipelined step waited in the worker's queue for the one before: its time starts after that.
         began_s = max(since_s, self._last_update_s)
         self._last_update_s = now
-        self.step_time_s += alpha * (now - began_s - self.step_time_s)
+        if step_time_s is None:
+            step_time_s = now - began_s
+        self.step_time_s += alpha * (step_time_s - self.step_time_s)
         deltas = []
         # Looked up once per step, not once per sequence: this loop runs for every generated token.
         seqs = self._seqs

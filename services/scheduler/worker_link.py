@@ -16,6 +16,7 @@ from services.scheduler.attach_types import (
     ModelKey,
     StepCommand,
     StepOutcome,
+    StepsCommand,
     WorkerHello,
 )
 
@@ -62,6 +63,19 @@ class WorkerLink:
 
     def run_step(self, step: StepCommand) -> asyncio.Future[StepOutcome]:
         return self._send(step.plan.step_id, step)
+
+    def run_steps(self, steps: StepsCommand) -> list[asyncio.Future[StepOutcome]]:
+        """Several steps in one message; a result future per step, in order."""
+        if self.closed.is_set():
+            raise WorkerGone(f"worker {self.worker_id} is gone")
+        loop = asyncio.get_running_loop()
+        futures = []
+        for plan in steps.plans:
+            future: asyncio.Future[StepOutcome] = loop.create_future()
+            self._pending[plan.step_id] = future
+            futures.append(future)
+        self._commands.put_nowait(steps)
+        return futures
 
     def abort(self, seq_ids: tuple[int, ...]) -> None:
         """The worker forgets these sequences (their mirrors and pages)."""

@@ -226,7 +226,9 @@ class AttachClient:
             if kind == "execute_batch":
                 self._spawn(self._execute(call, command.execute_batch))
             elif kind == "run_step":
-                self._spawn(self._step(call, command.run_step))
+                self._spawn(self._steps(call, (command.run_step,)))
+            elif kind == "run_steps":
+                self._spawn(self._steps(call, tuple(command.run_steps.steps), together=True))
             elif kind == "abort":
                 self._runtime.abort(command.abort)
             elif kind == "drain":
@@ -254,21 +256,36 @@ class AttachClient:
         _trace_work("worker.execute_batch", began_ns, result.timings, [i.trace_context for i in command.items],
                     {"infermesh.batch_size": len(command.items)})
 
-    async def _step(self, call, command: scheduler_pb2.RunStep) -> None:
-        bind(batch_id=f"step-{command.step_id}")
+    async def _steps(self, call, commands: tuple[scheduler_pb2.RunStep, ...], together: bool = False) -> None:
+        """Runs the steps in order and answers them: one StepResult each, or (`together`: a RunSteps
+        command) one StepResults for all. Back to back, the steps after the first find the caches as the
+        model left them: on tinylm a step right after another takes 1.0 ms, one after the messages
+        between steps 1.2 ms."""
+        if not commands:
+            return
+        bind(batch_id=f"step-{commands[0].step_id}")
         # A step the scheduler sent ahead (pipelined) starts once this one's result is written: its
         # compute holds the event loop, and a result whose write has not completed waited in the
         # stream for the whole next step (then the scheduler's next step waited for it in turn, and
         # the worker idled a round trip per step as if nothing were pipelined; measured on tinylm).
         async with self._step_turn:
-            began_ns = time.time_ns()
-            result = _guarded_step(self._runtime, command)
-            if inspect.isawaitable(result):
-                result = await _awaited_step(result, command)
-            await self._write(call, scheduler_pb2.WorkerMessage(step_result=result))
-        metrics.observe_step(self._model_label, command, result, self._runtime.kv_blocks_used())
-        _trace_work("worker.run_step", began_ns, result.timings, [s.trace_context for s in command.seqs],
-                    {"infermesh.num_seqs": len(command.seqs)})
+            done = []
+            for command in commands:
+                began_ns = time.time_ns()
+                result = _guarded_step(self._runtime, command)
+                if inspect.isawaitable(result):
+                    result = await _awaited_step(result, command)
+                done.append((command, result, began_ns))
+            if together:
+                message = scheduler_pb2.WorkerMessage()
+                message.step_results.results.extend(result for _, result, _ in done)
+            else:
+                message = scheduler_pb2.WorkerMessage(step_result=done[0][1])
+            await self._write(call, message)
+        for command, result, began_ns in done:
+            metrics.observe_step(self._model_label, command, result, self._runtime.kv_blocks_used())
+            _trace_work("worker.run_step", began_ns, result.timings, [s.trace_context for s in command.seqs],
+                        {"infermesh.num_seqs": len(command.seqs)})
 
     async def _rebalance(self, call) -> None:
         """Now and then: move, gracefully, when this scheduler has 2+ workers of our model more than

@@ -40,7 +40,7 @@ from typing import Any
 from infermesh.v1 import common_pb2, scheduler_pb2
 from services.common.timings import StageTime, seconds_to_us, to_proto
 from services.worker.builtin_models import BYTE_EOS, BYTE_VOCAB_SIZE, INVALID_ARGUMENT, PROTOCOL_VERSION
-from services.worker.sequence_mirror import MAX_STEPS_IN_FLIGHT, SequenceMirror
+from services.worker.sequence_mirror import MAX_STEPS_IN_FLIGHT, MAX_STEPS_PER_COMMAND, SequenceMirror
 from services.worker.step_codec import run_step_from_proto, step_result_to_proto
 from services.worker.work import RunStep, SequenceOutput, SequenceStep
 
@@ -159,7 +159,7 @@ class MockGeneratorRuntime:
             capacity=scheduler_pb2.WorkerCapacity(
                 num_kv_blocks=p.num_kv_blocks, block_size=p.block_size, max_seq_len=p.max_seq_len,
                 max_num_seqs=p.max_num_seqs, max_num_batched_tokens=p.max_num_batched_tokens, device="mock",
-                max_steps_in_flight=MAX_STEPS_IN_FLIGHT,
+                max_steps_in_flight=MAX_STEPS_IN_FLIGHT, max_steps_per_command=MAX_STEPS_PER_COMMAND,
             ),
             tokenizer=scheduler_pb2.TokenizerSpec(
                 kind=scheduler_pb2.TOKENIZER_KIND_BYTES, vocab_size=BYTE_VOCAB_SIZE, eos_token_id=BYTE_EOS,

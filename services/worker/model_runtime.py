@@ -23,7 +23,7 @@ from services.worker.model_repository import (
     load_model,
     run_golden_check,
 )
-from services.worker.sequence_mirror import MAX_STEPS_IN_FLIGHT
+from services.worker.sequence_mirror import MAX_STEPS_IN_FLIGHT, MAX_STEPS_PER_COMMAND
 from services.worker.step_codec import item_error_to_proto, run_step_from_proto, step_result_to_proto
 from services.worker.step_executor import StepExecutor
 from services.worker.thread_settings import set_library_threads
@@ -153,7 +153,7 @@ class GeneratorRuntime:
                 max_num_batched_tokens=envelope.max_num_batched_tokens,
                 memory_bytes=envelope.memory_bytes,
                 device=self._model.device,
-                max_steps_in_flight=MAX_STEPS_IN_FLIGHT,
+                max_steps_in_flight=MAX_STEPS_IN_FLIGHT, max_steps_per_command=MAX_STEPS_PER_COMMAND,
             ),
             tokenizer=scheduler_pb2.TokenizerSpec(
                 kind=scheduler_pb2.TOKENIZER_KIND_BYTES,

@@ -33,8 +33,11 @@ from services.worker.sampling import check_sampling
 from services.worker.work import ErrorCode, ItemError, RunStep, SequenceOutput, SequenceStep
 
 # What the worker declares as WorkerCapacity.max_steps_in_flight: the scheduler may send the next
-# step before this one's result, its decodes taking their input from the last sample.
-MAX_STEPS_IN_FLIGHT = 2
+# steps before this one's result, their decodes taking their input from the last sample (the mirror
+# keeps one per sequence, and steps run in the order sent, so any depth works).
+MAX_STEPS_IN_FLIGHT = 16
+# WorkerCapacity.max_steps_per_command: steps the worker takes in one RunSteps command.
+MAX_STEPS_PER_COMMAND = 8
 
 
 @dataclass

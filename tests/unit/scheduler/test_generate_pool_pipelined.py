@@ -12,7 +12,7 @@ import pytest
 
 from infermesh.v1 import scheduler_pb2
 from services.scheduler import attach_codec
-from services.scheduler.attach_types import AbortCommand, StepCommand
+from services.scheduler.attach_types import AbortCommand, StepCommand, StepsCommand
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import TenantContext
 from services.scheduler.generate_pool import GeneratePool, GenerateStream
@@ -41,6 +41,7 @@ class MockWorker:
         self.hold = hold
         self.held: list[asyncio.Future[None]] = []
         self.plans: list = []
+        self.command_sizes: list[int] = []
         self.forgotten: set[int] = set()
         self.num_in_flight = self.max_in_flight = 0
         pool.add_worker(self.link)
@@ -51,22 +52,28 @@ class MockWorker:
             if isinstance(command, AbortCommand):
                 self.forgotten.update(command.seq_ids)
                 self.runtime.abort(scheduler_pb2.Abort(seq_ids=command.seq_ids))
-            elif isinstance(command, StepCommand):
-                self.plans.append(command.plan)
-                self.forgotten.update(command.plan.finished_seq_ids)
-                self.num_in_flight += 1
+            elif isinstance(command, StepCommand | StepsCommand):
+                plans = (command.plan,) if isinstance(command, StepCommand) else command.plans
+                self.plans.extend(plans)
+                self.command_sizes.append(len(plans))
+                for plan in plans:
+                    self.forgotten.update(plan.finished_seq_ids)
+                self.num_in_flight += len(plans)
                 self.max_in_flight = max(self.max_in_flight, self.num_in_flight)
-                wire = attach_codec.encode_run_step(command.plan, command.sequences)
-                asyncio.create_task(self._answer(wire, self.runtime.run_step(wire)))
+                wire = attach_codec.encode_command(command)
+                steps = (wire.run_step,) if wire.HasField("run_step") else tuple(wire.run_steps.steps)
+                # Run in the order sent (the runtime mirrors each step as it is called), answered together.
+                asyncio.create_task(self._answer(steps, [self.runtime.run_step(step) for step in steps]))
 
-    async def _answer(self, command: scheduler_pb2.RunStep, pending) -> None:
+    async def _answer(self, steps: tuple[scheduler_pb2.RunStep, ...], pending: list) -> None:
         if self.hold:
             gate = asyncio.get_running_loop().create_future()
             self.held.append(gate)
             await gate
-        result = await pending
-        self.num_in_flight -= 1
-        self.link.on_result(command.step_id, attach_codec.decode_step_result(result))
+        results = [await each for each in pending]
+        self.num_in_flight -= len(steps)
+        for step, result in zip(steps, results, strict=True):
+            self.link.on_result(step.step_id, attach_codec.decode_step_result(result))
 
     def release_one(self) -> None:
         self.held.pop(0).set_result(None)
@@ -82,11 +89,11 @@ class MockWorker:
         pool.remove_worker(self.link)
 
 
-def make_pool(pipelined: bool = True) -> GeneratePool:
+def make_pool(pipelined: bool = True, steps_per_command: int = 1) -> GeneratePool:
     clock = FakeClock()
     hello = attach_codec.decode_hello(MockGeneratorRuntime("1", MockProfile()).hello("w"))
-    return GeneratePool(hello.model, hello, SchedulerConfig(pipelined_steps=pipelined), clock=clock,
-                        sleep=clock.sleep)
+    config = SchedulerConfig(pipelined_steps=pipelined, steps_per_command=steps_per_command)
+    return GeneratePool(hello.model, hello, config, clock=clock, sleep=clock.sleep)
 
 
 @dataclasses.dataclass
@@ -140,8 +147,9 @@ async def test_step_n_plus_1_goes_out_before_the_result_of_step_n():
     assert (await reader.read()).token_ids == mock_continuation(b"hello", 6)
 
 
-async def _run_mixed(pipelined: bool, profile: MockProfile, num_streams: int = 30) -> tuple[dict, MockWorker]:
-    pool = make_pool(pipelined)
+async def _run_mixed(pipelined: bool, profile: MockProfile, num_streams: int = 30,
+                     steps_per_command: int = 1) -> tuple[dict, MockWorker]:
+    pool = make_pool(pipelined, steps_per_command)
     worker = MockWorker(pool, "w0", profile)
     streams = {}
     for seq_id in range(1, num_streams + 1):
@@ -211,3 +219,49 @@ async def test_a_worker_lost_with_two_steps_in_flight_loses_no_stream():
         assert seen.token_ids == expected, seq_id
     assert second.plans, "the streams finished on the other worker"
     first.release()  # the dead stream's answers go nowhere
+
+
+@pytest.mark.parametrize("profile", [MockProfile(), MockProfile(num_kv_blocks=24, block_size=4, max_seq_len=96)],
+                         ids=["roomy", "preempting"])
+async def test_several_steps_per_command_stream_what_one_step_at_a_time_does(profile):
+    batched, worker = await _run_mixed(True, profile, steps_per_command=4)
+    sequential, _ = await _run_mixed(False, profile)
+    assert batched == sequential
+    assert max(worker.command_sizes) <= 4 and worker.max_in_flight <= 8
+    if profile.num_kv_blocks != 24:
+        assert max(worker.command_sizes) == 4, "decodes with nothing waiting go four to a command"
+
+
+async def test_the_first_step_goes_alone_then_decodes_go_four_to_a_command():
+    pool = make_pool(steps_per_command=4)
+    worker = MockWorker(pool, "w0", MockProfile(), hold=True)
+    reader = submit(pool, 1, b"burst", 12)
+    await until_turns(lambda: worker.command_sizes == [1, 4] and len(worker.held) == 2)
+    prefill, *ahead = worker.plans
+    assert not prefill.seqs[0].input_from_last_sample, "the first token comes back after one step"
+    assert [p.seqs[0].start_position for p in ahead] == [len(b"burst") + i for i in range(4)]
+    assert [p.seqs[0].num_generated for p in ahead] == [1, 2, 3, 4]
+    assert all(p.seqs[0].input_from_last_sample and p.seqs[0].token_ids == () for p in ahead)
+    worker.release_one()  # the first step's result: four more go out behind the four in flight
+    await until_turns(lambda: worker.command_sizes == [1, 4, 4])
+    worker.release()
+    assert (await reader.read()).token_ids == mock_continuation(b"burst", 12)
+    assert sum(len(p.seqs) for p in worker.plans) == 12, "no step beyond max_tokens"
+
+
+async def test_a_waiting_sequence_makes_the_loop_send_one_step_at_a_time():
+    pool = make_pool(steps_per_command=4)
+    profile = MockProfile(max_num_seqs=1)
+    worker = MockWorker(pool, "w0", profile)
+    first, second = submit(pool, 1, b"running", 10), submit(pool, 2, b"waiting", 10)
+    assert (await first.read()).token_ids == mock_continuation(b"running", 10)
+    assert (await second.read()).token_ids == mock_continuation(b"waiting", 10)
+    second_starts = next(i for i, plan in enumerate(worker.plans) if any(s.seq_id == 2 for s in plan.seqs))
+    sizes, num_plans = [], 0
+    for size in worker.command_sizes:
+        if num_plans >= second_starts:
+            break
+        sizes.append(size)
+        num_plans += size
+    assert len(sizes) >= 9 and set(sizes) == {1}, "while one waits, every step goes alone"
+    assert max(worker.command_sizes) == 4, "alone, the second one's decodes go four to a command"

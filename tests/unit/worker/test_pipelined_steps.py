@@ -105,11 +105,12 @@ class GatedSleep:
         await gate
 
 
-def test_the_mock_declares_two_steps_in_flight_and_runs_them_one_after_the_other():
+def test_the_mock_declares_steps_in_flight_and_runs_them_one_after_the_other():
     sleep = GatedSleep()
     runtime = MockGeneratorRuntime("1", MockProfile(step_ms=5, num_kv_blocks=8, block_size=4, max_seq_len=64),
                                    sleep=sleep)
-    assert runtime.hello("w").capacity.max_steps_in_flight == MAX_STEPS_IN_FLIGHT == 2
+    capacity = runtime.hello("w").capacity
+    assert capacity.max_steps_in_flight == MAX_STEPS_IN_FLIGHT >= 2 * capacity.max_steps_per_command >= 4
 
     async def both() -> list[scheduler_pb2.StepResult]:
         # Both steps are handed over before either is answered, each awaited in its own task in the
