@@ -191,3 +191,43 @@ def test_a_step_sent_ahead_runs_once_the_last_result_is_written():
 
     asyncio.run(session())
     client.close()
+
+
+class _CommandsThenEOF:
+    """An Attach call that hands out the given commands, records what is written, then ends."""
+
+    def __init__(self, commands: list[scheduler_pb2.SchedulerCommand], num_writes: int) -> None:
+        self.events: list[str] = []
+        self.written: list[scheduler_pb2.WorkerMessage] = []
+        self._commands = commands
+        self._num_writes = num_writes
+
+    async def read(self):
+        if self._commands:
+            return self._commands.pop(0)
+        while len(self.written) < self._num_writes:
+            await asyncio.sleep(0)
+        return grpc.aio.EOF
+
+    async def write(self, message) -> None:
+        self.events.append("write")
+        self.written.append(message)
+
+
+def test_run_steps_run_back_to_back_in_order_and_are_answered_in_one_message():
+    steps = scheduler_pb2.SchedulerCommand()
+    for step_id in (3, 4, 5):
+        steps.run_steps.steps.add(step_id=step_id)
+    after = scheduler_pb2.SchedulerCommand(run_step=scheduler_pb2.RunStep(step_id=6))
+    call = _CommandsThenEOF([steps, after], num_writes=2)
+    client = AttachClient("127.0.0.1:1", _RecordingRuntime(call), "w", Backoff(0.1, 1.0))  # type: ignore[arg-type]
+
+    async def session() -> None:
+        await asyncio.wait_for(client._read_commands(call), timeout=5)
+
+    asyncio.run(session())
+    client.close()
+    assert call.events == ["run 3", "run 4", "run 5", "write", "run 6", "write"]
+    together, alone = call.written
+    assert [r.step_id for r in together.step_results.results] == [3, 4, 5]
+    assert alone.WhichOneof("kind") == "step_result" and alone.step_result.step_id == 6
