@@ -64,6 +64,10 @@ log = logging.getLogger(__name__)
 
 # A scheduler with work but nothing it may run now (rare: admission blocked) looks again this often.
 _BLOCKED_POLL_S = 0.01
+# A command of several steps leaves when the worker has one step and this long left of the steps in
+# flight (planning it and its trip take less), so the worker never waits for it and a newcomer finds
+# no more than that ahead of its first step.
+_COMMAND_LEAD_S = 0.001
 
 
 @dataclass(frozen=True)
@@ -158,6 +162,9 @@ class _WorkerLoop:
         self.steps_per_command = steps_per_command(pool.config, link.hello.capacity) if self.pipelined else 1
         self._in_flight: deque[_SentStep] = deque()
         self._command_step_s = 0.0  # per step, of the command whose results are being applied
+        # Set when the next command of several steps is due (a timer), or a sequence arrives meanwhile.
+        self._due: asyncio.Future[None] | None = None
+        self._due_timer: asyncio.Task[None] | None = None
         # Looked up once: _update_gauges sets it for every worker after every step of every worker.
         self.kv_gauge = metrics.KV_CACHE_USAGE.labels(pool.model.name, link.worker_id)
         self.cache_metrics = metrics.PrefixCacheMetrics(pool.model.name, link.worker_id)
@@ -170,14 +177,23 @@ class _WorkerLoop:
 
     def wake(self) -> None:
         self._wake.set()
+        if self._due is not None and not self._due.done():
+            self._due.set_result(None)
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self._disarm()
+
+    async def _run(self) -> None:
         while self.attached:
             sent = []
             if not self._in_flight:
                 if not self.scheduler.has_work():
                     self._flush()
                     self._result_at_s = None
+                    self._command_step_s = 0.0  # the next command's steps may be another size
                     if self.link.draining:
                         self.link.end_stream()
                         return
@@ -201,6 +217,15 @@ class _WorkerLoop:
                 self.pool.after_schedule(plan)
             self._flush()
             oldest = self._in_flight[0]
+            if self.steps_per_command > 1 and not oldest.result.done():
+                # A sequence arriving while steps are in flight gets its first step in right behind them.
+                if self._wake.is_set():
+                    self._wake.clear()
+                    continue  # one arrived since the steps were planned
+                due = self._arm(None)
+                await asyncio.wait((oldest.result, due), return_when=asyncio.FIRST_COMPLETED)
+                if not oldest.result.done():
+                    continue  # the next command is due, or a sequence arrived: plan again
             try:
                 outcome = await oldest.result
             except WorkerGone:
@@ -214,9 +239,21 @@ class _WorkerLoop:
         """Steps planned ahead of those in flight, sent as one command, once no more than a command's
         worth is in flight: up to steps_per_command while no sequence waits for a slot, else one (a
         waiting sequence is admitted by the next step planned, so that comes soon)."""
-        per_command = self.steps_per_command if self.scheduler.num_waiting == 0 else 1
-        if len(self._in_flight) > per_command:
-            return []
+        if self._due is not None and self._due.done():
+            self._disarm()  # it brought us here
+        if self.scheduler.num_waiting:
+            # A newcomer's first step goes right behind a command of several steps; then one at a time.
+            per_command = 1
+            if len(self._in_flight) > 1 and not (self._in_flight and self._in_flight[-1].command_size > 1):
+                return []
+        else:
+            per_command = self.steps_per_command
+            if len(self._in_flight) > per_command:
+                return []
+            if per_command > 1 and (wait_s := self._until_next_command_s()) > 0:
+                self._arm(wait_s)
+                return []
+        self._disarm()
         plans: list[StepPlan] = []
         while len(plans) < per_command and (ahead := self.scheduler.schedule_ahead()) is not None:
             plans.append(ahead)
@@ -224,6 +261,33 @@ class _WorkerLoop:
             return []
         self.pool.pipelined_steps.inc(len(plans))
         return plans
+
+    def _until_next_command_s(self) -> float:
+        """Seconds until the worker has one step and _COMMAND_LEAD_S left of the steps in flight, by the
+        per-step time of the last command of several steps (none measured yet: now)."""
+        step_s = self._command_step_s
+        if self._result_at_s is None or not self._in_flight or step_s <= 0:
+            return 0.0
+        ends_s = self._result_at_s + len(self._in_flight) * step_s
+        return ends_s - step_s - _COMMAND_LEAD_S - self.pool.clock()
+
+    def _arm(self, wait_s: float | None) -> asyncio.Future[None]:
+        """What makes the loop plan again: done in `wait_s` (None: when a sequence arrives)."""
+        if self._due is None or self._due.done():
+            self._due = asyncio.get_running_loop().create_future()
+        if wait_s is not None and self._due_timer is None:
+            self._due_timer = asyncio.create_task(self._fire_after(wait_s, self._due))
+        return self._due
+
+    async def _fire_after(self, wait_s: float, due: asyncio.Future[None]) -> None:
+        await self.pool.sleep(wait_s)
+        if not due.done():
+            due.set_result(None)
+
+    def _disarm(self) -> None:
+        if self._due_timer is not None:
+            self._due_timer.cancel()
+        self._due = self._due_timer = None
 
     def _send(self, plans: tuple[StepPlan, ...]) -> bool:
         """Puts the steps on their way to the worker, in one command; False when the first has nothing to
@@ -300,7 +364,7 @@ class GeneratePool:
         self.model = model
         self.config = config
         self.clock = clock
-        self._sleep = sleep
+        self.sleep = sleep
         self._make_step_scheduler = step_scheduler
         self.tokenizer = ByteTokenizer.from_spec(
             vocab_size=spec.vocab_size, eos_token_id=spec.eos_token_id, bos_token_id=spec.bos_token_id
@@ -650,7 +714,7 @@ class GeneratePool:
                     next_s = give_up_s if next_s is None else min(next_s, give_up_s)
             self._update_gauges()
             if next_s is not None:
-                await self._sleep(max(0.0, next_s - now))
+                await self.sleep(max(0.0, next_s - now))
 
     def _update_gauges(self) -> None:
         schedulers = [loop.scheduler for loop in self._loops.values()]
