@@ -13,6 +13,7 @@ _STAGE_BY_NAME = {
     if value != common_pb2.STAGE_UNSPECIFIED
 }
 STAGE_NAMES = frozenset(_STAGE_BY_NAME)
+_NAME_BY_STAGE = {value: name for name, value in _STAGE_BY_NAME.items()}
 
 
 @dataclass(frozen=True)
@@ -37,11 +38,10 @@ def to_proto(stages: Iterable[StageTime], total_us: int = 0) -> common_pb2.Timin
 
 
 def from_proto(timings: common_pb2.Timings) -> list[StageTime]:
-    return [
-        StageTime(common_pb2.Stage.Name(s.stage).removeprefix("STAGE_").lower(), s.duration_us, s.service)
-        for s in timings.stages
-        if s.stage != common_pb2.STAGE_UNSPECIFIED
-    ]
+    """The stages this build knows (unspecified ones, and a newer peer's, are left out). A dict lookup
+    per stage: the worker decodes its own timings for metrics after every generate step."""
+    names = _NAME_BY_STAGE
+    return [StageTime(names[s.stage], s.duration_us, s.service) for s in timings.stages if s.stage in names]
 
 
 def seconds_to_us(seconds: float) -> int:

@@ -345,7 +345,10 @@ class AttachClient:
 
 
 def _trace_work(name: str, began_ns: int, timings, carriers, attributes: dict) -> None:
-    """One span per request the batch/step served, under that request's own trace."""
+    """One span per request the batch/step served, under that request's own trace. A decode step's
+    sequences carry no trace context (the scheduler sends it with prompt steps): nothing to do."""
+    if not any(carriers):
+        return
     ended_ns = time.time_ns()
     stages = [(stage.stage, stage.duration_us) for stage in from_proto(timings)]
     for carrier in carriers:
