@@ -143,9 +143,7 @@ class _SentStep:
 
 
 def steps_per_command(config: SchedulerConfig, capacity: WorkerCapacity) -> int:
-    """Most decode steps a worker's loop sends in one command (1: one per command)."""
-    if not config.pipelined_steps or capacity.max_steps_per_command < 2:
-        return 1
+    """Most decode steps a pipelined worker loop sends in one command (1: one per command)."""
     return max(1, min(config.steps_per_command, capacity.max_steps_per_command, capacity.max_steps_in_flight // 2))
 
 
@@ -218,7 +216,7 @@ class _WorkerLoop:
                 self.pool.after_schedule(plan)
             self._flush()
             oldest = self._in_flight[0]
-            if self.steps_per_command > 1 and not oldest.result.done():
+            if self._command_pending() and not oldest.result.done():
                 # A sequence arriving while steps are in flight gets its first step in right behind them.
                 if self._wake.is_set():
                     self._wake.clear()
@@ -245,7 +243,7 @@ class _WorkerLoop:
         if self.scheduler.num_waiting:
             # A newcomer's first step goes right behind a command of several steps; then one at a time.
             per_command = 1
-            if len(self._in_flight) > 1 and not (self._in_flight and self._in_flight[-1].command_size > 1):
+            if len(self._in_flight) > 1 and self._in_flight[-1].command_size == 1:
                 return []
         else:
             per_command = self.steps_per_command
@@ -262,6 +260,12 @@ class _WorkerLoop:
             return []
         self.pool.pipelined_steps.inc(len(plans))
         return plans
+
+    def _command_pending(self) -> bool:
+        """Whether the loop waits on arrivals and its timer as well as results: only while a command of
+        several steps is in flight or the next one is timed (one step at a time, each result plans the
+        next, and waiting on more would cost every step)."""
+        return self._due_timer is not None or (bool(self._in_flight) and self._in_flight[-1].command_size > 1)
 
     def _until_next_command_s(self) -> float:
         """Seconds until the worker has one step and _COMMAND_LEAD_S left of the steps in flight, by the

@@ -66,16 +66,7 @@ class WorkerLink:
 
     def run_steps(self, steps: StepsCommand) -> list[asyncio.Future[StepOutcome]]:
         """Several steps in one message; a result future per step, in order."""
-        if self.closed.is_set():
-            raise WorkerGone(f"worker {self.worker_id} is gone")
-        loop = asyncio.get_running_loop()
-        futures = []
-        for plan in steps.plans:
-            future: asyncio.Future[StepOutcome] = loop.create_future()
-            self._pending[plan.step_id] = future
-            futures.append(future)
-        self._commands.put_nowait(steps)
-        return futures
+        return self._send_many([plan.step_id for plan in steps.plans], steps)
 
     def abort(self, seq_ids: tuple[int, ...]) -> None:
         """The worker forgets these sequences (their mirrors and pages)."""
@@ -89,12 +80,20 @@ class WorkerLink:
             self._commands.put_nowait(DrainCommand(grace_ms))
 
     def _send(self, command_id: int, command: Command) -> asyncio.Future[Any]:
+        return self._send_many([command_id], command)[0]
+
+    def _send_many(self, result_ids: list[int], command: Command) -> list[asyncio.Future[Any]]:
+        """Queues the command; a future per result it will bring back."""
         if self.closed.is_set():
             raise WorkerGone(f"worker {self.worker_id} is gone")
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[command_id] = future
+        loop = asyncio.get_running_loop()
+        futures = []
+        for result_id in result_ids:
+            future: asyncio.Future[Any] = loop.create_future()
+            self._pending[result_id] = future
+            futures.append(future)
         self._commands.put_nowait(command)
-        return future
+        return futures
 
     async def next_command(self) -> Command | None:
         """The next command to write to the stream; None once the link is closing."""
