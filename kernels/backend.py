@@ -18,6 +18,7 @@ import contextlib
 import enum
 import functools
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -75,10 +76,13 @@ def cpu_threads_for(num_bytes: int) -> Iterator[None]:
 
     numba.set_num_threads is thread-local, so this affects only the caller.
     """
-    if num_bytes >= PARALLEL_MIN_BYTES:
+    import numba
+
+    # A pool of one thread (the worker's --num-threads 1) never forks: skip the get/set pair.
+    pool_size = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # numba.config sets it at import
+    if num_bytes >= PARALLEL_MIN_BYTES or pool_size == 1:
         yield
         return
-    import numba
 
     previous = numba.get_num_threads()
     numba.set_num_threads(1)
@@ -89,7 +93,10 @@ def cpu_threads_for(num_bytes: int) -> Iterator[None]:
 
 
 def is_torch_tensor(x: Any) -> bool:
-    return type(x).__module__.startswith("torch") and hasattr(x, "is_cuda")
+    # An isinstance check, without importing torch: every kernel call asks this of each argument,
+    # and a module-name test plus hasattr cost several times as much.
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def is_on_device(x: Any) -> bool:

@@ -106,15 +106,20 @@ def paged_forward(lm: DecoderLM, seqs: Sequence[PagedSequence], cache: KVCache) 
     decode_tables, decode_lens = _decode_tables([seqs[i] for i in decode], bs, device)
     scale = 1.0 / math.sqrt(lm.config.head_size)
 
+    rope = lm.rotary(positions)
+
     x = lm.embed(tokens)
     for layer_index, layer in enumerate(lm.blocks()):
         key_cache, value_cache = cache.key[layer_index], cache.value[layer_index]
-        q, k, v = layer.qkv(x, positions)
-        write_kv_cache(k.contiguous(), v.contiguous(), key_cache, value_cache, slots)
+        q, k, v = layer.qkv(x, rope)
+        # check_sequence above has put every slot and table entry inside the cache: the kernels
+        # need not read them again in each layer.
+        write_kv_cache(k.contiguous(), v.contiguous(), key_cache, value_cache, slots, check_indices=False)
         attn = torch.empty_like(q)
         if decode:
             attn[decode_rows] = paged_attention_decode(
-                q[decode_rows].contiguous(), key_cache, value_cache, decode_tables, decode_lens, bs, scale
+                q[decode_rows].contiguous(), key_cache, value_cache, decode_tables, decode_lens, bs, scale,
+                check_indices=False,
             )
         for i in chunks:
             rows = slice(starts[i], starts[i] + lengths[i])

@@ -57,15 +57,27 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate `x[..., T, heads, head_size]` by its token positions `positions[..., T]` (rotate-half form)."""
-    half = x.shape[-1] // 2
-    inv_freq = theta ** (-torch.arange(half, dtype=torch.float32, device=x.device) / half)
+@dataclass(frozen=True)
+class Rotary:
+    """RoPE's cos and sin for a step's token positions, `[..., T, 1, head_size // 2]`: computed once
+    per forward and shared by every layer's q and k (they depend only on positions)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
+def rotary(positions: torch.Tensor, head_size: int, theta: float) -> Rotary:
+    half = head_size // 2
+    inv_freq = theta ** (-torch.arange(half, dtype=torch.float32, device=positions.device) / half)
     angles = positions.to(torch.float32)[..., None] * inv_freq  # [..., T, half]
-    cos = angles.cos()[..., None, :]  # broadcast over heads
-    sin = angles.sin()[..., None, :]
+    return Rotary(angles.cos()[..., None, :], angles.sin()[..., None, :])  # broadcast over heads
+
+
+def apply_rope(x: torch.Tensor, rope: Rotary) -> torch.Tensor:
+    """Rotate `x[..., T, heads, head_size]` by its positions' angles (rotate-half form)."""
+    half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return torch.cat((x1 * rope.cos - x2 * rope.sin, x2 * rope.cos + x1 * rope.sin), dim=-1)
 
 
 class DecoderBlock(nn.Module):
@@ -83,7 +95,7 @@ class DecoderBlock(nn.Module):
         self.w_up = nn.Linear(config.d_model, config.d_ff, bias=False)
         self.w_down = nn.Linear(config.d_ff, config.d_model, bias=False)
 
-    def qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(self, x: torch.Tensor, rope: Rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Normed `x[..., T, d_model]` → q `[..., T, num_heads, hs]`, k and v `[..., T, num_kv_heads, hs]`, RoPE applied."""
         c = self.config
         h = self.attn_norm(x)
@@ -91,7 +103,7 @@ class DecoderBlock(nn.Module):
         q = self.wq(h).view(*lead, c.num_heads, c.head_size)
         k = self.wk(h).view(*lead, c.num_kv_heads, c.head_size)
         v = self.wv(h).view(*lead, c.num_kv_heads, c.head_size)
-        return apply_rope(q, positions, c.rope_theta), apply_rope(k, positions, c.rope_theta), v
+        return apply_rope(q, rope), apply_rope(k, rope), v
 
     def attn_out(self, attn: torch.Tensor) -> torch.Tensor:
         """Attention output `[..., T, num_heads, hs]` → residual update `[..., T, d_model]`."""
@@ -115,16 +127,19 @@ class DecoderLM(nn.Module):
         """The decoder blocks, typed (ModuleList yields plain Modules)."""
         return iter(cast("Iterable[DecoderBlock]", self.layers))
 
+    def rotary(self, positions: torch.Tensor) -> Rotary:
+        return rotary(positions, self.config.head_size, self.config.rope_theta)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.final_norm(hidden))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Dense causal reference: `input_ids int64[B, T]` (positions 0..T-1) → logits `float32[B, T, vocab]`."""
         _, num_tokens = input_ids.shape
-        positions = torch.arange(num_tokens, device=input_ids.device)
+        rope = self.rotary(torch.arange(num_tokens, device=input_ids.device))
         x = self.embed(input_ids)
         for layer in self.blocks():
-            q, k, v = layer.qkv(x, positions)
+            q, k, v = layer.qkv(x, rope)
             # SDPA wants [B, heads, T, hs]; GQA by sharing each KV head across its query group.
             attn = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernels.backend import Backend, all_on_device, cuda_available, resolve_backend
+from kernels.backend import Backend, all_on_device, cuda_available, is_torch_tensor, resolve_backend
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -34,6 +34,17 @@ def test_asking_for_cuda_without_a_gpu_is_refused():
 def test_unknown_backend_names_the_choices():
     with pytest.raises(ValueError, match="backend must be one of 'cuda', 'cpu', 'reference' or 'auto'; got 'gpu'"):
         resolve_backend("gpu", prefer_cuda=False)
+
+
+def test_torch_tensors_and_parameters_are_told_from_arrays_and_look_alikes():
+    import torch
+
+    class LooksLikeATensor:
+        is_cuda = False
+        __module__ = "torch.fake"
+
+    assert is_torch_tensor(torch.zeros(2)) and is_torch_tensor(torch.nn.Parameter(torch.zeros(2)))
+    assert not is_torch_tensor(np.zeros(2)) and not is_torch_tensor(LooksLikeATensor())
 
 
 def test_host_arrays_are_not_on_device():
