@@ -168,16 +168,25 @@ def write_kv_cache(
             raise ValueError("backend 'cpu' needs host arrays; got GPU arrays")
         # A pure copy: float16 travels as its bits (numba's CPU target has no float16).
         bits = np.uint16 if dtype == "float16" else np.float32
-        with cpu_threads_for(4 * num_tokens * num_kv_heads * head_size * np.dtype(bits).itemsize):
-            _write_kv_cache_cpu(
-                np.ascontiguousarray(host_view(key)).view(bits),
-                np.ascontiguousarray(host_view(value)).view(bits),
-                host_view(key_cache).view(bits),
-                host_view(value_cache).view(bits),
-                np.ascontiguousarray(host_view(slot_mapping)),
-            )
+        write_kv_cache_host(
+            np.ascontiguousarray(host_view(key)).view(bits),
+            np.ascontiguousarray(host_view(value)).view(bits),
+            host_view(key_cache).view(bits),
+            host_view(value_cache).view(bits),
+            np.ascontiguousarray(host_view(slot_mapping)),
+        )
     else:
         _scatter_on_device(key, value, key_cache, value_cache, slot_mapping, itemsize=np.dtype(dtype).itemsize)
+
+
+def write_kv_cache_host(key: np.ndarray, value: np.ndarray, key_cache: np.ndarray, value_cache: np.ndarray,
+                        slot_mapping: np.ndarray) -> None:
+    """The CPU twin on arrays the caller has checked: C-contiguous numpy arrays of one dtype in the
+    layouts above (float16 viewed as uint16), int64 slots below the caches' capacity (what
+    ``write_kv_cache`` checks). Nothing is checked here; a slot out of range writes outside the
+    caches. For a model that checks its step once and writes in every layer."""
+    with cpu_threads_for(4 * key.size * key.itemsize):
+        _write_kv_cache_cpu(key, value, key_cache, value_cache, slot_mapping)
 
 
 def _scatter_on_device(key, value, key_cache, value_cache, slot_mapping, *, itemsize: int) -> None:

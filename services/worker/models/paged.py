@@ -19,7 +19,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels import paged_attention_decode, write_kv_cache
+from kernels import (
+    Backend,
+    paged_attention_decode,
+    paged_attention_decode_host,
+    write_kv_cache,
+    write_kv_cache_host,
+)
+from kernels.backend import resolve_backend
 from services.worker.models.transformer import DecoderLM
 
 
@@ -108,19 +115,31 @@ def paged_forward(lm: DecoderLM, seqs: Sequence[PagedSequence], cache: KVCache) 
 
     rope = lm.rotary(positions)
 
+    # check_sequence above has put every slot and table entry inside the cache, so the kernels need
+    # not check them again in each layer; on the host they run as their CPU twins directly.
+    on_host = cache.device.type == "cpu" and resolve_backend(None, prefer_cuda=False) is Backend.CPU
+
     x = lm.embed(tokens)
     for layer_index, layer in enumerate(lm.blocks()):
         key_cache, value_cache = cache.key[layer_index], cache.value[layer_index]
         q, k, v = layer.qkv(x, rope)
-        # check_sequence above has put every slot and table entry inside the cache: the kernels
-        # need not read them again in each layer.
-        write_kv_cache(k.contiguous(), v.contiguous(), key_cache, value_cache, slots, check_indices=False)
         attn = torch.empty_like(q)
-        if decode:
-            attn[decode_rows] = paged_attention_decode(
-                q[decode_rows].contiguous(), key_cache, value_cache, decode_tables, decode_lens, bs, scale,
-                check_indices=False,
-            )
+        if on_host:
+            key_np, value_np = key_cache.numpy(), value_cache.numpy()
+            write_kv_cache_host(k.contiguous().numpy(), v.contiguous().numpy(), key_np, value_np, slots.numpy())
+            if decode:
+                query = q[decode_rows].contiguous()
+                out = torch.empty_like(query)
+                paged_attention_decode_host(out.numpy(), query.numpy(), key_np, value_np, decode_tables.numpy(),
+                                            decode_lens.numpy(), bs, scale)
+                attn[decode_rows] = out
+        else:
+            write_kv_cache(k.contiguous(), v.contiguous(), key_cache, value_cache, slots, check_indices=False)
+            if decode:
+                attn[decode_rows] = paged_attention_decode(
+                    q[decode_rows].contiguous(), key_cache, value_cache, decode_tables, decode_lens, bs, scale,
+                    check_indices=False,
+                )
         for i in chunks:
             rows = slice(starts[i], starts[i] + lengths[i])
             attn[rows] = _chunk_attention(q[rows], seqs[i], key_cache, value_cache, bs, scale)

@@ -156,3 +156,13 @@ def test_check_indices_off_writes_the_same_and_on_still_refuses_a_slot_past_the_
     slots[0] = NUM_BLOCKS * BLOCK_SIZE
     with pytest.raises(ValueError, match=r"slot_mapping\[0\] is 1024"):
         write_kv_cache(key, value, *caches, slots, backend="cpu")
+
+
+def test_the_host_entry_writes_what_the_checked_function_writes(rng):
+    from kernels import write_kv_cache_host
+
+    key, value, slots = make_step(rng, 50, num_padding=4)
+    caches = make_caches(rng)
+    checked = run("cpu", key, value, *caches, slots)
+    write_kv_cache_host(key, value, *caches, slots)
+    assert checked[0].tobytes() == caches[0].tobytes() and checked[1].tobytes() == caches[1].tobytes()

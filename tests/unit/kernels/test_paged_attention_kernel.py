@@ -147,3 +147,13 @@ def test_check_indices_off_gives_the_same_output_and_on_still_refuses_a_bad_tabl
     batch["block_tables"][1, 0] = batch["key_cache"].shape[0]
     with pytest.raises(ValueError, match=r"block_tables\[1, 0\]"):
         paged_attention_decode(**batch, backend="cpu")
+
+
+def test_the_host_entry_runs_the_cpu_twin_on_checked_arrays(rng, assert_close):
+    from kernels import paged_attention_decode_host
+
+    batch = make_batch(rng, [3, 70, 16])
+    out = np.empty_like(batch["query"])
+    paged_attention_decode_host(out, batch["query"], batch["key_cache"], batch["value_cache"], batch["block_tables"],
+                                batch["context_lens"], batch["block_size"], batch["scale"])
+    assert_close(out, paged_attention_decode(**batch, backend="reference"))

@@ -125,3 +125,25 @@ def test_paged_sequence_needs_a_block_table_covering_its_positions() -> None:
         check_sequence(PagedSequence((1, 2), 7, (0,), needs_logits=True), cache)
     with pytest.raises(ValueError, match=r"block ids \[4\] are outside the cache's 4 blocks"):
         check_sequence(PagedSequence((1,), 0, (4,), needs_logits=True), cache)
+
+
+def test_the_host_twins_and_the_checked_reference_kernels_give_the_same_logits(tinylm: LoadedModel, monkeypatch) -> None:
+    """On the CPU paged_forward calls the kernels' CPU twins directly (checked once per step);
+    INFERMESH_KERNEL_BACKEND=reference sends the same step through the checked public kernels."""
+    generator = tinylm.generator
+    ids = [BOS, *TEXT[:40].encode()]
+    table = (5, 2, 7, 0)
+
+    def logits_by_step() -> list[torch.Tensor]:
+        cache = generator.new_kv_cache(num_blocks=8, block_size=16)
+        out, pos = [], 0
+        for n in (30, len(ids) - 30 - 3, 1, 1, 1):
+            out.append(generator.step([PagedSequence(tuple(ids[pos:pos + n]), pos, table, needs_logits=True)], cache))
+            pos += n
+        return out
+
+    monkeypatch.delenv("INFERMESH_KERNEL_BACKEND", raising=False)
+    host = logits_by_step()
+    monkeypatch.setenv("INFERMESH_KERNEL_BACKEND", "reference")
+    for on_host, checked in zip(host, logits_by_step(), strict=True):
+        torch.testing.assert_close(on_host, checked, rtol=1e-5, atol=1e-5)
