@@ -121,8 +121,6 @@ def write_kv_cache(
     value_cache: Any,
     slot_mapping: Any,
     backend: str | Backend | None = None,
-    *,
-    check_indices: bool = True,
 ) -> None:
     """Writes ``key``/``value`` into ``key_cache``/``value_cache`` in place at ``slot_mapping``.
 
@@ -130,9 +128,6 @@ def write_kv_cache(
     CUDA) or Numba device arrays, all on the host or all on the GPU. The caches
     must be C-contiguous. On host arrays every slot is checked against the
     cache's capacity (ValueError); on GPU arrays an out-of-range slot is skipped.
-    ``check_indices=False`` skips the host check, for a caller that has checked
-    the slots already (a model writes the same slots in every layer); an
-    out-of-range slot then writes outside the caches.
     """
     num_tokens, num_kv_heads, head_size = check_array(
         "key", key, dtypes=("float32", "float16"), layout=("num_tokens", "num_kv_heads", "head_size")
@@ -157,7 +152,7 @@ def write_kv_cache(
               "slot_mapping": slot_mapping}
     on_device = all_on_device(arrays)
     chosen = resolve_backend(backend, prefer_cuda=on_device)
-    if check_indices and not on_device:
+    if not on_device:
         _check_slots(host_view(slot_mapping), num_slots=cache_shape[0] * cache_shape[1])
     if num_tokens == 0:
         return

@@ -153,7 +153,6 @@ def paged_attention_decode(
     partition_size: int | None = None,
     cuda_kernel: str = "warp",
     warp_layout: warp.WarpLayout | None = None,
-    check_indices: bool = True,
 ):
     """Decode attention over paged KV; returns ``out`` (allocated like ``query`` when None).
 
@@ -170,10 +169,7 @@ def paged_attention_decode(
     or ``"tile"`` (the first kernel, ``kernels.paged_attention_cuda``), kept
     for comparison. ``warp_layout`` replaces the warp kernel's own choice of
     load width, lanes, heads per block and tokens in flight (for tuning;
-    ``kernels.paged_attention_warp.layout_for``). ``check_indices=False`` skips
-    the host check of context lengths and block-table entries, for a caller
-    that has checked them already (a model passes the same tables to every
-    layer); an out-of-range entry then reads outside the caches.
+    ``kernels.paged_attention_warp.layout_for``).
     """
     if cuda_kernel not in ("warp", "tile"):
         raise ValueError(f"cuda_kernel must be 'warp' or 'tile'; got {cuda_kernel!r}")
@@ -210,7 +206,7 @@ def paged_attention_decode(
         arrays["out"] = out
     on_device = all_on_device(arrays)
     chosen = resolve_backend(backend, prefer_cuda=on_device)
-    if check_indices and not on_device:
+    if not on_device:
         _check_context(host_view(block_tables), host_view(context_lens), block_size, num_blocks)
     if out is None:
         out = _empty_like(query)

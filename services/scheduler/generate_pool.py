@@ -13,7 +13,7 @@ first step after an idle spell goes alone (its first token comes back after one 
 more, and the next K when the worker has about one step and _COMMAND_LEAD_S left of those in
 flight. A lone stream on tinylm (CPU) spent 1.43 ms a token one step per command (1.2 ms of model
 step: the messages between steps evict its caches, back to back it takes 1.0 ms) and 1.24 ms at
-K=4; tokens reach the client K at a time. A sequence arriving meanwhile gets its first step planned
+K=4 (2026-11-27, before the model step got cheaper); tokens reach the client K at a time. A sequence arriving meanwhile gets its first step planned
 at once, right behind the steps in flight (about K+2 at most). A new
 sequence goes where `--routing` says (prefix_routing.py: by default the worker that computes
 least before its first token, its cached prefix counted).

@@ -115,8 +115,9 @@ def paged_forward(lm: DecoderLM, seqs: Sequence[PagedSequence], cache: KVCache) 
 
     rope = lm.rotary(positions)
 
-    # check_sequence above has put every slot and table entry inside the cache, so the kernels need
-    # not check them again in each layer; on the host they run as their CPU twins directly.
+    # check_sequence above has put every slot and table entry inside the cache, so on the host the
+    # layers call the kernels' CPU twins directly; elsewhere (a GPU, the reference backend) through
+    # the checked functions, whose host checks do not run on a GPU.
     on_host = cache.device.type == "cpu" and resolve_backend(None, prefer_cuda=False) is Backend.CPU
 
     x = lm.embed(tokens)
@@ -134,11 +135,10 @@ def paged_forward(lm: DecoderLM, seqs: Sequence[PagedSequence], cache: KVCache) 
                                             decode_lens.numpy(), bs, scale)
                 attn[decode_rows] = out
         else:
-            write_kv_cache(k.contiguous(), v.contiguous(), key_cache, value_cache, slots, check_indices=False)
+            write_kv_cache(k.contiguous(), v.contiguous(), key_cache, value_cache, slots)
             if decode:
                 attn[decode_rows] = paged_attention_decode(
-                    q[decode_rows].contiguous(), key_cache, value_cache, decode_tables, decode_lens, bs, scale,
-                    check_indices=False,
+                    q[decode_rows].contiguous(), key_cache, value_cache, decode_tables, decode_lens, bs, scale
                 )
         for i in chunks:
             rows = slice(starts[i], starts[i] + lengths[i])

@@ -145,19 +145,6 @@ def test_cuda_path_copies_the_widest_chunks_that_tile_a_row_and_fit_every_tensor
     assert _access_width([torch.from_numpy(key), key, cache, cache], row_bytes, itemsize=itemsize) == width
 
 
-def test_check_indices_off_writes_the_same_and_on_still_refuses_a_slot_past_the_cache(rng):
-    """A model checks its slots once per step and passes check_indices=False to each layer's write."""
-    key, value, slots = make_step(rng, 40, num_padding=3)
-    caches = make_caches(rng)
-    checked = run("cpu", key, value, *caches, slots)
-    unchecked = tuple(c.copy() for c in caches)
-    write_kv_cache(key, value, *unchecked, slots, backend="cpu", check_indices=False)
-    assert checked[0].tobytes() == unchecked[0].tobytes() and checked[1].tobytes() == unchecked[1].tobytes()
-    slots[0] = NUM_BLOCKS * BLOCK_SIZE
-    with pytest.raises(ValueError, match=r"slot_mapping\[0\] is 1024"):
-        write_kv_cache(key, value, *caches, slots, backend="cpu")
-
-
 def test_the_host_entry_writes_what_the_checked_function_writes(rng):
     from kernels import write_kv_cache_host
 

@@ -139,16 +139,6 @@ def test_rejects_bad_arguments_with_precise_messages(rng, change, message):
         paged_attention_decode(**batch, backend="cpu")
 
 
-def test_check_indices_off_gives_the_same_output_and_on_still_refuses_a_bad_table(rng, assert_close):
-    """A model checks its tables once per step and passes check_indices=False to each layer's call."""
-    batch = make_batch(rng, [5, 40, 17])
-    assert_close(paged_attention_decode(**batch, backend="cpu", check_indices=False),
-                 paged_attention_decode(**batch, backend="cpu"))
-    batch["block_tables"][1, 0] = batch["key_cache"].shape[0]
-    with pytest.raises(ValueError, match=r"block_tables\[1, 0\]"):
-        paged_attention_decode(**batch, backend="cpu")
-
-
 def test_the_host_entry_runs_the_cpu_twin_on_checked_arrays(rng, assert_close):
     from kernels import paged_attention_decode_host
 
