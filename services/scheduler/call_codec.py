@@ -3,6 +3,8 @@ ListModels): protobuf <-> the scheduler's domain types. Used by servicer.py only
 
 from __future__ import annotations
 
+import math
+
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 from services.common import errors
 from services.common.priority import Priority
@@ -27,6 +29,11 @@ _STAGES = {
 }
 _KNOWN_PRIORITIES = frozenset(common_pb2.Priority.values())
 _MAX_REMEMBERED_TENANTS = 10_000
+# Every generated token is searched for every stop string on the scheduler's event loop, so the
+# list is bounded: 400 000 stop strings once stalled the loop (24 ms a token) for every stream on it.
+# OpenAI allows 4; vLLM and SGLang users pass a handful.
+MAX_STOP_SEQUENCES = 16
+MAX_STOP_BYTES = 256
 
 
 class TenantCodec:
@@ -53,12 +60,11 @@ class TenantCodec:
 
 def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int) -> SamplingParams:
     """`max_tokens`: the request's, or the default the servicer chose."""
-    if sampling.temperature < 0:
-        raise errors.InvalidArgument(f"sampling.temperature must be >= 0, got {sampling.temperature}")
+    if not (math.isfinite(sampling.temperature) and sampling.temperature >= 0):  # NaN passes a plain < 0
+        raise errors.InvalidArgument(f"sampling.temperature must be a finite number >= 0, got {sampling.temperature}")
     if not 0 <= sampling.top_p <= 1:
         raise errors.InvalidArgument(f"sampling.top_p must be in [0, 1], got {sampling.top_p}")
-    if any(not stop for stop in sampling.stop):
-        raise errors.InvalidArgument("sampling.stop must not contain empty strings")
+    _check_stops(sampling.stop)
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=sampling.temperature,
@@ -67,6 +73,17 @@ def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int) -> Sam
         stop=tuple(sampling.stop),
         ignore_eos=sampling.ignore_eos,
     )
+
+
+def _check_stops(stops) -> None:
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise errors.InvalidArgument(f"sampling.stop holds {len(stops)} strings; at most {MAX_STOP_SEQUENCES} are allowed")
+    for stop in stops:
+        if not stop:
+            raise errors.InvalidArgument("sampling.stop must not contain empty strings")
+        if len(stop.encode("utf-8")) > MAX_STOP_BYTES:
+            raise errors.InvalidArgument(f"sampling.stop strings must be at most {MAX_STOP_BYTES} bytes (UTF-8), "
+                                         f"got one of {len(stop.encode('utf-8'))}")
 
 
 def encode_pressure(key: ModelKey, pressure: ModelPressure) -> common_pb2.ModelPressure:
@@ -93,5 +110,5 @@ def add_stages(timings: common_pb2.Timings, stages: tuple[StageTime, ...]) -> No
         add(stage=_STAGES[stage.stage], duration_us=stage.duration_us, service=stage.service)
 
 
-__all__ = ["ANONYMOUS_TENANT", "FINISH_REASONS", "KIND_TO_WIRE", "TenantCodec", "add_labels", "add_stages",
+__all__ = ["ANONYMOUS_TENANT", "FINISH_REASONS", "KIND_TO_WIRE", "MAX_STOP_BYTES", "MAX_STOP_SEQUENCES", "TenantCodec", "add_labels", "add_stages",
            "decode_sampling", "encode_pressure"]

@@ -10,6 +10,7 @@ next token only when it reaches the end of the sequence.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 from services.scheduler.fair_queue import Priority, TenantContext
@@ -51,8 +52,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if any(not s for s in self.stop):
