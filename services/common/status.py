@@ -26,6 +26,10 @@ PUSHBACK_KEY = "grpc-retry-pushback-ms"
 # (tests/integration/test_pushback_with_grpc_retries.py). Readers take <= this as "at once".
 AT_ONCE_PUSHBACK_MS = 1
 _DETAILS_KEY = "grpc-status-details-bin"
+# A status message travels in the trailers, which a stock client caps (grpc-python: 16 KiB, hard):
+# an error that echoed a 17 000-character model name reached the caller as RESOURCE_EXHAUSTED
+# "received metadata size exceeds hard limit" instead of its own code. Longer messages are cut.
+MAX_MESSAGE_CHARS = 1024
 
 STATUS_BY_ERROR: dict[type[errors.InfermeshError], grpc.StatusCode] = {
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -49,6 +53,13 @@ def status_code_of(err: errors.InfermeshError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+def wire_message(message: str) -> str:
+    """`message` as it may travel in a status: cut to MAX_MESSAGE_CHARS, saying how much was cut."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return f"{message[:MAX_MESSAGE_CHARS]}... ({len(message) - MAX_MESSAGE_CHARS} more characters)"
+
+
 def trailing_metadata_of(err: errors.InfermeshError) -> tuple[tuple[str, str | bytes], ...]:
     """Retry hint as both `grpc-retry-pushback-ms` and google.rpc.RetryInfo details."""
     retry_after_s = getattr(err, "retry_after_s", None)
@@ -59,7 +70,7 @@ def trailing_metadata_of(err: errors.InfermeshError) -> tuple[tuple[str, str | b
     delay.FromMilliseconds(int(retry_after_s * 1000))
     detail = any_pb2.Any()
     detail.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
-    rich = status_pb2.Status(code=code.value[0], message=err.message, details=[detail])
+    rich = status_pb2.Status(code=code.value[0], message=wire_message(err.message), details=[detail])
     return (
         (PUSHBACK_KEY, str(max(AT_ONCE_PUSHBACK_MS, int(retry_after_s * 1000)))),
         (_DETAILS_KEY, rich.SerializeToString()),
@@ -67,7 +78,7 @@ def trailing_metadata_of(err: errors.InfermeshError) -> tuple[tuple[str, str | b
 
 
 async def abort(context: grpc.aio.ServicerContext, err: errors.InfermeshError) -> None:
-    await context.abort(status_code_of(err), err.message, trailing_metadata=trailing_metadata_of(err))
+    await context.abort(status_code_of(err), wire_message(err.message), trailing_metadata=trailing_metadata_of(err))
 
 
 def retry_after_s_of(rpc_error: grpc.RpcError) -> float | None:

@@ -55,6 +55,17 @@ def test_classify_rejects_bad_input_with_precise_status(gateway_stub, fields, co
     assert got_message.startswith(message)
 
 
+def test_an_error_about_a_huge_model_name_keeps_its_own_status(gateway_stub):
+    # The message names the model; uncut, it overflowed the client's 16 KiB trailer limit and the
+    # caller saw RESOURCE_EXHAUSTED "received metadata size exceeds hard limit" instead.
+    name = "m" * 17_000
+    got_code, got_message = _status_of(lambda: _classify(gateway_stub, model=common_pb2.ModelRef(name=name),
+                                                         image=_raw(2, 2)))
+    assert got_code != grpc.StatusCode.RESOURCE_EXHAUSTED, got_message
+    assert got_code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED), got_message
+    assert got_message.endswith("more characters)")
+
+
 def test_oversized_message_is_resource_exhausted(gateway_stub):
     got_code, got_message = _status_of(lambda: _classify(gateway_stub, model=CLASSIFIER, image=_raw(400, 400)))
     assert got_code == grpc.StatusCode.RESOURCE_EXHAUSTED

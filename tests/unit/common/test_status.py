@@ -10,6 +10,7 @@ from services.common.status import (
     from_rpc_error,
     status_code_of,
     trailing_metadata_of,
+    wire_message,
 )
 
 
@@ -46,6 +47,15 @@ def test_a_retry_at_once_hint_goes_on_the_wire_as_one_millisecond():
     # grpcio's own retry policy waits for the deadline on a pushback of "0" (test_pushback_with_grpc_retries.py).
     metadata = dict(trailing_metadata_of(errors.Unavailable("draining", retry_after_s=0.0)))
     assert metadata["grpc-retry-pushback-ms"] == "1"
+
+
+def test_a_long_message_is_cut_and_says_how_much_was_cut():
+    assert wire_message("x" * 1024) == "x" * 1024
+    cut = wire_message("m" * 17_000)
+    assert cut == "m" * 1024 + "... (15976 more characters)"
+    rich = status_pb2.Status.FromString(dict(trailing_metadata_of(
+        errors.ResourceExhausted("n" * 5000, retry_after_s=1)))["grpc-status-details-bin"])
+    assert len(rich.message) < 1100
 
 
 def test_errors_without_hint_carry_no_trailing_metadata():
