@@ -81,7 +81,9 @@ class TenantConfig:
 
 
 def hash_api_key(api_key: str) -> str:
-    return hashlib.sha256(api_key.encode("utf-8")).hexdigest()
+    # surrogatepass: a header byte that is not UTF-8 (aiohttp hands it on as a lone surrogate)
+    # hashes like any other wrong key instead of raising; valid UTF-8 hashes as before.
+    return hashlib.sha256(api_key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 # --------------------------------------------------------------------------- parsing

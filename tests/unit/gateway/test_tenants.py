@@ -186,6 +186,8 @@ def test_authenticates_bearer_key_to_its_tenant(directory):
         (KEY_A, "malformed authorization metadata: expected 'Bearer <key>'"),
         ("Basic dXNlcjpwYXNz", "malformed authorization metadata: expected 'Bearer <key>'"),
         ("Bearer sk-wrong", "invalid API key"),
+        ("Bearer demo\udcff", "invalid API key"),  # a non-UTF-8 header byte, as aiohttp decodes it
+        ("Bearer demo\ud800", "invalid API key"),  # a surrogate no decoder makes
     ],
 )
 def test_missing_malformed_or_wrong_key_is_unauthenticated(directory, authorization, message):
