@@ -32,10 +32,11 @@ from services.gateway.upstream import AttemptError, SchedulerClients
 
 
 def authorization_of(metadata) -> str | None:
-    for key, value in metadata or ():
-        if key == "authorization":
-            return value if isinstance(value, str) else value.decode("utf-8", "replace")
-    return None
+    return CallerMetadata.read(metadata).authorization
+
+
+def _text(value: str | bytes) -> str:
+    return value if isinstance(value, str) else value.decode("utf-8", "replace")
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,9 @@ class CallerMetadata:
         authorization = request_start = priority = None
         for key, value in metadata or ():
             if key == "authorization":
-                authorization = value if isinstance(value, str) else value.decode("utf-8", "replace")
+                # Several values combine as HTTP fields do ("a, b"), which no key matches: a second
+                # key must not silently win over the first.
+                authorization = _text(value) if authorization is None else f"{authorization}, {_text(value)}"
             elif key == REQUEST_START_KEY:
                 request_start = value
             elif key == PRIORITY_KEY:

@@ -38,6 +38,7 @@ ALL_MODELS = "*"
 _TENANT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 _BEARER = re.compile(r"^\s*bearer\s+(\S+)\s*$", re.IGNORECASE)
+_BEARER_WORD = re.compile(r"\bbearer\s", re.IGNORECASE)
 
 
 class TenantConfigError(ValueError):
@@ -262,6 +263,8 @@ class TenantDirectory:
             raise Unauthenticated("missing API key: send metadata 'authorization: Bearer <key>'")
         match = _BEARER.match(authorization)
         if match is None:
+            if len(_BEARER_WORD.findall(authorization)) > 1:
+                raise Unauthenticated("more than one authorization value: send one 'Bearer <key>'")
             raise Unauthenticated("malformed authorization metadata: expected 'Bearer <key>'")
         return self.authenticate_key(match.group(1))
 

@@ -114,6 +114,9 @@ class _Holders:
         ((), "missing API key: send metadata 'authorization: Bearer <key>'"),
         ((("authorization", "Basic abc"),), "malformed authorization metadata: expected 'Bearer <key>'"),
         (bearer("not-a-key"), "invalid API key"),
+        # Two keys: neither wins silently, in either order.
+        (bearer("not-a-key") + bearer(KEYS["gold"]), "more than one authorization value: send one 'Bearer <key>'"),
+        (bearer(KEYS["gold"]) + bearer("not-a-key"), "more than one authorization value: send one 'Bearer <key>'"),
     ],
 )
 def test_missing_malformed_or_wrong_key_is_unauthenticated(stub, metadata, message):

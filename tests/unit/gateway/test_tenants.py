@@ -188,6 +188,7 @@ def test_authenticates_bearer_key_to_its_tenant(directory):
         ("Bearer sk-wrong", "invalid API key"),
         ("Bearer demo\udcff", "invalid API key"),  # a non-UTF-8 header byte, as aiohttp decodes it
         ("Bearer demo\ud800", "invalid API key"),  # a surrogate no decoder makes
+        (f"Bearer sk-wrong, Bearer {KEY_A}", "more than one authorization value: send one 'Bearer <key>'"),
     ],
 )
 def test_missing_malformed_or_wrong_key_is_unauthenticated(directory, authorization, message):
