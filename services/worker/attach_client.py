@@ -215,6 +215,7 @@ class AttachClient:
                 # Whichever scheduler we attach to next recomputes what it wants from scratch
                 # (first steps reset their block tables); the ids of this session mean nothing there.
                 self._runtime.forget_all()
+                metrics.observe_kv_blocks(self._model_label, self._runtime.kv_blocks_used())
 
     async def _read_commands(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:
@@ -231,6 +232,8 @@ class AttachClient:
                 self._spawn(self._steps(call, tuple(command.run_steps.steps), together=True))
             elif kind == "abort":
                 self._runtime.abort(command.abort)
+                # The freed blocks show now, not at the next step (there may be none for a while).
+                metrics.observe_kv_blocks(self._model_label, self._runtime.kv_blocks_used())
             elif kind == "drain":
                 log.info("scheduler asked to drain; finishing in-flight work and re-dialling")
                 await self._wait_in_flight()

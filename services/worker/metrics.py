@@ -69,6 +69,10 @@ def _step_series(model: str) -> _StepSeries:
                        KV_BLOCKS_USED.labels(model))
 
 
+def observe_kv_blocks(model: str, kv_blocks_used: int) -> None:
+    _step_series(model).kv_blocks_used.set(kv_blocks_used)
+
+
 def observe_batch(model: str, result: scheduler_pb2.BatchResult) -> None:
     """Items computed: an item answered DEADLINE_EXCEEDED before compute is not counted."""
     expired = sum(1 for item in result.items if item.error.code == DEADLINE_EXCEEDED)
