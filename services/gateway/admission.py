@@ -278,11 +278,14 @@ class Admission:
 
     def admit(
         self, scope: RequestScope, authorization: str | None, client_timeout_s: float | None, num_tokens: int = 0,
-        priority: Priority | None = None,
+        priority: Priority | None = None, check_request: Callable[[], None] | None = None,
     ) -> None:
         """Admit the request or raise the domain error that refuses it; fills `scope`.
 
-        priority: the class the request asks for; it lowers its tenant's for this request, never raises it."""
+        priority: the class the request asks for; it lowers its tenant's for this request, never raises it.
+        check_request: the request's own checks (raising InvalidArgument), run once the caller is
+        authenticated: a caller without a valid key learns nothing about its request, and a bad
+        request is counted under its tenant."""
         parts = self.parts
         try:
             scope.permit = parts.limiter.acquire()
@@ -296,6 +299,8 @@ class Admission:
                 tenant = replace(tenant, priority=priority)
             scope.tenant, scope.tenant_id = tenant, tenant.tenant_id
             log_context.bind(tenant=tenant.tenant_id)
+            if check_request is not None:
+                check_request()
             parts.tenants.check_model_allowed(tenant, scope.model)
         with span("routing"):
             parts.routing.model(scope.model)

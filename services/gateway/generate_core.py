@@ -188,16 +188,20 @@ class GenerateCore:
 
     def _admit(self, scope: RequestScope, request: gateway_pb2.GenerateRequest, caller: Caller) -> int:
         """Checks the request and admits it; the prompt's token estimate, for the running quota charge."""
-        if not request.model.name:
-            raise errors.InvalidArgument("model.name is required")
-        if not request.prompt:
-            raise errors.InvalidArgument("prompt must not be empty")
-        # Refused here with the scheduler's own check: coalescing itself happens upstream.
-        stream_options(request.stream.max_tokens_per_chunk, request.stream.interval_ms)
+
+        def check_request() -> None:
+            if not request.model.name:
+                raise errors.InvalidArgument("model.name is required")
+            if not request.prompt:
+                raise errors.InvalidArgument("prompt must not be empty")
+            # Refused here with the scheduler's own check: coalescing itself happens upstream.
+            stream_options(request.stream.max_tokens_per_chunk, request.stream.interval_ms)
+
         prompt_tokens = prompt_tokens_upper_bound(request.prompt)
         num_tokens = prompt_tokens + (request.sampling.max_tokens or DEFAULT_MAX_TOKENS)
         priority = parse_priority(caller.priority)
-        self._admission.admit(scope, caller.authorization, caller.timeout_s, num_tokens, priority=priority)
+        self._admission.admit(scope, caller.authorization, caller.timeout_s, num_tokens, priority=priority,
+                              check_request=check_request)
         fix_seed(request.sampling, self._seed_source)
         return prompt_tokens
 

@@ -126,10 +126,9 @@ class KServeCore:
         with self._admission.scope("ModelInfer", request.model_name, request.model_version,
                                    caller.metadata, caller.authorization) as scope:
             with span("admission"):
-                if not request.model_name:
-                    raise errors.InvalidArgument("model_name is required")
                 self._admission.admit(scope, caller.authorization, caller.timeout_s,
-                                      priority=parse_priority(caller.priority))
+                                      priority=parse_priority(caller.priority),
+                                      check_request=lambda: _require_model_name(request.model_name))
                 info = await self.model(request.model_name, request.model_version)
                 _require_classifier(info)
                 decoded = kserve_codec.decode_images(request)
@@ -209,6 +208,11 @@ class _Served:
                                        self._num_inferences)
         elif exc_type not in (GeneratorExit, asyncio.CancelledError):  # the client went away: not the model failing
             self._statistics.failed(*self._key, duration_s)
+
+
+def _require_model_name(name: str) -> None:
+    if not name:
+        raise errors.InvalidArgument("model_name is required")
 
 
 def _require_classifier(info: gateway_pb2.ModelInfo) -> None:

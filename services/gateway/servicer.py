@@ -63,6 +63,11 @@ class CallerMetadata:
         return cls(authorization, parse_request_start_s(request_start), priority)
 
 
+def _require_model_name(name: str) -> None:
+    if not name:
+        raise errors.InvalidArgument("model.name is required")
+
+
 def client_timeout_s(context) -> float | None:
     """The client's remaining time; None when it set no deadline."""
     return remaining_s(context)
@@ -91,9 +96,8 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
                                    metadata, caller.authorization) as scope:
             handler = HandlerTimes.start(scope, caller.request_start_s)
             with span("admission"):
-                if not request.model.name:
-                    raise errors.InvalidArgument("model.name is required")
-                self._admission.admit(scope, caller.authorization, client_timeout_s(context))
+                self._admission.admit(scope, caller.authorization, client_timeout_s(context),
+                                      check_request=lambda: _require_model_name(request.model.name))
                 if not request.HasField("image") or request.image.WhichOneof("data") is None:
                     raise errors.InvalidArgument("image is required (encoded bytes or raw pixels)")
             admitted_s = self._clock()

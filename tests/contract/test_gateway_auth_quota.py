@@ -125,6 +125,21 @@ def test_missing_malformed_or_wrong_key_is_unauthenticated(stub, metadata, messa
     assert (got.code, got.message) == (grpc.StatusCode.UNAUTHENTICATED, message)
 
 
+def test_a_bad_request_is_checked_only_once_its_caller_is_authenticated(stub):
+    # Without a key, what is wrong with the request stays unsaid; with one, it is the answer.
+    def empty_prompt(metadata):
+        request = gateway_pb2.GenerateRequest(model=GENERATOR, prompt="")
+        return lambda: list(stub.Generate(request, timeout=10, metadata=metadata))
+
+    unknown = status_of(empty_prompt(bearer("not-a-key")))
+    assert (unknown.code, unknown.message) == (grpc.StatusCode.UNAUTHENTICATED, "invalid API key")
+    known = status_of(empty_prompt(bearer(KEYS["gold"])))
+    assert (known.code, known.message) == (grpc.StatusCode.INVALID_ARGUMENT, "prompt must not be empty")
+    no_model = status_of(lambda: stub.Classify(gateway_pb2.ClassifyRequest(image=BRIGHT), timeout=10,
+                                               metadata=bearer("not-a-key")))
+    assert no_model.code == grpc.StatusCode.UNAUTHENTICATED
+
+
 def test_valid_key_is_served_and_its_tenant_reaches_the_scheduler(stub, mesh):
     reply = _classify(stub, KEYS["gold"])()
     assert reply.labels[0].label == "bright"
