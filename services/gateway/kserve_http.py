@@ -27,7 +27,7 @@ from services.gateway.http_refusals import refusal_middleware
 from services.gateway.http_status import http_refusal
 from services.gateway.kserve_core import KServeCore
 from services.gateway.kserve_servicer import EXTENSIONS, SERVER_NAME, SERVER_VERSION
-from services.gateway.openai_http import caller_of
+from services.gateway.openai_http import authorization_of, caller_of
 
 PREFIX = "/v2"
 _MODEL = "/v2/models/{name}"
@@ -74,47 +74,44 @@ class KServeHttp:
 
     async def metadata(self, request: web.Request) -> web.Response:
         name, version = _model_of(request)
-        answer = await self._core.model_metadata(name, version, _authorization(request))
+        answer = await self._core.model_metadata(name, version, authorization_of(request))
         return web.json_response(kserve_http_codec.plain(answer))
 
     async def model_ready(self, request: web.Request) -> web.Response:
         name, version = _model_of(request)
-        ready = await self._core.model_ready(name, version, _authorization(request))
+        ready = await self._core.model_ready(name, version, authorization_of(request))
         return web.json_response({"name": name, "ready": ready}, status=200 if ready else 503)
 
     async def config(self, request: web.Request) -> web.Response:
         name, version = _model_of(request)
-        answer = await self._core.model_config(name, version, _authorization(request))
+        answer = await self._core.model_config(name, version, authorization_of(request))
         return web.json_response(kserve_http_codec.plain(answer.config))
 
     async def statistics(self, request: web.Request) -> web.Response:
         name, version = _model_of(request)
-        answer = self._core.model_statistics(name, version, _authorization(request))
+        answer = self._core.model_statistics(name, version, authorization_of(request))
         return web.json_response({"model_stats": [kserve_http_codec.plain(s) for s in answer.model_stats]})
 
     async def index(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        ready_only = False
-        if body.strip():
-            try:
-                document = json_body.loads(body)
-            except ValueError as exc:
-                raise errors.InvalidArgument(str(exc)) from None
-            if not isinstance(document, dict) or not isinstance(document.get("ready", False), bool):
-                raise errors.InvalidArgument("the body must be an object whose 'ready' is true or false")
-            ready_only = document.get("ready", False)
-        answer = self._core.repository_index(ready_only, _authorization(request))
+        body = await _body(request)
+        try:
+            document = json_body.loads(body) if body.strip() else {}
+        except ValueError as exc:
+            raise errors.InvalidArgument(str(exc)) from None
+        if not isinstance(document, dict) or not isinstance(document.get("ready", False), bool):
+            raise errors.InvalidArgument("the body must be an object whose 'ready' is true or false")
+        answer = self._core.repository_index(document.get("ready", False), authorization_of(request))
         return web.json_response([kserve_http_codec.plain(m) for m in answer.models])
 
     async def infer(self, request: web.Request) -> web.Response:
         name, version = _model_of(request)
         try:
             caller = caller_of(request)
-            inference = kserve_http_codec.parse_infer(await request.read(),
+            inference = kserve_http_codec.parse_infer(await _body(request),
                                                       request.headers.get(kserve_http_codec.HEADER_LENGTH),
                                                       name, version)
         except errors.InfermeshError as err:
-            self._core.authenticate(_authorization(request))  # an unknown caller learns nothing about bodies
+            self._core.authenticate(authorization_of(request))  # an unknown caller learns nothing about bodies
             raise err from None
         answer = await self._core.infer(inference.request, caller)
         body, header_length = kserve_http_codec.infer_response(answer, inference)
@@ -128,8 +125,12 @@ def _model_of(request: web.Request) -> tuple[str, str]:
     return request.match_info.get("name", ""), request.match_info.get("version", "")
 
 
-def _authorization(request: web.Request) -> str | None:
-    return request.headers.get("Authorization")
+async def _body(request: web.Request) -> bytes:
+    try:
+        return await json_body.body(request)
+    except ValueError as exc:  # its Content-Encoding
+        raise errors.InvalidArgument(str(exc)) from None
+
 
 
 def _plain_error(status: int, message: str) -> web.Response:

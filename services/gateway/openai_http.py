@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
@@ -41,6 +42,8 @@ _TRACE_HEADERS = ("traceparent", "tracestate")
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _DONE = b"data: [DONE]\n\n"
 _LIST_MODELS_TIMEOUT_S = 5.0
+# Milliseconds as a plain decimal: no exponent, underscores, spaces, inf or nan (float() takes all of them).
+_TIMEOUT_MS = re.compile(r"-?[0-9]+(\.[0-9]+)?")
 
 ListModels = Callable[[str | None, float], Awaitable[gateway_pb2.ListModelsResponse]]
 
@@ -48,7 +51,7 @@ ListModels = Callable[[str | None, float], Awaitable[gateway_pb2.ListModelsRespo
 def caller_of(request: web.Request) -> Caller:
     headers = request.headers
     return Caller(
-        authorization=headers.get("Authorization"),
+        authorization=authorization_of(request),
         request_start_s=parse_request_start_s(headers.get(REQUEST_START_KEY)),
         timeout_s=timeout_s_of(headers.get(TIMEOUT_HEADER)),
         priority=headers.get(PRIORITY_KEY),
@@ -56,14 +59,20 @@ def caller_of(request: web.Request) -> Caller:
     )
 
 
+def authorization_of(request: web.Request) -> str | None:
+    """The Authorization header. Sent twice it is refused: which of the two would count is a guess
+    (aiohttp's `get` takes the first, a proxy may keep the last)."""
+    values = request.headers.getall("Authorization", [])
+    if len(values) > 1:
+        raise errors.Unauthenticated(f"{len(values)} Authorization headers: send one 'Bearer <key>'")
+    return values[0] if values else None
+
+
 def timeout_s_of(value: str | None) -> float | None:
     """x-infermesh-timeout-ms in seconds; None when absent. 0 or less is a deadline already passed."""
     if value is None:
         return None
-    try:
-        timeout_ms = float(value)
-    except ValueError:
-        timeout_ms = math.nan
+    timeout_ms = float(value) if _TIMEOUT_MS.fullmatch(value) else math.nan
     if not math.isfinite(timeout_ms):
         raise openai_codec.BadParameter(TIMEOUT_HEADER, f"{TIMEOUT_HEADER} must be a number of milliseconds, "
                                                         f"got {value[:40]!r}")
@@ -110,7 +119,7 @@ class OpenAIFront:
 
     async def models(self, request: web.Request) -> web.Response:
         try:
-            listed = await self._list_models(request.headers.get("Authorization"), _LIST_MODELS_TIMEOUT_S)
+            listed = await self._list_models(authorization_of(request), _LIST_MODELS_TIMEOUT_S)
         except errors.InfermeshError as err:
             return error_response(err)
         created_s = int(self._clock())
@@ -136,7 +145,7 @@ class OpenAIFront:
     def _refusal(self, request: web.Request, err: errors.InfermeshError) -> errors.InfermeshError:
         """What a request whose headers or body are refused is told: Unauthenticated first, if it is."""
         try:
-            self._authenticate(request.headers.get("Authorization"))
+            self._authenticate(authorization_of(request))
         except errors.Unauthenticated as refused:
             return refused
         return err
@@ -187,7 +196,7 @@ class OpenAIFront:
 
 async def _json_body(request: web.Request):
     try:
-        return await request.json(loads=json_body.loads)
+        return json_body.loads(await json_body.body(request), request.charset)
     except ValueError as exc:
         raise openai_codec.BadParameter(None, str(exc)) from None
 
