@@ -73,6 +73,7 @@ def parse_infer(body: bytes, header_length: str | None, name: str, version: str)
         parameters = dict(_object(wanted, "parameters"))
         if parameters.pop("binary_data", False) is True:
             binary_outputs.add(wanted["name"])
+        _check_classification(parameters, f"outputs[{index}].parameters")
         output = request.outputs.add(name=wanted["name"])
         _set_parameters(output.parameters, parameters, f"outputs[{index}].parameters")
     return HttpInference(request, frozenset(binary_outputs), binary_all)
@@ -157,6 +158,14 @@ def _string(document: dict, key: str) -> str:
     if not isinstance(value, str):
         raise InvalidArgument(f"'{key}' must be a string")
     return value
+
+
+def _check_classification(parameters: dict, where: str) -> None:
+    """The classification extension's class count is a JSON integer; a string or a float would reach the
+    codec as a string or double parameter and read there as 0."""
+    count = parameters.get("classification")
+    if count is not None and not (isinstance(count, int) and not isinstance(count, bool) and count >= 1):
+        raise InvalidArgument(f"{where}.classification must be an integer >= 1, got {json.dumps(count)[:40]}")
 
 
 def _set_parameters(target, parameters: dict, where: str) -> None:

@@ -71,14 +71,14 @@ def parse_completion(body: Any) -> OpenAIRequest:
                                      "prompts are not supported")
     if not prompt:
         raise BadParameter("prompt", "prompt must not be empty")
-    _refuse_unsupported(body, COMPLETION)
+    _refuse_unsupported(body)
     return _request(COMPLETION, body, prompt, _max_tokens(body, "max_tokens"))
 
 
 def parse_chat(body: Any) -> OpenAIRequest:
     body = _object(body)
     prompt = chat_prompt(body.get("messages"))
-    _refuse_unsupported(body, CHAT)
+    _refuse_unsupported(body)
     param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     return _request(CHAT, body, prompt, _max_tokens(body, param))
 
@@ -118,7 +118,9 @@ def _request(kind: str, body: dict, prompt: str, max_tokens: int) -> OpenAIReque
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadParameter("model", "model is required (a model id from GET /v1/models)")
-    name, _, version = model.partition(":")
+    name, colon, version = model.partition(":")
+    if not name or (colon and not version):
+        raise BadParameter("model", f"model must be a model id or <id>:<version>, got {_shown(model)}")
     stream = _bool(body, "stream", False)
     include_usage = False
     options = body.get("stream_options")
@@ -158,18 +160,21 @@ _UNSUPPORTED_UNLESS = (
     ("tool_choice", (None, "none"), "tool_choice is not supported"),
     ("functions", (None,), "functions are not supported"),
     ("function_call", (None, "none"), "function_call is not supported"),
-    ("top_logprobs", (None, 0), "logprobs are not supported"),
 )
+# Refused whenever present, 0 included: `logprobs: 0` asks for the sampled token's logprob.
+_LOGPROBS = {"logprobs": "logprobs are not supported",
+             "top_logprobs": "top_logprobs is not supported (nor are logprobs)"}
 
 
-def _refuse_unsupported(body: dict, kind: str) -> None:
+def _refuse_unsupported(body: dict) -> None:
     for name, allowed, message in _UNSUPPORTED_UNLESS:
         value = body.get(name)
         if not _is_default(value, allowed):
             raise BadParameter(name, f"{message}, got {_shown(value)}")
-    logprobs = body.get("logprobs")
-    if logprobs not in (None, False) and not (kind == COMPLETION and logprobs == 0 and _is_int(logprobs)):
-        raise BadParameter("logprobs", f"logprobs are not supported, got {_shown(logprobs)}")
+    for name, message in _LOGPROBS.items():
+        value = body.get(name)
+        if value is not None and value is not False:
+            raise BadParameter(name, f"{message}, got {_shown(value)}")
     response_format = body.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
         raise BadParameter("response_format", "response_format must be {\"type\": \"text\"}: structured output "

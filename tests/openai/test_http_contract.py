@@ -135,6 +135,9 @@ def test_models_lists_the_generators_the_tenant_may_use(http_mesh):
     ({"model": MODEL, "prompt": "a", "stream_options": {"include_usage": True}}, "stream_options",
      "stream_options is only allowed when stream is true"),
     ({"model": MODEL, "prompt": "a", "logprobs": 2}, "logprobs", "logprobs are not supported, got 2"),
+    ({"model": MODEL, "prompt": "a", "logprobs": 0}, "logprobs", "logprobs are not supported, got 0"),
+    ({"model": MODEL + ":", "prompt": "a"}, "model", f"model must be a model id or <id>:<version>, got '{MODEL}:'"),
+    ({"model": ":", "prompt": "a"}, "model", "model must be a model id or <id>:<version>, got ':'"),
     ({"model": MODEL, "prompt": "a", "echo": True}, "echo", "echo is not supported, got True"),
     ({"model": MODEL, "prompt": "a", "presence_penalty": 0.5}, "presence_penalty",
      "presence_penalty is not supported (only 0), got 0.5"),
@@ -159,6 +162,8 @@ def test_bad_completion_parameters_are_400_naming_the_parameter(http_mesh, body,
      "response_format", 'response_format must be {"type": "text"}: structured output is not supported'),
     ({"model": MODEL, "messages": [{"role": "user", "content": "a"}], "logprobs": True}, "logprobs",
      "logprobs are not supported, got True"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "a"}], "top_logprobs": 0}, "top_logprobs",
+     "top_logprobs is not supported (nor are logprobs), got 0"),
 ])
 def test_bad_chat_parameters_are_400_naming_the_parameter(http_mesh, body, param, message):
     assert _error(http_mesh.post("/chat/completions", body)) == (
@@ -172,6 +177,8 @@ def test_bad_chat_parameters_are_400_naming_the_parameter(http_mesh, body, param
     # A lone surrogate escape parses in Python but cannot become UTF-8 (it was a 500 from protobuf).
     (b'{"model": "toy-generator", "prompt": "\\ud800"}',
      "the request body holds an unpaired UTF-16 surrogate escape (\\ud800-\\udfff)"),
+    # A RecursionError inside json.loads (it was a 500).
+    (b"[" * 1000 + b"]" * 1000, "the request body is nested too deeply (more than 64 levels of arrays and objects)"),
 ])
 def test_a_body_that_is_not_a_json_object_is_400(http_mesh, raw, message):
     assert _error(http_mesh.post("/completions", raw)) == (
@@ -188,6 +195,10 @@ def test_a_bad_timeout_or_priority_header_is_400(http_mesh):
     assert _error(http_mesh.post("/completions", body, headers={"x-infermesh-timeout-ms": "soon"})) == (400, {
         "message": "x-infermesh-timeout-ms must be a number of milliseconds, got 'soon'",
         "type": "invalid_request_error", "param": "x-infermesh-timeout-ms", "code": None})
+    # float() would take "1_000" (and "1e3", "inf"): the header is plain decimal milliseconds.
+    assert _error(http_mesh.post("/completions", body, headers={"x-infermesh-timeout-ms": "1_000"})) == (400, {
+        "message": "x-infermesh-timeout-ms must be a number of milliseconds, got '1_000'",
+        "type": "invalid_request_error", "param": "x-infermesh-timeout-ms", "code": None})
     assert _error(http_mesh.post("/completions", body, headers={"x-infermesh-priority": "urgent"})) == (400, {
         "message": "x-infermesh-priority must be one of critical, standard, sheddable, got 'urgent'",
         "type": "invalid_request_error", "param": None, "code": None})
@@ -199,6 +210,8 @@ def test_a_bad_timeout_or_priority_header_is_400(http_mesh):
 @pytest.mark.parametrize(("key", "message"), [
     (None, "missing API key: send metadata 'authorization: Bearer <key>'"),
     ("not-a-key", "invalid API key"),
+    # Sent as the byte 0xff, not UTF-8: aiohttp hands it on as a lone surrogate, tenants hash it like any key.
+    ("not-a-key\xff", "invalid API key"),
 ])
 def test_missing_or_wrong_key_is_401_even_with_a_bad_body(http_mesh, key, message):
     expected = (401, {"message": message, "type": "authentication_error", "param": None, "code": "invalid_api_key"})

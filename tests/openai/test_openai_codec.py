@@ -8,6 +8,7 @@ from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.gateway import openai_codec
 from services.gateway.generate_core import parse_priority
+from services.gateway.openai_http import timeout_s_of
 from services.gateway.quotas import QuotaExceeded
 from services.gateway.tenants import Priority
 
@@ -82,3 +83,34 @@ def test_an_unknown_priority_is_invalid():
     with pytest.raises(errors.InvalidArgument, match="x-infermesh-priority must be one of critical, standard, "
                                                      "sheddable, got 'urgent'"):
         parse_priority("urgent")
+
+
+@pytest.mark.parametrize(("parse", "body", "param"), [
+    (openai_codec.parse_completion, {"prompt": "a", "logprobs": 0}, "logprobs"),
+    (openai_codec.parse_chat, {"messages": [{"role": "user", "content": "a"}], "top_logprobs": 0}, "top_logprobs"),
+    (openai_codec.parse_chat, {"messages": [{"role": "user", "content": "a"}], "logprobs": True}, "logprobs"),
+])
+def test_logprobs_are_refused_whenever_asked_for_zero_included(parse, body, param):
+    with pytest.raises(openai_codec.BadParameter) as caught:
+        parse({"model": "m", **body})
+    assert caught.value.param == param
+    assert parse({"model": "m", **body, param: None}).model == "m"
+
+
+@pytest.mark.parametrize("model", ["tinylm:", ":", ":2"])
+def test_a_model_id_with_an_empty_name_or_version_is_refused_naming_model(model):
+    with pytest.raises(openai_codec.BadParameter,
+                       match=f"model must be a model id or <id>:<version>, got '{model}'") as caught:
+        openai_codec.parse_completion({"model": model, "prompt": "a"})
+    assert caught.value.param == "model"
+
+
+@pytest.mark.parametrize(("value", "timeout_s"), [(None, None), ("1500", 1.5), ("2.5", 0.0025)])
+def test_the_timeout_header_is_plain_decimal_milliseconds(value, timeout_s):
+    assert timeout_s_of(value) == timeout_s
+
+
+@pytest.mark.parametrize("value", ["1_000", "1e3", " 100", "inf", "nan", "0x10", "", "1" * 400])
+def test_a_timeout_header_that_is_not_plain_decimal_is_refused(value):
+    with pytest.raises(openai_codec.BadParameter, match="x-infermesh-timeout-ms must be a number of milliseconds"):
+        timeout_s_of(value)
