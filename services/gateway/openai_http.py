@@ -64,7 +64,7 @@ def authorization_of(request: web.Request) -> str | None:
     (aiohttp's `get` takes the first, a proxy may keep the last)."""
     values = request.headers.getall("Authorization", [])
     if len(values) > 1:
-        raise errors.Unauthenticated(f"{len(values)} Authorization headers: send one 'Bearer <key>'")
+        raise errors.Unauthenticated("more than one Authorization header: send one 'Bearer <key>'")
     return values[0] if values else None
 
 
