@@ -56,6 +56,10 @@ class ClassScores:
     scores: tuple[float, ...]
 
 
+# The typed contents field each accepted datatype's values travel in (KServe v2 / Triton).
+_CONTENTS_FIELD = {"UINT8": "uint_contents", "BYTES": "bytes_contents"}
+
+
 def decode_images(request: kserve.ModelInferRequest) -> DecodedImages:
     inputs = list(request.inputs)
     names = [tensor.name for tensor in inputs]
@@ -67,6 +71,13 @@ def decode_images(request: kserve.ModelInferRequest) -> DecodedImages:
             f"raw_input_contents has {len(request.raw_input_contents)} entries for 1 input"
         )
     raw = request.raw_input_contents[0] if request.raw_input_contents else None
+    typed = [field.name for field, _ in tensor.contents.ListFields()]
+    if raw is not None and typed:  # Triton refuses this too: which of the two is the input?
+        raise InvalidArgument(f"input '{INPUT_NAME}' has both raw_input_contents and contents.{typed[0]}; send one")
+    expected = _CONTENTS_FIELD.get(tensor.datatype)
+    if raw is None and expected is not None and any(name != expected for name in typed):
+        raise InvalidArgument(f"input '{INPUT_NAME}' is {tensor.datatype}: its values go in contents.{expected}, "
+                              f"got contents.{next(name for name in typed if name != expected)}")
     if tensor.datatype == "UINT8":
         return _pixels(tensor, raw)
     if tensor.datatype == "BYTES":
@@ -134,11 +145,19 @@ def requested_outputs(request: kserve.ModelInferRequest) -> tuple[RequestedOutpu
             raise InvalidArgument(f"unknown output '{output.name}'; this model has {', '.join(OUTPUT_NAMES)}")
         class_count = 0
         if "classification" in output.parameters:
-            class_count = output.parameters["classification"].int64_param
-            if class_count < 1:
-                raise InvalidArgument(f"output '{output.name}': classification must be >= 1, got {class_count}")
+            class_count = _class_count(output.name, output.parameters["classification"])
         wanted.append(RequestedOutput(output.name, class_count))
     return tuple(wanted)
+
+
+def _class_count(output_name: str, parameter: kserve.InferParameter) -> int:
+    """The classification parameter's k: an integer >= 1 (int64_param, as tritonclient sends it, or uint64)."""
+    kind = parameter.WhichOneof("parameter_choice")
+    value = getattr(parameter, kind) if kind else None
+    if kind not in ("int64_param", "uint64_param") or value is None or value < 1:
+        shown = "nothing" if kind is None else f"{kind} {value!r}"
+        raise InvalidArgument(f"output '{output_name}': classification must be an integer >= 1, got {shown}")
+    return int(value)
 
 
 def scores_from_labels(labels: Sequence[str], ranked: Sequence[common_pb2.Label]) -> ClassScores:

@@ -66,3 +66,36 @@ def test_outputs_in_class_order_and_classification_ranked():
     kserve_codec.encode_outputs(batched, outputs, [scores, scores], batched=True)
     assert [list(o.shape) for o in batched.outputs] == [[2, 3], [2, 2]]
     assert len(kserve_codec.unpack_bytes_tensor(batched.raw_output_contents[1])) == 4
+
+
+def _typed(datatype: str, shape, **contents) -> kserve.ModelInferRequest:
+    tensor = kserve.ModelInferRequest.InferInputTensor(name="IMAGE", datatype=datatype, shape=shape,
+                                                       contents=kserve.InferTensorContents(**contents))
+    return kserve.ModelInferRequest(model_name="m", inputs=[tensor])
+
+
+def test_typed_contents_must_be_the_datatypes_field_and_not_besides_raw_contents():
+    pixels = kserve_codec.decode_images(_typed("UINT8", [1, 1, 3], uint_contents=[1, 2, 3]))
+    assert pixels.images[0].raw.pixels == bytes([1, 2, 3])
+    with pytest.raises(InvalidArgument, match=r"is UINT8: its values go in contents.uint_contents, got contents.fp32"):
+        kserve_codec.decode_images(_typed("UINT8", [1, 1, 3], fp32_contents=[1.0, 2.0, 3.0]))
+    both = _typed("UINT8", [1, 1, 3], uint_contents=[1, 2, 3])
+    both.raw_input_contents.append(bytes(3))
+    with pytest.raises(InvalidArgument, match="has both raw_input_contents and contents.uint_contents; send one"):
+        kserve_codec.decode_images(both)
+
+
+@pytest.mark.parametrize(("parameter", "shown"), [
+    (kserve.InferParameter(string_param="3"), "string_param '3'"),
+    (kserve.InferParameter(double_param=2.5), "double_param 2.5"),
+    (kserve.InferParameter(int64_param=0), "int64_param 0"),
+    (kserve.InferParameter(), "nothing"),
+])
+def test_classification_must_be_an_integer_of_at_least_one_and_the_refusal_says_what_came(parameter, shown):
+    request = kserve.ModelInferRequest(model_name="m", outputs=[
+        kserve.ModelInferRequest.InferRequestedOutputTensor(name=kserve_codec.OUTPUT_NAMES[0],
+                                                            parameters={"classification": parameter})])
+    with pytest.raises(InvalidArgument, match=f"classification must be an integer >= 1, got {shown}"):
+        kserve_codec.requested_outputs(request)
+    request.outputs[0].parameters["classification"].CopyFrom(kserve.InferParameter(uint64_param=2))
+    assert kserve_codec.requested_outputs(request)[0].class_count == 2
