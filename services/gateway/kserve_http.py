@@ -132,7 +132,6 @@ async def _body(request: web.Request) -> bytes:
         raise errors.InvalidArgument(str(exc)) from None
 
 
-
 def _plain_error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
