@@ -177,6 +177,11 @@ class RequestScope:
             self.served_version = version
 
     @property
+    def metric_version(self) -> str:
+        """The requested version as metrics label it: OTHER for one no routing file or scheduler ever named."""
+        return self._version_label(self.metric_model, self.version)
+
+    @property
     def priority(self) -> Priority:
         return self.tenant.priority if self.tenant is not None else Priority.STANDARD
 

@@ -208,11 +208,16 @@ class Dispatcher:
         up. Later rounds go on when every scheduler is merely unreachable by then (the draining one
         exited, the restarted one's channel still reconnects, its breaker open).
 
-        Only for a model the gateway knows (a made-up name gets its NOT_FOUND at once), and only
-        when a live scheduler answered: endpoints that are merely unreachable stay with the retry
-        budget and the breakers, so a dead replica set cannot turn this into a retry storm."""
+        Only for a model and a version the gateway knows (a made-up name or version gets its
+        NOT_FOUND at once: waiting rounds for one held the model's concurrency slots for ~1.5 s a
+        request, so a tenant asking for versions that do not exist shut the model's other callers
+        out), and only when a live scheduler answered: endpoints that are merely unreachable stay
+        with the retry budget and the breakers, so a dead replica set cannot turn this into a retry
+        storm."""
         gone = failure.endpoint_gone or failure.code == UpstreamCode.NOT_FOUND
         if not (gone and attempts.transient_seen) or attempts.regroups >= MAX_REGROUPS or scope.metric_model == OTHER:
+            return None
+        if scope.version and scope.metric_version == OTHER:
             return None
         delay_s = REGROUP_BACKOFF_S * 2**attempts.regroups
         if delay_s + self._board.min_service_time_s(scope.model) >= scope.deadline.remaining_s(self._deadlines.clock()):

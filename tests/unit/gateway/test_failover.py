@@ -424,6 +424,30 @@ async def test_a_made_up_model_gets_not_found_after_each_endpoint_once(clock):
     assert sorted(calls) == [A, B]
 
 
+async def test_a_version_nobody_ever_served_gets_its_not_found_without_rounds(clock):
+    # Rounds for a made-up version held the model's concurrency slots for ~1.5 s a request.
+    parts = _make(clock)
+    not_served = AttemptError(NotFound(f"model '{MODEL}:v9' is not served here"), UpstreamCode.NOT_FOUND, None)
+    call, calls = _by_endpoint({A: not_served, B: not_served})
+    scope = _scope(clock)
+    scope.version, scope.metric_version = "v9", OTHER_LABEL
+    with pytest.raises(NotFound):
+        await parts.dispatcher.unary(scope, WorkKind.CLASSIFY, call)
+    assert sorted(calls) == [A, B] and [d for d in parts.sleeps if d > 0] == []
+    # A version the gateway has seen gets its rounds, as a known model does.
+    known = AttemptError(NotFound(f"model '{MODEL}:2' is not served here"), UpstreamCode.NOT_FOUND, None)
+    outcomes = iter([known, known])
+
+    async def moved(client, version, timeout_s):
+        failure = next(outcomes, None)
+        if failure is not None:
+            raise failure
+        return "answer"
+
+    scope.version, scope.metric_version = "2", "2"
+    assert await parts.dispatcher.unary(scope, WorkKind.CLASSIFY, moved) == "answer"
+
+
 async def test_a_model_whose_workers_moved_is_served_in_the_next_round(clock):
     parts = _make(clock)
     not_served = AttemptError(NotFound(f"model '{MODEL}' is not served here"), UpstreamCode.NOT_FOUND, None)
