@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from opentelemetry import trace
 
-from services.common.errors import InfermeshError, Internal
+from services.common.errors import InfermeshError, Internal, Unavailable
 from services.common.metric_labels import OTHER
 from services.gateway import metrics
 from services.gateway.admission import span
@@ -48,6 +48,8 @@ StreamCall = Callable[[SchedulerClient, str, float, tuple[int, ...]], GenerateCa
 MAX_REGROUPS = 4
 SCHEDULER_SERVICE = "infermesh.v1.Scheduler"
 REGROUP_BACKOFF_S = 0.1
+# The retry hint of a known model that no scheduler tried serves right now (_final_error).
+NOT_SERVED_NOW_RETRY_S = 1.0
 
 
 @dataclass
@@ -117,7 +119,7 @@ class Dispatcher:
                     if not decision.retry:
                         regrouped = self._regroup(scope, failure, attempts)
                         if regrouped is None:
-                            raise failure.error from None
+                            raise _final_error(scope, failure) from None
                         decision = regrouped
                 except BaseException:
                     route.permit.abandon()  # cancelled by the client: says nothing about the endpoint
@@ -158,7 +160,7 @@ class Dispatcher:
                 if resume.num_delivered:
                     resume_decision = self._resume(scope, resume, failure)
                     if not resume_decision.resume:
-                        raise failure.error from None
+                        raise _final_error(scope, failure) from None
                     if resume_decision.delay_s > 0:
                         await self._sleep(resume_decision.delay_s)
                     continue
@@ -169,7 +171,7 @@ class Dispatcher:
                 if not decision.retry:
                     regrouped = self._regroup(scope, failure, attempts)
                     if regrouped is None:
-                        raise failure.error from None
+                        raise _final_error(scope, failure) from None
                     decision = regrouped
             except StreamMismatch as exc:
                 upstream.cancel()
@@ -197,7 +199,7 @@ class Dispatcher:
             except _NoRoute as no_route:
                 decision = self._regroup(scope, no_route.failure, attempts)
                 if decision is None:
-                    raise no_route.failure.error from None
+                    raise _final_error(scope, no_route.failure) from None
                 await self._sleep(decision.delay_s)
 
     def _regroup(self, scope, failure: AttemptError, attempts: _Attempts) -> RetryDecision | None:
@@ -301,6 +303,22 @@ class Dispatcher:
     def _observe(self, endpoint: str) -> None:
         state = self._breakers.for_endpoint(endpoint).state
         metrics.BREAKER_STATE.labels(endpoint).set(metrics.BREAKER_STATE_VALUE[state])
+
+
+def _final_error(scope, failure: AttemptError) -> InfermeshError:
+    """What the client gets when its call gives up after `failure`.
+
+    NOT_FOUND "not served here" for a model this gateway knows (its routing file names it, or a
+    scheduler in discovery reported it) and a version it knows means that no scheduler tried holds
+    the model's workers *now*: a fresh scheduler answered while the one holding them hung, until
+    the workers re-attached (~7 s). That is UNAVAILABLE with a retry hint, which clients retry;
+    NOT_FOUND (HTTP 404 model_not_found) told them the model does not exist. A made-up model or
+    version keeps its NOT_FOUND."""
+    if (failure.code != UpstreamCode.NOT_FOUND or scope.metric_model == OTHER
+            or (scope.version and scope.metric_version == OTHER)):
+        return failure.error
+    return Unavailable(f"no scheduler serves model '{scope.model}' right now ({failure.error.message}); "
+                       "retry shortly", retry_after_s=NOT_SERVED_NOW_RETRY_S)
 
 
 def _answered_transient(failure: AttemptError) -> bool:

@@ -14,7 +14,7 @@ from services.common.errors import Internal, NotFound, ResourceExhausted, Unavai
 from services.common.metric_labels import OTHER as OTHER_LABEL
 from services.gateway.circuit_breaker import BreakerConfig, CircuitBreakers
 from services.gateway.deadlines import Deadline, DeadlinePolicy, Deadlines
-from services.gateway.dispatch import MAX_REGROUPS, REGROUP_BACKOFF_S, Dispatcher
+from services.gateway.dispatch import MAX_REGROUPS, NOT_SERVED_NOW_RETRY_S, REGROUP_BACKOFF_S, Dispatcher
 from services.gateway.replicas import Membership, ReplicaSelector, rendezvous_order
 from services.gateway.retry_budget import RetryBudgetConfig, RetryBudgets
 from services.gateway.retry_policy import RetryPolicy, RetryPolicyConfig, WorkKind
@@ -402,15 +402,29 @@ async def test_a_scheduler_not_serving_the_model_is_failed_over_and_skipped_unti
     assert membership.candidates(MODEL) == (A, B)
 
 
-async def test_nobody_serving_a_known_model_ends_in_not_found_after_a_few_rounds(clock):
-    # Its workers may be moving (a scheduler rolled): every round asks each scheduler once.
+async def test_nobody_serving_a_known_model_ends_in_unavailable_with_a_hint_after_a_few_rounds(clock):
+    # Its workers may be moving (a scheduler rolled, or hung while they re-attach): every round asks
+    # each scheduler once. The model exists, so the caller is told to retry, not that it is unknown.
     parts = _make(clock)
     not_served = AttemptError(NotFound(f"model '{MODEL}' is not served here"), UpstreamCode.NOT_FOUND, None)
     call, calls = _by_endpoint({A: not_served, B: not_served})
-    with pytest.raises(NotFound):
+    with pytest.raises(Unavailable, match=f"no scheduler serves model '{MODEL}' right now") as info:
         await parts.dispatcher.unary(_scope(clock), WorkKind.CLASSIFY, call)
+    assert info.value.retry_after_s == NOT_SERVED_NOW_RETRY_S
     assert sorted(calls) == sorted([A, B] * (1 + MAX_REGROUPS))
     assert [d for d in parts.sleeps if d > 0] == [0.1, 0.2, 0.4, 0.8]
+
+
+async def test_a_stream_whose_resume_finds_its_model_served_nowhere_ends_unavailable(clock):
+    parts = _make(clock, max_resumes=2)
+    not_served = AttemptError(NotFound(f"model '{MODEL}:1' is not served here"), UpstreamCode.NOT_FOUND, None)
+    call, _ = _streams(ScriptedStream([_chunk(0, 1, version="1")], _gone()),
+                       *(ScriptedStream([], not_served) for _ in range(8)))
+    delivered = []
+    with pytest.raises(Unavailable, match="right now"):
+        async for chunk in parts.dispatcher.stream(_scope(clock), call, lambda c: None):
+            delivered.extend(chunk.token_ids)
+    assert delivered == [1]
 
 
 async def test_a_made_up_model_gets_not_found_after_each_endpoint_once(clock):
