@@ -122,6 +122,25 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
+class ClientGoneBatchErrors(logging.Filter):
+    """grpc.aio logs "ExecuteBatchError raised in core by servicer method" at ERROR, with a traceback,
+    when a handler's reply or status finds its client gone (it cancelled, its deadline passed, its
+    channel closed): every client that hangs up at the wrong moment left one. Nothing failed on our
+    side, so it becomes one DEBUG line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith(_CLIENT_GONE_PREFIX):
+            return True
+        logging.getLogger(__name__).debug("a reply found its client gone: %s", message)
+        return False
+
+
+_CLIENT_GONE_PREFIX = "ExecuteBatchError raised in core by servicer method"
+_GRPC_AIO_LOGGER = "grpc._cython.cygrpc"
+_client_gone = ClientGoneBatchErrors()
+
+
 def configure_logging(service: str, level: str, log_format: str = "text", stream=None) -> logging.Handler:
     """The root logger's one handler: the format asked for, with the request fields."""
     handler = logging.StreamHandler(sys.stderr if stream is None else stream)
@@ -132,4 +151,5 @@ def configure_logging(service: str, level: str, log_format: str = "text", stream
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    logging.getLogger(_GRPC_AIO_LOGGER).addFilter(_client_gone)  # once: a filter is added once per object
     return handler

@@ -19,6 +19,7 @@ import json
 import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -201,16 +202,38 @@ def rpc_attributes(full_method: str) -> dict[str, str]:
     return {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
 
 
-def detach_attached(token: contextvars.Token[otel_context.Context], attached: otel_context.Context) -> None:
-    """Undo `otel_context.attach(attached)`, unless the block is being closed from another context.
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    """One `otel_context.attach`, with what undoing it needs to know."""
+
+    token: contextvars.Token[otel_context.Context]
+    context: otel_context.Context
+    task: asyncio.Task | None  # the task that attached; None outside a running event loop
+
+
+def attach(context: otel_context.Context) -> Attachment:
+    return Attachment(otel_context.attach(context), context, _current_task())
+
+
+def detach(attachment: Attachment) -> None:
+    """Undo `attach`, unless the block is being closed from another task.
 
     grpc.aio closes a streaming handler cancelled mid-stream (an async generator) from a task of its
-    own, whose context never saw the attach: detaching there raises inside OpenTelemetry, which logs
-    "Failed to detach context" at ERROR with a traceback for every cancelled stream. That context
-    has nothing of ours to undo, and the handler's own context ends with its task.
+    own, and the asyncgen finalizer closes a dropped one from a new task whose context may be a copy
+    taken while the span was current. Detaching there raises inside OpenTelemetry (the token belongs
+    to another Context), which logs "Failed to detach context" at ERROR with a traceback for every
+    cancelled stream. That task has nothing of ours to undo, and the handler's own context ends with
+    its task.
     """
-    if otel_context.get_current() is attached:
-        otel_context.detach(token)
+    if _current_task() is attachment.task and otel_context.get_current() is attachment.context:
+        otel_context.detach(attachment.token)
+
+
+def _current_task() -> asyncio.Task | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running event loop
+        return None
 
 
 def grpc_status_code(exc: BaseException | None) -> int:
@@ -238,7 +261,7 @@ class server_span:  # noqa: N801 - used like the tracer's own context manager
     refused request cost more than serving a request).
     """
 
-    __slots__ = ("_tracer", "_name", "_parent", "_links", "_span", "_attached", "_token")
+    __slots__ = ("_tracer", "_name", "_parent", "_links", "_span", "_attachment")
 
     def __init__(self, tracer_: trace.Tracer, name: str, parent: otel_context.Context | None,
                  links: Sequence[trace.Link] = ()) -> None:
@@ -249,16 +272,16 @@ class server_span:  # noqa: N801 - used like the tracer's own context manager
         if _recording:
             self._span = self._tracer.start_span(self._name, context=self._parent, kind=trace.SpanKind.SERVER,
                                                  attributes=rpc_attributes(self._name), links=self._links)
-            self._attached = trace.set_span_in_context(self._span, self._parent)
+            attached = trace.set_span_in_context(self._span, self._parent)
         else:
             self._span = trace.INVALID_SPAN
-            self._attached = otel_context.get_current() if self._parent is None else self._parent
-        self._token = otel_context.attach(self._attached)
+            attached = otel_context.get_current() if self._parent is None else self._parent
+        self._attachment = attach(attached)
         log_context.remember_span()
         return self._span
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        detach_attached(self._token, self._attached)
+        detach(self._attachment)
         if not _recording:
             return
         code = grpc_status_code(exc)

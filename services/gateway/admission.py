@@ -29,7 +29,7 @@ from services.common.clock import Clock
 from services.common.errors import DeadlineExceeded, InfermeshError, ResourceExhausted, Unavailable
 from services.common.metric_labels import OTHER
 from services.common.status import status_code_of
-from services.common.telemetry import detach_attached, server_span
+from services.common.telemetry import Attachment, attach, detach, server_span
 from services.gateway import metrics
 from services.gateway.adaptive_limit import AdaptiveLimits, LimitPermit, Outcome
 from services.gateway.concurrency import ConcurrencyLimiter, ConcurrencyPermit
@@ -69,7 +69,7 @@ class span:  # noqa: N801 - used like the tracer's own context manager
     server span carries the final status code instead.
     """
 
-    __slots__ = ("_name", "_attributes", "_kind", "_span", "_attached", "_token")
+    __slots__ = ("_name", "_attributes", "_kind", "_span", "_attachment")
 
     def __init__(self, name: str, kind: trace.SpanKind = trace.SpanKind.INTERNAL, **attributes) -> None:
         self._name = name
@@ -83,13 +83,12 @@ class span:  # noqa: N801 - used like the tracer's own context manager
             self._span = None
             return parent
         self._span = _tracer.start_span(self._name, kind=self._kind, attributes=self._attributes)
-        self._attached = trace.set_span_in_context(self._span)
-        self._token = otel_context.attach(self._attached)
+        self._attachment: Attachment = attach(trace.set_span_in_context(self._span))
         return self._span
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if self._span is not None:
-            detach_attached(self._token, self._attached)
+            detach(self._attachment)
             self._span.end()
 
 

@@ -131,3 +131,26 @@ def test_no_span_means_no_trace_fields():
     assert trace.get_current_span().get_span_context().is_valid is False
     RequestFields().filter(record)
     assert (record.trace_id, record.span_id, record.request_id) == ("", "", "")
+
+
+def test_grpcs_client_gone_batch_errors_become_one_debug_line():
+    out = io.StringIO()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level  # configure_logging replaces them: put them back after
+    log_context.configure_logging("gateway", "INFO", stream=out)
+    try:
+        grpc_log = logging.getLogger("grpc._cython.cygrpc")
+        try:
+            raise RuntimeError("batch failed")
+        except RuntimeError:
+            grpc_log.exception("ExecuteBatchError raised in core by servicer method [/infermesh.v1.Inference/Generate]")
+            grpc_log.exception("Unexpected [RuntimeError] raised by servicer method [/x]")  # a real one stays
+        lines = out.getvalue().splitlines()
+        assert not any("ExecuteBatchError" in line for line in lines)
+        assert any("ERROR grpc._cython.cygrpc: Unexpected [RuntimeError]" in line for line in lines)
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)

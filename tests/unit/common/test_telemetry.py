@@ -96,6 +96,27 @@ async def test_a_stream_closed_from_another_task_detaches_quietly_and_still_ends
     if recording:
         assert ended[0].end_time is not None
 
+async def test_a_stream_closed_from_a_copy_of_its_own_context_detaches_quietly(caplog):
+    """The asyncgen finalizer (or a callback) may close a dropped stream from a new task whose context
+    was copied while the stream's span was current: same attached context, but its token belongs to
+    another Context, and OpenTelemetry's detach logs "Failed to detach context" at ERROR."""
+    import asyncio
+    import contextvars
+
+    captured: list[contextvars.Context] = []
+
+    async def handler():
+        with server_span(telemetry.tracer("test"), "infermesh.v1.Inference/Generate", None):
+            captured.append(contextvars.copy_context())
+            yield 1
+            yield 2
+
+    stream = handler()
+    await asyncio.create_task(stream.__anext__())
+    await asyncio.get_running_loop().create_task(stream.aclose(), context=captured[0])
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+
+
 # -- the standard OTEL_* variables ------------------------------------------------------
 
 
