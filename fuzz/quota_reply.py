@@ -1,5 +1,6 @@
 """atheris: the shared quota store's sync reply as the gateway parses it
-(services/gateway/quota_store.py: _parse_reply of the Lua script's [live, bad keys, JSON grants])."""
+(services/gateway/quota_store.py: _parse_reply of the Lua script's [live, bad keys, JSON grants, store time],
+or its ["late", store time])."""
 
 from __future__ import annotations
 
@@ -59,10 +60,12 @@ def check(data: bytes) -> None:
     provider = atheris.FuzzedDataProvider(data)
     plan = LeasePlan(tuple(_ask(i) for i in range(provider.ConsumeIntInRange(0, 3))))
     if provider.ConsumeIntInRange(0, 7) == 0:
-        raw = _value(provider)  # not the script's [live, bad keys, grants] shape at all
+        raw = _value(provider)  # not the script's [live, bad keys, grants, store time] shape at all
+    elif provider.ConsumeIntInRange(0, 7) == 0:
+        raw = [provider.PickValueInList([b"late", "late", b"lat"]), _value(provider)]
     else:
         live, bad = _value(provider), [_value(provider) for _ in range(provider.ConsumeIntInRange(0, 2))]
-        raw = [live, bad, _grants(provider, len(plan.asks))]
+        raw = [live, bad, _grants(provider, len(plan.asks)), _value(provider)]
     try:
         _parse_reply(raw, plan)
     except StoreReplyError:

@@ -26,7 +26,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
 import valkey.asyncio as valkey_asyncio
 
@@ -46,6 +47,13 @@ local rotation_ms = tonumber(ARGV[4])
 local leaving = ARGV[5] == '1'
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- The store's time by which the gateway still waits for this reply; 0: no deadline. A sync that
+-- runs later (a hung store resuming the scripts queued in its sockets) changes nothing: its
+-- gateway gave up and fell back, so slices taken now would be used and given back by nobody.
+local deadline_ms = tonumber(ARGV[6]) or 0
+if deadline_ms > 0 and now_ms > deadline_ms then
+  return {'late', now_ms}
+end
 local bad = {}
 
 local function number_or_nil(value)
@@ -209,8 +217,8 @@ for i, n in ipairs(asks) do
   table.insert(grants, lease_slots(KEYS[k + 2], n[11], n[12], n[13]))
 end
 -- One JSON string, not a reply array (which would turn fractions into integers, and cost the
--- client a parse per element).
-return {live, bad, cjson.encode(grants)}
+-- client a parse per element); the store's time, for the gateway's next deadline.
+return {live, bad, cjson.encode(grants), now_ms}
 """
 
 _GATEWAY_KEY = "gateways"
@@ -221,12 +229,20 @@ class StoreReplyError(RuntimeError):
     """The store answered something that is not the sync script's reply (treated as unreachable)."""
 
 
+class LateSync(StoreReplyError):
+    """The store ran the sync after this gateway's deadline for it, and leased nothing."""
+
+    def __init__(self, store_now_ms: float) -> None:
+        super().__init__("the store ran this sync after this gateway's deadline for it; it leased nothing")
+        self.store_now_ms = store_now_ms
+
+
 class ValkeyQuotaStore:
     """Runs a LeasePlan as one atomic script; a failure raises (the caller falls back)."""
 
     def __init__(
         self, address: str, prefix: str, *, gateway_id: str, ttl_s: float, timeout_s: float,
-        share_rotation_s: float = 10.0,
+        share_rotation_s: float = 10.0, clock_ms: Callable[[], float] = lambda: time.monotonic() * 1000,
     ) -> None:
         host, _, port = address.rpartition(":")
         self.address = address
@@ -243,6 +259,9 @@ class ValkeyQuotaStore:
             socket_connect_timeout=timeout_s, retry_on_timeout=False, retry=None,
         )
         self._script = self._client.register_script(_SYNC_SCRIPT)
+        self._clock_ms = clock_ms
+        # The store's clock minus ours (ms), from the last reply; None before the first.
+        self._store_offset_ms: float | None = None
 
     def keys_of(self, tenant_id: str) -> tuple[str, str, str]:
         base = f"{self.prefix}t:{tenant_id}:"
@@ -261,8 +280,24 @@ class ValkeyQuotaStore:
             ))
         # One JSON argument rather than eleven per tenant: packing thousands of arguments cost
         # the client more than the whole script cost the server (bench/bench_quota_store.py).
-        raw = await self._script(keys=keys, args=[self.gateway_id, self._ttl_ms, json.dumps(asks), self._rotation_ms, int(leaving)])
-        return _parse_reply(raw, plan)
+        sent_ms = self._clock_ms()
+        raw = await self._script(keys=keys, args=[self.gateway_id, self._ttl_ms, json.dumps(asks), self._rotation_ms,
+                                                  int(leaving), self._deadline_ms(sent_ms)])
+        try:
+            reply, store_now_ms = _parse_reply(raw, plan)
+        except LateSync as late:  # e.g. the store's clock stepped forward: the next deadline follows it
+            self._store_offset_ms = late.store_now_ms - self._clock_ms()
+            raise
+        # The store's clock against ours, as of this reply (off by at most the reply's travel time).
+        self._store_offset_ms = store_now_ms - self._clock_ms()
+        return reply
+
+    def _deadline_ms(self, sent_ms: float) -> int:
+        """When, on the store's clock, this gateway stops waiting for a sync sent now (0: not known
+        yet, before the first reply)."""
+        if self._store_offset_ms is None:
+            return 0
+        return int(sent_ms + self._store_offset_ms + self.timeout_s * 1000)
 
     async def audit(self, known_tenants: Iterable[str]) -> list[str]:
         """Keys under the prefix that no gateway of this tenants file would write (foreign or
@@ -286,10 +321,13 @@ def _glob_escape(text: str) -> str:
     return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
-def _parse_reply(raw: object, plan: LeasePlan) -> LeaseReply:
-    if not (isinstance(raw, list) and len(raw) == 3 and isinstance(raw[1], list)):
+def _parse_reply(raw: object, plan: LeasePlan) -> tuple[LeaseReply, float]:
+    """The reply, and the store's time when it ran the sync (ms)."""
+    if isinstance(raw, list) and len(raw) == 2 and raw[0] in (b"late", "late"):
+        raise LateSync(_store_time_ms(raw[1]))
+    if not (isinstance(raw, list) and len(raw) == 4 and isinstance(raw[1], list)):
         raise StoreReplyError(f"unexpected sync reply shape: {str(raw)[:200]}")
-    live, bad, encoded = raw
+    live, bad, encoded, store_now_ms = raw
     try:
         values = json.loads(encoded)
     except (TypeError, ValueError) as exc:
@@ -317,4 +355,14 @@ def _parse_reply(raw: object, plan: LeasePlan) -> LeaseReply:
             in_flight_limit=int(min(max(0.0, slots), ask.quota.max_in_flight)),
         ))
     bad_keys = tuple(b.decode(errors="replace") if isinstance(b, bytes) else str(b) for b in bad)
-    return LeaseReply(num_live_gateways=num_live, grants=tuple(grants), bad_keys=bad_keys)
+    return LeaseReply(num_live_gateways=num_live, grants=tuple(grants), bad_keys=bad_keys), _store_time_ms(store_now_ms)
+
+
+def _store_time_ms(value: object) -> float:
+    try:
+        store_now_ms = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        store_now_ms = math.nan
+    if not math.isfinite(store_now_ms):
+        raise StoreReplyError(f"sync reply's store time is not a number: {str(value)[:40]}")
+    return store_now_ms

@@ -6,13 +6,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
+import signal
 import time
 
 import pytest
 import valkey.asyncio as valkey_asyncio
+import valkey.exceptions as valkey_exceptions
 
 from services.gateway.quota_lease import LeaseConfig, LeaseMode, LeasePlan, SharedQuotas, TenantAsk
-from services.gateway.quota_store import StoreReplyError, ValkeyQuotaStore, _parse_reply
+from services.gateway.quota_store import LateSync, StoreReplyError, ValkeyQuotaStore, _parse_reply
 from services.gateway.quota_sync import LIVE_GATEWAYS, STORE_UP, QuotaSync
 from services.gateway.quotas import QuotaExceeded
 from services.gateway.tenants import TenantQuota
@@ -185,6 +188,48 @@ async def test_sync_loop_falls_back_when_the_store_dies_and_re_syncs_when_it_ret
         server.stop()
 
 
+async def test_a_sync_the_store_runs_after_its_gateway_gave_up_leases_nothing(tmp_path):
+    """A hung store (SIGSTOP) runs the syncs queued in its sockets once it resumes, after their
+    gateways timed out and fell back: their grants were taken from the shared buckets and never
+    used or given back, and the gateways' next real syncs were refused for lack of them (fault
+    probe: 2-3 false 'over its request rate quota' refusals right after the store came back)."""
+    server = ValkeyProcess(tmp_path).start()
+    quota = make_quota(requests_per_s=0.001, requests_burst=10, tokens_per_s=0.001, tokens_burst=400)
+    hasty = ValkeyQuotaStore(server.address, "hung:", gateway_id="gw0", ttl_s=5.0, timeout_s=0.2)
+    patient = _store(server, "hung:", "gw1")
+    try:
+        assert (await hasty.sync(_ask(quota, want_requests=1))).grants[0].requests == 1  # the clock offset
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            for _ in range(3):  # each times out with its script sent, as a sync loop's would
+                with pytest.raises((TimeoutError, valkey_exceptions.TimeoutError)):
+                    await asyncio.wait_for(hasty.sync(_ask(quota, want_requests=3)), timeout=hasty.timeout_s)
+            await asyncio.sleep(0.3)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        # The 9 requests the late syncs asked for are still in the bucket (burst 10, 1 leased).
+        assert (await patient.sync(_ask(quota, want_requests=9))).grants[0].requests == 9
+    finally:
+        await hasty.close()
+        await patient.close()
+        server.stop()
+
+
+async def test_a_store_clock_that_stepped_forward_costs_one_sync_not_every_one(server, prefix):
+    now_ms = [1_000_000.0]
+    store = ValkeyQuotaStore(server.address, prefix, gateway_id="gw", ttl_s=5.0, timeout_s=2.0,
+                             clock_ms=lambda: now_ms[0])
+    try:
+        assert (await store.sync(_ask(SLOW, want_requests=1))).grants[0].requests == 1
+        now_ms[0] -= 60_000  # ours stepped back a minute: as if the store's stepped forward
+        with pytest.raises(LateSync):
+            await store.sync(_ask(SLOW, want_requests=1))
+        assert (await store.sync(_ask(SLOW, want_requests=1))).grants[0].requests == 1
+    finally:
+        await store.close()
+
+
 async def test_a_gateway_with_no_tenants_still_registers(server, prefix):
     store = _store(server, prefix, "gw")
     reply = await store.sync(LeasePlan(()))
@@ -333,8 +378,8 @@ async def test_a_lone_gateway_admits_a_whole_burst_at_once_as_its_own_bucket_wou
 
 
 @pytest.mark.parametrize("raw", [
-    [1, [], b'[1, "x", 3]'], [1, [], b"[1, {}, 3]"], [1, [], b"[1, 2, 1" + b"0" * 400 + b"]"],
-    [b"x", [], b"[1, 2, 3]"], [None, [], b"[1, 2, 3]"],
+    [1, [], b'[1, "x", 3]', 5], [1, [], b"[1, {}, 3]", 5], [1, [], b"[1, 2, 1" + b"0" * 400 + b"]", 5],
+    [b"x", [], b"[1, 2, 3]", 5], [None, [], b"[1, 2, 3]", 5], [1, [], b"[1, 2, 3]", b"noon"], [1, [], b"[1, 2, 3]", None], [b"late", b"nan"],
 ])
 def test_a_sync_reply_with_values_that_are_not_numbers_is_a_store_reply_error(raw):
     # Found by atheris (fuzz/quota_reply.py): TypeError/ValueError/OverflowError escaped the parser.
