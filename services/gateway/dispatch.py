@@ -217,9 +217,7 @@ class Dispatcher:
         with the retry budget and the breakers, so a dead replica set cannot turn this into a retry
         storm."""
         gone = failure.endpoint_gone or failure.code == UpstreamCode.NOT_FOUND
-        if not (gone and attempts.transient_seen) or attempts.regroups >= MAX_REGROUPS or scope.metric_model == OTHER:
-            return None
-        if scope.version and scope.metric_version == OTHER:
+        if not (gone and attempts.transient_seen) or attempts.regroups >= MAX_REGROUPS or not _knows_target(scope):
             return None
         delay_s = REGROUP_BACKOFF_S * 2**attempts.regroups
         if delay_s + self._board.min_service_time_s(scope.model) >= scope.deadline.remaining_s(self._deadlines.clock()):
@@ -305,6 +303,12 @@ class Dispatcher:
         metrics.BREAKER_STATE.labels(endpoint).set(metrics.BREAKER_STATE_VALUE[state])
 
 
+def _knows_target(scope) -> bool:
+    """Whether the gateway knows the call's model (routing file, or a scheduler's report) and, when
+    the call names one, its version: metrics label anything else OTHER."""
+    return scope.metric_model != OTHER and not (scope.version and scope.metric_version == OTHER)
+
+
 def _final_error(scope, failure: AttemptError) -> InfermeshError:
     """What the client gets when its call gives up after `failure`.
 
@@ -314,8 +318,7 @@ def _final_error(scope, failure: AttemptError) -> InfermeshError:
     the workers re-attached (~7 s). That is UNAVAILABLE with a retry hint, which clients retry;
     NOT_FOUND (HTTP 404 model_not_found) told them the model does not exist. A made-up model or
     version keeps its NOT_FOUND."""
-    if (failure.code != UpstreamCode.NOT_FOUND or scope.metric_model == OTHER
-            or (scope.version and scope.metric_version == OTHER)):
+    if failure.code != UpstreamCode.NOT_FOUND or not _knows_target(scope):
         return failure.error
     return Unavailable(f"no scheduler serves model '{scope.model}' right now ({failure.error.message}); "
                        "retry shortly", retry_after_s=NOT_SERVED_NOW_RETRY_S)
