@@ -388,19 +388,15 @@ class DynamicBatcher(Generic[P]):
             self._queue.remove(item)
             waited_s = now - item.arrival_s
             self._failed.append(FailedItem(item, DeadlineExceeded(f"deadline passed after {waited_s:.3f} s in queue")))
+
     def _take_standing(self, size: int, now: float) -> tuple[QueuedItem[P], ...]:
-        """Adaptive LIFO: items that waited `aging_s` first (oldest first, so none starves), then the newest."""
+        """Adaptive LIFO inside each tenant's turn: DRR picks the tenant, as always; of its items goes
+        the oldest if it waited `aging_s` (so none starves), else the newest (the most time left)."""
         standing = self.config.standing_queue
         assert standing is not None  # only called while self.standing, which needs one
         aged_before_s = now - standing.aging_s
-        items: list[QueuedItem[P]] = []
-        while len(items) < size:  # each tenant's entries are in arrival order: the oldest is a head
-            oldest = min(self._queue.heads(), key=lambda i: i.arrival_s)
-            if oldest.arrival_s > aged_before_s:
-                break
-            self._queue.take(oldest)
-            items.append(oldest)
-        return tuple(items) + tuple(self._queue.pop(newest=True) for _ in range(size - len(items)))
+        return tuple(self._queue.pop(newest=True, head_first=lambda head: head.arrival_s <= aged_before_s)
+                     for _ in range(size))
 
     def _watch_waits(self, items: tuple[QueuedItem[P], ...], limit: int, now: float) -> None:
         if self._standing is None:

@@ -137,12 +137,17 @@ class FairQueue(Generic[T]):
         queue = self._next_tenant()
         return None if queue is None else queue.entries[0].item
 
-    def pop(self, *, newest: bool = False) -> T:
+    def pop(self, *, newest: bool = False, head_first: Callable[[T], bool] | None = None) -> T:
         """The next entry in DRR order: the chosen tenant's oldest, or its newest with `newest`
-        (adaptive LIFO under a standing queue: the newest entry still has the most time left)."""
+        (adaptive LIFO under a standing queue: the newest entry still has the most time left)
+        unless `head_first(its oldest)` holds (that one waited too long to wait any more).
+
+        DRR alone chooses the tenant; `newest` and `head_first` only choose which of its entries."""
         queue = self._next_tenant()
         if queue is None:
             raise IndexError("pop from an empty FairQueue")
+        if newest and head_first is not None and head_first(queue.entries[0].item):
+            newest = False  # it waited too long: it goes now, before what came after it
         if newest and queue.entries[-1].cost > queue.deficit:
             newest = False  # DRR granted credit for the head's cost; keep the accounting exact
         entry = queue.entries.pop() if newest else queue.entries.popleft()

@@ -197,3 +197,15 @@ def test_an_entry_taken_out_of_turn_is_charged_to_its_tenant():
     queue.take(entries["b1"])  # served past a0 and b0: b owes a turn (entries are matched by identity)
     assert entries["b1"] not in queue and len(queue) == 5
     assert drain(queue) == ["a0", "a1", "b0", "a2", "b2"]
+
+
+def test_newest_first_and_head_first_choose_within_the_tenant_drr_picked():
+    queue: FairQueue[str] = FairQueue(10, quantum=1)
+    for name in ("old-a0", "a1", "a2"):
+        queue.push(name, tenant("a", weight=2))
+    for name in ("old-b0", "b1"):
+        queue.push(name, tenant("b"))
+    aged = {"old-a0", "old-b0"}
+    served = [queue.pop(newest=True, head_first=aged.__contains__) for _ in range(5)]
+    # Weights 2:1 still decide the tenants; each tenant's aged head goes first, then its newest.
+    assert served == ["old-a0", "a2", "old-b0", "a1", "b1"]
