@@ -36,11 +36,11 @@ import grpc
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.gateway.replicas import rendezvous_order
-from tests.support import session_tls
-from tests.support.gateway_fixtures import scrape
-from tests.support.generator_models import mock_text
-from tests.support.mesh_replicas import replicated_mesh
-from tests.support.processes import free_port
+from tools.testbed import session_tls
+from tools.testbed.gateway_fixtures import scrape
+from tools.testbed.generator_models import mock_text
+from tools.testbed.mesh_replicas import replicated_mesh
+from tools.testbed.processes import free_port
 
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "failover.json"
 MODELS = ("toy-classifier", "mock-generator")

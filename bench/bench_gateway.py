@@ -47,7 +47,7 @@ import grpc
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.gateway.tenants import hash_api_key
-from tests.support.processes import free_port, running_mesh, wait_until
+from tools.testbed.processes import free_port, running_mesh, wait_until
 
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "gateway.json"
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")

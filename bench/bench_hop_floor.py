@@ -34,7 +34,7 @@ from pathlib import Path
 
 import grpc
 
-from tests.support.processes import free_port, wait_until
+from tools.testbed.processes import free_port, wait_until
 
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "hop_floor.json"
 METHOD = "/floor.Relay/Forward"

@@ -28,8 +28,8 @@ from pathlib import Path
 import grpc
 
 from infermesh.v1 import scheduler_pb2_grpc
-from tests.support.generator_models import MOCK, mock_text
-from tests.support.processes import running_mesh
+from tools.testbed.generator_models import MOCK, mock_text
+from tools.testbed.processes import running_mesh
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_PATH = ROOT / "bench" / "results" / "mock_scale.json"

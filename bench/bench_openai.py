@@ -40,7 +40,7 @@ import uvloop
 
 from bench.mesh_ready import wait_attached
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.support.processes import ROOT, free_port, running_mesh
+from tools.testbed.processes import ROOT, free_port, running_mesh
 
 RESULTS_PATH = ROOT / "bench" / "results" / "openai.json"
 MODEL = "mock-generator"

@@ -57,8 +57,8 @@ from bench.overload_report import MULTIPLES, finite, markdown_table, medians, no
 from bench.overload_stats import SendResult, by_tenant, in_window, ratio, summarize, summarize_streams
 from infermesh.v1 import common_pb2, gateway_pb2
 from loadtest.payloads import make_prompt, render_image
-from tests.support.processes import ServiceProcess, running_mesh
-from tests.support.valkey import ValkeyProcess
+from tools.testbed.processes import ServiceProcess, running_mesh
+from tools.testbed.valkey import ValkeyProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_PATH = ROOT / "bench" / "results" / "overload.json"

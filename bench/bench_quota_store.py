@@ -5,7 +5,7 @@
 * admit(): CPU per admitted request, TenantQuotas (per-gateway buckets) vs SharedQuotas
   (leased slices), in process. The hot path must not get slower: it never calls the store.
 * sync: wall time of one lease round (plan -> the Lua script -> apply) for N tenants that all
-  had demand, against a valkey-server started for the bench on 127.0.0.1 (tests/support/valkey.py).
+  had demand, against a valkey-server started for the bench on 127.0.0.1 (tools/testbed/valkey.py).
   The sync runs every --quota-lease-interval-ms (100) and must finish well inside it, or the
   gateway falls back.
 Prints a table and writes bench/results/quota_store.json.
@@ -25,7 +25,7 @@ from services.gateway.quota_lease import LeaseConfig, LeaseReply, SharedQuotas, 
 from services.gateway.quota_store import ValkeyQuotaStore
 from services.gateway.quotas import TenantQuotas
 from services.gateway.tenants import Priority, Tenant, TenantQuota
-from tests.support.valkey import running_valkey
+from tools.testbed.valkey import running_valkey
 
 RESULTS = Path(__file__).resolve().parent / "results" / "quota_store.json"
 ROOMY = TenantQuota(requests_per_s=1e9, requests_burst=10**9, tokens_per_s=1e9, tokens_burst=10**9,

@@ -57,7 +57,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.mesh_ready import wait_attached
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
-from tests.support.processes import free_port, running_mesh
+from tools.testbed.processes import free_port, running_mesh
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_PATH = ROOT / "bench" / "results" / "scheduler.json"

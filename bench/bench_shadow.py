@@ -44,8 +44,8 @@ import grpc
 import yaml
 
 from infermesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.support.gateway_fixtures import scrape
-from tests.support.processes import ServiceProcess, free_port, running_mesh, wait_until
+from tools.testbed.gateway_fixtures import scrape
+from tools.testbed.processes import ServiceProcess, free_port, running_mesh, wait_until
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")

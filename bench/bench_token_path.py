@@ -69,8 +69,8 @@ from bench.token_path_report import (
 )
 from bench.token_path_workload import LoadPhase, TokenRequest
 from infermesh.v1 import common_pb2, gateway_pb2
-from tests.support.gateway_fixtures import spawn_gateway, tenant, write_tenants
-from tests.support.processes import Mesh, running_mesh
+from tools.testbed.gateway_fixtures import spawn_gateway, tenant, write_tenants
+from tools.testbed.processes import Mesh, running_mesh
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_PATH = ROOT / "bench" / "results" / "token_path.json"

@@ -42,8 +42,8 @@ import grpc
 
 from bench.bench_gateway import cpu_seconds, drive
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.support.gateway_fixtures import spawn_gateway
-from tests.support.processes import running_mesh
+from tools.testbed.gateway_fixtures import spawn_gateway
+from tools.testbed.processes import running_mesh
 
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "upstream.json"
 MODES = ("unary", "stream")

@@ -32,7 +32,7 @@ import grpc
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.worker.thread_settings import THREAD_ENV_VARS
-from tests.support.processes import running_mesh
+from tools.testbed.processes import running_mesh
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_PATH = ROOT / "bench" / "results" / "worker_threads.json"

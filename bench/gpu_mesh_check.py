@@ -33,8 +33,8 @@ from PIL import Image
 from bench.bench_worker_gpu import PROMPTS, ROOT
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.worker.model_repository import load_manifest, load_model
-from tests.support.processes import running_mesh
 from tools.build_models import digits_dataset
+from tools.testbed.processes import running_mesh
 
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "gpu_mesh.json"
 

@@ -27,8 +27,8 @@ from bench.bench_gateway import cpu_seconds
 from bench.bench_token_path import E2E_API_KEY, E2E_TENANT, MODEL_REPO, WORKER_ENV
 from bench.mesh_ready import wait_attached
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from tests.support.gateway_fixtures import write_tenants
-from tests.support.processes import running_mesh
+from tools.testbed.gateway_fixtures import write_tenants
+from tools.testbed.processes import running_mesh
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_PATH = ROOT / "bench" / "results" / "lone_stream.json"

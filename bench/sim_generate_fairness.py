@@ -27,7 +27,7 @@ from services.scheduler.kv_block_manager import KVBlockManager
 from services.scheduler.sequence import SamplingParams
 from services.scheduler.step_scheduler import StepScheduler, StepSchedulerConfig
 from services.scheduler.tokenizer import ByteTokenizer
-from tests.support.fake_clock import FakeClock
+from tools.testbed.fake_clock import FakeClock
 
 # tinylm's envelope (model_repo/tinylm/1/manifest.json) and the scheduler's default chunking.
 CONFIG = StepSchedulerConfig(max_num_seqs=16, max_num_batched_tokens=1024, max_seq_len=1024,

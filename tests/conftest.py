@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from infermesh.v1 import gateway_pb2_grpc
-from tests.support import session_tls
-from tests.support.processes import Mesh, running_mesh
+from tools.testbed import session_tls
+from tools.testbed.processes import Mesh, running_mesh
 
 
 @pytest.fixture(scope="module")

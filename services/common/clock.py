@@ -1,5 +1,5 @@
 """The clock every piece of logic takes by injection: monotonic seconds, as `time.monotonic` gives
-them, so tests drive a fake one (tests/support/fake_clock.py) instead of sleeping."""
+them, so tests drive a fake one (tools/testbed/fake_clock.py) instead of sleeping."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2
-from tests.support.processes import SERVING, health_status
+from tools.testbed.processes import SERVING, health_status
 
 pytestmark = pytest.mark.integration
 

@@ -15,9 +15,9 @@ from PIL import Image
 
 from inference import grpc_predict_v2_pb2 as kserve
 from inference import grpc_predict_v2_pb2_grpc as kserve_grpc
-from tests.support import session_tls
-from tests.support.gateway_fixtures import bearer, spawn_gateway, status_of, tenant, write_tenants
-from tests.support.processes import free_port, running_mesh, wait_until
+from tools.testbed import session_tls
+from tools.testbed.gateway_fixtures import bearer, spawn_gateway, status_of, tenant, write_tenants
+from tools.testbed.processes import free_port, running_mesh, wait_until
 
 pytestmark = pytest.mark.integration
 

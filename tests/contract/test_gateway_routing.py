@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.support import session_tls
-from tests.support.gateway_fixtures import BRIGHT, status_of
-from tests.support.processes import ROOT, running_mesh
+from tools.testbed import session_tls
+from tools.testbed.gateway_fixtures import BRIGHT, status_of
+from tools.testbed.processes import ROOT, running_mesh
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.worker.builtin_models import ToyGeneratorRuntime
-from tests.support import session_tls
-from tests.support.processes import SERVING, health_status, wait_until
+from tools.testbed import session_tls
+from tools.testbed.processes import SERVING, health_status, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -6,9 +6,9 @@ import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2_grpc
-from tests.support import session_tls
-from tests.support.scheduler_fixtures import generate_request
 from tests.support.submit_session import SubmitSession, generate_entry
+from tools.testbed import session_tls
+from tools.testbed.scheduler_fixtures import generate_request
 
 pytestmark = pytest.mark.integration
 

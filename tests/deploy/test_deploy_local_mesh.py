@@ -21,10 +21,10 @@ import pytest
 from deploy_tools import REPO
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.support import session_tls
-from tests.support.gateway_fixtures import BRIGHT
-from tests.support.processes import free_port, wait_until
 from tools.mesh import is_serving, ready_models, store_answers, wait
+from tools.testbed import session_tls
+from tools.testbed.gateway_fixtures import BRIGHT
+from tools.testbed.processes import free_port, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -9,9 +9,9 @@ import time
 
 from deploy_tools import REPO
 
-from tests.support import session_tls
-from tests.support.processes import running_mesh
 from tools.mesh import key_problem, wait
+from tools.testbed import session_tls
+from tools.testbed.processes import running_mesh
 
 DEMO_TENANTS = str(REPO / "deploy" / "local" / "tenants.yaml")
 

@@ -21,8 +21,8 @@ from inference import grpc_predict_v2_pb2 as kserve
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from services.worker.builtin_models import ToyClassifierRuntime, ToyGeneratorRuntime
 from tests.fuzz.grpc_fuzz import FuzzPlan, discover, fuzz_port
-from tests.support.gateway_fixtures import bearer, tenant, write_tenants
-from tests.support.processes import SERVING, Mesh, health_status, running_mesh, wait_until
+from tools.testbed.gateway_fixtures import bearer, tenant, write_tenants
+from tools.testbed.processes import SERVING, Mesh, health_status, running_mesh, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ from PIL import Image
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.worker.model_repository import load_manifest
-from tests.support import session_tls
-from tests.support.processes import running_mesh
 from tools.build_models import DigitsRecipe, build_digits, digits_dataset, is_up_to_date
+from tools.testbed import session_tls
+from tools.testbed.processes import running_mesh
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO_MODEL_ROOT = Path(__file__).resolve().parents[2] / "model_repo"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
-from tests.support import session_tls
-from tests.support.gateway_fixtures import BRIGHT, CLASSIFIER
-from tests.support.processes import ServiceProcess, free_port, running_mesh
+from tools.testbed import session_tls
+from tools.testbed.gateway_fixtures import BRIGHT, CLASSIFIER
+from tools.testbed.processes import ServiceProcess, free_port, running_mesh
 
 pytestmark = pytest.mark.integration
 

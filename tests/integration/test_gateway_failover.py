@@ -17,12 +17,12 @@ import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.gateway.replicas import rendezvous_order
-from tests.support import session_tls
-from tests.support.gateway_fixtures import scrape
-from tests.support.generator_models import mock_text
-from tests.support.mesh_load import LoadShape, MeshLoad, StreamSpec
-from tests.support.mesh_replicas import replicated_mesh
-from tests.support.processes import free_port, wait_until
+from tools.testbed import session_tls
+from tools.testbed.gateway_fixtures import scrape
+from tools.testbed.generator_models import mock_text
+from tools.testbed.mesh_load import LoadShape, MeshLoad, StreamSpec
+from tools.testbed.mesh_replicas import replicated_mesh
+from tools.testbed.processes import free_port, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -15,9 +15,9 @@ import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.support import session_tls
-from tests.support.gateway_fixtures import BRIGHT, CLASSIFIER, bearer, scrape, tenant, write_tenants
-from tests.support.processes import free_port, running_mesh, wait_until
+from tools.testbed import session_tls
+from tools.testbed.gateway_fixtures import BRIGHT, CLASSIFIER, bearer, scrape, tenant, write_tenants
+from tools.testbed.processes import free_port, running_mesh, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

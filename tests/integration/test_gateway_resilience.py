@@ -19,9 +19,9 @@ import grpc
 import pytest
 
 from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
-from tests.support import session_tls
-from tests.support.gateway_fixtures import BRIGHT, CLASSIFIER, restart_on_same_port, scrape, spawn_gateway
-from tests.support.processes import free_port, running_mesh, wait_until
+from tools.testbed import session_tls
+from tools.testbed.gateway_fixtures import BRIGHT, CLASSIFIER, restart_on_same_port, scrape, spawn_gateway
+from tools.testbed.processes import free_port, running_mesh, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.support.gateway_fixtures import BRIGHT, scrape, status_of
-from tests.support.processes import free_port, running_mesh, wait_until
+from tools.testbed.gateway_fixtures import BRIGHT, scrape, status_of
+from tools.testbed.processes import free_port, running_mesh, wait_until
 
 pytestmark = pytest.mark.integration
 

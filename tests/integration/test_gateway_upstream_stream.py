@@ -15,10 +15,10 @@ import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.support import session_tls
-from tests.support.gateway_fixtures import BRIGHT, CLASSIFIER, GENERATOR, restart_on_same_port, spawn_gateway
-from tests.support.processes import running_mesh, wait_until
-from tests.support.scheduler_fixtures import pressure_of, scheduler_stub, wait_for_idle_kv, wait_for_workers
+from tools.testbed import session_tls
+from tools.testbed.gateway_fixtures import BRIGHT, CLASSIFIER, GENERATOR, restart_on_same_port, spawn_gateway
+from tools.testbed.processes import running_mesh, wait_until
+from tools.testbed.scheduler_fixtures import pressure_of, scheduler_stub, wait_for_idle_kv, wait_for_workers
 
 pytestmark = pytest.mark.integration
 

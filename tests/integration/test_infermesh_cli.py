@@ -19,9 +19,9 @@ from PIL import Image
 
 from infermesh.v1 import admin_pb2, admin_pb2_grpc
 from services.common import admin_servicer
-from tests.support import session_tls
-from tests.support.gateway_fixtures import bearer, tenant, write_tenants
-from tests.support.processes import ROOT, running_mesh, wait_until
+from tools.testbed import session_tls
+from tools.testbed.gateway_fixtures import bearer, tenant, write_tenants
+from tools.testbed.processes import ROOT, running_mesh, wait_until
 
 pytestmark = pytest.mark.integration
 

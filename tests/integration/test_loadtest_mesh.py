@@ -6,7 +6,7 @@ import pytest
 
 from loadtest.cli import EXIT_OK, main
 from loadtest.report_json import load_report
-from tests.support import session_tls
+from tools.testbed import session_tls
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

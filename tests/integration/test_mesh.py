@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.support import session_tls
-from tests.support.processes import NOT_SERVING, SERVING, health_status, running_mesh, wait_until
+from tools.testbed import session_tls
+from tools.testbed.processes import NOT_SERVING, SERVING, health_status, running_mesh, wait_until
 
 pytestmark = pytest.mark.integration
 

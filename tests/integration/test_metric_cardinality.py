@@ -14,8 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from tests.support import session_tls
-from tests.support.processes import ROOT, free_port, running_mesh
+from tools.testbed import session_tls
+from tools.testbed.processes import ROOT, free_port, running_mesh
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 NUM_CALLS = 10_000

@@ -10,10 +10,10 @@ import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.worker.mock_models import MOCK_LABELS, mock_label_index
-from tests.support import session_tls
-from tests.support.generator_models import MOCK, mock_text
-from tests.support.processes import running_mesh
-from tests.support.scheduler_fixtures import (
+from tools.testbed import session_tls
+from tools.testbed.generator_models import MOCK, mock_text
+from tools.testbed.processes import running_mesh
+from tools.testbed.scheduler_fixtures import (
     pressure_of,
     read_stream,
     scheduler_stub,

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
-from tests.support import session_tls
-from tests.support.gateway_fixtures import scrape
-from tests.support.generator_models import MOCK, mock_text
-from tests.support.processes import free_port, running_mesh
-from tests.support.scheduler_fixtures import scheduler_stub, tenant, wait_for_idle_kv, wait_for_workers
+from tools.testbed import session_tls
+from tools.testbed.gateway_fixtures import scrape
+from tools.testbed.generator_models import MOCK, mock_text
+from tools.testbed.processes import free_port, running_mesh
+from tools.testbed.scheduler_fixtures import scheduler_stub, tenant, wait_for_idle_kv, wait_for_workers
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
-from tests.support.gateway_fixtures import Metrics, scrape
-from tests.support.processes import Mesh, free_port, running_mesh
-from tests.support.scheduler_fixtures import (
+from tools.testbed.gateway_fixtures import Metrics, scrape
+from tools.testbed.processes import Mesh, free_port, running_mesh
+from tools.testbed.scheduler_fixtures import (
     read_stream,
     scheduler_stub,
     tenant,

@@ -28,10 +28,10 @@ from infermesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, gateway_pb2, gat
 from services.cli import main as cli
 from services.common import admin_servicer
 from services.worker.mock_models import mock_label_index
-from tests.support import session_tls
 from tests.support.closed_loop import drive_until
-from tests.support.gateway_fixtures import scrape
-from tests.support.processes import free_port, running_mesh, wait_until
+from tools.testbed import session_tls
+from tools.testbed.gateway_fixtures import scrape
+from tools.testbed.processes import free_port, running_mesh, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -25,10 +25,7 @@ from PIL import Image
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.worker.model_repository import load_manifest, sha256_of
-from tests.support import session_tls
 from tests.support.closed_loop import drive_until
-from tests.support.gateway_fixtures import scrape
-from tests.support.processes import free_port, running_mesh, wait_until
 from tools.build_models import (
     DigitsRecipe,
     TinyLMRecipe,
@@ -37,6 +34,9 @@ from tools.build_models import (
     digits_dataset,
     is_up_to_date,
 )
+from tools.testbed import session_tls
+from tools.testbed.gateway_fixtures import scrape
+from tools.testbed.processes import free_port, running_mesh, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO_MODEL_ROOT = Path(__file__).resolve().parents[2] / "model_repo"

@@ -22,8 +22,8 @@ import yaml
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.worker.mock_models import mock_continuation
 from tests.support.closed_loop import drive_until
-from tests.support.gateway_fixtures import scrape
-from tests.support.processes import free_port, running_mesh, wait_until
+from tools.testbed.gateway_fixtures import scrape
+from tools.testbed.processes import free_port, running_mesh, wait_until
 
 pytestmark = pytest.mark.integration
 

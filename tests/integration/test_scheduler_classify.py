@@ -16,8 +16,8 @@ import grpc
 import pytest
 
 from infermesh.v1 import common_pb2
-from tests.support.processes import running_mesh, wait_until
-from tests.support.scheduler_fixtures import (
+from tools.testbed.processes import running_mesh, wait_until
+from tools.testbed.scheduler_fixtures import (
     classify_request,
     pressure_of,
     scheduler_stub,

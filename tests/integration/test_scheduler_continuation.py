@@ -11,10 +11,10 @@ import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
-from tests.support.generator_models import MOCK, TOY
-from tests.support.processes import running_mesh
-from tests.support.scheduler_fixtures import scheduler_stub, tenant, wait_for_workers
 from tests.support.submit_session import SubmitSession, generate_entry
+from tools.testbed.generator_models import MOCK, TOY
+from tools.testbed.processes import running_mesh
+from tools.testbed.scheduler_fixtures import scheduler_stub, tenant, wait_for_workers
 
 pytestmark = pytest.mark.integration
 

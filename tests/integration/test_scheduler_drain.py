@@ -13,8 +13,9 @@ import grpc
 import pytest
 
 from infermesh.v1 import gateway_pb2
-from tests.support.processes import NOT_SERVING, health_status, running_mesh, wait_until
-from tests.support.scheduler_fixtures import (
+from tests.support.submit_session import SubmitSession, generate_entry
+from tools.testbed.processes import NOT_SERVING, health_status, running_mesh, wait_until
+from tools.testbed.scheduler_fixtures import (
     CLASSIFIER,
     GENERATOR,
     classify_request,
@@ -22,7 +23,6 @@ from tests.support.scheduler_fixtures import (
     scheduler_stub,
     wait_for_workers,
 )
-from tests.support.submit_session import SubmitSession, generate_entry
 
 pytestmark = pytest.mark.integration
 NUM_STREAMS = 4

@@ -17,8 +17,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from infermesh.v1 import common_pb2
-from tests.support.processes import free_port, running_mesh
-from tests.support.scheduler_fixtures import (
+from tools.testbed.processes import free_port, running_mesh
+from tools.testbed.scheduler_fixtures import (
     GENERATOR,
     generate_request,
     pressure_of,

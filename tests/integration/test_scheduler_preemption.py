@@ -10,9 +10,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from infermesh.v1 import common_pb2
-from tests.support.generator_models import GENERATOR_MODELS
-from tests.support.processes import free_port, running_mesh
-from tests.support.scheduler_fixtures import read_stream, scheduler_stub, wait_for_idle_kv, wait_for_workers
+from tools.testbed.generator_models import GENERATOR_MODELS
+from tools.testbed.processes import free_port, running_mesh
+from tools.testbed.scheduler_fixtures import read_stream, scheduler_stub, wait_for_idle_kv, wait_for_workers
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,8 @@ import time
 import grpc
 import pytest
 
-from tests.support.processes import ServiceProcess, free_port, running_mesh, wait_until
-from tests.support.scheduler_fixtures import (
+from tools.testbed.processes import ServiceProcess, free_port, running_mesh, wait_until
+from tools.testbed.scheduler_fixtures import (
     CLASSIFIER,
     GENERATOR,
     generate_request,

@@ -12,9 +12,10 @@ import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
-from tests.support import session_tls
-from tests.support.processes import running_mesh
-from tests.support.scheduler_fixtures import (
+from tests.support.submit_session import SubmitSession, cancel_entry, classify_entry, generate_entry, text_of
+from tools.testbed import session_tls
+from tools.testbed.processes import running_mesh
+from tools.testbed.scheduler_fixtures import (
     CLASSIFIER,
     GENERATOR,
     classify_request,
@@ -25,7 +26,6 @@ from tests.support.scheduler_fixtures import (
     wait_for_idle_kv,
     wait_for_workers,
 )
-from tests.support.submit_session import SubmitSession, cancel_entry, classify_entry, generate_entry, text_of
 
 pytestmark = pytest.mark.integration
 

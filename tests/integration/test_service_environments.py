@@ -16,8 +16,8 @@ import pytest
 from PIL import Image
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.support import session_tls
-from tests.support.processes import ROOT, ServiceProcess, free_port
+from tools.testbed import session_tls
+from tools.testbed.processes import ROOT, ServiceProcess, free_port
 
 # Building the worker environment unpacks torch (about 1.3 GB): minutes on a loaded 2-core machine.
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]

@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 from inference import grpc_predict_v2_pb2, grpc_predict_v2_pb2_grpc
-from tests.support.processes import SERVING, ServiceProcess, free_port, running_mesh
 from tests.support.tls_fixtures import DevPki, tls_health, wait_tls_serving
+from tools.testbed.processes import SERVING, ServiceProcess, free_port, running_mesh
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,8 @@ import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.support.processes import ServiceProcess, free_port
 from tests.support.tls_fixtures import DevPki, wait_tls_serving
+from tools.testbed.processes import ServiceProcess, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ import pytest
 from cryptography import x509
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tests.support.processes import SERVING, ServiceProcess, free_port, wait_until
 from tests.support.tls_fixtures import DevPki, served_certificate, tls_health, wait_tls_serving
+from tools.testbed.processes import SERVING, ServiceProcess, free_port, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
-from tests.support.processes import SERVING, ServiceProcess, free_port
 from tests.support.tls_fixtures import DevPki, tls_health, wait_tls_serving
+from tools.testbed.processes import SERVING, ServiceProcess, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import session_tls
-from tests.support.gateway_fixtures import tenant, write_tenants
-from tests.support.processes import free_port, running_mesh
 from tests.support.side_venv import side_venv_python
+from tools.testbed import session_tls
+from tools.testbed.gateway_fixtures import tenant, write_tenants
+from tools.testbed.processes import free_port, running_mesh
 
 pytestmark = pytest.mark.integration
 

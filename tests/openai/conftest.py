@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.support import session_tls
-from tests.support.gateway_fixtures import scrape, tenant, write_tenants
-from tests.support.processes import free_port, running_mesh, wait_until
+from tools.testbed import session_tls
+from tools.testbed.gateway_fixtures import scrape, tenant, write_tenants
+from tools.testbed.processes import free_port, running_mesh, wait_until
 
 MODEL = "toy-generator"
 KEYS = {name: f"openai-{name}-key" for name in ("alpha", "narrow", "ratelimited", "cheap")}

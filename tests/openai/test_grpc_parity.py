@@ -8,7 +8,7 @@ import pytest
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.openai.conftest import KEYS, MODEL
 from tests.openai.test_http_contract import _error, _HeldStream
-from tests.support import session_tls
+from tools.testbed import session_tls
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ from cryptography import x509
 
 from services.common.cert_files import TlsFiles
 from services.gateway.http_server import HttpServer
-from tests.support.processes import free_port
 from tests.support.tls_fixtures import DevPki
+from tools.testbed.processes import free_port
 
 
 class _NoRoutes:

@@ -14,9 +14,9 @@ import threading
 import pytest
 
 from tests.openai.conftest import KEYS, MODEL
-from tests.support.gateway_fixtures import spawn_gateway
-from tests.support.processes import free_port, wait_until
-from tests.support.scheduler_fixtures import toy_continuation
+from tools.testbed.gateway_fixtures import spawn_gateway
+from tools.testbed.processes import free_port, wait_until
+from tools.testbed.scheduler_fixtures import toy_continuation
 
 pytestmark = pytest.mark.integration
 

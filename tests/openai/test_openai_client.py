@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.openai.conftest import KEYS, MODEL
-from tests.support.scheduler_fixtures import toy_continuation
 from tests.support.side_venv import side_venv_python
+from tools.testbed.scheduler_fixtures import toy_continuation
 
 pytestmark = pytest.mark.integration
 

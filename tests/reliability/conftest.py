@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.mesh_replicas import PARTITION_HOSTS
-from tests.support.netns import lan, netns_unavailable
+from tools.testbed.mesh_replicas import PARTITION_HOSTS
+from tools.testbed.netns import lan, netns_unavailable
 
 
 @pytest.fixture

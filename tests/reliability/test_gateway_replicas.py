@@ -14,9 +14,9 @@ import signal
 
 import pytest
 
-from tests.support.mesh_load import LoadShape
-from tests.support.mesh_replicas import replicated_mesh
-from tests.support.processes import wait_until
+from tools.testbed.mesh_load import LoadShape
+from tools.testbed.mesh_replicas import replicated_mesh
+from tools.testbed.processes import wait_until
 
 pytestmark = pytest.mark.integration
 

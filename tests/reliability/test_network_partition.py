@@ -1,6 +1,6 @@
 """A scheduler cut off the network under load, then reconnected: nothing lost, nothing delivered twice.
 
-Each role runs as a host in its own network namespace on one switch (tests/support/netns.py,
+Each role runs as a host in its own network namespace on one switch (tools/testbed/netns.py,
 the `network` fixture in conftest.py):
 
     s1, s2: a scheduler each      gw: the gateway      wk: the workers (two per model)
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.mesh_load import LoadShape
-from tests.support.mesh_replicas import PARTITION_STREAMS, cut_scheduler_under_load
+from tools.testbed.mesh_load import LoadShape
+from tools.testbed.mesh_replicas import PARTITION_STREAMS, cut_scheduler_under_load
 
 pytestmark = pytest.mark.integration
 

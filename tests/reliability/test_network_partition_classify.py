@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.mesh_load import LoadShape
-from tests.support.mesh_replicas import PARTITION_STREAMS, cut_scheduler_under_load
+from tools.testbed.mesh_load import LoadShape
+from tools.testbed.mesh_replicas import PARTITION_STREAMS, cut_scheduler_under_load
 
 pytestmark = pytest.mark.integration
 

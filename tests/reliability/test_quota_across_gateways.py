@@ -20,9 +20,9 @@ import valkey
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.gateway.tenants import hash_api_key
-from tests.support import session_tls
-from tests.support.processes import ServiceProcess, free_port, running_mesh
-from tests.support.valkey import ValkeyProcess
+from tools.testbed import session_tls
+from tools.testbed.processes import ServiceProcess, free_port, running_mesh
+from tools.testbed.valkey import ValkeyProcess
 
 pytestmark = pytest.mark.integration
 

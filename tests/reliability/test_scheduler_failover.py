@@ -14,9 +14,9 @@ import time
 import pytest
 
 from infermesh.v1 import common_pb2
-from tests.support.generator_models import GENERATOR_MODELS, GeneratorModel
-from tests.support.processes import running_mesh, wait_until
-from tests.support.scheduler_fixtures import pressure_of, scheduler_stub, wait_for_idle_kv, wait_for_workers
+from tools.testbed.generator_models import GENERATOR_MODELS, GeneratorModel
+from tools.testbed.processes import running_mesh, wait_until
+from tools.testbed.scheduler_fixtures import pressure_of, scheduler_stub, wait_for_idle_kv, wait_for_workers
 
 pytestmark = pytest.mark.integration
 

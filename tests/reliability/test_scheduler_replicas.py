@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.mesh_replicas import MODELS, SHAPE, kill_and_restart, replicated_mesh, start_spread_mesh
+from tools.testbed.mesh_replicas import MODELS, SHAPE, kill_and_restart, replicated_mesh, start_spread_mesh
 
 pytestmark = pytest.mark.integration
 

@@ -22,8 +22,8 @@ from dataclasses import replace
 
 import pytest
 
-from tests.support.mesh_load import MeshLoad
-from tests.support.mesh_replicas import (
+from tools.testbed.mesh_load import MeshLoad
+from tools.testbed.mesh_replicas import (
     MODELS,
     SHAPE,
     ReplicatedMesh,
@@ -31,7 +31,7 @@ from tests.support.mesh_replicas import (
     replicated_mesh,
     start_spread_mesh,
 )
-from tests.support.processes import ServiceProcess
+from tools.testbed.processes import ServiceProcess
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,9 @@ import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.worker.mock_models import MOCK_LABELS, mock_label_index
-from tests.support import session_tls
-from tests.support.generator_models import mock_text
-from tests.support.processes import running_mesh, wait_until
+from tools.testbed import session_tls
+from tools.testbed.generator_models import mock_text
+from tools.testbed.processes import running_mesh, wait_until
 
 pytestmark = pytest.mark.integration
 

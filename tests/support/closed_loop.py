@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import grpc
 
-from tests.support.processes import wait_until
+from tools.testbed.processes import wait_until
 
 
 def drive_until(call: Callable[[random.Random], str], until: Callable[[], bool], *, num_threads: int,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import ROOT
+from tools.testbed.processes import ROOT
 
 
 def side_venv_python(name: str, requirement: str) -> Path:

@@ -9,7 +9,7 @@ import pytest
 from bench.request_level_baseline import RequestLevelBatcher, closed_loop, open_loop
 from bench.token_path_workload import TokenRequest
 from services.worker.work import RunStep, SequenceOutput, StageDurations
-from tests.support.fake_clock import FakeClock
+from tools.testbed.fake_clock import FakeClock
 
 
 class FakeRunner:

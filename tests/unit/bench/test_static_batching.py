@@ -8,7 +8,6 @@ import functools
 import pytest
 
 from bench.static_batching import StaticBatchScheduler, split_padding_flag
-from tests.support.fake_clock import FakeClock
 from tests.unit.scheduler.conftest import (
     FakePagedWorker,
     fake_next_token,
@@ -17,6 +16,7 @@ from tests.unit.scheduler.conftest import (
     make_requests,
     make_scheduler,
 )
+from tools.testbed.fake_clock import FakeClock
 
 PADDED = functools.partial(StaticBatchScheduler, padding=True)
 UNPADDED = functools.partial(StaticBatchScheduler, padding=False)

@@ -9,7 +9,7 @@ import tomllib
 from prometheus_client import REGISTRY
 
 from services.common import build_info
-from tests.support.processes import ROOT
+from tools.testbed.processes import ROOT
 
 
 def test_version_is_the_one_in_pyproject():

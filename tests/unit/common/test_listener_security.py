@@ -11,7 +11,7 @@ from services.common.config import ConfigError
 from services.gateway.config import GatewayConfig
 from services.scheduler.config import SchedulerConfig
 from services.worker.config import WorkerConfig
-from tests.support.processes import ROOT
+from tools.testbed.processes import ROOT
 
 
 @pytest.mark.parametrize(("config", "name"), [(GatewayConfig, "gateway"), (SchedulerConfig, "scheduler"),

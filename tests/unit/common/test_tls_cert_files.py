@@ -7,8 +7,8 @@ import datetime as dt
 import pytest
 
 from services.common.cert_files import CertificateError, CertificateWatcher, TlsFiles, read_material
-from tests.support.fake_clock import FakeClock
 from tools.dev_ca import DevCA, write_service_certs
+from tools.testbed.fake_clock import FakeClock
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from services.gateway.tenants import Priority, Tenant, TenantQuota, hash_api_key
-from tests.support.fake_clock import FakeClock  # noqa: F401 - re-exported to the tests
+from tools.testbed.fake_clock import FakeClock  # noqa: F401 - re-exported to the tests
 
 
 class FixedRng:

@@ -5,7 +5,7 @@ import pytest
 from services.common.errors import ResourceExhausted
 from services.gateway.adaptive_limit import AdaptiveLimit, AdaptiveLimitConfig, AdaptiveLimits, Outcome
 from services.gateway.tenants import Priority
-from tests.support.fake_clock import FakeClock
+from tools.testbed.fake_clock import FakeClock
 
 CRITICAL, STANDARD, SHEDDABLE = Priority.CRITICAL, Priority.STANDARD, Priority.SHEDDABLE
 

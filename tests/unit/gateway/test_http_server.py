@@ -21,7 +21,7 @@ from services.common import errors
 from services.gateway.http_server import HttpServer
 from services.gateway.kserve_http import KServeHttp
 from services.gateway.openai_http import OpenAIFront
-from tests.support.processes import free_port
+from tools.testbed.processes import free_port
 
 KEY = "good-key"
 TIMEOUT_S = 0.5

@@ -1,4 +1,4 @@
-"""The quota store's script against a real valkey-server (tests/support/valkey.py), and the sync
+"""The quota store's script against a real valkey-server (tools/testbed/valkey.py), and the sync
 loop's fallback and re-sync when that server is killed and comes back."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from services.gateway.quota_store import LateSync, StoreReplyError, ValkeyQuotaS
 from services.gateway.quota_sync import LIVE_GATEWAYS, STORE_UP, QuotaSync
 from services.gateway.quotas import QuotaExceeded
 from services.gateway.tenants import TenantQuota
-from tests.support.valkey import ValkeyProcess, running_valkey
+from tools.testbed.valkey import ValkeyProcess, running_valkey
 
 from .conftest import make_quota, make_tenant
 

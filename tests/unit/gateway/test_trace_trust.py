@@ -15,7 +15,7 @@ from services.common.errors import Unauthenticated
 from services.common.telemetry import server_span
 from services.gateway.tenants import TenantDirectory, parse_tenant_config
 from services.gateway.trace_trust import TraceTrust, TrustMode
-from tests.support.gateway_fixtures import tenant
+from tools.testbed.gateway_fixtures import tenant
 
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CLIENT_SPAN = "b7ad6b7169203331"

@@ -13,8 +13,8 @@ from loadtest.tables import report_tables
 from services.gateway.rollout import RolloutController
 from services.gateway.rollout_store import FileRolloutStore
 from services.gateway.routing import parse_routing_config
-from tests.support.fake_clock import FakeClock
 from tests.unit.loadtest.test_reports import _demo_report
+from tools.testbed.fake_clock import FakeClock
 
 START = dt.datetime(2026, 11, 27, 10, 0, 0, tzinfo=dt.UTC)
 ROUTES = parse_routing_config({"models": {"digits": {

@@ -16,7 +16,7 @@ from services.scheduler.sequence import SamplingParams
 from services.scheduler.step_plan import SequenceDelta, StepPlan
 from services.scheduler.step_scheduler import StepScheduler, StepSchedulerConfig, StepSchedulerFactory
 from services.scheduler.tokenizer import ByteTokenizer
-from tests.support.fake_clock import FakeClock  # noqa: F401 - re-exported to the tests
+from tools.testbed.fake_clock import FakeClock  # noqa: F401 - re-exported to the tests
 
 EOS = 256
 TOKENIZER = ByteTokenizer(vocab_size=257, eos_token_id=EOS)

@@ -15,7 +15,7 @@ from services.scheduler.chunk_coalescer import ChunkCoalescer, CoalescedEvents
 from services.scheduler.generate_pool import StreamEvent
 from services.scheduler.sequence import FinishReason
 from services.scheduler.step_plan import SequenceDelta
-from tests.support.fake_clock import FakeClock
+from tools.testbed.fake_clock import FakeClock
 
 TEXT = "héllo, wörld! ok"
 

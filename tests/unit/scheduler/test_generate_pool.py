@@ -24,8 +24,8 @@ from services.scheduler.fair_queue import TenantContext
 from services.scheduler.generate_pool import GeneratePool, GenerateStream
 from services.scheduler.sequence import SamplingParams
 from services.scheduler.worker_link import ModelKey, WorkerLink
-from tests.support.fake_clock import FakeClock
 from tests.unit.scheduler.conftest import until_turns
+from tools.testbed.fake_clock import FakeClock
 
 MODEL = ModelKey("toy-generator", "1")
 

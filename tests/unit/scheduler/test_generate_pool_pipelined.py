@@ -19,8 +19,8 @@ from services.scheduler.generate_pool import GeneratePool, GenerateStream
 from services.scheduler.sequence import FinishReason, SamplingParams
 from services.scheduler.worker_link import WorkerLink
 from services.worker.mock_models import MockGeneratorRuntime, MockProfile, mock_continuation
-from tests.support.fake_clock import FakeClock
 from tests.unit.scheduler.conftest import until_turns
+from tools.testbed.fake_clock import FakeClock
 
 
 async def _no_wait(_: float) -> None:

@@ -27,8 +27,8 @@ from services.scheduler.prefix_routing import (
 )
 from services.scheduler.sequence import SamplingParams
 from services.scheduler.worker_link import WorkerLink
-from tests.support.fake_clock import FakeClock
 from tests.unit.scheduler.test_generate_pool import MODEL, Reader, _settle, attach, hello
+from tools.testbed.fake_clock import FakeClock
 
 
 def load(num_running: int = 0, num_waiting: int = 0, max_num_seqs: int = 16, num_prefill_tokens: int = 0,

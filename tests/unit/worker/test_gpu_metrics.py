@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.worker.gpu_metrics import GpuMemoryCollector, register_if_cuda
-from tests.support.processes import ROOT
+from tools.testbed.processes import ROOT
 
 GIB = 1 << 30
 

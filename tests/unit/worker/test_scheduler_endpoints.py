@@ -17,7 +17,7 @@ from services.worker.scheduler_endpoints import (
     parse_scheduler_address,
     resolve,
 )
-from tests.support.fake_clock import FakeClock
+from tools.testbed.fake_clock import FakeClock
 
 
 def test_parses_one_address_a_comma_list_and_a_dns_name():

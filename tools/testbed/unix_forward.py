@@ -1,4 +1,4 @@
-"""python -m tests.support.unix_forward --listen PATH --to HOST:PORT
+"""python -m tools.testbed.unix_forward --listen PATH --to HOST:PORT
 
 Accepts on a Unix socket and relays each connection to HOST:PORT. Started inside a network
 namespace (ip netns exec) it lets a test in the root namespace reach a service that has no

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.support import session_tls
-from tests.support.generator_models import mock_text
+from tools.testbed import session_tls
+from tools.testbed.generator_models import mock_text
 
 CLASSIFIER = common_pb2.ModelRef(name="toy-classifier")
 GENERATOR = common_pb2.ModelRef(name="mock-generator")

@@ -1,5 +1,5 @@
 """Helpers for tests that call the scheduler's own RPCs (Classify/Generate with a TenantContext,
-GetPressure) on real processes started with tests.support.processes."""
+GetPressure) on real processes started with tools.testbed.processes."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
-from tests.support import session_tls
-from tests.support.processes import wait_until
+from tools.testbed import session_tls
+from tools.testbed.processes import wait_until
 
 CLASSIFIER = common_pb2.ModelRef(name="toy-classifier")
 GENERATOR = common_pb2.ModelRef(name="toy-generator")

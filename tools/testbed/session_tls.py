@@ -29,7 +29,7 @@ import grpc
 
 from tools.dev_ca import ServiceFiles, write_service_certs
 
-# tests/support/netns.py's SUBNET; its hosts are numbered from 1 in the order a test names them.
+# tools/testbed/netns.py's SUBNET; its hosts are numbered from 1 in the order a test names them.
 _NETNS_SUBNET = "10.213.77"
 _NUM_NETNS_HOSTS = 16
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support.processes import free_port
 from tools.quota_store import server_argv
+from tools.testbed.processes import free_port
 
 
 class ValkeyProcess:

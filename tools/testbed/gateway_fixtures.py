@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from infermesh.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.gateway.tenants import hash_api_key
-from tests.support import session_tls
-from tests.support.processes import Mesh, ServiceProcess, free_port
+from tools.testbed import session_tls
+from tools.testbed.processes import Mesh, ServiceProcess, free_port
 
 BRIGHT = common_pb2.Image(raw=common_pb2.RawImage(pixels=bytes([250] * 12), height=2, width=2, channels=3))
 CLASSIFIER = common_pb2.ModelRef(name="toy-classifier")

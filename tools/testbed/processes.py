@@ -1,9 +1,9 @@
-"""Real service processes on 127.0.0.1 with free ports, for integration and reliability tests.
+"""Real service processes on 127.0.0.1 with free ports, for tests and benchmarks.
 
 Each process is started by the test and stopped by its PID (SIGTERM, then SIGKILL);
 nothing is left behind even when a test fails.
 
-Every process talks TLS by default, with the test session's dev CA (tests/support/session_tls.py):
+Every process talks TLS by default, with the test session's dev CA (tools/testbed/session_tls.py):
 mTLS at the scheduler and workers, server TLS on the gateway's public port. Tests reach a process
 with `process.channel()` (or session_tls.channel(address)); a test about plaintext starts its
 processes with tls=False. /metrics stays plain HTTP in tests (--metrics-tls false): scrapes are
@@ -27,7 +27,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.support import session_tls
+from tools.testbed import session_tls
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ the addresses are used only there, so nothing is routed to or from the machine's
 network. Cutting a host is `ip link set v-<h> down` in the hub: the host stays alive but
 no packet reaches it or leaves it, the case a kill never shows. Closing the Lan deletes
 the namespaces, which deletes their links; the unix forwarders that let the test process
-reach services inside (tests/support/unix_forward.py) are stopped by PID first.
+reach services inside (tools/testbed/unix_forward.py) are stopped by PID first.
 
 Needs root (or CAP_SYS_ADMIN + CAP_NET_ADMIN) and iproute2; `netns_unavailable()` says why not.
 """
@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.processes import ROOT, ServiceProcess
+from tools.testbed.processes import ROOT, ServiceProcess
 
 SUBNET = "10.213.77"  # a private range, used only inside the namespaces this module creates
 
@@ -109,7 +109,7 @@ class Lan:
         path = self.sock_dir / f"{host}-{port}.sock"
         if (host, port) not in self.forwarders:
             self.forwarders[(host, port)] = subprocess.Popen(
-                [*self.launcher(host), sys.executable, "-m", "tests.support.unix_forward",
+                [*self.launcher(host), sys.executable, "-m", "tools.testbed.unix_forward",
                  "--listen", str(path), "--to", f"{self.ip_of(host)}:{port}"],
                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )

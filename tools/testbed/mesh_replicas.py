@@ -2,7 +2,7 @@
 
 Every gateway and worker is given every scheduler address (`--scheduler-address a,b`), as
 `make up` and the Kubernetes manifests do. By default everything runs on 127.0.0.1; with a
-`Lan` (tests/support/netns.py) each process runs on the network-namespace host it is placed
+`Lan` (tools/testbed/netns.py) each process runs on the network-namespace host it is placed
 on, so a test can cut one host's link instead of killing its processes.
 
 A killed process is restarted on the same port (`restart`), so the others find it again
@@ -23,11 +23,11 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from infermesh.v1 import common_pb2
-from tests.support.gateway_fixtures import Metrics, scrape
-from tests.support.mesh_load import LoadCounts, LoadShape, MeshLoad, StreamSpec
-from tests.support.netns import HostedProcess, Lan
-from tests.support.processes import ServiceProcess, free_port, wait_until
-from tests.support.scheduler_fixtures import pressure_of, scheduler_stub
+from tools.testbed.gateway_fixtures import Metrics, scrape
+from tools.testbed.mesh_load import LoadCounts, LoadShape, MeshLoad, StreamSpec
+from tools.testbed.netns import HostedProcess, Lan
+from tools.testbed.processes import ServiceProcess, free_port, wait_until
+from tools.testbed.scheduler_fixtures import pressure_of, scheduler_stub
 
 CLASSIFIER_ARGS = ("--toy-compute-ms", "5")
 # block_size 16 and max_seq_len 512 like the toy generator; a 20 ms step on an asyncio timer.

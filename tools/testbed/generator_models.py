@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 from services.worker.mock_models import mock_continuation
-from tests.support.scheduler_fixtures import tenant, toy_continuation
+from tools.testbed.scheduler_fixtures import tenant, toy_continuation
 
 
 @dataclass(frozen=True)
