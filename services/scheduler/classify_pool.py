@@ -15,7 +15,9 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from services.common import errors
 from services.common.clock import Clock
@@ -29,6 +31,13 @@ from services.scheduler.pressure import ModelPressure, classifier_pressure
 from services.scheduler.worker_link import ModelKey, WorkerGone, WorkerLink
 
 log = logging.getLogger(__name__)
+
+
+class Timer(Protocol):
+    def cancel(self) -> object: ...
+
+
+CallLater = Callable[[float, Callable[[], object]], Timer]
 
 
 @dataclass(eq=False)
@@ -76,10 +85,13 @@ def batcher_config(config: SchedulerConfig, hello: WorkerHello) -> BatcherConfig
 
 class ClassifyPool:
     def __init__(self, model: ModelKey, hello: WorkerHello, config: SchedulerConfig,
-                 clock: Clock = time.monotonic) -> None:
+                 clock: Clock = time.monotonic, call_later: CallLater | None = None) -> None:
+        """`call_later`: runs a callback after `clock` seconds (the event loop's by default; a fake
+        clock's in tests)."""
         self.model = model
         self._config = config
         self._clock = clock
+        self._call_later = call_later
         self._batcher: DynamicBatcher[ClassifyJob] = DynamicBatcher(batcher_config(config, hello), clock)
         self._links: dict[str, WorkerLink] = {}
         self._wake = asyncio.Event()
@@ -178,7 +190,8 @@ class ClassifyPool:
     async def _sleep(self, timeout_s: float | None) -> None:
         """Until something changed, or `timeout_s` (a timer, cheaper than wait_for's task per wait)."""
         self._wake.clear()
-        timer = None if timeout_s is None else asyncio.get_running_loop().call_later(timeout_s, self._wake.set)
+        call_later = self._call_later or asyncio.get_running_loop().call_later
+        timer = None if timeout_s is None else call_later(timeout_s, self._wake.set)
         self._wake_at_s = math.inf if timeout_s is None else self._clock() + timeout_s
         await self._wake.wait()
         self._wake_at_s = None

@@ -72,7 +72,8 @@ class FairQueue(Generic[T]):
     `push` raises ResourceExhausted when `max_size` entries wait. `push_displacing`
     instead pushes out the newest entry of the longest tenant queue of the same or a
     lower class, so one tenant flooding a full queue cannot lock the others out
-    (longest-queue drop). `push_front` (re-queueing work that was already accepted)
+    (longest-queue drop); `push_over_share` refuses that longest queue's tenant instead, and
+    admits the others over the bound. `push_front` (re-queueing work that was already accepted)
     ignores the bound, because an accepted request must never be lost to its own retry.
     """
 
@@ -111,6 +112,23 @@ class FairQueue(Generic[T]):
     def can_displace_for(self, tenant: TenantContext) -> bool:
         """Whether `push_displacing` for `tenant` would succeed on a full queue."""
         return self._longest_queue_at_or_below(tenant) is not None
+
+    def has_room_for(self, tenant: TenantContext) -> bool:
+        """Whether `push_over_share` for `tenant` would succeed: the queue is not full, or another
+        tenant of its class or below holds more than its weighted share (the one a full queue refuses)."""
+        return not self.is_full() or self.can_displace_for(tenant)
+
+    def push_over_share(self, item: T, tenant: TenantContext, *, cost: int = 1) -> None:
+        """Like `push`, but a full queue still takes the entry of a tenant that `push_displacing` would
+        make room for, without dropping anything: for entries that cannot be dropped once accepted
+        (a generate stream). The bound then holds for the tenant with the longest queue, which is
+        refused; the others may exceed it by at most what that tenant holds, weighted."""
+        if not self.has_room_for(tenant):
+            raise ResourceExhausted(
+                f"queue full: {len(self)} requests waiting (max {self.max_size})",
+                retry_after_s=self.retry_after_s,
+            )
+        self._add(item, tenant, cost, front=False)
 
     def push_displacing(self, item: T, tenant: TenantContext, *, cost: int = 1) -> T | None:
         """Like `push`, but when full, displaces (removes and returns) the newest entry of the

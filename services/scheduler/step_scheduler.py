@@ -289,7 +289,7 @@ class StepScheduler:
             seq.cache_salt = tenant_salt(tenant.tenant_id)
             seq.num_public_tokens = self.prefix_keys.num_public_tokens(seq.prompt_token_ids)
             seq.block_hashes = list(block_hashes)
-        self._waiting.push(seq, tenant, cost=seq.num_tokens)
+        self._waiting.push_over_share(seq, tenant, cost=seq.num_tokens)
         self._seqs[seq_id] = seq
         self._service.activate(tenant)
         return seq
@@ -546,7 +546,7 @@ class StepScheduler:
             )
         if deadline_s is not None and deadline_s <= now:
             raise DeadlineExceeded("deadline passed before the sequence was queued")
-        if self._waiting.is_full():
+        if not self._waiting.has_room_for(tenant):  # full, and no other tenant holds more than its share
             raise ResourceExhausted(
                 f"generate queue full: {len(self._waiting)} sequences waiting",
                 retry_after_s=max(self.step_time_s, self.estimated_queue_time_s(tenant.priority)),

@@ -209,3 +209,19 @@ def test_newest_first_and_head_first_choose_within_the_tenant_drr_picked():
     served = [queue.pop(newest=True, head_first=aged.__contains__) for _ in range(5)]
     # Weights 2:1 still decide the tenants; each tenant's aged head goes first, then its newest.
     assert served == ["old-a0", "a2", "old-b0", "a1", "b1"]
+
+
+def test_a_full_queue_refuses_the_longest_tenant_and_admits_the_others_over_the_bound():
+    queue: FairQueue[str] = FairQueue(4)
+    for i in range(4):
+        queue.push_over_share(f"heavy{i}", tenant("heavy"))
+    with pytest.raises(ResourceExhausted, match=r"queue full: 4 requests waiting \(max 4\)"):
+        queue.push_over_share("heavy4", tenant("heavy"))
+    assert queue.has_room_for(tenant("light"))
+    for i in range(3):  # nothing accepted is dropped for them
+        queue.push_over_share(f"light{i}", tenant("light"))
+    assert len(queue) == 7
+    # A fourth would give light as many as heavy: no longer under the longest's share, refused.
+    assert not queue.has_room_for(tenant("light"))
+    assert queue.has_room_for(tenant("pager", Priority.CRITICAL))
+    assert not queue.has_room_for(tenant("batch", Priority.SHEDDABLE))  # nobody below it to refuse instead

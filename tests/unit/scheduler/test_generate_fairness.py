@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
+from services.common.errors import ResourceExhausted
 from services.scheduler.fair_queue import Priority
 from services.scheduler.kv_block_manager import KVBlockManager
-from services.scheduler.sequence import SequenceStatus
+from services.scheduler.sequence import SamplingParams, Sequence, SequenceStatus
 from services.scheduler.step_scheduler import StepScheduler, StepSchedulerConfig
 from services.scheduler.tenant_service import TenantService
 
@@ -202,3 +204,56 @@ def test_service_on_one_worker_counts_on_the_others_sharing_the_counters(clock):
     run_steps(first, FakePagedWorker(4), clock, max_steps=5)
     # Heavy's backlog on the second worker is older, but heavy has been served on the first.
     assert [s.seq_id for s in second.schedule().seqs] == [1, 200]
+
+
+
+def flood_generate(clock, *, light_tenant: str = "light", num_steps: int = 300,
+                   step_s: float = 0.01) -> tuple[StepScheduler, list[Sequence], int, int]:
+    """One worker of 8 slots, 10 ms steps, sequences of an 8-token prompt and 16 output tokens (16 steps):
+    capacity 50 sequences/s, 25/s each tenant's share. The light tenant sends one every 8 steps (half
+    its share); the heavy tenant five every 4 steps (5x its share), so its backlog stands and fills
+    the waiting queue. Deadlines of 30 s, the gateway's default. Returns the scheduler, the light
+    sequences admitted, and the light and heavy requests refused."""
+    scheduler = make_scheduler(clock, max_num_seqs=8, max_num_batched_tokens=64, max_num_waiting=64)
+    worker = FakePagedWorker(4)
+    light: list[Sequence] = []
+    seq_ids = itertools.count(1)
+    num_light_refused = num_heavy_refused = 0
+    for step_index in range(num_steps):
+        arrivals = ["heavy"] * ((step_index + 1) * 5 // 4 - step_index * 5 // 4)
+        if step_index % 8 == 0:
+            arrivals.insert(0, "light")
+        for tag in arrivals:
+            seq_id = next(seq_ids)
+            who = tenant(light_tenant if tag == "light" else "heavy")
+            try:
+                seq = scheduler.add_request(seq_id, make_prompt(seq_id, 8), SamplingParams(max_tokens=16), who,
+                                            deadline_s=clock() + 30.0)
+            except ResourceExhausted:
+                num_light_refused += tag == "light"
+                num_heavy_refused += tag == "heavy"
+            else:
+                if tag == "light":
+                    light.append(seq)
+        plan = scheduler.schedule()
+        if plan.has_work():
+            sampled = worker.run(plan)
+            clock.advance(step_s)
+            scheduler.update_from_output(plan, sampled)
+    return scheduler, light, num_light_refused, num_heavy_refused
+
+
+def test_light_tenant_keeps_its_share_and_delay_bound_while_a_flood_fills_the_waiting_queue(clock):
+    scheduler, light, num_light_refused, num_heavy_refused = flood_generate(clock)
+    assert num_heavy_refused > 0 and scheduler.num_waiting >= 60  # the flood stands at the queue's bound (64)
+    assert num_light_refused == 0  # a full queue refuses the tenant holding more than its share
+    # All but the last two sent are through: it gets the half share it asks for.
+    assert sum(seq.status is SequenceStatus.FINISHED for seq in light) >= len(light) - 2
+    # It takes the first slot that frees: with 8 slots each freeing every 16 steps, within 4 steps.
+    delays_s = [seq.first_scheduled_s - seq.arrival_s for seq in light if seq.first_scheduled_s is not None]
+    assert len(delays_s) == len(light) and max(delays_s) <= 0.04 + 1e-9
+
+
+def test_sharing_one_tenant_the_same_light_requests_are_refused_at_the_full_queue(clock):
+    _, _, num_light_refused, _ = flood_generate(clock, light_tenant="heavy")
+    assert num_light_refused > 10
