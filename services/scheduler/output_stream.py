@@ -5,7 +5,11 @@ back until the next tokens show it is not; bytes of an incomplete UTF-8
 character are held back until it completes. Token ids travel in lockstep with
 their text: a chunk's text is exactly the decoding of its token ids' bytes
 (continuing the bytes held back before), so a client counting tokens by
-`index` and reading text never sees either skipped or repeated.
+`index` and reading text never sees either skipped or repeated. One exception:
+a stop string can begin inside a token (tokens of HF tokenizers are several
+bytes), so the chunk a stop string ends carries every token with text before
+the stop, the one the stop begins in included, and the text up to the stop
+exactly (as vLLM and OpenAI cut it).
 
 The stream belongs to the sequence, not to a worker: preemption or failover
 recomputes KV but leaves what was generated and what was streamed untouched.
@@ -96,17 +100,21 @@ class OutputStream:
         start = self._num_emitted_tokens
         num_tokens = len(self._token_ids)
         byte_ends = self._byte_ends
-        if self._stop_at_byte is not None:
-            limit = self._stop_at_byte
-        elif self._stops and not final:
-            limit = len(self._bytes) - self._stop_prefix_suffix_len(len(self._bytes))
-        else:  # no stop string to hold text back for: everything appended is streamable
-            limit = len(self._bytes)
         end = start
-        while end < num_tokens and byte_ends[end] <= limit:
-            end += 1
+        if self._stop_at_byte is not None:  # every token that begins before the stop; text up to it
+            end_byte = self._stop_at_byte
+            while end < num_tokens and (byte_ends[end - 1] if end > 0 else 0) < end_byte:
+                end += 1
+            final = True
+        else:
+            if self._stops and not final:
+                limit = len(self._bytes) - self._stop_prefix_suffix_len(len(self._bytes))
+            else:  # no stop string to hold text back for: everything appended is streamable
+                limit = len(self._bytes)
+            while end < num_tokens and byte_ends[end] <= limit:
+                end += 1
+            end_byte = byte_ends[end - 1] if end > 0 else 0
         token_ids = tuple(self._token_ids[start:end])
-        end_byte = byte_ends[end - 1] if end > 0 else 0
         # The decoder copies what it keeps of an incomplete character, so a bytearray slice will do.
         text = self._decoder.decode(self._bytes[self._num_emitted_bytes : end_byte], final)
         chunk = StreamChunk(token_ids, text, start)

@@ -1,8 +1,8 @@
 """Text <-> token ids for generator models, as the worker's TokenizerSpec describes.
 
-Only TOKENIZER_KIND_BYTES exists: a token id below 256 is that byte of the UTF-8
+TOKENIZER_KIND_BYTES lives here: a token id below 256 is that byte of the UTF-8
 text; ids from 256 up are special (end-of-sequence, beginning-of-sequence) and
-carry no text.
+carry no text. TOKENIZER_KIND_HF (a model's tokenizer.json) is hf_tokenizer.py.
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ class Tokenizer(Protocol):
     @property
     def eos_token_id(self) -> int: ...
 
-    def encode(self, text: str) -> tuple[int, ...]: ...
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> tuple[int, ...]:
+        """Token ids of `text`; add_special_tokens=False for text that already holds them (a
+        rendered chat template), as transformers' apply_chat_template encodes."""
+        ...
 
     def token_bytes(self, token_id: int) -> bytes:
         """UTF-8 bytes the token contributes to the text; b"" for special tokens."""
@@ -54,8 +57,8 @@ class ByteTokenizer:
         """From TokenizerSpec's fields (bos_token_id -1 means none)."""
         return cls(vocab_size, eos_token_id, None if bos_token_id < 0 else bos_token_id)
 
-    def encode(self, text: str) -> tuple[int, ...]:
-        prefix = () if self.bos_token_id is None else (self.bos_token_id,)
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> tuple[int, ...]:
+        prefix = () if self.bos_token_id is None or not add_special_tokens else (self.bos_token_id,)
         return prefix + tuple(text.encode("utf-8"))
 
     def token_bytes(self, token_id: int) -> bytes:

