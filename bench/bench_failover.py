@@ -35,7 +35,7 @@ from pathlib import Path
 import grpc
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from services.gateway.replicas import rendezvous_order
+from services.gateway.routing.replicas import rendezvous_order
 from tools.testbed import session_tls
 from tools.testbed.gateway_fixtures import scrape
 from tools.testbed.generator_models import mock_text

@@ -46,7 +46,7 @@ from pathlib import Path
 import grpc
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from services.gateway.tenants import hash_api_key
+from services.gateway.tenants.directory import hash_api_key
 from tools.testbed.processes import free_port, running_mesh, wait_until
 
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "gateway.json"

@@ -21,10 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from services.gateway.quota_lease import LeaseConfig, LeaseReply, SharedQuotas, TenantGrant
-from services.gateway.quota_store import ValkeyQuotaStore
-from services.gateway.quotas import TenantQuotas
-from services.gateway.tenants import Priority, Tenant, TenantQuota
+from services.gateway.quota.lease import LeaseConfig, LeaseReply, SharedQuotas, TenantGrant
+from services.gateway.quota.quotas import TenantQuotas
+from services.gateway.quota.store import ValkeyQuotaStore
+from services.gateway.tenants.directory import Priority, Tenant, TenantQuota
 from tools.testbed.valkey import running_valkey
 
 RESULTS = Path(__file__).resolve().parent / "results" / "quota_store.json"

@@ -1,4 +1,4 @@
-"""atheris: a KServe v2 ModelInfer request as the gateway reads it (services/gateway/kserve_codec.py):
+"""atheris: a KServe v2 ModelInfer request as the gateway reads it (services/gateway/kserve/codec.py):
 wire bytes -> ModelInferRequest -> the input image and the requested outputs."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from google.protobuf.message import DecodeError
 
 from fuzz.harness import fuzz
 
-with atheris.instrument_imports(include=["services.gateway.kserve_codec"]):
+with atheris.instrument_imports(include=["services.gateway.kserve.codec"]):
     from inference import grpc_predict_v2_pb2 as kserve
     from services.common.errors import InvalidArgument
-    from services.gateway.kserve_codec import decode_image, requested_outputs, unpack_bytes_tensor
+    from services.gateway.kserve.codec import decode_image, requested_outputs, unpack_bytes_tensor
 
 
 def check(data: bytes) -> None:

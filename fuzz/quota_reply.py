@@ -1,5 +1,5 @@
 """atheris: the shared quota store's sync reply as the gateway parses it
-(services/gateway/quota_store.py: _parse_reply of the Lua script's [live, bad keys, JSON grants, store time],
+(services/gateway/quota/store.py: _parse_reply of the Lua script's [live, bad keys, JSON grants, store time],
 or its ["late", store time])."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import atheris
 
 from fuzz.harness import fuzz
 
-with atheris.instrument_imports(include=["services.gateway.quota_store"]):
-    from services.gateway.quota_lease import LeasePlan, TenantAsk
-    from services.gateway.quota_store import StoreReplyError, _parse_reply
+with atheris.instrument_imports(include=["services.gateway.quota.store"]):
+    from services.gateway.quota.lease import LeasePlan, TenantAsk
+    from services.gateway.quota.store import StoreReplyError, _parse_reply
     from services.gateway.tenants import TenantQuota
 
 

@@ -1,7 +1,7 @@
 """A run that spans a rollout: the gateway's rollout decisions on the run's timeline.
 
 `loadtest run --rollout-state-file PATH` reads the decider gateway's state file
-(services/gateway/rollout_store.py) after the run and adds to the report
+(services/gateway/rollout/store.py) after the run and adds to the report
 
     "rollout": {"state_file": PATH, "decisions": [{"t_s", "model", "canary_version", "action",
                                                    "from_step", "to_step", "evidence"}, ...]}

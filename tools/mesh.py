@@ -83,7 +83,7 @@ def key_problem(tenants_file: str, api_key: str, allow_anonymous: bool = False) 
             return None  # the gateway admits every caller
         return ("no tenants file: the gateway fails closed and will not start; set MESH_TENANTS_FILE, "
                 "or MESH_ALLOW_ANONYMOUS=true to admit everyone (development only)")
-    from services.gateway.tenants import TenantConfigError, TenantDirectory, load_tenant_config
+    from services.gateway.tenants.directory import TenantConfigError, TenantDirectory, load_tenant_config
 
     try:
         directory = TenantDirectory(load_tenant_config(tenants_file))

@@ -10,7 +10,7 @@ copies the context into tasks created inside a handler, so their lines carry the
 long-lived tasks started on a request's path must start from `clean_context()`.
 
 Formats (`--log-format`):
-  text  `2026-11-23 21:40:01,123 gateway WARNING services.gateway.dispatch: message [request_id=... trace_id=...]`,
+  text  `2026-11-23 21:40:01,123 gateway WARNING services.gateway.dispatch.dispatcher: message [request_id=... trace_id=...]`,
         the bracket only when something is bound;
   json  one object per line: ts, level, service, logger, message, the ids present, exc_info.
 

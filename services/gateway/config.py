@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.config import ServerSettings, require, setting
-from services.gateway.adaptive_limit import AdaptiveLimitConfig
-from services.gateway.circuit_breaker import BreakerConfig
-from services.gateway.deadlines import DeadlinePolicy
-from services.gateway.discovery import DiscoveryConfigError, SchedulerTarget, parse_scheduler_target
-from services.gateway.quota_lease import LeaseConfig
-from services.gateway.retry_budget import RetryBudgetConfig
-from services.gateway.retry_policy import RetryPolicyConfig
-from services.gateway.shedding import SheddingConfig, ShedThresholds
-from services.gateway.tenants import Priority
+from services.gateway.admission.adaptive_limit import AdaptiveLimitConfig
+from services.gateway.admission.shedding import SheddingConfig, ShedThresholds
+from services.gateway.dispatch.deadlines import DeadlinePolicy
+from services.gateway.dispatch.retry_budget import RetryBudgetConfig
+from services.gateway.dispatch.retry_policy import RetryPolicyConfig
+from services.gateway.quota.lease import LeaseConfig
+from services.gateway.routing.circuit_breaker import BreakerConfig
+from services.gateway.routing.discovery import DiscoveryConfigError, SchedulerTarget, parse_scheduler_target
+from services.gateway.tenants.directory import Priority
 
 # Fail closed: a gateway that would serve everyone must have been asked to (docs/security.md).
 NO_TENANTS_MESSAGE = ("no tenants file: the gateway refuses to serve unauthenticated callers; give --tenants-file "
@@ -39,7 +39,7 @@ class GatewayConfig(ServerSettings):
         "gateway's host, HTTPS when the gRPC port serves TLS; 0: off (docs/clients.md)"
     )
     routing_file: str = setting("", "routing YAML (models: name -> versions -> scheduler endpoints); empty: all to scheduler_address")
-    # Rollouts (services/gateway/rollout.py, docs/operations.md "Rollouts").
+    # Rollouts (services/gateway/rollout/controller.py, docs/operations.md "Rollouts").
     rollout_state_file: str = setting(
         "", "JSON file where the rollout decider keeps each rollout's step and decisions (and the others read them); "
         "empty: in memory only")
@@ -63,7 +63,7 @@ class GatewayConfig(ServerSettings):
         "all (a trusted proxy in front), or tenants (those marked trust_trace_context in the tenants file)"
     )
     tenants_poll_interval_ms: float = setting(1000.0, "how often the tenants file is checked for changes; 0: only on SIGHUP")
-    # Quotas across gateways (services/gateway/quota_lease.py, docs/gateway.md).
+    # Quotas across gateways (services/gateway/quota/lease.py, docs/gateway.md).
     quota_store_address: str = setting(
         "", "Valkey/Redis host:port shared by all gateways for tenant quotas; empty: each gateway enforces the full quota alone"
     )
@@ -77,7 +77,7 @@ class GatewayConfig(ServerSettings):
     )
     gateway_id: str = setting("", "this gateway's name in the quota store; empty: host:pid:random")
     max_in_flight: int = setting(1024, "gateway-wide cap on requests in flight; beyond it UNAVAILABLE at once")
-    # Adaptive concurrency limit per model (services/gateway/adaptive_limit.py).
+    # Adaptive concurrency limit per model (services/gateway/admission/adaptive_limit.py).
     limit_initial: int = setting(64, "each model's adaptive concurrency limit before anything was measured")
     limit_min: int = setting(4, "the adaptive limit never falls below this")
     limit_max: int = setting(2048, "the adaptive limit never grows above this")

@@ -20,33 +20,44 @@ from services.common.cert_files import TlsFiles
 from services.common.config import ConfigError
 from services.common.metric_labels import KnownValues, KnownVersions
 from services.common.server import Health
-from services.gateway import admin_status, metrics
-from services.gateway.adaptive_limit import AdaptiveLimits
-from services.gateway.admission import Admission, AdmissionParts, OpenTenants, RequestScope, WatchedTenants
-from services.gateway.circuit_breaker import CircuitBreakers
-from services.gateway.concurrency import ConcurrencyLimiter
+from services.gateway.admission.adaptive_limit import AdaptiveLimits
+from services.gateway.admission.admission import (
+    Admission,
+    AdmissionParts,
+    OpenTenants,
+    RequestScope,
+    WatchedTenants,
+)
+from services.gateway.admission.concurrency import ConcurrencyLimiter
+from services.gateway.admission.shedding import LoadShedder, PressureBoard
+from services.gateway.admission.trace_trust import TraceTrust, TrustMode
 from services.gateway.config import GatewayConfig
-from services.gateway.deadlines import Deadlines
-from services.gateway.discovery import Resolver, SchedulerDiscovery
-from services.gateway.dispatch import Dispatcher
+from services.gateway.dispatch.deadlines import Deadlines
+from services.gateway.dispatch.dispatcher import Dispatcher
+from services.gateway.dispatch.retry_budget import RetryBudgets
+from services.gateway.dispatch.retry_policy import RetryPolicy
 from services.gateway.file_watch import ReloadResult, WatchedFile
-from services.gateway.http_server import HttpServer
-from services.gateway.kserve_core import KServeCore
-from services.gateway.kserve_http import KServeHttp
-from services.gateway.kserve_servicer import KServeServicer
-from services.gateway.openai_http import OpenAIFront
-from services.gateway.pressure_poller import ModelCatalog, PressurePoller
-from services.gateway.quota_lease import SharedQuotas
-from services.gateway.quota_store import ValkeyQuotaStore
-from services.gateway.quota_sync import QuotaSync, default_gateway_id
-from services.gateway.quotas import TenantQuotas
-from services.gateway.replicas import Membership, ReplicaSelector
-from services.gateway.retry_budget import RetryBudgets
-from services.gateway.retry_policy import RetryPolicy
-from services.gateway.rollout import RolloutController
-from services.gateway.rollout_probe import RoutedGoldenProber
-from services.gateway.rollout_store import FileRolloutStore
-from services.gateway.routing import (
+from services.gateway.fronts import admin_status
+from services.gateway.fronts.http_server import HttpServer
+from services.gateway.fronts.kserve_http import KServeHttp
+from services.gateway.fronts.kserve_servicer import KServeServicer
+from services.gateway.fronts.openai_http import OpenAIFront
+from services.gateway.fronts.servicer import InferenceServicer
+from services.gateway.kserve.core import KServeCore
+from services.gateway.quota.lease import SharedQuotas
+from services.gateway.quota.quotas import TenantQuotas
+from services.gateway.quota.store import ValkeyQuotaStore
+from services.gateway.quota.sync import QuotaSync, default_gateway_id
+from services.gateway.rollout.controller import RolloutController
+from services.gateway.rollout.probe import RoutedGoldenProber
+from services.gateway.rollout.shadow import ShadowMirror
+from services.gateway.rollout.store import FileRolloutStore
+from services.gateway.routing.circuit_breaker import CircuitBreakers
+from services.gateway.routing.discovery import Resolver, SchedulerDiscovery
+from services.gateway.routing.pressure_poller import ModelCatalog, PressurePoller
+from services.gateway.routing.replicas import Membership, ReplicaSelector
+from services.gateway.routing.silence_watch import SilenceWatch
+from services.gateway.routing.table import (
     ModelRoute,
     RoutingConfigError,
     RoutingTable,
@@ -54,13 +65,9 @@ from services.gateway.routing import (
     describe_routes,
     load_routing_file,
 )
-from services.gateway.servicer import InferenceServicer
-from services.gateway.shadow import ShadowMirror
-from services.gateway.shedding import LoadShedder, PressureBoard
-from services.gateway.silence_watch import SilenceWatch
-from services.gateway.tenants import Priority, TenantConfig, TenantConfigError, TenantConfigWatcher
-from services.gateway.trace_trust import TraceTrust, TrustMode
-from services.gateway.upstream import SchedulerClients, UpstreamMode
+from services.gateway.telemetry import metrics
+from services.gateway.tenants.directory import Priority, TenantConfig, TenantConfigError, TenantConfigWatcher
+from services.gateway.upstream.clients import SchedulerClients, UpstreamMode
 
 log = logging.getLogger(__name__)
 

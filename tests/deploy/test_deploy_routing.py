@@ -17,7 +17,7 @@ from deploy_manifests import (
     service_of,
 )
 
-from services.gateway.routing import parse_routing_config
+from services.gateway.routing.table import parse_routing_config
 
 
 def _gateway(docs: list[dict]) -> dict:

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from services.gateway.replicas import rendezvous_order
+from services.gateway.routing.replicas import rendezvous_order
 from tools.testbed import session_tls
 from tools.testbed.gateway_fixtures import scrape
 from tools.testbed.generator_models import mock_text

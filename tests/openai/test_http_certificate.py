@@ -9,7 +9,7 @@ import time
 from cryptography import x509
 
 from services.common.cert_files import TlsFiles
-from services.gateway.http_server import HttpServer
+from services.gateway.fronts.http_server import HttpServer
 from tests.support.tls_fixtures import DevPki
 from tools.testbed.processes import free_port
 

@@ -19,7 +19,7 @@ import pytest
 import valkey
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from services.gateway.tenants import hash_api_key
+from services.gateway.tenants.directory import hash_api_key
 from tools.testbed import session_tls
 from tools.testbed.processes import ServiceProcess, free_port, running_mesh
 from tools.testbed.valkey import ValkeyProcess

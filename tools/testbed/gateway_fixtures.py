@@ -13,7 +13,7 @@ from google.rpc import error_details_pb2, status_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
 from infermesh.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
-from services.gateway.tenants import hash_api_key
+from services.gateway.tenants.directory import hash_api_key
 from tools.testbed import session_tls
 from tools.testbed.processes import Mesh, ServiceProcess, free_port
 

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from services.common.errors import NotFound, PermissionDenied, Unauthenticated
-from services.gateway import admin_status
-from services.gateway.admin_status import (
+from services.gateway.admission.shedding import PressureReport
+from services.gateway.fronts import admin_status
+from services.gateway.fronts.admin_status import (
     GatewayView,
     LimitView,
     SchedulerView,
@@ -16,9 +17,13 @@ from services.gateway.admin_status import (
     authorize,
     build_report,
 )
-from services.gateway.circuit_breaker import BreakerState
-from services.gateway.shedding import PressureReport
-from services.gateway.tenants import TenantConfigError, TenantDirectory, hash_api_key, parse_tenant_config
+from services.gateway.routing.circuit_breaker import BreakerState
+from services.gateway.tenants.directory import (
+    TenantConfigError,
+    TenantDirectory,
+    hash_api_key,
+    parse_tenant_config,
+)
 
 ADMIN_KEY, USER_KEY = "sk-ops-0123456789", "sk-app-0123456789"
 

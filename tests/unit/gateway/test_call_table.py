@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.call_table import CallTable
+from services.gateway.upstream.call_table import CallTable
 
 
 @pytest.fixture

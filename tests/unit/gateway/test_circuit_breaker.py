@@ -2,8 +2,13 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.circuit_breaker import BreakerConfig, BreakerState, CircuitBreaker, CircuitBreakers
-from services.gateway.upstream_status import UpstreamCode
+from services.gateway.routing.circuit_breaker import (
+    BreakerConfig,
+    BreakerState,
+    CircuitBreaker,
+    CircuitBreakers,
+)
+from services.gateway.upstream.status import UpstreamCode
 
 
 def make_breaker(clock, **over) -> CircuitBreaker:
@@ -159,8 +164,8 @@ def test_registry_keeps_one_breaker_per_endpoint(clock):
 
 
 def test_an_answered_poll_lets_an_open_breaker_probe_at_once(clock):
-    from services.gateway.circuit_breaker import BreakerConfig, BreakerState, CircuitBreaker
-    from services.gateway.upstream_status import UpstreamCode
+    from services.gateway.routing.circuit_breaker import BreakerConfig, BreakerState, CircuitBreaker
+    from services.gateway.upstream.status import UpstreamCode
 
     breaker = CircuitBreaker("a:1", BreakerConfig(num_consecutive_failures_to_open=1, open_cooldown_s=5), clock)
     breaker.try_acquire().record(UpstreamCode.UNAVAILABLE)

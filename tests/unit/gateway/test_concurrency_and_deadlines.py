@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 
 from services.common.errors import DeadlineExceeded, Unavailable
-from services.gateway.concurrency import ConcurrencyLimiter
-from services.gateway.deadlines import DeadlinePolicy, Deadlines
+from services.gateway.admission.concurrency import ConcurrencyLimiter
+from services.gateway.dispatch.deadlines import DeadlinePolicy, Deadlines
 
 # --------------------------------------------------------------------------- concurrency
 

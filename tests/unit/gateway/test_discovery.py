@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from services.gateway.discovery import (
+from services.gateway.routing.discovery import (
     DiscoveryConfigError,
     SchedulerDiscovery,
     SchedulerTarget,

@@ -5,12 +5,12 @@ from __future__ import annotations
 from prometheus_client import REGISTRY
 
 from services.common.config import load_config
-from services.gateway import metrics
+from services.gateway.admission.shedding import PressureReport
 from services.gateway.config import GatewayConfig
 from services.gateway.server import GatewayService
-from services.gateway.shedding import PressureReport
-from services.gateway.tenants import Priority
-from services.gateway.upstream import SchedulerClients
+from services.gateway.telemetry import metrics
+from services.gateway.tenants.directory import Priority
+from services.gateway.upstream.clients import SchedulerClients
 
 
 class Answers:

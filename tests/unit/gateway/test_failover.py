@@ -12,17 +12,22 @@ from opentelemetry import trace
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common.errors import Internal, NotFound, ResourceExhausted, Unavailable
 from services.common.metric_labels import OTHER as OTHER_LABEL
-from services.gateway.circuit_breaker import BreakerConfig, CircuitBreakers
-from services.gateway.deadlines import Deadline, DeadlinePolicy, Deadlines
-from services.gateway.dispatch import MAX_REGROUPS, NOT_SERVED_NOW_RETRY_S, REGROUP_BACKOFF_S, Dispatcher
-from services.gateway.replicas import Membership, ReplicaSelector, rendezvous_order
-from services.gateway.retry_budget import RetryBudgetConfig, RetryBudgets
-from services.gateway.retry_policy import RetryPolicy, RetryPolicyConfig, WorkKind
-from services.gateway.routing import RoutingTable, parse_routing_config
-from services.gateway.shedding import PressureBoard
-from services.gateway.tenants import Priority
-from services.gateway.upstream import AttemptError
-from services.gateway.upstream_status import UpstreamCode
+from services.gateway.admission.shedding import PressureBoard
+from services.gateway.dispatch.deadlines import Deadline, DeadlinePolicy, Deadlines
+from services.gateway.dispatch.dispatcher import (
+    MAX_REGROUPS,
+    NOT_SERVED_NOW_RETRY_S,
+    REGROUP_BACKOFF_S,
+    Dispatcher,
+)
+from services.gateway.dispatch.retry_budget import RetryBudgetConfig, RetryBudgets
+from services.gateway.dispatch.retry_policy import RetryPolicy, RetryPolicyConfig, WorkKind
+from services.gateway.routing.circuit_breaker import BreakerConfig, CircuitBreakers
+from services.gateway.routing.replicas import Membership, ReplicaSelector, rendezvous_order
+from services.gateway.routing.table import RoutingTable, parse_routing_config
+from services.gateway.tenants.directory import Priority
+from services.gateway.upstream.clients import AttemptError
+from services.gateway.upstream.status import UpstreamCode
 from tests.unit.gateway.conftest import FixedRng
 
 A, B = "10.0.0.1:50052", "10.0.0.2:50052"
@@ -361,7 +366,7 @@ async def test_a_resumed_attempt_is_a_resume_child_span_of_the_request(clock, mo
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from services.gateway import dispatch
+    from services.gateway.dispatch import dispatcher as dispatch
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

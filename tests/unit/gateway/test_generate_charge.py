@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from infermesh.v1 import common_pb2
-from services.gateway.generate_core import tokens_charged
+from services.gateway.calls.generate_core import tokens_charged
 
 
 def test_prompt_tokens_the_prefix_cache_held_are_not_charged():

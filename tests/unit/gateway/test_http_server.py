@@ -18,9 +18,9 @@ import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
-from services.gateway.http_server import HttpServer
-from services.gateway.kserve_http import KServeHttp
-from services.gateway.openai_http import OpenAIFront
+from services.gateway.fronts.http_server import HttpServer
+from services.gateway.fronts.kserve_http import KServeHttp
+from services.gateway.fronts.openai_http import OpenAIFront
 from tools.testbed.processes import free_port
 
 KEY = "good-key"
@@ -131,7 +131,7 @@ async def test_a_body_that_stalls_is_408_and_its_connection_closed(port):
     b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
 ])
 async def test_a_malformed_request_is_400_and_logged_without_a_traceback(port, sent, caplog):
-    caplog.set_level(logging.DEBUG, logger="services.gateway.http_server")
+    caplog.set_level(logging.DEBUG, logger="services.gateway.fronts.http_server")
     received, _ = await _exchange(port, sent)
     assert received.startswith(b"HTTP/1.0 400 Bad Request")
     assert [r for r in caplog.records if r.levelno >= logging.INFO or r.exc_info] == []

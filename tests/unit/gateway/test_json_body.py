@@ -5,7 +5,7 @@ import zlib
 import pytest
 from aiohttp import web
 
-from services.gateway import json_body
+from services.gateway.fronts import json_body
 
 
 def test_valid_json_and_paired_surrogates_parse():

@@ -9,8 +9,8 @@ import pytest
 from inference import grpc_predict_v2_pb2 as kserve
 from infermesh.v1 import common_pb2
 from services.common.errors import InvalidArgument
-from services.gateway import kserve_codec
-from services.gateway.kserve_codec import ClassScores, RequestedOutput
+from services.gateway.kserve import codec as kserve_codec
+from services.gateway.kserve.codec import ClassScores, RequestedOutput
 
 
 def _request(datatype: str, shape, raw: bytes) -> kserve.ModelInferRequest:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from services.common.errors import InvalidArgument
-from services.gateway import kserve_http_codec
+from services.gateway.fronts import kserve_http_codec
 
 
 def _infer(**output_parameters) -> bytes:

@@ -7,8 +7,9 @@ import pytest
 from inference import grpc_predict_v2_pb2 as kserve
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common.errors import InvalidArgument
-from services.gateway import kserve_models, kserve_stream
-from services.gateway.kserve_stats import ModelStatistics, StageDurations
+from services.gateway.kserve import models as kserve_models
+from services.gateway.kserve import stream as kserve_stream
+from services.gateway.kserve.stats import ModelStatistics, StageDurations
 
 
 def _classifier(**batching) -> gateway_pb2.ModelInfo:

@@ -6,10 +6,10 @@ import asyncio
 from types import SimpleNamespace
 
 from infermesh.v1 import gateway_pb2, scheduler_pb2
-from services.gateway.circuit_breaker import BreakerConfig, CircuitBreakers
-from services.gateway.pressure_poller import EXTRA_POLL_MIN_GAP_S, ModelCatalog, PressurePoller
-from services.gateway.retry_budget import RetryBudgetConfig, RetryBudgets
-from services.gateway.shedding import PressureBoard
+from services.gateway.admission.shedding import PressureBoard
+from services.gateway.dispatch.retry_budget import RetryBudgetConfig, RetryBudgets
+from services.gateway.routing.circuit_breaker import BreakerConfig, CircuitBreakers
+from services.gateway.routing.pressure_poller import EXTRA_POLL_MIN_GAP_S, ModelCatalog, PressurePoller
 
 
 class CountingClient:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.quota_lease import LeaseConfig, LeaseMode, LeaseReply, SharedQuotas, TenantGrant
-from services.gateway.quotas import QuotaExceeded
+from services.gateway.quota.lease import LeaseConfig, LeaseMode, LeaseReply, SharedQuotas, TenantGrant
+from services.gateway.quota.quotas import QuotaExceeded
 
 from .conftest import make_quota, make_tenant
 

@@ -14,11 +14,11 @@ import pytest
 import valkey.asyncio as valkey_asyncio
 import valkey.exceptions as valkey_exceptions
 
-from services.gateway.quota_lease import LeaseConfig, LeaseMode, LeasePlan, SharedQuotas, TenantAsk
-from services.gateway.quota_store import LateSync, StoreReplyError, ValkeyQuotaStore, _parse_reply
-from services.gateway.quota_sync import LIVE_GATEWAYS, STORE_UP, QuotaSync
-from services.gateway.quotas import QuotaExceeded
-from services.gateway.tenants import TenantQuota
+from services.gateway.quota.lease import LeaseConfig, LeaseMode, LeasePlan, SharedQuotas, TenantAsk
+from services.gateway.quota.quotas import QuotaExceeded
+from services.gateway.quota.store import LateSync, StoreReplyError, ValkeyQuotaStore, _parse_reply
+from services.gateway.quota.sync import LIVE_GATEWAYS, STORE_UP, QuotaSync
+from services.gateway.tenants.directory import TenantQuota
 from tools.testbed.valkey import ValkeyProcess, running_valkey
 
 from .conftest import make_quota, make_tenant
@@ -163,7 +163,7 @@ async def test_audit_reports_keys_of_unknown_tenants_and_unknown_layouts(server,
 
 
 async def test_sync_loop_falls_back_when_the_store_dies_and_re_syncs_when_it_returns(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="services.gateway.quota_sync")
+    caplog.set_level(logging.INFO, logger="services.gateway.quota.sync")
     server = ValkeyProcess(tmp_path).start()
     try:
         quotas = SharedQuotas(lambda: 0.0, LeaseConfig(interval_s=0.5, expected_gateways=2))

@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from services.gateway.quota_lease import LeaseConfig, LeaseMode, LeaseReply, SharedQuotas, TenantGrant
-from services.gateway.quota_sync import BAD_STORE_KEYS, LIVE_GATEWAYS, STORE_UP, QuotaSync
+from services.gateway.quota.lease import LeaseConfig, LeaseMode, LeaseReply, SharedQuotas, TenantGrant
+from services.gateway.quota.sync import BAD_STORE_KEYS, LIVE_GATEWAYS, STORE_UP, QuotaSync
 
 from .conftest import make_quota, make_tenant
 
@@ -52,7 +52,7 @@ def quotas(clock) -> SharedQuotas:
 
 
 async def test_outage_is_logged_once_and_the_return_once(quotas, caplog):
-    caplog.set_level(logging.INFO, logger="services.gateway.quota_sync")
+    caplog.set_level(logging.INFO, logger="services.gateway.quota.sync")
     store = FakeStore()
     store.replies = [ConnectionError("refused"), TimeoutError(), _reply(live=2), OSError("reset"), _reply()]
     sync = QuotaSync(quotas, store)
@@ -71,7 +71,7 @@ async def test_outage_is_logged_once_and_the_return_once(quotas, caplog):
 
 
 async def test_bad_keys_and_strange_keys_are_logged_once_each(quotas, caplog):
-    caplog.set_level(logging.WARNING, logger="services.gateway.quota_sync")
+    caplog.set_level(logging.WARNING, logger="services.gateway.quota.sync")
     store = FakeStore()
     store.replies = [_reply(bad=("k1 (junk)",)), _reply(bad=("k1 (junk)", "k2 (junk)"))]
     store.strange = ["p:t:ghost:requests"]

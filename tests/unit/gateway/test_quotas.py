@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from services.common.errors import ResourceExhausted
-from services.gateway.quotas import TenantQuotas, TokenBucket
+from services.gateway.quota.quotas import TenantQuotas, TokenBucket
 
 from .conftest import make_quota, make_tenant
 

@@ -5,18 +5,18 @@ from __future__ import annotations
 from collections import Counter
 
 from services.common.errors import Unavailable
-from services.gateway.circuit_breaker import BreakerConfig, CircuitBreakers
-from services.gateway.replicas import (
+from services.gateway.admission.shedding import PressureBoard, PressureReport
+from services.gateway.routing.circuit_breaker import BreakerConfig, CircuitBreakers
+from services.gateway.routing.replicas import (
     Membership,
     ReplicaSelector,
     SpillPolicy,
     choose_replica,
     rendezvous_order,
 )
-from services.gateway.routing import RoutingTable
-from services.gateway.shedding import PressureBoard, PressureReport
-from services.gateway.tenants import Priority
-from services.gateway.upstream_status import UpstreamCode
+from services.gateway.routing.table import RoutingTable
+from services.gateway.tenants.directory import Priority
+from services.gateway.upstream.status import UpstreamCode
 
 A, B, C = "10.0.0.1:50052", "10.0.0.2:50052", "10.0.0.3:50052"
 

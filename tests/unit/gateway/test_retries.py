@@ -2,16 +2,16 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.retry_budget import RetryBudget, RetryBudgetConfig, RetryBudgets
-from services.gateway.retry_policy import (
+from services.gateway.dispatch.retry_budget import RetryBudget, RetryBudgetConfig, RetryBudgets
+from services.gateway.dispatch.retry_policy import (
     AttemptFailure,
     RetryPolicy,
     RetryPolicyConfig,
     RetryVerdict,
     WorkKind,
 )
-from services.gateway.sliding_window import SlidingWindowCounter
-from services.gateway.upstream_status import UpstreamCode
+from services.gateway.routing.sliding_window import SlidingWindowCounter
+from services.gateway.upstream.status import UpstreamCode
 
 from .conftest import FixedRng
 

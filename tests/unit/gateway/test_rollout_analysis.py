@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from services.gateway import rollout_stats as stats
-from services.gateway.rollout_analysis import Verdict, judge
-from services.gateway.rollout_policy import (
+from services.gateway.rollout import stats
+from services.gateway.rollout.analysis import Verdict, judge
+from services.gateway.rollout.policy import (
     Checks,
     Override,
     RolloutPolicy,
@@ -17,7 +17,7 @@ from services.gateway.rollout_policy import (
     Step,
     parse_rollout_policy,
 )
-from services.gateway.rollout_window import Window
+from services.gateway.rollout.window import Window
 
 STEP = Step(10.0)
 SHADOW = Step(0.0, shadow=True)

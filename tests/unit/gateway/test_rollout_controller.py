@@ -10,10 +10,10 @@ import random
 import pytest
 
 from services.common.errors import FailedPrecondition, NotFound
-from services.gateway.circuit_breaker import BreakerConfig, CircuitBreakers
-from services.gateway.rollout import HandAction, RolloutController
-from services.gateway.rollout_store import FileRolloutStore
-from services.gateway.routing import RoutingConfigError, RoutingTable, parse_routing_config
+from services.gateway.rollout.controller import HandAction, RolloutController
+from services.gateway.rollout.store import FileRolloutStore
+from services.gateway.routing.circuit_breaker import BreakerConfig, CircuitBreakers
+from services.gateway.routing.table import RoutingConfigError, RoutingTable, parse_routing_config
 from tests.unit.gateway.conftest import FixedRng
 
 POLICY = {"canary_version": "2", "steps": ["shadow", 10, 100], "min_requests": 20, "min_duration_s": 5}
@@ -85,7 +85,7 @@ def test_a_failing_canary_is_rolled_back_at_once_and_held(made, clock, caplog):
     controller.tick()
     feed(controller, "1", 500)
     feed(controller, "2", 12, error_every=2, seed=2)  # before min_requests: evidence is enough
-    with caplog.at_level(logging.WARNING, logger="services.gateway.rollout"):
+    with caplog.at_level(logging.WARNING, logger="services.gateway.rollout.controller"):
         (decision,) = controller.tick()
     assert decision.action == "roll_back" and "error_rate" in decision.evidence and "FAIL" in decision.evidence
     assert shares.shares["digits"] == {"2": 0.0}

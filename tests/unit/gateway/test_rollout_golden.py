@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from services.gateway import metrics
-from services.gateway.rollout import GOLDEN_RETRY_S, RolloutController
-from services.gateway.rollout_golden import CaseAnswer, GoldenImage, GoldenPrompt, compare
-from services.gateway.routing import RoutingConfigError, parse_routing_config
+from services.gateway.rollout.controller import GOLDEN_RETRY_S, RolloutController
+from services.gateway.rollout.golden import CaseAnswer, GoldenImage, GoldenPrompt, compare
+from services.gateway.routing.table import RoutingConfigError, parse_routing_config
+from services.gateway.telemetry import metrics
 from tests.unit.gateway.test_rollout_controller import Shares, feed, shadow
 
 PIXELS = base64.b64encode(bytes([1, 2, 3, 4])).decode()
@@ -178,10 +178,10 @@ def test_the_run_loop_sends_the_cases_through_the_prober_and_judges_the_answers(
 
 
 def test_the_prober_sends_each_case_pinned_sheddable_and_as_its_own_tenant(clock):
-    from services.gateway.circuit_breaker import BreakerConfig, CircuitBreakers
-    from services.gateway.rollout_probe import GOLDEN_TENANT, RoutedGoldenProber
-    from services.gateway.routing import RoutingTable
-    from services.gateway.upstream_status import UpstreamCode
+    from services.gateway.rollout.probe import GOLDEN_TENANT, RoutedGoldenProber
+    from services.gateway.routing.circuit_breaker import BreakerConfig, CircuitBreakers
+    from services.gateway.routing.table import RoutingTable
+    from services.gateway.upstream.status import UpstreamCode
     from tests.unit.gateway.test_shadow import FakeScheduler, label
 
     routing = RoutingTable(routes(), CircuitBreakers(BreakerConfig(), clock))

@@ -7,8 +7,13 @@ import pytest
 import yaml
 
 from services.common.errors import NotFound, Unavailable
-from services.gateway.circuit_breaker import BreakerConfig, CircuitBreakers
-from services.gateway.routing import RoutingConfigError, RoutingTable, load_routing_file, parse_routing_config
+from services.gateway.routing.circuit_breaker import BreakerConfig, CircuitBreakers
+from services.gateway.routing.table import (
+    RoutingConfigError,
+    RoutingTable,
+    load_routing_file,
+    parse_routing_config,
+)
 
 from .conftest import FixedRng
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from services.common.errors import NotFound
-from services.gateway.circuit_breaker import BreakerConfig, CircuitBreakers
-from services.gateway.routing import RoutingTable, parse_routing_config
+from services.gateway.routing.circuit_breaker import BreakerConfig, CircuitBreakers
+from services.gateway.routing.table import RoutingTable, parse_routing_config
 
 
 def test_fallback_sends_any_model_there_with_the_version_the_client_named(clock):

@@ -9,10 +9,10 @@ import os
 import pytest
 
 from services.common.errors import NotFound
-from services.gateway.circuit_breaker import BreakerConfig, CircuitBreakers
 from services.gateway.file_watch import WatchedFile
-from services.gateway.replicas import Membership, ReplicaSelector
-from services.gateway.routing import (
+from services.gateway.routing.circuit_breaker import BreakerConfig, CircuitBreakers
+from services.gateway.routing.replicas import Membership, ReplicaSelector
+from services.gateway.routing.table import (
     RoutingConfigError,
     RoutingTable,
     describe_routes,

@@ -9,9 +9,9 @@ import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 from services.common import errors
-from services.gateway.attempt_error import AttemptError
-from services.gateway.scheduler_stream import DEADLINE_MESSAGE, SchedulerStream
-from services.gateway.upstream_status import UpstreamCode
+from services.gateway.upstream.attempt_error import AttemptError
+from services.gateway.upstream.scheduler_stream import DEADLINE_MESSAGE, SchedulerStream
+from services.gateway.upstream.status import UpstreamCode
 
 TRACE = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from services.common.config import ConfigError
-from services.gateway.circuit_breaker import BreakerConfig, CircuitBreakers
 from services.gateway.config import GatewayConfig
+from services.gateway.routing.circuit_breaker import BreakerConfig, CircuitBreakers
 from services.gateway.server import load_routing
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 
 from infermesh.v1 import common_pb2, gateway_pb2
-from services.gateway.circuit_breaker import BreakerConfig, CircuitBreakers
-from services.gateway.rollout import RolloutController
-from services.gateway.routing import RoutingTable, parse_routing_config
-from services.gateway.shadow import ShadowMirror, labels_agree, tokens_agree
-from services.gateway.tenants import Priority
-from services.gateway.upstream import AttemptError
-from services.gateway.upstream_status import UpstreamCode
+from services.gateway.rollout.controller import RolloutController
+from services.gateway.rollout.shadow import ShadowMirror, labels_agree, tokens_agree
+from services.gateway.routing.circuit_breaker import BreakerConfig, CircuitBreakers
+from services.gateway.routing.table import RoutingTable, parse_routing_config
+from services.gateway.tenants.directory import Priority
+from services.gateway.upstream.clients import AttemptError
+from services.gateway.upstream.status import UpstreamCode
 
 SPEC = {"models": {"digits": {"default_version": "1", "endpoints": ["127.0.0.1:1"], "versions": {"2": {}},
                               "rollout": {"canary_version": "2", "steps": ["shadow", 100], "min_requests": 5,

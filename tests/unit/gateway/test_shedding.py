@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from services.common.errors import ResourceExhausted
-from services.gateway.shedding import (
+from services.gateway.admission.shedding import (
     LoadShedder,
     PressureBoard,
     PressureReport,
@@ -11,7 +11,7 @@ from services.gateway.shedding import (
     ShedReason,
     ShedThresholds,
 )
-from services.gateway.tenants import Priority
+from services.gateway.tenants.directory import Priority
 
 CRITICAL, STANDARD, SHEDDABLE = Priority.CRITICAL, Priority.STANDARD, Priority.SHEDDABLE
 

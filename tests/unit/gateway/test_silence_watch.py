@@ -8,12 +8,12 @@ import asyncio
 import pytest
 
 from services.common import errors
-from services.gateway.attempt_error import AttemptError
-from services.gateway.replicas import Membership
-from services.gateway.scheduler_stream import SchedulerStream
-from services.gateway.silence_watch import SilenceWatch
-from services.gateway.upstream import UnaryCalls
-from services.gateway.upstream_status import UpstreamCode
+from services.gateway.routing.replicas import Membership
+from services.gateway.routing.silence_watch import SilenceWatch
+from services.gateway.upstream.attempt_error import AttemptError
+from services.gateway.upstream.clients import UnaryCalls
+from services.gateway.upstream.scheduler_stream import SchedulerStream
+from services.gateway.upstream.status import UpstreamCode
 from tests.unit.gateway.test_scheduler_stream import (
     TRACE,
     FakeSubmitCall,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.stage_timings import gateway_stages, ingress_s, parse_request_start_s
+from services.gateway.calls.stage_timings import gateway_stages, ingress_s, parse_request_start_s
 
 
 @pytest.mark.parametrize(

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2
-from services.gateway.retry_budget import RetryBudget, RetryBudgetConfig
-from services.gateway.retry_policy import AttemptFailure, RetryPolicy, RetryVerdict, WorkKind
-from services.gateway.servicer import fix_seed
-from services.gateway.stream_resume import (
+from services.gateway.dispatch.retry_budget import RetryBudget, RetryBudgetConfig
+from services.gateway.dispatch.retry_policy import AttemptFailure, RetryPolicy, RetryVerdict, WorkKind
+from services.gateway.dispatch.stream_resume import (
     RESUME_BACKOFF_S,
     ResumeReason,
     ResumeState,
@@ -16,7 +15,8 @@ from services.gateway.stream_resume import (
     StreamMismatch,
     resume_reason,
 )
-from services.gateway.upstream_status import UpstreamCode
+from services.gateway.fronts.servicer import fix_seed
+from services.gateway.upstream.status import UpstreamCode
 
 
 def _chunk(index, *token_ids, version="", final=False, completion_tokens=0):

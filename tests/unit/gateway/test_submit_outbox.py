@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
-from services.gateway.submit_outbox import EntryOutbox, encode_call, encode_cancel
+from services.gateway.upstream.submit_outbox import EntryOutbox, encode_call, encode_cancel
 
 TRACE = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 

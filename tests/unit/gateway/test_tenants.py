@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from services.common.errors import PermissionDenied, Unauthenticated
-from services.gateway.tenants import (
+from services.gateway.tenants.directory import (
     Priority,
     TenantConfigError,
     TenantConfigWatcher,
@@ -236,7 +236,7 @@ def test_reload_keeps_old_config_when_new_file_is_bad(tmp_path, caplog):
     old = watcher.directory
 
     write(path, config_text(tenant_yaml(priority="urgent")), mtime_ns=2_000_000_000)
-    with caplog.at_level(logging.ERROR, logger="services.gateway.tenants"):
+    with caplog.at_level(logging.ERROR, logger="services.gateway.tenants.directory"):
         result = watcher.poll()
 
     assert not result.applied

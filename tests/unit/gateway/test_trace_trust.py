@@ -13,8 +13,8 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
 from services.common import telemetry
 from services.common.errors import Unauthenticated
 from services.common.telemetry import server_span
-from services.gateway.tenants import TenantDirectory, parse_tenant_config
-from services.gateway.trace_trust import TraceTrust, TrustMode
+from services.gateway.admission.trace_trust import TraceTrust, TrustMode
+from services.gateway.tenants.directory import TenantDirectory, parse_tenant_config
 from tools.testbed.gateway_fixtures import tenant
 
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"

@@ -7,9 +7,9 @@ from prometheus_client import REGISTRY
 
 from infermesh.v1 import common_pb2
 from services.common.metric_labels import OTHER, KnownVersions
-from services.gateway import metrics
-from services.gateway.admission import RequestScope
-from services.gateway.concurrency import ConcurrencyLimiter
+from services.gateway.admission.admission import RequestScope
+from services.gateway.admission.concurrency import ConcurrencyLimiter
+from services.gateway.telemetry import metrics
 
 KNOWN = {("tinylm", "1"), ("tinylm", "2")}
 

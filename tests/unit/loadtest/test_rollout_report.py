@@ -10,9 +10,9 @@ import pytest
 from loadtest.report_text import markdown_report
 from loadtest.rollout_report import rollout_section, rollout_table, short_evidence
 from loadtest.tables import report_tables
-from services.gateway.rollout import RolloutController
-from services.gateway.rollout_store import FileRolloutStore
-from services.gateway.routing import parse_routing_config
+from services.gateway.rollout.controller import RolloutController
+from services.gateway.rollout.store import FileRolloutStore
+from services.gateway.routing.table import parse_routing_config
 from tests.unit.loadtest.test_reports import _demo_report
 from tools.testbed.fake_clock import FakeClock
 

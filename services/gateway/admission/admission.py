@@ -1,0 +1,341 @@
+"""What gets in: the gateway's admission path, shared by the infermesh and KServe servicers.
+
+In order, cheapest and most fundamental first, so a refused request costs little:
+
+    concurrency limit -> auth -> model allowed -> routing (model known) -> deadline
+    -> early reject (deadline below the model's minimum service time) -> shedding -> quota
+    -> the model's adaptive concurrency limit (by priority class)
+
+`RequestScope` is one request's bookkeeping: the metric labels as they become
+known, the concurrency permits and quota lease it holds (released exactly once
+when the scope exits, with the Generate refund; the model's permit feeds the
+adaptive limit the request's latency and outcome), and the final
+`infermesh_gateway_requests_total` / duration observation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from services.common import log_context
+from services.common.clock import Clock
+from services.common.errors import DeadlineExceeded, InfermeshError, ResourceExhausted, Unavailable
+from services.common.metric_labels import OTHER
+from services.common.status import status_code_of
+from services.common.telemetry import Attachment, attach, detach, server_span
+from services.gateway.admission.adaptive_limit import AdaptiveLimits, LimitPermit, Outcome
+from services.gateway.admission.concurrency import ConcurrencyLimiter, ConcurrencyPermit
+from services.gateway.admission.shedding import LoadShedder, PressureBoard
+from services.gateway.admission.trace_trust import TraceTrust
+from services.gateway.dispatch.deadlines import Deadline, Deadlines
+from services.gateway.quota.quotas import Lease, QuotaExceeded, Quotas
+from services.gateway.routing.table import RoutingTable
+from services.gateway.telemetry import metrics
+from services.gateway.tenants.directory import ALL_MODELS, Priority, Tenant, TenantConfigWatcher, TenantQuota
+
+log = logging.getLogger(__name__)
+_tracer = trace.get_tracer("infermesh.gateway")
+# Server spans are named by the full RPC method (OpenTelemetry RPC conventions).
+_INFERENCE_SERVICE = "infermesh.v1.Inference"
+_KSERVE_SERVICE = "inference.GRPCInferenceService"
+
+
+# Development mode (no tenants file): every caller is this tenant, with no quotas.
+ANONYMOUS = Tenant(
+    tenant_id="anonymous",
+    priority=Priority.STANDARD,
+    weight=1,
+    allowed_models=frozenset({ALL_MODELS}),
+    quota=TenantQuota(requests_per_s=1e9, requests_burst=10**9, tokens_per_s=1e9, tokens_burst=10**9,
+                      max_in_flight=10**9),
+    api_key_sha256=(),
+)
+UNAUTHENTICATED = "unauthenticated"  # tenant label of requests refused before auth
+
+
+class span:  # noqa: N801 - used like the tracer's own context manager
+    """A child span of the current one, current while the block runs.
+
+    Cheaper than `start_as_current_span` on the refusal path, which is what matters there:
+    no generator-based context managers, and exceptions are not recorded (formatting a
+    traceback per span made a refused request cost more than a served one). The request's
+    server span carries the final status code instead.
+    """
+
+    __slots__ = ("_name", "_attributes", "_kind", "_span", "_attachment")
+
+    def __init__(self, name: str, kind: trace.SpanKind = trace.SpanKind.INTERNAL, **attributes) -> None:
+        self._name = name
+        self._kind = kind
+        self._attributes = attributes or None
+
+    def __enter__(self) -> trace.Span:
+        parent = trace.get_current_span()
+        if not parent.is_recording():
+            # The request's trace is not sampled: its children would not be either, so skip them.
+            self._span = None
+            return parent
+        self._span = _tracer.start_span(self._name, kind=self._kind, attributes=self._attributes)
+        self._attachment: Attachment = attach(trace.set_span_in_context(self._span))
+        return self._span
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._span is not None:
+            detach(self._attachment)
+            self._span.end()
+
+
+class TenantSource(Protocol):
+    def authenticate(self, authorization: str | None) -> Tenant: ...
+
+    def check_model_allowed(self, tenant: Tenant, model_name: str) -> None: ...
+
+
+class OpenTenants:
+    """Development mode: everyone is ANONYMOUS and may use every model."""
+
+    def authenticate(self, authorization: str | None) -> Tenant:
+        return ANONYMOUS
+
+    def check_model_allowed(self, tenant: Tenant, model_name: str) -> None:
+        return None
+
+
+class WatchedTenants:
+    """The tenants file in force, as the watcher last loaded it (reloads swap it atomically)."""
+
+    def __init__(self, watcher: TenantConfigWatcher) -> None:
+        self.watcher = watcher
+
+    def authenticate(self, authorization: str | None) -> Tenant:
+        return self.watcher.directory.authenticate(authorization)
+
+    def check_model_allowed(self, tenant: Tenant, model_name: str) -> None:
+        self.watcher.directory.check_model_allowed(tenant, model_name)
+
+
+class RequestScope:
+    """One request's life at the gateway; use as a context manager around the whole handler.
+
+    Entering it opens the request's server span (`gateway.<method>`, child of the caller's
+    trace context) and makes it current; leaving it tags the span with the final status code.
+    """
+
+    def __init__(
+        self, method: str, model: str, version: str, clock: Clock, limiter: ConcurrencyLimiter,
+        parent: otel_context.Context | None = None, metric_model: str | None = None,
+        version_label: Callable[[str, str], str] | None = None, links: tuple[trace.Link, ...] = (),
+        on_finish: Callable[[RequestScope, str, float], None] | None = None,
+    ) -> None:
+        self.method = method
+        self.model = model
+        # The model as metrics label it: the name when the gateway knows the model (routing file, or a
+        # scheduler reported it), else "_other", so made-up names cannot grow the metric store.
+        self.metric_model = model if metric_model is None else metric_model
+        self.version = version
+        # The version that served the request, or the last one an attempt was routed to (served_by).
+        self.served_version = version
+        self._version_label = version_label or _unlabelled_version
+        # A served request's timings (common_pb2.Timings: this module keeps protobuf out), for the
+        # per-stage histogram.
+        self.timings: Any = None
+        self.began_s = clock()
+        self._clock = clock
+        self._limiter = limiter
+        self.tenant_id = UNAUTHENTICATED
+        self.tenant: Tenant | None = None  # set by admission; admitted_tenant after it
+        self.deadline: Deadline | None = None
+        self.permit: ConcurrencyPermit | None = None
+        # The model's adaptive-limit slot; streams call first_response() on their first chunk.
+        self.model_permit: LimitPermit | None = None
+        self.lease: Lease | None = None
+        # Generate: tokens the request really used (prompt + generated), for the quota refund.
+        self.num_tokens_used: int | None = None
+        self._parent = parent
+        self._links = links
+        # (scope, final code, seconds from receipt): the rollout controller's per-version samples.
+        self._on_finish = on_finish
+
+    @property
+    def admitted_tenant(self) -> Tenant:
+        """The tenant admission established; read only after admit() succeeded."""
+        if self.tenant is None:
+            raise RuntimeError("the request's tenant was read before admission")
+        return self.tenant
+
+    def served_by(self, version: str) -> None:
+        """An attempt was routed to `version`, or a reply said it served; "" (the scheduler picks) is no news."""
+        if version:
+            self.served_version = version
+
+    @property
+    def metric_version(self) -> str:
+        """The requested version as metrics label it: OTHER for one no routing file or scheduler ever named."""
+        return self._version_label(self.metric_model, self.version)
+
+    @property
+    def priority(self) -> Priority:
+        return self.tenant.priority if self.tenant is not None else Priority.STANDARD
+
+    def __enter__(self) -> RequestScope:
+        service = _KSERVE_SERVICE if self.method.startswith("Model") else _INFERENCE_SERVICE
+        self._server_span = server_span(_tracer, f"{service}/{self.method}", self._parent, self._links)
+        self.span = self._server_span.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        code = _code_name(exc)
+        self.span.set_attribute("infermesh.tenant", self.tenant_id)
+        if log.isEnabledFor(logging.DEBUG):  # with its ids, like every line about the request
+            log.debug("%s %r finished: %s in %.1f ms", self.method, self.model, code,
+                      (self._clock() - self.began_s) * 1000)
+        self._server_span.__exit__(exc_type, exc, tb)  # rpc.grpc.status_code, ERROR status
+        self.finish(code)
+
+    def finish(self, code: str) -> None:
+        if self.model_permit is not None:
+            self.model_permit.done(_LIMIT_OUTCOMES.get(code, Outcome.IGNORED))
+            metrics.observe_model_in_flight(self.metric_model, self.model_permit.num_in_flight)
+            self.model_permit = None
+        if self.lease is not None:
+            self.lease.release(self.num_tokens_used)
+            self.lease = None
+        if self.permit is not None:
+            self.permit.release()
+            self.permit = None
+            metrics.IN_FLIGHT.set(self._limiter.num_in_flight)
+        version = self._version_label(self.metric_model, self.served_version)
+        duration_s = self._clock() - self.began_s
+        metrics.REQUESTS.labels(self.tenant_id, self.metric_model, version, self.method, code).inc()
+        metrics.REQUEST_DURATION.labels(self.metric_model, version, self.method, self.priority.name.lower()).observe(
+            duration_s
+        )
+        if self._on_finish is not None:
+            self._on_finish(self, code, duration_s)
+        if self.timings is not None:
+            metrics.observe_stages(self.metric_model, version, self.timings.stages)
+
+
+# How a request's final status reads as a load signal for its model's adaptive limit. Upstream refusals
+# as too late or too much are congestion; bad input, cancellation and a missing worker are not.
+_LIMIT_OUTCOMES = {
+    "OK": Outcome.SUCCESS,
+    "DEADLINE_EXCEEDED": Outcome.DROPPED,
+    "RESOURCE_EXHAUSTED": Outcome.DROPPED,
+}
+
+
+def _unlabelled_version(model: str, version: str) -> str:
+    return metrics.NO_VERSION if not version else OTHER
+
+
+def _code_name(exc: BaseException | None) -> str:
+    if exc is None:
+        return "OK"
+    if isinstance(exc, InfermeshError):
+        return status_code_of(exc).name
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return "CANCELLED"
+    return "INTERNAL"
+
+
+@dataclass(frozen=True)
+class AdmissionParts:
+    limiter: ConcurrencyLimiter
+    tenants: TenantSource
+    routing: RoutingTable
+    deadlines: Deadlines
+    board: PressureBoard
+    shedder: LoadShedder
+    limits: AdaptiveLimits
+    # None in development mode (no tenants file): no quotas.
+    quotas: Quotas | None
+    # A requested model's metric label and adaptive-limit key (services/common/metric_labels.py).
+    model_label: Callable[[str], str]
+    # (model label, version) -> the version's metric label (metric_labels.KnownVersions).
+    version_label: Callable[[str, str], str] = _unlabelled_version
+    # Whose trace context a request's span follows (trace_trust.py); by default nobody's.
+    trace_trust: TraceTrust = TraceTrust()
+    # Every finished request's (scope, code, duration_s): the rollout controller's samples.
+    on_finish: Callable[[RequestScope, str, float], None] | None = None
+
+
+class Admission:
+    def __init__(self, parts: AdmissionParts, clock: Clock) -> None:
+        self.parts = parts
+        self.clock = clock
+
+    def scope(self, method: str, model: str, version: str = "", metadata=None,
+              authorization: str | None = None) -> RequestScope:
+        """The request's scope; its span's parent comes from the call's metadata if the caller is trusted."""
+        parent, links = self.parts.trace_trust.parent(metadata, authorization)
+        return RequestScope(method, model, version, self.clock, self.parts.limiter, parent,
+                            metric_model=self.parts.model_label(model), version_label=self.parts.version_label,
+                            links=links, on_finish=self.parts.on_finish)
+
+    def admit(
+        self, scope: RequestScope, authorization: str | None, client_timeout_s: float | None, num_tokens: int = 0,
+        priority: Priority | None = None, check_request: Callable[[], None] | None = None,
+    ) -> None:
+        """Admit the request or raise the domain error that refuses it; fills `scope`.
+
+        priority: the class the request asks for; it lowers its tenant's for this request, never raises it.
+        check_request: the request's own checks (raising InvalidArgument), run once the caller is
+        authenticated: a caller without a valid key learns nothing about its request, and a bad
+        request is counted under its tenant."""
+        parts = self.parts
+        try:
+            scope.permit = parts.limiter.acquire()
+        except Unavailable:
+            metrics.refused(scope.metric_model, Priority.STANDARD, metrics.Refusal.GATEWAY_IN_FLIGHT)
+            raise
+        metrics.IN_FLIGHT.set(parts.limiter.num_in_flight)
+        with span("auth"):
+            tenant = parts.tenants.authenticate(authorization)
+            if priority is not None and priority > tenant.priority:  # a larger value is a lower class
+                tenant = replace(tenant, priority=priority)
+            scope.tenant, scope.tenant_id = tenant, tenant.tenant_id
+            log_context.bind(tenant=tenant.tenant_id)
+            if check_request is not None:
+                check_request()
+            parts.tenants.check_model_allowed(tenant, scope.model)
+        with span("routing"):
+            parts.routing.model(scope.model)
+        try:
+            scope.deadline = parts.deadlines.start(client_timeout_s)
+            parts.deadlines.check_can_finish(scope.deadline, scope.model, parts.board.min_service_time_s(scope.model))
+        except DeadlineExceeded:
+            metrics.refused(scope.metric_model, tenant.priority, metrics.Refusal.DEADLINE)
+            raise
+        # Utilization as it was before this request arrived: the request at 90% is the one refused.
+        utilization = (parts.limiter.num_in_flight - 1) / parts.limiter.max_in_flight
+        try:
+            parts.shedder.check(scope.model, tenant.priority, utilization)
+        except ResourceExhausted:
+            metrics.SHED_REQUESTS.labels(scope.metric_model, tenant.priority.name.lower()).inc()
+            metrics.refused(scope.metric_model, tenant.priority, metrics.Refusal.SHED)
+            raise
+        if parts.quotas is not None:
+            with span("quota"):
+                try:
+                    scope.lease = parts.quotas.admit(tenant, num_tokens)
+                except QuotaExceeded as exc:
+                    metrics.QUOTA_REJECTIONS.labels(tenant.tenant_id, exc.kind).inc()
+                    metrics.refused(scope.metric_model, tenant.priority, metrics.Refusal.QUOTA)
+                    raise
+        # Last: a permit taken here is held only by requests that go upstream, and a request refused
+        # by its own tenant's quota never takes a slot another tenant could use.
+        limit = parts.limits.for_model(scope.metric_model)  # one limiter per known model, one for the rest
+        try:
+            scope.model_permit = limit.acquire(tenant.priority, scope.deadline.remaining_s(self.clock()))
+        except ResourceExhausted:
+            metrics.refused(scope.metric_model, tenant.priority, metrics.Refusal.LIMIT)
+            raise
+        metrics.observe_model_in_flight(scope.metric_model, limit.num_in_flight)

@@ -1,0 +1,212 @@
+"""Generate at the edge, whatever the transport: the gRPC servicer and the OpenAI HTTP front both run this.
+
+One request, in order: validate, admit (admission.py: in-flight cap, auth, model allowed, routing,
+deadline, shedding, quota, the model's adaptive limit), fix the sampling seed, dispatch with retries
+and resumes (dispatch.py), keep the quota's usage current for the refund, and add the gateway's
+stage timings to the last chunk. A front hands in what its transport carried as a `Caller` and gets
+chunks or a domain error (services/common/errors.py), which it maps to its own status codes.
+
+A client may ask for a lower priority class than its tenant's (`x-infermesh-priority`, gRPC
+metadata or HTTP header), never a higher one: a batch job of a critical tenant can mark itself
+sheddable, a sheddable tenant cannot jump the queue.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+from collections.abc import AsyncGenerator, Callable, Iterable
+from dataclasses import dataclass
+from typing import cast
+
+from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
+from services.common import errors
+from services.common.log_context import bind
+from services.common.protocol import DEFAULT_MAX_TOKENS
+from services.common.stream_options import stream_options
+from services.gateway.admission.admission import Admission, RequestScope, span
+from services.gateway.calls.stage_timings import gateway_stages, ingress_s
+from services.gateway.dispatch.dispatcher import Dispatcher
+from services.gateway.rollout.shadow import ShadowMirror
+from services.gateway.tenants.directory import Priority, Tenant
+
+SERVICE = "gateway"
+PRIORITY_KEY = "x-infermesh-priority"
+_PRIORITY_BY_NAME = {p.name.lower(): p for p in Priority}
+
+
+def parse_priority(value: str | bytes | None) -> Priority | None:
+    """The class a request asks for (`critical`, `standard`, `sheddable`); None when it names none."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    text = value.strip().lower()
+    if not text:
+        return None
+    priority = _PRIORITY_BY_NAME.get(text)
+    if priority is None:
+        raise errors.InvalidArgument(
+            f"{PRIORITY_KEY} must be one of {', '.join(_PRIORITY_BY_NAME)}, got {value[:40]!r}")
+    return priority
+
+
+@dataclass(frozen=True)
+class Caller:
+    """What one request's transport said about its caller, read once by the front."""
+
+    authorization: str | None
+    # The client's send time (x-request-start), unix seconds; None when it sent none.
+    request_start_s: float | None = None
+    # The client's remaining time, seconds; None when it set no deadline (the gateway's default applies).
+    timeout_s: float | None = None
+    # The x-infermesh-priority value as sent (checked with the request, so a bad one is counted like
+    # any bad input); None: the tenant's class.
+    priority: str | bytes | None = None
+    # Key/value pairs the trace context is read from (traceparent, tracestate).
+    metadata: Iterable[tuple[str, str | bytes]] = ()
+
+
+def prompt_tokens_upper_bound(prompt: str) -> int:
+    # Schedulers tokenize bytes (plus a BOS token); every tokenizer spends at least one byte per
+    # token, so this never undercharges. The exact count comes back in the last chunk's usage.
+    return len(prompt.encode("utf-8")) + 1
+
+
+def tenant_context(tenant: Tenant) -> scheduler_pb2.TenantContext:
+    # The enum's number (Priority's values are infermesh.v1.Priority's); the .pyi only lists enum members.
+    priority = cast("common_pb2.Priority", int(tenant.priority))
+    return scheduler_pb2.TenantContext(tenant_id=tenant.tenant_id, priority=priority, weight=tenant.weight)
+
+
+def fix_seed(sampling: common_pb2.SamplingParams, seed_source: Callable[[], int]) -> None:
+    """Sets a seed (< 2**63) on a sampled request that has none, before its first attempt.
+
+    Sampling is a function of (seed, position), so with the seed fixed here a stream
+    resumed on another scheduler samples exactly what the unbroken one would have.
+    Greedy requests need none.
+    """
+    if sampling.temperature > 0 and not sampling.HasField("seed"):
+        sampling.seed = seed_source()
+
+
+@dataclass(frozen=True)
+class HandlerTimes:
+    """When one request's handler ran, on the gateway's monotonic clock (and the wall clock for ingress)."""
+
+    began_s: float
+    began_unix_s: float
+    request_start_s: float | None
+
+    @classmethod
+    def start(cls, scope: RequestScope, request_start_s: float | None) -> HandlerTimes:
+        return cls(scope.began_s, time.time(), request_start_s)
+
+
+def append_gateway_timings(timings: common_pb2.Timings, handler: HandlerTimes, admitted_s: float,
+                           upstream_done_s: float | None, now_s: float) -> None:
+    """Adds the gateway's stages to the upstream's (whose total_us is the scheduler's) and sets the total."""
+    stages = gateway_stages(
+        ingress_s=ingress_s(handler.request_start_s, handler.began_unix_s),
+        admission_s=admitted_s - handler.began_s,
+        upstream_s=None if upstream_done_s is None else upstream_done_s - admitted_s,
+        upstream_total_us=timings.total_us,
+        total_s=now_s - handler.began_s,
+    )
+    add = timings.stages.add
+    for stage in stages:
+        add(stage=_STAGE_VALUES[stage.stage], duration_us=stage.duration_us, service=SERVICE)
+    timings.total_us = stages[-1].duration_us
+
+
+_STAGE_VALUES = {name.removeprefix("STAGE_").lower(): value for name, value in common_pb2.Stage.items()}
+
+
+class GenerateCore:
+    def __init__(self, admission: Admission, dispatcher: Dispatcher, clock=time.monotonic,
+                 seed_source: Callable[[], int] = lambda: secrets.randbits(63),
+                 shadow: ShadowMirror | None = None) -> None:
+        self._admission = admission
+        self._dispatcher = dispatcher
+        self._clock = clock
+        self._seed_source = seed_source
+        self._shadow = shadow
+
+    async def generate(self, request: gateway_pb2.GenerateRequest,
+                       caller: Caller) -> AsyncGenerator[gateway_pb2.GenerateResponse, None]:
+        """The request's chunks; the last has finish_reason, usage and every stage's timings.
+
+        Admission runs on the first iteration, so a refusal is raised before any chunk. Closing
+        the iterator early (the client went away) cancels the upstream stream, which frees the
+        sequence's KV blocks at the scheduler's next step."""
+        request.request_id = request.request_id or uuid.uuid4().hex
+        bind(request_id=request.request_id)
+        with self._admission.scope("Generate", request.model.name, request.model.version,
+                                   caller.metadata, caller.authorization) as scope:
+            handler = HandlerTimes.start(scope, caller.request_start_s)
+            with span("admission"):
+                prompt_tokens = self._admit(scope, request, caller)
+            admitted_s = self._clock()
+            upstream = scheduler_pb2.ScheduleGenerateRequest(request=request, tenant=tenant_context(scope.admitted_tenant))
+
+            def call(client, version: str, timeout_s: float, continuation: tuple[int, ...]):
+                upstream.request.model.version = version
+                if continuation:
+                    upstream.continuation.token_ids[:] = continuation
+                return client.generate(upstream, timeout_s)
+
+            num_generated = 0
+            # Until the last chunk says what was used: the prompt once generation started, plus tokens sent.
+            scope.num_tokens_used = 0
+            # A greedy version-less stream at a rollout's shadow step: its tokens, to compare.
+            mirrored: list[int] | None = None
+            if (self._shadow is not None and request.sampling.temperature == 0
+                    and self._shadow.wants(request.model.name, request.model.version) is not None):
+                mirrored = []
+
+            def on_chunk(chunk: gateway_pb2.GenerateResponse) -> None:
+                nonlocal num_generated
+                if num_generated == 0 and scope.model_permit is not None:
+                    scope.model_permit.first_response()
+                num_generated += len(chunk.token_ids)
+                if mirrored is not None:
+                    mirrored.extend(chunk.token_ids)
+                scope.served_by(chunk.model.version)  # set on the first and the last chunk
+                if chunk.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
+                    scope.num_tokens_used = tokens_charged(chunk.usage)
+                    now_s = self._clock()
+                    append_gateway_timings(chunk.timings, handler, admitted_s, now_s, now_s)
+                    scope.timings = chunk.timings
+                else:
+                    scope.num_tokens_used = prompt_tokens + num_generated
+
+            async for chunk in self._dispatcher.stream(scope, call, on_chunk):
+                yield chunk
+            if mirrored is not None and self._shadow is not None:
+                self._shadow.generate(request.model.name, request, mirrored, scope.tenant_id)
+
+    def _admit(self, scope: RequestScope, request: gateway_pb2.GenerateRequest, caller: Caller) -> int:
+        """Checks the request and admits it; the prompt's token estimate, for the running quota charge."""
+
+        def check_request() -> None:
+            if not request.model.name:
+                raise errors.InvalidArgument("model.name is required")
+            if not request.prompt:
+                raise errors.InvalidArgument("prompt must not be empty")
+            # Refused here with the scheduler's own check: coalescing itself happens upstream.
+            stream_options(request.stream.max_tokens_per_chunk, request.stream.interval_ms)
+
+        prompt_tokens = prompt_tokens_upper_bound(request.prompt)
+        num_tokens = prompt_tokens + (request.sampling.max_tokens or DEFAULT_MAX_TOKENS)
+        priority = parse_priority(caller.priority)
+        self._admission.admit(scope, caller.authorization, caller.timeout_s, num_tokens, priority=priority,
+                              check_request=check_request)
+        fix_seed(request.sampling, self._seed_source)
+        return prompt_tokens
+
+
+def tokens_charged(usage: common_pb2.Usage) -> int:
+    """What a finished generation costs its tenant's token quota: the prompt tokens computed for it
+    (not those the scheduler's prefix cache held) and the completion."""
+    return max(0, usage.prompt_tokens - usage.cached_prompt_tokens) + usage.completion_tokens

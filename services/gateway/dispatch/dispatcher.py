@@ -1,0 +1,366 @@
+"""Attempts: route, call the scheduler, and retry what the policy and the budget allow.
+
+Each attempt takes a route (an endpoint whose circuit breaker admits the call),
+calls it with the deadline's remaining time minus the hop margin, and reports
+the outcome to that endpoint's breaker. A failure goes to the retry policy,
+which pays for a retry from the failed endpoint's budget, or fails over free of
+it when the endpoint is gone and another is untried (retry_policy.py); the next
+attempt prefers an endpoint not tried yet. A Generate stream that already sent
+tokens to the client is never retried: it is resumed as a continuation
+(stream_resume.py), in a "resume" span, on the version that served it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from opentelemetry import trace
+
+from services.common.errors import InfermeshError, Internal, Unavailable
+from services.common.metric_labels import OTHER
+from services.gateway.admission.admission import span
+from services.gateway.admission.shedding import PressureBoard
+from services.gateway.dispatch.deadlines import Deadlines
+from services.gateway.dispatch.retry_budget import RetryBudgets
+from services.gateway.dispatch.retry_policy import (
+    AttemptFailure,
+    RetryDecision,
+    RetryPolicy,
+    RetryVerdict,
+    WorkKind,
+)
+from services.gateway.dispatch.stream_resume import (
+    DEFAULT_MAX_RESUMES,
+    ResumeDecision,
+    ResumeState,
+    StreamMismatch,
+)
+from services.gateway.routing.circuit_breaker import CircuitBreakers
+from services.gateway.routing.table import Route, RoutingTable
+from services.gateway.telemetry import metrics
+from services.gateway.upstream.clients import AttemptError, GenerateCall, SchedulerClient, SchedulerClients
+from services.gateway.upstream.status import UpstreamCode
+
+_tracer = trace.get_tracer("infermesh.gateway")
+
+T = TypeVar("T")
+# (client, version to ask for ("" lets the scheduler pick), timeout_s) -> the reply
+UnaryCall = Callable[[SchedulerClient, str, float], Awaitable[T]]
+# (client, version, timeout_s, continuation: token ids the client already has) -> the stream
+StreamCall = Callable[[SchedulerClient, str, float, tuple[int, ...]], GenerateCall]
+
+
+# When every scheduler was found gone, draining or without the model's workers: rounds of retrying
+# them all, after 0.1, 0.2, 0.4, 0.8 s (a worker re-attaches within ~50 ms of its scheduler going;
+# a drain hands work over within its 2 s grace).
+MAX_REGROUPS = 4
+SCHEDULER_SERVICE = "infermesh.v1.Scheduler"
+REGROUP_BACKOFF_S = 0.1
+# The retry hint of a known model that no scheduler tried serves right now (_final_error).
+NOT_SERVED_NOW_RETRY_S = 1.0
+
+
+@dataclass
+class _Attempts:
+    """One call's attempts so far: what its next route must avoid and what its regroup rounds need."""
+
+    tried: list[str] = field(default_factory=list)
+    last_failure: AttemptError | None = None
+    regroups: int = 0
+    # A live scheduler said "draining" or "not served here" to this call.
+    transient_seen: bool = False
+
+    def failed(self, failure: AttemptError) -> None:
+        self.last_failure = failure
+        self.transient_seen |= _answered_transient(failure)
+
+
+class _NoRoute(Exception):
+    """No endpoint may be called now (all tried, or their breakers open) after `failure`."""
+
+    def __init__(self, failure: AttemptError) -> None:
+        super().__init__(failure.error.message)
+        self.failure = failure
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        *,
+        routing: RoutingTable,
+        clients: SchedulerClients,
+        policy: RetryPolicy,
+        budgets: RetryBudgets,
+        breakers: CircuitBreakers,
+        deadlines: Deadlines,
+        board: PressureBoard,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        max_resumes: int = DEFAULT_MAX_RESUMES,
+        on_regroup: Callable[[], None] = lambda: None,
+    ) -> None:
+        """on_regroup: runs when a call starts a regroup round (the server polls every scheduler
+        then, so one just restarted is known answering before the round ends, not a poll later)."""
+        self._routing = routing
+        self._clients = clients
+        self._policy = policy
+        self._budgets = budgets
+        self._breakers = breakers
+        self._deadlines = deadlines
+        self._board = board
+        self._sleep = sleep
+        self._max_resumes = max_resumes
+        self._on_regroup = on_regroup
+
+    async def unary(self, scope, work: WorkKind, call: UnaryCall[T]) -> T:
+        attempts = _Attempts()
+        while True:
+            route = await self._route_or_regroup(scope, attempts)
+            timeout_s = self._timeout_s(scope, route, attempts.last_failure)
+            with _attempt_span(len(attempts.tried), route, "Generate" if work is WorkKind.GENERATE else "Classify"):
+                try:
+                    result = await call(self._clients.get(route.endpoint), route.version, timeout_s)
+                except AttemptError as failure:
+                    attempts.failed(failure)
+                    self._report(route, failure)
+                    decision = self._decide(scope, work, route, failure, attempts.tried,
+                                            accepted=True, num_tokens_sent=0)
+                    if not decision.retry:
+                        regrouped = self._regroup(scope, failure, attempts)
+                        if regrouped is None:
+                            raise _final_error(scope, failure) from None
+                        decision = regrouped
+                except BaseException:
+                    route.permit.abandon()  # cancelled by the client: says nothing about the endpoint
+                    raise
+                else:
+                    route.permit.success()
+                    self._observe(route.endpoint)
+                    return result
+            await self._sleep(decision.delay_s)
+
+    async def stream(self, scope, call: StreamCall, on_chunk: Callable[[Any], None]) -> AsyncIterator:
+        """The stream's chunks, over as many attempts and resumes as it takes; `on_chunk` sees each first."""
+        attempts = _Attempts()
+        resume = ResumeState(self._max_resumes)
+        while True:
+            route = await self._route_or_regroup(scope, attempts, resume.version or scope.version)
+            timeout_s = self._timeout_s(scope, route, attempts.last_failure)
+            attempt_span = _tracer.start_span(
+                "resume" if resume.num_delivered else "attempt", kind=trace.SpanKind.CLIENT,
+                attributes={"infermesh.attempt": len(attempts.tried), "infermesh.endpoint": route.endpoint,
+                            "infermesh.tokens_delivered": resume.num_delivered,
+                            **_client_attributes(route, "Generate")},
+            )
+            with trace.use_span(attempt_span, end_on_exit=False):  # the call carries this span's traceparent
+                upstream = call(self._clients.get(route.endpoint), route.version, timeout_s, resume.continuation())
+            num_chunks = 0
+            try:
+                async for chunk in upstream.chunks():
+                    num_chunks += 1
+                    resume.accept(chunk)
+                    on_chunk(chunk)
+                    yield chunk
+                if not resume.finished:
+                    raise _cut(route.endpoint)
+            except AttemptError as failure:
+                attempts.failed(failure)
+                self._report(route, failure)
+                if resume.num_delivered:
+                    resume_decision = self._resume(scope, resume, failure)
+                    if not resume_decision.resume:
+                        raise _final_error(scope, failure) from None
+                    if resume_decision.delay_s > 0:
+                        await self._sleep(resume_decision.delay_s)
+                    continue
+                decision = self._decide(
+                    scope, WorkKind.GENERATE, route, failure, attempts.tried,
+                    accepted=num_chunks > 0, num_tokens_sent=0,
+                )
+                if not decision.retry:
+                    regrouped = self._regroup(scope, failure, attempts)
+                    if regrouped is None:
+                        raise _final_error(scope, failure) from None
+                    decision = regrouped
+            except StreamMismatch as exc:
+                upstream.cancel()
+                route.permit.record(UpstreamCode.INTERNAL)
+                raise Internal(f"scheduler {route.endpoint} broke the stream: {exc}") from None
+            except BaseException:
+                upstream.cancel()  # the client went away: free the sequence's KV blocks now
+                route.permit.abandon()
+                raise
+            else:
+                route.permit.success()
+                self._observe(route.endpoint)
+                return
+            finally:
+                attempt_span.end()
+            await self._sleep(decision.delay_s)
+
+    async def _route_or_regroup(self, scope, attempts: _Attempts, version: str | None = None) -> Route:
+        """The next attempt's route. When none may be called now after a round that began regrouping
+        (e.g. a just-restarted scheduler's breaker opened on connects refused while its channel
+        reconnected, and the other one is draining), wait for the next round instead of giving up."""
+        while True:
+            try:
+                return self._route(scope, attempts.tried, attempts.last_failure, version)
+            except _NoRoute as no_route:
+                decision = self._regroup(scope, no_route.failure, attempts)
+                if decision is None:
+                    raise _final_error(scope, no_route.failure) from None
+                await self._sleep(decision.delay_s)
+
+    def _regroup(self, scope, failure: AttemptError, attempts: _Attempts) -> RetryDecision | None:
+        """Every scheduler was tried and each was gone, draining or without the model's workers,
+        and at least one live scheduler said so itself during this call (draining, or "not served
+        here"): the transient states of a roll or a restart, as workers move within about a second.
+        Wait a little and try them all again, within the deadline, a few rounds at most; None: give
+        up. Later rounds go on when every scheduler is merely unreachable by then (the draining one
+        exited, the restarted one's channel still reconnects, its breaker open).
+
+        Only for a model and a version the gateway knows (a made-up name or version gets its
+        NOT_FOUND at once: waiting rounds for one held the model's concurrency slots for ~1.5 s a
+        request, so a tenant asking for versions that do not exist shut the model's other callers
+        out), and only when a live scheduler answered: endpoints that are merely unreachable stay
+        with the retry budget and the breakers, so a dead replica set cannot turn this into a retry
+        storm."""
+        gone = failure.endpoint_gone or failure.code == UpstreamCode.NOT_FOUND
+        if not (gone and attempts.transient_seen) or attempts.regroups >= MAX_REGROUPS or not _knows_target(scope):
+            return None
+        delay_s = REGROUP_BACKOFF_S * 2**attempts.regroups
+        if delay_s + self._board.min_service_time_s(scope.model) >= scope.deadline.remaining_s(self._deadlines.clock()):
+            return None
+        attempts.tried.clear()
+        attempts.regroups += 1
+        metrics.RETRIES.labels(scope.metric_model, "*", "regroup").inc()
+        self._on_regroup()
+        return RetryDecision(RetryVerdict.RETRY, delay_s=delay_s)
+
+    def _resume(self, scope, resume: ResumeState, failure: AttemptError) -> ResumeDecision:
+        decision = resume.decide(
+            failure.code, failure.pushback_ms, failure.error.message, cut=isinstance(failure, StreamCut),
+            remaining_s=scope.deadline.remaining_s(self._deadlines.clock()),
+            min_service_time_s=self._board.min_service_time_s(scope.model),
+        )
+        if decision.resume and decision.reason is not None:  # a resume always says why
+            metrics.STREAM_RESUMES.labels(scope.metric_model, decision.reason.value).inc()
+        return decision
+
+    # -- one attempt's steps ----------------------------------------------------------
+
+    def _route(self, scope, tried: list[str], last_failure: AttemptError | None, version: str | None = None) -> Route:
+        try:
+            route = self._routing.choose(scope.model, scope.version if version is None else version,
+                                         exclude=frozenset(tried), priority=scope.priority)
+        except InfermeshError:
+            if last_failure is not None:  # every breaker opened meanwhile: report what really failed
+                raise _NoRoute(last_failure) from None
+            raise
+        if not tried:
+            self._budgets.for_upstream(route.endpoint).record_request()
+        tried.append(route.endpoint)
+        if route.version:  # the request's metrics carry the version it was routed to
+            scope.served_version = route.version
+        return route
+
+    def _timeout_s(self, scope, route: Route, last_failure: AttemptError | None) -> float:
+        try:
+            return self._deadlines.downstream_timeout_s(scope.deadline)
+        except InfermeshError:
+            route.permit.abandon()
+            if last_failure is not None:
+                raise last_failure.error from None
+            raise
+
+    def _report(self, route: Route, failure: AttemptError) -> None:
+        if failure.answered_by_scheduler:
+            route.permit.success()  # it answered with a retry hint: alive, just no room for this
+        else:
+            route.permit.record(failure.code)
+        if failure.endpoint_gone:
+            # Later calls avoid it now rather than after its next failed poll or its breaker opening.
+            self._routing.note_gone(route.endpoint)
+        elif failure.code == UpstreamCode.NOT_FOUND:
+            self._routing.note_not_serving(route.endpoint, route.model)
+        self._observe(route.endpoint)
+
+    def _decide(
+        self, scope, work: WorkKind, route: Route, failure: AttemptError, tried: list[str],
+        *, accepted: bool, num_tokens_sent: int,
+    ) -> RetryDecision:
+        budget = self._budgets.for_upstream(route.endpoint)
+        gone = failure.endpoint_gone or failure.code == UpstreamCode.NOT_FOUND
+        decision = self._policy.decide(
+            work=work,
+            failure=AttemptFailure(failure.code, accepted, num_tokens_sent, failure.pushback_ms, gone),
+            num_attempts=len(tried),
+            remaining_s=scope.deadline.remaining_s(self._deadlines.clock()),
+            budget=budget,
+            min_service_time_s=self._board.min_service_time_s(scope.model),
+            can_fail_over=gone and self._routing.has_untried(scope.model, route.version, frozenset(tried)),
+        )
+        if decision.verdict is RetryVerdict.FAILOVER:
+            metrics.FAILOVERS.labels(scope.metric_model).inc()
+        if decision.verdict is not RetryVerdict.NOT_RETRYABLE:
+            metrics.RETRIES.labels(scope.metric_model, route.endpoint, decision.verdict.value).inc()
+        metrics.RETRY_BUDGET_REMAINING.labels(route.endpoint).set(budget.balance())
+        return decision
+
+    def _observe(self, endpoint: str) -> None:
+        state = self._breakers.for_endpoint(endpoint).state
+        metrics.BREAKER_STATE.labels(endpoint).set(metrics.BREAKER_STATE_VALUE[state])
+
+
+def _knows_target(scope) -> bool:
+    """Whether the gateway knows the call's model (routing file, or a scheduler's report) and, when
+    the call names one, its version: metrics label anything else OTHER."""
+    return scope.metric_model != OTHER and not (scope.version and scope.metric_version == OTHER)
+
+
+def _final_error(scope, failure: AttemptError) -> InfermeshError:
+    """What the client gets when its call gives up after `failure`.
+
+    NOT_FOUND "not served here" for a model this gateway knows (its routing file names it, or a
+    scheduler in discovery reported it) and a version it knows means that no scheduler tried holds
+    the model's workers *now*: a fresh scheduler answered while the one holding them hung, until
+    the workers re-attached (~7 s). That is UNAVAILABLE with a retry hint, which clients retry;
+    NOT_FOUND (HTTP 404 model_not_found) told them the model does not exist. A made-up model or
+    version keeps its NOT_FOUND."""
+    if failure.code != UpstreamCode.NOT_FOUND or not _knows_target(scope):
+        return failure.error
+    return Unavailable(f"no scheduler serves model '{scope.model}' right now ({failure.error.message}); "
+                       "retry shortly", retry_after_s=NOT_SERVED_NOW_RETRY_S)
+
+
+def _answered_transient(failure: AttemptError) -> bool:
+    """A live scheduler said "not now, not here": draining (retry elsewhere at once) or "not served here"."""
+    return failure.code == UpstreamCode.NOT_FOUND or (
+        failure.code == UpstreamCode.UNAVAILABLE and failure.retry_at_once)
+
+
+class StreamCut(AttemptError):
+    """The upstream stream ended without its final chunk (no status says why)."""
+
+
+def _cut(endpoint: str) -> StreamCut:
+    local = AttemptError.local(UpstreamCode.UNAVAILABLE, f"scheduler {endpoint} ended the stream before its last chunk")
+    return StreamCut(local.error, local.code, None)
+
+
+def _client_attributes(route: Route, method: str) -> dict[str, str | int]:
+    """OpenTelemetry RPC conventions for the upstream call: with the attempt as a CLIENT span,
+    service graphs draw the gateway -> scheduler edge."""
+    host, _, port = route.endpoint.rpartition(":")
+    attributes: dict[str, str | int] = {"rpc.system": "grpc", "rpc.service": SCHEDULER_SERVICE, "rpc.method": method,
+                                        "server.address": host}
+    if port.isdigit():
+        attributes["server.port"] = int(port)
+    return attributes
+
+
+def _attempt_span(number: int, route: Route, method: str):
+    return span("attempt", kind=trace.SpanKind.CLIENT,
+                **{"infermesh.attempt": number, "infermesh.endpoint": route.endpoint, **_client_attributes(route, method)})

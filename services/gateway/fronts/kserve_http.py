@@ -1,0 +1,140 @@
+"""KServe v2 REST (`/v2/...`) on the gateway's HTTP port, next to the OpenAI API.
+
+Thin: read the caller from the headers (the same ones as the OpenAI front: `Authorization:
+Bearer <key>`, x-infermesh-timeout-ms, x-infermesh-priority, traceparent), run kserve_core,
+write JSON, map domain errors to KServe's `{"error": "<message>"}` with the same HTTP codes as
+the OpenAI front (400, 401, 403, 404, 429 with Retry-After, 503, 504).
+
+    GET  /v2                                        server metadata
+    GET  /v2/health/live | /v2/health/ready         200, or 503 when not ready
+    GET  /v2/models/{name}[/versions/{v}]           model metadata
+    GET  /v2/models/{name}[/versions/{v}]/ready     200, or 503 when no worker serves it
+    GET  /v2/models/{name}[/versions/{v}]/config    Triton's model configuration
+    GET  /v2/models[/{name}[/versions/{v}]]/stats   Triton's statistics
+    POST /v2/repository/index                       every model version and its state
+    POST /v2/models/{name}[/versions/{v}]/infer     classifier inference (JSON or binary tensors)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+
+from services.common import errors
+from services.gateway.fronts import json_body, kserve_http_codec
+from services.gateway.fronts.http_refusals import refusal_middleware
+from services.gateway.fronts.http_status import http_refusal
+from services.gateway.fronts.kserve_servicer import EXTENSIONS, SERVER_NAME, SERVER_VERSION
+from services.gateway.fronts.openai_http import authorization_of, caller_of
+from services.gateway.kserve.core import KServeCore
+
+PREFIX = "/v2"
+_MODEL = "/v2/models/{name}"
+_VERSION = "/v2/models/{name}/versions/{version}"
+
+
+def error_response(err: errors.InfermeshError) -> web.Response:
+    refusal = http_refusal(err)
+    return web.json_response({"error": err.message}, status=refusal.status, headers=refusal.headers())
+
+
+class KServeHttp:
+    def __init__(self, core: KServeCore, ready: Callable[[], bool]) -> None:
+        self._core = core
+        self._ready = ready
+
+    def routes(self) -> list[web.RouteDef]:
+        routes = [
+            web.get(PREFIX, self.server_metadata),
+            web.get("/v2/health/live", self.live),
+            web.get("/v2/health/ready", self.ready),
+            web.get("/v2/models/stats", self.statistics),
+            web.post("/v2/repository/index", self.index),
+        ]
+        for base in (_MODEL, _VERSION):
+            routes += [
+                web.get(base, self.metadata),
+                web.get(base + "/ready", self.model_ready),
+                web.get(base + "/config", self.config),
+                web.get(base + "/stats", self.statistics),
+                web.post(base + "/infer", self.infer),
+            ]
+        return routes
+
+    async def server_metadata(self, request: web.Request) -> web.Response:
+        return web.json_response({"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS})
+
+    async def live(self, request: web.Request) -> web.Response:
+        return web.json_response({"live": True})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        ready = self._ready()
+        return web.json_response({"ready": ready}, status=200 if ready else 503)
+
+    async def metadata(self, request: web.Request) -> web.Response:
+        name, version = _model_of(request)
+        answer = await self._core.model_metadata(name, version, authorization_of(request))
+        return web.json_response(kserve_http_codec.plain(answer))
+
+    async def model_ready(self, request: web.Request) -> web.Response:
+        name, version = _model_of(request)
+        ready = await self._core.model_ready(name, version, authorization_of(request))
+        return web.json_response({"name": name, "ready": ready}, status=200 if ready else 503)
+
+    async def config(self, request: web.Request) -> web.Response:
+        name, version = _model_of(request)
+        answer = await self._core.model_config(name, version, authorization_of(request))
+        return web.json_response(kserve_http_codec.plain(answer.config))
+
+    async def statistics(self, request: web.Request) -> web.Response:
+        name, version = _model_of(request)
+        answer = self._core.model_statistics(name, version, authorization_of(request))
+        return web.json_response({"model_stats": [kserve_http_codec.plain(s) for s in answer.model_stats]})
+
+    async def index(self, request: web.Request) -> web.Response:
+        body = await _body(request)
+        try:
+            document = json_body.loads(body) if body.strip() else {}
+        except ValueError as exc:
+            raise errors.InvalidArgument(str(exc)) from None
+        if not isinstance(document, dict) or not isinstance(document.get("ready", False), bool):
+            raise errors.InvalidArgument("the body must be an object whose 'ready' is true or false")
+        answer = self._core.repository_index(document.get("ready", False), authorization_of(request))
+        return web.json_response([kserve_http_codec.plain(m) for m in answer.models])
+
+    async def infer(self, request: web.Request) -> web.Response:
+        name, version = _model_of(request)
+        try:
+            caller = caller_of(request)
+            inference = kserve_http_codec.parse_infer(await _body(request),
+                                                      request.headers.get(kserve_http_codec.HEADER_LENGTH),
+                                                      name, version)
+        except errors.InfermeshError as err:
+            self._core.authenticate(authorization_of(request))  # an unknown caller learns nothing about bodies
+            raise err from None
+        answer = await self._core.infer(inference.request, caller)
+        body, header_length = kserve_http_codec.infer_response(answer, inference)
+        if header_length is None:
+            return web.Response(body=body, content_type="application/json")
+        return web.Response(body=body, content_type="application/octet-stream",
+                            headers={kserve_http_codec.HEADER_LENGTH: str(header_length)})
+
+
+def _model_of(request: web.Request) -> tuple[str, str]:
+    return request.match_info.get("name", ""), request.match_info.get("version", "")
+
+
+async def _body(request: web.Request) -> bytes:
+    try:
+        return await json_body.body(request)
+    except ValueError as exc:  # its Content-Encoding
+        raise errors.InvalidArgument(str(exc)) from None
+
+
+def _plain_error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+# Every /v2 refusal as KServe's `{"error": "..."}`.
+kserve_errors = refusal_middleware(error_response, _plain_error)

@@ -1,0 +1,370 @@
+"""OpenAI's completions and chat completions JSON <-> infermesh GenerateRequest / GenerateResponse.
+
+The only place the OpenAI wire shapes live: request validation (400 naming the parameter), the
+chat template, response objects, streaming chunks, and the error table from domain errors to
+HTTP status and OpenAI's `{"error": {"message", "type", "param", "code"}}` body. Supported
+fields, and what each unsupported one answers, are listed in docs/clients.md.
+
+Chat template (byte-level models such as tinylm see text, not special tokens): each message
+becomes `<role>: <content>\n`, and `assistant:` is appended for the reply, e.g.
+
+    system: Be brief.
+    user: Hello
+    assistant:
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from infermesh.v1 import common_pb2, gateway_pb2
+from services.common import errors
+from services.gateway.fronts.http_status import HttpRefusal, http_refusal, matching
+from services.gateway.quota.quotas import QuotaExceeded
+
+MAX_STOP_SEQUENCES = 4
+# Far above any model's max_seq_len; the scheduler refuses what does not fit the model.
+MAX_MAX_TOKENS = 1 << 20
+CHAT_ROLES = ("system", "developer", "user", "assistant")
+COMPLETION = "text_completion"
+CHAT = "chat.completion"
+
+_FINISH_REASONS = {
+    common_pb2.FINISH_REASON_LENGTH: "length",
+    common_pb2.FINISH_REASON_EOS: "stop",
+    common_pb2.FINISH_REASON_STOP: "stop",
+}
+_STAGE_NAMES = {value: name.removeprefix("STAGE_").lower() for name, value in common_pb2.Stage.items()}
+
+
+class BadParameter(errors.InvalidArgument):
+    """A request parameter is missing, of the wrong type or out of range; `param` names it."""
+
+    def __init__(self, param: str | None, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class OpenAIRequest:
+    """A validated completions or chat completions request."""
+
+    kind: str  # COMPLETION | CHAT
+    model: str  # as the client named it, echoed in every response
+    generate: gateway_pb2.GenerateRequest
+    stream: bool
+    include_usage: bool
+
+
+# -- requests ---------------------------------------------------------------------------
+
+
+def parse_completion(body: Any) -> OpenAIRequest:
+    body = _object(body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise BadParameter("prompt", "prompt must be a string (or a list of one string); token-id and batched "
+                                     "prompts are not supported")
+    if not prompt:
+        raise BadParameter("prompt", "prompt must not be empty")
+    _refuse_unsupported(body)
+    return _request(COMPLETION, body, prompt, _max_tokens(body, "max_tokens"))
+
+
+def parse_chat(body: Any) -> OpenAIRequest:
+    body = _object(body)
+    prompt = chat_prompt(body.get("messages"))
+    _refuse_unsupported(body)
+    param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    return _request(CHAT, body, prompt, _max_tokens(body, param))
+
+
+def chat_prompt(messages: Any) -> str:
+    """The chat template (module docstring) applied to `messages`."""
+    if not isinstance(messages, list) or not messages:
+        raise BadParameter("messages", "messages must be a non-empty list of {role, content} objects")
+    lines = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise BadParameter(f"messages[{i}]", f"messages[{i}] must be an object")
+        role = message.get("role")
+        if role not in CHAT_ROLES:
+            raise BadParameter(f"messages[{i}].role",
+                               f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {_shown(role)}")
+        lines.append(f"{role}: {_content(message.get('content'), i)}\n")
+    return "".join(lines) + "assistant:"
+
+
+def _content(content: Any, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise BadParameter(f"messages[{i}].content",
+                                   f"messages[{i}].content parts must be {{type: text, text: ...}}; "
+                                   "images and audio are not supported")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise BadParameter(f"messages[{i}].content", f"messages[{i}].content must be a string or a list of text parts")
+
+
+def _request(kind: str, body: dict, prompt: str, max_tokens: int) -> OpenAIRequest:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadParameter("model", "model is required (a model id from GET /v1/models)")
+    name, colon, version = model.partition(":")
+    if not name or (colon and not version):
+        raise BadParameter("model", f"model must be a model id or <id>:<version>, got {_shown(model)}")
+    stream = _bool(body, "stream", False)
+    include_usage = False
+    options = body.get("stream_options")
+    if options is not None:
+        if not stream:
+            raise BadParameter("stream_options", "stream_options is only allowed when stream is true")
+        if not isinstance(options, dict):
+            raise BadParameter("stream_options", "stream_options must be an object")
+        include_usage = _bool(options, "include_usage", False, "stream_options.include_usage")
+    sampling = common_pb2.SamplingParams(
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_top_p(body),
+        stop=_stop(body),
+        ignore_eos=_bool(body, "ignore_eos", False),
+    )
+    seed = body.get("seed")
+    if seed is not None:
+        if not _is_int(seed) or not 0 <= seed < 2**63:
+            raise BadParameter("seed", f"seed must be an integer in [0, 2**63), got {_shown(seed)}")
+        sampling.seed = seed
+    generate = gateway_pb2.GenerateRequest(
+        model=common_pb2.ModelRef(name=name, version=version), prompt=prompt, sampling=sampling)
+    return OpenAIRequest(kind, model, generate, stream, include_usage)
+
+
+# Accepted at their defaults only; anything else is refused rather than silently ignored.
+_UNSUPPORTED_UNLESS = (
+    ("n", (None, 1), "n must be 1: one choice per request"),
+    ("best_of", (None, 1), "best_of must be 1"),
+    ("echo", (None, False), "echo is not supported"),
+    ("suffix", (None, ""), "suffix is not supported"),
+    ("presence_penalty", (None, 0, 0.0), "presence_penalty is not supported (only 0)"),
+    ("frequency_penalty", (None, 0, 0.0), "frequency_penalty is not supported (only 0)"),
+    ("logit_bias", (None,), "logit_bias is not supported"),
+    ("tools", (None,), "tools are not supported"),
+    ("tool_choice", (None, "none"), "tool_choice is not supported"),
+    ("functions", (None,), "functions are not supported"),
+    ("function_call", (None, "none"), "function_call is not supported"),
+)
+# Refused whenever present, 0 included: `logprobs: 0` asks for the sampled token's logprob.
+_LOGPROBS = {"logprobs": "logprobs are not supported",
+             "top_logprobs": "top_logprobs is not supported (nor are logprobs)"}
+
+
+def _refuse_unsupported(body: dict) -> None:
+    for name, allowed, message in _UNSUPPORTED_UNLESS:
+        value = body.get(name)
+        if not _is_default(value, allowed):
+            raise BadParameter(name, f"{message}, got {_shown(value)}")
+    for name, message in _LOGPROBS.items():
+        value = body.get(name)
+        if value is not None and value is not False:
+            raise BadParameter(name, f"{message}, got {_shown(value)}")
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        raise BadParameter("response_format", "response_format must be {\"type\": \"text\"}: structured output "
+                                              "is not supported")
+
+
+def _is_default(value: Any, allowed: tuple) -> bool:
+    if isinstance(value, dict | list):
+        return not value
+    if isinstance(value, bool):  # True == 1: n=true is not n=1
+        return value is False and False in allowed
+    return value in allowed
+
+
+def _object(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise BadParameter(None, "the request body must be a JSON object")
+    return body
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _bool(body: dict, name: str, default: bool, param: str | None = None) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise BadParameter(param or name, f"{param or name} must be a boolean, got {_shown(value)}")
+    return value
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not _is_number(value) or not low <= value <= high:
+        raise BadParameter(name, f"{name} must be a number in [{low:g}, {high:g}], got {_shown(value)}")
+    return float(value)
+
+
+def _top_p(body: dict) -> float:
+    value = body.get("top_p")
+    if value is None:
+        return 1.0
+    if not _is_number(value) or not 0 < value <= 1:
+        raise BadParameter("top_p", f"top_p must be a number in (0, 1], got {_shown(value)}")
+    return float(value)
+
+
+def _max_tokens(body: dict, name: str) -> int:
+    value = body.get(name)
+    if value is None:
+        return 0  # the model's default
+    if not _is_int(value) or not 1 <= value <= MAX_MAX_TOKENS:
+        raise BadParameter(name, f"{name} must be an integer in [1, {MAX_MAX_TOKENS}], got {_shown(value)}")
+    return value
+
+
+def _stop(body: dict) -> list[str]:
+    value = body.get("stop")
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if (not isinstance(stops, list) or len(stops) > MAX_STOP_SEQUENCES
+            or not all(isinstance(s, str) and s for s in stops)):
+        raise BadParameter("stop", f"stop must be a non-empty string or a list of up to {MAX_STOP_SEQUENCES} "
+                                   f"non-empty strings, got {_shown(value)}")
+    return stops
+
+
+# -- responses --------------------------------------------------------------------------
+
+
+def finish_reason(chunk: gateway_pb2.GenerateResponse) -> str | None:
+    return _FINISH_REASONS.get(chunk.finish_reason)
+
+
+def usage(chunk: gateway_pb2.GenerateResponse) -> dict:
+    prompt, completion = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            # OpenAI's and vLLM's field: prompt tokens served from the prefix cache.
+            "prompt_tokens_details": {"cached_tokens": chunk.usage.cached_prompt_tokens}}
+
+
+def timings(chunk: gateway_pb2.GenerateResponse) -> dict:
+    """The extension field: every stage the hops reported, microseconds."""
+    return {
+        "total_us": chunk.timings.total_us,
+        "stages": [{"service": s.service, "stage": _STAGE_NAMES.get(s.stage, str(s.stage)),
+                    "duration_us": s.duration_us} for s in chunk.timings.stages],
+    }
+
+
+def timings_header(chunk: gateway_pb2.GenerateResponse) -> str:
+    """x-infermesh-timings in Server-Timing syntax: `<service>.<stage>;dur=<ms>`, then `total`."""
+    parts = [f"{s.service}.{_STAGE_NAMES.get(s.stage, s.stage)};dur={s.duration_us / 1000:.3f}"
+             for s in chunk.timings.stages]
+    parts.append(f"total;dur={chunk.timings.total_us / 1000:.3f}")
+    return ", ".join(parts)
+
+
+def response_id(request: OpenAIRequest) -> str:
+    prefix = "cmpl-" if request.kind == COMPLETION else "chatcmpl-"
+    return prefix + request.generate.request_id
+
+
+def full_response(request: OpenAIRequest, created_s: int, text: str, last: gateway_pb2.GenerateResponse) -> dict:
+    if request.kind == COMPLETION:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(last)}
+    else:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                  "finish_reason": finish_reason(last)}
+    return {
+        "id": response_id(request), "object": request.kind, "created": created_s, "model": request.model,
+        "choices": [choice], "usage": usage(last),
+        "infermesh": {"request_id": request.generate.request_id, "timings": timings(last)},
+    }
+
+
+def stream_chunk(request: OpenAIRequest, created_s: int, chunk: gateway_pb2.GenerateResponse, first: bool) -> dict:
+    """One SSE event's object for one upstream chunk; the last carries finish_reason and the timings."""
+    reason = finish_reason(chunk)
+    if request.kind == COMPLETION:
+        choice = {"index": 0, "text": chunk.text, "logprobs": None, "finish_reason": reason}
+        kind = COMPLETION
+    else:
+        delta = {"role": "assistant", "content": chunk.text} if first else {"content": chunk.text}
+        if reason is not None and not chunk.text and not first:
+            delta = {}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        kind = "chat.completion.chunk"
+    event = {"id": response_id(request), "object": kind, "created": created_s, "model": request.model,
+             "choices": [choice]}
+    if request.include_usage:
+        event["usage"] = None
+    if reason is not None:
+        event["infermesh"] = {"request_id": request.generate.request_id, "timings": timings(chunk)}
+    return event
+
+
+def usage_chunk(request: OpenAIRequest, created_s: int, last: gateway_pb2.GenerateResponse) -> dict:
+    """stream_options.include_usage: the extra last event, with no choices."""
+    kind = COMPLETION if request.kind == COMPLETION else "chat.completion.chunk"
+    return {"id": response_id(request), "object": kind, "created": created_s, "model": request.model,
+            "choices": [], "usage": usage(last)}
+
+
+# -- errors -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    refusal: HttpRefusal  # status and Retry-After (http_status.py, shared with KServe REST)
+    body: dict
+
+    @property
+    def status(self) -> int:
+        return self.refusal.status
+
+
+# Domain error -> (OpenAI error type, code); the status is http_status.py's.
+_ERROR_TYPES: dict[type, tuple[str, str | None]] = {
+    QuotaExceeded: ("rate_limit_error", "rate_limit_exceeded"),
+    errors.InvalidArgument: ("invalid_request_error", None),
+    errors.Unauthenticated: ("authentication_error", "invalid_api_key"),
+    errors.PermissionDenied: ("permission_error", "model_not_allowed"),
+    errors.NotFound: ("not_found_error", "model_not_found"),
+    errors.ResourceExhausted: ("overloaded_error", "overloaded"),
+    errors.Unavailable: ("service_unavailable_error", "unavailable"),
+    errors.DeadlineExceeded: ("timeout_error", "deadline_exceeded"),
+    errors.Cancelled: ("cancelled_error", "cancelled"),
+    errors.Internal: ("internal_error", "internal"),
+}
+
+
+def error_reply(err: errors.InfermeshError) -> ErrorReply:
+    kind, code = _ERROR_TYPES[matching(_ERROR_TYPES, err)]
+    return ErrorReply(http_refusal(err), error_body(err.message, kind, getattr(err, "param", None), code))
+
+
+def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

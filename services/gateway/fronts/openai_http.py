@@ -1,0 +1,214 @@
+"""The OpenAI-compatible HTTP front (aiohttp): /v1/completions, /v1/chat/completions, /v1/models.
+
+Thin: read the caller from the headers, parse the body (openai_codec), run the same
+GenerateCore as the gRPC Generate, write JSON or server-sent events, map domain errors to
+OpenAI's error shape. Headers (docs/clients.md):
+
+    Authorization: Bearer <key>    the tenant's API key, as the gRPC `authorization` metadata
+    x-infermesh-priority           critical | standard | sheddable: lowers the tenant's class, never raises it
+    x-infermesh-timeout-ms         the request's deadline, milliseconds (the gateway's default when absent,
+                                   clamped to its --max-deadline-ms)
+    x-request-start                the client's send time (t=<unix time>), for the ingress stage
+    traceparent / tracestate       W3C trace context, trusted as --trust-trace-context says
+
+A streamed request is admitted before the response starts, so its refusals get their real
+status code; an error after the first event is sent as a last `data: {"error": ...}` event.
+A client that disconnects cancels its handler (handler_cancellation), which closes the
+generation: the upstream stream is cancelled and the scheduler frees the sequence's blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+
+from aiohttp import web
+
+from infermesh.v1 import common_pb2, gateway_pb2
+from services.common import errors
+from services.gateway.calls.generate_core import PRIORITY_KEY, Caller, GenerateCore
+from services.gateway.calls.stage_timings import REQUEST_START_KEY, parse_request_start_s
+from services.gateway.fronts import json_body, openai_codec
+from services.gateway.fronts.http_refusals import refusal_middleware
+
+TIMEOUT_HEADER = "x-infermesh-timeout-ms"
+TIMINGS_HEADER = "x-infermesh-timings"
+REQUEST_ID_HEADER = "x-request-id"
+_TRACE_HEADERS = ("traceparent", "tracestate")
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_DONE = b"data: [DONE]\n\n"
+_LIST_MODELS_TIMEOUT_S = 5.0
+# Milliseconds as a plain decimal: no exponent, underscores, spaces, inf or nan (float() takes all of them).
+_TIMEOUT_MS = re.compile(r"-?[0-9]+(\.[0-9]+)?")
+
+ListModels = Callable[[str | None, float], Awaitable[gateway_pb2.ListModelsResponse]]
+
+
+def caller_of(request: web.Request) -> Caller:
+    headers = request.headers
+    return Caller(
+        authorization=authorization_of(request),
+        request_start_s=parse_request_start_s(headers.get(REQUEST_START_KEY)),
+        timeout_s=timeout_s_of(headers.get(TIMEOUT_HEADER)),
+        priority=headers.get(PRIORITY_KEY),
+        metadata=[(name, headers[name]) for name in _TRACE_HEADERS if name in headers],
+    )
+
+
+def authorization_of(request: web.Request) -> str | None:
+    """The Authorization header. Sent twice it is refused: which of the two would count is a guess
+    (aiohttp's `get` takes the first, a proxy may keep the last)."""
+    values = request.headers.getall("Authorization", [])
+    if len(values) > 1:
+        raise errors.Unauthenticated("more than one Authorization header: send one 'Bearer <key>'")
+    return values[0] if values else None
+
+
+def timeout_s_of(value: str | None) -> float | None:
+    """x-infermesh-timeout-ms in seconds; None when absent. 0 or less is a deadline already passed."""
+    if value is None:
+        return None
+    timeout_ms = float(value) if _TIMEOUT_MS.fullmatch(value) else math.nan
+    if not math.isfinite(timeout_ms):
+        raise openai_codec.BadParameter(TIMEOUT_HEADER, f"{TIMEOUT_HEADER} must be a number of milliseconds, "
+                                                        f"got {value[:40]!r}")
+    if timeout_ms <= 0:
+        raise errors.DeadlineExceeded(f"{TIMEOUT_HEADER} is {timeout_ms:g}: the deadline already passed")
+    return timeout_ms / 1000
+
+
+def error_response(err: errors.InfermeshError) -> web.Response:
+    reply = openai_codec.error_reply(err)
+    return web.json_response(reply.body, status=reply.status, headers=reply.refusal.headers(), dumps=_dumps)
+
+
+def _dumps(value) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _event(value: dict) -> bytes:
+    return b"data: " + _dumps(value).encode() + b"\n\n"
+
+
+class OpenAIFront:
+    def __init__(self, core: GenerateCore, list_models: ListModels, authenticate: Callable[[str | None], object],
+                 clock=time.time) -> None:
+        """authenticate: the tenants' own check (Unauthenticated), asked only of a request whose body is refused,
+        so a caller without a valid key learns nothing about what the gateway would accept."""
+        self._core = core
+        self._list_models = list_models
+        self._authenticate = authenticate
+        self._clock = clock
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v1/completions", self.completions),
+            web.post("/v1/chat/completions", self.chat_completions),
+            web.get("/v1/models", self.models),
+        ]
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, openai_codec.parse_completion)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, openai_codec.parse_chat)
+
+    async def models(self, request: web.Request) -> web.Response:
+        try:
+            listed = await self._list_models(authorization_of(request), _LIST_MODELS_TIMEOUT_S)
+        except errors.InfermeshError as err:
+            return error_response(err)
+        created_s = int(self._clock())
+        names = sorted({info.model.name for info in listed.models if info.kind == common_pb2.MODEL_KIND_GENERATOR})
+        data = [{"id": name, "object": "model", "created": created_s, "owned_by": "infermesh",
+                 "versions": sorted(i.model.version for i in listed.models if i.model.name == name),
+                 "max_model_len": max(i.max_seq_len for i in listed.models if i.model.name == name)}
+                for name in names]
+        return web.json_response({"object": "list", "data": data}, dumps=_dumps)
+
+    async def _generate(self, request: web.Request, parse) -> web.StreamResponse:
+        try:
+            caller = caller_of(request)
+            parsed = parse(await _json_body(request))
+        except errors.InfermeshError as err:
+            return error_response(self._refusal(request, err))
+        chunks = self._core.generate(parsed.generate, caller)
+        async with aclosing(chunks):
+            if parsed.stream:
+                return await self._stream(request, parsed, chunks)
+            return await self._complete(parsed, chunks)
+
+    def _refusal(self, request: web.Request, err: errors.InfermeshError) -> errors.InfermeshError:
+        """What a request whose headers or body are refused is told: Unauthenticated first, if it is."""
+        try:
+            self._authenticate(authorization_of(request))
+        except errors.Unauthenticated as refused:
+            return refused
+        return err
+
+    async def _complete(self, parsed: openai_codec.OpenAIRequest,
+                        chunks: AsyncIterator[gateway_pb2.GenerateResponse]) -> web.Response:
+        texts = []
+        last = None
+        try:
+            async for chunk in chunks:
+                texts.append(chunk.text)
+                last = chunk
+        except errors.InfermeshError as err:
+            return error_response(err)
+        if last is None or last.finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED:
+            return error_response(errors.Internal("the stream ended without its last chunk"))
+        body = openai_codec.full_response(parsed, int(self._clock()), "".join(texts), last)
+        headers = {REQUEST_ID_HEADER: parsed.generate.request_id, TIMINGS_HEADER: openai_codec.timings_header(last)}
+        return web.json_response(body, headers=headers, dumps=_dumps)
+
+    async def _stream(self, request: web.Request, parsed: openai_codec.OpenAIRequest,
+                      chunks: AsyncIterator[gateway_pb2.GenerateResponse]) -> web.StreamResponse:
+        try:
+            first = await anext(chunks)  # admission and the first token, before any byte is sent
+        except errors.InfermeshError as err:
+            return error_response(err)
+        except StopAsyncIteration:
+            return error_response(errors.Internal("the stream ended without its last chunk"))
+        response = web.StreamResponse(headers={**_SSE_HEADERS, REQUEST_ID_HEADER: parsed.generate.request_id})
+        await response.prepare(request)
+        created_s = int(self._clock())
+        last = first
+        await response.write(_event(openai_codec.stream_chunk(parsed, created_s, first, first=True)))
+        try:
+            async for chunk in chunks:
+                last = chunk
+                await response.write(_event(openai_codec.stream_chunk(parsed, created_s, chunk, first=False)))
+        except errors.InfermeshError as err:
+            await response.write(_event(openai_codec.error_reply(err).body))
+            await response.write_eof()
+            return response
+        if parsed.include_usage:
+            await response.write(_event(openai_codec.usage_chunk(parsed, created_s, last)))
+        await response.write(_DONE)
+        await response.write_eof()
+        return response
+
+
+async def _json_body(request: web.Request):
+    try:
+        return json_body.loads(await json_body.body(request), request.charset)
+    except ValueError as exc:
+        raise openai_codec.BadParameter(None, str(exc)) from None
+
+
+def _plain_error(status: int, message: str) -> web.Response:
+    if status == 500:
+        body = openai_codec.error_body(message, "internal_error", code="internal")
+    else:
+        kind = "not_found_error" if status == 404 else "invalid_request_error"
+        body = openai_codec.error_body(message, kind, code=str(status))
+    return web.json_response(body, status=status, dumps=_dumps)
+
+
+# aiohttp's own refusals, domain errors and bugs, all in OpenAI's error shape.
+openai_errors = refusal_middleware(error_response, _plain_error)

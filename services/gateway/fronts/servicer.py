@@ -1,0 +1,156 @@
+"""Gateway gRPC servicer (infermesh.v1.Inference): validate, admit, dispatch with retries, account."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from infermesh.v1 import gateway_pb2, gateway_pb2_grpc, scheduler_pb2
+from services.common import errors
+from services.common.deadlines import remaining_s
+from services.common.log_context import bind
+from services.common.status import maps_domain_errors
+from services.gateway.admission.admission import Admission, RequestScope, span
+from services.gateway.calls.generate_core import (
+    PRIORITY_KEY,
+    Caller,
+    GenerateCore,
+    HandlerTimes,
+    append_gateway_timings,
+    fix_seed,  # noqa: F401 - re-exported: tests and callers import it from here
+    tenant_context,
+)
+from services.gateway.calls.stage_timings import REQUEST_START_KEY, parse_request_start_s
+from services.gateway.dispatch.dispatcher import Dispatcher
+from services.gateway.dispatch.retry_policy import WorkKind
+from services.gateway.rollout.shadow import ShadowMirror
+from services.gateway.upstream.clients import AttemptError, SchedulerClients
+
+
+def authorization_of(metadata) -> str | None:
+    return CallerMetadata.read(metadata).authorization
+
+
+def _text(value: str | bytes) -> str:
+    return value if isinstance(value, str) else value.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class CallerMetadata:
+    authorization: str | None
+    # The client's send time (x-request-start), unix seconds; None when it sent none.
+    request_start_s: float | None
+    # x-infermesh-priority as sent (Generate reads it; generate_core.parse_priority).
+    priority: str | bytes | None = None
+
+    @classmethod
+    def read(cls, metadata) -> CallerMetadata:
+        """One pass over the metadata: it runs for every request, refused ones included."""
+        authorization = request_start = priority = None
+        for key, value in metadata or ():
+            if key == "authorization":
+                # Several values combine as HTTP fields do ("a, b"), which no key matches: a second
+                # key must not silently win over the first.
+                authorization = _text(value) if authorization is None else f"{authorization}, {_text(value)}"
+            elif key == REQUEST_START_KEY:
+                request_start = value
+            elif key == PRIORITY_KEY:
+                priority = value
+        return cls(authorization, parse_request_start_s(request_start), priority)
+
+
+def _require_model_name(name: str) -> None:
+    if not name:
+        raise errors.InvalidArgument("model.name is required")
+
+
+def client_timeout_s(context) -> float | None:
+    """The client's remaining time; None when it set no deadline."""
+    return remaining_s(context)
+
+
+class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
+    def __init__(
+        self, admission: Admission, dispatcher: Dispatcher, clients: SchedulerClients, clock=time.monotonic,
+        seed_source: Callable[[], int] = lambda: secrets.randbits(63), shadow: ShadowMirror | None = None,
+    ) -> None:
+        """shadow: mirrors answered version-less requests at a rollout's shadow step (shadow.py)."""
+        self._admission = admission
+        self._dispatcher = dispatcher
+        self._clients = clients
+        self._clock = clock
+        self._shadow = shadow
+        self.generate_core = GenerateCore(admission, dispatcher, clock, seed_source, shadow=shadow)
+
+    @maps_domain_errors
+    async def Classify(self, request: gateway_pb2.ClassifyRequest, context) -> gateway_pb2.ClassifyResponse:
+        metadata = context.invocation_metadata()
+        caller = CallerMetadata.read(metadata)
+        request.request_id = request.request_id or uuid.uuid4().hex
+        bind(request_id=request.request_id)
+        with self._admission.scope("Classify", request.model.name, request.model.version,
+                                   metadata, caller.authorization) as scope:
+            handler = HandlerTimes.start(scope, caller.request_start_s)
+            with span("admission"):
+                self._admission.admit(scope, caller.authorization, client_timeout_s(context),
+                                      check_request=lambda: _require_model_name(request.model.name))
+                if not request.HasField("image") or request.image.WhichOneof("data") is None:
+                    raise errors.InvalidArgument("image is required (encoded bytes or raw pixels)")
+            admitted_s = self._clock()
+            response = await self.classify_admitted(scope, request)
+            done_s = self._clock()
+            append_gateway_timings(response.timings, handler, admitted_s, done_s, done_s)
+            scope.timings = response.timings
+            return response
+
+    async def classify_admitted(self, scope: RequestScope, request: gateway_pb2.ClassifyRequest):
+        """Send an admitted classify request upstream, with retries (shared with KServe ModelInfer)."""
+        upstream = scheduler_pb2.ScheduleClassifyRequest(request=request, tenant=tenant_context(scope.admitted_tenant))
+
+        def call(client, version: str, timeout_s: float):
+            upstream.request.model.version = version
+            return client.classify(upstream, timeout_s)
+
+        response = await self._dispatcher.unary(scope, WorkKind.CLASSIFY, call)
+        scope.served_by(response.model.version)
+        if self._shadow is not None:  # after the answer is in hand; the client never waits for it
+            self._shadow.classify(scope.model, request, response, scope.tenant_id)
+        return response
+
+    @maps_domain_errors
+    async def Generate(self, request: gateway_pb2.GenerateRequest, context):
+        metadata = context.invocation_metadata()
+        caller = CallerMetadata.read(metadata)
+        generation = self.generate_core.generate(request, Caller(
+            caller.authorization, caller.request_start_s, client_timeout_s(context), caller.priority, metadata))
+        async for chunk in generation:
+            yield chunk
+
+    @maps_domain_errors
+    async def ListModels(self, request: gateway_pb2.ListModelsRequest, context) -> gateway_pb2.ListModelsResponse:
+        return await self.list_models(authorization_of(context.invocation_metadata()),
+                                      min(client_timeout_s(context) or 5.0, 5.0))
+
+    async def list_models(self, authorization: str | None, timeout_s: float) -> gateway_pb2.ListModelsResponse:
+        """The models the caller's tenant may use, merged over every scheduler (shared with the HTTP front)."""
+        tenants = self._admission.parts.tenants
+        tenant = tenants.authenticate(authorization)
+        endpoints = self._admission.parts.routing.endpoints()
+        replies = await asyncio.gather(
+            *(self._clients.get(e).list_models(timeout_s) for e in endpoints), return_exceptions=True
+        )
+        answered = [r for r in replies if isinstance(r, gateway_pb2.ListModelsResponse)]
+        if not answered:
+            failure = next(r for r in replies if isinstance(r, BaseException))
+            raise failure.error if isinstance(failure, AttemptError) else failure
+        merged: dict[tuple[str, str], gateway_pb2.ModelInfo] = {}
+        for reply in answered:
+            for info in reply.models:
+                key = (info.model.name, info.model.version)
+                if tenant.may_use(info.model.name) and (key not in merged or info.ready):
+                    merged[key] = info
+        return gateway_pb2.ListModelsResponse(models=[merged[k] for k in sorted(merged)])

@@ -1,0 +1,132 @@
+"""Generator requests over Triton's decoupled streaming (ModelStreamInfer): tensors <-> Generate.
+
+Contract (docs/clients.md), shaped like Triton's vLLM backend so its clients need no changes:
+  input   text_input   BYTES [1] (or [1, 1]): the UTF-8 prompt
+  params  max_tokens (int), temperature (float), top_p (float), seed (int), ignore_eos (bool),
+          stop (string, one stop sequence): the request's `parameters` (tritonclient's
+          `parameters={...}`); `stream` is accepted and ignored (a stream is always streamed)
+  output  text_output  BYTES [1] per response: the chunk's text
+One response per chunk, each with the request's id; the last one carries the parameter
+`triton_final_response: true` plus `finish_reason`, `prompt_tokens`, `completion_tokens`. A
+request with `triton_enable_empty_final_response: true` gets the last text as a normal response
+and then an empty one flagged final, as Triton sends it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inference import grpc_predict_v2_pb2 as kserve
+from infermesh.v1 import common_pb2, gateway_pb2
+from services.common.errors import InvalidArgument
+from services.gateway.kserve.codec import pack_bytes_tensor, unpack_bytes_tensor
+from services.gateway.kserve.models import TEXT_INPUT, TEXT_OUTPUT
+
+FINAL = "triton_final_response"
+EMPTY_FINAL = "triton_enable_empty_final_response"
+# Parameters tritonclient or Triton's own tools set on every request; not sampling, not refused.
+_TRANSPORT_PARAMETERS = {"stream", EMPTY_FINAL, "priority", "timeout", "sequence_id", "sequence_start",
+                         "sequence_end"}
+_FINISH_REASONS = {common_pb2.FINISH_REASON_LENGTH: "length", common_pb2.FINISH_REASON_EOS: "eos",
+                   common_pb2.FINISH_REASON_STOP: "stop"}
+
+
+@dataclass(frozen=True)
+class StreamRequest:
+    generate: gateway_pb2.GenerateRequest
+    # Triton's id for the request, echoed in every response ("" when the client sent none).
+    id: str
+    empty_final: bool
+
+
+def parse_stream_request(request: kserve.ModelInferRequest) -> StreamRequest:
+    parameters = request.parameters
+    sampling = common_pb2.SamplingParams()
+    for key, value in parameters.items():
+        _set_sampling(sampling, key, value)
+    generate = gateway_pb2.GenerateRequest(
+        model=common_pb2.ModelRef(name=request.model_name, version=request.model_version),
+        prompt=_prompt(request), sampling=sampling, request_id=request.id,
+    )
+    empty_final = EMPTY_FINAL in parameters and _value(parameters[EMPTY_FINAL]) is True
+    return StreamRequest(generate, request.id, empty_final)
+
+
+def _prompt(request: kserve.ModelInferRequest) -> str:
+    names = [tensor.name for tensor in request.inputs]
+    if names != [TEXT_INPUT]:
+        raise InvalidArgument(f"expected exactly one input named '{TEXT_INPUT}', got {names}")
+    tensor = request.inputs[0]
+    if tensor.datatype != "BYTES" or list(tensor.shape) not in ([1], [1, 1]):
+        raise InvalidArgument(f"input '{TEXT_INPUT}' must be BYTES of shape [1] or [1, 1], "
+                              f"got {tensor.datatype or '(none)'} {list(tensor.shape)}")
+    if request.raw_input_contents:
+        if len(request.raw_input_contents) != 1:
+            raise InvalidArgument(f"raw_input_contents has {len(request.raw_input_contents)} entries for 1 input")
+        elements = unpack_bytes_tensor(request.raw_input_contents[0])
+    else:
+        elements = list(tensor.contents.bytes_contents)
+    if len(elements) != 1:
+        raise InvalidArgument(f"input '{TEXT_INPUT}' holds {len(elements)} elements, expected 1")
+    try:
+        return elements[0].decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidArgument(f"input '{TEXT_INPUT}' is not UTF-8 text") from None
+
+
+def _value(parameter: kserve.InferParameter):
+    choice = parameter.WhichOneof("parameter_choice")
+    return None if choice is None else getattr(parameter, choice)
+
+
+def _set_sampling(sampling: common_pb2.SamplingParams, key: str, parameter: kserve.InferParameter) -> None:
+    value = _value(parameter)
+    if key in _TRANSPORT_PARAMETERS:
+        return
+    numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    if key == "max_tokens" and isinstance(value, int) and not isinstance(value, bool) and 1 <= value < 2**32:
+        sampling.max_tokens = value
+    elif key == "temperature" and numeric and value >= 0:
+        sampling.temperature = value
+    elif key == "top_p" and numeric and 0 <= value <= 1:
+        sampling.top_p = value
+    elif key == "seed" and isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64:
+        sampling.seed = value
+    elif key == "ignore_eos" and isinstance(value, bool):
+        sampling.ignore_eos = value
+    elif key == "stop" and isinstance(value, str) and value:
+        sampling.stop.append(value)
+    elif key in ("max_tokens", "temperature", "top_p", "seed", "ignore_eos", "stop"):
+        raise InvalidArgument(f"parameter '{key}' has an unusable value {value!r}; " + _EXPECTED[key])
+    else:
+        raise InvalidArgument(f"unknown parameter '{key}'; this model takes "
+                              f"max_tokens, temperature, top_p, seed, ignore_eos, stop")
+
+
+_EXPECTED = {
+    "max_tokens": "expected an integer >= 1", "temperature": "expected a number >= 0",
+    "top_p": "expected a number in [0, 1]", "seed": "expected an integer >= 0",
+    "ignore_eos": "expected a bool", "stop": "expected a non-empty string",
+}
+
+
+def chunk_responses(request: StreamRequest, chunk: gateway_pb2.GenerateResponse) -> list[kserve.ModelInferResponse]:
+    """The stream responses for one chunk: one, or for the last chunk with empty_final, two."""
+    last = chunk.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
+    response = kserve.ModelInferResponse(model_name=chunk.model.name or request.generate.model.name,
+                                         model_version=chunk.model.version, id=request.id)
+    response.outputs.add(name=TEXT_OUTPUT, datatype="BYTES", shape=[1])
+    response.raw_output_contents.append(pack_bytes_tensor([chunk.text.encode()]))
+    response.parameters[FINAL].bool_param = last and not request.empty_final
+    if not last:
+        return [response]
+    response.parameters["finish_reason"].string_param = _FINISH_REASONS.get(chunk.finish_reason, "unknown")
+    response.parameters["prompt_tokens"].int64_param = chunk.usage.prompt_tokens
+    response.parameters["completion_tokens"].int64_param = chunk.usage.completion_tokens
+    response.parameters["cached_prompt_tokens"].int64_param = chunk.usage.cached_prompt_tokens
+    if not request.empty_final:
+        return [response]
+    final = kserve.ModelInferResponse(model_name=response.model_name, model_version=response.model_version,
+                                      id=request.id)
+    final.parameters[FINAL].bool_param = True
+    return [response, final]

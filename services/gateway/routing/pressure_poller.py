@@ -1,0 +1,189 @@
+"""Background feedback from the schedulers: pressure for shedding, model catalog for KServe.
+
+About once a second the gateway asks every scheduler endpoint in its routing
+table (the discovered ones included) for `GetPressure` (fed to the
+`PressureBoard`: queue-time estimates, KV usage, minimum service time) and
+`ListModels` (kept in `ModelCatalog`: kind, labels and input size of each
+attached model version; and in `Membership`: which models it serves ready). An
+endpoint that does not answer keeps its last reports until they go stale on the
+board (fail open), and membership tries it after the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from infermesh.v1 import gateway_pb2
+from services.common.clock import Clock
+from services.common.log_context import clean_context
+from services.gateway.admission.shedding import PressureBoard, PressureReport
+from services.gateway.dispatch.retry_budget import RetryBudgets
+from services.gateway.routing.circuit_breaker import CircuitBreakers
+from services.gateway.routing.replicas import Membership
+from services.gateway.routing.table import RoutingTable
+from services.gateway.telemetry import metrics
+from services.gateway.upstream.clients import AttemptError, SchedulerClients
+from services.gateway.upstream.status import UpstreamCode
+
+log = logging.getLogger(__name__)
+EXTRA_POLL_MIN_GAP_S = 0.1
+
+
+class ModelCatalog:
+    """What each endpoint's ListModels last said, looked up by model name."""
+
+    def __init__(self) -> None:
+        self._by_endpoint: dict[str, tuple[gateway_pb2.ModelInfo, ...]] = {}
+        # Every model name some endpoint reported, kept on each update: `knows` runs per request.
+        self._names: frozenset[str] = frozenset()
+        # (name, version) -> endpoints that reported it ready; routing reads it per canary draw.
+        self._ready: dict[tuple[str, str], frozenset[str]] = {}
+
+    def update(self, endpoint: str, models: tuple[gateway_pb2.ModelInfo, ...]) -> None:
+        self._by_endpoint[endpoint] = models
+        self._reindex()
+
+    def forget(self, endpoint: str) -> None:
+        self._by_endpoint.pop(endpoint, None)
+        self._reindex()
+
+    def _reindex(self) -> None:
+        self._names = frozenset(info.model.name for models in self._by_endpoint.values() for info in models)
+        ready: dict[tuple[str, str], set[str]] = {}
+        for endpoint, models in self._by_endpoint.items():
+            for info in models:
+                if info.ready:
+                    ready.setdefault((info.model.name, info.model.version), set()).add(endpoint)
+        self._ready = {key: frozenset(endpoints) for key, endpoints in ready.items()}
+
+    def knows(self, name: str) -> bool:
+        """Whether any endpoint reported a version of `name` (ready or not)."""
+        return name in self._names
+
+    def serving(self, name: str, version: str) -> frozenset[str]:
+        """The endpoints whose last ListModels reported `version` of `name` ready."""
+        return self._ready.get((name, version), frozenset())
+
+    def knows_version(self, name: str, version: str) -> bool:
+        """Whether any endpoint reported `version` of `name` (ready or not)."""
+        return any(info.model.version == version for info in self.versions(name))
+
+    def versions(self, name: str) -> list[gateway_pb2.ModelInfo]:
+        """Every known version of `name` (one entry per version, ready if any endpoint is)."""
+        by_version: dict[str, gateway_pb2.ModelInfo] = {}
+        for models in self._by_endpoint.values():
+            for info in models:
+                if info.model.name != name:
+                    continue
+                known = by_version.get(info.model.version)
+                if known is None or (info.ready and not known.ready):
+                    by_version[info.model.version] = info
+        return [by_version[v] for v in sorted(by_version)]
+
+    def all_models(self) -> list[gateway_pb2.ModelInfo]:
+        names = sorted({info.model.name for models in self._by_endpoint.values() for info in models})
+        return [info for name in names for info in self.versions(name)]
+
+
+class PressurePoller:
+    def __init__(
+        self,
+        *,
+        routing: RoutingTable,
+        clients: SchedulerClients,
+        board: PressureBoard,
+        catalog: ModelCatalog,
+        breakers: CircuitBreakers,
+        budgets: RetryBudgets,
+        interval_s: float,
+        membership: Membership | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self._routing = routing
+        self._clients = clients
+        self._board = board
+        self._catalog = catalog
+        self._breakers = breakers
+        self._budgets = budgets
+        self.interval_s = interval_s
+        self._membership = membership
+        # Endpoints that answered the last poll (KServe ServerReady).
+        self.reachable: set[str] = set()
+        self._failing: set[str] = set()
+        self._extra_poll: asyncio.Task | None = None
+        self._extra_poll_at_s = float("-inf")
+        self._clock = clock
+
+    async def run(self) -> None:
+        while True:
+            await self.poll_once()
+            await asyncio.sleep(self.interval_s)
+
+    def poll_soon(self) -> None:
+        """Polls every endpoint now, outside the schedule: a call regrouping after a restart needs to
+        know within its round that the restarted scheduler answers again, which lets its breaker probe
+        and membership take it back. Every call of a roll regroups, so such polls start at most one at
+        a time and one per EXTRA_POLL_MIN_GAP_S (the first regroup round's wait)."""
+        now_s = self._clock()
+        if now_s - self._extra_poll_at_s < EXTRA_POLL_MIN_GAP_S:
+            return
+        if self._extra_poll is None or self._extra_poll.done():
+            self._extra_poll_at_s = now_s
+            self._extra_poll = asyncio.create_task(self.poll_once(), name="pressure-poll-now", context=clean_context())
+
+    async def poll_once(self) -> None:
+        await asyncio.gather(*(self.poll_endpoint(e) for e in self._routing.endpoints()))
+        metrics.observe_breakers(self._breakers.states())
+        metrics.observe_budgets(self._budgets.balances())
+
+    async def poll_endpoint(self, endpoint: str) -> None:
+        client = self._clients.get(endpoint)
+        try:
+            pressure = await client.get_pressure(timeout_s=self.interval_s)
+            models = await client.list_models(timeout_s=self.interval_s)
+        except AttemptError as exc:
+            self.reachable.discard(endpoint)
+            if self._membership is not None:
+                self._membership.unreachable(endpoint)
+            if exc.code == UpstreamCode.DEADLINE_EXCEEDED:
+                self._sever_if_silent(endpoint, client)
+            if endpoint not in self._failing:  # once per outage, not every second
+                log.warning("scheduler %s: pressure poll failed: %s", endpoint, exc.error.message)
+                self._failing.add(endpoint)
+            return
+        if endpoint in self._failing:
+            log.info("scheduler %s answers pressure polls again", endpoint)
+            self._failing.discard(endpoint)
+        self.reachable.add(endpoint)
+        self._breakers.for_endpoint(endpoint).answered_poll()
+        self._board.update(endpoint, [_report(p) for p in pressure.models])
+        self._catalog.update(endpoint, tuple(models.models))
+        if self._membership is not None:
+            self._membership.update(endpoint, (m.model.name for m in models.models if m.ready))
+
+
+    def _sever_if_silent(self, endpoint: str, client) -> None:
+        # A poll that got no answer in time, from a scheduler that also sent nothing to the calls
+        # waiting on it for as long: it is cut off or frozen, not slow. Its calls fail over now,
+        # when there is another scheduler to take them (silence_watch.py does this sooner).
+        if self._membership is None or not self._membership.has_alternative(endpoint):
+            return
+        why = (f"scheduler {endpoint} stopped answering: nothing received for {self.interval_s:g} s "
+               f"and a pressure poll timed out")
+        num_calls = client.sever_if_silent(self.interval_s, why)
+        if num_calls:
+            log.warning("%s; failing its %d calls in flight over to other schedulers", why, num_calls)
+
+
+def _report(pressure) -> PressureReport:
+    return PressureReport.from_fields(
+        pressure.model.name,
+        list(pressure.est_queue_time_us),
+        pressure.queue_depth,
+        pressure.kv_usage,
+        pressure.num_workers,
+        pressure.min_service_time_us,
+        pressure.num_slots,
+    )
