@@ -1,4 +1,4 @@
-"""atheris: the gateway's routing file (services/gateway/routing.py: load_routing_file), bytes as on disk."""
+"""atheris: the gateway's routing file (services/gateway/routing/table.py: load_routing_file), bytes as on disk."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import atheris
 
 from fuzz.harness import ScratchFile, fuzz
 
-with atheris.instrument_imports(include=["services.gateway.routing", "yaml"]):
-    from services.gateway.routing import RoutingConfigError, load_routing_file
+with atheris.instrument_imports(include=["services.gateway.routing.table", "yaml"]):
+    from services.gateway.routing.table import RoutingConfigError, load_routing_file
 
 _FILE = ScratchFile("routing.yaml")
 

@@ -1,4 +1,4 @@
-"""atheris: the gateway's tenants file (services/gateway/tenants.py: load_tenant_config), bytes as on disk."""
+"""atheris: the gateway's tenants file (services/gateway/tenants/directory.py: load_tenant_config), bytes as on disk."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import atheris
 
 from fuzz.harness import ScratchFile, fuzz
 
-with atheris.instrument_imports(include=["services.gateway.tenants", "yaml"]):
-    from services.gateway.tenants import TenantConfigError, load_tenant_config
+with atheris.instrument_imports(include=["services.gateway.tenants.directory", "yaml"]):
+    from services.gateway.tenants.directory import TenantConfigError, load_tenant_config
 
 _FILE = ScratchFile("tenants.yaml")
 
