@@ -48,9 +48,9 @@ def _hello(num_seqs: int) -> scheduler_pb2.WorkerHello:
 async def run_once(num_seqs: int, num_steps: int, num_tenants: int, max_tokens: int,
                    backlog: int = 0) -> tuple[float, int]:
     """Returns (CPU seconds, tokens delivered)."""
-    from services.scheduler.generate_pool import step_scheduler_config
     from services.scheduler.kv_block_manager import KVBlockManager
     from services.scheduler.step_scheduler import StepScheduler
+    from services.scheduler.step_scheduler_config import step_scheduler_config
 
     hello = attach_codec.decode_hello(_hello(num_seqs))
     pool = GeneratePool(ModelKey("mock", "1"), hello, SchedulerConfig(), clock=time.monotonic)

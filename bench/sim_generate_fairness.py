@@ -25,7 +25,8 @@ from services.common.errors import ResourceExhausted
 from services.scheduler.fair_queue import Priority, TenantContext
 from services.scheduler.kv_block_manager import KVBlockManager
 from services.scheduler.sequence import SamplingParams
-from services.scheduler.step_scheduler import StepScheduler, StepSchedulerConfig
+from services.scheduler.step_scheduler import StepScheduler
+from services.scheduler.step_scheduler_config import StepSchedulerConfig
 from services.scheduler.tokenizer import ByteTokenizer
 from tools.testbed.fake_clock import FakeClock
 

@@ -24,8 +24,10 @@ from services.scheduler.kv_block_manager import KVBlockManager
 from services.scheduler.sequence import Sequence as Seq
 from services.scheduler.sequence import SequenceStatus
 from services.scheduler.server import SchedulerService
+from services.scheduler.step_builder import StepBuilder
 from services.scheduler.step_plan import SequenceDelta, SequenceStep, StepPlan
-from services.scheduler.step_scheduler import StepBuilder, StepScheduler, StepSchedulerConfig
+from services.scheduler.step_scheduler import StepScheduler
+from services.scheduler.step_scheduler_config import StepSchedulerConfig
 from services.scheduler.tenant_service import TenantService
 from services.scheduler.tokenizer import Tokenizer
 
@@ -43,21 +45,38 @@ class StaticBatchScheduler(StepScheduler):
         # worker its block tables, until then).
         self._padding: list[Seq] = []
 
-    def _admits_new(self) -> bool:
-        return not self._batch_closed
+    def schedule(self) -> StepPlan:
+        """StepScheduler.schedule() with the batch's padding computed after the running set, and no
+        admission once the batch has begun decoding."""
+        self._check_nothing_in_flight()
+        now = self._clock()
+        expired = self._abort_expired(now)
+        step = StepBuilder(self.config.max_num_batched_tokens, self._service)
+        self._schedule_running(step)
+        padding = self._padding_steps(step)
+        if not step.preempted and not self._batch_closed:
+            self._admit(step, now)
+        return self._issue((*step.build_steps(), *padding), now, expired=expired, preempted=step.preempted)
 
-    def _extend_step(self, step: StepBuilder) -> None:
+    def schedule_ahead(self) -> StepPlan | None:
+        """Never: whether the batch closed or ended, and what it pads, is known from results only."""
+        return None
+
+    def _padding_steps(self, step: StepBuilder) -> list[SequenceStep]:
+        """Each padding member's last cached position computed again, out of the step's budget."""
         if not self._running:
             self._batch_closed = False
-            return
-        for seq in self._padding:  # recompute each padding member's last cached position
+            return []
+        steps = []
+        for seq in self._padding:
             if step.token_budget == 0:
-                return
+                break
             last = seq.num_computed_tokens - 1
-            step.extra_steps.append(SequenceStep(
+            steps.append(SequenceStep(
                 seq_id=seq.seq_id, token_ids=seq.token_ids(last, last + 1), start_position=last, new_blocks=(),
                 reset_block_table=False, sample=True, sampling=seq.sampling, num_generated=seq.num_generated))
             step.token_budget -= 1
+        return steps
 
     def update_from_output(self, plan: StepPlan, sampled_token_ids: Mapping[int, int],
                            step_time_s: float | None = None) -> list[SequenceDelta]:

@@ -56,7 +56,8 @@ from services.scheduler.prefix_routing import Route, Router, RoutingMode, Worker
 from services.scheduler.pressure import ModelPressure, generator_pressure
 from services.scheduler.sequence import AbortReason, SamplingParams, Sequence
 from services.scheduler.step_plan import SequenceDelta, StepPlan
-from services.scheduler.step_scheduler import StepScheduler, StepSchedulerConfig, StepSchedulerFactory
+from services.scheduler.step_scheduler import StepScheduler, StepSchedulerFactory
+from services.scheduler.step_scheduler_config import step_scheduler_config
 from services.scheduler.tenant_service import TenantService
 from services.scheduler.tokenizer import ByteTokenizer
 from services.scheduler.worker_link import ModelKey, WorkerGone, WorkerLink
@@ -108,28 +109,6 @@ class GenerateStream:
     num_tokens_seen: int = 0
     # A continuation (a stream resumed here): its first token is not the client's first token.
     resumed: bool = False
-
-
-def step_scheduler_config(config: SchedulerConfig, capacity: WorkerCapacity) -> StepSchedulerConfig:
-    def smaller(ours: int, theirs: int, default: int) -> int:
-        return min(v for v in (ours, theirs) if v) if (ours or theirs) else default
-
-    block_size = capacity.block_size or 16
-    max_seq_len = min(capacity.max_seq_len or 1 << 30, capacity.num_kv_blocks * block_size)
-    return StepSchedulerConfig(
-        max_num_seqs=smaller(config.max_num_seqs, capacity.max_num_seqs, 32),
-        max_num_batched_tokens=smaller(config.max_num_batched_tokens, capacity.max_num_batched_tokens, 512),
-        max_seq_len=max_seq_len,
-        max_num_waiting=config.max_queue_size,
-        max_prefill_chunk_tokens=config.long_prefill_chunk_tokens,
-        enable_chunked_prefill=config.long_prefill_chunk_tokens > 0,
-        max_long_partial_prefills=config.max_long_partial_prefills,
-        enable_fairness_preemption=config.fairness_preemption,
-        fairness_min_run_s=config.fairness_min_run_ms / 1000,
-        fairness_share_credit=config.fairness_share_credit,
-        enable_prefix_cache=config.prefix_cache,
-        public_prefix_texts=config.public_prefix_texts(),
-    )
 
 
 @dataclass

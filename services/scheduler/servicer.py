@@ -46,12 +46,13 @@ from services.scheduler.chunk_coalescer import ChunkCoalescer, CoalescedEvents
 from services.scheduler.classify_pool import ClassifyJob, ClassifyOutcome
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.generate_call import ChunkSink, GenerateCall
-from services.scheduler.generate_pool import EventSink, GenerateStream, StreamEvent, step_scheduler_config
+from services.scheduler.generate_pool import EventSink, GenerateStream, StreamEvent
 from services.scheduler.in_flight import InFlightCalls, draining_error, idle
 from services.scheduler.model_registry import ClassifierEntry, GeneratorEntry, ModelEntry, ModelRegistry
 from services.scheduler.request_metrics import RequestMetrics
 from services.scheduler.sequence import SamplingParams
 from services.scheduler.step_scheduler import StepScheduler, StepSchedulerFactory
+from services.scheduler.step_scheduler_config import step_scheduler_config
 from services.scheduler.submit_stream import SubmitStream
 from services.scheduler.worker_link import WorkerLink
 

@@ -48,7 +48,6 @@ import bisect
 from collections import deque
 from collections.abc import Mapping
 from collections.abc import Sequence as SequenceOf
-from dataclasses import dataclass
 from typing import Protocol
 
 from services.common.clock import Clock
@@ -70,137 +69,11 @@ from services.scheduler.sequence import (
     Sequence,
     SequenceStatus,
 )
+from services.scheduler.step_builder import StepBuilder
 from services.scheduler.step_plan import SequenceDelta, SequenceStep, StepPlan
-from services.scheduler.tenant_service import ServiceCost, TenantService
+from services.scheduler.step_scheduler_config import StepSchedulerConfig
+from services.scheduler.tenant_service import TenantService
 from services.scheduler.tokenizer import Tokenizer
-
-
-@dataclass(frozen=True)
-class StepSchedulerConfig:
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    # Prompt + output tokens of one sequence.
-    max_seq_len: int
-    # Waiting (never scheduled) sequences; beyond it add_request raises ResourceExhausted.
-    max_num_waiting: int = 1024
-    # Most tokens one sequence computes in one step; 0: up to the whole budget.
-    max_prefill_chunk_tokens: int = 0
-    # False: a waiting prompt is admitted only when it fits the step whole (the benchmark's baseline).
-    enable_chunked_prefill: bool = True
-    # Prompts needing more than one chunk that may prefill at once (vLLM's max_long_partial_prefills);
-    # others wait, and short prompts behind them are admitted meanwhile. 0: no limit.
-    max_long_partial_prefills: int = 1
-    # Deficit round robin credit per visit, in prompt tokens (the waiting queue's own order; admission
-    # picks tenants by service counter and only uses the queue's per-tenant order).
-    tenant_quantum_tokens: int = 256
-    # Service counter units per prompt token computed and per output token sampled (VTC's weights).
-    service_cost: ServiceCost = ServiceCost()
-    # A tenant below its weighted share of max_num_seqs that waits preempts a same-class tenant above
-    # its share; a sequence runs at least this long before it can be preempted so (anti-thrash).
-    enable_fairness_preemption: bool = True
-    fairness_min_run_s: float = 0.1
-    # Service units by which a waiting tenant below its share of max_num_seqs counts as less served
-    # at admission (TenantService.admission_key): slots stay at the shares unless one tenant is clearly
-    # less served, instead of changing hands by admission and back by fairness preemption.
-    fairness_share_credit: float = 200.0
-    # Admission keeps this fraction of blocks free, so running sequences can grow without preempting.
-    kv_watermark: float = 0.01
-    # Step time assumed before any is measured, and the weight of each new measurement.
-    initial_step_time_s: float = 0.02
-    step_time_ewma_alpha: float = 0.2
-    # Reuse the resident KV blocks of a sequence's prefix (prefix_cache.py); False: compute every token.
-    enable_prefix_cache: bool = True
-    # Prompt prefixes (text) whose full blocks every tenant shares; all others are salted per tenant.
-    public_prefix_texts: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_seq_len", "max_num_waiting", "tenant_quantum_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_long_partial_prefills < 0:
-            raise ValueError(f"max_long_partial_prefills must be >= 0, got {self.max_long_partial_prefills}")
-        if self.max_prefill_chunk_tokens < 0:
-            raise ValueError(f"max_prefill_chunk_tokens must be >= 0, got {self.max_prefill_chunk_tokens}")
-        if not 0 <= self.kv_watermark < 1:
-            raise ValueError(f"kv_watermark must be in [0, 1), got {self.kv_watermark}")
-        if self.fairness_min_run_s < 0:
-            raise ValueError(f"fairness_min_run_s must be >= 0, got {self.fairness_min_run_s}")
-        if self.fairness_share_credit < 0:
-            raise ValueError(f"fairness_share_credit must be >= 0, got {self.fairness_share_credit}")
-        if not 0 < self.step_time_ewma_alpha <= 1:
-            raise ValueError(f"step_time_ewma_alpha must be in (0, 1], got {self.step_time_ewma_alpha}")
-
-
-class StepBuilder:
-    """The sequences picked so far in one schedule() call, and what budget is left."""
-
-    def __init__(self, token_budget: int, service: TenantService) -> None:
-        self.token_budget = token_budget
-        self._service = service
-        # seq_id -> (sequence, tokens to compute, blocks appended this step)
-        self.picked: dict[int, tuple[Sequence, int, tuple[int, ...]]] = {}
-        self.preempted: list[int] = []
-        # Steps beyond the picked sequences' (a subclass's _extend_step; none in continuous batching).
-        self.extra_steps: list[SequenceStep] = []
-        # Decodes planned ahead (schedule_ahead): each computes the token the step in flight samples.
-        self.ahead: list[SequenceStep] = []
-        self.num_long_prefills = 0  # picked sequences with more than one chunk of prompt left
-
-    def pick(self, seq: Sequence, num_new_tokens: int, new_blocks: tuple[int, ...]) -> None:
-        self.picked[seq.seq_id] = (seq, num_new_tokens, new_blocks)
-        self.token_budget -= num_new_tokens
-        self._bill(seq, num_new_tokens)
-
-    def pick_ahead(self, seq: Sequence, start: int, num_generated: int, new_blocks: tuple[int, ...]) -> None:
-        """A decode at `start` of the token the newest step in flight samples for `seq`
-        (input_from_last_sample), `num_generated` tokens into its output."""
-        self.ahead.append(SequenceStep(
-            seq_id=seq.seq_id, token_ids=(), start_position=start, new_blocks=new_blocks,
-            reset_block_table=False, sample=True, sampling=seq.sampling, num_generated=num_generated,
-            input_from_last_sample=True,
-        ))
-        self.token_budget -= 1
-        self._service.charge(seq.tenant, num_decode_tokens=1)
-
-    def _bill(self, seq: Sequence, num_new_tokens: int) -> None:
-        """Charges the tenant when service is given, so later picks in this step already see it:
-        prompt tokens computed for the first time, and the token sampled at the end."""
-        end = seq.num_computed_tokens + num_new_tokens
-        num_prompt_tokens = len(seq.prompt_token_ids)
-        if seq.num_billed_prompt_tokens == num_prompt_tokens:  # a decode: the whole prompt billed before
-            self._service.charge(seq.tenant, num_decode_tokens=int(end == seq.num_tokens))
-            return
-        num_prompt = min(end, num_prompt_tokens) - seq.num_billed_prompt_tokens
-        seq.num_billed_prompt_tokens += max(0, num_prompt)
-        self._service.charge(seq.tenant, num_prefill_tokens=max(0, num_prompt),
-                             num_decode_tokens=int(end == seq.num_tokens))
-
-    def unpick(self, seq: Sequence) -> None:
-        picked = self.picked.pop(seq.seq_id, None)
-        if picked is not None:
-            self.token_budget += picked[1]
-
-    def build_steps(self) -> tuple[SequenceStep, ...]:
-        steps = []
-        for seq, num_new, new_blocks in self.picked.values():
-            start = seq.num_computed_tokens
-            reset = seq.needs_block_table_reset
-            steps.append(
-                SequenceStep(
-                    seq_id=seq.seq_id,
-                    token_ids=seq.token_ids(start, start + num_new),
-                    start_position=start,
-                    new_blocks=new_blocks,
-                    reset_block_table=reset,
-                    sample=start + num_new == seq.num_tokens,
-                    sampling=seq.sampling,
-                    num_generated=seq.num_generated,
-                    # A reset table's tokens before `start` are reused cached blocks (0 without a hit).
-                    num_cached_tokens=start if reset else 0,
-                )
-            )
-            seq.needs_block_table_reset = False
-        return (*self.ahead, *steps, *self.extra_steps)
 
 
 class StepSchedulerFactory(Protocol):
@@ -319,41 +192,28 @@ class StepScheduler:
         self._retire(seq)
         return seq
 
-    # -- seams: continuous batching uses neither; bench/static_batching.py's baseline overrides both
-
-    def _extend_step(self, step: StepBuilder) -> None:
-        """Called once the running set is scheduled, before admission: may add step.extra_steps."""
-
-    def _admits_new(self) -> bool:
-        """Whether this step may admit waiting sequences (the running set's room allowing)."""
-        return True
-
     # -- the step ----------------------------------------------------------
 
     def schedule(self) -> StepPlan:
-        if self._in_flight:
-            raise RuntimeError(f"step {self._in_flight[0][0].step_id} is still running; call update_from_output "
-                               f"first (or schedule_ahead)")
+        """The next step, once every step in flight has been updated from (RuntimeError otherwise).
+
+        The invariant it serves (sequence.py): there is no prefill phase and no decode phase, only
+        each sequence's `num_computed_tokens` catching up with its `num_tokens`. A prompt chunk, a
+        decode and a recompute after preemption are all the next tokens not yet computed; a
+        sequence samples only when its step reaches its end. So one step reads: expired sequences
+        aborted, the running set given its next tokens (preempting when blocks run out), then
+        waiting sequences admitted, unless the running set preempted (admitting right after
+        preempting would only thrash).
+        """
+        self._check_nothing_in_flight()
         now = self._clock()
         self._admission_blocked = False
         expired = self._abort_expired(now)
         step = StepBuilder(self.config.max_num_batched_tokens, self._service)
         self._schedule_running(step)
-        self._extend_step(step)
-        if not step.preempted and self._admits_new():  # admitting right after preempting would only thrash
+        if not step.preempted:
             self._admit(step, now)
-        plan = StepPlan(
-            step_id=self._next_step_id,
-            seqs=step.build_steps(),
-            finished_seq_ids=tuple(self._forget_ids),
-            expired_seq_ids=tuple(expired),
-            preempted_seq_ids=tuple(step.preempted),
-        )
-        self._next_step_id += 1
-        self._forget_ids.clear()
-        if plan.has_work():
-            self._in_flight.append((plan, now))
-        return plan
+        return self._issue(step.build_steps(), now, expired=expired, preempted=step.preempted)
 
     def schedule_ahead(self) -> StepPlan | None:
         """The next step, planned while the steps in flight run: its decodes take their input from the
@@ -375,20 +235,36 @@ class StepScheduler:
         self._admission_blocked = self._admit(step, now, may_preempt=False)
         if not step.ahead and not step.picked:
             return None
-        plan = StepPlan(step_id=self._next_step_id, seqs=step.build_steps(),
-                        finished_seq_ids=tuple(self._forget_ids))
+        return self._issue(step.build_steps(), now)
+
+    def _check_nothing_in_flight(self) -> None:
+        if self._in_flight:
+            raise RuntimeError(f"step {self._in_flight[0][0].step_id} is still running; call update_from_output "
+                               f"first (or schedule_ahead)")
+
+    def _issue(self, seqs: tuple[SequenceStep, ...], now: float, *, expired: SequenceOf[int] = (),
+               preempted: SequenceOf[int] = ()) -> StepPlan:
+        """The plan of a step holding `seqs`: it tells the worker which sequences to forget, and is in
+        flight until update_from_output() unless it runs nothing."""
+        plan = StepPlan(
+            step_id=self._next_step_id,
+            seqs=seqs,
+            finished_seq_ids=tuple(self._forget_ids),
+            expired_seq_ids=tuple(expired),
+            preempted_seq_ids=tuple(preempted),
+        )
         self._next_step_id += 1
         self._forget_ids.clear()
-        self._in_flight.append((plan, now))
+        if plan.has_work():
+            self._in_flight.append((plan, now))
         return plan
 
     def _continuing_decodes(self, last: StepPlan, now: float) -> list[tuple[Sequence, int, int]] | None:
         """The sequences of `last` (the newest step in flight) a step after it computes, with the
         position of the token it computes and the number of tokens generated before it; None when that
         step must wait for a result."""
-        if (self._admission_blocked or type(self)._extend_step is not StepScheduler._extend_step
-                or type(self)._admits_new is not StepScheduler._admits_new):
-            return None  # preemption for a waiting sequence (or a subclass's own steps) decides the next step
+        if self._admission_blocked:
+            return None  # preemption for a waiting sequence decides the next step
         if not all(step.sample for step in last.seqs):
             return None  # prefill chunks: their next chunk's budget is planned with the result
         if any(seq.is_expired(now) for seq in self._seqs.values()):

@@ -14,7 +14,8 @@ from services.scheduler.fair_queue import Priority, TenantContext
 from services.scheduler.kv_block_manager import KVBlockManager
 from services.scheduler.sequence import SamplingParams
 from services.scheduler.step_plan import SequenceDelta, StepPlan
-from services.scheduler.step_scheduler import StepScheduler, StepSchedulerConfig, StepSchedulerFactory
+from services.scheduler.step_scheduler import StepScheduler, StepSchedulerFactory
+from services.scheduler.step_scheduler_config import StepSchedulerConfig
 from services.scheduler.tokenizer import ByteTokenizer
 from tools.testbed.fake_clock import FakeClock  # noqa: F401 - re-exported to the tests
 

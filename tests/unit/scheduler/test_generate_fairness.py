@@ -9,7 +9,8 @@ from services.common.errors import ResourceExhausted
 from services.scheduler.fair_queue import Priority
 from services.scheduler.kv_block_manager import KVBlockManager
 from services.scheduler.sequence import SamplingParams, Sequence, SequenceStatus
-from services.scheduler.step_scheduler import StepScheduler, StepSchedulerConfig
+from services.scheduler.step_scheduler import StepScheduler
+from services.scheduler.step_scheduler_config import StepSchedulerConfig
 from services.scheduler.tenant_service import TenantService
 
 from .conftest import (

@@ -5,7 +5,7 @@ import pytest
 from services.common.config import ConfigError, load_config
 from services.scheduler.attach_types import WorkerCapacity
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.generate_pool import step_scheduler_config
+from services.scheduler.step_scheduler_config import step_scheduler_config
 
 
 def test_the_cache_is_on_by_default_and_the_flag_or_variable_turns_it_off():

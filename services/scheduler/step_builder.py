@@ -1,0 +1,81 @@
+"""One schedule() call's picks: the sequences chosen so far, their tokens and blocks, and the budget left.
+
+The StepScheduler decides; the builder keeps the tally, bills tenants as service is given (so later
+picks in the same step already see it), and turns the picks into the plan's `SequenceStep`s.
+"""
+
+from __future__ import annotations
+
+from services.scheduler.sequence import Sequence
+from services.scheduler.step_plan import SequenceStep
+from services.scheduler.tenant_service import TenantService
+
+
+class StepBuilder:
+    """The sequences picked so far in one schedule() call, and what budget is left."""
+
+    def __init__(self, token_budget: int, service: TenantService) -> None:
+        self.token_budget = token_budget
+        self._service = service
+        # seq_id -> (sequence, tokens to compute, blocks appended this step)
+        self.picked: dict[int, tuple[Sequence, int, tuple[int, ...]]] = {}
+        self.preempted: list[int] = []
+        # Decodes planned ahead (schedule_ahead): each computes the token the step in flight samples.
+        self.ahead: list[SequenceStep] = []
+        self.num_long_prefills = 0  # picked sequences with more than one chunk of prompt left
+
+    def pick(self, seq: Sequence, num_new_tokens: int, new_blocks: tuple[int, ...]) -> None:
+        self.picked[seq.seq_id] = (seq, num_new_tokens, new_blocks)
+        self.token_budget -= num_new_tokens
+        self._bill(seq, num_new_tokens)
+
+    def pick_ahead(self, seq: Sequence, start: int, num_generated: int, new_blocks: tuple[int, ...]) -> None:
+        """A decode at `start` of the token the newest step in flight samples for `seq`
+        (input_from_last_sample), `num_generated` tokens into its output."""
+        self.ahead.append(SequenceStep(
+            seq_id=seq.seq_id, token_ids=(), start_position=start, new_blocks=new_blocks,
+            reset_block_table=False, sample=True, sampling=seq.sampling, num_generated=num_generated,
+            input_from_last_sample=True,
+        ))
+        self.token_budget -= 1
+        self._service.charge(seq.tenant, num_decode_tokens=1)
+
+    def _bill(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Charges the tenant when service is given, so later picks in this step already see it:
+        prompt tokens computed for the first time, and the token sampled at the end."""
+        end = seq.num_computed_tokens + num_new_tokens
+        num_prompt_tokens = len(seq.prompt_token_ids)
+        if seq.num_billed_prompt_tokens == num_prompt_tokens:  # a decode: the whole prompt billed before
+            self._service.charge(seq.tenant, num_decode_tokens=int(end == seq.num_tokens))
+            return
+        num_prompt = min(end, num_prompt_tokens) - seq.num_billed_prompt_tokens
+        seq.num_billed_prompt_tokens += max(0, num_prompt)
+        self._service.charge(seq.tenant, num_prefill_tokens=max(0, num_prompt),
+                             num_decode_tokens=int(end == seq.num_tokens))
+
+    def unpick(self, seq: Sequence) -> None:
+        picked = self.picked.pop(seq.seq_id, None)
+        if picked is not None:
+            self.token_budget += picked[1]
+
+    def build_steps(self) -> tuple[SequenceStep, ...]:
+        steps = []
+        for seq, num_new, new_blocks in self.picked.values():
+            start = seq.num_computed_tokens
+            reset = seq.needs_block_table_reset
+            steps.append(
+                SequenceStep(
+                    seq_id=seq.seq_id,
+                    token_ids=seq.token_ids(start, start + num_new),
+                    start_position=start,
+                    new_blocks=new_blocks,
+                    reset_block_table=reset,
+                    sample=start + num_new == seq.num_tokens,
+                    sampling=seq.sampling,
+                    num_generated=seq.num_generated,
+                    # A reset table's tokens before `start` are reused cached blocks (0 without a hit).
+                    num_cached_tokens=start if reset else 0,
+                )
+            )
+            seq.needs_block_table_reset = False
+        return (*self.ahead, *steps)
