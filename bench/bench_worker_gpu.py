@@ -27,8 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from services.worker.model_repository import load_model, run_golden_check
 from services.worker.models.paged import PagedSequence
+from services.worker.repository.golden import run_golden_check
+from services.worker.repository.loader import load_model
 from tools.build_models import digits_dataset
 
 ROOT = Path(__file__).resolve().parents[1] / "model_repo"

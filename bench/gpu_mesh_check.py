@@ -32,7 +32,8 @@ from PIL import Image
 
 from bench.bench_worker_gpu import PROMPTS, ROOT
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from services.worker.model_repository import load_manifest, load_model
+from services.worker.repository.loader import load_model
+from services.worker.repository.store import load_manifest
 from tools.build_models import digits_dataset
 from tools.testbed.processes import running_mesh
 

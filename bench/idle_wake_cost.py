@@ -51,7 +51,7 @@ def main() -> None:
 
     export_thread_env(1)
     set_library_threads(1)
-    from services.worker.model_repository import load_model
+    from services.worker.repository.loader import load_model
 
     classifier = load_model(str(ROOT / "model_repo"), "digits", "1").classifier
     assert classifier is not None

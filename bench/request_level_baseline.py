@@ -194,7 +194,7 @@ def load_tinylm(model_repo: str, num_threads: int):
 
     export_thread_env(num_threads)
     set_library_threads(num_threads)
-    from services.worker.model_repository import load_model
+    from services.worker.repository.loader import load_model
     from services.worker.step_executor import StepExecutor
 
     model = load_model(model_repo, "tinylm", "1")

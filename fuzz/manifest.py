@@ -1,4 +1,4 @@
-"""atheris: a model manifest (services/worker/model_repository.py: load_manifest), bytes as on disk."""
+"""atheris: a model manifest (services/worker/repository/store.py: load_manifest), bytes as on disk."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import atheris
 
 from fuzz.harness import ScratchFile, fuzz
 
-with atheris.instrument_imports(include=["services.worker.model_repository"]):
-    from services.worker.model_repository import MANIFEST_FILE, ModelRepositoryError, load_manifest
+with atheris.instrument_imports(include=["services.worker.repository"]):
+    from services.worker.repository.errors import ModelRepositoryError
+    from services.worker.repository.manifest import MANIFEST_FILE
+    from services.worker.repository.store import load_manifest
 
 _FILE = ScratchFile(f"digits/1/{MANIFEST_FILE}")
 

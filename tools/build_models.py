@@ -42,27 +42,19 @@ import torch
 import torch.nn.functional as F
 
 from kernels import preprocess_images
-from services.worker.model_repository import (
-    ClassifierInputs,
-    ClassifierSpec,
-    Envelope,
-    GeneratorSpec,
-    GoldenGeneration,
-    GoldenImage,
-    InvalidManifest,
-    Manifest,
-    ModelKind,
-    TokenizerSpec,
-    WeightsRef,
-    load_manifest,
-    load_model,
-    run_golden_check,
-    sha256_of,
-    write_manifest,
-)
 from services.worker.models.classifier import Cnn, CnnConfig
 from services.worker.models.generator import Generator
 from services.worker.models.transformer import DecoderLM, TransformerConfig
+from services.worker.repository.classifier_spec import ClassifierInputs, ClassifierSpec, GoldenImage
+from services.worker.repository.envelope import Envelope
+from services.worker.repository.errors import InvalidManifest
+from services.worker.repository.generator_spec import GeneratorSpec, GoldenGeneration
+from services.worker.repository.golden import run_golden_check
+from services.worker.repository.loader import load_model
+from services.worker.repository.manifest import Manifest, ModelKind
+from services.worker.repository.store import load_manifest, sha256_of, write_manifest
+from services.worker.repository.tokenizer_spec import TokenizerSpec
+from services.worker.repository.weights_spec import WeightsRef
 
 BUILD_REVISION = "1"  # bump when the build code changes what a recipe produces
 WEIGHTS_FILE = "weights.pt"

@@ -16,13 +16,10 @@ from services.common.timings import StageTime, seconds_to_us, to_proto
 from services.worker import work
 from services.worker.batch_executor import BatchExecutor
 from services.worker.config import WorkerConfig
-from services.worker.model_repository import (
-    ClassifierSpec,
-    LoadedModel,
-    ModelKind,
-    load_model,
-    run_golden_check,
-)
+from services.worker.repository.classifier_spec import ClassifierSpec
+from services.worker.repository.golden import run_golden_check
+from services.worker.repository.loader import LoadedModel, load_model
+from services.worker.repository.manifest import ModelKind
 from services.worker.sequence_mirror import MAX_STEPS_IN_FLIGHT, MAX_STEPS_PER_COMMAND
 from services.worker.step_codec import item_error_to_proto, run_step_from_proto, step_result_to_proto
 from services.worker.step_executor import StepExecutor

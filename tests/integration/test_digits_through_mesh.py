@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from services.worker.model_repository import load_manifest
+from services.worker.repository.store import load_manifest
 from tools.build_models import DigitsRecipe, build_digits, digits_dataset, is_up_to_date
 from tools.testbed import session_tls
 from tools.testbed.processes import running_mesh

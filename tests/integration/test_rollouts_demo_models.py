@@ -24,7 +24,7 @@ import yaml
 from PIL import Image
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from services.worker.model_repository import load_manifest, sha256_of
+from services.worker.repository.store import load_manifest, sha256_of
 from tests.support.closed_loop import drive_until
 from tools.build_models import (
     DigitsRecipe,

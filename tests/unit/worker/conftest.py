@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from services.worker.model_repository import LoadedModel, load_model
+from services.worker.repository.loader import LoadedModel, load_model
 from tools.build_models import DigitsRecipe, TinyLMRecipe, build_digits, build_tinylm, is_up_to_date
 
 REPO_MODEL_ROOT = Path(__file__).resolve().parents[3] / "model_repo"

@@ -12,7 +12,7 @@ from PIL import Image
 from services.common.errors import InvalidArgument
 from services.worker.batch_executor import BatchExecutor
 from services.worker.image_decode import convert_channels, decode_image
-from services.worker.model_repository import LoadedModel
+from services.worker.repository.loader import LoadedModel
 from services.worker.work import BatchItem, ErrorCode, RawImage
 from tools.build_models import DigitsData, digits_dataset
 

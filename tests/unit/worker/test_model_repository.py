@@ -9,24 +9,14 @@ from pathlib import Path
 import pytest
 
 from services.common.errors import NotFound
-from services.worker.model_repository import (
-    GoldenCheckFailed,
-    GoldenGeneration,
-    InvalidManifest,
-    LoadedModel,
-    ModelKind,
-    ModelVersion,
-    WeightsChecksumMismatch,
-    list_models,
-    load_manifest,
-    load_model,
-    manifest_to_dict,
-    parse_manifest,
-    run_golden_check,
-    sha256_of,
-)
 from services.worker.models.classifier import Classifier
 from services.worker.models.generator import Generator
+from services.worker.repository.errors import GoldenCheckFailed, InvalidManifest, WeightsChecksumMismatch
+from services.worker.repository.generator_spec import GoldenGeneration
+from services.worker.repository.golden import GOLDEN_CHECKS, run_golden_check
+from services.worker.repository.loader import RUNTIME_BUILDERS, LoadedModel, load_model
+from services.worker.repository.manifest import KINDS, ModelKind, manifest_to_dict, parse_manifest
+from services.worker.repository.store import ModelVersion, list_models, load_manifest, sha256_of
 from tools.build_models import DigitsRecipe, build_digits
 
 
@@ -186,3 +176,34 @@ def test_build_skips_an_up_to_date_version(model_root: Path, digits: LoadedModel
     result = build_digits(model_root, DigitsRecipe(), log=lambda _: None)
     assert result.built is False
     assert load_manifest(model_root, "digits", "1").weights == digits.manifest.weights
+
+
+def test_every_kind_has_a_block_schema_a_runtime_builder_and_a_golden_check() -> None:
+    assert set(KINDS) == {kind.value for kind in ModelKind}
+    assert set(RUNTIME_BUILDERS) == set(GOLDEN_CHECKS) == set(ModelKind)
+
+
+@pytest.mark.parametrize(("path", "value", "fragment"), [
+    ("generator.tokenizer.kind", "sentencepiece",
+     "field 'generator.tokenizer.kind' must be 'bytes' (the tokenizers this worker serves), got 'sentencepiece'"),
+    ("generator.tokenizer.merges", [], "unknown field(s) ['merges'] in generator.tokenizer"),
+    ("weights.format", "safetensors", "unknown field(s) ['format'] in weights"),
+    ("weights.format", "torch", "unknown field(s) ['format'] in weights"),  # the torch block is written without it
+    ("classifier", {}, "field 'classifier' must be absent for a generator"),
+])
+def test_bad_generator_manifests_are_rejected_naming_the_field(
+    tinylm: LoadedModel, path: str, value: object, fragment: str
+) -> None:
+    data = copy.deepcopy(manifest_to_dict(tinylm.manifest))
+    _apply(data, path, value)
+    with pytest.raises(InvalidManifest) as caught:
+        parse_manifest(data, source="tinylm/1/manifest.json")
+    assert fragment in caught.value.message
+
+
+def test_a_manifest_holds_the_block_of_its_kind_alone(digits: LoadedModel, tinylm: LoadedModel) -> None:
+    with pytest.raises(ValueError, match=r"holds the classifier block alone, got \['classifier', 'generator'\]"):
+        dataclasses.replace(digits.manifest, generator=tinylm.manifest.generator)
+    with pytest.raises(ValueError, match=r"got \[\]"):
+        dataclasses.replace(digits.manifest, classifier=None)
+    assert digits.manifest.spec is digits.manifest.classifier

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from services.worker.model_repository import LoadedModel
 from services.worker.models.paged import KVCache, PagedSequence, check_sequence
+from services.worker.repository.loader import LoadedModel
 from services.worker.step_executor import StepExecutor
 from services.worker.work import RunStep, SequenceStep
 

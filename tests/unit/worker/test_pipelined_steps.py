@@ -11,7 +11,7 @@ import grpc
 from infermesh.v1 import common_pb2, scheduler_pb2
 from services.worker.attach_client import AttachClient, Backoff
 from services.worker.mock_models import MockGeneratorRuntime, MockProfile, mock_continuation
-from services.worker.model_repository import LoadedModel
+from services.worker.repository.loader import LoadedModel
 from services.worker.sequence_mirror import MAX_STEPS_IN_FLIGHT, SequenceMirror
 from services.worker.step_codec import run_step_from_proto
 from services.worker.step_executor import StepExecutor

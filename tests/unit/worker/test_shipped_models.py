@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from services.worker.model_repository import load_manifest, sha256_of, write_manifest
+from services.worker.repository.store import load_manifest, sha256_of, write_manifest
 from tools.build_models import DigitsRecipe, TinyLMRecipe, build_digits, compare_builds, recipe_digest
 
 SHIPPED_ROOT = Path(__file__).resolve().parents[3] / "model_repo"

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from services.worker.model_repository import LoadedModel
+from services.worker.repository.loader import LoadedModel
 from services.worker.step_executor import StepExecutor
 from services.worker.work import ErrorCode, RunStep, SamplingParams, SequenceStep
 

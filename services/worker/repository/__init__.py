@@ -1,0 +1,14 @@
+"""The model repository: what a version directory holds, how it is checked, and how it is loaded.
+
+    errors.py           the domain errors (a worker exits 2 on any of them)
+    json_fields.py      strict reading of one JSON object; messages name the file and the field's path
+    manifest.py         Manifest, ModelKind, and KINDS: each kind's block, keyed by the kind string
+    envelope.py         the capacity declared at attach
+    weights_spec.py     the weights file and its sha256; WEIGHTS_FORMATS keyed by `weights.format`
+    classifier_spec.py  the classifier block
+    generator_spec.py   the generator block
+    tokenizer_spec.py   the generator's tokenizer; TOKENIZERS keyed by `tokenizer.kind`
+    store.py            the layout on disk: list, find, read and write manifests, sha256 of files
+    loader.py           sha256 check, weights, and the serving runtime each kind builds
+    golden.py           the fixed inputs through the serving path, at load
+"""

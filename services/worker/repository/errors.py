@@ -1,0 +1,25 @@
+"""What can be wrong with a model version on disk, as domain errors (the worker exits 2 on any of them)."""
+
+from __future__ import annotations
+
+from services.common.errors import InfermeshError
+
+
+class ModelRepositoryError(InfermeshError):
+    """A model version exists but cannot be served as it is on disk."""
+
+
+class InvalidManifest(ModelRepositoryError):
+    """The manifest is not valid JSON or breaks the schema; the message names the file and the field."""
+
+
+class WeightsChecksumMismatch(ModelRepositoryError):
+    pass
+
+
+class IncompatibleWeights(ModelRepositoryError):
+    pass
+
+
+class GoldenCheckFailed(ModelRepositoryError):
+    pass

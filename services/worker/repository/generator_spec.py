@@ -1,0 +1,77 @@
+"""The manifest's `generator` block (kind "generator"): max_seq_len, tokenizer, transformer, golden prompts."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar
+
+from services.worker.models.transformer import TransformerConfig
+from services.worker.repository.envelope import Envelope
+from services.worker.repository.errors import InvalidManifest
+from services.worker.repository.json_fields import JsonFields
+from services.worker.repository.tokenizer_spec import TokenizerSpec, parse_tokenizer
+
+
+@dataclass(frozen=True)
+class GoldenGeneration:
+    prompt_ids: tuple[int, ...]
+    expected_ids: tuple[int, ...]  # greedy continuation
+
+    @classmethod
+    def from_json(cls, x: JsonFields, vocab_size: int, max_seq_len: int) -> GoldenGeneration:
+        x.allow_only("prompt_ids", "expected_ids")
+        prompt, expected = x.ints("prompt_ids", 0, vocab_size), x.ints("expected_ids", 0, vocab_size)
+        if len(prompt) + len(expected) > max_seq_len:
+            raise x.fail("expected_ids", f"with the prompt exceeds max_seq_len {max_seq_len}")
+        return cls(prompt, expected)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"prompt_ids": list(self.prompt_ids), "expected_ids": list(self.expected_ids)}
+
+
+@dataclass(frozen=True)
+class GeneratorSpec:
+    max_seq_len: int  # prompt + generated tokens
+    tokenizer: TokenizerSpec
+    architecture: TransformerConfig
+    golden: tuple[GoldenGeneration, ...]
+
+    ENVELOPE_NEEDS: ClassVar[frozenset[str]] = frozenset(
+        {"max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "block_size"})
+
+    @classmethod
+    def from_json(cls, g: JsonFields, envelope: Envelope) -> GeneratorSpec:
+        g.allow_only("inputs", "tokenizer", "architecture", "golden")
+        i = g.obj("inputs")
+        i.allow_only("max_seq_len")
+        max_seq_len = i.integer("max_seq_len", 1)
+        tokenizer = parse_tokenizer(g.obj("tokenizer"))
+        a = g.obj("architecture")
+        architecture = _transformer_config(a)
+        if architecture.vocab_size != tokenizer.vocab_size:
+            raise a.fail("vocab_size",
+                         f"is {architecture.vocab_size} but tokenizer.vocab_size is {tokenizer.vocab_size}")
+        if envelope.num_kv_blocks * envelope.block_size < max_seq_len:
+            raise InvalidManifest(
+                f"{g.source}: envelope holds {envelope.num_kv_blocks}*{envelope.block_size} KV slots, "
+                f"fewer than one sequence of max_seq_len {max_seq_len}"
+            )
+        golden = tuple(GoldenGeneration.from_json(x, tokenizer.vocab_size, max_seq_len) for x in g.items("golden", 1))
+        return cls(max_seq_len, tokenizer, architecture, golden)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "inputs": {"max_seq_len": self.max_seq_len},
+            "tokenizer": self.tokenizer.to_json(),
+            "architecture": asdict(self.architecture),
+            "golden": [x.to_json() for x in self.golden],
+        }
+
+
+def _transformer_config(a: JsonFields) -> TransformerConfig:
+    a.allow_only(*(f.name for f in fields(TransformerConfig)))
+    return TransformerConfig(
+        vocab_size=a.integer("vocab_size", 1), num_layers=a.integer("num_layers", 1), d_model=a.integer("d_model", 1),
+        num_heads=a.integer("num_heads", 1), num_kv_heads=a.integer("num_kv_heads", 1), d_ff=a.integer("d_ff", 1),
+        rope_theta=a.number("rope_theta"), norm_eps=a.number("norm_eps"),
+    )
