@@ -21,10 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from services.common.priority import Priority
 from services.gateway.quota.lease import LeaseConfig, LeaseReply, SharedQuotas, TenantGrant
 from services.gateway.quota.quotas import TenantQuotas
 from services.gateway.quota.store import ValkeyQuotaStore
-from services.gateway.tenants.directory import Priority, Tenant, TenantQuota
+from services.gateway.tenants.directory import Tenant, TenantQuota
 from tools.testbed.valkey import running_valkey
 
 RESULTS = Path(__file__).resolve().parent / "results" / "quota_store.json"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.config import ServerSettings, require, setting
+from services.common.priority import Priority
 from services.gateway.admission.adaptive_limit import AdaptiveLimitConfig
 from services.gateway.admission.shedding import SheddingConfig, ShedThresholds
 from services.gateway.dispatch.deadlines import DeadlinePolicy
@@ -13,7 +14,6 @@ from services.gateway.dispatch.retry_policy import RetryPolicyConfig
 from services.gateway.quota.lease import LeaseConfig
 from services.gateway.routing.circuit_breaker import BreakerConfig
 from services.gateway.routing.discovery import DiscoveryConfigError, SchedulerTarget, parse_scheduler_target
-from services.gateway.tenants.directory import Priority
 
 # Fail closed: a gateway that would serve everyone must have been asked to (docs/security.md).
 NO_TENANTS_MESSAGE = ("no tenants file: the gateway refuses to serve unauthenticated callers; give --tenants-file "

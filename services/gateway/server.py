@@ -19,6 +19,7 @@ from services.common.admin_servicer import AdminServicer, add_to_server
 from services.common.cert_files import TlsFiles
 from services.common.config import ConfigError
 from services.common.metric_labels import KnownValues, KnownVersions
+from services.common.priority import Priority
 from services.common.server import Health
 from services.gateway.admission.adaptive_limit import AdaptiveLimits
 from services.gateway.admission.admission import (
@@ -29,7 +30,7 @@ from services.gateway.admission.admission import (
     WatchedTenants,
 )
 from services.gateway.admission.concurrency import ConcurrencyLimiter
-from services.gateway.admission.shedding import LoadShedder, PressureBoard
+from services.gateway.admission.shedding import LoadShedder
 from services.gateway.admission.trace_trust import TraceTrust, TrustMode
 from services.gateway.config import GatewayConfig
 from services.gateway.dispatch.deadlines import Deadlines
@@ -52,9 +53,11 @@ from services.gateway.rollout.controller import RolloutController
 from services.gateway.rollout.probe import RoutedGoldenProber
 from services.gateway.rollout.shadow import ShadowMirror
 from services.gateway.rollout.store import FileRolloutStore
+from services.gateway.routing.catalog import ModelCatalog
 from services.gateway.routing.circuit_breaker import CircuitBreakers
 from services.gateway.routing.discovery import Resolver, SchedulerDiscovery
-from services.gateway.routing.pressure_poller import ModelCatalog, PressurePoller
+from services.gateway.routing.pressure import PressureBoard
+from services.gateway.routing.pressure_poller import PressurePoller
 from services.gateway.routing.replicas import Membership, ReplicaSelector
 from services.gateway.routing.silence_watch import SilenceWatch
 from services.gateway.routing.table import (
@@ -66,7 +69,7 @@ from services.gateway.routing.table import (
     load_routing_file,
 )
 from services.gateway.telemetry import metrics
-from services.gateway.tenants.directory import Priority, TenantConfig, TenantConfigError, TenantConfigWatcher
+from services.gateway.tenants.directory import TenantConfig, TenantConfigError, TenantConfigWatcher
 from services.gateway.upstream.clients import SchedulerClients, UpstreamMode
 
 log = logging.getLogger(__name__)
@@ -178,9 +181,9 @@ class GatewayService:
             board=self.board,
             catalog=self.catalog,
             breakers=self.breakers,
-            budgets=self.budgets,
             interval_s=config.pressure_poll_interval_ms / 1000,
             membership=self.membership,
+            after_poll=lambda: metrics.observe_budgets(self.budgets.balances()),
         )
 
     def _rollouts_of(self, routing: RoutingTable) -> RolloutController:

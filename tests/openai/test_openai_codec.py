@@ -6,11 +6,11 @@ import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
+from services.common.priority import Priority
 from services.gateway.calls.generate_core import parse_priority
 from services.gateway.fronts import openai_codec
 from services.gateway.fronts.openai_http import timeout_s_of
 from services.gateway.quota.quotas import QuotaExceeded
-from services.gateway.tenants.directory import Priority
 
 
 def test_chat_template_puts_each_message_on_its_own_line_and_opens_the_reply():

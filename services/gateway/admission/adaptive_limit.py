@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from services.common.clock import Clock
 from services.common.errors import ResourceExhausted
-from services.gateway.tenants.directory import Priority
+from services.common.priority import Priority
 
 
 class Outcome(enum.Enum):

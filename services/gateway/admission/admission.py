@@ -28,17 +28,20 @@ from services.common import log_context
 from services.common.clock import Clock
 from services.common.errors import DeadlineExceeded, InfermeshError, ResourceExhausted, Unavailable
 from services.common.metric_labels import OTHER
+from services.common.priority import Priority
 from services.common.status import status_code_of
-from services.common.telemetry import Attachment, attach, detach, server_span
+from services.common.telemetry import server_span
 from services.gateway.admission.adaptive_limit import AdaptiveLimits, LimitPermit, Outcome
 from services.gateway.admission.concurrency import ConcurrencyLimiter, ConcurrencyPermit
-from services.gateway.admission.shedding import LoadShedder, PressureBoard
+from services.gateway.admission.shedding import LoadShedder
 from services.gateway.admission.trace_trust import TraceTrust
 from services.gateway.dispatch.deadlines import Deadline, Deadlines
 from services.gateway.quota.quotas import Lease, QuotaExceeded, Quotas
+from services.gateway.routing.pressure import PressureBoard
 from services.gateway.routing.table import RoutingTable
 from services.gateway.telemetry import metrics
-from services.gateway.tenants.directory import ALL_MODELS, Priority, Tenant, TenantConfigWatcher, TenantQuota
+from services.gateway.telemetry.tracing import span
+from services.gateway.tenants.directory import ALL_MODELS, Tenant, TenantConfigWatcher, TenantQuota
 
 log = logging.getLogger(__name__)
 _tracer = trace.get_tracer("infermesh.gateway")
@@ -58,38 +61,6 @@ ANONYMOUS = Tenant(
     api_key_sha256=(),
 )
 UNAUTHENTICATED = "unauthenticated"  # tenant label of requests refused before auth
-
-
-class span:  # noqa: N801 - used like the tracer's own context manager
-    """A child span of the current one, current while the block runs.
-
-    Cheaper than `start_as_current_span` on the refusal path, which is what matters there:
-    no generator-based context managers, and exceptions are not recorded (formatting a
-    traceback per span made a refused request cost more than a served one). The request's
-    server span carries the final status code instead.
-    """
-
-    __slots__ = ("_name", "_attributes", "_kind", "_span", "_attachment")
-
-    def __init__(self, name: str, kind: trace.SpanKind = trace.SpanKind.INTERNAL, **attributes) -> None:
-        self._name = name
-        self._kind = kind
-        self._attributes = attributes or None
-
-    def __enter__(self) -> trace.Span:
-        parent = trace.get_current_span()
-        if not parent.is_recording():
-            # The request's trace is not sampled: its children would not be either, so skip them.
-            self._span = None
-            return parent
-        self._span = _tracer.start_span(self._name, kind=self._kind, attributes=self._attributes)
-        self._attachment: Attachment = attach(trace.set_span_in_context(self._span))
-        return self._span
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if self._span is not None:
-            detach(self._attachment)
-            self._span.end()
 
 
 class TenantSource(Protocol):

@@ -23,13 +23,15 @@ from typing import cast
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 from services.common import errors
 from services.common.log_context import bind
+from services.common.priority import Priority
 from services.common.protocol import DEFAULT_MAX_TOKENS
 from services.common.stream_options import stream_options
-from services.gateway.admission.admission import Admission, RequestScope, span
+from services.gateway.admission.admission import Admission, RequestScope
 from services.gateway.calls.stage_timings import gateway_stages, ingress_s
 from services.gateway.dispatch.dispatcher import Dispatcher
 from services.gateway.rollout.shadow import ShadowMirror
-from services.gateway.tenants.directory import Priority, Tenant
+from services.gateway.telemetry.tracing import span
+from services.gateway.tenants.directory import Tenant
 
 SERVICE = "gateway"
 PRIORITY_KEY = "x-infermesh-priority"

@@ -21,8 +21,6 @@ from opentelemetry import trace
 
 from services.common.errors import InfermeshError, Internal, Unavailable
 from services.common.metric_labels import OTHER
-from services.gateway.admission.admission import span
-from services.gateway.admission.shedding import PressureBoard
 from services.gateway.dispatch.deadlines import Deadlines
 from services.gateway.dispatch.retry_budget import RetryBudgets
 from services.gateway.dispatch.retry_policy import (
@@ -39,8 +37,10 @@ from services.gateway.dispatch.stream_resume import (
     StreamMismatch,
 )
 from services.gateway.routing.circuit_breaker import CircuitBreakers
+from services.gateway.routing.pressure import PressureBoard
 from services.gateway.routing.table import Route, RoutingTable
 from services.gateway.telemetry import metrics
+from services.gateway.telemetry.tracing import span
 from services.gateway.upstream.clients import AttemptError, GenerateCall, SchedulerClient, SchedulerClients
 from services.gateway.upstream.status import UpstreamCode
 
@@ -311,7 +311,7 @@ class Dispatcher:
 
     def _observe(self, endpoint: str) -> None:
         state = self._breakers.for_endpoint(endpoint).state
-        metrics.BREAKER_STATE.labels(endpoint).set(metrics.BREAKER_STATE_VALUE[state])
+        metrics.BREAKER_STATE.labels(endpoint).set(metrics.BREAKER_STATE_VALUE[state.value])
 
 
 def _knows_target(scope) -> bool:

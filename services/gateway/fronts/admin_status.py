@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 from services.common import admin, build_info
 from services.common.errors import NotFound, PermissionDenied
-from services.gateway.admission.shedding import PressureReport
 from services.gateway.rollout.controller import HandAction, RolloutController, RolloutView
 from services.gateway.routing.circuit_breaker import BreakerState
+from services.gateway.routing.pressure import PressureReport
 from services.gateway.tenants.directory import Tenant, TenantDirectory
 
 

@@ -14,7 +14,7 @@ from services.common import errors
 from services.common.deadlines import remaining_s
 from services.common.log_context import bind
 from services.common.status import maps_domain_errors
-from services.gateway.admission.admission import Admission, RequestScope, span
+from services.gateway.admission.admission import Admission, RequestScope
 from services.gateway.calls.generate_core import (
     PRIORITY_KEY,
     Caller,
@@ -28,6 +28,7 @@ from services.gateway.calls.stage_timings import REQUEST_START_KEY, parse_reques
 from services.gateway.dispatch.dispatcher import Dispatcher
 from services.gateway.dispatch.retry_policy import WorkKind
 from services.gateway.rollout.shadow import ShadowMirror
+from services.gateway.telemetry.tracing import span
 from services.gateway.upstream.clients import AttemptError, SchedulerClients
 
 

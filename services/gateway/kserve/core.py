@@ -23,13 +23,14 @@ from inference import grpc_predict_v2_pb2 as kserve
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.common.log_context import bind
-from services.gateway.admission.admission import Admission, RequestScope, span
+from services.gateway.admission.admission import Admission, RequestScope
 from services.gateway.calls.generate_core import Caller, GenerateCore, parse_priority
 from services.gateway.kserve import codec as kserve_codec
 from services.gateway.kserve import models as kserve_models
 from services.gateway.kserve import stream as kserve_stream
 from services.gateway.kserve.stats import ModelStatistics
-from services.gateway.routing.pressure_poller import ModelCatalog
+from services.gateway.routing.catalog import ModelCatalog
+from services.gateway.telemetry.tracing import span
 
 # The catalog is refreshed on a miss at most this often, so unknown-model floods stay cheap.
 _MIN_REFRESH_INTERVAL_S = 0.25

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 from infermesh.v1 import common_pb2, scheduler_pb2
 from services.common.errors import InfermeshError
+from services.common.priority import Priority
 from services.common.status import status_code_of
 from services.gateway.routing.table import RoutingTable
-from services.gateway.tenants.directory import Priority
 from services.gateway.upstream.clients import AttemptError, GenerateCall, SchedulerClient, SchedulerClients
 from services.gateway.upstream.scheduler_stream import StreamGenerateCall
 

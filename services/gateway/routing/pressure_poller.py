@@ -14,13 +14,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
-from infermesh.v1 import gateway_pb2
 from services.common.clock import Clock
 from services.common.log_context import clean_context
-from services.gateway.admission.shedding import PressureBoard, PressureReport
-from services.gateway.dispatch.retry_budget import RetryBudgets
+from services.gateway.routing.catalog import ModelCatalog
 from services.gateway.routing.circuit_breaker import CircuitBreakers
+from services.gateway.routing.pressure import PressureBoard, PressureReport
 from services.gateway.routing.replicas import Membership
 from services.gateway.routing.table import RoutingTable
 from services.gateway.telemetry import metrics
@@ -29,62 +29,6 @@ from services.gateway.upstream.status import UpstreamCode
 
 log = logging.getLogger(__name__)
 EXTRA_POLL_MIN_GAP_S = 0.1
-
-
-class ModelCatalog:
-    """What each endpoint's ListModels last said, looked up by model name."""
-
-    def __init__(self) -> None:
-        self._by_endpoint: dict[str, tuple[gateway_pb2.ModelInfo, ...]] = {}
-        # Every model name some endpoint reported, kept on each update: `knows` runs per request.
-        self._names: frozenset[str] = frozenset()
-        # (name, version) -> endpoints that reported it ready; routing reads it per canary draw.
-        self._ready: dict[tuple[str, str], frozenset[str]] = {}
-
-    def update(self, endpoint: str, models: tuple[gateway_pb2.ModelInfo, ...]) -> None:
-        self._by_endpoint[endpoint] = models
-        self._reindex()
-
-    def forget(self, endpoint: str) -> None:
-        self._by_endpoint.pop(endpoint, None)
-        self._reindex()
-
-    def _reindex(self) -> None:
-        self._names = frozenset(info.model.name for models in self._by_endpoint.values() for info in models)
-        ready: dict[tuple[str, str], set[str]] = {}
-        for endpoint, models in self._by_endpoint.items():
-            for info in models:
-                if info.ready:
-                    ready.setdefault((info.model.name, info.model.version), set()).add(endpoint)
-        self._ready = {key: frozenset(endpoints) for key, endpoints in ready.items()}
-
-    def knows(self, name: str) -> bool:
-        """Whether any endpoint reported a version of `name` (ready or not)."""
-        return name in self._names
-
-    def serving(self, name: str, version: str) -> frozenset[str]:
-        """The endpoints whose last ListModels reported `version` of `name` ready."""
-        return self._ready.get((name, version), frozenset())
-
-    def knows_version(self, name: str, version: str) -> bool:
-        """Whether any endpoint reported `version` of `name` (ready or not)."""
-        return any(info.model.version == version for info in self.versions(name))
-
-    def versions(self, name: str) -> list[gateway_pb2.ModelInfo]:
-        """Every known version of `name` (one entry per version, ready if any endpoint is)."""
-        by_version: dict[str, gateway_pb2.ModelInfo] = {}
-        for models in self._by_endpoint.values():
-            for info in models:
-                if info.model.name != name:
-                    continue
-                known = by_version.get(info.model.version)
-                if known is None or (info.ready and not known.ready):
-                    by_version[info.model.version] = info
-        return [by_version[v] for v in sorted(by_version)]
-
-    def all_models(self) -> list[gateway_pb2.ModelInfo]:
-        names = sorted({info.model.name for models in self._by_endpoint.values() for info in models})
-        return [info for name in names for info in self.versions(name)]
 
 
 class PressurePoller:
@@ -96,17 +40,19 @@ class PressurePoller:
         board: PressureBoard,
         catalog: ModelCatalog,
         breakers: CircuitBreakers,
-        budgets: RetryBudgets,
         interval_s: float,
         membership: Membership | None = None,
         clock: Clock = time.monotonic,
+        after_poll: Callable[[], None] = lambda: None,
     ) -> None:
+        """after_poll: runs after each round of polls (the server publishes the retry budgets' gauges
+        then, on the same beat as the breakers')."""
         self._routing = routing
         self._clients = clients
         self._board = board
         self._catalog = catalog
         self._breakers = breakers
-        self._budgets = budgets
+        self._after_poll = after_poll
         self.interval_s = interval_s
         self._membership = membership
         # Endpoints that answered the last poll (KServe ServerReady).
@@ -136,7 +82,7 @@ class PressurePoller:
     async def poll_once(self) -> None:
         await asyncio.gather(*(self.poll_endpoint(e) for e in self._routing.endpoints()))
         metrics.observe_breakers(self._breakers.states())
-        metrics.observe_budgets(self._budgets.balances())
+        self._after_poll()
 
     async def poll_endpoint(self, endpoint: str) -> None:
         client = self._clients.get(endpoint)

@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from services.gateway.admission.shedding import PressureReport
-from services.gateway.tenants.directory import Priority
+from services.common.priority import Priority
+from services.gateway.routing.pressure import PressureReport
 
 
 class Membership:

@@ -55,10 +55,10 @@ from pathlib import Path
 import yaml
 
 from services.common.errors import NotFound, Unavailable
+from services.common.priority import Priority
 from services.gateway.rollout.policy import RolloutPolicy, parse_rollout_policy
 from services.gateway.routing.circuit_breaker import BreakerPermit, CircuitBreakers
 from services.gateway.routing.replicas import ReplicaSelector
-from services.gateway.tenants.directory import Priority
 
 # (model, version) -> the endpoints whose last ListModels reported that version ready.
 VersionServing = Callable[[str, str], Collection[str]]

@@ -27,13 +27,13 @@ change them only together. Label values:
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from infermesh.v1 import common_pb2
-from services.gateway.routing.circuit_breaker import BreakerState
-from services.gateway.tenants.directory import Priority
+from services.common.priority import Priority
 
 _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 NO_VERSION = "_none"
@@ -152,12 +152,13 @@ GOLDEN_RUNS = Counter(
 )
 ROLLOUT_STATES = ("running", "paused", "rolled_back", "promoted", "aborted")
 
-BREAKER_STATE_VALUE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
+# Keyed by BreakerState's value (routing/circuit_breaker.py): metrics sit below every package that reports.
+BREAKER_STATE_VALUE = {"closed": 0, "half_open": 1, "open": 2}
 
 
-def observe_breakers(states: dict[str, BreakerState]) -> None:
+def observe_breakers(states: Mapping[str, enum.Enum]) -> None:
     for upstream, state in states.items():
-        BREAKER_STATE.labels(upstream).set(BREAKER_STATE_VALUE[state])
+        BREAKER_STATE.labels(upstream).set(BREAKER_STATE_VALUE[state.value])
 
 
 def observe_budgets(balances: dict[str, float]) -> None:

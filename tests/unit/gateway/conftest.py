@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from services.gateway.tenants.directory import Priority, Tenant, TenantQuota, hash_api_key
+from services.common.priority import Priority
+from services.gateway.tenants.directory import Tenant, TenantQuota, hash_api_key
 from tools.testbed.fake_clock import FakeClock  # noqa: F401 - re-exported to the tests
 
 

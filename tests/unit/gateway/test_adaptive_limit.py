@@ -3,13 +3,13 @@ from __future__ import annotations
 import pytest
 
 from services.common.errors import ResourceExhausted
+from services.common.priority import Priority
 from services.gateway.admission.adaptive_limit import (
     AdaptiveLimit,
     AdaptiveLimitConfig,
     AdaptiveLimits,
     Outcome,
 )
-from services.gateway.tenants.directory import Priority
 from tools.testbed.fake_clock import FakeClock
 
 CRITICAL, STANDARD, SHEDDABLE = Priority.CRITICAL, Priority.STANDARD, Priority.SHEDDABLE

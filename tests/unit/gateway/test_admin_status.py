@@ -7,7 +7,6 @@ import json
 import pytest
 
 from services.common.errors import NotFound, PermissionDenied, Unauthenticated
-from services.gateway.admission.shedding import PressureReport
 from services.gateway.fronts import admin_status
 from services.gateway.fronts.admin_status import (
     GatewayView,
@@ -18,6 +17,7 @@ from services.gateway.fronts.admin_status import (
     build_report,
 )
 from services.gateway.routing.circuit_breaker import BreakerState
+from services.gateway.routing.pressure import PressureReport
 from services.gateway.tenants.directory import (
     TenantConfigError,
     TenantDirectory,

@@ -5,11 +5,11 @@ from __future__ import annotations
 from prometheus_client import REGISTRY
 
 from services.common.config import load_config
-from services.gateway.admission.shedding import PressureReport
+from services.common.priority import Priority
 from services.gateway.config import GatewayConfig
+from services.gateway.routing.pressure import PressureReport
 from services.gateway.server import GatewayService
 from services.gateway.telemetry import metrics
-from services.gateway.tenants.directory import Priority
 from services.gateway.upstream.clients import SchedulerClients
 
 

@@ -9,14 +9,14 @@ import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common.errors import InvalidArgument, Unavailable
-from services.gateway.admission.shedding import PressureBoard
+from services.common.priority import Priority
 from services.gateway.dispatch.deadlines import Deadline, DeadlinePolicy, Deadlines
 from services.gateway.dispatch.dispatcher import Dispatcher
 from services.gateway.dispatch.retry_budget import RetryBudgetConfig, RetryBudgets
 from services.gateway.dispatch.retry_policy import RetryPolicy, RetryPolicyConfig, WorkKind
 from services.gateway.routing.circuit_breaker import BreakerConfig, BreakerState, CircuitBreakers
+from services.gateway.routing.pressure import PressureBoard
 from services.gateway.routing.table import RoutingTable
-from services.gateway.tenants.directory import Priority
 from services.gateway.upstream.clients import AttemptError
 from services.gateway.upstream.status import UpstreamCode
 from tests.unit.gateway.conftest import FixedRng

@@ -12,7 +12,7 @@ from opentelemetry import trace
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common.errors import Internal, NotFound, ResourceExhausted, Unavailable
 from services.common.metric_labels import OTHER as OTHER_LABEL
-from services.gateway.admission.shedding import PressureBoard
+from services.common.priority import Priority
 from services.gateway.dispatch.deadlines import Deadline, DeadlinePolicy, Deadlines
 from services.gateway.dispatch.dispatcher import (
     MAX_REGROUPS,
@@ -23,9 +23,9 @@ from services.gateway.dispatch.dispatcher import (
 from services.gateway.dispatch.retry_budget import RetryBudgetConfig, RetryBudgets
 from services.gateway.dispatch.retry_policy import RetryPolicy, RetryPolicyConfig, WorkKind
 from services.gateway.routing.circuit_breaker import BreakerConfig, CircuitBreakers
+from services.gateway.routing.pressure import PressureBoard
 from services.gateway.routing.replicas import Membership, ReplicaSelector, rendezvous_order
 from services.gateway.routing.table import RoutingTable, parse_routing_config
-from services.gateway.tenants.directory import Priority
 from services.gateway.upstream.clients import AttemptError
 from services.gateway.upstream.status import UpstreamCode
 from tests.unit.gateway.conftest import FixedRng

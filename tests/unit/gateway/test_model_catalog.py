@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from infermesh.v1 import common_pb2, gateway_pb2
-from services.gateway.routing.pressure_poller import ModelCatalog
+from services.gateway.routing.catalog import ModelCatalog
 
 
 def _info(name: str, ready: bool = True) -> gateway_pb2.ModelInfo:

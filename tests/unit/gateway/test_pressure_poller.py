@@ -6,10 +6,10 @@ import asyncio
 from types import SimpleNamespace
 
 from infermesh.v1 import gateway_pb2, scheduler_pb2
-from services.gateway.admission.shedding import PressureBoard
-from services.gateway.dispatch.retry_budget import RetryBudgetConfig, RetryBudgets
+from services.gateway.routing.catalog import ModelCatalog
 from services.gateway.routing.circuit_breaker import BreakerConfig, CircuitBreakers
-from services.gateway.routing.pressure_poller import EXTRA_POLL_MIN_GAP_S, ModelCatalog, PressurePoller
+from services.gateway.routing.pressure import PressureBoard
+from services.gateway.routing.pressure_poller import EXTRA_POLL_MIN_GAP_S, PressurePoller
 
 
 class CountingClient:
@@ -35,7 +35,7 @@ async def test_extra_polls_run_one_at_a_time_and_at_most_one_per_gap(clock):
         routing=SimpleNamespace(endpoints=lambda: ("10.0.0.1:50052",)),
         clients=SimpleNamespace(get=lambda endpoint: client),
         board=PressureBoard(clock), catalog=ModelCatalog(),
-        breakers=CircuitBreakers(BreakerConfig(), clock), budgets=RetryBudgets(RetryBudgetConfig(), clock),
+        breakers=CircuitBreakers(BreakerConfig(), clock),
         interval_s=1.0, clock=clock,
     )
     for _ in range(50):  # 50 calls regrouping in the same instant

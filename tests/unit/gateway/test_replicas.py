@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections import Counter
 
 from services.common.errors import Unavailable
-from services.gateway.admission.shedding import PressureBoard, PressureReport
+from services.common.priority import Priority
 from services.gateway.routing.circuit_breaker import BreakerConfig, CircuitBreakers
+from services.gateway.routing.pressure import PressureBoard, PressureReport
 from services.gateway.routing.replicas import (
     Membership,
     ReplicaSelector,
@@ -15,7 +16,6 @@ from services.gateway.routing.replicas import (
     rendezvous_order,
 )
 from services.gateway.routing.table import RoutingTable
-from services.gateway.tenants.directory import Priority
 from services.gateway.upstream.status import UpstreamCode
 
 A, B, C = "10.0.0.1:50052", "10.0.0.2:50052", "10.0.0.3:50052"

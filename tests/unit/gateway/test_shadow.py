@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 
 from infermesh.v1 import common_pb2, gateway_pb2
+from services.common.priority import Priority
 from services.gateway.rollout.controller import RolloutController
 from services.gateway.rollout.shadow import ShadowMirror, labels_agree, tokens_agree
 from services.gateway.routing.circuit_breaker import BreakerConfig, CircuitBreakers
 from services.gateway.routing.table import RoutingTable, parse_routing_config
-from services.gateway.tenants.directory import Priority
 from services.gateway.upstream.clients import AttemptError
 from services.gateway.upstream.status import UpstreamCode
 

@@ -3,15 +3,9 @@ from __future__ import annotations
 import pytest
 
 from services.common.errors import ResourceExhausted
-from services.gateway.admission.shedding import (
-    LoadShedder,
-    PressureBoard,
-    PressureReport,
-    SheddingConfig,
-    ShedReason,
-    ShedThresholds,
-)
-from services.gateway.tenants.directory import Priority
+from services.common.priority import Priority
+from services.gateway.admission.shedding import LoadShedder, SheddingConfig, ShedReason, ShedThresholds
+from services.gateway.routing.pressure import PressureBoard, PressureReport
 
 CRITICAL, STANDARD, SHEDDABLE = Priority.CRITICAL, Priority.STANDARD, Priority.SHEDDABLE
 

@@ -1,0 +1,136 @@
+"""The schedulers' pressure, as the gateway last heard it: one report per (scheduler, model).
+
+The pressure poller (pressure_poller.py) writes it once a poll; routing (replicas.py: spill to a
+less loaded replica), admission (shedding.py, the deadline check) and the dispatcher (is there time
+for a retry?) read it on every request. Kept apart from the shedding decision so that routing
+reads pressure without depending on admission.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from services.common.clock import Clock
+from services.common.priority import Priority
+
+
+@dataclass(frozen=True)
+class PressureReport:
+    """One scheduler's pressure for one model (domain twin of infermesh.v1.ModelPressure)."""
+
+    model: str
+    est_queue_time_s: Mapping[Priority, float]
+    queue_depth: int = 0
+    kv_usage: float = 0.0
+    num_workers: int = 0
+    min_service_time_s: float = 0.0
+    # Requests the model's workers hold at once without queueing (0: unknown).
+    num_slots: int = 0
+
+    @classmethod
+    def from_fields(
+        cls,
+        model: str,
+        est_queue_time_us: Sequence[int],
+        queue_depth: int,
+        kv_usage: float,
+        num_workers: int,
+        min_service_time_us: int,
+        num_slots: int = 0,
+    ) -> PressureReport:
+        """From ModelPressure's field values; `est_queue_time_us` is indexed by Priority number."""
+        queue_s = {p: (est_queue_time_us[p] / 1e6 if p < len(est_queue_time_us) else 0.0) for p in Priority}
+        return cls(
+            model=model,
+            est_queue_time_s=queue_s,
+            queue_depth=queue_depth,
+            kv_usage=kv_usage,
+            num_workers=num_workers,
+            min_service_time_s=min_service_time_us / 1e6,
+            num_slots=num_slots,
+        )
+
+    def queue_time_s(self, priority: Priority) -> float:
+        return self.est_queue_time_s.get(priority, 0.0)
+
+
+class PressureBoard:
+    """Latest pressure per (scheduler endpoint, model), read per model name.
+
+    Reads are on every request's path and updates arrive about once a second per
+    endpoint, so the per-model aggregate is computed on update and reused until one
+    of the reports in it goes stale.
+    """
+
+    def __init__(self, clock: Clock, *, max_report_age_s: float = 5.0) -> None:
+        self.clock = clock
+        self.max_report_age_s = max_report_age_s
+        self._by_endpoint: dict[str, tuple[float, dict[str, list[PressureReport]]]] = {}
+        # model -> (receive time of its oldest report, aggregate or None)
+        self._aggregates: dict[str, tuple[float, PressureReport | None]] = {}
+
+    def update(self, endpoint: str, reports: Iterable[PressureReport]) -> None:
+        """Replace everything known from `endpoint` with one fresh poll's reports."""
+        by_model: dict[str, list[PressureReport]] = {}
+        for report in reports:
+            by_model.setdefault(report.model, []).append(report)
+        self._by_endpoint[endpoint] = (self.clock(), by_model)
+        self._aggregates.clear()
+
+    def forget(self, endpoint: str) -> None:
+        """`endpoint` left discovery: its reports no longer count."""
+        if self._by_endpoint.pop(endpoint, None) is not None:
+            self._aggregates.clear()
+
+    def report(self, endpoint: str, model: str) -> PressureReport | None:
+        """`endpoint`'s fresh pressure for `model` (best case over its versions), None if none."""
+        entry = self._by_endpoint.get(endpoint)
+        if entry is None or entry[0] < self.clock() - self.max_report_age_s:
+            return None
+        reports = entry[1].get(model)
+        if not reports:
+            return None
+        return reports[0] if len(reports) == 1 else _best_case(model, reports)
+
+    def pressure(self, model: str) -> PressureReport | None:
+        """The model's best-case pressure over fresh reports (versions and endpoints), None if none.
+
+        Best case per field: the gateway sheds only when every scheduler serving the
+        model is under pressure.
+        """
+        oldest_allowed_s = self.clock() - self.max_report_age_s
+        cached = self._aggregates.get(model)
+        if cached is not None and cached[0] >= oldest_allowed_s:
+            return cached[1]
+        received, reports = [], []
+        for received_s, by_model in self._by_endpoint.values():
+            if received_s >= oldest_allowed_s and model in by_model:
+                received.append(received_s)
+                reports.extend(by_model[model])
+        aggregate = _best_case(model, reports) if reports else None
+        # With no fresh report, the answer (None) holds until the next update clears the cache.
+        self._aggregates[model] = (min(received, default=float("inf")), aggregate)
+        return aggregate
+
+    def num_slots(self, model: str) -> int:
+        """Requests the model's workers hold at once, over every scheduler serving it; 0 when unknown."""
+        report = self.pressure(model)
+        return 0 if report is None else report.num_slots
+
+    def min_service_time_s(self, model: str) -> float:
+        """Estimated minimum service time for deadline checks; 0 when unknown."""
+        report = self.pressure(model)
+        return 0.0 if report is None else report.min_service_time_s
+
+
+def _best_case(model: str, reports: list[PressureReport]) -> PressureReport:
+    return PressureReport(
+        model=model,
+        est_queue_time_s={p: min(r.queue_time_s(p) for r in reports) for p in Priority},
+        queue_depth=min(r.queue_depth for r in reports),
+        kv_usage=min(r.kv_usage for r in reports),
+        num_workers=sum(r.num_workers for r in reports),
+        min_service_time_s=min(r.min_service_time_s for r in reports),
+        num_slots=sum(r.num_slots for r in reports),
+    )
