@@ -38,7 +38,7 @@ from services.common.telemetry import context_from_carrier, record_stages_under,
 from services.common.timings import from_proto
 from services.worker import metrics
 from services.worker.expired_items import split_expired
-from services.worker.runtime import WorkerRuntime
+from services.worker.runtime import BatchRuntime, StepRuntime, WorkerRuntime
 from services.worker.scheduler_endpoints import EndpointLoad, move_probability
 
 log = logging.getLogger(__name__)
@@ -134,6 +134,9 @@ class AttachClient:
         self._rng = rng or random.Random()
         self._address = ""  # the scheduler dialled last
         self._runtime = runtime
+        # A command for the other kind of runtime is answered with errors, never run (_guarded_*).
+        self._batch_runtime = runtime if isinstance(runtime, BatchRuntime) else None
+        self._step_runtime = runtime if isinstance(runtime, StepRuntime) else None
         self._worker_id = worker_id
         self._backoff = backoff
         self._channel_options = attach_channel_options(keepalive_ms)
@@ -214,8 +217,9 @@ class AttachClient:
                 self._call = None
                 # Whichever scheduler we attach to next recomputes what it wants from scratch
                 # (first steps reset their block tables); the ids of this session mean nothing there.
-                self._runtime.forget_all()
-                metrics.observe_kv_blocks(self._model_label, self._runtime.kv_blocks_used())
+                if self._step_runtime is not None:
+                    self._step_runtime.forget_all()
+                metrics.observe_kv_blocks(self._model_label, self._kv_blocks_used())
 
     async def _read_commands(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:
@@ -230,10 +234,10 @@ class AttachClient:
                 self._spawn(self._steps(call, (command.run_step,)))
             elif kind == "run_steps":
                 self._spawn(self._steps(call, tuple(command.run_steps.steps), together=True))
-            elif kind == "abort":
-                self._runtime.abort(command.abort)
+            elif kind == "abort" and self._step_runtime is not None:  # a batch runtime holds nothing between batches
+                self._step_runtime.abort(command.abort)
                 # The freed blocks show now, not at the next step (there may be none for a while).
-                metrics.observe_kv_blocks(self._model_label, self._runtime.kv_blocks_used())
+                metrics.observe_kv_blocks(self._model_label, self._kv_blocks_used())
             elif kind == "drain":
                 log.info("scheduler asked to drain; finishing in-flight work and re-dialling")
                 await self._wait_in_flight()
@@ -250,7 +254,7 @@ class AttachClient:
         began_ns = time.time_ns()
         # The compute thread logs with this task's fields (run_in_executor alone does not copy them).
         result = await asyncio.get_running_loop().run_in_executor(
-            self._compute, contextvars.copy_context().run, _guarded_batch, self._runtime, command)
+            self._compute, contextvars.copy_context().run, _guarded_batch, self._batch_runtime, command)
         if inspect.isawaitable(result):
             result = await _awaited_batch(result, command)
         await self._write(call, scheduler_pb2.WorkerMessage(batch_result=result))
@@ -275,7 +279,7 @@ class AttachClient:
             done = []
             for command in commands:
                 began_ns = time.time_ns()
-                result = _guarded_step(self._runtime, command)
+                result = _guarded_step(self._step_runtime, command)
                 if inspect.isawaitable(result):
                     result = await _awaited_step(result, command)
                 done.append((command, result, began_ns))
@@ -286,7 +290,7 @@ class AttachClient:
                 message = scheduler_pb2.WorkerMessage(step_result=done[0][1])
             await self._write(call, message)
         for command, result, began_ns in done:
-            metrics.observe_step(self._model_label, command, result, self._runtime.kv_blocks_used())
+            metrics.observe_step(self._model_label, command, result, self._kv_blocks_used())
             _trace_work("worker.run_step", began_ns, result.timings, [s.trace_context for s in command.seqs],
                         {"infermesh.num_seqs": len(command.seqs)})
 
@@ -309,9 +313,12 @@ class AttachClient:
         while True:
             await asyncio.sleep(interval_s)
             beat = scheduler_pb2.Heartbeat(
-                sent_unix_us=int(time.time() * 1e6), num_kv_blocks_used=self._runtime.kv_blocks_used()
+                sent_unix_us=int(time.time() * 1e6), num_kv_blocks_used=self._kv_blocks_used()
             )
             await self._write(call, scheduler_pb2.WorkerMessage(heartbeat=beat))
+
+    def _kv_blocks_used(self) -> int:
+        return self._step_runtime.kv_blocks_used() if self._step_runtime is not None else 0
 
     async def _write(self, call, message: scheduler_pb2.WorkerMessage) -> None:
         async with self._write_lock:
@@ -362,6 +369,10 @@ def _trace_work(name: str, began_ns: int, timings, carriers, attributes: dict) -
 INTERNAL = 13  # google.rpc.Code
 
 
+class WrongKindOfWork(Exception):
+    """A scheduler sent a command of the other kind (it sends work by the hello's kind, so: a bug there)."""
+
+
 def _failed_batch(command: scheduler_pb2.ExecuteBatch, exc: Exception) -> scheduler_pb2.BatchResult:
     log.error("batch %d failed", command.batch_id, exc_info=exc)
     error = scheduler_pb2.ItemError(code=INTERNAL, message=f"worker failed the batch: {exc}")
@@ -380,13 +391,16 @@ def _failed_step(command: scheduler_pb2.RunStep, exc: Exception) -> scheduler_pb
     )
 
 
-def _guarded_batch(runtime: WorkerRuntime, command: scheduler_pb2.ExecuteBatch):
+def _guarded_batch(runtime: BatchRuntime | None, command: scheduler_pb2.ExecuteBatch):
     """A runtime failure fails every item of the batch, never the stream (the scheduler would wait forever).
-    Items already past their deadline are answered, not computed."""
+    Items already past their deadline are answered, not computed. `runtime` None: this worker's model
+    runs steps, not batches."""
     live, expired = split_expired(command, time.time_ns() // 1000)
     if not live.items:
         return scheduler_pb2.BatchResult(batch_id=command.batch_id, items=expired)
     try:
+        if runtime is None:
+            raise WrongKindOfWork("this worker's model is a generator: it cannot classify")
         result = runtime.execute_batch(live)
     except Exception as exc:  # noqa: BLE001 - reported per item, and logged
         result = _failed_batch(live, exc)
@@ -405,8 +419,11 @@ async def _with_expired(pending: Awaitable[scheduler_pb2.BatchResult],
     return result
 
 
-def _guarded_step(runtime: WorkerRuntime, command: scheduler_pb2.RunStep):
+def _guarded_step(runtime: StepRuntime | None, command: scheduler_pb2.RunStep):
+    """`runtime` None: this worker's model runs batches, not steps."""
     try:
+        if runtime is None:
+            raise WrongKindOfWork("this worker's model is a classifier: it cannot run generation steps")
         return runtime.run_step(command)
     except Exception as exc:  # noqa: BLE001 - reported per sequence, and logged
         return _failed_step(command, exc)

@@ -101,18 +101,6 @@ class ToyClassifierRuntime:
             timings=to_proto([StageTime("compute", elapsed, "worker")], total_us=elapsed),
         )
 
-    def run_step(self, command: scheduler_pb2.RunStep) -> scheduler_pb2.StepResult:
-        raise ValueError("toy-classifier cannot run generation steps")
-
-    def abort(self, command: scheduler_pb2.Abort) -> None:
-        return None
-
-    def forget_all(self) -> None:
-        return None
-
-    def kv_blocks_used(self) -> int:
-        return 0
-
 
 class ToyGeneratorRuntime:
     def __init__(self, version: str, num_kv_blocks: int = 256, compute_ms: float = 0.0) -> None:
@@ -147,9 +135,6 @@ class ToyGeneratorRuntime:
             ),
             protocol_version=PROTOCOL_VERSION,
         )
-
-    def execute_batch(self, command: scheduler_pb2.ExecuteBatch) -> scheduler_pb2.BatchResult:
-        raise ValueError("toy-generator cannot classify")
 
     def run_step(self, command: scheduler_pb2.RunStep) -> scheduler_pb2.StepResult:
         began = time.perf_counter()

@@ -198,9 +198,6 @@ class MockGeneratorRuntime:
             await self._sleep(delay_s)
         return step_result_to_proto(step_id, outputs, _timings(delay_s))
 
-    def execute_batch(self, command: scheduler_pb2.ExecuteBatch) -> scheduler_pb2.BatchResult:
-        raise ValueError(f"{self.name} cannot classify")
-
     def abort(self, command: scheduler_pb2.Abort) -> None:
         self._mirror.forget(command.seq_ids)
 
@@ -276,18 +273,6 @@ class MockClassifierRuntime:
                             items: list[scheduler_pb2.ItemResult]) -> scheduler_pb2.BatchResult:
         await self._sleep(delay_s)
         return scheduler_pb2.BatchResult(batch_id=batch_id, items=items, timings=_timings(delay_s))
-
-    def run_step(self, command: scheduler_pb2.RunStep) -> scheduler_pb2.StepResult:
-        raise ValueError(f"{self.name} cannot run generation steps")
-
-    def abort(self, command: scheduler_pb2.Abort) -> None:
-        return None
-
-    def forget_all(self) -> None:
-        return None
-
-    def kv_blocks_used(self) -> int:
-        return 0
 
 
 MOCK_MODELS: dict[str, type[MockGeneratorRuntime] | type[MockClassifierRuntime]] = {

@@ -103,18 +103,6 @@ class ClassifierRuntime:
             timings=_timings(durations),
         )
 
-    def run_step(self, command: scheduler_pb2.RunStep) -> scheduler_pb2.StepResult:
-        raise ValueError(f"{self._model.manifest.name} is a classifier and cannot run generation steps")
-
-    def abort(self, command: scheduler_pb2.Abort) -> None:
-        return None  # batches are short; items are not interrupted
-
-    def forget_all(self) -> None:
-        return None
-
-    def kv_blocks_used(self) -> int:
-        return 0
-
 
 class GeneratorRuntime:
     def __init__(self, model: LoadedModel, num_kv_blocks: int, max_num_seqs: int = 0) -> None:
@@ -160,9 +148,6 @@ class GeneratorRuntime:
             ),
             protocol_version=PROTOCOL_VERSION,
         )
-
-    def execute_batch(self, command: scheduler_pb2.ExecuteBatch) -> scheduler_pb2.BatchResult:
-        raise ValueError(f"{self._model.manifest.name} is a generator and cannot classify")
 
     def run_step(self, command: scheduler_pb2.RunStep) -> scheduler_pb2.StepResult:
         outputs, durations = self._executor.run(run_step_from_proto(command))

@@ -1,29 +1,44 @@
 """The seam between the Attach stream and a model: commands in, results out (protobuf).
 
 A runtime is where protobuf meets the model's domain objects; the attach client
-only moves messages.
+only moves messages. What a runtime offers depends on how its model computes:
+
+- a BatchRuntime (classifiers; fixed-shape models) answers whole batches, each item on its own;
+- a StepRuntime (generators) runs steps over sequences whose KV blocks it holds between
+  steps, so it also forgets sequences (abort, forget_all) and counts the blocks in use.
+
+Both say hello and load (ModelRuntime). A command of the other kind never reaches a runtime:
+the attach client answers it with an error per item or sequence.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from infermesh.v1 import scheduler_pb2
 
 
-class WorkerRuntime(Protocol):
+class ModelRuntime(Protocol):
     def load(self) -> None:
         """Load weights (checksum), warm up, pass the golden check; raise if not servable."""
 
     def hello(self, worker_id: str) -> scheduler_pb2.WorkerHello: ...
 
-    # Either may return an awaitable of its result instead (a runtime that waits on a timer or a
-    # device, not the CPU): the attach client awaits it on its event loop.
+
+# A runtime may return an awaitable of its result instead (one that waits on a timer or a device,
+# not the CPU): the attach client awaits it on its event loop.
+
+
+@runtime_checkable
+class BatchRuntime(ModelRuntime, Protocol):
     def execute_batch(
         self, command: scheduler_pb2.ExecuteBatch
     ) -> scheduler_pb2.BatchResult | Awaitable[scheduler_pb2.BatchResult]: ...
 
+
+@runtime_checkable
+class StepRuntime(ModelRuntime, Protocol):
     def run_step(
         self, command: scheduler_pb2.RunStep
     ) -> scheduler_pb2.StepResult | Awaitable[scheduler_pb2.StepResult]: ...
@@ -35,3 +50,6 @@ class WorkerRuntime(Protocol):
         another one) recomputes what it still wants from scratch, so none of them is used again."""
 
     def kv_blocks_used(self) -> int: ...
+
+
+WorkerRuntime = BatchRuntime | StepRuntime

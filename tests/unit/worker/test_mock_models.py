@@ -19,6 +19,7 @@ from services.worker.mock_models import (
     mock_token,
     parse_mock_profile,
 )
+from services.worker.runtime import BatchRuntime, StepRuntime
 
 INVALID_ARGUMENT = 3
 
@@ -144,9 +145,10 @@ def test_unknown_blocks_and_positions_past_max_seq_len_are_refused(generator):
                         "sequence 2: positions 64..64 outside [0, max_seq_len 64)"]
 
 
-def test_generator_cannot_classify(generator):
-    with pytest.raises(ValueError, match="mock-generator cannot classify"):
-        generator.execute_batch(scheduler_pb2.ExecuteBatch())
+def test_each_mock_offers_only_its_kind_of_work(generator):
+    classifier = MockClassifierRuntime("1", MockProfile())
+    assert isinstance(generator, StepRuntime) and not isinstance(generator, BatchRuntime)
+    assert isinstance(classifier, BatchRuntime) and not isinstance(classifier, StepRuntime)
 
 
 def test_classifier_labels_by_a_hash_of_the_image_bytes_after_the_batch_time(sleep):

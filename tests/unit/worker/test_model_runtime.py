@@ -7,6 +7,7 @@ from sklearn.datasets import load_digits
 
 from infermesh.v1 import common_pb2, scheduler_pb2
 from services.worker.model_runtime import ClassifierRuntime, GeneratorRuntime
+from services.worker.runtime import BatchRuntime, StepRuntime
 
 INVALID_ARGUMENT = 3
 
@@ -107,11 +108,23 @@ def test_a_sequence_with_a_bad_block_fails_alone(generator):
     generator.abort(scheduler_pb2.Abort(seq_ids=[1, 2]))
 
 
-def test_each_runtime_refuses_the_other_kind_of_work(classifier, generator):
-    with pytest.raises(ValueError, match="cannot run generation steps"):
-        classifier.run_step(scheduler_pb2.RunStep())
-    with pytest.raises(ValueError, match="cannot classify"):
-        generator.execute_batch(scheduler_pb2.ExecuteBatch())
+def test_each_runtime_offers_only_its_kind_of_work(classifier, generator):
+    assert isinstance(classifier, BatchRuntime) and not isinstance(classifier, StepRuntime)
+    assert isinstance(generator, StepRuntime) and not isinstance(generator, BatchRuntime)
+
+
+def test_work_of_the_other_kind_is_answered_with_an_error_per_item_or_sequence():
+    from services.worker.attach_client import _guarded_batch, _guarded_step
+
+    # The attach client passes None for the runtime of the kind this worker is not (AttachClient.__init__).
+    step = _guarded_step(None, scheduler_pb2.RunStep(step_id=4, seqs=[scheduler_pb2.SequenceStep(seq_id=8)]))
+    assert step.step_id == 4
+    assert [(o.seq_id, o.error.code) for o in step.outputs] == [(8, 13)]
+    assert "is a classifier: it cannot run generation steps" in step.outputs[0].error.message
+    batch = _guarded_batch(None, scheduler_pb2.ExecuteBatch(batch_id=3, items=[
+        scheduler_pb2.BatchItem(item_id=5, image=_digit_image(0))]))
+    assert [(i.item_id, i.error.code) for i in batch.items] == [(5, 13)]
+    assert "is a generator: it cannot classify" in batch.items[0].error.message
 
 
 def test_a_runtime_exception_comes_back_as_errors_for_every_item_and_sequence(classifier):
@@ -120,7 +133,20 @@ def test_a_runtime_exception_comes_back_as_errors_for_every_item_and_sequence(cl
     batch = _guarded_batch(classifier, scheduler_pb2.ExecuteBatch(batch_id=3, items=[
         scheduler_pb2.BatchItem(item_id=5, image=_digit_image(0))]))
     assert batch.items[0].item_id == 5 and batch.items[0].labels  # a good batch is untouched
-    step = _guarded_step(classifier, scheduler_pb2.RunStep(step_id=4, seqs=[scheduler_pb2.SequenceStep(seq_id=8)]))
+
+    class Broken:
+        def run_step(self, command):
+            raise RuntimeError("device lost")
+
+        def execute_batch(self, command):
+            raise RuntimeError("device lost")
+
+    step = _guarded_step(Broken(), scheduler_pb2.RunStep(step_id=4, seqs=[  # type: ignore[arg-type]
+        scheduler_pb2.SequenceStep(seq_id=8), scheduler_pb2.SequenceStep(seq_id=9)]))
     assert step.step_id == 4
-    assert [(o.seq_id, o.error.code) for o in step.outputs] == [(8, 13)]
-    assert "cannot run generation steps" in step.outputs[0].error.message
+    assert [(o.seq_id, o.error.code) for o in step.outputs] == [(8, 13), (9, 13)]
+    assert step.outputs[0].error.message == "worker failed the step: device lost"
+    batch = _guarded_batch(Broken(), scheduler_pb2.ExecuteBatch(batch_id=3, items=[  # type: ignore[arg-type]
+        scheduler_pb2.BatchItem(item_id=5, image=_digit_image(0))]))
+    assert [(i.item_id, i.error.code, i.error.message) for i in batch.items] == [
+        (5, 13, "worker failed the batch: device lost")]

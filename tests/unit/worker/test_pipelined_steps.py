@@ -17,6 +17,7 @@ from services.worker.step_codec import run_step_from_proto
 from services.worker.step_executor import StepExecutor
 from services.worker.work import ErrorCode, RunStep, SamplingParams, SequenceStep
 
+from .fake_runtimes import FakeStepRuntime
 from .test_mock_models import seq_step
 
 
@@ -160,16 +161,13 @@ class _StepsThenEOF:
         self.events.append(f"written {step_id}")
 
 
-class _RecordingRuntime:
+class _RecordingRuntime(FakeStepRuntime):
     def __init__(self, call: _StepsThenEOF) -> None:
         self._call = call
 
     def run_step(self, command):
         self._call.events.append(f"run {command.step_id}")
         return scheduler_pb2.StepResult(step_id=command.step_id)
-
-    def kv_blocks_used(self) -> int:
-        return 0
 
 
 def test_a_step_sent_ahead_runs_once_the_last_result_is_written():

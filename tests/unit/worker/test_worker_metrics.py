@@ -12,6 +12,8 @@ from services.worker import metrics
 from services.worker.attach_client import AttachClient, Backoff
 from services.worker.expired_items import DEADLINE_EXCEEDED
 
+from .fake_runtimes import FakeStepRuntime
+
 
 def _value(name: str, **labels) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
@@ -45,7 +47,7 @@ def test_model_state_is_one_state_at_a_time_and_ready_follows_it():
 def test_kv_blocks_used_falls_when_sequences_are_aborted_without_waiting_for_a_step():
     # Cancelled streams freed their blocks, but the gauge only moved at the next step, which an idle
     # worker may not run for a long time (robustness probe: 166 blocks shown with none in use).
-    class Runtime:
+    class Runtime(FakeStepRuntime):
         blocks = 166
 
         def abort(self, command) -> None:
@@ -63,7 +65,7 @@ def test_kv_blocks_used_falls_when_sequences_are_aborted_without_waiting_for_a_s
 
     model = "metrics-test-generator"
     metrics.observe_kv_blocks(model, 166)
-    client = AttachClient("127.0.0.1:1", Runtime(), "w", Backoff(0.1, 1.0))  # type: ignore[arg-type]
+    client = AttachClient("127.0.0.1:1", Runtime(), "w", Backoff(0.1, 1.0))
     client._model_label = model  # as the hello of an attached session sets it
     asyncio.run(asyncio.wait_for(client._read_commands(AbortThenEOF()), timeout=5))  # type: ignore[arg-type]
     client.close()
