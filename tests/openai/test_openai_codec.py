@@ -9,7 +9,7 @@ from services.common import errors
 from services.common.priority import Priority
 from services.gateway.calls.generate_core import parse_priority
 from services.gateway.fronts import openai_codec
-from services.gateway.fronts.openai_http import timeout_s_of
+from services.gateway.fronts.caller import timeout_s_of
 from services.gateway.quota.quotas import QuotaExceeded
 
 

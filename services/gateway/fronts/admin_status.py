@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from services.common import admin, build_info
 from services.common.errors import NotFound, PermissionDenied
+from services.gateway.fronts.caller import grpc_authorization
 from services.gateway.rollout.controller import HandAction, RolloutController, RolloutView
 from services.gateway.routing.circuit_breaker import BreakerState
 from services.gateway.routing.pressure import PressureReport
@@ -208,13 +209,6 @@ def authorize(directory: TenantDirectory | None, authorization: str | None, peer
                                "set 'admin: true' on an operator's tenant in the tenants file")
 
 
-def _authorization(metadata) -> str | None:
-    for key, value in metadata:
-        if key == "authorization":
-            return value if isinstance(value, str) else value.decode("utf-8", "replace")
-    return None
-
-
 def control_rollout(rollouts: RolloutController | None, model: str, action: str, who: str) -> admin.RolloutOutcome:
     """Admin/ControlRollout on this gateway's controller (None: no routing file, so no rollouts)."""
     if rollouts is None:
@@ -231,7 +225,7 @@ def handlers(gateway, config, clock=time.monotonic) -> tuple[admin.Authorize, ad
 
     def authorize_call(peer: str, metadata, has_cert: bool) -> None:
         directory = gateway.watcher.directory if gateway.watcher is not None else None
-        authorize(directory, _authorization(metadata), peer)
+        authorize(directory, grpc_authorization(metadata), peer)
 
     return (authorize_call, lambda: build_report(collect(gateway, config, started_s, clock)),
             lambda model, action, who: control_rollout(gateway.rollouts, model, action, who))

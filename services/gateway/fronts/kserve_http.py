@@ -23,11 +23,10 @@ from aiohttp import web
 
 from services.common import errors
 from services.gateway.fronts import json_body, kserve_http_codec
+from services.gateway.fronts.caller import http_authorization, http_caller
 from services.gateway.fronts.http_refusals import refusal_middleware
 from services.gateway.fronts.http_status import http_refusal
-from services.gateway.fronts.kserve_servicer import EXTENSIONS, SERVER_NAME, SERVER_VERSION
-from services.gateway.fronts.openai_http import authorization_of, caller_of
-from services.gateway.kserve.core import KServeCore
+from services.gateway.kserve.core import EXTENSIONS, SERVER_NAME, SERVER_VERSION, KServeCore
 
 PREFIX = "/v2"
 _MODEL = "/v2/models/{name}"
@@ -74,22 +73,22 @@ class KServeHttp:
 
     async def metadata(self, request: web.Request) -> web.Response:
         name, version = _model_of(request)
-        answer = await self._core.model_metadata(name, version, authorization_of(request))
+        answer = await self._core.model_metadata(name, version, http_authorization(request))
         return web.json_response(kserve_http_codec.plain(answer))
 
     async def model_ready(self, request: web.Request) -> web.Response:
         name, version = _model_of(request)
-        ready = await self._core.model_ready(name, version, authorization_of(request))
+        ready = await self._core.model_ready(name, version, http_authorization(request))
         return web.json_response({"name": name, "ready": ready}, status=200 if ready else 503)
 
     async def config(self, request: web.Request) -> web.Response:
         name, version = _model_of(request)
-        answer = await self._core.model_config(name, version, authorization_of(request))
+        answer = await self._core.model_config(name, version, http_authorization(request))
         return web.json_response(kserve_http_codec.plain(answer.config))
 
     async def statistics(self, request: web.Request) -> web.Response:
         name, version = _model_of(request)
-        answer = self._core.model_statistics(name, version, authorization_of(request))
+        answer = self._core.model_statistics(name, version, http_authorization(request))
         return web.json_response({"model_stats": [kserve_http_codec.plain(s) for s in answer.model_stats]})
 
     async def index(self, request: web.Request) -> web.Response:
@@ -100,18 +99,18 @@ class KServeHttp:
             raise errors.InvalidArgument(str(exc)) from None
         if not isinstance(document, dict) or not isinstance(document.get("ready", False), bool):
             raise errors.InvalidArgument("the body must be an object whose 'ready' is true or false")
-        answer = self._core.repository_index(document.get("ready", False), authorization_of(request))
+        answer = self._core.repository_index(document.get("ready", False), http_authorization(request))
         return web.json_response([kserve_http_codec.plain(m) for m in answer.models])
 
     async def infer(self, request: web.Request) -> web.Response:
         name, version = _model_of(request)
         try:
-            caller = caller_of(request)
+            caller = http_caller(request)
             inference = kserve_http_codec.parse_infer(await _body(request),
                                                       request.headers.get(kserve_http_codec.HEADER_LENGTH),
                                                       name, version)
         except errors.InfermeshError as err:
-            self._core.authenticate(authorization_of(request))  # an unknown caller learns nothing about bodies
+            self._core.authenticate(http_authorization(request))  # an unknown caller learns nothing about bodies
             raise err from None
         answer = await self._core.infer(inference.request, caller)
         body, header_length = kserve_http_codec.infer_response(answer, inference)

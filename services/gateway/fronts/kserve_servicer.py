@@ -27,15 +27,11 @@ from inference import grpc_predict_v2_pb2_grpc as kserve_grpc
 from services.common import errors
 from services.common.status import abort, maps_domain_errors, status_code_of
 from services.gateway.calls.generate_core import Caller
-from services.gateway.fronts.servicer import CallerMetadata, authorization_of, client_timeout_s
-from services.gateway.kserve.core import KServeCore
+from services.gateway.fronts.caller import grpc_authorization, grpc_caller
+from services.gateway.kserve.core import EXTENSIONS, SERVER_NAME, SERVER_VERSION, KServeCore
 
 log = logging.getLogger(__name__)
 
-SERVER_NAME = "infermesh"
-SERVER_VERSION = "0.1.0"
-# Triton's protocol extensions this endpoint implements (ServerMetadata).
-EXTENSIONS = ["classification", "model_configuration", "statistics", "model_repository"]
 # Stream responses waiting for a slow reader before the generations producing them wait too.
 _MAX_QUEUED_RESPONSES = 64
 
@@ -79,7 +75,7 @@ class KServeServicer(kserve_grpc.GRPCInferenceServiceServicer):
 
     @maps_domain_errors
     async def ModelInfer(self, request: kserve.ModelInferRequest, context) -> kserve.ModelInferResponse:
-        return await self._core.infer(request, caller_of(context))
+        return await self._core.infer(request, grpc_caller(context))
 
     async def ModelStreamInfer(self, request_iterator, context) -> AsyncIterator[kserve.ModelStreamInferResponse]:
         try:
@@ -100,7 +96,7 @@ class KServeServicer(kserve_grpc.GRPCInferenceServiceServicer):
         running: set[asyncio.Task] = set()
         try:
             async for request in request_iterator:
-                task = asyncio.create_task(self._serve_one(request, caller_of(context), queue))
+                task = asyncio.create_task(self._serve_one(request, grpc_caller(context), queue))
                 running.add(task)
                 task.add_done_callback(running.discard)
             await asyncio.gather(*running)
@@ -131,14 +127,8 @@ async def _cancel(tasks: set[asyncio.Task]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def caller_of(context) -> Caller:
-    metadata = context.invocation_metadata()
-    read = CallerMetadata.read(metadata)
-    return Caller(read.authorization, read.request_start_s, client_timeout_s(context), read.priority, metadata)
-
-
 def _authorization(context) -> str | None:
-    return authorization_of(context.invocation_metadata())
+    return grpc_authorization(context.invocation_metadata())
 
 
 def _stream_error(request: kserve.ModelInferRequest, err: errors.InfermeshError) -> kserve.ModelStreamInferResponse:

@@ -20,8 +20,6 @@ generation: the upstream stream is cancelled and the scheduler frees the sequenc
 from __future__ import annotations
 
 import json
-import math
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
@@ -30,55 +28,18 @@ from aiohttp import web
 
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
-from services.gateway.calls.generate_core import PRIORITY_KEY, Caller, GenerateCore
-from services.gateway.calls.stage_timings import REQUEST_START_KEY, parse_request_start_s
+from services.gateway.calls.generate_core import GenerateCore
 from services.gateway.fronts import json_body, openai_codec
+from services.gateway.fronts.caller import http_authorization, http_caller
 from services.gateway.fronts.http_refusals import refusal_middleware
 
-TIMEOUT_HEADER = "x-infermesh-timeout-ms"
 TIMINGS_HEADER = "x-infermesh-timings"
 REQUEST_ID_HEADER = "x-request-id"
-_TRACE_HEADERS = ("traceparent", "tracestate")
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _DONE = b"data: [DONE]\n\n"
 _LIST_MODELS_TIMEOUT_S = 5.0
-# Milliseconds as a plain decimal: no exponent, underscores, spaces, inf or nan (float() takes all of them).
-_TIMEOUT_MS = re.compile(r"-?[0-9]+(\.[0-9]+)?")
 
 ListModels = Callable[[str | None, float], Awaitable[gateway_pb2.ListModelsResponse]]
-
-
-def caller_of(request: web.Request) -> Caller:
-    headers = request.headers
-    return Caller(
-        authorization=authorization_of(request),
-        request_start_s=parse_request_start_s(headers.get(REQUEST_START_KEY)),
-        timeout_s=timeout_s_of(headers.get(TIMEOUT_HEADER)),
-        priority=headers.get(PRIORITY_KEY),
-        metadata=[(name, headers[name]) for name in _TRACE_HEADERS if name in headers],
-    )
-
-
-def authorization_of(request: web.Request) -> str | None:
-    """The Authorization header. Sent twice it is refused: which of the two would count is a guess
-    (aiohttp's `get` takes the first, a proxy may keep the last)."""
-    values = request.headers.getall("Authorization", [])
-    if len(values) > 1:
-        raise errors.Unauthenticated("more than one Authorization header: send one 'Bearer <key>'")
-    return values[0] if values else None
-
-
-def timeout_s_of(value: str | None) -> float | None:
-    """x-infermesh-timeout-ms in seconds; None when absent. 0 or less is a deadline already passed."""
-    if value is None:
-        return None
-    timeout_ms = float(value) if _TIMEOUT_MS.fullmatch(value) else math.nan
-    if not math.isfinite(timeout_ms):
-        raise openai_codec.BadParameter(TIMEOUT_HEADER, f"{TIMEOUT_HEADER} must be a number of milliseconds, "
-                                                        f"got {value[:40]!r}")
-    if timeout_ms <= 0:
-        raise errors.DeadlineExceeded(f"{TIMEOUT_HEADER} is {timeout_ms:g}: the deadline already passed")
-    return timeout_ms / 1000
 
 
 def error_response(err: errors.InfermeshError) -> web.Response:
@@ -119,7 +80,7 @@ class OpenAIFront:
 
     async def models(self, request: web.Request) -> web.Response:
         try:
-            listed = await self._list_models(authorization_of(request), _LIST_MODELS_TIMEOUT_S)
+            listed = await self._list_models(http_authorization(request), _LIST_MODELS_TIMEOUT_S)
         except errors.InfermeshError as err:
             return error_response(err)
         created_s = int(self._clock())
@@ -132,7 +93,7 @@ class OpenAIFront:
 
     async def _generate(self, request: web.Request, parse) -> web.StreamResponse:
         try:
-            caller = caller_of(request)
+            caller = http_caller(request)
             parsed = parse(await _json_body(request))
         except errors.InfermeshError as err:
             return error_response(self._refusal(request, err))
@@ -145,7 +106,7 @@ class OpenAIFront:
     def _refusal(self, request: web.Request, err: errors.InfermeshError) -> errors.InfermeshError:
         """What a request whose headers or body are refused is told: Unauthenticated first, if it is."""
         try:
-            self._authenticate(authorization_of(request))
+            self._authenticate(http_authorization(request))
         except errors.Unauthenticated as refused:
             return refused
         return err

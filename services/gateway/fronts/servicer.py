@@ -7,7 +7,6 @@ import secrets
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from infermesh.v1 import gateway_pb2, gateway_pb2_grpc, scheduler_pb2
 from services.common import errors
@@ -16,62 +15,23 @@ from services.common.log_context import bind
 from services.common.status import maps_domain_errors
 from services.gateway.admission.admission import Admission, RequestScope
 from services.gateway.calls.generate_core import (
-    PRIORITY_KEY,
-    Caller,
     GenerateCore,
     HandlerTimes,
     append_gateway_timings,
     fix_seed,  # noqa: F401 - re-exported: tests and callers import it from here
     tenant_context,
 )
-from services.gateway.calls.stage_timings import REQUEST_START_KEY, parse_request_start_s
 from services.gateway.dispatch.dispatcher import Dispatcher
 from services.gateway.dispatch.retry_policy import WorkKind
+from services.gateway.fronts.caller import grpc_authorization, grpc_caller
 from services.gateway.rollout.shadow import ShadowMirror
 from services.gateway.telemetry.tracing import span
 from services.gateway.upstream.clients import AttemptError, SchedulerClients
 
 
-def authorization_of(metadata) -> str | None:
-    return CallerMetadata.read(metadata).authorization
-
-
-def _text(value: str | bytes) -> str:
-    return value if isinstance(value, str) else value.decode("utf-8", "replace")
-
-
-@dataclass(frozen=True)
-class CallerMetadata:
-    authorization: str | None
-    # The client's send time (x-request-start), unix seconds; None when it sent none.
-    request_start_s: float | None
-    # x-infermesh-priority as sent (Generate reads it; generate_core.parse_priority).
-    priority: str | bytes | None = None
-
-    @classmethod
-    def read(cls, metadata) -> CallerMetadata:
-        """One pass over the metadata: it runs for every request, refused ones included."""
-        authorization = request_start = priority = None
-        for key, value in metadata or ():
-            if key == "authorization":
-                # Several values combine as HTTP fields do ("a, b"), which no key matches: a second
-                # key must not silently win over the first.
-                authorization = _text(value) if authorization is None else f"{authorization}, {_text(value)}"
-            elif key == REQUEST_START_KEY:
-                request_start = value
-            elif key == PRIORITY_KEY:
-                priority = value
-        return cls(authorization, parse_request_start_s(request_start), priority)
-
-
 def _require_model_name(name: str) -> None:
     if not name:
         raise errors.InvalidArgument("model.name is required")
-
-
-def client_timeout_s(context) -> float | None:
-    """The client's remaining time; None when it set no deadline."""
-    return remaining_s(context)
 
 
 class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
@@ -89,15 +49,14 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
 
     @maps_domain_errors
     async def Classify(self, request: gateway_pb2.ClassifyRequest, context) -> gateway_pb2.ClassifyResponse:
-        metadata = context.invocation_metadata()
-        caller = CallerMetadata.read(metadata)
+        caller = grpc_caller(context)
         request.request_id = request.request_id or uuid.uuid4().hex
         bind(request_id=request.request_id)
         with self._admission.scope("Classify", request.model.name, request.model.version,
-                                   metadata, caller.authorization) as scope:
+                                   caller.metadata, caller.authorization) as scope:
             handler = HandlerTimes.start(scope, caller.request_start_s)
             with span("admission"):
-                self._admission.admit(scope, caller.authorization, client_timeout_s(context),
+                self._admission.admit(scope, caller.authorization, caller.timeout_s,
                                       check_request=lambda: _require_model_name(request.model.name))
                 if not request.HasField("image") or request.image.WhichOneof("data") is None:
                     raise errors.InvalidArgument("image is required (encoded bytes or raw pixels)")
@@ -124,17 +83,14 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
 
     @maps_domain_errors
     async def Generate(self, request: gateway_pb2.GenerateRequest, context):
-        metadata = context.invocation_metadata()
-        caller = CallerMetadata.read(metadata)
-        generation = self.generate_core.generate(request, Caller(
-            caller.authorization, caller.request_start_s, client_timeout_s(context), caller.priority, metadata))
+        generation = self.generate_core.generate(request, grpc_caller(context))
         async for chunk in generation:
             yield chunk
 
     @maps_domain_errors
     async def ListModels(self, request: gateway_pb2.ListModelsRequest, context) -> gateway_pb2.ListModelsResponse:
-        return await self.list_models(authorization_of(context.invocation_metadata()),
-                                      min(client_timeout_s(context) or 5.0, 5.0))
+        return await self.list_models(grpc_authorization(context.invocation_metadata()),
+                                      min(remaining_s(context) or 5.0, 5.0))
 
     async def list_models(self, authorization: str | None, timeout_s: float) -> gateway_pb2.ListModelsResponse:
         """The models the caller's tenant may use, merged over every scheduler (shared with the HTTP front)."""

@@ -37,6 +37,12 @@ _MIN_REFRESH_INTERVAL_S = 0.25
 
 Classify = Callable[[RequestScope, gateway_pb2.ClassifyRequest], Awaitable[gateway_pb2.ClassifyResponse]]
 
+# What ServerMetadata answers on both KServe fronts (gRPC and REST).
+SERVER_NAME = "infermesh"
+SERVER_VERSION = "0.1.0"
+# Triton's protocol extensions the gateway implements.
+EXTENSIONS = ["classification", "model_configuration", "statistics", "model_repository"]
+
 
 class KServeCore:
     def __init__(self, *, admission: Admission, catalog: ModelCatalog, refresh_catalog: Callable[[], Awaitable[None]],
