@@ -43,11 +43,15 @@ def describe(f: dataclasses.Field) -> str:
     return f.metadata.get("help", "")
 
 
-def setting(default, help: str):  # noqa: A002 - mirrors argparse's keyword
-    """A config field with its documentation."""
+def setting(default, help: str, *, minimum: int | float | None = None):  # noqa: A002 - mirrors argparse's keyword
+    """A config field with its documentation. `minimum`: the least value allowed, checked when the config
+    is made (check_minimums), so a config's __post_init__ keeps only the checks that relate fields."""
     if isinstance(default, list | dict | set):
         raise TypeError("use a tuple for sequence defaults")
-    return field(default=default, metadata={"help": help})
+    metadata: dict[str, object] = {"help": help}
+    if minimum is not None:
+        metadata["minimum"] = minimum
+    return field(default=default, metadata=metadata)
 
 
 def _convert(raw: str, type_: object, source: str) -> object:
@@ -143,6 +147,15 @@ def require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def check_minimums(config: DataclassInstance) -> None:
+    """Every field declared with `setting(..., minimum=m)` holds at least m, all refused in one wording."""
+    for f in dataclasses.fields(config):
+        minimum = f.metadata.get("minimum")
+        if minimum is not None:
+            value = getattr(config, f.name)
+            require(value >= minimum, f"{f.name} must be >= {minimum}, got {value}")
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """Fields every service has; each service's config extends this."""
@@ -194,6 +207,7 @@ class ServerSettings:
                 f"(INFERMESH_{service_name.upper()}_PLAINTEXT=true) to serve without TLS (development only)")
 
     def __post_init__(self) -> None:
+        check_minimums(self)  # the subclass's declared minimums too: a service's config extends this
         require(0 <= self.port <= 65535, f"port must be 0..65535, got {self.port}")
         require(-1 <= self.metrics_port <= 65535, f"metrics_port must be -1..65535, got {self.metrics_port}")
         require(self.drain_grace_s >= 0, f"drain_grace_s must be >= 0, got {self.drain_grace_s}")

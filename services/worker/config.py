@@ -20,21 +20,21 @@ class WorkerConfig(ServerSettings):
     )
     model_version: str = setting("1", "immutable model version to serve")
     worker_id: str = setting("", "unique id; empty derives host:pid:random")
-    max_batch_size: int = setting(0, "classifier: override the manifest's max batch (0: manifest)")
-    num_kv_blocks: int = setting(0, "generator: override the manifest's KV block count (0: manifest)")
+    max_batch_size: int = setting(0, "classifier: override the manifest's max batch (0: manifest)", minimum=0)
+    num_kv_blocks: int = setting(0, "generator: override the manifest's KV block count (0: manifest)", minimum=0)
     max_num_seqs: int = setting(
         0, "repository generator: override the manifest's running sequences per step (0: manifest), as vLLM's "
-        "--max-num-seqs; more sequences per step cost less per token and more per step")
+        "--max-num-seqs; more sequences per step cost less per token and more per step", minimum=0)
     reconnect_initial_s: float = setting(0.1, "first re-dial delay after the Attach stream breaks")
     reconnect_max_s: float = setting(5.0, "longest re-dial delay (exponential backoff, full jitter)")
     rebalance_interval_s: float = setting(
         5.0, "with several schedulers: how often (jittered 0.5-1.5x) the worker checks whether its scheduler has "
-        "2+ workers of its model more than another, and if so moves there gracefully (0: never)")
+        "2+ workers of its model more than another, and if so moves there gracefully (0: never)", minimum=0)
     attach_keepalive_ms: int = setting(
         15_000, "HTTP/2 ping on the Attach stream this often; a scheduler frozen or cut off without a reset is "
         "noticed within this plus a third of it, then another is dialled (schedulers accept pings every "
-        "--keepalive-min-ping-interval-ms, 10 s by default: keep this at or above theirs)")
-    toy_compute_ms: float = setting(0.0, "toy models only: simulated compute time per batch/step")
+        "--keepalive-min-ping-interval-ms, 10 s by default: keep this at or above theirs)", minimum=1000)
+    toy_compute_ms: float = setting(0.0, "toy models only: simulated compute time per batch/step", minimum=0)
     mock_profile: str = setting(
         "", "mock-generator / mock-classifier only (tests, benchmarks): capacity and step time, e.g. "
         "'step_ms=10,per_token_us=20,num_kv_blocks=4096,max_num_seqs=256' (services/worker/mock_models.py)"
@@ -43,30 +43,24 @@ class WorkerConfig(ServerSettings):
         "cpu", "repository models: where weights, KV cache and kernels run: 'cpu' or 'cuda[:N]' "
         "(one GPU per worker process)")
     num_threads: int = setting(
-        0, "torch/OpenMP/Numba threads (0: from the CPU allocation: cgroup quota, else CPU affinity)"
+        0, "torch/OpenMP/Numba threads (0: from the CPU allocation: cgroup quota, else CPU affinity)", minimum=0
     )
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        super().__post_init__()  # with the minimums declared above
+        # What follows relates fields, or parses them.
         try:
             parse_scheduler_address(self.scheduler_address)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         require(bool(self.model_name), "model_name must not be empty")
         require(bool(self.model_version), "model_version must not be empty (there is no 'latest')")
-        require(self.max_batch_size >= 0, f"max_batch_size must be >= 0, got {self.max_batch_size}")
-        require(self.num_kv_blocks >= 0, f"num_kv_blocks must be >= 0, got {self.num_kv_blocks}")
-        require(self.max_num_seqs >= 0, f"max_num_seqs must be >= 0, got {self.max_num_seqs}")
         require(
             0 < self.reconnect_initial_s <= self.reconnect_max_s,
             "need 0 < reconnect_initial_s <= reconnect_max_s, got "
             f"{self.reconnect_initial_s} and {self.reconnect_max_s}",
         )
-        require(self.rebalance_interval_s >= 0, f"rebalance_interval_s must be >= 0, got {self.rebalance_interval_s}")
-        require(self.attach_keepalive_ms >= 1000, f"attach_keepalive_ms must be >= 1000, got {self.attach_keepalive_ms}")
-        require(self.toy_compute_ms >= 0, f"toy_compute_ms must be >= 0, got {self.toy_compute_ms}")
         require(_is_device(self.device), f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
-        require(self.num_threads >= 0, f"num_threads must be >= 0 (0: from the CPU allocation), got {self.num_threads}")
 
 
 def _is_device(name: str) -> bool:

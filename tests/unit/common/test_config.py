@@ -66,3 +66,14 @@ def test_unknown_variables_are_all_named_and_other_services_variables_are_left_a
                                           r"mean INFERMESH_WORKER_NUM_THREADS\?\), INFERMESH_WORKER_ZZZ;"):
         load_config(WorkerConfig, "worker", [], env)
     load_config(SchedulerConfig, "scheduler", [], env)  # no INFERMESH_SCHEDULER_* at all: fine
+
+
+@pytest.mark.parametrize(("variable", "refused", "least", "message"), [
+    ("INFERMESH_WORKER_NUM_KV_BLOCKS", "-1", "0", "num_kv_blocks must be >= 0, got -1"),
+    ("INFERMESH_WORKER_ATTACH_KEEPALIVE_MS", "999", "1000", "attach_keepalive_ms must be >= 1000, got 999"),
+    ("INFERMESH_WORKER_TOY_COMPUTE_MS", "-0.5", "0", "toy_compute_ms must be >= 0, got -0.5"),
+])
+def test_a_declared_minimum_is_checked_when_the_config_is_made(variable, refused, least, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(WorkerConfig, "worker", [], {variable: refused})
+    load_config(WorkerConfig, "worker", [], {variable: least})  # the minimum itself is allowed

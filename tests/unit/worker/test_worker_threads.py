@@ -28,5 +28,5 @@ def test_explicit_num_threads_is_exported_for_every_pool_and_logged(clean_thread
 
 
 def test_config_rejects_negative_num_threads():
-    with pytest.raises(ValueError, match=r"num_threads must be >= 0 \(0: from the CPU allocation\), got -2"):
+    with pytest.raises(ValueError, match=r"num_threads must be >= 0, got -2"):
         WorkerConfig(num_threads=-2)
