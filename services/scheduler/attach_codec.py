@@ -28,6 +28,7 @@ from services.scheduler.attach_types import (
     StepOutcome,
     StepsCommand,
     StepSequenceContext,
+    TokenizerKind,
     TokenizerSpec,
     WorkerCapacity,
     WorkerHello,
@@ -39,6 +40,11 @@ _KIND_FROM_WIRE = {
     common_pb2.MODEL_KIND_GENERATOR: ModelKind.GENERATOR,
 }
 KIND_TO_WIRE = {kind: wire for wire, kind in _KIND_FROM_WIRE.items()}
+_TOKENIZER_KIND_FROM_WIRE = {
+    scheduler_pb2.TOKENIZER_KIND_UNSPECIFIED: TokenizerKind.BYTES,  # workers before the kind was read
+    scheduler_pb2.TOKENIZER_KIND_BYTES: TokenizerKind.BYTES,
+    scheduler_pb2.TOKENIZER_KIND_HF: TokenizerKind.HF,
+}
 _STAGE_NAMES = {
     value: name.removeprefix("STAGE_").lower()
     for name, value in common_pb2.Stage.items()
@@ -69,9 +75,24 @@ def decode_hello(hello: scheduler_pb2.WorkerHello) -> WorkerHello:
         ),
         protocol_version=hello.protocol_version,
         labels=tuple(hello.labels),
-        tokenizer=TokenizerSpec(tokenizer.vocab_size, tokenizer.eos_token_id, tokenizer.bos_token_id),
+        tokenizer=decode_tokenizer_spec(tokenizer),
         input_height=hello.input_height,
         input_width=hello.input_width,
+    )
+
+
+def decode_tokenizer_spec(spec: scheduler_pb2.TokenizerSpec) -> TokenizerSpec:
+    return TokenizerSpec(
+        vocab_size=spec.vocab_size,
+        eos_token_id=spec.eos_token_id,
+        bos_token_id=spec.bos_token_id,
+        kind=_TOKENIZER_KIND_FROM_WIRE.get(spec.kind),
+        tokenizer_json_sha256=spec.tokenizer_json_sha256,
+        tokenizer_json_size_bytes=spec.tokenizer_json_size_bytes,
+        add_bos_token=spec.add_bos_token if spec.HasField("add_bos_token") else None,
+        add_eos_token=spec.add_eos_token if spec.HasField("add_eos_token") else None,
+        special_tokens=tuple(sorted(spec.special_tokens.items())),
+        chat_template=spec.chat_template,
     )
 
 

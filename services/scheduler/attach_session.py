@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 import grpc
@@ -19,11 +20,13 @@ import grpc
 from infermesh.v1 import scheduler_pb2
 from services.common import errors
 from services.common.clock import Clock
-from services.common.protocol import ATTACH_PROTOCOL_VERSION
+from services.common.protocol import ATTACH_PROTOCOL_VERSION, HF_TOKENIZER_PROTOCOL_VERSION
 from services.common.request_decoding import Undecodable
 from services.scheduler import attach_codec
-from services.scheduler.attach_types import ModelKind, WorkerHello
+from services.scheduler.attach_types import ModelKind, TokenizerKind, TokenizerSpec, WorkerHello
 from services.scheduler.model_registry import GeneratorEntry, ModelRegistry
+from services.scheduler.model_text import ModelText, build_model_text
+from services.scheduler.tokenizer_file import TokenizerFileAssembly, check_declared
 from services.scheduler.worker_link import WorkerLink
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,33 @@ def check_hello(hello: WorkerHello) -> None:
     capacity = hello.capacity
     if hello.kind is ModelKind.GENERATOR and (capacity.num_kv_blocks < 1 or capacity.block_size < 1):
         raise errors.InvalidArgument("a generator worker must declare num_kv_blocks and block_size >= 1")
+    if hello.kind is ModelKind.GENERATOR:
+        _check_tokenizer(hello)
+
+
+def _check_tokenizer(hello: WorkerHello) -> None:
+    spec = hello.tokenizer
+    if spec.kind is None:
+        raise errors.InvalidArgument("hello.tokenizer.kind is not one this scheduler serves "
+                                     "(TOKENIZER_KIND_BYTES, TOKENIZER_KIND_HF)")
+    if spec.kind is TokenizerKind.HF:
+        if hello.protocol_version < HF_TOKENIZER_PROTOCOL_VERSION:
+            raise errors.InvalidArgument(f"TOKENIZER_KIND_HF needs Attach protocol {HF_TOKENIZER_PROTOCOL_VERSION}; "
+                                         f"the worker speaks {hello.protocol_version}")
+        check_declared(spec.tokenizer_json_size_bytes, spec.tokenizer_json_sha256)
+
+
+async def _read_tokenizer_file(spec: TokenizerSpec, context: AttachContext) -> bytes:
+    assembly = TokenizerFileAssembly(spec.tokenizer_json_size_bytes, spec.tokenizer_json_sha256)
+    while not assembly.complete:
+        message = await context.read()
+        if message is grpc.aio.EOF:
+            break
+        if message.WhichOneof("kind") != "tokenizer_file":
+            raise errors.InvalidArgument(f"a TOKENIZER_KIND_HF hello must be followed by tokenizer_file messages "
+                                         f"until tokenizer.json is whole; got {message.WhichOneof('kind')}")
+        assembly.add(message.tokenizer_file.data)
+    return assembly.file()
 
 
 class AttachSessions:
@@ -99,12 +129,37 @@ class AttachSessions:
         try:
             hello = attach_codec.decode_hello(first.hello)
             check_hello(hello)
+            if hello.kind is ModelKind.GENERATOR:
+                hello = replace(hello, text=await self._model_text(hello, context))
             link = WorkerLink(hello)
             self._registry.attach(link)
         except errors.InfermeshError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
             raise  # abort() raises; this only tells the type checker
         return link
+
+    async def _model_text(self, hello: WorkerHello, context: AttachContext) -> ModelText:
+        """The generator's tokenizer and chat template: the attached version's when the worker
+        declares the same (nothing rebuilt), else built off the event loop from the hello and,
+        for HF, the tokenizer.json that follows it."""
+        spec = hello.tokenizer
+        tokenizer_json = b""
+        if spec.kind is TokenizerKind.HF:
+            try:
+                async with asyncio.timeout(self._worker_timeout_s):  # a worker stalling mid-file is gone
+                    tokenizer_json = await _read_tokenizer_file(spec, context)
+            except TimeoutError:
+                raise errors.InvalidArgument(f"tokenizer.json did not arrive within worker_timeout_ms "
+                                             f"({self._worker_timeout_s * 1000:.0f})") from None
+        self._registry.check_compatible(hello)  # before building: a conflict is the clearer message
+        if (attached := self._registry.model_text(hello.model, spec)) is not None:
+            return attached
+        try:
+            if spec.kind is TokenizerKind.HF:
+                return await asyncio.to_thread(build_model_text, spec, tokenizer_json)
+            return build_model_text(spec)
+        except ValueError as exc:  # TokenizerRefused, ChatTemplateInvalid: they name file, field and values
+            raise errors.InvalidArgument(f"worker {hello.worker_id}: {exc}") from None
 
     async def _read(self, link: WorkerLink, context: AttachContext) -> Undecodable | None:
         """Reads until the stream ends; returns the undecodable message that ended it, if one did."""

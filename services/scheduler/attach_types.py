@@ -10,11 +10,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from services.common.errors import InfermeshError
 from services.common.timings import StageTime
 from services.scheduler.step_plan import StepPlan
+
+if TYPE_CHECKING:  # model_text.py reads TokenizerSpec from here
+    from services.scheduler.model_text import ModelText
 
 
 @dataclass(frozen=True)
@@ -51,11 +54,30 @@ class WorkerCapacity:
     max_steps_per_command: int = 0
 
 
+class TokenizerKind(enum.Enum):
+    BYTES = "bytes"
+    HF = "hf"
+
+
 @dataclass(frozen=True)
 class TokenizerSpec:
+    """What the worker declared; equal specs mean the same tokenizer (the file by its sha256)."""
+
     vocab_size: int = 0
     eos_token_id: int = 0
     bos_token_id: int = 0
+    # None: a kind this scheduler does not know (check_hello refuses it).
+    kind: TokenizerKind | None = TokenizerKind.BYTES
+    # HF: tokenizer.json, whose bytes follow the hello (attach_session.py assembles them).
+    tokenizer_json_sha256: str = ""
+    tokenizer_json_size_bytes: int = 0
+    # tokenizer_config.json's add_bos_token / add_eos_token; None: not set there.
+    add_bos_token: bool | None = None
+    add_eos_token: bool | None = None
+    # (name, token) sorted by name: bos_token, eos_token, ... as the chat template sees them.
+    special_tokens: tuple[tuple[str, str], ...] = ()
+    # jinja2 source; "" when the model has none.
+    chat_template: str = ""
 
 
 @dataclass(frozen=True)
@@ -72,6 +94,9 @@ class WorkerHello:
     # Classifier: the input size the model was trained on, pixels.
     input_height: int = 0
     input_width: int = 0
+    # Generator: its tokenizer and chat template, built by the Attach session from `tokenizer` (and
+    # the file that followed the hello); None until then (GeneratePool builds a BYTES one itself).
+    text: ModelText | None = None
 
 
 # -- scheduler -> worker -----------------------------------------------------

@@ -51,6 +51,7 @@ from services.scheduler.attach_types import (
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import TenantContext
 from services.scheduler.kv_block_manager import KVBlockManager
+from services.scheduler.model_text import build_model_text
 from services.scheduler.prefix_cache import PrefixCacheKeys
 from services.scheduler.prefix_routing import Route, Router, RoutingMode, WorkerLoad, WorkerView
 from services.scheduler.pressure import ModelPressure, generator_pressure
@@ -59,7 +60,6 @@ from services.scheduler.step_plan import SequenceDelta, StepPlan
 from services.scheduler.step_scheduler import StepScheduler, StepSchedulerFactory
 from services.scheduler.step_scheduler_config import step_scheduler_config
 from services.scheduler.tenant_service import TenantService
-from services.scheduler.tokenizer import ByteTokenizer
 from services.scheduler.worker_link import ModelKey, WorkerGone, WorkerLink
 
 log = logging.getLogger(__name__)
@@ -350,9 +350,9 @@ class GeneratePool:
         self.clock = clock
         self.sleep = sleep
         self._make_step_scheduler = step_scheduler
-        self.tokenizer = ByteTokenizer.from_spec(
-            vocab_size=spec.vocab_size, eos_token_id=spec.eos_token_id, bos_token_id=spec.bos_token_id
-        )
+        # Built by the Attach session (HF off the event loop); a hello made in-process (tests, benchmarks) has none.
+        self.text = hello.text if hello.text is not None else build_model_text(spec)
+        self.tokenizer = self.text.tokenizer
         self._loops: dict[str, _WorkerLoop] = {}
         # One set of tenant service counters for all of this model's workers (generate fairness).
         self._tenant_service = TenantService()

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from services.common import errors
 from services.scheduler import metrics
-from services.scheduler.attach_types import ModelKind, WorkerHello
+from services.scheduler.attach_types import ModelKind, TokenizerSpec, WorkerHello
 from services.scheduler.classify_pool import ClassifyPool
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.generate_pool import GeneratePool
+from services.scheduler.model_text import ModelText
 from services.scheduler.step_scheduler import StepScheduler, StepSchedulerFactory
 from services.scheduler.worker_link import ModelKey, WorkerLink
 
@@ -35,6 +36,11 @@ class GeneratorEntry(ModelEntry):
     pool: GeneratePool
 
 
+def _tokenizer_difference(attached: TokenizerSpec, declared: TokenizerSpec) -> str:
+    differing = [f.name for f in fields(TokenizerSpec) if getattr(attached, f.name) != getattr(declared, f.name)]
+    return "differs in " + ", ".join(differing)
+
+
 class ModelRegistry:
     def __init__(self, config: SchedulerConfig, step_scheduler: StepSchedulerFactory = StepScheduler) -> None:
         self._config = config
@@ -48,18 +54,40 @@ class ModelRegistry:
             if entry is None:
                 entry = self._new_entry(hello)
                 self._models[link.model] = entry
-            elif entry.kind != hello.kind:
-                declared = hello.kind.wire_name if hello.kind is not None else "none"
-                raise errors.InvalidArgument(
-                    f"worker {link.worker_id} declares {link.model} as kind {declared}, "
-                    f"but attached workers serve it as kind {entry.kind.wire_name}"
-                )
+            else:
+                self.check_compatible(hello)
             entry.pool.add_worker(link)
         except ValueError as exc:  # a capacity or tokenizer the scheduler cannot work with
             raise errors.InvalidArgument(f"worker {link.worker_id}: {exc}") from None
         self._count_workers(entry)
         log.info("worker %s attached for %s (%d workers)", link.worker_id, link.model, len(entry.pool.workers))
         return entry
+
+    def check_compatible(self, hello: WorkerHello) -> None:
+        """InvalidArgument when the version is attached with another kind or tokenizer."""
+        entry = self._models.get(hello.model)
+        if entry is None:
+            return
+        if entry.kind != hello.kind:
+            declared = hello.kind.wire_name if hello.kind is not None else "none"
+            raise errors.InvalidArgument(
+                f"worker {hello.worker_id} declares {hello.model} as kind {declared}, "
+                f"but attached workers serve it as kind {entry.kind.wire_name}"
+            )
+        if entry.kind is ModelKind.GENERATOR and entry.hello.tokenizer != hello.tokenizer:
+            raise errors.InvalidArgument(
+                f"worker {hello.worker_id} declares another tokenizer for {hello.model} than attached workers "
+                f"({_tokenizer_difference(entry.hello.tokenizer, hello.tokenizer)}); a version's tokenizer "
+                "and chat template are part of it"
+            )
+
+    def model_text(self, model: ModelKey, spec: TokenizerSpec) -> ModelText | None:
+        """The attached version's tokenizer and chat template when `spec` is the one it was built
+        from (a further worker of the version: nothing to build again)."""
+        entry = self._models.get(model)
+        if isinstance(entry, GeneratorEntry) and entry.hello.tokenizer == spec:
+            return entry.pool.text
+        return None
 
     def _new_entry(self, hello: WorkerHello) -> ModelEntry:
         if hello.kind is ModelKind.CLASSIFIER:

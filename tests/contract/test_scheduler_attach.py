@@ -37,7 +37,7 @@ def _hello(**fields) -> scheduler_pb2.WorkerMessage:
         (_hello(worker_id=""), "hello.worker_id is required"),
         (_hello(model=common_pb2.ModelRef(name="m")), "hello.model needs both name and version"),
         (_hello(kind=common_pb2.MODEL_KIND_UNSPECIFIED), "hello.kind is required"),
-        (_hello(protocol_version=99), "worker speaks Attach protocol 99; this scheduler serves up to 1"),
+        (_hello(protocol_version=99), "worker speaks Attach protocol 99; this scheduler serves up to 2"),
         (_hello(capacity=scheduler_pb2.WorkerCapacity(block_size=16)),
          "a generator worker must declare num_kv_blocks and block_size >= 1"),
     ],
