@@ -8,6 +8,7 @@ then the manifest's golden check.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from infermesh.v1 import common_pb2, scheduler_pb2
 from services.common.config import ConfigError
@@ -168,13 +169,26 @@ def load_repository_runtime(config: WorkerConfig, num_threads: int) -> Classifie
     if config.device != "cpu":
         _check_cuda(config.device)
     model = load_model(config.model_repository, config.model_name, config.model_version, device=config.device)
-    envelope = model.manifest.envelope
-    if model.manifest.kind == ModelKind.CLASSIFIER:
-        if config.max_num_seqs:
-            raise ConfigError(f"--max-num-seqs applies to generators; {config.model_name} is a classifier "
-                              "(--max-batch-size sets its batch)")
-        return ClassifierRuntime(model, config.max_batch_size or envelope.max_batch_size)
-    return GeneratorRuntime(model, config.num_kv_blocks or envelope.num_kv_blocks, config.max_num_seqs)
+    return SERVING_RUNTIMES[model.manifest.kind](model, config)
+
+
+def _classifier_runtime(model: LoadedModel, config: WorkerConfig) -> ClassifierRuntime:
+    if config.max_num_seqs:
+        raise ConfigError(f"--max-num-seqs applies to generators; {config.model_name} is a classifier "
+                          "(--max-batch-size sets its batch)")
+    return ClassifierRuntime(model, config.max_batch_size or model.manifest.envelope.max_batch_size)
+
+
+def _generator_runtime(model: LoadedModel, config: WorkerConfig) -> GeneratorRuntime:
+    return GeneratorRuntime(model, config.num_kv_blocks or model.manifest.envelope.num_kv_blocks,
+                            config.max_num_seqs)
+
+
+# The Attach runtime each kind of repository model is served by, with the worker's overrides applied.
+SERVING_RUNTIMES: dict[ModelKind, Callable[[LoadedModel, WorkerConfig], ClassifierRuntime | GeneratorRuntime]] = {
+    ModelKind.CLASSIFIER: _classifier_runtime,
+    ModelKind.GENERATOR: _generator_runtime,
+}
 
 
 def _check_cuda(device: str) -> None:

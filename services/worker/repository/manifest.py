@@ -13,7 +13,8 @@ Manifest (JSON), `format_version` 1 — see docs/models.md:
 
 A new kind is a ModelKind member, its spec dataclass (`from_json(fields, envelope)`, `to_json()`,
 `ENVELOPE_NEEDS`) registered in KINDS, and the Manifest field named after it; the loader
-(loader.py) and golden check (golden.py) each register what serving it takes.
+(loader.py), the golden check (golden.py) and the worker's model_runtime.py each register what
+serving it takes.
 """
 
 from __future__ import annotations

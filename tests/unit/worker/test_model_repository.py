@@ -178,9 +178,11 @@ def test_build_skips_an_up_to_date_version(model_root: Path, digits: LoadedModel
     assert load_manifest(model_root, "digits", "1").weights == digits.manifest.weights
 
 
-def test_every_kind_has_a_block_schema_a_runtime_builder_and_a_golden_check() -> None:
+def test_every_kind_has_a_block_schema_a_runtime_builder_a_golden_check_and_an_attach_runtime() -> None:
+    from services.worker.model_runtime import SERVING_RUNTIMES
+
     assert set(KINDS) == {kind.value for kind in ModelKind}
-    assert set(RUNTIME_BUILDERS) == set(GOLDEN_CHECKS) == set(ModelKind)
+    assert set(RUNTIME_BUILDERS) == set(GOLDEN_CHECKS) == set(SERVING_RUNTIMES) == set(ModelKind)
 
 
 @pytest.mark.parametrize(("path", "value", "fragment"), [
