@@ -45,7 +45,6 @@ from services.gateway.rollout.analysis import Judgement, Verdict, judge
 from services.gateway.rollout.golden import CaseAnswer, GoldenCase, GoldenOutcome, compare
 from services.gateway.rollout.policy import Override, RolloutPolicy, Step
 from services.gateway.rollout.window import Window
-from services.gateway.routing.table import ModelRoute
 from services.gateway.telemetry import metrics
 
 log = logging.getLogger(__name__)
@@ -81,6 +80,20 @@ _ALLOWED_FROM = {
 }
 _TARGET = {HandAction.PAUSE: RolloutState.PAUSED, HandAction.RESUME: RolloutState.RUNNING,
            HandAction.ABORT: RolloutState.ABORTED, HandAction.PROMOTE: RolloutState.PROMOTED}
+
+
+class RoutedModel(Protocol):
+    """A routing file's model as the controller reads it (routing/table.py's RoutedModel): the
+    rollout package sits below routing and knows it only through this and `Shares`."""
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def default_version(self) -> str: ...
+
+    @property
+    def rollout(self) -> RolloutPolicy | None: ...
 
 
 class Shares(Protocol):
@@ -223,7 +236,7 @@ class RolloutController:
 
     # -- the routing file ----------------------------------------------------------------
 
-    def apply_routes(self, routes: Iterable[ModelRoute]) -> None:
+    def apply_routes(self, routes: Iterable[RoutedModel]) -> None:
         """The routing file (first load or reload): start, keep, override or drop each model's rollout."""
         routes = tuple(routes)
         with_policy = {r.model: r for r in routes if r.rollout is not None}
@@ -237,7 +250,7 @@ class RolloutController:
         if changed:
             self._save()
 
-    def _reconcile(self, route: ModelRoute) -> bool:
+    def _reconcile(self, route: RoutedModel) -> bool:
         policy = route.rollout
         assert policy is not None
         rollout = self._rollouts.get(route.model)
@@ -251,7 +264,7 @@ class RolloutController:
         self._publish(rollout)
         return changed
 
-    def _resume_saved(self, route: ModelRoute, policy: RolloutPolicy) -> _Rollout | None:
+    def _resume_saved(self, route: RoutedModel, policy: RolloutPolicy) -> _Rollout | None:
         record = self._saved.pop(route.model, None)
         if record is None or record.rollout_id != policy.rollout_id:
             return None
@@ -259,7 +272,7 @@ class RolloutController:
                  record.canary_version, record.state.value, record.step_index)
         return _Rollout(route.model, route.default_version, policy, record)
 
-    def _start(self, route: ModelRoute, policy: RolloutPolicy) -> _Rollout:
+    def _start(self, route: RoutedModel, policy: RolloutPolicy) -> _Rollout:
         progress = Progress(policy.rollout_id, policy.canary_version, RolloutState.RUNNING, 0, self._clock())
         rollout = _Rollout(route.model, route.default_version, policy, progress)
         self._decide(rollout, "start", rollout.step, rollout.step,

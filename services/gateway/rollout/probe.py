@@ -19,19 +19,19 @@ from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 from services.common.errors import InfermeshError
 from services.gateway.rollout.golden import CaseAnswer, GoldenCase, GoldenImage, GoldenPrompt
 from services.gateway.rollout.side_calls import (
+    RouteChooser,
     error_code,
     pinned_client,
     sheddable_tenant,
     tokens_while_matching,
 )
-from services.gateway.routing.table import RoutingTable
 from services.gateway.upstream.clients import AttemptError, SchedulerClients
 
 GOLDEN_TENANT = "infermesh-rollout-golden"
 
 
 class RoutedGoldenProber:
-    def __init__(self, routing: RoutingTable, clients: SchedulerClients, *,
+    def __init__(self, routing: RouteChooser, clients: SchedulerClients, *,
                  admits_sheddable: Callable[[str], bool], timeout_s: float) -> None:
         self._routing = routing
         self._clients = clients

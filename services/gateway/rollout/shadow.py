@@ -31,12 +31,12 @@ from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 from services.common.errors import InfermeshError
 from services.gateway.rollout.controller import RolloutController, ShadowTarget
 from services.gateway.rollout.side_calls import (
+    RouteChooser,
     error_code,
     pinned_client,
     sheddable_tenant,
     tokens_while_matching,
 )
-from services.gateway.routing.table import RoutingTable
 from services.gateway.telemetry import metrics
 from services.gateway.upstream.clients import AttemptError, SchedulerClients
 
@@ -62,7 +62,7 @@ def tokens_agree(primary: Sequence[int], shadow: Sequence[int]) -> tuple[bool, i
 
 
 class ShadowMirror:
-    def __init__(self, rollouts: RolloutController, routing: RoutingTable, clients: SchedulerClients, *,
+    def __init__(self, rollouts: RolloutController, routing: RouteChooser, clients: SchedulerClients, *,
                  admits_sheddable: Callable[[str], bool], timeout_s: float,
                  max_score_drift: Callable[[str], float], rng: Callable[[], float] = random.random,
                  clock: Callable[[], float] = time.monotonic) -> None:

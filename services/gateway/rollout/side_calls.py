@@ -5,21 +5,40 @@ no admission (no quota, no concurrency limit) and report to no circuit breaker."
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from infermesh.v1 import common_pb2, scheduler_pb2
 from services.common.errors import InfermeshError
 from services.common.priority import Priority
 from services.common.status import status_code_of
-from services.gateway.routing.table import RoutingTable
 from services.gateway.upstream.clients import AttemptError, GenerateCall, SchedulerClient, SchedulerClients
 from services.gateway.upstream.scheduler_stream import StreamGenerateCall
+
+
+class _Permit(Protocol):
+    def abandon(self) -> None: ...
+
+
+class PinnedRoute(Protocol):
+    @property
+    def endpoint(self) -> str: ...
+
+    @property
+    def permit(self) -> _Permit: ...
+
+
+class RouteChooser(Protocol):
+    """The routing table as side calls use it (routing/table.py's RoutingTable.choose): the rollout
+    package sits below routing and is handed the table, never imports it."""
+
+    def choose(self, model: str, version: str = "", *, priority: Priority = Priority.STANDARD) -> PinnedRoute: ...
 
 
 def sheddable_tenant(tenant_id: str) -> scheduler_pb2.TenantContext:
     return scheduler_pb2.TenantContext(tenant_id=tenant_id, priority=common_pb2.PRIORITY_SHEDDABLE, weight=1)
 
 
-def pinned_client(routing: RoutingTable, clients: SchedulerClients, model: str, version: str) -> SchedulerClient:
+def pinned_client(routing: RouteChooser, clients: SchedulerClients, model: str, version: str) -> SchedulerClient:
     """The scheduler client serving `version` of `model` for a sheddable side call. Raises what
     RoutingTable.choose raises (no endpoint, an open breaker)."""
     route = routing.choose(model, version, priority=Priority.SHEDDABLE)
