@@ -18,6 +18,7 @@ from services.common.admin_servicer import SERVICE_NAME as ADMIN_SERVICE
 from services.common.admin_servicer import AdminServicer, add_to_server
 from services.common.cert_files import TlsFiles
 from services.common.config import ConfigError
+from services.common.file_watch import ReloadResult, WatchedFile
 from services.common.metric_labels import KnownValues, KnownVersions
 from services.common.priority import Priority
 from services.common.server import Health
@@ -32,12 +33,14 @@ from services.gateway.admission.admission import (
 from services.gateway.admission.concurrency import ConcurrencyLimiter
 from services.gateway.admission.shedding import LoadShedder
 from services.gateway.admission.trace_trust import TraceTrust, TrustMode
+from services.gateway.calls.classify_core import ClassifyCore
+from services.gateway.calls.generate_core import GenerateCore
+from services.gateway.calls.model_list import ModelList
 from services.gateway.config import GatewayConfig
 from services.gateway.dispatch.deadlines import Deadlines
 from services.gateway.dispatch.dispatcher import Dispatcher
 from services.gateway.dispatch.retry_budget import RetryBudgets
 from services.gateway.dispatch.retry_policy import RetryPolicy
-from services.gateway.file_watch import ReloadResult, WatchedFile
 from services.gateway.fronts import admin_status
 from services.gateway.fronts.http_server import HttpServer
 from services.gateway.fronts.kserve_http import KServeHttp
@@ -262,23 +265,25 @@ class GatewayService:
 
     def register(self, server) -> None:
         self.shadow = self._shadow_mirror()
-        inference = InferenceServicer(self.admission, self.dispatcher, self.clients, shadow=self.shadow)
-        gateway_pb2_grpc.add_InferenceServicer_to_server(inference, server)
+        generate = GenerateCore(self.admission, self.dispatcher, shadow=self.shadow)
+        classify = ClassifyCore(self.admission, self.dispatcher, shadow=self.shadow)
+        models = ModelList(self.admission, self.clients)
+        gateway_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(generate, classify, models), server)
         kserve = KServeCore(admission=self.admission, catalog=self.catalog, refresh_catalog=self.poller.poll_once,
-                            classify=inference.classify_admitted, generate=inference.generate_core)
+                            classify=classify.classify_admitted, generate=generate)
         grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
             KServeServicer(kserve, ready=self._ready), server)
         if self._config.http_port:
-            self.http = self._http_server(inference, kserve)
+            self.http = self._http_server(generate, models, kserve)
         add_to_server(AdminServicer(*admin_status.handlers(self, self._config)), server)
 
     def _ready(self) -> bool:
         return bool(self._health and self._health.serving and self.poller.reachable)
 
-    def _http_server(self, inference: InferenceServicer, kserve: KServeCore) -> HttpServer:
+    def _http_server(self, generate: GenerateCore, models: ModelList, kserve: KServeCore) -> HttpServer:
         config = self._config
         files = TlsFiles(config.tls_cert_file, config.tls_key_file, config.tls_ca_file) if config.tls_enabled else None
-        return HttpServer(OpenAIFront(inference.generate_core, inference.list_models,
+        return HttpServer(OpenAIFront(generate, models.list_models,
                                       self.admission.parts.tenants.authenticate), config.host, config.http_port,
                           files, max_body_bytes=config.max_message_bytes, shutdown_timeout_s=config.drain_grace_s,
                           kserve=KServeHttp(kserve, ready=self._ready))

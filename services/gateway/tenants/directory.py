@@ -28,9 +28,9 @@ from pathlib import Path
 import yaml
 
 from services.common.errors import PermissionDenied, Unauthenticated
+from services.common.file_watch import ReloadResult as FileReload
+from services.common.file_watch import WatchedFile
 from services.common.priority import Priority
-from services.gateway.file_watch import ReloadResult as FileReload
-from services.gateway.file_watch import WatchedFile
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from services.common.errors import NotFound
-from services.gateway.file_watch import WatchedFile
+from services.common.file_watch import WatchedFile
 from services.gateway.routing.circuit_breaker import BreakerConfig, CircuitBreakers
 from services.gateway.routing.replicas import Membership, ReplicaSelector
 from services.gateway.routing.table import (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2
+from services.gateway.calls.generate_core import fix_seed
 from services.gateway.dispatch.retry_budget import RetryBudget, RetryBudgetConfig
 from services.gateway.dispatch.retry_policy import AttemptFailure, RetryPolicy, RetryVerdict, WorkKind
 from services.gateway.dispatch.stream_resume import (
@@ -15,7 +16,6 @@ from services.gateway.dispatch.stream_resume import (
     StreamMismatch,
     resume_reason,
 )
-from services.gateway.fronts.servicer import fix_seed
 from services.gateway.upstream.status import UpstreamCode
 
 
