@@ -13,8 +13,8 @@ class InvalidManifest(ModelRepositoryError):
     """The manifest is not valid JSON or breaks the schema; the message names the file and the field."""
 
 
-class WeightsChecksumMismatch(ModelRepositoryError):
-    pass
+class ChecksumMismatch(ModelRepositoryError):
+    """A file of the version directory differs from the sha256 its manifest pins: the version was modified."""
 
 
 class IncompatibleWeights(ModelRepositoryError):

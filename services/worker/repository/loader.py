@@ -18,10 +18,10 @@ from services.worker.models.classifier import Classifier, Cnn
 from services.worker.models.generator import Generator
 from services.worker.models.transformer import DecoderLM
 from services.worker.repository.classifier_spec import ClassifierSpec
-from services.worker.repository.errors import IncompatibleWeights, InvalidManifest, WeightsChecksumMismatch
+from services.worker.repository.errors import IncompatibleWeights
 from services.worker.repository.generator_spec import GeneratorSpec
-from services.worker.repository.manifest import MANIFEST_FILE, Manifest, ModelKind
-from services.worker.repository.store import load_manifest, sha256_of, version_dir
+from services.worker.repository.manifest import Manifest, ModelKind
+from services.worker.repository.store import load_manifest, verified_file, version_dir
 
 
 @dataclass(frozen=True)
@@ -54,15 +54,7 @@ def load_model(root: str | Path, name: str, version: str, device: str = "cpu") -
     """Parses the manifest, verifies the weights' sha256, and builds the serving runtime."""
     manifest = load_manifest(root, name, version)
     directory = version_dir(root, name, version)
-    weights_path = directory / manifest.weights.file
-    if not weights_path.is_file():
-        raise InvalidManifest(f"{directory / MANIFEST_FILE}: weights file {weights_path} is missing")
-    actual = sha256_of(weights_path)
-    if actual != manifest.weights.sha256:
-        raise WeightsChecksumMismatch(
-            f"weights file {weights_path} has sha256 {actual} but the manifest expects "
-            f"{manifest.weights.sha256}; refusing to load a modified model version"
-        )
+    weights_path = verified_file(directory, manifest.weights.file, manifest.weights.sha256, "weights")
     state = torch.load(weights_path, map_location=device, weights_only=True)
     build = RUNTIME_BUILDERS[manifest.kind]
     return LoadedModel(manifest, directory, build(manifest.spec, state, weights_path, device))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.errors import NotFound
-from services.worker.repository.errors import InvalidManifest
+from services.worker.repository.errors import ChecksumMismatch, InvalidManifest
 from services.worker.repository.manifest import (
     MANIFEST_FILE,
     NAME_RE,
@@ -72,6 +72,21 @@ def write_manifest(manifest: Manifest, directory: Path) -> Path:
     parse_manifest(data, source=str(directory / MANIFEST_FILE))
     path = directory / MANIFEST_FILE
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def verified_file(directory: Path, name: str, sha256: str, what: str) -> Path:
+    """`directory/name`, once its bytes are known to hash to `sha256`; `what` names the file in messages
+    ("weights", "tokenizer"). Checked before anything reads the file, so nothing modified is deserialized."""
+    path = directory / name
+    if not path.is_file():
+        raise InvalidManifest(f"{directory / MANIFEST_FILE}: {what} file {path} is missing")
+    actual = sha256_of(path)
+    if actual != sha256:
+        raise ChecksumMismatch(
+            f"{what} file {path} has sha256 {actual} but the manifest expects {sha256}; "
+            "refusing to load a modified model version"
+        )
     return path
 
 

@@ -11,12 +11,18 @@ import pytest
 from services.common.errors import NotFound
 from services.worker.models.classifier import Classifier
 from services.worker.models.generator import Generator
-from services.worker.repository.errors import GoldenCheckFailed, InvalidManifest, WeightsChecksumMismatch
+from services.worker.repository.errors import ChecksumMismatch, GoldenCheckFailed, InvalidManifest
 from services.worker.repository.generator_spec import GoldenGeneration
 from services.worker.repository.golden import GOLDEN_CHECKS, run_golden_check
 from services.worker.repository.loader import RUNTIME_BUILDERS, LoadedModel, load_model
 from services.worker.repository.manifest import KINDS, ModelKind, manifest_to_dict, parse_manifest
-from services.worker.repository.store import ModelVersion, list_models, load_manifest, sha256_of
+from services.worker.repository.store import (
+    ModelVersion,
+    list_models,
+    load_manifest,
+    sha256_of,
+    verified_file,
+)
 from tools.build_models import DigitsRecipe, build_digits
 
 
@@ -86,7 +92,7 @@ def test_tampered_weights_are_refused_naming_the_file_and_both_digests(model_roo
     data[len(data) // 2] ^= 0xFF
     weights.write_bytes(bytes(data))
     actual = sha256_of(weights)
-    with pytest.raises(WeightsChecksumMismatch) as caught:
+    with pytest.raises(ChecksumMismatch) as caught:
         load_model(root, "digits", "1")
     message = caught.value.message
     assert str(weights) in message and expected in message and actual in message
@@ -209,3 +215,14 @@ def test_a_manifest_holds_the_block_of_its_kind_alone(digits: LoadedModel, tinyl
     with pytest.raises(ValueError, match=r"got \[\]"):
         dataclasses.replace(digits.manifest, classifier=None)
     assert digits.manifest.spec is digits.manifest.classifier
+
+
+def test_a_pinned_file_is_returned_only_when_present_with_its_sha256(tmp_path: Path) -> None:
+    (tmp_path / "tokenizer.json").write_bytes(b"{}")
+    digest = sha256_of(tmp_path / "tokenizer.json")
+    assert verified_file(tmp_path, "tokenizer.json", digest, "tokenizer") == tmp_path / "tokenizer.json"
+    with pytest.raises(ChecksumMismatch, match=f"tokenizer file {tmp_path}/tokenizer.json has sha256 {digest} "
+                                               f"but the manifest expects {'0' * 64}"):
+        verified_file(tmp_path, "tokenizer.json", "0" * 64, "tokenizer")
+    with pytest.raises(InvalidManifest, match="tokenizer file .*/merges.txt is missing"):
+        verified_file(tmp_path, "merges.txt", digest, "tokenizer")
