@@ -2,10 +2,10 @@
 
     .venv/bin/python -m bench.bench_step_cpu [--seqs 64] [--steps 2000] [--tenants 1] [--backlog 0] [--repeats 3]
 
-One GeneratePool's step callbacks driven by hand for one worker: schedule() -> RunStep proto
-(attach_codec) -> a StepResult with one token per sampling sequence, parsed and decoded as the
-Attach session does -> after_step -> account_step -> deliver to
-a sink that drops the chunks. A finished sequence is replaced at once, so the running set stays
+One worker's step path driven by hand, as its WorkerLoop drives it: schedule() -> RunStep proto
+(attach_codec) -> the pool's planned() and the step metrics -> a StepResult with one token per
+sampling sequence, parsed and decoded as the Attach session does -> update_from_output() -> the
+pool's completed() (bookkeeping, gauges, chunks to a sink that drops them). A finished sequence is replaced at once, so the running set stays
 full (decode steps, with a prompt chunk now and then). Prints process CPU us per generated token
 for each repeat: the scheduler-side work of bench_token_path's "scheduler" part minus the
 transport, with far less noise on a shared box (no other process involved).
@@ -18,10 +18,11 @@ import asyncio
 import time
 
 from infermesh.v1 import common_pb2, scheduler_pb2
-from services.scheduler import attach_codec
+from services.scheduler import attach_codec, metrics
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import TenantContext
-from services.scheduler.generate_pool import GeneratePool, GenerateStream
+from services.scheduler.generate_pool import GeneratePool
+from services.scheduler.generate_stream import GenerateStream
 from services.scheduler.sequence import SamplingParams
 from services.scheduler.worker_link import ModelKey
 
@@ -57,6 +58,7 @@ async def run_once(num_seqs: int, num_steps: int, num_tenants: int, max_tokens: 
     scheduler = StepScheduler(step_scheduler_config(pool.config, hello.capacity), KVBlockManager(4096, 16),
                               pool.tokenizer, time.monotonic, pool._tenant_service)
     loop = _Loop(scheduler)
+    step_metrics = metrics.StepMetrics("mock")
     tenants = [TenantContext(f"t{i}") for i in range(num_tenants)]
     sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     next_id = iter(range(1, 1 << 30))
@@ -67,7 +69,7 @@ async def run_once(num_seqs: int, num_steps: int, num_tenants: int, max_tokens: 
                                 trace_context={}, arrival_s=time.monotonic(), deadline_s=None, events=_DropSink())
         stream.seq = scheduler.add_request(seq_id, tuple(b"stream of the bench "), sampling, stream.tenant,
                                            deadline_s=None)
-        pool._streams[seq_id] = stream
+        pool._streams.add(stream)
         pool._where[seq_id] = loop
 
     for _ in range(num_seqs + backlog):
@@ -78,15 +80,15 @@ async def run_once(num_seqs: int, num_steps: int, num_tenants: int, max_tokens: 
         plan = scheduler.schedule()
         command = attach_codec.encode_run_step(plan, pool.streams)
         command.SerializeToString()  # the Attach writer's work
-        pool.after_schedule(plan)
+        pool.planned(plan)
+        step_metrics.planned(len(plan.seqs), len(plan.preempted_seq_ids))
         result = scheduler_pb2.StepResult(step_id=plan.step_id, outputs=[
             scheduler_pb2.SequenceOutput(seq_id=s.seq_id, token_id=65 + (s.num_generated + step_no) % 26)
             for s in plan.seqs if s.sample])
         # The Attach session's parse and decode.
         outcome = attach_codec.decode_step_result(scheduler_pb2.StepResult.FromString(result.SerializeToString()))
-        deltas = pool.after_step(loop, plan, outcome)
-        pool.account_step(plan, outcome)
-        pool.deliver(deltas)
+        deltas = scheduler.update_from_output(plan, outcome.token_ids)
+        pool.completed(plan, outcome, deltas)
         for delta in deltas:
             tokens += len(delta.token_ids)
             if delta.is_last:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from services.common.stream_options import StreamOptions
-from services.scheduler.generate_pool import StreamEvent
+from services.scheduler.generate_stream import StreamEvent
 from services.scheduler.step_plan import SequenceDelta
 
 

@@ -13,7 +13,7 @@ from services.common.clock import Clock
 from services.common.timings import StageTime, seconds_to_us, to_proto
 from services.scheduler.call_codec import FINISH_REASONS
 from services.scheduler.chunk_coalescer import CoalescedEvents
-from services.scheduler.generate_pool import GenerateStream, StreamEvent
+from services.scheduler.generate_stream import GenerateStream, StreamEvent
 from services.scheduler.model_registry import GeneratorEntry
 from services.scheduler.step_plan import SequenceDelta
 

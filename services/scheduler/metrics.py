@@ -8,6 +8,7 @@ Label values: `model` is the model name; `priority` is critical | standard | she
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -150,6 +151,69 @@ class PrefixCacheMetrics:
                 metric.remove(*self._labels)
             except KeyError:
                 pass
+
+
+class StepMetrics:
+    """One model's generate step series, looked up once: its workers' step loops update them every step."""
+
+    def __init__(self, model: str) -> None:
+        self._step_time = STEP_TIME.labels(model)
+        self._step_overhead = STEP_OVERHEAD.labels(model)
+        self._batch_size = BATCH_SIZE.labels(model)
+        self._preemptions = PREEMPTIONS.labels(model)
+        self._pipelined = PIPELINED_STEPS.labels(model)
+
+    def planned(self, num_seqs: int, num_preempted: int) -> None:
+        """A step planned: its sequences (none: nothing to run) and the sequences it preempted."""
+        if num_preempted:
+            self._preemptions.inc(num_preempted)
+        if num_seqs:
+            self._batch_size.observe(num_seqs)
+
+    def sent_ahead(self, num_steps: int) -> None:
+        self._pipelined.inc(num_steps)
+
+    def timed(self, step_s: float, worker_s: float, scheduler_gap_s: float) -> None:
+        """One step's timing: what it took (its round trip, or its share of its command's), the worker's
+        own time, and the scheduler's time from the previous result to this step's send."""
+        self._step_time.observe(step_s + scheduler_gap_s)
+        self._step_overhead.observe(max(0.0, step_s - worker_s) + scheduler_gap_s)
+
+
+class GenerateGauges:
+    """One model's generate sequences over its workers: running, waiting, and waiting by class."""
+
+    def __init__(self, model: str) -> None:
+        self._running = RUNNING_SEQUENCES.labels(model)
+        self._waiting = WAITING_SEQUENCES.labels(model)
+        self._queue_depth = {p: QUEUE_DEPTH.labels(model, label) for p, label in PRIORITY_LABELS.items()}
+
+    def publish(self, num_running: int, num_waiting: int, num_waiting_of: Callable[[Priority], int]) -> None:
+        self._running.set(num_running)
+        self._waiting.set(num_waiting)
+        for priority, gauge in self._queue_depth.items():
+            gauge.set(num_waiting_of(priority))
+
+
+class WorkerGauges:
+    """One generator worker's KV usage and prefix cache series."""
+
+    def __init__(self, model: str, worker: str) -> None:
+        self._labels = (model, worker)
+        self._kv_usage = KV_CACHE_USAGE.labels(model, worker)
+        self._cache = PrefixCacheMetrics(model, worker)
+
+    def publish(self, kv_usage: float, stats: PrefixCacheStats, num_cached_blocks: int, num_evictions: int) -> None:
+        self._kv_usage.set(kv_usage)
+        self._cache.publish(stats, num_cached_blocks, num_evictions)
+
+    def remove(self) -> None:
+        """The worker is gone (and no other link serves under its id): no stale series."""
+        try:
+            KV_CACHE_USAGE.remove(*self._labels)
+        except KeyError:
+            pass
+        self._cache.remove()
 
 
 def observe_many(histogram, amount: float, count: int) -> None:

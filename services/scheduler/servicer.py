@@ -46,7 +46,7 @@ from services.scheduler.chunk_coalescer import ChunkCoalescer, CoalescedEvents
 from services.scheduler.classify_pool import ClassifyJob, ClassifyOutcome
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.generate_call import ChunkSink, GenerateCall
-from services.scheduler.generate_pool import EventSink, GenerateStream, StreamEvent
+from services.scheduler.generate_stream import EventSink, GenerateStream, StreamEvent
 from services.scheduler.in_flight import InFlightCalls, draining_error, idle
 from services.scheduler.model_registry import ClassifierEntry, GeneratorEntry, ModelEntry, ModelRegistry
 from services.scheduler.request_metrics import RequestMetrics

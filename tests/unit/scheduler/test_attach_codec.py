@@ -10,7 +10,7 @@ from services.common.timings import StageTime
 from services.scheduler import attach_codec
 from services.scheduler.attach_types import ModelKind
 from services.scheduler.fair_queue import TenantContext
-from services.scheduler.generate_pool import GenerateStream
+from services.scheduler.generate_stream import GenerateStream
 from services.scheduler.sequence import SamplingParams
 from services.scheduler.step_plan import SequenceStep, StepPlan
 from services.worker.builtin_models import ToyGeneratorRuntime

@@ -12,7 +12,7 @@ from services.common.stream_options import (
     stream_options,
 )
 from services.scheduler.chunk_coalescer import ChunkCoalescer, CoalescedEvents
-from services.scheduler.generate_pool import StreamEvent
+from services.scheduler.generate_stream import StreamEvent
 from services.scheduler.sequence import FinishReason
 from services.scheduler.step_plan import SequenceDelta
 from tools.testbed.fake_clock import FakeClock

@@ -21,7 +21,8 @@ from services.scheduler.attach_types import (
 )
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import TenantContext
-from services.scheduler.generate_pool import GeneratePool, GenerateStream
+from services.scheduler.generate_pool import GeneratePool
+from services.scheduler.generate_stream import GenerateStream
 from services.scheduler.sequence import SamplingParams
 from services.scheduler.worker_link import ModelKey, WorkerLink
 from tests.unit.scheduler.conftest import until_turns

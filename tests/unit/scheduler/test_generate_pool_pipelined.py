@@ -15,7 +15,8 @@ from services.scheduler import attach_codec
 from services.scheduler.attach_types import AbortCommand, StepCommand, StepsCommand
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import TenantContext
-from services.scheduler.generate_pool import GeneratePool, GenerateStream
+from services.scheduler.generate_pool import GeneratePool
+from services.scheduler.generate_stream import GenerateStream
 from services.scheduler.sequence import FinishReason, SamplingParams
 from services.scheduler.worker_link import WorkerLink
 from services.worker.mock_models import MockGeneratorRuntime, MockProfile, mock_continuation

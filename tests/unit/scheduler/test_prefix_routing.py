@@ -11,7 +11,8 @@ import pytest
 
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import TenantContext
-from services.scheduler.generate_pool import GeneratePool, GenerateStream
+from services.scheduler.generate_pool import GeneratePool
+from services.scheduler.generate_stream import GenerateStream
 from services.scheduler.prefix_cache import block_hashes, tenant_salt
 from services.scheduler.prefix_routing import (
     Candidate,
