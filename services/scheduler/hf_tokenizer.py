@@ -155,4 +155,8 @@ def _set_bos_eos(rust: RustTokenizer, source: HFTokenizerSource, named: Mapping[
     single = f"{(bos + ':0 ') if bos else ''}$A:0{(' ' + eos + ':0') if eos else ''}"
     pair = f"{single}{(' ' + bos + ':1') if bos else ''} $B:1{(' ' + eos + ':1') if eos else ''}"
     special = [(token, named[name]) for name, token in (("bos_token", bos), ("eos_token", eos)) if token]
-    rust.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)
+    try:
+        rust.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)
+    except Exception as exc:  # tokenizers raises bare Exceptions; e.g. a special token without its name's id
+        raise TokenizerRefused(f"{TOKENIZER_CONFIG_FILE} add_bos_token/add_eos_token: cannot build the "
+                               f"post-processor {single!r}: {exc}") from None

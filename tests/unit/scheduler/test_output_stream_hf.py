@@ -122,3 +122,27 @@ def test_text_that_may_begin_a_stop_string_is_held_back_until_it_cannot(tokenize
                 num_held += 1
         assert streamed + stream.take(final=True).text == whole
     assert num_held > 100
+
+
+def test_a_resumed_stream_continues_the_text_exactly_where_the_client_left_it(tokenizers):
+    """Failover: the client holds the chunks up to some point; a new stream replays their ids and
+    sends the rest. Characters split across that point arrive whole, none twice."""
+    tokenizer, rust = tokenizers
+    for seed in SEEDS:
+        rng = random.Random(seed)
+        ids = list(rust.encode(random_text(rng), add_special_tokens=False).ids)
+        stops = ("\x00never",) if rng.random() < 0.5 else ()
+        first = OutputStream(tokenizer, stops)
+        received_text, received_ids = "", []
+        cut = rng.randrange(len(ids) + 1)
+        for token_id in ids[:cut]:
+            first.append(token_id)
+            chunk = first.take(final=False)
+            received_text += chunk.text
+            received_ids += chunk.token_ids
+        resumed = OutputStream(tokenizer, stops)
+        resumed.replay(received_ids)
+        rest = ids[len(received_ids):]
+        chunks, _ = stream_in_random_chunks(resumed, rest, rng)
+        assert received_text + "".join(c.text for c in chunks) == tokenizer.decode(ids), seed
+        assert [c.index for c in chunks if c.token_ids][:1] in ([], [len(received_ids)])
