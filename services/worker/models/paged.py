@@ -13,8 +13,9 @@ chunk sees its own keys the same way a later step will.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +28,39 @@ from kernels import (
     write_kv_cache_host,
 )
 from kernels.backend import resolve_backend
-from services.worker.models.transformer import DecoderLM
+from services.worker.models.transformer import Rotary
+
+
+class PagedBlock(Protocol):
+    """A decoder layer split where the paged step puts its attention between the pieces."""
+
+    def qkv(self, x: torch.Tensor, rope: Rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`x[T, d_model]` → float32 q `[T, num_heads, hs]`, k and v `[T, num_kv_heads, hs]`, RoPE applied."""
+        ...
+
+    def attn_out(self, attn: torch.Tensor) -> torch.Tensor: ...
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+class AttentionShape(Protocol):
+    @property
+    def head_size(self) -> int: ...
+
+
+class PagedLM(Protocol):
+    """What `paged_forward` runs: tinylm's DecoderLM and the Llama family's LlamaFamilyLM."""
+
+    @property
+    def config(self) -> AttentionShape: ...
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor: ...
+
+    def blocks(self) -> Iterator[PagedBlock]: ...
+
+    def rotary(self, positions: torch.Tensor) -> Rotary: ...
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -94,7 +127,7 @@ def check_sequence(seq: PagedSequence, cache: KVCache) -> None:
         raise ValueError(f"block ids {bad} are outside the cache's {cache.num_blocks} blocks")
 
 
-def paged_forward(lm: DecoderLM, seqs: Sequence[PagedSequence], cache: KVCache) -> torch.Tensor:
+def paged_forward(lm: PagedLM, seqs: Sequence[PagedSequence], cache: KVCache) -> torch.Tensor:
     """Runs one step; returns logits `float32[num_needing_logits, vocab]` in the order of `seqs`."""
     for seq in seqs:
         check_sequence(seq, cache)

@@ -1,0 +1,285 @@
+"""The Llama family's architecture, read from a Hugging Face `config.json`.
+
+One frozen `LlamaFamilyConfig` covers LlamaForCausalLM, Qwen2ForCausalLM and
+MistralForCausalLM: they are one decoder (RMSNorm, RoPE, grouped-query
+attention, SwiGLU) and differ only in the fields this dataclass names: qkv
+bias, tied embeddings, rope scaling and a sliding window. Everything else a
+config may say is either irrelevant to inference (dropout, initializer range)
+or refused with a `CheckpointError` naming the field and what is supported, so
+a checkpoint we cannot compute exactly is never served approximately.
+
+Both spellings of RoPE settings are read: transformers 4's top-level
+`rope_theta` with `rope_scaling` (keyed `type` or `rope_type`), and
+transformers 5's `rope_parameters`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeGuard
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+SUPPORTED_ACTIVATIONS = ("silu",)
+# What a config's `dtype` (transformers 5) or `torch_dtype` (4) may declare the stored weights as.
+SUPPORTED_STORAGE_DTYPES = ("float32", "float16", "bfloat16")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint we refuse: `file` and `field` say where (`config.json`, `rope_scaling.rope_type`;
+    `model.safetensors`, `model.layers.0.self_attn.q_proj.weight`)."""
+
+    def __init__(self, file: str, field: str, problem: str) -> None:
+        super().__init__(f"{file}: {field}: {problem}")
+        self.file = file
+        self.field = field
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class Llama3RopeScaling:
+    """Llama 3.1's frequency-dependent stretch of RoPE: long wavelengths divided by `factor`, short
+    ones kept, the band between interpolated."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class LlamaFamilyConfig:
+    # Names shared with TransformerConfig (tinylm's) mean the same thing there.
+    architecture: str  # architectures[0], one of SUPPORTED_ARCHITECTURES
+    vocab_size: int
+    num_layers: int
+    d_model: int  # hidden_size
+    num_heads: int
+    num_kv_heads: int
+    head_size: int  # head_dim; not always d_model // num_heads
+    d_ff: int  # intermediate_size
+    max_position_embeddings: int
+    max_seq_len: int  # the longest sequence this config was checked for (sliding window); <= max_position_embeddings
+    rope_theta: float = 10000.0
+    rope_scaling: Llama3RopeScaling | None = None
+    norm_eps: float = 1e-6
+    qkv_bias: bool = False  # Qwen2: q, k and v projections carry a bias; o does not
+    tie_word_embeddings: bool = False  # the LM head is the embedding matrix (no lm_head.weight stored)
+    storage_dtype: str | None = None  # what config.json declares the weights are stored as, if it says
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "num_layers", "d_model", "num_heads", "num_kv_heads", "head_size", "d_ff",
+                     "max_position_embeddings", "max_seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.head_size % 2:
+            raise ValueError(f"head_size {self.head_size} must be even for rotary embeddings")
+        if self.max_seq_len > self.max_position_embeddings:
+            raise ValueError(
+                f"max_seq_len {self.max_seq_len} exceeds max_position_embeddings {self.max_position_embeddings}"
+            )
+
+    @classmethod
+    def from_hf(cls, raw: Mapping[str, Any], *, max_seq_len: int | None = None,
+                file: str = "config.json") -> LlamaFamilyConfig:
+        """Parses a `config.json` dict; `max_seq_len` (default max_position_embeddings) is the longest
+        sequence the caller will run, which decides whether a sliding window matters. CheckpointError
+        names the field of anything unsupported or malformed."""
+        return _Parser(raw, file).config(max_seq_len)
+
+
+class _Parser:
+    def __init__(self, raw: Mapping[str, Any], file: str) -> None:
+        if not isinstance(raw, Mapping):
+            raise CheckpointError(file, "(top level)", f"must be a JSON object, got {type(raw).__name__}")
+        self.raw = raw
+        self.file = file
+
+    def fail(self, field: str, problem: str) -> CheckpointError:
+        return CheckpointError(self.file, field, problem)
+
+    def config(self, max_seq_len: int | None) -> LlamaFamilyConfig:
+        architecture = self.architecture()
+        if self.raw.get("quantization_config") is not None:
+            raise self.fail("quantization_config", "quantized checkpoints are not supported; "
+                            f"supported: unquantized weights stored as {', '.join(SUPPORTED_STORAGE_DTYPES)}")
+        activation = self.raw.get("hidden_act", "silu")
+        if activation not in SUPPORTED_ACTIVATIONS:
+            raise self.fail("hidden_act", f"{activation!r} is not supported; supported: "
+                            f"{', '.join(SUPPORTED_ACTIVATIONS)}")
+        d_model = self.positive_int("hidden_size")
+        num_heads = self.positive_int("num_attention_heads")
+        num_kv_heads = self.positive_int("num_key_value_heads", default=num_heads)
+        if num_heads % num_kv_heads:
+            raise self.fail("num_key_value_heads", f"{num_kv_heads} does not divide num_attention_heads {num_heads}")
+        if self.raw.get("head_dim") is None and d_model % num_heads:
+            raise self.fail("hidden_size", f"{d_model} is not divisible by num_attention_heads {num_heads} "
+                            "and head_dim is not given")
+        head_size = self.positive_int("head_dim", default=d_model // num_heads)
+        if head_size % 2:
+            raise self.fail("head_dim", f"{head_size} must be even for rotary embeddings")
+        max_positions = self.positive_int("max_position_embeddings")
+        seq_len = max_positions if max_seq_len is None else max_seq_len
+        if not 1 <= seq_len <= max_positions:
+            raise self.fail("max_position_embeddings", f"max_seq_len {seq_len} must be between 1 and "
+                            f"max_position_embeddings {max_positions}")
+        rope_theta, rope_scaling = self.rope()
+        self.check_biases(architecture)
+        self.check_sliding_window(architecture, seq_len)
+        return LlamaFamilyConfig(
+            architecture=architecture,
+            vocab_size=self.positive_int("vocab_size"),
+            num_layers=self.positive_int("num_hidden_layers"),
+            d_model=d_model,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_size=head_size,
+            d_ff=self.positive_int("intermediate_size"),
+            max_position_embeddings=max_positions,
+            max_seq_len=seq_len,
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            norm_eps=self.positive_float("rms_norm_eps", default=1e-6),
+            qkv_bias=architecture == "Qwen2ForCausalLM",
+            tie_word_embeddings=self.boolean("tie_word_embeddings", default=False),
+            storage_dtype=self.storage_dtype(),
+        )
+
+    def architecture(self) -> str:
+        architectures = self.raw.get("architectures")
+        if not isinstance(architectures, list) or len(architectures) != 1:
+            raise self.fail("architectures", f"must be a list of one architecture, got {architectures!r}; "
+                            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        name = architectures[0]
+        if name not in SUPPORTED_ARCHITECTURES:
+            raise self.fail("architectures[0]", f"{name!r} is not supported; supported: "
+                            f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+        return str(name)
+
+    def rope(self) -> tuple[float, Llama3RopeScaling | None]:
+        # transformers 5 writes rope_parameters (theta inside); 4 writes rope_theta beside rope_scaling.
+        key = "rope_parameters" if self.raw.get("rope_parameters") is not None else "rope_scaling"
+        params = self.raw.get(key)
+        if params is None:
+            return self.positive_float("rope_theta", default=10000.0), None
+        if not isinstance(params, Mapping):
+            raise self.fail(key, f"must be an object or null, got {params!r}")
+        type_key = "rope_type" if "rope_type" in params else "type"
+        rope_type = params.get(type_key, "default")
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise self.fail(f"{key}.{type_key}", f"{rope_type!r} is not supported; supported: "
+                            f"{', '.join(SUPPORTED_ROPE_TYPES)}")
+        partial = params.get("partial_rotary_factor", self.raw.get("partial_rotary_factor", 1.0))
+        if partial != 1.0:
+            raise self.fail(f"{key}.partial_rotary_factor", f"{partial!r} is not supported; supported: 1.0")
+        theta = params.get("rope_theta", self.raw.get("rope_theta", 10000.0))
+        if not _is_number(theta) or not theta > 0:
+            raise self.fail(f"{key}.rope_theta", f"must be a number > 0, got {theta!r}")
+        if rope_type == "default":
+            return float(theta), None
+        return float(theta), self.llama3_scaling(key, params)
+
+    def llama3_scaling(self, key: str, params: Mapping[str, Any]) -> Llama3RopeScaling:
+        values: dict[str, float] = {}
+        for name in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+            value = params.get(name)
+            if not _is_number(value) or not value > 0:
+                raise self.fail(f"{key}.{name}", f"llama3 rope scaling needs a number > 0, got {value!r}")
+            values[name] = float(value)
+        if not values["high_freq_factor"] > values["low_freq_factor"]:
+            raise self.fail(f"{key}.high_freq_factor", f"{values['high_freq_factor']} must exceed "
+                            f"low_freq_factor {values['low_freq_factor']}")
+        original = values["original_max_position_embeddings"]
+        if not original.is_integer():
+            raise self.fail(f"{key}.original_max_position_embeddings", f"must be an integer, got {original!r}")
+        return Llama3RopeScaling(
+            factor=values["factor"],
+            low_freq_factor=values["low_freq_factor"],
+            high_freq_factor=values["high_freq_factor"],
+            original_max_position_embeddings=int(original),
+        )
+
+    def check_biases(self, architecture: str) -> None:
+        # Qwen2's q/k/v biases are fixed by its architecture; Llama (and Mistral) configs may switch
+        # biases on, which no released checkpoint of theirs does: refused rather than half-supported.
+        for name in ("attention_bias", "mlp_bias"):
+            if architecture != "Qwen2ForCausalLM" and self.boolean(name, default=False):
+                raise self.fail(name, f"true is not supported for {architecture}; supported: false "
+                                "(Qwen2ForCausalLM's q/k/v biases are)")
+
+    def check_sliding_window(self, architecture: str, max_seq_len: int) -> None:
+        """A window of at least max_seq_len tokens never hides a key from a query, so it is the same as
+        none; a smaller one is refused (not implemented)."""
+        layer_types = self.raw.get("layer_types")
+        if layer_types is not None:
+            # transformers 5 writes which layers slide; without it, Qwen2 slides layers from
+            # max_window_layers on when use_sliding_window is set, and Mistral slides every layer.
+            if not isinstance(layer_types, list) or not set(layer_types) <= {"full_attention", "sliding_attention"}:
+                raise self.fail("layer_types", "must be a list of 'full_attention' or 'sliding_attention', "
+                                f"got {layer_types!r}")
+            if "sliding_attention" not in layer_types:
+                return
+        elif architecture == "LlamaForCausalLM":
+            return
+        elif architecture == "Qwen2ForCausalLM" and (
+            not self.boolean("use_sliding_window", default=False)
+            or self.count("max_window_layers") >= self.positive_int("num_hidden_layers")
+        ):
+            return
+        window = self.raw.get("sliding_window")
+        if window is None:
+            return
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise self.fail("sliding_window", f"must be a positive int or null, got {window!r}")
+        if window < max_seq_len:
+            raise self.fail("sliding_window", f"{window} < max_seq_len {max_seq_len}: sliding-window attention "
+                            "is not supported; supported: null, or a window >= max_seq_len (serve with "
+                            f"max_seq_len <= {window})")
+
+    def storage_dtype(self) -> str | None:
+        key = "dtype" if self.raw.get("dtype") is not None else "torch_dtype"
+        value = self.raw.get(key)
+        if value is None:
+            return None
+        if value not in SUPPORTED_STORAGE_DTYPES:
+            raise self.fail(key, f"{value!r} is not supported; supported: {', '.join(SUPPORTED_STORAGE_DTYPES)}")
+        return str(value)
+
+    def positive_int(self, name: str, *, default: int | None = None) -> int:
+        value = self.raw.get(name)
+        if value is None:
+            if default is None:
+                raise self.fail(name, "is required")
+            return default
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise self.fail(name, f"must be a positive int, got {value!r}")
+        return value
+
+    def count(self, name: str) -> int:
+        value = self.raw.get(name, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise self.fail(name, f"must be an int >= 0, got {value!r}")
+        return value
+
+    def positive_float(self, name: str, *, default: float) -> float:
+        value = self.raw.get(name, default)
+        if value is None:
+            value = default
+        if not _is_number(value) or not value > 0 or not math.isfinite(value):
+            raise self.fail(name, f"must be a finite number > 0, got {value!r}")
+        return float(value)
+
+    def boolean(self, name: str, *, default: bool) -> bool:
+        value = self.raw.get(name, default)
+        if not isinstance(value, bool):
+            raise self.fail(name, f"must be true or false, got {value!r}")
+        return value
+
+
+def _is_number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)

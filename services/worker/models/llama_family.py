@@ -1,0 +1,161 @@
+"""The Llama-family decoder (Llama, Qwen2, Mistral): one module, parametrized by `LlamaFamilyConfig`.
+
+It has the shape `paged_forward` runs (`embed`, `rotary`, `blocks()` with `qkv`,
+`attn_out` and `mlp`, `logits`), so a step over the worker's paged KV cache is
+the same code and the same kernels as tinylm's; `forward` is the dense
+full-sequence reference.
+
+Weights live in the compute dtype (float32, float16 or bfloat16). Attention
+runs in float32 whatever it is: q, k and v leave `qkv` as float32 because the
+KV cache and the kernels are float32, and `attn_out` casts back. RMSNorm
+normalizes in float32 and casts before scaling by its weight, as the
+checkpoints were trained. Logits are float32.
+
+Parameters are fused the way a serving engine wants them: one q/k/v matrix
+(rows q, then k, then v) and one gate/up matrix, so a layer makes two matmuls
+where the checkpoint stores five. `llama_weights` maps checkpoint tensors onto
+them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from services.worker.models.llama_config import Llama3RopeScaling, LlamaFamilyConfig
+from services.worker.models.transformer import Rotary, apply_rope
+
+COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _empty(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
+    # Uninitialized: every parameter is overwritten by the checkpoint, and random init of a
+    # vocabulary-sized matrix costs more than reading it.
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Normalizes in float32 and casts back before the weight, as the family's checkpoints were trained."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+class LlamaFamilyBlock(nn.Module):
+    def __init__(self, config: LlamaFamilyConfig, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        q_size, kv_size = c.num_heads * c.head_size, c.num_kv_heads * c.head_size
+        self.attn_norm = _empty(c.d_model, dtype=dtype, device=device)
+        self.qkv_weight = _empty(q_size + 2 * kv_size, c.d_model, dtype=dtype, device=device)
+        self.qkv_bias = _empty(q_size + 2 * kv_size, dtype=dtype, device=device) if c.qkv_bias else None
+        self.o_weight = _empty(c.d_model, q_size, dtype=dtype, device=device)
+        self.mlp_norm = _empty(c.d_model, dtype=dtype, device=device)
+        self.gate_up_weight = _empty(2 * c.d_ff, c.d_model, dtype=dtype, device=device)
+        self.down_weight = _empty(c.d_model, c.d_ff, dtype=dtype, device=device)
+        self._split = (q_size, kv_size, kv_size)
+
+    def qkv(self, x: torch.Tensor, rope: Rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`x[..., T, d_model]` → float32 q `[..., T, num_heads, hs]`, k and v `[..., T, num_kv_heads, hs]`, RoPE applied."""
+        c = self.config
+        h = rms_norm(x, self.attn_norm, c.norm_eps)
+        lead = h.shape[:-1]
+        qkv = F.linear(h, self.qkv_weight, self.qkv_bias).float()
+        q, k, v = qkv.split(self._split, dim=-1)
+        # q and k rotate by the same angles: one rotation over their heads side by side.
+        qk = torch.cat((q.view(*lead, c.num_heads, c.head_size), k.view(*lead, c.num_kv_heads, c.head_size)), dim=-2)
+        q, k = apply_rope(qk, rope).split((c.num_heads, c.num_kv_heads), dim=-2)
+        return q, k, v.reshape(*lead, c.num_kv_heads, c.head_size)
+
+    def attn_out(self, attn: torch.Tensor) -> torch.Tensor:
+        """Float32 attention output `[..., T, num_heads, hs]` → residual update `[..., T, d_model]` (compute dtype)."""
+        return F.linear(attn.flatten(-2).to(self.o_weight.dtype), self.o_weight)
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        h = rms_norm(x, self.mlp_norm, self.config.norm_eps)
+        gate, up = F.linear(h, self.gate_up_weight).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_weight)
+
+
+class LlamaFamilyLM(nn.Module):
+    """Built empty (uninitialized parameters); `llama_weights.load_llama_family` fills it from a checkpoint."""
+
+    def __init__(self, config: LlamaFamilyConfig, *, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu") -> None:
+        super().__init__()
+        if dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute dtype must be one of {', '.join(map(str, COMPUTE_DTYPES))}, got {dtype}")
+        device = torch.device(device)
+        self.config = config
+        self.embed_weight = _empty(config.vocab_size, config.d_model, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(LlamaFamilyBlock(config, dtype, device) for _ in range(config.num_layers))
+        self.final_norm = _empty(config.d_model, dtype=dtype, device=device)
+        self.lm_head_weight = (
+            None if config.tie_word_embeddings else _empty(config.vocab_size, config.d_model, dtype=dtype, device=device)
+        )
+        self.register_buffer("inv_freq", rope_inv_freq(config, device), persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_weight.device
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(token_ids, self.embed_weight)
+
+    def blocks(self) -> Iterator[LlamaFamilyBlock]:
+        return iter(cast("Iterable[LlamaFamilyBlock]", self.layers))
+
+    def rotary(self, positions: torch.Tensor) -> Rotary:
+        angles = positions.to(torch.float32)[..., None] * cast(torch.Tensor, self.inv_freq)  # [..., T, hs / 2]
+        cos, sin = angles.cos(), angles.sin()
+        return Rotary(cos[..., None, :], sin[..., None, :])  # broadcast over heads
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        head = self.embed_weight if self.lm_head_weight is None else self.lm_head_weight
+        return F.linear(rms_norm(hidden, self.final_norm, self.config.norm_eps), head).float()
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Dense causal reference: `input_ids int64[B, T]` (positions 0..T-1) → logits `float32[B, T, vocab]`."""
+        rope = self.rotary(torch.arange(input_ids.shape[1], device=input_ids.device))
+        x = self.embed(input_ids)
+        for layer in self.blocks():
+            q, k, v = layer.qkv(x, rope)
+            attn = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+            )
+            x = x + layer.attn_out(attn.transpose(1, 2))
+            x = x + layer.mlp(x)
+        return self.logits(x)
+
+
+def rope_inv_freq(config: LlamaFamilyConfig, device: torch.device) -> torch.Tensor:
+    """RoPE's inverse frequency of each rotated pair, `float32[head_size // 2]`, scaled per config."""
+    exponents = torch.arange(0, config.head_size, 2, dtype=torch.int64, device=device).float() / config.head_size
+    inv_freq = 1.0 / (config.rope_theta ** exponents)
+    if config.rope_scaling is None:
+        return inv_freq
+    return llama3_scaled(inv_freq, config.rope_scaling)
+
+
+def llama3_scaled(inv_freq: torch.Tensor, scaling: Llama3RopeScaling) -> torch.Tensor:
+    """Llama 3.1's RoPE stretch: wavelengths longer than original_context / low_freq_factor are divided by
+    `factor`, those shorter than original_context / high_freq_factor kept, and the band between
+    interpolated linearly in original_context / wavelength."""
+    original = scaling.original_max_position_embeddings
+    wavelength = 2 * math.pi / inv_freq
+    stretched = inv_freq / scaling.factor
+    # 0 at the low-frequency edge of the band, 1 at its high-frequency edge.
+    blend = (original / wavelength - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    interpolated = (1 - blend) * stretched + blend * inv_freq
+    long = wavelength > original / scaling.low_freq_factor
+    short = wavelength < original / scaling.high_freq_factor
+    return torch.where(long, stretched, torch.where(short, inv_freq, interpolated))

@@ -1,0 +1,69 @@
+"""Tiny random-weight Hugging Face checkpoints of the Llama family, made with transformers (tests only).
+
+`save_tiny_checkpoint(dir, "qwen2")` writes what a user would bring (config.json,
+model.safetensors, generation_config.json) via `save_pretrained`; nothing is
+downloaded. Weights are drawn wider than transformers' init (std 0.02 gives
+near-uniform logits, where greedy decoding flips on float noise) and biases
+are drawn too (transformers zeroes them, which would test nothing).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never reach the Hub
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+# Shared by every family: 2 layers, hidden 64, 4 heads over 2 KV heads (GQA), vocab 512.
+BASE: dict[str, Any] = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2,
+    pad_token_id=0,
+)
+# family → (config class, model class, config overrides). llama3's original context of 64 puts the tiny
+# head's wavelengths on all three sides of its band (kept, interpolated, divided by factor).
+FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {"rope_theta": 10000.0}),
+    "llama3": ("LlamaConfig", "LlamaForCausalLM", {"rope_theta": 500000.0, "rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64}}),
+    "llama_tied": ("LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": True}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"rope_theta": 1000000.0}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 256, "head_dim": 16}),
+}
+
+
+def hf_config(family: str, **overrides: Any) -> transformers.PretrainedConfig:
+    config_class, _, extra = FAMILIES[family]
+    return getattr(transformers, config_class)(**{**BASE, **extra, **overrides})
+
+
+def tiny_model(family: str, *, seed: int = 0, std: float = 0.25, **overrides: Any) -> transformers.PreTrainedModel:
+    """A random-weight model of `family` in eval mode, float32."""
+    _, model_class, _ = FAMILIES[family]
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)(hf_config(family, **overrides))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)  # not all ones: a norm's weight must be read, not assumed
+            else:
+                param.normal_(0.0, std)
+    return model.eval()
+
+
+def save_tiny_checkpoint(directory: str | Path, family: str, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+                         **overrides: Any) -> transformers.PreTrainedModel:
+    """Saves a tiny `family` checkpoint into `directory` (stored as `dtype`); returns the float32 model
+    with the weights as stored (rounded to `dtype`)."""
+    model = tiny_model(family, seed=seed, **overrides)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(param.to(dtype))  # round; buffers (RoPE's frequencies) stay float32
+    copy.deepcopy(model).to(dtype).save_pretrained(directory)
+    return model

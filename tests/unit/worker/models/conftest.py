@@ -1,0 +1,27 @@
+"""Tiny Llama-family checkpoints for the model tests: one per family, saved once per session."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import transformers
+
+from tests.support.hf_checkpoints import FAMILIES, save_tiny_checkpoint
+
+
+@dataclass(frozen=True)
+class TinyCheckpoint:
+    family: str
+    directory: Path
+    reference: transformers.PreTrainedModel  # transformers' model with the same (float32) weights
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TinyCheckpoint]:
+    checkpoints = {}
+    for family in FAMILIES:
+        directory = tmp_path_factory.mktemp(f"hf-{family}")
+        checkpoints[family] = TinyCheckpoint(family, directory, save_tiny_checkpoint(directory, family))
+    return checkpoints

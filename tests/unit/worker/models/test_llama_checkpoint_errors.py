@@ -1,0 +1,213 @@
+"""Checkpoints the Llama family refuses, each with a CheckpointError naming the file and the field or
+tensor; and the spellings of a config it accepts (transformers 4 and 5, sliding windows that cover
+the whole sequence, sharded weights)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from services.worker.models.llama_config import CheckpointError, LlamaFamilyConfig
+from services.worker.models.llama_weights import load_llama_family, read_config
+from tests.support.hf_checkpoints import save_tiny_checkpoint
+
+
+def copy_of(tiny_checkpoints, family: str, tmp_path: Path) -> Path:
+    directory = tmp_path / family
+    shutil.copytree(tiny_checkpoints[family].directory, directory)
+    return directory
+
+
+def edit_config(directory: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+    path = directory / "config.json"
+    config = json.loads(path.read_text())
+    edit(config)
+    path.write_text(json.dumps(config))
+
+
+def edit_tensors(path: Path, edit: Callable[[dict[str, torch.Tensor]], None]) -> None:
+    tensors = load_file(path)
+    edit(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def refusal(directory: Path, **kwargs: Any) -> CheckpointError:
+    with pytest.raises(CheckpointError) as caught:
+        load_llama_family(directory, **kwargs)
+    return caught.value
+
+
+def llama_config(**fields: Any) -> dict[str, Any]:
+    return {"architectures": ["LlamaForCausalLM"], "vocab_size": 300, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "max_position_embeddings": 256, **fields}
+
+
+# --- config.json ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("fields", "field", "says"), [
+    ({"architectures": ["GPT2LMHeadModel"]}, "architectures[0]", "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"),
+    ({"architectures": []}, "architectures", "supported: LlamaForCausalLM"),
+    ({"rope_scaling": {"type": "yarn", "factor": 4.0}}, "rope_scaling.type", "supported: default, llama3"),
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling.rope_type", "supported: default, llama3"),
+    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_parameters.rope_type", "llama3"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}},
+     "rope_scaling.original_max_position_embeddings", "needs a number > 0"),
+    ({"hidden_act": "gelu"}, "hidden_act", "supported: silu"),
+    ({"attention_bias": True}, "attention_bias", "supported: false"),
+    ({"mlp_bias": True}, "mlp_bias", "supported: false"),
+    ({"quantization_config": {"quant_method": "gptq"}}, "quantization_config", "not supported"),
+    ({"torch_dtype": "float64"}, "torch_dtype", "supported: float32, float16, bfloat16"),
+    ({"num_key_value_heads": 3}, "num_key_value_heads", "does not divide num_attention_heads 4"),
+    ({"vocab_size": None}, "vocab_size", "is required"),
+    ({"hidden_size": "64"}, "hidden_size", "must be a positive int"),
+])
+def test_unsupported_or_malformed_config_names_the_field(fields, field, says):
+    with pytest.raises(CheckpointError) as caught:
+        LlamaFamilyConfig.from_hf(llama_config(**fields), file="dir/config.json")
+    assert (caught.value.file, caught.value.field) == ("dir/config.json", field)
+    assert says in str(caught.value) and str(caught.value).startswith(f"dir/config.json: {field}: ")
+
+
+def test_transformers_4_and_5_spellings_of_llama3_rope_read_alike():
+    scaling = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    old = LlamaFamilyConfig.from_hf(llama_config(rope_theta=5e5, rope_scaling={"type": "llama3", **scaling}))
+    new = LlamaFamilyConfig.from_hf(llama_config(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, **scaling}))
+    assert old == new and old.rope_theta == 5e5 and old.rope_scaling is not None
+    default = LlamaFamilyConfig.from_hf(llama_config(rope_theta=5e5, rope_scaling=None))
+    assert default.rope_scaling is None and default.rope_theta == 5e5
+
+
+def test_a_sliding_window_is_refused_only_when_it_hides_part_of_the_sequence():
+    mistral = llama_config(architectures=["MistralForCausalLM"], sliding_window=128)
+    with pytest.raises(CheckpointError) as caught:
+        LlamaFamilyConfig.from_hf(mistral)
+    assert caught.value.field == "sliding_window" and "128 < max_seq_len 256" in str(caught.value)
+    assert LlamaFamilyConfig.from_hf(mistral, max_seq_len=128).max_seq_len == 128
+    assert LlamaFamilyConfig.from_hf({**mistral, "sliding_window": None}).max_seq_len == 256
+
+    qwen = llama_config(architectures=["Qwen2ForCausalLM"], sliding_window=128, max_window_layers=0)
+    assert LlamaFamilyConfig.from_hf({**qwen, "use_sliding_window": False}).qkv_bias
+    assert LlamaFamilyConfig.from_hf({**qwen, "use_sliding_window": True, "max_window_layers": 2}).qkv_bias
+    with pytest.raises(CheckpointError, match="sliding_window"):
+        LlamaFamilyConfig.from_hf({**qwen, "use_sliding_window": True})
+    with pytest.raises(CheckpointError, match="sliding_window"):
+        LlamaFamilyConfig.from_hf({**qwen, "layer_types": ["full_attention", "sliding_attention"]})
+    with pytest.raises(CheckpointError, match="max_position_embeddings"):
+        LlamaFamilyConfig.from_hf(llama_config(), max_seq_len=257)
+
+
+def test_unsupported_architecture_in_a_directory_names_config_json(tiny_checkpoints, tmp_path):
+    directory = copy_of(tiny_checkpoints, "llama", tmp_path)
+    edit_config(directory, lambda c: c.update(architectures=["MixtralForCausalLM"]))
+    error = refusal(directory)
+    assert (error.file, error.field) == (str(directory / "config.json"), "architectures[0]")
+
+
+def test_missing_or_broken_config_json_is_refused(tiny_checkpoints, tmp_path):
+    directory = copy_of(tiny_checkpoints, "llama", tmp_path)
+    (directory / "config.json").write_text("{not json")
+    assert "not readable JSON" in str(refusal(directory))
+    (directory / "config.json").unlink()
+    assert "missing from the checkpoint directory" in str(refusal(directory))
+
+
+# --- safetensors ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("corrupt", [
+    lambda data: data[: len(data) // 2],  # truncated: the header names bytes the file lacks
+    lambda data: b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all",
+    lambda data: b"\xff" * 8 + data[8:],  # a header length past the end of the file
+])
+def test_corrupt_safetensors_header_names_the_file(tiny_checkpoints, tmp_path, corrupt):
+    directory = copy_of(tiny_checkpoints, "llama", tmp_path)
+    weights = directory / "model.safetensors"
+    weights.write_bytes(corrupt(weights.read_bytes()))
+    error = refusal(directory)
+    assert (error.file, error.field) == (str(weights), "header")
+    assert "not a readable safetensors file" in str(error)
+
+
+def test_tensor_of_the_wrong_shape_names_file_tensor_and_both_shapes(tiny_checkpoints, tmp_path):
+    directory = copy_of(tiny_checkpoints, "qwen2", tmp_path)
+    weights = directory / "model.safetensors"
+    edit_tensors(weights, lambda t: t.update({"model.layers.1.self_attn.k_proj.bias": torch.zeros(16)}))
+    error = refusal(directory)
+    assert (error.file, error.field) == (str(weights), "model.layers.1.self_attn.k_proj.bias")
+    assert "shape [16] but config.json implies [32]" in str(error)
+
+
+@pytest.mark.parametrize(("dtype", "says"), [
+    (torch.float64, "dtype F64 is not supported; supported: F32, F16, BF16"),
+    (torch.int32, "dtype I32 is not supported"),
+    (torch.bfloat16, "dtype BF16 (bfloat16) but config.json declares float32"),
+])
+def test_tensor_of_the_wrong_dtype_names_file_and_tensor(tiny_checkpoints, tmp_path, dtype, says):
+    directory = copy_of(tiny_checkpoints, "llama", tmp_path)
+    weights = directory / "model.safetensors"
+    name = "model.layers.0.mlp.down_proj.weight"
+    edit_tensors(weights, lambda t: t.update({name: t[name].to(dtype)}))
+    error = refusal(directory)
+    assert (error.file, error.field) == (str(weights), name) and says in str(error)
+
+
+def test_mixed_storage_dtypes_are_refused_when_the_config_declares_none(tiny_checkpoints, tmp_path):
+    directory = copy_of(tiny_checkpoints, "llama", tmp_path)
+    edit_config(directory, lambda c: c.pop("dtype", None))
+    name = "model.norm.weight"
+    edit_tensors(directory / "model.safetensors", lambda t: t.update({name: t[name].half()}))
+    error = refusal(directory)
+    assert error.field == name and "one storage dtype per checkpoint" in str(error)
+
+
+def test_missing_and_unexpected_tensors_are_named(tiny_checkpoints, tmp_path):
+    directory = copy_of(tiny_checkpoints, "llama", tmp_path)
+    weights = directory / "model.safetensors"
+    edit_tensors(weights, lambda t: t.pop("model.layers.1.post_attention_layernorm.weight"))
+    error = refusal(directory)
+    assert error.field == "model.layers.1.post_attention_layernorm.weight" and "missing" in str(error)
+
+    directory = copy_of(tiny_checkpoints, "llama_tied", tmp_path / "second")
+    weights = directory / "model.safetensors"
+    edit_tensors(weights, lambda t: t.update({"model.layers.2.input_layernorm.weight": torch.ones(64)}))
+    error = refusal(directory)
+    assert (error.file, error.field) == (str(weights), "model.layers.2.input_layernorm.weight")
+    assert "unexpected tensor for LlamaForCausalLM (2 layers" in str(error)
+
+
+def test_a_directory_without_weights_is_refused(tiny_checkpoints, tmp_path):
+    directory = copy_of(tiny_checkpoints, "llama", tmp_path)
+    (directory / "model.safetensors").unlink()
+    error = refusal(directory)
+    assert error.field == "model.safetensors" and "neither model.safetensors nor" in str(error)
+
+
+def test_sharded_weights_load_and_their_index_is_checked(tmp_path):
+    reference = save_tiny_checkpoint(tmp_path, "llama", seed=3)
+    shutil.rmtree(tmp_path)
+    reference.save_pretrained(tmp_path, max_shard_size="100KB")
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    ids = torch.tensor([[5, 9, 300, 17, 2, 44]])
+    with torch.inference_mode():
+        torch.testing.assert_close(load_llama_family(tmp_path)(ids), reference(ids).logits, rtol=0.0, atol=2e-4)
+
+    moved = "model.layers.0.mlp.up_proj.weight"
+    wrong_shard = next(f for f in sorted(set(index["weight_map"].values())) if f != index["weight_map"][moved])
+    index["weight_map"][moved] = wrong_shard
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    error = refusal(tmp_path)
+    assert (error.file, error.field) == (str(tmp_path / wrong_shard), moved)
+    assert "listed in model.safetensors.index.json but not in the file" in str(error)
+
+
+def test_read_config_checks_without_touching_weights(tiny_checkpoints):
+    config = read_config(tiny_checkpoints["mistral"].directory, max_seq_len=100)
+    assert config.max_seq_len == 100 and config.architecture == "MistralForCausalLM"
