@@ -16,10 +16,10 @@ from typing import Protocol
 from services.common import errors
 from services.common.clock import Clock
 from services.scheduler import metrics
+from services.scheduler.attach_types import ModelKey
 from services.scheduler.fair_queue import TenantContext
 from services.scheduler.sequence import Sequence
 from services.scheduler.step_plan import SequenceDelta, StepPlan
-from services.scheduler.worker_link import ModelKey
 
 # Why a sequence failed when the worker named no reason.
 _NO_VALID_TOKEN = "the worker returned no valid token"
