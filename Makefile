@@ -124,10 +124,13 @@ typecheck: setup ## mypy over services/, kernels/ and loadtest/ (pyproject.toml 
 fuzz: setup ## atheris on every parser of outside input, FUZZ_SECONDS each (default 180); findings under run/fuzz/
 	$(PY) -m fuzz.run --seconds $${FUZZ_SECONDS:-180}
 
+# Every entry point is bench/<group>/bench_*.py; bench_gpu_* need CUDA and run in bench-gpu instead.
+BENCH_SCRIPTS := $(foreach script,$(sort $(wildcard bench/*/bench_*.py)),$(if $(findstring /bench_gpu_,$(script)),,$(script)))
+
 bench: setup model-repo ## benchmarks: tables on stdout, JSON under bench/results/ (QUICK=1: a shorter run)
-	@for script in bench/bench_*.py; do \
-		name=$$(basename $$script .py); echo "== $$name"; \
-		$(PY) -m bench.$$name $(if $(QUICK),--quick) || exit 1; done
+	@for script in $(BENCH_SCRIPTS); do \
+		module=$$(echo $${script%.py} | tr / .); echo "== $$module"; \
+		$(PY) -m $$module $(if $(QUICK),--quick) || exit 1; done
 
 bench-gpu: setup model-repo ## on a CUDA machine: kernel checks vs float64, GPU kernel/worker benchmarks, the mesh on --device cuda (logs+JSON in bench/results/)
 	PATH=$(VENV)/bin:$$PATH bash bench/gpu_session.sh

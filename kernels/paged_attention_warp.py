@@ -182,7 +182,7 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
                     best = scores[g, u]
             if best > neg_inf:
                 # Rescaling every step was 1-2% faster on an H200 than branching to rescale only when
-                # the max grows (bench/gpu_attention_sweep.py). exp(-inf) = 0 clears the first step's sum.
+                # the max grows (bench/kernels/bench_gpu_attention_sweep.py). exp(-inf) = 0 clears the first step's sum.
                 rescale = math.exp(run_max[g] - best)
                 total = run_sum[g] * rescale
                 for d in range(dims):

@@ -9,8 +9,8 @@ from concurrent import futures
 import grpc
 import pytest
 
-from bench.overload_load import LoadPool
-from bench.overload_plan import LoadPlan, RequestTemplate, Rpc, Send
+from bench.harness.load_plan import LoadPlan, RequestTemplate, Rpc, Send
+from bench.harness.load_pool import LoadPool
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 pytestmark = pytest.mark.integration

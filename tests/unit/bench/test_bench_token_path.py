@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from bench.bench_token_path import headline, over_baseline
+from bench.token_path.bench_token_path import headline, over_baseline
 
 
 def phase(name: str, p50_ms: float, tokens_per_s: float) -> dict:

@@ -1,4 +1,4 @@
-from bench.bench_hop_floor import relay_chain, round_trips_ms
+from bench.token_path.bench_hop_floor import relay_chain, round_trips_ms
 
 
 def test_relay_chain_echoes_through_every_hop_and_times_each_round_trip():

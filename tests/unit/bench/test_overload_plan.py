@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.overload_plan import (
+from bench.harness.load_plan import (
     LoadPlan,
     RequestTemplate,
     Rpc,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from bench.overload_report import finite, markdown_table, medians, noise_line, table_rows
+from bench.overload.report import finite, markdown_table, medians, noise_line, table_rows
 
 
 def section(p99_ms: float = 10.0, lag_p99_ms: float = 1.0, behind: bool = False, coverage: float = 0.5) -> dict:

@@ -6,19 +6,9 @@ import math
 
 import pytest
 
-from bench.overload_stats import (
-    SendResult,
-    by_tenant,
-    coverage,
-    goodput_per_s,
-    in_window,
-    lag_summary,
-    merge_results,
-    quantile,
-    ratio,
-    summarize,
-    summarize_streams,
-)
+from bench.harness.send_result import SendResult, in_window, lag_summary, merge_results
+from bench.harness.stats import quantile
+from bench.overload.stats import by_tenant, coverage, goodput_per_s, ratio, summarize, summarize_streams
 
 
 def result(scheduled_s: float = 0.0, latency_s: float = 0.01, status: str = "OK", lag_s: float = 0.0,

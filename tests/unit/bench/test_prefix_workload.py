@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from bench.prefix_workload import (
+from bench.scheduler.prefix_workload import (
     OracleCache,
     WorkloadSpec,
     make_conversations,

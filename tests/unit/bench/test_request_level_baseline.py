@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from bench.request_level_baseline import RequestLevelBatcher, closed_loop, open_loop
-from bench.token_path_workload import TokenRequest
+from bench.token_path.request_level_baseline import RequestLevelBatcher, closed_loop, open_loop
+from bench.token_path.workload import TokenRequest
 from services.worker.work import RunStep, SequenceOutput, StageDurations
 from tools.testbed.fake_clock import FakeClock
 

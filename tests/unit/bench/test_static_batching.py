@@ -1,4 +1,4 @@
-"""bench/static_batching.py: the continuous-batching benchmark's static baseline, a StepScheduler
+"""bench/scheduler/static_batching.py: the continuous-batching benchmark's static baseline, a StepScheduler
 subclass, on the scheduler's own fake workers and fake clock."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import functools
 
 import pytest
 
-from bench.static_batching import StaticBatchScheduler, split_padding_flag
+from bench.scheduler.static_batching import StaticBatchScheduler, split_padding_flag
 from tests.unit.scheduler.conftest import (
     FakePagedWorker,
     fake_next_token,

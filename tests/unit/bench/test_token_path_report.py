@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from bench.overload_stats import SendResult
-from bench.token_path_report import (
+from bench.harness.send_result import SendResult
+from bench.token_path.report import (
     Target,
     e2e_figures,
     markdown_table,
@@ -16,7 +16,7 @@ from bench.token_path_report import (
     speedscope_top,
     us_per_token,
 )
-from bench.token_path_workload import LoadPhase, closed_loop_requests, make_requests
+from bench.token_path.workload import LoadPhase, closed_loop_requests, make_requests
 
 
 def result(scheduled_s: float, done_s: float, status: str = "OK", num_tokens: int = 10) -> SendResult:
@@ -97,14 +97,14 @@ def test_a_phase_is_either_open_or_closed_loop():
 
 
 def test_open_loops_rate_over_their_span_and_closed_loops_over_their_window():
-    from bench.token_path_report import rate_window_s
+    from bench.token_path.report import rate_window_s
 
     assert rate_window_s(True, duration_s=20.0, elapsed_s=31.5) == 31.5
     assert rate_window_s(False, duration_s=20.0, elapsed_s=23.0) == 20.0
 
 
 def test_owners_charge_each_sample_to_its_innermost_services_frame():
-    from bench.token_path_report import NO_OWNER, speedscope_owners
+    from bench.token_path.report import NO_OWNER, speedscope_owners
 
     doc = {
         "shared": {"frames": [{"name": "run", "file": "/x/services/gateway/server.py"},

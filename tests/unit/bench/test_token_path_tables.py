@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.token_path_tables import e2e_table, gateway_table, profile_table, scheduler_table, targets_table
+from bench.token_path.tables import e2e_table, gateway_table, profile_table, scheduler_table, targets_table
 
 
 def window(tokens_per_s: float, us: float) -> dict:

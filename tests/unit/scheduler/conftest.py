@@ -51,7 +51,7 @@ def make_batcher(clock: FakeClock, *, workers: dict[str, int] | None = None, **o
 
 def make_scheduler(clock: FakeClock, *, num_blocks: int = 64, block_size: int = 4,
                    factory: StepSchedulerFactory = StepScheduler, **over) -> StepScheduler:
-    """`factory`: StepScheduler or a subclass's constructor (bench/static_batching.py)."""
+    """`factory`: StepScheduler or a subclass's constructor (bench/scheduler/static_batching.py)."""
     config = dataclasses.replace(
         StepSchedulerConfig(max_num_seqs=8, max_num_batched_tokens=32, max_seq_len=128, kv_watermark=0.0), **over
     )

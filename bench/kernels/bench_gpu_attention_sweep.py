@@ -1,0 +1,116 @@
+"""The warp attention kernel's layouts timed and checked on a GPU, to choose ``layout_for``'s defaults.
+
+    python -m bench.kernels.bench_gpu_attention_sweep [--budget-s 120] [--output bench/results/gpu_attention_sweep.json]
+
+For each shape and dtype: the default layout (``layout_for``) and hand-made
+ones (prefetching the next step's K/V, lanes per token, query heads per
+block, tokens in flight), each checked once against a float64 reference (relative
+error, same bounds as ``bench.kernels.bench_gpu_kernel_check``) and timed in device time
+(``bench.kernels.gpu_timing``: launches queued behind a spin, input sets cycled
+past L2). Stops starting new shapes after ``--budget-s`` seconds, so it fits a
+short device lease; rows are printed as they come.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+
+from bench.harness.results import RESULTS_DIR, write_report
+from bench.kernels.device import peak_bandwidth_gb_per_s
+from bench.kernels.gpu_reference import BOUND, attention_reference64, relative_error
+from bench.kernels.gpu_timing import attention_sets, copy_gb_per_s, event_median_ms
+from kernels import paged_attention_decode
+from kernels.paged_attention_warp import WarpLayout, layout_for
+
+RESULTS_PATH = RESULTS_DIR / "gpu_attention_sweep.json"
+SHAPES = [  # num_seqs, heads, kv heads, head size, context range
+    (64, 32, 8, 128, (1024, 2048)),
+    (8, 32, 8, 128, (4096, 4096)),
+    (256, 4, 2, 32, (1024, 2048)),
+    (64, 4, 2, 32, (1024, 2048)),
+]
+
+
+def candidate_layouts(head_size: int, group: int, itemsize: int) -> list[WarpLayout]:
+    default = layout_for(head_size, group, itemsize)
+    # Prefetching (the next step's loads before this step's arithmetic) first: untimed until a GPU runs this.
+    layouts = [default, replace(default, prefetch=True),
+               replace(default, prefetch=True, tokens_in_flight=max(1, default.tokens_in_flight // 2)),
+               replace(default, prefetch=True, tokens_in_flight=1, heads_per_block=max(1, group // 2))]
+    num_loads = head_size * itemsize // default.width
+    for lanes in (4, 8, 16):
+        for heads in sorted({group, max(1, group // 2)}, reverse=True):
+            for tokens in (1, 2, 4):
+                floats = heads * head_size // lanes  # query floats a lane holds
+                if num_loads % lanes or floats > 64 or tokens * 2 * head_size // lanes > 128:
+                    continue
+                layout = WarpLayout(default.width, lanes, heads, tokens)
+                if layout not in layouts:
+                    layouts.append(layout)
+    return layouts
+
+
+def sweep_shape(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype, peak, repeats) -> list[dict]:
+    sets, moved, _ = attention_sets(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype)
+    scale = head_size**-0.5
+    want = attention_reference64(*sets[0], 16, scale)
+    out = torch.empty_like(sets[0][0])
+    group, itemsize = num_heads // num_kv_heads, torch.finfo(dtype).bits // 8
+    shape = f"{num_seqs} seqs {num_heads}/{num_kv_heads}x{head_size} ctx {ctx[0]}-{ctx[1]} {str(dtype)[6:]}"
+    rows = []
+    for layout in candidate_layouts(head_size, group, itemsize):
+        def call(i, layout=layout):
+            return paged_attention_decode(*sets[i], 16, scale, out=out, backend="cuda", warp_layout=layout)
+        try:
+            out.fill_(float("nan"))
+            call(0)
+            error = relative_error(out, want)
+            device_ms = event_median_ms(call, len(sets), repeats, device_only=True)
+        except Exception as exc:  # one layout that cannot build must not stop the sweep
+            print(f"{shape} {layout}: {type(exc).__name__}: {exc}", flush=True)
+            continue
+        gb = moved / (device_ms * 1e-3) / 1e9
+        row = {"shape": shape, "layout": asdict(layout), "device_ms": device_ms, "gb_per_s": gb,
+               "of_peak": gb / peak, "relative_error": error, "ok": error <= BOUND[dtype],
+               "default": layout == layout_for(head_size, group, itemsize)}
+        rows.append(row)
+        print(f"{shape:<40} L{layout.lanes_per_token:<2} H{layout.heads_per_block} U{layout.tokens_in_flight} "
+              f"{'prefetch' if layout.prefetch else '        '} {device_ms:8.4f} ms {gb:6.0f} GB/s "
+              f"{gb / peak:4.0%} err {error:.1e}{' DEFAULT' if row['default'] else ''}"
+              f"{'' if row['ok'] else ' FAIL'}", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget-s", type=float, default=120.0)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--output", type=Path, default=RESULTS_PATH)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit(2)
+    started = time.perf_counter()
+    peak = peak_bandwidth_gb_per_s() or float("nan")
+    copy = copy_gb_per_s(10)
+    print(f"{torch.cuda.get_device_name()}: copy {copy:.0f} GB/s, peak {peak:.0f} GB/s", flush=True)
+    rows: list[dict] = []
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    for num_seqs, num_heads, num_kv_heads, head_size, ctx in SHAPES:
+        for dtype in (torch.float16, torch.float32):
+            if time.perf_counter() - started > args.budget_s:
+                continue
+            rows += sweep_shape(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype, peak, args.repeats)
+            torch.cuda.empty_cache()
+            write_report(args.output, {"device": torch.cuda.get_device_name(), "copy_gb_per_s": copy,
+                                       "peak_gb_per_s": peak, "rows": rows})
+    print(f"{len(rows)} layouts, {sum(not r['ok'] for r in rows)} failing, in {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
