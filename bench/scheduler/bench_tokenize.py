@@ -1,6 +1,6 @@
 """CPU the scheduler spends on text per request with an HF tokenizer (TOKENIZER_KIND_HF).
 
-    .venv/bin/python -m bench.bench_tokenize [--vocab 32000] [--repeats 3] [--calls 300]
+    .venv/bin/python -m bench.scheduler.bench_tokenize [--vocab 32000] [--repeats 3] [--calls 300]
 
 A byte-level BPE (Llama 3's shape: ByteLevel with its split regex) is trained here on local text,
 the Python standard library's sources (no download), and kept in --cache for the next run. Then,
@@ -124,7 +124,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--cache", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "infermesh_bpe.json")
+    parser.add_argument("--quick", action="store_true", help="one repeat (`make bench QUICK=1`)")
     args = parser.parse_args()
+    if args.quick:
+        args.repeats = 1
     texts = corpus()
     cache = args.cache.with_name(f"{args.cache.stem}_{args.vocab}{args.cache.suffix}")
     data = trained(args.vocab, cache, texts)
