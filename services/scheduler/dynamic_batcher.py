@@ -272,10 +272,11 @@ class DynamicBatcher(Generic[P]):
         size = self._batch_size(worker, now)
         if size == 0:
             return None
-        items = self._take_standing(size, now) if self.standing else tuple(self._queue.pop() for _ in range(size))
+        limit = self._batch_limit(worker)
+        items = self._take_standing(size, limit, now) if self.standing else tuple(self._queue.pop() for _ in range(size))
         for item in items:
             del self._queued[item.item_id]
-        self._watch_waits(items, self._batch_limit(worker), now)
+        self._watch_waits(items, limit, now)
         items = tuple(dataclasses.replace(item, num_attempts=item.num_attempts + 1) for item in items)
         batch = Batch(next(self._batch_ids), worker.worker_id, items, now)
         worker.in_flight[batch.batch_id] = batch
@@ -389,14 +390,21 @@ class DynamicBatcher(Generic[P]):
             waited_s = now - item.arrival_s
             self._failed.append(FailedItem(item, DeadlineExceeded(f"deadline passed after {waited_s:.3f} s in queue")))
 
-    def _take_standing(self, size: int, now: float) -> tuple[QueuedItem[P], ...]:
+    def _take_standing(self, size: int, limit: int, now: float) -> tuple[QueuedItem[P], ...]:
         """Adaptive LIFO inside each tenant's turn: DRR picks the tenant, as always; of its items goes
-        the oldest if it waited `aging_s` (so none starves), else the newest (the most time left)."""
-        standing = self.config.standing_queue
+        the newest (the most time left) if its own queue stands, else its oldest. A tenant's queue
+        stands while its oldest waited longer than a queue that drains for a whole interval and less
+        than `aging_s` (then it goes first: none starves). A light tenant beside a flood drains: its
+        newest would only overtake its oldest."""
+        standing = self._standing
         assert standing is not None  # only called while self.standing, which needs one
-        aged_before_s = now - standing.aging_s
-        return tuple(self._queue.pop(newest=True, head_first=lambda head: head.arrival_s <= aged_before_s)
-                     for _ in range(size))
+        aged_before_s = now - standing.config.aging_s
+        stood_before_s = now - standing.stood_wait_s(self.estimate_batch_time_s(limit))
+
+        def head_first(head: QueuedItem[P]) -> bool:
+            return not aged_before_s < head.arrival_s < stood_before_s
+
+        return tuple(self._queue.pop(newest=True, head_first=head_first) for _ in range(size))
 
     def _watch_waits(self, items: tuple[QueuedItem[P], ...], limit: int, now: float) -> None:
         if self._standing is None:

@@ -61,9 +61,18 @@ class StandingQueue:
         self._interval_start_s = now_s
         self._min_wait_s = math.inf
 
+    def good_wait_s(self, batch_time_s: float) -> float:
+        """The longest wait in a queue that still drains: the target plus one batch time."""
+        return self.config.target_s + batch_time_s
+
+    def stood_wait_s(self, batch_time_s: float) -> float:
+        """A wait of the oldest item of a FIFO (sub)queue beyond which that queue has not drained
+        for a whole interval: it stands on its own, not only inside a standing queue."""
+        return self.good_wait_s(batch_time_s) + self.config.interval_s
+
     def _close_interval(self, batch_time_s: float, now_s: float) -> None:
         if now_s - self._interval_start_s < self.config.interval_s:
             return
-        self.standing = self._min_wait_s > self.config.target_s + batch_time_s
+        self.standing = self._min_wait_s > self.good_wait_s(batch_time_s)
         self._interval_start_s = now_s
         self._min_wait_s = math.inf

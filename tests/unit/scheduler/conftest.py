@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import random
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -30,6 +31,18 @@ def clock() -> FakeClock:
 
 def tenant(tenant_id: str = "acme", priority: Priority = Priority.STANDARD, weight: int = 1) -> TenantContext:
     return TenantContext(tenant_id, priority, weight)
+
+
+def arrivals_per_tick(rate_per_s: float, duration_s: float, tick_s: float, seed: int) -> list[int]:
+    """Poisson arrivals counted per tick, seeded so every run gets the same: open-loop load with its
+    bursts, as the benchmarks send it."""
+    rng = random.Random(seed)
+    counts = [0] * round(duration_s / tick_s)
+    at_s = rng.expovariate(rate_per_s)
+    while at_s < duration_s:
+        counts[int(at_s / tick_s)] += 1
+        at_s += rng.expovariate(rate_per_s)
+    return counts
 
 
 # -- classify -----------------------------------------------------------------

@@ -12,19 +12,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
+
 from services.common.errors import DeadlineExceeded
 from services.scheduler.dynamic_batcher import DynamicBatcher
 from services.scheduler.standing_queue import StandingQueueConfig
 
-from .conftest import make_batcher, tenant
+from .conftest import arrivals_per_tick, make_batcher, tenant
 
 BATCH_SIZE = 8
 BATCH_S = 0.020
 TICK_S = 0.001
 CAPACITY_PER_S = BATCH_SIZE / BATCH_S  # 400 items/s
 SHARE_PER_S = CAPACITY_PER_S / 2  # two tenants of equal weight
-LIGHT_EVERY_TICKS = round(1 / (SHARE_PER_S / 2) / TICK_S)  # half its share: one per 10 ms
-HEAVY_PER_TICK = round(5 * SHARE_PER_S * TICK_S)  # five times its share: one per ms
+LIGHT_PER_S = SHARE_PER_S / 2  # half its share: 100/s
+HEAVY_PER_S = 5 * SHARE_PER_S  # five times its share: 1000/s
 DEADLINE_S = 1.0
 
 
@@ -38,19 +40,18 @@ class Served:
     num_dropped: int = 0
 
 
-def flood(clock, batcher: DynamicBatcher, *, duration_s: float, heavy_per_tick: int = HEAVY_PER_TICK,
-          light_tenant: str = "light") -> tuple[dict[str, Served], list[float]]:
+def flood(clock, batcher: DynamicBatcher, *, duration_s: float, heavy_per_s: float = HEAVY_PER_S,
+          light_tenant: str = "light", seed: int = 1) -> tuple[dict[str, Served], list[float]]:
     """Open-loop arrivals on 1 ms ticks; one worker runs its batches back to back, BATCH_S each.
     Returns per payload tag ("light", "heavy") what was served, and the times the queue stood."""
     served = {"light": Served(), "heavy": Served()}
     standing_at_s: list[float] = []
     in_flight: list[tuple[float, int]] = []  # (end_s, batch_id), in run order
+    light = arrivals_per_tick(LIGHT_PER_S, duration_s, TICK_S, seed)
+    heavy = arrivals_per_tick(heavy_per_s, duration_s, TICK_S, seed + 1) if heavy_per_s else [0] * len(light)
     start_s = clock()
-    for tick in range(round(duration_s / TICK_S)):
-        arrivals = [("heavy", "heavy")] * heavy_per_tick
-        if tick % LIGHT_EVERY_TICKS == 0:
-            arrivals.insert(0, ("light", light_tenant))
-        for tag, tenant_id in arrivals:
+    for num_light, num_heavy in zip(light, heavy, strict=True):
+        for tag, tenant_id in [("light", light_tenant)] * num_light + [("heavy", "heavy")] * num_heavy:
             served[tag].num_submitted += 1
             try:
                 batcher.submit((tag, clock()), tenant(tenant_id), deadline_s=clock() + DEADLINE_S)
@@ -78,9 +79,15 @@ def make_flooded_batcher(clock, **over) -> DynamicBatcher:
                         initial_batch_time_s=BATCH_S, max_queue_size=100_000, **over)
 
 
-def test_light_tenant_keeps_its_share_and_its_delay_bound_while_the_flood_stands(clock):
+def p99(values: list[float]) -> float:
+    return sorted(values)[int(0.99 * (len(values) - 1))]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_light_tenant_keeps_its_share_and_its_delay_bound_while_the_flood_stands(clock, seed):
+    alone, _ = flood(clock, make_flooded_batcher(clock), duration_s=4.0, heavy_per_s=0.0, seed=seed)
     batcher = make_flooded_batcher(clock)
-    served, standing_at_s = flood(clock, batcher, duration_s=4.0)
+    served, standing_at_s = flood(clock, batcher, duration_s=4.0, seed=seed)
     light, heavy = served["light"], served["heavy"]
     # The scenario is the one that matters: the queue stood, long enough for the flood to age.
     aging_s = batcher.config.standing_queue.aging_s
@@ -91,7 +98,10 @@ def test_light_tenant_keeps_its_share_and_its_delay_bound_while_the_flood_stands
     assert len(light.delays_s) >= light.num_submitted - 1
     num_dispatched = len(light.delays_s) + len(heavy.delays_s)
     assert len(light.delays_s) / num_dispatched >= 0.24  # it asked for a quarter of the capacity
-    # Non-preemptive: at worst it waits out the running batch and the one prefetched behind it.
+    # The benchmark's figure: light p99 (queueing + its batch) flooded / alone, target <= 1.5x.
+    assert (p99(light.delays_s) + BATCH_S) / (p99(alone["light"].delays_s) + BATCH_S) <= 1.5
+    # Non-preemptive: at worst it waits out the running batch and the next (DRR gives it half of
+    # each batch, more than its bursts need); served newest-first, a burst's oldest waited longer.
     assert max(light.delays_s) <= 2 * BATCH_S + TICK_S
 
 
@@ -129,5 +139,22 @@ def test_while_standing_drr_picks_the_tenant_and_aging_picks_which_of_its_items(
     batcher.complete(second.batch_id)
     for item in old[7:]:  # the rest of the aged backlog expires out of the way
         batcher.cancel(item.item_id)
+    clock.advance(0.05)  # the new ones have waited longer than a queue that drains would make them
     third = batcher.next_batch()
     assert [item.item_id for item in third.items] == [item.item_id for item in reversed(new)]  # newest first
+
+
+def test_while_standing_a_tenant_whose_own_queue_drains_is_served_oldest_first(clock):
+    """The flood's queue stands and goes newest-first; a light tenant's burst beside it does not stand
+    (it waited less than a draining queue would), so its newest do not overtake its oldest."""
+    config = StandingQueueConfig(target_s=0.005, interval_s=0.05, aging_s=0.5)
+    batcher = make_batcher(clock, workers={"w1": 4}, max_queue_delay_s=0.0, standing_queue=config,
+                           max_batches_per_worker=1)
+    heavy = [batcher.submit("heavy", tenant("heavy"), deadline_s=None) for _ in range(12)]
+    clock.advance(0.2)
+    batcher.complete(batcher.next_batch().batch_id)  # heavy[:4]; the 0.2 s wait behind it: standing
+    assert batcher.standing
+    burst = [batcher.submit("light", tenant("light"), deadline_s=None) for _ in range(4)]
+    clock.advance(0.01)
+    taken = [item.item_id for item in batcher.next_batch().items]
+    assert taken == [burst[0].item_id, heavy[-1].item_id, burst[1].item_id, heavy[-2].item_id]
