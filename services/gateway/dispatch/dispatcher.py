@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from opentelemetry import trace
 
-from services.common.errors import InfermeshError, Internal, Unavailable
+from services.common.errors import InfermeshError, Internal, NotFound, Unavailable
 from services.common.metric_labels import OTHER
 from services.gateway.dispatch.deadlines import Deadlines
 from services.gateway.dispatch.retry_budget import RetryBudgets
@@ -300,7 +300,7 @@ class Dispatcher:
             remaining_s=scope.deadline.remaining_s(self._deadlines.clock()),
             budget=budget,
             min_service_time_s=self._board.min_service_time_s(scope.model),
-            can_fail_over=gone and self._routing.has_untried(scope.model, route.version, frozenset(tried)),
+            can_fail_over=gone and self._has_untried(scope.model, route.version, tried),
         )
         if decision.verdict is RetryVerdict.FAILOVER:
             metrics.FAILOVERS.labels(scope.metric_model).inc()
@@ -308,6 +308,13 @@ class Dispatcher:
             metrics.RETRIES.labels(scope.metric_model, route.endpoint, decision.verdict.value).inc()
         metrics.RETRY_BUDGET_REMAINING.labels(route.endpoint).set(budget.balance())
         return decision
+
+    def _has_untried(self, model: str, version: str, tried: list[str]) -> bool:
+        """Is there an endpoint for the call's model version that it has not tried and may call now?"""
+        try:
+            return bool(self._routing.candidates(model, version, frozenset(tried)).untried)
+        except NotFound:
+            return False
 
     def _observe(self, endpoint: str) -> None:
         state = self._breakers.for_endpoint(endpoint).state

@@ -115,6 +115,20 @@ class Route:
     permit: BreakerPermit
 
 
+@dataclass(frozen=True)
+class Candidates:
+    """Where a call for one model version may go now: the routing table's one answer
+    (`RoutingTable.candidates`), which `choose` draws from and the dispatcher asks before failing over."""
+
+    model: str
+    # The version's route, its endpoints resolved: a version without its own, the discovered schedulers.
+    route: VersionRoute
+    # Its endpoints outside the call's `exclude` whose breakers let a call through, in the route's order.
+    untried: tuple[Endpoint, ...]
+    # The endpoints came from discovery: the replica selector picks among them, not the weights.
+    discovered: bool
+
+
 # --------------------------------------------------------------------------- parsing
 
 
@@ -342,8 +356,9 @@ class RoutingTable:
         """
         routes = self._routes  # one read: a reload swapping the table mid-call changes nothing here
         model_route = routes.get(model) or self.model(model)
+        routed = model in routes
         chosen: VersionRoute | None
-        if model not in routes:  # the fallback: the scheduler resolves the version itself
+        if not routed:  # the fallback: the scheduler resolves the version itself
             chosen = VersionRoute(version, model_route.versions[0].endpoints)
         elif version:
             chosen = model_route.version(version)
@@ -351,15 +366,32 @@ class RoutingTable:
                 raise NotFound(f"unknown version '{version}' of model '{model}'")
         else:
             chosen = self._draw_version(model_route)
-            if chosen.version != model_route.default_version and not self._available(
-                    self._resolved(model, chosen, only_serving=True), exclude):
+            if chosen.version != model_route.default_version and not self._candidates(
+                    model, chosen, exclude, routed, only_serving=True).untried:
                 chosen = model_route.default
-        discovered = self._replicas is not None and (model not in routes or not chosen.endpoints)
-        endpoint = self._draw_endpoint(model, self._resolved(model, chosen), exclude, priority, discovered)
+        endpoint = self._draw_endpoint(self._candidates(model, chosen, exclude, routed), priority)
         permit = self._breakers.for_endpoint(endpoint.address).try_acquire()
         if permit is None:  # cannot happen on one event loop: availability was just checked
             raise Unavailable(f"scheduler {endpoint.address} refused the call (circuit open)")
         return Route(model=model, version=chosen.version, endpoint=endpoint.address, permit=permit)
+
+    def candidates(self, model: str, version: str, exclude: frozenset[str] = frozenset()) -> Candidates:
+        """Where a call for `version` of `model` may go now, leaving out the endpoints in `exclude`.
+
+        A version the routing file does not name (a reload dropped it after the call chose it)
+        answers for the default version. Raises NotFound for a model the table does not route.
+        """
+        routes = self._routes
+        model_route = routes.get(model) or self.model(model)
+        routed = model in routes
+        chosen = (model_route.version(version) or model_route.default) if routed else model_route.versions[0]
+        return self._candidates(model, chosen, exclude, routed)
+
+    def _candidates(self, model: str, version: VersionRoute, exclude: frozenset[str], routed: bool, *,
+                    only_serving: bool = False) -> Candidates:
+        resolved = self._resolved(model, version, only_serving=only_serving)
+        return Candidates(model=model, route=resolved, untried=tuple(self._available(resolved, exclude)),
+                          discovered=self._replicas is not None and (not routed or not version.endpoints))
 
     def _resolved(self, model: str, version: VersionRoute, *, only_serving: bool = False) -> VersionRoute:
         """A routed version without endpoints, with the discovered schedulers: those that reported
@@ -404,25 +436,13 @@ class RoutingTable:
         if self._replicas is not None and model not in self._routes:
             self._replicas.membership.not_serving(endpoint, model)
 
-    def has_untried(self, model: str, version: str, tried: frozenset[str]) -> bool:
-        """Is there an endpoint for `model` (at `version`) that this call has not tried and may call now?"""
-        try:
-            model_route = self.model(model)
-        except NotFound:
-            return False
-        if model not in self._routes:
-            chosen = model_route.versions[0]
-        else:
-            chosen = model_route.version(version) or model_route.default
-        return bool(self._available(self._resolved(model, chosen), tried))
-
-    def _draw_endpoint(self, model: str, version: VersionRoute, exclude: frozenset[str],
-                       priority: Priority = Priority.STANDARD, discovered: bool = False) -> Endpoint:
+    def _draw_endpoint(self, found: Candidates, priority: Priority = Priority.STANDARD) -> Endpoint:
         # Prefer endpoints this request has not tried; fall back to them rather than fail.
+        model, version = found.model, found.route
         if not version.endpoints:
             raise Unavailable(f"no scheduler known for model '{model}': discovery has found none yet",
                               retry_after_s=1.0)
-        candidates = self._available(version, exclude) or self._available(version, frozenset())
+        candidates = list(found.untried) or self._available(version, frozenset())
         if not candidates:
             retry_after_s = min(
                 self._breakers.for_endpoint(e.address).retry_after_s() for e in version.endpoints
@@ -432,7 +452,7 @@ class RoutingTable:
                 f"no scheduler available for {which}: circuit open for all {len(version.endpoints)} endpoints",
                 retry_after_s=retry_after_s,
             )
-        if discovered and self._replicas is not None:  # discovered: there are replicas
+        if found.discovered and self._replicas is not None:  # discovered: there are replicas
             address = self._replicas.choose(model, [e.address for e in candidates], priority)
             return next(e for e in candidates if e.address == address)
         point = self._rng() * sum(e.weight for e in candidates)

@@ -159,12 +159,12 @@ def test_the_breaker_takes_a_dead_replica_out(clock):
         raise AssertionError("every breaker is open: the call must fail fast")
 
 
-def test_has_untried_counts_only_callable_endpoints(clock):
+def test_candidates_count_only_callable_endpoints(clock):
     table, *_ = _table(clock)
-    assert table.has_untried("tinylm", "", frozenset({A}))
-    assert not table.has_untried("tinylm", "", frozenset({A, B}))
+    assert _addresses(table.candidates("tinylm", "", frozenset({A}))) == [B]
+    assert not table.candidates("tinylm", "", frozenset({A, B})).untried
     table.choose("tinylm", exclude=frozenset({A})).permit.record(UpstreamCode.UNAVAILABLE)
-    assert not table.has_untried("tinylm", "", frozenset({A})), "B's breaker is open"
+    assert not table.candidates("tinylm", "", frozenset({A})).untried, "B's breaker is open"
 
 
 def test_candidates_follow_a_new_discovery_answer(clock):
@@ -190,7 +190,7 @@ def test_no_scheduler_discovered_yet_is_unavailable_with_a_hint(clock):
         assert exc.retry_after_s == 1.0
     else:
         raise AssertionError("nothing to route to")
-    assert not table.has_untried("tinylm", "", frozenset())
+    assert not table.candidates("tinylm", "", frozenset()).untried
 
 
 def test_a_model_served_only_by_unreachable_replicas_fails_open_to_every_live_one(clock):
@@ -199,3 +199,7 @@ def test_a_model_served_only_by_unreachable_replicas_fails_open_to_every_live_on
     membership.update(B, [])  # just restarted: its workers are re-attaching
     membership.unreachable(A)  # the scheduler that had them died
     assert membership.candidates("tinylm") == (B, A)
+
+
+def _addresses(found) -> list[str]:
+    return [e.address for e in found.untried]
