@@ -1,4 +1,5 @@
-"""Token generator: a `DecoderLM` served through the paged step, with a dense twin.
+"""Token generator: a decoder LM (tinylm's `DecoderLM` or a `LlamaFamilyLM`) served through the paged
+step, with a dense twin.
 
 `step` is what the worker runs each continuous-batching iteration. `greedy_dense`
 and `greedy_paged` generate one sequence end to end (dense reference, and the
@@ -12,12 +13,14 @@ from collections.abc import Sequence
 
 import torch
 
+from services.worker.models.llama_config import LlamaFamilyConfig
+from services.worker.models.llama_family import LlamaFamilyLM
 from services.worker.models.paged import KVCache, PagedSequence, paged_forward
 from services.worker.models.transformer import DecoderLM, TransformerConfig
 
 
 class Generator:
-    def __init__(self, lm: DecoderLM, *, max_seq_len: int, eos_token_id: int, bos_token_id: int | None) -> None:
+    def __init__(self, lm: DecoderLM | LlamaFamilyLM, *, max_seq_len: int, eos_token_id: int, bos_token_id: int | None) -> None:
         if max_seq_len < 1:
             raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
         self.lm = lm.eval()
@@ -26,7 +29,7 @@ class Generator:
         self.bos_token_id = bos_token_id
 
     @property
-    def config(self) -> TransformerConfig:
+    def config(self) -> TransformerConfig | LlamaFamilyConfig:
         return self.lm.config
 
     @property
@@ -35,7 +38,7 @@ class Generator:
 
     @property
     def device(self) -> torch.device:
-        return self.lm.embed.weight.device
+        return next(self.lm.parameters()).device
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> KVCache:
         c = self.config
