@@ -450,7 +450,7 @@ def test_config_must_fit_one_full_sequence_in_the_cache(clock):
         make_scheduler(clock, num_blocks=16, block_size=4, max_seq_len=128)
 
 
-# -- continuous batching (its static baseline: tests/unit/bench/test_static_batching.py) and draining
+# -- continuous batching (its static baseline: tests/unit/bench/scheduler/test_static_batching.py) and draining
 
 
 def test_continuous_batching_fills_a_freed_slot_at_the_next_step(clock):
