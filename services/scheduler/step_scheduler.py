@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from collections.abc import Sequence as SequenceOf
 from typing import Protocol
 
@@ -542,8 +542,11 @@ class StepScheduler:
         heads = self._tenant_heads()
         if not heads:  # most steps at full load: no tenant counting over the running set for nobody
             return None
-        key = self._service.admission_key(self._running, self.config.max_num_seqs, self.config.fairness_share_credit)
-        return min(heads, key=key)
+        return min(heads, key=self._admission_key())
+
+    def _admission_key(self) -> Callable[[Sequence], tuple[int, float, float, int]]:
+        """The one order in which waiting tenants are admitted (TenantService.admission_key)."""
+        return self._service.admission_key(self._running, self.config.max_num_seqs, self.config.fairness_share_credit)
 
     def _tenant_heads(self) -> list[Sequence]:
         """Each waiting tenant's next sequence: its best preempted one, else its oldest new one."""
@@ -574,13 +577,16 @@ class StepScheduler:
         return cap > 0 and step.num_long_prefills >= cap
 
     def _short_waiting(self, priority: Priority) -> Sequence | None:
-        """The waiting sequence of `priority` that is not a long prefill, of the least-served tenant
-        (then oldest), to admit past long prompts that must wait for the one prefilling."""
+        """The waiting sequence of `priority` that is not a long prefill, of the tenant admission
+        would pick among those that have one (then oldest), to admit past long prompts that must
+        wait for the one prefilling."""
         firsts: dict[str, Sequence] = {}  # each tenant's oldest short one
         for seq in self._waiting:
             if seq.priority == priority and seq.tenant.tenant_id not in firsts and not self._is_long_admission(seq):
                 firsts[seq.tenant.tenant_id] = seq
-        return min(firsts.values(), key=self._service_key, default=None)
+        if not firsts:
+            return None
+        return min(firsts.values(), key=self._admission_key())
 
     def _take_for_admission(self, seq: Sequence) -> None:
         if seq.status is SequenceStatus.PREEMPTED:

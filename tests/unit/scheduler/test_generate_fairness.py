@@ -208,6 +208,30 @@ def test_service_on_one_worker_counts_on_the_others_sharing_the_counters(clock):
 
 
 
+
+def test_short_prompts_admitted_past_a_long_one_go_in_admission_order(clock):
+    """When the long-prefill slot is taken, the short prompt admitted past a long one is the one
+    admission itself would pick, share credit included, not another order beside it."""
+    service = TenantService()
+    config = StepSchedulerConfig(max_num_seqs=3, max_num_batched_tokens=32, max_seq_len=64, kv_watermark=0.0,
+                                 max_prefill_chunk_tokens=8, max_long_partial_prefills=1)
+    scheduler = StepScheduler(config, KVBlockManager(64, 4), TOKENIZER, clock, service)
+    worker, transcript = FakePagedWorker(4), Transcript()
+    long_, x, y = tenant("long"), tenant("x"), tenant("y")
+    make_requests(scheduler, 1, prompt_len=40, max_tokens=4, who=long_, first_id=1)
+    make_requests(scheduler, 1, prompt_len=4, max_tokens=8, who=x, first_id=10)
+    step(scheduler, worker, clock, transcript)  # 1 prefills (the long slot), 10 runs
+    make_requests(scheduler, 1, prompt_len=40, max_tokens=4, who=long_, first_id=2)
+    make_requests(scheduler, 1, prompt_len=4, max_tokens=8, who=x, first_id=11)
+    make_requests(scheduler, 1, prompt_len=4, max_tokens=8, who=y, first_id=20)
+    # x is a little less served than y, but holds its entitled slot (one of three) while y holds none:
+    # admission prefers y (share credit); "long" is the least served, but its next prompt is long.
+    service.charge(x, num_decode_tokens=500)
+    service.charge(y, num_decode_tokens=525)
+    plan = step(scheduler, worker, clock, transcript)
+    admitted = {s.seq_id for s in plan.seqs if s.start_position == 0}
+    assert admitted == {20}
+
 def flood_generate(clock, *, light_tenant: str = "light", num_steps: int = 300,
                    step_s: float = 0.01) -> tuple[StepScheduler, list[Sequence], int, int]:
     """One worker of 8 slots, 10 ms steps, sequences of an 8-token prompt and 16 output tokens (16 steps):
