@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.harness.results import RESULTS_DIR, ROOT, write_report
+from bench.harness.tables import markdown_table
 
 RESULTS_PATH = RESULTS_DIR / "idle_wake_cost.json"
 
@@ -74,10 +75,9 @@ def main() -> None:
             gap_s = gap_ms / 1e3
             rows.append({"work": name, "gap_ms": gap_ms, "slept_us": timed_after(fn, gap_s, False, args.samples),
                          "spun_us": timed_after(fn, gap_s, True, args.samples) if gap_ms else None})
-    print("| work | gap ms | after sleeping, us | after spinning, us |")
-    print("| --- | --- | --- | --- |")
-    for row in rows:
-        print(f"| {row['work']} | {row['gap_ms']} | {row['slept_us']} | {row['spun_us'] if row['spun_us'] else '-'} |")
+    print(markdown_table(["work", "gap ms", "after sleeping, us", "after spinning, us"],
+                         [(row["work"], str(row["gap_ms"]), str(row["slept_us"]), str(row["spun_us"] or "-"))
+                          for row in rows]))
     write_report(args.output, {"load_average_1m": os.getloadavg()[0], "rows": rows}, note=f" (load average {os.getloadavg()[0]:.2f})")
 
 

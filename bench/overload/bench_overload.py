@@ -55,8 +55,9 @@ from bench.harness.load_pool import ClosedLoopJob, LoadPool
 from bench.harness.mesh_ready import TINYLM_MAX_NUM_SEQS, WORKER_ENV, wait_attached
 from bench.harness.results import MODEL_REPO, RESULTS_DIR, ROOT, write_report
 from bench.harness.send_result import SendResult, in_window
+from bench.harness.stats import ratio
 from bench.overload.report import MULTIPLES, finite, markdown_table, medians, noise_line, table_rows
-from bench.overload.stats import by_tenant, ratio, summarize, summarize_streams
+from bench.overload.stats import by_tenant, summarize, summarize_streams
 from infermesh.v1 import common_pb2, gateway_pb2
 from loadtest.payloads import make_prompt, render_image
 from tools.testbed.processes import ServiceProcess, running_mesh

@@ -12,6 +12,8 @@ import os
 import statistics
 from collections.abc import Callable
 
+from bench.harness.tables import aligned_table
+
 MULTIPLES = (1.0, 2.0, 4.0)
 TARGETS = {"peak": ">= 1.3x today's", "2x": ">= 0.90", "4x": ">= 0.75", "flood": "<= 2x",
            "fairness": "<= 3x", "lone": "<= 4 ms", "coverage": ">= 95%"}
@@ -103,12 +105,7 @@ def _pct(value: float | None) -> str:
 
 
 def markdown_table(rows: list[tuple[str, ...]]) -> str:
-    headers = ("figure", "every run", "median", "target", "coverage p50/p99", "gen lag p99 ms")
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
-    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |",
-             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |" for row in rows]
-    return "\n".join(lines)
+    return aligned_table(("figure", "every run", "median", "target", "coverage p50/p99", "gen lag p99 ms"), rows)
 
 
 def noise_line(runs: list[dict]) -> str:

@@ -103,10 +103,3 @@ def by_tenant(results: Iterable[SendResult]) -> dict[str, list[SendResult]]:
     for r in results:
         groups.setdefault(r.tenant, []).append(r)
     return groups
-
-
-def ratio(numerator: float, denominator: float) -> float:
-    """numerator / denominator, NaN when either is missing or the denominator is 0."""
-    if math.isnan(numerator) or math.isnan(denominator) or denominator == 0:
-        return math.nan
-    return numerator / denominator

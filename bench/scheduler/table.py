@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
+from bench.harness.tables import aligned_table
+
 
 def print_table(rows) -> None:
-    headers = ("benchmark", "measured", "ratio", "target", "met")
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
-    line = "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |"
-    print(line)
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for row in rows:
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
+    print(aligned_table(("benchmark", "measured", "ratio", "target", "met"), rows))
 
 
 def progress(message: str) -> None:

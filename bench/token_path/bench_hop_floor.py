@@ -34,6 +34,7 @@ from pathlib import Path
 import grpc
 
 from bench.harness.results import RESULTS_DIR, write_report
+from bench.harness.tables import markdown_table
 from tools.testbed.processes import free_port, wait_until
 
 RESULTS_PATH = RESULTS_DIR / "hop_floor.json"
@@ -122,13 +123,13 @@ def main() -> None:
     args = parser.parse_args()
     num_runs, num_requests = (1, max(20, args.requests // 4)) if args.quick else (args.runs, args.requests)
     runs = [one_run(num_requests) for _ in range(num_runs)]
-    print("| hops | pace | p50 ms, every run | median p50 ms | p90 ms, every run | load |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    rows = []
     for i, first in enumerate(runs[0]):
         same = [run[i] for run in runs]
-        print(f"| {first['num_hops']} | {first['pace']} | {', '.join(str(r['p50_ms']) for r in same)} | "
-              f"{statistics.median(r['p50_ms'] for r in same):.3f} | {', '.join(str(r['p90_ms']) for r in same)} | "
-              f"{', '.join(str(r['load_average_1m']) for r in same)} |")
+        rows.append((first["num_hops"], first["pace"], ", ".join(str(r["p50_ms"]) for r in same),
+                     f"{statistics.median(r['p50_ms'] for r in same):.3f}", ", ".join(str(r["p90_ms"]) for r in same),
+                     ", ".join(str(r["load_average_1m"]) for r in same)))
+    print(markdown_table(["hops", "pace", "p50 ms, every run", "median p50 ms", "p90 ms, every run", "load"], rows))
     write_report(args.output, {"benchmark": "hop_floor", "payload_bytes": PAYLOAD_BYTES, "runs": runs})
 
 

@@ -25,6 +25,7 @@ import grpc
 from bench.harness.cpu import cpu_seconds
 from bench.harness.mesh_ready import WORKER_ENV, wait_attached
 from bench.harness.results import MODEL_REPO, RESULTS_DIR, write_report
+from bench.harness.tables import markdown_table
 from bench.token_path.e2e_tenant import E2E_API_KEY, E2E_TENANT
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from tools.testbed.gateway_fixtures import write_tenants
@@ -104,13 +105,14 @@ def main() -> None:
     if args.quick:
         args.runs = 1
     runs = [one_run(args.streams, args.tokens) for _ in range(args.runs)]
-    print("| run | path | e2e p50 ms | ms per token | scheduler / compute / overhead ms (stages) | CPU us per token | load |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    rows = []
     for index, run in enumerate(runs):
         for path, f in run.items():
             cpu = ", ".join(f"{process} {us}" for process, us in f["cpu_us_per_token"].items())
-            print(f"| {index} | {path} | {f['e2e_p50_ms']} | {f['ms_per_token']} | {f.get('scheduler_ms', '-')} / "
-                  f"{f.get('compute_ms', '-')} / {f.get('overhead_ms', '-')} | {cpu} | {f['load_average']} |")
+            stages = f"{f.get('scheduler_ms', '-')} / {f.get('compute_ms', '-')} / {f.get('overhead_ms', '-')}"
+            rows.append((index, path, str(f["e2e_p50_ms"]), str(f["ms_per_token"]), stages, cpu, str(f["load_average"])))
+    print(markdown_table(["run", "path", "e2e p50 ms", "ms per token", "scheduler / compute / overhead ms (stages)",
+                          "CPU us per token", "load"], rows))
     write_report(args.output, {"streams": args.streams, "tokens": args.tokens, "runs": runs})
 
 

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from bench.harness.results import RESULTS_DIR, ROOT, write_report
+from bench.harness.tables import markdown_table
 from bench.token_path.request_level_baseline import load_tinylm
 from services.worker.work import RunStep, SamplingParams, SequenceStep
 
@@ -61,11 +62,9 @@ def main() -> None:
     rows = [{"batch": batch, "step_ms": [round(s * 1e3, 3) for s in steps],
              "us_per_token": [round(s * 1e6 / batch, 1) for s in steps],
              "median_us_per_token": round(statistics.median(steps) * 1e6 / batch, 1)} for batch, steps in runs.items()]
-    print("| sequences | CPU per step, ms (every run) | CPU per token, us (median) | every run |")
-    print("| --- | --- | --- | --- |")
-    for row in rows:
-        print(f"| {row['batch']} | {', '.join(map(str, row['step_ms']))} | {row['median_us_per_token']} "
-              f"| {', '.join(map(str, row['us_per_token']))} |")
+    print(markdown_table(["sequences", "CPU per step, ms (every run)", "CPU per token, us (median)", "every run"],
+                         [(row["batch"], ", ".join(map(str, row["step_ms"])), str(row["median_us_per_token"]),
+                           ", ".join(map(str, row["us_per_token"]))) for row in rows]))
     write_report(args.output, {"load_average_1m": os.getloadavg()[0], "rows": rows})
 
 

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from bench.harness import stats
 from bench.harness.send_result import SendResult, lag_summary
 from bench.harness.stats import quantile
 
@@ -55,9 +56,7 @@ def rate_window_s(open_loop: bool, duration_s: float, elapsed_s: float) -> float
 
 def ratio(numerator: float, denominator: float) -> float:
     """numerator / denominator rounded to 3 places; NaN when either is missing or the denominator is 0."""
-    if math.isnan(numerator) or math.isnan(denominator) or denominator == 0:
-        return math.nan
-    return round(numerator / denominator, 3)
+    return round(stats.ratio(numerator, denominator), 3)
 
 
 def median_of(runs: Iterable[dict], figure: Callable[[dict], float]) -> float:
@@ -164,13 +163,3 @@ def _short_file(path: str) -> str:
     return path.rsplit("/", 1)[-1]
 
 
-def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _cell(value: object) -> str:
-    if isinstance(value, float):
-        return "-" if math.isnan(value) else f"{value:.3g}" if abs(value) < 10 else f"{value:.0f}"
-    return str(value)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from bench.token_path.report import markdown_table
+from bench.harness.tables import markdown_table
 
 
 def _runs_text(values: list[float]) -> str:

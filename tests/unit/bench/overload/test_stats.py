@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from bench.overload.stats import by_tenant, coverage, goodput_per_s, ratio, summarize, summarize_streams
+from bench.harness.stats import ratio
+from bench.overload.stats import by_tenant, coverage, goodput_per_s, summarize, summarize_streams
 from tests.unit.bench.conftest import make_send_result
 
 

@@ -10,7 +10,6 @@ from bench.harness.send_result import SendResult
 from bench.token_path.report import (
     Target,
     e2e_figures,
-    markdown_table,
     median_of,
     ratio,
     speedscope_top,
@@ -73,11 +72,6 @@ def test_speedscope_top_sums_self_and_total_shares_over_threads():
         ("encode (site-packages/grpc/aio.py)", 0.5), ("step (services/scheduler/step_scheduler.py)", 0.25)]
     assert [(f.name, f.total_share) for f in by_total] == [
         ("main (services/scheduler/server.py)", 1.0), ("step (services/scheduler/step_scheduler.py)", 0.75)]
-
-
-def test_markdown_table_formats_numbers_and_missing_values():
-    table = markdown_table(["figure", "value"], [["a", 1234.4], ["b", 1.234], ["c", math.nan]])
-    assert table.splitlines() == ["| figure | value |", "| --- | --- |", "| a | 1234 |", "| b | 1.23 |", "| c | - |"]
 
 
 def test_the_same_seed_gives_the_same_requests_within_the_issue_bounds():
