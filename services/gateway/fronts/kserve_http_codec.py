@@ -26,7 +26,7 @@ from google.protobuf.message import Message
 from inference import grpc_predict_v2_pb2 as kserve
 from services.common.errors import InvalidArgument
 from services.gateway.fronts import json_body
-from services.gateway.kserve.codec import pack_bytes_tensor, unpack_bytes_tensor
+from services.gateway.kserve.codec import class_count, pack_bytes_tensor, unpack_bytes_tensor
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BINARY_SIZE = "binary_data_size"
@@ -161,11 +161,11 @@ def _string(document: dict, key: str) -> str:
 
 
 def _check_classification(parameters: dict, where: str) -> None:
-    """The classification extension's class count is a JSON integer; a string or a float would reach the
-    codec as a string or double parameter and read there as 0."""
+    """Checked on the JSON value, so the refusal shows what was sent ("3", 2.5, true) rather than
+    the parameter kind it would become (kserve/codec.py holds the rule)."""
     count = parameters.get("classification")
-    if count is not None and not (isinstance(count, int) and not isinstance(count, bool) and count >= 1):
-        raise InvalidArgument(f"{where}.classification must be an integer >= 1, got {json.dumps(count)[:40]}")
+    if count is not None:
+        class_count(count, f"{where}.classification", json.dumps(count)[:40])
 
 
 def _set_parameters(target, parameters: dict, where: str) -> None:

@@ -150,14 +150,22 @@ def requested_outputs(request: kserve.ModelInferRequest) -> tuple[RequestedOutpu
     return tuple(wanted)
 
 
+def class_count(value: object, field: str, shown: str) -> int:
+    """The classification extension's class count k, an integer >= 1: the one rule of it for both
+    KServe transports. gRPC passes an int64 or uint64 parameter's value (_class_count), REST the
+    JSON value before it becomes a parameter (kserve_http_codec), each naming the field and showing
+    the value in its own terms."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(f"{field} must be an integer >= 1, got {shown}")
+    return value
+
+
 def _class_count(output_name: str, parameter: kserve.InferParameter) -> int:
-    """The classification parameter's k: an integer >= 1 (int64_param, as tritonclient sends it, or uint64)."""
+    """The classification parameter's k (int64_param, as tritonclient sends it, or uint64)."""
     kind = parameter.WhichOneof("parameter_choice")
-    value = getattr(parameter, kind) if kind else None
-    if kind not in ("int64_param", "uint64_param") or value is None or value < 1:
-        shown = "nothing" if kind is None else f"{kind} {value!r}"
-        raise InvalidArgument(f"output '{output_name}': classification must be an integer >= 1, got {shown}")
-    return int(value)
+    value = getattr(parameter, kind) if kind in ("int64_param", "uint64_param") else None
+    shown = "nothing" if kind is None else f"{kind} {getattr(parameter, kind)!r}"
+    return class_count(value, f"output '{output_name}': classification", shown)
 
 
 def scores_from_labels(labels: Sequence[str], ranked: Sequence[common_pb2.Label]) -> ClassScores:
