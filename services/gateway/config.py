@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from services.common.config import ServerSettings, require, setting
 from services.common.priority import Priority
+from services.common.scheduler_address import SchedulerAddress, SchedulerAddressError, parse_scheduler_address
 from services.gateway.admission.adaptive_limit import AdaptiveLimitConfig
 from services.gateway.admission.shedding import SheddingConfig, ShedThresholds
 from services.gateway.dispatch.deadlines import DeadlinePolicy
@@ -13,7 +14,6 @@ from services.gateway.dispatch.retry_budget import RetryBudgetConfig
 from services.gateway.dispatch.retry_policy import RetryPolicyConfig
 from services.gateway.quota.lease import LeaseConfig
 from services.gateway.routing.circuit_breaker import BreakerConfig
-from services.gateway.routing.discovery import DiscoveryConfigError, SchedulerTarget, parse_scheduler_target
 
 # Fail closed: a gateway that would serve everyone must have been asked to (docs/security.md).
 NO_TENANTS_MESSAGE = ("no tenants file: the gateway refuses to serve unauthenticated callers; give --tenants-file "
@@ -119,8 +119,8 @@ class GatewayConfig(ServerSettings):
     def __post_init__(self) -> None:
         super().__post_init__()
         try:
-            parse_scheduler_target(self.scheduler_address)
-        except DiscoveryConfigError as exc:
+            parse_scheduler_address(self.scheduler_address)
+        except SchedulerAddressError as exc:
             require(False, f"scheduler_address must be host:port, got {self.scheduler_address!r} ({exc})")
         require(0 <= self.http_port <= 65535, f"http_port must be 0..65535, got {self.http_port}")
         require(self.discovery_interval_ms > 0, f"discovery_interval_ms must be > 0, got {self.discovery_interval_ms}")
@@ -177,8 +177,8 @@ class GatewayConfig(ServerSettings):
 
     # -- the logic modules' configs, in their units ---------------------------------
 
-    def scheduler_target(self) -> SchedulerTarget:
-        return parse_scheduler_target(self.scheduler_address)
+    def scheduler_target(self) -> SchedulerAddress:
+        return parse_scheduler_address(self.scheduler_address)
 
     def lease_config(self) -> LeaseConfig:
         return LeaseConfig(interval_s=self.quota_lease_interval_ms / 1000,

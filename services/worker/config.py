@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.config import ConfigError, ServerSettings, require, setting
-from services.worker.scheduler_endpoints import parse_scheduler_address
+from services.common.scheduler_address import parse_scheduler_address
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ import grpc
 
 from infermesh.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.common import tls
-from services.worker.scheduler_endpoints import EndpointLoad, SchedulerEndpoints, dial_order, resolve
+from services.common.scheduler_address import SchedulerAddress
+from services.worker.scheduler_endpoints import EndpointLoad, dial_order, resolve
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ async def resolve_dns(name: str, port: int) -> list[str]:
 
 
 class SchedulerDialer:
-    def __init__(self, endpoints: SchedulerEndpoints, model: common_pb2.ModelRef, worker_id: str,
+    def __init__(self, endpoints: SchedulerAddress, model: common_pb2.ModelRef, worker_id: str,
                  resolver=resolve_dns, probe_timeout_s: float = PROBE_TIMEOUT_S) -> None:
         self._endpoints = endpoints
         self._model = model
@@ -40,7 +41,7 @@ class SchedulerDialer:
     async def dial_order(self, avoid: str | None = None) -> list[str]:
         """Addresses to try, best first; empty when no scheduler answered (the caller backs off)."""
         if self._endpoints.is_single:
-            return list(self._endpoints.addresses)
+            return list(self._endpoints.endpoints)
         loads = await self.loads()
         order = dial_order(loads, self._worker_id, avoid)
         log.info("schedulers for %s: %s; dialling in order %s", self._model.name,

@@ -2,7 +2,7 @@
 
 The flag is `host:port[,host:port...]` or `dns:///name:port` (every A/AAAA record of
 `name` is an endpoint, resolved again at every re-dial: a Kubernetes headless
-Service). A worker attaches to one scheduler at a time. To spread a model's workers
+Service), parsed by services/common/scheduler_address.py as the gateway parses it. A worker attaches to one scheduler at a time. To spread a model's workers
 over the schedulers it asks each endpoint how many workers of its model it has
 (GetPressure's num_workers) and dials them fewest first; ties are broken by a hash
 of (worker_id, endpoint), so workers that see the same counts still prefer
@@ -24,21 +24,7 @@ import hashlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-_DNS_SCHEME = "dns:///"
-
-
-@dataclass(frozen=True)
-class SchedulerEndpoints:
-    """The parsed flag: fixed `host:port` endpoints, or one DNS name whose records are the endpoints."""
-
-    addresses: tuple[str, ...] = ()
-    dns_name: str | None = None
-    dns_port: int = 0
-
-    @property
-    def is_single(self) -> bool:
-        """One fixed endpoint: nothing to choose, so no probing."""
-        return self.dns_name is None and len(self.addresses) == 1
+from services.common.scheduler_address import SchedulerAddress
 
 
 @dataclass(frozen=True)
@@ -49,38 +35,15 @@ class EndpointLoad:
     num_workers: int | None
 
 
-def parse_scheduler_address(text: str) -> SchedulerEndpoints:
-    """ValueError naming what is wrong with a `--scheduler-address` value."""
-    text = text.strip()
-    if text.startswith(_DNS_SCHEME):
-        name, port = _split_host_port(text[len(_DNS_SCHEME):], text)
-        return SchedulerEndpoints(dns_name=name, dns_port=port)
-    if "://" in text:
-        raise ValueError(f"scheduler address {text!r}: only the dns:/// scheme is supported")
-    parts = [part.strip() for part in text.split(",")]
-    if not all(parts):
-        raise ValueError(f"scheduler address {text!r} has an empty entry")
-    for part in parts:
-        _split_host_port(part, text)
-    return SchedulerEndpoints(addresses=tuple(dict.fromkeys(parts)))
-
-
-def _split_host_port(part: str, whole: str) -> tuple[str, int]:
-    host, sep, port = part.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
-        raise ValueError(f"scheduler address {whole!r}: {part!r} is not host:port with a port in 1..65535")
-    return host, int(port)
-
-
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]  # (name, port) -> IP addresses
 
 
-async def resolve(endpoints: SchedulerEndpoints, resolver: Resolver) -> list[str]:
+async def resolve(endpoints: SchedulerAddress, resolver: Resolver) -> list[str]:
     """The endpoints' `host:port` addresses now (DNS: one per distinct record, IPv6 in brackets)."""
-    if endpoints.dns_name is None:
-        return list(endpoints.addresses)
-    ips = await resolver(endpoints.dns_name, endpoints.dns_port)
-    return [f"[{ip}]:{endpoints.dns_port}" if ":" in ip else f"{ip}:{endpoints.dns_port}"
+    if not endpoints.is_dns:
+        return list(endpoints.endpoints)
+    ips = await resolver(endpoints.dns_name, endpoints.port)
+    return [f"[{ip}]:{endpoints.port}" if ":" in ip else f"{ip}:{endpoints.port}"
             for ip in dict.fromkeys(ips)]
 
 

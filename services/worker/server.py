@@ -13,6 +13,7 @@ from pathlib import Path
 from services.common.admin_servicer import SERVICE_NAME as ADMIN_SERVICE
 from services.common.admin_servicer import AdminServicer, add_to_server
 from services.common.config import ConfigError
+from services.common.scheduler_address import parse_scheduler_address
 from services.common.server import Health
 from services.worker import admin_status, gpu_metrics, metrics
 from services.worker.attach_client import AttachClient, Backoff
@@ -22,7 +23,6 @@ from services.worker.cpu_allocation import ThreadDecision, cgroup_levels, decide
 from services.worker.mock_models import MOCK_MODELS, make_mock_runtime
 from services.worker.runtime import WorkerRuntime
 from services.worker.scheduler_dialer import SchedulerDialer
-from services.worker.scheduler_endpoints import parse_scheduler_address
 from services.worker.thread_settings import export_thread_env
 
 log = logging.getLogger(__name__)

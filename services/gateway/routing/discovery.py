@@ -1,6 +1,6 @@
 """Scheduler discovery: which scheduler endpoints exist right now.
 
-`--scheduler-address` names them one of two ways:
+`--scheduler-address` names them one of two ways (services/common/scheduler_address.py parses it):
 
     10.0.0.5:50052,10.0.0.6:50052     a fixed list
     dns:///schedulers.mesh.svc:50052  every A/AAAA record of the name, re-resolved
@@ -18,73 +18,14 @@ a fake in tests) and nothing here imports grpc.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 from typing import Protocol
 
+from services.common.scheduler_address import SchedulerAddress, format_endpoint
+
 log = logging.getLogger(__name__)
-
-DNS_SCHEME = "dns:///"
-
-
-class DiscoveryConfigError(ValueError):
-    """The scheduler address is unusable; the message quotes it and says what form is expected."""
-
-
-@dataclass(frozen=True)
-class SchedulerTarget:
-    """What --scheduler-address names: a fixed endpoint list, or a DNS name and port."""
-
-    # host:port endpoints of a fixed list; empty for a DNS target.
-    endpoints: tuple[str, ...] = ()
-    # The DNS name whose records are the endpoints; "" for a fixed list.
-    dns_name: str = ""
-    port: int = 0
-
-    @property
-    def is_dns(self) -> bool:
-        return bool(self.dns_name)
-
-
-def parse_scheduler_target(text: str) -> SchedulerTarget:
-    """Parses `host:port[,host:port...]` or `dns:///name:port`; raises DiscoveryConfigError."""
-    text = text.strip()
-    if text.startswith(DNS_SCHEME):
-        host, port = _split_host_port(text[len(DNS_SCHEME):], text)
-        return SchedulerTarget(dns_name=host, port=port)
-    if "://" in text:
-        raise DiscoveryConfigError(
-            f"scheduler address {text!r}: unknown scheme (expected host:port[,host:port...] or dns:///name:port)")
-    endpoints = []
-    for item in text.split(","):
-        host, port = _split_host_port(item.strip(), text)
-        endpoints.append(format_endpoint(host, port))
-    if len(set(endpoints)) != len(endpoints):
-        raise DiscoveryConfigError(f"scheduler address {text!r}: lists an endpoint twice")
-    return SchedulerTarget(endpoints=tuple(endpoints))
-
-
-def _split_host_port(item: str, whole: str) -> tuple[str, int]:
-    host, sep, port_text = item.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")  # [::1]:50052
-    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise DiscoveryConfigError(
-            f"scheduler address {whole!r}: {item!r} is not host:port with a port in 1..65535 "
-            f"(expected host:port[,host:port...] or dns:///name:port)")
-    return host, int(port_text)
-
-
-def format_endpoint(host: str, port: int) -> str:
-    """host:port as gRPC dials it: IPv6 literals in brackets."""
-    try:
-        is_v6 = ipaddress.ip_address(host).version == 6
-    except ValueError:
-        is_v6 = False
-    return f"[{host}]:{port}" if is_v6 else f"{host}:{port}"
-
 
 class Resolver(Protocol):
     async def __call__(self, name: str, port: int) -> list[str]:
@@ -109,7 +50,7 @@ class SchedulerDiscovery:
     gateway can poll new endpoints and forget the pressure of removed ones.
     """
 
-    def __init__(self, target: SchedulerTarget, resolver: Resolver | None = None,
+    def __init__(self, target: SchedulerAddress, resolver: Resolver | None = None,
                  on_change: Callable[[tuple[str, ...], tuple[str, ...]], None] | None = None) -> None:
         self.target = target
         self._resolver = resolver or loop_resolver()

@@ -1,47 +1,11 @@
-"""Scheduler discovery: parsing --scheduler-address, re-resolving a DNS name, what changes."""
+"""Scheduler discovery: re-resolving a DNS name, what changes (parsing: tests/unit/common/test_scheduler_address.py)."""
 
 from __future__ import annotations
 
 import socket
 
-import pytest
-
-from services.gateway.routing.discovery import (
-    DiscoveryConfigError,
-    SchedulerDiscovery,
-    SchedulerTarget,
-    loop_resolver,
-    parse_scheduler_target,
-)
-
-
-def test_parses_a_fixed_list_of_endpoints():
-    target = parse_scheduler_target("10.0.0.5:50052, sched-b:50053")
-    assert target == SchedulerTarget(endpoints=("10.0.0.5:50052", "sched-b:50053"))
-    assert not target.is_dns
-
-
-def test_parses_a_dns_target():
-    target = parse_scheduler_target("dns:///infermesh-scheduler-discovery:50052")
-    assert (target.dns_name, target.port, target.endpoints, target.is_dns) == (
-        "infermesh-scheduler-discovery", 50052, (), True)
-
-
-def test_brackets_ipv6_literals_as_grpc_dials_them():
-    assert parse_scheduler_target("[::1]:50052").endpoints == ("[::1]:50052",)
-
-
-@pytest.mark.parametrize(("text", "problem"), [
-    ("sched", "'sched' is not host:port"),
-    ("a:1,a:1", "lists an endpoint twice"),
-    ("a:0", "port in 1..65535"),
-    ("a:1,", "'' is not host:port"),
-    ("dns:///name", "'name' is not host:port"),
-    ("http://a:1", "unknown scheme"),
-])
-def test_refuses_unusable_addresses_naming_the_part(text, problem):
-    with pytest.raises(DiscoveryConfigError, match=problem):
-        parse_scheduler_target(text)
+from services.common.scheduler_address import parse_scheduler_address
+from services.gateway.routing.discovery import SchedulerDiscovery, loop_resolver
 
 
 class FakeResolver:
@@ -60,7 +24,7 @@ class FakeResolver:
 def _discovery(resolver):
     changes = []
     discovery = SchedulerDiscovery(
-        parse_scheduler_target("dns:///sched:50052"), resolver, on_change=lambda a, r: changes.append((a, r)))
+        parse_scheduler_address("dns:///sched:50052"), resolver, on_change=lambda a, r: changes.append((a, r)))
     return discovery, changes
 
 
@@ -91,7 +55,7 @@ async def test_a_failed_or_empty_resolution_keeps_the_last_answer():
 
 async def test_a_fixed_list_never_resolves():
     resolver = FakeResolver()
-    discovery = SchedulerDiscovery(parse_scheduler_target("a:1,b:2"), resolver)
+    discovery = SchedulerDiscovery(parse_scheduler_address("a:1,b:2"), resolver)
     await discovery.refresh()
     assert discovery.endpoints == ("a:1", "b:2") and resolver.asked == []
 
@@ -105,7 +69,7 @@ async def test_loop_resolver_returns_each_address_once_and_brackets_ipv6():
 
     resolver = loop_resolver(getaddrinfo)
     assert await resolver("sched", 50052) == ["10.0.0.5", "fd00::5"]
-    discovery = SchedulerDiscovery(parse_scheduler_target("dns:///sched:50052"), resolver)
+    discovery = SchedulerDiscovery(parse_scheduler_address("dns:///sched:50052"), resolver)
     await discovery.refresh()
     assert discovery.endpoints == ("10.0.0.5:50052", "[fd00::5]:50052")
 

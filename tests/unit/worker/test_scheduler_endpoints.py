@@ -1,4 +1,4 @@
-"""Which scheduler a worker attaches to: the --scheduler-address syntax, DNS endpoints, the dial
+"""Which scheduler a worker attaches to: DNS endpoints (the --scheduler-address syntax: tests/unit/common/test_scheduler_address.py), the dial
 order (fewest workers of the model first, ties spread by worker id, the scheduler just left last),
 and the attach loop's re-dial at once after a session versus backoff when none took it."""
 
@@ -8,41 +8,10 @@ import random
 
 import pytest
 
+from services.common.scheduler_address import parse_scheduler_address
 from services.worker.attach_client import MIN_SESSION_S, AttachClient
-from services.worker.scheduler_endpoints import (
-    EndpointLoad,
-    SchedulerEndpoints,
-    dial_order,
-    move_probability,
-    parse_scheduler_address,
-    resolve,
-)
+from services.worker.scheduler_endpoints import EndpointLoad, dial_order, move_probability, resolve
 from tools.testbed.fake_clock import FakeClock
-
-
-def test_parses_one_address_a_comma_list_and_a_dns_name():
-    assert parse_scheduler_address("127.0.0.1:50052") == SchedulerEndpoints(addresses=("127.0.0.1:50052",))
-    assert parse_scheduler_address("127.0.0.1:50052").is_single
-    both = parse_scheduler_address("a:1, b:2,a:1")
-    assert both.addresses == ("a:1", "b:2") and not both.is_single
-    dns = parse_scheduler_address("dns:///scheduler.mesh.svc:50052")
-    assert (dns.dns_name, dns.dns_port, dns.is_single) == ("scheduler.mesh.svc", 50052, False)
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("a:1,,b:2", "has an empty entry"),
-        ("scheduler", "'scheduler' is not host:port"),
-        ("a:0", "'a:0' is not host:port with a port in 1..65535"),
-        ("a:x", "'a:x' is not host:port"),
-        ("dns:///name", "'name' is not host:port"),
-        ("http://a:1", "only the dns:/// scheme is supported"),
-    ],
-)
-def test_rejects_malformed_addresses_with_the_reason(text, message):
-    with pytest.raises(ValueError, match=message):
-        parse_scheduler_address(text)
 
 
 async def test_dns_endpoints_are_every_distinct_record_ipv6_bracketed():
