@@ -211,3 +211,46 @@ def test_sharded_weights_load_and_their_index_is_checked(tmp_path):
 def test_read_config_checks_without_touching_weights(tiny_checkpoints):
     config = read_config(tiny_checkpoints["mistral"].directory, max_seq_len=100)
     assert config.max_seq_len == 100 and config.architecture == "MistralForCausalLM"
+
+
+# The config.json files of released checkpoints (transformers 4 spellings), as users bring them.
+LLAMA_3_1_8B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 128000,
+    "eos_token_id": [128001, 128008, 128009], "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 14336, "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                            "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
+    "vocab_size": 128256,
+}
+QWEN2_5_0_5B = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643,
+    "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+    "max_position_embeddings": 32768, "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+    "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": 32768, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936,
+}
+MISTRAL_7B_V0_1 = {
+    "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 32768,
+    "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 32000,
+}
+
+
+def test_released_checkpoints_configs_read_as_their_architecture():
+    llama = LlamaFamilyConfig.from_hf(LLAMA_3_1_8B, max_seq_len=8192)
+    assert (llama.num_layers, llama.num_heads, llama.num_kv_heads, llama.head_size, llama.storage_dtype) == (
+        32, 32, 8, 128, "bfloat16")
+    assert llama.rope_scaling is not None and llama.rope_scaling.original_max_position_embeddings == 8192
+
+    qwen = LlamaFamilyConfig.from_hf(QWEN2_5_0_5B)  # use_sliding_window false: its window is no window
+    assert qwen.qkv_bias and qwen.tie_word_embeddings and qwen.head_size == 64 and qwen.max_seq_len == 32768
+
+    with pytest.raises(CheckpointError, match="sliding_window: 4096 < max_seq_len 32768"):
+        LlamaFamilyConfig.from_hf(MISTRAL_7B_V0_1)
+    mistral = LlamaFamilyConfig.from_hf(MISTRAL_7B_V0_1, max_seq_len=4096)  # the window covers every sequence
+    assert mistral.max_seq_len == 4096 and not mistral.qkv_bias
