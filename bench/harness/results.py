@@ -7,6 +7,7 @@ has one); bench/baselines/ keeps the runs that docs quote.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,3 +26,14 @@ def write_report(path: Path, report: object, *, default: Callable[[object], obje
     path.write_text(json.dumps(report, indent=2, default=default) + "\n", encoding="utf-8")
     print(f"wrote {path}{note}")
     return path
+
+
+def finite(value):
+    """`value` with every NaN/inf float inside it as None, so its JSON is strict (null, not NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value

@@ -53,10 +53,10 @@ from bench.harness import cpu as harness_cpu
 from bench.harness.load_plan import RequestTemplate, Rpc, Stream, build_plan, num_load_procs
 from bench.harness.load_pool import ClosedLoopJob, LoadPool
 from bench.harness.mesh_ready import TINYLM_MAX_NUM_SEQS, WORKER_ENV, wait_attached
-from bench.harness.results import MODEL_REPO, RESULTS_DIR, ROOT, write_report
+from bench.harness.results import MODEL_REPO, RESULTS_DIR, ROOT, finite, write_report
 from bench.harness.send_result import SendResult, in_window
 from bench.harness.stats import ratio
-from bench.overload.report import MULTIPLES, finite, markdown_table, medians, noise_line, table_rows
+from bench.overload.report import MULTIPLES, markdown_table, medians, noise_line, table_rows
 from bench.overload.stats import by_tenant, summarize, summarize_streams
 from infermesh.v1 import common_pb2, gateway_pb2
 from loadtest.payloads import make_prompt, render_image

@@ -115,12 +115,3 @@ def noise_line(runs: list[dict]) -> str:
 
 
 
-def finite(value):
-    """NaN/inf as null, so the JSON is strict."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite(v) for v in value]
-    return value

@@ -327,13 +327,7 @@ def main() -> None:
               "table": [dict(zip(("benchmark", "measured", "ratio", "target", "met"), row, strict=True))
                         for row in rows],
               "results": result}
-    write_report(args.output, report, default=_finite)
-
-
-def _finite(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    raise TypeError(f"cannot serialize {type(value).__name__}")
+    write_report(args.output, report)
 
 
 if __name__ == "__main__":

@@ -593,13 +593,7 @@ def main() -> None:
         "table": [dict(zip(("benchmark", "measured", "ratio", "target", "met"), row, strict=True)) for row in rows],
         "results": results,
     }
-    write_report(args.output, report, default=_json_default)
-
-
-def _json_default(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    raise TypeError(f"cannot serialize {type(value).__name__}")
+    write_report(args.output, report)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from bench.overload.report import finite, markdown_table, medians, noise_line, table_rows
+from bench.overload.report import markdown_table, medians, noise_line, table_rows
 
 
 def section(p99_ms: float = 10.0, lag_p99_ms: float = 1.0, behind: bool = False, coverage: float = 0.5) -> dict:
@@ -50,7 +50,3 @@ def test_table_shows_every_run_the_median_and_flags_a_generator_that_fell_behind
 
 def test_noise_line_spans_the_load_averages_of_every_part():
     assert noise_line([run(1, 1, 1), run(1, 1, 1)]).startswith("load average (1 min) at each part's start: 2.00-4.00")
-
-
-def test_finite_turns_nan_and_infinity_into_null_at_any_depth():
-    assert finite({"a": [1.0, math.nan, {"b": math.inf}], "c": "x"}) == {"a": [1.0, None, {"b": None}], "c": "x"}
