@@ -86,7 +86,7 @@ def load_routing(config: GatewayConfig, breakers: CircuitBreakers, replicas: Rep
     (into the table, then into the rollout controller `rollouts_of` makes for the table).
 
     A bad file at start raises ConfigError (the gateway does not start); later it is refused and
-    logged, and the routing in force stays (file_watch.py)."""
+    logged, and the routing in force stays (services/common/file_watch.py)."""
     routing = RoutingTable((), breakers, replicas=replicas, serving=serving)
     if not config.routing_file:
         return routing, None

@@ -2,7 +2,7 @@
 
 One request, in order: validate, admit (admission.py: in-flight cap, auth, model allowed, routing,
 deadline, shedding, quota, the model's adaptive limit), fix the sampling seed, dispatch with retries
-and resumes (dispatch.py), keep the quota's usage current for the refund, and add the gateway's
+and resumes (dispatch/dispatcher.py), keep the quota's usage current for the refund, and add the gateway's
 stage timings to the last chunk. A front hands in what its transport carried as a `Caller` and gets
 chunks or a domain error (services/common/errors.py), which it maps to its own status codes.
 

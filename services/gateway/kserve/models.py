@@ -9,7 +9,7 @@ request; any other H x W (and 1 or 4 channels) is accepted too and resized by th
 
 Generators are Triton "decoupled" models (ModelStreamInfer only), shaped like Triton's vLLM
 backend: `text_input` BYTES [1] in, `text_output` BYTES [1] out per token chunk; sampling comes
-from request parameters (kserve_stream.py). They have no batch dimension (max_batch_size 0): the
+from request parameters (kserve/stream.py). They have no batch dimension (max_batch_size 0): the
 scheduler batches sequences step by step, which `parameters` reports.
 """
 

@@ -8,7 +8,7 @@ this process's, since it started, as Triton's are; each gateway replica counts i
 A request refused before a version was chosen (unknown model, bad key) counts nowhere, like
 Triton, which never reaches a model for those.
 
-Pure: no grpc, no protobuf; kserve_models.py turns a snapshot into ModelStatisticsResponse.
+Pure: no grpc, no protobuf; kserve/models.py turns a snapshot into ModelStatisticsResponse.
 """
 
 from __future__ import annotations

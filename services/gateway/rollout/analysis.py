@@ -2,7 +2,7 @@
 
     judge(policy, step, baseline, canary, elapsed_s, golden) -> Judgement
 
-Every enabled check runs as a one-sided test that the canary is worse (rollout_stats.py); the
+Every enabled check runs as a one-sided test that the canary is worse (rollout/stats.py); the
 step's significance level 1 - confidence is split evenly over the tests run (Bonferroni), so
 adding stages to compare does not make a false rollback likelier. Then:
 
@@ -12,7 +12,7 @@ adding stages to compare does not make a false rollback likelier. Then:
   otherwise                                                 -> WAIT
 
 Golden checks are exact, not statistical: a known input has one right answer, so one wrong
-answer is proof (rollout_golden.py).
+answer is proof (rollout/golden.py).
 
 At the shadow step the canary's "requests" are the mirrored calls, and agreement is judged on
 their comparisons with the baseline's answers. Latency is compared for the end to end time and

@@ -1,6 +1,6 @@
 """The rollout controller: moves a canary's share through its policy's steps and rolls back at once.
 
-Per model with a `rollout` policy in the routing file (rollout_policy.py):
+Per model with a `rollout` policy in the routing file (rollout/policy.py):
 
     start ─▶ step 0 (shadow: mirrored only) ─▶ 1% ─▶ 10% ─▶ ... ─▶ last step ─▶ PROMOTED
                          │ any check fails (rollout_analysis.judge)
@@ -12,8 +12,8 @@ shadow step, the mirrored calls and their output comparisons). A verdict that mo
 is a `Decision`: it changes the routing table's shares (`RoutingTable.set_shares`) in the same
 call, is logged with its evidence, counted, kept (the last MAX_DECISIONS per model) and saved.
 
-With golden cases in the policy (rollout_golden.py), the decider's run loop also sends them to the
-canary (`golden_due` -> `prober` -> `golden_done`, rollout_probe.py) at every step's start and every
+With golden cases in the policy (rollout/golden.py), the decider's run loop also sends them to the
+canary (`golden_due` -> `prober` -> `golden_done`, rollout/probe.py) at every step's start and every
 interval; the judgement rolls back on a wrong answer and advances no step before a run passed.
 
 By hand, in the routing file (`override`): pause holds the current share and decides nothing;
@@ -25,7 +25,7 @@ file wins while it names an override; a state set by RPC is kept across reloads 
 one, and saved like any other (`Progress.by_rpc`), until the next RPC or a file override.
 
 One decider: only the gateway started with the decider role judges and writes the state store
-(rollout_store.py); the others read the store each tick and apply its shares, so every replica
+(rollout/store.py); the others read the store each tick and apply its shares, so every replica
 routes alike and a restarted gateway goes on where the rollout was (the step's timer carries
 over; its samples do not, so the step gathers its minimum again).
 """
@@ -180,7 +180,7 @@ class GoldenTarget:
 
 
 class GoldenProber(Protocol):
-    """Sends golden cases to a version (rollout_probe.py): one answer per case, in order."""
+    """Sends golden cases to a version (rollout/probe.py): one answer per case, in order."""
 
     async def answers(self, model: str, version: str, cases: Sequence[GoldenCase]) -> list[CaseAnswer]: ...
 

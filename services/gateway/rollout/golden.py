@@ -23,7 +23,7 @@ the operator already edits to start a rollout, is reloaded without a restart, an
 there is a new rollout (its digest is part of the rollout's identity). The check is on whenever the
 policy has cases, off without them, and `golden: false` turns it off.
 
-Plain data and pure comparisons; rollout_probe.py sends the cases.
+Plain data and pure comparisons; rollout/probe.py sends the cases.
 """
 
 from __future__ import annotations

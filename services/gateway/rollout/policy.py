@@ -18,11 +18,11 @@
             deadline_misses: {max_increase: 0.01}
             latency: {max_ratio: 1.2, min_increase_ms: 1}  # end to end and every stage: shift and p99
             agreement: {min_agreement: 0.98, max_score_drift: 0.05}
-            golden: {cases: [...], interval_s: 30}  # on only with cases (rollout_golden.py)
+            golden: {cases: [...], interval_s: 30}  # on only with cases (rollout/golden.py)
           override: pause                  # by hand: pause | abort | promote; absent: automatic
           attempt: 1                       # change it to start the rollout again after a rollback
 
-While a rollout policy is present the controller (rollout.py), not `canary_percent`, sets the
+While a rollout policy is present the controller (rollout/controller.py), not `canary_percent`, sets the
 canary's share. The policy is plain data; RolloutPolicyError names the field that is wrong.
 """
 

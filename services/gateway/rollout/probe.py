@@ -1,4 +1,4 @@
-"""Sends a rollout's golden cases to its canary version: the gateway side of rollout_golden.py.
+"""Sends a rollout's golden cases to its canary version: the gateway side of rollout/golden.py.
 
 Each case goes the way a client's request goes past admission (gateway -> scheduler -> the
 version's workers), pinned to the canary version, and like a shadow call (shadow.py) it is

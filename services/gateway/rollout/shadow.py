@@ -1,6 +1,6 @@
 """Shadow traffic: mirror a share of a model's version-less requests to its candidate version.
 
-At a rollout's shadow step (rollout.py), once the primary has answered, a share of the
+At a rollout's shadow step (rollout/controller.py), once the primary has answered, a share of the
 requests are sent again to the candidate version, and the two answers are compared:
 
   classify  the same top label, and its score within max_score_drift

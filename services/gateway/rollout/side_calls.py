@@ -1,5 +1,5 @@
 """Calls the gateway makes on its own behalf to one pinned version: shadow mirroring (shadow.py)
-and a rollout's golden cases (rollout_probe.py). Both are sheddable-class at the scheduler, pass
+and a rollout's golden cases (rollout/probe.py). Both are sheddable-class at the scheduler, pass
 no admission (no quota, no concurrency limit) and report to no circuit breaker."""
 
 from __future__ import annotations

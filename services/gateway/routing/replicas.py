@@ -22,7 +22,7 @@ questions pick one for a call:
    other has some). Without fresh reports nothing spills (fail open).
 
 The circuit breaker and the call's already-tried endpoints are applied by the
-caller (routing.py) before the choice: they decide who is a candidate at all.
+caller (routing/table.py) before the choice: they decide who is a candidate at all.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ class EndpointPressure(Protocol):
 
 
 class ReplicaSelector:
-    """Membership plus the pressure board: what routing.py asks for models without a route."""
+    """Membership plus the pressure board: what routing/table.py asks for models without a route."""
 
     def __init__(self, membership: Membership, board: EndpointPressure | None = None,
                  policy: SpillPolicy | None = None) -> None:

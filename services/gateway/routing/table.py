@@ -16,8 +16,8 @@ Config (a mapping, e.g. the `models` section of the gateway's routing YAML):
       classifier:
         default_version: "3"                   # no endpoints: the discovered schedulers (below)
 
-A model may carry a `rollout` policy (format in rollout_policy.py): the rollout controller
-(rollout.py) then sets its canary's share step by step (`set_shares`), in place of the file's
+A model may carry a `rollout` policy (format in rollout/policy.py): the rollout controller
+(rollout/controller.py) then sets its canary's share step by step (`set_shares`), in place of the file's
 `canary_percent`.
 
 A request naming a version goes to that version. A version-less request goes
@@ -32,7 +32,7 @@ with the version named in the call: the file then decides only which version
 serves a request, which is what a canary on Kubernetes needs.
 
 The routing file is reloaded when it changes (`load_routing_file` with
-file_watch.py); `RoutingTable.replace` swaps the routes in one assignment, so a
+services/common/file_watch.py); `RoutingTable.replace` swaps the routes in one assignment, so a
 call that already chose its route keeps it.
 
 With a routing config, a model it does not name is NOT_FOUND at the gateway.

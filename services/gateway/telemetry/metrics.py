@@ -18,7 +18,7 @@ change them only together. Label values:
   verdict   retry | failover | budget_exhausted | attempts_exhausted | deadline | pushback_stop | tokens_sent
   reason    limit | deadline | quota | shed | gateway_in_flight (why admission refused a request);
             unavailable | draining | cut | not_served (why a stream resumed)
-  state     running | paused | rolled_back | promoted | aborted (a model's rollout, rollout.py)
+  state     running | paused | rolled_back | promoted | aborted (a model's rollout, rollout/controller.py)
   action    start | advance | promote | roll_back | pause | resume | abort (a rollout decision)
   outcome   agreed | disagreed | failed | shed (a shadow call: its output compared, it failed, or
             it was not sent: over the shadow budget or shed as sheddable traffic)

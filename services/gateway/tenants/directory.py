@@ -10,7 +10,7 @@ operator who pasted a raw key into the digest field must not see it in logs).
 
 `TenantConfigWatcher` swaps in a new config when the file changes (the caller
 polls) or on demand (SIGHUP); a bad file is refused and the old config stays
-(file_watch.py, shared with the routing file).
+(services/common/file_watch.py, shared with the routing file).
 """
 
 from __future__ import annotations
@@ -306,7 +306,7 @@ def _load_directory(path: str | os.PathLike) -> TenantDirectory:
 
 
 class TenantConfigWatcher:
-    """Holds the current `TenantDirectory` and replaces it when the file changes (file_watch.py).
+    """Holds the current `TenantDirectory` and replaces it when the file changes (services/common/file_watch.py).
 
     `poll()` is cheap (one stat) and meant to be called every second or so;
     `reload()` is for SIGHUP. The first load happens in the constructor and
