@@ -22,6 +22,7 @@ from services.common.file_watch import ReloadResult, WatchedFile
 from services.common.metric_labels import KnownValues, KnownVersions
 from services.common.priority import Priority
 from services.common.server import Health
+from services.gateway import admin_status
 from services.gateway.admission.adaptive_limit import AdaptiveLimits
 from services.gateway.admission.admission import (
     Admission,
@@ -41,7 +42,6 @@ from services.gateway.dispatch.deadlines import Deadlines
 from services.gateway.dispatch.dispatcher import Dispatcher
 from services.gateway.dispatch.retry_budget import RetryBudgets
 from services.gateway.dispatch.retry_policy import RetryPolicy
-from services.gateway.fronts import admin_status
 from services.gateway.fronts.http_server import HttpServer
 from services.gateway.fronts.kserve_http import KServeHttp
 from services.gateway.fronts.kserve_servicer import KServeServicer

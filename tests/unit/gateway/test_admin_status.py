@@ -7,8 +7,8 @@ import json
 import pytest
 
 from services.common.errors import NotFound, PermissionDenied, Unauthenticated
-from services.gateway.fronts import admin_status
-from services.gateway.fronts.admin_status import (
+from services.gateway import admin_status
+from services.gateway.admin_status import (
     GatewayView,
     LimitView,
     SchedulerView,
