@@ -1,4 +1,4 @@
-"""One load-test run end to end: preflight the gateway, drive the scenario, build the report."""
+"""One load-test run end to end: open the target, preflight it, drive the scenario, build the report."""
 
 from __future__ import annotations
 
@@ -9,49 +9,47 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-import grpc
-
-from loadtest.client import GatewayClient
 from loadtest.progress import ProgressPrinter
 from loadtest.report_html import html_report
 from loadtest.report_json import build_report, write_json
 from loadtest.report_text import markdown_report
 from loadtest.runner import LoadRunner, MonotonicClock
 from loadtest.scenario import LoadMode, Scenario
+from loadtest.targets.base import Target, TargetError
+from loadtest.targets.factory import open_target
 
 
 class TargetNotReady(Exception):
-    """The gateway did not answer, or did not serve the scenario's models, within the wait."""
+    """The target did not answer, or did not serve the scenario's models, within the wait."""
 
 
 @dataclass(frozen=True)
 class RunOptions:
-    target: str
+    target: str  # HOST:PORT or a URL (loadtest/targets/address.py)
     progress: bool = True
     wait_ready_s: float = 10.0  # 0: do not preflight
     stream: TextIO = sys.stderr
-    ca_file: str = ""  # PEM CA bundle: TLS to the gateway, verified against it; empty: plaintext
+    ca_file: str = ""  # PEM CA bundle: TLS to a gRPC target, or the roots an https target is verified against
 
 
-async def wait_until_ready(client: GatewayClient, scenario: Scenario, wait_s: float, stream: TextIO) -> None:
-    """Polls ListModels until every model the scenario uses is ready."""
+async def wait_until_ready(target: Target, scenario: Scenario, wait_s: float, stream: TextIO) -> None:
+    """Asks the target until every model the scenario uses is ready."""
     clock = MonotonicClock()
     deadline_s = clock.now_s() + wait_s
     api_key = scenario.tenants[0].api_key
     problem = ""
     while True:
         try:
-            models = await client.list_models(api_key, timeout_s=2.0)
-            ready = {m.name for m in models if m.ready}
+            ready = await target.ready_models(scenario.models(), api_key, timeout_s=2.0)
             missing = sorted(scenario.models() - ready)
             if not missing:
                 return
-            problem = f"models not ready: {', '.join(missing)} (ready: {', '.join(sorted(ready)) or 'none'})"
-        except grpc.aio.AioRpcError as err:
-            problem = f"ListModels failed: {err.code().name}: {err.details()}"
+            problem = f"models not ready: {', '.join(missing)}"
+        except TargetError as err:
+            problem = str(err)
         if clock.now_s() >= deadline_s:
             raise TargetNotReady(problem)
-        stream.write(f"waiting for the gateway: {problem}\n")
+        stream.write(f"waiting for the target: {problem}\n")
         await clock.sleep_until(min(deadline_s, clock.now_s() + 1.0))
 
 
@@ -59,15 +57,17 @@ async def run_scenario(scenario: Scenario, options: RunOptions) -> dict:
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     clock = MonotonicClock()
     run_id = "lt" + dt.datetime.now(dt.UTC).strftime("%H%M%S")
-    async with GatewayClient(options.target, clock, scenario.load.num_channels, run_id,
-                             ca_file=options.ca_file) as client:
+    target = open_target(options.target, scenario, clock, run_id, options.ca_file)
+    try:
         if options.wait_ready_s > 0:
-            await wait_until_ready(client, scenario, options.wait_ready_s, options.stream)
+            await wait_until_ready(target, scenario, options.wait_ready_s, options.stream)
         printer = ProgressPrinter(options.stream, "rps" if scenario.load.mode is LoadMode.OPEN else "clients") \
             if options.progress else None
-        result = await LoadRunner(scenario, client, clock, on_progress=printer).run()
+        result = await LoadRunner(scenario, target, clock, on_progress=printer).run()
         if printer:
             printer.close()
+    finally:
+        await target.close()
     return build_report(scenario, result, target=options.target, started_at=started_at)
 
 

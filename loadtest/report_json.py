@@ -16,6 +16,7 @@ from loadtest.records import RequestRecord
 from loadtest.runner import RunResult
 from loadtest.scenario import Scenario, Slo
 from loadtest.stats import generator_lag, summarize_group, time_windows
+from loadtest.targets.address import parse_target
 
 REQUIRED_TOP_KEYS = ("schema", "meta", "generator", "overall", "classes", "tenants", "priorities", "windows")
 REQUIRED_GROUP_KEYS = ("num_requests", "num_ok", "num_errors", "errors", "offered_rps", "throughput_rps",
@@ -36,7 +37,8 @@ def build_report(scenario: Scenario, result: RunResult, *, target: str, started_
     window_s = scenario.window_s or _auto_window_s(result.measured_s)
     return {
         "schema": REPORT_SCHEMA,
-        "meta": _meta(scenario, target, started_at, window_s, len(result.records) - len(measured)),
+        "meta": _meta(scenario, target, started_at, window_s, len(result.records) - len(measured))
+        | {"stages_reported": any(r.stages or r.server_total_us for r in measured)},
         "generator": generator_lag(result.lag_us, scenario.lag_warn_ms) | {
             "mode": scenario.load.mode.value,
         },
@@ -99,6 +101,7 @@ def _meta(scenario: Scenario, target: str, started_at: str, window_s: float, num
     return {
         "name": scenario.name,
         "target": target,
+        "target_kind": _target_kind(target),
         "started_at": started_at,
         "mode": load.mode.value,
         "arrival": load.arrival.value,
@@ -120,6 +123,13 @@ def _meta(scenario: Scenario, target: str, started_at: str, window_s: float, num
             for c in scenario.classes
         ],
     }
+
+
+def _target_kind(target: str) -> str:
+    try:
+        return parse_target(target).kind.value
+    except ValueError:  # a report built for a test or from a caller's own label
+        return "unknown"
 
 
 def _auto_window_s(measured_s: float) -> float:

@@ -18,6 +18,7 @@ import yaml
 
 from loadtest.arrivals import ArrivalProcess, RateSchedule, Segment
 from loadtest.distributions import IntDist, fixed, parse_int_dist
+from loadtest.targets.address import parse_target
 
 
 class LoadMode(Enum):
@@ -33,6 +34,13 @@ class RequestKind(Enum):
 class ImageEncoding(Enum):
     PNG = "png"
     RAW = "raw"
+
+
+class TextApi(Enum):
+    """Which OpenAI endpoint an HTTP target gets a generate class's requests on."""
+
+    COMPLETIONS = "completions"  # /v1/completions, the prompt as is
+    CHAT = "chat"  # /v1/chat/completions, the prompt as one user message
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,10 @@ class ClassSpec:
     output_len: IntDist | None = None  # max_tokens
     temperature: float = 0.0
     ignore_eos: bool = True
+    api: TextApi = TextApi.COMPLETIONS  # OpenAI targets only
+    # HTTP targets: stream the reply (TTFT from the first content chunk) or wait for the whole of it.
+    # infermesh's gRPC Generate and KServe's ModelStreamInfer always stream.
+    stream: bool = True
 
 
 @dataclass(frozen=True)
@@ -117,6 +129,7 @@ class Scenario:
     tenants: tuple[TenantSpec, ...]
     classes: tuple[ClassSpec, ...]
     sweep: SweepSpec
+    tokenizer: str = "bytes"  # counts output tokens a server does not report (loadtest/targets/token_count.py)
 
     @property
     def duration_s(self) -> float:
@@ -157,13 +170,13 @@ def parse_scenario(raw: Any, default_name: str = "scenario", base_dir: Path | No
     `environ` is where `api_key_env` names are looked up (default: os.environ)."""
     doc = _mapping(raw, "scenario")
     _no_unknown(doc, "scenario", {"name", "target", "duration_s", "warmup_s", "seed", "window_s",
-                                  "lag_warn_ms", "load", "tenants", "classes", "sweep"})
+                                  "lag_warn_ms", "load", "tenants", "classes", "sweep", "tokenizer"})
     duration_s = _positive(doc.get("duration_s", 30), "duration_s") if "duration_s" in doc else None
     load = _parse_load(_mapping(doc.get("load"), "load"), duration_s)
     window_s = doc.get("window_s")
     return Scenario(
         name=str(doc.get("name", default_name)),
-        target=str(doc.get("target", "127.0.0.1:50051")),
+        target=_target(doc.get("target", "127.0.0.1:50051")),
         warmup_s=_non_negative(doc.get("warmup_s", 0), "warmup_s"),
         seed=int(doc.get("seed", 1)),
         window_s=None if window_s is None else _positive(window_s, "window_s"),
@@ -172,7 +185,21 @@ def parse_scenario(raw: Any, default_name: str = "scenario", base_dir: Path | No
         tenants=_parse_tenants(doc.get("tenants"), base_dir or Path.cwd(), os.environ if environ is None else environ),
         classes=_parse_classes(doc.get("classes")),
         sweep=_parse_sweep(_mapping(doc.get("sweep", {}), "sweep"), load),
+        tokenizer=_tokenizer(doc.get("tokenizer", "bytes")),
     )
+
+
+def _target(raw: Any) -> str:
+    if not isinstance(raw, str):
+        raise ValueError(f"target must be a string (HOST:PORT or a URL), got {raw!r}")
+    parse_target(raw)  # names what is wrong with it now, not when the run starts
+    return raw
+
+
+def _tokenizer(raw: Any) -> str:
+    if not isinstance(raw, str) or not (raw == "bytes" or (raw.startswith("hf:") and len(raw) > 3)):
+        raise ValueError(f"tokenizer must be 'bytes' or 'hf:PATH/tokenizer.json', got {raw!r}")
+    return raw
 
 
 def _parse_load(raw: dict, duration_s: float | None) -> LoadSpec:
@@ -266,7 +293,7 @@ def _api_key(tenant: dict, field: str, base_dir: Path, environ: Mapping[str, str
 
 
 _CLASS_KEYS = {"name", "kind", "model", "version", "share", "deadline_ms", "slo", "top_k", "image",
-               "prompt_len", "output_len", "temperature", "ignore_eos"}
+               "prompt_len", "output_len", "temperature", "ignore_eos", "api", "stream"}
 
 
 def _parse_classes(raw: Any) -> tuple[ClassSpec, ...]:
@@ -295,7 +322,7 @@ def _parse_class(c: dict, field: str) -> ClassSpec:
         slo=_parse_slo(_mapping(c.get("slo", {}), f"{field}.slo"), f"{field}.slo", kind),
     )
     if kind is RequestKind.CLASSIFY:
-        for key in ("prompt_len", "output_len", "temperature", "ignore_eos"):
+        for key in ("prompt_len", "output_len", "temperature", "ignore_eos", "api", "stream"):
             if key in c:
                 raise ValueError(f"{field}.{key} applies to generate classes only")
         return ClassSpec(**common, top_k=int(_positive(c.get("top_k", 1), f"{field}.top_k")),
@@ -309,7 +336,15 @@ def _parse_class(c: dict, field: str) -> ClassSpec:
         output_len=parse_int_dist(c.get("output_len", 16), f"{field}.output_len"),
         temperature=_non_negative(c.get("temperature", 0.0), f"{field}.temperature"),
         ignore_eos=bool(c.get("ignore_eos", True)),
+        api=_enum(TextApi, c.get("api", "completions"), f"{field}.api"),
+        stream=_bool(c.get("stream", True), f"{field}.stream"),
     )
+
+
+def _bool(raw: Any, field: str) -> bool:
+    if not isinstance(raw, bool):
+        raise ValueError(f"{field} must be true or false, got {raw!r}")
+    return raw
 
 
 def _parse_slo(raw: dict, field: str, kind: RequestKind) -> Slo:
@@ -413,4 +448,4 @@ def _enum(cls: type[Enum], raw: Any, field: str):
 
 
 __all__ = ["ClassSpec", "ImageEncoding", "ImageSpec", "IntDist", "LoadMode", "LoadSpec", "RequestKind",
-           "Scenario", "Slo", "SweepSpec", "TenantSpec", "fixed", "load_scenario", "parse_scenario"]
+           "Scenario", "Slo", "SweepSpec", "TenantSpec", "TextApi", "fixed", "load_scenario", "parse_scenario"]

@@ -134,10 +134,13 @@ def stage_table(doc: dict) -> Table | None:
         tail = g["tail"]
         if tail:
             rows.append((f"  >p99 ({tail['num_requests']})", *(_f(tail["stage_mean_ms"].get(s)) for s in stages)))
+    note = ("client_queue = waiting in the load generator; client_network = service time the servers "
+            "did not account for; other = the rest")
+    if doc["meta"].get("stages_reported") is False:
+        note = (f"server stages: absent ({doc['meta'].get('target_kind', 'the target')} replies reported none); "
+                "client_queue = waiting in the load generator; other = the whole service time")
     return Table("Per-stage mean (ms): all successful requests, then those above p99",
-                 ("group", *stages), tuple(rows),
-                 "client_queue = waiting in the load generator; client_network = service time the servers "
-                 "did not account for; other = the rest")
+                 ("group", *stages), tuple(rows), note)
 
 
 def error_table(doc: dict) -> Table | None:

@@ -7,11 +7,11 @@ during the stall wait in the generator: a tool that timed from the actual send
 (service time) would report them as fast. Timing from the schedule must not.
 """
 
-from loadtest.client import GatewayClient
 from loadtest.records import CLIENT_QUEUE
 from loadtest.runner import LoadRunner
 from loadtest.scenario import Slo, parse_scenario
 from loadtest.stats import LatencyHistogram, summarize_group
+from loadtest.targets.infermesh_grpc import GatewayClient
 
 STALL_S = 0.6
 

@@ -1,9 +1,9 @@
 """The runner and the gRPC client against the fake gateway: streams, errors, warm-up, modes, deadlines."""
 
-from loadtest.client import GatewayClient
 from loadtest.records import CANCELLED_AT_END, STREAM_GAP
 from loadtest.runner import LoadRunner, Phase
 from loadtest.scenario import RequestKind, parse_scenario
+from loadtest.targets.infermesh_grpc import GatewayClient
 
 
 def _scenario(load: dict, classes: list[dict] | None = None, **top):

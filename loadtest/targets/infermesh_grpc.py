@@ -1,6 +1,6 @@
-"""The Sender over the public gateway API (infermesh.v1.Inference), on grpc.aio.
+"""The Target over infermesh's own gateway API (infermesh.v1.Inference), on grpc.aio (`grpc://`).
 
-The only module of the load test that speaks gRPC or touches protobuf: it turns
+It turns
 a PlannedRequest into a ClassifyRequest/GenerateRequest, stamps send, chunk and
 completion times, and turns replies (timings, ttft, status codes) into Outcomes.
 """
@@ -8,7 +8,7 @@ completion times, and turns replies (timings, ttft, status codes) into Outcomes.
 from __future__ import annotations
 
 import itertools
-import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import grpc
@@ -18,6 +18,7 @@ from loadtest.payloads import ImagePayload, TextPayload
 from loadtest.records import OK, STREAM_GAP, STREAM_TRUNCATED, Outcome, StageSample
 from loadtest.runner import Clock, MonotonicClock
 from loadtest.scenario import ImageEncoding
+from loadtest.targets.base import TargetError, request_start_value
 from loadtest.workload import PlannedRequest
 
 _CHANNEL_OPTIONS = [
@@ -31,7 +32,7 @@ _CHANNEL_OPTIONS = [
 ]
 
 
-def _channel(target: str, ca_file: str) -> grpc.aio.Channel:
+def grpc_channel(target: str, ca_file: str) -> grpc.aio.Channel:
     if not ca_file:
         return grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
     try:
@@ -58,7 +59,7 @@ class GatewayClient:
         if num_channels < 1:
             raise ValueError(f"num_channels must be >= 1, got {num_channels}")
         self._clock = clock or MonotonicClock()
-        self._channels = [_channel(target, ca_file) for _ in range(num_channels)]
+        self._channels = [grpc_channel(target, ca_file) for _ in range(num_channels)]
         self._stubs = itertools.cycle([gateway_pb2_grpc.InferenceStub(c) for c in self._channels])
         self._images: dict[int, common_pb2.Image] = {}
         self._run_id = run_id
@@ -81,6 +82,14 @@ class GatewayClient:
                         common_pb2.ModelKind.Name(m.kind).removeprefix("MODEL_KIND_").lower(), m.ready)
             for m in reply.models
         ]
+
+    async def ready_models(self, models: Iterable[str], api_key: str, timeout_s: float) -> set[str]:
+        try:
+            listed = await self.list_models(api_key, timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise TargetError(f"ListModels failed: {err.code().name}: {err.details()}") from None
+        ready = {m.name for m in listed if m.ready}
+        return {m for m in models if m in ready}
 
     async def send(self, request: PlannedRequest, timeout_s: float | None) -> Outcome:
         if isinstance(request.payload, ImagePayload):
@@ -162,9 +171,9 @@ def _auth(api_key: str) -> tuple[tuple[str, str], ...]:
 
 
 def _send_metadata(api_key: str) -> tuple[tuple[str, str], ...]:
-    """Auth plus `x-request-start` (the send time, unix microseconds): the gateway reports the time
-    the request waited before its handler ran as the `ingress` stage, so no wait goes unattributed."""
-    return (("authorization", f"Bearer {api_key}"), ("x-request-start", f"t={time.time_ns() // 1000}"))
+    """Auth plus `x-request-start`: the gateway reports the time the request waited before its handler
+    ran as the `ingress` stage, so no wait goes unattributed."""
+    return (("authorization", f"Bearer {api_key}"), ("x-request-start", request_start_value()))
 
 
 def _stages(timings: common_pb2.Timings) -> tuple[StageSample, ...]:

@@ -1,0 +1,1 @@
+"""Target kinds the load test speaks, one module each, behind targets.base.Target."""
