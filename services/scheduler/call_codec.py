@@ -7,11 +7,13 @@ import math
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 from services.common import errors
+from services.common.generate_input import check_input
 from services.common.priority import Priority
 from services.common.timings import StageTime, seconds_to_us
 from services.scheduler.attach_codec import KIND_TO_WIRE
 from services.scheduler.attach_types import Label, ModelKey
 from services.scheduler.fair_queue import TenantContext
+from services.scheduler.model_text import ModelText
 from services.scheduler.pressure import ModelPressure
 from services.scheduler.sequence import FinishReason, SamplingParams
 
@@ -56,6 +58,15 @@ class TenantCodec:
             self._tenants.clear()  # tenants come from the gateway's config; this only bounds a misbehaving caller
         self._tenants[key] = tenant
         return tenant
+
+
+def prompt_token_ids(request: gateway_pb2.GenerateRequest, text: ModelText) -> tuple[int, ...]:
+    """The request's prompt tokens, tokenized once: its prompt, or its messages rendered with the
+    model's chat template (a resumed stream's too: the same conversation renders the same ids)."""
+    check_input(request.prompt, request.messages)
+    if request.prompt:
+        return text.tokenizer.encode(request.prompt)
+    return text.chat_prompt_ids([{"role": m.role, "content": m.content} for m in request.messages])
 
 
 def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int) -> SamplingParams:
@@ -111,4 +122,4 @@ def add_stages(timings: common_pb2.Timings, stages: tuple[StageTime, ...]) -> No
 
 
 __all__ = ["ANONYMOUS_TENANT", "FINISH_REASONS", "KIND_TO_WIRE", "MAX_STOP_BYTES", "MAX_STOP_SEQUENCES", "TenantCodec", "add_labels", "add_stages",
-           "decode_sampling", "encode_pressure"]
+           "decode_sampling", "encode_pressure", "prompt_token_ids"]

@@ -17,19 +17,36 @@ from services.scheduler.chat_template import ChatTemplate
 from services.scheduler.hf_tokenizer import HFTokenizer, HFTokenizerSource
 from services.scheduler.tokenizer import ByteTokenizer, Tokenizer
 
+# The template of byte-level models that declare none: the one the gateway applied to every model
+# before templates came with the models (a `<role>: <content>` line per message, then `assistant:`),
+# so the demo models answer chat exactly as they did.
+#
+#     system: Be brief.
+#     user: Hello
+#     assistant:
+BYTE_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message.role }}: {{ message.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
 
 @dataclass(frozen=True)
 class ModelText:
     tokenizer: Tokenizer
     # None: the model has no chat template (chat is refused; prompts work).
     chat_template: ChatTemplate | None
+    # True for byte tokenizers: their special ids have no spelling, so a template cannot write the
+    # BOS; the rendered text gets it as a prompt does. HF templates write their own (False).
+    chat_adds_special_tokens: bool = False
 
     def chat_prompt_ids(self, messages: Sequence[Mapping[str, Any]]) -> tuple[int, ...]:
         """The template rendered with add_generation_prompt and encoded as apply_chat_template
-        encodes it (the rendered text holds its own BOS, so none is added)."""
+        encodes it (HF: the rendered text holds its own BOS, so none is added)."""
         if self.chat_template is None:
-            raise errors.InvalidArgument("this model has no chat template; send a prompt instead of messages")
-        return self.tokenizer.encode(self.chat_template.render(messages), add_special_tokens=False)
+            raise errors.InvalidArgument("this model has no chat template, so it cannot answer chat; "
+                                         "send a prompt (completions) instead of messages")
+        return self.tokenizer.encode(self.chat_template.render(messages),
+                                     add_special_tokens=self.chat_adds_special_tokens)
 
 
 def build_model_text(spec: TokenizerSpec, tokenizer_json: bytes = b"") -> ModelText:
@@ -44,5 +61,7 @@ def build_model_text(spec: TokenizerSpec, tokenizer_json: bytes = b"") -> ModelT
     else:
         tokenizer = ByteTokenizer.from_spec(vocab_size=spec.vocab_size, eos_token_id=spec.eos_token_id,
                                             bos_token_id=spec.bos_token_id)
-    template = ChatTemplate(spec.chat_template, special_tokens) if spec.chat_template else None
-    return ModelText(tokenizer, template)
+    is_bytes = spec.kind is not TokenizerKind.HF
+    source = spec.chat_template or (BYTE_CHAT_TEMPLATE if is_bytes else "")
+    template = ChatTemplate(source, special_tokens) if source else None
+    return ModelText(tokenizer, template, chat_adds_special_tokens=is_bytes)

@@ -41,6 +41,7 @@ from services.scheduler.call_codec import (
     add_stages,
     decode_sampling,
     encode_pressure,
+    prompt_token_ids,
 )
 from services.scheduler.chunk_coalescer import ChunkCoalescer, CoalescedEvents
 from services.scheduler.classify_pool import ClassifyJob, ClassifyOutcome
@@ -236,10 +237,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def _make_stream(self, req: gateway_pb2.GenerateRequest, tenant: scheduler_pb2.TenantContext,
                      entry: GeneratorEntry, began_s: float, remaining_s: float | None,
                      events: EventSink) -> tuple[GenerateStream, tuple[int, ...], SamplingParams]:
-        if not req.prompt:
-            raise errors.InvalidArgument("prompt must not be empty")
-        prompt_ids = entry.pool.tokenizer.encode(req.prompt)
-        max_tokens = req.sampling.max_tokens or max(1, min(DEFAULT_MAX_TOKENS, entry.pool.max_seq_len() - len(prompt_ids)))
+        prompt_ids = prompt_token_ids(req, entry.pool.text)
+        max_seq_len = entry.pool.max_seq_len()
+        if len(prompt_ids) >= max_seq_len:
+            raise errors.InvalidArgument(f"prompt of {len(prompt_ids)} tokens does not fit the model's context of "
+                                         f"{max_seq_len} tokens (prompt and output together)")
+        max_tokens = req.sampling.max_tokens or min(DEFAULT_MAX_TOKENS, max_seq_len - len(prompt_ids))
         sampling = decode_sampling(req.sampling, max_tokens)
         options = stream_options(req.stream.max_tokens_per_chunk, req.stream.interval_ms)
         if options.coalesces:

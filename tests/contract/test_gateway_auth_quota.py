@@ -216,27 +216,27 @@ def test_over_request_rate_is_resource_exhausted_with_retry_info_and_pushback(st
 
 
 def test_generate_larger_than_token_burst_is_refused_without_retry_hint(stub):
-    got = status_of(lambda: _generate(stub, KEYS["tokens"], max_tokens=57))  # 3 prompt bytes + 1 + 57
+    got = status_of(lambda: _generate(stub, KEYS["tokens"], max_tokens=57))  # 3 prompt bytes + 2 + 57
     assert (got.code, got.message) == (
         grpc.StatusCode.RESOURCE_EXHAUSTED,
-        "request needs 61 tokens (prompt + max_tokens) but tenant 'tokens' may use at most 40 at once; "
+        "request needs 62 tokens (prompt + max_tokens) but tenant 'tokens' may use at most 40 at once; "
         "lower max_tokens",
     )
     assert got.pushback_ms is None and got.retry_delay_s is None
 
 
 def test_generate_is_charged_prompt_plus_max_tokens_and_refunded_what_it_did_not_use(stub):
-    # Burst 40, refill ~0: each call is charged 4 + 20 = 24 up front. It stops at "f" after
+    # Burst 40, refill ~0: each call is charged 5 + 20 = 25 up front (3 prompt bytes + 2). It stops at "f" after
     # a few tokens, so most of the charge comes back; without the refund the second call would
-    # find only 16 tokens left.
+    # find only 15 tokens left.
     for _ in range(2):
         chunks = list(_generate(stub, KEYS["tokens"], max_tokens=20, stop=["f"]))
         assert chunks[-1].finish_reason == common_pb2.FINISH_REASON_STOP
         assert "".join(c.text for c in chunks) == "de"
-    got = status_of(lambda: _generate(stub, KEYS["tokens"], max_tokens=35))  # needs 39 > what is left
+    got = status_of(lambda: _generate(stub, KEYS["tokens"], max_tokens=35))  # needs 40 > what is left
     assert got.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert got.message.startswith(
-        "tenant 'tokens' is over its token rate quota (0.01 tokens/s, burst 40): request needs 39 tokens; "
+        "tenant 'tokens' is over its token rate quota (0.01 tokens/s, burst 40): request needs 40 tokens; "
         "retry after "
     )
     assert got.retry_delay_s > 100 and got.pushback_ms > 100_000

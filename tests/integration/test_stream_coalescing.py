@@ -140,16 +140,16 @@ def test_tinylm_coalesced_matches_uncoalesced(mesh, stubs):
 
 def _tokens_left(stub, need_max_tokens: int) -> float:
     """The tenant's token bucket, read from a refusal (rate 0.01/s, so retry-after = missing / 0.01)."""
-    need = 4 + need_max_tokens  # "abc": 3 prompt bytes + 1, plus max_tokens
+    need = 5 + need_max_tokens  # "abc": 3 prompt bytes + 2, plus max_tokens
     got = status_of(lambda: _generate(stub, GENERATOR, "abc", max_tokens=need_max_tokens, metadata=bearer(TOKENS_KEY)))
     assert got.code == grpc.StatusCode.RESOURCE_EXHAUSTED, got
     return need - got.retry_delay_s * 0.01
 
 
 def test_a_cancelled_coalesced_stream_is_refunded_by_the_tokens_it_carried(mesh):
-    # Burst 40, refill ~0. Charged 4 + 30 = 34 up front; cancelled after the chunks of 1 and 4
+    # Burst 40, refill ~0. Charged 5 + 30 = 35 up front; cancelled after the chunks of 1 and 4
     # tokens (maybe more chunks reached the gateway first), the gateway keeps prompt + tokens sent:
-    # counted by token_ids per chunk, the tokens kept are 4 + 1 + 4m, never 4 + the number of chunks.
+    # counted by token_ids per chunk, the tokens kept are 5 + 1 + 4m, never 5 + the number of chunks.
     with session_tls.channel(mesh.quota.address) as channel:
         stub = gateway_pb2_grpc.InferenceStub(channel)
         request = gateway_pb2.GenerateRequest(model=GENERATOR, prompt="abc", stream=BY_COUNT,
@@ -158,7 +158,7 @@ def test_a_cancelled_coalesced_stream_is_refunded_by_the_tokens_it_carried(mesh)
         assert [len(next(call).token_ids) for _ in range(2)] == [1, 4]
         call.cancel()
         left: list[float] = []
-        wait_until(lambda: left.append(round(_tokens_left(stub, 36))) or left[-1] > 40 - 34, timeout_s=10,
+        wait_until(lambda: left.append(round(_tokens_left(stub, 35))) or left[-1] > 40 - 35, timeout_s=10,
                    message="the gateway refunds the cancelled stream")
         kept = 40 - left[-1]
-        assert kept - 4 >= 5 and (kept - 4) % 4 == 1, f"kept {kept} tokens"
+        assert kept - 5 >= 5 and (kept - 5) % 4 == 1, f"kept {kept} tokens"

@@ -13,11 +13,31 @@ from services.gateway.fronts.caller import timeout_s_of
 from services.gateway.quota.quotas import QuotaExceeded
 
 
-def test_chat_template_puts_each_message_on_its_own_line_and_opens_the_reply():
-    prompt = openai_codec.chat_prompt([{"role": "system", "content": "Be brief."},
-                                       {"role": "user", "content": [{"type": "text", "text": "Hi"},
-                                                                    {"type": "text", "text": " there"}]}])
-    assert prompt == "system: Be brief.\nuser: Hi there\nassistant:"
+def test_chat_goes_upstream_as_its_messages_with_text_parts_joined_and_no_prompt():
+    parsed = openai_codec.parse_chat({"model": "m", "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": " there"}]},
+        {"role": "assistant", "content": ""}]})
+    assert parsed.generate.prompt == ""
+    assert [(m.role, m.content) for m in parsed.generate.messages] == [
+        ("system", "Be brief."), ("user", "Hi there"), ("assistant", "")]
+
+
+@pytest.mark.parametrize(("messages", "param", "message"), [
+    (None, "messages", "messages must be a non-empty list of {role, content} objects"),
+    ([], "messages", "messages must be a non-empty list of {role, content} objects"),
+    (["hi"], "messages[0]", "messages[0] must be an object"),
+    ([{"role": "tool", "content": "x"}], "messages[0].role",
+     "messages[0].role must be one of system, developer, user, assistant, got 'tool'"),
+    ([{"role": "user", "content": 3}], "messages[0].content",
+     "messages[0].content must be a string or a list of text parts"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content",
+     "messages[0].content parts must be {type: text, text: ...}; images and audio are not supported"),
+])
+def test_chat_messages_are_checked_before_they_go_upstream(messages, param, message):
+    with pytest.raises(openai_codec.BadParameter) as caught:
+        openai_codec.parse_chat({"model": "m", "messages": messages})
+    assert (caught.value.param, caught.value.message) == (param, message)
 
 
 def test_completion_fields_become_sampling_params():

@@ -16,12 +16,13 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 from services.common import errors
+from services.common.generate_input import check_input
 from services.common.log_context import bind
 from services.common.priority import Priority
 from services.common.protocol import DEFAULT_MAX_TOKENS
@@ -70,10 +71,35 @@ class Caller:
     metadata: Iterable[tuple[str, str | bytes]] = ()
 
 
+# Special tokens a tokenizer may add to a prompt beyond one per byte: a BOS, and SentencePiece's
+# leading '▁' (a space the text never held; Llama 2 and Mistral add both).
+PROMPT_EXTRA_TOKENS = 2
+# A chat template's own tokens, per message (Llama 3: <|start_header_id|>, the role,
+# <|end_header_id|>, two newlines, <|eot_id|>; ChatML's are fewer) and once per conversation
+# (BOS, the generation prompt's header, and the default system text some templates add: Qwen2.5's
+# "You are Qwen, created by Alibaba Cloud...", Llama 3.1's knowledge and today's dates).
+CHAT_TOKENS_PER_MESSAGE = 8
+CHAT_TOKENS_PER_CONVERSATION = 64
+
+
 def prompt_tokens_upper_bound(prompt: str) -> int:
-    # Schedulers tokenize bytes (plus a BOS token); every tokenizer spends at least one byte per
-    # token, so this never undercharges. The exact count comes back in the last chunk's usage.
-    return len(prompt.encode("utf-8")) + 1
+    """The quota's hold for a prompt: every tokenizer spends at least one byte per token (byte
+    fallback included), plus the special tokens it adds. The exact count comes back in the last
+    chunk's usage, and the charge is settled to it."""
+    return len(prompt.encode("utf-8")) + PROMPT_EXTRA_TOKENS
+
+
+def chat_tokens_estimate(messages: Sequence[gateway_pb2.ChatMessage]) -> int:
+    """The quota's hold for a conversation: its text's bytes and an allowance for the template's
+    own tokens. The gateway does not render the template (the scheduler does, once), so this is an
+    estimate: a template that adds more than the allowance (a long default system prompt) is
+    charged the difference when its usage comes back."""
+    num_bytes = sum(len(m.role.encode("utf-8")) + len(m.content.encode("utf-8")) for m in messages)
+    return num_bytes + CHAT_TOKENS_PER_MESSAGE * len(messages) + CHAT_TOKENS_PER_CONVERSATION
+
+
+def prompt_tokens_estimate(request: gateway_pb2.GenerateRequest) -> int:
+    return prompt_tokens_upper_bound(request.prompt) if request.prompt else chat_tokens_estimate(request.messages)
 
 
 def tenant_context(tenant: Tenant) -> scheduler_pb2.TenantContext:
@@ -194,12 +220,11 @@ class GenerateCore:
         def check_request() -> None:
             if not request.model.name:
                 raise errors.InvalidArgument("model.name is required")
-            if not request.prompt:
-                raise errors.InvalidArgument("prompt must not be empty")
+            check_input(request.prompt, request.messages)
             # Refused here with the scheduler's own check: coalescing itself happens upstream.
             stream_options(request.stream.max_tokens_per_chunk, request.stream.interval_ms)
 
-        prompt_tokens = prompt_tokens_upper_bound(request.prompt)
+        prompt_tokens = prompt_tokens_estimate(request)
         num_tokens = prompt_tokens + (request.sampling.max_tokens or DEFAULT_MAX_TOKENS)
         priority = parse_priority(caller.priority)
         self._admission.admit(scope, caller.authorization, caller.timeout_s, num_tokens, priority=priority,

@@ -1,16 +1,13 @@
 """OpenAI's completions and chat completions JSON <-> infermesh GenerateRequest / GenerateResponse.
 
-The only place the OpenAI wire shapes live: request validation (400 naming the parameter), the
-chat template, response objects, streaming chunks, and the error table from domain errors to
-HTTP status and OpenAI's `{"error": {"message", "type", "param", "code"}}` body. Supported
-fields, and what each unsupported one answers, are listed in docs/clients.md.
+The only place the OpenAI wire shapes live: request validation (400 naming the parameter),
+response objects, streaming chunks, and the error table from domain errors to HTTP status and
+OpenAI's `{"error": {"message", "type", "param", "code"}}` body. Supported fields, and what each
+unsupported one answers, are listed in docs/clients.md.
 
-Chat template (byte-level models such as tinylm see text, not special tokens): each message
-becomes `<role>: <content>\n`, and `assistant:` is appended for the reply, e.g.
-
-    system: Be brief.
-    user: Hello
-    assistant:
+Chat goes upstream as its messages (GenerateRequest.messages, a content's text parts joined): the
+scheduler renders the model's own chat template and tokenizes once (docs/ARCHITECTURE.md,
+"Tokenization"). A model without a template answers 400.
 """
 
 from __future__ import annotations
@@ -21,13 +18,13 @@ from typing import Any
 
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
+from services.common.generate_input import CHAT_ROLES
 from services.gateway.fronts.http_status import HttpRefusal, http_refusal, matching
 from services.gateway.quota.quotas import QuotaExceeded
 
 MAX_STOP_SEQUENCES = 4
 # Far above any model's max_seq_len; the scheduler refuses what does not fit the model.
 MAX_MAX_TOKENS = 1 << 20
-CHAT_ROLES = ("system", "developer", "user", "assistant")
 COMPLETION = "text_completion"
 CHAT = "chat.completion"
 
@@ -77,17 +74,17 @@ def parse_completion(body: Any) -> OpenAIRequest:
 
 def parse_chat(body: Any) -> OpenAIRequest:
     body = _object(body)
-    prompt = chat_prompt(body.get("messages"))
+    messages = chat_messages(body.get("messages"))
     _refuse_unsupported(body)
     param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    return _request(CHAT, body, prompt, _max_tokens(body, param))
+    return _request(CHAT, body, "", _max_tokens(body, param), messages)
 
 
-def chat_prompt(messages: Any) -> str:
-    """The chat template (module docstring) applied to `messages`."""
+def chat_messages(messages: Any) -> list[gateway_pb2.ChatMessage]:
+    """`messages` checked (roles, content a string or text parts) as GenerateRequest.messages."""
     if not isinstance(messages, list) or not messages:
         raise BadParameter("messages", "messages must be a non-empty list of {role, content} objects")
-    lines = []
+    turns = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise BadParameter(f"messages[{i}]", f"messages[{i}] must be an object")
@@ -95,8 +92,8 @@ def chat_prompt(messages: Any) -> str:
         if role not in CHAT_ROLES:
             raise BadParameter(f"messages[{i}].role",
                                f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {_shown(role)}")
-        lines.append(f"{role}: {_content(message.get('content'), i)}\n")
-    return "".join(lines) + "assistant:"
+        turns.append(gateway_pb2.ChatMessage(role=role, content=_content(message.get("content"), i)))
+    return turns
 
 
 def _content(content: Any, i: int) -> str:
@@ -114,7 +111,8 @@ def _content(content: Any, i: int) -> str:
     raise BadParameter(f"messages[{i}].content", f"messages[{i}].content must be a string or a list of text parts")
 
 
-def _request(kind: str, body: dict, prompt: str, max_tokens: int) -> OpenAIRequest:
+def _request(kind: str, body: dict, prompt: str, max_tokens: int,
+             messages: list[gateway_pb2.ChatMessage] | None = None) -> OpenAIRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadParameter("model", "model is required (a model id from GET /v1/models)")
@@ -143,7 +141,7 @@ def _request(kind: str, body: dict, prompt: str, max_tokens: int) -> OpenAIReque
             raise BadParameter("seed", f"seed must be an integer in [0, 2**63), got {_shown(seed)}")
         sampling.seed = seed
     generate = gateway_pb2.GenerateRequest(
-        model=common_pb2.ModelRef(name=name, version=version), prompt=prompt, sampling=sampling)
+        model=common_pb2.ModelRef(name=name, version=version), prompt=prompt, sampling=sampling, messages=messages)
     return OpenAIRequest(kind, model, generate, stream, include_usage)
 
 
