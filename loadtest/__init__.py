@@ -1,6 +1,7 @@
-"""Open-loop load generator and tail-latency report writer for the infermesh gateway.
+"""Open-loop load generator and tail-latency report writer for inference servers.
 
-Drives only the public API (`infermesh.v1.Inference`); see docs/loadtest.md.
+Drives only public APIs: infermesh's gRPC, OpenAI HTTP and KServe v2 (loadtest/targets/);
+see docs/loadtest.md.
 """
 
 REPORT_SCHEMA = "infermesh.loadtest/v1"

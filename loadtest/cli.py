@@ -34,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a scenario and write JSON, Markdown and HTML reports",
-                         description="Run a scenario against a gateway and write its reports.")
+                         description="Run a scenario against a target (infermesh, OpenAI or KServe) and write its reports.")
     run.add_argument("scenario", type=Path, help="scenario YAML (e.g. loadtest/scenarios/demo.yaml)")
     _add_target_args(run)
     run.add_argument("--duration-s", type=float,
@@ -94,13 +94,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", help="gateway HOST:PORT (default: the scenario's target, else 127.0.0.1:50051)")
+    p.add_argument("--target", help="HOST:PORT or grpc://, openai+http(s)://HOST:PORT/v1, kserve+grpc://, "
+                                    "kserve+http(s):// (docs/loadtest.md, Targets; default: the scenario's "
+                                    "target, else 127.0.0.1:50051)")
     p.add_argument("--wait-ready-s", type=float, default=10.0,
-                   help="wait this long for the gateway to serve the scenario's models; 0 skips the check "
+                   help="wait this long for the target to serve the scenario's models; 0 skips the check "
                         "(default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no live progress line (default: shown)")
-    p.add_argument("--ca-file", default="", help="PEM CA bundle: talk TLS to the gateway and verify it "
-                   "(make demo: run/tls/ca.pem); default: plaintext")
+    p.add_argument("--ca-file", default="", help="PEM CA bundle: gRPC targets talk TLS and verify against it; "
+                   "https targets verify against it (make demo: run/tls/ca.pem); default: gRPC plaintext, "
+                   "https with the system's roots")
 
 
 def _load(path: Path):

@@ -159,3 +159,21 @@ def fake_gateway_in_thread(**options):
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         loop.close()
+
+
+@pytest.fixture
+async def fake_openai():
+    """Starts fake OpenAI HTTP servers on free ports; stops every one at teardown."""
+    from tests.unit.loadtest.fake_openai import FakeOpenAI, start_fake_openai
+
+    runners = []
+
+    async def start(**options) -> tuple[FakeOpenAI, str]:
+        server = FakeOpenAI(**options)
+        runner, url = await start_fake_openai(server)
+        runners.append(runner)
+        return server, url
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()

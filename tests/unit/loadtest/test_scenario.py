@@ -134,3 +134,19 @@ def test_empty_key_file_is_refused(tmp_path):
     (tmp_path / "empty.key").write_text("\n")
     with pytest.raises(ValueError, match="empty.key is empty"):
         parse_scenario(_doc(tenants=[{"api_key_file": "empty.key"}]), base_dir=tmp_path)
+
+
+def test_http_fields_of_a_generate_class_and_the_tokenizer_are_read_and_checked():
+    from loadtest.scenario import TextApi
+
+    gen = {"kind": "generate", "model": "m", "api": "chat", "stream": False}
+    s = parse_scenario(_doc(classes=[gen], tokenizer="hf:/models/tok.json", target="openai+http://h:8000/v1"))
+    assert s.classes[0].api is TextApi.CHAT and s.classes[0].stream is False and s.tokenizer == "hf:/models/tok.json"
+    assert parse_scenario(_doc(classes=[{"kind": "generate", "model": "m"}])).classes[0].stream is True
+    for bad, complaint in [({"classes": [{**gen, "api": "embeddings"}]}, "api must be one of"),
+                           ({"classes": [{**gen, "stream": "yes"}]}, "stream must be true or false"),
+                           ({"classes": [{"kind": "classify", "model": "m", "api": "chat"}]}, "generate classes only"),
+                           ({"tokenizer": "words"}, "tokenizer must be"),
+                           ({"target": "http://h:1"}, "unknown scheme")]:
+        with pytest.raises(ValueError, match=complaint):
+            parse_scenario(_doc(**bad))

@@ -1,0 +1,116 @@
+"""The OpenAI HTTP target against a fake OpenAI server: what it sends, how it times and counts, and
+that coordinated omission stays absent over HTTP as it does over gRPC."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadtest.records import CLIENT_QUEUE, OK
+from loadtest.runner import LoadRunner, MonotonicClock
+from loadtest.scenario import Slo, parse_scenario
+from loadtest.stats import LatencyHistogram, summarize_group
+from loadtest.targets.factory import open_target
+
+STALL_S = 0.6
+
+
+def _scenario(rate_rps: float = 20, duration_s: float = 0.5, max_in_flight: int = 0, **klass) -> object:
+    return parse_scenario({
+        "name": "http", "duration_s": duration_s, "warmup_s": 0, "seed": 3,
+        "load": {"mode": "open", "arrival": "constant", "rate_rps": rate_rps, "max_in_flight": max_in_flight},
+        "tenants": [{"name": "alpha", "api_key": "key-a"}],
+        "classes": [{"name": "gen", "kind": "generate", "model": "tinylm", "deadline_ms": 5000, "prompt_len": 8,
+                     "output_len": 5, "slo": {"e2e_ms": 100}, **klass}],
+    })
+
+
+async def _run(url: str, scenario):
+    target = open_target(url, scenario, MonotonicClock(), "t")
+    try:
+        return await LoadRunner(scenario, target).run()
+    finally:
+        await target.close()
+
+
+async def test_streamed_completion_times_every_content_chunk_and_takes_the_usage_count(fake_openai):
+    server, url = await fake_openai(chunk_text="ab")
+    result = await _run(url, _scenario())
+    assert result.records and all(r.ok for r in result.records)
+    record = result.records[0]
+    assert len(record.chunk_times_s) == 5 and record.num_output_tokens == 5  # usage, not the 10 bytes of text
+    assert record.ttft_s is not None and record.tpot_s is not None and len(record.itl_s) == 4
+    body, headers = server.bodies[0], server.headers[0]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["prompt"] and body["max_tokens"] == 5 and body["ignore_eos"] is True and body["seed"] == 0
+    assert headers["Authorization"] == "Bearer key-a" and headers["x-request-start"].startswith("t=")
+    assert 4000 < int(headers["x-infermesh-timeout-ms"]) <= 5000  # the deadline, less any wait in the generator
+
+
+async def test_without_usage_the_scenario_tokenizer_counts_the_text(fake_openai):
+    server, url = await fake_openai(chunk_text="ab", send_usage=False)
+    result = await _run(url, _scenario())
+    assert all(r.ok and r.num_output_tokens == 10 for r in result.records)  # bytes tokenizer: 5 chunks x 2 bytes
+
+
+async def test_whole_chat_reply_reads_the_message_and_server_timing(fake_openai):
+    server, url = await fake_openai(server_timing=True)
+    result = await _run(url, _scenario(api="chat", stream=False))
+    record = result.records[0]
+    assert record.ok and record.num_output_tokens == 5 and record.chunk_times_s == (record.done_s,)
+    assert server.bodies[0]["messages"] == [{"role": "user", "content": server.bodies[0]["messages"][0]["content"]}]
+    assert "stream_options" not in server.bodies[0]
+    assert {(s.stage, s.duration_us) for s in record.stages} == {("queue", 500), ("compute", 1250)}
+    assert record.server_total_us > 0
+
+
+async def test_an_http_refusal_is_recorded_with_its_status_and_message(fake_openai):
+    server, url = await fake_openai(rejected_keys=frozenset({"key-a"}))
+    result = await _run(url, _scenario())
+    assert result.records and all(r.status == "HTTP_429" for r in result.records)
+    assert "rate limited: key-a" in result.records[0].message
+
+
+async def test_readiness_lists_the_served_models(fake_openai):
+    server, url = await fake_openai(models=("tinylm", "other"))
+    target = open_target(url, _scenario(), MonotonicClock(), "t")
+    try:
+        assert await target.ready_models({"tinylm", "missing"}, "key-a", 2.0) == {"tinylm"}
+    finally:
+        await target.close()
+
+
+def test_a_classify_class_is_refused_for_an_openai_target():
+    scenario = parse_scenario({
+        "load": {"rate_rps": 1}, "tenants": [{"api_key": "k"}],
+        "classes": [{"name": "c", "kind": "classify", "model": "digits"}]})
+    with pytest.raises(ValueError, match="OpenAI target .* serves generate classes only"):
+        open_target("openai+http://127.0.0.1:9/v1", scenario, MonotonicClock(), "t")
+
+
+async def test_scheduled_time_latency_shows_an_http_stall_that_service_time_hides(fake_openai):
+    """The gRPC stall test (test_coordinated_omission.py) over HTTP: one request in flight, a 0.6 s stall."""
+    server, url = await fake_openai(token_s=0.0005, stall_on_call=25, stall_s=STALL_S)
+    result = await _run(url, _scenario(rate_rps=50, duration_s=2.0, max_in_flight=1, output_len=1, stream=False))
+    records = result.records
+    assert len(records) == 99 and all(r.status == OK for r in records)
+    slow_service = [r for r in records if r.service_s > 0.2]
+    slow_latency = [r for r in records if r.latency_s > 0.2]
+    assert len(slow_service) == 1 and slow_service[0].service_s >= STALL_S * 0.9
+    assert len(slow_latency) >= 20
+    assert all(r.client_queue_s > 0.1 for r in slow_latency if r is not slow_service[0])
+    latency = LatencyHistogram(r.latency_s * 1e6 for r in records).summary_ms()
+    service = LatencyHistogram(r.service_s * 1e6 for r in records).summary_ms()
+    assert latency["p90"] > 200 and latency["max"] >= STALL_S * 900 and service["p90"] < 50
+    group = summarize_group(records, result.measured_s, lambda r: Slo(e2e_ms=100), Slo(e2e_ms=100))
+    assert group["goodput_ratio"] < 0.8
+    assert group["stages"][CLIENT_QUEUE]["mean_ms"] > group["stages"]["other"]["mean_ms"]
+
+
+async def test_open_loop_keeps_sending_over_http_through_a_stall(fake_openai):
+    server, url = await fake_openai(token_s=0.0005, stall_on_call=25, stall_s=STALL_S)
+    result = await _run(url, _scenario(rate_rps=50, duration_s=2.0, output_len=1, stream=False))
+    stalled = [r for r in result.records if r.service_s > STALL_S / 3]
+    assert len(stalled) >= 20
+    assert all(r.client_queue_s < STALL_S / 4 for r in stalled)
+    assert server.num_calls == 99
+    assert result.lag_us and max(result.lag_us) < STALL_S / 4 * 1e6
