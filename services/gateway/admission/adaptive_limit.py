@@ -29,7 +29,15 @@ fewer requests in flight keep the served ones on time.
 Priority classes share one limit by fraction: sheddable traffic is refused first,
 at `share[SHEDDABLE]` of the limit, then standard, and critical may use all of it.
 Beyond it the request is refused at once (RESOURCE_EXHAUSTED with a retry hint),
-before any upstream call. Not thread-safe: the gateway's one event loop calls it.
+before any upstream call, unless its tenant holds less than its weighted share of
+what the class's part leaves to its class (the part less the permits held at other
+classes, shared by weight among the tenants holding permits at this class, itself
+counted): then it is admitted. So inside a class, a flood that fills the limit cannot
+shut a light tenant out, as the scheduler's fair queue lets no flood fill its queue;
+the flood is the one refused until it is back under its share. Between classes the
+parts decide as before. The limit is exceeded by at most the other tenants' shares of
+their class's part, and only while the flood drains. Not thread-safe: the gateway's one
+event loop calls it.
 """
 
 from __future__ import annotations
@@ -107,13 +115,30 @@ class _Window:
     max_in_flight: int = 0
 
 
+@dataclass
+class _Holder:
+    """What one tenant holds of a limit now, by class (a request may ask for a lower class than its tenant's)."""
+
+    weight: int
+    num_in_flight: int = 0
+    num_by_priority: dict[Priority, int] = field(default_factory=dict)
+
+    def add(self, priority: Priority, delta: int) -> None:
+        self.num_in_flight += delta
+        self.num_by_priority[priority] = self.num_by_priority.get(priority, 0) + delta
+
+
+
 class LimitPermit:
     """One admitted request's slot; `done()` exactly once (extra calls are ignored)."""
 
-    __slots__ = ("_limit", "admitted_s", "_budget_s", "_sampled", "released")
+    __slots__ = ("_limit", "_tenant_id", "_priority", "admitted_s", "_budget_s", "_sampled", "released")
 
-    def __init__(self, limit: AdaptiveLimit, admitted_s: float, budget_s: float | None) -> None:
+    def __init__(self, limit: AdaptiveLimit, tenant_id: str, priority: Priority, admitted_s: float,
+                 budget_s: float | None) -> None:
         self._limit = limit
+        self._tenant_id = tenant_id
+        self._priority = priority
         self.admitted_s = admitted_s
         self._budget_s = budget_s
         self._sampled = False
@@ -137,7 +162,7 @@ class LimitPermit:
         if not self._sampled and outcome is not Outcome.IGNORED:
             self._sampled = True
             self._limit._sample(self.admitted_s, self._budget_s, outcome)
-        self._limit.num_in_flight -= 1
+        self._limit._release(self._tenant_id, self._priority)
 
 
 class AdaptiveLimit:
@@ -151,6 +176,8 @@ class AdaptiveLimit:
         # The schedulers' slots for this model (set from their pressure reports); the limit's floor.
         self.num_slots = 0
         self.num_in_flight = 0
+        # Who holds the requests in flight, by tenant; a holder leaves at zero.
+        self._holders: dict[str, _Holder] = {}
         self.baseline_s: float | None = None
         self.recent_s: float | None = None
         self._window = _Window(clock())
@@ -158,23 +185,56 @@ class AdaptiveLimit:
     def class_limit(self, priority: Priority) -> int:
         return max(1, int(self.limit * self.config.share[priority]))
 
-    def acquire(self, priority: Priority, budget_s: float | None) -> LimitPermit:
-        """A permit, or ResourceExhausted at once when this class's part of the limit is full.
+    def acquire(self, priority: Priority, budget_s: float | None, *, tenant_id: str = "",
+                weight: int = 1) -> LimitPermit:
+        """A permit, or ResourceExhausted at once when this class's part of the limit is full and the
+        tenant already holds its weighted share of it (module docstring).
 
         `budget_s`: the time the request has (its deadline), for the lateness signal; None: unknown.
+        `tenant_id`, `weight`: the caller's tenant and its weight in fair queueing.
         """
         allowed = self.class_limit(priority)
-        if self.num_in_flight >= allowed:
+        if self.num_in_flight >= allowed and not self._under_fair_share(tenant_id, priority, weight, allowed):
             retry_after_s = max(self.config.min_retry_after_s, self.recent_s or 0.0)
             raise ResourceExhausted(
                 f"overloaded: model '{self.name}' has {self.num_in_flight} requests in flight, the adaptive "
                 f"limit for {priority.name.lower()} traffic is {allowed}; retry after {retry_after_s:.2f} s",
                 retry_after_s=retry_after_s,
             )
+        holder = self._holders.get(tenant_id)
+        if holder is None:
+            holder = self._holders[tenant_id] = _Holder(weight)
+        holder.weight = weight  # the latest weight wins, as in the scheduler's fair queue
+        holder.add(priority, 1)
         self.num_in_flight += 1
         window = self._window
         window.max_in_flight = max(window.max_in_flight, self.num_in_flight)
-        return LimitPermit(self, self._clock(), budget_s)
+        return LimitPermit(self, tenant_id, priority, self._clock(), budget_s)
+
+    def num_held_by(self, tenant_id: str) -> int:
+        """Requests of `tenant_id` in flight on this limit, at every class."""
+        holder = self._holders.get(tenant_id)
+        return 0 if holder is None else holder.num_in_flight
+
+    def _under_fair_share(self, tenant_id: str, priority: Priority, weight: int, allowed: int) -> bool:
+        """Whether one more permit keeps the tenant within its weighted share of `allowed` less the
+        permits held at other classes, shared among the tenants holding permits at `priority`."""
+        own_held, room, total_weight = 0, allowed, weight
+        for other_id, holder in self._holders.items():
+            at_class = holder.num_by_priority.get(priority, 0)
+            room -= holder.num_in_flight - at_class
+            if other_id == tenant_id:
+                own_held = at_class
+            elif at_class:
+                total_weight += holder.weight
+        return (own_held + 1) * total_weight <= room * weight
+
+    def _release(self, tenant_id: str, priority: Priority) -> None:
+        self.num_in_flight -= 1
+        holder = self._holders[tenant_id]
+        holder.add(priority, -1)
+        if holder.num_in_flight == 0:
+            del self._holders[tenant_id]
 
     # -- learning ----------------------------------------------------------------
 

@@ -305,7 +305,8 @@ class Admission:
         # by its own tenant's quota never takes a slot another tenant could use.
         limit = parts.limits.for_model(scope.metric_model)  # one limiter per known model, one for the rest
         try:
-            scope.model_permit = limit.acquire(tenant.priority, scope.deadline.remaining_s(self.clock()))
+            scope.model_permit = limit.acquire(tenant.priority, scope.deadline.remaining_s(self.clock()),
+                                               tenant_id=tenant.tenant_id, weight=tenant.weight)
         except ResourceExhausted:
             metrics.refused(scope.metric_model, tenant.priority, metrics.Refusal.LIMIT)
             raise

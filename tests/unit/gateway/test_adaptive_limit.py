@@ -164,3 +164,69 @@ def test_the_deadline_signal_goes_below_the_slots_when_full_batches_are_too_slow
     limit.num_slots = 32
     run_windows(limit, clock, num_windows=10, num_in_flight=4, latency_s=0.06, budget_s=0.1)
     assert limit.limit == pytest.approx(40 * 0.9**10)
+
+
+# -- tenants: a flood that fills the limit does not shut a light tenant out (issue 41's audit) --
+
+
+def admit_until_refused(limit: AdaptiveLimit, priority: Priority, tenant_id: str, weight: int = 1) -> list:
+    permits = []
+    while True:
+        try:
+            permits.append(limit.acquire(priority, 1.0, tenant_id=tenant_id, weight=weight))
+        except ResourceExhausted:
+            return permits
+
+
+def test_a_flood_holding_the_whole_class_limit_does_not_refuse_a_tenant_under_its_share():
+    limit = make_limit(initial_limit=10)
+    heavy = admit_until_refused(limit, STANDARD, "heavy")
+    assert len(heavy) == 9  # standard may fill 9 of 10
+    # Equal weights: light's share of the 9 is 4.5, so 4 permits over the limit.
+    light = admit_until_refused(limit, STANDARD, "light")
+    assert len(light) == 4 and limit.num_in_flight == 13
+    with pytest.raises(ResourceExhausted, match="standard traffic is 9"):  # the flood stays refused
+        limit.acquire(STANDARD, 1.0, tenant_id="heavy")
+    for permit in heavy[:5]:
+        permit.done(Outcome.SUCCESS)
+    # 8 in flight: room for one more of anyone, then heavy (4) and light (4) hold their shares.
+    limit.acquire(STANDARD, 1.0, tenant_id="heavy")
+    with pytest.raises(ResourceExhausted):
+        limit.acquire(STANDARD, 1.0, tenant_id="light")
+    assert limit.num_held_by("heavy") == 5 and limit.num_held_by("light") == 4
+
+
+def test_the_share_over_the_limit_follows_the_weights():
+    limit = make_limit(initial_limit=12)
+    heavy = admit_until_refused(limit, CRITICAL, "heavy", weight=1)
+    assert len(heavy) == 12
+    gold = admit_until_refused(limit, CRITICAL, "gold", weight=2)
+    assert len(gold) == 8  # 2/3 of 12
+    bronze = admit_until_refused(limit, CRITICAL, "bronze", weight=1)
+    assert len(bronze) == 3  # 1/4 of 12
+    assert limit.num_in_flight == 12 + 8 + 3  # over by at most the other tenants' shares
+
+
+def test_fairness_is_inside_a_class_and_the_classes_keep_their_parts():
+    limit = make_limit(initial_limit=10)
+    admit_until_refused(limit, CRITICAL, "vip")
+    # The critical tenant holds all 10; a standard tenant has no room to share, however light.
+    with pytest.raises(ResourceExhausted, match="standard traffic is 9"):
+        limit.acquire(STANDARD, 1.0, tenant_id="light")
+    # A second critical tenant shares the critical part.
+    assert len(admit_until_refused(limit, CRITICAL, "vip2")) == 5
+
+
+def test_a_sheddable_flood_leaves_the_standard_tenants_what_their_part_leaves_them():
+    limit = make_limit(initial_limit=10)
+    admit_until_refused(limit, SHEDDABLE, "batch")  # sheddable fills 6
+    assert len(admit_until_refused(limit, STANDARD, "web")) == 3  # standard fills 9: 3 are left
+    # web2 shares those 3 with web: it gets one, over the limit, and web is the one refused.
+    assert len(admit_until_refused(limit, STANDARD, "web2")) == 1
+    assert len(admit_until_refused(limit, STANDARD, "web")) == 0
+
+
+def test_one_tenant_alone_is_refused_exactly_as_before():
+    limit = make_limit(initial_limit=10)
+    assert len(admit_until_refused(limit, CRITICAL, "only")) == 10
+    assert len(admit_until_refused(limit, CRITICAL, "only")) == 0
