@@ -265,7 +265,8 @@ class GatewayService:
 
     def register(self, server) -> None:
         self.shadow = self._shadow_mirror()
-        generate = GenerateCore(self.admission, self.dispatcher, shadow=self.shadow)
+        generate = GenerateCore(self.admission, self.dispatcher, shadow=self.shadow,
+                                context_len=self.catalog.max_seq_len)
         classify = ClassifyCore(self.admission, self.dispatcher, shadow=self.shadow)
         models = ModelList(self.admission, self.clients)
         gateway_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(generate, classify, models), server)

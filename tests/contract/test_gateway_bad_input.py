@@ -90,6 +90,14 @@ def test_oversized_message_is_resource_exhausted(gateway_stub):
          grpc.StatusCode.INVALID_ARGUMENT, "sampling.stop strings must be at most 256 bytes (UTF-8), got one of 258"),
         ({"model": GENERATOR, "prompt": "hi", "sampling": common_pb2.SamplingParams(max_tokens=100_000)},
          grpc.StatusCode.INVALID_ARGUMENT, "prompt of 2 tokens plus max_tokens 100000 exceeds"),
+        ({"model": GENERATOR, "prompt": "a" * 100_000}, grpc.StatusCode.INVALID_ARGUMENT,
+         "prompt of 100000 tokens does not fit the model's context of 512 tokens (prompt and output together)"),
+        ({"model": GENERATOR, "prompt": "hi", "messages": [gateway_pb2.ChatMessage(role="user", content="hi")]},
+         grpc.StatusCode.INVALID_ARGUMENT, "set prompt or messages, not both"),
+        ({"model": GENERATOR, "messages": [gateway_pb2.ChatMessage(role="user", content="hi"),
+                                           gateway_pb2.ChatMessage(role="tool", content="{}")]},
+         grpc.StatusCode.INVALID_ARGUMENT,
+         "messages[1].role must be one of system, developer, user, assistant, got 'tool'"),
     ],
 )
 def test_generate_rejects_bad_input_with_precise_status(gateway_stub, request_fields, code, message):

@@ -19,6 +19,7 @@ from tokenizers import Tokenizer as RustTokenizer
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.common.protocol import ATTACH_PROTOCOL_VERSION, TOKENIZER_FILE_CHUNK_BYTES
 from tests.unit.scheduler.hf_tokenizer_files import byte_level_json
+from tests.unit.scheduler.test_chat_template import LLAMA3
 from tools.testbed import session_tls
 from tools.testbed.processes import running_mesh
 from tools.testbed.scheduler_fixtures import read_stream, scheduler_stub, tenant, wait_for_workers
@@ -28,12 +29,22 @@ pytestmark = pytest.mark.integration
 MODEL = common_pb2.ModelRef(name="hf-scripted", version="1")
 CONTINUATION = " Grüße aus Köln 🙂🚀 東京は日本の首都です。"
 PIECE_BYTES = 4096  # small pieces, so the file takes many messages
+CHAT_MODEL = common_pb2.ModelRef(name="hf-scripted-chat", version="1")
+SPECIAL_TOKENS = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
+# Llama 3.1's template (its BOS written by the template itself), less today's date: the scheduler
+# process renders on its own clock.
+TODAY_LINE = """{{- "Today Date: " + strftime_now("%d %b %Y") + "\\n\\n" }}\n"""
+assert TODAY_LINE in LLAMA3
+CHAT_TEMPLATE = LLAMA3.replace(TODAY_LINE, "")
 
 
 class ScriptedHFWorker:
-    def __init__(self, address: str, tokenizer_json: bytes) -> None:
+    def __init__(self, address: str, tokenizer_json: bytes, model: common_pb2.ModelRef = MODEL,
+                 chat_template: str = "") -> None:
         self._address = address
         self._json = tokenizer_json
+        self._model = model
+        self._chat_template = chat_template
         rust = RustTokenizer.from_str(tokenizer_json.decode())
         self.eos = rust.token_to_id("<|eot_id|>")
         self.outputs = [*rust.encode(CONTINUATION, add_special_tokens=False).ids, self.eos]
@@ -52,14 +63,14 @@ class ScriptedHFWorker:
     def _messages(self):
         assert TOKENIZER_FILE_CHUNK_BYTES >= PIECE_BYTES
         yield scheduler_pb2.WorkerMessage(hello=scheduler_pb2.WorkerHello(
-            worker_id="scripted-hf", model=MODEL, kind=common_pb2.MODEL_KIND_GENERATOR,
+            worker_id=f"scripted-{self._model.name}", model=self._model, kind=common_pb2.MODEL_KIND_GENERATOR,
             capacity=scheduler_pb2.WorkerCapacity(num_kv_blocks=64, block_size=16, max_seq_len=512, max_num_seqs=4),
             protocol_version=ATTACH_PROTOCOL_VERSION,
             tokenizer=scheduler_pb2.TokenizerSpec(
                 kind=scheduler_pb2.TOKENIZER_KIND_HF, vocab_size=self.vocab_size + 3, eos_token_id=self.eos,
                 tokenizer_json_sha256=hashlib.sha256(self._json).hexdigest(),
                 tokenizer_json_size_bytes=len(self._json),
-                special_tokens={"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"})))
+                special_tokens=SPECIAL_TOKENS, chat_template=self._chat_template)))
         for at in range(0, len(self._json), PIECE_BYTES):
             yield scheduler_pb2.WorkerMessage(tokenizer_file=scheduler_pb2.TokenizerFile(
                 data=self._json[at:at + PIECE_BYTES]))
@@ -95,21 +106,67 @@ def mesh(tmp_path_factory):
     with running_mesh(tmp_path_factory.mktemp("scheduler-hf")) as mesh:
         mesh.start_scheduler()
         worker = ScriptedHFWorker(mesh.scheduler.address, byte_level_json())
+        chat_worker = ScriptedHFWorker(mesh.scheduler.address, byte_level_json(), CHAT_MODEL, CHAT_TEMPLATE)
         try:
             with scheduler_stub(mesh.scheduler.address) as stub:
                 wait_for_workers(stub, MODEL, 1)
-            mesh.worker = worker
+                wait_for_workers(stub, CHAT_MODEL, 1)
+            mesh.worker, mesh.chat_worker = worker, chat_worker
             yield mesh
         finally:
             worker.close()
+            chat_worker.close()
 
 
-def generate(stub, prompt: str, stop: tuple[str, ...] = ()):
+def generate(stub, prompt: str = "", stop: tuple[str, ...] = (), model: common_pb2.ModelRef = MODEL,
+             messages: tuple[dict[str, str], ...] = ()):
     request = scheduler_pb2.ScheduleGenerateRequest(
-        request=gateway_pb2.GenerateRequest(model=MODEL, prompt=prompt, sampling=common_pb2.SamplingParams(
-            max_tokens=100, stop=stop)),
+        request=gateway_pb2.GenerateRequest(model=model, prompt=prompt, sampling=common_pb2.SamplingParams(
+            max_tokens=100, stop=stop), messages=[gateway_pb2.ChatMessage(**m) for m in messages]),
         tenant=tenant("tests"))
     return read_stream(stub.Generate(request, timeout=10))
+
+
+CONVERSATION = ({"role": "system", "content": "Antworte kurz."}, {"role": "user", "content": "Grüße 🙂, wie geht's?"},
+                {"role": "assistant", "content": "Gut!"}, {"role": "user", "content": "東京は？"})
+
+
+def test_messages_reach_the_worker_as_transformers_apply_chat_template_ids(mesh, monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    rust = RustTokenizer.from_str(byte_level_json().decode())
+    reference = transformers.PreTrainedTokenizerFast(tokenizer_object=rust, chat_template=CHAT_TEMPLATE,
+                                                     **SPECIAL_TOKENS)
+    before = set(mesh.chat_worker.prompts)
+    with scheduler_stub(mesh.scheduler.address) as stub:
+        record = generate(stub, model=CHAT_MODEL, messages=CONVERSATION)
+    expected = reference.apply_chat_template(list(CONVERSATION), tokenize=True, add_generation_prompt=True,
+                                             return_dict=False)
+    assert record.text == CONTINUATION and record.finish_reason == common_pb2.FINISH_REASON_EOS
+    (seq_id,) = set(mesh.chat_worker.prompts) - before
+    assert mesh.chat_worker.prompts[seq_id][: len(expected)] == list(expected)
+    assert mesh.chat_worker.prompts[seq_id][len(expected):] == mesh.chat_worker.outputs[:-1]
+
+
+def test_a_model_without_a_chat_template_refuses_messages_and_still_takes_prompts(mesh):
+    with scheduler_stub(mesh.scheduler.address) as stub:
+        with pytest.raises(grpc.RpcError) as caught:
+            generate(stub, messages=({"role": "user", "content": "hi"},))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert caught.value.details() == ("this model has no chat template, so it cannot answer chat; "
+                                          "send a prompt (completions) instead of messages")
+        assert generate(stub, "hi").text == CONTINUATION
+
+
+def test_a_prompt_longer_than_the_context_names_both_lengths(mesh):
+    rust = RustTokenizer.from_str(byte_level_json().decode())
+    prompt = "Grüße aus Köln 🙂 " * 60
+    num_tokens = len(rust.encode(prompt).ids)
+    assert num_tokens > 512
+    with scheduler_stub(mesh.scheduler.address) as stub, pytest.raises(grpc.RpcError) as caught:
+        generate(stub, prompt)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == (f"prompt of {num_tokens} tokens does not fit the model's context of 512 tokens "
+                                      "(prompt and output together)")
 
 
 def test_prompt_is_encoded_with_the_workers_tokenizer_and_ids_stream_as_whole_characters(mesh):

@@ -21,7 +21,7 @@ from tools.testbed.gateway_fixtures import scrape, tenant, write_tenants
 from tools.testbed.processes import free_port, running_mesh, wait_until
 
 MODEL = "toy-generator"
-KEYS = {name: f"openai-{name}-key" for name in ("alpha", "narrow", "ratelimited", "cheap")}
+KEYS = {name: f"openai-{name}-key" for name in ("alpha", "narrow", "ratelimited", "cheap", "modest")}
 STEP_MS = 20
 
 
@@ -74,6 +74,8 @@ def http_mesh(tmp_path_factory):
         tenant("narrow", KEYS["narrow"], allowed_models=["some-other-model"]),
         tenant("ratelimited", KEYS["ratelimited"], requests_per_s=0.2, requests_burst=1),
         tenant("cheap", KEYS["cheap"], "sheddable"),
+        # A token burst above the model's context (512) and below a 100 000-character prompt.
+        tenant("modest", KEYS["modest"], tokens_burst=5000),
     ])
     scheduler_metrics, gateway_metrics, http_port = free_port(), free_port(), free_port()
     with running_mesh(tmp) as mesh:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import grpc
 import pytest
 
@@ -9,6 +11,7 @@ from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.openai.conftest import KEYS, MODEL
 from tests.openai.test_http_contract import _error, _HeldStream
 from tools.testbed import session_tls
+from tools.testbed.scheduler_fixtures import toy_continuation
 
 pytestmark = pytest.mark.integration
 
@@ -49,3 +52,20 @@ def test_a_bad_priority_gets_the_same_message_on_both_paths(http_mesh):
     code, details = _grpc_status(http_mesh, KEYS["alpha"], "urgent")
     status, error = _error(http_mesh.post("/completions", BODY, headers={"x-infermesh-priority": "urgent"}))
     assert (code, status, details) == (grpc.StatusCode.INVALID_ARGUMENT, 400, error["message"])
+
+
+def test_chat_as_grpc_messages_answers_what_http_chat_answers(http_mesh):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "abc"}]
+    request = gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name=MODEL),
+                                          messages=[gateway_pb2.ChatMessage(**m) for m in messages],
+                                          sampling=common_pb2.SamplingParams(max_tokens=5))
+    with session_tls.channel(http_mesh.mesh.gateway.address) as channel:
+        chunks = list(gateway_pb2_grpc.InferenceStub(channel).Generate(
+            request, timeout=10, metadata=[("authorization", f"Bearer {KEYS['alpha']}")]))
+    status, _, body = http_mesh.post("/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 5,
+                                                           "temperature": 0})
+    assert status == 200, body
+    reply = json.loads(body)
+    rendered = "system: Be brief.\nuser: abc\nassistant:"
+    assert "".join(c.text for c in chunks) == reply["choices"][0]["message"]["content"] == toy_continuation(rendered, 5)
+    assert chunks[-1].usage.prompt_tokens == reply["usage"]["prompt_tokens"] == len(rendered)

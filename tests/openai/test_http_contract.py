@@ -58,7 +58,7 @@ def test_completion_returns_the_models_text_usage_and_timings(http_mesh):
     assert headers["x-infermesh-timings"].endswith(f"total;dur={reply['infermesh']['timings']['total_us'] / 1000:.3f}")
 
 
-def test_chat_completion_applies_the_documented_template(http_mesh):
+def test_chat_completion_applies_the_byte_models_template(http_mesh):
     status, _, body = http_mesh.post("/chat/completions", {
         "model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "abc"}]}],
         "max_completion_tokens": 4, "temperature": 0, "stop": ["zzz"], "seed": 7})
@@ -188,6 +188,21 @@ def test_a_body_that_is_not_a_json_object_is_400(http_mesh, raw, message):
 def test_a_prompt_longer_than_the_model_allows_is_400_from_the_scheduler(http_mesh):
     status, error = _error(http_mesh.post("/completions", {"model": MODEL, "prompt": "a" * 600, "max_tokens": 1}))
     assert (status, error["type"], error["param"]) == (400, "invalid_request_error", None)
+    assert error["message"] == ("prompt of 600 tokens does not fit the model's context of 512 tokens "
+                                "(prompt and output together)")
+
+
+@pytest.mark.parametrize("path", ["/completions", "/chat/completions"])
+def test_a_prompt_past_the_context_is_400_not_429_under_a_token_burst_it_would_exceed(http_mesh, path):
+    # Held at most the model's context (512 < the tenant's burst of 5000), the request reaches the
+    # scheduler, which names both lengths; held at its 100 002 bytes + 2 it met the burst first (429).
+    text = "a" * 100_000
+    body = {"model": MODEL, "prompt": text} if path == "/completions" else {
+        "model": MODEL, "messages": [{"role": "user", "content": text}]}
+    status, error = _error(http_mesh.post(path, body, key=KEYS["modest"]))
+    prompt_tokens = 100_000 if path == "/completions" else len(f"user: {text}\nassistant:")
+    assert (status, error["message"]) == (400, f"prompt of {prompt_tokens} tokens does not fit the model's "
+                                               "context of 512 tokens (prompt and output together)")
 
 
 def test_a_bad_timeout_or_priority_header_is_400(http_mesh):

@@ -102,6 +102,18 @@ def prompt_tokens_estimate(request: gateway_pb2.GenerateRequest) -> int:
     return prompt_tokens_upper_bound(request.prompt) if request.prompt else chat_tokens_estimate(request.messages)
 
 
+def quota_hold(request: gateway_pb2.GenerateRequest, context_len: int) -> tuple[int, int]:
+    """(prompt tokens, prompt + output tokens) the quota holds for a request until its usage comes
+    back. No sequence holds more than its model's context (the scheduler refuses a longer one), so
+    a known context caps both: a prompt too long for the model reaches the scheduler, which says
+    so with both lengths (400), instead of meeting the tenant's token burst first (429)."""
+    prompt_tokens = prompt_tokens_estimate(request)
+    num_tokens = prompt_tokens + (request.sampling.max_tokens or DEFAULT_MAX_TOKENS)
+    if context_len > 0:
+        return min(prompt_tokens, context_len), min(num_tokens, context_len)
+    return prompt_tokens, num_tokens
+
+
 def tenant_context(tenant: Tenant) -> scheduler_pb2.TenantContext:
     # The enum's number (Priority's values are infermesh.v1.Priority's); the .pyi only lists enum members.
     priority = cast("common_pb2.Priority", int(tenant.priority))
@@ -154,12 +166,17 @@ _STAGE_VALUES = {name.removeprefix("STAGE_").lower(): value for name, value in c
 class GenerateCore:
     def __init__(self, admission: Admission, dispatcher: Dispatcher, clock=time.monotonic,
                  seed_source: Callable[[], int] = lambda: secrets.randbits(63),
-                 shadow: ShadowMirror | None = None) -> None:
+                 shadow: ShadowMirror | None = None,
+                 context_len: Callable[[str, str], int] = lambda name, version: 0) -> None:
+        """`context_len(name, version)`: the most tokens (prompt + output) a sequence of that model
+        may hold, as its schedulers reported it (the largest of its versions when version is "");
+        0 when unknown."""
         self._admission = admission
         self._dispatcher = dispatcher
         self._clock = clock
         self._seed_source = seed_source
         self._shadow = shadow
+        self._context_len = context_len
 
     async def generate(self, request: gateway_pb2.GenerateRequest,
                        caller: Caller) -> AsyncGenerator[gateway_pb2.GenerateResponse, None]:
@@ -224,8 +241,7 @@ class GenerateCore:
             # Refused here with the scheduler's own check: coalescing itself happens upstream.
             stream_options(request.stream.max_tokens_per_chunk, request.stream.interval_ms)
 
-        prompt_tokens = prompt_tokens_estimate(request)
-        num_tokens = prompt_tokens + (request.sampling.max_tokens or DEFAULT_MAX_TOKENS)
+        prompt_tokens, num_tokens = quota_hold(request, self._context_len(request.model.name, request.model.version))
         priority = parse_priority(caller.priority)
         self._admission.admit(scope, caller.authorization, caller.timeout_s, num_tokens, priority=priority,
                               check_request=check_request)

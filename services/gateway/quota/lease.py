@@ -203,18 +203,20 @@ class SharedQuotaLease:
         self.released = False
 
     def release(self, num_tokens_used: int | None = None) -> int:
-        """End the request; refund charged tokens it did not use (to the local slice, so the next
-        sync returns them to the shared bucket). Same contract as quotas.QuotaLease.release."""
+        """End the request, settling its charge to what it used (to the local slice, so the next
+        sync returns a refund to the shared bucket, or settles what was used past the charge as
+        any spend). Same contract as quotas.QuotaLease.release."""
         if self.released:
             return 0
         self.released = True
         self._share.num_in_flight -= 1
         used = self.num_tokens_charged if num_tokens_used is None else max(0, num_tokens_used)
         refund = max(0, self.num_tokens_charged - used)
-        if refund:
+        if refund or used > self.num_tokens_charged:
             tokens = self._share.tokens
             tokens.refill(self._quotas.clock())
-            tokens.level = min(tokens.cap, tokens.level + refund)
+            tokens.level = min(tokens.cap, tokens.level + refund) if refund else \
+                tokens.level - (used - self.num_tokens_charged)
         return refund
 
 

@@ -113,7 +113,9 @@ class QuotaLease:
         self.released = False
 
     def release(self, num_tokens_used: int | None = None) -> int:
-        """End the request; refund charged tokens it did not use. Returns the refund.
+        """End the request, settling its charge to what it used: charged tokens it did not use are
+        refunded, and tokens used past the charge (a hold that was an estimate: a chat template's
+        own tokens) are taken, the bucket going below zero if it must. Returns the refund.
 
         `num_tokens_used=None` means it used everything it was charged (no refund).
         A second call does nothing and returns 0, so error paths may call it freely.
@@ -126,6 +128,8 @@ class QuotaLease:
         refund = max(0, self.num_tokens_charged - used)
         if refund:
             self._state.tokens.give_back(refund, self._quotas.clock())
+        elif used > self.num_tokens_charged:
+            self._state.tokens.take(used - self.num_tokens_charged, self._quotas.clock())
         return refund
 
 

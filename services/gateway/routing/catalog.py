@@ -59,6 +59,12 @@ class ModelCatalog:
                     by_version[info.model.version] = info
         return [by_version[v] for v in sorted(by_version)]
 
+    def max_seq_len(self, name: str, version: str = "") -> int:
+        """The most tokens (prompt + output) a sequence of `version` of `name` may hold, the largest
+        any endpoint reported (of every version when version is ""); 0 when none reported it."""
+        return max((info.max_seq_len for models in self._by_endpoint.values() for info in models
+                    if info.model.name == name and (not version or info.model.version == version)), default=0)
+
     def all_models(self) -> list[gateway_pb2.ModelInfo]:
         names = sorted({info.model.name for models in self._by_endpoint.values() for info in models})
         return [info for name in names for info in self.versions(name)]

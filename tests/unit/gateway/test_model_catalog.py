@@ -20,3 +20,17 @@ def test_knows_what_any_endpoint_reported_until_it_is_forgotten():
     assert not catalog.knows("digits") and catalog.knows("tinylm")
     catalog.forget("b:1")
     assert not catalog.knows("tinylm")
+
+
+def test_max_seq_len_is_the_largest_reported_for_the_version_or_any_version():
+    catalog = ModelCatalog()
+
+    def info(version: str, max_seq_len: int) -> gateway_pb2.ModelInfo:
+        return gateway_pb2.ModelInfo(model=common_pb2.ModelRef(name="llm", version=version), max_seq_len=max_seq_len)
+
+    assert catalog.max_seq_len("llm") == 0
+    catalog.update("a:1", (info("1", 2048), info("2", 8192)))
+    catalog.update("b:1", (info("1", 4096),))
+    assert (catalog.max_seq_len("llm", "1"), catalog.max_seq_len("llm"), catalog.max_seq_len("llm", "3")) == (
+        4096, 8192, 0)
+    assert catalog.max_seq_len("other") == 0

@@ -185,6 +185,17 @@ def test_token_slice_covers_the_largest_recent_charge_and_refunds_return_to_the_
     assert info.value.retry_after_s is None
 
 
+def test_usage_past_the_charge_is_spent_from_the_slice_and_settled_as_any_spend(clock):
+    quotas = _quotas(clock, demand_smoothing=1.0)
+    tenant = make_tenant(quota=make_quota(tokens_per_s=100, tokens_burst=400, max_in_flight=50))
+    quotas.update([tenant])
+    quotas.plan()
+    quotas.apply(_reply(requests=5, tokens=300, slots=50))
+    lease = quotas.admit(tenant, num_tokens=200)
+    assert lease.release(num_tokens_used=260) == 0
+    assert quotas.plan().asks[0].return_tokens == pytest.approx(300 - 260)
+
+
 def test_in_flight_limit_is_the_granted_slots_and_the_ask_covers_what_runs(clock):
     quotas = _quotas(clock)
     tenant = make_tenant(quota=make_quota(requests_per_s=1000, requests_burst=1000, max_in_flight=10))

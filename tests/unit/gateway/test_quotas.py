@@ -68,6 +68,19 @@ def test_generate_is_charged_up_front_and_refunded_unused_tokens(clock):
     assert quotas.tokens_available("acme") == pytest.approx(336)
 
 
+def test_usage_past_an_estimated_charge_is_taken_so_the_charge_is_exact(clock):
+    quotas = TenantQuotas(clock)
+    tenant = make_tenant(quota=make_quota(tokens_per_s=100, tokens_burst=400))
+    lease = quotas.admit(tenant, num_tokens=300)  # a chat's estimate
+    assert lease.release(num_tokens_used=390) == 0  # its template added more than the estimate allowed
+    assert quotas.tokens_available("acme") == pytest.approx(10)
+    lease = quotas.admit(tenant, num_tokens=0)
+    lease.release(num_tokens_used=30)  # below zero: the next request waits for the refill
+    assert quotas.tokens_available("acme") == pytest.approx(-20)
+    with pytest.raises(ResourceExhausted):
+        quotas.admit(tenant, num_tokens=1)
+
+
 def test_refund_never_exceeds_burst(clock):
     quotas = TenantQuotas(clock)
     tenant = make_tenant(quota=make_quota(tokens_per_s=100, tokens_burst=400))
