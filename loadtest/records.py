@@ -49,6 +49,7 @@ class Outcome:
     server_ttft_us: int = 0
     chunk_times_s: tuple[float, ...] = ()  # receipt time of every chunk that carried tokens
     num_output_tokens: int = 0
+    trace_id: str = ""  # the W3C trace id sent in `traceparent` (32 hex digits); "" when never sent
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class RequestRecord:
     server_ttft_us: int = 0
     chunk_times_s: tuple[float, ...] = ()
     num_output_tokens: int = 0
+    trace_id: str = ""
 
     @property
     def ok(self) -> bool:
@@ -141,4 +143,5 @@ def make_record(seq: int, class_name: str, kind: RequestKind, tenant: str, prior
         server_ttft_us=outcome.server_ttft_us,
         chunk_times_s=tuple(t - origin_s for t in outcome.chunk_times_s),
         num_output_tokens=outcome.num_output_tokens,
+        trace_id=outcome.trace_id,
     )

@@ -47,6 +47,7 @@ def build_report(scenario: Scenario, result: RunResult, *, target: str, started_
         "tenants": {t.name: group([r for r in measured if r.tenant == t.name]) for t in scenario.tenants},
         "priorities": {p: group([r for r in measured if r.priority == p])
                        for p in sorted({t.priority for t in scenario.tenants})},
+        "slowest": slowest_requests(measured),
         "windows": {
             "window_s": window_s,
             "overall": time_windows(measured, scenario.warmup_s, result.measured_s, window_s),
@@ -54,6 +55,17 @@ def build_report(scenario: Scenario, result: RunResult, *, target: str, started_
                                              result.measured_s, window_s) for c in scenario.classes},
         },
     }
+
+
+NUM_SLOWEST = 10
+
+
+def slowest_requests(records: Sequence[RequestRecord], num: int = NUM_SLOWEST) -> list[dict]:
+    """The slowest measured requests, failed ones included, with the trace id each was sent with,
+    so an operator can open them in a tracing backend."""
+    ranked = sorted(records, key=lambda r: r.latency_s, reverse=True)[:num]
+    return [{"seq": r.seq, "class": r.class_name, "tenant": r.tenant, "status": r.status,
+             "latency_ms": round(r.latency_s * 1000, 3), "trace_id": r.trace_id} for r in ranked]
 
 
 def validate_report(doc: dict) -> None:

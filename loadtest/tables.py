@@ -155,6 +155,16 @@ def error_table(doc: dict) -> Table | None:
     return Table("Errors by status code", ("class", "status", "count", "example message"), tuple(rows))
 
 
+def slowest_table(doc: dict) -> Table | None:
+    slowest = doc.get("slowest") or []  # reports written before the key existed have none
+    if not slowest:
+        return None
+    rows = tuple((str(r["seq"]), r["class"], r["tenant"], r["status"], _f(r["latency_ms"]), r["trace_id"] or "-")
+                 for r in slowest)
+    return Table("Slowest requests", ("seq", "class", "tenant", "status", "latency ms", "trace id"), rows,
+                 "trace id: the W3C trace id sent in the request's traceparent; look it up in the tracing backend")
+
+
 def window_table(doc: dict) -> Table:
     rows = tuple((_f(w["start_s"]), str(w["num_scheduled"]), str(w["num_ok"]), str(w["num_errors"]),
                   _f(w["throughput_rps"]), _f(w["p50_ms"]), _f(w["p99_ms"]), _f(w["max_ms"]))
@@ -166,7 +176,7 @@ def window_table(doc: dict) -> Table:
 def report_tables(doc: dict, *, with_windows: bool) -> list[Table]:
     tables = [latency_table(doc), stream_table(doc), stage_table(doc), error_table(doc)]
     if with_windows:
-        tables.append(window_table(doc))
+        tables += [slowest_table(doc), window_table(doc)]
     from loadtest.rollout_report import rollout_table  # it builds on Table
 
     tables.append(rollout_table(doc))

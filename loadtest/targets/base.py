@@ -6,8 +6,10 @@ the measurement (from the scheduled send time) and the report are the same for e
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 from loadtest.records import Outcome
@@ -39,3 +41,21 @@ def request_start_value() -> str:
 def http_status_name(status: int) -> str:
     """The report's status for an HTTP error reply: the code itself, not a guessed gRPC equivalent."""
     return f"HTTP_{status}"
+
+
+@dataclass(frozen=True)
+class TraceContext:
+    trace_id: str  # 32 hex digits
+    traceparent: str  # W3C: 00-<trace id>-<parent span id>-01 (sampled, so a trusting server records it)
+
+
+class TraceIds:
+    """One trace per request: a random prefix per target, then the request's number, so ids are
+    unique across runs and cost no random draw on the send path."""
+
+    def __init__(self) -> None:
+        self._prefix = secrets.token_hex(8)
+
+    def for_request(self, seq: int) -> TraceContext:
+        trace_id = f"{self._prefix}{seq & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+        return TraceContext(trace_id, f"00-{trace_id}-{(seq + 1) & 0xFFFF_FFFF_FFFF_FFFF or 1:016x}-01")

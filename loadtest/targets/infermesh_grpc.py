@@ -7,6 +7,7 @@ completion times, and turns replies (timings, ttft, status codes) into Outcomes.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from loadtest.payloads import ImagePayload, TextPayload
 from loadtest.records import OK, STREAM_GAP, STREAM_TRUNCATED, Outcome, StageSample
 from loadtest.runner import Clock, MonotonicClock
 from loadtest.scenario import ImageEncoding
-from loadtest.targets.base import TargetError, request_start_value
+from loadtest.targets.base import TargetError, TraceIds, request_start_value
 from loadtest.workload import PlannedRequest
 
 _CHANNEL_OPTIONS = [
@@ -63,6 +64,7 @@ class GatewayClient:
         self._stubs = itertools.cycle([gateway_pb2_grpc.InferenceStub(c) for c in self._channels])
         self._images: dict[int, common_pb2.Image] = {}
         self._run_id = run_id
+        self._traces = TraceIds()
 
     async def close(self) -> None:
         for channel in self._channels:
@@ -92,11 +94,16 @@ class GatewayClient:
         return {m for m in models if m in ready}
 
     async def send(self, request: PlannedRequest, timeout_s: float | None) -> Outcome:
+        trace = self._traces.for_request(request.seq)
+        metadata = _send_metadata(request.tenant.api_key, trace.traceparent)
         if isinstance(request.payload, ImagePayload):
-            return await self._classify(request, timeout_s)
-        return await self._generate(request, request.payload, timeout_s)
+            outcome = await self._classify(request, metadata, timeout_s)
+        else:
+            outcome = await self._generate(request, request.payload, metadata, timeout_s)
+        return dataclasses.replace(outcome, trace_id=trace.trace_id)
 
-    async def _classify(self, request: PlannedRequest, timeout_s: float | None) -> Outcome:
+    async def _classify(self, request: PlannedRequest, metadata: tuple[tuple[str, str], ...],
+                        timeout_s: float | None) -> Outcome:
         c = request.request_class
         message = gateway_pb2.ClassifyRequest(
             model=common_pb2.ModelRef(name=c.model, version=c.version),
@@ -106,14 +113,14 @@ class GatewayClient:
         )
         sent_s = self._clock.now_s()
         try:
-            reply = await next(self._stubs).Classify(message, metadata=_send_metadata(request.tenant.api_key),
-                                                     timeout=timeout_s)
+            reply = await next(self._stubs).Classify(message, metadata=metadata, timeout=timeout_s)
         except grpc.aio.AioRpcError as err:
             return Outcome(err.code().name, sent_s, self._clock.now_s(), err.details() or "")
         done_s = self._clock.now_s()
         return Outcome(OK, sent_s, done_s, stages=_stages(reply.timings), server_total_us=reply.timings.total_us)
 
-    async def _generate(self, request: PlannedRequest, payload: TextPayload, timeout_s: float | None) -> Outcome:
+    async def _generate(self, request: PlannedRequest, payload: TextPayload, metadata: tuple[tuple[str, str], ...],
+                        timeout_s: float | None) -> Outcome:
         c = request.request_class
         message = gateway_pb2.GenerateRequest(
             model=common_pb2.ModelRef(name=c.model, version=c.version),
@@ -127,7 +134,7 @@ class GatewayClient:
         num_tokens = 0
         last: gateway_pb2.GenerateResponse | None = None
         sent_s = self._clock.now_s()
-        call = next(self._stubs).Generate(message, metadata=_send_metadata(request.tenant.api_key), timeout=timeout_s)
+        call = next(self._stubs).Generate(message, metadata=metadata, timeout=timeout_s)
         try:
             async for chunk in call:
                 now_s = self._clock.now_s()
@@ -170,10 +177,11 @@ def _auth(api_key: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {api_key}"),)
 
 
-def _send_metadata(api_key: str) -> tuple[tuple[str, str], ...]:
-    """Auth plus `x-request-start`: the gateway reports the time the request waited before its handler
-    ran as the `ingress` stage, so no wait goes unattributed."""
-    return (("authorization", f"Bearer {api_key}"), ("x-request-start", request_start_value()))
+def _send_metadata(api_key: str, traceparent: str) -> tuple[tuple[str, str], ...]:
+    """Auth, `x-request-start` (the gateway reports the time the request waited before its handler
+    ran as the `ingress` stage, so no wait goes unattributed) and the request's trace context."""
+    return (("authorization", f"Bearer {api_key}"), ("x-request-start", request_start_value()),
+            ("traceparent", traceparent))
 
 
 def _stages(timings: common_pb2.Timings) -> tuple[StageSample, ...]:

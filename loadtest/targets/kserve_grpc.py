@@ -7,6 +7,7 @@ KServe replies carry no stage timings, so runs against this kind have no stage c
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 import grpc
@@ -17,7 +18,7 @@ from loadtest.payloads import ImagePayload, TextPayload
 from loadtest.records import OK, STREAM_TRUNCATED, Outcome
 from loadtest.runner import Clock, MonotonicClock
 from loadtest.targets import kserve_tensors
-from loadtest.targets.base import TargetError, request_start_value
+from loadtest.targets.base import TargetError, TraceIds, request_start_value
 from loadtest.targets.infermesh_grpc import grpc_channel
 from loadtest.targets.token_count import TokenCounter
 from loadtest.workload import PlannedRequest
@@ -34,6 +35,7 @@ class KServeGrpcTarget:
         self._clock = clock or MonotonicClock()
         self._run_id = run_id
         self._images: dict[int, kserve.ModelInferRequest] = {}
+        self._traces = TraceIds()
 
     async def close(self) -> None:
         await self._channel.close()
@@ -53,28 +55,34 @@ class KServeGrpcTarget:
         return ready
 
     async def send(self, request: PlannedRequest, timeout_s: float | None) -> Outcome:
+        trace = self._traces.for_request(request.seq)
+        metadata = _metadata(request, trace.traceparent)
         if isinstance(request.payload, ImagePayload):
-            return await self._infer(request, timeout_s)
-        return await self._stream(request, request.payload, timeout_s)
+            outcome = await self._infer(request, metadata, timeout_s)
+        else:
+            outcome = await self._stream(request, request.payload, metadata, timeout_s)
+        return dataclasses.replace(outcome, trace_id=trace.trace_id)
 
-    async def _infer(self, request: PlannedRequest, timeout_s: float | None) -> Outcome:
+    async def _infer(self, request: PlannedRequest, metadata: tuple[tuple[str, str], ...],
+                     timeout_s: float | None) -> Outcome:
         message = kserve.ModelInferRequest()
         message.CopyFrom(self._image_request(request))
         message.id = f"{self._run_id}-{request.seq}"
         sent_s = self._clock.now_s()
         try:
-            await self._stub.ModelInfer(message, metadata=_metadata(request), timeout=timeout_s)
+            await self._stub.ModelInfer(message, metadata=metadata, timeout=timeout_s)
         except grpc.aio.AioRpcError as err:
             return Outcome(err.code().name, sent_s, self._clock.now_s(), err.details() or "")
         return Outcome(OK, sent_s, self._clock.now_s())
 
-    async def _stream(self, request: PlannedRequest, payload: TextPayload, timeout_s: float | None) -> Outcome:
+    async def _stream(self, request: PlannedRequest, payload: TextPayload, metadata: tuple[tuple[str, str], ...],
+                      timeout_s: float | None) -> Outcome:
         message = _text_request(request, payload, f"{self._run_id}-{request.seq}")
         chunk_times_s: list[float] = []
         texts: list[bytes] = []
         usage_tokens: int | None = None
         sent_s = self._clock.now_s()
-        call = self._stub.ModelStreamInfer(metadata=_metadata(request), timeout=timeout_s)
+        call = self._stub.ModelStreamInfer(metadata=metadata, timeout=timeout_s)
         try:
             await call.write(message)
             await call.done_writing()
@@ -140,5 +148,5 @@ def _auth(api_key: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {api_key}"),)
 
 
-def _metadata(request: PlannedRequest) -> tuple[tuple[str, str], ...]:
-    return (*_auth(request.tenant.api_key), ("x-request-start", request_start_value()))
+def _metadata(request: PlannedRequest, traceparent: str) -> tuple[tuple[str, str], ...]:
+    return (*_auth(request.tenant.api_key), ("x-request-start", request_start_value()), ("traceparent", traceparent))

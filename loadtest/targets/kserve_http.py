@@ -10,6 +10,7 @@ server adds a Server-Timing header.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Iterable
 from urllib.parse import quote
@@ -22,7 +23,7 @@ from loadtest.runner import Clock, MonotonicClock
 from loadtest.scenario import ClassSpec, RequestKind
 from loadtest.targets import kserve_tensors
 from loadtest.targets.address import TargetAddress
-from loadtest.targets.base import TargetError, http_status_name, request_start_value
+from loadtest.targets.base import TargetError, TraceIds, http_status_name, request_start_value
 from loadtest.targets.openai_http import TIMEOUT_HEADER, ssl_context
 from loadtest.targets.server_timing import SERVER_TIMING, parse_server_timing
 from loadtest.workload import PlannedRequest
@@ -45,6 +46,7 @@ class KServeHttpTarget:
         self._run_id = run_id
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ssl=ssl_context(address, ca_file)))
         self._bodies: dict[int, tuple[bytes, int]] = {}
+        self._traces = TraceIds()
 
     async def close(self) -> None:
         await self._session.close()
@@ -66,11 +68,17 @@ class KServeHttpTarget:
         return ready
 
     async def send(self, request: PlannedRequest, timeout_s: float | None) -> Outcome:
+        trace = self._traces.for_request(request.seq)
+        outcome = await self._send(request, trace.traceparent, timeout_s)
+        return dataclasses.replace(outcome, trace_id=trace.trace_id)
+
+    async def _send(self, request: PlannedRequest, traceparent: str, timeout_s: float | None) -> Outcome:
         c = request.request_class
         body, header_length = self._body(request)
         path = f"/v2/models/{quote(c.model, safe='')}" + (f"/versions/{quote(c.version, safe='')}" if c.version else "")
         headers = {**_auth(request.tenant.api_key), "x-request-start": request_start_value(),
-                   "Content-Type": "application/octet-stream", HEADER_LENGTH: str(header_length)}
+                   "Content-Type": "application/octet-stream", HEADER_LENGTH: str(header_length),
+                   "traceparent": traceparent}
         if timeout_s is not None:
             headers[TIMEOUT_HEADER] = str(round(timeout_s * 1000))
         sent_s = self._clock.now_s()

@@ -11,6 +11,7 @@ reported without stage columns.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import ssl
 from collections.abc import Iterable
@@ -22,7 +23,7 @@ from loadtest.records import OK, STREAM_TRUNCATED, Outcome
 from loadtest.runner import Clock, MonotonicClock
 from loadtest.scenario import ClassSpec, RequestKind, TextApi
 from loadtest.targets.address import TargetAddress
-from loadtest.targets.base import TargetError, http_status_name, request_start_value
+from loadtest.targets.base import TargetError, TraceIds, http_status_name, request_start_value
 from loadtest.targets.server_timing import (
     INFERMESH_TIMINGS,
     SERVER_TIMING,
@@ -64,6 +65,7 @@ class OpenAITarget:
         self._counter = counter
         self._clock = clock or MonotonicClock()
         self._run_id = run_id
+        self._traces = TraceIds()
         # limit=0: no cap on connections here; an open-loop run caps in flight with max_in_flight, where
         # the wait is charged to the request. auto_decompress stays on: servers may compress JSON.
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ssl=ssl_context(address, ca_file)))
@@ -85,12 +87,17 @@ class OpenAITarget:
         return {m for m in models if m in served}
 
     async def send(self, request: PlannedRequest, timeout_s: float | None) -> Outcome:
+        trace = self._traces.for_request(request.seq)
+        outcome = await self._send(request, trace.traceparent, timeout_s)
+        return dataclasses.replace(outcome, trace_id=trace.trace_id)
+
+    async def _send(self, request: PlannedRequest, traceparent: str, timeout_s: float | None) -> Outcome:
         payload = request.payload
         assert isinstance(payload, TextPayload)  # check_classes let only generate classes through
         c = request.request_class
         body = _body(c, payload, request.seq)
         headers = {**_auth(request.tenant.api_key), "x-request-start": request_start_value(),
-                   "x-request-id": f"{self._run_id}-{request.seq}"}
+                   "x-request-id": f"{self._run_id}-{request.seq}", "traceparent": traceparent}
         if timeout_s is not None:
             headers[TIMEOUT_HEADER] = str(round(timeout_s * 1000))
         sent_s = self._clock.now_s()

@@ -114,3 +114,23 @@ async def test_open_loop_keeps_sending_over_http_through_a_stall(fake_openai):
     assert all(r.client_queue_s < STALL_S / 4 for r in stalled)
     assert server.num_calls == 99
     assert result.lag_us and max(result.lag_us) < STALL_S / 4 * 1e6
+
+
+async def test_each_request_carries_its_own_traceparent_and_the_report_lists_the_slowest(fake_openai):
+    from loadtest.report_json import build_report
+
+    server, url = await fake_openai()
+    scenario = _scenario()
+    result = await _run(url, scenario)
+    sent = [h["traceparent"] for h in server.headers]
+    assert len(set(sent)) == len(sent) == len(result.records)
+    for header in sent:
+        version, trace_id, span_id, flags = header.split("-")
+        assert (version, flags, len(trace_id), len(span_id)) == ("00", "01", 32, 16) and int(span_id, 16) > 0
+    assert {r.trace_id for r in result.records} == {h.split("-")[1] for h in sent}
+    doc = build_report(scenario, result, target=url, started_at="2026-01-01T00:00:00+00:00")
+    slowest = doc["slowest"]
+    assert 0 < len(slowest) <= 10
+    assert slowest[0]["latency_ms"] == pytest.approx(max(r.latency_s for r in result.records) * 1000, abs=1e-3)
+    assert [s["latency_ms"] for s in slowest] == sorted((s["latency_ms"] for s in slowest), reverse=True)
+    assert all(s["trace_id"] in {r.trace_id for r in result.records} for s in slowest)
