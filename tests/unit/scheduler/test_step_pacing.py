@@ -1,0 +1,90 @@
+"""StepPacing alone, on a fake clock: how many steps a pipelined loop sends ahead and when, what a
+step took when its command's results came back together, and the wake-ups."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.scheduler.step_pacing import COMMAND_LEAD_S, StepPacing
+from tests.unit.scheduler.conftest import until_turns
+from tools.testbed.fake_clock import FakeClock
+
+
+def make_pacing(clock: FakeClock, steps_per_command: int = 4) -> StepPacing:
+    return StepPacing(steps_per_command, clock, clock.sleep)
+
+
+async def test_with_nobody_waiting_a_whole_command_goes_until_more_than_one_is_in_flight(clock):
+    pacing = make_pacing(clock)
+    assert pacing.steps_to_send(False, num_in_flight=1, last_command_size=1) == 4
+    assert pacing.steps_to_send(False, num_in_flight=4, last_command_size=4) == 4  # no step time measured yet
+    assert pacing.steps_to_send(False, num_in_flight=5, last_command_size=4) == 0
+
+
+async def test_a_waiting_sequence_gets_one_step_right_behind_a_command_then_one_at_a_time(clock):
+    pacing = make_pacing(clock)
+    assert pacing.steps_to_send(True, num_in_flight=4, last_command_size=4) == 1
+    assert pacing.steps_to_send(True, num_in_flight=1, last_command_size=1) == 1
+    assert pacing.steps_to_send(True, num_in_flight=2, last_command_size=1) == 0
+
+
+def test_steps_of_one_command_each_take_an_even_share_of_its_round_trip(clock):
+    pacing = make_pacing(clock)
+    sent_at_s = clock()
+    clock.advance(0.008)
+    first = pacing.on_result(sent_at_s, index_in_command=0, command_size=4)
+    second = pacing.on_result(sent_at_s, index_in_command=1, command_size=4)
+    assert first.share_s == second.share_s == first.took_s == pytest.approx(0.002)
+    assert first.gap_s == 0.0
+
+
+def test_a_step_sent_before_the_last_result_is_timed_from_that_result_with_no_gap(clock):
+    pacing = make_pacing(clock)
+    pacing.on_result(clock(), 0, 1)
+    ahead_sent_at_s = clock() - 0.001  # sent while the step before it ran
+    clock.advance(0.003)
+    timing = pacing.on_result(ahead_sent_at_s, 0, 1)
+    assert timing.took_s == pytest.approx(0.003) and timing.gap_s == 0.0 and timing.share_s is None
+    sent_at_s = clock() + 0.0005  # the scheduler took 0.5 ms from that result to this send
+    clock.advance(0.0025)
+    assert pacing.on_result(sent_at_s, 0, 1).gap_s == pytest.approx(0.0005)
+
+
+async def test_the_next_command_waits_until_one_step_and_the_lead_are_left_in_flight(clock):
+    pacing = make_pacing(clock)
+    sent_at_s = clock()
+    clock.advance(0.008)
+    pacing.on_result(sent_at_s, 0, 4)  # 2 ms a step
+    # Three steps in flight end 6 ms from now; the next command is due 1 step and the lead before.
+    assert pacing.steps_to_send(False, num_in_flight=3, last_command_size=4) == 0
+    assert pacing.waits_on_more_than_results(last_command_size=1), "the timer wakes the loop"
+    due = pacing.due()
+    await asyncio.sleep(0)  # the timer starts sleeping on the fake clock
+    clock.advance(0.004 - COMMAND_LEAD_S - 0.0001)
+    await asyncio.sleep(0)
+    assert not due.done()
+    clock.advance(0.0002)
+    await until_turns(due.done)
+    assert pacing.steps_to_send(False, num_in_flight=3, last_command_size=4) == 4
+    assert not pacing.waits_on_more_than_results(last_command_size=1), "the timer was disarmed"
+
+
+async def test_an_arrival_makes_the_command_due_and_is_seen_once(clock):
+    pacing = make_pacing(clock)
+    due = pacing.due()
+    pacing.wake()
+    assert due.done()
+    assert pacing.arrived()
+    assert not pacing.arrived()
+
+
+async def test_sleep_ends_on_wake_or_timeout(clock):
+    pacing = make_pacing(clock)
+    sleeper = asyncio.create_task(pacing.sleep(None))
+    await asyncio.sleep(0)
+    assert not sleeper.done()
+    pacing.wake()
+    await asyncio.wait_for(sleeper, timeout=5)
+    await asyncio.wait_for(pacing.sleep(0.0), timeout=5)  # call_later(0) wakes it on the next turn
