@@ -127,8 +127,11 @@ def test_a_draining_scheduler_hands_its_streams_over_and_nothing_is_lost(tmp_pat
         assert handed_over >= 1, f"{mode}: streams running past the drain grace were handed over and resumed"
 
 
-def test_coalesced_streams_resume_with_whole_chunks_and_every_token_once(tmp_path):
-    """Streams asking for coalescing (at most 4 tokens a chunk) cut by a SIGKILL resume coalesced."""
+@pytest.mark.parametrize("chat", [False, True], ids=["prompt", "chat"])
+def test_coalesced_streams_resume_with_whole_chunks_and_every_token_once(tmp_path, chat):
+    """Streams asking for coalescing (at most 4 tokens a chunk) cut by a SIGKILL resume coalesced.
+    Chat streams (GenerateRequest.messages) resume as the same messages plus the tokens delivered:
+    the new scheduler renders the template again, to the same ids."""
     with replicated_mesh(tmp_path) as mesh:
         mesh.add_schedulers(2)
         for _ in range(2):
@@ -138,7 +141,7 @@ def test_coalesced_streams_resume_with_whole_chunks_and_every_token_once(tmp_pat
         mesh.add_gateway("--metrics-port", str(metrics_port))
         with session_tls.channel(mesh.gateways[0].address) as channel:
             stub = gateway_pb2_grpc.InferenceStub(channel)
-            readers = [_CoalescedReader(stub, prompt, seed) for prompt, seed in
+            readers = [_CoalescedReader(stub, prompt, seed, chat) for prompt, seed in
                        (("abc", None), ("hello", None), ("mesh", 7), ("zz", 12345))]
             wait_until(lambda: all(r.num_tokens >= 8 for r in readers), timeout_s=20, message="streams under way")
             # The scheduler running most of the streams (affinity puts them on one, but a pressure
@@ -165,15 +168,22 @@ COALESCED_TOKENS = 120
 
 
 class _CoalescedReader(threading.Thread):
-    def __init__(self, stub, prompt: str, seed: int | None) -> None:
+    def __init__(self, stub, prompt: str, seed: int | None, chat: bool = False) -> None:
+        """chat: `prompt` goes as one user message; the model sees the byte models' template."""
         super().__init__(daemon=True)
-        self.prompt, self.seed = prompt, seed
+        # What the model continues: the prompt, or the conversation as the template renders it.
+        self.prompt = f"user: {prompt}\nassistant:" if chat else prompt
+        self.seed = seed
         sampling = common_pb2.SamplingParams(max_tokens=COALESCED_TOKENS)
         if seed is not None:
             sampling.temperature, sampling.seed = 1.0, seed
-        self.call = stub.Generate(gateway_pb2.GenerateRequest(
-            model=common_pb2.ModelRef(name="mock-generator"), prompt=prompt, sampling=sampling,
-            stream=gateway_pb2.StreamOptions(max_tokens_per_chunk=4)), timeout=30)
+        request = gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name="mock-generator"), sampling=sampling,
+                                              stream=gateway_pb2.StreamOptions(max_tokens_per_chunk=4))
+        if chat:
+            request.messages.add(role="user", content=prompt)
+        else:
+            request.prompt = prompt
+        self.call = stub.Generate(request, timeout=30)
         self.text, self.num_tokens, self.num_final, self.completion_tokens = "", 0, 0, 0
         self.gaps: list[tuple[int, int]] = []  # (index, tokens read before) of chunks that do not continue
         self.sizes: list[int] = []
