@@ -8,6 +8,7 @@
     classifier_spec.py  the classifier block
     generator_spec.py   the generator block
     tokenizer_spec.py   the generator's tokenizer; TOKENIZERS keyed by `tokenizer.kind`
+    tensor_spec.py      the tensor block: a TorchScript or ONNX file, its inputs, outputs and golden cases
     store.py            the layout on disk: list, find, read and write manifests, sha256 of files
     loader.py           sha256 check, weights, and the serving runtime each kind builds
     golden.py           the fixed inputs through the serving path, at load

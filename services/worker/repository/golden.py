@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
+from services.common.tensor_datatypes import NUMPY_DTYPES
 from services.worker.repository.errors import GoldenCheckFailed
 from services.worker.repository.loader import LoadedModel
 from services.worker.repository.manifest import ModelKind
+from services.worker.tensor_work import TensorItem, WireTensor
 
 
 def run_golden_check(model: LoadedModel) -> None:
@@ -46,7 +50,43 @@ def _generator(model: LoadedModel) -> None:
             )
 
 
+def _tensor(model: LoadedModel) -> None:
+    """Through the tensor executor (checks, image step, the model): each case's outputs, within the
+    manifest's tolerance for floating-point outputs (another CPU or thread count rounds differently)
+    and exactly for the others."""
+    from services.worker.tensor_executor import TensorExecutor  # the executor imports the kernels
+
+    m = model.manifest
+    spec = m.tensor
+    assert spec is not None
+    executor = TensorExecutor(model.tensor, spec, m.envelope.max_batch_size)
+    wire_datatype = {io.name: io.wire_datatype for io in spec.inputs}
+    items = [TensorItem(i, tuple(WireTensor(t.name, wire_datatype[t.name], t.shape, t.data) for t in case.inputs))
+             for i, case in enumerate(spec.golden)]
+    results, _ = executor.execute(items)
+    for i, (case, result) in enumerate(zip(spec.golden, results, strict=True)):
+        if result.error is not None:
+            raise GoldenCheckFailed(f"{m.name}/{m.version}: golden case {i} failed: {result.error.message}")
+        got = {t.name: t for t in result.outputs}
+        for want in case.outputs:
+            io = next(o for o in spec.outputs if o.name == want.name)
+            dtype = np.dtype(NUMPY_DTYPES[io.datatype])
+            actual = np.frombuffer(got[want.name].data, dtype).reshape(got[want.name].shape)
+            expected = np.frombuffer(want.data, dtype).reshape(want.shape)
+            close = actual.shape == expected.shape and (
+                np.allclose(actual, expected, atol=spec.golden_atol, rtol=spec.golden_rtol)
+                if dtype.kind == "f" else np.array_equal(actual, expected))
+            if not close:
+                diff = (float(np.max(np.abs(actual.astype(np.float64) - expected)))
+                        if actual.shape == expected.shape else float("nan"))
+                raise GoldenCheckFailed(
+                    f"{m.name}/{m.version}: golden case {i} output {want.name!r} is {list(actual.shape)} with max "
+                    f"abs difference {diff:.3g} from the recorded {list(expected.shape)} "
+                    f"(atol {spec.golden_atol}, rtol {spec.golden_rtol})")
+
+
 GOLDEN_CHECKS: dict[ModelKind, Callable[[LoadedModel], None]] = {
     ModelKind.CLASSIFIER: _classifier,
     ModelKind.GENERATOR: _generator,
+    ModelKind.TENSOR: _tensor,
 }

@@ -2,12 +2,13 @@
 
 Manifest (JSON), `format_version` 1 — see docs/models.md:
 
-    name, version, kind ("classifier" | "generator"), format_version
+    name, version, kind ("classifier" | "generator" | "tensor"), format_version
     weights:   {file, sha256}                                      weights_spec.py
     envelope:  {max_batch_size, max_num_seqs, max_num_batched_tokens, num_kv_blocks, block_size, memory_bytes}
     <kind>:    the block named after the kind, and no other kind's block
       classifier: {inputs, labels, architecture, golden}          classifier_spec.py
       generator:  {inputs, tokenizer, architecture, golden}        generator_spec.py, tokenizer_spec.py
+      tensor:     {format, inputs, outputs, preferred_batch_sizes, golden, golden_tolerance}   tensor_spec.py
     quality:   {str: number}   informational figures from the build (accuracy, loss, seconds)
     build:     {str: str}      informational provenance (recipe digest, tool)
 
@@ -29,6 +30,7 @@ from services.worker.repository.envelope import Envelope
 from services.worker.repository.errors import InvalidManifest
 from services.worker.repository.generator_spec import GeneratorSpec
 from services.worker.repository.json_fields import JsonFields, one_of
+from services.worker.repository.tensor_spec import TensorSpec
 from services.worker.repository.weights_spec import WeightsRef, parse_weights
 
 MANIFEST_FILE = "manifest.json"
@@ -39,6 +41,7 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")  # model names and versions
 class ModelKind(enum.Enum):
     CLASSIFIER = "classifier"
     GENERATOR = "generator"
+    TENSOR = "tensor"  # a TorchScript or ONNX file brought as it is
 
 
 class KindSpec(Protocol):
@@ -56,6 +59,7 @@ class KindSpec(Protocol):
 KINDS: dict[str, type[KindSpec]] = {
     ModelKind.CLASSIFIER.value: ClassifierSpec,
     ModelKind.GENERATOR.value: GeneratorSpec,
+    ModelKind.TENSOR.value: TensorSpec,
 }
 
 
@@ -68,6 +72,7 @@ class Manifest:
     envelope: Envelope
     classifier: ClassifierSpec | None = None
     generator: GeneratorSpec | None = None
+    tensor: TensorSpec | None = None
     quality: dict[str, float] = field(default_factory=dict)
     build: dict[str, str] = field(default_factory=dict)
 
