@@ -38,8 +38,11 @@ from services.scheduler.step_plan import SequenceStep, StepPlan
 _KIND_FROM_WIRE = {
     common_pb2.MODEL_KIND_CLASSIFIER: ModelKind.CLASSIFIER,
     common_pb2.MODEL_KIND_GENERATOR: ModelKind.GENERATOR,
+    # Scheduled as classifiers are (dynamic batching); the hello's tensor signature tells them apart.
+    common_pb2.MODEL_KIND_TENSOR: ModelKind.CLASSIFIER,
 }
-KIND_TO_WIRE = {kind: wire for wire, kind in _KIND_FROM_WIRE.items()}
+KIND_TO_WIRE = {ModelKind.CLASSIFIER: common_pb2.MODEL_KIND_CLASSIFIER,
+                ModelKind.GENERATOR: common_pb2.MODEL_KIND_GENERATOR}
 _TOKENIZER_KIND_FROM_WIRE = {
     scheduler_pb2.TOKENIZER_KIND_UNSPECIFIED: TokenizerKind.BYTES,  # workers before the kind was read
     scheduler_pb2.TOKENIZER_KIND_BYTES: TokenizerKind.BYTES,
@@ -78,6 +81,9 @@ def decode_hello(hello: scheduler_pb2.WorkerHello) -> WorkerHello:
         tokenizer=decode_tokenizer_spec(tokenizer),
         input_height=hello.input_height,
         input_width=hello.input_width,
+        tensor_inputs=tuple(hello.tensor_inputs),
+        tensor_outputs=tuple(hello.tensor_outputs),
+        preferred_batch_sizes=tuple(hello.preferred_batch_sizes),
     )
 
 
@@ -114,7 +120,8 @@ def decode_batch_result(result: scheduler_pb2.BatchResult) -> BatchOutcome:
             items[item.item_id] = ItemOutcome(error=_item_error(item.error))
         else:
             items[item.item_id] = ItemOutcome(
-                labels=tuple(Label(label.label, label.index, label.score) for label in item.labels))
+                labels=tuple(Label(label.label, label.index, label.score) for label in item.labels),
+                outputs=tuple(item.outputs))
     stages = tuple(StageTime(_STAGE_NAMES[s.stage], s.duration_us, s.service)
                    for s in result.timings.stages if s.stage in _STAGE_NAMES)
     return BatchOutcome(items, stages, result.timings.total_us)
@@ -157,7 +164,7 @@ def encode_execute_batch(batch: BatchCommand) -> scheduler_pb2.ExecuteBatch:
     add = command.items.add  # add() builds in place; append() would copy each item (and its image)
     for item in batch.items:
         add(item_id=item.item_id, image=item.image, top_k=item.top_k, trace_context=item.trace_context,
-            deadline_unix_us=_unix_us(item.deadline_unix_s))
+            deadline_unix_us=_unix_us(item.deadline_unix_s), inputs=item.inputs)
     if batch.deadline_unix_s is not None:
         command.deadline_unix_us = _unix_us(batch.deadline_unix_s)
     return command

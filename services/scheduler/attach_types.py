@@ -8,7 +8,7 @@ declared" (the scheduler's own limit or default applies).
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -94,6 +94,11 @@ class WorkerHello:
     # Classifier: the input size the model was trained on, pixels.
     input_height: int = 0
     input_width: int = 0
+    # Tensor model (MODEL_KIND_TENSOR, scheduled as a classifier): its declared inputs and outputs, the
+    # TensorMetadata messages passed through to ListModels untouched; empty for every other model.
+    tensor_inputs: tuple[object, ...] = ()
+    tensor_outputs: tuple[object, ...] = ()
+    preferred_batch_sizes: tuple[int, ...] = ()  # the model's own; the scheduler's flag wins when set
     # Generator: its tokenizer and chat template, built by the Attach session from `tokenizer` (and
     # the file that followed the hello); None until then (GeneratePool builds a BYTES one itself).
     text: ModelText | None = None
@@ -112,6 +117,8 @@ class BatchItemCommand:
     trace_context: Mapping[str, str]
     # Unix seconds; None: no deadline.
     deadline_unix_s: float | None
+    # A tensor model's request: its Tensor messages, passed through as the image is (image is None then).
+    inputs: Sequence[object] = ()
 
 
 @dataclass(frozen=True)
@@ -172,6 +179,8 @@ class Label:
 @dataclass(frozen=True)
 class ItemOutcome:
     labels: tuple[Label, ...] = ()
+    # A tensor model's outputs: the worker's Tensor messages, passed through to the response untouched.
+    outputs: tuple[object, ...] = ()
     # The worker's error for this item (its status and message); None when it has labels.
     error: InfermeshError | None = None
 

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -49,6 +49,8 @@ class ClassifyJob:
     enqueued_s: float
     deadline_s: float | None
     trace_context: dict[str, str]
+    # A tensor model's request: its Tensor messages, passed through as the image is (image is None then).
+    inputs: Sequence[object] = ()
     future: asyncio.Future[ClassifyOutcome] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
     item_id: int | None = None  # the batcher's id, once queued
@@ -66,14 +68,16 @@ class ClassifyOutcome:
     batch_wait_s: float
     round_trip_s: float
     batch_size: int
+    outputs: tuple[object, ...] = ()  # a tensor model's Tensor messages
 
 
 def batcher_config(config: SchedulerConfig, hello: WorkerHello) -> BatcherConfig:
     max_batch_size = config.max_batch_size or hello.capacity.max_batch_size or 1
-    preferred = tuple(size for size in config.preferred_batch_sizes if size <= max_batch_size)
-    if preferred != config.preferred_batch_sizes:
+    wanted = config.preferred_batch_sizes or hello.preferred_batch_sizes  # the flag, else the model's own
+    preferred = tuple(size for size in wanted if size <= max_batch_size)
+    if preferred != wanted:
         log.warning("ignoring preferred batch sizes above %d for %s: %s", max_batch_size, hello.model.name,
-                    sorted(set(config.preferred_batch_sizes) - set(preferred)))
+                    sorted(set(wanted) - set(preferred)))
     return BatcherConfig(
         max_batch_size=max_batch_size,
         max_queue_delay_s=config.max_queue_delay_ms / 1000,
@@ -229,7 +233,7 @@ class ClassifyPool:
             items=tuple(
                 BatchItemCommand(item_id=item.item_id, image=item.payload.image, top_k=item.payload.top_k or 1,
                                  trace_context=item.payload.trace_context,
-                                 deadline_unix_s=_plus(item.deadline_s, unix_offset_s))
+                                 deadline_unix_s=_plus(item.deadline_s, unix_offset_s), inputs=item.payload.inputs)
                 for item in batch.items),
             deadline_unix_s=_plus(batch.deadline_s, unix_offset_s),
         )
@@ -269,6 +273,7 @@ class ClassifyPool:
                         batch_wait_s=sent_s - slot_ready_s,
                         round_trip_s=round_trip_s,
                         batch_size=len(batch.items),
+                        outputs=got.outputs,
                     )
                 )
         self._changed()

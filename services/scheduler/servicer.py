@@ -9,7 +9,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -34,6 +34,7 @@ from services.common.telemetry import (
 from services.common.timings import seconds_to_us
 from services.scheduler import metrics
 from services.scheduler.attach_session import AttachSessions
+from services.scheduler.attach_types import ModelKey, WorkerHello
 from services.scheduler.call_codec import (
     KIND_TO_WIRE,
     TenantCodec,
@@ -110,16 +111,19 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         ):
             self._refuse_if_draining()
             req = request.request
-            if not req.HasField("image") or req.image.WhichOneof("data") is None:
+            is_tensor = len(req.inputs) > 0
+            if not is_tensor and (not req.HasField("image") or req.image.WhichOneof("data") is None):
                 raise errors.InvalidArgument("image is required (encoded bytes or raw pixels)")
             entry = self.registry.resolve_classifier(req.model.name, req.model.version)
+            _check_payload_fits(entry.key, entry.hello, is_tensor)
             num_labels = len(entry.hello.labels)
             if num_labels and req.top_k > num_labels:
                 raise errors.InvalidArgument(f"top_k {req.top_k} exceeds the {num_labels} classes of {entry.key}")
             span.set_attribute("infermesh.model", str(entry.key))
             span.set_attribute("infermesh.tenant", request.tenant.tenant_id)
             job = ClassifyJob(
-                image=req.image,
+                image=None if is_tensor else req.image,
+                inputs=req.inputs,
                 top_k=req.top_k,
                 tenant=self._tenants.decode(request.tenant),
                 enqueued_s=began_s,
@@ -140,6 +144,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             response.request_id = req.request_id
             response.model.name, response.model.version = entry.key.name, entry.key.version
             add_labels(response, outcome.labels)
+            response.outputs.extend(outcome.outputs)
             self._classify_timings(response.timings, outcome, began_s)
 
     def _classify_timings(self, timings: common_pb2.Timings, outcome: ClassifyOutcome, began_s: float) -> None:
@@ -319,7 +324,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             response.models.append(
                 gateway_pb2.ModelInfo(
                     model=common_pb2.ModelRef(name=entry.key.name, version=entry.key.version),
-                    kind=KIND_TO_WIRE[entry.kind],
+                    kind=common_pb2.MODEL_KIND_TENSOR if hello.tensor_inputs else KIND_TO_WIRE[entry.kind],
                     # Draining: gateways discovering models stop routing here at once.
                     ready=not self._draining and any(w.usable for w in entry.pool.workers),
                     labels=hello.labels,
@@ -327,6 +332,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     input_height=hello.input_height,
                     input_width=hello.input_width,
                     batching=self._batching_info(entry),
+                    # The worker's TensorMetadata messages (attach_types keeps them opaque).
+                    tensor_inputs=cast("list[common_pb2.TensorMetadata]", hello.tensor_inputs),
+                    tensor_outputs=cast("list[common_pb2.TensorMetadata]", hello.tensor_outputs),
                 )
             )
         return response
@@ -388,3 +396,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             metrics.STREAMS_HANDED_OVER.labels(model_name).inc(count)
         log.info("draining: handed over %d streams", sum(handed_over.values()))
 
+
+def _check_payload_fits(key: ModelKey, hello: WorkerHello, is_tensor: bool) -> None:
+    """A tensor model takes `inputs`, an image classifier an `image`; the other is refused by name."""
+    if is_tensor and not hello.tensor_inputs:
+        raise errors.InvalidArgument(f"model {key} is an image classifier: send `image`, not `inputs`")
+    if not is_tensor and hello.tensor_inputs:
+        names = [getattr(t, "name", "") for t in hello.tensor_inputs]
+        raise errors.InvalidArgument(f"model {key} is a tensor model: send its inputs {names} in `inputs`")

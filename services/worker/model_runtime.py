@@ -24,6 +24,7 @@ from services.worker.repository.manifest import ModelKind
 from services.worker.sequence_mirror import MAX_STEPS_IN_FLIGHT, MAX_STEPS_PER_COMMAND
 from services.worker.step_codec import item_error_to_proto, run_step_from_proto, step_result_to_proto
 from services.worker.step_executor import StepExecutor
+from services.worker.tensor_runtime import TensorRuntime
 from services.worker.thread_settings import set_library_threads
 
 log = logging.getLogger(__name__)
@@ -164,11 +165,13 @@ class GeneratorRuntime:
         return self._executor.num_kv_blocks_used
 
 
-def load_repository_runtime(config: WorkerConfig, num_threads: int) -> ClassifierRuntime | GeneratorRuntime:
+def load_repository_runtime(config: WorkerConfig,
+                            num_threads: int) -> ClassifierRuntime | GeneratorRuntime | TensorRuntime:
     set_library_threads(num_threads)  # before the model's first parallel op (load, warm-up)
     if config.device != "cpu":
         _check_cuda(config.device)
-    model = load_model(config.model_repository, config.model_name, config.model_version, device=config.device)
+    model = load_model(config.model_repository, config.model_name, config.model_version, device=config.device,
+                       num_threads=num_threads)
     return SERVING_RUNTIMES[model.manifest.kind](model, config)
 
 
@@ -179,15 +182,24 @@ def _classifier_runtime(model: LoadedModel, config: WorkerConfig) -> ClassifierR
     return ClassifierRuntime(model, config.max_batch_size or model.manifest.envelope.max_batch_size)
 
 
+def _tensor_runtime(model: LoadedModel, config: WorkerConfig) -> TensorRuntime:
+    if config.max_num_seqs:
+        raise ConfigError(f"--max-num-seqs applies to generators; {config.model_name} is a tensor model "
+                          "(--max-batch-size sets its batch)")
+    return TensorRuntime(model, config.max_batch_size or model.manifest.envelope.max_batch_size)
+
+
 def _generator_runtime(model: LoadedModel, config: WorkerConfig) -> GeneratorRuntime:
     return GeneratorRuntime(model, config.num_kv_blocks or model.manifest.envelope.num_kv_blocks,
                             config.max_num_seqs)
 
 
 # The Attach runtime each kind of repository model is served by, with the worker's overrides applied.
-SERVING_RUNTIMES: dict[ModelKind, Callable[[LoadedModel, WorkerConfig], ClassifierRuntime | GeneratorRuntime]] = {
+SERVING_RUNTIMES: dict[ModelKind, Callable[[LoadedModel, WorkerConfig],
+                                           ClassifierRuntime | GeneratorRuntime | TensorRuntime]] = {
     ModelKind.CLASSIFIER: _classifier_runtime,
     ModelKind.GENERATOR: _generator_runtime,
+    ModelKind.TENSOR: _tensor_runtime,
 }
 
 

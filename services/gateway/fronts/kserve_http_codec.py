@@ -32,7 +32,7 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 BINARY_SIZE = "binary_data_size"
 _INTEGER_TYPES = {"UINT8": "B", "INT8": "b", "UINT16": "H", "INT16": "h", "UINT32": "I", "INT32": "i",
                   "UINT64": "Q", "INT64": "q"}
-_FLOAT_TYPES = {"FP32": "f", "FP64": "d"}
+_FLOAT_TYPES = {"FP16": "e", "FP32": "f", "FP64": "d"}
 
 
 @dataclass(frozen=True)
@@ -209,6 +209,8 @@ def infer_response(response: kserve.ModelInferResponse, inference: HttpInference
 def _values(raw: bytes, datatype: str) -> list:
     if datatype == "BYTES":
         return [e.decode("utf-8", "replace") for e in unpack_bytes_tensor(raw)]
+    if datatype == "BOOL":
+        return [b != 0 for b in raw]
     code = _FLOAT_TYPES.get(datatype) or _INTEGER_TYPES[datatype]
     return list(struct.unpack(f"<{len(raw) // struct.calcsize(code)}{code}", raw))
 

@@ -145,14 +145,14 @@ def requested_outputs(request: kserve.ModelInferRequest) -> tuple[RequestedOutpu
             raise InvalidArgument(f"unknown output '{output.name}'; this model has {', '.join(OUTPUT_NAMES)}")
         class_count = 0
         if "classification" in output.parameters:
-            class_count = _class_count(output.name, output.parameters["classification"])
+            class_count = class_count_of(output.name, output.parameters["classification"])
         wanted.append(RequestedOutput(output.name, class_count))
     return tuple(wanted)
 
 
 def class_count(value: object, field: str, shown: str) -> int:
     """The classification extension's class count k, an integer >= 1: the one rule of it for both
-    KServe transports. gRPC passes an int64 or uint64 parameter's value (_class_count), REST the
+    KServe transports. gRPC passes an int64 or uint64 parameter's value (class_count_of), REST the
     JSON value before it becomes a parameter (kserve_http_codec), each naming the field and showing
     the value in its own terms."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -160,7 +160,7 @@ def class_count(value: object, field: str, shown: str) -> int:
     return value
 
 
-def _class_count(output_name: str, parameter: kserve.InferParameter) -> int:
+def class_count_of(output_name: str, parameter: kserve.InferParameter) -> int:
     """The classification parameter's k (int64_param, as tritonclient sends it, or uint64)."""
     kind = parameter.WhichOneof("parameter_choice")
     value = getattr(parameter, kind) if kind in ("int64_param", "uint64_param") else None

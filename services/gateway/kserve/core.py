@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
+from typing import Any
 
 from inference import grpc_predict_v2_pb2 as kserve
 from infermesh.v1 import common_pb2, gateway_pb2
@@ -28,6 +29,7 @@ from services.gateway.calls.generate_core import Caller, GenerateCore, parse_pri
 from services.gateway.kserve import codec as kserve_codec
 from services.gateway.kserve import models as kserve_models
 from services.gateway.kserve import stream as kserve_stream
+from services.gateway.kserve import tensor_codec
 from services.gateway.kserve.stats import ModelStatistics
 from services.gateway.routing.catalog import ModelCatalog
 from services.gateway.telemetry.tracing import span
@@ -129,7 +131,8 @@ class KServeCore:
     # -- inference -----------------------------------------------------------------------
 
     async def infer(self, request: kserve.ModelInferRequest, caller: Caller) -> kserve.ModelInferResponse:
-        """A classifier request of one or N images; generators answer through `stream`."""
+        """A classifier request of one or N images, or a tensor model's request of N rows (each row one
+        upstream Classify, so rows batch across callers); generators answer through `stream`."""
         request_id = request.id or uuid.uuid4().hex
         bind(request_id=request_id)
         with self._admission.scope("ModelInfer", request.model_name, request.model_version,
@@ -140,29 +143,39 @@ class KServeCore:
                                       check_request=lambda: _require_model_name(request.model_name))
                 info = await self.model(request.model_name, request.model_version)
                 _require_classifier(info)
-                decoded = kserve_codec.decode_images(request)
-                outputs = kserve_codec.requested_outputs(request)
-                _check_batch_size(info, len(decoded.images))
-            with self._counted(info, len(decoded.images)) as served:
-                answers = await self._classify_all(scope, request, info, decoded.images, request_id)
+                if tensor_codec.is_tensor(info):
+                    rows = tensor_codec.decode_rows(request, info, kserve_models.max_batch_size(info))
+                    outputs = tensor_codec.requested_outputs(request, info)
+                    payloads = [{"inputs": row} for row in rows.rows]
+                else:
+                    decoded = kserve_codec.decode_images(request)
+                    outputs = kserve_codec.requested_outputs(request)
+                    _check_batch_size(info, len(decoded.images))
+                    payloads = [{"image": image} for image in decoded.images]
+            with self._counted(info, len(payloads)) as served:
+                answers = await self._classify_all(scope, request, info, payloads, request_id)
                 served.timings = max((a.timings for a in answers), key=lambda t: t.total_us)
                 response = kserve.ModelInferResponse(model_name=request.model_name,
                                                      model_version=answers[0].model.version, id=request.id)
-                batch = [kserve_codec.scores_from_labels(info.labels, a.labels) for a in answers]
-                kserve_codec.encode_outputs(response, outputs, batch, decoded.batched)
+                if tensor_codec.is_tensor(info):
+                    tensor_codec.encode_outputs(response, outputs, answers, info)
+                else:
+                    batch = [kserve_codec.scores_from_labels(info.labels, a.labels) for a in answers]
+                    kserve_codec.encode_outputs(response, outputs, batch, decoded.batched)
                 return response
 
     async def _classify_all(self, scope: RequestScope, request: kserve.ModelInferRequest, info: gateway_pb2.ModelInfo,
-                            images, request_id: str) -> list[gateway_pb2.ClassifyResponse]:
-        def upstream(index: int, image: common_pb2.Image) -> gateway_pb2.ClassifyRequest:
+                            payloads: Sequence[dict[str, Any]], request_id: str) -> list[gateway_pb2.ClassifyResponse]:
+        """`payloads`: each upstream call's `image` or `inputs` (a tensor model's row)."""
+        def upstream(index: int, payload: dict[str, Any]) -> gateway_pb2.ClassifyRequest:
             return gateway_pb2.ClassifyRequest(
                 model=common_pb2.ModelRef(name=request.model_name, version=request.model_version),
-                image=image,
                 top_k=max(1, len(info.labels)),  # every class, so PROBABILITIES is complete
-                request_id=request_id if len(images) == 1 else f"{request_id}/{index}",
+                request_id=request_id if len(payloads) == 1 else f"{request_id}/{index}",
+                **payload,
             )
 
-        tasks = [asyncio.ensure_future(self._classify(scope, upstream(i, image))) for i, image in enumerate(images)]
+        tasks = [asyncio.ensure_future(self._classify(scope, upstream(i, p))) for i, p in enumerate(payloads)]
         try:
             return list(await asyncio.gather(*tasks))
         except BaseException:

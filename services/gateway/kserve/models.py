@@ -11,6 +11,9 @@ Generators are Triton "decoupled" models (ModelStreamInfer only), shaped like Tr
 backend: `text_input` BYTES [1] in, `text_output` BYTES [1] out per token chunk; sampling comes
 from request parameters (kserve/stream.py). They have no batch dimension (max_batch_size 0): the
 scheduler batches sequences step by step, which `parameters` reports.
+
+Tensor models (TorchScript, ONNX) are described as their manifest declares them: metadata shapes
+with the batch dim as -1, config dims without it, max_batch_size and the dynamic batching in force.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ from collections.abc import Iterable, Sequence
 from inference import grpc_predict_v2_pb2 as kserve
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.gateway.kserve import codec as kserve_codec
+from services.gateway.kserve import tensor_codec
 from services.gateway.kserve.stats import StageDurations, VersionStats
 
 CLASSIFIER_PLATFORM = "infermesh_classifier"
 GENERATOR_PLATFORM = "infermesh_generator"
+TENSOR_PLATFORM = "infermesh_tensor"
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"
 # The channels metadata describes (RGB); 1 and 4 are accepted as well.
@@ -59,6 +64,12 @@ def model_metadata(info: gateway_pb2.ModelInfo, versions: Sequence[str]) -> kser
             inputs=[_Tensor(name=TEXT_INPUT, datatype="BYTES", shape=[1])],
             outputs=[_Tensor(name=TEXT_OUTPUT, datatype="BYTES", shape=[1])],
         )
+    if tensor_codec.is_tensor(info):
+        return kserve.ModelMetadataResponse(
+            name=name, versions=list(versions), platform=TENSOR_PLATFORM,
+            inputs=[_Tensor(name=t.name, datatype=t.datatype, shape=list(t.dims)) for t in info.tensor_inputs],
+            outputs=[_Tensor(name=t.name, datatype=t.datatype, shape=list(t.dims)) for t in info.tensor_outputs],
+        )
     num_classes = len(info.labels)
     return kserve.ModelMetadataResponse(
         name=name, versions=list(versions), platform=CLASSIFIER_PLATFORM,
@@ -84,6 +95,16 @@ def model_config(info: gateway_pb2.ModelInfo) -> kserve.ModelConfig:
             model_transaction_policy=kserve.ModelTransactionPolicy(decoupled=True),
             parameters={k: kserve.ModelParameter(string_value=str(v)) for k, v in parameters.items()},
         )
+    if tensor_codec.is_tensor(info):
+        config = kserve.ModelConfig(
+            name=info.model.name, platform=TENSOR_PLATFORM, backend="infermesh", max_batch_size=max_batch_size(info),
+            input=[kserve.ModelInput(name=t.name, data_type=_data_type(t.datatype), dims=list(t.dims[1:]))
+                   for t in info.tensor_inputs],
+            output=[kserve.ModelOutput(name=t.name, data_type=_data_type(t.datatype), dims=list(t.dims[1:]))
+                    for t in info.tensor_outputs],
+        )
+        _set_dynamic_batching(config, batching)
+        return config
     num_classes = len(info.labels)
     config = kserve.ModelConfig(
         name=info.model.name, platform=CLASSIFIER_PLATFORM, backend="infermesh", max_batch_size=max_batch_size(info),
@@ -92,10 +113,19 @@ def model_config(info: gateway_pb2.ModelInfo) -> kserve.ModelConfig:
         output=[kserve.ModelOutput(name=kserve_codec.PROBABILITIES, data_type=kserve.TYPE_FP32, dims=[num_classes]),
                 kserve.ModelOutput(name=kserve_codec.LABELS, data_type=kserve.TYPE_STRING, dims=[num_classes])],
     )
+    _set_dynamic_batching(config, batching)
+    return config
+
+
+def _set_dynamic_batching(config: kserve.ModelConfig, batching: gateway_pb2.BatchingInfo) -> None:
     if batching.max_batch_size:  # a scheduler that reports its batching; older ones say nothing
         config.dynamic_batching.preferred_batch_size[:] = list(batching.preferred_batch_sizes)
         config.dynamic_batching.max_queue_delay_microseconds = batching.max_queue_delay_us
-    return config
+
+
+def _data_type(datatype: str) -> str:
+    """KServe's datatype string as ModelConfig's enum names it (TYPE_FP32 for "FP32")."""
+    return f"TYPE_{datatype}"
 
 
 def repository_index(models: Iterable[gateway_pb2.ModelInfo], ready_only: bool) -> kserve.RepositoryIndexResponse:

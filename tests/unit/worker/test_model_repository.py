@@ -14,7 +14,7 @@ from services.worker.models.generator import Generator
 from services.worker.repository.errors import ChecksumMismatch, GoldenCheckFailed, InvalidManifest
 from services.worker.repository.generator_spec import GoldenGeneration
 from services.worker.repository.golden import GOLDEN_CHECKS, run_golden_check
-from services.worker.repository.loader import RUNTIME_BUILDERS, LoadedModel, load_model
+from services.worker.repository.loader import FILE_RUNTIME_BUILDERS, RUNTIME_BUILDERS, LoadedModel, load_model
 from services.worker.repository.manifest import KINDS, ModelKind, manifest_to_dict, parse_manifest
 from services.worker.repository.store import (
     ModelVersion,
@@ -188,7 +188,10 @@ def test_every_kind_has_a_block_schema_a_runtime_builder_a_golden_check_and_an_a
     from services.worker.model_runtime import SERVING_RUNTIMES
 
     assert set(KINDS) == {kind.value for kind in ModelKind}
-    assert set(RUNTIME_BUILDERS) == set(GOLDEN_CHECKS) == set(SERVING_RUNTIMES) == set(ModelKind)
+    # A kind builds from a state_dict (RUNTIME_BUILDERS) or from a whole model file (FILE_RUNTIME_BUILDERS), never both.
+    assert not set(RUNTIME_BUILDERS) & set(FILE_RUNTIME_BUILDERS)
+    built = set(RUNTIME_BUILDERS) | set(FILE_RUNTIME_BUILDERS)
+    assert built == set(GOLDEN_CHECKS) == set(SERVING_RUNTIMES) == set(ModelKind)
 
 
 @pytest.mark.parametrize(("path", "value", "fragment"), [
