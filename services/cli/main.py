@@ -5,6 +5,8 @@
     infermesh generate PROMPT --model M [--max-tokens N] [--stream]
     infermesh rollout pause|resume|abort|promote MODEL [--gateway ADDR] [--json]
                                                (at the decider gateway; Admin/ControlRollout)
+    infermesh models import FILE --name N --version V [--repository DIR] [--input NAME:DATATYPE:DIMS ...]
+                                               (a TorchScript or ONNX file as a tensor model version)
     infermesh completion bash|zsh              (eval "$(infermesh completion bash)")
 
 Exit codes: 0 ok; 1 an RPC failed (for status: any target); 2 usage (bad flags, unreadable file).
@@ -24,7 +26,8 @@ from pathlib import Path
 import grpc
 
 from infermesh.v1 import admin_pb2, admin_pb2_grpc, common_pb2, gateway_pb2, gateway_pb2_grpc
-from services.cli import completion
+from services.cli import completion, models
+from services.cli.errors import UsageError
 from services.cli.render import Answer, render_json, render_text
 from services.common import admin_servicer, build_info, client_files
 
@@ -32,10 +35,6 @@ DEFAULT_GATEWAY = "127.0.0.1:50051"
 API_KEY_ENV = "INFERMESH_API_KEY"
 _FINISH = {v.number: v.name.removeprefix("FINISH_REASON_").lower()
            for v in common_pb2.FinishReason.DESCRIPTOR.values}
-
-
-class UsageError(Exception):
-    """Bad input the caller can fix (exit 2)."""
 
 
 # --------------------------------------------------------------------------- arguments
@@ -103,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the decider gateway's address (default: $INFERMESH_GATEWAY or %(default)s)")
     rollout.add_argument("--json", action="store_true")
     _common(rollout)
+
+    models.add_parser(commands)
 
     shell = commands.add_parser("completion", help="print a shell completion script")
     shell.add_argument("shell", choices=completion.SHELLS)
@@ -253,7 +254,8 @@ def run_rollout(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"status": run_status, "classify": run_classify, "generate": run_generate, "rollout": run_rollout}
+_COMMANDS = {"status": run_status, "classify": run_classify, "generate": run_generate, "rollout": run_rollout,
+             "models": models.run_models}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -51,7 +51,7 @@ def test_uptime_reads_at_a_glance(seconds, text):
 def test_bash_completion_knows_subcommands_flags_and_choices():
     script = cli.completion.script(cli.build_parser(), "bash")
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
-    assert "compgen -W 'status classify generate rollout completion" in script
+    assert "compgen -W 'status classify generate rollout models completion" in script
     assert "compgen -W 'pause resume abort promote'" in script
     assert "--scheduler" in script and "--max-tokens" in script
     assert "compgen -W 'bash zsh'" in script

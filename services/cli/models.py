@@ -1,0 +1,122 @@
+"""`infermesh models import SOURCE --name N --version V`: a model brought from elsewhere into the repository.
+
+What SOURCE is picks the importer (IMPORTERS, keyed by `source_kind`): a TorchScript or ONNX
+file becomes a `kind: tensor` version (services/worker/repository/tensor_import.py). The
+importers load torch and onnxruntime, so they are imported only when the command runs.
+Exit codes: 0 imported (and golden-checked); 2 refused, with the flag or fix in the message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from services.cli.errors import UsageError
+
+TENSOR = "tensor"
+TENSOR_SUFFIXES = (".onnx", ".pt", ".pth", ".ts", ".torchscript")
+
+
+def add_parser(commands) -> None:
+    models = commands.add_parser("models", help="bring a model into a model repository")
+    actions = models.add_subparsers(dest="action", metavar="ACTION", required=True)
+    imported = actions.add_parser(
+        "import", help="import a TorchScript (.pt) or ONNX (.onnx) file as a tensor model version",
+        description="Copies the file unchanged into REPOSITORY/NAME/VERSION/, writes its manifest (inputs and "
+                    "outputs read from the file where it says them, golden cases from example runs), then loads "
+                    "and golden-checks it as a worker would.")
+    imported.add_argument("source", help="the model file (.onnx, or TorchScript .pt/.pth/.ts/.torchscript)")
+    imported.add_argument("--name", required=True, help="the model's name in the repository")
+    imported.add_argument("--version", required=True, help="the version to create (never overwritten)")
+    imported.add_argument("--repository", default=os.environ.get("INFERMESH_MODEL_REPOSITORY", "model_repo"),
+                          help="the model repository (default: $INFERMESH_MODEL_REPOSITORY or %(default)s)")
+    imported.add_argument("--input", action="append", default=[], metavar="NAME:DATATYPE:DIMS",
+                          help="an input, in forward()'s order (TorchScript needs each; for ONNX it overrides the "
+                               "graph's), e.g. x:FP32:-1,3,32,32 (batch first as -1, -1: any size)")
+    imported.add_argument("--output", action="append", default=[], metavar="NAME",
+                          help="TorchScript: the name of each returned tensor, in order (default output0, ...)")
+    imported.add_argument("--max-batch-size", type=int, default=8,
+                          help="most rows one batch runs (default: %(default)s)")
+    imported.add_argument("--preferred-batch-sizes", default="", metavar="N,N",
+                          help="batch sizes the scheduler sends without waiting for more (Triton's)")
+    imported.add_argument("--image-input", default="", metavar="NAME",
+                          help="preprocess this FP32 [-1,C,H,W] input with the image kernel: clients send "
+                               "uint8 HWC images of any size, resized and normalized by the worker")
+    imported.add_argument("--image-mean", default="", metavar="M[,M,M]", help="per channel, 0..1 pixel units")
+    imported.add_argument("--image-std", default="", metavar="S[,S,S]", help="per channel, > 0")
+    imported.add_argument("--max-image-pixels", type=int, default=4096 * 4096,
+                          help="height x width limit of an image input (default: %(default)s)")
+    imported.add_argument("--golden-atol", type=float, default=1e-4,
+                          help="absolute tolerance of the golden check at load (default: %(default)s)")
+    imported.add_argument("--golden-rtol", type=float, default=1e-3,
+                          help="relative tolerance of the golden check at load (default: %(default)s)")
+
+
+def source_kind(source: Path) -> str:
+    """Which importer reads SOURCE; UsageError naming what is accepted for anything else."""
+    if source.is_file() and source.suffix.lower() in TENSOR_SUFFIXES:
+        return TENSOR
+    if not source.exists():
+        raise UsageError(f"{source}: no such file or directory")
+    raise UsageError(f"{source}: not a model this command imports (a TorchScript or ONNX file: "
+                     f"{', '.join(TENSOR_SUFFIXES)})")
+
+
+def run_models(args: argparse.Namespace) -> int:
+    source = Path(args.source)
+    return IMPORTERS[source_kind(source)](source, args)
+
+
+def _numbers(text: str, flag: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(f"{flag} {text!r}: expected numbers separated by commas") from None
+
+
+def _import_tensor(source: Path, args: argparse.Namespace) -> int:
+    from services.worker.repository.errors import ModelRepositoryError
+    from services.worker.repository.golden import run_golden_check
+    from services.worker.repository.loader import load_model
+    from services.worker.repository.tensor_import import (
+        ImageFlags,
+        ImportRequest,
+        import_tensor_model,
+        parse_input_flag,
+    )
+
+    image = None
+    if args.image_input:
+        if not args.image_mean or not args.image_std:
+            raise UsageError("--image-input needs --image-mean and --image-std (one number per channel)")
+        mean, std = _numbers(args.image_mean, "--image-mean"), _numbers(args.image_std, "--image-std")
+        if len(mean) != len(std) or len(mean) not in (1, 3) or min(std) <= 0:
+            raise UsageError("--image-mean and --image-std need 1 or 3 entries each, std > 0")
+        image = ImageFlags(args.image_input, mean, std, args.max_image_pixels)
+    try:
+        preferred = tuple(int(x) for x in args.preferred_batch_sizes.split(",")) if args.preferred_batch_sizes else ()
+    except ValueError:
+        raise UsageError(f"--preferred-batch-sizes {args.preferred_batch_sizes!r}: integers separated by commas") from None
+    try:
+        request = ImportRequest(
+            source=source, name=args.name, version=args.version, repository=Path(args.repository),
+            inputs=tuple(parse_input_flag(flag) for flag in args.input), output_names=tuple(args.output),
+            max_batch_size=args.max_batch_size, preferred_batch_sizes=preferred, image=image,
+            golden_atol=args.golden_atol, golden_rtol=args.golden_rtol)
+        directory = import_tensor_model(request)
+    except ModelRepositoryError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        run_golden_check(load_model(request.repository, args.name, args.version))
+    except ModelRepositoryError as exc:  # as a worker would refuse it: nothing half-made stays behind
+        shutil.rmtree(directory)
+        raise UsageError(f"the imported version does not load as a worker loads it, so it was removed: {exc}") from None
+    print(f"imported {source.name} as {args.name}/{args.version} in {directory}")
+    return 0
+
+
+# Each kind of SOURCE (source_kind) and the importer that reads it.
+IMPORTERS: dict[str, Callable[[Path, argparse.Namespace], int]] = {TENSOR: _import_tensor}

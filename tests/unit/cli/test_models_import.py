@@ -1,0 +1,46 @@
+"""`infermesh models import`: a file becomes a golden-checked version, or a refusal naming the flag (exit 2)."""
+
+from __future__ import annotations
+
+import json
+
+from services.cli import main as cli
+from tests.support.tensor_models import MLP, SEQ, export_onnx, export_torchscript
+
+
+def test_an_onnx_file_is_imported_with_what_its_graph_says(tmp_path, capsys):
+    source = export_onnx(SEQ, tmp_path)
+    code = cli.main(["models", "import", str(source), "--name", "seq", "--version", "3",
+                     "--repository", str(tmp_path / "repo"), "--preferred-batch-sizes", "2,4"])
+    assert code == 0, capsys.readouterr().err
+    manifest = json.loads((tmp_path / "repo" / "seq" / "3" / "manifest.json").read_text())
+    assert manifest["kind"] == "tensor" and manifest["tensor"]["format"] == "onnx"
+    assert manifest["tensor"]["inputs"] == [{"name": "tokens", "datatype": "INT64", "dims": [-1, -1]}]
+    assert manifest["tensor"]["preferred_batch_sizes"] == [2, 4]
+    assert (tmp_path / "repo" / "seq" / "3" / "seq.onnx").read_bytes() == source.read_bytes()
+    assert "imported seq.onnx as seq/3" in capsys.readouterr().out
+
+
+def test_torchscript_needs_its_inputs_and_the_refusal_names_the_flag(tmp_path, capsys):
+    source = export_torchscript(MLP, tmp_path)
+    repo = str(tmp_path / "repo")
+    assert cli.main(["models", "import", str(source), "--name", "mlp", "--version", "1", "--repository", repo]) == 2
+    assert "give each with --input NAME:DATATYPE:DIMS" in capsys.readouterr().err
+    code = cli.main(["models", "import", str(source), "--name", "mlp", "--version", "1", "--repository", repo,
+                     "--input", "a:FP32:-1,4", "--input", "b:FP32:-1,3", "--output", "y", "--output", "norm"])
+    assert code == 0, capsys.readouterr().err
+    manifest = json.loads((tmp_path / "repo" / "mlp" / "1" / "manifest.json").read_text())
+    assert [o["name"] for o in manifest["tensor"]["outputs"]] == ["y", "norm"]
+
+
+def test_what_is_not_a_model_file_is_refused(tmp_path, capsys):
+    assert cli.main(["models", "import", str(tmp_path), "--name", "m", "--version", "1"]) == 2
+    assert "not a model this command imports" in capsys.readouterr().err
+    assert cli.main(["models", "import", str(tmp_path / "none.onnx"), "--name", "m", "--version", "1"]) == 2
+    assert "no such file or directory" in capsys.readouterr().err
+
+
+def test_an_image_input_needs_mean_and_std(tmp_path, capsys):
+    source = export_onnx(MLP, tmp_path)
+    assert cli.main(["models", "import", str(source), "--name", "m", "--version", "1", "--image-input", "a"]) == 2
+    assert "--image-input needs --image-mean and --image-std" in capsys.readouterr().err
