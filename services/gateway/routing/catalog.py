@@ -17,6 +17,8 @@ class ModelCatalog:
         self._names: frozenset[str] = frozenset()
         # (name, version) -> endpoints that reported it ready; routing reads it per canary draw.
         self._ready: dict[tuple[str, str], frozenset[str]] = {}
+        # (name, version) and (name, "") -> the largest max_seq_len reported; the quota hold reads it per Generate.
+        self._max_seq_len: dict[tuple[str, str], int] = {}
 
     def update(self, endpoint: str, models: tuple[gateway_pb2.ModelInfo, ...]) -> None:
         self._by_endpoint[endpoint] = models
@@ -34,6 +36,12 @@ class ModelCatalog:
                 if info.ready:
                     ready.setdefault((info.model.name, info.model.version), set()).add(endpoint)
         self._ready = {key: frozenset(endpoints) for key, endpoints in ready.items()}
+        max_seq_len: dict[tuple[str, str], int] = {}
+        for models in self._by_endpoint.values():
+            for info in models:
+                for key in ((info.model.name, info.model.version), (info.model.name, "")):
+                    max_seq_len[key] = max(max_seq_len.get(key, 0), info.max_seq_len)
+        self._max_seq_len = max_seq_len
 
     def knows(self, name: str) -> bool:
         """Whether any endpoint reported a version of `name` (ready or not)."""
@@ -62,8 +70,7 @@ class ModelCatalog:
     def max_seq_len(self, name: str, version: str = "") -> int:
         """The most tokens (prompt + output) a sequence of `version` of `name` may hold, the largest
         any endpoint reported (of every version when version is ""); 0 when none reported it."""
-        return max((info.max_seq_len for models in self._by_endpoint.values() for info in models
-                    if info.model.name == name and (not version or info.model.version == version)), default=0)
+        return self._max_seq_len.get((name, version), 0)
 
     def all_models(self) -> list[gateway_pb2.ModelInfo]:
         names = sorted({info.model.name for models in self._by_endpoint.values() for info in models})
