@@ -18,6 +18,9 @@ from loadtest.scenario import Scenario, Slo
 from loadtest.stats import generator_lag, summarize_group, time_windows
 from loadtest.targets.address import parse_target
 
+# The report's JSON Schema (draft 2020-12); one file per schema version, checked in tests.
+SCHEMA_PATH = Path(__file__).parent / "schema" / "report-v1.schema.json"
+
 REQUIRED_TOP_KEYS = ("schema", "meta", "generator", "overall", "classes", "tenants", "priorities", "windows")
 REQUIRED_GROUP_KEYS = ("num_requests", "num_ok", "num_errors", "errors", "offered_rps", "throughput_rps",
                        "goodput_rps", "goodput_ratio", "error_ratio", "latency_ms", "service_ms", "cdf_ms",

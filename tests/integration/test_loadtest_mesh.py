@@ -7,10 +7,13 @@ One mesh for the module (TLS on every port, the session's dev CA), runs of 2 s a
 
 from __future__ import annotations
 
+import json
+
+import jsonschema
 import pytest
 
 from loadtest.cli import EXIT_OK, main
-from loadtest.report_json import load_report
+from loadtest.report_json import SCHEMA_PATH, load_report
 from tools.testbed import session_tls
 from tools.testbed.processes import free_port, running_mesh
 
@@ -67,7 +70,9 @@ def _run(tmp_path, capsys, name: str, classes: str, target: str) -> dict:
                  "--wait-ready-s", "20", "--ca-file", str(session_tls.session_pki().ca_path)])
     assert code == EXIT_OK, capsys.readouterr()
     (path,) = tmp_path.glob(f"{name}-*.json")
-    return load_report(path)
+    doc = load_report(path)
+    jsonschema.validate(doc, json.loads(SCHEMA_PATH.read_text()), cls=jsonschema.Draft202012Validator)
+    return doc
 
 
 def _all_ok(doc: dict, min_requests: int = 12) -> dict:
