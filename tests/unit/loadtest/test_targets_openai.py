@@ -110,10 +110,12 @@ async def test_open_loop_keeps_sending_over_http_through_a_stall(fake_openai):
     server, url = await fake_openai(token_s=0.0005, stall_on_call=25, stall_s=STALL_S)
     result = await _run(url, _scenario(rate_rps=50, duration_s=2.0, output_len=1, stream=False))
     stalled = [r for r in result.records if r.service_s > STALL_S / 3]
-    assert len(stalled) >= 20
-    assert all(r.client_queue_s < STALL_S / 4 for r in stalled)
+    max_lag_ms = max(result.lag_us) / 1000
+    # Messages carry the figures: on a loaded shared box, say which bound a slow loop broke.
+    assert len(stalled) >= 20, (len(stalled), max_lag_ms)
+    assert max(r.client_queue_s for r in stalled) < STALL_S / 4, (max(r.client_queue_s for r in stalled), max_lag_ms)
     assert server.num_calls == 99
-    assert result.lag_us and max(result.lag_us) < STALL_S / 4 * 1e6
+    assert max_lag_ms < STALL_S / 4 * 1000
 
 
 async def test_each_request_carries_its_own_traceparent_and_the_report_lists_the_slowest(fake_openai):
