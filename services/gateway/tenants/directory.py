@@ -8,9 +8,15 @@ are stored only as sha256 hex digests; print one with
 Neither keys nor their digests are ever logged or put in error messages (an
 operator who pasted a raw key into the digest field must not see it in logs).
 
+A tenant may also be recognised by who the caller is (tenants/identities.py): its client
+certificate's SPIFFE id or DNS name, or a JWT from an issuer named in the file's `jwt` section
+(tenants/jwt_policy.py, verified by tenants/jwt_verifier.py against JWKS files, tenants/jwks.py).
+`TenantDirectory.recognize` is the one check that combines them (docs/security.md).
+
 `TenantConfigWatcher` swaps in a new config when the file changes (the caller
 polls) or on demand (SIGHUP); a bad file is refused and the old config stays
-(services/common/file_watch.py, shared with the routing file).
+(services/common/file_watch.py, shared with the routing file). The JWKS files are watched
+beside it (`poll_jwks`).
 """
 
 from __future__ import annotations
@@ -30,7 +36,19 @@ import yaml
 from services.common.errors import PermissionDenied, Unauthenticated
 from services.common.file_watch import ReloadResult as FileReload
 from services.common.file_watch import WatchedFile
+from services.common.identity import PeerIdentity
 from services.common.priority import Priority
+from services.gateway.tenants.credentials import AuthMethod, Authorization, split
+from services.gateway.tenants.identities import (
+    NO_IDENTITIES,
+    IdentityIndex,
+    TenantIdentities,
+    duplicate_identity,
+    parse_identities,
+)
+from services.gateway.tenants.jwks import JwksError, JwksFiles, JwksReload
+from services.gateway.tenants.jwt_policy import NO_JWT, JwtPolicy, parse_jwt_policy
+from services.gateway.tenants.jwt_verifier import JwtVerifier, looks_like_jwt
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +88,8 @@ class Tenant:
     # Its requests' W3C trace context is followed (parent and sampling decision) when the gateway runs
     # with --trust-trace-context tenants; otherwise only linked (docs/security.md).
     trust_trace_context: bool = False
+    # Certificate names and JWT claims that are this tenant too (tenants/identities.py).
+    identities: TenantIdentities = NO_IDENTITIES
 
     def may_use(self, model_name: str) -> bool:
         return ALL_MODELS in self.allowed_models or model_name in self.allowed_models
@@ -79,6 +99,14 @@ class Tenant:
 class TenantConfig:
     tenants: tuple[Tenant, ...]
     source: str
+    # The issuers whose tokens are accepted; NO_JWT: bearer values are API keys only.
+    jwt: JwtPolicy = NO_JWT
+
+
+@dataclass(frozen=True)
+class Recognition:
+    tenant: Tenant
+    method: AuthMethod
 
 
 def hash_api_key(api_key: str) -> str:
@@ -108,17 +136,20 @@ def parse_tenant_config(text: str, source: str) -> TenantConfig:
         raise TenantConfigError(f"{source}: not valid YAML: {_yaml_problem(exc)}") from exc
     if not isinstance(data, Mapping):
         raise TenantConfigError(f"{source}: top level must be a mapping with key 'tenants'")
-    _reject_unknown(data, {"tenants"}, f"{source}: top level")
+    _reject_unknown(data, {"tenants", "jwt"}, f"{source}: top level")
     entries = data.get("tenants")
     if not isinstance(entries, list):
         raise TenantConfigError(f"{source}: field 'tenants': must be a list of tenants")
+    jwt_policy = parse_jwt_policy(
+        data.get("jwt"), lambda field_name, problem: TenantConfigError(f"{source}: field '{field_name}': {problem}"))
     tenants = tuple(_parse_tenant(entry, index, source) for index, entry in enumerate(entries))
     _reject_duplicates(tenants, source)
-    return TenantConfig(tenants=tenants, source=source)
+    _reject_unknown_issuers(tenants, jwt_policy, source)
+    return TenantConfig(tenants=tenants, source=source, jwt=jwt_policy)
 
 
 _TENANT_FIELDS = {"id", "api_key_sha256", "priority", "weight", "allowed_models", "quotas", "admin",
-                  "trust_trace_context"}
+                  "trust_trace_context", "identities"}
 _QUOTA_FIELDS = ("requests_per_s", "requests_burst", "tokens_per_s", "tokens_burst", "max_in_flight")
 
 
@@ -138,15 +169,20 @@ def _parse_tenant(entry: object, index: int, source: str) -> Tenant:
     def fail(field_name: str, problem: str) -> TenantConfigError:
         return TenantConfigError(f"{where}: field '{field_name}': {problem}")
 
+    identities = parse_identities(entry.get("identities"), fail)
+    if "api_key_sha256" not in entry and not identities.any:
+        raise fail("api_key_sha256", "is required unless 'identities' names a certificate or token identity: "
+                                     "a tenant needs at least one way to be recognised")
     return Tenant(
         tenant_id=tenant_id,
         priority=_parse_priority(entry.get("priority"), fail),
         weight=_parse_int(entry.get("weight", 1), "weight", 1, fail),
         allowed_models=_parse_models(entry.get("allowed_models"), fail),
         quota=_parse_quota(entry.get("quotas"), fail),
-        api_key_sha256=_parse_key_hashes(entry.get("api_key_sha256"), fail),
+        api_key_sha256=_parse_key_hashes(entry["api_key_sha256"], fail) if "api_key_sha256" in entry else (),
         admin=_parse_flag(entry.get("admin", False), "admin", fail),
         trust_trace_context=_parse_flag(entry.get("trust_trace_context", False), "trust_trace_context", fail),
+        identities=identities,
     )
 
 
@@ -238,6 +274,20 @@ def _reject_duplicates(tenants: tuple[Tenant, ...], source: str) -> None:
                     f"same key as tenant '{owner_by_hash[digest]}'"
                 )
             owner_by_hash[digest] = tenant.tenant_id
+    shared = duplicate_identity((t.tenant_id, t.identities) for t in tenants)
+    if shared is not None:
+        tenant_id, rule, other = shared
+        raise TenantConfigError(f"{source}: tenant '{tenant_id}': field 'identities': {rule} is also "
+                                f"tenant '{other}''s")
+
+
+def _reject_unknown_issuers(tenants: tuple[Tenant, ...], policy: JwtPolicy, source: str) -> None:
+    for tenant in tenants:
+        for issuer in sorted(tenant.identities.issuers):
+            if policy.issuer(issuer) is None:
+                raise TenantConfigError(
+                    f"{source}: tenant '{tenant.tenant_id}': field 'identities.jwt': issuer {issuer!r} is not "
+                    "in the file's jwt.issuers (tokens are checked only against issuers declared there)")
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -250,23 +300,76 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 
 
 class TenantDirectory:
-    """Authenticates API keys and answers model permissions for one config."""
+    """Recognises callers (API key, client certificate, JWT) and answers model permissions for one config."""
 
-    def __init__(self, config: TenantConfig) -> None:
+    def __init__(self, config: TenantConfig, jwks: JwksFiles | None = None) -> None:
+        """jwks: the config's JWKS files, read; None reads them here (raises JwksError)."""
         self.config = config
         self._tenant_by_hash = {digest: t for t in config.tenants for digest in t.api_key_sha256}
         self._tenant_by_id = {t.tenant_id: t for t in config.tenants}
+        self._identities = IdentityIndex((t.tenant_id, t.identities) for t in config.tenants)
+        self.jwks = jwks if jwks is not None else JwksFiles(config.jwt.jwks_files)
+        self._verifier = JwtVerifier(config.jwt, self.jwks) if config.jwt.issuers else None
 
-    def authenticate(self, authorization: str | None) -> Tenant:
-        """The tenant for an `authorization: Bearer <key>` metadata value."""
-        if not authorization:
+    def authenticate(self, authorization: Authorization) -> Tenant:
+        """The tenant of a caller: `recognize` without the method."""
+        return self.recognize(authorization).tenant
+
+    def recognize(self, authorization: Authorization) -> Recognition:
+        """The tenant for an `authorization: Bearer <key or JWT>` value and/or a verified client certificate.
+
+        A certificate that names a tenant is enough on its own. With a bearer value too, both must
+        name the same tenant (PermissionDenied naming both otherwise); a certificate that names no
+        tenant leaves the choice to the bearer value, so a caller can present its certificate
+        before the tenants file knows it."""
+        value, peer = split(authorization)
+        by_certificate = self._tenant_for_certificate(peer)
+        if not value:
+            if by_certificate is not None:
+                return Recognition(by_certificate, AuthMethod.MTLS)
+            if peer is not None:
+                raise Unauthenticated(f"the client certificate ({peer}) matches no tenant, and no "
+                                      "'authorization: Bearer <key or token>' was sent")
             raise Unauthenticated("missing API key: send metadata 'authorization: Bearer <key>'")
+        bearer = self._bearer(value)
+        by_bearer = self._tenant_for_bearer(bearer)
+        if by_certificate is None:
+            return by_bearer
+        if by_certificate.tenant_id != by_bearer.tenant.tenant_id:
+            what = "token" if by_bearer.method is AuthMethod.JWT else "API key"
+            raise PermissionDenied(f"the client certificate ({peer}) is tenant '{by_certificate.tenant_id}' but the "
+                                   f"{what} is tenant '{by_bearer.tenant.tenant_id}': send credentials of one tenant")
+        both = AuthMethod.MTLS_JWT if by_bearer.method is AuthMethod.JWT else AuthMethod.MTLS_KEY
+        return Recognition(by_certificate, both)
+
+    @staticmethod
+    def _bearer(authorization: str) -> str:
         match = _BEARER.match(authorization)
         if match is None:
             if len(_BEARER_WORD.findall(authorization)) > 1:
                 raise Unauthenticated("more than one authorization value: send one 'Bearer <key>'")
             raise Unauthenticated("malformed authorization metadata: expected 'Bearer <key>'")
-        return self.authenticate_key(match.group(1))
+        return match.group(1)
+
+    def _tenant_for_certificate(self, peer: PeerIdentity | None) -> Tenant | None:
+        if peer is None or not self._identities.matches_certificates:
+            return None
+        tenant_id = self._identities.tenant_for_certificate(peer.names)
+        return None if tenant_id is None else self._tenant_by_id[tenant_id]
+
+    def _tenant_for_bearer(self, bearer: str) -> Recognition:
+        # An API key first: one hash and one lookup, and a key that happens to look like a JWT still works.
+        tenant = self._tenant_by_hash.get(hash_api_key(bearer))
+        if tenant is not None or not looks_like_jwt(bearer):
+            return Recognition(self.authenticate_key(bearer), AuthMethod.KEY)
+        if self._verifier is None:
+            raise Unauthenticated("invalid API key (a JWT was sent, but the tenants file trusts no token issuer)")
+        token = self._verifier.verify(bearer)
+        tenant_id = self._identities.tenant_for_claims(token.issuer, token.claims)
+        if tenant_id is None:
+            raise Unauthenticated(f"the token of issuer {token.issuer!r} is valid but matches no tenant "
+                                  "(by subject or claim)")
+        return Recognition(self._tenant_by_id[tenant_id], AuthMethod.JWT)
 
     def authenticate_key(self, api_key: str) -> Tenant:
         digest = hash_api_key(api_key)
@@ -302,7 +405,11 @@ class ReloadResult:
 
 
 def _load_directory(path: str | os.PathLike) -> TenantDirectory:
-    return TenantDirectory(load_tenant_config(path))
+    config = load_tenant_config(path)
+    try:
+        return TenantDirectory(config)
+    except JwksError as exc:
+        raise TenantConfigError(f"{config.source}: field 'jwt': {exc}") from None
 
 
 class TenantConfigWatcher:
@@ -339,6 +446,10 @@ class TenantConfigWatcher:
 
     def reload(self) -> ReloadResult:
         return self._with_count(self.file.reload())
+
+    def poll_jwks(self) -> JwksReload | None:
+        """Re-read the JWKS files the config in force names if their bytes changed; None when unchanged."""
+        return self.directory.jwks.poll()
 
     def _with_count(self, result: FileReload) -> ReloadResult:
         return ReloadResult(result.applied, result.reason, len(self.directory.tenants))
