@@ -177,7 +177,8 @@ class ServerSettings:
     tls_ca_file: str = setting("", "PEM CA bundle that verifies peers (client certs here, server certs upstream)")
     tls_client_auth: str = setting(
         "auto", "require (mTLS: verify client certs), none, or auto: none at the gateway (tenants use API keys), "
-        "require at the scheduler and workers")
+        "require at the scheduler and workers; optional (gateway HTTP port: ask for a client certificate and "
+        "verify one if sent; grpcio cannot ask without requiring, so the gRPC port does not ask)")
     tls_identity_check: bool = setting(
         True, "with client certs required, allow each method only to the identities in the policy; "
         "off only where a service mesh does mTLS and authorization instead")
@@ -221,8 +222,8 @@ class ServerSettings:
         require(self.log_format in ("text", "json"), f"log_format must be text or json, got {self.log_format!r}")
         require(bool(self.tls_cert_file) == bool(self.tls_key_file),
                 "tls_cert_file and tls_key_file go together: set both or neither")
-        require(self.tls_client_auth in ("auto", "require", "none"),
-                f"tls_client_auth must be auto, require or none, got {self.tls_client_auth!r}")
+        require(self.tls_client_auth in ("auto", "require", "optional", "none"),
+                f"tls_client_auth must be auto, require, optional or none, got {self.tls_client_auth!r}")
         require(not (self.plaintext and self.tls_enabled),
                 "--plaintext and --tls-cert-file contradict each other: give the certificate files, or --plaintext")
         require(not self.tls_ca_file or self.tls_enabled,

@@ -31,7 +31,7 @@ from opentelemetry import trace
 
 LOG_FORMATS = ("text", "json")
 # The record attributes this module sets, in the order text lines show them.
-FIELDS = ("request_id", "tenant", "batch_id", "trace_id", "span_id")
+FIELDS = ("request_id", "tenant", "auth", "batch_id", "trace_id", "span_id")
 MAX_ID_CHARS = 64
 
 
@@ -39,6 +39,8 @@ MAX_ID_CHARS = 64
 class Bound:
     request_id: str = ""
     tenant: str = ""
+    # How the tenant was recognised (key, jwt, mtls, ...: tenants/credentials.py), never the credential.
+    auth: str = ""
     batch_id: str = ""
     # The request's server span, for lines logged where it is no longer current.
     span: trace.SpanContext | None = None
@@ -80,6 +82,7 @@ class RequestFields(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         bound = _bound.get() or _EMPTY
         record.request_id, record.tenant, record.batch_id = bound.request_id, bound.tenant, bound.batch_id
+        record.auth = bound.auth
         span = trace.get_current_span().get_span_context()
         if not span.is_valid and bound.span is not None:
             span = bound.span

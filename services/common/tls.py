@@ -56,14 +56,23 @@ def plan(settings: ServerSettings, service_name: str) -> TlsPlan:
     require = settings.tls_client_auth == "require" or (
         settings.tls_client_auth == "auto" and service_name not in _NO_CLIENT_CERT_BY_DEFAULT
     )
-    if require and not files.ca_path:
-        raise ConfigError(f"{service_name} requires client certificates (--tls-client-auth "
+    if (require or settings.tls_client_auth == "optional") and not files.ca_path:
+        raise ConfigError(f"{service_name} {'requires' if require else 'asks for'} client certificates (--tls-client-auth "
                           f"{settings.tls_client_auth}) but --tls-ca-file is empty: nothing to verify them against")
     policy = None
     if require and settings.tls_identity_check:
         policy = IdentityPolicy(settings.tls_allowed_gateway_ids, settings.tls_allowed_worker_ids,
                                 settings.tls_allowed_admin_ids)
     return TlsPlan(files, require, policy)
+
+
+def client_cert_mode(settings: ServerSettings, service_name: str) -> str:
+    """none | optional | require: what a listener asks of clients (auto resolved as `plan` does)."""
+    if not settings.tls_enabled:
+        return "none"
+    if settings.tls_client_auth == "auto":
+        return "none" if service_name in _NO_CLIENT_CERT_BY_DEFAULT else "require"
+    return settings.tls_client_auth
 
 
 def _server_config(material: PemMaterial) -> grpc.ServerCertificateConfiguration:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from inference import grpc_predict_v2_pb2, grpc_predict_v2_pb2_grpc
 from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
+from services.common import tls
 from services.common.admin_servicer import SERVICE_NAME as ADMIN_SERVICE
 from services.common.admin_servicer import AdminServicer, add_to_server
 from services.common.cert_files import TlsFiles
@@ -73,6 +74,7 @@ from services.gateway.routing.table import (
 )
 from services.gateway.telemetry import metrics
 from services.gateway.tenants.directory import TenantConfig, TenantConfigError, TenantConfigWatcher
+from services.gateway.tenants.jwks import JwksReload
 from services.gateway.upstream.clients import SchedulerClients, UpstreamMode
 
 log = logging.getLogger(__name__)
@@ -287,11 +289,16 @@ class GatewayService:
         return HttpServer(OpenAIFront(generate, models.list_models,
                                       self.admission.parts.tenants.authenticate), config.host, config.http_port,
                           files, max_body_bytes=config.max_message_bytes, shutdown_timeout_s=config.drain_grace_s,
-                          kserve=KServeHttp(kserve, ready=self._ready))
+                          kserve=KServeHttp(kserve, ready=self._ready),
+                          client_cert=tls.client_cert_mode(config, "gateway"))
 
     async def start(self, health: Health) -> None:
         self._health = health
         _report_anonymous(self._config)
+        if tls.client_cert_mode(self._config, "gateway") == "optional":
+            log.warning("--tls-client-auth optional: the HTTP port asks for client certificates; the gRPC port "
+                        "does not (grpcio cannot ask without requiring), so gRPC callers there are recognised by "
+                        "key or token; 'require' asks on both ports (docs/security.md)")
         if self.http is not None:
             await self.http.start()
         if self.discovery.target.is_dns:
@@ -328,14 +335,20 @@ class GatewayService:
         for name, watched in self._watched_files():
             log.info("SIGHUP: reloading %s from %s", name, watched.path)
             _count_reload(name, watched.reload())
+        self._poll_jwks()
 
     async def _watch_files(self) -> None:
-        # The tenants and the routing file, both at the tenants file's interval.
+        # The tenants and the routing file, and the tenants file's JWKS files, at the tenants file's interval.
         interval_s = self._config.tenants_poll_interval_ms / 1000
         while True:
             await asyncio.sleep(interval_s)
             for name, watched in self._watched_files():
                 _count_reload(name, watched.poll())
+            self._poll_jwks()
+
+    def _poll_jwks(self) -> None:
+        if self.watcher is not None:
+            _count_reload("jwks", self.watcher.poll_jwks())
 
     async def _observe_limits(self) -> None:
         while True:  # once a second, not per request: the admitted path stays cheap
@@ -376,6 +389,6 @@ def _report_anonymous(config: GatewayConfig) -> None:
                     "'anonymous' with no quota; give --tenants-file outside development (docs/security.md)")
 
 
-def _count_reload(name: str, result: ReloadResult | None) -> None:
+def _count_reload(name: str, result: ReloadResult | JwksReload | None) -> None:
     if result is not None:
         metrics.config_reload(name, result.applied)

@@ -26,7 +26,14 @@ from opentelemetry import trace
 
 from services.common import log_context
 from services.common.clock import Clock
-from services.common.errors import DeadlineExceeded, InfermeshError, ResourceExhausted, Unavailable
+from services.common.errors import (
+    DeadlineExceeded,
+    InfermeshError,
+    PermissionDenied,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+)
 from services.common.metric_labels import OTHER
 from services.common.priority import Priority
 from services.common.status import status_code_of
@@ -41,7 +48,14 @@ from services.gateway.routing.pressure import PressureBoard
 from services.gateway.routing.table import RoutingTable
 from services.gateway.telemetry import metrics
 from services.gateway.telemetry.tracing import span
-from services.gateway.tenants.directory import ALL_MODELS, Tenant, TenantConfigWatcher, TenantQuota
+from services.gateway.tenants.credentials import AuthMethod, Authorization, presented
+from services.gateway.tenants.directory import (
+    ALL_MODELS,
+    Recognition,
+    Tenant,
+    TenantConfigWatcher,
+    TenantQuota,
+)
 
 log = logging.getLogger(__name__)
 _tracer = trace.get_tracer("infermesh.gateway")
@@ -64,7 +78,9 @@ UNAUTHENTICATED = "unauthenticated"  # tenant label of requests refused before a
 
 
 class TenantSource(Protocol):
-    def authenticate(self, authorization: str | None) -> Tenant: ...
+    def authenticate(self, authorization: Authorization) -> Tenant: ...
+
+    def recognize(self, authorization: Authorization) -> Recognition: ...
 
     def check_model_allowed(self, tenant: Tenant, model_name: str) -> None: ...
 
@@ -72,8 +88,11 @@ class TenantSource(Protocol):
 class OpenTenants:
     """Development mode: everyone is ANONYMOUS and may use every model."""
 
-    def authenticate(self, authorization: str | None) -> Tenant:
+    def authenticate(self, authorization: Authorization) -> Tenant:
         return ANONYMOUS
+
+    def recognize(self, authorization: Authorization) -> Recognition:
+        return Recognition(ANONYMOUS, AuthMethod.ANONYMOUS)
 
     def check_model_allowed(self, tenant: Tenant, model_name: str) -> None:
         return None
@@ -85,8 +104,11 @@ class WatchedTenants:
     def __init__(self, watcher: TenantConfigWatcher) -> None:
         self.watcher = watcher
 
-    def authenticate(self, authorization: str | None) -> Tenant:
+    def authenticate(self, authorization: Authorization) -> Tenant:
         return self.watcher.directory.authenticate(authorization)
+
+    def recognize(self, authorization: Authorization) -> Recognition:
+        return self.watcher.directory.recognize(authorization)
 
     def check_model_allowed(self, tenant: Tenant, model_name: str) -> None:
         self.watcher.directory.check_model_allowed(tenant, model_name)
@@ -244,7 +266,7 @@ class Admission:
         self.clock = clock
 
     def scope(self, method: str, model: str, version: str = "", metadata=None,
-              authorization: str | None = None) -> RequestScope:
+              authorization: Authorization = None) -> RequestScope:
         """The request's scope; its span's parent comes from the call's metadata if the caller is trusted."""
         parent, links = self.parts.trace_trust.parent(metadata, authorization)
         return RequestScope(method, model, version, self.clock, self.parts.limiter, parent,
@@ -252,7 +274,7 @@ class Admission:
                             links=links, on_finish=self.parts.on_finish)
 
     def admit(
-        self, scope: RequestScope, authorization: str | None, client_timeout_s: float | None, num_tokens: int = 0,
+        self, scope: RequestScope, authorization: Authorization, client_timeout_s: float | None, num_tokens: int = 0,
         priority: Priority | None = None, check_request: Callable[[], None] | None = None,
     ) -> None:
         """Admit the request or raise the domain error that refuses it; fills `scope`.
@@ -269,11 +291,17 @@ class Admission:
             raise
         metrics.IN_FLIGHT.set(parts.limiter.num_in_flight)
         with span("auth"):
-            tenant = parts.tenants.authenticate(authorization)
+            try:
+                recognition = parts.tenants.recognize(authorization)
+            except (Unauthenticated, PermissionDenied):
+                metrics.caller_refused(presented(authorization))
+                raise
+            tenant, auth = recognition.tenant, recognition.method.value
+            metrics.caller_recognized(tenant.tenant_id, auth)
             if priority is not None and priority > tenant.priority:  # a larger value is a lower class
                 tenant = replace(tenant, priority=priority)
             scope.tenant, scope.tenant_id = tenant, tenant.tenant_id
-            log_context.bind(tenant=tenant.tenant_id)
+            log_context.bind(tenant=tenant.tenant_id, auth=auth)
             if check_request is not None:
                 check_request()
             parts.tenants.check_model_allowed(tenant, scope.model)

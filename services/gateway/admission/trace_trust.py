@@ -17,6 +17,7 @@ from opentelemetry import trace
 
 from services.common.errors import InfermeshError
 from services.common.telemetry import context_from_metadata, edge_parent
+from services.gateway.tenants.credentials import Authorization
 from services.gateway.tenants.directory import Tenant
 
 
@@ -27,7 +28,7 @@ class TrustMode(enum.Enum):
 
 
 class Authenticator(Protocol):
-    def authenticate(self, authorization: str | None) -> Tenant: ...
+    def authenticate(self, authorization: Authorization) -> Tenant: ...
 
 
 class TraceTrust:
@@ -37,7 +38,7 @@ class TraceTrust:
         self.mode = mode
         self._tenants = tenants
 
-    def trusts(self, authorization: str | None) -> bool:
+    def trusts(self, authorization: Authorization) -> bool:
         if self.mode is TrustMode.NONE:
             return False
         if self.mode is TrustMode.ALL:
@@ -50,7 +51,7 @@ class TraceTrust:
             return False
 
     def parent(self, metadata: Iterable[tuple[str, str | bytes]] | None,
-               authorization: str | None) -> tuple[otel_context.Context, tuple[trace.Link, ...]]:
+               authorization: Authorization) -> tuple[otel_context.Context, tuple[trace.Link, ...]]:
         """The request's server span's parent and links (telemetry.edge_parent)."""
         caller = context_from_metadata(metadata)
         sent = trace.get_current_span(caller).get_span_context().is_valid

@@ -32,6 +32,7 @@ from services.gateway.calls.stage_timings import gateway_stages, ingress_s
 from services.gateway.dispatch.dispatcher import Dispatcher
 from services.gateway.rollout.shadow import ShadowMirror
 from services.gateway.telemetry.tracing import span
+from services.gateway.tenants.credentials import Authorization
 from services.gateway.tenants.directory import Tenant
 
 SERVICE = "gateway"
@@ -59,7 +60,8 @@ def parse_priority(value: str | bytes | None) -> Priority | None:
 class Caller:
     """What one request's transport said about its caller, read once by the front."""
 
-    authorization: str | None
+    # The authorization value, or Credentials with the verified client certificate's names.
+    authorization: Authorization
     # The client's send time (x-request-start), unix seconds; None when it sent none.
     request_start_s: float | None = None
     # The client's remaining time, seconds; None when it set no deadline (the gateway's default applies).

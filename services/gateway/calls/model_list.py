@@ -7,6 +7,7 @@ import asyncio
 
 from infermesh.v1 import gateway_pb2
 from services.gateway.admission.admission import Admission
+from services.gateway.tenants.credentials import Authorization
 from services.gateway.upstream.clients import AttemptError, SchedulerClients
 
 
@@ -15,7 +16,7 @@ class ModelList:
         self._admission = admission
         self._clients = clients
 
-    async def list_models(self, authorization: str | None, timeout_s: float) -> gateway_pb2.ListModelsResponse:
+    async def list_models(self, authorization: Authorization, timeout_s: float) -> gateway_pb2.ListModelsResponse:
         """The models the caller's tenant may use, merged over every scheduler; a version any of
         them reports ready counts as ready. Fails only when no scheduler answered."""
         tenants = self._admission.parts.tenants

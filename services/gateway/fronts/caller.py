@@ -7,9 +7,16 @@ read invocation metadata; HTTP fronts (openai_http.py, kserve_http.py) read head
 deadline in x-infermesh-timeout-ms.
 
 Authorization sent several times is joined as HTTP joins repeated fields ("a, b") on both
-transports, and the tenants' one check (tenants/directory.py, `TenantDirectory.authenticate`)
+transports, and the tenants' one check (tenants/directory.py, `TenantDirectory.recognize`)
 refuses a value that holds more than one key, whatever their order: a second value must never
 silently win over the first.
+
+A connection that came with a verified client certificate (--tls-client-auth optional or
+require) adds the certificate's SAN names: the authorization value then travels as
+`Credentials` (tenants/credentials.py), and the tenants' check matches the names against the
+tenants file. gRPC hands them over per call (`peer_identities`, a fraction of a microsecond;
+`auth_context()` would copy the whole PEM, hundreds of microseconds); HTTP keeps the peer
+certificate the handshake verified on the transport.
 """
 
 from __future__ import annotations
@@ -22,9 +29,11 @@ from aiohttp import web
 
 from services.common import errors
 from services.common.deadlines import remaining_s
+from services.common.identity import PeerIdentity
 from services.gateway.calls.generate_core import PRIORITY_KEY, Caller
 from services.gateway.calls.stage_timings import REQUEST_START_KEY, parse_request_start_s
 from services.gateway.fronts.openai_codec import BadParameter
+from services.gateway.tenants.credentials import Authorization, Credentials
 
 AUTHORIZATION_KEY = "authorization"
 TIMEOUT_HEADER = "x-infermesh-timeout-ms"
@@ -66,12 +75,25 @@ def grpc_caller(context) -> Caller:
     """The caller of a gRPC request: its metadata, and the client's remaining time (None: no deadline)."""
     metadata = context.invocation_metadata()
     read = CallerMetadata.read(metadata)
-    return Caller(read.authorization, read.request_start_s, remaining_s(context), read.priority, metadata)
+    return Caller(_with_peer(read.authorization, context.peer_identities()), read.request_start_s,
+                  remaining_s(context), read.priority, metadata)
 
 
 def grpc_authorization(metadata) -> str | None:
     """The authorization metadata value(s), joined; None when absent."""
     return CallerMetadata.read(metadata).authorization
+
+
+def grpc_credentials(context) -> Authorization:
+    """The authorization value(s) and the verified client certificate's names of a gRPC call."""
+    return _with_peer(grpc_authorization(context.invocation_metadata()), context.peer_identities())
+
+
+def _with_peer(authorization: str | None, names: list[bytes] | None) -> Authorization:
+    # peer_identities: the verified certificate's SANs (URIs, DNS names); None without a client certificate.
+    if not names:
+        return authorization
+    return Credentials(authorization, PeerIdentity(tuple(_text(n) for n in names)))
 
 
 # --------------------------------------------------------------------------- HTTP headers
@@ -89,10 +111,17 @@ def http_caller(request: web.Request) -> Caller:
     )
 
 
-def http_authorization(request: web.Request) -> str | None:
-    """The Authorization header(s), joined as the gRPC metadata's are; None when absent."""
+def http_authorization(request: web.Request) -> Authorization:
+    """The Authorization header(s), joined as the gRPC metadata's are (None when absent), with the
+    verified client certificate's names when the connection came with one."""
     values = request.headers.getall("Authorization", [])
-    return ", ".join(values) if values else None
+    authorization = ", ".join(values) if values else None
+    transport = request.transport
+    certificate = transport.get_extra_info("peercert") if transport is not None else None
+    if not certificate:  # no TLS, no client certificate, or not asked for one (verify_mode CERT_NONE)
+        return authorization
+    names = tuple(value for kind, value in certificate.get("subjectAltName", ()) if kind in ("URI", "DNS"))
+    return Credentials(authorization, PeerIdentity(names))
 
 
 def timeout_s_of(value: str | None) -> float | None:

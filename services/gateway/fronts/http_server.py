@@ -1,8 +1,13 @@
 """The gateway's HTTP listener (--http-port): aiohttp on the gateway's own uvloop event loop.
 
-HTTPS with the gateway's certificate when the gRPC port serves TLS (no client certificates:
-tenants bring API keys), plaintext with --plaintext. The certificate files are looked at once
-a second, and a rotated valid pair is loaded into the listener's context for new connections.
+HTTPS with the gateway's certificate when the gRPC port serves TLS, plaintext with --plaintext.
+Client certificates as --tls-client-auth says: none (tenants bring API keys or tokens), optional
+(asked for, verified against --tls-ca-file when sent) or require (a connection without one fails
+its handshake). The certificate, key and CA files are looked at once a second; once they rotate
+into a valid set a new context is built, and every new connection's handshake switches to it
+(`_ContextSwitch`: the server name callback runs on every handshake, SNI or not). So a CA
+removed from the bundle refuses its certificates on the next connection without a restart;
+connections already open keep what their handshake verified.
 
 Slow or silent clients cannot hold connections open: a connection that has not delivered a whole
 request head within idle_timeout_s of opening (or of its last response) is closed, and a body
@@ -23,7 +28,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from services.common import errors
-from services.common.cert_files import DEFAULT_CHECK_INTERVAL_S, CertificateWatcher, TlsFiles
+from services.common.cert_files import DEFAULT_CHECK_INTERVAL_S, CertificateWatcher, PemMaterial, TlsFiles
 from services.common.config import ConfigError
 from services.gateway.fronts.kserve_http import PREFIX as KSERVE_PREFIX
 from services.gateway.fronts.kserve_http import KServeHttp, kserve_errors
@@ -61,8 +66,14 @@ _server_log.addFilter(_ClientProtocolErrors())
 class HttpServer:
     def __init__(self, front: OpenAIFront, host: str, port: int, tls_files: TlsFiles | None,
                  max_body_bytes: int, shutdown_timeout_s: float = 10.0, kserve: KServeHttp | None = None,
-                 idle_timeout_s: float = IDLE_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S) -> None:
-        """kserve: the KServe v2 REST front (/v2/...), its errors in KServe's shape; the rest is OpenAI's."""
+                 idle_timeout_s: float = IDLE_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S,
+                 client_cert: str = "none") -> None:
+        """kserve: the KServe v2 REST front (/v2/...), its errors in KServe's shape; the rest is OpenAI's.
+        client_cert: none | optional | require (a client certificate, verified against tls_files.ca_path)."""
+        if client_cert not in CLIENT_CERT_MODES:
+            raise ValueError(f"client_cert must be one of {', '.join(CLIENT_CERT_MODES)}, got {client_cert!r}")
+        if client_cert != "none" and (tls_files is None or not tls_files.ca_path):
+            raise ConfigError(f"HTTP port: client certificates ({client_cert}) need TLS and --tls-ca-file to verify them")
         app = web.Application(middlewares=[_errors_by_protocol, _body_deadline(body_timeout_s)],
                               client_max_size=max_body_bytes)
         app.add_routes(front.routes())
@@ -77,16 +88,18 @@ class HttpServer:
         self._host = host
         self._port = port
         self._tls_files = tls_files
-        self._ssl: ssl.SSLContext | None = None
+        self._client_cert = client_cert
+        self._ssl: _ContextSwitch | None = None
         self._rotation: asyncio.Task | None = None
 
     async def start(self) -> None:
         if self._tls_files is not None:
             watcher = CertificateWatcher(self._tls_files, time.monotonic)
-            self._ssl = _server_context(self._tls_files)
+            self._ssl = _ContextSwitch(_server_context(self._tls_files, watcher.current, self._client_cert))
             self._rotation = asyncio.create_task(self._follow_rotation(watcher), name="http-certificate")
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port, ssl_context=self._ssl, reuse_port=True)
+        site = web.TCPSite(self._runner, self._host, self._port, reuse_port=True,
+                           ssl_context=self._ssl.listener if self._ssl is not None else None)
         try:
             await site.start()
         except OSError as exc:
@@ -103,13 +116,15 @@ class HttpServer:
         assert self._ssl is not None and self._tls_files is not None  # followed only when serving TLS
         while True:
             await asyncio.sleep(DEFAULT_CHECK_INTERVAL_S)
-            if watcher.poll() is not None:
+            material = watcher.poll()
+            if material is not None:
                 try:
-                    self._ssl.load_cert_chain(self._tls_files.cert_path, self._tls_files.key_path)
-                except (OSError, ssl.SSLError) as exc:  # rotated again between the check and this read
+                    self._ssl.current = _server_context(self._tls_files, material, self._client_cert)
+                except ConfigError as exc:  # rotated again between the check and this read
                     log.warning("HTTP port keeps its certificate: %s", exc)
                     continue
-                log.info("HTTP port certificate reloaded from %s", self._tls_files.cert_path)
+                log.info("HTTP port certificate%s reloaded from %s",
+                         " and client CA bundle" if self._client_cert != "none" else "", self._tls_files.cert_path)
 
 
 @web.middleware
@@ -142,11 +157,35 @@ def _body_deadline(timeout_s: float):
     return body_in_time
 
 
-def _server_context(files: TlsFiles) -> ssl.SSLContext:
+CLIENT_CERT_MODES = ("none", "optional", "require")
+_VERIFY_MODE = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "require": ssl.CERT_REQUIRED}
+
+
+class _ContextSwitch:
+    """The listener's one SSLContext, whose server name callback (run on every handshake, with or
+    without SNI) hands the connection the `current` context: certificate and client CAs can then
+    change for new connections, where asyncio keeps the listener's context for good."""
+
+    def __init__(self, first: ssl.SSLContext) -> None:
+        # The listener is the first context itself: OpenSSL takes a connection's verify mode from it
+        # before the callback runs, and every context here has the same mode (--tls-client-auth).
+        self.current = first
+        self.listener = first
+        self.listener.sni_callback = self._switch
+
+    def _switch(self, connection, server_name: str | None, listener_context: ssl.SSLContext) -> None:
+        connection.context = self.current
+
+
+def _server_context(files: TlsFiles, material: PemMaterial, client_cert: str) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
         context.load_cert_chain(files.cert_path, files.key_path)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"HTTP port: cannot load {files.cert_path} / {files.key_path}: {exc}") from None
+        if client_cert != "none" and material.ca_pem is not None:
+            context.load_verify_locations(cadata=material.ca_pem.decode("ascii"))
+    except (OSError, ssl.SSLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"HTTP port: cannot load {files.cert_path} / {files.key_path} / {files.ca_path}: "
+                          f"{exc}") from None
+    context.verify_mode = _VERIFY_MODE[client_cert]
     return context

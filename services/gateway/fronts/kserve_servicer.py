@@ -27,8 +27,9 @@ from inference import grpc_predict_v2_pb2_grpc as kserve_grpc
 from services.common import errors
 from services.common.status import abort, maps_domain_errors, status_code_of
 from services.gateway.calls.generate_core import Caller
-from services.gateway.fronts.caller import grpc_authorization, grpc_caller
+from services.gateway.fronts.caller import grpc_caller, grpc_credentials
 from services.gateway.kserve.core import EXTENSIONS, SERVER_NAME, SERVER_VERSION, KServeCore
+from services.gateway.tenants.credentials import Authorization
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +128,8 @@ async def _cancel(tasks: set[asyncio.Task]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _authorization(context) -> str | None:
-    return grpc_authorization(context.invocation_metadata())
+def _authorization(context) -> Authorization:
+    return grpc_credentials(context)
 
 
 def _stream_error(request: kserve.ModelInferRequest, err: errors.InfermeshError) -> kserve.ModelStreamInferResponse:

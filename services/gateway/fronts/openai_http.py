@@ -32,6 +32,7 @@ from services.gateway.calls.generate_core import GenerateCore
 from services.gateway.fronts import json_body, openai_codec
 from services.gateway.fronts.caller import http_authorization, http_caller
 from services.gateway.fronts.http_refusals import refusal_middleware
+from services.gateway.tenants.credentials import Authorization
 
 TIMINGS_HEADER = "x-infermesh-timings"
 REQUEST_ID_HEADER = "x-request-id"
@@ -39,7 +40,7 @@ _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"
 _DONE = b"data: [DONE]\n\n"
 _LIST_MODELS_TIMEOUT_S = 5.0
 
-ListModels = Callable[[str | None, float], Awaitable[gateway_pb2.ListModelsResponse]]
+ListModels = Callable[[Authorization, float], Awaitable[gateway_pb2.ListModelsResponse]]
 
 
 def error_response(err: errors.InfermeshError) -> web.Response:
@@ -56,7 +57,7 @@ def _event(value: dict) -> bytes:
 
 
 class OpenAIFront:
-    def __init__(self, core: GenerateCore, list_models: ListModels, authenticate: Callable[[str | None], object],
+    def __init__(self, core: GenerateCore, list_models: ListModels, authenticate: Callable[[Authorization], object],
                  clock=time.time) -> None:
         """authenticate: the tenants' own check (Unauthenticated), asked only of a request whose body is refused,
         so a caller without a valid key learns nothing about what the gateway would accept."""

@@ -10,7 +10,7 @@ from services.common.status import maps_domain_errors
 from services.gateway.calls.classify_core import ClassifyCore
 from services.gateway.calls.generate_core import GenerateCore
 from services.gateway.calls.model_list import ModelList
-from services.gateway.fronts.caller import grpc_authorization, grpc_caller
+from services.gateway.fronts.caller import grpc_caller, grpc_credentials
 
 # ListModels waits at most this long for the schedulers, whatever the client's deadline.
 _LIST_MODELS_TIMEOUT_S = 5.0
@@ -33,6 +33,6 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
 
     @maps_domain_errors
     async def ListModels(self, request: gateway_pb2.ListModelsRequest, context) -> gateway_pb2.ListModelsResponse:
-        return await self._models.list_models(grpc_authorization(context.invocation_metadata()),
+        return await self._models.list_models(grpc_credentials(context),
                                               min(remaining_s(context) or _LIST_MODELS_TIMEOUT_S,
                                                   _LIST_MODELS_TIMEOUT_S))

@@ -33,6 +33,7 @@ from services.gateway.kserve import tensor_codec
 from services.gateway.kserve.stats import ModelStatistics
 from services.gateway.routing.catalog import ModelCatalog
 from services.gateway.telemetry.tracing import span
+from services.gateway.tenants.credentials import Authorization
 
 # The catalog is refreshed on a miss at most this often, so unknown-model floods stay cheap.
 _MIN_REFRESH_INTERVAL_S = 0.25
@@ -61,7 +62,7 @@ class KServeCore:
 
     # -- model-scoped reads ------------------------------------------------------------
 
-    async def model_ready(self, name: str, version: str, authorization: str | None) -> bool:
+    async def model_ready(self, name: str, version: str, authorization: Authorization) -> bool:
         self.authorize(authorization, name)
         try:
             info = await self.model(name, version)
@@ -70,17 +71,17 @@ class KServeCore:
         return info.ready
 
     async def model_metadata(self, name: str, version: str,
-                             authorization: str | None) -> kserve.ModelMetadataResponse:
+                             authorization: Authorization) -> kserve.ModelMetadataResponse:
         self.authorize(authorization, name)
         info = await self.model(name, version)
         versions = [version] if version else [i.model.version for i in self._catalog.versions(name)]
         return kserve_models.model_metadata(info, versions)
 
-    async def model_config(self, name: str, version: str, authorization: str | None) -> kserve.ModelConfigResponse:
+    async def model_config(self, name: str, version: str, authorization: Authorization) -> kserve.ModelConfigResponse:
         self.authorize(authorization, name)
         return kserve.ModelConfigResponse(config=kserve_models.model_config(await self.model(name, version)))
 
-    def model_statistics(self, name: str, version: str, authorization: str | None) -> kserve.ModelStatisticsResponse:
+    def model_statistics(self, name: str, version: str, authorization: Authorization) -> kserve.ModelStatisticsResponse:
         tenant = self._admission.parts.tenants.authenticate(authorization)
         if name:
             self._admission.parts.tenants.check_model_allowed(tenant, name)
@@ -91,15 +92,15 @@ class KServeCore:
             raise errors.NotFound(f"model {name!r} is not served here")
         return kserve_models.statistics_response(snapshot)
 
-    def repository_index(self, ready_only: bool, authorization: str | None) -> kserve.RepositoryIndexResponse:
+    def repository_index(self, ready_only: bool, authorization: Authorization) -> kserve.RepositoryIndexResponse:
         tenant = self._admission.parts.tenants.authenticate(authorization)
         models = [info for info in self._catalog.all_models() if tenant.may_use(info.model.name)]
         return kserve_models.repository_index(models, ready_only)
 
-    def authenticate(self, authorization: str | None) -> None:
+    def authenticate(self, authorization: Authorization) -> None:
         self._admission.parts.tenants.authenticate(authorization)
 
-    def authorize(self, authorization: str | None, model_name: str) -> None:
+    def authorize(self, authorization: Authorization, model_name: str) -> None:
         tenants = self._admission.parts.tenants
         tenants.check_model_allowed(tenants.authenticate(authorization), model_name)
 

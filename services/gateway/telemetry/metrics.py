@@ -9,7 +9,9 @@ change them only together. Label values:
             no version was named or chosen: refused at admission, or a scheduler picked and failed)
   stage     a common.proto Stage name: queue_wait, batch_wait, preprocess, compute, network, ...
   service   the service that measured a stage: gateway | scheduler | worker
-  file      tenants | routing (a reloaded config file); result applied | refused
+  file      tenants | routing | jwks (a reloaded config file); result applied | refused
+  auth      how a caller was recognised: key | jwt | mtls | mtls+key | mtls+jwt | anonymous, or
+            what a refused one presented (none: nothing); tenants/credentials.py AuthMethod
   method    Classify | Generate | ModelInfer
   code      final gRPC status name (OK, RESOURCE_EXHAUSTED, ...)
   priority  critical | standard | sheddable
@@ -227,9 +229,27 @@ _STAGE_NAMES = {value: name.removeprefix("STAGE_").lower() for name, value in co
 _SERVICES = frozenset({"gateway", "scheduler", "worker"})
 
 
-for _file in ("tenants", "routing"):  # at 0 from the start, so rate() and alerts see the first refusal
+for _file in ("tenants", "routing", "jwks"):  # at 0 from the start, so rate() and alerts see the first refusal
     for _result in ("applied", "refused"):
         CONFIG_RELOADS.labels(_file, _result)
+
+
+CALLERS = Counter(
+    "infermesh_gateway_callers",
+    "Callers at admission by tenant and how they were recognised (auth = key | jwt | mtls | mtls+key | mtls+jwt | "
+    "anonymous), and refused ones (tenant 'unauthenticated', auth = what they presented, result refused): "
+    "which services still send keys, and which identities fail.",
+    ["tenant", "auth", "result"],
+)
+
+
+def caller_recognized(tenant_id: str, auth: str) -> None:
+    CALLERS.labels(tenant_id, auth, "accepted").inc()
+
+
+def caller_refused(presented: enum.Enum) -> None:
+    """A caller refused at recognition (unknown key, bad token, unmatched certificate, conflicting identities)."""
+    CALLERS.labels("unauthenticated", presented.value, "refused").inc()
 
 
 def config_reload(file: str, applied: bool) -> None:

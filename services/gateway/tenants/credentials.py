@@ -25,6 +25,8 @@ class AuthMethod(enum.Enum):
     MTLS_JWT = "mtls+jwt"
     # Development mode: no tenants file, every caller is 'anonymous'.
     ANONYMOUS = "anonymous"
+    # Nothing presented (a refusal's label).
+    NONE = "none"
 
 
 @dataclass(frozen=True)
@@ -42,3 +44,13 @@ def split(authorization: Authorization) -> tuple[str | None, PeerIdentity | None
     if isinstance(authorization, Credentials):
         return authorization.authorization, authorization.peer
     return authorization, None
+
+
+def presented(authorization: Authorization) -> AuthMethod:
+    """What the caller tried to be recognised by, without checking it (the label of a refusal)."""
+    value, peer = split(authorization)
+    if value:
+        # A JWT's shape ("eyJ...x.y"), as jwt_verifier.looks_like_jwt; anything else is taken for a key.
+        bearer = "jwt" if "eyJ" in value and value.count(".") == 2 else "key"
+        return AuthMethod(f"mtls+{bearer}" if peer is not None else bearer)
+    return AuthMethod.MTLS if peer is not None else AuthMethod.NONE

@@ -169,16 +169,21 @@ def _parse_tenant(entry: object, index: int, source: str) -> Tenant:
     def fail(field_name: str, problem: str) -> TenantConfigError:
         return TenantConfigError(f"{where}: field '{field_name}': {problem}")
 
+    # Fields in the order they were always checked, so a file with several faults names the same one first.
+    priority = _parse_priority(entry.get("priority"), fail)
+    weight = _parse_int(entry.get("weight", 1), "weight", 1, fail)
+    allowed_models = _parse_models(entry.get("allowed_models"), fail)
+    quota = _parse_quota(entry.get("quotas"), fail)
     identities = parse_identities(entry.get("identities"), fail)
     if "api_key_sha256" not in entry and not identities.any:
         raise fail("api_key_sha256", "is required unless 'identities' names a certificate or token identity: "
                                      "a tenant needs at least one way to be recognised")
     return Tenant(
         tenant_id=tenant_id,
-        priority=_parse_priority(entry.get("priority"), fail),
-        weight=_parse_int(entry.get("weight", 1), "weight", 1, fail),
-        allowed_models=_parse_models(entry.get("allowed_models"), fail),
-        quota=_parse_quota(entry.get("quotas"), fail),
+        priority=priority,
+        weight=weight,
+        allowed_models=allowed_models,
+        quota=quota,
         api_key_sha256=_parse_key_hashes(entry["api_key_sha256"], fail) if "api_key_sha256" in entry else (),
         admin=_parse_flag(entry.get("admin", False), "admin", fail),
         trust_trace_context=_parse_flag(entry.get("trust_trace_context", False), "trust_trace_context", fail),

@@ -50,7 +50,7 @@ def test_requiring_client_certificates_without_a_ca_is_a_configuration_error():
 
 @pytest.mark.parametrize(("values", "message"), [
     ({"tls_cert_file": "s.pem"}, "tls_cert_file and tls_key_file go together"),
-    ({**FILES, "tls_client_auth": "maybe"}, "tls_client_auth must be auto, require or none, got 'maybe'"),
+    ({**FILES, "tls_client_auth": "maybe"}, "tls_client_auth must be auto, require, optional or none, got 'maybe'"),
     ({"tls_ca_file": "ca.pem"}, "tls_ca_file is set but tls_cert_file is not"),
 ])
 def test_inconsistent_tls_settings_fail_at_start(values, message):
