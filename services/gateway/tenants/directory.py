@@ -466,7 +466,9 @@ class TenantConfigWatcher:
 def main(argv: list[str]) -> int:
     if argv != ["hash-key"]:
         print(
-            "usage: python -m services.gateway.tenants hash-key  (reads the key from stdin)", file=sys.stderr
+            "usage: python -m services.gateway.tenants hash-key  (reads the key from stdin)\n"
+            "       python -m services.gateway.tenants fetch-jwks --issuer URL --out FILE [--every-s N]",
+            file=sys.stderr,
         )
         return 2
     api_key = sys.stdin.read().strip()
