@@ -10,6 +10,10 @@ A verified token is cached by its sha256 (never the token itself) with a bound o
 `cache_entries`, least recently used out first: a token costs one signature check, not one per
 request. A hit re-checks `exp` and `nbf` against the clock, and the cache belongs to one JWKS
 generation, so a key removed from its file stops every token it signed at the next reload.
+Refusals are remembered the same way (they hold while the keys and the tenants file do: a bad
+signature, expired, an unknown kid, a wrong audience or issuer), so a replayed bad token costs a
+hash, not a parse and a signature check (300 us for RS256 here) each time. "Not yet valid" is never
+remembered: time lifts it.
 """
 
 from __future__ import annotations
@@ -47,6 +51,16 @@ def _refuse(problem: str) -> Unauthenticated:
     return Unauthenticated(f"invalid bearer token: {problem}")
 
 
+class _NotYet(Unauthenticated):
+    """The one refusal that time may lift: never remembered."""
+
+
+def _remember(cache: OrderedDict, digest: bytes, value: object, bound: int) -> None:
+    cache[digest] = value
+    if len(cache) > bound:
+        cache.popitem(last=False)  # the least recently used
+
+
 def _shown(value: object) -> str:
     """A claim or header value in a message: short, so a huge or hostile value never fills a log line."""
     text = repr(value)
@@ -60,6 +74,7 @@ class JwtVerifier:
         self._jwks = jwks
         self._clock = clock
         self._cache: OrderedDict[bytes, VerifiedToken] = OrderedDict()
+        self._refused: OrderedDict[bytes, str] = OrderedDict()  # digest -> the refusal's message
         self._generation = jwks.generation
         self.num_signature_checks = 0
 
@@ -70,6 +85,7 @@ class JwtVerifier:
             raise _refuse(f"{size} bytes, more than the limit of {self.policy.max_token_bytes}")
         if self._generation != self._jwks.generation:  # the keys changed: nothing verified before counts
             self._cache.clear()
+            self._refused.clear()
             self._generation = self._jwks.generation
         digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
         cached = self._cache.get(digest)
@@ -77,10 +93,17 @@ class JwtVerifier:
             self._check_times(cached)
             self._cache.move_to_end(digest)
             return cached
-        verified = self._verify_signature_and_claims(token)
-        self._cache[digest] = verified
-        if len(self._cache) > self.policy.cache_entries:
-            self._cache.popitem(last=False)
+        refused = self._refused.get(digest)
+        if refused is not None:
+            raise Unauthenticated(refused)
+        try:
+            verified = self._verify_signature_and_claims(token)
+        except _NotYet:
+            raise
+        except Unauthenticated as exc:
+            _remember(self._refused, digest, exc.message, self.policy.cache_entries)
+            raise
+        _remember(self._cache, digest, verified, self.policy.cache_entries)
         return verified
 
     def _check_times(self, token: VerifiedToken) -> None:
@@ -111,7 +134,7 @@ class JwtVerifier:
         except jwt.ExpiredSignatureError:
             raise _refuse("expired (exp has passed)") from None
         except jwt.ImmatureSignatureError:
-            raise _refuse("not yet valid (nbf or iat is in the future)") from None
+            raise _NotYet("invalid bearer token: not yet valid (nbf or iat is in the future)") from None
         except jwt.InvalidAudienceError:
             raise _refuse(f"wrong audience: this gateway accepts {', '.join(sorted(issuer.audiences))}") from None
         except jwt.InvalidIssuerError:

@@ -166,3 +166,21 @@ def test_refuses_bad_jwks_naming_the_key(jwk, message):
 
 def test_skips_encryption_keys():
     assert parse_jwks(b'{"keys": [{"kty": "RSA", "kid": "x", "use": "enc", "n": "AQAB", "e": "AQAB"}]}', "f") == {}
+
+
+def test_a_replayed_bad_token_costs_one_signature_check(jwks_path, issuer):
+    verifier = make_verifier(jwks_path)
+    token = forged(issuer, "tampered payload")
+    for _ in range(3):
+        with pytest.raises(Unauthenticated, match="bad signature"):
+            verifier.verify(token)
+    assert verifier.num_signature_checks == 1
+
+
+def test_a_token_not_yet_valid_is_checked_again_later(jwks_path, issuer):
+    verifier = make_verifier(jwks_path)
+    token = forged(issuer, "not yet valid")
+    for _ in range(2):
+        with pytest.raises(Unauthenticated, match="not yet valid"):
+            verifier.verify(token)
+    assert verifier.num_signature_checks == 2
