@@ -39,7 +39,7 @@ from services.common.timings import from_proto
 from services.worker import metrics
 from services.worker.expired_items import split_expired
 from services.worker.runtime import BatchRuntime, StepRuntime, WorkerRuntime
-from services.worker.scheduler_endpoints import EndpointLoad, move_probability
+from services.worker.scheduler_endpoints import EndpointLoad, is_unsettled, move_probability
 
 log = logging.getLogger(__name__)
 _tracer = tracer("infermesh.worker")
@@ -112,6 +112,14 @@ class FixedAddress:
         return []
 
 
+# While a scheduler is missing (lost, restarting) or a move is due, the rebalance check runs this
+# often instead of every rebalance interval: full jitter up to a cap of 0.5 s, so a scheduler that
+# comes back has a worker within about a second (it took 2.5-7.5 s at the interval alone) and
+# every worker of a model does not probe at once. A probe is one GetPressure per scheduler.
+UNSETTLED_INITIAL_S = 0.05
+UNSETTLED_MAX_S = 0.5
+
+
 # Sent as Draining.grace_ms when the worker moves to another scheduler: it finishes what it holds
 # there however long that takes (the scheduler ends the stream when it is done).
 _MOVE_GRACE_MS = 60_000
@@ -125,13 +133,15 @@ MIN_SESSION_S = 1.0
 class AttachClient:
     def __init__(self, dialer: Dialer | str, runtime: WorkerRuntime, worker_id: str, backoff: Backoff,
                  clock=time.monotonic, rebalance_interval_s: float = 0.0, rng: random.Random | None = None,
-                 keepalive_ms: int = 15_000) -> None:
+                 keepalive_ms: int = 15_000, unsettled_backoff: Backoff | None = None) -> None:
         """`rebalance_interval_s`: how often (jittered 0.5-1.5x) an attached worker checks whether to move
-        to a scheduler with fewer workers of its model; 0: never."""
+        to a scheduler with fewer workers of its model; 0: never. `unsettled_backoff`: the delays
+        between checks instead while another scheduler is missing or a move is due."""
         self._dialer = FixedAddress(dialer) if isinstance(dialer, str) else dialer
         self._clock = clock
         self._rebalance_interval_s = rebalance_interval_s
         self._rng = rng or random.Random()
+        self._unsettled_backoff = unsettled_backoff or Backoff(UNSETTLED_INITIAL_S, UNSETTLED_MAX_S, self._rng)
         self._address = ""  # the scheduler dialled last
         self._runtime = runtime
         # A command for the other kind of runtime is answered with errors, never run (_guarded_*).
@@ -297,9 +307,12 @@ class AttachClient:
     async def _rebalance(self, call) -> None:
         """Now and then: move, gracefully, when this scheduler has 2+ workers of our model more than
         another (scheduler_endpoints.move_probability). The scheduler gives us no new work, lets what
-        we hold finish, then ends the stream; run() then dials the emptiest scheduler at once."""
+        we hold finish, then ends the stream; run() then dials the emptiest scheduler at once. The
+        first look comes soon after attaching (the scheduler left may have been lost just now), and
+        they stay frequent while `is_unsettled` (a scheduler missing may restart at any moment)."""
+        delay_s = self._unsettled_backoff.next_delay_s()
         while True:
-            await asyncio.sleep(self._rebalance_interval_s * self._rng.uniform(0.5, 1.5))
+            await asyncio.sleep(delay_s)
             loads = await self._dialer.loads()
             probability = move_probability(loads, self._address)
             if probability > 0 and self._rng.random() < probability:
@@ -308,6 +321,13 @@ class AttachClient:
                 await self._write(call, scheduler_pb2.WorkerMessage(draining=scheduler_pb2.Draining(
                     grace_ms=_MOVE_GRACE_MS)))
                 return
+            delay_s = self.next_rebalance_delay_s(loads)
+
+    def next_rebalance_delay_s(self, loads: list[EndpointLoad]) -> float:
+        if is_unsettled(loads, self._address):
+            return self._unsettled_backoff.next_delay_s()
+        self._unsettled_backoff.reset()
+        return self._rebalance_interval_s * self._rng.uniform(0.5, 1.5)
 
     async def _heartbeats(self, call, interval_s: float) -> None:
         while True:

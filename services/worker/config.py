@@ -26,7 +26,9 @@ class WorkerConfig(ServerSettings):
         0, "repository generator: override the manifest's running sequences per step (0: manifest), as vLLM's "
         "--max-num-seqs; more sequences per step cost less per token and more per step", minimum=0)
     reconnect_initial_s: float = setting(0.1, "first re-dial delay after the Attach stream breaks")
-    reconnect_max_s: float = setting(5.0, "longest re-dial delay (exponential backoff, full jitter)")
+    reconnect_max_s: float = setting(
+        0.5, "longest re-dial delay when no scheduler took the worker (exponential backoff, full jitter); short, "
+        "so a restarted scheduler is found within about a second")
     rebalance_interval_s: float = setting(
         5.0, "with several schedulers: how often (jittered 0.5-1.5x) the worker checks whether its scheduler has "
         "2+ workers of its model more than another, and if so moves there gracefully (0: never)", minimum=0)

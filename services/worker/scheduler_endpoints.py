@@ -13,7 +13,9 @@ Endpoints that did not answer are not dialled this round.
 Rebalancing: counts drift (a restarted scheduler has no workers; after a rolling
 restart every worker may sit on the scheduler rolled last), so an attached worker
 looks again now and then and moves, gracefully, when its scheduler has two or more
-workers of its model more than another (`move_probability`).
+workers of its model more than another (`move_probability`). While another scheduler is
+missing or a move is due (`is_unsettled`) it looks every few hundred ms (capped backoff with
+jitter) instead, so a restarted scheduler gets a worker within about a second.
 
 Pure logic: no grpc; the resolver and the probe are injected.
 """
@@ -69,6 +71,14 @@ def move_probability(loads: Sequence[EndpointLoad], current: str) -> float:
         return 0.0
     gap = mine - min(others)
     return gap / (2 * mine) if gap >= 2 else 0.0
+
+
+def is_unsettled(loads: Sequence[EndpointLoad], current: str) -> bool:
+    """Whether to look again soon rather than at the rebalance interval: another scheduler did not
+    answer (lost, or not started yet: when it comes back it has no workers and serves nothing until
+    one attaches) or a move is due now (`move_probability` > 0)."""
+    others_silent = any(load.num_workers is None for load in loads if load.address != current)
+    return others_silent or move_probability(loads, current) > 0
 
 
 def _tie_break(worker_id: str, address: str) -> bytes:

@@ -9,8 +9,14 @@ import random
 import pytest
 
 from services.common.scheduler_address import parse_scheduler_address
-from services.worker.attach_client import MIN_SESSION_S, AttachClient
-from services.worker.scheduler_endpoints import EndpointLoad, dial_order, move_probability, resolve
+from services.worker.attach_client import MIN_SESSION_S, UNSETTLED_MAX_S, AttachClient, Backoff
+from services.worker.scheduler_endpoints import (
+    EndpointLoad,
+    dial_order,
+    is_unsettled,
+    move_probability,
+    resolve,
+)
 from tools.testbed.fake_clock import FakeClock
 
 
@@ -129,3 +135,78 @@ async def test_a_scheduler_dropping_workers_at_once_is_re_dialled_with_backoff_n
     await client.run()
     client.close()
     assert client._backoff.num_delays == 2
+
+
+@pytest.mark.parametrize(
+    ("mine", "other", "unsettled"),
+    [(1, None, True), (2, 0, True), (3, 1, True), (1, 0, False), (2, 1, False), (1, 1, False), (0, 2, False)],
+)
+def test_a_missing_scheduler_or_a_due_move_is_looked_at_again_soon(mine, other, unsettled):
+    loads = [EndpointLoad("a:1", mine), EndpointLoad("b:1", other)]
+    assert is_unsettled(loads, "a:1") is unsettled
+
+
+def test_rebalance_checks_are_under_half_a_second_while_a_scheduler_is_missing_then_back_to_the_interval():
+    """Issue 35: a restarted scheduler served nothing for ~7 s because workers looked at the rebalance
+    interval (2.5-7.5 s) alone; now they look every <= 0.5 s (jittered) while one is missing."""
+    client = AttachClient("a:1", runtime=None, worker_id="w", backoff=Backoff(0.1, 0.5),
+                          rebalance_interval_s=5.0, rng=random.Random(1))
+    client._address = "a:1"
+    missing = [EndpointLoad("a:1", 2), EndpointLoad("b:1", None)]
+    back_empty = [EndpointLoad("a:1", 2), EndpointLoad("b:1", 0)]
+    settled = [EndpointLoad("a:1", 1), EndpointLoad("b:1", 1)]
+    soon = [client.next_rebalance_delay_s(missing) for _ in range(50)] + [client.next_rebalance_delay_s(back_empty)]
+    assert max(soon) <= UNSETTLED_MAX_S
+    assert len(set(soon)) > 40, "jittered, so workers do not probe in step"
+    later = [client.next_rebalance_delay_s(settled) for _ in range(50)]
+    assert min(later) >= 2.5 and max(later) <= 7.5
+    assert client.next_rebalance_delay_s(missing) <= 0.05, "the backoff restarts once settled"
+    client.close()
+
+
+class LoadsDialer:
+    has_choice = True
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.looks = 0
+
+    async def loads(self):
+        self.looks += 1
+        return self.script.pop(0) if len(self.script) > 1 else self.script[0]
+
+    async def dial_order(self, avoid=None):
+        return []
+
+
+class DrainRecordingCall:
+    def __init__(self):
+        self.written = []
+
+    async def write(self, message):
+        self.written.append(message)
+
+
+async def test_a_worker_moves_to_a_restarted_scheduler_within_its_first_looks(monkeypatch):
+    """The rebalance loop itself, on a fake clock: the other scheduler is missing for 10 looks, then back
+    with no worker of ours while ours has 2: the worker drains itself off (to re-dial the empty one)
+    after a few sub-second looks, not after a rebalance interval."""
+    clock = FakeClock()
+
+    async def fake_sleep(seconds):
+        clock.advance(seconds)
+
+    monkeypatch.setattr("services.worker.attach_client.asyncio.sleep", fake_sleep)
+    missing = [EndpointLoad("a:1", 2), EndpointLoad("b:1", None)]
+    back = [EndpointLoad("a:1", 2), EndpointLoad("b:1", 0)]
+    dialer = LoadsDialer([missing] * 10 + [back])
+    client = AttachClient(dialer, runtime=None, worker_id="w", backoff=Backoff(0.1, 0.5), clock=clock,
+                          rebalance_interval_s=5.0, rng=random.Random(7))
+    client._address = "a:1"
+    call = DrainRecordingCall()
+    await client._rebalance(call)
+    client.close()
+    assert [m.WhichOneof("kind") for m in call.written] == ["draining"]
+    looks_after_return = dialer.looks - 10
+    assert 1 <= looks_after_return <= 8
+    assert clock() - 1000.0 <= (10 + looks_after_return) * UNSETTLED_MAX_S
