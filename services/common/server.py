@@ -133,9 +133,12 @@ async def serve(service_name: str, settings: ServerSettings, service: Service) -
     stopped = asyncio.create_task(stop.wait())
     await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
     if starting.done() and starting.exception() is not None:
-        log.error("start failed: %s", starting.exception())
+        failure = starting.exception()
+        log.error("start failed: %s", failure)
         await server.stop(0)
         provider.shutdown()
+        if isinstance(failure, ConfigError):
+            raise failure  # run() exits 2 with the reason: nothing a restart would fix
         raise SystemExit(1)
     await stopped
 

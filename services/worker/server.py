@@ -21,6 +21,7 @@ from services.worker.builtin_models import TOY_MODELS
 from services.worker.config import WorkerConfig
 from services.worker.cpu_allocation import ThreadDecision, cgroup_levels, decide_num_threads, read_text
 from services.worker.mock_models import MOCK_MODELS, make_mock_runtime
+from services.worker.repository.errors import ModelRepositoryError
 from services.worker.runtime import WorkerRuntime
 from services.worker.scheduler_dialer import SchedulerDialer
 from services.worker.thread_settings import export_thread_env
@@ -77,8 +78,11 @@ class WorkerService:
         model, version = self._config.model_name, self._config.model_version
         metrics.set_model_state(model, version, "loading")
         began_s = time.monotonic()
-        runtime = await loop.run_in_executor(None, make_runtime, self._config, threads.num_threads)
-        await loop.run_in_executor(None, runtime.load)
+        try:
+            runtime = await loop.run_in_executor(None, make_runtime, self._config, threads.num_threads)
+            await loop.run_in_executor(None, runtime.load)
+        except ModelRepositoryError as exc:  # the version on disk cannot be served: exit 2, naming why
+            raise ConfigError(f"model {model}:{version} cannot be served: {exc}") from None
         self.runtime = runtime
         metrics.MODEL_LOAD_SECONDS.labels(model, version).set(time.monotonic() - began_s)
         if gpu_metrics.register_if_cuda(model):

@@ -25,7 +25,7 @@ import pytest
 from inference import grpc_predict_v2_pb2 as kserve
 from inference import grpc_predict_v2_pb2_grpc as kserve_grpc
 from services.worker.repository.loader import load_model
-from tests.support.tensor_models import CNN, MLP, SEQ, import_model
+from tests.support.tensor_models import CNN, MLP, SEQ, import_model, install_unloadable
 from tools.testbed import session_tls
 from tools.testbed.processes import free_port, running_mesh
 
@@ -203,3 +203,14 @@ def test_rest_infer_with_json_data_matches_grpc(mesh, stub, repository):
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=30, context=context)
     assert refused.value.code == 400 and "missing input(s) ['b']" in refused.value.read().decode()
+
+
+def test_a_worker_whose_onnx_model_has_an_op_the_runtime_lacks_exits_2_naming_the_op(tmp_path, repository):
+    root = tmp_path / "repo"
+    install_unloadable(root, "bad", repository / "cnn-onnx" / "1" / "manifest.json", "FrobnicateV2")
+    with running_mesh(tmp_path) as mesh:
+        mesh.start_scheduler()
+        worker = mesh.start_worker("bad", "--model-repository", str(root), wait=False)
+        assert worker.proc is not None
+        assert worker.proc.wait(timeout=60) == 2
+        assert "cannot run op 'FrobnicateV2'" in worker.log_tail()

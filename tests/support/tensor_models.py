@@ -100,6 +100,34 @@ def export_onnx(model: ExportedModel, directory: Path) -> Path:
     return path
 
 
+def onnx_with_op(path: Path, op: str, domain: str = "") -> None:
+    """A one-node ONNX graph x FP32 [batch, 4] -> y running `op` (from `domain`), built by hand."""
+    from onnx import TensorProto, helper, save
+
+    node = helper.make_node(op, ["x"], ["y"], domain=domain)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    save(model, str(path))
+
+
+def install_unloadable(repository: Path, name: str, template: Path, op: str, domain: str = "") -> None:
+    """`repository/name/1`: a manifest like `template`'s (a valid tensor manifest) over a graph with `op`."""
+    import hashlib
+    import json
+
+    directory = repository / name / "1"
+    directory.mkdir(parents=True)
+    onnx_with_op(directory / "bad.onnx", op, domain)
+    manifest = json.loads(template.read_text())
+    manifest.update(name=name, version="1")
+    manifest["weights"] = {"file": "bad.onnx",
+                           "sha256": hashlib.sha256((directory / "bad.onnx").read_bytes()).hexdigest()}
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+
+
 def import_model(model: ExportedModel, fmt: str, directory: Path, repository: Path, *, version: str = "1",
                  max_batch_size: int = 8, name: str | None = None) -> Path:
     """Exports `model` as `fmt` into `directory` and imports it into `repository` as `<name>/<version>`."""

@@ -14,8 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
-from onnx import save as save_onnx
 
 from services.worker.models.tensor_model import OnnxModel, TorchScriptModel
 from services.worker.repository.errors import ChecksumMismatch, GoldenCheckFailed, IncompatibleWeights
@@ -24,7 +22,7 @@ from services.worker.repository.loader import LoadedModel, load_model
 from services.worker.tensor_executor import TensorExecutor
 from services.worker.tensor_work import TensorItem, WireTensor
 from services.worker.work import ErrorCode
-from tests.support.tensor_models import CNN, MODELS, SEQ, import_model
+from tests.support.tensor_models import CNN, MODELS, SEQ, import_model, install_unloadable
 
 FORMATS = ("torchscript", "onnx")
 
@@ -117,27 +115,9 @@ def test_golden_outputs_that_disagree_fail_the_check(repository, tmp_path):
         run_golden_check(load_model(root, "mlp-onnx", "1"))
 
 
-def _onnx_with_op(path: Path, op: str, domain: str) -> None:
-    node = helper.make_node(op, ["x"], ["y"], domain=domain)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
-    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(domain, 1)] if domain else [])
-    model = helper.make_model(graph, opset_imports=opsets)
-    model.ir_version = 8
-    save_onnx(model, str(path))
-
-
 @pytest.mark.parametrize(("op", "domain"), [("FrobnicateV2", ""), ("Frobnicate", "com.example")])
 def test_an_onnx_op_the_runtime_lacks_is_refused_at_load_naming_the_op(repository, tmp_path, op, domain):
-    manifest = json.loads((repository / "cnn-onnx" / "1" / "manifest.json").read_text())
-    source = tmp_path / "bad.onnx"
-    _onnx_with_op(source, op, domain)
-    directory = tmp_path / "repo" / "bad" / "1"
-    directory.mkdir(parents=True)
-    (directory / "bad.onnx").write_bytes(source.read_bytes())
-    manifest.update(name="bad", version="1")
-    manifest["weights"] = {"file": "bad.onnx", "sha256": hashlib.sha256(source.read_bytes()).hexdigest()}
-    (directory / "manifest.json").write_text(json.dumps(manifest))
+    install_unloadable(tmp_path / "repo", "bad", repository / "cnn-onnx" / "1" / "manifest.json", op, domain)
     with pytest.raises(IncompatibleWeights, match=f"cannot run op '{domain + ':' if domain else ''}{op}'"):
         load_model(tmp_path / "repo", "bad", "1")
 
