@@ -7,15 +7,22 @@ A threshold reads METRIC=LIMIT:
     error_ratio=1%     ratios (error_ratio, goodput_ratio) move in percentage points: at most +1 point
 Latency metrics: p50 p90 p99 p99.9 max mean, service_<p>, ttft_<p>, tpot_<p>, itl_<p>, e2e_<p>
 (streams); rates: throughput goodput (req/s); ratios: goodput_ratio error_ratio.
+
+Percentiles carry confidence intervals (the report's `ci_ms`, loadtest/confidence.py). When
+both reports have one for a cell and the intervals overlap, the cell says "no change" and is
+never a regression, whatever its threshold: the difference is within what resampling the same
+run would give. Otherwise the cell gives the effect: the shift in ms and in percent.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from loadtest.confidence import overlap
 from loadtest.report_json import groups_of
 from loadtest.tables import Table
 
@@ -29,6 +36,13 @@ class Metric:
     read: Callable[[dict], float | None]
     higher_is_worse: bool
     unit: str  # "ms", "rps" or "ratio"
+    ci_path: tuple[str, str] | None = None  # (metric, percentile) under the group's ci_ms
+
+    def read_ci(self, group: dict) -> tuple[float, float] | None:
+        if self.ci_path is None:
+            return None
+        interval = (group.get("ci_ms") or {}).get(self.ci_path[0], {}).get(self.ci_path[1])
+        return (interval[0], interval[1]) if isinstance(interval, list) and len(interval) == 2 else None
 
 
 @dataclass(frozen=True)
@@ -49,6 +63,22 @@ class Comparison:
     new: float | None
     regressed: bool
     gated: bool  # a threshold applied to this cell
+    base_ci: tuple[float, float] | None = None
+    new_ci: tuple[float, float] | None = None
+
+    @property
+    def no_change(self) -> bool:
+        """Both intervals known and overlapping: the difference is noise."""
+        return self.base_ci is not None and self.new_ci is not None and overlap(self.base_ci, self.new_ci)
+
+    @property
+    def effect(self) -> str:
+        if self.no_change:
+            return "no change"
+        if self.base_ci is None or self.new_ci is None or self.base is None or self.new is None:
+            return ""
+        change = "" if self.change is None else f" ({self.change * 100:+.1f}%)"
+        return f"{self.new - self.base:+.4g} ms{change}"
 
     @property
     def change(self) -> float | None:
@@ -69,17 +99,21 @@ def _at(*path: str) -> Callable[[dict], float | None]:
 
 
 def _metrics() -> dict[str, Metric]:
-    metrics = {k: Metric(k, _at("latency_ms", k), True, "ms") for k in _LATENCY_KEYS}
+    metrics = {k: Metric(k, _at("latency_ms", k), True, "ms", _ci_path("latency", k)) for k in _LATENCY_KEYS}
     sections = {"service": ("service_ms",), "ttft": ("stream", "ttft_ms"), "tpot": ("stream", "tpot_ms"),
                 "itl": ("stream", "itl_ms"), "e2e": ("stream", "e2e_ms")}
     for prefix, path in sections.items():
         for k in _LATENCY_KEYS:
-            metrics[f"{prefix}_{k}"] = Metric(f"{prefix}_{k}", _at(*path, k), True, "ms")
+            metrics[f"{prefix}_{k}"] = Metric(f"{prefix}_{k}", _at(*path, k), True, "ms", _ci_path(prefix, k))
     metrics["throughput"] = Metric("throughput", _at("throughput_rps"), False, "rps")
     metrics["goodput"] = Metric("goodput", _at("goodput_rps"), False, "rps")
     metrics["goodput_ratio"] = Metric("goodput_ratio", _at("goodput_ratio"), False, "ratio")
     metrics["error_ratio"] = Metric("error_ratio", _at("error_ratio"), True, "ratio")
     return metrics
+
+
+def _ci_path(metric: str, key: str) -> tuple[str, str] | None:
+    return (metric, key) if key.startswith("p") else None  # mean and max have no interval
 
 
 METRICS = _metrics()
@@ -141,9 +175,10 @@ def compare_reports(
                 continue
             threshold = by_metric.get(name)
             gated = threshold is not None and enough
-            regressed = (threshold is not None and enough and bv is not None
+            cell = Comparison(group, name, bv, nv, False, gated, metric.read_ci(b), metric.read_ci(n))
+            regressed = (threshold is not None and enough and bv is not None and not cell.no_change
                          and (nv is None or is_regression(metric, threshold, bv, nv)))
-            cells.append(Comparison(group, name, bv, nv, regressed, gated))
+            cells.append(dataclasses.replace(cell, regressed=regressed))
     return cells, warnings
 
 
@@ -153,10 +188,16 @@ def comparison_table(cells: Sequence[Comparison], thresholds: Sequence[Threshold
     for c in cells:
         change = "-" if c.change is None else f"{c.change * 100:+.1f}%"
         verdict = "REGRESSED" if c.regressed else ("ok" if c.gated else "")
-        rows.append((c.group, c.metric, _fmt(c.base), _fmt(c.new), change, limits.get(c.metric, "") if c.gated else "",
-                     verdict))
-    return Table("Comparison (base → new)", ("group", "metric", "base", "new", "change", "limit", "verdict"),
-                 tuple(rows))
+        rows.append((c.group, c.metric, _fmt(c.base), _ci(c.base_ci), _fmt(c.new), _ci(c.new_ci), change, c.effect,
+                     limits.get(c.metric, "") if c.gated else "", verdict))
+    return Table("Comparison (base → new)", ("group", "metric", "base", "base CI", "new", "new CI", "change",
+                                             "effect", "limit", "verdict"), tuple(rows),
+                 "CI: 95% confidence interval of the percentile; effect: 'no change' when the intervals overlap "
+                 "(never a regression), else the shift")
+
+
+def _ci(interval: tuple[float, float] | None) -> str:
+    return "-" if interval is None else f"[{_fmt(interval[0])}, {_fmt(interval[1])}]"
 
 
 def _fmt(value: float | None) -> str:

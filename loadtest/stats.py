@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from hdrh.histogram import HdrHistogram
 
+from loadtest.confidence import CONFIDENCE, METHOD, percentile_intervals_ms
 from loadtest.records import CLIENT_NETWORK, CLIENT_QUEUE, OTHER, RequestRecord
 from loadtest.scenario import RequestKind, Slo
 
@@ -119,7 +120,27 @@ def summarize_group(
         "stream": summarize_streams([r for r in ok if r.kind is RequestKind.GENERATE], measured_s),
         "stages": stage_breakdown(ok),
         "tail": tail_attribution(ok, latency),
+        "ci_ms": confidence_intervals(ok),
     }
+
+
+def confidence_intervals(ok: Sequence[RequestRecord]) -> dict:
+    """Each percentile's confidence interval (loadtest/confidence.py), for latency, service time and,
+    over the streams among `ok`, TTFT, TPOT, ITL and e2e; a metric with no values is left out."""
+    streams = [r for r in ok if r.kind is RequestKind.GENERATE]
+    values_us = {
+        "latency": [r.latency_s * 1e6 for r in ok],
+        "service": [r.service_s * 1e6 for r in ok],
+        "ttft": [r.ttft_s * 1e6 for r in streams if r.ttft_s is not None],
+        "tpot": [r.tpot_s * 1e6 for r in streams if r.tpot_s is not None],
+        "itl": [gap * 1e6 for r in streams for gap in r.itl_s],
+        "e2e": [r.latency_s * 1e6 for r in streams],
+    }
+    out: dict = {"confidence": CONFIDENCE, "method": METHOD}
+    for metric, values in values_us.items():
+        if values:
+            out[metric] = percentile_intervals_ms(values)
+    return out
 
 
 def summarize_streams(records: Sequence[RequestRecord], measured_s: float) -> dict | None:

@@ -91,16 +91,23 @@ def latency_table(doc: dict) -> Table:
             if tail else "-"
         rows.append((name, str(g["num_requests"]), str(g["num_ok"]), str(g["num_errors"]),
                      _f(g["throughput_rps"]), _f(g["goodput_rps"]), f"{g['goodput_ratio'] * 100:.1f}%",
-                     *(_f(lat.get(k)) for k in ("p50", "p90", "p99", "p99.9", "max")),
+                     *(_f(lat.get(k)) for k in ("p50", "p90", "p99")), _interval(g, "latency", "p99"),
+                     *(_f(lat.get(k)) for k in ("p99.9", "max")),
                      _f(g["service_ms"].get("p99")), owner))
     return Table(
         "Latency (ms, from scheduled send time) and throughput (req/s)",
-        ("group", "reqs", "ok", "err", "thr/s", "good/s", "good%", "p50", "p90", "p99", "p99.9", "max",
-         "svc p99", "tail owner (>p99)"),
+        ("group", "reqs", "ok", "err", "thr/s", "good/s", "good%", "p50", "p90", "p99", "p99 95% CI", "p99.9",
+         "max", "svc p99", "tail owner (>p99)"),
         tuple(rows),
         "good = succeeded within its class SLO; svc = service time from the actual send; "
-        "tail owner = stage that took the most time in most requests above p99",
+        "tail owner = stage that took the most time in most requests above p99; "
+        "CI = bootstrap confidence interval of the percentile (report: ci_ms for every percentile)",
     )
+
+
+def _interval(group: dict, metric: str, key: str) -> str:
+    interval = (group.get("ci_ms") or {}).get(metric, {}).get(key)  # reports before ci_ms have none
+    return f"{_f(interval[0])}–{_f(interval[1])}" if interval else "-"
 
 
 def stream_table(doc: dict) -> Table | None:

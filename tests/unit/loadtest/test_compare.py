@@ -90,3 +90,34 @@ def test_compare_refuses_a_file_that_is_not_a_v1_report(reports, tmp_path, capsy
     bogus.write_text('{"schema": "something/v0"}')
     assert main(["compare", reports("base", _report()), str(bogus)]) == EXIT_USAGE
     assert "expected 'infermesh.loadtest/v1'" in capsys.readouterr().err
+
+
+def _sampled_report(seed: int) -> dict:
+    """1000 requests whose latencies are draws from one lognormal: two seeds are two runs of the same server."""
+    import numpy as np
+
+    scenario = load_scenario("loadtest/scenarios/smoke.yaml")
+    latencies_s = np.random.default_rng(seed).lognormal(np.log(0.01), 0.5, 1000)
+    records = [make_record(i, latency_s=float(s), scheduled_s=1.0 + i * 0.0045) for i, s in enumerate(latencies_s)]
+    return build_report(scenario, RunResult(tuple(records), (), 5.0), target="t", started_at="2025-01-01T00:00:00+00:00")
+
+
+def test_compare_says_no_change_when_the_intervals_overlap_even_past_a_threshold():
+    base, rerun = _sampled_report(1), _sampled_report(2)
+    cells, _ = compare_reports(base, rerun, [parse_threshold("p99=1%"), parse_threshold("p50=0.5%")], ["overall"])
+    for metric in ("p99", "p50"):
+        cell = next(c for c in cells if c.metric == metric)
+        assert cell.change > {"p99": 0.01, "p50": 0.005}[metric], cell  # worse past the threshold...
+        assert cell.base_ci and cell.new_ci and cell.no_change and cell.effect == "no change"
+        assert not cell.regressed  # ...but within noise
+
+
+def test_compare_reports_the_effect_when_the_intervals_do_not_overlap(reports, capsys):
+    base, slower = _report(), _report(latency_scale=1.25)
+    cells, _ = compare_reports(base, slower, [parse_threshold("p99=10%")], ["overall"])
+    p99 = next(c for c in cells if c.metric == "p99")
+    assert not p99.no_change and p99.regressed
+    assert p99.effect.endswith("(+25.0%)") and p99.effect.startswith("+")
+    assert next(c for c in cells if c.metric == "throughput").effect == ""  # rates have no interval
+    main(["compare", reports("b", base), reports("n", slower)])
+    assert p99.effect in capsys.readouterr().out
