@@ -22,6 +22,7 @@ runs: this module only maps names that are already proven.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -139,6 +140,12 @@ def _check_spiffe_prefix(text: str) -> str | None:
 
 
 def _check_dns_name(text: str) -> str | None:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        pass
+    else:  # an IP SAN is not a name: gRPC hands IP SANs over beside DNS names, so one must never match
+        return f"must be a DNS name, not an IP address, got {text!r}"
     if _DNS_NAME.match(text):
         return None
     return f"must be a lowercase DNS name without wildcards, got {text!r}"

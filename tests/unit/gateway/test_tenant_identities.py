@@ -83,6 +83,7 @@ jwt:
     ("dns_names: ['*.example']", "", "without wildcards"),
     ("dns_names: [Search.example]", "", "lowercase DNS name"),
     ("dns_names: [a.example, a.example]", "", "listed twice"),
+    ("dns_names: ['10.0.0.1']", "", "not an IP address"),
     ("spiffe_ids: []", "", "names no identity"),
     ("colour: blue", "", "identities.colour': unknown field"),
     ("jwt: [{issuer: x, subject: y}]", "", "issuer 'x' is not in the file's jwt.issuers"),
