@@ -8,6 +8,13 @@ it when the endpoint is gone and another is untried (retry_policy.py); the next
 attempt prefers an endpoint not tried yet. A Generate stream that already sent
 tokens to the client is never retried: it is resumed as a continuation
 (stream_resume.py), in a "resume" span, on the version that served it.
+
+A call severed off a scheduler that stopped answering (AttemptError.scheduler_silent,
+routing/silence_watch.py) is re-dispatched while its deadline allows: failed over at
+once when another scheduler serves the model, else in regroup rounds (the other
+scheduler may have just restarted, its workers re-attaching within about a second).
+Issue 35: with one scheduler restarting and the other hung, 378 of 3930 classify
+calls failed with 2 s of deadline left, for want of somewhere to go *at that moment*.
 """
 
 from __future__ import annotations
@@ -59,6 +66,13 @@ StreamCall = Callable[[SchedulerClient, str, float, tuple[int, ...]], GenerateCa
 MAX_REGROUPS = 4
 SCHEDULER_SERVICE = "infermesh.v1.Scheduler"
 REGROUP_BACKOFF_S = 0.1
+# A call severed off a silent scheduler (its work was accepted and may still be idempotently redone)
+# goes on with rounds, 0.8 s apart at most, until its deadline rather than MAX_REGROUPS: the other
+# scheduler may have restarted a moment ago, its workers re-attaching within about a second and the
+# round's poll seeing them. Still bounded per call (one attempt per scheduler per round) and by
+# MAX_SILENT_REGROUPS for calls with long deadlines.
+REGROUP_MAX_BACKOFF_S = 0.8
+MAX_SILENT_REGROUPS = 10
 # The retry hint of a known model that no scheduler tried serves right now (_final_error).
 NOT_SERVED_NOW_RETRY_S = 1.0
 
@@ -70,12 +84,20 @@ class _Attempts:
     tried: list[str] = field(default_factory=list)
     last_failure: AttemptError | None = None
     regroups: int = 0
-    # A live scheduler said "draining" or "not served here" to this call.
+    # A live scheduler said "draining" or "not served here" to this call, or the gateway gave up on
+    # a scheduler that stopped answering while another still answers polls (scheduler_silent).
     transient_seen: bool = False
+    silent_seen: bool = False
+    redispatch_counted: bool = False
 
     def failed(self, failure: AttemptError) -> None:
         self.last_failure = failure
-        self.transient_seen |= _answered_transient(failure)
+        self.transient_seen |= _answered_transient(failure) or failure.scheduler_silent
+        self.silent_seen |= failure.scheduler_silent
+
+    @property
+    def max_regroups(self) -> int:
+        return MAX_SILENT_REGROUPS if self.silent_seen else MAX_REGROUPS
 
 
 class _NoRoute(Exception):
@@ -132,6 +154,7 @@ class Dispatcher:
                         if regrouped is None:
                             raise _final_error(scope, failure) from None
                         decision = regrouped
+                    _count_redispatch(scope, attempts)
                 except BaseException:
                     route.permit.abandon()  # cancelled by the client: says nothing about the endpoint
                     raise
@@ -184,6 +207,7 @@ class Dispatcher:
                     if regrouped is None:
                         raise _final_error(scope, failure) from None
                     decision = regrouped
+                _count_redispatch(scope, attempts)
             except StreamMismatch as exc:
                 upstream.cancel()
                 route.permit.record(UpstreamCode.INTERNAL)
@@ -228,9 +252,10 @@ class Dispatcher:
         with the retry budget and the breakers, so a dead replica set cannot turn this into a retry
         storm."""
         gone = failure.endpoint_gone or failure.code == UpstreamCode.NOT_FOUND
-        if not (gone and attempts.transient_seen) or attempts.regroups >= MAX_REGROUPS or not _knows_target(scope):
+        if (not (gone and attempts.transient_seen) or attempts.regroups >= attempts.max_regroups
+                or not _knows_target(scope)):
             return None
-        delay_s = REGROUP_BACKOFF_S * 2**attempts.regroups
+        delay_s = min(REGROUP_BACKOFF_S * 2**attempts.regroups, REGROUP_MAX_BACKOFF_S)
         if delay_s + self._board.min_service_time_s(scope.model) >= scope.deadline.remaining_s(self._deadlines.clock()):
             return None
         attempts.tried.clear()
@@ -319,6 +344,15 @@ class Dispatcher:
     def _observe(self, endpoint: str) -> None:
         state = self._breakers.for_endpoint(endpoint).state
         metrics.BREAKER_STATE.labels(endpoint).set(metrics.BREAKER_STATE_VALUE[state.value])
+
+
+def _count_redispatch(scope, attempts: _Attempts) -> None:
+    """A call severed off a silent scheduler goes out again: counted once per call, apart from new
+    calls (and from ordinary retries), so a dashboard shows how much of a hung scheduler's load was
+    re-sent."""
+    if attempts.silent_seen and not attempts.redispatch_counted:
+        attempts.redispatch_counted = True
+        metrics.REDISPATCHES.labels(scope.metric_model, "scheduler_silent").inc()
 
 
 def _knows_target(scope) -> bool:

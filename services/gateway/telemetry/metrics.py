@@ -88,6 +88,12 @@ FAILOVERS = Counter(
     "Calls re-sent to another scheduler because theirs was gone (outside the retry budget).",
     ["model"],
 )
+REDISPATCHES = Counter(
+    "infermesh_gateway_redispatches",
+    "Calls in flight re-sent after the gateway gave up on their scheduler (cause=scheduler_silent: it "
+    "stopped answering); each is also in requests_total once, as the call it is.",
+    ["model", "cause"],
+)
 STREAM_RESUMES = Counter(
     "infermesh_gateway_stream_resumes",
     "Generate streams resumed on another scheduler as a continuation after tokens were sent.",

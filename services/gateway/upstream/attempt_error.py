@@ -27,12 +27,16 @@ from services.gateway.upstream.status import UpstreamCode
 class AttemptError(Exception):
     """One upstream call failed; `error` is what the caller gets unless the gateway retries."""
 
-    def __init__(self, error: errors.InfermeshError, code: UpstreamCode, pushback_ms: int | None) -> None:
+    def __init__(self, error: errors.InfermeshError, code: UpstreamCode, pushback_ms: int | None,
+                 *, scheduler_silent: bool = False) -> None:
         super().__init__(error.message)
         self.error = error
         self.code = code
         # `grpc-retry-pushback-ms` as sent (negative: do not retry); None when absent.
         self.pushback_ms = pushback_ms
+        # The gateway severed the call: its scheduler stopped answering while another still answers
+        # polls (routing/silence_watch.py). The call is re-dispatched while its deadline allows.
+        self.scheduler_silent = scheduler_silent
 
     @property
     def answered_by_scheduler(self) -> bool:
@@ -78,10 +82,11 @@ class AttemptError(Exception):
         return cls(domain, UpstreamCode(status.value[0]), pushback_ms)
 
     @classmethod
-    def local(cls, code: UpstreamCode, message: str) -> AttemptError:
+    def local(cls, code: UpstreamCode, message: str, *, scheduler_silent: bool = False) -> AttemptError:
         """A failure the gateway decided itself (deadline passed, stream broke): no pushback."""
         status = STATUS_BY_NUMBER[code.value]
-        return cls(ERROR_BY_STATUS.get(status, errors.Internal)(message), code, None)
+        return cls(ERROR_BY_STATUS.get(status, errors.Internal)(message), code, None,
+                   scheduler_silent=scheduler_silent)
 
 
 def _pushback_ms(exc: grpc.aio.AioRpcError) -> int | None:

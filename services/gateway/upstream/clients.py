@@ -110,13 +110,13 @@ class UnaryCalls:
     def error(self, call: grpc.aio.Call, exc: grpc.aio.AioRpcError) -> AttemptError:
         why = self._calls.get(call)
         if why is not None:  # cancelled here by sever(), not by the scheduler
-            return AttemptError.local(UpstreamCode.UNAVAILABLE, why)
+            return AttemptError.local(UpstreamCode.UNAVAILABLE, why, scheduler_silent=True)
         return AttemptError.from_rpc_error(exc)
 
     def severed(self, call: grpc.aio.Call) -> AttemptError | None:
         """For a call that ended cancelled: the AttemptError if sever() cancelled it, else None."""
         why = self._calls.get(call)
-        return None if why is None else AttemptError.local(UpstreamCode.UNAVAILABLE, why)
+        return None if why is None else AttemptError.local(UpstreamCode.UNAVAILABLE, why, scheduler_silent=True)
 
 
 class SchedulerClient:

@@ -102,7 +102,7 @@ class SchedulerStream:
         if self._call is None:
             return 0
         num_calls = len(self._calls)
-        self._broken(self._call, why)
+        self._broken(self._call, why, scheduler_silent=True)
         return num_calls
 
     # -- calls -----------------------------------------------------------------
@@ -165,8 +165,9 @@ class SchedulerStream:
             asyncio.create_task(self._write(call), name=f"submit-writer {self._address}", context=clean_context()),
         )
 
-    def _broken(self, call: grpc.aio.StreamStreamCall | None, why: str) -> None:
-        """Fails every call in flight with UNAVAILABLE (no pushback); the next call opens a new stream."""
+    def _broken(self, call: grpc.aio.StreamStreamCall | None, why: str, *, scheduler_silent: bool = False) -> None:
+        """Fails every call in flight with UNAVAILABLE (no pushback); the next call opens a new stream.
+        `scheduler_silent`: sever() gave up on it (AttemptError.scheduler_silent)."""
         if self._call is not call:
             return  # an older stream, already replaced
         self._call = None
@@ -184,7 +185,7 @@ class SchedulerStream:
             log.warning("Submit stream to %s broke with %d calls in flight: %s", self._address, len(failed), why)
         message = f"scheduler stream to {self._address} broke: {why}"
         for _, handler in failed:
-            _fail(handler, AttemptError.local(UpstreamCode.UNAVAILABLE, message))
+            _fail(handler, AttemptError.local(UpstreamCode.UNAVAILABLE, message, scheduler_silent=scheduler_silent))
 
     async def _write(self, call: grpc.aio.StreamStreamCall) -> None:
         wake = self._wake

@@ -18,6 +18,7 @@ from services.gateway.dispatch.dispatcher import (
     MAX_REGROUPS,
     NOT_SERVED_NOW_RETRY_S,
     REGROUP_BACKOFF_S,
+    REGROUP_MAX_BACKOFF_S,
     Dispatcher,
 )
 from services.gateway.dispatch.retry_budget import RetryBudgetConfig, RetryBudgets
@@ -492,3 +493,88 @@ async def test_a_resume_that_meets_a_scheduler_not_serving_the_model_resumes_aga
     chunks = await _collect(parts, _scope(clock), call)
     assert [t for c in chunks for t in c.token_ids] == [1, 2]
     assert [a[2] for a in attempts] == [(), (1,), (1,)]
+
+
+# -- calls severed off a scheduler that stopped answering (issue 35) -----------------------------
+
+
+def _silent() -> AttemptError:
+    return AttemptError.local(UpstreamCode.UNAVAILABLE, "scheduler stopped answering", scheduler_silent=True)
+
+
+def _hung_preferred_restarting_other(clock, deadline_s: float, serving_after_rounds: int):
+    """PREFERRED hangs with 50 classify calls in flight (the silence watch severs them); OTHER was just
+    restarted and serves the model only after `serving_after_rounds` regroup rounds (its workers
+    re-attaching, the round's poll seeing them); until then it answers "not served here"."""
+    membership = Membership(lambda: (A, B))
+    membership.update(PREFERRED, [MODEL])
+    membership.update(OTHER, [])
+    rounds = []
+    not_served = AttemptError(NotFound(f"model '{MODEL}' is not served here"), UpstreamCode.NOT_FOUND, None)
+
+    def on_regroup() -> None:
+        rounds.append(1)
+        if len(rounds) == serving_after_rounds:
+            membership.update(OTHER, [MODEL])
+
+    parts = _make(clock, on_regroup=on_regroup)
+    parts.dispatcher._routing = RoutingTable((), parts.breakers, replicas=ReplicaSelector(membership))
+    hung = asyncio.Event()
+    calls: list[str] = []
+
+    async def call(client, version, timeout_s):
+        calls.append(client)
+        if client == PREFERRED:
+            await hung.wait()
+            raise _silent()
+        if not membership.serves(OTHER, MODEL):
+            raise not_served
+        return f"labels from {client}"
+
+    pending = [asyncio.ensure_future(parts.dispatcher.unary(_scope(clock, deadline_s), WorkKind.CLASSIFY, call))
+               for _ in range(50)]
+    return parts, hung, calls, pending, rounds
+
+
+def _redispatched() -> float:
+    from prometheus_client import REGISTRY
+    return REGISTRY.get_sample_value("infermesh_gateway_redispatches_total",
+                                     {"model": MODEL, "cause": "scheduler_silent"}) or 0.0
+
+
+async def test_calls_severed_off_a_hung_scheduler_wait_for_the_restarted_one_and_all_succeed(clock):
+    before = _redispatched()
+    # Seven rounds: 0.1 + 0.2 + 0.4 + 0.8 x 4 = 3.9 s, past the four rounds (1.5 s) other calls get.
+    parts, hung, calls, pending, rounds = _hung_preferred_restarting_other(clock, 6.0, serving_after_rounds=7)
+    await asyncio.sleep(0)
+    assert calls == [PREFERRED] * 50
+    hung.set()
+    results = await asyncio.gather(*pending)
+    assert results == [f"labels from {OTHER}"] * 50, "nothing failed that could still succeed"
+    assert max(parts.sleeps) == REGROUP_MAX_BACKOFF_S
+    assert _redispatched() - before == 50, "each re-sent call counted once, apart from new calls"
+    budget = parts.budgets.for_upstream(PREFERRED)
+    assert budget.balance() >= 0, "budgeted retries stayed within the budget (the rest waited in rounds)"
+
+
+async def test_a_severed_call_with_no_time_left_for_a_round_fails_unavailable(clock):
+    parts, hung, calls, pending, _ = _hung_preferred_restarting_other(clock, 3.0, serving_after_rounds=99)
+    await asyncio.sleep(0)
+    clock.advance(2.95)  # the hang ate the deadline: no round fits before it
+    hung.set()
+    results = await asyncio.gather(*pending, return_exceptions=True)
+    assert all(isinstance(r, Unavailable) for r in results)
+    assert [d for d in parts.sleeps if d >= REGROUP_BACKOFF_S] == [], "no round fits: failed at once"
+
+
+async def test_a_plain_unreachable_scheduler_still_gets_no_rounds(clock):
+    """Without a live scheduler's word or the silence watch's verdict, an unreachable replica set stays
+    with the budget and the breakers (no storm of rounds)."""
+    membership = Membership(lambda: (A, B))
+    membership.update(PREFERRED, [MODEL])
+    parts = _make(clock)
+    parts.dispatcher._routing = RoutingTable((), parts.breakers, replicas=ReplicaSelector(membership))
+    call, calls = _by_endpoint({PREFERRED: _gone(), OTHER: _gone()})
+    with pytest.raises(Unavailable, match="connection reset"):
+        await parts.dispatcher.unary(_scope(clock), WorkKind.CLASSIFY, call)
+    assert [d for d in parts.sleeps if d >= REGROUP_BACKOFF_S] == []
