@@ -43,6 +43,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="warm-up, sent but excluded from results (default: the scenario's warmup_s, else 0)")
     run.add_argument("--rate-rps", type=float,
                      help="replace the schedule by this constant rate, open loop (default: the scenario's load)")
+    run.add_argument("--trace", type=Path,
+                     help="replay this JSONL trace (Mooncake/AIPerf or infermesh layout; docs/loadtest.md) instead "
+                          "of the load's arrivals (default: the scenario's trace section, else none)")
+    run.add_argument("--speedup", type=float,
+                     help="replay the trace this many times faster (default: trace.speedup, else 1)")
     run.add_argument("--seed", type=int, help="seed of arrivals and payloads (default: the scenario's seed, else 1)")
     run.add_argument("--name", help="report name (default: the scenario's name, else its file name)")
     run.add_argument("--out", type=Path, default=Path("reports"), help="report directory (default: %(default)s)")
@@ -127,6 +132,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from loadtest.scenario import LoadMode
 
     scenario = _load(args.scenario)
+    if args.warmup_s is not None:
+        scenario = dataclasses.replace(scenario, warmup_s=args.warmup_s)
+    if args.trace is not None or args.speedup is not None or (scenario.trace and args.warmup_s is not None):
+        scenario = _with_trace(scenario, args.trace, args.speedup)  # the replay's length follows the warm-up
+    if scenario.trace is not None and (args.rate_rps is not None or args.duration_s is not None):
+        raise ValueError("--rate-rps and --duration-s do not apply to a trace replay (use --speedup)")
     if args.rate_rps is not None:
         if scenario.load.mode is not LoadMode.OPEN:
             raise ValueError("--rate-rps applies to open-loop scenarios; this one is closed-loop")
@@ -158,6 +169,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print("loadtest: no request succeeded", file=sys.stderr)
         return EXIT_NO_SUCCESS
     return EXIT_OK
+
+
+def _with_trace(scenario, trace: Path | None, speedup: float | None):
+    if trace is None and scenario.trace is None:
+        raise ValueError("--speedup applies to a trace replay: give --trace or a scenario with a trace section")
+    spec = scenario.trace
+    return scenario.with_trace(trace or spec.path, speedup or (spec.speedup if spec else 1.0),
+                               spec.class_name if spec else "", spec.block_tokens if spec else 512)
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -193,6 +212,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     overrides = {k: getattr(args, k) for k in ("start_rps", "step_rps", "factor", "max_rps", "step_duration_s",
                                                 "min_goodput_ratio", "max_error_ratio", "refine_steps")
                  if getattr(args, k) is not None}
+    if scenario.trace is not None:
+        raise ValueError("sweep sets its own rates; a trace replay has its own arrivals (use run --speedup)")
     spec = dataclasses.replace(scenario.sweep, **overrides)
     target = args.target or scenario.target
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

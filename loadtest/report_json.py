@@ -130,6 +130,9 @@ def _meta(scenario: Scenario, target: str, started_at: str, window_s: float, num
         "num_warmup_requests": num_warmup,
         "seed": scenario.seed,
         "window_s": window_s,
+        "trace": None if scenario.trace is None else {
+            "path": str(scenario.trace.path), "speedup": scenario.trace.speedup, "class": scenario.trace.class_name,
+            "num_requests": len(scenario.trace.entries)},
         # API keys stay out of reports: they are shared and archived.
         "tenants": [{"name": t.name, "share": round(t.share, 4), "priority": t.priority} for t in scenario.tenants],
         "classes": [

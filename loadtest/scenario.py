@@ -19,6 +19,7 @@ import yaml
 from loadtest.arrivals import ArrivalProcess, RateSchedule, Segment
 from loadtest.distributions import IntDist, fixed, parse_int_dist
 from loadtest.targets.address import parse_target
+from loadtest.trace import TraceEntry, read_trace
 
 
 class LoadMode(Enum):
@@ -87,6 +88,9 @@ class ClassSpec:
     output_len: IntDist | None = None  # max_tokens
     temperature: float = 0.0
     ignore_eos: bool = True
+    # Synthetic prefix sharing: this fraction of each prompt is one of num_shared_prefixes fixed texts.
+    shared_prefix_ratio: float = 0.0
+    num_shared_prefixes: int = 1
     api: TextApi = TextApi.COMPLETIONS  # OpenAI targets only
     # HTTP targets: stream the reply (TTFT from the first content chunk) or wait for the whole of it.
     # infermesh's gRPC Generate and KServe's ModelStreamInfer always stream.
@@ -118,6 +122,17 @@ class SweepSpec:
 
 
 @dataclass(frozen=True)
+class TraceSpec:
+    """Replay: arrivals, prompt and output lengths from a trace instead of the load and class draws."""
+
+    path: Path
+    speedup: float  # > 1 replays faster: a request at trace time t is sent at t / speedup
+    class_name: str  # the generate class whose model, SLO and deadline every request takes
+    block_tokens: int  # Mooncake hash-id block size
+    entries: tuple[TraceEntry, ...]
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     target: str
@@ -130,6 +145,7 @@ class Scenario:
     classes: tuple[ClassSpec, ...]
     sweep: SweepSpec
     tokenizer: str = "bytes"  # counts output tokens a server does not report (loadtest/targets/token_count.py)
+    trace: TraceSpec | None = None
 
     @property
     def duration_s(self) -> float:
@@ -154,6 +170,25 @@ class Scenario:
         levels = (Segment(duration_s or self.duration_s, value, value),)
         return dataclasses.replace(self, load=dataclasses.replace(self.load, levels=levels))
 
+    def with_trace(self, path: Path, speedup: float = 1.0, class_name: str = "", block_tokens: int = 512) -> Scenario:
+        """Replays `path`: one open-loop level as long as the (sped-up) trace after warm-up, at its mean rate."""
+        if not speedup > 0:
+            raise ValueError(f"speedup must be > 0, got {speedup}")
+        generate = [c for c in self.classes if c.kind is RequestKind.GENERATE]
+        chosen = [c for c in generate if c.name == class_name] if class_name else generate[:1]
+        if not chosen:
+            raise ValueError(f"trace: class {class_name!r} is not a generate class of the scenario" if class_name
+                             else "trace: the scenario needs a generate class for the trace's requests")
+        entries = read_trace(path)
+        span_s = entries[-1].t_s / speedup
+        measured_s = max(span_s - self.warmup_s, 1e-3)
+        if span_s <= self.warmup_s:
+            raise ValueError(f"trace: {path} lasts {span_s:g} s at speedup {speedup:g}, no longer than the warm-up")
+        rate = len(entries) / max(span_s, 1e-3)
+        load = dataclasses.replace(self.load, mode=LoadMode.OPEN, levels=(Segment(measured_s, rate, rate),))
+        return dataclasses.replace(self, load=load,
+                                   trace=TraceSpec(path, speedup, chosen[0].name, block_tokens, entries))
+
     def models(self) -> set[str]:
         return {c.model for c in self.classes}
 
@@ -170,11 +205,12 @@ def parse_scenario(raw: Any, default_name: str = "scenario", base_dir: Path | No
     `environ` is where `api_key_env` names are looked up (default: os.environ)."""
     doc = _mapping(raw, "scenario")
     _no_unknown(doc, "scenario", {"name", "target", "duration_s", "warmup_s", "seed", "window_s",
-                                  "lag_warn_ms", "load", "tenants", "classes", "sweep", "tokenizer"})
+                                  "lag_warn_ms", "load", "tenants", "classes", "sweep", "tokenizer", "trace"})
     duration_s = _positive(doc.get("duration_s", 30), "duration_s") if "duration_s" in doc else None
-    load = _parse_load(_mapping(doc.get("load"), "load"), duration_s)
+    # A replayed trace sets the arrivals itself; `load` then only tunes max_in_flight and channels.
+    load = _parse_load(_mapping(doc.get("load", {"rate_rps": 1} if "trace" in doc else None), "load"), duration_s)
     window_s = doc.get("window_s")
-    return Scenario(
+    scenario = Scenario(
         name=str(doc.get("name", default_name)),
         target=_target(doc.get("target", "127.0.0.1:50051")),
         warmup_s=_non_negative(doc.get("warmup_s", 0), "warmup_s"),
@@ -187,6 +223,15 @@ def parse_scenario(raw: Any, default_name: str = "scenario", base_dir: Path | No
         sweep=_parse_sweep(_mapping(doc.get("sweep", {}), "sweep"), load),
         tokenizer=_tokenizer(doc.get("tokenizer", "bytes")),
     )
+    if "trace" not in doc:
+        return scenario
+    trace = _mapping(doc["trace"], "trace")
+    _no_unknown(trace, "trace", {"path", "speedup", "class", "block_tokens"})
+    if not isinstance(trace.get("path"), str) or not trace["path"]:
+        raise ValueError("trace.path is required: a JSONL file (relative to the scenario's directory)")
+    path = Path(trace["path"]) if Path(trace["path"]).is_absolute() else (base_dir or Path.cwd()) / trace["path"]
+    return scenario.with_trace(path, _positive(trace.get("speedup", 1), "trace.speedup"), str(trace.get("class", "")),
+                               int(_positive(trace.get("block_tokens", 512), "trace.block_tokens")))
 
 
 def _target(raw: Any) -> str:
@@ -293,7 +338,7 @@ def _api_key(tenant: dict, field: str, base_dir: Path, environ: Mapping[str, str
 
 
 _CLASS_KEYS = {"name", "kind", "model", "version", "share", "deadline_ms", "slo", "top_k", "image",
-               "prompt_len", "output_len", "temperature", "ignore_eos", "api", "stream"}
+               "prompt_len", "output_len", "temperature", "ignore_eos", "api", "stream", "shared_prefix"}
 
 
 def _parse_classes(raw: Any) -> tuple[ClassSpec, ...]:
@@ -322,7 +367,7 @@ def _parse_class(c: dict, field: str) -> ClassSpec:
         slo=_parse_slo(_mapping(c.get("slo", {}), f"{field}.slo"), f"{field}.slo", kind),
     )
     if kind is RequestKind.CLASSIFY:
-        for key in ("prompt_len", "output_len", "temperature", "ignore_eos", "api", "stream"):
+        for key in ("prompt_len", "output_len", "temperature", "ignore_eos", "api", "stream", "shared_prefix"):
             if key in c:
                 raise ValueError(f"{field}.{key} applies to generate classes only")
         return ClassSpec(**common, top_k=int(_positive(c.get("top_k", 1), f"{field}.top_k")),
@@ -336,9 +381,19 @@ def _parse_class(c: dict, field: str) -> ClassSpec:
         output_len=parse_int_dist(c.get("output_len", 16), f"{field}.output_len"),
         temperature=_non_negative(c.get("temperature", 0.0), f"{field}.temperature"),
         ignore_eos=bool(c.get("ignore_eos", True)),
+        **_shared_prefix(_mapping(c.get("shared_prefix", {}), f"{field}.shared_prefix"), f"{field}.shared_prefix"),
         api=_enum(TextApi, c.get("api", "completions"), f"{field}.api"),
         stream=_bool(c.get("stream", True), f"{field}.stream"),
     )
+
+
+def _shared_prefix(raw: dict, field: str) -> dict:
+    _no_unknown(raw, field, {"ratio", "num_prefixes"})
+    ratio = _non_negative(raw.get("ratio", 0.0), f"{field}.ratio")
+    if ratio > 1:
+        raise ValueError(f"{field}.ratio must be in [0, 1], got {ratio}")
+    return {"shared_prefix_ratio": ratio,
+            "num_shared_prefixes": int(_positive(raw.get("num_prefixes", 1), f"{field}.num_prefixes"))}
 
 
 def _bool(raw: Any, field: str) -> bool:
@@ -448,4 +503,4 @@ def _enum(cls: type[Enum], raw: Any, field: str):
 
 
 __all__ = ["ClassSpec", "ImageEncoding", "ImageSpec", "IntDist", "LoadMode", "LoadSpec", "RequestKind",
-           "Scenario", "Slo", "SweepSpec", "TenantSpec", "TextApi", "fixed", "load_scenario", "parse_scenario"]
+           "Scenario", "Slo", "SweepSpec", "TenantSpec", "TextApi", "TraceSpec", "fixed", "load_scenario", "parse_scenario"]

@@ -9,7 +9,9 @@ import numpy as np
 
 from loadtest.arrivals import arrival_times_s
 from loadtest.payloads import ImagePayload, TextPayload, make_image_pool, make_prompt
-from loadtest.scenario import ClassSpec, RequestKind, Scenario, TenantSpec
+from loadtest.prompts import SharedText, block_prompt, with_prefix
+from loadtest.scenario import ClassSpec, RequestKind, Scenario, TenantSpec, TraceSpec
+from loadtest.trace import TraceEntry
 
 
 @dataclass(frozen=True)
@@ -35,9 +37,13 @@ class WorkloadSampler:
             c.name: make_image_pool(c.image, rng) for c in scenario.classes
             if c.kind is RequestKind.CLASSIFY and c.image is not None
         }
+        self._shared = SharedText(scenario.seed)
+
+    def draw_tenant(self) -> TenantSpec:
+        return self._tenants[int(self._rng.choice(len(self._tenants), p=self._tenant_p))]
 
     def draw(self, seq: int, scheduled_s: float) -> PlannedRequest:
-        tenant = self._tenants[int(self._rng.choice(len(self._tenants), p=self._tenant_p))]
+        tenant = self.draw_tenant()
         class_index = int(self._rng.choice(len(self._classes), p=self._class_p))
         request_class = self._classes[class_index]
         if request_class.kind is RequestKind.CLASSIFY:
@@ -48,17 +54,42 @@ class WorkloadSampler:
         else:
             # scenario.py gives every generate class both distributions (defaults when unset).
             assert request_class.prompt_len is not None and request_class.output_len is not None
-            prompt = make_prompt(request_class.prompt_len.sample(self._rng), self._rng)
+            prompt = self._prompt(request_class, request_class.prompt_len.sample(self._rng))
             payload = TextPayload(prompt, request_class.output_len.sample(self._rng))
             key = -1  # prompts are not reused
         return PlannedRequest(seq, scheduled_s, tenant, request_class, payload, key)
+
+    def _prompt(self, c: ClassSpec, num_bytes: int) -> str:
+        """Fresh words, after one of the class's shared prefixes when it sets a ratio."""
+        shared_len = round(c.shared_prefix_ratio * num_bytes)
+        if shared_len == 0:
+            return make_prompt(num_bytes, self._rng)
+        group = int(self._rng.integers(c.num_shared_prefixes))
+        return with_prefix(self._shared.text(f"class:{c.name}:{group}", shared_len), num_bytes, self._rng)
+
+    def replay(self, seq: int, spec: TraceSpec, entry: TraceEntry) -> PlannedRequest:
+        """A trace's request: its time and lengths, its prefix (hash-id blocks or a prefix group), a drawn tenant."""
+        request_class = next(c for c in self._classes if c.name == spec.class_name)
+        if entry.hash_ids:
+            prompt = block_prompt(self._shared, entry.hash_ids, spec.block_tokens, entry.input_len, self._rng)
+        elif entry.prefix_group and entry.prefix_len:
+            prompt = with_prefix(self._shared.text(f"group:{entry.prefix_group}", entry.prefix_len), entry.input_len,
+                                 self._rng)
+        else:
+            prompt = make_prompt(entry.input_len, self._rng)
+        return PlannedRequest(seq, entry.t_s / spec.speedup, self.draw_tenant(), request_class,
+                              TextPayload(prompt, entry.output_len), -1)
 
 
 def open_loop_plan(scenario: Scenario) -> Iterator[PlannedRequest]:
     """Every request of an open-loop run, in due order. Arrival times and payloads use separate
     random streams, so changing the request mix does not move the arrivals."""
-    arrivals_rng = np.random.default_rng([scenario.seed, 1])
     sampler = WorkloadSampler(scenario, np.random.default_rng([scenario.seed, 2]))
+    if scenario.trace is not None:
+        for seq, entry in enumerate(scenario.trace.entries):
+            yield sampler.replay(seq, scenario.trace, entry)
+        return
+    arrivals_rng = np.random.default_rng([scenario.seed, 1])
     times = arrival_times_s(scenario.schedule(), scenario.load.arrival, arrivals_rng, scenario.load.burstiness)
     for seq, t_s in enumerate(times):
         yield sampler.draw(seq, t_s)
