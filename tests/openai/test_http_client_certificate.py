@@ -94,3 +94,48 @@ def test_client_certificates_need_a_ca_file(tmp_path):
     with pytest.raises(ConfigError, match="need TLS and --tls-ca-file"):
         HttpServer(_WhoAmI(), "127.0.0.1", free_port(), TlsFiles("c.pem", "k.pem", ""), max_body_bytes=1,
                    client_cert="optional")
+
+
+def _handshake(port: int, context: ssl.SSLContext, session: ssl.SSLSession | None = None
+               ) -> tuple[bool, ssl.SSLSession | None]:
+    """(served, the session to resume with) of one GET over a raw TLS connection."""
+    import socket
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        try:
+            with context.wrap_socket(raw, server_hostname="localhost", session=session) as tls:
+                tls.sendall(b"GET /whoami HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                reply = b""
+                while chunk := tls.recv(4096):
+                    reply += chunk
+                return reply.startswith(b"HTTP/1.1 200"), tls.session
+        except (ssl.SSLError, ConnectionError):
+            return False, None
+
+
+async def test_a_resumed_session_cannot_outlive_its_ca_and_tls_1_2_is_refused(tmp_path):
+    server, port, pki = await _serve(tmp_path, "require")
+    files = pki.files["gateway"]
+    issued = pki.ca.issue("search", uris=["spiffe://clients.test/ns/search"])
+    (tmp_path / "c.pem").write_bytes(issued.cert_pem)
+    (tmp_path / "c-key.pem").write_bytes(issued.key_pem)
+
+    def client(version: ssl.TLSVersion) -> ssl.SSLContext:
+        context = ssl.create_default_context(cadata=pki.ca.cert_pem.decode())
+        context.load_cert_chain(tmp_path / "c.pem", tmp_path / "c-key.pem")
+        context.maximum_version = version
+        return context
+
+    try:
+        tls13 = client(ssl.TLSVersion.TLSv1_3)
+        served, session = await asyncio.to_thread(_handshake, port, tls13)
+        assert served
+        assert (await asyncio.to_thread(_handshake, port, client(ssl.TLSVersion.TLSv1_2)))[0] is False
+        other_ca = DevPki.create(tmp_path / "other").ca
+        files.ca_path.write_bytes(other_ca.cert_pem)  # the callers' CA leaves the bundle
+        give_up = asyncio.get_running_loop().time() + 10
+        while (await asyncio.to_thread(_handshake, port, tls13))[0]:
+            assert asyncio.get_running_loop().time() < give_up, "the bundle was not reloaded"
+            await asyncio.sleep(0.2)
+        assert (await asyncio.to_thread(_handshake, port, tls13, session))[0] is False
+    finally:
+        await server.close()

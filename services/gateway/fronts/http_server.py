@@ -188,4 +188,12 @@ def _server_context(files: TlsFiles, material: PemMaterial, client_cert: str) ->
         raise ConfigError(f"HTTP port: cannot load {files.cert_path} / {files.key_path} / {files.ca_path}: "
                           f"{exc}") from None
     context.verify_mode = _VERIFY_MODE[client_cert]
+    if client_cert != "none":
+        # A resumed TLS session skips the certificate check and keeps the first handshake's peer
+        # certificate, so a client whose CA left the bundle would go on resuming. TLS 1.3 without
+        # tickets cannot resume; TLS 1.2 would still resume from the listener's session-id cache,
+        # which Python cannot turn off: with client certificates the port speaks TLS 1.3 only.
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
+        context.options |= ssl.OP_NO_TICKET
+        context.num_tickets = 0
     return context
