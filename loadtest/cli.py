@@ -1,4 +1,4 @@
-"""python -m loadtest {run,compare,sweep,render}: the command line."""
+"""python -m loadtest {run,compare,sweep,ab,render}: the command line."""
 
 from __future__ import annotations
 
@@ -89,6 +89,22 @@ def _parser() -> argparse.ArgumentParser:
                        help="bisections between the last passing and first failing rate (default: sweep.refine_steps, else 2)")
     sweep.add_argument("--out", type=Path, default=Path("reports"), help="report directory (default: %(default)s)")
     sweep.set_defaults(handler=_cmd_sweep)
+
+    ab = sub.add_parser("ab", help="A/B: two targets on one schedule in alternating time slices, side by side",
+                        description="Interleave two targets' schedules in time slices (so noise on a shared machine "
+                                    "falls on both) and report them side by side with B/A ratios and intervals.")
+    ab.add_argument("scenario", type=Path, help="scenario YAML (open loop)")
+    ab.add_argument("--target", action="append", default=[], required=True,
+                    help="give twice: A, then B (URLs as for run; no default: both are required)")
+    ab.add_argument("--slice-s", type=float, default=1.0, help="length of each time slice (default: %(default)s)")
+    ab.add_argument("--duration-s", type=float,
+                    help="measured time per target; the run lasts twice this (default: the scenario's duration_s)")
+    ab.add_argument("--wait-ready-s", type=float, default=10.0,
+                    help="wait this long for both targets to serve the models; 0 skips (default: %(default)s)")
+    ab.add_argument("--no-progress", action="store_true", help="no live progress line (default: shown)")
+    ab.add_argument("--ca-file", default="", help="PEM CA bundle for both targets (as for run; default: none)")
+    ab.add_argument("--out", type=Path, default=Path("reports"), help="report directory (default: %(default)s)")
+    ab.set_defaults(handler=_cmd_ab)
 
     render = sub.add_parser("render", help="re-render Markdown/HTML (and the summary) from a JSON report",
                             description="Re-render Markdown and HTML from a JSON report.")
@@ -248,6 +264,33 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     write_json(doc, args.out / f"{stem}.json")
     (args.out / f"{stem}.md").write_text(sweep_markdown(doc), encoding="utf-8")
     (args.out / f"{stem}.html").write_text(sweep_html(doc), encoding="utf-8")
+    for ext in ("json", "md", "html"):
+        print(f"{ext:>4} report: {args.out / f'{stem}.{ext}'}")
+    return EXIT_OK
+
+
+def _cmd_ab(args: argparse.Namespace) -> int:
+    from loadtest.ab import ab_html, ab_markdown, ab_table
+    from loadtest.execute import RunOptions, TargetNotReady, run_ab
+    from loadtest.report_json import write_json
+
+    if len(args.target) != 2:
+        raise ValueError(f"ab needs --target twice (A, then B), got {len(args.target)}")
+    scenario = _load(args.scenario)
+    if args.duration_s is not None:
+        scenario = scenario.with_duration(args.duration_s)
+    options = RunOptions(args.target[0], not args.no_progress, args.wait_ready_s, ca_file=args.ca_file)
+    try:
+        doc = _run_async(run_ab(scenario, options, args.target[1], args.slice_s))
+    except TargetNotReady as err:
+        print(f"loadtest: a target is not ready: {err}", file=sys.stderr)
+        return EXIT_NOT_READY
+    print(ab_table(doc).to_text())
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"ab-{scenario.name}-{doc['meta']['started_at'].replace(':', '').replace('-', '').replace('+0000', 'Z')}"
+    write_json(doc, args.out / f"{stem}.json")
+    (args.out / f"{stem}.md").write_text(ab_markdown(doc), encoding="utf-8")
+    (args.out / f"{stem}.html").write_text(ab_html(doc), encoding="utf-8")
     for ext in ("json", "md", "html"):
         print(f"{ext:>4} report: {args.out / f'{stem}.{ext}'}")
     return EXIT_OK

@@ -151,15 +151,16 @@ def compare_reports(
     thresholds: Sequence[Threshold],
     groups: Sequence[str] | None = None,
     min_requests: int = 1,
+    metrics: Sequence[str] = DEFAULT_METRICS,
 ) -> tuple[list[Comparison], list[str]]:
-    """Cells for every shared group and metric (thresholded ones first), and warnings."""
+    """Cells for every shared group and metric (thresholded ones first, then `metrics`), and warnings."""
     base_groups, new_groups = groups_of(base), groups_of(new)
     wanted = list(groups) if groups else list(base_groups)
     warnings = [f"group {g!r} is missing from the new report" for g in wanted
                 if g in base_groups and g not in new_groups]
     warnings += [f"group {g!r} is in neither report" for g in wanted if g not in base_groups and g not in new_groups]
     by_metric = {t.metric: t for t in thresholds}
-    names = list(by_metric) + [m for m in DEFAULT_METRICS if m not in by_metric]
+    names = list(by_metric) + [m for m in metrics if m not in by_metric]
     cells = []
     for group in wanted:
         if group not in base_groups or group not in new_groups:

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from loadtest.ab import SlicedTarget, ab_document, owned_time_s, split_records
 from loadtest.progress import ProgressPrinter
 from loadtest.report_html import html_report
-from loadtest.report_json import build_report, write_json
+from loadtest.report_json import build_report, side_windows, write_json
 from loadtest.report_text import markdown_report
-from loadtest.runner import LoadRunner, MonotonicClock
+from loadtest.runner import LoadRunner, MonotonicClock, RunResult
 from loadtest.scenario import LoadMode, Scenario
 from loadtest.targets.base import Target, TargetError
 from loadtest.targets.factory import open_target
@@ -100,3 +101,39 @@ def report_stem(doc: dict) -> str:
     started = doc["meta"]["started_at"].replace(":", "").replace("-", "").replace("+0000", "Z")
     name = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in doc["meta"]["name"])
     return f"{name}-{started}"
+
+
+async def run_ab(scenario: Scenario, options: RunOptions, target_b: str, slice_s: float) -> dict:
+    """Both targets on one schedule of twice the scenario's duration, alternating every `slice_s`;
+    returns the A/B document (loadtest/ab.py) holding a full report per target."""
+    started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    clock = MonotonicClock()
+    run_id = "ab" + dt.datetime.now(dt.UTC).strftime("%H%M%S")
+    if scenario.trace is not None or scenario.load.mode is not LoadMode.OPEN:
+        raise ValueError("ab interleaves an open-loop schedule; this scenario is a trace replay or closed-loop")
+    doubled = scenario.with_duration(2 * scenario.duration_s)
+    target_a = open_target(options.target, doubled, clock, run_id + "a", options.ca_file)
+    try:
+        target = SlicedTarget(target_a, open_target(target_b, doubled, clock, run_id + "b", options.ca_file), slice_s)
+    except ValueError:
+        await target_a.close()
+        raise
+    try:
+        if options.wait_ready_s > 0:
+            await wait_until_ready(target, doubled, options.wait_ready_s, options.stream)
+        printer = ProgressPrinter(options.stream, "rps") if options.progress else None
+        result = await LoadRunner(doubled, target, clock, on_progress=printer).run()
+        if printer:
+            printer.close()
+    finally:
+        await target.close()
+    docs = []
+    end_s = doubled.warmup_s + doubled.duration_s
+    for side, (url, records) in enumerate(zip((options.target, target_b), split_records(result.records, slice_s),
+                                              strict=True)):
+        owned_s = owned_time_s(doubled.warmup_s, end_s, slice_s, side)
+        doc = build_report(doubled, RunResult(records, result.lag_us, owned_s), target=url, started_at=started_at)
+        doc["windows"] = side_windows(doubled, [r for r in records if r.measured], result.measured_s,
+                                      doc["windows"]["window_s"])
+        docs.append(doc)
+    return ab_document(docs[0], docs[1], slice_s)

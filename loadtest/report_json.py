@@ -51,12 +51,17 @@ def build_report(scenario: Scenario, result: RunResult, *, target: str, started_
         "priorities": {p: group([r for r in measured if r.priority == p])
                        for p in sorted({t.priority for t in scenario.tenants})},
         "slowest": slowest_requests(measured),
-        "windows": {
-            "window_s": window_s,
-            "overall": time_windows(measured, scenario.warmup_s, result.measured_s, window_s),
-            "classes": {c.name: time_windows([r for r in measured if r.class_name == c.name], scenario.warmup_s,
-                                             result.measured_s, window_s) for c in scenario.classes},
-        },
+        "windows": side_windows(scenario, measured, result.measured_s, window_s),
+    }
+
+
+def side_windows(scenario: Scenario, measured: Sequence[RequestRecord], measured_s: float, window_s: float) -> dict:
+    """The over-time windows of `measured_s` from the end of warm-up (for an A/B side: the whole run's)."""
+    return {
+        "window_s": window_s,
+        "overall": time_windows(measured, scenario.warmup_s, measured_s, window_s),
+        "classes": {c.name: time_windows([r for r in measured if r.class_name == c.name], scenario.warmup_s,
+                                         measured_s, window_s) for c in scenario.classes},
     }
 
 

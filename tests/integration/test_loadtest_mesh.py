@@ -130,3 +130,21 @@ def test_a_class_the_target_kind_cannot_serve_is_refused_before_any_request(mesh
                  "--out", str(tmp_path), "--no-progress"])
     assert code == 2
     assert "OpenAI target" in capsys.readouterr().err and not list(tmp_path.glob("bad-*.json"))
+
+
+def test_ab_sets_the_grpc_and_openai_fronts_side_by_side(mesh, tmp_path, capsys):
+    scenario = tmp_path / "ab.yaml"
+    scenario.write_text(_scenario("ab", GENERATE, duration_s=1.5))
+    code = main(["ab", str(scenario), "--target", f"grpc://{mesh.gateway.address}",
+                 "--target", f"openai+https://127.0.0.1:{mesh.http_port}/v1", "--slice-s", "0.5", "--out",
+                 str(tmp_path), "--no-progress", "--wait-ready-s", "20",
+                 "--ca-file", str(session_tls.session_pki().ca_path)])
+    assert code == EXIT_OK, capsys.readouterr()
+    doc = json.loads(next(tmp_path.glob("ab-ab-*.json")).read_text())
+    for side in ("a", "b"):
+        _all_ok(doc[side], min_requests=5)
+        assert doc[side]["classes"]["generate"]["stream"]["mean_output_tokens"] == 6
+    assert {doc["a"]["meta"]["target_kind"], doc["b"]["meta"]["target_kind"]} == {"grpc", "openai+http"}
+    metrics = {(c["group"], c["metric"]) for c in doc["comparison"]}
+    assert {("overall", "p99"), ("class:generate", "ttft_p50")} <= metrics
+    assert all(c["ratio"] is None or c["ratio"] > 0 for c in doc["comparison"])
