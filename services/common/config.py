@@ -164,6 +164,10 @@ class ServerSettings:
     port: int = setting(0, "gRPC port; 0 picks a free port")
     metrics_port: int = setting(-1, "Prometheus /metrics HTTP port; 0 picks a free one, -1 disables")
     drain_grace_s: float = setting(10.0, "on SIGTERM, how long in-flight work may finish")
+    drain_notice_ms: float = setting(
+        0.0, "on SIGTERM, how long to go on serving new calls after health turns NOT_SERVING and before the "
+        "server stops (GOAWAY): clients with client-side health checking move off meanwhile, so no call "
+        "reaches the server as it stops (grpc/grpc#41785)", minimum=0)
     max_message_bytes: int = setting(8 * 1024 * 1024, "largest gRPC message accepted")
     keepalive_min_ping_interval_ms: int = setting(
         10_000, "shortest gap between a client's pings on a connection with no data that this server accepts "

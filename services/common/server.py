@@ -4,7 +4,8 @@ A service supplies the `Service` protocol; `run()` owns the process lifecycle:
 
     start: bind, serve health NOT_SERVING, `service.start()` (which marks itself
            SERVING when ready: the worker only after load, warm-up and golden check)
-    SIGTERM/SIGINT: health NOT_SERVING at once, `service.drain(grace)`, stop the
+    SIGTERM/SIGINT: health NOT_SERVING at once, serve on for `drain_notice_ms` (clients
+           watching health move off), `service.drain(grace)`, stop the
            server with the rest of the grace period, `service.close()`, flush spans.
 """
 
@@ -146,6 +147,13 @@ async def serve(service_name: str, settings: ServerSettings, service: Service) -
     began = time.monotonic()
     starting.cancel()
     await health.enter_drain()
+    if settings.drain_notice_ms > 0:
+        # Health Watch streams have just seen NOT_SERVING: clients with client-side health checking
+        # take this server out of their picks and send new calls elsewhere. Serving on meanwhile
+        # means no call reaches it as server.stop() sends GOAWAY, which grpc core would cancel
+        # (grpc/grpc#41785) rather than fail with a retryable UNAVAILABLE.
+        log.info("serving on for the %.0f ms drain notice before stopping", settings.drain_notice_ms)
+        await asyncio.sleep(settings.drain_notice_ms / 1000)
     try:
         await asyncio.wait_for(service.drain(settings.drain_grace_s), timeout=settings.drain_grace_s)
     except TimeoutError:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.config import ServerSettings, require, setting
+from services.common.config import ConfigError, ServerSettings, require, setting
 from services.common.priority import Priority
 from services.common.scheduler_address import SchedulerAddress, SchedulerAddressError, parse_scheduler_address
 from services.gateway.admission.adaptive_limit import AdaptiveLimitConfig
@@ -13,6 +13,7 @@ from services.gateway.dispatch.deadlines import DeadlinePolicy
 from services.gateway.dispatch.retry_budget import RetryBudgetConfig
 from services.gateway.dispatch.retry_policy import RetryPolicyConfig
 from services.gateway.quota.lease import LeaseConfig
+from services.gateway.quota.store_address import parse_store_address
 from services.gateway.routing.circuit_breaker import BreakerConfig
 
 # Fail closed: a gateway that would serve everyone must have been asked to (docs/security.md).
@@ -28,6 +29,11 @@ class GatewayConfig(ServerSettings):
         "(every A/AAAA record, re-resolved every discovery_interval_ms)",
     )
     discovery_interval_ms: float = setting(5000.0, "how often a dns:/// scheduler_address is re-resolved")
+    drain_notice_ms: float = setting(
+        1000.0, "on SIGTERM, how long to go on serving new calls after health turns NOT_SERVING and before the "
+        "server stops (GOAWAY): clients with client-side health checking (docs/operations.md) move their "
+        "new calls to another gateway meanwhile, so none reaches this one as it stops (grpc/grpc#41785)",
+        minimum=0)
     silence_probe_after_ms: float = setting(
         300.0, "a scheduler that sent nothing this long while calls wait on it is probed; 0: never"
     )
@@ -65,7 +71,8 @@ class GatewayConfig(ServerSettings):
     tenants_poll_interval_ms: float = setting(1000.0, "how often the tenants file is checked for changes; 0: only on SIGHUP")
     # Quotas across gateways (services/gateway/quota/lease.py, docs/gateway.md).
     quota_store_address: str = setting(
-        "", "Valkey/Redis host:port shared by all gateways for tenant quotas; empty: each gateway enforces the full quota alone"
+        "", "Valkey/Redis host:port shared by all gateways for tenant quotas, or sentinel://host:port[,host:port...]/name "
+        "(Valkey Sentinel: the current primary of name); empty: each gateway enforces the full quota alone"
     )
     quota_store_prefix: str = setting("infermesh:quota:", "namespace of the quota keys in the store")
     quota_lease_interval_ms: float = setting(100.0, "how often quota slices are leased from and returned to the store")
@@ -148,9 +155,10 @@ class GatewayConfig(ServerSettings):
         require(self.tenants_poll_interval_ms >= 0,
                 f"tenants_poll_interval_ms must be >= 0, got {self.tenants_poll_interval_ms}")
         if self.quota_store_address:
-            host, _, port = self.quota_store_address.rpartition(":")
-            require(bool(host) and port.isdigit(),
-                    f"quota_store_address must be host:port, got {self.quota_store_address!r}")
+            try:
+                parse_store_address(self.quota_store_address)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         require(self.quota_store_ttl_ms >= 2 * self.quota_lease_interval_ms,
                 f"quota_store_ttl_ms ({self.quota_store_ttl_ms}) must be >= 2 x quota_lease_interval_ms "
                 f"({self.quota_lease_interval_ms}), or live gateways expire between their syncs")

@@ -41,18 +41,21 @@ BRIGHT = common_pb2.Image(raw=common_pb2.RawImage(pixels=bytes([250] * 12), heig
 BRIGHT_LABEL = "bright"
 
 
-def channel_options(num_attempts: int = 5) -> list[tuple[str, object]]:
+def channel_options(num_attempts: int = 5, health_check: bool = False) -> list[tuple[str, object]]:
     """A channel that spreads calls over every address of its target and retries UNAVAILABLE.
 
     A call whose connection dies before any response arrived (a gateway killed under it, or a
     connect refused) fails UNAVAILABLE and is not yet committed, so gRPC retries it on another
     subchannel; a stream that already delivered tokens is committed and is the caller's to redo.
+    `health_check`: client-side health checking (grpc.health.v1 Watch per gateway), so a gateway
+    that turns NOT_SERVING as its drain starts gets no new calls (docs/operations.md, "Gateways").
     """
     if num_attempts <= 1:  # no retries of gRPC's own: every failure the gateway returns is counted
         return [("grpc.service_config", json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})),
                 ("grpc.enable_retries", 0)]
-    service_config = {
+    service_config: dict[str, object] = {
         "loadBalancingConfig": [{"round_robin": {}}],
+        **({"healthCheckConfig": {"serviceName": "infermesh.v1.Inference"}} if health_check else {}),
         "methodConfig": [{
             "name": [{"service": "infermesh.v1.Inference"}],
             "retryPolicy": {
@@ -107,6 +110,8 @@ class LoadShape:
     # gRPC's own retries of UNAVAILABLE before any response (a gateway killed under the call); off:
     # the gateway alone must keep every call.
     client_retries: bool = True
+    # Client-side health checking (channel_options): new calls leave a gateway once it is NOT_SERVING.
+    client_health_check: bool = False
 
 
 @dataclass
@@ -224,8 +229,9 @@ class MeshLoad:
     async def _run(self) -> None:
         # A channel each: on one round_robin channel the two fixed rates interleave in a fixed
         # pattern that can put every stream on the same gateway.
-        async with (session_tls.aio_channel(self.target, options=channel_options(5 if self.shape.client_retries else 1)) as classify_channel,
-                    session_tls.aio_channel(self.target, options=channel_options(5 if self.shape.client_retries else 1)) as stream_channel):
+        options = channel_options(5 if self.shape.client_retries else 1, self.shape.client_health_check)
+        async with (session_tls.aio_channel(self.target, options=options) as classify_channel,
+                    session_tls.aio_channel(self.target, options=options) as stream_channel):
             classify_stub = gateway_pb2_grpc.InferenceStub(classify_channel)
             stream_stub = gateway_pb2_grpc.InferenceStub(stream_channel)
             await asyncio.gather(

@@ -127,7 +127,10 @@ class ServiceProcess:
         return session_tls.aio_channel(self.probe_address, identity, tls=self.tls, **options)
 
     def start(self) -> ServiceProcess:
-        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        # A test gateway stops at once on SIGTERM (its teardown): the drain notice (1 s by default) is
+        # for clients watching its health, which only the tests of a roll have; they set it.
+        notice = {"INFERMESH_GATEWAY_DRAIN_NOTICE_MS": "0"} if self.service == "gateway" else {}
+        env = {**os.environ, **notice, **self.env, "PYTHONUNBUFFERED": "1"}
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process for its lifetime
         self.proc = subprocess.Popen(
             [*self.launcher, self.python, "-m", self.module or f"services.{self.service}", "--port", str(self.port),

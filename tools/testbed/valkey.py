@@ -12,14 +12,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tools.quota_store import server_argv
+from tools.quota_store import SERVER_BINARY, server_argv
 from tools.testbed.processes import free_port
 
 
 class ValkeyProcess:
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, extra_args: tuple[str, ...] = ()) -> None:
+        """`extra_args`: e.g. ("--replicaof", "127.0.0.1", "6390") for a replica."""
         self.workdir = workdir
         self.port = port or free_port()
+        self.extra_args = extra_args
         self.proc: subprocess.Popen | None = None
         self.log_path = workdir / f"valkey-{self.port}.log"
 
@@ -30,7 +32,7 @@ class ValkeyProcess:
     def start(self, timeout_s: float = 10.0) -> ValkeyProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process for its lifetime
         self.proc = subprocess.Popen(
-            server_argv(self.port, str(self.workdir)),
+            [*server_argv(self.port, str(self.workdir)), *self.extra_args],
             stdout=log, stderr=subprocess.STDOUT,
         )
         log.close()
@@ -74,3 +76,31 @@ def running_valkey(workdir: Path) -> Iterator[ValkeyProcess]:
         yield server.start()
     finally:
         server.stop()
+
+
+class SentinelProcess(ValkeyProcess):
+    """A Valkey Sentinel watching one primary as `name`, quick to fail over (tests): down after 500 ms."""
+
+    def __init__(self, workdir: Path, primary_port: int, name: str = "quota") -> None:
+        super().__init__(workdir)
+        self.name = name
+        conf = workdir / f"sentinel-{self.port}.conf"  # Sentinel rewrites its file: one of its own
+        conf.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {workdir}\n"
+            f"sentinel monitor {name} 127.0.0.1 {primary_port} 1\n"
+            f"sentinel down-after-milliseconds {name} 500\n"
+            f"sentinel failover-timeout {name} 2000\n"
+            f"sentinel parallel-syncs {name} 1\n")
+        self._conf = conf
+
+    def start(self, timeout_s: float = 10.0) -> ValkeyProcess:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process for its lifetime
+        self.proc = subprocess.Popen([str(SERVER_BINARY), str(self._conf), "--sentinel"],
+                                     stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        give_up = time.monotonic() + timeout_s
+        while not self.answers_ping():
+            if self.proc.poll() is not None or time.monotonic() > give_up:
+                raise RuntimeError(f"sentinel did not start: {self.log_path.read_text()}")
+            time.sleep(0.02)
+        return self

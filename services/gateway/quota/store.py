@@ -30,8 +30,10 @@ import time
 from collections.abc import Callable, Iterable
 
 import valkey.asyncio as valkey_asyncio
+from valkey.asyncio.sentinel import Sentinel
 
 from services.gateway.quota.lease import LeasePlan, LeaseReply, TenantGrant
+from services.gateway.quota.store_address import parse_store_address
 
 DEFAULT_PREFIX = "infermesh:quota:"
 
@@ -244,7 +246,7 @@ class ValkeyQuotaStore:
         self, address: str, prefix: str, *, gateway_id: str, ttl_s: float, timeout_s: float,
         share_rotation_s: float = 10.0, clock_ms: Callable[[], float] = lambda: time.monotonic() * 1000,
     ) -> None:
-        host, _, port = address.rpartition(":")
+        parsed = parse_store_address(address)
         self.address = address
         self.prefix = prefix
         self.gateway_id = gateway_id
@@ -254,10 +256,19 @@ class ValkeyQuotaStore:
         self._rotation_ms = max(1, math.ceil(share_rotation_s * 1000))
         # No client-side retries: a failed sync is retried at the next interval, after the
         # gateway has fallen back, never while admission waits on it.
-        self._client = valkey_asyncio.Valkey(
-            host=host.strip("[]"), port=int(port), socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s, retry_on_timeout=False, retry=None,
-        )
+        if parsed.direct is not None:
+            self._client = valkey_asyncio.Valkey(
+                host=parsed.direct[0], port=parsed.direct[1], socket_timeout=timeout_s,
+                socket_connect_timeout=timeout_s, retry_on_timeout=False, retry=None,
+            )
+        else:
+            # The sentinels name the primary at each new connection; a failover breaks the old ones
+            # (the sync fails, the gateway falls back for an interval) and the next sync reaches the new.
+            sentinel = Sentinel(list(parsed.sentinels), socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+            self._client = sentinel.master_for(
+                parsed.primary_name, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                retry_on_timeout=False, retry=None,
+            )
         self._script = self._client.register_script(_SYNC_SCRIPT)
         self._clock_ms = clock_ms
         # The store's clock minus ours (ms), from the last reply; None before the first.
