@@ -43,6 +43,13 @@ def _parser() -> argparse.ArgumentParser:
                      help="warm-up, sent but excluded from results (default: the scenario's warmup_s, else 0)")
     run.add_argument("--rate-rps", type=float,
                      help="replace the schedule by this constant rate, open loop (default: the scenario's load)")
+    run.add_argument("--scrape", nargs="+", default=[], metavar="URL",
+                     help="Prometheus endpoints to scrape during the run (ours or a peer's /metrics; https ones are "
+                          "verified with --ca-file); the report plots the chosen series beside latency (default: none)")
+    run.add_argument("--scrape-series", nargs="+", metavar="PATTERN",
+                     help="fnmatch patterns of the sample names to keep (default: queue, waiting, running, KV-cache "
+                          "usage and in-flight gauges of infermesh and vLLM: loadtest/scrape.py DEFAULT_SERIES)")
+    run.add_argument("--scrape-interval-s", type=float, default=1.0, help="seconds between scrapes (default: %(default)s)")
     run.add_argument("--trace", type=Path,
                      help="replay this JSONL trace (Mooncake/AIPerf or infermesh layout; docs/loadtest.md) instead "
                           "of the load's arrivals (default: the scenario's trace section, else none)")
@@ -146,6 +153,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from loadtest.execute import RunOptions, TargetNotReady, report_stem, run_blocking, write_reports
     from loadtest.report_text import terminal_summary
     from loadtest.scenario import LoadMode
+    from loadtest.scrape import DEFAULT_SERIES
 
     scenario = _load(args.scenario)
     if args.warmup_s is not None:
@@ -169,7 +177,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise ValueError(f"--formats: unknown format(s) {sorted(unknown)}; use json, md, html")
     target = args.target or scenario.target
     try:
-        doc = run_blocking(scenario, RunOptions(target, not args.no_progress, args.wait_ready_s, ca_file=args.ca_file))
+        doc = run_blocking(scenario, RunOptions(
+            target, not args.no_progress, args.wait_ready_s, ca_file=args.ca_file, scrape_urls=tuple(args.scrape),
+            scrape_series=tuple(args.scrape_series or DEFAULT_SERIES), scrape_interval_s=args.scrape_interval_s))
     except TargetNotReady as err:
         print(f"loadtest: target {target} not ready: {err}", file=sys.stderr)
         return EXIT_NOT_READY

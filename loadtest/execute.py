@@ -16,6 +16,7 @@ from loadtest.report_json import build_report, side_windows, write_json
 from loadtest.report_text import markdown_report
 from loadtest.runner import LoadRunner, MonotonicClock, RunResult
 from loadtest.scenario import LoadMode, Scenario
+from loadtest.scrape import DEFAULT_SERIES, Scraper
 from loadtest.targets.base import Target, TargetError
 from loadtest.targets.factory import open_target
 
@@ -31,6 +32,9 @@ class RunOptions:
     wait_ready_s: float = 10.0  # 0: do not preflight
     stream: TextIO = sys.stderr
     ca_file: str = ""  # PEM CA bundle: TLS to a gRPC target, or the roots an https target is verified against
+    scrape_urls: tuple[str, ...] = ()  # Prometheus endpoints scraped during the run (loadtest/scrape.py)
+    scrape_series: tuple[str, ...] = DEFAULT_SERIES
+    scrape_interval_s: float = 1.0
 
 
 async def wait_until_ready(target: Target, scenario: Scenario, wait_s: float, stream: TextIO) -> None:
@@ -64,12 +68,23 @@ async def run_scenario(scenario: Scenario, options: RunOptions) -> dict:
             await wait_until_ready(target, scenario, options.wait_ready_s, options.stream)
         printer = ProgressPrinter(options.stream, "rps" if scenario.load.mode is LoadMode.OPEN else "clients") \
             if options.progress else None
-        result = await LoadRunner(scenario, target, clock, on_progress=printer).run()
+        scraper = Scraper(options.scrape_urls, options.scrape_series, options.scrape_interval_s, options.ca_file) \
+            if options.scrape_urls else None
+        scraping = asyncio.create_task(scraper.run(clock, clock.now_s() + scenario.warmup_s)) if scraper else None
+        try:
+            result = await LoadRunner(scenario, target, clock, on_progress=printer).run()
+        finally:
+            if scraping:
+                scraping.cancel()
+                await asyncio.gather(scraping, return_exceptions=True)
         if printer:
             printer.close()
     finally:
         await target.close()
-    return build_report(scenario, result, target=options.target, started_at=started_at)
+    doc = build_report(scenario, result, target=options.target, started_at=started_at)
+    if scraper:
+        doc["server_metrics"] = scraper.section()
+    return doc
 
 
 def run_blocking(scenario: Scenario, options: RunOptions) -> dict:

@@ -40,6 +40,7 @@ def html_report(doc: dict) -> str:
         ("Throughput over time", _throughput_over_time(doc)),
         ("Latency distribution: CDF (left) and the tail on a nines scale (right)", _cdf(doc)),
         ("Where the time goes: mean per stage, all requests vs the tail (> p99)", _stage_bars(doc)),
+        ("Server metrics (scraped) beside latency", _server_metrics(doc)),
     ]
     images = "".join(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' "
                      f"src='data:image/png;base64,{png}'/>" for title, png in plots if png)
@@ -73,6 +74,26 @@ def _latency_over_time(doc: dict) -> str | None:
     ax.set_ylabel("latency (ms)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
+    return png_base64(fig)
+
+
+def _server_metrics(doc: dict) -> str | None:
+    """p99 per window on top; each scraped series below it, on the same time axis."""
+    series = [s for s in (doc.get("server_metrics") or {}).get("series", []) if s["points"]]
+    if not series:
+        return None
+    fig = Figure(figsize=(10, 2.2 * (1 + len(series))))
+    axes = fig.subplots(1 + len(series), 1, sharex=True, squeeze=False)[:, 0]
+    windows = doc["windows"]["overall"]
+    axes[0].plot([w["start_s"] for w in windows], [w["p99_ms"] for w in windows], color="C3", label="p99 (ms)")
+    axes[0].set_ylabel("latency p99 (ms)")
+    axes[0].grid(True, alpha=0.3)
+    for i, s in enumerate(series, 1):
+        labels = ",".join(f"{k}={v}" for k, v in s["labels"].items())
+        axes[i].plot([p[0] for p in s["points"]], [p[1] for p in s["points"]], color=f"C{i % 10}")
+        axes[i].set_title(f"{s['name']}{{{labels}}}", fontsize=8, loc="left")
+        axes[i].grid(True, alpha=0.3)
+    axes[-1].set_xlabel("seconds since warm-up ended")
     return png_base64(fig)
 
 

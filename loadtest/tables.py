@@ -172,6 +172,22 @@ def slowest_table(doc: dict) -> Table | None:
                  "trace id: the W3C trace id sent in the request's traceparent; look it up in the tracing backend")
 
 
+def server_metrics_table(doc: dict) -> Table | None:
+    section = doc.get("server_metrics")
+    if not section:
+        return None
+    rows = []
+    for s in section["series"]:
+        values = [p[1] for p in s["points"]]
+        labels = ",".join(f"{k}={v}" for k, v in s["labels"].items())
+        rows.append((s["name"] + (f"{{{labels}}}" if labels else ""), str(len(values)), _f(min(values)),
+                     _f(sum(values) / len(values)), _f(max(values)), _f(values[-1])))
+    failed = "; ".join(f"{e['url']}: {e['num_errors']}/{e['num_scrapes']} scrapes failed ({e['last_error']})"
+                       for e in section["endpoints"] if e["num_errors"])
+    return Table(f"Server metrics (scraped every {section['interval_s']:g} s)",
+                 ("series", "points", "min", "mean", "max", "last"), tuple(rows), failed)
+
+
 def window_table(doc: dict) -> Table:
     rows = tuple((_f(w["start_s"]), str(w["num_scheduled"]), str(w["num_ok"]), str(w["num_errors"]),
                   _f(w["throughput_rps"]), _f(w["p50_ms"]), _f(w["p99_ms"]), _f(w["max_ms"]))
@@ -183,7 +199,7 @@ def window_table(doc: dict) -> Table:
 def report_tables(doc: dict, *, with_windows: bool) -> list[Table]:
     tables = [latency_table(doc), stream_table(doc), stage_table(doc), error_table(doc)]
     if with_windows:
-        tables += [slowest_table(doc), window_table(doc)]
+        tables += [slowest_table(doc), server_metrics_table(doc), window_table(doc)]
     from loadtest.rollout_report import rollout_table  # it builds on Table
 
     tables.append(rollout_table(doc))

@@ -31,17 +31,33 @@ class FakeOpenAI:
         self.bodies: list[dict] = []
         self.headers: list[dict] = []
         self._stall_until_s = 0.0
+        self.in_flight = 0
 
     def app(self) -> web.Application:
         app = web.Application()
         app.add_routes([web.post("/v1/completions", self.complete), web.post("/v1/chat/completions", self.complete),
-                        web.get("/v1/models", self.list_models)])
+                        web.get("/v1/models", self.list_models), web.get("/metrics", self.metrics)])
         return app
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """Prometheus text: a gauge of requests in flight and a counter of calls, as vLLM names them."""
+        text = ("# TYPE vllm:num_requests_running gauge\n"
+                f'vllm:num_requests_running{{model_name="tinylm"}} {self.in_flight}\n'
+                "# TYPE vllm:request_success counter\n"
+                f'vllm:request_success_total{{model_name="tinylm"}} {self.num_calls}\n')
+        return web.Response(text=text, content_type="text/plain")
 
     async def list_models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": m, "object": "model"} for m in self.models]})
 
     async def complete(self, request: web.Request) -> web.StreamResponse:
+        self.in_flight += 1
+        try:
+            return await self._complete(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
         start_s = time.perf_counter()
         body = await request.json()
         self.num_calls += 1
