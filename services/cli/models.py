@@ -1,8 +1,10 @@
 """`infermesh models import SOURCE --name N --version V`: a model brought from elsewhere into the repository.
 
 What SOURCE is picks the importer (IMPORTERS, keyed by `source_kind`): a TorchScript or ONNX
-file becomes a `kind: tensor` version (services/worker/repository/tensor_import.py). The
-importers load torch and onnxruntime, so they are imported only when the command runs.
+file becomes a `kind: tensor` version (services/worker/repository/tensor_import.py); a directory
+holding config.json, a Hugging Face decoder checkpoint (Llama, Qwen2, Mistral families), becomes a
+generator served with its own tokenizer (services/worker/repository/hf_import.py). The importers
+load torch, onnxruntime and tokenizers, so they are imported only when the command runs.
 Exit codes: 0 imported (and golden-checked); 2 refused, with the flag or fix in the message.
 """
 
@@ -17,6 +19,7 @@ from pathlib import Path
 from services.cli.errors import UsageError
 
 TENSOR = "tensor"
+HF = "hf"
 TENSOR_SUFFIXES = (".onnx", ".pt", ".pth", ".ts", ".torchscript")
 
 
@@ -24,11 +27,16 @@ def add_parser(commands) -> None:
     models = commands.add_parser("models", help="bring a model into a model repository")
     actions = models.add_subparsers(dest="action", metavar="ACTION", required=True)
     imported = actions.add_parser(
-        "import", help="import a TorchScript (.pt) or ONNX (.onnx) file as a tensor model version",
-        description="Copies the file unchanged into REPOSITORY/NAME/VERSION/, writes its manifest (inputs and "
-                    "outputs read from the file where it says them, golden cases from example runs), then loads "
-                    "and golden-checks it as a worker would.")
-    imported.add_argument("source", help="the model file (.onnx, or TorchScript .pt/.pth/.ts/.torchscript)")
+        "import", help="import a TorchScript (.pt) or ONNX (.onnx) file as a tensor model version, or a Hugging "
+                       "Face checkpoint directory as a generator",
+        description="Copies the file (or the checkpoint's files) unchanged into REPOSITORY/NAME/VERSION/, writes "
+                    "its manifest (a tensor model: inputs and outputs read from the file where it says them; a "
+                    "checkpoint: the architecture from config.json, the tokenizer and chat template, EOS and stop "
+                    "ids from generation_config.json, KV blocks filling --kv-cache-gb), with golden cases from "
+                    "example runs, then loads and golden-checks it as a worker would.")
+    imported.add_argument("source", help="the model file (.onnx, or TorchScript .pt/.pth/.ts/.torchscript), or a "
+                                         "Hugging Face checkpoint directory (config.json, *.safetensors, "
+                                         "tokenizer.json)")
     imported.add_argument("--name", required=True, help="the model's name in the repository")
     imported.add_argument("--version", required=True, help="the version to create (never overwritten)")
     imported.add_argument("--repository", default=os.environ.get("INFERMESH_MODEL_REPOSITORY", "model_repo"),
@@ -53,16 +61,25 @@ def add_parser(commands) -> None:
                           help="absolute tolerance of the golden check at load (default: %(default)s)")
     imported.add_argument("--golden-rtol", type=float, default=1e-3,
                           help="relative tolerance of the golden check at load (default: %(default)s)")
+    llm = imported.add_argument_group("Hugging Face checkpoints")
+    llm.add_argument("--kv-cache-gb", type=float, default=1.0,
+                     help="memory for the KV cache, GiB: the KV blocks a worker allocates fill it (default: "
+                          "%(default)s)")
+    llm.add_argument("--max-seq-len", type=int, default=0,
+                     help="longest prompt + output, tokens (0: config.json's max_position_embeddings, capped by what "
+                          "the KV cache holds)")
 
 
 def source_kind(source: Path) -> str:
     """Which importer reads SOURCE; UsageError naming what is accepted for anything else."""
     if source.is_file() and source.suffix.lower() in TENSOR_SUFFIXES:
         return TENSOR
+    if source.is_dir() and (source / "config.json").is_file():
+        return HF
     if not source.exists():
         raise UsageError(f"{source}: no such file or directory")
     raise UsageError(f"{source}: not a model this command imports (a TorchScript or ONNX file: "
-                     f"{', '.join(TENSOR_SUFFIXES)})")
+                     f"{', '.join(TENSOR_SUFFIXES)}; or a Hugging Face checkpoint directory holding config.json)")
 
 
 def run_models(args: argparse.Namespace) -> int:
@@ -118,5 +135,35 @@ def _import_tensor(source: Path, args: argparse.Namespace) -> int:
     return 0
 
 
+def _import_hf(source: Path, args: argparse.Namespace) -> int:
+    from services.common.errors import InfermeshError
+    from services.worker.repository.errors import ModelRepositoryError
+    from services.worker.repository.golden import run_golden_check
+    from services.worker.repository.hf_import import ImportOptions, ImportRefused, import_checkpoint
+    from services.worker.repository.loader import load_model
+    from services.worker.repository.store import version_dir
+
+    if not args.kv_cache_gb > 0 or args.max_seq_len < 0:
+        raise UsageError(f"--kv-cache-gb must be > 0 and --max-seq-len >= 0, got {args.kv_cache_gb} and "
+                         f"{args.max_seq_len}")
+    options = ImportOptions(name=args.name, version=args.version, kv_cache_bytes=int(args.kv_cache_gb * 2**30),
+                            max_seq_len=args.max_seq_len or None)
+    try:
+        manifest = import_checkpoint(source, args.repository, options)
+    except (ImportRefused, InfermeshError) as exc:  # InfermeshError: a name or version the repository refuses
+        raise UsageError(str(exc)) from None
+    try:
+        run_golden_check(load_model(args.repository, args.name, args.version))
+    except ModelRepositoryError as exc:  # as a worker would refuse it: nothing half-made stays behind
+        shutil.rmtree(version_dir(args.repository, args.name, args.version))
+        raise UsageError(f"the imported version does not load as a worker loads it, so it was removed: {exc}") from None
+    spec, envelope = manifest.generator, manifest.envelope
+    assert spec is not None
+    print(f"imported {source} as {args.name}/{args.version} in {args.repository}: {spec.max_seq_len}-token "
+          f"context, {envelope.num_kv_blocks} KV blocks of {envelope.block_size} tokens, {len(spec.golden)} "
+          "golden prompts")
+    return 0
+
+
 # Each kind of SOURCE (source_kind) and the importer that reads it.
-IMPORTERS: dict[str, Callable[[Path, argparse.Namespace], int]] = {TENSOR: _import_tensor}
+IMPORTERS: dict[str, Callable[[Path, argparse.Namespace], int]] = {TENSOR: _import_tensor, HF: _import_hf}

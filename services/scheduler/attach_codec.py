@@ -99,6 +99,7 @@ def decode_tokenizer_spec(spec: scheduler_pb2.TokenizerSpec) -> TokenizerSpec:
         add_eos_token=spec.add_eos_token if spec.HasField("add_eos_token") else None,
         special_tokens=tuple(sorted(spec.special_tokens.items())),
         chat_template=spec.chat_template,
+        stop_token_ids=tuple(spec.stop_token_ids),
     )
 
 

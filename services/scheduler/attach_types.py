@@ -78,6 +78,8 @@ class TokenizerSpec:
     special_tokens: tuple[tuple[str, str], ...] = ()
     # jinja2 source; "" when the model has none.
     chat_template: str = ""
+    # HF: more ids that end a sequence as eos_token_id does.
+    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ sending anything (OutputStream.replay). So the resumed stream sends exactly what
 the unbroken one would have sent after them.
 
 Tokens that no unbroken stream could have delivered are refused with
-INVALID_ARGUMENT: an id outside the vocabulary; the end-of-sequence id (it is
-never streamed unless ignore_eos); a stop string inside them (it is never
+INVALID_ARGUMENT: an id outside the vocabulary; an end-of-sequence id (eos or one
+of the model's stop ids: never streamed unless ignore_eos); a stop string inside them (it is never
 streamed either: its stream ended before it); as many tokens as max_tokens or
 more (that stream is complete).
 A continuation with temperature > 0 needs the seed the first attempt sampled
@@ -46,7 +46,7 @@ def check_continuation(token_ids: Sequence[int], sampling: SamplingParams, token
     for i, token_id in enumerate(token_ids):
         if not 0 <= token_id < vocab_size:
             raise InvalidArgument(f"continuation.token_ids[{i}] = {token_id} is outside the vocabulary [0, {vocab_size})")
-        if eos_ends_stream and token_id == tokenizer.eos_token_id:
+        if eos_ends_stream and token_id in tokenizer.end_token_ids:
             raise InvalidArgument(
                 f"continuation.token_ids[{i}] is the end-of-sequence id {token_id}, which a stream never "
                 "delivers (unless ignore_eos): a stream that ended is not resumed"

@@ -45,6 +45,8 @@ class HFTokenizerSource:
     # config.json's vocab_size: the ids the model's output layer produces.
     vocab_size: int
     eos_token_id: int
+    # generation_config.json's further end-of-sequence ids (Llama 3 Instruct's <|eot_id|>).
+    stop_token_ids: tuple[int, ...] = ()
     # tokenizer_config.json's add_bos_token / add_eos_token; None: the file does not set it.
     add_bos_token: bool | None = None
     add_eos_token: bool | None = None
@@ -69,6 +71,10 @@ class HFTokenizer:
         if not 0 <= source.eos_token_id < num_ids:
             raise TokenizerRefused(f"eos_token_id {source.eos_token_id} is not a token of {TOKENIZER_FILE} "
                                    f"(ids 0..{num_ids - 1})")
+        bad_stops = [i for i in source.stop_token_ids if not 0 <= i < source.vocab_size]
+        if bad_stops:
+            raise TokenizerRefused(f"stop_token_ids {bad_stops} are outside the vocabulary [0, {source.vocab_size})")
+        self._end_token_ids = frozenset((source.eos_token_id, *source.stop_token_ids))
         named = _named_special_ids(source.special_tokens, token_ids)
         _set_bos_eos(self._rust, source, named)
         self.special_token_ids = frozenset(
@@ -91,6 +97,10 @@ class HFTokenizer:
     @property
     def eos_token_id(self) -> int:
         return self._eos_token_id
+
+    @property
+    def end_token_ids(self) -> frozenset[int]:
+        return self._end_token_ids
 
     @property
     def decoder_name(self) -> str:

@@ -57,6 +57,7 @@ def build_model_text(spec: TokenizerSpec, tokenizer_json: bytes = b"") -> ModelT
     if spec.kind is TokenizerKind.HF:
         tokenizer = HFTokenizer(HFTokenizerSource(
             tokenizer_json=tokenizer_json, vocab_size=spec.vocab_size, eos_token_id=spec.eos_token_id,
+            stop_token_ids=spec.stop_token_ids,
             add_bos_token=spec.add_bos_token, add_eos_token=spec.add_eos_token, special_tokens=special_tokens))
     else:
         tokenizer = ByteTokenizer.from_spec(vocab_size=spec.vocab_size, eos_token_id=spec.eos_token_id,

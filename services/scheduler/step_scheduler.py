@@ -642,8 +642,8 @@ class StepScheduler:
         seq.output_token_ids.append(token_id)
         if seq.first_token_s is None:
             seq.first_token_s = now
-        if token_id == self._tokenizer.eos_token_id and not seq.sampling.ignore_eos:
-            reason = FinishReason.EOS  # the end-of-sequence token is counted, never streamed
+        if token_id in self._tokenizer.end_token_ids and not seq.sampling.ignore_eos:
+            reason = FinishReason.EOS  # an end-of-sequence token is counted, never streamed
         elif seq.stream.append(token_id):
             reason = FinishReason.STOP
         elif seq.num_generated >= seq.sampling.max_tokens:

@@ -24,6 +24,12 @@ class Tokenizer(Protocol):
     @property
     def eos_token_id(self) -> int: ...
 
+    @property
+    def end_token_ids(self) -> frozenset[int]:
+        """Every id that ends a sequence (never streamed unless ignore_eos): eos_token_id and the
+        model's further stop ids (TokenizerSpec.stop_token_ids)."""
+        ...
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> tuple[int, ...]:
         """Token ids of `text`; add_special_tokens=False for text that already holds them (a
         rendered chat template), as transformers' apply_chat_template encodes."""
@@ -56,6 +62,10 @@ class ByteTokenizer:
     def from_spec(cls, *, vocab_size: int, eos_token_id: int, bos_token_id: int) -> ByteTokenizer:
         """From TokenizerSpec's fields (bos_token_id -1 means none)."""
         return cls(vocab_size, eos_token_id, None if bos_token_id < 0 else bos_token_id)
+
+    @property
+    def end_token_ids(self) -> frozenset[int]:
+        return frozenset((self.eos_token_id,))
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> tuple[int, ...]:
         prefix = () if self.bos_token_id is None or not add_special_tokens else (self.bos_token_id,)

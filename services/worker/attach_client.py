@@ -34,11 +34,12 @@ import grpc
 from infermesh.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import tls
 from services.common.log_context import bind
+from services.common.protocol import TOKENIZER_FILE_CHUNK_BYTES
 from services.common.telemetry import context_from_carrier, record_stages_under, tracer
 from services.common.timings import from_proto
 from services.worker import metrics
 from services.worker.expired_items import split_expired
-from services.worker.runtime import BatchRuntime, StepRuntime, WorkerRuntime
+from services.worker.runtime import BatchRuntime, SendsTokenizerFile, StepRuntime, WorkerRuntime
 from services.worker.scheduler_endpoints import EndpointLoad, is_unsettled, move_probability
 
 log = logging.getLogger(__name__)
@@ -206,6 +207,8 @@ class AttachClient:
             hello = self._runtime.hello(self._worker_id)
             self._model_label = f"{hello.model.name}:{hello.model.version}"
             await call.write(scheduler_pb2.WorkerMessage(hello=hello))
+            for piece in _tokenizer_file_pieces(self._runtime):
+                await call.write(scheduler_pb2.WorkerMessage(tokenizer_file=scheduler_pb2.TokenizerFile(data=piece)))
             first = await call.read()
             if first is grpc.aio.EOF or first.WhichOneof("kind") != "welcome":
                 raise ConnectionError("scheduler closed the stream without a welcome")
@@ -372,6 +375,12 @@ class AttachClient:
 
     def close(self) -> None:
         self._compute.shutdown(wait=False, cancel_futures=True)
+
+
+def _tokenizer_file_pieces(runtime: WorkerRuntime) -> list[bytes]:
+    """tokenizer.json in the pieces the scheduler reads right after a TOKENIZER_KIND_HF hello."""
+    data = runtime.tokenizer_file() if isinstance(runtime, SendsTokenizerFile) else b""
+    return [data[at:at + TOKENIZER_FILE_CHUNK_BYTES] for at in range(0, len(data), TOKENIZER_FILE_CHUNK_BYTES)]
 
 
 def _trace_work(name: str, began_ns: int, timings, carriers, attributes: dict) -> None:

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from services.common.config import ConfigError, ServerSettings, require, setting
 from services.common.scheduler_address import parse_scheduler_address
 
+# The loader's COMPUTE_DTYPES by name (that module imports torch; the config does not).
+COMPUTE_DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
 
 @dataclass(frozen=True)
 class WorkerConfig(ServerSettings):
@@ -44,6 +47,9 @@ class WorkerConfig(ServerSettings):
     device: str = setting(
         "cpu", "repository models: where weights, KV cache and kernels run: 'cpu' or 'cuda[:N]' "
         "(one GPU per worker process)")
+    compute_dtype: str = setting(
+        "float32", "repository generators from safetensors: the dtype weights are cast to and matmuls run in: "
+        "float32, bfloat16 or float16 (attention and the KV cache stay float32)")
     num_threads: int = setting(
         0, "torch/OpenMP/Numba threads (0: from the CPU allocation: cgroup quota, else CPU affinity)", minimum=0
     )
@@ -63,6 +69,8 @@ class WorkerConfig(ServerSettings):
             f"{self.reconnect_initial_s} and {self.reconnect_max_s}",
         )
         require(_is_device(self.device), f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        require(self.compute_dtype in COMPUTE_DTYPE_NAMES,
+                f"compute_dtype must be one of {', '.join(COMPUTE_DTYPE_NAMES)}, got {self.compute_dtype!r}")
 
 
 def _is_device(name: str) -> bool:

@@ -17,10 +17,12 @@ from services.common.timings import StageTime, seconds_to_us, to_proto
 from services.worker import work
 from services.worker.batch_executor import BatchExecutor
 from services.worker.config import WorkerConfig
+from services.worker.hf_text_files import HFTextFiles, read_hf_text_files
 from services.worker.repository.classifier_spec import ClassifierSpec
 from services.worker.repository.golden import run_golden_check
 from services.worker.repository.loader import LoadedModel, load_model
 from services.worker.repository.manifest import ModelKind
+from services.worker.repository.tokenizer_spec import AnyTokenizerSpec, HFTokenizerSpec
 from services.worker.sequence_mirror import MAX_STEPS_IN_FLIGHT, MAX_STEPS_PER_COMMAND
 from services.worker.step_codec import item_error_to_proto, run_step_from_proto, step_result_to_proto
 from services.worker.step_executor import StepExecutor
@@ -113,6 +115,11 @@ class GeneratorRuntime:
         self._num_kv_blocks = num_kv_blocks
         self._max_num_seqs = max_num_seqs or envelope.max_num_seqs  # 0: the manifest's
         self._executor = StepExecutor(model.generator, num_kv_blocks, envelope.block_size)
+        spec = model.manifest.generator
+        assert spec is not None  # built for a generator's manifest (load_repository_runtime)
+        # A Hugging Face tokenizer's files, read (sha256 first) before the worker is ready.
+        self._text = read_hf_text_files(model.path, spec.tokenizer) if isinstance(spec.tokenizer, HFTokenizerSpec) \
+            else None
 
     def load(self) -> None:
         envelope = self._model.manifest.envelope
@@ -142,14 +149,13 @@ class GeneratorRuntime:
                 device=self._model.device,
                 max_steps_in_flight=MAX_STEPS_IN_FLIGHT, max_steps_per_command=MAX_STEPS_PER_COMMAND,
             ),
-            tokenizer=scheduler_pb2.TokenizerSpec(
-                kind=scheduler_pb2.TOKENIZER_KIND_BYTES,
-                vocab_size=spec.tokenizer.vocab_size,
-                eos_token_id=spec.tokenizer.eos_token_id,
-                bos_token_id=spec.tokenizer.bos_token_id,
-            ),
+            tokenizer=_tokenizer_spec(spec.tokenizer, self._text),
             protocol_version=PROTOCOL_VERSION,
         )
+
+    def tokenizer_file(self) -> bytes:
+        """tokenizer.json, sent after the hello (TOKENIZER_KIND_HF); b"" for the byte tokenizer."""
+        return b"" if self._text is None else self._text.tokenizer_json
 
     def run_step(self, command: scheduler_pb2.RunStep) -> scheduler_pb2.StepResult:
         outputs, durations = self._executor.run(run_step_from_proto(command))
@@ -165,13 +171,27 @@ class GeneratorRuntime:
         return self._executor.num_kv_blocks_used
 
 
+def _tokenizer_spec(spec: AnyTokenizerSpec, text: HFTextFiles | None) -> scheduler_pb2.TokenizerSpec:
+    if text is None:
+        return scheduler_pb2.TokenizerSpec(kind=scheduler_pb2.TOKENIZER_KIND_BYTES, vocab_size=spec.vocab_size,
+                                           eos_token_id=spec.eos_token_id, bos_token_id=spec.bos_token_id)
+    assert isinstance(spec, HFTokenizerSpec)  # the text files are read for an HF tokenizer only
+    return scheduler_pb2.TokenizerSpec(
+        kind=scheduler_pb2.TOKENIZER_KIND_HF, vocab_size=spec.vocab_size, eos_token_id=spec.eos_token_id,
+        bos_token_id=spec.bos_token_id, stop_token_ids=spec.stop_token_ids,
+        tokenizer_json_sha256=spec.tokenizer_json.sha256, tokenizer_json_size_bytes=len(text.tokenizer_json),
+        add_bos_token=text.add_bos_token, add_eos_token=text.add_eos_token,
+        special_tokens=dict(text.special_tokens), chat_template=text.chat_template,
+    )
+
+
 def load_repository_runtime(config: WorkerConfig,
                             num_threads: int) -> ClassifierRuntime | GeneratorRuntime | TensorRuntime:
     set_library_threads(num_threads)  # before the model's first parallel op (load, warm-up)
     if config.device != "cpu":
         _check_cuda(config.device)
     model = load_model(config.model_repository, config.model_name, config.model_version, device=config.device,
-                       num_threads=num_threads)
+                       num_threads=num_threads, compute_dtype=config.compute_dtype)
     return SERVING_RUNTIMES[model.manifest.kind](model, config)
 
 

@@ -52,4 +52,11 @@ class StepRuntime(ModelRuntime, Protocol):
     def kv_blocks_used(self) -> int: ...
 
 
+@runtime_checkable
+class SendsTokenizerFile(Protocol):
+    def tokenizer_file(self) -> bytes:
+        """The bytes that follow a TOKENIZER_KIND_HF hello (tokenizer.json); b"" when none follow."""
+        ...
+
+
 WorkerRuntime = BatchRuntime | StepRuntime

@@ -16,6 +16,7 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never reach the Hub
 
+import tokenizers  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
@@ -58,12 +59,40 @@ def tiny_model(family: str, *, seed: int = 0, std: float = 0.25, **overrides: An
 
 
 def save_tiny_checkpoint(directory: str | Path, family: str, *, seed: int = 0, dtype: torch.dtype = torch.float32,
-                         **overrides: Any) -> transformers.PreTrainedModel:
+                         std: float = 0.25, **overrides: Any) -> transformers.PreTrainedModel:
     """Saves a tiny `family` checkpoint into `directory` (stored as `dtype`); returns the float32 model
     with the weights as stored (rounded to `dtype`)."""
-    model = tiny_model(family, seed=seed, **overrides)
+    model = tiny_model(family, seed=seed, std=std, **overrides)
     with torch.no_grad():
         for param in model.parameters():
             param.copy_(param.to(dtype))  # round; buffers (RoPE's frequencies) stay float32
     copy.deepcopy(model).to(dtype).save_pretrained(directory)
+    return model
+
+
+# A Llama 3 style chat template (the shape of Meta's, shortened): what `infermesh models import` pins.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
+    "{{ message['content'] | trim }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+# The byte-level BPE's special ids (tests/unit/scheduler/hf_tokenizer_files.py): the model's ids match them.
+BOS_ID, END_OF_TEXT_ID, EOT_ID = 0, 1, 4
+
+
+def save_model_directory(directory: str | Path, family: str, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+                         std: float = 0.25, **overrides: Any) -> transformers.PreTrainedModel:
+    """A whole checkpoint directory as a user brings it: the tiny model (save_tiny_checkpoint), a
+    byte-level BPE trained on local text (tokenizer.json, tokenizer_config.json, the chat template), and
+    generation_config.json ending on <|end_of_text|> or <|eot_id|>. Returns the float32 model."""
+    from tests.unit.scheduler.hf_tokenizer_files import byte_level_json
+
+    model = save_tiny_checkpoint(directory, family, seed=seed, dtype=dtype, std=std, **{
+        "bos_token_id": BOS_ID, "eos_token_id": [END_OF_TEXT_ID, EOT_ID], "pad_token_id": END_OF_TEXT_ID,
+        **overrides})
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizers.Tokenizer.from_str(byte_level_json().decode()),
+        bos_token="<|begin_of_text|>", eos_token="<|eot_id|>", pad_token="<|end_of_text|>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(directory)
     return model

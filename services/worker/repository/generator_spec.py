@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
 from services.worker.models.transformer import TransformerConfig
 from services.worker.repository.envelope import Envelope
 from services.worker.repository.errors import InvalidManifest
-from services.worker.repository.json_fields import JsonFields
-from services.worker.repository.tokenizer_spec import TokenizerSpec, parse_tokenizer
+from services.worker.repository.hf_architecture import HF_CONFIG, HFArchitecture
+from services.worker.repository.json_fields import JsonFields, one_of
+from services.worker.repository.tokenizer_spec import AnyTokenizerSpec, parse_tokenizer
+
+TINYLM = "tinylm"  # our own DecoderLM (models/transformer.py); its block predates `format` and is written without
 
 
 @dataclass(frozen=True)
@@ -32,8 +36,8 @@ class GoldenGeneration:
 @dataclass(frozen=True)
 class GeneratorSpec:
     max_seq_len: int  # prompt + generated tokens
-    tokenizer: TokenizerSpec
-    architecture: TransformerConfig
+    tokenizer: AnyTokenizerSpec
+    architecture: TransformerConfig | HFArchitecture
     golden: tuple[GoldenGeneration, ...]
 
     ENVELOPE_NEEDS: ClassVar[frozenset[str]] = frozenset(
@@ -47,7 +51,7 @@ class GeneratorSpec:
         max_seq_len = i.integer("max_seq_len", 1)
         tokenizer = parse_tokenizer(g.obj("tokenizer"))
         a = g.obj("architecture")
-        architecture = _transformer_config(a)
+        architecture = _architecture(a)
         if architecture.vocab_size != tokenizer.vocab_size:
             raise a.fail("vocab_size",
                          f"is {architecture.vocab_size} but tokenizer.vocab_size is {tokenizer.vocab_size}")
@@ -63,9 +67,18 @@ class GeneratorSpec:
         return {
             "inputs": {"max_seq_len": self.max_seq_len},
             "tokenizer": self.tokenizer.to_json(),
-            "architecture": asdict(self.architecture),
+            "architecture": (self.architecture.to_json() if isinstance(self.architecture, HFArchitecture)
+                             else asdict(self.architecture)),
             "golden": [x.to_json() for x in self.golden],
         }
+
+
+def _architecture(a: JsonFields) -> TransformerConfig | HFArchitecture:
+    """The block's schema is picked by its `format` (absent: tinylm)."""
+    fmt = a.data.get("format", TINYLM)
+    if fmt not in ARCHITECTURES:
+        raise a.fail("format", f"must be {one_of(ARCHITECTURES)}, got {fmt!r}")
+    return ARCHITECTURES[fmt](a)
 
 
 def _transformer_config(a: JsonFields) -> TransformerConfig:
@@ -75,3 +88,10 @@ def _transformer_config(a: JsonFields) -> TransformerConfig:
         num_heads=a.integer("num_heads", 1), num_kv_heads=a.integer("num_kv_heads", 1), d_ff=a.integer("d_ff", 1),
         rope_theta=a.number("rope_theta"), norm_eps=a.number("norm_eps"),
     )
+
+
+# The generator's architecture block, keyed by its `format`.
+ARCHITECTURES: dict[str, Callable[[JsonFields], TransformerConfig | HFArchitecture]] = {
+    TINYLM: _transformer_config,
+    HF_CONFIG: HFArchitecture.from_json,
+}

@@ -3,7 +3,9 @@
 The sha256 is checked before the weights are read, so a modified version is refused before any
 of its bytes are deserialized. Each kind registers in RUNTIME_BUILDERS how its spec and a
 state_dict become a runtime; a kind whose file is a whole model in its own format (tensor:
-TorchScript, ONNX) registers in FILE_RUNTIME_BUILDERS instead, and its file is never torch.load'ed.
+TorchScript, ONNX) registers in FILE_RUNTIME_BUILDERS instead, and its file is never torch.load'ed;
+a weights format that is not one torch state_dict (safetensors: a Hugging Face checkpoint)
+registers in CHECKPOINT_BUILDERS how its pinned files become one.
 """
 
 from __future__ import annotations
@@ -17,14 +19,22 @@ import torch
 
 from services.worker.models.classifier import Classifier, Cnn
 from services.worker.models.generator import Generator
+from services.worker.models.llama_config import CheckpointError
+from services.worker.models.llama_weights import load_llama_family
 from services.worker.models.tensor_model import TensorModel, open_tensor_model
-from services.worker.models.transformer import DecoderLM
+from services.worker.models.transformer import DecoderLM, TransformerConfig
 from services.worker.repository.classifier_spec import ClassifierSpec
 from services.worker.repository.errors import IncompatibleWeights
 from services.worker.repository.generator_spec import GeneratorSpec
+from services.worker.repository.hf_architecture import HFArchitecture
 from services.worker.repository.manifest import Manifest, ModelKind
 from services.worker.repository.store import load_manifest, verified_file, version_dir
 from services.worker.repository.tensor_spec import TensorSpec
+from services.worker.repository.weights_spec import SAFETENSORS, SafetensorsWeights
+
+# What a worker's --compute-dtype may name: the dtype weights are cast to and matmuls run in
+# (attention and the KV cache stay float32 whatever it is; models/llama_family.py).
+COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -61,11 +71,15 @@ class LoadedModel:
         return self.runtime
 
 
-def load_model(root: str | Path, name: str, version: str, device: str = "cpu", num_threads: int = 1) -> LoadedModel:
+def load_model(root: str | Path, name: str, version: str, device: str = "cpu", num_threads: int = 1, *,
+               compute_dtype: str = "float32") -> LoadedModel:
     """Parses the manifest, verifies the weights' sha256, and builds the serving runtime (`num_threads`:
-    the worker's CPU allocation, for runtimes that size their own pools)."""
+    the worker's CPU allocation, for runtimes that size their own pools; `compute_dtype`: COMPUTE_DTYPES)."""
     manifest = load_manifest(root, name, version)
     directory = version_dir(root, name, version)
+    if isinstance(manifest.weights, SafetensorsWeights):
+        runtime = CHECKPOINT_BUILDERS[SAFETENSORS](manifest, directory, device, COMPUTE_DTYPES[compute_dtype])
+        return LoadedModel(manifest, directory, runtime)
     weights_path = verified_file(directory, manifest.weights.file, manifest.weights.sha256, "weights")
     if manifest.kind in FILE_RUNTIME_BUILDERS:
         runtime = FILE_RUNTIME_BUILDERS[manifest.kind](manifest.spec, weights_path, device, num_threads)
@@ -85,6 +99,9 @@ def _classifier(spec: Any, state: Any, weights_path: Path, device: str) -> Class
 
 def _generator(spec: Any, state: Any, weights_path: Path, device: str) -> Generator:
     assert isinstance(spec, GeneratorSpec)
+    if not isinstance(spec.architecture, TransformerConfig):
+        raise IncompatibleWeights(f"{weights_path}: a torch state_dict serves tinylm's architecture, not "
+                                  f"{spec.architecture.architecture} (whose weights are safetensors)")
     lm = DecoderLM(spec.architecture)
     _load_state(lm, state, weights_path)
     bos = spec.tokenizer.bos_token_id
@@ -107,6 +124,38 @@ def _tensor(spec: Any, model_path: Path, device: str, num_threads: int) -> Tenso
 # (the kind's spec, its model file, the torch device, the worker's threads) -> the serving runtime
 FILE_RUNTIME_BUILDERS: dict[ModelKind, Callable[[Any, Path, str, int], TensorModel]] = {
     ModelKind.TENSOR: _tensor,
+}
+
+
+def _hf_generator(manifest: Manifest, directory: Path, device: str, dtype: torch.dtype) -> Generator:
+    """A Hugging Face checkpoint: config.json and every weight file verified, then config.json parsed and
+    the safetensors headers checked against it before any tensor is read (models/llama_weights.py).
+    Refusals name the file and the field (`architectures[0]`, a tensor's name) and what is supported."""
+    spec, weights = manifest.generator, manifest.weights
+    if spec is None or not isinstance(spec.architecture, HFArchitecture):
+        raise IncompatibleWeights(f"{directory}: safetensors weights serve a generator whose architecture "
+                                  "has format 'hf' (a config.json)")
+    assert isinstance(weights, SafetensorsWeights)  # CHECKPOINT_BUILDERS is keyed by the weights' format
+    architecture = spec.architecture
+    for pinned, what in ((architecture.config, "config"), *((f, "weights") for f in weights.pinned)):
+        verified_file(directory, pinned.file, pinned.sha256, what)
+    try:
+        lm = load_llama_family(directory, dtype=dtype, device=device, max_seq_len=spec.max_seq_len)
+    except CheckpointError as exc:
+        raise IncompatibleWeights(str(exc)) from None
+    config = lm.config
+    if (config.architecture, config.vocab_size) != (architecture.architecture, architecture.vocab_size):
+        raise IncompatibleWeights(
+            f"{directory / architecture.config.file}: architectures[0] {config.architecture!r} and vocab_size "
+            f"{config.vocab_size}, but the manifest says {architecture.architecture!r} and {architecture.vocab_size}")
+    bos = spec.tokenizer.bos_token_id
+    return Generator(lm, max_seq_len=spec.max_seq_len, eos_token_id=spec.tokenizer.eos_token_id,
+                     bos_token_id=None if bos < 0 else bos)
+
+
+# weights.format -> (manifest, version directory, torch device, compute dtype) -> the serving runtime
+CHECKPOINT_BUILDERS: dict[str, Callable[[Manifest, Path, str, torch.dtype], Generator]] = {
+    SAFETENSORS: _hf_generator,
 }
 
 

@@ -3,11 +3,12 @@
 Manifest (JSON), `format_version` 1 — see docs/models.md:
 
     name, version, kind ("classifier" | "generator" | "tensor"), format_version
-    weights:   {file, sha256}                                      weights_spec.py
+    weights:   {file, sha256} (torch) | {format: "safetensors", files, index}   weights_spec.py
     envelope:  {max_batch_size, max_num_seqs, max_num_batched_tokens, num_kv_blocks, block_size, memory_bytes}
     <kind>:    the block named after the kind, and no other kind's block
       classifier: {inputs, labels, architecture, golden}          classifier_spec.py
-      generator:  {inputs, tokenizer, architecture, golden}        generator_spec.py, tokenizer_spec.py
+      generator:  {inputs, tokenizer, architecture, golden}        generator_spec.py, tokenizer_spec.py,
+                  (architecture {format: "hf", config, ...}: a Hugging Face config.json, hf_architecture.py)
       tensor:     {format, inputs, outputs, preferred_batch_sizes, golden, golden_tolerance}   tensor_spec.py
     quality:   {str: number}   informational figures from the build (accuracy, loss, seconds)
     build:     {str: str}      informational provenance (recipe digest, tool)
@@ -31,7 +32,7 @@ from services.worker.repository.errors import InvalidManifest
 from services.worker.repository.generator_spec import GeneratorSpec
 from services.worker.repository.json_fields import JsonFields, one_of
 from services.worker.repository.tensor_spec import TensorSpec
-from services.worker.repository.weights_spec import WeightsRef, parse_weights
+from services.worker.repository.weights_spec import Weights, parse_weights
 
 MANIFEST_FILE = "manifest.json"
 FORMAT_VERSION = 1
@@ -68,7 +69,7 @@ class Manifest:
     name: str
     version: str
     kind: ModelKind
-    weights: WeightsRef
+    weights: Weights
     envelope: Envelope
     classifier: ClassifierSpec | None = None
     generator: GeneratorSpec | None = None

@@ -1,10 +1,15 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from services.common.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
 from services.scheduler.fair_queue import Priority
+from services.scheduler.kv_block_manager import KVBlockManager
 from services.scheduler.sequence import AbortReason, FinishReason, SamplingParams, SequenceStatus
+from services.scheduler.step_scheduler import StepScheduler
+from services.scheduler.tokenizer import ByteTokenizer
 
 from .conftest import (
     EOS,
@@ -267,6 +272,37 @@ def test_stops_at_end_of_sequence_without_streaming_it(clock):
     assert transcript.token_ids(1) == [104, 105] and transcript.text(1) == "hi"
     assert transcript.last(1).finish_reason is FinishReason.EOS
     assert transcript.last(1).num_generated == 3
+
+
+@dataclasses.dataclass(frozen=True)
+class ByteTokenizerWithStops(ByteTokenizer):
+    """A model whose generation_config.json lists more than one end-of-sequence id (Llama 3 Instruct)."""
+
+    stop_token_ids: tuple[int, ...] = ()
+
+    @property
+    def end_token_ids(self) -> frozenset[int]:
+        return frozenset((self.eos_token_id, *self.stop_token_ids))
+
+
+EOT = 257
+STOPS = ByteTokenizerWithStops(vocab_size=258, eos_token_id=EOS, stop_token_ids=(EOT,))
+
+
+def test_any_of_the_models_stop_ids_ends_the_sequence_as_eos_does(clock):
+    scheduler = StepScheduler(make_scheduler(clock).config, KVBlockManager(64, 4), STOPS, clock)
+    make_requests(scheduler, 2, max_tokens=10)
+    transcript = run_steps(scheduler, ScriptedWorker({1: [104, EOT, 105], 2: [104, 105, EOS]}), clock)
+    assert transcript.token_ids(1) == [104] and transcript.last(1).finish_reason is FinishReason.EOS
+    assert transcript.token_ids(2) == [104, 105] and transcript.last(2).finish_reason is FinishReason.EOS
+    assert transcript.last(1).num_generated == 2  # counted, never streamed
+
+
+def test_a_continuation_holding_a_stop_id_is_refused(clock):
+    scheduler = StepScheduler(make_scheduler(clock).config, KVBlockManager(64, 4), STOPS, clock)
+    with pytest.raises(InvalidArgument, match=r"token_ids\[1\] is the end-of-sequence id 257"):
+        scheduler.add_request(1, (97, 98), SamplingParams(max_tokens=8), tenant(), deadline_s=None,
+                              delivered_token_ids=(97, EOT))
 
 
 def test_ignore_eos_keeps_generating_until_max_tokens(clock):

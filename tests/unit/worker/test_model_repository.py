@@ -196,9 +196,9 @@ def test_every_kind_has_a_block_schema_a_runtime_builder_a_golden_check_and_an_a
 
 @pytest.mark.parametrize(("path", "value", "fragment"), [
     ("generator.tokenizer.kind", "sentencepiece",
-     "field 'generator.tokenizer.kind' must be 'bytes' (the tokenizers this worker serves), got 'sentencepiece'"),
+     "field 'generator.tokenizer.kind' must be 'bytes' or 'hf' (the tokenizers this worker serves), got 'sentencepiece'"),
     ("generator.tokenizer.merges", [], "unknown field(s) ['merges'] in generator.tokenizer"),
-    ("weights.format", "safetensors", "unknown field(s) ['format'] in weights"),
+    ("weights.format", "safetensors", "unknown field(s) ['file', 'sha256'] in weights"),  # its own schema: files, index
     ("weights.format", "torch", "unknown field(s) ['format'] in weights"),  # the torch block is written without it
     ("classifier", {}, "field 'classifier' must be absent for a generator"),
 ])

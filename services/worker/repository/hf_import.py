@@ -1,0 +1,265 @@
+"""A Hugging Face checkpoint directory -> an ordinary repository version (`infermesh models import DIR`).
+
+The directory's files are copied unchanged into `<repository>/<name>/<version>/` and pinned by
+the manifest written beside them: the architecture from config.json, the weights' shards, the
+tokenizer's files and chat template, EOS and stop ids from generation_config.json, an envelope
+whose KV blocks fill a memory budget, and golden cases recorded from our own float32 forward
+(the worker replays them before it serves). Everything is checked before anything is written:
+config.json's architecture (models/llama_config.py), every safetensors header against it
+(models/llama_weights.py), the tokenizer's ids against vocab_size. A refusal is an ImportRefused
+naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from services.worker.models.generator import Generator
+from services.worker.models.llama_config import CheckpointError, LlamaFamilyConfig
+from services.worker.models.llama_weights import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    WEIGHTS_INDEX_FILE,
+    check_weights,
+    load_llama_family,
+    read_config,
+)
+from services.worker.repository.envelope import Envelope
+from services.worker.repository.generator_spec import GeneratorSpec, GoldenGeneration
+from services.worker.repository.hf_architecture import HFArchitecture
+from services.worker.repository.manifest import Manifest, ModelKind
+from services.worker.repository.pinned_file import PinnedFile
+from services.worker.repository.store import sha256_of, version_dir, write_manifest
+from services.worker.repository.tokenizer_spec import HF, HFTokenizerSpec
+from services.worker.repository.weights_spec import SafetensorsWeights
+
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+GENERATION_CONFIG_FILE = "generation_config.json"
+KV_CACHE_BYTES_PER_VALUE = 4  # the KV cache is float32 whatever the compute dtype (models/llama_family.py)
+# Golden prompts: encoded with the model's own tokenizer, as the scheduler will encode prompts.
+GOLDEN_PROMPTS = ("The quick brown fox", "Hello, world! 1 2 3", "Grüße aus Köln 🙂")
+GOLDEN_NEW_TOKENS = 8
+# A recorded token must beat the runner-up by this much (float32 logits): the worker replays the
+# cases on another CPU or thread count, whose rounding must not flip a near tie.
+GOLDEN_MIN_MARGIN = 1e-3
+
+
+class ImportRefused(ValueError):
+    """The directory cannot become a servable version; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class ImportOptions:
+    name: str
+    version: str
+    kv_cache_bytes: int  # the KV cache's memory budget: num_kv_blocks fills it
+    max_seq_len: int | None = None  # None: max_position_embeddings, capped by what the KV budget holds
+    block_size: int = 16  # tokens per KV block
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512
+
+
+def import_checkpoint(source: str | Path, repository: str | Path, options: ImportOptions) -> Manifest:
+    """Checks `source`, copies it into the repository as `options.name/options.version` and writes its
+    manifest; returns it. Nothing is left behind when it refuses."""
+    source = Path(source)
+    if not (source / CONFIG_FILE).is_file():
+        raise ImportRefused(f"{source}: no {CONFIG_FILE}: not a Hugging Face checkpoint directory")
+    try:
+        config = read_config(source)
+        envelope, max_seq_len = _envelope(config, options)
+        config = read_config(source, max_seq_len=max_seq_len)  # the sliding window is checked at this length
+        check_weights(source, config)
+    except CheckpointError as exc:
+        raise ImportRefused(str(exc)) from None
+    tokenizer_json = source / TOKENIZER_FILE
+    if not tokenizer_json.is_file():
+        raise ImportRefused(f"{tokenizer_json}: missing: the model's tokenizer (tokenizers' tokenizer.json) is "
+                            "required; a slow-tokenizer-only checkpoint can be converted with transformers' "
+                            "AutoTokenizer.from_pretrained(dir).save_pretrained(dir)")
+    eos, stops, bos = _end_ids(source, config)
+    _check_tokenizer(tokenizer_json, config.vocab_size, (eos, *stops))
+    target = version_dir(repository, options.name, options.version)
+    if target.exists():
+        raise ImportRefused(f"{target} already exists: versions are immutable; import under another --version")
+    staging = Path(tempfile.mkdtemp(prefix=f".{options.version}.", dir=_parent(target)))
+    try:
+        files = _copy_files(source, staging)
+        golden = _record_golden(staging, tokenizer_json.read_bytes(), max_seq_len, envelope)
+        manifest = Manifest(
+            name=options.name, version=options.version, kind=ModelKind.GENERATOR,
+            weights=SafetensorsWeights(tuple(files[n] for n in sorted(files) if n.endswith(".safetensors")),
+                                       files.get(WEIGHTS_INDEX_FILE)),
+            envelope=envelope,
+            generator=GeneratorSpec(
+                max_seq_len=max_seq_len,
+                tokenizer=HFTokenizerSpec(HF, config.vocab_size, eos, -1 if bos is None else bos, stops,
+                                          files[TOKENIZER_FILE], files.get(TOKENIZER_CONFIG_FILE),
+                                          files.get(CHAT_TEMPLATE_FILE)),
+                architecture=HFArchitecture(files[CONFIG_FILE], config.architecture, config.vocab_size),
+                golden=golden,
+            ),
+            build={"tool": "infermesh models import", "source": str(source.resolve())},
+        )
+        write_manifest(manifest, staging)
+        os.rename(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest
+
+
+def kv_bytes_per_token(config: LlamaFamilyConfig) -> int:
+    """Keys and values of every layer for one token."""
+    return 2 * config.num_layers * config.num_kv_heads * config.head_size * KV_CACHE_BYTES_PER_VALUE
+
+
+def weight_bytes(config: LlamaFamilyConfig, bytes_per_value: int = 4) -> int:
+    """Parameters the worker holds, at float32 (the default compute dtype)."""
+    c = config
+    attention = c.d_model * (c.num_heads + 2 * c.num_kv_heads) * c.head_size + c.num_heads * c.head_size * c.d_model
+    if c.qkv_bias:
+        attention += (c.num_heads + 2 * c.num_kv_heads) * c.head_size
+    layer = attention + 3 * c.d_model * c.d_ff + 2 * c.d_model
+    heads = 1 if c.tie_word_embeddings else 2
+    return bytes_per_value * (c.num_layers * layer + heads * c.vocab_size * c.d_model + c.d_model)
+
+
+def _envelope(config: LlamaFamilyConfig, options: ImportOptions) -> tuple[Envelope, int]:
+    per_block = kv_bytes_per_token(config) * options.block_size
+    num_kv_blocks = options.kv_cache_bytes // per_block
+    fits = num_kv_blocks * options.block_size
+    max_seq_len = options.max_seq_len or min(config.max_position_embeddings, fits)
+    if max_seq_len > config.max_position_embeddings:
+        raise ImportRefused(f"--max-seq-len {max_seq_len} exceeds config.json's max_position_embeddings "
+                            f"{config.max_position_embeddings}")
+    if fits < max(max_seq_len, 1) or num_kv_blocks < 1:
+        raise ImportRefused(
+            f"--kv-cache-gb {options.kv_cache_bytes / 2**30:g} holds {fits} tokens ({num_kv_blocks} blocks of "
+            f"{options.block_size}, {per_block} bytes each), fewer than one sequence of max_seq_len {max_seq_len}: "
+            "raise --kv-cache-gb or lower --max-seq-len")
+    envelope = Envelope(
+        max_batch_size=0, max_num_seqs=options.max_num_seqs, max_num_batched_tokens=options.max_num_batched_tokens,
+        num_kv_blocks=num_kv_blocks, block_size=options.block_size,
+        memory_bytes=weight_bytes(config) + num_kv_blocks * per_block,
+    )
+    return envelope, max_seq_len
+
+
+def _end_ids(source: Path, config: LlamaFamilyConfig) -> tuple[int, tuple[int, ...], int | None]:
+    """(eos, further stop ids, bos) from generation_config.json, else config.json."""
+    path = source / GENERATION_CONFIG_FILE
+    if not path.is_file():
+        path = source / CONFIG_FILE
+    data = _json_object(path)
+    eos = data.get("eos_token_id")
+    eos_ids = eos if isinstance(eos, list) else [eos]
+    if not eos_ids or not all(_is_id(i, config.vocab_size) for i in eos_ids) or len(set(eos_ids)) != len(eos_ids):
+        raise ImportRefused(f"{path}: eos_token_id must be a token id, or a list of distinct ones, below "
+                            f"vocab_size {config.vocab_size}; got {eos!r}")
+    bos = data.get("bos_token_id")
+    if bos is not None and not _is_id(bos, config.vocab_size):
+        raise ImportRefused(f"{path}: bos_token_id must be a token id below vocab_size {config.vocab_size} or "
+                            f"null; got {bos!r}")
+    ids = [int(i) for i in eos_ids if i is not None]
+    return ids[0], tuple(ids[1:]), None if bos is None else int(bos)
+
+
+def _check_tokenizer(path: Path, vocab_size: int, end_ids: Sequence[int]) -> None:
+    """The scheduler builds the tokenizer from this file: refused here rather than at attach."""
+    from tokenizers import Tokenizer  # the importer's (CLI's) dependency; the worker only passes the file on
+
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception for a file it cannot parse
+        raise ImportRefused(f"{path}: not a tokenizer the tokenizers library can load: {exc}") from None
+    ids = tokenizer.get_vocab(with_added_tokens=True).values()
+    num_ids = max(ids, default=-1) + 1
+    if num_ids > vocab_size:
+        raise ImportRefused(f"{path}: its vocabulary has ids up to {num_ids - 1}, but config.json's vocab_size is "
+                            f"{vocab_size}: the tokenizer does not belong to this model")
+
+
+def _copy_files(source: Path, target: Path) -> dict[str, PinnedFile]:
+    """The files the manifest pins, copied unchanged and hashed: config.json, the weights, the tokenizer's."""
+    names = [CONFIG_FILE, TOKENIZER_FILE]
+    index = source / WEIGHTS_INDEX_FILE
+    if index.is_file():
+        names.append(WEIGHTS_INDEX_FILE)
+        names += sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+    else:
+        names.append(WEIGHTS_FILE)
+    names += [n for n in (TOKENIZER_CONFIG_FILE, CHAT_TEMPLATE_FILE, GENERATION_CONFIG_FILE) if (source / n).is_file()]
+    pinned = {}
+    for name in names:
+        shutil.copyfile(source / name, target / name)
+        pinned[name] = PinnedFile(name, sha256_of(target / name))
+    return pinned
+
+
+def _record_golden(directory: Path, tokenizer_json: bytes, max_seq_len: int,
+                   envelope: Envelope) -> tuple[GoldenGeneration, ...]:
+    """Greedy continuations of GOLDEN_PROMPTS through the paged path, as the worker's golden check runs
+    them, each cut before the first token whose float32 margin over the runner-up is below
+    GOLDEN_MIN_MARGIN."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
+    lm = load_llama_family(directory, dtype=torch.float32, max_seq_len=max_seq_len)
+    generator = Generator(lm, max_seq_len=max_seq_len, eos_token_id=0, bos_token_id=None)
+    cases = []
+    for text in GOLDEN_PROMPTS:
+        prompt = tuple(tokenizer.encode(text).ids)[: max_seq_len - GOLDEN_NEW_TOKENS]
+        if not prompt:
+            continue
+        tokens = generator.greedy_paged(prompt, GOLDEN_NEW_TOKENS, block_size=envelope.block_size,
+                                        prefill_chunk=max(1, envelope.max_num_batched_tokens // 2))
+        kept = _clear_prefix(generator, prompt, tokens)
+        if kept:
+            cases.append(GoldenGeneration(prompt, tuple(kept)))
+    if not cases:
+        raise ImportRefused(f"{directory}: every golden prompt's first token is a near tie (top-two logits within "
+                            f"{GOLDEN_MIN_MARGIN}): no golden case can be recorded reliably")
+    return tuple(cases)
+
+
+def _clear_prefix(generator: Generator, prompt: Sequence[int], tokens: Sequence[int]) -> list[int]:
+    kept: list[int] = []
+    with torch.no_grad():
+        logits = generator.dense_logits([*prompt, *tokens])[len(prompt) - 1:]
+    for token, row in zip(tokens, logits, strict=False):
+        top = torch.topk(row.float(), 2).values
+        if int(row.argmax()) != token or float(top[0] - top[1]) < GOLDEN_MIN_MARGIN:
+            break
+        kept.append(token)
+    return kept
+
+
+def _parent(target: Path) -> Path:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target.parent
+
+
+def _is_id(value: Any, vocab_size: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab_size
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ImportRefused(f"{path}: not readable JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ImportRefused(f"{path}: must be a JSON object, got {type(data).__name__}")
+    return data

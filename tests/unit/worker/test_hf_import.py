@@ -1,0 +1,202 @@
+"""`infermesh models import` of a Hugging Face checkpoint: the version it writes (files unchanged and
+pinned, the manifest's tokenizer, stop ids, envelope and golden cases), how a worker loads it, and
+what it refuses, naming the file and the field, with nothing written."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from infermesh.v1 import scheduler_pb2
+from services.common.protocol import TOKENIZER_FILE_CHUNK_BYTES
+from services.worker.attach_client import _tokenizer_file_pieces
+from services.worker.model_runtime import GeneratorRuntime
+from services.worker.models.llama_weights import read_config
+from services.worker.repository.errors import ChecksumMismatch, IncompatibleWeights, InvalidManifest
+from services.worker.repository.hf_import import (
+    ImportOptions,
+    ImportRefused,
+    import_checkpoint,
+    kv_bytes_per_token,
+)
+from services.worker.repository.loader import load_model
+from services.worker.repository.store import load_manifest, sha256_of, version_dir, write_manifest
+from tests.support.hf_checkpoints import CHAT_TEMPLATE, END_OF_TEXT_ID, EOT_ID, save_model_directory
+
+OPTIONS = ImportOptions("tiny", "1", kv_cache_bytes=1 << 20)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> tuple[Path, object]:
+    directory = tmp_path_factory.mktemp("hf-qwen2")
+    return directory, save_model_directory(directory, "qwen2")
+
+
+@pytest.fixture(scope="module")
+def imported(checkpoint, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("repo")
+    import_checkpoint(checkpoint[0], root, OPTIONS)
+    return root
+
+
+def copy_of(checkpoint, tmp_path: Path) -> Path:
+    shutil.copytree(checkpoint[0], tmp_path / "ckpt")
+    return tmp_path / "ckpt"
+
+
+def test_import_pins_the_directorys_files_unchanged_beside_the_manifest(checkpoint, imported):
+    source = checkpoint[0]
+    target = version_dir(imported, "tiny", "1")
+    manifest = load_manifest(imported, "tiny", "1")
+    spec = manifest.generator
+    pinned = [*manifest.weights.pinned, spec.architecture.config, *spec.tokenizer.pinned]
+    assert {p.file for p in pinned} == {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json",
+                                        "chat_template.jinja"}
+    for p in pinned:
+        assert (target / p.file).read_bytes() == (source / p.file).read_bytes()
+        assert p.sha256 == sha256_of(source / p.file)
+    assert spec.architecture.architecture == "Qwen2ForCausalLM"
+    assert (spec.tokenizer.eos_token_id, spec.tokenizer.stop_token_ids) == (END_OF_TEXT_ID, (EOT_ID,))
+
+
+def test_the_envelope_fills_the_kv_budget_and_max_seq_len_defaults_to_the_context(checkpoint, imported):
+    manifest = load_manifest(imported, "tiny", "1")
+    config = read_config(checkpoint[0])
+    per_block = kv_bytes_per_token(config) * manifest.envelope.block_size
+    assert manifest.envelope.num_kv_blocks == (1 << 20) // per_block
+    assert manifest.generator.max_seq_len == config.max_position_embeddings
+
+
+def test_golden_cases_are_transformers_greedy_continuations(checkpoint, imported):
+    reference = checkpoint[1]
+    for case in load_manifest(imported, "tiny", "1").generator.golden:
+        with torch.no_grad():
+            out = reference.generate(torch.tensor([case.prompt_ids]), do_sample=False,
+                                     max_new_tokens=len(case.expected_ids), eos_token_id=None, pad_token_id=1)
+        assert tuple(out[0, len(case.prompt_ids):].tolist()) == case.expected_ids
+
+
+def test_a_worker_loads_the_version_says_hf_and_sends_tokenizer_json_after_its_hello(imported):
+    model = load_model(imported, "tiny", "1")
+    runtime = GeneratorRuntime(model, model.manifest.envelope.num_kv_blocks)
+    runtime.load()  # warm-up and the golden check
+    hello = runtime.hello("w1")
+    target = version_dir(imported, "tiny", "1")
+    assert hello.tokenizer.kind == scheduler_pb2.TOKENIZER_KIND_HF
+    assert (hello.tokenizer.eos_token_id, list(hello.tokenizer.stop_token_ids)) == (END_OF_TEXT_ID, [EOT_ID])
+    assert hello.tokenizer.tokenizer_json_sha256 == sha256_of(target / "tokenizer.json")
+    assert hello.tokenizer.chat_template == CHAT_TEMPLATE
+    assert hello.tokenizer.special_tokens["bos_token"] == "<|begin_of_text|>"
+    pieces = _tokenizer_file_pieces(runtime)
+    assert b"".join(pieces) == (target / "tokenizer.json").read_bytes()
+    assert all(1 <= len(p) <= TOKENIZER_FILE_CHUNK_BYTES for p in pieces)
+
+
+def test_compute_dtype_bfloat16_loads_the_weights_in_bfloat16(imported):
+    model = load_model(imported, "tiny", "1", compute_dtype="bfloat16")
+    assert model.generator.lm.embed_weight.dtype == torch.bfloat16
+
+
+def test_a_modified_file_is_refused_before_it_is_read(imported, tmp_path):
+    root = tmp_path / "repo"
+    shutil.copytree(imported, root)
+    path = version_dir(root, "tiny", "1") / "tokenizer.json"
+    path.write_bytes(path.read_bytes().replace(b"<|eot_id|>", b"<|eot_xx|>"))
+    model = load_model(root, "tiny", "1")
+    with pytest.raises(ChecksumMismatch, match="tokenizer file .*tokenizer.json"):
+        GeneratorRuntime(model, 8)
+
+
+def test_an_unsupported_architecture_is_refused_at_load_naming_the_field_and_what_is_supported(imported, tmp_path):
+    root = tmp_path / "repo"
+    shutil.copytree(imported, root)
+    directory = version_dir(root, "tiny", "1")
+    config = json.loads((directory / "config.json").read_text())
+    config["architectures"] = ["GPT2LMHeadModel"]
+    (directory / "config.json").write_text(json.dumps(config))
+    manifest = load_manifest(root, "tiny", "1")
+    spec = manifest.generator
+    config_pin = dataclasses.replace(spec.architecture.config, sha256=sha256_of(directory / "config.json"))
+    write_manifest(dataclasses.replace(manifest, generator=dataclasses.replace(
+        spec, architecture=dataclasses.replace(spec.architecture, config=config_pin))), directory)
+    with pytest.raises(IncompatibleWeights, match=r"architectures\[0\].*GPT2LMHeadModel.*supported: LlamaForCausalLM"):
+        load_model(root, "tiny", "1")
+
+
+def test_a_manifest_naming_an_unsupported_architecture_is_invalid(imported, tmp_path):
+    root = tmp_path / "repo"
+    shutil.copytree(imported, root)
+    path = version_dir(root, "tiny", "1") / "manifest.json"
+    data = json.loads(path.read_text())
+    data["generator"]["architecture"]["architecture"] = "GPT2LMHeadModel"
+    path.write_text(json.dumps(data))
+    with pytest.raises(InvalidManifest, match=r"generator.architecture.architecture.*supported: LlamaForCausalLM"):
+        load_manifest(root, "tiny", "1")
+
+
+def refused(source: Path, tmp_path: Path, **options) -> str:
+    root = tmp_path / "repo"
+    with pytest.raises(ImportRefused) as caught:
+        import_checkpoint(source, root, dataclasses.replace(OPTIONS, **options))
+    assert not version_dir(root, "tiny", "1").exists()
+    assert not any(root.glob("tiny/.*"))  # no staging left behind
+    return str(caught.value)
+
+
+def test_a_corrupt_safetensors_header_is_refused_naming_the_file(checkpoint, tmp_path):
+    source = copy_of(checkpoint, tmp_path)
+    data = bytearray((source / "model.safetensors").read_bytes())
+    data[8:40] = b"{ not json at all, truncated ...."[:32]
+    (source / "model.safetensors").write_bytes(bytes(data))
+    assert "model.safetensors: header: not a readable safetensors file" in refused(source, tmp_path)
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    (lambda t: t.__setitem__("model.layers.1.mlp.up_proj.weight", torch.zeros(64, 128)),
+     "model.layers.1.mlp.up_proj.weight: shape [64, 128] but config.json implies [128, 64]"),
+    (lambda t: t.__setitem__("model.norm.weight", torch.zeros(64, dtype=torch.int32)),
+     "model.norm.weight: dtype I32 is not supported; supported: F32, F16, BF16"),
+])
+def test_a_tensor_of_the_wrong_shape_or_dtype_is_refused_naming_it(checkpoint, tmp_path, change, says):
+    source = copy_of(checkpoint, tmp_path)
+    tensors = load_file(source / "model.safetensors")
+    change(tensors)
+    save_file(tensors, source / "model.safetensors", metadata={"format": "pt"})
+    assert says in refused(source, tmp_path)
+
+
+def test_a_missing_tokenizer_is_refused(checkpoint, tmp_path):
+    source = copy_of(checkpoint, tmp_path)
+    (source / "tokenizer.json").unlink()
+    assert "tokenizer.json: missing" in refused(source, tmp_path)
+
+
+def test_a_tokenizer_larger_than_vocab_size_is_refused(tmp_path):
+    source = tmp_path / "small-vocab"
+    save_model_directory(source, "llama", vocab_size=300)
+    assert "ids up to 420, but config.json's vocab_size is 300" in refused(source, tmp_path)
+
+
+def test_an_unsupported_architecture_is_refused_at_import(checkpoint, tmp_path):
+    source = copy_of(checkpoint, tmp_path)
+    config = json.loads((source / "config.json").read_text())
+    config["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}
+    (source / "config.json").write_text(json.dumps(config))
+    says = refused(source, tmp_path)
+    assert "config.json: rope_parameters.rope_type: 'yarn' is not supported; supported: default, llama3" in says
+
+
+def test_a_kv_budget_below_one_sequence_is_refused_naming_the_flags(checkpoint, tmp_path):
+    says = refused(checkpoint[0], tmp_path, kv_cache_bytes=1 << 14, max_seq_len=256)
+    assert "--kv-cache-gb" in says and "--max-seq-len" in says
+
+
+def test_an_existing_version_is_never_overwritten(checkpoint, imported):
+    with pytest.raises(ImportRefused, match="already exists"):
+        import_checkpoint(checkpoint[0], imported, OPTIONS)
