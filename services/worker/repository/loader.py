@@ -78,8 +78,8 @@ def load_model(root: str | Path, name: str, version: str, device: str = "cpu", n
     manifest = load_manifest(root, name, version)
     directory = version_dir(root, name, version)
     if isinstance(manifest.weights, SafetensorsWeights):
-        runtime = CHECKPOINT_BUILDERS[SAFETENSORS](manifest, directory, device, COMPUTE_DTYPES[compute_dtype])
-        return LoadedModel(manifest, directory, runtime)
+        checkpoint = CHECKPOINT_BUILDERS[SAFETENSORS](manifest, directory, device, COMPUTE_DTYPES[compute_dtype])
+        return LoadedModel(manifest, directory, checkpoint)
     weights_path = verified_file(directory, manifest.weights.file, manifest.weights.sha256, "weights")
     if manifest.kind in FILE_RUNTIME_BUILDERS:
         runtime = FILE_RUNTIME_BUILDERS[manifest.kind](manifest.spec, weights_path, device, num_threads)
