@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.config import ConfigError, ServerSettings, require, setting
+from services.common.objectives import LatencyObjective, ObjectiveBounds, ObjectivePolicy
 from services.common.priority import Priority
 from services.common.scheduler_address import SchedulerAddress, SchedulerAddressError, parse_scheduler_address
 from services.gateway.admission.adaptive_limit import AdaptiveLimitConfig
@@ -120,6 +121,15 @@ class GatewayConfig(ServerSettings):
     shed_in_flight_at: tuple[float, ...] = setting(
         (0.8, 0.9), "gateway in-flight / max_in_flight at which sheddable, then standard, are shed"
     )
+    # Latency objectives of Generate (services/common/objectives.py, docs/gateway.md "Latency objectives").
+    slo_ttft_ms: tuple[float, ...] = setting(
+        (1000.0, 2000.0, 10_000.0), "time-to-first-token target of critical,standard,sheddable streams")
+    slo_tpot_ms: tuple[float, ...] = setting(
+        (100.0, 200.0, 1000.0), "time-per-output-token target of critical,standard,sheddable streams")
+    slo_ttft_bounds_ms: tuple[float, ...] = setting(
+        (10.0, 600_000.0), "min,max TTFT target a tenant or request may set (outside: INVALID_ARGUMENT)")
+    slo_tpot_bounds_ms: tuple[float, ...] = setting(
+        (1.0, 60_000.0), "min,max TPOT target a tenant or request may set (outside: INVALID_ARGUMENT)")
     pressure_poll_interval_ms: float = setting(1000.0, "how often every scheduler's GetPressure is polled")
     pressure_max_age_ms: float = setting(5000.0, "pressure reports older than this are ignored (fail open)")
 
@@ -170,12 +180,18 @@ class GatewayConfig(ServerSettings):
                 f"shed_queue_slo_ms needs 3 values (critical,standard,sheddable), got {self.shed_queue_slo_ms}")
         require(len(self.limit_share) == 3,
                 f"limit_share needs 3 values (critical,standard,sheddable), got {self.limit_share}")
+        for name in ("slo_ttft_ms", "slo_tpot_ms"):
+            value = getattr(self, name)
+            require(len(value) == 3, f"{name} needs 3 values (critical,standard,sheddable), got {value}")
+        for name in ("slo_ttft_bounds_ms", "slo_tpot_bounds_ms"):
+            value = getattr(self, name)
+            require(len(value) == 2, f"{name} needs 2 values (min,max), got {value}")
         for name in ("shed_queue_at", "shed_kv_usage_at", "shed_in_flight_at"):
             value = getattr(self, name)
             require(len(value) == 2, f"{name} needs 2 values (sheddable,standard), got {value}")
         # The logic modules validate their own ranges; surface their messages as config errors.
         for build in (self.lease_config, self.deadline_policy, self.retry_policy_config, self.retry_budget_config,
-                      self.breaker_config, self.shedding_config, self.limit_config):
+                      self.breaker_config, self.shedding_config, self.limit_config, self.objective_policy):
             try:
                 build()
             except ValueError as exc:
@@ -208,6 +224,14 @@ class GatewayConfig(ServerSettings):
             tolerance=self.limit_tolerance,
             late_fraction=self.limit_late_fraction,
             share={Priority.CRITICAL: critical, Priority.STANDARD: standard, Priority.SHEDDABLE: sheddable},
+        )
+
+    def objective_policy(self) -> ObjectivePolicy:
+        (min_ttft_ms, max_ttft_ms), (min_tpot_ms, max_tpot_ms) = self.slo_ttft_bounds_ms, self.slo_tpot_bounds_ms
+        return ObjectivePolicy(
+            by_priority={p: LatencyObjective(ttft_ms, tpot_ms)
+                         for p, ttft_ms, tpot_ms in zip(Priority, self.slo_ttft_ms, self.slo_tpot_ms, strict=True)},
+            bounds=ObjectiveBounds(min_ttft_ms, max_ttft_ms, min_tpot_ms, max_tpot_ms),
         )
 
     def retry_policy_config(self) -> RetryPolicyConfig:

@@ -166,6 +166,7 @@ class GatewayService:
                 version_label=KnownVersions(self._knows_version, none=metrics.NO_VERSION),
                 trace_trust=TraceTrust(TrustMode(config.trust_trace_context), tenants),
                 on_finish=self._record_rollout if self.rollouts is not None else None,
+                objectives=config.objective_policy(),
             ),
             clock,
         )

@@ -35,6 +35,7 @@ from services.common.errors import (
     Unavailable,
 )
 from services.common.metric_labels import OTHER
+from services.common.objectives import LatencyObjective, ObjectiveOverride, ObjectivePolicy
 from services.common.priority import Priority
 from services.common.status import status_code_of
 from services.common.telemetry import server_span
@@ -145,6 +146,8 @@ class RequestScope:
         self.tenant_id = UNAUTHENTICATED
         self.tenant: Tenant | None = None  # set by admission; admitted_tenant after it
         self.deadline: Deadline | None = None
+        # Generate: the TTFT / TPOT targets admission resolved (common/objectives.py); None for Classify.
+        self.objective: LatencyObjective | None = None
         self.permit: ConcurrencyPermit | None = None
         # The model's adaptive-limit slot; streams call first_response() on their first chunk.
         self.model_permit: LimitPermit | None = None
@@ -258,6 +261,8 @@ class AdmissionParts:
     trace_trust: TraceTrust = TraceTrust()
     # Every finished request's (scope, code, duration_s): the rollout controller's samples.
     on_finish: Callable[[RequestScope, str, float], None] | None = None
+    # Per-class latency objectives and their bounds; None: requests carry none.
+    objectives: ObjectivePolicy | None = None
 
 
 class Admission:
@@ -276,13 +281,16 @@ class Admission:
     def admit(
         self, scope: RequestScope, authorization: Authorization, client_timeout_s: float | None, num_tokens: int = 0,
         priority: Priority | None = None, check_request: Callable[[], None] | None = None,
+        objective: Callable[[], ObjectiveOverride] | None = None,
     ) -> None:
         """Admit the request or raise the domain error that refuses it; fills `scope`.
 
         priority: the class the request asks for; it lowers its tenant's for this request, never raises it.
         check_request: the request's own checks (raising InvalidArgument), run once the caller is
         authenticated: a caller without a valid key learns nothing about its request, and a bad
-        request is counted under its tenant."""
+        request is counted under its tenant.
+        objective: the request's own latency targets (Generate), read at the same point; with the
+        tenant's and its class's they resolve to `scope.objective` (InvalidArgument out of bounds)."""
         parts = self.parts
         try:
             scope.permit = parts.limiter.acquire()
@@ -304,6 +312,8 @@ class Admission:
             log_context.bind(tenant=tenant.tenant_id, auth=auth)
             if check_request is not None:
                 check_request()
+            if objective is not None and parts.objectives is not None:
+                scope.objective = parts.objectives.resolve(tenant.priority, tenant.objectives, objective())
             parts.tenants.check_model_allowed(tenant, scope.model)
         with span("routing"):
             parts.routing.model(scope.model)

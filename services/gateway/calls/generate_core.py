@@ -24,6 +24,7 @@ from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 from services.common import errors
 from services.common.generate_input import check_input
 from services.common.log_context import bind
+from services.common.objectives import LatencyObjective, request_override
 from services.common.priority import Priority
 from services.common.protocol import DEFAULT_MAX_TOKENS
 from services.common.stream_options import stream_options
@@ -71,6 +72,9 @@ class Caller:
     priority: str | bytes | None = None
     # Key/value pairs the trace context is read from (traceparent, tracestate).
     metadata: Iterable[tuple[str, str | bytes]] = ()
+    # x-infermesh-ttft-ms / x-infermesh-tpot-ms as sent (common/objectives.py); None: not sent.
+    ttft_ms: str | bytes | None = None
+    tpot_ms: str | bytes | None = None
 
 
 # Special tokens a tokenizer may add to a prompt beyond one per byte: a BOS, and SentencePiece's
@@ -245,10 +249,21 @@ class GenerateCore:
 
         prompt_tokens, num_tokens = quota_hold(request, self._context_len(request.model.name, request.model.version))
         priority = parse_priority(caller.priority)
+        wanted = request.objectives
         self._admission.admit(scope, caller.authorization, caller.timeout_s, num_tokens, priority=priority,
-                              check_request=check_request)
+                              check_request=check_request,
+                              objective=lambda: request_override(wanted.ttft_ms, wanted.tpot_ms,
+                                                                 caller.ttft_ms, caller.tpot_ms))
+        if scope.objective is not None:
+            send_objective(request, scope.objective)
         fix_seed(request.sampling, self._seed_source)
         return prompt_tokens
+
+
+def send_objective(request: gateway_pb2.GenerateRequest, objective: LatencyObjective) -> None:
+    """The resolved targets travel on to the scheduler in the request, in whole milliseconds (>= 1)."""
+    request.objectives.ttft_ms = max(1, round(objective.ttft_ms))
+    request.objectives.tpot_ms = max(1, round(objective.tpot_ms))
 
 
 def tokens_charged(usage: common_pb2.Usage) -> int:

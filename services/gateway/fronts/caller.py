@@ -30,6 +30,7 @@ from aiohttp import web
 from services.common import errors
 from services.common.deadlines import remaining_s
 from services.common.identity import PeerIdentity
+from services.common.objectives import TPOT_KEY, TTFT_KEY
 from services.gateway.calls.generate_core import PRIORITY_KEY, Caller
 from services.gateway.calls.stage_timings import REQUEST_START_KEY, parse_request_start_s
 from services.gateway.fronts.openai_codec import BadParameter
@@ -56,11 +57,14 @@ class CallerMetadata:
     request_start_s: float | None
     # x-infermesh-priority as sent (Generate reads it; generate_core.parse_priority).
     priority: str | bytes | None = None
+    # x-infermesh-ttft-ms / x-infermesh-tpot-ms as sent (Generate's latency targets).
+    ttft_ms: str | bytes | None = None
+    tpot_ms: str | bytes | None = None
 
     @classmethod
     def read(cls, metadata) -> CallerMetadata:
         """One pass over the metadata: it runs for every request, refused ones included."""
-        authorization = request_start = priority = None
+        authorization = request_start = priority = ttft_ms = tpot_ms = None
         for key, value in metadata or ():
             if key == AUTHORIZATION_KEY:
                 authorization = _text(value) if authorization is None else f"{authorization}, {_text(value)}"
@@ -68,7 +72,11 @@ class CallerMetadata:
                 request_start = value
             elif key == PRIORITY_KEY:
                 priority = value
-        return cls(authorization, parse_request_start_s(request_start), priority)
+            elif key == TTFT_KEY:
+                ttft_ms = value
+            elif key == TPOT_KEY:
+                tpot_ms = value
+        return cls(authorization, parse_request_start_s(request_start), priority, ttft_ms, tpot_ms)
 
 
 def grpc_caller(context) -> Caller:
@@ -76,7 +84,7 @@ def grpc_caller(context) -> Caller:
     metadata = context.invocation_metadata()
     read = CallerMetadata.read(metadata)
     return Caller(_with_peer(read.authorization, context.peer_identities()), read.request_start_s,
-                  remaining_s(context), read.priority, metadata)
+                  remaining_s(context), read.priority, metadata, read.ttft_ms, read.tpot_ms)
 
 
 def grpc_authorization(metadata) -> str | None:
@@ -108,6 +116,8 @@ def http_caller(request: web.Request) -> Caller:
         timeout_s=timeout_s_of(headers.get(TIMEOUT_HEADER)),
         priority=headers.get(PRIORITY_KEY),
         metadata=[(name, headers[name]) for name in _TRACE_HEADERS if name in headers],
+        ttft_ms=headers.get(TTFT_KEY),
+        tpot_ms=headers.get(TPOT_KEY),
     )
 
 

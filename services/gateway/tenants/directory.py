@@ -37,6 +37,7 @@ from services.common.errors import PermissionDenied, Unauthenticated
 from services.common.file_watch import ReloadResult as FileReload
 from services.common.file_watch import WatchedFile
 from services.common.identity import PeerIdentity
+from services.common.objectives import NO_OVERRIDE, ObjectiveOverride
 from services.common.priority import Priority
 from services.gateway.tenants.credentials import AuthMethod, Authorization, split
 from services.gateway.tenants.identities import (
@@ -90,6 +91,8 @@ class Tenant:
     trust_trace_context: bool = False
     # Certificate names and JWT claims that are this tenant too (tenants/identities.py).
     identities: TenantIdentities = NO_IDENTITIES
+    # Its own TTFT / TPOT targets (objectives: {ttft_ms, tpot_ms}); unset ones are its class's.
+    objectives: ObjectiveOverride = NO_OVERRIDE
 
     def may_use(self, model_name: str) -> bool:
         return ALL_MODELS in self.allowed_models or model_name in self.allowed_models
@@ -149,7 +152,8 @@ def parse_tenant_config(text: str, source: str) -> TenantConfig:
 
 
 _TENANT_FIELDS = {"id", "api_key_sha256", "priority", "weight", "allowed_models", "quotas", "admin",
-                  "trust_trace_context", "identities"}
+                  "trust_trace_context", "identities", "objectives"}
+_OBJECTIVE_FIELDS = ("ttft_ms", "tpot_ms")
 _QUOTA_FIELDS = ("requests_per_s", "requests_burst", "tokens_per_s", "tokens_burst", "max_in_flight")
 
 
@@ -188,6 +192,7 @@ def _parse_tenant(entry: object, index: int, source: str) -> Tenant:
         admin=_parse_flag(entry.get("admin", False), "admin", fail),
         trust_trace_context=_parse_flag(entry.get("trust_trace_context", False), "trust_trace_context", fail),
         identities=identities,
+        objectives=_parse_objectives(entry.get("objectives"), fail),
     )
 
 
@@ -223,6 +228,19 @@ def _parse_quota(value: object, fail) -> TenantQuota:
         tokens_burst=_parse_int(value["tokens_burst"], "quotas.tokens_burst", 1, fail),
         max_in_flight=_parse_int(value["max_in_flight"], "quotas.max_in_flight", 1, fail),
     )
+
+
+def _parse_objectives(value: object, fail) -> ObjectiveOverride:
+    if value is None:
+        return NO_OVERRIDE
+    if not isinstance(value, Mapping) or not value:
+        raise fail("objectives", f"must be a mapping with {' and/or '.join(_OBJECTIVE_FIELDS)}")
+    unknown = sorted(str(k) for k in set(value) - set(_OBJECTIVE_FIELDS))
+    if unknown:
+        raise fail(f"objectives.{unknown[0]}", f"unknown field (expected one of {', '.join(_OBJECTIVE_FIELDS)})")
+    ttft_ms, tpot_ms = (None if value.get(name) is None else _parse_rate(value[name], f"objectives.{name}", fail)
+                        for name in _OBJECTIVE_FIELDS)
+    return ObjectiveOverride(ttft_ms=ttft_ms, tpot_ms=tpot_ms)
 
 
 def _parse_key_hashes(value: object, fail) -> tuple[str, ...]:

@@ -301,3 +301,29 @@ def test_a_tenants_file_that_is_not_utf8_is_a_config_error(tmp_path):
     path.write_bytes(tenant_yaml().encode() + b"# caf\xe9\n")
     with pytest.raises(TenantConfigError, match="not UTF-8"):
         load_tenant_config(path)
+
+
+def test_a_tenant_may_set_its_own_latency_objectives():
+    from services.common.objectives import NO_OVERRIDE, ObjectiveOverride
+
+    text = config_text(tenant_yaml() + "    objectives: {ttft_ms: 250, tpot_ms: 40.5}\n",
+                       tenant_yaml("beta", KEY_B) + "    objectives: {tpot_ms: 80}\n",
+                       tenant_yaml("gamma", "sk-gamma-000000000"))
+    acme, beta, gamma = parse_tenant_config(text, "t.yaml").tenants
+    assert acme.objectives == ObjectiveOverride(ttft_ms=250.0, tpot_ms=40.5)
+    assert beta.objectives == ObjectiveOverride(ttft_ms=None, tpot_ms=80.0)
+    assert gamma.objectives is NO_OVERRIDE
+
+
+@pytest.mark.parametrize(("objectives", "message"), [
+    ("{ttft_ms: 0}", "field 'objectives.ttft_ms': must be a number > 0, got 0"),
+    ("{tpot_ms: fast}", "field 'objectives.tpot_ms': must be a number > 0, got 'fast'"),
+    ("{ttft: 100}", "field 'objectives.ttft': unknown field (expected one of ttft_ms, tpot_ms)"),
+    ("{}", "field 'objectives': must be a mapping with ttft_ms and/or tpot_ms"),
+    ("250", "field 'objectives': must be a mapping with ttft_ms and/or tpot_ms"),
+])
+def test_bad_latency_objectives_in_the_tenants_file_name_the_field(objectives, message):
+    text = config_text(tenant_yaml() + f"    objectives: {objectives}\n")
+    with pytest.raises(TenantConfigError) as caught:
+        parse_tenant_config(text, "t.yaml")
+    assert str(caught.value) == f"t.yaml: tenant 'acme': {message}"

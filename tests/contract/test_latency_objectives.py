@@ -1,0 +1,40 @@
+"""Latency objectives at the gateway's gRPC edge: out-of-bounds targets are INVALID_ARGUMENT naming the bound."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from infermesh.v1 import common_pb2, gateway_pb2
+
+pytestmark = pytest.mark.integration
+
+GENERATOR = common_pb2.ModelRef(name="toy-generator")
+SAMPLING = common_pb2.SamplingParams(max_tokens=2)
+
+
+def _generate(stub, objectives=None, metadata=()):
+    request = gateway_pb2.GenerateRequest(model=GENERATOR, prompt="hi", sampling=SAMPLING, objectives=objectives)
+    return list(stub.Generate(request, timeout=10, metadata=metadata))
+
+
+@pytest.mark.parametrize(("objectives", "metadata", "message"), [
+    (gateway_pb2.LatencyObjectives(ttft_ms=5), (),
+     "latency objective out of bounds: TTFT target 5 ms is below the minimum 10 ms"),
+    (gateway_pb2.LatencyObjectives(tpot_ms=90_000), (),
+     "latency objective out of bounds: TPOT target 90000 ms is above the maximum 60000 ms"),
+    (None, (("x-infermesh-ttft-ms", "900000"),),
+     "latency objective out of bounds: TTFT target 900000 ms is above the maximum 600000 ms"),
+    (None, (("x-infermesh-tpot-ms", "fast"),),
+     "x-infermesh-tpot-ms must be a positive number of milliseconds, got 'fast'"),
+])
+def test_an_objective_out_of_bounds_is_invalid_argument_naming_the_bound(gateway_stub, objectives, metadata, message):
+    with pytest.raises(grpc.RpcError) as caught:
+        _generate(gateway_stub, objectives, metadata)
+    assert (caught.value.code(), caught.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def test_objectives_within_the_bounds_are_served(gateway_stub):
+    chunks = _generate(gateway_stub, gateway_pb2.LatencyObjectives(ttft_ms=5000, tpot_ms=1000),
+                       (("x-infermesh-ttft-ms", "20000"),))
+    assert chunks[-1].finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
