@@ -52,7 +52,7 @@ MESH_SCHEME := PLAINTEXT (MESH_PLAINTEXT=$(MESH_PLAINTEXT))
 MESH_HTTP_SCHEME := http
 endif
 
-.PHONY: help setup protos models model-repo up down demo test lint typecheck fuzz bench bench-gpu images clean
+.PHONY: help setup protos models model-repo up down demo test test-all lint typecheck fuzz bench bench-gpu images clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-8s %s\n", $$1, $$2}'
@@ -114,6 +114,11 @@ demo: setup ## start the mesh, drive a 30 s mixed load, write a tail-latency rep
 
 test: setup lint typecheck ## lint, typecheck, then the whole suite (unit, contract, integration, reliability)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Under CI=true make test takes the quick form of the slowest sweeps (tests/support/sweeps.py: the CUDA
+# kernels on the simulator, one case per kernel variant); test-all runs them whole wherever it runs.
+test-all: setup lint typecheck ## make test with every sweep whole, even under CI=true (CUDA simulator: every shape)
+	INFERMESH_TEST_ALL=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 lint: setup ## ruff
 	$(VENV)/bin/ruff check .
