@@ -52,7 +52,7 @@ MESH_SCHEME := PLAINTEXT (MESH_PLAINTEXT=$(MESH_PLAINTEXT))
 MESH_HTTP_SCHEME := http
 endif
 
-.PHONY: help setup protos models model-repo up down demo test test-all lint typecheck fuzz bench bench-gpu images clean
+.PHONY: help setup protos models model-repo up down demo test test-all lint typecheck chaos fuzz bench bench-gpu images clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-8s %s\n", $$1, $$2}'
@@ -125,6 +125,9 @@ lint: setup ## ruff
 
 typecheck: setup ## mypy over services/, kernels/ and loadtest/ (pyproject.toml [tool.mypy]; cache in .mypy_cache)
 	$(VENV)/bin/mypy
+
+chaos: setup ## the chaos driver (tests/reliability/chaos.py): the faults close together, CHAOS_RUNS runs in a row (default 5), seeded (CHAOS_SEED)
+	$(PY) -m tests.reliability.chaos --runs $${CHAOS_RUNS:-5} --seed $${CHAOS_SEED:-35}
 
 fuzz: setup ## atheris on every parser of outside input, FUZZ_SECONDS each (default 180); findings under run/fuzz/
 	$(PY) -m fuzz.run --seconds $${FUZZ_SECONDS:-180}

@@ -1,0 +1,208 @@
+"""The chaos driver (issue 35): the faults that each lose nothing alone, close together, under open-loop load.
+
+One run: two schedulers, two workers of each model, two gateways (a client over both, configured as
+docs/operations.md says: round_robin, the retry policy, client-side health checking, streams
+re-sent when a gateway dies under them), the quota store; 80 classify/s and 3 streams/s. On a
+seeded timeline (each fault's time jittered by up to `JITTER_S`, the victims drawn by the seed):
+
+  * SIGKILL one worker of each model, each restarted 8 s later;
+  * SIGKILL the scheduler serving classify, restarted 4 s later;
+  * 6 s after that restart, SIGSTOP the other scheduler for 5 s;
+  * SIGKILL the quota store, restarted 4 s later;
+  * a rolling SIGTERM of both gateways, each restarted before the next is stopped.
+
+It counts classify lost, streams lost and stream texts that differ from the unbroken reference,
+and times the restarted scheduler from its process start to its first worker attached and to its
+first served request. `make chaos` runs it 5 times in a row (`python -m tests.reliability.chaos`);
+tests/reliability/test_chaos.py runs it once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tools.testbed.mesh_load import LoadCounts, LoadShape
+from tools.testbed.mesh_replicas import MODELS, ReplicatedMesh, replicated_mesh
+from tools.testbed.processes import ServiceProcess, wait_until
+from tools.testbed.valkey import ValkeyProcess
+
+SHAPE = LoadShape(classify_per_s=80, streams_per_s=3, classify_deadline_s=3.0, stream_deadline_s=40.0,
+                  client_resumes_streams=True, client_health_check=True)
+JITTER_S = 1.0
+WORKER_DOWN_S = 8.0
+SCHEDULER_DOWN_S = 4.0
+HANG_AFTER_RESTART_S = 6.0
+HANG_S = 5.0
+STORE_DOWN_S = 4.0
+# When each fault starts, seconds into the load (before jitter).
+WORKER_KILL_AT_S = 4.0
+SCHEDULER_KILL_AT_S = 5.0
+STORE_KILL_AT_S = 9.0
+GATEWAY_ROLL_AT_S = 22.0
+
+
+@dataclass
+class ChaosResult:
+    seed: int
+    counts: LoadCounts
+    # The restarted scheduler, from its process start: SERVING, first worker attached, first request served.
+    restart_to_serving_s: float | None = None
+    restart_to_attached_s: float | None = None
+    restart_to_served_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        c = self.counts
+        return (f"seed {self.seed}: classify lost {len(c.failed_classify)} / {c.num_classify}, streams lost "
+                f"{len(c.failed_streams)} / {c.num_greedy_streams + c.num_sampled_streams}, stream text mismatched "
+                f"{len(c.wrong_text)}, bad indices {len(c.bad_indices)}; restarted scheduler: SERVING "
+                f"{_s(self.restart_to_serving_s)}, first worker {_s(self.restart_to_attached_s)}, first served "
+                f"{_s(self.restart_to_served_s)} after its start" + (f"; by code {dict(c.failure_codes)}"
+                                                                      if c.failure_codes else ""))
+
+
+def _s(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} s"
+
+
+def _requests(mesh: ReplicatedMesh, scheduler: ServiceProcess) -> float:
+    try:
+        return mesh.metric(scheduler, "infermesh_scheduler_requests_total")
+    except Exception:  # noqa: BLE001 - not answering yet
+        return 0.0
+
+
+class _Timeline:
+    """Runs each fault on its own thread at its time; join() waits for all of them."""
+
+    def __init__(self, began_s: float) -> None:
+        self._began_s = began_s
+        self._threads: list[threading.Thread] = []
+        self.errors: list[str] = []
+
+    def at(self, at_s: float, name: str, action: Callable[[], None]) -> None:
+        def run() -> None:
+            time.sleep(max(0.0, self._began_s + at_s - time.monotonic()))
+            try:
+                action()
+            except Exception as exc:  # noqa: BLE001 - reported with the run, never hidden
+                self.errors.append(f"{name}: {exc!r}")
+
+        thread = threading.Thread(target=run, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def join(self) -> None:
+        for thread in self._threads:
+            thread.join()
+
+
+def run_once(workdir: Path, seed: int) -> ChaosResult:
+    rng = random.Random(seed)
+
+    def jitter(at_s: float) -> float:
+        return at_s + rng.uniform(-JITTER_S, JITTER_S)
+
+    store = ValkeyProcess(workdir).start()
+    try:
+        with replicated_mesh(workdir) as mesh:
+            mesh.add_schedulers(2)
+            for model in MODELS:
+                mesh.add_worker(model)
+                mesh.add_worker(model)
+            for _ in range(2):
+                mesh.add_gateway("--quota-store-address", store.address, "--drain-grace-s", "8",
+                                 "--drain-notice-ms", "1000")
+            mesh.wait_spread(MODELS)
+            load = mesh.start_load(SHAPE)
+            load.wait_completed(40, "before the faults")
+            result = ChaosResult(seed, LoadCounts())
+            timeline = _Timeline(time.monotonic())
+            killed_workers = [rng.choice([w for w in mesh.workers if model in w.name]) for model in MODELS]
+            victim = mesh.scheduler_serving("toy-classifier")
+            other = next(s for s in mesh.schedulers if s is not victim)
+
+            def kill_worker(worker: ServiceProcess) -> None:
+                worker.signal(signal.SIGKILL)
+                worker.proc.wait(timeout=10)
+                time.sleep(WORKER_DOWN_S)  # the fault lasts this long
+                mesh.restart(worker)
+
+            def kill_scheduler() -> None:
+                victim.signal(signal.SIGKILL)
+                victim.proc.wait(timeout=10)
+                time.sleep(SCHEDULER_DOWN_S)
+                began = time.monotonic()
+                restarted = mesh.restart(victim)
+                result.restart_to_serving_s = time.monotonic() - began
+                wait_until(lambda: any(mesh.num_workers(restarted, m) for m in MODELS), timeout_s=30, interval_s=0.02,
+                           message="a worker on the restarted scheduler")
+                result.restart_to_attached_s = time.monotonic() - began
+                wait_until(lambda: _requests(mesh, restarted) > 0, timeout_s=30, interval_s=0.05,
+                           message="a request served by the restarted scheduler")
+                result.restart_to_served_s = time.monotonic() - began
+                time.sleep(max(0.0, began + HANG_AFTER_RESTART_S - time.monotonic()))
+                other.signal(signal.SIGSTOP)
+                try:
+                    time.sleep(HANG_S)
+                finally:
+                    other.signal(signal.SIGCONT)
+
+            def kill_store() -> None:
+                store.kill()
+                time.sleep(STORE_DOWN_S)
+                store.start()
+
+            def roll_gateways() -> None:
+                for index in range(len(mesh.gateways)):
+                    old = mesh.gateways[index]
+                    old.signal(signal.SIGTERM)
+                    old.proc.wait(timeout=30)
+                    new = mesh.restart(old)
+                    wait_until(lambda new=new: mesh.metric(new, "infermesh_gateway_requests_total") >= 20,
+                               timeout_s=30, message="the restarted gateway serving")
+
+            for worker in killed_workers:
+                timeline.at(jitter(WORKER_KILL_AT_S), f"kill {worker.name}", lambda worker=worker: kill_worker(worker))
+            timeline.at(jitter(SCHEDULER_KILL_AT_S), f"kill {victim.name}", kill_scheduler)
+            timeline.at(jitter(STORE_KILL_AT_S), "kill the store", kill_store)
+            timeline.at(jitter(GATEWAY_ROLL_AT_S), "roll the gateways", roll_gateways)
+            timeline.join()
+            load.wait_completed(80, "after the faults")
+            result.counts = load.stop()
+            result.notes.extend(timeline.errors)
+            return result
+    finally:
+        store.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.reliability.chaos", description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5, help="runs in a row (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=35, help="seed of the first run; run i uses seed + i")
+    args = parser.parse_args(argv)
+    results = []
+    for i in range(args.runs):
+        with tempfile.TemporaryDirectory(prefix="infermesh-chaos-") as tmp:
+            result = run_once(Path(tmp), args.seed + i)
+        results.append(result)
+        print(f"run {i + 1}: {result.line()}" + "".join(f"\n  fault error: {n}" for n in result.notes), flush=True)
+    served = sorted(r.restart_to_served_s for r in results if r.restart_to_served_s is not None)
+    if served:
+        print(f"restart to first served: p50 {served[len(served) // 2]:.2f} s, max {served[-1]:.2f} s "
+              f"over {len(served)} runs")
+    lost = sum(sum(r.counts.problems().values()) + len(r.notes) for r in results)
+    return 1 if lost else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
