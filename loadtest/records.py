@@ -50,6 +50,7 @@ class Outcome:
     chunk_times_s: tuple[float, ...] = ()  # receipt time of every chunk that carried tokens
     num_output_tokens: int = 0
     trace_id: str = ""  # the W3C trace id sent in `traceparent` (32 hex digits); "" when never sent
+    text: str = ""  # generate: the reply's text, which a session's next turn resends
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import numpy as np
 
 from loadtest.records import CANCELLED_AT_END, OK, Outcome, RequestRecord, make_record
 from loadtest.scenario import LoadMode, Scenario
-from loadtest.workload import PlannedRequest, WorkloadSampler, open_loop_plan
+from loadtest.workload import PlannedRequest, SessionTurns, WorkloadSampler, open_loop_plan
 
 
 class Clock(Protocol):
@@ -110,6 +110,7 @@ class LoadRunner:
         self._num_in_flight = 0
         self._interval_max_lag_s = 0.0
         self._stopping = False
+        self._turns = SessionTurns(scenario)
 
     async def run(self) -> RunResult:
         self._origin_s = self._clock.now_s()
@@ -138,7 +139,7 @@ class LoadRunner:
             self._interval_max_lag_s = max(self._interval_max_lag_s, lag_s)
             if planned.scheduled_s >= self._scenario.warmup_s:
                 self._lag_us.append(round(lag_s * 1e6))
-            task = asyncio.create_task(self._execute(planned))
+            task = asyncio.create_task(self._execute_session(planned) if planned.session else self._execute(planned))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         await self._clock.sleep_until(self._origin_s + self._schedule.duration_s)
@@ -170,7 +171,19 @@ class LoadRunner:
 
     # -- one request -------------------------------------------------------
 
-    async def _execute(self, planned: PlannedRequest) -> None:
+    async def _execute_session(self, planned: PlannedRequest | None) -> None:
+        """A multi-turn session: each turn after its predecessor's reply and think time, until its
+        last turn, a failed turn, or the end of the schedule (a turn not yet due then is not sent)."""
+        while planned is not None:
+            outcome = await self._execute(planned)
+            if outcome.status != OK:
+                return
+            planned = self._turns.next_turn(planned, outcome.text, outcome.done_s - self._origin_s)
+            if planned is None or planned.scheduled_s >= self._schedule.duration_s or self._stopping:
+                return
+            await self._clock.sleep_until(self._origin_s + planned.scheduled_s)
+
+    async def _execute(self, planned: PlannedRequest) -> Outcome:
         self._num_sent += 1
         self._num_in_flight += 1
         try:
@@ -192,6 +205,7 @@ class LoadRunner:
         self._records.append(make_record(
             planned.seq, c.name, c.kind, planned.tenant.name, planned.tenant.priority, planned.scheduled_s,
             outcome, self._origin_s, measured=planned.scheduled_s >= self._scenario.warmup_s))
+        return outcome
 
     async def _send(self, planned: PlannedRequest) -> Outcome:
         deadline_ms = planned.request_class.deadline_ms

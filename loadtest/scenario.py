@@ -88,6 +88,10 @@ class ClassSpec:
     output_len: IntDist | None = None  # max_tokens
     temperature: float = 0.0
     ignore_eos: bool = True
+    # Multi-turn sessions: each arrival starts a session of session_turns turns; each later turn
+    # resends every earlier prompt and reply plus a new message, session_think_ms after the reply.
+    session_turns: IntDist | None = None
+    session_think_ms: IntDist | None = None
     # Synthetic prefix sharing: this fraction of each prompt is one of num_shared_prefixes fixed texts.
     shared_prefix_ratio: float = 0.0
     num_shared_prefixes: int = 1
@@ -338,7 +342,7 @@ def _api_key(tenant: dict, field: str, base_dir: Path, environ: Mapping[str, str
 
 
 _CLASS_KEYS = {"name", "kind", "model", "version", "share", "deadline_ms", "slo", "top_k", "image",
-               "prompt_len", "output_len", "temperature", "ignore_eos", "api", "stream", "shared_prefix"}
+               "prompt_len", "output_len", "temperature", "ignore_eos", "api", "stream", "shared_prefix", "session"}
 
 
 def _parse_classes(raw: Any) -> tuple[ClassSpec, ...]:
@@ -367,7 +371,8 @@ def _parse_class(c: dict, field: str) -> ClassSpec:
         slo=_parse_slo(_mapping(c.get("slo", {}), f"{field}.slo"), f"{field}.slo", kind),
     )
     if kind is RequestKind.CLASSIFY:
-        for key in ("prompt_len", "output_len", "temperature", "ignore_eos", "api", "stream", "shared_prefix"):
+        for key in ("prompt_len", "output_len", "temperature", "ignore_eos", "api", "stream", "shared_prefix",
+                    "session"):
             if key in c:
                 raise ValueError(f"{field}.{key} applies to generate classes only")
         return ClassSpec(**common, top_k=int(_positive(c.get("top_k", 1), f"{field}.top_k")),
@@ -382,6 +387,7 @@ def _parse_class(c: dict, field: str) -> ClassSpec:
         temperature=_non_negative(c.get("temperature", 0.0), f"{field}.temperature"),
         ignore_eos=bool(c.get("ignore_eos", True)),
         **_shared_prefix(_mapping(c.get("shared_prefix", {}), f"{field}.shared_prefix"), f"{field}.shared_prefix"),
+        **_session(c.get("session"), f"{field}.session"),
         api=_enum(TextApi, c.get("api", "completions"), f"{field}.api"),
         stream=_bool(c.get("stream", True), f"{field}.stream"),
     )
@@ -394,6 +400,17 @@ def _shared_prefix(raw: dict, field: str) -> dict:
         raise ValueError(f"{field}.ratio must be in [0, 1], got {ratio}")
     return {"shared_prefix_ratio": ratio,
             "num_shared_prefixes": int(_positive(raw.get("num_prefixes", 1), f"{field}.num_prefixes"))}
+
+
+def _session(raw: Any, field: str) -> dict:
+    if raw is None:
+        return {}
+    session = _mapping(raw, field)
+    _no_unknown(session, field, {"turns", "think_time_ms"})
+    if "turns" not in session:
+        raise ValueError(f"{field}.turns is required (an integer or a distribution)")
+    return {"session_turns": parse_int_dist(session["turns"], f"{field}.turns"),
+            "session_think_ms": parse_int_dist(session.get("think_time_ms", 0), f"{field}.think_time_ms", minimum=0)}
 
 
 def _bool(raw: Any, field: str) -> bool:

@@ -15,6 +15,13 @@ from loadtest.trace import TraceEntry
 
 
 @dataclass(frozen=True)
+class SessionTurn:
+    session_id: int  # the seq of the session's first turn
+    turn: int  # 1-based
+    num_turns: int
+
+
+@dataclass(frozen=True)
 class PlannedRequest:
     seq: int
     scheduled_s: float  # due time, seconds from the run's start
@@ -22,6 +29,7 @@ class PlannedRequest:
     request_class: ClassSpec
     payload: ImagePayload | TextPayload
     payload_key: int  # stable id of the payload, so a sender may cache encoded messages
+    session: SessionTurn | None = None  # a turn of a multi-turn session
 
 
 class WorkloadSampler:
@@ -57,7 +65,10 @@ class WorkloadSampler:
             prompt = self._prompt(request_class, request_class.prompt_len.sample(self._rng))
             payload = TextPayload(prompt, request_class.output_len.sample(self._rng))
             key = -1  # prompts are not reused
-        return PlannedRequest(seq, scheduled_s, tenant, request_class, payload, key)
+        session = None
+        if request_class.session_turns is not None:
+            session = SessionTurn(seq, 1, request_class.session_turns.sample(self._rng))
+        return PlannedRequest(seq, scheduled_s, tenant, request_class, payload, key, session)
 
     def _prompt(self, c: ClassSpec, num_bytes: int) -> str:
         """Fresh words, after one of the class's shared prefixes when it sets a ratio."""
@@ -93,3 +104,31 @@ def open_loop_plan(scenario: Scenario) -> Iterator[PlannedRequest]:
     times = arrival_times_s(scenario.schedule(), scenario.load.arrival, arrivals_rng, scenario.load.burstiness)
     for seq, t_s in enumerate(times):
         yield sampler.draw(seq, t_s)
+
+
+class SessionTurns:
+    """The next turn of a session, once a turn's reply is in: the whole conversation so far (every
+    prompt and reply) plus a new message, due a think time after the reply. Its own random stream,
+    so sessions do not move the open-loop plan's draws; turns get seqs above any plan's."""
+
+    FIRST_SEQ = 1 << 40
+
+    def __init__(self, scenario: Scenario) -> None:
+        self._rng = np.random.default_rng([scenario.seed, 4])
+        self._next_seq = self.FIRST_SEQ
+
+    def next_turn(self, done: PlannedRequest, reply_text: str, replied_s: float) -> PlannedRequest | None:
+        """None when the session is over. `replied_s`: when the reply ended, seconds from the run's start."""
+        session = done.session
+        if session is None or session.turn >= session.num_turns:
+            return None
+        c = done.request_class
+        assert isinstance(done.payload, TextPayload) and c.prompt_len is not None and c.output_len is not None
+        assert c.session_think_ms is not None  # set with session_turns (scenario.py)
+        message = make_prompt(c.prompt_len.sample(self._rng), self._rng)
+        think_s = c.session_think_ms.sample(self._rng) / 1000
+        self._next_seq += 1
+        return PlannedRequest(self._next_seq, replied_s + think_s, done.tenant, c,
+                              TextPayload(f"{done.payload.prompt}{reply_text}\n{message}",
+                                          c.output_len.sample(self._rng)), -1,
+                              SessionTurn(session.session_id, session.turn + 1, session.num_turns))

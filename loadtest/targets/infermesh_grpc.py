@@ -131,6 +131,7 @@ class GatewayClient:
             request_id=f"{self._run_id}-{request.seq}",
         )
         chunk_times_s: list[float] = []
+        texts: list[str] = []
         num_tokens = 0
         last: gateway_pb2.GenerateResponse | None = None
         sent_s = self._clock.now_s()
@@ -145,6 +146,7 @@ class GatewayClient:
                                        chunk_times_s=tuple(chunk_times_s), num_output_tokens=num_tokens)
                     chunk_times_s.append(now_s)
                     num_tokens += len(chunk.token_ids)
+                texts.append(chunk.text)
                 if chunk.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
                     last = chunk
         except grpc.aio.AioRpcError as err:
@@ -155,7 +157,8 @@ class GatewayClient:
             return Outcome(STREAM_TRUNCATED, sent_s, done_s, "stream ended without a finish_reason",
                            chunk_times_s=tuple(chunk_times_s), num_output_tokens=num_tokens)
         return Outcome(OK, sent_s, done_s, stages=_stages(last.timings), server_total_us=last.timings.total_us,
-                       server_ttft_us=last.ttft_us, chunk_times_s=tuple(chunk_times_s), num_output_tokens=num_tokens)
+                       server_ttft_us=last.ttft_us, chunk_times_s=tuple(chunk_times_s), num_output_tokens=num_tokens,
+                       text="".join(texts))
 
     def _image(self, request: PlannedRequest) -> common_pb2.Image:
         cached = self._images.get(request.payload_key)

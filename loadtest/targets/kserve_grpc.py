@@ -108,7 +108,8 @@ class KServeGrpcTarget:
                 if parameters[kserve_tensors.FINAL].bool_param:
                     call.cancel()  # the request is answered; the stream has nothing more for us
                     return Outcome(OK, sent_s, now_s, chunk_times_s=tuple(chunk_times_s),
-                                   num_output_tokens=self._count(texts) if usage_tokens is None else usage_tokens)
+                                   num_output_tokens=self._count(texts) if usage_tokens is None else usage_tokens,
+                                   text=b"".join(texts).decode("utf-8", "replace"))
         except grpc.aio.AioRpcError as err:
             return Outcome(err.code().name, sent_s, self._clock.now_s(), err.details() or "",
                            chunk_times_s=tuple(chunk_times_s), num_output_tokens=self._count(texts))

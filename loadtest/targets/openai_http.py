@@ -132,7 +132,7 @@ class OpenAITarget:
             num_tokens = self._counter.count(text or "")
         # The whole reply arrives at once: its first token is its last.
         return Outcome(OK, sent_s, done_s, stages=timings.stages, server_total_us=timings.total_us,
-                       chunk_times_s=(done_s,) if num_tokens else (), num_output_tokens=num_tokens)
+                       chunk_times_s=(done_s,) if num_tokens else (), num_output_tokens=num_tokens, text=text or "")
 
     async def _read_stream(self, reply: aiohttp.ClientResponse, sent_s: float) -> Outcome:
         decoder = SseDecoder()
@@ -173,7 +173,7 @@ class OpenAITarget:
             return Outcome(STREAM_TRUNCATED, sent_s, done_s, "stream ended without a finish_reason",
                            chunk_times_s=tuple(chunk_times_s), num_output_tokens=num_tokens)
         return Outcome(OK, sent_s, done_s, stages=timings.stages, server_total_us=timings.total_us,
-                       chunk_times_s=tuple(chunk_times_s), num_output_tokens=num_tokens)
+                       chunk_times_s=tuple(chunk_times_s), num_output_tokens=num_tokens, text="".join(texts))
 
 
 def _body(c: ClassSpec, payload: TextPayload, seq: int) -> dict:
