@@ -111,6 +111,21 @@ async def test_the_file_in_pieces_builds_the_models_tokenizer_and_template_befor
     assert pool.tokenizer.decode(ids) == "system\nYou are a helpful assistant.\nuser\nGrüße 🙂\nassistant\n"
 
 
+async def test_the_hellos_stop_ids_end_sequences_as_eos_does(sessions):
+    js = byte_level_json()
+    eos = num_ids(js) - 2
+    worker = await attach(sessions, hello(stop_token_ids=[4, num_ids(js) + 1]), *pieces(js))
+    assert worker.aborted is None
+    assert pool_of(sessions).tokenizer.end_token_ids == {eos, 4, num_ids(js) + 1}
+
+
+async def test_a_stop_id_outside_the_vocabulary_is_refused(sessions):
+    js = byte_level_json()
+    worker = await attach(sessions, hello(stop_token_ids=[num_ids(js) + 4]), *pieces(js))
+    assert worker.aborted is not None and worker.aborted[0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"stop_token_ids [{num_ids(js) + 4}] are outside the vocabulary" in worker.aborted[1]
+
+
 async def test_a_further_worker_of_the_version_reuses_the_built_tokenizer(sessions):
     await attach(sessions, hello("w1"), *pieces(byte_level_json()))
     text = pool_of(sessions).text
