@@ -53,21 +53,22 @@ def _scenario(name: str, classes: str, rate_rps: float = 10, duration_s: float =
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("loadtest-mesh")
-    http_port = free_port()
+    http_port, metrics_port = free_port(), free_port()
     with running_mesh(tmp) as mesh:
-        mesh.start_scheduler()
+        mesh.start_scheduler("--metrics-port", str(metrics_port))
         mesh.start_worker("toy-classifier")
         mesh.start_worker("toy-generator")
         mesh.start_gateway("--max-message-bytes", str(256 * 1024), "--http-port", str(http_port))
         mesh.http_port = http_port
+        mesh.metrics_port = metrics_port
         yield mesh
 
 
-def _run(tmp_path, capsys, name: str, classes: str, target: str) -> dict:
+def _run(tmp_path, capsys, name: str, classes: str, target: str, *extra: str) -> dict:
     scenario = tmp_path / f"{name}.yaml"
     scenario.write_text(_scenario(name, classes))
     code = main(["run", str(scenario), "--target", target, "--out", str(tmp_path), "--no-progress",
-                 "--wait-ready-s", "20", "--ca-file", str(session_tls.session_pki().ca_path)])
+                 "--wait-ready-s", "20", "--ca-file", str(session_tls.session_pki().ca_path), *extra])
     assert code == EXIT_OK, capsys.readouterr()
     (path,) = tmp_path.glob(f"{name}-*.json")
     doc = load_report(path)
@@ -82,13 +83,18 @@ def _all_ok(doc: dict, min_requests: int = 12) -> dict:
     return overall
 
 
-def test_grpc_target_reports_the_mesh_stages(mesh, tmp_path, capsys):
-    doc = _run(tmp_path, capsys, "grpc", CLASSIFY + GENERATE, f"grpc://{mesh.gateway.address}")
+def test_grpc_target_reports_the_mesh_stages_and_the_scraped_scheduler_metrics(mesh, tmp_path, capsys):
+    doc = _run(tmp_path, capsys, "grpc", CLASSIFY + GENERATE, f"grpc://{mesh.gateway.address}",
+               "--scrape", f"http://127.0.0.1:{mesh.metrics_port}/metrics", "--scrape-interval-s", "0.5")
     overall = _all_ok(doc)
     assert doc["meta"]["target_kind"] == "grpc" and doc["meta"]["stages_reported"] is True
     assert {"admission", "queue_wait", "compute"} <= set(overall["stages"])
     stream = doc["classes"]["generate"]["stream"]
     assert stream and stream["mean_output_tokens"] == 6 and stream["server_ttft_ms"]["count"] > 0
+    scraped = doc["server_metrics"]
+    assert scraped["endpoints"][0]["num_scrapes"] >= 4 and scraped["endpoints"][0]["num_errors"] == 0
+    names = {s["name"] for s in scraped["series"]}
+    assert "infermesh_scheduler_kv_cache_usage_ratio" in names and all(s["points"] for s in scraped["series"])
 
 
 def test_openai_target_streams_and_waits_on_completions_and_chat(mesh, tmp_path, capsys):
