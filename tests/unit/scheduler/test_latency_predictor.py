@@ -1,0 +1,91 @@
+"""The online step-time fit and the TTFT / TPOT it predicts (scheduler/latency_predictor.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.scheduler.latency_predictor import LatencyPredictor, StepCost, StepTimeModel
+
+
+def _gpu_like(num_seqs: int, num_tokens: int) -> float:
+    # 4 ms fixed, 0.2 ms per running sequence, 0.05 ms per computed token.
+    return 0.004 + 0.0002 * num_seqs + 0.00005 * num_tokens
+
+
+def _fed(batches, step_time=_gpu_like, **over) -> StepTimeModel:
+    model = StepTimeModel(0.01, **over)
+    for num_seqs, num_tokens in batches:
+        model.observe(num_seqs, num_tokens, step_time(num_seqs, num_tokens))
+    return model
+
+
+MIXED = [(s, t) for s in (1, 4, 16, 32) for t in (s, s + 64, s + 480)] * 5
+
+
+def test_the_fit_recovers_a_step_time_that_grows_with_batch_and_tokens():
+    cost = _fed(MIXED).cost
+    assert cost.base_s == pytest.approx(0.004, rel=1e-3)
+    assert cost.per_seq_s == pytest.approx(0.0002, rel=1e-2)
+    assert cost.per_token_s == pytest.approx(0.00005, rel=1e-2)
+
+
+def test_before_any_step_the_configured_step_time_is_used():
+    model = StepTimeModel(0.02)
+    assert model.cost == StepCost(0.02, 0.0, 0.0)
+    assert model.step_time_s(8, 100) == 0.02
+
+
+def test_steps_all_alike_give_their_mean_not_a_wild_extrapolation():
+    model = _fed([(8, 8)] * 50, step_time=lambda s, t: 0.012)
+    assert model.step_time_s(8, 8) == pytest.approx(0.012, rel=1e-3)
+    assert 0 <= model.step_time_s(1, 1) <= 0.012 * 1.01
+
+
+def test_empty_or_badly_timed_steps_teach_nothing():
+    model = StepTimeModel(0.01)
+    model.observe(0, 0, 0.5)
+    model.observe(4, 4, float("nan"))
+    model.observe(4, 4, -1.0)
+    assert model.num_observed == 0 and model.step_time_s(4, 4) == 0.01
+
+
+def test_old_steps_are_forgotten_when_the_worker_slows_down():
+    model = _fed(MIXED)
+    for num_seqs, num_tokens in MIXED * 20:
+        model.observe(num_seqs, num_tokens, 2 * _gpu_like(num_seqs, num_tokens))
+    assert model.step_time_s(16, 16) == pytest.approx(2 * _gpu_like(16, 16), rel=0.05)
+
+
+def _predictor() -> LatencyPredictor:
+    return LatencyPredictor(_fed(MIXED), max_num_seqs=32, max_num_batched_tokens=512)
+
+
+def test_ttft_is_the_steps_to_compute_what_is_ahead_and_the_own_prompt():
+    predictor = _predictor()
+    alone = predictor.predict(num_tokens_ahead=0, num_prompt_tokens=100, num_running=0)
+    assert alone.ttft_s == pytest.approx(_gpu_like(1, 100), rel=0.02)
+    # 2000 tokens ahead + 100 own next to 12 decodes: 500 prefill tokens a step, 4 full steps and one of 100.
+    queued = predictor.predict(num_tokens_ahead=2000, num_prompt_tokens=100, num_running=12)
+    expected = 4 * _gpu_like(13, 512) + _gpu_like(13, 12 + 100)
+    assert queued.ttft_s == pytest.approx(expected, rel=0.02)
+    assert queued.tpot_s == pytest.approx(_gpu_like(13, 13), rel=0.02)
+
+
+def test_more_running_sequences_mean_a_slower_token():
+    predictor = _predictor()
+    tpots = [predictor.predict(num_tokens_ahead=0, num_prompt_tokens=1, num_running=n).tpot_s for n in (0, 8, 31)]
+    assert tpots == sorted(tpots) and tpots[0] < tpots[-1]
+
+
+def test_the_least_possible_ttft_is_one_step_of_one_token():
+    predictor = _predictor()
+    assert predictor.min_ttft_s() == pytest.approx(_gpu_like(1, 1), rel=0.02)
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="initial_step_time_s must be > 0"):
+        StepTimeModel(0.0)
+    with pytest.raises(ValueError, match="decay must be in"):
+        StepTimeModel(0.01, decay=1.0)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        LatencyPredictor(StepTimeModel(0.01), max_num_seqs=0, max_num_batched_tokens=8)
