@@ -167,6 +167,7 @@ class GatewayService:
                 trace_trust=TraceTrust(TrustMode(config.trust_trace_context), tenants),
                 on_finish=self._record_rollout if self.rollouts is not None else None,
                 objectives=config.objective_policy(),
+                ttft_admission=config.slo_admission,
             ),
             clock,
         )

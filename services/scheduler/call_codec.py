@@ -106,6 +106,8 @@ def encode_pressure(key: ModelKey, pressure: ModelPressure) -> common_pb2.ModelP
         num_workers=pressure.num_workers,
         min_service_time_us=seconds_to_us(pressure.min_service_time_s),
         num_slots=pressure.num_slots,
+        predicted_ttft_us=pressure.predicted_ttft_us_by_priority(),
+        min_ttft_us=seconds_to_us(pressure.min_ttft_s),
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.scheduler.dynamic_batcher import DynamicBatcher
 from services.scheduler.fair_queue import Priority
@@ -34,13 +34,26 @@ class ModelPressure:
     # Requests the workers keep busy with (running + prefetched batches; running sequences + half as many
     # waiting to refill slots freed between steps). The gateway never limits concurrency below it.
     num_slots: int = 0
+    # Generate: predicted time to first token of a new one-token prompt of each class on the best worker,
+    # seconds (latency_predictor.py); empty for classifiers.
+    predicted_ttft_s: Mapping[Priority, float] = field(default_factory=dict)
+    # Generate: one step computing one token alone on the fastest worker, seconds; 0 unknown.
+    min_ttft_s: float = 0.0
 
     def est_queue_time_us_by_priority(self) -> list[int]:
         """ModelPressure.est_queue_time_us: indexed by Priority value, index 0 (UNSPECIFIED) unused."""
-        by_value = [0] * (max(Priority) + 1)
-        for priority, seconds in self.est_queue_time_s.items():
-            by_value[priority] = round(seconds * 1e6)
-        return by_value
+        return _us_by_priority(self.est_queue_time_s)
+
+    def predicted_ttft_us_by_priority(self) -> list[int]:
+        """ModelPressure.predicted_ttft_us, indexed like est_queue_time_us; empty when none predicted."""
+        return _us_by_priority(self.predicted_ttft_s) if self.predicted_ttft_s else []
+
+
+def _us_by_priority(seconds_by_priority: Mapping[Priority, float]) -> list[int]:
+    by_value = [0] * (max(Priority) + 1)
+    for priority, seconds in seconds_by_priority.items():
+        by_value[priority] = round(seconds * 1e6)
+    return by_value
 
 
 def classifier_pressure(batcher: DynamicBatcher) -> ModelPressure:
@@ -72,6 +85,8 @@ def generator_pressure(schedulers: Collection[StepScheduler]) -> ModelPressure:
         num_workers=len(schedulers),
         min_service_time_s=min(s.step_time_s for s in schedulers),
         num_slots=sum(s.config.max_num_seqs * 3 // 2 for s in schedulers),
+        predicted_ttft_s={p: _capped(min(s.predicted_latency(p).ttft_s for s in schedulers)) for p in Priority},
+        min_ttft_s=min(s.latency.min_ttft_s() for s in schedulers),
     )
 
 

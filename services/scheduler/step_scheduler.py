@@ -55,6 +55,7 @@ from services.common.errors import DeadlineExceeded, InvalidArgument, ResourceEx
 from services.scheduler.continuation import check_continuation
 from services.scheduler.fair_queue import FairQueue, Priority, TenantContext
 from services.scheduler.kv_block_manager import KVBlockManager
+from services.scheduler.latency_predictor import LatencyPrediction, LatencyPredictor, StepTimeModel
 from services.scheduler.output_stream import OutputStream, StreamChunk
 from services.scheduler.prefix_cache import (
     PrefixCacheKeys,
@@ -116,6 +117,9 @@ class StepScheduler:
         chunk = config.max_prefill_chunk_tokens
         self._long_prefill_above = chunk if config.enable_chunked_prefill and chunk > 0 else None
         self.step_time_s = config.initial_step_time_s
+        # Step time as a function of the batch, learned from every step (latency_predictor.py).
+        self.latency = LatencyPredictor(StepTimeModel(config.initial_step_time_s), max_num_seqs=config.max_num_seqs,
+                                        max_num_batched_tokens=config.max_num_batched_tokens)
         self._service = service if service is not None else TenantService(config.service_cost)
         self.prefix_keys = PrefixCacheKeys.of(tokenizer.encode(text) for text in config.public_prefix_texts)
         self.cache_stats = PrefixCacheStats()
@@ -312,6 +316,7 @@ class StepScheduler:
         if step_time_s is None:
             step_time_s = now - began_s
         self.step_time_s += alpha * (step_time_s - self.step_time_s)
+        self.latency.model.observe(len(plan.seqs), plan.num_batched_tokens, step_time_s)
         deltas = []
         # Looked up once per step, not once per sequence: this loop runs for every generated token.
         seqs = self._seqs
@@ -401,6 +406,17 @@ class StepScheduler:
         tokens_ahead += sum(self._waiting.total_cost(p) for p in Priority if p <= priority)
         num_steps = -(-tokens_ahead // self.config.max_num_batched_tokens)
         return num_steps * self.step_time_s
+
+    def predicted_latency(self, priority: Priority, num_prompt_tokens: int = 1) -> LatencyPrediction:
+        """TTFT and TPOT a new sequence of `priority` would see here: the prompt tokens queued at or
+        above its class (the prefix cache's hits on them are known only once admitted, so counted
+        whole: a pessimistic wait) and its own, next to the sequences running now."""
+        return self.latency.predict(num_tokens_ahead=self._tokens_ahead(priority), num_prompt_tokens=num_prompt_tokens,
+                                    num_running=len(self._running))
+
+    def _tokens_ahead(self, priority: Priority) -> int:
+        tokens_ahead = sum(s.num_uncomputed_tokens for s in self._preempted if s.priority <= priority)
+        return tokens_ahead + sum(self._waiting.total_cost(p) for p in Priority if p <= priority)
 
     # -- internals ---------------------------------------------------------
 

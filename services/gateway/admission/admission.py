@@ -3,7 +3,8 @@
 In order, cheapest and most fundamental first, so a refused request costs little:
 
     concurrency limit -> auth -> model allowed -> routing (model known) -> deadline
-    -> early reject (deadline below the model's minimum service time) -> shedding -> quota
+    -> early reject (deadline below the model's minimum service time) -> predicted TTFT past the
+    request's target everywhere (Generate) -> shedding -> quota
     -> the model's adaptive concurrency limit (by priority class)
 
 `RequestScope` is one request's bookkeeping: the metric labels as they become
@@ -28,6 +29,7 @@ from services.common import log_context
 from services.common.clock import Clock
 from services.common.errors import (
     DeadlineExceeded,
+    FailedPrecondition,
     InfermeshError,
     PermissionDenied,
     ResourceExhausted,
@@ -41,6 +43,7 @@ from services.common.status import status_code_of
 from services.common.telemetry import server_span
 from services.gateway.admission.adaptive_limit import AdaptiveLimits, LimitPermit, Outcome
 from services.gateway.admission.concurrency import ConcurrencyLimiter, ConcurrencyPermit
+from services.gateway.admission.latency_admission import check_ttft
 from services.gateway.admission.shedding import LoadShedder
 from services.gateway.admission.trace_trust import TraceTrust
 from services.gateway.dispatch.deadlines import Deadline, Deadlines
@@ -263,6 +266,9 @@ class AdmissionParts:
     on_finish: Callable[[RequestScope, str, float], None] | None = None
     # Per-class latency objectives and their bounds; None: requests carry none.
     objectives: ObjectivePolicy | None = None
+    # Refuse a Generate predicted to miss its TTFT target at every scheduler (latency_admission.py);
+    # False: deadlines alone, as before objectives existed.
+    ttft_admission: bool = True
 
 
 class Admission:
@@ -323,6 +329,12 @@ class Admission:
         except DeadlineExceeded:
             metrics.refused(scope.metric_model, tenant.priority, metrics.Refusal.DEADLINE)
             raise
+        if scope.objective is not None and parts.ttft_admission:
+            try:
+                check_ttft(scope.model, tenant.priority, scope.objective, parts.board.pressure(scope.model))
+            except (FailedPrecondition, ResourceExhausted):
+                metrics.refused(scope.metric_model, tenant.priority, metrics.Refusal.OBJECTIVE)
+                raise
         # Utilization as it was before this request arrived: the request at 90% is the one refused.
         utilization = (parts.limiter.num_in_flight - 1) / parts.limiter.max_in_flight
         try:

@@ -9,11 +9,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from services.common import errors
+from services.gateway.admission.latency_admission import ObjectiveMissed, ObjectiveUnmeetable
 from services.gateway.quota.quotas import QuotaExceeded
 
 # The first class in the error's MRO wins.
 _STATUS: dict[type, int] = {
     QuotaExceeded: 429,
+    # Latency objectives (docs/gateway.md): predicted to miss the TTFT target everywhere, or never meetable.
+    ObjectiveMissed: 429,
+    ObjectiveUnmeetable: 400,
     errors.InvalidArgument: 400,
     errors.Unauthenticated: 401,
     errors.PermissionDenied: 403,

@@ -19,6 +19,7 @@ from typing import Any
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.common.generate_input import CHAT_ROLES
+from services.gateway.admission.latency_admission import ObjectiveMissed, ObjectiveUnmeetable
 from services.gateway.fronts.http_status import HttpRefusal, http_refusal, matching
 from services.gateway.quota.quotas import QuotaExceeded
 
@@ -347,6 +348,8 @@ class ErrorReply:
 # Domain error -> (OpenAI error type, code); the status is http_status.py's.
 _ERROR_TYPES: dict[type, tuple[str, str | None]] = {
     QuotaExceeded: ("rate_limit_error", "rate_limit_exceeded"),
+    ObjectiveMissed: ("overloaded_error", "ttft_objective_missed"),
+    ObjectiveUnmeetable: ("invalid_request_error", "ttft_objective_unmeetable"),
     errors.InvalidArgument: ("invalid_request_error", None),
     errors.Unauthenticated: ("authentication_error", "invalid_api_key"),
     errors.PermissionDenied: ("permission_error", "model_not_allowed"),

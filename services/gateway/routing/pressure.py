@@ -9,7 +9,7 @@ reads pressure without depending on admission.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.common.clock import Clock
 from services.common.priority import Priority
@@ -27,6 +27,11 @@ class PressureReport:
     min_service_time_s: float = 0.0
     # Requests the model's workers hold at once without queueing (0: unknown).
     num_slots: int = 0
+    # Generate: predicted time to first token of a new one-token prompt per class, seconds; empty: not
+    # predicted (a classifier, or an older scheduler).
+    predicted_ttft_s: Mapping[Priority, float] = field(default_factory=dict)
+    # The least TTFT any request could have: one step computing one token alone, seconds; 0: unknown.
+    min_ttft_s: float = 0.0
 
     @classmethod
     def from_fields(
@@ -38,6 +43,8 @@ class PressureReport:
         num_workers: int,
         min_service_time_us: int,
         num_slots: int = 0,
+        predicted_ttft_us: Sequence[int] = (),
+        min_ttft_us: int = 0,
     ) -> PressureReport:
         """From ModelPressure's field values; `est_queue_time_us` is indexed by Priority number."""
         queue_s = {p: (est_queue_time_us[p] / 1e6 if p < len(est_queue_time_us) else 0.0) for p in Priority}
@@ -49,10 +56,18 @@ class PressureReport:
             num_workers=num_workers,
             min_service_time_s=min_service_time_us / 1e6,
             num_slots=num_slots,
+            # 0 is no prediction: every prediction holds at least one step.
+            predicted_ttft_s={p: predicted_ttft_us[p] / 1e6 for p in Priority
+                              if p < len(predicted_ttft_us) and predicted_ttft_us[p] > 0},
+            min_ttft_s=min_ttft_us / 1e6,
         )
 
     def queue_time_s(self, priority: Priority) -> float:
         return self.est_queue_time_s.get(priority, 0.0)
+
+    def ttft_s(self, priority: Priority) -> float | None:
+        """Predicted TTFT of a new request of `priority`; None when not predicted."""
+        return self.predicted_ttft_s.get(priority)
 
 
 class PressureBoard:
@@ -133,4 +148,15 @@ def _best_case(model: str, reports: list[PressureReport]) -> PressureReport:
         num_workers=sum(r.num_workers for r in reports),
         min_service_time_s=min(r.min_service_time_s for r in reports),
         num_slots=sum(r.num_slots for r in reports),
+        predicted_ttft_s=_best_ttft(reports),
+        min_ttft_s=min((r.min_ttft_s for r in reports if r.min_ttft_s > 0), default=0.0),
     )
+
+
+def _best_ttft(reports: list[PressureReport]) -> dict[Priority, float]:
+    """The least predicted TTFT per class over the reports that predict one: the best candidate's."""
+    best: dict[Priority, float] = {}
+    for report in reports:
+        for priority, seconds in report.predicted_ttft_s.items():
+            best[priority] = min(seconds, best.get(priority, seconds))
+    return best

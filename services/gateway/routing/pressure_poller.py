@@ -132,4 +132,6 @@ def _report(pressure) -> PressureReport:
         pressure.num_workers,
         pressure.min_service_time_us,
         pressure.num_slots,
+        list(pressure.predicted_ttft_us),
+        pressure.min_ttft_us,
     )

@@ -187,6 +187,8 @@ class Refusal(enum.Enum):
     QUOTA = "quota"
     SHED = "shed"
     GATEWAY_IN_FLIGHT = "gateway_in_flight"
+    # A Generate whose TTFT target no scheduler is predicted to meet (admission/latency_admission.py).
+    OBJECTIVE = "objective"
 
 
 _refusal_children: dict[tuple[str, Refusal, Priority], Any] = {}  # labelled prometheus children

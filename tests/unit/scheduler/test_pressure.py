@@ -51,3 +51,26 @@ def test_generator_pressure_sums_kv_usage_and_waiting_over_workers(clock):
     assert pressure.est_queue_time_s[Priority.STANDARD] == 0.0  # the idle worker takes it
     assert busy.estimated_queue_time_s(Priority.STANDARD) > 0
     assert generator_pressure([]).est_queue_time_s[Priority.CRITICAL] == MAX_QUEUE_TIME_S
+
+
+def test_generator_pressure_predicts_ttft_from_the_tokens_queued_ahead_of_each_class(clock):
+    scheduler = make_scheduler(clock, num_blocks=64, max_num_seqs=2)
+    run_steps(scheduler, FakePagedWorker(4), clock, max_steps=0)
+    idle = generator_pressure([scheduler])
+    # Nothing queued: one step of a one-token prompt, at the configured step time before any was measured.
+    assert idle.predicted_ttft_s[Priority.SHEDDABLE] == pytest.approx(scheduler.config.initial_step_time_s)
+    make_requests(scheduler, 6, prompt_len=16, who=tenant("bulk", Priority.SHEDDABLE))
+    busy = generator_pressure([scheduler])
+    assert busy.predicted_ttft_s[Priority.CRITICAL] == idle.predicted_ttft_s[Priority.CRITICAL]
+    # 96 prompt tokens ahead + 1 at 32 tokens a step: 4 steps.
+    assert busy.predicted_ttft_s[Priority.SHEDDABLE] == pytest.approx(4 * scheduler.config.initial_step_time_s)
+    assert busy.predicted_ttft_us_by_priority()[Priority.SHEDDABLE] == round(
+        busy.predicted_ttft_s[Priority.SHEDDABLE] * 1e6)
+
+
+def test_the_step_time_fit_learns_from_the_steps_run(clock):
+    scheduler = make_scheduler(clock, num_blocks=64, max_num_seqs=4)
+    make_requests(scheduler, 4, prompt_len=16)
+    run_steps(scheduler, FakePagedWorker(4), clock, step_s=0.02)
+    assert scheduler.latency.model.num_observed > 0
+    assert scheduler.predicted_latency(Priority.STANDARD).tpot_s == pytest.approx(0.02, rel=0.05)

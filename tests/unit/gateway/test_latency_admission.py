@@ -1,0 +1,82 @@
+"""Admission on predicted TTFT (admission/latency_admission.py) and its pressure-board aggregate."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.errors import FailedPrecondition, ResourceExhausted
+from services.common.objectives import LatencyObjective
+from services.common.priority import Priority
+from services.gateway.admission.latency_admission import MIN_RETRY_AFTER_S, check_ttft
+from services.gateway.routing.pressure import PressureBoard, PressureReport
+
+INTERACTIVE = LatencyObjective(ttft_ms=200.0, tpot_ms=50.0)
+
+
+def _report(predicted_ms: dict[Priority, float], min_ttft_ms: float = 5.0) -> PressureReport:
+    us = [0] * 4
+    for priority, ms in predicted_ms.items():
+        us[priority] = round(ms * 1000)
+    return PressureReport.from_fields("gen", [0, 0, 0, 0], 0, 0.0, 1, 10_000, 8, us, round(min_ttft_ms * 1000))
+
+
+BACKLOG = _report({Priority.CRITICAL: 50.0, Priority.STANDARD: 150.0, Priority.SHEDDABLE: 900.0})
+
+
+def test_a_stream_predicted_to_meet_its_target_is_admitted():
+    check_ttft("gen", Priority.STANDARD, INTERACTIVE, BACKLOG)
+    check_ttft("gen", Priority.CRITICAL, INTERACTIVE, BACKLOG)
+
+
+def test_a_predicted_miss_everywhere_is_resource_exhausted_with_a_hint_sheddable_first():
+    with pytest.raises(ResourceExhausted) as caught:
+        check_ttft("gen", Priority.SHEDDABLE, INTERACTIVE, BACKLOG)
+    assert str(caught.value) == ("overloaded: model 'gen' would start a sheddable stream in 900 ms at best, past "
+                                 "its TTFT target 200 ms; retry after 0.70 s")
+    assert caught.value.retry_after_s == pytest.approx(0.7)
+    # The same backlog with a looser target: admitted.
+    check_ttft("gen", Priority.SHEDDABLE, LatencyObjective(ttft_ms=5000.0, tpot_ms=500.0), BACKLOG)
+
+
+def test_the_hint_is_never_below_the_minimum():
+    with pytest.raises(ResourceExhausted) as caught:
+        check_ttft("gen", Priority.STANDARD, LatencyObjective(149.0, 50.0), BACKLOG)
+    assert caught.value.retry_after_s == MIN_RETRY_AFTER_S
+
+
+def test_a_target_below_one_step_alone_is_refused_at_once_as_never_meetable():
+    with pytest.raises(FailedPrecondition) as caught:
+        check_ttft("gen", Priority.CRITICAL, LatencyObjective(ttft_ms=20.0, tpot_ms=50.0), _report({}, 25.0))
+    assert str(caught.value) == ("TTFT target 20 ms cannot be met by model 'gen': one step alone takes 25.0 ms "
+                                 "on its fastest worker")
+
+
+def test_no_report_or_no_prediction_admits():
+    check_ttft("gen", Priority.SHEDDABLE, INTERACTIVE, None)
+    check_ttft("gen", Priority.SHEDDABLE, INTERACTIVE, _report({}, 0.0))
+
+
+def test_the_board_keeps_the_best_schedulers_prediction_per_class():
+    board = PressureBoard(lambda: 100.0)
+    board.update("a:1", [_report({Priority.STANDARD: 400.0, Priority.SHEDDABLE: 900.0}, 8.0)])
+    board.update("b:1", [_report({Priority.STANDARD: 120.0, Priority.SHEDDABLE: 2000.0}, 6.0)])
+    board.update("c:1", [_report({}, 0.0)])  # predicts nothing: does not count
+    best = board.pressure("gen")
+    assert best is not None
+    assert best.ttft_s(Priority.STANDARD) == pytest.approx(0.12)
+    assert best.ttft_s(Priority.SHEDDABLE) == pytest.approx(0.9)
+    assert best.min_ttft_s == pytest.approx(0.006)
+    check_ttft("gen", Priority.STANDARD, INTERACTIVE, best)  # scheduler b can meet it
+
+
+def test_on_http_a_predicted_miss_is_429_with_retry_after_and_never_meetable_is_400():
+    from services.gateway.fronts.http_status import http_refusal
+    from services.gateway.fronts.openai_codec import error_reply
+
+    with pytest.raises(ResourceExhausted) as missed:
+        check_ttft("gen", Priority.SHEDDABLE, INTERACTIVE, BACKLOG)
+    assert http_refusal(missed.value).status == 429 and http_refusal(missed.value).retry_after_s == 1
+    assert error_reply(missed.value).body["error"]["code"] == "ttft_objective_missed"
+    with pytest.raises(FailedPrecondition) as never:
+        check_ttft("gen", Priority.CRITICAL, LatencyObjective(ttft_ms=20.0, tpot_ms=50.0), _report({}, 25.0))
+    assert http_refusal(never.value).status == 400 and http_refusal(never.value).retry_after_s is None
