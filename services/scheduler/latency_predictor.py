@@ -8,8 +8,8 @@ computes (prefill is matrix work proportional to tokens). `StepTimeModel` fits
 
 by exponentially weighted least squares over the steps the worker reported, so the fit follows a
 worker whose speed changes (a warm cache, a co-tenant on the GPU) and forgets old batches. With
-few or degenerate observations (every step the same batch) the fit falls back to the mean step time
-spread over tokens, which is what the scheduler knew before.
+few or degenerate observations (every step the same batch) or a coefficient that comes out negative
+the term is dropped and the rest refitted, down to the mean step time the scheduler knew before.
 
 `LatencyPredictor` turns the fit into the two numbers an objective is judged on:
 
@@ -81,35 +81,44 @@ class StepTimeModel:
         return self._cost.step_time_s(num_seqs, num_tokens)
 
     def _fit(self) -> StepCost:
+        """Least squares with every coefficient >= 0: a term whose coefficient comes out negative (noise
+        on a narrow range of batches) is dropped and the rest refitted; none left: the mean step."""
         weight = self._xx[0][0]
-        mean_s = self._xy[0] / weight
-        scale = [max(self._xx[i][i] / weight, 1.0) for i in range(3)]
-        system = [[self._xx[i][j] + (_RIDGE * weight * scale[i] if i == j and i > 0 else 0.0) for j in range(3)]
-                  for i in range(3)]
-        solution = _solve3(system, list(self._xy))
-        if solution is None or min(solution) < 0:
-            # Degenerate or a negative slope (noise on a narrow range of batches): per token only.
-            mean_tokens = self._xx[0][2] / weight
-            return StepCost(0.0, 0.0, mean_s / mean_tokens) if mean_tokens > 0 else StepCost(mean_s, 0.0, 0.0)
-        return StepCost(*solution)
+        active = [0, 1, 2]
+        while active:
+            system = [[self._xx[i][j] + (_RIDGE * max(self._xx[i][i], weight) if i == j and i > 0 else 0.0)
+                       for j in active] for i in active]
+            solution = _solve(system, [self._xy[i] for i in active])
+            if solution is None:
+                active.pop()
+                continue
+            negative = [k for k, value in enumerate(solution) if value < 0]
+            if not negative:
+                coefficients = [0.0, 0.0, 0.0]
+                for k, i in enumerate(active):
+                    coefficients[i] = solution[k]
+                return StepCost(*coefficients)
+            active.pop(min(negative, key=lambda k: solution[k]))
+        return StepCost(self._xy[0] / weight, 0.0, 0.0)
 
 
-def _solve3(a: list[list[float]], b: list[float]) -> tuple[float, float, float] | None:
-    """Gaussian elimination with partial pivoting; None when singular."""
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting on a small system; None when singular."""
+    n = len(b)
     m = [row[:] + [b[i]] for i, row in enumerate(a)]
-    for col in range(3):
-        pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
         if abs(m[pivot][col]) < 1e-12:
             return None
         m[col], m[pivot] = m[pivot], m[col]
-        for r in range(col + 1, 3):
+        for r in range(col + 1, n):
             factor = m[r][col] / m[col][col]
-            for c in range(col, 4):
+            for c in range(col, n + 1):
                 m[r][c] -= factor * m[col][c]
-    x = [0.0, 0.0, 0.0]
-    for r in (2, 1, 0):
-        x[r] = (m[r][3] - sum(m[r][c] * x[c] for c in range(r + 1, 3))) / m[r][r]
-    return x[0], x[1], x[2]
+    x = [0.0] * n
+    for r in reversed(range(n)):
+        x[r] = (m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))) / m[r][r]
+    return x
 
 
 @dataclass(frozen=True)

@@ -89,3 +89,12 @@ def test_bad_settings_are_refused():
         StepTimeModel(0.01, decay=1.0)
     with pytest.raises(ValueError, match="must be >= 1"):
         LatencyPredictor(StepTimeModel(0.01), max_num_seqs=0, max_num_batched_tokens=8)
+
+
+def test_a_constant_step_time_over_varied_batches_stays_constant_even_with_noise():
+    jitter = iter([0.0004, -0.0003, 0.0001, -0.0002] * 100)
+    model = _fed(MIXED, step_time=lambda s, t: 0.02 + next(jitter))
+    cost = model.cost
+    assert min(cost.base_s, cost.per_seq_s, cost.per_token_s) >= 0
+    for num_seqs, num_tokens in ((1, 1), (32, 512)):
+        assert model.step_time_s(num_seqs, num_tokens) == pytest.approx(0.02, rel=0.1)
