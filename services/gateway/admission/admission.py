@@ -44,6 +44,7 @@ from services.common.telemetry import server_span
 from services.gateway.admission.adaptive_limit import AdaptiveLimits, LimitPermit, Outcome
 from services.gateway.admission.concurrency import ConcurrencyLimiter, ConcurrencyPermit
 from services.gateway.admission.latency_admission import check_ttft
+from services.gateway.admission.objective_outcome import TtftMeans, judge, measure
 from services.gateway.admission.shedding import LoadShedder
 from services.gateway.admission.trace_trust import TraceTrust
 from services.gateway.dispatch.deadlines import Deadline, Deadlines
@@ -151,6 +152,12 @@ class RequestScope:
         self.deadline: Deadline | None = None
         # Generate: the TTFT / TPOT targets admission resolved (common/objectives.py); None for Classify.
         self.objective: LatencyObjective | None = None
+        # The best scheduler's predicted TTFT for its class at admission, seconds; None: none predicted.
+        self.predicted_ttft_s: float | None = None
+        # Generate: when its first and latest tokens were sent (scope clock), and how many (tokens_sent).
+        self.first_token_s: float | None = None
+        self.last_token_s = 0.0
+        self.num_tokens_sent = 0
         self.permit: ConcurrencyPermit | None = None
         # The model's adaptive-limit slot; streams call first_response() on their first chunk.
         self.model_permit: LimitPermit | None = None
@@ -178,6 +185,16 @@ class RequestScope:
     def metric_version(self) -> str:
         """The requested version as metrics label it: OTHER for one no routing file or scheduler ever named."""
         return self._version_label(self.metric_model, self.version)
+
+    def tokens_sent(self, num_tokens: int) -> None:
+        """A chunk with `num_tokens` went to the client now (the stream's TTFT and TPOT)."""
+        if num_tokens <= 0:
+            return
+        now_s = self._clock()
+        if self.first_token_s is None:
+            self.first_token_s = now_s
+        self.last_token_s = now_s
+        self.num_tokens_sent += num_tokens
 
     @property
     def priority(self) -> Priority:
@@ -220,6 +237,21 @@ class RequestScope:
             self._on_finish(self, code, duration_s)
         if self.timings is not None:
             metrics.observe_stages(self.metric_model, version, self.timings.stages)
+        if code == "OK" and self.objective is not None and self.first_token_s is not None:
+            self._observe_objective(self.objective, self.first_token_s)
+
+    def _observe_objective(self, objective: LatencyObjective, first_token_s: float) -> None:
+        latency = measure(self.began_s, first_token_s, self.last_token_s, self.num_tokens_sent)
+        priority = self.priority.name.lower()
+        metrics.OBJECTIVE_STREAMS.labels(self.metric_model, priority, judge(objective, latency).value).inc()
+        for source, seconds in (("predicted", self.predicted_ttft_s), ("measured", latency.ttft_s)):
+            if seconds is not None:
+                mean_s = _TTFT_MEANS.add(self.metric_model, priority, source, seconds)
+                metrics.OBJECTIVE_TTFT.labels(self.metric_model, priority, source).set(mean_s)
+
+
+# Smoothed predicted and measured TTFT behind infermesh_gateway_objective_ttft_seconds.
+_TTFT_MEANS = TtftMeans()
 
 
 # How a request's final status reads as a load signal for its model's adaptive limit. Upstream refusals
@@ -329,9 +361,12 @@ class Admission:
         except DeadlineExceeded:
             metrics.refused(scope.metric_model, tenant.priority, metrics.Refusal.DEADLINE)
             raise
+        if scope.objective is not None:
+            report = parts.board.pressure(scope.model)
+            scope.predicted_ttft_s = None if report is None else report.ttft_s(tenant.priority)
         if scope.objective is not None and parts.ttft_admission:
             try:
-                check_ttft(scope.model, tenant.priority, scope.objective, parts.board.pressure(scope.model))
+                check_ttft(scope.model, tenant.priority, scope.objective, report)
             except (FailedPrecondition, ResourceExhausted):
                 metrics.refused(scope.metric_model, tenant.priority, metrics.Refusal.OBJECTIVE)
                 raise

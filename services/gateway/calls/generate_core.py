@@ -221,6 +221,7 @@ class GenerateCore:
                 if num_generated == 0 and scope.model_permit is not None:
                     scope.model_permit.first_response()
                 num_generated += len(chunk.token_ids)
+                scope.tokens_sent(len(chunk.token_ids))
                 if mirrored is not None:
                     mirrored.extend(chunk.token_ids)
                 scope.served_by(chunk.model.version)  # set on the first and the last chunk

@@ -109,6 +109,18 @@ REFUSALS = Counter(
     "Requests refused by admission before any upstream call, by reason.",
     ["model", "reason", "priority"],
 )
+OBJECTIVE_STREAMS = Counter(
+    "infermesh_gateway_objective_streams",
+    "Generate streams served with a latency objective, by class and outcome (met, missed_ttft, missed_tpot, "
+    "missed_both); the share meeting both is met / all.",
+    ["model", "priority", "outcome"],
+)
+OBJECTIVE_TTFT = Gauge(
+    "infermesh_gateway_objective_ttft_seconds",
+    "Smoothed time to first token of served streams: predicted at admission (best scheduler, one-token prompt) "
+    "and measured at the gateway (source = predicted | measured).",
+    ["model", "priority", "source"],
+)
 CONCURRENCY_LIMIT = Gauge(
     "infermesh_gateway_concurrency_limit",
     "The model's adaptive concurrency limit (critical traffic may fill all of it).",
