@@ -253,7 +253,7 @@ def _tokenizer(raw: Any) -> str:
 
 def _parse_load(raw: dict, duration_s: float | None) -> LoadSpec:
     _no_unknown(raw, "load", {"mode", "arrival", "burstiness", "rate_rps", "concurrency", "stages",
-                              "max_in_flight", "think_time_ms", "num_channels"})
+                              "max_in_flight", "think_time_ms", "num_channels", "bursts"})
     mode = _enum(LoadMode, raw.get("mode", "open"), "load.mode")
     unit = "rps" if mode is LoadMode.OPEN else "concurrency"
     level_key = "rate_rps" if mode is LoadMode.OPEN else "concurrency"
@@ -266,6 +266,10 @@ def _parse_load(raw: dict, duration_s: float | None) -> LoadSpec:
             raise ValueError(f"load: mode {mode.value} needs {level_key!r} or 'stages'")
         value = _positive(raw[level_key], f"load.{level_key}")
         levels = (Segment(duration_s or 30.0, value, value),)
+        if "bursts" in raw:
+            if mode is not LoadMode.OPEN:
+                raise ValueError("load.bursts applies to open-loop rate_rps")
+            levels = _bursts(_mapping(raw["bursts"], "load.bursts"), duration_s or 30.0, value)
     if mode is LoadMode.CLOSED and any(s.from_value < 1 or s.to_value < 1 for s in levels):
         raise ValueError(f"load: closed-loop {unit} must be >= 1 in every stage")
     return LoadSpec(
@@ -277,6 +281,26 @@ def _parse_load(raw: dict, duration_s: float | None) -> LoadSpec:
         think_time_ms=_non_negative(raw.get("think_time_ms", 0), "load.think_time_ms"),
         num_channels=int(_positive(raw.get("num_channels", 1), "load.num_channels")),
     )
+
+
+def _bursts(raw: dict, total_s: float, base_rps: float) -> tuple[Segment, ...]:
+    """rate_rps, with a burst of `rate_rps` for `duration_s` at the end of every `every_s`."""
+    _no_unknown(raw, "load.bursts", {"every_s", "duration_s", "rate_rps"})
+    every_s = _positive(raw.get("every_s"), "load.bursts.every_s")
+    burst_s = _positive(raw.get("duration_s"), "load.bursts.duration_s")
+    burst_rps = _positive(raw.get("rate_rps"), "load.bursts.rate_rps")
+    if burst_s >= every_s:
+        raise ValueError(f"load.bursts.duration_s ({burst_s}) must be shorter than every_s ({every_s})")
+    levels: list[Segment] = []
+    start_s = 0.0
+    while start_s < total_s - 1e-9:
+        quiet_s = min(every_s - burst_s, total_s - start_s)
+        levels.append(Segment(quiet_s, base_rps, base_rps))
+        loud_s = min(burst_s, total_s - start_s - quiet_s)
+        if loud_s > 1e-9:
+            levels.append(Segment(loud_s, burst_rps, burst_rps))
+        start_s += quiet_s + max(loud_s, 0.0)
+    return tuple(levels)
 
 
 def _parse_stage(raw: Any, index: int, mode: LoadMode) -> Segment:

@@ -150,3 +150,20 @@ def test_http_fields_of_a_generate_class_and_the_tokenizer_are_read_and_checked(
                            ({"target": "http://h:1"}, "unknown scheme")]:
         with pytest.raises(ValueError, match=complaint):
             parse_scenario(_doc(**bad))
+
+
+def test_bursts_repeat_a_high_step_at_the_end_of_every_period():
+    s = parse_scenario(_doc(duration_s=25, load={"rate_rps": 10,
+                                                  "bursts": {"every_s": 10, "duration_s": 2, "rate_rps": 100}}))
+    assert [(seg.duration_s, seg.from_value) for seg in s.load.levels] == [
+        (8, 10), (2, 100), (8, 10), (2, 100), (5, 10)]
+    assert s.duration_s == 25
+    times = [p.scheduled_s for p in open_loop_plan(s)]
+    in_burst = sum(8 <= t < 10 for t in times)
+    assert in_burst > 5 * sum(6 <= t < 8 for t in times)  # 100/s against 10/s
+    for bad, complaint in [({"every_s": 2, "duration_s": 2, "rate_rps": 5}, "shorter than every_s"),
+                           ({"every_s": 2, "rate_rps": 5}, "bursts.duration_s must be a number")]:
+        with pytest.raises(ValueError, match=complaint):
+            parse_scenario(_doc(load={"rate_rps": 1, "bursts": bad}))
+    with pytest.raises(ValueError, match="open-loop"):
+        parse_scenario(_doc(load={"mode": "closed", "concurrency": 2, "bursts": {}}))
