@@ -279,7 +279,8 @@ class Dispatcher:
     def _route(self, scope, tried: list[str], last_failure: AttemptError | None, version: str | None = None) -> Route:
         try:
             route = self._routing.choose(scope.model, scope.version if version is None else version,
-                                         exclude=frozenset(tried), priority=scope.priority)
+                                         exclude=frozenset(tried), priority=scope.priority,
+                                         ttft_target_s=_ttft_target_s(scope))
         except InfermeshError:
             if last_failure is not None:  # every breaker opened meanwhile: report what really failed
                 raise _NoRoute(last_failure) from None
@@ -405,3 +406,9 @@ def _client_attributes(route: Route, method: str) -> dict[str, str | int]:
 def _attempt_span(number: int, route: Route, method: str):
     return span("attempt", kind=trace.SpanKind.CLIENT,
                 **{"infermesh.attempt": number, "infermesh.endpoint": route.endpoint, **_client_attributes(route, method)})
+
+
+def _ttft_target_s(scope) -> float | None:
+    """A Generate's TTFT target for routing (replicas predicted to meet it first); None otherwise."""
+    objective = getattr(scope, "objective", None)
+    return None if objective is None else objective.ttft_ms / 1000

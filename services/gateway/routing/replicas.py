@@ -21,6 +21,11 @@ questions pick one for a call:
    `spill_kv_usage` or more while the other's is below; or no workers while the
    other has some). Without fresh reports nothing spills (fail open).
 
+A Generate with a TTFT target first drops the candidates whose fresh report predicts a first
+token past the target for its class (docs/gateway.md, "Latency objectives"); the questions above
+then pick among those that can meet it, so the preferred (cache-warm) replica still wins when it
+can. When none can, all stay candidates (admission already refused what surely misses).
+
 The circuit breaker and the call's already-tried endpoints are applied by the
 caller (routing/table.py) before the choice: they decide who is a candidate at all.
 """
@@ -157,9 +162,14 @@ def choose_replica(
     pressure: Callable[[str], PressureReport | None],
     priority: Priority,
     policy: SpillPolicy,
+    ttft_target_s: float | None = None,
 ) -> str:
-    """The preferred replica of `model` among `candidates` (non-empty), unless another is clearly less loaded."""
+    """The preferred replica of `model` among `candidates` (non-empty), unless another is clearly less loaded.
+
+    ttft_target_s: only replicas predicted to meet it are considered, when any is."""
     ordered = rendezvous_order(model, candidates)
+    if ttft_target_s is not None and len(ordered) > 1:
+        ordered = [e for e in ordered if _may_meet(pressure(e), priority, ttft_target_s)] or ordered
     preferred = ordered[0]
     preferred_report = pressure(preferred)
     if preferred_report is None or len(ordered) == 1:
@@ -170,6 +180,11 @@ def choose_replica(
         if report is not None and policy.clearly_busier(best_report, report, priority):
             best, best_report = endpoint, report
     return best
+
+
+def _may_meet(report: PressureReport | None, priority: Priority, ttft_target_s: float) -> bool:
+    predicted_s = None if report is None else report.ttft_s(priority)
+    return predicted_s is None or predicted_s <= ttft_target_s  # no prediction: fail open
 
 
 class EndpointPressure(Protocol):
@@ -186,11 +201,13 @@ class ReplicaSelector:
         self._board = board
         self._policy = policy or SpillPolicy()
 
-    def choose(self, model: str, available: Sequence[str], priority: Priority) -> str:
+    def choose(self, model: str, available: Sequence[str], priority: Priority,
+               ttft_target_s: float | None = None) -> str:
         membership = self.membership
         reachable = [e for e in available if membership.reachable(e)]
         available = [e for e in reachable if membership.serves(e, model)] or reachable or available
         board = self._board
         if board is None:
             return rendezvous_order(model, available)[0]
-        return choose_replica(model, available, lambda e: board.report(e, model), priority, self._policy)
+        return choose_replica(model, available, lambda e: board.report(e, model), priority, self._policy,
+                              ttft_target_s)

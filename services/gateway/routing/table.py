@@ -348,8 +348,9 @@ class RoutingTable:
         return self._fallback
 
     def choose(self, model: str, version: str = "", *, exclude: frozenset[str] = frozenset(),
-               priority: Priority = Priority.STANDARD) -> Route:
+               priority: Priority = Priority.STANDARD, ttft_target_s: float | None = None) -> Route:
         """Pick a version (when `version` is empty) and an endpoint whose breaker admits a call.
+        `ttft_target_s`: a Generate's TTFT target; among replicas, those predicted to meet it first.
 
         Raises NotFound for an unknown model or version, Unavailable when every endpoint's
         breaker is open (with the time until the first one lets a probe through).
@@ -369,7 +370,7 @@ class RoutingTable:
             if chosen.version != model_route.default_version and not self._candidates(
                     model, chosen, exclude, routed, only_serving=True).untried:
                 chosen = model_route.default
-        endpoint = self._draw_endpoint(self._candidates(model, chosen, exclude, routed), priority)
+        endpoint = self._draw_endpoint(self._candidates(model, chosen, exclude, routed), priority, ttft_target_s)
         permit = self._breakers.for_endpoint(endpoint.address).try_acquire()
         if permit is None:  # cannot happen on one event loop: availability was just checked
             raise Unavailable(f"scheduler {endpoint.address} refused the call (circuit open)")
@@ -436,7 +437,8 @@ class RoutingTable:
         if self._replicas is not None and model not in self._routes:
             self._replicas.membership.not_serving(endpoint, model)
 
-    def _draw_endpoint(self, found: Candidates, priority: Priority = Priority.STANDARD) -> Endpoint:
+    def _draw_endpoint(self, found: Candidates, priority: Priority = Priority.STANDARD,
+                       ttft_target_s: float | None = None) -> Endpoint:
         # Prefer endpoints this request has not tried; fall back to them rather than fail.
         model, version = found.model, found.route
         if not version.endpoints:
@@ -453,7 +455,7 @@ class RoutingTable:
                 retry_after_s=retry_after_s,
             )
         if found.discovered and self._replicas is not None:  # discovered: there are replicas
-            address = self._replicas.choose(model, [e.address for e in candidates], priority)
+            address = self._replicas.choose(model, [e.address for e in candidates], priority, ttft_target_s)
             return next(e for e in candidates if e.address == address)
         point = self._rng() * sum(e.weight for e in candidates)
         for endpoint in candidates:

@@ -80,3 +80,22 @@ def test_on_http_a_predicted_miss_is_429_with_retry_after_and_never_meetable_is_
     with pytest.raises(FailedPrecondition) as never:
         check_ttft("gen", Priority.CRITICAL, LatencyObjective(ttft_ms=20.0, tpot_ms=50.0), _report({}, 25.0))
     assert http_refusal(never.value).status == 400 and http_refusal(never.value).retry_after_s is None
+
+
+def test_routing_prefers_the_affine_replica_among_those_predicted_to_meet_the_target():
+    from services.gateway.routing.replicas import SpillPolicy, choose_replica, rendezvous_order
+
+    endpoints = ["a:1", "b:1", "c:1"]
+    preferred, second, third = rendezvous_order("gen", endpoints)
+    predicted_ms = {preferred: 900.0, second: 150.0, third: 120.0}
+    reports = {e: _report({Priority.STANDARD: ms}) for e, ms in predicted_ms.items()}
+
+    def choose(target_s):
+        return choose_replica("gen", endpoints, reports.get, Priority.STANDARD, SpillPolicy(), target_s)
+
+    assert choose(None) == preferred  # no target: affinity, as before (queue times are equal)
+    assert choose(0.2) == second  # the next in affinity order that can meet 200 ms, not merely the fastest
+    assert choose(1.0) == preferred  # every one can: affinity
+    assert choose(0.05) == preferred  # none can: all stay candidates
+    reports[second] = None  # no fresh report: may meet it (fail open)
+    assert choose(0.2) == second
