@@ -4,7 +4,8 @@ Contract (docs/clients.md), shaped like Triton's vLLM backend so its clients nee
   input   text_input   BYTES [1] (or [1, 1]): the UTF-8 prompt
   params  max_tokens (int), temperature (float), top_p (float), seed (int), ignore_eos (bool),
           stop (string, one stop sequence): the request's `parameters` (tritonclient's
-          `parameters={...}`); `stream` is accepted and ignored (a stream is always streamed)
+          `parameters={...}`); `stream` is accepted and ignored (a stream is always streamed);
+          ttft_ms, tpot_ms (int): latency targets, GenerateRequest.objectives (docs/gateway.md)
   output  text_output  BYTES [1] per response: the chunk's text
 One response per chunk, each with the request's id; the last one carries the parameter
 `triton_final_response: true` plus `finish_reason`, `prompt_tokens`, `completion_tokens`. A
@@ -42,11 +43,15 @@ class StreamRequest:
 def parse_stream_request(request: kserve.ModelInferRequest) -> StreamRequest:
     parameters = request.parameters
     sampling = common_pb2.SamplingParams()
+    objectives = gateway_pb2.LatencyObjectives()
     for key, value in parameters.items():
-        _set_sampling(sampling, key, value)
+        if key in _OBJECTIVE_PARAMETERS:
+            setattr(objectives, key, _objective_ms(key, value))
+        else:
+            _set_sampling(sampling, key, value)
     generate = gateway_pb2.GenerateRequest(
         model=common_pb2.ModelRef(name=request.model_name, version=request.model_version),
-        prompt=_prompt(request), sampling=sampling, request_id=request.id,
+        prompt=_prompt(request), sampling=sampling, request_id=request.id, objectives=objectives,
     )
     empty_final = EMPTY_FINAL in parameters and _value(parameters[EMPTY_FINAL]) is True
     return StreamRequest(generate, request.id, empty_final)
@@ -79,6 +84,18 @@ def _value(parameter: kserve.InferParameter):
     return None if choice is None else getattr(parameter, choice)
 
 
+_OBJECTIVE_PARAMETERS = ("ttft_ms", "tpot_ms")
+
+
+def _objective_ms(key: str, parameter: kserve.InferParameter) -> int:
+    """A latency target in whole milliseconds; its bounds are the gateway's (checked at admission)."""
+    value = _value(parameter)
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value < 2**32:
+        raise InvalidArgument(f"parameter '{key}' has an unusable value {value!r}; expected an integer number "
+                              "of milliseconds >= 1")
+    return value
+
+
 def _set_sampling(sampling: common_pb2.SamplingParams, key: str, parameter: kserve.InferParameter) -> None:
     value = _value(parameter)
     if key in _TRANSPORT_PARAMETERS:
@@ -100,7 +117,7 @@ def _set_sampling(sampling: common_pb2.SamplingParams, key: str, parameter: kser
         raise InvalidArgument(f"parameter '{key}' has an unusable value {value!r}; " + _EXPECTED[key])
     else:
         raise InvalidArgument(f"unknown parameter '{key}'; this model takes "
-                              f"max_tokens, temperature, top_p, seed, ignore_eos, stop")
+                              f"max_tokens, temperature, top_p, seed, ignore_eos, stop, ttft_ms, tpot_ms")
 
 
 _EXPECTED = {
