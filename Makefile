@@ -75,7 +75,7 @@ $(GEN)/.stamp: $(PROTOS) $(STAMP)
 	$(PY) -m grpc_tools.protoc -Iprotos --python_out=$(GEN) --pyi_out=$(GEN) --grpc_python_out=$(GEN) $(PROTOS)
 	touch $@
 
-models: setup ## rebuild the shipped demo models (digits, tinylm) from their recipes; fail unless bit-identical
+models: setup ## rebuild the demo models from their recipes; compare bit for bit on the recorded CPU, else within tolerances
 	$(PY) -m tools.build_models --out $(MODEL_REPO) --verify
 
 model-repo: setup ## check the demo models in model_repo/ (sha256, recipe); build only what is missing
