@@ -168,8 +168,12 @@ class GeneratePool:
     # -- sequences -----------------------------------------------------------
 
     def submit(self, stream: GenerateStream, prompt_ids: tuple[int, ...], sampling: SamplingParams,
-               delivered_token_ids: tuple[int, ...] = ()) -> None:
-        """`delivered_token_ids`: a continuation's tokens (StepScheduler.add_request)."""
+               delivered_token_ids: tuple[int, ...] = (), ttft_target_s: float | None = None) -> None:
+        """`delivered_token_ids`: a continuation's tokens (StepScheduler.add_request).
+        `ttft_target_s`: the request's TTFT target (GenerateRequest.objectives); a new stream goes to
+        the routed worker if it is predicted to meet it, else to another that is, else is refused
+        (latency_predictor.py): FailedPrecondition below one step alone, ResourceExhausted with the
+        excess as retry hint otherwise. A continuation already had its first token: no target."""
         loops = self._usable_loops()
         if not loops:
             raise errors.Unavailable(f"no worker serves model {self.model}", retry_after_s=1.0)
@@ -180,6 +184,8 @@ class GeneratePool:
                 f"model's max sequence length {max_seq_len}"
             )
         route = self._router.choose(prompt_ids + delivered_token_ids, stream.tenant.tenant_id, self._views(loops))
+        if ttft_target_s is not None and not delivered_token_ids:
+            route = self._meeting(route, loops, len(prompt_ids), Priority(stream.tenant.priority), ttft_target_s)
         loop = route.worker
         stream.seq = loop.scheduler.add_request(
             stream.seq_id, prompt_ids, sampling, stream.tenant, deadline_s=stream.deadline_s,
@@ -191,6 +197,32 @@ class GeneratePool:
         self._where[stream.seq_id] = loop
         loop.wake()
         self._update_gauges()
+
+    def _meeting(self, route: Route[WorkerLoop], loops: list[WorkerLoop], num_prompt_tokens: int,
+                 priority: Priority, ttft_target_s: float) -> Route[WorkerLoop]:
+        """`route` if its worker is predicted to meet the TTFT target (its cache hit counted), else the
+        worker predicted fastest if that one meets it; raises when none does."""
+        def predicted_s(loop: WorkerLoop, num_cached: int) -> float:
+            return loop.scheduler.predicted_latency(priority, max(1, num_prompt_tokens - num_cached)).ttft_s
+
+        routed_s = predicted_s(route.worker, route.num_cached_tokens)
+        if routed_s <= ttft_target_s:
+            return route
+        best = min(loops, key=lambda loop: predicted_s(loop, 0))
+        best_s = predicted_s(best, 0)
+        if best_s <= ttft_target_s:
+            return Route(worker=best, num_cached_tokens=0)
+        least_s = min(loop.scheduler.latency.min_ttft_s() for loop in loops)
+        if ttft_target_s < least_s:
+            raise errors.FailedPrecondition(
+                f"TTFT target {ttft_target_s * 1000:g} ms cannot be met by model {self.model}: one step alone "
+                f"takes {least_s * 1000:.1f} ms on its fastest worker")
+        soonest_s = min(routed_s, best_s)
+        retry_after_s = max(soonest_s - ttft_target_s, 0.05)
+        raise errors.ResourceExhausted(
+            f"overloaded: model {self.model} would start this stream in {soonest_s * 1000:.0f} ms at best, past "
+            f"its TTFT target {ttft_target_s * 1000:g} ms; retry after {retry_after_s:.2f} s",
+            retry_after_s=retry_after_s)
 
     def abort(self, stream: GenerateStream) -> None:
         """The client went away: the sequence is dropped and its blocks freed now."""

@@ -236,7 +236,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         delivered = tuple(request.continuation.token_ids)
         if delivered:
             span.set_attribute("infermesh.continued_tokens", len(delivered))
-        entry.pool.submit(stream, prompt_ids, sampling, delivered)
+        ttft_target_s = req.objectives.ttft_ms / 1000 if req.objectives.ttft_ms else None
+        entry.pool.submit(stream, prompt_ids, sampling, delivered, ttft_target_s)
         return GenerateCall(req.request_id, entry, stream, began_s, span, self._clock, self._metrics.generate_finished)
 
     def _make_stream(self, req: gateway_pb2.GenerateRequest, tenant: scheduler_pb2.TenantContext,

@@ -1,0 +1,50 @@
+"""A new stream's TTFT target at the scheduler: the routed worker if it is predicted to meet it, else
+refused at once (GeneratePool.submit with ttft_target_s). Fake clock: each fake step takes 10 ms."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common import errors
+from services.scheduler.fair_queue import TenantContext
+from services.scheduler.generate_pool import GeneratePool
+from services.scheduler.generate_stream import GenerateStream
+from services.scheduler.sequence import SamplingParams
+from services.scheduler.worker_link import WorkerLink
+from tests.unit.scheduler.test_generate_pool import Reader, attach, expected, pool  # noqa: F401 - fixture
+
+STEP_S = 0.010
+
+
+def _submit(pool: GeneratePool, prompt: str, max_tokens: int, ttft_target_s: float | None) -> Reader:
+    stream = GenerateStream(seq_id=WorkerLink.next_id(), tenant=TenantContext("t"), seed=0, trace_context={},
+                            arrival_s=pool.clock(), deadline_s=None)
+    pool.submit(stream, tuple(prompt.encode()), SamplingParams(max_tokens=max_tokens), ttft_target_s=ttft_target_s)
+    return Reader(stream)
+
+
+async def _warmed(pool: GeneratePool) -> None:
+    attach(pool, "w1", step_s=STEP_S)
+    reader = _submit(pool, "abc", 20, None)
+    assert await reader.read() == expected("abc", 20)
+
+
+async def test_a_target_below_one_step_alone_is_refused_at_once(pool):
+    await _warmed(pool)
+    with pytest.raises(errors.FailedPrecondition, match=r"TTFT target 2 ms cannot be met by model toy-generator:1: "
+                                                         r"one step alone takes 10\.0 ms"):
+        _submit(pool, "abc", 4, 0.002)
+    assert pool.queue_depth == 0, "never queued"
+
+
+async def test_a_stream_predicted_to_miss_behind_a_backlog_is_refused_with_a_hint_and_a_looser_one_admitted(pool):
+    await _warmed(pool)
+    backlog = [_submit(pool, "x" * 60, 2, None) for _ in range(10)]  # ~10 steps of prefill queued
+    with pytest.raises(errors.ResourceExhausted, match=r"would start this stream in \d+ ms at best, past its TTFT "
+                                                        r"target 50 ms; retry after") as caught:
+        _submit(pool, "abc", 4, 0.050)
+    assert caught.value.retry_after_s is not None and caught.value.retry_after_s >= 0.05
+    admitted = _submit(pool, "abc", 4, 1.0)
+    assert await admitted.read() == expected("abc", 4)
+    for reader in backlog:
+        await reader.read()
