@@ -6,14 +6,22 @@ from __future__ import annotations
 import pytest
 
 from services.common import errors
+from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import TenantContext
 from services.scheduler.generate_pool import GeneratePool
 from services.scheduler.generate_stream import GenerateStream
 from services.scheduler.sequence import SamplingParams
 from services.scheduler.worker_link import WorkerLink
-from tests.unit.scheduler.test_generate_pool import Reader, attach, expected, pool  # noqa: F401 - fixture
+from tests.unit.scheduler.test_generate_pool import MODEL, Reader, attach, expected, hello
+from tools.testbed.fake_clock import FakeClock
 
 STEP_S = 0.010
+
+
+@pytest.fixture(name="pool")
+def _pool() -> GeneratePool:
+    clock = FakeClock()
+    return GeneratePool(MODEL, hello("w0"), SchedulerConfig(), clock=clock, sleep=clock.sleep)
 
 
 def _submit(pool: GeneratePool, prompt: str, max_tokens: int, ttft_target_s: float | None) -> Reader:
