@@ -42,10 +42,9 @@ from pathlib import Path
 
 import grpc
 
-from bench.gateway.classify_load import REQUEST
+from bench.gateway.classify_load import classify_codes
 from bench.harness.cpu import cpu_seconds
 from bench.harness.results import RESULTS_DIR, write_report
-from infermesh.v1 import gateway_pb2_grpc
 from services.gateway.tenants.directory import hash_api_key
 from tools.dev_ca import DevCA, IssuedCert
 from tools.testbed import session_tls
@@ -79,24 +78,8 @@ async def drive(address: str, ca_pem: bytes, caller: Caller, num_requests: int, 
     cert = caller.cert
     credentials = grpc.ssl_channel_credentials(ca_pem, cert.key_pem if cert else None, cert.cert_pem if cert else None)
     metadata = (("authorization", caller.authorization),) if caller.authorization else ()
-    codes: dict[str, int] = {}
-    remaining = num_requests
     async with grpc.aio.secure_channel(address, credentials) as channel:
-        stub = gateway_pb2_grpc.InferenceStub(channel)
-
-        async def worker() -> None:
-            nonlocal remaining
-            while remaining > 0:
-                remaining -= 1
-                try:
-                    await stub.Classify(REQUEST, timeout=10, metadata=metadata)
-                    code = "OK"
-                except grpc.aio.AioRpcError as exc:
-                    code = exc.code().name
-                codes[code] = codes.get(code, 0) + 1
-
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return codes
+        return await classify_codes(channel, metadata, num_requests, concurrency)
 
 
 def measure(pid: int, idle_cpu_per_s: float, run: Callable[[], dict[str, int]], num_requests: int,

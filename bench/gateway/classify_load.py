@@ -19,23 +19,31 @@ REQUEST = gateway_pb2.ClassifyRequest(
 async def drive(address: str, api_key: str, num_requests: int, concurrency: int) -> tuple[dict[str, int], float]:
     """`num_requests` Classify calls, `concurrency` at a time: how many ended with each status code,
     and the wall time they took."""
-    codes: dict[str, int] = {}
     metadata = (("authorization", f"Bearer {api_key}"),)
-    remaining = num_requests
     async with grpc.aio.insecure_channel(address) as channel:
-        stub = gateway_pb2_grpc.InferenceStub(channel)
-
-        async def worker() -> None:
-            nonlocal remaining
-            while remaining > 0:
-                remaining -= 1
-                try:
-                    await stub.Classify(REQUEST, timeout=10, metadata=metadata)
-                    code = "OK"
-                except grpc.aio.AioRpcError as exc:
-                    code = exc.code().name
-                codes[code] = codes.get(code, 0) + 1
-
         began = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        codes = await classify_codes(channel, metadata, num_requests, concurrency)
         return codes, time.perf_counter() - began
+
+
+async def classify_codes(channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...], num_requests: int,
+                         concurrency: int) -> dict[str, int]:
+    """`num_requests` Classify calls on `channel`, `concurrency` at a time: how many ended with each
+    status code."""
+    stub = gateway_pb2_grpc.InferenceStub(channel)
+    codes: dict[str, int] = {}
+    remaining = num_requests
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            try:
+                await stub.Classify(REQUEST, timeout=10, metadata=metadata)
+                code = "OK"
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code().name
+            codes[code] = codes.get(code, 0) + 1
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return codes
