@@ -137,12 +137,19 @@ def _encoded(tensor, raw: bytes | None) -> DecodedImages:
 
 
 def requested_outputs(request: kserve.ModelInferRequest) -> tuple[RequestedOutput, ...]:
+    return requested_among(request, OUTPUT_NAMES, f"this model has {', '.join(OUTPUT_NAMES)}")
+
+
+def requested_among(request: kserve.ModelInferRequest, names: Sequence[str], has: str) -> tuple[RequestedOutput, ...]:
+    """The outputs `request` asks for, each with its classification k (every one of `names` when it
+    names none): the one reading of ModelInferRequest.outputs for image and tensor models. `has`
+    ends the refusal of a name not in `names` ("this model has ...")."""
     if not request.outputs:
-        return tuple(RequestedOutput(name) for name in OUTPUT_NAMES)
+        return tuple(RequestedOutput(name) for name in names)
     wanted = []
     for output in request.outputs:
-        if output.name not in OUTPUT_NAMES:
-            raise InvalidArgument(f"unknown output '{output.name}'; this model has {', '.join(OUTPUT_NAMES)}")
+        if output.name not in names:
+            raise InvalidArgument(f"unknown output '{output.name}'; {has}")
         class_count = 0
         if "classification" in output.parameters:
             class_count = class_count_of(output.name, output.parameters["classification"])

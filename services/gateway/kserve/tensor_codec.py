@@ -22,7 +22,7 @@ from inference import grpc_predict_v2_pb2 as kserve
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common.errors import Internal, InvalidArgument
 from services.common.tensor_datatypes import ELEMENT_SIZE_BYTES
-from services.gateway.kserve.codec import RequestedOutput, class_count_of, pack_bytes_tensor
+from services.gateway.kserve.codec import RequestedOutput, pack_bytes_tensor, requested_among
 
 # struct codes of each datatype's elements (little-endian); FP16 is 'e'.
 _STRUCT_CODES = {"BOOL": "?", "UINT8": "B", "UINT16": "H", "UINT32": "I", "UINT64": "Q", "INT8": "b",
@@ -120,20 +120,13 @@ def _row(tensor: common_pb2.Tensor, index: int) -> common_pb2.Tensor:
 
 def requested_outputs(request: kserve.ModelInferRequest, info: gateway_pb2.ModelInfo) -> tuple[RequestedOutput, ...]:
     declared = {t.name: t for t in info.tensor_outputs}
-    if not request.outputs:
-        return tuple(RequestedOutput(name) for name in declared)
-    wanted = []
-    for output in request.outputs:
-        if output.name not in declared:
-            raise InvalidArgument(f"unknown output '{output.name}'; model {info.model.name} has {list(declared)}")
-        class_count = 0
-        if "classification" in output.parameters:
-            class_count = class_count_of(output.name, output.parameters["classification"])
-            if len(declared[output.name].dims) != 2 or declared[output.name].datatype not in _STRUCT_CODES:
-                raise InvalidArgument(f"output '{output.name}' is not a score vector [-1, classes]; "
-                                      "classification applies to those")
-        wanted.append(RequestedOutput(output.name, class_count))
-    return tuple(wanted)
+    wanted = requested_among(request, list(declared), f"model {info.model.name} has {list(declared)}")
+    for output in wanted:
+        if output.class_count and (len(declared[output.name].dims) != 2
+                                   or declared[output.name].datatype not in _STRUCT_CODES):
+            raise InvalidArgument(f"output '{output.name}' is not a score vector [-1, classes]; "
+                                  "classification applies to those")
+    return wanted
 
 
 def encode_outputs(response: kserve.ModelInferResponse, requested: Sequence[RequestedOutput],
