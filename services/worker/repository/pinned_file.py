@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from services.worker.repository.json_fields import JsonFields
 
@@ -22,7 +22,7 @@ class PinnedFile:
     sha256: str  # lowercase hex digest of its bytes
 
     @classmethod
-    def from_json(cls, p: JsonFields) -> PinnedFile:
+    def from_json(cls, p: JsonFields) -> Self:
         p.allow_only("file", "sha256")
         name = p.text("file")
         if "/" in name or "\\" in name or name.startswith("."):

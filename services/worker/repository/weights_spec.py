@@ -12,29 +12,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.worker.repository.json_fields import JsonFields
-from services.worker.repository.pinned_file import SHA256_RE, PinnedFile
+from services.worker.repository.pinned_file import PinnedFile
 
 TORCH = "torch"  # a torch.save'd state_dict, read with weights_only=True (no arbitrary unpickling)
 SAFETENSORS = "safetensors"  # a Hugging Face checkpoint's *.safetensors, memory-mapped (no pickle)
 
 
 @dataclass(frozen=True)
-class WeightsRef:
-    """A torch state_dict in one file of the version directory."""
-
-    file: str  # a file name inside the version directory
-    sha256: str  # lowercase hex digest of the file's bytes
-
-    @classmethod
-    def from_json(cls, w: JsonFields) -> WeightsRef:
-        w.allow_only("file", "sha256")
-        weights_file = w.text("file")
-        if "/" in weights_file or "\\" in weights_file or weights_file.startswith("."):
-            raise w.fail("file", f"must be a plain file name inside the version directory, got {weights_file!r}")
-        return cls(weights_file, w.text("sha256", SHA256_RE))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "sha256": self.sha256}
+class WeightsRef(PinnedFile):
+    """A torch state_dict in one file of the version directory: a pinned file, block and all."""
 
 
 @dataclass(frozen=True)
