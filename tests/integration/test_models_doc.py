@@ -1,60 +1,27 @@
 """docs/models.md "Serve your own TorchScript or ONNX model", run as written.
 
-Every ```bash block of the section runs, in order, in one bash in a fresh directory, with the
-repository's python first on PATH. The one change: the ports in step 3's `export` line become
-free ones, so the walk-through can run beside other tests. Whatever the script leaves running is
-ended with its process group.
+Every ```bash block of the section runs, in order, in one bash in a fresh directory
+(tests/support/doc_walkthrough.py). The one change: the ports in step 3's `export` line become
+free ones, so the walk-through can run beside other tests.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from tools.testbed.processes import free_port
+from tests.support.doc_walkthrough import bash_blocks, run_script, with_free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parents[2]
 SECTION = "## Serve your own TorchScript or ONNX model"
-PORTS_LINE = re.compile(r"^export SCHEDULER_PORT=\d+ WORKER_PORT=\d+ GATEWAY_PORT=\d+ HTTP_PORT=\d+$", re.MULTILINE)
-
-
-def walkthrough() -> str:
-    text = (ROOT / "docs" / "models.md").read_text()
-    section = text[text.index(SECTION):]
-    following = section.find("\n## ", len(SECTION))
-    section = section if following < 0 else section[:following]
-    blocks = re.findall(r"^```bash\n(.*?)^```$", section, flags=re.MULTILINE | re.DOTALL)
-    assert len(blocks) == 4, "the walk-through has four steps with commands"
-    return "\n".join(blocks)
 
 
 def test_the_walkthrough_runs_as_written(tmp_path):
-    script = walkthrough()
-    assert len(PORTS_LINE.findall(script)) == 1
-    ports = (free_port(), free_port(), free_port(), free_port())
-    script = PORTS_LINE.sub("export SCHEDULER_PORT={} WORKER_PORT={} GATEWAY_PORT={} HTTP_PORT={}".format(*ports),
-                            script)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen(["bash", "-e", "-c", script], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = process.communicate(timeout=240)
-    finally:
-        try:
-            os.killpg(process.pid, signal.SIGTERM)  # the services, if the script stopped before its `kill`
-        except ProcessLookupError:
-            pass
-    logs = "".join(f"\n--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(tmp_path.glob("*.log")))
-    assert process.returncode == 0, err + logs
+    script = with_free_ports(bash_blocks("models.md", SECTION, num_blocks=4))
+    run = run_script(script, cwd=tmp_path, timeout_s=240)
+    assert run.returncode == 0, run.err_and_logs
+    out = run.out
     lines = [line for line in out.splitlines() if line.startswith(("imported", "[", "{"))]
     assert lines[0] == "imported iris.onnx as iris/1 in my_models/iris/1", out
     assert lines[1] == "[{'name': 'x', 'datatype': 'FP32', 'dims': [-1, 4]}]"
