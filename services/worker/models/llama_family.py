@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.worker.models.dense import dense_forward
 from services.worker.models.llama_config import Llama3RopeScaling, LlamaFamilyConfig
 from services.worker.models.transformer import Rotary, apply_rope
 
@@ -125,16 +126,7 @@ class LlamaFamilyLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Dense causal reference: `input_ids int64[B, T]` (positions 0..T-1) → logits `float32[B, T, vocab]`."""
-        rope = self.rotary(torch.arange(input_ids.shape[1], device=input_ids.device))
-        x = self.embed(input_ids)
-        for layer in self.blocks():
-            q, k, v = layer.qkv(x, rope)
-            attn = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
-            )
-            x = x + layer.attn_out(attn.transpose(1, 2))
-            x = x + layer.mlp(x)
-        return self.logits(x)
+        return dense_forward(self, input_ids)
 
 
 def rope_inv_freq(config: LlamaFamilyConfig, device: torch.device) -> torch.Tensor:

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.worker.models.dense import dense_forward
+
 
 @dataclass(frozen=True)
 class TransformerConfig:
@@ -144,15 +146,4 @@ class DecoderLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Dense causal reference: `input_ids int64[B, T]` (positions 0..T-1) → logits `float32[B, T, vocab]`."""
-        _, num_tokens = input_ids.shape
-        rope = self.rotary(torch.arange(num_tokens, device=input_ids.device))
-        x = self.embed(input_ids)
-        for layer in self.blocks():
-            q, k, v = layer.qkv(x, rope)
-            # SDPA wants [B, heads, T, hs]; GQA by sharing each KV head across its query group.
-            attn = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
-            )
-            x = x + layer.attn_out(attn.transpose(1, 2))
-            x = x + layer.mlp(x)
-        return self.logits(x)
+        return dense_forward(self, input_ids)
