@@ -177,7 +177,7 @@ def _weights(shipped_path: Path, rebuilt_path: Path, limit: float) -> tuple[list
         if not relative <= limit:
             problems.append(f"weight {key}: relative L2 difference {relative:.4f} > {limit}")
     findings = [f"weights: {len(shipped)} tensors, same names, shapes and dtypes; largest relative L2 "
-                f"difference {worst:.3g} ({worst_name}), tolerance {limit}"] if not problems else []
+                f"difference {worst:.3g} ({worst_name or 'every tensor equal'}), tolerance {limit}"] if not problems else []
     return findings, problems
 
 
