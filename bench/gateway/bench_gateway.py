@@ -38,12 +38,11 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.gateway.classify_load import drive
-from bench.harness.cpu import CLOCK_TICKS_PER_S, cpu_seconds
+from bench.harness.cpu import CLOCK_TICKS_PER_S, busy_cpu_s, cpu_seconds, idle_rates
 from bench.harness.results import RESULTS_DIR, write_report
 from services.gateway.tenants.directory import hash_api_key
 from tools.testbed.processes import free_port, running_mesh, wait_until
@@ -110,7 +109,7 @@ def measure(phase: str, pid: int, address: str, api_key: str, num_requests: int,
             idle_cpu_per_s: float) -> PhaseResult:
     cpu_before = cpu_seconds(pid)
     codes, wall_s = asyncio.run(drive(address, api_key, num_requests, concurrency))
-    cpu_s = max(0.0, cpu_seconds(pid) - cpu_before - idle_cpu_per_s * wall_s)
+    cpu_s = busy_cpu_s(pid, cpu_before, idle_cpu_per_s, wall_s)
     return PhaseResult(
         phase=phase,
         num_requests=num_requests,
@@ -147,9 +146,7 @@ def run_mesh(env: dict[str, str], num_admitted: int, num_rejected: int, concurre
         mesh.start_gateway("--tenants-file", str(tenants), "--log-level", "WARNING")
         pid, address = mesh.gateway.proc.pid, mesh.gateway.address
         asyncio.run(drive(address, BENCH_KEY, 200, concurrency))  # warm up channels, caches, code paths
-        idle_before = cpu_seconds(pid)
-        time.sleep(idle_s)
-        idle_cpu_per_s = (cpu_seconds(pid) - idle_before) / idle_s
+        idle_cpu_per_s = idle_rates({"gateway": pid}, idle_s)["gateway"]
         phases = [
             measure("admitted", pid, address, BENCH_KEY, num_admitted, concurrency, idle_cpu_per_s),
             measure("rejected: quota", pid, address, FLOOD_KEY, num_rejected, concurrency, idle_cpu_per_s),

@@ -43,7 +43,7 @@ from pathlib import Path
 import grpc
 
 from bench.gateway.classify_load import classify_codes
-from bench.harness.cpu import cpu_seconds
+from bench.harness.cpu import busy_cpu_s, cpu_seconds, idle_rates
 from bench.harness.results import RESULTS_DIR, write_report
 from services.gateway.tenants.directory import hash_api_key
 from tools.dev_ca import DevCA, IssuedCert
@@ -90,13 +90,7 @@ def measure(pid: int, idle_cpu_per_s: float, run: Callable[[], dict[str, int]], 
     wall_s = time.perf_counter() - began
     if codes != {expect: num_requests}:
         raise RuntimeError(f"expected {num_requests} x {expect}, got {codes}")
-    return max(0.0, cpu_seconds(pid) - cpu_before - idle_cpu_per_s * wall_s) / num_requests * 1e6
-
-
-def idle_rate(pid: int, idle_s: float) -> float:
-    before = cpu_seconds(pid)
-    time.sleep(idle_s)
-    return (cpu_seconds(pid) - before) / idle_s
+    return busy_cpu_s(pid, cpu_before, idle_cpu_per_s, wall_s) / num_requests * 1e6
 
 
 def run(num_admitted: int, num_refused: int, concurrency: int, rounds: int, idle_s: float) -> dict:
@@ -144,7 +138,7 @@ def run(num_admitted: int, num_refused: int, concurrency: int, rounds: int, idle
         }
         for gateway, caller, _ in phases.values():  # warm channels, code paths and the token cache
             asyncio.run(drive(gateway.address, ca_pem, caller, 200, concurrency))
-        idle = {p.name: idle_rate(p.proc.pid, idle_s) for p in (today, identity)}
+        idle = idle_rates({p.name: p.proc.pid for p in (today, identity)}, idle_s)
         samples: dict[str, list[float]] = {name: [] for name in phases}
         for _ in range(rounds):
             for name, (gateway, caller, count) in phases.items():

@@ -40,7 +40,7 @@ from pathlib import Path
 import grpc
 
 from bench.gateway.classify_load import drive
-from bench.harness.cpu import cpu_seconds
+from bench.harness.cpu import busy_cpu_s, cpu_seconds, idle_rates
 from bench.harness.results import RESULTS_DIR, write_report
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tools.testbed.gateway_fixtures import spawn_gateway
@@ -104,16 +104,10 @@ async def drive_generate(address: str, num_requests: int, concurrency: int, max_
         return num_ok, num_tokens, wall_s
 
 
-def idle_rates(pids: dict[str, int], idle_s: float) -> dict[str, float]:
-    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-    time.sleep(idle_s)
-    return {name: (cpu_seconds(pid) - before[name]) / idle_s for name, pid in pids.items()}
-
-
 def measure(round_: int, mode: str, phase: str, pids: dict[str, int], idle: dict[str, float], run) -> Phase:
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     num_requests, num_ok, num_tokens, wall_s = run()
-    cpu_us = {name: max(0.0, cpu_seconds(pid) - before[name] - idle[name] * wall_s) * 1e6 for name, pid in pids.items()}
+    cpu_us = {name: busy_cpu_s(pid, before[name], idle[name], wall_s) * 1e6 for name, pid in pids.items()}
     units = num_tokens if phase.startswith("generate") else num_ok
     return Phase(
         round=round_, mode=mode, phase=phase, num_requests=num_requests, num_ok=num_ok, num_tokens=num_tokens,
