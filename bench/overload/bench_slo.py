@@ -1,0 +1,212 @@
+"""Goodput under latency objectives: admission on predicted TTFT vs deadlines alone, in the same run.
+
+    .venv/bin/python -m bench.overload.bench_slo [--quick] [--generators mock,tinylm] [--output PATH]
+
+For each generator (a mock whose step takes step_ms + per_token_us x tokens, so it grows with the
+batch as a GPU's does; tinylm on CPU), starts a scheduler, one worker and two gateways on the same
+scheduler: one admitting on predicted TTFT (the default) and one with --slo-admission false
+(deadlines alone). Streams are two classes mixed 1:1: interactive (tenant gen-critical, TTFT 200
+ms, TPOT 50 ms) and batch (tenant gen-sheddable, TTFT 5 s, TPOT 1 s); each request carries its
+targets in GenerateRequest.objectives. The peak is the streams/s 48 closed-loop interactive clients
+complete through the deadline-only gateway. Then 0.5x, 1x, 2x and 4x the peak are offered open-loop
+(Poisson) to each gateway in turn. Goodput (DistServe): streams meeting both of their targets per
+second, TTFT measured from the scheduled send time, TPOT as (end - first token) / (tokens - 1).
+The gateways' smoothed predicted and measured TTFT per class (infermesh_gateway_objective_ttft_seconds)
+are read at the end of each window: the predictor's error.
+
+Prints a table and writes bench/results/overload_slo.json. The box is shared: say so with figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.harness.load_plan import RequestTemplate, Rpc, Stream
+from bench.harness.load_pool import ClosedLoopJob, LoadPool
+from bench.harness.mesh_ready import WORKER_ENV, wait_attached
+from bench.harness.results import MODEL_REPO, RESULTS_DIR, finite, write_report
+from bench.harness.send_result import SendResult
+from bench.harness.stats import quantile
+from bench.overload.bench_overload import KEYS, MAX_LOAD_PROCS, QUICK, TENANTS_PATH, Bench, Profile, _commit
+from infermesh.v1 import common_pb2, gateway_pb2
+from loadtest.payloads import make_prompt
+from tools.testbed.processes import ServiceProcess, free_port, running_mesh
+
+RESULTS_PATH = RESULTS_DIR / "overload_slo.json"
+MULTIPLES = (0.5, 1.0, 2.0, 4.0)
+CLOSED_LOOP_CLIENTS = 48
+
+
+@dataclass(frozen=True)
+class StreamClass:
+    name: str
+    tenant: str
+    ttft_ms: int
+    tpot_ms: int
+    deadline_s: float
+
+
+INTERACTIVE = StreamClass("interactive", "gen-critical", 200, 50, 5.0)
+BATCH = StreamClass("batch", "gen-sheddable", 5000, 1000, 30.0)
+GENERATORS = {
+    # model name, worker flags
+    "mock": ("mock-generator", ("--mock-profile", "step_ms=10,per_token_us=200,max_num_seqs=32,num_kv_blocks=2048")),
+    "tinylm": ("tinylm", ("--model-repository", str(MODEL_REPO), "--max-num-seqs", "32")),
+}
+
+
+def templates(model: str, cls: StreamClass, seed: int, num: int = 300) -> tuple[RequestTemplate, ...]:
+    """Greedy, EOS ignored, prompts of 8-48 bytes, max_tokens 8-64, the class's targets in the request."""
+    rng = np.random.default_rng([seed, 17])
+    out = []
+    for i in range(num):
+        request = gateway_pb2.GenerateRequest(
+            model=common_pb2.ModelRef(name=model), prompt=make_prompt(int(rng.integers(8, 49)), rng),
+            sampling=common_pb2.SamplingParams(max_tokens=int(rng.integers(8, 65)), temperature=0.0, ignore_eos=True,
+                                               seed=i),
+            objectives=gateway_pb2.LatencyObjectives(ttft_ms=cls.ttft_ms, tpot_ms=cls.tpot_ms))
+        out.append(RequestTemplate(Rpc.GENERATE, request.SerializeToString(), KEYS[cls.tenant], cls.name,
+                                   cls.deadline_s))
+    return tuple(out)
+
+
+def meets(result: SendResult, cls: StreamClass) -> bool:
+    if not result.ok or result.ttft_s is None:
+        return False
+    tpot_s = (result.latency_s - result.ttft_s) / (result.num_tokens - 1) if result.num_tokens > 1 else 0.0
+    return result.ttft_s * 1000 <= cls.ttft_ms and tpot_s * 1000 <= cls.tpot_ms
+
+
+def summarize(results: list[SendResult], window_s: float) -> dict:
+    out: dict = {"num_streams": len(results), "goodput_per_s": 0.0}
+    for cls in (INTERACTIVE, BATCH):
+        mine = [r for r in results if r.tenant == cls.name]
+        ttft_ms = [1000 * r.ttft_s for r in mine if r.ok and r.ttft_s is not None]
+        good = sum(meets(r, cls) for r in mine)
+        out[cls.name] = {"offered": len(mine), "ok": sum(r.ok for r in mine),
+                         "refused": sum(r.status == "RESOURCE_EXHAUSTED" for r in mine),
+                         "other_errors": sum(not r.ok and r.status != "RESOURCE_EXHAUSTED" for r in mine),
+                         "met_both": good, "goodput_per_s": good / window_s,
+                         "ttft_p50_ms": quantile(ttft_ms, 0.5), "ttft_p99_ms": quantile(ttft_ms, 0.99)}
+        out["goodput_per_s"] += good / window_s
+    return out
+
+
+def ttft_gauges(metrics_port: int) -> dict[str, float]:
+    """The gateway's smoothed predicted / measured TTFT per class, ms."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "infermesh_gateway_objective_ttft_seconds":
+            for sample in family.samples:
+                out[f"{sample.labels['priority']}_{sample.labels['source']}_ms"] = 1000 * sample.value
+    return out
+
+
+@contextmanager
+def mesh(generator: str) -> Iterator[dict]:
+    model, worker_args = GENERATORS[generator]
+    with tempfile.TemporaryDirectory(prefix="bench-slo-") as tmp, running_mesh(Path(tmp), tls=False) as m:
+        m.start_scheduler("--log-level", "WARNING")
+        m.start_worker(model, "--log-level", "WARNING", *worker_args, env=WORKER_ENV)
+        wait_attached(m.scheduler.address, 1)
+        slo_metrics, deadline_metrics = free_port(), free_port()
+        common = ("--tenants-file", str(TENANTS_PATH), "--log-level", "WARNING", "--pressure-poll-interval-ms", "100")
+        m.start_gateway(*common, "--metrics-port", str(slo_metrics))
+        port = free_port()
+        deadline_only = ServiceProcess("gateway-deadline", "gateway", port,
+                                       ["--scheduler-address", m.scheduler.address, *common,
+                                        "--metrics-port", str(deadline_metrics), "--slo-admission", "false"],
+                                       dict(m.env), Path(tmp) / "gateway-deadline.log", tls=False)
+        m.processes.append(deadline_only.start())
+        deadline_only.wait_serving()
+        for address in (m.gateway.address, deadline_only.address):
+            _wait_serves(address, templates(model, INTERACTIVE, 0, 1)[0])
+        yield {"model": model, "slo": (m.gateway.address, slo_metrics),
+               "deadline": (deadline_only.address, deadline_metrics),
+               "pids": {p.name: p.proc.pid for p in m.processes}}
+
+
+def _wait_serves(address: str, template: RequestTemplate, timeout_s: float = 60.0) -> None:
+    give_up = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        generate = channel.unary_stream("/infermesh.v1.Inference/Generate")
+        while True:
+            try:
+                list(generate(template.body, timeout=10, metadata=(("authorization", f"Bearer {template.api_key}"),)))
+                return
+            except grpc.RpcError as err:
+                if time.monotonic() > give_up:
+                    raise TimeoutError(f"gateway {address} did not serve: {err.code().name}") from err
+                time.sleep(0.2)
+
+
+def run_generator(generator: str, pool: LoadPool, profile: Profile) -> dict:
+    with mesh(generator) as started:
+        model = started["model"]
+        interactive, batch = templates(model, INTERACTIVE, 1), templates(model, BATCH, 2)
+        benches = {name: Bench(started[name][0], pool, profile, started["pids"]) for name in ("slo", "deadline")}
+        job = ClosedLoopJob(interactive, CLOSED_LOOP_CLIENTS, 1.0 + profile.capacity_s)
+        results, _ = pool.closed_loop(started["deadline"][0], job)
+        peak_per_s = sum(r.ok and r.done_s >= 1.0 for r in results) / profile.capacity_s
+        print(f"{generator}: peak {peak_per_s:.1f} streams/s (closed loop, deadline-only gateway)", flush=True)
+        out: dict = {"peak_per_s": peak_per_s, "multiples": {}}
+        window_s = profile.warmup_s + profile.generate_s
+        for multiple in MULTIPLES:
+            rate_per_s = multiple * peak_per_s
+            row = {}
+            for name, bench in benches.items():
+                results = bench.replay([Stream(interactive, rate_per_s / 2, window_s),
+                                        Stream(batch, rate_per_s / 2, window_s)])
+                row[name] = summarize(results, profile.generate_s)
+                row[name]["gauges"] = ttft_gauges(started[name][1])
+                time.sleep(1.0)  # the batch class's long streams drain before the other gateway's window
+                print(f"  {multiple}x ({rate_per_s:.1f}/s) {name}: goodput {row[name]['goodput_per_s']:.2f}/s, "
+                      f"interactive TTFT p99 {row[name]['interactive']['ttft_p99_ms']:.0f} ms, "
+                      f"refused {row[name]['interactive']['refused']}+{row[name]['batch']['refused']}", flush=True)
+            out["multiples"][str(multiple)] = row
+        return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short windows (the only mode so far)")
+    parser.add_argument("--generators", default="mock,tinylm", help="comma-separated of mock, tinylm")
+    parser.add_argument("--output", type=Path, default=RESULTS_PATH)
+    args = parser.parse_args()
+    profile = QUICK
+    chosen = [g.strip() for g in args.generators.split(",") if g.strip()]
+    unknown = sorted(set(chosen) - set(GENERATORS))
+    if unknown:
+        parser.error(f"unknown generator(s) {', '.join(unknown)}; choose from {', '.join(GENERATORS)}")
+    report: dict = {"benchmark": "overload_slo", "commit": _commit(), "load_average_1m": os.getloadavg()[0],
+                    "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
+                    "classes": {c.name: c.__dict__ for c in (INTERACTIVE, BATCH)}, "generators": {}}
+    with LoadPool(MAX_LOAD_PROCS) as pool:
+        for generator in chosen:
+            report["generators"][generator] = run_generator(generator, pool, profile)
+    for generator, result in report["generators"].items():
+        peak = result["multiples"]["1.0"]
+        for name in ("slo", "deadline"):
+            base = peak[name]["goodput_per_s"]
+            ratios = [result["multiples"][str(m)][name]["goodput_per_s"] / base if base else float("nan")
+                      for m in (2.0, 4.0)]
+            print(f"{generator} {name}: goodput at 1x {base:.2f}/s; 2x {ratios[0]:.2f}x, 4x {ratios[1]:.2f}x of it")
+    write_report(args.output, finite(report))
+
+
+if __name__ == "__main__":
+    main()
