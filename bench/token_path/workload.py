@@ -53,13 +53,6 @@ def draw_prompt_and_length(rng: np.random.Generator) -> tuple[str, int]:
     return CORPUS[start:start + num_bytes], int(rng.integers(MIN_MAX_TOKENS, MAX_MAX_TOKENS + 1))
 
 
-def offered_tokens_per_s(requests: tuple[TokenRequest, ...], duration_s: float) -> float:
-    """Tokens the requests ask for per second of the schedule."""
-    if duration_s <= 0:
-        raise ValueError(f"duration_s must be > 0, got {duration_s}")
-    return sum(r.max_tokens for r in requests) / duration_s
-
-
 @dataclass(frozen=True)
 class LoadPhase:
     """One load the mesh and the baseline both get: open loop at `rate_per_s`, or closed loop
