@@ -23,4 +23,12 @@ NUMPY_DTYPES: dict[str, str] = {
     "FP16": "<f2", "FP32": "<f4", "FP64": "<f8",
 }
 
+# KServe datatype -> struct format character of one element (pack with "<": little-endian).
+STRUCT_CODES: dict[str, str] = {
+    "BOOL": "?",
+    "UINT8": "B", "UINT16": "H", "UINT32": "I", "UINT64": "Q",
+    "INT8": "b", "INT16": "h", "INT32": "i", "INT64": "q",
+    "FP16": "e", "FP32": "f", "FP64": "d",
+}
+
 DATATYPES: tuple[str, ...] = tuple(ELEMENT_SIZE_BYTES)

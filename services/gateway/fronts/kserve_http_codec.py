@@ -25,14 +25,14 @@ from google.protobuf.message import Message
 
 from inference import grpc_predict_v2_pb2 as kserve
 from services.common.errors import InvalidArgument
+from services.common.tensor_datatypes import STRUCT_CODES
 from services.gateway.fronts import json_body
 from services.gateway.kserve.codec import class_count, pack_bytes_tensor, unpack_bytes_tensor
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BINARY_SIZE = "binary_data_size"
-_INTEGER_TYPES = {"UINT8": "B", "INT8": "b", "UINT16": "H", "INT16": "h", "UINT32": "I", "INT32": "i",
-                  "UINT64": "Q", "INT64": "q"}
-_FLOAT_TYPES = {"FP16": "e", "FP32": "f", "FP64": "d"}
+_INTEGER_TYPES = {d: code for d, code in STRUCT_CODES.items() if d.startswith(("INT", "UINT"))}
+_FLOAT_TYPES = {d: code for d, code in STRUCT_CODES.items() if d.startswith("FP")}
 
 
 @dataclass(frozen=True)

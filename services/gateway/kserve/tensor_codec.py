@@ -21,12 +21,9 @@ from dataclasses import dataclass
 from inference import grpc_predict_v2_pb2 as kserve
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common.errors import Internal, InvalidArgument
-from services.common.tensor_datatypes import ELEMENT_SIZE_BYTES
+from services.common.tensor_datatypes import ELEMENT_SIZE_BYTES, STRUCT_CODES
 from services.gateway.kserve.codec import RequestedOutput, pack_bytes_tensor, requested_among
 
-# struct codes of each datatype's elements (little-endian); FP16 is 'e'.
-_STRUCT_CODES = {"BOOL": "?", "UINT8": "B", "UINT16": "H", "UINT32": "I", "UINT64": "Q", "INT8": "b",
-                 "INT16": "h", "INT32": "i", "INT64": "q", "FP16": "e", "FP32": "f", "FP64": "d"}
 # The typed contents field each datatype's values travel in (KServe v2); FP16 has none: raw only.
 _CONTENTS_FIELD = {"BOOL": "bool_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
                    "UINT32": "uint_contents", "UINT64": "uint64_contents", "INT8": "int_contents",
@@ -107,7 +104,7 @@ def _typed_to_raw(name: str, datatype: str, contents: kserve.InferTensorContents
     if len(values) != num_elements:
         raise InvalidArgument(f"input '{name}' has {len(values)} elements in contents.{field}, expected {num_elements}")
     try:
-        return struct.pack(f"<{len(values)}{_STRUCT_CODES[datatype]}", *values)
+        return struct.pack(f"<{len(values)}{STRUCT_CODES[datatype]}", *values)
     except struct.error:
         raise InvalidArgument(f"input '{name}': a value is out of range for {datatype}") from None
 
@@ -123,7 +120,7 @@ def requested_outputs(request: kserve.ModelInferRequest, info: gateway_pb2.Model
     wanted = requested_among(request, list(declared), f"model {info.model.name} has {list(declared)}")
     for output in wanted:
         if output.class_count and (len(declared[output.name].dims) != 2
-                                   or declared[output.name].datatype not in _STRUCT_CODES):
+                                   or declared[output.name].datatype not in STRUCT_CODES):
             raise InvalidArgument(f"output '{output.name}' is not a score vector [-1, classes]; "
                                   "classification applies to those")
     return wanted
@@ -155,7 +152,7 @@ def encode_outputs(response: kserve.ModelInferResponse, requested: Sequence[Requ
 
 def _top_entries(data: bytes, datatype: str, shape: list[int], class_count: int, labels: Sequence[str]) -> list[bytes]:
     num_rows, num_classes = shape
-    values = struct.unpack(f"<{num_rows * num_classes}{_STRUCT_CODES[datatype]}", data)
+    values = struct.unpack(f"<{num_rows * num_classes}{STRUCT_CODES[datatype]}", data)
     entries = []
     for r in range(num_rows):
         row = values[r * num_classes:(r + 1) * num_classes]
