@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from infermesh.v1 import gateway_pb2_grpc
+from tests.support import side_venv
 from tools.testbed import session_tls
 from tools.testbed.processes import Mesh, running_mesh
 
@@ -25,3 +26,15 @@ def toy_mesh(tmp_path_factory) -> Mesh:
 def gateway_stub(toy_mesh: Mesh):
     with session_tls.channel(toy_mesh.gateway.address) as channel:
         yield gateway_pb2_grpc.InferenceStub(channel)
+
+
+def pytest_collection_finish(session) -> None:
+    """The side venvs (tests/support/side_venv.py) the collected tests need start building now, in the
+    background, instead of when their first test asks."""
+    for module in dict.fromkeys(item.module for item in session.items if hasattr(item, "module")):
+        if hasattr(module, "SIDE_VENV"):
+            side_venv.prebuild(*module.SIDE_VENV)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    side_venv.stop_building()

@@ -23,6 +23,8 @@ pytestmark = pytest.mark.integration
 
 # 2.71.0: the newest tritonclient that installs on Python 3.11 (2.72.0 requires 3.12).
 TRITONCLIENT_PIN = "2.71.0"
+# The HTTP client brings geventhttpclient. Built in the background from collection on (tests/conftest.py).
+SIDE_VENV = ("tritonclient", f"tritonclient[grpc,http]=={TRITONCLIENT_PIN}")
 SCRIPT = Path(__file__).with_name("triton_client_script.py")
 V2_SCRIPT = Path(__file__).with_name("triton_v2_script.py")
 API_KEY = "triton-test-key"
@@ -33,8 +35,7 @@ PREFERRED_BATCH_SIZES = (2, 4)
 
 @pytest.fixture(scope="session")
 def triton_python() -> Path:
-    # The HTTP client brings geventhttpclient.
-    return side_venv_python("tritonclient", f"tritonclient[grpc,http]=={TRITONCLIENT_PIN}")
+    return side_venv_python(*SIDE_VENV)
 
 
 @pytest.fixture(scope="module")

@@ -24,13 +24,14 @@ from tools.testbed.processes import free_port, running_mesh
 pytestmark = pytest.mark.integration
 
 TRITONCLIENT_PIN = "2.71.0"  # as test_tritonclient.py
+SIDE_VENV = ("tritonclient", f"tritonclient[grpc,http]=={TRITONCLIENT_PIN}")  # built from collection on
 SCRIPT = Path(__file__).with_name("triton_tensor_script.py")
 SERVED = (("cnn", CNN, "onnx"), ("mlp", MLP, "torchscript"), ("seq", SEQ, "onnx"), ("seq", SEQ, "torchscript"))
 
 
 @pytest.fixture(scope="module")
 def triton_python() -> Path:
-    return side_venv_python("tritonclient", f"tritonclient[grpc,http]=={TRITONCLIENT_PIN}")
+    return side_venv_python(*SIDE_VENV)
 
 
 def test_tritonclient_infers_each_tensor_model_from_its_metadata_alone(tmp_path, triton_python):

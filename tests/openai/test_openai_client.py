@@ -21,13 +21,14 @@ from tools.testbed.scheduler_fixtures import toy_continuation
 pytestmark = pytest.mark.integration
 
 OPENAI_PIN = "3.51.0"
+SIDE_VENV = ("openai", f"openai=={OPENAI_PIN}")  # built in the background from collection on (tests/conftest.py)
 SCRIPT = Path(__file__).with_name("openai_client_script.py")
 CHAT_ABC = "user: abc\nassistant:"
 
 
 @pytest.fixture(scope="session")
 def openai_python() -> Path:
-    return side_venv_python("openai", f"openai=={OPENAI_PIN}")
+    return side_venv_python(*SIDE_VENV)
 
 
 @pytest.fixture(scope="module")

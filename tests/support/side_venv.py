@@ -3,14 +3,22 @@
 Each lives at the repository root (`.venv-<name>/`, git-ignored), is built once from PyPI and is
 reused while its marker file names the same requirement. Where it cannot be built (no PyPI), the
 test that needs it is skipped with pip's last lines.
+
+A test module that needs one names it in SIDE_VENV = (name, requirement); once the session has
+collected its tests, tests/conftest.py starts those builds in the background (`prebuild`), so pip's
+downloads and unpacking (a minute or more each on a fresh clone of a loaded 2-core machine) overlap
+the tests that run first. `stop_building` (at the session's end) ends any pip still running.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -18,23 +26,92 @@ import pytest
 from tools.testbed.processes import ROOT
 
 
+class _Build(threading.Thread):
+    """One side venv's build; `python` when done, else `skip_reason` (or `error`: pip timed out)."""
+
+    def __init__(self, name: str, requirement: str) -> None:
+        super().__init__(name=f"side-venv-{name}", daemon=True)
+        self.venv_name, self.requirement = name, requirement
+        self.python: Path | None = None
+        self.skip_reason = ""
+        self.error: Exception | None = None
+        self._stopped = False
+        self._running: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        venv = ROOT / f".venv-{self.venv_name}"
+        python = venv / "bin" / "python"
+        marker = venv / f".installed-{re.sub(r'[^A-Za-z0-9.=-]+', '-', self.requirement)}"
+        if marker.exists():
+            self.python = python
+            return
+        shutil.rmtree(venv, ignore_errors=True)
+        steps = (
+            [sys.executable, "-m", "venv", str(venv)],
+            [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", self.requirement],
+        )
+        for step in steps:
+            with self._lock:
+                if self._stopped:
+                    self.skip_reason = "the session ended first"
+                    return
+                # Its own process group: venv runs ensurepip, and pip its build steps, as children.
+                self._running = subprocess.Popen(step, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                                 start_new_session=True)
+            try:
+                output, _ = self._running.communicate(timeout=240)
+            except subprocess.TimeoutExpired as exc:
+                _signal_group(self._running, signal.SIGKILL)
+                self._running.communicate()
+                self.error = exc  # the test errs, as it did when it built the venv itself
+                return
+            if self._running.returncode != 0:
+                shutil.rmtree(venv, ignore_errors=True)
+                tail = "\n".join(output.strip().splitlines()[-5:])
+                self.skip_reason = f"cannot install {self.requirement} into {venv.name}: {tail}"
+                return
+        marker.touch()
+        self.python = python
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            if self._running is not None and self._running.poll() is None:
+                _signal_group(self._running, signal.SIGTERM)
+        self.join(timeout=30)
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass  # ended meanwhile
+
+
+_builds: dict[tuple[str, str], _Build] = {}
+
+
+def prebuild(name: str, requirement: str) -> None:
+    """Starts building `.venv-<name>` with `requirement` in the background (once per session)."""
+    if (name, requirement) not in _builds:
+        build = _builds[(name, requirement)] = _Build(name, requirement)
+        build.start()
+
+
 def side_venv_python(name: str, requirement: str) -> Path:
     """The python of `.venv-<name>` with `requirement` installed (e.g. "openai==3.51.0")."""
-    venv = ROOT / f".venv-{name}"
-    python = venv / "bin" / "python"
-    marker = venv / f".installed-{re.sub(r'[^A-Za-z0-9.=-]+', '-', requirement)}"
-    if marker.exists():
-        return python
-    shutil.rmtree(venv, ignore_errors=True)
-    steps = (
-        [sys.executable, "-m", "venv", str(venv)],
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", requirement],
-    )
-    for step in steps:
-        done = subprocess.run(step, capture_output=True, text=True, timeout=240)
-        if done.returncode != 0:
-            shutil.rmtree(venv, ignore_errors=True)
-            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-5:])
-            pytest.skip(f"cannot install {requirement} into {venv.name}: {tail}")
-    marker.touch()
-    return python
+    prebuild(name, requirement)
+    build = _builds[(name, requirement)]
+    build.join()
+    if build.error is not None:
+        raise build.error
+    if build.python is None:
+        pytest.skip(build.skip_reason)
+    return build.python
+
+
+def stop_building() -> None:
+    """Ends every build still running (its venv is left without its marker, so the next run starts over)."""
+    for build in _builds.values():
+        build.stop()
