@@ -10,9 +10,11 @@ from tools.testbed import session_tls
 from tools.testbed.processes import Mesh, running_mesh
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def toy_mesh(tmp_path_factory) -> Mesh:
-    """Scheduler + gateway + one toy classifier and one toy generator worker."""
+    """Scheduler + gateway + one toy classifier and one toy generator worker, one for the session: the
+    modules that use it (contract tests, test_mesh.py) send it bad input and fake workers but never kill,
+    restart or reconfigure a process, and each start and stop costs seconds on a loaded 2-core machine."""
     tmp = tmp_path_factory.mktemp("toy-mesh")
     with running_mesh(tmp) as mesh:
         mesh.start_scheduler()
