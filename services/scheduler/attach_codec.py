@@ -28,12 +28,11 @@ from services.scheduler.attach_types import (
     StepOutcome,
     StepsCommand,
     StepSequenceContext,
-    TokenizerKind,
-    TokenizerSpec,
     WorkerCapacity,
     WorkerHello,
 )
 from services.scheduler.step_plan import SequenceStep, StepPlan
+from services.scheduler.tokenizer_spec import TokenizerKind, TokenizerSpec
 
 _KIND_FROM_WIRE = {
     common_pb2.MODEL_KIND_CLASSIFIER: ModelKind.CLASSIFIER,

@@ -23,10 +23,11 @@ from services.common.clock import Clock
 from services.common.protocol import ATTACH_PROTOCOL_VERSION, HF_TOKENIZER_PROTOCOL_VERSION
 from services.common.request_decoding import Undecodable
 from services.scheduler import attach_codec
-from services.scheduler.attach_types import ModelKind, TokenizerKind, TokenizerSpec, WorkerHello
+from services.scheduler.attach_types import ModelKind, WorkerHello
 from services.scheduler.model_registry import GeneratorEntry, ModelRegistry
 from services.scheduler.model_text import ModelText, build_model_text
 from services.scheduler.tokenizer_file import TokenizerFileAssembly, check_declared
+from services.scheduler.tokenizer_spec import TokenizerKind, TokenizerSpec
 from services.scheduler.worker_link import WorkerLink
 
 log = logging.getLogger(__name__)

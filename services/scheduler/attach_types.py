@@ -10,14 +10,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from services.common.errors import InfermeshError
 from services.common.timings import StageTime
+from services.scheduler.model_text import ModelText
 from services.scheduler.step_plan import StepPlan
-
-if TYPE_CHECKING:  # model_text.py reads TokenizerSpec from here
-    from services.scheduler.model_text import ModelText
+from services.scheduler.tokenizer_spec import TokenizerSpec
 
 
 @dataclass(frozen=True)
@@ -52,34 +51,6 @@ class WorkerCapacity:
     max_steps_in_flight: int = 0
     # Steps the worker takes in one command (run back to back, answered together); <= 1: one per command.
     max_steps_per_command: int = 0
-
-
-class TokenizerKind(enum.Enum):
-    BYTES = "bytes"
-    HF = "hf"
-
-
-@dataclass(frozen=True)
-class TokenizerSpec:
-    """What the worker declared; equal specs mean the same tokenizer (the file by its sha256)."""
-
-    vocab_size: int = 0
-    eos_token_id: int = 0
-    bos_token_id: int = 0
-    # None: a kind this scheduler does not know (check_hello refuses it).
-    kind: TokenizerKind | None = TokenizerKind.BYTES
-    # HF: tokenizer.json, whose bytes follow the hello (attach_session.py assembles them).
-    tokenizer_json_sha256: str = ""
-    tokenizer_json_size_bytes: int = 0
-    # tokenizer_config.json's add_bos_token / add_eos_token; None: not set there.
-    add_bos_token: bool | None = None
-    add_eos_token: bool | None = None
-    # (name, token) sorted by name: bos_token, eos_token, ... as the chat template sees them.
-    special_tokens: tuple[tuple[str, str], ...] = ()
-    # jinja2 source; "" when the model has none.
-    chat_template: str = ""
-    # HF: more ids that end a sequence as eos_token_id does.
-    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

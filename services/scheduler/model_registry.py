@@ -7,12 +7,13 @@ from dataclasses import dataclass, fields
 
 from services.common import errors
 from services.scheduler import metrics
-from services.scheduler.attach_types import ModelKind, TokenizerSpec, WorkerHello
+from services.scheduler.attach_types import ModelKind, WorkerHello
 from services.scheduler.classify_pool import ClassifyPool
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.generate_pool import GeneratePool
 from services.scheduler.model_text import ModelText
 from services.scheduler.step_scheduler import StepScheduler, StepSchedulerFactory
+from services.scheduler.tokenizer_spec import TokenizerSpec
 from services.scheduler.worker_link import ModelKey, WorkerLink
 
 log = logging.getLogger(__name__)

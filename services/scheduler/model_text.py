@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common import errors
-from services.scheduler.attach_types import TokenizerKind, TokenizerSpec
 from services.scheduler.chat_template import ChatTemplate
 from services.scheduler.hf_tokenizer import HFTokenizer, HFTokenizerSource
 from services.scheduler.tokenizer import ByteTokenizer, Tokenizer
+from services.scheduler.tokenizer_spec import TokenizerKind, TokenizerSpec
 
 # The template of byte-level models that declare none: the one the gateway applied to every model
 # before templates came with the models (a `<role>: <content>` line per message, then `assistant:`),

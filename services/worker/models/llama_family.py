@@ -29,7 +29,7 @@ from torch import nn
 
 from services.worker.models.dense import dense_forward
 from services.worker.models.llama_config import Llama3RopeScaling, LlamaFamilyConfig
-from services.worker.models.transformer import Rotary, apply_rope
+from services.worker.models.rope import Rotary, apply_rope
 
 COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

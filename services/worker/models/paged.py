@@ -28,7 +28,7 @@ from kernels import (
     write_kv_cache_host,
 )
 from kernels.backend import resolve_backend
-from services.worker.models.transformer import Rotary
+from services.worker.models.rope import Rotary
 
 
 class PagedBlock(Protocol):

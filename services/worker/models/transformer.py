@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.worker.models.dense import dense_forward
+from services.worker.models.rope import Rotary, apply_rope, rotary
 
 
 @dataclass(frozen=True)
@@ -57,29 +58,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-@dataclass(frozen=True)
-class Rotary:
-    """RoPE's cos and sin for a step's token positions, `[..., T, 1, head_size // 2]`: computed once
-    per forward and shared by every layer's q and k (they depend only on positions)."""
-
-    cos: torch.Tensor
-    sin: torch.Tensor
-
-
-def rotary(positions: torch.Tensor, head_size: int, theta: float) -> Rotary:
-    half = head_size // 2
-    inv_freq = theta ** (-torch.arange(half, dtype=torch.float32, device=positions.device) / half)
-    angles = positions.to(torch.float32)[..., None] * inv_freq  # [..., T, half]
-    return Rotary(angles.cos()[..., None, :], angles.sin()[..., None, :])  # broadcast over heads
-
-
-def apply_rope(x: torch.Tensor, rope: Rotary) -> torch.Tensor:
-    """Rotate `x[..., T, heads, head_size]` by its positions' angles (rotate-half form)."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * rope.cos - x2 * rope.sin, x2 * rope.cos + x1 * rope.sin), dim=-1)
 
 
 def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:

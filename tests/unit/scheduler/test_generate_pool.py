@@ -15,7 +15,6 @@ from services.scheduler.attach_types import (
     ModelKind,
     StepCommand,
     StepOutcome,
-    TokenizerSpec,
     WorkerCapacity,
     WorkerHello,
 )
@@ -24,6 +23,7 @@ from services.scheduler.fair_queue import TenantContext
 from services.scheduler.generate_pool import GeneratePool
 from services.scheduler.generate_stream import GenerateStream
 from services.scheduler.sequence import SamplingParams
+from services.scheduler.tokenizer_spec import TokenizerSpec
 from services.scheduler.worker_link import ModelKey, WorkerLink
 from tests.unit.scheduler.conftest import until_turns
 from tools.testbed.fake_clock import FakeClock

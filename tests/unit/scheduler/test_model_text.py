@@ -8,9 +8,9 @@ import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
-from services.scheduler.attach_types import TokenizerKind, TokenizerSpec
 from services.scheduler.call_codec import prompt_token_ids
 from services.scheduler.model_text import build_model_text
+from services.scheduler.tokenizer_spec import TokenizerKind, TokenizerSpec
 
 from .hf_tokenizer_files import byte_level_json, num_ids
 from .test_chat_template import CHATML
