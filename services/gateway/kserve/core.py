@@ -59,6 +59,7 @@ class KServeCore:
         self.statistics = statistics or ModelStatistics()
         self._clock = clock
         self._refreshed_s = float("-inf")
+        self._refreshing: asyncio.Task[None] | None = None
 
     # -- model-scoped reads ------------------------------------------------------------
 
@@ -111,14 +112,24 @@ class KServeCore:
         route = self._admission.parts.routing.model(name)  # NotFound when a routing table does not list it
         version = version or route.default_version
         info = self._find(name, version)
-        if info is None and self._clock() - self._refreshed_s >= _MIN_REFRESH_INTERVAL_S:
-            self._refreshed_s = self._clock()
-            await self._refresh_catalog()
+        if info is None:
+            await self._refreshed()
             info = self._find(name, version)
         if info is None:
             shown = f"{name}:{version}" if version else name
             raise errors.NotFound(f"model {shown!r} is not served here")
         return info
+
+    async def _refreshed(self) -> None:
+        """Wait for a catalog refresh: the one in flight if any (callers that miss together must
+        not fail while another's refresh is still under way), else a new one, at most every
+        _MIN_REFRESH_INTERVAL_S."""
+        if self._refreshing is None or self._refreshing.done():
+            if self._clock() - self._refreshed_s < _MIN_REFRESH_INTERVAL_S:
+                return
+            self._refreshed_s = self._clock()
+            self._refreshing = asyncio.ensure_future(self._refresh_catalog())
+        await asyncio.shield(self._refreshing)
 
     def _find(self, name: str, version: str) -> gateway_pb2.ModelInfo | None:
         versions = self._catalog.versions(name)
