@@ -21,7 +21,7 @@ from services.common.log_context import bind
 from services.common.protocol import DEFAULT_MAX_TOKENS
 from services.common.request_decoding import Undecodable
 from services.common.status import abort as abort_with
-from services.common.status import maps_domain_errors
+from services.common.status import maps_domain_errors, set_error_status
 from services.common.stream_options import stream_options
 from services.common.telemetry import (
     carrier_for,
@@ -90,7 +90,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def Classify(self, request: scheduler_pb2.ScheduleClassifyRequest, context) -> scheduler_pb2.ScheduleClassifyResponse:
         reply = scheduler_pb2.ScheduleClassifyResponse()
         parent = context_from_metadata(context.invocation_metadata())
-        await self._classify(request, parent, remaining_s(context), lambda: reply.response)
+        try:
+            await self._classify(request, parent, remaining_s(context), lambda: reply.response)
+        except errors.InfermeshError as exc:
+            # Refusals are most of a flood's calls: answered without an AbortError (set_error_status).
+            set_error_status(context, exc)
         return reply
 
     def classify_call(self, request: scheduler_pb2.ScheduleClassifyRequest, carrier: dict[str, str],
