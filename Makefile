@@ -112,13 +112,19 @@ demo: setup ## start the mesh, drive a 30 s mixed load, write a tail-latency rep
 		$(MESH_CLIENT_TLS); \
 		status=$$?; $(MAKE) --no-print-directory down; exit $$status
 
+# The suite runs in TEST_WORKERS pytest processes (pytest-xdist), a test file per process at a time so a
+# module's mesh starts once: most of the suite waits on service processes it started, so two processes
+# on the 2-core CI machine halve the wall time. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: setup lint typecheck ## lint, typecheck, then the whole suite (unit, contract, integration, reliability)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # Under CI=true make test takes the quick form of the slowest sweeps (tests/support/sweeps.py: the CUDA
 # kernels on the simulator, one case per kernel variant); test-all runs them whole wherever it runs.
 test-all: setup lint typecheck ## make test with every sweep whole, even under CI=true (CUDA simulator: every shape)
-	INFERMESH_TEST_ALL=1 $(PY) -m pytest $(PYTEST_ARGS)
+	INFERMESH_TEST_ALL=1 $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 lint: setup ## ruff
 	$(VENV)/bin/ruff check .

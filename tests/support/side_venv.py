@@ -12,6 +12,7 @@ overlap the tests that run first. `stop_building` (at the session's end) ends an
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -43,6 +44,13 @@ class _Build(threading.Thread):
     def run(self) -> None:
         if self.after is not None:
             self.after.join()
+        # Under pytest-xdist every test process may build the same venv: one builds, the others wait
+        # on the lock and then find its marker.
+        with open(ROOT / f".venv-{self.venv_name}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self._build()
+
+    def _build(self) -> None:
         venv = ROOT / f".venv-{self.venv_name}"
         python = venv / "bin" / "python"
         marker = venv / f".installed-{re.sub(r'[^A-Za-z0-9.=-]+', '-', self.requirement)}"
