@@ -22,9 +22,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,7 +43,7 @@ from bench.harness.results import MODEL_REPO, RESULTS_DIR, finite, write_report
 from bench.harness.send_result import SendResult
 from bench.harness.stats import quantile
 from bench.overload.bench_overload import KEYS, MAX_LOAD_PROCS, QUICK, TENANTS_PATH, Bench, Profile, _commit
-from infermesh.v1 import common_pb2, gateway_pb2
+from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
 from loadtest.payloads import make_prompt
 from tools.testbed.processes import ServiceProcess, free_port, running_mesh
 
@@ -83,11 +85,23 @@ def templates(model: str, cls: StreamClass, seed: int, num: int = 300) -> tuple[
     return tuple(out)
 
 
-def meets(result: SendResult, cls: StreamClass) -> bool:
-    if not result.ok or result.ttft_s is None:
-        return False
+def misses(result: SendResult, cls: StreamClass) -> str:
+    """What a served stream missed: "" (met both), "ttft", "tpot" or "both"."""
+    assert result.ttft_s is not None
     tpot_s = (result.latency_s - result.ttft_s) / (result.num_tokens - 1) if result.num_tokens > 1 else 0.0
-    return result.ttft_s * 1000 <= cls.ttft_ms and tpot_s * 1000 <= cls.tpot_ms
+    missed = [name for name, late in (("ttft", result.ttft_s * 1000 > cls.ttft_ms),
+                                      ("tpot", tpot_s * 1000 > cls.tpot_ms)) if late]
+    return "both" if len(missed) == 2 else "".join(missed)
+
+
+def meets(result: SendResult, cls: StreamClass) -> bool:
+    return result.ok and result.ttft_s is not None and not misses(result, cls)
+
+
+def refusal_reasons(results: list[SendResult]) -> dict[str, int]:
+    """Failures by status and the start of their message, numbers blanked: who refused, and why."""
+    reasons = Counter(f"{r.status}: {re.sub(r'[0-9.]+', '#', r.message)[:70]}" for r in results if not r.ok)
+    return dict(reasons.most_common())
 
 
 def summarize(results: list[SendResult], window_s: float) -> dict:
@@ -100,9 +114,39 @@ def summarize(results: list[SendResult], window_s: float) -> dict:
                          "refused": sum(r.status == "RESOURCE_EXHAUSTED" for r in mine),
                          "other_errors": sum(not r.ok and r.status != "RESOURCE_EXHAUSTED" for r in mine),
                          "met_both": good, "goodput_per_s": good / window_s,
+                         "missed": dict(Counter(misses(r, cls) or "none" for r in mine if r.ok and r.ttft_s is not None)),
+                         "failures": refusal_reasons(mine),
                          "ttft_p50_ms": quantile(ttft_ms, 0.5), "ttft_p99_ms": quantile(ttft_ms, 0.99)}
         out["goodput_per_s"] += good / window_s
     return out
+
+
+def ttft_error_buckets(metrics_port: int) -> dict[str, dict[float, float]]:
+    """The gateway's per-stream |measured - predicted| TTFT histogram per class: le -> cumulative count."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    out: dict[str, dict[float, float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "infermesh_gateway_objective_ttft_error_seconds":
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    out.setdefault(sample.labels["priority"], {})[float(sample.labels["le"])] = sample.value
+    return out
+
+
+def median_from_buckets(before: dict[float, float], after: dict[float, float]) -> float | None:
+    """The median of what a window added to a cumulative histogram, interpolated inside its bucket; None: empty."""
+    edges = sorted(after)
+    counts = [after[le] - before.get(le, 0.0) for le in edges]
+    if not counts or counts[-1] <= 0:
+        return None
+    half, lower, below = counts[-1] / 2, 0.0, 0.0
+    for le, count in zip(edges, counts, strict=True):
+        if count >= half:
+            if le == float("inf"):
+                return lower
+            return lower + (le - lower) * (half - below) / max(count - below, 1e-9)
+        lower, below = le, count
+    return None
 
 
 def ttft_gauges(metrics_port: int) -> dict[str, float]:
@@ -135,9 +179,23 @@ def mesh(generator: str) -> Iterator[dict]:
         deadline_only.wait_serving()
         for address in (m.gateway.address, deadline_only.address):
             _wait_serves(address, templates(model, INTERACTIVE, 0, 1)[0])
-        yield {"model": model, "slo": (m.gateway.address, slo_metrics),
+        yield {"model": model, "scheduler": m.scheduler.address, "slo": (m.gateway.address, slo_metrics),
                "deadline": (deadline_only.address, deadline_metrics),
                "pids": {p.name: p.proc.pid for p in m.processes}}
+
+
+def wait_drained(scheduler_address: str, timeout_s: float = 60.0) -> float:
+    """Until the scheduler holds no sequence (none queued, no KV block in use), so a window starts on an
+    empty mesh, not on the last one's backlog; the seconds it took."""
+    began = time.monotonic()
+    with grpc.insecure_channel(scheduler_address) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        while time.monotonic() - began < timeout_s:
+            reply = stub.GetPressure(scheduler_pb2.GetPressureRequest(), timeout=5)
+            if all(m.queue_depth == 0 and m.kv_usage == 0 for m in reply.models):
+                return time.monotonic() - began
+            time.sleep(0.1)
+    raise TimeoutError(f"scheduler {scheduler_address} still busy after {timeout_s} s")
 
 
 def _wait_serves(address: str, template: RequestTemplate, timeout_s: float = 60.0) -> None:
@@ -154,7 +212,7 @@ def _wait_serves(address: str, template: RequestTemplate, timeout_s: float = 60.
                 time.sleep(0.2)
 
 
-def run_generator(generator: str, pool: LoadPool, profile: Profile) -> dict:
+def run_generator(generator: str, pool: LoadPool, profile: Profile, multiples: tuple[float, ...]) -> dict:
     with mesh(generator) as started:
         model = started["model"]
         interactive, batch = templates(model, INTERACTIVE, 1), templates(model, BATCH, 2)
@@ -165,20 +223,38 @@ def run_generator(generator: str, pool: LoadPool, profile: Profile) -> dict:
         print(f"{generator}: peak {peak_per_s:.1f} streams/s (closed loop, deadline-only gateway)", flush=True)
         out: dict = {"peak_per_s": peak_per_s, "multiples": {}}
         window_s = profile.warmup_s + profile.generate_s
-        for multiple in MULTIPLES:
+        for multiple in multiples:
             rate_per_s = multiple * peak_per_s
             row = {}
-            for name, bench in benches.items():
+            # Interleaved: which gateway goes first alternates, so neither always runs on a hotter box.
+            order = list(benches) if len(out["multiples"]) % 2 == 0 else list(reversed(benches))
+            for name in order:
+                bench = benches[name]
+                row.setdefault("drain_s", {})[name] = wait_drained(started["scheduler"])
+                errors_before = ttft_error_buckets(started[name][1])
                 results = bench.replay([Stream(interactive, rate_per_s / 2, window_s),
                                         Stream(batch, rate_per_s / 2, window_s)])
                 row[name] = summarize(results, profile.generate_s)
                 row[name]["gauges"] = ttft_gauges(started[name][1])
-                time.sleep(1.0)  # the batch class's long streams drain before the other gateway's window
+                errors_after = ttft_error_buckets(started[name][1])
+                for cls, priority in ((INTERACTIVE, "critical"), (BATCH, "sheddable")):
+                    median_s = median_from_buckets(errors_before.get(priority, {}), errors_after.get(priority, {}))
+                    row[name][cls.name]["ttft_error_median_ms"] = None if median_s is None else 1000 * median_s
+                    row[name][cls.name]["ttft_error_median_of_target"] = (
+                        None if median_s is None else 1000 * median_s / cls.ttft_ms)
+                row[name]["load_average_1m"] = os.getloadavg()[0]
                 print(f"  {multiple}x ({rate_per_s:.1f}/s) {name}: goodput {row[name]['goodput_per_s']:.2f}/s, "
                       f"interactive TTFT p99 {row[name]['interactive']['ttft_p99_ms']:.0f} ms, "
-                      f"refused {row[name]['interactive']['refused']}+{row[name]['batch']['refused']}", flush=True)
+                      f"refused {row[name]['interactive']['refused']}+{row[name]['batch']['refused']}, "
+                      f"TTFT median abs error {_ms(row[name]['interactive']['ttft_error_median_ms'])} / "
+                      f"{_ms(row[name]['batch']['ttft_error_median_ms'])} ms, load {row[name]['load_average_1m']:.1f}",
+                      flush=True)
             out["multiples"][str(multiple)] = row
         return out
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 def main() -> None:
@@ -186,8 +262,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short windows (the only mode so far)")
     parser.add_argument("--generators", default="mock,tinylm", help="comma-separated of mock, tinylm")
     parser.add_argument("--output", type=Path, default=RESULTS_PATH)
+    parser.add_argument("--multiples", default=",".join(map(str, MULTIPLES)),
+                        help="comma-separated multiples of the peak to offer (1.0 is the reference)")
     args = parser.parse_args()
     profile = QUICK
+    multiples = tuple(float(m) for m in args.multiples.split(","))
     chosen = [g.strip() for g in args.generators.split(",") if g.strip()]
     unknown = sorted(set(chosen) - set(GENERATORS))
     if unknown:
@@ -197,14 +276,17 @@ def main() -> None:
                     "classes": {c.name: c.__dict__ for c in (INTERACTIVE, BATCH)}, "generators": {}}
     with LoadPool(MAX_LOAD_PROCS) as pool:
         for generator in chosen:
-            report["generators"][generator] = run_generator(generator, pool, profile)
+            report["generators"][generator] = run_generator(generator, pool, profile, multiples)
     for generator, result in report["generators"].items():
-        peak = result["multiples"]["1.0"]
+        rows = result["multiples"]
         for name in ("slo", "deadline"):
-            base = peak[name]["goodput_per_s"]
-            ratios = [result["multiples"][str(m)][name]["goodput_per_s"] / base if base else float("nan")
-                      for m in (2.0, 4.0)]
-            print(f"{generator} {name}: goodput at 1x {base:.2f}/s; 2x {ratios[0]:.2f}x, 4x {ratios[1]:.2f}x of it")
+            base = rows["1.0"][name]["goodput_per_s"] if "1.0" in rows else float("nan")
+            ratios = ", ".join(f"{m}x {rows[m][name]['goodput_per_s'] / base:.2f}x" for m in rows if m != "1.0" and base)
+            print(f"{generator} {name}: goodput at 1x {base:.2f}/s; {ratios} of it")
+            if "0.5" in rows and "2.0" in rows:
+                low, high = rows["0.5"][name]["interactive"]["ttft_p99_ms"], rows["2.0"][name]["interactive"]["ttft_p99_ms"]
+                if low and high:
+                    print(f"{generator} {name}: interactive TTFT p99 at 2x {high:.0f} ms = {high / low:.2f}x of 0.5x")
     write_report(args.output, finite(report))
 
 

@@ -168,12 +168,15 @@ class GeneratePool:
     # -- sequences -----------------------------------------------------------
 
     def submit(self, stream: GenerateStream, prompt_ids: tuple[int, ...], sampling: SamplingParams,
-               delivered_token_ids: tuple[int, ...] = (), ttft_target_s: float | None = None) -> None:
+               delivered_token_ids: tuple[int, ...] = (), ttft_target_s: float | None = None,
+               tpot_target_s: float | None = None) -> None:
         """`delivered_token_ids`: a continuation's tokens (StepScheduler.add_request).
         `ttft_target_s`: the request's TTFT target (GenerateRequest.objectives); a new stream goes to
         the routed worker if it is predicted to meet it, else to another that is, else is refused
         (latency_predictor.py): FailedPrecondition below one step alone, ResourceExhausted with the
-        excess as retry hint otherwise. A continuation already had its first token: no target."""
+        excess as retry hint otherwise. A continuation already had its first token: no target.
+        `tpot_target_s`: its TPOT target, which paces the steps it runs in (tpot_pacing.py); below one
+        step alone, FailedPrecondition at once."""
         loops = self._usable_loops()
         if not loops:
             raise errors.Unavailable(f"no worker serves model {self.model}", retry_after_s=1.0)
@@ -184,12 +187,14 @@ class GeneratePool:
                 f"model's max sequence length {max_seq_len}"
             )
         route = self._router.choose(prompt_ids + delivered_token_ids, stream.tenant.tenant_id, self._views(loops))
+        if tpot_target_s is not None and not delivered_token_ids:
+            self._check_tpot_meetable(loops, tpot_target_s)
         if ttft_target_s is not None and not delivered_token_ids:
             route = self._meeting(route, loops, len(prompt_ids), Priority(stream.tenant.priority), ttft_target_s)
         loop = route.worker
         stream.seq = loop.scheduler.add_request(
             stream.seq_id, prompt_ids, sampling, stream.tenant, deadline_s=stream.deadline_s,
-            delivered_token_ids=delivered_token_ids, block_hashes=route.block_hashes,
+            delivered_token_ids=delivered_token_ids, block_hashes=route.block_hashes, tpot_target_s=tpot_target_s,
         )
         self._note_prefilling(stream.seq, route)
         stream.resumed = bool(delivered_token_ids)
@@ -197,6 +202,15 @@ class GeneratePool:
         self._where[stream.seq_id] = loop
         loop.wake()
         self._update_gauges()
+
+    def _check_tpot_meetable(self, loops: list[WorkerLoop], tpot_target_s: float) -> None:
+        """FailedPrecondition when the TPOT target is below one step alone on the fastest worker: no token
+        can follow another sooner."""
+        least_s = min(loop.scheduler.latency.min_ttft_s() for loop in loops)
+        if tpot_target_s < least_s:
+            raise errors.FailedPrecondition(
+                f"TPOT target {tpot_target_s * 1000:g} ms cannot be met by model {self.model}: one step alone "
+                f"takes {least_s * 1000:.1f} ms on its fastest worker")
 
     def _meeting(self, route: Route[WorkerLoop], loops: list[WorkerLoop], num_prompt_tokens: int,
                  priority: Priority, ttft_target_s: float) -> Route[WorkerLoop]:

@@ -13,10 +13,13 @@ the term is dropped and the rest refitted, down to the mean step time the schedu
 
 `LatencyPredictor` turns the fit into the two numbers an objective is judged on:
 
-- TTFT of a new sequence: the prefill tokens queued ahead of it (at or above its class, minus what
-  the prefix cache already holds) plus its own uncached prompt tokens, computed at most
-  `max_num_batched_tokens` per step next to the running decodes, plus the step that samples its first
-  token;
+- TTFT of a new sequence: the steps until it has both a slot and its prompt computed, each step
+  timed next to the running decodes. Tokens: the prefill tokens queued ahead of it (at or above its
+  class, minus what the prefix cache already holds) plus its own uncached prompt tokens, computed at
+  most the step's token budget less the decodes per step. Slots: at `max_num_seqs` running, it waits
+  for sequences to finish (`steps_until_slot`): under overload the slots, not the tokens, are what a
+  newcomer waits for, and a prediction from tokens alone reads far too low;
+  Steps already in flight come first: a newcomer's first step is planned behind them;
 - TPOT: one decode step with the running sequences and this one.
 
 Pure: no clock, no I/O; the step loop feeds it each step's measured time.
@@ -24,11 +27,15 @@ Pure: no clock, no I/O; the step loop feeds it each step's measured time.
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 # Weight of one new step against the fit so far: ~200 steps of memory (a couple of seconds at 10 ms).
 DEFAULT_DECAY = 0.995
+# Sequences queued ahead that steps_until_slot() places one by one; the rest by their mean (bounded cost).
+MAX_SIMULATED_WAITING = 256
 # Ridge on the slopes, so a fit from nearly identical batches stays finite and near the mean.
 _RIDGE = 1e-6
 
@@ -137,21 +144,57 @@ class LatencyPredictor:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
 
-    def predict(self, *, num_tokens_ahead: int, num_prompt_tokens: int, num_running: int) -> LatencyPrediction:
+    def predict(self, *, num_tokens_ahead: int, num_prompt_tokens: int, num_running: int,
+                num_steps_to_slot: int = 0, token_budget: int | None = None,
+                num_steps_in_flight: int = 0) -> LatencyPrediction:
         """num_tokens_ahead: prefill tokens queued before it (cache hits already taken off);
         num_prompt_tokens: its own prompt tokens to compute (its cache hit taken off);
-        num_running: sequences decoding now, each taking a token of every step's budget."""
+        num_running: sequences decoding now, each taking a token of every step's budget;
+        num_steps_to_slot: steps before a slot is free for it (steps_until_slot);
+        token_budget: tokens a step computes at most (None: max_num_batched_tokens; less when steps are
+        paced to a TPOT target);
+        num_steps_in_flight: steps sent to the worker and not back: its first step goes behind them, and
+        on average the oldest is half done."""
+        budget = self.max_num_batched_tokens if token_budget is None else max(1, min(token_budget,
+                                                                                    self.max_num_batched_tokens))
         num_seqs = min(num_running + 1, self.max_num_seqs)
-        decode_tokens = min(num_running, self.max_num_batched_tokens - 1)
-        prefill_per_step = self.max_num_batched_tokens - decode_tokens
-        tokens = max(num_tokens_ahead, 0) + max(num_prompt_tokens, 1)
-        num_full_steps, last = divmod(tokens, prefill_per_step)
-        ttft_s = num_full_steps * self.model.step_time_s(num_seqs, self.max_num_batched_tokens)
-        if last:
-            ttft_s += self.model.step_time_s(num_seqs, decode_tokens + last)
+        decode_tokens = min(num_running, budget - 1)
+        prefill_per_step = budget - decode_tokens
+        own_tokens = max(num_prompt_tokens, 1)
+        tokens = max(num_tokens_ahead, 0) + own_tokens
+        # Each step costs its decodes' time; every prompt token ahead and its own is computed once in one of them.
+        num_steps: float = max(-(-tokens // prefill_per_step), num_steps_to_slot + -(-own_tokens // prefill_per_step))
+        if num_steps_in_flight > 0:
+            num_steps += num_steps_in_flight - 0.5
+        cost = self.model.cost
+        ttft_s = num_steps * cost.step_time_s(num_seqs, decode_tokens) + cost.per_token_s * tokens
         tpot_s = self.model.step_time_s(num_seqs, num_seqs)
         return LatencyPrediction(ttft_s=ttft_s, tpot_s=tpot_s)
 
     def min_ttft_s(self) -> float:
         """The least TTFT any request could have here: one step computing a one-token prompt alone."""
         return self.model.step_time_s(1, 1)
+
+
+def steps_until_slot(num_slots: int, running_steps_left: Iterable[int], waiting_steps: Iterable[int]) -> int:
+    """Steps before a new sequence gets one of `num_slots` slots: the running sequences it cannot
+    displace hold theirs for `running_steps_left` more steps each (tokens left to their max_tokens;
+    one that stops early frees it sooner), and each sequence queued ahead of it takes the first slot
+    to free for its own `waiting_steps`. 0: a slot is free now (or will be for it)."""
+    held = sorted(running_steps_left)
+    if len(held) < num_slots:
+        held = [0] * (num_slots - len(held)) + held
+    elif len(held) > num_slots:
+        held = held[len(held) - num_slots:]  # more running than slots: the longest hold what stays
+    if not held:
+        return 0
+    heapq.heapify(held)
+    rest: list[int] = []
+    for index, steps in enumerate(waiting_steps):
+        if index < MAX_SIMULATED_WAITING:
+            heapq.heapreplace(held, held[0] + max(steps, 1))
+        else:
+            rest.append(max(steps, 1))
+    if rest:  # a deep queue: every slot turns over len(rest) / slots more times, at their mean length
+        return held[0] + math.ceil(len(rest) * (sum(rest) / len(rest)) / len(held))
+    return held[0]

@@ -87,6 +87,10 @@ class Sequence:
     # recompute after preemption nor a cached prefix is billed (again).
     num_billed_prompt_tokens: int = 0
     first_token_s: float | None = None
+    # When its latest token came back (monotonic seconds, the scheduler's clock); None: none yet.
+    last_token_s: float | None = None
+    # Its TPOT target (GenerateRequest.objectives), seconds; None: none. Paces its decodes (tpot_pacing.py).
+    tpot_target_s: float | None = None
     # Prefix cache identity (prefix_cache.py): the tenant's salt, how many leading prompt tokens are a
     # public prefix, and the hashes of the full blocks hashed so far (they depend only on the tokens).
     cache_salt: bytes = b""

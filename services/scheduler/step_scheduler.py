@@ -55,7 +55,12 @@ from services.common.errors import DeadlineExceeded, InvalidArgument, ResourceEx
 from services.scheduler.continuation import check_continuation
 from services.scheduler.fair_queue import FairQueue, Priority, TenantContext
 from services.scheduler.kv_block_manager import KVBlockManager
-from services.scheduler.latency_predictor import LatencyPrediction, LatencyPredictor, StepTimeModel
+from services.scheduler.latency_predictor import (
+    LatencyPrediction,
+    LatencyPredictor,
+    StepTimeModel,
+    steps_until_slot,
+)
 from services.scheduler.output_stream import OutputStream, StreamChunk
 from services.scheduler.prefix_cache import (
     PrefixCacheKeys,
@@ -75,6 +80,7 @@ from services.scheduler.step_plan import SequenceDelta, SequenceStep, StepPlan
 from services.scheduler.step_scheduler_config import StepSchedulerConfig
 from services.scheduler.tenant_service import TenantService
 from services.scheduler.tokenizer import Tokenizer
+from services.scheduler.tpot_pacing import StepPace, step_pace
 
 
 class StepSchedulerFactory(Protocol):
@@ -136,13 +142,15 @@ class StepScheduler:
         deadline_s: float | None,
         delivered_token_ids: tuple[int, ...] = (),
         block_hashes: SequenceOf[int] = (),
+        tpot_target_s: float | None = None,
     ) -> Sequence:
         """`delivered_token_ids`: a continuation, output tokens the client already received from a
         stream that broke elsewhere (see continuation.py); they are prefilled with the prompt and
         never streamed again, and sampling and chunk indexes continue after them.
         `block_hashes`: the hashes of the sequence's leading full blocks if the caller already
         computed them with this scheduler's block size and keys (cache-aware routing did), so they
-        are not computed again."""
+        are not computed again. `tpot_target_s`: its TPOT target, which paces the steps it runs in
+        (tpot_pacing.py); None: none."""
         now = self._clock()
         self._check_admissible(seq_id, prompt_token_ids, sampling, tenant, deadline_s, now)
         stream = OutputStream(self._tokenizer, sampling.stop)
@@ -161,6 +169,7 @@ class StepScheduler:
             deadline_s=deadline_s,
             stream=stream,
             output_token_ids=list(delivered_token_ids),
+            tpot_target_s=tpot_target_s,
         )
         if self.config.enable_prefix_cache:
             seq.cache_salt = tenant_salt(tenant.tenant_id)
@@ -207,16 +216,19 @@ class StepScheduler:
         sequence samples only when its step reaches its end. So one step reads: expired sequences
         aborted, the running set given its next tokens (preempting when blocks run out), then
         waiting sequences admitted, unless the running set preempted (admitting right after
-        preempting would only thrash).
+        preempting would only thrash). Paced (tpot_pacing.py), the step stays within the tightest
+        TPOT target running, and the decodes that may skip a step for a higher class come last.
         """
         self._check_nothing_in_flight()
         now = self._clock()
         self._admission_blocked = False
         expired = self._abort_expired(now)
         step = StepBuilder(self.config.max_num_batched_tokens, self._service)
-        self._schedule_running(step)
+        pace = self._pace(now)
+        skipping = self._schedule_running(step, pace)
         if not step.preempted:
-            self._admit(step, now)
+            self._admit(step, now, pace=pace)
+        self._schedule_skipping(step, skipping, pace)
         return self._issue(step.build_steps(), now, expired=expired, preempted=step.preempted)
 
     def schedule_ahead(self) -> StepPlan | None:
@@ -236,7 +248,7 @@ class StepScheduler:
             step.pick_ahead(seq, start, num_generated, self.kv.allocate(seq.seq_id, start + 1))
         # Waiting sequences are admitted as far as room allows without preempting; one that finds no
         # room makes the step after this one wait for the result (schedule() may preempt for it).
-        self._admission_blocked = self._admit(step, now, may_preempt=False)
+        self._admission_blocked = self._admit(step, now, may_preempt=False, pace=self._pace(now))
         if not step.ahead and not step.picked:
             return None
         return self._issue(step.build_steps(), now)
@@ -410,9 +422,27 @@ class StepScheduler:
     def predicted_latency(self, priority: Priority, num_prompt_tokens: int = 1) -> LatencyPrediction:
         """TTFT and TPOT a new sequence of `priority` would see here: the prompt tokens queued at or
         above its class (the prefix cache's hits on them are known only once admitted, so counted
-        whole: a pessimistic wait) and its own, next to the sequences running now."""
+        whole: a pessimistic wait) and its own, next to the sequences running now, at the token budget
+        the tightest TPOT running allows (tpot_pacing.py), behind the steps in flight; and, with the
+        slots full, the steps until one is free for it. Running sequences of a lower class do not count (it
+        would preempt them), nor do the waiting ones of a lower class (admitted after it)."""
+        pace = self._pace(self._clock())
         return self.latency.predict(num_tokens_ahead=self._tokens_ahead(priority), num_prompt_tokens=num_prompt_tokens,
-                                    num_running=len(self._running))
+                                    num_running=len(self._running),
+                                    num_steps_to_slot=self._steps_until_slot(priority),
+                                    token_budget=None if pace is None else pace.token_budget(len(self._running)),
+                                    num_steps_in_flight=len(self._in_flight))
+
+    def _steps_until_slot(self, priority: Priority) -> int:
+        """Steps before a slot is free for a new sequence of `priority` (latency_predictor.steps_until_slot):
+        each sequence holds its slot for the tokens it has left to max_tokens (an upper bound: EOS and
+        stop strings end some sooner)."""
+        holding = [s.sampling.max_tokens - s.num_generated for s in self._running if s.priority <= priority]
+        if len(holding) + self.num_waiting < self.config.max_num_seqs:
+            return 0  # a slot is free for it however the queue ahead is admitted
+        ahead = (s.sampling.max_tokens - s.num_generated for s in (*self._preempted, *self._waiting)
+                 if s.priority <= priority)
+        return steps_until_slot(self.config.max_num_seqs, holding, ahead)
 
     def _tokens_ahead(self, priority: Priority) -> int:
         tokens_ahead = sum(s.num_uncomputed_tokens for s in self._preempted if s.priority <= priority)
@@ -450,22 +480,58 @@ class StepScheduler:
             self.abort(seq_id, AbortReason.DEADLINE_EXCEEDED)
         return expired
 
-    def _schedule_running(self, step: StepBuilder) -> None:
+    def _schedule_running(self, step: StepBuilder, pace: StepPace | None) -> list[Sequence]:
+        """Picks the running sequences; returns the decodes that may skip this step (`pace`), for
+        _schedule_skipping() once the rest of the step is planned."""
         # Decodes (one token) first, then prompt chunks; each by class, then least-served tenant, then age.
         order = sorted(self._running, key=lambda s: (s.num_uncomputed_tokens > 1, self._service_key(s)))
+        skipping = []
         for seq in order:
             if step.token_budget == 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
+            if pace is not None and pace.may_skip(seq):
+                skipping.append(seq)
+                continue
             long = self._is_long_prefill(seq)
             if long and self._long_prefills_full(step):
                 continue  # it keeps its blocks and resumes when an earlier long prompt is through
             num_new = self._num_tokens_to_compute(seq, step.token_budget)
+            if num_new > 1 and pace is not None:  # a prompt chunk is cut to the cap; a decode cannot be
+                num_new = min(num_new, self._tokens_allowed(step, pace))
+                if num_new == 0:
+                    continue
             num_tokens = seq.num_computed_tokens + num_new
             if self._make_room(seq, num_tokens, step):
                 step.pick(seq, num_new, self.kv.allocate(seq.seq_id, num_tokens))
                 step.num_long_prefills += long
+        return skipping
+
+    def _schedule_skipping(self, step: StepBuilder, skipping: list[Sequence], pace: StepPace | None) -> None:
+        """The decodes that could skip this step, by class then longest since their last token (so they
+        take turns), while the cap, the token budget and the free blocks allow (one left out is picked
+        next step: it never preempts to run now)."""
+        skipping.sort(key=lambda s: (int(s.priority), s.last_token_s or 0.0, s.seq_id))
+        for seq in skipping:
+            if step.token_budget == 0:
+                return
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted for a sequence picked or admitted before it
+            num_tokens = seq.num_computed_tokens + 1
+            if pace is not None and self._tokens_allowed(step, pace) < 1:
+                continue
+            if self.kv.can_allocate(seq.seq_id, num_tokens):
+                step.pick(seq, 1, self.kv.allocate(seq.seq_id, num_tokens))
+
+    def _pace(self, now: float) -> StepPace | None:
+        waiting_top = min((p for p in Priority if self.num_waiting_of(p)), default=None)
+        return step_pace(self.latency.model.cost, self._running, waiting_top, step_s=self.step_time_s, now_s=now)
+
+    def _tokens_allowed(self, step: StepBuilder, pace: StepPace) -> int:
+        """Tokens one more sequence may compute in `step` within the pace's cap."""
+        num_tokens = self.config.max_num_batched_tokens - step.token_budget
+        return pace.tokens_allowed(len(step.picked) + len(step.ahead), num_tokens)
 
     def _make_room(self, seq: Sequence, num_tokens: int, step: StepBuilder) -> bool:
         """Preempts running sequences (lowest class, most-served tenant, newest first) until `seq` fits;
@@ -477,9 +543,10 @@ class StepScheduler:
                 return False
         return True
 
-    def _admit(self, step: StepBuilder, now: float, *, may_preempt: bool = True) -> bool:
-        """Admits waiting sequences while the budget allows; True when one was left for lack of room
-        (slots or blocks) that preempting might have made (`may_preempt` False: a step planned ahead)."""
+    def _admit(self, step: StepBuilder, now: float, *, may_preempt: bool = True, pace: StepPace | None = None) -> bool:
+        """Admits waiting sequences while the budget (and the pace's cap) allows; True when one was left
+        for lack of room (slots or blocks) that preempting might have made (`may_preempt` False: a step
+        planned ahead)."""
         while step.token_budget > 0:
             seq = self._next_to_admit()
             if seq is not None and self._long_prefills_full(step) and self._is_long_admission(seq):
@@ -489,6 +556,10 @@ class StepScheduler:
             prefix = self._cached_prefix(seq)
             num_cached = len(prefix) * self.kv.block_size
             num_new = self._num_tokens_to_compute(seq, step.token_budget, start=num_cached)
+            if pace is not None:
+                num_new = min(num_new, self._tokens_allowed(step, pace))
+                if num_new == 0:
+                    return False  # the step is as long as the tightest TPOT running allows
             if not self._fits_unchunked(seq, num_new, start=num_cached):
                 return False
             num_tokens = num_cached + num_new
@@ -658,6 +729,7 @@ class StepScheduler:
         seq.output_token_ids.append(token_id)
         if seq.first_token_s is None:
             seq.first_token_s = now
+        seq.last_token_s = now
         if token_id in self._tokenizer.end_token_ids and not seq.sampling.ignore_eos:
             reason = FinishReason.EOS  # an end-of-sequence token is counted, never streamed
         elif seq.stream.append(token_id):

@@ -244,6 +244,9 @@ class RequestScope:
         latency = measure(self.began_s, first_token_s, self.last_token_s, self.num_tokens_sent)
         priority = self.priority.name.lower()
         metrics.OBJECTIVE_STREAMS.labels(self.metric_model, priority, judge(objective, latency).value).inc()
+        if self.predicted_ttft_s is not None:
+            metrics.OBJECTIVE_TTFT_ERROR.labels(self.metric_model, priority).observe(
+                abs(latency.ttft_s - self.predicted_ttft_s))
         for source, seconds in (("predicted", self.predicted_ttft_s), ("measured", latency.ttft_s)):
             if seconds is not None:
                 mean_s = _TTFT_MEANS.add(self.metric_model, priority, source, seconds)

@@ -5,8 +5,9 @@ their best worker (scheduler/latency_predictor.py), and the least TTFT any reque
 (one step computing one token alone); the pressure board keeps the best of them over every
 scheduler serving the model. A request is refused, before it holds any quota or slot:
 
-- FAILED_PRECONDITION when its TTFT target is below that least TTFT: no scheduler could ever meet
-  it, so waiting would not help (the message names both times);
+- FAILED_PRECONDITION when its TTFT target is below that least TTFT, or its TPOT target below it (one
+  step alone is also the fastest a token can follow another): no scheduler could ever meet it, so
+  waiting would not help (the message names both times);
 - RESOURCE_EXHAUSTED with a retry hint when even the best scheduler's prediction for its class is
   past its target: it would miss its target wherever it went. A class sees the prompt tokens
   queued at or above itself, so sheddable streams are refused first.
@@ -27,7 +28,7 @@ from services.gateway.routing.pressure import PressureReport
 
 
 class ObjectiveUnmeetable(FailedPrecondition):
-    """The TTFT target is below one step alone: no scheduler could ever meet it (HTTP 400)."""
+    """The TTFT or TPOT target is below one step alone: no scheduler could ever meet it (HTTP 400)."""
 
 
 class ObjectiveMissed(ResourceExhausted):
@@ -46,6 +47,10 @@ def check_ttft(model: str, priority: Priority, objective: LatencyObjective, repo
     if report.min_ttft_s > 0 and target_s < report.min_ttft_s:
         raise ObjectiveUnmeetable(
             f"TTFT target {objective.ttft_ms:g} ms cannot be met by model '{model}': one step alone takes "
+            f"{report.min_ttft_s * 1000:.1f} ms on its fastest worker")
+    if report.min_ttft_s > 0 and objective.tpot_ms / 1000 < report.min_ttft_s:
+        raise ObjectiveUnmeetable(
+            f"TPOT target {objective.tpot_ms:g} ms cannot be met by model '{model}': one step alone takes "
             f"{report.min_ttft_s * 1000:.1f} ms on its fastest worker")
     predicted_s = report.ttft_s(priority)
     if predicted_s is not None and predicted_s > target_s:

@@ -255,10 +255,20 @@ class GenerateCore:
                               check_request=check_request,
                               objective=lambda: request_override(wanted.ttft_ms, wanted.tpot_ms,
                                                                  caller.ttft_ms, caller.tpot_ms))
-        if scope.objective is not None:
-            send_objective(request, scope.objective)
+        forward_objective(request, scope.objective, self._admission.parts.ttft_admission)
         fix_seed(request.sampling, self._seed_source)
         return prompt_tokens
+
+
+def forward_objective(request: gateway_pb2.GenerateRequest, objective: LatencyObjective | None,
+                      judged: bool) -> None:
+    """What the scheduler is told of the request's targets: the resolved ones, which it judges and paces by
+    (`judged`); none, not even those the client sent, with admission on predicted latency off
+    (--slo-admission false: deadlines alone, end to end)."""
+    if objective is not None and judged:
+        send_objective(request, objective)
+    else:
+        request.ClearField("objectives")
 
 
 def send_objective(request: gateway_pb2.GenerateRequest, objective: LatencyObjective) -> None:

@@ -121,6 +121,13 @@ OBJECTIVE_TTFT = Gauge(
     "and measured at the gateway (source = predicted | measured).",
     ["model", "priority", "source"],
 )
+OBJECTIVE_TTFT_ERROR = Histogram(
+    "infermesh_gateway_objective_ttft_error_seconds",
+    "Per served stream with an objective: |TTFT measured at the gateway - TTFT predicted at admission| (the "
+    "predictor's error; its median against the class's target is the issue's criterion).",
+    ["model", "priority"],
+    buckets=(0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0),
+)
 CONCURRENCY_LIMIT = Gauge(
     "infermesh_gateway_concurrency_limit",
     "The model's adaptive concurrency limit (critical traffic may fill all of it).",

@@ -51,6 +51,13 @@ def test_a_target_below_one_step_alone_is_refused_at_once_as_never_meetable():
                                  "on its fastest worker")
 
 
+def test_a_tpot_target_below_one_step_alone_is_refused_at_once_as_never_meetable():
+    with pytest.raises(FailedPrecondition) as caught:
+        check_ttft("gen", Priority.CRITICAL, LatencyObjective(ttft_ms=200.0, tpot_ms=20.0), _report({}, 25.0))
+    assert str(caught.value) == ("TPOT target 20 ms cannot be met by model 'gen': one step alone takes 25.0 ms "
+                                 "on its fastest worker")
+
+
 def test_no_report_or_no_prediction_admits():
     check_ttft("gen", Priority.SHEDDABLE, INTERACTIVE, None)
     check_ttft("gen", Priority.SHEDDABLE, INTERACTIVE, _report({}, 0.0))

@@ -24,10 +24,12 @@ def _pool() -> GeneratePool:
     return GeneratePool(MODEL, hello("w0"), SchedulerConfig(), clock=clock, sleep=clock.sleep)
 
 
-def _submit(pool: GeneratePool, prompt: str, max_tokens: int, ttft_target_s: float | None) -> Reader:
+def _submit(pool: GeneratePool, prompt: str, max_tokens: int, ttft_target_s: float | None,
+            tpot_target_s: float | None = None) -> Reader:
     stream = GenerateStream(seq_id=WorkerLink.next_id(), tenant=TenantContext("t"), seed=0, trace_context={},
                             arrival_s=pool.clock(), deadline_s=None)
-    pool.submit(stream, tuple(prompt.encode()), SamplingParams(max_tokens=max_tokens), ttft_target_s=ttft_target_s)
+    pool.submit(stream, tuple(prompt.encode()), SamplingParams(max_tokens=max_tokens), ttft_target_s=ttft_target_s,
+                tpot_target_s=tpot_target_s)
     return Reader(stream)
 
 
@@ -43,6 +45,16 @@ async def test_a_target_below_one_step_alone_is_refused_at_once(pool):
                                                          r"one step alone takes 10\.0 ms"):
         _submit(pool, "abc", 4, 0.002)
     assert pool.queue_depth == 0, "never queued"
+
+
+async def test_a_tpot_target_below_one_step_alone_is_refused_at_once(pool):
+    await _warmed(pool)
+    with pytest.raises(errors.FailedPrecondition, match=r"TPOT target 4 ms cannot be met by model toy-generator:1: "
+                                                         r"one step alone takes 10\.0 ms"):
+        _submit(pool, "abc", 4, 1.0, tpot_target_s=0.004)
+    assert pool.queue_depth == 0, "never queued"
+    served = _submit(pool, "abc", 4, 1.0, tpot_target_s=0.050)
+    assert await served.read() == expected("abc", 4)
 
 
 async def test_a_stream_predicted_to_miss_behind_a_backlog_is_refused_with_a_hint_and_a_looser_one_admitted(pool):

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.latency_predictor import LatencyPredictor, StepCost, StepTimeModel
+from services.scheduler.latency_predictor import (
+    MAX_SIMULATED_WAITING,
+    LatencyPredictor,
+    StepCost,
+    StepTimeModel,
+    steps_until_slot,
+)
 
 
 def _gpu_like(num_seqs: int, num_tokens: int) -> float:
@@ -98,3 +104,52 @@ def test_a_constant_step_time_over_varied_batches_stays_constant_even_with_noise
     assert min(cost.base_s, cost.per_seq_s, cost.per_token_s) >= 0
     for num_seqs, num_tokens in ((1, 1), (32, 512)):
         assert model.step_time_s(num_seqs, num_tokens) == pytest.approx(0.02, rel=0.1)
+
+
+def test_with_a_free_slot_a_newcomer_waits_for_no_one_to_finish():
+    assert steps_until_slot(4, [10, 20, 30], []) == 0
+    assert steps_until_slot(4, [], [5, 5, 5]) == 0
+
+
+def test_with_every_slot_held_a_newcomer_waits_for_the_first_to_finish():
+    assert steps_until_slot(3, [30, 10, 20], []) == 10
+
+
+def test_sequences_queued_ahead_take_the_slots_that_free_first():
+    # Slots free at 10, 20, 30; the two ahead take 10 (-> 15) and 15 (-> 55): the newcomer gets 20.
+    assert steps_until_slot(3, [10, 20, 30], [5, 40]) == 20
+    # A free slot is taken by the first one ahead, the next waits for the one at 10.
+    assert steps_until_slot(2, [10], [8, 8]) == 10
+
+
+def test_a_deep_queue_is_counted_by_its_mean_beyond_those_placed_one_by_one():
+    num_slots = 4
+    placed = steps_until_slot(num_slots, [0] * num_slots, [8] * MAX_SIMULATED_WAITING)
+    assert placed == 8 * MAX_SIMULATED_WAITING // num_slots
+    deeper = steps_until_slot(num_slots, [0] * num_slots, [8] * (MAX_SIMULATED_WAITING + 40))
+    assert deeper == placed + 8 * 40 // num_slots
+
+
+def test_ttft_counts_the_steps_until_a_slot_frees_at_the_decode_step_time():
+    predictor = _predictor()
+    # 31 running, one prompt token queued: tokens alone say one step; waiting 20 steps for a slot says more.
+    by_tokens = predictor.predict(num_tokens_ahead=0, num_prompt_tokens=10, num_running=31)
+    by_slot = predictor.predict(num_tokens_ahead=0, num_prompt_tokens=10, num_running=31, num_steps_to_slot=20)
+    assert by_tokens.ttft_s == pytest.approx(_gpu_like(32, 31 + 10), rel=0.02)
+    assert by_slot.ttft_s == pytest.approx(21 * _gpu_like(32, 31) + 10 * 0.00005, rel=0.02)
+
+
+def test_a_smaller_token_budget_spreads_the_prefill_over_more_steps():
+    predictor = _predictor()
+    full = predictor.predict(num_tokens_ahead=900, num_prompt_tokens=100, num_running=12)
+    paced = predictor.predict(num_tokens_ahead=900, num_prompt_tokens=100, num_running=12, token_budget=112)
+    # 1000 prompt tokens at 500 a step: 2 steps; at 100 a step: 10 steps.
+    assert full.ttft_s == pytest.approx(2 * _gpu_like(13, 12) + 1000 * 0.00005, rel=0.02)
+    assert paced.ttft_s == pytest.approx(10 * _gpu_like(13, 12) + 1000 * 0.00005, rel=0.02)
+
+
+def test_a_newcomer_waits_behind_the_steps_in_flight_the_oldest_half_done():
+    predictor = _predictor()
+    idle = predictor.predict(num_tokens_ahead=0, num_prompt_tokens=10, num_running=8)
+    behind_two = predictor.predict(num_tokens_ahead=0, num_prompt_tokens=10, num_running=8, num_steps_in_flight=2)
+    assert behind_two.ttft_s - idle.ttft_s == pytest.approx(1.5 * _gpu_like(9, 8), rel=0.02)

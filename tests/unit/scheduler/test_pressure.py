@@ -54,7 +54,7 @@ def test_generator_pressure_sums_kv_usage_and_waiting_over_workers(clock):
 
 
 def test_generator_pressure_predicts_ttft_from_the_tokens_queued_ahead_of_each_class(clock):
-    scheduler = make_scheduler(clock, num_blocks=64, max_num_seqs=2)
+    scheduler = make_scheduler(clock, num_blocks=64, max_num_seqs=8)  # slots for all: tokens decide
     run_steps(scheduler, FakePagedWorker(4), clock, max_steps=0)
     idle = generator_pressure([scheduler])
     # Nothing queued: one step of a one-token prompt, at the configured step time before any was measured.
@@ -66,6 +66,15 @@ def test_generator_pressure_predicts_ttft_from_the_tokens_queued_ahead_of_each_c
     assert busy.predicted_ttft_s[Priority.SHEDDABLE] == pytest.approx(4 * scheduler.config.initial_step_time_s)
     assert busy.predicted_ttft_us_by_priority()[Priority.SHEDDABLE] == round(
         busy.predicted_ttft_s[Priority.SHEDDABLE] * 1e6)
+
+
+def test_generator_pressure_predicts_ttft_from_the_slots_when_they_are_full(clock):
+    scheduler = make_scheduler(clock, num_blocks=64, max_num_seqs=2)
+    make_requests(scheduler, 6, prompt_len=16, max_tokens=8, who=tenant("bulk", Priority.SHEDDABLE))
+    busy = generator_pressure([scheduler])
+    # Two slots, six ahead of 8 tokens each: they take them in three turns, a slot frees after 24 steps.
+    assert busy.predicted_ttft_s[Priority.SHEDDABLE] == pytest.approx(25 * scheduler.config.initial_step_time_s)
+    assert busy.predicted_ttft_s[Priority.CRITICAL] == pytest.approx(scheduler.config.initial_step_time_s)
 
 
 def test_the_step_time_fit_learns_from_the_steps_run(clock):

@@ -1,0 +1,91 @@
+"""Per-token pacing: one step's time held within the tightest TPOT target running, and who may skip a step.
+
+A step's time grows with what it holds (latency_predictor.StepCost), and every sequence in it waits
+for the whole step. So a batch-class sequence (TPOT target 1 s) decoding in every step next to
+interactive ones (50 ms), and the prompt chunks of newcomers, lengthen every interactive token. Two
+rules keep the interactive class's TPOT, using what the scheduler already knows:
+
+- the cap: a step may take at most PACE_MARGIN x the tightest TPOT target among the running
+  sequences (the margin leaves room for the hops to the client and for the fit's error); prompt
+  chunks are cut to fit it, and a decode that may skip (below) waits when it would not fit;
+- skipping: a decode may sit out a step while a sequence of a strictly higher class runs or waits
+  ("an interactive class behind it"), as long as its own next token still comes within its own TPOT
+  target: skipped now, it is picked in the next step, which ends about two steps from now. Such
+  decodes are picked after everything else the step holds (running decodes that may not skip,
+  prompt chunks, and the waiting sequences admitted), in class order, while the cap and the token
+  budget allow. A sequence without a target never skips, and with no target running there is no cap:
+  the step is planned exactly as before objectives existed.
+
+Pure: no clock (the caller passes `now_s`), no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from services.common.priority import Priority
+from services.scheduler.latency_predictor import StepCost
+from services.scheduler.sequence import Sequence
+
+# A step may take this fraction of the tightest running TPOT target (the rest: hops, jitter, fit error).
+PACE_MARGIN = 0.8
+# A skipped decode's next token comes about this many steps after the last one: this one and the next.
+_STEPS_TO_NEXT_TOKEN_IF_SKIPPED = 2
+
+
+@dataclass(frozen=True)
+class StepPace:
+    """The pacing of one step being planned (module docstring)."""
+
+    cost: StepCost
+    # The longest the step may take, seconds.
+    cap_s: float
+    # The class of the highest-class sequence running or waiting: lower classes may skip for it.
+    top_priority: Priority
+    # What a step takes now (the scheduler's smoothed step time), for a skipped decode's next token.
+    step_s: float
+    now_s: float
+
+    def may_skip(self, seq: Sequence) -> bool:
+        """Whether `seq`'s decode may sit out this step: it has a TPOT target and a first token, a sequence
+        of a strictly higher class is here, and its next token still comes within its target."""
+        target_s, last_s = seq.tpot_target_s, seq.last_token_s
+        if target_s is None or last_s is None or seq.num_uncomputed_tokens != 1:
+            return False
+        if seq.priority <= self.top_priority:
+            return False
+        next_token_s = self.now_s + _STEPS_TO_NEXT_TOKEN_IF_SKIPPED * self.step_s
+        return next_token_s - last_s <= target_s * PACE_MARGIN
+
+    def tokens_allowed(self, num_seqs: int, num_tokens: int) -> int:
+        """Tokens one more sequence may compute in a step already holding `num_seqs` sequences and
+        `num_tokens` tokens, the step staying within the cap (0: none)."""
+        spare_s = self.cap_s - self.cost.step_time_s(num_seqs + 1, num_tokens)
+        if spare_s < 0:
+            return 0
+        if self.cost.per_token_s <= 0:
+            return 1 << 30
+        return math.floor(spare_s / self.cost.per_token_s)
+
+    def token_budget(self, num_running: int) -> int:
+        """Tokens a step with `num_running` sequences and one more may compute within the cap (the
+        predictor's budget per step; at least one per sequence, or the decodes alone)."""
+        return max(num_running + 1, self.tokens_allowed(num_running, 0))
+
+
+def step_pace(cost: StepCost, running: Iterable[Sequence], waiting_top: Priority | None, *, step_s: float,
+              now_s: float) -> StepPace | None:
+    """The pace of the next step: None when no running sequence has a TPOT target (no cap, no skips).
+    `waiting_top`: the highest class waiting, if any."""
+    targets: list[float] = []
+    top = waiting_top
+    for seq in running:
+        if seq.tpot_target_s is not None:
+            targets.append(seq.tpot_target_s)
+        if top is None or seq.priority < top:
+            top = seq.priority
+    if not targets or top is None:
+        return None
+    return StepPace(cost, cap_s=min(targets) * PACE_MARGIN, top_priority=top, step_s=step_s, now_s=now_s)

@@ -1,0 +1,174 @@
+"""Per-token pacing (scheduler/tpot_pacing.py): a step kept within the tightest TPOT target running, batch-class
+decodes skipping steps for an interactive class and taking turns. Fake clock: each step takes what a GPU-like
+cost says of its batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.priority import Priority
+from services.scheduler.latency_predictor import StepCost
+from services.scheduler.sequence import SamplingParams
+from services.scheduler.step_plan import StepPlan
+from services.scheduler.step_scheduler import StepScheduler
+from services.scheduler.tpot_pacing import PACE_MARGIN, step_pace
+
+from .conftest import FakeClock, FakePagedWorker, make_prompt, make_scheduler, tenant
+
+INTERACTIVE_TPOT_S = 0.040
+BATCH_TPOT_S = 1.0
+CAP_S = PACE_MARGIN * INTERACTIVE_TPOT_S
+
+
+def gpu_like(num_seqs: int, num_tokens: int) -> float:
+    """10 ms fixed, 4 ms per sequence (its KV read), 0.1 ms per token computed."""
+    return 0.010 + 0.004 * num_seqs + 0.0001 * num_tokens
+
+
+def warmed(clock: FakeClock, **over) -> StepScheduler:
+    """A scheduler whose step-time fit has already seen batches of every size."""
+    config = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_seq_len": 256, "num_blocks": 256, **over}
+    scheduler = make_scheduler(clock, **config)
+    for num_seqs in range(1, 9):
+        for num_tokens in (num_seqs, num_seqs + 40):
+            scheduler.latency.model.observe(num_seqs, num_tokens, gpu_like(num_seqs, num_tokens))
+    return scheduler
+
+
+def add(scheduler: StepScheduler, seq_id: int, priority: Priority, tpot_target_s: float | None, *,
+        prompt_len: int = 4, max_tokens: int = 30) -> None:
+    scheduler.add_request(seq_id, make_prompt(seq_id, prompt_len), SamplingParams(max_tokens=max_tokens),
+                          tenant(priority.name.lower(), priority), deadline_s=None, tpot_target_s=tpot_target_s)
+
+
+def run(scheduler: StepScheduler, clock: FakeClock, max_steps: int = 500,
+        worker: FakePagedWorker | None = None) -> list[tuple[StepPlan, float]]:
+    """Every step until nothing is left, each taking gpu_like() of its batch; the plans and their times."""
+    worker = worker or FakePagedWorker(scheduler.kv.block_size)
+    steps = []
+    for _ in range(max_steps):
+        if not scheduler.has_work():
+            break
+        plan = scheduler.schedule()
+        if not plan.has_work():
+            continue
+        took_s = gpu_like(len(plan.seqs), plan.num_batched_tokens)
+        clock.advance(took_s)
+        scheduler.update_from_output(plan, worker.run(plan), took_s)
+        steps.append((plan, took_s))
+    return steps
+
+
+def token_times(steps: list[tuple[StepPlan, float]], seq_id: int) -> list[float]:
+    """When each step that sampled `seq_id` ended (seconds from the first step's start)."""
+    times, now = [], 0.0
+    for plan, took_s in steps:
+        now += took_s
+        if any(s.seq_id == seq_id and s.sample for s in plan.seqs):
+            times.append(now)
+    return times
+
+
+def test_batch_decodes_skip_steps_so_the_interactive_ones_keep_their_tpot(clock):
+    scheduler = warmed(clock)
+    for seq_id in range(1, 7):
+        add(scheduler, seq_id, Priority.SHEDDABLE, BATCH_TPOT_S)
+    for seq_id in (7, 8):
+        add(scheduler, seq_id, Priority.CRITICAL, INTERACTIVE_TPOT_S)
+    steps = run(scheduler, clock)
+    # All eight decoding would take gpu_like(8, 8) = 42.8 ms, past the 32 ms cap; paced, none after the first.
+    assert gpu_like(8, 8) > CAP_S
+    decode_steps = steps[1:]
+    while decode_steps and not any(s.seq_id in (7, 8) for s in decode_steps[-1][0].seqs):
+        decode_steps.pop()  # the batch sequences' tail, once the interactive ones are done
+    assert all(took_s <= CAP_S for _, took_s in decode_steps)
+    assert any(len(plan.seqs) < 8 for plan, _ in decode_steps), "batch decodes must have skipped"
+    for seq_id in (7, 8):
+        times = token_times(steps, seq_id)
+        assert len(times) == 30
+        assert max(b - a for a, b in zip(times, times[1:], strict=False)) <= CAP_S
+    for seq_id in range(1, 7):
+        times = token_times(steps, seq_id)
+        assert len(times) == 30, "every batch sequence still finishes"
+        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+        assert max(gaps) <= PACE_MARGIN * BATCH_TPOT_S
+        assert max(gaps) <= 3 * CAP_S, "skipping batch sequences take turns, none is left to its target"
+
+
+def test_without_targets_every_running_sequence_decodes_every_step_as_before(clock):
+    scheduler = warmed(clock)
+    for seq_id in range(1, 7):
+        add(scheduler, seq_id, Priority.SHEDDABLE, None)
+    for seq_id in (7, 8):
+        add(scheduler, seq_id, Priority.CRITICAL, None)
+    steps = run(scheduler, clock)
+    assert [len(plan.seqs) for plan, _ in steps] == [8] * 30
+
+
+def test_no_sequence_skips_without_a_higher_class_here(clock):
+    scheduler = warmed(clock)
+    for seq_id in range(1, 9):
+        add(scheduler, seq_id, Priority.SHEDDABLE, INTERACTIVE_TPOT_S if seq_id == 1 else BATCH_TPOT_S)
+    steps = run(scheduler, clock)
+    assert [len(plan.seqs) for plan, _ in steps] == [8] * 30, "one class: the cap cuts prompts, never decodes"
+
+
+def test_a_newcomers_prompt_is_cut_to_the_cap_next_to_interactive_decodes(clock):
+    scheduler = warmed(clock)
+    for seq_id in (1, 2):
+        add(scheduler, seq_id, Priority.CRITICAL, INTERACTIVE_TPOT_S, max_tokens=20)
+    run(scheduler, clock, max_steps=2)  # the plan below is not run
+    add(scheduler, 3, Priority.CRITICAL, INTERACTIVE_TPOT_S, prompt_len=60, max_tokens=4)
+    plan = scheduler.schedule()
+    chunk = next(s for s in plan.seqs if s.seq_id == 3)
+    # Unpaced it would compute 62 tokens (the budget less two decodes), 36.2 ms; the cap leaves 2 + 40.
+    assert 0 < len(chunk.token_ids) < 62
+    assert gpu_like(len(plan.seqs), plan.num_batched_tokens) <= CAP_S
+
+
+def test_the_predicted_ttft_counts_the_smaller_budget_the_cap_leaves(clock):
+    scheduler = warmed(clock)
+    worker = FakePagedWorker(scheduler.kv.block_size)
+    add(scheduler, 1, Priority.CRITICAL, None, max_tokens=20)
+    run(scheduler, clock, max_steps=2, worker=worker)
+    unpaced = scheduler.predicted_latency(Priority.CRITICAL, num_prompt_tokens=200).ttft_s
+    add(scheduler, 2, Priority.CRITICAL, INTERACTIVE_TPOT_S, max_tokens=20)
+    run(scheduler, clock, max_steps=2, worker=worker)
+    paced = scheduler.predicted_latency(Priority.CRITICAL, num_prompt_tokens=200).ttft_s
+    # 200 prompt tokens: 4 steps at the full budget of 64; the 32 ms cap leaves ~50 a step: 5 steps.
+    assert paced > unpaced
+
+
+def test_a_decode_may_skip_only_within_its_own_target_and_below_a_higher_class():
+    cost = StepCost(0.010, 0.004, 0.0001)
+    batch = _running(Priority.SHEDDABLE, tpot_target_s=0.2, last_token_s=1.0)
+    interactive = _running(Priority.CRITICAL, tpot_target_s=0.05, last_token_s=1.0)
+    pace = step_pace(cost, [batch, interactive], None, step_s=0.03, now_s=1.0)
+    assert pace is not None and pace.cap_s == pytest.approx(PACE_MARGIN * 0.05)
+    assert pace.may_skip(batch) and not pace.may_skip(interactive)
+    late = step_pace(cost, [batch, interactive], None, step_s=0.03, now_s=1.11)
+    assert late is not None and not late.may_skip(batch), "1.11 + 2 steps is past 0.8 x 200 ms after its last token"
+    alone = step_pace(cost, [batch], None, step_s=0.03, now_s=1.0)
+    assert alone is not None and not alone.may_skip(batch), "no higher class running or waiting"
+    behind = step_pace(cost, [batch], Priority.CRITICAL, step_s=0.03, now_s=1.0)
+    assert behind is not None and behind.may_skip(batch), "an interactive sequence waits behind it"
+    assert step_pace(cost, [_running(Priority.CRITICAL, None, 1.0)], None, step_s=0.03, now_s=1.0) is None
+
+
+def test_the_cap_leaves_tokens_for_what_fits_and_none_past_it():
+    pace = step_pace(StepCost(0.010, 0.004, 0.0001), [_running(Priority.CRITICAL, 0.05, 0.0)], None,
+                     step_s=0.02, now_s=0.0)
+    assert pace is not None
+    # 40 ms cap; a step of 2 sequences and 2 tokens, one more sequence: 22.2 ms, 17.8 ms left: 178 tokens.
+    assert pace.tokens_allowed(2, 2) == 178
+    assert pace.tokens_allowed(7, 7) == 0
+    assert pace.token_budget(2) == pace.tokens_allowed(2, 0)
+
+
+def _running(priority: Priority, tpot_target_s: float | None, last_token_s: float):
+    scheduler = make_scheduler(FakeClock())
+    seq = scheduler.add_request(1, make_prompt(1, 4), SamplingParams(max_tokens=8), tenant("t", priority),
+                                deadline_s=None, tpot_target_s=tpot_target_s)
+    seq.num_computed_tokens = seq.num_tokens - 1  # a decode
+    seq.last_token_s = last_token_s
+    return seq
