@@ -480,7 +480,7 @@ class StepScheduler:
             self.abort(seq_id, AbortReason.DEADLINE_EXCEEDED)
         return expired
 
-    def _schedule_running(self, step: StepBuilder, pace: StepPace | None) -> list[Sequence]:
+    def _schedule_running(self, step: StepBuilder, pace: StepPace | None = None) -> list[Sequence]:
         """Picks the running sequences; returns the decodes that may skip this step (`pace`), for
         _schedule_skipping() once the rest of the step is planned."""
         # Decodes (one token) first, then prompt chunks; each by class, then least-served tenant, then age.
