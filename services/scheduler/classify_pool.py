@@ -15,7 +15,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -51,6 +51,10 @@ class ClassifyJob:
     trace_context: dict[str, str]
     # A tensor model's request: its Tensor messages, passed through as the image is (image is None then).
     inputs: Sequence[object] = ()
+    # A tensor request's shape past the batch dim and its rows on dim 0 (DynamicBatcher batches
+    # one shape at a time, up to max_batch_size rows); None and 1 for an image.
+    shape: Hashable = None
+    rows: int = 1
     future: asyncio.Future[ClassifyOutcome] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
     item_id: int | None = None  # the batcher's id, once queued
@@ -155,7 +159,7 @@ class ClassifyPool:
     async def submit(self, job: ClassifyJob) -> ClassifyOutcome:
         if self._batcher.num_usable_workers == 0:
             raise errors.Unavailable(f"no worker serves model {self.model}", retry_after_s=1.0)
-        item = self._batcher.submit(job, job.tenant, deadline_s=job.deadline_s)
+        item = self._batcher.submit(job, job.tenant, deadline_s=job.deadline_s, shape=job.shape, rows=job.rows)
         job.item_id = item.item_id
         # Wake the loop only if this request moves its next decision earlier: a loop pass per
         # request was ~8% of the scheduler's CPU at 2000 classify/s.

@@ -9,7 +9,10 @@ batches) and one of these holds:
   * the oldest request has waited `max_queue_delay_s`;
   * waiting any longer would make the most urgent request miss its deadline,
     given the measured time of a full batch.
-The queue is per tenant (fair_queue.py), bounded (full: ResourceExhausted at
+A batch holds one shape: a tensor model's requests are stacked on dim 0 only with
+requests of the same shape past it, up to the worker's max batch size in rows (an image
+model's all share one); one of another shape is put back with its tenant's credit and
+leads a later batch. The queue is per tenant (fair_queue.py), bounded (full: ResourceExhausted at
 once). When it stops draining (standing_queue.py: its oldest wait stays above
 target for an interval), it serves the newest items first, which have the most
 time left, so those it serves still finish in time while the oldest run into
@@ -28,6 +31,7 @@ import dataclasses
 import heapq
 import itertools
 import math
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -92,6 +96,10 @@ class QueuedItem(Generic[P]):
     arrival_s: float
     deadline_s: float | None
     num_attempts: int = 0
+    # A tensor request's shape past the batch dim (None: a fixed-shape model's image), and its rows
+    # on dim 0: a batch holds one shape and at most the worker's max batch size in rows.
+    shape: Hashable = None
+    rows: int = 1
 
 
 @dataclass(frozen=True)
@@ -211,7 +219,11 @@ class DynamicBatcher(Generic[P]):
 
     # -- requests ----------------------------------------------------------
 
-    def submit(self, payload: P, tenant: TenantContext, *, deadline_s: float | None) -> QueuedItem[P]:
+    def submit(self, payload: P, tenant: TenantContext, *, deadline_s: float | None,
+               shape: Hashable = None, rows: int = 1) -> QueuedItem[P]:
+        """Queues one request; `shape` and `rows`: see QueuedItem."""
+        if rows < 1:
+            raise ValueError(f"rows must be >= 1, got {rows}")
         now = self._clock()
         if not any(not w.draining for w in self._workers.values()):
             raise Unavailable("no worker serves this model", retry_after_s=self.config.no_worker_retry_after_s)
@@ -227,7 +239,7 @@ class DynamicBatcher(Generic[P]):
                     f"cannot finish in time: estimated {done_s - now:.3f} s behind the queue, "
                     f"{max(0.0, deadline_s - now):.3f} s left"
                 )
-        item = QueuedItem(next(self._item_ids), payload, tenant, now, deadline_s)
+        item = QueuedItem(next(self._item_ids), payload, tenant, now, deadline_s, shape=shape, rows=rows)
         displaced = self._queue.push_displacing(item, tenant)
         self._queue_item(item)
         if displaced is not None:
@@ -273,7 +285,7 @@ class DynamicBatcher(Generic[P]):
         if size == 0:
             return None
         limit = self._batch_limit(worker)
-        items = self._take_standing(size, limit, now) if self.standing else tuple(self._queue.pop() for _ in range(size))
+        items = self._take(size, limit, now)
         for item in items:
             del self._queued[item.item_id]
         self._watch_waits(items, limit, now)
@@ -390,7 +402,28 @@ class DynamicBatcher(Generic[P]):
             waited_s = now - item.arrival_s
             self._failed.append(FailedItem(item, DeadlineExceeded(f"deadline passed after {waited_s:.3f} s in queue")))
 
-    def _take_standing(self, size: int, limit: int, now: float) -> tuple[QueuedItem[P], ...]:
+    def _take(self, size: int, limit: int, now: float) -> tuple[QueuedItem[P], ...]:
+        """Up to `size` items in the fair queue's order, all of the first one's shape and at most
+        `limit` rows together. An item of another shape (or one that would overflow the rows) is
+        put back where it was, with its tenant's credit, and leads a later batch: mixed shapes are
+        never stacked, and taking a shape out of turn costs no tenant its share. At most `limit`
+        items are set aside per batch, which bounds the scan."""
+        pop = self._standing_pop(limit, now) if self.standing else self._queue.pop_end
+        first, _ = pop()
+        taken, rows = [first], first.rows
+        set_aside: list[tuple[QueuedItem[P], bool]] = []
+        while len(taken) < size and self._queue and len(set_aside) < limit:
+            item, at_back = pop()
+            if item.shape == first.shape and rows + item.rows <= limit:
+                taken.append(item)
+                rows += item.rows
+            else:
+                set_aside.append((item, at_back))
+        for item, at_back in reversed(set_aside):
+            self._queue.put_back(item, item.tenant, at_back=at_back)
+        return tuple(taken)
+
+    def _standing_pop(self, limit: int, now: float) -> Callable[[], tuple[QueuedItem[P], bool]]:
         """Adaptive LIFO inside each tenant's turn: DRR picks the tenant, as always; of its items goes
         the newest (the most time left) if its own queue stands, else its oldest. A tenant's queue
         stands while its oldest waited longer than a queue that drains for a whole interval and less
@@ -404,7 +437,7 @@ class DynamicBatcher(Generic[P]):
         def head_first(head: QueuedItem[P]) -> bool:
             return not aged_before_s < head.arrival_s < stood_before_s
 
-        return tuple(self._queue.pop(newest=True, head_first=head_first) for _ in range(size))
+        return lambda: self._queue.pop_end(newest=True, head_first=head_first)
 
     def _watch_waits(self, items: tuple[QueuedItem[P], ...], limit: int, now: float) -> None:
         if self._standing is None:

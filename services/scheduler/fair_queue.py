@@ -161,6 +161,11 @@ class FairQueue(Generic[T]):
         unless `head_first(its oldest)` holds (that one waited too long to wait any more).
 
         DRR alone chooses the tenant; `newest` and `head_first` only choose which of its entries."""
+        return self.pop_end(newest=newest, head_first=head_first)[0]
+
+    def pop_end(self, *, newest: bool = False, head_first: Callable[[T], bool] | None = None) -> tuple[T, bool]:
+        """pop(), and whether the entry came off its tenant's back (its newest) rather than its front:
+        where put_back() returns it."""
         queue = self._next_tenant()
         if queue is None:
             raise IndexError("pop from an empty FairQueue")
@@ -171,7 +176,16 @@ class FairQueue(Generic[T]):
         entry = queue.entries.pop() if newest else queue.entries.popleft()
         queue.deficit -= entry.cost
         self._forget(queue, entry)
-        return entry.item
+        return entry.item, newest
+
+    def put_back(self, item: T, tenant: TenantContext, *, cost: int = 1, at_back: bool = False) -> None:
+        """Undoes a pop_end() whose entry cannot go now (the batch it was taken for has another
+        shape): it returns to the end of its tenant's queue it came from, and its cost to the
+        tenant's credit, so the tenant keeps its turn. Put several back in reverse order of their
+        pops. Ignores the bound, as push_front does."""
+        self._add(item, tenant, cost, front=not at_back)
+        queue = self._classes[tenant.priority].by_tenant[tenant.tenant_id]
+        queue.deficit += cost
 
     def take(self, item: T) -> None:
         """Serve `item` out of turn (the scheduler skipped entries it cannot run now): removed and

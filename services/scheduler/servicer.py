@@ -8,7 +8,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any, cast
 
 import grpc
@@ -125,9 +125,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 raise errors.InvalidArgument(f"top_k {req.top_k} exceeds the {num_labels} classes of {entry.key}")
             span.set_attribute("infermesh.model", str(entry.key))
             span.set_attribute("infermesh.tenant", request.tenant.tenant_id)
+            shape, rows = _tensor_shape(req.inputs) if is_tensor else (None, 1)
             job = ClassifyJob(
                 image=None if is_tensor else req.image,
                 inputs=req.inputs,
+                shape=shape,
+                rows=rows,
                 top_k=req.top_k,
                 tenant=self._tenants.decode(request.tenant),
                 enqueued_s=began_s,
@@ -401,6 +404,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         for model_name, count in handed_over.items():
             metrics.STREAMS_HANDED_OVER.labels(model_name).inc(count)
         log.info("draining: handed over %d streams", sum(handed_over.values()))
+
+
+def _tensor_shape(inputs: Sequence[common_pb2.Tensor]) -> tuple[tuple[tuple[str, tuple[int, ...]], ...], int]:
+    """A tensor request's batching key, each input's name and dims past the batch dim (by name), and
+    its rows (dim 0 of the first input; the worker checks that every input agrees)."""
+    key = tuple(sorted((tensor.name, tuple(tensor.shape[1:])) for tensor in inputs))
+    first = inputs[0].shape
+    return key, (max(1, first[0]) if first else 1)
 
 
 def _check_payload_fits(key: ModelKey, hello: WorkerHello, is_tensor: bool) -> None:

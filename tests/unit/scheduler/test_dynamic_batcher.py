@@ -334,3 +334,55 @@ def test_a_full_queue_with_no_free_worker_leaves_the_planned_wake(clock):
     assert batcher.next_batch() is not None and not batcher.has_free_worker()
     items = submit_n(batcher, 9)  # a full batch waits, but for the worker, not for the loop
     assert batcher.due_after_submit_s(items[-1]) == float("inf")
+
+
+# -- tensor shapes ------------------------------------------------------------------
+
+
+def test_a_batch_holds_one_shape_and_another_shape_leads_the_next(clock):
+    batcher = make_batcher(clock, workers={"w1": 8, "w2": 8})
+    for i, shape in enumerate(["A", "A", "B", "A", "B", "A"]):
+        batcher.submit(f"{shape}{i}", tenant(), deadline_s=None, shape=shape)
+    first, second = batcher.next_batch(), batcher.next_batch()
+    assert [i.payload for i in first.items] == ["A0", "A1", "A3", "A5"]  # arrival order kept
+    assert [i.payload for i in second.items] == ["B2", "B4"]
+    assert batcher.queue_depth == 0
+
+
+def test_rows_on_dim_0_count_toward_the_batch_limit(clock):
+    batcher = make_batcher(clock)  # max batch 8
+    for i, rows in enumerate([3, 4, 2, 1]):
+        batcher.submit(f"r{i}", tenant(), deadline_s=None, shape="A", rows=rows)
+    batch = batcher.next_batch()
+    # 3 + 4 fit; 2 would make 9 rows and waits, and 1 row still fits behind it.
+    assert [i.payload for i in batch.items] == ["r0", "r1", "r3"]
+    assert sum(i.rows for i in batch.items) == 8
+    with pytest.raises(ValueError, match="rows must be >= 1"):
+        batcher.submit("r", tenant(), deadline_s=None, rows=0)
+
+
+def test_a_light_tenant_of_another_shape_keeps_its_turn_beside_a_flood(clock):
+    """One worker, 8 rows per 20 ms batch; heavy sends shape A at 5x its share, light at half its
+    share. Of another shape, light's requests never ride in heavy's batches, yet each waits at
+    most one batch longer than if it had heavy's shape: DRR still gives it the next turn."""
+
+    def light_waits(light_shape: str) -> list[float]:
+        batcher = make_batcher(clock, max_queue_size=10_000)
+        waits, in_flight = [], []
+        for tick in range(1000):  # 1 ms ticks
+            if tick % 10 == 0:
+                batcher.submit(("light", clock()), tenant("light"), deadline_s=None, shape=light_shape)
+            batcher.submit(("heavy", clock()), tenant("heavy"), deadline_s=None, shape="A")
+            while in_flight and in_flight[0][0] <= clock() + 1e-9:
+                batcher.complete(in_flight.pop(0)[1].batch_id, compute_s=0.020)
+            while (batch := batcher.next_batch()) is not None:
+                assert len({item.shape for item in batch.items}) == 1
+                start_s = max(clock(), in_flight[-1][0] if in_flight else clock())
+                in_flight.append((start_s + 0.020, batch))
+                waits += [start_s - sent_s for who, sent_s in (i.payload for i in batch.items) if who == "light"]
+            clock.advance(0.001)
+        return waits
+
+    same, other = light_waits("A"), light_waits("B")
+    assert min(len(other), len(same)) >= 95  # all but the last few, still queued at the end
+    assert max(other) <= max(same) + 0.020 + 1e-9

@@ -225,3 +225,20 @@ def test_a_full_queue_refuses_the_longest_tenant_and_admits_the_others_over_the_
     assert not queue.has_room_for(tenant("light"))
     assert queue.has_room_for(tenant("pager", Priority.CRITICAL))
     assert not queue.has_room_for(tenant("batch", Priority.SHEDDABLE))  # nobody below it to refuse instead
+
+
+def test_an_entry_put_back_returns_to_its_end_of_its_tenants_queue_with_its_credit():
+    queue: FairQueue[str] = FairQueue(10)
+    for i in range(3):
+        queue.push(f"a{i}", tenant("a"))
+    for i in range(2):
+        queue.push(f"b{i}", tenant("b"))
+    a0, from_back = queue.pop_end()
+    b1, b_from_back = queue.pop_end(newest=True)
+    assert (a0, from_back, b1, b_from_back) == ("a0", False, "b1", True)
+    queue.put_back(b1, tenant("b"), at_back=True)  # in reverse order of the pops
+    queue.put_back(a0, tenant("a"))
+    assert len(queue) == 5
+    # Each tenant's order is as before, and no turn is lost: the ring had moved on to b, so a's
+    # missed turn comes with its next one (a0 and a1 together), as a deficit counter carries it.
+    assert drain(queue) == ["b0", "a0", "a1", "b1", "a2"]
