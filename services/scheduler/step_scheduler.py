@@ -227,7 +227,7 @@ class StepScheduler:
         pace = self._pace(now)
         skipping = self._schedule_running(step, pace)
         if not step.preempted:
-            self._admit(step, now, pace=pace)
+            self._admit(step, now, pace=pace, skipping=skipping)
         self._schedule_skipping(step, skipping, pace)
         return self._issue(step.build_steps(), now, expired=expired, preempted=step.preempted)
 
@@ -494,6 +494,10 @@ class StepScheduler:
             if pace is not None and pace.may_skip(seq):
                 skipping.append(seq)
                 continue
+            if skipping and seq.priority >= min(s.priority for s in skipping):
+                self._schedule_skipping(step, skipping, pace)  # they skip only for a higher class
+                if step.token_budget == 0:
+                    break
             long = self._is_long_prefill(seq)
             if long and self._long_prefills_full(step):
                 continue  # it keeps its blocks and resumes when an earlier long prompt is through
@@ -511,9 +515,11 @@ class StepScheduler:
     def _schedule_skipping(self, step: StepBuilder, skipping: list[Sequence], pace: StepPace | None) -> None:
         """The decodes that could skip this step, by class then longest since their last token (so they
         take turns), while the cap, the token budget and the free blocks allow (one left out is picked
-        next step: it never preempts to run now)."""
+        next step: it never preempts to run now). Empties `skipping`."""
         skipping.sort(key=lambda s: (int(s.priority), s.last_token_s or 0.0, s.seq_id))
-        for seq in skipping:
+        candidates = skipping[:]
+        skipping.clear()
+        for seq in candidates:
             if step.token_budget == 0:
                 return
             if seq.status is not SequenceStatus.RUNNING:
@@ -543,16 +549,21 @@ class StepScheduler:
                 return False
         return True
 
-    def _admit(self, step: StepBuilder, now: float, *, may_preempt: bool = True, pace: StepPace | None = None) -> bool:
+    def _admit(self, step: StepBuilder, now: float, *, may_preempt: bool = True, pace: StepPace | None = None,
+               skipping: list[Sequence] | None = None) -> bool:
         """Admits waiting sequences while the budget (and the pace's cap) allows; True when one was left
         for lack of room (slots or blocks) that preempting might have made (`may_preempt` False: a step
-        planned ahead)."""
+        planned ahead). `skipping`: decodes that may skip this step, but only for a higher class: they
+        are picked before a sequence of their class or below is admitted."""
         while step.token_budget > 0:
             seq = self._next_to_admit()
             if seq is not None and self._long_prefills_full(step) and self._is_long_admission(seq):
                 seq = self._short_waiting(seq.priority)
             if seq is None or seq.seq_id in step.preempted:
                 return False
+            if skipping and seq.priority >= min(s.priority for s in skipping):
+                self._schedule_skipping(step, skipping, pace)
+                continue  # the budget changed
             prefix = self._cached_prefix(seq)
             num_cached = len(prefix) * self.kv.block_size
             num_new = self._num_tokens_to_compute(seq, step.token_budget, start=num_cached)

@@ -11,10 +11,11 @@ rules keep the interactive class's TPOT, using what the scheduler already knows:
 - skipping: a decode may sit out a step while a sequence of a strictly higher class runs or waits
   ("an interactive class behind it"), as long as its own next token still comes within its own TPOT
   target: skipped now, it is picked in the next step, which ends about two steps from now. Such
-  decodes are picked after everything else the step holds (running decodes that may not skip,
-  prompt chunks, and the waiting sequences admitted), in class order, while the cap and the token
-  budget allow. A sequence without a target never skips, and with no target running there is no cap:
-  the step is planned exactly as before objectives existed.
+  decodes give way only to a higher class: they are picked after the decodes that may not skip and
+  after the prompt chunks and admissions of strictly higher classes, before those of their own class
+  or below, in class order and longest since their last token first (so they take turns), while the
+  cap and the token budget allow. A sequence without a target never skips, and with no target
+  running there is no cap: the step is planned exactly as before objectives existed.
 
 Pure: no clock (the caller passes `now_s`), no I/O.
 """

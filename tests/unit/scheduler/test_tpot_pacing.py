@@ -172,3 +172,19 @@ def _running(priority: Priority, tpot_target_s: float | None, last_token_s: floa
     seq.num_computed_tokens = seq.num_tokens - 1  # a decode
     seq.last_token_s = last_token_s
     return seq
+
+
+def test_batch_decodes_yield_the_budget_to_an_interactive_prompt_not_to_a_batch_one(clock):
+    for newcomer, yields in ((Priority.CRITICAL, True), (Priority.SHEDDABLE, False)):
+        scheduler, worker = warmed(clock, max_num_batched_tokens=40), FakePagedWorker(4)
+        add(scheduler, 1, Priority.CRITICAL, 10.0)  # loose: no cap to speak of; it only makes batch skippable
+        for seq_id in (2, 3):
+            add(scheduler, seq_id, Priority.SHEDDABLE, BATCH_TPOT_S)
+        run(scheduler, clock, max_steps=1, worker=worker)
+        add(scheduler, 4, newcomer, 10.0 if newcomer is Priority.CRITICAL else BATCH_TPOT_S, prompt_len=100)
+        plan = scheduler.schedule()
+        in_step = {s.seq_id: len(s.token_ids) for s in plan.seqs}
+        if yields:
+            assert in_step == {1: 1, 4: 39}, "the interactive prompt takes what the batch decodes leave"
+        else:
+            assert in_step == {1: 1, 2: 1, 3: 1, 4: 37}, "a batch prompt waits behind the batch decodes"
