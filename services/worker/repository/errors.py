@@ -23,3 +23,8 @@ class IncompatibleWeights(ModelRepositoryError):
 
 class GoldenCheckFailed(ModelRepositoryError):
     pass
+
+
+class ImportRefused(ModelRepositoryError):
+    """A source (a Hugging Face checkpoint directory, a TorchScript or ONNX file) cannot become a servable
+    version as asked; the message names the file and the field, or the flag that gives what is missing."""

@@ -34,11 +34,12 @@ from services.worker.models.llama_weights import (
     read_config,
 )
 from services.worker.repository.envelope import Envelope
+from services.worker.repository.errors import ImportRefused
 from services.worker.repository.generator_spec import GeneratorSpec, GoldenGeneration
 from services.worker.repository.hf_architecture import HFArchitecture
 from services.worker.repository.manifest import Manifest, ModelKind
 from services.worker.repository.pinned_file import PinnedFile
-from services.worker.repository.store import sha256_of, version_dir, write_manifest
+from services.worker.repository.store import check_new_version, sha256_of, version_dir, write_manifest
 from services.worker.repository.tokenizer_spec import HF, HFTokenizerSpec
 from services.worker.repository.weights_spec import SafetensorsWeights
 
@@ -53,10 +54,6 @@ GOLDEN_NEW_TOKENS = 8
 # A recorded token must beat the runner-up by this much (float32 logits): the worker replays the
 # cases on another CPU or thread count, whose rounding must not flip a near tie.
 GOLDEN_MIN_MARGIN = 1e-3
-
-
-class ImportRefused(ValueError):
-    """The directory cannot become a servable version; the message names the file and the field."""
 
 
 @dataclass(frozen=True)
@@ -91,8 +88,7 @@ def import_checkpoint(source: str | Path, repository: str | Path, options: Impor
     eos, stops, bos = _end_ids(source, config)
     _check_tokenizer(tokenizer_json, config.vocab_size, (eos, *stops))
     target = version_dir(repository, options.name, options.version)
-    if target.exists():
-        raise ImportRefused(f"{target} already exists: versions are immutable; import under another --version")
+    check_new_version(target)
     staging = Path(tempfile.mkdtemp(prefix=f".{options.version}.", dir=_parent(target)))
     try:
         files = _copy_files(source, staging)

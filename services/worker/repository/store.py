@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.errors import NotFound
-from services.worker.repository.errors import ChecksumMismatch, InvalidManifest
+from services.worker.repository.errors import ChecksumMismatch, ImportRefused, InvalidManifest
 from services.worker.repository.manifest import (
     MANIFEST_FILE,
     NAME_RE,
@@ -48,6 +48,12 @@ def version_dir(root: str | Path, name: str, version: str) -> Path:
     if version == "latest":
         raise NotFound("there is no 'latest' version; name an exact version")
     return Path(root) / name / version
+
+
+def check_new_version(directory: Path) -> None:
+    """ImportRefused when an import would write into an existing version: versions are immutable."""
+    if directory.exists():
+        raise ImportRefused(f"{directory} already exists; a version is immutable: import under another --version")
 
 
 def load_manifest(root: str | Path, name: str, version: str) -> Manifest:

@@ -28,9 +28,9 @@ from services.worker.models.tensor_model import (
     unloadable_onnx_message,
 )
 from services.worker.repository.envelope import Envelope
-from services.worker.repository.errors import InvalidManifest, ModelRepositoryError
+from services.worker.repository.errors import ImportRefused, InvalidManifest, ModelRepositoryError
 from services.worker.repository.manifest import NAME_RE, Manifest, ModelKind
-from services.worker.repository.store import sha256_of, version_dir, write_manifest
+from services.worker.repository.store import check_new_version, sha256_of, version_dir, write_manifest
 from services.worker.repository.tensor_spec import (
     DYNAMIC,
     ONNX,
@@ -51,10 +51,6 @@ _DATATYPE_OF_ONNX = {v: k for k, v in ONNX_TYPES.items()}
 _EXAMPLE_SIZES = ((1, 2), (2, 3))
 # Integer inputs draw from [0, _INT_HIGH): valid as indices for any embedding a model may hold.
 _INT_HIGH = 2
-
-
-class ImportRefused(ModelRepositoryError):
-    """The file cannot become a version as asked; the message says which flag gives what is missing."""
 
 
 @dataclass(frozen=True)
@@ -120,8 +116,7 @@ def import_tensor_model(request: ImportRequest) -> Path:
         if not NAME_RE.match(value) or value == "latest":
             raise ImportRefused(f"{what} {value!r} must match {NAME_RE.pattern} (and not be 'latest')")
     directory = version_dir(request.repository, request.name, request.version)
-    if directory.exists():
-        raise ImportRefused(f"{directory} exists; a version is immutable: import under another --version")
+    check_new_version(directory)
     inputs = _declared_inputs(request, fmt)
     if request.max_batch_size < 1:
         raise ImportRefused(f"--max-batch-size must be >= 1, got {request.max_batch_size}")
