@@ -3,8 +3,9 @@
     10.0.0.5:50052,10.0.0.6:50052     a fixed list (IPv6 literals as [::1]:50052)
     dns:///schedulers.mesh.svc:50052  every A/AAAA record of the name (a Kubernetes headless Service)
 
-The gateway routes to every endpoint (services/gateway/routing/discovery.py); a worker attaches to
-one at a time (services/worker/scheduler_endpoints.py). Both re-resolve a DNS name themselves.
+The gateway routes to every endpoint (services/gateway/routing/discovery.py); a classifier worker
+attaches to every endpoint (services/worker/attach_every.py), a generator worker to one at a time
+(services/worker/scheduler_endpoints.py). Both re-resolve a DNS name themselves.
 """
 
 from __future__ import annotations

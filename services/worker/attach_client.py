@@ -1,9 +1,11 @@
 """The worker's end of Scheduler.Attach: dial, say hello, run commands, re-dial on loss.
 
-With several schedulers the worker is attached to one at a time, picked by a
-`dialer` (scheduler_dialer.py: fewest workers of our model first). When its stream
-breaks or the scheduler drains it, it re-dials at once, another scheduler first;
-it backs off only when no scheduler took it.
+One client holds one Attach stream at a time. A generator worker, given several schedulers, is
+attached to one of them, picked by a `dialer` (scheduler_dialer.py: fewest workers of our model
+first); when its stream breaks or the scheduler drains it, it re-dials at once, another scheduler
+first, and backs off only when no scheduler took it. A classifier worker runs one client per
+scheduler instead, each with a fixed address (attach_every.py): its clients re-dial their own
+scheduler with the backoff alone.
 
 Commands run one at a time (one model, one device stream). Classify batches run
 on a compute thread, so the loop reads the prefetched next batch meanwhile.
@@ -134,10 +136,13 @@ MIN_SESSION_S = 1.0
 class AttachClient:
     def __init__(self, dialer: Dialer | str, runtime: WorkerRuntime, worker_id: str, backoff: Backoff,
                  clock=time.monotonic, rebalance_interval_s: float = 0.0, rng: random.Random | None = None,
-                 keepalive_ms: int = 15_000, unsettled_backoff: Backoff | None = None) -> None:
+                 keepalive_ms: int = 15_000, unsettled_backoff: Backoff | None = None,
+                 compute: ThreadPoolExecutor | None = None) -> None:
         """`rebalance_interval_s`: how often (jittered 0.5-1.5x) an attached worker checks whether to move
         to a scheduler with fewer workers of its model; 0: never. `unsettled_backoff`: the delays
-        between checks instead while another scheduler is missing or a move is due."""
+        between checks instead while another scheduler is missing or a move is due. `compute`: the
+        thread classify batches run on, shared by the clients of one worker (attach_every.py); its
+        owner shuts it down. None: a thread of this client's own."""
         self._dialer = FixedAddress(dialer) if isinstance(dialer, str) else dialer
         self._clock = clock
         self._rebalance_interval_s = rebalance_interval_s
@@ -151,7 +156,8 @@ class AttachClient:
         self._worker_id = worker_id
         self._backoff = backoff
         self._channel_options = attach_channel_options(keepalive_ms)
-        self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
+        self._owns_compute = compute is None
+        self._compute = compute or ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
         self._call: grpc.aio.StreamStreamCall | None = None
         self._write_lock = asyncio.Lock()
         # Generate steps take their turns, each until its result is written (see _step).
@@ -374,7 +380,8 @@ class AttachClient:
             await asyncio.sleep(0.02)
 
     def close(self) -> None:
-        self._compute.shutdown(wait=False, cancel_futures=True)
+        if self._owns_compute:
+            self._compute.shutdown(wait=False, cancel_futures=True)
 
 
 def _tokenizer_file_pieces(runtime: WorkerRuntime) -> list[bytes]:

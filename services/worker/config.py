@@ -15,8 +15,8 @@ COMPUTE_DTYPE_NAMES = ("float32", "bfloat16", "float16")
 class WorkerConfig(ServerSettings):
     scheduler_address: str = setting(
         "127.0.0.1:50052", "scheduler(s) the worker dials (Attach): host:port[,host:port...] or dns:///name:port "
-        "(every A/AAAA record, re-resolved at each re-dial); attached to one at a time, the one with fewest "
-        "workers of this model")
+        "(every A/AAAA record, re-resolved): a classifier worker attaches to every one; a generator worker to "
+        "one at a time, the one with fewest workers of its model")
     model_repository: str = setting("model_repo", "folder holding <name>/<version>/manifest.json")
     model_name: str = setting(
         "toy-classifier", "model to serve: a repository model, toy-classifier / toy-generator, or mock-* (tests)"
@@ -30,11 +30,12 @@ class WorkerConfig(ServerSettings):
         "--max-num-seqs; more sequences per step cost less per token and more per step", minimum=0)
     reconnect_initial_s: float = setting(0.1, "first re-dial delay after the Attach stream breaks")
     reconnect_max_s: float = setting(
-        0.5, "longest re-dial delay when no scheduler took the worker (exponential backoff, full jitter); short, "
+        0.5, "longest re-dial delay of a lost or refusing scheduler (exponential backoff, full jitter); short, "
         "so a restarted scheduler is found within about a second")
     rebalance_interval_s: float = setting(
-        5.0, "with several schedulers: how often (jittered 0.5-1.5x) the worker checks whether its scheduler has "
-        "2+ workers of its model more than another, and if so moves there gracefully (0: never)", minimum=0)
+        5.0, "generator workers with several schedulers: how often (jittered 0.5-1.5x) the worker checks whether "
+        "its scheduler has 2+ workers of its model more than another, and if so moves there gracefully (0: never)",
+        minimum=0)
     attach_keepalive_ms: int = setting(
         15_000, "HTTP/2 ping on the Attach stream this often; a scheduler frozen or cut off without a reset is "
         "noticed within this plus a third of it, then another is dialled (schedulers accept pings every "

@@ -2,7 +2,9 @@
 
 The flag is `host:port[,host:port...]` or `dns:///name:port` (every A/AAAA record of
 `name` is an endpoint, resolved again at every re-dial: a Kubernetes headless
-Service), parsed by services/common/scheduler_address.py as the gateway parses it. A worker attaches to one scheduler at a time. To spread a model's workers
+Service), parsed by services/common/scheduler_address.py as the gateway parses it. A classifier
+worker attaches to all of them (attach_every.py). A generator worker attaches to one scheduler at a
+time (the scheduler owns its KV block tables). To spread a model's workers
 over the schedulers it asks each endpoint how many workers of its model it has
 (GetPressure's num_workers) and dials them fewest first; ties are broken by a hash
 of (worker_id, endpoint), so workers that see the same counts still prefer

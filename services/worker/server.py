@@ -8,6 +8,7 @@ import os
 import socket
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from services.common.admin_servicer import SERVICE_NAME as ADMIN_SERVICE
@@ -17,13 +18,14 @@ from services.common.scheduler_address import parse_scheduler_address
 from services.common.server import Health
 from services.worker import admin_status, gpu_metrics, metrics
 from services.worker.attach_client import AttachClient, Backoff
+from services.worker.attach_every import EverySchedulerClient
 from services.worker.builtin_models import TOY_MODELS
 from services.worker.config import WorkerConfig
 from services.worker.cpu_allocation import ThreadDecision, cgroup_levels, decide_num_threads, read_text
 from services.worker.mock_models import MOCK_MODELS, make_mock_runtime
 from services.worker.repository.errors import ModelRepositoryError
-from services.worker.runtime import WorkerRuntime
-from services.worker.scheduler_dialer import SchedulerDialer
+from services.worker.runtime import BatchRuntime, StepRuntime, WorkerRuntime
+from services.worker.scheduler_dialer import SchedulerDialer, resolve_dns
 from services.worker.thread_settings import export_thread_env
 
 log = logging.getLogger(__name__)
@@ -61,7 +63,7 @@ class WorkerService:
     def __init__(self, config: WorkerConfig) -> None:
         self._config = config
         self.worker_id = config.worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self._client: AttachClient | None = None
+        self._client: AttachClient | EverySchedulerClient | None = None
         self._task: asyncio.Task | None = None
         # Set by start(), read by Admin/GetStatus.
         self.threads: ThreadDecision | None = None
@@ -88,15 +90,29 @@ class WorkerService:
         if gpu_metrics.register_if_cuda(model):
             log.info("CUDA device(s) found: exporting GPU device memory on /metrics")
         log.info("model %s:%s loaded and passed its golden check in %.1f s", model, version, time.monotonic() - began_s)
-        backoff = Backoff(self._config.reconnect_initial_s, self._config.reconnect_max_s)
-        dialer = SchedulerDialer(parse_scheduler_address(self._config.scheduler_address),
-                                 runtime.hello(self.worker_id).model, self.worker_id)
-        self._client = AttachClient(dialer, runtime, self.worker_id, backoff,
-                                    rebalance_interval_s=self._config.rebalance_interval_s,
-                                    keepalive_ms=self._config.attach_keepalive_ms)
+        self._client = self._attach_client(runtime)
         await health.set_serving(True)
         metrics.set_model_state(model, version, "ready")
         self._task = asyncio.create_task(self._client.run())
+
+    def _attach_client(self, runtime: WorkerRuntime) -> AttachClient | EverySchedulerClient:
+        """A classifier worker attaches to every scheduler (attach_every.py); a generator worker to one
+        at a time, the one with fewest workers of its model (scheduler_dialer.py)."""
+        config = self._config
+        endpoints = parse_scheduler_address(config.scheduler_address)
+
+        def backoff() -> Backoff:
+            return Backoff(config.reconnect_initial_s, config.reconnect_max_s)
+
+        if isinstance(runtime, BatchRuntime) and not isinstance(runtime, StepRuntime) and not endpoints.is_single:
+            def new_client(address: str, compute: ThreadPoolExecutor) -> AttachClient:
+                return AttachClient(address, runtime, self.worker_id, backoff(),
+                                    keepalive_ms=config.attach_keepalive_ms, compute=compute)
+
+            return EverySchedulerClient(endpoints, new_client, resolve_dns)
+        dialer = SchedulerDialer(endpoints, runtime.hello(self.worker_id).model, self.worker_id)
+        return AttachClient(dialer, runtime, self.worker_id, backoff(),
+                            rebalance_interval_s=config.rebalance_interval_s, keepalive_ms=config.attach_keepalive_ms)
 
     async def drain(self, grace_s: float) -> None:
         metrics.set_model_state(self._config.model_name, self._config.model_version, "draining")

@@ -174,9 +174,10 @@ class ReplicatedMesh:
                    message=f"workers of {model_names} on every scheduler")
 
     def wait_attached(self, model_names: list[str], num_per_model: int, timeout_s: float = 20.0) -> None:
-        """Until `num_per_model` workers of each model are attached, to whichever schedulers."""
+        """Until `num_per_model` workers of each model are attached, to whichever schedulers (at least:
+        a classifier worker attaches to every scheduler, so it counts once per scheduler)."""
         def attached() -> bool:
-            return all(sum(self.workers_by_scheduler(m)) == num_per_model for m in model_names)
+            return all(sum(self.workers_by_scheduler(m)) >= num_per_model for m in model_names)
 
         wait_until(attached, timeout_s=timeout_s, interval_s=0.2,
                    message=f"{num_per_model} workers of each of {model_names} attached")
