@@ -102,7 +102,9 @@ def test_every_service_has_deployment_service_account_config_map_and_disruption_
         for source in container_of(deployment)["envFrom"]:
             by_name(docs, "ConfigMap", source["configMapRef"]["name"])
         services = [s for s in of_kind(docs, "Service") if selects(s["spec"]["selector"], labels)]
-        assert len(services) == 1, f"{name}: expected one Service selecting its pods, found {len(services)}"
+        # The gateway has two: a ClusterIP and a headless one for clients that round_robin over its pods.
+        expected = 2 if service_of(deployment) == "gateway" else 1
+        assert len(services) == expected, f"{name}: expected {expected} Services selecting its pods, found {len(services)}"
         budgets = [p for p in of_kind(docs, "PodDisruptionBudget") if selects(p["spec"]["selector"]["matchLabels"], labels)]
         assert len(budgets) == 1, f"{name}: expected one PodDisruptionBudget, found {len(budgets)}"
         # A budget must never select another Deployment's pods.
@@ -189,6 +191,28 @@ def test_gateways_and_workers_discover_every_scheduler_through_the_headless_serv
         if service_of(deployment) in ("gateway", "worker"):
             address = loaded_config(deployment, docs).scheduler_address
             assert address == f"dns:///{service['metadata']['name']}:{container_port}", deployment["metadata"]["name"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_clients_can_round_robin_over_every_gateway_through_a_headless_service_its_certificate_names(
+        rendered, overlay):
+    # Issue 35: a stock gRPC client with round_robin and health checking needs one DNS record per
+    # gateway pod; a ClusterIP's one virtual IP pins its connection to one pod.
+    docs = rendered[overlay]
+    (gateway,) = [d for d in infermesh_deployments(docs) if service_of(d) == "gateway"]
+    service = by_name(docs, "Service", "infermesh-gateway-headless")
+    assert selects(service["spec"]["selector"], pod_labels(gateway))
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"].get("publishNotReadyAddresses", False) is False, "a draining gateway must leave DNS"
+    (grpc_port,) = [p for p in service["spec"]["ports"] if p["name"] == "grpc"]
+    container_port = next(p["containerPort"] for p in container_of(gateway)["ports"] if p["name"] == "grpc")
+    assert grpc_port["port"] == container_port and grpc_port["targetPort"] == "grpc"
+    certificate = next(c for c in of_kind(docs, "Certificate") if c["spec"].get("uris") == ["spiffe://infermesh/gateway"])
+    name = service["metadata"]["name"]
+    namespace = by_name(docs, "Namespace", "infermesh")["metadata"]["name"]
+    for dialled in (name, f"{name}.{namespace}.svc", f"{name}.{namespace}.svc.cluster.local"):
+        assert dialled in certificate["spec"]["dnsNames"], f"clients dialling {dialled} verify it"
+    assert f"dns:///{name}.{namespace}.svc" in (REPO / "docs" / "operations.md").read_text(), "documented for clients"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
