@@ -101,7 +101,7 @@ def test_openai_target_streams_and_waits_on_completions_and_chat(mesh, tmp_path,
     doc = _run(tmp_path, capsys, "openai", HTTP_GENERATE, f"openai+https://127.0.0.1:{mesh.http_port}/v1")
     overall = _all_ok(doc)
     assert doc["meta"]["target_kind"] == "openai+http" and doc["meta"]["stages_reported"] is True
-    # The gateway's timings ride on the last event (streamed) or the body and x-infermesh-timings (whole).
+    # The gateway's timings ride on the last event (streamed) or the body and Server-Timing (whole).
     assert {"admission", "queue_wait", "compute"} <= set(overall["stages"])
     for name in ("completions-stream", "chat-stream", "completions-whole", "chat-whole"):
         group = doc["classes"][name]
@@ -122,10 +122,11 @@ def test_kserve_grpc_target_infers_and_streams(mesh, tmp_path, capsys):
     assert stream["mean_output_tokens"] == 6 and stream["ttft_ms"]["count"] > 0
 
 
-def test_kserve_http_target_infers_with_binary_tensors(mesh, tmp_path, capsys):
+def test_kserve_http_target_infers_with_binary_tensors_and_reads_the_gateways_server_timing(mesh, tmp_path, capsys):
     doc = _run(tmp_path, capsys, "kserve-http", CLASSIFY, f"kserve+https://127.0.0.1:{mesh.http_port}")
-    _all_ok(doc)
-    assert doc["meta"]["target_kind"] == "kserve+http" and doc["meta"]["stages_reported"] is False
+    overall = _all_ok(doc)
+    assert doc["meta"]["target_kind"] == "kserve+http" and doc["meta"]["stages_reported"] is True
+    assert {"network", "queue_wait", "compute"} <= set(overall["stages"])  # from the gateway's Server-Timing
     assert doc["classes"]["classify-png"]["num_ok"] > 0 and doc["classes"]["classify-raw"]["num_ok"] > 0
 
 

@@ -33,6 +33,7 @@ from services.common.config import ConfigError
 from services.gateway.fronts.kserve_http import PREFIX as KSERVE_PREFIX
 from services.gateway.fronts.kserve_http import KServeHttp, kserve_errors
 from services.gateway.fronts.openai_http import OpenAIFront, openai_errors
+from services.gateway.fronts.server_timing import copy_to_server_timing
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class HttpServer:
         app = web.Application(middlewares=[_errors_by_protocol, _body_deadline(body_timeout_s)],
                               client_max_size=max_body_bytes)
         app.add_routes(front.routes())
+        app.on_response_prepare.append(copy_to_server_timing)  # stages as browsers and load tools read them
         if kserve is not None:
             app.add_routes(kserve.routes())
         # handler_cancellation: on disconnect the generation is closed and its KV blocks freed upstream.

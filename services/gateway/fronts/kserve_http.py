@@ -26,6 +26,7 @@ from services.gateway.fronts import json_body, kserve_http_codec
 from services.gateway.fronts.caller import http_authorization, http_caller
 from services.gateway.fronts.http_refusals import refusal_middleware
 from services.gateway.fronts.http_status import http_refusal
+from services.gateway.fronts.server_timing import TIMINGS_HEADER, header_value
 from services.gateway.kserve.core import EXTENSIONS, SERVER_NAME, SERVER_VERSION, KServeCore
 
 PREFIX = "/v2"
@@ -112,12 +113,13 @@ class KServeHttp:
         except errors.InfermeshError as err:
             self._core.authenticate(http_authorization(request))  # an unknown caller learns nothing about bodies
             raise err from None
-        answer = await self._core.infer(inference.request, caller)
+        answer, timings = await self._core.infer_timed(inference.request, caller)
         body, header_length = kserve_http_codec.infer_response(answer, inference)
+        headers = {TIMINGS_HEADER: header_value(timings)}  # and Server-Timing (http_server)
         if header_length is None:
-            return web.Response(body=body, content_type="application/json")
-        return web.Response(body=body, content_type="application/octet-stream",
-                            headers={kserve_http_codec.HEADER_LENGTH: str(header_length)})
+            return web.Response(body=body, content_type="application/json", headers=headers)
+        headers[kserve_http_codec.HEADER_LENGTH] = str(header_length)
+        return web.Response(body=body, content_type="application/octet-stream", headers=headers)
 
 
 def _model_of(request: web.Request) -> tuple[str, str]:

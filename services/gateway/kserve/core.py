@@ -145,6 +145,12 @@ class KServeCore:
     async def infer(self, request: kserve.ModelInferRequest, caller: Caller) -> kserve.ModelInferResponse:
         """A classifier request of one or N images, or a tensor model's request of N rows (each row one
         upstream Classify, so rows batch across callers); generators answer through `stream`."""
+        response, _ = await self.infer_timed(request, caller)
+        return response
+
+    async def infer_timed(self, request: kserve.ModelInferRequest,
+                          caller: Caller) -> tuple[kserve.ModelInferResponse, common_pb2.Timings]:
+        """`infer`, and the stage timings of its slowest upstream call (the REST front's Server-Timing)."""
         request_id = request.id or uuid.uuid4().hex
         bind(request_id=request_id)
         with self._admission.scope("ModelInfer", request.model_name, request.model_version,
@@ -166,7 +172,7 @@ class KServeCore:
                     payloads = [{"image": image} for image in decoded.images]
             with self._counted(info, len(payloads)) as served:
                 answers = await self._classify_all(scope, request, info, payloads, request_id)
-                served.timings = max((a.timings for a in answers), key=lambda t: t.total_us)
+                served.timings = timings = max((a.timings for a in answers), key=lambda t: t.total_us)
                 response = kserve.ModelInferResponse(model_name=request.model_name,
                                                      model_version=answers[0].model.version, id=request.id)
                 if tensor_codec.is_tensor(info):
@@ -174,7 +180,7 @@ class KServeCore:
                 else:
                     batch = [kserve_codec.scores_from_labels(info.labels, a.labels) for a in answers]
                     kserve_codec.encode_outputs(response, outputs, batch, decoded.batched)
-                return response
+                return response, timings
 
     async def _classify_all(self, scope: RequestScope, request: kserve.ModelInferRequest, info: gateway_pb2.ModelInfo,
                             payloads: Sequence[dict[str, Any]], request_id: str) -> list[gateway_pb2.ClassifyResponse]:
