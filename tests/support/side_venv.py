@@ -4,7 +4,11 @@ Each lives at the repository root (`.venv-<name>/`, git-ignored), is built once 
 reused while its marker file names the same requirement. Where it cannot be built (no PyPI), the
 test that needs it is skipped with pip's last lines.
 
-A test module that needs one names it in SIDE_VENV = (name, requirement); once the session has
+A server that runs our code inside another framework (the Ray Serve peer, bench/harness/ray_serve_peer.py)
+names it with `link_project=True`: its venv then also reaches the repository and .venv's packages
+(torch, numba...) through a .pth file, after its own, so the framework keeps the versions pip chose for it.
+
+A test module that needs one names it in SIDE_VENV = (name, requirement[, link_project]); once the session has
 collected its tests, tests/conftest.py starts those builds in the background (`prebuild`, one after
 the other), so pip's downloads and unpacking (10-60 s each on a fresh clone of the 2-core machine)
 overlap the tests that run first. `stop_building` (at the session's end) ends any pip still running.
@@ -19,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import threading
 from pathlib import Path
 
@@ -30,9 +35,9 @@ from tools.testbed.processes import ROOT
 class _Build(threading.Thread):
     """One side venv's build; `python` when done, else `skip_reason` (or `error`: pip timed out)."""
 
-    def __init__(self, name: str, requirement: str, after: _Build | None) -> None:
+    def __init__(self, name: str, requirement: str, after: _Build | None, link_project: bool = False) -> None:
         super().__init__(name=f"side-venv-{name}", daemon=True)
-        self.venv_name, self.requirement = name, requirement
+        self.venv_name, self.requirement, self.link_project = name, requirement, link_project
         self.after = after  # one build at a time: two pips side by side took longer than one after the other
         self.python: Path | None = None
         self.skip_reason = ""
@@ -55,6 +60,7 @@ class _Build(threading.Thread):
         python = venv / "bin" / "python"
         marker = venv / f".installed-{re.sub(r'[^A-Za-z0-9.=-]+', '-', self.requirement)}"
         if marker.exists():
+            self._link(python)
             self.python = python
             return
         shutil.rmtree(venv, ignore_errors=True)
@@ -82,8 +88,19 @@ class _Build(threading.Thread):
                 tail = "\n".join(output.strip().splitlines()[-5:])
                 self.skip_reason = f"cannot install {self.requirement} into {venv.name}: {tail}"
                 return
+        self._link(python)
         marker.touch()
         self.python = python
+
+    def _link(self, python: Path) -> None:
+        """The .pth that puts the repository and .venv's packages after the venv's own (link_project)."""
+        if not self.link_project:
+            return
+        purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        ours = sysconfig.get_paths()["purelib"]  # the project's .venv: pytest runs in it
+        # addsitedir also reads .venv's own .pth files (the editable project, the generated stubs).
+        (Path(purelib) / "zz-infermesh-project.pth").write_text(f"{ROOT}\nimport site; site.addsitedir({ours!r})\n")
 
     def stop(self) -> None:
         with self._lock:
@@ -103,17 +120,17 @@ def _signal_group(process: subprocess.Popen, sig: int) -> None:
 _builds: dict[tuple[str, str], _Build] = {}
 
 
-def prebuild(name: str, requirement: str) -> None:
+def prebuild(name: str, requirement: str, link_project: bool = False) -> None:
     """Starts building `.venv-<name>` with `requirement` in the background (once per session)."""
     if (name, requirement) not in _builds:
         last = next(reversed(_builds.values()), None)
-        build = _builds[(name, requirement)] = _Build(name, requirement, last)
+        build = _builds[(name, requirement)] = _Build(name, requirement, last, link_project)
         build.start()
 
 
-def side_venv_python(name: str, requirement: str) -> Path:
+def side_venv_python(name: str, requirement: str, link_project: bool = False) -> Path:
     """The python of `.venv-<name>` with `requirement` installed (e.g. "openai==3.51.0")."""
-    prebuild(name, requirement)
+    prebuild(name, requirement, link_project)
     build = _builds[(name, requirement)]
     build.join()
     if build.error is not None:

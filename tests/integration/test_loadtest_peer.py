@@ -1,0 +1,174 @@
+"""The load test against a server that is not ours: Ray Serve serving our repository's tinylm (OpenAI
+API) and digits (KServe v2 REST) with `@serve.batch` (bench/harness/ray_serve_peer.py), in a test-only
+venv (`ray[serve]` from PyPI, built in the background from the end of collection). Every request
+succeeds, and the report marks the stages absent: the peer reports none. Then `ab` of one scenario,
+the mesh's OpenAI front against the peer's, on tinylm both.
+
+One Ray Serve peer and one mesh (scheduler, a tinylm worker, gateway) for the module, started side by
+side; runs of 2 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from loadtest.cli import EXIT_OK, main
+from loadtest.report_json import SCHEMA_PATH, load_report
+from tests.support.side_venv import side_venv_python
+from tools.testbed.processes import ROOT, free_port, running_mesh, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SIDE_VENV = ("rayserve", "ray[serve]==2.60.0", True)
+PEER_START_S = 240  # Ray's cluster, Serve's controller and proxy, two replicas loading torch: ~45 s at load 11
+
+TENANT = "tenants:\n  - {name: alpha, api_key: demo-key-alpha}\n"
+GENERATE = """
+  - {name: completions-stream, kind: generate, model: tinylm, deadline_ms: 20000, prompt_len: 8, output_len: 6}
+  - {name: chat-stream, kind: generate, model: tinylm, deadline_ms: 20000, prompt_len: 8, output_len: 6, api: chat}
+  - {name: completions-whole, kind: generate, model: tinylm, deadline_ms: 20000, prompt_len: 8, output_len: 6,
+     stream: false}
+  - {name: chat-whole, kind: generate, model: tinylm, deadline_ms: 20000, prompt_len: 8, output_len: 6, api: chat,
+     stream: false}
+"""
+AB_GENERATE = """
+  - {name: completions-stream, kind: generate, model: tinylm, deadline_ms: 20000, prompt_len: 8, output_len: 6}
+"""
+CLASSIFY = """
+  - {name: classify-png, kind: classify, model: digits, share: 1, deadline_ms: 10000,
+     image: {size_px: 28, channels: 1, encoding: png, num_variants: 4}}
+  - {name: classify-raw, kind: classify, model: digits, share: 1, deadline_ms: 10000,
+     image: {size_px: 40, channels: 3, encoding: raw, num_variants: 4}}
+"""
+
+
+def _scenario(name: str, classes: str, rate_rps: float = 12, duration_s: float = 2) -> str:
+    return (f"name: {name}\nduration_s: {duration_s}\nwarmup_s: 0.5\nload: {{arrival: poisson, rate_rps: {rate_rps}}}\n"
+            f"{TENANT}classes:{classes}")
+
+
+@pytest.fixture(scope="module")
+def started_peer(tmp_path_factory):
+    """The Ray Serve peer's process, its log and port: started, not yet ready; shut down after the module."""
+    python = side_venv_python(*SIDE_VENV)
+    port = free_port()
+    # Ray keeps Unix sockets under its temp dir: a short path, or they pass the 107-byte limit.
+    ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    log = tmp_path_factory.mktemp("ray-peer") / "peer.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([str(python), "-m", "bench.harness.ray_serve_peer", "--port", str(port),
+                                    "--temp-dir", ray_dir], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    try:
+        yield process, log, port
+    finally:
+        _stop(process)
+        shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory, started_peer):
+    """Started while the peer boots (each takes ~35 s on the loaded 2-core box)."""
+    http_port = free_port()
+    with running_mesh(tmp_path_factory.mktemp("peer-mesh"), tls=False) as mesh:
+        mesh.start_scheduler()
+        mesh.start_worker("tinylm")
+        mesh.start_gateway("--http-port", str(http_port))
+        mesh.http_port = http_port
+        yield mesh
+
+
+@pytest.fixture(scope="module")
+def peer(started_peer, mesh):
+    """HOST:PORT of the ready Ray Serve peer (plain HTTP)."""
+    process, log, port = started_peer
+    wait_until(lambda: process.poll() is not None or "READY" in log.read_text(errors="replace"),
+               timeout_s=PEER_START_S, interval_s=0.2, message="the Ray Serve peer READY")
+    if process.poll() is not None:
+        pytest.fail(f"the Ray Serve peer exited {process.returncode}:\n{_tail(log)}")
+    return f"127.0.0.1:{port}"
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM: the peer shuts Serve and its Ray cluster down; then whatever is left in its process
+    group (Ray's processes it started, had that not ended within the wait) is killed."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # the group ended with the peer
+    process.wait(timeout=10)
+
+
+def _tail(log: Path) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+
+
+def _run(tmp_path, capsys, name: str, classes: str, target: str) -> dict:
+    scenario = tmp_path / f"{name}.yaml"
+    scenario.write_text(_scenario(name, classes))
+    code = main(["run", str(scenario), "--target", target, "--out", str(tmp_path), "--no-progress",
+                 "--wait-ready-s", "20"])
+    assert code == EXIT_OK, capsys.readouterr()
+    (path,) = tmp_path.glob(f"{name}-*.json")
+    doc = load_report(path)
+    jsonschema.validate(doc, json.loads(SCHEMA_PATH.read_text()), cls=jsonschema.Draft202012Validator)
+    return doc
+
+
+def _all_ok(doc: dict, min_requests: int = 8) -> dict:
+    overall = doc["overall"]
+    assert overall["num_requests"] >= min_requests
+    assert overall["num_errors"] == 0, overall["error_examples"]
+    return overall
+
+
+def test_openai_target_streams_and_waits_on_ray_serve_and_marks_its_stages_absent(peer, tmp_path, capsys):
+    doc = _run(tmp_path, capsys, "peer-openai", GENERATE, f"openai+http://{peer}/v1")
+    overall = _all_ok(doc)
+    assert doc["meta"]["target_kind"] == "openai+http" and doc["meta"]["stages_reported"] is False
+    assert set(overall["stages"]) <= {"client_queue", "other"}  # no server stage is made up
+    for name in ("completions-stream", "chat-stream", "completions-whole", "chat-whole"):
+        group = doc["classes"][name]
+        assert group["num_ok"] > 0, name
+        assert group["stream"]["mean_output_tokens"] == 6, name  # the peer's usage
+    assert doc["classes"]["completions-stream"]["stream"]["itl_ms"]["count"] > 0
+
+
+def test_kserve_http_target_infers_on_ray_serve(peer, tmp_path, capsys):
+    doc = _run(tmp_path, capsys, "peer-kserve", CLASSIFY, f"kserve+http://{peer}")
+    overall = _all_ok(doc)
+    assert doc["meta"]["target_kind"] == "kserve+http" and doc["meta"]["stages_reported"] is False
+    assert set(overall["stages"]) <= {"client_queue", "other"}
+    assert doc["classes"]["classify-png"]["num_ok"] > 0 and doc["classes"]["classify-raw"]["num_ok"] > 0
+
+
+def test_ab_sets_the_mesh_and_ray_serve_side_by_side_on_one_scenario(mesh, peer, tmp_path, capsys):
+    scenario = tmp_path / "mesh-vs-ray.yaml"
+    scenario.write_text(_scenario("mesh-vs-ray", AB_GENERATE, rate_rps=6, duration_s=1.5))
+    code = main(["ab", str(scenario), "--target", f"openai+http://127.0.0.1:{mesh.http_port}/v1",
+                 "--target", f"openai+http://{peer}/v1", "--slice-s", "0.5", "--out", str(tmp_path), "--no-progress",
+                 "--wait-ready-s", "30"])
+    assert code == EXIT_OK, capsys.readouterr()
+    doc = json.loads(next(tmp_path.glob("ab-mesh-vs-ray-*.json")).read_text())
+    for side in ("a", "b"):
+        _all_ok(doc[side], min_requests=4)
+        assert doc[side]["classes"]["completions-stream"]["stream"]["mean_output_tokens"] == 6
+    # The mesh reports its stages; the peer does not, and its report says so rather than inventing them.
+    assert doc["a"]["meta"]["stages_reported"] is True and doc["b"]["meta"]["stages_reported"] is False
+    metrics = {(c["group"], c["metric"]) for c in doc["comparison"]}
+    assert {("overall", "p99"), ("class:completions-stream", "ttft_p50")} <= metrics
