@@ -31,6 +31,7 @@ from services.scheduler.attach_types import (
     WorkerCapacity,
     WorkerHello,
 )
+from services.scheduler.logprobs import PositionLogprobs, TokenLogprob
 from services.scheduler.step_plan import SequenceStep, StepPlan
 from services.scheduler.tokenizer_spec import TokenizerKind, TokenizerSpec
 
@@ -105,12 +106,20 @@ def decode_tokenizer_spec(spec: scheduler_pb2.TokenizerSpec) -> TokenizerSpec:
 def decode_step_result(result: scheduler_pb2.StepResult) -> StepOutcome:
     token_ids: dict[int, int] = {}
     failures: dict[int, str] = {}
+    logprobs: dict[int, PositionLogprobs] = {}
     for out in result.outputs:
         if out.HasField("error") and out.error.code != 0:
             failures[out.seq_id] = out.error.message
         else:
             token_ids[out.seq_id] = out.token_id
-    return StepOutcome(token_ids, failures, result.timings.total_us / 1e6)
+            if out.HasField("logprobs"):
+                logprobs[out.seq_id] = decode_logprobs(out.logprobs)
+    return StepOutcome(token_ids, failures, result.timings.total_us / 1e6, logprobs)
+
+
+def decode_logprobs(logprobs: common_pb2.PositionLogprobs) -> PositionLogprobs:
+    return PositionLogprobs(TokenLogprob(logprobs.token.token_id, logprobs.token.logprob),
+                            tuple(TokenLogprob(t.token_id, t.logprob) for t in logprobs.top))
 
 
 def decode_batch_result(result: scheduler_pb2.BatchResult) -> BatchOutcome:
@@ -202,6 +211,9 @@ def _fill_run_step(command: scheduler_pb2.RunStep, plan: StepPlan,
                 sampling.temperature = step.sampling.temperature
             if step.sampling.top_p != 1.0:
                 sampling.top_p = step.sampling.top_p
+            if step.sampling.logprobs:
+                sampling.logprobs = True
+                sampling.top_logprobs = step.sampling.top_logprobs
             if context.trace_context and _traced(step):
                 seq.trace_context.update(context.trace_context)
         if step.input_from_last_sample:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from services.common.errors import InfermeshError
 from services.common.timings import StageTime
+from services.scheduler.logprobs import PositionLogprobs
 from services.scheduler.model_text import ModelText
 from services.scheduler.step_plan import StepPlan
 from services.scheduler.tokenizer_spec import TokenizerSpec
@@ -172,3 +173,5 @@ class StepOutcome:
     # The worker's message by seq_id, for the sequences it failed.
     failures: Mapping[int, str]
     worker_total_s: float
+    # By seq_id, for the sampled sequences whose request asked for logprobs.
+    logprobs: Mapping[int, PositionLogprobs] = field(default_factory=dict)

@@ -13,6 +13,7 @@ from services.common.timings import StageTime, seconds_to_us
 from services.scheduler.attach_codec import KIND_TO_WIRE
 from services.scheduler.attach_types import Label, ModelKey
 from services.scheduler.fair_queue import TenantContext
+from services.scheduler.logprobs import MAX_TOP_LOGPROBS
 from services.scheduler.model_text import ModelText
 from services.scheduler.pressure import ModelPressure
 from services.scheduler.sequence import FinishReason, SamplingParams
@@ -76,6 +77,11 @@ def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int) -> Sam
     if not 0 <= sampling.top_p <= 1:
         raise errors.InvalidArgument(f"sampling.top_p must be in [0, 1], got {sampling.top_p}")
     _check_stops(sampling.stop)
+    if sampling.top_logprobs > MAX_TOP_LOGPROBS:
+        raise errors.InvalidArgument(f"sampling.top_logprobs must be at most {MAX_TOP_LOGPROBS}, "
+                                     f"got {sampling.top_logprobs}")
+    if sampling.top_logprobs and not sampling.logprobs:
+        raise errors.InvalidArgument("sampling.top_logprobs needs sampling.logprobs")
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=sampling.temperature,
@@ -83,6 +89,8 @@ def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int) -> Sam
         seed=sampling.seed if sampling.HasField("seed") else None,
         stop=tuple(sampling.stop),
         ignore_eos=sampling.ignore_eos,
+        logprobs=sampling.logprobs,
+        top_logprobs=sampling.top_logprobs,
     )
 
 

@@ -96,10 +96,12 @@ class ChunkCoalescer:
         if len(pending) == 1:
             return pending[0]
         token_ids: list[int] = []
+        logprobs: list = []
         for delta in pending:
             token_ids.extend(delta.token_ids)
+            logprobs.extend(delta.logprobs)
         # The last delta carries what describes the stream so far (finish_reason, usage counts).
-        return dataclasses.replace(pending[-1], token_ids=tuple(token_ids),
+        return dataclasses.replace(pending[-1], token_ids=tuple(token_ids), logprobs=tuple(logprobs),
                                    text="".join(delta.text for delta in pending), index=pending[0].index)
 
 

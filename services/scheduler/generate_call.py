@@ -4,6 +4,7 @@ pool, and the chunks it fills (the first names the model, the last carries usage
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +44,8 @@ class GenerateCall:
         chunk.token_ids.extend(delta.token_ids)
         chunk.text = delta.text
         chunk.index = delta.index
+        if delta.logprobs:
+            self._fill_logprobs(chunk, delta)
         if delta.finish_reason is not None:
             chunk.finish_reason = FINISH_REASONS[delta.finish_reason]
         if self._first:
@@ -51,6 +54,22 @@ class GenerateCall:
         if delta.is_last:
             self._fill_last(chunk, delta)
             self._span.set_attribute("infermesh.completion_tokens", delta.num_generated)
+
+    def _fill_logprobs(self, chunk: gateway_pb2.GenerateResponse, delta: SequenceDelta) -> None:
+        """One PositionLogprobs per token, each token's bytes added (the gateway has no tokenizer)."""
+        token_bytes = self._entry.pool.tokenizer.token_bytes
+        add = chunk.logprobs.add
+        for token_id, logprobs in zip(delta.token_ids, delta.logprobs, strict=True):
+            position = add()
+            position.token.token_id = token_id
+            position.token.token_bytes = token_bytes(token_id)
+            if logprobs is None:  # the worker sent none (one predating logprobs): NaN, never a made-up value
+                position.token.logprob = math.nan
+                continue
+            position.token.logprob = logprobs.token.logprob
+            add_top = position.top.add
+            for top in logprobs.top:
+                add_top(token_id=top.token_id, logprob=top.logprob, token_bytes=token_bytes(top.token_id))
 
     def _fill_last(self, chunk: gateway_pb2.GenerateResponse, delta: SequenceDelta) -> None:
         stream, began_s = self.stream, self._began_s

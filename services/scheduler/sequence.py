@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from services.scheduler.fair_queue import Priority, TenantContext
+from services.scheduler.logprobs import MAX_TOP_LOGPROBS, PositionLogprobs
 from services.scheduler.output_stream import OutputStream
 
 
@@ -48,6 +49,9 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # Report each output token's logprob (and top_logprobs alternatives) in its chunk.
+    logprobs: bool = False
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -58,6 +62,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS or (self.top_logprobs and not self.logprobs):
+            raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], and 0 without logprobs")
 
 
 @dataclass(eq=False)
@@ -101,6 +107,8 @@ class Sequence:
     # Prompt tokens never computed for this request because the cache held them (usage.cached_prompt_tokens):
     # num_prompt_tokens minus this is what its tenant was billed for the prompt.
     num_cached_prompt_tokens: int = 0
+    # With sampling.logprobs: one entry per output token, None for those a continuation brought.
+    output_logprobs: list[PositionLogprobs | None] = field(default_factory=list)
 
     @property
     def priority(self) -> Priority:

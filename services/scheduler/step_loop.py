@@ -229,7 +229,8 @@ class WorkerLoop:
         """Applies the worker's result (what the next step depends on); its chunks wait for _flush()."""
         timing = self._pacing.on_result(step.sent_at_s, step.index_in_command, step.command_size)
         self._metrics.timed(timing.took_s, outcome.worker_total_s, timing.gap_s)
-        self._deltas = self.scheduler.update_from_output(step.plan, outcome.token_ids, timing.share_s)
+        self._deltas = self.scheduler.update_from_output(step.plan, outcome.token_ids, timing.share_s,
+                                                          outcome.logprobs)
         self._done = (step.plan, outcome)
 
     # -- rest ------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.scheduler.logprobs import PositionLogprobs
 from services.scheduler.sequence import AbortReason, FinishReason, SamplingParams
 
 
@@ -82,6 +83,8 @@ class SequenceDelta:
     # Tokens generated in total (usage.completion_tokens), counting an end-of-sequence token
     # that is not streamed.
     num_generated: int = 0
+    # With sampling.logprobs: one per token_ids entry (None where the worker sent none).
+    logprobs: tuple[PositionLogprobs | None, ...] = ()
 
     @property
     def is_last(self) -> bool:

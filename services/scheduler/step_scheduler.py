@@ -61,6 +61,7 @@ from services.scheduler.latency_predictor import (
     StepTimeModel,
     steps_until_slot,
 )
+from services.scheduler.logprobs import PositionLogprobs
 from services.scheduler.output_stream import OutputStream, StreamChunk
 from services.scheduler.prefix_cache import (
     PrefixCacheKeys,
@@ -170,6 +171,7 @@ class StepScheduler:
             stream=stream,
             output_token_ids=list(delivered_token_ids),
             tpot_target_s=tpot_target_s,
+            output_logprobs=[None] * len(delivered_token_ids) if sampling.logprobs else [],
         )
         if self.config.enable_prefix_cache:
             seq.cache_salt = tenant_salt(tenant.tenant_id)
@@ -308,11 +310,13 @@ class StepScheduler:
         return len(self._in_flight)
 
     def update_from_output(self, plan: StepPlan, sampled_token_ids: Mapping[int, int],
-                           step_time_s: float | None = None) -> list[SequenceDelta]:
+                           step_time_s: float | None = None,
+                           logprobs: Mapping[int, PositionLogprobs] | None = None) -> list[SequenceDelta]:
         """Applies the worker's result of `plan` (the oldest step in flight): one sampled token per
         sequence whose step sampled. Sequences that ended since `plan` was made are skipped.
         `step_time_s`: what the step took, when the caller knows better than the time since the last
-        result (steps whose results came back together).
+        result (steps whose results came back together). `logprobs`: by seq_id, what the worker
+        reported for the sequences that asked.
 
         A sampling sequence missing from `sampled_token_ids` (the worker failed it), or given
         a token outside the vocabulary, is aborted with AbortReason.FAILED and reported in its delta.
@@ -349,6 +353,8 @@ class StepScheduler:
                 self.abort(seq.seq_id, AbortReason.FAILED)
                 deltas.append(self._delta(seq, StreamChunk((), "", seq.stream.num_emitted_tokens)))
                 continue
+            if seq.sampling.logprobs:
+                seq.output_logprobs.append(logprobs.get(seq.seq_id) if logprobs else None)
             delta = self._append_token(seq, token_id, now)
             if delta is not None:
                 deltas.append(delta)
@@ -767,6 +773,8 @@ class StepScheduler:
             abort_reason=seq.abort_reason,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_generated=seq.num_generated,
+            logprobs=(tuple(seq.output_logprobs[chunk.index : chunk.index + len(chunk.token_ids)])
+                      if seq.sampling.logprobs else ()),
         )
 
     def _retire(self, seq: Sequence) -> None:

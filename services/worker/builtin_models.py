@@ -140,7 +140,8 @@ class ToyGeneratorRuntime:
         began = time.perf_counter()
         for seq_id in command.finished_seq_ids:
             self._blocks.pop(seq_id, None)
-        outputs = []
+        result = scheduler_pb2.StepResult(step_id=command.step_id)
+        outputs = result.outputs
         for seq in command.seqs:
             if seq.reset_block_table:
                 self._blocks[seq.seq_id] = []
@@ -149,15 +150,17 @@ class ToyGeneratorRuntime:
                 continue
             last = seq.token_ids[-1] if seq.token_ids else ord("a")
             letter = last - ord("a") if ord("a") <= last <= ord("z") else -1
-            outputs.append(scheduler_pb2.SequenceOutput(seq_id=seq.seq_id, token_id=ord("a") + (letter + 1) % 26))
+            token = common_pb2.TokenLogprob(token_id=ord("a") + (letter + 1) % 26)  # certain: logprob 0
+            output = outputs.add(seq_id=seq.seq_id, token_id=token.token_id)
+            if seq.sampling.logprobs:
+                output.logprobs.token.CopyFrom(token)
+                if seq.sampling.top_logprobs:
+                    output.logprobs.top.append(token)
         if self._compute_s:
             time.sleep(self._compute_s)
         elapsed = seconds_to_us(time.perf_counter() - began)
-        return scheduler_pb2.StepResult(
-            step_id=command.step_id,
-            outputs=outputs,
-            timings=to_proto([StageTime("compute", elapsed, "worker")], total_us=elapsed),
-        )
+        result.timings.CopyFrom(to_proto([StageTime("compute", elapsed, "worker")], total_us=elapsed))
+        return result
 
     def abort(self, command: scheduler_pb2.Abort) -> None:
         for seq_id in command.seq_ids:

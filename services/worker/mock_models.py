@@ -42,7 +42,7 @@ from services.common.timings import StageTime, seconds_to_us, to_proto
 from services.worker.builtin_models import BYTE_EOS, BYTE_VOCAB_SIZE, INVALID_ARGUMENT, PROTOCOL_VERSION
 from services.worker.sequence_mirror import MAX_STEPS_IN_FLIGHT, MAX_STEPS_PER_COMMAND, SequenceMirror
 from services.worker.step_codec import run_step_from_proto, step_result_to_proto
-from services.worker.work import RunStep, SequenceOutput, SequenceStep
+from services.worker.work import PositionLogprobs, RunStep, SequenceOutput, SequenceStep, TokenLogprob
 
 Sleep = Callable[[float], Awaitable[None]]
 _MASK_64 = (1 << 64) - 1
@@ -180,7 +180,10 @@ class MockGeneratorRuntime:
                 if self._profile.token_shift and admitted.end_position > GOLDEN_POSITIONS:
                     token = ord("a") + (token - ord("a") + self._profile.token_shift) % 26
                 self._mirror.computed(admitted, token)
-                outputs[admitted.index] = SequenceOutput(seq.seq_id, token_id=token, logprob=0.0)
+                certain = TokenLogprob(token, 0.0)  # the mock's token has probability 1
+                logprobs = (PositionLogprobs(certain, (certain,) if seq.sampling.top_logprobs else ())
+                            if seq.sampling.logprobs else None)
+                outputs[admitted.index] = SequenceOutput(seq.seq_id, token_id=token, logprob=0.0, logprobs=logprobs)
             else:
                 self._mirror.computed(admitted)
                 outputs[admitted.index] = SequenceOutput(seq.seq_id)

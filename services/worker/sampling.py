@@ -9,10 +9,21 @@ noise in its logits).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from services.worker.work import SamplingParams
+from services.worker.work import PositionLogprobs, SamplingParams, TokenLogprob
+
+# The most alternatives a request may ask for at each position (OpenAI's limit for top_logprobs).
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class Sample:
+    token_id: int
+    logprob: float  # under the distribution drawn from (after the top_p cut), as SequenceOutput.logprob
+    logprobs: PositionLogprobs | None = None  # with params.logprobs: under log_softmax(logits / temperature)
 
 
 def check_sampling(params: SamplingParams) -> None:
@@ -23,6 +34,8 @@ def check_sampling(params: SamplingParams) -> None:
         raise ValueError(f"top_p must be in (0, 1] (0 means 1), got {params.top_p}")
     if params.seed is not None and not 0 <= params.seed < 2**64:
         raise ValueError(f"seed must be in [0, 2**64), got {params.seed}")
+    if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {params.top_logprobs}")
 
 
 def uniform_draw(seed: int, index: int) -> float:
@@ -31,17 +44,26 @@ def uniform_draw(seed: int, index: int) -> float:
 
 
 def sample_token(logits: np.ndarray, params: SamplingParams, *, seed: int, index: int) -> tuple[int, float]:
-    """Token id and its log-probability for `logits float[vocab]`.
+    """`sample()`'s token id and its log-probability under the distribution drawn from."""
+    drawn = sample(logits, params, seed=seed, index=index)
+    return drawn.token_id, drawn.logprob
+
+
+def sample(logits: np.ndarray, params: SamplingParams, *, seed: int, index: int) -> Sample:
+    """The next token for `logits float[vocab]`.
 
     Greedy (temperature 0) returns the argmax and its log-probability under
     softmax(logits). Otherwise the distribution is softmax(logits / temperature)
     cut to the smallest top-probability set whose mass reaches top_p and
-    renormalized; the logprob is under that distribution.
+    renormalized; `Sample.logprob` is under that distribution. The logprobs a request asks
+    for (`params.logprobs`) are those of log_softmax(logits / temperature), temperature 0 read
+    as 1, before the cut: the same logits the draw uses, as OpenAI and vLLM report them.
     """
     logits = np.asarray(logits, dtype=np.float64)
     if params.temperature == 0:
         token = int(np.argmax(logits))
-        return token, float(logits[token] - _logsumexp(logits))
+        log_probs = logits - _logsumexp(logits)
+        return Sample(token, float(log_probs[token]), _reported(log_probs, token, params))
     scaled = logits / params.temperature
     probs = np.exp(scaled - scaled.max())
     probs /= probs.sum()
@@ -53,7 +75,26 @@ def sample_token(logits: np.ndarray, params: SamplingParams, *, seed: int, index
     kept = sorted_probs[:num_kept] / cumulative[num_kept - 1]
     choice = int(np.searchsorted(np.cumsum(kept), uniform_draw(seed, index), side="right"))
     choice = min(choice, num_kept - 1)  # guards the draw against rounding at the top of the cumulative sum
-    return int(order[choice]), float(math.log(kept[choice]))
+    token = int(order[choice])
+    reported = None
+    if params.logprobs:
+        reported = _reported(scaled - _logsumexp(scaled), token, params, order)
+    return Sample(token, float(math.log(kept[choice])), reported)
+
+
+def _reported(log_probs: np.ndarray, token: int, params: SamplingParams,
+              order: np.ndarray | None = None) -> PositionLogprobs | None:
+    """The sampled token's logprob and the top_logprobs largest; `order`: indices by descending
+    probability, ties by lower id, when the caller has them."""
+    if not params.logprobs:
+        return None
+    k = min(params.top_logprobs, len(log_probs))
+    if order is None and k:
+        # argpartition: O(vocab) for the k largest, then only those k sorted (ties: lower id first).
+        candidates = np.argpartition(-log_probs, k - 1)[:k]
+        order = candidates[np.lexsort((candidates, -log_probs[candidates]))]
+    top = tuple(TokenLogprob(int(t), float(log_probs[t])) for t in (order[:k] if k else ()))  # type: ignore[index]
+    return PositionLogprobs(TokenLogprob(token, float(log_probs[token])), top)
 
 
 def _logsumexp(x: np.ndarray) -> float:

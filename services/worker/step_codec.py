@@ -25,6 +25,8 @@ def sequence_step_from_proto(seq: scheduler_pb2.SequenceStep) -> work.SequenceSt
             temperature=sampling.temperature,
             top_p=sampling.top_p or 1.0,
             seed=sampling.seed if sampling.HasField("seed") else None,
+            logprobs=sampling.logprobs,
+            top_logprobs=sampling.top_logprobs,
         ),
         num_generated=seq.num_generated,
         num_cached_tokens=seq.num_cached_tokens,
@@ -40,6 +42,15 @@ def run_step_from_proto(command: scheduler_pb2.RunStep) -> work.RunStep:
     )
 
 
+def logprobs_to_proto(logprobs: work.PositionLogprobs | None) -> common_pb2.PositionLogprobs | None:
+    if logprobs is None:
+        return None
+    return common_pb2.PositionLogprobs(
+        token=common_pb2.TokenLogprob(token_id=logprobs.token.token_id, logprob=logprobs.token.logprob),
+        top=[common_pb2.TokenLogprob(token_id=t.token_id, logprob=t.logprob) for t in logprobs.top],
+    )
+
+
 def step_result_to_proto(step_id: int, outputs: Iterable[work.SequenceOutput],
                          timings: common_pb2.Timings) -> scheduler_pb2.StepResult:
     """Sequences that only computed (no sample, no error) send nothing back."""
@@ -51,6 +62,7 @@ def step_result_to_proto(step_id: int, outputs: Iterable[work.SequenceOutput],
                 token_id=out.token_id if out.token_id is not None else 0,
                 logprob=out.logprob or 0.0,
                 error=item_error_to_proto(out.error),
+                logprobs=logprobs_to_proto(out.logprobs),
             )
             for out in outputs
             if out.token_id is not None or out.error is not None

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from services.common.clock import Clock
 from services.worker.models.generator import Generator
 from services.worker.models.paged import PagedSequence
-from services.worker.sampling import sample_token
+from services.worker.sampling import sample
 from services.worker.sequence_mirror import SequenceMirror
 from services.worker.work import RunStep, SequenceOutput, StageDurations
 
@@ -75,10 +75,10 @@ class StepExecutor:
                 outputs[admitted.index] = SequenceOutput(seq.seq_id)
                 continue
             assert logits is not None  # a sampling sequence means the step ran (paged is non-empty)
-            token, logprob = sample_token(logits[row].numpy(), seq.sampling, seed=admitted.seed,
-                                          index=seq.num_generated)
-            self._mirror.computed(admitted, token)
-            outputs[admitted.index] = SequenceOutput(seq.seq_id, token_id=token, logprob=logprob)
+            drawn = sample(logits[row].numpy(), seq.sampling, seed=admitted.seed, index=seq.num_generated)
+            self._mirror.computed(admitted, drawn.token_id)
+            outputs[admitted.index] = SequenceOutput(seq.seq_id, token_id=drawn.token_id, logprob=drawn.logprob,
+                                                     logprobs=drawn.logprobs)
             row += 1
         t_done = self.clock()
         return [outputs[pos] for pos in range(len(step.seqs))], StageDurations(

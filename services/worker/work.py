@@ -67,6 +67,8 @@ class SamplingParams:
     temperature: float = 0.0  # 0: greedy (argmax)
     top_p: float = 1.0  # nucleus mass in (0, 1]; 0 is read as 1, like the proto
     seed: int | None = None  # None: the worker draws one per sequence (not reproducible across workers)
+    logprobs: bool = False  # report the sampled token's log-probability (SequenceOutput.logprobs)
+    top_logprobs: int = 0  # with logprobs: also the most likely tokens, 0..MAX_TOP_LOGPROBS
 
 
 @dataclass(frozen=True)
@@ -95,11 +97,26 @@ class RunStep:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float  # natural log, <= 0
+
+
+@dataclass(frozen=True)
+class PositionLogprobs:
+    """What SamplingParams.logprobs asks for at one position: under log_softmax(logits / temperature)."""
+
+    token: TokenLogprob  # the sampled token
+    top: tuple[TokenLogprob, ...] = ()  # the top_logprobs most likely tokens, most likely first
+
+
+@dataclass(frozen=True)
 class SequenceOutput:
     seq_id: int
     token_id: int | None = None  # set only when the step had sample=True and succeeded
     logprob: float | None = None  # log-probability of token_id under the sampling distribution
     error: ItemError | None = None
+    logprobs: PositionLogprobs | None = None  # with sampling.logprobs
 
 
 # --- timings ----------------------------------------------------------------

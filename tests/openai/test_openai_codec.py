@@ -106,15 +106,74 @@ def test_an_unknown_priority_is_invalid():
 
 
 @pytest.mark.parametrize(("parse", "body", "param"), [
-    (openai_codec.parse_completion, {"prompt": "a", "logprobs": 0}, "logprobs"),
-    (openai_codec.parse_chat, {"messages": [{"role": "user", "content": "a"}], "top_logprobs": 0}, "top_logprobs"),
-    (openai_codec.parse_chat, {"messages": [{"role": "user", "content": "a"}], "logprobs": True}, "logprobs"),
+    (openai_codec.parse_completion, {"prompt": "a", "logprobs": -1}, "logprobs"),
+    (openai_codec.parse_completion, {"prompt": "a", "logprobs": 21}, "logprobs"),
+    (openai_codec.parse_chat, {"messages": [{"role": "user", "content": "a"}], "top_logprobs": 1}, "top_logprobs"),
+    (openai_codec.parse_chat, {"messages": [{"role": "user", "content": "a"}], "logprobs": "yes"}, "logprobs"),
 ])
-def test_logprobs_are_refused_whenever_asked_for_zero_included(parse, body, param):
+def test_bad_logprobs_are_refused_naming_the_parameter(parse, body, param):
     with pytest.raises(openai_codec.BadParameter) as caught:
         parse({"model": "m", **body})
     assert caught.value.param == param
-    assert parse({"model": "m", **body, param: None}).model == "m"
+
+
+@pytest.mark.parametrize(("parse", "body", "wanted"), [
+    (openai_codec.parse_completion, {"prompt": "a", "logprobs": 0}, (True, 0)),
+    (openai_codec.parse_completion, {"prompt": "a", "logprobs": 5}, (True, 5)),
+    (openai_codec.parse_completion, {"prompt": "a"}, (False, 0)),
+    (openai_codec.parse_chat, {"messages": [{"role": "user", "content": "a"}], "logprobs": True}, (True, 0)),
+    (openai_codec.parse_chat, {"messages": [{"role": "user", "content": "a"}], "logprobs": True,
+                               "top_logprobs": 20}, (True, 20)),
+    (openai_codec.parse_chat, {"messages": [{"role": "user", "content": "a"}], "logprobs": False,
+                               "top_logprobs": 0}, (False, 0)),
+])
+def test_logprobs_become_sampling_params(parse, body, wanted):
+    sampling = parse({"model": "m", **body}).generate.sampling
+    assert (sampling.logprobs, sampling.top_logprobs) == wanted
+
+
+def _position(token: bytes, logprob: float, *top: tuple[bytes, float]) -> common_pb2.PositionLogprobs:
+    return common_pb2.PositionLogprobs(
+        token=common_pb2.TokenLogprob(token_id=token[0], logprob=logprob, token_bytes=token),
+        top=[common_pb2.TokenLogprob(token_id=t[0], logprob=lp, token_bytes=t) for t, lp in top])
+
+
+POSITIONS = [_position(b"Hi", -0.5, (b"Hi", -0.5), (b"Yo", -1.5)), _position(b"\xc3", -2.0, (b"!", -0.25))]
+
+
+def test_chat_logprobs_in_openais_shape():
+    parsed = openai_codec.parse_chat({"model": "m", "messages": [{"role": "user", "content": "a"}],
+                                      "logprobs": True, "top_logprobs": 2})
+    last = gateway_pb2.GenerateResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH)
+    choice = openai_codec.full_response(parsed, 1, "Hi\ufffd", last, POSITIONS)["choices"][0]
+    assert choice["logprobs"] == {"refusal": None, "content": [
+        {"token": "Hi", "logprob": -0.5, "bytes": [72, 105], "top_logprobs": [
+            {"token": "Hi", "logprob": -0.5, "bytes": [72, 105]}, {"token": "Yo", "logprob": -1.5, "bytes": [89, 111]}]},
+        {"token": "\ufffd", "logprob": -2.0, "bytes": [195], "top_logprobs": [
+            {"token": "!", "logprob": -0.25, "bytes": [33]}]},
+    ]}
+
+
+def test_streamed_completion_logprobs_count_text_offsets_across_chunks():
+    parsed = openai_codec.parse_completion({"model": "m", "prompt": "a", "logprobs": 1, "stream": True})
+    writer = openai_codec.LogprobsWriter(parsed)
+    first = gateway_pb2.GenerateResponse(text="Hi", logprobs=POSITIONS[:1])
+    second = gateway_pb2.GenerateResponse(text="\ufffd", logprobs=POSITIONS[1:],
+                                          finish_reason=common_pb2.FINISH_REASON_LENGTH)
+    events = [openai_codec.stream_chunk(parsed, 1, first, True, writer),
+              openai_codec.stream_chunk(parsed, 1, second, False, writer)]
+    assert [e["choices"][0]["logprobs"] for e in events] == [
+        {"tokens": ["Hi"], "token_logprobs": [-0.5], "top_logprobs": [{"Hi": -0.5, "Yo": -1.5}], "text_offset": [0]},
+        # The sampled token is always among top_logprobs (OpenAI: up to logprobs + 1 entries).
+        {"tokens": ["\ufffd"], "token_logprobs": [-2.0], "top_logprobs": [{"!": -0.25, "\ufffd": -2.0}],
+         "text_offset": [2]},
+    ]
+
+
+def test_no_logprobs_asked_none_written():
+    parsed = openai_codec.parse_completion({"model": "m", "prompt": "a"})
+    last = gateway_pb2.GenerateResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH)
+    assert openai_codec.full_response(parsed, 1, "x", last)["choices"][0]["logprobs"] is None
 
 
 @pytest.mark.parametrize("model", ["tinylm:", ":", ":2"])

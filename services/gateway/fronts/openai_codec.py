@@ -13,6 +13,7 @@ scheduler renders the model's own chat template and tokenizes once (docs/ARCHITE
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,9 @@ from services.gateway.fronts.http_status import HttpRefusal, http_refusal, match
 from services.gateway.quota.quotas import QuotaExceeded
 
 MAX_STOP_SEQUENCES = 4
+# OpenAI's limit for top_logprobs (the scheduler's and the worker's too), also taken for completions'
+# logprobs (OpenAI's legacy 5 would refuse what vLLM clients send).
+MAX_TOP_LOGPROBS = 20
 # Far above any model's max_seq_len; the scheduler refuses what does not fit the model.
 MAX_MAX_TOKENS = 1 << 20
 COMPLETION = "text_completion"
@@ -70,7 +74,9 @@ def parse_completion(body: Any) -> OpenAIRequest:
     if not prompt:
         raise BadParameter("prompt", "prompt must not be empty")
     _refuse_unsupported(body)
-    return _request(COMPLETION, body, prompt, _max_tokens(body, "max_tokens"))
+    parsed = _request(COMPLETION, body, prompt, _max_tokens(body, "max_tokens"))
+    _completion_logprobs(body, parsed.generate.sampling)
+    return parsed
 
 
 def parse_chat(body: Any) -> OpenAIRequest:
@@ -78,7 +84,9 @@ def parse_chat(body: Any) -> OpenAIRequest:
     messages = chat_messages(body.get("messages"))
     _refuse_unsupported(body)
     param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    return _request(CHAT, body, "", _max_tokens(body, param), messages)
+    parsed = _request(CHAT, body, "", _max_tokens(body, param), messages)
+    _chat_logprobs(body, parsed.generate.sampling)
+    return parsed
 
 
 def chat_messages(messages: Any) -> list[gateway_pb2.ChatMessage]:
@@ -160,19 +168,41 @@ _UNSUPPORTED_UNLESS = (
     ("functions", (None,), "functions are not supported"),
     ("function_call", (None, "none"), "function_call is not supported"),
 )
-# Refused whenever present, 0 included: `logprobs: 0` asks for the sampled token's logprob.
-_LOGPROBS = {"logprobs": "logprobs are not supported",
-             "top_logprobs": "top_logprobs is not supported (nor are logprobs)"}
+
+
+def _completion_logprobs(body: dict, sampling: common_pb2.SamplingParams) -> None:
+    """Completions: `logprobs: <int>` asks for the sampled token's logprob and that many alternatives
+    (0: the sampled token's alone)."""
+    if body.get("top_logprobs") is not None:
+        raise BadParameter("top_logprobs", "top_logprobs is a chat parameter; completions take logprobs: "
+                                           f"<0..{MAX_TOP_LOGPROBS}>")
+    value = body.get("logprobs")
+    if value is None:
+        return
+    if not _is_int(value) or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise BadParameter("logprobs", f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {_shown(value)}")
+    sampling.logprobs = True
+    sampling.top_logprobs = value
+
+
+def _chat_logprobs(body: dict, sampling: common_pb2.SamplingParams) -> None:
+    """Chat: `logprobs: true`, and `top_logprobs: <int>` alternatives with it."""
+    logprobs = _bool(body, "logprobs", False)
+    top = body.get("top_logprobs")
+    if top is not None:
+        if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise BadParameter("top_logprobs", f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], "
+                                               f"got {_shown(top)}")
+        if not logprobs and top:
+            raise BadParameter("top_logprobs", "top_logprobs needs logprobs: true")
+    sampling.logprobs = logprobs
+    sampling.top_logprobs = top or 0
 
 
 def _refuse_unsupported(body: dict) -> None:
     for name, allowed, message in _UNSUPPORTED_UNLESS:
         value = body.get(name)
         if not _is_default(value, allowed):
-            raise BadParameter(name, f"{message}, got {_shown(value)}")
-    for name, message in _LOGPROBS.items():
-        value = body.get(name)
-        if value is not None and value is not False:
             raise BadParameter(name, f"{message}, got {_shown(value)}")
     response_format = body.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
@@ -291,11 +321,62 @@ def response_id(request: OpenAIRequest) -> str:
     return prefix + request.generate.request_id
 
 
-def full_response(request: OpenAIRequest, created_s: int, text: str, last: gateway_pb2.GenerateResponse) -> dict:
+class LogprobsWriter:
+    """One choice's logprobs in OpenAI's shape, chunk after chunk: completions' text_offset counts
+    on from the tokens written before (each token's text as the tokenizer decodes it alone)."""
+
+    def __init__(self, request: OpenAIRequest) -> None:
+        self._completion = request.kind == COMPLETION
+        self._wanted = request.generate.sampling.logprobs
+        self._text_offset = 0
+
+    def write(self, positions: Sequence[common_pb2.PositionLogprobs]) -> dict | None:
+        """The `logprobs` object of a choice holding these positions; None when none were asked for."""
+        if not self._wanted:
+            return None
+        if not self._completion:
+            return {"content": [_chat_entry(p) for p in positions], "refusal": None}
+        tokens = [_token_text(p.token) for p in positions]
+        offsets = []
+        for token in tokens:
+            offsets.append(self._text_offset)
+            self._text_offset += len(token)
+        return {"tokens": tokens, "token_logprobs": [_logprob(p.token) for p in positions],
+                "top_logprobs": [_completion_top(p) for p in positions], "text_offset": offsets}
+
+
+def _token_text(token: common_pb2.TokenLogprob) -> str:
+    return token.token_bytes.decode("utf-8", errors="replace")
+
+
+def _logprob(token: common_pb2.TokenLogprob) -> float | None:
+    """NaN (a worker that reported none) as null: JSON has no NaN."""
+    return None if math.isnan(token.logprob) else token.logprob
+
+
+def _chat_top(token: common_pb2.TokenLogprob) -> dict:
+    return {"token": _token_text(token), "logprob": _logprob(token), "bytes": list(token.token_bytes)}
+
+
+def _chat_entry(position: common_pb2.PositionLogprobs) -> dict:
+    return {**_chat_top(position.token), "top_logprobs": [_chat_top(t) for t in position.top]}
+
+
+def _completion_top(position: common_pb2.PositionLogprobs) -> dict[str, float | None]:
+    """The alternatives and the sampled token (OpenAI: "up to logprobs + 1 elements")."""
+    top = {_token_text(t): _logprob(t) for t in position.top}
+    top.setdefault(_token_text(position.token), _logprob(position.token))
+    return top
+
+
+def full_response(request: OpenAIRequest, created_s: int, text: str, last: gateway_pb2.GenerateResponse,
+                  logprobs: Sequence[common_pb2.PositionLogprobs] = ()) -> dict:
+    """`logprobs`: every chunk's, in order."""
+    written = LogprobsWriter(request).write(logprobs)
     if request.kind == COMPLETION:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(last)}
+        choice = {"index": 0, "text": text, "logprobs": written, "finish_reason": finish_reason(last)}
     else:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": written,
                   "finish_reason": finish_reason(last)}
     return {
         "id": response_id(request), "object": request.kind, "created": created_s, "model": request.model,
@@ -304,17 +385,20 @@ def full_response(request: OpenAIRequest, created_s: int, text: str, last: gatew
     }
 
 
-def stream_chunk(request: OpenAIRequest, created_s: int, chunk: gateway_pb2.GenerateResponse, first: bool) -> dict:
-    """One SSE event's object for one upstream chunk; the last carries finish_reason and the timings."""
+def stream_chunk(request: OpenAIRequest, created_s: int, chunk: gateway_pb2.GenerateResponse, first: bool,
+                 logprobs: LogprobsWriter | None = None) -> dict:
+    """One SSE event's object for one upstream chunk; the last carries finish_reason and the timings.
+    `logprobs`: the stream's writer (one per stream), when the request asked for logprobs."""
     reason = finish_reason(chunk)
+    written = logprobs.write(chunk.logprobs) if logprobs is not None else None
     if request.kind == COMPLETION:
-        choice = {"index": 0, "text": chunk.text, "logprobs": None, "finish_reason": reason}
+        choice = {"index": 0, "text": chunk.text, "logprobs": written, "finish_reason": reason}
         kind = COMPLETION
     else:
         delta = {"role": "assistant", "content": chunk.text} if first else {"content": chunk.text}
         if reason is not None and not chunk.text and not first:
             delta = {}
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        choice = {"index": 0, "delta": delta, "logprobs": written, "finish_reason": reason}
         kind = "chat.completion.chunk"
     event = {"id": response_id(request), "object": kind, "created": created_s, "model": request.model,
              "choices": [choice]}

@@ -115,16 +115,18 @@ class OpenAIFront:
     async def _complete(self, parsed: openai_codec.OpenAIRequest,
                         chunks: AsyncIterator[gateway_pb2.GenerateResponse]) -> web.Response:
         texts = []
+        logprobs: list[common_pb2.PositionLogprobs] = []
         last = None
         try:
             async for chunk in chunks:
                 texts.append(chunk.text)
+                logprobs.extend(chunk.logprobs)
                 last = chunk
         except errors.InfermeshError as err:
             return error_response(err)
         if last is None or last.finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED:
             return error_response(errors.Internal("the stream ended without its last chunk"))
-        body = openai_codec.full_response(parsed, int(self._clock()), "".join(texts), last)
+        body = openai_codec.full_response(parsed, int(self._clock()), "".join(texts), last, logprobs)
         headers = {REQUEST_ID_HEADER: parsed.generate.request_id, TIMINGS_HEADER: openai_codec.timings_header(last)}
         return web.json_response(body, headers=headers, dumps=_dumps)
 
@@ -140,11 +142,12 @@ class OpenAIFront:
         await response.prepare(request)
         created_s = int(self._clock())
         last = first
-        await response.write(_event(openai_codec.stream_chunk(parsed, created_s, first, first=True)))
+        logprobs = openai_codec.LogprobsWriter(parsed)
+        await response.write(_event(openai_codec.stream_chunk(parsed, created_s, first, True, logprobs)))
         try:
             async for chunk in chunks:
                 last = chunk
-                await response.write(_event(openai_codec.stream_chunk(parsed, created_s, chunk, first=False)))
+                await response.write(_event(openai_codec.stream_chunk(parsed, created_s, chunk, False, logprobs)))
         except errors.InfermeshError as err:
             await response.write(_event(openai_codec.error_reply(err).body))
             await response.write_eof()

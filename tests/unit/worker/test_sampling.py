@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from services.worker.sampling import check_sampling, sample_token, uniform_draw
+from services.worker.sampling import check_sampling, sample, sample_token, uniform_draw
 from services.worker.work import SamplingParams
 
 LOGITS = np.log(np.array([0.05, 0.5, 0.3, 0.15]))
@@ -63,3 +63,45 @@ def test_invalid_sampling_parameters_are_rejected(params: SamplingParams, fragme
     with pytest.raises(ValueError) as caught:
         check_sampling(params)
     assert fragment in str(caught.value)
+
+
+def _reference_log_softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
+    import torch
+
+    scaled = torch.tensor(logits, dtype=torch.float64) / (temperature or 1.0)
+    return torch.log_softmax(scaled, dim=-1).numpy()
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(0.0, 1.0), (0.7, 1.0), (1.3, 0.6)])
+def test_logprobs_are_log_softmax_of_the_logits_over_temperature(temperature: float, top_p: float) -> None:
+    logits = np.random.default_rng(0).normal(size=50) * 3
+    reference = _reference_log_softmax(logits, temperature)
+    params = SamplingParams(temperature=temperature, top_p=top_p, logprobs=True, top_logprobs=5)
+    for index in range(10):
+        drawn = sample(logits, params, seed=4, index=index)
+        assert drawn.logprobs is not None and drawn.logprobs.token.token_id == drawn.token_id
+        assert drawn.logprobs.token.logprob == pytest.approx(reference[drawn.token_id], abs=1e-9)
+        expected_top = np.argsort(-reference, kind="stable")[:5]
+        assert [t.token_id for t in drawn.logprobs.top] == expected_top.tolist()
+        assert [t.logprob for t in drawn.logprobs.top] == pytest.approx(reference[expected_top].tolist(), abs=1e-9)
+
+
+def test_top_logprobs_break_ties_by_lower_token_id() -> None:
+    logits = np.array([1.0, 3.0, 2.0, 3.0, 2.0])
+    drawn = sample(logits, SamplingParams(logprobs=True, top_logprobs=4), seed=0, index=0)
+    assert drawn.logprobs is not None and [t.token_id for t in drawn.logprobs.top] == [1, 3, 2, 4]
+
+
+def test_logprobs_change_nothing_about_the_draw_and_are_absent_unless_asked() -> None:
+    params = SamplingParams(temperature=0.9, top_p=0.9)
+    asked = SamplingParams(temperature=0.9, top_p=0.9, logprobs=True)
+    for index in range(30):
+        plain, with_logprobs = sample(LOGITS, params, seed=9, index=index), sample(LOGITS, asked, seed=9, index=index)
+        assert (plain.token_id, plain.logprob) == (with_logprobs.token_id, with_logprobs.logprob)
+        assert plain.logprobs is None and with_logprobs.logprobs is not None
+        assert with_logprobs.logprobs.top == ()
+
+
+def test_too_many_top_logprobs_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"top_logprobs must be in \[0, 20\], got 21"):
+        check_sampling(SamplingParams(logprobs=True, top_logprobs=21))

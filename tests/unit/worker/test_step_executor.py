@@ -81,6 +81,23 @@ def test_greedy_step_returns_argmax_with_logprob(tinylm: LoadedModel) -> None:
     assert (durations.compute_s, durations.postprocess_s) == (1.0, 1.0)  # one fake-clock tick each
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_logprobs_are_log_softmax_of_the_models_logits_over_temperature(tinylm: LoadedModel,
+                                                                       temperature: float) -> None:
+    executor = _executor(tinylm)
+    params = SamplingParams(temperature=temperature, seed=5, logprobs=True, top_logprobs=3)
+    outputs, _ = executor.run(RunStep(0, (SequenceStep(5, PROMPT, 0, (3, 9, 4, 0), True, sample=True,
+                                                       sampling=params),)))
+    reference = (tinylm.generator.dense_logits(PROMPT)[-1].double() / (temperature or 1.0)).log_softmax(-1)
+    logprobs = outputs[0].logprobs
+    assert logprobs is not None and logprobs.token.token_id == outputs[0].token_id
+    assert logprobs.token.logprob == pytest.approx(float(reference[outputs[0].token_id]), abs=1e-4)
+    # Compared by value, not by id order: a near tie may order differently on another CPU.
+    assert [t.logprob for t in logprobs.top] == pytest.approx(reference.topk(3).values.tolist(), abs=1e-4)
+    assert [t.logprob for t in logprobs.top] == pytest.approx([float(reference[t.token_id]) for t in logprobs.top],
+                                                              abs=1e-4)
+
+
 def test_bad_sequences_fail_alone_with_invalid_argument(tinylm: LoadedModel) -> None:
     executor = _executor(tinylm, num_kv_blocks=32)
     good = SequenceStep(1, PROMPT, 0, (0, 1, 2, 3), True, sample=True)

@@ -1,0 +1,171 @@
+"""The OpenAI API's sampling options on a Hugging Face checkpoint through the whole mesh (issue 39):
+logprobs equal log_softmax of transformers' logits (over the temperature) at every position, streamed
+or not, in OpenAI's shapes as the stock `openai` client parses them, and on the gRPC API.
+One mesh for the module: a scheduler, a worker of a tiny Llama checkpoint made here, a gateway.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.worker.repository.hf_import import ImportOptions, import_checkpoint
+from tests.support.hf_checkpoints import save_model_directory
+from tests.support.side_venv import side_venv_python
+from tools.testbed import session_tls
+from tools.testbed.processes import free_port, running_mesh, wait_until
+
+pytestmark = pytest.mark.integration
+
+MODEL = "tiny-sampling"
+SIDE_VENV = ("openai", "openai==3.51.0")  # the venv of tests/openai/test_openai_client.py, built once
+SCRIPT = Path(__file__).with_name("openai_sampling_script.py")
+# float32 on both sides, different kernels: logprobs agree to about 1e-5; a loose bound, never a CPU's digits.
+TOLERANCE = 2e-3
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("openai-sampling")
+    root = tmp / "model_repo"
+    model = save_model_directory(tmp / MODEL, "llama3", seed=5)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp / MODEL)
+    import_checkpoint(tmp / MODEL, root, ImportOptions(MODEL, "1", kv_cache_bytes=1 << 20))
+    http_port = free_port()
+    with running_mesh(tmp, env={"HF_HUB_OFFLINE": "1"}) as mesh:
+        mesh.start_scheduler()
+        mesh.start_worker(MODEL, "--model-repository", str(root), "--model-version", "1")
+        mesh.start_gateway("--http-port", str(http_port))
+        base = f"https://127.0.0.1:{http_port}/v1"
+        wait_until(lambda: post(base, "/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1})[0] == 200,
+                   timeout_s=30, message="model served")
+        yield mesh, base, model, tokenizer
+
+
+def post(base: str, path: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(base + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    context = ssl.create_default_context(cafile=str(session_tls.session_pki().ca_path))
+    try:
+        with urllib.request.urlopen(request, timeout=60, context=context) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def reference_log_probs(model, ids: list[int], num_prompt: int, temperature: float) -> torch.Tensor:
+    """log_softmax(logits / temperature) at each output position: row i predicts output token i."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, num_prompt - 1 : len(ids) - 1].double()
+    return torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+
+
+def check_against_reference(reference: torch.Tensor, token_ids: list[int], logprobs: list[float],
+                            tops: list[list[float]]) -> None:
+    assert len(logprobs) == len(token_ids) == reference.shape[0]
+    for i, token in enumerate(token_ids):
+        assert logprobs[i] == pytest.approx(float(reference[i, token]), abs=TOLERANCE), i
+        # By value: a near tie may order two alternatives differently than transformers does.
+        expected = reference[i].topk(len(tops[i])).values.tolist()
+        assert sorted(tops[i], reverse=True) == pytest.approx(expected, abs=TOLERANCE), i
+
+
+def generate_over_grpc(served, temperature: float, *, seed: int, top: int, prompt: str = "",
+                       messages: list[dict] | None = None):
+    """The output ids and every chunk's logprobs, 12 tokens."""
+    mesh = served[0]
+    request = gateway_pb2.GenerateRequest(
+        model=common_pb2.ModelRef(name=MODEL), prompt=prompt,
+        messages=[gateway_pb2.ChatMessage(**m) for m in messages or []],
+        sampling=common_pb2.SamplingParams(max_tokens=12, temperature=temperature, seed=seed, ignore_eos=True,
+                                           logprobs=True, top_logprobs=top))
+    ids: list[int] = []
+    positions: list[common_pb2.PositionLogprobs] = []
+    with session_tls.channel(mesh.gateway.address) as channel:
+        for chunk in gateway_pb2_grpc.InferenceStub(channel).Generate(request, timeout=60):
+            assert len(chunk.logprobs) == len(chunk.token_ids)
+            ids += chunk.token_ids
+            positions += chunk.logprobs
+    assert [p.token.token_id for p in positions] == ids
+    return ids, positions
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_grpc_logprobs_are_log_softmax_of_the_reference_logits(served, temperature):
+    _, _, model, tokenizer = served
+    prompt_ids = tokenizer("Once upon a time")["input_ids"]
+    ids, positions = generate_over_grpc(served, temperature, seed=3, top=4, prompt="Once upon a time")
+    reference = reference_log_probs(model, prompt_ids + ids, len(prompt_ids), temperature)
+    check_against_reference(reference, ids, [p.token.logprob for p in positions],
+                            [[t.logprob for t in p.top] for p in positions])
+    # Each token's bytes, as the tokenizer decodes it alone (ids past the tokenizer carry none).
+    tokens = {t.token_id: t.token_bytes for p in positions for t in (p.token, *p.top)}
+    assert {i: b.decode(errors="replace") for i, b in tokens.items()} == {
+        i: tokenizer.decode([i]) if i < len(tokenizer) else "" for i in tokens}
+
+
+def test_chat_logprobs_are_log_softmax_of_the_reference_logits_of_the_rendered_conversation(served):
+    _, _, model, tokenizer = served
+    messages = [{"role": "user", "content": "Hello there"}]
+    prompt_ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                    return_dict=False))
+    ids, positions = generate_over_grpc(served, 0.7, seed=11, top=2, messages=messages)
+    reference = reference_log_probs(model, prompt_ids + ids, len(prompt_ids), 0.7)
+    check_against_reference(reference, ids, [p.token.logprob for p in positions],
+                            [[t.logprob for t in p.top] for p in positions])
+
+
+def test_the_stock_client_parses_logprobs_streamed_and_not_equal_to_the_grpc_apis(served):
+    mesh, base, _, _ = served
+    python = side_venv_python(*SIDE_VENV)
+    done = subprocess.run([str(python), str(SCRIPT), base, str(session_tls.session_pki().ca_path), MODEL],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr + mesh.logs()
+    seen = json.loads(done.stdout)
+    completion = seen["completion"]
+    _, positions = generate_over_grpc(served, 0.0, seed=0, top=3, prompt="The sky")
+    assert completion["token_logprobs"] == pytest.approx([p.token.logprob for p in positions[:6]], abs=1e-6)
+    assert seen["stream_completion"] == pytest.approx(completion["token_logprobs"], abs=1e-6)
+    assert completion["text_offset"] == [sum(len(t) for t in completion["tokens"][:i]) for i in range(6)]
+    # The 3 most likely, and the sampled token (greedy: among them), by text: tokens whose texts are
+    # equal (parts of a character, each shown as U+FFFD) share one key, as in OpenAI's and vLLM's shape.
+    for token, top, position in zip(completion["tokens"], completion["top_logprobs"], positions, strict=False):
+        assert token in top and 1 <= len(top) <= 3
+        assert all(any(abs(value - t.logprob) < 1e-6 for t in position.top) for value in top.values())
+    chat = seen["chat"]
+    assert len(chat["entries"]) == 6 and all(len(e["top"]) == 2 for e in chat["entries"])
+    assert bytes(b for e in chat["entries"] for b in e["bytes"]).decode(errors="replace") == chat["text"]
+    assert seen["stream_chat"] == pytest.approx([e["logprob"] for e in chat["entries"]], abs=1e-6)
+    _, positions = generate_over_grpc(served, 0.7, seed=11, top=2, messages=[{"role": "user",
+                                                                               "content": "Hello there"}])
+    assert [e["logprob"] for e in chat["entries"]] == pytest.approx([p.token.logprob for p in positions[:6]],
+                                                                    abs=1e-6)
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/completions", {"prompt": "a", "logprobs": 21}, "logprobs"),
+    ("/chat/completions", {"messages": [{"role": "user", "content": "a"}], "top_logprobs": 3}, "top_logprobs"),
+])
+def test_bad_logprobs_are_400_naming_the_parameter(served, path, body, param):
+    status, reply = post(served[1], path, {"model": MODEL, **body})
+    assert (status, reply["error"]["param"]) == (400, param)
+
+
+def test_grpc_top_logprobs_over_the_limit_is_invalid_argument(served):
+    import grpc
+
+    request = gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name=MODEL), prompt="a",
+                                          sampling=common_pb2.SamplingParams(logprobs=True, top_logprobs=21))
+    with session_tls.channel(served[0].gateway.address) as channel, pytest.raises(grpc.RpcError) as caught:
+        list(gateway_pb2_grpc.InferenceStub(channel).Generate(request, timeout=30))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "sampling.top_logprobs must be at most 20" in caught.value.details()
