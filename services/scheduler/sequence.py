@@ -95,6 +95,8 @@ class Sequence:
     first_token_s: float | None = None
     # When its latest token came back (monotonic seconds, the scheduler's clock); None: none yet.
     last_token_s: float | None = None
+    # num_generated once its first token here came back (a continuation's delivered tokens before it).
+    first_token_index: int = 0
     # Its TPOT target (GenerateRequest.objectives), seconds; None: none. Paces its decodes (tpot_pacing.py).
     tpot_target_s: float | None = None
     # Prefix cache identity (prefix_cache.py): the tenant's salt, how many leading prompt tokens are a

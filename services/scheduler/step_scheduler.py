@@ -81,7 +81,7 @@ from services.scheduler.step_plan import SequenceDelta, SequenceStep, StepPlan
 from services.scheduler.step_scheduler_config import StepSchedulerConfig
 from services.scheduler.tenant_service import TenantService
 from services.scheduler.tokenizer import Tokenizer
-from services.scheduler.tpot_pacing import StepPace, step_pace
+from services.scheduler.tpot_pacing import PACE_MIN_PROMPT_TOKENS, StepPace, step_pace
 
 
 class StepSchedulerFactory(Protocol):
@@ -531,7 +531,7 @@ class StepScheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted for a sequence picked or admitted before it
             num_tokens = seq.num_computed_tokens + 1
-            if pace is not None and self._tokens_allowed(step, pace) < 1:
+            if pace is not None and self._tokens_allowed(step, pace, prompt=False) < 1:
                 continue
             if self.kv.can_allocate(seq.seq_id, num_tokens):
                 step.pick(seq, 1, self.kv.allocate(seq.seq_id, num_tokens))
@@ -540,10 +540,16 @@ class StepScheduler:
         waiting_top = min((p for p in Priority if self.num_waiting_of(p)), default=None)
         return step_pace(self.latency.model.cost, self._running, waiting_top, step_s=self.step_time_s, now_s=now)
 
-    def _tokens_allowed(self, step: StepBuilder, pace: StepPace) -> int:
-        """Tokens one more sequence may compute in `step` within the pace's cap."""
+    def _tokens_allowed(self, step: StepBuilder, pace: StepPace, *, prompt: bool = True) -> int:
+        """Tokens one more sequence may compute in `step` within the pace's cap; for a prompt chunk, at
+        least what is left of the floor of prompt tokens a step may always compute
+        (tpot_pacing.PACE_MIN_PROMPT_TOKENS)."""
         num_tokens = self.config.max_num_batched_tokens - step.token_budget
-        return pace.tokens_allowed(len(step.picked) + len(step.ahead), num_tokens)
+        allowed = pace.tokens_allowed(len(step.picked) + len(step.ahead), num_tokens)
+        if not prompt:
+            return allowed
+        num_prompt_tokens = sum(num_new for _, num_new, _ in step.picked.values() if num_new > 1)
+        return max(allowed, PACE_MIN_PROMPT_TOKENS - num_prompt_tokens)
 
     def _make_room(self, seq: Sequence, num_tokens: int, step: StepBuilder) -> bool:
         """Preempts running sequences (lowest class, most-served tenant, newest first) until `seq` fits;
@@ -746,6 +752,7 @@ class StepScheduler:
         seq.output_token_ids.append(token_id)
         if seq.first_token_s is None:
             seq.first_token_s = now
+            seq.first_token_index = seq.num_generated
         seq.last_token_s = now
         if token_id in self._tokenizer.end_token_ids and not seq.sampling.ignore_eos:
             reason = FinishReason.EOS  # an end-of-sequence token is counted, never streamed

@@ -11,7 +11,13 @@ from services.scheduler.latency_predictor import StepCost
 from services.scheduler.sequence import SamplingParams
 from services.scheduler.step_plan import StepPlan
 from services.scheduler.step_scheduler import StepScheduler
-from services.scheduler.tpot_pacing import PACE_MARGIN, step_pace
+from services.scheduler.tpot_pacing import (
+    MAX_SLACK_STEPS,
+    PACE_MARGIN,
+    PACE_MIN_PROMPT_TOKENS,
+    step_cap_s,
+    step_pace,
+)
 
 from .conftest import FakeClock, FakePagedWorker, make_prompt, make_scheduler, tenant
 
@@ -76,17 +82,18 @@ def test_batch_decodes_skip_steps_so_the_interactive_ones_keep_their_tpot(clock)
     for seq_id in (7, 8):
         add(scheduler, seq_id, Priority.CRITICAL, INTERACTIVE_TPOT_S)
     steps = run(scheduler, clock)
-    # All eight decoding would take gpu_like(8, 8) = 42.8 ms, past the 32 ms cap; paced, none after the first.
+    # All eight decoding would take gpu_like(8, 8) = 42.8 ms, past the 32 ms pace of the interactive ones.
     assert gpu_like(8, 8) > CAP_S
     decode_steps = steps[1:]
     while decode_steps and not any(s.seq_id in (7, 8) for s in decode_steps[-1][0].seqs):
         decode_steps.pop()  # the batch sequences' tail, once the interactive ones are done
-    assert all(took_s <= CAP_S for _, took_s in decode_steps)
     assert any(len(plan.seqs) < 8 for plan, _ in decode_steps), "batch decodes must have skipped"
+    assert all(took_s <= MAX_SLACK_STEPS * CAP_S for _, took_s in decode_steps)
     for seq_id in (7, 8):
         times = token_times(steps, seq_id)
         assert len(times) == 30
-        assert max(b - a for a, b in zip(times, times[1:], strict=False)) <= CAP_S
+        # Their mean time per token after the first is kept (a step may spend the slack faster ones left).
+        assert (times[-1] - times[0]) / (len(times) - 1) <= CAP_S + 1e-4
     for seq_id in range(1, 7):
         times = token_times(steps, seq_id)
         assert len(times) == 30, "every batch sequence still finishes"
@@ -114,16 +121,27 @@ def test_no_sequence_skips_without_a_higher_class_here(clock):
 
 
 def test_a_newcomers_prompt_is_cut_to_the_cap_next_to_interactive_decodes(clock):
-    scheduler = warmed(clock)
-    for seq_id in (1, 2):
-        add(scheduler, seq_id, Priority.CRITICAL, INTERACTIVE_TPOT_S, max_tokens=20)
-    run(scheduler, clock, max_steps=2)  # the plan below is not run
-    add(scheduler, 3, Priority.CRITICAL, INTERACTIVE_TPOT_S, prompt_len=60, max_tokens=4)
+    scheduler, worker = warmed(clock), FakePagedWorker(4)
+    target_s = 0.039  # cap 31.2 ms: three decodes and a newcomer leave ~4.9 ms, ~49 prompt tokens
+    for seq_id in (1, 2, 3):
+        add(scheduler, seq_id, Priority.CRITICAL, target_s, max_tokens=20)
+    run(scheduler, clock, max_steps=1, worker=worker)  # their first tokens, just now: no slack yet
+    add(scheduler, 4, Priority.CRITICAL, target_s, prompt_len=100, max_tokens=4)
     plan = scheduler.schedule()
-    chunk = next(s for s in plan.seqs if s.seq_id == 3)
-    # Unpaced it would compute 62 tokens (the budget less two decodes), 36.2 ms; the cap leaves 2 + 40.
-    assert 0 < len(chunk.token_ids) < 62
-    assert gpu_like(len(plan.seqs), plan.num_batched_tokens) <= CAP_S
+    chunk = next(s for s in plan.seqs if s.seq_id == 4)
+    assert 40 <= len(chunk.token_ids) <= 50, "unpaced it would compute 61 (the budget less three decodes)"
+    assert gpu_like(len(plan.seqs), plan.num_batched_tokens) <= PACE_MARGIN * target_s + 0.0002  # the fit, not exact
+
+
+def test_a_target_the_decodes_alone_fill_still_lets_a_newcomers_prompt_in_at_the_floor(clock):
+    scheduler, worker = warmed(clock), FakePagedWorker(4)
+    for seq_id in range(1, 7):  # six decodes: 34.2 ms, past the 32 ms cap on their own
+        add(scheduler, seq_id, Priority.CRITICAL, INTERACTIVE_TPOT_S, max_tokens=20)
+    run(scheduler, clock, max_steps=2, worker=worker)
+    add(scheduler, 7, Priority.CRITICAL, INTERACTIVE_TPOT_S, prompt_len=100, max_tokens=4)
+    plan = scheduler.schedule()
+    chunk = next(s for s in plan.seqs if s.seq_id == 7)
+    assert len(chunk.token_ids) == PACE_MIN_PROMPT_TOKENS, "never admitted at all would stall it for their lifetime"
 
 
 def test_the_predicted_ttft_counts_the_smaller_budget_the_cap_leaves(clock):
@@ -163,6 +181,15 @@ def test_the_cap_leaves_tokens_for_what_fits_and_none_past_it():
     assert pace.tokens_allowed(2, 2) == 178
     assert pace.tokens_allowed(7, 7) == 0
     assert pace.token_budget(2) == pace.tokens_allowed(2, 0)
+    assert pace.token_budget(8) == 8 + PACE_MIN_PROMPT_TOKENS, "past the cap: the decodes and the floor"
+
+
+def test_a_stream_ahead_of_its_pace_may_spend_its_slack_on_one_longer_step_within_bounds():
+    paced_s = PACE_MARGIN * 0.050
+    assert step_cap_s(0.050, 0, 0.0) == pytest.approx(paced_s), "right after its first token"
+    assert step_cap_s(0.050, 4, 4 * 0.035) == pytest.approx(5 * paced_s - 0.140), "4 tokens at 35 ms: 60 ms"
+    assert step_cap_s(0.050, 40, 40 * 0.010) == pytest.approx(MAX_SLACK_STEPS * paced_s), "never past the bound"
+    assert step_cap_s(0.050, 4, 4 * 0.060) == pytest.approx(paced_s), "behind its pace: one paced step, no less"
 
 
 def _running(priority: Priority, tpot_target_s: float | None, last_token_s: float):
@@ -170,7 +197,7 @@ def _running(priority: Priority, tpot_target_s: float | None, last_token_s: floa
     seq = scheduler.add_request(1, make_prompt(1, 4), SamplingParams(max_tokens=8), tenant("t", priority),
                                 deadline_s=None, tpot_target_s=tpot_target_s)
     seq.num_computed_tokens = seq.num_tokens - 1  # a decode
-    seq.last_token_s = last_token_s
+    seq.first_token_s = seq.last_token_s = last_token_s  # its first token, just now
     return seq
 
 
