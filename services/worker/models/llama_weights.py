@@ -1,21 +1,25 @@
 """A Hugging Face Llama-family checkpoint directory → a loaded `LlamaFamilyLM`.
 
 The directory holds `config.json` and the weights as `model.safetensors`, or
-shards listed by `model.safetensors.index.json`. Weights are read with
-`safetensors` (memory-mapped, no pickle). Before any tensor data is read,
-every file's header is checked against the config: each expected tensor
-present once, nothing unexpected, each shape what the config implies, each
-dtype float32, float16 or bfloat16 and the one the config declares. A
+shards listed by `model.safetensors.index.json` (safetensors: a JSON header
+and raw little-endian tensor bytes, no pickle). Before any tensor data is
+read, every file's header is checked against the config (with `safetensors`'
+own reader): each expected tensor present once, nothing unexpected, each
+shape what the config implies, each dtype float32, float16 or bfloat16 and
+the one the config declares. Then each file is read once, front to back,
+into the parameters and hashed on the way, so loading costs one pass over
+the bytes (not a hash pass, then a memory-mapped pass and a copy). A
 checkpoint that fails is refused whole with a `CheckpointError` naming the
 file and the tensor (or config field); nothing is served half-loaded.
 """
 
 from __future__ import annotations
 
-import contextlib
+import hashlib
 import json
 import re
-from collections.abc import Callable, Mapping
+import struct
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +37,10 @@ STORAGE_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 # Older checkpoints saved RoPE's computed inverse frequencies; they follow from the config, so a
 # stored copy is skipped (the config's are used).
 _DERIVED_TENSOR = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+# Weight files are read and hashed in pieces this size: large enough for few system calls, small
+# enough that a piece is still in the CPU's cache when it is hashed.
+_CHUNK_BYTES = 4 << 20
+_MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
 
 
 def read_config(directory: str | Path, *, max_seq_len: int | None = None) -> LlamaFamilyConfig:
@@ -118,39 +126,140 @@ def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> dict[str,
 
 
 def load_llama_family(directory: str | Path, *, dtype: torch.dtype = torch.float32,
-                      device: str | torch.device = "cpu", max_seq_len: int | None = None) -> LlamaFamilyLM:
+                      device: str | torch.device = "cpu", max_seq_len: int | None = None,
+                      sha256: dict[Path, str] | None = None) -> LlamaFamilyLM:
     """Reads and checks the checkpoint in `directory` and returns its model in eval mode, weights cast to
-    `dtype` on `device`. CheckpointError (a ValueError) for anything refused; nothing half-loaded escapes."""
+    `dtype` on `device`. CheckpointError (a ValueError) for anything refused; nothing half-loaded escapes.
+
+    Each weight file is read once, front to back, straight into the parameters where its dtype is the
+    compute dtype (on the host), and hashed in the same pass: `sha256`, when given, receives every weight
+    file's hex digest, so a caller that pins the files compares them before it serves the model (and the
+    bytes it compared are the bytes it serves)."""
     config = read_config(directory, max_seq_len=max_seq_len)
     where = check_weights(directory, config)
     model = LlamaFamilyLM(config, dtype=dtype, device=device)
-    with contextlib.ExitStack() as files, torch.no_grad():
-        handles = {path: files.enter_context(_open(path)) for path in set(where.values())}
-        _fill(model, lambda name: handles[where[name]].get_tensor(name))
+    destinations = _destinations(model)
+    with torch.no_grad():
+        for path in sorted(set(where.values())):
+            digest = _read_file(path, {name: destinations[name] for name, at in where.items() if at == path})
+            if sha256 is not None:
+                sha256[path] = digest
     return model.eval()
 
 
-def _fill(model: LlamaFamilyLM, read: Callable[[str], torch.Tensor]) -> None:
-    """Copies checkpoint tensors into the model's (fused) parameters, casting to its dtype."""
+def _destinations(model: LlamaFamilyLM) -> dict[str, torch.Tensor]:
+    """Each checkpoint tensor's place in the model's (fused) parameters: a view it is copied into."""
     c = model.config
-    model.embed_weight.copy_(read("model.embed_tokens.weight"))
+    places: dict[str, torch.Tensor] = {"model.embed_tokens.weight": model.embed_weight}
     q_size, kv_size = c.num_heads * c.head_size, c.num_kv_heads * c.head_size
     qkv_rows = {"q": slice(0, q_size), "k": slice(q_size, q_size + kv_size), "v": slice(q_size + kv_size, None)}
     for i, layer in enumerate(model.blocks()):
         p = f"model.layers.{i}."
-        layer.attn_norm.copy_(read(p + "input_layernorm.weight"))
+        places[p + "input_layernorm.weight"] = layer.attn_norm
         for part, rows in qkv_rows.items():
-            layer.qkv_weight[rows].copy_(read(f"{p}self_attn.{part}_proj.weight"))
+            places[f"{p}self_attn.{part}_proj.weight"] = layer.qkv_weight[rows]
             if layer.qkv_bias is not None:
-                layer.qkv_bias[rows].copy_(read(f"{p}self_attn.{part}_proj.bias"))
-        layer.o_weight.copy_(read(p + "self_attn.o_proj.weight"))
-        layer.mlp_norm.copy_(read(p + "post_attention_layernorm.weight"))
-        layer.gate_up_weight[: c.d_ff].copy_(read(p + "mlp.gate_proj.weight"))
-        layer.gate_up_weight[c.d_ff:].copy_(read(p + "mlp.up_proj.weight"))
-        layer.down_weight.copy_(read(p + "mlp.down_proj.weight"))
-    model.final_norm.copy_(read("model.norm.weight"))
+                places[f"{p}self_attn.{part}_proj.bias"] = layer.qkv_bias[rows]
+        places[p + "self_attn.o_proj.weight"] = layer.o_weight
+        places[p + "post_attention_layernorm.weight"] = layer.mlp_norm
+        places[p + "mlp.gate_proj.weight"] = layer.gate_up_weight[: c.d_ff]
+        places[p + "mlp.up_proj.weight"] = layer.gate_up_weight[c.d_ff:]
+        places[p + "mlp.down_proj.weight"] = layer.down_weight
+    places["model.norm.weight"] = model.final_norm
     if model.lm_head_weight is not None:
-        model.lm_head_weight.copy_(read("lm_head.weight"))
+        places["lm_head.weight"] = model.lm_head_weight
+    return places
+
+
+def _read_file(path: Path, destinations: Mapping[str, torch.Tensor]) -> str:
+    """Reads the safetensors file at `path` front to back in one pass, copying each tensor named in
+    `destinations` into its place, and returns the sha256 of every byte of the file (header, tensors
+    used or not, padding). CheckpointError when the file is not what check_weights saw."""
+    digest = hashlib.sha256()
+    scratch = bytearray(_CHUNK_BYTES)
+    with path.open("rb", buffering=0) as f:
+        header_bytes = _read_exactly(f, 8, path, digest)
+        (header_size,) = struct.unpack("<Q", header_bytes)
+        if header_size > _MAX_HEADER_BYTES:
+            raise CheckpointError(str(path), "header", f"{header_size} bytes, more than safetensors allows")
+        try:
+            header = json.loads(_read_exactly(f, header_size, path, digest))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(str(path), "header", f"not JSON: {e}") from None
+        entries = _data_entries(header, path)
+        position = 0  # within the data section
+        for begin, end, name, stored_dtype in entries:
+            _skip(f, begin - position, path, digest, scratch)
+            target = destinations.get(name)
+            if target is None:  # a derived or tied tensor: hashed, not kept
+                _skip(f, end - begin, path, digest, scratch)
+            else:
+                _read_tensor(f, end - begin, target, getattr(torch, STORAGE_DTYPES[stored_dtype]), path, name, digest)
+            position = end
+        while n := f.readinto(scratch):
+            digest.update(memoryview(scratch)[:n])
+    return digest.hexdigest()
+
+
+def _data_entries(header: Any, path: Path) -> list[tuple[int, int, str, str]]:
+    """(begin, end, name, dtype) of each tensor in the data section, by position."""
+    if not isinstance(header, dict):
+        raise CheckpointError(str(path), "header", "not a JSON object")
+    entries = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            (begin, end), dtype = info["data_offsets"], info["dtype"]
+            valid = dtype in STORAGE_DTYPES and 0 <= int(begin) <= int(end)
+        except (TypeError, KeyError, ValueError):
+            valid = False
+        if not valid:
+            raise CheckpointError(str(path), name, f"changed since its header was checked: {info}")
+        entries.append((int(begin), int(end), name, dtype))
+    entries.sort()
+    for (_, end, name, _), (begin, _, _, _) in zip(entries, entries[1:], strict=False):
+        if begin < end:
+            raise CheckpointError(str(path), name, "overlaps the next tensor's bytes")
+    return entries
+
+
+def _read_tensor(f: Any, size: int, target: torch.Tensor, stored: torch.dtype, path: Path, name: str,
+                 digest: Any) -> None:
+    """`size` bytes of the file into `target`: straight into its memory when it is host memory of the
+    stored dtype, else through a buffer and a cast (or a copy to the device)."""
+    if size != target.numel() * stored.itemsize:
+        raise CheckpointError(str(path), name, f"{size} bytes, but its shape {list(target.shape)} in "
+                              f"{stored} takes {target.numel() * stored.itemsize}")
+    direct = target.device.type == "cpu" and target.dtype == stored and target.is_contiguous()
+    landing = target if direct else torch.empty(target.shape, dtype=stored)
+    view = memoryview(landing.view(-1).view(torch.uint8).numpy().data)
+    for at in range(0, size, _CHUNK_BYTES):
+        piece = view[at:at + _CHUNK_BYTES]
+        if f.readinto(piece) != len(piece):
+            raise CheckpointError(str(path), name, "the file ends inside this tensor")
+        digest.update(piece)  # while the chunk is still in the CPU's cache
+    if not direct:
+        target.copy_(landing)
+
+
+def _skip(f: Any, size: int, path: Path, digest: Any, scratch: bytearray) -> None:
+    """Reads and hashes `size` bytes nothing keeps."""
+    view = memoryview(scratch)
+    while size > 0:
+        n = f.readinto(view[:min(size, len(view))])
+        if not n:
+            raise CheckpointError(str(path), "data", "the file ends before its tensors do")
+        digest.update(view[:n])
+        size -= n
+
+
+def _read_exactly(f: Any, size: int, path: Path, digest: Any) -> bytes:
+    data = f.read(size)
+    if len(data) != size:
+        raise CheckpointError(str(path), "header", "the file ends inside its header")
+    digest.update(data)
+    return bytes(data)
 
 
 def _weight_files(directory: Path) -> dict[Path, set[str] | None]:

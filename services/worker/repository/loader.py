@@ -1,7 +1,9 @@
 """Loading a model version: its manifest, the weights' sha256, then the serving runtime its kind builds.
 
-The sha256 is checked before the weights are read, so a modified version is refused before any
-of its bytes are deserialized. Each kind registers in RUNTIME_BUILDERS how its spec and a
+A torch state_dict's sha256 is checked before the file is read, so a modified version is refused
+before any of its bytes are unpickled. Safetensors weights (no pickle: a JSON header, then raw
+bytes) are hashed in the one pass that reads them into the model, and the model is dropped unless
+every file matches: the bytes compared are the bytes served, and a load reads them once. Each kind registers in RUNTIME_BUILDERS how its spec and a
 state_dict become a runtime; a kind whose file is a whole model in its own format (tensor:
 TorchScript, ONNX) registers in FILE_RUNTIME_BUILDERS instead, and its file is never torch.load'ed;
 a weights format that is not one torch state_dict (safetensors: a Hugging Face checkpoint)
@@ -28,7 +30,7 @@ from services.worker.repository.errors import IncompatibleWeights
 from services.worker.repository.generator_spec import GeneratorSpec
 from services.worker.repository.hf_architecture import HFArchitecture
 from services.worker.repository.manifest import Manifest, ModelKind
-from services.worker.repository.store import load_manifest, verified_file, version_dir
+from services.worker.repository.store import check_sha256, load_manifest, verified_file, version_dir
 from services.worker.repository.tensor_spec import TensorSpec
 from services.worker.repository.weights_spec import SAFETENSORS, SafetensorsWeights
 
@@ -128,8 +130,9 @@ FILE_RUNTIME_BUILDERS: dict[ModelKind, Callable[[Any, Path, str, int], TensorMod
 
 
 def _hf_generator(manifest: Manifest, directory: Path, device: str, dtype: torch.dtype) -> Generator:
-    """A Hugging Face checkpoint: config.json and every weight file verified, then config.json parsed and
-    the safetensors headers checked against it before any tensor is read (models/llama_weights.py).
+    """A Hugging Face checkpoint: config.json (and the shards' index) verified, then parsed, the safetensors
+    headers checked against it before any tensor is read, and every weight file hashed as it is read into
+    the model (models/llama_weights.py), which is served only if all match.
     Refusals name the file and the field (`architectures[0]`, a tensor's name) and what is supported."""
     spec, weights = manifest.generator, manifest.weights
     if spec is None or not isinstance(spec.architecture, HFArchitecture):
@@ -137,12 +140,22 @@ def _hf_generator(manifest: Manifest, directory: Path, device: str, dtype: torch
                                   "has format 'hf' (a config.json)")
     assert isinstance(weights, SafetensorsWeights)  # CHECKPOINT_BUILDERS is keyed by the weights' format
     architecture = spec.architecture
-    for pinned, what in ((architecture.config, "config"), *((f, "weights") for f in weights.pinned)):
-        verified_file(directory, pinned.file, pinned.sha256, what)
+    small = (architecture.config, *(() if weights.index is None else (weights.index,)))
+    for pinned in small:
+        verified_file(directory, pinned.file, pinned.sha256, "config" if pinned is architecture.config else "weights")
+    digests: dict[Path, str] = {}
     try:
-        lm = load_llama_family(directory, dtype=dtype, device=device, max_seq_len=spec.max_seq_len)
+        lm = load_llama_family(directory, dtype=dtype, device=device, max_seq_len=spec.max_seq_len, sha256=digests)
     except CheckpointError as exc:
+        for pinned in weights.files:  # a modified file is refused as modified, not by what broke in it
+            verified_file(directory, pinned.file, pinned.sha256, "weights")
         raise IncompatibleWeights(str(exc)) from None
+    for pinned in weights.files:  # hashed as they were read; a file the model did not need, now
+        path = directory / pinned.file
+        if path in digests:
+            check_sha256(path, digests[path], pinned.sha256, "weights")
+        else:
+            verified_file(directory, pinned.file, pinned.sha256, "weights")
     config = lm.config
     if (config.architecture, config.vocab_size) != (architecture.architecture, architecture.vocab_size):
         raise IncompatibleWeights(

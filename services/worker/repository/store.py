@@ -87,13 +87,17 @@ def verified_file(directory: Path, name: str, sha256: str, what: str) -> Path:
     path = directory / name
     if not path.is_file():
         raise InvalidManifest(f"{directory / MANIFEST_FILE}: {what} file {path} is missing")
-    actual = sha256_of(path)
-    if actual != sha256:
+    check_sha256(path, sha256_of(path), sha256, what)
+    return path
+
+
+def check_sha256(path: Path, actual: str, expected: str, what: str) -> None:
+    """ChecksumMismatch unless a file's bytes (hashed by the caller: `actual`) are the pinned ones."""
+    if actual != expected:
         raise ChecksumMismatch(
-            f"{what} file {path} has sha256 {actual} but the manifest expects {sha256}; "
+            f"{what} file {path} has sha256 {actual} but the manifest expects {expected}; "
             "refusing to load a modified model version"
         )
-    return path
 
 
 def sha256_of(path: Path) -> str:

@@ -113,6 +113,46 @@ def test_a_modified_file_is_refused_before_it_is_read(imported, tmp_path):
         GeneratorRuntime(model, 8)
 
 
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+def test_the_loaded_parameters_are_the_files_tensors_in_the_compute_dtype(imported, compute_dtype):
+    """Read once into the fused parameters (straight in when the dtypes agree, through a cast otherwise)."""
+    lm = load_model(imported, "tiny", "1", compute_dtype=compute_dtype).generator.lm
+    stored = load_file(version_dir(imported, "tiny", "1") / "model.safetensors")
+    dtype = getattr(torch, compute_dtype)
+    c, layer = lm.config, lm.layers[1]
+    q, kv = c.num_heads * c.head_size, c.num_kv_heads * c.head_size
+    expected = {
+        "model.embed_tokens.weight": lm.embed_weight,
+        "model.layers.1.self_attn.q_proj.weight": layer.qkv_weight[:q],
+        "model.layers.1.self_attn.v_proj.weight": layer.qkv_weight[q + kv:],
+        "model.layers.1.self_attn.k_proj.bias": layer.qkv_bias[q:q + kv],
+        "model.layers.1.mlp.up_proj.weight": layer.gate_up_weight[c.d_ff:],
+        "model.layers.1.mlp.down_proj.weight": layer.down_weight,
+        "model.norm.weight": lm.final_norm,
+    }
+    for name, param in expected.items():
+        assert torch.equal(param, stored[name].to(dtype)), name
+
+
+@pytest.mark.parametrize("change", ["a tensor's byte", "the header", "a truncated file"])
+def test_modified_weights_are_refused_as_modified_whatever_broke_in_them(imported, tmp_path, change):
+    """The weights are hashed as they are read: a change anywhere is a ChecksumMismatch naming the file,
+    also where the change breaks the file before the hash is complete."""
+    root = tmp_path / "repo"
+    shutil.copytree(imported, root)
+    path = version_dir(root, "tiny", "1") / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    if change == "a tensor's byte":
+        data[-3] ^= 0x40
+    elif change == "the header":
+        data[9:13] = b"XXXX"
+    else:
+        del data[len(data) // 2:]
+    path.write_bytes(bytes(data))
+    with pytest.raises(ChecksumMismatch, match="weights file .*model.safetensors has sha256"):
+        load_model(root, "tiny", "1")
+
+
 def test_an_unsupported_architecture_is_refused_at_load_naming_the_field_and_what_is_supported(imported, tmp_path):
     root = tmp_path / "repo"
     shutil.copytree(imported, root)
