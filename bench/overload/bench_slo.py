@@ -116,7 +116,11 @@ def summarize(results: list[SendResult], window_s: float) -> dict:
                          "met_both": good, "goodput_per_s": good / window_s,
                          "missed": dict(Counter(misses(r, cls) or "none" for r in mine if r.ok and r.ttft_s is not None)),
                          "failures": refusal_reasons(mine),
-                         "ttft_p50_ms": quantile(ttft_ms, 0.5), "ttft_p99_ms": quantile(ttft_ms, 0.99)}
+                         "ttft_p50_ms": quantile(ttft_ms, 0.5), "ttft_p99_ms": quantile(ttft_ms, 0.99),
+                         # How late the load generator sent (counted in TTFT: open loop), and TTFT without it.
+                         "send_lag_p99_ms": quantile([1000 * r.lag_s for r in mine], 0.99),
+                         "ttft_from_send_p99_ms": quantile(
+                             [1000 * (r.ttft_s - r.lag_s) for r in mine if r.ok and r.ttft_s is not None], 0.99)}
         out["goodput_per_s"] += good / window_s
     return out
 
