@@ -1,4 +1,5 @@
-"""Latency objectives at the gateway's gRPC edge: out-of-bounds targets are INVALID_ARGUMENT naming the bound."""
+"""Latency objectives at the gateway's gRPC edge: out-of-bounds targets are INVALID_ARGUMENT naming the bound, a
+target below one step alone FAILED_PRECONDITION at once."""
 
 from __future__ import annotations
 
@@ -38,3 +39,13 @@ def test_objectives_within_the_bounds_are_served(gateway_stub):
     chunks = _generate(gateway_stub, gateway_pb2.LatencyObjectives(ttft_ms=5000, tpot_ms=1000),
                        (("x-infermesh-ttft-ms", "20000"),))
     assert chunks[-1].finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
+
+
+def test_a_tpot_target_below_one_step_alone_is_failed_precondition_at_once(gateway_stub):
+    # Within the bounds (1 ms) but below any step: the gateway refuses it once it has heard the step
+    # time, the scheduler before that; either way at once, naming both times.
+    with pytest.raises(grpc.RpcError) as caught:
+        _generate(gateway_stub, gateway_pb2.LatencyObjectives(ttft_ms=5000, tpot_ms=1))
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert caught.value.details().startswith("TPOT target 1 ms cannot be met by model ")
+    assert "one step alone takes " in caught.value.details()
