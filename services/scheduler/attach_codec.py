@@ -32,6 +32,7 @@ from services.scheduler.attach_types import (
     WorkerHello,
 )
 from services.scheduler.logprobs import PositionLogprobs, TokenLogprob
+from services.scheduler.sequence import SamplingParams
 from services.scheduler.step_plan import SequenceStep, StepPlan
 from services.scheduler.tokenizer_spec import TokenizerKind, TokenizerSpec
 
@@ -214,6 +215,8 @@ def _fill_run_step(command: scheduler_pb2.RunStep, plan: StepPlan,
             if step.sampling.logprobs:
                 sampling.logprobs = True
                 sampling.top_logprobs = step.sampling.top_logprobs
+            if step.sampling.penalized or step.sampling.logit_bias:
+                _fill_penalties(sampling, step.sampling)
             if context.trace_context and _traced(step):
                 seq.trace_context.update(context.trace_context)
         if step.input_from_last_sample:
@@ -224,7 +227,18 @@ def _fill_run_step(command: scheduler_pb2.RunStep, plan: StepPlan,
             seq.reset_block_table = True
             if step.num_cached_tokens:
                 seq.num_cached_tokens = step.num_cached_tokens
+            if step.context_token_ids:
+                seq.context_token_ids.extend(step.context_token_ids)
     return command
+
+
+def _fill_penalties(sampling: common_pb2.SamplingParams, params: SamplingParams) -> None:
+    sampling.presence_penalty = params.presence_penalty
+    sampling.frequency_penalty = params.frequency_penalty
+    if params.repetition_penalty != 1.0:
+        sampling.repetition_penalty = params.repetition_penalty
+    if params.logit_bias:
+        sampling.logit_bias.update(params.logit_bias)
 
 
 def _traced(step: SequenceStep) -> bool:

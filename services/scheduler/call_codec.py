@@ -4,6 +4,7 @@ ListModels): protobuf <-> the scheduler's domain types. Used by servicer.py only
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 from services.common import errors
@@ -37,6 +38,11 @@ _MAX_REMEMBERED_TENANTS = 10_000
 # OpenAI allows 4; vLLM and SGLang users pass a handful.
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_BYTES = 256
+# Sampling bounds the worker checks again (services/worker/sampling.py, which is not imported here):
+# penalties (OpenAI's [-2, 2]), a logit bias value (OpenAI's) and how many entries logit_bias holds.
+MAX_PENALTY = 2.0
+MAX_BIAS = 100.0
+MAX_LOGIT_BIAS = 1024
 
 
 class TenantCodec:
@@ -70,8 +76,9 @@ def prompt_token_ids(request: gateway_pb2.GenerateRequest, text: ModelText) -> t
     return text.chat_prompt_ids([{"role": m.role, "content": m.content} for m in request.messages])
 
 
-def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int) -> SamplingParams:
-    """`max_tokens`: the request's, or the default the servicer chose."""
+def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int, vocab_size: int | None = None) -> SamplingParams:
+    """`max_tokens`: the request's, or the default the servicer chose. `vocab_size`: the model's,
+    which every logit_bias token id must be below (None: not checked)."""
     if not (math.isfinite(sampling.temperature) and sampling.temperature >= 0):  # NaN passes a plain < 0
         raise errors.InvalidArgument(f"sampling.temperature must be a finite number >= 0, got {sampling.temperature}")
     if not 0 <= sampling.top_p <= 1:
@@ -82,6 +89,8 @@ def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int) -> Sam
                                      f"got {sampling.top_logprobs}")
     if sampling.top_logprobs and not sampling.logprobs:
         raise errors.InvalidArgument("sampling.top_logprobs needs sampling.logprobs")
+    _check_penalties(sampling)
+    _check_logit_bias(sampling.logit_bias, vocab_size)
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=sampling.temperature,
@@ -91,7 +100,35 @@ def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int) -> Sam
         ignore_eos=sampling.ignore_eos,
         logprobs=sampling.logprobs,
         top_logprobs=sampling.top_logprobs,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=sampling.repetition_penalty or 1.0,
+        logit_bias=tuple(sorted(sampling.logit_bias.items())),
     )
+
+
+def _check_penalties(sampling: common_pb2.SamplingParams) -> None:
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(sampling, name)
+        if not (math.isfinite(value) and -MAX_PENALTY <= value <= MAX_PENALTY):
+            raise errors.InvalidArgument(f"sampling.{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value}")
+    value = sampling.repetition_penalty
+    if not (math.isfinite(value) and 0 <= value <= MAX_PENALTY):
+        raise errors.InvalidArgument(f"sampling.repetition_penalty must be in (0, {MAX_PENALTY:g}] (0: off), got {value}")
+
+
+def _check_logit_bias(logit_bias: Mapping[int, float], vocab_size: int | None) -> None:
+    if len(logit_bias) > MAX_LOGIT_BIAS:
+        raise errors.InvalidArgument(f"sampling.logit_bias holds {len(logit_bias)} entries; at most "
+                                     f"{MAX_LOGIT_BIAS} are allowed")
+    for token_id, bias in logit_bias.items():
+        if token_id < 0 or (vocab_size is not None and token_id >= vocab_size):
+            ids = f"0..{vocab_size - 1}" if vocab_size is not None else ">= 0"
+            raise errors.InvalidArgument(f"sampling.logit_bias: token id {token_id} is not a token of this model "
+                                         f"(ids {ids})")
+        if not (math.isfinite(bias) and -MAX_BIAS <= bias <= MAX_BIAS):
+            raise errors.InvalidArgument(f"sampling.logit_bias[{token_id}] must be in [-{MAX_BIAS:g}, {MAX_BIAS:g}], "
+                                         f"got {bias}")
 
 
 def _check_stops(stops) -> None:

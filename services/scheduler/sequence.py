@@ -52,6 +52,18 @@ class SamplingParams:
     # Report each output token's logprob (and top_logprobs alternatives) in its chunk.
     logprobs: bool = False
     top_logprobs: int = 0
+    # Applied by the worker where it samples (call_codec checks the ranges): OpenAI's presence and
+    # frequency penalties over the output, HF's repetition penalty (1: off) over prompt and output,
+    # and logit_bias as (token id, bias) pairs by id.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the worker needs every token of the sequence to sample it (SequenceStep.context_token_ids)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

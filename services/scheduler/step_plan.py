@@ -36,6 +36,9 @@ class SequenceStep:
     # The one token to compute is the one the worker samples for this sequence in the step before,
     # still in flight when this one was planned (a pipelined decode); token_ids is empty.
     input_from_last_sample: bool = False
+    # With reset_block_table and penalized sampling: the tokens at [0, start_position), which the step
+    # does not compute (a cached prefix), so the worker holds every token the penalties count.
+    context_token_ids: tuple[int, ...] = ()
 
     @property
     def num_new_tokens(self) -> int:

@@ -9,6 +9,7 @@ noise in its logits).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +18,11 @@ from services.worker.work import PositionLogprobs, SamplingParams, TokenLogprob
 
 # The most alternatives a request may ask for at each position (OpenAI's limit for top_logprobs).
 MAX_TOP_LOGPROBS = 20
+# Penalties' bounds (OpenAI's for presence and frequency; repetition's upper bound alike), logit_bias's
+# value bound (OpenAI's) and entry count (the scheduler refuses the same).
+MAX_PENALTY = 2.0
+MAX_BIAS = 100.0
+MAX_LOGIT_BIAS = 1024
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,17 @@ def check_sampling(params: SamplingParams) -> None:
         raise ValueError(f"seed must be in [0, 2**64), got {params.seed}")
     if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
         raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {params.top_logprobs}")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(params, name)
+        if not (math.isfinite(value) and -MAX_PENALTY <= value <= MAX_PENALTY):
+            raise ValueError(f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value}")
+    if not (math.isfinite(params.repetition_penalty) and 0 < params.repetition_penalty <= MAX_PENALTY):
+        raise ValueError(f"repetition_penalty must be in (0, {MAX_PENALTY:g}], got {params.repetition_penalty}")
+    if len(params.logit_bias) > MAX_LOGIT_BIAS:
+        raise ValueError(f"logit_bias holds {len(params.logit_bias)} entries; at most {MAX_LOGIT_BIAS} are allowed")
+    for token_id, bias in params.logit_bias:
+        if not (math.isfinite(bias) and -MAX_BIAS <= bias <= MAX_BIAS):
+            raise ValueError(f"logit_bias[{token_id}] must be in [-{MAX_BIAS:g}, {MAX_BIAS:g}], got {bias}")
 
 
 def uniform_draw(seed: int, index: int) -> float:
@@ -47,6 +64,29 @@ def sample_token(logits: np.ndarray, params: SamplingParams, *, seed: int, index
     """`sample()`'s token id and its log-probability under the distribution drawn from."""
     drawn = sample(logits, params, seed=seed, index=index)
     return drawn.token_id, drawn.logprob
+
+
+def processed_logits(logits: np.ndarray, params: SamplingParams, token_ids: Sequence[int] = (),
+                     num_generated: int = 0) -> np.ndarray:
+    """The logits the draw uses, float64: `logits` plus logit_bias, then the repetition penalty over
+    every token of the sequence (`token_ids`: the prompt's, then the output's), then the presence
+    and frequency penalties over its last `num_generated` (the output). vLLM's order and definitions;
+    a function of the tokens alone, so a recomputed or resumed sequence gets the same ones."""
+    logits = np.array(logits, dtype=np.float64)  # a copy: the caller's row is left as it was
+    if params.logit_bias:
+        biased, biases = zip(*params.logit_bias, strict=True)
+        logits[list(biased)] += biases
+    if not params.penalized or not token_ids:
+        return logits
+    tokens = np.asarray(token_ids, dtype=np.int64)
+    if params.repetition_penalty != 1.0:
+        seen = np.unique(tokens)
+        values = logits[seen]
+        logits[seen] = np.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)
+    if num_generated and (params.presence_penalty or params.frequency_penalty):
+        ids, counts = np.unique(tokens[len(tokens) - num_generated :], return_counts=True)
+        logits[ids] -= params.frequency_penalty * counts + params.presence_penalty
+    return logits
 
 
 def sample(logits: np.ndarray, params: SamplingParams, *, seed: int, index: int) -> Sample:

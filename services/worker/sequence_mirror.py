@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from services.common.errors import InvalidArgument
@@ -46,6 +46,8 @@ class _SequenceState:
     num_cached: int  # positions 0..num_cached-1 hold this sequence's KV
     seed: int  # used when the request brought none
     last_sample: int | None = None  # the token sampled by the last step that ran it; None: it sampled none
+    # Penalized sampling only: every token of the sequence at positions [0, end of its last step).
+    token_ids: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ class AdmittedSequence:
     step: SequenceStep
     block_table: tuple[int, ...]  # the whole table after this step's new blocks
     seed: int  # the request's seed, else the one this worker drew for the sequence
+    # Penalized sampling only: the sequence's tokens up to end_position (the mirror's list: read, never kept).
+    token_ids: Sequence[int] = ()
 
     @property
     def end_position(self) -> int:
@@ -157,14 +161,37 @@ class SequenceMirror:
                 f"sequence {seq.seq_id}: block table of {len(table)} blocks holds {len(table) * self.block_size} "
                 f"positions; this step needs {end}"
             )
+        history = self._history(seq, kept)
         if kept is None:
             state = _SequenceState(table, num_cached, known.seed if known else self._seed_source())
             self._seqs[seq.seq_id] = state
         else:
             state = kept
             state.block_table = table
+        state.token_ids = history
         seed = seq.sampling.seed if seq.sampling.seed is not None else state.seed
-        return AdmittedSequence(index, seq, tuple(table), seed)
+        return AdmittedSequence(index, seq, tuple(table), seed, history if history is not None else ())
+
+    @staticmethod
+    def _history(seq: SequenceStep, kept: _SequenceState | None) -> list[int] | None:
+        """The sequence's tokens through this step, when its sampling is penalized (else None): a fresh
+        table's context_token_ids and token ids, or the kept list with this step's tokens in place."""
+        if not seq.sampling.penalized:
+            return None
+        if kept is None:
+            if len(seq.context_token_ids) != seq.start_position:
+                raise InvalidArgument(
+                    f"sequence {seq.seq_id}: penalized sampling needs the {seq.start_position} tokens before "
+                    f"start_position in context_token_ids, got {len(seq.context_token_ids)}"
+                )
+            return [*seq.context_token_ids, *seq.token_ids]
+        if kept.token_ids is None or len(kept.token_ids) < seq.start_position:
+            raise InvalidArgument(f"sequence {seq.seq_id}: penalized sampling, but this worker does not hold the "
+                                  f"tokens before position {seq.start_position} (send reset_block_table)")
+        history = kept.token_ids
+        del history[seq.start_position :]
+        history.extend(seq.token_ids)
+        return history
 
     @staticmethod
     def _with_last_sample(seq: SequenceStep, known: _SequenceState | None) -> SequenceStep:
@@ -203,3 +230,11 @@ class SequenceMirror:
                 raise InvalidArgument(f"sequence {seq.seq_id}: {exc}") from None
             if seq.num_generated < 0:
                 raise InvalidArgument(f"sequence {seq.seq_id}: num_generated must be >= 0, got {seq.num_generated}")
+            bad_bias = [t for t, _ in seq.sampling.logit_bias if not 0 <= t < self.vocab_size]
+            if bad_bias:
+                raise InvalidArgument(f"sequence {seq.seq_id}: logit_bias token ids {bad_bias[:5]} outside "
+                                      f"[0, {self.vocab_size})")
+        bad_context = [t for t in seq.context_token_ids if not 0 <= t < self.vocab_size]
+        if bad_context:
+            raise InvalidArgument(f"sequence {seq.seq_id}: context token ids {bad_context[:5]} outside "
+                                  f"[0, {self.vocab_size})")

@@ -27,10 +27,15 @@ def sequence_step_from_proto(seq: scheduler_pb2.SequenceStep) -> work.SequenceSt
             seed=sampling.seed if sampling.HasField("seed") else None,
             logprobs=sampling.logprobs,
             top_logprobs=sampling.top_logprobs,
+            presence_penalty=sampling.presence_penalty,
+            frequency_penalty=sampling.frequency_penalty,
+            repetition_penalty=sampling.repetition_penalty or 1.0,
+            logit_bias=tuple(sorted(sampling.logit_bias.items())),
         ),
         num_generated=seq.num_generated,
         num_cached_tokens=seq.num_cached_tokens,
         input_from_last_sample=seq.input_from_last_sample,
+        context_token_ids=tuple(seq.context_token_ids),
     )
 
 

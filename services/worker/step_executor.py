@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from services.common.clock import Clock
 from services.worker.models.generator import Generator
 from services.worker.models.paged import PagedSequence
-from services.worker.sampling import sample
+from services.worker.sampling import processed_logits, sample
 from services.worker.sequence_mirror import SequenceMirror
 from services.worker.work import RunStep, SequenceOutput, StageDurations
 
@@ -75,7 +75,10 @@ class StepExecutor:
                 outputs[admitted.index] = SequenceOutput(seq.seq_id)
                 continue
             assert logits is not None  # a sampling sequence means the step ran (paged is non-empty)
-            drawn = sample(logits[row].numpy(), seq.sampling, seed=admitted.seed, index=seq.num_generated)
+            row_logits = logits[row].numpy()
+            if seq.sampling.penalized or seq.sampling.logit_bias:
+                row_logits = processed_logits(row_logits, seq.sampling, admitted.token_ids, seq.num_generated)
+            drawn = sample(row_logits, seq.sampling, seed=admitted.seed, index=seq.num_generated)
             self._mirror.computed(admitted, drawn.token_id)
             outputs[admitted.index] = SequenceOutput(seq.seq_id, token_id=drawn.token_id, logprob=drawn.logprob,
                                                      logprobs=drawn.logprobs)

@@ -69,6 +69,15 @@ class SamplingParams:
     seed: int | None = None  # None: the worker draws one per sequence (not reproducible across workers)
     logprobs: bool = False  # report the sampled token's log-probability (SequenceOutput.logprobs)
     top_logprobs: int = 0  # with logprobs: also the most likely tokens, 0..MAX_TOP_LOGPROBS
+    presence_penalty: float = 0.0  # OpenAI's, [-2, 2]: off at 0
+    frequency_penalty: float = 0.0  # OpenAI's, [-2, 2]: off at 0
+    repetition_penalty: float = 1.0  # HF's, (0, 2]: off at 1
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), by id
+
+    @property
+    def penalized(self) -> bool:
+        """Whether sampling needs the sequence's tokens (the prompt's and the output's)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
 
 @dataclass(frozen=True)
@@ -87,6 +96,8 @@ class SequenceStep:
     # Compute the token this worker sampled for the sequence in its previous step (token_ids empty):
     # the scheduler sent this step before that result (WorkerCapacity.max_steps_in_flight >= 2).
     input_from_last_sample: bool = False
+    # With reset_block_table and a penalized sampling: the tokens at [0, start_position) (the cached prefix).
+    context_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """The OpenAI API's sampling options on a Hugging Face checkpoint through the whole mesh (issue 39):
 logprobs equal log_softmax of transformers' logits (over the temperature) at every position, streamed
-or not, in OpenAI's shapes as the stock `openai` client parses them, and on the gRPC API.
+or not, in OpenAI's shapes as the stock `openai` client parses them, and on the gRPC API; penalties
+and logit_bias apply where the worker samples, and a penalized seeded stream resumed elsewhere (a
+continuation, as after a failover) goes on exactly as the unbroken one.
 One mesh for the module: a scheduler, a worker of a tiny Llama checkpoint made here, a gateway.
 """
 
@@ -17,12 +19,14 @@ import pytest
 import torch
 import transformers
 
-from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2
 from services.worker.repository.hf_import import ImportOptions, import_checkpoint
 from tests.support.hf_checkpoints import save_model_directory
 from tests.support.side_venv import side_venv_python
 from tools.testbed import session_tls
 from tools.testbed.processes import free_port, running_mesh, wait_until
+from tools.testbed.scheduler_fixtures import scheduler_stub
+from tools.testbed.scheduler_fixtures import tenant as scheduler_tenant
 
 pytestmark = pytest.mark.integration
 
@@ -169,3 +173,38 @@ def test_grpc_top_logprobs_over_the_limit_is_invalid_argument(served):
         list(gateway_pb2_grpc.InferenceStub(channel).Generate(request, timeout=30))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "sampling.top_logprobs must be at most 20" in caught.value.details()
+
+
+def test_logit_bias_forces_a_token_and_an_unknown_id_is_a_400_naming_it(served):
+    _, base, _, tokenizer = served
+    forced = tokenizer.convert_tokens_to_ids("e")
+    status, reply = post(base, "/completions", {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 5,
+                                                "temperature": 1.0, "seed": 2, "ignore_eos": True,
+                                                "logit_bias": {str(forced): 100}})
+    assert status == 200, reply
+    assert reply["choices"][0]["text"] == "e" * 5
+    status, reply = post(base, "/completions", {"model": MODEL, "prompt": "a", "logit_bias": {"1000000": 1}})
+    assert (status, reply["error"]["param"]) == (400, "logit_bias")
+    assert "token id 1000000 is not a token of this model" in reply["error"]["message"]
+
+
+def _schedule(stub, sampling: common_pb2.SamplingParams, delivered: list[int]) -> list[int]:
+    request = scheduler_pb2.ScheduleGenerateRequest(
+        request=gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name=MODEL, version="1"),
+                                            prompt="Once upon a time", sampling=sampling),
+        tenant=scheduler_tenant("t"), continuation=scheduler_pb2.GenerateContinuation(token_ids=delivered))
+    return [t for reply in stub.Generate(request, timeout=60) for t in reply.chunk.token_ids]
+
+
+def test_a_penalized_seeded_stream_resumed_as_a_continuation_goes_on_as_the_unbroken_one(served):
+    mesh = served[0]
+    sampling = common_pb2.SamplingParams(max_tokens=16, temperature=0.9, seed=21, ignore_eos=True,
+                                         presence_penalty=0.8, frequency_penalty=0.6, repetition_penalty=1.3,
+                                         logit_bias={5: -3.0})
+    with scheduler_stub(mesh.scheduler.address) as stub:
+        unbroken = _schedule(stub, sampling, [])
+        resumed = _schedule(stub, sampling, unbroken[:7])
+        plain = common_pb2.SamplingParams(max_tokens=16, temperature=0.9, seed=21, ignore_eos=True)
+        unpenalized = _schedule(stub, plain, [])
+    assert len(unbroken) == 16 and resumed == unbroken[7:]
+    assert unpenalized != unbroken, "the penalties changed what was sampled"

@@ -142,10 +142,19 @@ def test_models_lists_the_generators_the_tenant_may_use(http_mesh):
     ({"model": MODEL + ":", "prompt": "a"}, "model", f"model must be a model id or <id>:<version>, got '{MODEL}:'"),
     ({"model": ":", "prompt": "a"}, "model", "model must be a model id or <id>:<version>, got ':'"),
     ({"model": MODEL, "prompt": "a", "echo": True}, "echo", "echo is not supported, got True"),
-    ({"model": MODEL, "prompt": "a", "presence_penalty": 0.5}, "presence_penalty",
-     "presence_penalty is not supported (only 0), got 0.5"),
-    ({"model": MODEL, "prompt": "a", "logit_bias": {"1": 5}}, "logit_bias",
-     "logit_bias is not supported, got {'1': 5}"),
+    ({"model": MODEL, "prompt": "a", "presence_penalty": 2.5}, "presence_penalty",
+     "presence_penalty must be a number in [-2, 2], got 2.5"),
+    ({"model": MODEL, "prompt": "a", "frequency_penalty": "x"}, "frequency_penalty",
+     "frequency_penalty must be a number in [-2, 2], got 'x'"),
+    ({"model": MODEL, "prompt": "a", "repetition_penalty": 0}, "repetition_penalty",
+     "repetition_penalty must be a number in (0, 2], got 0"),
+    ({"model": MODEL, "prompt": "a", "logit_bias": {"a": 5}}, "logit_bias",
+     "logit_bias keys must be token ids (non-negative integers), got 'a'"),
+    ({"model": MODEL, "prompt": "a", "logit_bias": {"1": 101}}, "logit_bias",
+     "logit_bias[1] must be a number in [-100, 100], got 101"),
+    # Only the scheduler knows the model's vocabulary; its refusal still names the parameter.
+    ({"model": MODEL, "prompt": "a", "logit_bias": {"300": 1}}, "logit_bias",
+     "sampling.logit_bias: token id 300 is not a token of this model (ids 0..256)"),
 ])
 def test_bad_completion_parameters_are_400_naming_the_parameter(http_mesh, body, param, message):
     assert _error(http_mesh.post("/completions", body)) == (

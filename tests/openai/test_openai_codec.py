@@ -61,6 +61,24 @@ def test_defaults_are_accepted_and_non_defaults_refused():
     assert caught.value.param == "n"
 
 
+def test_penalties_and_logit_bias_become_sampling_params():
+    parsed = openai_codec.parse_chat({"model": "m", "messages": [{"role": "user", "content": "a"}],
+                                      "presence_penalty": -0.5, "frequency_penalty": 1, "repetition_penalty": 1.1,
+                                      "logit_bias": {"50256": -100, "7": 2.5}})
+    sampling = parsed.generate.sampling
+    assert (sampling.presence_penalty, sampling.frequency_penalty) == (-0.5, 1.0)
+    assert sampling.repetition_penalty == pytest.approx(1.1)
+    assert dict(sampling.logit_bias) == {50256: -100.0, 7: 2.5}
+    plain = openai_codec.parse_completion({"model": "m", "prompt": "a"}).generate.sampling
+    assert (plain.presence_penalty, plain.repetition_penalty, dict(plain.logit_bias)) == (0.0, 1.0, {})
+
+
+def test_the_schedulers_logit_bias_refusal_names_the_parameter():
+    reply = openai_codec.error_reply(errors.InvalidArgument("sampling.logit_bias: token id 9 is not a token"))
+    assert (reply.status, reply.body["error"]["param"]) == (400, "logit_bias")
+    assert openai_codec.error_reply(errors.InvalidArgument("sampling.top_p bad")).body["error"]["param"] is None
+
+
 def test_chat_prefers_max_completion_tokens():
     parsed = openai_codec.parse_chat({"model": "m", "messages": [{"role": "user", "content": "a"}],
                                       "max_tokens": 9, "max_completion_tokens": 4})

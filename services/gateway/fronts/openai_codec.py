@@ -28,6 +28,11 @@ MAX_STOP_SEQUENCES = 4
 # OpenAI's limit for top_logprobs (the scheduler's and the worker's too), also taken for completions'
 # logprobs (OpenAI's legacy 5 would refuse what vLLM clients send).
 MAX_TOP_LOGPROBS = 20
+# Penalties' bounds (OpenAI's [-2, 2]; vLLM's repetition_penalty within (0, 2]), a logit bias value's
+# (OpenAI's) and logit_bias's entry count: the scheduler's bounds (call_codec.py).
+MAX_PENALTY = 2.0
+MAX_BIAS = 100.0
+MAX_LOGIT_BIAS = 1024
 # Far above any model's max_seq_len; the scheduler refuses what does not fit the model.
 MAX_MAX_TOKENS = 1 << 20
 COMPLETION = "text_completion"
@@ -143,6 +148,10 @@ def _request(kind: str, body: dict, prompt: str, max_tokens: int,
         top_p=_top_p(body),
         stop=_stop(body),
         ignore_eos=_bool(body, "ignore_eos", False),
+        presence_penalty=_number(body, "presence_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY),
+        repetition_penalty=_repetition_penalty(body),
+        logit_bias=_logit_bias(body),
     )
     seed = body.get("seed")
     if seed is not None:
@@ -160,9 +169,6 @@ _UNSUPPORTED_UNLESS = (
     ("best_of", (None, 1), "best_of must be 1"),
     ("echo", (None, False), "echo is not supported"),
     ("suffix", (None, ""), "suffix is not supported"),
-    ("presence_penalty", (None, 0, 0.0), "presence_penalty is not supported (only 0)"),
-    ("frequency_penalty", (None, 0, 0.0), "frequency_penalty is not supported (only 0)"),
-    ("logit_bias", (None,), "logit_bias is not supported"),
     ("tools", (None,), "tools are not supported"),
     ("tool_choice", (None, "none"), "tool_choice is not supported"),
     ("functions", (None,), "functions are not supported"),
@@ -262,6 +268,38 @@ def _top_p(body: dict) -> float:
     if not _is_number(value) or not 0 < value <= 1:
         raise BadParameter("top_p", f"top_p must be a number in (0, 1], got {_shown(value)}")
     return float(value)
+
+
+def _repetition_penalty(body: dict) -> float:
+    """vLLM's extra parameter; 1 (the default) is off."""
+    value = body.get("repetition_penalty")
+    if value is None:
+        return 1.0
+    if not _is_number(value) or not 0 < value <= MAX_PENALTY:
+        raise BadParameter("repetition_penalty", f"repetition_penalty must be a number in (0, {MAX_PENALTY:g}], "
+                                                 f"got {_shown(value)}")
+    return float(value)
+
+
+def _logit_bias(body: dict) -> dict[int, float]:
+    """OpenAI's map of token id (a JSON object's key, so a string) to a bias in [-100, 100]. Whether
+    each id is a token of the model is the scheduler's to say (the gateway has no tokenizer)."""
+    value = body.get("logit_bias")
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS:
+        raise BadParameter("logit_bias", f"logit_bias must be an object of up to {MAX_LOGIT_BIAS} token ids to "
+                                         f"biases, got {_shown(value)}")
+    biases = {}
+    for key, bias in value.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and int(key) < 2**31):
+            raise BadParameter("logit_bias", f"logit_bias keys must be token ids (non-negative integers), "
+                                             f"got {_shown(key)}")
+        if not _is_number(bias) or not -MAX_BIAS <= bias <= MAX_BIAS:
+            raise BadParameter("logit_bias", f"logit_bias[{key}] must be a number in [-{MAX_BIAS:g}, {MAX_BIAS:g}], "
+                                             f"got {_shown(bias)}")
+        biases[int(key)] = float(bias)
+    return biases
 
 
 def _max_tokens(body: dict, name: str) -> int:
@@ -448,7 +486,20 @@ _ERROR_TYPES: dict[type, tuple[str, str | None]] = {
 
 def error_reply(err: errors.InfermeshError) -> ErrorReply:
     kind, code = _ERROR_TYPES[matching(_ERROR_TYPES, err)]
-    return ErrorReply(http_refusal(err), error_body(err.message, kind, getattr(err, "param", None), code))
+    return ErrorReply(http_refusal(err), error_body(err.message, kind, _param(err), code))
+
+
+# Parameters only the scheduler can check (it has the tokenizer): its message names the field.
+_UPSTREAM_PARAMS = ("logit_bias",)
+
+
+def _param(err: errors.InfermeshError) -> str | None:
+    param = getattr(err, "param", None)
+    if param is None and isinstance(err, errors.InvalidArgument):
+        for name in _UPSTREAM_PARAMS:
+            if err.message.startswith(f"sampling.{name}"):
+                return name
+    return param
 
 
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:

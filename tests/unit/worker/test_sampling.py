@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from services.worker.sampling import check_sampling, sample, sample_token, uniform_draw
+from services.worker.sampling import check_sampling, processed_logits, sample, sample_token, uniform_draw
 from services.worker.work import SamplingParams
 
 LOGITS = np.log(np.array([0.05, 0.5, 0.3, 0.15]))
@@ -105,3 +105,45 @@ def test_logprobs_change_nothing_about_the_draw_and_are_absent_unless_asked() ->
 def test_too_many_top_logprobs_are_refused() -> None:
     with pytest.raises(ValueError, match=r"top_logprobs must be in \[0, 20\], got 21"):
         check_sampling(SamplingParams(logprobs=True, top_logprobs=21))
+
+
+def test_penalties_follow_vllms_definitions() -> None:
+    logits = np.array([2.0, -1.0, 0.5, 3.0, -2.0])
+    tokens = [0, 1, 3, 3, 1]  # prompt 0, 1, 3; output 3, 1
+    params = SamplingParams(repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25,
+                            logit_bias=((4, 10.0),))
+    expected = logits.copy()
+    expected[4] += 10.0  # bias first
+    expected[[0, 3]] /= 2.0  # repetition: every token of prompt and output, positive logits divided...
+    expected[1] *= 2.0  # ...negative ones multiplied
+    expected[3] -= 0.25 * 1 + 0.5  # presence and frequency over the output only
+    expected[1] -= 0.25 * 1 + 0.5
+    np.testing.assert_allclose(processed_logits(logits, params, tokens, num_generated=2), expected)
+    assert logits.tolist() == [2.0, -1.0, 0.5, 3.0, -2.0], "the caller's logits are left as they were"
+
+
+def test_frequency_penalty_counts_each_occurrence_in_the_output() -> None:
+    logits = np.zeros(4)
+    out = processed_logits(logits, SamplingParams(frequency_penalty=1.5), [2, 2, 2, 1], num_generated=3)
+    assert out.tolist() == [0.0, -1.5, -3.0, 0.0]  # the output is [2, 2, 1]: the prompt's 2 is not counted
+
+
+def test_logit_bias_forces_and_bans_tokens_and_logprobs_see_it() -> None:
+    forced = SamplingParams(temperature=1.0, logit_bias=((0, 100.0),), logprobs=True)
+    drawn = [sample(processed_logits(LOGITS, forced), forced, seed=1, index=i) for i in range(50)]
+    assert {d.token_id for d in drawn} == {0}
+    assert drawn[0].logprobs is not None and drawn[0].logprobs.token.logprob == pytest.approx(0.0, abs=1e-9)
+    banned = SamplingParams(logit_bias=((1, -100.0),))
+    assert sample(processed_logits(LOGITS, banned), banned, seed=0, index=0).token_id == 2
+
+
+@pytest.mark.parametrize(("params", "fragment"), [
+    (SamplingParams(presence_penalty=2.5), "presence_penalty must be in [-2, 2]"),
+    (SamplingParams(frequency_penalty=float("nan")), "frequency_penalty must be in [-2, 2]"),
+    (SamplingParams(repetition_penalty=0.0), "repetition_penalty must be in (0, 2]"),
+    (SamplingParams(logit_bias=((3, 101.0),)), "logit_bias[3] must be in [-100, 100]"),
+])
+def test_invalid_penalties_are_rejected(params: SamplingParams, fragment: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        check_sampling(params)
+    assert fragment in str(caught.value)

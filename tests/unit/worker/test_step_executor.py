@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -64,6 +65,33 @@ def test_seeded_sampling_is_reproduced_after_preemption_and_recompute(tinylm: Lo
     straight = _sample_run(_executor(tinylm), params, num_new=20, preempt_after=None)
     preempted = _sample_run(_executor(tinylm), params, num_new=20, preempt_after=9)
     assert preempted == straight
+
+
+def test_penalized_seeded_sampling_is_reproduced_after_preemption_and_recompute(tinylm: LoadedModel) -> None:
+    params = SamplingParams(temperature=0.9, seed=77, presence_penalty=1.0, frequency_penalty=0.5,
+                            repetition_penalty=1.3, logit_bias=((ord("e"), -5.0),))
+    straight = _sample_run(_executor(tinylm), params, num_new=20, preempt_after=None)
+    preempted = _sample_run(_executor(tinylm), params, num_new=20, preempt_after=9)
+    assert preempted == straight
+    assert straight != _sample_run(_executor(tinylm), dataclasses.replace(params, frequency_penalty=0.0,
+                                                                           presence_penalty=0.0), 20, None)
+
+
+def test_a_penalized_table_over_a_cached_prefix_needs_the_prefix_tokens(tinylm: LoadedModel) -> None:
+    executor = _executor(tinylm)
+    params = SamplingParams(repetition_penalty=1.5, logprobs=True)
+    executor.run(RunStep(0, (SequenceStep(1, PROMPT[:16], 0, (0, 1), True, sampling=params),)))
+    without, with_context = (SequenceStep(2, PROMPT[16:], 16, (0, 1, 2, 3), True, sample=True, sampling=params,
+                                          num_cached_tokens=16, context_token_ids=context)
+                             for context in ((), PROMPT[:16]))
+    outputs, _ = executor.run(RunStep(1, (without,)))
+    assert outputs[0].error is not None and "needs the 16 tokens before start_position" in outputs[0].error.message
+    outputs, _ = executor.run(RunStep(2, (with_context,)))
+    straight, _ = _executor(tinylm).run(RunStep(0, (SequenceStep(3, PROMPT, 0, (0, 1, 2, 3), True, sample=True,
+                                                                 sampling=params),)))
+    # The greedy pick of the same penalized logits (by its logprob: a near tie may flip on another CPU).
+    assert outputs[0].error is None and outputs[0].logprobs is not None and straight[0].logprobs is not None
+    assert outputs[0].logprobs.token.logprob == pytest.approx(straight[0].logprobs.token.logprob, abs=1e-4)
 
 
 def test_different_seeds_sample_different_tokens(tinylm: LoadedModel) -> None:

@@ -1,0 +1,83 @@
+"""Penalties and logit_bias from the request to the worker: checked once at the scheduler, sent
+with each sampling step, and a table reset over a cached prefix sends the prefix's tokens, so the
+worker counts every token of the sequence whatever it computed itself (recompute, failover)."""
+
+from __future__ import annotations
+
+import pytest
+
+from infermesh.v1 import common_pb2
+from services.common import errors
+from services.scheduler import attach_codec
+from services.scheduler.call_codec import decode_sampling
+from services.scheduler.fair_queue import TenantContext
+from services.scheduler.generate_stream import GenerateStream
+from services.scheduler.sequence import SamplingParams
+from services.scheduler.step_plan import StepPlan
+
+from .conftest import FakePagedWorker, make_scheduler, tenant
+
+PENALIZED = SamplingParams(max_tokens=4, temperature=0.5, presence_penalty=0.5, frequency_penalty=-0.25,
+                           repetition_penalty=1.2, logit_bias=((7, -100.0), (9, 2.5)))
+PROMPT = tuple(range(97, 97 + 14))  # 3 full blocks of 4, then 2 tokens
+
+
+def _first_step(scheduler, worker, seq_id):
+    for _ in range(100):
+        plan = scheduler.schedule()
+        steps = {s.seq_id: s for s in plan.seqs}
+        if plan.has_work():
+            scheduler.update_from_output(plan, worker.run(plan))
+        if seq_id in steps:
+            return steps[seq_id]
+    raise AssertionError(f"sequence {seq_id} was never scheduled")
+
+
+def test_a_penalized_sequence_over_a_cached_prefix_sends_the_prefix_tokens(clock):
+    scheduler, worker = make_scheduler(clock, block_size=4), FakePagedWorker(4)
+    scheduler.add_request(1, PROMPT, SamplingParams(max_tokens=4), tenant(), deadline_s=None)
+    assert _first_step(scheduler, worker, 1).context_token_ids == ()
+    scheduler.add_request(2, PROMPT, PENALIZED, tenant(), deadline_s=None)
+    second = _first_step(scheduler, worker, 2)
+    assert second.reset_block_table and second.start_position == 12
+    assert second.context_token_ids == PROMPT[:12]
+    scheduler.add_request(3, PROMPT, SamplingParams(max_tokens=4), tenant(), deadline_s=None)
+    third = _first_step(scheduler, worker, 3)
+    assert third.start_position == 12 and third.context_token_ids == (), "unpenalized: nothing extra sent"
+
+
+def test_penalties_and_context_reach_the_worker_only_where_set(clock):
+    scheduler, worker = make_scheduler(clock, block_size=4), FakePagedWorker(4)
+    scheduler.add_request(1, PROMPT, PENALIZED, tenant(), deadline_s=None)
+    _first_step(scheduler, worker, 1)
+    scheduler.add_request(2, PROMPT, PENALIZED, tenant(), deadline_s=None)
+    step = _first_step(scheduler, worker, 2)
+    stream = GenerateStream(seq_id=2, tenant=TenantContext("t"), seed=5, trace_context={}, arrival_s=0.0,
+                            deadline_s=None)
+    sent = attach_codec.encode_run_step(StepPlan(1, (step,), ()), {2: stream}).seqs[0]
+    assert list(sent.context_token_ids) == list(PROMPT[:12])
+    assert (sent.sampling.presence_penalty, sent.sampling.frequency_penalty) == (0.5, -0.25)
+    assert sent.sampling.repetition_penalty == pytest.approx(1.2)
+    assert dict(sent.sampling.logit_bias) == {7: -100.0, 9: 2.5}
+
+
+def test_decoded_sampling_carries_the_penalties() -> None:
+    sampling = decode_sampling(common_pb2.SamplingParams(presence_penalty=1.0, frequency_penalty=2.0,
+                                                         logit_bias={5: 1.0, 3: -2.0}), 8, vocab_size=10)
+    assert (sampling.presence_penalty, sampling.frequency_penalty, sampling.repetition_penalty) == (1.0, 2.0, 1.0)
+    assert sampling.logit_bias == ((3, -2.0), (5, 1.0)) and sampling.penalized
+
+
+@pytest.mark.parametrize(("sampling", "message"), [
+    (common_pb2.SamplingParams(presence_penalty=2.5), r"sampling.presence_penalty must be in \[-2, 2\], got 2.5"),
+    (common_pb2.SamplingParams(frequency_penalty=float("inf")), r"sampling.frequency_penalty must be in \[-2, 2\]"),
+    (common_pb2.SamplingParams(repetition_penalty=-1), r"sampling.repetition_penalty must be in \(0, 2\]"),
+    (common_pb2.SamplingParams(logit_bias={10: 1.0}), r"sampling.logit_bias: token id 10 is not a token of this "
+                                                      r"model \(ids 0..9\)"),
+    (common_pb2.SamplingParams(logit_bias={-1: 1.0}), "sampling.logit_bias: token id -1 is not a token"),
+    (common_pb2.SamplingParams(logit_bias={2: 100.5}), r"sampling.logit_bias\[2\] must be in \[-100, 100\]"),
+    (common_pb2.SamplingParams(logit_bias={i: 1.0 for i in range(1025)}), "holds 1025 entries; at most 1024"),
+])
+def test_bad_penalties_are_invalid_argument_naming_the_field(sampling, message) -> None:
+    with pytest.raises(errors.InvalidArgument, match=message):
+        decode_sampling(sampling, 4, vocab_size=2000 if len(sampling.logit_bias) > 1000 else 10)
