@@ -24,6 +24,7 @@ from services.worker.repository.hf_import import ImportOptions, import_checkpoin
 from tests.support.hf_checkpoints import save_model_directory
 from tests.support.side_venv import side_venv_python
 from tools.testbed import session_tls
+from tools.testbed.gateway_fixtures import scrape
 from tools.testbed.processes import free_port, running_mesh, wait_until
 from tools.testbed.scheduler_fixtures import scheduler_stub
 from tools.testbed.scheduler_fixtures import tenant as scheduler_tenant
@@ -44,9 +45,12 @@ def served(tmp_path_factory):
     model = save_model_directory(tmp / MODEL, "llama3", seed=5)
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp / MODEL)
     import_checkpoint(tmp / MODEL, root, ImportOptions(MODEL, "1", kv_cache_bytes=1 << 20))
-    http_port = free_port()
+    http_port, metrics_port = free_port(), free_port()
     with running_mesh(tmp, env={"HF_HUB_OFFLINE": "1"}) as mesh:
-        mesh.start_scheduler()
+        mesh.start_scheduler("--metrics-port", str(metrics_port))
+        mesh.metrics_port = metrics_port  # type: ignore[attr-defined]
+        mesh.block_size = json.loads((root / MODEL / "1" / "manifest.json").read_text())[  # type: ignore[attr-defined]
+            "envelope"]["block_size"]
         mesh.start_worker(MODEL, "--model-repository", str(root), "--model-version", "1")
         mesh.start_gateway("--http-port", str(http_port))
         base = f"https://127.0.0.1:{http_port}/v1"
@@ -208,3 +212,74 @@ def test_a_penalized_seeded_stream_resumed_as_a_continuation_goes_on_as_the_unbr
         unpenalized = _schedule(stub, plain, [])
     assert len(unbroken) == 16 and resumed == unbroken[7:]
     assert unpenalized != unbroken, "the penalties changed what was sampled"
+
+
+PROMPT_N = "In a hole in the ground there lived a hobbit. Not a nasty, dirty, wet hole, filled with the ends of " \
+           "worms and an oozy smell, nor yet a dry, bare, sandy hole with nothing in it to sit down on or to eat"
+
+
+def _complete(base: str, **over) -> dict:
+    status, reply = post(base, "/completions", {"model": MODEL, "prompt": PROMPT_N, "max_tokens": 8,
+                                                "ignore_eos": True, **over})
+    assert status == 200, reply
+    return reply
+
+
+def _cache(mesh) -> tuple[float, float]:
+    metrics = scrape(mesh.metrics_port)
+    return (metrics.value("infermesh_scheduler_prefix_cache_queried_tokens_total", model=MODEL),
+            metrics.value("infermesh_scheduler_prefix_cache_hit_tokens_total", model=MODEL))
+
+
+def test_n_seeded_choices_are_reproducible_share_the_prompt_and_usage_counts_them_all(served):
+    mesh, base, _, _ = served
+    queried_before, hits_before = _cache(mesh)
+    reply = _complete(base, n=4, temperature=1.0, seed=40)
+    queried, hits = _cache(mesh)
+    texts = [c["text"] for c in reply["choices"]]
+    assert [c["index"] for c in reply["choices"]] == [0, 1, 2, 3] and len(set(texts)) > 1
+    prompt_tokens = reply["usage"]["prompt_tokens"]
+    assert reply["usage"]["completion_tokens"] == 4 * 8
+    assert reply["usage"]["total_tokens"] == prompt_tokens + 32
+    # The prompt computed once: the other three choices found its full blocks in the prefix cache.
+    full_blocks = prompt_tokens // mesh.block_size * mesh.block_size
+    assert queried - queried_before == 4 * prompt_tokens
+    assert hits - hits_before >= 3 * (full_blocks - mesh.block_size)
+    assert [c["text"] for c in _complete(base, n=4, temperature=1.0, seed=40)["choices"]] == texts
+    # Choice i samples with seed + i: it is the single request with that seed.
+    assert _complete(base, temperature=1.0, seed=42)["choices"][0]["text"] == texts[2]
+
+
+def test_greedy_choices_are_all_equal_and_stream_with_their_indexes(served):
+    _, base, _, _ = served
+    reply = _complete(base, n=3, temperature=0)
+    assert len({c["text"] for c in reply["choices"]}) == 1
+    status, streamed = post_stream(base, {"model": MODEL, "prompt": PROMPT_N, "max_tokens": 8, "ignore_eos": True,
+                                          "n": 3, "temperature": 0, "stream": True,
+                                          "stream_options": {"include_usage": True}})
+    assert status == 200
+    *events, usage_event, done = streamed
+    texts = ["".join(e["choices"][0]["text"] for e in events if e["choices"][0]["index"] == i) for i in range(3)]
+    assert texts == [c["text"] for c in reply["choices"]] and done == "[DONE]"
+    assert sum(e["choices"][0]["finish_reason"] is not None for e in events) == 3
+    assert usage_event["usage"]["completion_tokens"] == 24
+
+
+def test_best_of_returns_the_choices_with_the_best_mean_logprob_and_bills_them_all(served):
+    _, base, _, _ = served
+    candidates = _complete(base, n=3, temperature=1.0, seed=7, logprobs=0)["choices"]
+    means = [sum(c["logprobs"]["token_logprobs"]) / 8 for c in candidates]
+    reply = _complete(base, n=1, best_of=3, temperature=1.0, seed=7)
+    assert reply["choices"][0]["text"] == candidates[means.index(max(means))]["text"]
+    assert reply["choices"][0]["logprobs"] is None, "not asked for: used to rank, not returned"
+    assert reply["usage"]["completion_tokens"] == 24
+
+
+def post_stream(base: str, body: dict) -> tuple[int, list]:
+    request = urllib.request.Request(base + "/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    context = ssl.create_default_context(cafile=str(session_tls.session_pki().ca_path))
+    with urllib.request.urlopen(request, timeout=60, context=context) as reply:
+        raw = reply.read().decode()
+    events = [b.removeprefix("data: ") for b in raw.split("\n\n") if b.startswith("data: ")]
+    return reply.status, [e if e == "[DONE]" else json.loads(e) for e in events]

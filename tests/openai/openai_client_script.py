@@ -74,7 +74,7 @@ def errors_seen(client, alpha: openai.OpenAI, keys: dict) -> dict:
     ratelimited = client(keys["ratelimited"])
     status_of(complete(ratelimited))
     seen = {
-        "400": status_of(complete(alpha, n=2)),
+        "400": status_of(complete(alpha, n=17)),
         "400_chat": status_of(lambda: alpha.chat.completions.create(model=MODEL, messages=[], max_tokens=1)),
         "401": status_of(complete(client("wrong-key"))),
         "403": status_of(complete(client(keys["narrow"]))),

@@ -8,8 +8,9 @@ from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.common.priority import Priority
 from services.gateway.calls.generate_core import parse_priority
-from services.gateway.fronts import openai_codec
+from services.gateway.fronts import openai_choices, openai_codec
 from services.gateway.fronts.caller import timeout_s_of
+from services.gateway.fronts.openai_choices import ChoiceResult
 from services.gateway.quota.quotas import QuotaExceeded
 
 
@@ -163,7 +164,8 @@ def test_chat_logprobs_in_openais_shape():
     parsed = openai_codec.parse_chat({"model": "m", "messages": [{"role": "user", "content": "a"}],
                                       "logprobs": True, "top_logprobs": 2})
     last = gateway_pb2.GenerateResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH)
-    choice = openai_codec.full_response(parsed, 1, "Hi\ufffd", last, POSITIONS)["choices"][0]
+    result = ChoiceResult(["Hi\ufffd"], list(POSITIONS), last)
+    choice = openai_codec.full_response(parsed, 1, [result])["choices"][0]
     assert choice["logprobs"] == {"refusal": None, "content": [
         {"token": "Hi", "logprob": -0.5, "bytes": [72, 105], "top_logprobs": [
             {"token": "Hi", "logprob": -0.5, "bytes": [72, 105]}, {"token": "Yo", "logprob": -1.5, "bytes": [89, 111]}]},
@@ -191,7 +193,7 @@ def test_streamed_completion_logprobs_count_text_offsets_across_chunks():
 def test_no_logprobs_asked_none_written():
     parsed = openai_codec.parse_completion({"model": "m", "prompt": "a"})
     last = gateway_pb2.GenerateResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH)
-    assert openai_codec.full_response(parsed, 1, "x", last)["choices"][0]["logprobs"] is None
+    assert openai_codec.full_response(parsed, 1, [ChoiceResult(["x"], [], last)])["choices"][0]["logprobs"] is None
 
 
 @pytest.mark.parametrize("model", ["tinylm:", ":", ":2"])
@@ -211,3 +213,51 @@ def test_the_timeout_header_is_plain_decimal_milliseconds(value, timeout_s):
 def test_a_timeout_header_that_is_not_plain_decimal_is_refused(value):
     with pytest.raises(openai_codec.BadParameter, match="x-infermesh-timeout-ms must be a number of milliseconds"):
         timeout_s_of(value)
+
+
+@pytest.mark.parametrize(("parse", "body", "param", "message"), [
+    (openai_codec.parse_completion, {"prompt": "a", "n": 17}, "n", "n must be an integer in [1, 16], got 17"),
+    (openai_codec.parse_completion, {"prompt": "a", "n": 0}, "n", "n must be an integer in [1, 16], got 0"),
+    (openai_codec.parse_completion, {"prompt": "a", "n": True}, "n", "n must be an integer in [1, 16], got True"),
+    (openai_codec.parse_completion, {"prompt": "a", "n": 3, "best_of": 2}, "best_of",
+     "best_of must be >= n (3), got 2"),
+    (openai_codec.parse_completion, {"prompt": "a", "best_of": 2, "stream": True}, "best_of",
+     "best_of > n cannot be streamed: the best choices are known at the end"),
+    (openai_codec.parse_chat, {"messages": [{"role": "user", "content": "a"}], "best_of": 2}, "best_of",
+     "best_of is a completions parameter"),
+])
+def test_bad_choice_counts_are_refused_naming_the_parameter(parse, body, param, message):
+    with pytest.raises(openai_codec.BadParameter) as caught:
+        parse({"model": "m", **body})
+    assert (caught.value.param, caught.value.message) == (param, message)
+
+
+def test_choices_get_their_own_request_ids_and_seeds():
+    parsed = openai_codec.parse_completion({"model": "m", "prompt": "a", "n": 2, "best_of": 3, "seed": 2**63 - 2})
+    assert (parsed.n, parsed.best_of, parsed.logprobs, parsed.generate.sampling.logprobs) == (2, 3, False, True)
+    requests = openai_choices.choice_requests(parsed.generate, parsed.best_of)
+    assert [r.request_id for r in requests] == [f"{parsed.generate.request_id}-{i}" for i in range(3)]
+    assert [r.sampling.seed for r in requests] == [2**63 - 2, 2**63 - 1, 0]
+    unseeded = openai_codec.parse_completion({"model": "m", "prompt": "a", "n": 2})
+    assert not any(r.sampling.HasField("seed") for r in openai_choices.choice_requests(unseeded.generate, 2))
+    single = openai_codec.parse_completion({"model": "m", "prompt": "a"})
+    assert openai_choices.choice_requests(single.generate, 1) == [single.generate]
+
+
+def test_usage_counts_the_prompt_once_and_every_choices_tokens():
+    def last(prompt, completion, cached):
+        return gateway_pb2.GenerateResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH, usage=common_pb2.Usage(
+            prompt_tokens=prompt, completion_tokens=completion, cached_prompt_tokens=cached))
+    parsed = openai_codec.parse_completion({"model": "m", "prompt": "a", "n": 1, "best_of": 3, "logprobs": 0})
+    results = [ChoiceResult(["a"], [_position(b"a", lp)], last(10, 4, 0)) for lp in (-2.0, -0.5, -1.0)]
+    body = openai_codec.full_response(parsed, 1, openai_choices.best(results, 1), results)
+    assert body["usage"] == {"prompt_tokens": 10, "completion_tokens": 12, "total_tokens": 22,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
+    assert [c["logprobs"]["token_logprobs"] for c in body["choices"]] == [[-0.5]]
+
+
+def test_best_of_ranks_by_mean_logprob_per_token_ties_to_the_lower_index():
+    def result(*logprobs):
+        return ChoiceResult([], [_position(b"x", lp) for lp in logprobs])
+    results = [result(-1.0, -1.0), result(-0.2, -1.6, -1.0, -0.2), result(-0.5), result(), result(-1.0)]
+    assert openai_choices.best(results, 5) == [results[2], results[1], results[0], results[4], results[3]]

@@ -12,7 +12,9 @@ scheduler renders the model's own chat template and tokenizes once (docs/ARCHITE
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,12 +24,16 @@ from services.common import errors
 from services.common.generate_input import CHAT_ROLES
 from services.gateway.admission.latency_admission import ObjectiveMissed, ObjectiveUnmeetable
 from services.gateway.fronts.http_status import HttpRefusal, http_refusal, matching
+from services.gateway.fronts.openai_choices import ChoiceResult
 from services.gateway.quota.quotas import QuotaExceeded
 
 MAX_STOP_SEQUENCES = 4
 # OpenAI's limit for top_logprobs (the scheduler's and the worker's too), also taken for completions'
 # logprobs (OpenAI's legacy 5 would refuse what vLLM clients send).
 MAX_TOP_LOGPROBS = 20
+# Most choices one request generates (n, best_of): each is a sequence of its own upstream, admitted,
+# counted against the tenant's quotas and the gateway's concurrency like a request.
+MAX_CHOICES = 16
 # Penalties' bounds (OpenAI's [-2, 2]; vLLM's repetition_penalty within (0, 2]), a logit bias value's
 # (OpenAI's) and logit_bias's entry count: the scheduler's bounds (call_codec.py).
 MAX_PENALTY = 2.0
@@ -63,6 +69,12 @@ class OpenAIRequest:
     generate: gateway_pb2.GenerateRequest
     stream: bool
     include_usage: bool
+    # Choices returned (n) and generated (best_of >= n; the n with the best mean logprob per token
+    # are returned). best_of > n is never streamed.
+    n: int = 1
+    best_of: int = 1
+    # What the client asked for: best_of > n asks the workers for logprobs to rank by, in any case.
+    logprobs: bool = False
 
 
 # -- requests ---------------------------------------------------------------------------
@@ -81,7 +93,7 @@ def parse_completion(body: Any) -> OpenAIRequest:
     _refuse_unsupported(body)
     parsed = _request(COMPLETION, body, prompt, _max_tokens(body, "max_tokens"))
     _completion_logprobs(body, parsed.generate.sampling)
-    return parsed
+    return _with_choices(parsed, body)
 
 
 def parse_chat(body: Any) -> OpenAIRequest:
@@ -91,7 +103,7 @@ def parse_chat(body: Any) -> OpenAIRequest:
     param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     parsed = _request(CHAT, body, "", _max_tokens(body, param), messages)
     _chat_logprobs(body, parsed.generate.sampling)
-    return parsed
+    return _with_choices(parsed, body)
 
 
 def chat_messages(messages: Any) -> list[gateway_pb2.ChatMessage]:
@@ -163,10 +175,37 @@ def _request(kind: str, body: dict, prompt: str, max_tokens: int,
     return OpenAIRequest(kind, model, generate, stream, include_usage)
 
 
+def _with_choices(parsed: OpenAIRequest, body: dict) -> OpenAIRequest:
+    """n (both endpoints) and best_of (completions), checked; request ids set so choices can name theirs."""
+    n = _count(body, "n", 1, MAX_CHOICES)
+    best_of = n
+    if parsed.kind == COMPLETION:
+        best_of = _count(body, "best_of", n, MAX_CHOICES)
+        if best_of < n:
+            raise BadParameter("best_of", f"best_of must be >= n ({n}), got {best_of}")
+        if best_of > n and parsed.stream:
+            raise BadParameter("best_of", "best_of > n cannot be streamed: the best choices are known at the end")
+    elif body.get("best_of") is not None:
+        raise BadParameter("best_of", "best_of is a completions parameter")
+    logprobs = parsed.generate.sampling.logprobs
+    if best_of > n:
+        parsed.generate.sampling.logprobs = True  # the ranking's input
+    if best_of > 1:
+        parsed.generate.request_id = uuid.uuid4().hex  # each choice's is <this>-<index>
+    return dataclasses.replace(parsed, n=n, best_of=best_of, logprobs=logprobs)
+
+
+def _count(body: dict, name: str, default: int, high: int) -> int:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not _is_int(value) or not 1 <= value <= high:
+        raise BadParameter(name, f"{name} must be an integer in [1, {high}], got {_shown(value)}")
+    return value
+
+
 # Accepted at their defaults only; anything else is refused rather than silently ignored.
 _UNSUPPORTED_UNLESS = (
-    ("n", (None, 1), "n must be 1: one choice per request"),
-    ("best_of", (None, 1), "best_of must be 1"),
     ("echo", (None, False), "echo is not supported"),
     ("suffix", (None, ""), "suffix is not supported"),
     ("tools", (None,), "tools are not supported"),
@@ -330,11 +369,14 @@ def finish_reason(chunk: gateway_pb2.GenerateResponse) -> str | None:
     return _FINISH_REASONS.get(chunk.finish_reason)
 
 
-def usage(chunk: gateway_pb2.GenerateResponse) -> dict:
-    prompt, completion = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
+def usage(*lasts: gateway_pb2.GenerateResponse) -> dict:
+    """The last chunks of every choice: the prompt counted once (the first choice's, which computed
+    it), the completion tokens of every choice generated (best_of's unreturned ones too)."""
+    prompt, cached = lasts[0].usage.prompt_tokens, lasts[0].usage.cached_prompt_tokens
+    completion = sum(last.usage.completion_tokens for last in lasts)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             # OpenAI's and vLLM's field: prompt tokens served from the prefix cache.
-            "prompt_tokens_details": {"cached_tokens": chunk.usage.cached_prompt_tokens}}
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def timings(chunk: gateway_pb2.GenerateResponse) -> dict:
@@ -365,7 +407,7 @@ class LogprobsWriter:
 
     def __init__(self, request: OpenAIRequest) -> None:
         self._completion = request.kind == COMPLETION
-        self._wanted = request.generate.sampling.logprobs
+        self._wanted = request.logprobs
         self._text_offset = 0
 
     def write(self, positions: Sequence[common_pb2.PositionLogprobs]) -> dict | None:
@@ -407,36 +449,49 @@ def _completion_top(position: common_pb2.PositionLogprobs) -> dict[str, float | 
     return top
 
 
-def full_response(request: OpenAIRequest, created_s: int, text: str, last: gateway_pb2.GenerateResponse,
-                  logprobs: Sequence[common_pb2.PositionLogprobs] = ()) -> dict:
-    """`logprobs`: every chunk's, in order."""
-    written = LogprobsWriter(request).write(logprobs)
-    if request.kind == COMPLETION:
-        choice = {"index": 0, "text": text, "logprobs": written, "finish_reason": finish_reason(last)}
-    else:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": written,
-                  "finish_reason": finish_reason(last)}
+def full_response(request: OpenAIRequest, created_s: int, returned: Sequence[ChoiceResult],
+                  generated: Sequence[ChoiceResult] = ()) -> dict:
+    """`returned`: the choices to return, in order; `generated`: every choice generated, for usage
+    (empty: the returned ones)."""
+    choices = [_choice(request, index, result) for index, result in enumerate(returned)]
+    first = _last_of(returned[0])
     return {
         "id": response_id(request), "object": request.kind, "created": created_s, "model": request.model,
-        "choices": [choice], "usage": usage(last),
-        "infermesh": {"request_id": request.generate.request_id, "timings": timings(last)},
+        "choices": choices, "usage": usage(*(_last_of(r) for r in (generated or returned))),
+        "infermesh": {"request_id": request.generate.request_id, "timings": timings(first)},
     }
 
 
+def _last_of(result: ChoiceResult) -> gateway_pb2.GenerateResponse:
+    if result.last is None:
+        raise ValueError("a choice without its last chunk")
+    return result.last
+
+
+def _choice(request: OpenAIRequest, index: int, result: ChoiceResult) -> dict:
+    written = LogprobsWriter(request).write(result.logprobs)
+    reason = finish_reason(_last_of(result))
+    if request.kind == COMPLETION:
+        return {"index": index, "text": result.text, "logprobs": written, "finish_reason": reason}
+    return {"index": index, "message": {"role": "assistant", "content": result.text}, "logprobs": written,
+            "finish_reason": reason}
+
+
 def stream_chunk(request: OpenAIRequest, created_s: int, chunk: gateway_pb2.GenerateResponse, first: bool,
-                 logprobs: LogprobsWriter | None = None) -> dict:
-    """One SSE event's object for one upstream chunk; the last carries finish_reason and the timings.
-    `logprobs`: the stream's writer (one per stream), when the request asked for logprobs."""
+                 logprobs: LogprobsWriter | None = None, index: int = 0) -> dict:
+    """One SSE event's object for one upstream chunk of choice `index`; the last carries finish_reason
+    and the timings. `first`: the choice's first chunk. `logprobs`: the choice's writer (one per
+    choice), when the request asked for logprobs."""
     reason = finish_reason(chunk)
     written = logprobs.write(chunk.logprobs) if logprobs is not None else None
     if request.kind == COMPLETION:
-        choice = {"index": 0, "text": chunk.text, "logprobs": written, "finish_reason": reason}
+        choice = {"index": index, "text": chunk.text, "logprobs": written, "finish_reason": reason}
         kind = COMPLETION
     else:
         delta = {"role": "assistant", "content": chunk.text} if first else {"content": chunk.text}
         if reason is not None and not chunk.text and not first:
             delta = {}
-        choice = {"index": 0, "delta": delta, "logprobs": written, "finish_reason": reason}
+        choice = {"index": index, "delta": delta, "logprobs": written, "finish_reason": reason}
         kind = "chat.completion.chunk"
     event = {"id": response_id(request), "object": kind, "created": created_s, "model": request.model,
              "choices": [choice]}
@@ -447,11 +502,11 @@ def stream_chunk(request: OpenAIRequest, created_s: int, chunk: gateway_pb2.Gene
     return event
 
 
-def usage_chunk(request: OpenAIRequest, created_s: int, last: gateway_pb2.GenerateResponse) -> dict:
-    """stream_options.include_usage: the extra last event, with no choices."""
+def usage_chunk(request: OpenAIRequest, created_s: int, *lasts: gateway_pb2.GenerateResponse) -> dict:
+    """stream_options.include_usage: the extra last event, with no choices; `lasts`: every choice's last chunk."""
     kind = COMPLETION if request.kind == COMPLETION else "chat.completion.chunk"
     return {"id": response_id(request), "object": kind, "created": created_s, "model": request.model,
-            "choices": [], "usage": usage(last)}
+            "choices": [], "usage": usage(*lasts)}
 
 
 # -- errors -----------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 
 from aiohttp import web
@@ -29,7 +29,7 @@ from aiohttp import web
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.gateway.calls.generate_core import GenerateCore
-from services.gateway.fronts import json_body, openai_codec
+from services.gateway.fronts import json_body, openai_choices, openai_codec
 from services.gateway.fronts.caller import http_authorization, http_caller
 from services.gateway.fronts.http_refusals import refusal_middleware
 from services.gateway.tenants.credentials import Authorization
@@ -40,6 +40,7 @@ _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"
 _DONE = b"data: [DONE]\n\n"
 _LIST_MODELS_TIMEOUT_S = 5.0
 
+Choices = AsyncGenerator[tuple[int, gateway_pb2.GenerateResponse], None]  # (choice index, chunk)
 ListModels = Callable[[Authorization, float], Awaitable[gateway_pb2.ListModelsResponse]]
 
 
@@ -98,7 +99,8 @@ class OpenAIFront:
             parsed = parse(await _json_body(request))
         except errors.InfermeshError as err:
             return error_response(self._refusal(request, err))
-        chunks = self._core.generate(parsed.generate, caller)
+        chunks = openai_choices.merged(lambda r: self._core.generate(r, caller),
+                                       openai_choices.choice_requests(parsed.generate, parsed.best_of))
         async with aclosing(chunks):
             if parsed.stream:
                 return await self._stream(request, parsed, chunks)
@@ -112,26 +114,24 @@ class OpenAIFront:
             return refused
         return err
 
-    async def _complete(self, parsed: openai_codec.OpenAIRequest,
-                        chunks: AsyncIterator[gateway_pb2.GenerateResponse]) -> web.Response:
-        texts = []
-        logprobs: list[common_pb2.PositionLogprobs] = []
-        last = None
+    async def _complete(self, parsed: openai_codec.OpenAIRequest, chunks: Choices) -> web.Response:
+        results = [openai_choices.ChoiceResult() for _ in range(parsed.best_of)]
         try:
-            async for chunk in chunks:
-                texts.append(chunk.text)
-                logprobs.extend(chunk.logprobs)
-                last = chunk
+            async for index, chunk in chunks:
+                results[index].add(chunk)
         except errors.InfermeshError as err:
             return error_response(err)
-        if last is None or last.finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED:
+        if not all(result.finished for result in results):
             return error_response(errors.Internal("the stream ended without its last chunk"))
-        body = openai_codec.full_response(parsed, int(self._clock()), "".join(texts), last, logprobs)
+        returned = openai_choices.best(results, parsed.n) if parsed.best_of > parsed.n else results
+        body = openai_codec.full_response(parsed, int(self._clock()), returned, results)
+        last = returned[0].last
+        assert last is not None  # every result finished
         headers = {REQUEST_ID_HEADER: parsed.generate.request_id, TIMINGS_HEADER: openai_codec.timings_header(last)}
         return web.json_response(body, headers=headers, dumps=_dumps)
 
     async def _stream(self, request: web.Request, parsed: openai_codec.OpenAIRequest,
-                      chunks: AsyncIterator[gateway_pb2.GenerateResponse]) -> web.StreamResponse:
+                      chunks: Choices) -> web.StreamResponse:
         try:
             first = await anext(chunks)  # admission and the first token, before any byte is sent
         except errors.InfermeshError as err:
@@ -141,19 +141,23 @@ class OpenAIFront:
         response = web.StreamResponse(headers={**_SSE_HEADERS, REQUEST_ID_HEADER: parsed.generate.request_id})
         await response.prepare(request)
         created_s = int(self._clock())
-        last = first
-        logprobs = openai_codec.LogprobsWriter(parsed)
-        await response.write(_event(openai_codec.stream_chunk(parsed, created_s, first, True, logprobs)))
+        writers = [openai_codec.LogprobsWriter(parsed) for _ in range(parsed.n)]
+        lasts: list[gateway_pb2.GenerateResponse | None] = [None] * parsed.n
+
+        def event(index: int, chunk: gateway_pb2.GenerateResponse) -> bytes:
+            is_first, lasts[index] = lasts[index] is None, chunk
+            return _event(openai_codec.stream_chunk(parsed, created_s, chunk, is_first, writers[index], index))
+
+        await response.write(event(*first))
         try:
-            async for chunk in chunks:
-                last = chunk
-                await response.write(_event(openai_codec.stream_chunk(parsed, created_s, chunk, False, logprobs)))
+            async for index, chunk in chunks:
+                await response.write(event(index, chunk))
         except errors.InfermeshError as err:
             await response.write(_event(openai_codec.error_reply(err).body))
             await response.write_eof()
             return response
         if parsed.include_usage:
-            await response.write(_event(openai_codec.usage_chunk(parsed, created_s, last)))
+            await response.write(_event(openai_codec.usage_chunk(parsed, created_s, *(c for c in lasts if c))))
         await response.write(_DONE)
         await response.write_eof()
         return response

@@ -1,0 +1,120 @@
+"""n > 1 and best_of: one GenerateRequest per choice, their chunks merged into one stream.
+
+The first choice runs alone until its first chunk: by then its prompt's full KV blocks are in the
+scheduler's prefix cache, so the other choices, sent after it, reuse them instead of computing the
+prompt again (cache-aware routing sends them to the same scheduler). Choice i samples with the
+request's seed + i, so a seeded request is reproducible choice by choice; an unseeded one gets a
+seed per choice at admission, as any request does. No transport here: the HTTP front drives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+
+from infermesh.v1 import common_pb2, gateway_pb2
+
+SEED_MODULUS = 2**63  # seeds are below it (the gateway's own draws and the OpenAI front's bound)
+
+Start = Callable[[gateway_pb2.GenerateRequest], AsyncIterator[gateway_pb2.GenerateResponse]]
+
+
+def choice_requests(request: gateway_pb2.GenerateRequest, num_choices: int) -> list[gateway_pb2.GenerateRequest]:
+    """`request` for one choice; copies with request ids `<id>-<i>` and seeds seed + i for more."""
+    if num_choices == 1:
+        return [request]
+    requests = []
+    for i in range(num_choices):
+        choice = gateway_pb2.GenerateRequest()
+        choice.CopyFrom(request)
+        choice.request_id = f"{request.request_id}-{i}"
+        if request.sampling.HasField("seed"):
+            choice.sampling.seed = (request.sampling.seed + i) % SEED_MODULUS
+        requests.append(choice)
+    return requests
+
+
+async def merged(start: Start, requests: Sequence[gateway_pb2.GenerateRequest]
+                 ) -> AsyncGenerator[tuple[int, gateway_pb2.GenerateResponse], None]:
+    """(choice index, chunk) of every choice, each choice's in order. The first choice's first chunk
+    comes before any other choice starts (its refusal is raised before anything is sent). An error
+    of any choice is raised here, and closing this iterator closes every choice's stream."""
+    streams = [start(requests[0])]
+    queue: asyncio.Queue[tuple[int, gateway_pb2.GenerateResponse | BaseException | None]] = asyncio.Queue()
+    pumps: list[asyncio.Task] = []
+    try:
+        first = await anext(streams[0], None)
+        if first is None:
+            return  # ended without a chunk: the caller reports it
+        yield 0, first
+        if len(requests) == 1:
+            async for chunk in streams[0]:
+                yield 0, chunk
+            return
+        streams += [start(r) for r in requests[1:]]
+        pumps = [asyncio.create_task(_pump(i, s, queue)) for i, s in enumerate(streams)]
+        num_open = len(streams)
+        while num_open:
+            index, item = await queue.get()
+            if item is None:
+                num_open -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for pump in pumps:
+            pump.cancel()
+        for pump in pumps:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pump
+        for stream in streams:
+            with contextlib.suppress(Exception):
+                await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def _pump(index: int, stream: AsyncIterator[gateway_pb2.GenerateResponse],
+                queue: asyncio.Queue[tuple[int, gateway_pb2.GenerateResponse | BaseException | None]]) -> None:
+    try:
+        async for chunk in stream:
+            queue.put_nowait((index, chunk))
+    except Exception as exc:  # handed to the consumer, which raises it
+        queue.put_nowait((index, exc))
+        return
+    queue.put_nowait((index, None))
+
+
+@dataclass
+class ChoiceResult:
+    """One choice's whole output, gathered from its chunks."""
+
+    texts: list[str] = field(default_factory=list)
+    logprobs: list[common_pb2.PositionLogprobs] = field(default_factory=list)
+    last: gateway_pb2.GenerateResponse | None = None
+
+    def add(self, chunk: gateway_pb2.GenerateResponse) -> None:
+        self.texts.append(chunk.text)
+        self.logprobs.extend(chunk.logprobs)
+        self.last = chunk
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+    @property
+    def finished(self) -> bool:
+        return self.last is not None and self.last.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
+
+    def mean_logprob(self) -> float:
+        """best_of's ranking: the mean logprob per token (OpenAI: "the highest log probability per
+        token"); a choice with no token ranks last."""
+        values = [p.token.logprob for p in self.logprobs]
+        return sum(values) / len(values) if values else float("-inf")
+
+
+def best(results: Sequence[ChoiceResult], n: int) -> list[ChoiceResult]:
+    """The n best of `results` by mean logprob per token, best first (ties: the lower choice index)."""
+    ranked = sorted(range(len(results)), key=lambda i: (-results[i].mean_logprob(), i))
+    return [results[i] for i in ranked[:n]]
