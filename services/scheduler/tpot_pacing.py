@@ -7,13 +7,15 @@ rules keep the interactive class's TPOT, using what the scheduler already knows:
 
 - the cap: a step may take what keeps every running sequence's TPOT within PACE_MARGIN x its target
   (the margin leaves room for the hops to the client and for the fit's error). TPOT is a stream's
-  mean time per token after the first (as the gateway and DistServe judge it), so a sequence whose
-  tokens came faster than its target has slack that one longer step may spend: after k tokens
-  past its first, d seconds from its first, the next step may take (k + 1) x margin x target - d,
-  at least margin x target (a stream behind its pace is not made to catch up by starving the
-  rest) and at most MAX_SLACK_STEPS x margin x target (no one step stalls a stream for long). The
-  cap is the least of these over the running sequences with a target and a first token; prompt
-  chunks are cut to fit it, and a decode that may skip (below) waits when it would not fit;
+  mean time per token after the first (as the gateway and DistServe judge it), so one longer step
+  is paid for by the stream's other steps being shorter than its pace: d seconds after its first
+  token, with k tokens since and r more after this step (to max_tokens; one that stops sooner has
+  fewer to spread it over, so the cap is bounded below), whose steps take what steps take now (s),
+  the next step may take (k + 1 + r) x margin x target - d - r x s, at least margin x target (a
+  stream behind its pace is not made to catch up by starving the rest) and at most
+  MAX_SLACK_STEPS x margin x target (no one step stalls a stream for long). The cap is the least
+  of these over the running sequences with a target and a first token; prompt chunks are cut to fit
+  it, and a decode that may skip (below) waits when it would not fit;
 - skipping: a decode may sit out a step while a sequence of a strictly higher class runs or waits
   ("an interactive class behind it"), as long as its own next token still comes within its own TPOT
   target: skipped now, it is picked in the next step, which ends about two steps from now. Such
@@ -101,7 +103,8 @@ def step_pace(cost: StepCost, running: Iterable[Sequence], waiting_top: Priority
     for seq in running:
         if seq.tpot_target_s is not None and seq.first_token_s is not None:
             caps.append(step_cap_s(seq.tpot_target_s, seq.num_generated - seq.first_token_index,
-                                   now_s - seq.first_token_s))
+                                   now_s - seq.first_token_s, seq.sampling.max_tokens - seq.num_generated - 1,
+                                   step_s))
         if top is None or seq.priority < top:
             top = seq.priority
     if not caps or top is None:
@@ -109,9 +112,12 @@ def step_pace(cost: StepCost, running: Iterable[Sequence], waiting_top: Priority
     return StepPace(cost, cap_s=min(caps), top_priority=top, step_s=step_s, now_s=now_s)
 
 
-def step_cap_s(tpot_target_s: float, num_tokens_after_first: int, since_first_s: float) -> float:
+def step_cap_s(tpot_target_s: float, num_tokens_after_first: int, since_first_s: float, num_tokens_after_next: int,
+               step_s: float) -> float:
     """The longest next step that keeps a stream's mean time per token after its first within
-    PACE_MARGIN x its target, between one and MAX_SLACK_STEPS paced steps (module docstring)."""
+    PACE_MARGIN x its target, its later steps taking `step_s`, between one and MAX_SLACK_STEPS paced
+    steps (module docstring)."""
     paced_s = PACE_MARGIN * tpot_target_s
-    with_slack_s = (num_tokens_after_first + 1) * paced_s - since_first_s
+    num_later = max(num_tokens_after_next, 0)
+    with_slack_s = (num_tokens_after_first + 1 + num_later) * paced_s - since_first_s - num_later * step_s
     return min(max(with_slack_s, paced_s), MAX_SLACK_STEPS * paced_s)

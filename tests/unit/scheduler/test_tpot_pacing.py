@@ -124,8 +124,9 @@ def test_a_newcomers_prompt_is_cut_to_the_cap_next_to_interactive_decodes(clock)
     scheduler, worker = warmed(clock), FakePagedWorker(4)
     target_s = 0.039  # cap 31.2 ms: three decodes and a newcomer leave ~4.9 ms, ~49 prompt tokens
     for seq_id in (1, 2, 3):
-        add(scheduler, seq_id, Priority.CRITICAL, target_s, max_tokens=20)
-    run(scheduler, clock, max_steps=1, worker=worker)  # their first tokens, just now: no slack yet
+        # Their first tokens just came and one is left: no slack, no later steps to spread a long one over.
+        add(scheduler, seq_id, Priority.CRITICAL, target_s, max_tokens=2)
+    run(scheduler, clock, max_steps=1, worker=worker)
     add(scheduler, 4, Priority.CRITICAL, target_s, prompt_len=100, max_tokens=4)
     plan = scheduler.schedule()
     chunk = next(s for s in plan.seqs if s.seq_id == 4)
@@ -136,8 +137,8 @@ def test_a_newcomers_prompt_is_cut_to_the_cap_next_to_interactive_decodes(clock)
 def test_a_target_the_decodes_alone_fill_still_lets_a_newcomers_prompt_in_at_the_floor(clock):
     scheduler, worker = warmed(clock), FakePagedWorker(4)
     for seq_id in range(1, 7):  # six decodes: 34.2 ms, past the 32 ms cap on their own
-        add(scheduler, seq_id, Priority.CRITICAL, INTERACTIVE_TPOT_S, max_tokens=20)
-    run(scheduler, clock, max_steps=2, worker=worker)
+        add(scheduler, seq_id, Priority.CRITICAL, INTERACTIVE_TPOT_S, max_tokens=2)
+    run(scheduler, clock, max_steps=1, worker=worker)
     add(scheduler, 7, Priority.CRITICAL, INTERACTIVE_TPOT_S, prompt_len=100, max_tokens=4)
     plan = scheduler.schedule()
     chunk = next(s for s in plan.seqs if s.seq_id == 7)
@@ -184,17 +185,22 @@ def test_the_cap_leaves_tokens_for_what_fits_and_none_past_it():
     assert pace.token_budget(8) == 8 + PACE_MIN_PROMPT_TOKENS, "past the cap: the decodes and the floor"
 
 
-def test_a_stream_ahead_of_its_pace_may_spend_its_slack_on_one_longer_step_within_bounds():
+def test_a_longer_step_is_allowed_as_far_as_the_streams_other_steps_pay_for_it_within_bounds():
     paced_s = PACE_MARGIN * 0.050
-    assert step_cap_s(0.050, 0, 0.0) == pytest.approx(paced_s), "right after its first token"
-    assert step_cap_s(0.050, 4, 4 * 0.035) == pytest.approx(5 * paced_s - 0.140), "4 tokens at 35 ms: 60 ms"
-    assert step_cap_s(0.050, 40, 40 * 0.010) == pytest.approx(MAX_SLACK_STEPS * paced_s), "never past the bound"
-    assert step_cap_s(0.050, 4, 4 * 0.060) == pytest.approx(paced_s), "behind its pace: one paced step, no less"
+    assert step_cap_s(0.050, 0, 0.0, 0, 0.020) == pytest.approx(paced_s), "its last token, right after its first"
+    assert step_cap_s(0.050, 4, 4 * 0.035, 0, 0.020) == pytest.approx(5 * paced_s - 0.140), "4 at 35 ms: 60 ms"
+    assert step_cap_s(0.050, 40, 40 * 0.010, 0, 0.020) == pytest.approx(MAX_SLACK_STEPS * paced_s), "bounded"
+    assert step_cap_s(0.050, 4, 4 * 0.060, 0, 0.020) == pytest.approx(paced_s), "behind its pace: one paced step"
+    # A fresh stream with 30 tokens to go: later steps of 20 ms pay for a long one; steps at its pace do not.
+    assert step_cap_s(0.050, 0, 0.0, 30, 0.020) == pytest.approx(MAX_SLACK_STEPS * paced_s)
+    assert step_cap_s(0.050, 0, 0.0, 30, paced_s) == pytest.approx(paced_s)
+    assert step_cap_s(0.050, 0, 0.0, 2, 0.030) == pytest.approx(3 * paced_s - 2 * 0.030), "two later steps: 60 ms"
 
 
 def _running(priority: Priority, tpot_target_s: float | None, last_token_s: float):
+    """A decode whose first token just came, with no later step to spread a longer one over."""
     scheduler = make_scheduler(FakeClock())
-    seq = scheduler.add_request(1, make_prompt(1, 4), SamplingParams(max_tokens=8), tenant("t", priority),
+    seq = scheduler.add_request(1, make_prompt(1, 4), SamplingParams(max_tokens=1), tenant("t", priority),
                                 deadline_s=None, tpot_target_s=tpot_target_s)
     seq.num_computed_tokens = seq.num_tokens - 1  # a decode
     seq.first_token_s = seq.last_token_s = last_token_s  # its first token, just now
