@@ -77,7 +77,7 @@ class Scraper:
                 await clock.sleep_until(next_s)
 
     async def _scrape(self, session: aiohttp.ClientSession, endpoint: _Endpoint, clock: Clock, zero_s: float) -> None:
-        endpoint.num_scrapes += 1
+        """Counts a scrape once it has ended: one still waiting when the run ends is neither a scrape nor an error."""
         try:
             async with session.get(endpoint.url, timeout=aiohttp.ClientTimeout(total=self.interval_s)) as reply:
                 text = await reply.text()
@@ -85,7 +85,9 @@ class Scraper:
                     raise ValueError(f"HTTP {reply.status}")
             t_s = round(clock.now_s() - zero_s, 3)
             samples = parse_samples(text, self._patterns)
+            endpoint.num_scrapes += 1
         except (aiohttp.ClientError, TimeoutError, ValueError) as err:
+            endpoint.num_scrapes += 1
             endpoint.num_errors += 1
             endpoint.last_error = f"{type(err).__name__}: {err}"
             return

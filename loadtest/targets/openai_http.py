@@ -135,45 +135,72 @@ class OpenAITarget:
                        chunk_times_s=(done_s,) if num_tokens else (), num_output_tokens=num_tokens, text=text or "")
 
     async def _read_stream(self, reply: aiohttp.ClientResponse, sent_s: float) -> Outcome:
+        """Reads the socket's chunks as they come (one await per read, not per line: the harness's CPU
+        per streamed token), stamping every event in a chunk with the chunk's arrival time."""
         decoder = SseDecoder()
-        chunk_times_s: list[float] = []
-        texts: list[str] = []
-        usage_tokens: int | None = None
-        finished = False
-        timings = _header_timings(reply)
-        async for line in reply.content:
-            data = decoder.feed_line(line)
-            if data is None:
-                continue
+        stream = _StreamEvents(_header_timings(reply))
+        async for chunk in reply.content.iter_any():
             now_s = self._clock.now_s()
-            if data == DONE:
-                break
-            try:
-                event = json.loads(data)
-            except ValueError:
-                return Outcome(BAD_REPLY, sent_s, now_s, f"an event is not JSON: {data[:200]!r}",
-                               chunk_times_s=tuple(chunk_times_s), num_output_tokens=len(chunk_times_s))
-            if not isinstance(event, dict):
-                continue
-            if "error" in event:
-                return Outcome(STREAM_ERROR, sent_s, now_s, _message(json.dumps(event["error"])),
-                               chunk_times_s=tuple(chunk_times_s), num_output_tokens=self._counter.count("".join(texts)))
-            text, reason = _choice_text(event)
-            if text:
-                chunk_times_s.append(now_s)
-                texts.append(text)
-            finished = finished or reason is not None
-            usage_tokens = _completion_tokens(event.get("usage")) if event.get("usage") else usage_tokens
+            for data in decoder.feed(chunk):
+                if data == DONE:
+                    return stream.outcome(sent_s, self._clock.now_s(), self._counter)
+                failed = stream.add(data, now_s)
+                if failed is not None:
+                    return stream.failure(*failed, sent_s, now_s, self._counter)
+        tail = decoder.close()
+        if tail is not None and tail != DONE:
+            stream.add(tail, self._clock.now_s())
+        return stream.outcome(sent_s, self._clock.now_s(), self._counter)
+
+
+class _StreamEvents:
+    """What a stream's events said so far: chunk times, texts, usage, finish, stage timings."""
+
+    def __init__(self, header_timings: ServerTimings) -> None:
+        self.chunk_times_s: list[float] = []
+        self.texts: list[str] = []
+        self.usage_tokens: int | None = None
+        self.finished = False
+        self.timings = header_timings
+
+    def add(self, data: str, now_s: float) -> tuple[str, str] | None:
+        """(status, message) when the event ends the stream as a failure."""
+        try:
+            event = json.loads(data)
+        except ValueError:
+            return BAD_REPLY, f"an event is not JSON: {data[:200]!r}"
+        if not isinstance(event, dict):
+            return None
+        if "error" in event:
+            return STREAM_ERROR, _message(json.dumps(event["error"]))
+        text, reason = _choice_text(event)
+        if text:
+            self.chunk_times_s.append(now_s)
+            self.texts.append(text)
+        self.finished = self.finished or reason is not None
+        if event.get("usage"):
+            self.usage_tokens = _completion_tokens(event["usage"])
+        if "infermesh" in event:
             extension = parse_timings_extension((event.get("infermesh") or {}).get("timings"))
             if extension.reported:
-                timings = extension
-        done_s = self._clock.now_s()
-        num_tokens = usage_tokens if usage_tokens is not None else self._counter.count("".join(texts))
-        if not finished:
+                self.timings = extension
+        return None
+
+    def num_tokens(self, counter: TokenCounter) -> int:
+        return self.usage_tokens if self.usage_tokens is not None else counter.count("".join(self.texts))
+
+    def failure(self, status: str, message: str, sent_s: float, done_s: float, counter: TokenCounter) -> Outcome:
+        return Outcome(status, sent_s, done_s, message, chunk_times_s=tuple(self.chunk_times_s),
+                       num_output_tokens=self.num_tokens(counter))
+
+    def outcome(self, sent_s: float, done_s: float, counter: TokenCounter) -> Outcome:
+        text = "".join(self.texts)
+        num_tokens = self.num_tokens(counter)
+        if not self.finished:
             return Outcome(STREAM_TRUNCATED, sent_s, done_s, "stream ended without a finish_reason",
-                           chunk_times_s=tuple(chunk_times_s), num_output_tokens=num_tokens)
-        return Outcome(OK, sent_s, done_s, stages=timings.stages, server_total_us=timings.total_us,
-                       chunk_times_s=tuple(chunk_times_s), num_output_tokens=num_tokens, text="".join(texts))
+                           chunk_times_s=tuple(self.chunk_times_s), num_output_tokens=num_tokens)
+        return Outcome(OK, sent_s, done_s, stages=self.timings.stages, server_total_us=self.timings.total_us,
+                       chunk_times_s=tuple(self.chunk_times_s), num_output_tokens=num_tokens, text=text)
 
 
 def _body(c: ClassSpec, payload: TextPayload, seq: int) -> dict:

@@ -1,4 +1,4 @@
-"""Server-sent events, line by line: the `data:` payloads of an OpenAI-style stream. Pure: no I/O."""
+"""Server-sent events: the `data:` payloads of an OpenAI-style stream, from lines or raw chunks. Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -11,6 +11,19 @@ class SseDecoder:
 
     def __init__(self) -> None:
         self._data: list[str] = []
+        self._partial = b""  # feed(): the start of a line whose end has not arrived
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """Every event the chunk completes, from bytes as they came off the socket (a line, or a
+        UTF-8 character, may be cut anywhere): one call per read instead of one per line."""
+        lines = (self._partial + chunk).split(b"\n") if self._partial else chunk.split(b"\n")
+        self._partial = lines.pop()
+        events = []
+        for line in lines:
+            data = self.feed_line(line)
+            if data is not None:
+                events.append(data)
+        return events
 
     def feed_line(self, raw: bytes) -> str | None:
         line = raw.decode("utf-8").rstrip("\r\n")
@@ -25,6 +38,9 @@ class SseDecoder:
 
     def close(self) -> str | None:
         """The last event, when the stream ended without its blank line."""
+        if self._partial:
+            self.feed_line(self._partial)
+            self._partial = b""
         return self._flush()
 
     def _flush(self) -> str | None:

@@ -34,9 +34,9 @@ async def test_scheduled_time_latency_shows_the_stall_that_service_time_hides(fa
     records = result.records
     assert len(records) == 99 and all(r.ok for r in records)
     slow_latency = [r for r in records if r.latency_s > 0.2]
-    slow_service = [r for r in records if r.service_s > 0.2]
+    slow_service = [r for r in records if r.service_s >= STALL_S * 0.9]  # not > 0.2 s: a loaded box serves some that slowly
     # Only the call that hit the stall was slow to serve...
-    assert len(slow_service) == 1 and slow_service[0].service_s >= STALL_S * 0.9
+    assert len(slow_service) == 1
     # ...but everything scheduled during the stall was slow for its user (~50/s for 0.6 s).
     assert len(slow_latency) >= 20
     assert all(r.client_queue_s > 0.1 for r in slow_latency if r is not slow_service[0])

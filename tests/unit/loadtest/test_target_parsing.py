@@ -69,6 +69,16 @@ def test_sse_decoder_returns_each_events_data_at_its_blank_line():
     assert decoder.close() == "tail" and decoder.close() is None
 
 
+def test_sse_decoder_reads_raw_chunks_cut_anywhere_even_inside_a_character():
+    stream = ': keep-alive\ndata: {"t": "é"}\n\nevent: x\r\ndata: one\ndata:two\r\n\r\ndata: [DONE]\n\n'.encode()
+    for cut in range(1, len(stream)):
+        decoder = SseDecoder()
+        events = decoder.feed(stream[:cut]) + decoder.feed(stream[cut:])
+        assert events == ['{"t": "é"}', "one\ntwo", DONE], cut
+    decoder = SseDecoder()
+    assert decoder.feed(b"data: tail") == [] and decoder.close() == "tail"
+
+
 def test_kserve_bytes_tensors_round_trip_and_refuse_a_truncated_one():
     raw = pack_bytes([b"", b"png-bytes", "é".encode()])
     assert unpack_bytes(raw) == [b"", b"png-bytes", "é".encode()]

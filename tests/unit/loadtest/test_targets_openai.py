@@ -93,9 +93,9 @@ async def test_scheduled_time_latency_shows_an_http_stall_that_service_time_hide
     result = await _run(url, _scenario(rate_rps=50, duration_s=2.0, max_in_flight=1, output_len=1, stream=False))
     records = result.records
     assert len(records) == 99 and all(r.status == OK for r in records)
-    slow_service = [r for r in records if r.service_s > 0.2]
+    slow_service = [r for r in records if r.service_s >= STALL_S * 0.9]  # not > 0.2 s: a loaded box serves some that slowly
     slow_latency = [r for r in records if r.latency_s > 0.2]
-    assert len(slow_service) == 1 and slow_service[0].service_s >= STALL_S * 0.9
+    assert len(slow_service) == 1
     assert len(slow_latency) >= 20
     assert all(r.client_queue_s > 0.1 for r in slow_latency if r is not slow_service[0])
     latency = LatencyHistogram(r.latency_s * 1e6 for r in records).summary_ms()
