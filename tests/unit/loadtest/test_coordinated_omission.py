@@ -12,6 +12,7 @@ from loadtest.runner import LoadRunner
 from loadtest.scenario import Slo, parse_scenario
 from loadtest.stats import LatencyHistogram, summarize_group
 from loadtest.targets.infermesh_grpc import GatewayClient
+from tests.unit.loadtest.test_targets_openai import assert_sent_when_due
 
 STALL_S = 0.6
 
@@ -58,12 +59,9 @@ async def test_open_loop_without_a_client_cap_sends_on_schedule_through_a_stall(
     async with GatewayClient(address) as client:
         result = await LoadRunner(_scenario(max_in_flight=0), client).run()
 
-    # Requests kept leaving on time, so the stall shows up as server time, not client queueing.
-    # Bounds are fractions of the stall, not absolute times: on a loaded 2-core box any request may
-    # take 0.2 s, and the loop may lag tens of ms, without the client having queued behind the stall.
-    stalled = [r for r in result.records if r.service_s > STALL_S / 3]
-    assert len(stalled) >= 20
-    assert all(r.client_queue_s < STALL_S / 4 for r in stalled)
-    assert max(r.seq for r in stalled) - min(r.seq for r in stalled) < 40
     assert servicer.num_classify == 99
-    assert result.lag_us and max(result.lag_us) < STALL_S / 4 * 1e6  # the generator itself kept up
+    # Requests kept leaving on time, so the stall shows up as server time, not client queueing:
+    # several were in the server's stall at once, and each left when the generator woke for it.
+    stalled = [r for r in result.records if r.service_s > STALL_S / 3]
+    assert len(stalled) >= 2
+    assert_sent_when_due(result)
