@@ -166,6 +166,7 @@ class AttachClient:
         self._stopping = False
         self.attached = asyncio.Event()
         self.num_attaches = 0
+        self._num_failed_rounds = 0  # backoff rounds since the last attach (for the log level)
         self._model_label = ""
 
     @property
@@ -192,7 +193,8 @@ class AttachClient:
                 log.info("re-dialling at once")
                 continue
             delay_s = self._backoff.next_delay_s()
-            log.info("no scheduler took us (for long); re-dialling in %.2fs", delay_s)
+            self._num_failed_rounds += 1
+            log.log(self._repeat_level(), "no scheduler took us (for long); re-dialling in %.2fs", delay_s)
             await asyncio.sleep(delay_s)
 
     async def _attach_to(self, address: str) -> bool:
@@ -202,10 +204,16 @@ class AttachClient:
         try:
             await self._session()
         except grpc.aio.AioRpcError as exc:
-            log.warning("attach stream to %s broke: %s %s", address, exc.code().name, exc.details())
+            level = logging.WARNING if self.num_attaches > num_attaches else self._repeat_level()
+            log.log(level, "attach stream to %s broke: %s %s", address, exc.code().name, exc.details())
         except ConnectionError as exc:
             log.warning("attach stream to %s broke: %s", address, exc)
         return self.num_attaches > num_attaches
+
+    def _repeat_level(self) -> int:
+        """A scheduler that stays down is re-dialled every <= --reconnect-max-s: the first failed
+        round is a warning, the ones after it until the next attach are DEBUG (no log flood)."""
+        return logging.WARNING if self._num_failed_rounds <= 1 else logging.DEBUG
 
     async def _session(self) -> None:
         async with tls.aio_channel(self._address, options=self._channel_options) as channel:
@@ -221,6 +229,7 @@ class AttachClient:
             # Only an attached stream is drained through; a dial in progress is simply abandoned.
             self._call = call
             self._backoff.reset()
+            self._num_failed_rounds = 0
             self.num_attaches += 1
             self.attached.set()
             log.info("attached to scheduler %s at %s as %s", first.welcome.scheduler_id, self._address, self._worker_id)

@@ -1,11 +1,16 @@
 """A classifier worker keeps a session with every scheduler (services/worker/attach_every.py): one per
-endpoint of a fixed list, following a DNS name's records, all on one compute thread, all drained."""
+endpoint of a fixed list, following a DNS name's records, all on one compute thread, all drained; a
+scheduler that stays down is re-dialled quietly."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+
+import grpc
 
 from services.common.scheduler_address import parse_scheduler_address
+from services.worker.attach_client import AttachClient
 from services.worker.attach_every import EverySchedulerClient
 
 
@@ -121,3 +126,38 @@ async def test_a_dns_name_is_followed_until_the_worker_drains():
     await asyncio.wait_for(running, timeout=1.0)
     assert all(s.drained_with == 1.0 for s in sessions.made)
     client.close()
+
+
+class ZeroBackoff:
+    def next_delay_s(self):
+        return 0.0
+
+    def reset(self):
+        pass
+
+
+class DownScheduler(AttachClient):
+    """A client whose scheduler refuses every dial (connection refused), `num_dials` times."""
+
+    def __init__(self, num_dials):
+        super().__init__("a:1", runtime=None, worker_id="w", backoff=ZeroBackoff())
+        self.num_dials = num_dials
+
+    async def _session(self):
+        self.num_dials -= 1
+        if self.num_dials <= 0:
+            self._stopping = True
+        raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                   "failed to connect to all addresses")
+
+
+async def test_a_scheduler_that_stays_down_is_re_dialled_without_a_warning_each_time(caplog):
+    """Every stream re-dials its scheduler every <= 0.5 s while it is down: the first failures warn,
+    the rest are DEBUG, so a dead endpoint in the list does not flood the log."""
+    client = DownScheduler(num_dials=50)
+    with caplog.at_level(logging.DEBUG, logger="services.worker.attach_client"):
+        await client.run()
+    client.close()
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert 1 <= len(warnings) <= 3
+    assert sum(r.levelno == logging.DEBUG for r in caplog.records) >= 90
