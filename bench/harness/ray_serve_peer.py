@@ -29,6 +29,7 @@ the local Ray cluster down.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import codecs
 import json
 import os
@@ -150,6 +151,9 @@ class OpenAIPeer:
                                                        sample=True, num_generated=generated[i],
                                                        sampling=SamplingParams(temperature=g.temperature, seed=g.seed)))
                 yield slots
+                # Let the callers' streams send this step's tokens before the next step blocks the loop
+                # (without it every token of the batch would leave at its end).
+                await asyncio.sleep(0)
                 steps = next_steps
             yield [StopIteration] * len(batch)
         finally:
