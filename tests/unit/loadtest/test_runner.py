@@ -1,5 +1,7 @@
 """The runner and the gRPC client against the fake gateway: streams, errors, warm-up, modes, deadlines."""
 
+import pytest
+
 from loadtest.records import CANCELLED_AT_END, STREAM_GAP
 from loadtest.runner import LoadRunner, Phase
 from loadtest.scenario import RequestKind, parse_scenario
@@ -34,7 +36,10 @@ async def test_streams_record_every_token_chunk_ttft_and_server_timings(fake_gat
         assert 0.003 <= r.ttft_s < r.latency_s
         assert r.server_ttft_us > 0 and r.server_total_us > 0
         assert {s.stage for s in r.stages} == {"prefill", "compute"}
-        assert r.tpot_s >= 0.002
+        # From the chunks' arrival times, not the server's 3 ms sleeps: on a loaded machine the client
+        # may read several chunks at once, so no lower bound on a gap holds (CI failed one at 1.56 ms).
+        assert list(r.chunk_times_s) == sorted(r.chunk_times_s)
+        assert r.tpot_s == pytest.approx((r.chunk_times_s[-1] - r.chunk_times_s[0]) / 5)
 
 
 async def test_a_skipped_stream_index_is_reported_as_a_gap(fake_gateway):
