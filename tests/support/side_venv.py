@@ -31,6 +31,9 @@ import pytest
 
 from tools.testbed.processes import ROOT
 
+# One step (venv, pip install) at most this long: ray[serve] (~560 MB installed) took 152 s at load 8.
+PIP_STEP_TIMEOUT_S = 480
+
 
 class _Build(threading.Thread):
     """One side venv's build; `python` when done, else `skip_reason` (or `error`: pip timed out)."""
@@ -77,7 +80,7 @@ class _Build(threading.Thread):
                 self._running = subprocess.Popen(step, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                                  start_new_session=True)
             try:
-                output, _ = self._running.communicate(timeout=240)
+                output, _ = self._running.communicate(timeout=PIP_STEP_TIMEOUT_S)
             except subprocess.TimeoutExpired as exc:
                 _signal_group(self._running, signal.SIGKILL)
                 self._running.communicate()
