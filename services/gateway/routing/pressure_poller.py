@@ -7,12 +7,19 @@ table (the discovered ones included) for `GetPressure` (fed to the
 attached model version; and in `Membership`: which models it serves ready). An
 endpoint that does not answer keeps its last reports until they go stale on the
 board (fail open), and membership tries it after the others.
+
+An endpoint on its way back is polled every RECOVERY_POLL_S instead: while it does not
+answer, and for up to RECOVERY_WATCH_S after it answers again until it reports a model
+ready (a restarted scheduler lists a model only once a worker attached), and likewise
+in the gateway's first RECOVERY_WATCH_S. So a restarted scheduler takes traffic within
+~0.1 s of its first worker, not after the next whole-second poll.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -29,6 +36,8 @@ from services.gateway.upstream.status import UpstreamCode
 
 log = logging.getLogger(__name__)
 EXTRA_POLL_MIN_GAP_S = 0.1
+RECOVERY_POLL_S = 0.1
+RECOVERY_WATCH_S = 10.0
 
 
 class PressurePoller:
@@ -61,11 +70,33 @@ class PressurePoller:
         self._extra_poll: asyncio.Task | None = None
         self._extra_poll_at_s = float("-inf")
         self._clock = clock
+        # endpoint -> until when it is polled every RECOVERY_POLL_S (inf: while it does not answer);
+        # an endpoint not in it is watched until _watch_all_until_s (the gateway's start).
+        self._recovering_until: dict[str, float] = {}
+        self._watch_all_until_s = clock() + RECOVERY_WATCH_S
 
     async def run(self) -> None:
+        await asyncio.gather(self._run_schedule(), self._run_recovery())
+
+    async def _run_schedule(self) -> None:
         while True:
             await self.poll_once()
             await asyncio.sleep(self.interval_s)
+
+    async def _run_recovery(self) -> None:
+        while True:
+            await asyncio.sleep(RECOVERY_POLL_S)
+            await self.poll_recovering()
+
+    def recovering(self) -> tuple[str, ...]:
+        """The endpoints polled every RECOVERY_POLL_S now (see the module's docstring)."""
+        now_s = self._clock()
+        return tuple(e for e in self._routing.endpoints()
+                     if self._recovering_until.get(e, self._watch_all_until_s) > now_s)
+
+    async def poll_recovering(self) -> None:
+        if endpoints := self.recovering():
+            await asyncio.gather(*(self.poll_endpoint(e) for e in endpoints))
 
     def poll_soon(self) -> None:
         """Polls every endpoint now, outside the schedule: a call regrouping after a restart needs to
@@ -90,6 +121,7 @@ class PressurePoller:
             pressure = await client.get_pressure(timeout_s=self.interval_s)
             models = await client.list_models(timeout_s=self.interval_s)
         except AttemptError as exc:
+            self._recovering_until[endpoint] = math.inf
             self.reachable.discard(endpoint)
             if self._membership is not None:
                 self._membership.unreachable(endpoint)
@@ -103,6 +135,10 @@ class PressurePoller:
             log.info("scheduler %s answers pressure polls again", endpoint)
             self._failing.discard(endpoint)
         self.reachable.add(endpoint)
+        if any(m.ready for m in models.models):
+            self._recovering_until[endpoint] = float("-inf")
+        elif self._recovering_until.get(endpoint) == math.inf:
+            self._recovering_until[endpoint] = self._clock() + RECOVERY_WATCH_S
         self._breakers.for_endpoint(endpoint).answered_poll()
         self._board.update(endpoint, [_report(p) for p in pressure.models])
         self._catalog.update(endpoint, tuple(models.models))

@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from infermesh.v1 import gateway_pb2, scheduler_pb2
+from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
+from services.common import errors
 from services.gateway.routing.catalog import ModelCatalog
 from services.gateway.routing.circuit_breaker import BreakerConfig, CircuitBreakers
 from services.gateway.routing.pressure import PressureBoard
-from services.gateway.routing.pressure_poller import EXTRA_POLL_MIN_GAP_S, PressurePoller
+from services.gateway.routing.pressure_poller import EXTRA_POLL_MIN_GAP_S, RECOVERY_WATCH_S, PressurePoller
+from services.gateway.upstream.clients import AttemptError
+from services.gateway.upstream.status import UpstreamCode
 
 
 class CountingClient:
@@ -50,3 +53,71 @@ async def test_extra_polls_run_one_at_a_time_and_at_most_one_per_gap(clock):
     poller.poll_soon()
     await _settle()
     assert client.num_polls == 2
+
+
+class ScriptedClient(CountingClient):
+    """Fails while `down`, else answers with the models in `ready`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+        self.ready: tuple[str, ...] = ()
+
+    async def get_pressure(self, timeout_s: float) -> scheduler_pb2.GetPressureResponse:
+        if self.down:
+            raise AttemptError(errors.Unavailable("connection refused"), UpstreamCode.UNAVAILABLE, None)
+        return await super().get_pressure(timeout_s)
+
+    async def list_models(self, timeout_s: float) -> gateway_pb2.ListModelsResponse:
+        return gateway_pb2.ListModelsResponse(models=[
+            gateway_pb2.ModelInfo(model=common_pb2.ModelRef(name=name, version="1"), ready=True)
+            for name in self.ready])
+
+
+async def test_a_scheduler_on_its_way_back_is_polled_fast_until_it_reports_a_model_ready(clock):
+    client = ScriptedClient()
+    catalog = ModelCatalog()
+    poller = PressurePoller(
+        routing=SimpleNamespace(endpoints=lambda: ("10.0.0.1:50052",)),
+        clients=SimpleNamespace(get=lambda endpoint: client),
+        board=PressureBoard(clock), catalog=catalog,
+        breakers=CircuitBreakers(BreakerConfig(), clock),
+        interval_s=1.0, clock=clock,
+    )
+    assert poller.recovering() == ("10.0.0.1:50052",), "watched in the gateway's first seconds"
+    client.ready = ("digits",)
+    await poller.poll_once()
+    assert poller.recovering() == (), "serving: the whole-second schedule is enough"
+
+    client.down = True  # killed
+    await poller.poll_once()
+    assert poller.recovering() == ("10.0.0.1:50052",)
+    clock.advance(3 * RECOVERY_WATCH_S)
+    assert poller.recovering() == ("10.0.0.1:50052",), "watched for as long as it does not answer"
+
+    client.down, client.ready = False, ()  # restarted, no worker attached yet
+    await poller.poll_recovering()
+    assert poller.recovering() == ("10.0.0.1:50052",) and not catalog.knows("digits")
+    client.ready = ("digits",)  # a worker attached
+    await poller.poll_recovering()
+    assert catalog.serving("digits", "1") == frozenset({"10.0.0.1:50052"})
+    assert poller.recovering() == ()
+
+
+async def test_a_scheduler_back_with_nothing_to_serve_is_watched_for_a_bounded_time(clock):
+    client = ScriptedClient()
+    poller = PressurePoller(
+        routing=SimpleNamespace(endpoints=lambda: ("10.0.0.1:50052",)),
+        clients=SimpleNamespace(get=lambda endpoint: client),
+        board=PressureBoard(clock), catalog=ModelCatalog(),
+        breakers=CircuitBreakers(BreakerConfig(), clock),
+        interval_s=1.0, clock=clock,
+    )
+    client.down = True
+    await poller.poll_once()
+    client.down = False
+    await poller.poll_recovering()
+    clock.advance(RECOVERY_WATCH_S / 2)
+    assert poller.recovering() == ("10.0.0.1:50052",)
+    clock.advance(RECOVERY_WATCH_S)
+    assert poller.recovering() == ()
