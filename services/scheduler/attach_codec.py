@@ -217,6 +217,8 @@ def _fill_run_step(command: scheduler_pb2.RunStep, plan: StepPlan,
                 sampling.top_logprobs = step.sampling.top_logprobs
             if step.sampling.penalized or step.sampling.logit_bias:
                 _fill_penalties(sampling, step.sampling)
+            if step.sampling.grammar:
+                seq.grammar = step.sampling.grammar
             if context.trace_context and _traced(step):
                 seq.trace_context.update(context.trace_context)
         if step.input_from_last_sample:

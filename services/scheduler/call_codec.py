@@ -18,6 +18,7 @@ from services.scheduler.logprobs import MAX_TOP_LOGPROBS
 from services.scheduler.model_text import ModelText
 from services.scheduler.pressure import ModelPressure
 from services.scheduler.sequence import FinishReason, SamplingParams
+from services.scheduler.structured_output import compile_grammar
 
 # Requests that carry no tenant (direct calls, tests) share one queue.
 ANONYMOUS_TENANT = "anonymous"
@@ -104,7 +105,19 @@ def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int, vocab_
         frequency_penalty=sampling.frequency_penalty,
         repetition_penalty=sampling.repetition_penalty or 1.0,
         logit_bias=tuple(sorted(sampling.logit_bias.items())),
+        grammar=_grammar(sampling.structured) if sampling.HasField("structured") else "",
     )
+
+
+def _grammar(structured: common_pb2.StructuredOutput) -> str:
+    kind = structured.WhichOneof("kind")
+    if kind is None:
+        raise errors.InvalidArgument("sampling.structured: set one of json_schema, json_object, regex, choice")
+    if kind == "choice":
+        return compile_grammar(kind, list(structured.choice.choices))
+    if kind == "json_object":
+        return compile_grammar(kind, "")
+    return compile_grammar(kind, getattr(structured, kind))
 
 
 def _check_penalties(sampling: common_pb2.SamplingParams) -> None:

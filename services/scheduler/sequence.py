@@ -59,11 +59,18 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # sampling.structured compiled (structured_output.py): the llguidance grammar; "": free text.
+    grammar: str = ""
 
     @property
     def penalized(self) -> bool:
-        """Whether the worker needs every token of the sequence to sample it (SequenceStep.context_token_ids)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+    @property
+    def needs_history(self) -> bool:
+        """Whether the worker needs every token of the sequence to sample it (SequenceStep.context_token_ids):
+        a penalty counts them, a grammar's matcher consumes the output."""
+        return self.penalized or bool(self.grammar)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

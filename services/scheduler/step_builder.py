@@ -75,7 +75,7 @@ class StepBuilder:
                     num_generated=seq.num_generated,
                     # A reset table's tokens before `start` are reused cached blocks (0 without a hit).
                     num_cached_tokens=start if reset else 0,
-                    context_token_ids=seq.token_ids(0, start) if reset and start and seq.sampling.penalized else (),
+                    context_token_ids=seq.token_ids(0, start) if reset and start and seq.sampling.needs_history else (),
                 )
             )
             seq.needs_block_table_reset = False

@@ -17,6 +17,7 @@ from services.common.timings import StageTime, seconds_to_us, to_proto
 from services.worker import work
 from services.worker.batch_executor import BatchExecutor
 from services.worker.config import WorkerConfig
+from services.worker.grammar import GrammarTokenizer
 from services.worker.hf_text_files import HFTextFiles, read_hf_text_files
 from services.worker.repository.classifier_spec import ClassifierSpec
 from services.worker.repository.golden import run_golden_check
@@ -114,12 +115,13 @@ class GeneratorRuntime:
         envelope = model.manifest.envelope
         self._num_kv_blocks = num_kv_blocks
         self._max_num_seqs = max_num_seqs or envelope.max_num_seqs  # 0: the manifest's
-        self._executor = StepExecutor(model.generator, num_kv_blocks, envelope.block_size)
         spec = model.manifest.generator
         assert spec is not None  # built for a generator's manifest (load_repository_runtime)
         # A Hugging Face tokenizer's files, read (sha256 first) before the worker is ready.
         self._text = read_hf_text_files(model.path, spec.tokenizer) if isinstance(spec.tokenizer, HFTokenizerSpec) \
             else None
+        self._executor = StepExecutor(model.generator, num_kv_blocks, envelope.block_size,
+                                      grammar_tokenizer=_grammar_tokenizer(spec.tokenizer, self._text))
 
     def load(self) -> None:
         envelope = self._model.manifest.envelope
@@ -169,6 +171,15 @@ class GeneratorRuntime:
 
     def kv_blocks_used(self) -> int:
         return self._executor.num_kv_blocks_used
+
+
+def _grammar_tokenizer(spec: AnyTokenizerSpec, text: HFTextFiles | None) -> GrammarTokenizer:
+    """The tokenizer constrained sampling masks with: the one the scheduler tokenizes with."""
+    if text is None:
+        return GrammarTokenizer.from_bytes(spec.vocab_size, spec.eos_token_id, spec.bos_token_id)
+    assert isinstance(spec, HFTokenizerSpec)  # the text files are read for an HF tokenizer only
+    return GrammarTokenizer.from_tokenizer_json(text.tokenizer_json, spec.vocab_size,
+                                                (spec.eos_token_id, *spec.stop_token_ids))
 
 
 def _tokenizer_spec(spec: AnyTokenizerSpec, text: HFTextFiles | None) -> scheduler_pb2.TokenizerSpec:

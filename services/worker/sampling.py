@@ -133,7 +133,9 @@ def _reported(log_probs: np.ndarray, token: int, params: SamplingParams,
         # argpartition: O(vocab) for the k largest, then only those k sorted (ties: lower id first).
         candidates = np.argpartition(-log_probs, k - 1)[:k]
         order = candidates[np.lexsort((candidates, -log_probs[candidates]))]
-    top = tuple(TokenLogprob(int(t), float(log_probs[t])) for t in (order[:k] if k else ()))  # type: ignore[index]
+    # Tokens a grammar masked (-inf) are never among the alternatives (JSON has no -Infinity).
+    top = tuple(TokenLogprob(int(t), float(log_probs[t])) for t in (order[:k] if k else ())  # type: ignore[index]
+                if math.isfinite(log_probs[t]))
     return PositionLogprobs(TokenLogprob(token, float(log_probs[token])), top)
 
 

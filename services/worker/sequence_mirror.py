@@ -27,6 +27,7 @@ import dataclasses
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from services.common.errors import InvalidArgument
 from services.worker.sampling import check_sampling
@@ -46,8 +47,11 @@ class _SequenceState:
     num_cached: int  # positions 0..num_cached-1 hold this sequence's KV
     seed: int  # used when the request brought none
     last_sample: int | None = None  # the token sampled by the last step that ran it; None: it sampled none
-    # Penalized sampling only: every token of the sequence at positions [0, end of its last step).
+    # Penalized or constrained sampling only: every token of the sequence at [0, end of its last step).
     token_ids: list[int] | None = None
+    # Constrained sampling: the sequence's grammar matcher (services/worker/grammar.py), made by the
+    # step executor; a reset table starts without one, so it is rebuilt from the tokens.
+    guide: Any = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,13 @@ class SequenceMirror:
                 self._seqs.pop(seq.seq_id, None)  # the scheduler aborts a failed sequence
         return StepAdmission(tuple(admitted), refused)
 
+    def guide(self, seq_id: int) -> Any:
+        """The sequence's grammar matcher as set_guide() left it (None: none yet)."""
+        return self._seqs[seq_id].guide
+
+    def set_guide(self, seq_id: int, guide: Any) -> None:
+        self._seqs[seq_id].guide = guide
+
     def computed(self, sequence: AdmittedSequence, sampled_token: int | None = None) -> None:
         """The step ran: the sequence's KV now covers every position up to its last new token, and
         `sampled_token` (None: it sampled none) is what a next `input_from_last_sample` step computes."""
@@ -176,17 +187,17 @@ class SequenceMirror:
     def _history(seq: SequenceStep, kept: _SequenceState | None) -> list[int] | None:
         """The sequence's tokens through this step, when its sampling is penalized (else None): a fresh
         table's context_token_ids and token ids, or the kept list with this step's tokens in place."""
-        if not seq.sampling.penalized:
+        if not seq.sampling.needs_history:
             return None
         if kept is None:
             if len(seq.context_token_ids) != seq.start_position:
                 raise InvalidArgument(
-                    f"sequence {seq.seq_id}: penalized sampling needs the {seq.start_position} tokens before "
+                    f"sequence {seq.seq_id}: penalized or constrained sampling needs the {seq.start_position} tokens before "
                     f"start_position in context_token_ids, got {len(seq.context_token_ids)}"
                 )
             return [*seq.context_token_ids, *seq.token_ids]
         if kept.token_ids is None or len(kept.token_ids) < seq.start_position:
-            raise InvalidArgument(f"sequence {seq.seq_id}: penalized sampling, but this worker does not hold the "
+            raise InvalidArgument(f"sequence {seq.seq_id}: penalized or constrained sampling, but this worker does not hold the "
                                   f"tokens before position {seq.start_position} (send reset_block_table)")
         history = kept.token_ids
         del history[seq.start_position :]

@@ -31,6 +31,7 @@ def sequence_step_from_proto(seq: scheduler_pb2.SequenceStep) -> work.SequenceSt
             frequency_penalty=sampling.frequency_penalty,
             repetition_penalty=sampling.repetition_penalty or 1.0,
             logit_bias=tuple(sorted(sampling.logit_bias.items())),
+            grammar=seq.grammar,
         ),
         num_generated=seq.num_generated,
         num_cached_tokens=seq.num_cached_tokens,

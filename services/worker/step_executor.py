@@ -10,12 +10,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
+import numpy as np
+
 from services.common.clock import Clock
+from services.worker.grammar import GrammarError, GrammarTokenizer, Guide
 from services.worker.models.generator import Generator
 from services.worker.models.paged import PagedSequence
 from services.worker.sampling import processed_logits, sample
-from services.worker.sequence_mirror import SequenceMirror
-from services.worker.work import RunStep, SequenceOutput, StageDurations
+from services.worker.sequence_mirror import AdmittedSequence, SequenceMirror
+from services.worker.work import ErrorCode, ItemError, RunStep, SequenceOutput, StageDurations
 
 
 class StepExecutor:
@@ -26,14 +29,29 @@ class StepExecutor:
         block_size: int,
         clock: Clock = time.perf_counter,
         seed_source: Callable[[], int] | None = None,
+        grammar_tokenizer: GrammarTokenizer | None = None,
     ) -> None:
+        """`grammar_tokenizer`: the model's tokenizer for constrained sampling (None: refused per sequence)."""
         self.generator = generator
+        self.grammar_tokenizer = grammar_tokenizer
         self.cache = generator.new_kv_cache(num_kv_blocks, block_size)
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
         self.clock = clock
         self._mirror = SequenceMirror(num_kv_blocks, block_size, generator.vocab_size, generator.max_seq_len,
                                       seed_source)
+
+    def _allowed(self, admitted: AdmittedSequence) -> np.ndarray:
+        """The ids the sequence's grammar allows next; its matcher made here on first use (or after a reset)."""
+        seq = admitted.step
+        guide = self._mirror.guide(seq.seq_id)
+        if guide is None or guide.grammar != seq.sampling.grammar:
+            if self.grammar_tokenizer is None:
+                raise GrammarError("this worker's model has no tokenizer to constrain its output with")
+            guide = Guide(self.grammar_tokenizer, seq.sampling.grammar)
+            self._mirror.set_guide(seq.seq_id, guide)
+        history = admitted.token_ids
+        return guide.allowed(history[len(history) - seq.num_generated :])
 
     @property
     def num_sequences(self) -> int:
@@ -76,13 +94,21 @@ class StepExecutor:
                 continue
             assert logits is not None  # a sampling sequence means the step ran (paged is non-empty)
             row_logits = logits[row].numpy()
-            if seq.sampling.penalized or seq.sampling.logit_bias:
+            row += 1
+            if seq.sampling.penalized or seq.sampling.logit_bias or seq.sampling.grammar:
                 row_logits = processed_logits(row_logits, seq.sampling, admitted.token_ids, seq.num_generated)
+            if seq.sampling.grammar:
+                try:
+                    row_logits[~self._allowed(admitted)] = -np.inf
+                except GrammarError as exc:
+                    self._mirror.forget([seq.seq_id])  # the scheduler aborts a failed sequence
+                    outputs[admitted.index] = SequenceOutput(seq.seq_id, error=ItemError(
+                        ErrorCode.INVALID_ARGUMENT, f"sequence {seq.seq_id}: {exc}"))
+                    continue
             drawn = sample(row_logits, seq.sampling, seed=admitted.seed, index=seq.num_generated)
             self._mirror.computed(admitted, drawn.token_id)
             outputs[admitted.index] = SequenceOutput(seq.seq_id, token_id=drawn.token_id, logprob=drawn.logprob,
                                                      logprobs=drawn.logprobs)
-            row += 1
         t_done = self.clock()
         return [outputs[pos] for pos in range(len(step.seqs))], StageDurations(
             compute_s=t_computed - t_start, postprocess_s=t_done - t_computed

@@ -73,11 +73,16 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # OpenAI's, [-2, 2]: off at 0
     repetition_penalty: float = 1.0  # HF's, (0, 2]: off at 1
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), by id
+    grammar: str = ""  # SequenceStep.grammar: the llguidance grammar the output must match; "": none
 
     @property
     def penalized(self) -> bool:
-        """Whether sampling needs the sequence's tokens (the prompt's and the output's)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+    @property
+    def needs_history(self) -> bool:
+        """Whether sampling needs the sequence's tokens (penalties count them, a grammar consumes the output)."""
+        return self.penalized or bool(self.grammar)
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,14 @@ One mesh for the module: a scheduler, a worker of a tiny Llama checkpoint made h
 from __future__ import annotations
 
 import json
+import re
 import ssl
 import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+import jsonschema
 import pytest
 import torch
 import transformers
@@ -283,3 +285,72 @@ def post_stream(base: str, body: dict) -> tuple[int, list]:
         raw = reply.read().decode()
     events = [b.removeprefix("data: ") for b in raw.split("\n\n") if b.startswith("data: ")]
     return reply.status, [e if e == "[DONE]" else json.loads(e) for e in events]
+
+
+NESTED_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z]{2,5}$"},
+        "kind": {"enum": ["cat", "dog", "owl"]},
+        "tags": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
+                 "minItems": 1, "maxItems": 3},
+        "owner": {"type": "object", "properties": {"adult": {"type": "boolean"}}, "required": ["adult"],
+                  "additionalProperties": False},
+    },
+    "required": ["name", "kind", "tags", "owner"],
+    "additionalProperties": False,
+}
+
+
+def test_every_seeded_sample_of_a_json_schema_validates(served):
+    _, base, _, _ = served
+    body = {"response_format": {"type": "json_schema", "json_schema": {"name": "pet", "schema": NESTED_SCHEMA,
+                                                                       "strict": True}}}
+    outputs = []
+    for seed in (100, 200):  # 2 x 16 choices, each with its own seed
+        reply = _chat(base, n=16, temperature=1.0, seed=seed, max_tokens=120, **body)
+        outputs += [(c["message"]["content"], c["finish_reason"]) for c in reply["choices"]]
+    for content, reason in outputs:
+        assert reason == "stop", content  # the grammar completed: only the end was allowed
+        jsonschema.validate(json.loads(content), NESTED_SCHEMA)
+    assert len({content for content, _ in outputs}) > 1
+
+
+def _chat(base: str, **over) -> dict:
+    status, reply = post(base, "/chat/completions", {"model": MODEL, "messages": [{"role": "user",
+                                                                                   "content": "A pet, please"}],
+                                                     **over})
+    assert status == 200, reply
+    return reply
+
+
+@pytest.mark.parametrize(("guided", "pattern"), [
+    ({"guided_regex": "[0-9]{3}-[a-z]{2}"}, "[0-9]{3}-[a-z]{2}"),
+    ({"guided_choice": ["red", "green", "blue"]}, "red|green|blue"),
+    # Any object: a random model's keys run on, so only the ones that ended are whole objects.
+    ({"response_format": {"type": "json_object"}}, r"\{.*"),
+])
+def test_guided_outputs_match_streamed_and_not(served, guided, pattern):
+    _, base, _, _ = served
+    reply = _complete(base, n=4, temperature=1.0, seed=5, max_tokens=60, ignore_eos=False, **guided)
+    texts = [c["text"] for c in reply["choices"]]
+    assert all(re.fullmatch(pattern, t, re.DOTALL) for t in texts), texts
+    if "json_object" in str(guided):
+        assert all(isinstance(json.loads(c["text"]), dict) for c in reply["choices"] if c["finish_reason"] == "stop")
+    status, events = post_stream(base, {"model": MODEL, "prompt": PROMPT_N, "max_tokens": 60, "temperature": 1.0,
+                                        "seed": 5, "stream": True, **guided})
+    assert status == 200
+    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == texts[0]
+
+
+@pytest.mark.parametrize(("body", "param", "fragment"), [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
+     "response_format", "sampling.structured: invalid json_schema"),
+    ({"guided_regex": "[a-"}, "guided_regex", "sampling.structured: invalid regex"),
+    ({"guided_choice": []}, "guided_choice", "guided_choice must be a list of 1 to 256 non-empty strings"),
+    ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice", "set one of response_format"),
+])
+def test_a_bad_structured_output_is_a_400_naming_its_parameter(served, body, param, fragment):
+    status, reply = post(served[1], "/completions", {"model": MODEL, "prompt": "a", **body})
+    assert (status, reply["error"]["param"]) == (400, param), reply
+    assert fragment in reply["error"]["message"]

@@ -261,3 +261,43 @@ def test_best_of_ranks_by_mean_logprob_per_token_ties_to_the_lower_index():
         return ChoiceResult([], [_position(b"x", lp) for lp in logprobs])
     results = [result(-1.0, -1.0), result(-0.2, -1.6, -1.0, -0.2), result(-0.5), result(), result(-1.0)]
     assert openai_choices.best(results, 5) == [results[2], results[1], results[0], results[4], results[3]]
+
+
+@pytest.mark.parametrize(("body", "kind", "value"), [
+    ({"response_format": {"type": "json_object"}}, "json_object", True),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}},
+     "json_schema", '{"type": "object"}'),
+    ({"guided_json": '{"type": "integer"}'}, "json_schema", '{"type": "integer"}'),
+    ({"guided_regex": "[a-z]+"}, "regex", "[a-z]+"),
+    ({"guided_choice": ["a", "b"]}, "choice", ["a", "b"]),
+])
+def test_structured_output_becomes_sampling_structured(body, kind, value):
+    parsed = openai_codec.parse_completion({"model": "m", "prompt": "a", **body})
+    structured = parsed.generate.sampling.structured
+    assert structured.WhichOneof("kind") == kind
+    got = list(structured.choice.choices) if kind == "choice" else getattr(structured, kind)
+    assert got == value
+    assert parsed.structured_param == next(iter(body))
+
+
+def test_text_response_format_is_free_text_and_the_schedulers_refusal_names_the_parameter():
+    plain = openai_codec.parse_chat({"model": "m", "messages": [{"role": "user", "content": "a"}],
+                                     "response_format": {"type": "text"}})
+    assert not plain.generate.sampling.HasField("structured") and plain.structured_param is None
+    guided = openai_codec.parse_completion({"model": "m", "prompt": "a", "guided_regex": "[a-"})
+    refusal = openai_codec.upstream_refusal(errors.InvalidArgument("sampling.structured: invalid regex"), guided)
+    assert openai_codec.error_reply(refusal).body["error"]["param"] == "guided_regex"
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+    ({"guided_json": "[1, 2]"}, "guided_json"),
+    ({"guided_regex": ""}, "guided_regex"),
+    ({"guided_choice": ["a", ""]}, "guided_choice"),
+    ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
+])
+def test_bad_structured_output_is_refused_naming_the_parameter(body, param):
+    with pytest.raises(openai_codec.BadParameter) as caught:
+        openai_codec.parse_completion({"model": "m", "prompt": "a", **body})
+    assert caught.value.param == param

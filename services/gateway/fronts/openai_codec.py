@@ -13,6 +13,7 @@ scheduler renders the model's own chat template and tokenizes once (docs/ARCHITE
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import uuid
 from collections.abc import Sequence
@@ -34,6 +35,8 @@ MAX_TOP_LOGPROBS = 20
 # Most choices one request generates (n, best_of): each is a sequence of its own upstream, admitted,
 # counted against the tenant's quotas and the gateway's concurrency like a request.
 MAX_CHOICES = 16
+# guided_choice's most strings (the scheduler's bound, structured_output.MAX_CHOICES).
+MAX_GUIDED_CHOICES = 256
 # Penalties' bounds (OpenAI's [-2, 2]; vLLM's repetition_penalty within (0, 2]), a logit bias value's
 # (OpenAI's) and logit_bias's entry count: the scheduler's bounds (call_codec.py).
 MAX_PENALTY = 2.0
@@ -75,6 +78,8 @@ class OpenAIRequest:
     best_of: int = 1
     # What the client asked for: best_of > n asks the workers for logprobs to rank by, in any case.
     logprobs: bool = False
+    # The parameter that asked for structured output (response_format or a guided_*), if any.
+    structured_param: str | None = None
 
 
 # -- requests ---------------------------------------------------------------------------
@@ -187,12 +192,72 @@ def _with_choices(parsed: OpenAIRequest, body: dict) -> OpenAIRequest:
             raise BadParameter("best_of", "best_of > n cannot be streamed: the best choices are known at the end")
     elif body.get("best_of") is not None:
         raise BadParameter("best_of", "best_of is a completions parameter")
+    structured_param = _structured(body, parsed.generate.sampling)
     logprobs = parsed.generate.sampling.logprobs
     if best_of > n:
         parsed.generate.sampling.logprobs = True  # the ranking's input
     if best_of > 1:
         parsed.generate.request_id = uuid.uuid4().hex  # each choice's is <this>-<index>
-    return dataclasses.replace(parsed, n=n, best_of=best_of, logprobs=logprobs)
+    return dataclasses.replace(parsed, n=n, best_of=best_of, logprobs=logprobs, structured_param=structured_param)
+
+
+_GUIDED = ("guided_json", "guided_regex", "guided_choice")
+
+
+def _structured(body: dict, sampling: common_pb2.SamplingParams) -> str | None:
+    """response_format (OpenAI's) or vLLM's guided_json / guided_regex / guided_choice, at most one,
+    as sampling.structured; the parameter that set it (it names the scheduler's refusal of a schema)."""
+    response_format = body.get("response_format")
+    if response_format == {"type": "text"}:
+        response_format = None
+    given = [name for name in ("response_format", *_GUIDED) if (response_format if name == "response_format"
+                                                                else body.get(name)) is not None]
+    if len(given) > 1:
+        raise BadParameter(given[1], f"set one of response_format, {', '.join(_GUIDED)}; got {', '.join(given)}")
+    if not given:
+        return None
+    param = given[0]
+    structured = sampling.structured
+    if param == "response_format":
+        _response_format(response_format, structured)
+    elif param == "guided_json":
+        value = body["guided_json"]
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise BadParameter(param, "guided_json must be a JSON schema (an object, or its JSON text)") from None
+        if not isinstance(value, dict):
+            raise BadParameter(param, "guided_json must be a JSON schema (an object, or its JSON text)")
+        structured.json_schema = json.dumps(value)
+    elif param == "guided_regex":
+        if not isinstance(body[param], str) or not body[param]:
+            raise BadParameter(param, f"guided_regex must be a non-empty string, got {_shown(body[param])}")
+        structured.regex = body[param]
+    else:
+        choices = body[param]
+        if (not isinstance(choices, list) or not choices or len(choices) > MAX_GUIDED_CHOICES
+                or not all(isinstance(c, str) and c for c in choices)):
+            raise BadParameter(param, f"guided_choice must be a list of 1 to {MAX_GUIDED_CHOICES} non-empty "
+                                      f"strings, got {_shown(choices)}")
+        structured.choice.choices.extend(choices)
+    return param
+
+
+def _response_format(value: Any, structured: common_pb2.StructuredOutput) -> None:
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "json_object":
+        structured.json_object = True
+        return
+    if kind != "json_schema":
+        raise BadParameter("response_format", "response_format must be {\"type\": \"text\"}, {\"type\": "
+                                              "\"json_object\"} or {\"type\": \"json_schema\", \"json_schema\": "
+                                              f"{{\"name\": ..., \"schema\": {{...}}}}}}, got {_shown(value)}")
+    spec = value.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise BadParameter("response_format", "response_format.json_schema.schema must be a JSON schema (an object)")
+    structured.json_schema = json.dumps(schema)
 
 
 def _count(body: dict, name: str, default: int, high: int) -> int:
@@ -249,10 +314,6 @@ def _refuse_unsupported(body: dict) -> None:
         value = body.get(name)
         if not _is_default(value, allowed):
             raise BadParameter(name, f"{message}, got {_shown(value)}")
-    response_format = body.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        raise BadParameter("response_format", "response_format must be {\"type\": \"text\"}: structured output "
-                                              "is not supported")
 
 
 def _is_default(value: Any, allowed: tuple) -> bool:
@@ -546,6 +607,15 @@ def error_reply(err: errors.InfermeshError) -> ErrorReply:
 
 # Parameters only the scheduler can check (it has the tokenizer): its message names the field.
 _UPSTREAM_PARAMS = ("logit_bias",)
+
+
+def upstream_refusal(err: errors.InfermeshError, request: OpenAIRequest) -> errors.InfermeshError:
+    """The scheduler's refusal of a structured output (it compiles the schema) names the parameter
+    the client set it with."""
+    if (isinstance(err, errors.InvalidArgument) and request.structured_param is not None
+            and err.message.startswith("sampling.structured")):
+        return BadParameter(request.structured_param, err.message)
+    return err
 
 
 def _param(err: errors.InfermeshError) -> str | None:

@@ -120,7 +120,7 @@ class OpenAIFront:
             async for index, chunk in chunks:
                 results[index].add(chunk)
         except errors.InfermeshError as err:
-            return error_response(err)
+            return error_response(openai_codec.upstream_refusal(err, parsed))
         if not all(result.finished for result in results):
             return error_response(errors.Internal("the stream ended without its last chunk"))
         returned = openai_choices.best(results, parsed.n) if parsed.best_of > parsed.n else results
@@ -135,7 +135,7 @@ class OpenAIFront:
         try:
             first = await anext(chunks)  # admission and the first token, before any byte is sent
         except errors.InfermeshError as err:
-            return error_response(err)
+            return error_response(openai_codec.upstream_refusal(err, parsed))
         except StopAsyncIteration:
             return error_response(errors.Internal("the stream ended without its last chunk"))
         response = web.StreamResponse(headers={**_SSE_HEADERS, REQUEST_ID_HEADER: parsed.generate.request_id})

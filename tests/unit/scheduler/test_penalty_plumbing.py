@@ -4,6 +4,8 @@ worker counts every token of the sequence whatever it computed itself (recompute
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from infermesh.v1 import common_pb2
@@ -81,3 +83,31 @@ def test_decoded_sampling_carries_the_penalties() -> None:
 def test_bad_penalties_are_invalid_argument_naming_the_field(sampling, message) -> None:
     with pytest.raises(errors.InvalidArgument, match=message):
         decode_sampling(sampling, 4, vocab_size=2000 if len(sampling.logit_bias) > 1000 else 10)
+
+
+def test_a_structured_output_is_compiled_once_and_travels_with_every_step(clock):
+    sampling = decode_sampling(common_pb2.SamplingParams(structured=common_pb2.StructuredOutput(regex="[a-c]{2}")), 4)
+    assert sampling.grammar and sampling.needs_history and not sampling.penalized
+    scheduler, worker = make_scheduler(clock, block_size=4), FakePagedWorker(4)
+    scheduler.add_request(1, PROMPT, SamplingParams(max_tokens=4), tenant(), deadline_s=None)
+    _first_step(scheduler, worker, 1)
+    scheduler.add_request(2, PROMPT, dataclasses.replace(sampling, max_tokens=4), tenant(), deadline_s=None)
+    step = _first_step(scheduler, worker, 2)
+    assert step.context_token_ids == PROMPT[:12], "the worker's matcher needs the sequence's tokens"
+    stream = GenerateStream(seq_id=2, tenant=TenantContext("t"), seed=5, trace_context={}, arrival_s=0.0,
+                            deadline_s=None)
+    assert attach_codec.encode_run_step(StepPlan(1, (step,), ()), {2: stream}).seqs[0].grammar == sampling.grammar
+
+
+@pytest.mark.parametrize(("structured", "message"), [
+    (common_pb2.StructuredOutput(json_schema='{"type": "nope"}'), "sampling.structured: invalid json_schema"),
+    (common_pb2.StructuredOutput(json_schema="[1]"), "sampling.structured: json_schema must be a JSON object"),
+    (common_pb2.StructuredOutput(json_schema="{"), "sampling.structured: json_schema is not JSON"),
+    (common_pb2.StructuredOutput(regex="(a"), "sampling.structured: invalid regex"),
+    (common_pb2.StructuredOutput(choice=common_pb2.ChoiceList(choices=["a", ""])),
+     "sampling.structured: choice needs 1 to 256 non-empty strings"),
+    (common_pb2.StructuredOutput(), "sampling.structured: set one of json_schema, json_object, regex, choice"),
+])
+def test_a_bad_structured_output_is_invalid_argument_naming_the_problem(structured, message) -> None:
+    with pytest.raises(errors.InvalidArgument, match=message.replace("(", r"\(")):
+        decode_sampling(common_pb2.SamplingParams(structured=structured), 4)
