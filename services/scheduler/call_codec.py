@@ -92,6 +92,9 @@ def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int, vocab_
         raise errors.InvalidArgument("sampling.top_logprobs needs sampling.logprobs")
     _check_penalties(sampling)
     _check_logit_bias(sampling.logit_bias, vocab_size)
+    if sampling.HasField("structured") and sampling.ignore_eos:
+        # A complete grammar allows only the end: generating past it has nothing left to sample.
+        raise errors.InvalidArgument("sampling.ignore_eos cannot be combined with sampling.structured")
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=sampling.temperature,

@@ -173,13 +173,18 @@ class GeneratorRuntime:
         return self._executor.num_kv_blocks_used
 
 
-def _grammar_tokenizer(spec: AnyTokenizerSpec, text: HFTextFiles | None) -> GrammarTokenizer:
-    """The tokenizer constrained sampling masks with: the one the scheduler tokenizes with."""
-    if text is None:
-        return GrammarTokenizer.from_bytes(spec.vocab_size, spec.eos_token_id, spec.bos_token_id)
-    assert isinstance(spec, HFTokenizerSpec)  # the text files are read for an HF tokenizer only
-    return GrammarTokenizer.from_tokenizer_json(text.tokenizer_json, spec.vocab_size,
-                                                (spec.eos_token_id, *spec.stop_token_ids))
+def _grammar_tokenizer(spec: AnyTokenizerSpec, text: HFTextFiles | None) -> GrammarTokenizer | None:
+    """The tokenizer constrained sampling masks with: the one the scheduler tokenizes with. None when
+    llguidance cannot read it: the model is served all the same, its constrained requests fail alone."""
+    try:
+        if text is None:
+            return GrammarTokenizer.from_bytes(spec.vocab_size, spec.eos_token_id, spec.bos_token_id)
+        assert isinstance(spec, HFTokenizerSpec)  # the text files are read for an HF tokenizer only
+        return GrammarTokenizer.from_tokenizer_json(text.tokenizer_json, spec.vocab_size,
+                                                    (spec.eos_token_id, *spec.stop_token_ids))
+    except Exception as exc:  # llguidance raises its own errors (ValueError, RuntimeError...) for a tokenizer
+        log.warning("structured output is off for this model: llguidance cannot read its tokenizer: %s", exc)
+        return None
 
 
 def _tokenizer_spec(spec: AnyTokenizerSpec, text: HFTextFiles | None) -> scheduler_pb2.TokenizerSpec:

@@ -111,3 +111,9 @@ def test_a_structured_output_is_compiled_once_and_travels_with_every_step(clock)
 def test_a_bad_structured_output_is_invalid_argument_naming_the_problem(structured, message) -> None:
     with pytest.raises(errors.InvalidArgument, match=message.replace("(", r"\(")):
         decode_sampling(common_pb2.SamplingParams(structured=structured), 4)
+
+
+def test_structured_output_refuses_ignore_eos() -> None:
+    with pytest.raises(errors.InvalidArgument, match="sampling.ignore_eos cannot be combined with sampling.structured"):
+        decode_sampling(common_pb2.SamplingParams(ignore_eos=True,
+                                                  structured=common_pb2.StructuredOutput(regex="a")), 4)

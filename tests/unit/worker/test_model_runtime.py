@@ -150,3 +150,17 @@ def test_a_runtime_exception_comes_back_as_errors_for_every_item_and_sequence(cl
         scheduler_pb2.BatchItem(item_id=5, image=_digit_image(0))]))
     assert [(i.item_id, i.error.code, i.error.message) for i in batch.items] == [
         (5, 13, "worker failed the batch: device lost")]
+
+
+def test_a_tokenizer_llguidance_cannot_read_leaves_structured_output_off(caplog) -> None:
+    from services.worker import model_runtime
+    from services.worker.hf_text_files import HFTextFiles
+    from services.worker.repository.pinned_file import PinnedFile
+    from services.worker.repository.tokenizer_spec import HFTokenizerSpec
+
+    spec = HFTokenizerSpec(kind="hf", vocab_size=10, eos_token_id=1, bos_token_id=-1, stop_token_ids=(),
+                           tokenizer_json=PinnedFile("tokenizer.json", "0" * 64), tokenizer_config=None,
+                           chat_template=None)
+    text = HFTextFiles(tokenizer_json=b"not a tokenizer")
+    assert model_runtime._grammar_tokenizer(spec, text) is None
+    assert "structured output is off for this model" in caplog.text
