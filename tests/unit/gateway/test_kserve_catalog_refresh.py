@@ -28,32 +28,33 @@ def _info(name: str) -> gateway_pb2.ModelInfo:
     return gateway_pb2.ModelInfo(model=common_pb2.ModelRef(name=name, version="1"), ready=True)
 
 
+class _Refresh:
+    """A catalog refresh that takes a while and then finds `found` (if any); counts its calls."""
+
+    def __init__(self, catalog: ModelCatalog, found: str | None) -> None:
+        self.catalog, self.found, self.calls = catalog, found, 0
+
+    async def __call__(self) -> None:
+        self.calls += 1
+        await asyncio.sleep(0.05)
+        if self.found:
+            self.catalog.update("scheduler-1", (_info(self.found),))
+
+
 async def test_concurrent_misses_wait_for_the_one_refresh_in_flight():
     catalog = ModelCatalog()
-    refreshes = 0
-
-    async def refresh() -> None:
-        nonlocal refreshes
-        refreshes += 1
-        await asyncio.sleep(0.05)
-        catalog.update("scheduler-1", (_info("cnn"),))
-
+    refresh = _Refresh(catalog, "cnn")
     core = _core(catalog, refresh)
     infos = await asyncio.gather(*(core.model("cnn", "") for _ in range(12)))
     assert [i.model.name for i in infos] == ["cnn"] * 12
-    assert refreshes == 1
+    assert refresh.calls == 1
 
 
 async def test_an_unknown_model_is_not_found_and_refreshes_stay_rate_limited():
     catalog = ModelCatalog()
-    refreshes = 0
-
-    async def refresh() -> None:
-        nonlocal refreshes
-        refreshes += 1
-
+    refresh = _Refresh(catalog, None)
     core = _core(catalog, refresh)
     for _ in range(5):
         with pytest.raises(errors.NotFound, match="is not served here"):
             await core.model("nope", "")
-    assert refreshes == 1
+    assert refresh.calls == 1

@@ -27,6 +27,17 @@ class CountingClient:
         return gateway_pb2.ListModelsResponse()
 
 
+def _poller(client, clock, catalog: ModelCatalog | None = None) -> PressurePoller:
+    """A poller of one endpoint, 10.0.0.1:50052, answered by `client`."""
+    return PressurePoller(
+        routing=SimpleNamespace(endpoints=lambda: ("10.0.0.1:50052",)),
+        clients=SimpleNamespace(get=lambda endpoint: client),
+        board=PressureBoard(clock), catalog=catalog or ModelCatalog(),
+        breakers=CircuitBreakers(BreakerConfig(), clock),
+        interval_s=1.0, clock=clock,
+    )
+
+
 async def _settle() -> None:
     for _ in range(10):  # the poll task and the gather inside it finish
         await asyncio.sleep(0)
@@ -34,13 +45,7 @@ async def _settle() -> None:
 
 async def test_extra_polls_run_one_at_a_time_and_at_most_one_per_gap(clock):
     client = CountingClient()
-    poller = PressurePoller(
-        routing=SimpleNamespace(endpoints=lambda: ("10.0.0.1:50052",)),
-        clients=SimpleNamespace(get=lambda endpoint: client),
-        board=PressureBoard(clock), catalog=ModelCatalog(),
-        breakers=CircuitBreakers(BreakerConfig(), clock),
-        interval_s=1.0, clock=clock,
-    )
+    poller = _poller(client, clock)
     for _ in range(50):  # 50 calls regrouping in the same instant
         poller.poll_soon()
     await _settle()
@@ -77,13 +82,7 @@ class ScriptedClient(CountingClient):
 async def test_a_scheduler_on_its_way_back_is_polled_fast_until_it_reports_a_model_ready(clock):
     client = ScriptedClient()
     catalog = ModelCatalog()
-    poller = PressurePoller(
-        routing=SimpleNamespace(endpoints=lambda: ("10.0.0.1:50052",)),
-        clients=SimpleNamespace(get=lambda endpoint: client),
-        board=PressureBoard(clock), catalog=catalog,
-        breakers=CircuitBreakers(BreakerConfig(), clock),
-        interval_s=1.0, clock=clock,
-    )
+    poller = _poller(client, clock, catalog)
     assert poller.recovering() == ("10.0.0.1:50052",), "watched in the gateway's first seconds"
     client.ready = ("digits",)
     await poller.poll_once()
@@ -106,13 +105,7 @@ async def test_a_scheduler_on_its_way_back_is_polled_fast_until_it_reports_a_mod
 
 async def test_a_scheduler_back_with_nothing_to_serve_is_watched_for_a_bounded_time(clock):
     client = ScriptedClient()
-    poller = PressurePoller(
-        routing=SimpleNamespace(endpoints=lambda: ("10.0.0.1:50052",)),
-        clients=SimpleNamespace(get=lambda endpoint: client),
-        board=PressureBoard(clock), catalog=ModelCatalog(),
-        breakers=CircuitBreakers(BreakerConfig(), clock),
-        interval_s=1.0, clock=clock,
-    )
+    poller = _poller(client, clock)
     client.down = True
     await poller.poll_once()
     client.down = False
