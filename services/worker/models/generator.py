@@ -88,6 +88,36 @@ class Generator:
                 logits = self.step([PagedSequence((ids[-1],), len(ids) - 1, table, needs_logits=True)], cache)
         return ids[len(prompt_ids):]
 
+    def greedy_paged_batch(
+        self, prompts: Sequence[Sequence[int]], num_new_tokens: Sequence[int], *, block_size: int = 16,
+        prefill_chunk: int = 64,
+    ) -> list[list[int]]:
+        """`greedy_paged` for several prompts at once, as the worker's steps run them: each step carries
+        every sequence not yet done (a prompt chunk each, then one token each), in one shared cache. The
+        golden check's path: a few wide steps instead of one narrow step per token of each prompt."""
+        for prompt, num_new in zip(prompts, num_new_tokens, strict=True):
+            self._check_length(len(prompt), num_new)
+        num_blocks = [-(-(len(p) + n) // block_size) for p, n in zip(prompts, num_new_tokens, strict=True)]
+        cache = self.new_kv_cache(max(1, sum(num_blocks)), block_size)
+        first = [sum(num_blocks[:i]) for i in range(len(prompts))]
+        tables = [tuple(reversed(range(f, f + n))) for f, n in zip(first, num_blocks, strict=True)]
+        ids = [list(p) for p in prompts]
+        computed = [0] * len(prompts)  # tokens of each sequence whose KV is in the cache
+        while True:
+            running = [i for i, p in enumerate(prompts) if len(ids[i]) - len(p) < num_new_tokens[i]]
+            if not running:
+                return [seq[len(p):] for seq, p in zip(ids, prompts, strict=True)]
+            seqs = []
+            for i in running:
+                new = tuple(ids[i][computed[i]:computed[i] + prefill_chunk])
+                seqs.append(PagedSequence(new, computed[i], tables[i],
+                                          needs_logits=computed[i] + len(new) == len(ids[i])))
+                computed[i] += len(new)
+            logits = iter(self.step(seqs, cache))
+            for i, seq in zip(running, seqs, strict=True):
+                if seq.needs_logits:
+                    ids[i].append(int(next(logits).argmax()))
+
     def _check_length(self, num_prompt: int, num_new_tokens: int) -> None:
         if num_prompt < 1 or num_new_tokens < 1:
             raise ValueError(f"need a prompt and >= 1 new token, got {num_prompt} and {num_new_tokens}")

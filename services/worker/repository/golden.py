@@ -35,15 +35,16 @@ def _classifier(model: LoadedModel) -> None:
 
 
 def _generator(model: LoadedModel) -> None:
-    """Through the paged KV path with chunked prefill: each prompt's greedy continuation."""
+    """Through the paged KV path with chunked prefill: each prompt's greedy continuation, all prompts in
+    the same steps (as the worker's steps batch sequences)."""
     m = model.manifest
     assert m.generator is not None
-    block_size = m.envelope.block_size
-    for i, golden in enumerate(m.generator.golden):
-        got = model.generator.greedy_paged(
-            golden.prompt_ids, len(golden.expected_ids), block_size=block_size,
-            prefill_chunk=max(1, m.envelope.max_num_batched_tokens // 2),
-        )
+    goldens = m.generator.golden
+    continued = model.generator.greedy_paged_batch(
+        [g.prompt_ids for g in goldens], [len(g.expected_ids) for g in goldens], block_size=m.envelope.block_size,
+        prefill_chunk=max(1, m.envelope.max_num_batched_tokens // 2),
+    )
+    for i, (golden, got) in enumerate(zip(goldens, continued, strict=True)):
         if tuple(got) != golden.expected_ids:
             raise GoldenCheckFailed(
                 f"{m.name}/{m.version}: golden prompt {i} continued as {got}, expected {list(golden.expected_ids)}"

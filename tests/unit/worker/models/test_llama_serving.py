@@ -21,7 +21,7 @@ def generator_of(ckpt) -> Generator:
 
 
 @pytest.mark.parametrize("family", ["llama3", "qwen2"])
-def test_generator_greedy_paged_and_dense_equal_transformers(tiny_checkpoints, family):
+def test_generator_greedy_paged_dense_and_batched_equal_transformers(tiny_checkpoints, family):
     ckpt = tiny_checkpoints[family]
     generator = generator_of(ckpt)
     prompts = [random_ids(n, seed=200 + n) for n in (3, 17, 30)]
@@ -30,6 +30,10 @@ def test_generator_greedy_paged_and_dense_equal_transformers(tiny_checkpoints, f
     for prompt, tokens in zip(prompts, expected, strict=True):
         assert generator.greedy_paged(prompt, 24, block_size=4, prefill_chunk=5) == tokens
         assert generator.greedy_dense(prompt, 24) == tokens
+    # all prompts in the same steps (the golden check's path), each to its own length
+    lengths = [24, 9, 1]
+    assert generator.greedy_paged_batch(prompts, lengths, block_size=4, prefill_chunk=5) == [
+        tokens[:n] for tokens, n in zip(expected, lengths, strict=True)]
     assert generator.vocab_size == 512 and generator.new_kv_cache(8, 4).block_size == 4
 
 
