@@ -2,7 +2,9 @@
 greedy tokens equal transformers' generate(do_sample=False) for 16 prompts x 64 tokens per family.
 
 One mesh for the module: a tiny random-weight checkpoint per family (llama with llama3 rope scaling,
-qwen2, mistral), each made with transformers' save_pretrained and imported as
+qwen2, mistral; stored in float32, float16 and bfloat16 respectively, served in float32, against
+transformers' float32 model of the same rounded weights), each made with transformers' save_pretrained
+and imported as
 `infermesh models import` does, each served by its own worker. The scheduler prefills in chunks
 and caches prefixes; the llama worker has few KV blocks, so its 16 concurrent sequences preempt
 one another. The scheduler tokenizes with each model's own tokenizer.json (sent by its worker).
@@ -37,6 +39,10 @@ from tools.testbed.processes import free_port, running_mesh, wait_until
 pytestmark = pytest.mark.integration
 
 FAMILIES = {"tiny-llama": "llama3", "tiny-qwen2": "qwen2", "tiny-mistral": "mistral"}
+# Each family's checkpoint in another storage dtype: the worker reads float16 and bfloat16 files into
+# its float32 compute (the default --compute-dtype), as transformers' float32 model holds the same
+# rounded weights.
+STORAGE_DTYPES = {"tiny-llama": torch.float32, "tiny-qwen2": torch.float16, "tiny-mistral": torch.bfloat16}
 NUM_NEW_TOKENS = 64
 MIN_MARGIN = 4e-4
 # Random weights drawn this wide give logits far enough apart that near ties are rare (at 0.25,
@@ -67,7 +73,8 @@ def served(tmp_path_factory) -> Served:
     references, tokenizers = {}, {}
     for seed, (name, family) in enumerate(FAMILIES.items()):
         checkpoint = tmp / family
-        references[name] = save_model_directory(checkpoint, family, seed=seed, std=WEIGHT_STD)
+        references[name] = save_model_directory(checkpoint, family, seed=seed, std=WEIGHT_STD,
+                                                dtype=STORAGE_DTYPES[name])
         tokenizers[name] = transformers.AutoTokenizer.from_pretrained(checkpoint)
         import_checkpoint(checkpoint, root, ImportOptions(name, "1", kv_cache_bytes=1 << 20))
     metrics_port, http_port = free_port(), free_port()
