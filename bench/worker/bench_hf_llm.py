@@ -11,19 +11,24 @@ Measured (issue 33's targets in brackets), every run reported with its median an
 * the worker's RSS against the weights' bytes + the KV cache budget + 300 MB, with what holds it;
 * load time against a plain read of the files from the page cache [<= 2x]: the worker's whole start
   (infermesh_worker_model_load_seconds: imports, sha256, weights, warm-up, golden check) and its
-  parts measured here.
+  parts measured here;
+* with --peer: output tokens/s against transformers' `generate` behind a small HTTP server, one request
+  at a time (bench/worker/transformers_server.py), at equal p99: the mesh's best tokens/s among closed
+  loops of 1, 2, 4, 8 and N clients whose e2e p99 is within the peer's [>= 5x]. The peer runs before
+  and after the mesh's levels; p99 of a few requests is their largest (nearest rank).
 
 The in-process side is the worker's own compute, not a reimplementation: `StepExecutor.run` (the
 worker's step: block-table mirror, paged forward, greedy sampling on the host) on one dedicated
-compute thread, as the worker runs it, with the worker's thread count (--threads, default 2) applied
-the same way (`export_thread_env` before torch loads, `set_library_threads` after). Steps are what the
+compute thread, as the worker runs it, with the worker's thread count (BENCH_THREADS, default 1)
+applied the same way (`export_thread_env` before torch loads, `set_library_threads` after). Steps are what the
 scheduler would send: every prompt's prefill in one step (the prompts fit max_num_batched_tokens), then
 every sequence decoding together. Both sides compute in float32 (the worker's default --compute-dtype).
 
-Why a compute thread: on this box, torch's GEMMs with 2 OpenMP threads ran 5-25x slower on the
-process's main thread than on a second thread (M=8 rows x 768 x 4096: 25-70 ms vs 2.6-10 ms under
-load 10-20), and the first version of this benchmark ran its in-process steps on the main thread:
-that, not the mesh, is why it reported the mesh 7-35x faster than one process.
+Why: on this box, torch's GEMMs with 2 OpenMP threads ran 5-25x slower on the process's main thread
+than on a second thread (M=8 rows x 768 x 4096: 25-70 ms vs 2.6-10 ms under load 10-20), and the first
+version of this benchmark ran its in-process steps on the main thread: that, not the mesh, is why it
+reported the mesh 7-35x faster than one process. transformers' generate showed the opposite (slower
+off the main thread), hence one thread per side by default.
 
 Mesh and in-process runs alternate (round after round) so that a change in the box's load hits both.
 A mesh client reuses one channel per phase, as a real client would. Nothing is downloaded: the
@@ -45,9 +50,13 @@ from pathlib import Path
 
 from services.worker.thread_settings import export_thread_env, set_library_threads
 
-# The worker's threads, exported before torch loads as the worker does (OpenMP sizes its pool at import;
-# left alone it takes every CPU the machine shows).
-THREADS = int(os.environ.get("BENCH_THREADS", "2"))
+# Every side's compute threads (the worker's --num-threads, the in-process engine's, the transformers
+# peer's), exported before torch loads as the worker does (OpenMP sizes its pool at import). One by
+# default: on the shared 2-core box, with 2 OpenMP threads the same GEMMs or generate() ran 3-25x slower
+# or faster depending on which of a process's threads ran them (ours slower on the main thread,
+# transformers' slower off it), which no comparison survives; with one thread they agree. On a machine
+# with cores to spare, set BENCH_THREADS.
+THREADS = int(os.environ.get("BENCH_THREADS", "1"))
 export_thread_env(THREADS)
 
 import grpc  # noqa: E402
@@ -170,6 +179,69 @@ def mesh_saturated(channel: grpc.Channel, prompts: Sequence[str], num_tokens: in
     return len(prompts) * num_tokens / (time.perf_counter() - began)
 
 
+def mesh_closed_loop(channel: grpc.Channel, prompts: Sequence[str], num_tokens: int, concurrency: int,
+                     requests_each: int) -> tuple[float, list[float]]:
+    """`concurrency` clients, each sending `requests_each` requests one after another: output tokens/s
+    over the whole run, and every request's e2e seconds."""
+    stub = gateway_pb2_grpc.InferenceStub(channel)
+
+    def client(i: int) -> list[float]:
+        return [mesh_stream(stub, prompts[(i + k) % len(prompts)], num_tokens)[0] for k in range(requests_each)]
+
+    began = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        latencies = [t for ts in pool.map(client, range(concurrency)) for t in ts]
+    return len(latencies) * num_tokens / (time.perf_counter() - began), latencies
+
+
+def transformers_peer(checkpoint: Path, prompts: Sequence[str], num_tokens: int, num_requests: int) -> tuple[float, list[float]]:
+    """transformers.generate behind bench/worker/transformers_server.py, one request at a time (its best
+    throughput: a second concurrent client only queues): output tokens/s and every request's seconds."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "bench.worker.transformers_server", "--checkpoint", str(checkpoint),
+                               "--port", str(port), "--threads", str(THREADS)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        if server.stdout.readline().strip() != "serving":
+            raise RuntimeError("the transformers server did not start")
+        latencies = []
+        began = time.perf_counter()
+        for i in range(num_requests):
+            body = json.dumps({"prompt": prompts[i % len(prompts)], "max_tokens": num_tokens}).encode()
+            sent = time.perf_counter()
+            with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=body),
+                                        timeout=600) as reply:
+                got = len(json.loads(reply.read())["token_ids"])
+            latencies.append(time.perf_counter() - sent)
+            if got != num_tokens:
+                raise RuntimeError(f"the transformers server returned {got} tokens, not {num_tokens}")
+        return num_requests * num_tokens / (time.perf_counter() - began), latencies
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def compare_with_peer(peer: Sequence[tuple[float, list[float]]],
+                      mesh: dict[int, tuple[float, list[float]]]) -> dict[str, object]:
+    """The mesh's best tokens/s among the concurrencies whose p99 is within the peer's, against the peer's."""
+    peer_tps = statistics.median(tps for tps, _ in peer)
+    peer_p99 = quantile([t for _, ts in peer for t in ts], 0.99)
+    within = {c: tps for c, (tps, ts) in mesh.items() if quantile(ts, 0.99) <= peer_p99}
+    best = max(within, key=lambda c: within[c], default=None)
+    return {
+        "peer_runs": [{"tokens_per_s": tps, "e2e_s": summary(ts)} for tps, ts in peer],
+        "peer_tokens_per_s_median": peer_tps, "peer_e2e_p99_s": peer_p99,
+        "mesh_by_concurrency": {str(c): {"tokens_per_s": tps, "e2e_p99_s": quantile(ts, 0.99), "e2e_s": summary(ts)}
+                                for c, (tps, ts) in mesh.items()},
+        "mesh_best_concurrency_within_peer_p99": best,
+        "ratio": None if best is None else within[best] / peer_tps, "target": ">= 5",
+    }
+
+
 def plain_reads(files: Sequence[Path]) -> dict[str, float]:
     """Seconds to read every file from the page cache: into one reused buffer (`cat > /dev/null`), and
     into fresh memory (Path.read_bytes: what materializing the bytes costs). Best of 3 each."""
@@ -227,6 +299,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="8 streams x 32 tokens, 3 light requests a round")
     parser.add_argument("--rounds", type=int, default=3, help="alternating mesh / in-process rounds")
     parser.add_argument("--workdir", type=Path, help="keep the checkpoint and repository here between runs")
+    parser.add_argument("--peer", action="store_true",
+                        help="also the comparison with transformers.generate behind HTTP (needs transformers)")
     parser.add_argument("--output", type=Path, default=RESULTS_PATH)
     args = parser.parse_args()
     num_streams, num_tokens, num_light = (8, 32, 3) if args.quick else (16, 64, 5)
@@ -262,7 +336,9 @@ def main() -> None:
             mesh.start_scheduler()
             worker = mesh.start_worker(MODEL, "--model-repository", str(root), "--model-version", "1",
                                        "--metrics-port", str(metrics_port), "--num-threads", str(THREADS))
-            mesh.start_gateway()
+            # Throughput, not objectives: TTFT/TPOT admission (on by default) refuses streams whose class
+            # target a loaded shared box's steps cannot meet.
+            mesh.start_gateway("--slo-admission", "false")
             worker_load_s = scrape(metrics_port).value("infermesh_worker_model_load_seconds")
             worker_memory_ready = memory_of(worker.proc.pid)
             with session_tls.channel(mesh.gateway.address) as channel:
@@ -276,7 +352,13 @@ def main() -> None:
                         light["in_process"].append(in_process.run(prompt_ids[:1], num_tokens))
                         light["mesh"].append(mesh_stream(stub, prompts[0], num_tokens)[0])
                 load_avg.append(os.getloadavg()[0])
-            worker_memory = memory_of(worker.proc.pid)
+                worker_memory = memory_of(worker.proc.pid)
+                if args.peer:  # the peer before and after the mesh's levels, so drift in the box's load shows
+                    peer_runs = [transformers_peer(workdir / "checkpoint", prompts, num_tokens, num_light)]
+                    mesh_levels = {c: mesh_closed_loop(channel, prompts, num_tokens, c, 2)
+                                   for c in (1, 2, 4, 8, num_streams)}
+                    peer_runs.append(transformers_peer(workdir / "checkpoint", prompts, num_tokens, num_light))
+                    load_avg.append(os.getloadavg()[0])
         compute.shutdown()
     floor = runtime_floor_bytes()
     weights_bytes = sum(p.stat().st_size for p in weight_files)
@@ -303,6 +385,8 @@ def main() -> None:
                  "weights_load_over_read_bytes": weights_load_s / plain["read_bytes_s"],
                  "worker_start_over_cat": worker_load_s / plain["cat_s"], "target": "<= 2x"},
     }
+    if args.peer:
+        report["vs_transformers_behind_http"] = compare_with_peer(peer_runs, mesh_levels)
     write_report(args.output, report)
     print(json.dumps(report, indent=2))
 

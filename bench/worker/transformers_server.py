@@ -1,0 +1,72 @@
+"""What a user would write without us: transformers' `generate` behind a small HTTP server, one request
+at a time (bench_hf_llm's peer for issue 33's ">= 5x the output tokens/s at equal p99").
+
+    python -m bench.worker.transformers_server --checkpoint DIR --port PORT [--threads 2]
+
+POST /generate with {"prompt": str, "max_tokens": int} answers {"token_ids": [...]} after greedy
+decoding exactly max_tokens tokens (no early stop, as the mesh's ignore_eos). The prompt is tokenized
+here with the checkpoint's tokenizer.json, as the mesh tokenizes at its scheduler. Requests are served
+one at a time (a single-threaded server), each on one compute thread with the thread count the
+worker gets (--threads, exported before torch loads): on this box torch's multi-threaded GEMMs ran far
+slower on a process's main thread, and the peer must not lose for that. A development tool: it needs
+transformers (a test and dev dependency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", type=Path, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = str(args.threads)
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(args.threads)
+    compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
+    model = compute.submit(lambda: AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32).eval()
+                           ).result()
+    tokenizer = Tokenizer.from_file(str(args.checkpoint / "tokenizer.json"))
+
+    def generate(prompt: str, max_tokens: int) -> list[int]:
+        ids = torch.tensor([tokenizer.encode(prompt).ids])
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_tokens,
+                                 min_new_tokens=max_tokens, pad_token_id=0)
+        return out[0, ids.shape[1]:].tolist()
+
+    compute.submit(generate, "warm up", 2).result()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            tokens = compute.submit(generate, body["prompt"], int(body["max_tokens"])).result()
+            reply = json.dumps({"token_ids": tokens}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (http.server's name)
+            pass
+
+    server = HTTPServer(("127.0.0.1", args.port), Handler)
+    print("serving", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
