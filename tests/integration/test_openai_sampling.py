@@ -307,13 +307,13 @@ def test_every_seeded_sample_of_a_json_schema_validates(served):
     body = {"response_format": {"type": "json_schema", "json_schema": {"name": "pet", "schema": NESTED_SCHEMA,
                                                                        "strict": True}}}
     outputs = []
-    for seed in (100, 200):  # 2 x 16 choices, each with its own seed
-        reply = _chat(base, n=16, temperature=1.0, seed=seed, max_tokens=120, **body)
+    for seed in range(0, 200, 10):  # 20 x 10 choices: 200 samples, each with its own seed
+        reply = _chat(base, n=10, temperature=1.0, seed=seed, max_tokens=120, **body)
         outputs += [(c["message"]["content"], c["finish_reason"]) for c in reply["choices"]]
     for content, reason in outputs:
         assert reason == "stop", content  # the grammar completed: only the end was allowed
         jsonschema.validate(json.loads(content), NESTED_SCHEMA)
-    assert len({content for content, _ in outputs}) > 1
+    assert len(outputs) == 200 and len({content for content, _ in outputs}) > 1
 
 
 def _chat(base: str, **over) -> dict:
@@ -354,3 +354,15 @@ def test_a_bad_structured_output_is_a_400_naming_its_parameter(served, body, par
     status, reply = post(served[1], "/completions", {"model": MODEL, "prompt": "a", **body})
     assert (status, reply["error"]["param"]) == (400, param), reply
     assert fragment in reply["error"]["message"]
+
+
+def test_grpc_callers_get_structured_output_too(served):
+    mesh = served[0]
+    request = gateway_pb2.GenerateRequest(
+        model=common_pb2.ModelRef(name=MODEL), prompt=PROMPT_N,
+        sampling=common_pb2.SamplingParams(max_tokens=40, temperature=1.0, seed=3,
+                                           structured=common_pb2.StructuredOutput(regex="[a-f]{4}-[0-9]{1,3}")))
+    with session_tls.channel(mesh.gateway.address) as channel:
+        chunks = list(gateway_pb2_grpc.InferenceStub(channel).Generate(request, timeout=60))
+    assert re.fullmatch("[a-f]{4}-[0-9]{1,3}", "".join(c.text for c in chunks))
+    assert chunks[-1].finish_reason == common_pb2.FINISH_REASON_EOS
