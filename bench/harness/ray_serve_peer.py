@@ -1,11 +1,12 @@
 """A server that is not ours, for the load harness to measure beside the mesh: Ray Serve serving our
 repository's models, batching whole requests with `@serve.batch` (the peer issues 33, 34 and 37 name).
 
-    .venv-rayserve/bin/python -m bench.harness.ray_serve_peer --port PORT [--model-repo model_repo]
-        [--max-batch-size 32] [--batch-wait-ms 5] [--temp-dir DIR]
+    .venv-rayserve/bin/python -m bench.harness.ray_serve_peer --port PORT [--grpc-port PORT]
+        [--model-repo model_repo] [--max-batch-size 32] [--batch-wait-ms 5] [--temp-dir DIR]
 
-Run with the Ray venv's python (tests/support/ray_peer.py builds it: `ray[serve]` from PyPI, the
-project and its .venv's packages such as torch reached through a .pth file). On 127.0.0.1:PORT:
+Run with the Ray venv's python (tests/support/side_venv.py builds it: `ray[serve]` from PyPI, the
+project and its .venv's packages such as torch reached through a .pth file). One application, its
+ingress (`Peer`) on 127.0.0.1:PORT (HTTP) and --grpc-port (gRPC):
 
     /v1/models, /v1/completions, /v1/chat/completions   OpenAI API for tinylm, streamed (SSE) or whole;
                                                          usage on the last event, no stage timings
@@ -13,17 +14,24 @@ project and its .venv's packages such as torch reached through a .pth file). On 
                                                          KServe v2 REST for digits: IMAGE as BYTES [1, 1]
                                                          (PNG) or UINT8 [1, H, W, C], JSON or the binary
                                                          tensor extension; PROBABILITIES FP32 [1, classes]
+    gRPC inference.GRPCInferenceService                 ModelInfer for digits (the same IMAGE in
+                                                         raw_input_contents), ModelReady, ServerLive/Ready;
+                                                         no ModelStreamInfer (Ray's proxy has no bidi streams)
 
 Each model is a Ray Serve deployment (one replica) that loads it the way our worker does
 (`load_model`, one torch thread) and runs it with the worker's own code: tinylm's steps are
-StepExecutor.run, digits' batches BatchExecutor.execute. What differs from the mesh is the batching:
-`@serve.batch` forms a batch of up to --max-batch-size waiting requests (waiting at most
---batch-wait-ms for it to fill) only when the previous batch has ended; a generation batch
-prefills its members together, then decodes them together until the longest is done (request-level
-batching, as issue 33's peer). Generation ignores EOS, so outputs have exactly `max_tokens` tokens.
+StepExecutor.run, digits' batches BatchExecutor.execute; the ingress calls them through deployment
+handles. What differs from the mesh is the batching: `@serve.batch` forms a batch of up to
+--max-batch-size waiting requests (waiting at most --batch-wait-ms for it to fill) only when the
+previous batch has ended; a generation batch prefills its members together, then decodes them
+together until the longest is done (request-level batching, as issue 33's peer). Generation
+ignores EOS, so outputs have exactly `max_tokens` tokens.
 
-Prints `READY <port>` on stdout once both applications answer; SIGTERM or SIGINT shuts Serve and
-the local Ray cluster down.
+Everything stays on loopback: Ray runs in its one-machine mode (node address 127.0.0.1) and its
+gRPC proxy's bind is moved from [::] to 127.0.0.1 (`bind_grpc_to_loopback`).
+
+Prints `READY <port>` on stdout once the application answers; SIGTERM or SIGINT shuts Serve and the
+local Ray cluster down.
 """
 
 from __future__ import annotations
@@ -42,9 +50,19 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from ray import serve
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+# Before Ray is imported (it reads them then), and inherited by every process it starts:
+# - nothing leaves the machine (Ray sends usage statistics home by default);
+# - a one-process-tree cluster needs no token written to the home directory;
+# - Ray's one-machine mode (its default on macOS): every Ray process takes 127.0.0.1 as the node's
+#   address, so they reach each other on loopback, not on the address of the machine's interface.
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+os.environ["RAY_AUTH_MODE"] = "disabled"
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
+from ray import serve  # noqa: E402
+from ray.serve.handle import DeploymentHandle  # noqa: E402
+from starlette.requests import Request  # noqa: E402
+from starlette.responses import JSONResponse, Response, StreamingResponse  # noqa: E402
 
 GENERATOR = "tinylm"
 CLASSIFIER = "digits"
@@ -63,7 +81,7 @@ class Generation:
 
 
 @serve.deployment(max_ongoing_requests=1024, ray_actor_options={"num_cpus": 0})
-class OpenAIPeer:
+class TinyLM:
     def __init__(self, model_repo: str, max_batch_size: int, batch_wait_s: float) -> None:
         from services.worker.repository.loader import load_model
         from services.worker.step_executor import StepExecutor
@@ -81,26 +99,24 @@ class OpenAIPeer:
         self.steps.set_max_batch_size(max_batch_size)
         self.steps.set_batch_wait_timeout_s(batch_wait_s)
 
-    async def __call__(self, request: Request) -> Response:
-        path = request.url.path.rstrip("/")
-        if request.method == "GET" and path.endswith("/models"):
-            return JSONResponse({"object": "list", "data": [{"id": GENERATOR, "object": "model", "owned_by": "ray"}]})
-        if request.method != "POST" or not path.endswith(("/completions", "/chat/completions")):
-            return JSONResponse({"error": {"message": f"no route {request.method} {path}"}}, status_code=404)
-        body = await request.json()
-        chat = path.endswith("/chat/completions")
-        prompt = "".join(m.get("content", "") for m in body.get("messages", ())) if chat else body.get("prompt", "")
-        if body.get("model") != GENERATOR or not isinstance(prompt, str) or not prompt:
-            return JSONResponse({"error": {"message": f"model must be {GENERATOR!r} with a prompt"}}, status_code=400)
+    async def stream(self, body: dict, chat: bool) -> AsyncIterator[bytes]:
+        """The SSE events of a streamed completion (body: the request's JSON, already checked)."""
+        generation, reply = self._generation(body, chat)
+        async for event in self._events(generation, reply):
+            yield event
+
+    async def whole(self, body: dict, chat: bool) -> dict:
+        generation, reply = self._generation(body, chat)
+        texts = [text async for text in self._texts(generation, reply)]
+        return reply.whole("".join(texts))
+
+    def _generation(self, body: dict, chat: bool) -> tuple[Generation, _Reply]:
         seed = body.get("seed")
-        generation = Generation(((self._bos,) if self._bos >= 0 else ()) + tuple(prompt.encode()),
+        generation = Generation(((self._bos,) if self._bos >= 0 else ()) + tuple(_prompt(body, chat).encode()),
                                 int(body.get("max_tokens") or 16), float(body.get("temperature") or 0.0),
                                 int(seed) if seed is not None else None)
-        reply = _Reply(chat, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", len(generation.prompt_ids))
-        if body.get("stream"):
-            return StreamingResponse(self._events(generation, reply), media_type="text/event-stream")
-        texts = [text async for text in self._texts(generation, reply)]
-        return JSONResponse(reply.whole("".join(texts)))
+        return generation, _Reply(chat, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+                                  len(generation.prompt_ids))
 
     async def _texts(self, generation: Generation, reply: _Reply) -> AsyncIterator[str]:
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -207,7 +223,7 @@ def _event(value: dict) -> bytes:
 
 
 @serve.deployment(max_ongoing_requests=1024, ray_actor_options={"num_cpus": 0})
-class KServePeer:
+class Digits:
     def __init__(self, model_repo: str, max_batch_size: int, batch_wait_s: float) -> None:
         from services.worker.batch_executor import BatchExecutor
         from services.worker.repository.loader import load_model
@@ -224,29 +240,8 @@ class KServePeer:
         self.classify.set_max_batch_size(max_batch_size)
         self.classify.set_batch_wait_timeout_s(batch_wait_s)
 
-    async def __call__(self, request: Request) -> Response:
-        parts = request.url.path.strip("/").split("/")  # v2, models, NAME, [versions, V], VERB
-        if parts == ["v2", "health", "ready"] or parts == ["v2", "health", "live"]:
-            return JSONResponse({"ready": True})
-        if len(parts) < 3 or parts[:2] != ["v2", "models"] or parts[2] != CLASSIFIER:
-            return JSONResponse({"error": f"no model at {request.url.path}"}, status_code=404)
-        verb = parts[-1] if len(parts) in (4, 6) else ""
-        if verb == "ready":
-            return JSONResponse({"name": CLASSIFIER, "ready": True})
-        if verb != "infer" or request.method != "POST":
-            return JSONResponse({"name": CLASSIFIER, "versions": [VERSION], "platform": "ray-serve"})
-        try:
-            image = _image_input(await request.body(), request.headers.get(HEADER_LENGTH))
-        except ValueError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=400)
-        result = await self.classify(image)
-        if result.error is not None:
-            return JSONResponse({"error": result.error.message}, status_code=400)
-        scores = [0.0] * self._num_classes
-        for label in result.labels:
-            scores[label.index] = label.score
-        return JSONResponse({"model_name": CLASSIFIER, "model_version": VERSION, "outputs": [
-            {"name": "PROBABILITIES", "datatype": "FP32", "shape": [1, self._num_classes], "data": scores}]})
+    def num_classes(self) -> int:
+        return self._num_classes
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
     async def classify(self, images: list) -> list:
@@ -255,6 +250,107 @@ class KServePeer:
         results, _ = self._executor.execute([BatchItem(i, image, top_k=self._num_classes)
                                              for i, image in enumerate(images)])
         return results
+
+
+@serve.deployment(max_ongoing_requests=1024, ray_actor_options={"num_cpus": 0})
+class Peer:
+    """The one ingress: the OpenAI API (/v1), KServe v2 REST (/v2) and KServe v2 gRPC (ModelInfer for
+    digits, ModelReady, ServerLive, ServerReady); each model's deployment batches its own calls."""
+
+    def __init__(self, tinylm: DeploymentHandle, digits: DeploymentHandle) -> None:
+        self._tinylm = tinylm
+        self._digits = digits
+        self._num_classes: int | None = None
+
+    async def __call__(self, request: Request) -> Response:
+        path = request.url.path.rstrip("/")
+        if path.startswith("/v2"):
+            return await self._kserve_http(request, path)
+        if request.method == "GET" and path.endswith("/models"):
+            return JSONResponse({"object": "list", "data": [{"id": GENERATOR, "object": "model", "owned_by": "ray"}]})
+        if request.method != "POST" or not path.endswith(("/completions", "/chat/completions")):
+            return JSONResponse({"error": {"message": f"no route {request.method} {path}"}}, status_code=404)
+        body = await request.json()
+        chat = path.endswith("/chat/completions")
+        if body.get("model") != GENERATOR or not _prompt(body, chat):
+            return JSONResponse({"error": {"message": f"model must be {GENERATOR!r} with a prompt"}}, status_code=400)
+        if body.get("stream"):
+            return StreamingResponse(self._tinylm.options(stream=True).stream.remote(body, chat),
+                                     media_type="text/event-stream")
+        return JSONResponse(await self._tinylm.whole.remote(body, chat))
+
+    async def _kserve_http(self, request: Request, path: str) -> Response:
+        parts = path.strip("/").split("/")  # v2, models, NAME, [versions, V], VERB
+        if parts in (["v2", "health", "ready"], ["v2", "health", "live"]):
+            return JSONResponse({"ready": True})
+        if len(parts) < 3 or parts[:2] != ["v2", "models"] or parts[2] != CLASSIFIER:
+            return JSONResponse({"error": f"no model at {path}"}, status_code=404)
+        verb = parts[-1] if len(parts) in (4, 6) else ""
+        if verb == "ready":
+            return JSONResponse({"name": CLASSIFIER, "ready": True})
+        if verb != "infer" or request.method != "POST":
+            return JSONResponse({"name": CLASSIFIER, "versions": [VERSION], "platform": "ray-serve"})
+        try:
+            image = _image_input(await request.body(), request.headers.get(HEADER_LENGTH))
+            scores = await self._scores(image)
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return JSONResponse({"model_name": CLASSIFIER, "model_version": VERSION, "outputs": [
+            {"name": "PROBABILITIES", "datatype": "FP32", "shape": [1, len(scores)], "data": scores}]})
+
+    # -- KServe v2 gRPC (Ray's proxy calls the method named as the RPC) ---------------------
+
+    async def ServerLive(self, request):
+        from inference import grpc_predict_v2_pb2 as kserve
+
+        return kserve.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request):
+        from inference import grpc_predict_v2_pb2 as kserve
+
+        return kserve.ServerReadyResponse(ready=True)
+
+    async def ModelReady(self, request):
+        from inference import grpc_predict_v2_pb2 as kserve
+
+        return kserve.ModelReadyResponse(ready=request.name == CLASSIFIER)
+
+    async def ModelInfer(self, request):
+        """IMAGE as BYTES [1, 1] (PNG) or UINT8 [1, H, W, C] in raw_input_contents; PROBABILITIES FP32 back."""
+        from inference import grpc_predict_v2_pb2 as kserve
+        from services.worker.work import RawImage
+
+        if request.model_name != CLASSIFIER or not request.inputs or not request.raw_input_contents:
+            raise ValueError(f"ModelInfer serves {CLASSIFIER!r} with IMAGE in raw_input_contents")
+        spec, raw = request.inputs[0], request.raw_input_contents[0]
+        if spec.datatype == "BYTES":
+            (size,) = struct.unpack_from("<I", raw)
+            image: bytes | RawImage = raw[4:4 + size]
+        else:
+            image = RawImage(raw, spec.shape[1], spec.shape[2], spec.shape[3])
+        scores = await self._scores(image)
+        response = kserve.ModelInferResponse(model_name=CLASSIFIER, model_version=VERSION, id=request.id)
+        response.outputs.add(name="PROBABILITIES", datatype="FP32", shape=[1, len(scores)])
+        response.raw_output_contents.append(struct.pack(f"<{len(scores)}f", *scores))
+        return response
+
+    async def _scores(self, image) -> list[float]:
+        if self._num_classes is None:
+            self._num_classes = await self._digits.num_classes.remote()
+        result = await self._digits.classify.remote(image)
+        if result.error is not None:
+            raise ValueError(result.error.message)
+        scores = [0.0] * self._num_classes
+        for label in result.labels:
+            scores[label.index] = label.score
+        return scores
+
+
+def _prompt(body: dict, chat: bool) -> str:
+    if chat:
+        return "".join(str(m.get("content", "")) for m in body.get("messages", ()) if isinstance(m, dict))
+    prompt = body.get("prompt", "")
+    return prompt if isinstance(prompt, str) else ""
 
 
 def _image_input(body: bytes, header_length: str | None):
@@ -280,32 +376,48 @@ def _image_input(body: bytes, header_length: str | None):
     raise ValueError(f"IMAGE must be BYTES [1, 1] or UINT8 [1, H, W, C], got {spec.get('datatype')} {shape}")
 
 
+def bind_grpc_to_loopback() -> None:
+    """Ray's gRPC proxy listens on [::] (every interface) and has no host option; this peer is for
+    tests and benchmarks on 127.0.0.1 only. Run in every Ray worker process (runtime_env's
+    worker_process_setup_hook), it makes the proxy's one bind call use 127.0.0.1 (a private Ray
+    function: ray_serve_peer.py pins ray 2.60, and the tests check the address the proxy bound)."""
+    from ray.serve._private import default_impl
+
+    def add_grpc_address(server, address: str) -> None:
+        server.add_insecure_port(address.replace("[::]", "127.0.0.1"))
+
+    default_impl.add_grpc_address = add_grpc_address
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--port", type=int, required=True, help="HTTP: the OpenAI API and KServe v2 REST")
+    parser.add_argument("--grpc-port", type=int, default=0, help="KServe v2 gRPC (0: none)")
     parser.add_argument("--model-repo", default="model_repo")
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--batch-wait-ms", type=float, default=5.0)
     parser.add_argument("--temp-dir", default="", help="Ray's session files (default: Ray's own, /tmp/ray)")
     args = parser.parse_args()
-    # Nothing leaves the machine (Ray's usage statistics are sent home by default), and a local
-    # cluster of one process tree needs no token written to the home directory.
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
 
     model_repo = os.path.abspath(args.model_repo)
+    # _node_ip_address: Ray's processes reach each other on 127.0.0.1, not on the address of the
+    # machine's interface that Ray would detect (nothing of this peer's traffic leaves loopback).
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024, logging_level="WARNING",
-             log_to_driver=False, _temp_dir=args.temp_dir or None,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}})
+             log_to_driver=False, _temp_dir=args.temp_dir or None, _node_ip_address="127.0.0.1",
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+                          "worker_process_setup_hook": "bench.harness.ray_serve_peer.bind_grpc_to_loopback"})
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": args.port}, logging_config={"log_level": "WARNING"})
+        grpc_options = {"port": args.grpc_port, "grpc_servicer_functions": [
+            "inference.grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server"]} if args.grpc_port else None
+        serve.start(http_options={"host": "127.0.0.1", "port": args.port}, grpc_options=grpc_options,
+                    logging_config={"log_level": "WARNING"})
         wait_s = args.batch_wait_ms / 1000
-        serve.run(OpenAIPeer.bind(model_repo, args.max_batch_size, wait_s), name="openai", route_prefix="/v1")
-        serve.run(KServePeer.bind(model_repo, args.max_batch_size, wait_s), name="kserve", route_prefix="/v2")
+        serve.run(Peer.bind(TinyLM.bind(model_repo, args.max_batch_size, wait_s),
+                            Digits.bind(model_repo, args.max_batch_size, wait_s)), name="peer", route_prefix="/")
         print(f"READY {args.port}", flush=True)
         stop.wait()
     finally:

@@ -1,5 +1,5 @@
 """The load test against a server that is not ours: Ray Serve serving our repository's tinylm (OpenAI
-API) and digits (KServe v2 REST) with `@serve.batch` (bench/harness/ray_serve_peer.py), in a test-only
+API) and digits (KServe v2 REST and gRPC) with `@serve.batch` (bench/harness/ray_serve_peer.py), in a test-only
 venv (`ray[serve]` from PyPI, built in the background from the end of collection). Every request
 succeeds, and the report marks the stages absent: the peer reports none. Then `ab` of one scenario,
 the mesh's OpenAI front against the peer's, on tinylm both.
@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import jsonschema
@@ -60,16 +61,16 @@ def _scenario(name: str, classes: str, rate_rps: float = 12, duration_s: float =
 def started_peer(tmp_path_factory):
     """The Ray Serve peer's process, its log and port: started, not yet ready; shut down after the module."""
     python = side_venv_python(*SIDE_VENV)
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     # Ray keeps Unix sockets under its temp dir: a short path, or they pass the 107-byte limit.
     ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     log = tmp_path_factory.mktemp("ray-peer") / "peer.log"
     with open(log, "wb") as out:
         process = subprocess.Popen([str(python), "-m", "bench.harness.ray_serve_peer", "--port", str(port),
-                                    "--temp-dir", ray_dir], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+                                    "--grpc-port", str(grpc_port), "--temp-dir", ray_dir], cwd=ROOT, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        yield process, log, port
+        yield process, log, port, grpc_port
     finally:
         _stop(process)
         shutil.rmtree(ray_dir, ignore_errors=True)
@@ -89,13 +90,32 @@ def mesh(tmp_path_factory, started_peer):
 
 @pytest.fixture(scope="module")
 def peer(started_peer, mesh):
-    """HOST:PORT of the ready Ray Serve peer (plain HTTP)."""
-    process, log, port = started_peer
+    """The ready Ray Serve peer's HTTP and gRPC ports (plaintext, 127.0.0.1)."""
+    process, log, port, grpc_port = started_peer
     wait_until(lambda: process.poll() is not None or "READY" in log.read_text(errors="replace"),
                timeout_s=PEER_START_S, interval_s=0.2, message="the Ray Serve peer READY")
     if process.poll() is not None:
         pytest.fail(f"the Ray Serve peer exited {process.returncode}:\n{_tail(log)}")
-    return f"127.0.0.1:{port}"
+    return Peer(f"127.0.0.1:{port}", f"127.0.0.1:{grpc_port}", grpc_port)
+
+
+@dataclass(frozen=True)
+class Peer:
+    http: str
+    grpc: str
+    grpc_port: int
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """The local addresses (hex, as /proc/net/tcp* writes them) of the sockets listening on `port`."""
+    addresses = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.rpartition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                addresses.add(address)
+    return addresses
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -138,7 +158,7 @@ def _all_ok(doc: dict, min_requests: int = 8) -> dict:
 
 
 def test_openai_target_streams_and_waits_on_ray_serve_and_marks_its_stages_absent(peer, tmp_path, capsys):
-    doc = _run(tmp_path, capsys, "peer-openai", GENERATE, f"openai+http://{peer}/v1")
+    doc = _run(tmp_path, capsys, "peer-openai", GENERATE, f"openai+http://{peer.http}/v1")
     overall = _all_ok(doc)
     assert doc["meta"]["target_kind"] == "openai+http" and doc["meta"]["stages_reported"] is False
     assert set(overall["stages"]) <= {"client_queue", "other"}  # no server stage is made up
@@ -150,18 +170,28 @@ def test_openai_target_streams_and_waits_on_ray_serve_and_marks_its_stages_absen
 
 
 def test_kserve_http_target_infers_on_ray_serve(peer, tmp_path, capsys):
-    doc = _run(tmp_path, capsys, "peer-kserve", CLASSIFY, f"kserve+http://{peer}")
+    doc = _run(tmp_path, capsys, "peer-kserve", CLASSIFY, f"kserve+http://{peer.http}")
     overall = _all_ok(doc)
     assert doc["meta"]["target_kind"] == "kserve+http" and doc["meta"]["stages_reported"] is False
     assert set(overall["stages"]) <= {"client_queue", "other"}
     assert doc["classes"]["classify-png"]["num_ok"] > 0 and doc["classes"]["classify-raw"]["num_ok"] > 0
 
 
+def test_kserve_grpc_target_infers_on_ray_serves_grpc_proxy_bound_to_loopback(peer, tmp_path, capsys):
+    doc = _run(tmp_path, capsys, "peer-kserve-grpc", CLASSIFY, f"kserve+grpc://{peer.grpc}")
+    overall = _all_ok(doc)
+    assert doc["meta"]["target_kind"] == "kserve+grpc" and doc["meta"]["stages_reported"] is False
+    assert set(overall["stages"]) <= {"client_queue", "other"}
+    # Ray's gRPC proxy binds [::] unless the peer's hook moves it to loopback (IPv4-mapped in tcp6).
+    addresses = _listening_addresses(peer.grpc_port)
+    assert addresses and addresses <= {"0100007F", "0000000000000000FFFF00000100007F"}, addresses
+
+
 def test_ab_sets_the_mesh_and_ray_serve_side_by_side_on_one_scenario(mesh, peer, tmp_path, capsys):
     scenario = tmp_path / "mesh-vs-ray.yaml"
     scenario.write_text(_scenario("mesh-vs-ray", AB_GENERATE, rate_rps=6, duration_s=1.5))
     code = main(["ab", str(scenario), "--target", f"openai+http://127.0.0.1:{mesh.http_port}/v1",
-                 "--target", f"openai+http://{peer}/v1", "--slice-s", "0.5", "--out", str(tmp_path), "--no-progress",
+                 "--target", f"openai+http://{peer.http}/v1", "--slice-s", "0.5", "--out", str(tmp_path), "--no-progress",
                  "--wait-ready-s", "30"])
     assert code == EXIT_OK, capsys.readouterr()
     doc = json.loads(next(tmp_path.glob("ab-mesh-vs-ray-*.json")).read_text())
