@@ -40,6 +40,19 @@ def main() -> None:
                                             extra_body={"ignore_eos": True})
     seen["stream_chat"] = [e.logprob for c in chunks if c.choices and c.choices[0].logprobs
                            for e in c.choices[0].logprobs.content or []]
+    choices = client.chat.completions.create(model=model, messages=messages, max_tokens=5, temperature=1.0, seed=3,
+                                             n=3, stream=True, extra_body={"ignore_eos": True})
+    texts = ["", "", ""]
+    for c in choices:
+        for choice in c.choices:
+            texts[choice.index] += choice.delta.content or ""
+    seen["stream_n"] = texts
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    structured = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=20, temperature=1.0, seed=4, n=2,
+        response_format={"type": "json_schema", "json_schema": {"name": "ok", "schema": schema, "strict": True}})
+    seen["structured"] = [(c.message.content, c.finish_reason) for c in structured.choices]
     print(json.dumps(seen))
 
 

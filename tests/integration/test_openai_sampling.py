@@ -134,7 +134,7 @@ def test_chat_logprobs_are_log_softmax_of_the_reference_logits_of_the_rendered_c
                             [[t.logprob for t in p.top] for p in positions])
 
 
-def test_the_stock_client_parses_logprobs_streamed_and_not_equal_to_the_grpc_apis(served):
+def test_the_stock_client_parses_logprobs_streamed_n_and_json_schema_output(served):
     mesh, base, _, _ = served
     python = side_venv_python(*SIDE_VENV)
     done = subprocess.run([str(python), str(SCRIPT), base, str(session_tls.session_pki().ca_path), MODEL],
@@ -159,6 +159,13 @@ def test_the_stock_client_parses_logprobs_streamed_and_not_equal_to_the_grpc_api
                                                                                "content": "Hello there"}])
     assert [e["logprob"] for e in chat["entries"]] == pytest.approx([p.token.logprob for p in positions[:6]],
                                                                     abs=1e-6)
+    # n streamed: each choice's deltas by index, choice i sampled with seed + i.
+    single = [_chat(base, max_tokens=5, temperature=1.0, seed=3 + i, ignore_eos=True,
+                    messages=[{"role": "user", "content": "Hello there"}])["choices"][0]["message"]["content"]
+              for i in range(3)]
+    assert seen["stream_n"] == single
+    assert [reason for _, reason in seen["structured"]] == ["stop", "stop"]
+    assert all(isinstance(json.loads(content)["ok"], bool) for content, _ in seen["structured"])
 
 
 @pytest.mark.parametrize(("path", "body", "param"), [
