@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from infermesh.v1 import common_pb2, scheduler_pb2
 from services.common import errors
+from services.common.logprobs import PositionLogprobs, TokenLogprob
 from services.common.status import ERROR_BY_STATUS, STATUS_BY_NUMBER
 from services.common.timings import StageTime
 from services.scheduler.attach_types import (
@@ -31,7 +32,6 @@ from services.scheduler.attach_types import (
     WorkerCapacity,
     WorkerHello,
 )
-from services.scheduler.logprobs import PositionLogprobs, TokenLogprob
 from services.scheduler.sequence import SamplingParams
 from services.scheduler.step_plan import SequenceStep, StepPlan
 from services.scheduler.tokenizer_spec import TokenizerKind, TokenizerSpec

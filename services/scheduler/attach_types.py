@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from services.common.errors import InfermeshError
+from services.common.logprobs import PositionLogprobs
 from services.common.timings import StageTime
-from services.scheduler.logprobs import PositionLogprobs
 from services.scheduler.model_text import ModelText
 from services.scheduler.step_plan import StepPlan
 from services.scheduler.tokenizer_spec import TokenizerSpec

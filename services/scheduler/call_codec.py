@@ -9,12 +9,12 @@ from collections.abc import Mapping
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 from services.common import errors
 from services.common.generate_input import check_input
+from services.common.logprobs import MAX_TOP_LOGPROBS
 from services.common.priority import Priority
 from services.common.timings import StageTime, seconds_to_us
 from services.scheduler.attach_codec import KIND_TO_WIRE
 from services.scheduler.attach_types import Label, ModelKey
 from services.scheduler.fair_queue import TenantContext
-from services.scheduler.logprobs import MAX_TOP_LOGPROBS
 from services.scheduler.model_text import ModelText
 from services.scheduler.pressure import ModelPressure
 from services.scheduler.sequence import FinishReason, SamplingParams

@@ -13,8 +13,8 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from services.common.logprobs import MAX_TOP_LOGPROBS, PositionLogprobs
 from services.scheduler.fair_queue import Priority, TenantContext
-from services.scheduler.logprobs import MAX_TOP_LOGPROBS, PositionLogprobs
 from services.scheduler.output_stream import OutputStream
 
 

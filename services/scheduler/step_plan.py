@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.scheduler.logprobs import PositionLogprobs
+from services.common.logprobs import PositionLogprobs
 from services.scheduler.sequence import AbortReason, FinishReason, SamplingParams
 
 

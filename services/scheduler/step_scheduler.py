@@ -52,6 +52,7 @@ from typing import Protocol
 
 from services.common.clock import Clock
 from services.common.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
+from services.common.logprobs import PositionLogprobs
 from services.scheduler.continuation import check_continuation
 from services.scheduler.fair_queue import FairQueue, Priority, TenantContext
 from services.scheduler.kv_block_manager import KVBlockManager
@@ -61,7 +62,6 @@ from services.scheduler.latency_predictor import (
     StepTimeModel,
     steps_until_slot,
 )
-from services.scheduler.logprobs import PositionLogprobs
 from services.scheduler.output_stream import OutputStream, StreamChunk
 from services.scheduler.prefix_cache import (
     PrefixCacheKeys,

@@ -38,11 +38,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from infermesh.v1 import common_pb2, scheduler_pb2
+from services.common.logprobs import PositionLogprobs, TokenLogprob
 from services.common.timings import StageTime, seconds_to_us, to_proto
 from services.worker.builtin_models import BYTE_EOS, BYTE_VOCAB_SIZE, INVALID_ARGUMENT, PROTOCOL_VERSION
 from services.worker.sequence_mirror import MAX_STEPS_IN_FLIGHT, MAX_STEPS_PER_COMMAND, SequenceMirror
 from services.worker.step_codec import run_step_from_proto, step_result_to_proto
-from services.worker.work import PositionLogprobs, RunStep, SequenceOutput, SequenceStep, TokenLogprob
+from services.worker.work import RunStep, SequenceOutput, SequenceStep
 
 Sleep = Callable[[float], Awaitable[None]]
 _MASK_64 = (1 << 64) - 1

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.worker.work import PositionLogprobs, SamplingParams, TokenLogprob
+from services.common.logprobs import MAX_TOP_LOGPROBS, PositionLogprobs, TokenLogprob
+from services.worker.work import SamplingParams
 
-# The most alternatives a request may ask for at each position (OpenAI's limit for top_logprobs).
-MAX_TOP_LOGPROBS = 20
 # Penalties' bounds (OpenAI's for presence and frequency; repetition's upper bound alike), logit_bias's
 # value bound (OpenAI's) and entry count (the scheduler refuses the same).
 MAX_PENALTY = 2.0

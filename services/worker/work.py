@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from services.common.logprobs import PositionLogprobs
+
 
 class ErrorCode(enum.IntEnum):
     """The google.rpc.Code values a per-item or per-sequence error carries."""
@@ -110,20 +112,6 @@ class RunStep:
     step_id: int
     seqs: tuple[SequenceStep, ...]
     finished_seq_ids: tuple[int, ...] = ()  # forget these block tables before running the step
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    token_id: int
-    logprob: float  # natural log, <= 0
-
-
-@dataclass(frozen=True)
-class PositionLogprobs:
-    """What SamplingParams.logprobs asks for at one position: under log_softmax(logits / temperature)."""
-
-    token: TokenLogprob  # the sampled token
-    top: tuple[TokenLogprob, ...] = ()  # the top_logprobs most likely tokens, most likely first
 
 
 @dataclass(frozen=True)

@@ -23,15 +23,16 @@ from typing import Any
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.common.generate_input import CHAT_ROLES
+from services.common.logprobs import MAX_TOP_LOGPROBS
 from services.gateway.admission.latency_admission import ObjectiveMissed, ObjectiveUnmeetable
 from services.gateway.fronts.http_status import HttpRefusal, http_refusal, matching
 from services.gateway.fronts.openai_choices import ChoiceResult
 from services.gateway.quota.quotas import QuotaExceeded
 
 MAX_STOP_SEQUENCES = 4
-# OpenAI's limit for top_logprobs (the scheduler's and the worker's too), also taken for completions'
-# logprobs (OpenAI's legacy 5 would refuse what vLLM clients send).
-MAX_TOP_LOGPROBS = 20
+# MAX_TOP_LOGPROBS (OpenAI's top_logprobs limit) bounds completions' logprobs too: OpenAI's legacy 5
+# would refuse what vLLM clients send.
+
 # Most choices one request generates (n, best_of): each is a sequence of its own upstream, admitted,
 # counted against the tenant's quotas and the gateway's concurrency like a request.
 MAX_CHOICES = 16

@@ -7,11 +7,11 @@ import pytest
 
 from infermesh.v1 import common_pb2, scheduler_pb2
 from services.common import errors
+from services.common.logprobs import PositionLogprobs, TokenLogprob
 from services.scheduler import attach_codec
 from services.scheduler.call_codec import decode_sampling
 from services.scheduler.fair_queue import TenantContext
 from services.scheduler.generate_stream import GenerateStream
-from services.scheduler.logprobs import PositionLogprobs, TokenLogprob
 from services.scheduler.sequence import SamplingParams
 from services.scheduler.step_plan import SequenceStep, StepPlan
 
