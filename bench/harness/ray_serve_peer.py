@@ -253,13 +253,52 @@ class Digits:
 
 
 @serve.deployment(max_ongoing_requests=1024, ray_actor_options={"num_cpus": 0})
+class Tensors:
+    """A tensor model (`kind: tensor`, ONNX or TorchScript) as the worker runs it: requests whose rows
+    have the same shape are stacked on dim 0 and run as one batch (issue 34's Ray Serve peer)."""
+
+    def __init__(self, model_repo: str, name: str, max_batch_size: int, batch_wait_s: float) -> None:
+        from services.worker.repository.loader import load_model
+        from services.worker.thread_settings import set_library_threads
+
+        set_library_threads(1)
+        loaded = load_model(model_repo, name, VERSION, num_threads=1)
+        self._model = loaded.tensor
+        self.name = name
+        self.run.set_max_batch_size(max_batch_size)
+        self.run.set_batch_wait_timeout_s(batch_wait_s)
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
+    async def run(self, requests: list[dict]) -> list[dict]:
+        """Each request: {input name: array, batch on dim 0}; each answer: {output name: array}."""
+        import numpy as np
+
+        answers: list[dict] = [{} for _ in requests]
+        by_shape: dict[tuple, list[int]] = {}
+        for i, inputs in enumerate(requests):
+            by_shape.setdefault(tuple((k, v.shape[1:], v.dtype.str) for k, v in sorted(inputs.items())), []).append(i)
+        for members in by_shape.values():  # never stack rows of different shapes
+            stacked = {k: np.concatenate([requests[i][k] for i in members]) for k in requests[members[0]]}
+            outputs = self._model.run(stacked)
+            start = 0
+            for i in members:
+                rows = next(iter(requests[i].values())).shape[0]
+                answers[i] = {k: v[start:start + rows] for k, v in outputs.items()}
+                start += rows
+        return answers
+
+
+@serve.deployment(max_ongoing_requests=1024, ray_actor_options={"num_cpus": 0})
 class Peer:
     """The one ingress: the OpenAI API (/v1), KServe v2 REST (/v2) and KServe v2 gRPC (ModelInfer for
     digits, ModelReady, ServerLive, ServerReady); each model's deployment batches its own calls."""
 
-    def __init__(self, tinylm: DeploymentHandle, digits: DeploymentHandle) -> None:
+    def __init__(self, tinylm: DeploymentHandle, digits: DeploymentHandle, tensors: DeploymentHandle | None = None,
+                 tensor_model: str = "") -> None:
         self._tinylm = tinylm
         self._digits = digits
+        self._tensors = tensors
+        self._tensor_model = tensor_model  # "" when none is served
         self._num_classes: int | None = None
 
     async def __call__(self, request: Request) -> Response:
@@ -313,13 +352,15 @@ class Peer:
     async def ModelReady(self, request):
         from inference import grpc_predict_v2_pb2 as kserve
 
-        return kserve.ModelReadyResponse(ready=request.name == CLASSIFIER)
+        return kserve.ModelReadyResponse(ready=request.name in (CLASSIFIER, self._tensor_model or CLASSIFIER))
 
     async def ModelInfer(self, request):
         """IMAGE as BYTES [1, 1] (PNG) or UINT8 [1, H, W, C] in raw_input_contents; PROBABILITIES FP32 back."""
         from inference import grpc_predict_v2_pb2 as kserve
         from services.worker.work import RawImage
 
+        if self._tensor_model and request.model_name == self._tensor_model:
+            return await self._infer_tensors(request)
         if request.model_name != CLASSIFIER or not request.inputs or not request.raw_input_contents:
             raise ValueError(f"ModelInfer serves {CLASSIFIER!r} with IMAGE in raw_input_contents")
         spec, raw = request.inputs[0], request.raw_input_contents[0]
@@ -334,6 +375,23 @@ class Peer:
         response.raw_output_contents.append(struct.pack(f"<{len(scores)}f", *scores))
         return response
 
+    async def _infer_tensors(self, request):
+        """Every input from raw_input_contents (its datatype and shape), every output back raw."""
+        import numpy as np
+
+        from inference import grpc_predict_v2_pb2 as kserve
+
+        inputs = {spec.name: np.frombuffer(raw, _NUMPY_TYPES[spec.datatype]).reshape(tuple(spec.shape))
+                  for spec, raw in zip(request.inputs, request.raw_input_contents, strict=True)}
+        assert self._tensors is not None  # _tensor_model is set only with it
+        outputs = await self._tensors.run.remote(inputs)
+        response = kserve.ModelInferResponse(model_name=request.model_name, model_version=VERSION, id=request.id)
+        datatypes = {v: k for k, v in _NUMPY_TYPES.items()}
+        for name, value in outputs.items():
+            response.outputs.add(name=name, datatype=datatypes[value.dtype.str], shape=list(value.shape))
+            response.raw_output_contents.append(np.ascontiguousarray(value).tobytes())
+        return response
+
     async def _scores(self, image) -> list[float]:
         if self._num_classes is None:
             self._num_classes = await self._digits.num_classes.remote()
@@ -344,6 +402,11 @@ class Peer:
         for label in result.labels:
             scores[label.index] = label.score
         return scores
+
+
+# KServe datatypes of the tensor models' inputs and outputs, as numpy type strings (little-endian).
+_NUMPY_TYPES = {"FP32": "<f4", "FP64": "<f8", "FP16": "<f2", "INT64": "<i8", "INT32": "<i4", "INT8": "|i1",
+                "UINT8": "|u1", "BOOL": "|b1"}
 
 
 def _prompt(body: dict, chat: bool) -> str:
@@ -396,6 +459,8 @@ def main() -> None:
     parser.add_argument("--model-repo", default="model_repo")
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--batch-wait-ms", type=float, default=5.0)
+    parser.add_argument("--tensor-model", default="", help="also serve this tensor model over KServe gRPC")
+    parser.add_argument("--tensor-model-repo", default="", help="its repository (default: --model-repo)")
     parser.add_argument("--temp-dir", default="", help="Ray's session files (default: Ray's own, /tmp/ray)")
     args = parser.parse_args()
     import ray
@@ -416,8 +481,11 @@ def main() -> None:
         serve.start(http_options={"host": "127.0.0.1", "port": args.port}, grpc_options=grpc_options,
                     logging_config={"log_level": "WARNING"})
         wait_s = args.batch_wait_ms / 1000
+        tensors = Tensors.bind(os.path.abspath(args.tensor_model_repo or model_repo), args.tensor_model,
+                               args.max_batch_size, wait_s) if args.tensor_model else None
         serve.run(Peer.bind(TinyLM.bind(model_repo, args.max_batch_size, wait_s),
-                            Digits.bind(model_repo, args.max_batch_size, wait_s)), name="peer", route_prefix="/")
+                            Digits.bind(model_repo, args.max_batch_size, wait_s), tensors, args.tensor_model),
+                  name="peer", route_prefix="/")
         print(f"READY {args.port}", flush=True)
         stop.wait()
     finally:
