@@ -97,7 +97,9 @@ async def test_scheduled_time_latency_shows_an_http_stall_that_service_time_hide
     slow_latency = [r for r in records if r.latency_s > 0.2]
     assert len(slow_service) == 1
     assert len(slow_latency) >= 20
-    assert all(r.client_queue_s > 0.1 for r in slow_latency if r is not slow_service[0])
+    # The stall's backlog (0.6 s at 50/s, one in flight) waited in the client's queue. Not "every slow
+    # one": on a loaded box a few are slow to serve on their own (failed in a 2-process suite run).
+    assert len([r for r in slow_latency if r.client_queue_s > 0.1]) >= 20
     latency = LatencyHistogram(r.latency_s * 1e6 for r in records).summary_ms()
     service = LatencyHistogram(r.service_s * 1e6 for r in records).summary_ms()
     assert latency["p90"] > 200 and latency["max"] >= STALL_S * 900 and service["p90"] < 50
