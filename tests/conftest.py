@@ -30,25 +30,6 @@ def gateway_stub(toy_mesh: Mesh):
         yield gateway_pb2_grpc.InferenceStub(channel)
 
 
-# Longest first: make test runs files on several processes (pytest-xdist --dist loadfile hands them
-# out in this order), so the fault tests (15-45 s each) start at once and the many short unit tests
-# fill in at the end, instead of one process finishing a reliability file long after the others.
-# Modules that need a side venv come after them: by then its background build is done.
-_FIRST = ("tests/reliability/", "tests/unit/kernels/test_kernel_backend.py", "tests/integration/",
-          "tests/kserve/", "tests/openai/")
-
-
-def _order(item) -> int:
-    if hasattr(getattr(item, "module", None), "SIDE_VENV"):
-        return len(_FIRST)
-    path = item.nodeid
-    return next((rank for rank, prefix in enumerate(_FIRST) if path.startswith(prefix)), len(_FIRST) + 1)
-
-
-def pytest_collection_modifyitems(session, config, items) -> None:
-    items.sort(key=_order)  # stable: a file's tests keep their order
-
-
 def pytest_collection_finish(session) -> None:
     """The side venvs (tests/support/side_venv.py) the collected tests need start building now, in the
     background, instead of when their first test asks."""
