@@ -113,10 +113,10 @@ demo: setup ## start the mesh, drive a 30 s mixed load, write a tail-latency rep
 		status=$$?; $(MAKE) --no-print-directory down; exit $$status
 
 # The suite runs in TEST_WORKERS pytest processes (pytest-xdist), a test file per process at a time so a
-# module's mesh starts once. Most of the suite waits on the service processes it starts: on the 2-core
-# machine one process took 15.5 min of pytest (927 s, CPU mostly idle), three took 7.3 min (436 s, 154%
-# CPU), four are the default. TEST_WORKERS=0 runs it in one process.
-TEST_WORKERS ?= 4
+# module's mesh starts once. Most of the suite waits on the service processes it starts. Fresh clones on
+# the quiet 2-core machine: one process ran pytest in 927 s; three in 435-440 s (154-159% CPU); four in
+# 461 s (164%). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 3
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 test: setup lint typecheck ## lint, typecheck, then the whole suite (unit, contract, integration, reliability)
