@@ -7,9 +7,6 @@ same checkpoint without a template answers chat with a 400 that says so, and com
 from __future__ import annotations
 
 import json
-import ssl
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,7 @@ import transformers
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.worker.repository.hf_import import ImportOptions, import_checkpoint
 from tests.support.hf_checkpoints import END_OF_TEXT_ID, save_model_directory
+from tests.support.https_json import post_json
 from tools.testbed import session_tls
 from tools.testbed.processes import free_port, running_mesh, wait_until
 
@@ -59,20 +57,11 @@ def served(tmp_path_factory):
             mesh.start_worker(name, "--model-repository", str(root), "--model-version", "1")
         mesh.start_gateway("--http-port", str(http_port))
         base = f"https://127.0.0.1:{http_port}/v1"
-        wait_until(lambda: all(_post(base, "/completions", {"model": n, "prompt": "hi", "max_tokens": 1})[0] == 200
+        wait_until(lambda: all(post_json(base, "/completions", {"model": n, "prompt": "hi", "max_tokens": 1})[0] == 200
                                for n in (CHAT, PLAIN)), timeout_s=30, message="models listed")
         yield mesh.gateway.address, base, model, tokenizer
 
 
-def _post(base: str, path: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(base + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
-    context = ssl.create_default_context(cafile=str(session_tls.session_pki().ca_path))
-    try:
-        with urllib.request.urlopen(request, timeout=60, context=context) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def _chat_over_grpc(address: str, messages) -> tuple[list[int], str, common_pb2.Usage]:
@@ -116,7 +105,7 @@ def test_chat_equals_transformers_apply_chat_template_and_generate(served, conve
     assert trusted >= NUM_NEW_TOKENS // 2, f"a near tie after {trusted} tokens leaves too little to compare"
     assert ids[:trusted] == expected[:trusted]
     assert (usage.prompt_tokens, usage.completion_tokens) == (len(prompt_ids), NUM_NEW_TOKENS)
-    status, reply = _post(base, "/chat/completions", {"model": CHAT, "messages": messages, "temperature": 0,
+    status, reply = post_json(base, "/chat/completions", {"model": CHAT, "messages": messages, "temperature": 0,
                                                       "max_tokens": NUM_NEW_TOKENS, "ignore_eos": True})
     assert status == 200, reply
     assert reply["choices"][0]["message"]["content"] == text
@@ -125,8 +114,8 @@ def test_chat_equals_transformers_apply_chat_template_and_generate(served, conve
 
 def test_a_checkpoint_without_a_template_answers_chat_400_and_completions_200(served):
     _, base, _, _ = served
-    status, reply = _post(base, "/chat/completions", {"model": PLAIN, "messages": CONVERSATIONS[0]})
+    status, reply = post_json(base, "/chat/completions", {"model": PLAIN, "messages": CONVERSATIONS[0]})
     assert (status, reply["error"]["type"], reply["error"]["message"]) == (
         400, "invalid_request_error",
         "this model has no chat template, so it cannot answer chat; send a prompt (completions) instead of messages")
-    assert _post(base, "/completions", {"model": PLAIN, "prompt": "hi", "max_tokens": 2})[0] == 200
+    assert post_json(base, "/completions", {"model": PLAIN, "prompt": "hi", "max_tokens": 2})[0] == 200

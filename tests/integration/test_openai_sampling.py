@@ -24,6 +24,7 @@ import transformers
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2
 from services.worker.repository.hf_import import ImportOptions, import_checkpoint
 from tests.support.hf_checkpoints import save_model_directory
+from tests.support.https_json import post_json
 from tests.support.side_venv import side_venv_python
 from tools.testbed import session_tls
 from tools.testbed.gateway_fixtures import scrape
@@ -56,20 +57,11 @@ def served(tmp_path_factory):
         mesh.start_worker(MODEL, "--model-repository", str(root), "--model-version", "1")
         mesh.start_gateway("--http-port", str(http_port))
         base = f"https://127.0.0.1:{http_port}/v1"
-        wait_until(lambda: post(base, "/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1})[0] == 200,
+        wait_until(lambda: post_json(base, "/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1})[0] == 200,
                    timeout_s=30, message="model served")
         yield mesh, base, model, tokenizer
 
 
-def post(base: str, path: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(base + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
-    context = ssl.create_default_context(cafile=str(session_tls.session_pki().ca_path))
-    try:
-        with urllib.request.urlopen(request, timeout=60, context=context) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def reference_log_probs(model, ids: list[int], num_prompt: int, temperature: float) -> torch.Tensor:
@@ -173,7 +165,7 @@ def test_the_stock_client_parses_logprobs_streamed_n_and_json_schema_output(serv
     ("/chat/completions", {"messages": [{"role": "user", "content": "a"}], "top_logprobs": 3}, "top_logprobs"),
 ])
 def test_bad_logprobs_are_400_naming_the_parameter(served, path, body, param):
-    status, reply = post(served[1], path, {"model": MODEL, **body})
+    status, reply = post_json(served[1], path, {"model": MODEL, **body})
     assert (status, reply["error"]["param"]) == (400, param)
 
 
@@ -191,12 +183,12 @@ def test_grpc_top_logprobs_over_the_limit_is_invalid_argument(served):
 def test_logit_bias_forces_a_token_and_an_unknown_id_is_a_400_naming_it(served):
     _, base, _, tokenizer = served
     forced = tokenizer.convert_tokens_to_ids("e")
-    status, reply = post(base, "/completions", {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 5,
+    status, reply = post_json(base, "/completions", {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 5,
                                                 "temperature": 1.0, "seed": 2, "ignore_eos": True,
                                                 "logit_bias": {str(forced): 100}})
     assert status == 200, reply
     assert reply["choices"][0]["text"] == "e" * 5
-    status, reply = post(base, "/completions", {"model": MODEL, "prompt": "a", "logit_bias": {"1000000": 1}})
+    status, reply = post_json(base, "/completions", {"model": MODEL, "prompt": "a", "logit_bias": {"1000000": 1}})
     assert (status, reply["error"]["param"]) == (400, "logit_bias")
     assert "token id 1000000 is not a token of this model" in reply["error"]["message"]
 
@@ -228,7 +220,7 @@ PROMPT_N = "In a hole in the ground there lived a hobbit. Not a nasty, dirty, we
 
 
 def _complete(base: str, **over) -> dict:
-    status, reply = post(base, "/completions", {"model": MODEL, "prompt": PROMPT_N, "max_tokens": 8,
+    status, reply = post_json(base, "/completions", {"model": MODEL, "prompt": PROMPT_N, "max_tokens": 8,
                                                 "ignore_eos": True, **over})
     assert status == 200, reply
     return reply
@@ -324,7 +316,7 @@ def test_every_seeded_sample_of_a_json_schema_validates(served):
 
 
 def _chat(base: str, **over) -> dict:
-    status, reply = post(base, "/chat/completions", {"model": MODEL, "messages": [{"role": "user",
+    status, reply = post_json(base, "/chat/completions", {"model": MODEL, "messages": [{"role": "user",
                                                                                    "content": "A pet, please"}],
                                                      **over})
     assert status == 200, reply
@@ -358,7 +350,7 @@ def test_guided_outputs_match_streamed_and_not(served, guided, pattern):
     ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice", "set one of response_format"),
 ])
 def test_a_bad_structured_output_is_a_400_naming_its_parameter(served, body, param, fragment):
-    status, reply = post(served[1], "/completions", {"model": MODEL, "prompt": "a", **body})
+    status, reply = post_json(served[1], "/completions", {"model": MODEL, "prompt": "a", **body})
     assert (status, reply["error"]["param"]) == (400, param), reply
     assert fragment in reply["error"]["message"]
 

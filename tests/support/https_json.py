@@ -1,0 +1,22 @@
+"""POST a JSON body to a mesh's HTTPS front (the session CA trusted) and read the JSON reply, error or not."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import urllib.error
+import urllib.request
+
+from tools.testbed import session_tls
+
+
+def post_json(base: str, path: str, body: dict) -> tuple[int, dict]:
+    """(status, reply) of POST `base + path`; a 4xx/5xx is returned, not raised."""
+    request = urllib.request.Request(base + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    context = ssl.create_default_context(cafile=str(session_tls.session_pki().ca_path))
+    try:
+        with urllib.request.urlopen(request, timeout=60, context=context) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
