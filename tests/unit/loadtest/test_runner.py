@@ -79,13 +79,16 @@ async def test_closed_loop_keeps_exactly_the_configured_clients_busy(fake_gatewa
     async with GatewayClient(address) as client:
         result = await LoadRunner(scenario, client, on_progress=snapshots.append, progress_interval_s=0.25).run()
     assert servicer.max_concurrent == 3
-    assert 100 < len(result.records) <= 300  # ~3 clients x 1 s / ~10 ms
+    # No lower bound on throughput: CI once ran this at 69 calls where a quiet box does ~250 (three test
+    # processes share two cores). What a closed loop guarantees is the count in flight, read from the records.
+    assert 6 <= len(result.records) <= 300  # ~3 clients x 1 s / >= 10 ms each
+    assert _peak_in_flight(result.records) == 3
     # A closed loop sends when it decides to: what queueing remains is event-loop lag, milliseconds on a
     # quiet box and tens of ms when other jobs share the 2 cores (CI once saw > 50 ms); an open loop behind
     # a stall queues for hundreds of ms (test_coordinated_omission.py).
     assert all(r.client_queue_s < 0.25 for r in result.records)
     assert snapshots[-1].num_done == len(result.records) and snapshots[-1].phase is Phase.DRAIN
-    assert any(s.phase is Phase.MEASURE and s.done_rps > 50 for s in snapshots)
+    assert any(s.phase is Phase.MEASURE and s.done_rps > 0 for s in snapshots)
 
 
 async def test_closed_loop_steps_its_number_of_clients(fake_gateway):
@@ -99,13 +102,7 @@ async def test_closed_loop_steps_its_number_of_clients(fake_gateway):
     assert servicer.max_concurrent == 3
     # The second stage really runs 3 at once (counted from the records, not from throughput, which a busy
     # machine can flatten).
-    second = [r for r in result.records if r.scheduled_s >= 0.5]
-    edges = sorted([(r.sent_s, 1) for r in second] + [(r.done_s, -1) for r in second], key=lambda e: (e[0], e[1]))
-    in_flight = peak = 0
-    for _, step in edges:
-        in_flight += step
-        peak = max(peak, in_flight)
-    assert peak == 3
+    assert _peak_in_flight([r for r in result.records if r.scheduled_s >= 0.5]) == 3
 
 
 async def test_deadline_exceeded_when_the_server_is_slower_than_the_deadline(fake_gateway):
@@ -128,3 +125,13 @@ async def test_requests_still_in_flight_after_the_drain_are_cancelled_not_lost(f
     assert len(result.records) == 4
     assert {r.status for r in result.records} == {CANCELLED_AT_END}
     assert all(r.done_s >= 0.5 + 0.2 for r in result.records)
+
+
+def _peak_in_flight(records) -> int:
+    """The most calls in flight at once, from each record's send and completion times."""
+    edges = sorted([(r.sent_s, 1) for r in records] + [(r.done_s, -1) for r in records], key=lambda e: (e[0], e[1]))
+    in_flight = peak = 0
+    for _, step in edges:
+        in_flight += step
+        peak = max(peak, in_flight)
+    return peak
