@@ -101,6 +101,7 @@ def decode_tokenizer_spec(spec: scheduler_pb2.TokenizerSpec) -> TokenizerSpec:
         special_tokens=tuple(sorted(spec.special_tokens.items())),
         chat_template=spec.chat_template,
         stop_token_ids=tuple(spec.stop_token_ids),
+        tool_call_parser=spec.tool_call_parser,
     )
 
 

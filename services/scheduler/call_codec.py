@@ -3,8 +3,10 @@ ListModels): protobuf <-> the scheduler's domain types. Used by servicer.py only
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
+from typing import Any
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 from services.common import errors
@@ -71,10 +73,41 @@ class TenantCodec:
 def prompt_token_ids(request: gateway_pb2.GenerateRequest, text: ModelText) -> tuple[int, ...]:
     """The request's prompt tokens, tokenized once: its prompt, or its messages rendered with the
     model's chat template (a resumed stream's too: the same conversation renders the same ids)."""
-    check_input(request.prompt, request.messages)
+    check_input(request.prompt, request.messages, request.tools)
     if request.prompt:
         return text.tokenizer.encode(request.prompt)
-    return text.chat_prompt_ids([{"role": m.role, "content": m.content} for m in request.messages])
+    return text.chat_prompt_ids([chat_turn(m) for m in request.messages], [template_tool(t) for t in request.tools])
+
+
+def chat_turn(message: gateway_pb2.ChatMessage) -> dict[str, Any]:
+    """A turn as the template sees it: OpenAI's message shape, as transformers' apply_chat_template
+    takes it (a call's arguments parsed, as vLLM passes them: templates write them with tojson)."""
+    turn: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        turn["tool_calls"] = [{"id": call.id, "type": "function",
+                               "function": {"name": call.name, "arguments": _json_object_or_text(call.arguments)}}
+                              for call in message.tool_calls]
+    if message.tool_call_id:
+        turn["tool_call_id"] = message.tool_call_id
+    if message.name:
+        turn["name"] = message.name
+    return turn
+
+
+def template_tool(tool: gateway_pb2.Tool) -> dict[str, Any]:
+    """A tool as the template's `tools` holds it (OpenAI's shape; check_input checked the schema)."""
+    function: dict[str, Any] = {"name": tool.name, "description": tool.description}
+    if tool.parameters:
+        function["parameters"] = json.loads(tool.parameters)
+    return {"type": "function", "function": function}
+
+
+def _json_object_or_text(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
 
 
 def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int, vocab_size: int | None = None) -> SamplingParams:

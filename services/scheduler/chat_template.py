@@ -5,8 +5,9 @@ Same environment: jinja2's ImmutableSandboxedEnvironment with trim_blocks and ls
 the loop-controls extension and `{% generation %}` (rendered as its body), `raise_exception`,
 `strftime_now`, a `tojson` that leaves HTML alone, and transformers' `dict` and `namespace`.
 Same variables: `messages` (plain JSON data; keys whose value is None dropped; reasoning under
-its three names), `add_generation_prompt`, `tools` and `documents` (None), and the named special
-tokens (bos_token, eos_token, ...). Rendered text already holds the model's special tokens, so
+its three names; an assistant's tool_calls and a tool turn's tool_call_id as OpenAI sends them),
+`add_generation_prompt`, `tools` (OpenAI's [{type: function, function: {...}}], None when none
+are offered), `documents` (None), and the named special tokens (bos_token, eos_token, ...). Rendered text already holds the model's special tokens, so
 it is encoded with add_special_tokens=False (hf_tokenizer.py).
 
 A template that does not compile is refused when its worker attaches (ChatTemplateInvalid);
@@ -130,12 +131,13 @@ class ChatTemplate:
             raise ChatTemplateInvalid(f"chat template line {exc.lineno}: {exc.message}") from None
         self._special_tokens = dict(special_tokens)
 
-    def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> str:
-        """The prompt text for `messages` ({role, content, ...} each); ChatTemplateRefused when the
-        template raises."""
+    def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
+               tools: Sequence[Mapping[str, Any]] = ()) -> str:
+        """The prompt text for `messages` ({role, content, ...} each) offering `tools`;
+        ChatTemplateRefused when the template raises."""
         conversation = [_message(m) for m in messages]
         try:
-            return self._template.render(messages=conversation, tools=None, documents=None,
+            return self._template.render(messages=conversation, tools=_plain(list(tools)) or None, documents=None,
                                          add_generation_prompt=add_generation_prompt, **self._special_tokens)
         except jinja2.TemplateError as exc:  # raise_exception, undefined names, the sandbox's SecurityError
             raise ChatTemplateRefused(f"the model's chat template refused the conversation: {exc}") from None

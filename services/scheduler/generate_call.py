@@ -23,11 +23,12 @@ SERVICE = "scheduler"
 
 class GenerateCall:
     __slots__ = ("_request_id", "_entry", "stream", "_began_s", "_span", "_model", "_first", "_clock",
-                 "_finished")
+                 "_finished", "_tool_call_parser")
 
     def __init__(self, request_id: str, entry: GeneratorEntry, stream: GenerateStream, began_s: float,
-                 span: Any, clock: Clock, finished: Callable[[str, float], None]) -> None:
-        """`finished(model_name, latency_s)`: called as the last chunk is built."""
+                 span: Any, clock: Clock, finished: Callable[[str, float], None], tool_call_parser: str = "") -> None:
+        """`finished(model_name, latency_s)`: called as the last chunk is built. `tool_call_parser`:
+        named on the first chunk (a request offering tools)."""
         self._request_id = request_id
         self._entry = entry
         self.stream = stream
@@ -37,6 +38,7 @@ class GenerateCall:
         self._first = True
         self._clock = clock
         self._finished = finished
+        self._tool_call_parser = tool_call_parser
 
     def fill_chunk(self, chunk: gateway_pb2.GenerateResponse, delta: SequenceDelta) -> None:
         """Builds delta's chunk in place."""
@@ -50,6 +52,7 @@ class GenerateCall:
             chunk.finish_reason = FINISH_REASONS[delta.finish_reason]
         if self._first:
             chunk.model.CopyFrom(self._model)
+            chunk.tool_call_parser = self._tool_call_parser
             self._first = False
         if delta.is_last:
             self._fill_last(chunk, delta)

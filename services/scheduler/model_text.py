@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common import errors
+from services.common.tool_call_formats import parser_for_template
 from services.scheduler.chat_template import ChatTemplate
 from services.scheduler.hf_tokenizer import HFTokenizer, HFTokenizerSource
 from services.scheduler.tokenizer import ByteTokenizer, Tokenizer
@@ -38,14 +39,18 @@ class ModelText:
     # True for byte tokenizers: their special ids have no spelling, so a template cannot write the
     # BOS; the rendered text gets it as a prompt does. HF templates write their own (False).
     chat_adds_special_tokens: bool = False
+    # The format the model writes tool calls in (tool_call_formats.py); "": not known.
+    tool_call_parser: str = ""
 
-    def chat_prompt_ids(self, messages: Sequence[Mapping[str, Any]]) -> tuple[int, ...]:
-        """The template rendered with add_generation_prompt and encoded as apply_chat_template
-        encodes it (HF: the rendered text holds its own BOS, so none is added)."""
+    def chat_prompt_ids(self, messages: Sequence[Mapping[str, Any]],
+                        tools: Sequence[Mapping[str, Any]] = ()) -> tuple[int, ...]:
+        """The template rendered with add_generation_prompt (and `tools`, as apply_chat_template's
+        argument) and encoded as apply_chat_template encodes it (HF: the rendered text holds its own
+        BOS, so none is added)."""
         if self.chat_template is None:
             raise errors.InvalidArgument("this model has no chat template, so it cannot answer chat; "
                                          "send a prompt (completions) instead of messages")
-        return self.tokenizer.encode(self.chat_template.render(messages),
+        return self.tokenizer.encode(self.chat_template.render(messages, tools=tools),
                                      add_special_tokens=self.chat_adds_special_tokens)
 
 
@@ -65,4 +70,5 @@ def build_model_text(spec: TokenizerSpec, tokenizer_json: bytes = b"") -> ModelT
     is_bytes = spec.kind is not TokenizerKind.HF
     source = spec.chat_template or (BYTE_CHAT_TEMPLATE if is_bytes else "")
     template = ChatTemplate(source, special_tokens) if source else None
-    return ModelText(tokenizer, template, chat_adds_special_tokens=is_bytes)
+    return ModelText(tokenizer, template, chat_adds_special_tokens=is_bytes,
+                     tool_call_parser=spec.tool_call_parser or parser_for_template(spec.chat_template))

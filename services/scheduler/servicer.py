@@ -246,7 +246,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         ttft_target_s = req.objectives.ttft_ms / 1000 if req.objectives.ttft_ms else None
         tpot_target_s = req.objectives.tpot_ms / 1000 if req.objectives.tpot_ms else None
         entry.pool.submit(stream, prompt_ids, sampling, delivered, ttft_target_s, tpot_target_s)
-        return GenerateCall(req.request_id, entry, stream, began_s, span, self._clock, self._metrics.generate_finished)
+        return GenerateCall(req.request_id, entry, stream, began_s, span, self._clock, self._metrics.generate_finished,
+                            tool_call_parser=entry.pool.text.tool_call_parser if req.tools else "")
 
     def _make_stream(self, req: gateway_pb2.GenerateRequest, tenant: scheduler_pb2.TenantContext,
                      entry: GeneratorEntry, began_s: float, remaining_s: float | None,

@@ -33,3 +33,5 @@ class TokenizerSpec:
     chat_template: str = ""
     # HF: more ids that end a sequence as eos_token_id does.
     stop_token_ids: tuple[int, ...] = ()
+    # The manifest's tool-call format (tool_call_formats.py); "": told from the chat template.
+    tool_call_parser: str = ""

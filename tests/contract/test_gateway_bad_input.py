@@ -95,9 +95,14 @@ def test_oversized_message_is_resource_exhausted(gateway_stub):
         ({"model": GENERATOR, "prompt": "hi", "messages": [gateway_pb2.ChatMessage(role="user", content="hi")]},
          grpc.StatusCode.INVALID_ARGUMENT, "set prompt or messages, not both"),
         ({"model": GENERATOR, "messages": [gateway_pb2.ChatMessage(role="user", content="hi"),
-                                           gateway_pb2.ChatMessage(role="tool", content="{}")]},
+                                           gateway_pb2.ChatMessage(role="robot", content="{}")]},
          grpc.StatusCode.INVALID_ARGUMENT,
-         "messages[1].role must be one of system, developer, user, assistant, got 'tool'"),
+         "messages[1].role must be one of system, developer, user, assistant, tool, got 'robot'"),
+        ({"model": GENERATOR, "prompt": "hi", "tools": [gateway_pb2.Tool(name="f")]},
+         grpc.StatusCode.INVALID_ARGUMENT, "tools need messages (a conversation), not a prompt"),
+        ({"model": GENERATOR, "messages": [gateway_pb2.ChatMessage(role="user", content="hi")],
+          "tools": [gateway_pb2.Tool(name="f", parameters="[1]")]},
+         grpc.StatusCode.INVALID_ARGUMENT, "tools[0].parameters must be a JSON schema (an object, as JSON text)"),
     ],
 )
 def test_generate_rejects_bad_input_with_precise_status(gateway_stub, request_fields, code, message):

@@ -22,13 +22,12 @@ import torch
 import transformers
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2
-from services.worker.repository.hf_import import ImportOptions, import_checkpoint
 from tests.support.hf_checkpoints import save_model_directory
+from tests.support.hf_mesh import serving_checkpoints
 from tests.support.https_json import post_json
 from tests.support.side_venv import side_venv_python
 from tools.testbed import session_tls
 from tools.testbed.gateway_fixtures import scrape
-from tools.testbed.processes import free_port, running_mesh, wait_until
 from tools.testbed.scheduler_fixtures import scheduler_stub
 from tools.testbed.scheduler_fixtures import tenant as scheduler_tenant
 
@@ -44,24 +43,12 @@ TOLERANCE = 2e-3
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("openai-sampling")
-    root = tmp / "model_repo"
     model = save_model_directory(tmp / MODEL, "llama3", seed=5)
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp / MODEL)
-    import_checkpoint(tmp / MODEL, root, ImportOptions(MODEL, "1", kv_cache_bytes=1 << 20))
-    http_port, metrics_port = free_port(), free_port()
-    with running_mesh(tmp, env={"HF_HUB_OFFLINE": "1"}) as mesh:
-        mesh.start_scheduler("--metrics-port", str(metrics_port))
-        mesh.metrics_port = metrics_port  # type: ignore[attr-defined]
-        mesh.block_size = json.loads((root / MODEL / "1" / "manifest.json").read_text())[  # type: ignore[attr-defined]
-            "envelope"]["block_size"]
-        mesh.start_worker(MODEL, "--model-repository", str(root), "--model-version", "1")
-        mesh.start_gateway("--http-port", str(http_port))
-        base = f"https://127.0.0.1:{http_port}/v1"
-        wait_until(lambda: post_json(base, "/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1})[0] == 200,
-                   timeout_s=30, message="model served")
-        yield mesh, base, model, tokenizer
-
-
+    with serving_checkpoints(tmp, [MODEL]) as served:
+        served.mesh.metrics_port = served.metrics_port
+        served.mesh.block_size = served.block_size
+        yield served.mesh, served.base, model, tokenizer
 
 
 def reference_log_probs(model, ids: list[int], num_prompt: int, temperature: float) -> torch.Tensor:

@@ -244,7 +244,7 @@ class GenerateCore:
         def check_request() -> None:
             if not request.model.name:
                 raise errors.InvalidArgument("model.name is required")
-            check_input(request.prompt, request.messages)
+            check_input(request.prompt, request.messages, request.tools)
             # Refused here with the scheduler's own check: coalescing itself happens upstream.
             stream_options(request.stream.max_tokens_per_chunk, request.stream.interval_ms)
 

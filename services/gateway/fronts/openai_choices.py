@@ -93,8 +93,11 @@ class ChoiceResult:
     texts: list[str] = field(default_factory=list)
     logprobs: list[common_pb2.PositionLogprobs] = field(default_factory=list)
     last: gateway_pb2.GenerateResponse | None = None
+    tool_call_parser: str = ""  # the format the first chunk named (a request offering tools)
 
     def add(self, chunk: gateway_pb2.GenerateResponse) -> None:
+        if self.last is None:
+            self.tool_call_parser = chunk.tool_call_parser
         self.texts.append(chunk.text)
         self.logprobs.extend(chunk.logprobs)
         self.last = chunk

@@ -27,6 +27,8 @@ from services.common.logprobs import MAX_TOP_LOGPROBS
 from services.gateway.admission.latency_admission import ObjectiveMissed, ObjectiveUnmeetable
 from services.gateway.fronts.http_status import HttpRefusal, http_refusal, matching
 from services.gateway.fronts.openai_choices import ChoiceResult
+from services.gateway.fronts.openai_params import BadParameter, shown
+from services.gateway.fronts.openai_tools import ChatTools, ToolCallSplitter, add_turn_fields, parse_tools
 from services.gateway.quota.quotas import QuotaExceeded
 
 MAX_STOP_SEQUENCES = 4
@@ -56,14 +58,6 @@ _FINISH_REASONS = {
 _STAGE_NAMES = {value: name.removeprefix("STAGE_").lower() for name, value in common_pb2.Stage.items()}
 
 
-class BadParameter(errors.InvalidArgument):
-    """A request parameter is missing, of the wrong type or out of range; `param` names it."""
-
-    def __init__(self, param: str | None, message: str) -> None:
-        super().__init__(message)
-        self.param = param
-
-
 @dataclass(frozen=True)
 class OpenAIRequest:
     """A validated completions or chat completions request."""
@@ -79,8 +73,11 @@ class OpenAIRequest:
     best_of: int = 1
     # What the client asked for: best_of > n asks the workers for logprobs to rank by, in any case.
     logprobs: bool = False
-    # The parameter that asked for structured output (response_format or a guided_*), if any.
+    # The parameter that asked for structured output (response_format, a guided_*, or tools for a
+    # constrained tool_choice), if any.
     structured_param: str | None = None
+    # Chat with tools: the tool choice (openai_tools.py); None: no tools offered.
+    tools: ChatTools | None = None
 
 
 # -- requests ---------------------------------------------------------------------------
@@ -97,6 +94,9 @@ def parse_completion(body: Any) -> OpenAIRequest:
     if not prompt:
         raise BadParameter("prompt", "prompt must not be empty")
     _refuse_unsupported(body)
+    for name in ("tools", "tool_choice"):
+        if not _is_default(body.get(name), (None, "none")):
+            raise BadParameter(name, f"{name} is a chat parameter (/v1/chat/completions), got {shown(body[name])}")
     parsed = _request(COMPLETION, body, prompt, _max_tokens(body, "max_tokens"))
     _completion_logprobs(body, parsed.generate.sampling)
     return _with_choices(parsed, body)
@@ -109,11 +109,17 @@ def parse_chat(body: Any) -> OpenAIRequest:
     param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     parsed = _request(CHAT, body, "", _max_tokens(body, param), messages)
     _chat_logprobs(body, parsed.generate.sampling)
-    return _with_choices(parsed, body)
+    parsed = _with_choices(parsed, body)
+    tools = parse_tools(body, parsed.generate)
+    if tools is None:
+        return parsed
+    return dataclasses.replace(parsed, tools=tools,
+                               structured_param="tools" if tools.constrained else parsed.structured_param)
 
 
 def chat_messages(messages: Any) -> list[gateway_pb2.ChatMessage]:
-    """`messages` checked (roles, content a string or text parts) as GenerateRequest.messages."""
+    """`messages` checked (roles, content a string or text parts; an assistant's tool_calls, a tool
+    turn's tool_call_id) as GenerateRequest.messages."""
     if not isinstance(messages, list) or not messages:
         raise BadParameter("messages", "messages must be a non-empty list of {role, content} objects")
     turns = []
@@ -123,8 +129,13 @@ def chat_messages(messages: Any) -> list[gateway_pb2.ChatMessage]:
         role = message.get("role")
         if role not in CHAT_ROLES:
             raise BadParameter(f"messages[{i}].role",
-                               f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {_shown(role)}")
-        turns.append(gateway_pb2.ChatMessage(role=role, content=_content(message.get("content"), i)))
+                               f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {shown(role)}")
+        content = message.get("content")
+        if content is None and role == "assistant" and message.get("tool_calls"):
+            content = ""  # OpenAI's null content of a turn that only called
+        turn = gateway_pb2.ChatMessage(role=role, content=_content(content, i))
+        add_turn_fields(message, i, turn)
+        turns.append(turn)
     return turns
 
 
@@ -150,7 +161,7 @@ def _request(kind: str, body: dict, prompt: str, max_tokens: int,
         raise BadParameter("model", "model is required (a model id from GET /v1/models)")
     name, colon, version = model.partition(":")
     if not name or (colon and not version):
-        raise BadParameter("model", f"model must be a model id or <id>:<version>, got {_shown(model)}")
+        raise BadParameter("model", f"model must be a model id or <id>:<version>, got {shown(model)}")
     stream = _bool(body, "stream", False)
     include_usage = False
     options = body.get("stream_options")
@@ -174,7 +185,7 @@ def _request(kind: str, body: dict, prompt: str, max_tokens: int,
     seed = body.get("seed")
     if seed is not None:
         if not _is_int(seed) or not 0 <= seed < 2**63:
-            raise BadParameter("seed", f"seed must be an integer in [0, 2**63), got {_shown(seed)}")
+            raise BadParameter("seed", f"seed must be an integer in [0, 2**63), got {shown(seed)}")
         sampling.seed = seed
     generate = gateway_pb2.GenerateRequest(
         model=common_pb2.ModelRef(name=name, version=version), prompt=prompt, sampling=sampling, messages=messages)
@@ -233,14 +244,14 @@ def _structured(body: dict, sampling: common_pb2.SamplingParams) -> str | None:
         structured.json_schema = json.dumps(value)
     elif param == "guided_regex":
         if not isinstance(body[param], str) or not body[param]:
-            raise BadParameter(param, f"guided_regex must be a non-empty string, got {_shown(body[param])}")
+            raise BadParameter(param, f"guided_regex must be a non-empty string, got {shown(body[param])}")
         structured.regex = body[param]
     else:
         choices = body[param]
         if (not isinstance(choices, list) or not choices or len(choices) > MAX_GUIDED_CHOICES
                 or not all(isinstance(c, str) and c for c in choices)):
             raise BadParameter(param, f"guided_choice must be a list of 1 to {MAX_GUIDED_CHOICES} non-empty "
-                                      f"strings, got {_shown(choices)}")
+                                      f"strings, got {shown(choices)}")
         structured.choice.choices.extend(choices)
     return param
 
@@ -253,7 +264,7 @@ def _response_format(value: Any, structured: common_pb2.StructuredOutput) -> Non
     if kind != "json_schema":
         raise BadParameter("response_format", "response_format must be {\"type\": \"text\"}, {\"type\": "
                                               "\"json_object\"} or {\"type\": \"json_schema\", \"json_schema\": "
-                                              f"{{\"name\": ..., \"schema\": {{...}}}}}}, got {_shown(value)}")
+                                              f"{{\"name\": ..., \"schema\": {{...}}}}}}, got {shown(value)}")
     spec = value.get("json_schema")
     schema = spec.get("schema") if isinstance(spec, dict) else None
     if not isinstance(schema, dict):
@@ -266,7 +277,7 @@ def _count(body: dict, name: str, default: int, high: int) -> int:
     if value is None:
         return default
     if not _is_int(value) or not 1 <= value <= high:
-        raise BadParameter(name, f"{name} must be an integer in [1, {high}], got {_shown(value)}")
+        raise BadParameter(name, f"{name} must be an integer in [1, {high}], got {shown(value)}")
     return value
 
 
@@ -274,8 +285,6 @@ def _count(body: dict, name: str, default: int, high: int) -> int:
 _UNSUPPORTED_UNLESS = (
     ("echo", (None, False), "echo is not supported"),
     ("suffix", (None, ""), "suffix is not supported"),
-    ("tools", (None,), "tools are not supported"),
-    ("tool_choice", (None, "none"), "tool_choice is not supported"),
     ("functions", (None,), "functions are not supported"),
     ("function_call", (None, "none"), "function_call is not supported"),
 )
@@ -291,7 +300,7 @@ def _completion_logprobs(body: dict, sampling: common_pb2.SamplingParams) -> Non
     if value is None:
         return
     if not _is_int(value) or not 0 <= value <= MAX_TOP_LOGPROBS:
-        raise BadParameter("logprobs", f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {_shown(value)}")
+        raise BadParameter("logprobs", f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {shown(value)}")
     sampling.logprobs = True
     sampling.top_logprobs = value
 
@@ -303,7 +312,7 @@ def _chat_logprobs(body: dict, sampling: common_pb2.SamplingParams) -> None:
     if top is not None:
         if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
             raise BadParameter("top_logprobs", f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], "
-                                               f"got {_shown(top)}")
+                                               f"got {shown(top)}")
         if not logprobs and top:
             raise BadParameter("top_logprobs", "top_logprobs needs logprobs: true")
     sampling.logprobs = logprobs
@@ -314,7 +323,7 @@ def _refuse_unsupported(body: dict) -> None:
     for name, allowed, message in _UNSUPPORTED_UNLESS:
         value = body.get(name)
         if not _is_default(value, allowed):
-            raise BadParameter(name, f"{message}, got {_shown(value)}")
+            raise BadParameter(name, f"{message}, got {shown(value)}")
 
 
 def _is_default(value: Any, allowed: tuple) -> bool:
@@ -339,17 +348,12 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def _bool(body: dict, name: str, default: bool, param: str | None = None) -> bool:
     value = body.get(name)
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise BadParameter(param or name, f"{param or name} must be a boolean, got {_shown(value)}")
+        raise BadParameter(param or name, f"{param or name} must be a boolean, got {shown(value)}")
     return value
 
 
@@ -358,7 +362,7 @@ def _number(body: dict, name: str, default: float, low: float, high: float) -> f
     if value is None:
         return default
     if not _is_number(value) or not low <= value <= high:
-        raise BadParameter(name, f"{name} must be a number in [{low:g}, {high:g}], got {_shown(value)}")
+        raise BadParameter(name, f"{name} must be a number in [{low:g}, {high:g}], got {shown(value)}")
     return float(value)
 
 
@@ -367,7 +371,7 @@ def _top_p(body: dict) -> float:
     if value is None:
         return 1.0
     if not _is_number(value) or not 0 < value <= 1:
-        raise BadParameter("top_p", f"top_p must be a number in (0, 1], got {_shown(value)}")
+        raise BadParameter("top_p", f"top_p must be a number in (0, 1], got {shown(value)}")
     return float(value)
 
 
@@ -378,7 +382,7 @@ def _repetition_penalty(body: dict) -> float:
         return 1.0
     if not _is_number(value) or not 0 < value <= MAX_PENALTY:
         raise BadParameter("repetition_penalty", f"repetition_penalty must be a number in (0, {MAX_PENALTY:g}], "
-                                                 f"got {_shown(value)}")
+                                                 f"got {shown(value)}")
     return float(value)
 
 
@@ -390,15 +394,15 @@ def _logit_bias(body: dict) -> dict[int, float]:
         return {}
     if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS:
         raise BadParameter("logit_bias", f"logit_bias must be an object of up to {MAX_LOGIT_BIAS} token ids to "
-                                         f"biases, got {_shown(value)}")
+                                         f"biases, got {shown(value)}")
     biases = {}
     for key, bias in value.items():
         if not (isinstance(key, str) and key.isascii() and key.isdigit() and int(key) < 2**31):
             raise BadParameter("logit_bias", f"logit_bias keys must be token ids (non-negative integers), "
-                                             f"got {_shown(key)}")
+                                             f"got {shown(key)}")
         if not _is_number(bias) or not -MAX_BIAS <= bias <= MAX_BIAS:
             raise BadParameter("logit_bias", f"logit_bias[{key}] must be a number in [-{MAX_BIAS:g}, {MAX_BIAS:g}], "
-                                             f"got {_shown(bias)}")
+                                             f"got {shown(bias)}")
         biases[int(key)] = float(bias)
     return biases
 
@@ -408,7 +412,7 @@ def _max_tokens(body: dict, name: str) -> int:
     if value is None:
         return 0  # the model's default
     if not _is_int(value) or not 1 <= value <= MAX_MAX_TOKENS:
-        raise BadParameter(name, f"{name} must be an integer in [1, {MAX_MAX_TOKENS}], got {_shown(value)}")
+        raise BadParameter(name, f"{name} must be an integer in [1, {MAX_MAX_TOKENS}], got {shown(value)}")
     return value
 
 
@@ -420,7 +424,7 @@ def _stop(body: dict) -> list[str]:
     if (not isinstance(stops, list) or len(stops) > MAX_STOP_SEQUENCES
             or not all(isinstance(s, str) and s for s in stops)):
         raise BadParameter("stop", f"stop must be a non-empty string or a list of up to {MAX_STOP_SEQUENCES} "
-                                   f"non-empty strings, got {_shown(value)}")
+                                   f"non-empty strings, got {shown(value)}")
     return stops
 
 
@@ -535,25 +539,33 @@ def _choice(request: OpenAIRequest, index: int, result: ChoiceResult) -> dict:
     reason = finish_reason(_last_of(result))
     if request.kind == COMPLETION:
         return {"index": index, "text": result.text, "logprobs": written, "finish_reason": reason}
-    return {"index": index, "message": {"role": "assistant", "content": result.text}, "logprobs": written,
-            "finish_reason": reason}
+    splitter = ToolCallSplitter(request.tools)
+    splitter.feed(result.text, True, result.tool_call_parser)
+    return {"index": index, "message": splitter.message(), "logprobs": written,
+            "finish_reason": splitter.finish_reason(reason)}
 
 
 def stream_chunk(request: OpenAIRequest, created_s: int, chunk: gateway_pb2.GenerateResponse, first: bool,
-                 logprobs: LogprobsWriter | None = None, index: int = 0) -> dict:
+                 logprobs: LogprobsWriter | None = None, index: int = 0, tools: ToolCallSplitter | None = None,
+                 parser: str = "") -> dict:
     """One SSE event's object for one upstream chunk of choice `index`; the last carries finish_reason
     and the timings. `first`: the choice's first chunk. `logprobs`: the choice's writer (one per
-    choice), when the request asked for logprobs."""
+    choice), when the request asked for logprobs. `tools`: the choice's splitter (chat; one per
+    choice), `parser` the tool-call format its first chunk named."""
     reason = finish_reason(chunk)
     written = logprobs.write(chunk.logprobs) if logprobs is not None else None
     if request.kind == COMPLETION:
         choice = {"index": index, "text": chunk.text, "logprobs": written, "finish_reason": reason}
         kind = COMPLETION
     else:
-        delta = {"role": "assistant", "content": chunk.text} if first else {"content": chunk.text}
-        if reason is not None and not chunk.text and not first:
-            delta = {}
-        choice = {"index": index, "delta": delta, "logprobs": written, "finish_reason": reason}
+        splitter = tools if tools is not None else ToolCallSplitter(None)
+        content, calls = splitter.feed(chunk.text, reason is not None, parser)
+        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        if content or (first and not calls) or (not calls and reason is None):
+            delta["content"] = content
+        if calls:
+            delta["tool_calls"] = calls
+        choice = {"index": index, "delta": delta, "logprobs": written, "finish_reason": splitter.finish_reason(reason)}
         kind = "chat.completion.chunk"
     event = {"id": response_id(request), "object": kind, "created": created_s, "model": request.model,
              "choices": [choice]}

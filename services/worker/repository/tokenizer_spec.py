@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from services.common.tool_call_formats import TOOL_CALL_PARSERS
 from services.worker.repository.json_fields import JsonFields, one_of
 from services.worker.repository.pinned_file import PinnedFile
 
@@ -55,6 +56,9 @@ class HFTokenizerSpec:
     tokenizer_json: PinnedFile  # tokenizer.json
     tokenizer_config: PinnedFile | None  # tokenizer_config.json, where the directory has one
     chat_template: PinnedFile | None  # chat_template.jinja, where the template is a file of its own
+    # The format the model writes tool calls in (services/common/tool_call_formats.py), where its chat
+    # template does not tell it; "": the scheduler tells it from the template.
+    tool_call_parser: str = ""
 
     @classmethod
     def from_json(cls, t: JsonFields) -> HFTokenizerSpec:
@@ -70,7 +74,11 @@ class HFTokenizerSpec:
             raise t.fail("stop_token_ids", f"must be distinct ids other than eos_token_id {eos}, got {list(stop)}")
         optional = {key: PinnedFile.from_json(t.obj(key)) if t.data.get(key) is not None else None
                     for key in ("tokenizer_config", "chat_template")}
-        return cls(HF, vocab_size, eos, bos, stop, PinnedFile.from_json(t.obj("tokenizer_json")), **optional)
+        parser = t.data.get("tool_call_parser") or ""
+        if parser and parser not in TOOL_CALL_PARSERS:
+            raise t.fail("tool_call_parser", f"must be {one_of(TOOL_CALL_PARSERS)}, got {parser!r}")
+        return cls(HF, vocab_size, eos, bos, stop, PinnedFile.from_json(t.obj("tokenizer_json")), **optional,
+                   tool_call_parser=parser)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -79,6 +87,7 @@ class HFTokenizerSpec:
             "tokenizer_json": self.tokenizer_json.to_json(),
             "tokenizer_config": None if self.tokenizer_config is None else self.tokenizer_config.to_json(),
             "chat_template": None if self.chat_template is None else self.chat_template.to_json(),
+            **({"tool_call_parser": self.tool_call_parser} if self.tool_call_parser else {}),
         }
 
     @property

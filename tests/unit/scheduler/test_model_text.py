@@ -89,9 +89,10 @@ def request(prompt: str = "", messages: tuple[tuple[str, str], ...] = ()) -> gat
 @pytest.mark.parametrize(("bad", "message"), [
     (request(), "prompt must not be empty"),
     (request("hi", (("user", "hi"),)), "set prompt or messages, not both"),
-    (request(messages=(("user", "a"), ("tool", "b"))),
-     "messages[1].role must be one of system, developer, user, assistant, got 'tool'"),
-    (request(messages=(("", "a"),)), "messages[0].role must be one of system, developer, user, assistant, got ''"),
+    (request(messages=(("user", "a"), ("robot", "b"))),
+     "messages[1].role must be one of system, developer, user, assistant, tool, got 'robot'"),
+    (request(messages=(("", "a"),)),
+     "messages[0].role must be one of system, developer, user, assistant, tool, got ''"),
 ])
 def test_a_request_needs_exactly_one_of_prompt_and_messages_with_known_roles(bad, message):
     with pytest.raises(errors.InvalidArgument) as caught:

@@ -180,6 +180,23 @@ def test_a_manifest_naming_an_unsupported_architecture_is_invalid(imported, tmp_
         load_manifest(root, "tiny", "1")
 
 
+@pytest.mark.parametrize("parser", ["llama3_json", "xml"])
+def test_a_manifests_tool_call_parser_reaches_the_hello_and_an_unknown_one_is_invalid(imported, tmp_path, parser):
+    root = tmp_path / "repo"
+    shutil.copytree(imported, root)
+    path = version_dir(root, "tiny", "1") / "manifest.json"
+    data = json.loads(path.read_text())
+    data["generator"]["tokenizer"]["tool_call_parser"] = parser
+    path.write_text(json.dumps(data))
+    if parser == "xml":
+        with pytest.raises(InvalidManifest, match=r"generator.tokenizer.tool_call_parser.*hermes.*got 'xml'"):
+            load_manifest(root, "tiny", "1")
+        return
+    assert load_manifest(root, "tiny", "1").generator.tokenizer.to_json()["tool_call_parser"] == parser
+    runtime = GeneratorRuntime(model := load_model(root, "tiny", "1"), model.manifest.envelope.num_kv_blocks)
+    assert runtime.hello("w1").tokenizer.tool_call_parser == parser
+
+
 def refused(source: Path, tmp_path: Path, **options) -> str:
     root = tmp_path / "repo"
     with pytest.raises(ImportRefused) as caught:

@@ -1,0 +1,27 @@
+"""The formats models write tool calls in, by the name of the parser that reads each (vLLM's names).
+
+One home for the names: the manifest may name one (tokenizer.tool_call_parser), the scheduler
+picks one per model and names it on a stream's first chunk, and the OpenAI front parses with it.
+"""
+
+from __future__ import annotations
+
+# <tool_call>{"name": ..., "arguments": {...}}</tool_call>, one element per call: Hermes, Qwen2/2.5/3.
+HERMES = "hermes"
+# {"name": ..., "parameters": {...}} as the whole reply, after <|python_tag|> or not: Llama 3.1+.
+LLAMA3_JSON = "llama3_json"
+TOOL_CALL_PARSERS = (HERMES, LLAMA3_JSON)
+
+# What each family's template writes when it tells the model how to call (checked in this order).
+_TEMPLATE_MARKS = ((HERMES, ("<tool_call>",)), (LLAMA3_JSON, ("<|python_tag|>", "ipython", '"parameters"')))
+
+
+def parser_for_template(template: str) -> str:
+    """The parser a chat template's own instructions imply; "" when it names no format (or has no
+    tools section at all)."""
+    if "tools" not in template:
+        return ""
+    for parser, marks in _TEMPLATE_MARKS:
+        if any(mark in template for mark in marks):
+            return parser
+    return ""

@@ -1,0 +1,125 @@
+"""Tool calls out of a model's text, one parser per format (tool_call_formats.py names them), as
+vLLM's tool parsers: for tool_choice auto, where the model was free to call or to answer.
+
+A parser says two things: how much of a growing text is surely content (streamed at once; the
+rest is held until the end, as it may be a call), and, given the whole text, its calls and the
+content around them. A text whose calls do not parse is all content, as in vLLM: the client sees
+what the model wrote rather than a made-up call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from services.common.tool_call_formats import HERMES, LLAMA3_JSON
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    name: str
+    arguments: str  # JSON text, as OpenAI's function.arguments
+
+
+@dataclass(frozen=True)
+class Parsed:
+    content: str  # the text that is not a call ("" when the reply is calls alone)
+    calls: tuple[ParsedCall, ...]
+
+
+class ToolCallParser(Protocol):
+    def content_end(self, text: str) -> int:
+        """How much of `text` (a reply so far) is content whatever comes next: text[:end] can be
+        streamed. Never less for a longer text that begins with this one."""
+        ...
+
+    def parse(self, text: str) -> Parsed:
+        """The whole reply's calls and content; text[:content_end(text)] begins the content."""
+        ...
+
+
+def call_from_object(value: Any, arguments_key: str) -> ParsedCall | None:
+    """{"name": ..., <arguments_key>: {...}} as a call; None when it is not one. A model that wrote
+    the other key (arguments / parameters) is read too."""
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
+        return None
+    other = "parameters" if arguments_key == "arguments" else "arguments"
+    arguments = value.get(arguments_key, value.get(other, {}))
+    if isinstance(arguments, str):
+        return ParsedCall(value["name"], arguments)
+    if not isinstance(arguments, dict):
+        return None
+    return ParsedCall(value["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+class HermesParser:
+    """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` per call, after any content (Hermes,
+    Qwen2.5). A last call the end of the reply cut before its closing tag is read too."""
+
+    START, END = "<tool_call>", "</tool_call>"
+    _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+
+    def content_end(self, text: str) -> int:
+        start = text.find(self.START)
+        if start >= 0:
+            return start
+        for size in range(min(len(self.START) - 1, len(text)), 0, -1):  # a tag's beginning is held
+            if self.START.startswith(text[-size:]):
+                return len(text) - size
+        return len(text)
+
+    def parse(self, text: str) -> Parsed:
+        start = text.find(self.START)
+        if start < 0:
+            return Parsed(text, ())
+        calls = []
+        for match in self._CALL.finditer(text, start):
+            call = call_from_object(_json_or_none(match.group(1).strip()), "arguments")
+            if call is None:
+                return Parsed(text, ())
+            calls.append(call)
+        return Parsed(text[:start], tuple(calls))
+
+
+class Llama3JsonParser:
+    """The whole reply is one call `{"name": ..., "parameters": {...}}` (or several, `;` between
+    them), optionally after <|python_tag|> (Llama 3.1+ JSON tool calling). A reply that begins any
+    other way is content."""
+
+    PYTHON_TAG = "<|python_tag|>"
+
+    def content_end(self, text: str) -> int:
+        head = text.lstrip()
+        if not head or head.startswith("{") or head.startswith(self.PYTHON_TAG) or self.PYTHON_TAG.startswith(head):
+            return 0  # may be a call: held to the end
+        return len(text)
+
+    def parse(self, text: str) -> Parsed:
+        body = text.strip().removeprefix(self.PYTHON_TAG).lstrip()
+        if not body.startswith("{"):
+            return Parsed(text, ())
+        decoder, position, calls = json.JSONDecoder(), 0, []
+        while position < len(body):
+            try:
+                value, position = decoder.raw_decode(body, position)
+            except ValueError:
+                return Parsed(text, ())
+            call = call_from_object(value, "parameters")
+            if call is None:
+                return Parsed(text, ())
+            calls.append(call)
+            while position < len(body) and body[position] in " \t\r\n;":
+                position += 1
+        return Parsed("", tuple(calls))
+
+
+PARSERS: dict[str, ToolCallParser] = {HERMES: HermesParser(), LLAMA3_JSON: Llama3JsonParser()}
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None

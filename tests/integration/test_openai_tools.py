@@ -1,0 +1,145 @@
+"""Tool calls through the whole mesh (issue 39), on a tiny Qwen2 checkpoint made here whose chat
+template offers tools in the Hermes format: multi-turn conversations (a question, the model's
+calls, a `tool` turn answering each, the final answer) round-trip through the stock `openai`
+client's types, streamed and not. tool_choice required and a named function constrain the
+output, so even this random model always makes valid calls; the scheduler renders tools, calls
+and results through the template as transformers' apply_chat_template does. gRPC callers get the
+tools rendered and the format named on the first chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import pytest
+import transformers
+
+from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.common.tool_call_formats import HERMES
+from tests.support import tool_templates
+from tests.support.hf_checkpoints import save_model_directory
+from tests.support.hf_mesh import serving_checkpoints
+from tests.support.https_json import post_json
+from tests.support.side_venv import side_venv_python
+from tools.testbed import session_tls
+
+pytestmark = pytest.mark.integration
+
+MODEL = "tiny-tools"
+SIDE_VENV = ("openai", "openai==3.51.0")  # the venv of tests/openai/test_openai_client.py, built once
+SCRIPT = Path(__file__).with_name("openai_tools_script.py")
+WEATHER = {"type": "object", "properties": {"city": {"enum": ["Oslo", "Rome", "Lima"]},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "weather", "description": "The forecast for a city",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "clock", "description": "The time now",
+                                           "parameters": {"type": "object", "properties": {},
+                                                          "additionalProperties": False}}}]
+SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("openai-tools")
+    # The tools' signatures make prompts of ~700 byte-level tokens: a longer context than the tiny default.
+    save_model_directory(tmp / MODEL, "qwen2", seed=7, chat_template=tool_templates.HERMES,
+                         max_position_embeddings=2048)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp / MODEL)
+    with serving_checkpoints(tmp, [MODEL], kv_cache_bytes=1 << 22) as mesh:
+        yield mesh, tokenizer
+
+
+@pytest.fixture(scope="module")
+def conversations(served):
+    mesh, _ = served
+    python = side_venv_python(*SIDE_VENV)
+    done = subprocess.run([str(python), str(SCRIPT), mesh.base, str(session_tls.session_pki().ca_path), MODEL,
+                           json.dumps(TOOLS)], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr + mesh.mesh.logs()
+    return json.loads(done.stdout)
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """The conversation as a transformers user passes it: each call's arguments parsed."""
+    out = []
+    for message in messages:
+        message = dict(message)
+        if message.get("tool_calls"):
+            message["tool_calls"] = [{**c, "function": {**c["function"],
+                                                        "arguments": json.loads(c["function"]["arguments"])}}
+                                     for c in message["tool_calls"]]
+        out.append(message)
+    return out
+
+
+@pytest.mark.parametrize("name", ["named", "named_stream", "required", "required_stream"])
+def test_a_constrained_tool_conversation_round_trips_through_the_clients_types(served, conversations, name):
+    _, tokenizer = served
+    seen = conversations[name]
+    question, assistant, *results = seen["messages"]
+    assert seen["finish_reason"] == "tool_calls"
+    calls = assistant["tool_calls"]
+    assert len(calls) == 1 and assistant.get("content") is None  # parallel_tool_calls false: exactly one
+    call = calls[0]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    if name.startswith("named"):
+        assert call["function"]["name"] == "weather"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[call["function"]["name"]])
+    assert [r["tool_call_id"] for r in results] == [call["id"]]
+    final = seen["final"]
+    assert isinstance(final["content"], str) and final["tool_calls"] is None
+    assert final["finish_reason"] in ("stop", "length")
+    # The scheduler rendered the tools, the call and its result as transformers does.
+    expected = tokenizer.apply_chat_template(template_messages(seen["messages"]), tools=TOOLS,
+                                             add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert final["prompt_tokens"] == len(expected)
+
+
+def test_streamed_and_whole_replies_make_the_same_seeded_call(conversations):
+    for name in ("named", "required"):
+        whole, streamed = conversations[name]["messages"][1], conversations[f"{name}_stream"]["messages"][1]
+        assert [c["function"] for c in whole["tool_calls"]] == [c["function"] for c in streamed["tool_calls"]]
+
+
+def test_auto_lets_the_model_answer_and_reads_any_call_it_makes(conversations):
+    auto = conversations["auto"]
+    # A random model seldom writes a whole <tool_call> element: its text is content (the parsers'
+    # own tests read fixed texts); what it calls, if anything, is a call of an offered tool.
+    assert isinstance(auto["content"], str) or auto["tool_calls"]
+    assert all(c["function"]["name"] in SCHEMAS for c in auto["tool_calls"])
+    assert auto["finish_reason"] in ("stop", "length", "tool_calls")
+
+
+def test_grpc_callers_get_the_tools_rendered_and_the_format_named(served):
+    mesh, tokenizer = served
+    messages = [{"role": "user", "content": "Time?"}]
+    request = gateway_pb2.GenerateRequest(
+        model=common_pb2.ModelRef(name=MODEL), messages=[gateway_pb2.ChatMessage(**m) for m in messages],
+        tools=[gateway_pb2.Tool(name=t["function"]["name"], description=t["function"]["description"],
+                                parameters=json.dumps(t["function"]["parameters"])) for t in TOOLS],
+        sampling=common_pb2.SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    with session_tls.channel(mesh.mesh.gateway.address) as channel:
+        chunks = list(gateway_pb2_grpc.InferenceStub(channel).Generate(request, timeout=60))
+    assert chunks[0].tool_call_parser == HERMES
+    expected = tokenizer.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=True,
+                                             return_dict=False)
+    assert chunks[-1].usage.prompt_tokens == len(expected)
+
+
+@pytest.mark.parametrize(("body", "param", "fragment"), [
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+     "not among the tools"),
+    ({"tools": "weather"}, "tools", "tools must be a list"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                                                                             "properties": {"a": {"type": "nope"}}}}}],
+      "tool_choice": "required"}, "tools", "sampling.structured: invalid json_schema"),
+])
+def test_bad_tools_are_400s_naming_the_field(served, body, param, fragment):
+    status, reply = post_json(served[0].base, "/chat/completions",
+                              {"model": MODEL, "messages": [{"role": "user", "content": "a"}], **body})
+    assert (status, reply["error"]["param"]) == (400, param), reply
+    assert fragment in reply["error"]["message"]

@@ -1,0 +1,94 @@
+"""Tools and tool turns through a model's chat template: a GenerateRequest's tools and calls render
+as transformers' apply_chat_template renders OpenAI's messages with `tools=` (a call's arguments
+parsed, as vLLM passes them), and the tool-call format is told from the template or the manifest."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tokenizers import Tokenizer as RustTokenizer
+
+from infermesh.v1 import common_pb2, gateway_pb2
+from services.common.tool_call_formats import HERMES, LLAMA3_JSON, parser_for_template
+from services.scheduler.call_codec import chat_turn, prompt_token_ids, template_tool
+from services.scheduler.model_text import build_model_text
+from services.scheduler.tokenizer_spec import TokenizerKind, TokenizerSpec
+from tests.support import tool_templates
+
+from .hf_tokenizer_files import byte_level_json, num_ids
+from .test_chat_template import CHATML, LLAMA3
+
+SPECIAL = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+           "required": ["city"]}
+TOOLS = [gateway_pb2.Tool(name="weather", description="Today's weather in a city", parameters=json.dumps(WEATHER)),
+         gateway_pb2.Tool(name="clock")]
+CONVERSATION = [
+    gateway_pb2.ChatMessage(role="system", content="Be brief."),
+    gateway_pb2.ChatMessage(role="user", content="Weather in Köln?"),
+    gateway_pb2.ChatMessage(role="assistant", content="", tool_calls=[
+        gateway_pb2.ToolCall(id="call_1", name="weather", arguments='{"city": "Köln", "unit": "C"}')]),
+    gateway_pb2.ChatMessage(role="tool", content='{"temperature": 21}', tool_call_id="call_1", name="weather"),
+    gateway_pb2.ChatMessage(role="user", content="And the time?"),
+]
+# What a client of transformers passes for the same conversation (arguments as a dict, as vLLM does).
+OPENAI_MESSAGES = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Köln?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "weather",
+                                                          "arguments": {"city": "Köln", "unit": "C"}}}]},
+    {"role": "tool", "content": '{"temperature": 21}', "tool_call_id": "call_1", "name": "weather"},
+    {"role": "user", "content": "And the time?"},
+]
+OPENAI_TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Today's weather in a city",
+                                                  "parameters": WEATHER}},
+                {"type": "function", "function": {"name": "clock", "description": ""}}]
+
+
+def model_text(template: str, tool_call_parser: str = ""):
+    return build_model_text(TokenizerSpec(vocab_size=num_ids(byte_level_json()), eos_token_id=4, bos_token_id=-1,
+                                          kind=TokenizerKind.HF, special_tokens=tuple(sorted(SPECIAL.items())),
+                                          chat_template=template, tool_call_parser=tool_call_parser),
+                            byte_level_json())
+
+
+def test_messages_and_tools_reach_the_template_in_openais_shape():
+    assert [chat_turn(m) for m in CONVERSATION] == OPENAI_MESSAGES
+    assert [template_tool(t) for t in TOOLS] == OPENAI_TOOLS
+
+
+@pytest.mark.parametrize("template", [tool_templates.HERMES, tool_templates.LLAMA3_JSON])
+def test_tools_and_tool_turns_render_as_transformers_apply_chat_template(template):
+    transformers = pytest.importorskip("transformers")
+    reference = transformers.PreTrainedTokenizerFast(tokenizer_object=RustTokenizer.from_str(byte_level_json().decode()),
+                                                     chat_template=template, **SPECIAL)
+    request = gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name="m"), messages=CONVERSATION, tools=TOOLS)
+    ids = prompt_token_ids(request, model_text(template))
+    expected = reference.apply_chat_template(OPENAI_MESSAGES, tools=OPENAI_TOOLS, add_generation_prompt=True,
+                                             tokenize=True, return_dict=False)
+    assert list(ids) == list(expected)
+    text = reference.apply_chat_template(OPENAI_MESSAGES, tools=OPENAI_TOOLS, add_generation_prompt=True,
+                                         tokenize=False)
+    assert '"Köln"' in text and "Today's weather in a city" in text
+
+
+def test_without_tools_the_template_sees_none():
+    text = model_text(tool_templates.HERMES).chat_template.render([{"role": "user", "content": "hi"}])
+    assert "<tools>" not in text and text.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize(("template", "parser"), [
+    (tool_templates.HERMES, HERMES),
+    (tool_templates.LLAMA3_JSON, LLAMA3_JSON),
+    (CHATML, ""),  # no tools section: nothing to tell
+    (LLAMA3, ""),
+])
+def test_the_tool_call_format_is_told_from_the_template(template, parser):
+    assert parser_for_template(template) == parser
+    assert model_text(template).tool_call_parser == parser
+
+
+def test_the_manifests_tool_call_parser_overrides_the_template():
+    assert model_text(tool_templates.HERMES, LLAMA3_JSON).tool_call_parser == LLAMA3_JSON
