@@ -127,8 +127,11 @@ class GeneratePool:
             gauges.remove()  # no stale series for a worker that is gone (its prefix cache index goes with it)
         evicted = [seq for seq in loop.scheduler.evict_all() if seq.seq_id in self._streams]
         if evicted:
-            log.warning("worker %s of %s gone: recomputing %d sequences elsewhere", link.worker_id, self.model,
-                        len(evicted))
+            # A worker that said Draining first left on purpose (a move to a scheduler with none of
+            # this model's workers: services/worker/attach_client.py); one that did not is lost.
+            log.log(logging.INFO if link.draining else logging.WARNING,
+                    "worker %s of %s %s: recomputing %d sequences elsewhere", link.worker_id, self.model,
+                    "left" if link.draining else "gone", len(evicted))
         self._place(evicted)
         self._update_gauges()
 

@@ -3,7 +3,11 @@
 One client holds one Attach stream at a time. A generator worker, given several schedulers, is
 attached to one of them, picked by a `dialer` (scheduler_dialer.py: fewest workers of our model
 first); when its stream breaks or the scheduler drains it, it re-dials at once, another scheduler
-first, and backs off only when no scheduler took it. A classifier worker runs one client per
+first, and backs off only when no scheduler took it. It moves to a scheduler that has none of our
+model's workers, from one with two or more, at once (scheduler_endpoints.EmptySchedulerMove): it
+says Draining, finishes the steps it was sent and half-closes the stream; the scheduler resumes
+its sequences on its other workers (the same recompute as when a worker dies, with nothing lost),
+and the worker dials the empty scheduler. A classifier worker runs one client per
 scheduler instead, each with a fixed address (attach_every.py): its clients re-dial their own
 scheduler with the backoff alone.
 
@@ -42,7 +46,15 @@ from services.common.timings import from_proto
 from services.worker import metrics
 from services.worker.expired_items import split_expired
 from services.worker.runtime import BatchRuntime, SendsTokenizerFile, StepRuntime, WorkerRuntime
-from services.worker.scheduler_endpoints import EndpointLoad, is_unsettled, move_probability
+from services.worker.scheduler_endpoints import (
+    EmptySchedulerMove,
+    EndpointLoad,
+    LookAgain,
+    MoveNow,
+    empty_target,
+    is_unsettled,
+    move_probability,
+)
 
 log = logging.getLogger(__name__)
 _tracer = tracer("infermesh.worker")
@@ -99,6 +111,10 @@ class Dialer(Protocol):
         """Each scheduler's workers of our model now (None: it did not answer)."""
         ...
 
+    async def serving(self, address: str) -> bool:
+        """Whether that scheduler says it is serving (not draining, not starting)."""
+        ...
+
 
 class FixedAddress:
     """A dialer for one scheduler address (tests, and the single-scheduler case)."""
@@ -114,6 +130,9 @@ class FixedAddress:
     async def loads(self) -> list[EndpointLoad]:
         return []
 
+    async def serving(self, address: str) -> bool:
+        return True
+
 
 # While a scheduler is missing (lost, restarting) or a move is due, the rebalance check runs this
 # often instead of every rebalance interval: full jitter up to a cap of 0.5 s, so a scheduler that
@@ -126,6 +145,13 @@ UNSETTLED_MAX_S = 0.5
 # Sent as Draining.grace_ms when the worker moves to another scheduler: it finishes what it holds
 # there however long that takes (the scheduler ends the stream when it is done).
 _MOVE_GRACE_MS = 60_000
+
+
+# A move to an empty scheduler waits this long at most for the steps the worker was sent before it
+# half-closes the stream (what it has not answered by then is recomputed on the scheduler's other
+# workers), and this long for the scheduler to end the stream after that before cancelling it.
+HAND_OVER_STEPS_S = 1.0
+HAND_OVER_CLOSE_S = 5.0
 
 
 # An attached session shorter than this is followed by backoff like a refusal: a scheduler that
@@ -164,6 +190,11 @@ class AttachClient:
         self._step_turn = asyncio.Lock()
         self._in_flight: set[asyncio.Task] = set()
         self._stopping = False
+        self._empty_move = EmptySchedulerMove(worker_id, clock, self._rng)
+        # Set by a move to an empty scheduler: no further work is taken on this stream
+        # (_leaving), and run() re-dials at once, however short the session was (_moved).
+        self._leaving = False
+        self._moved = False
         self.attached = asyncio.Event()
         self.num_attaches = 0
         self._num_failed_rounds = 0  # backoff rounds since the last attach (for the log level)
@@ -189,7 +220,8 @@ class AttachClient:
             self.attached.clear()
             if self._stopping:
                 break
-            if was_attached and self._clock() - began_s >= MIN_SESSION_S:
+            moved, self._moved = self._moved, False
+            if was_attached and (moved or self._clock() - began_s >= MIN_SESSION_S):
                 log.info("re-dialling at once")
                 continue
             delay_s = self._backoff.next_delay_s()
@@ -228,6 +260,8 @@ class AttachClient:
                 raise ConnectionError("scheduler closed the stream without a welcome")
             # Only an attached stream is drained through; a dial in progress is simply abandoned.
             self._call = call
+            self._leaving = False
+            self._empty_move.reset()
             self._backoff.reset()
             self._num_failed_rounds = 0
             self.num_attaches += 1
@@ -256,6 +290,8 @@ class AttachClient:
                 await self._wait_in_flight()
                 return
             kind = command.WhichOneof("kind")
+            if self._leaving and kind in ("execute_batch", "run_step", "run_steps"):
+                continue  # moving off: the scheduler recomputes it on its other workers
             if kind == "execute_batch":
                 self._spawn(self._execute(call, command.execute_batch))
             elif kind == "run_step":
@@ -325,13 +361,31 @@ class AttachClient:
     async def _rebalance(self, call) -> None:
         """Now and then: move, gracefully, when this scheduler has 2+ workers of our model more than
         another (scheduler_endpoints.move_probability). The scheduler gives us no new work, lets what
-        we hold finish, then ends the stream; run() then dials the emptiest scheduler at once. The
-        first look comes soon after attaching (the scheduler left may have been lost just now), and
-        they stay frequent while `is_unsettled` (a scheduler missing may restart at any moment)."""
+        we hold finish, then ends the stream; run() then dials the emptiest scheduler at once. To a
+        scheduler with none of our model's workers, from one with two or more, the move is at once
+        instead (EmptySchedulerMove, _hand_over). The first look comes soon after attaching (the
+        scheduler left may have been lost just now), and they stay frequent while `is_unsettled` (a
+        scheduler missing may restart at any moment)."""
         delay_s = self._unsettled_backoff.next_delay_s()
         while True:
             await asyncio.sleep(delay_s)
             loads = await self._dialer.loads()
+            empty_move = self._empty_move.look(loads, self._address)
+            if isinstance(empty_move, LookAgain):
+                delay_s = empty_move.delay_s
+                continue
+            if isinstance(empty_move, MoveNow):
+                if await self._dialer.serving(empty_move.target):
+                    # A last look right before leaving: another worker here that moved meanwhile
+                    # is counted out by now, and the Draining below follows this answer closely.
+                    loads = await self._dialer.loads()
+                    if empty_target(loads, self._address, self._worker_id) == empty_move.target:
+                        await self._hand_over(call, empty_move.target, loads)
+                        return
+                # Draining, not started, or filled meanwhile: gracefully moved or not, we would be
+                # refused or surplus there. Soon again.
+                delay_s = self._unsettled_backoff.next_delay_s()
+                continue
             probability = move_probability(loads, self._address)
             if probability > 0 and self._rng.random() < probability:
                 log.info("moving off scheduler %s to even out workers (%s)", self._address,
@@ -340,6 +394,30 @@ class AttachClient:
                     grace_ms=_MOVE_GRACE_MS)))
                 return
             delay_s = self.next_rebalance_delay_s(loads)
+
+    async def _hand_over(self, call, target: str, loads: list[EndpointLoad]) -> None:
+        """Leaves this scheduler now for `target`, which has no worker of our model. Draining first, so
+        the scheduler counts us out at once (the other workers here, looking again, see one fewer and
+        stay) and sends no new sequence; then the steps already received are answered, the stream
+        half-closed, and the scheduler resumes what we held on its other workers. run() re-dials at
+        once, the empty scheduler first."""
+        log.info("moving off scheduler %s at once: %s has no worker of %s (%s)", self._address, target,
+                 self._model_label, ", ".join(f"{load.address}={load.num_workers}" for load in loads))
+        self._leaving = True
+        self._moved = True
+        await self._write(call, scheduler_pb2.WorkerMessage(draining=scheduler_pb2.Draining(grace_ms=0)))
+        if self._in_flight:
+            await asyncio.wait(set(self._in_flight), timeout=HAND_OVER_STEPS_S)
+        async with self._write_lock:
+            try:
+                await call.done_writing()
+            except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
+                log.warning("could not half-close the stream to %s: %s", self._address, exc)
+        # The scheduler ends the stream once it has read the half-close; this task is cancelled then.
+        await asyncio.sleep(HAND_OVER_CLOSE_S)
+        log.warning("scheduler %s did not end the stream %.0f s after we left; cancelling it", self._address,
+                    HAND_OVER_CLOSE_S)
+        call.cancel()
 
     def next_rebalance_delay_s(self, loads: list[EndpointLoad]) -> float:
         if is_unsettled(loads, self._address):

@@ -8,6 +8,7 @@ import logging
 import socket
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from infermesh.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.common import tls
@@ -56,6 +57,18 @@ class SchedulerDialer:
             log.warning("cannot resolve %s: %s", self._endpoints.dns_name, exc)
             return []
         return list(await asyncio.gather(*(self._probe(address) for address in addresses)))
+
+    async def serving(self, address: str) -> bool:
+        """Whether the scheduler at `address` says SERVING (grpc.health.v1): a draining one answers
+        GetPressure with no worker of our model too, but would refuse us."""
+        async with tls.aio_channel(address) as channel:
+            try:
+                reply = await health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(), timeout=self._probe_timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                log.info("scheduler %s did not answer its health check: %s", address, exc.code().name)
+                return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
     async def _probe(self, address: str) -> EndpointLoad:
         request = scheduler_pb2.GetPressureRequest(models=[self._model])

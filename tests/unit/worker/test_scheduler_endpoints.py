@@ -11,6 +11,7 @@ import pytest
 from services.common.scheduler_address import parse_scheduler_address
 from services.worker.attach_client import MIN_SESSION_S, UNSETTLED_MAX_S, AttachClient, Backoff
 from services.worker.scheduler_endpoints import (
+    CONFIRM_MAX_S,
     EndpointLoad,
     dial_order,
     is_unsettled,
@@ -137,6 +138,20 @@ async def test_a_scheduler_dropping_workers_at_once_is_re_dialled_with_backoff_n
     assert client._backoff.num_delays == 2
 
 
+async def test_a_worker_that_moved_off_to_an_empty_scheduler_re_dials_at_once_however_short_its_session():
+    class MovingClient(ScriptedClient):
+        async def _attach_to(self, address):
+            self._moved = True  # as _hand_over leaves it
+            return await super()._attach_to(address)
+
+    dialer = ScriptedDialer([["a:1", "b:1"], ["b:1", "a:1"]])
+    client = MovingClient(dialer, {"a:1": True, "b:1": True}, stop_after=2, session_s=MIN_SESSION_S / 10)
+    await client.run()
+    client.close()
+    assert client.dialled == ["a:1", "b:1"]
+    assert client._backoff.num_delays == 0
+
+
 @pytest.mark.parametrize(
     ("mine", "other", "unsettled"),
     [(1, None, True), (2, 0, True), (3, 1, True), (1, 0, False), (2, 1, False), (1, 1, False), (0, 2, False)],
@@ -167,9 +182,11 @@ def test_rebalance_checks_are_under_half_a_second_while_a_scheduler_is_missing_t
 class LoadsDialer:
     has_choice = True
 
-    def __init__(self, script):
+    def __init__(self, script, serving=True):
         self.script = list(script)
         self.looks = 0
+        self.is_serving = serving
+        self.asked_serving = []
 
     async def loads(self):
         self.looks += 1
@@ -178,35 +195,130 @@ class LoadsDialer:
     async def dial_order(self, avoid=None):
         return []
 
+    async def serving(self, address):
+        self.asked_serving.append(address)
+        return self.is_serving
 
-class DrainRecordingCall:
-    def __init__(self):
+
+class RecordingCall:
+    """What the rebalance loop writes, when it half-closes (on the clock), and whether it cancels."""
+
+    def __init__(self, clock):
+        self.clock = clock
         self.written = []
+        self.half_closed_at_s = None
+        self.cancelled = False
 
     async def write(self, message):
         self.written.append(message)
 
+    async def done_writing(self):
+        self.half_closed_at_s = self.clock()
 
-async def test_a_worker_moves_to_a_restarted_scheduler_within_its_first_looks(monkeypatch):
-    """The rebalance loop itself, on a fake clock: the other scheduler is missing for 10 looks, then back
-    with no worker of ours while ours has 2: the worker drains itself off (to re-dial the empty one)
-    after a few sub-second looks, not after a rebalance interval."""
+    def cancel(self):
+        self.cancelled = True
+
+
+@pytest.fixture
+def clock(monkeypatch):
     clock = FakeClock()
 
     async def fake_sleep(seconds):
         clock.advance(seconds)
 
     monkeypatch.setattr("services.worker.attach_client.asyncio.sleep", fake_sleep)
+    return clock
+
+
+async def test_a_worker_moves_to_a_restarted_scheduler_at_once_within_its_first_looks(clock):
+    """The rebalance loop itself, on a fake clock: the other scheduler is missing for 10 looks, then back
+    with no worker of ours while ours has 2: after a few sub-second looks (one to see it, one to confirm
+    it) the worker says Draining with no grace and half-closes the stream (its sequences are resumed on
+    the other worker here; it re-dials the empty one), not after a rebalance interval nor after its
+    streams finish."""
     missing = [EndpointLoad("a:1", 2), EndpointLoad("b:1", None)]
     back = [EndpointLoad("a:1", 2), EndpointLoad("b:1", 0)]
     dialer = LoadsDialer([missing] * 10 + [back])
     client = AttachClient(dialer, runtime=None, worker_id="w", backoff=Backoff(0.1, 0.5), clock=clock,
                           rebalance_interval_s=5.0, rng=random.Random(7))
     client._address = "a:1"
-    call = DrainRecordingCall()
+    call = RecordingCall(clock)
     await client._rebalance(call)
     client.close()
     assert [m.WhichOneof("kind") for m in call.written] == ["draining"]
+    assert call.written[0].draining.grace_ms == 0
+    assert dialer.asked_serving == ["b:1"]
     looks_after_return = dialer.looks - 10
-    assert 1 <= looks_after_return <= 8
-    assert clock() - 1000.0 <= (10 + looks_after_return) * UNSETTLED_MAX_S
+    assert 2 <= looks_after_return <= 8
+    assert call.half_closed_at_s is not None
+    assert call.half_closed_at_s - 1000.0 <= 10 * UNSETTLED_MAX_S + looks_after_return * CONFIRM_MAX_S
+    assert client._leaving and client._moved
+    assert call.cancelled, "a scheduler that never ends the stream after the half-close: cancelled (fake clock)"
+
+
+async def test_no_move_to_an_empty_scheduler_that_is_not_serving(clock):
+    """A draining scheduler answers GetPressure with no worker of ours too, but would refuse us: the
+    worker stays (it looks again soon) and never half-closes."""
+
+    class Enough(Exception):
+        pass
+
+    class CountingLoads(LoadsDialer):
+        async def loads(self):
+            if self.looks >= 12:
+                raise Enough
+            return await super().loads()
+
+    dialer = CountingLoads([[EndpointLoad("a:1", 2), EndpointLoad("b:1", 0)]], serving=False)
+    client = AttachClient(dialer, runtime=None, worker_id="w", backoff=Backoff(0.1, 0.5), clock=clock,
+                          rebalance_interval_s=5.0, rng=random.Random(3))
+    client._address = "a:1"
+    call = RecordingCall(clock)
+    with pytest.raises(Enough):
+        await client._rebalance(call)
+    client.close()
+    assert call.written == [] and call.half_closed_at_s is None
+    assert len(dialer.asked_serving) >= 4
+    assert clock() - 1000.0 <= 12 * UNSETTLED_MAX_S, "it keeps looking soon, not at the interval"
+
+
+async def test_no_move_when_the_last_look_before_leaving_finds_the_empty_scheduler_filled(clock):
+    """Seen empty, confirmed, serving; but the look right before leaving counts another worker of ours
+    gone there meanwhile: the worker stays."""
+
+    class Enough(Exception):
+        pass
+
+    class Scripted(LoadsDialer):
+        async def loads(self):
+            if len(self.script) == 1 and self.looks >= 3:
+                raise Enough
+            return await super().loads()
+
+    empty, filled = [EndpointLoad("a:1", 2), EndpointLoad("b:1", 0)], [EndpointLoad("a:1", 1), EndpointLoad("b:1", 1)]
+    dialer = Scripted([empty, empty, filled])
+    client = AttachClient(dialer, runtime=None, worker_id="w", backoff=Backoff(0.1, 0.5), clock=clock,
+                          rebalance_interval_s=5.0, rng=random.Random(4))
+    client._address = "a:1"
+    call = RecordingCall(clock)
+    with pytest.raises(Enough):
+        await client._rebalance(call)
+    client.close()
+    assert dialer.asked_serving == ["b:1"]
+    assert call.written == [] and call.half_closed_at_s is None and not client._moved
+
+
+async def test_a_gap_to_a_scheduler_that_has_workers_is_still_closed_gracefully(clock):
+    """3 workers here, 1 there: nothing is empty, so a move is the graceful one (Draining with the
+    long grace, no half-close: the scheduler ends the stream when our streams are done)."""
+    dialer = LoadsDialer([[EndpointLoad("a:1", 3), EndpointLoad("b:1", 1)]])
+    client = AttachClient(dialer, runtime=None, worker_id="w", backoff=Backoff(0.1, 0.5), clock=clock,
+                          rebalance_interval_s=5.0, rng=random.Random(5))
+    client._address = "a:1"
+    call = RecordingCall(clock)
+    await client._rebalance(call)
+    client.close()
+    assert [m.WhichOneof("kind") for m in call.written] == ["draining"]
+    assert call.written[0].draining.grace_ms == 60_000
+    assert call.half_closed_at_s is None and not client._moved
+    assert dialer.asked_serving == []
