@@ -342,6 +342,33 @@ def test_a_bad_structured_output_is_a_400_naming_its_parameter(served, body, par
     assert fragment in reply["error"]["message"]
 
 
+def test_grpc_n_streams_every_choice_by_index_each_the_single_request_with_seed_plus_index(served):
+    mesh = served[0]
+
+    def generate(n: int, seed: int) -> list[gateway_pb2.GenerateResponse]:
+        request = gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name=MODEL), prompt=PROMPT_N, n=n,
+                                              sampling=common_pb2.SamplingParams(max_tokens=6, temperature=1.0,
+                                                                                 seed=seed, ignore_eos=True))
+        with session_tls.channel(mesh.gateway.address) as channel:
+            return list(gateway_pb2_grpc.InferenceStub(channel).Generate(request, timeout=60))
+
+    chunks = generate(3, 50)
+    ids = [[t for c in chunks if c.choice_index == i for t in c.token_ids] for i in range(3)]
+    assert ids == [[t for c in generate(1, 50 + i) for t in c.token_ids] for i in range(3)]
+    lasts = [c for c in chunks if c.finish_reason]
+    assert sorted(c.choice_index for c in lasts) == [0, 1, 2] and all(c.usage.completion_tokens == 6 for c in lasts)
+    assert {c.request_id.rsplit("-", 1)[1] for c in chunks} == {"0", "1", "2"}
+
+
+def test_grpc_n_over_the_limit_is_invalid_argument(served):
+    import grpc
+
+    request = gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name=MODEL), prompt="a", n=17)
+    with session_tls.channel(served[0].gateway.address) as channel, pytest.raises(grpc.RpcError) as caught:
+        list(gateway_pb2_grpc.InferenceStub(channel).Generate(request, timeout=30))
+    assert (caught.value.code(), caught.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, "n must be in 0..16, got 17")
+
+
 def test_grpc_callers_get_structured_output_too(served):
     mesh = served[0]
     request = gateway_pb2.GenerateRequest(

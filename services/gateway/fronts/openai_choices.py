@@ -1,4 +1,5 @@
-"""n > 1 and best_of: one GenerateRequest per choice, their chunks merged into one stream.
+"""n > 1 and best_of: one GenerateRequest per choice, their chunks merged into one stream, for
+the OpenAI front (n, best_of) and the gRPC Generate (GenerateRequest.n) alike.
 
 The first choice runs alone until its first chunk: by then its prompt's full KV blocks are in the
 scheduler's prefix cache, so the other choices, sent after it, reuse them instead of computing the
@@ -11,12 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from infermesh.v1 import common_pb2, gateway_pb2
+from services.common import errors
 
 SEED_MODULUS = 2**63  # seeds are below it (the gateway's own draws and the OpenAI front's bound)
+# Most choices one request generates (n, best_of): each is a sequence of its own upstream, admitted,
+# counted against the tenant's quotas and the gateway's concurrency like a request.
+MAX_CHOICES = 16
 
 Start = Callable[[gateway_pb2.GenerateRequest], AsyncIterator[gateway_pb2.GenerateResponse]]
 
@@ -30,10 +36,21 @@ def choice_requests(request: gateway_pb2.GenerateRequest, num_choices: int) -> l
         choice = gateway_pb2.GenerateRequest()
         choice.CopyFrom(request)
         choice.request_id = f"{request.request_id}-{i}"
+        choice.n = 0  # each is one sequence upstream
         if request.sampling.HasField("seed"):
             choice.sampling.seed = (request.sampling.seed + i) % SEED_MODULUS
         requests.append(choice)
     return requests
+
+
+def grpc_choices(request: gateway_pb2.GenerateRequest) -> list[gateway_pb2.GenerateRequest]:
+    """GenerateRequest.n checked (InvalidArgument) and expanded: one request per choice."""
+    if request.n > MAX_CHOICES:
+        raise errors.InvalidArgument(f"n must be in 0..{MAX_CHOICES}, got {request.n}")
+    if request.n <= 1:
+        return [request]
+    request.request_id = request.request_id or uuid.uuid4().hex
+    return choice_requests(request, request.n)
 
 
 async def merged(start: Start, requests: Sequence[gateway_pb2.GenerateRequest]

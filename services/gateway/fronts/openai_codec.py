@@ -26,7 +26,7 @@ from services.common.generate_input import CHAT_ROLES
 from services.common.logprobs import MAX_TOP_LOGPROBS
 from services.gateway.admission.latency_admission import ObjectiveMissed, ObjectiveUnmeetable
 from services.gateway.fronts.http_status import HttpRefusal, http_refusal, matching
-from services.gateway.fronts.openai_choices import ChoiceResult
+from services.gateway.fronts.openai_choices import MAX_CHOICES, ChoiceResult
 from services.gateway.fronts.openai_params import BadParameter, shown
 from services.gateway.fronts.openai_tools import ChatTools, ToolCallSplitter, add_turn_fields, parse_tools
 from services.gateway.quota.quotas import QuotaExceeded
@@ -35,9 +35,6 @@ MAX_STOP_SEQUENCES = 4
 # MAX_TOP_LOGPROBS (OpenAI's top_logprobs limit) bounds completions' logprobs too: OpenAI's legacy 5
 # would refuse what vLLM clients send.
 
-# Most choices one request generates (n, best_of): each is a sequence of its own upstream, admitted,
-# counted against the tenant's quotas and the gateway's concurrency like a request.
-MAX_CHOICES = 16
 # guided_choice's most strings (the scheduler's bound, structured_output.MAX_CHOICES).
 MAX_GUIDED_CHOICES = 256
 # Penalties' bounds (OpenAI's [-2, 2]; vLLM's repetition_penalty within (0, 2]), a logit bias value's

@@ -4,6 +4,8 @@ classify_core.py, model_list.py, shared with the HTTP fronts and KServe."""
 
 from __future__ import annotations
 
+from contextlib import aclosing
+
 from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
 from services.common.deadlines import remaining_s
 from services.common.status import maps_domain_errors
@@ -11,6 +13,7 @@ from services.gateway.calls.classify_core import ClassifyCore
 from services.gateway.calls.generate_core import GenerateCore
 from services.gateway.calls.model_list import ModelList
 from services.gateway.fronts.caller import grpc_caller, grpc_credentials
+from services.gateway.fronts.openai_choices import grpc_choices, merged
 
 # ListModels waits at most this long for the schedulers, whatever the client's deadline.
 _LIST_MODELS_TIMEOUT_S = 5.0
@@ -28,8 +31,17 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
 
     @maps_domain_errors
     async def Generate(self, request: gateway_pb2.GenerateRequest, context):
-        async for chunk in self._generate.generate(request, grpc_caller(context)):
-            yield chunk
+        caller = grpc_caller(context)
+        requests = grpc_choices(request)
+        if len(requests) == 1:
+            async for chunk in self._generate.generate(request, caller):
+                yield chunk
+            return
+        choices = merged(lambda r: self._generate.generate(r, caller), requests)
+        async with aclosing(choices):
+            async for index, chunk in choices:
+                chunk.choice_index = index
+                yield chunk
 
     @maps_domain_errors
     async def ListModels(self, request: gateway_pb2.ListModelsRequest, context) -> gateway_pb2.ListModelsResponse:
