@@ -95,17 +95,23 @@ def prompt_tokens_upper_bound(prompt: str) -> int:
     return len(prompt.encode("utf-8")) + PROMPT_EXTRA_TOKENS
 
 
-def chat_tokens_estimate(messages: Sequence[gateway_pb2.ChatMessage]) -> int:
-    """The quota's hold for a conversation: its text's bytes and an allowance for the template's
-    own tokens. The gateway does not render the template (the scheduler does, once), so this is an
-    estimate: a template that adds more than the allowance (a long default system prompt) is
-    charged the difference when its usage comes back."""
-    num_bytes = sum(len(m.role.encode("utf-8")) + len(m.content.encode("utf-8")) for m in messages)
+def chat_tokens_estimate(messages: Sequence[gateway_pb2.ChatMessage], tools: Sequence[gateway_pb2.Tool] = ()) -> int:
+    """The quota's hold for a conversation: its text's bytes (the calls, results and tools it
+    carries too) and an allowance for the template's own tokens. The gateway does not render the
+    template (the scheduler does, once), so this is an estimate: a template that adds more than the
+    allowance (a long default system prompt, tool instructions) is charged the difference when its
+    usage comes back."""
+    num_bytes = sum(len(m.role.encode("utf-8")) + len(m.content.encode("utf-8")) + len(m.tool_call_id)
+                    + sum(len(c.name) + len(c.arguments.encode("utf-8")) for c in m.tool_calls) for m in messages)
+    num_bytes += sum(len(t.name) + len(t.description.encode("utf-8")) + len(t.parameters.encode("utf-8"))
+                     for t in tools)
     return num_bytes + CHAT_TOKENS_PER_MESSAGE * len(messages) + CHAT_TOKENS_PER_CONVERSATION
 
 
 def prompt_tokens_estimate(request: gateway_pb2.GenerateRequest) -> int:
-    return prompt_tokens_upper_bound(request.prompt) if request.prompt else chat_tokens_estimate(request.messages)
+    if request.prompt:
+        return prompt_tokens_upper_bound(request.prompt)
+    return chat_tokens_estimate(request.messages, request.tools)
 
 
 def quota_hold(request: gateway_pb2.GenerateRequest, context_len: int) -> tuple[int, int]:

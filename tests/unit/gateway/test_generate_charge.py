@@ -48,6 +48,17 @@ def test_a_conversation_is_held_at_its_bytes_plus_the_templates_allowance():
     assert (prompt, total) == (expected, expected + 10)
 
 
+def test_a_conversations_calls_results_and_tools_are_held_too():
+    request = _chat("hi")
+    request.messages.add(role="assistant", tool_calls=[gateway_pb2.ToolCall(id="c1", name="f", arguments='{"a": "é"}')])
+    request.messages.add(role="tool", content="ok", tool_call_id="c1")
+    request.tools.add(name="f", description="does", parameters='{"type": "object"}')
+    prompt, _ = quota_hold(request, context_len=0)
+    num_bytes = (len("userhi") + len("assistant") + len('f{"a": "é"}'.encode()) + len("toolokc1")
+                 + len('fdoes{"type": "object"}'))
+    assert prompt == num_bytes + 3 * CHAT_TOKENS_PER_MESSAGE + CHAT_TOKENS_PER_CONVERSATION
+
+
 def test_the_hold_never_exceeds_the_models_context():
     long_prompt = gateway_pb2.GenerateRequest(prompt="a" * 100_000)
     assert quota_hold(long_prompt, context_len=512) == (512, 512)
