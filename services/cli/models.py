@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from services.cli.errors import UsageError
+from services.common.tool_call_formats import TOOL_CALL_PARSERS
 
 TENSOR = "tensor"
 HF = "hf"
@@ -68,6 +69,9 @@ def add_parser(commands) -> None:
     llm.add_argument("--max-seq-len", type=int, default=0,
                      help="longest prompt + output, tokens (0: config.json's max_position_embeddings, capped by what "
                           "the KV cache holds)")
+    llm.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS, default="",
+                     help="the format the model writes tool calls in, recorded in the manifest (default: told from "
+                          "the chat template when it serves)")
 
 
 def source_kind(source: Path) -> str:
@@ -147,7 +151,7 @@ def _import_hf(source: Path, args: argparse.Namespace) -> int:
         raise UsageError(f"--kv-cache-gb must be > 0 and --max-seq-len >= 0, got {args.kv_cache_gb} and "
                          f"{args.max_seq_len}")
     options = ImportOptions(name=args.name, version=args.version, kv_cache_bytes=int(args.kv_cache_gb * 2**30),
-                            max_seq_len=args.max_seq_len or None)
+                            max_seq_len=args.max_seq_len or None, tool_call_parser=args.tool_call_parser)
     try:
         manifest = import_checkpoint(source, args.repository, options)
     except (ImportRefused, InfermeshError) as exc:  # InfermeshError: a name or version the repository refuses

@@ -65,6 +65,7 @@ class ImportOptions:
     block_size: int = 16  # tokens per KV block
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
+    tool_call_parser: str = ""  # the manifest's tokenizer.tool_call_parser ("": told from the chat template)
 
 
 def import_checkpoint(source: str | Path, repository: str | Path, options: ImportOptions) -> Manifest:
@@ -102,7 +103,7 @@ def import_checkpoint(source: str | Path, repository: str | Path, options: Impor
                 max_seq_len=max_seq_len,
                 tokenizer=HFTokenizerSpec(HF, config.vocab_size, eos, -1 if bos is None else bos, stops,
                                           files[TOKENIZER_FILE], files.get(TOKENIZER_CONFIG_FILE),
-                                          files.get(CHAT_TEMPLATE_FILE)),
+                                          files.get(CHAT_TEMPLATE_FILE), options.tool_call_parser),
                 architecture=HFArchitecture(files[CONFIG_FILE], config.architecture, config.vocab_size),
                 golden=golden,
             ),

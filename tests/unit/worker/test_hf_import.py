@@ -197,6 +197,11 @@ def test_a_manifests_tool_call_parser_reaches_the_hello_and_an_unknown_one_is_in
     assert runtime.hello("w1").tokenizer.tool_call_parser == parser
 
 
+def test_the_importer_records_a_tool_call_parser_given(checkpoint, tmp_path):
+    import_checkpoint(checkpoint[0], tmp_path, dataclasses.replace(OPTIONS, tool_call_parser="hermes"))
+    assert load_manifest(tmp_path, "tiny", "1").generator.tokenizer.to_json()["tool_call_parser"] == "hermes"
+
+
 def refused(source: Path, tmp_path: Path, **options) -> str:
     root = tmp_path / "repo"
     with pytest.raises(ImportRefused) as caught:
