@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-import ssl
 import subprocess
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import jsonschema
@@ -24,7 +21,7 @@ import transformers
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2
 from tests.support.hf_checkpoints import save_model_directory
 from tests.support.hf_mesh import serving_checkpoints
-from tests.support.https_json import post_json
+from tests.support.https_json import post_json, post_stream
 from tests.support.side_venv import side_venv_python
 from tools.testbed import session_tls
 from tools.testbed.gateway_fixtures import scrape
@@ -242,9 +239,9 @@ def test_greedy_choices_are_all_equal_and_stream_with_their_indexes(served):
     _, base, _, _ = served
     reply = _complete(base, n=3, temperature=0)
     assert len({c["text"] for c in reply["choices"]}) == 1
-    status, streamed = post_stream(base, {"model": MODEL, "prompt": PROMPT_N, "max_tokens": 8, "ignore_eos": True,
-                                          "n": 3, "temperature": 0, "stream": True,
-                                          "stream_options": {"include_usage": True}})
+    status, streamed = post_stream(base, "/completions", {
+        "model": MODEL, "prompt": PROMPT_N, "max_tokens": 8, "ignore_eos": True, "n": 3, "temperature": 0,
+        "stream": True, "stream_options": {"include_usage": True}})
     assert status == 200
     *events, usage_event, done = streamed
     texts = ["".join(e["choices"][0]["text"] for e in events if e["choices"][0]["index"] == i) for i in range(3)]
@@ -261,16 +258,6 @@ def test_best_of_returns_the_choices_with_the_best_mean_logprob_and_bills_them_a
     assert reply["choices"][0]["text"] == candidates[means.index(max(means))]["text"]
     assert reply["choices"][0]["logprobs"] is None, "not asked for: used to rank, not returned"
     assert reply["usage"]["completion_tokens"] == 24
-
-
-def post_stream(base: str, body: dict) -> tuple[int, list]:
-    request = urllib.request.Request(base + "/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
-    context = ssl.create_default_context(cafile=str(session_tls.session_pki().ca_path))
-    with urllib.request.urlopen(request, timeout=60, context=context) as reply:
-        raw = reply.read().decode()
-    events = [b.removeprefix("data: ") for b in raw.split("\n\n") if b.startswith("data: ")]
-    return reply.status, [e if e == "[DONE]" else json.loads(e) for e in events]
 
 
 NESTED_SCHEMA = {
@@ -323,8 +310,8 @@ def test_guided_outputs_match_streamed_and_not(served, guided, pattern):
     assert all(re.fullmatch(pattern, t, re.DOTALL) for t in texts), texts
     if "json_object" in str(guided):
         assert all(isinstance(json.loads(c["text"]), dict) for c in reply["choices"] if c["finish_reason"] == "stop")
-    status, events = post_stream(base, {"model": MODEL, "prompt": PROMPT_N, "max_tokens": 60, "temperature": 1.0,
-                                        "seed": 5, "stream": True, **guided})
+    status, events = post_stream(base, "/completions", {"model": MODEL, "prompt": PROMPT_N, "max_tokens": 60,
+                                                        "temperature": 1.0, "seed": 5, "stream": True, **guided})
     assert status == 200
     assert "".join(e["choices"][0]["text"] for e in events[:-1]) == texts[0]
 

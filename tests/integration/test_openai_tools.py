@@ -22,7 +22,7 @@ from services.common.tool_call_formats import HERMES
 from tests.support import tool_templates
 from tests.support.hf_checkpoints import save_model_directory
 from tests.support.hf_mesh import serving_checkpoints
-from tests.support.https_json import post_json
+from tests.support.https_json import post_json, post_stream
 from tests.support.side_venv import side_venv_python
 from tools.testbed import session_tls
 
@@ -143,3 +143,28 @@ def test_bad_tools_are_400s_naming_the_field(served, body, param, fragment):
                               {"model": MODEL, "messages": [{"role": "user", "content": "a"}], **body})
     assert (status, reply["error"]["param"]) == (400, param), reply
     assert fragment in reply["error"]["message"]
+
+
+# Auto through the mesh: a regex holds the random model to a Hermes call, so the parser has one to read.
+FORCED_CALL = r'<tool_call>\{"name": "weather", "arguments": \{"city": "(Oslo|Rome)", "days": [1-7]\}\}</tool_call>'
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_parses_the_models_own_call_format_streamed_and_not(served, stream):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS, "max_tokens": 120,
+            "temperature": 1.0, "seed": 9, "guided_regex": FORCED_CALL, "stream": stream}
+    if stream:
+        status, events = post_stream(served[0].base, "/chat/completions", body)
+        deltas = [e["choices"][0]["delta"] for e in events[:-1]]
+        calls = [c for d in deltas for c in d.get("tool_calls", [])]
+        content = "".join(d.get("content") or "" for d in deltas)
+        finish_reason = events[-2]["choices"][0]["finish_reason"]
+        assert [c["index"] for c in calls] == [0] and calls[0]["id"].startswith("call_")
+        call = calls[0]["function"]
+    else:
+        status, reply = post_json(served[0].base, "/chat/completions", body)
+        message, finish_reason = reply["choices"][0]["message"], reply["choices"][0]["finish_reason"]
+        content, call = message["content"] or "", message["tool_calls"][0]["function"]
+    assert status == 200
+    assert (content, finish_reason, call["name"]) == ("", "tool_calls", "weather")
+    jsonschema.validate(json.loads(call["arguments"]), WEATHER)

@@ -1,4 +1,5 @@
-"""POST a JSON body to a mesh's HTTPS front (the session CA trusted) and read the JSON reply, error or not."""
+"""POST a JSON body to a mesh's HTTPS front (the session CA trusted) and read the JSON reply, error or
+not, or a stream's server-sent events."""
 
 from __future__ import annotations
 
@@ -20,3 +21,14 @@ def post_json(base: str, path: str, body: dict) -> tuple[int, dict]:
             return reply.status, json.loads(reply.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
+
+
+def post_stream(base: str, path: str, body: dict) -> tuple[int, list]:
+    """(status, events) of a streamed POST: each `data:` event's JSON, and "[DONE]" as it is."""
+    request = urllib.request.Request(base + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    context = ssl.create_default_context(cafile=str(session_tls.session_pki().ca_path))
+    with urllib.request.urlopen(request, timeout=60, context=context) as reply:
+        raw = reply.read().decode()
+    events = [b.removeprefix("data: ") for b in raw.split("\n\n") if b.startswith("data: ")]
+    return reply.status, [e if e == "[DONE]" else json.loads(e) for e in events]
