@@ -11,6 +11,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from inference import grpc_predict_v2_pb2, grpc_predict_v2_pb2_grpc
 from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
@@ -43,10 +44,7 @@ from services.gateway.dispatch.deadlines import Deadlines
 from services.gateway.dispatch.dispatcher import Dispatcher
 from services.gateway.dispatch.retry_budget import RetryBudgets
 from services.gateway.dispatch.retry_policy import RetryPolicy
-from services.gateway.fronts.http_server import HttpServer
-from services.gateway.fronts.kserve_http import KServeHttp
 from services.gateway.fronts.kserve_servicer import KServeServicer
-from services.gateway.fronts.openai_http import OpenAIFront
 from services.gateway.fronts.servicer import InferenceServicer
 from services.gateway.kserve.core import KServeCore
 from services.gateway.quota.lease import SharedQuotas
@@ -76,6 +74,9 @@ from services.gateway.telemetry import metrics
 from services.gateway.tenants.directory import TenantConfig, TenantConfigError, TenantConfigWatcher
 from services.gateway.tenants.jwks import JwksReload
 from services.gateway.upstream.clients import SchedulerClients, UpstreamMode
+
+if TYPE_CHECKING:  # the HTTP fronts (and aiohttp) are imported only by a gateway given --http-port
+    from services.gateway.fronts.http_server import HttpServer
 
 log = logging.getLogger(__name__)
 
@@ -286,6 +287,10 @@ class GatewayService:
         return bool(self._health and self._health.serving and self.poller.reachable)
 
     def _http_server(self, generate: GenerateCore, models: ModelList, kserve: KServeCore) -> HttpServer:
+        from services.gateway.fronts.http_server import HttpServer
+        from services.gateway.fronts.kserve_http import KServeHttp
+        from services.gateway.fronts.openai_http import OpenAIFront
+
         config = self._config
         files = TlsFiles(config.tls_cert_file, config.tls_key_file, config.tls_ca_file) if config.tls_enabled else None
         return HttpServer(OpenAIFront(generate, models.list_models,

@@ -24,8 +24,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-
-from aiohttp import web
+from typing import TYPE_CHECKING
 
 from services.common import errors
 from services.common.deadlines import remaining_s
@@ -35,6 +34,9 @@ from services.gateway.calls.generate_core import PRIORITY_KEY, Caller
 from services.gateway.calls.stage_timings import REQUEST_START_KEY, parse_request_start_s
 from services.gateway.fronts.openai_codec import BadParameter
 from services.gateway.tenants.credentials import Authorization, Credentials
+
+if TYPE_CHECKING:  # aiohttp only for the HTTP fronts' types: a gRPC-only gateway never imports it
+    from aiohttp import web
 
 AUTHORIZATION_KEY = "authorization"
 TIMEOUT_HEADER = "x-infermesh-timeout-ms"

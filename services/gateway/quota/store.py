@@ -29,9 +29,6 @@ import re
 import time
 from collections.abc import Callable, Iterable
 
-import valkey.asyncio as valkey_asyncio
-from valkey.asyncio.sentinel import Sentinel
-
 from services.gateway.quota.lease import LeasePlan, LeaseReply, TenantGrant
 from services.gateway.quota.store_address import parse_store_address
 
@@ -246,6 +243,10 @@ class ValkeyQuotaStore:
         self, address: str, prefix: str, *, gateway_id: str, ttl_s: float, timeout_s: float,
         share_rotation_s: float = 10.0, clock_ms: Callable[[], float] = lambda: time.monotonic() * 1000,
     ) -> None:
+        # valkey is imported here, not at the top: a gateway without a store never pays its ~0.1 s of CPU.
+        import valkey.asyncio as valkey_asyncio
+        from valkey.asyncio.sentinel import Sentinel
+
         parsed = parse_store_address(address)
         self.address = address
         self.prefix = prefix
