@@ -8,10 +8,10 @@ attached model version; and in `Membership`: which models it serves ready). An
 endpoint that does not answer keeps its last reports until they go stale on the
 board (fail open), and membership tries it after the others.
 
-An endpoint on its way back is polled every RECOVERY_POLL_S instead: while it does not
-answer, and for up to RECOVERY_WATCH_S after it answers again until it reports a model
-ready (a restarted scheduler lists a model only once a worker attached), and likewise
-in the gateway's first RECOVERY_WATCH_S. So a restarted scheduler takes traffic within
+An endpoint on its way back (new to the gateway, or its poll failed) is polled every
+RECOVERY_POLL_S instead, until it serves again every model it served before, for up to
+RECOVERY_WATCH_S after it answers again (routing/recovery_watch.py). A restarted scheduler
+lists a model only once a worker of it attached, so each of its models takes traffic within
 ~0.1 s of its first worker, not after the next whole-second poll.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Callable
 
@@ -28,6 +27,7 @@ from services.common.log_context import clean_context
 from services.gateway.routing.catalog import ModelCatalog
 from services.gateway.routing.circuit_breaker import CircuitBreakers
 from services.gateway.routing.pressure import PressureBoard, PressureReport
+from services.gateway.routing.recovery_watch import RECOVERY_POLL_S, RecoveryWatch
 from services.gateway.routing.replicas import Membership
 from services.gateway.routing.table import RoutingTable
 from services.gateway.telemetry import metrics
@@ -36,8 +36,6 @@ from services.gateway.upstream.status import UpstreamCode
 
 log = logging.getLogger(__name__)
 EXTRA_POLL_MIN_GAP_S = 0.1
-RECOVERY_POLL_S = 0.1
-RECOVERY_WATCH_S = 10.0
 
 
 class PressurePoller:
@@ -70,10 +68,7 @@ class PressurePoller:
         self._extra_poll: asyncio.Task | None = None
         self._extra_poll_at_s = float("-inf")
         self._clock = clock
-        # endpoint -> until when it is polled every RECOVERY_POLL_S (inf: while it does not answer);
-        # an endpoint not in it is watched until _watch_all_until_s (the gateway's start).
-        self._recovering_until: dict[str, float] = {}
-        self._watch_all_until_s = clock() + RECOVERY_WATCH_S
+        self._recovery = RecoveryWatch(clock)
 
     async def run(self) -> None:
         await asyncio.gather(self._run_schedule(), self._run_recovery())
@@ -90,9 +85,7 @@ class PressurePoller:
 
     def recovering(self) -> tuple[str, ...]:
         """The endpoints polled every RECOVERY_POLL_S now (see the module's docstring)."""
-        now_s = self._clock()
-        return tuple(e for e in self._routing.endpoints()
-                     if self._recovering_until.get(e, self._watch_all_until_s) > now_s)
+        return self._recovery.watched(self._routing.endpoints())
 
     async def poll_recovering(self) -> None:
         if endpoints := self.recovering():
@@ -121,7 +114,7 @@ class PressurePoller:
             pressure = await client.get_pressure(timeout_s=self.interval_s)
             models = await client.list_models(timeout_s=self.interval_s)
         except AttemptError as exc:
-            self._recovering_until[endpoint] = math.inf
+            self._recovery.failed(endpoint)
             self.reachable.discard(endpoint)
             if self._membership is not None:
                 self._membership.unreachable(endpoint)
@@ -135,15 +128,13 @@ class PressurePoller:
             log.info("scheduler %s answers pressure polls again", endpoint)
             self._failing.discard(endpoint)
         self.reachable.add(endpoint)
-        if any(m.ready for m in models.models):
-            self._recovering_until[endpoint] = float("-inf")
-        elif self._recovering_until.get(endpoint) == math.inf:
-            self._recovering_until[endpoint] = self._clock() + RECOVERY_WATCH_S
+        ready_models = [m.model.name for m in models.models if m.ready]
+        self._recovery.answered(endpoint, ready_models)
         self._breakers.for_endpoint(endpoint).answered_poll()
         self._board.update(endpoint, [_report(p) for p in pressure.models])
         self._catalog.update(endpoint, tuple(models.models))
         if self._membership is not None:
-            self._membership.update(endpoint, (m.model.name for m in models.models if m.ready))
+            self._membership.update(endpoint, ready_models)
 
 
     def _sever_if_silent(self, endpoint: str, client) -> None:

@@ -10,7 +10,8 @@ from services.common import errors
 from services.gateway.routing.catalog import ModelCatalog
 from services.gateway.routing.circuit_breaker import BreakerConfig, CircuitBreakers
 from services.gateway.routing.pressure import PressureBoard
-from services.gateway.routing.pressure_poller import EXTRA_POLL_MIN_GAP_S, RECOVERY_WATCH_S, PressurePoller
+from services.gateway.routing.pressure_poller import EXTRA_POLL_MIN_GAP_S, PressurePoller
+from services.gateway.routing.recovery_watch import RECOVERY_POLL_S, RECOVERY_SETTLE_S, RECOVERY_WATCH_S
 from services.gateway.upstream.clients import AttemptError
 from services.gateway.upstream.status import UpstreamCode
 
@@ -79,14 +80,16 @@ class ScriptedClient(CountingClient):
             for name in self.ready])
 
 
-async def test_a_scheduler_on_its_way_back_is_polled_fast_until_it_reports_a_model_ready(clock):
+async def test_a_scheduler_on_its_way_back_is_polled_fast_until_it_serves_its_models_again(clock):
     client = ScriptedClient()
     catalog = ModelCatalog()
     poller = _poller(client, clock, catalog)
     assert poller.recovering() == ("10.0.0.1:50052",), "watched in the gateway's first seconds"
-    client.ready = ("digits",)
+    client.ready = ("digits", "tinylm")
     await poller.poll_once()
-    assert poller.recovering() == (), "serving: the whole-second schedule is enough"
+    clock.advance(RECOVERY_SETTLE_S)
+    await poller.poll_recovering()
+    assert poller.recovering() == (), "serving, settled: the whole-second schedule is enough"
 
     client.down = True  # killed
     await poller.poll_once()
@@ -97,9 +100,14 @@ async def test_a_scheduler_on_its_way_back_is_polled_fast_until_it_reports_a_mod
     client.down, client.ready = False, ()  # restarted, no worker attached yet
     await poller.poll_recovering()
     assert poller.recovering() == ("10.0.0.1:50052",) and not catalog.knows("digits")
-    client.ready = ("digits",)  # a worker attached
+    client.ready = ("digits",)  # a classifier worker attached
     await poller.poll_recovering()
     assert catalog.serving("digits", "1") == frozenset({"10.0.0.1:50052"})
+    clock.advance(RECOVERY_POLL_S)
+    assert poller.recovering() == ("10.0.0.1:50052",), "its generator is not back yet"
+    client.ready = ("digits", "tinylm")  # a generator worker attached
+    await poller.poll_recovering()
+    assert catalog.serving("tinylm", "1") == frozenset({"10.0.0.1:50052"})
     assert poller.recovering() == ()
 
 
