@@ -274,7 +274,8 @@ class GatewayService:
                                 context_len=self.catalog.max_seq_len)
         classify = ClassifyCore(self.admission, self.dispatcher, shadow=self.shadow)
         models = ModelList(self.admission, self.clients)
-        gateway_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(generate, classify, models), server)
+        gateway_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(
+            generate, classify, models, self.admission.parts.tenants.authenticate), server)
         kserve = KServeCore(admission=self.admission, catalog=self.catalog, refresh_catalog=self.poller.poll_once,
                             classify=classify.classify_admitted, generate=generate)
         grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(

@@ -140,6 +140,17 @@ def test_a_bad_request_is_checked_only_once_its_caller_is_authenticated(stub):
     assert no_model.code == grpc.StatusCode.UNAUTHENTICATED
 
 
+def test_n_and_tool_choice_checked_before_admission_still_say_unauthenticated_first(stub):
+    def too_many(metadata):
+        request = gateway_pb2.GenerateRequest(model=GENERATOR, prompt="abc", n=17, tool_choice="f")
+        return lambda: list(stub.Generate(request, timeout=10, metadata=metadata))
+
+    unknown = status_of(too_many(bearer("not-a-key")))
+    assert (unknown.code, unknown.message) == (grpc.StatusCode.UNAUTHENTICATED, "invalid API key")
+    known = status_of(too_many(bearer(KEYS["gold"])))
+    assert (known.code, known.message) == (grpc.StatusCode.INVALID_ARGUMENT, "tool_choice needs tools")
+
+
 def test_valid_key_is_served_and_its_tenant_reaches_the_scheduler(stub, mesh):
     reply = _classify(stub, KEYS["gold"])()
     assert reply.labels[0].label == "bright"

@@ -40,6 +40,8 @@ TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Th
                                            "parameters": {"type": "object", "properties": {},
                                                           "additionalProperties": False}}}]
 SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
+# Auto through the mesh: a regex holds the random model to a Hermes call, so the parser has one to read.
+FORCED_CALL = r'<tool_call>\{"name": "weather", "arguments": \{"city": "(Oslo|Rome)", "days": [1-7]\}\}</tool_call>'
 
 
 @pytest.fixture(scope="module")
@@ -114,20 +116,49 @@ def test_auto_lets_the_model_answer_and_reads_any_call_it_makes(conversations):
     assert auto["finish_reason"] in ("stop", "length", "tool_calls")
 
 
-def test_grpc_callers_get_the_tools_rendered_and_the_format_named(served):
-    mesh, tokenizer = served
-    messages = [{"role": "user", "content": "Time?"}]
+def grpc_generate(served, messages: list[dict], **fields) -> list[gateway_pb2.GenerateResponse]:
     request = gateway_pb2.GenerateRequest(
         model=common_pb2.ModelRef(name=MODEL), messages=[gateway_pb2.ChatMessage(**m) for m in messages],
         tools=[gateway_pb2.Tool(name=t["function"]["name"], description=t["function"]["description"],
-                                parameters=json.dumps(t["function"]["parameters"])) for t in TOOLS],
-        sampling=common_pb2.SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
-    with session_tls.channel(mesh.mesh.gateway.address) as channel:
-        chunks = list(gateway_pb2_grpc.InferenceStub(channel).Generate(request, timeout=60))
+                                parameters=json.dumps(t["function"]["parameters"])) for t in TOOLS], **fields)
+    with session_tls.channel(served[0].mesh.gateway.address) as channel:
+        return list(gateway_pb2_grpc.InferenceStub(channel).Generate(request, timeout=60))
+
+
+def test_grpc_callers_get_the_tools_rendered_and_the_format_named(served):
+    messages = [{"role": "user", "content": "Time?"}]
+    chunks = grpc_generate(served, messages, sampling=common_pb2.SamplingParams(max_tokens=3, temperature=0,
+                                                                                ignore_eos=True))
     assert chunks[0].tool_call_parser == HERMES
-    expected = tokenizer.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=True,
+    expected = served[1].apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=True,
                                              return_dict=False)
     assert chunks[-1].usage.prompt_tokens == len(expected)
+
+
+@pytest.mark.parametrize(("tool_choice", "structured"), [
+    ("weather", None),  # constrained to the arguments: the text is them
+    ("", common_pb2.StructuredOutput(regex=FORCED_CALL)),  # auto: the model's own format, parsed
+])
+def test_grpc_callers_get_the_calls_parsed_on_the_last_chunk(served, tool_choice, structured):
+    sampling = common_pb2.SamplingParams(max_tokens=120, temperature=1.0, seed=9, structured=structured)
+    chunks = grpc_generate(served, [{"role": "user", "content": "Weather?"}], tool_choice=tool_choice,
+                           sampling=sampling, n=2)
+    for index in (0, 1):
+        mine = [c for c in chunks if c.choice_index == index]
+        calls, text = mine[-1].tool_calls, "".join(c.text for c in mine)
+        assert [c.name for c in calls] == ["weather"] and calls[0].id.startswith("call_")
+        jsonschema.validate(json.loads(calls[0].arguments), WEATHER)
+        assert text == calls[0].arguments if tool_choice else text.startswith("<tool_call>")
+        assert all(not c.tool_calls for c in mine[:-1])
+
+
+def test_grpc_tool_choice_naming_no_tool_is_invalid_argument(served):
+    import grpc
+
+    with pytest.raises(grpc.RpcError) as caught:
+        grpc_generate(served, [{"role": "user", "content": "a"}], tool_choice="nope")
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == "tool_choice names 'nope', which is not among the tools (weather, clock)"
 
 
 @pytest.mark.parametrize(("body", "param", "fragment"), [
@@ -144,9 +175,6 @@ def test_bad_tools_are_400s_naming_the_field(served, body, param, fragment):
     assert (status, reply["error"]["param"]) == (400, param), reply
     assert fragment in reply["error"]["message"]
 
-
-# Auto through the mesh: a regex holds the random model to a Hermes call, so the parser has one to read.
-FORCED_CALL = r'<tool_call>\{"name": "weather", "arguments": \{"city": "(Oslo|Rome)", "days": [1-7]\}\}</tool_call>'
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -10,9 +10,20 @@ import json
 
 import pytest
 
+from infermesh.v1 import common_pb2, gateway_pb2
+from services.common import errors
 from services.common.tool_call_formats import HERMES, LLAMA3_JSON
 from services.gateway.fronts import openai_codec
-from services.gateway.fronts.openai_tools import AUTO, NAMED, NONE, REQUIRED, ChatTools, ToolCallSplitter
+from services.gateway.fronts.openai_tools import (
+    AUTO,
+    NAMED,
+    NONE,
+    REQUIRED,
+    ChatTools,
+    GrpcToolCalls,
+    ToolCallSplitter,
+    grpc_tool_choice,
+)
 from services.gateway.fronts.tool_call_parsers import PARSERS, Parsed, ParsedCall
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -235,3 +246,52 @@ def test_none_renders_tools_but_parses_no_calls():
     splitter = ToolCallSplitter(ChatTools(NONE), ids())
     text = '<tool_call>{"name": "clock", "arguments": {}}</tool_call>'
     assert stream(splitter, [text], HERMES) == (text, []) and splitter.finish_reason("stop") == "stop"
+
+
+# -- the gRPC Generate's tool_choice ----------------------------------------------------
+
+
+def grpc_request(tool_choice: str, **over) -> gateway_pb2.GenerateRequest:
+    return gateway_pb2.GenerateRequest(
+        messages=[gateway_pb2.ChatMessage(role="user", content="hi")], tool_choice=tool_choice,
+        tools=[gateway_pb2.Tool(name="weather", parameters=json.dumps(WEATHER)), gateway_pb2.Tool(name="clock")],
+        **over)
+
+
+@pytest.mark.parametrize(("tool_choice", "expected", "schema"), [
+    ("", ChatTools(AUTO), None), ("none", ChatTools(NONE), None), ("weather", ChatTools(NAMED, "weather"), WEATHER),
+])
+def test_grpc_tool_choice_is_checked_and_applied_as_openais(tool_choice, expected, schema):
+    request = grpc_request(tool_choice)
+    assert grpc_tool_choice(request) == expected
+    structured = request.sampling.structured.json_schema
+    assert (json.loads(structured) if structured else None) == schema
+    required = grpc_request("required")
+    assert grpc_tool_choice(required) == ChatTools(REQUIRED)
+    assert "maxItems" not in json.loads(required.sampling.structured.json_schema)  # parallel calls allowed
+
+
+@pytest.mark.parametrize(("request_", "message"), [
+    (grpc_request("nope"), "tool_choice names 'nope', which is not among the tools (weather, clock)"),
+    (gateway_pb2.GenerateRequest(prompt="a", tool_choice="required"), "tool_choice needs tools"),
+    (grpc_request("required", sampling=common_pb2.SamplingParams(structured=common_pb2.StructuredOutput(
+        json_object=True))), "tool_choice 'required' constrains the output itself; it cannot be combined with "
+                             "response_format or guided_*"),
+    (gateway_pb2.GenerateRequest(messages=[gateway_pb2.ChatMessage(role="user", content="a")],
+                                 tools=[gateway_pb2.Tool(name="f", parameters="[")]),
+     "tools[0].parameters must be a JSON schema (an object, as JSON text)"),
+])
+def test_a_bad_grpc_tool_choice_is_invalid_argument(request_, message):
+    with pytest.raises(errors.InvalidArgument) as caught:
+        grpc_tool_choice(request_)
+    assert caught.value.message == message
+
+
+def test_grpc_calls_are_set_on_the_last_chunk_only():
+    calls = GrpcToolCalls(ChatTools(NAMED, "weather"))
+    first = gateway_pb2.GenerateResponse(text='{"city": ', tool_call_parser=HERMES)
+    last = gateway_pb2.GenerateResponse(text='"Oslo"}', finish_reason=common_pb2.FINISH_REASON_EOS)
+    calls.add(first)
+    calls.add(last)
+    assert not first.tool_calls
+    assert [(c.name, c.arguments) for c in last.tool_calls] == [("weather", '{"city": "Oslo"}')]

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from infermesh.v1 import gateway_pb2
-from services.common.generate_input import MAX_TOOLS, TOOL_NAME
+from infermesh.v1 import common_pb2, gateway_pb2
+from services.common.generate_input import MAX_TOOLS, TOOL_NAME, check_input
 from services.gateway.fronts.openai_params import BadParameter, shown
 from services.gateway.fronts.tool_call_parsers import PARSERS, ParsedCall, call_from_object
 
@@ -60,23 +60,48 @@ def parse_tools(body: dict, generate: gateway_pb2.GenerateRequest) -> ChatTools 
         return None
     if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
         raise BadParameter("tools", f"tools must be a list of up to {MAX_TOOLS} "
-                                          "{\"type\": \"function\", \"function\": {...}} objects")
+                                    "{\"type\": \"function\", \"function\": {...}} objects")
     schemas: dict[str, dict] = {}
     for i, tool in enumerate(tools):
         spec = _tool(tool, i)
         if spec.name in schemas:
             raise BadParameter(f"tools[{i}].function.name", f"tools[{i}].function.name {spec.name!r} "
-                                                                  "is offered twice")
+                                                            "is offered twice")
         schemas[spec.name] = json.loads(spec.parameters) if spec.parameters else _EMPTY_PARAMETERS
         generate.tools.append(spec)
     chosen = _choice(choice, schemas)
-    if chosen.constrained:
-        if generate.sampling.HasField("structured"):
-            raise BadParameter("tool_choice", f"tool_choice {shown(choice)} constrains the output itself; "
-                                                    "it cannot be combined with response_format or guided_*")
-        schema = schemas[chosen.name] if chosen.mode == NAMED else _calls_schema(schemas, parallel is not False)
-        generate.sampling.structured.json_schema = json.dumps(schema)
+    _constrain(generate, chosen, schemas, parallel is not False, shown(choice))
     return chosen
+
+
+def grpc_tool_choice(request: gateway_pb2.GenerateRequest) -> ChatTools | None:
+    """GenerateRequest.tool_choice ("", auto, none, required or a tool's name) checked against its
+    tools (InvalidArgument) and applied as parse_tools applies OpenAI's (parallel calls allowed);
+    None when the request offers no tools."""
+    check_input(request.prompt, request.messages, request.tools)  # the tools' schemas parse
+    choice = request.tool_choice
+    if not request.tools:
+        if choice not in ("", NONE):
+            raise BadParameter("tool_choice", "tool_choice needs tools")
+        return None
+    schemas = {t.name: json.loads(t.parameters) if t.parameters else _EMPTY_PARAMETERS for t in request.tools}
+    as_openai = (choice or None) if choice in ("", AUTO, NONE, REQUIRED) else {"type": "function",
+                                                                             "function": {"name": choice}}
+    chosen = _choice(as_openai, schemas)
+    _constrain(request, chosen, schemas, True, shown(choice))
+    return chosen
+
+
+def _constrain(generate: gateway_pb2.GenerateRequest, chosen: ChatTools, schemas: dict[str, dict], parallel: bool,
+               shown_choice: str) -> None:
+    """required / named: the output held to the calls' JSON schema (sampling.structured)."""
+    if not chosen.constrained:
+        return
+    if generate.sampling.HasField("structured"):
+        raise BadParameter("tool_choice", f"tool_choice {shown_choice} constrains the output itself; "
+                                          "it cannot be combined with response_format or guided_*")
+    schema = schemas[chosen.name] if chosen.mode == NAMED else _calls_schema(schemas, parallel)
+    generate.sampling.structured.json_schema = json.dumps(schema)
 
 
 def _tool(tool: Any, i: int) -> gateway_pb2.Tool:
@@ -248,3 +273,22 @@ class ToolCallSplitter:
         self.calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
         return {"index": len(self.calls) - 1, "id": call_id, "type": "function",
                 "function": {"name": name, "arguments": arguments}}
+
+
+class GrpcToolCalls:
+    """The gRPC Generate's tool calls: one choice's, parsed as the OpenAI front parses them (the
+    text itself goes out as the model wrote it), set on its last chunk."""
+
+    def __init__(self, tools: ChatTools) -> None:
+        self._splitter = ToolCallSplitter(tools)
+        self._parser: str | None = None
+
+    def add(self, chunk: gateway_pb2.GenerateResponse) -> None:
+        if self._parser is None:
+            self._parser = chunk.tool_call_parser
+        last = chunk.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
+        self._splitter.feed(chunk.text, last, self._parser)
+        if last:
+            chunk.tool_calls.extend(gateway_pb2.ToolCall(id=c["id"], name=c["function"]["name"],
+                                                         arguments=c["function"]["arguments"])
+                                    for c in self._splitter.calls)

@@ -4,9 +4,11 @@ classify_core.py, model_list.py, shared with the HTTP fronts and KServe."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import aclosing
 
 from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
+from services.common import errors
 from services.common.deadlines import remaining_s
 from services.common.status import maps_domain_errors
 from services.gateway.calls.classify_core import ClassifyCore
@@ -14,16 +16,23 @@ from services.gateway.calls.generate_core import GenerateCore
 from services.gateway.calls.model_list import ModelList
 from services.gateway.fronts.caller import grpc_caller, grpc_credentials
 from services.gateway.fronts.openai_choices import grpc_choices, merged
+from services.gateway.fronts.openai_tools import GrpcToolCalls, grpc_tool_choice
+from services.gateway.tenants.credentials import Authorization
 
 # ListModels waits at most this long for the schedulers, whatever the client's deadline.
 _LIST_MODELS_TIMEOUT_S = 5.0
 
 
 class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
-    def __init__(self, generate: GenerateCore, classify: ClassifyCore, models: ModelList) -> None:
+    def __init__(self, generate: GenerateCore, classify: ClassifyCore, models: ModelList,
+                 authenticate: Callable[[Authorization], object] = lambda _: None) -> None:
+        """authenticate: the tenants' own check (Unauthenticated), asked only of a Generate whose n or
+        tool_choice is refused before admission, so a caller without a valid key learns nothing about
+        what the gateway would accept (as the OpenAI front does)."""
         self._generate = generate
         self._classify = classify
         self._models = models
+        self._authenticate = authenticate
 
     @maps_domain_errors
     async def Classify(self, request: gateway_pb2.ClassifyRequest, context) -> gateway_pb2.ClassifyResponse:
@@ -32,15 +41,23 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
     @maps_domain_errors
     async def Generate(self, request: gateway_pb2.GenerateRequest, context):
         caller = grpc_caller(context)
-        requests = grpc_choices(request)
-        if len(requests) == 1:
+        try:
+            tools = grpc_tool_choice(request)
+            requests = grpc_choices(request)
+        except errors.InvalidArgument as err:
+            self._authenticate(grpc_credentials(context))  # Unauthenticated first, if it is
+            raise err from None
+        if len(requests) == 1 and tools is None:
             async for chunk in self._generate.generate(request, caller):
                 yield chunk
             return
+        calls = [GrpcToolCalls(tools) for _ in requests] if tools is not None else None
         choices = merged(lambda r: self._generate.generate(r, caller), requests)
         async with aclosing(choices):
             async for index, chunk in choices:
                 chunk.choice_index = index
+                if calls is not None:
+                    calls[index].add(chunk)
                 yield chunk
 
     @maps_domain_errors
