@@ -200,22 +200,29 @@ class ToolCallSplitter:
     def __init__(self, tools: ChatTools | None, new_id: Callable[[], str] = new_call_id) -> None:
         self._tools = tools
         self._new_id = new_id
-        self._text = ""
+        self._text = ""  # what may still be, or hold, a call (kept only when calls are read)
         self._sent = 0  # of _text, streamed as content (auto) or as arguments (named)
         self.calls: list[dict] = []
-        self.content = ""
+        self._contents: list[str] = []
+
+    @property
+    def content(self) -> str:
+        """The content sent so far."""
+        return "".join(self._contents)
 
     def feed(self, text: str, last: bool, parser: str = "") -> tuple[str, list[dict]]:
         """This chunk's content and its tool_calls deltas. `parser`: the format the first chunk named."""
         mode = self._tools.mode if self._tools is not None else NONE
+        tool_parser = PARSERS.get(parser) if mode == AUTO else None
+        if mode in (NONE, AUTO) and tool_parser is None:  # plain chat: every chunk passes, nothing is kept but it
+            self._contents.append(text)
+            return text, []
         self._text += text
         if mode == NAMED:
             return "", self._named_delta()
         if mode == REQUIRED:
             return self._whole(self._required_calls) if last else ("", [])
-        tool_parser = PARSERS.get(parser) if mode == AUTO else None
-        if tool_parser is None:
-            return self._content(len(self._text)), []
+        assert tool_parser is not None
         if not last:
             return self._content(max(self._sent, tool_parser.content_end(self._text))), []
         parsed = tool_parser.parse(self._text)
@@ -230,14 +237,14 @@ class ToolCallSplitter:
 
     def message(self) -> dict:
         """The whole choice's `message` (after the last feed)."""
+        content = self.content
         if not self.calls:
-            return {"role": "assistant", "content": self.content}
-        return {"role": "assistant", "content": self.content if self.content.strip() else None,
-                "tool_calls": self.calls}
+            return {"role": "assistant", "content": content}
+        return {"role": "assistant", "content": content if content.strip() else None, "tool_calls": self.calls}
 
     def _content(self, end: int) -> str:
         piece, self._sent = self._text[self._sent:end], end
-        self.content += piece
+        self._contents.append(piece)
         return piece
 
     def _named_delta(self) -> list[dict]:
