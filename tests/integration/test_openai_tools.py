@@ -18,7 +18,7 @@ import pytest
 import transformers
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from services.common.tool_call_formats import HERMES
+from services.common.tool_call_formats import HERMES, LLAMA3_JSON
 from tests.support import tool_templates
 from tests.support.hf_checkpoints import save_model_directory
 from tests.support.hf_mesh import serving_checkpoints
@@ -29,6 +29,7 @@ from tools.testbed import session_tls
 pytestmark = pytest.mark.integration
 
 MODEL = "tiny-tools"
+LLAMA = "tiny-tools-llama"
 SIDE_VENV = ("openai", "openai==3.51.0")  # the venv of tests/openai/test_openai_client.py, built once
 SCRIPT = Path(__file__).with_name("openai_tools_script.py")
 WEATHER = {"type": "object", "properties": {"city": {"enum": ["Oslo", "Rome", "Lima"]},
@@ -51,7 +52,10 @@ def served(tmp_path_factory):
     save_model_directory(tmp / MODEL, "qwen2", seed=7, chat_template=tool_templates.HERMES,
                          max_position_embeddings=2048)
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp / MODEL)
-    with serving_checkpoints(tmp, [MODEL], kv_cache_bytes=1 << 22) as mesh:
+    # A template that does not tell the format (no tools section): the manifest names it.
+    save_model_directory(tmp / LLAMA, "llama3", seed=8)
+    with serving_checkpoints(tmp, [MODEL, LLAMA], kv_cache_bytes=1 << 22,
+                             options={LLAMA: {"tool_call_parser": LLAMA3_JSON}}) as mesh:
         yield mesh, tokenizer
 
 
@@ -196,3 +200,20 @@ def test_auto_parses_the_models_own_call_format_streamed_and_not(served, stream)
     assert status == 200
     assert (content, finish_reason, call["name"]) == ("", "tool_calls", "weather")
     jsonschema.validate(json.loads(call["arguments"]), WEATHER)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_manifests_parser_reads_llama3_json_calls(served, stream):
+    forced = r'\{"name": "clock", "parameters": \{\}\}'
+    body = {"model": LLAMA, "messages": [{"role": "user", "content": "Time?"}], "tools": TOOLS, "max_tokens": 60,
+            "temperature": 1.0, "seed": 2, "guided_regex": forced, "stream": stream}
+    if stream:
+        status, events = post_stream(served[0].base, "/chat/completions", body)
+        calls = [c for e in events[:-1] for c in e["choices"][0]["delta"].get("tool_calls", [])]
+        finish_reason = events[-2]["choices"][0]["finish_reason"]
+    else:
+        status, reply = post_json(served[0].base, "/chat/completions", body)
+        calls, finish_reason = reply["choices"][0]["message"]["tool_calls"], reply["choices"][0]["finish_reason"]
+    assert status == 200
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [("clock", "{}")]
+    assert finish_reason == "tool_calls"

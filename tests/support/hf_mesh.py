@@ -5,7 +5,7 @@ once every model answers a completion."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +25,14 @@ class HFMesh:
 
 
 @contextmanager
-def serving_checkpoints(tmp: Path, names: Sequence[str], kv_cache_bytes: int = 1 << 20) -> Iterator[HFMesh]:
-    """`tmp/<name>` for each name: checkpoint directories, served until the block ends."""
+def serving_checkpoints(tmp: Path, names: Sequence[str], kv_cache_bytes: int = 1 << 20,
+                        options: Mapping[str, Mapping[str, Any]] | None = None) -> Iterator[HFMesh]:
+    """`tmp/<name>` for each name: checkpoint directories, served until the block ends. `options`:
+    more ImportOptions fields for some of them, by name."""
     root = tmp / "model_repo"
     for name in names:
-        import_checkpoint(tmp / name, root, ImportOptions(name, "1", kv_cache_bytes=kv_cache_bytes))
+        more = (options or {}).get(name, {})
+        import_checkpoint(tmp / name, root, ImportOptions(name, "1", kv_cache_bytes=kv_cache_bytes, **more))
     http_port, metrics_port = free_port(), free_port()
     with running_mesh(tmp, env={"HF_HUB_OFFLINE": "1"}) as mesh:
         mesh.start_scheduler("--metrics-port", str(metrics_port))
