@@ -14,7 +14,8 @@ from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.common.tool_call_formats import HERMES, LLAMA3_JSON
 from services.gateway.fronts import openai_codec
-from services.gateway.fronts.openai_tools import (
+from services.gateway.fronts.tool_call_parsers import PARSERS, Parsed, ParsedCall
+from services.gateway.fronts.tool_calls import (
     AUTO,
     NAMED,
     NONE,
@@ -24,7 +25,6 @@ from services.gateway.fronts.openai_tools import (
     ToolCallSplitter,
     grpc_tool_choice,
 )
-from services.gateway.fronts.tool_call_parsers import PARSERS, Parsed, ParsedCall
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Weather now", "parameters": WEATHER}},

@@ -28,7 +28,8 @@ from services.gateway.admission.latency_admission import ObjectiveMissed, Object
 from services.gateway.fronts.http_status import HttpRefusal, http_refusal, matching
 from services.gateway.fronts.openai_choices import MAX_CHOICES, ChoiceResult
 from services.gateway.fronts.openai_params import BadParameter, shown
-from services.gateway.fronts.openai_tools import ChatTools, ToolCallSplitter, add_turn_fields, parse_tools
+from services.gateway.fronts.openai_tools import add_turn_fields, parse_tools
+from services.gateway.fronts.tool_calls import ChatTools, ToolCallSplitter
 from services.gateway.quota.quotas import QuotaExceeded
 
 MAX_STOP_SEQUENCES = 4
@@ -73,7 +74,7 @@ class OpenAIRequest:
     # The parameter that asked for structured output (response_format, a guided_*, or tools for a
     # constrained tool_choice), if any.
     structured_param: str | None = None
-    # Chat with tools: the tool choice (openai_tools.py); None: no tools offered.
+    # Chat with tools: the tool choice (tool_calls.py); None: no tools offered.
     tools: ChatTools | None = None
 
 

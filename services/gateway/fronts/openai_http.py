@@ -29,7 +29,7 @@ from aiohttp import web
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.gateway.calls.generate_core import GenerateCore
-from services.gateway.fronts import json_body, openai_choices, openai_codec, openai_tools
+from services.gateway.fronts import json_body, openai_choices, openai_codec, tool_calls
 from services.gateway.fronts.caller import http_authorization, http_caller
 from services.gateway.fronts.http_refusals import refusal_middleware
 from services.gateway.tenants.credentials import Authorization
@@ -142,7 +142,7 @@ class OpenAIFront:
         await response.prepare(request)
         created_s = int(self._clock())
         writers = [openai_codec.LogprobsWriter(parsed) for _ in range(parsed.n)]
-        splitters = [openai_tools.ToolCallSplitter(parsed.tools) for _ in range(parsed.n)]
+        splitters = [tool_calls.ToolCallSplitter(parsed.tools) for _ in range(parsed.n)]
         parsers = [""] * parsed.n
         lasts: list[gateway_pb2.GenerateResponse | None] = [None] * parsed.n
 

@@ -16,7 +16,7 @@ from services.gateway.calls.generate_core import GenerateCore
 from services.gateway.calls.model_list import ModelList
 from services.gateway.fronts.caller import grpc_caller, grpc_credentials
 from services.gateway.fronts.openai_choices import grpc_choices, merged
-from services.gateway.fronts.openai_tools import GrpcToolCalls, grpc_tool_choice
+from services.gateway.fronts.tool_calls import GrpcToolCalls, grpc_tool_choice
 from services.gateway.tenants.credentials import Authorization
 
 # ListModels waits at most this long for the schedulers, whatever the client's deadline.
