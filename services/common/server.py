@@ -155,7 +155,8 @@ async def serve(service_name: str, settings: ServerSettings, service: Service) -
         log.info("serving on for the %.0f ms drain notice before stopping", settings.drain_notice_ms)
         await asyncio.sleep(settings.drain_notice_ms / 1000)
     try:
-        await asyncio.wait_for(service.drain(settings.drain_grace_s), timeout=settings.drain_grace_s)
+        async with asyncio.timeout(settings.drain_grace_s):  # not wait_for: it can swallow a cancellation on 3.11
+            await service.drain(settings.drain_grace_s)
     except TimeoutError:
         log.warning("drain did not finish within %.1fs", settings.drain_grace_s)
     remaining_s = max(0.0, settings.drain_grace_s - (time.monotonic() - began))

@@ -52,7 +52,8 @@ class InFlightCalls(Generic[T]):
         """Returns when a call ends, or after timeout_s."""
         self._changed.clear()
         try:
-            await asyncio.wait_for(self._changed.wait(), max(0.0, timeout_s))
+            async with asyncio.timeout(max(0.0, timeout_s)):  # not wait_for: it can swallow a cancellation on 3.11
+                await self._changed.wait()
         except TimeoutError:
             pass
 

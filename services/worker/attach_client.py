@@ -457,7 +457,8 @@ class AttachClient:
         await self._write(call, scheduler_pb2.WorkerMessage(draining=scheduler_pb2.Draining(grace_ms=int(grace_s * 1000))))
         # The scheduler stops sending work, and ends the stream once nothing of ours is in flight.
         try:
-            await asyncio.wait_for(self.attached_closed(), timeout=grace_s)
+            async with asyncio.timeout(grace_s):  # not wait_for: it can swallow a cancellation on 3.11
+                await self.attached_closed()
         except TimeoutError:
             log.warning("scheduler did not release the stream within %.1fs", grace_s)
         await self._wait_in_flight()

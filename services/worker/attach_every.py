@@ -80,8 +80,9 @@ class EverySchedulerClient:
             await self.refresh()
             if not self._endpoints.is_dns:
                 break  # a fixed list never changes
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), timeout=self._resolve_interval_s)
+            with contextlib.suppress(TimeoutError):  # asyncio.timeout: never swallows a cancellation
+                async with asyncio.timeout(self._resolve_interval_s):
+                    await self._stopping.wait()
         await self._stopping.wait()
 
     async def refresh(self) -> None:

@@ -83,7 +83,11 @@ class QuotaSync:
         """One lease round; True when the store answered."""
         plan = self._quotas.plan()
         try:
-            reply = await asyncio.wait_for(self._store.sync(plan), timeout=self._store.timeout_s)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation that
+            # lands as the store answers (CPython gh-86296), and then the cancelled loop syncs on
+            # forever and the gateway's close() waits for it (a suite run hung 300 s on this).
+            async with asyncio.timeout(self._store.timeout_s):
+                reply = await self._store.sync(plan)
         except Exception as exc:  # noqa: BLE001 - any failure of the store means: fall back
             started = self._quotas.store_unreachable()
             STORE_UP.set(0)
@@ -107,7 +111,8 @@ class QuotaSync:
 
     async def audit_once(self) -> None:
         try:
-            strange = await asyncio.wait_for(self._store.audit(self._quotas.tenant_ids()), timeout=5.0)
+            async with asyncio.timeout(5.0):
+                strange = await self._store.audit(self._quotas.tenant_ids())
         except Exception as exc:  # noqa: BLE001 - the audit is advisory; the next sync reports outages
             log.debug("quota store audit failed: %s", _describe(exc))
             return
@@ -132,7 +137,8 @@ class QuotaSync:
                                     num_in_flight=0, want_in_flight=0)
                 for ask in plan.asks))
             try:
-                await asyncio.wait_for(self._store.sync(leave, leaving=True), timeout=self._store.timeout_s)
+                async with asyncio.timeout(self._store.timeout_s):
+                    await self._store.sync(leave, leaving=True)
             except Exception as exc:  # noqa: BLE001 - the TTL frees everything anyway
                 log.info("quota store %s: could not leave (%s); its TTL frees this gateway's share",
                          self._store.address, _describe(exc))

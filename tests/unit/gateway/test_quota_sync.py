@@ -129,3 +129,37 @@ async def test_close_gives_everything_back_when_leased_and_only_closes_in_fallba
     await sync.sync_once()
     await sync.close()
     assert len(fallback_store.plans) == 1 and fallback_store.closed  # nothing leased: nothing to return
+
+
+class AnsweringStore(FakeStore):
+    """A store whose sync waits until the test answers it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer: asyncio.Future | None = None
+        self.asked = asyncio.Event()
+
+    async def sync(self, plan, *, leaving=False):
+        self.plans.append((plan, leaving))
+        self.answer = asyncio.get_running_loop().create_future()
+        self.asked.set()
+        return await self.answer
+
+
+async def test_cancelling_the_loop_as_the_store_answers_stops_it(quotas):
+    """The gateway's close() cancels the loop and waits for it. Python 3.11's wait_for returned the
+    store's reply instead of raising when both landed in one tick (CPython gh-86296), and the loop
+    synced on forever: a suite run hung 300 s in close()."""
+    store = AnsweringStore()
+
+    async def no_sleep(seconds: float) -> None:
+        await asyncio.sleep(0)
+
+    sync = QuotaSync(quotas, store, sleep=no_sleep)
+    loop = asyncio.create_task(sync.run())
+    await store.asked.wait()
+    assert store.answer is not None
+    store.answer.set_result(_reply())
+    loop.cancel()  # the same tick as the answer
+    done, _ = await asyncio.wait({loop}, timeout=5.0)
+    assert done == {loop} and loop.cancelled()
