@@ -1,4 +1,4 @@
-"""Request payloads made in-process: digit-like images and byte-level prompts.
+"""Request payloads made in-process: digit-like images, byte-level prompts and numeric tensors.
 
 Images start as an 8x8 digit glyph (the shape of the handwritten-digits data
 the demo classifier learns from), jittered and noised, then upscaled with
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from loadtest.scenario import ImageEncoding, ImageSpec
+from loadtest.scenario import TENSOR_DTYPES, ImageEncoding, ImageSpec, TensorInputSpec, TensorSpec, ValueDist
 
 _GLYPHS = {
     0: ["..####..", ".##..##.", ".#....#.", "##....##", "##....##", ".#....#.", ".##..##.", "..####.."],
@@ -47,6 +47,21 @@ class ImagePayload:
 class TextPayload:
     prompt: str
     max_tokens: int
+
+
+@dataclass(frozen=True)
+class TensorData:
+    """One input tensor, in Triton's raw layout (row-major, little-endian; BOOL one byte an element)."""
+
+    name: str
+    datatype: str  # KServe v2: FP32, INT64, ...
+    shape: tuple[int, ...]
+    raw: bytes
+
+
+@dataclass(frozen=True)
+class TensorPayload:
+    inputs: tuple[TensorData, ...]  # in the scenario's order
 
 
 def digit_glyph(digit: int, rng: np.random.Generator) -> np.ndarray:
@@ -102,3 +117,29 @@ def make_prompt(num_bytes: int, rng: np.random.Generator) -> str:
         words.append(word)
         length += len(word) + 1
     return " ".join(words)[:num_bytes]
+
+
+def make_tensor_pool(spec: TensorSpec, rng: np.random.Generator) -> tuple[TensorPayload, ...]:
+    """The class's pre-generated requests: every input drawn once per variant, from `rng` (seeded)."""
+    return tuple(TensorPayload(tuple(make_tensor(t, rng) for t in spec.inputs)) for _ in range(spec.num_variants))
+
+
+def make_tensor(spec: TensorInputSpec, rng: np.random.Generator) -> TensorData:
+    shape = tuple(d.sample(rng) for d in spec.shape)
+    dtype = np.dtype(TENSOR_DTYPES[spec.datatype])
+    values = spec.values
+    if values.dist is ValueDist.FIXED:
+        array = np.full(shape, values.a, dtype=dtype)
+    elif dtype.kind == "b":
+        array = rng.random(shape) < 0.5
+    elif dtype.kind == "f":
+        drawn = rng.uniform(values.a, values.b, shape) if values.dist is ValueDist.UNIFORM \
+            else rng.normal(values.a, values.b, shape)
+        info = np.finfo(dtype)
+        array = np.clip(drawn, info.min, info.max).astype(dtype)
+    elif values.dist is ValueDist.UNIFORM:
+        array = rng.integers(int(values.a), int(values.b), size=shape, dtype=dtype, endpoint=True)
+    else:
+        ints = np.iinfo(dtype)
+        array = np.clip(np.rint(rng.normal(values.a, values.b, shape)), ints.min, ints.max).astype(dtype)
+    return TensorData(spec.name, spec.datatype, shape, np.ascontiguousarray(array, dtype=dtype).tobytes())

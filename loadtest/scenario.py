@@ -14,6 +14,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from loadtest.arrivals import ArrivalProcess, RateSchedule, Segment
@@ -30,6 +31,7 @@ class LoadMode(Enum):
 class RequestKind(Enum):
     CLASSIFY = "classify"
     GENERATE = "generate"
+    TENSOR = "tensor"  # KServe v2 ModelInfer with the class's own input tensors (kserve+ targets)
 
 
 class ImageEncoding(Enum):
@@ -73,6 +75,43 @@ class ImageSpec:
     num_variants: int  # distinct images pre-generated per class; requests cycle through them
 
 
+# KServe v2 datatypes a tensor class can generate, as little-endian numpy type strings.
+TENSOR_DTYPES = {"BOOL": "|b1", "UINT8": "|u1", "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8", "INT8": "|i1",
+                 "INT16": "<i2", "INT32": "<i4", "INT64": "<i8", "FP16": "<f2", "FP32": "<f4", "FP64": "<f8"}
+MAX_TENSOR_BYTES = 64 * 1024 * 1024  # the gRPC channel's message limit (loadtest/targets/infermesh_grpc.py)
+
+
+class ValueDist(Enum):
+    UNIFORM = "uniform"  # min..max (integers: inclusive; BOOL: true with probability 1/2)
+    NORMAL = "normal"  # mean, std (integers: rounded; clipped to the datatype's range)
+    FIXED = "fixed"  # every element `value`
+
+
+@dataclass(frozen=True)
+class TensorValues:
+    """How a tensor input's elements are drawn."""
+
+    dist: ValueDist
+    a: float  # uniform: min; normal: mean; fixed: the value
+    b: float  # uniform: max; normal: std; fixed: unused
+
+
+@dataclass(frozen=True)
+class TensorInputSpec:
+    name: str
+    datatype: str  # a key of TENSOR_DTYPES
+    shape: tuple[IntDist, ...]  # each dim drawn per payload variant (a fixed int is the common case)
+    values: TensorValues
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A `tensor` class's request: every input, generated (seeded) once per variant."""
+
+    inputs: tuple[TensorInputSpec, ...]
+    num_variants: int  # distinct payloads pre-generated per class; requests draw among them
+
+
 @dataclass(frozen=True)
 class ClassSpec:
     name: str
@@ -84,6 +123,7 @@ class ClassSpec:
     slo: Slo
     top_k: int = 1
     image: ImageSpec | None = None
+    tensor: TensorSpec | None = None  # tensor classes only
     prompt_len: IntDist | None = None  # bytes (= tokens for the byte-level demo model)
     output_len: IntDist | None = None  # max_tokens
     temperature: float = 0.0
@@ -365,8 +405,10 @@ def _api_key(tenant: dict, field: str, base_dir: Path, environ: Mapping[str, str
     return key
 
 
-_CLASS_KEYS = {"name", "kind", "model", "version", "share", "deadline_ms", "slo", "top_k", "image",
-               "prompt_len", "output_len", "temperature", "ignore_eos", "api", "stream", "shared_prefix", "session"}
+_GENERATE_KEYS = ("prompt_len", "output_len", "temperature", "ignore_eos", "api", "stream", "shared_prefix",
+                 "session")
+_CLASS_KEYS = {"name", "kind", "model", "version", "share", "deadline_ms", "slo", "top_k", "image", "tensor",
+               *_GENERATE_KEYS}
 
 
 def _parse_classes(raw: Any) -> tuple[ClassSpec, ...]:
@@ -394,16 +436,22 @@ def _parse_class(c: dict, field: str) -> ClassSpec:
         deadline_ms=None if deadline is None else _positive(deadline, f"{field}.deadline_ms"),
         slo=_parse_slo(_mapping(c.get("slo", {}), f"{field}.slo"), f"{field}.slo", kind),
     )
+    for key in _GENERATE_KEYS:
+        if key in c and kind is not RequestKind.GENERATE:
+            raise ValueError(f"{field}.{key} applies to generate classes only")
+    for key in ("image", "top_k"):
+        if key in c and kind is not RequestKind.CLASSIFY:
+            raise ValueError(f"{field}.{key} applies to classify classes only")
+    if "tensor" in c and kind is not RequestKind.TENSOR:
+        raise ValueError(f"{field}.tensor applies to tensor classes only")
     if kind is RequestKind.CLASSIFY:
-        for key in ("prompt_len", "output_len", "temperature", "ignore_eos", "api", "stream", "shared_prefix",
-                    "session"):
-            if key in c:
-                raise ValueError(f"{field}.{key} applies to generate classes only")
         return ClassSpec(**common, top_k=int(_positive(c.get("top_k", 1), f"{field}.top_k")),
                          image=_parse_image(_mapping(c.get("image", {}), f"{field}.image"), f"{field}.image"))
-    for key in ("image", "top_k"):
-        if key in c:
-            raise ValueError(f"{field}.{key} applies to classify classes only")
+    if kind is RequestKind.TENSOR:
+        if "tensor" not in c:
+            raise ValueError(f"{field}.tensor is required for a tensor class: {{inputs: [{{name, datatype, shape, "
+                             f"values}}], num_variants}}")
+        return ClassSpec(**common, tensor=_parse_tensor(_mapping(c["tensor"], f"{field}.tensor"), f"{field}.tensor"))
     return ClassSpec(
         **common,
         prompt_len=parse_int_dist(c.get("prompt_len", 16), f"{field}.prompt_len"),
@@ -445,7 +493,7 @@ def _bool(raw: Any, field: str) -> bool:
 
 def _parse_slo(raw: dict, field: str, kind: RequestKind) -> Slo:
     _no_unknown(raw, field, {"e2e_ms", "ttft_ms", "tpot_ms"})
-    if kind is RequestKind.CLASSIFY and ({"ttft_ms", "tpot_ms"} & raw.keys()):
+    if kind is not RequestKind.GENERATE and ({"ttft_ms", "tpot_ms"} & raw.keys()):
         raise ValueError(f"{field}: ttft_ms/tpot_ms apply to generate classes only")
     return Slo(**{k: _positive(v, f"{field}.{k}") for k, v in raw.items()})
 
@@ -466,6 +514,78 @@ def _parse_image(raw: dict, field: str) -> ImageSpec:
         encoding=_enum(ImageEncoding, raw.get("encoding", "png"), f"{field}.encoding"),
         num_variants=int(_positive(raw.get("num_variants", 16), f"{field}.num_variants")),
     )
+
+
+def _parse_tensor(raw: dict, field: str) -> TensorSpec:
+    _no_unknown(raw, field, {"inputs", "num_variants"})
+    items = _list(raw.get("inputs"), f"{field}.inputs")
+    if not items:
+        raise ValueError(f"{field}.inputs: at least one input tensor is needed")
+    inputs = tuple(_parse_tensor_input(_mapping(item, f"{field}.inputs[{i}]"), f"{field}.inputs[{i}]")
+                   for i, item in enumerate(items))
+    _unique([t.name for t in inputs], f"{field}.inputs")
+    return TensorSpec(inputs, int(_positive(raw.get("num_variants", 8), f"{field}.num_variants")))
+
+
+def _parse_tensor_input(raw: dict, field: str) -> TensorInputSpec:
+    _no_unknown(raw, field, {"name", "datatype", "shape", "values"})
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{field}.name is required: the model's input name")
+    datatype = raw.get("datatype")
+    if datatype == "BYTES":
+        raise ValueError(f"{field}.datatype: BYTES inputs are not generated; use an image (classify) or text "
+                         f"(generate) class, or a numeric datatype")
+    if datatype not in TENSOR_DTYPES:
+        raise ValueError(f"{field}.datatype must be one of {', '.join(TENSOR_DTYPES)}, got {datatype!r}")
+    dims = _list(raw.get("shape"), f"{field}.shape")
+    if not dims:
+        raise ValueError(f"{field}.shape: at least one dim is needed (the batch first, e.g. [1, 3, 32, 32])")
+    shape = tuple(parse_int_dist(d, f"{field}.shape[{i}]") for i, d in enumerate(dims))
+    most_bytes = int(np.dtype(TENSOR_DTYPES[datatype]).itemsize * np.prod([d.high for d in shape], dtype=np.float64))
+    if most_bytes > MAX_TENSOR_BYTES:
+        raise ValueError(f"{field}.shape: up to {most_bytes} bytes of {datatype}, more than a request may carry "
+                         f"({MAX_TENSOR_BYTES})")
+    return TensorInputSpec(name, datatype, shape,
+                           _parse_values(_mapping(raw.get("values", {}), f"{field}.values"), f"{field}.values",
+                                         datatype))
+
+
+def _parse_values(raw: dict, field: str, datatype: str) -> TensorValues:
+    dist = _enum(ValueDist, raw.get("dist", "uniform"), f"{field}.dist")
+    keys = {ValueDist.UNIFORM: ("min", "max"), ValueDist.NORMAL: ("mean", "std"), ValueDist.FIXED: ("value",)}[dist]
+    _no_unknown(raw, field, {"dist", *keys})
+    if datatype == "BOOL":
+        if dist is ValueDist.NORMAL or (dist is ValueDist.UNIFORM and ({"min", "max"} & raw.keys())):
+            raise ValueError(f"{field}: BOOL elements are uniform (true or false, each half the time) or "
+                             f"{{dist: fixed, value: 0|1}}")
+        if dist is ValueDist.FIXED:
+            value = _number(raw.get("value"), f"{field}.value")
+            if value not in (0, 1):
+                raise ValueError(f"{field}.value of a BOOL input must be 0 or 1, got {value!r}")
+            return TensorValues(dist, value, 0.0)
+        return TensorValues(dist, 0.0, 1.0)
+    dtype = np.dtype(TENSOR_DTYPES[datatype])
+    low, high = ((float(np.iinfo(dtype).min), float(np.iinfo(dtype).max)) if dtype.kind in "iu"
+                 else (float(np.finfo(dtype).min), float(np.finfo(dtype).max)))
+    if dist is ValueDist.UNIFORM:
+        default_high = 1.0 if dtype.kind == "f" else min(high, 100.0)
+        a, b = _number(raw.get("min", 0.0), f"{field}.min"), _number(raw.get("max", default_high), f"{field}.max")
+        if b < a:
+            raise ValueError(f"{field}: max ({b:g}) must be >= min ({a:g})")
+        checked: tuple[float, ...] = (a, b)
+    elif dist is ValueDist.NORMAL:
+        a, b = _number(raw.get("mean", 0.0), f"{field}.mean"), _non_negative(raw.get("std", 1.0), f"{field}.std")
+        checked = (a,)
+    else:
+        if "value" not in raw:
+            raise ValueError(f"{field}: dist fixed needs 'value'")
+        a, b = _number(raw["value"], f"{field}.value"), 0.0
+        checked = (a,)
+    for value in checked:
+        if not low <= value <= high:
+            raise ValueError(f"{field}: {value:g} is outside {datatype}'s range [{low:g}, {high:g}]")
+    return TensorValues(dist, a, b)
 
 
 def _parse_sweep(raw: dict, load: LoadSpec) -> SweepSpec:
@@ -543,5 +663,6 @@ def _enum(cls: type[Enum], raw: Any, field: str):
         raise ValueError(f"{field} must be one of {names}, got {raw!r}") from None
 
 
-__all__ = ["ClassSpec", "ImageEncoding", "ImageSpec", "IntDist", "LoadMode", "LoadSpec", "RequestKind",
-           "Scenario", "Slo", "SweepSpec", "TenantSpec", "TextApi", "TraceSpec", "fixed", "load_scenario", "parse_scenario"]
+__all__ = ["TENSOR_DTYPES", "ClassSpec", "ImageEncoding", "ImageSpec", "IntDist", "LoadMode", "LoadSpec",
+           "RequestKind", "Scenario", "Slo", "SweepSpec", "TenantSpec", "TensorInputSpec", "TensorSpec",
+           "TensorValues", "TextApi", "TraceSpec", "ValueDist", "fixed", "load_scenario", "parse_scenario"]

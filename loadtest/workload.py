@@ -9,7 +9,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from loadtest.arrivals import arrival_times_s
-from loadtest.payloads import ImagePayload, TextPayload, make_image_pool, make_prompt
+from loadtest.payloads import (
+    ImagePayload,
+    TensorPayload,
+    TextPayload,
+    make_image_pool,
+    make_prompt,
+    make_tensor_pool,
+)
 from loadtest.prompts import SharedText, block_prompt, with_prefix
 from loadtest.scenario import ClassSpec, RequestKind, Scenario, TenantSpec, TraceSpec
 from loadtest.trace import TraceEntry
@@ -28,7 +35,7 @@ class PlannedRequest:
     scheduled_s: float  # due time, seconds from the run's start
     tenant: TenantSpec
     request_class: ClassSpec
-    payload: ImagePayload | TextPayload
+    payload: ImagePayload | TextPayload | TensorPayload
     payload_key: int  # stable id of the payload, so a sender may cache encoded messages
     session: SessionTurn | None = None  # a turn of a multi-turn session
 
@@ -42,10 +49,12 @@ class WorkloadSampler:
         self._tenant_cdf = _cdf([t.share for t in scenario.tenants])
         self._classes = scenario.classes
         self._class_cdf = _cdf([c.share for c in scenario.classes])
-        self._pools = {
-            c.name: make_image_pool(c.image, rng) for c in scenario.classes
-            if c.kind is RequestKind.CLASSIFY and c.image is not None
-        }
+        self._pools: dict[str, tuple[ImagePayload, ...] | tuple[TensorPayload, ...]] = {}
+        for c in scenario.classes:  # in class order, so each pool's draws are the same run to run
+            if c.kind is RequestKind.CLASSIFY and c.image is not None:
+                self._pools[c.name] = make_image_pool(c.image, rng)
+            elif c.kind is RequestKind.TENSOR and c.tensor is not None:
+                self._pools[c.name] = make_tensor_pool(c.tensor, rng)
         self._shared = SharedText(scenario.seed)
 
     def draw_tenant(self) -> TenantSpec:
@@ -55,10 +64,10 @@ class WorkloadSampler:
         tenant = self.draw_tenant()
         class_index = self._pick(self._class_cdf)
         request_class = self._classes[class_index]
-        if request_class.kind is RequestKind.CLASSIFY:
+        if request_class.kind is not RequestKind.GENERATE:
             pool = self._pools[request_class.name]
             variant = int(self._rng.integers(len(pool)))
-            payload: ImagePayload | TextPayload = pool[variant]
+            payload: ImagePayload | TextPayload | TensorPayload = pool[variant]
             key = class_index * 1_000_003 + variant
         else:
             # scenario.py gives every generate class both distributions (defaults when unset).

@@ -96,10 +96,10 @@ class GatewayClient:
     async def send(self, request: PlannedRequest, timeout_s: float | None) -> Outcome:
         trace = self._traces.for_request(request.seq)
         metadata = _send_metadata(request.tenant.api_key, trace.traceparent)
-        if isinstance(request.payload, ImagePayload):
-            outcome = await self._classify(request, metadata, timeout_s)
-        else:
+        if isinstance(request.payload, TextPayload):
             outcome = await self._generate(request, request.payload, metadata, timeout_s)
+        else:  # open_target refuses tensor classes for this kind
+            outcome = await self._classify(request, metadata, timeout_s)
         return dataclasses.replace(outcome, trace_id=trace.trace_id)
 
     async def _classify(self, request: PlannedRequest, metadata: tuple[tuple[str, str], ...],

@@ -1,5 +1,5 @@
-"""The Target over KServe v2 gRPC (inference.GRPCInferenceService): ModelInfer for classify classes,
-ModelStreamInfer (Triton's decoupled streaming) for generate classes, one stream per request so a
+"""The Target over KServe v2 gRPC (inference.GRPCInferenceService): ModelInfer for classify and tensor
+classes (inputs in raw_input_contents, as tritonclient sends them), ModelStreamInfer (Triton's decoupled streaming) for generate classes, one stream per request so a
 request's latency never waits on another's.
 
 KServe replies carry no stage timings, so runs against this kind have no stage columns.
@@ -14,7 +14,7 @@ import grpc
 
 from inference import grpc_predict_v2_pb2 as kserve
 from inference import grpc_predict_v2_pb2_grpc as kserve_grpc
-from loadtest.payloads import ImagePayload, TextPayload
+from loadtest.payloads import ImagePayload, TensorPayload, TextPayload
 from loadtest.records import OK, STREAM_TRUNCATED, Outcome
 from loadtest.runner import Clock, MonotonicClock
 from loadtest.targets import kserve_tensors
@@ -34,7 +34,7 @@ class KServeGrpcTarget:
         self._counter = counter
         self._clock = clock or MonotonicClock()
         self._run_id = run_id
-        self._images: dict[int, kserve.ModelInferRequest] = {}
+        self._requests: dict[int, kserve.ModelInferRequest] = {}  # by payload_key
         self._traces = TraceIds()
 
     async def close(self) -> None:
@@ -57,16 +57,16 @@ class KServeGrpcTarget:
     async def send(self, request: PlannedRequest, timeout_s: float | None) -> Outcome:
         trace = self._traces.for_request(request.seq)
         metadata = _metadata(request, trace.traceparent)
-        if isinstance(request.payload, ImagePayload):
-            outcome = await self._infer(request, metadata, timeout_s)
-        else:
+        if isinstance(request.payload, TextPayload):
             outcome = await self._stream(request, request.payload, metadata, timeout_s)
+        else:
+            outcome = await self._infer(request, metadata, timeout_s)
         return dataclasses.replace(outcome, trace_id=trace.trace_id)
 
     async def _infer(self, request: PlannedRequest, metadata: tuple[tuple[str, str], ...],
                      timeout_s: float | None) -> Outcome:
         message = kserve.ModelInferRequest()
-        message.CopyFrom(self._image_request(request))
+        message.CopyFrom(self._infer_request(request))
         message.id = f"{self._run_id}-{request.seq}"
         sent_s = self._clock.now_s()
         try:
@@ -119,17 +119,23 @@ class KServeGrpcTarget:
     def _count(self, texts: list[bytes]) -> int:
         return self._counter.count(b"".join(texts).decode("utf-8", "replace"))
 
-    def _image_request(self, request: PlannedRequest) -> kserve.ModelInferRequest:
-        cached = self._images.get(request.payload_key)
+    def _infer_request(self, request: PlannedRequest) -> kserve.ModelInferRequest:
+        """Built once per payload (an image, or a tensor class's variant) and copied per request."""
+        cached = self._requests.get(request.payload_key)
         if cached is None:
-            assert isinstance(request.payload, ImagePayload)  # send() routes only images here
-            c = request.request_class
-            tensor = kserve_tensors.image_tensor(request.payload)
-            cached = kserve.ModelInferRequest(model_name=c.model, model_version=c.version)
-            cached.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=list(tensor.shape))
-            cached.raw_input_contents.append(tensor.raw)
-            self._images[request.payload_key] = cached
+            assert isinstance(request.payload, ImagePayload | TensorPayload)  # send() routes only these here
+            cached = infer_request(request.request_class.model, request.request_class.version, request.payload)
+            self._requests[request.payload_key] = cached
         return cached
+
+
+def infer_request(model: str, version: str, payload: ImagePayload | TensorPayload) -> kserve.ModelInferRequest:
+    """A ModelInfer request (no id) carrying the payload's inputs in raw_input_contents."""
+    message = kserve.ModelInferRequest(model_name=model, model_version=version)
+    for tensor in kserve_tensors.request_tensors(payload):
+        message.inputs.add(name=tensor.name, datatype=tensor.datatype, shape=list(tensor.shape))
+        message.raw_input_contents.append(tensor.raw)
+    return message
 
 
 def _text_request(request: PlannedRequest, payload: TextPayload, request_id: str) -> kserve.ModelInferRequest:

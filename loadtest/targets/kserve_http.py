@@ -1,5 +1,5 @@
 """The Target over KServe v2 REST (aiohttp): POST /v2/models/{name}[/versions/{v}]/infer for classify
-classes, with the binary tensor extension (as tritonclient's HTTP client sends it), so a request's
+and tensor classes, with the binary tensor extension (as tritonclient's HTTP client sends it), so a request's
 bytes match what a real client sends rather than a JSON list of pixels.
 
 KServe v2 REST has no streaming inference, so generate classes go to kserve+grpc (ModelStreamInfer);
@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from loadtest.payloads import ImagePayload
+from loadtest.payloads import ImagePayload, TensorPayload
 from loadtest.records import OK, Outcome
 from loadtest.runner import Clock, MonotonicClock
 from loadtest.scenario import ClassSpec, RequestKind
@@ -33,7 +33,7 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 
 def check_classes(classes: Iterable[ClassSpec], url: str) -> None:
     for c in classes:
-        if c.kind is not RequestKind.CLASSIFY:
+        if c.kind is RequestKind.GENERATE:
             raise ValueError(f"class {c.name!r} is {c.kind.value}: KServe v2 REST ({url}) has no streaming "
                              f"inference; send generate classes to kserve+grpc:// (ModelStreamInfer)")
 
@@ -97,17 +97,26 @@ class KServeHttpTarget:
             return Outcome("UNAVAILABLE", sent_s, self._clock.now_s(), f"{type(err).__name__}: {err}")
 
     def _body(self, request: PlannedRequest) -> tuple[bytes, int]:
-        """The JSON header and the binary tensor, built once per image."""
+        """The JSON header and the binary tensors, built once per payload."""
         cached = self._bodies.get(request.payload_key)
         if cached is None:
-            assert isinstance(request.payload, ImagePayload)  # check_classes let only classify classes through
-            tensor = kserve_tensors.image_tensor(request.payload)
-            header = json.dumps({"inputs": [{"name": tensor.name, "datatype": tensor.datatype,
-                                             "shape": list(tensor.shape),
-                                             "parameters": {"binary_data_size": len(tensor.raw)}}]}).encode()
-            cached = (header + tensor.raw, len(header))
+            assert isinstance(request.payload, ImagePayload | TensorPayload)  # check_classes refused generate
+            cached = infer_body(request.payload)
             self._bodies[request.payload_key] = cached
         return cached
+
+
+def infer_body(payload: ImagePayload | TensorPayload) -> tuple[bytes, int]:
+    """The body (JSON header, then every input's raw bytes in input order) and the header's length.
+    A tensor class asks for its outputs as binary too (tritonclient's default), so the reply is not a JSON
+    list of every score."""
+    tensors = kserve_tensors.request_tensors(payload)
+    document: dict = {"inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape),
+                                  "parameters": {"binary_data_size": len(t.raw)}} for t in tensors]}
+    if isinstance(payload, TensorPayload):
+        document["parameters"] = {"binary_data_output": True}
+    header = json.dumps(document).encode()
+    return header + b"".join(t.raw for t in tensors), len(header)
 
 
 def _auth(api_key: str) -> dict[str, str]:

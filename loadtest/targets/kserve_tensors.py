@@ -5,6 +5,7 @@ The classifier contract is the one our gateway serves (docs/clients.md), Triton'
   IMAGE  UINT8 [1, H, W, C]  raw pixels, row-major HWC
 The generator contract is Triton's vLLM backend's: `text_input` BYTES [1] plus sampling
 parameters; one `text_output` BYTES [1] per streamed chunk.
+A tensor class sends its own inputs (loadtest/payloads.py makes them), each in the raw layout.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from loadtest.payloads import ImagePayload
+from loadtest.payloads import ImagePayload, TensorPayload
 from loadtest.scenario import ImageEncoding
 
 IMAGE_INPUT = "IMAGE"
@@ -33,6 +34,13 @@ def image_tensor(payload: ImagePayload) -> Tensor:
     if payload.encoding is ImageEncoding.PNG:
         return Tensor(IMAGE_INPUT, "BYTES", (1, 1), pack_bytes([payload.data]))
     return Tensor(IMAGE_INPUT, "UINT8", (1, payload.height, payload.width, payload.channels), payload.data)
+
+
+def request_tensors(payload: ImagePayload | TensorPayload) -> tuple[Tensor, ...]:
+    """The inputs of a ModelInfer request: the image, or a tensor class's own inputs in order."""
+    if isinstance(payload, ImagePayload):
+        return (image_tensor(payload),)
+    return tuple(Tensor(t.name, t.datatype, t.shape, t.raw) for t in payload.inputs)
 
 
 def text_tensor(prompt: str) -> Tensor:

@@ -45,7 +45,7 @@ def check_classes(classes: Iterable[ClassSpec], url: str) -> None:
     for c in classes:
         if c.kind is not RequestKind.GENERATE:
             raise ValueError(f"class {c.name!r} is {c.kind.value}: an OpenAI target ({url}) serves generate "
-                             f"classes only; send classify classes to a grpc:// or kserve+ target")
+                             f"classes only; send classify classes to a grpc:// or kserve+ target, tensor classes to a kserve+ target")
 
 
 def ssl_context(address: TargetAddress, ca_file: str) -> ssl.SSLContext | bool:
