@@ -45,7 +45,9 @@ async def _measure(address: str, clients: int, seconds: float, num_sequential: i
     return {**load, "sequential_ms": await sequential_ms(address, num_sequential)}
 
 
-def _with_peer(tmp: Path, repository: Path, measure) -> dict:
+def with_peer(tmp: Path, repository: Path, measure, run=asyncio.run):
+    """Starts the Ray Serve peer serving MODEL from `repository`, returns `run(measure(its KServe gRPC
+    address))`, and stops the peer and whatever of Ray outlived it."""
     http_port, grpc_port = free_port(), free_port()
     ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
     log = tmp / "peer.log"
@@ -59,7 +61,7 @@ def _with_peer(tmp: Path, repository: Path, measure) -> dict:
                    message="the Ray Serve peer READY")
         if peer.poll() is not None:
             raise SystemExit(f"the peer exited:\n{log.read_text(errors='replace')[-3000:]}")
-        return asyncio.run(measure(f"127.0.0.1:{grpc_port}"))
+        return run(measure(f"127.0.0.1:{grpc_port}"))
     finally:
         peer.send_signal(signal.SIGTERM)
         try:
@@ -91,7 +93,7 @@ def main() -> None:
         import_cnn(export_cnn(tmp), repository)
         results = {}
         for name, run in (("mesh", lambda d: with_mesh(d, repository, BATCHED, measure)),
-                          ("ray serve", lambda d: _with_peer(d, repository, measure))):
+                          ("ray serve", lambda d: with_peer(d, repository, measure))):
             (tmp / name.replace(" ", "-")).mkdir()
             results[name] = {"load_1m": round(os.getloadavg()[0], 2), **run(tmp / name.replace(" ", "-"))}
             print(f"{name}: {results[name]}", flush=True)
