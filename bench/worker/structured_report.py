@@ -19,9 +19,11 @@ def per_token_runs(runs: Sequence[Sequence[float]]) -> dict[str, object]:
     """Per-token microseconds of several runs: each run's median, the median of those, and each run's
     mean (what adds up into a step: the first masks of a matcher and the box's hiccups are in it)."""
     medians = [statistics.median(run) for run in runs if run]
+    means = [statistics.fmean(run) for run in runs if run]
     return {"run_medians_us": [round(m, 2) for m in medians],
             "median_us": round(statistics.median(medians), 2) if medians else None,
-            "run_means_us": [round(statistics.fmean(run), 2) for run in runs if run],
+            "run_means_us": [round(m, 2) for m in means],
+            "mean_us": round(statistics.median(means), 2) if means else None,
             "tokens_per_run": [len(run) for run in runs]}
 
 
@@ -42,6 +44,31 @@ def stage_per_step(before: dict[str, tuple[float, float]], after: dict[str, tupl
     return out
 
 
+def stage_ratio(plain: dict[str, float], schema: dict[str, float]) -> dict[str, object]:
+    """The ratio the worker's own stages imply, with the box's noise in the forward taken out: both
+    phases run the same forwards (same batch, same lengths), so one compute figure (their mean) plus
+    each phase's postprocess (sampling, and the grammar's mask and apply): (C + P_plain) / (C + P_schema)."""
+    if not all(k in d for d in (plain, schema) for k in ("compute", "postprocess")):
+        return {"ratio": None}
+    compute = (plain["compute"] + schema["compute"]) / 2
+    return {"compute_ms": round(compute, 3), "postprocess_plain_ms": plain["postprocess"],
+            "postprocess_schema_ms": schema["postprocess"],
+            "ratio": round((compute + plain["postprocess"]) / (compute + schema["postprocess"]), 3)}
+
+
+WIDE_MASK = 1000  # a mask allowing more ids than this: inside free text (a string's characters)
+
+
+def by_mask_width(times_us: Sequence[float], digests: Sequence[str]) -> dict[str, dict[str, object]]:
+    """One run's per-token times split by how many ids the mask allowed there (a digest's count,
+    mask_digest's "count:hash"): "wide" (more than WIDE_MASK: inside strings) and "narrow"."""
+    split: dict[str, list[float]] = {"narrow": [], "wide": []}
+    for t, digest in zip(times_us, digests, strict=False):
+        split["wide" if int(digest.split(":")[0]) > WIDE_MASK else "narrow"].append(t)
+    return {k: {"positions": len(v), "median_us": round(statistics.median(v), 2) if v else None,
+                "mean_us": round(statistics.fmean(v), 2) if v else None} for k, v in split.items()}
+
+
 def engines_section(llguidance_runs: Sequence[dict[str, list[float]]], xgrammar: dict[str, object] | None,
                     skipped: str = "", llguidance_digests: Sequence[str] = ()) -> dict[str, object]:
     """The two engines' mask and advance microseconds per token (per_token_runs of each), side by side,
@@ -49,6 +76,9 @@ def engines_section(llguidance_runs: Sequence[dict[str, list[float]]], xgrammar:
     section: dict[str, object] = {"llguidance": {
         "mask": per_token_runs([r["mask_us"] for r in llguidance_runs]),
         "advance": per_token_runs([r["advance_us"] for r in llguidance_runs])}}
+    if llguidance_digests:
+        section["llguidance"]["mask_by_width_first_run"] = by_mask_width(  # type: ignore[index]
+            llguidance_runs[0]["mask_us"], llguidance_digests)
     if xgrammar is None:
         section["xgrammar"] = {"skipped": skipped}
         return section
@@ -61,6 +91,8 @@ def engines_section(llguidance_runs: Sequence[dict[str, list[float]]], xgrammar:
         "advance": per_token_runs([r["advance_us"] for r in runs]),
         "refused_sequences": [r["refused_sequences"] for r in runs],
     }
+    if llguidance_digests:  # the positions classed by llguidance's masks, the same for both engines
+        section["xgrammar"]["mask_by_width_first_run"] = by_mask_width(runs[0]["mask_us"], llguidance_digests)  # type: ignore[index]
     digests = xgrammar.get("mask_digests") or []
     assert isinstance(digests, list)
     section["same_masks"] = {"positions": len(digests),
@@ -68,8 +100,9 @@ def engines_section(llguidance_runs: Sequence[dict[str, list[float]]], xgrammar:
                              "first_difference": next((f"position {i}: xgrammar {a}, llguidance {b}"
                                                        for i, (a, b) in enumerate(zip(digests, llguidance_digests,
                                                                                       strict=False)) if a != b), None)}
-    llg, xg = section["llguidance"]["mask"]["median_us"], section["xgrammar"]["mask"]["median_us"]  # type: ignore[index]
-    section["mask_xgrammar_over_llguidance"] = xg / llg if llg and xg else None
+    for figure in ("median_us", "mean_us"):
+        llg, xg = section["llguidance"]["mask"][figure], section["xgrammar"]["mask"][figure]  # type: ignore[index]
+        section[f"mask_xgrammar_over_llguidance_{figure[:-3]}"] = xg / llg if llg and xg else None
     return section
 
 
@@ -82,6 +115,11 @@ def table(report: dict) -> str:
                  (f"{sampling}: json_schema tok/s (median; runs)",
                   f"{_num(tp['json_schema']['median'])}; {_runs(tp['json_schema']['runs'])}"),
                  (f"{sampling}: ratio (target >= {TARGET_RATIO})", _num(tp["ratio_of_medians"]))]
+        implied = report.get("ratio_from_worker_stages", {}).get(sampling)
+        if implied:
+            rows.append((f"{sampling}: ratio the worker's stages imply (compute ms/step; postprocess plain, schema)",
+                         f"{_num(implied['ratio'])} ({_num(implied.get('compute_ms'))}; "
+                         f"{_num(implied.get('postprocess_plain_ms'))}, {_num(implied.get('postprocess_schema_ms'))})"))
     rows += [
         ("grammar mask us/token (median; run medians)",
          f"{_num(cpu['mask']['median_us'])}; {_runs(cpu['mask']['run_medians_us'])}"),
@@ -98,10 +136,16 @@ def table(report: dict) -> str:
         if "skipped" in figures:
             rows.append((f"{engine} mask us/token", f"skipped: {figures['skipped']}"))
             continue
-        rows.append((f"{engine} mask us/token (median; run medians)",
-                     f"{_num(figures['mask']['median_us'])}; {_runs(figures['mask']['run_medians_us'])}"))
-        rows.append((f"{engine} advance us/token (median; run medians)",
-                     f"{_num(figures['advance']['median_us'])}; {_runs(figures['advance']['run_medians_us'])}"))
+        for part in ("mask", "advance"):
+            rows.append((f"{engine} {part} us/token (median; run medians | run means)",
+                         f"{_num(figures[part]['median_us'])}; {_runs(figures[part]['run_medians_us'])} | "
+                         f"{_runs(figures[part]['run_means_us'])}"))
+    for engine in ("llguidance", "xgrammar"):
+        width = engines[engine].get("mask_by_width_first_run")
+        if width:
+            rows.append((f"{engine} mask us/token by mask width, first run (median / mean)",
+                         "; ".join(f"{k} ({v['positions']}): {_num(v['median_us'])} / {_num(v['mean_us'])}"
+                                   for k, v in width.items())))
     if "same_masks" in engines:
         same = engines["same_masks"]
         rows.append(("positions where both engines' masks allow the same ids", f"{same['equal']} of {same['positions']}"))

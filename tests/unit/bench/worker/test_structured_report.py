@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from bench.worker.structured_report import (
+    by_mask_width,
     engines_section,
     per_token_runs,
     stage_per_step,
+    stage_ratio,
     table,
     throughput_section,
 )
@@ -26,7 +28,7 @@ def test_throughput_section_is_the_ratio_of_medians_against_the_target():
 
 def test_per_token_runs_reports_every_runs_median_and_their_median():
     figures = per_token_runs([[1.0, 2.0, 30.0], [4.0, 5.0, 6.0], [2.0, 3.0]])
-    assert figures == {"run_medians_us": [2.0, 5.0, 2.5], "median_us": 2.5, "run_means_us": [11.0, 5.0, 2.5],
+    assert figures == {"run_medians_us": [2.0, 5.0, 2.5], "median_us": 2.5, "run_means_us": [11.0, 5.0, 2.5], "mean_us": 5.0,
                        "tokens_per_run": [3, 3, 2]}
     assert per_token_runs([])["median_us"] is None
 
@@ -64,12 +66,18 @@ def test_engines_section_compares_the_masks_medians_and_digests():
     xgrammar = {"version": "0.2.8", "tokenizer_s": 0.03, "compile_s": 0.06, "mask_digests": ["1:a", "2:b", "3:c"],
                 "runs": [{"mask_us": [1.0, 1.0, 2.0], "advance_us": [2.0, 3.0, 2.0], "refused_sequences": 0},
                          {"mask_us": [1.0, 1.0, 1.0], "advance_us": [2.0, 2.0, 2.0], "refused_sequences": 0}]}
-    section = engines_section(_llguidance_runs(), xgrammar, llguidance_digests=["1:a", "1:x", "3:c"])
+    section = engines_section(_llguidance_runs(), xgrammar, llguidance_digests=["1:a", "1:x", "3000:c"])
     assert section["xgrammar"]["mask"]["median_us"] == 1.0
     assert section["xgrammar"]["refused_sequences"] == [0, 0]
-    assert section["mask_xgrammar_over_llguidance"] == 1.0 / 10.0
-    assert section["same_masks"] == {"positions": 3, "equal": 2,
+    assert section["mask_xgrammar_over_llguidance_median"] == 1.0 / 10.0
+    assert section["xgrammar"]["mask"]["mean_us"] == 1.17  # the median of its runs' means, 1.33 and 1
+    assert section["llguidance"]["mask"]["mean_us"] == 13.5  # of 11 and 16
+    assert section["mask_xgrammar_over_llguidance_mean"] == 1.17 / 13.5
+    assert section["same_masks"] == {"positions": 3, "equal": 1,
                                      "first_difference": "position 1: xgrammar 2:b, llguidance 1:x"}
+    assert section["xgrammar"]["mask_by_width_first_run"]["wide"] == {"positions": 1, "median_us": 2.0, "mean_us": 2.0}
+    assert section["llguidance"]["mask_by_width_first_run"]["narrow"] == {"positions": 2, "median_us": 11.0,
+                                                                          "mean_us": 11.0}
 
 
 def test_table_lists_every_sampling_the_grammar_cpu_and_both_engines():
@@ -78,6 +86,8 @@ def test_table_lists_every_sampling_the_grammar_cpu_and_both_engines():
                                    "temperature_1": throughput_section([50.0], [60.0])},
         "grammar_cpu_per_token": {"mask": per_token_runs([[16.0], [18.0]]), "apply": per_token_runs([[20.0], [20.0]])},
         "worker_stage_ms_per_step": {"greedy plain": {"compute": 90.5, "postprocess": 1.7}},
+        "ratio_from_worker_stages": {"greedy": stage_ratio({"compute": 90.0, "postprocess": 2.0},
+                                                           {"compute": 110.0, "postprocess": 7.0})},
         "engines": engines_section(_llguidance_runs(), None, "no venv"),
         "load_average_1m": [4.5, 5.25],
     }
@@ -88,7 +98,24 @@ def test_table_lists_every_sampling_the_grammar_cpu_and_both_engines():
     assert "| greedy: ratio (target >= 0.8) | 0.891 |" in lines
     assert "| temperature_1: ratio (target >= 0.8) | 1.2 |" in lines
     assert "| grammar mask us/token (median; run medians) | 17; 16, 18 |" in lines
+    assert ("| greedy: ratio the worker's stages imply (compute ms/step; postprocess plain, schema) | 0.953 (100; 2, 7) |"
+            in lines)
     assert "| grammar mask + apply us/token, run means | 36, 38 |" in lines
     assert "| worker ms/step, greedy plain | compute 90.5, postprocess 1.7 |" in lines
     assert "| xgrammar mask us/token | skipped: no venv |" in lines
+    assert "| llguidance mask us/token (median; run medians | run means) | 10; 11, 9 | 11, 16 |" in lines
     assert "| load average (1 min) | 4.5, 5.25 |" in lines
+
+
+def test_by_mask_width_splits_a_runs_times_at_a_thousand_allowed_ids():
+    split = by_mask_width([1.0, 200.0, 3.0, 100.0], ["5:a", "12000:b", "1000:c", "1001:d"])
+    assert split == {"narrow": {"positions": 2, "median_us": 2.0, "mean_us": 2.0},
+                     "wide": {"positions": 2, "median_us": 150.0, "mean_us": 150.0}}
+    assert by_mask_width([], [])["wide"] == {"positions": 0, "median_us": None, "mean_us": None}
+
+
+def test_stage_ratio_takes_one_forward_figure_for_both_phases():
+    implied = stage_ratio({"compute": 90.0, "postprocess": 2.0}, {"compute": 110.0, "postprocess": 12.0})
+    assert implied == {"compute_ms": 100.0, "postprocess_plain_ms": 2.0, "postprocess_schema_ms": 12.0,
+                       "ratio": round(102 / 112, 3)}
+    assert stage_ratio({}, {"compute": 1.0, "postprocess": 1.0}) == {"ratio": None}
