@@ -14,7 +14,8 @@ time (no coordinated omission), a 2 s deadline.
 
 Each server gets the same ladder: from --start-rps, doubling while a step passes (up to --max-rps),
 then --refine-steps bisections between the highest pass and the lowest failure (bench/loadtest/knee.py).
-A step is --warmup-s of warm-up then --step-s measured at one rate; it passes with p99 < 100 ms and no
+A step is --warmup-s of warm-up then --step-s measured at one rate (longer at low rates, so that it
+measures at least 500 requests, 200 in quick mode: a p99 of fewer is the maximum); it passes with p99 < 100 ms and no
 errors. A step where the harness's own generator lag p99 exceeded --max-lag-ms is not trusted (the
 harness fell behind, not the server) unless even its service-time p99 broke the bound: it is run once
 more, and if it falls behind again it bounds the search like a failure but makes the knee a lower
@@ -80,7 +81,7 @@ def scenario(rate_rps: float, step_s: float, warmup_s: float, max_lag_ms: float,
 
 
 def step_runner(address: str, step_s: float, warmup_s: float, max_lag_ms: float, settle_s: float,
-                criteria: Criteria) -> Callable[[float], Coroutine[Any, Any, StepFigures]]:
+                criteria: Criteria, min_requests: int) -> Callable[[float], Coroutine[Any, Any, StepFigures]]:
     first = True
     last_passed = True
 
@@ -95,7 +96,9 @@ def step_runner(address: str, step_s: float, warmup_s: float, max_lag_ms: float,
             first = False
         if not last_passed:
             await asyncio.sleep(settle_s)  # let the server drain what the overloaded step left queued
-        report = await run_scenario(scenario(rate_rps, step_s, warmup_s, max_lag_ms), options)
+        # Long enough for a p99 worth the name: with fewer than ~100 requests it is the maximum.
+        measured_s = max(step_s, min_requests / rate_rps)
+        report = await run_scenario(scenario(rate_rps, measured_s, warmup_s, max_lag_ms), options)
         figures = step_figures(rate_rps, report)
         last_passed = judge(figures, criteria)[0] is Verdict.PASS
         return figures
@@ -168,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
                 refine_steps=refine)
     criteria = Criteria(p99_ms=args.p99_ms, max_lag_p99_ms=args.max_lag_ms)
     settle_s = 1.0 if quick else 3.0
+    min_requests = 200 if quick else 500
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     if not servers or set(servers) - {"mesh", "ray"}:
         raise SystemExit(f"--servers: mesh and/or ray, got {args.servers!r}")
@@ -190,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
 
             async def search(address: str, label: str = label) -> Knee:
                 print(f"{label} serving after {time.monotonic() - began:.0f} s", flush=True)
-                run_step = step_runner(address, step_s, warmup_s, args.max_lag_ms, settle_s, criteria)
+                run_step = step_runner(address, step_s, warmup_s, args.max_lag_ms, settle_s, criteria, min_requests)
                 return await find_knee(plan, criteria, run_step, lambda step: print_step(label, step))
 
             (tmp / name).mkdir()
@@ -202,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     _report(knees, criteria, {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]},
         "quick": quick, "model": MODEL, "transport": "kserve+grpc ModelInfer, batch 1, FP32 [1, 3, 32, 32]",
-        "arrival": "poisson", "step_s": step_s, "warmup_s": warmup_s,
+        "arrival": "poisson", "step_s": step_s, "min_requests_per_step": min_requests, "warmup_s": warmup_s,
         "plan": {"start_rps": plan.start_rps, "max_rps": plan.max_rps, "factor": plan.factor,
                  "refine_steps": plan.refine_steps, "behind_retries": plan.behind_retries},
         "criteria": {"p99_ms": criteria.p99_ms, "max_lag_p99_ms": criteria.max_lag_p99_ms,

@@ -60,7 +60,7 @@ class Plan:
     max_rps: float
     factor: float = 2.0  # the climb multiplies the rate by this
     refine_steps: int = 2  # bisections between the last passing and the first failing rate
-    min_rps: float = 0.0  # when the start fails, the rate is divided down to this (0: start / factor**3)
+    min_rps: float = 0.0  # when the start fails, the rate is divided down to this (0: start / factor**2)
     behind_retries: int = 1  # a step where the generator fell behind is run again this many times
 
 
@@ -128,7 +128,7 @@ async def find_knee(plan: Plan, criteria: Criteria, run_step: Callable[[float], 
     rate = plan.start_rps
     while await attempt(rate) is Verdict.PASS and rate < plan.max_rps:
         rate = min(rate * plan.factor, plan.max_rps)
-    min_rps = plan.min_rps or plan.start_rps / plan.factor ** 3
+    min_rps = plan.min_rps or plan.start_rps / plan.factor ** 2
     while good is None and rate / plan.factor >= min_rps * (1 - 1e-9):
         rate /= plan.factor
         await attempt(rate)

@@ -215,3 +215,39 @@ async def test_a_run_against_kserve_grpc_sends_the_pools_tensors():
         assert request.model_name == "bench-cnn" and list(request.inputs[0].shape) == [1, 3, 32, 32]
         assert request.raw_input_contents[0] in pool
     assert len({r.id for r in servicer.requests}) == len(servicer.requests)
+
+
+async def test_a_run_against_kserve_http_posts_the_pools_tensors_as_binary():
+    from aiohttp import web
+
+    from services.gateway.fronts.kserve_http_codec import parse_infer
+
+    received: list[tuple[str, kserve.ModelInferRequest]] = []
+
+    async def infer(request: web.Request) -> web.Response:
+        parsed = parse_infer(await request.read(), request.headers.get(HEADER_LENGTH), "bench-cnn", "")
+        received.append((request.path, parsed.request))
+        return web.json_response({"model_name": "bench-cnn", "outputs": []})
+
+    app = web.Application()
+    app.router.add_post("/v2/models/{name}/infer", infer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        scenario = _scenario(load={"arrival": "constant", "rate_rps": 20}, target=f"kserve+http://127.0.0.1:{port}")
+        target = open_target(scenario.target, scenario, MonotonicClock(), "t")
+        try:
+            result = await LoadRunner(scenario, target).run()
+        finally:
+            await target.close()
+    finally:
+        await runner.cleanup()
+    assert result.records and all(r.status == OK for r in result.records)
+    assert len(received) == len(result.records)
+    pool = {p.payload.inputs[0].raw for p in open_loop_plan(scenario)}
+    for path, request in received:
+        assert path == "/v2/models/bench-cnn/infer" and list(request.inputs[0].shape) == [1, 3, 32, 32]
+        assert request.raw_input_contents[0] in pool

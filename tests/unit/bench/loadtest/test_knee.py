@@ -106,8 +106,8 @@ async def test_the_search_stops_at_max_rps_and_says_so():
 async def test_no_passing_rate_gives_no_knee():
     run_step, rates = server(knee_rps=1)
     knee = await find_knee(Plan(80, 320, refine_steps=2), CRITERIA, run_step)
-    assert rates == [80, 40, 20, 10]
-    assert (knee.knee_rps, knee.first_failing_rps, knee.bounded_by) == (None, 10, "no pass")
+    assert rates == [80, 40, 20]  # down to start / 4
+    assert (knee.knee_rps, knee.first_failing_rps, knee.bounded_by) == (None, 20, "no pass")
     assert knee_document(knee)["steps"][0]["verdict"] == "fail"
 
 
