@@ -136,7 +136,10 @@ def test_scheduler_outage_retries_capped_by_budget_breaker_fails_fast_and_mesh_r
         "no scheduler available for model 'toy-classifier': circuit open for all 1 endpoints"
     )
     assert statistics.median(o.latency_s for o in fast_failed) < 0.05
-    assert breaker_during_outage.value("infermesh_gateway_breaker_state") == 2
+    # Open (2) or half-open (1) during the outage, never closed: the gauge is set at each 1 s poll and the
+    # cool-down is 1 s, so a poll can land after the cool-down ended and before the next probe re-opened it
+    # (seen once on a loaded box).
+    assert breaker_during_outage.value("infermesh_gateway_breaker_state") in (1, 2)
     # While open, requests fail without an attempt, so the scheduler saw at most the few that tripped
     # it plus one probe per cool-down.
     assert breaker_during_outage.value("infermesh_gateway_retries_total", verdict="retry") <= 20
