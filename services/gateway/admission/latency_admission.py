@@ -31,6 +31,10 @@ class ObjectiveUnmeetable(FailedPrecondition):
     """The TTFT or TPOT target is below one step alone: no scheduler could ever meet it (HTTP 400)."""
 
 
+class TpotUnmeetable(ObjectiveUnmeetable):
+    """The TPOT target is below one step alone (its own HTTP error code: tpot_objective_unmeetable)."""
+
+
 class ObjectiveMissed(ResourceExhausted):
     """Every scheduler is predicted to miss the TTFT target now (HTTP 429, with Retry-After)."""
 
@@ -49,7 +53,7 @@ def check_ttft(model: str, priority: Priority, objective: LatencyObjective, repo
             f"TTFT target {objective.ttft_ms:g} ms cannot be met by model '{model}': one step alone takes "
             f"{report.min_ttft_s * 1000:.1f} ms on its fastest worker")
     if report.min_ttft_s > 0 and objective.tpot_ms / 1000 < report.min_ttft_s:
-        raise ObjectiveUnmeetable(
+        raise TpotUnmeetable(
             f"TPOT target {objective.tpot_ms:g} ms cannot be met by model '{model}': one step alone takes "
             f"{report.min_ttft_s * 1000:.1f} ms on its fastest worker")
     predicted_s = report.ttft_s(priority)

@@ -24,7 +24,7 @@ from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.common.generate_input import CHAT_ROLES
 from services.common.logprobs import MAX_TOP_LOGPROBS
-from services.gateway.admission.latency_admission import ObjectiveMissed, ObjectiveUnmeetable
+from services.gateway.admission.latency_admission import ObjectiveMissed, ObjectiveUnmeetable, TpotUnmeetable
 from services.gateway.fronts.http_status import HttpRefusal, http_refusal, matching
 from services.gateway.fronts.openai_choices import MAX_CHOICES, ChoiceResult
 from services.gateway.fronts.openai_params import BadParameter, shown
@@ -599,6 +599,7 @@ _ERROR_TYPES: dict[type, tuple[str, str | None]] = {
     QuotaExceeded: ("rate_limit_error", "rate_limit_exceeded"),
     ObjectiveMissed: ("overloaded_error", "ttft_objective_missed"),
     ObjectiveUnmeetable: ("invalid_request_error", "ttft_objective_unmeetable"),
+    TpotUnmeetable: ("invalid_request_error", "tpot_objective_unmeetable"),
     errors.InvalidArgument: ("invalid_request_error", None),
     errors.Unauthenticated: ("authentication_error", "invalid_api_key"),
     errors.PermissionDenied: ("permission_error", "model_not_allowed"),

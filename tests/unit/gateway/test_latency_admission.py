@@ -106,3 +106,15 @@ def test_routing_prefers_the_affine_replica_among_those_predicted_to_meet_the_ta
     assert choose(0.05) == preferred  # none can: all stay candidates
     reports[second] = None  # no fresh report: may meet it (fail open)
     assert choose(0.2) == second
+
+
+def test_on_http_each_unmeetable_target_has_its_own_error_code():
+    from services.gateway.fronts.openai_codec import error_reply
+
+    step = _report({}, 25.0)
+    codes = []
+    for objective in (LatencyObjective(ttft_ms=20.0, tpot_ms=50.0), LatencyObjective(ttft_ms=200.0, tpot_ms=20.0)):
+        with pytest.raises(FailedPrecondition) as never:
+            check_ttft("gen", Priority.CRITICAL, objective, step)
+        codes.append(error_reply(never.value).body["error"]["code"])
+    assert codes == ["ttft_objective_unmeetable", "tpot_objective_unmeetable"]
