@@ -12,7 +12,10 @@ peer's `@serve.batch` up to 32 with a 5 ms wait). The driver is the project's lo
 same 16 seeded inputs for both servers, Poisson arrivals, latency from each request's scheduled send
 time (no coordinated omission), a 2 s deadline.
 
-Each server gets the same ladder: from --start-rps, doubling while a step passes (up to --max-rps),
+Both servers are started (the mesh first, then the peer) and stay up; their searches run at once with
+their steps taking turns, one step at a time, so a busy minute of a shared machine lands on both ladders
+rather than on one server's (the idle server's own background work, Ray's most, runs under the other's
+steps too). Each server gets the same ladder: from --start-rps, doubling while a step passes (up to --max-rps),
 then --refine-steps bisections between the highest pass and the lowest failure (bench/loadtest/knee.py).
 A step is --warmup-s of warm-up then --step-s measured at one rate (longer at low rates, so that it
 measures at least 500 requests, 200 in quick mode: a p99 of fewer is the maximum); it passes with p99 < 100 ms and no
@@ -23,14 +26,15 @@ bound. After a step that did not pass the server gets a pause to drain before th
 
 --quick: from 100 req/s, 2 s steps, 0.5 s warm-up, 1 bisection, up to 1600 req/s: about 2 minutes with
 both servers' start-up on a quiet box (Ray's start alone took ~60 s at load 15). `--servers mesh` and
-`--servers ray` run one each (each under 2 minutes there); `--combine MESH.json RAY.json` then sets the
-two saved runs side by side. Prints every step and the knees, and writes bench/results/tensor_knee.json.
+`--servers ray` run one each; `--combine MESH.json RAY.json` sets two saved one-server runs side by side
+(not interleaved, so only for a quiet machine). Prints every step and the knees, and writes bench/results/tensor_knee.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -38,7 +42,7 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +67,7 @@ from loadtest.scenario import Scenario, parse_scenario
 
 RESULTS_PATH = RESULTS_DIR / "tensor_knee.json"
 PRIME_S = 2.0  # unjudged load before a server's first step
+LABELS = {"mesh": "mesh", "ray": "ray serve"}
 MODEL = "bench-cnn"  # bench_tensor_batching.MODEL, not imported here so the pure parts load without torch
 
 
@@ -99,7 +104,7 @@ def step_runner(address: str, step_s: float, warmup_s: float, max_lag_ms: float,
         # Long enough for a p99 worth the name: with fewer than ~100 requests it is the maximum.
         measured_s = max(step_s, min_requests / rate_rps)
         report = await run_scenario(scenario(rate_rps, measured_s, warmup_s, max_lag_ms), options)
-        figures = step_figures(rate_rps, report)
+        figures = dataclasses.replace(step_figures(rate_rps, report), load_1m=round(os.getloadavg()[0], 2))
         last_passed = judge(figures, criteria)[0] is Verdict.PASS
         return figures
 
@@ -111,8 +116,7 @@ def print_step(server: str, step: Step) -> None:
     why = f" ({'; '.join(step.reasons)})" if step.reasons else ""
     print(f"{server} {f.rate_rps:g} req/s: {f.num_requests} measured, {f.num_errors} errors, {f.throughput_rps:.0f}/s "
           f"done, p50 {_ms(f.p50_ms)} p99 {_ms(f.p99_ms)} max {_ms(f.max_ms)} svc p99 {_ms(f.service_p99_ms)} ms, "
-          f"generator lag p99 "
-          f"{f.lag_p99_ms:.1f} max {f.lag_max_ms:.1f} ms, load {os.getloadavg()[0]:.1f} -> {step.verdict.value}{why}",
+          f"generator lag p99 {f.lag_p99_ms:.1f} max {f.lag_max_ms:.1f} ms, load {f.load_1m} -> {step.verdict.value}{why}",
           flush=True)
 
 
@@ -123,10 +127,11 @@ def _ms(value: float | None) -> str:
 def steps_table(knees: dict[str, Knee]) -> str:
     return markdown_table(
         ("server", "req/s offered", "measured", "errors", "done/s", "p50 ms", "p99 ms", "max ms", "svc p99 ms",
-         "lag p99 ms", "lag max ms", "verdict"),
+         "lag p99 ms", "lag max ms", "load 1m", "verdict"),
         [(name, s.figures.rate_rps, s.figures.num_requests, s.figures.num_errors, s.figures.throughput_rps,
           _ms(s.figures.p50_ms), _ms(s.figures.p99_ms), _ms(s.figures.max_ms), _ms(s.figures.service_p99_ms),
-          s.figures.lag_p99_ms, s.figures.lag_max_ms, s.verdict.value)
+          s.figures.lag_p99_ms, s.figures.lag_max_ms, "-" if s.figures.load_1m is None else s.figures.load_1m,
+          s.verdict.value)
          for name, knee in knees.items() for s in sorted(knee.steps, key=lambda s: s.figures.rate_rps)])
 
 
@@ -159,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         if set(saved) != {"mesh", "ray serve"}:
             raise SystemExit(f"--combine needs one run with the mesh and one with Ray Serve, got {sorted(saved)}")
         meta = {k: v for k, v in docs[0].items() if k not in ("servers", "load_1m", "mesh_over_peer", "ratio_reading")}
-        meta["load_1m"] = {name: load for doc in docs for name, load in doc["load_1m"].items()}
+        meta["load_1m"] = {" + ".join(doc["servers"]): doc["load_1m"] for doc in docs}
         meta["combined_from"] = [str(path) for path in args.combine]
         _report(saved, Criteria(**docs[0]["criteria"]), meta, args.output)
         return
@@ -176,33 +181,31 @@ def main(argv: list[str] | None = None) -> None:
     if not servers or set(servers) - {"mesh", "ray"}:
         raise SystemExit(f"--servers: mesh and/or ray, got {args.servers!r}")
 
-    from bench.loadtest.bench_tensor_peer import PEER_PYTHON, with_peer
+    from bench.loadtest.bench_tensor_peer import PEER_PYTHON, running_peer
     from bench.worker.bench_tensor_batching import export_cnn, import_cnn
 
     if "ray" in servers and not PEER_PYTHON.exists():
         raise SystemExit(f"{PEER_PYTHON} is missing: run tests/integration/test_loadtest_peer.py once to build it")
     began = time.monotonic()
-    knees: dict[str, Knee] = {}
-    load: dict[str, list[float]] = {}
-    with tempfile.TemporaryDirectory() as tmp_name:
+    with tempfile.TemporaryDirectory() as tmp_name, contextlib.ExitStack() as stack:
         tmp = Path(tmp_name)
         repository = tmp / "repo"
         import_cnn(export_cnn(tmp), repository)
         print(f"model exported and imported after {time.monotonic() - began:.0f} s", flush=True)
-        for name in servers:
-            label = "mesh" if name == "mesh" else "ray serve"
-
-            async def search(address: str, label: str = label) -> Knee:
-                print(f"{label} serving after {time.monotonic() - began:.0f} s", flush=True)
-                run_step = step_runner(address, step_s, warmup_s, args.max_lag_ms, settle_s, criteria, min_requests)
-                return await find_knee(plan, criteria, run_step, lambda step: print_step(label, step))
-
+        addresses: dict[str, str] = {}
+        for name in servers:  # one after the other: two starting at once slowed both past their waits on 2 cores
             (tmp / name).mkdir()
-            load_before = os.getloadavg()[0]
-            knees[label] = (_with_mesh(tmp / name, repository, search) if name == "mesh"
-                            else with_peer(tmp / name, repository, search, run=_run))
-            load[label] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
-    print(f"took {time.monotonic() - began:.0f} s; load average (1 min) before/after each server: {load}")
+            addresses[LABELS[name]] = stack.enter_context(
+                _running_mesh(tmp / name, repository) if name == "mesh" else running_peer(tmp / name, repository))
+            print(f"{LABELS[name]} serving after {time.monotonic() - began:.0f} s", flush=True)
+        load = {"before": round(os.getloadavg()[0], 2)}
+
+        def runner(address: str) -> Callable[[float], Coroutine[Any, Any, StepFigures]]:
+            return step_runner(address, step_s, warmup_s, args.max_lag_ms, settle_s, criteria, min_requests)
+
+        knees = _run(search_all(addresses, plan, criteria, runner))
+        load["after"] = round(os.getloadavg()[0], 2)
+    print(f"took {time.monotonic() - began:.0f} s; load average (1 min) before and after the steps: {load}")
     _report(knees, criteria, {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version.split()[0]},
         "quick": quick, "model": MODEL, "transport": "kserve+grpc ModelInfer, batch 1, FP32 [1, 3, 32, 32]",
@@ -227,8 +230,28 @@ def _report(knees: dict[str, Knee], criteria: Criteria, meta: dict, output: Path
                                  "mesh_over_peer": ratio, "ratio_reading": reading}))
 
 
-def _with_mesh(tmp: Path, repository: Path, search: Callable[[str], Coroutine[Any, Any, Knee]]) -> Knee:
-    """bench_tensor_batching's batching mesh (plaintext, anonymous callers), driven on uvloop."""
+async def search_all(addresses: dict[str, str], plan: Plan, criteria: Criteria,
+                     runner: Callable[[str], Callable[[float], Coroutine[Any, Any, StepFigures]]]) -> dict[str, Knee]:
+    """Every server's search at once, their steps taking turns (one at a time: asyncio.Lock wakes its
+    waiters in order), so a busy minute of a shared machine falls on both ladders, not on one."""
+    turn = asyncio.Lock()
+
+    async def search(label: str, address: str) -> Knee:
+        run_step = runner(address)
+
+        async def in_turn(rate_rps: float) -> StepFigures:
+            async with turn:
+                return await run_step(rate_rps)
+
+        return await find_knee(plan, criteria, in_turn, lambda step: print_step(label, step))
+
+    knees = await asyncio.gather(*(search(label, address) for label, address in addresses.items()))
+    return dict(zip(addresses, knees, strict=True))
+
+
+@contextlib.contextmanager
+def _running_mesh(tmp: Path, repository: Path) -> Iterator[str]:
+    """bench_tensor_batching's batching mesh (plaintext, anonymous callers); yields the gateway's address."""
     from bench.worker.bench_tensor_batching import BATCHED
     from tools.testbed.processes import running_mesh
 
@@ -236,11 +259,10 @@ def _with_mesh(tmp: Path, repository: Path, search: Callable[[str], Coroutine[An
     with running_mesh(tmp, env=env, tls=False) as mesh:
         mesh.start_scheduler(*BATCHED)
         mesh.start_worker(MODEL, "--model-repository", str(repository), "--num-threads", "1")
-        gateway = mesh.start_gateway("--allow-anonymous")
-        return _run(search(gateway.address))
+        yield mesh.start_gateway("--allow-anonymous").address
 
 
-def _run(coroutine: Coroutine[Any, Any, Knee]) -> Knee:
+def _run(coroutine: Coroutine[Any, Any, dict[str, Knee]]) -> dict[str, Knee]:
     """On uvloop, as `loadtest run` drives its targets."""
     try:
         import uvloop

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from bench.harness.results import RESULTS_DIR, write_report
@@ -45,9 +47,10 @@ async def _measure(address: str, clients: int, seconds: float, num_sequential: i
     return {**load, "sequential_ms": await sequential_ms(address, num_sequential)}
 
 
-def with_peer(tmp: Path, repository: Path, measure, run=asyncio.run):
-    """Starts the Ray Serve peer serving MODEL from `repository`, returns `run(measure(its KServe gRPC
-    address))`, and stops the peer and whatever of Ray outlived it."""
+@contextlib.contextmanager
+def running_peer(tmp: Path, repository: Path) -> Iterator[str]:
+    """The Ray Serve peer serving MODEL from `repository`, its KServe gRPC address yielded once it is
+    READY; stopped on exit, with whatever of Ray outlived it."""
     http_port, grpc_port = free_port(), free_port()
     ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
     log = tmp / "peer.log"
@@ -61,7 +64,7 @@ def with_peer(tmp: Path, repository: Path, measure, run=asyncio.run):
                    message="the Ray Serve peer READY")
         if peer.poll() is not None:
             raise SystemExit(f"the peer exited:\n{log.read_text(errors='replace')[-3000:]}")
-        return run(measure(f"127.0.0.1:{grpc_port}"))
+        yield f"127.0.0.1:{grpc_port}"
     finally:
         peer.send_signal(signal.SIGTERM)
         try:
@@ -73,6 +76,11 @@ def with_peer(tmp: Path, repository: Path, measure, run=asyncio.run):
         except ProcessLookupError:
             pass
         shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+def with_peer(tmp: Path, repository: Path, measure):
+    with running_peer(tmp, repository) as address:
+        return asyncio.run(measure(address))
 
 
 def main() -> None:

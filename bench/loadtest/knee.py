@@ -45,6 +45,7 @@ class StepFigures:
     service_p99_ms: float | None  # from each request's actual send: what the generator's lateness cannot add to
     lag_p99_ms: float  # the generator's own lateness against its schedule
     lag_max_ms: float
+    load_1m: float | None = None  # the machine's load average as the step ended, where the runner noted it
 
 
 @dataclass(frozen=True)

@@ -164,3 +164,30 @@ async def test_a_saved_knee_reads_back_as_it_was():
     run_step, _ = server(knee_rps=300, lag_from_rps=350)
     knee = await find_knee(Plan(50, 3200, refine_steps=2), CRITERIA, run_step)
     assert knee_from_document(json.loads(json.dumps(knee_document(knee)))) == knee
+
+
+async def test_two_searches_take_turns_one_step_at_a_time():
+    import asyncio
+
+    from bench.loadtest.bench_tensor_knee import search_all
+
+    order: list[str] = []
+    running = 0
+
+    def runner(address: str):
+        run_step, _ = server(knee_rps=300 if address == "a" else 100)
+
+        async def step(rate: float) -> StepFigures:
+            nonlocal running
+            running += 1
+            assert running == 1  # never two steps at once
+            order.append(address)
+            await asyncio.sleep(0)
+            running -= 1
+            return await run_step(rate)
+
+        return step
+
+    knees = await search_all({"mesh": "a", "ray serve": "b"}, Plan(50, 3200, refine_steps=1), CRITERIA, runner)
+    assert (knees["mesh"].knee_rps, knees["ray serve"].knee_rps) == (300, 100)
+    assert order[:6] == ["a", "b"] * 3  # in turn while both searches last
