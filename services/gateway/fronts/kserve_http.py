@@ -13,14 +13,19 @@ the OpenAI front (400, 401, 403, 404, 429 with Retry-After, 503, 504).
     GET  /v2/models[/{name}[/versions/{v}]]/stats   Triton's statistics
     POST /v2/repository/index                       every model version and its state
     POST /v2/models/{name}[/versions/{v}]/infer     classifier inference (JSON or binary tensors)
+    POST /v2/models/{name}[/versions/{v}]/generate  generator, one answer (Triton's generate extension)
+    POST /v2/models/{name}[/versions/{v}]/generate_stream   the same as server-sent events
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 
 from aiohttp import web
 
+from inference import grpc_predict_v2_pb2 as kserve
 from services.common import errors
 from services.gateway.fronts import json_body, kserve_http_codec
 from services.gateway.fronts.caller import http_authorization, http_caller
@@ -59,6 +64,8 @@ class KServeHttp:
                 web.get(base + "/config", self.config),
                 web.get(base + "/stats", self.statistics),
                 web.post(base + "/infer", self.infer),
+                web.post(base + "/generate", self.generate),
+                web.post(base + "/generate_stream", self.generate_stream),
             ]
         return routes
 
@@ -120,6 +127,45 @@ class KServeHttp:
             return web.Response(body=body, content_type="application/json", headers=headers)
         headers[kserve_http_codec.HEADER_LENGTH] = str(header_length)
         return web.Response(body=body, content_type="application/octet-stream", headers=headers)
+
+
+    async def generate(self, request: web.Request) -> web.Response:
+        async with aclosing(await self._generation(request)) as responses:
+            documents = [kserve_http_codec.generate_document(r) async for r in responses]
+        return web.json_response(kserve_http_codec.joined_documents(documents))
+
+    async def generate_stream(self, request: web.Request) -> web.StreamResponse:
+        """Server-sent events, one per stream response; an error after the first is a last
+        `data: {"error": ...}` event (before it, the status and body of any refusal)."""
+        async with aclosing(await self._generation(request)) as responses:
+            first = await anext(responses)  # admission and the first token, before any byte is sent
+            stream = web.StreamResponse(headers=_SSE_HEADERS)
+            await stream.prepare(request)
+            await stream.write(_event(kserve_http_codec.generate_document(first)))
+            try:
+                async for response in responses:
+                    await stream.write(_event(kserve_http_codec.generate_document(response)))
+            except errors.InfermeshError as err:
+                await stream.write(_event({"error": err.message}))
+            await stream.write_eof()
+            return stream
+
+    async def _generation(self, request: web.Request) -> AsyncGenerator[kserve.ModelInferResponse, None]:
+        name, version = _model_of(request)
+        try:
+            caller = http_caller(request)
+            infer_request = kserve_http_codec.parse_generate(await _body(request), name, version)
+        except errors.InfermeshError as err:
+            self._core.authenticate(http_authorization(request))  # an unknown caller learns nothing about bodies
+            raise err from None
+        return self._core.stream(infer_request, caller)
+
+
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _event(document: dict) -> bytes:
+    return b"data: " + json.dumps(document, separators=(",", ":")).encode() + b"\n\n"
 
 
 def _model_of(request: web.Request) -> tuple[str, str]:

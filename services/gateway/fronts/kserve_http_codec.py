@@ -10,6 +10,13 @@ header) followed by each input whose `parameters.binary_data_size` is set, in in
 Triton's raw layout; outputs asking for `binary_data: true` (or every output, with the request
 parameter `binary_data_output: true`) come back the same way. tritonclient's HTTP client sends
 and asks for binary tensors by default.
+
+Generate extension (Triton's, for generators; POST .../generate and .../generate_stream):
+    {"id": "...", "text_input": "<prompt>", "parameters": {"max_tokens": 16, "logprobs": true, ...}}
+the parameters those of ModelStreamInfer (kserve/stream.py; the JSON ones may be JSON values).
+Each response is an object of the model, its outputs by name (text_output a string, logprobs and
+top_logprobs lists) and, on the last, `parameters` (finish_reason and the token counts);
+`generate` answers the stream's responses as one (text and lists joined).
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from services.common.errors import InvalidArgument
 from services.common.tensor_datatypes import STRUCT_CODES
 from services.gateway.fronts import json_body
 from services.gateway.kserve.codec import class_count, pack_bytes_tensor, unpack_bytes_tensor
+from services.gateway.kserve.models import TEXT_INPUT, TEXT_OUTPUT
+from services.gateway.kserve.stream import FINAL, JSON_PARAMETERS
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BINARY_SIZE = "binary_data_size"
@@ -45,12 +54,7 @@ class HttpInference:
 
 def parse_infer(body: bytes, header_length: str | None, name: str, version: str) -> HttpInference:
     header, binary = _split(body, header_length)
-    try:
-        document = json_body.loads(header)
-    except ValueError as exc:
-        raise InvalidArgument(str(exc)) from None
-    if not isinstance(document, dict):
-        raise InvalidArgument("the request body must be a JSON object")
+    document = _document(header)
     request = kserve.ModelInferRequest(model_name=name, model_version=version, id=_string(document, "id"))
     parameters = dict(_object(document, "parameters"))
     binary_all = parameters.pop("binary_data_output", False) is True
@@ -77,6 +81,59 @@ def parse_infer(body: bytes, header_length: str | None, name: str, version: str)
         output = request.outputs.add(name=wanted["name"])
         _set_parameters(output.parameters, parameters, f"outputs[{index}].parameters")
     return HttpInference(request, frozenset(binary_outputs), binary_all)
+
+
+def parse_generate(body: bytes, name: str, version: str) -> kserve.ModelInferRequest:
+    """A generate extension body as the ModelStreamInfer request it asks for."""
+    document = _document(body)
+    unknown = sorted(set(document) - {"id", TEXT_INPUT, "parameters"})
+    if unknown:
+        raise InvalidArgument(f"unknown field '{unknown[0]}'; a generate request has id, {TEXT_INPUT}, parameters")
+    prompt = document.get(TEXT_INPUT)
+    if not isinstance(prompt, str):
+        raise InvalidArgument(f"'{TEXT_INPUT}' must be a string (the prompt)")
+    request = kserve.ModelInferRequest(model_name=name, model_version=version, id=_string(document, "id"))
+    request.inputs.add(name=TEXT_INPUT, datatype="BYTES", shape=[1])
+    request.raw_input_contents.append(pack_bytes_tensor([prompt.encode()]))
+    _set_parameters(request.parameters, _object(document, "parameters"), "parameters")
+    return request
+
+
+def generate_document(response: kserve.ModelInferResponse) -> dict:
+    """One stream response as a generate extension object."""
+    document: dict = {"model_name": response.model_name, "model_version": response.model_version}
+    if response.id:
+        document["id"] = response.id
+    for tensor, raw in zip(response.outputs, response.raw_output_contents, strict=True):
+        values = _values(raw, tensor.datatype)
+        document[tensor.name] = "".join(values) if tensor.name == TEXT_OUTPUT else values
+    parameters = {key: getattr(value, value.WhichOneof("parameter_choice"))
+                  for key, value in response.parameters.items() if key != FINAL}
+    if parameters:
+        document["parameters"] = parameters
+    return document
+
+
+def joined_documents(documents: list[dict]) -> dict:
+    """A stream's generate objects as one: text and lists joined, the last one's parameters."""
+    joined: dict = {}
+    for document in documents:
+        for key, value in document.items():
+            if isinstance(value, str | list) and key in joined and key not in ("model_name", "model_version", "id"):
+                joined[key] = joined[key] + value
+            elif key not in joined or key == "parameters":
+                joined[key] = value
+    return joined
+
+
+def _document(body: bytes) -> dict:
+    try:
+        document = json_body.loads(body)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+    if not isinstance(document, dict):
+        raise InvalidArgument("the request body must be a JSON object")
+    return document
 
 
 def _split(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
@@ -170,7 +227,9 @@ def _check_classification(parameters: dict, where: str) -> None:
 
 def _set_parameters(target, parameters: dict, where: str) -> None:
     for key, value in parameters.items():
-        if isinstance(value, bool):
+        if key in JSON_PARAMETERS and isinstance(value, dict | list):  # carried as JSON text, as over gRPC
+            target[key].string_param = json.dumps(value)
+        elif isinstance(value, bool):
             target[key].bool_param = value
         elif isinstance(value, int) and -2**63 <= value < 2**63:
             target[key].int64_param = value

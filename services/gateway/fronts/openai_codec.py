@@ -13,7 +13,6 @@ scheduler renders the model's own chat template and tokenizes once (docs/ARCHITE
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import uuid
 from collections.abc import Sequence
@@ -27,7 +26,17 @@ from services.common.logprobs import MAX_TOP_LOGPROBS
 from services.gateway.admission.latency_admission import ObjectiveMissed, ObjectiveUnmeetable, TpotUnmeetable
 from services.gateway.fronts.http_status import HttpRefusal, http_refusal, matching
 from services.gateway.fronts.openai_choices import MAX_CHOICES, ChoiceResult
-from services.gateway.fronts.openai_params import BadParameter, shown
+from services.gateway.fronts.openai_params import (
+    BadParameter,
+    boolean,
+    chat_logprobs,
+    is_int,
+    is_number,
+    number,
+    penalties,
+    shown,
+    structured,
+)
 from services.gateway.fronts.openai_tools import add_turn_fields, parse_tools
 from services.gateway.fronts.tool_calls import ChatTools, ToolCallSplitter
 from services.gateway.quota.quotas import QuotaExceeded
@@ -36,13 +45,6 @@ MAX_STOP_SEQUENCES = 4
 # MAX_TOP_LOGPROBS (OpenAI's top_logprobs limit) bounds completions' logprobs too: OpenAI's legacy 5
 # would refuse what vLLM clients send.
 
-# guided_choice's most strings (the scheduler's bound, structured_output.MAX_CHOICES).
-MAX_GUIDED_CHOICES = 256
-# Penalties' bounds (OpenAI's [-2, 2]; vLLM's repetition_penalty within (0, 2]), a logit bias value's
-# (OpenAI's) and logit_bias's entry count: the scheduler's bounds (call_codec.py).
-MAX_PENALTY = 2.0
-MAX_BIAS = 100.0
-MAX_LOGIT_BIAS = 1024
 # Far above any model's max_seq_len; the scheduler refuses what does not fit the model.
 MAX_MAX_TOKENS = 1 << 20
 COMPLETION = "text_completion"
@@ -106,7 +108,7 @@ def parse_chat(body: Any) -> OpenAIRequest:
     _refuse_unsupported(body)
     param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     parsed = _request(CHAT, body, "", _max_tokens(body, param), messages)
-    _chat_logprobs(body, parsed.generate.sampling)
+    chat_logprobs(body, parsed.generate.sampling)
     parsed = _with_choices(parsed, body)
     tools = parse_tools(body, parsed.generate)
     if tools is None:
@@ -160,7 +162,7 @@ def _request(kind: str, body: dict, prompt: str, max_tokens: int,
     name, colon, version = model.partition(":")
     if not name or (colon and not version):
         raise BadParameter("model", f"model must be a model id or <id>:<version>, got {shown(model)}")
-    stream = _bool(body, "stream", False)
+    stream = boolean(body, "stream", False)
     include_usage = False
     options = body.get("stream_options")
     if options is not None:
@@ -168,21 +170,18 @@ def _request(kind: str, body: dict, prompt: str, max_tokens: int,
             raise BadParameter("stream_options", "stream_options is only allowed when stream is true")
         if not isinstance(options, dict):
             raise BadParameter("stream_options", "stream_options must be an object")
-        include_usage = _bool(options, "include_usage", False, "stream_options.include_usage")
+        include_usage = boolean(options, "include_usage", False, "stream_options.include_usage")
     sampling = common_pb2.SamplingParams(
         max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        temperature=number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_top_p(body),
         stop=_stop(body),
-        ignore_eos=_bool(body, "ignore_eos", False),
-        presence_penalty=_number(body, "presence_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY),
-        frequency_penalty=_number(body, "frequency_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY),
-        repetition_penalty=_repetition_penalty(body),
-        logit_bias=_logit_bias(body),
+        ignore_eos=boolean(body, "ignore_eos", False),
     )
+    penalties(body, sampling)
     seed = body.get("seed")
     if seed is not None:
-        if not _is_int(seed) or not 0 <= seed < 2**63:
+        if not is_int(seed) or not 0 <= seed < 2**63:
             raise BadParameter("seed", f"seed must be an integer in [0, 2**63), got {shown(seed)}")
         sampling.seed = seed
     generate = gateway_pb2.GenerateRequest(
@@ -202,7 +201,7 @@ def _with_choices(parsed: OpenAIRequest, body: dict) -> OpenAIRequest:
             raise BadParameter("best_of", "best_of > n cannot be streamed: the best choices are known at the end")
     elif body.get("best_of") is not None:
         raise BadParameter("best_of", "best_of is a completions parameter")
-    structured_param = _structured(body, parsed.generate.sampling)
+    structured_param = structured(body, parsed.generate.sampling)
     logprobs = parsed.generate.sampling.logprobs
     if best_of > n:
         parsed.generate.sampling.logprobs = True  # the ranking's input
@@ -211,70 +210,11 @@ def _with_choices(parsed: OpenAIRequest, body: dict) -> OpenAIRequest:
     return dataclasses.replace(parsed, n=n, best_of=best_of, logprobs=logprobs, structured_param=structured_param)
 
 
-_GUIDED = ("guided_json", "guided_regex", "guided_choice")
-
-
-def _structured(body: dict, sampling: common_pb2.SamplingParams) -> str | None:
-    """response_format (OpenAI's) or vLLM's guided_json / guided_regex / guided_choice, at most one,
-    as sampling.structured; the parameter that set it (it names the scheduler's refusal of a schema)."""
-    response_format = body.get("response_format")
-    if response_format == {"type": "text"}:
-        response_format = None
-    given = [name for name in ("response_format", *_GUIDED) if (response_format if name == "response_format"
-                                                                else body.get(name)) is not None]
-    if len(given) > 1:
-        raise BadParameter(given[1], f"set one of response_format, {', '.join(_GUIDED)}; got {', '.join(given)}")
-    if not given:
-        return None
-    param = given[0]
-    structured = sampling.structured
-    if param == "response_format":
-        _response_format(response_format, structured)
-    elif param == "guided_json":
-        value = body["guided_json"]
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError:
-                raise BadParameter(param, "guided_json must be a JSON schema (an object, or its JSON text)") from None
-        if not isinstance(value, dict):
-            raise BadParameter(param, "guided_json must be a JSON schema (an object, or its JSON text)")
-        structured.json_schema = json.dumps(value)
-    elif param == "guided_regex":
-        if not isinstance(body[param], str) or not body[param]:
-            raise BadParameter(param, f"guided_regex must be a non-empty string, got {shown(body[param])}")
-        structured.regex = body[param]
-    else:
-        choices = body[param]
-        if (not isinstance(choices, list) or not choices or len(choices) > MAX_GUIDED_CHOICES
-                or not all(isinstance(c, str) and c for c in choices)):
-            raise BadParameter(param, f"guided_choice must be a list of 1 to {MAX_GUIDED_CHOICES} non-empty "
-                                      f"strings, got {shown(choices)}")
-        structured.choice.choices.extend(choices)
-    return param
-
-
-def _response_format(value: Any, structured: common_pb2.StructuredOutput) -> None:
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind == "json_object":
-        structured.json_object = True
-        return
-    if kind != "json_schema":
-        raise BadParameter("response_format", "response_format must be {\"type\": \"text\"}, {\"type\": "
-                                              "\"json_object\"} or {\"type\": \"json_schema\", \"json_schema\": "
-                                              f"{{\"name\": ..., \"schema\": {{...}}}}}}, got {shown(value)}")
-    spec = value.get("json_schema")
-    schema = spec.get("schema") if isinstance(spec, dict) else None
-    if not isinstance(schema, dict):
-        raise BadParameter("response_format", "response_format.json_schema.schema must be a JSON schema (an object)")
-    structured.json_schema = json.dumps(schema)
-
-
 def _count(body: dict, name: str, default: int, high: int) -> int:
     value = body.get(name)
     if value is None:
         return default
-    if not _is_int(value) or not 1 <= value <= high:
+    if not is_int(value) or not 1 <= value <= high:
         raise BadParameter(name, f"{name} must be an integer in [1, {high}], got {shown(value)}")
     return value
 
@@ -297,24 +237,10 @@ def _completion_logprobs(body: dict, sampling: common_pb2.SamplingParams) -> Non
     value = body.get("logprobs")
     if value is None:
         return
-    if not _is_int(value) or not 0 <= value <= MAX_TOP_LOGPROBS:
+    if not is_int(value) or not 0 <= value <= MAX_TOP_LOGPROBS:
         raise BadParameter("logprobs", f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {shown(value)}")
     sampling.logprobs = True
     sampling.top_logprobs = value
-
-
-def _chat_logprobs(body: dict, sampling: common_pb2.SamplingParams) -> None:
-    """Chat: `logprobs: true`, and `top_logprobs: <int>` alternatives with it."""
-    logprobs = _bool(body, "logprobs", False)
-    top = body.get("top_logprobs")
-    if top is not None:
-        if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
-            raise BadParameter("top_logprobs", f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], "
-                                               f"got {shown(top)}")
-        if not logprobs and top:
-            raise BadParameter("top_logprobs", "top_logprobs needs logprobs: true")
-    sampling.logprobs = logprobs
-    sampling.top_logprobs = top or 0
 
 
 def _refuse_unsupported(body: dict) -> None:
@@ -338,78 +264,20 @@ def _object(body: Any) -> dict:
     return body
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _bool(body: dict, name: str, default: bool, param: str | None = None) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise BadParameter(param or name, f"{param or name} must be a boolean, got {shown(value)}")
-    return value
-
-
-def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not _is_number(value) or not low <= value <= high:
-        raise BadParameter(name, f"{name} must be a number in [{low:g}, {high:g}], got {shown(value)}")
-    return float(value)
-
-
 def _top_p(body: dict) -> float:
     value = body.get("top_p")
     if value is None:
         return 1.0
-    if not _is_number(value) or not 0 < value <= 1:
+    if not is_number(value) or not 0 < value <= 1:
         raise BadParameter("top_p", f"top_p must be a number in (0, 1], got {shown(value)}")
     return float(value)
-
-
-def _repetition_penalty(body: dict) -> float:
-    """vLLM's extra parameter; 1 (the default) is off."""
-    value = body.get("repetition_penalty")
-    if value is None:
-        return 1.0
-    if not _is_number(value) or not 0 < value <= MAX_PENALTY:
-        raise BadParameter("repetition_penalty", f"repetition_penalty must be a number in (0, {MAX_PENALTY:g}], "
-                                                 f"got {shown(value)}")
-    return float(value)
-
-
-def _logit_bias(body: dict) -> dict[int, float]:
-    """OpenAI's map of token id (a JSON object's key, so a string) to a bias in [-100, 100]. Whether
-    each id is a token of the model is the scheduler's to say (the gateway has no tokenizer)."""
-    value = body.get("logit_bias")
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS:
-        raise BadParameter("logit_bias", f"logit_bias must be an object of up to {MAX_LOGIT_BIAS} token ids to "
-                                         f"biases, got {shown(value)}")
-    biases = {}
-    for key, bias in value.items():
-        if not (isinstance(key, str) and key.isascii() and key.isdigit() and int(key) < 2**31):
-            raise BadParameter("logit_bias", f"logit_bias keys must be token ids (non-negative integers), "
-                                             f"got {shown(key)}")
-        if not _is_number(bias) or not -MAX_BIAS <= bias <= MAX_BIAS:
-            raise BadParameter("logit_bias", f"logit_bias[{key}] must be a number in [-{MAX_BIAS:g}, {MAX_BIAS:g}], "
-                                             f"got {shown(bias)}")
-        biases[int(key)] = float(bias)
-    return biases
 
 
 def _max_tokens(body: dict, name: str) -> int:
     value = body.get(name)
     if value is None:
         return 0  # the model's default
-    if not _is_int(value) or not 1 <= value <= MAX_MAX_TOKENS:
+    if not is_int(value) or not 1 <= value <= MAX_MAX_TOKENS:
         raise BadParameter(name, f"{name} must be an integer in [1, {MAX_MAX_TOKENS}], got {shown(value)}")
     return value
 

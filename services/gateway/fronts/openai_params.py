@@ -1,11 +1,17 @@
-"""What the OpenAI front's request parsers share: the 400 naming a parameter, and how a refused
-value is shown in its message."""
+"""What the gateway's request parsers share: the 400 naming a parameter, how a refused value is
+shown in its message, and the sampling options both the OpenAI front and KServe's generator
+parameters take under the same names (penalties, logit_bias, logprobs, structured outputs), read
+from a JSON object's values into SamplingParams."""
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
+from infermesh.v1 import common_pb2
 from services.common import errors
+from services.common.logprobs import MAX_TOP_LOGPROBS
 
 
 class BadParameter(errors.InvalidArgument):
@@ -20,3 +26,154 @@ def shown(value: Any) -> str:
     """A value in a message: its repr, cut to 40 characters."""
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def penalties(body: dict, sampling: common_pb2.SamplingParams) -> None:
+    """presence_penalty, frequency_penalty (OpenAI's), repetition_penalty (vLLM's) and logit_bias."""
+    sampling.presence_penalty = number(body, "presence_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY)
+    sampling.frequency_penalty = number(body, "frequency_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY)
+    sampling.repetition_penalty = _repetition_penalty(body)
+    sampling.logit_bias.update(_logit_bias(body))
+
+
+# guided_choice's most strings (the scheduler's bound, structured_output.MAX_CHOICES).
+MAX_GUIDED_CHOICES = 256
+# Penalties' bounds (OpenAI's [-2, 2]; vLLM's repetition_penalty within (0, 2]), a logit bias value's
+# (OpenAI's) and logit_bias's entry count: the scheduler's bounds (call_codec.py).
+MAX_PENALTY = 2.0
+MAX_BIAS = 100.0
+MAX_LOGIT_BIAS = 1024
+
+
+_GUIDED = ("guided_json", "guided_regex", "guided_choice")
+
+
+def structured(body: dict, sampling: common_pb2.SamplingParams) -> str | None:
+    """response_format (OpenAI's) or vLLM's guided_json / guided_regex / guided_choice, at most one,
+    as sampling.structured; the parameter that set it (it names the scheduler's refusal of a schema)."""
+    response_format = body.get("response_format")
+    if response_format == {"type": "text"}:
+        response_format = None
+    given = [name for name in ("response_format", *_GUIDED) if (response_format if name == "response_format"
+                                                                else body.get(name)) is not None]
+    if len(given) > 1:
+        raise BadParameter(given[1], f"set one of response_format, {', '.join(_GUIDED)}; got {', '.join(given)}")
+    if not given:
+        return None
+    param = given[0]
+    target = sampling.structured
+    if param == "response_format":
+        _response_format(response_format, target)
+    elif param == "guided_json":
+        value = body["guided_json"]
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise BadParameter(param, "guided_json must be a JSON schema (an object, or its JSON text)") from None
+        if not isinstance(value, dict):
+            raise BadParameter(param, "guided_json must be a JSON schema (an object, or its JSON text)")
+        target.json_schema = json.dumps(value)
+    elif param == "guided_regex":
+        if not isinstance(body[param], str) or not body[param]:
+            raise BadParameter(param, f"guided_regex must be a non-empty string, got {shown(body[param])}")
+        target.regex = body[param]
+    else:
+        choices = body[param]
+        if (not isinstance(choices, list) or not choices or len(choices) > MAX_GUIDED_CHOICES
+                or not all(isinstance(c, str) and c for c in choices)):
+            raise BadParameter(param, f"guided_choice must be a list of 1 to {MAX_GUIDED_CHOICES} non-empty "
+                                      f"strings, got {shown(choices)}")
+        target.choice.choices.extend(choices)
+    return param
+
+
+def _response_format(value: Any, structured: common_pb2.StructuredOutput) -> None:
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "json_object":
+        structured.json_object = True
+        return
+    if kind != "json_schema":
+        raise BadParameter("response_format", "response_format must be {\"type\": \"text\"}, {\"type\": "
+                                              "\"json_object\"} or {\"type\": \"json_schema\", \"json_schema\": "
+                                              f"{{\"name\": ..., \"schema\": {{...}}}}}}, got {shown(value)}")
+    spec = value.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise BadParameter("response_format", "response_format.json_schema.schema must be a JSON schema (an object)")
+    structured.json_schema = json.dumps(schema)
+
+
+
+def chat_logprobs(body: dict, sampling: common_pb2.SamplingParams) -> None:
+    """Chat: `logprobs: true`, and `top_logprobs: <int>` alternatives with it."""
+    logprobs = boolean(body, "logprobs", False)
+    top = body.get("top_logprobs")
+    if top is not None:
+        if not is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise BadParameter("top_logprobs", f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], "
+                                               f"got {shown(top)}")
+        if not logprobs and top:
+            raise BadParameter("top_logprobs", "top_logprobs needs logprobs: true")
+    sampling.logprobs = logprobs
+    sampling.top_logprobs = top or 0
+
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def boolean(body: dict, name: str, default: bool, param: str | None = None) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise BadParameter(param or name, f"{param or name} must be a boolean, got {shown(value)}")
+    return value
+
+
+def number(body: dict, name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not is_number(value) or not low <= value <= high:
+        raise BadParameter(name, f"{name} must be a number in [{low:g}, {high:g}], got {shown(value)}")
+    return float(value)
+
+
+
+def _repetition_penalty(body: dict) -> float:
+    """vLLM's extra parameter; 1 (the default) is off."""
+    value = body.get("repetition_penalty")
+    if value is None:
+        return 1.0
+    if not is_number(value) or not 0 < value <= MAX_PENALTY:
+        raise BadParameter("repetition_penalty", f"repetition_penalty must be a number in (0, {MAX_PENALTY:g}], "
+                                                 f"got {shown(value)}")
+    return float(value)
+
+
+def _logit_bias(body: dict) -> dict[int, float]:
+    """OpenAI's map of token id (a JSON object's key, so a string) to a bias in [-100, 100]. Whether
+    each id is a token of the model is the scheduler's to say (the gateway has no tokenizer)."""
+    value = body.get("logit_bias")
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS:
+        raise BadParameter("logit_bias", f"logit_bias must be an object of up to {MAX_LOGIT_BIAS} token ids to "
+                                         f"biases, got {shown(value)}")
+    biases = {}
+    for key, bias in value.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and int(key) < 2**31):
+            raise BadParameter("logit_bias", f"logit_bias keys must be token ids (non-negative integers), "
+                                             f"got {shown(key)}")
+        if not is_number(bias) or not -MAX_BIAS <= bias <= MAX_BIAS:
+            raise BadParameter("logit_bias", f"logit_bias[{key}] must be a number in [-{MAX_BIAS:g}, {MAX_BIAS:g}], "
+                                             f"got {shown(bias)}")
+        biases[int(key)] = float(bias)
+    return biases

@@ -217,11 +217,14 @@ class KServeCore:
         parsed = kserve_stream.parse_stream_request(request)
         with self._counted(info, 1) as served:
             async with aclosing(self._generate.generate(parsed.generate, caller)) as chunks:
-                async for chunk in chunks:
-                    if chunk.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
-                        served.timings = chunk.timings
-                    for response in kserve_stream.chunk_responses(parsed, chunk):
-                        yield response
+                try:
+                    async for chunk in chunks:
+                        if chunk.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
+                            served.timings = chunk.timings
+                        for response in kserve_stream.chunk_responses(parsed, chunk):
+                            yield response
+                except errors.InvalidArgument as err:
+                    raise kserve_stream.named_refusal(parsed, err) from None
 
     def _counted(self, info: gateway_pb2.ModelInfo, num_inferences: int) -> _Served:
         return _Served(self.statistics, info.model.name, info.model.version, num_inferences, self._clock)

@@ -5,8 +5,16 @@ Contract (docs/clients.md), shaped like Triton's vLLM backend so its clients nee
   params  max_tokens (int), temperature (float), top_p (float), seed (int), ignore_eos (bool),
           stop (string, one stop sequence): the request's `parameters` (tritonclient's
           `parameters={...}`); `stream` is accepted and ignored (a stream is always streamed);
-          ttft_ms, tpot_ms (int): latency targets, GenerateRequest.objectives (docs/gateway.md)
+          ttft_ms, tpot_ms (int): latency targets, GenerateRequest.objectives (docs/gateway.md);
+          the OpenAI front's sampling options under its names, checked by the same code
+          (fronts/openai_params.py): logprobs (bool), top_logprobs (int), presence_penalty,
+          frequency_penalty, repetition_penalty (numbers), and as JSON text (a string parameter;
+          REST may send the JSON value itself) logit_bias ({"<token id>": bias}), response_format,
+          guided_json (a schema), guided_choice (a list of strings); guided_regex (a string)
   output  text_output  BYTES [1] per response: the chunk's text
+          with logprobs: logprobs FP32 [k], the log-probability of each of the chunk's k tokens, and
+          with top_logprobs > 0: top_logprobs BYTES [k], per token a JSON list of the most likely
+          {"token_id", "token", "logprob"} there, most likely first
 One response per chunk, each with the request's id; the last one carries the parameter
 `triton_final_response: true` plus `finish_reason`, `prompt_tokens`, `completion_tokens`. A
 request with `triton_enable_empty_final_response: true` gets the last text as a normal response
@@ -15,11 +23,16 @@ and then an empty one flagged final, as Triton sends it.
 
 from __future__ import annotations
 
+import json
+import math
+import struct
 from dataclasses import dataclass
+from typing import Any
 
 from inference import grpc_predict_v2_pb2 as kserve
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common.errors import InvalidArgument
+from services.gateway.fronts.openai_params import BadParameter, chat_logprobs, penalties, structured
 from services.gateway.kserve.codec import pack_bytes_tensor, unpack_bytes_tensor
 from services.gateway.kserve.models import TEXT_INPUT, TEXT_OUTPUT
 
@@ -38,23 +51,61 @@ class StreamRequest:
     # Triton's id for the request, echoed in every response ("" when the client sent none).
     id: str
     empty_final: bool
+    # The parameter that asked for structured output, if any: it names the scheduler's refusal of it.
+    structured_param: str | None = None
+
+
+# The OpenAI front's sampling options, read by its code (openai_params); these hold JSON text.
+JSON_PARAMETERS = ("logit_bias", "response_format", "guided_json", "guided_choice")
+_OPENAI_PARAMETERS = ("logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                      "guided_regex", *JSON_PARAMETERS)
+TOP_LOGPROBS = "top_logprobs"
+LOGPROBS = "logprobs"
 
 
 def parse_stream_request(request: kserve.ModelInferRequest) -> StreamRequest:
     parameters = request.parameters
     sampling = common_pb2.SamplingParams()
     objectives = gateway_pb2.LatencyObjectives()
+    options: dict[str, Any] = {}
     for key, value in parameters.items():
         if key in _OBJECTIVE_PARAMETERS:
             setattr(objectives, key, _objective_ms(key, value))
+        elif key in _OPENAI_PARAMETERS:
+            options[key] = _option(key, value)
         else:
             _set_sampling(sampling, key, value)
+    structured_param = _set_options(sampling, options)
     generate = gateway_pb2.GenerateRequest(
         model=common_pb2.ModelRef(name=request.model_name, version=request.model_version),
         prompt=_prompt(request), sampling=sampling, request_id=request.id, objectives=objectives,
     )
     empty_final = EMPTY_FINAL in parameters and _value(parameters[EMPTY_FINAL]) is True
-    return StreamRequest(generate, request.id, empty_final)
+    return StreamRequest(generate, request.id, empty_final, structured_param)
+
+
+def _option(key: str, parameter: kserve.InferParameter) -> Any:
+    """An OpenAI sampling option's value as the OpenAI front reads it from its JSON body."""
+    value = _value(parameter)
+    if key not in JSON_PARAMETERS or not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        if key == "guided_json":  # the shared check says what a schema must be
+            return value
+        raise BadParameter(key, f"parameter '{key}' must be JSON text, got {value[:40]!r}") from None
+
+
+def _set_options(sampling: common_pb2.SamplingParams, options: dict[str, Any]) -> str | None:
+    """The options as the OpenAI front sets them (a refusal names the parameter, as its 400 does);
+    the parameter that asked for structured output, if any."""
+    try:
+        chat_logprobs(options, sampling)
+        penalties(options, sampling)
+        return structured(options, sampling)
+    except BadParameter as err:
+        raise BadParameter(err.param, f"parameter '{err.param}': {err.message}") from None
 
 
 def _prompt(request: kserve.ModelInferRequest) -> str:
@@ -116,8 +167,8 @@ def _set_sampling(sampling: common_pb2.SamplingParams, key: str, parameter: kser
     elif key in ("max_tokens", "temperature", "top_p", "seed", "ignore_eos", "stop"):
         raise InvalidArgument(f"parameter '{key}' has an unusable value {value!r}; " + _EXPECTED[key])
     else:
-        raise InvalidArgument(f"unknown parameter '{key}'; this model takes "
-                              f"max_tokens, temperature, top_p, seed, ignore_eos, stop, ttft_ms, tpot_ms")
+        raise InvalidArgument(f"unknown parameter '{key}'; this model takes max_tokens, temperature, top_p, seed, "
+                              f"ignore_eos, stop, ttft_ms, tpot_ms, {', '.join(_OPENAI_PARAMETERS)}")
 
 
 _EXPECTED = {
@@ -134,6 +185,8 @@ def chunk_responses(request: StreamRequest, chunk: gateway_pb2.GenerateResponse)
                                          model_version=chunk.model.version, id=request.id)
     response.outputs.add(name=TEXT_OUTPUT, datatype="BYTES", shape=[1])
     response.raw_output_contents.append(pack_bytes_tensor([chunk.text.encode()]))
+    if request.generate.sampling.logprobs:
+        _add_logprobs(response, chunk.logprobs, request.generate.sampling.top_logprobs > 0)
     response.parameters[FINAL].bool_param = last and not request.empty_final
     if not last:
         return [response]
@@ -147,3 +200,28 @@ def chunk_responses(request: StreamRequest, chunk: gateway_pb2.GenerateResponse)
                                       id=request.id)
     final.parameters[FINAL].bool_param = True
     return [response, final]
+
+
+def _add_logprobs(response: kserve.ModelInferResponse, positions, with_top: bool) -> None:
+    """logprobs FP32 [k] and, asked for, top_logprobs BYTES [k] of JSON: the chunk's k tokens."""
+    values = [p.token.logprob for p in positions]
+    response.outputs.add(name=LOGPROBS, datatype="FP32", shape=[len(values)])
+    response.raw_output_contents.append(struct.pack(f"<{len(values)}f", *values))
+    if not with_top:
+        return
+    response.outputs.add(name=TOP_LOGPROBS, datatype="BYTES", shape=[len(values)])
+    response.raw_output_contents.append(pack_bytes_tensor([json.dumps(
+        [{"token_id": t.token_id, "token": t.token_bytes.decode("utf-8", "replace"), "logprob": _finite(t.logprob)}
+         for t in p.top]).encode() for p in positions]))
+
+
+def _finite(logprob: float) -> float | None:
+    return None if math.isnan(logprob) else logprob  # JSON has no NaN (a position without a logprob)
+
+
+def named_refusal(request: StreamRequest, err: InvalidArgument) -> InvalidArgument:
+    """The scheduler's refusal of a structured output (it compiles the schema or regex) names the
+    parameter that asked for it, as the OpenAI front's 400 does."""
+    if request.structured_param is not None and err.message.startswith("sampling.structured"):
+        return BadParameter(request.structured_param, f"parameter '{request.structured_param}': {err.message}")
+    return err

@@ -1,0 +1,147 @@
+"""KServe generator requests take the OpenAI front's sampling options from their parameters, checked
+by the same code (openai_params), and return logprobs as output tensors (issue 39)."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from inference import grpc_predict_v2_pb2 as kserve
+from infermesh.v1 import common_pb2, gateway_pb2
+from services.common.errors import InvalidArgument
+from services.gateway.fronts import kserve_http_codec
+from services.gateway.fronts.openai_params import BadParameter
+from services.gateway.kserve import stream as kserve_stream
+from tests.unit.gateway.test_kserve_models import _stream_request
+
+
+def _sampling(**parameters) -> common_pb2.SamplingParams:
+    return kserve_stream.parse_stream_request(_stream_request(**parameters)).generate.sampling
+
+
+def test_logprobs_penalties_and_logit_bias_are_read_as_the_openai_front_reads_them():
+    sampling = _sampling(logprobs=True, top_logprobs=3, presence_penalty=0.5, frequency_penalty=-1,
+                         repetition_penalty=1.3, logit_bias='{"5": -100, "17": 2.5}', max_tokens=4)
+    assert (sampling.logprobs, sampling.top_logprobs, sampling.max_tokens) == (True, 3, 4)
+    assert (sampling.presence_penalty, sampling.frequency_penalty) == (0.5, -1.0)
+    assert sampling.repetition_penalty == pytest.approx(1.3)
+    assert dict(sampling.logit_bias) == {5: -100.0, 17: 2.5}
+    plain = _sampling()
+    assert (plain.logprobs, plain.presence_penalty, plain.repetition_penalty, dict(plain.logit_bias)) == \
+        (False, 0.0, 1.0, {})
+
+
+@pytest.mark.parametrize("parameters, expected", [
+    ({"guided_regex": "[0-9]{3}"}, common_pb2.StructuredOutput(regex="[0-9]{3}")),
+    ({"guided_choice": '["yes", "no"]'},
+     common_pb2.StructuredOutput(choice=common_pb2.ChoiceList(choices=["yes", "no"]))),
+    ({"guided_json": '{"type": "object"}'}, common_pb2.StructuredOutput(json_schema='{"type": "object"}')),
+    ({"response_format": '{"type": "json_object"}'}, common_pb2.StructuredOutput(json_object=True)),
+    ({"response_format": '{"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array"}}}'},
+     common_pb2.StructuredOutput(json_schema='{"type": "array"}')),
+])
+def test_structured_output_parameters_set_sampling_structured(parameters, expected):
+    parsed = kserve_stream.parse_stream_request(_stream_request(**parameters))
+    assert parsed.generate.sampling.structured == expected
+    assert parsed.structured_param == next(iter(parameters))
+
+
+@pytest.mark.parametrize("parameters, param, fragment", [
+    ({"logprobs": 1}, "logprobs", "logprobs must be a boolean"),
+    ({"top_logprobs": 2}, "top_logprobs", "top_logprobs needs logprobs: true"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "top_logprobs must be an integer in [0, 20]"),
+    ({"presence_penalty": 3.0}, "presence_penalty", "presence_penalty must be a number in [-2, 2]"),
+    ({"frequency_penalty": "high"}, "frequency_penalty", "frequency_penalty must be a number"),
+    ({"repetition_penalty": 0}, "repetition_penalty", "repetition_penalty must be a number in (0, 2]"),
+    ({"logit_bias": "{5: 1}"}, "logit_bias", "parameter 'logit_bias' must be JSON text"),
+    ({"logit_bias": '{"a": 1}'}, "logit_bias", "logit_bias keys must be token ids"),
+    ({"logit_bias": '{"5": 101}'}, "logit_bias", "logit_bias[5] must be a number in [-100, 100]"),
+    ({"logit_bias": "[1]"}, "logit_bias", "logit_bias must be an object"),
+    ({"guided_regex": ""}, "guided_regex", "guided_regex must be a non-empty string"),
+    ({"guided_choice": '"yes"'}, "guided_choice", "guided_choice must be a list of 1 to 256 non-empty strings"),
+    ({"guided_json": "not json"}, "guided_json", "guided_json must be a JSON schema"),
+    ({"response_format": '{"type": "xml"}'}, "response_format", "response_format must be"),
+    ({"guided_regex": "a", "guided_choice": '["a"]'}, "guided_choice", "set one of response_format"),
+])
+def test_a_bad_option_is_invalid_argument_naming_the_parameter(parameters, param, fragment):
+    with pytest.raises(BadParameter) as refused:
+        kserve_stream.parse_stream_request(_stream_request(**parameters))
+    assert refused.value.param == param
+    assert refused.value.message.startswith(f"parameter '{param}'") and fragment in refused.value.message
+
+
+def test_an_unknown_parameter_lists_the_options_too():
+    with pytest.raises(InvalidArgument, match="unknown parameter 'n'; .*logprobs, top_logprobs, .*guided_choice"):
+        _sampling(n=2)
+
+
+def _chunk(logprobs: list[tuple[int, float, list[tuple[int, bytes, float]]]], **fields) -> gateway_pb2.GenerateResponse:
+    return gateway_pb2.GenerateResponse(
+        text="ab", token_ids=[t for t, _, _ in logprobs], **fields,
+        logprobs=[common_pb2.PositionLogprobs(
+            token=common_pb2.TokenLogprob(token_id=t, logprob=lp),
+            top=[common_pb2.TokenLogprob(token_id=i, token_bytes=b, logprob=v) for i, b, v in top])
+            for t, lp, top in logprobs])
+
+
+def _outputs(response: kserve.ModelInferResponse) -> dict[str, tuple[str, list[int], bytes]]:
+    return {t.name: (t.datatype, list(t.shape), raw) for t, raw in zip(response.outputs, response.raw_output_contents,
+                                                                        strict=True)}
+
+
+def test_logprobs_come_back_as_an_fp32_tensor_and_top_logprobs_as_json_per_token():
+    parsed = kserve_stream.parse_stream_request(_stream_request(logprobs=True, top_logprobs=2))
+    chunk = _chunk([(7, -0.25, [(7, b"a", -0.25), (9, b"\xff", -2.0)]), (8, -0.5, [(8, b"b", -0.5), (1, b"c", -1.5)])])
+    (response,) = kserve_stream.chunk_responses(parsed, chunk)
+    outputs = _outputs(response)
+    datatype, shape, raw = outputs["logprobs"]
+    assert (datatype, shape, list(struct.unpack("<2f", raw))) == ("FP32", [2], [-0.25, -0.5])
+    datatype, shape, raw = outputs["top_logprobs"]
+    tops = [json.loads(e) for e in kserve_http_codec.unpack_bytes_tensor(raw)]
+    assert (datatype, shape) == ("BYTES", [2])
+    assert tops[0] == [{"token_id": 7, "token": "a", "logprob": -0.25}, {"token_id": 9, "token": "\ufffd", "logprob": -2.0}]
+    assert [t["token_id"] for t in tops[1]] == [8, 1]
+    only_logprobs = kserve_stream.parse_stream_request(_stream_request(logprobs=True))
+    (response,) = kserve_stream.chunk_responses(only_logprobs, _chunk([(7, -0.25, [])]))
+    assert set(_outputs(response)) == {"text_output", "logprobs"}
+    (response,) = kserve_stream.chunk_responses(kserve_stream.parse_stream_request(_stream_request()), _chunk([]))
+    assert set(_outputs(response)) == {"text_output"}
+
+
+def test_the_schedulers_refusal_of_a_regex_names_the_parameter():
+    parsed = kserve_stream.parse_stream_request(_stream_request(guided_regex="[a-"))
+    named = kserve_stream.named_refusal(parsed, InvalidArgument("sampling.structured: invalid regex"))
+    assert named.message == "parameter 'guided_regex': sampling.structured: invalid regex"
+    other = InvalidArgument("sampling.logit_bias[99999] is not a token")
+    assert kserve_stream.named_refusal(parsed, other) is other
+
+
+def test_rest_generate_body_carries_json_values_as_json_text_parameters():
+    body = {"id": "g-1", "text_input": "Hi", "parameters": {"max_tokens": 3, "logit_bias": {"5": 10},
+                                                            "guided_choice": ["a", "b"], "logprobs": True}}
+    request = kserve_http_codec.parse_generate(json.dumps(body).encode(), "tinylm", "")
+    parsed = kserve_stream.parse_stream_request(request)
+    assert (parsed.generate.prompt, parsed.id, dict(parsed.generate.sampling.logit_bias)) == ("Hi", "g-1", {5: 10.0})
+    assert list(parsed.generate.sampling.structured.choice.choices) == ["a", "b"]
+    with pytest.raises(InvalidArgument, match="unknown field 'prompt'"):
+        kserve_http_codec.parse_generate(b'{"prompt": "Hi"}', "tinylm", "")
+    with pytest.raises(InvalidArgument, match="'text_input' must be a string"):
+        kserve_http_codec.parse_generate(b'{"text_input": 3}', "tinylm", "")
+    with pytest.raises(InvalidArgument, match="parameters.stop must be a bool"):
+        kserve_http_codec.parse_generate(b'{"text_input": "a", "parameters": {"stop": ["x"]}}', "tinylm", "")
+
+
+def test_rest_generate_joins_the_stream_responses_into_one_answer():
+    parsed = kserve_stream.parse_stream_request(_stream_request(logprobs=True))
+    first = kserve_stream.chunk_responses(parsed, _chunk([(7, -0.25, []), (8, -0.5, [])]))
+    last = kserve_stream.chunk_responses(parsed, _chunk([(9, -1.0, [])], finish_reason=common_pb2.FINISH_REASON_LENGTH,
+                                                        usage=common_pb2.Usage(prompt_tokens=2, completion_tokens=3)))
+    documents = [kserve_http_codec.generate_document(r) for r in first + last]
+    assert documents[0] == {"model_name": "tinylm", "model_version": "", "id": "s-1", "text_output": "ab",
+                            "logprobs": [-0.25, -0.5]}
+    joined = kserve_http_codec.joined_documents(documents)
+    assert (joined["text_output"], joined["logprobs"], joined["id"]) == ("abab", [-0.25, -0.5, -1.0], "s-1")
+    assert joined["parameters"] == {"finish_reason": "length", "prompt_tokens": 2, "completion_tokens": 3,
+                                    "cached_prompt_tokens": 0}
