@@ -20,8 +20,9 @@ then --refine-steps bisections between the highest pass and the lowest failure (
 A step is --warmup-s of warm-up then --step-s measured at one rate (longer at low rates, so that it
 measures at least 500 requests, 200 in quick mode: a p99 of fewer is the maximum); it passes with p99 < 100 ms and no
 errors. A step where the harness's own generator lag p99 exceeded --max-lag-ms is not trusted (the
-harness fell behind, not the server) unless even its service-time p99 broke the bound: it is run once
-more, and if it falls behind again it bounds the search like a failure but makes the knee a lower
+harness fell behind, not the server) unless even its median service time broke the bound (a server far
+past its knee, not a moment's stall of the shared machine, which also makes the generator late): it is run
+once more, and if it falls behind again it bounds the search like a failure but makes the knee a lower
 bound. After a step that did not pass the server gets a pause to drain before the next.
 
 --quick: from 100 req/s, 2 s steps, 0.5 s warm-up, 1 bisection, up to 1600 req/s: about 2 minutes with
@@ -115,7 +116,8 @@ def print_step(server: str, step: Step) -> None:
     f = step.figures
     why = f" ({'; '.join(step.reasons)})" if step.reasons else ""
     print(f"{server} {f.rate_rps:g} req/s: {f.num_requests} measured, {f.num_errors} errors, {f.throughput_rps:.0f}/s "
-          f"done, p50 {_ms(f.p50_ms)} p99 {_ms(f.p99_ms)} max {_ms(f.max_ms)} svc p99 {_ms(f.service_p99_ms)} ms, "
+          f"done, p50 {_ms(f.p50_ms)} p99 {_ms(f.p99_ms)} max {_ms(f.max_ms)} svc p50 {_ms(f.service_p50_ms)} "
+          f"p99 {_ms(f.service_p99_ms)} ms, "
           f"generator lag p99 {f.lag_p99_ms:.1f} max {f.lag_max_ms:.1f} ms, load {f.load_1m} -> {step.verdict.value}{why}",
           flush=True)
 
@@ -126,10 +128,11 @@ def _ms(value: float | None) -> str:
 
 def steps_table(knees: dict[str, Knee]) -> str:
     return markdown_table(
-        ("server", "req/s offered", "measured", "errors", "done/s", "p50 ms", "p99 ms", "max ms", "svc p99 ms",
+        ("server", "req/s offered", "measured", "errors", "done/s", "p50 ms", "p99 ms", "max ms", "svc p50 ms", "svc p99 ms",
          "lag p99 ms", "lag max ms", "load 1m", "verdict"),
         [(name, s.figures.rate_rps, s.figures.num_requests, s.figures.num_errors, s.figures.throughput_rps,
-          _ms(s.figures.p50_ms), _ms(s.figures.p99_ms), _ms(s.figures.max_ms), _ms(s.figures.service_p99_ms),
+          _ms(s.figures.p50_ms), _ms(s.figures.p99_ms), _ms(s.figures.max_ms), _ms(s.figures.service_p50_ms),
+          _ms(s.figures.service_p99_ms),
           s.figures.lag_p99_ms, s.figures.lag_max_ms, "-" if s.figures.load_1m is None else s.figures.load_1m,
           s.verdict.value)
          for name, knee in knees.items() for s in sorted(knee.steps, key=lambda s: s.figures.rate_rps)])

@@ -4,8 +4,9 @@ with no errors, searched by doubling the rate until a step fails, then bisecting
 Pure: a step is whatever `run_step(rate)` measures (bench/loadtest/bench_tensor_knee.py runs the load
 harness for it), judged here. A step where the load generator fell behind its own schedule (its lag
 p99 above `max_lag_p99_ms`) measured the generator, not the server: it is neither a pass nor the
-server's failure (unless even the service time, from each request's actual send, broke the bound), it
-is run again once, and a knee whose next rate up is such a step is only a lower bound. On one shared
+server's failure (unless even the median service time, from each request's actual send, broke the
+bound: a server that far past its knee, not a moment's stall of the machine), it is run again once, and a
+knee whose next rate up is such a step is only a lower bound. On one shared
 box the generator falls behind mostly because the server took the cores, so such steps come near the
 server's knee; the report says which bound stopped each search.
 """
@@ -42,7 +43,8 @@ class StepFigures:
     p50_ms: float | None  # None when no request succeeded
     p99_ms: float | None
     max_ms: float | None
-    service_p99_ms: float | None  # from each request's actual send: what the generator's lateness cannot add to
+    service_p50_ms: float | None  # from each request's actual send: what the generator's lateness cannot add to
+    service_p99_ms: float | None
     lag_p99_ms: float  # the generator's own lateness against its schedule
     lag_max_ms: float
     load_1m: float | None = None  # the machine's load average as the step ended, where the runner noted it
@@ -80,8 +82,10 @@ class Knee:
 
 def judge(figures: StepFigures, criteria: Criteria) -> tuple[Verdict, tuple[str, ...]]:
     """BEHIND before FAIL: a late generator sends in bursts, and latency from the schedule includes its
-    lateness, so the server's figures at that step are not the server's alone; FAIL all the same when
-    the service-time p99 (from the actual send, no generator lateness in it) broke the bound."""
+    lateness, so the server's figures at that step are not the server's alone. FAIL all the same when the
+    median service time (from the actual send, no generator lateness in it) broke the bound: a stall of the
+    whole machine, which also makes the generator late, reaches the tail of the service times but not
+    their median; a server far past its knee does."""
     server = []
     if figures.num_requests == 0:
         server.append("no requests measured")
@@ -92,8 +96,8 @@ def judge(figures: StepFigures, criteria: Criteria) -> tuple[Verdict, tuple[str,
         server.append(f"p99 {figures.p99_ms:.1f} ms >= {criteria.p99_ms:g} ms")
     if figures.lag_p99_ms > criteria.max_lag_p99_ms:
         lag = f"generator lag p99 {figures.lag_p99_ms:.1f} ms > {criteria.max_lag_p99_ms:g} ms"
-        if figures.service_p99_ms is not None and figures.service_p99_ms >= criteria.p99_ms:
-            return Verdict.FAIL, (f"service-time p99 {figures.service_p99_ms:.1f} ms >= {criteria.p99_ms:g} ms "
+        if figures.service_p50_ms is not None and figures.service_p50_ms >= criteria.p99_ms:
+            return Verdict.FAIL, (f"service-time p50 {figures.service_p50_ms:.1f} ms >= {criteria.p99_ms:g} ms "
                                   f"even without the generator's lateness", lag, *server)
         return Verdict.BEHIND, (lag, *server)
     return (Verdict.FAIL, tuple(server)) if server else (Verdict.PASS, ())
@@ -166,7 +170,7 @@ def step_figures(rate_rps: float, report: dict) -> StepFigures:
         rate_rps=rate_rps, num_requests=overall["num_requests"], num_errors=overall["num_errors"],
         errors=dict(overall["errors"]), throughput_rps=overall["throughput_rps"],
         p50_ms=latency.get("p50"), p99_ms=latency.get("p99"), max_ms=latency.get("max"),
-        service_p99_ms=overall["service_ms"].get("p99"),
+        service_p50_ms=overall["service_ms"].get("p50"), service_p99_ms=overall["service_ms"].get("p99"),
         lag_p99_ms=lag.get("p99", 0.0), lag_max_ms=lag.get("max", 0.0))
 
 

@@ -26,10 +26,12 @@ CRITERIA = Criteria(p99_ms=100.0, max_lag_p99_ms=10.0)
 
 
 def figures(rate: float = 100.0, p99: float | None = 50.0, errors: dict[str, int] | None = None, lag: float = 1.0,
-            num_requests: int = 200, service_p99: float | None = None) -> StepFigures:
+            num_requests: int = 200, service_p50: float | None = None, service_p99: float | None = None) -> StepFigures:
     errors = errors or {}
-    return StepFigures(rate, num_requests, sum(errors.values()), errors, rate, None if p99 is None else p99 / 2, p99,
-                       p99, p99 if service_p99 is None else service_p99, lag, lag * 2)
+    p50 = None if p99 is None else p99 / 2
+    return StepFigures(rate, num_requests, sum(errors.values()), errors, rate, p50, p99, p99,
+                       p50 if service_p50 is None else service_p50, p99 if service_p99 is None else service_p99,
+                       lag, lag * 2)
 
 
 def server(knee_rps: float, lag_from_rps: float = float("inf"), noisy: set[float] | None = None):
@@ -42,7 +44,7 @@ def server(knee_rps: float, lag_from_rps: float = float("inf"), noisy: set[float
         rates.append(rate)
         lag = 30.0 if rate >= lag_from_rps or rate in noisy else 1.0
         noisy.discard(rate)
-        return figures(rate, p99=50.0 if rate <= knee_rps else 150.0, lag=lag, service_p99=40.0)
+        return figures(rate, p99=50.0 if rate <= knee_rps else 150.0, lag=lag, service_p50=20.0)
 
     return run_step, rates
 
@@ -55,12 +57,12 @@ def test_a_step_passes_strictly_under_the_p99_bound_with_no_errors():
     assert judge(figures(num_requests=0, p99=None), CRITERIA) == (Verdict.FAIL, ("no requests measured",))
 
 
-def test_a_step_where_the_generator_fell_behind_is_untrusted_unless_the_service_time_alone_broke_the_bound():
-    verdict, reasons = judge(figures(p99=180.0, lag=25.0, service_p99=60.0), CRITERIA)
-    assert verdict is Verdict.BEHIND
+def test_a_step_where_the_generator_fell_behind_is_untrusted_unless_the_median_service_time_broke_the_bound():
+    verdict, reasons = judge(figures(p99=180.0, lag=25.0, service_p50=20.0, service_p99=160.0), CRITERIA)
+    assert verdict is Verdict.BEHIND  # a stall of the whole machine: the tail, not the median
     assert reasons == ("generator lag p99 25.0 ms > 10 ms", "p99 180.0 ms >= 100 ms")
-    verdict, reasons = judge(figures(p99=400.0, lag=25.0, service_p99=250.0), CRITERIA)
-    assert verdict is Verdict.FAIL and reasons[0].startswith("service-time p99 250.0 ms >= 100 ms")
+    verdict, reasons = judge(figures(p99=900.0, lag=250.0, service_p50=600.0, service_p99=850.0), CRITERIA)
+    assert verdict is Verdict.FAIL and reasons[0].startswith("service-time p50 600.0 ms >= 100 ms")
     assert judge(figures(lag=10.0), CRITERIA)[0] is Verdict.PASS  # at the bound is still on schedule
 
 
