@@ -15,18 +15,26 @@ It counts classify lost, streams lost and stream texts that differ from the unbr
 and times the restarted scheduler from its process start to its first worker attached and to its
 first served request (any model, and each model's own; p50 and max over the runs, also from SERVING). `make chaos` runs it 5 times in a row (`python -m tests.reliability.chaos`);
 tests/reliability/test_chaos.py runs it once.
+
+Every lost call is printed grouped by its status and message, counted (`lost_report`), and a run
+with a loss keeps its services' logs (every process's, restarts included, and the store's) in
+`--keep-dir` (printed), with the log lines that look like a fault (`log_findings`): a loss can be
+diagnosed after the fact.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import re
+import shutil
 import signal
 import statistics
 import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +88,58 @@ class ChaosResult:
                 f"{_s(self.restart_to_served_s)} after its start ("
                 + ", ".join(f"{m} {_s(self.restart_to_served_by_model_s.get(m))}" for m in MODELS) + ")"
                 + (f"; by code {dict(c.failure_codes)}" if c.failure_codes else ""))
+
+
+_AFTER_TOKENS = re.compile(r" after \d+ tokens$")
+_NUMBER = re.compile(r"\d+(\.\d+)?")
+
+
+def _status(line: str) -> str:
+    """A failed call's status and message: its line is "<name>: <status> <details>[ after N tokens]"
+    (tools/testbed/mesh_load.py)."""
+    return _AFTER_TOKENS.sub("", line.split(": ", 1)[-1])
+
+
+def lost_groups(counts: LoadCounts) -> Counter[tuple[str, str]]:
+    """Lost calls by kind and status with message, its numbers as # (a limit or a retry hint differs
+    from call to call): ("classify", "RESOURCE_EXHAUSTED overloaded: ... has # requests in flight ...")."""
+    groups: Counter[tuple[str, str]] = Counter()
+    for kind, lines in (("classify", counts.failed_classify), ("stream", counts.failed_streams)):
+        for line in lines:
+            groups[kind, _NUMBER.sub("#", _status(line))] += 1
+    return groups
+
+
+def lost_report(counts: LoadCounts, num_examples: int = 2) -> str:
+    """Every lost call's status and message, grouped and counted (most first), with a few calls of each
+    in full (their send time, to match the services' logs; a stream's tokens read before it failed)."""
+    lines = []
+    for (kind, status), num in lost_groups(counts).most_common():
+        lines.append(f"  {num} {kind}: {status}")
+        failed = counts.failed_classify if kind == "classify" else counts.failed_streams
+        examples = [line for line in failed if _NUMBER.sub("#", _status(line)) == status]
+        lines.extend(f"      e.g. {line}" for line in examples[:num_examples])
+    for what, problems in (("text mismatched", counts.wrong_text), ("bad indices", counts.bad_indices)):
+        lines.extend(f"  {what}: {line[:300]}" for line in problems[:num_examples])
+    return "\n".join(lines)
+
+
+# Log lines that tell of a fault in a service (not the faults the driver makes on purpose).
+_FINDING = re.compile(r"Traceback|Exception|Error|INTERNAL|UNKNOWN|CRITICAL|\bERROR\b")
+# ... but what a killed or stopped peer causes: a connect refused, a ping timed out.
+_EXPECTED = re.compile(r"Connection refused|ping_timeout|keepalive watchdog")
+
+
+def log_findings(log_dir: Path, num_per_file: int = 5) -> str:
+    """Per log file in `log_dir`: how many lines look like a fault, and the first few."""
+    lines = []
+    for path in sorted(log_dir.glob("*.log")):
+        found = [line for line in path.read_text(errors="replace").splitlines()
+                 if _FINDING.search(line) and not _EXPECTED.search(line)]
+        if found:
+            lines.append(f"  {path.name}: {len(found)} lines, e.g.")
+            lines.extend(f"      {line[:300]}" for line in found[:num_per_file])
+    return "\n".join(lines)
 
 
 def _summary(what: str, figures: list[float | None]) -> None:
@@ -220,13 +280,32 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.reliability.chaos", description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="runs in a row (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=35, help="seed of the first run; run i uses seed + i")
+    parser.add_argument("--keep-dir", type=Path, default=Path(tempfile.gettempdir()),
+                        help="where a run with a loss keeps its services' logs (default: %(default)s)")
+    parser.add_argument("--keep-all", action="store_true", help="keep every run's logs, not only a lossy run's")
     args = parser.parse_args(argv)
+    args.keep_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for i in range(args.runs):
-        with tempfile.TemporaryDirectory(prefix="infermesh-chaos-") as tmp:
-            result = run_once(Path(tmp), args.seed + i)
+        seed = args.seed + i
+        workdir = Path(tempfile.mkdtemp(prefix=f"infermesh-chaos-seed{seed}-", dir=args.keep_dir))
+        try:
+            result = run_once(workdir, seed)
+        except BaseException:
+            print(f"run {i + 1}: seed {seed} did not finish; its logs: {workdir}", flush=True)
+            raise
         results.append(result)
         print(f"run {i + 1}: {result.line()}" + "".join(f"\n  fault error: {n}" for n in result.notes), flush=True)
+        lossy = sum(result.counts.problems().values()) + len(result.notes) > 0
+        if lossy:
+            print(f"  lost, by status and message:\n{lost_report(result.counts)}")
+            findings = log_findings(workdir)
+            print(f"  logs kept in {workdir}" + (f"; lines that look like faults:\n{findings}" if findings else ""))
+        elif args.keep_all:
+            print(f"  logs kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+        sys.stdout.flush()
     _summary("restart to first served (from its start)", [r.restart_to_served_s for r in results])
     _summary("restart to first served (from SERVING)", [r.serving_to_served_s for r in results])
     for model in MODELS:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.reliability.chaos import run_once
+from tests.reliability.chaos import log_findings, lost_report, run_once
 
 pytestmark = pytest.mark.integration
 
@@ -16,5 +16,7 @@ def test_the_faults_close_together_lose_no_call(tmp_path):
     print(result.line())
     assert result.notes == [], "every fault ran"
     problems = result.counts.problems()
-    assert problems == dict.fromkeys(problems, 0), result.counts.examples()
+    assert problems == dict.fromkeys(problems, 0), (
+        f"lost, by status and message:\n{lost_report(result.counts)}\nthe services' logs ({tmp_path}):\n"
+        f"{log_findings(tmp_path)}")
     assert result.counts.num_classify >= 1000
