@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
@@ -37,6 +38,8 @@ from services.scheduler.step_pacing import StepPacing
 from services.scheduler.step_plan import SequenceDelta, StepPlan
 from services.scheduler.step_scheduler import StepScheduler
 from services.scheduler.worker_link import WorkerGone, WorkerLink
+
+log = logging.getLogger(__name__)
 
 # A scheduler with work but nothing it may run now (rare: admission blocked) looks again this often.
 _BLOCKED_POLL_S = 0.01
@@ -104,8 +107,16 @@ class WorkerLoop:
     async def run(self) -> None:
         try:
             await self._run()
+        except Exception:
+            # Nobody awaits this task: without this line its death showed only when it was collected,
+            # and the worker's sequences waited, unstepped, until the worker left.
+            log.exception("step loop of worker %s failed", self.link.worker_id)
+            raise
         finally:
             self._pacing.disarm()
+            # Chunks of a step already applied go out whatever ends the loop: their tokens are the
+            # sequences' (a recompute elsewhere goes on after them), so withholding them is a gap.
+            self._flush()
 
     async def _run(self) -> None:
         while self.attached:
@@ -128,7 +139,11 @@ class WorkerLoop:
                 outcome = await oldest.result
             except WorkerGone:
                 return  # remove_worker() evicts every sequence, those of all steps in flight included
-            if not self.attached:
+            if not self.attached or self.link.closed.is_set():
+                # The stream ended; remove_worker() evicts every sequence at its next turn. A result that
+                # came with the end is not applied (the recompute elsewhere computes it again): applied,
+                # the loop would go on planning steps the closed link refuses (kept in flight by the
+                # StepScheduler, not by this loop: its next schedule() raised RuntimeError).
                 return
             self._in_flight.popleft()
             self._update(oldest, outcome)
