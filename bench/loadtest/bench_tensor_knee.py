@@ -18,17 +18,19 @@ rather than on one server's (the idle server's own background work, Ray's most, 
 steps too). Each server gets the same ladder: from --start-rps, doubling while a step passes (up to --max-rps),
 then --refine-steps bisections between the highest pass and the lowest failure (bench/loadtest/knee.py).
 A step is --warmup-s of warm-up then --step-s measured at one rate (longer at low rates, so that it
-measures at least 500 requests, 200 in quick mode: a p99 of fewer is the maximum); it passes with p99 < 100 ms and no
-errors. A step where the harness's own generator lag p99 exceeded --max-lag-ms is not trusted (the
-harness fell behind, not the server) unless even its median service time broke the bound (a server far
-past its knee, not a moment's stall of the shared machine, which also makes the generator late): it is run
-once more, and if it falls behind again it bounds the search like a failure but makes the knee a lower
-bound. After a step that did not pass the server gets a pause to drain before the next.
+measures at least 500 requests, 200 in quick mode: a p99 of fewer is the maximum); it passes with
+p99 < 100 ms and no errors. A step where the harness's own generator lag p99 exceeded --max-lag-ms is not
+trusted (the harness fell behind, not the server) unless even its median service time broke the bound (a
+server far past its knee, not a moment's stall of the shared machine, which also makes the generator
+late) or the server refused requests (any error but DEADLINE_EXCEEDED and CANCELLED, a shed say): it is
+run once more, and if it falls behind again it bounds the search like a failure but makes the knee a
+lower bound. After a step that did not pass the server gets a pause to drain before the next.
 
 --quick: from 100 req/s, 2 s steps, 0.5 s warm-up, 1 bisection, up to 1600 req/s: about 2 minutes with
 both servers' start-up on a quiet box (Ray's start alone took ~60 s at load 15). `--servers mesh` and
 `--servers ray` run one each; `--combine MESH.json RAY.json` sets two saved one-server runs side by side
-(not interleaved, so only for a quiet machine). Prints every step and the knees, and writes bench/results/tensor_knee.json.
+(not interleaved, so only for a quiet machine). Prints every step and the knees, and writes
+bench/results/tensor_knee.json.
 """
 
 from __future__ import annotations

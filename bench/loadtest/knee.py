@@ -17,6 +17,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from enum import Enum
 
+# Errors a late generator can cause by itself (the deadline runs from the scheduled time; requests still
+# out when the step's drain ends are cancelled); any other status is the server's own refusal.
+LATENESS_STATUSES = frozenset({"DEADLINE_EXCEEDED", "CANCELLED"})
+
 
 class Verdict(Enum):
     PASS = "pass"
@@ -83,9 +87,9 @@ class Knee:
 def judge(figures: StepFigures, criteria: Criteria) -> tuple[Verdict, tuple[str, ...]]:
     """BEHIND before FAIL: a late generator sends in bursts, and latency from the schedule includes its
     lateness, so the server's figures at that step are not the server's alone. FAIL all the same when the
-    median service time (from the actual send, no generator lateness in it) broke the bound: a stall of the
+    median service time (from the actual send, no generator lateness in it) broke the bound (a stall of the
     whole machine, which also makes the generator late, reaches the tail of the service times but not
-    their median; a server far past its knee does."""
+    their median; a server far past its knee does), or when the server refused requests (shed them, say)."""
     server = []
     if figures.num_requests == 0:
         server.append("no requests measured")
@@ -99,6 +103,10 @@ def judge(figures: StepFigures, criteria: Criteria) -> tuple[Verdict, tuple[str,
         if figures.service_p50_ms is not None and figures.service_p50_ms >= criteria.p99_ms:
             return Verdict.FAIL, (f"service-time p50 {figures.service_p50_ms:.1f} ms >= {criteria.p99_ms:g} ms "
                                   f"even without the generator's lateness", lag, *server)
+        refused = sum(n for status, n in figures.errors.items() if status not in LATENESS_STATUSES)
+        if refused > criteria.max_errors:
+            return Verdict.FAIL, (f"the server refused {refused} requests, whatever the generator's lateness",
+                                  lag, *server)
         return Verdict.BEHIND, (lag, *server)
     return (Verdict.FAIL, tuple(server)) if server else (Verdict.PASS, ())
 

@@ -63,6 +63,9 @@ def test_a_step_where_the_generator_fell_behind_is_untrusted_unless_the_median_s
     assert reasons == ("generator lag p99 25.0 ms > 10 ms", "p99 180.0 ms >= 100 ms")
     verdict, reasons = judge(figures(p99=900.0, lag=250.0, service_p50=600.0, service_p99=850.0), CRITERIA)
     assert verdict is Verdict.FAIL and reasons[0].startswith("service-time p50 600.0 ms >= 100 ms")
+    verdict, reasons = judge(figures(lag=11.0, errors={"RESOURCE_EXHAUSTED": 127}), CRITERIA)
+    assert verdict is Verdict.FAIL and reasons[0] == "the server refused 127 requests, whatever the generator's lateness"
+    assert judge(figures(lag=11.0, errors={"DEADLINE_EXCEEDED": 3, "CANCELLED": 2}), CRITERIA)[0] is Verdict.BEHIND
     assert judge(figures(lag=10.0), CRITERIA)[0] is Verdict.PASS  # at the bound is still on schedule
 
 
