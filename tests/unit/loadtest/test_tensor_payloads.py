@@ -251,3 +251,12 @@ async def test_a_run_against_kserve_http_posts_the_pools_tensors_as_binary():
     for path, request in received:
         assert path == "/v2/models/bench-cnn/infer" and list(request.inputs[0].shape) == [1, 3, 32, 32]
         assert request.raw_input_contents[0] in pool
+
+
+def test_the_shipped_tensor_scenario_loads_the_tutorials_iris_input():
+    from loadtest.scenario import load_scenario
+
+    s = load_scenario("loadtest/scenarios/tensor-iris.yaml")
+    assert s.models() == {"iris"} and s.target.startswith("kserve+grpc://")
+    shapes = {c.name: [d.low for d in c.tensor.inputs[0].shape] for c in s.classes if c.tensor is not None}
+    assert shapes == {"iris-one-row": [1, 4], "iris-eight-rows": [8, 4]}
