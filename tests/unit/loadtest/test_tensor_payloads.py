@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import grpc
+import jsonschema
 import numpy as np
 import pytest
 
@@ -13,6 +14,7 @@ from inference import grpc_predict_v2_pb2 as kserve
 from inference import grpc_predict_v2_pb2_grpc as kserve_grpc
 from loadtest.payloads import TensorPayload, make_tensor_pool
 from loadtest.records import OK
+from loadtest.report_json import SCHEMA_PATH, build_report
 from loadtest.runner import LoadRunner, MonotonicClock
 from loadtest.scenario import RequestKind, parse_scenario
 from loadtest.targets.factory import open_target
@@ -215,6 +217,11 @@ async def test_a_run_against_kserve_grpc_sends_the_pools_tensors():
         assert request.model_name == "bench-cnn" and list(request.inputs[0].shape) == [1, 3, 32, 32]
         assert request.raw_input_contents[0] in pool
     assert len({r.id for r in servicer.requests}) == len(servicer.requests)
+    report = json.loads(json.dumps(build_report(scenario, result, target=scenario.target,
+                                                started_at="2026-11-29T00:00:00+00:00")))
+    assert report["meta"]["classes"][0]["kind"] == "tensor" and report["classes"]["cnn"]["stream"] is None
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+    assert not [e.message for e in validator.iter_errors(report)][:3]  # a v1 report like any other
 
 
 async def test_a_run_against_kserve_http_posts_the_pools_tensors_as_binary():
