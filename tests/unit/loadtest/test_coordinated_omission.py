@@ -45,13 +45,15 @@ async def test_scheduled_time_latency_shows_the_stall_that_service_time_hides(fa
     latency = LatencyHistogram(r.latency_s * 1e6 for r in records).summary_ms()
     service = LatencyHistogram(r.service_s * 1e6 for r in records).summary_ms()
     assert latency["p90"] > 200 and latency["max"] >= STALL_S * 900
-    assert service["p90"] < 50
+    assert service["p90"] < latency["p90"] / 4  # relative: a loaded box serves a 2 ms call in tens of ms
     group = summarize_group(records, result.measured_s, lambda r: Slo(e2e_ms=100), Slo(e2e_ms=100))
     assert group["goodput_ratio"] < 0.8  # the stall cost goodput, as the user saw it
     # The slowest request is the one that met the stall, which the server reported as queue wait;
     # what the stall cost everyone else is their wait in line at the client.
     assert group["tail"]["top_stage"] == "queue_wait"
-    assert group["stages"][CLIENT_QUEUE]["mean_ms"] > 20 * group["stages"]["compute"]["mean_ms"]
+    # ~90 ms of client queueing per call on average against the fake's 2 ms compute; 5x leaves room for a loaded
+    # box, where compute itself took several ms (a helper saw this test fail 1 run in 5 at load 10+).
+    assert group["stages"][CLIENT_QUEUE]["mean_ms"] > 5 * group["stages"]["compute"]["mean_ms"]
 
 
 async def test_open_loop_without_a_client_cap_sends_on_schedule_through_a_stall(fake_gateway):
