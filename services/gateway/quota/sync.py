@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from prometheus_client import Counter, Gauge
 
+from services.common.cancellation import raise_if_cancelling
 from services.gateway.quota.lease import LeaseMode, LeasePlan, SharedQuotas
 from services.gateway.quota.store import ValkeyQuotaStore
 
@@ -78,6 +79,7 @@ class QuotaSync:
             if num_syncs % num_syncs_per_audit == 0 and self._quotas.mode is LeaseMode.LEASED:
                 await self.audit_once()
             num_syncs += 1
+            raise_if_cancelling()  # the store's client may have swallowed a cancel: end as asked
 
     async def sync_once(self) -> bool:
         """One lease round; True when the store answered."""

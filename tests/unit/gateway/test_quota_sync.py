@@ -163,3 +163,27 @@ async def test_cancelling_the_loop_as_the_store_answers_stops_it(quotas):
     loop.cancel()  # the same tick as the answer
     done, _ = await asyncio.wait({loop}, timeout=5.0)
     assert done == {loop} and loop.cancelled()
+
+
+class SwallowingStore(AnsweringStore):
+    """A store whose client catches the cancellation and answers anyway, as valkey's sometimes did."""
+
+    async def sync(self, plan, *, leaving=False):
+        try:
+            return await super().sync(plan, leaving=leaving)
+        except asyncio.CancelledError:
+            return _reply()
+
+
+async def test_the_loop_ends_when_the_stores_client_swallows_the_cancel(quotas):
+    store = SwallowingStore()
+
+    async def sleep(seconds: float) -> None:
+        await asyncio.sleep(0)
+
+    sync = QuotaSync(quotas, store, sleep=sleep)
+    loop = asyncio.create_task(sync.run())
+    await store.asked.wait()
+    loop.cancel()  # lands inside the store's sync, which swallows it
+    done, _ = await asyncio.wait({loop}, timeout=5.0)
+    assert done == {loop} and loop.cancelled()
