@@ -104,8 +104,14 @@ def test_a_digits_version_with_a_corrupted_output_layer_is_caught_by_shadow_agre
             seen = drive_until(classify, lambda: state.exists() and json.loads(state.read_text())["models"]["digits"][
                 "state"] != "running", num_threads=4, timeout_s=60, message="the rollout decided")
             # The step's golden run started at its first tick; its answers are logged even after a rollback.
-            wait_until(lambda: "rollout digits canary 2: golden check 4/4 right" in mesh.gateway.log_tail(400),
-                       timeout_s=30, message="the golden run of version 2's manifest passed")
+            # The whole log, not its tail: a busy gateway's later lines can push the golden line out of 400.
+            golden_lines = lambda: [line for line in mesh.gateway.log_tail(1_000_000).splitlines()  # noqa: E731
+                                    if "golden check" in line]
+            try:
+                wait_until(lambda: any("canary 2: golden check 4/4 right" in line for line in golden_lines()),
+                           timeout_s=30, message="the golden run of version 2's manifest passed")
+            except TimeoutError as exc:
+                raise AssertionError(f"{exc}; the gateway's golden lines: {golden_lines()}") from exc
         saved = json.loads(state.read_text())["models"]["digits"]
         metrics = scrape(metrics_port)
     decision = saved["decisions"][-1]
