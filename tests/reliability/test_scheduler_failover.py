@@ -8,12 +8,12 @@ The toy generator is deterministic ("abc" continues "defgh..."), and so is the m
 from __future__ import annotations
 
 import signal
-import threading
 import time
 
 import pytest
 
 from infermesh.v1 import common_pb2
+from tests.support.stream_reader import StreamReader
 from tools.testbed.generator_models import GENERATOR_MODELS, GeneratorModel
 from tools.testbed.processes import running_mesh, wait_until
 from tools.testbed.scheduler_fixtures import pressure_of, scheduler_stub, wait_for_idle_kv, wait_for_workers
@@ -28,38 +28,16 @@ def model(request) -> GeneratorModel:
     return GENERATOR_MODELS[request.param]
 
 
-class _Reader(threading.Thread):
-    """Reads one stream, checking each chunk's index as it comes."""
-
-    def __init__(self, stub, model: GeneratorModel, prompt: str) -> None:
-        super().__init__()
-        self.call = stub.Generate(model.request(prompt, NUM_TOKENS, who=f"t-{prompt}"), timeout=30)
-        self.text: list[str] = []
-        self.num_tokens = 0
-        self.finish_reason = common_pb2.FINISH_REASON_UNSPECIFIED
-        self.error: Exception | None = None
-
-    def run(self) -> None:
-        try:
-            for response in self.call:
-                chunk = response.chunk
-                assert not chunk.token_ids or chunk.index == self.num_tokens, (chunk.index, self.num_tokens)
-                self.num_tokens += len(chunk.token_ids)
-                self.text.append(chunk.text)
-                self.finish_reason = chunk.finish_reason or self.finish_reason
-        except Exception as exc:  # noqa: BLE001 - reported by the test
-            self.error = exc
-
-
-def _start_readers(stub, model: GeneratorModel, prompts: list[str]) -> list[_Reader]:
-    readers = [_Reader(stub, model, prompt) for prompt in prompts]
+def _start_readers(stub, model: GeneratorModel, prompts: list[str]) -> list[StreamReader]:
+    readers = [StreamReader(stub.Generate(model.request(prompt, NUM_TOKENS, who=f"t-{prompt}"), timeout=30), prompt)
+               for prompt in prompts]
     for reader in readers:
         reader.start()
     wait_until(lambda: all(r.num_tokens >= 8 for r in readers), timeout_s=10, message="every stream under way")
     return readers
 
 
-def _assert_exact(readers: list[_Reader], model: GeneratorModel, prompts: list[str], logs) -> None:
+def _assert_exact(readers: list[StreamReader], model: GeneratorModel, prompts: list[str], logs) -> None:
     for reader, prompt in zip(readers, prompts, strict=True):
         reader.join(timeout=30)
         assert reader.error is None, f"{prompt}: {reader.error}\n{logs()}"

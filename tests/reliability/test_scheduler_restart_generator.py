@@ -16,13 +16,13 @@ served generate; it asserts behaviour, and a bound generous for a loaded CI box 
 from __future__ import annotations
 
 import signal
-import threading
 import time
 
 import grpc
 import pytest
 
 from infermesh.v1 import common_pb2
+from tests.support.stream_reader import StreamReader
 from tools.testbed.generator_models import MOCK
 from tools.testbed.processes import ServiceProcess, running_mesh, wait_until
 from tools.testbed.scheduler_fixtures import pressure_of, scheduler_stub
@@ -52,30 +52,6 @@ def _generated(stub) -> bool:
     return sum(len(response.chunk.token_ids) for response in chunks) == 1
 
 
-class _Reader(threading.Thread):
-    """Reads one stream, checking each chunk's index as it comes."""
-
-    def __init__(self, stub, prompt: str) -> None:
-        super().__init__()
-        self.prompt = prompt
-        self.call = stub.Generate(MOCK.request(prompt, NUM_TOKENS, who=f"t-{prompt}"), timeout=60)
-        self.text: list[str] = []
-        self.num_tokens = 0
-        self.finish_reason = common_pb2.FINISH_REASON_UNSPECIFIED
-        self.error: Exception | None = None
-
-    def run(self) -> None:
-        try:
-            for response in self.call:
-                chunk = response.chunk
-                assert not chunk.token_ids or chunk.index == self.num_tokens, (chunk.index, self.num_tokens)
-                self.num_tokens += len(chunk.token_ids)
-                self.text.append(chunk.text)
-                self.finish_reason = chunk.finish_reason or self.finish_reason
-        except Exception as exc:  # noqa: BLE001 - reported by the test
-            self.error = exc
-
-
 def test_a_restarted_scheduler_gets_a_generator_worker_at_once_and_no_stream_is_lost(tmp_path):
     with running_mesh(tmp_path) as mesh:
         first = mesh.start_scheduler()
@@ -92,7 +68,8 @@ def test_a_restarted_scheduler_gets_a_generator_worker_at_once_and_no_stream_is_
         wait_until(lambda: _workers(second.address) == 2, timeout_s=10, message="both workers on the second")
 
         with scheduler_stub(second.address) as stub:
-            readers = [_Reader(stub, prompt) for prompt in PROMPTS]
+            readers = [StreamReader(stub.Generate(MOCK.request(prompt, NUM_TOKENS, who=f"t-{prompt}"), timeout=60), prompt)
+                       for prompt in PROMPTS]
             for reader in readers:
                 reader.start()
             wait_until(lambda: all(r.num_tokens >= 4 for r in readers), timeout_s=10,
