@@ -87,11 +87,11 @@ def main() -> None:
                           "--slice-s", "1", "--out", args.out, "--no-progress", "--wait-ready-s", "30"])
             print(f"load average {os.getloadavg()}", flush=True)
         finally:
-            _stop(peer)
+            stop_peer(peer)
             shutil.rmtree(ray_dir, ignore_errors=True)
 
 
-def _stop(peer: subprocess.Popen) -> None:
+def stop_peer(peer: subprocess.Popen) -> None:
     """SIGTERM (the peer shuts Serve and Ray down), then whatever is left in its process group."""
     peer.send_signal(signal.SIGTERM)
     try:

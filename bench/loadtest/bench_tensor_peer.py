@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from bench.harness.results import RESULTS_DIR, write_report
 from bench.harness.tables import markdown_table
+from bench.loadtest.bench_peer_ab import stop_peer
 from bench.worker.bench_tensor_batching import (
     BATCHED,
     MODEL,
@@ -66,15 +66,7 @@ def running_peer(tmp: Path, repository: Path) -> Iterator[str]:
             raise SystemExit(f"the peer exited:\n{log.read_text(errors='replace')[-3000:]}")
         yield f"127.0.0.1:{grpc_port}"
     finally:
-        peer.send_signal(signal.SIGTERM)
-        try:
-            peer.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(peer.pid, signal.SIGKILL)  # whatever of Ray's processes outlived the shutdown
-        except ProcessLookupError:
-            pass
+        stop_peer(peer)
         shutil.rmtree(ray_dir, ignore_errors=True)
 
 

@@ -23,8 +23,9 @@ import pytest
 
 from infermesh.v1 import common_pb2
 from tests.support.stream_reader import StreamReader
+from tools.testbed.gateway_fixtures import restart_on_same_port
 from tools.testbed.generator_models import MOCK
-from tools.testbed.processes import ServiceProcess, running_mesh, wait_until
+from tools.testbed.processes import running_mesh, wait_until
 from tools.testbed.scheduler_fixtures import pressure_of, scheduler_stub
 
 pytestmark = pytest.mark.integration
@@ -75,12 +76,8 @@ def test_a_restarted_scheduler_gets_a_generator_worker_at_once_and_no_stream_is_
             wait_until(lambda: all(r.num_tokens >= 4 for r in readers), timeout_s=10,
                        message="every stream under way")
 
-            restarted = ServiceProcess("restarted", "scheduler", first.port, [], dict(mesh.env),
-                                       tmp_path / "restarted.log")
-            mesh.processes.append(restarted)
             began = time.monotonic()
-            restarted.start()
-            restarted.wait_serving()
+            restarted = restart_on_same_port(mesh, first, "restarted")  # started, then SERVING
             serving_s = time.monotonic() - began
             with scheduler_stub(restarted.address) as restarted_stub:
                 wait_until(lambda: _generated(restarted_stub), timeout_s=20, interval_s=0.02,

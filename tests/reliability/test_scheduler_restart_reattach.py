@@ -21,7 +21,8 @@ import grpc
 import pytest
 
 from infermesh.v1 import gateway_pb2
-from tools.testbed.processes import ServiceProcess, running_mesh, wait_until
+from tools.testbed.gateway_fixtures import restart_on_same_port
+from tools.testbed.processes import running_mesh, wait_until
 from tools.testbed.scheduler_fixtures import CLASSIFIER, classify_request, pressure_of, scheduler_stub
 
 pytestmark = pytest.mark.integration
@@ -58,12 +59,8 @@ def test_a_restarted_scheduler_is_served_by_the_one_worker_left_that_serves_the_
         with scheduler_stub(second.address) as stub:
             assert _served(stub), "the other scheduler keeps its worker"
 
-        restarted = ServiceProcess("restarted", "scheduler", first.port, [], dict(mesh.env),
-                                   tmp_path / "restarted.log")
-        mesh.processes.append(restarted)
         began = time.monotonic()
-        restarted.start()
-        restarted.wait_serving()
+        restarted = restart_on_same_port(mesh, first, "restarted")  # started, then SERVING
         serving_s = time.monotonic() - began
         with scheduler_stub(restarted.address) as stub:
             models = stub.ListModels(gateway_pb2.ListModelsRequest(), timeout=2.0).models
