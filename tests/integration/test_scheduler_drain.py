@@ -110,7 +110,9 @@ def test_draining_scheduler_refuses_re_attaching_workers_and_exits_promptly(tmp_
         scheduler = mesh.start_scheduler("--drain-grace-s", "20")
         mesh.start_worker("toy-classifier")
         mesh.start_worker("toy-generator")
-        time.sleep(0.5)
+        with scheduler_stub(scheduler.address) as stub:  # both attached (not a fixed 0.5 s): they must see the drain
+            wait_for_workers(stub, CLASSIFIER, 1)
+            wait_for_workers(stub, GENERATOR, 1)
         began = time.monotonic()
         scheduler.signal(signal.SIGTERM)
         assert scheduler.proc.wait(timeout=25) == 0
