@@ -11,6 +11,17 @@ worker whose speed changes (a warm cache, a co-tenant on the GPU) and forgets ol
 few or degenerate observations (every step the same batch) or a coefficient that comes out negative
 the term is dropped and the rest refitted, down to the mean step time the scheduler knew before.
 
+A step's time is wall clock from sending it to its result, so a frozen process (SIGSTOP) or a
+starved one (a busy box) makes one step look seconds long. Least squares trusts it whole, and a
+lone step of an unusual batch has the leverage to set the fit on its own: one 5 s step among 9 ms
+ones read as "one step alone takes 474 ms". So the fit learns robustly: a step measured over
+`OUTLIER_RATIO` times its prediction is learned as that many times it (clipped: a freeze moves the
+fit a little and is forgotten; a batch the fit has not seen, such as the first long prefill, is
+still learned, the limit growing with each), and `SHIFT_STEPS` steps in a row off the prediction
+by more than `SHIFT_TOLERANCE` the same way are a worker whose speed changed: the fit keeps
+`SHIFT_KEEP` of its history and learns them as measured, so a sustained slowdown is learned in
+tens of steps, not hundreds.
+
 `LatencyPredictor` turns the fit into the two numbers an objective is judged on:
 
 - TTFT of a new sequence: the steps until it has both a slot and its prompt computed, each step
@@ -38,6 +49,14 @@ DEFAULT_DECAY = 0.995
 MAX_SIMULATED_WAITING = 256
 # Ridge on the slopes, so a fit from nearly identical batches stays finite and near the mean.
 _RIDGE = 1e-6
+# A step measured over this many times the fit's prediction for its batch (a freeze, a starved step) is
+# learned as this many times the prediction, unless it is part of a shift (below).
+OUTLIER_RATIO = 3.0
+# This many steps in a row measured off the prediction by more than SHIFT_TOLERANCE (times, either way) are
+# a worker whose speed changed: the fit keeps SHIFT_KEEP of its history and learns them as measured.
+SHIFT_STEPS = 5
+SHIFT_TOLERANCE = 1.25
+SHIFT_KEEP = 0.1
 
 
 @dataclass(frozen=True)
@@ -67,11 +86,17 @@ class StepTimeModel:
         self._xy = [0.0] * 3
         self.num_observed = 0
         self._cost = StepCost(initial_step_time_s, 0.0, 0.0)
+        # Steps in a row measured off the prediction the same way (+1 slower, -1 faster), and how many.
+        self._shift_sign = 0
+        self._num_shifted = 0
 
-    def observe(self, num_seqs: int, num_tokens: int, step_time_s: float) -> None:
-        """One step the worker ran: how many sequences, tokens computed, and what it took."""
+    def observe(self, num_seqs: int, num_tokens: int, step_time_s: float) -> float | None:
+        """One step the worker ran: how many sequences, tokens computed, and what it took. Returns the
+        time learned (the measured one, or clipped as an outlier); None: nothing learned."""
         if num_seqs <= 0 or num_tokens <= 0 or not math.isfinite(step_time_s) or step_time_s < 0:
-            return  # an empty step or a bad timing teaches nothing
+            return None  # an empty step or a bad timing teaches nothing
+        if self.num_observed > 0:  # before the first step the prediction is the configured guess
+            step_time_s = self._robust(self._cost.step_time_s(num_seqs, num_tokens), step_time_s)
         x = (1.0, float(num_seqs), float(num_tokens))
         for i in range(3):
             self._xy[i] = self._decay * self._xy[i] + x[i] * step_time_s
@@ -79,6 +104,32 @@ class StepTimeModel:
                 self._xx[i][j] = self._decay * self._xx[i][j] + x[i] * x[j]
         self.num_observed += 1
         self._cost = self._fit()
+        return step_time_s
+
+    def _robust(self, predicted_s: float, measured_s: float) -> float:
+        """What a step measured `measured_s` teaches, against `predicted_s` for its batch."""
+        if predicted_s <= 0:
+            return measured_s
+        if measured_s > predicted_s * SHIFT_TOLERANCE:
+            sign = 1
+        elif measured_s * SHIFT_TOLERANCE < predicted_s:
+            sign = -1
+        else:
+            self._shift_sign = self._num_shifted = 0
+            return measured_s
+        self._num_shifted = self._num_shifted + 1 if sign == self._shift_sign else 1
+        self._shift_sign = sign
+        if self._num_shifted >= SHIFT_STEPS:
+            self._forget(SHIFT_KEEP)
+            self._num_shifted = 0
+            return measured_s
+        return min(measured_s, predicted_s * OUTLIER_RATIO)
+
+    def _forget(self, keep: float) -> None:
+        for i in range(3):
+            self._xy[i] *= keep
+            for j in range(3):
+                self._xx[i][j] *= keep
 
     @property
     def cost(self) -> StepCost:

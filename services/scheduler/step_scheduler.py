@@ -331,8 +331,10 @@ class StepScheduler:
         self._last_update_s = now
         if step_time_s is None:
             step_time_s = now - began_s
-        self.step_time_s += alpha * (step_time_s - self.step_time_s)
-        self.latency.model.observe(len(plan.seqs), plan.num_batched_tokens, step_time_s)
+        # The fit clips a freeze or a starved step (latency_predictor.py); the mean learns what it learned.
+        learned_s = self.latency.model.observe(len(plan.seqs), plan.num_batched_tokens, step_time_s)
+        if learned_s is not None:
+            self.step_time_s += alpha * (learned_s - self.step_time_s)
         deltas = []
         # Looked up once per step, not once per sequence: this loop runs for every generated token.
         seqs = self._seqs

@@ -6,6 +6,7 @@ import pytest
 
 from services.scheduler.latency_predictor import (
     MAX_SIMULATED_WAITING,
+    OUTLIER_RATIO,
     LatencyPredictor,
     StepCost,
     StepTimeModel,
@@ -153,3 +154,66 @@ def test_a_newcomer_waits_behind_the_steps_in_flight_the_oldest_half_done():
     idle = predictor.predict(num_tokens_ahead=0, num_prompt_tokens=10, num_running=8)
     behind_two = predictor.predict(num_tokens_ahead=0, num_prompt_tokens=10, num_running=8, num_steps_in_flight=2)
     assert behind_two.ttft_s - idle.ttft_s == pytest.approx(1.5 * _gpu_like(9, 8), rel=0.02)
+
+
+# -- robust to a freeze, still learning a shift ----------------------------------------------------
+
+
+def _steady(model: StepTimeModel, num_steps: int, step_time_s: float) -> None:
+    for index in range(num_steps):
+        num_seqs = 4 + index % 5  # batches vary a little, as running sets do
+        model.observe(num_seqs, num_seqs, step_time_s)
+
+
+@pytest.mark.parametrize("frozen_batch", [(8, 8), (1, 1), (8, 300)])
+def test_one_frozen_step_among_steady_ones_barely_moves_the_fit(frozen_batch):
+    model = StepTimeModel(0.02)
+    _steady(model, 200, 0.02)
+    learned_s = model.observe(*frozen_batch, 5.0)  # a 5 s SIGSTOP of the worker mid-step
+    assert learned_s is not None and learned_s <= OUTLIER_RATIO * 0.02 * 1.01
+    # "One step alone" stays what it was, not a second: a lone step of an unusual batch set it before.
+    assert model.step_time_s(1, 1) < 0.025
+    assert model.step_time_s(8, 8) < 0.025
+    _steady(model, 3, 0.02)
+    assert model.step_time_s(1, 1) == pytest.approx(0.02, rel=0.1)
+
+
+def test_a_freeze_early_on_is_bounded_too():
+    model = StepTimeModel(0.02)
+    _steady(model, 5, 0.009)
+    model.observe(1, 1, 5.0)
+    assert model.step_time_s(1, 1) < OUTLIER_RATIO * 0.009
+
+
+def test_a_sustained_slowdown_is_learned_within_tens_of_steps():
+    model = StepTimeModel(0.02)
+    _steady(model, 300, 0.02)
+    _steady(model, 20, 0.06)
+    assert model.step_time_s(6, 6) == pytest.approx(0.06, rel=0.1)
+
+
+def test_a_tenfold_slowdown_is_learned_as_measured_not_clipped_forever():
+    model = StepTimeModel(0.02)
+    _steady(model, 300, 0.02)
+    _steady(model, 5, 0.2)
+    assert model.step_time_s(6, 6) > 0.03  # the fifth slow step in a row is a shift, learned as measured
+    _steady(model, 15, 0.2)
+    assert model.step_time_s(6, 6) == pytest.approx(0.2, rel=0.15)
+
+
+def test_a_sustained_speedup_is_learned_within_tens_of_steps():
+    model = StepTimeModel(0.02)
+    _steady(model, 300, 0.06)
+    _steady(model, 25, 0.02)
+    assert model.step_time_s(6, 6) == pytest.approx(0.02, rel=0.1)
+
+
+def test_a_batch_the_fit_never_saw_is_still_learned_step_by_step():
+    # Decodes only, then long prefills now and then: each is far above the decode-only fit, and the
+    # clipped value it teaches raises the limit for the next, so the per-token cost is found.
+    model = StepTimeModel(0.01)
+    for _ in range(10):
+        for _ in range(20):
+            model.observe(8, 8, _gpu_like(8, 8))
+        model.observe(8, 520, _gpu_like(8, 520))
+    assert model.step_time_s(8, 520) == pytest.approx(_gpu_like(8, 520), rel=0.1)

@@ -1,0 +1,56 @@
+"""The step time a StepScheduler learns from its steps' wall clock: a freeze is not "one step alone",
+and an idle worker keeps what it knew (step_scheduler.py, latency_predictor.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.scheduler.fair_queue import Priority
+
+from .conftest import FakeClock, FakePagedWorker, make_requests, make_scheduler
+
+
+def _step(scheduler, worker: FakePagedWorker, clock: FakeClock, took_s: float) -> None:
+    plan = scheduler.schedule()
+    assert plan.has_work()
+    sampled = worker.run(plan)
+    clock.advance(took_s)
+    scheduler.update_from_output(plan, sampled)
+
+
+def _steady_scheduler(clock: FakeClock):
+    scheduler = make_scheduler(clock)
+    worker = FakePagedWorker(4)
+    make_requests(scheduler, 4, prompt_len=4, max_tokens=100)
+    for _ in range(40):
+        _step(scheduler, worker, clock, 0.02)
+    return scheduler, worker
+
+
+def test_a_five_second_freeze_does_not_become_one_step_alone(clock):
+    scheduler, worker = _steady_scheduler(clock)
+    _step(scheduler, worker, clock, 5.0)  # the worker was SIGSTOPped mid-step
+    # Unclipped, the mean step alone moved by a second (0.2 x 5 s): admission refused every TPOT target.
+    assert scheduler.latency.min_ttft_s() < 0.025
+    assert scheduler.step_time_s < 0.1
+    for _ in range(5):
+        _step(scheduler, worker, clock, 0.02)
+    assert scheduler.step_time_s == pytest.approx(0.02, rel=0.15)
+    assert scheduler.predicted_latency(Priority.STANDARD).tpot_s == pytest.approx(0.02, rel=0.15)
+
+
+def test_a_sustained_slowdown_is_learned(clock):
+    scheduler, worker = _steady_scheduler(clock)
+    for _ in range(20):
+        _step(scheduler, worker, clock, 0.06)
+    assert scheduler.step_time_s == pytest.approx(0.06, rel=0.1)
+    assert scheduler.predicted_latency(Priority.STANDARD).tpot_s == pytest.approx(0.06, rel=0.15)
+
+
+def test_an_idle_worker_keeps_its_estimate_and_idle_time_is_no_step(clock):
+    scheduler, worker = _steady_scheduler(clock)
+    before = (scheduler.step_time_s, scheduler.latency.model.cost)
+    clock.advance(60.0)  # no step for a minute
+    assert (scheduler.step_time_s, scheduler.latency.model.cost) == before
+    _step(scheduler, worker, clock, 0.02)  # the next step's time starts when it is planned
+    assert scheduler.step_time_s == pytest.approx(0.02, rel=0.05)
