@@ -244,13 +244,13 @@ class RequestScope:
         latency = measure(self.began_s, first_token_s, self.last_token_s, self.num_tokens_sent)
         priority = self.priority.name.lower()
         metrics.OBJECTIVE_STREAMS.labels(self.metric_model, priority, judge(objective, latency).value).inc()
-        if self.predicted_ttft_s is not None:
-            metrics.OBJECTIVE_TTFT_ERROR.labels(self.metric_model, priority).observe(
-                abs(latency.ttft_s - self.predicted_ttft_s))
+        if self.predicted_ttft_s is None:
+            return  # both means over the same streams, or the gap between the gauges is no error
+        metrics.OBJECTIVE_TTFT_ERROR.labels(self.metric_model, priority).observe(
+            abs(latency.ttft_s - self.predicted_ttft_s))
         for source, seconds in (("predicted", self.predicted_ttft_s), ("measured", latency.ttft_s)):
-            if seconds is not None:
-                mean_s = _TTFT_MEANS.add(self.metric_model, priority, source, seconds)
-                metrics.OBJECTIVE_TTFT.labels(self.metric_model, priority, source).set(mean_s)
+            mean_s = _TTFT_MEANS.add(self.metric_model, priority, source, seconds)
+            metrics.OBJECTIVE_TTFT.labels(self.metric_model, priority, source).set(mean_s)
 
 
 # Smoothed predicted and measured TTFT behind infermesh_gateway_objective_ttft_seconds.
