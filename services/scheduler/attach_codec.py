@@ -109,6 +109,7 @@ def decode_step_result(result: scheduler_pb2.StepResult) -> StepOutcome:
     token_ids: dict[int, int] = {}
     failures: dict[int, str] = {}
     logprobs: dict[int, PositionLogprobs] = {}
+    prompt_logprobs: dict[int, tuple[PositionLogprobs, ...]] = {}
     for out in result.outputs:
         if out.HasField("error") and out.error.code != 0:
             failures[out.seq_id] = out.error.message
@@ -116,7 +117,9 @@ def decode_step_result(result: scheduler_pb2.StepResult) -> StepOutcome:
             token_ids[out.seq_id] = out.token_id
             if out.HasField("logprobs"):
                 logprobs[out.seq_id] = decode_logprobs(out.logprobs)
-    return StepOutcome(token_ids, failures, result.timings.total_us / 1e6, logprobs)
+            if out.prompt_logprobs:
+                prompt_logprobs[out.seq_id] = tuple(decode_logprobs(p) for p in out.prompt_logprobs)
+    return StepOutcome(token_ids, failures, result.timings.total_us / 1e6, logprobs, prompt_logprobs)
 
 
 def decode_logprobs(logprobs: common_pb2.PositionLogprobs) -> PositionLogprobs:
@@ -220,6 +223,10 @@ def _fill_run_step(command: scheduler_pb2.RunStep, plan: StepPlan,
                 _fill_penalties(sampling, step.sampling)
             if step.sampling.grammar:
                 seq.grammar = step.sampling.grammar
+            if step.prompt_logprobs is not None:
+                seq.prompt_logprobs = step.prompt_logprobs
+                if step.next_prompt_token_id is not None:
+                    seq.next_prompt_token_id = step.next_prompt_token_id
             if context.trace_context and _traced(step):
                 seq.trace_context.update(context.trace_context)
         if step.input_from_last_sample:

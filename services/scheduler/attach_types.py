@@ -175,3 +175,5 @@ class StepOutcome:
     worker_total_s: float
     # By seq_id, for the sampled sequences whose request asked for logprobs.
     logprobs: Mapping[int, PositionLogprobs] = field(default_factory=dict)
+    # By seq_id, for the prompt chunks that asked (SequenceStep.prompt_logprobs): one per prompt token predicted.
+    prompt_logprobs: Mapping[int, tuple[PositionLogprobs, ...]] = field(default_factory=dict)

@@ -123,6 +123,9 @@ def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int, vocab_
                                      f"got {sampling.top_logprobs}")
     if sampling.top_logprobs and not sampling.logprobs:
         raise errors.InvalidArgument("sampling.top_logprobs needs sampling.logprobs")
+    if sampling.HasField("prompt_logprobs") and sampling.prompt_logprobs > MAX_TOP_LOGPROBS:
+        raise errors.InvalidArgument(f"sampling.prompt_logprobs must be at most {MAX_TOP_LOGPROBS}, "
+                                     f"got {sampling.prompt_logprobs}")
     _check_penalties(sampling)
     _check_logit_bias(sampling.logit_bias, vocab_size)
     if sampling.HasField("structured") and sampling.ignore_eos:
@@ -142,6 +145,7 @@ def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int, vocab_
         repetition_penalty=sampling.repetition_penalty or 1.0,
         logit_bias=tuple(sorted(sampling.logit_bias.items())),
         grammar=_grammar(sampling.structured) if sampling.HasField("structured") else "",
+        prompt_logprobs=sampling.prompt_logprobs if sampling.HasField("prompt_logprobs") else None,
     )
 
 

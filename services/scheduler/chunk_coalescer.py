@@ -100,9 +100,12 @@ class ChunkCoalescer:
         for delta in pending:
             token_ids.extend(delta.token_ids)
             logprobs.extend(delta.logprobs)
-        # The last delta carries what describes the stream so far (finish_reason, usage counts).
+        # The last delta carries what describes the stream so far (finish_reason, usage counts); the
+        # stream's first, the prompt's logprobs.
+        first = next((delta for delta in pending if delta.prompt_token_ids), pending[-1])
         return dataclasses.replace(pending[-1], token_ids=tuple(token_ids), logprobs=tuple(logprobs),
-                                   text="".join(delta.text for delta in pending), index=pending[0].index)
+                                   text="".join(delta.text for delta in pending), index=pending[0].index,
+                                   prompt_token_ids=first.prompt_token_ids, prompt_logprobs=first.prompt_logprobs)
 
 
 class Events(Protocol):

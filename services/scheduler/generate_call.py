@@ -48,6 +48,8 @@ class GenerateCall:
         chunk.index = delta.index
         if delta.logprobs:
             self._fill_logprobs(chunk, delta)
+        if delta.prompt_token_ids:
+            self._fill_prompt_logprobs(chunk, delta)
         if delta.finish_reason is not None:
             chunk.finish_reason = FINISH_REASONS[delta.finish_reason]
         if self._first:
@@ -67,6 +69,23 @@ class GenerateCall:
             position.token.token_id = token_id
             position.token.token_bytes = token_bytes(token_id)
             if logprobs is None:  # the worker sent none (one predating logprobs): NaN, never a made-up value
+                position.token.logprob = math.nan
+                continue
+            position.token.logprob = logprobs.token.logprob
+            add_top = position.top.add
+            for top in logprobs.top:
+                add_top(token_id=top.token_id, logprob=top.logprob, token_bytes=token_bytes(top.token_id))
+
+    def _fill_prompt_logprobs(self, chunk: gateway_pb2.GenerateResponse, delta: SequenceDelta) -> None:
+        """One PositionLogprobs per prompt token: NaN for the first (nothing predicts it), and where
+        the worker sent none."""
+        token_bytes = self._entry.pool.tokenizer.token_bytes
+        add = chunk.prompt_logprobs.add
+        for token_id, logprobs in zip(delta.prompt_token_ids, delta.prompt_logprobs, strict=True):
+            position = add()
+            position.token.token_id = token_id
+            position.token.token_bytes = token_bytes(token_id)
+            if logprobs is None:
                 position.token.logprob = math.nan
                 continue
             position.token.logprob = logprobs.token.logprob

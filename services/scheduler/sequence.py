@@ -61,6 +61,8 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     # sampling.structured compiled (structured_output.py): the llguidance grammar; "": free text.
     grammar: str = ""
+    # Report the prompt's logprobs with this many alternatives each (None: not asked), on the first chunk.
+    prompt_logprobs: int | None = None
 
     @property
     def penalized(self) -> bool:
@@ -83,6 +85,8 @@ class SamplingParams:
             raise ValueError("stop strings must be non-empty")
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS or (self.top_logprobs and not self.logprobs):
             raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], and 0 without logprobs")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.prompt_logprobs}")
 
 
 @dataclass(eq=False)
@@ -130,6 +134,16 @@ class Sequence:
     num_cached_prompt_tokens: int = 0
     # With sampling.logprobs: one entry per output token, None for those a continuation brought.
     output_logprobs: list[PositionLogprobs | None] = field(default_factory=list)
+    # With sampling.prompt_logprobs: entry j for prompt token j, as the workers report them (None: not
+    # yet; the first stays None). Sent once, with the stream's first chunk; a continuation sends none.
+    prompt_logprobs: list[PositionLogprobs | None] = field(default_factory=list)
+    prompt_logprobs_sent: bool = False
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Whether its prompt chunks must report the prompt's logprobs (some are still missing)."""
+        return (self.sampling.prompt_logprobs is not None and not self.prompt_logprobs_sent
+                and None in self.prompt_logprobs[1:])
 
     @property
     def priority(self) -> Priority:

@@ -76,7 +76,17 @@ class StepBuilder:
                     # A reset table's tokens before `start` are reused cached blocks (0 without a hit).
                     num_cached_tokens=start if reset else 0,
                     context_token_ids=seq.token_ids(0, start) if reset and start and seq.sampling.needs_history else (),
+                    **_prompt_logprobs(seq, start, start + num_new),
                 )
             )
             seq.needs_block_table_reset = False
         return (*self.ahead, *steps)
+
+
+def _prompt_logprobs(seq: Sequence, start: int, end: int) -> dict:
+    """A prompt chunk's prompt_logprobs fields, while the sequence's are missing (none otherwise)."""
+    num_prompt = seq.num_prompt_tokens
+    if not seq.needs_prompt_logprobs or end > num_prompt:
+        return {}
+    return {"prompt_logprobs": seq.sampling.prompt_logprobs,
+            "next_prompt_token_id": seq.prompt_token_ids[end] if end < num_prompt else None}

@@ -39,6 +39,11 @@ class SequenceStep:
     # With reset_block_table and penalized sampling: the tokens at [0, start_position), which the step
     # does not compute (a cached prefix), so the worker holds every token the penalties count.
     context_token_ids: tuple[int, ...] = ()
+    # A prompt chunk of a request that asked for prompt logprobs: the worker reports those of the
+    # prompt tokens it predicts (token_ids[1:], then next_prompt_token_id) with this many alternatives.
+    prompt_logprobs: int | None = None
+    # With prompt_logprobs, a chunk ending before the prompt does: the prompt token after it.
+    next_prompt_token_id: int | None = None
 
     @property
     def num_new_tokens(self) -> int:
@@ -88,6 +93,10 @@ class SequenceDelta:
     num_generated: int = 0
     # With sampling.logprobs: one per token_ids entry (None where the worker sent none).
     logprobs: tuple[PositionLogprobs | None, ...] = ()
+    # With sampling.prompt_logprobs, on the stream's first chunk: the prompt's tokens and one entry
+    # per prompt token (None for the first, and where the worker sent none).
+    prompt_token_ids: tuple[int, ...] = ()
+    prompt_logprobs: tuple[PositionLogprobs | None, ...] = ()
 
     @property
     def is_last(self) -> bool:

@@ -172,6 +172,9 @@ class StepScheduler:
             output_token_ids=list(delivered_token_ids),
             tpot_target_s=tpot_target_s,
             output_logprobs=[None] * len(delivered_token_ids) if sampling.logprobs else [],
+            prompt_logprobs=[None] * len(prompt_token_ids) if sampling.prompt_logprobs is not None else [],
+            # A continuation's first chunk reached the client, and the prompt's logprobs with it.
+            prompt_logprobs_sent=bool(delivered_token_ids),
         )
         if self.config.enable_prefix_cache:
             seq.cache_salt = tenant_salt(tenant.tenant_id)
@@ -311,12 +314,14 @@ class StepScheduler:
 
     def update_from_output(self, plan: StepPlan, sampled_token_ids: Mapping[int, int],
                            step_time_s: float | None = None,
-                           logprobs: Mapping[int, PositionLogprobs] | None = None) -> list[SequenceDelta]:
+                           logprobs: Mapping[int, PositionLogprobs] | None = None,
+                           prompt_logprobs: Mapping[int, SequenceOf[PositionLogprobs]] | None = None,
+                           ) -> list[SequenceDelta]:
         """Applies the worker's result of `plan` (the oldest step in flight): one sampled token per
         sequence whose step sampled. Sequences that ended since `plan` was made are skipped.
         `step_time_s`: what the step took, when the caller knows better than the time since the last
         result (steps whose results came back together). `logprobs`: by seq_id, what the worker
-        reported for the sequences that asked.
+        reported for the sequences that asked; `prompt_logprobs` the same for their prompt chunks.
 
         A sampling sequence missing from `sampled_token_ids` (the worker failed it), or given
         a token outside the vocabulary, is aborted with AbortReason.FAILED and reported in its delta.
@@ -348,6 +353,8 @@ class StepScheduler:
             num_computed = seq.num_computed_tokens = seq.num_computed_tokens + step.num_new_tokens
             if num_computed // block_size > step.start_position // block_size and cache_on:
                 self.kv.register_computed(seq.seq_id, self._block_hashes(seq, num_computed // block_size))
+            if step.prompt_logprobs is not None and prompt_logprobs:
+                _keep_prompt_logprobs(seq, step, prompt_logprobs.get(seq.seq_id, ()))
             if not step.sample:
                 continue
             token_id = sampled_token_ids.get(seq.seq_id)
@@ -613,7 +620,9 @@ class StepScheduler:
         """The hashes of the resident full blocks `seq` (holding no blocks) may start with: never the
         block of its last token, which a step must compute to sample."""
         max_blocks = (seq.num_tokens - 1) // self.kv.block_size
-        if not self.config.enable_prefix_cache or max_blocks == 0:
+        # Prompt logprobs come from every prompt position's forward, so they read no cached block
+        # (vLLM's rule; their blocks are still registered for others).
+        if not self.config.enable_prefix_cache or max_blocks == 0 or seq.needs_prompt_logprobs:
             return []
         hashes = self._block_hashes(seq, max_blocks)
         return hashes[:self.kv.num_cached_prefix_blocks(hashes[:max_blocks])]
@@ -784,6 +793,7 @@ class StepScheduler:
             num_generated=seq.num_generated,
             logprobs=(tuple(seq.output_logprobs[chunk.index : chunk.index + len(chunk.token_ids)])
                       if seq.sampling.logprobs else ()),
+            **_first_prompt_logprobs(seq),
         )
 
     def _retire(self, seq: Sequence) -> None:
@@ -802,3 +812,19 @@ class StepScheduler:
     def _release(self, seq: Sequence) -> None:
         if self.kv.free(seq.seq_id) or seq.first_scheduled_s is not None:
             self._forget_ids.append(seq.seq_id)
+
+
+def _keep_prompt_logprobs(seq: Sequence, step: SequenceStep, reported: SequenceOf[PositionLogprobs]) -> None:
+    """Files a prompt chunk's reported logprobs under the prompt positions they are for (start + 1 on);
+    a recomputed chunk's overwrite the same positions."""
+    slots = seq.prompt_logprobs
+    for offset, position in enumerate(reported[: len(slots) - step.start_position - 1]):
+        slots[step.start_position + 1 + offset] = position
+
+
+def _first_prompt_logprobs(seq: Sequence) -> dict:
+    """The prompt's logprobs for the stream's first chunk (once); none for later chunks."""
+    if seq.sampling.prompt_logprobs is None or seq.prompt_logprobs_sent:
+        return {}
+    seq.prompt_logprobs_sent = True
+    return {"prompt_token_ids": seq.prompt_token_ids, "prompt_logprobs": tuple(seq.prompt_logprobs)}

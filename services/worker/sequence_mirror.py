@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common.errors import InvalidArgument
+from services.common.logprobs import MAX_TOP_LOGPROBS
 from services.worker.sampling import check_sampling
 from services.worker.work import ErrorCode, ItemError, RunStep, SequenceOutput, SequenceStep
 
@@ -245,7 +246,19 @@ class SequenceMirror:
             if bad_bias:
                 raise InvalidArgument(f"sequence {seq.seq_id}: logit_bias token ids {bad_bias[:5]} outside "
                                       f"[0, {self.vocab_size})")
+        if seq.prompt_logprobs is not None:
+            self._check_prompt_logprobs(seq)
         bad_context = [t for t in seq.context_token_ids if not 0 <= t < self.vocab_size]
         if bad_context:
             raise InvalidArgument(f"sequence {seq.seq_id}: context token ids {bad_context[:5]} outside "
                                   f"[0, {self.vocab_size})")
+
+    def _check_prompt_logprobs(self, seq: SequenceStep) -> None:
+        assert seq.prompt_logprobs is not None
+        if not 0 <= seq.prompt_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidArgument(f"sequence {seq.seq_id}: prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}], "
+                                  f"got {seq.prompt_logprobs}")
+        following = seq.next_prompt_token_id
+        if following is not None and not (0 <= following < self.vocab_size and not seq.sample):
+            raise InvalidArgument(f"sequence {seq.seq_id}: next_prompt_token_id {following} must be a token id "
+                                  f"below {self.vocab_size}, on a chunk that does not sample")

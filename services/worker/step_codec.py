@@ -37,6 +37,8 @@ def sequence_step_from_proto(seq: scheduler_pb2.SequenceStep) -> work.SequenceSt
         num_cached_tokens=seq.num_cached_tokens,
         input_from_last_sample=seq.input_from_last_sample,
         context_token_ids=tuple(seq.context_token_ids),
+        prompt_logprobs=seq.prompt_logprobs if seq.HasField("prompt_logprobs") else None,
+        next_prompt_token_id=seq.next_prompt_token_id if seq.HasField("next_prompt_token_id") else None,
     )
 
 
@@ -49,8 +51,10 @@ def run_step_from_proto(command: scheduler_pb2.RunStep) -> work.RunStep:
 
 
 def logprobs_to_proto(logprobs: work.PositionLogprobs | None) -> common_pb2.PositionLogprobs | None:
-    if logprobs is None:
-        return None
+    return None if logprobs is None else _position_to_proto(logprobs)
+
+
+def _position_to_proto(logprobs: work.PositionLogprobs) -> common_pb2.PositionLogprobs:
     return common_pb2.PositionLogprobs(
         token=common_pb2.TokenLogprob(token_id=logprobs.token.token_id, logprob=logprobs.token.logprob),
         top=[common_pb2.TokenLogprob(token_id=t.token_id, logprob=t.logprob) for t in logprobs.top],
@@ -59,7 +63,7 @@ def logprobs_to_proto(logprobs: work.PositionLogprobs | None) -> common_pb2.Posi
 
 def step_result_to_proto(step_id: int, outputs: Iterable[work.SequenceOutput],
                          timings: common_pb2.Timings) -> scheduler_pb2.StepResult:
-    """Sequences that only computed (no sample, no error) send nothing back."""
+    """Sequences that only computed (no sample, no error, no prompt logprobs) send nothing back."""
     return scheduler_pb2.StepResult(
         step_id=step_id,
         outputs=[
@@ -69,9 +73,10 @@ def step_result_to_proto(step_id: int, outputs: Iterable[work.SequenceOutput],
                 logprob=out.logprob or 0.0,
                 error=item_error_to_proto(out.error),
                 logprobs=logprobs_to_proto(out.logprobs),
+                prompt_logprobs=[_position_to_proto(p) for p in out.prompt_logprobs],
             )
             for out in outputs
-            if out.token_id is not None or out.error is not None
+            if out.token_id is not None or out.error is not None or out.prompt_logprobs
         ],
         timings=timings,
     )

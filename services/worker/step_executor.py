@@ -13,9 +13,11 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from services.common.clock import Clock
+from services.common.logprobs import PositionLogprobs
 from services.worker.grammar import GrammarError, GrammarTokenizer, Guide
 from services.worker.models.generator import Generator
 from services.worker.models.paged import PagedSequence
+from services.worker.prompt_logprobs import chunk_targets, prompt_logprobs
 from services.worker.sampling import processed_logits, sample
 from services.worker.sequence_mirror import AdmittedSequence, SequenceMirror
 from services.worker.work import ErrorCode, ItemError, RunStep, SequenceOutput, StageDurations
@@ -77,7 +79,8 @@ class StepExecutor:
         admission = self._mirror.admit_step(step)
         outputs = dict(admission.refused)
         paged = [PagedSequence(tuple(a.step.token_ids), a.step.start_position, a.block_table,
-                               needs_logits=a.step.sample) for a in admission.admitted]
+                               needs_logits=a.step.sample, all_logits=a.step.prompt_logprobs is not None)
+                 for a in admission.admitted]
 
         t_start = self.clock()
         # One device-to-host copy per step (sampling runs on the host); it also waits for the GPU,
@@ -88,9 +91,17 @@ class StepExecutor:
         row = 0
         for admitted in admission.admitted:
             seq = admitted.step
+            prompt: tuple[PositionLogprobs, ...] = ()
+            if seq.prompt_logprobs is not None:
+                assert logits is not None  # the sequence is in the step, so the step ran
+                targets = chunk_targets(seq.token_ids, seq.next_prompt_token_id)
+                prompt = prompt_logprobs(logits[row:row + len(targets)].numpy(), targets, seq.prompt_logprobs)
+                row += len(seq.token_ids) - 1  # the last row: the sample's, or the next chunk's token's
+                if not seq.sample:
+                    row += 1
             if not seq.sample:
                 self._mirror.computed(admitted)
-                outputs[admitted.index] = SequenceOutput(seq.seq_id)
+                outputs[admitted.index] = SequenceOutput(seq.seq_id, prompt_logprobs=prompt)
                 continue
             assert logits is not None  # a sampling sequence means the step ran (paged is non-empty)
             row_logits = logits[row].numpy()
@@ -108,7 +119,7 @@ class StepExecutor:
             drawn = sample(row_logits, seq.sampling, seed=admitted.seed, index=seq.num_generated)
             self._mirror.computed(admitted, drawn.token_id)
             outputs[admitted.index] = SequenceOutput(seq.seq_id, token_id=drawn.token_id, logprob=drawn.logprob,
-                                                     logprobs=drawn.logprobs)
+                                                     logprobs=drawn.logprobs, prompt_logprobs=prompt)
         t_done = self.clock()
         return [outputs[pos] for pos in range(len(step.seqs))], StageDurations(
             compute_s=t_computed - t_start, postprocess_s=t_done - t_computed

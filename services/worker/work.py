@@ -105,6 +105,10 @@ class SequenceStep:
     input_from_last_sample: bool = False
     # With reset_block_table and a penalized sampling: the tokens at [0, start_position) (the cached prefix).
     context_token_ids: tuple[int, ...] = ()
+    # Report the logprobs of the prompt tokens this chunk predicts, with this many alternatives
+    # (None: none): token_ids[1:], then next_prompt_token_id's (a chunk ending before the prompt).
+    prompt_logprobs: int | None = None
+    next_prompt_token_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,7 @@ class SequenceOutput:
     logprob: float | None = None  # log-probability of token_id under the sampling distribution
     error: ItemError | None = None
     logprobs: PositionLogprobs | None = None  # with sampling.logprobs
+    prompt_logprobs: tuple[PositionLogprobs, ...] = ()  # with SequenceStep.prompt_logprobs
 
 
 # --- timings ----------------------------------------------------------------

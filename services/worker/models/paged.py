@@ -69,6 +69,8 @@ class PagedSequence:
     start_position: int  # position of token_ids[0] = tokens already in the cache
     block_table: tuple[int, ...]  # physical block of each logical block; covers start_position + len(token_ids)
     needs_logits: bool  # return the logits after the last new token
+    # Return the logits after every new token (prompt logprobs), needs_logits or not.
+    all_logits: bool = False
 
     @property
     def end_position(self) -> int:
@@ -128,7 +130,8 @@ def check_sequence(seq: PagedSequence, cache: KVCache) -> None:
 
 
 def paged_forward(lm: PagedLM, seqs: Sequence[PagedSequence], cache: KVCache) -> torch.Tensor:
-    """Runs one step; returns logits `float32[num_needing_logits, vocab]` in the order of `seqs`."""
+    """Runs one step; returns logits `float32[num_rows, vocab]` in the order of `seqs`: a row after
+    every new token of an `all_logits` sequence, else one after the last of a `needs_logits` one."""
     for seq in seqs:
         check_sequence(seq, cache)
     device = cache.device
@@ -178,8 +181,18 @@ def paged_forward(lm: PagedLM, seqs: Sequence[PagedSequence], cache: KVCache) ->
             attn[rows] = _chunk_attention(q[rows], seqs[i], key_cache, value_cache, bs, scale)
         x = x + layer.attn_out(attn)
         x = x + layer.mlp(x)
-    last_rows = [starts[i] + lengths[i] - 1 for i, s in enumerate(seqs) if s.needs_logits]
-    return lm.logits(x[last_rows])
+    return lm.logits(x[logit_rows(seqs, starts, lengths)])
+
+
+def logit_rows(seqs: Sequence[PagedSequence], starts: Sequence[int], lengths: Sequence[int]) -> list[int]:
+    """The rows of the step's tokens whose logits are returned, in order."""
+    rows: list[int] = []
+    for seq, start, length in zip(seqs, starts, lengths, strict=True):
+        if seq.all_logits:
+            rows.extend(range(start, start + length))
+        elif seq.needs_logits:
+            rows.append(start + length - 1)
+    return rows
 
 
 def _decode_tables(
