@@ -39,6 +39,10 @@ def choice_requests(request: gateway_pb2.GenerateRequest, num_choices: int) -> l
         choice.n = 0  # each is one sequence upstream
         if request.sampling.HasField("seed"):
             choice.sampling.seed = (request.sampling.seed + i) % SEED_MODULUS
+        if i:
+            # The prompt is the same: the first choice's logprobs of it serve them all, and the
+            # others reuse its blocks from the prefix cache (a request asking reads none).
+            choice.sampling.ClearField("prompt_logprobs")
         requests.append(choice)
     return requests
 
@@ -111,12 +115,15 @@ class ChoiceResult:
     logprobs: list[common_pb2.PositionLogprobs] = field(default_factory=list)
     last: gateway_pb2.GenerateResponse | None = None
     tool_call_parser: str = ""  # the format the first chunk named (a request offering tools)
+    # The prompt's, from the first chunk (the first choice's only: sampling.prompt_logprobs).
+    prompt_logprobs: list[common_pb2.PositionLogprobs] = field(default_factory=list)
 
     def add(self, chunk: gateway_pb2.GenerateResponse) -> None:
         if self.last is None:
             self.tool_call_parser = chunk.tool_call_parser
         self.texts.append(chunk.text)
         self.logprobs.extend(chunk.logprobs)
+        self.prompt_logprobs.extend(chunk.prompt_logprobs)
         self.last = chunk
 
     @property

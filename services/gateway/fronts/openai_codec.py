@@ -37,6 +37,7 @@ from services.gateway.fronts.openai_params import (
     shown,
     structured,
 )
+from services.gateway.fronts.openai_prompt import PromptOptions, prompt_options, vllm_prompt_logprobs
 from services.gateway.fronts.openai_tools import add_turn_fields, parse_tools
 from services.gateway.fronts.tool_calls import ChatTools, ToolCallSplitter
 from services.gateway.quota.quotas import QuotaExceeded
@@ -78,6 +79,8 @@ class OpenAIRequest:
     structured_param: str | None = None
     # Chat with tools: the tool choice (tool_calls.py); None: no tools offered.
     tools: ChatTools | None = None
+    # echo and vLLM's prompt_logprobs (openai_prompt.py).
+    prompt: PromptOptions = PromptOptions()
 
 
 # -- requests ---------------------------------------------------------------------------
@@ -97,19 +100,27 @@ def parse_completion(body: Any) -> OpenAIRequest:
     for name in ("tools", "tool_choice"):
         if not _is_default(body.get(name), (None, "none")):
             raise BadParameter(name, f"{name} is a chat parameter (/v1/chat/completions), got {shown(body[name])}")
-    parsed = _request(COMPLETION, body, prompt, _max_tokens(body, "max_tokens"))
-    _completion_logprobs(body, parsed.generate.sampling)
-    return _with_choices(parsed, body)
+    options = prompt_options(body, completion=True)
+    parsed = _request(COMPLETION, body, prompt, 1 if options.echo_only else _max_tokens(body, "max_tokens"))
+    sampling = parsed.generate.sampling
+    _completion_logprobs(body, sampling)
+    upstream = options.upstream(sampling.top_logprobs if sampling.logprobs else None)
+    if upstream is not None:
+        sampling.prompt_logprobs = upstream
+    return _with_choices(dataclasses.replace(parsed, prompt=options), body)
 
 
 def parse_chat(body: Any) -> OpenAIRequest:
     body = _object(body)
     messages = chat_messages(body.get("messages"))
     _refuse_unsupported(body)
+    options = prompt_options(body, completion=False)
     param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     parsed = _request(CHAT, body, "", _max_tokens(body, param), messages)
     chat_logprobs(body, parsed.generate.sampling)
-    parsed = _with_choices(parsed, body)
+    if options.prompt_logprobs is not None:
+        parsed.generate.sampling.prompt_logprobs = options.prompt_logprobs
+    parsed = _with_choices(dataclasses.replace(parsed, prompt=options), body)
     tools = parse_tools(body, parsed.generate)
     if tools is None:
         return parsed
@@ -221,7 +232,6 @@ def _count(body: dict, name: str, default: int, high: int) -> int:
 
 # Accepted at their defaults only; anything else is refused rather than silently ignored.
 _UNSUPPORTED_UNLESS = (
-    ("echo", (None, False), "echo is not supported"),
     ("suffix", (None, ""), "suffix is not supported"),
     ("functions", (None,), "functions are not supported"),
     ("function_call", (None, "none"), "function_call is not supported"),
@@ -301,11 +311,12 @@ def finish_reason(chunk: gateway_pb2.GenerateResponse) -> str | None:
     return _FINISH_REASONS.get(chunk.finish_reason)
 
 
-def usage(*lasts: gateway_pb2.GenerateResponse) -> dict:
+def usage(*lasts: gateway_pb2.GenerateResponse, echo_only: bool = False) -> dict:
     """The last chunks of every choice: the prompt counted once (the first choice's, which computed
-    it), the completion tokens of every choice generated (best_of's unreturned ones too)."""
+    it), the completion tokens of every choice generated (best_of's unreturned ones too); none for
+    echo with max_tokens 0 (the token generated upstream is dropped)."""
     prompt, cached = lasts[0].usage.prompt_tokens, lasts[0].usage.cached_prompt_tokens
-    completion = sum(last.usage.completion_tokens for last in lasts)
+    completion = 0 if echo_only else sum(last.usage.completion_tokens for last in lasts)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             # OpenAI's and vLLM's field: prompt tokens served from the prefix cache.
             "prompt_tokens_details": {"cached_tokens": cached}}
@@ -342,6 +353,15 @@ class LogprobsWriter:
         self._wanted = request.logprobs
         self._text_offset = 0
 
+    def write_prompt(self, positions: Sequence[common_pb2.PositionLogprobs], k: int) -> dict | None:
+        """Completions' echo: the prompt tokens' entries, before the completion's (the first token's
+        logprob and top_logprobs null, as OpenAI's legacy API and vLLM write them)."""
+        written = self.write(positions)
+        if written is not None:
+            written["top_logprobs"] = [None if math.isnan(p.token.logprob) else _completion_top(p, k)
+                                       for p in positions]
+        return written
+
     def write(self, positions: Sequence[common_pb2.PositionLogprobs]) -> dict | None:
         """The `logprobs` object of a choice holding these positions; None when none were asked for."""
         if not self._wanted:
@@ -366,6 +386,28 @@ def _logprob(token: common_pb2.TokenLogprob) -> float | None:
     return None if math.isnan(token.logprob) else token.logprob
 
 
+def completion_choice(request: OpenAIRequest, index: int, text: str,
+                      positions: Sequence[common_pb2.PositionLogprobs], reason: str | None,
+                      prompt: Sequence[common_pb2.PositionLogprobs] | None, writer: LogprobsWriter) -> dict:
+    """A completions choice, whole or a stream's event. `prompt`: the prompt's logprobs on the first
+    (None on a stream's later events): echo writes the prompt, and its tokens' logprobs, first; vLLM's
+    prompt_logprobs ride with it. echo with max_tokens 0 drops what was generated."""
+    options = request.prompt
+    if options.echo_only:
+        text, positions = "", ()
+    echoed = None
+    if prompt is not None and options.echo:
+        text = request.generate.prompt + text
+        echoed = writer.write_prompt(prompt, request.generate.sampling.top_logprobs)  # its text_offset first
+    written = writer.write(positions)
+    if echoed is not None and written is not None:
+        written = {key: echoed[key] + written[key] for key in echoed}
+    choice = {"index": index, "text": text, "logprobs": written, "finish_reason": reason}
+    if prompt is not None and options.prompt_logprobs is not None:
+        choice["prompt_logprobs"] = vllm_prompt_logprobs(prompt, options.prompt_logprobs)
+    return choice
+
+
 def _chat_top(token: common_pb2.TokenLogprob) -> dict:
     return {"token": _token_text(token), "logprob": _logprob(token), "bytes": list(token.token_bytes)}
 
@@ -374,9 +416,9 @@ def _chat_entry(position: common_pb2.PositionLogprobs) -> dict:
     return {**_chat_top(position.token), "top_logprobs": [_chat_top(t) for t in position.top]}
 
 
-def _completion_top(position: common_pb2.PositionLogprobs) -> dict[str, float | None]:
-    """The alternatives and the sampled token (OpenAI: "up to logprobs + 1 elements")."""
-    top = {_token_text(t): _logprob(t) for t in position.top}
+def _completion_top(position: common_pb2.PositionLogprobs, k: int | None = None) -> dict[str, float | None]:
+    """The alternatives (the first k) and the sampled token (OpenAI: "up to logprobs + 1 elements")."""
+    top = {_token_text(t): _logprob(t) for t in position.top[:k]}
     top.setdefault(_token_text(position.token), _logprob(position.token))
     return top
 
@@ -385,13 +427,19 @@ def full_response(request: OpenAIRequest, created_s: int, returned: Sequence[Cho
                   generated: Sequence[ChoiceResult] = ()) -> dict:
     """`returned`: the choices to return, in order; `generated`: every choice generated, for usage
     (empty: the returned ones)."""
-    choices = [_choice(request, index, result) for index, result in enumerate(returned)]
+    # The first choice's first chunk brought the prompt's logprobs (the other choices ask for none).
+    prompt = (generated or returned)[0].prompt_logprobs
+    choices = [_choice(request, index, result, prompt) for index, result in enumerate(returned)]
     first = _last_of(returned[0])
-    return {
+    body = {
         "id": response_id(request), "object": request.kind, "created": created_s, "model": request.model,
-        "choices": choices, "usage": usage(*(_last_of(r) for r in (generated or returned))),
+        "choices": choices,
+        "usage": usage(*(_last_of(r) for r in (generated or returned)), echo_only=request.prompt.echo_only),
         "infermesh": {"request_id": request.generate.request_id, "timings": timings(first)},
     }
+    if request.kind == CHAT and request.prompt.prompt_logprobs is not None:
+        body["prompt_logprobs"] = vllm_prompt_logprobs(prompt, request.prompt.prompt_logprobs)  # vLLM's place
+    return body
 
 
 def _last_of(result: ChoiceResult) -> gateway_pb2.GenerateResponse:
@@ -400,11 +448,12 @@ def _last_of(result: ChoiceResult) -> gateway_pb2.GenerateResponse:
     return result.last
 
 
-def _choice(request: OpenAIRequest, index: int, result: ChoiceResult) -> dict:
-    written = LogprobsWriter(request).write(result.logprobs)
+def _choice(request: OpenAIRequest, index: int, result: ChoiceResult,
+            prompt: Sequence[common_pb2.PositionLogprobs] = ()) -> dict:
     reason = finish_reason(_last_of(result))
     if request.kind == COMPLETION:
-        return {"index": index, "text": result.text, "logprobs": written, "finish_reason": reason}
+        return completion_choice(request, index, result.text, result.logprobs, reason, prompt, LogprobsWriter(request))
+    written = LogprobsWriter(request).write(result.logprobs)
     splitter = ToolCallSplitter(request.tools)
     splitter.feed(result.text, True, result.tool_call_parser)
     return {"index": index, "message": splitter.message(), "logprobs": written,
@@ -413,17 +462,19 @@ def _choice(request: OpenAIRequest, index: int, result: ChoiceResult) -> dict:
 
 def stream_chunk(request: OpenAIRequest, created_s: int, chunk: gateway_pb2.GenerateResponse, first: bool,
                  logprobs: LogprobsWriter | None = None, index: int = 0, tools: ToolCallSplitter | None = None,
-                 parser: str = "") -> dict:
+                 parser: str = "", prompt: Sequence[common_pb2.PositionLogprobs] = ()) -> dict:
     """One SSE event's object for one upstream chunk of choice `index`; the last carries finish_reason
     and the timings. `first`: the choice's first chunk. `logprobs`: the choice's writer (one per
     choice), when the request asked for logprobs. `tools`: the choice's splitter (chat; one per
-    choice), `parser` the tool-call format its first chunk named."""
+    choice), `parser` the tool-call format its first chunk named. `prompt`: the prompt's logprobs
+    (the first choice's first chunk brought them), for a first chunk's echo and prompt_logprobs."""
     reason = finish_reason(chunk)
-    written = logprobs.write(chunk.logprobs) if logprobs is not None else None
     if request.kind == COMPLETION:
-        choice = {"index": index, "text": chunk.text, "logprobs": written, "finish_reason": reason}
+        choice = completion_choice(request, index, chunk.text, chunk.logprobs, reason, prompt if first else None,
+                                   logprobs or LogprobsWriter(dataclasses.replace(request, logprobs=False)))
         kind = COMPLETION
     else:
+        written = logprobs.write(chunk.logprobs) if logprobs is not None else None
         splitter = tools if tools is not None else ToolCallSplitter(None)
         content, calls = splitter.feed(chunk.text, reason is not None, parser)
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
@@ -437,6 +488,8 @@ def stream_chunk(request: OpenAIRequest, created_s: int, chunk: gateway_pb2.Gene
              "choices": [choice]}
     if request.include_usage:
         event["usage"] = None
+    if first and request.kind == CHAT and request.prompt.prompt_logprobs is not None and prompt is not None:
+        event["prompt_logprobs"] = vllm_prompt_logprobs(prompt, request.prompt.prompt_logprobs)
     if reason is not None:
         event["infermesh"] = {"request_id": request.generate.request_id, "timings": timings(chunk)}
     return event
@@ -446,7 +499,7 @@ def usage_chunk(request: OpenAIRequest, created_s: int, *lasts: gateway_pb2.Gene
     """stream_options.include_usage: the extra last event, with no choices; `lasts`: every choice's last chunk."""
     kind = COMPLETION if request.kind == COMPLETION else "chat.completion.chunk"
     return {"id": response_id(request), "object": kind, "created": created_s, "model": request.model,
-            "choices": [], "usage": usage(*lasts)}
+            "choices": [], "usage": usage(*lasts, echo_only=request.prompt.echo_only)}
 
 
 # -- errors -----------------------------------------------------------------------------

@@ -145,13 +145,14 @@ class OpenAIFront:
         splitters = [tool_calls.ToolCallSplitter(parsed.tools) for _ in range(parsed.n)]
         parsers = [""] * parsed.n
         lasts: list[gateway_pb2.GenerateResponse | None] = [None] * parsed.n
+        prompt = list(first[1].prompt_logprobs)  # the first choice's first chunk: the prompt's, for every choice
 
         def event(index: int, chunk: gateway_pb2.GenerateResponse) -> bytes:
             is_first, lasts[index] = lasts[index] is None, chunk
             if is_first:
                 parsers[index] = chunk.tool_call_parser
             return _event(openai_codec.stream_chunk(parsed, created_s, chunk, is_first, writers[index], index,
-                                                    splitters[index], parsers[index]))
+                                                    splitters[index], parsers[index], prompt))
 
         await response.write(event(*first))
         try:
