@@ -104,6 +104,10 @@ class GatewayConfig(ServerSettings):
     stream_max_resumes: int = setting(
         3, "times one Generate stream may be resumed on another scheduler after its upstream broke mid-stream"
     )
+    hold_max_calls: int = setting(
+        512, "calls held at most at once while no scheduler can take them (every circuit open, every scheduler gone, "
+        "restarting or silent): held idempotent calls and resumable streams go again as soon as one can, within their "
+        "deadline; beyond this UNAVAILABLE at once; 0: hold nothing (docs/operations.md)", minimum=0)
     # Circuit breaker per scheduler endpoint.
     breaker_consecutive_failures: int = setting(5, "failures in a row that open the breaker")
     breaker_error_rate: float = setting(0.5, "error rate over the window that opens the breaker, (0, 1]")

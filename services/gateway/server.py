@@ -42,6 +42,7 @@ from services.gateway.calls.model_list import ModelList
 from services.gateway.config import GatewayConfig
 from services.gateway.dispatch.deadlines import Deadlines
 from services.gateway.dispatch.dispatcher import Dispatcher
+from services.gateway.dispatch.hold import CallHold
 from services.gateway.dispatch.retry_budget import RetryBudgets
 from services.gateway.dispatch.retry_policy import RetryPolicy
 from services.gateway.fronts.kserve_servicer import KServeServicer
@@ -151,6 +152,7 @@ class GatewayService:
                 raise ConfigError(str(exc)) from None
             tenants = WatchedTenants(self.watcher)
         deadlines = Deadlines(config.deadline_policy(), clock)
+        self.hold = CallHold(config.hold_max_calls)
         self.limiter = ConcurrencyLimiter(config.max_in_flight)
         self.limits = AdaptiveLimits(config.limit_config(), clock)
         self.admission = Admission(
@@ -182,6 +184,7 @@ class GatewayService:
             board=self.board,
             max_resumes=config.stream_max_resumes,
             on_regroup=lambda: self.poller.poll_soon(),
+            hold=self.hold,
         )
         self.poller = PressurePoller(
             routing=self.routing,
@@ -192,6 +195,7 @@ class GatewayService:
             interval_s=config.pressure_poll_interval_ms / 1000,
             membership=self.membership,
             after_poll=lambda: metrics.observe_budgets(self.budgets.balances()),
+            on_answer=lambda endpoint, ready_models: self.hold.wake(ready_models),
         )
 
     def _rollouts_of(self, routing: RoutingTable) -> RolloutController:

@@ -5,6 +5,8 @@ Two gateways share the mesh and see the same outage:
   * "budget": breaker effectively off, so every request tries the dead scheduler and the retry
     budget alone caps the retries (window 60 s, floor 0.1 retry/s: at most 6 + 10% of requests);
   * "breaker": opens after 5 failures in a row, fails calls without trying for 1 s, then probes.
+Neither holds calls while no scheduler can take them (--hold-max-calls 0; the hold has its own
+test, tests/reliability/test_all_schedulers_unavailable.py): the budget and the breaker are seen alone.
 """
 
 from __future__ import annotations
@@ -83,13 +85,13 @@ def test_scheduler_outage_retries_capped_by_budget_breaker_fails_fast_and_mesh_r
             mesh, "gateway-budget",
             "--breaker-consecutive-failures", "1000000", "--breaker-min-calls", "1000000",
             "--retry-budget-window-s", str(BUDGET_WINDOW_S), "--retry-budget-min-per-s", str(BUDGET_FLOOR_PER_S),
-            "--retry-budget-ratio", str(BUDGET_RATIO), "--pressure-poll-interval-ms", "200",
+            "--retry-budget-ratio", str(BUDGET_RATIO), "--pressure-poll-interval-ms", "200", "--hold-max-calls", "0",
             metrics_port=budget_port,
         )
         breaker_gw = spawn_gateway(
             mesh, "gateway-breaker",
             "--breaker-consecutive-failures", "5", "--breaker-open-cooldown-ms", "1000",
-            "--pressure-poll-interval-ms", "200",
+            "--pressure-poll-interval-ms", "200", "--hold-max-calls", "0",
             metrics_port=breaker_port,
         )
         budget_load, breaker_load = ClosedLoop(budget_gw.address).start(), ClosedLoop(breaker_gw.address).start()

@@ -132,7 +132,9 @@ def test_killing_the_scheduler_fails_calls_unavailable_and_the_gateway_serves_af
     with running_mesh(tmp_path) as mesh:
         mesh.start_scheduler()
         mesh.start_worker("toy-generator", "--toy-compute-ms", "10")
-        gateway = spawn_gateway(mesh, "gateway-stream", "--upstream-mode", "stream", "--retry-max-attempts", "1")
+        # Nothing held (the hold would resume the stream once the scheduler is back): the failure is the subject.
+        gateway = spawn_gateway(mesh, "gateway-stream", "--upstream-mode", "stream", "--retry-max-attempts", "1",
+                                "--hold-max-calls", "0")
         with session_tls.channel(gateway.address) as channel:
             stub = gateway_pb2_grpc.InferenceStub(channel)
             request = gateway_pb2.GenerateRequest(model=GENERATOR, prompt="abc",

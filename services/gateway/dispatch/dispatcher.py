@@ -15,6 +15,12 @@ once when another scheduler serves the model, else in regroup rounds (the other
 scheduler may have just restarted, its workers re-attaching within about a second).
 Issue 35: with one scheduler restarting and the other hung, 378 of 3930 classify
 calls failed with 2 s of deadline left, for want of somewhere to go *at that moment*.
+
+When no scheduler can take a call at all (every circuit open, every one gone, restarting or not
+serving the model, and no regroup round left), an idempotent call or a resumable stream is held
+(hold.py) and sent again as soon as one can, while its deadline allows; a stream keeps the tokens
+it delivered and resumes from them. A resume that no scheduler took is held, not counted as
+another resume. Only such failures are held: a live scheduler's refusal stays with the budget.
 """
 
 from __future__ import annotations
@@ -26,9 +32,10 @@ from typing import Any, TypeVar
 
 from opentelemetry import trace
 
-from services.common.errors import InfermeshError, Internal, NotFound, Unavailable
+from services.common.errors import DeadlineExceeded, InfermeshError, Internal, NotFound, Unavailable
 from services.common.metric_labels import OTHER
 from services.gateway.dispatch.deadlines import Deadlines
+from services.gateway.dispatch.hold import HOLD_MARGIN_S, CallHold, HoldFull
 from services.gateway.dispatch.retry_budget import RetryBudgets
 from services.gateway.dispatch.retry_policy import (
     AttemptFailure,
@@ -89,6 +96,9 @@ class _Attempts:
     transient_seen: bool = False
     silent_seen: bool = False
     redispatch_counted: bool = False
+    # Waits in the hold so far, and when the first began (None: never held).
+    num_holds: int = 0
+    held_since_s: float | None = None
 
     def failed(self, failure: AttemptError) -> None:
         self.last_failure = failure
@@ -101,11 +111,13 @@ class _Attempts:
 
 
 class _NoRoute(Exception):
-    """No endpoint may be called now (all tried, or their breakers open) after `failure`."""
+    """No endpoint may be called now (all tried, or their breakers open) after `failure`;
+    `error`: what routing said."""
 
-    def __init__(self, failure: AttemptError) -> None:
+    def __init__(self, failure: AttemptError, error: InfermeshError) -> None:
         super().__init__(failure.error.message)
         self.failure = failure
+        self.error = error
 
 
 class Dispatcher:
@@ -122,9 +134,11 @@ class Dispatcher:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         max_resumes: int = DEFAULT_MAX_RESUMES,
         on_regroup: Callable[[], None] = lambda: None,
+        hold: CallHold | None = None,
     ) -> None:
-        """on_regroup: runs when a call starts a regroup round (the server polls every scheduler
-        then, so one just restarted is known answering before the round ends, not a poll later)."""
+        """on_regroup: runs when a call starts a regroup round or a wait in the hold (the server polls
+        every scheduler then, so one just restarted is known answering before the round ends, not a
+        poll later). hold: where calls wait while no scheduler can take them; None: nothing is held."""
         self._routing = routing
         self._clients = clients
         self._policy = policy
@@ -135,11 +149,12 @@ class Dispatcher:
         self._sleep = sleep
         self._max_resumes = max_resumes
         self._on_regroup = on_regroup
+        self._holds = hold
 
     async def unary(self, scope, work: WorkKind, call: UnaryCall[T]) -> T:
         attempts = _Attempts()
         while True:
-            route = await self._route_or_regroup(scope, attempts)
+            route = await self._route_or_hold(scope, attempts)
             timeout_s = self._timeout_s(scope, route, attempts.last_failure)
             with _attempt_span(len(attempts.tried), route, "Generate" if work is WorkKind.GENERATE else "Classify"):
                 try:
@@ -147,29 +162,23 @@ class Dispatcher:
                 except AttemptError as failure:
                     attempts.failed(failure)
                     self._report(route, failure)
-                    decision = self._decide(scope, work, route, failure, attempts.tried,
-                                            accepted=True, num_tokens_sent=0)
-                    if not decision.retry:
-                        regrouped = self._regroup(scope, failure, attempts)
-                        if regrouped is None:
-                            raise _final_error(scope, failure) from None
-                        decision = regrouped
-                    _count_redispatch(scope, attempts)
+                    decision = self._retry_or_regroup(scope, work, route, failure, attempts, accepted=True)
                 except BaseException:
                     route.permit.abandon()  # cancelled by the client: says nothing about the endpoint
                     raise
                 else:
                     route.permit.success()
                     self._observe(route.endpoint)
+                    self._wake_held(scope)
                     return result
-            await self._sleep(decision.delay_s)
+            await self._next_attempt(scope, attempts, decision)
 
     async def stream(self, scope, call: StreamCall, on_chunk: Callable[[Any], None]) -> AsyncIterator:
         """The stream's chunks, over as many attempts and resumes as it takes; `on_chunk` sees each first."""
         attempts = _Attempts()
         resume = ResumeState(self._max_resumes)
         while True:
-            route = await self._route_or_regroup(scope, attempts, resume.version or scope.version)
+            route = await self._route_or_hold(scope, attempts, resume.version or scope.version)
             timeout_s = self._timeout_s(scope, route, attempts.last_failure)
             attempt_span = _tracer.start_span(
                 "resume" if resume.num_delivered else "attempt", kind=trace.SpanKind.CLIENT,
@@ -180,9 +189,13 @@ class Dispatcher:
             with trace.use_span(attempt_span, end_on_exit=False):  # the call carries this span's traceparent
                 upstream = call(self._clients.get(route.endpoint), route.version, timeout_s, resume.continuation())
             num_chunks = 0
+            num_delivered_before = resume.num_delivered
+            decision: RetryDecision | None
             try:
                 async for chunk in upstream.chunks():
                     num_chunks += 1
+                    if num_chunks == 1:
+                        self._wake_held(scope)  # this scheduler takes the model's calls
                     resume.accept(chunk)
                     on_chunk(chunk)
                     yield chunk
@@ -191,23 +204,18 @@ class Dispatcher:
             except AttemptError as failure:
                 attempts.failed(failure)
                 self._report(route, failure)
-                if resume.num_delivered:
+                if num_delivered_before and not num_chunks and self._may_hold(failure):
+                    decision = self._resume_untaken(scope, route, attempts)
+                elif resume.num_delivered:
                     resume_decision = self._resume(scope, resume, failure)
                     if not resume_decision.resume:
                         raise _final_error(scope, failure) from None
                     if resume_decision.delay_s > 0:
                         await self._sleep(resume_decision.delay_s)
                     continue
-                decision = self._decide(
-                    scope, WorkKind.GENERATE, route, failure, attempts.tried,
-                    accepted=num_chunks > 0, num_tokens_sent=0,
-                )
-                if not decision.retry:
-                    regrouped = self._regroup(scope, failure, attempts)
-                    if regrouped is None:
-                        raise _final_error(scope, failure) from None
-                    decision = regrouped
-                _count_redispatch(scope, attempts)
+                else:
+                    decision = self._retry_or_regroup(scope, WorkKind.GENERATE, route, failure, attempts,
+                                                      accepted=num_chunks > 0)
             except StreamMismatch as exc:
                 upstream.cancel()
                 route.permit.record(UpstreamCode.INTERNAL)
@@ -222,20 +230,104 @@ class Dispatcher:
                 return
             finally:
                 attempt_span.end()
-            await self._sleep(decision.delay_s)
+            await self._next_attempt(scope, attempts, decision)
 
-    async def _route_or_regroup(self, scope, attempts: _Attempts, version: str | None = None) -> Route:
+    async def _route_or_hold(self, scope, attempts: _Attempts, version: str | None = None) -> Route:
         """The next attempt's route. When none may be called now after a round that began regrouping
         (e.g. a just-restarted scheduler's breaker opened on connects refused while its channel
-        reconnected, and the other one is draining), wait for the next round instead of giving up."""
+        reconnected, and the other one is draining), wait for the next round instead of giving up;
+        with no round left, or none begun (every breaker open), wait in the hold."""
         while True:
             try:
                 return self._route(scope, attempts.tried, attempts.last_failure, version)
             except _NoRoute as no_route:
                 decision = self._regroup(scope, no_route.failure, attempts)
-                if decision is None:
-                    raise _final_error(scope, no_route.failure) from None
-                await self._sleep(decision.delay_s)
+                if decision is not None:
+                    await self._sleep(decision.delay_s)
+                    continue
+                error = _final_error(scope, no_route.failure)
+                await self._hold(scope, attempts, error, holdable=isinstance(no_route.error, Unavailable))
+            except Unavailable as no_endpoint:  # before any attempt: every breaker open, or none known
+                await self._hold(scope, attempts, no_endpoint, holdable=True)
+
+    def _retry_or_regroup(self, scope, work: WorkKind, route: Route, failure: AttemptError, attempts: _Attempts,
+                          *, accepted: bool) -> RetryDecision | None:
+        """After a failed attempt that sent the client nothing: a retry or failover, else a regroup
+        round; None when neither may go (the call is then held, or fails)."""
+        decision = self._decide(scope, work, route, failure, attempts.tried, accepted=accepted, num_tokens_sent=0)
+        if not decision.retry:
+            regrouped = self._regroup(scope, failure, attempts)
+            if regrouped is None:
+                return None
+            decision = regrouped
+        _count_redispatch(scope, attempts)
+        return decision
+
+    async def _next_attempt(self, scope, attempts: _Attempts, decision: RetryDecision | None) -> None:
+        """Waits before the next attempt: the retry's delay, or in the hold when no retry may go
+        (None), which raises the last failure's error when the call may not be held."""
+        if decision is not None:
+            await self._sleep(decision.delay_s)
+            return
+        failure = attempts.last_failure
+        if failure is None:  # only a failed attempt leaves no decision
+            raise Internal("no attempt failed, yet no retry was decided")
+        await self._hold(scope, attempts, _final_error(scope, failure), holdable=_holdable(failure))
+
+    def _may_hold(self, failure: AttemptError) -> bool:
+        return self._holds is not None and self._holds.enabled and _holdable(failure)
+
+    def _resume_untaken(self, scope, route: Route, attempts: _Attempts) -> RetryDecision | None:
+        """A resumed attempt failed before its first chunk because no scheduler could take it: it
+        goes at once to a scheduler it has not tried, else waits in the hold (None), and counts as
+        no further resume either way (each is bounded: by the schedulers, and by the hold)."""
+        if self._has_untried(scope.model, route.version, attempts.tried):
+            return RetryDecision(RetryVerdict.FAILOVER)
+        return None
+
+    async def _hold(self, scope, attempts: _Attempts, error: InfermeshError, *, holdable: bool) -> None:
+        """Holds the call until a scheduler may take it (hold.py), then returns for its next attempt.
+
+        Raises `error` when the call may not be held: nothing is held here, the failure was a live
+        scheduler's answer (`holdable` False), the target is unknown, the deadline leaves no time,
+        or the hold is full (UNAVAILABLE, saying so). A call that was held and ran out of time
+        fails DEADLINE_EXCEEDED, saying for how long no scheduler could take it."""
+        hold = self._holds
+        if hold is None or not hold.enabled or not holdable or not _knows_target(scope):
+            raise error
+        now_s = self._deadlines.clock()
+        remaining_s = scope.deadline.remaining_s(now_s)
+        max_wait_s = remaining_s - HOLD_MARGIN_S - self._deadlines.policy.hop_margin_s - self._board.min_service_time_s(
+            scope.model)
+        if max_wait_s <= 0:
+            if attempts.held_since_s is None:
+                raise error
+            raise _held_too_long(now_s - attempts.held_since_s, remaining_s, error)
+        if hold.full:
+            metrics.HELD_CALLS.labels(scope.metric_model, "refused").inc()
+            raise Unavailable(f"{error.message}; not held: {hold.max_held} calls already wait for a scheduler at "
+                              "this gateway (--hold-max-calls)", retry_after_s=NOT_SERVED_NOW_RETRY_S)
+        if attempts.held_since_s is None:
+            attempts.held_since_s = now_s
+            metrics.HELD_CALLS.labels(scope.metric_model, "held").inc()
+        self._on_regroup()  # poll every scheduler now: one that answers with the model ready wakes the call
+        try:
+            woken = await hold.wait(scope.model, num_waits=attempts.num_holds, max_wait_s=max_wait_s,
+                                    label=scope.metric_model)
+        except HoldFull:  # cannot happen on one event loop: `full` was just checked
+            raise error from None
+        if not woken:  # what is left is the margin to finish in
+            now_s = self._deadlines.clock()
+            raise _held_too_long(now_s - attempts.held_since_s, scope.deadline.remaining_s(now_s), error)
+        if attempts.num_holds == 0:  # it goes out again: once per call, apart from new calls
+            metrics.REDISPATCHES.labels(scope.metric_model, "held").inc()
+        attempts.num_holds += 1
+        attempts.tried.clear()
+
+    def _wake_held(self, scope) -> None:
+        """A call of the model succeeded: its held calls may go now."""
+        if self._holds is not None:
+            self._holds.wake((scope.model,))
 
     def _regroup(self, scope, failure: AttemptError, attempts: _Attempts) -> RetryDecision | None:
         """Every scheduler was tried and each was gone, draining or without the model's workers,
@@ -281,9 +373,9 @@ class Dispatcher:
             route = self._routing.choose(scope.model, scope.version if version is None else version,
                                          exclude=frozenset(tried), priority=scope.priority,
                                          ttft_target_s=_ttft_target_s(scope))
-        except InfermeshError:
+        except InfermeshError as exc:
             if last_failure is not None:  # every breaker opened meanwhile: report what really failed
-                raise _NoRoute(last_failure) from None
+                raise _NoRoute(last_failure, exc) from None
             raise
         if not tried:
             self._budgets.for_upstream(route.endpoint).record_request()
@@ -354,6 +446,17 @@ def _count_redispatch(scope, attempts: _Attempts) -> None:
     if attempts.silent_seen and not attempts.redispatch_counted:
         attempts.redispatch_counted = True
         metrics.REDISPATCHES.labels(scope.metric_model, "scheduler_silent").inc()
+
+
+def _held_too_long(held_s: float, remaining_s: float, error: InfermeshError) -> DeadlineExceeded:
+    return DeadlineExceeded(f"deadline exceeded while held: no scheduler could take the call for {held_s:.1f} s, "
+                            f"{remaining_s * 1000:.0f} ms left (last: {error.message})")
+
+
+def _holdable(failure: AttemptError) -> bool:
+    """The failure proves that no scheduler could take the call, not that a live one refused it:
+    gone or draining, silent, or not serving the model (a known one: see _hold)."""
+    return failure.endpoint_gone or failure.scheduler_silent or failure.code == UpstreamCode.NOT_FOUND
 
 
 def _knows_target(scope) -> bool:

@@ -51,15 +51,19 @@ class PressurePoller:
         membership: Membership | None = None,
         clock: Clock = time.monotonic,
         after_poll: Callable[[], None] = lambda: None,
+        on_answer: Callable[[str, list[str]], None] = lambda endpoint, ready_models: None,
     ) -> None:
         """after_poll: runs after each round of polls (the server publishes the retry budgets' gauges
-        then, on the same beat as the breakers')."""
+        then, on the same beat as the breakers'). on_answer: runs with an endpoint that answered a
+        poll and the models it reported ready, once what it said is applied (the server wakes the
+        calls of those models held for want of a scheduler)."""
         self._routing = routing
         self._clients = clients
         self._board = board
         self._catalog = catalog
         self._breakers = breakers
         self._after_poll = after_poll
+        self._on_answer = on_answer
         self.interval_s = interval_s
         self._membership = membership
         # Endpoints that answered the last poll (KServe ServerReady).
@@ -135,6 +139,7 @@ class PressurePoller:
         self._catalog.update(endpoint, tuple(models.models))
         if self._membership is not None:
             self._membership.update(endpoint, ready_models)
+        self._on_answer(endpoint, ready_models)
 
 
     def _sever_if_silent(self, endpoint: str, client) -> None:

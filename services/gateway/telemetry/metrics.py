@@ -24,6 +24,9 @@ change them only together. Label values:
   action    start | advance | promote | roll_back | pause | resume | abort (a rollout decision)
   outcome   agreed | disagreed | failed | shed (a shadow call: its output compared, it failed, or
             it was not sent: over the shadow budget or shed as sheddable traffic)
+  result    held | refused (a call held while no scheduler could take it, or refused as the hold was full)
+  cause     scheduler_silent | held (why a call in flight was re-sent: its scheduler stopped answering, or
+            it was held while none could take it)
 """
 
 from __future__ import annotations
@@ -93,6 +96,18 @@ REDISPATCHES = Counter(
     "Calls in flight re-sent after the gateway gave up on their scheduler (cause=scheduler_silent: it "
     "stopped answering); each is also in requests_total once, as the call it is.",
     ["model", "cause"],
+)
+HELD_CALLS = Counter(
+    "infermesh_gateway_held_calls",
+    "Calls that found no scheduler able to take them (every circuit open, every scheduler gone, restarting or "
+    "silent) and were held to be re-sent when one can (result=held, once per call), or were refused because "
+    "the hold was full (result=refused); each is also in requests_total once, as the call it is.",
+    ["model", "result"],
+)
+HELD_REQUESTS = Gauge(
+    "infermesh_gateway_held_requests",
+    "Calls held now, waiting for a scheduler able to take them (at most --hold-max-calls).",
+    ["model"],
 )
 STREAM_RESUMES = Counter(
     "infermesh_gateway_stream_resumes",

@@ -1,0 +1,96 @@
+"""Every scheduler briefly unavailable: the gateway holds its calls and loses none (issue 35).
+
+With client resends off (no gRPC retries, no stream re-sent by the client), the gateway alone must
+keep every call whose deadline allows a wait. Two schedulers, two workers of each model, one
+gateway, open-loop classify and long streams with generous deadlines, then two outages:
+
+  1. both schedulers frozen (SIGSTOP) for ~2 s: the calls in flight wait on them;
+  2. both killed (SIGKILL), then restarted on their ports: every call, and every stream's resume,
+     finds no scheduler to take it, and is held until one can.
+
+Every classify is answered and every stream's text is exact. During the second outage a classify
+whose deadline is shorter than the outage fails DEADLINE_EXCEEDED, not UNAVAILABLE. The gateway's
+held-call counter shows calls were held. No throughput figure or tight time bound is asserted.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import grpc
+import pytest
+
+from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
+from tests.reliability.chaos import lost_report
+from tools.testbed import session_tls
+from tools.testbed.mesh_load import BRIGHT, CLASSIFIER, LoadShape, StreamSpec
+from tools.testbed.mesh_replicas import MODELS, replicated_mesh
+
+pytestmark = pytest.mark.integration
+
+OUTAGE_S = 2.0
+# 300 tokens at 20 ms a step: ~6 s a stream, so streams run through each outage mid-way.
+STREAMS = (StreamSpec("abc", 300), StreamSpec("mesh", 300, seed=12345), StreamSpec("hello", 80),
+           StreamSpec("xyz", 80, seed=99))
+SHAPE = LoadShape(classify_per_s=30, streams_per_s=3, classify_deadline_s=20.0, stream_deadline_s=40.0,
+                  streams=STREAMS, client_resumes_streams=False, client_retries=False)
+SHORT_DEADLINE_S = 0.8
+# Admission's own refusals are set aside: a freeze inflates the latency the adaptive limit learns from
+# and the step time the latency objectives judge by, and what they refuse is admission's, not the hold's.
+GATEWAY_ARGS = ("--slo-admission", "false", "--limit-initial", "512", "--limit-min", "512")
+
+
+def _short_classify(target: str) -> grpc.RpcError | None:
+    """A classify with a deadline shorter than the outage: its error (None if it was answered)."""
+    with session_tls.channel(target) as channel:
+        stub = gateway_pb2_grpc.InferenceStub(channel)
+        request = gateway_pb2.ClassifyRequest(model=CLASSIFIER, image=BRIGHT, request_id="short")
+        try:
+            stub.Classify(request, timeout=SHORT_DEADLINE_S)
+        except grpc.RpcError as exc:
+            return exc
+    return None
+
+
+def test_calls_are_held_while_every_scheduler_is_unavailable_and_none_is_lost(tmp_path):
+    with replicated_mesh(tmp_path) as mesh:
+        mesh.add_schedulers(2)
+        for model in MODELS:
+            mesh.add_worker(model)
+            mesh.add_worker(model)
+        gateway = mesh.add_gateway(*GATEWAY_ARGS)
+        mesh.wait_spread(MODELS)
+        load = mesh.start_load(SHAPE)
+        load.wait_completed(20, "before the faults")
+
+        for scheduler in mesh.schedulers:
+            scheduler.signal(signal.SIGSTOP)
+        try:
+            time.sleep(OUTAGE_S)  # the calls in flight wait on the frozen schedulers meanwhile
+        finally:
+            for scheduler in mesh.schedulers:
+                scheduler.signal(signal.SIGCONT)
+        load.wait_completed(30, "after both schedulers were frozen")
+
+        for scheduler in mesh.schedulers:
+            scheduler.signal(signal.SIGKILL)
+        for scheduler in mesh.schedulers:
+            scheduler.proc.wait(timeout=10)
+        short = _short_classify(gateway.address)  # no scheduler runs until it has failed
+        for scheduler in list(mesh.schedulers):
+            mesh.restart(scheduler)  # on its port; SERVING before this returns
+        mesh.wait_spread(MODELS)
+        load.wait_completed(30, "after both schedulers were restarted")
+        counts = load.stop()
+
+        held = mesh.metric(gateway, "infermesh_gateway_held_calls_total", result="held")
+        redispatched = mesh.metric(gateway, "infermesh_gateway_redispatches_total", cause="held")
+        print(f"held while no scheduler could take them: {held:g}, re-dispatched from the hold: {redispatched:g}; "
+              f"short-deadline call: {None if short is None else (short.code().name, short.details())}")
+        print(lost_report(counts, num_examples=3))
+        counts.assert_nothing_lost("both schedulers frozen, then both killed and restarted", mesh.logs,
+                                   min_classify=50)
+        assert held > 0 and redispatched > 0, "calls arrived while both schedulers were down: nothing was tested"
+        assert short is not None and short.code() == grpc.StatusCode.DEADLINE_EXCEEDED, (
+            f"a call whose deadline is shorter than the outage: {short and (short.code(), short.details())}")
