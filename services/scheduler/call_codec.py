@@ -152,7 +152,7 @@ def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int, vocab_
 def _grammar(structured: common_pb2.StructuredOutput) -> str:
     kind = structured.WhichOneof("kind")
     if kind is None:
-        raise errors.InvalidArgument("sampling.structured: set one of json_schema, json_object, regex, choice")
+        raise errors.InvalidArgument("sampling.structured: set one of json_schema, json_object, regex, choice, grammar")
     if kind == "choice":
         return compile_grammar(kind, list(structured.choice.choices))
     if kind == "json_object":

@@ -23,12 +23,13 @@ MAX_CHOICES = 256
 # JSON as json.dumps writes it, with no other whitespace: with whitespace free, a model may pad with
 # spaces or newlines until max_tokens and never close the value (small models do, often).
 _JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-MAX_SPEC_BYTES = 64 * 1024  # a schema, regex or all choices together, UTF-8
+MAX_SPEC_BYTES = 64 * 1024  # a schema, regex, grammar or all choices together, UTF-8
 
 
 def compile_grammar(kind: str, spec: str | list[str]) -> str:
-    """The grammar for `kind` json_schema (spec: its JSON text), json_object, regex or choice (spec:
-    the strings); InvalidArgument naming sampling.structured and the problem."""
+    """The grammar for `kind` json_schema (spec: its JSON text), json_object, regex, grammar (Lark or
+    GBNF/EBNF text) or choice (spec: the strings); InvalidArgument naming sampling.structured and the
+    problem."""
     size = len(spec.encode()) if isinstance(spec, str) else sum(len(c.encode()) for c in spec)
     if size > MAX_SPEC_BYTES:
         raise errors.InvalidArgument(f"sampling.structured: the {kind} is {size} bytes; at most {MAX_SPEC_BYTES}")
@@ -46,6 +47,12 @@ def compile_grammar(kind: str, spec: str | list[str]) -> str:
     elif kind == "regex":
         assert isinstance(spec, str)
         grammar = llguidance.LLMatcher.grammar_from_regex(spec)
+    elif kind == "grammar":
+        assert isinstance(spec, str)
+        try:  # Lark as it is; GBNF/EBNF converted to Lark (vLLM's guided_grammar through llguidance)
+            grammar = llguidance.grammar_from("grammar", spec)
+        except ValueError as exc:
+            raise errors.InvalidArgument(f"sampling.structured: invalid grammar: {exc}") from None
     elif kind == "choice":
         if not spec or len(spec) > MAX_CHOICES or not all(spec):
             raise errors.InvalidArgument(f"sampling.structured: choice needs 1 to {MAX_CHOICES} non-empty strings")

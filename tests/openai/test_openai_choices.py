@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from infermesh.v1 import gateway_pb2
+from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.gateway.fronts import openai_choices
 
@@ -73,3 +73,71 @@ async def test_one_choice_is_its_own_stream():
     streams = FakeStreams()
     seen = [chunk.text async for _, chunk in openai_choices.merged(streams.start, _requests(1))]
     assert seen == ["r:0", "r:1", "r:2"] and streams.started == ["r"]
+
+
+def _grpc(**fields) -> gateway_pb2.GenerateRequest:
+    return gateway_pb2.GenerateRequest(request_id="r", **fields)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"n": 17}, "n must be in 0..16, got 17"),
+    ({"n": 3, "best_of": 2}, "best_of must be 0 or in n..16 (3..16), got 2"),
+    ({"best_of": 17}, "best_of must be 0 or in n..16 (1..16), got 17"),
+])
+def test_grpc_n_and_best_of_out_of_range_are_invalid_argument(fields, message):
+    with pytest.raises(errors.InvalidArgument) as caught:
+        openai_choices.grpc_choices(_grpc(**fields))
+    assert caught.value.message == message
+
+
+def test_grpc_best_of_runs_a_seeded_candidate_each_and_asks_for_logprobs_to_rank_by():
+    plan = openai_choices.grpc_choices(_grpc(n=2, best_of=3, sampling=common_pb2.SamplingParams(seed=9)))
+    assert (plan.n, plan.ranked, plan.logprobs) == (2, True, False)
+    assert [(r.request_id, r.sampling.seed, r.sampling.logprobs, r.n, r.best_of) for r in plan.requests] == [
+        ("r-0", 9, True, 0, 0), ("r-1", 10, True, 0, 0), ("r-2", 11, True, 0, 0)]
+    same = openai_choices.grpc_choices(_grpc(n=2, best_of=2))
+    assert (same.ranked, len(same.requests), same.requests[0].sampling.logprobs) == (False, 2, False)
+    assert openai_choices.grpc_choices(_grpc(best_of=1)).requests[0].request_id == "r"
+
+
+def _candidate(index: int, logprobs: list[float], *, chunks: int = 2) -> list[tuple[int, gateway_pb2.GenerateResponse]]:
+    """A candidate's chunks: its logprobs split over `chunks` chunks, the last with usage."""
+    per = -(-len(logprobs) // chunks)
+    out = []
+    for start in range(0, len(logprobs), per):
+        part = logprobs[start:start + per]
+        chunk = gateway_pb2.GenerateResponse(request_id=f"r-{index}", text=f"{index}@{start}", index=start,
+                                             logprobs=[common_pb2.PositionLogprobs(
+                                                 token=common_pb2.TokenLogprob(logprob=v)) for v in part])
+        out.append((index, chunk))
+    out[-1][1].finish_reason = common_pb2.FINISH_REASON_LENGTH
+    out[-1][1].usage.completion_tokens = len(logprobs)
+    return out
+
+
+async def _ranked(plan, items) -> list[tuple[int, gateway_pb2.GenerateResponse]]:
+    async def choices():
+        for item in items:
+            yield item
+
+    return [item async for item in openai_choices.ranked(choices(), plan)]
+
+
+async def test_grpc_best_of_returns_the_best_mean_logprob_candidates_whole_best_first():
+    plan = openai_choices.GrpcChoices([_grpc()] * 3, 2, False)
+    # Interleaved, as merged yields them: candidate 2 is best (-0.5 a token), then 0 (-1), then 1 (-2, shorter).
+    c0, c1, c2 = _candidate(0, [-1, -1, -1, -1]), _candidate(1, [-2, -2]), _candidate(2, [-0.25, -0.75, -0.5, -0.5])
+    c0[0][1].prompt_logprobs.add().token.logprob = -4.0  # the first candidate's first chunk brought them
+    seen = await _ranked(plan, [c0[0], c1[0], c2[0], c2[1], c0[1], c1[1]])
+    assert [(rank, chunk.text) for rank, chunk in seen] == [(0, "2@0"), (0, "2@2"), (1, "0@0"), (1, "0@2")]
+    assert all(not chunk.logprobs for _, chunk in seen), "ranked by them, not asked for: not returned"
+    assert [chunk.unreturned_completion_tokens for _, chunk in seen] == [0, 0, 0, 2]
+    assert [[p.token.logprob for p in chunk.prompt_logprobs] for _, chunk in seen] == [[-4.0], [], [], []]
+
+
+async def test_grpc_best_of_returns_the_logprobs_when_asked_and_refuses_a_candidate_cut_short():
+    plan = openai_choices.GrpcChoices([_grpc()] * 2, 1, True)
+    seen = await _ranked(plan, [*_candidate(0, [-3.0]), *_candidate(1, [-1.0])])
+    assert [(rank, [p.token.logprob for p in chunk.logprobs]) for rank, chunk in seen] == [(0, [-1.0])]
+    with pytest.raises(errors.Internal):
+        await _ranked(plan, [*_candidate(0, [-3.0]), _candidate(1, [-1.0, -1.0])[0]])

@@ -270,6 +270,7 @@ def test_best_of_ranks_by_mean_logprob_per_token_ties_to_the_lower_index():
     ({"guided_json": '{"type": "integer"}'}, "json_schema", '{"type": "integer"}'),
     ({"guided_regex": "[a-z]+"}, "regex", "[a-z]+"),
     ({"guided_choice": ["a", "b"]}, "choice", ["a", "b"]),
+    ({"guided_grammar": 'root ::= "yes" | "no"'}, "grammar", 'root ::= "yes" | "no"'),
 ])
 def test_structured_output_becomes_sampling_structured(body, kind, value):
     parsed = openai_codec.parse_completion({"model": "m", "prompt": "a", **body})
@@ -295,7 +296,10 @@ def test_text_response_format_is_free_text_and_the_schedulers_refusal_names_the_
     ({"guided_json": "[1, 2]"}, "guided_json"),
     ({"guided_regex": ""}, "guided_regex"),
     ({"guided_choice": ["a", ""]}, "guided_choice"),
+    ({"guided_grammar": " \n"}, "guided_grammar"),
+    ({"guided_grammar": {"root": "a"}}, "guided_grammar"),
     ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
+    ({"guided_regex": "a", "guided_grammar": "start: \"a\""}, "guided_grammar"),
 ])
 def test_bad_structured_output_is_refused_naming_the_parameter(body, param):
     with pytest.raises(openai_codec.BadParameter) as caught:

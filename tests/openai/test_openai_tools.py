@@ -242,6 +242,22 @@ def test_auto_text_without_a_call_is_ordinary_content(parser, pieces):
     assert splitter.finish_reason("stop") == "stop"
 
 
+@pytest.mark.parametrize("parser", [HERMES, LLAMA3_JSON])
+def test_auto_without_parallel_calls_keeps_only_the_first_call_as_vllm_does(parser):
+    text = {HERMES: 'Both. <tool_call>{"name": "clock", "arguments": {}}</tool_call>\n'
+                    '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>',
+            LLAMA3_JSON: '{"name": "clock", "parameters": {}}; {"name": "weather", "parameters": {"city": "Oslo"}}'}
+    parsed = chat(tools=TOOLS, parallel_tool_calls=False).tools
+    assert parsed == ChatTools(AUTO, parallel=False)
+    splitter = ToolCallSplitter(parsed, ids())
+    content, deltas = stream(splitter, [text[parser][:9], text[parser][9:]], parser)
+    assert accumulated(deltas) == splitter.calls == [
+        {"id": "call_0", "type": "function", "function": {"name": "clock", "arguments": "{}"}}]
+    assert content == ("Both. " if parser == HERMES else "") and splitter.finish_reason("stop") == "tool_calls"
+    both = ToolCallSplitter(chat(tools=TOOLS, parallel_tool_calls=True).tools, ids())
+    assert len(stream(both, [text[parser]], parser)[1]) == 2
+
+
 def test_none_renders_tools_but_parses_no_calls():
     splitter = ToolCallSplitter(ChatTools(NONE), ids())
     text = '<tool_call>{"name": "clock", "arguments": {}}</tool_call>'
@@ -269,6 +285,16 @@ def test_grpc_tool_choice_is_checked_and_applied_as_openais(tool_choice, expecte
     required = grpc_request("required")
     assert grpc_tool_choice(required) == ChatTools(REQUIRED)
     assert "maxItems" not in json.loads(required.sampling.structured.json_schema)  # parallel calls allowed
+
+
+@pytest.mark.parametrize("tool_choice", ["", "required"])
+def test_grpc_parallel_tool_calls_false_allows_one_call_as_openais(tool_choice):
+    request = grpc_request(tool_choice, parallel_tool_calls=False)
+    chosen = grpc_tool_choice(request)
+    assert chosen is not None and not chosen.parallel
+    if tool_choice == "required":
+        assert json.loads(request.sampling.structured.json_schema)["maxItems"] == 1
+    assert grpc_tool_choice(grpc_request(tool_choice, parallel_tool_calls=True)).parallel
 
 
 @pytest.mark.parametrize(("request_", "message"), [

@@ -1,5 +1,5 @@
 """n > 1 and best_of: one GenerateRequest per choice, their chunks merged into one stream, for
-the OpenAI front (n, best_of) and the gRPC Generate (GenerateRequest.n) alike.
+the OpenAI front (n, best_of) and the gRPC Generate (GenerateRequest.n, best_of) alike.
 
 The first choice runs alone until its first chunk: by then its prompt's full KV blocks are in the
 scheduler's prefix cache, so the other choices, sent after it, reuse them instead of computing the
@@ -36,7 +36,7 @@ def choice_requests(request: gateway_pb2.GenerateRequest, num_choices: int) -> l
         choice = gateway_pb2.GenerateRequest()
         choice.CopyFrom(request)
         choice.request_id = f"{request.request_id}-{i}"
-        choice.n = 0  # each is one sequence upstream
+        choice.n = choice.best_of = 0  # each is one sequence upstream
         if request.sampling.HasField("seed"):
             choice.sampling.seed = (request.sampling.seed + i) % SEED_MODULUS
         if i:
@@ -47,14 +47,58 @@ def choice_requests(request: gateway_pb2.GenerateRequest, num_choices: int) -> l
     return requests
 
 
-def grpc_choices(request: gateway_pb2.GenerateRequest) -> list[gateway_pb2.GenerateRequest]:
-    """GenerateRequest.n checked (InvalidArgument) and expanded: one request per choice."""
+@dataclass(frozen=True)
+class GrpcChoices:
+    """GenerateRequest.n and best_of, checked: a request per candidate, and how many to return."""
+
+    requests: list[gateway_pb2.GenerateRequest]
+    n: int  # choices returned: every candidate, or the n best when there are more
+    logprobs: bool  # whether the caller asked for logprobs (best_of asks the workers, to rank by)
+
+    @property
+    def ranked(self) -> bool:
+        return len(self.requests) > self.n
+
+
+def grpc_choices(request: gateway_pb2.GenerateRequest) -> GrpcChoices:
+    """GenerateRequest.n and best_of checked (InvalidArgument) and expanded: one request per candidate."""
     if request.n > MAX_CHOICES:
         raise errors.InvalidArgument(f"n must be in 0..{MAX_CHOICES}, got {request.n}")
-    if request.n <= 1:
-        return [request]
+    n = max(request.n, 1)
+    best_of = request.best_of or n
+    if not n <= best_of <= MAX_CHOICES:
+        raise errors.InvalidArgument(f"best_of must be 0 or in n..{MAX_CHOICES} ({n}..{MAX_CHOICES}), "
+                                     f"got {request.best_of}")
+    logprobs = request.sampling.logprobs
+    if best_of > n:
+        request.sampling.logprobs = True  # the ranking's input
+    if best_of == 1:
+        return GrpcChoices([request], 1, logprobs)
     request.request_id = request.request_id or uuid.uuid4().hex
-    return choice_requests(request, request.n)
+    return GrpcChoices(choice_requests(request, best_of), n, logprobs)
+
+
+async def ranked(choices: AsyncIterator[tuple[int, gateway_pb2.GenerateResponse]], plan: GrpcChoices
+                 ) -> AsyncGenerator[tuple[int, gateway_pb2.GenerateResponse], None]:
+    """best_of > n on gRPC: every candidate gathered to its end, then the n best's chunks as (rank,
+    chunk), best first; the first chunk carries the prompt's logprobs (if asked), the last counts the
+    unreturned candidates' tokens."""
+    results = [ChoiceResult() for _ in plan.requests]
+    async for index, chunk in choices:
+        results[index].add(chunk)
+    if not all(result.finished for result in results):
+        raise errors.Internal("a candidate's stream ended without its last chunk")
+    returned = best(results, plan.n)
+    out = [(rank, chunk) for rank, result in enumerate(returned) for chunk in result.chunks]
+    prompt = list(results[0].chunks[0].prompt_logprobs)  # only the first candidate asked for the prompt's
+    for _, chunk in out:
+        del chunk.prompt_logprobs[:]
+        if not plan.logprobs:
+            del chunk.logprobs[:]
+    out[0][1].prompt_logprobs.extend(prompt)  # on the stream's first chunk, whichever candidate it is
+    out[-1][1].unreturned_completion_tokens = _completion_tokens(results) - _completion_tokens(returned)
+    for item in out:
+        yield item
 
 
 async def merged(start: Start, requests: Sequence[gateway_pb2.GenerateRequest]
@@ -117,10 +161,12 @@ class ChoiceResult:
     tool_call_parser: str = ""  # the format the first chunk named (a request offering tools)
     # The prompt's, from the first chunk (the first choice's only: sampling.prompt_logprobs).
     prompt_logprobs: list[common_pb2.PositionLogprobs] = field(default_factory=list)
+    chunks: list[gateway_pb2.GenerateResponse] = field(default_factory=list)
 
     def add(self, chunk: gateway_pb2.GenerateResponse) -> None:
         if self.last is None:
             self.tool_call_parser = chunk.tool_call_parser
+        self.chunks.append(chunk)
         self.texts.append(chunk.text)
         self.logprobs.extend(chunk.logprobs)
         self.prompt_logprobs.extend(chunk.prompt_logprobs)
@@ -139,6 +185,10 @@ class ChoiceResult:
         token"); a choice with no token ranks last."""
         values = [p.token.logprob for p in self.logprobs]
         return sum(values) / len(values) if values else float("-inf")
+
+
+def _completion_tokens(results: Sequence[ChoiceResult]) -> int:
+    return sum(r.last.usage.completion_tokens for r in results if r.last is not None)
 
 
 def best(results: Sequence[ChoiceResult], n: int) -> list[ChoiceResult]:

@@ -45,12 +45,12 @@ MAX_BIAS = 100.0
 MAX_LOGIT_BIAS = 1024
 
 
-_GUIDED = ("guided_json", "guided_regex", "guided_choice")
+_GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 
 def structured(body: dict, sampling: common_pb2.SamplingParams) -> str | None:
-    """response_format (OpenAI's) or vLLM's guided_json / guided_regex / guided_choice, at most one,
-    as sampling.structured; the parameter that set it (it names the scheduler's refusal of a schema)."""
+    """response_format (OpenAI's) or vLLM's guided_json / guided_regex / guided_choice / guided_grammar,
+    at most one, as sampling.structured; the parameter that set it (it names the scheduler's refusal of a schema)."""
     response_format = body.get("response_format")
     if response_format == {"type": "text"}:
         response_format = None
@@ -78,6 +78,11 @@ def structured(body: dict, sampling: common_pb2.SamplingParams) -> str | None:
         if not isinstance(body[param], str) or not body[param]:
             raise BadParameter(param, f"guided_regex must be a non-empty string, got {shown(body[param])}")
         target.regex = body[param]
+    elif param == "guided_grammar":  # whether it parses is the scheduler's to say (it compiles it)
+        if not isinstance(body[param], str) or not body[param].strip():
+            raise BadParameter(param, "guided_grammar must be a non-empty string (a Lark or GBNF/EBNF grammar), "
+                                      f"got {shown(body[param])}")
+        target.grammar = body[param]
     else:
         choices = body[param]
         if (not isinstance(choices, list) or not choices or len(choices) > MAX_GUIDED_CHOICES

@@ -37,8 +37,8 @@ def parse_tools(body: dict, generate: gateway_pb2.GenerateRequest) -> ChatTools 
                                                             "is offered twice")
         schemas[spec.name] = json.loads(spec.parameters) if spec.parameters else EMPTY_PARAMETERS
         generate.tools.append(spec)
-    chosen = choose(choice, schemas)
-    constrain(generate, chosen, schemas, parallel is not False, shown(choice))
+    chosen = choose(choice, schemas, parallel is not False)
+    constrain(generate, chosen, schemas, shown(choice))
     return chosen
 
 

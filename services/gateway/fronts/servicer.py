@@ -15,7 +15,7 @@ from services.gateway.calls.classify_core import ClassifyCore
 from services.gateway.calls.generate_core import GenerateCore
 from services.gateway.calls.model_list import ModelList
 from services.gateway.fronts.caller import grpc_caller, grpc_credentials
-from services.gateway.fronts.openai_choices import grpc_choices, merged
+from services.gateway.fronts.openai_choices import grpc_choices, merged, ranked
 from services.gateway.fronts.tool_calls import GrpcToolCalls, grpc_tool_choice
 from services.gateway.tenants.credentials import Authorization
 
@@ -26,9 +26,9 @@ _LIST_MODELS_TIMEOUT_S = 5.0
 class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
     def __init__(self, generate: GenerateCore, classify: ClassifyCore, models: ModelList,
                  authenticate: Callable[[Authorization], object] = lambda _: None) -> None:
-        """authenticate: the tenants' own check (Unauthenticated), asked only of a Generate whose n or
-        tool_choice is refused before admission, so a caller without a valid key learns nothing about
-        what the gateway would accept (as the OpenAI front does)."""
+        """authenticate: the tenants' own check (Unauthenticated), asked only of a Generate whose n,
+        best_of or tool_choice is refused before admission, so a caller without a valid key learns
+        nothing about what the gateway would accept (as the OpenAI front does)."""
         self._generate = generate
         self._classify = classify
         self._models = models
@@ -43,18 +43,18 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
         caller = grpc_caller(context)
         try:
             tools = grpc_tool_choice(request)
-            requests = grpc_choices(request)
+            plan = grpc_choices(request)
         except errors.InvalidArgument as err:
             self._authenticate(grpc_credentials(context))  # Unauthenticated first, if it is
             raise err from None
-        if len(requests) == 1 and tools is None:
+        if len(plan.requests) == 1 and tools is None:
             async for chunk in self._generate.generate(request, caller):
                 yield chunk
             return
-        calls = [GrpcToolCalls(tools) for _ in requests] if tools is not None else None
-        choices = merged(lambda r: self._generate.generate(r, caller), requests)
-        async with aclosing(choices):
-            async for index, chunk in choices:
+        calls = [GrpcToolCalls(tools) for _ in plan.requests] if tools is not None else None
+        choices = merged(lambda r: self._generate.generate(r, caller), plan.requests)
+        async with aclosing(choices), aclosing(ranked(choices, plan) if plan.ranked else choices) as returned:
+            async for index, chunk in returned:
                 chunk.choice_index = index
                 if calls is not None:
                     calls[index].add(chunk)

@@ -9,7 +9,9 @@ How a call is made depends on the choice:
   arguments as it comes. Required: a JSON array of {"name", "parameters"}, one item per call
   (exactly one with parallel_tool_calls false), read when the output ends.
 - `auto`: the model writes calls in its own format, which the scheduler names on the first chunk
-  (tool_call_parsers.py reads each); text that is not a call is ordinary content.
+  (tool_call_parsers.py reads each); text that is not a call is ordinary content. With
+  parallel_tool_calls false only the first call is kept (vLLM drops the others too; generation is
+  not stopped at the first call's end).
 - `none`: the tools are rendered for the model, and its output is content.
 """
 
@@ -36,6 +38,9 @@ class ChatTools:
 
     mode: str
     name: str = ""  # NAMED: the function to call
+    # parallel_tool_calls: false allows one call (required: the schema's array holds one; auto: the
+    # first call parsed is kept, the rest dropped, as vLLM does).
+    parallel: bool = True
 
     @property
     def constrained(self) -> bool:
@@ -43,9 +48,9 @@ class ChatTools:
 
 
 def grpc_tool_choice(request: gateway_pb2.GenerateRequest) -> ChatTools | None:
-    """GenerateRequest.tool_choice ("", auto, none, required or a tool's name) checked against its
-    tools (InvalidArgument) and applied as parse_tools applies OpenAI's (parallel calls allowed);
-    None when the request offers no tools."""
+    """GenerateRequest.tool_choice ("", auto, none, required or a tool's name) and
+    parallel_tool_calls checked against its tools (InvalidArgument) and applied as parse_tools
+    applies OpenAI's; None when the request offers no tools."""
     check_input(request.prompt, request.messages, request.tools)  # the tools' schemas parse
     choice = request.tool_choice
     if not request.tools:
@@ -55,12 +60,13 @@ def grpc_tool_choice(request: gateway_pb2.GenerateRequest) -> ChatTools | None:
     schemas = {t.name: json.loads(t.parameters) if t.parameters else EMPTY_PARAMETERS for t in request.tools}
     as_openai = (choice or None) if choice in ("", AUTO, NONE, REQUIRED) else {"type": "function",
                                                                              "function": {"name": choice}}
-    chosen = choose(as_openai, schemas)
-    constrain(request, chosen, schemas, True, shown(choice))
+    parallel = not request.HasField("parallel_tool_calls") or request.parallel_tool_calls
+    chosen = choose(as_openai, schemas, parallel)
+    constrain(request, chosen, schemas, shown(choice))
     return chosen
 
 
-def constrain(generate: gateway_pb2.GenerateRequest, chosen: ChatTools, schemas: dict[str, dict], parallel: bool,
+def constrain(generate: gateway_pb2.GenerateRequest, chosen: ChatTools, schemas: dict[str, dict],
               shown_choice: str) -> None:
     """required / named: the output held to the calls' JSON schema (sampling.structured)."""
     if not chosen.constrained:
@@ -68,16 +74,16 @@ def constrain(generate: gateway_pb2.GenerateRequest, chosen: ChatTools, schemas:
     if generate.sampling.HasField("structured"):
         raise BadParameter("tool_choice", f"tool_choice {shown_choice} constrains the output itself; "
                                           "it cannot be combined with response_format or guided_*")
-    schema = schemas[chosen.name] if chosen.mode == NAMED else _calls_schema(schemas, parallel)
+    schema = schemas[chosen.name] if chosen.mode == NAMED else _calls_schema(schemas, chosen.parallel)
     generate.sampling.structured.json_schema = json.dumps(schema)
 
 
-def choose(choice: Any, schemas: dict[str, dict]) -> ChatTools:
+def choose(choice: Any, schemas: dict[str, dict], parallel: bool = True) -> ChatTools:
     """OpenAI's tool_choice (None: auto) checked against the tools offered (their schemas by name)."""
     if choice is None:
-        return ChatTools(AUTO)
+        return ChatTools(AUTO, parallel=parallel)
     if choice in (AUTO, NONE, REQUIRED):
-        return ChatTools(choice)
+        return ChatTools(choice, parallel=parallel)
     function = choice.get("function") if isinstance(choice, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
@@ -87,7 +93,7 @@ def choose(choice: Any, schemas: dict[str, dict]) -> ChatTools:
     if name not in schemas:
         raise BadParameter("tool_choice", f"tool_choice names {name!r}, which is not among the tools "
                                           f"({', '.join(schemas)})")
-    return ChatTools(NAMED, name)
+    return ChatTools(NAMED, name, parallel)
 
 
 def _calls_schema(schemas: dict[str, dict], parallel: bool) -> dict:
@@ -138,7 +144,8 @@ class ToolCallSplitter:
         if not parsed.calls:
             return self._content(len(self._text)), []
         content = self._content(max(self._sent, len(parsed.content)))
-        return content, self._add_calls(parsed.calls)
+        assert self._tools is not None
+        return content, self._add_calls(parsed.calls if self._tools.parallel else parsed.calls[:1])
 
     def finish_reason(self, reason: str | None) -> str | None:
         """"tool_calls" for a reply that called and ended as the model chose (not cut by max_tokens)."""

@@ -10,7 +10,8 @@ Contract (docs/clients.md), shaped like Triton's vLLM backend so its clients nee
           (fronts/openai_params.py): logprobs (bool), top_logprobs (int), presence_penalty,
           frequency_penalty, repetition_penalty (numbers), and as JSON text (a string parameter;
           REST may send the JSON value itself) logit_bias ({"<token id>": bias}), response_format,
-          guided_json (a schema), guided_choice (a list of strings); guided_regex (a string)
+          guided_json (a schema), guided_choice (a list of strings); guided_regex and
+          guided_grammar (strings)
   output  text_output  BYTES [1] per response: the chunk's text
           with logprobs: logprobs FP32 [k], the log-probability of each of the chunk's k tokens, and
           with top_logprobs > 0: top_logprobs BYTES [k], per token a JSON list of the most likely
@@ -58,7 +59,7 @@ class StreamRequest:
 # The OpenAI front's sampling options, read by its code (openai_params); these hold JSON text.
 JSON_PARAMETERS = ("logit_bias", "response_format", "guided_json", "guided_choice")
 _OPENAI_PARAMETERS = ("logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty",
-                      "guided_regex", *JSON_PARAMETERS)
+                      "guided_regex", "guided_grammar", *JSON_PARAMETERS)
 TOP_LOGPROBS = "top_logprobs"
 LOGPROBS = "logprobs"
 

@@ -35,6 +35,7 @@ def test_logprobs_penalties_and_logit_bias_are_read_as_the_openai_front_reads_th
 
 @pytest.mark.parametrize("parameters, expected", [
     ({"guided_regex": "[0-9]{3}"}, common_pb2.StructuredOutput(regex="[0-9]{3}")),
+    ({"guided_grammar": 'root ::= "a"+'}, common_pb2.StructuredOutput(grammar='root ::= "a"+')),
     ({"guided_choice": '["yes", "no"]'},
      common_pb2.StructuredOutput(choice=common_pb2.ChoiceList(choices=["yes", "no"]))),
     ({"guided_json": '{"type": "object"}'}, common_pb2.StructuredOutput(json_schema='{"type": "object"}')),

@@ -106,7 +106,13 @@ def test_a_structured_output_is_compiled_once_and_travels_with_every_step(clock)
     (common_pb2.StructuredOutput(regex="(a"), "sampling.structured: invalid regex"),
     (common_pb2.StructuredOutput(choice=common_pb2.ChoiceList(choices=["a", ""])),
      "sampling.structured: choice needs 1 to 256 non-empty strings"),
-    (common_pb2.StructuredOutput(), "sampling.structured: set one of json_schema, json_object, regex, choice"),
+    (common_pb2.StructuredOutput(grammar="start: rule"),
+     'sampling.structured: invalid grammar: .*unknown name: "rule"'),
+    (common_pb2.StructuredOutput(grammar='root ::= ( "a" '),
+     "sampling.structured: invalid grammar: Failed to convert the grammar from GBNF to Lark: Expected"),
+    (common_pb2.StructuredOutput(grammar=""), "sampling.structured: invalid grammar: .*No 'root' rule found"),
+    (common_pb2.StructuredOutput(),
+     "sampling.structured: set one of json_schema, json_object, regex, choice, grammar"),
 ])
 def test_a_bad_structured_output_is_invalid_argument_naming_the_problem(structured, message) -> None:
     with pytest.raises(errors.InvalidArgument, match=message.replace("(", r"\(")):

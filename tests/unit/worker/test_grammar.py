@@ -33,6 +33,17 @@ def test_a_choice_grammar_allows_its_strings_then_only_the_end():
     assert set(guide.allowed(list(b"yes")).nonzero()[0]) == {EOS}
 
 
+@pytest.mark.parametrize("grammar", [
+    'root ::= answer " " digit\nanswer ::= "yes" | "no"\ndigit ::= [0-9]',  # GBNF / EBNF, as xgrammar reads it
+    'start: answer " " DIGIT\nanswer: "yes" | "no"\nDIGIT: /[0-9]/',  # Lark, as llguidance reads it
+])
+def test_a_grammar_in_either_form_allows_its_language_then_only_the_end(grammar):
+    guide = Guide(BYTES, compile_grammar("grammar", grammar))
+    assert set(guide.allowed([]).nonzero()[0]) == {ord("y"), ord("n")}
+    assert set(guide.allowed(list(b"no ")).nonzero()[0]) == set(b"0123456789")
+    assert set(guide.allowed(list(b"no 7")).nonzero()[0]) == {EOS}
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_sampled_outputs_match_the_regex_and_repeat_after_preemption(tinylm: LoadedModel, seed: int):
     params = SamplingParams(temperature=1.0, seed=seed, grammar=compile_grammar("regex", "[a-z]{3}-[0-9]{2}"))
