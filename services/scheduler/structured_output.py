@@ -1,6 +1,6 @@
 """SamplingParams.structured -> the llguidance grammar the worker constrains sampling with.
 
-Compiled and checked once, at admission (an invalid schema or regex is the caller's error, named
+Compiled and checked once, at admission (an invalid schema, regex or grammar is the caller's error, named
 here, not a failure mid-stream); the worker gets the compiled grammar with each step of the
 sequence (SequenceStep.grammar). llguidance over xgrammar: it installs from PyPI as one small
 wheel with no dependencies (no torch, no compiler), builds its tokenizer from tokenizer.json or a

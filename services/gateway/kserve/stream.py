@@ -221,7 +221,7 @@ def _finite(logprob: float) -> float | None:
 
 
 def named_refusal(request: StreamRequest, err: InvalidArgument) -> InvalidArgument:
-    """The scheduler's refusal of a structured output (it compiles the schema or regex) names the
+    """The scheduler's refusal of a structured output (it compiles the schema, regex or grammar) names the
     parameter that asked for it, as the OpenAI front's 400 does."""
     if request.structured_param is not None and err.message.startswith("sampling.structured"):
         return BadParameter(request.structured_param, f"parameter '{request.structured_param}': {err.message}")
