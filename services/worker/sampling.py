@@ -94,7 +94,9 @@ def sample(logits: np.ndarray, params: SamplingParams, *, seed: int, index: int)
     Greedy (temperature 0) returns the argmax and its log-probability under
     softmax(logits). Otherwise the distribution is softmax(logits / temperature)
     cut to the smallest top-probability set whose mass reaches top_p and
-    renormalized; `Sample.logprob` is under that distribution. The logprobs a request asks
+    renormalized; `Sample.logprob` is under that distribution. The token is the inverse CDF of
+    `uniform_draw(seed, index)` over the kept tokens in id order: no index is sorted, and with top_p 1
+    no value either. The logprobs a request asks
     for (`params.logprobs`) are those of log_softmax(logits / temperature), temperature 0 read
     as 1, before the cut: the same logits the draw uses, as OpenAI and vLLM report them.
     """
@@ -104,31 +106,61 @@ def sample(logits: np.ndarray, params: SamplingParams, *, seed: int, index: int)
         log_probs = logits - _logsumexp(logits)
         return Sample(token, float(log_probs[token]), _reported(log_probs, token, params))
     scaled = logits / params.temperature
-    probs = np.exp(scaled - scaled.max())
-    probs /= probs.sum()
-    order = np.argsort(-probs, kind="stable")
-    sorted_probs = probs[order]
+    peak = scaled.max()
+    probs = np.exp(scaled - peak)
     top_p = params.top_p or 1.0
-    cumulative = np.cumsum(sorted_probs)
-    num_kept = min(len(order), int(np.searchsorted(cumulative, top_p * cumulative[-1])) + 1)
-    kept = sorted_probs[:num_kept] / cumulative[num_kept - 1]
-    choice = int(np.searchsorted(np.cumsum(kept), uniform_draw(seed, index), side="right"))
-    choice = min(choice, num_kept - 1)  # guards the draw against rounding at the top of the cumulative sum
-    token = int(order[choice])
+    kept = probs if top_p >= 1.0 else np.where(_nucleus(probs, top_p), probs, 0.0)
+    cumulative = np.cumsum(kept)
+    token = _inverse_cdf(cumulative, uniform_draw(seed, index))
     reported = None
     if params.logprobs:
-        reported = _reported(scaled - _logsumexp(scaled), token, params, order)
-    return Sample(token, float(math.log(kept[choice])), reported)
+        reported = _reported(scaled - (peak + math.log(probs.sum())), token, params)
+    return Sample(token, float(math.log(kept[token] / cumulative[-1])), reported)
 
 
-def _reported(log_probs: np.ndarray, token: int, params: SamplingParams,
-              order: np.ndarray | None = None) -> PositionLogprobs | None:
-    """The sampled token's logprob and the top_logprobs largest; `order`: indices by descending
-    probability, ties by lower id, when the caller has them."""
+def _inverse_cdf(cumulative: np.ndarray, draw: float) -> int:
+    """The index whose interval of `cumulative` (unnormalized) holds `draw` in [0, 1) of its total.
+
+    An entry of probability 0 has an empty interval, so it is never chosen; past the top (rounding
+    in draw * total) the last entry of positive probability is."""
+    choice = int(np.searchsorted(cumulative, draw * cumulative[-1], side="right"))
+    if choice < len(cumulative):
+        return choice
+    return int(np.searchsorted(cumulative, cumulative[-1], side="left"))
+
+
+# How many of the most likely tokens a top_p cut is first assumed to keep: a peaked distribution's
+# cut is found from a partition (O(vocab)) and a sort of this many; a flat one's sorts every value.
+_NUCLEUS_GUESS = 64
+
+
+def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """bool[vocab]: the smallest set of most likely tokens whose mass reaches top_p of the whole, ties
+    at its edge broken by lower id (the prefix of the vocabulary stably sorted by descending probability).
+
+    Only the probabilities' values are sorted, never their indices: the cut's value `edge` and how many
+    of its ties are kept decide the set."""
+    target = top_p * probs.sum()
+    guess = min(_NUCLEUS_GUESS, len(probs))
+    values = np.sort(np.partition(probs, len(probs) - guess)[len(probs) - guess:])[::-1]
+    num_kept = int(np.searchsorted(np.cumsum(values), target)) + 1
+    if num_kept > guess:
+        values = np.sort(probs)[::-1]
+        num_kept = min(int(np.searchsorted(np.cumsum(values), target)) + 1, len(values))
+    edge = values[num_kept - 1]
+    kept = probs > edge
+    ties = np.flatnonzero(probs == edge)
+    kept[ties[: num_kept - int(kept.sum())]] = True
+    return kept
+
+
+def _reported(log_probs: np.ndarray, token: int, params: SamplingParams) -> PositionLogprobs | None:
+    """The sampled token's logprob and the top_logprobs largest (ties: lower id first)."""
     if not params.logprobs:
         return None
     k = min(params.top_logprobs, len(log_probs))
-    if order is None and k:
+    order: np.ndarray | None = None
+    if k:
         # argpartition: O(vocab) for the k largest, then only those k sorted (ties: lower id first).
         candidates = np.argpartition(-log_probs, k - 1)[:k]
         order = candidates[np.lexsort((candidates, -log_probs[candidates]))]

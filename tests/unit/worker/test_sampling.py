@@ -45,6 +45,48 @@ def test_top_p_keeps_the_smallest_set_reaching_the_mass_and_renormalizes() -> No
     assert only_top == {1}
 
 
+def _reference_nucleus(probs: np.ndarray, top_p: float) -> set[int]:
+    """The smallest prefix of the vocabulary stably sorted by descending probability reaching top_p."""
+    order = np.argsort(-probs, kind="stable")
+    cumulative = np.cumsum(probs[order])
+    return set(order[: int(np.searchsorted(cumulative, top_p * cumulative[-1])) + 1].tolist())
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_top_p_keeps_what_a_stable_sort_of_the_vocabulary_keeps(case: int) -> None:
+    rng = np.random.default_rng(case)
+    # Rounded logits make ties, some at the cut's edge; a wide spread makes cuts past the first guess.
+    logits = np.round(rng.normal(size=500) * (0.3 if case % 2 else 4.0), 1)
+    top_p = float(rng.uniform(0.05, 0.95))
+    probs = np.exp(logits - logits.max())
+    expected = _reference_nucleus(probs / probs.sum(), top_p)
+    mass = probs[sorted(expected)].sum() / probs.sum()
+    params = SamplingParams(temperature=1.0, top_p=top_p)
+    for index in range(300):
+        drawn = sample(logits, params, seed=case, index=index)
+        assert drawn.token_id in expected
+        assert drawn.logprob == pytest.approx(math.log(probs[drawn.token_id] / probs.sum() / mass), rel=1e-9)
+
+
+def test_ties_at_the_edge_of_top_p_keep_the_lower_ids() -> None:
+    logits = np.log(np.array([0.1, 0.3, 0.2, 0.3, 0.1]))  # stably by probability: 1, 3, 2, 0, 4
+
+    def drawn(top_p: float) -> set[int]:
+        return {sample_token(logits, SamplingParams(temperature=1.0, top_p=top_p), seed=2, index=i)[0]
+                for i in range(300)}
+
+    assert drawn(0.25) == {1}  # of the two 0.3s, the lower id
+    assert drawn(0.85) == {1, 3, 2, 0}  # of the two 0.1s, the lower id
+
+
+def test_masked_tokens_are_never_drawn() -> None:
+    logits = np.full(64, -np.inf)
+    logits[[3, 10]] = [0.0, 0.5]
+    for top_p in (1.0, 0.9):
+        params = SamplingParams(temperature=1.0, top_p=top_p)
+        assert {sample_token(logits, params, seed=1, index=i)[0] for i in range(300)} == {3, 10}
+
+
 def test_low_temperature_concentrates_on_the_argmax() -> None:
     params = SamplingParams(temperature=0.05)
     assert {sample_token(LOGITS, params, seed=5, index=i)[0] for i in range(200)} == {1}
