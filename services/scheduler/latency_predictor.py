@@ -18,7 +18,7 @@ ones read as "one step alone takes 474 ms". So the fit learns robustly: a step m
 `OUTLIER_RATIO` times its prediction is learned as that many times it (clipped: a freeze moves the
 fit a little and is forgotten; a batch the fit has not seen, such as the first long prefill, is
 still learned, the limit growing with each), and `SHIFT_STEPS` steps in a row off the prediction
-by more than `SHIFT_TOLERANCE` the same way are a worker whose speed changed: the fit keeps
+by more than `SHIFT_TOLERANCE` the same way (the steps of one command counting once) are a worker whose speed changed: the fit keeps
 `SHIFT_KEEP` of its history and learns them as measured, so a sustained slowdown is learned in
 tens of steps, not hundreds.
 
@@ -89,14 +89,19 @@ class StepTimeModel:
         # Steps in a row measured off the prediction the same way (+1 slower, -1 faster), and how many.
         self._shift_sign = 0
         self._num_shifted = 0
+        # The last time measured, to tell the steps of one command apart (observe's `shared`).
+        self._last_measured_s = -1.0
 
-    def observe(self, num_seqs: int, num_tokens: int, step_time_s: float) -> float | None:
-        """One step the worker ran: how many sequences, tokens computed, and what it took. Returns the
-        time learned (the measured one, or clipped as an outlier); None: nothing learned."""
+    def observe(self, num_seqs: int, num_tokens: int, step_time_s: float, *, shared: bool = False) -> float | None:
+        """One step the worker ran: how many sequences, tokens computed, and what it took. `shared`: the
+        time is the step's even share of a command of several steps (their results came back together,
+        step_pacing.py): the command's steps count once toward a shift, or one frozen command of 8 steps
+        would read as a worker that got slower. Returns the time learned (the measured one, or clipped as
+        an outlier); None: nothing learned."""
         if num_seqs <= 0 or num_tokens <= 0 or not math.isfinite(step_time_s) or step_time_s < 0:
             return None  # an empty step or a bad timing teaches nothing
         if self.num_observed > 0:  # before the first step the prediction is the configured guess
-            step_time_s = self._robust(self._cost.step_time_s(num_seqs, num_tokens), step_time_s)
+            step_time_s = self._robust(self._cost.step_time_s(num_seqs, num_tokens), step_time_s, shared)
         x = (1.0, float(num_seqs), float(num_tokens))
         for i in range(3):
             self._xy[i] = self._decay * self._xy[i] + x[i] * step_time_s
@@ -106,7 +111,7 @@ class StepTimeModel:
         self._cost = self._fit()
         return step_time_s
 
-    def _robust(self, predicted_s: float, measured_s: float) -> float:
+    def _robust(self, predicted_s: float, measured_s: float, shared: bool) -> float:
         """What a step measured `measured_s` teaches, against `predicted_s` for its batch."""
         if predicted_s <= 0:
             return measured_s
@@ -117,8 +122,11 @@ class StepTimeModel:
         else:
             self._shift_sign = self._num_shifted = 0
             return measured_s
-        self._num_shifted = self._num_shifted + 1 if sign == self._shift_sign else 1
-        self._shift_sign = sign
+        if sign != self._shift_sign:
+            self._num_shifted = 1
+        elif not (shared and measured_s == self._last_measured_s):  # the same command's next step
+            self._num_shifted += 1
+        self._shift_sign, self._last_measured_s = sign, measured_s
         if self._num_shifted >= SHIFT_STEPS:
             self._forget(SHIFT_KEEP)
             self._num_shifted = 0

@@ -334,10 +334,11 @@ class StepScheduler:
         # A pipelined step waited in the worker's queue for the one before: its time starts after that.
         began_s = max(since_s, self._last_update_s)
         self._last_update_s = now
+        shared = step_time_s is not None  # its share of a command of several steps (step_pacing.py)
         if step_time_s is None:
             step_time_s = now - began_s
         # The fit clips a freeze or a starved step (latency_predictor.py); the mean learns what it learned.
-        learned_s = self.latency.model.observe(len(plan.seqs), plan.num_batched_tokens, step_time_s)
+        learned_s = self.latency.model.observe(len(plan.seqs), plan.num_batched_tokens, step_time_s, shared=shared)
         if learned_s is not None:
             self.step_time_s += alpha * (learned_s - self.step_time_s)
         deltas = []

@@ -217,3 +217,15 @@ def test_a_batch_the_fit_never_saw_is_still_learned_step_by_step():
             model.observe(8, 8, _gpu_like(8, 8))
         model.observe(8, 520, _gpu_like(8, 520))
     assert model.step_time_s(8, 520) == pytest.approx(_gpu_like(8, 520), rel=0.1)
+
+
+def test_a_frozen_command_of_eight_steps_is_one_freeze_not_a_shift():
+    model = StepTimeModel(0.02)
+    _steady(model, 200, 0.02)
+    for _ in range(8):  # 5 s over one command of 8 steps: each step's share, results back together
+        model.observe(6, 6, 5.0 / 8, shared=True)
+    assert model.step_time_s(6, 6) < 0.025
+    # The same times measured step by step are five slow steps in a row: a shift, learned as measured.
+    for _ in range(8):
+        model.observe(6, 6, 5.0 / 8)
+    assert model.step_time_s(6, 6) > 0.1

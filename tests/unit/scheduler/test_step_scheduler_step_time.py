@@ -18,11 +18,11 @@ def _step(scheduler, worker: FakePagedWorker, clock: FakeClock, took_s: float) -
     scheduler.update_from_output(plan, sampled)
 
 
-def _steady_scheduler(clock: FakeClock):
-    scheduler = make_scheduler(clock)
+def _steady_scheduler(clock: FakeClock, num_steps: int = 40):
+    scheduler = make_scheduler(clock, num_blocks=512, max_seq_len=512)
     worker = FakePagedWorker(4)
-    make_requests(scheduler, 4, prompt_len=4, max_tokens=100)
-    for _ in range(40):
+    make_requests(scheduler, 4, prompt_len=4, max_tokens=400)
+    for _ in range(num_steps):
         _step(scheduler, worker, clock, 0.02)
     return scheduler, worker
 
@@ -54,3 +54,15 @@ def test_an_idle_worker_keeps_its_estimate_and_idle_time_is_no_step(clock):
     assert (scheduler.step_time_s, scheduler.latency.model.cost) == before
     _step(scheduler, worker, clock, 0.02)  # the next step's time starts when it is planned
     assert scheduler.step_time_s == pytest.approx(0.02, rel=0.05)
+
+
+def test_the_steps_of_one_frozen_command_count_as_one_freeze(clock):
+    scheduler, worker = _steady_scheduler(clock, num_steps=200)  # the fit's memory
+    for _ in range(8):  # the step loop passes each step's share of a command's time
+        plan = scheduler.schedule()
+        sampled = worker.run(plan)
+        scheduler.update_from_output(plan, sampled, 5.0 / 8)
+    assert scheduler.latency.min_ttft_s() < 0.025
+    for _ in range(15):  # the mean step time (an EWMA of 0.2) took 8 steps at 3x: it is back in 15
+        _step(scheduler, worker, clock, 0.02)
+    assert scheduler.step_time_s == pytest.approx(0.02, rel=0.15)
