@@ -95,7 +95,7 @@ class StepExecutor:
             if seq.prompt_logprobs is not None:
                 assert logits is not None  # the sequence is in the step, so the step ran
                 targets = chunk_targets(seq.token_ids, seq.next_prompt_token_id)
-                prompt = prompt_logprobs(logits[row:row + len(targets)].numpy(), targets, seq.prompt_logprobs)
+                prompt = prompt_logprobs(logits[row:row + len(targets)], targets, seq.prompt_logprobs)
                 row += len(seq.token_ids) - 1  # the last row: the sample's, or the next chunk's token's
                 if not seq.sample:
                     row += 1

@@ -20,8 +20,8 @@ from services.worker.work import ErrorCode, RunStep, SamplingParams, SequenceOut
 
 BOS = 257
 PROMPT = (BOS, *b"The value of a variable is")
-# float32 logits through two forwards (paged chunks vs one dense pass): their log_softmax agree to
-# about 1e-5 here; 1e-4 leaves room for other CPUs' kernels.
+# float32 logits through two forwards (paged chunks vs one dense pass), float32 log_softmax against
+# float64: they agree to about 1e-5 here; 1e-4 leaves room for other CPUs' kernels.
 ATOL = 1e-4
 
 
@@ -33,6 +33,11 @@ def test_each_row_reports_its_target_and_the_k_most_likely_ties_by_lower_id() ->
     assert [t.token_id for t in got[0].top] == [1, 2]
     assert [t.token_id for t in got[1].top] == [0, 1]
     assert prompt_logprobs(logits, (3, 0), 0)[1].top == ()
+
+
+def test_a_tie_across_the_kth_place_goes_to_the_lower_ids() -> None:
+    flat = np.zeros((1, 64), dtype=np.float32)
+    assert [t.token_id for t in prompt_logprobs(flat, (9,), 3)[0].top] == [0, 1, 2]
 
 
 def test_a_chunk_predicts_its_tokens_after_the_first_then_the_next_chunks_first() -> None:
