@@ -2,7 +2,7 @@
 locally, imported as `infermesh models import` imports it, served by the mesh, against our own engine's
 paged steps in one process.
 
-    .venv/bin/python -m bench.worker.bench_hf_llm [--quick] [--rounds N] [--workdir DIR]
+    .venv/bin/python -m bench.worker.bench_hf_llm [--quick] [--peer] [--rounds N] [--workdir DIR]
 
 Measured (issue 33's targets in brackets), every run reported with its median and the load average:
 * saturated output tokens/s: N streams at once through gateway -> scheduler -> worker, against the
@@ -13,9 +13,11 @@ Measured (issue 33's targets in brackets), every run reported with its median an
   (infermesh_worker_model_load_seconds: imports, sha256, weights, warm-up, golden check) and its
   parts measured here;
 * with --peer: output tokens/s against transformers' `generate` behind a small HTTP server, one request
-  at a time (bench/worker/transformers_server.py), at equal p99: the mesh's best tokens/s among closed
-  loops of 1, 2, 4, 8 and N clients whose e2e p99 is within the peer's [>= 5x]. The peer runs before
-  and after the mesh's levels; p99 of a few requests is their largest (nearest rank).
+  at a time (bench/worker/transformers_server.py), both driven by the same closed loops of 1, 2, 4 and
+  8 clients (same prompts, max_tokens, greedy), the peer then the mesh at each level; "at equal p99"
+  read both ways (bench/worker/peer_report.py): at the same load where the mesh's p99 is no worse, and
+  strictly within the peer's single-client p99 [>= 5x]. p99 of a few requests is their largest
+  (nearest rank). Prints a table of the levels after the JSON.
 
 The in-process side is the worker's own compute, not a reimplementation: `StepExecutor.run` (the
 worker's step: block-table mirror, paged forward, greedy sampling on the host) on one dedicated
@@ -39,12 +41,16 @@ docs. Prints the figures and writes bench/results/hf_llm.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -65,6 +71,8 @@ from safetensors.torch import save_file  # noqa: E402
 
 from bench.harness.results import RESULTS_DIR, ROOT, write_report  # noqa: E402
 from bench.harness.stats import quantile  # noqa: E402
+from bench.worker.peer_report import LevelRun, peer_section, requests_per_client  # noqa: E402
+from bench.worker.peer_report import table as peer_table  # noqa: E402
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc  # noqa: E402
 from services.worker.models.llama_config import LlamaFamilyConfig  # noqa: E402
 from services.worker.models.llama_weights import expected_tensors  # noqa: E402
@@ -86,6 +94,7 @@ CONFIG = {
     "eos_token_id": 1, "tie_word_embeddings": False, "torch_dtype": "float32",
 }
 KV_CACHE_GB = 0.25
+PEER_LEVELS = (1, 2, 4, 8)  # closed-loop clients, the same on both sides against the peer
 PROMPTS = ("The scheduler ", "A worker attaches ", "Every request ", "The gateway ", "Tokens are born ",
            "Prefix caching ", "The manifest ", "A stream resumes ")
 
@@ -181,28 +190,35 @@ def mesh_saturated(channel: grpc.Channel, prompts: Sequence[str], num_tokens: in
     return len(prompts) * num_tokens / (time.perf_counter() - began)
 
 
-def mesh_closed_loop(channel: grpc.Channel, prompts: Sequence[str], num_tokens: int, concurrency: int,
-                     requests_each: int) -> tuple[float, list[float]]:
-    """`concurrency` clients, each sending `requests_each` requests one after another: output tokens/s
-    over the whole run, and every request's e2e seconds."""
-    stub = gateway_pb2_grpc.InferenceStub(channel)
+def closed_loop(send: Callable[[str], float], prompts: Sequence[str], num_tokens: int, concurrency: int,
+                requests_each: int) -> LevelRun:
+    """`concurrency` clients, each sending `requests_each` requests one after another through `send`
+    (a prompt -> its e2e seconds, num_tokens tokens or an error)."""
+    load = os.getloadavg()[0]
 
     def client(i: int) -> list[float]:
-        return [mesh_stream(stub, prompts[(i + k) % len(prompts)], num_tokens)[0] for k in range(requests_each)]
+        return [send(prompts[(i + k) % len(prompts)]) for k in range(requests_each)]
 
     began = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         latencies = [t for ts in pool.map(client, range(concurrency)) for t in ts]
-    return len(latencies) * num_tokens / (time.perf_counter() - began), latencies
+    return LevelRun(concurrency, len(latencies) * num_tokens / (time.perf_counter() - began), tuple(latencies), load)
 
 
-def transformers_peer(checkpoint: Path, prompts: Sequence[str], num_tokens: int, num_requests: int) -> tuple[float, list[float]]:
-    """transformers.generate behind bench/worker/transformers_server.py, one request at a time (its best
-    throughput: a second concurrent client only queues): output tokens/s and every request's seconds."""
-    import subprocess
-    import sys
-    import urllib.request
+def mesh_request(stub: gateway_pb2_grpc.InferenceStub, num_tokens: int) -> Callable[[str], float]:
+    def send(prompt: str) -> float:
+        seconds, count = mesh_stream(stub, prompt, num_tokens)
+        if count != num_tokens:
+            raise RuntimeError(f"a mesh stream ended after {count} of {num_tokens} tokens")
+        return seconds
 
+    return send
+
+
+@contextlib.contextmanager
+def transformers_peer(checkpoint: Path) -> Iterator[str]:
+    """transformers.generate behind bench/worker/transformers_server.py (one request at a time; more
+    callers queue) on a free port: its /generate URL until the block ends."""
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "bench.worker.transformers_server", "--checkpoint", str(checkpoint),
                                "--port", str(port), "--threads", str(THREADS)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -210,38 +226,37 @@ def transformers_peer(checkpoint: Path, prompts: Sequence[str], num_tokens: int,
         assert server.stdout is not None
         if server.stdout.readline().strip() != "serving":
             raise RuntimeError("the transformers server did not start")
-        latencies = []
-        began = time.perf_counter()
-        for i in range(num_requests):
-            body = json.dumps({"prompt": prompts[i % len(prompts)], "max_tokens": num_tokens}).encode()
-            sent = time.perf_counter()
-            with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=body),
-                                        timeout=600) as reply:
-                got = len(json.loads(reply.read())["token_ids"])
-            latencies.append(time.perf_counter() - sent)
-            if got != num_tokens:
-                raise RuntimeError(f"the transformers server returned {got} tokens, not {num_tokens}")
-        return num_requests * num_tokens / (time.perf_counter() - began), latencies
+        yield f"http://127.0.0.1:{port}/generate"
     finally:
         server.terminate()
         server.wait(timeout=30)
 
 
-def compare_with_peer(peer: Sequence[tuple[float, list[float]]],
-                      mesh: dict[int, tuple[float, list[float]]]) -> dict[str, object]:
-    """The mesh's best tokens/s among the concurrencies whose p99 is within the peer's, against the peer's."""
-    peer_tps = statistics.median(tps for tps, _ in peer)
-    peer_p99 = quantile([t for _, ts in peer for t in ts], 0.99)
-    within = {c: tps for c, (tps, ts) in mesh.items() if quantile(ts, 0.99) <= peer_p99}
-    best = max(within, key=lambda c: within[c], default=None)
-    return {
-        "peer_runs": [{"tokens_per_s": tps, "e2e_s": summary(ts)} for tps, ts in peer],
-        "peer_tokens_per_s_median": peer_tps, "peer_e2e_p99_s": peer_p99,
-        "mesh_by_concurrency": {str(c): {"tokens_per_s": tps, "e2e_p99_s": quantile(ts, 0.99), "e2e_s": summary(ts)}
-                                for c, (tps, ts) in mesh.items()},
-        "mesh_best_concurrency_within_peer_p99": best,
-        "ratio": None if best is None else within[best] / peer_tps, "target": ">= 5",
-    }
+def peer_request(url: str, num_tokens: int) -> Callable[[str], float]:
+    def send(prompt: str) -> float:
+        body = json.dumps({"prompt": prompt, "max_tokens": num_tokens}).encode()
+        sent = time.perf_counter()
+        with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=600) as reply:
+            got = len(json.loads(reply.read())["token_ids"])
+        if got != num_tokens:
+            raise RuntimeError(f"the transformers server returned {got} tokens, not {num_tokens}")
+        return time.perf_counter() - sent
+
+    return send
+
+
+def against_peer(checkpoint: Path, stub: gateway_pb2_grpc.InferenceStub, prompts: Sequence[str], num_tokens: int,
+                 requests_at_one: int) -> tuple[dict[int, LevelRun], dict[int, LevelRun]]:
+    """Both servers under each closed-loop level, the peer then the mesh level by level (a drift in the
+    box's load hits both): the peer's levels and the mesh's."""
+    peer: dict[int, LevelRun] = {}
+    mesh: dict[int, LevelRun] = {}
+    with transformers_peer(checkpoint) as url:
+        for concurrency in PEER_LEVELS:
+            each = requests_per_client(concurrency, requests_at_one)
+            peer[concurrency] = closed_loop(peer_request(url, num_tokens), prompts, num_tokens, concurrency, each)
+            mesh[concurrency] = closed_loop(mesh_request(stub, num_tokens), prompts, num_tokens, concurrency, each)
+    return peer, mesh
 
 
 def plain_reads(files: Sequence[Path]) -> dict[str, float]:
@@ -281,9 +296,6 @@ def memory_of(pid: int) -> dict[str, int]:
 def runtime_floor_bytes() -> dict[str, int]:
     """RSS of a process that only imports what a worker serving this model imports (torch, numba, grpc,
     the worker's modules): what the runtime costs before any weight or KV page."""
-    import subprocess
-    import sys
-
     code = ("import services.worker.server, services.worker.model_runtime, kernels; "
             "from pathlib import Path; print(Path('/proc/self/status').read_text())")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
@@ -354,11 +366,8 @@ def main() -> None:
                         light["mesh"].append(mesh_stream(stub, prompts[0], num_tokens)[0])
                 load_avg.append(os.getloadavg()[0])
                 worker_memory = memory_of(worker.proc.pid)
-                if args.peer:  # the peer before and after the mesh's levels, so drift in the box's load shows
-                    peer_runs = [transformers_peer(workdir / "checkpoint", prompts, num_tokens, num_light)]
-                    mesh_levels = {c: mesh_closed_loop(channel, prompts, num_tokens, c, 2)
-                                   for c in (1, 2, 4, 8, num_streams)}
-                    peer_runs.append(transformers_peer(workdir / "checkpoint", prompts, num_tokens, num_light))
+                if args.peer:
+                    peer_levels, mesh_levels = against_peer(workdir / "checkpoint", stub, prompts, num_tokens, num_light)
                     load_avg.append(os.getloadavg()[0])
         compute.shutdown()
     floor = runtime_floor_bytes()
@@ -387,9 +396,11 @@ def main() -> None:
                  "worker_start_over_cat": worker_load_s / plain["cat_s"], "target": "<= 2x"},
     }
     if args.peer:
-        report["vs_transformers_behind_http"] = compare_with_peer(peer_runs, mesh_levels)
+        report["vs_transformers_behind_http"] = peer_section(peer_levels, mesh_levels)
     write_report(args.output, report)
     print(json.dumps(report, indent=2))
+    if args.peer:
+        print(peer_table(report["vs_transformers_behind_http"]))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ at a time (bench_hf_llm's peer for issue 33's ">= 5x the output tokens/s at equa
 POST /generate with {"prompt": str, "max_tokens": int} answers {"token_ids": [...]} after greedy
 decoding exactly max_tokens tokens (no early stop, as the mesh's ignore_eos). The prompt is tokenized
 here with the checkpoint's tokenizer.json, as the mesh tokenizes at its scheduler. Requests are served
-one at a time (a single-threaded server), each on one compute thread with the thread count the
+one at a time (a single-threaded server; concurrent callers queue), each on one compute thread with the thread count the
 worker gets (--threads, exported before torch loads): on this box torch's multi-threaded GEMMs ran far
 slower on a process's main thread, and the peer must not lose for that. A development tool: it needs
 transformers (a test and dev dependency).
@@ -20,6 +20,14 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
+
+
+class QueueingServer(HTTPServer):
+    """One request at a time; callers beyond it wait in the listen backlog. http.server's backlog of 5
+    would drop the connections of an 8-client level, and the kernel's SYN retry (1 s, then 3 s) would
+    charge the peer for a queue it never saw."""
+
+    request_queue_size = 64
 
 
 def main() -> None:
@@ -63,7 +71,7 @@ def main() -> None:
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (http.server's name)
             pass
 
-    server = HTTPServer(("127.0.0.1", args.port), Handler)
+    server = QueueingServer(("127.0.0.1", args.port), Handler)
     print("serving", flush=True)
     server.serve_forever()
 
