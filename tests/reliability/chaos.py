@@ -19,12 +19,14 @@ tests/reliability/test_chaos.py runs it once.
 Every lost call is printed grouped by its status and message, counted (`lost_report`), and a run
 with a loss keeps its services' logs (every process's, restarts included, and the store's) in
 `--keep-dir` (printed), with the log lines that look like a fault (`log_findings`): a loss can be
-diagnosed after the fact.
+diagnosed after the fact. `--client-resends off` runs the same with the client's own resends off (no
+gRPC retries, no stream re-sent), so the gateways alone must keep every call.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import re
 import shutil
@@ -70,6 +72,8 @@ class ChaosResult:
     # The same, per model (from its start): a classifier worker attaches to every scheduler, a
     # generator worker to one at a time, so each model's first request there comes at its own time.
     restart_to_served_by_model_s: dict[str, float] = field(default_factory=dict)
+    # Calls the gateways held while no scheduler could take them (infermesh_gateway_held_calls_total).
+    num_held: float = 0.0
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -87,6 +91,7 @@ class ChaosResult:
                 f"{_s(self.restart_to_serving_s)}, first worker {_s(self.restart_to_attached_s)}, first served "
                 f"{_s(self.restart_to_served_s)} after its start ("
                 + ", ".join(f"{m} {_s(self.restart_to_served_by_model_s.get(m))}" for m in MODELS) + ")"
+                + f"; held by the gateways {self.num_held:g}"
                 + (f"; by code {dict(c.failure_codes)}" if c.failure_codes else ""))
 
 
@@ -160,6 +165,13 @@ def _requests(mesh: ReplicatedMesh, scheduler: ServiceProcess, **labels: str) ->
         return 0.0
 
 
+def _held(mesh: ReplicatedMesh, gateway: ServiceProcess) -> float:
+    try:
+        return mesh.metric(gateway, "infermesh_gateway_held_calls_total", result="held")
+    except Exception:  # noqa: BLE001 - not answering: its count is lost with it
+        return 0.0
+
+
 class _Timeline:
     """Runs each fault on its own thread at its time; join() waits for all of them."""
 
@@ -188,7 +200,7 @@ class _Timeline:
             thread.join()
 
 
-def run_once(workdir: Path, seed: int) -> ChaosResult:
+def run_once(workdir: Path, seed: int, shape: LoadShape = SHAPE) -> ChaosResult:
     rng = random.Random(seed)
 
     def jitter(at_s: float) -> float:
@@ -205,7 +217,7 @@ def run_once(workdir: Path, seed: int) -> ChaosResult:
                 mesh.add_gateway("--quota-store-address", store.address, "--drain-grace-s", "8",
                                  "--drain-notice-ms", "1000")
             mesh.wait_spread(MODELS)
-            load = mesh.start_load(SHAPE)
+            load = mesh.start_load(shape)
             load.wait_completed(40, "before the faults")
             result = ChaosResult(seed, LoadCounts())
             timeline = _Timeline(time.monotonic())
@@ -256,6 +268,7 @@ def run_once(workdir: Path, seed: int) -> ChaosResult:
             def roll_gateways() -> None:
                 for index in range(len(mesh.gateways)):
                     old = mesh.gateways[index]
+                    result.num_held += _held(mesh, old)
                     old.signal(signal.SIGTERM)
                     old.proc.wait(timeout=30)
                     new = mesh.restart(old)
@@ -270,6 +283,7 @@ def run_once(workdir: Path, seed: int) -> ChaosResult:
             timeline.join()
             load.wait_completed(80, "after the faults")
             result.counts = load.stop()
+            result.num_held += sum(_held(mesh, gateway) for gateway in mesh.gateways)
             result.notes.extend(timeline.errors)
             return result
     finally:
@@ -283,14 +297,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-dir", type=Path, default=Path(tempfile.gettempdir()),
                         help="where a run with a loss keeps its services' logs (default: %(default)s)")
     parser.add_argument("--keep-all", action="store_true", help="keep every run's logs, not only a lossy run's")
+    parser.add_argument("--client-resends", choices=("on", "off"), default="on",
+                        help="on: the documented client (gRPC retries of UNAVAILABLE, streams re-sent when a gateway "
+                        "dies); off: neither, so every call the gateways fail is counted (default: %(default)s)")
     args = parser.parse_args(argv)
+    shape = SHAPE if args.client_resends == "on" else dataclasses.replace(
+        SHAPE, client_resumes_streams=False, client_retries=False)
     args.keep_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for i in range(args.runs):
         seed = args.seed + i
         workdir = Path(tempfile.mkdtemp(prefix=f"infermesh-chaos-seed{seed}-", dir=args.keep_dir))
         try:
-            result = run_once(workdir, seed)
+            result = run_once(workdir, seed, shape)
         except BaseException:
             print(f"run {i + 1}: seed {seed} did not finish; its logs: {workdir}", flush=True)
             raise
