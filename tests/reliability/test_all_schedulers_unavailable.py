@@ -2,11 +2,12 @@
 
 With client resends off (no gRPC retries, no stream re-sent by the client), the gateway alone must
 keep every call whose deadline allows a wait. Two schedulers, two workers of each model, one
-gateway, open-loop classify and long streams with generous deadlines, then two outages:
+gateway, open-loop classify and long streams with generous deadlines, then three outages:
 
   1. both schedulers frozen (SIGSTOP) for ~2 s: the calls in flight wait on them;
   2. both killed (SIGKILL), then restarted on their ports: every call, and every stream's resume,
-     finds no scheduler to take it, and is held until one can.
+     finds no scheduler to take it, and is held until one can;
+  3. one killed and restarted while the other is frozen.
 
 Every classify is answered and every stream's text is exact. During the second outage a classify
 whose deadline is shorter than the outage fails DEADLINE_EXCEEDED, not UNAVAILABLE. The gateway's
@@ -82,6 +83,17 @@ def test_calls_are_held_while_every_scheduler_is_unavailable_and_none_is_lost(tm
             mesh.restart(scheduler)  # on its port; SERVING before this returns
         mesh.wait_spread(MODELS)
         load.wait_completed(30, "after both schedulers were restarted")
+
+        first, second = mesh.schedulers
+        second.signal(signal.SIGSTOP)
+        try:
+            first.signal(signal.SIGKILL)
+            first.proc.wait(timeout=10)
+            mesh.restart(first)
+        finally:
+            second.signal(signal.SIGCONT)
+        mesh.wait_spread(MODELS)
+        load.wait_completed(30, "after one was restarted while the other was frozen")
         counts = load.stop()
 
         held = mesh.metric(gateway, "infermesh_gateway_held_calls_total", result="held")
@@ -89,7 +101,8 @@ def test_calls_are_held_while_every_scheduler_is_unavailable_and_none_is_lost(tm
         print(f"held while no scheduler could take them: {held:g}, re-dispatched from the hold: {redispatched:g}; "
               f"short-deadline call: {None if short is None else (short.code().name, short.details())}")
         print(lost_report(counts, num_examples=3))
-        counts.assert_nothing_lost("both schedulers frozen, then both killed and restarted", mesh.logs,
+        counts.assert_nothing_lost("both schedulers frozen, both killed and restarted, one restarted while the other "
+                                   "was frozen", mesh.logs,
                                    min_classify=50)
         assert held > 0 and redispatched > 0, "calls arrived while both schedulers were down: nothing was tested"
         assert short is not None and short.code() == grpc.StatusCode.DEADLINE_EXCEEDED, (
