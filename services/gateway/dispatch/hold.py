@@ -47,8 +47,11 @@ Waiter = Callable[[asyncio.Event, float], Awaitable[bool]]
 
 
 async def wait_for_event(event: asyncio.Event, timeout_s: float) -> bool:
+    # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that lands as the event is
+    # set (CPython gh-86296), and a client's cancel must end the hold.
     try:
-        await asyncio.wait_for(event.wait(), timeout=max(0.0, timeout_s))
+        async with asyncio.timeout(max(0.0, timeout_s)):
+            await event.wait()
     except TimeoutError:
         return False
     return True
