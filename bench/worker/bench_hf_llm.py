@@ -2,7 +2,7 @@
 locally, imported as `infermesh models import` imports it, served by the mesh, against our own engine's
 paged steps in one process.
 
-    .venv/bin/python -m bench.worker.bench_hf_llm [--quick] [--peer] [--rounds N] [--workdir DIR]
+    .venv/bin/python -m bench.worker.bench_hf_llm [--quick] [--peer [--peer-levels 1,2,4,8]] [--rounds N] [--workdir DIR]
 
 Measured (issue 33's targets in brackets), every run reported with its median and the load average:
 * saturated output tokens/s: N streams at once through gateway -> scheduler -> worker, against the
@@ -94,7 +94,7 @@ CONFIG = {
     "eos_token_id": 1, "tie_word_embeddings": False, "torch_dtype": "float32",
 }
 KV_CACHE_GB = 0.25
-PEER_LEVELS = (1, 2, 4, 8)  # closed-loop clients, the same on both sides against the peer
+PEER_LEVELS = "1,2,4,8"  # closed-loop clients, the same on both sides against the peer (--peer-levels)
 PROMPTS = ("The scheduler ", "A worker attaches ", "Every request ", "The gateway ", "Tokens are born ",
            "Prefix caching ", "The manifest ", "A stream resumes ")
 
@@ -246,13 +246,13 @@ def peer_request(url: str, num_tokens: int) -> Callable[[str], float]:
 
 
 def against_peer(checkpoint: Path, stub: gateway_pb2_grpc.InferenceStub, prompts: Sequence[str], num_tokens: int,
-                 requests_at_one: int) -> tuple[dict[int, LevelRun], dict[int, LevelRun]]:
+                 levels: Sequence[int], requests_at_one: int) -> tuple[dict[int, LevelRun], dict[int, LevelRun]]:
     """Both servers under each closed-loop level, the peer then the mesh level by level (a drift in the
     box's load hits both): the peer's levels and the mesh's."""
     peer: dict[int, LevelRun] = {}
     mesh: dict[int, LevelRun] = {}
     with transformers_peer(checkpoint) as url:
-        for concurrency in PEER_LEVELS:
+        for concurrency in levels:
             each = requests_per_client(concurrency, requests_at_one)
             peer[concurrency] = closed_loop(peer_request(url, num_tokens), prompts, num_tokens, concurrency, each)
             mesh[concurrency] = closed_loop(mesh_request(stub, num_tokens), prompts, num_tokens, concurrency, each)
@@ -315,6 +315,9 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, help="keep the checkpoint and repository here between runs")
     parser.add_argument("--peer", action="store_true",
                         help="also the comparison with transformers.generate behind HTTP (needs transformers)")
+    parser.add_argument("--peer-levels", default=PEER_LEVELS, type=lambda text: [int(c) for c in text.split(",")],
+                        help=f"clients of each closed-loop level against the peer (default {PEER_LEVELS}); the "
+                             "strict reading needs 1")
     parser.add_argument("--output", type=Path, default=RESULTS_PATH)
     args = parser.parse_args()
     num_streams, num_tokens, num_light = (8, 32, 3) if args.quick else (16, 64, 5)
@@ -367,7 +370,8 @@ def main() -> None:
                 load_avg.append(os.getloadavg()[0])
                 worker_memory = memory_of(worker.proc.pid)
                 if args.peer:
-                    peer_levels, mesh_levels = against_peer(workdir / "checkpoint", stub, prompts, num_tokens, num_light)
+                    peer_levels, mesh_levels = against_peer(workdir / "checkpoint", stub, prompts, num_tokens,
+                                                             args.peer_levels, num_light)
                     load_avg.append(os.getloadavg()[0])
         compute.shutdown()
     floor = runtime_floor_bytes()
