@@ -391,10 +391,12 @@ def completion_choice(request: OpenAIRequest, index: int, text: str,
                       prompt: Sequence[common_pb2.PositionLogprobs] | None, writer: LogprobsWriter) -> dict:
     """A completions choice, whole or a stream's event. `prompt`: the prompt's logprobs on the first
     (None on a stream's later events): echo writes the prompt, and its tokens' logprobs, first; vLLM's
-    prompt_logprobs ride with it. echo with max_tokens 0 drops what was generated."""
+    prompt_logprobs ride with it. echo with max_tokens 0 drops what was generated, and ends by length
+    even when the dropped token was an end of sequence or ended a stop string."""
     options = request.prompt
     if options.echo_only:
         text, positions = "", ()
+        reason = reason and "length"
     echoed = None
     if prompt is not None and options.echo:
         text = request.generate.prompt + text
