@@ -9,8 +9,10 @@ import dataclasses
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2
+from services.common import errors
 from services.gateway.fronts import openai_codec
 from services.gateway.fronts.openai_choices import ChoiceResult
+from services.scheduler.structured_output import compile_grammar
 
 ECHO_ONLY = {"model": "m", "prompt": "ab", "echo": True, "max_tokens": 0}
 
@@ -36,3 +38,29 @@ def test_echo_with_max_tokens_0_leaves_a_streams_earlier_events_unfinished():
     parsed = dataclasses.replace(openai_codec.parse_completion(ECHO_ONLY), stream=True)
     first = openai_codec.stream_chunk(parsed, 1, gateway_pb2.GenerateResponse(text="d"), True)
     assert (first["choices"][0]["text"], first["choices"][0]["finish_reason"]) == ("ab", None)
+
+
+# No string is in these languages: a rule that only refers to itself, or a character class of nothing.
+@pytest.mark.parametrize(("kind", "spec"), [
+    ("grammar", "start: start"),
+    ("grammar", "root ::= root"),
+    ("grammar", "root ::= x\nx ::= x x"),
+    ("grammar", 'start: a\na: a "x"'),
+    ("grammar", "start: /[^\\x00-\\U0010FFFF]/"),
+    ("regex", "[^\\x00-\\U0010FFFF]"),
+])
+def test_a_grammar_or_regex_that_matches_no_string_is_refused_at_admission(kind, spec):
+    with pytest.raises(errors.InvalidArgument) as caught:
+        compile_grammar(kind, spec)
+    assert caught.value.message.startswith(f"sampling.structured: invalid {kind}: it matches no string")
+
+
+@pytest.mark.parametrize(("kind", "spec"), [
+    ("grammar", 'start: ""'),  # the empty string alone: the output ends at once
+    ("grammar", 'root ::= "a"*'),
+    ("grammar", 'root ::= answer " " number\nanswer ::= "yes" | "no"\nnumber ::= [1-9] [0-9]?'),
+    ("grammar", 'start: "x" | "a" b\nb: "a" b'),  # one branch can never end; the other can
+    ("regex", "[a-z]+"),
+])
+def test_grammars_with_some_string_still_compile(kind, spec):
+    assert compile_grammar(kind, spec)
