@@ -64,3 +64,21 @@ def test_a_grammar_or_regex_that_matches_no_string_is_refused_at_admission(kind,
 ])
 def test_grammars_with_some_string_still_compile(kind, spec):
     assert compile_grammar(kind, spec)
+
+
+@pytest.mark.parametrize("path", ["completion", "chat"])
+@pytest.mark.parametrize("value", ["false", 0, 1, [], {}])
+def test_parallel_tool_calls_must_be_a_boolean_on_either_endpoint(path, value):
+    body = {"model": "m", "parallel_tool_calls": value}
+    body.update({"prompt": "a"} if path == "completion" else {"messages": [{"role": "user", "content": "a"}]})
+    parse = openai_codec.parse_completion if path == "completion" else openai_codec.parse_chat
+    with pytest.raises(openai_codec.BadParameter) as caught:
+        parse(body)
+    assert caught.value.param == "parallel_tool_calls"
+    assert caught.value.message == f"parallel_tool_calls must be a boolean, got {value!r}"
+
+
+@pytest.mark.parametrize("value", [True, False, None])
+def test_a_boolean_parallel_tool_calls_is_harmless_on_completions(value):
+    parsed = openai_codec.parse_completion({"model": "m", "prompt": "a", "parallel_tool_calls": value})
+    assert parsed.tools is None and not parsed.generate.tools

@@ -100,6 +100,7 @@ def parse_completion(body: Any) -> OpenAIRequest:
     for name in ("tools", "tool_choice"):
         if not _is_default(body.get(name), (None, "none")):
             raise BadParameter(name, f"{name} is a chat parameter (/v1/chat/completions), got {shown(body[name])}")
+    boolean(body, "parallel_tool_calls", True)  # checked as chat checks it; without tools it changes nothing
     options = prompt_options(body, completion=True)
     parsed = _request(COMPLETION, body, prompt, 1 if options.echo_only else _max_tokens(body, "max_tokens"))
     sampling = parsed.generate.sampling
