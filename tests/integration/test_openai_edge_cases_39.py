@@ -1,0 +1,268 @@
+"""Issue 39's newest options combined and at their edges, through the whole mesh on a tiny Qwen2
+checkpoint made here (its chat template offers tools in the Hermes format): echo with n, streamed,
+and with best_of; echo with max_tokens 0 when the one token generated upstream is the end of
+sequence; prompt_logprobs with n, streamed; best_of with logprobs and a seed; guided_grammar with n,
+beside another structured output, and one that matches no string (OpenAI, gRPC, KServe); tool_choice
+none with parallel_tool_calls false; bad values a 400 naming the field. The stock `openai` client
+sends what it can (extra_body for vLLM's extras). Nothing compares against a CPU's float results:
+values are compared mesh against mesh, or by shape. One mesh for the module.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+from pathlib import Path
+
+import grpc
+import pytest
+
+from inference import grpc_predict_v2_pb2 as kserve
+from inference import grpc_predict_v2_pb2_grpc as kserve_grpc
+from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tests.support import tool_templates
+from tests.support.hf_checkpoints import END_OF_TEXT_ID, save_model_directory
+from tests.support.hf_mesh import serving_checkpoints
+from tests.support.https_json import post_json, post_stream
+from tests.support.side_venv import side_venv_python
+from tools.testbed import session_tls
+
+pytestmark = pytest.mark.integration
+
+MODEL = "tiny-edges"
+SIDE_VENV = ("openai", "openai==3.51.0")  # the venv of tests/openai/test_openai_client.py, built once
+SCRIPT = Path(__file__).with_name("openai_edge_cases_39_script.py")
+PROMPT = "In a hole in the ground there lived a hobbit."
+GBNF = 'root ::= answer " " number\nanswer ::= "yes" | "no" | "maybe"\nnumber ::= [1-9] [0-9]?'
+LANGUAGE = "(yes|no|maybe) [1-9][0-9]?"
+EMPTY_LANGUAGE = "start: start"  # parses and validates, yet no string ends it
+TOOLS = [{"type": "function", "function": {"name": "clock", "parameters": {"type": "object", "properties": {}}}}]
+# Two runs of the same computation on the same mesh agree far closer than this.
+SAME = 1e-5
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("openai-edges")
+    save_model_directory(tmp / MODEL, "qwen2", seed=11, chat_template=tool_templates.HERMES,
+                         max_position_embeddings=2048)
+    with serving_checkpoints(tmp, [MODEL], kv_cache_bytes=1 << 22) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def client_seen(served):
+    python = side_venv_python(*SIDE_VENV)
+    cases = {"prompt": PROMPT, "eos_id": END_OF_TEXT_ID, "empty_grammar": EMPTY_LANGUAGE, "tools": TOOLS}
+    done = subprocess.run([str(python), str(SCRIPT), served.base, str(session_tls.session_pki().ca_path), MODEL,
+                           json.dumps(cases)], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr + served.mesh.logs()
+    return json.loads(done.stdout)
+
+
+def _complete(served, **body) -> dict:
+    status, reply = post_json(served.base, "/completions", {"model": MODEL, "prompt": PROMPT, **body})
+    assert status == 200, reply
+    return reply
+
+
+def _streamed_choices(events: list) -> dict[int, list[dict]]:
+    """Each choice's events' choice objects, by index, in order."""
+    choices: dict[int, list[dict]] = {}
+    for event in events:
+        if event != "[DONE]":
+            for choice in event["choices"]:
+                choices.setdefault(choice["index"], []).append(choice)
+    return choices
+
+
+def _same_logprobs(a: list, b: list) -> bool:
+    return len(a) == len(b) and all((x is None) == (y is None) and (x is None or abs(x - y) <= SAME)
+                                    for x, y in zip(a, b, strict=True))
+
+
+# -- echo --------------------------------------------------------------------------------
+
+
+def test_the_stock_client_reads_echo_with_n_streamed_as_it_does_whole(client_seen):
+    whole, streamed = client_seen["echo"], client_seen["echo_stream"]
+    assert len(whole["choices"]) == len(streamed) == 2
+    for one, other in zip(whole["choices"], streamed, strict=True):
+        assert one["text"].startswith(PROMPT) and one["text"] == other["text"]
+        assert one["tokens"] == other["tokens"] and one["text_offset"] == other["text_offset"]
+        assert one["token_logprobs"][0] is None and _same_logprobs(one["token_logprobs"], other["token_logprobs"])
+        assert one["finish_reason"] == other["finish_reason"] == "length"
+    # Both choices echo the same prompt, entry for entry; only what follows differs.
+    prompt_tokens = whole["usage"]["prompt_tokens"]
+    first, second = whole["choices"]
+    assert first["tokens"][:prompt_tokens] == second["tokens"][:prompt_tokens]
+    assert first["token_logprobs"][:prompt_tokens] == second["token_logprobs"][:prompt_tokens]
+    assert whole["usage"]["completion_tokens"] == client_seen["echo_stream_usage"]["completion_tokens"] == 2 * 3
+
+
+def test_echo_with_best_of_echoes_the_prompt_on_each_of_the_best_candidates(served):
+    ask = {"echo": True, "logprobs": 1, "max_tokens": 4, "seed": 5, "temperature": 1.0, "ignore_eos": True}
+    every = _complete(served, n=4, **ask)["choices"]
+    best = _complete(served, n=2, best_of=4, **ask)
+    prompt_tokens = best["usage"]["prompt_tokens"]
+    means = [sum(c["logprobs"]["token_logprobs"][prompt_tokens:]) / 4 for c in every]
+    ranked = sorted(range(4), key=lambda i: (-means[i], i))
+    assert [c["text"] for c in best["choices"]] == [every[i]["text"] for i in ranked[:2]]
+    assert all(c["text"].startswith(PROMPT) and len(c["logprobs"]["tokens"]) == prompt_tokens + 4
+               for c in best["choices"])
+    assert best["usage"]["completion_tokens"] == 4 * 4
+
+
+def test_echo_with_max_tokens_0_ends_by_length_even_when_the_dropped_token_is_the_end(served, client_seen):
+    # logit_bias makes the one token generated upstream the end of sequence: the client still sees
+    # the prompt alone, cut by max_tokens 0.
+    only = client_seen["echo_only"]
+    assert (only["text"], only["finish_reason"], only["usage"]["completion_tokens"]) == (PROMPT, "length", 0)
+    status, events = post_stream(served.base, "/completions", {
+        "model": MODEL, "prompt": PROMPT, "echo": True, "max_tokens": 0, "stream": True,
+        "logit_bias": {str(END_OF_TEXT_ID): 100}})
+    choices = _streamed_choices(events)[0]
+    assert status == 200 and "".join(c["text"] for c in choices) == PROMPT
+    assert [c["finish_reason"] for c in choices][-1] == "length"
+
+
+@pytest.mark.parametrize(("prompt", "label"), [
+    ([1, 2, 3], "token ids"), ([[1, 2]], "a batch of token ids"), ([PROMPT, PROMPT], "a batch of prompts"),
+    ([], "no prompt"),
+])
+def test_token_id_and_batched_prompts_are_a_400_naming_prompt_with_echo_too(served, prompt, label):
+    status, reply = post_json(served.base, "/completions", {"model": MODEL, "prompt": prompt, "echo": True})
+    assert (status, reply["error"]["param"]) == (400, "prompt"), label
+    assert "token-id and batched prompts are not supported" in reply["error"]["message"]
+
+
+# -- prompt_logprobs and best_of ---------------------------------------------------------
+
+
+def test_prompt_logprobs_with_n_streamed_come_once_per_choice_as_whole(served):
+    ask = {"prompt_logprobs": 2, "n": 3, "max_tokens": 2, "seed": 1}
+    whole = _complete(served, **ask)["choices"]
+    status, events = post_stream(served.base, "/completions", {"model": MODEL, "prompt": PROMPT, "stream": True,
+                                                               **ask})
+    streamed = _streamed_choices(events)
+    assert status == 200 and sorted(streamed) == [0, 1, 2]
+    for index, choices in streamed.items():
+        carried = [c["prompt_logprobs"] for c in choices if "prompt_logprobs" in c]
+        assert len(carried) == 1 and carried == [choices[0]["prompt_logprobs"]], "the first event alone"
+        ours, theirs = carried[0], whole[index]["prompt_logprobs"]
+        assert ours[0] is None and theirs[0] is None
+        assert [list(p) for p in ours[1:]] == [list(p) for p in theirs[1:]]  # the same token ids, in rank order
+        assert _same_logprobs([e["logprob"] for p in ours[1:] for e in p.values()],
+                              [e["logprob"] for p in theirs[1:] for e in p.values()])
+
+
+def test_the_stock_client_reads_chat_prompt_logprobs_once_per_choice_streamed(client_seen):
+    whole, streamed = client_seen["chat_prompt_logprobs"], client_seen["chat_prompt_logprobs_stream"]
+    carried = [p for p in streamed if p is not None]
+    assert len(carried) == 2 and carried[0] == carried[1]  # one per choice: each choice's first event
+    assert carried[0][0] is None and [list(p) for p in carried[0][1:]] == [list(p) for p in whole[1:]]
+
+
+def test_best_of_with_logprobs_and_a_seed_is_reproducible(served):
+    ask = {"n": 2, "best_of": 5, "logprobs": 3, "seed": 77, "max_tokens": 6, "temperature": 1.0,
+           "ignore_eos": True}
+    once, again = _complete(served, **ask), _complete(served, **ask)
+    assert [c["text"] for c in once["choices"]] == [c["text"] for c in again["choices"]]
+    for one, other in zip(once["choices"], again["choices"], strict=True):
+        assert one["logprobs"]["tokens"] == other["logprobs"]["tokens"]
+        assert _same_logprobs(one["logprobs"]["token_logprobs"], other["logprobs"]["token_logprobs"])
+        assert all(1 <= len(top) <= 4 for top in one["logprobs"]["top_logprobs"])
+    assert once["usage"]["completion_tokens"] == 5 * 6
+
+
+def _generate(served, **fields) -> list[gateway_pb2.GenerateResponse]:
+    sampling = fields.pop("sampling", {})
+    request = gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name=MODEL), prompt=PROMPT, **fields,
+                                          sampling=common_pb2.SamplingParams(**sampling))
+    with session_tls.channel(served.mesh.gateway.address) as channel:
+        return list(gateway_pb2_grpc.InferenceStub(channel).Generate(request, timeout=60))
+
+
+def _positions(positions) -> list[tuple]:
+    return [(p.token.token_id, None if math.isnan(p.token.logprob) else p.token.logprob,
+             [t.token_id for t in p.top]) for p in positions]
+
+
+def test_grpc_best_of_puts_the_prompts_logprobs_on_its_first_chunk_alone(served):
+    chunks = _generate(served, n=2, best_of=3, sampling={"max_tokens": 3, "seed": 4, "temperature": 1.0,
+                                                         "prompt_logprobs": 2})
+    plain = _generate(served, sampling={"max_tokens": 1, "prompt_logprobs": 2})
+    assert chunks[0].prompt_logprobs and not any(c.prompt_logprobs for c in chunks[1:])
+    ours, theirs = _positions(chunks[0].prompt_logprobs), _positions(plain[0].prompt_logprobs)
+    assert [(i, top) for i, _, top in ours] == [(i, top) for i, _, top in theirs]
+    assert _same_logprobs([lp for _, lp, _ in ours], [lp for _, lp, _ in theirs])
+    assert not any(c.logprobs for c in chunks), "ranked by them, not asked for: not returned"
+
+
+# -- guided_grammar ----------------------------------------------------------------------
+
+
+def test_guided_grammar_holds_every_choice_of_n_streamed(served):
+    status, events = post_stream(served.base, "/completions", {
+        "model": MODEL, "prompt": PROMPT, "guided_grammar": GBNF, "n": 4, "seed": 3, "max_tokens": 20,
+        "temperature": 1.0, "stream": True})
+    streamed = _streamed_choices(events)
+    assert status == 200 and sorted(streamed) == [0, 1, 2, 3]
+    for choices in streamed.values():
+        assert re.fullmatch(LANGUAGE, "".join(c["text"] for c in choices)) and choices[-1]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("other", [{"response_format": {"type": "json_object"}}, {"guided_regex": "a+"},
+                                   {"guided_choice": ["yes"]}])
+def test_guided_grammar_beside_another_structured_output_is_a_400(served, other):
+    status, reply = post_json(served.base, "/completions", {"model": MODEL, "prompt": PROMPT,
+                                                            "guided_grammar": GBNF, **other})
+    assert (status, reply["error"]["param"]) == (400, "guided_grammar")
+    assert reply["error"]["message"].startswith("set one of response_format, guided_json, guided_regex")
+
+
+def test_a_grammar_that_matches_no_string_is_refused_on_every_front(served, client_seen):
+    refused = client_seen["empty_grammar"]
+    assert (refused["status"], refused["param"]) == (400, "guided_grammar")
+    assert "it matches no string" in refused["message"]
+    status, reply = post_json(served.base, "/completions", {"model": MODEL, "prompt": PROMPT,
+                                                            "guided_regex": "[^\\x00-\\U0010FFFF]"})
+    assert (status, reply["error"]["param"]) == (400, "guided_regex") and "it matches no string" in \
+        reply["error"]["message"]
+    with pytest.raises(grpc.RpcError) as caught:
+        _generate(served, sampling={"structured": common_pb2.StructuredOutput(grammar=EMPTY_LANGUAGE)})
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith("sampling.structured: invalid grammar: it matches no string")
+    request = kserve.ModelInferRequest(
+        model_name=MODEL, id="k-1", parameters={"guided_grammar": kserve.InferParameter(string_param=EMPTY_LANGUAGE)},
+        inputs=[kserve.ModelInferRequest.InferInputTensor(
+            name="text_input", datatype="BYTES", shape=[1],
+            contents=kserve.InferTensorContents(bytes_contents=[PROMPT.encode()]))])
+    with session_tls.channel(served.mesh.gateway.address) as channel:
+        responses = list(kserve_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(iter([request]), timeout=60))
+    assert [r.error_message.split(": it matches")[0] for r in responses] == [
+        "parameter 'guided_grammar': sampling.structured: invalid grammar"]
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"echo": "true"}, "echo"), ({"best_of": 0}, "best_of"), ({"best_of": -1}, "best_of"),
+    ({"best_of": 10**30}, "best_of"), ({"best_of": 2.0}, "best_of"), ({"n": 3, "best_of": 2}, "best_of"),
+    ({"prompt_logprobs": True}, "prompt_logprobs"), ({"prompt_logprobs": 1.0}, "prompt_logprobs"),
+    ({"prompt_logprobs": 21}, "prompt_logprobs"), ({"guided_grammar": ""}, "guided_grammar"),
+    ({"guided_grammar": 'start: "a"\n' + "// padding\n" * 7000}, "guided_grammar"),
+    ({"guided_grammar": "\u0000\u0001\u00ff"}, "guided_grammar"), ({"guided_grammar": ["start: \"a\""]}, "guided_grammar"),
+    ({"parallel_tool_calls": "false"}, "parallel_tool_calls"),
+])
+def test_bad_values_are_a_400_naming_the_field(served, body, param):
+    status, reply = post_json(served.base, "/completions", {"model": MODEL, "prompt": PROMPT, **body})
+    assert (status, reply["error"]["param"]) == (400, param), reply
+
+
+# -- tools -------------------------------------------------------------------------------
+
+
+def test_tool_choice_none_with_parallel_tool_calls_false_answers_in_content(client_seen):
+    assert client_seen["tools_none"]["tool_calls"] is None
+    assert isinstance(client_seen["tools_none"]["content"], str)
