@@ -3,9 +3,10 @@ checkpoint made here (its chat template offers tools in the Hermes format): echo
 and with best_of; echo with max_tokens 0 when the one token generated upstream is the end of
 sequence; prompt_logprobs with n, streamed; best_of with logprobs and a seed; guided_grammar with n,
 beside another structured output, and one that matches no string (OpenAI, gRPC, KServe); tool_choice
-none with parallel_tool_calls false; bad values a 400 naming the field. The stock `openai` client
-sends what it can (extra_body for vLLM's extras). Nothing compares against a CPU's float results:
-values are compared mesh against mesh, or by shape. One mesh for the module.
+none with parallel_tool_calls false; bad values (ignore_eos with a grammar too) a 400 naming the
+field. The stock `openai` client sends what it can (extra_body for vLLM's extras). Nothing compares
+against a CPU's float results: values are compared mesh against mesh, or by shape. One mesh for the
+module.
 """
 
 from __future__ import annotations
@@ -253,7 +254,7 @@ def test_a_grammar_that_matches_no_string_is_refused_on_every_front(served, clie
     ({"prompt_logprobs": 21}, "prompt_logprobs"), ({"guided_grammar": ""}, "guided_grammar"),
     ({"guided_grammar": 'start: "a"\n' + "// padding\n" * 7000}, "guided_grammar"),
     ({"guided_grammar": "\u0000\u0001\u00ff"}, "guided_grammar"), ({"guided_grammar": ["start: \"a\""]}, "guided_grammar"),
-    ({"parallel_tool_calls": "false"}, "parallel_tool_calls"),
+    ({"parallel_tool_calls": "false"}, "parallel_tool_calls"), ({"ignore_eos": True, "guided_grammar": GBNF}, "ignore_eos"),
 ])
 def test_bad_values_are_a_400_naming_the_field(served, body, param):
     status, reply = post_json(served.base, "/completions", {"model": MODEL, "prompt": PROMPT, **body})

@@ -82,3 +82,30 @@ def test_parallel_tool_calls_must_be_a_boolean_on_either_endpoint(path, value):
 def test_a_boolean_parallel_tool_calls_is_harmless_on_completions(value):
     parsed = openai_codec.parse_completion({"model": "m", "prompt": "a", "parallel_tool_calls": value})
     assert parsed.tools is None and not parsed.generate.tools
+
+
+TOOLS = [{"type": "function", "function": {"name": "clock", "parameters": {"type": "object", "properties": {}}}}]
+
+
+# The scheduler refuses ignore_eos with a structured output (the output ends where its grammar
+# does); its message names sampling fields, so the front refuses first, naming the parameter.
+@pytest.mark.parametrize(("body", "named"), [
+    ({"prompt": "a", "guided_grammar": 'root ::= "a"'}, "guided_grammar"),
+    ({"prompt": "a", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "user", "content": "a"}], "guided_regex": "a+"}, "guided_regex"),
+    ({"messages": [{"role": "user", "content": "a"}], "tools": TOOLS, "tool_choice": "required"},
+     "a tool_choice that constrains the output"),
+])
+def test_ignore_eos_with_a_structured_output_is_a_400_naming_ignore_eos(body, named):
+    parse = openai_codec.parse_completion if "prompt" in body else openai_codec.parse_chat
+    with pytest.raises(openai_codec.BadParameter) as caught:
+        parse({"model": "m", "ignore_eos": True, **body})
+    assert caught.value.param == "ignore_eos"
+    assert caught.value.message == f"ignore_eos cannot be combined with {named}: a structured output ends where " \
+                                   "its grammar does"
+
+
+def test_ignore_eos_with_tools_the_model_may_call_or_not_is_accepted():
+    parsed = openai_codec.parse_chat({"model": "m", "messages": [{"role": "user", "content": "a"}], "tools": TOOLS,
+                                      "ignore_eos": True})
+    assert parsed.generate.sampling.ignore_eos and not parsed.generate.sampling.HasField("structured")

@@ -108,7 +108,7 @@ def parse_completion(body: Any) -> OpenAIRequest:
     upstream = options.upstream(sampling.top_logprobs if sampling.logprobs else None)
     if upstream is not None:
         sampling.prompt_logprobs = upstream
-    return _with_choices(dataclasses.replace(parsed, prompt=options), body)
+    return _ends_with_its_structure(_with_choices(dataclasses.replace(parsed, prompt=options), body))
 
 
 def parse_chat(body: Any) -> OpenAIRequest:
@@ -123,10 +123,21 @@ def parse_chat(body: Any) -> OpenAIRequest:
         parsed.generate.sampling.prompt_logprobs = options.prompt_logprobs
     parsed = _with_choices(dataclasses.replace(parsed, prompt=options), body)
     tools = parse_tools(body, parsed.generate)
-    if tools is None:
-        return parsed
-    return dataclasses.replace(parsed, tools=tools,
-                               structured_param="tools" if tools.constrained else parsed.structured_param)
+    if tools is not None:
+        parsed = dataclasses.replace(parsed, tools=tools,
+                                     structured_param="tools" if tools.constrained else parsed.structured_param)
+    return _ends_with_its_structure(parsed)
+
+
+def _ends_with_its_structure(parsed: OpenAIRequest) -> OpenAIRequest:
+    """ignore_eos with a structured output: the scheduler refuses it in sampling's terms (the output
+    ends where its grammar does); refused here first, naming the parameter."""
+    param = parsed.structured_param
+    if parsed.generate.sampling.ignore_eos and param is not None:
+        named = "a tool_choice that constrains the output" if param == "tools" else param
+        raise BadParameter("ignore_eos", f"ignore_eos cannot be combined with {named}: a structured output ends "
+                                         "where its grammar does")
+    return parsed
 
 
 def chat_messages(messages: Any) -> list[gateway_pb2.ChatMessage]:
