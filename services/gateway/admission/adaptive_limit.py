@@ -38,6 +38,20 @@ the flood is the one refused until it is back under its share. Between classes t
 parts decide as before. The limit is exceeded by at most the other tenants' shares of
 their class's part, and only while the flood drains. Not thread-safe: the gateway's one
 event loop calls it.
+
+Held calls (gateway dispatch/hold.py). A sample is the latency of an upstream that served the
+request: the time in which no scheduler could take it (an attempt that failed for want of one: gone,
+draining, silent, not serving the model; the wait before the next; the hold) is left out, and a
+request that ends so (its deadline ran out in the hold) is no sample at all, latency or lateness.
+Otherwise a call held 2 s through an outage read as a 2 s upstream, and after a long outage the
+limit had collapsed while the schedulers were healthy again. While it waits in the hold a request
+gives its slot back (the hold's own cap, `--hold-max-calls`, bounds the waiting ones; the gateway's
+`--max-in-flight` still counts them) and takes it again when it goes out, past the limit if need
+be: it was admitted, and new requests are refused until there is room. So the limit bounds what is
+upstream, the burst of held calls when a scheduler returns aside, which the hold's cap bounds.
+Envoy's adaptive concurrency filter keeps a request's slot, and times its sample, from admission to
+response through the router's retries and connection-pool waits; but Envoy holds no request for
+seconds (no healthy host is an immediate 503), so there both stay short.
 """
 
 from __future__ import annotations
@@ -130,25 +144,69 @@ class _Holder:
 
 
 class LimitPermit:
-    """One admitted request's slot; `done()` exactly once (extra calls are ignored)."""
+    """One admitted request's slot; `done()` exactly once (extra calls are ignored).
 
-    __slots__ = ("_limit", "_tenant_id", "_priority", "admitted_s", "_budget_s", "_sampled", "released")
+    Time in which no scheduler could take the request is not upstream latency (module docstring,
+    "Held calls"): the dispatcher marks each attempt (`attempt()`) and each time no scheduler could
+    take it (`unserved()`), and returns the slot while it waits in the hold (`step_out()`, `step_in()`)."""
 
-    def __init__(self, limit: AdaptiveLimit, tenant_id: str, priority: Priority, admitted_s: float,
+    __slots__ = ("_limit", "_tenant_id", "_priority", "_weight", "admitted_s", "_budget_s", "_sampled", "released",
+                 "_unserved_s", "_unserved_since_s", "_attempt_s", "_stepped_out")
+
+    def __init__(self, limit: AdaptiveLimit, tenant_id: str, priority: Priority, weight: int, admitted_s: float,
                  budget_s: float | None) -> None:
         self._limit = limit
         self._tenant_id = tenant_id
         self._priority = priority
+        self._weight = weight
         self.admitted_s = admitted_s
         self._budget_s = budget_s
         self._sampled = False
         self.released = False
+        # Seconds no scheduler could take the request (kept out of its sample), and since when it
+        # has been so now (None: an attempt is out, or none failed for want of a scheduler).
+        self._unserved_s = 0.0
+        self._unserved_since_s: float | None = None
+        self._attempt_s: float | None = None  # when the attempt out now began
+        self._stepped_out = False
+
+    def attempt(self) -> None:
+        """An attempt goes upstream now: unserved time before it is no part of the sample."""
+        now_s = self._limit._clock()
+        if self._unserved_since_s is not None:
+            self._unserved_s += max(0.0, now_s - self._unserved_since_s)
+            self._unserved_since_s = None
+        self._attempt_s = now_s
+
+    def unserved(self, *, from_attempt: bool = False) -> None:
+        """No scheduler can take the request now; `from_attempt`: the attempt out failed for want of
+        one (gone, draining, silent, not serving the model), so its time is unserved too. Until the
+        next attempt() its time is no part of the sample, and if it ends so it is no sample at all."""
+        if self._unserved_since_s is None:
+            began_s = self._attempt_s if from_attempt else None
+            self._unserved_since_s = self._limit._clock() if began_s is None else began_s
+        self._attempt_s = None
+
+    def step_out(self) -> None:
+        """The request waits in the hold: its slot goes back to the limit meanwhile."""
+        if not self._stepped_out and not self.released:
+            self._stepped_out = True
+            self._limit._release(self._tenant_id, self._priority)
+
+    def step_in(self) -> None:
+        """The request leaves the hold: it takes its slot again, past the limit if need be (it was
+        admitted; new requests are refused until the limit has room again)."""
+        if self._stepped_out:
+            self._stepped_out = False
+            if self.released:  # done() came first (the request ended while held): nothing to take back
+                return
+            self._limit._take(self._tenant_id, self._priority, self._weight)
 
     def first_response(self) -> None:
         """Streams: the first chunk arrived; its latency is the sample (a stream's length is the client's choice)."""
         if not self._sampled:
             self._sampled = True
-            self._limit._sample(self.admitted_s, self._budget_s, Outcome.SUCCESS)
+            self._limit._sample(self._latency_s(), self._budget_s, Outcome.SUCCESS)
 
     @property
     def num_in_flight(self) -> int:
@@ -159,10 +217,16 @@ class LimitPermit:
         if self.released:
             return
         self.released = True
+        if self._unserved_since_s is not None:
+            outcome = Outcome.IGNORED  # it ended with no scheduler able to take it: no news of their load
         if not self._sampled and outcome is not Outcome.IGNORED:
             self._sampled = True
-            self._limit._sample(self.admitted_s, self._budget_s, outcome)
-        self._limit._release(self._tenant_id, self._priority)
+            self._limit._sample(self._latency_s(), self._budget_s, outcome)
+        if not self._stepped_out:
+            self._limit._release(self._tenant_id, self._priority)
+
+    def _latency_s(self) -> float:
+        return self._limit._clock() - self.admitted_s - self._unserved_s
 
 
 class AdaptiveLimit:
@@ -201,15 +265,20 @@ class AdaptiveLimit:
                 f"limit for {priority.name.lower()} traffic is {allowed}; retry after {retry_after_s:.2f} s",
                 retry_after_s=retry_after_s,
             )
+        holder = self._take(tenant_id, priority, weight)
+        holder.weight = weight  # the latest weight wins, as in the scheduler's fair queue
+        return LimitPermit(self, tenant_id, priority, weight, self._clock(), budget_s)
+
+    def _take(self, tenant_id: str, priority: Priority, weight: int) -> _Holder:
+        """One more request of `tenant_id` in flight (`weight`: its tenant's, if it holds none now)."""
         holder = self._holders.get(tenant_id)
         if holder is None:
             holder = self._holders[tenant_id] = _Holder(weight)
-        holder.weight = weight  # the latest weight wins, as in the scheduler's fair queue
         holder.add(priority, 1)
         self.num_in_flight += 1
         window = self._window
         window.max_in_flight = max(window.max_in_flight, self.num_in_flight)
-        return LimitPermit(self, tenant_id, priority, self._clock(), budget_s)
+        return holder
 
     def num_held_by(self, tenant_id: str) -> int:
         """Requests of `tenant_id` in flight on this limit, at every class."""
@@ -238,9 +307,8 @@ class AdaptiveLimit:
 
     # -- learning ----------------------------------------------------------------
 
-    def _sample(self, admitted_s: float, budget_s: float | None, outcome: Outcome) -> None:
+    def _sample(self, latency_s: float, budget_s: float | None, outcome: Outcome) -> None:
         now = self._clock()
-        latency_s = now - admitted_s
         window = self._window
         if outcome is Outcome.DROPPED:
             window.num_late += 1

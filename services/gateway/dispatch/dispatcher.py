@@ -21,6 +21,8 @@ serving the model, and no regroup round left), an idempotent call or a resumable
 (hold.py) and sent again as soon as one can, while its deadline allows; a stream keeps the tokens
 it delivered and resumes from them. A resume that no scheduler took is held, not counted as
 another resume. Only such failures are held: a live scheduler's refusal stays with the budget.
+The model's adaptive limit hears of it (ModelSlot): time in which no scheduler could take the call
+is no latency sample, and a held call gives its slot back while it waits (adaptive_limit.py).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from opentelemetry import trace
 
@@ -156,11 +158,13 @@ class Dispatcher:
         while True:
             route = await self._route_or_hold(scope, attempts)
             timeout_s = self._timeout_s(scope, route, attempts.last_failure)
+            _slot(scope).attempt()
             with _attempt_span(len(attempts.tried), route, "Generate" if work is WorkKind.GENERATE else "Classify"):
                 try:
                     result = await call(self._clients.get(route.endpoint), route.version, timeout_s)
                 except AttemptError as failure:
                     attempts.failed(failure)
+                    _note_unserved(scope, failure)
                     self._report(route, failure)
                     decision = self._retry_or_regroup(scope, work, route, failure, attempts, accepted=True)
                 except BaseException:
@@ -186,6 +190,7 @@ class Dispatcher:
                             "infermesh.tokens_delivered": resume.num_delivered,
                             **_client_attributes(route, "Generate")},
             )
+            _slot(scope).attempt()
             with trace.use_span(attempt_span, end_on_exit=False):  # the call carries this span's traceparent
                 upstream = call(self._clients.get(route.endpoint), route.version, timeout_s, resume.continuation())
             num_chunks = 0
@@ -203,6 +208,8 @@ class Dispatcher:
                     raise _cut(route.endpoint)
             except AttemptError as failure:
                 attempts.failed(failure)
+                if not num_chunks:
+                    _note_unserved(scope, failure)
                 self._report(route, failure)
                 if num_delivered_before and not num_chunks and self._may_hold(failure):
                     decision = self._resume_untaken(scope, route, attempts)
@@ -241,6 +248,7 @@ class Dispatcher:
             try:
                 return self._route(scope, attempts.tried, attempts.last_failure, version)
             except _NoRoute as no_route:
+                _slot(scope).unserved()
                 decision = self._regroup(scope, no_route.failure, attempts)
                 if decision is not None:
                     await self._sleep(decision.delay_s)
@@ -248,6 +256,7 @@ class Dispatcher:
                 error = _final_error(scope, no_route.failure)
                 await self._hold(scope, attempts, error, holdable=isinstance(no_route.error, Unavailable))
             except Unavailable as no_endpoint:  # before any attempt: every breaker open, or none known
+                _slot(scope).unserved()
                 await self._hold(scope, attempts, no_endpoint, holdable=True)
 
     def _retry_or_regroup(self, scope, work: WorkKind, route: Route, failure: AttemptError, attempts: _Attempts,
@@ -311,11 +320,16 @@ class Dispatcher:
             attempts.held_since_s = now_s
             metrics.HELD_CALLS.labels(scope.metric_model, "held").inc()
         self._on_regroup()  # poll every scheduler now: one that answers with the model ready wakes the call
+        slot = _slot(scope)
+        slot.unserved()
+        slot.step_out()  # the hold's cap bounds the waiting calls; the model's limit, what is upstream
         try:
             woken = await hold.wait(scope.model, num_waits=attempts.num_holds, max_wait_s=max_wait_s,
                                     label=scope.metric_model)
         except HoldFull:  # cannot happen on one event loop: `full` was just checked
             raise error from None
+        finally:
+            slot.step_in()
         if not woken:  # what is left is the margin to finish in
             now_s = self._deadlines.clock()
             raise _held_too_long(now_s - attempts.held_since_s, scope.deadline.remaining_s(now_s), error)
@@ -437,6 +451,49 @@ class Dispatcher:
     def _observe(self, endpoint: str) -> None:
         state = self._breakers.for_endpoint(endpoint).state
         metrics.BREAKER_STATE.labels(endpoint).set(metrics.BREAKER_STATE_VALUE[state.value])
+
+
+class ModelSlot(Protocol):
+    """The request's slot in its model's adaptive limit (admission/adaptive_limit.LimitPermit): its
+    latency sample is the time a scheduler served it, and it leaves the limit while held."""
+
+    def attempt(self) -> None: ...
+
+    def unserved(self, *, from_attempt: bool = False) -> None: ...
+
+    def step_out(self) -> None: ...
+
+    def step_in(self) -> None: ...
+
+
+class _NoSlot:
+    """A scope that holds no model slot (admission refused none, or a test's plain scope)."""
+
+    def attempt(self) -> None:
+        return None
+
+    def unserved(self, *, from_attempt: bool = False) -> None:
+        return None
+
+    def step_out(self) -> None:
+        return None
+
+    def step_in(self) -> None:
+        return None
+
+
+_NO_SLOT = _NoSlot()
+
+
+def _slot(scope) -> ModelSlot:
+    slot = getattr(scope, "model_permit", None)
+    return _NO_SLOT if slot is None else slot
+
+
+def _note_unserved(scope, failure: AttemptError) -> None:
+    """An attempt failed because no scheduler could take it: its time is no upstream latency."""
+    if _holdable(failure):
+        _slot(scope).unserved(from_attempt=True)
 
 
 def _count_redispatch(scope, attempts: _Attempts) -> None:

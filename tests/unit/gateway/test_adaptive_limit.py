@@ -230,3 +230,95 @@ def test_one_tenant_alone_is_refused_exactly_as_before():
     limit = make_limit(initial_limit=10)
     assert len(admit_until_refused(limit, CRITICAL, "only")) == 10
     assert len(admit_until_refused(limit, CRITICAL, "only")) == 0
+
+
+# -- held calls (gateway dispatch/hold.py): only the time a scheduler served is a sample ----------------
+
+
+def run_outage_windows(limit: AdaptiveLimit, clock: FakeClock, *, num_windows: int, num_in_flight: int,
+                       served_s: float, held_s: float, outcome: Outcome = Outcome.SUCCESS) -> None:
+    """Each window: `num_in_flight` requests whose first attempt found no scheduler after 0.6 s (a
+    silent one), then waited `held_s` in the hold, then were served in `served_s`."""
+    for _ in range(num_windows):
+        permits = [limit.acquire(CRITICAL, 10.0) for _ in range(num_in_flight)]
+        for permit in permits:
+            permit.attempt()
+        clock.advance(0.6)
+        for permit in permits:
+            permit.unserved(from_attempt=True)
+            permit.step_out()
+        clock.advance(held_s)
+        for permit in permits:
+            permit.step_in()
+            permit.attempt()
+        clock.advance(served_s)
+        for permit in permits:
+            permit.done(outcome)
+        clock.advance(0.06)
+
+
+def test_time_no_scheduler_could_take_a_request_is_not_its_latency_sample():
+    clock = FakeClock()
+    limit = make_limit(clock)
+    run_outage_windows(limit, clock, num_windows=1, num_in_flight=20, served_s=0.02, held_s=2.0)
+    assert limit.recent_s == pytest.approx(0.02)
+
+
+def test_after_a_long_outage_the_limit_is_where_it_was():
+    clock = FakeClock()
+    limit = make_limit(clock, initial_limit=30)
+    run_windows(limit, clock, num_windows=5, num_in_flight=20, latency_s=0.02)
+    before, baseline_s = limit.limit, limit.baseline_s
+    # 20 windows of calls held 2 s each, served as fast as before. Before this each read as a 2.6 s
+    # upstream: the limit fell from 36 to 19 within the outage, and the next request was refused.
+    run_outage_windows(limit, clock, num_windows=20, num_in_flight=20, served_s=0.02, held_s=2.0)
+    assert limit.limit >= before
+    assert limit.baseline_s == pytest.approx(baseline_s)
+
+
+def test_a_request_that_ends_with_no_scheduler_to_take_it_is_no_sample_at_all():
+    clock = FakeClock()
+    limit = make_limit(clock, initial_limit=30)
+    for outcome in (Outcome.DROPPED, Outcome.SUCCESS):  # its deadline ran out in the hold; any outcome
+        permits = [limit.acquire(CRITICAL, 3.0) for _ in range(20)]
+        for permit in permits:
+            permit.attempt()
+            permit.unserved(from_attempt=True)
+        clock.advance(2.9)
+        for permit in permits:
+            permit.done(outcome)
+    assert limit.limit == 30 and limit.recent_s is None
+    assert limit.num_in_flight == 0
+
+
+def test_a_held_request_gives_its_slot_back_and_takes_it_again_past_the_limit():
+    limit = make_limit(initial_limit=10)  # one tenant: no fair share to let anyone past the limit
+    held = [limit.acquire(CRITICAL, 10.0) for _ in range(10)]
+    with pytest.raises(ResourceExhausted):
+        limit.acquire(CRITICAL, 10.0)
+    for permit in held:
+        permit.unserved()
+        permit.step_out()
+        permit.step_out()  # idempotent
+    assert limit.num_in_flight == 0 and limit.num_held_by("") == 0
+    new = [limit.acquire(CRITICAL, 10.0) for _ in range(10)]  # the hold's own cap bounds the held ones
+    for permit in held:
+        permit.step_in()
+        permit.step_in()  # idempotent
+    assert limit.num_in_flight == 20 and limit.num_held_by("") == 20
+    with pytest.raises(ResourceExhausted):  # refused until the held calls' burst has drained
+        limit.acquire(CRITICAL, 10.0)
+    for permit in [*held, *new]:
+        permit.done(Outcome.SUCCESS)
+    assert limit.num_in_flight == 0
+    limit.acquire(CRITICAL, 10.0)
+
+
+def test_a_request_cancelled_while_held_releases_its_slot_once():
+    limit = make_limit(initial_limit=10)
+    permit = limit.acquire(CRITICAL, 10.0)
+    permit.unserved()
+    permit.step_out()
+    permit.done(Outcome.IGNORED)  # the scope's exit, before the hold's step_in
+    permit.step_in()
+    assert limit.num_in_flight == 0 and limit.num_held_by("") == 0

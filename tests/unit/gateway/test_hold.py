@@ -15,6 +15,7 @@ from prometheus_client import REGISTRY
 
 from services.common.errors import DeadlineExceeded, Unavailable
 from services.common.priority import Priority
+from services.gateway.admission.adaptive_limit import AdaptiveLimit, AdaptiveLimitConfig, Outcome
 from services.gateway.dispatch.deadlines import Deadline, DeadlinePolicy, Deadlines
 from services.gateway.dispatch.dispatcher import Dispatcher
 from services.gateway.dispatch.hold import HOLD_BACKOFF_S, CallHold
@@ -260,3 +261,62 @@ async def test_a_stream_held_mid_way_resumes_exactly_and_the_wait_costs_no_resum
     assert continuations[-1] == (1, 2, 3) and len(continuations) > 2
     assert _sample("infermesh_gateway_stream_resumes_total", reason="unavailable") - resumes == 1
     assert parts.hold.num_held == 0
+
+
+# -- the model's adaptive limit around the hold (admission/adaptive_limit.py, "Held calls") --------------
+
+
+def _limited_scope(clock, limit: AdaptiveLimit, timeout_s: float = 10.0):
+    scope = _scope(clock, timeout_s)
+    scope.model_permit = limit.acquire(Priority.CRITICAL, timeout_s)
+    return scope
+
+
+async def test_held_calls_leave_the_limit_while_held_and_their_wait_is_no_latency_sample(clock):
+    parts = _make(clock)
+    limit = AdaptiveLimit(MODEL, AdaptiveLimitConfig(initial_limit=20, min_limit=2, min_window_samples=20,
+                                                     min_window_s=0.001), clock)
+    back_at_s = clock() + 3.0
+    served_s = 0.02
+
+    async def call(client, version, timeout_s):
+        if clock() < back_at_s:
+            raise _gone()
+        await clock.sleep(served_s)
+        return "labels"
+
+    scopes = [_limited_scope(clock, limit) for _ in range(20)]
+    tasks = [asyncio.ensure_future(parts.dispatcher.unary(scope, WorkKind.CLASSIFY, call)) for scope in scopes]
+    while parts.hold.num_held < 20:
+        await asyncio.sleep(0)
+        clock.advance(STEP_S)
+    assert limit.num_in_flight == 0, "held calls give their slots back; the hold's cap bounds them"
+    new = limit.acquire(Priority.CRITICAL, 10.0)  # the model's limit is free for calls that can go
+    new.done(Outcome.IGNORED)
+    await _drive(clock, parts, tasks, back_at_s=back_at_s)
+    assert [t.result() for t in tasks] == ["labels"] * 20
+    assert limit.num_in_flight == 20, "back in the limit once sent again, until they finish"
+    for scope in scopes:  # what RequestScope.finish does with an OK
+        scope.model_permit.done(Outcome.SUCCESS)
+    assert limit.num_in_flight == 0
+    assert limit.recent_s is not None and limit.recent_s < 0.2, (
+        f"the sample is the served attempt ({served_s} s and the fake clock's steps), not 3 s of hold: "
+        f"{limit.recent_s}")
+    assert limit.limit >= 20
+
+
+async def test_a_call_whose_deadline_ran_out_in_the_hold_is_no_congestion_signal(clock):
+    parts = _make(clock)
+    limit = AdaptiveLimit(MODEL, AdaptiveLimitConfig(initial_limit=20, min_limit=2, min_window_samples=20,
+                                                     min_window_s=0.001), clock)
+    scopes = [_limited_scope(clock, limit, timeout_s=2.0) for _ in range(20)]
+    tasks = [asyncio.ensure_future(parts.dispatcher.unary(scope, WorkKind.CLASSIFY,
+                                                          _unary_down_until(clock, clock() + 100)))
+             for scope in scopes]
+    await _drive(clock, parts, tasks, back_at_s=clock() + 100)
+    for task, scope in zip(tasks, scopes, strict=True):
+        with pytest.raises(DeadlineExceeded):
+            task.result()
+        scope.model_permit.done(Outcome.DROPPED)  # RequestScope.finish maps DEADLINE_EXCEEDED so
+    assert limit.limit == 20 and limit.recent_s is None, "no scheduler was there to be congested"
+    assert limit.num_in_flight == 0
