@@ -18,11 +18,13 @@ xgrammar on the same schema, tokenizer and outputs.
   items than N tokens can hold, so that every constrained stream also runs to N tokens (a stream that
   ends early is an error, not a figure).
 * The grammar's CPU per token, on the worker's own code: the constrained outputs of the mesh phases
-  replayed through services/worker/grammar.py's Guide (consume the last token, compute the mask,
-  unpack it: "mask") and the step executor's apply (processed_logits' float64 copy and the -inf
-  fill of a 32 000-logit row: "apply"), one token at a time, RUNS times; each run's median, and their
-  median. The worker's own postprocess stage (its metrics: sampling, and the grammar's work in the
-  schema phases) per step of each phase is reported beside it.
+  replayed as the worker's steps run them, all streams at each position (services/worker/step_masks.py:
+  StepMasker.compute consumes each stream's last token and fills its bitmask row, "mask", which the
+  worker runs on its mask thread while the forward runs; then mask_logits' -inf fill of all those rows
+  at once, "apply", on the step's critical path), RUNS times; each run's median, and their median.
+  The worker's own postprocess stage (its metrics: what waiting for the masks after the forward,
+  the fill and sampling take) per step of each phase is reported beside it: the schema phase's
+  postprocess minus the plain one's is the grammar's share of the step's critical path.
 * Engines: the same outputs through llguidance's matcher alone (compute_bitmask, consume_token) and
   through xgrammar's (fill_next_token_bitmask, accept_token) in .venv-xgrammar
   (bench/worker/xgrammar_masks.py; --build-xgrammar-venv makes it: xgrammar with --no-deps, its
@@ -151,34 +153,41 @@ def worker_stages(metrics_port: int) -> dict[str, tuple[float, float]]:
 
 def replay_worker_path(grammar: str, tokenizer, outputs: Sequence[Sequence[int]], vocab_size: int,
                        runs: int) -> dict[str, object]:
-    """The worker's grammar work per token (Guide.allowed, then processed_logits + the -inf fill)."""
-    from services.worker.grammar import Guide
-    from services.worker.sampling import processed_logits
-    from services.worker.work import SamplingParams
+    """The worker's grammar work per token, as its step does it: at each position, every output's
+    mask (StepMasker.compute: consume the last token, fill the sequence's bitmask row; on the worker
+    this runs on the mask thread, beside the forward), then the vectorised -inf fill of all those rows
+    of a float32 logits matrix (mask_logits, on the step's critical path). Each step's time is spread
+    over its tokens."""
+    from services.worker.step_masks import MaskJob, StepMasker, mask_logits
 
-    params = SamplingParams(temperature=1.0, grammar=grammar)
-    row = np.random.default_rng(0).standard_normal(vocab_size).astype(np.float32)
+    logits = np.random.default_rng(0).standard_normal((len(outputs), vocab_size)).astype(np.float32)
     mask_runs, apply_runs = [], []
     for _ in range(runs):
-        mask_us, apply_us = [], []
-        for output in outputs:
-            guide = Guide(tokenizer, grammar)
-            for i in range(len(output)):
-                t0 = time.perf_counter()
-                allowed = guide.allowed(output[:i])
-                t1 = time.perf_counter()
-                logits = processed_logits(row, params)
-                logits[~allowed] = -np.inf
-                t2 = time.perf_counter()
-                mask_us.append((t1 - t0) * 1e6)
-                apply_us.append((t2 - t1) * 1e6)
-                if not allowed[output[i]]:
-                    raise RuntimeError(f"the replay refused token {output[i]} at {i}: not the worker's grammar")
+        masker = StepMasker(tokenizer)
+        guides = [None] * len(outputs)
+        mask_us: list[float] = []
+        apply_us: list[float] = []
+        for i in range(max(map(len, outputs))):
+            live = [k for k, output in enumerate(outputs) if i < len(output)]
+            jobs = [MaskJob(grammar, guides[k], outputs[k][i - 1 : i] if guides[k] else outputs[k][:i]) for k in live]
+            rows = logits[: len(live)].copy()
+            t0 = time.perf_counter()
+            masks = masker.compute(jobs)
+            t1 = time.perf_counter()
+            mask_logits(rows, range(len(live)), masks.bitmask)
+            t2 = time.perf_counter()
+            mask_us += [(t1 - t0) * 1e6 / len(live)] * len(live)
+            apply_us += [(t2 - t1) * 1e6 / len(live)] * len(live)
+            for row, k in enumerate(live):
+                if masks.errors[row] is not None or not np.isfinite(rows[row, outputs[k][i]]):
+                    raise RuntimeError(f"the replay refused token {outputs[k][i]} at {i}: not the worker's grammar")
+                guides[k] = masks.guides[row]
         mask_runs.append(mask_us)
         apply_runs.append(apply_us)
     return {"mask": per_token_runs(mask_runs), "apply": per_token_runs(apply_runs),
-            "what": "mask: Guide.allowed (consume the last token, compute_bitmask, unpack to bool[vocab]); "
-                    "apply: processed_logits' float64 copy + logits[~allowed] = -inf on a 32000-logit row"}
+            "what": "mask: StepMasker.compute over every stream at a position (consume the last token, fill its "
+                    "bitmask row; the worker runs it beside the forward); apply: mask_logits' -inf fill of those "
+                    "rows of float32[streams, 32000] at once (on the step's critical path); per token"}
 
 
 def replay_llguidance(grammar: str, tokenizer, outputs: Sequence[Sequence[int]], runs: int,

@@ -56,25 +56,44 @@ class _ByteTokens:
 
 
 class Guide:
-    """One sequence's matcher: which token ids may come next, given the output so far."""
+    """One sequence's matcher: which token ids may come next, given the output so far.
+
+    `advance` feeds it the output tokens it has not seen, `fill_mask` writes the next token's mask
+    into a bitmask row (what the step executor uses, on its mask thread: services/worker/step_masks.py);
+    `allowed` does both and unpacks the row. Not thread-safe: one thread uses a guide at a time."""
 
     def __init__(self, tokenizer: GrammarTokenizer, grammar: str) -> None:
         self._matcher = llguidance.LLMatcher(tokenizer.tokenizer, grammar, log_level=0)
         if self._matcher.is_error():
             raise GrammarError(f"the grammar does not load: {self._matcher.get_error()}")
         self._vocab_size = tokenizer.vocab_size
+        self._num_words = (tokenizer.tokenizer.vocab_size + 31) // 32
         self.grammar = grammar
-        self._num_consumed = 0
+        self.num_consumed = 0  # output tokens consumed so far
+
+    def advance(self, token_ids: Sequence[int]) -> None:
+        """Consumes the next output tokens (those after the first num_consumed)."""
+        if token_ids and not self._matcher.consume_tokens(list(token_ids)):
+            raise GrammarError(f"the output left the grammar: {self._matcher.get_error()}")
+        self.num_consumed += len(token_ids)
+
+    def fill_mask(self, row: np.ndarray) -> None:
+        """Writes the next token's mask into `row: int32[(tokenizer vocab + 31) // 32]` (bit t % 32 of
+        word t // 32 set: token t allowed), with the GIL released while llguidance computes it."""
+        if row.dtype != np.int32 or row.shape != (self._num_words,) or not row.flags.c_contiguous:
+            raise ValueError(f"a mask row is int32[{self._num_words}], contiguous; got {row.dtype}{list(row.shape)}")
+        self._matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+        # A matcher in error state writes an end-only mask instead of failing: the error is read here.
+        if self._matcher.is_error():
+            raise GrammarError(f"the output left the grammar: {self._matcher.get_error()}")
+        if not row.any():
+            raise GrammarError(f"the grammar allows no token: {self._matcher.get_error() or 'stopped'}")
 
     def allowed(self, output_token_ids: Sequence[int]) -> np.ndarray:
         """bool[vocab_size]: the ids the grammar takes after `output_token_ids` (the whole output so
         far; the ones not consumed yet are consumed first)."""
-        pending = list(output_token_ids[self._num_consumed :])
-        if pending and not self._matcher.consume_tokens(pending):
-            raise GrammarError(f"the output left the grammar: {self._matcher.get_error()}")
-        self._num_consumed = len(output_token_ids)
-        bits = np.unpackbits(np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
-        allowed = bits[: self._vocab_size].astype(bool)
-        if not allowed.any():
-            raise GrammarError(f"the grammar allows no token: {self._matcher.get_error() or 'stopped'}")
-        return allowed
+        self.advance(output_token_ids[self.num_consumed :])
+        row = np.zeros(self._num_words, dtype=np.int32)
+        self.fill_mask(row)
+        bits = np.unpackbits(row.astype("<u4", copy=False).view(np.uint8), bitorder="little")
+        return bits[: self._vocab_size].astype(bool)

@@ -2,24 +2,28 @@
 
 The step is checked and mirrored by `SequenceMirror` (the Attach contract: block
 tables, cached positions, a failing sequence fails alone); the admitted sequences
-then run through the model in one call and the sampled ones get a token.
+then run through the model in one call and the sampled ones get a token. The
+constrained ones' grammar masks are computed while the model runs
+(services/worker/step_masks.py) and applied to their rows at once after it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 
 import numpy as np
 
 from services.common.clock import Clock
 from services.common.logprobs import PositionLogprobs
-from services.worker.grammar import GrammarError, GrammarTokenizer, Guide
+from services.worker.grammar import GrammarError, GrammarTokenizer
 from services.worker.models.generator import Generator
 from services.worker.models.paged import PagedSequence
 from services.worker.prompt_logprobs import chunk_targets, prompt_logprobs
 from services.worker.sampling import processed_logits, sample
 from services.worker.sequence_mirror import AdmittedSequence, SequenceMirror
+from services.worker.step_masks import MaskJob, StepMasker, StepMasks, mask_logits
 from services.worker.work import ErrorCode, ItemError, RunStep, SequenceOutput, StageDurations
 
 
@@ -35,25 +39,56 @@ class StepExecutor:
     ) -> None:
         """`grammar_tokenizer`: the model's tokenizer for constrained sampling (None: refused per sequence)."""
         self.generator = generator
-        self.grammar_tokenizer = grammar_tokenizer
         self.cache = generator.new_kv_cache(num_kv_blocks, block_size)
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
         self.clock = clock
         self._mirror = SequenceMirror(num_kv_blocks, block_size, generator.vocab_size, generator.max_seq_len,
                                       seed_source)
+        self._masker: StepMasker | None = None
+        self.grammar_tokenizer = grammar_tokenizer
 
-    def _allowed(self, admitted: AdmittedSequence) -> np.ndarray:
-        """The ids the sequence's grammar allows next; its matcher made here on first use (or after a reset)."""
+    @property
+    def grammar_tokenizer(self) -> GrammarTokenizer | None:
+        return self._masker.tokenizer if self._masker is not None else None
+
+    @grammar_tokenizer.setter
+    def grammar_tokenizer(self, tokenizer: GrammarTokenizer | None) -> None:
+        if self._masker is not None:
+            self._masker.close()
+        self._masker = StepMasker(tokenizer) if tokenizer is not None else None
+
+    def _mask_job(self, admitted: AdmittedSequence) -> MaskJob:
+        """What the mask thread needs for the sequence: its guide (None: make one) and the output
+        tokens the guide has not consumed (the mirror's list is read here, never on the thread)."""
         seq = admitted.step
         guide = self._mirror.guide(seq.seq_id)
-        if guide is None or guide.grammar != seq.sampling.grammar:
-            if self.grammar_tokenizer is None:
-                raise GrammarError("this worker's model has no tokenizer to constrain its output with")
-            guide = Guide(self.grammar_tokenizer, seq.sampling.grammar)
-            self._mirror.set_guide(seq.seq_id, guide)
-        history = admitted.token_ids
-        return guide.allowed(history[len(history) - seq.num_generated :])
+        if guide is not None and guide.grammar != seq.sampling.grammar:
+            guide = None
+        output_start = len(admitted.token_ids) - seq.num_generated
+        consumed = guide.num_consumed if guide is not None else 0
+        return MaskJob(seq.sampling.grammar, guide, admitted.token_ids[output_start + consumed :])
+
+    def _start_masks(self, constrained: Sequence[AdmittedSequence]) -> Future[StepMasks] | None:
+        if not constrained or self._masker is None:
+            return None
+        return self._masker.start([self._mask_job(a) for a in constrained])
+
+    def _take_masks(self, constrained: Sequence[AdmittedSequence], masks: StepMasks | None,
+                    logits: np.ndarray, rows: Sequence[int]) -> dict[int, GrammarError]:
+        """Masks the constrained sequences' sample rows of `logits` (all at once) and keeps their
+        guides; the errors of those that failed, by sequence id (they fail alone)."""
+        if masks is None:  # constrained sequences on a worker without a tokenizer
+            error = GrammarError("this worker's model has no tokenizer to constrain its output with")
+            return {a.step.seq_id: error for a in constrained}
+        mask_logits(logits, rows, masks.bitmask)
+        errors: dict[int, GrammarError] = {}
+        for admitted, guide, failed in zip(constrained, masks.guides, masks.errors, strict=True):
+            if failed is not None:
+                errors[admitted.step.seq_id] = failed
+            elif guide is not self._mirror.guide(admitted.step.seq_id):
+                self._mirror.set_guide(admitted.step.seq_id, guide)
+        return errors
 
     @property
     def num_sequences(self) -> int:
@@ -81,41 +116,50 @@ class StepExecutor:
         paged = [PagedSequence(tuple(a.step.token_ids), a.step.start_position, a.block_table,
                                needs_logits=a.step.sample, all_logits=a.step.prompt_logprobs is not None)
                  for a in admission.admitted]
+        first_rows = _first_logit_rows(paged)
+        constrained_positions = [p for p, a in enumerate(admission.admitted) if a.step.sample and a.step.sampling.grammar]
+        constrained = [admission.admitted[p] for p in constrained_positions]
 
         t_start = self.clock()
-        # One device-to-host copy per step (sampling runs on the host); it also waits for the GPU,
-        # so compute_s covers the device work, not only its launch.
-        logits = self.generator.step(paged, self.cache).cpu() if paged else None
-        t_computed = self.clock()
+        pending_masks = self._start_masks(constrained)
+        try:
+            # One device-to-host copy per step (sampling runs on the host); it also waits for the GPU,
+            # so compute_s covers the device work, not only its launch.
+            logits = self.generator.step(paged, self.cache).cpu() if paged else None
+        finally:
+            t_computed = self.clock()
+            # Waited for even when the forward failed: the thread must be done with the guides.
+            masks = pending_masks.result() if pending_masks is not None else None
+        grammar_errors: dict[int, GrammarError] = {}
+        if constrained:
+            assert logits is not None  # a sampling sequence means the step ran (paged is non-empty)
+            sample_rows = [first_rows[p] + _num_logit_rows(paged[p]) - 1 for p in constrained_positions]
+            grammar_errors = self._take_masks(constrained, masks, logits.numpy(), sample_rows)
 
-        row = 0
-        for admitted in admission.admitted:
+        for position, admitted in enumerate(admission.admitted):
             seq = admitted.step
+            row = first_rows[position]
             prompt: tuple[PositionLogprobs, ...] = ()
             if seq.prompt_logprobs is not None:
                 assert logits is not None  # the sequence is in the step, so the step ran
                 targets = chunk_targets(seq.token_ids, seq.next_prompt_token_id)
                 prompt = prompt_logprobs(logits[row:row + len(targets)], targets, seq.prompt_logprobs)
-                row += len(seq.token_ids) - 1  # the last row: the sample's, or the next chunk's token's
-                if not seq.sample:
-                    row += 1
             if not seq.sample:
                 self._mirror.computed(admitted)
                 outputs[admitted.index] = SequenceOutput(seq.seq_id, prompt_logprobs=prompt)
                 continue
+            error = grammar_errors.get(seq.seq_id)
+            if error is not None:
+                self._mirror.forget([seq.seq_id])  # the scheduler aborts a failed sequence
+                outputs[admitted.index] = SequenceOutput(seq.seq_id, error=ItemError(
+                    ErrorCode.INVALID_ARGUMENT, f"sequence {seq.seq_id}: {error}"))
+                continue
             assert logits is not None  # a sampling sequence means the step ran (paged is non-empty)
-            row_logits = logits[row].numpy()
-            row += 1
-            if seq.sampling.penalized or seq.sampling.logit_bias or seq.sampling.grammar:
+            # The sample's row: the last of the sequence's rows (already masked when constrained).
+            row_logits = logits[row + _num_logit_rows(paged[position]) - 1].numpy()
+            if seq.sampling.penalized or seq.sampling.logit_bias:
+                # A masked logit stays -inf under the bias and the penalties, so masking first is the same.
                 row_logits = processed_logits(row_logits, seq.sampling, admitted.token_ids, seq.num_generated)
-            if seq.sampling.grammar:
-                try:
-                    row_logits[~self._allowed(admitted)] = -np.inf
-                except GrammarError as exc:
-                    self._mirror.forget([seq.seq_id])  # the scheduler aborts a failed sequence
-                    outputs[admitted.index] = SequenceOutput(seq.seq_id, error=ItemError(
-                        ErrorCode.INVALID_ARGUMENT, f"sequence {seq.seq_id}: {exc}"))
-                    continue
             drawn = sample(row_logits, seq.sampling, seed=admitted.seed, index=seq.num_generated)
             self._mirror.computed(admitted, drawn.token_id)
             outputs[admitted.index] = SequenceOutput(seq.seq_id, token_id=drawn.token_id, logprob=drawn.logprob,
@@ -124,3 +168,19 @@ class StepExecutor:
         return [outputs[pos] for pos in range(len(step.seqs))], StageDurations(
             compute_s=t_computed - t_start, postprocess_s=t_done - t_computed
         )
+
+
+def _num_logit_rows(seq: PagedSequence) -> int:
+    """The rows the generator returns for the sequence: every position's, the last one's, or none."""
+    if seq.all_logits:
+        return len(seq.token_ids)
+    return 1 if seq.needs_logits else 0
+
+
+def _first_logit_rows(paged: Sequence[PagedSequence]) -> list[int]:
+    """Each sequence's first row in the step's logits (the generator stacks their rows in step order)."""
+    starts, row = [], 0
+    for seq in paged:
+        starts.append(row)
+        row += _num_logit_rows(seq)
+    return starts
