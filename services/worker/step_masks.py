@@ -96,8 +96,17 @@ def mask_logits(logits: np.ndarray, rows: Sequence[int], bitmask: np.ndarray) ->
     if not len(rows):
         return
     # The int32 words' bytes, least significant first, then each byte's bits, lowest first: token t
-    # is bit t of the row. `<u4` makes the bytes little-endian on any host (a no-op on x86 and ARM).
-    row_bytes = bitmask.astype("<u4", copy=False).view(np.uint8)
-    allowed = np.unpackbits(row_bytes, axis=1, count=logits.shape[1], bitorder="little").astype(bool)
+    # is bit t of the row (`<u4`: little-endian bytes on any host, a no-op on x86 and ARM). The words
+    # are inverted first, so the bits unpack straight into "masked" (0/1 bytes, read as bool).
+    width = min(logits.shape[1], 32 * bitmask.shape[1])
+    masked = np.unpackbits((~bitmask).astype("<u4", copy=False).view(np.uint8), axis=1, count=width,
+                           bitorder="little").view(bool)
+    first = rows[0]
+    # Every row of a run of decodes is one block of rows: a view, filled in place; else a copy, put back.
+    contiguous = list(rows) == list(range(first, first + len(rows)))
     index = np.asarray(rows, dtype=np.intp)
-    logits[index] = np.where(allowed, logits[index], -np.inf)
+    selected = logits[first : first + len(rows)] if contiguous else logits[index]
+    np.copyto(selected[:, :width], -np.inf, where=masked)
+    selected[:, width:] = -np.inf
+    if not contiguous:
+        logits[index] = selected

@@ -59,13 +59,13 @@ def test_the_mask_thread_allows_what_the_serial_path_allows_for_every_grammar_an
     assert set(Guide(BYTES, GRAMMARS["lark"]).allowed(list(OUTPUTS["lark"])).nonzero()[0]) == {EOS}
 
 
-def test_the_vectorised_fill_equals_the_row_by_row_fill():
+@pytest.mark.parametrize("rows", [[4, 0, 2], [1, 2, 3]])  # scattered rows, and a block of them
+def test_the_vectorised_fill_equals_the_row_by_row_fill(rows: list[int]):
     rng = np.random.default_rng(7)
     logits = rng.standard_normal((5, BYTES.vocab_size)).astype(np.float32)
     masker = StepMasker(BYTES)
     jobs = [MaskJob(GRAMMARS[n], None, list(OUTPUTS[n][:k])) for n, k in (("regex", 3), ("choice", 0), ("lark", 3))]
     masks = masker.compute(jobs)
-    rows = [4, 0, 2]
     expected = logits.copy()
     for (name, k), row in zip((("regex", 3), ("choice", 0), ("lark", 3)), rows, strict=True):
         expected[row][~Guide(BYTES, GRAMMARS[name]).allowed(list(OUTPUTS[name][:k]))] = -np.inf
