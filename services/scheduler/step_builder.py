@@ -20,8 +20,11 @@ class StepBuilder:
         # seq_id -> (sequence, tokens to compute, blocks appended this step)
         self.picked: dict[int, tuple[Sequence, int, tuple[int, ...]]] = {}
         self.preempted: list[int] = []
-        # Decodes planned ahead (schedule_ahead): each computes the token the step in flight samples.
+        # Decodes planned ahead (schedule_ahead): each computes the token a step in flight samples.
         self.ahead: list[SequenceStep] = []
+        # Where a step in flight samples a running sequence's next input (schedule_ahead): seq_id ->
+        # (the position of that token, tokens generated before it). Others decode from their own state.
+        self.in_flight_samples: dict[int, tuple[int, int]] = {}
         self.num_long_prefills = 0  # picked sequences with more than one chunk of prompt left
 
     def pick(self, seq: Sequence, num_new_tokens: int, new_blocks: tuple[int, ...]) -> None:
@@ -39,6 +42,19 @@ class StepBuilder:
         ))
         self.token_budget -= 1
         self._service.charge(seq.tenant, num_decode_tokens=1)
+
+    def decode_end(self, seq: Sequence) -> int:
+        """The positions `seq` covers once its next decode is computed."""
+        after = self.in_flight_samples.get(seq.seq_id)
+        return (seq.num_computed_tokens if after is None else after[0]) + 1
+
+    def pick_decode(self, seq: Sequence, new_blocks: tuple[int, ...]) -> None:
+        """`seq`'s next decode: of the token a step in flight samples for it, else of its last token."""
+        after = self.in_flight_samples.get(seq.seq_id)
+        if after is None:
+            self.pick(seq, 1, new_blocks)
+        else:
+            self.pick_ahead(seq, after[0], after[1], new_blocks)
 
     def _bill(self, seq: Sequence, num_new_tokens: int) -> None:
         """Charges the tenant when service is given, so later picks in this step already see it:

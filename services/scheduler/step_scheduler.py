@@ -22,13 +22,17 @@ Deadlines are checked at the start of every schedule; expired sequences are
 aborted and their blocks freed in that same call, as are cancelled ones in abort().
 
 Pipelined steps (asynchronous scheduling): with steps up to N in flight, `schedule_ahead()` plans
-N+1 when N+1 needs nothing their results decide but the tokens they sample: every sequence of N
-samples, every running sequence is in N, no deadline passed, and the next positions' blocks are
-free without preempting. N+1 then holds each of N's sequences that max_tokens does not end by N,
-computing the token the worker samples in N (input_from_last_sample), and admits waiting
-sequences as far as room allows without preempting. Otherwise (prefill chunks, preemption, expiry,
-or a sequence a step planned ahead left waiting for room) N+1 waits for N's result and
-`schedule()`. Called again, it plans N+2 from N+1, and so on: the loop decides how deep.
+N+1 when N+1 needs nothing their results decide but the tokens they sample: every running sequence's
+newest step in flight samples (or, in none of them, it has only its decode left), no deadline passed,
+and the next positions' blocks are free without preempting. N+1 then decodes each running sequence
+that max_tokens does not end in flight: the token the worker samples in the newest step in flight
+holding it (input_from_last_sample; the worker keeps each sequence's last sample), else its last
+token. It is paced as schedule() paces: a decode may skip N+1 by the same rule, its latest token
+coming when the step in flight sampling it ends (steps taking what steps take now), and waiting
+sequences are admitted as far as room allows without preempting. Otherwise (prefill chunks,
+preemption, expiry, or a sequence a step planned ahead left waiting for room that schedule() would
+preempt for) N+1 waits for N's result and `schedule()`. Called again, it plans N+2 from N+1, and so
+on: the loop decides how deep.
 A sequence that the result of a step M ends (EOS, stop string, failure) or that is aborted
 meanwhile is freed at once; the output for it of the steps after M already in flight is dropped.
 Its blocks may be handed out again only to steps planned from then on, which the worker runs after
@@ -238,22 +242,23 @@ class StepScheduler:
 
     def schedule_ahead(self) -> StepPlan | None:
         """The next step, planned while the steps in flight run: its decodes take their input from the
-        newest one's samples, and waiting sequences that fit without preempting are admitted. None when
+        samples of the steps in flight (or, for a sequence in none of them, its last token), paced as
+        schedule() paces them, and waiting sequences that fit without preempting are admitted. None when
         a result is needed first (see the module docstring), or there is nothing to run: nothing was
         allocated, and `schedule()` follows the results."""
         if not self._in_flight:
             raise RuntimeError("schedule_ahead needs a step in flight (schedule() plans the first)")
-        last, _ = self._in_flight[-1]
         now = self._clock()
-        continuing = self._continuing_decodes(last, now)
-        if continuing is None or not (continuing or self._waiting or self._preempted):
-            return None
         step = StepBuilder(self.config.max_num_batched_tokens, self._service)
-        for seq, start, num_generated in continuing:
-            step.pick_ahead(seq, start, num_generated, self.kv.allocate(seq.seq_id, start + 1))
+        decodes = self._decodes_ahead(step, now)
+        if decodes is None or not (decodes or self._waiting or self._preempted):
+            return None
+        pace = self._pace(now)
+        skipping = self._pick_decodes_ahead(step, decodes, pace)
         # Waiting sequences are admitted as far as room allows without preempting; one that finds no
-        # room makes the step after this one wait for the result (schedule() may preempt for it).
-        self._admission_blocked = self._admit(step, now, may_preempt=False, pace=self._pace(now))
+        # room where schedule() would preempt for it makes the step after this one wait for the result.
+        self._admission_blocked = self._admit(step, now, may_preempt=False, pace=pace, skipping=skipping)
+        self._schedule_skipping(step, skipping, pace)
         if not step.ahead and not step.picked:
             return None
         return self._issue(step.build_steps(), now)
@@ -280,32 +285,85 @@ class StepScheduler:
             self._in_flight.append((plan, now))
         return plan
 
-    def _continuing_decodes(self, last: StepPlan, now: float) -> list[tuple[Sequence, int, int]] | None:
-        """The sequences of `last` (the newest step in flight) a step after it computes, with the
-        position of the token it computes and the number of tokens generated before it; None when that
-        step must wait for a result."""
+    def _decodes_ahead(self, step: StepBuilder, now: float) -> list[tuple[Sequence, float | None]] | None:
+        """The running sequences a step behind those in flight decodes, each with when its latest token
+        comes (None: none yet), for the skip rule; where a step in flight samples one's input, its position
+        and sampling index go to `step.in_flight_samples`. None when that step must wait for a result."""
         if self._admission_blocked:
             return None  # preemption for a waiting sequence decides the next step
-        if not all(step.sample for step in last.seqs):
-            return None  # prefill chunks: their next chunk's budget is planned with the result
         if any(seq.is_expired(now) for seq in self._seqs.values()):
             return None  # aborted by schedule(), after the result
+        last, _ = self._in_flight[-1]
         in_last = {step.seq_id: step for step in last.seqs}
-        continuing = []
+        older: dict[int, tuple[int, SequenceStep]] | None = None
+        began_s, last_index = self._in_flight_began_s(), len(self._in_flight) - 1
+        decodes: list[tuple[Sequence, float | None]] = []
         num_blocks = 0
         for seq in self._running:
-            step = in_last.get(seq.seq_id)
-            if step is None:
-                return None  # a running sequence left out of `last` (out of budget)
-            num_generated = step.num_generated + 1  # generated once `last` has sampled
-            if num_generated >= seq.sampling.max_tokens:
-                continue  # `last` samples its last token
-            start = step.start_position + step.num_new_tokens
+            sent = in_last.get(seq.seq_id)
+            index = last_index
+            if sent is None:  # left out of `last` (pacing): in an older step in flight, or in none
+                if older is None:
+                    older = self._older_in_flight_steps()
+                index, sent = older.get(seq.seq_id, (-1, None))
+            if sent is None:
+                if seq.num_uncomputed_tokens != 1:
+                    return None  # a prompt chunk left out (the cap, long prefills): planned with the result
+                start, last_token_s = seq.num_computed_tokens, seq.last_token_s
+            else:
+                if not sent.sample:
+                    return None  # a prefill chunk: its next chunk's budget is planned with the result
+                num_generated = sent.num_generated + 1  # generated once `sent` has sampled
+                if num_generated >= seq.sampling.max_tokens:
+                    continue  # `sent` samples its last token
+                start = sent.start_position + sent.num_new_tokens
+                step.in_flight_samples[seq.seq_id] = (start, num_generated)
+                last_token_s = began_s + (index + 1) * self.step_time_s
             num_blocks += self.kv.num_missing_blocks(seq.seq_id, start + 1)
-            continuing.append((seq, start, num_generated))
+            decodes.append((seq, last_token_s))
         if num_blocks > self.kv.num_free_blocks:
             return None  # preemption is decided with the result
-        return continuing
+        return decodes
+
+    def _in_flight_began_s(self) -> float:
+        """When the oldest step in flight began: sent, or when the step before it came back."""
+        return max(self._in_flight[0][1], self._last_update_s)
+
+    def _ahead_start_s(self, now: float) -> float:
+        """When a step planned now starts: once the steps in flight are through, each taking what steps
+        take now (the latest of the sequences' tokens in flight comes then)."""
+        return max(now, self._in_flight_began_s() + len(self._in_flight) * self.step_time_s)
+
+    def _older_in_flight_steps(self) -> dict[int, tuple[int, SequenceStep]]:
+        """seq_id -> (index in flight, step) of the newest step in flight before the last that holds it."""
+        newest: dict[int, tuple[int, SequenceStep]] = {}
+        for index in range(len(self._in_flight) - 2, -1, -1):
+            for sent in self._in_flight[index][0].seqs:
+                newest.setdefault(sent.seq_id, (index, sent))
+        return newest
+
+    def _pick_decodes_ahead(self, step: StepBuilder, decodes: list[tuple[Sequence, float | None]],
+                            pace: StepPace | None) -> list[Sequence]:
+        """Picks the decodes of a step planned ahead as _schedule_running() picks decodes; returns those
+        that may skip it (`pace`), for _schedule_skipping()."""
+        if pace is None:
+            for seq, _ in decodes:
+                self._pick_decode(step, seq)
+            return []
+        start_s = self._ahead_start_s(pace.now_s)
+        skipping: list[Sequence] = []
+        for seq, last_token_s in sorted(decodes, key=lambda d: self._service_key(d[0])):
+            if pace.may_skip_at(seq, last_token_s, start_s):
+                skipping.append(seq)
+                continue
+            if skipping and seq.priority >= min(s.priority for s in skipping):
+                self._schedule_skipping(step, skipping, pace)  # they skip only for a higher class
+            self._pick_decode(step, seq)
+        return skipping
+
+    def _pick_decode(self, step: StepBuilder, seq: Sequence) -> None:
+        """A running sequence's next decode in a step planned ahead (its blocks are free: _decodes_ahead)."""
+        step.pick_decode(seq, self.kv.allocate(seq.seq_id, step.decode_end(seq)))
 
     @property
     def num_in_flight(self) -> int:
@@ -540,11 +598,11 @@ class StepScheduler:
                 return
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted for a sequence picked or admitted before it
-            num_tokens = seq.num_computed_tokens + 1
+            num_tokens = step.decode_end(seq)
             if pace is not None and self._tokens_allowed(step, pace, prompt=False) < 1:
                 continue
             if self.kv.can_allocate(seq.seq_id, num_tokens):
-                step.pick(seq, 1, self.kv.allocate(seq.seq_id, num_tokens))
+                step.pick_decode(seq, self.kv.allocate(seq.seq_id, num_tokens))
 
     def _pace(self, now: float) -> StepPace | None:
         waiting_top = min((p for p in Priority if self.num_waiting_of(p)), default=None)
@@ -574,9 +632,10 @@ class StepScheduler:
     def _admit(self, step: StepBuilder, now: float, *, may_preempt: bool = True, pace: StepPace | None = None,
                skipping: list[Sequence] | None = None) -> bool:
         """Admits waiting sequences while the budget (and the pace's cap) allows; True when one was left
-        for lack of room (slots or blocks) that preempting might have made (`may_preempt` False: a step
-        planned ahead). `skipping`: decodes that may skip this step, but only for a higher class: they
-        are picked before a sequence of their class or below is admitted."""
+        for lack of room (slots or blocks) that preempting a victim would make (`may_preempt` False: a
+        step planned ahead); one with no victim (_victim_for) ends admission there, as schedule() does.
+        `skipping`: decodes that may skip this step, but only for a higher class: they are picked before
+        a sequence of their class or below is admitted."""
         while step.token_budget > 0:
             seq = self._next_to_admit()
             if seq is not None and self._long_prefills_full(step) and self._is_long_admission(seq):
@@ -597,11 +656,13 @@ class StepScheduler:
                 return False
             num_tokens = num_cached + num_new
             if not self._has_room(prefix, num_tokens):
+                victim = self._victim_for(seq, now)
+                if victim is None:
+                    return False  # schedule() would not make room either
                 if not may_preempt:
                     return True
-                if self._preempt_for(seq, step, now):
-                    continue
-                return False
+                self._preempt(victim, step)
+                continue
             self._start_running(seq, now)
             table = self.kv.allocate_prefixed(seq.seq_id, prefix, num_tokens)
             self._reuse_cached(seq, num_cached)
@@ -729,22 +790,16 @@ class StepScheduler:
         # A recompute longer than a whole step can only ever go in chunks.
         return num_left > self.config.max_num_batched_tokens
 
-    def _preempt_for(self, seq: Sequence, step: StepBuilder, now: float) -> bool:
-        """Makes room for waiting `seq`: preempts a running sequence of a strictly lower class, else
-        one of a same-class tenant above its weighted share; False when neither exists."""
+    def _victim_for(self, seq: Sequence, now: float) -> Sequence | None:
+        """The running sequence to preempt to make room for waiting `seq`: one of a strictly lower class,
+        else one of a same-class tenant above its weighted share; None when neither exists."""
         lower = [s for s in self._running if s.priority > seq.priority]
-        victim: Sequence | None
         if lower:
-            victim = max(lower, key=self._service_key)
-        elif self.config.enable_fairness_preemption:
-            victim = self._service.fairness_victim(seq.tenant, self._running, self.config.max_num_seqs, now,
-                                                   self.config.fairness_min_run_s)
-        else:
-            victim = None
-        if victim is None:
-            return False
-        self._preempt(victim, step)
-        return True
+            return max(lower, key=self._service_key)
+        if self.config.enable_fairness_preemption:
+            return self._service.fairness_victim(seq.tenant, self._running, self.config.max_num_seqs, now,
+                                                 self.config.fairness_min_run_s)
+        return None
 
     def _preempt(self, seq: Sequence, step: StepBuilder) -> None:
         step.unpick(seq)

@@ -69,13 +69,16 @@ class StepPace:
     def may_skip(self, seq: Sequence) -> bool:
         """Whether `seq`'s decode may sit out this step: it has a TPOT target and a first token, a sequence
         of a strictly higher class is here, and its next token still comes within its target."""
-        target_s, last_s = seq.tpot_target_s, seq.last_token_s
-        if target_s is None or last_s is None or seq.num_uncomputed_tokens != 1:
+        return seq.num_uncomputed_tokens == 1 and self.may_skip_at(seq, seq.last_token_s, self.now_s)
+
+    def may_skip_at(self, seq: Sequence, last_token_s: float | None, start_s: float) -> bool:
+        """may_skip() for the decode of a step starting at `start_s`, after `seq`'s latest token came (or
+        comes, a step in flight sampling it) at `last_token_s` (None: no token yet): a step planned ahead."""
+        target_s = seq.tpot_target_s
+        if target_s is None or last_token_s is None or seq.priority <= self.top_priority:
             return False
-        if seq.priority <= self.top_priority:
-            return False
-        next_token_s = self.now_s + _STEPS_TO_NEXT_TOKEN_IF_SKIPPED * self.step_s
-        return next_token_s - last_s <= target_s * PACE_MARGIN
+        next_token_s = start_s + _STEPS_TO_NEXT_TOKEN_IF_SKIPPED * self.step_s
+        return next_token_s - last_token_s <= target_s * PACE_MARGIN
 
     def tokens_allowed(self, num_seqs: int, num_tokens: int) -> int:
         """Tokens one more sequence may compute in a step already holding `num_seqs` sequences and

@@ -15,6 +15,7 @@ from .conftest import (
     FakePagedWorker,
     Transcript,
     assert_contiguous,
+    fake_next_token,
     make_prompt,
     make_scheduler,
     run_steps,
@@ -174,15 +175,17 @@ def test_no_step_is_planned_ahead_of_prefill_chunks_admission_or_missing_blocks(
     chunked.schedule()  # a non-final prompt chunk: the next chunk waits for the result
     assert chunked.schedule_ahead() is None
 
-    # Sequence 2 finds no slot: the step ahead decodes 1, and the one after waits for schedule(),
-    # which may preempt for a waiting sequence.
+    # Sequence 2 finds no slot, and schedule() would not preempt for it (its own tenant holds the slot;
+    # the higher class's case is test_a_higher_class_waiting_for_a_slot_preempts_within_a_step): the
+    # steps ahead go on decoding 1 (issue 36: they waited for schedule(), which then preempted nothing).
     waiting = make_scheduler(clock, max_num_seqs=1)
     add(waiting, [1, 2], max_tokens=10)
     first = waiting.schedule()
     ahead = waiting.schedule_ahead()
     assert ahead is not None and [s.seq_id for s in ahead.seqs] == [1]
     waiting.update_from_output(first, PipelinedWorker(4).run(first))
-    assert waiting.schedule_ahead() is None
+    third = waiting.schedule_ahead()
+    assert third is not None and [s.seq_id for s in third.seqs] == [1] and waiting.num_waiting == 1
 
     # Two sequences fill all four blocks; their next positions need a fifth: preemption decides.
     full = make_scheduler(clock, num_blocks=4, block_size=4, max_seq_len=16)
@@ -281,3 +284,32 @@ def test_a_higher_class_waiting_for_a_slot_preempts_within_a_step(clock):
     scheduler.update_from_output(ahead, worker.run(ahead))
     plan = scheduler.schedule()
     assert plan.preempted_seq_ids == (1,) and [s.seq_id for s in plan.seqs] == [2]
+
+
+def test_a_waiting_tenant_under_its_share_stops_the_steps_ahead_only_once_fairness_may_preempt(clock):
+    scheduler = make_scheduler(clock, max_num_seqs=2, fairness_min_run_s=0.1)
+    worker = PipelinedWorker(4)
+    worker.next_token = fake_next_token  # no EOS: heavy's sequences hold both slots
+    for seq_id in (1, 2):
+        scheduler.add_request(seq_id, make_prompt(seq_id, 4), SamplingParams(max_tokens=50), tenant("heavy"),
+                              deadline_s=None)
+    plan, started_s = scheduler.schedule(), clock()
+    scheduler.add_request(3, make_prompt(3, 4), SamplingParams(max_tokens=4), tenant("light"), deadline_s=None)
+    in_flight = deque([(plan, worker.run(plan))])
+    # Until heavy's sequences have run fairness_min_run_s, no schedule() would preempt one for light's:
+    # the steps go on being planned ahead.
+    while clock() < started_s + 0.1 - 0.01:
+        ahead = scheduler.schedule_ahead()
+        assert ahead is not None and {s.seq_id for s in ahead.seqs} == {1, 2}
+        in_flight.append((ahead, worker.run(ahead)))
+        clock.advance(0.01)
+        scheduler.update_from_output(*in_flight.popleft())
+    clock.advance(0.02)
+    ahead = scheduler.schedule_ahead()  # light's sequence finds a victim now: the step after is schedule()'s
+    assert ahead is not None
+    in_flight.append((ahead, worker.run(ahead)))
+    scheduler.update_from_output(*in_flight.popleft())
+    assert scheduler.schedule_ahead() is None
+    scheduler.update_from_output(*in_flight.popleft())
+    plan = scheduler.schedule()
+    assert len(plan.preempted_seq_ids) == 1 and 3 in {s.seq_id for s in plan.seqs}
