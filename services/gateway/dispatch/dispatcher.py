@@ -320,16 +320,15 @@ class Dispatcher:
             attempts.held_since_s = now_s
             metrics.HELD_CALLS.labels(scope.metric_model, "held").inc()
         self._on_regroup()  # poll every scheduler now: one that answers with the model ready wakes the call
-        slot = _slot(scope)
-        slot.unserved()
-        slot.step_out()  # the hold's cap bounds the waiting calls; the model's limit, what is upstream
+        _slot(scope).unserved()
+        _leave_limit(scope)  # the hold's cap bounds the waiting calls; the model's limit, what is upstream
         try:
             woken = await hold.wait(scope.model, num_waits=attempts.num_holds, max_wait_s=max_wait_s,
                                     label=scope.metric_model)
         except HoldFull:  # cannot happen on one event loop: `full` was just checked
             raise error from None
         finally:
-            slot.step_in()
+            _leave_limit(scope, back=True)
         if not woken:  # what is left is the margin to finish in
             now_s = self._deadlines.clock()
             raise _held_too_long(now_s - attempts.held_since_s, scope.deadline.remaining_s(now_s), error)
@@ -455,15 +454,11 @@ class Dispatcher:
 
 class ModelSlot(Protocol):
     """The request's slot in its model's adaptive limit (admission/adaptive_limit.LimitPermit): its
-    latency sample is the time a scheduler served it, and it leaves the limit while held."""
+    latency sample is the time a scheduler served it (it also leaves the limit while held: _leave_limit)."""
 
     def attempt(self) -> None: ...
 
     def unserved(self, *, from_attempt: bool = False) -> None: ...
-
-    def step_out(self) -> None: ...
-
-    def step_in(self) -> None: ...
 
 
 class _NoSlot:
@@ -475,12 +470,6 @@ class _NoSlot:
     def unserved(self, *, from_attempt: bool = False) -> None:
         return None
 
-    def step_out(self) -> None:
-        return None
-
-    def step_in(self) -> None:
-        return None
-
 
 _NO_SLOT = _NoSlot()
 
@@ -488,6 +477,18 @@ _NO_SLOT = _NoSlot()
 def _slot(scope) -> ModelSlot:
     slot = getattr(scope, "model_permit", None)
     return _NO_SLOT if slot is None else slot
+
+
+def _leave_limit(scope, *, back: bool = False) -> None:
+    """A held call leaves its model's adaptive limit (back: rejoins it); the in-flight gauge follows."""
+    permit = getattr(scope, "model_permit", None)
+    if permit is None:
+        return
+    if back:
+        permit.step_in()
+    else:
+        permit.step_out()
+    metrics.observe_model_in_flight(scope.metric_model, permit.num_in_flight)
 
 
 def _note_unserved(scope, failure: AttemptError) -> None:

@@ -25,6 +25,7 @@ from services.gateway.routing.circuit_breaker import BreakerConfig, CircuitBreak
 from services.gateway.routing.pressure import PressureBoard
 from services.gateway.routing.replicas import Membership, ReplicaSelector
 from services.gateway.routing.table import RoutingTable
+from services.gateway.telemetry import metrics
 from services.gateway.upstream.clients import AttemptError
 from services.gateway.upstream.status import UpstreamCode
 from tests.unit.gateway.conftest import FixedRng
@@ -286,16 +287,19 @@ async def test_held_calls_leave_the_limit_while_held_and_their_wait_is_no_latenc
         return "labels"
 
     scopes = [_limited_scope(clock, limit) for _ in range(20)]
+    metrics.observe_model_in_flight(MODEL, limit.num_in_flight)  # as admission does
     tasks = [asyncio.ensure_future(parts.dispatcher.unary(scope, WorkKind.CLASSIFY, call)) for scope in scopes]
     while parts.hold.num_held < 20:
         await asyncio.sleep(0)
         clock.advance(STEP_S)
     assert limit.num_in_flight == 0, "held calls give their slots back; the hold's cap bounds them"
+    assert _sample("infermesh_gateway_model_in_flight_requests") == 0
     new = limit.acquire(Priority.CRITICAL, 10.0)  # the model's limit is free for calls that can go
     new.done(Outcome.IGNORED)
     await _drive(clock, parts, tasks, back_at_s=back_at_s)
     assert [t.result() for t in tasks] == ["labels"] * 20
     assert limit.num_in_flight == 20, "back in the limit once sent again, until they finish"
+    assert _sample("infermesh_gateway_model_in_flight_requests") == 20
     for scope in scopes:  # what RequestScope.finish does with an OK
         scope.model_permit.done(Outcome.SUCCESS)
     assert limit.num_in_flight == 0
