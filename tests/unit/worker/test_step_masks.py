@@ -189,3 +189,26 @@ def test_a_grammar_that_fails_on_the_mask_thread_fails_its_sequence_alone(tinylm
     outputs, _ = executor.run(RunStep(1, (left, right)))
     assert outputs[0].error is not None and "the output left the grammar" in outputs[0].error.message
     assert outputs[1].error is None and chr(outputs[1].token_id).islower()
+
+
+def test_masks_land_on_each_sequences_sample_row_beside_prompt_logprobs_and_a_mid_prompt_chunk(tinylm: LoadedModel):
+    """Rows of a step: a mid-prompt chunk with prompt logprobs (8 rows, no sample), an unconstrained
+    sequence (1 row), a constrained one with prompt logprobs (8 rows, its sample the last). The
+    masks hit only the constrained sample rows: the prompt logprobs and the free sequence's token are
+    those of the same step without any grammar."""
+    choice = SamplingParams(grammar=GRAMMARS["choice"])
+
+    def step(grammar_params: SamplingParams):
+        return RunStep(0, (
+            SequenceStep(1, PROMPT[:8], 0, (0,), True, prompt_logprobs=2, next_prompt_token_id=PROMPT[8]),
+            SequenceStep(2, PROMPT, 0, (4, 5, 6, 7), True, sample=True),
+            SequenceStep(3, PROMPT[:8], 0, (8,), True, sample=True, sampling=grammar_params, prompt_logprobs=2),
+        ))
+
+    constrained, _ = _with_grammar(tinylm).run(step(choice))
+    free, _ = _with_grammar(tinylm).run(step(SamplingParams()))
+    assert [o.error for o in constrained] == [None, None, None]
+    assert constrained[2].token_id in (ord("y"), ord("n"), ord("m"))
+    assert constrained[0].prompt_logprobs == free[0].prompt_logprobs and len(free[0].prompt_logprobs) == 8
+    assert constrained[2].prompt_logprobs == free[2].prompt_logprobs and len(free[2].prompt_logprobs) == 7
+    assert constrained[1].token_id == free[1].token_id
