@@ -53,6 +53,9 @@ def stage_ratio(plain: dict[str, float], schema: dict[str, float]) -> dict[str, 
     compute = (plain["compute"] + schema["compute"]) / 2
     return {"compute_ms": round(compute, 3), "postprocess_plain_ms": plain["postprocess"],
             "postprocess_schema_ms": schema["postprocess"],
+            # What the grammar leaves on the step's critical path: waiting for the masks, the fill,
+            # and sampling's extra work on masked rows (the masks themselves run beside the forward).
+            "grammar_critical_path_ms": round(schema["postprocess"] - plain["postprocess"], 3),
             "ratio": round((compute + plain["postprocess"]) / (compute + schema["postprocess"]), 3)}
 
 
@@ -120,6 +123,8 @@ def table(report: dict) -> str:
             rows.append((f"{sampling}: ratio the worker's stages imply (compute ms/step; postprocess plain, schema)",
                          f"{_num(implied['ratio'])} ({_num(implied.get('compute_ms'))}; "
                          f"{_num(implied.get('postprocess_plain_ms'))}, {_num(implied.get('postprocess_schema_ms'))})"))
+            rows.append((f"{sampling}: the grammar on the step's critical path, ms/step (postprocess schema - plain)",
+                         _num(implied.get("grammar_critical_path_ms"))))
     rows += [
         ("grammar mask us/token (median; run medians)",
          f"{_num(cpu['mask']['median_us'])}; {_runs(cpu['mask']['run_medians_us'])}"),

@@ -100,6 +100,7 @@ def test_table_lists_every_sampling_the_grammar_cpu_and_both_engines():
     assert "| grammar mask us/token (median; run medians) | 17; 16, 18 |" in lines
     assert ("| greedy: ratio the worker's stages imply (compute ms/step; postprocess plain, schema) | 0.953 (100; 2, 7) |"
             in lines)
+    assert "| greedy: the grammar on the step's critical path, ms/step (postprocess schema - plain) | 5 |" in lines
     assert "| grammar mask + apply us/token, run means | 36, 38 |" in lines
     assert "| worker ms/step, greedy plain | compute 90.5, postprocess 1.7 |" in lines
     assert "| xgrammar mask us/token | skipped: no venv |" in lines
@@ -117,5 +118,5 @@ def test_by_mask_width_splits_a_runs_times_at_a_thousand_allowed_ids():
 def test_stage_ratio_takes_one_forward_figure_for_both_phases():
     implied = stage_ratio({"compute": 90.0, "postprocess": 2.0}, {"compute": 110.0, "postprocess": 12.0})
     assert implied == {"compute_ms": 100.0, "postprocess_plain_ms": 2.0, "postprocess_schema_ms": 12.0,
-                       "ratio": round(102 / 112, 3)}
+                       "grammar_critical_path_ms": 10.0, "ratio": round(102 / 112, 3)}
     assert stage_ratio({}, {"compute": 1.0, "postprocess": 1.0}) == {"ratio": None}
