@@ -25,12 +25,20 @@ class StepBuilder:
         # Where a step in flight samples a running sequence's next input (schedule_ahead): seq_id ->
         # (the position of that token, tokens generated before it). Others decode from their own state.
         self.in_flight_samples: dict[int, tuple[int, int]] = {}
+        # Where a prompt chunk in flight ends (schedule_ahead): seq_id -> the position its next chunk
+        # starts at. Others start at their num_computed_tokens.
+        self.in_flight_ends: dict[int, int] = {}
         self.num_long_prefills = 0  # picked sequences with more than one chunk of prompt left
 
     def pick(self, seq: Sequence, num_new_tokens: int, new_blocks: tuple[int, ...]) -> None:
+        """`num_new_tokens` of `seq` from start_of(seq) on."""
         self.picked[seq.seq_id] = (seq, num_new_tokens, new_blocks)
         self.token_budget -= num_new_tokens
         self._bill(seq, num_new_tokens)
+
+    def start_of(self, seq: Sequence) -> int:
+        """Where `seq`'s next tokens start, but for a decode whose input a step in flight samples."""
+        return self.in_flight_ends.get(seq.seq_id, seq.num_computed_tokens)
 
     def pick_ahead(self, seq: Sequence, start: int, num_generated: int, new_blocks: tuple[int, ...]) -> None:
         """A decode at `start` of the token the newest step in flight samples for `seq`
@@ -59,7 +67,7 @@ class StepBuilder:
     def _bill(self, seq: Sequence, num_new_tokens: int) -> None:
         """Charges the tenant when service is given, so later picks in this step already see it:
         prompt tokens computed for the first time, and the token sampled at the end."""
-        end = seq.num_computed_tokens + num_new_tokens
+        end = self.start_of(seq) + num_new_tokens
         num_prompt_tokens = len(seq.prompt_token_ids)
         if seq.num_billed_prompt_tokens == num_prompt_tokens:  # a decode: the whole prompt billed before
             self._service.charge(seq.tenant, num_decode_tokens=int(end == seq.num_tokens))
@@ -77,7 +85,7 @@ class StepBuilder:
     def build_steps(self) -> tuple[SequenceStep, ...]:
         steps = []
         for seq, num_new, new_blocks in self.picked.values():
-            start = seq.num_computed_tokens
+            start = self.start_of(seq)
             reset = seq.needs_block_table_reset
             steps.append(
                 SequenceStep(

@@ -22,17 +22,20 @@ Deadlines are checked at the start of every schedule; expired sequences are
 aborted and their blocks freed in that same call, as are cancelled ones in abort().
 
 Pipelined steps (asynchronous scheduling): with steps up to N in flight, `schedule_ahead()` plans
-N+1 when N+1 needs nothing their results decide but the tokens they sample: every running sequence's
-newest step in flight samples (or, in none of them, it has only its decode left), no deadline passed,
-and the next positions' blocks are free without preempting. N+1 then decodes each running sequence
-that max_tokens does not end in flight: the token the worker samples in the newest step in flight
-holding it (input_from_last_sample; the worker keeps each sequence's last sample), else its last
-token. It is paced as schedule() paces: a decode may skip N+1 by the same rule, its latest token
-coming when the step in flight sampling it ends (steps taking what steps take now), and waiting
-sequences are admitted as far as room allows without preempting. Otherwise (prefill chunks,
-preemption, expiry, or a sequence a step planned ahead left waiting for room that schedule() would
-preempt for) N+1 waits for N's result and `schedule()`. Called again, it plans N+2 from N+1, and so
-on: the loop decides how deep.
+N+1 when N+1 needs nothing their results decide but the tokens they sample: no deadline passed, and
+the blocks of every running decode's next position are free without preempting. N+1 then gives each
+running sequence what schedule() would, from where the steps in flight leave it: a decode of the
+token the newest step in flight holding it samples (input_from_last_sample; the worker keeps each
+sequence's last sample), or of its last token when none holds it, unless max_tokens ends it in
+flight; a prompt chunk from where the newest chunk in flight ends, or from its computed tokens. It
+is paced as schedule() paces: the cap, and a decode may skip N+1 by the same rule, its latest token
+coming when the step in flight sampling it ends (steps taking what steps take now); waiting
+sequences are admitted as far as room allows without preempting. When N+1 leaves a sequence waiting
+for room that schedule() would preempt for (a prompt chunk's blocks; a waiting sequence of a higher
+class, or of a tenant under its share, with a victim), the step after it waits for the results and
+`schedule()`; when the decodes' blocks are short or a deadline passed, N+1 itself does. Called
+again, it plans N+2 from N+1, and so on: the loop decides how deep.
+
 A sequence that the result of a step M ends (EOS, stop string, failure) or that is aborted
 meanwhile is freed at once; the output for it of the steps after M already in flight is dropped.
 Its blocks may be handed out again only to steps planned from then on, which the worker runs after
@@ -120,8 +123,9 @@ class StepScheduler:
         # Plans sent and not yet updated from, oldest first, with when each was planned.
         self._in_flight: deque[tuple[StepPlan, float]] = deque()
         self._last_update_s = 0.0
-        # A step planned ahead left a sequence waiting for room: the next step is a full schedule().
-        self._admission_blocked = False
+        # A step planned ahead left a sequence waiting for room that schedule() would make by
+        # preempting: the next step is a full schedule().
+        self._waits_for_room = False
         self._next_step_id = 1
         self._watermark_blocks = int(config.kv_watermark * kv.num_blocks)
         # Uncomputed tokens beyond which a sequence is a long prefill; None: none ever is (no chunking).
@@ -230,7 +234,7 @@ class StepScheduler:
         """
         self._check_nothing_in_flight()
         now = self._clock()
-        self._admission_blocked = False
+        self._waits_for_room = False
         expired = self._abort_expired(now)
         step = StepBuilder(self.config.max_num_batched_tokens, self._service)
         pace = self._pace(now)
@@ -250,14 +254,19 @@ class StepScheduler:
             raise RuntimeError("schedule_ahead needs a step in flight (schedule() plans the first)")
         now = self._clock()
         step = StepBuilder(self.config.max_num_batched_tokens, self._service)
-        decodes = self._decodes_ahead(step, now)
-        if decodes is None or not (decodes or self._waiting or self._preempted):
+        running = self._running_ahead(step, now)
+        if running is None:
+            return None
+        decodes, chunks = running
+        if not (decodes or chunks or self._waiting or self._preempted):
             return None
         pace = self._pace(now)
         skipping = self._pick_decodes_ahead(step, decodes, pace)
-        # Waiting sequences are admitted as far as room allows without preempting; one that finds no
-        # room where schedule() would preempt for it makes the step after this one wait for the result.
-        self._admission_blocked = self._admit(step, now, may_preempt=False, pace=pace, skipping=skipping)
+        # A sequence left waiting for room where schedule() would preempt for it (a prompt chunk's
+        # blocks, or a waiting sequence with a victim) makes the step after this one wait for the result;
+        # waiting sequences are admitted as far as room allows without preempting.
+        self._waits_for_room = (self._pick_chunks_ahead(step, chunks, skipping, pace)
+                                or self._admit(step, now, may_preempt=False, pace=pace, skipping=skipping))
         self._schedule_skipping(step, skipping, pace)
         if not step.ahead and not step.picked:
             return None
@@ -285,12 +294,15 @@ class StepScheduler:
             self._in_flight.append((plan, now))
         return plan
 
-    def _decodes_ahead(self, step: StepBuilder, now: float) -> list[tuple[Sequence, float | None]] | None:
-        """The running sequences a step behind those in flight decodes, each with when its latest token
-        comes (None: none yet), for the skip rule; where a step in flight samples one's input, its position
-        and sampling index go to `step.in_flight_samples`. None when that step must wait for a result."""
-        if self._admission_blocked:
-            return None  # preemption for a waiting sequence decides the next step
+    def _running_ahead(self, step: StepBuilder,
+                       now: float) -> tuple[list[tuple[Sequence, float | None]], list[Sequence]] | None:
+        """The running sequences a step behind those in flight holds: the decodes, each with when its
+        latest token comes (None: none yet) for the skip rule, and the prompt chunks. Where a step in
+        flight samples a decode's input, its position and sampling index go to `step.in_flight_samples`;
+        where a prompt chunk in flight ends, to `step.in_flight_ends`. None when that step must wait for
+        a result."""
+        if self._waits_for_room:
+            return None  # preemption for a sequence waiting for room decides the next step
         if any(seq.is_expired(now) for seq in self._seqs.values()):
             return None  # aborted by schedule(), after the result
         last, _ = self._in_flight[-1]
@@ -298,21 +310,25 @@ class StepScheduler:
         older: dict[int, tuple[int, SequenceStep]] | None = None
         began_s, last_index = self._in_flight_began_s(), len(self._in_flight) - 1
         decodes: list[tuple[Sequence, float | None]] = []
+        chunks: list[Sequence] = []
         num_blocks = 0
         for seq in self._running:
             sent = in_last.get(seq.seq_id)
             index = last_index
-            if sent is None:  # left out of `last` (pacing): in an older step in flight, or in none
+            if sent is None:  # left out of `last` (pacing, the budget): in an older step in flight, or in none
                 if older is None:
                     older = self._older_in_flight_steps()
                 index, sent = older.get(seq.seq_id, (-1, None))
             if sent is None:
                 if seq.num_uncomputed_tokens != 1:
-                    return None  # a prompt chunk left out (the cap, long prefills): planned with the result
+                    chunks.append(seq)  # from its own state, as schedule() plans it
+                    continue
                 start, last_token_s = seq.num_computed_tokens, seq.last_token_s
+            elif not sent.sample:
+                step.in_flight_ends[seq.seq_id] = sent.start_position + sent.num_new_tokens
+                chunks.append(seq)
+                continue
             else:
-                if not sent.sample:
-                    return None  # a prefill chunk: its next chunk's budget is planned with the result
                 num_generated = sent.num_generated + 1  # generated once `sent` has sampled
                 if num_generated >= seq.sampling.max_tokens:
                     continue  # `sent` samples its last token
@@ -323,7 +339,7 @@ class StepScheduler:
             decodes.append((seq, last_token_s))
         if num_blocks > self.kv.num_free_blocks:
             return None  # preemption is decided with the result
-        return decodes
+        return decodes, chunks
 
     def _in_flight_began_s(self) -> float:
         """When the oldest step in flight began: sent, or when the step before it came back."""
@@ -361,8 +377,23 @@ class StepScheduler:
             self._pick_decode(step, seq)
         return skipping
 
+    def _pick_chunks_ahead(self, step: StepBuilder, chunks: list[Sequence], skipping: list[Sequence],
+                           pace: StepPace | None) -> bool:
+        """Picks the prompt chunks of a step planned ahead as _schedule_running() does, but never
+        preempts: True when one is left for lack of blocks (schedule() would preempt for it)."""
+        for seq in sorted(chunks, key=self._service_key):
+            if step.token_budget == 0:
+                break
+            if skipping and seq.priority >= min(s.priority for s in skipping):
+                self._schedule_skipping(step, skipping, pace)  # they skip only for a higher class
+                if step.token_budget == 0:
+                    break
+            if not self._pick_running(step, seq, pace, may_preempt=False):
+                return True
+        return False
+
     def _pick_decode(self, step: StepBuilder, seq: Sequence) -> None:
-        """A running sequence's next decode in a step planned ahead (its blocks are free: _decodes_ahead)."""
+        """A running sequence's next decode in a step planned ahead (its blocks are free: _running_ahead)."""
         step.pick_decode(seq, self.kv.allocate(seq.seq_id, step.decode_end(seq)))
 
     @property
@@ -572,19 +603,30 @@ class StepScheduler:
                 self._schedule_skipping(step, skipping, pace)  # they skip only for a higher class
                 if step.token_budget == 0:
                     break
-            long = self._is_long_prefill(seq)
-            if long and self._long_prefills_full(step):
-                continue  # it keeps its blocks and resumes when an earlier long prompt is through
-            num_new = self._num_tokens_to_compute(seq, step.token_budget)
-            if num_new > 1 and pace is not None:  # a prompt chunk is cut to the cap; a decode cannot be
-                num_new = min(num_new, self._tokens_allowed(step, pace))
-                if num_new == 0:
-                    continue
-            num_tokens = seq.num_computed_tokens + num_new
-            if self._make_room(seq, num_tokens, step):
-                step.pick(seq, num_new, self.kv.allocate(seq.seq_id, num_tokens))
-                step.num_long_prefills += long
+            self._pick_running(step, seq, pace)
         return skipping
+
+    def _pick_running(self, step: StepBuilder, seq: Sequence, pace: StepPace | None, *,
+                      may_preempt: bool = True) -> bool:
+        """Picks a running sequence's next tokens (a decode, or a prompt chunk cut to the budget and the
+        pace's cap), preempting when blocks run out; False when it could not get its blocks without
+        preempting (`may_preempt` False: a step planned ahead)."""
+        start = step.start_of(seq)
+        long = self._is_long_prefill(seq, start)
+        if long and self._long_prefills_full(step):
+            return True  # it keeps its blocks and resumes when an earlier long prompt is through
+        num_new = self._num_tokens_to_compute(seq, step.token_budget, start)
+        if num_new > 1 and pace is not None:  # a prompt chunk is cut to the cap; a decode cannot be
+            num_new = min(num_new, self._tokens_allowed(step, pace))
+            if num_new == 0:
+                return True
+        num_tokens = start + num_new
+        if not may_preempt and not self.kv.can_allocate(seq.seq_id, num_tokens):
+            return False
+        if self._make_room(seq, num_tokens, step):
+            step.pick(seq, num_new, self.kv.allocate(seq.seq_id, num_tokens))
+            step.num_long_prefills += long
+        return True
 
     def _schedule_skipping(self, step: StepBuilder, skipping: list[Sequence], pace: StepPace | None) -> None:
         """The decodes that could skip this step, by class then longest since their last token (so they
@@ -742,9 +784,12 @@ class StepScheduler:
         """Smaller is served first (and preempted last): higher class, less-served tenant, older."""
         return (int(seq.priority), self._service.counter(seq.tenant), seq.arrival_s, seq.seq_id)
 
-    def _is_long_prefill(self, seq: Sequence) -> bool:
+    def _is_long_prefill(self, seq: Sequence, start: int | None = None) -> bool:
+        """Whether `seq` has more than a chunk left to compute from `start` (default: its computed tokens)."""
         above = self._long_prefill_above
-        return above is not None and seq.num_uncomputed_tokens > above
+        if above is None:
+            return False
+        return seq.num_tokens - (seq.num_computed_tokens if start is None else start) > above
 
     def _is_long_admission(self, seq: Sequence) -> bool:
         """Whether a waiting or preempted `seq` would be a long prefill once admitted: what its cached

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections import deque
 
+import pytest
+
 from services.scheduler.fair_queue import Priority
 from services.scheduler.sequence import FinishReason, SamplingParams
 from services.scheduler.step_plan import StepPlan
@@ -145,6 +147,39 @@ def test_streams_are_identical_to_one_step_at_a_time_with_eos_and_max_tokens_mix
     assert num_ahead > len(pipelined.plans) / 2, "most steps were planned ahead"
 
 
+@pytest.mark.parametrize("config", [
+    {"max_num_batched_tokens": 16},  # chunks cut by the budget
+    {"max_num_batched_tokens": 32, "max_prefill_chunk_tokens": 8},  # one long prefill at a time
+    {"max_num_batched_tokens": 16, "num_blocks": 40},  # blocks run out: preemption, recomputed in chunks
+])
+def test_prompt_chunks_planned_ahead_give_the_streams_of_one_step_at_a_time(clock, config):
+    seq_ids = range(1, 17)
+    planned_ahead: list[StepPlan] = []
+
+    def run(pipelined: bool) -> Transcript:
+        scheduler = make_scheduler(clock, **{"num_blocks": 256, "max_seq_len": 128, **config})
+        add(scheduler, seq_ids, prompt_len=30)
+        worker = PipelinedWorker(4)
+        if not pipelined:
+            return run_steps(scheduler, worker, clock)
+        schedule_ahead = scheduler.schedule_ahead
+
+        def recorded() -> StepPlan | None:
+            plan = schedule_ahead()
+            planned_ahead.extend([plan] if plan is not None else [])
+            return plan
+
+        scheduler.schedule_ahead = recorded  # type: ignore[method-assign]
+        return run_pipelined(scheduler, worker, clock)
+
+    one_at_a_time, pipelined = run(False), run(True)
+    assert_same_streams(pipelined, one_at_a_time, seq_ids)
+    # Before issue 36 a step holding a prompt chunk that does not sample was never followed by one planned ahead.
+    assert any(not s.sample and s.start_position > 0 and not s.reset_block_table for p in planned_ahead for s in p.seqs)
+    if "num_blocks" in config:
+        assert any(p.preempted_seq_ids for p in pipelined.plans)
+
+
 def test_a_sequence_that_ends_at_n_is_dropped_from_n_plus_1_and_its_blocks_are_reused_only_later(clock):
     scheduler = make_and_add(clock, seq_ids := list(range(1, 9)))
     # The fake worker asserts a block written by one sequence is held by no other live table, so a
@@ -169,12 +204,29 @@ def test_max_tokens_reached_in_the_step_in_flight_plans_nothing_more(clock):
     assert scheduler.schedule_ahead() is None and scheduler.num_in_flight == 1
 
 
-def test_no_step_is_planned_ahead_of_prefill_chunks_admission_or_missing_blocks(clock):
+def test_the_next_prompt_chunk_is_planned_ahead_of_the_one_in_flight(clock):
     chunked = make_scheduler(clock, max_num_batched_tokens=8)
-    add(chunked, [1], prompt_len=20)
-    chunked.schedule()  # a non-final prompt chunk: the next chunk waits for the result
-    assert chunked.schedule_ahead() is None
+    add(chunked, [1], prompt_len=20)  # 21 tokens: chunks of 8, 8 and 5
+    prompt = make_prompt(1, 21)
+    first = chunked.schedule()
+    second, third = chunked.schedule_ahead(), chunked.schedule_ahead()
+    assert first.seqs[0].token_ids == prompt[:8]
+    assert second is not None and third is not None
+    (two,), (three,) = second.seqs, third.seqs
+    assert (two.start_position, two.token_ids, two.sample, two.reset_block_table) == (8, prompt[8:16], False, False)
+    assert (three.start_position, three.token_ids, three.sample) == (16, prompt[16:], True)
+    worker = PipelinedWorker(4)
+    for plan in (first, second, third):
+        sampled = worker.run(plan)
+    fourth = chunked.schedule_ahead()
+    assert fourth is not None and fourth.seqs[0].input_from_last_sample and fourth.seqs[0].start_position == 21
+    for plan in (first, second):
+        assert chunked.update_from_output(plan, {}) == []
+    (delta,) = chunked.update_from_output(third, sampled)
+    assert delta.token_ids == (sampled[1],) and chunked.get(1).num_computed_tokens == 21
 
+
+def test_missing_blocks_stop_the_steps_ahead_and_a_waiting_sequence_without_a_victim_does_not(clock):
     # Sequence 2 finds no slot, and schedule() would not preempt for it (its own tenant holds the slot;
     # the higher class's case is test_a_higher_class_waiting_for_a_slot_preempts_within_a_step): the
     # steps ahead go on decoding 1 (issue 36: they waited for schedule(), which then preempted nothing).
