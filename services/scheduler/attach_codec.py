@@ -107,12 +107,12 @@ def decode_tokenizer_spec(spec: scheduler_pb2.TokenizerSpec) -> TokenizerSpec:
 
 def decode_step_result(result: scheduler_pb2.StepResult) -> StepOutcome:
     token_ids: dict[int, int] = {}
-    failures: dict[int, str] = {}
+    failures: dict[int, errors.InfermeshError] = {}
     logprobs: dict[int, PositionLogprobs] = {}
     prompt_logprobs: dict[int, tuple[PositionLogprobs, ...]] = {}
     for out in result.outputs:
         if out.HasField("error") and out.error.code != 0:
-            failures[out.seq_id] = out.error.message
+            failures[out.seq_id] = _item_error(out.error)
         else:
             token_ids[out.seq_id] = out.token_id
             if out.HasField("logprobs"):

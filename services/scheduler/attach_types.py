@@ -170,8 +170,8 @@ class BatchOutcome:
 class StepOutcome:
     # Sampled token by seq_id, for the sequences the worker served.
     token_ids: Mapping[int, int]
-    # The worker's message by seq_id, for the sequences it failed.
-    failures: Mapping[int, str]
+    # The worker's error (its status code and message) by seq_id, for the sequences it failed.
+    failures: Mapping[int, InfermeshError]
     worker_total_s: float
     # By seq_id, for the sampled sequences whose request asked for logprobs.
     logprobs: Mapping[int, PositionLogprobs] = field(default_factory=dict)

@@ -141,7 +141,7 @@ class ClientStreams:
             if stream is not None:
                 stream.compute_s += compute_s
 
-    def deliver(self, deltas: list[SequenceDelta], failures: Mapping[int, str]) -> None:
+    def deliver(self, deltas: list[SequenceDelta], failures: Mapping[int, errors.InfermeshError]) -> None:
         """Streams one step's chunks to their clients, ending a failed sequence's stream with the
         worker's reason from `failures`."""
         if not deltas:
@@ -155,14 +155,13 @@ class ClientStreams:
         for gap_s, count in gaps.items():
             metrics.observe_many(self._inter_token, gap_s, count)
 
-    def _deliver(self, delta: SequenceDelta, failures: Mapping[int, str], now: float,
+    def _deliver(self, delta: SequenceDelta, failures: Mapping[int, errors.InfermeshError], now: float,
                  gaps: dict[float, int]) -> None:
         stream = self._streams.get(delta.seq_id)
         if stream is None:
             return
         if delta.abort_reason is not None:
-            reason = failures.get(delta.seq_id, _NO_VALID_TOKEN)
-            self.fail(stream, errors.Internal(f"worker failed sequence {delta.seq_id}: {reason}"))
+            self.fail(stream, _client_error(delta.seq_id, failures.get(delta.seq_id)))
             return
         self._observe_token_times(stream, delta, now, gaps)
         stream.events.put_nowait(StreamEvent(delta=delta))
@@ -189,3 +188,14 @@ class ClientStreams:
         first_s, last_s = stream.first_chunk_s, stream.last_chunk_s
         if delta.is_last and stream.num_tokens_seen > 1 and first_s is not None and last_s is not None:
             self._tpot.observe((last_s - first_s) / (stream.num_tokens_seen - 1))
+
+
+def _client_error(seq_id: int, failure: errors.InfermeshError | None) -> errors.InfermeshError:
+    """What the client of a sequence the worker failed is told. An INVALID_ARGUMENT naming a request
+    field (`sampling.`: a grammar that forces an endless sequence, found only while sampling) is the
+    caller's and passes as it is; any other failure (a block table the worker refused is
+    INVALID_ARGUMENT too) is ours: Internal."""
+    if isinstance(failure, errors.InvalidArgument) and failure.message.startswith("sampling."):
+        return failure
+    reason = failure.message if failure is not None else _NO_VALID_TOKEN
+    return errors.Internal(f"worker failed sequence {seq_id}: {reason}")

@@ -11,14 +11,37 @@ allowed, so the sequence ends there.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import llguidance
 import numpy as np
 
+# A grammar that hit one of llguidance's limits: one that forces an endless sequence (`start: "a" start`)
+# runs out of parser items following the forced tokens ("parser error: Too many items (limit 50000;
+# ff_tokens)"; the matcher's stop_reason() then reads InternalError, so the message is what tells).
+# The caller's grammar is at fault; finding it out at admission would mean consuming every forced
+# token of every grammar there (100-900 ms for one forcing a long literal).
+_LIMIT_HIT = re.compile(r"\(limit \d+|too complex", re.IGNORECASE)
+
 
 class GrammarError(ValueError):
-    """The grammar does not load, or the output left it (the sequence fails alone)."""
+    """The grammar does not load, or the output left it (the sequence fails alone). `callers`: the
+    caller's grammar is at fault (one of llguidance's limits), not the worker."""
+
+    def __init__(self, message: str, callers: bool = False) -> None:
+        super().__init__(message)
+        self.callers = callers
+
+
+def _matcher_error(matcher: llguidance.LLMatcher, what: str) -> GrammarError:
+    """The matcher's error, its first line only (llguidance appends its parser state and the grammar,
+    ~1 KB, which is no use to a caller)."""
+    first_line = matcher.get_error().strip().split("\n", 1)[0]
+    if _LIMIT_HIT.search(first_line):
+        return GrammarError(f"the grammar cannot go on past this output ({first_line}): does it force an "
+                            "endless sequence?", callers=True)
+    return GrammarError(f"{what}: {first_line}")
 
 
 class GrammarTokenizer:
@@ -65,7 +88,7 @@ class Guide:
     def __init__(self, tokenizer: GrammarTokenizer, grammar: str) -> None:
         self._matcher = llguidance.LLMatcher(tokenizer.tokenizer, grammar, log_level=0)
         if self._matcher.is_error():
-            raise GrammarError(f"the grammar does not load: {self._matcher.get_error()}")
+            raise _matcher_error(self._matcher, "the grammar does not load")
         self._vocab_size = tokenizer.vocab_size
         self._num_words = (tokenizer.tokenizer.vocab_size + 31) // 32
         self.grammar = grammar
@@ -74,7 +97,7 @@ class Guide:
     def advance(self, token_ids: Sequence[int]) -> None:
         """Consumes the next output tokens (those after the first num_consumed)."""
         if token_ids and not self._matcher.consume_tokens(list(token_ids)):
-            raise GrammarError(f"the output left the grammar: {self._matcher.get_error()}")
+            raise _matcher_error(self._matcher, "the output left the grammar")
         self.num_consumed += len(token_ids)
 
     def fill_mask(self, row: np.ndarray) -> None:
@@ -85,9 +108,9 @@ class Guide:
         self._matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
         # A matcher in error state writes an end-only mask instead of failing: the error is read here.
         if self._matcher.is_error():
-            raise GrammarError(f"the output left the grammar: {self._matcher.get_error()}")
+            raise _matcher_error(self._matcher, "the output left the grammar")
         if not row.any():
-            raise GrammarError(f"the grammar allows no token: {self._matcher.get_error() or 'stopped'}")
+            raise GrammarError(f"the grammar allows no token ({self._matcher.stop_reason()})")
 
     def allowed(self, output_token_ids: Sequence[int]) -> np.ndarray:
         """bool[vocab_size]: the ids the grammar takes after `output_token_ids` (the whole output so

@@ -151,8 +151,7 @@ class StepExecutor:
             error = grammar_errors.get(seq.seq_id)
             if error is not None:
                 self._mirror.forget([seq.seq_id])  # the scheduler aborts a failed sequence
-                outputs[admitted.index] = SequenceOutput(seq.seq_id, error=ItemError(
-                    ErrorCode.INVALID_ARGUMENT, f"sequence {seq.seq_id}: {error}"))
+                outputs[admitted.index] = SequenceOutput(seq.seq_id, error=_grammar_failure(seq.seq_id, error))
                 continue
             assert logits is not None  # a sampling sequence means the step ran (paged is non-empty)
             # The sample's row: the last of the sequence's rows (already masked when constrained).
@@ -168,6 +167,14 @@ class StepExecutor:
         return [outputs[pos] for pos in range(len(step.seqs))], StageDurations(
             compute_s=t_computed - t_start, postprocess_s=t_done - t_computed
         )
+
+
+def _grammar_failure(seq_id: int, error: GrammarError) -> ItemError:
+    """The caller's grammar at fault reads as the scheduler's own refusal of it (`sampling.structured: `,
+    which the scheduler passes on to the client as INVALID_ARGUMENT); any other failure stays the worker's."""
+    if error.callers:
+        return ItemError(ErrorCode.INVALID_ARGUMENT, f"sampling.structured: {error}")
+    return ItemError(ErrorCode.INVALID_ARGUMENT, f"sequence {seq_id}: {error}")
 
 
 def _num_logit_rows(seq: PagedSequence) -> int:

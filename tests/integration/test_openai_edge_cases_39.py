@@ -15,6 +15,8 @@ import json
 import math
 import re
 import subprocess
+import urllib.error
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -267,3 +269,52 @@ def test_bad_values_are_a_400_naming_the_field(served, body, param):
 def test_tool_choice_none_with_parallel_tool_calls_false_answers_in_content(client_seen):
     assert client_seen["tools_none"]["tool_calls"] is None
     assert isinstance(client_seen["tools_none"]["content"], str)
+
+
+# -- a grammar that forces an endless sequence --------------------------------------------
+
+
+ENDLESS = 'root ::= "a" root'  # parses, matches "a"s without end: llguidance hits its item limit while sampling
+
+
+def _streamed_error(base: str, body: dict) -> tuple[int, dict]:
+    """A streamed request's (status, error object): a refusal before the first event, or its last event."""
+    try:
+        status, events = post_stream(base, "/completions", body)
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())["error"]
+    return status, events[-1]["error"]
+
+
+def test_a_grammar_forcing_an_endless_sequence_is_the_callers_400_on_every_front_and_others_go_on(served):
+    ask = {"model": MODEL, "prompt": PROMPT, "guided_grammar": ENDLESS, "max_tokens": 16}
+    with ThreadPoolExecutor(2) as pool:
+        beside = pool.submit(post_json, served.base, "/completions", {"model": MODEL, "prompt": PROMPT,
+                                                                      "max_tokens": 16, "ignore_eos": True})
+        status, reply = post_json(served.base, "/completions", ask)
+        assert beside.result()[0] == 200 and beside.result()[1]["usage"]["completion_tokens"] == 16
+    error = reply["error"]
+    assert (status, error["type"], error["param"]) == (400, "invalid_request_error", "guided_grammar"), reply
+    assert error["message"].startswith("sampling.structured: the grammar cannot go on") and "<state>" not in \
+        error["message"] and len(error["message"]) < 300
+    status, streamed = _streamed_error(served.base, {**ask, "stream": True})
+    assert status in (200, 400) and streamed["param"] == "guided_grammar", streamed  # 400: failed by the first chunk
+    with pytest.raises(grpc.RpcError) as caught:
+        _generate(served, sampling={"max_tokens": 16, "structured": common_pb2.StructuredOutput(grammar=ENDLESS)})
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == error["message"]
+    request = kserve.ModelInferRequest(
+        model_name=MODEL, id="k-2", parameters={"guided_grammar": kserve.InferParameter(string_param=ENDLESS),
+                                                "max_tokens": kserve.InferParameter(int64_param=16)},
+        inputs=[kserve.ModelInferRequest.InferInputTensor(
+            name="text_input", datatype="BYTES", shape=[1],
+            contents=kserve.InferTensorContents(bytes_contents=[PROMPT.encode()]))])
+    with session_tls.channel(served.mesh.gateway.address) as channel:
+        responses = list(kserve_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(iter([request]), timeout=60))
+    assert responses[-1].error_message == f"parameter 'guided_grammar': {error['message']}"
+
+
+def test_a_grammar_forcing_an_endless_sequence_ends_by_length_when_max_tokens_comes_first(served):
+    reply = _complete(served, guided_grammar=ENDLESS, max_tokens=1)
+    assert (reply["choices"][0]["text"], reply["choices"][0]["finish_reason"]) == ("a", "length")
+

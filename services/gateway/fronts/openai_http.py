@@ -158,8 +158,8 @@ class OpenAIFront:
         try:
             async for index, chunk in chunks:
                 await response.write(event(index, chunk))
-        except errors.InfermeshError as err:
-            await response.write(_event(openai_codec.error_reply(err).body))
+        except errors.InfermeshError as err:  # a grammar found endless while sampling, too: it names its parameter
+            await response.write(_event(openai_codec.error_reply(openai_codec.upstream_refusal(err, parsed)).body))
             await response.write_eof()
             return response
         if parsed.include_usage:

@@ -64,7 +64,9 @@ def test_a_step_result_splits_tokens_from_failures() -> None:
         scheduler_pb2.SequenceOutput(seq_id=2, error=scheduler_pb2.ItemError(code=13, message="nan logits")),
     ], timings=common_pb2.Timings(total_us=2500))
     outcome = attach_codec.decode_step_result(result)
-    assert (outcome.token_ids, outcome.failures, outcome.worker_total_s) == ({1: 42}, {2: "nan logits"}, 0.0025)
+    assert (outcome.token_ids, outcome.worker_total_s) == ({1: 42}, 0.0025)
+    assert list(outcome.failures) == [2] and isinstance(outcome.failures[2], errors.Internal)
+    assert outcome.failures[2].message == "nan logits"
 
 
 def test_a_batch_result_keeps_labels_item_errors_and_the_workers_stages() -> None:

@@ -47,11 +47,25 @@ def test_a_sequence_the_worker_failed_ends_with_its_reason(clock):
     streams, ended = make_streams(clock)
     named, unnamed = open_stream(streams, clock, 1), open_stream(streams, clock, 2)
     failed = dict(abort_reason=AbortReason.FAILED)
-    streams.deliver([delta(1, 0, "", **failed), delta(2, 0, "", **failed)], {1: "NaN in logits"})
+    streams.deliver([delta(1, 0, "", **failed), delta(2, 0, "", **failed)], {1: errors.Internal("NaN in logits")})
     assert isinstance(named.events[-1].error, errors.Internal)
     assert "NaN in logits" in str(named.events[-1].error)
     assert "the worker returned no valid token" in str(unnamed.events[-1].error)
     assert ended == [1, 2]
+
+
+def test_a_sequence_failed_for_its_callers_request_ends_with_that_invalid_argument(clock):
+    """The worker's INVALID_ARGUMENT naming a request field (a grammar that forces an endless sequence)
+    reaches the client as it is; any other INVALID_ARGUMENT (a block table the worker refused) is ours."""
+    streams, _ = make_streams(clock)
+    callers, ours = open_stream(streams, clock, 1), open_stream(streams, clock, 2)
+    failed = dict(abort_reason=AbortReason.FAILED)
+    streams.deliver([delta(1, 0, "", **failed), delta(2, 0, "", **failed)], {
+        1: errors.InvalidArgument("sampling.structured: the grammar cannot go on"),
+        2: errors.InvalidArgument("sequence 2: block table of 1 blocks holds 4 positions")})
+    assert isinstance(callers.events[-1].error, errors.InvalidArgument)
+    assert str(callers.events[-1].error) == "sampling.structured: the grammar cannot go on"
+    assert isinstance(ours.events[-1].error, errors.Internal) and "block table" in str(ours.events[-1].error)
 
 
 def test_an_expired_sequence_ends_with_deadline_exceeded_and_a_closed_one_is_not_reported(clock):

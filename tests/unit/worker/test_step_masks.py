@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from services.scheduler.structured_output import compile_grammar
-from services.worker.grammar import Guide
+from services.worker.grammar import GrammarError, Guide
 from services.worker.repository.loader import LoadedModel
 from services.worker.sampling import processed_logits, sample
 from services.worker.step_masks import MaskJob, StepMasker, mask_logits
@@ -212,3 +212,35 @@ def test_masks_land_on_each_sequences_sample_row_beside_prompt_logprobs_and_a_mi
     assert constrained[0].prompt_logprobs == free[0].prompt_logprobs and len(free[0].prompt_logprobs) == 8
     assert constrained[2].prompt_logprobs == free[2].prompt_logprobs and len(free[2].prompt_logprobs) == 7
     assert constrained[1].token_id == free[1].token_id
+
+
+@pytest.mark.parametrize("endless", ['root ::= "a" root', 'start: "a" start'])
+def test_a_grammar_forcing_an_endless_sequence_fails_its_sequence_alone_as_the_callers(tinylm: LoadedModel,
+                                                                                         endless: str):
+    """llguidance hits its item limit following the forced "a"s (after the first output token): that
+    sequence fails with a short message naming the structured output (the caller's, so a 400 upstream),
+    without llguidance's state dump; a sequence beside it goes on."""
+    executor = _with_grammar(tinylm)
+    grammar = compile_grammar("grammar", endless)
+    first = SequenceStep(1, PROMPT, 0, (0, 1, 2, 3), True, sample=True, sampling=SamplingParams(grammar=grammar))
+    outputs, _ = executor.run(RunStep(0, (first,)))
+    assert outputs[0].error is None and outputs[0].token_id == ord("a")
+    endless_step = SequenceStep(1, (ord("a"),), len(PROMPT), (), sample=True,
+                                sampling=SamplingParams(grammar=grammar), num_generated=1)
+    beside = SequenceStep(2, PROMPT, 0, (4, 5, 6, 7), True, sample=True,
+                          sampling=SamplingParams(grammar=GRAMMARS["choice"]))
+    outputs, _ = executor.run(RunStep(1, (endless_step, beside)))
+    error = outputs[0].error
+    assert error is not None and error.code == ErrorCode.INVALID_ARGUMENT
+    assert error.message.startswith("sampling.structured: ") and "Too many items" in error.message
+    assert "<state>" not in error.message and "\n" not in error.message
+    assert outputs[1].error is None and outputs[1].token_id in (ord("y"), ord("n"), ord("m"))
+
+
+def test_an_output_that_left_the_grammar_is_not_reported_as_the_callers():
+    """A token the mask did not allow is the worker's fault, not the caller's: no sampling.structured
+    prefix (the scheduler reports it as internal), and no state dump either."""
+    guide = Guide(BYTES, compile_grammar("choice", ["yes"]))
+    with pytest.raises(GrammarError) as caught:
+        guide.advance([ord("x")])
+    assert not caught.value.callers and "<state>" not in str(caught.value)
