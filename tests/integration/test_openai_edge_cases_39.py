@@ -318,3 +318,24 @@ def test_a_grammar_forcing_an_endless_sequence_ends_by_length_when_max_tokens_co
     reply = _complete(served, guided_grammar=ENDLESS, max_tokens=1)
     assert (reply["choices"][0]["text"], reply["choices"][0]["finish_reason"]) == ("a", "length")
 
+
+# -- context length and stop strings: the 400 names the field -------------------------------
+
+
+def test_a_prompt_and_max_tokens_over_the_context_name_max_tokens(served):
+    status, reply = post_json(served.base, "/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 4096})
+    assert (status, reply["error"]["param"], reply["error"]["code"]) == (400, "max_tokens", "context_length_exceeded")
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/completions", {"prompt": "hobbit " * 3000}, "prompt"),
+    ("/chat/completions", {"messages": [{"role": "user", "content": "hobbit " * 3000}]}, "messages"),
+])
+def test_a_prompt_over_the_context_names_the_prompt(served, path, body, param):
+    status, reply = post_json(served.base, path, {"model": MODEL, **body})
+    assert (status, reply["error"]["param"], reply["error"]["code"]) == (400, param, "context_length_exceeded")
+
+
+def test_a_stop_string_over_the_schedulers_byte_cap_names_stop(served):
+    status, reply = post_json(served.base, "/completions", {"model": MODEL, "prompt": PROMPT, "stop": "é" * 200})
+    assert (status, reply["error"]["param"]) == (400, "stop"), reply

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -81,6 +82,8 @@ class OpenAIRequest:
     tools: ChatTools | None = None
     # echo and vLLM's prompt_logprobs (openai_prompt.py).
     prompt: PromptOptions = PromptOptions()
+    # The name the client gave the output's length (chat: max_tokens or max_completion_tokens).
+    max_tokens_param: str = "max_tokens"
 
 
 # -- requests ---------------------------------------------------------------------------
@@ -117,7 +120,7 @@ def parse_chat(body: Any) -> OpenAIRequest:
     _refuse_unsupported(body)
     options = prompt_options(body, completion=False)
     param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    parsed = _request(CHAT, body, "", _max_tokens(body, param), messages)
+    parsed = dataclasses.replace(_request(CHAT, body, "", _max_tokens(body, param), messages), max_tokens_param=param)
     chat_logprobs(body, parsed.generate.sampling)
     if options.prompt_logprobs is not None:
         parsed.generate.sampling.prompt_logprobs = options.prompt_logprobs
@@ -529,8 +532,14 @@ class ErrorReply:
         return self.refusal.status
 
 
+class ContextLengthExceeded(BadParameter):
+    """The prompt, or the prompt and max_tokens, do not fit the model's context (the scheduler's to say:
+    it has the token count); OpenAI's code for it."""
+
+
 # Domain error -> (OpenAI error type, code); the status is http_status.py's.
 _ERROR_TYPES: dict[type, tuple[str, str | None]] = {
+    ContextLengthExceeded: ("invalid_request_error", "context_length_exceeded"),
     QuotaExceeded: ("rate_limit_error", "rate_limit_exceeded"),
     ObjectiveMissed: ("overloaded_error", "ttft_objective_missed"),
     ObjectiveUnmeetable: ("invalid_request_error", "ttft_objective_unmeetable"),
@@ -552,16 +561,27 @@ def error_reply(err: errors.InfermeshError) -> ErrorReply:
     return ErrorReply(http_refusal(err), error_body(err.message, kind, _param(err), code))
 
 
-# Parameters only the scheduler can check (it has the tokenizer): its message names the field.
-_UPSTREAM_PARAMS = ("logit_bias",)
+# Parameters only the scheduler can check (it has the tokenizer, and its own byte cap on stop strings):
+# its message names the field.
+_UPSTREAM_PARAMS = ("logit_bias", "stop")
+# The scheduler's context-length refusals (scheduler/servicer.py, generate_pool.py): what they read as.
+_PROMPT_AND_MAX_TOKENS_OVER = re.compile(r"prompt of \d+ tokens plus max_tokens \d+ exceeds")
+_PROMPT_OVER = re.compile(r"prompt of \d+ tokens does not fit")
 
 
 def upstream_refusal(err: errors.InfermeshError, request: OpenAIRequest) -> errors.InfermeshError:
-    """The scheduler's refusal of a structured output (it compiles the schema) names the parameter
-    the client set it with."""
-    if (isinstance(err, errors.InvalidArgument) and request.structured_param is not None
-            and err.message.startswith("sampling.structured")):
+    """The scheduler's refusals in the client's terms: a structured output's (it compiles the schema,
+    and finds a grammar that forces an endless sequence while sampling) names the parameter the
+    client set it with; a context-length one names max_tokens when the prompt alone fits (as the
+    client can lower it), the prompt (messages in chat) otherwise, with OpenAI's code."""
+    if not isinstance(err, errors.InvalidArgument):
+        return err
+    if request.structured_param is not None and err.message.startswith("sampling.structured"):
         return BadParameter(request.structured_param, err.message)
+    if _PROMPT_AND_MAX_TOKENS_OVER.match(err.message):
+        return ContextLengthExceeded(request.max_tokens_param, err.message)
+    if _PROMPT_OVER.match(err.message):
+        return ContextLengthExceeded("messages" if request.kind == CHAT else "prompt", err.message)
     return err
 
 
