@@ -141,3 +141,32 @@ async def test_grpc_best_of_returns_the_logprobs_when_asked_and_refuses_a_candid
     assert [(rank, [p.token.logprob for p in chunk.logprobs]) for rank, chunk in seen] == [(0, [-1.0])]
     with pytest.raises(errors.Internal):
         await _ranked(plan, [*_candidate(0, [-3.0]), _candidate(1, [-1.0, -1.0])[0]])
+
+
+def _result(logprobs: list[float]) -> openai_choices.ChoiceResult:
+    result = openai_choices.ChoiceResult()
+    result.add(gateway_pb2.GenerateResponse(logprobs=[common_pb2.PositionLogprobs(
+        token=common_pb2.TokenLogprob(logprob=v)) for v in logprobs], finish_reason=common_pb2.FINISH_REASON_STOP))
+    return result
+
+
+def _same(ranked: list, expected: list) -> bool:
+    return [id(r) for r in ranked] == [id(r) for r in expected]
+
+
+def test_best_of_ranks_a_candidate_that_ended_at_once_after_every_one_with_a_token():
+    """End of sequence first: no token streamed, so no logprob to average (the end token is counted in
+    usage, never streamed, and its logprob does not reach the gateway); the mean over no token is
+    undefined, and such a candidate ranks after every one with a token, whatever their logprobs
+    (lower index first among such)."""
+    empty, worst, best, empty_too = _result([]), _result([-30.0, -30.0]), _result([-0.5]), _result([])
+    assert _same(openai_choices.best([empty, worst, best, empty_too], 4), [best, worst, empty, empty_too])
+    assert _same(openai_choices.best([empty_too, empty, worst], 2), [worst, empty_too])
+
+
+def test_best_of_averages_only_the_tokens_with_a_logprob():
+    """A token from a worker that sent no logprob (one predating them) is NaN on the wire: the mean is
+    over the others, and a candidate with none at all ranks as one that ended at once (never a NaN sort key)."""
+    nan = float("nan")
+    partial, whole, unknown = _result([nan, -0.25]), _result([-1.0, -1.0]), _result([nan, nan])
+    assert _same(openai_choices.best([unknown, whole, partial], 3), [partial, whole, unknown])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -180,11 +181,14 @@ class ChoiceResult:
     def finished(self) -> bool:
         return self.last is not None and self.last.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
 
-    def mean_logprob(self) -> float:
+    def mean_logprob(self) -> float | None:
         """best_of's ranking: the mean logprob per token (OpenAI: "the highest log probability per
-        token"); a choice with no token ranks last."""
-        values = [p.token.logprob for p in self.logprobs]
-        return sum(values) / len(values) if values else float("-inf")
+        token"), over the tokens that have one (NaN: a worker that sent none, one predating logprobs
+        during a rollout). None, undefined, for a choice with none: one that ended at once (its end token
+        is counted in usage but never streamed, so its logprob never reaches the gateway; vLLM's v0
+        best_of summed it in, which ranked such a choice by how likely the end was)."""
+        values = [p.token.logprob for p in self.logprobs if not math.isnan(p.token.logprob)]
+        return sum(values) / len(values) if values else None
 
 
 def _completion_tokens(results: Sequence[ChoiceResult]) -> int:
@@ -192,6 +196,11 @@ def _completion_tokens(results: Sequence[ChoiceResult]) -> int:
 
 
 def best(results: Sequence[ChoiceResult], n: int) -> list[ChoiceResult]:
-    """The n best of `results` by mean logprob per token, best first (ties: the lower choice index)."""
-    ranked = sorted(range(len(results)), key=lambda i: (-results[i].mean_logprob(), i))
-    return [results[i] for i in ranked[:n]]
+    """The n best of `results` by mean logprob per token, best first (ties: the lower choice index);
+    those without a mean (no token with a logprob: ended at once) after every one with a mean, by index."""
+    return [results[i] for i in sorted(range(len(results)), key=lambda i: _rank_key(results[i], i))[:n]]
+
+
+def _rank_key(result: ChoiceResult, index: int) -> tuple[bool, float, int]:
+    mean = result.mean_logprob()
+    return (mean is None, 0.0 if mean is None else -mean, index)
