@@ -196,6 +196,7 @@ class GatewayService:
             membership=self.membership,
             after_poll=lambda: metrics.observe_budgets(self.budgets.balances()),
             on_answer=lambda endpoint, ready_models: self.hold.wake(ready_models),
+            hold_on=self.hold.enabled,
         )
 
     def _rollouts_of(self, routing: RoutingTable) -> RolloutController:
@@ -320,7 +321,8 @@ class GatewayService:
         self._tasks.append(asyncio.create_task(self.poller.run(), name="pressure-poller"))
         if self._config.silence_probe_after_ms > 0:
             watch = SilenceWatch(self.clients, self.membership, silent_s=self._config.silence_probe_after_ms / 1000,
-                                 probe_timeout_s=self._config.silence_probe_timeout_ms / 1000)
+                                 probe_timeout_s=self._config.silence_probe_timeout_ms / 1000,
+                                 hold_on=self.hold.enabled)
             self._tasks.append(asyncio.create_task(watch.run(), name="silence-watch"))
         if self.quota_sync is not None:
             await self.quota_sync.sync_once()  # leases (or the fallback share) before the first request

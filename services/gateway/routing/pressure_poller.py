@@ -29,6 +29,7 @@ from services.gateway.routing.circuit_breaker import CircuitBreakers
 from services.gateway.routing.pressure import PressureBoard, PressureReport
 from services.gateway.routing.recovery_watch import RECOVERY_POLL_S, RecoveryWatch
 from services.gateway.routing.replicas import Membership
+from services.gateway.routing.silence_watch import may_sever
 from services.gateway.routing.table import RoutingTable
 from services.gateway.telemetry import metrics
 from services.gateway.upstream.clients import AttemptError, SchedulerClients
@@ -52,11 +53,14 @@ class PressurePoller:
         clock: Clock = time.monotonic,
         after_poll: Callable[[], None] = lambda: None,
         on_answer: Callable[[str, list[str]], None] = lambda endpoint, ready_models: None,
+        hold_on: bool = False,
     ) -> None:
         """after_poll: runs after each round of polls (the server publishes the retry budgets' gauges
         then, on the same beat as the breakers'). on_answer: runs with an endpoint that answered a
         poll and the models it reported ready, once what it said is applied (the server wakes the
-        calls of those models held for want of a scheduler)."""
+        calls of those models held for want of a scheduler). hold_on: calls no scheduler can take are
+        held (--hold-max-calls > 0), so a silent scheduler is severed even when it is the last one
+        answering (silence_watch.may_sever)."""
         self._routing = routing
         self._clients = clients
         self._board = board
@@ -66,6 +70,7 @@ class PressurePoller:
         self._on_answer = on_answer
         self.interval_s = interval_s
         self._membership = membership
+        self._hold_on = hold_on
         # Endpoints that answered the last poll (KServe ServerReady).
         self.reachable: set[str] = set()
         self._failing: set[str] = set()
@@ -145,8 +150,8 @@ class PressurePoller:
     def _sever_if_silent(self, endpoint: str, client) -> None:
         # A poll that got no answer in time, from a scheduler that also sent nothing to the calls
         # waiting on it for as long: it is cut off or frozen, not slow. Its calls fail over now,
-        # when there is another scheduler to take them (silence_watch.py does this sooner).
-        if self._membership is None or not self._membership.has_alternative(endpoint):
+        # when there is another scheduler or the hold to take them (silence_watch.py does this sooner).
+        if not may_sever(self._membership, endpoint, hold_on=self._hold_on):
             return
         why = (f"scheduler {endpoint} stopped answering: nothing received for {self.interval_s:g} s "
                f"and a pressure poll timed out")

@@ -7,9 +7,10 @@ import asyncio
 
 import pytest
 
+from infermesh.v1 import gateway_pb2, scheduler_pb2
 from services.common import errors
 from services.gateway.routing.replicas import Membership
-from services.gateway.routing.silence_watch import SilenceWatch
+from services.gateway.routing.silence_watch import SilenceWatch, may_sever
 from services.gateway.upstream.attempt_error import AttemptError
 from services.gateway.upstream.clients import UnaryCalls
 from services.gateway.upstream.scheduler_stream import SchedulerStream
@@ -151,6 +152,84 @@ async def test_nothing_is_probed_or_severed_without_another_scheduler_to_fail_ov
     await settle()
     assert client.probes == []
     assert await watch.probe(client) == 0 and client.severed == []
+
+
+@pytest.mark.parametrize("live", [("a:1",), ("a:1", "b:1")], ids=["only scheduler", "other one silent too"])
+async def test_with_the_hold_on_the_last_silent_scheduler_is_severed_too(live):
+    client = FakeClient("a:1", _timeout())
+    membership = Membership(lambda: live)
+    if "b:1" in live:
+        membership.unreachable("b:1")  # frozen too, severed before
+    watch = SilenceWatch(FakeClients(client), membership, silent_s=0.3, probe_timeout_s=0.3, hold_on=True)
+    watch.check()
+    await settle()
+    assert client.probes == [0.3]
+    assert len(client.severed) == 1, "its calls go to the hold: a poll answer wakes them"
+    assert not membership.reachable("a:1")
+
+
+def test_may_sever_needs_membership_and_somewhere_for_the_calls_to_go():
+    membership = Membership(lambda: ("a:1", "b:1"))
+    assert may_sever(membership, "a:1", hold_on=False)
+    membership.unreachable("b:1")
+    assert not may_sever(membership, "a:1", hold_on=False), "the calls would only come back to a:1"
+    assert may_sever(membership, "a:1", hold_on=True), "they wait in the hold"
+    assert not may_sever(None, "a:1", hold_on=True), "nothing would demote it"
+
+
+class StreamClient:
+    """A scheduler client over a real SchedulerStream on the fake clock whose probes time out (frozen)."""
+
+    def __init__(self, address: str, stream: SchedulerStream, clock) -> None:
+        self.address = address
+        self.stream = stream
+        self.probes = 0
+        self._clock = clock
+
+    def is_silent(self, silent_s: float) -> bool:
+        return self.stream.num_calls > 0 and self.stream.silent_for_s() >= silent_s
+
+    async def get_pressure(self, timeout_s: float):
+        self.probes += 1
+        self._clock.advance(timeout_s)
+        raise _timeout()
+
+    def sever_if_silent(self, silent_s: float, why: str) -> int:
+        return self.stream.sever(why) if self.is_silent(silent_s) else 0
+
+
+async def test_a_frozen_only_scheduler_is_severed_after_silence_and_its_late_answers_reach_no_one(
+        clock, stream_and_calls):
+    stream, calls = stream_and_calls
+    client = StreamClient("sched:1", stream, clock)
+    membership = Membership(lambda: ("sched:1",))
+    watch = SilenceWatch(FakeClients(client), membership, silent_s=0.3, probe_timeout_s=0.3, hold_on=True)
+    classify = asyncio.create_task(stream.classify(classify_request(), 10.0, TRACE))
+    await settle()
+    clock.advance(0.25)
+    watch.check()
+    await settle()
+    assert client.probes == 0 and not classify.done(), "not silent for long enough yet"
+    clock.advance(0.1)
+    watch.check()
+    await settle()
+    assert client.probes == 1
+    with pytest.raises(AttemptError) as failed:
+        await classify
+    assert failed.value.scheduler_silent and failed.value.endpoint_gone, "re-dispatched, or held"
+    assert calls[0].cancelled and not membership.reachable("sched:1")
+
+    # The re-dispatched call goes out on a new stream; the frozen one wakes and answers the old call.
+    again = asyncio.create_task(stream.classify(classify_request(), 10.0, TRACE))
+    await settle()
+    calls[0].reply(scheduler_pb2.CallReply(call_id=1, classify=gateway_pb2.ClassifyResponse(request_id="late")))
+    await settle()
+    assert not again.done(), "the severed stream is no longer read: its late answer reaches no call"
+    (entry,) = calls[1].entries()
+    calls[1].reply(scheduler_pb2.CallReply(call_id=entry.call_id,
+                                           classify=gateway_pb2.ClassifyResponse(request_id="again")))
+    assert (await again).request_id == "again"
+    assert stream.num_calls == 0
 
 
 async def test_check_probes_only_silent_clients_and_one_probe_at_a_time():
