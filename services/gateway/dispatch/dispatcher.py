@@ -22,7 +22,8 @@ serving the model, and no regroup round left), an idempotent call or a resumable
 it delivered and resumes from them. A resume that no scheduler took is held, not counted as
 another resume. Only such failures are held: a live scheduler's refusal stays with the budget.
 The model's adaptive limit hears of it (ModelSlot): time in which no scheduler could take the call
-is no latency sample, and a held call gives its slot back while it waits (adaptive_limit.py).
+is no latency sample, and a held call gives its slot back when it is first held, for good: the
+hold's cap bounds held calls and their burst when a scheduler returns (adaptive_limit.py).
 """
 
 from __future__ import annotations
@@ -321,14 +322,15 @@ class Dispatcher:
             metrics.HELD_CALLS.labels(scope.metric_model, "held").inc()
         self._on_regroup()  # poll every scheduler now: one that answers with the model ready wakes the call
         _slot(scope).unserved()
-        _leave_limit(scope)  # the hold's cap bounds the waiting calls; the model's limit, what is upstream
+        # The hold's cap bounds held calls, and the burst of them when a scheduler returns; the model's
+        # limit, new calls. A woken call retaking its slot past the limit had new calls refused
+        # RESOURCE_EXHAUSTED while the burst drained (22-26 classify a run at the default limit, issue 35).
+        _leave_limit(scope)
         try:
             woken = await hold.wait(scope.model, num_waits=attempts.num_holds, max_wait_s=max_wait_s,
                                     label=scope.metric_model)
         except HoldFull:  # cannot happen on one event loop: `full` was just checked
             raise error from None
-        finally:
-            _leave_limit(scope, back=True)
         if not woken:  # what is left is the margin to finish in
             now_s = self._deadlines.clock()
             raise _held_too_long(now_s - attempts.held_since_s, scope.deadline.remaining_s(now_s), error)
@@ -454,7 +456,7 @@ class Dispatcher:
 
 class ModelSlot(Protocol):
     """The request's slot in its model's adaptive limit (admission/adaptive_limit.LimitPermit): its
-    latency sample is the time a scheduler served it (it also leaves the limit while held: _leave_limit)."""
+    latency sample is the time a scheduler served it (it also leaves the limit once held: _leave_limit)."""
 
     def attempt(self) -> None: ...
 
@@ -479,15 +481,12 @@ def _slot(scope) -> ModelSlot:
     return _NO_SLOT if slot is None else slot
 
 
-def _leave_limit(scope, *, back: bool = False) -> None:
-    """A held call leaves its model's adaptive limit (back: rejoins it); the in-flight gauge follows."""
+def _leave_limit(scope) -> None:
+    """A held call leaves its model's adaptive limit for good (see _hold); the in-flight gauge follows."""
     permit = getattr(scope, "model_permit", None)
     if permit is None:
         return
-    if back:
-        permit.step_in()
-    else:
-        permit.step_out()
+    permit.step_out()
     metrics.observe_model_in_flight(scope.metric_model, permit.num_in_flight)
 
 
