@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import pytest
+
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 from services.common import errors
 from services.gateway.routing.catalog import ModelCatalog
@@ -12,6 +14,7 @@ from services.gateway.routing.circuit_breaker import BreakerConfig, CircuitBreak
 from services.gateway.routing.pressure import PressureBoard
 from services.gateway.routing.pressure_poller import EXTRA_POLL_MIN_GAP_S, PressurePoller
 from services.gateway.routing.recovery_watch import RECOVERY_POLL_S, RECOVERY_SETTLE_S, RECOVERY_WATCH_S
+from services.gateway.routing.replicas import Membership
 from services.gateway.upstream.clients import AttemptError
 from services.gateway.upstream.status import UpstreamCode
 
@@ -122,3 +125,34 @@ async def test_a_scheduler_back_with_nothing_to_serve_is_watched_for_a_bounded_t
     assert poller.recovering() == ("10.0.0.1:50052",)
     clock.advance(RECOVERY_WATCH_S)
     assert poller.recovering() == ()
+
+
+class TimingOutClient(CountingClient):
+    """A frozen scheduler with calls waiting on it: its polls time out; records what is severed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.severed: list[float] = []
+
+    async def get_pressure(self, timeout_s: float) -> scheduler_pb2.GetPressureResponse:
+        raise AttemptError.local(UpstreamCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    def sever_if_silent(self, silent_s: float, why: str) -> int:
+        self.severed.append(silent_s)
+        return 2
+
+
+@pytest.mark.parametrize("hold_on", [False, True], ids=["hold off", "hold on"])
+async def test_a_poll_timeout_severs_the_only_scheduler_only_while_the_hold_is_on(clock, hold_on):
+    client = TimingOutClient()
+    membership = Membership(lambda: ("10.0.0.1:50052",))
+    poller = PressurePoller(
+        routing=SimpleNamespace(endpoints=lambda: ("10.0.0.1:50052",)),
+        clients=SimpleNamespace(get=lambda endpoint: client),
+        board=PressureBoard(clock), catalog=ModelCatalog(),
+        breakers=CircuitBreakers(BreakerConfig(), clock),
+        interval_s=1.0, clock=clock, membership=membership, hold_on=hold_on,
+    )
+    await poller.poll_endpoint("10.0.0.1:50052")
+    assert client.severed == ([1.0] if hold_on else []), "with the hold off its calls would only come back to it"
+    assert not membership.reachable("10.0.0.1:50052")
