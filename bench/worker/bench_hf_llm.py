@@ -330,6 +330,7 @@ def main() -> None:
         version = root / MODEL / "1"
         files = sorted(p for p in version.iterdir() if p.is_file())
         weight_files = [p for p in files if p.suffix == ".safetensors"]
+        weights_bytes = sum(p.stat().st_size for p in weight_files)  # the repository is gone after the run
         plain = plain_reads(files)
         sha256_s = best_of(1, lambda: [sha256_of(p) for p in weight_files])
 
@@ -375,7 +376,6 @@ def main() -> None:
                     load_avg.append(os.getloadavg()[0])
         compute.shutdown()
     floor = runtime_floor_bytes()
-    weights_bytes = sum(p.stat().st_size for p in weight_files)
     kv_bytes = envelope.num_kv_blocks * envelope.block_size * kv_bytes_per_token(LlamaFamilyConfig.from_hf(CONFIG))
     allowed = weights_bytes + kv_bytes + 300 * 2**20
     mesh_sat, proc_sat = statistics.median(saturated["mesh"]), statistics.median(saturated["in_process"])
