@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.common.clock import Clock
+from services.common.logprobs import PositionLogprobs
 from services.common.timings import StageTime, seconds_to_us, to_proto
 from services.scheduler.call_codec import FINISH_REASONS
 from services.scheduler.chunk_coalescer import CoalescedEvents
@@ -61,36 +64,30 @@ class GenerateCall:
             self._span.set_attribute("infermesh.completion_tokens", delta.num_generated)
 
     def _fill_logprobs(self, chunk: gateway_pb2.GenerateResponse, delta: SequenceDelta) -> None:
-        """One PositionLogprobs per token, each token's bytes added (the gateway has no tokenizer)."""
-        token_bytes = self._entry.pool.tokenizer.token_bytes
-        add = chunk.logprobs.add
-        for token_id, logprobs in zip(delta.token_ids, delta.logprobs, strict=True):
-            position = add()
-            position.token.token_id = token_id
-            position.token.token_bytes = token_bytes(token_id)
-            if logprobs is None:  # the worker sent none (one predating logprobs): NaN, never a made-up value
-                position.token.logprob = math.nan
-                continue
-            position.token.logprob = logprobs.token.logprob
-            add_top = position.top.add
-            for top in logprobs.top:
-                add_top(token_id=top.token_id, logprob=top.logprob, token_bytes=token_bytes(top.token_id))
+        """One PositionLogprobs per token."""
+        self._fill_positions(chunk.logprobs, delta.token_ids, delta.logprobs)
 
     def _fill_prompt_logprobs(self, chunk: gateway_pb2.GenerateResponse, delta: SequenceDelta) -> None:
-        """One PositionLogprobs per prompt token: NaN for the first (nothing predicts it), and where
-        the worker sent none."""
+        """One PositionLogprobs per prompt token: NaN for the first (nothing predicts it)."""
+        self._fill_positions(chunk.prompt_logprobs, delta.prompt_token_ids, delta.prompt_logprobs)
+
+    def _fill_positions(self, positions: RepeatedCompositeFieldContainer[common_pb2.PositionLogprobs],
+                        token_ids: Sequence[int], logprobs: Sequence[PositionLogprobs | None]) -> None:
+        """Adds one PositionLogprobs per (token, logprobs) pair, each token's bytes added (the gateway
+        has no tokenizer)."""
         token_bytes = self._entry.pool.tokenizer.token_bytes
-        add = chunk.prompt_logprobs.add
-        for token_id, logprobs in zip(delta.prompt_token_ids, delta.prompt_logprobs, strict=True):
+        add = positions.add
+        for token_id, position_logprobs in zip(token_ids, logprobs, strict=True):
             position = add()
             position.token.token_id = token_id
             position.token.token_bytes = token_bytes(token_id)
-            if logprobs is None:
+            # The worker sent none (one predating logprobs; the prompt's first token): NaN, never a made-up value.
+            if position_logprobs is None:
                 position.token.logprob = math.nan
                 continue
-            position.token.logprob = logprobs.token.logprob
+            position.token.logprob = position_logprobs.token.logprob
             add_top = position.top.add
-            for top in logprobs.top:
+            for top in position_logprobs.top:
                 add_top(token_id=top.token_id, logprob=top.logprob, token_bytes=token_bytes(top.token_id))
 
     def _fill_last(self, chunk: gateway_pb2.GenerateResponse, delta: SequenceDelta) -> None:
