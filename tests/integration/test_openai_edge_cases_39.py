@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
 import urllib.error
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,11 +24,9 @@ import pytest
 from inference import grpc_predict_v2_pb2 as kserve
 from inference import grpc_predict_v2_pb2_grpc as kserve_grpc
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.support import tool_templates
-from tests.support.hf_checkpoints import END_OF_TEXT_ID, save_model_directory
-from tests.support.hf_mesh import serving_checkpoints
+from tests.support.hf_checkpoints import END_OF_TEXT_ID
+from tests.support.hf_mesh import run_stock_client, serving_hermes_qwen2
 from tests.support.https_json import post_json, post_stream
-from tests.support.side_venv import side_venv_python
 from tools.testbed import session_tls
 
 pytestmark = pytest.mark.integration
@@ -48,21 +45,14 @@ SAME = 1e-5
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("openai-edges")
-    save_model_directory(tmp / MODEL, "qwen2", seed=11, chat_template=tool_templates.HERMES,
-                         max_position_embeddings=2048)
-    with serving_checkpoints(tmp, [MODEL], kv_cache_bytes=1 << 22) as served:
+    with serving_hermes_qwen2(tmp_path_factory.mktemp("openai-edges"), MODEL) as served:
         yield served
 
 
 @pytest.fixture(scope="module")
 def client_seen(served):
-    python = side_venv_python(*SIDE_VENV)
     cases = {"prompt": PROMPT, "eos_id": END_OF_TEXT_ID, "empty_grammar": EMPTY_LANGUAGE, "tools": TOOLS}
-    done = subprocess.run([str(python), str(SCRIPT), served.base, str(session_tls.session_pki().ca_path), MODEL,
-                           json.dumps(cases)], capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr + served.mesh.logs()
-    return json.loads(done.stdout)
+    return run_stock_client(served, SIDE_VENV, SCRIPT, MODEL, cases)
 
 
 def _complete(served, **body) -> dict:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import grpc
@@ -21,11 +20,8 @@ from inference import grpc_predict_v2_pb2 as kserve
 from inference import grpc_predict_v2_pb2_grpc as kserve_grpc
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.gateway.kserve.codec import unpack_bytes_tensor
-from tests.support import tool_templates
-from tests.support.hf_checkpoints import save_model_directory
-from tests.support.hf_mesh import serving_checkpoints
+from tests.support.hf_mesh import run_stock_client, serving_hermes_qwen2
 from tests.support.https_json import post_json
-from tests.support.side_venv import side_venv_python
 from tools.testbed import session_tls
 from tools.testbed.gateway_fixtures import scrape
 
@@ -51,22 +47,14 @@ TWO_CALLS = 'root ::= call "\\n" call\ncall ::= "<tool_call>{\\"name\\": \\"" na
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("openai-grammar")
-    # The tools' signatures make prompts of a few hundred byte-level tokens: a longer context than the default.
-    save_model_directory(tmp / MODEL, "qwen2", seed=11, chat_template=tool_templates.HERMES,
-                         max_position_embeddings=2048)
-    with serving_checkpoints(tmp, [MODEL], kv_cache_bytes=1 << 22) as served:
+    with serving_hermes_qwen2(tmp_path_factory.mktemp("openai-grammar"), MODEL) as served:
         yield served
 
 
 @pytest.fixture(scope="module")
 def client_seen(served):
-    python = side_venv_python(*SIDE_VENV)
     cases = {"prompt": PROMPT, "tools": TOOLS, "grammar": GBNF, "bad_grammar": "start: answer", "two_calls": TWO_CALLS}
-    done = subprocess.run([str(python), str(SCRIPT), served.base, str(session_tls.session_pki().ca_path), MODEL,
-                           json.dumps(cases)], capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr + served.mesh.logs()
-    return json.loads(done.stdout)
+    return run_stock_client(served, SIDE_VENV, SCRIPT, MODEL, cases)
 
 
 def _mean(logprobs: list[float]) -> float:
