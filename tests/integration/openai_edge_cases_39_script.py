@@ -13,6 +13,7 @@ import ssl
 import sys
 
 import openai
+from openai_script_errors import refusal
 
 
 def main() -> None:
@@ -65,17 +66,6 @@ def _completion_choice(choice) -> dict:
     return {"text": choice.text, "finish_reason": choice.finish_reason,
             **({"tokens": logprobs.tokens, "token_logprobs": logprobs.token_logprobs,
                 "text_offset": logprobs.text_offset} if logprobs is not None else {})}
-
-
-def refusal(call) -> dict:
-    """The 400 a call raised, as the client parsed it."""
-    try:
-        call()
-    except openai.BadRequestError as err:
-        error = err.body if isinstance(err.body, dict) else {}
-        error = error.get("error", error)  # the error object, whether or not the client unwrapped it
-        return {"status": err.status_code, "param": error.get("param"), "message": error.get("message")}
-    return {"status": 200}
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import ssl
 import sys
 
 import openai
+from openai_script_errors import refusal
 
 
 def main() -> None:
@@ -54,17 +55,6 @@ def main() -> None:
     seen["auto_stream"] = [(c.index, c.function.name) for chunk in streamed if chunk.choices
                            for c in chunk.choices[0].delta.tool_calls or []]
     print(json.dumps(seen))
-
-
-def refusal(call) -> dict:
-    """The 400 a call raised, as the client parsed it."""
-    try:
-        call()
-    except openai.BadRequestError as err:
-        error = err.body if isinstance(err.body, dict) else {}
-        error = error.get("error", error)  # the error object, whether or not the client unwrapped it
-        return {"status": err.status_code, "param": error.get("param"), "message": error.get("message")}
-    return {"status": 200}
 
 
 if __name__ == "__main__":
