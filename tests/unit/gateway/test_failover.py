@@ -12,8 +12,7 @@ from opentelemetry import trace
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common.errors import Internal, NotFound, ResourceExhausted, Unavailable
 from services.common.metric_labels import OTHER as OTHER_LABEL
-from services.common.priority import Priority
-from services.gateway.dispatch.deadlines import Deadline, DeadlinePolicy, Deadlines
+from services.gateway.dispatch.deadlines import DeadlinePolicy, Deadlines
 from services.gateway.dispatch.dispatcher import (
     MAX_REGROUPS,
     NOT_SERVED_NOW_RETRY_S,
@@ -29,7 +28,7 @@ from services.gateway.routing.replicas import Membership, ReplicaSelector, rende
 from services.gateway.routing.table import RoutingTable, parse_routing_config
 from services.gateway.upstream.clients import AttemptError
 from services.gateway.upstream.status import UpstreamCode
-from tests.unit.gateway.conftest import FixedRng
+from tests.unit.gateway.conftest import FakeClients, FixedRng, make_dispatcher, make_scope
 
 A, B = "10.0.0.1:50052", "10.0.0.2:50052"
 MODEL = "tinylm"
@@ -37,11 +36,6 @@ PREFERRED = rendezvous_order(MODEL, [A, B])[0]
 OTHER = B if PREFERRED == A else A
 # 0.2 retries/s floor over 10 s and no ratio: 2 retries per window for the whole gateway's calls to one endpoint.
 BUDGET = RetryBudgetConfig(retry_ratio=0.0, window_s=10, min_retries_per_s=0.2)
-
-
-class FakeClients:
-    def get(self, address: str) -> str:
-        return address
 
 
 def _make(clock, breaker: BreakerConfig | None = None, max_resumes: int = 3, on_regroup=lambda: None):
@@ -54,24 +48,13 @@ def _make(clock, breaker: BreakerConfig | None = None, max_resumes: int = 3, on_
         sleeps.append(delay_s)
         clock.advance(delay_s)
 
-    dispatcher = Dispatcher(
-        routing=RoutingTable((), breakers, replicas=ReplicaSelector(Membership(lambda: (A, B)))),
-        clients=FakeClients(),
-        policy=RetryPolicy(RetryPolicyConfig(max_attempts=3), rng=FixedRng(0.5)),
-        budgets=budgets,
-        breakers=breakers,
-        deadlines=Deadlines(DeadlinePolicy(), clock),
-        board=PressureBoard(clock),
-        sleep=sleep,
-        max_resumes=max_resumes,
-        on_regroup=on_regroup,
-    )
+    dispatcher = make_dispatcher(clock, breakers, budgets, (A, B), sleep=sleep, max_resumes=max_resumes,
+                                 on_regroup=on_regroup)
     return SimpleNamespace(dispatcher=dispatcher, budgets=budgets, breakers=breakers, sleeps=sleeps)
 
 
 def _scope(clock, timeout_s: float = 10.0):
-    return SimpleNamespace(model=MODEL, metric_model=MODEL, version="", priority=Priority.STANDARD,
-                           deadline=Deadline(expires_at_s=clock() + timeout_s))
+    return make_scope(clock, MODEL, timeout_s)
 
 
 def _gone() -> AttemptError:

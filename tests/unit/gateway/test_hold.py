@@ -16,29 +16,19 @@ from prometheus_client import REGISTRY
 from services.common.errors import DeadlineExceeded, Unavailable
 from services.common.priority import Priority
 from services.gateway.admission.adaptive_limit import AdaptiveLimit, AdaptiveLimitConfig, Outcome
-from services.gateway.dispatch.deadlines import Deadline, DeadlinePolicy, Deadlines
-from services.gateway.dispatch.dispatcher import Dispatcher
 from services.gateway.dispatch.hold import HOLD_BACKOFF_S, CallHold
 from services.gateway.dispatch.retry_budget import RetryBudgetConfig, RetryBudgets
-from services.gateway.dispatch.retry_policy import RetryPolicy, RetryPolicyConfig, WorkKind
+from services.gateway.dispatch.retry_policy import WorkKind
 from services.gateway.routing.circuit_breaker import BreakerConfig, CircuitBreakers
-from services.gateway.routing.pressure import PressureBoard
-from services.gateway.routing.replicas import Membership, ReplicaSelector
-from services.gateway.routing.table import RoutingTable
 from services.gateway.telemetry import metrics
 from services.gateway.upstream.clients import AttemptError
 from services.gateway.upstream.status import UpstreamCode
-from tests.unit.gateway.conftest import FixedRng
+from tests.unit.gateway.conftest import make_dispatcher, make_scope
 from tests.unit.gateway.test_failover import ScriptedStream, _chunk
 
 A, B = "10.0.0.1:50052", "10.0.0.2:50052"
 MODEL = "heldmodel"
 STEP_S = 0.05
-
-
-class FakeClients:
-    def get(self, address: str) -> str:
-        return address
 
 
 def _make(clock, max_held: int = 64, max_resumes: int = 3):
@@ -56,24 +46,13 @@ def _make(clock, max_held: int = 64, max_resumes: int = 3):
         return event.is_set()
 
     hold = CallHold(max_held, wait=wait, sleep=clock.sleep)
-    dispatcher = Dispatcher(
-        routing=RoutingTable((), breakers, replicas=ReplicaSelector(Membership(lambda: (A, B)))),
-        clients=FakeClients(),
-        policy=RetryPolicy(RetryPolicyConfig(max_attempts=3), rng=FixedRng(0.5)),
-        budgets=budgets,
-        breakers=breakers,
-        deadlines=Deadlines(DeadlinePolicy(), clock),
-        board=PressureBoard(clock),
-        sleep=clock.sleep,
-        max_resumes=max_resumes,
-        hold=hold,
-    )
+    dispatcher = make_dispatcher(clock, breakers, budgets, (A, B), sleep=clock.sleep, max_resumes=max_resumes,
+                                 hold=hold)
     return SimpleNamespace(dispatcher=dispatcher, breakers=breakers, budgets=budgets, hold=hold)
 
 
 def _scope(clock, timeout_s: float = 10.0):
-    return SimpleNamespace(model=MODEL, metric_model=MODEL, version="", priority=Priority.STANDARD,
-                           deadline=Deadline(expires_at_s=clock() + timeout_s))
+    return make_scope(clock, MODEL, timeout_s)
 
 
 def _gone() -> AttemptError:
