@@ -1,7 +1,8 @@
 """When one worker's step loop plans again: a result, an arrival, or the next command's time.
 
 A pipelined loop sends the steps it plans ahead `steps_per_command` (K) at a time in one command
-while no sequence waits for a slot: the first step after an idle spell goes alone, then K more, and
+while no sequence waits for a slot: the first step after an idle spell goes alone, then one more
+until its result is back, then K more, and
 the next K once the worker has about one step and COMMAND_LEAD_S left of those in flight, timed by
 the per-step time of the last command of several steps. A sequence arriving meanwhile (`wake()`)
 gets its first step planned at once, right behind the steps in flight. While commands of one step go,
@@ -82,11 +83,14 @@ class StepPacing:
             self.disarm()  # it brought us here
         if any_waiting:
             # A newcomer's first step goes right behind a command of several steps; then one at a time.
-            if num_in_flight > 1 and last_command_size == 1:
-                return 0
+            if num_in_flight > 1 and last_command_size == 1 or num_in_flight >= 2 * self.steps_per_command:
+                return 0  # (2K: at most the worker's max_steps_in_flight)
             per_command = 1
         else:
-            per_command = self.steps_per_command
+            # After an idle spell, one step ahead until the first result: the streams that arrive
+            # together land a few ms apart, and K steps sent behind the first arrival's made the rest
+            # wait K + 1 steps for their prefill (5 lone steps of 38 in bench_hf_llm --quick).
+            per_command = 1 if self._result_at_s is None else self.steps_per_command
             if num_in_flight > per_command:
                 return 0
             if per_command > 1 and (wait_s := self._until_next_command_s(num_in_flight)) > 0:

@@ -237,23 +237,26 @@ async def test_the_first_step_goes_alone_then_decodes_go_four_to_a_command():
     pool = make_pool(steps_per_command=4)
     worker = MockWorker(pool, "w0", MockProfile(), hold=True)
     reader = submit(pool, 1, b"burst", 20)
-    await until_turns(lambda: worker.command_sizes == [1, 4] and len(worker.held) == 2)
+    # One step ahead until the first result (streams arriving together join at the third step).
+    await until_turns(lambda: worker.command_sizes == [1, 1] and len(worker.held) == 2)
+    worker.release_one()  # the first step's result: decodes go four to a command from now on
+    await until_turns(lambda: worker.command_sizes == [1, 1, 4] and len(worker.held) == 2)
     prefill, *ahead = worker.plans
     assert not prefill.seqs[0].input_from_last_sample, "the first token comes back after one step"
-    assert [p.seqs[0].start_position for p in ahead] == [len(b"burst") + i for i in range(4)]
-    assert [p.seqs[0].num_generated for p in ahead] == [1, 2, 3, 4]
+    assert [p.seqs[0].start_position for p in ahead] == [len(b"burst") + i for i in range(5)]
+    assert [p.seqs[0].num_generated for p in ahead] == [1, 2, 3, 4, 5]
     assert all(p.seqs[0].input_from_last_sample and p.seqs[0].token_ids == () for p in ahead)
-    worker.release_one()  # the first step's result: no command's step time known yet, four more at once
-    await until_turns(lambda: worker.command_sizes == [1, 4, 4] and len(worker.held) == 2)
+    worker.release_one()  # the second step's result: no command's step time known yet, four more at once
+    await until_turns(lambda: worker.command_sizes == [1, 1, 4, 4] and len(worker.held) == 2)
     pool.clock.advance(0.004)  # the first command of four takes 4 ms: 1 ms a step
     worker.release_one()
     for _ in range(50):
         await asyncio.sleep(0)
     # Four steps in flight, the worker 1 ms a step: the next four leave when it has one step and the
     # lead (1 ms) left, 2 ms from now, not at once.
-    assert worker.command_sizes == [1, 4, 4]
+    assert worker.command_sizes == [1, 1, 4, 4]
     pool.clock.advance(0.0021)
-    await until_turns(lambda: worker.command_sizes == [1, 4, 4, 4])
+    await until_turns(lambda: worker.command_sizes == [1, 1, 4, 4, 4])
     worker.release()
     assert (await reader.read()).token_ids == mock_continuation(b"burst", 20)
     assert sum(len(p.seqs) for p in worker.plans) == 20, "no step beyond max_tokens"
@@ -281,9 +284,11 @@ async def test_a_newcomer_goes_right_behind_a_command_of_several_steps():
     pool = make_pool(steps_per_command=4)
     worker = MockWorker(pool, "w0", MockProfile(), hold=True)
     first = submit(pool, 1, b"decoding", 12)
-    await until_turns(lambda: worker.command_sizes == [1, 4])
+    await until_turns(lambda: worker.command_sizes == [1, 1] and len(worker.held) == 2)
+    worker.release_one()
+    await until_turns(lambda: worker.command_sizes == [1, 1, 4])
     second = submit(pool, 2, b"newcomer", 6)
-    await until_turns(lambda: worker.command_sizes == [1, 4, 1])
+    await until_turns(lambda: worker.command_sizes == [1, 1, 4, 1])
     behind = worker.plans[-1]
     assert {s.seq_id for s in behind.seqs} == {1, 2}, "its prefill, beside the running one's next decode"
     assert not [s for s in behind.seqs if s.seq_id == 2][0].input_from_last_sample

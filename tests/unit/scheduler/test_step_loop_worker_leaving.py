@@ -60,10 +60,13 @@ async def test_a_worker_s_last_results_read_with_its_stream_s_end_lose_no_token(
     prompts = {seq_id: f"moving {seq_id}".encode() for seq_id in (1, 2, 3)}
     readers = {seq_id: submit(pool, seq_id, prompt, 40, temperature=0.5 if seq_id % 2 else 0.0)
                for seq_id, prompt in prompts.items()}
-    # The first step alone, then decodes four to a command: two commands of four in flight.
-    await until_turns(lambda: leaving.command_sizes == [1, 4] and len(leaving.held) == 2)
+    # The first step alone, one ahead until its result, then decodes four to a command: two commands
+    # of four in flight.
+    await until_turns(lambda: leaving.command_sizes == [1, 1] and len(leaving.held) == 2)
     leaving.release_one()
-    await until_turns(lambda: leaving.command_sizes == [1, 4, 4] and len(leaving.held) == 2)
+    await until_turns(lambda: leaving.command_sizes == [1, 1, 4] and len(leaving.held) == 2)
+    leaving.release_one()
+    await until_turns(lambda: leaving.command_sizes == [1, 1, 4, 4] and len(leaving.held) == 2)
     other = MockWorker(pool, "w1", MockProfile())  # where the sequences go on
     loop = pool._loops[leaving.link.link_id]
 

@@ -16,8 +16,20 @@ def make_pacing(clock: FakeClock, steps_per_command: int = 4) -> StepPacing:
     return StepPacing(steps_per_command, clock, clock.sleep)
 
 
+async def test_after_an_idle_spell_one_step_goes_ahead_until_the_first_result(clock):
+    # Streams arriving together land ms apart: K steps behind the first one's made the rest wait K + 1.
+    pacing = make_pacing(clock)
+    assert pacing.steps_to_send(False, num_in_flight=1, last_command_size=1) == 1
+    assert pacing.steps_to_send(False, num_in_flight=2, last_command_size=1) == 0
+    pacing.on_result(clock(), 0, 1)
+    assert pacing.steps_to_send(False, num_in_flight=1, last_command_size=1) == 4
+    pacing.idle()
+    assert pacing.steps_to_send(False, num_in_flight=1, last_command_size=1) == 1
+
+
 async def test_with_nobody_waiting_a_whole_command_goes_until_more_than_one_is_in_flight(clock):
     pacing = make_pacing(clock)
+    pacing.on_result(clock(), 0, 1)  # past the first step after an idle spell
     assert pacing.steps_to_send(False, num_in_flight=1, last_command_size=1) == 4
     assert pacing.steps_to_send(False, num_in_flight=4, last_command_size=4) == 4  # no step time measured yet
     assert pacing.steps_to_send(False, num_in_flight=5, last_command_size=4) == 0
