@@ -536,6 +536,10 @@ class RolloutController:
             while True:
                 await asyncio.sleep(interval_s)
                 try:
+                    # Golden runs due start before the judgement too: a step whose first tick already
+                    # rolls back (a shadow disagreement is decisive on a few requests) still runs and
+                    # logs its golden cases. Then again after it, for the step an advance began.
+                    self._start_golden_runs()
                     self.tick()
                     self._start_golden_runs()
                 except Exception:  # a bug here must not stop the next tick; it is logged with its trace
