@@ -177,6 +177,40 @@ def test_the_run_loop_sends_the_cases_through_the_prober_and_judges_the_answers(
     assert controller.decisions("digits")[-1].action == "roll_back"
 
 
+def test_a_step_rolled_back_at_its_first_tick_still_runs_its_golden_cases(clock, caplog):
+    # Shadow disagreement is decisive on a few requests: the first tick already rolls back. The golden
+    # run due at the step's start goes out before that judgement, so its answers are still reported.
+    class Prober:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        async def answers(self, model, version, cases):
+            self.calls += 1
+            return RIGHT
+
+    async def main():
+        controller = RolloutController(Shares(), clock=clock)
+        controller.apply_routes(routes())
+        controller.prober = Prober()
+        feed(controller, "1", 30)
+        shadow(controller, 20, agreed=False)
+        loop = asyncio.create_task(controller.run(0.001))
+        try:
+            while not any("golden check" in record.getMessage() for record in caplog.records):
+                await asyncio.sleep(0.001)
+        finally:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
+        return controller
+
+    with caplog.at_level("INFO", logger="services.gateway.rollout.controller"):
+        controller = asyncio.run(asyncio.wait_for(main(), 5))
+    (roll_back,) = [d for d in controller.decisions("digits") if d.action == "roll_back"]
+    assert "golden not run yet in this step" in roll_back.evidence, "the judgement did not wait for the cases"
+    assert controller.prober.calls == 1
+    assert any("canary 2: golden check 2/2 right" in record.getMessage() for record in caplog.records)
+
+
 def test_the_prober_sends_each_case_pinned_sheddable_and_as_its_own_tenant(clock):
     from services.gateway.rollout.probe import GOLDEN_TENANT, RoutedGoldenProber
     from services.gateway.routing.circuit_breaker import BreakerConfig, CircuitBreakers
