@@ -42,7 +42,16 @@ from bench.harness.mesh_ready import WORKER_ENV, wait_attached
 from bench.harness.results import MODEL_REPO, RESULTS_DIR, finite, write_report
 from bench.harness.send_result import SendResult
 from bench.harness.stats import quantile
-from bench.overload.bench_overload import KEYS, MAX_LOAD_PROCS, QUICK, TENANTS_PATH, Bench, Profile, _commit
+from bench.overload.bench_overload import (
+    KEYS,
+    MAX_LOAD_PROCS,
+    QUICK,
+    TENANTS_PATH,
+    Bench,
+    Profile,
+    _commit,
+    cpu_seconds,
+)
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2, scheduler_pb2_grpc
 from loadtest.payloads import make_prompt
 from tools.testbed.processes import ServiceProcess, free_port, running_mesh
@@ -123,6 +132,13 @@ def summarize(results: list[SendResult], window_s: float) -> dict:
                              [1000 * (r.ttft_s - r.lag_s) for r in mine if r.ok and r.ttft_s is not None], 0.99)}
         out["goodput_per_s"] += good / window_s
     return out
+
+
+def window_cpu(before: dict[str, float], after: dict[str, float], elapsed_s: float, send_cpu_us: float) -> dict:
+    """Cores each process used over a window (its warm-up and drain included), and the load processes' CPU
+    per stream sent (`send_cpu_us`): where the time goes when the box, not the worker, runs out."""
+    return {"cores": {name: round((after[name] - before[name]) / elapsed_s, 3) for name in after if name in before},
+            "load_send_cpu_us_per_stream": round(send_cpu_us, 1)}
 
 
 def ttft_error_buckets(metrics_port: int) -> dict[str, dict[float, float]]:
@@ -236,9 +252,12 @@ def run_generator(generator: str, pool: LoadPool, profile: Profile, multiples: t
                 bench = benches[name]
                 row.setdefault("drain_s", {})[name] = wait_drained(started["scheduler"])
                 errors_before = ttft_error_buckets(started[name][1])
+                cpu_before, began = cpu_seconds({**started["pids"], **pool.pids}), time.monotonic()
                 results = bench.replay([Stream(interactive, rate_per_s / 2, window_s),
                                         Stream(batch, rate_per_s / 2, window_s)])
                 row[name] = summarize(results, profile.generate_s)
+                row[name]["cpu"] = window_cpu(cpu_before, cpu_seconds({**started["pids"], **pool.pids}),
+                                              time.monotonic() - began, bench.send_cpu_us_per_request)
                 row[name]["gauges"] = ttft_gauges(started[name][1])
                 errors_after = ttft_error_buckets(started[name][1])
                 for cls, priority in ((INTERACTIVE, "critical"), (BATCH, "sheddable")):
@@ -251,7 +270,9 @@ def run_generator(generator: str, pool: LoadPool, profile: Profile, multiples: t
                       f"interactive TTFT p99 {row[name]['interactive']['ttft_p99_ms']:.0f} ms, "
                       f"refused {row[name]['interactive']['refused']}+{row[name]['batch']['refused']}, "
                       f"TTFT median abs error {_ms(row[name]['interactive']['ttft_error_median_ms'])} / "
-                      f"{_ms(row[name]['batch']['ttft_error_median_ms'])} ms, load {row[name]['load_average_1m']:.1f}",
+                      f"{_ms(row[name]['batch']['ttft_error_median_ms'])} ms, load {row[name]['load_average_1m']:.1f}, "
+                      f"send lag p99 {_ms(row[name]['interactive']['send_lag_p99_ms'])} ms, cores "
+                      + " ".join(f"{k} {v:.2f}" for k, v in row[name]["cpu"]["cores"].items() if v >= 0.05),
                       flush=True)
             out["multiples"][str(multiple)] = row
         return out
