@@ -30,7 +30,12 @@ tens of steps, not hundreds.
   most the step's token budget less the decodes per step. Slots: at `max_num_seqs` running, it waits
   for sequences to finish (`steps_until_slot`): under overload the slots, not the tokens, are what a
   newcomer waits for, and a prediction from tokens alone reads far too low;
-  Steps already in flight come first: a newcomer's first step is planned behind them;
+  Steps already in flight come first: a newcomer's first step is planned behind them. Classes are
+  strict, so while it waits the higher classes' new arrivals go first too: with them holding or
+  waiting for a share of the slots, only the rest of the slots' turnover serves its queue, and its
+  wait stretches by 1 / (1 - share) (`wait_stretch`, a priority queue's lower class; capped, a
+  starved class). Without it a batch stream admitted under an interactive class that fills every
+  slot was predicted ~90 ms and waited ~5 s (bench_slo, tinylm at 2x);
 - TPOT: one decode step with the running sequences and this one.
 
 Pure: no clock, no I/O; the step loop feeds it each step's measured time.
@@ -42,6 +47,8 @@ import heapq
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from services.common.priority import Priority
 
 # Weight of one new step against the fit so far: ~200 steps of memory (a couple of seconds at 10 ms).
 DEFAULT_DECAY = 0.995
@@ -57,6 +64,11 @@ OUTLIER_RATIO = 3.0
 SHIFT_STEPS = 5
 SHIFT_TOLERANCE = 1.25
 SHIFT_KEEP = 0.1
+# A share of the slots held or waited for by higher classes above this reads as this share: the lower class's
+# wait is at most 1 / (1 - MAX_HIGHER_SHARE) times what the queue ahead alone takes (a starved class).
+MAX_HIGHER_SHARE = 0.95
+# Weight of one step in the smoothed share of slots each class and those above it hold or wait for.
+SHARE_ALPHA = 0.05
 
 
 @dataclass(frozen=True)
@@ -205,7 +217,7 @@ class LatencyPredictor:
 
     def predict(self, *, num_tokens_ahead: int, num_prompt_tokens: int, num_running: int,
                 num_steps_to_slot: int = 0, token_budget: int | None = None,
-                num_steps_in_flight: int = 0) -> LatencyPrediction:
+                num_steps_in_flight: int = 0, higher_share: float = 0.0) -> LatencyPrediction:
         """num_tokens_ahead: prefill tokens queued before it (cache hits already taken off);
         num_prompt_tokens: its own prompt tokens to compute (its cache hit taken off);
         num_running: sequences decoding now, each taking a token of every step's budget;
@@ -213,7 +225,9 @@ class LatencyPredictor:
         token_budget: tokens a step computes at most (None: max_num_batched_tokens; less when steps are
         paced to a TPOT target);
         num_steps_in_flight: steps sent to the worker and not back: its first step goes behind them, and
-        on average the oldest is half done."""
+        on average the oldest is half done;
+        higher_share: the share of the slots that strictly higher classes hold or wait for (smoothed over
+        steps): they go first, so its wait for what is ahead of it stretches (wait_stretch)."""
         budget = self.max_num_batched_tokens if token_budget is None else max(1, min(token_budget,
                                                                                     self.max_num_batched_tokens))
         num_seqs = min(num_running + 1, self.max_num_seqs)
@@ -222,7 +236,9 @@ class LatencyPredictor:
         own_tokens = max(num_prompt_tokens, 1)
         tokens = max(num_tokens_ahead, 0) + own_tokens
         # Each step costs its decodes' time; every prompt token ahead and its own is computed once in one of them.
-        num_steps: float = max(-(-tokens // prefill_per_step), num_steps_to_slot + -(-own_tokens // prefill_per_step))
+        own_steps = -(-own_tokens // prefill_per_step)
+        num_wait_steps = max(-(-tokens // prefill_per_step), num_steps_to_slot + own_steps) - own_steps
+        num_steps = num_wait_steps * wait_stretch(higher_share) + own_steps
         if num_steps_in_flight > 0:
             num_steps += num_steps_in_flight - 0.5
         cost = self.model.cost
@@ -233,6 +249,25 @@ class LatencyPredictor:
     def min_ttft_s(self) -> float:
         """The least TTFT any request could have here: one step computing a one-token prompt alone."""
         return self.model.step_time_s(1, 1)
+
+
+def wait_stretch(higher_share: float) -> float:
+    """How many times longer a class waits for what is queued ahead of it while strictly higher classes hold
+    or wait for `higher_share` of the slots: their arrivals meanwhile go first, and only the rest of the
+    slots' turnover is its own (1 / (1 - share), as a priority queue's lower class; at most
+    1 / (1 - MAX_HIGHER_SHARE): a class that higher ones fill every slot for is starved)."""
+    return 1.0 / (1.0 - min(max(higher_share, 0.0), MAX_HIGHER_SHARE))
+
+
+def slot_shares(num_slots: int, num_by_class: dict[Priority, int]) -> dict[Priority, float]:
+    """Each class's share of `num_slots` with every class above it: the sequences of those classes running
+    or waiting (`num_by_class`), at most 1."""
+    shares: dict[Priority, float] = {}
+    num = 0
+    for priority in Priority:  # highest class first
+        num += num_by_class.get(priority, 0)
+        shares[priority] = min(1.0, num / num_slots)
+    return shares
 
 
 def steps_until_slot(num_slots: int, running_steps_left: Iterable[int], waiting_steps: Iterable[int]) -> int:

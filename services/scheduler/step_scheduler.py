@@ -64,9 +64,11 @@ from services.scheduler.continuation import check_continuation
 from services.scheduler.fair_queue import FairQueue, Priority, TenantContext
 from services.scheduler.kv_block_manager import KVBlockManager
 from services.scheduler.latency_predictor import (
+    SHARE_ALPHA,
     LatencyPrediction,
     LatencyPredictor,
     StepTimeModel,
+    slot_shares,
     steps_until_slot,
 )
 from services.scheduler.output_stream import OutputStream, StreamChunk
@@ -135,6 +137,9 @@ class StepScheduler:
         # Step time as a function of the batch, learned from every step (latency_predictor.py).
         self.latency = LatencyPredictor(StepTimeModel(config.initial_step_time_s), max_num_seqs=config.max_num_seqs,
                                         max_num_batched_tokens=config.max_num_batched_tokens)
+        # Each class's share of the slots with the classes above it, running or waiting, smoothed over steps:
+        # how much of the slots' turnover a lower class's queue loses to higher arrivals (predicted_latency).
+        self._slot_shares = dict.fromkeys(Priority, 0.0)
         self._service = service if service is not None else TenantService(config.service_cost)
         self.prefix_keys = PrefixCacheKeys.of(tokenizer.encode(text) for text in config.public_prefix_texts)
         self.cache_stats = PrefixCacheStats()
@@ -430,6 +435,7 @@ class StepScheduler:
         learned_s = self.latency.model.observe(len(plan.seqs), plan.num_batched_tokens, step_time_s, shared=shared)
         if learned_s is not None:
             self.step_time_s += alpha * (learned_s - self.step_time_s)
+        self._learn_slot_shares()
         deltas = []
         # Looked up once per step, not once per sequence: this loop runs for every generated token.
         seqs = self._seqs
@@ -530,13 +536,29 @@ class StepScheduler:
         whole: a pessimistic wait) and its own, next to the sequences running now, at the token budget
         the tightest TPOT running allows (tpot_pacing.py), behind the steps in flight; and, with the
         slots full, the steps until one is free for it. Running sequences of a lower class do not count (it
-        would preempt them), nor do the waiting ones of a lower class (admitted after it)."""
+        would preempt them), nor do the waiting ones of a lower class (admitted after it). Its wait
+        stretches with the share of the slots higher classes hold or wait for (their arrivals go first)."""
         pace = self._pace(self._clock())
         return self.latency.predict(num_tokens_ahead=self._tokens_ahead(priority), num_prompt_tokens=num_prompt_tokens,
                                     num_running=len(self._running),
                                     num_steps_to_slot=self._steps_until_slot(priority),
                                     token_budget=None if pace is None else pace.token_budget(len(self._running)),
-                                    num_steps_in_flight=len(self._in_flight))
+                                    num_steps_in_flight=len(self._in_flight),
+                                    higher_share=self._higher_share(priority))
+
+    def _higher_share(self, priority: Priority) -> float:
+        """The smoothed share of the slots that classes strictly above `priority` hold or wait for."""
+        return 0.0 if priority == min(Priority) else self._slot_shares[Priority(priority - 1)]
+
+    def _learn_slot_shares(self) -> None:
+        """One step's look at who holds or waits for the slots, into the smoothed shares."""
+        num_by_class = dict.fromkeys(Priority, 0)
+        for seq in self._running:
+            num_by_class[seq.priority] += 1
+        for priority in Priority:
+            num_by_class[priority] += self.num_waiting_of(priority)
+        for priority, share in slot_shares(self.config.max_num_seqs, num_by_class).items():
+            self._slot_shares[priority] += SHARE_ALPHA * (share - self._slot_shares[priority])
 
     def _steps_until_slot(self, priority: Priority) -> int:
         """Steps before a slot is free for a new sequence of `priority` (latency_predictor.steps_until_slot):

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from services.common.priority import Priority
 from services.scheduler.latency_predictor import (
+    MAX_HIGHER_SHARE,
     MAX_SIMULATED_WAITING,
     OUTLIER_RATIO,
     LatencyPredictor,
     StepCost,
     StepTimeModel,
+    slot_shares,
     steps_until_slot,
+    wait_stretch,
 )
 
 
@@ -154,6 +158,32 @@ def test_a_newcomer_waits_behind_the_steps_in_flight_the_oldest_half_done():
     idle = predictor.predict(num_tokens_ahead=0, num_prompt_tokens=10, num_running=8)
     behind_two = predictor.predict(num_tokens_ahead=0, num_prompt_tokens=10, num_running=8, num_steps_in_flight=2)
     assert behind_two.ttft_s - idle.ttft_s == pytest.approx(1.5 * _gpu_like(9, 8), rel=0.02)
+
+
+def test_higher_classes_holding_half_the_slots_double_the_wait_but_not_the_own_prefill():
+    predictor = _predictor()
+    alone = predictor.predict(num_tokens_ahead=0, num_prompt_tokens=10, num_running=31, num_steps_to_slot=20)
+    behind = predictor.predict(num_tokens_ahead=0, num_prompt_tokens=10, num_running=31, num_steps_to_slot=20,
+                               higher_share=0.5)
+    # 20 steps waiting for a slot become 40; the one step computing its prompt stays one.
+    assert behind.ttft_s - alone.ttft_s == pytest.approx(20 * _gpu_like(32, 31), rel=0.02)
+
+
+def test_with_nothing_ahead_higher_classes_change_nothing():
+    predictor = _predictor()
+    free = predictor.predict(num_tokens_ahead=0, num_prompt_tokens=10, num_running=8)
+    assert predictor.predict(num_tokens_ahead=0, num_prompt_tokens=10, num_running=8, higher_share=0.99) == free
+
+
+def test_a_class_that_higher_ones_fill_every_slot_for_waits_the_capped_stretch():
+    assert wait_stretch(0.0) == 1.0
+    assert wait_stretch(0.75) == pytest.approx(4.0)
+    assert wait_stretch(1.0) == wait_stretch(5.0) == pytest.approx(1 / (1 - MAX_HIGHER_SHARE))
+
+
+def test_slot_shares_add_up_from_the_highest_class_and_stop_at_every_slot():
+    shares = slot_shares(8, {Priority.CRITICAL: 2, Priority.STANDARD: 4, Priority.SHEDDABLE: 9})
+    assert shares == {Priority.CRITICAL: 0.25, Priority.STANDARD: 0.75, Priority.SHEDDABLE: 1.0}
 
 
 # -- robust to a freeze, still learning a shift ----------------------------------------------------
