@@ -3,6 +3,8 @@ target below one step alone FAILED_PRECONDITION at once."""
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
 
@@ -49,3 +51,19 @@ def test_a_tpot_target_below_one_step_alone_is_failed_precondition_at_once(gatew
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert caught.value.details().startswith("TPOT target 1 ms cannot be met by model ")
     assert "one step alone takes " in caught.value.details()
+
+
+def test_a_stream_sent_longer_ago_than_its_ttft_target_is_refused_once_the_gateway_predicts(gateway_stub):
+    # x-request-start says it was sent 10 s ago: its 5 s TTFT target is lost before the gateway's handler ran.
+    # Served while the gateway has no fresh prediction yet (fail open); refused at once after that.
+    objectives = gateway_pb2.LatencyObjectives(ttft_ms=5000, tpot_ms=1000)
+    for _ in range(200):
+        sent_us = round((time.time() - 10.0) * 1e6)
+        try:
+            _generate(gateway_stub, objectives, (("x-request-start", f"t={sent_us}"),))
+        except grpc.RpcError as err:
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "before the gateway, past its TTFT target 5000 ms" in err.details()
+            return
+        time.sleep(0.1)
+    pytest.fail("never refused: the gateway did not count the wait before it")

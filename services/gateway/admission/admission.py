@@ -322,7 +322,7 @@ class Admission:
     def admit(
         self, scope: RequestScope, authorization: Authorization, client_timeout_s: float | None, num_tokens: int = 0,
         priority: Priority | None = None, check_request: Callable[[], None] | None = None,
-        objective: Callable[[], ObjectiveOverride] | None = None,
+        objective: Callable[[], ObjectiveOverride] | None = None, waited_s: float = 0.0,
     ) -> None:
         """Admit the request or raise the domain error that refuses it; fills `scope`.
 
@@ -331,7 +331,8 @@ class Admission:
         authenticated: a caller without a valid key learns nothing about its request, and a bad
         request is counted under its tenant.
         objective: the request's own latency targets (Generate), read at the same point; with the
-        tenant's and its class's they resolve to `scope.objective` (InvalidArgument out of bounds)."""
+        tenant's and its class's they resolve to `scope.objective` (InvalidArgument out of bounds).
+        waited_s: what the request spent before the handler ran (its ingress), counted against its TTFT target."""
         parts = self.parts
         try:
             scope.permit = parts.limiter.acquire()
@@ -369,7 +370,7 @@ class Admission:
             scope.predicted_ttft_s = None if report is None else report.ttft_s(tenant.priority)
         if scope.objective is not None and parts.ttft_admission:
             try:
-                check_ttft(scope.model, tenant.priority, scope.objective, report)
+                check_ttft(scope.model, tenant.priority, scope.objective, report, waited_s=waited_s)
             except (FailedPrecondition, ResourceExhausted):
                 metrics.refused(scope.metric_model, tenant.priority, metrics.Refusal.OBJECTIVE)
                 raise

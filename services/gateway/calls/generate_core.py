@@ -203,7 +203,8 @@ class GenerateCore:
                                    caller.metadata, caller.authorization) as scope:
             handler = HandlerTimes.start(scope, caller.request_start_s)
             with span("admission"):
-                prompt_tokens = self._admit(scope, request, caller)
+                prompt_tokens = self._admit(scope, request, caller,
+                                            ingress_s(caller.request_start_s, handler.began_unix_s) or 0.0)
             admitted_s = self._clock()
             upstream = scheduler_pb2.ScheduleGenerateRequest(request=request, tenant=tenant_context(scope.admitted_tenant))
 
@@ -244,8 +245,10 @@ class GenerateCore:
             if mirrored is not None and self._shadow is not None:
                 self._shadow.generate(request.model.name, request, mirrored, scope.tenant_id)
 
-    def _admit(self, scope: RequestScope, request: gateway_pb2.GenerateRequest, caller: Caller) -> int:
-        """Checks the request and admits it; the prompt's token estimate, for the running quota charge."""
+    def _admit(self, scope: RequestScope, request: gateway_pb2.GenerateRequest, caller: Caller,
+               waited_s: float) -> int:
+        """Checks the request and admits it; the prompt's token estimate, for the running quota charge.
+        `waited_s`: its wait before the handler ran, which its TTFT target has already lost."""
 
         def check_request() -> None:
             if not request.model.name:
@@ -260,7 +263,8 @@ class GenerateCore:
         self._admission.admit(scope, caller.authorization, caller.timeout_s, num_tokens, priority=priority,
                               check_request=check_request,
                               objective=lambda: request_override(wanted.ttft_ms, wanted.tpot_ms,
-                                                                 caller.ttft_ms, caller.tpot_ms))
+                                                                 caller.ttft_ms, caller.tpot_ms),
+                              waited_s=waited_s)
         forward_objective(request, scope.objective, self._admission.parts.ttft_admission)
         fix_seed(request.sampling, self._seed_source)
         return prompt_tokens

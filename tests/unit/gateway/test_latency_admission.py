@@ -118,3 +118,14 @@ def test_on_http_each_unmeetable_target_has_its_own_error_code():
             check_ttft("gen", Priority.CRITICAL, objective, step)
         codes.append(error_reply(never.value).body["error"]["code"])
     assert codes == ["ttft_objective_unmeetable", "tpot_objective_unmeetable"]
+
+
+def test_the_wait_before_the_gateway_counts_against_the_ttft_target():
+    # Predicted 50 ms: admitted fresh, refused after 160 ms queued before the handler ran (50 + 160 > 200).
+    check_ttft("gen", Priority.CRITICAL, INTERACTIVE, BACKLOG, waited_s=0.1)
+    with pytest.raises(ResourceExhausted) as caught:
+        check_ttft("gen", Priority.CRITICAL, INTERACTIVE, BACKLOG, waited_s=0.16)
+    assert str(caught.value) == ("overloaded: model 'gen' would start a critical stream in 50 ms at best after 160 ms "
+                                 "before the gateway, past its TTFT target 200 ms; retry after 0.05 s")
+    # No fresh report: admitted, however long it waited (shedding fails open too).
+    check_ttft("gen", Priority.CRITICAL, INTERACTIVE, None, waited_s=10.0)
