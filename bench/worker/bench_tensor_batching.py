@@ -143,6 +143,11 @@ def load_run(mesh: Mesh, model: str, num_clients: int, warm_s: float, seconds: f
 
 
 async def sequential_ms(address: str, num_requests: int, model: str = MODEL) -> float:
+    """Mean ms per request of one caller, batch 1 (bench_tensor_peer's figure)."""
+    return statistics.fmean(await sequential_times_s(address, num_requests, model)) * 1e3
+
+
+async def sequential_times_s(address: str, num_requests: int, model: str) -> list[float]:
     message = request(model, np.random.default_rng(1).standard_normal((1, *IMAGE_SHAPE), np.float32))
     async with grpc.aio.insecure_channel(address) as channel:
         stub = kserve_grpc.GRPCInferenceServiceStub(channel)
@@ -153,11 +158,11 @@ async def sequential_ms(address: str, num_requests: int, model: str = MODEL) -> 
             began = time.perf_counter()
             await stub.ModelInfer(message, timeout=30, metadata=AUTH)
             times_s.append(time.perf_counter() - began)
-    return statistics.fmean(times_s) * 1e3
+    return times_s
 
 
 def direct_ms_per_item(repository: Path, model: str, num_items: int) -> dict[int, float]:
-    """The model loaded as the worker loads it (ONNX Runtime, one thread): mean ms per item at each
+    """The model loaded as the worker loads it (ONNX Runtime, one thread): median ms per item at each
     of DIRECT_BATCH_SIZES, over about `num_items` items each."""
     from services.worker.repository.loader import load_model
 
@@ -172,19 +177,20 @@ def direct_ms_per_item(repository: Path, model: str, num_items: int) -> dict[int
             began = time.perf_counter()
             tensor.run({"x": x})
             times_s.append(time.perf_counter() - began)
-        per_item_ms[batch_size] = statistics.fmean(times_s) / batch_size * 1e3
+        per_item_ms[batch_size] = statistics.median(times_s) / batch_size * 1e3
     return per_item_ms
 
 
 def direct_and_mesh(repository: Path, model: str, meshes: dict[str, Mesh], num_requests: int) -> report.Direct:
-    """The model called directly, then one caller through each mesh, back to back (the load alike).
+    """The model called directly, then one caller through each mesh, back to back (the load alike);
+    medians, which a shared machine's preemptions move less than means.
 
     Directly: in a fresh process of its own, as a worker is. Timed in this one after the load runs,
     bench-vgg's batch 1 read 4.9, 11 and 35 ms a row in three runs (~5 in a fresh one); the cause is
     not pinned down."""
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         per_item_ms = pool.submit(direct_ms_per_item, repository, model, num_requests).result()
-    mesh_ms = {arm: asyncio.run(sequential_ms(mesh.gateway.address, num_requests, model))
+    mesh_ms = {arm: statistics.median(asyncio.run(sequential_times_s(mesh.gateway.address, num_requests, model))) * 1e3
                for arm, mesh in meshes.items()}
     return report.Direct(per_item_ms, mesh_ms["batching off"], mesh_ms["batching on"])
 

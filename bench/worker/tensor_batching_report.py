@@ -39,8 +39,8 @@ class LoadRun:
 class Direct:
     """The model called in one process (ONNX Runtime, one thread) and through the mesh at batch 1."""
 
-    per_item_ms: Mapping[int, float]  # batch size -> ms per item, called directly
-    # One caller, batch 1, sequential, mean ms per request: through the batching-off mesh (the
+    per_item_ms: Mapping[int, float]  # batch size -> median ms per item, called directly
+    # One caller, batch 1, sequential, median ms per request: through the batching-off mesh (the
     # overhead's), and through the batching-on one (an idle worker takes a lone request at once).
     mesh_ms: float
     batching_mesh_ms: float
