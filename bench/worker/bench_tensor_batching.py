@@ -59,7 +59,8 @@ from bench.worker import tensor_batching_report as report
 from bench.worker.tensor_cnns import IMAGE_SHAPE, SMALL_CNN, VGG_CNN, CnnSpec, cost, export_onnx
 from inference import grpc_predict_v2_pb2 as kserve
 from inference import grpc_predict_v2_pb2_grpc as kserve_grpc
-from tools.testbed.processes import Mesh, running_mesh
+from tools.testbed.gateway_fixtures import scrape
+from tools.testbed.processes import Mesh, free_port, running_mesh
 
 RESULTS_PATH = RESULTS_DIR / "tensor_batching.json"
 AUTH = ()  # the gateway admits anonymous callers here: the figures are the path's, not the tenants'
@@ -133,13 +134,24 @@ async def closed_loop(address: str, num_clients: int, seconds: float, *, model: 
             "lag_p99_ms": quantile(lags_s, 0.99) * 1e3, "lag_max_ms": max(lags_s, default=0.0) * 1e3}
 
 
+def batch_totals(metrics_port: int) -> tuple[float, float]:
+    """The worker's classify batches so far: (items, batches), from its Prometheus histogram."""
+    metrics = scrape(metrics_port)
+    return (metrics.value("infermesh_worker_batch_size_sum", kind="classify"),
+            metrics.value("infermesh_worker_batch_size_count", kind="classify"))
+
+
 def load_run(mesh: Mesh, model: str, num_clients: int, warm_s: float, seconds: float) -> report.LoadRun:
     worker = next(p for p in mesh.processes if p.name == f"worker-{model}")
+    metrics_port = int(worker.args[worker.args.index("--metrics-port") + 1])
     load_1m = os.getloadavg()[0]
-    cpu_before_s, began = cpu_seconds(worker.proc.pid), time.perf_counter()
+    (items_before, batches_before), cpu_before_s = batch_totals(metrics_port), cpu_seconds(worker.proc.pid)
+    began = time.perf_counter()
     figures = asyncio.run(closed_loop(mesh.gateway.address, num_clients, seconds, model=model, warm_s=warm_s))
     worker_cores = (cpu_seconds(worker.proc.pid) - cpu_before_s) / (time.perf_counter() - began)
-    return report.LoadRun(load_1m=load_1m, worker_cores=worker_cores, **figures)
+    items, batches = batch_totals(metrics_port)
+    mean_batch_size = (items - items_before) / max(1.0, batches - batches_before)
+    return report.LoadRun(load_1m=load_1m, worker_cores=worker_cores, mean_batch_size=mean_batch_size, **figures)
 
 
 async def sequential_ms(address: str, num_requests: int, model: str = MODEL) -> float:
@@ -216,7 +228,7 @@ def start_meshes(stack: contextlib.ExitStack, tmp: Path, repository: Path) -> di
         mesh.start_scheduler(*scheduler_args)
         for spec in CNNS:
             mesh.start_worker(spec.model, "--model-repository", str(repository), "--num-threads", "1",
-                              name=f"worker-{spec.model}", wait=False).wait_serving(timeout_s=180)
+                              "--metrics-port", str(free_port()), name=f"worker-{spec.model}", wait=False).wait_serving(timeout_s=180)
         mesh.start_gateway("--allow-anonymous")
     return meshes
 

@@ -31,6 +31,7 @@ class LoadRun:
     num_shed: int  # refused by the gateway's adaptive limit (RESOURCE_EXHAUSTED)
     load_1m: float  # the machine's 1-minute load average as the window began
     worker_cores: float  # the worker process's CPU seconds per second over the window
+    mean_batch_size: float  # requests per batch the worker ran over the window (warm-up included)
     lag_p99_ms: float  # the load generator's event-loop lag: how late a 5 ms timer fired, p99
     lag_max_ms: float
 
@@ -77,10 +78,11 @@ def load_table(summaries: Mapping[str, dict]) -> str:
             runs = figures["runs"]
             rows.append((model, arm, figures["median_requests_per_s"], _each(runs, "requests_per_s"),
                          figures["median_p50_ms"], figures["median_p99_ms"], _each(runs, "p99_ms"),
-                         sum(r["num_shed"] for r in runs), _each(runs, "worker_cores", "{:.2f}"),
+                         sum(r["num_shed"] for r in runs), _each(runs, "mean_batch_size", "{:.1f}"),
+                         _each(runs, "worker_cores", "{:.2f}"),
                          _each(runs, "load_1m", "{:.1f}"), _each(runs, "lag_p99_ms", "{:.1f}")))
     return markdown_table(("model", "batching", "req/s (median)", "req/s by run", "p50 ms", "p99 ms",
-                           "p99 ms by run", "shed", "worker cores by run", "load 1m by run",
+                           "p99 ms by run", "shed", "batch size by run", "worker cores by run", "load 1m by run",
                            "client lag p99 ms by run"), rows)
 
 

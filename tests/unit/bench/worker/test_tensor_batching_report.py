@@ -13,7 +13,7 @@ from bench.worker.tensor_batching_report import (
 
 
 def run(requests_per_s: float, p99_ms: float, load_1m: float = 2.0) -> LoadRun:
-    return LoadRun(requests_per_s, p99_ms / 2, p99_ms, int(requests_per_s * 3), 0, load_1m, 0.9, 1.0, 2.0)
+    return LoadRun(requests_per_s, p99_ms / 2, p99_ms, int(requests_per_s * 3), 0, load_1m, 0.9, 12.5, 1.0, 2.0)
 
 
 def test_speedup_is_the_ratio_of_medians_and_each_run_pair_is_kept() -> None:
@@ -46,6 +46,7 @@ def test_tables_show_every_run_and_the_overhead() -> None:
     table = load_table({"bench-vgg": summary})
     assert "| bench-vgg | batching on | 900 | 900 / 600 / 1000 |" in table
     assert "1.5 / 2.5 / 3.5" in table
+    assert "12.5 / 12.5 / 12.5" in table
     direct = Direct({1: 5.0, 8: 1.5, 32: 0.5}, mesh_ms=7.5, batching_mesh_ms=9.0)
     assert direct.overhead_ms == 2.5
     assert "| bench-vgg | 5 | 1.5 | 0.5 | 7.5 | 2.5 | 33% | 9 |" in direct_table({"bench-vgg": direct})
