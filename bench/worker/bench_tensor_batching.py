@@ -24,7 +24,8 @@ it, and the load generator's lag (how late a 5 ms timer fires on the clients' ev
   while one batch of bench-vgg runs (~0.5-0.8 ms per row at batch 32) the callers it does not hold
   queue the next, so the worker never waits for work; and by Little's law the batching-on latency
   is ~32 / throughput, ~35-50 ms at 650-900 requests/s, about half the 100 ms SLO its p99 must stay
-  under. More callers only lengthen the queue: the batch cannot grow past 32.
+  under. The batches hold fewer than 32 (~10 measured): one batch running and one prefetched per
+  worker split the callers. More callers fill them further, at the price of a longer queue.
 * overhead: one caller, batch 1, sequential, through each mesh (the batching-off one is the
   overhead's; an idle worker takes a lone request at once, so the batching-on one should agree),
   against the same ONNX model loaded in this process as the worker loads it (one thread), which
