@@ -191,6 +191,7 @@ class WorkerLoop:
         except WorkerGone:
             return False
         now = self._clock()
+        self._pacing.sent(now)
         for index, (plan, result) in enumerate(zip(plans, results, strict=True)):
             # A step behind the one whose failure ends the loop is never awaited: its WorkerGone is expected.
             result.add_done_callback(_retrieve)

@@ -2,7 +2,8 @@
 
 A pipelined loop sends the steps it plans ahead `steps_per_command` (K) at a time in one command
 while no sequence waits for a slot: the first step after an idle spell goes alone, then one more
-until its result is back, then K more, and
+until its result is back (planned FIRST_AHEAD_AT of the last step time measured after the first
+left, so that streams arriving together, a few ms apart, share it), then K more, and
 the next K once the worker has about one step and COMMAND_LEAD_S left of those in flight, timed by
 the per-step time of the last command of several steps. A sequence arriving meanwhile (`wake()`)
 gets its first step planned at once, right behind the steps in flight. While commands of one step go,
@@ -22,6 +23,13 @@ from services.common.clock import Clock
 # flight (planning it and its trip take less), so the worker never waits for it and a newcomer finds
 # no more than that ahead of its first step.
 COMMAND_LEAD_S = 0.001
+
+# After an idle spell the step behind the first is planned this far into the first (by the last step
+# time measured): sent at once, it held only the first arrival, and the streams arriving a few ms
+# behind it waited one more step for their prefill (bench_hf_llm --quick: 34 steps a round, not 33).
+# Half a step leaves it on time even when the first step is twice as fast as the estimate (a lone
+# step, or a quieter box); later than that it costs the worker one round trip, no more.
+FIRST_AHEAD_AT = 0.5
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,9 @@ class StepPacing:
         self._due_timer: asyncio.Task[None] | None = None
         self._command_step_s = 0.0  # per step, of the command whose results are being applied
         self._result_at_s: float | None = None  # when the last step's result came back
+        # The last step's time, kept over idle spells: it times the step behind the first after one.
+        self._last_step_s = 0.0
+        self._first_sent_at_s: float | None = None  # when the first step after an idle spell left
 
     # -- wake-ups --------------------------------------------------------------
 
@@ -69,8 +80,13 @@ class StepPacing:
 
     def idle(self) -> None:
         """Nothing in flight and nothing to run: the next command's steps may be another size."""
-        self._result_at_s = None
+        self._result_at_s = self._first_sent_at_s = None
         self._command_step_s = 0.0
+
+    def sent(self, at_s: float) -> None:
+        """A command left at `at_s`."""
+        if self._result_at_s is None and self._first_sent_at_s is None:
+            self._first_sent_at_s = at_s
 
     # -- commands of several steps ---------------------------------------------
 
@@ -81,6 +97,11 @@ class StepPacing:
         admitted by the next step planned, so that comes soon)."""
         if self._due is not None and self._due.done():
             self.disarm()  # it brought us here
+        if self._result_at_s is None and num_in_flight == 1 and (wait_s := self._until_first_ahead_s()) > 0:
+            # The step behind the first after an idle spell, whoever waits: the streams arriving together
+            # land a few ms apart, and the first arrival's next step sent at once held it alone.
+            self._arm(wait_s)
+            return 0
         if any_waiting:
             # A newcomer's first step goes right behind a command of several steps; then one at a time.
             if num_in_flight > 1 and last_command_size == 1 or num_in_flight >= 2 * self.steps_per_command:
@@ -129,6 +150,12 @@ class StepPacing:
         ends_s = self._result_at_s + num_in_flight * step_s
         return ends_s - step_s - COMMAND_LEAD_S - self._clock()
 
+    def _until_first_ahead_s(self) -> float:
+        """Seconds until the step behind the first after an idle spell is due (no step time known: now)."""
+        if self._first_sent_at_s is None or self._last_step_s <= 0:
+            return 0.0
+        return self._first_sent_at_s + FIRST_AHEAD_AT * self._last_step_s - self._clock()
+
     def _arm(self, wait_s: float | None) -> asyncio.Future[None]:
         """What makes the loop plan again: done in `wait_s` (None: when a sequence arrives)."""
         if self._due is None or self._due.done():
@@ -152,6 +179,8 @@ class StepPacing:
         if self._result_at_s is not None:
             began_s = max(began_s, self._result_at_s)
             gap_s = max(0.0, sent_at_s - self._result_at_s)
+        else:
+            self.disarm()  # the step behind the first after an idle spell is planned from this result
         share_s = None
         if command_size > 1:
             # The command's results came back together: each step gets an even share of its time.
@@ -159,4 +188,5 @@ class StepPacing:
                 self._command_step_s = (now - began_s) / command_size
             share_s = self._command_step_s
         self._result_at_s = now
-        return StepTiming(now - began_s if share_s is None else share_s, gap_s, share_s)
+        self._last_step_s = now - began_s if share_s is None else share_s
+        return StepTiming(self._last_step_s, gap_s, share_s)

@@ -262,6 +262,32 @@ async def test_the_first_step_goes_alone_then_decodes_go_four_to_a_command():
     assert sum(len(p.seqs) for p in worker.plans) == 20, "no step beyond max_tokens"
 
 
+async def test_streams_arriving_just_after_an_idle_spell_share_the_step_behind_the_first():
+    pool = make_pool(steps_per_command=4)
+    worker = MockWorker(pool, "w0", MockProfile(), hold=True)
+    warm = submit(pool, 1, b"warm", 1)
+    await until_turns(lambda: len(worker.held) == 1)
+    pool.clock.advance(0.040)  # a step takes 40 ms
+    worker.release_one()
+    await warm.read()
+    await until_turns(lambda: not pool._loops[worker.link.link_id]._in_flight)  # idle
+    first = submit(pool, 2, b"first", 8)
+    await until_turns(lambda: len(worker.held) == 1)
+    pool.clock.advance(0.003)  # the others land a few ms behind the first
+    others = [submit(pool, seq_id, f"other {seq_id}".encode(), 8) for seq_id in (3, 4)]
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert worker.command_sizes == [1, 1], "the step behind the first is not sent at once"
+    pool.clock.advance(0.018)  # half the last step time into the first
+    await until_turns(lambda: len(worker.held) == 2)
+    behind = worker.plans[-1]
+    assert {s.seq_id for s in behind.seqs} == {2, 3, 4}, "the first one's decode beside the others' prefills"
+    worker.release()
+    assert (await first.read()).token_ids == mock_continuation(b"first", 8)
+    for seq_id, reader in zip((3, 4), others, strict=True):
+        assert (await reader.read()).token_ids == mock_continuation(f"other {seq_id}".encode(), 8)
+
+
 async def test_a_waiting_sequence_makes_the_loop_send_one_step_at_a_time():
     pool = make_pool(steps_per_command=4)
     profile = MockProfile(max_num_seqs=1)

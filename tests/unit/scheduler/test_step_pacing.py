@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from services.scheduler.step_pacing import COMMAND_LEAD_S, StepPacing
+from services.scheduler.step_pacing import COMMAND_LEAD_S, FIRST_AHEAD_AT, StepPacing
 from tests.unit.scheduler.conftest import until_turns
 from tools.testbed.fake_clock import FakeClock
 
@@ -25,6 +25,41 @@ async def test_after_an_idle_spell_one_step_goes_ahead_until_the_first_result(cl
     assert pacing.steps_to_send(False, num_in_flight=1, last_command_size=1) == 4
     pacing.idle()
     assert pacing.steps_to_send(False, num_in_flight=1, last_command_size=1) == 1
+
+
+async def test_after_an_idle_spell_the_step_behind_the_first_waits_into_it_by_the_last_step_time(clock):
+    # Streams arriving a few ms behind the first share its next step instead of waiting one more.
+    pacing = make_pacing(clock)
+    sent_at_s = clock()
+    clock.advance(0.040)
+    pacing.on_result(sent_at_s, 0, 1)  # a step took 40 ms
+    pacing.idle()
+    pacing.sent(clock())
+    assert pacing.steps_to_send(True, num_in_flight=1, last_command_size=1) == 0, "not at once, whoever waits"
+    assert pacing.waits_on_more_than_results(last_command_size=1), "the timer wakes the loop"
+    due = pacing.due()
+    await asyncio.sleep(0)
+    clock.advance(FIRST_AHEAD_AT * 0.040 - 0.0001)
+    await asyncio.sleep(0)
+    assert not due.done()
+    clock.advance(0.0002)
+    await until_turns(due.done)
+    assert pacing.steps_to_send(True, num_in_flight=1, last_command_size=1) == 1
+    assert pacing.steps_to_send(False, num_in_flight=2, last_command_size=1) == 0
+
+
+async def test_the_first_result_ends_the_wait_for_the_step_behind_it(clock):
+    pacing = make_pacing(clock)
+    sent_at_s = clock()
+    clock.advance(0.040)
+    pacing.on_result(sent_at_s, 0, 1)
+    pacing.idle()
+    pacing.sent(clock())
+    assert pacing.steps_to_send(False, num_in_flight=1, last_command_size=1) == 0
+    clock.advance(0.010)  # a lone step, faster than the last one measured
+    pacing.on_result(clock() - 0.010, 0, 1)
+    assert not pacing.waits_on_more_than_results(last_command_size=1), "the timer was disarmed"
+    assert pacing.steps_to_send(False, num_in_flight=1, last_command_size=1) == 4
 
 
 async def test_with_nobody_waiting_a_whole_command_goes_until_more_than_one_is_in_flight(clock):
