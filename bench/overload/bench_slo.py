@@ -109,7 +109,7 @@ def meets(result: SendResult, cls: StreamClass) -> bool:
 
 def refusal_reasons(results: list[SendResult]) -> dict[str, int]:
     """Failures by status and the start of their message, numbers blanked: who refused, and why."""
-    reasons = Counter(f"{r.status}: {re.sub(r'[0-9.]+', '#', r.message)[:70]}" for r in results if not r.ok)
+    reasons = Counter(f"{r.status}: {re.sub(r'[0-9.]+', '#', r.message)[:110]}" for r in results if not r.ok)
     return dict(reasons.most_common())
 
 

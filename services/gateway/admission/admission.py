@@ -43,7 +43,7 @@ from services.common.status import status_code_of
 from services.common.telemetry import server_span
 from services.gateway.admission.adaptive_limit import AdaptiveLimits, LimitPermit, Outcome
 from services.gateway.admission.concurrency import ConcurrencyLimiter, ConcurrencyPermit
-from services.gateway.admission.latency_admission import check_ttft
+from services.gateway.admission.latency_admission import StarvedGateway, WaitedPastObjective, check_ttft
 from services.gateway.admission.objective_outcome import TtftMeans, judge, measure
 from services.gateway.admission.shedding import LoadShedder
 from services.gateway.admission.trace_trust import TraceTrust
@@ -310,6 +310,8 @@ class Admission:
     def __init__(self, parts: AdmissionParts, clock: Clock) -> None:
         self.parts = parts
         self.clock = clock
+        # Lower classes shed while a higher one waits past its TTFT target before the handler runs.
+        self.starved = StarvedGateway()
 
     def scope(self, method: str, model: str, version: str = "", metadata=None,
               authorization: Authorization = None) -> RequestScope:
@@ -370,7 +372,12 @@ class Admission:
             scope.predicted_ttft_s = None if report is None else report.ttft_s(tenant.priority)
         if scope.objective is not None and parts.ttft_admission:
             try:
+                self.starved.check(scope.model, tenant.priority, scope.began_s)
                 check_ttft(scope.model, tenant.priority, scope.objective, report, waited_s=waited_s)
+            except WaitedPastObjective:
+                self.starved.refused(scope.model, tenant.priority, waited_s, scope.began_s)
+                metrics.refused(scope.metric_model, tenant.priority, metrics.Refusal.OBJECTIVE)
+                raise
             except (FailedPrecondition, ResourceExhausted):
                 metrics.refused(scope.metric_model, tenant.priority, metrics.Refusal.OBJECTIVE)
                 raise

@@ -7,7 +7,13 @@ import pytest
 from services.common.errors import FailedPrecondition, ResourceExhausted
 from services.common.objectives import LatencyObjective
 from services.common.priority import Priority
-from services.gateway.admission.latency_admission import MIN_RETRY_AFTER_S, check_ttft
+from services.gateway.admission.latency_admission import (
+    MIN_RETRY_AFTER_S,
+    STARVED_SHED_S,
+    StarvedGateway,
+    WaitedPastObjective,
+    check_ttft,
+)
 from services.gateway.routing.pressure import PressureBoard, PressureReport
 
 INTERACTIVE = LatencyObjective(ttft_ms=200.0, tpot_ms=50.0)
@@ -129,3 +135,40 @@ def test_the_wait_before_the_gateway_counts_against_the_ttft_target():
                                  "before the gateway, past its TTFT target 200 ms; retry after 0.05 s")
     # No fresh report: admitted, however long it waited (shedding fails open too).
     check_ttft("gen", Priority.CRITICAL, INTERACTIVE, None, waited_s=10.0)
+
+
+
+def test_only_a_stream_the_prediction_alone_would_admit_is_refused_for_its_wait():
+    with pytest.raises(WaitedPastObjective):
+        check_ttft("gen", Priority.CRITICAL, INTERACTIVE, BACKLOG, waited_s=0.16)  # 50 ms predicted
+    with pytest.raises(ResourceExhausted) as caught:
+        check_ttft("gen", Priority.SHEDDABLE, INTERACTIVE, BACKLOG, waited_s=0.16)  # 900 ms predicted
+    assert not isinstance(caught.value, WaitedPastObjective)
+
+
+def test_a_class_refused_for_its_wait_sheds_the_lower_classes_of_its_model_for_a_while():
+    starved = StarvedGateway()
+    starved.refused("gen", Priority.CRITICAL, 0.16, now_s=100.0)
+    starved.check("gen", Priority.CRITICAL, 100.5)  # its own class is judged on its own wait
+    starved.check("other", Priority.SHEDDABLE, 100.5)  # another model is not
+    with pytest.raises(ResourceExhausted) as caught:
+        starved.check("gen", Priority.SHEDDABLE, 100.5)
+    assert str(caught.value) == ("overloaded: shedding sheddable traffic for model 'gen' (critical streams wait "
+                                 "160 ms before the gateway, past their TTFT target); retry after 0.50 s")
+    assert caught.value.retry_after_s == pytest.approx(0.5)
+    with pytest.raises(ResourceExhausted):
+        starved.check("gen", Priority.STANDARD, 100.9)
+    starved.check("gen", Priority.SHEDDABLE, 100.0 + STARVED_SHED_S)  # over: admitted again
+
+
+def test_a_lower_class_refused_for_its_wait_never_sheds_a_higher_one_nor_cuts_its_shedding_short():
+    starved = StarvedGateway()
+    starved.refused("gen", Priority.STANDARD, 0.3, now_s=10.0)
+    starved.check("gen", Priority.CRITICAL, 10.1)
+    with pytest.raises(ResourceExhausted):
+        starved.check("gen", Priority.SHEDDABLE, 10.1)
+    starved.refused("gen", Priority.CRITICAL, 0.2, now_s=10.2)
+    starved.refused("gen", Priority.SHEDDABLE, 0.9, now_s=10.3)  # below the critical one: changes nothing
+    with pytest.raises(ResourceExhausted) as caught:
+        starved.check("gen", Priority.STANDARD, 11.1)
+    assert "critical streams wait 200 ms" in str(caught.value)
