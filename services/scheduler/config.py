@@ -41,7 +41,8 @@ class SchedulerConfig(ServerSettings):
         "worker declares (max_steps_per_command, half its max_steps_in_flight)")
     routing: str = setting("cache_aware", "generate: where a new sequence goes: least_loaded, random or cache_aware (prefix_routing.py)")
     orphan_grace_ms: float = setting(5000.0, "queued work of a model whose last worker left waits this long "
-                                     "(at most until its deadline) for a worker to attach")
+                                     "(at most until its deadline) for a worker to attach; held generate "
+                                     "streams with a deadline wait until it")
     heartbeat_interval_ms: int = setting(1000, "how often workers send heartbeats")
     worker_timeout_ms: int = setting(5000, "a worker silent this long is treated as gone")
     deadline_margin_ms: float = setting(2.0, "time kept back from each request's deadline for the reply")

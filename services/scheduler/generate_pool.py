@@ -335,13 +335,15 @@ class GeneratePool:
             self._hold_timer = asyncio.create_task(self._expire_held(), context=clean_context())  # not the request's
 
     async def _expire_held(self) -> None:
-        """Fails held sequences whose deadline (or the orphan grace) passes before a worker attaches."""
+        """Fails held sequences whose deadline (or, without one, the orphan grace) passes before a
+        worker attaches. The deadline is the client's promise to wait: a replacement worker that
+        takes longer than the grace to start (a slow box, a model load) still gets the stream."""
         grace_s = self.config.orphan_grace_ms / 1000
         while self._held:
             now = self.clock()
             next_s = None
             for seq_id, (seq, held_s) in list(self._held.items()):
-                give_up_s = held_s + grace_s if seq.deadline_s is None else min(seq.deadline_s, held_s + grace_s)
+                give_up_s = held_s + grace_s if seq.deadline_s is None else seq.deadline_s
                 if now >= give_up_s:
                     del self._held[seq_id]
                     stream = self._streams.get(seq_id)

@@ -177,6 +177,34 @@ async def test_held_sequences_fail_at_their_deadline(pool):
         await reader.read()
 
 
+async def test_held_sequences_with_a_deadline_outwait_the_orphan_grace(pool):
+    """A replacement worker slower to start than --orphan-grace-ms (6.8 s on a loaded box) still
+    gets the stream: the client's deadline, not the grace, bounds the hold."""
+    grace_s = pool.config.orphan_grace_ms / 1000
+    only = attach(pool, "w1", step_s=0.005)
+    reader = submit(pool, "xyz", 30, deadline_s=pool.clock() + 6 * grace_s)
+    head = await reader.read(until_tokens=5)
+    detach(pool, only)
+    await _settle()
+    pool.clock.advance(2 * grace_s)
+    await _settle()
+    assert not reader.stream.finished and pool.queue_depth == 1, "held past the grace, within the deadline"
+    attach(pool, "w2")
+    tail = await reader.read()
+    assert head + tail == expected("xyz", 30)
+
+
+async def test_held_sequences_without_a_deadline_fail_after_the_orphan_grace(pool):
+    only = attach(pool, "w1", step_s=0.005)
+    reader = submit(pool, "abc", 30)
+    await reader.read(until_tokens=2)
+    detach(pool, only)
+    await _settle()
+    pool.clock.advance(pool.config.orphan_grace_ms / 1000)
+    with pytest.raises(errors.Unavailable, match="no worker serves model toy-generator:1"):
+        await reader.read()
+
+
 async def test_a_worker_redialling_under_the_same_id_keeps_its_new_stream(pool):
     old = attach(pool, "w1")
     new = attach(pool, "w1")  # re-dialled before the old stream's break was noticed
