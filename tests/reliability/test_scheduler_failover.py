@@ -21,6 +21,8 @@ from tools.testbed.scheduler_fixtures import pressure_of, scheduler_stub, wait_f
 pytestmark = pytest.mark.integration
 
 NUM_TOKENS = 120
+# Each stream's deadline, and how long the test waits for it: ample for 120 tokens with a worker serving.
+STREAM_TIMEOUT_S = 30.0
 
 
 @pytest.fixture(params=sorted(GENERATOR_MODELS))
@@ -28,8 +30,10 @@ def model(request) -> GeneratorModel:
     return GENERATOR_MODELS[request.param]
 
 
-def _start_readers(stub, model: GeneratorModel, prompts: list[str]) -> list[StreamReader]:
-    readers = [StreamReader(stub.Generate(model.request(prompt, NUM_TOKENS, who=f"t-{prompt}"), timeout=30), prompt)
+def _start_readers(stub, model: GeneratorModel, prompts: list[str], timeout_s: float = STREAM_TIMEOUT_S,
+                   ) -> list[StreamReader]:
+    readers = [StreamReader(stub.Generate(model.request(prompt, NUM_TOKENS, who=f"t-{prompt}"), timeout=timeout_s),
+                            prompt)
                for prompt in prompts]
     for reader in readers:
         reader.start()
@@ -37,9 +41,10 @@ def _start_readers(stub, model: GeneratorModel, prompts: list[str]) -> list[Stre
     return readers
 
 
-def _assert_exact(readers: list[StreamReader], model: GeneratorModel, prompts: list[str], logs) -> None:
+def _assert_exact(readers: list[StreamReader], model: GeneratorModel, prompts: list[str], logs,
+                  timeout_s: float = STREAM_TIMEOUT_S) -> None:
     for reader, prompt in zip(readers, prompts, strict=True):
-        reader.join(timeout=30)
+        reader.join(timeout=timeout_s)
         assert reader.error is None, f"{prompt}: {reader.error}\n{logs()}"
         assert "".join(reader.text) == model.continuation(prompt, NUM_TOKENS)
         assert reader.num_tokens == NUM_TOKENS and reader.finish_reason == common_pb2.FINISH_REASON_LENGTH
@@ -62,18 +67,23 @@ def test_streams_continue_exactly_on_the_other_worker_when_theirs_is_killed(tmp_
 
 
 def test_with_no_worker_left_streams_are_held_until_a_new_one_attaches(tmp_path, model):
+    """The streams are held until their deadline, which must outlast the replacement worker's start: on
+    a loaded box that took 6.8 s (load ~9) and 30 s (load 32, its first worker 12 s), so the deadline
+    is derived from how long the first worker took to start and attach here, not fixed."""
     prompts = ["abc", "pqr"]
     with running_mesh(tmp_path) as mesh:
         mesh.start_scheduler()
+        began_s = time.monotonic()
         only = mesh.start_worker(model.name, *model.worker_args(20), name="only")
         with scheduler_stub(mesh.scheduler.address) as stub:
-            wait_for_workers(stub, model.ref, 1)
-            readers = _start_readers(stub, model, prompts)
+            wait_for_workers(stub, model.ref, 1, timeout_s=60)
+            timeout_s = STREAM_TIMEOUT_S + 10 * (time.monotonic() - began_s)
+            readers = _start_readers(stub, model, prompts, timeout_s)
             only.signal(signal.SIGKILL)
             wait_until(lambda: pressure_of(stub, model.ref).num_workers == 0, timeout_s=5, message="worker gone")
             held_at = [r.num_tokens for r in readers]
             time.sleep(0.3)
             assert [r.num_tokens for r in readers] == held_at, "nothing streams without a worker"
             assert pressure_of(stub, model.ref).queue_depth == len(prompts), "both held, waiting"
-            mesh.start_worker(model.name, *model.worker_args(20), name="replacement")
-            _assert_exact(readers, model, prompts, mesh.logs)
+            mesh.start_worker(model.name, *model.worker_args(20), name="replacement", wait=False)
+            _assert_exact(readers, model, prompts, mesh.logs, timeout_s)
