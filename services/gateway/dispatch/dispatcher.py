@@ -202,6 +202,12 @@ class Dispatcher:
                     num_chunks += 1
                     if num_chunks == 1:
                         self._wake_held(scope)  # this scheduler takes the model's calls
+                        if route.permit.is_probe:
+                            # A half-open breaker's question is answered: the scheduler serves. Held
+                            # to the stream's end, the probe kept every other call off a scheduler
+                            # that had just restarted for the seconds a stream lasts (classify
+                            # severed off a frozen one could not fail over to it: DEADLINE_EXCEEDED).
+                            route.permit.success()
                     resume.accept(chunk)
                     on_chunk(chunk)
                     yield chunk

@@ -198,3 +198,28 @@ async def test_client_cancellation_cancels_the_upstream_stream(parts):
         await task
     assert stream.cancelled
     assert parts.breakers.for_endpoint(ENDPOINT).state is BreakerState.CLOSED
+
+
+async def test_a_streams_first_chunk_closes_a_half_open_breaker_for_the_other_calls(parts, clock):
+    """A Generate stream that probes a half-open breaker (a scheduler just restarted) answers the
+    probe with its first chunk, not its last: meanwhile classify goes there too."""
+    call, _ = _scripted(_unavailable(), _unavailable())
+    with pytest.raises(Unavailable):
+        await parts.dispatcher.unary(parts.scope, WorkKind.CLASSIFY, call)
+    breaker = parts.breakers.for_endpoint(ENDPOINT)
+    breaker.answered_poll()  # it answers polls again
+    assert breaker.state is BreakerState.HALF_OPEN
+    stream = FakeStream([_chunk(0, 1)], block=True)
+
+    async def consume():
+        async for _ in parts.dispatcher.stream(parts.scope, lambda *_: stream, lambda c: None):
+            pass
+
+    task = asyncio.create_task(consume())
+    await stream.blocked.wait()  # the stream goes on, its first chunk delivered
+    assert breaker.state is BreakerState.CLOSED
+    call, calls = _scripted("labels")
+    assert await parts.dispatcher.unary(parts.scope, WorkKind.CLASSIFY, call) == "labels"
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
