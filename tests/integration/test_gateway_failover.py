@@ -46,8 +46,13 @@ def _spread_mesh_with_gateways(mesh, *scheduler_args: str) -> dict[str, int]:
     metrics_ports = {}
     for mode in MODES:
         metrics_ports[mode] = free_port()
+        # TTFT targets as long as the streams' deadline: this file is about failover and handover, not
+        # latency admission (tests/contract/test_latency_objectives.py). With the default 2 s, a box slowed
+        # by the suite made the surviving scheduler, holding the handed-over streams' recompute, predict a
+        # new stream's first token at 2.1 s, and the gateway refused it (RESOURCE_EXHAUSTED, retry hint).
+        ttft_ms = ",".join([str(int(SHAPE.stream_deadline_s * 1000))] * 3)
         mesh.add_gateway("--upstream-mode", mode, "--pressure-poll-interval-ms", "200",
-                         "--metrics-port", str(metrics_ports[mode]))
+                         "--metrics-port", str(metrics_ports[mode]), "--slo-ttft-ms", ttft_ms)
     return metrics_ports
 
 
