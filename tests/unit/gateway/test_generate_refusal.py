@@ -6,16 +6,16 @@ docs/scheduler.md, "Where the flooded tail came from")."""
 
 from __future__ import annotations
 
-import gc
 from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from services.common.errors import InfermeshError, ResourceExhausted
+from services.common.errors import ResourceExhausted
 from services.common.status import PUSHBACK_KEY
 from services.gateway.fronts.servicer import InferenceServicer
+from tests.support.reference_cycles import assert_refusals_leave_no_cycle
 
 
 class RefusingCore:
@@ -81,18 +81,4 @@ async def test_an_error_after_a_chunk_ends_the_stream_with_its_status() -> None:
 
 
 async def test_a_refusal_leaves_no_reference_cycle(refusing) -> None:
-    await _refusal(refusing)  # first-call set-up out of the way
-    gc.collect()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        for _ in range(20):
-            await _refusal(refusing)
-        gc.collect()
-        garbage = list(gc.garbage)
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-    # The server's side only: this test's client keeps its own errors' tracebacks.
-    servicer_frames = [o for o in garbage if type(o).__name__ == "frame" and "services/" in o.f_code.co_filename]
-    server_errors = [type(o).__name__ for o in garbage if isinstance(o, InfermeshError | grpc.aio.AbortError)]
-    assert servicer_frames == [] and server_errors == []
+    await assert_refusals_leave_no_cycle(lambda: _refusal(refusing))

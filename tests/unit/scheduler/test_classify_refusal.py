@@ -5,17 +5,16 @@ event loop for 35-40 ms: docs/scheduler.md, "Fairness and the standing queue")."
 
 from __future__ import annotations
 
-import gc
 from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 
 from infermesh.v1 import scheduler_pb2_grpc
-from services.common.errors import InfermeshError
 from services.common.status import PUSHBACK_KEY
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.servicer import SchedulerServicer
+from tests.support.reference_cycles import assert_refusals_leave_no_cycle
 from tools.testbed.scheduler_fixtures import classify_request
 
 
@@ -55,19 +54,4 @@ async def test_a_refusal_carries_its_code_message_and_retry_hint(servicer_stub) 
 
 async def test_a_refusal_leaves_no_reference_cycle(servicer_stub) -> None:
     _, stub = servicer_stub
-    await _refusal(stub)  # first-call set-up out of the way
-    gc.collect()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        for _ in range(20):
-            await _refusal(stub)
-        gc.collect()
-        garbage = list(gc.garbage)
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-    # The server's side only: this test's client keeps its own errors' tracebacks.
-    servicer_frames = [o for o in garbage if type(o).__name__ == "frame" and "services/" in o.f_code.co_filename]
-    server_errors = [type(o).__name__ for o in garbage
-                     if isinstance(o, InfermeshError | grpc.aio.AbortError)]
-    assert servicer_frames == [] and server_errors == []
+    await assert_refusals_leave_no_cycle(lambda: _refusal(stub))
