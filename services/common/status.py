@@ -125,7 +125,10 @@ def maps_domain_errors(handler: Callable) -> Callable:
 
     async def _handle(context, exc: BaseException) -> None:
         if isinstance(exc, errors.InfermeshError):
-            await abort(context, exc)
+            # Set and returned, not aborted: most domain errors are refusals, and an AbortError's
+            # traceback left each call's frames in a reference cycle (set_error_status).
+            set_error_status(context, exc)
+            return
         log.exception("unhandled error in %s", handler.__qualname__)
         await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
 

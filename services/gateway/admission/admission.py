@@ -374,11 +374,9 @@ class Admission:
             try:
                 self.starved.check(scope.model, tenant.priority, scope.began_s)
                 check_ttft(scope.model, tenant.priority, scope.objective, report, waited_s=waited_s)
-            except WaitedPastObjective:
-                self.starved.refused(scope.model, tenant.priority, waited_s, scope.began_s)
-                metrics.refused(scope.metric_model, tenant.priority, metrics.Refusal.OBJECTIVE)
-                raise
-            except (FailedPrecondition, ResourceExhausted):
+            except (FailedPrecondition, ResourceExhausted) as exc:
+                if isinstance(exc, WaitedPastObjective):
+                    self.starved.refused(scope.model, tenant.priority, waited_s, scope.began_s)
                 metrics.refused(scope.metric_model, tenant.priority, metrics.Refusal.OBJECTIVE)
                 raise
         # Utilization as it was before this request arrived: the request at 90% is the one refused.

@@ -10,7 +10,7 @@ from contextlib import aclosing
 from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
 from services.common import errors
 from services.common.deadlines import remaining_s
-from services.common.status import maps_domain_errors, set_error_status
+from services.common.status import maps_domain_errors
 from services.gateway.calls.classify_core import ClassifyCore
 from services.gateway.calls.generate_core import GenerateCore
 from services.gateway.calls.model_list import ModelList
@@ -40,15 +40,7 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
 
     @maps_domain_errors
     async def Generate(self, request: gateway_pb2.GenerateRequest, context):
-        try:
-            async for chunk in self._generate_chunks(request, context):
-                yield chunk
-        except errors.InfermeshError as exc:
-            # Under overload most calls are refusals: answered without an AbortError, whose traceback
-            # left each call's frames in a cycle for the collector (its full collections pause every stream).
-            set_error_status(context, exc)
-
-    async def _generate_chunks(self, request: gateway_pb2.GenerateRequest, context):
+        # A refusal (most calls under overload) is answered without an AbortError: maps_domain_errors.
         caller = grpc_caller(context)
         try:
             tools = grpc_tool_choice(request)
