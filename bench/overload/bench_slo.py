@@ -1,6 +1,7 @@
 """Goodput under latency objectives: admission on predicted TTFT vs deadlines alone, in the same run.
 
-    .venv/bin/python -m bench.overload.bench_slo [--quick] [--generators mock,tinylm] [--output PATH]
+    .venv/bin/python -m bench.overload.bench_slo [--quick] [--generators mock,tinylm] [--placement shared|pinned]
+        [--output PATH]
 
 For each generator (a mock whose step takes step_ms + per_token_us x tokens, so it grows with the
 batch as a GPU's does; tinylm on CPU), starts a scheduler, one worker and two gateways on the same
@@ -14,7 +15,13 @@ second, TTFT measured from the scheduled send time, TPOT as (end - first token) 
 The gateways' smoothed predicted and measured TTFT per class (infermesh_gateway_objective_ttft_seconds)
 are read at the end of each window: the predictor's error.
 
-Prints a table and writes bench/results/overload_slo.json. The box is shared: say so with figures.
+--placement pinned puts the worker on a core of its own and every other process (gateways, scheduler,
+load generator, this one) on the rest, as a GPU keeps the worker's compute off the front end's cores
+(bench/overload/placement.py); the default, shared, lets every process run anywhere. Report a pinned
+figure beside the shared one, never instead of it, and name its placement.
+
+Prints a table and writes bench/results/overload_slo.json (pinned: overload_slo_pinned.json). The box
+is shared: say so with figures.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from bench.harness.mesh_ready import WORKER_ENV, wait_attached
 from bench.harness.results import MODEL_REPO, RESULTS_DIR, finite, write_report
 from bench.harness.send_result import SendResult
 from bench.harness.stats import quantile
+from bench.overload import placement
 from bench.overload.bench_overload import (
     KEYS,
     MAX_LOAD_PROCS,
@@ -57,6 +65,7 @@ from loadtest.payloads import make_prompt
 from tools.testbed.processes import ServiceProcess, free_port, running_mesh
 
 RESULTS_PATH = RESULTS_DIR / "overload_slo.json"
+PINNED_RESULTS_PATH = RESULTS_DIR / "overload_slo_pinned.json"
 MULTIPLES = (0.5, 1.0, 2.0, 4.0)
 CLOSED_LOOP_CLIENTS = 48
 
@@ -232,16 +241,28 @@ def _wait_serves(address: str, template: RequestTemplate, timeout_s: float = 60.
                 time.sleep(0.2)
 
 
-def run_generator(generator: str, pool: LoadPool, profile: Profile, multiples: tuple[float, ...]) -> dict:
+def place(where: placement.Placement, pids: dict[str, int], pool: LoadPool) -> dict:
+    """Applies the placement to the mesh's processes, the load processes and this one; what is in force."""
+    workers = [pid for name, pid in pids.items() if name.startswith("worker")]
+    others = [pid for name, pid in pids.items() if not name.startswith("worker")]
+    done = placement.apply(where, workers, [*others, *pool.pids.values(), os.getpid()])
+    return {**done, "cores": placement.describe({**pids, **pool.pids})}
+
+
+def run_generator(generator: str, pool: LoadPool, profile: Profile, multiples: tuple[float, ...],
+                  where: placement.Placement = placement.Placement.SHARED) -> dict:
     with mesh(generator) as started:
         model = started["model"]
+        placed = place(where, started["pids"], pool)
+        print(f"{generator}: placement {where.value} " + " ".join(f"{k} {v}" for k, v in placed["cores"].items()),
+              flush=True)
         interactive, batch = templates(model, INTERACTIVE, 1), templates(model, BATCH, 2)
         benches = {name: Bench(started[name][0], pool, profile, started["pids"]) for name in ("slo", "deadline")}
         job = ClosedLoopJob(interactive, CLOSED_LOOP_CLIENTS, 1.0 + profile.capacity_s)
         results, _ = pool.closed_loop(started["deadline"][0], job)
         peak_per_s = sum(r.ok and r.done_s >= 1.0 for r in results) / profile.capacity_s
         print(f"{generator}: peak {peak_per_s:.1f} streams/s (closed loop, deadline-only gateway)", flush=True)
-        out: dict = {"peak_per_s": peak_per_s, "multiples": {}}
+        out: dict = {"peak_per_s": peak_per_s, "placement": placed, "multiples": {}}
         window_s = profile.warmup_s + profile.generate_s
         for multiple in multiples:
             rate_per_s = multiple * peak_per_s
@@ -286,33 +307,41 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short windows (the only mode so far)")
     parser.add_argument("--generators", default="mock,tinylm", help="comma-separated of mock, tinylm")
-    parser.add_argument("--output", type=Path, default=RESULTS_PATH)
+    parser.add_argument("--placement", choices=[p.value for p in placement.Placement], default="shared",
+                        help="shared: every process on every core; pinned: the worker on a core of its own "
+                             "(bench/overload/placement.py)")
+    parser.add_argument("--output", type=Path, default=None,
+                        help=f"default {RESULTS_PATH} (pinned: {PINNED_RESULTS_PATH})")
     parser.add_argument("--multiples", default=",".join(map(str, MULTIPLES)),
                         help="comma-separated multiples of the peak to offer (1.0 is the reference)")
     args = parser.parse_args()
     profile = QUICK
+    where = placement.Placement(args.placement)
+    output = args.output or (PINNED_RESULTS_PATH if where is placement.Placement.PINNED else RESULTS_PATH)
     multiples = tuple(float(m) for m in args.multiples.split(","))
     chosen = [g.strip() for g in args.generators.split(",") if g.strip()]
     unknown = sorted(set(chosen) - set(GENERATORS))
     if unknown:
         parser.error(f"unknown generator(s) {', '.join(unknown)}; choose from {', '.join(GENERATORS)}")
-    report: dict = {"benchmark": "overload_slo", "commit": _commit(), "load_average_1m": os.getloadavg()[0],
+    report: dict = {"benchmark": "overload_slo", "commit": _commit(), "placement": where.value,
+                    "load_average_1m": os.getloadavg()[0],
                     "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
                     "classes": {c.name: c.__dict__ for c in (INTERACTIVE, BATCH)}, "generators": {}}
     with LoadPool(MAX_LOAD_PROCS) as pool:
         for generator in chosen:
-            report["generators"][generator] = run_generator(generator, pool, profile, multiples)
+            report["generators"][generator] = run_generator(generator, pool, profile, multiples, where)
     for generator, result in report["generators"].items():
         rows = result["multiples"]
         for name in ("slo", "deadline"):
             base = rows["1.0"][name]["goodput_per_s"] if "1.0" in rows else float("nan")
             ratios = ", ".join(f"{m}x {rows[m][name]['goodput_per_s'] / base:.2f}x" for m in rows if m != "1.0" and base)
-            print(f"{generator} {name}: goodput at 1x {base:.2f}/s; {ratios} of it")
+            print(f"{generator} {name} ({where.value}): goodput at 1x {base:.2f}/s; {ratios} of it")
             if "0.5" in rows and "2.0" in rows:
                 low, high = rows["0.5"][name]["interactive"]["ttft_p99_ms"], rows["2.0"][name]["interactive"]["ttft_p99_ms"]
                 if low and high:
-                    print(f"{generator} {name}: interactive TTFT p99 at 2x {high:.0f} ms = {high / low:.2f}x of 0.5x")
-    write_report(args.output, finite(report))
+                    print(f"{generator} {name} ({where.value}): interactive TTFT p99 at 2x {high:.0f} ms = "
+                          f"{high / low:.2f}x of 0.5x")
+    write_report(output, finite(report))
 
 
 if __name__ == "__main__":
