@@ -150,32 +150,58 @@ def window_cpu(before: dict[str, float], after: dict[str, float], elapsed_s: flo
             "load_send_cpu_us_per_stream": round(send_cpu_us, 1)}
 
 
-def ttft_error_buckets(metrics_port: int) -> dict[str, dict[float, float]]:
-    """The gateway's per-stream |measured - predicted| TTFT histogram per class: le -> cumulative count."""
+def histogram_buckets(metrics_port: int, family_name: str) -> dict[str, dict[float, float]]:
+    """A histogram's cumulative counts per priority class (le -> count) at a process's /metrics."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
     out: dict[str, dict[float, float]] = {}
     for family in text_string_to_metric_families(text):
-        if family.name == "infermesh_gateway_objective_ttft_error_seconds":
+        if family.name == family_name:
             for sample in family.samples:
                 if sample.name.endswith("_bucket"):
-                    out.setdefault(sample.labels["priority"], {})[float(sample.labels["le"])] = sample.value
+                    buckets = out.setdefault(sample.labels["priority"], {})
+                    le = float(sample.labels["le"])
+                    buckets[le] = buckets.get(le, 0.0) + sample.value  # summed over the other labels (model)
     return out
+
+
+def ttft_error_buckets(metrics_port: int) -> dict[str, dict[float, float]]:
+    """The gateway's per-stream |measured - predicted| TTFT histogram per class: le -> cumulative count."""
+    return histogram_buckets(metrics_port, "infermesh_gateway_objective_ttft_error_seconds")
+
+
+def queue_time_buckets(metrics_port: int) -> dict[str, dict[float, float]]:
+    """The scheduler's queue time per class (arrival until a sequence's first step is scheduled)."""
+    return histogram_buckets(metrics_port, "infermesh_scheduler_queue_time_seconds")
 
 
 def median_from_buckets(before: dict[float, float], after: dict[float, float]) -> float | None:
     """The median of what a window added to a cumulative histogram, interpolated inside its bucket; None: empty."""
+    return quantile_from_buckets(before, after, 0.5)
+
+
+def quantile_from_buckets(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
+    """The q-quantile of what a window added to a cumulative histogram, interpolated inside its bucket (the
+    last finite edge when it falls in the +Inf bucket); None: empty."""
     edges = sorted(after)
     counts = [after[le] - before.get(le, 0.0) for le in edges]
     if not counts or counts[-1] <= 0:
         return None
-    half, lower, below = counts[-1] / 2, 0.0, 0.0
+    rank, lower, below = counts[-1] * q, 0.0, 0.0
     for le, count in zip(edges, counts, strict=True):
-        if count >= half:
+        if count >= rank:
             if le == float("inf"):
                 return lower
-            return lower + (le - lower) * (half - below) / max(count - below, 1e-9)
+            return lower + (le - lower) * (rank - below) / max(count - below, 1e-9)
         lower, below = le, count
     return None
+
+
+def share_over(before: dict[float, float], after: dict[float, float], edge_s: float) -> float | None:
+    """The share of what a window added to a cumulative histogram that lies above the bucket edge `edge_s`."""
+    total = after.get(float("inf"), 0.0) - before.get(float("inf"), 0.0)
+    if total <= 0 or edge_s not in after:
+        return None
+    return 1.0 - (after[edge_s] - before.get(edge_s, 0.0)) / total
 
 
 def ttft_gauges(metrics_port: int) -> dict[str, float]:
@@ -193,7 +219,8 @@ def ttft_gauges(metrics_port: int) -> dict[str, float]:
 def mesh(generator: str) -> Iterator[dict]:
     model, worker_args = GENERATORS[generator]
     with tempfile.TemporaryDirectory(prefix="bench-slo-") as tmp, running_mesh(Path(tmp), tls=False) as m:
-        m.start_scheduler("--log-level", "WARNING")
+        scheduler_metrics = free_port()
+        m.start_scheduler("--log-level", "WARNING", "--metrics-port", str(scheduler_metrics))
         m.start_worker(model, "--log-level", "WARNING", *worker_args, env=WORKER_ENV)
         wait_attached(m.scheduler.address, 1)
         slo_metrics, deadline_metrics = free_port(), free_port()
@@ -208,7 +235,8 @@ def mesh(generator: str) -> Iterator[dict]:
         deadline_only.wait_serving()
         for address in (m.gateway.address, deadline_only.address):
             _wait_serves(address, templates(model, INTERACTIVE, 0, 1)[0])
-        yield {"model": model, "scheduler": m.scheduler.address, "slo": (m.gateway.address, slo_metrics),
+        yield {"model": model, "scheduler": m.scheduler.address, "scheduler_metrics": scheduler_metrics,
+               "slo": (m.gateway.address, slo_metrics),
                "deadline": (deadline_only.address, deadline_metrics),
                "pids": {p.name: p.proc.pid for p in m.processes}}
 
@@ -273,6 +301,7 @@ def run_generator(generator: str, pool: LoadPool, profile: Profile, multiples: t
                 bench = benches[name]
                 row.setdefault("drain_s", {})[name] = wait_drained(started["scheduler"])
                 errors_before = ttft_error_buckets(started[name][1])
+                queue_before = queue_time_buckets(started["scheduler_metrics"])
                 cpu_before, began = cpu_seconds({**started["pids"], **pool.pids}), time.monotonic()
                 results = bench.replay([Stream(interactive, rate_per_s / 2, window_s),
                                         Stream(batch, rate_per_s / 2, window_s)])
@@ -281,22 +310,34 @@ def run_generator(generator: str, pool: LoadPool, profile: Profile, multiples: t
                                               time.monotonic() - began, bench.send_cpu_us_per_request)
                 row[name]["gauges"] = ttft_gauges(started[name][1])
                 errors_after = ttft_error_buckets(started[name][1])
+                queue_after = queue_time_buckets(started["scheduler_metrics"])
                 for cls, priority in ((INTERACTIVE, "critical"), (BATCH, "sheddable")):
                     median_s = median_from_buckets(errors_before.get(priority, {}), errors_after.get(priority, {}))
                     row[name][cls.name]["ttft_error_median_ms"] = None if median_s is None else 1000 * median_s
                     row[name][cls.name]["ttft_error_median_of_target"] = (
                         None if median_s is None else 1000 * median_s / cls.ttft_ms)
+                    row[name][cls.name]["scheduler_queue"] = scheduler_queue(
+                        queue_before.get(priority, {}), queue_after.get(priority, {}))
                 row[name]["load_average_1m"] = os.getloadavg()[0]
                 print(f"  {multiple}x ({rate_per_s:.1f}/s) {name}: goodput {row[name]['goodput_per_s']:.2f}/s, "
                       f"interactive TTFT p99 {row[name]['interactive']['ttft_p99_ms']:.0f} ms, "
                       f"refused {row[name]['interactive']['refused']}+{row[name]['batch']['refused']}, "
                       f"TTFT median abs error {_ms(row[name]['interactive']['ttft_error_median_ms'])} / "
                       f"{_ms(row[name]['batch']['ttft_error_median_ms'])} ms, load {row[name]['load_average_1m']:.1f}, "
-                      f"send lag p99 {_ms(row[name]['interactive']['send_lag_p99_ms'])} ms, cores "
+                      f"send lag p99 {_ms(row[name]['interactive']['send_lag_p99_ms'])} ms, interactive scheduler "
+                      f"queue p99 {_ms(row[name]['interactive']['scheduler_queue']['p99_ms'])} ms, cores "
                       + " ".join(f"{k} {v:.2f}" for k, v in row[name]["cpu"]["cores"].items() if v >= 0.05),
                       flush=True)
             out["multiples"][str(multiple)] = row
         return out
+
+
+def scheduler_queue(before: dict[float, float], after: dict[float, float]) -> dict:
+    """A class's wait in the scheduler's queue over a window (from its histogram, so coarse: buckets at 10, 25,
+    50, 100, 250 ms): how much of its TTFT tail is the wait for a slot or a step."""
+    quantiles = {f"{name}_ms": quantile_from_buckets(before, after, q) for name, q in (("p50", 0.5), ("p99", 0.99))}
+    return {**{k: None if v is None else 1000 * v for k, v in quantiles.items()},
+            "share_over_50ms": share_over(before, after, 0.05), "share_over_100ms": share_over(before, after, 0.1)}
 
 
 def _ms(value: float | None) -> str:

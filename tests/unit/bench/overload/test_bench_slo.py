@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from bench.harness.send_result import SendResult
-from bench.overload.bench_slo import INTERACTIVE, median_from_buckets, meets, misses, refusal_reasons
+from bench.overload.bench_slo import (
+    INTERACTIVE,
+    median_from_buckets,
+    meets,
+    misses,
+    quantile_from_buckets,
+    refusal_reasons,
+    scheduler_queue,
+    share_over,
+)
 
 INF = float("inf")
 
@@ -35,3 +44,19 @@ def test_the_median_of_a_window_is_interpolated_inside_its_bucket():
     # The window added 2, 4 and 4 streams: the 5th of 10 lies 3/4 into (0.01, 0.02].
     assert median_from_buckets(before, after) == pytest.approx(0.0175)
     assert median_from_buckets(after, after) is None
+
+
+def test_a_window_quantile_past_the_last_finite_edge_reads_that_edge():
+    before = {0.05: 0.0, 0.1: 0.0, INF: 0.0}
+    after = {0.05: 90.0, 0.1: 98.0, INF: 100.0}
+    assert quantile_from_buckets(before, after, 0.9) == pytest.approx(0.05)
+    assert quantile_from_buckets(before, after, 0.99) == 0.1
+
+
+def test_the_share_of_a_window_over_an_edge_counts_only_what_the_window_added():
+    before = {0.05: 10.0, 0.1: 10.0, INF: 10.0}
+    after = {0.05: 70.0, 0.1: 100.0, INF: 110.0}  # the window: 60 under 50 ms, 30 in (50, 100], 10 over
+    assert share_over(before, after, 0.05) == pytest.approx(0.4)
+    assert share_over(before, after, 0.1) == pytest.approx(0.1)
+    assert share_over(after, after, 0.05) is None
+    assert scheduler_queue(before, after)["share_over_100ms"] == pytest.approx(0.1)
