@@ -16,6 +16,12 @@ and times the restarted scheduler from its process start to its first worker att
 first served request (any model, and each model's own; p50 and max over the runs, also from SERVING). `make chaos` runs it 5 times in a row (`python -m tests.reliability.chaos`);
 tests/reliability/test_chaos.py runs it once.
 
+Each run also prints the restarted scheduler's timeline from its services' logs (`restart_timeline`):
+when it listened, when its first classifier and generator workers attached, and when each gateway's
+pressure poll first reached it again. A gateway routes nothing to it before that poll, and its channel
+re-dials on gRPC's reconnect backoff (up to 1 s between tries, jittered: upstream/clients.py), so
+"first served" carries that backoff's phase as well as the process's start-up.
+
 Every lost call is printed grouped by its status and message, counted (`lost_report`), and a run
 with a loss keeps its services' logs (every process's, restarts included, and the store's) in
 `--keep-dir` (printed), with the log lines that look like a fault (`log_findings`): a loss can be
@@ -39,6 +45,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from tools.testbed.mesh_load import LoadCounts, LoadShape
@@ -72,6 +79,8 @@ class ChaosResult:
     # The same, per model (from its start): a classifier worker attaches to every scheduler, a
     # generator worker to one at a time, so each model's first request there comes at its own time.
     restart_to_served_by_model_s: dict[str, float] = field(default_factory=dict)
+    # The restarted scheduler's timeline from its services' logs, seconds from its start (restart_timeline).
+    restart_timeline: dict[str, float] = field(default_factory=dict)
     # Calls the gateways held while no scheduler could take them (infermesh_gateway_held_calls_total).
     num_held: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -91,6 +100,8 @@ class ChaosResult:
                 f"{_s(self.restart_to_serving_s)}, first worker {_s(self.restart_to_attached_s)}, first served "
                 f"{_s(self.restart_to_served_s)} after its start ("
                 + ", ".join(f"{m} {_s(self.restart_to_served_by_model_s.get(m))}" for m in MODELS) + ")"
+                + "; timeline: " + (", ".join(f"{what} {at_s:.2f}" for what, at_s in self.restart_timeline.items())
+                                    or "n/a")
                 + f"; held by the gateways {self.num_held:g}"
                 + (f"; by code {dict(c.failure_codes)}" if c.failure_codes else ""))
 
@@ -152,6 +163,43 @@ def _summary(what: str, figures: list[float | None]) -> None:
     if known:
         print(f"{what}: p50 {statistics.median(known):.2f} s, max {known[-1]:.2f} s over {len(known)} runs "
               f"({', '.join(f'{f:.2f}' for f in figures if f is not None)})")
+
+
+_LOG_TIME_FORMAT = "%Y-%m-%d %H:%M:%S,%f"  # services/common/log_context.py's asctime
+
+
+def _log_time(line: str) -> float | None:
+    try:
+        return datetime.strptime(line[:23], _LOG_TIME_FORMAT).timestamp()
+    except ValueError:
+        return None
+
+
+def restart_timeline(restarted: ServiceProcess, started_at: float) -> dict[str, float]:
+    """The restarted scheduler's first moments, seconds from its process start (`started_at`, wall
+    clock), from the logs in its log's folder: when it listened ("listening"), its first classifier and
+    generator workers attached ("<model> attached"), and each gateway's pressure poll first reached it
+    ("<gateway log> polled"). A line with no time (e.g. a traceback's) is skipped."""
+    timeline: dict[str, float] = {}
+
+    def first(what: str, path: Path, matches: Callable[[str], bool]) -> None:
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return
+        for line in lines:
+            at = _log_time(line)
+            if at is not None and at >= started_at and matches(line):
+                timeline[what] = at - started_at
+                return
+
+    first("listening", restarted.log_path, lambda line: f"listening on {restarted.address}" in line)
+    for model in MODELS:
+        first(f"{model} attached", restarted.log_path, lambda line, model=model: f"attached for {model}:" in line)
+    for path in sorted(restarted.log_path.parent.glob("gateway*.log")):
+        first(f"{path.stem} polled", path,
+              lambda line: f"scheduler {restarted.address} answers pressure polls again" in line)
+    return dict(sorted(timeline.items(), key=lambda item: item[1]))
 
 
 def _s(value: float | None) -> str:
@@ -220,6 +268,8 @@ def run_once(workdir: Path, seed: int, shape: LoadShape = SHAPE) -> ChaosResult:
             load = mesh.start_load(shape)
             load.wait_completed(40, "before the faults")
             result = ChaosResult(seed, LoadCounts())
+            # The restarted scheduler, its start and its predecessor's kill (wall clock).
+            restarts: list[tuple[ServiceProcess, float, float]] = []
             timeline = _Timeline(time.monotonic())
             killed_workers = [rng.choice([w for w in mesh.workers if model in w.name]) for model in MODELS]
             victim = mesh.scheduler_serving("toy-classifier")
@@ -232,12 +282,14 @@ def run_once(workdir: Path, seed: int, shape: LoadShape = SHAPE) -> ChaosResult:
                 mesh.restart(worker)
 
             def kill_scheduler() -> None:
+                killed_wall = time.time()
                 victim.signal(signal.SIGKILL)
                 victim.proc.wait(timeout=10)
                 time.sleep(SCHEDULER_DOWN_S)
-                began = time.monotonic()
+                began, began_wall = time.monotonic(), time.time()
                 restarted = mesh.restart(victim)
                 result.restart_to_serving_s = time.monotonic() - began
+                restarts.append((restarted, began_wall, killed_wall))
                 timeline.now("first served per model", lambda: time_first_served(restarted, began))
                 wait_until(lambda: any(mesh.num_workers(restarted, m) for m in MODELS), timeout_s=30, interval_s=0.02,
                            message="a worker on the restarted scheduler")
@@ -285,6 +337,9 @@ def run_once(workdir: Path, seed: int, shape: LoadShape = SHAPE) -> ChaosResult:
             result.counts = load.stop()
             result.num_held += sum(_held(mesh, gateway) for gateway in mesh.gateways)
             result.notes.extend(timeline.errors)
+            for restarted, began_wall, killed_wall in restarts:
+                result.restart_timeline = {"killed": killed_wall - began_wall,
+                                           **restart_timeline(restarted, began_wall)}
             return result
     finally:
         store.stop()
