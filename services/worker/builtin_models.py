@@ -11,7 +11,6 @@ import io
 import time
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
 
 from infermesh.v1 import common_pb2, scheduler_pb2
 from services.common.protocol import ATTACH_PROTOCOL_VERSION as PROTOCOL_VERSION
@@ -42,6 +41,9 @@ def _pixels(image: common_pb2.Image) -> np.ndarray:
                              f"({raw.height}x{raw.width}x{raw.channels})")
         return np.frombuffer(raw.pixels, dtype=np.uint8)
     if kind == "encoded":
+        # Imported here: a worker serving anything else never loads Pillow (~5 MiB resident).
+        from PIL import Image, UnidentifiedImageError
+
         try:
             with Image.open(io.BytesIO(image.encoded)) as img:
                 if img.width * img.height > MAX_IMAGE_PIXELS:

@@ -11,7 +11,6 @@ import io
 import warnings
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
 
 from services.common.errors import InvalidArgument
 from services.worker.work import RawImage
@@ -40,6 +39,9 @@ def _check_pixels(height: int, width: int, max_image_pixels: int) -> None:
 def _from_encoded(data: bytes, channels: int, max_image_pixels: int) -> np.ndarray:
     if not data:
         raise InvalidArgument("encoded image is empty")
+    # Imported here: Pillow costs a worker ~5 MiB resident, and only a classifier given encoded images needs it.
+    from PIL import Image, UnidentifiedImageError
+
     try:
         with warnings.catch_warnings():
             # Pillow's own bomb guard is global and looser than ours; make its warning an error too.

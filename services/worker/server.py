@@ -23,6 +23,7 @@ from services.worker.builtin_models import TOY_MODELS
 from services.worker.config import WorkerConfig
 from services.worker.cpu_allocation import ThreadDecision, cgroup_levels, decide_num_threads, read_text
 from services.worker.mock_models import MOCK_MODELS, make_mock_runtime
+from services.worker.native_heap import trim_native_heap
 from services.worker.repository.errors import ModelRepositoryError
 from services.worker.runtime import BatchRuntime, StepRuntime, WorkerRuntime
 from services.worker.scheduler_dialer import SchedulerDialer, resolve_dns
@@ -83,6 +84,8 @@ class WorkerService:
         try:
             runtime = await loop.run_in_executor(None, make_runtime, self._config, threads.num_threads)
             await loop.run_in_executor(None, runtime.load)
+            # What loading freed (activations, the golden check's KV cache) leaves the RSS before serving.
+            await loop.run_in_executor(None, trim_native_heap)
         except ModelRepositoryError as exc:  # the version on disk cannot be served: exit 2, naming why
             raise ConfigError(f"model {model}:{version} cannot be served: {exc}") from None
         self.runtime = runtime
