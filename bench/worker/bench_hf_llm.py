@@ -8,7 +8,8 @@ Measured (issue 33's targets in brackets), every run reported with its median an
 * saturated output tokens/s: N streams at once through gateway -> scheduler -> worker, against the
   same steps in one process [mesh >= 0.9x];
 * e2e p50 at a light rate (one request at a time) against one sequence's steps in one process [<= 1.1x];
-* the worker's RSS against the weights' bytes + the KV cache budget + 300 MB, with what holds it;
+* the worker's RSS against the weights' bytes + the KV cache budget + 300 MB, with what holds it: resident
+  bytes by mapping (anonymous, heap, each large library), and processes that only import (FLOORS);
 * load time against a plain read of the files from the page cache [<= 2x]: the worker's whole start
   (infermesh_worker_model_load_seconds: imports, sha256, weights, warm-up, golden check) and its
   parts measured here;
@@ -293,15 +294,46 @@ def memory_of(pid: int) -> dict[str, int]:
             if line.startswith(wanted)}
 
 
-def runtime_floor_bytes() -> dict[str, int]:
-    """RSS of a process that only imports what a worker serving this model imports (torch, numba, grpc,
-    the worker's modules): what the runtime costs before any weight or KV page."""
-    code = ("import services.worker.server, services.worker.model_runtime, kernels; "
-            "from pathlib import Path; print(Path('/proc/self/status').read_text())")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
-                         env={**os.environ, "OMP_NUM_THREADS": str(THREADS)}).stdout
+# Processes that hold no model, only what a worker serving this one loads, in steps: torch alone; the
+# worker's imports (torch, numba, grpc, the worker's modules); then the kernels' CPU twins called once
+# (Numba loads them from its cache, or compiles them: LLVM and Numba's CPU target come up). The steps
+# between them are what each costs before any weight or KV page.
+_WORKER_IMPORTS = "import services.worker.server, services.worker.model_runtime, kernels"
+_CPU_TWINS_CALLED = (
+    "; import numpy as np; from kernels import paged_attention_decode_host as attend, write_kv_cache_host as write"
+    "; rows, cache = np.zeros((1, 4, 8), np.float32), np.zeros((2, 16, 4, 8), np.float32)"
+    "; write(rows, rows, cache, cache, np.zeros(1, np.int64))"
+    "; attend(np.zeros((1, 4, 8), np.float32), rows, cache, cache, np.zeros((1, 2), np.int32), np.ones(1, np.int32), 16, 1.0)")
+FLOORS = {"torch_only": "import torch", "worker_imports": _WORKER_IMPORTS,
+          "worker_imports_and_cpu_twins_called": _WORKER_IMPORTS + _CPU_TWINS_CALLED}
+
+
+def floor_bytes(code: str) -> dict[str, int]:
+    """VmRSS, RssAnon and RssFile of a fresh interpreter once it has run `code`, bytes."""
+    script = code + "; from pathlib import Path; print(Path('/proc/self/status').read_text())"
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={**os.environ, "OMP_NUM_THREADS": str(THREADS), "NUMBA_NUM_THREADS": str(THREADS)}).stdout
     return {line.split(":")[0]: int(line.split()[1]) * 1024 for line in out.splitlines()
             if line.startswith(("VmRSS", "RssAnon", "RssFile"))}
+
+
+def resident_by_mapping(pid: int, min_bytes: int = 4 << 20) -> dict[str, int]:
+    """A process's resident bytes by what maps them (/proc/PID/smaps): "[anon]" (anonymous mappings:
+    tensors, Python's object arenas, the allocator's thread arenas), "[heap]" (the main thread's brk
+    heap), each other mapping of at least `min_bytes` by its name (libtorch_cpu.so, libllvmlite.so,
+    ...), the rest together."""
+    by_name: dict[str, int] = {}
+    name = "[anon]"
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        fields = line.split()
+        if fields and "-" in fields[0] and not fields[0].endswith(":"):  # a mapping's header line
+            name = Path(fields[5]).name if len(fields) > 5 and fields[5].startswith("/") else \
+                (fields[5] if len(fields) > 5 else "[anon]")
+        elif fields and fields[0] == "Rss:":
+            by_name[name] = by_name.get(name, 0) + int(fields[1]) * 1024
+    named = {k: v for k, v in by_name.items() if k in ("[anon]", "[heap]") or v >= min_bytes}
+    named["other"] = sum(v for k, v in by_name.items() if k not in named)
+    return dict(sorted(named.items(), key=lambda kv: -kv[1]))
 
 
 def summary(values: Sequence[float]) -> dict[str, object]:
@@ -358,6 +390,7 @@ def main() -> None:
             mesh.start_gateway("--slo-admission", "false")
             worker_load_s = scrape(metrics_port).value("infermesh_worker_model_load_seconds")
             worker_memory_ready = memory_of(worker.proc.pid)
+            worker_mappings_ready = resident_by_mapping(worker.proc.pid)
             with session_tls.channel(mesh.gateway.address) as channel:
                 stub = gateway_pb2_grpc.InferenceStub(channel)
                 mesh_stream(stub, prompts[0], 4)  # the gateway learns of the model; the worker's first step
@@ -370,12 +403,13 @@ def main() -> None:
                         light["mesh"].append(mesh_stream(stub, prompts[0], num_tokens)[0])
                 load_avg.append(os.getloadavg()[0])
                 worker_memory = memory_of(worker.proc.pid)
+                worker_mappings = resident_by_mapping(worker.proc.pid)
                 if args.peer:
                     peer_levels, mesh_levels = against_peer(workdir / "checkpoint", stub, prompts, num_tokens,
                                                              args.peer_levels, num_light)
                     load_avg.append(os.getloadavg()[0])
         compute.shutdown()
-    floor = runtime_floor_bytes()
+    floors = {name: floor_bytes(code) for name, code in FLOORS.items()}
     kv_bytes = envelope.num_kv_blocks * envelope.block_size * kv_bytes_per_token(LlamaFamilyConfig.from_hf(CONFIG))
     allowed = weights_bytes + kv_bytes + 300 * 2**20
     mesh_sat, proc_sat = statistics.median(saturated["mesh"]), statistics.median(saturated["in_process"])
@@ -392,7 +426,8 @@ def main() -> None:
                                 "weights_bytes": weights_bytes, "kv_cache_bytes": kv_bytes,
                                 "allowed_weights_plus_kv_plus_300mb": allowed,
                                 "within": worker_memory["VmRSS"] <= allowed,
-                                "runtime_floor_imports_only": floor},
+                                "runtime_floor_imports_only": floors["worker_imports"], "floors": floors,
+                                "by_mapping": {"ready": worker_mappings_ready, "after_runs": worker_mappings}},
         "load": {"plain_read": plain, "weights_sha256_s": sha256_s,
                  "weights_load_s": weights_load_s, "worker_start_to_ready_s": worker_load_s,
                  "weights_load_over_cat": weights_load_s / plain["cat_s"],
