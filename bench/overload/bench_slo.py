@@ -351,6 +351,8 @@ def main() -> None:
     parser.add_argument("--placement", choices=[p.value for p in placement.Placement], default="shared",
                         help="shared: every process on every core; pinned: the worker on a core of its own "
                              "(bench/overload/placement.py)")
+    parser.add_argument("--load-procs", type=int, default=MAX_LOAD_PROCS,
+                        help="load generator processes (each has its own event loop and gRPC poller thread)")
     parser.add_argument("--output", type=Path, default=None,
                         help=f"default {RESULTS_PATH} (pinned: {PINNED_RESULTS_PATH})")
     parser.add_argument("--multiples", default=",".join(map(str, MULTIPLES)),
@@ -368,7 +370,10 @@ def main() -> None:
                     "load_average_1m": os.getloadavg()[0],
                     "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
                     "classes": {c.name: c.__dict__ for c in (INTERACTIVE, BATCH)}, "generators": {}}
-    with LoadPool(MAX_LOAD_PROCS) as pool:
+    if not 1 <= args.load_procs <= MAX_LOAD_PROCS:
+        parser.error(f"--load-procs must be in [1, {MAX_LOAD_PROCS}], got {args.load_procs}")
+    report["load_procs"] = args.load_procs
+    with LoadPool(args.load_procs) as pool:
         for generator in chosen:
             report["generators"][generator] = run_generator(generator, pool, profile, multiples, where)
     for generator, result in report["generators"].items():
