@@ -10,7 +10,9 @@ from bench.overload.bench_slo import (
     median_from_buckets,
     meets,
     misses,
+    p99_interval_ms,
     quantile_from_buckets,
+    ratio_interval,
     refusal_reasons,
     scheduler_queue,
     share_over,
@@ -60,3 +62,12 @@ def test_the_share_of_a_window_over_an_edge_counts_only_what_the_window_added():
     assert share_over(before, after, 0.1) == pytest.approx(0.1)
     assert share_over(after, after, 0.05) is None
     assert scheduler_queue(before, after)["share_over_100ms"] == pytest.approx(0.1)
+
+
+def test_a_p99_of_few_streams_has_a_wide_interval_and_so_has_a_ratio_of_two():
+    few = [float(ms) for ms in range(1, 101)]  # 100 streams: the p99 is one of the top few
+    low, high = p99_interval_ms(few)
+    assert low <= 99 <= high and high - low >= 2
+    assert p99_interval_ms([]) is None
+    assert ratio_interval([150.0, 180.0], [90.0, 120.0]) == pytest.approx([1.25, 2.0])
+    assert ratio_interval(None, [90.0, 120.0]) is None
