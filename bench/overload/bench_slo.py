@@ -20,8 +20,8 @@ load generator, this one) on the rest, as a GPU keeps the worker's compute off t
 (bench/overload/placement.py); the default, shared, lets every process run anywhere. Report a pinned
 figure beside the shared one, never instead of it, and name its placement.
 
-Prints a table and writes bench/results/overload_slo.json (pinned: overload_slo_pinned.json). The box
-is shared: say so with figures.
+Prints a table and writes bench/results/overload_slo.json (a setting off the default in the name:
+overload_slo_pinned.json, overload_slo_1procs.json). The box is shared: say so with figures.
 """
 
 from __future__ import annotations
@@ -66,7 +66,6 @@ from loadtest.payloads import make_prompt
 from tools.testbed.processes import ServiceProcess, free_port, running_mesh
 
 RESULTS_PATH = RESULTS_DIR / "overload_slo.json"
-PINNED_RESULTS_PATH = RESULTS_DIR / "overload_slo_pinned.json"
 MULTIPLES = (0.5, 1.0, 2.0, 4.0)
 CLOSED_LOOP_CLIENTS = 48
 
@@ -358,6 +357,14 @@ def scheduler_queue(before: dict[float, float], after: dict[float, float]) -> di
             "share_over_50ms": share_over(before, after, 0.05), "share_over_100ms": share_over(before, after, 0.1)}
 
 
+def default_output(where: placement.Placement, load_procs: int) -> Path:
+    """Where a run writes unless told: a setting off the default is in the name, so runs beside each other
+    do not overwrite each other."""
+    suffix = "".join((f"_{where.value}" if where is not placement.Placement.SHARED else "",
+                      f"_{load_procs}procs" if load_procs != MAX_LOAD_PROCS else ""))
+    return RESULTS_PATH.with_name(f"{RESULTS_PATH.stem}{suffix}{RESULTS_PATH.suffix}")
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
@@ -372,13 +379,14 @@ def main() -> None:
     parser.add_argument("--load-procs", type=int, default=MAX_LOAD_PROCS,
                         help="load generator processes (each has its own event loop and gRPC poller thread)")
     parser.add_argument("--output", type=Path, default=None,
-                        help=f"default {RESULTS_PATH} (pinned: {PINNED_RESULTS_PATH})")
+                        help=f"default {RESULTS_PATH}, named for a setting off the default "
+                             "(overload_slo_pinned.json, overload_slo_1procs.json, ...)")
     parser.add_argument("--multiples", default=",".join(map(str, MULTIPLES)),
                         help="comma-separated multiples of the peak to offer (1.0 is the reference)")
     args = parser.parse_args()
     profile = QUICK
     where = placement.Placement(args.placement)
-    output = args.output or (PINNED_RESULTS_PATH if where is placement.Placement.PINNED else RESULTS_PATH)
+    output = args.output or default_output(where, args.load_procs)
     multiples = tuple(float(m) for m in args.multiples.split(","))
     chosen = [g.strip() for g in args.generators.split(",") if g.strip()]
     unknown = sorted(set(chosen) - set(GENERATORS))

@@ -7,6 +7,7 @@ import pytest
 from bench.harness.send_result import SendResult
 from bench.overload.bench_slo import (
     INTERACTIVE,
+    default_output,
     median_from_buckets,
     meets,
     misses,
@@ -17,6 +18,7 @@ from bench.overload.bench_slo import (
     scheduler_queue,
     share_over,
 )
+from bench.overload.placement import Placement
 
 INF = float("inf")
 
@@ -71,3 +73,10 @@ def test_a_p99_of_few_streams_has_a_wide_interval_and_so_has_a_ratio_of_two():
     assert p99_interval_ms([]) is None
     assert ratio_interval([150.0, 180.0], [90.0, 120.0]) == pytest.approx([1.25, 2.0])
     assert ratio_interval(None, [90.0, 120.0]) is None
+
+
+def test_a_run_off_the_default_settings_writes_a_file_of_its_own():
+    assert default_output(Placement.SHARED, 3).name == "overload_slo.json"
+    assert default_output(Placement.PINNED, 3).name == "overload_slo_pinned.json"
+    assert default_output(Placement.SHARED, 1).name == "overload_slo_1procs.json"
+    assert default_output(Placement.PINNED, 1).name == "overload_slo_pinned_1procs.json"
