@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pytest
 
@@ -44,10 +45,41 @@ def pytest_configure(config) -> None:
 
 def pytest_collection_finish(session) -> None:
     """The side venvs (tests/support/side_venv.py) the collected tests need start building now, in the
-    background, instead of when their first test asks."""
-    for module in dict.fromkeys(item.module for item in session.items if hasattr(item, "module")):
+    background, instead of when their first test asks. Not for --collect-only (make test's compile-suite):
+    nothing runs, and its pip would be stopped half done."""
+    if session.config.option.collectonly:
+        return
+    for venv in _side_venvs_first_needed_first(session):
+        side_venv.prebuild(*venv)
+
+
+def _side_venvs_first_needed_first(session) -> list[tuple]:
+    """The SIDE_VENVs of the collected modules, in the order the session first needs them (they build one after
+    the other). One process runs the modules in collection order; pytest-xdist's --dist loadfile hands out the
+    files with the most tests first. In collection order ray[serve] (test_loadtest_peer.py, 4 tests, run late)
+    built first, and on a fresh clone a process reached the openai tests (the files of 13-38 tests, handed out
+    early) and waited ~65 s for it."""
+    num_tests = Counter(item.module for item in session.items if hasattr(item, "module"))
+    first_needed: dict[tuple, int] = {}
+    for position, (module, count) in enumerate(num_tests.items()):
         if hasattr(module, "SIDE_VENV"):
-            side_venv.prebuild(*module.SIDE_VENV)
+            order = -count if _most_tests_first(session.config) else position
+            first_needed[module.SIDE_VENV] = min(first_needed.get(module.SIDE_VENV, order), order)
+    return sorted(first_needed, key=first_needed.__getitem__)
+
+
+def _most_tests_first(config) -> bool:
+    """A pytest-xdist test process whose controller hands out the files with the most tests first."""
+    return getattr(config, "workerinput", {}).get("most_tests_first", False)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """pytest-xdist's controller, starting a test process: tell it how the files are handed out (a test
+    process reads its controller's options as "no distribution")."""
+    config = node.config
+    node.workerinput["most_tests_first"] = (config.getoption("dist") in ("loadfile", "loadscope")
+                                            and config.getoption("loadscopereorder"))
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
