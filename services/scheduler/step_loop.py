@@ -252,14 +252,17 @@ class WorkerLoop:
     # -- rest ------------------------------------------------------------------
 
     async def _rest(self) -> bool:
-        """Nothing in flight and nothing to run: hands out the last step's chunks, then waits for work.
-        False: a draining worker is done, and its stream ended."""
+        """Nothing in flight and nothing to run: hands out the last step's chunks, then waits for work,
+        and for the sequences arriving right behind the first (StepPacing.gather). False: a draining
+        worker is done, and its stream ended."""
         self._flush()
         self._pacing.idle()
         if self.link.draining:
             self.link.end_stream()
             return False
         await self._pacing.sleep(None)
+        if self.scheduler.has_work():
+            await self._pacing.gather()
         return True
 
 

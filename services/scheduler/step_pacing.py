@@ -1,5 +1,9 @@
 """When one worker's step loop plans again: a result, an arrival, or the next command's time.
 
+After an idle spell the first step waits while sequences keep arriving (`gather()`, a fraction of
+a step and GATHER_MAX_S at most; not at all before the loop's first result), so that streams sent
+together start in one step.
+
 A pipelined loop sends the steps it plans ahead `steps_per_command` (K) at a time in one command
 while no sequence waits for a slot: the first step after an idle spell goes alone, then one more
 until its result is back (planned FIRST_AHEAD_AT of the last step time measured after the first
@@ -30,6 +34,20 @@ COMMAND_LEAD_S = 0.001
 # Half a step leaves it on time even when the first step is twice as fast as the estimate (a lone
 # step, or a quieter box); later than that it costs the worker one round trip, no more.
 FIRST_AHEAD_AT = 0.5
+
+# After an idle spell the first step waits while sequences keep arriving, each within GATHER_GAP_AT
+# of the last step time of the one before, GATHER_MAX_AT of it in all: streams that arrive together
+# land a few ms apart, and the first one's step alone made the round one step longer than their
+# prefills together (bench_hf_llm --quick: 33 steps, not 32). A lone arrival waits GATHER_GAP_AT of a
+# step for its first token, once (vLLM's scheduler delay factor holds prompts the same way).
+GATHER_GAP_AT = 0.1
+GATHER_MAX_AT = 0.25
+# ... and never longer than this, whatever the step time: the last step time is a round trip, and a
+# stall while a step was in flight (a scheduler stopped, as make chaos stops one for 5 s; a worker
+# that hung) measures as one step of that length; if an idle spell followed, a lone arrival would
+# wait a tenth of it (0.5 s) and a stream of them a quarter (1.25 s). Streams sent together land a
+# few ms apart.
+GATHER_MAX_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -77,6 +95,24 @@ class StepPacing:
         await self._wake.wait()
         if timer is not None:
             timer.cancel()
+
+    async def gather(self) -> None:
+        """After an idle spell, before the first step: waits while sequences keep arriving, each within
+        GATHER_GAP_AT of the last step time of the one before, GATHER_MAX_AT of it in all, GATHER_MAX_S
+        at most (no step time known, as in a loop that has not had a result yet: not at all)."""
+        step_s = self._last_step_s
+        gap_s = min(GATHER_GAP_AT * step_s, GATHER_MAX_S)
+        ends_s = self._clock() + min(GATHER_MAX_AT * step_s, GATHER_MAX_S)
+        while (left_s := ends_s - self._clock()) > 0:
+            self._wake.clear()
+            arrival = asyncio.ensure_future(self._wake.wait())
+            timer = asyncio.ensure_future(self._sleep(min(gap_s, left_s)))
+            await asyncio.wait((arrival, timer), return_when=asyncio.FIRST_COMPLETED)
+            timer.cancel()
+            arrival.cancel()
+            if not self._wake.is_set():
+                return
+        self._wake.clear()
 
     def idle(self) -> None:
         """Nothing in flight and nothing to run: the next command's steps may be another size."""

@@ -124,7 +124,7 @@ class Reader:
 
 @pytest.fixture
 def pool() -> GeneratePool:
-    clock = FakeClock()
+    clock = FakeClock(autojump_turns=200)  # the first step after an idle spell waits a little (StepPacing.gather)
     return GeneratePool(MODEL, hello("w0"), SchedulerConfig(), clock=clock, sleep=clock.sleep)
 
 

@@ -20,7 +20,7 @@ STEP_S = 0.010
 
 @pytest.fixture(name="pool")
 def _pool() -> GeneratePool:
-    clock = FakeClock()
+    clock = FakeClock(autojump_turns=200)  # the first step after an idle spell waits a little (StepPacing.gather)
     return GeneratePool(MODEL, hello("w0"), SchedulerConfig(), clock=clock, sleep=clock.sleep)
 
 

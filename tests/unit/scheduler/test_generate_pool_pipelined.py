@@ -272,6 +272,9 @@ async def test_streams_arriving_just_after_an_idle_spell_share_the_step_behind_t
     await warm.read()
     await until_turns(lambda: not pool._loops[worker.link.link_id]._in_flight)  # idle
     first = submit(pool, 2, b"first", 8)
+    for _ in range(50):
+        await asyncio.sleep(0)
+    pool.clock.advance(0.0041)  # nobody else within 4 ms (StepPacing.gather): the first step goes alone
     await until_turns(lambda: len(worker.held) == 1)
     pool.clock.advance(0.003)  # the others land a few ms behind the first
     others = [submit(pool, seq_id, f"other {seq_id}".encode(), 8) for seq_id in (3, 4)]
@@ -286,6 +289,44 @@ async def test_streams_arriving_just_after_an_idle_spell_share_the_step_behind_t
     assert (await first.read()).token_ids == mock_continuation(b"first", 8)
     for seq_id, reader in zip((3, 4), others, strict=True):
         assert (await reader.read()).token_ids == mock_continuation(f"other {seq_id}".encode(), 8)
+
+
+async def test_streams_arriving_together_after_an_idle_spell_start_in_one_step():
+    pool = make_pool(steps_per_command=4)
+    worker = MockWorker(pool, "w0", MockProfile(), hold=True)
+    warm = submit(pool, 1, b"warm", 1)
+    await until_turns(lambda: len(worker.held) == 1)
+    pool.clock.advance(0.040)  # a step takes 40 ms
+    worker.release_one()
+    await warm.read()
+    await until_turns(lambda: not pool._loops[worker.link.link_id]._in_flight)  # idle
+    readers = {}
+    for seq_id in (2, 3, 4):  # 2 ms apart
+        readers[seq_id] = submit(pool, seq_id, f"together {seq_id}".encode(), 6)
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert len(worker.plans) == 1, "the first step waits while they keep arriving"
+        pool.clock.advance(0.002)
+    pool.clock.advance(0.0021)  # 4 ms with nobody new
+    await until_turns(lambda: len(worker.plans) == 2)
+    assert {s.seq_id for s in worker.plans[1].seqs} == {2, 3, 4}
+    worker.release()
+    for seq_id, reader in readers.items():
+        assert (await reader.read()).token_ids == mock_continuation(f"together {seq_id}".encode(), 6)
+
+
+async def test_a_new_worker_loop_sends_its_first_step_at_once_while_streams_keep_arriving():
+    # A restarted scheduler's first generator worker: no step time is known, so StepPacing.gather waits
+    # for nobody (the clock never moves here: a wait on it would never end).
+    pool = make_pool(steps_per_command=4)
+    worker = MockWorker(pool, "w0", MockProfile(), hold=True)
+    readers = {1: submit(pool, 1, b"resumed 1", 4)}
+    await until_turns(lambda: len(worker.plans) >= 1)  # at once
+    readers.update((seq_id, submit(pool, seq_id, f"resumed {seq_id}".encode(), 4)) for seq_id in (2, 3))
+    assert {s.seq_id for s in worker.plans[0].seqs} == {1}, "the first arrival's step went alone"
+    worker.release()
+    for seq_id, reader in readers.items():
+        assert (await reader.read()).token_ids == mock_continuation(f"resumed {seq_id}".encode(), 4)
 
 
 async def test_a_waiting_sequence_makes_the_loop_send_one_step_at_a_time():

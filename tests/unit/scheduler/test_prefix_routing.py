@@ -319,7 +319,7 @@ def test_router_refuses_an_empty_worker_list():
 
 
 def routed_pool(routing: str, **config) -> GeneratePool:
-    clock = FakeClock()
+    clock = FakeClock(autojump_turns=200)  # the first step after an idle spell waits a little (StepPacing.gather)
     return GeneratePool(MODEL, hello("w0"), SchedulerConfig(routing=routing, **config), clock=clock,
                         sleep=clock.sleep)
 

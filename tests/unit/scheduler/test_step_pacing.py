@@ -7,7 +7,14 @@ import asyncio
 
 import pytest
 
-from services.scheduler.step_pacing import COMMAND_LEAD_S, FIRST_AHEAD_AT, StepPacing
+from services.scheduler.step_pacing import (
+    COMMAND_LEAD_S,
+    FIRST_AHEAD_AT,
+    GATHER_GAP_AT,
+    GATHER_MAX_AT,
+    GATHER_MAX_S,
+    StepPacing,
+)
 from tests.unit.scheduler.conftest import until_turns
 from tools.testbed.fake_clock import FakeClock
 
@@ -60,6 +67,79 @@ async def test_the_first_result_ends_the_wait_for_the_step_behind_it(clock):
     pacing.on_result(clock() - 0.010, 0, 1)
     assert not pacing.waits_on_more_than_results(last_command_size=1), "the timer was disarmed"
     assert pacing.steps_to_send(False, num_in_flight=1, last_command_size=1) == 4
+
+
+def measured(pacing: StepPacing, clock: FakeClock, step_s: float) -> None:
+    """A step of `step_s` seconds, then an idle spell."""
+    sent_at_s = clock()
+    clock.advance(step_s)
+    pacing.on_result(sent_at_s, 0, 1)
+    pacing.idle()
+
+
+async def test_after_an_idle_spell_the_first_step_waits_while_sequences_keep_arriving(clock):
+    pacing = make_pacing(clock)
+    measured(pacing, clock, 0.040)
+    gathering = asyncio.create_task(pacing.gather())
+    for _ in range(5):  # its timer starts sleeping on the fake clock
+        await asyncio.sleep(0)
+    arrivals_s = 0.0
+    while arrivals_s + 0.003 < GATHER_MAX_AT * 0.040:  # one within every gap
+        clock.advance(0.003)
+        arrivals_s += 0.003
+        pacing.wake()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not gathering.done()
+    clock.advance(GATHER_MAX_AT * 0.040 - arrivals_s + 0.0001)  # no more than that in all
+    await until_turns(gathering.done)
+
+
+async def test_a_lone_arrival_waits_one_gap_for_company(clock):
+    pacing = make_pacing(clock)
+    measured(pacing, clock, 0.040)
+    gathering = asyncio.create_task(pacing.gather())
+    for _ in range(5):  # its timer starts sleeping on the fake clock
+        await asyncio.sleep(0)
+    clock.advance(GATHER_GAP_AT * 0.040 - 0.0001)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not gathering.done()
+    clock.advance(0.0002)
+    await until_turns(gathering.done)
+
+
+async def test_with_no_step_time_known_the_first_step_waits_for_nobody(clock):
+    await asyncio.wait_for(make_pacing(clock).gather(), timeout=5)
+
+
+async def test_a_step_a_stall_made_long_makes_the_first_step_wait_no_more_than_gather_max_s(clock):
+    # The process was stopped for 5 s with a step in flight: its round trip is no step time to wait by.
+    pacing = make_pacing(clock)
+    measured(pacing, clock, 5.0)
+    gathering = asyncio.create_task(pacing.gather())
+    for _ in range(5):  # its timer starts sleeping on the fake clock
+        await asyncio.sleep(0)
+    waited_s = 0.0
+    while waited_s + 0.003 < GATHER_MAX_S:  # they keep arriving, 3 ms apart
+        clock.advance(0.003)
+        waited_s += 0.003
+        pacing.wake()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not gathering.done()
+    clock.advance(GATHER_MAX_S - waited_s + 0.0001)
+    await until_turns(gathering.done)
+
+
+async def test_a_lone_arrival_after_a_long_step_waits_gather_max_s_at_most(clock):
+    pacing = make_pacing(clock)
+    measured(pacing, clock, 5.0)
+    gathering = asyncio.create_task(pacing.gather())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    clock.advance(GATHER_MAX_S + 0.0001)
+    await until_turns(gathering.done)
 
 
 async def test_with_nobody_waiting_a_whole_command_goes_until_more_than_one_is_in_flight(clock):
