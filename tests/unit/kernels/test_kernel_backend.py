@@ -56,7 +56,7 @@ def test_cuda_kernels_match_references_on_the_simulator():
     """The CUDA kernels run under NUMBA_ENABLE_CUDASIM, which must be set before numba is imported.
 
     One process per kernel family, side by side: the simulator runs every thread in Python, and the
-    attention kernel's warp shuffles are block barriers there (~2-3 min alone on a shared 2-core box).
+    attention kernel's warp shuffles are block barriers there (~20 s of CPU whole, cudasim_blocks.py).
     Under CI one case per kernel variant (--quick); `make test-all` runs the whole sweep.
     """
     script = str(Path(__file__).with_name("cudasim_check.py"))
