@@ -262,15 +262,20 @@ async def test_the_first_step_goes_alone_then_decodes_go_four_to_a_command():
     assert sum(len(p.seqs) for p in worker.plans) == 20, "no step beyond max_tokens"
 
 
+async def idle_after_a_step(pool, worker: MockWorker, step_s: float) -> None:
+    """One stream of one token whose step took `step_s` (the step time gather scales by), then idle."""
+    warm = submit(pool, 1, b"warm", 1)
+    await until_turns(lambda: len(worker.held) == 1)
+    pool.clock.advance(step_s)
+    worker.release_one()
+    await warm.read()
+    await until_turns(lambda: not pool._loops[worker.link.link_id]._in_flight)
+
+
 async def test_streams_arriving_just_after_an_idle_spell_share_the_step_behind_the_first():
     pool = make_pool(steps_per_command=4)
     worker = MockWorker(pool, "w0", MockProfile(), hold=True)
-    warm = submit(pool, 1, b"warm", 1)
-    await until_turns(lambda: len(worker.held) == 1)
-    pool.clock.advance(0.040)  # a step takes 40 ms
-    worker.release_one()
-    await warm.read()
-    await until_turns(lambda: not pool._loops[worker.link.link_id]._in_flight)  # idle
+    await idle_after_a_step(pool, worker, 0.040)
     first = submit(pool, 2, b"first", 8)
     for _ in range(50):
         await asyncio.sleep(0)
@@ -294,12 +299,7 @@ async def test_streams_arriving_just_after_an_idle_spell_share_the_step_behind_t
 async def test_streams_arriving_together_after_an_idle_spell_start_in_one_step():
     pool = make_pool(steps_per_command=4)
     worker = MockWorker(pool, "w0", MockProfile(), hold=True)
-    warm = submit(pool, 1, b"warm", 1)
-    await until_turns(lambda: len(worker.held) == 1)
-    pool.clock.advance(0.040)  # a step takes 40 ms
-    worker.release_one()
-    await warm.read()
-    await until_turns(lambda: not pool._loops[worker.link.link_id]._in_flight)  # idle
+    await idle_after_a_step(pool, worker, 0.040)
     readers = {}
     for seq_id in (2, 3, 4):  # 2 ms apart
         readers[seq_id] = submit(pool, seq_id, f"together {seq_id}".encode(), 6)

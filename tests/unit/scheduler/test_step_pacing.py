@@ -69,6 +69,29 @@ async def test_the_first_result_ends_the_wait_for_the_step_behind_it(clock):
     assert pacing.steps_to_send(False, num_in_flight=1, last_command_size=1) == 4
 
 
+async def gather_started(pacing: StepPacing) -> asyncio.Task[None]:
+    """pacing.gather() running, its timer asleep on the fake clock."""
+    gathering = asyncio.create_task(pacing.gather())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    return gathering
+
+
+async def arrivals_3_ms_apart(pacing: StepPacing, clock: FakeClock, gathering: asyncio.Task[None],
+                              until_s: float) -> float:
+    """Arrivals 3 ms apart for as long as the next one lands before `until_s`, gather still waiting
+    after each; the time they took."""
+    arrivals_s = 0.0
+    while arrivals_s + 0.003 < until_s:
+        clock.advance(0.003)
+        arrivals_s += 0.003
+        pacing.wake()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not gathering.done()
+    return arrivals_s
+
+
 def measured(pacing: StepPacing, clock: FakeClock, step_s: float) -> None:
     """A step of `step_s` seconds, then an idle spell."""
     sent_at_s = clock()
@@ -80,17 +103,8 @@ def measured(pacing: StepPacing, clock: FakeClock, step_s: float) -> None:
 async def test_after_an_idle_spell_the_first_step_waits_while_sequences_keep_arriving(clock):
     pacing = make_pacing(clock)
     measured(pacing, clock, 0.040)
-    gathering = asyncio.create_task(pacing.gather())
-    for _ in range(5):  # its timer starts sleeping on the fake clock
-        await asyncio.sleep(0)
-    arrivals_s = 0.0
-    while arrivals_s + 0.003 < GATHER_MAX_AT * 0.040:  # one within every gap
-        clock.advance(0.003)
-        arrivals_s += 0.003
-        pacing.wake()
-        for _ in range(5):
-            await asyncio.sleep(0)
-        assert not gathering.done()
+    gathering = await gather_started(pacing)
+    arrivals_s = await arrivals_3_ms_apart(pacing, clock, gathering, GATHER_MAX_AT * 0.040)  # one every gap
     clock.advance(GATHER_MAX_AT * 0.040 - arrivals_s + 0.0001)  # no more than that in all
     await until_turns(gathering.done)
 
@@ -98,9 +112,7 @@ async def test_after_an_idle_spell_the_first_step_waits_while_sequences_keep_arr
 async def test_a_lone_arrival_waits_one_gap_for_company(clock):
     pacing = make_pacing(clock)
     measured(pacing, clock, 0.040)
-    gathering = asyncio.create_task(pacing.gather())
-    for _ in range(5):  # its timer starts sleeping on the fake clock
-        await asyncio.sleep(0)
+    gathering = await gather_started(pacing)
     clock.advance(GATHER_GAP_AT * 0.040 - 0.0001)
     for _ in range(5):
         await asyncio.sleep(0)
@@ -117,17 +129,8 @@ async def test_a_step_a_stall_made_long_makes_the_first_step_wait_no_more_than_g
     # The process was stopped for 5 s with a step in flight: its round trip is no step time to wait by.
     pacing = make_pacing(clock)
     measured(pacing, clock, 5.0)
-    gathering = asyncio.create_task(pacing.gather())
-    for _ in range(5):  # its timer starts sleeping on the fake clock
-        await asyncio.sleep(0)
-    waited_s = 0.0
-    while waited_s + 0.003 < GATHER_MAX_S:  # they keep arriving, 3 ms apart
-        clock.advance(0.003)
-        waited_s += 0.003
-        pacing.wake()
-        for _ in range(5):
-            await asyncio.sleep(0)
-        assert not gathering.done()
+    gathering = await gather_started(pacing)
+    waited_s = await arrivals_3_ms_apart(pacing, clock, gathering, GATHER_MAX_S)  # they keep arriving
     clock.advance(GATHER_MAX_S - waited_s + 0.0001)
     await until_turns(gathering.done)
 
@@ -135,9 +138,7 @@ async def test_a_step_a_stall_made_long_makes_the_first_step_wait_no_more_than_g
 async def test_a_lone_arrival_after_a_long_step_waits_gather_max_s_at_most(clock):
     pacing = make_pacing(clock)
     measured(pacing, clock, 5.0)
-    gathering = asyncio.create_task(pacing.gather())
-    for _ in range(5):
-        await asyncio.sleep(0)
+    gathering = await gather_started(pacing)
     clock.advance(GATHER_MAX_S + 0.0001)
     await until_turns(gathering.done)
 
