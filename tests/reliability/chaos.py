@@ -19,7 +19,7 @@ tests/reliability/test_chaos.py runs it once.
 Each run also prints the restarted scheduler's timeline from its services' logs (`restart_timeline`):
 when it listened, when its first classifier and generator workers attached, and when each gateway's
 pressure poll first reached it again. A gateway routes nothing to it before that poll, and its channel
-re-dials on gRPC's reconnect backoff (up to 1 s between tries, jittered: upstream/clients.py), so
+re-dials on gRPC's reconnect backoff (up to 250 ms between tries, jittered: upstream/clients.py), so
 "first served" carries that backoff's phase as well as the process's start-up.
 
 Every lost call is printed grouped by its status and message, counted (`lost_report`), and a run
