@@ -70,7 +70,9 @@ class StepPacing:
         self.steps_per_command = steps_per_command
         self._clock = clock
         self._sleep = sleep
-        self._wake = asyncio.Event()
+        self._arrived = False  # wake() came since the loop last looked
+        # Done on wake() or a timer on the injected sleep, while sleep() or gather() waits on it.
+        self._woken: asyncio.Future[None] | None = None
         # Set when the next command of several steps is due (a timer), or a sequence arrives meanwhile.
         self._due: asyncio.Future[None] | None = None
         self._due_timer: asyncio.Task[None] | None = None
@@ -84,17 +86,14 @@ class StepPacing:
 
     def wake(self) -> None:
         """A sequence arrived, left, or the worker's state changed: plan again."""
-        self._wake.set()
-        if self._due is not None and not self._due.done():
-            self._due.set_result(None)
+        self._arrived = True
+        for waiter in (self._due, self._woken):
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
 
     async def sleep(self, timeout_s: float | None) -> None:
-        """Until wake(), or `timeout_s` (None: no limit)."""
-        self._wake.clear()
-        timer = None if timeout_s is None else asyncio.get_running_loop().call_later(timeout_s, self._wake.set)
-        await self._wake.wait()
-        if timer is not None:
-            timer.cancel()
+        """Until wake(), or `timeout_s` on the injected clock (None: no limit)."""
+        await self._woken_within(timeout_s)
 
     async def gather(self) -> None:
         """After an idle spell, before the first step: waits while sequences keep arriving, each within
@@ -104,15 +103,23 @@ class StepPacing:
         gap_s = min(GATHER_GAP_AT * step_s, GATHER_MAX_S)
         ends_s = self._clock() + min(GATHER_MAX_AT * step_s, GATHER_MAX_S)
         while (left_s := ends_s - self._clock()) > 0:
-            self._wake.clear()
-            arrival = asyncio.ensure_future(self._wake.wait())
-            timer = asyncio.ensure_future(self._sleep(min(gap_s, left_s)))
-            await asyncio.wait((arrival, timer), return_when=asyncio.FIRST_COMPLETED)
-            timer.cancel()
-            arrival.cancel()
-            if not self._wake.is_set():
+            if not await self._woken_within(min(gap_s, left_s)):
                 return
-        self._wake.clear()
+        self._arrived = False
+
+    async def _woken_within(self, timeout_s: float | None) -> bool:
+        """Whether wake() came before `timeout_s` passed on the injected sleep (None: no limit). The one
+        way both sleep() and gather() wait: no task with no limit, one timer task with one."""
+        self._arrived = False
+        woken = self._woken = asyncio.get_running_loop().create_future()
+        timer = None if timeout_s is None else asyncio.create_task(self._fire_after(timeout_s, woken))
+        try:
+            await woken
+        finally:
+            self._woken = None
+            if timer is not None:
+                timer.cancel()
+        return self._arrived
 
     def idle(self) -> None:
         """Nothing in flight and nothing to run: the next command's steps may be another size."""
@@ -163,10 +170,8 @@ class StepPacing:
 
     def arrived(self) -> bool:
         """Whether a sequence arrived since the loop last looked (and forgets it)."""
-        if self._wake.is_set():
-            self._wake.clear()
-            return True
-        return False
+        arrived, self._arrived = self._arrived, False
+        return arrived
 
     def due(self) -> asyncio.Future[None]:
         """Done when the next command is due or a sequence arrives."""

@@ -215,4 +215,30 @@ async def test_sleep_ends_on_wake_or_timeout(clock):
     assert not sleeper.done()
     pacing.wake()
     await asyncio.wait_for(sleeper, timeout=5)
-    await asyncio.wait_for(pacing.sleep(0.0), timeout=5)  # call_later(0) wakes it on the next turn
+    await asyncio.wait_for(pacing.sleep(0.0), timeout=5)  # the fake clock's sleep(0) is one turn
+
+
+async def test_sleep_times_out_when_the_injected_clock_passes_with_no_real_wait(clock):
+    # One way to wait for an arrival or a timeout, gather's: the blocked loop's poll runs on the fake clock too.
+    pacing = make_pacing(clock)
+    sleeper = asyncio.create_task(pacing.sleep(60.0))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    clock.advance(60.0 - 0.001)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not sleeper.done()
+    clock.advance(0.002)
+    await until_turns(sleeper.done)
+    assert not pacing.arrived(), "a timeout is no arrival"
+
+
+async def test_an_arrival_ends_a_timed_sleep_at_once_and_its_timer_with_it(clock):
+    pacing = make_pacing(clock)
+    num_tasks = len(asyncio.all_tasks())
+    sleeper = asyncio.create_task(pacing.sleep(60.0))
+    await asyncio.sleep(0)
+    pacing.wake()
+    await until_turns(sleeper.done)
+    await until_turns(lambda: len(asyncio.all_tasks()) == num_tasks)  # the timer was cancelled
+    assert pacing.arrived()
