@@ -7,14 +7,16 @@ toy-generator:  byte-level; each next token is the byte after the previous one
 
 from __future__ import annotations
 
-import io
 import time
 
 import numpy as np
 
 from infermesh.v1 import common_pb2, scheduler_pb2
+from services.common.errors import InvalidArgument
 from services.common.protocol import ATTACH_PROTOCOL_VERSION as PROTOCOL_VERSION
 from services.common.timings import StageTime, seconds_to_us, to_proto
+from services.worker.image_decode import decode_image  # Pillow only once an encoded image comes
+from services.worker.work import RawImage
 
 INVALID_ARGUMENT = 3
 MAX_IMAGE_PIXELS = 4096 * 4096
@@ -29,29 +31,15 @@ def _item_error(item_id: int, message: str) -> scheduler_pb2.ItemResult:
 
 
 def _pixels(image: common_pb2.Image) -> np.ndarray:
+    """Its grey levels, `uint8[height, width, 1]`; InvalidArgument naming what is wrong with it."""
     kind = image.WhichOneof("data")
+    if kind is None:
+        raise InvalidArgument("image has neither encoded nor raw data")
     if kind == "raw":
         raw = image.raw
-        expected = raw.height * raw.width * raw.channels
-        if raw.height < 1 or raw.width < 1 or raw.channels not in (1, 3, 4):
-            raise ValueError(f"raw image needs height, width >= 1 and channels 1, 3 or 4, got "
-                             f"{raw.height}x{raw.width}x{raw.channels}")
-        if len(raw.pixels) != expected:
-            raise ValueError(f"raw image has {len(raw.pixels)} bytes, expected {expected} "
-                             f"({raw.height}x{raw.width}x{raw.channels})")
-        return np.frombuffer(raw.pixels, dtype=np.uint8)
-    if kind == "encoded":
-        # Imported here: a worker serving anything else never loads Pillow (~5 MiB resident).
-        from PIL import Image, UnidentifiedImageError
-
-        try:
-            with Image.open(io.BytesIO(image.encoded)) as img:
-                if img.width * img.height > MAX_IMAGE_PIXELS:
-                    raise ValueError(f"image of {img.width}x{img.height} exceeds {MAX_IMAGE_PIXELS} pixels")
-                return np.asarray(img.convert("L"))
-        except (UnidentifiedImageError, OSError) as exc:
-            raise ValueError(f"cannot decode image: {exc}") from None
-    raise ValueError("image has neither encoded nor raw data")
+        return decode_image(RawImage(raw.pixels, raw.height, raw.width, raw.channels), channels=1,
+                            max_image_pixels=MAX_IMAGE_PIXELS)
+    return decode_image(image.encoded, channels=1, max_image_pixels=MAX_IMAGE_PIXELS)
 
 
 class ToyClassifierRuntime:
@@ -87,7 +75,7 @@ class ToyClassifierRuntime:
         for item in command.items:
             try:
                 brightness = float(_pixels(item.image).mean()) / 255
-            except ValueError as exc:
+            except InvalidArgument as exc:
                 results.append(_item_error(item.item_id, str(exc)))
                 continue
             scores = sorted(zip((1 - brightness, brightness), range(2), strict=True), reverse=True)
