@@ -256,8 +256,9 @@ def _stream_result(template: RequestTemplate, scheduled_s: float, sent_s: float,
     if last is None:
         return SendResult(template.tenant, scheduled_s, sent_s, done_s, "STREAM_TRUNCATED", num_tokens=num_tokens)
     ttft_s = first_token_s - scheduled_s if first_token_s is not None else None
+    predicted_ttft_s = last.predicted_ttft_us / 1e6 if last.predicted_ttft_us > 0 else None
     return SendResult(template.tenant, scheduled_s, sent_s, done_s, OK, _leaf_stage_us(last.timings), ttft_s,
-                      num_tokens)
+                      num_tokens, predicted_ttft_s=predicted_ttft_s)
 
 
 def _leaf_stage_us(timings: common_pb2.Timings) -> int:

@@ -28,6 +28,7 @@ class SendResult:
     ttft_s: float | None = None  # first token chunk, from the scheduled time (streams)
     num_tokens: int = 0
     message: str = ""  # the status details of a failure
+    predicted_ttft_s: float | None = None  # what the gateway predicted at admission (streams with objectives)
 
     @property
     def ok(self) -> bool:

@@ -141,9 +141,26 @@ def summarize(results: list[SendResult], window_s: float) -> dict:
                          # How late the load generator sent (counted in TTFT: open loop), and TTFT without it.
                          "send_lag_p99_ms": quantile([1000 * r.lag_s for r in mine], 0.99),
                          "ttft_from_send_p99_ms": quantile(
-                             [1000 * (r.ttft_s - r.lag_s) for r in mine if r.ok and r.ttft_s is not None], 0.99)}
+                             [1000 * (r.ttft_s - r.lag_s) for r in mine if r.ok and r.ttft_s is not None], 0.99),
+                         "predictor": predictor_error(mine, cls)}
         out["goodput_per_s"] += good / window_s
     return out
+
+
+def predictor_error(results: list[SendResult], cls: StreamClass) -> dict:
+    """The admission predictor's error over the window's measured streams, each against its own prediction
+    (GenerateResponse.predicted_ttft_us): |TTFT from the send - predicted|. The same streams as every other
+    figure of the window (after its warm-up), where the gateway's error histogram counts every stream that
+    ended in the window, warm-up included. The TTFT here includes the gateway's ingress and the transport,
+    which the prediction leaves out: a little stricter than the histogram's."""
+    errors_ms = [1000 * abs(r.ttft_s - r.lag_s - r.predicted_ttft_s) for r in results
+                 if r.ok and r.ttft_s is not None and r.predicted_ttft_s is not None]
+    if not errors_ms:
+        return {"num_streams": 0, "median_abs_error_ms": None, "median_abs_error_of_target": None,
+                "p90_abs_error_ms": None}
+    median_ms = quantile(errors_ms, 0.5)
+    return {"num_streams": len(errors_ms), "median_abs_error_ms": median_ms,
+            "median_abs_error_of_target": median_ms / cls.ttft_ms, "p90_abs_error_ms": quantile(errors_ms, 0.9)}
 
 
 def p99_interval_ms(values_ms: list[float]) -> list[float] | None:
@@ -339,8 +356,10 @@ def run_generator(generator: str, pool: LoadPool, profile: Profile, multiples: t
                 print(f"  {multiple}x ({rate_per_s:.1f}/s) {name}: goodput {row[name]['goodput_per_s']:.2f}/s, "
                       f"interactive TTFT p99 {row[name]['interactive']['ttft_p99_ms']:.0f} ms, "
                       f"refused {row[name]['interactive']['refused']}+{row[name]['batch']['refused']}, "
-                      f"TTFT median abs error {_ms(row[name]['interactive']['ttft_error_median_ms'])} / "
-                      f"{_ms(row[name]['batch']['ttft_error_median_ms'])} ms, load {row[name]['load_average_1m']:.1f}, "
+                      f"TTFT median abs error {_predictor(row[name]['interactive']['predictor'])} / "
+                      f"{_predictor(row[name]['batch']['predictor'])} ms (whole window incl. warm-up, gateway "
+                      f"histogram: {_ms(row[name]['interactive']['ttft_error_median_ms'])} / "
+                      f"{_ms(row[name]['batch']['ttft_error_median_ms'])}), load {row[name]['load_average_1m']:.1f}, "
                       f"send lag p99 {_ms(row[name]['interactive']['send_lag_p99_ms'])} ms, interactive scheduler "
                       f"queue p99 {_ms(row[name]['interactive']['scheduler_queue']['p99_ms'])} ms, cores "
                       + " ".join(f"{k} {v:.2f}" for k, v in row[name]["cpu"]["cores"].items() if v >= 0.05),
@@ -367,6 +386,11 @@ def default_output(where: placement.Placement, load_procs: int) -> Path:
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
+
+
+def _predictor(error: dict) -> str:
+    """A class's per-stream predictor error as printed: its median and how many streams it rests on."""
+    return f"{_ms(error['median_abs_error_ms'])} (n={error['num_streams']})"
 
 
 def main() -> None:

@@ -67,3 +67,17 @@ def test_a_stream_sent_longer_ago_than_its_ttft_target_is_refused_once_the_gatew
             return
         time.sleep(0.1)
     pytest.fail("never refused: the gateway did not count the wait before it")
+
+
+def test_a_served_stream_s_last_chunk_carries_the_ttft_the_gateway_predicted_at_admission(gateway_stub):
+    # Once the gateway has polled a prediction: on the last chunk only, in microseconds, so a caller can set it
+    # beside the TTFT it measured (bench_slo's per-stream predictor error).
+    objectives = gateway_pb2.LatencyObjectives(ttft_ms=5000, tpot_ms=1000)
+    for _ in range(200):
+        chunks = _generate(gateway_stub, objectives)
+        if chunks[-1].predicted_ttft_us > 0:
+            assert chunks[-1].predicted_ttft_us < 5_000_000
+            assert all(chunk.predicted_ttft_us == 0 for chunk in chunks[:-1])
+            return
+        time.sleep(0.1)
+    pytest.fail("no chunk carried a predicted TTFT")

@@ -237,6 +237,8 @@ class GenerateCore:
                     now_s = self._clock()
                     append_gateway_timings(chunk.timings, handler, admitted_s, now_s, now_s)
                     scope.timings = chunk.timings
+                    if scope.predicted_ttft_s is not None:
+                        chunk.predicted_ttft_us = round(scope.predicted_ttft_s * 1e6)
                 else:
                     scope.num_tokens_used = prompt_tokens + num_generated
 

@@ -12,6 +12,7 @@ from bench.overload.bench_slo import (
     meets,
     misses,
     p99_interval_ms,
+    predictor_error,
     quantile_from_buckets,
     ratio_interval,
     refusal_reasons,
@@ -80,3 +81,17 @@ def test_a_run_off_the_default_settings_writes_a_file_of_its_own():
     assert default_output(Placement.PINNED, 3).name == "overload_slo_pinned.json"
     assert default_output(Placement.SHARED, 1).name == "overload_slo_1procs.json"
     assert default_output(Placement.PINNED, 1).name == "overload_slo_pinned_1procs.json"
+
+
+def test_the_predictor_error_is_each_measured_stream_against_its_own_prediction_from_its_send():
+    sent_late = SendResult("interactive", 0.0, 0.010, 0.5, "OK", ttft_s=0.110, num_tokens=4, predicted_ttft_s=0.080)
+    on_time = SendResult("interactive", 0.0, 0.0, 0.5, "OK", ttft_s=0.050, num_tokens=4, predicted_ttft_s=0.090)
+    unpredicted = SendResult("interactive", 0.0, 0.0, 0.5, "OK", ttft_s=0.050, num_tokens=4)
+    refused = SendResult("interactive", 0.0, 0.0, 0.0, "RESOURCE_EXHAUSTED", predicted_ttft_s=0.5)
+    error = predictor_error([sent_late, on_time, unpredicted, refused], INTERACTIVE)
+    # |0.110 - 0.010 - 0.080| = 20 ms (the send's lag is the load generator's, not the mesh's); |0.050 - 0.090| = 40 ms
+    assert error["num_streams"] == 2
+    assert error["median_abs_error_ms"] == pytest.approx(20.0)
+    assert error["median_abs_error_of_target"] == pytest.approx(20.0 / INTERACTIVE.ttft_ms)
+    assert error["p90_abs_error_ms"] == pytest.approx(40.0)
+    assert predictor_error([unpredicted], INTERACTIVE)["median_abs_error_ms"] is None
