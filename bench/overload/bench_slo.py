@@ -36,7 +36,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -376,11 +376,12 @@ def scheduler_queue(before: dict[float, float], after: dict[float, float]) -> di
             "share_over_50ms": share_over(before, after, 0.05), "share_over_100ms": share_over(before, after, 0.1)}
 
 
-def default_output(where: placement.Placement, load_procs: int) -> Path:
+def default_output(where: placement.Placement, load_procs: int, window_s: float = QUICK.generate_s) -> Path:
     """Where a run writes unless told: a setting off the default is in the name, so runs beside each other
     do not overwrite each other."""
     suffix = "".join((f"_{where.value}" if where is not placement.Placement.SHARED else "",
-                      f"_{load_procs}procs" if load_procs != MAX_LOAD_PROCS else ""))
+                      f"_{load_procs}procs" if load_procs != MAX_LOAD_PROCS else "",
+                      f"_{window_s:g}s" if window_s != QUICK.generate_s else ""))
     return RESULTS_PATH.with_name(f"{RESULTS_PATH.stem}{suffix}{RESULTS_PATH.suffix}")
 
 
@@ -395,7 +396,11 @@ def _predictor(error: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="short windows (the only mode so far)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"short windows: {QUICK.generate_s:g} s measured each (the default; --window-s for longer)")
+    parser.add_argument("--window-s", type=float, default=QUICK.generate_s,
+                        help="seconds measured per window, after its warm-up: a p99 of ~100 streams rests on one "
+                             "or two of them, so 60+ s puts each 0.5x p99 on thousands (tinylm: ~2 600 interactive)")
     parser.add_argument("--generators", default="mock,tinylm", help="comma-separated of mock, tinylm")
     parser.add_argument("--placement", choices=[p.value for p in placement.Placement], default="shared",
                         help="shared: every process on every core; pinned: the worker on a core of its own "
@@ -408,9 +413,11 @@ def main() -> None:
     parser.add_argument("--multiples", default=",".join(map(str, MULTIPLES)),
                         help="comma-separated multiples of the peak to offer (1.0 is the reference)")
     args = parser.parse_args()
-    profile = QUICK
+    if not args.window_s > 0:
+        parser.error(f"--window-s must be > 0, got {args.window_s}")
+    profile = replace(QUICK, generate_s=args.window_s)
     where = placement.Placement(args.placement)
-    output = args.output or default_output(where, args.load_procs)
+    output = args.output or default_output(where, args.load_procs, args.window_s)
     multiples = tuple(float(m) for m in args.multiples.split(","))
     chosen = [g.strip() for g in args.generators.split(",") if g.strip()]
     unknown = sorted(set(chosen) - set(GENERATORS))
@@ -423,6 +430,7 @@ def main() -> None:
     if not 1 <= args.load_procs <= MAX_LOAD_PROCS:
         parser.error(f"--load-procs must be in [1, {MAX_LOAD_PROCS}], got {args.load_procs}")
     report["load_procs"] = args.load_procs
+    report["window_s"] = {"warmup": profile.warmup_s, "measured": profile.generate_s}
     with LoadPool(args.load_procs) as pool:
         for generator in chosen:
             report["generators"][generator] = run_generator(generator, pool, profile, multiples, where)

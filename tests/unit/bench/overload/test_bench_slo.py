@@ -81,6 +81,7 @@ def test_a_run_off_the_default_settings_writes_a_file_of_its_own():
     assert default_output(Placement.PINNED, 3).name == "overload_slo_pinned.json"
     assert default_output(Placement.SHARED, 1).name == "overload_slo_1procs.json"
     assert default_output(Placement.PINNED, 1).name == "overload_slo_pinned_1procs.json"
+    assert default_output(Placement.SHARED, 3, 60.0).name == "overload_slo_60s.json"
 
 
 def test_the_predictor_error_is_each_measured_stream_against_its_own_prediction_from_its_send():
