@@ -39,6 +39,9 @@ class ModelPressure:
     predicted_ttft_s: Mapping[Priority, float] = field(default_factory=dict)
     # Generate: one step computing one token alone on the fastest worker, seconds; 0 unknown.
     min_ttft_s: float = 0.0
+    # Generate: predicted_ttft_s's growth per typical stream queued ahead after this report, per class
+    # (StepScheduler.ttft_per_queued_s), on the worker whose prediction it is; empty for classifiers.
+    ttft_per_queued_s: Mapping[Priority, float] = field(default_factory=dict)
 
     def est_queue_time_us_by_priority(self) -> list[int]:
         """ModelPressure.est_queue_time_us: indexed by Priority value, index 0 (UNSPECIFIED) unused."""
@@ -47,6 +50,10 @@ class ModelPressure:
     def predicted_ttft_us_by_priority(self) -> list[int]:
         """ModelPressure.predicted_ttft_us, indexed like est_queue_time_us; empty when none predicted."""
         return _us_by_priority(self.predicted_ttft_s) if self.predicted_ttft_s else []
+
+    def ttft_per_queued_us_by_priority(self) -> list[int]:
+        """ModelPressure.ttft_per_queued_us, indexed like predicted_ttft_us; empty when none predicted."""
+        return _us_by_priority(self.ttft_per_queued_s) if self.ttft_per_queued_s else []
 
 
 def _us_by_priority(seconds_by_priority: Mapping[Priority, float]) -> list[int]:
@@ -78,6 +85,8 @@ def generator_pressure(schedulers: Collection[StepScheduler]) -> ModelPressure:
             min_service_time_s=0.0,
         )
     num_blocks = sum(s.kv.num_blocks for s in schedulers)
+    # Per class, the worker a new stream of it would start soonest on: its prediction and its slope.
+    best = {p: _soonest(schedulers, p) for p in Priority}
     return ModelPressure(
         est_queue_time_s={p: _capped(min(s.estimated_queue_time_s(p) for s in schedulers)) for p in Priority},
         queue_depth=sum(s.num_waiting for s in schedulers),
@@ -85,9 +94,15 @@ def generator_pressure(schedulers: Collection[StepScheduler]) -> ModelPressure:
         num_workers=len(schedulers),
         min_service_time_s=min(s.step_time_s for s in schedulers),
         num_slots=sum(s.config.max_num_seqs * 3 // 2 for s in schedulers),
-        predicted_ttft_s={p: _capped(min(s.predicted_latency(p).ttft_s for s in schedulers)) for p in Priority},
+        predicted_ttft_s={p: _capped(best[p].predicted_latency(p).ttft_s) for p in Priority},
         min_ttft_s=min(s.latency.min_ttft_s() for s in schedulers),
+        ttft_per_queued_s={p: _capped(best[p].ttft_per_queued_s(p)) for p in Priority},
     )
+
+
+def _soonest(schedulers: Collection[StepScheduler], priority: Priority) -> StepScheduler:
+    """The worker's scheduler a new `priority` stream is predicted to start soonest on."""
+    return min(schedulers, key=lambda scheduler: scheduler.predicted_latency(priority).ttft_s)
 
 
 def _capped(seconds: float) -> float:

@@ -92,6 +92,12 @@ from services.scheduler.tenant_service import TenantService
 from services.scheduler.tokenizer import Tokenizer
 from services.scheduler.tpot_pacing import PACE_MIN_PROMPT_TOKENS, StepPace, step_pace
 
+# Weight of one arrival in the typical stream's smoothed prompt and max_tokens (ttft_per_queued_s).
+TYPICAL_ALPHA = 0.05
+# ttft_per_queued_s averages the growth over this many more sequences queued ahead: one alone reads ~0 until
+# the slots are full, so a slope from one would miss a burst that fills them.
+QUEUED_SLOPE_SPAN = 4
+
 
 class StepSchedulerFactory(Protocol):
     """StepScheduler's constructor, or a subclass's (GeneratePool makes one per worker)."""
@@ -140,6 +146,10 @@ class StepScheduler:
         # Each class's share of the slots with the classes above it, running or waiting, smoothed over steps:
         # how much of the slots' turnover a lower class's queue loses to higher arrivals (predicted_latency).
         self._slot_shares = dict.fromkeys(Priority, 0.0)
+        # The recent arrivals' mean prompt tokens and max_tokens (smoothed): the typical stream a gateway admits
+        # between two pressure reports, for the reports' ttft_per_queued_s.
+        self._typical_prompt_tokens = 1.0
+        self._typical_max_tokens = 1.0
         self._service = service if service is not None else TenantService(config.service_cost)
         self.prefix_keys = PrefixCacheKeys.of(tokenizer.encode(text) for text in config.public_prefix_texts)
         self.cache_stats = PrefixCacheStats()
@@ -195,6 +205,8 @@ class StepScheduler:
             seq.block_hashes = list(block_hashes)
         self._waiting.push_over_share(seq, tenant, cost=seq.num_tokens)
         self._seqs[seq_id] = seq
+        self._typical_prompt_tokens += TYPICAL_ALPHA * (len(prompt_token_ids) - self._typical_prompt_tokens)
+        self._typical_max_tokens += TYPICAL_ALPHA * (sampling.max_tokens - self._typical_max_tokens)
         self._service.activate(tenant)
         return seq
 
@@ -530,18 +542,32 @@ class StepScheduler:
         num_steps = -(-tokens_ahead // self.config.max_num_batched_tokens)
         return num_steps * self.step_time_s
 
-    def predicted_latency(self, priority: Priority, num_prompt_tokens: int = 1) -> LatencyPrediction:
+    def ttft_per_queued_s(self, priority: Priority) -> float:
+        """How much a new `priority` sequence's predicted TTFT grows per typical sequence (the recent arrivals'
+        mean prompt and max_tokens) queued ahead of it, averaged over the next QUEUED_SLOPE_SPAN: small while
+        slots are free, a slot's turnover (stretched by the higher classes' share) once they are full. A gateway
+        adds it per stream it admitted since the last report (issue 36: a burst between two polls was admitted
+        whole on one prediction, and its streams waited up to 3x what was predicted)."""
+        base_s = self.predicted_latency(priority).ttft_s
+        ahead_s = self.predicted_latency(priority, num_queued_ahead=QUEUED_SLOPE_SPAN).ttft_s
+        return max(0.0, (ahead_s - base_s) / QUEUED_SLOPE_SPAN)
+
+    def predicted_latency(self, priority: Priority, num_prompt_tokens: int = 1, *,
+                          num_queued_ahead: int = 0) -> LatencyPrediction:
         """TTFT and TPOT a new sequence of `priority` would see here: the prompt tokens queued at or
         above its class (the prefix cache's hits on them are known only once admitted, so counted
         whole: a pessimistic wait) and its own, next to the sequences running now, at the token budget
         the tightest TPOT running allows (tpot_pacing.py), behind the steps in flight; and, with the
         slots full, the steps until one is free for it. Running sequences of a lower class do not count (it
         would preempt them), nor do the waiting ones of a lower class (admitted after it). Its wait
-        stretches with the share of the slots higher classes hold or wait for (their arrivals go first)."""
+        stretches with the share of the slots higher classes hold or wait for (their arrivals go first).
+        `num_queued_ahead`: as if that many more typical sequences waited ahead of it (ttft_per_queued_s)."""
         pace = self._pace(self._clock())
-        return self.latency.predict(num_tokens_ahead=self._tokens_ahead(priority), num_prompt_tokens=num_prompt_tokens,
+        extra_tokens = round(num_queued_ahead * self._typical_prompt_tokens)
+        return self.latency.predict(num_tokens_ahead=self._tokens_ahead(priority) + extra_tokens,
+                                    num_prompt_tokens=num_prompt_tokens,
                                     num_running=len(self._running),
-                                    num_steps_to_slot=self._steps_until_slot(priority),
+                                    num_steps_to_slot=self._steps_until_slot(priority, num_queued_ahead),
                                     token_budget=None if pace is None else pace.token_budget(len(self._running)),
                                     num_steps_in_flight=len(self._in_flight),
                                     higher_share=self._higher_share(priority))
@@ -560,15 +586,16 @@ class StepScheduler:
         for priority, share in slot_shares(self.config.max_num_seqs, num_by_class).items():
             self._slot_shares[priority] += SHARE_ALPHA * (share - self._slot_shares[priority])
 
-    def _steps_until_slot(self, priority: Priority) -> int:
+    def _steps_until_slot(self, priority: Priority, num_queued_ahead: int = 0) -> int:
         """Steps before a slot is free for a new sequence of `priority` (latency_predictor.steps_until_slot):
         each sequence holds its slot for the tokens it has left to max_tokens (an upper bound: EOS and
-        stop strings end some sooner)."""
+        stop strings end some sooner); `num_queued_ahead` typical sequences more wait ahead of it."""
         holding = [s.sampling.max_tokens - s.num_generated for s in self._running if s.priority <= priority]
-        if len(holding) + self.num_waiting < self.config.max_num_seqs:
+        if len(holding) + self.num_waiting + num_queued_ahead < self.config.max_num_seqs:
             return 0  # a slot is free for it however the queue ahead is admitted
-        ahead = (s.sampling.max_tokens - s.num_generated for s in (*self._preempted, *self._waiting)
-                 if s.priority <= priority)
+        ahead = [s.sampling.max_tokens - s.num_generated for s in (*self._preempted, *self._waiting)
+                 if s.priority <= priority]
+        ahead += [round(self._typical_max_tokens)] * num_queued_ahead
         return steps_until_slot(self.config.max_num_seqs, holding, ahead)
 
     def _tokens_ahead(self, priority: Priority) -> int:

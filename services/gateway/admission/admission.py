@@ -369,11 +369,12 @@ class Admission:
             raise
         if scope.objective is not None:
             report = parts.board.pressure(scope.model)
-            scope.predicted_ttft_s = None if report is None else report.ttft_s(tenant.priority)
+            scope.predicted_ttft_s = parts.board.predicted_ttft_s(scope.model, tenant.priority)
         if scope.objective is not None and parts.ttft_admission:
             try:
                 self.starved.check(scope.model, tenant.priority, scope.began_s)
-                check_ttft(scope.model, tenant.priority, scope.objective, report, waited_s=waited_s)
+                check_ttft(scope.model, tenant.priority, scope.objective, report, waited_s=waited_s,
+                           predicted_s=scope.predicted_ttft_s)
             except (FailedPrecondition, ResourceExhausted) as exc:
                 if isinstance(exc, WaitedPastObjective):
                     self.starved.refused(scope.model, tenant.priority, waited_s, scope.began_s)
@@ -405,3 +406,5 @@ class Admission:
             metrics.refused(scope.metric_model, tenant.priority, metrics.Refusal.LIMIT)
             raise
         metrics.observe_model_in_flight(scope.metric_model, limit.num_in_flight)
+        if objective is not None:  # a Generate: it queues ahead of the next ones until the next poll counts it
+            parts.board.admitted(scope.model, tenant.priority)

@@ -61,10 +61,12 @@ STARVED_SHED_S = 1.0
 
 
 def check_ttft(model: str, priority: Priority, objective: LatencyObjective, report: PressureReport | None, *,
-               waited_s: float = 0.0) -> None:
+               waited_s: float = 0.0, predicted_s: float | None = None) -> None:
     """Raises FailedPrecondition (never meetable) or ResourceExhausted (predicted miss everywhere).
     `waited_s`: what the request already spent before the gateway's handler ran (its ingress, from the
-    client's `x-request-start`): its first token reaches the client that much later than predicted."""
+    client's `x-request-start`): its first token reaches the client that much later than predicted.
+    `predicted_s`: its predicted TTFT when the caller knows better than the report alone (the streams
+    admitted since it, PressureBoard.predicted_ttft_s); None: the report's."""
     if report is None:
         return
     target_s = objective.ttft_ms / 1000
@@ -76,7 +78,8 @@ def check_ttft(model: str, priority: Priority, objective: LatencyObjective, repo
         raise TpotUnmeetable(
             f"TPOT target {objective.tpot_ms:g} ms cannot be met by model '{model}': one step alone takes "
             f"{report.min_ttft_s * 1000:.1f} ms on its fastest worker")
-    predicted_s = report.ttft_s(priority)
+    if predicted_s is None:
+        predicted_s = report.ttft_s(priority)
     if predicted_s is not None and predicted_s + waited_s > target_s:
         retry_after_s = max(predicted_s - target_s, MIN_RETRY_AFTER_S)
         waited = f" after {waited_s * 1000:.0f} ms before the gateway" if waited_s > 0 else ""

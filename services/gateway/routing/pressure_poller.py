@@ -171,4 +171,5 @@ def _report(pressure) -> PressureReport:
         pressure.num_slots,
         list(pressure.predicted_ttft_us),
         pressure.min_ttft_us,
+        list(pressure.ttft_per_queued_us),
     )

@@ -94,3 +94,33 @@ def test_a_lower_class_with_a_free_slot_is_predicted_as_the_higher_one(clock):
     for _ in range(60):
         _step(scheduler, worker, clock, 0.02)
     assert scheduler.predicted_latency(Priority.SHEDDABLE) == scheduler.predicted_latency(Priority.CRITICAL)
+
+
+
+def _staggered(clock: FakeClock, num_running: int):
+    """8 slots, `num_running` critical streams ending 40 steps apart (max_tokens 100, 140, ...), 20 steps of 20 ms."""
+    scheduler = make_scheduler(clock, num_blocks=512, max_seq_len=512)
+    worker = FakePagedWorker(4)
+    for i in range(num_running):
+        make_requests(scheduler, 1, prompt_len=4, max_tokens=100 + 40 * i, first_id=i + 1,
+                      who=tenant("vip", Priority.CRITICAL))
+    for _ in range(20):
+        _step(scheduler, worker, clock, 0.02)
+    return scheduler
+
+
+def test_a_stream_queued_ahead_costs_little_while_slots_are_free_and_a_slot_turnover_once_they_are_full(clock):
+    """ttft_per_queued_s, the slope a gateway adds per stream it admitted since the last report."""
+    free_slope = _staggered(clock, 2).ttft_per_queued_s(Priority.CRITICAL)
+    full = _staggered(clock, 8)
+    full_slope = full.ttft_per_queued_s(Priority.CRITICAL)
+    # Six free slots of eight: four typical streams ahead still leave it one. Every slot held, ending 40 steps
+    # apart: each one ahead takes the next slot to free, so it waits ~40 steps (0.8 s) more per stream ahead.
+    assert free_slope < 0.005
+    assert full_slope > 0.4
+    span = 4
+    expected = (full.predicted_latency(Priority.CRITICAL, num_queued_ahead=span).ttft_s
+                - full.predicted_latency(Priority.CRITICAL).ttft_s) / span
+    assert full_slope == pytest.approx(expected)
+    # The lower class's wait for the same slots stretches with the higher class's share of them.
+    assert full.ttft_per_queued_s(Priority.SHEDDABLE) > full_slope
