@@ -16,25 +16,25 @@ from services.common.errors import InvalidArgument
 from services.common.protocol import ATTACH_PROTOCOL_VERSION as PROTOCOL_VERSION
 from services.common.timings import StageTime, seconds_to_us, to_proto
 from services.worker.image_decode import decode_image  # Pillow only once an encoded image comes
-from services.worker.work import RawImage
+from services.worker.work import ErrorCode, RawImage
 
-INVALID_ARGUMENT = 3
+INVALID_ARGUMENT = ErrorCode.INVALID_ARGUMENT.value
+NO_IMAGE_DATA = "image has neither encoded nor raw data"
 MAX_IMAGE_PIXELS = 4096 * 4096
 BYTE_VOCAB_SIZE = 257  # 256 bytes + EOS
 BYTE_EOS = 256
 
 
-def _item_error(item_id: int, message: str) -> scheduler_pb2.ItemResult:
-    return scheduler_pb2.ItemResult(
-        item_id=item_id, error=scheduler_pb2.ItemError(code=INVALID_ARGUMENT, message=message)
-    )
+def item_error(item_id: int, message: str, code: ErrorCode = ErrorCode.INVALID_ARGUMENT) -> scheduler_pb2.ItemResult:
+    """One item's failure in a batch's result: the batch's other items are still answered."""
+    return scheduler_pb2.ItemResult(item_id=item_id, error=scheduler_pb2.ItemError(code=code, message=message))
 
 
 def _pixels(image: common_pb2.Image) -> np.ndarray:
     """Its grey levels, `uint8[height, width, 1]`; InvalidArgument naming what is wrong with it."""
     kind = image.WhichOneof("data")
     if kind is None:
-        raise InvalidArgument("image has neither encoded nor raw data")
+        raise InvalidArgument(NO_IMAGE_DATA)
     if kind == "raw":
         raw = image.raw
         return decode_image(RawImage(raw.pixels, raw.height, raw.width, raw.channels), channels=1,
@@ -76,7 +76,7 @@ class ToyClassifierRuntime:
             try:
                 brightness = float(_pixels(item.image).mean()) / 255
             except InvalidArgument as exc:
-                results.append(_item_error(item.item_id, str(exc)))
+                results.append(item_error(item.item_id, str(exc)))
                 continue
             scores = sorted(zip((1 - brightness, brightness), range(2), strict=True), reverse=True)
             top_k = max(1, min(item.top_k or 1, 2))

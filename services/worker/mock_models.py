@@ -40,10 +40,16 @@ from typing import Any
 from infermesh.v1 import common_pb2, scheduler_pb2
 from services.common.logprobs import PositionLogprobs, TokenLogprob
 from services.common.timings import StageTime, seconds_to_us, to_proto
-from services.worker.builtin_models import BYTE_EOS, BYTE_VOCAB_SIZE, INVALID_ARGUMENT, PROTOCOL_VERSION
+from services.worker.builtin_models import (
+    BYTE_EOS,
+    BYTE_VOCAB_SIZE,
+    NO_IMAGE_DATA,
+    PROTOCOL_VERSION,
+    item_error,
+)
 from services.worker.sequence_mirror import MAX_STEPS_IN_FLIGHT, MAX_STEPS_PER_COMMAND, SequenceMirror
 from services.worker.step_codec import run_step_from_proto, step_result_to_proto
-from services.worker.work import RunStep, SequenceOutput, SequenceStep
+from services.worker.work import ErrorCode, RunStep, SequenceOutput, SequenceStep
 
 Sleep = Callable[[float], Awaitable[None]]
 _MASK_64 = (1 << 64) - 1
@@ -219,7 +225,6 @@ def mock_label_index(image: common_pb2.Image) -> int:
 
 
 _GOLDEN = common_pb2.Image(raw=common_pb2.RawImage(pixels=bytes(4), height=2, width=2, channels=1))
-INTERNAL = 13  # google.rpc.Code
 
 
 class MockClassifierRuntime:
@@ -254,13 +259,11 @@ class MockClassifierRuntime:
         results = []
         for item in command.items:
             if item.image.WhichOneof("data") is None:
-                error = scheduler_pb2.ItemError(code=INVALID_ARGUMENT, message="image has neither encoded nor raw data")
-                results.append(scheduler_pb2.ItemResult(item_id=item.item_id, error=error))
+                results.append(item_error(item.item_id, NO_IMAGE_DATA))
                 continue
             self._num_items += 1
             if self._profile.fail_every and self._num_items % self._profile.fail_every == 0:
-                error = scheduler_pb2.ItemError(code=INTERNAL, message="mock-classifier: fail_every")
-                results.append(scheduler_pb2.ItemResult(item_id=item.item_id, error=error))
+                results.append(item_error(item.item_id, "mock-classifier: fail_every", ErrorCode.INTERNAL))
                 continue
             index = mock_label_index(item.image)
             if item.image != _GOLDEN:
