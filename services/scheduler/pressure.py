@@ -96,7 +96,9 @@ def generator_pressure(schedulers: Collection[StepScheduler]) -> ModelPressure:
         num_slots=sum(s.config.max_num_seqs * 3 // 2 for s in schedulers),
         predicted_ttft_s={p: _capped(best[p].predicted_latency(p).ttft_s) for p in Priority},
         min_ttft_s=min(s.latency.min_ttft_s() for s in schedulers),
-        ttft_per_queued_s={p: _capped(best[p].ttft_per_queued_s(p)) for p in Priority},
+        # New streams spread over the workers (prefix_routing.py), so the best prediction grows by about
+        # its worker's slope over the number of workers per stream admitted.
+        ttft_per_queued_s={p: _capped(best[p].ttft_per_queued_s(p)) / len(schedulers) for p in Priority},
     )
 
 

@@ -77,6 +77,22 @@ def test_generator_pressure_predicts_ttft_from_the_slots_when_they_are_full(cloc
     assert busy.predicted_ttft_s[Priority.CRITICAL] == pytest.approx(scheduler.config.initial_step_time_s)
 
 
+def test_generator_pressure_reports_how_its_prediction_grows_per_stream_queued_spread_over_the_workers(clock):
+    def full(first_id: int):
+        scheduler = make_scheduler(clock, num_blocks=64, max_num_seqs=2)
+        make_requests(scheduler, 6, prompt_len=16, max_tokens=8, first_id=first_id, who=tenant("bulk", Priority.SHEDDABLE))
+        return scheduler
+
+    one = full(1)
+    alone = generator_pressure([one])
+    assert alone.ttft_per_queued_s[Priority.SHEDDABLE] == pytest.approx(one.ttft_per_queued_s(Priority.SHEDDABLE))
+    assert alone.ttft_per_queued_s[Priority.SHEDDABLE] > 0
+    assert alone.ttft_per_queued_us_by_priority()[Priority.SHEDDABLE] == round(
+        alone.ttft_per_queued_s[Priority.SHEDDABLE] * 1e6)
+    two = generator_pressure([one, full(101)])  # two such workers: each takes half of what is admitted
+    assert two.ttft_per_queued_s[Priority.SHEDDABLE] == pytest.approx(alone.ttft_per_queued_s[Priority.SHEDDABLE] / 2)
+
+
 def test_the_step_time_fit_learns_from_the_steps_run(clock):
     scheduler = make_scheduler(clock, num_blocks=64, max_num_seqs=4)
     make_requests(scheduler, 4, prompt_len=16)
