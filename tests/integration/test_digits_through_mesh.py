@@ -4,9 +4,11 @@ images with exactly its offline accuracy (the same preprocessing kernel serves a
 from __future__ import annotations
 
 import io
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import pytest
 from PIL import Image
 
@@ -18,6 +20,7 @@ from tools.testbed.processes import running_mesh
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO_MODEL_ROOT = Path(__file__).resolve().parents[2] / "model_repo"
+MAX_ATTEMPTS = 5
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +38,22 @@ def _png(pixels) -> bytes:
     return out.getvalue()
 
 
+def _classify(stub, request: gateway_pb2.ClassifyRequest) -> gateway_pb2.ClassifyResponse:
+    """As a client with a retry policy would: a request shed as overloaded is sent again after the gateway's
+    retry hint. The first burst after start can be shed: the scheduler's first batches come from a cold
+    worker, and it scales a larger batch's time linearly from the largest it has measured (a CI run: "critical
+    queue time 5.907 s of its 0.5 s SLO"). This test is about accuracy; shedding has its own tests."""
+    for _ in range(MAX_ATTEMPTS - 1):
+        try:
+            return stub.Classify(request, timeout=30)
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise
+            pushback_ms = dict(err.trailing_metadata() or ()).get("grpc-retry-pushback-ms", "100")
+            time.sleep(min(int(pushback_ms), 10_000) / 1000)
+    return stub.Classify(request, timeout=30)
+
+
 def test_served_accuracy_on_held_out_digits_equals_offline_accuracy(tmp_path, digits_root):
     offline_accuracy = load_manifest(digits_root, "digits", "1").quality["heldout_accuracy"]
     data = digits_dataset()
@@ -50,7 +69,7 @@ def test_served_accuracy_on_held_out_digits_equals_offline_accuracy(tmp_path, di
         with session_tls.channel(mesh.gateway.address) as channel:
             stub = gateway_pb2_grpc.InferenceStub(channel)
             with ThreadPoolExecutor(max_workers=16) as pool:
-                replies = list(pool.map(lambda r: stub.Classify(r, timeout=30), requests))
+                replies = list(pool.map(lambda r: _classify(stub, r), requests))
     predicted = [int(reply.labels[0].label) for reply in replies]
     num_correct = sum(int(p == t) for p, t in zip(predicted, data.test_labels, strict=True))
     assert len(predicted) == len(data.test_labels) == 360
