@@ -85,7 +85,7 @@ def generator_pressure(schedulers: Collection[StepScheduler]) -> ModelPressure:
             min_service_time_s=0.0,
         )
     num_blocks = sum(s.kv.num_blocks for s in schedulers)
-    # Per class, the worker a new stream of it would start soonest on: its prediction and its slope.
+    # Per class, the worker a new stream of it would start soonest on, and that prediction: each computed once.
     best = {p: _soonest(schedulers, p) for p in Priority}
     return ModelPressure(
         est_queue_time_s={p: _capped(min(s.estimated_queue_time_s(p) for s in schedulers)) for p in Priority},
@@ -94,17 +94,20 @@ def generator_pressure(schedulers: Collection[StepScheduler]) -> ModelPressure:
         num_workers=len(schedulers),
         min_service_time_s=min(s.step_time_s for s in schedulers),
         num_slots=sum(s.config.max_num_seqs * 3 // 2 for s in schedulers),
-        predicted_ttft_s={p: _capped(best[p].predicted_latency(p).ttft_s) for p in Priority},
+        predicted_ttft_s={p: _capped(best[p][1]) for p in Priority},
         min_ttft_s=min(s.latency.min_ttft_s() for s in schedulers),
         # New streams spread over the workers (prefix_routing.py), so the best prediction grows by about
         # its worker's slope over the number of workers per stream admitted.
-        ttft_per_queued_s={p: _capped(best[p].ttft_per_queued_s(p)) / len(schedulers) for p in Priority},
+        ttft_per_queued_s={p: _capped(best[p][0].ttft_per_queued_s(p, best[p][1])) / len(schedulers)
+                           for p in Priority},
     )
 
 
-def _soonest(schedulers: Collection[StepScheduler], priority: Priority) -> StepScheduler:
-    """The worker's scheduler a new `priority` stream is predicted to start soonest on."""
-    return min(schedulers, key=lambda scheduler: scheduler.predicted_latency(priority).ttft_s)
+def _soonest(schedulers: Collection[StepScheduler], priority: Priority) -> tuple[StepScheduler, float]:
+    """The worker's scheduler a new `priority` stream is predicted to start soonest on, and that TTFT."""
+    predicted = [(scheduler.predicted_latency(priority).ttft_s, scheduler) for scheduler in schedulers]
+    ttft_s, scheduler = min(predicted, key=lambda pair: pair[0])
+    return scheduler, ttft_s
 
 
 def _capped(seconds: float) -> float:

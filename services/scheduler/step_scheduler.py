@@ -542,13 +542,15 @@ class StepScheduler:
         num_steps = -(-tokens_ahead // self.config.max_num_batched_tokens)
         return num_steps * self.step_time_s
 
-    def ttft_per_queued_s(self, priority: Priority) -> float:
+    def ttft_per_queued_s(self, priority: Priority, base_s: float | None = None) -> float:
         """How much a new `priority` sequence's predicted TTFT grows per typical sequence (the recent arrivals'
         mean prompt and max_tokens) queued ahead of it, averaged over the next QUEUED_SLOPE_SPAN: small while
         slots are free, a slot's turnover (stretched by the higher classes' share) once they are full. A gateway
         adds it per stream it admitted since the last report (issue 36: a burst between two polls was admitted
-        whole on one prediction, and its streams waited up to 3x what was predicted)."""
-        base_s = self.predicted_latency(priority).ttft_s
+        whole on one prediction, and its streams waited up to 3x what was predicted). `base_s`: today's
+        predicted_latency(priority).ttft_s when the caller already has it."""
+        if base_s is None:
+            base_s = self.predicted_latency(priority).ttft_s
         ahead_s = self.predicted_latency(priority, num_queued_ahead=QUEUED_SLOPE_SPAN).ttft_s
         return max(0.0, (ahead_s - base_s) / QUEUED_SLOPE_SPAN)
 

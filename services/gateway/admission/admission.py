@@ -369,7 +369,7 @@ class Admission:
             raise
         if scope.objective is not None:
             report = parts.board.pressure(scope.model)
-            scope.predicted_ttft_s = parts.board.predicted_ttft_s(scope.model, tenant.priority)
+            scope.predicted_ttft_s = parts.board.predicted_ttft_s(report, tenant.priority)
         if scope.objective is not None and parts.ttft_admission:
             try:
                 self.starved.check(scope.model, tenant.priority, scope.began_s)

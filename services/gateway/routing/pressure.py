@@ -137,17 +137,16 @@ class PressureBoard:
         self._aggregates[model] = (min(received, default=float("inf")), aggregate)
         return aggregate
 
-    def predicted_ttft_s(self, model: str, priority: Priority) -> float | None:
-        """The best predicted TTFT of a new `priority` stream of `model` now: the last reports' (pressure()),
-        plus their growth per queued stream for each stream of its class or a higher one admitted here since
-        (admitted()); None when not predicted. Between two polls a burst would otherwise be admitted whole
-        on the first one's prediction (bench_slo, tinylm at 2x: 10-20 batch streams per 100 ms poll, each
-        predicted 0.5-4.7 s, waited up to 9.4 s)."""
-        report = self.pressure(model)
+    def predicted_ttft_s(self, report: PressureReport | None, priority: Priority) -> float | None:
+        """The best predicted TTFT of a new `priority` stream of the model now: `report`'s (pressure(), which
+        the caller already read), plus its growth per queued stream for each stream of its class or a higher
+        one admitted here since (admitted()); None when not predicted. Between two polls a burst would
+        otherwise be admitted whole on the first one's prediction (bench_slo, tinylm at 2x: 10-20 batch
+        streams per 100 ms poll, each predicted 0.5-4.7 s, waited up to 9.4 s)."""
         if report is None:
             return None
         predicted_s = report.ttft_s(priority)
-        admitted = self._admitted.get(model)
+        admitted = self._admitted.get(report.model)
         if predicted_s is None or not admitted:
             return predicted_s
         num_ahead = sum(n for p, n in admitted.items() if p <= priority)
@@ -171,6 +170,7 @@ class PressureBoard:
 
 
 def _best_case(model: str, reports: list[PressureReport]) -> PressureReport:
+    best = _best_ttft(reports)
     return PressureReport(
         model=model,
         est_queue_time_s={p: min(r.queue_time_s(p) for r in reports) for p in Priority},
@@ -179,29 +179,18 @@ def _best_case(model: str, reports: list[PressureReport]) -> PressureReport:
         num_workers=sum(r.num_workers for r in reports),
         min_service_time_s=min(r.min_service_time_s for r in reports),
         num_slots=sum(r.num_slots for r in reports),
-        predicted_ttft_s=_best_ttft(reports),
+        predicted_ttft_s={p: r.predicted_ttft_s[p] for p, r in best.items()},
         min_ttft_s=min((r.min_ttft_s for r in reports if r.min_ttft_s > 0), default=0.0),
-        ttft_per_queued_s=_best_ttft_slope(reports),
+        ttft_per_queued_s={p: r.ttft_per_queued_s[p] for p, r in best.items() if p in r.ttft_per_queued_s},
     )
 
 
-def _best_ttft(reports: list[PressureReport]) -> dict[Priority, float]:
-    """The least predicted TTFT per class over the reports that predict one: the best candidate's."""
-    best: dict[Priority, float] = {}
+def _best_ttft(reports: list[PressureReport]) -> dict[Priority, PressureReport]:
+    """Per class, the report with the least predicted TTFT among those that predict one: the best
+    candidate's, whose growth per queued stream goes with it."""
+    best: dict[Priority, PressureReport] = {}
     for report in reports:
         for priority, seconds in report.predicted_ttft_s.items():
-            best[priority] = min(seconds, best.get(priority, seconds))
+            if priority not in best or seconds < best[priority].predicted_ttft_s[priority]:
+                best[priority] = report
     return best
-
-
-def _best_ttft_slope(reports: list[PressureReport]) -> dict[Priority, float]:
-    """Per class, the growth per queued stream of the report with the least predicted TTFT: the candidate a
-    new stream would go to, whose prediction _best_ttft took."""
-    slopes: dict[Priority, float] = {}
-    for priority in Priority:
-        predicting = [r for r in reports if priority in r.predicted_ttft_s]
-        if predicting:
-            best = min(predicting, key=lambda r: r.predicted_ttft_s[priority])
-            if priority in best.ttft_per_queued_s:
-                slopes[priority] = best.ttft_per_queued_s[priority]
-    return slopes

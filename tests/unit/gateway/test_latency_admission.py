@@ -185,31 +185,31 @@ def test_streams_admitted_since_the_last_poll_queue_ahead_of_the_next_in_their_c
     per_queued = {Priority.CRITICAL: 10.0, Priority.STANDARD: 20.0, Priority.SHEDDABLE: 400.0}
     board.update("a:1", [_report({Priority.CRITICAL: 50.0, Priority.STANDARD: 60.0, Priority.SHEDDABLE: 3000.0},
                                  per_queued_ms=per_queued)])
-    assert board.predicted_ttft_s("gen", Priority.SHEDDABLE) == pytest.approx(3.0)
+    assert board.predicted_ttft_s(board.pressure("gen"), Priority.SHEDDABLE) == pytest.approx(3.0)
     for _ in range(3):
         board.admitted("gen", Priority.SHEDDABLE)
     board.admitted("gen", Priority.CRITICAL)
     # All four are ahead of the next sheddable stream; only the critical one is ahead of a critical or a
     # standard stream (the sheddable ones go after them).
-    assert board.predicted_ttft_s("gen", Priority.SHEDDABLE) == pytest.approx(3.0 + 4 * 0.4)
-    assert board.predicted_ttft_s("gen", Priority.CRITICAL) == pytest.approx(0.05 + 0.01)
-    assert board.predicted_ttft_s("gen", Priority.STANDARD) == pytest.approx(0.06 + 0.02)
+    assert board.predicted_ttft_s(board.pressure("gen"), Priority.SHEDDABLE) == pytest.approx(3.0 + 4 * 0.4)
+    assert board.predicted_ttft_s(board.pressure("gen"), Priority.CRITICAL) == pytest.approx(0.05 + 0.01)
+    assert board.predicted_ttft_s(board.pressure("gen"), Priority.STANDARD) == pytest.approx(0.06 + 0.02)
     batch = LatencyObjective(ttft_ms=5000.0, tpot_ms=1000.0)
     check_ttft("gen", Priority.SHEDDABLE, batch, board.pressure("gen"),
-               predicted_s=board.predicted_ttft_s("gen", Priority.SHEDDABLE))  # 4.6 s: admitted
+               predicted_s=board.predicted_ttft_s(board.pressure("gen"), Priority.SHEDDABLE))  # 4.6 s: admitted
     board.admitted("gen", Priority.SHEDDABLE)
     board.admitted("gen", Priority.SHEDDABLE)
     with pytest.raises(ResourceExhausted):  # 5.4 s, past its 5 s target, on the same report
         check_ttft("gen", Priority.SHEDDABLE, batch, board.pressure("gen"),
-                   predicted_s=board.predicted_ttft_s("gen", Priority.SHEDDABLE))
+                   predicted_s=board.predicted_ttft_s(board.pressure("gen"), Priority.SHEDDABLE))
     # The next poll reports them: counted there, no longer here.
     board.update("a:1", [_report({Priority.SHEDDABLE: 4600.0}, per_queued_ms=per_queued)])
-    assert board.predicted_ttft_s("gen", Priority.SHEDDABLE) == pytest.approx(4.6)
+    assert board.predicted_ttft_s(board.pressure("gen"), Priority.SHEDDABLE) == pytest.approx(4.6)
 
 
 def test_a_report_without_a_slope_keeps_its_prediction_until_the_next_poll():
     board = PressureBoard(lambda: 100.0)
     board.update("a:1", [_report({Priority.SHEDDABLE: 900.0})])
     board.admitted("gen", Priority.SHEDDABLE)
-    assert board.predicted_ttft_s("gen", Priority.SHEDDABLE) == pytest.approx(0.9)
-    assert board.predicted_ttft_s("other", Priority.SHEDDABLE) is None
+    assert board.predicted_ttft_s(board.pressure("gen"), Priority.SHEDDABLE) == pytest.approx(0.9)
+    assert board.predicted_ttft_s(board.pressure("other"), Priority.SHEDDABLE) is None
