@@ -1,7 +1,7 @@
 """Goodput under latency objectives: admission on predicted TTFT vs deadlines alone, in the same run.
 
     .venv/bin/python -m bench.overload.bench_slo [--quick] [--generators mock,tinylm] [--placement shared|pinned]
-        [--output PATH]
+        [--output PATH] [--streams-csv PATH]
 
 For each generator (a mock whose step takes step_ms + per_token_us x tokens, so it grows with the
 batch as a GPU's does; tinylm on CPU), starts a scheduler, one worker and two gateways on the same
@@ -20,6 +20,9 @@ load generator, this one) on the rest, as a GPU keeps the worker's compute off t
 (bench/overload/placement.py); the default, shared, lets every process run anywhere. Report a pinned
 figure beside the shared one, never instead of it, and name its placement.
 
+--streams-csv writes every measured stream (generator, multiple, gateway, class, when it was scheduled,
+status, TTFT from the send, the gateway's prediction), to study the predictor beyond its medians.
+
 Prints a table and writes bench/results/overload_slo.json (a setting off the default in the name:
 overload_slo_pinned.json, overload_slo_1procs.json). The box is shared: say so with figures.
 """
@@ -27,6 +30,7 @@ overload_slo_pinned.json, overload_slo_1procs.json). The box is shared: say so w
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import platform
 import re
@@ -311,8 +315,22 @@ def place(where: placement.Placement, pids: dict[str, int], pool: LoadPool) -> d
     return {**done, "cores": placement.describe({**pids, **pool.pids})}
 
 
+STREAM_COLUMNS = ("generator", "multiple", "gateway", "class", "scheduled_s", "status", "ttft_from_send_ms",
+                  "predicted_ttft_ms", "num_tokens")
+
+
+def stream_rows(generator: str, multiple: float, gateway: str, results: list[SendResult]) -> list[tuple]:
+    """One row per stream (STREAM_COLUMNS); TTFT and prediction empty where there is none."""
+    def ms(seconds: float | None) -> str:
+        return "" if seconds is None else f"{1000 * seconds:.1f}"
+    return [(generator, multiple, gateway, r.tenant, f"{r.scheduled_s:.3f}", r.status,
+             ms(None if r.ttft_s is None else r.ttft_s - r.lag_s), ms(r.predicted_ttft_s), r.num_tokens)
+            for r in results]
+
+
 def run_generator(generator: str, pool: LoadPool, profile: Profile, multiples: tuple[float, ...],
-                  where: placement.Placement = placement.Placement.SHARED) -> dict:
+                  where: placement.Placement = placement.Placement.SHARED,
+                  streams: list[tuple] | None = None) -> dict:
     with mesh(generator) as started:
         model = started["model"]
         placed = place(where, started["pids"], pool)
@@ -340,6 +358,8 @@ def run_generator(generator: str, pool: LoadPool, profile: Profile, multiples: t
                 results = bench.replay([Stream(interactive, rate_per_s / 2, window_s),
                                         Stream(batch, rate_per_s / 2, window_s)])
                 row[name] = summarize(results, profile.generate_s)
+                if streams is not None:
+                    streams.extend(stream_rows(generator, multiple, name, results))
                 row[name]["cpu"] = window_cpu(cpu_before, cpu_seconds({**started["pids"], **pool.pids}),
                                               time.monotonic() - began, bench.send_cpu_us_per_request)
                 row[name]["gauges"] = ttft_gauges(started[name][1])
@@ -410,6 +430,8 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=None,
                         help=f"default {RESULTS_PATH}, named for a setting off the default "
                              "(overload_slo_pinned.json, overload_slo_1procs.json, ...)")
+    parser.add_argument("--streams-csv", type=Path, default=None,
+                        help="also write every measured stream, with its TTFT and the gateway's prediction, here")
     parser.add_argument("--multiples", default=",".join(map(str, MULTIPLES)),
                         help="comma-separated multiples of the peak to offer (1.0 is the reference)")
     args = parser.parse_args()
@@ -431,9 +453,15 @@ def main() -> None:
         parser.error(f"--load-procs must be in [1, {MAX_LOAD_PROCS}], got {args.load_procs}")
     report["load_procs"] = args.load_procs
     report["window_s"] = {"warmup": profile.warmup_s, "measured": profile.generate_s}
+    streams: list[tuple] | None = None if args.streams_csv is None else []
     with LoadPool(args.load_procs) as pool:
         for generator in chosen:
-            report["generators"][generator] = run_generator(generator, pool, profile, multiples, where)
+            report["generators"][generator] = run_generator(generator, pool, profile, multiples, where, streams)
+    if args.streams_csv is not None and streams is not None:
+        with args.streams_csv.open("w", newline="") as out:
+            writer = csv.writer(out)
+            writer.writerow(STREAM_COLUMNS)
+            writer.writerows(streams)
     for generator, result in report["generators"].items():
         rows = result["multiples"]
         for name in ("slo", "deadline"):

@@ -18,6 +18,7 @@ from bench.overload.bench_slo import (
     refusal_reasons,
     scheduler_queue,
     share_over,
+    stream_rows,
 )
 from bench.overload.placement import Placement
 
@@ -96,3 +97,11 @@ def test_the_predictor_error_is_each_measured_stream_against_its_own_prediction_
     assert error["median_abs_error_of_target"] == pytest.approx(20.0 / INTERACTIVE.ttft_ms)
     assert error["p90_abs_error_ms"] == pytest.approx(40.0)
     assert predictor_error([unpredicted], INTERACTIVE)["median_abs_error_ms"] is None
+
+
+def test_each_stream_is_a_row_with_its_ttft_from_the_send_and_its_prediction():
+    served = SendResult("batch", 1.0, 1.25, 3.0, "OK", ttft_s=2.0, num_tokens=9, predicted_ttft_s=0.5)
+    refused = SendResult("interactive", 2.0, 2.0, 2.01, "RESOURCE_EXHAUSTED")
+    assert stream_rows("tinylm", 2.0, "slo", [served, refused]) == [
+        ("tinylm", 2.0, "slo", "batch", "1.000", "OK", "1750.0", "500.0", 9),
+        ("tinylm", 2.0, "slo", "interactive", "2.000", "RESOURCE_EXHAUSTED", "", "", 0)]
