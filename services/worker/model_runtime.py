@@ -2,7 +2,9 @@
 
 Loading is the readiness gate: checksum (in load_model), warm-up at the full
 envelope (so kernel compilation and allocator growth happen before traffic),
-then the manifest's golden check.
+then the manifest's golden check. A classifier's warm-up runs its full batch twice and
+declares the second, warm run's time (WorkerCapacity.warm_batch_time_us): the
+scheduler's batch time for that size until it measures one.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from services.worker.repository.golden import run_golden_check
 from services.worker.repository.loader import LoadedModel, load_model
 from services.worker.repository.manifest import ModelKind
 from services.worker.repository.tokenizer_spec import AnyTokenizerSpec, HFTokenizerSpec
+from services.worker.runtime import warm_batch_time_us
 from services.worker.sequence_mirror import MAX_STEPS_IN_FLIGHT, MAX_STEPS_PER_COMMAND
 from services.worker.step_codec import item_error_to_proto, run_step_from_proto, step_result_to_proto
 from services.worker.step_executor import StepExecutor
@@ -61,6 +64,7 @@ class ClassifierRuntime:
         self._model = model
         self._max_batch_size = max_batch_size
         self._executor = BatchExecutor(model.classifier, max_batch_size=max_batch_size)
+        self._warm_batch_time_us = 0  # measured by load()
 
     @property
     def _spec(self) -> ClassifierSpec:
@@ -72,7 +76,7 @@ class ClassifierRuntime:
         spec = self._spec
         warm = [work.BatchItem(i, work.RawImage(g.pixels, g.height, g.width, g.channels))
                 for i, g in enumerate(spec.golden * self._max_batch_size)][: self._max_batch_size]
-        self._executor.execute(warm)
+        self._warm_batch_time_us = warm_batch_time_us(lambda: self._executor.execute(warm))
         run_golden_check(self._model)
 
     def hello(self, worker_id: str) -> scheduler_pb2.WorkerHello:
@@ -84,7 +88,7 @@ class ClassifierRuntime:
             kind=common_pb2.MODEL_KIND_CLASSIFIER,
             capacity=scheduler_pb2.WorkerCapacity(
                 max_batch_size=self._max_batch_size, memory_bytes=manifest.envelope.memory_bytes,
-                device=self._model.device,
+                device=self._model.device, warm_batch_time_us=self._warm_batch_time_us,
             ),
             labels=list(self._spec.labels),
             input_height=inputs.input_height,

@@ -13,10 +13,13 @@ the attach client answers it with an error per item or sequence.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+import time
+from collections.abc import Awaitable, Callable
 from typing import Protocol, runtime_checkable
 
 from infermesh.v1 import scheduler_pb2
+from services.common.clock import Clock
+from services.common.timings import seconds_to_us
 
 
 class ModelRuntime(Protocol):
@@ -60,3 +63,13 @@ class SendsTokenizerFile(Protocol):
 
 
 WorkerRuntime = BatchRuntime | StepRuntime
+
+
+def warm_batch_time_us(run_batch: Callable[[], object], clock: Clock = time.perf_counter) -> int:
+    """Runs a warm-up batch twice; the second run's time, microseconds (>= 1: 0 would read as unknown).
+    The first pays what a batch pays once (compilation, allocator growth, lazy initialization), which
+    the scheduler should not take for the model's batch time."""
+    run_batch()
+    began_s = clock()
+    run_batch()
+    return max(1, seconds_to_us(clock() - began_s))

@@ -1,7 +1,8 @@
 """The Attach runtime of a tensor model (a BatchRuntime): ExecuteBatch items' tensors -> the executor.
 
 Loading is the readiness gate as for classifiers: checksum (load_model), a warm-up at the full
-batch from the golden inputs, then the golden check.
+batch from the golden inputs (run twice; the second run's time is declared as
+WorkerCapacity.warm_batch_time_us), then the golden check.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from services.common.timings import StageTime, seconds_to_us, to_proto
 from services.worker.repository.golden import run_golden_check
 from services.worker.repository.loader import LoadedModel
 from services.worker.repository.tensor_spec import TensorIO, TensorSpec
+from services.worker.runtime import warm_batch_time_us
 from services.worker.step_codec import item_error_to_proto
 from services.worker.tensor_executor import TensorExecutor
 from services.worker.tensor_work import TensorItem, WireTensor
@@ -27,6 +29,7 @@ class TensorRuntime:
         self._model = model
         self._max_batch_size = max_batch_size
         self._executor = TensorExecutor(model.tensor, self._spec, max_batch_size)
+        self._warm_batch_time_us = 0  # measured by load()
 
     @property
     def _spec(self) -> TensorSpec:
@@ -46,7 +49,7 @@ class TensorRuntime:
             warm.append(TensorItem(len(warm), tuple(WireTensor(t.name, wire[t.name], t.shape, t.data)
                                                     for t in case.inputs)))
             rows += case.inputs[0].shape[0]
-        self._executor.execute(warm)
+        self._warm_batch_time_us = warm_batch_time_us(lambda: self._executor.execute(warm))
         run_golden_check(self._model)
 
     def hello(self, worker_id: str) -> scheduler_pb2.WorkerHello:
@@ -58,7 +61,7 @@ class TensorRuntime:
             kind=common_pb2.MODEL_KIND_TENSOR,
             capacity=scheduler_pb2.WorkerCapacity(
                 max_batch_size=self._max_batch_size, memory_bytes=manifest.envelope.memory_bytes,
-                device=self._model.device,
+                device=self._model.device, warm_batch_time_us=self._warm_batch_time_us,
             ),
             tensor_inputs=[tensor_metadata(io) for io in spec.inputs],
             tensor_outputs=[tensor_metadata(io) for io in spec.outputs],

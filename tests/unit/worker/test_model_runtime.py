@@ -45,6 +45,12 @@ def test_hello_declares_the_manifest_envelope_labels_and_input_size(classifier, 
                                                        manifest.classifier.inputs.input_width)
 
 
+def test_hello_declares_the_warm_up_full_batch_time_once_loaded(classifier, digits):
+    warm_us = classifier.hello("w-1").capacity.warm_batch_time_us
+    assert warm_us > 0  # measured on this machine: its value is not the test's business
+    assert ClassifierRuntime(digits, max_batch_size=8).hello("w-1").capacity.warm_batch_time_us == 0  # not loaded
+
+
 def test_batch_answers_good_items_and_fails_a_bad_one_alone(classifier):
     digits_data = load_digits()
     command = scheduler_pb2.ExecuteBatch(batch_id=7, items=[

@@ -39,6 +39,7 @@ def test_hello_declares_a_tensor_model_with_its_wire_signature(repository):
     assert hello.kind == common_pb2.MODEL_KIND_TENSOR and hello.capacity.max_batch_size == 4
     assert [(t.name, t.datatype, list(t.dims)) for t in hello.tensor_inputs] == [("x", "UINT8", [-1, -1, -1, 1])]
     assert [(t.name, t.datatype, list(t.dims)) for t in hello.tensor_outputs] == [("probs", "FP32", [-1, 10])]
+    assert hello.capacity.warm_batch_time_us > 0  # the warm-up's second run, measured at load
 
 
 def test_execute_batch_answers_each_item_with_its_outputs_or_its_error(repository):
