@@ -76,6 +76,7 @@ def decode_hello(hello: scheduler_pb2.WorkerHello) -> WorkerHello:
             max_num_batched_tokens=capacity.max_num_batched_tokens,
             max_steps_in_flight=capacity.max_steps_in_flight,
             max_steps_per_command=capacity.max_steps_per_command,
+            warm_batch_time_s=capacity.warm_batch_time_us / 1e6,
         ),
         protocol_version=hello.protocol_version,
         labels=tuple(hello.labels),

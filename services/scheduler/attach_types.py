@@ -52,6 +52,9 @@ class WorkerCapacity:
     max_steps_in_flight: int = 0
     # Steps the worker takes in one command (run back to back, answered together); <= 1: one per command.
     max_steps_per_command: int = 0
+    # Classifier: the worker's time for a batch of max_batch_size, warmed up at load; the batcher's
+    # estimate for that size until one is measured (DynamicBatcher.add_worker). 0: unknown.
+    warm_batch_time_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,9 @@ class ClassifyPool:
     # -- workers -------------------------------------------------------------
 
     def add_worker(self, link: WorkerLink) -> None:
-        self._batcher.add_worker(link.link_id, link.hello.capacity.max_batch_size or 1)
+        capacity = link.hello.capacity
+        self._batcher.add_worker(link.link_id, capacity.max_batch_size or 1,
+                                 warm_batch_time_s=capacity.warm_batch_time_s or None)
         self._links[link.link_id] = link
         self._orphaned_since_s = None
         if self._task is None:

@@ -22,7 +22,12 @@ rejected at submit (DeadlineExceeded); one that expires while queued is dropped
 before dispatch and never reaches a worker. When a worker is lost, its batches'
 items go back to the front of the queue with their original arrival and deadline.
 
-Batch times are learned per batch size (EWMA) from `complete()`.
+Batch times are learned per batch size (EWMA) from `complete()`. Before a size is measured, a
+worker's warm-up time for its max batch size (declared when it attaches) stands for that size, so
+one cold first batch, timed from dispatch to result, is not scaled linearly up to a full batch: an
+unmeasured size borrows the nearest larger known time and is extrapolated only above all of them.
+A worker's first batch pays its one-time costs (threads, lazy imports, the first decode of a format),
+so it counts at most its worker's warm full-batch time: a batch no larger takes no longer once warm.
 """
 
 from __future__ import annotations
@@ -136,6 +141,9 @@ class _Worker:
     in_flight: dict[int, Batch] = dataclasses.field(default_factory=dict)
     last_completed_s: float = -math.inf
     draining: bool = False
+    # Its time for a batch of max_batch_size, warmed up at load (None: not declared); bounds its first batch's time.
+    warm_batch_time_s: float | None = None
+    has_completed: bool = False
 
     def load(self) -> tuple[int, int, int]:
         return (len(self.in_flight), sum(len(b.items) for b in self.in_flight.values()), self.order)
@@ -153,7 +161,10 @@ class DynamicBatcher(Generic[P]):
         self._workers: dict[str, _Worker] = {}
         self._batch_owner: dict[int, _Worker] = {}
         self._failed: list[FailedItem[P]] = []
+        # Batch time by size: measured (EWMA), or a worker's warm-up figure while the size is in
+        # _seeded_sizes (the first measurement of that size replaces it outright).
         self._batch_time_s: dict[int, float] = {}
+        self._seeded_sizes: set[int] = set()
         self._item_ids = itertools.count(1)
         self._batch_ids = itertools.count(1)
         self._worker_order = itertools.count()
@@ -161,12 +172,19 @@ class DynamicBatcher(Generic[P]):
 
     # -- workers -----------------------------------------------------------
 
-    def add_worker(self, worker_id: str, max_batch_size: int) -> None:
+    def add_worker(self, worker_id: str, max_batch_size: int, *, warm_batch_time_s: float | None = None) -> None:
+        """`warm_batch_time_s`: the worker's own time for a batch of `max_batch_size` once warm (its
+        load's warm-up), taken as that size's batch time until one is measured; None: unknown."""
         if worker_id in self._workers:
             raise ValueError(f"worker {worker_id!r} is already attached")
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        self._workers[worker_id] = _Worker(worker_id, max_batch_size, next(self._worker_order))
+        if warm_batch_time_s is not None and not 0 < warm_batch_time_s < math.inf:
+            raise ValueError(f"warm_batch_time_s must be > 0 and finite, got {warm_batch_time_s}")
+        self._workers[worker_id] = _Worker(worker_id, max_batch_size, next(self._worker_order),
+                                           warm_batch_time_s=warm_batch_time_s)
+        if warm_batch_time_s is not None:
+            self._seed_batch_time(max_batch_size, warm_batch_time_s)
 
     def drain_worker(self, worker_id: str) -> None:
         """Sends the worker nothing new; what it holds may still complete."""
@@ -344,7 +362,10 @@ class DynamicBatcher(Generic[P]):
         now = self._clock()
         if compute_s is None:
             compute_s = now - max(batch.dispatched_at_s, worker.last_completed_s)
+        if not worker.has_completed and worker.warm_batch_time_s is not None:
+            compute_s = min(compute_s, worker.warm_batch_time_s)  # see the module doc: a cold first batch
         worker.last_completed_s = now
+        worker.has_completed = True
         self._record_batch_time(len(batch.items), compute_s)
         return batch
 
@@ -362,8 +383,9 @@ class DynamicBatcher(Generic[P]):
         return sum(len(batch.items) for worker in self._workers.values() for batch in worker.in_flight.values())
 
     def estimate_batch_time_s(self, size: int) -> float:
-        """Measured time of a batch of `size`; unmeasured sizes borrow from the nearest larger
-        measured size, else scale the largest measured one linearly (time grows with size)."""
+        """Known time of a batch of `size` (measured, else a worker's warm-up figure); other sizes
+        borrow from the nearest larger known size, else scale the largest known one linearly (time
+        grows with size)."""
         if size in self._batch_time_s:
             return self._batch_time_s[size]
         larger = [s for s in self._batch_time_s if s > size]
@@ -516,9 +538,19 @@ class DynamicBatcher(Generic[P]):
             busy_s -= now - max(running.dispatched_at_s, worker.last_completed_s)
         return now + max(0.0, busy_s)
 
+    def _seed_batch_time(self, size: int, warm_s: float) -> None:
+        """A worker's warm-up figure for `size`, unless that size was measured; of several workers'
+        figures the slowest, as a batch may go to any of them."""
+        if size not in self._batch_time_s:
+            self._batch_time_s[size] = warm_s
+            self._seeded_sizes.add(size)
+        elif size in self._seeded_sizes:
+            self._batch_time_s[size] = max(self._batch_time_s[size], warm_s)
+
     def _record_batch_time(self, size: int, compute_s: float) -> None:
         previous = self._batch_time_s.get(size)
-        if previous is None:
+        if previous is None or size in self._seeded_sizes:
+            self._seeded_sizes.discard(size)
             self._batch_time_s[size] = compute_s
         else:
             self._batch_time_s[size] = previous + self.config.batch_time_ewma_alpha * (compute_s - previous)
