@@ -136,6 +136,8 @@ class GatewayConfig(ServerSettings):
         (1.0, 60_000.0), "min,max TPOT target a tenant or request may set (outside: INVALID_ARGUMENT)")
     slo_admission: bool = setting(
         True, "refuse a Generate whose TTFT target no scheduler is predicted to meet (false: deadlines alone)")
+    slo_calibration: bool = setting(
+        True, "multiply each class's predicted TTFT by the measured / predicted ratio learned from its served streams")
     pressure_poll_interval_ms: float = setting(1000.0, "how often every scheduler's GetPressure is polled")
     pressure_max_age_ms: float = setting(5000.0, "pressure reports older than this are ignored (fail open)")
 

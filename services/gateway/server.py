@@ -171,6 +171,7 @@ class GatewayService:
                 on_finish=self._record_rollout if self.rollouts is not None else None,
                 objectives=config.objective_policy(),
                 ttft_admission=config.slo_admission,
+                ttft_calibration=config.slo_calibration,
             ),
             clock,
         )

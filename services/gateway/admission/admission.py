@@ -47,6 +47,7 @@ from services.gateway.admission.latency_admission import StarvedGateway, WaitedP
 from services.gateway.admission.objective_outcome import TtftMeans, judge, measure
 from services.gateway.admission.shedding import LoadShedder
 from services.gateway.admission.trace_trust import TraceTrust
+from services.gateway.admission.ttft_calibration import TtftCalibration
 from services.gateway.dispatch.deadlines import Deadline, Deadlines
 from services.gateway.quota.quotas import Lease, QuotaExceeded, Quotas
 from services.gateway.routing.pressure import PressureBoard
@@ -156,6 +157,9 @@ class RequestScope:
         self.predicted_ttft_s: float | None = None
         # Generate: when its first and latest tokens were sent (scope clock), and how many (tokens_sent).
         self.first_token_s: float | None = None
+        # An admitted Generate's TTFT goes here (seconds from began_s; True: it ended without a first token, so
+        # the time it waited is a lower bound): the admission predictor's correction (ttft_calibration.py).
+        self.on_ttft: Callable[[float, bool], None] | None = None
         self.last_token_s = 0.0
         self.num_tokens_sent = 0
         self.permit: ConcurrencyPermit | None = None
@@ -193,6 +197,8 @@ class RequestScope:
         now_s = self._clock()
         if self.first_token_s is None:
             self.first_token_s = now_s
+            if self.on_ttft is not None:
+                self.on_ttft(now_s - self.began_s, False)
         self.last_token_s = now_s
         self.num_tokens_sent += num_tokens
 
@@ -239,6 +245,9 @@ class RequestScope:
             metrics.observe_stages(self.metric_model, version, self.timings.stages)
         if code == "OK" and self.objective is not None and self.first_token_s is not None:
             self._observe_objective(self.objective, self.first_token_s)
+        if self.first_token_s is None and self.on_ttft is not None:
+            self.on_ttft(duration_s, True)
+        self.on_ttft = None
 
     def _observe_objective(self, objective: LatencyObjective, first_token_s: float) -> None:
         latency = measure(self.began_s, first_token_s, self.last_token_s, self.num_tokens_sent)
@@ -304,6 +313,8 @@ class AdmissionParts:
     # Refuse a Generate predicted to miss its TTFT target at every scheduler (latency_admission.py);
     # False: deadlines alone, as before objectives existed.
     ttft_admission: bool = True
+    # Correct the predicted TTFT by what the streams served measured against it (ttft_calibration.py).
+    ttft_calibration: bool = True
 
 
 class Admission:
@@ -312,6 +323,8 @@ class Admission:
         self.clock = clock
         # Lower classes shed while a higher one waits past its TTFT target before the handler runs.
         self.starved = StarvedGateway()
+        # Each class's measured / predicted TTFT, learned from the streams admitted here.
+        self.calibration = TtftCalibration()
 
     def scope(self, method: str, model: str, version: str = "", metadata=None,
               authorization: Authorization = None) -> RequestScope:
@@ -320,6 +333,17 @@ class Admission:
         return RequestScope(method, model, version, self.clock, self.parts.limiter, parent,
                             metric_model=self.parts.model_label(model), version_label=self.parts.version_label,
                             links=links, on_finish=self.parts.on_finish)
+
+    def _learn_ttft(self, scope: RequestScope, predicted_s: float, priority: Priority,
+                    objective: LatencyObjective) -> Callable[[float, bool], None]:
+        """What an admitted stream reports its TTFT to: the correction of its class (ttft_calibration.py), against
+        `predicted_s`, the board's prediction before the correction."""
+        model, calibration, target_s = scope.model, self.calibration, objective.ttft_ms / 1000
+
+        def learn(measured_s: float, censored: bool) -> None:
+            calibration.observe(model, priority, predicted_s=predicted_s, measured_s=measured_s, target_s=target_s,
+                                now_s=self.clock(), censored=censored)
+        return learn
 
     def admit(
         self, scope: RequestScope, authorization: Authorization, client_timeout_s: float | None, num_tokens: int = 0,
@@ -367,9 +391,14 @@ class Admission:
         except DeadlineExceeded:
             metrics.refused(scope.metric_model, tenant.priority, metrics.Refusal.DEADLINE)
             raise
+        board_ttft_s: float | None = None  # the schedulers' predicted TTFT for its class, before the correction
         if scope.objective is not None:
             report = parts.board.pressure(scope.model)
-            scope.predicted_ttft_s = parts.board.predicted_ttft_s(report, tenant.priority)
+            board_ttft_s = parts.board.predicted_ttft_s(report, tenant.priority)
+            scope.predicted_ttft_s = board_ttft_s
+            if board_ttft_s is not None and parts.ttft_calibration:
+                scope.predicted_ttft_s = board_ttft_s * self.calibration.factor(scope.model, tenant.priority,
+                                                                                 scope.began_s)
         if scope.objective is not None and parts.ttft_admission:
             try:
                 self.starved.check(scope.model, tenant.priority, scope.began_s)
@@ -408,3 +437,5 @@ class Admission:
         metrics.observe_model_in_flight(scope.metric_model, limit.num_in_flight)
         if objective is not None:  # a Generate: it queues ahead of the next ones until the next poll counts it
             parts.board.admitted(scope.model, tenant.priority)
+            if scope.objective is not None and board_ttft_s is not None and parts.ttft_calibration:
+                scope.on_ttft = self._learn_ttft(scope, board_ttft_s, tenant.priority, scope.objective)

@@ -1,0 +1,177 @@
+"""Admission's correction of the predicted TTFT by what its streams measured (admission/ttft_calibration.py), alone
+and through Admission: a class whose streams start later than predicted has its next predictions raised, one
+that starts sooner lowered, and the correction fades while no stream reports."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from services.common.errors import ResourceExhausted
+from services.common.objectives import NO_OVERRIDE
+from services.common.priority import Priority
+from services.gateway.admission.adaptive_limit import AdaptiveLimits
+from services.gateway.admission.admission import Admission, AdmissionParts, OpenTenants
+from services.gateway.admission.concurrency import ConcurrencyLimiter
+from services.gateway.admission.shedding import LoadShedder
+from services.gateway.admission.ttft_calibration import MAX_FACTOR, MAX_WEIGHT, MIN_FACTOR, TtftCalibration
+from services.gateway.config import GatewayConfig
+from services.gateway.dispatch.deadlines import Deadlines
+from services.gateway.routing.pressure import PressureBoard, PressureReport
+
+BATCH = Priority.SHEDDABLE
+
+
+def _learn(calibration: TtftCalibration, predicted_s: float, measured_s: float, now_s: float = 0.0,
+           times: int = 1, **over) -> None:
+    for _ in range(times):
+        calibration.observe("gen", BATCH, predicted_s=predicted_s, measured_s=measured_s, target_s=5.0, now_s=now_s,
+                            **over)
+
+
+def test_nothing_learned_is_no_correction():
+    assert TtftCalibration().factor("gen", BATCH, 0.0) == 1.0
+
+
+def test_streams_slower_than_predicted_raise_the_factor_toward_their_ratio():
+    calibration = TtftCalibration()
+    _learn(calibration, 1.0, 3.0)
+    assert calibration.factor("gen", BATCH, 0.0) == pytest.approx(math.sqrt(3.0)), "one stream: halfway (in logs)"
+    _learn(calibration, 1.0, 3.0, times=40)
+    # The newest MAX_WEIGHT streams against the one pseudo-stream that measured its prediction.
+    assert calibration.factor("gen", BATCH, 0.0) == pytest.approx(3.0 ** (MAX_WEIGHT / (MAX_WEIGHT + 1)))
+    assert calibration.factor("gen", Priority.CRITICAL, 0.0) == 1.0, "per class"
+    assert calibration.factor("other", BATCH, 0.0) == 1.0, "per model"
+
+
+def test_ratios_average_in_logs_so_twice_as_slow_and_twice_as_fast_cancel():
+    calibration = TtftCalibration()
+    for _ in range(40):
+        _learn(calibration, 1.0, 2.0)
+        _learn(calibration, 1.0, 0.5)
+    assert 0.95 < calibration.factor("gen", BATCH, 0.0) < 1.05
+
+
+def test_the_newest_streams_outweigh_the_old():
+    calibration = TtftCalibration()
+    _learn(calibration, 1.0, 0.5, times=100)
+    _learn(calibration, 1.0, 2.0, times=2 * round(MAX_WEIGHT))
+    assert calibration.factor("gen", BATCH, 0.0) > 1.5, "from 0.5x to over 1.5x in two windows of streams"
+
+
+def test_the_factor_is_held_within_its_bounds():
+    calibration = TtftCalibration()
+    _learn(calibration, 0.1, 100.0, times=5)
+    assert calibration.factor("gen", BATCH, 0.0) == pytest.approx(MAX_FACTOR)
+    _learn(calibration, 100.0, 0.1, times=50)
+    assert calibration.factor("gen", BATCH, 0.0) == pytest.approx(MIN_FACTOR)
+
+
+def test_tiny_times_are_floored_so_timer_ticks_teach_nothing():
+    calibration = TtftCalibration()
+    _learn(calibration, 0.0001, 0.004, times=5)  # both under the 5 ms floor: a ratio of 1
+    assert calibration.factor("gen", BATCH, 0.0) == pytest.approx(1.0)
+
+
+def test_the_factor_fades_while_no_stream_reports():
+    """A class refused whole sends no samples: each stream's weight halves per half-life, the longer of
+    HALF_LIFE_S and its target (samples come back a TTFT after their admission), and the prior takes over."""
+    calibration = TtftCalibration(half_life_s=2.0)
+    _learn(calibration, 1.0, 4.0, now_s=100.0, times=40)  # target 5 s: half-life 5 s
+
+    def expected(weight: float) -> float:
+        return 4.0 ** (weight / (weight + 1))
+
+    assert calibration.factor("gen", BATCH, 100.0) == pytest.approx(expected(MAX_WEIGHT))
+    assert calibration.factor("gen", BATCH, 105.0) == pytest.approx(expected(MAX_WEIGHT / 2))
+    assert calibration.factor("gen", BATCH, 130.0) == pytest.approx(expected(MAX_WEIGHT / 64))
+    assert calibration.factor("gen", BATCH, 130.0) < 1.5
+    assert calibration.factor("gen", BATCH, 99.0) == pytest.approx(expected(MAX_WEIGHT)), "a clock read before"
+
+
+def test_a_stream_that_ended_without_a_first_token_teaches_only_a_wait_past_the_prediction():
+    calibration = TtftCalibration()
+    _learn(calibration, 1.0, 0.2, censored=True)  # ended (cancelled, failed) early: its TTFT is unknown
+    assert calibration.factor("gen", BATCH, 0.0) == 1.0
+    _learn(calibration, 1.0, 3.0, censored=True)  # waited 3 s for a 1 s prediction: at least 3x
+    assert calibration.factor("gen", BATCH, 0.0) == pytest.approx(math.sqrt(3.0))
+
+
+def test_bad_times_are_ignored():
+    calibration = TtftCalibration()
+    _learn(calibration, float("nan"), 1.0)
+    _learn(calibration, 1.0, float("inf"))
+    _learn(calibration, -1.0, 1.0)
+    assert calibration.factor("gen", BATCH, 0.0) == 1.0
+
+
+@pytest.mark.parametrize("half_life_s, max_weight", [(0.0, 20.0), (1.0, 0.5)])
+def test_settings_out_of_range_are_refused(half_life_s, max_weight):
+    with pytest.raises(ValueError):
+        TtftCalibration(half_life_s=half_life_s, max_weight=max_weight)
+
+
+# -- through Admission --------------------------------------------------------------------------------------
+
+def _admission(clock, *, calibrate: bool = True) -> tuple[Admission, PressureBoard]:
+    config = GatewayConfig(allow_anonymous=True, slo_ttft_ms=(200.0, 1000.0, 5000.0))
+    board = PressureBoard(clock)
+    parts = AdmissionParts(
+        limiter=ConcurrencyLimiter(100), tenants=OpenTenants(),
+        routing=SimpleNamespace(model=lambda name: None),  # type: ignore[arg-type]
+        deadlines=Deadlines(config.deadline_policy(), clock), board=board,
+        shedder=LoadShedder(config.shedding_config(), board), limits=AdaptiveLimits(config.limit_config(), clock),
+        quotas=None, model_label=lambda model: model, objectives=config.objective_policy(),
+        ttft_calibration=calibrate)
+    return Admission(parts, clock), board
+
+
+def _batch_report(predicted_ms: float) -> PressureReport:
+    us = [0, 0, 0, round(predicted_ms * 1000)]
+    return PressureReport.from_fields("gen", [0, 0, 0, 0], 0, 0.0, 1, 10_000, 8, us, 5_000, [0, 0, 0, 0])
+
+
+def _burst(admission: Admission, clock, num: int, ttft_s: float | None) -> list:
+    """Admits `num` batch streams at once (raises if one is refused); they start after `ttft_s`, or end without a
+    token after 10 s (None). Returns their scopes."""
+    scopes = []
+    for _ in range(num):
+        scope = admission.scope("Generate", "gen")
+        admission.admit(scope, None, 30.0, priority=BATCH, objective=lambda: NO_OVERRIDE)
+        scopes.append(scope)
+    clock.advance(10.0 if ttft_s is None else ttft_s)
+    for scope in scopes:
+        if ttft_s is not None:
+            scope.tokens_sent(1)
+        scope.finish("OK" if ttft_s is not None else "DEADLINE_EXCEEDED")
+    return scopes
+
+
+def test_admission_learns_that_its_streams_start_later_than_predicted_and_refuses_the_next_miss(clock):
+    admission, board = _admission(clock)
+    board.update("a:1", [_batch_report(1000.0)])
+    first = _burst(admission, clock, 1, 3.0)[0]
+    assert first.predicted_ttft_s == pytest.approx(1.0), "nothing learned yet: the board's prediction"
+    board.update("a:1", [_batch_report(1000.0)])  # each poll: the board's count of admissions restarts
+    _burst(admission, clock, 20, 3.0)
+    board.update("a:1", [_batch_report(2000.0)])  # 2 s, ~3x as these ran: past the 5 s target
+    with pytest.raises(ResourceExhausted, match="past its TTFT target 5000 ms"):
+        _burst(admission, clock, 1, 1.0)
+    without, plain_board = _admission(clock, calibrate=False)
+    plain_board.update("a:1", [_batch_report(2000.0)])
+    assert _burst(without, clock, 1, 1.0)[0].predicted_ttft_s == pytest.approx(2.0), "off: the board's prediction"
+
+
+def test_admission_lowers_a_prediction_its_streams_beat_and_learns_from_streams_that_never_started(clock):
+    admission, board = _admission(clock)
+    board.update("a:1", [_batch_report(4000.0)])
+    _burst(admission, clock, 20, 1.0)
+    board.update("a:1", [_batch_report(6000.0)])  # 6 s read as ~1.6 s: admitted
+    assert _burst(admission, clock, 1, 1.0)[0].predicted_ttft_s < 2.5
+    board.update("a:1", [_batch_report(400.0)])
+    _burst(admission, clock, 20, None)  # admitted on ~0.1 s, waited 10 s and got nothing: at least 25x
+    board.update("a:1", [_batch_report(1500.0)])
+    with pytest.raises(ResourceExhausted):
+        _burst(admission, clock, 1, 1.0)
