@@ -78,6 +78,11 @@ def test_a_served_stream_s_last_chunk_carries_the_ttft_the_gateway_predicted_at_
         if chunks[-1].predicted_ttft_us > 0:
             assert chunks[-1].predicted_ttft_us < 5_000_000
             assert all(chunk.predicted_ttft_us == 0 for chunk in chunks[:-1])
+            # Sent (as x-request-start says) 2 s before the gateway got it: counted from the send, as the caller
+            # measures its TTFT, the prediction holds those 2 s.
+            sent_us = round((time.time() - 2.0) * 1e6)
+            late = _generate(gateway_stub, objectives, (("x-request-start", f"t={sent_us}"),))
+            assert 2_000_000 <= late[-1].predicted_ttft_us < 5_000_000
             return
         time.sleep(0.1)
     pytest.fail("no chunk carried a predicted TTFT")

@@ -202,9 +202,9 @@ class GenerateCore:
         with self._admission.scope("Generate", request.model.name, request.model.version,
                                    caller.metadata, caller.authorization) as scope:
             handler = HandlerTimes.start(scope, caller.request_start_s)
+            waited_s = ingress_s(caller.request_start_s, handler.began_unix_s) or 0.0
             with span("admission"):
-                prompt_tokens = self._admit(scope, request, caller,
-                                            ingress_s(caller.request_start_s, handler.began_unix_s) or 0.0)
+                prompt_tokens = self._admit(scope, request, caller, waited_s)
             admitted_s = self._clock()
             upstream = scheduler_pb2.ScheduleGenerateRequest(request=request, tenant=tenant_context(scope.admitted_tenant))
 
@@ -237,8 +237,8 @@ class GenerateCore:
                     now_s = self._clock()
                     append_gateway_timings(chunk.timings, handler, admitted_s, now_s, now_s)
                     scope.timings = chunk.timings
-                    if scope.predicted_ttft_s is not None:
-                        chunk.predicted_ttft_us = round(scope.predicted_ttft_s * 1e6)
+                    if scope.predicted_ttft_s is not None:  # from the client's send, as it measures
+                        chunk.predicted_ttft_us = round((waited_s + scope.predicted_ttft_s) * 1e6)
                 else:
                     scope.num_tokens_used = prompt_tokens + num_generated
 
