@@ -119,19 +119,33 @@ def _listening_addresses(port: int) -> set[str]:
 
 
 def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM: the peer shuts Serve and its Ray cluster down; then whatever is left in its process
-    group (Ray's processes it started, had that not ended within the wait) is killed."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass  # the group ended with the peer
+    """SIGKILL to every process of the peer's session (it was started in a session of its own): the peer
+    and Ray's processes, whose workers and actors run in process groups of their own there. Not SIGTERM:
+    the peer's serve.shutdown() and ray.shutdown() took 7-10 s of the module's teardown, for nothing the
+    tests look at, and nothing of the peer's outlives its processes and its temp dir (removed after)."""
+    for _ in range(10):  # a process Ray started while the others were being killed: killed the next round
+        members = _session_members(process.pid)
+        if not members:
+            break
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # ended meanwhile
     process.wait(timeout=10)
+
+
+def _session_members(session_id: int) -> list[int]:
+    """The live processes (not zombies) in the session `session_id`, from /proc/<pid>/stat."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp, session
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        if fields[0] != "Z" and int(fields[3]) == session_id:
+            members.append(int(stat.parent.name))
+    return members
 
 
 def _tail(log: Path) -> str:
