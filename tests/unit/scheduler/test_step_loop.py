@@ -11,7 +11,7 @@ from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import TenantContext
 from services.scheduler.kv_block_manager import KVBlockManager
 from services.scheduler.sequence import SamplingParams
-from services.scheduler.step_loop import WorkerLoop
+from services.scheduler.step_loop import _BLOCKED_POLL_S, WorkerLoop
 from services.scheduler.step_plan import SequenceDelta, StepPlan
 from services.scheduler.step_scheduler import StepScheduler
 from services.scheduler.step_scheduler_config import step_scheduler_config
@@ -43,6 +43,12 @@ def make_loop(clock) -> tuple[WorkerLoop, RecordingSink, FakeWorker]:
     loop = WorkerLoop(link, scheduler, sink, sequences={}, step_metrics=metrics.StepMetrics("test-loop"),
                       pipelined=False, steps_per_command=1, clock=clock, sleep=clock.sleep)
     return loop, sink, FakeWorker(link, clock)
+
+
+async def settle(num_turns: int = 50) -> None:
+    """Lets the loop run until it waits (on the clock, or for an arrival)."""
+    for _ in range(num_turns):
+        await asyncio.sleep(0)
 
 
 def text_of(deltas: list[SequenceDelta], seq_id: int) -> str:
@@ -77,3 +83,31 @@ async def test_a_draining_worker_s_loop_ends_its_stream_once_nothing_is_left(clo
     await asyncio.wait_for(loop.task, timeout=5)
     assert text_of(sink.deltas, 1) == expected("xy", 3)
     await asyncio.wait_for(worker.task, timeout=5)  # its command stream ended: the worker's reader returns
+
+
+async def test_a_loop_with_work_it_may_not_run_looks_again_every_blocked_poll_and_runs_it_once_it_may(clock):
+    """Admission blocked (here: every KV block held elsewhere): the loop plans an empty step, waits
+    _BLOCKED_POLL_S on its clock and plans again, without spinning and without needing a wake(); once the
+    blocks are free its next look runs the sequence."""
+    loop, sink, worker = make_loop(clock)
+    kv = loop.scheduler.kv
+    kv.allocate(999, kv.num_free_blocks * kv.block_size)  # a phantom sequence holds every block
+    assert kv.num_free_blocks == 0
+    loop.scheduler.add_request(1, tuple(b"abc"), SamplingParams(max_tokens=2), TenantContext("t"), deadline_s=None)
+    loop.wake()
+    await until_turns(lambda: len(sink.calls) >= 1)
+    await settle()
+    looks = len(sink.calls)
+    assert looks <= 2, "no spinning while the clock stands still"
+    assert all(kind == "planned" for kind, _ in sink.calls) and worker.num_steps == 0
+    clock.advance(_BLOCKED_POLL_S)
+    await until_turns(lambda: len(sink.calls) > looks)
+    assert worker.num_steps == 0, "still blocked: looked again, ran nothing"
+    await settle()  # it waits again
+    kv.free(999)
+    clock.advance(_BLOCKED_POLL_S)  # no wake(): the poll finds the blocks free
+    await until_turns(lambda: any(d.is_last for d in sink.deltas))
+    assert text_of(sink.deltas, 1) == expected("abc", 2)
+    loop.attached = False
+    loop.wake()
+    await asyncio.wait_for(loop.task, timeout=5)
