@@ -69,7 +69,7 @@ def classifier_pressure(batcher: DynamicBatcher) -> ModelPressure:
         queue_depth=batcher.queue_depth,
         kv_usage=0.0,
         num_workers=batcher.num_usable_workers,  # a draining worker serves nothing new
-        min_service_time_s=batcher.estimate_batch_time_s(1),
+        min_service_time_s=batcher.min_service_time_s(),
         num_slots=batcher.num_slots,
     )
 

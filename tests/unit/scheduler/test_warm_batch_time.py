@@ -98,6 +98,19 @@ async def test_a_workers_declared_warm_time_reaches_the_pools_pressure_report(cl
     assert hello.capacity.warm_batch_time_s == pytest.approx(0.025)
     pool = ClassifyPool(hello.model, hello, SchedulerConfig(), clock=clock)
     pool.add_worker(WorkerLink(hello))
-    assert pool.pressure().min_service_time_s == pytest.approx(0.025)
+    # A lower bound for the gateway's deadline check: the full batch's time shared by its 16 items.
+    assert pool.pressure().min_service_time_s == pytest.approx(0.025 / 16)
     older = attach_codec.decode_hello(scheduler_pb2.WorkerHello(capacity=scheduler_pb2.WorkerCapacity(max_batch_size=16)))
     assert older.capacity.warm_batch_time_s == 0.0  # unknown: the batcher keeps its initial guess
+
+
+def test_the_least_service_time_is_a_lower_bound_until_a_lone_request_is_measured(clock):
+    """The gateway refuses a deadline below it: a warm full batch's whole time would refuse requests a lone
+    batch serves in a fraction of it."""
+    assert make_batcher(clock, workers={}, initial_batch_time_s=0.05).min_service_time_s() == pytest.approx(0.05)
+    batcher = seeded(clock)
+    assert batcher.min_service_time_s() == pytest.approx(WARM_FULL_BATCH_S / 16)
+    run_batch(clock, batcher, 4, took_s=0.004)
+    assert batcher.min_service_time_s() == pytest.approx(0.004 / 4), "the least share per item of a known size"
+    run_batch(clock, batcher, 1, took_s=0.006)
+    assert batcher.min_service_time_s() == pytest.approx(0.006), "measured: the batch of one's own time"
