@@ -155,6 +155,9 @@ class RequestScope:
         self.objective: LatencyObjective | None = None
         # The best scheduler's predicted TTFT for its class at admission, seconds; None: none predicted.
         self.predicted_ttft_s: float | None = None
+        # What admission multiplied its class's predicted TTFT by (ttft_calibration.py); routing judges the
+        # replicas' own predictions with it.
+        self.ttft_correction = 1.0
         # Generate: when its first and latest tokens were sent (scope clock), and how many (tokens_sent).
         self.first_token_s: float | None = None
         # An admitted Generate's TTFT goes here (seconds from began_s; True: it ended without a first token, so
@@ -397,8 +400,8 @@ class Admission:
             board_ttft_s = parts.board.predicted_ttft_s(report, tenant.priority)
             scope.predicted_ttft_s = board_ttft_s
             if board_ttft_s is not None and parts.ttft_calibration:
-                scope.predicted_ttft_s = board_ttft_s * self.calibration.factor(scope.model, tenant.priority,
-                                                                                 scope.began_s)
+                scope.ttft_correction = self.calibration.factor(scope.model, tenant.priority, scope.began_s)
+                scope.predicted_ttft_s = board_ttft_s * scope.ttft_correction
         if scope.objective is not None and parts.ttft_admission:
             try:
                 self.starved.check(scope.model, tenant.priority, scope.began_s)

@@ -19,6 +19,7 @@ from services.gateway.admission.shedding import LoadShedder
 from services.gateway.admission.ttft_calibration import MAX_FACTOR, MAX_WEIGHT, MIN_FACTOR, TtftCalibration
 from services.gateway.config import GatewayConfig
 from services.gateway.dispatch.deadlines import Deadlines
+from services.gateway.dispatch.dispatcher import _ttft_target_s
 from services.gateway.routing.pressure import PressureBoard, PressureReport
 
 BATCH = Priority.SHEDDABLE
@@ -156,6 +157,12 @@ def test_admission_learns_that_its_streams_start_later_than_predicted_and_refuse
     assert first.predicted_ttft_s == pytest.approx(1.0), "nothing learned yet: the board's prediction"
     board.update("a:1", [_batch_report(1000.0)])  # each poll: the board's count of admissions restarts
     _burst(admission, clock, 20, 3.0)
+    board.update("a:1", [_batch_report(1500.0)])
+    corrected = _burst(admission, clock, 1, 3.0)[0]
+    assert corrected.ttft_correction > 2.5 and corrected.predicted_ttft_s == pytest.approx(
+        1.5 * corrected.ttft_correction)
+    # Routing judges each replica's own prediction against the target over the same correction.
+    assert _ttft_target_s(corrected) == pytest.approx(5.0 / corrected.ttft_correction)
     board.update("a:1", [_batch_report(2000.0)])  # 2 s, ~3x as these ran: past the 5 s target
     with pytest.raises(ResourceExhausted, match="past its TTFT target 5000 ms"):
         _burst(admission, clock, 1, 1.0)
