@@ -18,7 +18,7 @@ from services.worker.repository.hf_import import ImportOptions, import_checkpoin
 from tests.support.hf_checkpoints import END_OF_TEXT_ID, save_model_directory
 from tests.support.https_json import post_json
 from tools.testbed import session_tls
-from tools.testbed.processes import free_port, running_mesh, wait_until
+from tools.testbed.processes import free_port, running_mesh, wait_all_serving, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -53,8 +53,8 @@ def served(tmp_path_factory):
     http_port = free_port()
     with running_mesh(tmp, env={"HF_HUB_OFFLINE": "1"}) as mesh:
         mesh.start_scheduler()
-        for name in (CHAT, PLAIN):
-            mesh.start_worker(name, "--model-repository", str(root), "--model-version", "1")
+        wait_all_serving([mesh.start_worker(name, "--model-repository", str(root), "--model-version", "1", wait=False)
+                          for name in (CHAT, PLAIN)])
         mesh.start_gateway("--http-port", str(http_port))
         base = f"https://127.0.0.1:{http_port}/v1"
         wait_until(lambda: all(post_json(base, "/completions", {"model": n, "prompt": "hi", "max_tokens": 1})[0] == 200

@@ -34,7 +34,7 @@ from services.worker.repository.hf_import import ImportOptions, import_checkpoin
 from tests.support.hf_checkpoints import END_OF_TEXT_ID, EOT_ID, save_model_directory
 from tools.testbed import session_tls
 from tools.testbed.gateway_fixtures import scrape
-from tools.testbed.processes import free_port, running_mesh, wait_until
+from tools.testbed.processes import free_port, running_mesh, wait_all_serving, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -80,9 +80,12 @@ def served(tmp_path_factory) -> Served:
     metrics_port, http_port = free_port(), free_port()
     with running_mesh(tmp, env={"HF_HUB_OFFLINE": "1"}) as mesh:
         mesh.start_scheduler("--metrics-port", str(metrics_port), "--long-prefill-chunk-tokens", "16")
+        workers = []
         for name in FAMILIES:
             extra = ("--num-kv-blocks", str(LLAMA_KV_BLOCKS)) if name == "tiny-llama" else ()
-            mesh.start_worker(name, "--model-repository", str(root), "--model-version", "1", *extra)
+            workers.append(mesh.start_worker(name, "--model-repository", str(root), "--model-version", "1", *extra,
+                                             wait=False))
+        wait_all_serving(workers)
         mesh.start_gateway("--http-port", str(http_port))
         served = Served(mesh.gateway.address, f"https://127.0.0.1:{http_port}/v1", metrics_port, references,
                         tokenizers)

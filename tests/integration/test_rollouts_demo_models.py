@@ -36,7 +36,7 @@ from tools.build_models import (
 )
 from tools.testbed import session_tls
 from tools.testbed.gateway_fixtures import scrape
-from tools.testbed.processes import free_port, running_mesh, wait_until
+from tools.testbed.processes import free_port, running_mesh, wait_all_serving, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO_MODEL_ROOT = Path(__file__).resolve().parents[2] / "model_repo"
@@ -90,8 +90,8 @@ def test_a_digits_version_with_a_corrupted_output_layer_is_caught_by_shadow_agre
     images = [common_pb2.Image(encoded=_png(image)) for image in digits_dataset().test_images[:120]]
     with running_mesh(tmp_path) as mesh:
         mesh.start_scheduler("--max-queue-delay-ms", "2")
-        for version in ("1", "2"):
-            mesh.start_worker("digits", "--model-repository", str(root), "--model-version", version)
+        wait_all_serving([mesh.start_worker("digits", "--model-repository", str(root), "--model-version", version,
+                                            wait=False) for version in ("1", "2")])
         mesh.start_gateway("--routing-file", str(routing), "--rollout-interval-ms", "100",
                            "--rollout-state-file", str(state), "--metrics-port", str(metrics_port))
         with session_tls.channel(mesh.gateway.address) as channel:
@@ -148,8 +148,8 @@ def test_a_tinylm_version_with_the_same_weights_passes_golden_prompts_and_shadow
                                                              "rollout": rollout}}}))
     with running_mesh(tmp_path) as mesh:
         mesh.start_scheduler()
-        for version in ("1", "2"):
-            mesh.start_worker("tinylm", "--model-repository", str(root), "--model-version", version)
+        wait_all_serving([mesh.start_worker("tinylm", "--model-repository", str(root), "--model-version", version,
+                                            wait=False) for version in ("1", "2")])
         mesh.start_gateway("--routing-file", str(routing), "--rollout-interval-ms", "100",
                            "--rollout-state-file", str(state))
         with session_tls.channel(mesh.gateway.address) as channel:

@@ -27,7 +27,7 @@ from inference import grpc_predict_v2_pb2_grpc as kserve_grpc
 from services.worker.repository.loader import load_model
 from tests.support.tensor_models import CNN, MLP, SEQ, import_model, install_unloadable
 from tools.testbed import session_tls
-from tools.testbed.processes import free_port, running_mesh
+from tools.testbed.processes import free_port, running_mesh, wait_all_serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MAX_BATCH_SIZE = 8
@@ -48,8 +48,8 @@ def repository(tmp_path_factory) -> Path:
 def mesh(tmp_path_factory, repository):
     with running_mesh(tmp_path_factory.mktemp("mesh")) as mesh:
         mesh.start_scheduler("--max-queue-delay-ms", "5")
-        for name, fmt in SERVED:
-            mesh.start_worker(f"{name}-{fmt}", "--model-repository", str(repository), "--num-threads", "1")
+        wait_all_serving([mesh.start_worker(f"{name}-{fmt}", "--model-repository", str(repository), "--num-threads", "1",
+                                            wait=False) for name, fmt in SERVED])
         mesh.http_port = free_port()
         mesh.start_gateway("--http-port", str(mesh.http_port))
         yield mesh

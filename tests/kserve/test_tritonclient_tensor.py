@@ -19,7 +19,7 @@ from services.worker.repository.loader import load_model
 from tests.support.side_venv import side_venv_python
 from tests.support.tensor_models import CNN, MLP, SEQ, import_model
 from tools.testbed import session_tls
-from tools.testbed.processes import free_port, running_mesh
+from tools.testbed.processes import free_port, running_mesh, wait_all_serving
 
 pytestmark = pytest.mark.integration
 
@@ -42,8 +42,8 @@ def test_tritonclient_infers_each_tensor_model_from_its_metadata_alone(tmp_path,
     models = [f"{name}-{fmt}" for name, _, fmt in SERVED]
     with running_mesh(tmp_path) as mesh:
         mesh.start_scheduler("--max-queue-delay-ms", "2")
-        for model in models:
-            mesh.start_worker(model, "--model-repository", str(root), "--num-threads", "1")
+        wait_all_serving([mesh.start_worker(model, "--model-repository", str(root), "--num-threads", "1", wait=False)
+                          for model in models])
         http_port = free_port()
         mesh.start_gateway("--http-port", str(http_port))
         done = subprocess.run(

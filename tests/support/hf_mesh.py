@@ -18,7 +18,7 @@ from tests.support.hf_checkpoints import save_model_directory
 from tests.support.https_json import post_json
 from tests.support.side_venv import side_venv_python
 from tools.testbed import session_tls
-from tools.testbed.processes import free_port, running_mesh, wait_until
+from tools.testbed.processes import free_port, running_mesh, wait_all_serving, wait_until
 
 
 @dataclass
@@ -41,8 +41,8 @@ def serving_checkpoints(tmp: Path, names: Sequence[str], kv_cache_bytes: int = 1
     http_port, metrics_port = free_port(), free_port()
     with running_mesh(tmp, env={"HF_HUB_OFFLINE": "1"}) as mesh:
         mesh.start_scheduler("--metrics-port", str(metrics_port))
-        for name in names:
-            mesh.start_worker(name, "--model-repository", str(root), "--model-version", "1")
+        wait_all_serving([mesh.start_worker(name, "--model-repository", str(root), "--model-version", "1", wait=False)
+                          for name in names])
         mesh.start_gateway("--http-port", str(http_port))
         base = f"https://127.0.0.1:{http_port}/v1"
         wait_until(lambda: all(post_json(base, "/completions", {"model": name, "prompt": "hi", "max_tokens": 1})[0]

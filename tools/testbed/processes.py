@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -261,6 +261,13 @@ class Mesh:
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.log_tail()}" for p in self.processes)
+
+
+def wait_all_serving(processes: Iterable[ServiceProcess], timeout_s: float = 60.0) -> None:
+    """Until each of `processes` is SERVING. Started together (start_worker(..., wait=False)), processes that
+    load a model each load it side by side: two torch workers took 4.0 + 5.0 s one after the other."""
+    for process in processes:
+        process.wait_serving(timeout_s)
 
 
 @contextmanager
