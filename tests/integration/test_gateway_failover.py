@@ -39,9 +39,7 @@ def _spread_mesh_with_gateways(mesh, *scheduler_args: str) -> dict[str, int]:
     """Two schedulers, two workers of each model spread over them, and a gateway in each upstream
     mode (one kill then tests both); each mode's gateway metrics port."""
     mesh.add_schedulers(2, *scheduler_args)
-    for model in MODELS:
-        for _ in range(2):
-            mesh.add_worker(model)
+    mesh.add_workers(MODELS)
     mesh.wait_spread(MODELS)
     metrics_ports = {}
     for mode in MODES:

@@ -258,9 +258,7 @@ def run_once(workdir: Path, seed: int, shape: LoadShape = SHAPE) -> ChaosResult:
     try:
         with replicated_mesh(workdir) as mesh:
             mesh.add_schedulers(2)
-            for model in MODELS:
-                mesh.add_worker(model)
-                mesh.add_worker(model)
+            mesh.add_workers(MODELS)
             for _ in range(2):
                 mesh.add_gateway("--quota-store-address", store.address, "--drain-grace-s", "8",
                                  "--drain-notice-ms", "1000")

@@ -59,9 +59,7 @@ def _short_classify(target: str) -> grpc.RpcError | None:
 def test_calls_are_held_while_every_scheduler_is_unavailable_and_none_is_lost(tmp_path):
     with replicated_mesh(tmp_path) as mesh:
         mesh.add_schedulers(2)
-        for model in MODELS:
-            mesh.add_worker(model)
-            mesh.add_worker(model)
+        mesh.add_workers(MODELS)
         gateway = mesh.add_gateway()
         mesh.wait_spread(MODELS)
         load = mesh.start_load(SHAPE)

@@ -28,9 +28,7 @@ IN_FLIGHT = "infermesh_gateway_model_in_flight_requests"
 def test_sigkill_of_one_gateway_fails_no_call_of_a_client_spread_over_both(tmp_path):
     with replicated_mesh(tmp_path) as mesh:
         mesh.add_schedulers(NUM_SCHEDULERS)
-        for model in MODELS:
-            mesh.add_worker(model)
-            mesh.add_worker(model)
+        mesh.add_workers(MODELS)
         mesh.add_gateway()
         mesh.add_gateway()
         mesh.wait_spread(MODELS)

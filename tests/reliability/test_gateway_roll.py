@@ -29,9 +29,7 @@ def roll_gateways(tmp_path, *, notice_ms: float, health_check: bool, classify_pe
                       client_health_check=health_check)
     with replicated_mesh(tmp_path) as mesh:
         mesh.add_schedulers(2)
-        for model in MODELS:
-            mesh.add_worker(model)
-            mesh.add_worker(model)
+        mesh.add_workers(MODELS)
         for _ in range(2):
             mesh.add_gateway("--drain-notice-ms", f"{notice_ms:g}", "--drain-grace-s", "8")
         mesh.wait_spread(MODELS)

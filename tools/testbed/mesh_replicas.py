@@ -26,13 +26,15 @@ from infermesh.v1 import common_pb2
 from tools.testbed.gateway_fixtures import Metrics, scrape
 from tools.testbed.mesh_load import LoadCounts, LoadShape, MeshLoad, StreamSpec
 from tools.testbed.netns import HostedProcess, Lan
-from tools.testbed.processes import ServiceProcess, free_port, wait_until
+from tools.testbed.processes import ServiceProcess, free_port, wait_all_serving, wait_until
 from tools.testbed.scheduler_fixtures import pressure_of, scheduler_stub
 
 CLASSIFIER_ARGS = ("--toy-compute-ms", "5")
 # block_size 16 and max_seq_len 512 like the toy generator; a 20 ms step on an asyncio timer.
 GENERATOR_ARGS = ("--mock-profile", "step_ms=20,block_size=16,max_seq_len=512")
 WORKER_ARGS = {"toy-classifier": CLASSIFIER_ARGS, "mock-generator": GENERATOR_ARGS}
+# Models whose worker attaches to every scheduler it is given (services/worker/attach_every.py), not to one.
+ATTACHED_TO_EVERY_SCHEDULER = frozenset({"toy-classifier", "mock-classifier"})
 
 
 @dataclass
@@ -93,6 +95,16 @@ class ReplicatedMesh:
         if wait:
             process.wait_serving()
         return process
+
+    def add_workers(self, model_names: list[str], num_per_model: int = 2, host: str = "") -> list[ServiceProcess]:
+        """`num_per_model` workers of each model, in that order, until each is SERVING. A classifier worker
+        attaches to every scheduler, so those start side by side; a generator worker attaches to the
+        scheduler with the fewest of its model's workers, so each starts once the one before it serves,
+        and they spread over the schedulers."""
+        started = [self.add_worker(model, host=host, wait=model not in ATTACHED_TO_EVERY_SCHEDULER)
+                   for model in model_names for _ in range(num_per_model)]
+        wait_all_serving(started)
+        return started
 
     def start_load(self, shape: LoadShape) -> MeshLoad:
         """Load on the gateways, stopped by stop_all at the latest (so no call outlives the test)."""
@@ -205,9 +217,7 @@ SHAPE = LoadShape(classify_per_s=60, streams_per_s=4)
 def start_spread_mesh(mesh: ReplicatedMesh, num_gateways: int = 1) -> None:
     """Two schedulers, gateways on both, two workers per model with one of each on each scheduler."""
     mesh.add_schedulers(2)
-    for model in MODELS:
-        mesh.add_worker(model)
-        mesh.add_worker(model)
+    mesh.add_workers(MODELS)
     for _ in range(num_gateways):
         mesh.add_gateway()
     mesh.wait_spread(MODELS)
@@ -238,9 +248,7 @@ def cut_scheduler_under_load(tmp_path, network: Lan, model: str, shape: LoadShap
     """Cuts the link of the scheduler serving `model` mid-load for CUT_S, then requires nothing lost."""
     with replicated_mesh(tmp_path, lan=network) as mesh:
         mesh.add_schedulers(2, hosts=PARTITION_HOSTS[:2])
-        for worker_model in MODELS:
-            mesh.add_worker(worker_model, host=PARTITION_HOSTS[3])
-            mesh.add_worker(worker_model, host=PARTITION_HOSTS[3])
+        mesh.add_workers(MODELS, host=PARTITION_HOSTS[3])
         mesh.add_gateway(host=PARTITION_HOSTS[2])
         mesh.wait_spread(MODELS)
 
