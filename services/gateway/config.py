@@ -138,6 +138,9 @@ class GatewayConfig(ServerSettings):
         True, "refuse a Generate whose TTFT target no scheduler is predicted to meet (false: deadlines alone)")
     slo_calibration: bool = setting(
         True, "multiply each class's predicted TTFT by the measured / predicted ratio learned from its served streams")
+    slo_admit_quantile: float = setting(
+        0.9, "with slo_calibration, admit a Generate when this quantile of its predicted TTFT meets its target "
+        "(0.5: the median)")
     pressure_poll_interval_ms: float = setting(1000.0, "how often every scheduler's GetPressure is polled")
     pressure_max_age_ms: float = setting(5000.0, "pressure reports older than this are ignored (fail open)")
 
@@ -194,6 +197,8 @@ class GatewayConfig(ServerSettings):
         for name in ("slo_ttft_bounds_ms", "slo_tpot_bounds_ms"):
             value = getattr(self, name)
             require(len(value) == 2, f"{name} needs 2 values (min,max), got {value}")
+        require(0.5 <= self.slo_admit_quantile < 1,
+                f"slo_admit_quantile must be in [0.5, 1), got {self.slo_admit_quantile}")
         for name in ("shed_queue_at", "shed_kv_usage_at", "shed_in_flight_at"):
             value = getattr(self, name)
             require(len(value) == 2, f"{name} needs 2 values (sheddable,standard), got {value}")

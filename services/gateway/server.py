@@ -172,6 +172,7 @@ class GatewayService:
                 objectives=config.objective_policy(),
                 ttft_admission=config.slo_admission,
                 ttft_calibration=config.slo_calibration,
+                ttft_admit_quantile=config.slo_admit_quantile,
             ),
             clock,
         )

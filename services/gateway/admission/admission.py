@@ -155,8 +155,8 @@ class RequestScope:
         self.objective: LatencyObjective | None = None
         # The best scheduler's predicted TTFT for its class at admission, seconds; None: none predicted.
         self.predicted_ttft_s: float | None = None
-        # What admission multiplied its class's predicted TTFT by (ttft_calibration.py); routing judges the
-        # replicas' own predictions with it.
+        # What admission multiplied its class's predicted TTFT by to judge it (ttft_calibration.py: the admission
+        # quantile's factor); routing judges the replicas' own predictions with it.
         self.ttft_correction = 1.0
         # Generate: when its first and latest tokens were sent (scope clock), and how many (tokens_sent).
         self.first_token_s: float | None = None
@@ -318,6 +318,8 @@ class AdmissionParts:
     ttft_admission: bool = True
     # Correct the predicted TTFT by what the streams served measured against it (ttft_calibration.py).
     ttft_calibration: bool = True
+    # With the correction: the quantile of the predicted TTFT that must meet the target (0.5: the median).
+    ttft_admit_quantile: float = 0.9
 
 
 class Admission:
@@ -395,18 +397,20 @@ class Admission:
             metrics.refused(scope.metric_model, tenant.priority, metrics.Refusal.DEADLINE)
             raise
         board_ttft_s: float | None = None  # the schedulers' predicted TTFT for its class, before the correction
+        judged_ttft_s: float | None = None  # the quantile of it admission judges (ttft_calibration.py)
         if scope.objective is not None:
             report = parts.board.pressure(scope.model)
-            board_ttft_s = parts.board.predicted_ttft_s(report, tenant.priority)
-            scope.predicted_ttft_s = board_ttft_s
+            board_ttft_s = judged_ttft_s = scope.predicted_ttft_s = parts.board.predicted_ttft_s(report, tenant.priority)
             if board_ttft_s is not None and parts.ttft_calibration:
-                scope.ttft_correction = self.calibration.factor(scope.model, tenant.priority, scope.began_s)
-                scope.predicted_ttft_s = board_ttft_s * scope.ttft_correction
+                calibration, model, priority, now_s = self.calibration, scope.model, tenant.priority, scope.began_s
+                scope.predicted_ttft_s = board_ttft_s * calibration.factor(model, priority, now_s)
+                scope.ttft_correction = calibration.factor(model, priority, now_s, parts.ttft_admit_quantile)
+                judged_ttft_s = board_ttft_s * scope.ttft_correction
         if scope.objective is not None and parts.ttft_admission:
             try:
                 self.starved.check(scope.model, tenant.priority, scope.began_s)
                 check_ttft(scope.model, tenant.priority, scope.objective, report, waited_s=waited_s,
-                           predicted_s=scope.predicted_ttft_s)
+                           predicted_s=judged_ttft_s)
             except (FailedPrecondition, ResourceExhausted) as exc:
                 if isinstance(exc, WaitedPastObjective):
                     self.starved.refused(scope.model, tenant.priority, waited_s, scope.began_s)
