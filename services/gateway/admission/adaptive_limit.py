@@ -208,6 +208,11 @@ class LimitPermit:
             self._sampled = True
             self._limit._sample(self._latency_s(), self._budget_s, Outcome.SUCCESS)
 
+    def unserved_s(self) -> float | None:
+        """Seconds so far in which no scheduler could take the request (held, or failing over for want of
+        one); None while it is so now (its time says nothing of the schedulers' speed yet)."""
+        return None if self._unserved_since_s is not None else self._unserved_s
+
     @property
     def num_in_flight(self) -> int:
         """Requests in flight on this permit's limit now."""

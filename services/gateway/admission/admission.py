@@ -200,8 +200,7 @@ class RequestScope:
         now_s = self._clock()
         if self.first_token_s is None:
             self.first_token_s = now_s
-            if self.on_ttft is not None:
-                self.on_ttft(now_s - self.began_s, False)
+            self._report_ttft(now_s - self.began_s, censored=False)
         self.last_token_s = now_s
         self.num_tokens_sent += num_tokens
 
@@ -224,7 +223,21 @@ class RequestScope:
         self._server_span.__exit__(exc_type, exc, tb)  # rpc.grpc.status_code, ERROR status
         self.finish(code)
 
+    def _report_ttft(self, waited_s: float, *, censored: bool) -> None:
+        """To the admission predictor's correction: the TTFT (or, `censored`, the wait without a first token)
+        less the time no scheduler could take the request (held through an outage, failing over): an outage
+        is no news of how fast the schedulers start a stream, and taught as such it raised every class's
+        prediction up to 4x for seconds after the schedulers were back (test_all_schedulers_unavailable)."""
+        if self.on_ttft is None:
+            return
+        unserved_s = 0.0 if self.model_permit is None else self.model_permit.unserved_s()
+        if unserved_s is not None:  # None: it waits for a scheduler now
+            self.on_ttft(max(0.0, waited_s - unserved_s), censored)
+
     def finish(self, code: str) -> None:
+        if self.first_token_s is None:
+            self._report_ttft(self._clock() - self.began_s, censored=True)
+        self.on_ttft = None
         if self.model_permit is not None:
             self.model_permit.done(_LIMIT_OUTCOMES.get(code, Outcome.IGNORED))
             metrics.observe_model_in_flight(self.metric_model, self.model_permit.num_in_flight)
@@ -248,9 +261,6 @@ class RequestScope:
             metrics.observe_stages(self.metric_model, version, self.timings.stages)
         if code == "OK" and self.objective is not None and self.first_token_s is not None:
             self._observe_objective(self.objective, self.first_token_s)
-        if self.first_token_s is None and self.on_ttft is not None:
-            self.on_ttft(duration_s, True)
-        self.on_ttft = None
 
     def _observe_objective(self, objective: LatencyObjective, first_token_s: float) -> None:
         latency = measure(self.began_s, first_token_s, self.last_token_s, self.num_tokens_sent)

@@ -219,3 +219,29 @@ def test_admission_judges_a_quantile_of_the_prediction_and_reports_its_median(cl
         _burst(taught(0.9), clock, 1, 1.0)
     admitted = _burst(taught(0.5), clock, 1, 1.0)[0]
     assert admitted.predicted_ttft_s == pytest.approx(3.5, rel=0.1), "the median"
+
+
+def test_time_no_scheduler_could_take_a_stream_teaches_nothing(clock):
+    """Held through an outage (the dispatcher's unserved()/attempt() on its limit permit), a stream's first token
+    comes seconds late: that is no news of how fast the schedulers start one (test_all_schedulers_unavailable:
+    taught as such, every prediction read up to 4x for seconds after the schedulers were back)."""
+    admission, board = _admission(clock)
+    for _ in range(20):
+        board.update("a:1", [_batch_report(1000.0)])
+        scope = admission.scope("Generate", "gen")
+        admission.admit(scope, None, 30.0, priority=BATCH, objective=lambda: NO_OVERRIDE)
+        scope.model_permit.attempt()
+        clock.advance(0.1)
+        scope.model_permit.unserved(from_attempt=True)  # its scheduler died under it
+        clock.advance(9.0)  # held, no scheduler anywhere
+        scope.model_permit.attempt()  # one is back
+        clock.advance(1.0)
+        scope.tokens_sent(1)  # 10.1 s after admission, 1 s of it on a live scheduler: as predicted
+        scope.finish("OK")
+    assert admission.calibration.factor("gen", BATCH, clock()) == pytest.approx(1.0)
+    held = admission.scope("Generate", "gen")
+    admission.admit(held, None, 30.0, priority=BATCH, objective=lambda: NO_OVERRIDE)
+    held.model_permit.unserved()
+    clock.advance(20.0)
+    held.finish("DEADLINE_EXCEEDED")  # ended while no scheduler could take it: nothing learned
+    assert admission.calibration.factor("gen", BATCH, clock()) == pytest.approx(1.0)
