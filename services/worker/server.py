@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import socket
@@ -86,6 +87,11 @@ class WorkerService:
             await loop.run_in_executor(None, runtime.load)
             # What loading freed (activations, the golden check's KV cache) leaves the RSS before serving.
             await loop.run_in_executor(None, trim_native_heap)
+            # What is left lives as long as the process (the model, torch's and the libraries' objects): out of
+            # the cyclic collector's reach, it costs neither its full collections while serving nor the final
+            # one at exit, which took a model worker 0.8-1.8 s of CPU after its last log line.
+            gc.collect()
+            gc.freeze()
         except ModelRepositoryError as exc:  # the version on disk cannot be served: exit 2, naming why
             raise ConfigError(f"model {model}:{version} cannot be served: {exc}") from None
         self.runtime = runtime
