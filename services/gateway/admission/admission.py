@@ -452,7 +452,5 @@ class Admission:
             metrics.refused(scope.metric_model, tenant.priority, metrics.Refusal.LIMIT)
             raise
         metrics.observe_model_in_flight(scope.metric_model, limit.num_in_flight)
-        if objective is not None:  # a Generate: it queues ahead of the next ones until the next poll counts it
-            parts.board.admitted(scope.model, tenant.priority)
-            if scope.objective is not None and board_ttft_s is not None and parts.ttft_calibration:
-                scope.on_ttft = self._learn_ttft(scope, board_ttft_s, tenant.priority, scope.objective)
+        if scope.objective is not None and board_ttft_s is not None and parts.ttft_calibration:
+            scope.on_ttft = self._learn_ttft(scope, board_ttft_s, tenant.priority, scope.objective)

@@ -192,6 +192,7 @@ class Dispatcher:
                             **_client_attributes(route, "Generate")},
             )
             _slot(scope).attempt()
+            self._board.sent(route.endpoint, scope.model, scope.priority)  # queued there until its next poll
             with trace.use_span(attempt_span, end_on_exit=False):  # the call carries this span's traceparent
                 upstream = call(self._clients.get(route.endpoint), route.version, timeout_s, resume.continuation())
             num_chunks = 0

@@ -90,8 +90,8 @@ class PressureBoard:
         self._by_endpoint: dict[str, tuple[float, dict[str, list[PressureReport]]]] = {}
         # model -> (receive time of its oldest report, aggregate or None)
         self._aggregates: dict[str, tuple[float, PressureReport | None]] = {}
-        # model -> streams admitted per class since the last update (predicted_ttft_s)
-        self._admitted: dict[str, dict[Priority, int]] = {}
+        # endpoint -> model -> streams sent there per class since its last update (predicted_ttft_s)
+        self._sent: dict[str, dict[str, dict[Priority, int]]] = {}
 
     def update(self, endpoint: str, reports: Iterable[PressureReport]) -> None:
         """Replace everything known from `endpoint` with one fresh poll's reports."""
@@ -100,12 +100,13 @@ class PressureBoard:
             by_model.setdefault(report.model, []).append(report)
         self._by_endpoint[endpoint] = (self.clock(), by_model)
         self._aggregates.clear()
-        self._admitted.clear()
+        self._sent.pop(endpoint, None)  # its reports count them now
 
     def forget(self, endpoint: str) -> None:
         """`endpoint` left discovery: its reports no longer count."""
         if self._by_endpoint.pop(endpoint, None) is not None:
             self._aggregates.clear()
+        self._sent.pop(endpoint, None)
 
     def report(self, endpoint: str, model: str) -> PressureReport | None:
         """`endpoint`'s fresh pressure for `model` (best case over its versions), None if none."""
@@ -138,24 +139,37 @@ class PressureBoard:
         return aggregate
 
     def predicted_ttft_s(self, report: PressureReport | None, priority: Priority) -> float | None:
-        """The best predicted TTFT of a new `priority` stream of the model now: `report`'s (pressure(), which
-        the caller already read), plus its growth per queued stream for each stream of its class or a higher
-        one admitted here since (admitted()); None when not predicted. Between two polls a burst would
-        otherwise be admitted whole on the first one's prediction (bench_slo, tinylm at 2x: 10-20 batch
-        streams per 100 ms poll, each predicted 0.5-4.7 s, waited up to 9.4 s)."""
+        """The best predicted TTFT of a new `priority` stream of the model now, None when not predicted: over the
+        fresh reports of every endpoint serving it (`report` is the model's aggregate, pressure(), which the
+        caller already read), each report's prediction plus its growth per queued stream for each stream of the
+        class or a higher one sent to that endpoint since its last poll (sent()). Between two polls a burst would
+        otherwise be admitted whole on the first one's prediction (bench_slo, tinylm at 2x: 10-20 batch streams
+        per 100 ms poll, each predicted 0.5-4.7 s, waited up to 9.4 s); counted per endpoint, a poll of one
+        scheduler resets only what was sent to it."""
         if report is None:
             return None
-        predicted_s = report.ttft_s(priority)
-        admitted = self._admitted.get(report.model)
-        if predicted_s is None or not admitted:
-            return predicted_s
-        num_ahead = sum(n for p, n in admitted.items() if p <= priority)
-        return predicted_s + num_ahead * report.ttft_per_queued_s.get(priority, 0.0)
+        if not self._sent:
+            return report.ttft_s(priority)
+        oldest_allowed_s = self.clock() - self.max_report_age_s
+        best_s: float | None = None
+        for endpoint, (received_s, by_model) in self._by_endpoint.items():
+            if received_s < oldest_allowed_s:
+                continue
+            sent = self._sent.get(endpoint, {}).get(report.model)
+            num_ahead = 0 if not sent else sum(n for p, n in sent.items() if p <= priority)
+            for candidate in by_model.get(report.model, ()):
+                predicted_s = candidate.ttft_s(priority)
+                if predicted_s is None:
+                    continue
+                predicted_s += num_ahead * candidate.ttft_per_queued_s.get(priority, 0.0)
+                if best_s is None or predicted_s < best_s:
+                    best_s = predicted_s
+        return best_s
 
-    def admitted(self, model: str, priority: Priority) -> None:
-        """A stream of `model` and `priority` was admitted and goes upstream: it queues ahead of the next ones of
-        its class and the classes below until the next poll reports it."""
-        by_class = self._admitted.setdefault(model, {})
+    def sent(self, endpoint: str, model: str, priority: Priority) -> None:
+        """A stream of `model` and `priority` went to `endpoint` (an attempt, a resume): it queues there ahead of
+        the next ones of its class and the classes below until that endpoint's next poll reports it."""
+        by_class = self._sent.setdefault(endpoint, {}).setdefault(model, {})
         by_class[priority] = by_class.get(priority, 0) + 1
 
     def num_slots(self, model: str) -> int:

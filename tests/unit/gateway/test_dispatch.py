@@ -15,7 +15,7 @@ from services.gateway.dispatch.dispatcher import Dispatcher
 from services.gateway.dispatch.retry_budget import RetryBudgetConfig, RetryBudgets
 from services.gateway.dispatch.retry_policy import RetryPolicy, RetryPolicyConfig, WorkKind
 from services.gateway.routing.circuit_breaker import BreakerConfig, BreakerState, CircuitBreakers
-from services.gateway.routing.pressure import PressureBoard
+from services.gateway.routing.pressure import PressureBoard, PressureReport
 from services.gateway.routing.table import RoutingTable
 from services.gateway.upstream.clients import AttemptError
 from services.gateway.upstream.status import UpstreamCode
@@ -223,3 +223,14 @@ async def test_a_streams_first_chunk_closes_a_half_open_breaker_for_the_other_ca
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_each_stream_attempt_counts_on_the_board_against_the_endpoint_it_went_to(parts):
+    """PressureBoard.sent: a stream queues at the endpoint it went to until that endpoint's next poll, and the
+    next stream's predicted TTFT counts it (routing/pressure.py predicted_ttft_s); a retry counts where it went."""
+    board = parts.dispatcher._board
+    board.update(ENDPOINT, [PressureReport.from_fields("digits", [0, 0, 0, 0], 0, 0.0, 1, 0, 8, [0, 0, 100_000, 0],
+                                                       5_000, [0, 0, 40_000, 0])])
+    streams = [FakeStream([], _unavailable()), FakeStream([_chunk(0, 1, final=True)])]
+    [c async for c in parts.dispatcher.stream(parts.scope, lambda *_: streams.pop(0), lambda c: None)]
+    assert board.predicted_ttft_s(board.pressure("digits"), Priority.STANDARD) == pytest.approx(0.1 + 2 * 0.04)

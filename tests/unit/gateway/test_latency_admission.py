@@ -187,8 +187,8 @@ def test_streams_admitted_since_the_last_poll_queue_ahead_of_the_next_in_their_c
                                  per_queued_ms=per_queued)])
     assert board.predicted_ttft_s(board.pressure("gen"), Priority.SHEDDABLE) == pytest.approx(3.0)
     for _ in range(3):
-        board.admitted("gen", Priority.SHEDDABLE)
-    board.admitted("gen", Priority.CRITICAL)
+        board.sent("a:1", "gen", Priority.SHEDDABLE)
+    board.sent("a:1", "gen", Priority.CRITICAL)
     # All four are ahead of the next sheddable stream; only the critical one is ahead of a critical or a
     # standard stream (the sheddable ones go after them).
     assert board.predicted_ttft_s(board.pressure("gen"), Priority.SHEDDABLE) == pytest.approx(3.0 + 4 * 0.4)
@@ -197,8 +197,8 @@ def test_streams_admitted_since_the_last_poll_queue_ahead_of_the_next_in_their_c
     batch = LatencyObjective(ttft_ms=5000.0, tpot_ms=1000.0)
     check_ttft("gen", Priority.SHEDDABLE, batch, board.pressure("gen"),
                predicted_s=board.predicted_ttft_s(board.pressure("gen"), Priority.SHEDDABLE))  # 4.6 s: admitted
-    board.admitted("gen", Priority.SHEDDABLE)
-    board.admitted("gen", Priority.SHEDDABLE)
+    board.sent("a:1", "gen", Priority.SHEDDABLE)
+    board.sent("a:1", "gen", Priority.SHEDDABLE)
     with pytest.raises(ResourceExhausted):  # 5.4 s, past its 5 s target, on the same report
         check_ttft("gen", Priority.SHEDDABLE, batch, board.pressure("gen"),
                    predicted_s=board.predicted_ttft_s(board.pressure("gen"), Priority.SHEDDABLE))
@@ -207,9 +207,33 @@ def test_streams_admitted_since_the_last_poll_queue_ahead_of_the_next_in_their_c
     assert board.predicted_ttft_s(board.pressure("gen"), Priority.SHEDDABLE) == pytest.approx(4.6)
 
 
+def test_streams_sent_to_one_scheduler_count_against_its_report_only_and_its_poll_resets_only_them():
+    """Two schedulers: each stream sent counts against the report of the endpoint it went to, the prediction is
+    the best over them, and one endpoint's poll resets only what was sent to it."""
+    now = [100.0]
+    board = PressureBoard(lambda: now[0])
+    per_queued = {Priority.SHEDDABLE: 500.0}
+    board.update("a:1", [_report({Priority.SHEDDABLE: 1000.0}, per_queued_ms=per_queued)])
+    board.update("b:1", [_report({Priority.SHEDDABLE: 1600.0}, per_queued_ms=per_queued)])
+    assert board.predicted_ttft_s(board.pressure("gen"), Priority.SHEDDABLE) == pytest.approx(1.0)
+    for _ in range(2):
+        board.sent("a:1", "gen", Priority.SHEDDABLE)
+    # a: 1.0 + 2 x 0.5 = 2.0; b: 1.6 with nothing sent: b is now the best
+    assert board.predicted_ttft_s(board.pressure("gen"), Priority.SHEDDABLE) == pytest.approx(1.6)
+    board.sent("b:1", "gen", Priority.SHEDDABLE)
+    assert board.predicted_ttft_s(board.pressure("gen"), Priority.SHEDDABLE) == pytest.approx(2.0)
+    board.update("b:1", [_report({Priority.SHEDDABLE: 2100.0}, per_queued_ms=per_queued)])  # counts b's stream
+    assert board.predicted_ttft_s(board.pressure("gen"), Priority.SHEDDABLE) == pytest.approx(2.0), "a's still count"
+    board.forget("a:1")
+    assert board.predicted_ttft_s(board.pressure("gen"), Priority.SHEDDABLE) == pytest.approx(2.1)
+    now[0] += 10.0  # every report stale: nothing predicted, whatever was sent
+    board.sent("b:1", "gen", Priority.SHEDDABLE)
+    assert board.predicted_ttft_s(board.pressure("gen"), Priority.SHEDDABLE) is None
+
+
 def test_a_report_without_a_slope_keeps_its_prediction_until_the_next_poll():
     board = PressureBoard(lambda: 100.0)
     board.update("a:1", [_report({Priority.SHEDDABLE: 900.0})])
-    board.admitted("gen", Priority.SHEDDABLE)
+    board.sent("a:1", "gen", Priority.SHEDDABLE)
     assert board.predicted_ttft_s(board.pressure("gen"), Priority.SHEDDABLE) == pytest.approx(0.9)
     assert board.predicted_ttft_s(board.pressure("other"), Priority.SHEDDABLE) is None
