@@ -207,6 +207,7 @@ def encode_pressure(key: ModelKey, pressure: ModelPressure) -> common_pb2.ModelP
         predicted_ttft_us=pressure.predicted_ttft_us_by_priority(),
         min_ttft_us=seconds_to_us(pressure.min_ttft_s),
         ttft_per_queued_us=pressure.ttft_per_queued_us_by_priority(),
+        ttft_per_prompt_token_ns=round(min(pressure.ttft_per_prompt_token_s, 1.0) * 1e9),
     )
 
 

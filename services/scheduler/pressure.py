@@ -42,6 +42,9 @@ class ModelPressure:
     # Generate: predicted_ttft_s's growth per typical stream queued ahead after this report, per class
     # (StepScheduler.ttft_per_queued_s), on the worker whose prediction it is; empty for classifiers.
     ttft_per_queued_s: Mapping[Priority, float] = field(default_factory=dict)
+    # Generate: how much a new stream's predicted TTFT grows per token of its own prompt (its prefill), seconds,
+    # on the fastest worker (StepScheduler.ttft_per_prompt_token_s); 0: unknown, or a classifier.
+    ttft_per_prompt_token_s: float = 0.0
 
     def est_queue_time_us_by_priority(self) -> list[int]:
         """ModelPressure.est_queue_time_us: indexed by Priority value, index 0 (UNSPECIFIED) unused."""
@@ -100,6 +103,7 @@ def generator_pressure(schedulers: Collection[StepScheduler]) -> ModelPressure:
         # its worker's slope over the number of workers per stream admitted.
         ttft_per_queued_s={p: _capped(best[p][0].ttft_per_queued_s(p, best[p][1])) / len(schedulers)
                            for p in Priority},
+        ttft_per_prompt_token_s=min(s.ttft_per_prompt_token_s() for s in schedulers),
     )
 
 

@@ -554,6 +554,16 @@ class StepScheduler:
         ahead_s = self.predicted_latency(priority, num_queued_ahead=QUEUED_SLOPE_SPAN).ttft_s
         return max(0.0, (ahead_s - base_s) / QUEUED_SLOPE_SPAN)
 
+    def ttft_per_prompt_token_s(self) -> float:
+        """How much a new sequence's predicted TTFT grows per token of its own prompt: its prefill, chunked at the
+        step's token budget beside the running decodes, averaged over one full budget of prompt tokens (the
+        prediction reported per class is for a one-token prompt; a gateway tells a long prompt's own prefill from
+        its wait with it)."""
+        span = self.config.max_num_batched_tokens
+        one_s = self.predicted_latency(Priority.CRITICAL).ttft_s
+        full_s = self.predicted_latency(Priority.CRITICAL, span + 1).ttft_s
+        return max(0.0, (full_s - one_s) / span)
+
     def predicted_latency(self, priority: Priority, num_prompt_tokens: int = 1, *,
                           num_queued_ahead: int = 0) -> LatencyPrediction:
         """TTFT and TPOT a new sequence of `priority` would see here: the prompt tokens queued at or

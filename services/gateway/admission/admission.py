@@ -364,6 +364,7 @@ class Admission:
         self, scope: RequestScope, authorization: Authorization, client_timeout_s: float | None, num_tokens: int = 0,
         priority: Priority | None = None, check_request: Callable[[], None] | None = None,
         objective: Callable[[], ObjectiveOverride] | None = None, waited_s: float = 0.0,
+        num_prompt_tokens: int = 0,
     ) -> None:
         """Admit the request or raise the domain error that refuses it; fills `scope`.
 
@@ -373,7 +374,9 @@ class Admission:
         request is counted under its tenant.
         objective: the request's own latency targets (Generate), read at the same point; with the
         tenant's and its class's they resolve to `scope.objective` (InvalidArgument out of bounds).
-        waited_s: what the request spent before the handler ran (its ingress), counted against its TTFT target."""
+        waited_s: what the request spent before the handler ran (its ingress), counted against its TTFT target.
+        num_prompt_tokens: a Generate's prompt length as the gateway estimates it (an upper bound): its own prefill
+        is told from its wait when its measured TTFT teaches the prediction's correction."""
         parts = self.parts
         try:
             scope.permit = parts.limiter.acquire()
@@ -453,4 +456,8 @@ class Admission:
             raise
         metrics.observe_model_in_flight(scope.metric_model, limit.num_in_flight)
         if scope.objective is not None and board_ttft_s is not None and parts.ttft_calibration:
-            scope.on_ttft = self._learn_ttft(scope, board_ttft_s, tenant.priority, scope.objective)
+            # Against what the schedulers would predict for its own prompt: the board's figure is for one token, and a
+            # long prompt's prefill is no error of the wait's prediction (an over-estimate of the prompt's tokens
+            # only takes more off: the correction errs low, toward admitting).
+            own_prefill_s = 0.0 if report is None else max(0, num_prompt_tokens - 1) * report.ttft_per_prompt_token_s
+            scope.on_ttft = self._learn_ttft(scope, board_ttft_s + own_prefill_s, tenant.priority, scope.objective)

@@ -266,7 +266,7 @@ class GenerateCore:
                               check_request=check_request,
                               objective=lambda: request_override(wanted.ttft_ms, wanted.tpot_ms,
                                                                  caller.ttft_ms, caller.tpot_ms),
-                              waited_s=waited_s)
+                              waited_s=waited_s, num_prompt_tokens=prompt_tokens)
         forward_objective(request, scope.objective, self._admission.parts.ttft_admission)
         fix_seed(request.sampling, self._seed_source)
         return prompt_tokens

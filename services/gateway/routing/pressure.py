@@ -35,6 +35,8 @@ class PressureReport:
     # How much predicted_ttft_s of each class grows per stream queued ahead of it since the report, seconds;
     # empty: not reported (an older scheduler: the prediction stands until the next poll).
     ttft_per_queued_s: Mapping[Priority, float] = field(default_factory=dict)
+    # How much a new stream's predicted TTFT grows per token of its own prompt, seconds; 0: unknown.
+    ttft_per_prompt_token_s: float = 0.0
 
     @classmethod
     def from_fields(
@@ -49,6 +51,7 @@ class PressureReport:
         predicted_ttft_us: Sequence[int] = (),
         min_ttft_us: int = 0,
         ttft_per_queued_us: Sequence[int] = (),
+        ttft_per_prompt_token_ns: int = 0,
     ) -> PressureReport:
         """From ModelPressure's field values; `est_queue_time_us` is indexed by Priority number."""
         queue_s = {p: (est_queue_time_us[p] / 1e6 if p < len(est_queue_time_us) else 0.0) for p in Priority}
@@ -66,6 +69,7 @@ class PressureReport:
             min_ttft_s=min_ttft_us / 1e6,
             ttft_per_queued_s={p: ttft_per_queued_us[p] / 1e6 for p in Priority
                                if p < len(ttft_per_queued_us) and ttft_per_queued_us[p] > 0},
+            ttft_per_prompt_token_s=max(0, ttft_per_prompt_token_ns) / 1e9,
         )
 
     def queue_time_s(self, priority: Priority) -> float:
@@ -196,6 +200,8 @@ def _best_case(model: str, reports: list[PressureReport]) -> PressureReport:
         predicted_ttft_s={p: r.predicted_ttft_s[p] for p, r in best.items()},
         min_ttft_s=min((r.min_ttft_s for r in reports if r.min_ttft_s > 0), default=0.0),
         ttft_per_queued_s={p: r.ttft_per_queued_s[p] for p, r in best.items() if p in r.ttft_per_queued_s},
+        ttft_per_prompt_token_s=min((r.ttft_per_prompt_token_s for r in reports if r.ttft_per_prompt_token_s > 0),
+                                    default=0.0),
     )
 
 

@@ -172,4 +172,5 @@ def _report(pressure) -> PressureReport:
         list(pressure.predicted_ttft_us),
         pressure.min_ttft_us,
         list(pressure.ttft_per_queued_us),
+        pressure.ttft_per_prompt_token_ns,
     )

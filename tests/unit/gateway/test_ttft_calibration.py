@@ -245,3 +245,34 @@ def test_time_no_scheduler_could_take_a_stream_teaches_nothing(clock):
     clock.advance(20.0)
     held.finish("DEADLINE_EXCEEDED")  # ended while no scheduler could take it: nothing learned
     assert admission.calibration.factor("gen", BATCH, clock()) == pytest.approx(1.0)
+
+
+def test_a_long_prompt_s_own_prefill_is_no_error_of_the_wait_s_prediction(clock):
+    """The board predicts a one-token prompt; each scheduler also says what each token of a stream's own prompt
+    adds (ModelPressure.ttft_per_prompt_token_ns). Streams of 1 000-token prompts that took 1.1 s where one token
+    was predicted 0.1 s at 1 ms a token ran as predicted: nothing to correct, where the bare ratio read 11x."""
+    def taught(num_prompt_tokens: int) -> float:
+        admission, board = _admission(clock)
+        for _ in range(20):
+            board.update("a:1", [PressureReport.from_fields("gen", [0, 0, 0, 0], 0, 0.0, 1, 10_000, 8,
+                                                            [0, 0, 0, 100_000], 5_000, [0, 0, 0, 0], 1_000_000)])
+            scope = admission.scope("Generate", "gen")
+            admission.admit(scope, None, 30.0, priority=BATCH, objective=lambda: NO_OVERRIDE,
+                            num_prompt_tokens=num_prompt_tokens)
+            clock.advance(1.1)
+            scope.tokens_sent(1)
+            scope.finish("OK")
+        return admission.calibration.factor("gen", BATCH, clock())
+
+    assert taught(1001) == pytest.approx(1.0)
+    assert taught(0) == pytest.approx(MAX_FACTOR), "the prompt's length unknown: its prefill reads as the wait's error"
+
+
+def test_the_aggregate_report_keeps_the_fastest_worker_s_cost_per_prompt_token(clock):
+    board = PressureBoard(clock)
+    report = PressureReport.from_fields("gen", [0, 0, 0, 0], 0, 0.0, 1, 10_000, 8, [0, 0, 0, 100_000], 5_000,
+                                        [0, 0, 0, 0], 2_000)
+    older = PressureReport.from_fields("gen", [0, 0, 0, 0], 0, 0.0, 1, 10_000, 8, [0, 0, 0, 200_000], 5_000)
+    board.update("a:1", [report])
+    board.update("b:1", [older])  # an older scheduler reports none (0): unknown, not free
+    assert board.pressure("gen").ttft_per_prompt_token_s == pytest.approx(2e-6)

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from services.scheduler import call_codec
+from services.scheduler.attach_types import ModelKey
 from services.scheduler.fair_queue import Priority
 from services.scheduler.pressure import MAX_QUEUE_TIME_S, classifier_pressure, generator_pressure
 
@@ -91,6 +93,18 @@ def test_generator_pressure_reports_how_its_prediction_grows_per_stream_queued_s
         alone.ttft_per_queued_s[Priority.SHEDDABLE] * 1e6)
     two = generator_pressure([one, full(101)])  # two such workers: each takes half of what is admitted
     assert two.ttft_per_queued_s[Priority.SHEDDABLE] == pytest.approx(alone.ttft_per_queued_s[Priority.SHEDDABLE] / 2)
+
+
+def test_generator_pressure_reports_what_each_token_of_a_stream_s_own_prompt_adds_to_its_ttft(clock):
+    scheduler = make_scheduler(clock, num_blocks=64, max_num_seqs=8)  # 32 tokens a step, nothing running
+    pressure = generator_pressure([scheduler])
+    # A prompt of 33 tokens takes two steps where one token takes one: one step per 32 tokens.
+    assert pressure.ttft_per_prompt_token_s == pytest.approx(scheduler.config.initial_step_time_s / 32)
+    assert scheduler.predicted_latency(Priority.CRITICAL, 33).ttft_s == pytest.approx(
+        pressure.predicted_ttft_s[Priority.CRITICAL] + 32 * pressure.ttft_per_prompt_token_s)
+    wire = call_codec.encode_pressure(ModelKey("gen", "1"), pressure)
+    assert wire.ttft_per_prompt_token_ns == round(pressure.ttft_per_prompt_token_s * 1e9)
+    assert classifier_pressure(make_batcher(clock, workers={"w1": 4})).ttft_per_prompt_token_s == 0.0
 
 
 def test_the_step_time_fit_learns_from_the_steps_run(clock):
