@@ -416,8 +416,8 @@ class Admission:
             board_ttft_s = judged_ttft_s = scope.predicted_ttft_s = parts.board.predicted_ttft_s(report, tenant.priority)
             if board_ttft_s is not None and parts.ttft_calibration:
                 calibration, model, priority, now_s = self.calibration, scope.model, tenant.priority, scope.began_s
-                scope.predicted_ttft_s = board_ttft_s * calibration.factor(model, priority, now_s)
-                scope.ttft_correction = calibration.factor(model, priority, now_s, parts.ttft_admit_quantile)
+                median, scope.ttft_correction = calibration.factors(model, priority, now_s, parts.ttft_admit_quantile)
+                scope.predicted_ttft_s = board_ttft_s * median
                 judged_ttft_s = board_ttft_s * scope.ttft_correction
         if scope.objective is not None and parts.ttft_admission:
             try:

@@ -29,6 +29,7 @@ Pure: no clock, no metrics; the caller passes the time.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -66,6 +67,18 @@ class _Mean:
         return self.log_sum * keep, self.square_sum * keep, self.weight * keep
 
 
+@functools.lru_cache(maxsize=8)
+def _z(quantile: float) -> float:
+    """A standard normal's `quantile` (configured once: cached off the per-stream path)."""
+    if not 0 < quantile < 1:
+        raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+    return NormalDist().inv_cdf(quantile)
+
+
+def _bounded_exp(log_factor: float) -> float:
+    return math.exp(min(max(log_factor, math.log(MIN_FACTOR)), math.log(MAX_FACTOR)))
+
+
 class TtftCalibration:
     """The learned factor per (model, class)."""
 
@@ -81,11 +94,13 @@ class TtftCalibration:
     def factor(self, model: str, priority: Priority, now_s: float, quantile: float = 0.5) -> float:
         """What to multiply the class's predicted TTFT by now for its `quantile` (0.5: the median; 1: nothing
         learned, or all of it faded)."""
-        if not 0 < quantile < 1:
-            raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+        return self.factors(model, priority, now_s, quantile)[1]
+
+    def factors(self, model: str, priority: Priority, now_s: float, quantile: float) -> tuple[float, float]:
+        """The median's factor and the `quantile`'s, from one look at the class (admission needs both per stream)."""
+        z = _z(quantile)
         mean, sd = self._log_now((model, priority), now_s)
-        log_factor = mean if quantile == 0.5 else mean + NormalDist().inv_cdf(quantile) * sd
-        return math.exp(min(max(log_factor, math.log(MIN_FACTOR)), math.log(MAX_FACTOR)))
+        return _bounded_exp(mean), _bounded_exp(mean + z * sd)
 
     def observe(self, model: str, priority: Priority, *, predicted_s: float, measured_s: float, target_s: float,
                 now_s: float, censored: bool = False) -> None:
