@@ -6,11 +6,27 @@ import os
 from collections import Counter
 
 import pytest
+from opentelemetry import context as otel_context
 
 from infermesh.v1 import gateway_pb2_grpc
+from services.common import log_context
 from tests.support import side_venv
 from tools.testbed import session_tls
 from tools.testbed.processes import Mesh, running_mesh
+
+
+@pytest.fixture(autouse=True)
+def no_request_context_across_tests():
+    """Every test starts with no request ids bound and no current span, and leaves none behind. A test that
+    drives a handler's parts in its own thread, outside the task a handler runs in (Admission.admit binds the
+    tenant; a span entered and not left stays current), would otherwise leave them on the lines of whichever test
+    its pytest process runs next: CI's run of stop 46 failed 6 of test_log_context's tests that way, depending on
+    which files pytest-xdist handed to the same process before it."""
+    bound = log_context._bound.set(None)  # noqa: SLF001 - the tests' reset, not an API
+    attached = otel_context.attach(otel_context.Context())
+    yield
+    otel_context.detach(attached)
+    log_context._bound.reset(bound)  # noqa: SLF001
 
 
 @pytest.fixture(scope="session")
