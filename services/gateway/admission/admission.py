@@ -153,11 +153,13 @@ class RequestScope:
         self.deadline: Deadline | None = None
         # Generate: the TTFT / TPOT targets admission resolved (common/objectives.py); None for Classify.
         self.objective: LatencyObjective | None = None
-        # The best scheduler's predicted TTFT for its class at admission, seconds; None: none predicted.
+        # The best scheduler's predicted TTFT for its class and prompt at admission, seconds; None: none predicted.
         self.predicted_ttft_s: float | None = None
         # What admission multiplied its class's predicted TTFT by to judge it (ttft_calibration.py: the admission
         # quantile's factor); routing judges the replicas' own predictions with it.
         self.ttft_correction = 1.0
+        # What its own prompt's prefill adds to the predicted TTFT, seconds (the board predicts a one-token prompt).
+        self.own_prefill_s = 0.0
         # Generate: when its first and latest tokens were sent (scope clock), and how many (tokens_sent).
         self.first_token_s: float | None = None
         # An admitted Generate's TTFT goes here (seconds from began_s; True: it ended without a first token, so
@@ -376,7 +378,8 @@ class Admission:
         tenant's and its class's they resolve to `scope.objective` (InvalidArgument out of bounds).
         waited_s: what the request spent before the handler ran (its ingress), counted against its TTFT target.
         num_prompt_tokens: a Generate's prompt length as the gateway estimates it (an upper bound): its own prefill
-        is told from its wait when its measured TTFT teaches the prediction's correction."""
+        is added to the schedulers' one-token prediction, both where admission judges it and where its measured
+        TTFT teaches the prediction's correction."""
         parts = self.parts
         try:
             scope.permit = parts.limiter.acquire()
@@ -413,7 +416,14 @@ class Admission:
         judged_ttft_s: float | None = None  # the quantile of it admission judges (ttft_calibration.py)
         if scope.objective is not None:
             report = parts.board.pressure(scope.model)
-            board_ttft_s = judged_ttft_s = scope.predicted_ttft_s = parts.board.predicted_ttft_s(report, tenant.priority)
+            board_ttft_s = parts.board.predicted_ttft_s(report, tenant.priority)
+            if board_ttft_s is not None and report is not None:
+                # The board predicts a one-token prompt; this stream's own prefill comes on top. The prompt's length
+                # is the quota's upper bound, and the correction learns against the same figure, so a class's
+                # typical over-estimate is corrected away; only an unusually long prompt reads long.
+                scope.own_prefill_s = max(0, num_prompt_tokens - 1) * report.ttft_per_prompt_token_s
+                board_ttft_s += scope.own_prefill_s
+            judged_ttft_s = scope.predicted_ttft_s = board_ttft_s
             if board_ttft_s is not None and parts.ttft_calibration:
                 calibration, model, priority, now_s = self.calibration, scope.model, tenant.priority, scope.began_s
                 median, scope.ttft_correction = calibration.factors(model, priority, now_s, parts.ttft_admit_quantile)
@@ -456,8 +466,5 @@ class Admission:
             raise
         metrics.observe_model_in_flight(scope.metric_model, limit.num_in_flight)
         if scope.objective is not None and board_ttft_s is not None and parts.ttft_calibration:
-            # Against what the schedulers would predict for its own prompt: the board's figure is for one token, and a
-            # long prompt's prefill is no error of the wait's prediction (an over-estimate of the prompt's tokens
-            # only takes more off: the correction errs low, toward admitting).
-            own_prefill_s = 0.0 if report is None else max(0, num_prompt_tokens - 1) * report.ttft_per_prompt_token_s
-            scope.on_ttft = self._learn_ttft(scope, board_ttft_s + own_prefill_s, tenant.priority, scope.objective)
+            # Against the prediction for its own prompt: a long prompt's prefill is no error of the wait's prediction.
+            scope.on_ttft = self._learn_ttft(scope, board_ttft_s, tenant.priority, scope.objective)

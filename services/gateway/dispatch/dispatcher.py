@@ -577,9 +577,10 @@ def _attempt_span(number: int, route: Route, method: str):
 
 def _ttft_target_s(scope) -> float | None:
     """A Generate's TTFT target for routing (replicas predicted to meet it first), over the correction admission
-    applied to its class's predictions (admission/ttft_calibration.py): a replica's own prediction meets this
-    when, corrected, it meets the target; None otherwise."""
+    applied to its class's predictions (admission/ttft_calibration.py), less its own prompt's prefill (the
+    replicas predict a one-token prompt): a replica's own prediction meets this when, with the prompt's prefill
+    and corrected, it meets the target; None otherwise."""
     objective = getattr(scope, "objective", None)
     if objective is None:
         return None
-    return objective.ttft_ms / 1000 / getattr(scope, "ttft_correction", 1.0)
+    return objective.ttft_ms / 1000 / getattr(scope, "ttft_correction", 1.0) - getattr(scope, "own_prefill_s", 0.0)

@@ -268,6 +268,30 @@ def test_a_long_prompt_s_own_prefill_is_no_error_of_the_wait_s_prediction(clock)
     assert taught(0) == pytest.approx(MAX_FACTOR), "the prompt's length unknown: its prefill reads as the wait's error"
 
 
+def test_a_stream_s_own_prefill_is_part_of_the_ttft_it_is_judged_and_routed_on(clock):
+    """The factor is learned against the board's prediction plus the prompt's prefill (above), so it is judged on
+    the same: a 4 000-token prompt at 1 ms a token starts 4 s later than a one-token prompt, past a 5 s target
+    where the wait alone (1.5 s) is not. Routing's target for the replicas' one-token predictions leaves room for it."""
+    admission, board = _admission(clock, calibrate=False)
+
+    def report() -> None:
+        board.update("a:1", [PressureReport.from_fields("gen", [0, 0, 0, 0], 0, 0.0, 1, 10_000, 8,
+                                                        [0, 0, 0, 1_500_000], 5_000, [0, 0, 0, 0], 1_000_000)])
+
+    def admitted(num_prompt_tokens: int):
+        report()
+        scope = admission.scope("Generate", "gen")
+        admission.admit(scope, None, 30.0, priority=BATCH, objective=lambda: NO_OVERRIDE,
+                        num_prompt_tokens=num_prompt_tokens)
+        return scope
+
+    short = admitted(1001)
+    assert short.predicted_ttft_s == pytest.approx(2.5) and short.own_prefill_s == pytest.approx(1.0)
+    assert _ttft_target_s(short) == pytest.approx(4.0), "a replica predicting 4 s for one token would start it at 5 s"
+    with pytest.raises(ResourceExhausted, match="would start a sheddable stream in 5500 ms"):
+        admitted(4001)
+
+
 def test_the_aggregate_report_keeps_the_fastest_worker_s_cost_per_prompt_token(clock):
     board = PressureBoard(clock)
     report = PressureReport.from_fields("gen", [0, 0, 0, 0], 0, 0.0, 1, 10_000, 8, [0, 0, 0, 100_000], 5_000,
