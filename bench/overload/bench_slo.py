@@ -53,6 +53,7 @@ from bench.harness.mesh_ready import WORKER_ENV, wait_attached
 from bench.harness.results import MODEL_REPO, RESULTS_DIR, finite, write_report
 from bench.harness.send_result import SendResult
 from bench.harness.stats import quantile
+from bench.harness.stop_signal import exit_on_sigterm
 from bench.overload import placement
 from bench.overload.bench_overload import (
     KEYS,
@@ -435,6 +436,7 @@ def main() -> None:
     parser.add_argument("--multiples", default=",".join(map(str, MULTIPLES)),
                         help="comma-separated multiples of the peak to offer (1.0 is the reference)")
     args = parser.parse_args()
+    exit_on_sigterm()  # stopped by SIGTERM, its mesh and load processes stop too
     if not args.window_s > 0:
         parser.error(f"--window-s must be > 0, got {args.window_s}")
     profile = replace(QUICK, generate_s=args.window_s)
