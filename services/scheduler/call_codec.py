@@ -110,6 +110,13 @@ def _json_object_or_text(text: str) -> Any:
     return value if isinstance(value, dict) else text
 
 
+def prediction_factor(factor: float) -> float:
+    """ScheduleGenerateRequest.ttft_prediction_factor as the pool judges with it: 0 (unset) is 1."""
+    if not math.isfinite(factor) or factor < 0:
+        raise errors.InvalidArgument(f"ttft_prediction_factor must be a finite number >= 0 (0: 1), got {factor}")
+    return factor or 1.0
+
+
 def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int, vocab_size: int | None = None) -> SamplingParams:
     """`max_tokens`: the request's, or the default the servicer chose. `vocab_size`: the model's,
     which every logit_bias token id must be below (None: not checked)."""

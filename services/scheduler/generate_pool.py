@@ -172,12 +172,14 @@ class GeneratePool:
 
     def submit(self, stream: GenerateStream, prompt_ids: tuple[int, ...], sampling: SamplingParams,
                delivered_token_ids: tuple[int, ...] = (), ttft_target_s: float | None = None,
-               tpot_target_s: float | None = None) -> None:
+               tpot_target_s: float | None = None, *, ttft_prediction_factor: float = 1.0) -> None:
         """`delivered_token_ids`: a continuation's tokens (StepScheduler.add_request).
         `ttft_target_s`: the request's TTFT target (GenerateRequest.objectives); a new stream goes to
         the routed worker if it is predicted to meet it, else to another that is, else is refused
         (latency_predictor.py): FailedPrecondition below one step alone, ResourceExhausted with the
         excess as retry hint otherwise. A continuation already had its first token: no target.
+        `ttft_prediction_factor`: what the gateway multiplies the predictions by where it judges them
+        (ScheduleGenerateRequest.ttft_prediction_factor); they are judged here the same way.
         `tpot_target_s`: its TPOT target, which paces the steps it runs in (tpot_pacing.py); below one
         step alone, FailedPrecondition at once."""
         loops = self._usable_loops()
@@ -193,7 +195,8 @@ class GeneratePool:
         if tpot_target_s is not None and not delivered_token_ids:
             self._check_tpot_meetable(loops, tpot_target_s)
         if ttft_target_s is not None and not delivered_token_ids:
-            route = self._meeting(route, loops, len(prompt_ids), Priority(stream.tenant.priority), ttft_target_s)
+            route = self._meeting(route, loops, len(prompt_ids), Priority(stream.tenant.priority), ttft_target_s,
+                                  ttft_prediction_factor)
         loop = route.worker
         stream.seq = loop.scheduler.add_request(
             stream.seq_id, prompt_ids, sampling, stream.tenant, deadline_s=stream.deadline_s,
@@ -216,11 +219,12 @@ class GeneratePool:
                 f"takes {least_s * 1000:.1f} ms on its fastest worker")
 
     def _meeting(self, route: Route[WorkerLoop], loops: list[WorkerLoop], num_prompt_tokens: int,
-                 priority: Priority, ttft_target_s: float) -> Route[WorkerLoop]:
+                 priority: Priority, ttft_target_s: float, factor: float = 1.0) -> Route[WorkerLoop]:
         """`route` if its worker is predicted to meet the TTFT target (its cache hit counted), else the
-        worker predicted fastest if that one meets it; raises when none does."""
+        worker predicted fastest if that one meets it; raises when none does. Each prediction is judged
+        times `factor`, the gateway's correction of them."""
         def predicted_s(loop: WorkerLoop, num_cached: int) -> float:
-            return loop.scheduler.predicted_latency(priority, max(1, num_prompt_tokens - num_cached)).ttft_s
+            return factor * loop.scheduler.predicted_latency(priority, max(1, num_prompt_tokens - num_cached)).ttft_s
 
         routed_s = predicted_s(route.worker, route.num_cached_tokens)
         if routed_s <= ttft_target_s:

@@ -42,6 +42,7 @@ from services.scheduler.call_codec import (
     add_stages,
     decode_sampling,
     encode_pressure,
+    prediction_factor,
     prompt_token_ids,
 )
 from services.scheduler.chunk_coalescer import ChunkCoalescer, CoalescedEvents
@@ -245,7 +246,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             span.set_attribute("infermesh.continued_tokens", len(delivered))
         ttft_target_s = req.objectives.ttft_ms / 1000 if req.objectives.ttft_ms else None
         tpot_target_s = req.objectives.tpot_ms / 1000 if req.objectives.tpot_ms else None
-        entry.pool.submit(stream, prompt_ids, sampling, delivered, ttft_target_s, tpot_target_s)
+        entry.pool.submit(stream, prompt_ids, sampling, delivered, ttft_target_s, tpot_target_s,
+                          ttft_prediction_factor=prediction_factor(request.ttft_prediction_factor))
         return GenerateCall(req.request_id, entry, stream, began_s, span, self._clock, self._metrics.generate_finished,
                             tool_call_parser=entry.pool.text.tool_call_parser if req.tools else "")
 

@@ -126,6 +126,17 @@ def quota_hold(request: gateway_pb2.GenerateRequest, context_len: int) -> tuple[
     return prompt_tokens, num_tokens
 
 
+def schedule_request(request: gateway_pb2.GenerateRequest, scope: RequestScope,
+                     judged: bool) -> scheduler_pb2.ScheduleGenerateRequest:
+    """What goes to the scheduler: the request and its tenant, and where admission judged its predicted TTFT
+    (`judged`), the factor it multiplied the predictions by: the scheduler's own check at submission judges its
+    prediction the same way, so it does not refuse what admission let through on a correction below 1."""
+    upstream = scheduler_pb2.ScheduleGenerateRequest(request=request, tenant=tenant_context(scope.admitted_tenant))
+    if judged and scope.objective is not None:
+        upstream.ttft_prediction_factor = scope.ttft_correction
+    return upstream
+
+
 def tenant_context(tenant: Tenant) -> scheduler_pb2.TenantContext:
     # The enum's number (Priority's values are infermesh.v1.Priority's); the .pyi only lists enum members.
     priority = cast("common_pb2.Priority", int(tenant.priority))
@@ -206,7 +217,7 @@ class GenerateCore:
             with span("admission"):
                 prompt_tokens = self._admit(scope, request, caller, waited_s)
             admitted_s = self._clock()
-            upstream = scheduler_pb2.ScheduleGenerateRequest(request=request, tenant=tenant_context(scope.admitted_tenant))
+            upstream = schedule_request(request, scope, self._admission.parts.ttft_admission)
 
             def call(client, version: str, timeout_s: float, continuation: tuple[int, ...]):
                 upstream.request.model.version = version

@@ -3,9 +3,13 @@ refused at once (GeneratePool.submit with ttft_target_s). Fake clock: each fake 
 
 from __future__ import annotations
 
+import math
+import re
+
 import pytest
 
 from services.common import errors
+from services.scheduler.call_codec import prediction_factor
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import TenantContext
 from services.scheduler.generate_pool import GeneratePool
@@ -25,11 +29,11 @@ def _pool() -> GeneratePool:
 
 
 def _submit(pool: GeneratePool, prompt: str, max_tokens: int, ttft_target_s: float | None,
-            tpot_target_s: float | None = None) -> Reader:
+            tpot_target_s: float | None = None, factor: float = 1.0) -> Reader:
     stream = GenerateStream(seq_id=WorkerLink.next_id(), tenant=TenantContext("t"), seed=0, trace_context={},
                             arrival_s=pool.clock(), deadline_s=None)
     pool.submit(stream, tuple(prompt.encode()), SamplingParams(max_tokens=max_tokens), ttft_target_s=ttft_target_s,
-                tpot_target_s=tpot_target_s)
+                tpot_target_s=tpot_target_s, ttft_prediction_factor=factor)
     return Reader(stream)
 
 
@@ -68,3 +72,28 @@ async def test_a_stream_predicted_to_miss_behind_a_backlog_is_refused_with_a_hin
     assert await admitted.read() == expected("abc", 4)
     for reader in backlog:
         await reader.read()
+
+
+async def test_predictions_are_judged_times_the_gateway_s_factor(pool):
+    """The gateway judged the stream on its correction of the predictions (ScheduleGenerateRequest.
+    ttft_prediction_factor); the check here judges the same way, so it neither refuses what the gateway found
+    its streams beat nor admits what the gateway found they would miss."""
+    await _warmed(pool)
+    backlog = [_submit(pool, "x" * 60, 2, None) for _ in range(10)]
+    with pytest.raises(errors.ResourceExhausted) as caught:
+        _submit(pool, "abc", 4, 0.050)
+    raw_s = int(re.search(r"in (\d+) ms", str(caught.value)).group(1)) / 1000
+    admitted = _submit(pool, "abc", 4, 0.050, factor=0.040 / raw_s)
+    with pytest.raises(errors.ResourceExhausted, match=r"would start this stream in \d+ ms at best, past its TTFT "
+                                                        r"target 1000 ms"):
+        _submit(pool, "abc", 4, 1.0, factor=2.0 / raw_s)
+    assert await admitted.read() == expected("abc", 4)
+    for reader in backlog:
+        await reader.read()
+
+
+@pytest.mark.parametrize("bad", [-0.5, math.nan, math.inf])
+def test_a_factor_that_is_no_multiplier_is_invalid_and_an_unset_one_is_one(bad):
+    with pytest.raises(errors.InvalidArgument, match=r"ttft_prediction_factor must be a finite number >= 0"):
+        prediction_factor(bad)
+    assert prediction_factor(0.0) == 1.0 and prediction_factor(0.7) == 0.7
