@@ -179,7 +179,12 @@ class GeneratePool:
         (latency_predictor.py): FailedPrecondition below one step alone, ResourceExhausted with the
         excess as retry hint otherwise. A continuation already had its first token: no target.
         `ttft_prediction_factor`: what the gateway multiplies the predictions by where it judges them
-        (ScheduleGenerateRequest.ttft_prediction_factor); they are judged here the same way.
+        (ScheduleGenerateRequest.ttft_prediction_factor). Below 1 they are judged here the same way, so this
+        check does not refuse what the gateway admitted because its streams start sooner than predicted. Above
+        1 it is not applied: this check is a backstop for a queue that grew since the gateway's last poll, and
+        the factor was learned against the predictions of whichever schedulers served the class, not against
+        this one's now (a scheduler just restarted predicts from its own fresh state; judged times the factor
+        its predecessor earned, it refused streams the gateway had admitted in a reliability test).
         `tpot_target_s`: its TPOT target, which paces the steps it runs in (tpot_pacing.py); below one
         step alone, FailedPrecondition at once."""
         loops = self._usable_loops()
@@ -196,7 +201,7 @@ class GeneratePool:
             self._check_tpot_meetable(loops, tpot_target_s)
         if ttft_target_s is not None and not delivered_token_ids:
             route = self._meeting(route, loops, len(prompt_ids), Priority(stream.tenant.priority), ttft_target_s,
-                                  ttft_prediction_factor)
+                                  min(1.0, ttft_prediction_factor))
         loop = route.worker
         stream.seq = loop.scheduler.add_request(
             stream.seq_id, prompt_ids, sampling, stream.tenant, deadline_s=stream.deadline_s,

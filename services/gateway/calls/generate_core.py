@@ -129,8 +129,8 @@ def quota_hold(request: gateway_pb2.GenerateRequest, context_len: int) -> tuple[
 def schedule_request(request: gateway_pb2.GenerateRequest, scope: RequestScope,
                      judged: bool) -> scheduler_pb2.ScheduleGenerateRequest:
     """What goes to the scheduler: the request and its tenant, and where admission judged its predicted TTFT
-    (`judged`), the factor it multiplied the predictions by: the scheduler's own check at submission judges its
-    prediction the same way, so it does not refuse what admission let through on a correction below 1."""
+    (`judged`), the factor it multiplied the predictions by: the scheduler's own check at submission applies it
+    when below 1, so it does not refuse what admission let through on a correction below 1."""
     upstream = scheduler_pb2.ScheduleGenerateRequest(request=request, tenant=tenant_context(scope.admitted_tenant))
     if judged and scope.objective is not None:
         upstream.ttft_prediction_factor = scope.ttft_correction

@@ -74,20 +74,20 @@ async def test_a_stream_predicted_to_miss_behind_a_backlog_is_refused_with_a_hin
         await reader.read()
 
 
-async def test_predictions_are_judged_times_the_gateway_s_factor(pool):
+async def test_predictions_are_judged_times_the_gateway_s_factor_below_one_only(pool):
     """The gateway judged the stream on its correction of the predictions (ScheduleGenerateRequest.
-    ttft_prediction_factor); the check here judges the same way, so it neither refuses what the gateway found
-    its streams beat nor admits what the gateway found they would miss."""
+    ttft_prediction_factor). Below 1 the check here judges the same way, so it does not refuse what the gateway
+    found its streams beat; above 1 it keeps its own prediction (a backstop for a queue grown since the poll, not
+    a second judgement by a factor another scheduler's streams taught)."""
     await _warmed(pool)
     backlog = [_submit(pool, "x" * 60, 2, None) for _ in range(10)]
     with pytest.raises(errors.ResourceExhausted) as caught:
         _submit(pool, "abc", 4, 0.050)
     raw_s = int(re.search(r"in (\d+) ms", str(caught.value)).group(1)) / 1000
     admitted = _submit(pool, "abc", 4, 0.050, factor=0.040 / raw_s)
-    with pytest.raises(errors.ResourceExhausted, match=r"would start this stream in \d+ ms at best, past its TTFT "
-                                                        r"target 1000 ms"):
-        _submit(pool, "abc", 4, 1.0, factor=2.0 / raw_s)
+    not_tightened = _submit(pool, "abc", 4, 1.0, factor=2.0 / raw_s)
     assert await admitted.read() == expected("abc", 4)
+    assert await not_tightened.read() == expected("abc", 4)
     for reader in backlog:
         await reader.read()
 
