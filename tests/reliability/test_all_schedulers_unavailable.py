@@ -17,6 +17,13 @@ of the model's adaptive limit, rather than upstream, where at 30/s they filled t
 the default limit (57 of 64) within the freeze; and held calls sent again do not retake their slots,
 which took the model past its limit and had new calls refused while they drained. No throughput
 figure or tight time bound is asserted.
+
+One setting is off the defaults: the standard class's TTFT target is 30 s, not 2 s. After the restarts the
+resumed streams re-prefill together, and on a loaded 2-core box (two of these runs at once, or the suite) the
+gateway then predicts a new standard stream's first token past 2 s and refuses it at admission, as it should
+(issue 36); this test would count that refusal as a lost call. Holding calls through outages is what it checks,
+not admission on predicted latency (tests/unit/gateway for that): 4 of 26 runs two at a time failed so at the
+defaults (b15c3c0, before this change, 1 of 6); with 30 s, 8 of 8 passed.
 """
 
 from __future__ import annotations
@@ -60,7 +67,7 @@ def test_calls_are_held_while_every_scheduler_is_unavailable_and_none_is_lost(tm
     with replicated_mesh(tmp_path) as mesh:
         mesh.add_schedulers(2)
         mesh.add_workers(MODELS)
-        gateway = mesh.add_gateway()
+        gateway = mesh.add_gateway("--slo-ttft-ms", "1000,30000,60000")  # see the module docstring
         mesh.wait_spread(MODELS)
         load = mesh.start_load(SHAPE)
         load.wait_completed(20, "before the faults")
