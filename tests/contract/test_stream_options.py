@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2_grpc
-from tests.support.submit_session import SubmitSession, generate_entry
+from tests.support.submit_session import generate_replies
 from tools.testbed import session_tls
 from tools.testbed.scheduler_fixtures import generate_request
 
@@ -42,12 +42,7 @@ def test_out_of_range_stream_options_are_invalid_argument_at_gateway_and_schedul
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         assert _status_of(lambda: list(stub.Generate(upstream, timeout=10))) == (
             grpc.StatusCode.INVALID_ARGUMENT, message)
-        session = SubmitSession(stub)
-        try:
-            session.send(generate_entry(1, upstream))
-            (reply,) = session.replies_until_done(1)[1]
-        finally:
-            session.close()
+        (reply,) = generate_replies(stub, upstream)
     assert (reply.error.code, reply.error.message) == (grpc.StatusCode.INVALID_ARGUMENT.value[0], message)
 
 

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from infermesh.v1 import scheduler_pb2_grpc
-from tests.support.submit_session import SubmitSession, generate_entry
+from tests.support.submit_session import generate_replies
 from tools.testbed import session_tls
 from tools.testbed.scheduler_fixtures import generate_request
 
@@ -27,12 +27,7 @@ def test_a_factor_that_is_no_multiplier_is_invalid_on_both_paths(toy_mesh, facto
         with pytest.raises(grpc.RpcError) as caught:
             list(stub.Generate(upstream, timeout=10))
         assert (caught.value.code(), caught.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
-        session = SubmitSession(stub)
-        try:
-            session.send(generate_entry(1, upstream))
-            (reply,) = session.replies_until_done(1)[1]
-        finally:
-            session.close()
+        (reply,) = generate_replies(stub, upstream)
     assert (reply.error.code, reply.error.message) == (grpc.StatusCode.INVALID_ARGUMENT.value[0], message)
 
 

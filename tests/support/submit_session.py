@@ -61,6 +61,16 @@ def generate_entry(call_id: int, request: scheduler_pb2.ScheduleGenerateRequest,
     return scheduler_pb2.SubmitEntry(call_id=call_id, generate=request, timeout_us=timeout_us)
 
 
+def generate_replies(stub, request: scheduler_pb2.ScheduleGenerateRequest) -> list[scheduler_pb2.CallReply]:
+    """One Generate sent on a Submit session of its own: its replies until it ended."""
+    session = SubmitSession(stub)
+    try:
+        session.send(generate_entry(1, request))
+        return session.replies_until_done(1)[1]
+    finally:
+        session.close()
+
+
 def cancel_entry(call_id: int) -> scheduler_pb2.SubmitEntry:
     return scheduler_pb2.SubmitEntry(call_id=call_id, cancel=scheduler_pb2.CancelCall())
 
