@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import socket
@@ -16,7 +15,7 @@ from services.common.admin_servicer import SERVICE_NAME as ADMIN_SERVICE
 from services.common.admin_servicer import AdminServicer, add_to_server
 from services.common.config import ConfigError
 from services.common.scheduler_address import parse_scheduler_address
-from services.common.server import Health
+from services.common.server import Health, freeze_long_lived
 from services.worker import admin_status, gpu_metrics, metrics
 from services.worker.attach_client import AttachClient, Backoff
 from services.worker.attach_every import EverySchedulerClient
@@ -87,11 +86,7 @@ class WorkerService:
             await loop.run_in_executor(None, runtime.load)
             # What loading freed (activations, the golden check's KV cache) leaves the RSS before serving.
             await loop.run_in_executor(None, trim_native_heap)
-            # What is left lives as long as the process (the model, torch's and the libraries' objects): out of
-            # the cyclic collector's reach, it costs neither its full collections while serving nor the final
-            # one at exit, which took a model worker 0.8-1.8 s of CPU after its last log line.
-            gc.collect()
-            gc.freeze()
+            freeze_long_lived()  # what is left (the model, torch's objects) lives as long as the process
         except ModelRepositoryError as exc:  # the version on disk cannot be served: exit 2, naming why
             raise ConfigError(f"model {model}:{version} cannot be served: {exc}") from None
         self.runtime = runtime
