@@ -139,7 +139,7 @@ class GatewayConfig(ServerSettings):
     slo_calibration: bool = setting(
         True, "multiply each class's predicted TTFT by the measured / predicted ratio learned from its served streams")
     slo_admit_quantile: float = setting(
-        0.9, "with slo_calibration, admit a Generate when this quantile of its predicted TTFT meets its target "
+        0.95, "with slo_calibration, admit a Generate when this quantile of its predicted TTFT meets its target "
         "(0.5: the median)")
     pressure_poll_interval_ms: float = setting(1000.0, "how often every scheduler's GetPressure is polled")
     pressure_max_age_ms: float = setting(5000.0, "pressure reports older than this are ignored (fail open)")

@@ -331,7 +331,7 @@ class AdmissionParts:
     # Correct the predicted TTFT by what the streams served measured against it (ttft_calibration.py).
     ttft_calibration: bool = True
     # With the correction: the quantile of the predicted TTFT that must meet the target (0.5: the median).
-    ttft_admit_quantile: float = 0.9
+    ttft_admit_quantile: float = 0.95
 
 
 class Admission:
