@@ -226,7 +226,9 @@ class GeneratePool:
     def _meeting(self, route: Route[WorkerLoop], loops: list[WorkerLoop], num_prompt_tokens: int,
                  priority: Priority, ttft_target_s: float, factor: float = 1.0) -> Route[WorkerLoop]:
         """`route` if its worker is predicted to meet the TTFT target (its cache hit counted), else the
-        worker predicted fastest if that one meets it; raises when none does. Each prediction is judged
+        worker predicted fastest if that one meets it, else a worker with nothing waiting whose one-token
+        prediction meets it (there the stream starts on the next steps: a miss is its own prompt's prefill,
+        not overload, and no retry would fare better); raises when none does. Each prediction is judged
         times `factor`, the gateway's correction of them."""
         def predicted_s(loop: WorkerLoop, num_cached: int) -> float:
             return factor * loop.scheduler.predicted_latency(priority, max(1, num_prompt_tokens - num_cached)).ttft_s
@@ -243,6 +245,9 @@ class GeneratePool:
             raise errors.FailedPrecondition(
                 f"TTFT target {ttft_target_s * 1000:g} ms cannot be met by model {self.model}: one step alone "
                 f"takes {least_s * 1000:.1f} ms on its fastest worker")
+        for loop in (route.worker, *loops):
+            if loop.scheduler.num_waiting == 0 and loop.scheduler.predicted_latency(priority, 1).ttft_s <= ttft_target_s:
+                return route if loop is route.worker else Route(worker=loop, num_cached_tokens=0)
         soonest_s = min(routed_s, best_s)
         retry_after_s = max(soonest_s - ttft_target_s, 0.05)
         raise errors.ResourceExhausted(

@@ -414,9 +414,10 @@ class Admission:
             raise
         board_ttft_s: float | None = None  # the schedulers' predicted TTFT for its class, before the correction
         judged_ttft_s: float | None = None  # the quantile of it admission judges (ttft_calibration.py)
+        one_token_s: float | None = None  # the schedulers' prediction for a one-token prompt, as reported
         if scope.objective is not None:
             report = parts.board.pressure(scope.model)
-            board_ttft_s = parts.board.predicted_ttft_s(report, tenant.priority)
+            board_ttft_s = one_token_s = parts.board.predicted_ttft_s(report, tenant.priority)
             if board_ttft_s is not None and report is not None:
                 # The board predicts a one-token prompt; this stream's own prefill comes on top. The prompt's length
                 # is the quota's upper bound, and the correction learns against the same figure, so a class's
@@ -430,6 +431,13 @@ class Admission:
                 scope.predicted_ttft_s = board_ttft_s * median
                 judged_ttft_s = board_ttft_s * scope.ttft_correction
         if scope.objective is not None and parts.ttft_admission:
+            if one_token_s is not None and parts.board.nothing_waiting(
+                    scope.model, tenant.priority, scope.objective.ttft_ms / 1000):
+                # Nothing waits on some scheduler: the stream starts there on the next steps, and only its own
+                # prefill (estimated from bytes) or a correction learned from cold starts would read it past its
+                # target; that is no overload, and a retry would fare no better. Only its wait before the
+                # handler still counts.
+                judged_ttft_s = one_token_s
             try:
                 self.starved.check(scope.model, tenant.priority, scope.began_s)
                 check_ttft(scope.model, tenant.priority, scope.objective, report, waited_s=waited_s,

@@ -170,6 +170,22 @@ class PressureBoard:
                     best_s = predicted_s
         return best_s
 
+    def nothing_waiting(self, model: str, priority: Priority, target_s: float) -> bool:
+        """Whether a scheduler serving `model` has no stream waiting (none queued at its last poll, none sent to it
+        since) and predicts a new one-token `priority` stream starts there within `target_s`. Such a stream starts
+        on that scheduler's next steps, so a miss admission would predict for it is its own (its prompt's prefill,
+        estimated from its bytes; a correction learned from cold starts), not overload: refusing it as overloaded,
+        with a retry hint, would be false (admission.py)."""
+        oldest_allowed_s = self.clock() - self.max_report_age_s
+        for endpoint, (received_s, by_model) in self._by_endpoint.items():
+            if received_s < oldest_allowed_s or self._sent.get(endpoint, {}).get(model):
+                continue
+            for candidate in by_model.get(model, ()):
+                predicted_s = candidate.ttft_s(priority)
+                if candidate.queue_depth == 0 and predicted_s is not None and predicted_s <= target_s:
+                    return True
+        return False
+
     def sent(self, endpoint: str, model: str, priority: Priority) -> None:
         """A stream of `model` and `priority` went to `endpoint` (an attempt, a resume): it queues there ahead of
         the next ones of its class and the classes below until that endpoint's next poll reports it."""

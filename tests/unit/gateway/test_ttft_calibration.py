@@ -147,9 +147,11 @@ def _admission(clock, *, calibrate: bool = True, quantile: float = 0.9) -> tuple
     return Admission(parts, clock), board
 
 
-def _batch_report(predicted_ms: float) -> PressureReport:
+def _batch_report(predicted_ms: float, queue_depth: int = 16) -> PressureReport:
+    """A scheduler predicting `predicted_ms` for a batch stream; `queue_depth` streams wait there (0: a new stream
+    would start on the next steps, and admission then judges no miss as overload)."""
     us = [0, 0, 0, round(predicted_ms * 1000)]
-    return PressureReport.from_fields("gen", [0, 0, 0, 0], 0, 0.0, 1, 10_000, 8, us, 5_000, [0, 0, 0, 0])
+    return PressureReport.from_fields("gen", [0, 0, 0, 0], queue_depth, 0.0, 1, 10_000, 8, us, 5_000, [0, 0, 0, 0])
 
 
 def _burst(admission: Admission, clock, num: int, ttft_s: float | None) -> list:
@@ -274,8 +276,8 @@ def test_a_stream_s_own_prefill_is_part_of_the_ttft_it_is_judged_and_routed_on(c
     where the wait alone (1.5 s) is not. Routing's target for the replicas' one-token predictions leaves room for it."""
     admission, board = _admission(clock, calibrate=False)
 
-    def report() -> None:
-        board.update("a:1", [PressureReport.from_fields("gen", [0, 0, 0, 0], 0, 0.0, 1, 10_000, 8,
+    def report() -> None:  # 1.5 s of waiting: streams queue there
+        board.update("a:1", [PressureReport.from_fields("gen", [0, 0, 0, 0], 16, 0.0, 1, 10_000, 8,
                                                         [0, 0, 0, 1_500_000], 5_000, [0, 0, 0, 0], 1_000_000)])
 
     def admitted(num_prompt_tokens: int):
@@ -300,3 +302,43 @@ def test_the_aggregate_report_keeps_the_fastest_worker_s_cost_per_prompt_token(c
     board.update("a:1", [report])
     board.update("b:1", [older])  # an older scheduler reports none (0): unknown, not free
     assert board.pressure("gen").ttft_per_prompt_token_s == pytest.approx(2e-6)
+
+
+def test_with_nothing_waiting_a_stream_is_not_refused_as_overloaded_for_its_own_prompt_or_a_cold_correction(clock):
+    """A scheduler with no stream waiting starts a new one on its next steps: neither the stream's own prefill (here
+    4 000 tokens at 1 ms, past the 5 s target) nor a correction learned from streams that started late for their own
+    reasons (a cold start: x4) makes that overload, and a retry would fare no better. Once a stream was sent there
+    since the poll, or the poll saw streams waiting, both count again."""
+    admission, board = _admission(clock)
+    board.update("a:1", [_batch_report(1000.0)])
+    _burst(admission, clock, 20, 4.0)  # these started 4x later than predicted
+    def report(queue_depth: int) -> PressureReport:  # a one-token stream predicted at 300 ms, a prompt token 1 ms
+        return PressureReport.from_fields("gen", [0, 0, 0, 0], queue_depth, 0.0, 1, 10_000, 8, [0, 0, 0, 300_000],
+                                          5_000, [0, 0, 0, 0], 1_000_000)
+    board.update("a:1", [report(0)])
+    scope = admission.scope("Generate", "gen")
+    admission.admit(scope, None, 30.0, priority=BATCH, objective=lambda: NO_OVERRIDE, num_prompt_tokens=4001)
+    assert scope.ttft_correction > 3, "the correction is still learned and sent on"
+    board.sent("a:1", "gen", BATCH)  # that stream now waits there until the next poll
+    with pytest.raises(ResourceExhausted, match="past its TTFT target 5000 ms"):
+        admission.admit(admission.scope("Generate", "gen"), None, 30.0, priority=BATCH,
+                        objective=lambda: NO_OVERRIDE, num_prompt_tokens=4001)
+    board.update("a:1", [report(1)])
+    with pytest.raises(ResourceExhausted, match="past its TTFT target 5000 ms"):
+        admission.admit(admission.scope("Generate", "gen"), None, 30.0, priority=BATCH,
+                        objective=lambda: NO_OVERRIDE, num_prompt_tokens=4001)
+
+
+def test_nothing_waiting_needs_a_fresh_idle_scheduler_predicting_within_the_target(clock):
+    board = PressureBoard(clock, max_report_age_s=5.0)
+    assert not board.nothing_waiting("gen", BATCH, 5.0), "no report: not known to be idle"
+    board.update("a:1", [_batch_report(300.0, queue_depth=2)])
+    board.update("b:1", [_batch_report(6000.0, queue_depth=0)])  # nothing waits, but slots stay full past 5 s
+    assert not board.nothing_waiting("gen", BATCH, 5.0)
+    board.update("c:1", [_batch_report(300.0, queue_depth=0)])
+    assert board.nothing_waiting("gen", BATCH, 5.0) and not board.nothing_waiting("other", BATCH, 5.0)
+    board.sent("c:1", "gen", BATCH)
+    assert not board.nothing_waiting("gen", BATCH, 5.0)
+    board.update("c:1", [_batch_report(300.0, queue_depth=0)])
+    clock.advance(6.0)
+    assert not board.nothing_waiting("gen", BATCH, 5.0), "a stale report says nothing"

@@ -9,6 +9,7 @@ import re
 import pytest
 
 from services.common import errors
+from services.common.priority import Priority
 from services.scheduler.call_codec import prediction_factor
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.fair_queue import TenantContext
@@ -97,3 +98,19 @@ def test_a_factor_that_is_no_multiplier_is_invalid_and_an_unset_one_is_one(bad):
     with pytest.raises(errors.InvalidArgument, match=r"ttft_prediction_factor must be a finite number >= 0"):
         prediction_factor(bad)
     assert prediction_factor(0.0) == 1.0 and prediction_factor(0.7) == 0.7
+
+
+async def test_with_nothing_waiting_a_prompt_longer_than_its_target_is_served_not_refused_as_overloaded(pool):
+    """No stream waits on the worker, so this one starts on its next steps: its own prefill past the target is no
+    overload, and a retry would fare no better. A backlog makes the same request a refusal again."""
+    await _warmed(pool)
+    prompt = "y" * 120  # two steps of prefill: predicted past the 15 ms target with nothing ahead of it
+    (scheduler,) = (loop.scheduler for loop in pool._loops.values())
+    assert scheduler.predicted_latency(Priority.STANDARD, len(prompt)).ttft_s > 0.015
+    served = _submit(pool, prompt, 2, 0.015)
+    assert await served.read() == expected(prompt, 2)
+    backlog = [_submit(pool, "x" * 60, 2, None) for _ in range(10)]
+    with pytest.raises(errors.ResourceExhausted, match=r"past its TTFT target 15 ms; retry after"):
+        _submit(pool, prompt, 2, 0.015)
+    for reader in backlog:
+        await reader.read()
