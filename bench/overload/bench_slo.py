@@ -21,7 +21,8 @@ load generator, this one) on the rest, as a GPU keeps the worker's compute off t
 figure beside the shared one, never instead of it, and name its placement.
 
 --streams-csv writes every measured stream (generator, multiple, gateway, class, when it was scheduled,
-status, TTFT from the send, the gateway's prediction), to study the predictor beyond its medians.
+status, TTFT from the send, the gateway's prediction, the refusal's message), to study the predictor beyond
+its medians and why streams were refused.
 
 Prints a table and writes bench/results/overload_slo.json (a setting off the default in the name:
 overload_slo_pinned.json, overload_slo_1procs.json). The box is shared: say so with figures.
@@ -317,7 +318,7 @@ def place(where: placement.Placement, pids: dict[str, int], pool: LoadPool) -> d
 
 
 STREAM_COLUMNS = ("generator", "multiple", "gateway", "class", "scheduled_s", "status", "ttft_from_send_ms",
-                  "predicted_ttft_ms", "num_tokens")
+                  "predicted_ttft_ms", "num_tokens", "message")
 
 
 def stream_rows(generator: str, multiple: float, gateway: str, results: list[SendResult]) -> list[tuple]:
@@ -325,7 +326,7 @@ def stream_rows(generator: str, multiple: float, gateway: str, results: list[Sen
     def ms(seconds: float | None) -> str:
         return "" if seconds is None else f"{1000 * seconds:.1f}"
     return [(generator, multiple, gateway, r.tenant, f"{r.scheduled_s:.3f}", r.status,
-             ms(None if r.ttft_s is None else r.ttft_s - r.lag_s), ms(r.predicted_ttft_s), r.num_tokens)
+             ms(None if r.ttft_s is None else r.ttft_s - r.lag_s), ms(r.predicted_ttft_s), r.num_tokens, r.message)
             for r in results]
 
 

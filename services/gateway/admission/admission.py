@@ -441,7 +441,7 @@ class Admission:
             try:
                 self.starved.check(scope.model, tenant.priority, scope.began_s)
                 check_ttft(scope.model, tenant.priority, scope.objective, report, waited_s=waited_s,
-                           predicted_s=judged_ttft_s)
+                           predicted_s=judged_ttft_s, median_s=scope.predicted_ttft_s)
             except (FailedPrecondition, ResourceExhausted) as exc:
                 if isinstance(exc, WaitedPastObjective):
                     self.starved.refused(scope.model, tenant.priority, waited_s, scope.began_s)

@@ -150,6 +150,18 @@ def test_only_a_stream_the_prediction_alone_would_admit_is_refused_for_its_wait(
     assert not isinstance(caught.value, WaitedPastObjective)
 
 
+def test_a_quantile_at_the_target_s_edge_tipped_by_a_short_wait_is_a_miss_not_a_starved_gateway():
+    """Judged on a quantile of 199 ms whose median is 120 ms: 5 ms of ingress refuses it, but for the prediction's
+    spread (ObjectiveMissed), which sheds nothing below it; 90 ms of ingress would miss even on the median."""
+    with pytest.raises(ResourceExhausted) as caught:
+        check_ttft("gen", Priority.CRITICAL, INTERACTIVE, BACKLOG, waited_s=0.005, predicted_s=0.199, median_s=0.120)
+    assert not isinstance(caught.value, WaitedPastObjective)
+    assert "would start a critical stream in 199 ms at best after 5 ms before the gateway" in str(caught.value)
+    with pytest.raises(WaitedPastObjective):
+        check_ttft("gen", Priority.CRITICAL, INTERACTIVE, BACKLOG, waited_s=0.090, predicted_s=0.199, median_s=0.120)
+    check_ttft("gen", Priority.CRITICAL, INTERACTIVE, BACKLOG, waited_s=0.0, predicted_s=0.199, median_s=0.120)
+
+
 def test_a_class_refused_for_its_wait_sheds_the_lower_classes_of_its_model_for_a_while():
     starved = StarvedGateway()
     starved.refused("gen", Priority.CRITICAL, 0.16, now_s=100.0)

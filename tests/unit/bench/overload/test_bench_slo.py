@@ -99,9 +99,9 @@ def test_the_predictor_error_is_each_measured_stream_against_its_own_prediction_
     assert predictor_error([unpredicted], INTERACTIVE)["median_abs_error_ms"] is None
 
 
-def test_each_stream_is_a_row_with_its_ttft_from_the_send_and_its_prediction():
+def test_each_stream_is_a_row_with_its_ttft_from_the_send_its_prediction_and_any_refusal():
     served = SendResult("batch", 1.0, 1.25, 3.0, "OK", ttft_s=2.0, num_tokens=9, predicted_ttft_s=0.5)
-    refused = SendResult("interactive", 2.0, 2.0, 2.01, "RESOURCE_EXHAUSTED")
+    refused = SendResult("interactive", 2.0, 2.0, 2.01, "RESOURCE_EXHAUSTED", message="overloaded: shedding")
     assert stream_rows("tinylm", 2.0, "slo", [served, refused]) == [
-        ("tinylm", 2.0, "slo", "batch", "1.000", "OK", "1750.0", "500.0", 9),
-        ("tinylm", 2.0, "slo", "interactive", "2.000", "RESOURCE_EXHAUSTED", "", "", 0)]
+        ("tinylm", 2.0, "slo", "batch", "1.000", "OK", "1750.0", "500.0", 9, ""),
+        ("tinylm", 2.0, "slo", "interactive", "2.000", "RESOURCE_EXHAUSTED", "", "", 0, "overloaded: shedding")]
