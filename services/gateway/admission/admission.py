@@ -431,8 +431,9 @@ class Admission:
                 scope.predicted_ttft_s = board_ttft_s * median
                 judged_ttft_s = board_ttft_s * scope.ttft_correction
         if scope.objective is not None and parts.ttft_admission:
-            if one_token_s is not None and parts.board.nothing_waiting(
-                    scope.model, tenant.priority, scope.objective.ttft_ms / 1000):
+            target_s = scope.objective.ttft_ms / 1000
+            if (judged_ttft_s is not None and one_token_s is not None and judged_ttft_s + waited_s > target_s
+                    and parts.board.nothing_waiting(scope.model, tenant.priority, target_s)):
                 # Nothing waits on some scheduler: the stream starts there on the next steps, and only its own
                 # prefill (estimated from bytes) or a correction learned from cold starts would read it past its
                 # target; that is no overload, and a retry would fare no better. Only its wait before the
