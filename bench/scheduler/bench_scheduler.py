@@ -113,15 +113,19 @@ QUICK = Profile(runs=1, probe_s=1.0, warmup_s=0.25, num_bisections=2, fairness_s
 class Outcome:
     latency_s: float  # from the scheduled send time (open loop: no coordinated omission)
     code: str
+    # From the scheduled send time to the send's start: the load generator's own lag (a run where it fell
+    # behind measures the generator, not the scheduler).
+    lag_s: float = 0.0
 
 
 async def _timed(send: Callable[[], Awaitable[object]], scheduled_s: float) -> Outcome:
+    started_s = time.perf_counter()
     try:
         await send()
         code = "OK"
     except grpc.aio.AioRpcError as exc:
         code = exc.code().name
-    return Outcome(time.perf_counter() - scheduled_s, code)
+    return Outcome(time.perf_counter() - scheduled_s, code, started_s - scheduled_s)
 
 
 async def open_loop(send: Callable[[], Awaitable[object]], rate_per_s: float, duration_s: float, warmup_s: float,
@@ -477,7 +481,8 @@ def bench_fairness(profile: Profile) -> dict:
         outcomes = await asyncio.gather(*loads)
         light_ok = [o.latency_s for o in outcomes[0] if o.code == "OK"]
         result = {"light_p99_ms": 1000 * quantile(light_ok, 0.99), "light_p50_ms": 1000 * quantile(light_ok, 0.5),
-                  "light_errors": len(outcomes[0]) - len(light_ok), "light_requests": len(outcomes[0])}
+                  "light_errors": len(outcomes[0]) - len(light_ok), "light_requests": len(outcomes[0]),
+                  "light_send_lag_p99_ms": 1000 * quantile([o.lag_s for o in outcomes[0]], 0.99)}
         if heavy_tenant is not None:
             heavy_ok = [o for o in outcomes[1] if o.code == "OK"]
             result["heavy_goodput_per_s"] = len(heavy_ok) / (profile.fairness_s + 1.0)
@@ -497,7 +502,9 @@ def bench_fairness(profile: Profile) -> dict:
             runs.append(result)
             progress(f"fairness run {run + 1}: light p99 alone {result['alone']['light_p99_ms']:.1f} ms, "
                       f"flooded {result['flooded']['light_p99_ms']:.1f} ms (ratio {result['ratio']:.2f}), "
-                      f"one queue {result['one_queue']['light_p99_ms']:.1f} ms")
+                      f"one queue {result['one_queue']['light_p99_ms']:.1f} ms; the generator's send lag p99 alone "
+                      f"{result['alone']['light_send_lag_p99_ms']:.1f} ms, flooded "
+                      f"{result['flooded']['light_send_lag_p99_ms']:.1f} ms")
     return {"capacity_per_s": capacity_per_s, "light_per_s": light_per_s, "heavy_per_s": heavy_per_s, "runs": runs,
             "ratio": statistics.median(r["ratio"] for r in runs),
             "alone_p99_ms": statistics.median(r["alone"]["light_p99_ms"] for r in runs),
