@@ -147,11 +147,13 @@ def _admission(clock, *, calibrate: bool = True, quantile: float = 0.9) -> tuple
     return Admission(parts, clock), board
 
 
-def _batch_report(predicted_ms: float, queue_depth: int = 16) -> PressureReport:
-    """A scheduler predicting `predicted_ms` for a batch stream; `queue_depth` streams wait there (0: a new stream
-    would start on the next steps, and admission then judges no miss as overload)."""
+def _batch_report(predicted_ms: float, queue_depth: int = 16, ns_per_prompt_token: int = 0) -> PressureReport:
+    """A scheduler predicting `predicted_ms` for a one-token batch stream, each more prompt token adding
+    `ns_per_prompt_token`; `queue_depth` streams wait there (0: a new stream would start on the next steps, and
+    admission then judges no miss as overload)."""
     us = [0, 0, 0, round(predicted_ms * 1000)]
-    return PressureReport.from_fields("gen", [0, 0, 0, 0], queue_depth, 0.0, 1, 10_000, 8, us, 5_000, [0, 0, 0, 0])
+    return PressureReport.from_fields("gen", [0, 0, 0, 0], queue_depth, 0.0, 1, 10_000, 8, us, 5_000, [0, 0, 0, 0],
+                                      ns_per_prompt_token)
 
 
 def _burst(admission: Admission, clock, num: int, ttft_s: float | None) -> list:
@@ -256,8 +258,7 @@ def test_a_long_prompt_s_own_prefill_is_no_error_of_the_wait_s_prediction(clock)
     def taught(num_prompt_tokens: int) -> float:
         admission, board = _admission(clock)
         for _ in range(20):
-            board.update("a:1", [PressureReport.from_fields("gen", [0, 0, 0, 0], 0, 0.0, 1, 10_000, 8,
-                                                            [0, 0, 0, 100_000], 5_000, [0, 0, 0, 0], 1_000_000)])
+            board.update("a:1", [_batch_report(100.0, queue_depth=0, ns_per_prompt_token=1_000_000)])
             scope = admission.scope("Generate", "gen")
             admission.admit(scope, None, 30.0, priority=BATCH, objective=lambda: NO_OVERRIDE,
                             num_prompt_tokens=num_prompt_tokens)
@@ -277,8 +278,7 @@ def test_a_stream_s_own_prefill_is_part_of_the_ttft_it_is_judged_and_routed_on(c
     admission, board = _admission(clock, calibrate=False)
 
     def report() -> None:  # 1.5 s of waiting: streams queue there
-        board.update("a:1", [PressureReport.from_fields("gen", [0, 0, 0, 0], 16, 0.0, 1, 10_000, 8,
-                                                        [0, 0, 0, 1_500_000], 5_000, [0, 0, 0, 0], 1_000_000)])
+        board.update("a:1", [_batch_report(1500.0, ns_per_prompt_token=1_000_000)])
 
     def admitted(num_prompt_tokens: int):
         report()
@@ -312,10 +312,7 @@ def test_with_nothing_waiting_a_stream_is_not_refused_as_overloaded_for_its_own_
     admission, board = _admission(clock)
     board.update("a:1", [_batch_report(1000.0)])
     _burst(admission, clock, 20, 4.0)  # these started 4x later than predicted
-    def report(queue_depth: int) -> PressureReport:  # a one-token stream predicted at 300 ms, a prompt token 1 ms
-        return PressureReport.from_fields("gen", [0, 0, 0, 0], queue_depth, 0.0, 1, 10_000, 8, [0, 0, 0, 300_000],
-                                          5_000, [0, 0, 0, 0], 1_000_000)
-    board.update("a:1", [report(0)])
+    board.update("a:1", [_batch_report(300.0, queue_depth=0, ns_per_prompt_token=1_000_000)])  # 1 ms a token
     scope = admission.scope("Generate", "gen")
     admission.admit(scope, None, 30.0, priority=BATCH, objective=lambda: NO_OVERRIDE, num_prompt_tokens=4001)
     assert scope.ttft_correction > 3, "the correction is still learned and sent on"
@@ -323,7 +320,7 @@ def test_with_nothing_waiting_a_stream_is_not_refused_as_overloaded_for_its_own_
     with pytest.raises(ResourceExhausted, match="past its TTFT target 5000 ms"):
         admission.admit(admission.scope("Generate", "gen"), None, 30.0, priority=BATCH,
                         objective=lambda: NO_OVERRIDE, num_prompt_tokens=4001)
-    board.update("a:1", [report(1)])
+    board.update("a:1", [_batch_report(300.0, queue_depth=1, ns_per_prompt_token=1_000_000)])
     with pytest.raises(ResourceExhausted, match="past its TTFT target 5000 ms"):
         admission.admit(admission.scope("Generate", "gen"), None, 30.0, priority=BATCH,
                         objective=lambda: NO_OVERRIDE, num_prompt_tokens=4001)
