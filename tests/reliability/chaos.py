@@ -103,6 +103,7 @@ class ChaosResult:
                 + "; timeline: " + (", ".join(f"{what} {at_s:.2f}" for what, at_s in self.restart_timeline.items())
                                     or "n/a")
                 + f"; held by the gateways {self.num_held:g}"
+                + f"; sent again after an overload refusal {c.num_overload_retries}"
                 + (f"; by code {dict(c.failure_codes)}" if c.failure_codes else ""))
 
 

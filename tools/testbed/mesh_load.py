@@ -15,7 +15,10 @@ function of (seed, position, last token), so the reference is known without a mo
 Calls go through grpc.aio on one event loop in a background thread (cheaper on a shared
 2-core box than a thread per call). A gRPC client that reaches several gateways spreads
 its calls with round_robin and retries UNAVAILABLE (what a connect to a dead gateway
-ends with) through the channel's service config; see `channel_options`.
+ends with) through the channel's service config; see `channel_options`. A call refused
+RESOURCE_EXHAUSTED (shed, the adaptive limit, a quota) is sent again after the server's
+`grpc-retry-pushback-ms` while its deadline allows, as docs/clients.md asks of a client ("Retrying"):
+such a refusal is overload control working, not a lost call; `num_overload_retries` counts them.
 """
 
 from __future__ import annotations
@@ -112,6 +115,11 @@ class LoadShape:
     client_retries: bool = True
     # Client-side health checking (channel_options): new calls leave a gateway once it is NOT_SERVING.
     client_health_check: bool = False
+    # RESOURCE_EXHAUSTED with a pushback is sent again after it (before any token) while the call's deadline
+    # allows, at most this many times (None: no count, only the deadline); 0: every refusal is a failure.
+    # A count of 5 was not enough: the adaptive limit's hint is the wait for one slot (0.07 s), and a
+    # starved box stayed at its limit for longer than five of them.
+    overload_retries: int | None = None
 
 
 @dataclass
@@ -120,6 +128,7 @@ class LoadCounts:
     num_greedy_streams: int = 0
     num_sampled_streams: int = 0
     num_client_resumed_streams: int = 0
+    num_overload_retries: int = 0  # RESOURCE_EXHAUSTED refusals sent again after their pushback
     failed_classify: list[str] = field(default_factory=list)
     failed_streams: list[str] = field(default_factory=list)
     wrong_text: list[str] = field(default_factory=list)
@@ -133,7 +142,8 @@ class LoadCounts:
 
     def summary(self) -> str:
         return (f"classify {self.num_classify}, streams {self.num_greedy_streams} greedy + "
-                f"{self.num_sampled_streams} sampled (client-resumed {self.num_client_resumed_streams}); "
+                f"{self.num_sampled_streams} sampled (client-resumed {self.num_client_resumed_streams}, "
+                f"sent again after an overload refusal {self.num_overload_retries}); "
                 f"problems {self.problems()}" + (f", by code {dict(self.failure_codes)}" if self.failure_codes else ""))
 
     def examples(self, num: int = 3) -> str:
@@ -171,6 +181,18 @@ class _StreamRead:
         if chunk.finish_reason:
             self.num_final_chunks += 1
             self.completion_tokens = chunk.usage.completion_tokens
+
+
+def _pushback_s(exc: grpc.RpcError) -> float | None:
+    """The server's `grpc-retry-pushback-ms` in seconds; None when absent or negative (do not retry)."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == "grpc-retry-pushback-ms":
+            try:
+                millis = int(value)
+            except ValueError:
+                return None
+            return millis / 1000 if millis >= 0 else None
+    return None
 
 
 def _wall_clock() -> str:
@@ -262,8 +284,15 @@ class MeshLoad:
         self._counts.num_classify += 1
         request = gateway_pb2.ClassifyRequest(model=CLASSIFIER, image=BRIGHT, request_id=f"c{number}")
         name = f"classify c{number} sent {_wall_clock()}"
+        deadline = self._loop.time() + self.shape.classify_deadline_s
         try:
-            reply = await stub.Classify(request, timeout=self.shape.classify_deadline_s)
+            for attempt in itertools.count():
+                try:
+                    reply = await stub.Classify(request, timeout=max(0.1, deadline - self._loop.time()))
+                    break
+                except grpc.RpcError as exc:
+                    if not await self._after_pushback(exc, attempt, deadline):
+                        raise
             if reply.labels[0].label != BRIGHT_LABEL:
                 self._counts.failed_classify.append(f"{name}: label {reply.labels[0].label!r}")
         except grpc.RpcError as exc:
@@ -293,6 +322,7 @@ class MeshLoad:
 
     async def _read_stream(self, stub, spec: StreamSpec, request_id: str, read: _StreamRead) -> None:
         loop_deadline = self._loop.time() + self.shape.stream_deadline_s
+        num_refusals = 0
         while True:
             delivered = len(read.token_ids)
             call = stub.Generate(spec.request(request_id), timeout=max(0.1, loop_deadline - self._loop.time()))
@@ -301,11 +331,26 @@ class MeshLoad:
                     read.take(chunk, skip_before=delivered)
                 return
             except grpc.RpcError as exc:
+                if not read.token_ids and await self._after_pushback(exc, num_refusals, loop_deadline):
+                    num_refusals += 1
+                    continue
                 resumable = (self.shape.client_resumes_streams and exc.code() == grpc.StatusCode.UNAVAILABLE
                              and self._loop.time() < loop_deadline)
                 if not resumable:
                     raise
                 self._counts.num_client_resumed_streams += 1
+
+    async def _after_pushback(self, exc: grpc.RpcError, num_before: int, deadline: float) -> bool:
+        """True once the server's pushback has passed, when `exc` is an overload refusal to send again."""
+        pushback_s = _pushback_s(exc) if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else None
+        limit = self.shape.overload_retries
+        if pushback_s is None or (limit is not None and num_before >= limit):
+            return False
+        if self._loop.time() + pushback_s >= deadline:
+            return False
+        self._counts.num_overload_retries += 1
+        await asyncio.sleep(pushback_s)
+        return True
 
     def _judge(self, name: str, read: _StreamRead) -> None:
         spec = read.spec
