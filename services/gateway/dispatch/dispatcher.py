@@ -192,7 +192,7 @@ class Dispatcher:
                             **_client_attributes(route, "Generate")},
             )
             _slot(scope).attempt()
-            self._board.sent(route.endpoint, scope.model, scope.priority)  # queued there until its next poll
+            waiting = self._board.sent(route.endpoint, scope.model, scope.priority)  # queued there until its next poll
             with trace.use_span(attempt_span, end_on_exit=False):  # the call carries this span's traceparent
                 upstream = call(self._clients.get(route.endpoint), route.version, timeout_s, resume.continuation())
             num_chunks = 0
@@ -202,6 +202,7 @@ class Dispatcher:
                 async for chunk in upstream.chunks():
                     num_chunks += 1
                     if num_chunks == 1:
+                        waiting.started()
                         self._wake_held(scope)  # this scheduler takes the model's calls
                         if route.permit.is_probe:
                             # A half-open breaker's question is answered: the scheduler serves. Held
@@ -244,6 +245,7 @@ class Dispatcher:
                 self._observe(route.endpoint)
                 return
             finally:
+                waiting.started()  # or ended without a first response: it waits there no longer
                 attempt_span.end()
             await self._next_attempt(scope, attempts, decision)
 

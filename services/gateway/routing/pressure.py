@@ -96,6 +96,10 @@ class PressureBoard:
         self._aggregates: dict[str, tuple[float, PressureReport | None]] = {}
         # endpoint -> model -> streams sent there per class since its last update (predicted_ttft_s)
         self._sent: dict[str, dict[str, dict[Priority, int]]] = {}
+        # endpoint -> model -> those of them with no first response yet (nothing_waiting), and each endpoint's
+        # count of updates, which tells a SentStream of an earlier poll (its report counts it) from a current one
+        self._unstarted: dict[str, dict[str, int]] = {}
+        self._num_updates: dict[str, int] = {}
 
     def update(self, endpoint: str, reports: Iterable[PressureReport]) -> None:
         """Replace everything known from `endpoint` with one fresh poll's reports."""
@@ -104,13 +108,18 @@ class PressureBoard:
             by_model.setdefault(report.model, []).append(report)
         self._by_endpoint[endpoint] = (self.clock(), by_model)
         self._aggregates.clear()
-        self._sent.pop(endpoint, None)  # its reports count them now
+        self._forget_sent(endpoint)  # its reports count them now
 
     def forget(self, endpoint: str) -> None:
         """`endpoint` left discovery: its reports no longer count."""
         if self._by_endpoint.pop(endpoint, None) is not None:
             self._aggregates.clear()
+        self._forget_sent(endpoint)
+
+    def _forget_sent(self, endpoint: str) -> None:
         self._sent.pop(endpoint, None)
+        self._unstarted.pop(endpoint, None)
+        self._num_updates[endpoint] = self._num_updates.get(endpoint, 0) + 1
 
     def report(self, endpoint: str, model: str) -> PressureReport | None:
         """`endpoint`'s fresh pressure for `model` (best case over its versions), None if none."""
@@ -172,13 +181,14 @@ class PressureBoard:
 
     def nothing_waiting(self, model: str, priority: Priority, target_s: float) -> bool:
         """Whether a scheduler serving `model` has no stream waiting (none queued at its last poll, none sent to it
-        since) and predicts a new one-token `priority` stream starts there within `target_s`. Such a stream starts
+        since that has not started: SentStream.started) and predicts a new one-token `priority` stream starts there
+        within `target_s`. Such a stream starts
         on that scheduler's next steps, so a miss admission would predict for it is its own (its prompt's prefill,
         estimated from its bytes; a correction learned from cold starts), not overload: refusing it as overloaded,
         with a retry hint, would be false (admission.py)."""
         oldest_allowed_s = self.clock() - self.max_report_age_s
         for endpoint, (received_s, by_model) in self._by_endpoint.items():
-            if received_s < oldest_allowed_s or self._sent.get(endpoint, {}).get(model):
+            if received_s < oldest_allowed_s or self._unstarted.get(endpoint, {}).get(model):
                 continue
             for candidate in by_model.get(model, ()):
                 predicted_s = candidate.ttft_s(priority)
@@ -186,11 +196,22 @@ class PressureBoard:
                     return True
         return False
 
-    def sent(self, endpoint: str, model: str, priority: Priority) -> None:
+    def sent(self, endpoint: str, model: str, priority: Priority) -> SentStream:
         """A stream of `model` and `priority` went to `endpoint` (an attempt, a resume): it queues there ahead of
-        the next ones of its class and the classes below until that endpoint's next poll reports it."""
+        the next ones of its class and the classes below until that endpoint's next poll reports it. The caller
+        says when it starts (SentStream.started)."""
         by_class = self._sent.setdefault(endpoint, {}).setdefault(model, {})
         by_class[priority] = by_class.get(priority, 0) + 1
+        unstarted = self._unstarted.setdefault(endpoint, {})
+        unstarted[model] = unstarted.get(model, 0) + 1
+        return SentStream(self, endpoint, model, self._num_updates.get(endpoint, 0))
+
+    def _started(self, stream: SentStream) -> None:
+        if self._num_updates.get(stream.endpoint, 0) != stream.num_updates:
+            return  # a poll since reported it, and reset the count
+        unstarted = self._unstarted.get(stream.endpoint, {})
+        if unstarted.get(stream.model, 0) > 0:
+            unstarted[stream.model] -= 1
 
     def num_slots(self, model: str) -> int:
         """Requests the model's workers hold at once, over every scheduler serving it; 0 when unknown."""
@@ -201,6 +222,23 @@ class PressureBoard:
         """Estimated minimum service time for deadline checks; 0 when unknown."""
         report = self.pressure(model)
         return 0.0 if report is None else report.min_service_time_s
+
+
+@dataclass
+class SentStream:
+    """One stream PressureBoard.sent() counted as waiting at its endpoint: started() when it no longer waits
+    there (its first response, or its attempt ended without one). Only the first call counts."""
+
+    board: PressureBoard
+    endpoint: str
+    model: str
+    num_updates: int  # the endpoint's update count when it was sent
+    done: bool = False
+
+    def started(self) -> None:
+        if not self.done:
+            self.done = True
+            self.board._started(self)
 
 
 def _best_case(model: str, reports: list[PressureReport]) -> PressureReport:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2
-from services.common.errors import InvalidArgument, Unavailable
+from services.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from services.common.priority import Priority
 from services.gateway.dispatch.deadlines import Deadline, DeadlinePolicy, Deadlines
 from services.gateway.dispatch.dispatcher import Dispatcher
@@ -234,3 +234,37 @@ async def test_each_stream_attempt_counts_on_the_board_against_the_endpoint_it_w
     streams = [FakeStream([], _unavailable()), FakeStream([_chunk(0, 1, final=True)])]
     [c async for c in parts.dispatcher.stream(parts.scope, lambda *_: streams.pop(0), lambda c: None)]
     assert board.predicted_ttft_s(board.pressure("digits"), Priority.STANDARD) == pytest.approx(0.1 + 2 * 0.04)
+
+
+async def test_a_stream_attempt_waits_on_the_board_until_its_first_chunk_or_its_end(parts):
+    """PressureBoard.nothing_waiting: a stream sent since the poll waits there until its first chunk arrives (a
+    blocked stream before it), or its attempt ends without one (a refusal); then nothing waits there again."""
+    board = parts.dispatcher._board
+    board.update(ENDPOINT, [PressureReport.from_fields("digits", [0, 0, 0, 0], 0, 0.0, 1, 0, 8, [0, 0, 100_000, 0],
+                                                       5_000, [0, 0, 40_000, 0])])
+    assert board.nothing_waiting("digits", Priority.STANDARD, 1.0)
+    refused = FakeStream([], AttemptError(ResourceExhausted("full"), UpstreamCode.RESOURCE_EXHAUSTED, 100))
+    with pytest.raises(ResourceExhausted):
+        [c async for c in parts.dispatcher.stream(parts.scope, lambda *_: refused, lambda c: None)]
+    assert board.nothing_waiting("digits", Priority.STANDARD, 1.0), "a refused attempt waits nowhere"
+
+    blocked = FakeStream([], block=True)
+    reading = asyncio.ensure_future(_read_all(parts.dispatcher.stream(parts.scope, lambda *_: blocked, lambda c: None)))
+    await blocked.blocked.wait()
+    assert not board.nothing_waiting("digits", Priority.STANDARD, 1.0), "sent, no first chunk yet"
+    reading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reading
+    assert board.nothing_waiting("digits", Priority.STANDARD, 1.0)
+
+    started = FakeStream([_chunk(0, 1)], block=True)
+    reading = asyncio.ensure_future(_read_all(parts.dispatcher.stream(parts.scope, lambda *_: started, lambda c: None)))
+    await started.blocked.wait()
+    assert board.nothing_waiting("digits", Priority.STANDARD, 1.0), "it runs there: it waits no longer"
+    reading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reading
+
+
+async def _read_all(chunks) -> list:
+    return [c async for c in chunks]

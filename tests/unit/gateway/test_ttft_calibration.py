@@ -307,8 +307,8 @@ def test_the_aggregate_report_keeps_the_fastest_worker_s_cost_per_prompt_token(c
 def test_with_nothing_waiting_a_stream_is_not_refused_as_overloaded_for_its_own_prompt_or_a_cold_correction(clock):
     """A scheduler with no stream waiting starts a new one on its next steps: neither the stream's own prefill (here
     4 000 tokens at 1 ms, past the 5 s target) nor a correction learned from streams that started late for their own
-    reasons (a cold start: x4) makes that overload, and a retry would fare no better. Once a stream was sent there
-    since the poll, or the poll saw streams waiting, both count again."""
+    reasons (a cold start: x4) makes that overload, and a retry would fare no better. Once a stream sent there
+    since the poll waits (no first response yet), or the poll saw streams waiting, both count again."""
     admission, board = _admission(clock)
     board.update("a:1", [_batch_report(1000.0)])
     _burst(admission, clock, 20, 4.0)  # these started 4x later than predicted
@@ -316,10 +316,13 @@ def test_with_nothing_waiting_a_stream_is_not_refused_as_overloaded_for_its_own_
     scope = admission.scope("Generate", "gen")
     admission.admit(scope, None, 30.0, priority=BATCH, objective=lambda: NO_OVERRIDE, num_prompt_tokens=4001)
     assert scope.ttft_correction > 3, "the correction is still learned and sent on"
-    board.sent("a:1", "gen", BATCH)  # that stream now waits there until the next poll
+    waiting = board.sent("a:1", "gen", BATCH)  # that stream now waits there until it starts
     with pytest.raises(ResourceExhausted, match="past its TTFT target 5000 ms"):
         admission.admit(admission.scope("Generate", "gen"), None, 30.0, priority=BATCH,
                         objective=lambda: NO_OVERRIDE, num_prompt_tokens=4001)
+    waiting.started()  # its first token came: nothing waits there again, before the next poll says so
+    admission.admit(admission.scope("Generate", "gen"), None, 30.0, priority=BATCH,
+                    objective=lambda: NO_OVERRIDE, num_prompt_tokens=4001)
     board.update("a:1", [_batch_report(300.0, queue_depth=1, ns_per_prompt_token=1_000_000)])
     with pytest.raises(ResourceExhausted, match="past its TTFT target 5000 ms"):
         admission.admit(admission.scope("Generate", "gen"), None, 30.0, priority=BATCH,
@@ -339,3 +342,25 @@ def test_nothing_waiting_needs_a_fresh_idle_scheduler_predicting_within_the_targ
     board.update("c:1", [_batch_report(300.0, queue_depth=0)])
     clock.advance(6.0)
     assert not board.nothing_waiting("gen", BATCH, 5.0), "a stale report says nothing"
+
+
+def test_a_stream_sent_since_the_poll_waits_until_it_starts_and_one_sent_before_it_is_the_poll_s(clock):
+    """The report counts what was sent before it: a stream of an earlier poll starting now must not hide one sent
+    since, which still waits. A stream that starts twice (its first chunk, then its attempt's end) counts once."""
+    board = PressureBoard(clock)
+    board.update("c:1", [_batch_report(300.0, queue_depth=0)])
+    before = board.sent("c:1", "gen", BATCH)
+    board.update("c:1", [_batch_report(300.0, queue_depth=1)])  # it waits there: the poll says so
+    board.update("c:1", [_batch_report(300.0, queue_depth=0)])
+    first, second = board.sent("c:1", "gen", BATCH), board.sent("c:1", "gen", BATCH)
+    before.started()
+    first.started()
+    first.started()
+    assert not board.nothing_waiting("gen", BATCH, 5.0), "the second still waits"
+    second.started()
+    assert board.nothing_waiting("gen", BATCH, 5.0)
+    other = board.sent("c:1", "gen", BATCH)
+    board.forget("c:1")
+    other.started()
+    board.update("c:1", [_batch_report(300.0, queue_depth=0)])
+    assert board.nothing_waiting("gen", BATCH, 5.0)
