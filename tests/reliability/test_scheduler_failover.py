@@ -41,6 +41,19 @@ def _start_readers(stub, model: GeneratorModel, prompts: list[str], timeout_s: f
     return readers
 
 
+def _settled_tokens(readers: list[StreamReader], quiet_s: float, timeout_s: float) -> list[int]:
+    """The readers' token counts once none has moved for `quiet_s`; fails if they keep moving for `timeout_s`."""
+    give_up = time.monotonic() + timeout_s
+    counts = [r.num_tokens for r in readers]
+    while time.monotonic() < give_up:
+        time.sleep(quiet_s)
+        now = [r.num_tokens for r in readers]
+        if now == counts:
+            return counts
+        counts = now
+    raise AssertionError(f"the streams kept moving for {timeout_s} s without a worker: {counts}")
+
+
 def _assert_exact(readers: list[StreamReader], model: GeneratorModel, prompts: list[str], logs,
                   timeout_s: float = STREAM_TIMEOUT_S) -> None:
     for reader, prompt in zip(readers, prompts, strict=True):
@@ -81,8 +94,10 @@ def test_with_no_worker_left_streams_are_held_until_a_new_one_attaches(tmp_path,
             readers = _start_readers(stub, model, prompts, timeout_s)
             only.signal(signal.SIGKILL)
             wait_until(lambda: pressure_of(stub, model.ref).num_workers == 0, timeout_s=5, message="worker gone")
-            held_at = [r.num_tokens for r in readers]
-            time.sleep(0.3)
+            # Tokens the worker made before its kill may still be on their way to the reader threads (a loaded
+            # box read 1 more each after the scheduler counted it gone): once those are in, none may follow.
+            held_at = _settled_tokens(readers, quiet_s=0.5, timeout_s=10)
+            time.sleep(0.5)
             assert [r.num_tokens for r in readers] == held_at, "nothing streams without a worker"
             assert pressure_of(stub, model.ref).queue_depth == len(prompts), "both held, waiting"
             mesh.start_worker(model.name, *model.worker_args(20), name="replacement", wait=False)
