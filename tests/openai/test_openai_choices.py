@@ -18,11 +18,14 @@ class FakeStreams:
     def __init__(self, length: int = 3, fail: str | None = None) -> None:
         self.length, self.fail = length, fail
         self.started: list[str] = []
+        self.further: list[str] = []  # those started as further choices (not judged on TTFT again)
         self.closed: list[str] = []
         self.first_chunk_before: dict[str, int] = {}  # request id -> streams started when its first chunk left
 
-    def start(self, request: gateway_pb2.GenerateRequest) -> AsyncIterator[gateway_pb2.GenerateResponse]:
+    def start(self, request: gateway_pb2.GenerateRequest, further: bool) -> AsyncIterator[gateway_pb2.GenerateResponse]:
         self.started.append(request.request_id)
+        if further:
+            self.further.append(request.request_id)
         return self._stream(request.request_id)
 
     async def _stream(self, request_id: str):
@@ -46,6 +49,7 @@ async def test_the_other_choices_start_after_the_first_choices_first_chunk_and_a
     streams = FakeStreams()
     seen = [(i, chunk.text) async for i, chunk in openai_choices.merged(streams.start, _requests(3))]
     assert streams.first_chunk_before["r-0"] == 1, "the first choice ran alone until its first chunk"
+    assert streams.further == ["r-1", "r-2"], "the first choice alone is judged on the request's TTFT target"
     assert seen[0] == (0, "r-0:0")
     for index in range(3):
         assert [text for i, text in seen if i == index] == [f"r-{index}:{k}" for k in range(3)]
@@ -72,7 +76,7 @@ async def test_closing_the_merge_early_closes_every_stream():
 async def test_one_choice_is_its_own_stream():
     streams = FakeStreams()
     seen = [chunk.text async for _, chunk in openai_choices.merged(streams.start, _requests(1))]
-    assert seen == ["r:0", "r:1", "r:2"] and streams.started == ["r"]
+    assert seen == ["r:0", "r:1", "r:2"] and streams.started == ["r"] and streams.further == []
 
 
 def _grpc(**fields) -> gateway_pb2.GenerateRequest:

@@ -366,7 +366,7 @@ class Admission:
         self, scope: RequestScope, authorization: Authorization, client_timeout_s: float | None, num_tokens: int = 0,
         priority: Priority | None = None, check_request: Callable[[], None] | None = None,
         objective: Callable[[], ObjectiveOverride] | None = None, waited_s: float = 0.0,
-        num_prompt_tokens: int = 0,
+        num_prompt_tokens: int = 0, judge_ttft: bool = True,
     ) -> None:
         """Admit the request or raise the domain error that refuses it; fills `scope`.
 
@@ -379,7 +379,10 @@ class Admission:
         waited_s: what the request spent before the handler ran (its ingress), counted against its TTFT target.
         num_prompt_tokens: a Generate's prompt length as the gateway estimates it (an upper bound): its own prefill
         is added to the schedulers' one-token prediction, both where admission judges it and where its measured
-        TTFT teaches the prediction's correction."""
+        TTFT teaches the prediction's correction.
+        judge_ttft: False for a further choice of a request whose first choice was judged and has started
+        (generate_core.py): its objective is resolved (TPOT paces it) but its TTFT is neither predicted, judged nor
+        taught to the correction (it starts behind its siblings, a burst the request itself sent)."""
         parts = self.parts
         try:
             scope.permit = parts.limiter.acquire()
@@ -415,7 +418,7 @@ class Admission:
         board_ttft_s: float | None = None  # the schedulers' predicted TTFT for its class, before the correction
         judged_ttft_s: float | None = None  # the quantile of it admission judges (ttft_calibration.py)
         one_token_s: float | None = None  # the schedulers' prediction for a one-token prompt, as reported
-        if scope.objective is not None:
+        if scope.objective is not None and judge_ttft:
             report = parts.board.pressure(scope.model)
             board_ttft_s = one_token_s = parts.board.predicted_ttft_s(report, tenant.priority)
             if board_ttft_s is not None and report is not None:
@@ -430,7 +433,7 @@ class Admission:
                 median, scope.ttft_correction = calibration.factors(model, priority, now_s, parts.ttft_admit_quantile)
                 scope.predicted_ttft_s = board_ttft_s * median
                 judged_ttft_s = board_ttft_s * scope.ttft_correction
-        if scope.objective is not None and parts.ttft_admission:
+        if scope.objective is not None and parts.ttft_admission and judge_ttft:
             target_s = scope.objective.ttft_ms / 1000
             if (judged_ttft_s is not None and one_token_s is not None and judged_ttft_s + waited_s > target_s
                     and parts.board.nothing_waiting(scope.model, tenant.priority, target_s)):

@@ -201,9 +201,13 @@ class GenerateCore:
         self._shadow = shadow
         self._context_len = context_len
 
-    async def generate(self, request: gateway_pb2.GenerateRequest,
-                       caller: Caller) -> AsyncGenerator[gateway_pb2.GenerateResponse, None]:
+    async def generate(self, request: gateway_pb2.GenerateRequest, caller: Caller, *,
+                       further_choice: bool = False) -> AsyncGenerator[gateway_pb2.GenerateResponse, None]:
         """The request's chunks; the last has finish_reason, usage and every stage's timings.
+
+        `further_choice`: a choice after the first of a request with several (n, best_of), started once the
+        first streamed: admitted like any request but not judged on its TTFT target, here or at the scheduler
+        (the first choice was); its TPOT target still paces it (openai_choices.py).
 
         Admission runs on the first iteration, so a refusal is raised before any chunk. Closing
         the iterator early (the client went away) cancels the upstream stream, which frees the
@@ -215,7 +219,7 @@ class GenerateCore:
             handler = HandlerTimes.start(scope, caller.request_start_s)
             waited_s = ingress_s(caller.request_start_s, handler.began_unix_s) or 0.0
             with span("admission"):
-                prompt_tokens = self._admit(scope, request, caller, waited_s)
+                prompt_tokens = self._admit(scope, request, caller, waited_s, further_choice)
             admitted_s = self._clock()
             upstream = schedule_request(request, scope, self._admission.parts.ttft_admission)
 
@@ -259,7 +263,7 @@ class GenerateCore:
                 self._shadow.generate(request.model.name, request, mirrored, scope.tenant_id)
 
     def _admit(self, scope: RequestScope, request: gateway_pb2.GenerateRequest, caller: Caller,
-               waited_s: float) -> int:
+               waited_s: float, further_choice: bool = False) -> int:
         """Checks the request and admits it; the prompt's token estimate, for the running quota charge.
         `waited_s`: its wait before the handler ran, which its TTFT target has already lost."""
 
@@ -277,8 +281,10 @@ class GenerateCore:
                               check_request=check_request,
                               objective=lambda: request_override(wanted.ttft_ms, wanted.tpot_ms,
                                                                  caller.ttft_ms, caller.tpot_ms),
-                              waited_s=waited_s, num_prompt_tokens=prompt_tokens)
+                              waited_s=waited_s, num_prompt_tokens=prompt_tokens, judge_ttft=not further_choice)
         forward_objective(request, scope.objective, self._admission.parts.ttft_admission)
+        if further_choice:
+            request.objectives.ClearField("ttft_ms")  # the scheduler judges none (0), and paces by its TPOT
         fix_seed(request.sampling, self._seed_source)
         return prompt_tokens
 

@@ -3,7 +3,10 @@ the OpenAI front (n, best_of) and the gRPC Generate (GenerateRequest.n, best_of)
 
 The first choice runs alone until its first chunk: by then its prompt's full KV blocks are in the
 scheduler's prefix cache, so the other choices, sent after it, reuse them instead of computing the
-prompt again (cache-aware routing sends them to the same scheduler). Choice i samples with the
+prompt again (cache-aware routing sends them to the same scheduler). The first choice's admission
+judges the request's TTFT target; the others are started as further choices (`start(r, True)`),
+which admission does not judge on it again: a request whose first choice streamed is not refused
+part-way for one of its own choices, as vLLM runs a request's n sequences as one. Choice i samples with the
 request's seed + i, so a seeded request is reproducible choice by choice; an unseeded one gets a
 seed per choice at admission, as any request does. No transport here: the HTTP front drives it.
 """
@@ -25,7 +28,8 @@ SEED_MODULUS = 2**63  # seeds are below it (the gateway's own draws and the Open
 # counted against the tenant's quotas and the gateway's concurrency like a request.
 MAX_CHOICES = 16
 
-Start = Callable[[gateway_pb2.GenerateRequest], AsyncIterator[gateway_pb2.GenerateResponse]]
+# (a choice's request, whether it is a further choice of a request whose first choice has started)
+Start = Callable[[gateway_pb2.GenerateRequest, bool], AsyncIterator[gateway_pb2.GenerateResponse]]
 
 
 def choice_requests(request: gateway_pb2.GenerateRequest, num_choices: int) -> list[gateway_pb2.GenerateRequest]:
@@ -107,7 +111,7 @@ async def merged(start: Start, requests: Sequence[gateway_pb2.GenerateRequest]
     """(choice index, chunk) of every choice, each choice's in order. The first choice's first chunk
     comes before any other choice starts (its refusal is raised before anything is sent). An error
     of any choice is raised here, and closing this iterator closes every choice's stream."""
-    streams = [start(requests[0])]
+    streams = [start(requests[0], False)]
     queue: asyncio.Queue[tuple[int, gateway_pb2.GenerateResponse | BaseException | None]] = asyncio.Queue()
     pumps: list[asyncio.Task] = []
     try:
@@ -119,7 +123,7 @@ async def merged(start: Start, requests: Sequence[gateway_pb2.GenerateRequest]
             async for chunk in streams[0]:
                 yield 0, chunk
             return
-        streams += [start(r) for r in requests[1:]]
+        streams += [start(r, True) for r in requests[1:]]
         pumps = [asyncio.create_task(_pump(i, s, queue)) for i, s in enumerate(streams)]
         num_open = len(streams)
         while num_open:

@@ -99,7 +99,7 @@ class OpenAIFront:
             parsed = parse(await _json_body(request))
         except errors.InfermeshError as err:
             return error_response(self._refusal(request, err))
-        chunks = openai_choices.merged(lambda r: self._core.generate(r, caller),
+        chunks = openai_choices.merged(lambda r, further: self._core.generate(r, caller, further_choice=further),
                                        openai_choices.choice_requests(parsed.generate, parsed.best_of))
         async with aclosing(chunks):
             if parsed.stream:

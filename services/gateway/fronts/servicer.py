@@ -53,7 +53,7 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
                 yield chunk
             return
         calls = [GrpcToolCalls(tools) for _ in plan.requests] if tools is not None else None
-        choices = merged(lambda r: self._generate.generate(r, caller), plan.requests)
+        choices = merged(lambda r, further: self._generate.generate(r, caller, further_choice=further), plan.requests)
         async with aclosing(choices), aclosing(ranked(choices, plan) if plan.ranked else choices) as returned:
             async for index, chunk in returned:
                 chunk.choice_index = index

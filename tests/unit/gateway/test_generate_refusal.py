@@ -21,7 +21,7 @@ from tests.support.reference_cycles import assert_refusals_leave_no_cycle
 class RefusingCore:
     """A GenerateCore that refuses every request as admission would, before any chunk."""
 
-    async def generate(self, request, caller) -> AsyncIterator[gateway_pb2.GenerateResponse]:
+    async def generate(self, request, caller, *, further_choice: bool = False) -> AsyncIterator[gateway_pb2.GenerateResponse]:
         raise ResourceExhausted("overloaded: model 'm' would start a critical stream in 900 ms at best",
                                 retry_after_s=0.7)
         yield gateway_pb2.GenerateResponse()  # an async generator, as GenerateCore.generate is
@@ -30,7 +30,7 @@ class RefusingCore:
 class OneChunkThenFailing:
     """A stream that fails after its first chunk (a mid-stream error keeps the chunk and gets the status)."""
 
-    async def generate(self, request, caller) -> AsyncIterator[gateway_pb2.GenerateResponse]:
+    async def generate(self, request, caller, *, further_choice: bool = False) -> AsyncIterator[gateway_pb2.GenerateResponse]:
         yield gateway_pb2.GenerateResponse(token_ids=[7])
         raise ResourceExhausted("scheduler gone", retry_after_s=0.1)
 

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from infermesh.v1 import common_pb2, gateway_pb2
 from services.common.errors import ResourceExhausted
 from services.common.objectives import NO_OVERRIDE
 from services.common.priority import Priority
@@ -17,6 +18,7 @@ from services.gateway.admission.admission import Admission, AdmissionParts, Open
 from services.gateway.admission.concurrency import ConcurrencyLimiter
 from services.gateway.admission.shedding import LoadShedder
 from services.gateway.admission.ttft_calibration import MAX_FACTOR, MAX_WEIGHT, MIN_FACTOR, TtftCalibration
+from services.gateway.calls.generate_core import GenerateCore
 from services.gateway.config import GatewayConfig
 from services.gateway.dispatch.deadlines import Deadlines
 from services.gateway.dispatch.dispatcher import _ttft_target_s
@@ -364,3 +366,30 @@ def test_a_stream_sent_since_the_poll_waits_until_it_starts_and_one_sent_before_
     other.started()
     board.update("c:1", [_batch_report(300.0, queue_depth=0)])
     assert board.nothing_waiting("gen", BATCH, 5.0)
+
+
+def test_a_further_choice_is_admitted_past_the_ttft_target_its_first_choice_was_judged_by(clock):
+    """n > 1: the first choice's admission judged the request's TTFT target; the others, sent once it streamed, are
+    not refused for it (the request would fail part-way for its own choices). Their objective still resolves (TPOT
+    paces them), and their TTFT, a burst the request sent itself, teaches the correction nothing."""
+    admission, board = _admission(clock)
+    board.update("a:1", [_batch_report(8000.0)])  # 8 s of queue against the batch class's 5 s target
+    with pytest.raises(ResourceExhausted, match="past its TTFT target 5000 ms"):
+        admission.admit(admission.scope("Generate", "gen"), None, 30.0, priority=BATCH, objective=lambda: NO_OVERRIDE)
+    further = admission.scope("Generate", "gen")
+    admission.admit(further, None, 30.0, priority=BATCH, objective=lambda: NO_OVERRIDE, judge_ttft=False)
+    assert further.objective is not None and further.objective.ttft_ms == 5000.0
+    assert further.predicted_ttft_s is None and further.on_ttft is None
+
+
+def test_a_further_choice_goes_upstream_with_its_tpot_target_and_no_ttft_target(clock):
+    """n > 1 (openai_choices.py): the scheduler judges no TTFT target for a further choice (0: none), as the gateway
+    judged none, and still paces it by its TPOT target; the first choice carries both."""
+    admission, board = _admission(clock)
+    board.update("a:1", [_batch_report(8000.0)])  # past every class's TTFT target
+    core = GenerateCore(admission, dispatcher=None)  # type: ignore[arg-type]
+    caller = SimpleNamespace(authorization=None, timeout_s=30.0, priority=BATCH.name.lower(), ttft_ms=None,
+                             tpot_ms="80")
+    request = gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name="gen"), prompt="hi")
+    core._admit(admission.scope("Generate", "gen"), request, caller, 0.0, further_choice=True)  # type: ignore[arg-type]
+    assert (request.objectives.ttft_ms, request.objectives.tpot_ms) == (0, 80)
