@@ -100,6 +100,9 @@ class PressureBoard:
         # count of updates, which tells a SentStream of an earlier poll (its report counts it) from a current one
         self._unstarted: dict[str, dict[str, int]] = {}
         self._num_updates: dict[str, int] = {}
+        # endpoint -> model -> streams sent before its last update that have started since: its report counted them
+        # waiting (queue_depth), and they wait no longer (nothing_waiting)
+        self._started_since: dict[str, dict[str, int]] = {}
 
     def update(self, endpoint: str, reports: Iterable[PressureReport]) -> None:
         """Replace everything known from `endpoint` with one fresh poll's reports."""
@@ -119,6 +122,7 @@ class PressureBoard:
     def _forget_sent(self, endpoint: str) -> None:
         self._sent.pop(endpoint, None)
         self._unstarted.pop(endpoint, None)
+        self._started_since.pop(endpoint, None)
         self._num_updates[endpoint] = self._num_updates.get(endpoint, 0) + 1
 
     def report(self, endpoint: str, model: str) -> PressureReport | None:
@@ -180,19 +184,21 @@ class PressureBoard:
         return best_s
 
     def nothing_waiting(self, model: str, priority: Priority, target_s: float) -> bool:
-        """Whether a scheduler serving `model` has no stream waiting (none queued at its last poll, none sent to it
-        since that has not started: SentStream.started) and predicts a new one-token `priority` stream starts there
-        within `target_s`. Such a stream starts
-        on that scheduler's next steps, so a miss admission would predict for it is its own (its prompt's prefill,
+        """Whether a scheduler serving `model` has no stream waiting (none queued at its last poll but those this
+        gateway saw start since, none sent to it since that has not started: SentStream.started) and predicts a new
+        one-token `priority` stream starts there within `target_s`. Such a stream starts on that scheduler's next
+        steps, so a miss admission would predict for it is its own (its prompt's prefill,
         estimated from its bytes; a correction learned from cold starts), not overload: refusing it as overloaded,
         with a retry hint, would be false (admission.py)."""
         oldest_allowed_s = self.clock() - self.max_report_age_s
         for endpoint, (received_s, by_model) in self._by_endpoint.items():
             if received_s < oldest_allowed_s or self._unstarted.get(endpoint, {}).get(model):
                 continue
+            # Streams of other gateways in its queue are not seen start here: they keep it counted as waiting.
+            started = self._started_since.get(endpoint, {}).get(model, 0)
             for candidate in by_model.get(model, ()):
                 predicted_s = candidate.ttft_s(priority)
-                if candidate.queue_depth == 0 and predicted_s is not None and predicted_s <= target_s:
+                if candidate.queue_depth <= started and predicted_s is not None and predicted_s <= target_s:
                     return True
         return False
 
@@ -208,7 +214,10 @@ class PressureBoard:
 
     def _started(self, stream: SentStream) -> None:
         if self._num_updates.get(stream.endpoint, 0) != stream.num_updates:
-            return  # a poll since reported it, and reset the count
+            # A poll since counted it waiting (its report's queue_depth), and it waits no longer.
+            started = self._started_since.setdefault(stream.endpoint, {})
+            started[stream.model] = started.get(stream.model, 0) + 1
+            return
         unstarted = self._unstarted.get(stream.endpoint, {})
         if unstarted.get(stream.model, 0) > 0:
             unstarted[stream.model] -= 1

@@ -352,7 +352,6 @@ def test_a_stream_sent_since_the_poll_waits_until_it_starts_and_one_sent_before_
     board = PressureBoard(clock)
     board.update("c:1", [_batch_report(300.0, queue_depth=0)])
     before = board.sent("c:1", "gen", BATCH)
-    board.update("c:1", [_batch_report(300.0, queue_depth=1)])  # it waits there: the poll says so
     board.update("c:1", [_batch_report(300.0, queue_depth=0)])
     first, second = board.sent("c:1", "gen", BATCH), board.sent("c:1", "gen", BATCH)
     before.started()
@@ -393,3 +392,27 @@ def test_a_further_choice_goes_upstream_with_its_tpot_target_and_no_ttft_target(
     request = gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name="gen"), prompt="hi")
     core._admit(admission.scope("Generate", "gen"), request, caller, 0.0, further_choice=True)  # type: ignore[arg-type]
     assert (request.objectives.ttft_ms, request.objectives.tpot_ms) == (0, 80)
+
+
+def test_streams_the_poll_saw_waiting_wait_no_longer_once_this_gateway_saw_them_start(clock):
+    """The poll's queue_depth, less the streams sent before it that started since: a quiet mesh's next request is
+    judged as nothing waiting once the previous request's streams are running, not a poll interval later. A stream
+    of another gateway in that queue is never seen start here, so the scheduler stays counted as busy."""
+    board = PressureBoard(clock)
+    board.update("c:1", [_batch_report(300.0, queue_depth=0)])
+    mine = [board.sent("c:1", "gen", BATCH) for _ in range(2)]
+    board.update("c:1", [_batch_report(300.0, queue_depth=3)])  # mine and one of another gateway's
+    assert not board.nothing_waiting("gen", BATCH, 5.0)
+    for stream in mine:
+        stream.started()
+        stream.started()  # its attempt's end as well: counted once
+    assert not board.nothing_waiting("gen", BATCH, 5.0), "the other gateway's stream may still wait"
+    board.update("c:1", [_batch_report(300.0, queue_depth=2)])  # mine only
+    assert not board.nothing_waiting("gen", BATCH, 5.0)
+    late = [board.sent("c:1", "gen", BATCH) for _ in range(2)]
+    board.update("c:1", [_batch_report(300.0, queue_depth=2)])
+    for stream in late:
+        stream.started()
+    assert board.nothing_waiting("gen", BATCH, 5.0)
+    board.update("c:1", [_batch_report(300.0, queue_depth=2)])
+    assert not board.nothing_waiting("gen", BATCH, 5.0), "a new poll: its own queue, nothing seen start since"
