@@ -96,13 +96,11 @@ class PressureBoard:
         self._aggregates: dict[str, tuple[float, PressureReport | None]] = {}
         # endpoint -> model -> streams sent there per class since its last update (predicted_ttft_s)
         self._sent: dict[str, dict[str, dict[Priority, int]]] = {}
-        # endpoint -> model -> those of them with no first response yet (nothing_waiting), and each endpoint's
-        # count of updates, which tells a SentStream of an earlier poll (its report counts it) from a current one
+        # endpoint -> model -> streams this gateway sent there that have had no first response yet, whenever sent
+        # (nothing_waiting); every attempt ends in SentStream.started, so the counts return to 0
         self._unstarted: dict[str, dict[str, int]] = {}
-        self._num_updates: dict[str, int] = {}
-        # endpoint -> model -> streams sent before its last update that have started since: its report counted them
-        # waiting (queue_depth), and they wait no longer (nothing_waiting)
-        self._started_since: dict[str, dict[str, int]] = {}
+        # the same as of the endpoint's last update: the most of its report's queue_depth that can be this gateway's
+        self._unstarted_at_update: dict[str, dict[str, int]] = {}
 
     def update(self, endpoint: str, reports: Iterable[PressureReport]) -> None:
         """Replace everything known from `endpoint` with one fresh poll's reports."""
@@ -111,19 +109,15 @@ class PressureBoard:
             by_model.setdefault(report.model, []).append(report)
         self._by_endpoint[endpoint] = (self.clock(), by_model)
         self._aggregates.clear()
-        self._forget_sent(endpoint)  # its reports count them now
+        self._sent.pop(endpoint, None)  # its reports count them now
+        self._unstarted_at_update[endpoint] = dict(self._unstarted.get(endpoint, {}))
 
     def forget(self, endpoint: str) -> None:
         """`endpoint` left discovery: its reports no longer count."""
         if self._by_endpoint.pop(endpoint, None) is not None:
             self._aggregates.clear()
-        self._forget_sent(endpoint)
-
-    def _forget_sent(self, endpoint: str) -> None:
         self._sent.pop(endpoint, None)
-        self._unstarted.pop(endpoint, None)
-        self._started_since.pop(endpoint, None)
-        self._num_updates[endpoint] = self._num_updates.get(endpoint, 0) + 1
+        self._unstarted_at_update.pop(endpoint, None)
 
     def report(self, endpoint: str, model: str) -> PressureReport | None:
         """`endpoint`'s fresh pressure for `model` (best case over its versions), None if none."""
@@ -184,9 +178,12 @@ class PressureBoard:
         return best_s
 
     def nothing_waiting(self, model: str, priority: Priority, target_s: float) -> bool:
-        """Whether a scheduler serving `model` has no stream waiting (none queued at its last poll but those this
-        gateway saw start since, none sent to it since that has not started: SentStream.started) and predicts a new
-        one-token `priority` stream starts there within `target_s`. Such a stream starts on that scheduler's next
+        """Whether a scheduler serving `model` has no stream waiting and predicts a new one-token `priority` stream
+        starts there within `target_s`. No stream waits there when every stream this gateway sent there has started
+        (SentStream.started) and its last poll saw no more queued than this gateway's streams then unstarted: so the
+        previous request's streams, once running, no longer keep it "busy" until the next poll. Streams of other
+        gateways in its queue are not seen start here, so they keep it busy (a stream still on its way at the poll
+        may hide one of theirs; the scheduler's own check, on its live queue, is the backstop). Such a stream starts on that scheduler's next
         steps, so a miss admission would predict for it is its own (its prompt's prefill,
         estimated from its bytes; a correction learned from cold starts), not overload: refusing it as overloaded,
         with a retry hint, would be false (admission.py)."""
@@ -194,11 +191,10 @@ class PressureBoard:
         for endpoint, (received_s, by_model) in self._by_endpoint.items():
             if received_s < oldest_allowed_s or self._unstarted.get(endpoint, {}).get(model):
                 continue
-            # Streams of other gateways in its queue are not seen start here: they keep it counted as waiting.
-            started = self._started_since.get(endpoint, {}).get(model, 0)
+            ours_at_update = self._unstarted_at_update.get(endpoint, {}).get(model, 0)
             for candidate in by_model.get(model, ()):
                 predicted_s = candidate.ttft_s(priority)
-                if candidate.queue_depth <= started and predicted_s is not None and predicted_s <= target_s:
+                if candidate.queue_depth <= ours_at_update and predicted_s is not None and predicted_s <= target_s:
                     return True
         return False
 
@@ -210,14 +206,9 @@ class PressureBoard:
         by_class[priority] = by_class.get(priority, 0) + 1
         unstarted = self._unstarted.setdefault(endpoint, {})
         unstarted[model] = unstarted.get(model, 0) + 1
-        return SentStream(self, endpoint, model, self._num_updates.get(endpoint, 0))
+        return SentStream(self, endpoint, model)
 
     def _started(self, stream: SentStream) -> None:
-        if self._num_updates.get(stream.endpoint, 0) != stream.num_updates:
-            # A poll since counted it waiting (its report's queue_depth), and it waits no longer.
-            started = self._started_since.setdefault(stream.endpoint, {})
-            started[stream.model] = started.get(stream.model, 0) + 1
-            return
         unstarted = self._unstarted.get(stream.endpoint, {})
         if unstarted.get(stream.model, 0) > 0:
             unstarted[stream.model] -= 1
@@ -241,7 +232,6 @@ class SentStream:
     board: PressureBoard
     endpoint: str
     model: str
-    num_updates: int  # the endpoint's update count when it was sent
     done: bool = False
 
     def started(self) -> None:

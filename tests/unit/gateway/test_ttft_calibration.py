@@ -346,23 +346,46 @@ def test_nothing_waiting_needs_a_fresh_idle_scheduler_predicting_within_the_targ
     assert not board.nothing_waiting("gen", BATCH, 5.0), "a stale report says nothing"
 
 
-def test_a_stream_sent_since_the_poll_waits_until_it_starts_and_one_sent_before_it_is_the_poll_s(clock):
-    """The report counts what was sent before it: a stream of an earlier poll starting now must not hide one sent
-    since, which still waits. A stream that starts twice (its first chunk, then its attempt's end) counts once."""
+def test_a_stream_this_gateway_sent_waits_until_it_starts_whenever_it_was_sent(clock):
+    """Any stream sent and not started keeps the scheduler busy, sent before its last poll or since; a stream that
+    starts twice (its first chunk, then its attempt's end) counts once."""
     board = PressureBoard(clock)
     board.update("c:1", [_batch_report(300.0, queue_depth=0)])
     before = board.sent("c:1", "gen", BATCH)
-    board.update("c:1", [_batch_report(300.0, queue_depth=0)])
+    board.update("c:1", [_batch_report(300.0, queue_depth=0)])  # it is on its way: the poll has not seen it
     first, second = board.sent("c:1", "gen", BATCH), board.sent("c:1", "gen", BATCH)
-    before.started()
-    first.started()
-    first.started()
+    for stream in (before, first, first):
+        stream.started()
     assert not board.nothing_waiting("gen", BATCH, 5.0), "the second still waits"
     second.started()
     assert board.nothing_waiting("gen", BATCH, 5.0)
-    other = board.sent("c:1", "gen", BATCH)
+    gone = board.sent("c:1", "gen", BATCH)
     board.forget("c:1")
-    other.started()
+    board.update("c:1", [_batch_report(300.0, queue_depth=0)])
+    assert not board.nothing_waiting("gen", BATCH, 5.0), "sent before the endpoint was forgotten: not started yet"
+    gone.started()
+    assert board.nothing_waiting("gen", BATCH, 5.0)
+
+
+def test_a_poll_s_queue_of_this_gateway_s_streams_waits_no_longer_once_they_started(clock):
+    """A poll's queue_depth that this gateway's unstarted streams account for: once they all run, nothing waits, not
+    a poll interval later (a quiet mesh's next request). A queue longer than they were holds another gateway's
+    streams, never seen start here, and stays busy; so does one of ours that is still prefilling."""
+    board = PressureBoard(clock)
+    board.update("c:1", [_batch_report(300.0, queue_depth=0)])
+    mine = [board.sent("c:1", "gen", BATCH) for _ in range(2)]
+    board.update("c:1", [_batch_report(300.0, queue_depth=1)])  # one queued, the other prefilling
+    mine[0].started()
+    assert not board.nothing_waiting("gen", BATCH, 5.0), "the other one has not started"
+    mine[1].started()
+    assert board.nothing_waiting("gen", BATCH, 5.0)
+    board.update("c:1", [_batch_report(300.0, queue_depth=0)])
+    assert board.nothing_waiting("gen", BATCH, 5.0)
+    more = [board.sent("c:1", "gen", BATCH) for _ in range(2)]
+    board.update("c:1", [_batch_report(300.0, queue_depth=3)])  # ours and another gateway's
+    for stream in more:
+        stream.started()
+    assert not board.nothing_waiting("gen", BATCH, 5.0), "the other gateway's stream may still wait"
     board.update("c:1", [_batch_report(300.0, queue_depth=0)])
     assert board.nothing_waiting("gen", BATCH, 5.0)
 
@@ -392,27 +415,3 @@ def test_a_further_choice_goes_upstream_with_its_tpot_target_and_no_ttft_target(
     request = gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name="gen"), prompt="hi")
     core._admit(admission.scope("Generate", "gen"), request, caller, 0.0, further_choice=True)  # type: ignore[arg-type]
     assert (request.objectives.ttft_ms, request.objectives.tpot_ms) == (0, 80)
-
-
-def test_streams_the_poll_saw_waiting_wait_no_longer_once_this_gateway_saw_them_start(clock):
-    """The poll's queue_depth, less the streams sent before it that started since: a quiet mesh's next request is
-    judged as nothing waiting once the previous request's streams are running, not a poll interval later. A stream
-    of another gateway in that queue is never seen start here, so the scheduler stays counted as busy."""
-    board = PressureBoard(clock)
-    board.update("c:1", [_batch_report(300.0, queue_depth=0)])
-    mine = [board.sent("c:1", "gen", BATCH) for _ in range(2)]
-    board.update("c:1", [_batch_report(300.0, queue_depth=3)])  # mine and one of another gateway's
-    assert not board.nothing_waiting("gen", BATCH, 5.0)
-    for stream in mine:
-        stream.started()
-        stream.started()  # its attempt's end as well: counted once
-    assert not board.nothing_waiting("gen", BATCH, 5.0), "the other gateway's stream may still wait"
-    board.update("c:1", [_batch_report(300.0, queue_depth=2)])  # mine only
-    assert not board.nothing_waiting("gen", BATCH, 5.0)
-    late = [board.sent("c:1", "gen", BATCH) for _ in range(2)]
-    board.update("c:1", [_batch_report(300.0, queue_depth=2)])
-    for stream in late:
-        stream.started()
-    assert board.nothing_waiting("gen", BATCH, 5.0)
-    board.update("c:1", [_batch_report(300.0, queue_depth=2)])
-    assert not board.nothing_waiting("gen", BATCH, 5.0), "a new poll: its own queue, nothing seen start since"
