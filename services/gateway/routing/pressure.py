@@ -96,11 +96,8 @@ class PressureBoard:
         self._aggregates: dict[str, tuple[float, PressureReport | None]] = {}
         # endpoint -> model -> streams sent there per class since its last update (predicted_ttft_s)
         self._sent: dict[str, dict[str, dict[Priority, int]]] = {}
-        # endpoint -> model -> streams this gateway sent there that have had no first response yet, whenever sent
-        # (nothing_waiting); every attempt ends in SentStream.started, so the counts return to 0
-        self._unstarted: dict[str, dict[str, int]] = {}
-        # the same as of the endpoint's last update: the most of its report's queue_depth that can be this gateway's
-        self._unstarted_at_update: dict[str, dict[str, int]] = {}
+        # endpoint -> this gateway's streams sent there with no first response yet (nothing_waiting)
+        self._unstarted: dict[str, UnstartedStreams] = {}
 
     def update(self, endpoint: str, reports: Iterable[PressureReport]) -> None:
         """Replace everything known from `endpoint` with one fresh poll's reports."""
@@ -110,14 +107,15 @@ class PressureBoard:
         self._by_endpoint[endpoint] = (self.clock(), by_model)
         self._aggregates.clear()
         self._sent.pop(endpoint, None)  # its reports count them now
-        self._unstarted_at_update[endpoint] = dict(self._unstarted.get(endpoint, {}))
+        self._unstarted.setdefault(endpoint, UnstartedStreams()).polled()
 
     def forget(self, endpoint: str) -> None:
         """`endpoint` left discovery: its reports no longer count."""
         if self._by_endpoint.pop(endpoint, None) is not None:
             self._aggregates.clear()
         self._sent.pop(endpoint, None)
-        self._unstarted_at_update.pop(endpoint, None)
+        if endpoint in self._unstarted:
+            self._unstarted[endpoint].polled()  # no report now: its next one starts afresh
 
     def report(self, endpoint: str, model: str) -> PressureReport | None:
         """`endpoint`'s fresh pressure for `model` (best case over its versions), None if none."""
@@ -178,23 +176,20 @@ class PressureBoard:
         return best_s
 
     def nothing_waiting(self, model: str, priority: Priority, target_s: float) -> bool:
-        """Whether a scheduler serving `model` has no stream waiting and predicts a new one-token `priority` stream
-        starts there within `target_s`. No stream waits there when every stream this gateway sent there has started
-        (SentStream.started) and its last poll saw no more queued than this gateway's streams then unstarted: so the
-        previous request's streams, once running, no longer keep it "busy" until the next poll. Streams of other
-        gateways in its queue are not seen start here, so they keep it busy (a stream still on its way at the poll
-        may hide one of theirs; the scheduler's own check, on its live queue, is the backstop). Such a stream starts on that scheduler's next
-        steps, so a miss admission would predict for it is its own (its prompt's prefill,
-        estimated from its bytes; a correction learned from cold starts), not overload: refusing it as overloaded,
-        with a retry hint, would be false (admission.py)."""
+        """Whether a scheduler serving `model` has no stream waiting (UnstartedStreams.none_waiting: by its last
+        poll's queue and this gateway's streams sent there) and predicts a new one-token `priority` stream starts
+        there within `target_s`. Such a stream starts on that scheduler's next steps, so a miss admission would
+        predict for it is its own (its prompt's prefill, estimated from its bytes; a correction learned from cold
+        starts), not overload: refusing it as overloaded, with a retry hint, would be false (admission.py)."""
         oldest_allowed_s = self.clock() - self.max_report_age_s
         for endpoint, (received_s, by_model) in self._by_endpoint.items():
-            if received_s < oldest_allowed_s or self._unstarted.get(endpoint, {}).get(model):
+            if received_s < oldest_allowed_s:
                 continue
-            ours_at_update = self._unstarted_at_update.get(endpoint, {}).get(model, 0)
+            unstarted = self._unstarted.get(endpoint) or _NONE_UNSTARTED
             for candidate in by_model.get(model, ()):
                 predicted_s = candidate.ttft_s(priority)
-                if candidate.queue_depth <= ours_at_update and predicted_s is not None and predicted_s <= target_s:
+                if (predicted_s is not None and predicted_s <= target_s
+                        and unstarted.none_waiting(model, candidate.queue_depth)):
                     return True
         return False
 
@@ -204,14 +199,8 @@ class PressureBoard:
         says when it starts (SentStream.started)."""
         by_class = self._sent.setdefault(endpoint, {}).setdefault(model, {})
         by_class[priority] = by_class.get(priority, 0) + 1
-        unstarted = self._unstarted.setdefault(endpoint, {})
-        unstarted[model] = unstarted.get(model, 0) + 1
-        return SentStream(self, endpoint, model)
-
-    def _started(self, stream: SentStream) -> None:
-        unstarted = self._unstarted.get(stream.endpoint, {})
-        if unstarted.get(stream.model, 0) > 0:
-            unstarted[stream.model] -= 1
+        unstarted = self._unstarted.setdefault(endpoint, UnstartedStreams())
+        return SentStream(unstarted, model, unstarted.sent(model))
 
     def num_slots(self, model: str) -> int:
         """Requests the model's workers hold at once, over every scheduler serving it; 0 when unknown."""
@@ -225,19 +214,62 @@ class PressureBoard:
 
 
 @dataclass
+class UnstartedStreams:
+    """One endpoint's streams from this gateway with no first response yet, per model, split at its last poll:
+    those sent before it (the poll may count them queued) and those sent since (it cannot)."""
+
+    before_poll: dict[str, int] = field(default_factory=dict)
+    since_poll: dict[str, int] = field(default_factory=dict)
+    before_poll_at_poll: dict[str, int] = field(default_factory=dict)
+    num_polls: int = 0
+
+    def sent(self, model: str) -> int:
+        """Counts a stream sent now; the poll count it was sent under, for started()."""
+        self.since_poll[model] = self.since_poll.get(model, 0) + 1
+        return self.num_polls
+
+    def started(self, model: str, sent_under: int) -> None:
+        counts = self.since_poll if sent_under == self.num_polls else self.before_poll
+        counts[model] = max(0, counts.get(model, 0) - 1)
+
+    def polled(self) -> None:
+        """A poll's report arrived (or the endpoint's was dropped): every stream unstarted now was sent before it."""
+        for model, num in self.since_poll.items():
+            self.before_poll[model] = self.before_poll.get(model, 0) + num
+        self.since_poll.clear()
+        self.before_poll_at_poll = dict(self.before_poll)
+        self.num_polls += 1
+
+    def none_waiting(self, model: str, queue_depth: int) -> bool:
+        """Whether no stream waits for a slot there, given its last poll's `queue_depth` for `model`: nothing sent
+        since the poll waits, and the poll queued none, or at most this gateway's streams unstarted then, all of
+        which have started since. The previous request's streams, once running, no longer keep a scheduler "busy"
+        until its next poll; a queue holding other gateways' streams, which this one never sees start, stays busy
+        (one of ours still on its way at the poll may hide one of theirs: the scheduler's own check, on its live
+        queue, is the backstop); and one of ours still prefilling at the poll, not queued, does not hide a queued one."""
+        if self.since_poll.get(model, 0):
+            return False
+        return queue_depth == 0 or (not self.before_poll.get(model, 0)
+                                    and queue_depth <= self.before_poll_at_poll.get(model, 0))
+
+
+_NONE_UNSTARTED = UnstartedStreams()
+
+
+@dataclass
 class SentStream:
     """One stream PressureBoard.sent() counted as waiting at its endpoint: started() when it no longer waits
     there (its first response, or its attempt ended without one). Only the first call counts."""
 
-    board: PressureBoard
-    endpoint: str
+    unstarted: UnstartedStreams
     model: str
+    sent_under: int  # the endpoint's poll count when it was sent
     done: bool = False
 
     def started(self) -> None:
         if not self.done:
             self.done = True
-            self.board._started(self)
+            self.unstarted.started(self.model, self.sent_under)
 
 
 def _best_case(model: str, reports: list[PressureReport]) -> PressureReport:

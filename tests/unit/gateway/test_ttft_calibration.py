@@ -346,13 +346,16 @@ def test_nothing_waiting_needs_a_fresh_idle_scheduler_predicting_within_the_targ
     assert not board.nothing_waiting("gen", BATCH, 5.0), "a stale report says nothing"
 
 
-def test_a_stream_this_gateway_sent_waits_until_it_starts_whenever_it_was_sent(clock):
-    """Any stream sent and not started keeps the scheduler busy, sent before its last poll or since; a stream that
-    starts twice (its first chunk, then its attempt's end) counts once."""
+def test_a_stream_sent_since_the_poll_waits_until_it_starts_and_one_the_poll_did_not_queue_runs(clock):
+    """A stream sent since the poll may be queued there until it starts; one sent before a poll that queued nothing
+    is running (prefilling). A stream that starts twice (its first chunk, then its attempt's end) counts once, and
+    one sent under an earlier poll does not stand in for one sent since."""
     board = PressureBoard(clock)
     board.update("c:1", [_batch_report(300.0, queue_depth=0)])
     before = board.sent("c:1", "gen", BATCH)
-    board.update("c:1", [_batch_report(300.0, queue_depth=0)])  # it is on its way: the poll has not seen it
+    assert not board.nothing_waiting("gen", BATCH, 5.0)
+    board.update("c:1", [_batch_report(300.0, queue_depth=0)])
+    assert board.nothing_waiting("gen", BATCH, 5.0), "the poll queued nothing: it runs"
     first, second = board.sent("c:1", "gen", BATCH), board.sent("c:1", "gen", BATCH)
     for stream in (before, first, first):
         stream.started()
@@ -362,7 +365,7 @@ def test_a_stream_this_gateway_sent_waits_until_it_starts_whenever_it_was_sent(c
     gone = board.sent("c:1", "gen", BATCH)
     board.forget("c:1")
     board.update("c:1", [_batch_report(300.0, queue_depth=0)])
-    assert not board.nothing_waiting("gen", BATCH, 5.0), "sent before the endpoint was forgotten: not started yet"
+    assert board.nothing_waiting("gen", BATCH, 5.0), "the poll after it queued nothing"
     gone.started()
     assert board.nothing_waiting("gen", BATCH, 5.0)
 
