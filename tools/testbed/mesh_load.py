@@ -17,7 +17,7 @@ Calls go through grpc.aio on one event loop in a background thread (cheaper on a
 its calls with round_robin and retries UNAVAILABLE (what a connect to a dead gateway
 ends with) through the channel's service config; see `channel_options`. A call refused
 RESOURCE_EXHAUSTED (shed, the adaptive limit, a quota) is sent again after the server's
-`grpc-retry-pushback-ms` while its deadline allows, as docs/clients.md asks of a client ("Retrying"):
+`grpc-retry-pushback-ms` while its deadline allows, as docs/operations.md tells a client ("Overload refusals"):
 such a refusal is overload control working, not a lost call; `num_overload_retries` counts them.
 """
 
