@@ -11,8 +11,16 @@ from opentelemetry import context as otel_context
 from infermesh.v1 import gateway_pb2_grpc
 from services.common import log_context
 from tests.support import side_venv
-from tools.testbed import session_tls
+from tools.testbed import processes, session_tls
 from tools.testbed.processes import Mesh, running_mesh
+
+# The gateways the tests start hold the standard class's streams to a 30 s TTFT target (the sheddable class's
+# to 60 s), not the product's 2 s (10 s): tests that are not about latency admission (rollouts, grammars,
+# failover, drains) were refused "would start a standard stream in 2059-2264 ms at best, past its TTFT target
+# 2000 ms" on slow boxes under the suite's load, one newly found per fresh-clone run (issue 36's notes), and
+# each had been given the flag by hand. Tests of admission set their own targets (flags and request headers
+# win); the critical class keeps its 1 s.
+TEST_GATEWAY_ENV = {"INFERMESH_GATEWAY_SLO_TTFT_MS": "1000,30000,60000"}
 
 
 @pytest.fixture(autouse=True)
@@ -60,6 +68,7 @@ def pytest_configure(config) -> None:
     took 2.8-4.0 s of CPU (21-36 s wall, load ~18) with the default policy, 0.28 s (0.5 s) passive.
     Results are the same: the policy changes how threads wait, not how work is split."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    processes.GATEWAY_ENV_DEFAULTS.update(TEST_GATEWAY_ENV)
 
 
 def pytest_collection_finish(session) -> None:

@@ -82,6 +82,10 @@ def health_status(address: str, timeout_s: float = 1.0, *, tls: bool = True) -> 
 # The last line services/common/server.py logs, its shutdown done (the text log format).
 STOPPED_LINE = b" services.common.server: stopped\n"
 STOP_POLL_S = 0.02
+# Environment every gateway started here gets unless the caller's environment or the process's own `env` sets
+# the variable (and a flag wins over both). Empty for benchmarks; the test suite sets its defaults
+# (tests/conftest.py).
+GATEWAY_ENV_DEFAULTS: dict[str, str] = {}
 
 
 @dataclass
@@ -135,7 +139,8 @@ class ServiceProcess:
         # A test gateway stops at once on SIGTERM (its teardown): the drain notice (1 s by default) is
         # for clients watching its health, which only the tests of a roll have; they set it.
         notice = {"INFERMESH_GATEWAY_DRAIN_NOTICE_MS": "0"} if self.service == "gateway" else {}
-        env = {**os.environ, **notice, **self.env, "PYTHONUNBUFFERED": "1"}
+        defaults = GATEWAY_ENV_DEFAULTS if self.service == "gateway" else {}
+        env = {**defaults, **os.environ, **notice, **self.env, "PYTHONUNBUFFERED": "1"}
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process for its lifetime
         self.proc = subprocess.Popen(
             [*self.launcher, self.python, "-m", self.module or f"services.{self.service}", "--port", str(self.port),
