@@ -94,14 +94,21 @@ def set_error_status(context: grpc.aio.ServicerContext, err: errors.InfermeshErr
         context.set_trailing_metadata(trailing)
 
 
-def retry_after_s_of(rpc_error: grpc.RpcError) -> float | None:
+def pushback_ms_of(rpc_error: grpc.RpcError) -> int | None:
+    """The status's `grpc-retry-pushback-ms` as sent (negative: the server says "do not retry");
+    None when absent or not an integer."""
     for key, value in rpc_error.trailing_metadata() or ():
         if key == PUSHBACK_KEY:
             try:
-                return max(0.0, int(value) / 1000)
-            except ValueError:
+                return int(value)
+            except (TypeError, ValueError):
                 return None
     return None
+
+
+def retry_after_s_of(rpc_error: grpc.RpcError) -> float | None:
+    pushback_ms = pushback_ms_of(rpc_error)
+    return None if pushback_ms is None else max(0.0, pushback_ms / 1000)
 
 
 def from_rpc_error(rpc_error: grpc.RpcError) -> errors.InfermeshError:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.common.status import pushback_ms_of
 from tools.testbed import session_tls
 from tools.testbed.generator_models import mock_text
 
@@ -187,14 +188,8 @@ class _StreamRead:
 
 def _pushback_s(exc: grpc.RpcError) -> float | None:
     """The server's `grpc-retry-pushback-ms` in seconds; None when absent or negative (do not retry)."""
-    for key, value in exc.trailing_metadata() or ():
-        if key == "grpc-retry-pushback-ms":
-            try:
-                millis = int(value)
-            except ValueError:
-                return None
-            return millis / 1000 if millis >= 0 else None
-    return None
+    pushback_ms = pushback_ms_of(exc)
+    return pushback_ms / 1000 if pushback_ms is not None and pushback_ms >= 0 else None
 
 
 def _wall_clock() -> str:

@@ -17,9 +17,9 @@ from services.common import errors
 from services.common.status import (
     AT_ONCE_PUSHBACK_MS,
     ERROR_BY_STATUS,
-    PUSHBACK_KEY,
     STATUS_BY_NUMBER,
     from_rpc_error,
+    pushback_ms_of,
 )
 from services.gateway.upstream.status import UpstreamCode
 
@@ -64,7 +64,7 @@ class AttemptError(Exception):
 
     @classmethod
     def from_rpc_error(cls, exc: grpc.aio.AioRpcError) -> AttemptError:
-        return cls(from_rpc_error(exc), UpstreamCode(exc.code().value[0]), _pushback_ms(exc))
+        return cls(from_rpc_error(exc), UpstreamCode(exc.code().value[0]), pushback_ms_of(exc))
 
     @classmethod
     def from_call_error(cls, error: scheduler_pb2.CallError) -> AttemptError:
@@ -88,12 +88,3 @@ class AttemptError(Exception):
         return cls(ERROR_BY_STATUS.get(status, errors.Internal)(message), code, None,
                    scheduler_silent=scheduler_silent)
 
-
-def _pushback_ms(exc: grpc.aio.AioRpcError) -> int | None:
-    for key, value in exc.trailing_metadata() or ():
-        if key == PUSHBACK_KEY:
-            try:
-                return int(value)
-            except (TypeError, ValueError):
-                return None
-    return None

@@ -8,6 +8,8 @@ from services.common.status import (
     ERROR_BY_STATUS,
     STATUS_BY_ERROR,
     from_rpc_error,
+    pushback_ms_of,
+    retry_after_s_of,
     status_code_of,
     trailing_metadata_of,
     wire_message,
@@ -73,3 +75,15 @@ def test_upstream_status_maps_back_to_the_same_domain_error_with_its_hint():
 
 def test_unknown_upstream_status_becomes_internal():
     assert isinstance(from_rpc_error(FakeRpcError(grpc.StatusCode.UNKNOWN, "boom")), errors.Internal)
+
+
+def test_the_pushback_is_read_as_sent_and_the_hint_never_negative():
+    def failed(*trailing):
+        return FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy", trailing)
+
+    assert pushback_ms_of(failed(("other", "x"), ("grpc-retry-pushback-ms", "250"))) == 250
+    assert pushback_ms_of(failed(("grpc-retry-pushback-ms", "-1"))) == -1  # the server's "do not retry"
+    assert retry_after_s_of(failed(("grpc-retry-pushback-ms", "-1"))) == 0.0
+    assert retry_after_s_of(failed(("grpc-retry-pushback-ms", "1500"))) == 1.5
+    for unreadable in (failed(("grpc-retry-pushback-ms", "soon")), failed()):
+        assert pushback_ms_of(unreadable) is None and retry_after_s_of(unreadable) is None
