@@ -48,9 +48,13 @@ async def test_scheduled_time_latency_shows_the_stall_that_service_time_hides(fa
     assert service["p90"] < latency["p90"] / 4  # relative: a loaded box serves a 2 ms call in tens of ms
     group = summarize_group(records, result.measured_s, lambda r: Slo(e2e_ms=100), Slo(e2e_ms=100))
     assert group["goodput_ratio"] < 0.8  # the stall cost goodput, as the user saw it
-    # The slowest request is the one that met the stall, which the server reported as queue wait;
-    # what the stall cost everyone else is their wait in line at the client.
-    assert group["tail"]["top_stage"] == "queue_wait"
+    # The tail is the stall, named by where each request spent it: the call that met it as the server's queue
+    # wait, the one scheduled just behind it as its wait in line at the client. The first is the slowest by a
+    # few ms only (a step of the schedule, less the second's 2 ms call): a loaded box that served the second
+    # slower made it the tail (a fresh clone's run), so either stands; together they hold the stall.
+    tail = group["tail"]
+    assert tail["top_stage"] in {"queue_wait", CLIENT_QUEUE}
+    assert tail["stage_mean_ms"].get("queue_wait", 0) + tail["stage_mean_ms"].get(CLIENT_QUEUE, 0) > STALL_S * 800
     # ~90 ms of client queueing per call on average against the fake's 2 ms compute; 5x leaves room for a loaded
     # box, where compute itself took several ms (a helper saw this test fail 1 run in 5 at load 10+).
     assert group["stages"][CLIENT_QUEUE]["mean_ms"] > 5 * group["stages"]["compute"]["mean_ms"]
