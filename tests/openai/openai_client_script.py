@@ -27,6 +27,12 @@ def main() -> None:
 
     alpha = client(keys["alpha"])
     seen: dict = {"models": [m.id for m in alpha.models.list()]}
+    retrieved = alpha.models.retrieve(MODEL)
+    seen["retrieved"] = {"id": retrieved.id, "object": retrieved.object, "owned_by": retrieved.owned_by}
+    try:
+        alpha.models.retrieve("no-such-model")
+    except openai.NotFoundError as exc:
+        seen["retrieve_missing"] = {"status": exc.status_code, "code": exc.code}
 
     completion = alpha.completions.create(model=MODEL, prompt="abc", max_tokens=6, temperature=0)
     seen["completion"] = {"text": completion.choices[0].text, "finish_reason": completion.choices[0].finish_reason,

@@ -107,6 +107,19 @@ def test_models_lists_the_generators_the_tenant_may_use(http_mesh):
     assert (status, json.loads(body)["data"]) == (200, [])
 
 
+def test_one_model_is_retrieved_as_listed_and_one_not_listed_is_404(http_mesh):
+    alpha, narrow = ({"Authorization": f"Bearer {KEYS[k]}"} for k in ("alpha", "narrow"))
+    status, _, body = http_mesh.request("GET", "/models", headers=alpha)
+    (listed,) = json.loads(body)["data"]
+    status, _, body = http_mesh.request("GET", f"/models/{MODEL}", headers=alpha)
+    assert (status, json.loads(body)) == (200, listed)
+    for name, headers in (("no-such-model", alpha), ("org/no-such-model", alpha), (MODEL, narrow)):
+        assert _error(http_mesh.request("GET", f"/models/{name}", headers=headers)) == (404, {
+            "message": f"model '{name}' is not served to this key (GET /v1/models lists those that are)",
+            "type": "not_found_error", "param": None, "code": "model_not_found"})
+    assert _error(http_mesh.request("GET", f"/models/{MODEL}", headers={}))[0] == 401
+
+
 # --------------------------------------------------------------------------- 400
 
 

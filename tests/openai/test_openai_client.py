@@ -41,8 +41,10 @@ def seen(http_mesh, openai_python) -> dict:
     return json.loads(done.stdout)
 
 
-def test_lists_the_model(seen):
+def test_lists_the_model_and_retrieves_it(seen):
     assert seen["models"] == [MODEL]
+    assert seen["retrieved"] == {"id": MODEL, "object": "model", "owned_by": "infermesh"}
+    assert seen["retrieve_missing"] == {"status": 404, "code": "model_not_found"}
 
 
 def test_completion_and_chat_completion_with_usage(seen):

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP front (aiohttp): /v1/completions, /v1/chat/completions, /v1/models.
+"""The OpenAI-compatible HTTP front (aiohttp): /v1/completions, /v1/chat/completions, /v1/models[/{id}].
 
 Thin: read the caller from the headers, parse the body (openai_codec), run the same
 GenerateCore as the gRPC Generate, write JSON or server-sent events, map domain errors to
@@ -72,6 +72,8 @@ class OpenAIFront:
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat_completions),
             web.get("/v1/models", self.models),
+            # Ids may hold slashes (Hugging Face style, "org/name"), as stock clients put them in the path.
+            web.get("/v1/models/{model:.+}", self.model),
         ]
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -82,16 +84,32 @@ class OpenAIFront:
 
     async def models(self, request: web.Request) -> web.Response:
         try:
-            listed = await self._list_models(http_authorization(request), _LIST_MODELS_TIMEOUT_S)
+            data = await self._model_objects(request)
         except errors.InfermeshError as err:
             return error_response(err)
+        return web.json_response({"object": "list", "data": data}, dumps=_dumps)
+
+    async def model(self, request: web.Request) -> web.Response:
+        """One model as GET /v1/models lists it (a stock client's `models.retrieve`); 404 for one the key may
+        not use as for one not served, as the list shows neither."""
+        name = request.match_info["model"]
+        try:
+            found = [m for m in await self._model_objects(request) if m["id"] == name]
+            if not found:
+                raise errors.NotFound(f"model '{name}' is not served to this key (GET /v1/models lists those that are)")
+        except errors.InfermeshError as err:
+            return error_response(err)
+        return web.json_response(found[0], dumps=_dumps)
+
+    async def _model_objects(self, request: web.Request) -> list[dict]:
+        """The generators the caller's key may use, as OpenAI's model objects (with their versions and context)."""
+        listed = await self._list_models(http_authorization(request), _LIST_MODELS_TIMEOUT_S)
         created_s = int(self._clock())
         names = sorted({info.model.name for info in listed.models if info.kind == common_pb2.MODEL_KIND_GENERATOR})
-        data = [{"id": name, "object": "model", "created": created_s, "owned_by": "infermesh",
+        return [{"id": name, "object": "model", "created": created_s, "owned_by": "infermesh",
                  "versions": sorted(i.model.version for i in listed.models if i.model.name == name),
                  "max_model_len": max(i.max_seq_len for i in listed.models if i.model.name == name)}
                 for name in names]
-        return web.json_response({"object": "list", "data": data}, dumps=_dumps)
 
     async def _generate(self, request: web.Request, parse) -> web.StreamResponse:
         try:
