@@ -305,7 +305,7 @@ class GatewayService:
                                       self.admission.parts.tenants.authenticate), config.host, config.http_port,
                           files, max_body_bytes=config.max_message_bytes, shutdown_timeout_s=config.drain_grace_s,
                           kserve=KServeHttp(kserve, ready=self._ready),
-                          client_cert=tls.client_cert_mode(config, "gateway"))
+                          client_cert=tls.client_cert_mode(config, "gateway"), ready=self._ready)
 
     async def start(self, health: Health) -> None:
         self._health = health

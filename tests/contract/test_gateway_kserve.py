@@ -75,6 +75,7 @@ def test_server_health_and_metadata(stub):
     assert stub.ServerLive(kserve.ServerLiveRequest(), timeout=5).live
     wait_until(lambda: stub.ServerReady(kserve.ServerReadyRequest(), timeout=5).ready, timeout_s=10,
                message="ready once the scheduler answered a poll")
+    assert _rest(mesh, "GET", "/health", key=None)[::2] == (200, b"")  # as vLLM, TGI and SGLang answer it
     meta = stub.ServerMetadata(kserve.ServerMetadataRequest(), timeout=5)
     assert (meta.name, list(meta.extensions)) == (
         "infermesh", ["classification", "model_configuration", "statistics", "model_repository"])

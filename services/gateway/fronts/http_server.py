@@ -9,6 +9,10 @@ into a valid set a new context is built, and every new connection's handshake sw
 removed from the bundle refuses its certificates on the next connection without a restart;
 connections already open keep what their handshake verified.
 
+`GET /health` (and HEAD) answers 200 with no body while the gateway serves, 503 otherwise, as vLLM, TGI and
+SGLang answer it, for load balancers and probes that know OpenAI-style servers; KServe's /v2/health/* say
+the same in KServe's shape.
+
 Slow or silent clients cannot hold connections open: a connection that has not delivered a whole
 request head within idle_timeout_s of opening (or of its last response) is closed, and a body
 that has not fully arrived within body_timeout_s is answered 408 and its connection closed.
@@ -22,6 +26,7 @@ import asyncio
 import logging
 import ssl
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -68,9 +73,10 @@ class HttpServer:
     def __init__(self, front: OpenAIFront, host: str, port: int, tls_files: TlsFiles | None,
                  max_body_bytes: int, shutdown_timeout_s: float = 10.0, kserve: KServeHttp | None = None,
                  idle_timeout_s: float = IDLE_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S,
-                 client_cert: str = "none") -> None:
+                 client_cert: str = "none", ready: Callable[[], bool] = lambda: True) -> None:
         """kserve: the KServe v2 REST front (/v2/...), its errors in KServe's shape; the rest is OpenAI's.
-        client_cert: none | optional | require (a client certificate, verified against tls_files.ca_path)."""
+        client_cert: none | optional | require (a client certificate, verified against tls_files.ca_path).
+        ready: whether the gateway serves now (GET /health)."""
         if client_cert not in CLIENT_CERT_MODES:
             raise ValueError(f"client_cert must be one of {', '.join(CLIENT_CERT_MODES)}, got {client_cert!r}")
         if client_cert != "none" and (tls_files is None or not tls_files.ca_path):
@@ -78,6 +84,7 @@ class HttpServer:
         app = web.Application(middlewares=[_errors_by_protocol, _body_deadline(body_timeout_s)],
                               client_max_size=max_body_bytes)
         app.add_routes(front.routes())
+        app.add_routes([web.get("/health", _health(ready))])
         app.on_response_prepare.append(copy_to_server_timing)  # stages as browsers and load tools read them
         if kserve is not None:
             app.add_routes(kserve.routes())
@@ -127,6 +134,12 @@ class HttpServer:
                     continue
                 log.info("HTTP port certificate%s reloaded from %s",
                          " and client CA bundle" if self._client_cert != "none" else "", self._tls_files.cert_path)
+
+
+def _health(ready: Callable[[], bool]):
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(status=200 if ready() else 503)
+    return health
 
 
 @web.middleware

@@ -197,3 +197,25 @@ async def test_two_authorization_headers_are_401_even_when_one_is_good(port):
     assert _reply(received) == (401, {"error": expected})
     received, _ = await _exchange(port, _post("/v2/models/m/infer", b"{}", "Authorization: Bearer bad"))
     assert _reply(received) == (401, {"error": expected})
+
+
+# ------------------------------------------------------------------------------------ /health
+
+
+async def test_health_is_200_while_the_gateway_serves_and_503_once_it_does_not():
+    serving = [True]
+    health_port = free_port()
+    server = HttpServer(OpenAIFront(_EchoCore(), _list_models, _authenticate), "127.0.0.1", health_port, None,
+                        max_body_bytes=1 << 16, kserve=KServeHttp(_KServeCore(), ready=lambda: serving[0]),
+                        ready=lambda: serving[0])
+    await server.start()
+    try:
+        for method in ("GET", "HEAD"):  # no key: load balancers and probes have none
+            request = f"{method} /health HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n".encode()
+            received, _ = await _exchange(health_port, request)
+            assert received.startswith(b"HTTP/1.1 200 OK") and received.endswith(b"\r\n\r\n"), received
+        serving[0] = False
+        received, _ = await _exchange(health_port, b"GET /health HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+        assert received.startswith(b"HTTP/1.1 503 "), received
+    finally:
+        await server.close()
