@@ -75,7 +75,6 @@ def test_server_health_and_metadata(stub):
     assert stub.ServerLive(kserve.ServerLiveRequest(), timeout=5).live
     wait_until(lambda: stub.ServerReady(kserve.ServerReadyRequest(), timeout=5).ready, timeout_s=10,
                message="ready once the scheduler answered a poll")
-    assert _rest(mesh, "GET", "/health", key=None)[::2] == (200, b"")  # as vLLM, TGI and SGLang answer it
     meta = stub.ServerMetadata(kserve.ServerMetadataRequest(), timeout=5)
     assert (meta.name, list(meta.extensions)) == (
         "infermesh", ["classification", "model_configuration", "statistics", "model_repository"])
@@ -244,6 +243,7 @@ def test_rest_health_metadata_and_ready(mesh):
     assert _rest(mesh, "GET", "/v2/health/live", key=None)[:1] == (200,)
     wait_until(lambda: _rest(mesh, "GET", "/v2/health/ready", key=None)[0] == 200, timeout_s=10,
                message="ready once the scheduler answered a poll")
+    assert _rest(mesh, "GET", "/health", key=None)[::2] == (200, b"")  # as vLLM, TGI and SGLang answer it
     status, _, body = _rest(mesh, "GET", "/v2/models/toy-classifier/versions/1")
     assert status == 200
     assert json.loads(body)["inputs"] == [{"name": "IMAGE", "datatype": "UINT8", "shape": [-1, 8, 8, 3]}]
