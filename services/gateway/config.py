@@ -45,6 +45,9 @@ class GatewayConfig(ServerSettings):
         0, "port of the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models) on the "
         "gateway's host, HTTPS when the gRPC port serves TLS; 0: off (docs/clients.md)"
     )
+    http_cors_origins: tuple[str, ...] = setting(
+        (), "origins whose browser pages may call the HTTP port (CORS), e.g. https://chat.example.com; * for any "
+        "(callers bring API keys, not cookies); none: no CORS headers, and a browser's preflight is refused")
     routing_file: str = setting("", "routing YAML (models: name -> versions -> scheduler endpoints); empty: all to scheduler_address")
     # Rollouts (services/gateway/rollout/controller.py, docs/operations.md "Rollouts").
     rollout_state_file: str = setting(
@@ -151,6 +154,9 @@ class GatewayConfig(ServerSettings):
         except SchedulerAddressError as exc:
             require(False, f"scheduler_address must be host:port, got {self.scheduler_address!r} ({exc})")
         require(0 <= self.http_port <= 65535, f"http_port must be 0..65535, got {self.http_port}")
+        for origin in self.http_cors_origins:
+            require(origin == "*" or (origin.startswith(("http://", "https://")) and origin.count("/") == 2),
+                    f"http_cors_origins: each is * or scheme://host[:port] with no path, got {origin!r}")
         require(self.discovery_interval_ms > 0, f"discovery_interval_ms must be > 0, got {self.discovery_interval_ms}")
         require(self.silence_probe_after_ms >= 0,
                 f"silence_probe_after_ms must be >= 0, got {self.silence_probe_after_ms}")

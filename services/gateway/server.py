@@ -305,7 +305,8 @@ class GatewayService:
                                       self.admission.parts.tenants.authenticate), config.host, config.http_port,
                           files, max_body_bytes=config.max_message_bytes, shutdown_timeout_s=config.drain_grace_s,
                           kserve=KServeHttp(kserve, ready=self._ready),
-                          client_cert=tls.client_cert_mode(config, "gateway"), ready=self._ready)
+                          client_cert=tls.client_cert_mode(config, "gateway"), ready=self._ready,
+                          cors_origins=config.http_cors_origins)
 
     async def start(self, health: Health) -> None:
         self._health = health

@@ -26,7 +26,7 @@ import asyncio
 import logging
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -35,6 +35,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from services.common import errors
 from services.common.cert_files import DEFAULT_CHECK_INTERVAL_S, CertificateWatcher, PemMaterial, TlsFiles
 from services.common.config import ConfigError
+from services.gateway.fronts.cors import Cors
 from services.gateway.fronts.kserve_http import PREFIX as KSERVE_PREFIX
 from services.gateway.fronts.kserve_http import KServeHttp, kserve_errors
 from services.gateway.fronts.openai_http import OpenAIFront, openai_errors
@@ -73,16 +74,22 @@ class HttpServer:
     def __init__(self, front: OpenAIFront, host: str, port: int, tls_files: TlsFiles | None,
                  max_body_bytes: int, shutdown_timeout_s: float = 10.0, kserve: KServeHttp | None = None,
                  idle_timeout_s: float = IDLE_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S,
-                 client_cert: str = "none", ready: Callable[[], bool] = lambda: True) -> None:
+                 client_cert: str = "none", ready: Callable[[], bool] = lambda: True,
+                 cors_origins: Sequence[str] = ()) -> None:
         """kserve: the KServe v2 REST front (/v2/...), its errors in KServe's shape; the rest is OpenAI's.
         client_cert: none | optional | require (a client certificate, verified against tls_files.ca_path).
-        ready: whether the gateway serves now (GET /health)."""
+        ready: whether the gateway serves now (GET /health).
+        cors_origins: origins whose browser pages may call (cors.py); none: no CORS."""
         if client_cert not in CLIENT_CERT_MODES:
             raise ValueError(f"client_cert must be one of {', '.join(CLIENT_CERT_MODES)}, got {client_cert!r}")
         if client_cert != "none" and (tls_files is None or not tls_files.ca_path):
             raise ConfigError(f"HTTP port: client certificates ({client_cert}) need TLS and --tls-ca-file to verify them")
-        app = web.Application(middlewares=[_errors_by_protocol, _body_deadline(body_timeout_s)],
+        cors = Cors(cors_origins) if cors_origins else None
+        middlewares = [_errors_by_protocol, _body_deadline(body_timeout_s)]
+        app = web.Application(middlewares=[cors.preflight, *middlewares] if cors else middlewares,
                               client_max_size=max_body_bytes)
+        if cors is not None:
+            app.on_response_prepare.append(cors.on_response_prepare)
         app.add_routes(front.routes())
         app.add_routes([web.get("/health", _health(ready))])
         app.on_response_prepare.append(copy_to_server_timing)  # stages as browsers and load tools read them

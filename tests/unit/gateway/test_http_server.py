@@ -219,3 +219,71 @@ async def test_health_is_200_while_the_gateway_serves_and_503_once_it_does_not()
         assert received.startswith(b"HTTP/1.1 503 "), received
     finally:
         await server.close()
+
+
+# ------------------------------------------------------------------------------------ CORS
+
+APP = "https://chat.example.com"
+
+
+@pytest.fixture
+async def cors_port(request):
+    cors_port = free_port()
+    server = HttpServer(OpenAIFront(_EchoCore(), _list_models, _authenticate), "127.0.0.1", cors_port, None,
+                        max_body_bytes=1 << 16, kserve=KServeHttp(_KServeCore(), ready=lambda: True),
+                        cors_origins=request.param)
+    await server.start()
+    yield cors_port
+    await server.close()
+
+
+def _preflight(origin: str) -> bytes:
+    return (f"OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: test\r\nConnection: close\r\nOrigin: {origin}\r\n"
+            "Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: authorization, content-type\r\n"
+            "\r\n").encode()
+
+
+def _headers(raw: bytes) -> tuple[int, dict[str, str]]:
+    head = raw.partition(b"\r\n\r\n")[0].decode().split("\r\n")
+    return int(head[0].split(" ")[1]), {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in head[1:])}
+
+
+@pytest.mark.parametrize("cors_port", [(APP,)], indirect=True)
+async def test_a_listed_origin_passes_the_preflight_and_reads_the_reply(cors_port):
+    status, headers = _headers((await _exchange(cors_port, _preflight(APP)))[0])
+    assert status == 204
+    assert headers["access-control-allow-origin"] == APP
+    assert headers["access-control-allow-headers"] == "authorization, content-type"
+    assert "POST" in headers["access-control-allow-methods"]
+    received, _ = await _exchange(cors_port, _post("/v1/completions", COMPLETION, f"Origin: {APP}"))
+    status, headers = _headers(received)
+    assert status == 200 and headers["access-control-allow-origin"] == APP and headers["vary"] == "Origin"
+    assert "x-request-id" in headers["access-control-expose-headers"]
+    streamed = json.dumps({"model": "m", "prompt": "hello", "stream": True}).encode()
+    status, headers = _headers((await _exchange(cors_port, _post("/v1/completions", streamed, f"Origin: {APP}")))[0])
+    assert (status, headers["content-type"], headers["access-control-allow-origin"]) == (200, "text/event-stream", APP)
+    # A refusal reaches the page too, so its script can read why.
+    status, headers = _headers((await _exchange(cors_port, _post("/v1/completions", b"{", f"Origin: {APP}")))[0])
+    assert status == 400 and headers["access-control-allow-origin"] == APP
+
+
+@pytest.mark.parametrize("cors_port", [(APP,)], indirect=True)
+async def test_another_origin_is_refused_the_preflight_and_gets_no_cors_headers(cors_port):
+    status, headers = _headers((await _exchange(cors_port, _preflight("https://evil.example")))[0])
+    assert status == 403 and "access-control-allow-origin" not in headers
+    received, _ = await _exchange(cors_port, _post("/v1/completions", COMPLETION, "Origin: https://evil.example"))
+    status, headers = _headers(received)
+    assert status == 200 and "access-control-allow-origin" not in headers  # served; the browser hides it
+
+
+@pytest.mark.parametrize("cors_port", [("*",)], indirect=True)
+async def test_any_origin_when_configured_so(cors_port):
+    status, headers = _headers((await _exchange(cors_port, _preflight("http://localhost:3000")))[0])
+    assert status == 204 and headers["access-control-allow-origin"] == "*"
+
+
+async def test_without_origins_there_is_no_cors(port):
+    status, headers = _headers((await _exchange(port, _preflight(APP)))[0])
+    assert status == 405 and "access-control-allow-origin" not in headers
+    status, headers = _headers((await _exchange(port, _post("/v1/completions", COMPLETION, f"Origin: {APP}")))[0])
+    assert status == 200 and "access-control-allow-origin" not in headers

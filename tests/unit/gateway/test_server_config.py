@@ -19,3 +19,10 @@ def test_a_routing_file_that_is_not_utf8_stops_the_start_with_a_config_error(tmp
     breakers = CircuitBreakers(BreakerConfig(), time.monotonic)
     with pytest.raises(ConfigError, match="not UTF-8"):
         load_routing(GatewayConfig(routing_file=str(path), allow_anonymous=True), breakers, None)
+
+
+@pytest.mark.parametrize("origin", ["chat.example.com", "https://chat.example.com/", "https://chat.example.com/app"])
+def test_a_cors_origin_that_is_not_an_origin_is_a_config_error(origin):
+    with pytest.raises(ConfigError, match=r"http_cors_origins: each is \* or scheme://host\[:port\] with no path"):
+        GatewayConfig(http_cors_origins=(origin,), allow_anonymous=True)
+    GatewayConfig(http_cors_origins=("*", "http://localhost:3000"), allow_anonymous=True)
