@@ -31,10 +31,9 @@ class HFMesh:
 
 @contextmanager
 def serving_checkpoints(tmp: Path, names: Sequence[str], kv_cache_bytes: int = 1 << 20,
-                        options: Mapping[str, Mapping[str, Any]] | None = None,
-                        gateway_args: Sequence[str] = ()) -> Iterator[HFMesh]:
+                        options: Mapping[str, Mapping[str, Any]] | None = None) -> Iterator[HFMesh]:
     """`tmp/<name>` for each name: checkpoint directories, served until the block ends. `options`:
-    more ImportOptions fields for some of them, by name; `gateway_args`: more gateway flags."""
+    more ImportOptions fields for some of them, by name."""
     root = tmp / "model_repo"
     for name in names:
         more = (options or {}).get(name, {})
@@ -44,7 +43,7 @@ def serving_checkpoints(tmp: Path, names: Sequence[str], kv_cache_bytes: int = 1
         mesh.start_scheduler("--metrics-port", str(metrics_port))
         wait_all_serving([mesh.start_worker(name, "--model-repository", str(root), "--model-version", "1", wait=False)
                           for name in names])
-        mesh.start_gateway("--http-port", str(http_port), *gateway_args)
+        mesh.start_gateway("--http-port", str(http_port))
         base = f"https://127.0.0.1:{http_port}/v1"
         wait_until(lambda: all(post_json(base, "/completions", {"model": name, "prompt": "hi", "max_tokens": 1})[0]
                                == 200 for name in names), timeout_s=30, message="models served")
@@ -59,12 +58,7 @@ def serving_hermes_qwen2(tmp: Path, name: str) -> Iterator[HFMesh]:
     tokens: a longer context (2048) and KV cache (4 MiB) than the defaults."""
     save_model_directory(tmp / name, "qwen2", seed=11, chat_template=tool_templates.HERMES,
                          max_position_embeddings=2048)
-    # The standard class's TTFT target at 30 s: these tests check grammars and tools, not admission, and on a slow
-    # box under the suite's load the gateway refused a stream "would start ... in 2264 ms, past its TTFT target
-    # 2000 ms" right after the previous test's streams (sent since the last poll), its correction at its cap from
-    # the first grammar streams' compiles (issue 36's note).
-    with serving_checkpoints(tmp, [name], kv_cache_bytes=1 << 22,
-                             gateway_args=("--slo-ttft-ms", "1000,30000,60000")) as served:
+    with serving_checkpoints(tmp, [name], kv_cache_bytes=1 << 22) as served:
         yield served
 
 
