@@ -35,6 +35,7 @@ from kernels.backend import (
     is_torch_tensor,
     resolve_backend,
 )
+from kernels.element_formats import FORMATS, as_kernel_array, format_itemsize
 from kernels.validation import check_array, check_contiguous, check_dim
 from kernels.vector_access import start_alignment, vector_copier, widest_access
 
@@ -130,7 +131,7 @@ def write_kv_cache(
     cache's capacity (ValueError); on GPU arrays an out-of-range slot is skipped.
     """
     num_tokens, num_kv_heads, head_size = check_array(
-        "key", key, dtypes=("float32", "float16"), layout=("num_tokens", "num_kv_heads", "head_size")
+        "key", key, dtypes=FORMATS, layout=("num_tokens", "num_kv_heads", "head_size")
     )
     dtype = dtype_name(key)
     value_shape = check_array("value", value, dtypes=(dtype,), layout=("num_tokens", "num_kv_heads", "head_size"))
@@ -148,6 +149,8 @@ def write_kv_cache(
     check_contiguous("key_cache", key_cache)
     check_contiguous("value_cache", value_cache)
 
+    # A pure copy: bfloat16 (which neither numpy nor Numba has) travels as its int16 bits.
+    key, value, key_cache, value_cache = (as_kernel_array(x) for x in (key, value, key_cache, value_cache))
     arrays = {"key": key, "value": value, "key_cache": key_cache, "value_cache": value_cache,
               "slot_mapping": slot_mapping}
     on_device = all_on_device(arrays)
@@ -161,8 +164,8 @@ def write_kv_cache(
     elif chosen is Backend.CPU:
         if on_device:
             raise ValueError("backend 'cpu' needs host arrays; got GPU arrays")
-        # A pure copy: float16 travels as its bits (numba's CPU target has no float16).
-        bits = np.uint16 if dtype == "float16" else np.float32
+        # A pure copy: 16-bit formats travel as their bits (numba's CPU target has no float16).
+        bits = np.uint16 if format_itemsize(dtype) == 2 else np.float32
         write_kv_cache_host(
             np.ascontiguousarray(host_view(key)).view(bits),
             np.ascontiguousarray(host_view(value)).view(bits),
@@ -171,7 +174,7 @@ def write_kv_cache(
             np.ascontiguousarray(host_view(slot_mapping)),
         )
     else:
-        _scatter_on_device(key, value, key_cache, value_cache, slot_mapping, itemsize=np.dtype(dtype).itemsize)
+        _scatter_on_device(key, value, key_cache, value_cache, slot_mapping, itemsize=format_itemsize(dtype))
 
 
 def write_kv_cache_host(key: np.ndarray, value: np.ndarray, key_cache: np.ndarray, value_cache: np.ndarray,

@@ -45,12 +45,13 @@ from kernels.backend import (
     is_torch_tensor,
     resolve_backend,
 )
-from kernels.paged_attention_cuda import THREADS, attention_kernels, partition_length
+from kernels.element_formats import as_kernel_array, format_itemsize
+from kernels.paged_attention_cuda import THREADS, attention_kernels, merge_kernel, partition_length
 from kernels.validation import check_array, check_contiguous, check_dim
 from kernels.vector_access import start_alignment
 
 log = logging.getLogger(__name__)
-_FLOAT_DTYPES = ("float32", "float16")
+_FLOAT_DTYPES = ("float32", "float16", "bfloat16")  # bfloat16: PyTorch tensors (numpy has none)
 
 # Reassociation lets LLVM vectorize the dot products and sums; no nnan/ninf,
 # because the softmax relies on exp(-inf) == 0 semantics staying honest.
@@ -160,8 +161,9 @@ def paged_attention_decode(
     CUDA) or Numba device arrays, all on the host or all on the GPU. On host
     arrays the context lengths and the block-table entries they reach are
     checked (ValueError); on GPU arrays that check would synchronize and is
-    skipped. float16 query/K/V/out run on the CUDA and reference backends
-    (accumulating in float32); the CPU twin takes float32.
+    skipped. float16 and bfloat16 query/K/V/out (bfloat16 as PyTorch tensors)
+    run on the CUDA and reference backends (accumulating in float32); the CPU
+    twin takes float32.
     ``partition_size`` (CUDA only) fixes the context partition length of the
     split-context kernel; None lets it fill the GPU (see
     ``kernels.paged_attention_cuda``). ``cuda_kernel`` picks the CUDA kernel:
@@ -177,6 +179,8 @@ def paged_attention_decode(
         "query", query, dtypes=_FLOAT_DTYPES, layout=("num_seqs", "num_heads", "head_size")
     )
     dtype = dtype_name(query)
+    if dtype == "bfloat16" and cuda_kernel == "tile":
+        raise ValueError("cuda_kernel 'tile' takes float32 or float16; bfloat16 runs on the warp kernel")
     cache_layout = ("num_blocks", "block_size", "num_kv_heads", "head_size")
     cache_shape = check_array("key_cache", key_cache, dtypes=(dtype,), layout=cache_layout)
     value_cache_shape = check_array("value_cache", value_cache, dtypes=(dtype,), layout=cache_layout)
@@ -213,7 +217,7 @@ def paged_attention_decode(
     if num_seqs == 0:
         return out
     if dtype != "float32" and chosen is Backend.CPU:
-        raise ValueError(f"backend 'cpu' takes float32 arrays; got {dtype} (float16 runs on 'cuda' or 'reference')")
+        raise ValueError(f"backend 'cpu' takes float32 arrays; got {dtype} ({dtype} runs on 'cuda' or 'reference')")
 
     if chosen is Backend.REFERENCE:
         as_torch(out).copy_(
@@ -258,10 +262,15 @@ def _launch_cuda(arrays: dict[str, Any], out: Any, num_kv_heads: int, block_size
     """Launches the split-context kernel (and its merge when the context is split) on PyTorch's stream."""
     num_seqs, num_heads, head_size = arrays["query"].shape
     group, dtype = num_heads // num_kv_heads, dtype_name(arrays["key_cache"])
-    tile_kernel, merge_kernel = attention_kernels(head_size, group, dtype)
+    arrays = {name: as_kernel_array(array) for name, array in arrays.items()}  # bfloat16 as its int16 bits
+    out = as_kernel_array(out)
+    # bfloat16 has no tile kernel: a warp kernel that cannot build is an error there, not a fallback.
+    tile_kernel = attention_kernels(head_size, group, dtype)[0] if dtype != "bfloat16" else None
+    merge = merge_kernel(head_size, dtype)
     threads = THREADS
-    if cuda_kernel == "warp" and not _warp_failures:
-        itemsize, max_width = np.dtype(dtype).itemsize, min(start_alignment(arrays["key_cache"]), start_alignment(arrays["value_cache"]))
+    if cuda_kernel == "warp" and (not _warp_failures or tile_kernel is None):
+        itemsize = format_itemsize(dtype)
+        max_width = min(start_alignment(arrays["key_cache"]), start_alignment(arrays["value_cache"]))
         layout = warp_layout or warp.layout_for(head_size, group, itemsize, max_width=max_width)
         if warp_layout is not None:  # layout_for's own choices fit by construction
             layout.check(head_size, group, itemsize)
@@ -292,13 +301,13 @@ def _launch_cuda(arrays: dict[str, Any], out: Any, num_kv_heads: int, block_size
     try:
         launch.launch(partition_kernel, (blocks_x, num_seqs, num_parts), threads, args, outputs=(0,))
     except Exception as error:  # a Numba/NVVM that cannot build the vector loads: serve with the first kernel
-        if partition_kernel is tile_kernel:
+        if partition_kernel is tile_kernel or tile_kernel is None:
             raise
         _warp_failures.append(f"{type(error).__name__}: {error}")
         log.warning("warp attention kernel failed to build or launch, using the tile kernel: %s", _warp_failures[-1])
         launch.launch(tile_kernel, (num_kv_heads, num_seqs, num_parts), THREADS, args, outputs=(0,))
     if num_parts > 1:
-        launch.launch(merge_kernel, (num_heads, num_seqs), THREADS,
+        launch.launch(merge, (num_heads, num_seqs), THREADS,
                       [out, part_max, part_sum, part_out, arrays["context_lens"], part_len], outputs=(0,))
 
 

@@ -37,6 +37,7 @@ import numpy as np
 from numba import cuda, float32, int32
 from numba.core.types import float16
 
+from kernels.element_formats import narrower
 from kernels.lane_shuffles import SIMULATED, max_lanes, sum_lanes
 
 THREADS = 128
@@ -237,8 +238,17 @@ def attention_kernels(head_size: int, group: int, dtype: str = "float32", tile: 
             part_max[seq, first_head + tid, part] = running_max[tid]
             part_sum[seq, first_head + tid, part] = running_sum[tid]
 
+    return partition_kernel, merge_kernel(head_size, dtype)
+
+
+@functools.cache
+def merge_kernel(head_size: int, dtype: str = "float32"):
+    """The kernel merging split-context partitions into ``out`` (of element format ``dtype``, bfloat16 as int16)."""
+    narrow = narrower(dtype)
+    neg_inf = np.float32(-np.inf)
+
     @cuda.jit
-    def merge_kernel(out, part_max, part_sum, part_out, context_lens, part_len):
+    def merge(out, part_max, part_sum, part_out, context_lens, part_len):
         head = cuda.blockIdx.x
         seq = cuda.blockIdx.y
         tid = cuda.threadIdx.x
@@ -255,9 +265,9 @@ def attention_kernels(head_size: int, group: int, dtype: str = "float32", tile: 
             value = float32(0.0)
             for p in range(num_parts):
                 value += part_out[seq, head, p, dim] * math.exp(part_max[seq, head, p] - best)
-            out[seq, head, dim] = value * inv_total
+            out[seq, head, dim] = narrow(value * inv_total)
 
-    return partition_kernel, merge_kernel
+    return merge
 
 
 def partition_length(max_context: int, num_blocks_in_grid: int, target_blocks: int, tile: int = DEFAULT_TILE) -> int:

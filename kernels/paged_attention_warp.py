@@ -25,6 +25,12 @@ streaming copy:
   ``group × head_size`` and a large GQA group is split over blocks
   (``heads_per_block``), each reading the K/V of its KV head once.
 
+* **16-bit formats may stay packed** (``WarpLayout.packed``): float16 and
+  bfloat16 K/V words are held two elements to a register while in flight and
+  widened when folded, once per token for all of the block's query heads, so
+  twice the tokens fit in flight in the same registers. bfloat16 (int16 bits)
+  widens by a shift.
+
 ``layout_for`` picks the access width and ``L`` at launch time: 16-byte
 loads where the row's bytes and the cache's address allow it, narrower
 otherwise, so every head size and alignment runs. Under
@@ -39,10 +45,11 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import cuda, float32, int32
+from numba import cuda, float32, int32, uint32
 
+from kernels.element_formats import format_itemsize, narrower, widener
 from kernels.lane_shuffles import SIMULATED, sum_lanes, xor_lane
-from kernels.vector_access import ACCESS_WIDTHS, vector_loader
+from kernels.vector_access import ACCESS_WIDTHS, pair_unpacker, vector_loader, word_loader
 
 WARP = 32
 # Four warps a block on a GPU. The simulator runs every thread in Python and every emulated shuffle is
@@ -56,6 +63,8 @@ MIN_BYTES_PER_TOKEN_LOAD = 64
 # Widened K and V floats a lane holds for the tokens in flight.
 MAX_FLOATS_IN_FLIGHT = 64
 MAX_TOKENS_IN_FLIGHT = 4
+# Packed 16-bit K/V take half the registers per token, so twice the tokens may be in flight.
+MAX_PACKED_TOKENS_IN_FLIGHT = 8
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,7 @@ class WarpLayout:
     heads_per_block: int  # query heads of the GQA group this block serves
     tokens_in_flight: int  # U: tokens a lane group loads before using any
     prefetch: bool = False  # load the next step's K/V before folding this step's (twice the K/V registers)
+    packed: bool = False  # 16-bit K/V held two to a register until folded (float16/bfloat16, loads >= 4 bytes)
 
     def elements_per_load(self, itemsize: int) -> int:
         return self.width // itemsize
@@ -85,19 +95,23 @@ class WarpLayout:
             problems.append(f"heads_per_block {self.heads_per_block} does not divide the group of {group}")
         if not 1 <= self.tokens_in_flight <= 16:
             problems.append(f"tokens_in_flight must be in [1, 16]; got {self.tokens_in_flight}")
+        if self.packed and (itemsize != 2 or self.width < 4):
+            problems.append(f"packed needs 2-byte elements and loads of >= 4 bytes; got {itemsize}-byte elements, "
+                            f"width {self.width}")
         if problems:
             raise ValueError("warp layout: " + "; ".join(problems))
 
 
 def layout_for(head_size: int, group: int, itemsize: int, max_width: int = 16,
-               lane_floats: int = MAX_LANE_FLOATS) -> WarpLayout:
+               lane_floats: int = MAX_LANE_FLOATS, packed: bool = False) -> WarpLayout:
     """The widest loads, then the fewest lanes per token, that keep a lane's registers within bounds.
 
     ``max_width`` is the largest access the cache's address alignment allows;
     ``lane_floats`` bounds the query (and accumulator) floats a lane holds.
     Fewer lanes per token mean fewer shuffles; at least enough lanes that one
     load instruction reads ``MIN_BYTES_PER_TOKEN_LOAD`` of the row, where the
-    row allows it.
+    row allows it. ``packed`` (2-byte elements only; ignored otherwise, and
+    where the loads are 2 bytes) keeps K/V packed and doubles the tokens in flight.
     """
     heads = max(h for h in range(1, group + 1) if group % h == 0 and (h * head_size <= WARP * lane_floats or h == 1))
     for_registers = -(-heads * head_size // lane_floats)
@@ -110,6 +124,8 @@ def layout_for(head_size: int, group: int, itemsize: int, max_width: int = 16,
         if options:
             contiguous = [lanes for lanes in options if lanes * width >= min(row_bytes, MIN_BYTES_PER_TOKEN_LOAD)]
             lanes = contiguous[0] if contiguous else options[-1]
+            if packed and itemsize == 2 and width >= 4:
+                return WarpLayout(width, lanes, heads, _tokens_in_flight(head_size // lanes, packed=True), packed=True)
             return WarpLayout(width, lanes, heads, _tokens_in_flight(head_size // lanes))
     lanes = 1  # element-wide loads: the largest power of two that divides the row
     while lanes * 2 <= WARP and head_size % (lanes * 2) == 0:
@@ -117,14 +133,17 @@ def layout_for(head_size: int, group: int, itemsize: int, max_width: int = 16,
     return WarpLayout(itemsize, lanes, heads, _tokens_in_flight(head_size // lanes))
 
 
-def _tokens_in_flight(dims_per_lane: int) -> int:
+def _tokens_in_flight(dims_per_lane: int, packed: bool = False) -> int:
+    if packed:  # K and V words: dims_per_lane / 2 registers each
+        return max(1, min(MAX_PACKED_TOKENS_IN_FLIGHT, MAX_FLOATS_IN_FLIGHT // dims_per_lane))
     return max(1, min(MAX_TOKENS_IN_FLIGHT, MAX_FLOATS_IN_FLIGHT // (2 * dims_per_lane)))
 
 
 @functools.cache
 def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLayout):
-    """The partition kernel for one shape; it writes ``out`` directly when the grid has one partition."""
-    itemsize = np.dtype(dtype).itemsize
+    """The partition kernel for one shape and element format (float32, float16, bfloat16 as int16 bits);
+    it writes ``out`` directly when the grid has one partition."""
+    itemsize = format_itemsize(dtype)
     vec = layout.elements_per_load(itemsize)
     lanes = layout.lanes_per_token
     heads = layout.heads_per_block
@@ -134,7 +153,12 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
     tokens_per_warp = WARP // lanes
     step = NUM_WARPS * tokens_per_warp * tokens_in_flight
     chunks = group // heads
-    load = vector_loader(dtype, vec)
+    packed = layout.packed
+    load = word_loader(dtype, vec) if packed else vector_loader(dtype, vec)
+    unpack = pair_unpacker(dtype) if packed else None
+    words_per_load = vec // 2
+    words = dims // 2  # packed K (or V) registers per token
+    widen, narrow = widener(dtype), narrower(dtype)
     prefetch = layout.prefetch
     neg_inf = np.float32(-np.inf)
     zero = np.float32(0.0)
@@ -195,6 +219,134 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
                 run_sum[g] = total
                 run_max[g] = best
 
+    @cuda.jit(device=True, inline=True)
+    def load_packed_step(keys, values, step_start, part_end, warp, slot, sub, seq, kv_head, block_tables,
+                         key_cache, value_cache, rows_per_block, num_kv_heads):
+        """``load_step`` keeping each load's 16-bit elements packed, two to a uint32 word."""
+        for u in range(tokens_in_flight):
+            token = step_start + (warp * tokens_in_flight + u) * tokens_per_warp + slot
+            if token < part_end:
+                logical_block = token // rows_per_block
+                block = int32(block_tables[seq, logical_block])
+                row = ((block * rows_per_block + token - logical_block * rows_per_block) * num_kv_heads
+                       + kv_head) * head_size
+                for j in range(loads_per_lane):
+                    index = row + (sub + j * lanes) * vec
+                    k_words = load(key_cache, index)
+                    v_words = load(value_cache, index)
+                    for e in range(words_per_load):
+                        keys[u, j * words_per_load + e] = k_words[e]
+                        values[u, j * words_per_load + e] = v_words[e]
+            else:
+                for w in range(words):
+                    keys[u, w] = uint32(0)  # +0.0 in both formats
+                    values[u, w] = uint32(0)
+
+    @cuda.jit(device=True, inline=True)
+    def fold_packed_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores, wide,
+                         scratch, tid):
+        """``fold_step`` on packed K/V: each token's words are widened once (into ``wide``) for all heads,
+        and the softmax weights of the step are known before its values are folded."""
+        for u in range(tokens_in_flight):
+            valid = step_start + (warp * tokens_in_flight + u) * tokens_per_warp + slot < part_end
+            for w in range(words):
+                low, high = unpack(keys[u, w])
+                wide[2 * w] = low
+                wide[2 * w + 1] = high
+            for g in range(heads):
+                dot = zero
+                for d in range(dims):
+                    dot += q[g, d] * wide[d]
+                dot = sum_lanes(dot, lanes, scratch, tid)
+                scores[g, u] = dot if valid else neg_inf
+        for g in range(heads):  # scores become this step's weights; the accumulators are rescaled once
+            best = run_max[g]
+            for u in range(tokens_in_flight):
+                if scores[g, u] > best:
+                    best = scores[g, u]
+            if best > neg_inf:
+                rescale = math.exp(run_max[g] - best)
+                total = run_sum[g] * rescale
+                for d in range(dims):
+                    acc[g, d] *= rescale
+                for u in range(tokens_in_flight):
+                    p = math.exp(scores[g, u] - best)  # 0 for tokens past the end
+                    scores[g, u] = p
+                    total += p
+                run_sum[g] = total
+                run_max[g] = best
+            else:
+                for u in range(tokens_in_flight):
+                    scores[g, u] = zero
+        for u in range(tokens_in_flight):
+            for w in range(words):
+                low, high = unpack(values[u, w])
+                wide[2 * w] = low
+                wide[2 * w + 1] = high
+            for g in range(heads):
+                p = scores[g, u]
+                for d in range(dims):
+                    acc[g, d] += p * wide[d]
+
+    # One of the three step loops is compiled into a kernel (the others name functions its layout lacks).
+    @cuda.jit(device=True, inline=True)
+    def plain_steps(part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache, value_cache,
+                    rows_per_block, num_kv_heads, q, acc, run_max, run_sum, scores, scratch, tid):
+        keys = cuda.local.array((tokens_in_flight, dims), float32)
+        values = cuda.local.array((tokens_in_flight, dims), float32)
+        for step_start in range(part_start, part_end, step):
+            load_step(keys, values, step_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache,
+                      value_cache, rows_per_block, num_kv_heads)
+            fold_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores, scratch, tid)
+
+    @cuda.jit(device=True, inline=True)
+    def prefetched_steps(part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache, value_cache,
+                         rows_per_block, num_kv_heads, q, acc, run_max, run_sum, scores, scratch, tid):
+        """The next step's loads go out before this step's arithmetic, in a second set of registers."""
+        keys = cuda.local.array((tokens_in_flight, dims), float32)
+        values = cuda.local.array((tokens_in_flight, dims), float32)
+        next_keys = cuda.local.array((tokens_in_flight, dims), float32)
+        next_values = cuda.local.array((tokens_in_flight, dims), float32)
+        load_step(keys, values, part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache,
+                  value_cache, rows_per_block, num_kv_heads)
+        for step_start in range(part_start, part_end, 2 * step):
+            load_step(next_keys, next_values, step_start + step, part_end, warp, slot, sub, seq, kv_head,
+                      block_tables, key_cache, value_cache, rows_per_block, num_kv_heads)
+            fold_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores, scratch, tid)
+            load_step(keys, values, step_start + 2 * step, part_end, warp, slot, sub, seq, kv_head, block_tables,
+                      key_cache, value_cache, rows_per_block, num_kv_heads)
+            fold_step(next_keys, next_values, step_start + step, part_end, warp, slot, q, acc, run_max, run_sum,
+                      scores, scratch, tid)
+
+    @cuda.jit(device=True, inline=True)
+    def packed_steps(part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache, value_cache,
+                     rows_per_block, num_kv_heads, q, acc, run_max, run_sum, scores, scratch, tid):
+        keys = cuda.local.array((tokens_in_flight, words), uint32)
+        values = cuda.local.array((tokens_in_flight, words), uint32)
+        wide = cuda.local.array(dims, float32)
+        if prefetch:
+            next_keys = cuda.local.array((tokens_in_flight, words), uint32)
+            next_values = cuda.local.array((tokens_in_flight, words), uint32)
+            load_packed_step(keys, values, part_start, part_end, warp, slot, sub, seq, kv_head, block_tables,
+                             key_cache, value_cache, rows_per_block, num_kv_heads)
+            for step_start in range(part_start, part_end, 2 * step):
+                load_packed_step(next_keys, next_values, step_start + step, part_end, warp, slot, sub, seq, kv_head,
+                                 block_tables, key_cache, value_cache, rows_per_block, num_kv_heads)
+                fold_packed_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores,
+                                 wide, scratch, tid)
+                load_packed_step(keys, values, step_start + 2 * step, part_end, warp, slot, sub, seq, kv_head,
+                                 block_tables, key_cache, value_cache, rows_per_block, num_kv_heads)
+                fold_packed_step(next_keys, next_values, step_start + step, part_end, warp, slot, q, acc, run_max,
+                                 run_sum, scores, wide, scratch, tid)
+        else:
+            for step_start in range(part_start, part_end, step):
+                load_packed_step(keys, values, step_start, part_end, warp, slot, sub, seq, kv_head, block_tables,
+                                 key_cache, value_cache, rows_per_block, num_kv_heads)
+                fold_packed_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores,
+                                 wide, scratch, tid)
+
+    run_steps = packed_steps if packed else prefetched_steps if prefetch else plain_steps
+
     @cuda.jit
     def kernel(out, part_max, part_sum, part_out, query, key_cache, value_cache, block_tables, context_lens,
                block_size, scale, part_len):
@@ -226,40 +378,19 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
         acc = cuda.local.array((heads, dims), float32)
         run_max = cuda.local.array(heads, float32)
         run_sum = cuda.local.array(heads, float32)
-        keys = cuda.local.array((tokens_in_flight, dims), float32)
-        values = cuda.local.array((tokens_in_flight, dims), float32)
         scores = cuda.local.array((heads, tokens_in_flight), float32)
 
         for g in range(heads):
             for j in range(loads_per_lane):
                 for e in range(vec):
                     dim = (sub + j * lanes) * vec + e
-                    q[g, j * vec + e] = float32(query[seq, first_head + g, dim]) * float32(scale)
+                    q[g, j * vec + e] = widen(query[seq, first_head + g, dim]) * float32(scale)
                     acc[g, j * vec + e] = zero
             run_max[g] = neg_inf
             run_sum[g] = zero
 
-        if prefetch:  # the next step's loads go out before this step's arithmetic
-            next_keys = cuda.local.array((tokens_in_flight, dims), float32)
-            next_values = cuda.local.array((tokens_in_flight, dims), float32)
-            load_step(keys, values, part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache,
-                      value_cache, rows_per_block, num_kv_heads)
-            for step_start in range(part_start, part_end, 2 * step):
-                load_step(next_keys, next_values, step_start + step, part_end, warp, slot, sub, seq, kv_head,
-                          block_tables, key_cache, value_cache, rows_per_block, num_kv_heads)
-                fold_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores, scratch,
-                          tid)
-                load_step(keys, values, step_start + 2 * step, part_end, warp, slot, sub, seq, kv_head,
-                          block_tables, key_cache, value_cache, rows_per_block, num_kv_heads)
-                fold_step(next_keys, next_values, step_start + step, part_end, warp, slot, q, acc, run_max, run_sum,
-                          scores, scratch, tid)
-        else:
-            for step_start in range(part_start, part_end, step):
-                load_step(keys, values, step_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache,
-                          value_cache, rows_per_block, num_kv_heads)
-                fold_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores, scratch,
-                          tid)
-
+        run_steps(part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache, value_cache,
+                  rows_per_block, num_kv_heads, q, acc, run_max, run_sum, scores, scratch, tid)
         # Merge the lane groups of each warp (lanes with the same `sub` hold the same dims).
         offset = lanes
         while offset < WARP:
@@ -300,7 +431,7 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
                     total += merge_sum[w, g] * weight
                     value += merge_acc[w, g, dim] * weight
             if num_parts == 1:
-                out[seq, first_head + g, dim] = value / total
+                out[seq, first_head + g, dim] = narrow(value / total)
             else:
                 part_out[seq, first_head + g, part, dim] = value
                 if dim == 0:

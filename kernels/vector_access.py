@@ -17,6 +17,14 @@ access (``ld.v4.u32`` for 16 bytes), which is how CUDA C++ kernels read with
 * ``vector_storer(dtype, count)`` → ``store(dst, dst_index, values)``: writes
   a tuple of ``count`` float32 values to ``dst``'s elements ``dst_index ..``
   (float16 rounded to nearest even) with one store (``st.global.v4.f32``).
+* ``word_loader(dtype, count)`` → ``load(src, src_index)``: the same access
+  as ``vector_loader`` but the 16-bit elements stay packed, two to a uint32
+  word (a tuple of ``count // 2``), and ``pair_unpacker(dtype)`` →
+  ``unpack(word) -> (low, high)`` widens a word's two elements when they are
+  used: a kernel holding loads in flight keeps half the registers.
+
+``dtype`` is an element format of ``kernels.element_formats``: float32,
+float16, or bfloat16 (whose arrays are int16 bits).
 
 The caller guarantees alignment: the byte address must be a multiple of the
 access width (a flat index that is a multiple of ``count`` on an allocation
@@ -32,6 +40,8 @@ import importlib
 
 import numpy as np
 from numba import config, cuda
+
+from kernels.element_formats import STORAGE, _bf16_bits_to_float, format_itemsize
 
 _SIMULATED = bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]  # numba.config sets it at import
 ACCESS_WIDTHS = (2, 4, 8, 16)
@@ -72,19 +82,62 @@ def start_alignment(array) -> int:
 
 @functools.cache
 def vector_loader(dtype: str, count: int):
-    """A device function loading ``count`` elements of ``dtype`` (float32/float16) as float32, in one access."""
-    itemsize = np.dtype(dtype).itemsize
+    """A device function loading ``count`` elements of ``dtype`` (float32/float16/bfloat16) as float32, in one access."""
+    itemsize = format_itemsize(dtype)
     if count * itemsize not in ACCESS_WIDTHS:
         raise ValueError(f"{count} x {dtype} is {count * itemsize} bytes; accesses are {ACCESS_WIDTHS} bytes")
+    if _SIMULATED:
+        widen = _bf16_bits_to_float if dtype == "bfloat16" else np.float32
+
+        @cuda.jit(device=True)
+        def load(src, src_index):
+            flat = src.reshape(-1)
+            return tuple(widen(flat[src_index + i]) for i in range(count))
+
+        return load
+    return _load_intrinsic(dtype, count)
+
+
+@functools.cache
+def word_loader(dtype: str, count: int):
+    """A device function loading ``count`` 16-bit elements (float16/bfloat16) packed two to a uint32, in one access."""
+    if dtype not in ("float16", "bfloat16"):
+        raise ValueError(f"packed loads are for 16-bit formats; got {dtype}")
+    if count * 2 not in ACCESS_WIDTHS or count < 2:
+        raise ValueError(f"{count} x {dtype} is {count * 2} bytes; packed accesses are 4, 8 or 16 bytes")
     if _SIMULATED:
 
         @cuda.jit(device=True)
         def load(src, src_index):
             flat = src.reshape(-1)
-            return tuple(np.float32(flat[src_index + i]) for i in range(count))
+            return tuple(np.uint32(int(np.asarray(flat[src_index + 2 * w]).view(np.uint16))
+                                   | (int(np.asarray(flat[src_index + 2 * w + 1]).view(np.uint16)) << 16))
+                         for w in range(count // 2))
 
         return load
-    return _load_intrinsic(dtype, count)
+    return _word_load_intrinsic(dtype, count)
+
+
+@functools.cache
+def pair_unpacker(dtype: str):
+    """A device function widening a uint32 word of two float16/bfloat16 elements to (low, high) float32."""
+    if dtype not in ("float16", "bfloat16"):
+        raise ValueError(f"packed words hold 16-bit formats; got {dtype}")
+    if _SIMULATED:
+        if dtype == "float16":
+            def widen(bits):
+                return np.float32(np.array([bits], np.uint16).view(np.float16)[0])
+        else:
+            def widen(bits):
+                return _bf16_bits_to_float(np.array([bits], np.uint16).view(np.int16)[0])
+
+        @cuda.jit(device=True)
+        def unpack(word):
+            value = int(word)
+            return widen(value & 0xFFFF), widen(value >> 16)
+
+        return unpack
+    return _unpack_intrinsic(dtype)
 
 
 @functools.cache
@@ -145,8 +198,16 @@ def _load(builder, address, typ, align: int, ir):
     return loaded
 
 
+def _half_as_float(builder, half_bits, dtype: str, ir):
+    """One 16-bit element (an i16) widened to float32: float16 by conversion, bfloat16 by a shift."""
+    if dtype == "bfloat16":
+        wide = builder.shl(builder.zext(half_bits, ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+        return builder.bitcast(wide, ir.FloatType())
+    return builder.fpext(builder.bitcast(half_bits, ir.HalfType()), ir.FloatType())
+
+
 def _words_as_floats(builder, loaded, dtype: str, count: int, ir):
-    """Split loaded words into ``count`` float32 values (float16 halves widened)."""
+    """Split loaded words into ``count`` float32 values (16-bit elements widened)."""
     words = [loaded] if not isinstance(loaded.type, ir.VectorType) else [
         builder.extract_element(loaded, ir.Constant(ir.IntType(32), i)) for i in range(loaded.type.count)]
     values = []
@@ -159,7 +220,7 @@ def _words_as_floats(builder, loaded, dtype: str, count: int, ir):
             builder.trunc(builder.lshr(word, ir.Constant(ir.IntType(32), 16)), ir.IntType(16)),
         ]
         for half_bits in halves:
-            values.append(builder.fpext(builder.bitcast(half_bits, ir.HalfType()), ir.FloatType()))
+            values.append(_half_as_float(builder, half_bits, dtype, ir))
     assert len(values) == count
     return values
 
@@ -168,12 +229,12 @@ def _load_intrinsic(dtype: str, count: int):
     from llvmlite import ir  # type: ignore[import-untyped]  # no stubs; only the real GPU path builds IR
     from numba.cuda.extending import intrinsic
 
-    itemsize = np.dtype(dtype).itemsize
+    itemsize = format_itemsize(dtype)
     num_bytes = count * itemsize
 
     @intrinsic
     def load(typingctx, src, src_index):
-        if not (_is_array(src, dtype) and str(src_index).startswith(("int", "uint"))):
+        if not (_is_array(src, STORAGE[dtype]) and str(src_index).startswith(("int", "uint"))):
             return None
         typ = _types_of(src)
         sig = typ.UniTuple(typ.float32, count)(src, src_index)
@@ -188,6 +249,61 @@ def _load_intrinsic(dtype: str, count: int):
         return sig, codegen
 
     return load
+
+
+def _word_load_intrinsic(dtype: str, count: int):
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    num_bytes = count * 2
+    num_words = num_bytes // 4
+
+    @intrinsic
+    def load(typingctx, src, src_index):
+        if not (_is_array(src, STORAGE[dtype]) and str(src_index).startswith(("int", "uint"))):
+            return None
+        typ = _types_of(src)
+        sig = typ.UniTuple(typ.uint32, num_words)(src, src_index)
+
+        def codegen(context, builder, signature, args):
+            src_value, index_value = args
+            loaded = _load(builder, _address(builder, src_value, index_value, 2, ir), _word_vector(num_bytes, ir),
+                           num_bytes, ir)
+            words = [loaded] if num_words == 1 else [
+                builder.extract_element(loaded, ir.Constant(ir.IntType(32), i)) for i in range(num_words)]
+            return context.make_tuple(builder, signature.return_type, words)
+
+        return sig, codegen
+
+    return load
+
+
+def _unpack_intrinsic(dtype: str):
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def unpack(typingctx, word):
+        if str(word) != "uint32":
+            return None
+        typ = _types_of(word)
+        sig = typ.UniTuple(typ.float32, 2)(word)
+
+        def codegen(context, builder, signature, args):
+            (value,) = args
+            low = builder.trunc(value, ir.IntType(16))
+            high = builder.trunc(builder.lshr(value, ir.Constant(ir.IntType(32), 16)), ir.IntType(16))
+            if dtype == "bfloat16":  # the high element needs no shift: mask the low one away
+                high_value = builder.bitcast(builder.and_(value, ir.Constant(ir.IntType(32), 0xFFFF0000)),
+                                             ir.FloatType())
+            else:
+                high_value = _half_as_float(builder, high, dtype, ir)
+            return context.make_tuple(builder, signature.return_type,
+                                      [_half_as_float(builder, low, dtype, ir), high_value])
+
+        return sig, codegen
+
+    return unpack
 
 
 def _copy_intrinsic(num_bytes: int):

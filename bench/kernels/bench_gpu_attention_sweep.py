@@ -2,13 +2,16 @@
 
     python -m bench.kernels.bench_gpu_attention_sweep [--budget-s 120] [--output bench/results/gpu_attention_sweep.json]
 
-For each shape and dtype: the default layout (``layout_for``) and hand-made
-ones (prefetching the next step's K/V, lanes per token, query heads per
-block, tokens in flight), each checked once against a float64 reference (relative
-error, same bounds as ``bench.kernels.bench_gpu_kernel_check``) and timed in device time
-(``bench.kernels.gpu_timing``: launches queued behind a spin, input sets cycled
-past L2). Stops starting new shapes after ``--budget-s`` seconds, so it fits a
-short device lease; rows are printed as they come.
+For each shape and dtype (float16 and bfloat16 first, then float32's default
+only): the default layout (``layout_for``) and hand-made ones (16-bit K/V kept
+packed in registers, prefetching the next step's K/V, lanes per token, query
+heads per block, tokens in flight), each checked once against a float64
+reference (relative error, same bounds as ``bench.kernels.bench_gpu_kernel_check``)
+and timed in device time (``bench.kernels.gpu_timing``: launches queued behind
+a spin, input sets cycled past L2), beside PyTorch's gather + SDPA on the same
+inputs. Stops starting new shapes after ``--budget-s`` seconds, so it fits a
+short device lease; rows are printed as they come, then the best layout of each
+shape and dtype against the copy bandwidth and PyTorch.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 from bench.harness.results import RESULTS_DIR, write_report
 from bench.kernels.device import peak_bandwidth_gb_per_s
 from bench.kernels.gpu_reference import BOUND, attention_reference64, relative_error
-from bench.kernels.gpu_timing import attention_sets, copy_gb_per_s, event_median_ms
+from bench.kernels.gpu_timing import attention_sets, copy_gb_per_s, event_median_ms, gather_sdpa_call
 from kernels import paged_attention_decode
 from kernels.paged_attention_warp import WarpLayout, layout_for
 
@@ -37,8 +40,12 @@ SHAPES = [  # num_seqs, heads, kv heads, head size, context range
 ]
 
 
-def candidate_layouts(head_size: int, group: int, itemsize: int) -> list[WarpLayout]:
+def candidate_layouts(head_size: int, group: int, itemsize: int, full: bool = True) -> list[WarpLayout]:
     default = layout_for(head_size, group, itemsize)
+    if not full:
+        return [default]
+    if itemsize == 2:
+        return packed_layouts(head_size, group, default)
     # Prefetching (the next step's loads before this step's arithmetic) first: untimed until a GPU runs this.
     layouts = [default, replace(default, prefetch=True),
                replace(default, prefetch=True, tokens_in_flight=max(1, default.tokens_in_flight // 2)),
@@ -56,15 +63,51 @@ def candidate_layouts(head_size: int, group: int, itemsize: int) -> list[WarpLay
     return layouts
 
 
-def sweep_shape(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype, peak, repeats) -> list[dict]:
-    sets, moved, _ = attention_sets(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype)
+def packed_layouts(head_size: int, group: int, default: WarpLayout) -> list[WarpLayout]:
+    """16-bit K/V: the default, its prefetching form, then packed ones (twice the tokens in flight in the
+    same registers), with fewer tokens, prefetching, half the heads per block, twice the lanes."""
+    packed = layout_for(head_size, group, 2, packed=True)
+    if not packed.packed:
+        return [default, replace(default, prefetch=True)]
+    fewer = max(1, packed.tokens_in_flight // 2)
+    layouts = [default, packed, replace(packed, tokens_in_flight=fewer),
+               replace(packed, prefetch=True, tokens_in_flight=fewer), replace(default, prefetch=True)]
+    if group > 1:
+        layouts.append(replace(packed, heads_per_block=max(1, packed.heads_per_block // 2)))
+    num_loads = head_size * 2 // packed.width
+    if packed.lanes_per_token * 2 <= 16 and num_loads % (packed.lanes_per_token * 2) == 0:
+        layouts.append(replace(packed, lanes_per_token=packed.lanes_per_token * 2,
+                               tokens_in_flight=min(8, packed.tokens_in_flight * 2)))
+    unique: list[WarpLayout] = []
+    for layout in layouts:
+        try:
+            layout.check(head_size, group, 2)
+        except ValueError:
+            continue
+        if layout not in unique:
+            unique.append(layout)
+    return unique
+
+
+def sweep_shape(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype, peak, repeats, copy,
+                full: bool = True) -> list[dict]:
+    sets, moved, width = attention_sets(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype)
     scale = head_size**-0.5
     want = attention_reference64(*sets[0], 16, scale)
     out = torch.empty_like(sets[0][0])
     group, itemsize = num_heads // num_kv_heads, torch.finfo(dtype).bits // 8
     shape = f"{num_seqs} seqs {num_heads}/{num_kv_heads}x{head_size} ctx {ctx[0]}-{ctx[1]} {str(dtype)[6:]}"
     rows = []
-    for layout in candidate_layouts(head_size, group, itemsize):
+    try:
+        sdpa = gather_sdpa_call(sets, width, 16, scale)
+        torch_ms = event_median_ms(sdpa, len(sets), repeats, device_only=True)
+        torch_error = relative_error(sdpa(0)[:, :, 0, :], want)
+        print(f"{shape:<40} torch gather + SDPA {torch_ms:8.4f} ms {moved / (torch_ms * 1e-3) / 1e9:6.0f} GB/s "
+              f"err {torch_error:.1e}", flush=True)
+    except Exception as exc:  # PyTorch's SDPA without a kernel for this dtype: the sweep goes on
+        print(f"{shape} torch gather + SDPA: {type(exc).__name__}: {exc}", flush=True)
+        torch_ms = float("nan")
+    for layout in candidate_layouts(head_size, group, itemsize, full):
         def call(i, layout=layout):
             return paged_attention_decode(*sets[i], 16, scale, out=out, backend="cuda", warp_layout=layout)
         try:
@@ -76,13 +119,15 @@ def sweep_shape(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype, peak, 
             print(f"{shape} {layout}: {type(exc).__name__}: {exc}", flush=True)
             continue
         gb = moved / (device_ms * 1e-3) / 1e9
-        row = {"shape": shape, "layout": asdict(layout), "device_ms": device_ms, "gb_per_s": gb,
-               "of_peak": gb / peak, "relative_error": error, "ok": error <= BOUND[dtype],
+        row = {"shape": shape, "dtype": str(dtype)[6:], "layout": asdict(layout), "device_ms": device_ms,
+               "gb_per_s": gb, "of_peak": gb / peak, "of_copy": gb / copy, "torch_device_ms": torch_ms,
+               "relative_error": error, "ok": error <= BOUND[dtype],
                "default": layout == layout_for(head_size, group, itemsize)}
         rows.append(row)
         print(f"{shape:<40} L{layout.lanes_per_token:<2} H{layout.heads_per_block} U{layout.tokens_in_flight} "
-              f"{'prefetch' if layout.prefetch else '        '} {device_ms:8.4f} ms {gb:6.0f} GB/s "
-              f"{gb / peak:4.0%} err {error:.1e}{' DEFAULT' if row['default'] else ''}"
+              f"{'packed ' if layout.packed else '       '}{'prefetch' if layout.prefetch else '        '} "
+              f"{device_ms:8.4f} ms {gb:6.0f} GB/s {gb / copy:4.0%} of copy, torch x{torch_ms / device_ms:4.2f} "
+              f"err {error:.1e}{' DEFAULT' if row['default'] else ''}"
               f"{'' if row['ok'] else ' FAIL'}", flush=True)
     return rows
 
@@ -102,14 +147,40 @@ def main() -> None:
     rows: list[dict] = []
     args.output.parent.mkdir(parents=True, exist_ok=True)
     for num_seqs, num_heads, num_kv_heads, head_size, ctx in SHAPES:
-        for dtype in (torch.float16, torch.float32):
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
             if time.perf_counter() - started > args.budget_s:
                 continue
-            rows += sweep_shape(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype, peak, args.repeats)
+            try:
+                rows += sweep_shape(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype, peak, args.repeats,
+                                    copy, full=dtype != torch.float32)
+            except Exception as exc:  # one shape that fails must not lose the others
+                print(f"{num_seqs} x {num_heads}/{num_kv_heads}x{head_size} {dtype}: {type(exc).__name__}: {exc}",
+                      flush=True)
             torch.cuda.empty_cache()
             write_report(args.output, {"device": torch.cuda.get_device_name(), "copy_gb_per_s": copy,
                                        "peak_gb_per_s": peak, "rows": rows})
     print(f"{len(rows)} layouts, {sum(not r['ok'] for r in rows)} failing, in {time.perf_counter() - started:.0f} s")
+    for line in best_lines(rows):
+        print(line)
+
+
+def best_lines(rows: list[dict]) -> list[str]:
+    """Per shape: the default's and the fastest correct layout's share of the copy bandwidth, and PyTorch's time."""
+    lines = []
+    for shape in dict.fromkeys(row["shape"] for row in rows):
+        mine = [row for row in rows if row["shape"] == shape and row["ok"]]
+        if not mine:
+            lines.append(f"BEST {shape}: no correct layout")
+            continue
+        best = min(mine, key=lambda row: row["device_ms"])
+        default = next((row for row in mine if row["default"]), None)
+        layout = best["layout"]
+        lines.append(
+            f"BEST {shape:<40} L{layout['lanes_per_token']} H{layout['heads_per_block']} U{layout['tokens_in_flight']}"
+            f"{' packed' if layout['packed'] else ''}{' prefetch' if layout['prefetch'] else ''}: "
+            f"{best['device_ms']:.4f} ms {best['of_copy']:.0%} of copy; default "
+            f"{default['device_ms'] if default else float('nan'):.4f} ms; torch {best['torch_device_ms']:.4f} ms")
+    return lines
 
 
 if __name__ == "__main__":

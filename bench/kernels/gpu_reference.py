@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-BOUND = {torch.float32: 1e-5, torch.float16: 2e-3}
+# bfloat16 keeps 8 bits of mantissa: rounding the output alone is ~1.1e-3 relative (2^-9 / sqrt(3)).
+BOUND = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 4e-3}
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:

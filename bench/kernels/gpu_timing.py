@@ -156,7 +156,6 @@ def attention_variants(num_seqs: int, num_heads: int, num_kv_heads: int, head_si
     sets, moved, width = attention_sets(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype, block_size)
     out = torch.empty((num_seqs, num_heads, head_size), dtype=dtype, device="cuda")
     scale = head_size**-0.5
-    positions = torch.arange(width * block_size, device="cuda")
 
     def ours(partition_size, kernel="warp", layout=None):
         return lambda i: paged_attention_decode(*sets[i], block_size, scale, out=out, backend="cuda",
@@ -164,14 +163,7 @@ def attention_variants(num_seqs: int, num_heads: int, num_kv_heads: int, head_si
 
     fewer_floats = layout_for(head_size, num_heads // num_kv_heads, torch.finfo(dtype).bits // 8, lane_floats=32)
 
-    def gather_sdpa(i):
-        query, key_cache, value_cache, tables, lens_d = sets[i]
-        keys = key_cache[tables.long()].reshape(num_seqs, -1, num_kv_heads, head_size).transpose(1, 2)
-        values = value_cache[tables.long()].reshape(num_seqs, -1, num_kv_heads, head_size).transpose(1, 2)
-        mask = (positions[None, :] < lens_d[:, None])[:, None, None, :]
-        return F.scaled_dot_product_attention(query[:, :, None, :], keys, values, attn_mask=mask, scale=scale,
-                                              enable_gqa=True)
-
+    gather_sdpa = gather_sdpa_call(sets, width, block_size, scale)
     n = len(sets)
     return [
         Variant("ours: warp kernel (auto partitions)", ours(None), n, moved),
@@ -182,6 +174,23 @@ def attention_variants(num_seqs: int, num_heads: int, num_kv_heads: int, head_si
         Variant("ours (auto), generic Numba launch", generic_launch(ours(None)), n, moved),
         Variant("torch gather + SDPA", gather_sdpa, n, moved),
     ]
+
+
+def gather_sdpa_call(sets: list[list[torch.Tensor]], width: int, block_size: int, scale: float) -> Callable[[int], object]:
+    """PyTorch without us: each sequence's K/V gathered by its block table, then fused SDPA under a length mask;
+    ``call(i)`` returns ``[num_seqs, num_heads, 1, head_size]`` for input set ``i``."""
+    positions = torch.arange(width * block_size, device="cuda")
+
+    def gather_sdpa(i):
+        query, key_cache, value_cache, tables, lens_d = sets[i]
+        num_seqs, num_kv_heads, head_size = query.shape[0], key_cache.shape[2], key_cache.shape[3]
+        keys = key_cache[tables.long()].reshape(num_seqs, -1, num_kv_heads, head_size).transpose(1, 2)
+        values = value_cache[tables.long()].reshape(num_seqs, -1, num_kv_heads, head_size).transpose(1, 2)
+        mask = (positions[None, :] < lens_d[:, None])[:, None, None, :]
+        return F.scaled_dot_product_attention(query[:, :, None, :], keys, values, attn_mask=mask, scale=scale,
+                                              enable_gqa=True)
+
+    return gather_sdpa
 
 
 def kv_cache_variants(num_tokens: int, num_kv_heads: int, head_size: int, dtype: torch.dtype,

@@ -142,6 +142,7 @@ def check_paged_attention(rng: np.random.Generator, quick: bool) -> None:
     check("paged_attention_decode GQA 4/2 x16, 2 seqs, prefetching the next 32-token step's K/V (2 steps)",
           paged_attention_decode(*pair, backend="cuda", warp_layout=WarpLayout(16, 4, 2, 1, prefetch=True)),
           paged_attention_decode(*pair, backend="reference"))
+    _check_packed_16_bit(pair, quick)
     if quick:
         return
     check("paged_attention_decode same 2 seqs, one partition, warp layout of one query head per block, "
@@ -161,6 +162,35 @@ def check_paged_attention(rng: np.random.Generator, quick: bool) -> None:
         sys.exit(f"FAIL paged_attention_decode float16: dtype {got16.dtype}")
     check("paged_attention_decode float16 K/V/query, 2 seqs, split", got16,
           paged_attention_decode(*half, backend="reference"), 2e-3)
+
+
+def _check_packed_16_bit(pair, quick: bool) -> None:
+    """16-bit K/V kept packed two to a register (float16, and bfloat16 as PyTorch tensors of int16 bits), split
+    into partitions so the merge kernel writes the 16-bit output too; against the float32 reference of the
+    same rounded inputs. The output's own rounding bounds the error: float16 2e-3, bfloat16 4e-3."""
+    import torch
+
+    from kernels import paged_attention_decode
+    from kernels.paged_attention_warp import WarpLayout
+
+    formats = [(torch.bfloat16, 4e-3)] if quick else [(torch.bfloat16, 4e-3), (torch.float16, 2e-3)]
+    layouts = [WarpLayout(16, 2, 2, 2, packed=True)]
+    if not quick:
+        layouts += [WarpLayout(16, 2, 2, 1, prefetch=True, packed=True), WarpLayout(4, 4, 1, 1, packed=True)]
+    for dtype, bound in formats:
+        rounded = [torch.from_numpy(a).to(dtype) if isinstance(a, np.ndarray) and a.dtype == np.float32
+                   else torch.from_numpy(a) if isinstance(a, np.ndarray) else a for a in pair]
+        want = paged_attention_decode(*[a.float() if isinstance(a, torch.Tensor) and a.dtype == dtype else a
+                                        for a in rounded], backend="reference")
+        name = str(dtype).removeprefix("torch.")
+        for layout in layouts:
+            out = torch.full_like(rounded[0], float("nan"))
+            paged_attention_decode(*rounded, backend="cuda", warp_layout=layout, partition_size=24, out=out)
+            check(f"paged_attention_decode {name} packed K/V, {layout}, 24-token partitions + merge",
+                  out.float().numpy(), want.numpy(), bound)
+        if not quick:
+            check(f"paged_attention_decode {name}, the default layout",
+                  paged_attention_decode(*rounded, backend="cuda").float().numpy(), want.numpy(), bound)
 
 
 def check_preprocess(rng: np.random.Generator, quick: bool) -> None:

@@ -12,6 +12,7 @@ Prints one line per kernel and signature, exits non-zero on the first failure.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import numba.cuda.compiler
 import numba.cuda.dispatcher
@@ -56,6 +57,23 @@ def main() -> None:
                 warp_attention_kernel(head_size, group, name, layout), attention_args)
             cases[f"paged_attention merge {head_size}/{group} {name}"] = (merge, (
                 x3, t.float32[:, :, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1], t.int32[::1], t.int64))
+    # bfloat16 (int16 bits) and packed 16-bit K/V words, at the benchmark's 128/4 and tinylm's 32/2.
+    from kernels.paged_attention_cuda import merge_kernel
+
+    bf3, bf4 = t.int16[:, :, ::1], t.int16[:, :, :, ::1]
+    for head_size, group in ((32, 2), (128, 4)):
+        for name, x3, x4 in (("float16", f16_3, f16_4), ("bfloat16", bf3, bf4)):
+            attention_args = (x3, t.float32[:, :, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1], x3, x4, x4,
+                              t.int32[:, ::1], t.int32[::1], t.int64, t.float64, t.int64)
+            layouts = [layout_for(head_size, group, 2, packed=True)]
+            layouts.append(replace(layouts[0], prefetch=True))
+            if name == "bfloat16":
+                layouts.append(layout_for(head_size, group, 2))
+            for layout in layouts:
+                cases[f"paged_attention warp {head_size}/{group} {name} {layout}"] = (
+                    warp_attention_kernel(head_size, group, name, layout), attention_args)
+        cases[f"paged_attention merge {head_size}/{group} bfloat16"] = (merge_kernel(head_size, "bfloat16"), (
+            bf3, t.float32[:, :, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1], t.int32[::1], t.int64))
     cases.update({
         "preprocess_images float32 C=3": (preprocess_kernel("float32", 3), (*packed, f32_4, t.int64)),
         "preprocess_images float16 C=3": (preprocess_kernel("float16", 3),

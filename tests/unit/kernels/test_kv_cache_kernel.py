@@ -91,7 +91,7 @@ def test_no_tokens_is_a_no_op(rng, assert_close):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"key": np.zeros((3, NUM_KV_HEADS, HEAD_SIZE), np.float64)}, r"key must be float32\|float16\[num_tokens, num_kv_heads, head_size\]; got float64"),
+        ({"key": np.zeros((3, NUM_KV_HEADS, HEAD_SIZE), np.float64)}, r"key must be float32\|float16\|bfloat16\[num_tokens, num_kv_heads, head_size\]; got float64"),
         ({"key": np.zeros((3, NUM_KV_HEADS, HEAD_SIZE), np.float16)}, r"value must be float16\[num_tokens, num_kv_heads, head_size\]; got float32"),
         ({"value": np.zeros((3, NUM_KV_HEADS, HEAD_SIZE + 1), np.float32)}, "value has shape"),
         ({"slot_mapping": np.zeros(3, np.int32)}, r"slot_mapping must be int64\[num_tokens\]; got int32"),

@@ -118,7 +118,7 @@ def invalid(rng, **change):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"query": np.zeros((2, 4, 8), np.float64)}, r"query must be float32\|float16\[num_seqs, num_heads, head_size\]; got float64"),
+        ({"query": np.zeros((2, 4, 8), np.float64)}, r"query must be float32\|float16\|bfloat16\[num_seqs, num_heads, head_size\]; got float64"),
         ({"query": np.zeros((2, 4, 8), np.float16)}, r"key_cache must be float16\[num_blocks, block_size, num_kv_heads, head_size\]; got float32"),
         ({"query": np.zeros((2, 3, 8), np.float32)}, r"num_heads \(3\) must be a multiple of num_kv_heads \(2\)"),
         ({"query": np.zeros((2, 4, 16), np.float32)}, "key_cache: head_size is 8 but query says 16"),
