@@ -48,8 +48,8 @@ from bench.harness.results import MODEL_REPO, RESULTS_DIR, write_report
 
 RESULTS_PATH = RESULTS_DIR / "gpu_graphs.json"
 VARIANTS = ("kernel", "torch")
-CHILD_TIMEOUT_S = {"kernel": 50, "torch": 35}
-TOTAL_BUDGET_S = 85
+CHILD_TIMEOUT_S = {"kernel": 45, "torch": 35}
+TOTAL_BUDGET_S = 82
 CORRECTNESS_BATCHES = (1, 2, 3, 4, 8, 16, 20, 32)
 TIMING_BATCHES = (1, 2, 4, 8, 16, 32)
 TIMING_CONTEXT = 256
