@@ -51,8 +51,9 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from services.worker.thread_settings import export_thread_env, set_library_threads
@@ -81,7 +82,7 @@ from services.worker.repository.hf_import import ImportOptions, import_checkpoin
 from services.worker.repository.loader import load_model  # noqa: E402
 from services.worker.repository.store import load_manifest, sha256_of  # noqa: E402
 from services.worker.step_executor import StepExecutor  # noqa: E402
-from services.worker.work import RunStep, SequenceStep  # noqa: E402
+from services.worker.work import RunStep, SequenceOutput, SequenceStep  # noqa: E402
 from tools.testbed import session_tls  # noqa: E402
 from tools.testbed.gateway_fixtures import scrape  # noqa: E402
 from tools.testbed.processes import free_port, running_mesh  # noqa: E402
@@ -100,13 +101,15 @@ PROMPTS = ("The scheduler ", "A worker attaches ", "Every request ", "The gatewa
            "Prefix caching ", "The manifest ", "A stream resumes ")
 
 
-def make_checkpoint(directory: Path) -> None:
+def make_checkpoint(directory: Path, hf_config: Mapping[str, object] = CONFIG) -> None:
+    """A random-weight checkpoint of `hf_config` (config.json's fields; the medium Llama by default) and a
+    tokenizer of its vocab_size trained on the repository's docs."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     directory.mkdir(parents=True)
-    (directory / "config.json").write_text(json.dumps(CONFIG))
+    (directory / "config.json").write_text(json.dumps(hf_config))
     (directory / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
-    config = LlamaFamilyConfig.from_hf(CONFIG)
+    config = LlamaFamilyConfig.from_hf(dict(hf_config))
     generator = torch.Generator().manual_seed(0)
     tensors = {name: (torch.rand(shape, generator=generator) + 0.5 if name.endswith("norm.weight")
                       else torch.randn(shape, generator=generator) * 0.02)
@@ -115,30 +118,44 @@ def make_checkpoint(directory: Path) -> None:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=CONFIG["vocab_size"], special_tokens=["<s>", "</s>"],
+    trainer = trainers.BpeTrainer(vocab_size=config.vocab_size, special_tokens=["<s>", "</s>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tokenizer.train_from_iterator([p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))], trainer)
     tokenizer.save(str(directory / "tokenizer.json"))
 
 
-def repository(workdir: Path) -> Path:
-    """The imported medium model under workdir, built once (a kept --workdir skips ~40 s the next time)."""
+def repository(workdir: Path, hf_config: Mapping[str, object] = CONFIG, name: str = MODEL) -> Path:
+    """The imported model (the medium one by default) under workdir, built once (a kept --workdir skips
+    ~40 s the next time); the checkpoint is made in workdir/checkpoint (workdir/checkpoint-NAME for
+    another name)."""
     root = workdir / "model_repo"
-    if not (root / MODEL / "1" / "manifest.json").is_file():
-        if not (workdir / "checkpoint").is_dir():
-            make_checkpoint(workdir / "checkpoint")
-        import_checkpoint(workdir / "checkpoint", root, ImportOptions(MODEL, "1", kv_cache_bytes=int(KV_CACHE_GB * 2**30),
-                                                                      max_seq_len=512))
+    checkpoint = workdir / ("checkpoint" if name == MODEL else f"checkpoint-{name}")
+    if not (root / name / "1" / "manifest.json").is_file():
+        if not checkpoint.is_dir():
+            make_checkpoint(checkpoint, hf_config)
+        import_checkpoint(checkpoint, root, ImportOptions(name, "1", kv_cache_bytes=int(KV_CACHE_GB * 2**30),
+                                                          max_seq_len=512))
     return root
 
 
-class InProcess:
-    """The worker's step executor over the model, driven like the scheduler drives it, on one compute thread."""
+@dataclass(frozen=True)
+class Generated:
+    """One in-process run of greedy steps."""
 
-    def __init__(self, root: Path, compute: ThreadPoolExecutor) -> None:
+    first_token_s: float  # the prefill step: every prompt's first token sampled
+    total_s: float  # prefill and every decode step
+    token_ids: tuple[tuple[int, ...], ...]  # each prompt's greedy tokens, in the prompts' order
+
+
+class InProcess:
+    """The worker's step executor over the model, driven like the scheduler drives it, on one compute thread
+    (`device` and `compute_dtype` as the worker's --device and --compute-dtype)."""
+
+    def __init__(self, root: Path, compute: ThreadPoolExecutor, *, name: str = MODEL, device: str = "cpu",
+                 compute_dtype: str = "float32") -> None:
         self._compute = compute
         began = time.perf_counter()
-        self.model = compute.submit(load_model, root, MODEL, "1").result()
+        self.model = compute.submit(load_model, root, name, "1", device, compute_dtype=compute_dtype).result()
         self.load_s = time.perf_counter() - began  # the weights (sha256, headers, read), not the KV cache
         envelope = self.model.manifest.envelope
         self.block_size, self.budget = envelope.block_size, envelope.max_num_batched_tokens
@@ -147,29 +164,45 @@ class InProcess:
 
     def run(self, prompts: Sequence[tuple[int, ...]], num_tokens: int) -> float:
         """Seconds for every prompt to get num_tokens greedy tokens: prefill all, then decode all together."""
+        return self.generate(prompts, num_tokens).total_s
+
+    def generate(self, prompts: Sequence[tuple[int, ...]], num_tokens: int) -> Generated:
+        """`run`, with the time to the first tokens and the tokens."""
         return self._compute.submit(self._generate, prompts, num_tokens).result()
 
-    def _generate(self, prompts: Sequence[tuple[int, ...]], num_tokens: int) -> float:
+    def _generate(self, prompts: Sequence[tuple[int, ...]], num_tokens: int) -> Generated:
         if sum(map(len, prompts)) > self.budget:
             raise ValueError(f"prompts of {sum(map(len, prompts))} tokens exceed one step's {self.budget}")
         blocks_each = -(-(max(map(len, prompts)) + num_tokens) // self.block_size)
+        tokens: list[list[int]] = [[] for _ in prompts]
         began = time.perf_counter()
         outputs, _ = self.executor.run(self._step(
             SequenceStep(i, prompt, 0, tuple(range(i * blocks_each, (i + 1) * blocks_each)), reset_block_table=True,
                          sample=True) for i, prompt in enumerate(prompts)))
+        _take_tokens(outputs, tokens)
+        first_token_s = time.perf_counter() - began
         for n in range(1, num_tokens):
             outputs, _ = self.executor.run(self._step(
-                SequenceStep(out.seq_id, (out.token_id,), len(prompts[out.seq_id]) + n - 1, sample=True, num_generated=n)
-                for out in outputs if out.token_id is not None))
-            if len(outputs) != len(prompts) or any(o.error is not None for o in outputs):
-                raise RuntimeError(f"in-process step failed: {outputs}")
+                SequenceStep(i, (seq[-1],), len(prompts[i]) + n - 1, sample=True, num_generated=n)
+                for i, seq in enumerate(tokens)))
+            _take_tokens(outputs, tokens)
         elapsed = time.perf_counter() - began
         self.executor.forget(range(len(prompts)))
-        return elapsed
+        return Generated(first_token_s, elapsed, tuple(map(tuple, tokens)))
 
     def _step(self, seqs: Iterable[SequenceStep]) -> RunStep:
         self._next_step += 1
         return RunStep(self._next_step, tuple(seqs))
+
+
+def _take_tokens(outputs: Sequence[SequenceOutput], tokens: list[list[int]]) -> None:
+    """Appends each sequence's sampled token (its seq_id is its prompt's index); RuntimeError unless every
+    sequence got one."""
+    if len(outputs) != len(tokens) or any(o.error is not None or o.token_id is None for o in outputs):
+        raise RuntimeError(f"in-process step failed: {outputs}")
+    for out in outputs:
+        assert out.token_id is not None  # checked above
+        tokens[out.seq_id].append(out.token_id)
 
 
 def mesh_stream(stub: gateway_pb2_grpc.InferenceStub, prompt: str, num_tokens: int) -> tuple[float, int]:
