@@ -24,8 +24,8 @@ and the next part runs. The JSON is rewritten after every part, so a run cut sho
    (the worker's StepExecutor on one compute thread) on the same device and dtype: output tokens/s with
    64 streams x 64 tokens at once, and TTFT / TPOT p50 and p99 one request at a time; the ratios
    mesh / one process. TTFT: send to the first chunk with tokens (one process: its prefill step); TPOT:
-   a stream's (e2e - TTFT) / (tokens - 1). The mesh's tokens come in bursts of up to the scheduler's
-   --steps-per-command (4) decode steps, so its TTFT holds up to 4 steps and its token gaps are uneven.
+   a stream's (e2e - TTFT) / (tokens - 1), a mean: after its first token, the mesh's tokens come in
+   bursts of up to the scheduler's --steps-per-command (4) decode steps.
    The one-at-a-time streams are also compared with one process's tokens.
 5. large (--large): a ~1B Llama (16 layers, hidden 2048, 32 heads over 8 KV heads, intermediate
    5632), random weights drawn on the device, in the step table only.
