@@ -481,7 +481,8 @@ def main() -> None:
 
 def print_summary(report: Mapping[str, Any]) -> None:
     """The short tables, last."""
-    print(f"\ngpu_llm on {report['device']}: {report['model']}, {report['seconds']:.0f} s")
+    print(f"\ngpu_llm on {report['device']}: {report['model']}, {report['seconds']:.0f} s ("
+          + ", ".join(f"{part} {s:.0f} s" for part, s in report.get("part_seconds", {}).items()) + ")")
     for part, trace in report.get("errors", {}).items():
         print(f"  {part}: FAILED ({trace.strip().splitlines()[-1]})")
     parity_report = report.get("parity") or {}
