@@ -16,7 +16,7 @@ for part in $PARTS; do
     graphs) timeout 120 python3 -m bench.worker.bench_gpu_graphs --output $OUT/gpu_graphs.json > $OUT/graphs.log 2>&1 ;;
     worker) timeout 100 python3 -m bench.worker.bench_gpu_worker --output $OUT/worker_gpu.json > $OUT/worker.log 2>&1 ;;
     mesh) timeout 100 python3 -m bench.worker.bench_gpu_mesh --output $OUT/gpu_mesh.json > $OUT/mesh.log 2>&1 ;;
-    llm) timeout ${LLM_TIMEOUT:-240} python3 -m bench.worker.bench_gpu_llm --output $OUT/gpu_llm.json > $OUT/llm.log 2>&1 ;;
+    llm) timeout ${LLM_TIMEOUT:-240} python3 -m bench.worker.bench_gpu_llm ${LLM_ARGS:---large} --output $OUT/gpu_llm.json > $OUT/llm.log 2>&1 ;;
     *) echo "unknown part $part"; continue ;;
   esac
   echo "$part rc $? in $(( $(date +%s) - started )) s"
