@@ -65,6 +65,8 @@ MAX_FLOATS_IN_FLIGHT = 64
 MAX_TOKENS_IN_FLIGHT = 4
 # Packed 16-bit K/V take half the registers per token, so twice the tokens may be in flight.
 MAX_PACKED_TOKENS_IN_FLIGHT = 8
+# Block ids a partition may hold in shared memory (2 KB) with WarpLayout.shared_table: 8192 tokens of 16.
+TABLE_IDS = 512
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,8 @@ class WarpLayout:
     tokens_in_flight: int  # U: tokens a lane group loads before using any
     prefetch: bool = False  # load the next step's K/V before folding this step's (twice the K/V registers)
     packed: bool = False  # 16-bit K/V held two to a register until folded (float16/bfloat16, loads >= 4 bytes)
+    shared_table: bool = False  # the partition's block ids read into shared memory first (<= TABLE_IDS of them)
+    fastmath: bool = False  # approximate exp, contracted and reassociated float math (LLVM fast-math flags)
 
     def elements_per_load(self, itemsize: int) -> int:
         return self.width // itemsize
@@ -160,18 +164,20 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
     words = dims // 2  # packed K (or V) registers per token
     widen, narrow = widener(dtype), narrower(dtype)
     prefetch = layout.prefetch
+    shared_table = layout.shared_table
+    fast = layout.fastmath
     neg_inf = np.float32(-np.inf)
     zero = np.float32(0.0)
 
-    @cuda.jit(device=True, inline=True)
-    def load_step(keys, values, step_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache,
-                  value_cache, rows_per_block, num_kv_heads):
+    @cuda.jit(device=True, inline=True, fastmath=fast)
+    def load_step(keys, values, step_start, part_end, warp, slot, sub, seq, kv_head, block_tables, first_logical,
+                  key_cache, value_cache, rows_per_block, num_kv_heads):
         """K and V of `tokens_in_flight` tokens of this lane group, all loads issued before any use."""
         for u in range(tokens_in_flight):
             token = step_start + (warp * tokens_in_flight + u) * tokens_per_warp + slot
             if token < part_end:
                 logical_block = token // rows_per_block
-                block = int32(block_tables[seq, logical_block])
+                block = int32(block_tables[seq, logical_block - first_logical])
                 row = ((block * rows_per_block + token - logical_block * rows_per_block) * num_kv_heads
                        + kv_head) * head_size
                 for j in range(loads_per_lane):
@@ -186,7 +192,7 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
                     keys[u, d] = zero
                     values[u, d] = zero
 
-    @cuda.jit(device=True, inline=True)
+    @cuda.jit(device=True, inline=True, fastmath=fast)
     def fold_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores, scratch, tid):
         """The loaded tokens into this lane group's online softmax (every lane of the block calls it)."""
         # Scores: partial dots summed over the token's lanes.
@@ -219,15 +225,15 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
                 run_sum[g] = total
                 run_max[g] = best
 
-    @cuda.jit(device=True, inline=True)
+    @cuda.jit(device=True, inline=True, fastmath=fast)
     def load_packed_step(keys, values, step_start, part_end, warp, slot, sub, seq, kv_head, block_tables,
-                         key_cache, value_cache, rows_per_block, num_kv_heads):
+                         first_logical, key_cache, value_cache, rows_per_block, num_kv_heads):
         """``load_step`` keeping each load's 16-bit elements packed, two to a uint32 word."""
         for u in range(tokens_in_flight):
             token = step_start + (warp * tokens_in_flight + u) * tokens_per_warp + slot
             if token < part_end:
                 logical_block = token // rows_per_block
-                block = int32(block_tables[seq, logical_block])
+                block = int32(block_tables[seq, logical_block - first_logical])
                 row = ((block * rows_per_block + token - logical_block * rows_per_block) * num_kv_heads
                        + kv_head) * head_size
                 for j in range(loads_per_lane):
@@ -242,7 +248,7 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
                     keys[u, w] = uint32(0)  # +0.0 in both formats
                     values[u, w] = uint32(0)
 
-    @cuda.jit(device=True, inline=True)
+    @cuda.jit(device=True, inline=True, fastmath=fast)
     def fold_packed_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores, wide,
                          scratch, tid):
         """``fold_step`` on packed K/V: each token's words are widened once (into ``wide``) for all heads,
@@ -289,38 +295,39 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
                     acc[g, d] += p * wide[d]
 
     # One of the three step loops is compiled into a kernel (the others name functions its layout lacks).
-    @cuda.jit(device=True, inline=True)
-    def plain_steps(part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache, value_cache,
-                    rows_per_block, num_kv_heads, q, acc, run_max, run_sum, scores, scratch, tid):
+    @cuda.jit(device=True, inline=True, fastmath=fast)
+    def plain_steps(part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, first_logical, key_cache,
+                    value_cache, rows_per_block, num_kv_heads, q, acc, run_max, run_sum, scores, scratch, tid):
         keys = cuda.local.array((tokens_in_flight, dims), float32)
         values = cuda.local.array((tokens_in_flight, dims), float32)
         for step_start in range(part_start, part_end, step):
-            load_step(keys, values, step_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache,
-                      value_cache, rows_per_block, num_kv_heads)
+            load_step(keys, values, step_start, part_end, warp, slot, sub, seq, kv_head, block_tables,
+                      first_logical, key_cache, value_cache, rows_per_block, num_kv_heads)
             fold_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores, scratch, tid)
 
-    @cuda.jit(device=True, inline=True)
-    def prefetched_steps(part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache, value_cache,
-                         rows_per_block, num_kv_heads, q, acc, run_max, run_sum, scores, scratch, tid):
+    @cuda.jit(device=True, inline=True, fastmath=fast)
+    def prefetched_steps(part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, first_logical,
+                         key_cache, value_cache, rows_per_block, num_kv_heads, q, acc, run_max, run_sum, scores,
+                         scratch, tid):
         """The next step's loads go out before this step's arithmetic, in a second set of registers."""
         keys = cuda.local.array((tokens_in_flight, dims), float32)
         values = cuda.local.array((tokens_in_flight, dims), float32)
         next_keys = cuda.local.array((tokens_in_flight, dims), float32)
         next_values = cuda.local.array((tokens_in_flight, dims), float32)
-        load_step(keys, values, part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache,
-                  value_cache, rows_per_block, num_kv_heads)
+        load_step(keys, values, part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, first_logical,
+                  key_cache, value_cache, rows_per_block, num_kv_heads)
         for step_start in range(part_start, part_end, 2 * step):
             load_step(next_keys, next_values, step_start + step, part_end, warp, slot, sub, seq, kv_head,
-                      block_tables, key_cache, value_cache, rows_per_block, num_kv_heads)
+                      block_tables, first_logical, key_cache, value_cache, rows_per_block, num_kv_heads)
             fold_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores, scratch, tid)
             load_step(keys, values, step_start + 2 * step, part_end, warp, slot, sub, seq, kv_head, block_tables,
-                      key_cache, value_cache, rows_per_block, num_kv_heads)
+                      first_logical, key_cache, value_cache, rows_per_block, num_kv_heads)
             fold_step(next_keys, next_values, step_start + step, part_end, warp, slot, q, acc, run_max, run_sum,
                       scores, scratch, tid)
 
-    @cuda.jit(device=True, inline=True)
-    def packed_steps(part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache, value_cache,
-                     rows_per_block, num_kv_heads, q, acc, run_max, run_sum, scores, scratch, tid):
+    @cuda.jit(device=True, inline=True, fastmath=fast)
+    def packed_steps(part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, first_logical, key_cache,
+                     value_cache, rows_per_block, num_kv_heads, q, acc, run_max, run_sum, scores, scratch, tid):
         keys = cuda.local.array((tokens_in_flight, words), uint32)
         values = cuda.local.array((tokens_in_flight, words), uint32)
         wide = cuda.local.array(dims, float32)
@@ -328,26 +335,26 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
             next_keys = cuda.local.array((tokens_in_flight, words), uint32)
             next_values = cuda.local.array((tokens_in_flight, words), uint32)
             load_packed_step(keys, values, part_start, part_end, warp, slot, sub, seq, kv_head, block_tables,
-                             key_cache, value_cache, rows_per_block, num_kv_heads)
+                             first_logical, key_cache, value_cache, rows_per_block, num_kv_heads)
             for step_start in range(part_start, part_end, 2 * step):
                 load_packed_step(next_keys, next_values, step_start + step, part_end, warp, slot, sub, seq, kv_head,
-                                 block_tables, key_cache, value_cache, rows_per_block, num_kv_heads)
+                                 block_tables, first_logical, key_cache, value_cache, rows_per_block, num_kv_heads)
                 fold_packed_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores,
                                  wide, scratch, tid)
                 load_packed_step(keys, values, step_start + 2 * step, part_end, warp, slot, sub, seq, kv_head,
-                                 block_tables, key_cache, value_cache, rows_per_block, num_kv_heads)
+                                 block_tables, first_logical, key_cache, value_cache, rows_per_block, num_kv_heads)
                 fold_packed_step(next_keys, next_values, step_start + step, part_end, warp, slot, q, acc, run_max,
                                  run_sum, scores, wide, scratch, tid)
         else:
             for step_start in range(part_start, part_end, step):
                 load_packed_step(keys, values, step_start, part_end, warp, slot, sub, seq, kv_head, block_tables,
-                                 key_cache, value_cache, rows_per_block, num_kv_heads)
+                                 first_logical, key_cache, value_cache, rows_per_block, num_kv_heads)
                 fold_packed_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores,
                                  wide, scratch, tid)
 
     run_steps = packed_steps if packed else prefetched_steps if prefetch else plain_steps
 
-    @cuda.jit
+    @cuda.jit(fastmath=fast)
     def kernel(out, part_max, part_sum, part_out, query, key_cache, value_cache, block_tables, context_lens,
                block_size, scale, part_len):
         kv_head = cuda.blockIdx.x // chunks
@@ -389,8 +396,17 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
             run_max[g] = neg_inf
             run_sum[g] = zero
 
-        run_steps(part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache, value_cache,
-                  rows_per_block, num_kv_heads, q, acc, run_max, run_sum, scores, scratch, tid)
+        if shared_table:  # the partition's block ids in shared memory: a K/V load waits for no global read
+            first_logical = part_start // rows_per_block
+            table = cuda.shared.array((1, TABLE_IDS), int32)
+            for i in range(tid, (part_end - 1) // rows_per_block - first_logical + 1, THREADS):
+                table[0, i] = block_tables[seq, first_logical + i]
+            cuda.syncthreads()
+            run_steps(part_start, part_end, warp, slot, sub, 0, kv_head, table, first_logical, key_cache, value_cache,
+                      rows_per_block, num_kv_heads, q, acc, run_max, run_sum, scores, scratch, tid)
+        else:
+            run_steps(part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, 0, key_cache, value_cache,
+                      rows_per_block, num_kv_heads, q, acc, run_max, run_sum, scores, scratch, tid)
         # Merge the lane groups of each warp (lanes with the same `sub` hold the same dims).
         offset = lanes
         while offset < WARP:

@@ -2,10 +2,11 @@
 
     python -m bench.kernels.bench_gpu_attention_sweep [--budget-s 120] [--output bench/results/gpu_attention_sweep.json]
 
-For each shape and dtype (float16 and bfloat16 first, then float32's default
-only): the default layout (``layout_for``) and hand-made ones (16-bit K/V kept
-packed in registers, prefetching the next step's K/V, lanes per token, query
-heads per block, tokens in flight), each checked once against a float64
+For each shape and dtype (float16, bfloat16, float32): the default layout
+(``layout_for``) and the candidates of ``candidate_layouts`` (16-bit K/V kept
+packed in registers, prefetching the next step's K/V, the block ids in shared
+memory, LLVM fast-math; the first H200 run of this sweep, 2026-11-30, also tried lanes per
+token and query heads per block: both lost), each checked once against a float64
 reference (relative error, same bounds as ``bench.kernels.bench_gpu_kernel_check``)
 and timed in device time (``bench.kernels.gpu_timing``: launches queued behind
 a spin, input sets cycled past L2), beside PyTorch's gather + SDPA on the same
@@ -40,48 +41,25 @@ SHAPES = [  # num_seqs, heads, kv heads, head size, context range
 ]
 
 
-def candidate_layouts(head_size: int, group: int, itemsize: int, full: bool = True) -> list[WarpLayout]:
+def candidate_layouts(head_size: int, group: int, itemsize: int) -> list[WarpLayout]:
+    """The default layout, then the ones that may beat it: for 16-bit formats K/V kept packed (twice the tokens
+    in flight in the same registers) with and without prefetching; for all, the partition's block ids read
+    into shared memory first, so no K/V load waits for a global read of the block table."""
     default = layout_for(head_size, group, itemsize)
-    if not full:
-        return [default]
-    if itemsize == 2:
-        return packed_layouts(head_size, group, default)
-    # Prefetching (the next step's loads before this step's arithmetic) first: untimed until a GPU runs this.
-    layouts = [default, replace(default, prefetch=True),
-               replace(default, prefetch=True, tokens_in_flight=max(1, default.tokens_in_flight // 2)),
-               replace(default, prefetch=True, tokens_in_flight=1, heads_per_block=max(1, group // 2))]
-    num_loads = head_size * itemsize // default.width
-    for lanes in (4, 8, 16):
-        for heads in sorted({group, max(1, group // 2)}, reverse=True):
-            for tokens in (1, 2, 4):
-                floats = heads * head_size // lanes  # query floats a lane holds
-                if num_loads % lanes or floats > 64 or tokens * 2 * head_size // lanes > 128:
-                    continue
-                layout = WarpLayout(default.width, lanes, heads, tokens)
-                if layout not in layouts:
-                    layouts.append(layout)
-    return layouts
-
-
-def packed_layouts(head_size: int, group: int, default: WarpLayout) -> list[WarpLayout]:
-    """16-bit K/V: the default, its prefetching form, then packed ones (twice the tokens in flight in the
-    same registers), with fewer tokens, prefetching, half the heads per block, twice the lanes."""
-    packed = layout_for(head_size, group, 2, packed=True)
-    if not packed.packed:
-        return [default, replace(default, prefetch=True)]
-    fewer = max(1, packed.tokens_in_flight // 2)
-    layouts = [default, packed, replace(packed, tokens_in_flight=fewer),
-               replace(packed, prefetch=True, tokens_in_flight=fewer), replace(default, prefetch=True)]
-    if group > 1:
-        layouts.append(replace(packed, heads_per_block=max(1, packed.heads_per_block // 2)))
-    num_loads = head_size * 2 // packed.width
-    if packed.lanes_per_token * 2 <= 16 and num_loads % (packed.lanes_per_token * 2) == 0:
-        layouts.append(replace(packed, lanes_per_token=packed.lanes_per_token * 2,
-                               tokens_in_flight=min(8, packed.tokens_in_flight * 2)))
+    if itemsize == 4:
+        layouts = [default, replace(default, shared_table=True), replace(default, prefetch=True, shared_table=True),
+                   replace(default, fastmath=True)]
+    else:
+        packed = layout_for(head_size, group, 2, packed=True)
+        prefetching = replace(packed, prefetch=True, tokens_in_flight=max(1, packed.tokens_in_flight // 2))
+        layouts = [default, packed, prefetching, replace(packed, shared_table=True),
+                   replace(prefetching, shared_table=True),
+                   replace(packed, tokens_in_flight=prefetching.tokens_in_flight, shared_table=True),
+                   replace(prefetching, fastmath=True), replace(prefetching, shared_table=True, fastmath=True)]
     unique: list[WarpLayout] = []
     for layout in layouts:
         try:
-            layout.check(head_size, group, 2)
+            layout.check(head_size, group, itemsize)
         except ValueError:
             continue
         if layout not in unique:
@@ -89,8 +67,7 @@ def packed_layouts(head_size: int, group: int, default: WarpLayout) -> list[Warp
     return unique
 
 
-def sweep_shape(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype, peak, repeats, copy,
-                full: bool = True) -> list[dict]:
+def sweep_shape(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype, peak, repeats, copy) -> list[dict]:
     sets, moved, width = attention_sets(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype)
     scale = head_size**-0.5
     want = attention_reference64(*sets[0], 16, scale)
@@ -107,7 +84,7 @@ def sweep_shape(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype, peak, 
     except Exception as exc:  # PyTorch's SDPA without a kernel for this dtype: the sweep goes on
         print(f"{shape} torch gather + SDPA: {type(exc).__name__}: {exc}", flush=True)
         torch_ms = float("nan")
-    for layout in candidate_layouts(head_size, group, itemsize, full):
+    for layout in candidate_layouts(head_size, group, itemsize):
         def call(i, layout=layout):
             return paged_attention_decode(*sets[i], 16, scale, out=out, backend="cuda", warp_layout=layout)
         try:
@@ -125,7 +102,8 @@ def sweep_shape(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype, peak, 
                "default": layout == layout_for(head_size, group, itemsize)}
         rows.append(row)
         print(f"{shape:<40} L{layout.lanes_per_token:<2} H{layout.heads_per_block} U{layout.tokens_in_flight} "
-              f"{'packed ' if layout.packed else '       '}{'prefetch' if layout.prefetch else '        '} "
+              f"{'packed ' if layout.packed else '       '}{'prefetch ' if layout.prefetch else '         '}"
+              f"{'shared-table ' if layout.shared_table else '             '}{'fast ' if layout.fastmath else '     '}"
               f"{device_ms:8.4f} ms {gb:6.0f} GB/s {gb / copy:4.0%} of copy, torch x{torch_ms / device_ms:4.2f} "
               f"err {error:.1e}{' DEFAULT' if row['default'] else ''}"
               f"{'' if row['ok'] else ' FAIL'}", flush=True)
@@ -152,7 +130,7 @@ def main() -> None:
                 continue
             try:
                 rows += sweep_shape(num_seqs, num_heads, num_kv_heads, head_size, ctx, dtype, peak, args.repeats,
-                                    copy, full=dtype != torch.float32)
+                                    copy)
             except Exception as exc:  # one shape that fails must not lose the others
                 print(f"{num_seqs} x {num_heads}/{num_kv_heads}x{head_size} {dtype}: {type(exc).__name__}: {exc}",
                       flush=True)
@@ -177,7 +155,8 @@ def best_lines(rows: list[dict]) -> list[str]:
         layout = best["layout"]
         lines.append(
             f"BEST {shape:<40} L{layout['lanes_per_token']} H{layout['heads_per_block']} U{layout['tokens_in_flight']}"
-            f"{' packed' if layout['packed'] else ''}{' prefetch' if layout['prefetch'] else ''}: "
+            f"{' packed' if layout['packed'] else ''}{' prefetch' if layout['prefetch'] else ''}"
+            f"{' shared-table' if layout['shared_table'] else ''}{' fastmath' if layout['fastmath'] else ''}: "
             f"{best['device_ms']:.4f} ms {best['of_copy']:.0%} of copy; default "
             f"{default['device_ms'] if default else float('nan'):.4f} ms; torch {best['torch_device_ms']:.4f} ms")
     return lines

@@ -53,8 +53,9 @@ def main() -> None:
                               t.int32[:, ::1], t.int32[::1], t.int64, t.float64, t.int64)
             cases[f"paged_attention tile partition {head_size}/{group} {name}"] = (partition, attention_args)
             layout = layout_for(head_size, group, 4 if name == "float32" else 2)
-            cases[f"paged_attention warp {head_size}/{group} {name} {layout}"] = (
-                warp_attention_kernel(head_size, group, name, layout), attention_args)
+            for each in (layout, replace(layout, shared_table=True)):
+                cases[f"paged_attention warp {head_size}/{group} {name} {each}"] = (
+                    warp_attention_kernel(head_size, group, name, each), attention_args)
             cases[f"paged_attention merge {head_size}/{group} {name}"] = (merge, (
                 x3, t.float32[:, :, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1], t.int32[::1], t.int64))
     # bfloat16 (int16 bits) and packed 16-bit K/V words, at the benchmark's 128/4 and tinylm's 32/2.
@@ -67,6 +68,7 @@ def main() -> None:
                               t.int32[:, ::1], t.int32[::1], t.int64, t.float64, t.int64)
             layouts = [layout_for(head_size, group, 2, packed=True)]
             layouts.append(replace(layouts[0], prefetch=True))
+            layouts.append(replace(layouts[0], prefetch=True, shared_table=True))
             if name == "bfloat16":
                 layouts.append(layout_for(head_size, group, 2))
             for layout in layouts:
