@@ -169,6 +169,11 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
     neg_inf = np.float32(-np.inf)
     zero = np.float32(0.0)
 
+    # Per load and per token: elements (widened to float32), or uint32 words of two 16-bit elements when packed.
+    per_load = words_per_load if packed else vec
+    per_token = words if packed else dims
+    empty = np.uint32(0) if packed else zero  # +0.0 in every format
+
     @cuda.jit(device=True, inline=True, fastmath=fast)
     def load_step(keys, values, step_start, part_end, warp, slot, sub, seq, kv_head, block_tables, first_logical,
                   key_cache, value_cache, rows_per_block, num_kv_heads):
@@ -184,17 +189,19 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
                     index = row + (sub + j * lanes) * vec
                     k_part = load(key_cache, index)
                     v_part = load(value_cache, index)
-                    for e in range(vec):
-                        keys[u, j * vec + e] = k_part[e]
-                        values[u, j * vec + e] = v_part[e]
+                    for e in range(per_load):
+                        keys[u, j * per_load + e] = k_part[e]
+                        values[u, j * per_load + e] = v_part[e]
             else:
-                for d in range(dims):
-                    keys[u, d] = zero
-                    values[u, d] = zero
+                for d in range(per_token):
+                    keys[u, d] = empty
+                    values[u, d] = empty
 
     @cuda.jit(device=True, inline=True, fastmath=fast)
-    def fold_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores, scratch, tid):
-        """The loaded tokens into this lane group's online softmax (every lane of the block calls it)."""
+    def fold_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores, wide, scratch,
+                  tid):
+        """The loaded tokens into this lane group's online softmax (every lane of the block calls it); ``wide``
+        is the packed fold's scratch, unused here (the K/V are floats already)."""
         # Scores: partial dots summed over the token's lanes.
         for u in range(tokens_in_flight):
             valid = step_start + (warp * tokens_in_flight + u) * tokens_per_warp + slot < part_end
@@ -224,29 +231,6 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
                         acc[g, d] += p * values[u, d]
                 run_sum[g] = total
                 run_max[g] = best
-
-    @cuda.jit(device=True, inline=True, fastmath=fast)
-    def load_packed_step(keys, values, step_start, part_end, warp, slot, sub, seq, kv_head, block_tables,
-                         first_logical, key_cache, value_cache, rows_per_block, num_kv_heads):
-        """``load_step`` keeping each load's 16-bit elements packed, two to a uint32 word."""
-        for u in range(tokens_in_flight):
-            token = step_start + (warp * tokens_in_flight + u) * tokens_per_warp + slot
-            if token < part_end:
-                logical_block = token // rows_per_block
-                block = int32(block_tables[seq, logical_block - first_logical])
-                row = ((block * rows_per_block + token - logical_block * rows_per_block) * num_kv_heads
-                       + kv_head) * head_size
-                for j in range(loads_per_lane):
-                    index = row + (sub + j * lanes) * vec
-                    k_words = load(key_cache, index)
-                    v_words = load(value_cache, index)
-                    for e in range(words_per_load):
-                        keys[u, j * words_per_load + e] = k_words[e]
-                        values[u, j * words_per_load + e] = v_words[e]
-            else:
-                for w in range(words):
-                    keys[u, w] = uint32(0)  # +0.0 in both formats
-                    values[u, w] = uint32(0)
 
     @cuda.jit(device=True, inline=True, fastmath=fast)
     def fold_packed_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores, wide,
@@ -294,65 +278,43 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
                 for d in range(dims):
                     acc[g, d] += p * wide[d]
 
-    # One of the three step loops is compiled into a kernel (the others name functions its layout lacks).
+    # Registers for the K/V in flight: widened floats, or packed words; the fold that reads them.
+    register = uint32 if packed else float32
+    fold = fold_packed_step if packed else fold_step
+
     @cuda.jit(device=True, inline=True, fastmath=fast)
     def plain_steps(part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, first_logical, key_cache,
                     value_cache, rows_per_block, num_kv_heads, q, acc, run_max, run_sum, scores, scratch, tid):
-        keys = cuda.local.array((tokens_in_flight, dims), float32)
-        values = cuda.local.array((tokens_in_flight, dims), float32)
+        keys = cuda.local.array((tokens_in_flight, per_token), register)
+        values = cuda.local.array((tokens_in_flight, per_token), register)
+        wide = cuda.local.array(dims, float32)
         for step_start in range(part_start, part_end, step):
             load_step(keys, values, step_start, part_end, warp, slot, sub, seq, kv_head, block_tables,
                       first_logical, key_cache, value_cache, rows_per_block, num_kv_heads)
-            fold_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores, scratch, tid)
+            fold(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores, wide, scratch, tid)
 
     @cuda.jit(device=True, inline=True, fastmath=fast)
     def prefetched_steps(part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, first_logical,
                          key_cache, value_cache, rows_per_block, num_kv_heads, q, acc, run_max, run_sum, scores,
                          scratch, tid):
         """The next step's loads go out before this step's arithmetic, in a second set of registers."""
-        keys = cuda.local.array((tokens_in_flight, dims), float32)
-        values = cuda.local.array((tokens_in_flight, dims), float32)
-        next_keys = cuda.local.array((tokens_in_flight, dims), float32)
-        next_values = cuda.local.array((tokens_in_flight, dims), float32)
+        keys = cuda.local.array((tokens_in_flight, per_token), register)
+        values = cuda.local.array((tokens_in_flight, per_token), register)
+        next_keys = cuda.local.array((tokens_in_flight, per_token), register)
+        next_values = cuda.local.array((tokens_in_flight, per_token), register)
+        wide = cuda.local.array(dims, float32)
         load_step(keys, values, part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, first_logical,
                   key_cache, value_cache, rows_per_block, num_kv_heads)
         for step_start in range(part_start, part_end, 2 * step):
             load_step(next_keys, next_values, step_start + step, part_end, warp, slot, sub, seq, kv_head,
                       block_tables, first_logical, key_cache, value_cache, rows_per_block, num_kv_heads)
-            fold_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores, scratch, tid)
+            fold(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores, wide, scratch, tid)
             load_step(keys, values, step_start + 2 * step, part_end, warp, slot, sub, seq, kv_head, block_tables,
                       first_logical, key_cache, value_cache, rows_per_block, num_kv_heads)
-            fold_step(next_keys, next_values, step_start + step, part_end, warp, slot, q, acc, run_max, run_sum,
-                      scores, scratch, tid)
+            fold(next_keys, next_values, step_start + step, part_end, warp, slot, q, acc, run_max, run_sum, scores,
+                 wide, scratch, tid)
 
-    @cuda.jit(device=True, inline=True, fastmath=fast)
-    def packed_steps(part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, first_logical, key_cache,
-                     value_cache, rows_per_block, num_kv_heads, q, acc, run_max, run_sum, scores, scratch, tid):
-        keys = cuda.local.array((tokens_in_flight, words), uint32)
-        values = cuda.local.array((tokens_in_flight, words), uint32)
-        wide = cuda.local.array(dims, float32)
-        if prefetch:
-            next_keys = cuda.local.array((tokens_in_flight, words), uint32)
-            next_values = cuda.local.array((tokens_in_flight, words), uint32)
-            load_packed_step(keys, values, part_start, part_end, warp, slot, sub, seq, kv_head, block_tables,
-                             first_logical, key_cache, value_cache, rows_per_block, num_kv_heads)
-            for step_start in range(part_start, part_end, 2 * step):
-                load_packed_step(next_keys, next_values, step_start + step, part_end, warp, slot, sub, seq, kv_head,
-                                 block_tables, first_logical, key_cache, value_cache, rows_per_block, num_kv_heads)
-                fold_packed_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores,
-                                 wide, scratch, tid)
-                load_packed_step(keys, values, step_start + 2 * step, part_end, warp, slot, sub, seq, kv_head,
-                                 block_tables, first_logical, key_cache, value_cache, rows_per_block, num_kv_heads)
-                fold_packed_step(next_keys, next_values, step_start + step, part_end, warp, slot, q, acc, run_max,
-                                 run_sum, scores, wide, scratch, tid)
-        else:
-            for step_start in range(part_start, part_end, step):
-                load_packed_step(keys, values, step_start, part_end, warp, slot, sub, seq, kv_head, block_tables,
-                                 first_logical, key_cache, value_cache, rows_per_block, num_kv_heads)
-                fold_packed_step(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores,
-                                 wide, scratch, tid)
-
-    run_steps = packed_steps if packed else prefetched_steps if prefetch else plain_steps
+    run_steps = prefetched_steps if prefetch else plain_steps
 
     @cuda.jit(fastmath=fast)
     def kernel(out, part_max, part_sum, part_out, query, key_cache, value_cache, block_tables, context_lens,
