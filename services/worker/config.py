@@ -51,6 +51,13 @@ class WorkerConfig(ServerSettings):
     compute_dtype: str = setting(
         "float32", "repository generators from safetensors: the dtype weights are cast to and matmuls run in: "
         "float32, bfloat16 or float16 (attention and the KV cache stay float32)")
+    cuda_graphs: bool = setting(
+        True, "repository generators on cuda: replay plain decode steps (one new token per sequence, up to "
+        "--cuda-graph-max-batch-size of them) as CUDA graphs captured at start, as vLLM does; other steps, and "
+        "every step if a capture fails (logged), run eagerly. 'false' runs every step eagerly; ignored on cpu")
+    cuda_graph_max_batch_size: int = setting(
+        32, "with --cuda-graphs: the largest decode batch captured (graphs for 1, 2, 4, ... up to it, and no more "
+        "than --max-num-seqs); larger decode steps run eagerly", minimum=1)
     num_threads: int = setting(
         0, "torch/OpenMP/Numba threads (0: from the CPU allocation: cgroup quota, else CPU affinity)", minimum=0
     )

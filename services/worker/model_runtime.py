@@ -2,7 +2,8 @@
 
 Loading is the readiness gate: checksum (in load_model), warm-up at the full
 envelope (so kernel compilation and allocator growth happen before traffic),
-then the manifest's golden check. A classifier's warm-up runs its full batch twice and
+then the manifest's golden check; then, for a generator on a GPU, its decode steps'
+CUDA graphs (_capture_decode_graphs says why in that order). A classifier's warm-up runs its full batch twice and
 declares the second, warm run's time (WorkerCapacity.warm_batch_time_us): the
 scheduler's batch time for that size until it measures one.
 """
@@ -19,6 +20,7 @@ from services.common.timings import StageTime, seconds_to_us, to_proto
 from services.worker import work
 from services.worker.batch_executor import BatchExecutor
 from services.worker.config import WorkerConfig
+from services.worker.decode_graph_steps import build_decode_graphs
 from services.worker.grammar import GrammarTokenizer
 from services.worker.hf_text_files import HFTextFiles, read_hf_text_files
 from services.worker.repository.classifier_spec import ClassifierSpec
@@ -114,8 +116,12 @@ class ClassifierRuntime:
 
 
 class GeneratorRuntime:
-    def __init__(self, model: LoadedModel, num_kv_blocks: int, max_num_seqs: int = 0) -> None:
+    def __init__(self, model: LoadedModel, num_kv_blocks: int, max_num_seqs: int = 0,
+                 cuda_graph_max_batch_size: int = 0) -> None:
+        """`cuda_graph_max_batch_size`: capture decode graphs up to this batch at load (0: none; a model
+        off the GPU never has any)."""
         self._model = model
+        self._cuda_graph_max_batch_size = cuda_graph_max_batch_size
         envelope = model.manifest.envelope
         self._num_kv_blocks = num_kv_blocks
         self._max_num_seqs = max_num_seqs or envelope.max_num_seqs  # 0: the manifest's
@@ -136,6 +142,18 @@ class GeneratorRuntime:
         self._executor.run(warm)
         self._executor.forget([0])
         run_golden_check(self._model)
+        self._capture_decode_graphs()
+
+    def _capture_decode_graphs(self) -> None:
+        """After the golden check: a worker failing it exits, so the capture (seconds, and the graphs'
+        memory) is not spent on it; and the check runs in caches of its own, so it could not test the
+        graphs anyway; build_decode_graphs checks a replay against the eager step in the executor's
+        cache instead. A failure leaves the worker serving eagerly, with a warning."""
+        if not self._cuda_graph_max_batch_size or self._executor.cache.device.type != "cuda":
+            return
+        self._executor.use_decode_graphs(build_decode_graphs(
+            self._model.generator, self._executor.cache, max_batch_size=self._cuda_graph_max_batch_size,
+            max_num_seqs=self._max_num_seqs))
 
     def hello(self, worker_id: str) -> scheduler_pb2.WorkerHello:
         manifest = self._model.manifest
@@ -231,8 +249,10 @@ def _tensor_runtime(model: LoadedModel, config: WorkerConfig) -> TensorRuntime:
 
 
 def _generator_runtime(model: LoadedModel, config: WorkerConfig) -> GeneratorRuntime:
+    graphs = config.cuda_graphs and config.device != "cpu"
     return GeneratorRuntime(model, config.num_kv_blocks or model.manifest.envelope.num_kv_blocks,
-                            config.max_num_seqs)
+                            config.max_num_seqs, cuda_graph_max_batch_size=config.cuda_graph_max_batch_size if graphs
+                            else 0)
 
 
 # The Attach runtime each kind of repository model is served by, with the worker's overrides applied.

@@ -5,26 +5,33 @@ tables, cached positions, a failing sequence fails alone); the admitted sequence
 then run through the model in one call and the sampled ones get a token. The
 constrained ones' grammar masks are computed while the model runs
 (services/worker/step_masks.py) and applied to their rows at once after it.
+A plain decode step replays a CUDA graph when the executor has them
+(services/worker/decode_graph_steps.py); any other step runs eagerly.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 
 import numpy as np
+import torch
 
 from services.common.clock import Clock
 from services.common.logprobs import PositionLogprobs
+from services.worker.decode_graph_steps import DecodeGraphRunner, StepPath, step_path
 from services.worker.grammar import GrammarError, GrammarTokenizer
 from services.worker.models.generator import Generator
-from services.worker.models.paged import PagedSequence
+from services.worker.models.paged import KVCache, PagedSequence
 from services.worker.prompt_logprobs import chunk_targets, prompt_logprobs
 from services.worker.sampling import processed_logits, sample
 from services.worker.sequence_mirror import AdmittedSequence, SequenceMirror
 from services.worker.step_masks import MaskJob, StepMasker, StepMasks, mask_logits
 from services.worker.work import ErrorCode, ItemError, RunStep, SequenceOutput, StageDurations
+
+log = logging.getLogger(__name__)
 
 
 class StepExecutor:
@@ -39,7 +46,7 @@ class StepExecutor:
     ) -> None:
         """`grammar_tokenizer`: the model's tokenizer for constrained sampling (None: refused per sequence)."""
         self.generator = generator
-        self.cache = generator.new_kv_cache(num_kv_blocks, block_size)
+        self._cache = generator.new_kv_cache(num_kv_blocks, block_size)
         self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
         self.clock = clock
@@ -47,6 +54,40 @@ class StepExecutor:
                                       seed_source)
         self._masker: StepMasker | None = None
         self.grammar_tokenizer = grammar_tokenizer
+        # Captured over self.cache (use_decode_graphs); None: every step runs eagerly.
+        self._decode_graphs: DecodeGraphRunner | None = None
+        self.num_steps_by_path = dict.fromkeys(StepPath, 0)
+
+    @property
+    def cache(self) -> KVCache:
+        """The worker's KV pages, allocated once: decode graphs hold its tensors' addresses, so it has
+        no setter and nothing resizes it."""
+        return self._cache
+
+    @property
+    def decode_graphs(self) -> DecodeGraphRunner | None:
+        return self._decode_graphs
+
+    def use_decode_graphs(self, graphs: DecodeGraphRunner | None) -> None:
+        """Plain decode steps replay `graphs` from now on (captured over `self.cache`); None: none do."""
+        self._decode_graphs = graphs
+
+    def _forward(self, paged: Sequence[PagedSequence]) -> torch.Tensor:
+        """The step's logits, one row per logit row of `paged` in order: a graph replay when the graphs
+        take the step, else the eager step. A replay that raises turns the graphs off for good (the
+        eager step then computes this one: it rewrites the same slots with the same keys and values)."""
+        graphs = self._decode_graphs
+        if graphs is not None and step_path(paged, graphs) is StepPath.GRAPH:
+            try:
+                logits = graphs.run(paged)
+                self.num_steps_by_path[StepPath.GRAPH] += 1
+                return logits
+            except Exception as error:
+                log.warning("CUDA graphs off from now on, every step runs eagerly: a replay of %d sequences "
+                            "failed: %s: %s", len(paged), type(error).__name__, error)
+                self._decode_graphs = None
+        self.num_steps_by_path[StepPath.EAGER] += 1
+        return self.generator.step(paged, self._cache)
 
     @property
     def grammar_tokenizer(self) -> GrammarTokenizer | None:
@@ -125,7 +166,7 @@ class StepExecutor:
         try:
             # One device-to-host copy per step (sampling runs on the host); it also waits for the GPU,
             # so compute_s covers the device work, not only its launch.
-            logits = self.generator.step(paged, self.cache).cpu() if paged else None
+            logits = self._forward(paged).cpu() if paged else None
         finally:
             t_computed = self.clock()
             # Waited for even when the forward failed: the thread must be done with the guides.
