@@ -18,7 +18,10 @@ and the next part runs. The JSON is rewritten after every part, so a run cut sho
    (reported, not expected identical). A divergence is given with the CPU's margin there and its logit
    gap to the device's pick.
 3. steps: one paged step (Generator.step, the worker's forward) timed per decode batch size at a fixed
-   context, and a 512-token prefill chunk: float16 on the device, float32 on the CPU at a few sizes.
+   context, and a 512-token prefill chunk: float16 on the device, float32 on the CPU at a few sizes; on
+   a CUDA device also a "graphed" decode row, batches 1-32: the worker's decode graphs
+   (build_decode_graphs: capture, then a replay checked against the eager step) over the same cache,
+   each step as the worker runs it (host packing, two copies, replay, a copy of the logits).
 4. mesh: gateway -> scheduler -> a worker with --device and --compute-dtype float16 (float32 where the
    float16 model fails its golden check, said in the JSON), against bench_hf_llm's one-process engine
    (the worker's StepExecutor on one compute thread) on the same device and dtype: output tokens/s with
@@ -27,6 +30,10 @@ and the next part runs. The JSON is rewritten after every part, so a run cut sho
    a stream's (e2e - TTFT) / (tokens - 1), a mean: after its first token, the mesh's tokens come in
    bursts of up to the scheduler's --steps-per-command (4) decode steps.
    The one-at-a-time streams are also compared with one process's tokens.
+   Then the worker is replaced by one with --cuda-graphs true (the first ran with false) and the mesh's
+   burst and one-at-a-time streams run again with the same prompts (`cuda_graphs` in the JSON): tokens/s,
+   TTFT and TPOT off against on, how many greedy streams are identical, and what the worker logged about
+   its graphs (on a CPU both workers run eagerly).
 5. large (--large): a ~1B Llama (16 layers, hidden 2048, 32 heads over 8 KV heads, intermediate
    5632), random weights drawn on the device, in the step table only.
 
@@ -36,6 +43,7 @@ Prints a table of step times and one of the mesh last; writes bench/results/gpu_
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -64,6 +72,7 @@ from bench.worker.gpu_llm_report import (  # noqa: E402
     Divergence,
     agreement,
     first_divergence,
+    graphs_table,
     latency_summary,
     mesh_table,
     peak_decode,
@@ -72,10 +81,11 @@ from bench.worker.gpu_llm_report import (  # noqa: E402
 )
 from bench.worker.prompts import PROMPTS as SENTENCES  # noqa: E402
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc  # noqa: E402
+from services.worker.decode_graph_steps import build_decode_graphs  # noqa: E402
 from services.worker.models.generator import Generator  # noqa: E402
 from services.worker.models.llama_config import LlamaFamilyConfig  # noqa: E402
 from services.worker.models.llama_family import LlamaFamilyLM  # noqa: E402
-from services.worker.models.paged import PagedSequence  # noqa: E402
+from services.worker.models.paged import KVCache, PagedSequence  # noqa: E402
 from services.worker.repository.errors import GoldenCheckFailed  # noqa: E402
 from services.worker.repository.golden import run_golden_check  # noqa: E402
 from services.worker.repository.hf_import import GOLDEN_MIN_MARGIN  # noqa: E402
@@ -93,6 +103,8 @@ LARGE_CONFIG = {**CONFIG, "hidden_size": 2048, "intermediate_size": 5632, "num_h
 QUICK_LARGE_CONFIG = {**TINY_CONFIG, "hidden_size": 256, "num_attention_heads": 8}  # --quick --large: the code path
 WORKER_START_S = 150.0  # a CUDA worker: imports, weights, the kernels' JIT compile, warm-up, golden check
 STREAM_TIMEOUT_S = 120.0  # any one Generate stream
+GRAPH_MAX_BATCH = 32  # the worker's default --cuda-graph-max-batch-size
+GRAPH_SWITCHES = ("false", "true")  # the mesh's worker without decode graphs, then with them
 # The mesh's gateway lets every stream of the saturated burst in: its adaptive limit starts at 64 and standard
 # traffic may fill 0.9 of it (the rest are refused at once); latency objectives are not what is measured.
 GATEWAY_ARGS = ("--slo-admission", "false", "--limit-initial", "1024", "--limit-min", "256")
@@ -185,14 +197,16 @@ def time_steps(generator: Generator, model: str, device: str, dtype: str, batche
     prefill_blocks = -(-sizes.prefill_tokens // block_size)
     cache = generator.new_kv_cache(max(max(batches) * blocks_each, prefill_blocks), block_size)
 
-    def timed(seqs: list[PagedSequence], kind: str, batch: int, tokens: int, context: int) -> dict[str, Any]:
+    def timed(work: list[PagedSequence] | Callable[[], object], kind: str, batch: int, tokens: int,
+              context: int) -> dict[str, Any]:
+        run = work if callable(work) else lambda: generator.step(work, cache)
         for _ in range(min(3, repeats)):
-            generator.step(seqs, cache)
+            run()
         sync(device)
         samples = []
         for _ in range(repeats):
             began = time.perf_counter()
-            generator.step(seqs, cache)
+            run()
             sync(device)
             samples.append(time.perf_counter() - began)
         ms = statistics.median(samples) * 1e3
@@ -200,14 +214,36 @@ def time_steps(generator: Generator, model: str, device: str, dtype: str, batche
                 "context": context, "step_ms": ms, "step_ms_min": min(samples) * 1e3, "repeats": repeats,
                 "tokens_per_s": tokens / (ms / 1e3)}
 
-    rows = []
-    for batch in batches:
-        decoding = [PagedSequence((65,), sizes.context, tuple(range(i * blocks_each, (i + 1) * blocks_each)), True)
-                    for i in range(batch)]
-        rows.append(timed(decoding, "decode", batch, batch, sizes.context))
+    def decoding(batch: int) -> list[PagedSequence]:
+        return [PagedSequence((65,), sizes.context, tuple(range(i * blocks_each, (i + 1) * blocks_each)), True)
+                for i in range(batch)]
+
+    rows = [timed(decoding(batch), "decode", batch, batch, sizes.context) for batch in batches]
     prefill = [PagedSequence(tuple(65 + i % 200 for i in range(sizes.prefill_tokens)), 0,
                              tuple(range(prefill_blocks)), True)]
     rows.append(timed(prefill, "prefill", 1, sizes.prefill_tokens, 0))
+    if device.startswith("cuda"):
+        rows += graphed_rows(generator, cache, model, [b for b in batches if b <= GRAPH_MAX_BATCH], decoding,
+                             lambda run, batch: timed(run, "decode", batch, batch, sizes.context))
+    return rows
+
+
+def graphed_rows(generator: Generator, cache: KVCache, model: str, batches: Sequence[int],
+                 decoding: Callable[[int], list[PagedSequence]],
+                 timed: Callable[[Callable[[], object], int], dict[str, Any]]) -> list[dict[str, Any]]:
+    """The decode rows again through the worker's decode graphs over `cache` (path "graph"); one row with
+    an error when they cannot be built (the worker's warning says why, in this log)."""
+    began = time.perf_counter()
+    graphs = build_decode_graphs(generator, cache, max_batch_size=GRAPH_MAX_BATCH, max_num_seqs=0)
+    if graphs is None:
+        return [{"model": model, "path": "graph", "error": "build_decode_graphs gave none (its warning says why)"}]
+    capture_s = time.perf_counter() - began
+    rows = []
+    for batch in batches:
+        seqs = decoding(batch)
+        row = timed(functools.partial(graphs.run, seqs), batch)
+        rows.append({**row, "path": "graph", "graph_build_s": capture_s})
+    print(f"steps graphed: buckets {graphs.buckets} built in {capture_s:.1f} s", flush=True)
     return rows
 
 
@@ -322,87 +358,155 @@ def one_process(root: Path, name: str, device: str, compute: ThreadPoolExecutor)
         return InProcess(root, compute, name=name, device=device), "float32", {FAST_DTYPE: str(exc)}
 
 
+@dataclass
+class MeshPass:
+    """One worker's turn in the mesh: the saturated bursts and the one-at-a-time streams, and one
+    process's runs interleaved with them (the first pass only)."""
+
+    saturated: dict[str, list[float]]  # "mesh" / "one_process": tokens/s of each round
+    burst_streams: list[Stream]  # every round's mesh streams, in prompt order
+    light: dict[str, list[Stream]]  # "mesh" / "one_process"
+    light_tokens_equal: int  # one-at-a-time mesh streams identical to one process's
+    worker_start_s: float
+    warm_up_tries: int
+
+
+def mesh_pass(stub: gateway_pb2_grpc.InferenceStub, name: str, texts: Sequence[str], ids: Sequence[tuple[int, ...]],
+              sizes: Sizes, engine: InProcess | None, worker_start_s: float, load: list[float]) -> MeshPass:
+    """The mesh's measurements through `stub`, alternating with `engine`'s when given."""
+    done = MeshPass({"mesh": [], "one_process": []}, [], {"mesh": [], "one_process": []}, 0, worker_start_s,
+                    warm_up(stub, name, texts[0]))
+    mesh_burst(stub, name, texts[:sizes.streams], 2)  # every stream's first time through the mesh
+    for _ in range(sizes.rounds):
+        if engine is not None:
+            run = engine.generate(ids[:sizes.streams], sizes.stream_tokens)
+            done.saturated["one_process"].append(sizes.streams * sizes.stream_tokens / run.total_s)
+        tokens_per_s, streams = mesh_burst(stub, name, texts[:sizes.streams], sizes.stream_tokens)
+        done.saturated["mesh"].append(tokens_per_s)
+        done.burst_streams += streams
+        load.append(os.getloadavg()[0])
+    for k in range(sizes.light_requests):
+        prompt = k % len(texts)
+        if engine is not None:
+            own = engine.generate([ids[prompt]], sizes.stream_tokens)
+            done.light["one_process"].append(Stream(own.first_token_s, own.total_s, own.token_ids[0], len(ids[prompt])))
+        done.light["mesh"].append(mesh_stream(stub, name, texts[prompt], sizes.stream_tokens))
+        if engine is not None:
+            done.light_tokens_equal += done.light["mesh"][-1].token_ids == done.light["one_process"][-1].token_ids
+    return done
+
+
 def mesh_vs_one_process(root: Path, name: str, device: str, texts: Sequence[str], ids: Sequence[tuple[int, ...]],
                         sizes: Sizes, workdir: Path, compute: ThreadPoolExecutor) -> dict[str, Any]:
     engine, dtype, golden = one_process(root, name, device, compute)
     engine.run(ids[:2], 2)  # warm-up, as the worker's load does
     report: dict[str, Any] = {"compute_dtype": dtype, "golden_check_in_process": golden, "device": device,
                               "load_average_1m": [os.getloadavg()[0]]}
-    saturated: dict[str, list[float]] = {"mesh": [], "one_process": []}
-    burst_streams: list[Stream] = []
-    light: dict[str, list[Stream]] = {"mesh": [], "one_process": []}
-    light_tokens_equal = 0
+    passes: dict[str, MeshPass] = {}
+    graph_logs: dict[str, list[str]] = {}
     (workdir / "mesh").mkdir(parents=True, exist_ok=True)
     with running_mesh(workdir / "mesh", tls=False) as mesh:
         began = time.perf_counter()
         mesh.start_scheduler()
-        try:
-            worker = start_worker(mesh, name, root, device, dtype, sizes)
-        except RuntimeError as exc:  # the worker exited: its log tail is in the message
-            if dtype == "float32" or "golden" not in str(exc).lower():
+        gateway: ServiceProcess | None = None
+        for graphs in GRAPH_SWITCHES:
+            worker_began = time.perf_counter()
+            try:
+                worker = start_worker(mesh, name, root, device, dtype, sizes, graphs)
+            except RuntimeError as exc:  # the worker exited: its log tail is in the message
+                if dtype == "float32" or "golden" not in str(exc).lower() or passes:
+                    raise
+                print(f"mesh: the {dtype} worker failed its golden check; both sides run in float32", flush=True)
+                report["golden_check_worker"] = {dtype: str(exc)[-2000:]}
+                del engine
+                free_device_memory()
+                engine, dtype = InProcess(root, compute, name=name, device=device), "float32"
+                report["compute_dtype"] = dtype
+                worker = start_worker(mesh, name, root, device, dtype, sizes, graphs)
+            worker_start_s = time.perf_counter() - worker_began
+            if gateway is None:
+                gateway = mesh.start_gateway(*GATEWAY_ARGS)
+                report["mesh_start_s"] = time.perf_counter() - began
+            print(f"mesh: worker with --cuda-graphs {graphs} serving in {worker_start_s:.1f} s", flush=True)
+            try:
+                with grpc.insecure_channel(gateway.address) as channel:
+                    stub = gateway_pb2_grpc.InferenceStub(channel)
+                    passes[graphs] = mesh_pass(stub, name, texts, ids, sizes, engine if not passes else None,
+                                               worker_start_s, report["load_average_1m"])
+            except Exception:
+                print(mesh.logs(), file=sys.stderr)
                 raise
-            print(f"mesh: the {dtype} worker failed its golden check; both sides run in float32", flush=True)
-            report["golden_check_worker"] = {dtype: str(exc)[-2000:]}
-            del engine
-            free_device_memory()
-            engine, dtype = InProcess(root, compute, name=name, device=device), "float32"
-            report["compute_dtype"] = dtype
-            worker = start_worker(mesh, name, root, device, dtype, sizes)
-        gateway = mesh.start_gateway(*GATEWAY_ARGS)
-        report["mesh_start_s"] = time.perf_counter() - began
-        print(f"mesh: serving in {report['mesh_start_s']:.1f} s", flush=True)
-        try:
-            with grpc.insecure_channel(gateway.address) as channel:
-                stub = gateway_pb2_grpc.InferenceStub(channel)
-                report["warm_up_tries"] = warm_up(stub, name, texts[0])
-                mesh_burst(stub, name, texts[:sizes.streams], 2)  # every stream's first time through the mesh
-                for _ in range(sizes.rounds):
-                    run = engine.generate(ids[:sizes.streams], sizes.stream_tokens)
-                    saturated["one_process"].append(sizes.streams * sizes.stream_tokens / run.total_s)
-                    tokens_per_s, streams = mesh_burst(stub, name, texts[:sizes.streams], sizes.stream_tokens)
-                    saturated["mesh"].append(tokens_per_s)
-                    burst_streams += streams
-                    report["load_average_1m"].append(os.getloadavg()[0])
-                for k in range(sizes.light_requests):
-                    prompt = k % len(texts)
-                    own = engine.generate([ids[prompt]], sizes.stream_tokens)
-                    light["one_process"].append(Stream(own.first_token_s, own.total_s, own.token_ids[0], len(ids[prompt])))
-                    light["mesh"].append(mesh_stream(stub, name, texts[prompt], sizes.stream_tokens))
-                    light_tokens_equal += light["mesh"][-1].token_ids == own.token_ids[0]
-        except Exception:
-            print(mesh.logs(), file=sys.stderr)
-            raise
-        report["worker_log_tail"] = worker.log_tail(8)
+            graph_logs[graphs] = [line for line in worker.log_tail(400).splitlines() if "CUDA graph" in line]
+            report["worker_log_tail"] = worker.log_tail(8)
+            worker.stop()
     report["load_average_1m"].append(os.getloadavg()[0])
-    mesh_rate, own_rate = statistics.median(saturated["mesh"]), statistics.median(saturated["one_process"])
-    report["saturated"] = {
-        "streams": sizes.streams, "tokens_per_stream": sizes.stream_tokens, "rounds": sizes.rounds,
-        "mesh_tokens_per_s": mesh_rate, "one_process_tokens_per_s": own_rate,
-        "ratio_mesh_over_one_process": ratio(mesh_rate, own_rate),
-        "mesh_runs": saturated["mesh"], "one_process_runs": saturated["one_process"],
-        "mesh_stream_ttft": latency_summary([s.ttft_s for s in burst_streams]),
-        "mesh_stream_tpot": latency_summary([tpot_s(s.ttft_s, s.e2e_s, len(s.token_ids)) for s in burst_streams]),
-    }
-    sides = {side: {"ttft": latency_summary([s.ttft_s for s in runs]),
-                    "tpot": latency_summary([tpot_s(s.ttft_s, s.e2e_s, len(s.token_ids)) for s in runs]),
-                    "e2e": latency_summary([s.e2e_s for s in runs])} for side, runs in light.items()}
-    report["light"] = {
-        "requests": sizes.light_requests, "tokens_per_request": sizes.stream_tokens, **sides,
-        "ratios_mesh_over_one_process": {f"{m}_{q}": ratio(sides["mesh"][m][f"{q}_ms"], sides["one_process"][m][f"{q}_ms"])
-                                         for m in ("ttft", "tpot", "e2e") for q in ("p50", "p99")},
-        "streams_identical_to_one_process": light_tokens_equal,
-        "prompt_tokens_mesh_vs_one_process": [(m.prompt_tokens, o.prompt_tokens)
-                                              for m, o in zip(light["mesh"], light["one_process"], strict=True)],
-    }
+    first = passes[GRAPH_SWITCHES[0]]
+    report["warm_up_tries"] = first.warm_up_tries
+    report.update(versus_one_process(first, sizes))
+    report["cuda_graphs"] = graphs_report(passes, graph_logs, sizes)
     del engine
     free_device_memory()
     return report
 
 
-def start_worker(mesh: Mesh, name: str, root: Path, device: str, dtype: str, sizes: Sizes) -> ServiceProcess:
+def versus_one_process(done: MeshPass, sizes: Sizes) -> dict[str, Any]:
+    """The first pass's mesh (no decode graphs) against one process."""
+    saturated, light = done.saturated, done.light
+    mesh_rate, own_rate = statistics.median(saturated["mesh"]), statistics.median(saturated["one_process"])
+    sides = {side: {"ttft": latency_summary([s.ttft_s for s in runs]),
+                    "tpot": latency_summary([tpot_s(s.ttft_s, s.e2e_s, len(s.token_ids)) for s in runs]),
+                    "e2e": latency_summary([s.e2e_s for s in runs])} for side, runs in light.items()}
+    return {
+        "saturated": {
+            "streams": sizes.streams, "tokens_per_stream": sizes.stream_tokens, "rounds": sizes.rounds,
+            "mesh_tokens_per_s": mesh_rate, "one_process_tokens_per_s": own_rate,
+            "ratio_mesh_over_one_process": ratio(mesh_rate, own_rate),
+            "mesh_runs": saturated["mesh"], "one_process_runs": saturated["one_process"],
+            "mesh_stream_ttft": latency_summary([s.ttft_s for s in done.burst_streams]),
+            "mesh_stream_tpot": latency_summary([tpot_s(s.ttft_s, s.e2e_s, len(s.token_ids))
+                                                 for s in done.burst_streams]),
+        },
+        "light": {
+            "requests": sizes.light_requests, "tokens_per_request": sizes.stream_tokens, **sides,
+            "ratios_mesh_over_one_process": {
+                f"{m}_{q}": ratio(sides["mesh"][m][f"{q}_ms"], sides["one_process"][m][f"{q}_ms"])
+                for m in ("ttft", "tpot", "e2e") for q in ("p50", "p99")},
+            "streams_identical_to_one_process": done.light_tokens_equal,
+            "prompt_tokens_mesh_vs_one_process": [(m.prompt_tokens, o.prompt_tokens)
+                                                  for m, o in zip(light["mesh"], light["one_process"], strict=True)],
+        },
+    }
+
+
+def graphs_report(passes: Mapping[str, MeshPass], graph_logs: Mapping[str, list[str]], sizes: Sizes) -> dict[str, Any]:
+    """The mesh with the worker's decode graphs off against on: the same prompts, greedy."""
+    off, on = passes["false"], passes["true"]
+
+    def side(done: MeshPass) -> dict[str, Any]:
+        return {"tokens_per_s": statistics.median(done.saturated["mesh"]), "tokens_per_s_runs": done.saturated["mesh"],
+                "burst_ttft": latency_summary([s.ttft_s for s in done.burst_streams]),
+                "burst_tpot": latency_summary([tpot_s(s.ttft_s, s.e2e_s, len(s.token_ids)) for s in done.burst_streams]),
+                "ttft": latency_summary([s.ttft_s for s in done.light["mesh"]]),
+                "tpot": latency_summary([tpot_s(s.ttft_s, s.e2e_s, len(s.token_ids)) for s in done.light["mesh"]]),
+                "worker_start_s": done.worker_start_s}
+
+    def identical(a: Sequence[Stream], b: Sequence[Stream]) -> dict[str, Any]:
+        at = [first_divergence(x.token_ids, y.token_ids) for x, y in zip(a, b, strict=True)]
+        return {"identical": sum(d is None for d in at), "streams": len(at),
+                "first_divergences": [d for d in at if d is not None][:10]}
+
+    return {"off": side(off), "on": side(on), "streams": sizes.streams, "tokens_per_stream": sizes.stream_tokens,
+            "ratio_on_over_off_tokens_per_s": ratio(side(on)["tokens_per_s"], side(off)["tokens_per_s"]),
+            "burst_streams_identical": identical(off.burst_streams, on.burst_streams),
+            "light_streams_identical": identical(off.light["mesh"], on.light["mesh"]),
+            "worker_log": {"off": graph_logs.get("false", []), "on": graph_logs.get("true", [])}}
+
+
+def start_worker(mesh: Mesh, name: str, root: Path, device: str, dtype: str, sizes: Sizes,
+                 cuda_graphs: str) -> ServiceProcess:
     worker = mesh.start_worker(name, "--model-repository", str(root), "--model-version", "1", "--device", device,
                                "--compute-dtype", dtype, "--max-num-seqs", str(max(sizes.streams, 16)),
-                               "--num-threads", str(THREADS), wait=False)
+                               "--num-threads", str(THREADS), "--cuda-graphs", cuda_graphs, wait=False)
     worker.wait_serving(timeout_s=WORKER_START_S)
     return worker
 
@@ -503,6 +607,8 @@ def print_summary(report: Mapping[str, Any]) -> None:
         light = report["mesh"]["light"]
         print(f"  one-at-a-time streams identical to one process: {light['streams_identical_to_one_process']}/"
               f"{light['requests']}")
+        if report["mesh"].get("cuda_graphs"):
+            print(graphs_table(report["mesh"]["cuda_graphs"]))
     print(json.dumps({"errors": sorted(report.get("errors", {}))}))
 
 

@@ -61,29 +61,35 @@ def tpot_s(ttft_s: float, e2e_s: float, num_tokens: int) -> float:
     return (e2e_s - ttft_s) / (num_tokens - 1) if num_tokens > 1 else math.nan
 
 
+def row_key(row: Mapping[str, Any]) -> str:
+    """A step row's line: model, device, dtype, and "graphed" for a decode graph's rows."""
+    key = f"{row['model']} {row['device']} {row['dtype']}"
+    return key + " graphed" if row.get("path") == "graph" else key
+
+
 def steps_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """Step milliseconds, one line per (model, device, dtype) and a column per decode batch size, the
-    prefill chunk last."""
+    """Step milliseconds, one line per (model, device, dtype, graphed or not) and a column per decode
+    batch size, the prefill chunk last."""
     batches = sorted({r["batch"] for r in rows if r["kind"] == "decode"})
     prefills = sorted({r["tokens"] for r in rows if r["kind"] == "prefill"})
-    lines: dict[tuple[str, str, str], dict[str, str]] = {}
+    lines: dict[str, dict[str, str]] = {}
     for r in rows:
-        cells = lines.setdefault((r["model"], r["device"], r["dtype"]), {})
+        cells = lines.setdefault(row_key(r), {})
         column = f"b={r['batch']}" if r["kind"] == "decode" else f"prefill {r['tokens']}"
         cells[column] = f"{r['step_ms']:.2f}"
     columns = [f"b={b}" for b in batches] + [f"prefill {n}" for n in prefills]
     context = {r["context"] for r in rows if r["kind"] == "decode"}
     header = [f"step ms (decode at {'/'.join(map(str, sorted(context)))})", *columns]
-    return aligned_table(header, [[" ".join(key), *(cells.get(c, "-") for c in columns)]
+    return aligned_table(header, [[key, *(cells.get(c, "-") for c in columns)]
                                   for key, cells in lines.items()])
 
 
 def peak_decode(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """Each (model, device, dtype)'s best decode tokens/s over its batch sizes."""
+    """Each line's (model, device, dtype, graphed or not) best decode tokens/s over its batch sizes."""
     best: dict[str, float] = {}
     for r in rows:
         if r["kind"] == "decode":
-            key = f"{r['model']} {r['device']} {r['dtype']}"
+            key = row_key(r)
             best[key] = max(best.get(key, 0.0), r["tokens_per_s"])
     return best
 
@@ -102,3 +108,24 @@ def mesh_table(mesh: Mapping[str, Any]) -> str:
             rows.append(row(f"{metric.upper()} {q} ms, one at a time", light["mesh"][metric][f"{q}_ms"],
                             light["one_process"][metric][f"{q}_ms"], light["ratios_mesh_over_one_process"][f"{metric}_{q}"]))
     return aligned_table([f"mesh ({mesh['compute_dtype']})", "mesh", "one process", "mesh / one"], rows)
+
+
+def graphs_table(graphs: Mapping[str, Any]) -> str:
+    """The mesh's worker with decode graphs off and on: tokens/s, TTFT and TPOT, and identical streams."""
+    off, on = graphs["off"], graphs["on"]
+
+    def row(name: str, off_value: float, on_value: float) -> list[str]:
+        return [name, f"{off_value:.1f}", f"{on_value:.1f}", f"{on_value / off_value:.2f}" if off_value else "-"]
+
+    rows = [row(f"tokens/s, {graphs['streams']} streams x {graphs['tokens_per_stream']}", off["tokens_per_s"],
+                on["tokens_per_s"])]
+    for metric in ("ttft", "tpot"):
+        for q in ("p50", "p99"):
+            rows.append(row(f"{metric.upper()} {q} ms, one at a time", off[metric][f"{q}_ms"], on[metric][f"{q}_ms"]))
+    rows.append(row("worker start s", off["worker_start_s"], on["worker_start_s"]))
+    burst, light = graphs["burst_streams_identical"], graphs["light_streams_identical"]
+    same = (f"  greedy streams identical off vs on: burst {burst['identical']}/{burst['streams']}, one at a time "
+            f"{light['identical']}/{light['streams']}")
+    logged = graphs["worker_log"]["on"]
+    return "\n".join([aligned_table(["mesh, cuda graphs", "off", "on", "on / off"], rows), same,
+                      "  worker (on): " + (logged[-1].strip() if logged else "logged nothing about CUDA graphs")])

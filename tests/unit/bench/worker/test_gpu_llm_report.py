@@ -10,6 +10,7 @@ from bench.worker.gpu_llm_report import (
     Divergence,
     agreement,
     first_divergence,
+    graphs_table,
     latency_summary,
     mesh_table,
     peak_decode,
@@ -99,3 +100,32 @@ def test_mesh_table_gives_both_sides_and_their_ratio():
     assert "mesh (float16)" in lines[0]
     assert [c.strip() for c in lines[2].split("|")[1:-1]] == ["tokens/s, 64 streams x 64", "900.0", "1000.0", "0.90"]
     assert len(lines) == 2 + 5
+
+
+def test_graphed_decode_rows_get_a_line_of_their_own():
+    rows = [_row("cuda", "float16", "decode", 1, 1, 2.0), {**_row("cuda", "float16", "decode", 1, 1, 0.5), "path": "graph"}]
+
+    lines = steps_table(rows).splitlines()
+
+    assert [c.strip() for c in lines[2].split("|")[1:-1]] == ["m cuda float16", "2.00"]
+    assert [c.strip() for c in lines[3].split("|")[1:-1]] == ["m cuda float16 graphed", "0.50"]
+    assert peak_decode(rows) == {"m cuda float16": pytest.approx(500.0),
+                                 "m cuda float16 graphed": pytest.approx(2000.0)}
+
+
+def test_graphs_table_gives_off_on_and_their_ratio_then_identical_streams():
+    def side(tokens_per_s, tpot_ms):
+        return {"tokens_per_s": tokens_per_s, "ttft": {"p50_ms": 10.0, "p99_ms": 20.0},
+                "tpot": {"p50_ms": tpot_ms, "p99_ms": tpot_ms}, "worker_start_s": 9.0}
+
+    graphs = {"off": side(1000.0, 10.0), "on": side(4000.0, 2.5), "streams": 64, "tokens_per_stream": 64,
+              "burst_streams_identical": {"identical": 128, "streams": 128},
+              "light_streams_identical": {"identical": 9, "streams": 10},
+              "worker_log": {"off": [], "on": ["INFO CUDA graphs captured for decode batches of 1, 2, 4 sequences"]}}
+
+    lines = graphs_table(graphs).splitlines()
+
+    assert [c.strip() for c in lines[2].split("|")[1:-1]] == ["tokens/s, 64 streams x 64", "1000.0", "4000.0", "4.00"]
+    assert [c.strip() for c in lines[5].split("|")[1:-1]] == ["TPOT p50 ms, one at a time", "10.0", "2.5", "0.25"]
+    assert lines[-2] == "  greedy streams identical off vs on: burst 128/128, one at a time 9/10"
+    assert lines[-1].endswith("CUDA graphs captured for decode batches of 1, 2, 4 sequences")
