@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from dataclasses import replace
 from typing import Any
 
 import numba
@@ -290,10 +289,6 @@ def _launch_cuda(arrays: dict[str, Any], out: Any, num_kv_heads: int, block_size
     else:
         part_len = min(int(partition_size), max_context)
     num_parts = -(-max_context // part_len)
-    if partition_kernel is not tile_kernel and layout.shared_table and part_len // block_size + 2 > warp.TABLE_IDS:
-        # A partition's block ids must fit the kernel's shared table; past it, they are read from the table.
-        layout = replace(layout, shared_table=False)
-        partition_kernel = warp.warp_attention_kernel(head_size, group, dtype, layout)
     launch = DeviceLaunch([*arrays.values(), out])
     inputs = [arrays[name] for name in ("query", "key_cache", "value_cache", "block_tables", "context_lens")]
     if num_parts == 1:

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numba import cuda, float32, int32, uint32
@@ -65,8 +65,6 @@ MAX_FLOATS_IN_FLIGHT = 64
 MAX_TOKENS_IN_FLIGHT = 4
 # Packed 16-bit K/V take half the registers per token, so twice the tokens may be in flight.
 MAX_PACKED_TOKENS_IN_FLIGHT = 8
-# Block ids a partition may hold in shared memory (2 KB) with WarpLayout.shared_table: 8192 tokens of 16.
-TABLE_IDS = 512
 
 
 @dataclass(frozen=True)
@@ -79,7 +77,6 @@ class WarpLayout:
     tokens_in_flight: int  # U: tokens a lane group loads before using any
     prefetch: bool = False  # load the next step's K/V before folding this step's (twice the K/V registers)
     packed: bool = False  # 16-bit K/V held two to a register until folded (float16/bfloat16, loads >= 4 bytes)
-    shared_table: bool = False  # the partition's block ids read into shared memory first (<= TABLE_IDS of them)
     fastmath: bool = False  # approximate exp, contracted and reassociated float math (LLVM fast-math flags)
 
     def elements_per_load(self, itemsize: int) -> int:
@@ -107,15 +104,20 @@ class WarpLayout:
 
 
 def layout_for(head_size: int, group: int, itemsize: int, max_width: int = 16,
-               lane_floats: int = MAX_LANE_FLOATS, packed: bool = False) -> WarpLayout:
+               lane_floats: int = MAX_LANE_FLOATS, packed: bool | None = None) -> WarpLayout:
     """The widest loads, then the fewest lanes per token, that keep a lane's registers within bounds.
 
     ``max_width`` is the largest access the cache's address alignment allows;
     ``lane_floats`` bounds the query (and accumulator) floats a lane holds.
     Fewer lanes per token mean fewer shuffles; at least enough lanes that one
     load instruction reads ``MIN_BYTES_PER_TOKEN_LOAD`` of the row, where the
-    row allows it. ``packed`` (2-byte elements only; ignored otherwise, and
-    where the loads are 2 bytes) keeps K/V packed and doubles the tokens in flight.
+    row allows it.
+
+    16-bit elements loaded 4 or more bytes at a time: by default (``packed``
+    None) kept packed, the next step prefetched, with fast math, the fastest
+    layout of every shape on an H200 (docs/kernels.md: 1.35-1.45x the plain
+    one); ``packed=False`` gives the plain layout, ``packed=True`` packed with
+    twice the tokens in flight instead of prefetching. float32 ignores it.
     """
     heads = max(h for h in range(1, group + 1) if group % h == 0 and (h * head_size <= WARP * lane_floats or h == 1))
     for_registers = -(-heads * head_size // lane_floats)
@@ -128,9 +130,13 @@ def layout_for(head_size: int, group: int, itemsize: int, max_width: int = 16,
         if options:
             contiguous = [lanes for lanes in options if lanes * width >= min(row_bytes, MIN_BYTES_PER_TOKEN_LOAD)]
             lanes = contiguous[0] if contiguous else options[-1]
-            if packed and itemsize == 2 and width >= 4:
-                return WarpLayout(width, lanes, heads, _tokens_in_flight(head_size // lanes, packed=True), packed=True)
-            return WarpLayout(width, lanes, heads, _tokens_in_flight(head_size // lanes))
+            plain = WarpLayout(width, lanes, heads, _tokens_in_flight(head_size // lanes))
+            if itemsize != 2 or width < 4 or packed is False:
+                return plain
+            if packed:
+                return replace(plain, tokens_in_flight=_tokens_in_flight(head_size // lanes, packed=True), packed=True)
+            # Packed words with a second set for the prefetch take the plain layout's registers at its tokens.
+            return replace(plain, packed=True, prefetch=True, fastmath=True)
     lanes = 1  # element-wide loads: the largest power of two that divides the row
     while lanes * 2 <= WARP and head_size % (lanes * 2) == 0:
         lanes *= 2
@@ -164,7 +170,6 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
     words = dims // 2  # packed K (or V) registers per token
     widen, narrow = widener(dtype), narrower(dtype)
     prefetch = layout.prefetch
-    shared_table = layout.shared_table
     fast = layout.fastmath
     neg_inf = np.float32(-np.inf)
     zero = np.float32(0.0)
@@ -175,14 +180,14 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
     empty = np.uint32(0) if packed else zero  # +0.0 in every format
 
     @cuda.jit(device=True, inline=True, fastmath=fast)
-    def load_step(keys, values, step_start, part_end, warp, slot, sub, seq, kv_head, block_tables, first_logical,
+    def load_step(keys, values, step_start, part_end, warp, slot, sub, seq, kv_head, block_tables,
                   key_cache, value_cache, rows_per_block, num_kv_heads):
         """K and V of `tokens_in_flight` tokens of this lane group, all loads issued before any use."""
         for u in range(tokens_in_flight):
             token = step_start + (warp * tokens_in_flight + u) * tokens_per_warp + slot
             if token < part_end:
                 logical_block = token // rows_per_block
-                block = int32(block_tables[seq, logical_block - first_logical])
+                block = int32(block_tables[seq, logical_block])
                 row = ((block * rows_per_block + token - logical_block * rows_per_block) * num_kv_heads
                        + kv_head) * head_size
                 for j in range(loads_per_lane):
@@ -283,34 +288,33 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
     fold = fold_packed_step if packed else fold_step
 
     @cuda.jit(device=True, inline=True, fastmath=fast)
-    def plain_steps(part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, first_logical, key_cache,
+    def plain_steps(part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache,
                     value_cache, rows_per_block, num_kv_heads, q, acc, run_max, run_sum, scores, scratch, tid):
         keys = cuda.local.array((tokens_in_flight, per_token), register)
         values = cuda.local.array((tokens_in_flight, per_token), register)
         wide = cuda.local.array(dims, float32)
         for step_start in range(part_start, part_end, step):
-            load_step(keys, values, step_start, part_end, warp, slot, sub, seq, kv_head, block_tables,
-                      first_logical, key_cache, value_cache, rows_per_block, num_kv_heads)
+            load_step(keys, values, step_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache,
+                      value_cache, rows_per_block, num_kv_heads)
             fold(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores, wide, scratch, tid)
 
     @cuda.jit(device=True, inline=True, fastmath=fast)
-    def prefetched_steps(part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, first_logical,
-                         key_cache, value_cache, rows_per_block, num_kv_heads, q, acc, run_max, run_sum, scores,
-                         scratch, tid):
+    def prefetched_steps(part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache, value_cache,
+                         rows_per_block, num_kv_heads, q, acc, run_max, run_sum, scores, scratch, tid):
         """The next step's loads go out before this step's arithmetic, in a second set of registers."""
         keys = cuda.local.array((tokens_in_flight, per_token), register)
         values = cuda.local.array((tokens_in_flight, per_token), register)
         next_keys = cuda.local.array((tokens_in_flight, per_token), register)
         next_values = cuda.local.array((tokens_in_flight, per_token), register)
         wide = cuda.local.array(dims, float32)
-        load_step(keys, values, part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, first_logical,
-                  key_cache, value_cache, rows_per_block, num_kv_heads)
+        load_step(keys, values, part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache,
+                  value_cache, rows_per_block, num_kv_heads)
         for step_start in range(part_start, part_end, 2 * step):
             load_step(next_keys, next_values, step_start + step, part_end, warp, slot, sub, seq, kv_head,
-                      block_tables, first_logical, key_cache, value_cache, rows_per_block, num_kv_heads)
+                      block_tables, key_cache, value_cache, rows_per_block, num_kv_heads)
             fold(keys, values, step_start, part_end, warp, slot, q, acc, run_max, run_sum, scores, wide, scratch, tid)
             load_step(keys, values, step_start + 2 * step, part_end, warp, slot, sub, seq, kv_head, block_tables,
-                      first_logical, key_cache, value_cache, rows_per_block, num_kv_heads)
+                      key_cache, value_cache, rows_per_block, num_kv_heads)
             fold(next_keys, next_values, step_start + step, part_end, warp, slot, q, acc, run_max, run_sum, scores,
                  wide, scratch, tid)
 
@@ -358,17 +362,8 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
             run_max[g] = neg_inf
             run_sum[g] = zero
 
-        if shared_table:  # the partition's block ids in shared memory: a K/V load waits for no global read
-            first_logical = part_start // rows_per_block
-            table = cuda.shared.array((1, TABLE_IDS), int32)
-            for i in range(tid, (part_end - 1) // rows_per_block - first_logical + 1, THREADS):
-                table[0, i] = block_tables[seq, first_logical + i]
-            cuda.syncthreads()
-            run_steps(part_start, part_end, warp, slot, sub, 0, kv_head, table, first_logical, key_cache, value_cache,
-                      rows_per_block, num_kv_heads, q, acc, run_max, run_sum, scores, scratch, tid)
-        else:
-            run_steps(part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, 0, key_cache, value_cache,
-                      rows_per_block, num_kv_heads, q, acc, run_max, run_sum, scores, scratch, tid)
+        run_steps(part_start, part_end, warp, slot, sub, seq, kv_head, block_tables, key_cache, value_cache,
+                  rows_per_block, num_kv_heads, q, acc, run_max, run_sum, scores, scratch, tid)
         # Merge the lane groups of each warp (lanes with the same `sub` hold the same dims).
         offset = lanes
         while offset < WARP:

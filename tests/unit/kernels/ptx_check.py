@@ -53,7 +53,7 @@ def main() -> None:
                               t.int32[:, ::1], t.int32[::1], t.int64, t.float64, t.int64)
             cases[f"paged_attention tile partition {head_size}/{group} {name}"] = (partition, attention_args)
             layout = layout_for(head_size, group, 4 if name == "float32" else 2)
-            for each in (layout, replace(layout, shared_table=True)):
+            for each in (layout, replace(layout, fastmath=not layout.fastmath)):
                 cases[f"paged_attention warp {head_size}/{group} {name} {each}"] = (
                     warp_attention_kernel(head_size, group, name, each), attention_args)
             cases[f"paged_attention merge {head_size}/{group} {name}"] = (merge, (
@@ -66,11 +66,9 @@ def main() -> None:
         for name, x3, x4 in (("float16", f16_3, f16_4), ("bfloat16", bf3, bf4)):
             attention_args = (x3, t.float32[:, :, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1], x3, x4, x4,
                               t.int32[:, ::1], t.int32[::1], t.int64, t.float64, t.int64)
-            layouts = [layout_for(head_size, group, 2, packed=True)]
-            layouts.append(replace(layouts[0], prefetch=True))
-            layouts.append(replace(layouts[0], prefetch=True, shared_table=True))
+            layouts = [layout_for(head_size, group, 2), layout_for(head_size, group, 2, packed=True)]
             if name == "bfloat16":
-                layouts.append(layout_for(head_size, group, 2))
+                layouts.append(layout_for(head_size, group, 2, packed=False))
             for layout in layouts:
                 cases[f"paged_attention warp {head_size}/{group} {name} {layout}"] = (
                     warp_attention_kernel(head_size, group, name, layout), attention_args)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -44,12 +46,22 @@ def test_a_bfloat16_tensor_reaches_a_kernel_as_its_int16_bits_without_a_copy():
 
 @pytest.mark.parametrize(("head_size", "group"), [(32, 2), (128, 4), (64, 8)])
 def test_packed_layouts_hold_twice_the_tokens_in_the_same_registers(head_size, group):
-    plain, packed = layout_for(head_size, group, 2), layout_for(head_size, group, 2, packed=True)
+    plain, packed = layout_for(head_size, group, 2, packed=False), layout_for(head_size, group, 2, packed=True)
     assert packed.packed and (packed.width, packed.lanes_per_token, packed.heads_per_block) == (
         plain.width, plain.lanes_per_token, plain.heads_per_block)
     dims = head_size // plain.lanes_per_token
     assert packed.tokens_in_flight == min(8, max(1, 64 // dims)) >= plain.tokens_in_flight
     packed.check(head_size, group, 2)
+
+
+@pytest.mark.parametrize(("head_size", "group"), [(32, 2), (128, 4), (24, 1)])
+def test_16_bit_formats_default_to_packed_prefetching_fast_math_and_float32_to_plain(head_size, group):
+    plain = layout_for(head_size, group, 2, packed=False)
+    assert layout_for(head_size, group, 2) == replace(plain, packed=True, prefetch=True, fastmath=True)
+    wide = layout_for(head_size, group, 4)
+    assert not (wide.packed or wide.prefetch or wide.fastmath)
+    narrow = layout_for(head_size, group, 2, max_width=2)  # 2-byte loads: nothing to pack
+    assert not (narrow.packed or narrow.prefetch or narrow.fastmath)
 
 
 def test_packing_is_for_16_bit_elements_only():
