@@ -41,6 +41,11 @@ def main() -> None:
             seen["echo_stream_usage"] = chunk.usage.model_dump()
     seen["echo_stream"] = [streamed[i] for i in sorted(streamed)]
 
+    batch = client.completions.create(model=model, prompt=[prompt, prompt[:10]], n=2, max_tokens=3, seed=3,
+                                      extra_body={"ignore_eos": True})
+    seen["batch"] = {"choices": [{"index": c.index, "text": c.text, "finish_reason": c.finish_reason}
+                                 for c in batch.choices], "usage": batch.usage.model_dump(), "id": batch.id}
+
     only = client.completions.create(model=model, prompt=prompt, echo=True, max_tokens=0,
                                      logit_bias={str(cases["eos_id"]): 100})
     seen["echo_only"] = {**_completion_choice(only.choices[0]), "usage": only.usage.model_dump()}

@@ -121,14 +121,52 @@ def test_echo_with_max_tokens_0_ends_by_length_even_when_the_dropped_token_is_th
     assert [c["finish_reason"] for c in choices][-1] == "length"
 
 
-@pytest.mark.parametrize(("prompt", "label"), [
-    ([1, 2, 3], "token ids"), ([[1, 2]], "a batch of token ids"), ([PROMPT, PROMPT], "a batch of prompts"),
-    ([], "no prompt"),
+@pytest.mark.parametrize(("prompt", "extra", "message"), [
+    ([1, 2, 3], {}, "token-id prompts are not supported"),
+    ([[1, 2]], {}, "token-id prompts are not supported"),
+    ([], {}, "prompt must not be an empty list"),
+    ([PROMPT, ""], {}, "prompt[1] must not be empty"),
+    ([PROMPT, 7], {}, "prompt must be a string or a list of strings"),
+    ([PROMPT] * 33, {"n": 2}, "33 prompts x 2 choices each is 66 sequences; a request may ask for at most 64"),
 ])
-def test_token_id_and_batched_prompts_are_a_400_naming_prompt_with_echo_too(served, prompt, label):
-    status, reply = post_json(served.base, "/completions", {"model": MODEL, "prompt": prompt, "echo": True})
-    assert (status, reply["error"]["param"]) == (400, "prompt"), label
-    assert "token-id and batched prompts are not supported" in reply["error"]["message"]
+def test_token_id_prompts_and_bad_batches_are_a_400_naming_prompt(served, prompt, extra, message):
+    status, reply = post_json(served.base, "/completions", {"model": MODEL, "prompt": prompt, "echo": True, **extra})
+    assert (status, reply["error"]["param"]) == (400, "prompt")
+    assert message in reply["error"]["message"]
+
+
+BATCH = [PROMPT, "Far over the misty mountains cold", PROMPT + " Not a nasty, dirty, wet hole"]
+
+
+def test_batched_prompts_answer_each_prompt_as_its_own_request_would(served, client_seen):
+    # Seeded sampling with echo and logprobs: each prompt's choices are what that prompt alone gets.
+    ask = {"n": 2, "max_tokens": 4, "seed": 7, "temperature": 1.0, "echo": True, "logprobs": 1, "ignore_eos": True}
+    batch = _complete(served, **{**ask, "prompt": BATCH})
+    alone = [_complete(served, **{**ask, "prompt": prompt}) for prompt in BATCH]
+    assert [c["index"] for c in batch["choices"]] == list(range(6)), "prompt k's choice i is choice 2k + i"
+    for k, single in enumerate(alone):
+        for i, want in enumerate(single["choices"]):
+            got = batch["choices"][2 * k + i]
+            assert got["text"].startswith(BATCH[k]), "echo writes each choice's own prompt"
+            assert (got["text"], got["finish_reason"], got["logprobs"]["tokens"]) == (
+                want["text"], want["finish_reason"], want["logprobs"]["tokens"])
+            assert _same_logprobs(got["logprobs"]["token_logprobs"], want["logprobs"]["token_logprobs"])
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        assert batch["usage"][key] == sum(single["usage"][key] for single in alone), key
+    # Streamed: the same choices by index, one id throughout, the usage summed.
+    status, events = post_stream(served.base, "/completions", {"model": MODEL, "prompt": BATCH, "stream": True,
+                                                               "stream_options": {"include_usage": True}, **ask})
+    assert status == 200
+    streamed = _streamed_choices(events)
+    assert sorted(streamed) == list(range(6))
+    assert ["".join(c["text"] for c in streamed[i]) for i in range(6)] == [c["text"] for c in batch["choices"]]
+    assert len({event["id"] for event in events if event != "[DONE]"}) == 1
+    assert [e for e in events if e != "[DONE]" and e.get("usage")][-1]["usage"]["completion_tokens"] == \
+        batch["usage"]["completion_tokens"]
+    # The stock client: its types parse the batch (two prompts x n=2, numbered prompt after prompt).
+    seen = client_seen["batch"]
+    assert [c["index"] for c in seen["choices"]] == [0, 1, 2, 3]
+    assert seen["usage"]["completion_tokens"] == 12 and seen["id"].startswith("cmpl-")
 
 
 # -- prompt_logprobs and best_of ---------------------------------------------------------

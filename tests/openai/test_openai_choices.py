@@ -174,3 +174,30 @@ def test_best_of_averages_only_the_tokens_with_a_logprob():
     nan = float("nan")
     partial, whole, unknown = _result([nan, -0.25]), _result([-1.0, -1.0]), _result([nan, nan])
     assert _same(openai_choices.best([unknown, whole, partial], 3), [partial, whole, unknown])
+
+
+async def test_batched_prompts_run_at_once_each_merged_as_its_choices_are():
+    streams = FakeStreams()
+    groups = [openai_choices.choice_requests(gateway_pb2.GenerateRequest(request_id=rid), 2) for rid in ("a", "b")]
+    seen = [(g, i, chunk.text) async for g, i, chunk in openai_choices.merged_groups(streams.start, groups)]
+    assert set(streams.started[:2]) == {"a-0", "b-0"}, "both prompts' first choices start before any other choice"
+    assert sorted(streams.further) == ["a-1", "b-1"]
+    for g, rid in enumerate(("a", "b")):
+        for i in range(2):
+            assert [text for gg, ii, text in seen if (gg, ii) == (g, i)] == [f"{rid}-{i}:{k}" for k in range(3)]
+    assert sorted(streams.closed) == ["a-0", "a-1", "b-0", "b-1"]
+
+
+async def test_one_prompts_error_ends_the_batch_and_closes_every_stream():
+    streams = FakeStreams(length=50, fail="b-0")
+    groups = [openai_choices.choice_requests(gateway_pb2.GenerateRequest(request_id=rid), 2) for rid in ("a", "b")]
+    with pytest.raises(errors.Unavailable, match="b-0 broke"):
+        async for _ in openai_choices.merged_groups(streams.start, groups):
+            pass
+    assert sorted(streams.closed) == sorted(streams.started)
+
+
+async def test_one_group_is_the_plain_merge():
+    streams = FakeStreams()
+    seen = [(g, i) async for g, i, _ in openai_choices.merged_groups(streams.start, [_requests(2)])]
+    assert {g for g, _ in seen} == {0} and sorted({i for _, i in seen}) == [0, 1]

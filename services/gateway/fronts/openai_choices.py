@@ -19,6 +19,7 @@ import math
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
@@ -145,8 +146,42 @@ async def merged(start: Start, requests: Sequence[gateway_pb2.GenerateRequest]
                 await stream.aclose()  # type: ignore[attr-defined]
 
 
-async def _pump(index: int, stream: AsyncIterator[gateway_pb2.GenerateResponse],
-                queue: asyncio.Queue[tuple[int, gateway_pb2.GenerateResponse | BaseException | None]]) -> None:
+async def merged_groups(start: Start, groups: Sequence[Sequence[gateway_pb2.GenerateRequest]]
+                        ) -> AsyncGenerator[tuple[int, int, gateway_pb2.GenerateResponse], None]:
+    """(group, choice index, chunk): each group `merged`, all groups at once (a completion's batched
+    prompts, each its own request). An error of any is raised here; closing this closes them all."""
+    if len(groups) == 1:
+        async for index, chunk in merged(start, groups[0]):
+            yield 0, index, chunk
+        return
+    queue: asyncio.Queue[tuple[int, tuple[int, gateway_pb2.GenerateResponse] | BaseException | None]] = \
+        asyncio.Queue()
+    streams = [merged(start, group) for group in groups]
+    pumps = [asyncio.create_task(_pump(k, stream, queue)) for k, stream in enumerate(streams)]
+    try:
+        num_open = len(streams)
+        while num_open:
+            group, item = await queue.get()
+            if item is None:
+                num_open -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield group, item[0], item[1]
+    finally:
+        for pump in pumps:
+            pump.cancel()
+        for pump in pumps:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pump
+        for stream in streams:
+            with contextlib.suppress(Exception):
+                await stream.aclose()
+
+
+async def _pump(index: int, stream: AsyncIterator[Any],
+                queue: asyncio.Queue[tuple[int, Any]]) -> None:
+    """Everything `stream` yields onto `queue` as (index, item), then (index, None); an error as (index, error)."""
     try:
         async for chunk in stream:
             queue.put_nowait((index, chunk))

@@ -26,6 +26,7 @@ from services.common.generate_input import CHAT_ROLES
 from services.common.logprobs import MAX_TOP_LOGPROBS
 from services.gateway.admission.latency_admission import ObjectiveMissed, ObjectiveUnmeetable, TpotUnmeetable
 from services.gateway.fronts.http_status import HttpRefusal, http_refusal, matching
+from services.gateway.fronts.openai_batch import check_batch_size, completion_prompts
 from services.gateway.fronts.openai_choices import MAX_CHOICES, ChoiceResult
 from services.gateway.fronts.openai_params import (
     BadParameter,
@@ -84,6 +85,9 @@ class OpenAIRequest:
     prompt: PromptOptions = PromptOptions()
     # The name the client gave the output's length (chat: max_tokens or max_completion_tokens).
     max_tokens_param: str = "max_tokens"
+    # Completions with a list of prompts: every prompt (generate holds the first); empty for one
+    # (openai_batch.py).
+    batch_prompts: tuple[str, ...] = ()
 
 
 # -- requests ---------------------------------------------------------------------------
@@ -91,14 +95,8 @@ class OpenAIRequest:
 
 def parse_completion(body: Any) -> OpenAIRequest:
     body = _object(body)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise BadParameter("prompt", "prompt must be a string (or a list of one string); token-id and batched "
-                                     "prompts are not supported")
-    if not prompt:
-        raise BadParameter("prompt", "prompt must not be empty")
+    prompts = completion_prompts(body.get("prompt"))
+    prompt = prompts[0]
     _refuse_unsupported(body)
     for name in ("tools", "tool_choice"):
         if not _is_default(body.get(name), (None, "none")):
@@ -111,7 +109,13 @@ def parse_completion(body: Any) -> OpenAIRequest:
     upstream = options.upstream(sampling.top_logprobs if sampling.logprobs else None)
     if upstream is not None:
         sampling.prompt_logprobs = upstream
-    return _ends_with_its_structure(_with_choices(dataclasses.replace(parsed, prompt=options), body))
+    parsed = _ends_with_its_structure(_with_choices(dataclasses.replace(parsed, prompt=options), body))
+    if len(prompts) == 1:
+        return parsed
+    check_batch_size(len(prompts), parsed.best_of)
+    if not parsed.generate.request_id:
+        parsed.generate.request_id = uuid.uuid4().hex  # each prompt's is <this>-p<k>
+    return dataclasses.replace(parsed, batch_prompts=prompts)
 
 
 def parse_chat(body: Any) -> OpenAIRequest:

@@ -29,7 +29,7 @@ from aiohttp import web
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.gateway.calls.generate_core import GenerateCore
-from services.gateway.fronts import json_body, openai_choices, openai_codec, tool_calls
+from services.gateway.fronts import json_body, openai_batch, openai_choices, openai_codec, tool_calls
 from services.gateway.fronts.caller import http_authorization, http_caller
 from services.gateway.fronts.http_refusals import refusal_middleware
 from services.gateway.tenants.credentials import Authorization
@@ -40,7 +40,8 @@ _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"
 _DONE = b"data: [DONE]\n\n"
 _LIST_MODELS_TIMEOUT_S = 5.0
 
-Choices = AsyncGenerator[tuple[int, gateway_pb2.GenerateResponse], None]  # (choice index, chunk)
+# (prompt, choice index within the prompt, chunk); one prompt unless the completion batched several
+Choices = AsyncGenerator[tuple[int, int, gateway_pb2.GenerateResponse], None]
 ListModels = Callable[[Authorization, float], Awaitable[gateway_pb2.ListModelsResponse]]
 
 
@@ -117,12 +118,14 @@ class OpenAIFront:
             parsed = parse(await _json_body(request))
         except errors.InfermeshError as err:
             return error_response(self._refusal(request, err))
-        chunks = openai_choices.merged(lambda r, further: self._core.generate(r, caller, further_choice=further),
-                                       openai_choices.choice_requests(parsed.generate, parsed.best_of))
+        parts = openai_batch.prompt_parts(parsed)
+        chunks = openai_choices.merged_groups(
+            lambda r, further: self._core.generate(r, caller, further_choice=further),
+            [openai_choices.choice_requests(part.generate, parsed.best_of) for part in parts])
         async with aclosing(chunks):
             if parsed.stream:
-                return await self._stream(request, parsed, chunks)
-            return await self._complete(parsed, chunks)
+                return await self._stream(request, parsed, parts, chunks)
+            return await self._complete(parsed, parts, chunks)
 
     def _refusal(self, request: web.Request, err: errors.InfermeshError) -> errors.InfermeshError:
         """What a request whose headers or body are refused is told: Unauthenticated first, if it is."""
@@ -132,24 +135,30 @@ class OpenAIFront:
             return refused
         return err
 
-    async def _complete(self, parsed: openai_codec.OpenAIRequest, chunks: Choices) -> web.Response:
-        results = [openai_choices.ChoiceResult() for _ in range(parsed.best_of)]
+    async def _complete(self, parsed: openai_codec.OpenAIRequest, parts: list[openai_codec.OpenAIRequest],
+                        chunks: Choices) -> web.Response:
+        results = [[openai_choices.ChoiceResult() for _ in range(parsed.best_of)] for _ in parts]
         try:
-            async for index, chunk in chunks:
-                results[index].add(chunk)
+            async for part, index, chunk in chunks:
+                results[part][index].add(chunk)
         except errors.InfermeshError as err:
             return error_response(openai_codec.upstream_refusal(err, parsed))
-        if not all(result.finished for result in results):
+        if not all(result.finished for generated in results for result in generated):
             return error_response(errors.Internal("the stream ended without its last chunk"))
-        returned = openai_choices.best(results, parsed.n) if parsed.best_of > parsed.n else results
-        body = openai_codec.full_response(parsed, int(self._clock()), returned, results)
-        last = returned[0].last
+        created_s = int(self._clock())
+        bodies, firsts = [], []
+        for prompt_request, generated in zip(parts, results, strict=True):
+            returned = openai_choices.best(generated, parsed.n) if parsed.best_of > parsed.n else generated
+            bodies.append(openai_codec.full_response(prompt_request, created_s, returned, generated))
+            firsts.append(returned[0])
+        body = openai_batch.batch_response(bodies, parsed.n)
+        last = firsts[0].last
         assert last is not None  # every result finished
         headers = {REQUEST_ID_HEADER: parsed.generate.request_id, TIMINGS_HEADER: openai_codec.timings_header(last)}
         return web.json_response(body, headers=headers, dumps=_dumps)
 
     async def _stream(self, request: web.Request, parsed: openai_codec.OpenAIRequest,
-                      chunks: Choices) -> web.StreamResponse:
+                      parts: list[openai_codec.OpenAIRequest], chunks: Choices) -> web.StreamResponse:
         try:
             first = await anext(chunks)  # admission and the first token, before any byte is sent
         except errors.InfermeshError as err:
@@ -159,29 +168,41 @@ class OpenAIFront:
         response = web.StreamResponse(headers={**_SSE_HEADERS, REQUEST_ID_HEADER: parsed.generate.request_id})
         await response.prepare(request)
         created_s = int(self._clock())
-        writers = [openai_codec.LogprobsWriter(parsed) for _ in range(parsed.n)]
-        splitters = [tool_calls.ToolCallSplitter(parsed.tools) for _ in range(parsed.n)]
-        parsers = [""] * parsed.n
-        lasts: list[gateway_pb2.GenerateResponse | None] = [None] * parsed.n
-        prompt = list(first[1].prompt_logprobs)  # the first choice's first chunk: the prompt's, for every choice
+        # Per choice (prompt k's choice i is choice k * n + i); per prompt, its logprobs, which its first
+        # choice's first chunk brings before any other choice of that prompt starts.
+        count = len(parts) * parsed.n
+        writers = [openai_codec.LogprobsWriter(parts[c // parsed.n]) for c in range(count)]
+        splitters = [tool_calls.ToolCallSplitter(parsed.tools) for _ in range(count)]
+        parsers = [""] * count
+        lasts: list[gateway_pb2.GenerateResponse | None] = [None] * count
+        prompts: list[list] = [[] for _ in parts]
+        response_id = openai_codec.response_id(parsed)
 
-        def event(index: int, chunk: gateway_pb2.GenerateResponse) -> bytes:
-            is_first, lasts[index] = lasts[index] is None, chunk
+        def event(part: int, index: int, chunk: gateway_pb2.GenerateResponse) -> bytes:
+            choice = part * parsed.n + index
+            is_first, lasts[choice] = lasts[choice] is None, chunk
             if is_first:
-                parsers[index] = chunk.tool_call_parser
-            return _event(openai_codec.stream_chunk(parsed, created_s, chunk, is_first, writers[index], index,
-                                                    splitters[index], parsers[index], prompt))
+                parsers[choice] = chunk.tool_call_parser
+                if index == 0:
+                    prompts[part] = list(chunk.prompt_logprobs)
+            body = openai_codec.stream_chunk(parts[part], created_s, chunk, is_first, writers[choice], choice,
+                                             splitters[choice], parsers[choice], prompts[part])
+            return _event({**body, "id": response_id})  # one id for the whole answer, whichever prompt
 
         await response.write(event(*first))
         try:
-            async for index, chunk in chunks:
-                await response.write(event(index, chunk))
+            async for part, index, chunk in chunks:
+                await response.write(event(part, index, chunk))
         except errors.InfermeshError as err:  # a grammar found endless while sampling, too: it names its parameter
             await response.write(_event(openai_codec.error_reply(openai_codec.upstream_refusal(err, parsed)).body))
             await response.write_eof()
             return response
         if parsed.include_usage:
-            await response.write(_event(openai_codec.usage_chunk(parsed, created_s, *(c for c in lasts if c))))
+            n = parsed.n
+            usages = [openai_codec.usage_chunk(part, created_s, *(c for c in lasts[k * n:(k + 1) * n] if c))
+                      for k, part in enumerate(parts)]
+            summed = openai_batch.summed_usage([u["usage"] for u in usages])
+            await response.write(_event({**usages[0], "usage": summed}))
         await response.write(_DONE)
         await response.write_eof()
         return response
