@@ -113,8 +113,6 @@ async def merged(start: Start, requests: Sequence[gateway_pb2.GenerateRequest]
     comes before any other choice starts (its refusal is raised before anything is sent). An error
     of any choice is raised here, and closing this iterator closes every choice's stream."""
     streams = [start(requests[0], False)]
-    queue: asyncio.Queue[tuple[int, gateway_pb2.GenerateResponse | BaseException | None]] = asyncio.Queue()
-    pumps: list[asyncio.Task] = []
     try:
         first = await anext(streams[0], None)
         if first is None:
@@ -125,7 +123,32 @@ async def merged(start: Start, requests: Sequence[gateway_pb2.GenerateRequest]
                 yield 0, chunk
             return
         streams += [start(r, True) for r in requests[1:]]
-        pumps = [asyncio.create_task(_pump(i, s, queue)) for i, s in enumerate(streams)]
+        async with contextlib.aclosing(_interleaved(streams)) as chunks:
+            async for index, chunk in chunks:
+                yield index, chunk
+    finally:
+        await _close(streams)
+
+
+async def merged_groups(start: Start, groups: Sequence[Sequence[gateway_pb2.GenerateRequest]]
+                        ) -> AsyncGenerator[tuple[int, int, gateway_pb2.GenerateResponse], None]:
+    """(group, choice index, chunk): each group `merged`, all groups at once (a completion's batched
+    prompts, each its own request). An error of any is raised here; closing this closes them all."""
+    if len(groups) == 1:
+        async for index, chunk in merged(start, groups[0]):
+            yield 0, index, chunk
+        return
+    async with contextlib.aclosing(_interleaved([merged(start, group) for group in groups])) as chunks:
+        async for group, (index, chunk) in chunks:
+            yield group, index, chunk
+
+
+async def _interleaved(streams: Sequence[AsyncIterator[Any]]) -> AsyncGenerator[tuple[int, Any], None]:
+    """(index, item) of every stream as items come, each stream's in order. An error of any stream is
+    raised here; closing this (or an error) cancels the pumps and closes every stream."""
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+    pumps = [asyncio.create_task(_pump(i, stream, queue)) for i, stream in enumerate(streams)]
+    try:
         num_open = len(streams)
         while num_open:
             index, item = await queue.get()
@@ -141,50 +164,20 @@ async def merged(start: Start, requests: Sequence[gateway_pb2.GenerateRequest]
         for pump in pumps:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await pump
-        for stream in streams:
-            with contextlib.suppress(Exception):
-                await stream.aclose()  # type: ignore[attr-defined]
+        await _close(streams)
 
 
-async def merged_groups(start: Start, groups: Sequence[Sequence[gateway_pb2.GenerateRequest]]
-                        ) -> AsyncGenerator[tuple[int, int, gateway_pb2.GenerateResponse], None]:
-    """(group, choice index, chunk): each group `merged`, all groups at once (a completion's batched
-    prompts, each its own request). An error of any is raised here; closing this closes them all."""
-    if len(groups) == 1:
-        async for index, chunk in merged(start, groups[0]):
-            yield 0, index, chunk
-        return
-    queue: asyncio.Queue[tuple[int, tuple[int, gateway_pb2.GenerateResponse] | BaseException | None]] = \
-        asyncio.Queue()
-    streams = [merged(start, group) for group in groups]
-    pumps = [asyncio.create_task(_pump(k, stream, queue)) for k, stream in enumerate(streams)]
-    try:
-        num_open = len(streams)
-        while num_open:
-            group, item = await queue.get()
-            if item is None:
-                num_open -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield group, item[0], item[1]
-    finally:
-        for pump in pumps:
-            pump.cancel()
-        for pump in pumps:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await pump
-        for stream in streams:
-            with contextlib.suppress(Exception):
-                await stream.aclose()
+async def _close(streams: Sequence[AsyncIterator[Any]]) -> None:
+    for stream in streams:
+        with contextlib.suppress(Exception):
+            await stream.aclose()  # type: ignore[attr-defined]
 
 
-async def _pump(index: int, stream: AsyncIterator[Any],
-                queue: asyncio.Queue[tuple[int, Any]]) -> None:
+async def _pump(index: int, stream: AsyncIterator[Any], queue: asyncio.Queue[tuple[int, Any]]) -> None:
     """Everything `stream` yields onto `queue` as (index, item), then (index, None); an error as (index, error)."""
     try:
-        async for chunk in stream:
-            queue.put_nowait((index, chunk))
+        async for item in stream:
+            queue.put_nowait((index, item))
     except Exception as exc:  # handed to the consumer, which raises it
         queue.put_nowait((index, exc))
         return
