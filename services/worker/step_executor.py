@@ -79,7 +79,7 @@ class StepExecutor:
         graphs = self._decode_graphs
         if graphs is not None and step_path(paged, graphs) is StepPath.GRAPH:
             try:
-                logits = graphs.run(paged)
+                logits = graphs.run(paged, checked=True)  # step_path has just asked graphs.refusal
                 self.num_steps_by_path[StepPath.GRAPH] += 1
                 return logits
             except Exception as error:

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import paged_attention_decode, write_kv_cache
-from services.worker.models.paged import KVCache, PagedLM, PagedSequence
+from services.worker.models.paged import KVCache, PagedLM, PagedSequence, run_layers
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32)
 # Eager runs of each bucket's body before its capture, on the capture stream: they compile the Numba
@@ -153,23 +153,18 @@ def decode_forward(lm: PagedLM, cache: KVCache, inputs: StaticDecodeInputs,
     included. No host reads, host-built tensors or synchronization: this is what a graph captures."""
     scale = 1.0 / math.sqrt(lm.config.head_size)
     block_size = cache.block_size
-    rope = lm.rotary(inputs.positions)
-    x = lm.embed(inputs.tokens)
-    for layer_index, layer in enumerate(lm.blocks()):
-        key_cache, value_cache = cache.key[layer_index], cache.value[layer_index]
-        q, k, v = layer.qkv(x, rope)
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,
+               value_cache: torch.Tensor) -> torch.Tensor:
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         if attention is DecodeAttention.KERNEL:
             write_kv_cache(k, v, key_cache, value_cache, inputs.slots)
-            attn = paged_attention_decode(q, key_cache, value_cache, inputs.block_tables, inputs.context_lens,
+            return paged_attention_decode(q, key_cache, value_cache, inputs.block_tables, inputs.context_lens,
                                           block_size, scale)
-        else:
-            torch_write_kv(k, v, key_cache, value_cache, inputs.slots)
-            attn = torch_decode_attention(q, key_cache, value_cache, inputs.block_tables, inputs.context_lens,
-                                          scale)
-        x = x + layer.attn_out(attn)
-        x = x + layer.mlp(x)
-    return lm.logits(x)
+        torch_write_kv(k, v, key_cache, value_cache, inputs.slots)
+        return torch_decode_attention(q, key_cache, value_cache, inputs.block_tables, inputs.context_lens, scale)
+
+    return lm.logits(run_layers(lm, lm.embed(inputs.tokens), lm.rotary(inputs.positions), cache, attend))
 
 
 def torch_write_kv(k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -258,9 +253,10 @@ class DecodeGraphs:
             except Exception as error:
                 raise GraphCaptureError(f"bucket {bucket}: {type(error).__name__}: {error}") from error
 
-    def run(self, seqs: Sequence[PagedSequence]) -> torch.Tensor:
-        """Replays the step's bucket: logits `float32[len(seqs), vocab]` (a fresh tensor)."""
-        bucket = self._fill(seqs)
+    def run(self, seqs: Sequence[PagedSequence], *, checked: bool = False) -> torch.Tensor:
+        """Replays the step's bucket: logits `float32[len(seqs), vocab]` (a fresh tensor). `checked`: the
+        caller has had `refusal(seqs)` say None (the executor's routing), so it is not asked again."""
+        bucket = self._fill(seqs, checked)
         captured = self._captured.get(bucket)
         if captured is None:
             raise RuntimeError(f"bucket {bucket} has not been captured (call capture() first)")
@@ -271,14 +267,14 @@ class DecodeGraphs:
         """Replays a bucket on whatever its inputs hold (for timing the graph alone)."""
         self._captured[bucket].graph.replay()
 
-    def run_uncaptured(self, seqs: Sequence[PagedSequence]) -> torch.Tensor:
+    def run_uncaptured(self, seqs: Sequence[PagedSequence], *, checked: bool = False) -> torch.Tensor:
         """The captured body run eagerly on the bucket's inputs: logits `float32[len(seqs), vocab]`."""
-        bucket = self._fill(seqs)
+        bucket = self._fill(seqs, checked)
         with torch.inference_mode():
             return decode_forward(self.lm, self.cache, self.inputs[bucket], self.attention)[: len(seqs)]
 
-    def _fill(self, seqs: Sequence[PagedSequence]) -> int:
-        refusal = self.refusal(seqs)
+    def _fill(self, seqs: Sequence[PagedSequence], checked: bool) -> int:
+        refusal = None if checked else self.refusal(seqs)
         if refusal is not None:
             raise ValueError(f"not a decode-graph step: {refusal}")
         bucket = bucket_for(len(seqs), self.buckets)

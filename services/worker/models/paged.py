@@ -13,7 +13,7 @@ chunk sees its own keys the same way a later step will.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -156,10 +156,8 @@ def paged_forward(lm: PagedLM, seqs: Sequence[PagedSequence], cache: KVCache) ->
     # the checked functions, whose host checks do not run on a GPU.
     on_host = cache.device.type == "cpu" and resolve_backend(None, prefer_cuda=False) is Backend.CPU
 
-    x = lm.embed(tokens)
-    for layer_index, layer in enumerate(lm.blocks()):
-        key_cache, value_cache = cache.key[layer_index], cache.value[layer_index]
-        q, k, v = layer.qkv(x, rope)
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,
+               value_cache: torch.Tensor) -> torch.Tensor:
         attn = torch.empty_like(q)
         if on_host:
             key_np, value_np = key_cache.numpy(), value_cache.numpy()
@@ -179,9 +177,27 @@ def paged_forward(lm: PagedLM, seqs: Sequence[PagedSequence], cache: KVCache) ->
         for i in chunks:
             rows = slice(starts[i], starts[i] + lengths[i])
             attn[rows] = _chunk_attention(q[rows], seqs[i], key_cache, value_cache, bs, scale)
+        return attn
+
+    x = run_layers(lm, lm.embed(tokens), rope, cache, attend)
+    return lm.logits(x[logit_rows(seqs, starts, lengths)])
+
+
+# attend(q, k, v, key_cache, value_cache): writes the step's K/V into the layer's caches and returns the
+# attention output, shaped like q.
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def run_layers(lm: PagedLM, x: torch.Tensor, rope: Rotary, cache: KVCache, attend: Attend) -> torch.Tensor:
+    """The decoder's layers over hidden states `x`: each layer's q/k/v, `attend` over its caches, the
+    output projection and the MLP, with their residuals. paged_forward's step and a decode graph's body
+    (cuda_graphs.decode_forward) differ only in how they attend."""
+    for layer_index, layer in enumerate(lm.blocks()):
+        q, k, v = layer.qkv(x, rope)
+        attn = attend(q, k, v, cache.key[layer_index], cache.value[layer_index])
         x = x + layer.attn_out(attn)
         x = x + layer.mlp(x)
-    return lm.logits(x[logit_rows(seqs, starts, lengths)])
+    return x
 
 
 def logit_rows(seqs: Sequence[PagedSequence], starts: Sequence[int], lengths: Sequence[int]) -> list[int]:

@@ -38,7 +38,8 @@ class FakeGraphs:
     def refusal(self, seqs: Sequence[PagedSequence]) -> str | None:
         return graph_refusal(seqs, self.buckets, 16, BLOCK_SIZE)
 
-    def run(self, seqs: Sequence[PagedSequence]) -> torch.Tensor:
+    def run(self, seqs: Sequence[PagedSequence], *, checked: bool = False) -> torch.Tensor:
+        assert checked, "the executor routes by refusal() and says so, so the graphs do not ask again"
         self.runs.append(len(seqs))
         return torch.zeros(len(seqs), 4)
 
@@ -50,13 +51,13 @@ class BodyGraphs(DecodeGraphs):
         super().__init__(executor.generator.lm, executor.cache, max_blocks_per_seq=16, buckets=(1, 2, 4))
         self.num_runs = 0
 
-    def run(self, seqs: Sequence[PagedSequence]) -> torch.Tensor:
+    def run(self, seqs: Sequence[PagedSequence], *, checked: bool = False) -> torch.Tensor:
         self.num_runs += 1
-        return self.run_uncaptured(seqs)
+        return self.run_uncaptured(seqs, checked=checked)
 
 
 class BrokenGraphs(BodyGraphs):
-    def run(self, seqs: Sequence[PagedSequence]) -> torch.Tensor:
+    def run(self, seqs: Sequence[PagedSequence], *, checked: bool = False) -> torch.Tensor:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
 
