@@ -1,5 +1,5 @@
-"""GenerateRequest's input, validated: a prompt or a conversation (messages), exactly one, and the
-tools a conversation may call.
+"""GenerateRequest's input, validated: a prompt (text or token ids) or a conversation (messages),
+exactly one, and the tools a conversation may call.
 
 Gateway and scheduler both check it with this one function (as stream_options.py), so a request
 the gateway forwards is never refused upstream with another message, and a direct caller of the
@@ -52,12 +52,16 @@ class ToolSpec(Protocol):
     def parameters(self) -> str: ...
 
 
-def check_input(prompt: str, messages: Sequence[ChatTurn], tools: Sequence[ToolSpec] = ()) -> None:
-    """InvalidArgument unless exactly one of prompt and messages is set, every role is known, only
-    assistant turns carry calls, and the tools (with messages only) are well formed."""
+def check_input(prompt: str, messages: Sequence[ChatTurn], tools: Sequence[ToolSpec] = (),
+                token_ids: Sequence[int] = ()) -> None:
+    """InvalidArgument unless exactly one of prompt, token_ids (prompt_token_ids) and messages is set,
+    every role is known, only assistant turns carry calls, and the tools (with messages only) are well
+    formed. Token ids are checked against the model's vocabulary where it is known (the scheduler)."""
     if prompt and messages:
         raise errors.InvalidArgument("set prompt or messages, not both")
-    if not prompt and not messages:
+    if token_ids and (prompt or messages):
+        raise errors.InvalidArgument(f"set prompt_token_ids or {'prompt' if prompt else 'messages'}, not both")
+    if not prompt and not messages and not token_ids:
         raise errors.InvalidArgument("prompt must not be empty")
     for i, message in enumerate(messages):
         if message.role not in CHAT_ROLES:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
@@ -71,12 +71,24 @@ class TenantCodec:
 
 
 def prompt_token_ids(request: gateway_pb2.GenerateRequest, text: ModelText) -> tuple[int, ...]:
-    """The request's prompt tokens, tokenized once: its prompt, or its messages rendered with the
-    model's chat template (a resumed stream's too: the same conversation renders the same ids)."""
-    check_input(request.prompt, request.messages, request.tools)
+    """The request's prompt tokens, tokenized once: its prompt, its prompt_token_ids as they are (no
+    BOS added, as vLLM takes token prompts), or its messages rendered with the model's chat template
+    (a resumed stream's too: the same conversation renders the same ids)."""
+    check_input(request.prompt, request.messages, request.tools, request.prompt_token_ids)
+    if request.prompt_token_ids:
+        return _known_token_ids(request.prompt_token_ids, text.tokenizer.vocab_size)
     if request.prompt:
         return text.tokenizer.encode(request.prompt)
     return text.chat_prompt_ids([chat_turn(m) for m in request.messages], [template_tool(t) for t in request.tools])
+
+
+def _known_token_ids(token_ids: Sequence[int], vocab_size: int) -> tuple[int, ...]:
+    ids = tuple(token_ids)
+    if max(ids) >= vocab_size:
+        index = next(i for i, token_id in enumerate(ids) if token_id >= vocab_size)
+        raise errors.InvalidArgument(f"prompt_token_ids[{index}] is {ids[index]}, but the model's token ids are "
+                                     f"0..{vocab_size - 1} (vocab_size {vocab_size})")
+    return ids
 
 
 def chat_turn(message: gateway_pb2.ChatMessage) -> dict[str, Any]:

@@ -48,6 +48,18 @@ def test_classify_and_generate_flow_through_gateway_scheduler_and_worker(gateway
     assert last.ttft_us > 0
 
 
+def test_a_token_id_prompt_is_generated_from_as_its_text_is(gateway_stub):
+    """prompt_token_ids are used as they are: the toy's ids are its bytes, so [97, 98, 99] is "abc"."""
+    sampling = common_pb2.SamplingParams(max_tokens=5, prompt_logprobs=0)
+    by_text, by_ids = (list(gateway_stub.Generate(gateway_pb2.GenerateRequest(model=GENERATOR, **prompt,
+                                                                              sampling=sampling), timeout=10))
+                       for prompt in ({"prompt": "abc"}, {"prompt_token_ids": [97, 98, 99]}))
+    assert "".join(c.text for c in by_ids) == "".join(c.text for c in by_text) == "defgh"
+    assert [p.token.token_id for p in by_ids[0].prompt_logprobs] == [97, 98, 99]
+    assert b"".join(p.token.token_bytes for p in by_ids[0].prompt_logprobs) == b"abc"
+    assert (by_ids[-1].usage.prompt_tokens, by_ids[-1].usage.completion_tokens) == (3, 5)
+
+
 def test_one_request_gives_one_trace_with_spans_from_all_three_services(tmp_path):
     trace_file = tmp_path / "spans.jsonl"
     with running_mesh(tmp_path, env={"INFERMESH_TRACE_FILE": str(trace_file)}) as mesh:

@@ -4,7 +4,7 @@ and with best_of; echo with max_tokens 0 when the one token generated upstream i
 sequence; prompt_logprobs with n, streamed; best_of with logprobs and a seed; guided_grammar with n,
 beside another structured output, and one that matches no string (OpenAI, gRPC, KServe); tool_choice
 none with parallel_tool_calls false; bad values (ignore_eos with a grammar too) a 400 naming the
-field. The stock `openai` client sends what it can (extra_body for vLLM's extras). Nothing compares
+field; token prompts (lm-evaluation-harness's loglikelihood requests) scored as their text is. The stock `openai` client sends what it can (extra_body for vLLM's extras). Nothing compares
 against a CPU's float results: values are compared mesh against mesh, or by shape. One mesh for the
 module.
 """
@@ -122,14 +122,14 @@ def test_echo_with_max_tokens_0_ends_by_length_even_when_the_dropped_token_is_th
 
 
 @pytest.mark.parametrize(("prompt", "extra", "message"), [
-    ([1, 2, 3], {}, "token-id prompts are not supported"),
-    ([[1, 2]], {}, "token-id prompts are not supported"),
+    ([1, 10**9], {}, "prompt[1] is 1000000000, but the model's token ids are 0.."),
+    ([[1, 2], [3, -1]], {}, "prompt[1][1] must be a token id (an integer >= 0), got -1"),
     ([], {}, "prompt must not be an empty list"),
     ([PROMPT, ""], {}, "prompt[1] must not be empty"),
-    ([PROMPT, 7], {}, "prompt must be a string or a list of strings"),
+    ([PROMPT, 7], {}, "(not a mix)"),
     ([PROMPT] * 33, {"n": 2}, "33 prompts x 2 choices each is 66 sequences; a request may ask for at most 64"),
 ])
-def test_token_id_prompts_and_bad_batches_are_a_400_naming_prompt(served, prompt, extra, message):
+def test_bad_token_ids_and_bad_batches_are_a_400_naming_prompt(served, prompt, extra, message):
     status, reply = post_json(served.base, "/completions", {"model": MODEL, "prompt": prompt, "echo": True, **extra})
     assert (status, reply["error"]["param"]) == (400, "prompt")
     assert message in reply["error"]["message"]
@@ -210,7 +210,9 @@ def test_best_of_with_logprobs_and_a_seed_is_reproducible(served):
 
 def _generate(served, **fields) -> list[gateway_pb2.GenerateResponse]:
     sampling = fields.pop("sampling", {})
-    request = gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name=MODEL), prompt=PROMPT, **fields,
+    if "prompt_token_ids" not in fields:
+        fields.setdefault("prompt", PROMPT)
+    request = gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name=MODEL), **fields,
                                           sampling=common_pb2.SamplingParams(**sampling))
     with session_tls.channel(served.mesh.gateway.address) as channel:
         return list(gateway_pb2_grpc.InferenceStub(channel).Generate(request, timeout=60))
@@ -367,3 +369,46 @@ def test_a_prompt_over_the_context_names_the_prompt(served, path, body, param):
 def test_a_stop_string_over_the_schedulers_byte_cap_names_stop(served):
     status, reply = post_json(served.base, "/completions", {"model": MODEL, "prompt": PROMPT, "stop": "é" * 200})
     assert (status, reply["error"]["param"]) == (400, "stop"), reply
+
+
+# -- token prompts (lm-evaluation-harness's loglikelihood requests) ----------------------
+
+
+def _prompt_ids(served, prompt: str) -> list[int]:
+    """The prompt's token ids as the model's tokenizer makes them (the prompt's logprobs name them)."""
+    chunks = _generate(served, prompt=prompt, sampling={"max_tokens": 1, "prompt_logprobs": 0})
+    return [p.token.token_id for p in chunks[0].prompt_logprobs]
+
+
+def test_token_prompts_score_as_their_text_does_in_lm_evals_loglikelihood_request(served):
+    """lm-evaluation-harness's local-completions scores a context and its continuation with the
+    tokens it made itself: prompts as lists of token ids, echo, logprobs 1, max_tokens 1."""
+    texts = [PROMPT, "Far over the misty mountains cold"]
+    ids = [_prompt_ids(served, text) for text in texts]
+    ask = {"temperature": 0, "max_tokens": 1, "logprobs": 1, "seed": 1234, "echo": True}
+    by_ids = _complete(served, **{**ask, "prompt": ids})
+    by_text = _complete(served, **{**ask, "prompt": texts})
+    assert by_ids["usage"] == by_text["usage"]
+    assert by_ids["usage"]["prompt_tokens"] == sum(len(i) for i in ids)
+    for got, want, prompt_ids in zip(by_ids["choices"], by_text["choices"], ids, strict=True):
+        assert got["text"] == want["text"] and got["text"].startswith(texts[got["index"]])
+        assert got["logprobs"]["tokens"] == want["logprobs"]["tokens"]
+        assert _same_logprobs(got["logprobs"]["token_logprobs"], want["logprobs"]["token_logprobs"])
+        # What lm-eval reads: the continuation's logprobs (ctxlen: here the context is all but the last two
+        # tokens) and whether each was the greedy one.
+        ctxlen = len(prompt_ids) - 2
+        scored = got["logprobs"]["token_logprobs"][ctxlen:-1]
+        assert len(scored) == 2 and all(math.isfinite(x) and x <= 0 for x in scored)
+        assert all(isinstance(top, dict) and top for top in got["logprobs"]["top_logprobs"][ctxlen:-1])
+
+
+def test_a_token_prompt_streams_what_its_text_streams(served):
+    ids = _prompt_ids(served, PROMPT)
+    ask = {"temperature": 0, "max_tokens": 6, "stream": True, "stream_options": {"include_usage": True}}
+    streamed = {}
+    for key, prompt in (("ids", ids), ("text", PROMPT)):
+        status, events = post_stream(served.base, "/completions", {"model": MODEL, "prompt": prompt, **ask})
+        assert status == 200
+        streamed[key] = ("".join(c["text"] for c in _streamed_choices(events)[0]),
+                         [e for e in events if e != "[DONE]" and e.get("usage")][-1]["usage"])
+    assert streamed["ids"] == streamed["text"] and streamed["ids"][1]["prompt_tokens"] == len(ids)

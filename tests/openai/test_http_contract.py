@@ -125,11 +125,10 @@ def test_one_model_is_retrieved_as_listed_and_one_not_listed_is_404(http_mesh):
 
 @pytest.mark.parametrize(("body", "param", "message"), [
     ({"prompt": "abc"}, "model", "model is required (a model id from GET /v1/models)"),
-    ({"model": MODEL}, "prompt", "prompt is required (a string, or a list of strings)"),
+    ({"model": MODEL}, "prompt", "prompt is required (a string, a list of strings, a list of token ids, or a list "
+                                 "of lists of token ids)"),
     ({"model": MODEL, "prompt": ""}, "prompt", "prompt must not be empty"),
-    ({"model": MODEL, "prompt": [1, 2]}, "prompt",
-     "token-id prompts are not supported: send the prompt as text (the scheduler tokenizes it with the model's "
-     "tokenizer)"),
+    ({"model": MODEL, "prompt": [1, -2]}, "prompt", "prompt[1] must be a token id (an integer >= 0), got -2"),
     ({"model": MODEL, "prompt": "a", "max_tokens": 0}, "max_tokens",
      "max_tokens must be an integer in [1, 1048576], got 0"),
     ({"model": MODEL, "prompt": "a", "max_tokens": 2.5}, "max_tokens",

@@ -109,6 +109,8 @@ def chat_tokens_estimate(messages: Sequence[gateway_pb2.ChatMessage], tools: Seq
 
 
 def prompt_tokens_estimate(request: gateway_pb2.GenerateRequest) -> int:
+    if request.prompt_token_ids:
+        return len(request.prompt_token_ids)  # exact: the scheduler uses them as they are
     if request.prompt:
         return prompt_tokens_upper_bound(request.prompt)
     return chat_tokens_estimate(request.messages, request.tools)
@@ -270,7 +272,7 @@ class GenerateCore:
         def check_request() -> None:
             if not request.model.name:
                 raise errors.InvalidArgument("model.name is required")
-            check_input(request.prompt, request.messages, request.tools)
+            check_input(request.prompt, request.messages, request.tools, request.prompt_token_ids)
             # Refused here with the scheduler's own check: coalescing itself happens upstream.
             stream_options(request.stream.max_tokens_per_chunk, request.stream.interval_ms)
 

@@ -5,7 +5,12 @@ prompt becomes a part: the same request with its own prompt and request id (`<id
 first), admitted, routed and generated as a request of its own, its n choices as usual. The parts
 run at once; the answer lists every part's choices prompt after prompt (choice `k * n + i` is
 prompt k's choice i, as OpenAI and vLLM number them), with one id, and usage summed over the parts
-(each prompt counted once). Token-id prompts are refused: the mesh tokenizes at the scheduler.
+(each prompt counted once).
+
+A prompt may also be token ids of the model's tokenizer (a list of integers, or a list of such
+lists: vLLM's token prompts, which lm-evaluation-harness sends for its loglikelihood requests):
+they go upstream as GenerateRequest.prompt_token_ids, used as they are; the scheduler checks them
+against the model's vocabulary. A list mixing text and token prompts is refused, as vLLM does.
 """
 
 from __future__ import annotations
@@ -25,26 +30,57 @@ if TYPE_CHECKING:
 MAX_BATCH_SEQUENCES = 64
 
 
-def completion_prompts(value: Any) -> tuple[str, ...]:
-    """`prompt` checked: a string, or a list of strings (each a prompt); refusals name the parameter."""
+# A prompt: text, or token ids of the model's tokenizer.
+Prompt = str | tuple[int, ...]
+# GenerateRequest.prompt_token_ids holds uint32s; the model's vocabulary is checked upstream.
+_MAX_TOKEN_ID = 2**32 - 1
+_PROMPT_SHAPES = "a string, a list of strings, a list of token ids, or a list of lists of token ids"
+
+
+def completion_prompts(value: Any) -> tuple[Prompt, ...]:
+    """`prompt` checked: a string, a list of token ids (one prompt), or a list of strings or of
+    token-id lists (a prompt each); refusals name the parameter."""
     if value is None:
-        raise BadParameter("prompt", "prompt is required (a string, or a list of strings)")
-    if isinstance(value, str):
-        prompts: tuple[str, ...] = (value,)
-    elif isinstance(value, list) and value and all(isinstance(p, str) for p in value):
-        prompts = tuple(value)
-    elif isinstance(value, list) and value and all(isinstance(p, int | list) for p in value):
-        raise BadParameter("prompt", "token-id prompts are not supported: send the prompt as text (the scheduler "
-                                     "tokenizes it with the model's tokenizer)")
-    elif isinstance(value, list) and not value:
+        raise BadParameter("prompt", f"prompt is required ({_PROMPT_SHAPES})")
+    if isinstance(value, list) and not value:
         raise BadParameter("prompt", "prompt must not be an empty list")
+    prompts: tuple[Prompt, ...]
+    if isinstance(value, str):
+        prompts = (value,)
+    elif isinstance(value, list) and all(_is_token_id(p) for p in value):
+        prompts = (_token_ids(value, "prompt"),)
+    elif isinstance(value, list) and all(isinstance(p, str) for p in value):
+        prompts = tuple(value)
+    elif isinstance(value, list) and all(isinstance(p, list) for p in value):
+        prompts = tuple(_token_ids(p, f"prompt[{index}]") for index, p in enumerate(value))
     else:
-        raise BadParameter("prompt", f"prompt must be a string or a list of strings, got {shown(value)}")
+        raise BadParameter("prompt", f"prompt must be {_PROMPT_SHAPES} (not a mix), got {shown(value)}")
     for index, prompt in enumerate(prompts):
         if not prompt:
             where = "prompt" if len(prompts) == 1 else f"prompt[{index}]"
             raise BadParameter("prompt", f"{where} must not be empty")
     return prompts
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _token_ids(values: list, where: str) -> tuple[int, ...]:
+    for index, value in enumerate(values):
+        if not _is_token_id(value) or not 0 <= value <= _MAX_TOKEN_ID:
+            raise BadParameter("prompt", f"{where}[{index}] must be a token id (an integer >= 0), got {shown(value)}")
+    return tuple(values)
+
+
+def set_prompt(generate: gateway_pb2.GenerateRequest, prompt: Prompt) -> None:
+    """The prompt into the request: text as prompt, token ids as prompt_token_ids."""
+    generate.ClearField("prompt")
+    generate.ClearField("prompt_token_ids")
+    if isinstance(prompt, str):
+        generate.prompt = prompt
+    else:
+        generate.prompt_token_ids.extend(prompt)
 
 
 def check_batch_size(num_prompts: int, best_of: int) -> None:
@@ -61,7 +97,7 @@ def prompt_parts(request: OpenAIRequest) -> list[OpenAIRequest]:
     for index, prompt in enumerate(request.batch_prompts):
         generate = gateway_pb2.GenerateRequest()
         generate.CopyFrom(request.generate)
-        generate.prompt = prompt
+        set_prompt(generate, prompt)
         if index:
             generate.request_id = f"{request.generate.request_id}-p{index}"
         parts.append(dataclasses.replace(request, generate=generate, batch_prompts=()))

@@ -26,7 +26,7 @@ from services.common.generate_input import CHAT_ROLES
 from services.common.logprobs import MAX_TOP_LOGPROBS
 from services.gateway.admission.latency_admission import ObjectiveMissed, ObjectiveUnmeetable, TpotUnmeetable
 from services.gateway.fronts.http_status import HttpRefusal, http_refusal, matching
-from services.gateway.fronts.openai_batch import check_batch_size, completion_prompts
+from services.gateway.fronts.openai_batch import Prompt, check_batch_size, completion_prompts, set_prompt
 from services.gateway.fronts.openai_choices import MAX_CHOICES, ChoiceResult
 from services.gateway.fronts.openai_params import (
     BadParameter,
@@ -87,7 +87,7 @@ class OpenAIRequest:
     max_tokens_param: str = "max_tokens"
     # Completions with a list of prompts: every prompt (generate holds the first); empty for one
     # (openai_batch.py).
-    batch_prompts: tuple[str, ...] = ()
+    batch_prompts: tuple[Prompt, ...] = ()
 
 
 # -- requests ---------------------------------------------------------------------------
@@ -103,10 +103,13 @@ def parse_completion(body: Any) -> OpenAIRequest:
             raise BadParameter(name, f"{name} is a chat parameter (/v1/chat/completions), got {shown(body[name])}")
     boolean(body, "parallel_tool_calls", True)  # checked as chat checks it; without tools it changes nothing
     options = prompt_options(body, completion=True)
-    parsed = _request(COMPLETION, body, prompt, 1 if options.echo_only else _max_tokens(body, "max_tokens"))
+    parsed = _request(COMPLETION, body, "", 1 if options.echo_only else _max_tokens(body, "max_tokens"))
+    set_prompt(parsed.generate, prompt)
     sampling = parsed.generate.sampling
     _completion_logprobs(body, sampling)
     upstream = options.upstream(sampling.top_logprobs if sampling.logprobs else None)
+    if upstream is None and options.echo and not all(isinstance(p, str) for p in prompts):
+        upstream = 0  # a token prompt's echo is spelled from its tokens, which the prompt's logprobs carry
     if upstream is not None:
         sampling.prompt_logprobs = upstream
     parsed = _ends_with_its_structure(_with_choices(dataclasses.replace(parsed, prompt=options), body))
@@ -396,6 +399,11 @@ class LogprobsWriter:
                 "top_logprobs": [_completion_top(p) for p in positions], "text_offset": offsets}
 
 
+def _spelled(positions: Sequence[common_pb2.PositionLogprobs]) -> str:
+    """A token prompt's text: its tokens' bytes, as the model's tokenizer spells them, decoded together."""
+    return b"".join(p.token.token_bytes for p in positions).decode("utf-8", errors="replace")
+
+
 def _token_text(token: common_pb2.TokenLogprob) -> str:
     return token.token_bytes.decode("utf-8", errors="replace")
 
@@ -418,7 +426,7 @@ def completion_choice(request: OpenAIRequest, index: int, text: str,
         reason = reason and "length"
     echoed = None
     if prompt is not None and options.echo:
-        text = request.generate.prompt + text
+        text = (request.generate.prompt or _spelled(prompt)) + text
         echoed = writer.write_prompt(prompt, request.generate.sampling.top_logprobs)  # its text_offset first
     written = writer.write(positions)
     if echoed is not None and written is not None:
@@ -577,7 +585,8 @@ def upstream_refusal(err: errors.InfermeshError, request: OpenAIRequest) -> erro
     """The scheduler's refusals in the client's terms: a structured output's (it compiles the schema,
     and finds a grammar that forces an endless sequence while sampling) names the parameter the
     client set it with; a context-length one names max_tokens when the prompt alone fits (as the
-    client can lower it), the prompt (messages in chat) otherwise, with OpenAI's code."""
+    client can lower it), the prompt (messages in chat) otherwise, with OpenAI's code; a token prompt's
+    id outside the vocabulary names the prompt."""
     if not isinstance(err, errors.InvalidArgument):
         return err
     if request.structured_param is not None and err.message.startswith("sampling.structured"):
@@ -586,6 +595,8 @@ def upstream_refusal(err: errors.InfermeshError, request: OpenAIRequest) -> erro
         return ContextLengthExceeded(request.max_tokens_param, err.message)
     if _PROMPT_OVER.match(err.message):
         return ContextLengthExceeded("messages" if request.kind == CHAT else "prompt", err.message)
+    if err.message.startswith("prompt_token_ids"):  # a token id past the model's vocabulary: its prompt's
+        return BadParameter("prompt", "prompt" + err.message.removeprefix("prompt_token_ids"))
     return err
 
 

@@ -51,7 +51,7 @@ def grpc_tool_choice(request: gateway_pb2.GenerateRequest) -> ChatTools | None:
     """GenerateRequest.tool_choice ("", auto, none, required or a tool's name) and
     parallel_tool_calls checked against its tools (InvalidArgument) and applied as parse_tools
     applies OpenAI's; None when the request offers no tools."""
-    check_input(request.prompt, request.messages, request.tools)  # the tools' schemas parse
+    check_input(request.prompt, request.messages, request.tools, request.prompt_token_ids)  # the tools' schemas parse
     choice = request.tool_choice
     if not request.tools:
         if choice not in ("", NONE):

@@ -65,3 +65,9 @@ def test_the_hold_never_exceeds_the_models_context():
     assert quota_hold(long_prompt, context_len=0) == (100_002, 100_002 + DEFAULT_MAX_TOKENS)
     short = gateway_pb2.GenerateRequest(prompt="abc", sampling=common_pb2.SamplingParams(max_tokens=20))
     assert quota_hold(short, context_len=512) == (5, 25)
+
+
+def test_a_token_prompt_is_held_at_its_count_exactly():
+    request = gateway_pb2.GenerateRequest(prompt_token_ids=[5] * 40, sampling=common_pb2.SamplingParams(max_tokens=8))
+    assert quota_hold(request, context_len=0) == (40, 48)
+    assert quota_hold(request, context_len=44) == (40, 44)

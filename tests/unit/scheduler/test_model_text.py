@@ -81,14 +81,26 @@ def test_an_hf_models_chat_is_its_template_encoded_without_added_specials():
     assert prompt_token_ids(request, text) == text.tokenizer.encode(rendered, add_special_tokens=False)
 
 
-def request(prompt: str = "", messages: tuple[tuple[str, str], ...] = ()) -> gateway_pb2.GenerateRequest:
-    return gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name="m"), prompt=prompt,
+def request(prompt: str = "", messages: tuple[tuple[str, str], ...] = (),
+            token_ids: tuple[int, ...] = ()) -> gateway_pb2.GenerateRequest:
+    return gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name="m"), prompt=prompt, prompt_token_ids=token_ids,
                                        messages=[gateway_pb2.ChatMessage(role=r, content=c) for r, c in messages])
+
+
+def test_token_ids_are_the_prompt_as_they_are_with_no_bos_added():
+    text = byte_text()
+    assert text.tokenizer.encode("hi")[0] == BYTE_BOS  # a text prompt gets the model's BOS
+    assert prompt_token_ids(request(token_ids=(104, 105)), text) == (104, 105)
+    assert prompt_token_ids(request(token_ids=(BYTE_BOS, 0, BYTE_EOS)), text) == (BYTE_BOS, 0, BYTE_EOS)
 
 
 @pytest.mark.parametrize(("bad", "message"), [
     (request(), "prompt must not be empty"),
     (request("hi", (("user", "hi"),)), "set prompt or messages, not both"),
+    (request("hi", token_ids=(1,)), "set prompt_token_ids or prompt, not both"),
+    (request(messages=(("user", "a"),), token_ids=(1,)), "set prompt_token_ids or messages, not both"),
+    (request(token_ids=(1, 2, 260, 7, 999)),
+     "prompt_token_ids[2] is 260, but the model's token ids are 0..259 (vocab_size 260)"),
     (request(messages=(("user", "a"), ("robot", "b"))),
      "messages[1].role must be one of system, developer, user, assistant, tool, got 'robot'"),
     (request(messages=(("", "a"),)),
