@@ -48,6 +48,8 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
     _SCHEDULER + "Generate": _GATEWAY,
     _SCHEDULER + "Submit": _GATEWAY,
     _SCHEDULER + "ListModels": _GATEWAY,
+    _SCHEDULER + "Tokenize": _GATEWAY,
+    _SCHEDULER + "Detokenize": _GATEWAY,
     # Read-only load figures. Workers read them too: a worker given several schedulers probes
     # each one's GetPressure to attach where its model has the fewest workers (issue 12).
     _SCHEDULER + "GetPressure": frozenset({Role.GATEWAY, Role.WORKER}),

@@ -39,6 +39,7 @@ from services.gateway.admission.trace_trust import TraceTrust, TrustMode
 from services.gateway.calls.classify_core import ClassifyCore
 from services.gateway.calls.generate_core import GenerateCore
 from services.gateway.calls.model_list import ModelList
+from services.gateway.calls.text_calls import TextCalls
 from services.gateway.config import GatewayConfig
 from services.gateway.dispatch.deadlines import Deadlines
 from services.gateway.dispatch.dispatcher import Dispatcher
@@ -281,28 +282,29 @@ class GatewayService:
                                 context_len=self.catalog.max_seq_len)
         classify = ClassifyCore(self.admission, self.dispatcher, shadow=self.shadow)
         models = ModelList(self.admission, self.clients)
+        text = TextCalls(self.admission, self.clients)
         gateway_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(
-            generate, classify, models, self.admission.parts.tenants.authenticate), server)
+            generate, classify, models, self.admission.parts.tenants.authenticate, text), server)
         kserve = KServeCore(admission=self.admission, catalog=self.catalog, refresh_catalog=self.poller.poll_once,
                             classify=classify.classify_admitted, generate=generate)
         grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
             KServeServicer(kserve, ready=self._ready), server)
         if self._config.http_port:
-            self.http = self._http_server(generate, models, kserve)
+            self.http = self._http_server(generate, models, kserve, text)
         add_to_server(AdminServicer(*admin_status.handlers(self, self._config)), server)
 
     def _ready(self) -> bool:
         return bool(self._health and self._health.serving and self.poller.reachable)
 
-    def _http_server(self, generate: GenerateCore, models: ModelList, kserve: KServeCore) -> HttpServer:
+    def _http_server(self, generate: GenerateCore, models: ModelList, kserve: KServeCore, text: TextCalls) -> HttpServer:
         from services.gateway.fronts.http_server import HttpServer
         from services.gateway.fronts.kserve_http import KServeHttp
         from services.gateway.fronts.openai_http import OpenAIFront
 
         config = self._config
         files = TlsFiles(config.tls_cert_file, config.tls_key_file, config.tls_ca_file) if config.tls_enabled else None
-        return HttpServer(OpenAIFront(generate, models.list_models,
-                                      self.admission.parts.tenants.authenticate), config.host, config.http_port,
+        return HttpServer(OpenAIFront(generate, models.list_models, self.admission.parts.tenants.authenticate,
+                                      text=text), config.host, config.http_port,
                           files, max_body_bytes=config.max_message_bytes, shutdown_timeout_s=config.drain_grace_s,
                           kserve=KServeHttp(kserve, ready=self._ready),
                           client_cert=tls.client_cert_mode(config, "gateway"), ready=self._ready,

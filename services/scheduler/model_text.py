@@ -42,16 +42,16 @@ class ModelText:
     # The format the model writes tool calls in (tool_call_formats.py); "": not known.
     tool_call_parser: str = ""
 
-    def chat_prompt_ids(self, messages: Sequence[Mapping[str, Any]],
-                        tools: Sequence[Mapping[str, Any]] = ()) -> tuple[int, ...]:
+    def chat_prompt_ids(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = (), *,
+                        add_generation_prompt: bool = True) -> tuple[int, ...]:
         """The template rendered with add_generation_prompt (and `tools`, as apply_chat_template's
         argument) and encoded as apply_chat_template encodes it (HF: the rendered text holds its own
-        BOS, so none is added)."""
+        BOS, so none is added). `add_generation_prompt` False: Tokenize's, a conversation as it stands."""
         if self.chat_template is None:
             raise errors.InvalidArgument("this model has no chat template, so it cannot answer chat; "
                                          "send a prompt (completions) instead of messages")
-        return self.tokenizer.encode(self.chat_template.render(messages, tools=tools),
-                                     add_special_tokens=self.chat_adds_special_tokens)
+        rendered = self.chat_template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+        return self.tokenizer.encode(rendered, add_special_tokens=self.chat_adds_special_tokens)
 
 
 def build_model_text(spec: TokenizerSpec, tokenizer_json: bytes = b"") -> ModelText:

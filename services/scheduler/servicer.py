@@ -57,6 +57,7 @@ from services.scheduler.sequence import SamplingParams
 from services.scheduler.step_scheduler import StepScheduler, StepSchedulerFactory
 from services.scheduler.step_scheduler_config import step_scheduler_config
 from services.scheduler.submit_stream import SubmitStream
+from services.scheduler.text_calls import detokenize, tokenize
 from services.scheduler.worker_link import WorkerLink
 
 log = logging.getLogger(__name__)
@@ -350,6 +351,16 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 )
             )
         return response
+
+    @maps_domain_errors
+    async def Tokenize(self, request: gateway_pb2.TokenizeRequest, context: Any) -> gateway_pb2.TokenizeResponse:
+        entry = self.registry.resolve_generator(request.model.name, request.model.version)
+        return tokenize(request, entry.key, entry.pool.text, entry.hello.capacity.max_seq_len)
+
+    @maps_domain_errors
+    async def Detokenize(self, request: gateway_pb2.DetokenizeRequest, context: Any) -> gateway_pb2.DetokenizeResponse:
+        entry = self.registry.resolve_generator(request.model.name, request.model.version)
+        return detokenize(request, entry.key, entry.pool.tokenizer)
 
     def _batching_info(self, entry: ModelEntry) -> gateway_pb2.BatchingInfo:
         """The batching in force for a model, as KServe's ModelConfig reports it at the gateway."""

@@ -196,6 +196,23 @@ def test_model_not_allowed_is_permission_denied(stub):
     )
 
 
+def test_tokenize_is_authenticated_and_limited_to_the_tenants_models_but_not_charged(stub):
+    def tokenize(key: str, model: str = "toy-generator"):
+        return lambda: stub.Tokenize(gateway_pb2.TokenizeRequest(model=common_pb2.ModelRef(name=model), prompt="a" * 60),
+                                     metadata=bearer(key), timeout=10)
+
+    assert status_of(tokenize("wrong-key")).code == grpc.StatusCode.UNAUTHENTICATED
+    got = status_of(tokenize(KEYS["narrow"], "toy-classifier"))
+    assert (got.code, got.message) == (
+        grpc.StatusCode.PERMISSION_DENIED, "tenant 'narrow' may not use model 'toy-classifier'")
+    # 'tokens' has a burst of 40 tokens and 'ratelimited' half a request a second: tokenizing is neither.
+    for key in ("tokens", "ratelimited"):
+        assert [len(tokenize(KEYS[key])().token_ids) for _ in range(3)] == [60, 60, 60]
+    detokenized = stub.Detokenize(gateway_pb2.DetokenizeRequest(model=GENERATOR, token_ids=[104, 105]),
+                                  metadata=bearer(KEYS["narrow"]), timeout=10)
+    assert detokenized.text == "hi"
+
+
 def test_unknown_model_is_not_found(stub):
     got = status_of(_classify(stub, KEYS["gold"], model=common_pb2.ModelRef(name="nope")))
     assert (got.code, got.message) == (grpc.StatusCode.NOT_FOUND, "model 'nope' is not served here")

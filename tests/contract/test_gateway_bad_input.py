@@ -124,6 +124,34 @@ def test_generate_rejects_bad_input_with_precise_status(gateway_stub, request_fi
     assert got_message.startswith(message)
 
 
+def test_tokenize_and_detokenize_answer_with_the_models_tokenizer(gateway_stub):
+    reply = gateway_stub.Tokenize(gateway_pb2.TokenizeRequest(model=GENERATOR, prompt="abc"), timeout=10)
+    assert (list(reply.token_ids), list(reply.token_bytes)) == ([97, 98, 99], [b"a", b"b", b"c"])
+    assert (reply.model.name, reply.model.version, reply.max_seq_len) == ("toy-generator", "1", 512)
+    text = gateway_stub.Detokenize(gateway_pb2.DetokenizeRequest(model=GENERATOR, token_ids=[104, 0xC3, 0xA9]),
+                                   timeout=10)
+    assert (text.text, text.model.version) == ("hé", "1")
+
+
+@pytest.mark.parametrize(("call", "request_fields", "code", "message"), [
+    ("Tokenize", {"model": GENERATOR}, grpc.StatusCode.INVALID_ARGUMENT, "prompt must not be empty"),
+    ("Tokenize", {"prompt": "a"}, grpc.StatusCode.INVALID_ARGUMENT, "model.name is required"),
+    ("Tokenize", {"model": common_pb2.ModelRef(name="nope"), "prompt": "a"}, grpc.StatusCode.NOT_FOUND,
+     "model 'nope' is not served here"),
+    ("Tokenize", {"model": GENERATOR, "prompt": "a", "tools": [gateway_pb2.Tool(name="f")]},
+     grpc.StatusCode.INVALID_ARGUMENT, "tools need messages (a conversation), not a prompt"),
+    ("Tokenize", {"model": CLASSIFIER, "prompt": "a"}, grpc.StatusCode.INVALID_ARGUMENT,
+     "model toy-classifier:1 is a MODEL_KIND_CLASSIFIER"),
+    ("Detokenize", {"model": GENERATOR, "token_ids": [1, 100_000]}, grpc.StatusCode.INVALID_ARGUMENT,
+     "token_ids[1] is 100000, but the model's token ids are 0.."),
+])
+def test_tokenize_and_detokenize_refuse_bad_input_with_precise_status(gateway_stub, call, request_fields, code,
+                                                                      message):
+    kind = gateway_pb2.TokenizeRequest if call == "Tokenize" else gateway_pb2.DetokenizeRequest
+    got_code, got_message = _status_of(lambda: getattr(gateway_stub, call)(kind(**request_fields), timeout=10))
+    assert (got_code, got_message[:len(message)]) == (code, message)
+
+
 def test_no_process_died_after_bad_input(toy_mesh, gateway_stub):
     _status_of(lambda: _classify(gateway_stub, model=CLASSIFIER, image=common_pb2.Image(encoded=b"\x89PNG garbage")))
     for process in toy_mesh.processes:

@@ -412,3 +412,35 @@ def test_a_token_prompt_streams_what_its_text_streams(served):
         streamed[key] = ("".join(c["text"] for c in _streamed_choices(events)[0]),
                          [e for e in events if e != "[DONE]" and e.get("usage")][-1]["usage"])
     assert streamed["ids"] == streamed["text"] and streamed["ids"][1]["prompt_tokens"] == len(ids)
+
+
+# -- vLLM's /tokenize and /detokenize --------------------------------------------------------
+
+
+def test_tokenize_gives_the_ids_generate_computes_from_and_detokenize_the_text_back(served):
+    root = served.base.removesuffix("/v1")
+    ids = _prompt_ids(served, PROMPT)
+    status, reply = post_json(root, "/tokenize", {"model": MODEL, "prompt": PROMPT, "return_token_strs": True})
+    assert status == 200, reply
+    assert (reply["tokens"], reply["count"], reply["max_model_len"]) == (ids, len(ids), 2048)
+    assert "".join(reply["token_strs"]) == PROMPT
+    assert post_json(root, "/detokenize", {"model": MODEL, "tokens": ids}) == (200, {"prompt": PROMPT})
+    # A conversation: the template's tokens, as many as chat counts in its usage.
+    messages = [{"role": "user", "content": "What time is it?"}]
+    status, chat = post_json(root, "/tokenize", {"model": MODEL, "messages": messages, "tools": TOOLS})
+    answered, asked = post_json(served.base, "/chat/completions",
+                                {"model": MODEL, "messages": messages, "tools": TOOLS, "max_tokens": 1})
+    assert status == answered == 200 and chat["count"] == asked["usage"]["prompt_tokens"]
+    status, bare = post_json(root, "/tokenize", {"model": MODEL, "messages": messages, "add_generation_prompt": False})
+    assert status == 200 and bare["count"] < chat["count"]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "param"), [
+    ("/tokenize", {"model": MODEL}, 400, "prompt"),
+    ("/tokenize", {"model": "nope", "prompt": "a"}, 404, None),
+    ("/detokenize", {"model": MODEL, "tokens": [1, 10**9]}, 400, None),
+    ("/detokenize", {"model": MODEL, "tokens": "1 2"}, 400, "tokens"),
+])
+def test_bad_tokenize_and_detokenize_bodies_are_refused_in_openais_shape(served, path, body, status, param):
+    got, reply = post_json(served.base.removesuffix("/v1"), path, body)
+    assert (got, reply["error"]["param"]) == (status, param), reply

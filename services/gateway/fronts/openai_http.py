@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP front (aiohttp): /v1/completions, /v1/chat/completions, /v1/models[/{id}].
+"""The OpenAI-compatible HTTP front (aiohttp): /v1/completions, /v1/chat/completions, /v1/models[/{id}], and
+vLLM's /tokenize and /detokenize.
 
 Thin: read the caller from the headers, parse the body (openai_codec), run the same
 GenerateCore as the gRPC Generate, write JSON or server-sent events, map domain errors to
@@ -29,7 +30,15 @@ from aiohttp import web
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.gateway.calls.generate_core import GenerateCore
-from services.gateway.fronts import json_body, openai_batch, openai_choices, openai_codec, tool_calls
+from services.gateway.calls.text_calls import TextCalls
+from services.gateway.fronts import (
+    json_body,
+    openai_batch,
+    openai_choices,
+    openai_codec,
+    openai_tokenize,
+    tool_calls,
+)
 from services.gateway.fronts.caller import http_authorization, http_caller
 from services.gateway.fronts.http_refusals import refusal_middleware
 from services.gateway.tenants.credentials import Authorization
@@ -39,6 +48,7 @@ REQUEST_ID_HEADER = "x-request-id"
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _DONE = b"data: [DONE]\n\n"
 _LIST_MODELS_TIMEOUT_S = 5.0
+_TEXT_TIMEOUT_S = 10.0
 
 # (prompt, choice index within the prompt, chunk); one prompt unless the completion batched several
 Choices = AsyncGenerator[tuple[int, int, gateway_pb2.GenerateResponse], None]
@@ -60,22 +70,45 @@ def _event(value: dict) -> bytes:
 
 class OpenAIFront:
     def __init__(self, core: GenerateCore, list_models: ListModels, authenticate: Callable[[Authorization], object],
-                 clock=time.time) -> None:
+                 clock=time.time, text: TextCalls | None = None) -> None:
         """authenticate: the tenants' own check (Unauthenticated), asked only of a request whose body is refused,
-        so a caller without a valid key learns nothing about what the gateway would accept."""
+        so a caller without a valid key learns nothing about what the gateway would accept.
+        text: vLLM's /tokenize and /detokenize (none: not served)."""
         self._core = core
         self._list_models = list_models
         self._authenticate = authenticate
         self._clock = clock
+        self._text = text
 
     def routes(self) -> list[web.RouteDef]:
-        return [
+        routes = [
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat_completions),
             web.get("/v1/models", self.models),
             # Ids may hold slashes (Hugging Face style, "org/name"), as stock clients put them in the path.
             web.get("/v1/models/{model:.+}", self.model),
         ]
+        if self._text is not None:
+            routes += [web.post("/tokenize", self.tokenize), web.post("/detokenize", self.detokenize)]
+        return routes
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        assert self._text is not None  # routed only with it
+        try:
+            parsed, token_strs = openai_tokenize.parse_tokenize(await _json_body(request))
+            reply = await self._text.tokenize(parsed, http_authorization(request), _TEXT_TIMEOUT_S)
+        except errors.InfermeshError as err:
+            return error_response(self._refusal(request, err))
+        return web.json_response(openai_tokenize.tokenize_body(reply, token_strs), dumps=_dumps)
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        assert self._text is not None
+        try:
+            parsed = openai_tokenize.parse_detokenize(await _json_body(request))
+            reply = await self._text.detokenize(parsed, http_authorization(request), _TEXT_TIMEOUT_S)
+        except errors.InfermeshError as err:
+            return error_response(self._refusal(request, err))
+        return web.json_response(openai_tokenize.detokenize_body(reply), dumps=_dumps)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, openai_codec.parse_completion)

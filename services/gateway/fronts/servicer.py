@@ -14,6 +14,7 @@ from services.common.status import maps_domain_errors
 from services.gateway.calls.classify_core import ClassifyCore
 from services.gateway.calls.generate_core import GenerateCore
 from services.gateway.calls.model_list import ModelList
+from services.gateway.calls.text_calls import TextCalls
 from services.gateway.fronts.caller import grpc_caller, grpc_credentials
 from services.gateway.fronts.openai_choices import grpc_choices, merged, ranked
 from services.gateway.fronts.tool_calls import GrpcToolCalls, grpc_tool_choice
@@ -21,11 +22,14 @@ from services.gateway.tenants.credentials import Authorization
 
 # ListModels waits at most this long for the schedulers, whatever the client's deadline.
 _LIST_MODELS_TIMEOUT_S = 5.0
+# Tokenize and Detokenize likewise (a scheduler tokenizes a long prompt in milliseconds).
+_TEXT_TIMEOUT_S = 10.0
 
 
 class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
     def __init__(self, generate: GenerateCore, classify: ClassifyCore, models: ModelList,
-                 authenticate: Callable[[Authorization], object] = lambda _: None) -> None:
+                 authenticate: Callable[[Authorization], object] = lambda _: None,
+                 text: TextCalls | None = None) -> None:
         """authenticate: the tenants' own check (Unauthenticated), asked only of a Generate whose n,
         best_of or tool_choice is refused before admission, so a caller without a valid key learns
         nothing about what the gateway would accept (as the OpenAI front does)."""
@@ -33,6 +37,7 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
         self._classify = classify
         self._models = models
         self._authenticate = authenticate
+        self._text = text
 
     @maps_domain_errors
     async def Classify(self, request: gateway_pb2.ClassifyRequest, context) -> gateway_pb2.ClassifyResponse:
@@ -66,3 +71,20 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
         return await self._models.list_models(grpc_credentials(context),
                                               min(remaining_s(context) or _LIST_MODELS_TIMEOUT_S,
                                                   _LIST_MODELS_TIMEOUT_S))
+
+    @maps_domain_errors
+    async def Tokenize(self, request: gateway_pb2.TokenizeRequest, context) -> gateway_pb2.TokenizeResponse:
+        return await self._text_calls().tokenize(request, grpc_credentials(context), _text_timeout_s(context))
+
+    @maps_domain_errors
+    async def Detokenize(self, request: gateway_pb2.DetokenizeRequest, context) -> gateway_pb2.DetokenizeResponse:
+        return await self._text_calls().detokenize(request, grpc_credentials(context), _text_timeout_s(context))
+
+    def _text_calls(self) -> TextCalls:
+        if self._text is None:
+            raise errors.Unavailable("this gateway was built without Tokenize and Detokenize")
+        return self._text
+
+
+def _text_timeout_s(context) -> float:
+    return min(remaining_s(context) or _TEXT_TIMEOUT_S, _TEXT_TIMEOUT_S)

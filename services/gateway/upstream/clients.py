@@ -197,6 +197,19 @@ class SchedulerClient:
         except grpc.aio.AioRpcError as exc:
             raise AttemptError.from_rpc_error(exc) from None
 
+    async def tokenize(self, request: gateway_pb2.TokenizeRequest, timeout_s: float) -> gateway_pb2.TokenizeResponse:
+        try:
+            return await self._stub.Tokenize(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise AttemptError.from_rpc_error(exc) from None
+
+    async def detokenize(self, request: gateway_pb2.DetokenizeRequest,
+                         timeout_s: float) -> gateway_pb2.DetokenizeResponse:
+        try:
+            return await self._stub.Detokenize(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise AttemptError.from_rpc_error(exc) from None
+
     async def get_pressure(self, timeout_s: float) -> scheduler_pb2.GetPressureResponse:
         try:
             return await self._stub.GetPressure(scheduler_pb2.GetPressureRequest(), timeout=timeout_s)

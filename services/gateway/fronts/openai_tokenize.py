@@ -1,0 +1,79 @@
+"""vLLM's POST /tokenize and /detokenize bodies <-> Inference.Tokenize and Detokenize (pure).
+
+/tokenize takes a completion's `prompt` (text; `add_special_tokens`, default true: the model's BOS
+as a prompt gets it) or a chat's `messages` (and `tools`; `add_generation_prompt`, default true),
+and answers `{"count", "max_model_len", "tokens", "token_strs"}` as vLLM does (`token_strs`, each
+token's text, when `return_token_strs` is true; else null). /detokenize takes `tokens` and answers
+`{"prompt": text}`. Clients count a prompt's tokens with them, and lm-evaluation-harness's
+local-completions uses them in place of a local tokenizer when the server has them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infermesh.v1 import common_pb2, gateway_pb2
+from services.gateway.fronts.openai_codec import chat_messages
+from services.gateway.fronts.openai_params import BadParameter, boolean, shown
+from services.gateway.fronts.openai_tools import parse_tools
+
+_MAX_TOKEN_ID = 2**32 - 1
+
+
+def parse_tokenize(body: Any) -> tuple[gateway_pb2.TokenizeRequest, bool]:
+    """The request, and whether the caller wants each token's text (return_token_strs)."""
+    body = _object(body)
+    request = gateway_pb2.TokenizeRequest(model=_model(body))
+    token_strs = boolean(body, "return_token_strs", False)
+    prompt, messages = body.get("prompt"), body.get("messages")
+    if (prompt is None) == (messages is None):
+        raise BadParameter("prompt", "send prompt (a string) or messages (a conversation), exactly one")
+    if prompt is not None:
+        if not isinstance(prompt, str) or not prompt:
+            raise BadParameter("prompt", f"prompt must be a non-empty string, got {shown(prompt)}")
+        request.prompt = prompt
+        request.add_special_tokens = boolean(body, "add_special_tokens", True)
+        return request, token_strs
+    request.messages.extend(chat_messages(messages))
+    generate = gateway_pb2.GenerateRequest()
+    parse_tools({"tools": body.get("tools")}, generate)
+    request.tools.extend(generate.tools)
+    request.add_generation_prompt = boolean(body, "add_generation_prompt", True)
+    return request, token_strs
+
+
+def parse_detokenize(body: Any) -> gateway_pb2.DetokenizeRequest:
+    body = _object(body)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list):
+        raise BadParameter("tokens", f"tokens must be a list of token ids, got {shown(tokens)}")
+    for index, token in enumerate(tokens):
+        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token <= _MAX_TOKEN_ID:
+            raise BadParameter("tokens", f"tokens[{index}] must be a token id (an integer >= 0), got {shown(token)}")
+    return gateway_pb2.DetokenizeRequest(model=_model(body), token_ids=tokens)
+
+
+def tokenize_body(reply: gateway_pb2.TokenizeResponse, token_strs: bool) -> dict:
+    strs = [b.decode("utf-8", errors="replace") for b in reply.token_bytes] if token_strs else None
+    return {"count": len(reply.token_ids), "max_model_len": reply.max_seq_len, "tokens": list(reply.token_ids),
+            "token_strs": strs}
+
+
+def detokenize_body(reply: gateway_pb2.DetokenizeResponse) -> dict:
+    return {"prompt": reply.text}
+
+
+def _object(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise BadParameter(None, "the request body must be a JSON object")
+    return body
+
+
+def _model(body: dict) -> common_pb2.ModelRef:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadParameter("model", "model is required (a model id from GET /v1/models)")
+    name, colon, version = model.partition(":")
+    if not name or (colon and not version):
+        raise BadParameter("model", f"model must be a model id or <id>:<version>, got {shown(model)}")
+    return common_pb2.ModelRef(name=name, version=version)

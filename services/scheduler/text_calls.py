@@ -1,0 +1,41 @@
+"""Tokenize and Detokenize: a generator's tokenizer, asked without generating (vLLM's /tokenize and
+/detokenize). The ids are those Generate would compute from: a prompt tokenized as call_codec
+tokenizes it, a conversation rendered through the model's chat template. Pure: no gRPC."""
+
+from __future__ import annotations
+
+from infermesh.v1 import common_pb2, gateway_pb2
+from services.common import errors
+from services.common.generate_input import check_input
+from services.scheduler.attach_types import ModelKey
+from services.scheduler.call_codec import chat_turn, template_tool
+from services.scheduler.model_text import ModelText
+from services.scheduler.tokenizer import Tokenizer
+
+
+def tokenize(request: gateway_pb2.TokenizeRequest, key: ModelKey, text: ModelText,
+             max_seq_len: int) -> gateway_pb2.TokenizeResponse:
+    check_input(request.prompt, request.messages, request.tools)
+    if request.prompt:
+        add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
+        ids = text.tokenizer.encode(request.prompt, add_special_tokens=add_special)
+    else:
+        generation = request.add_generation_prompt if request.HasField("add_generation_prompt") else True
+        ids = text.chat_prompt_ids([chat_turn(m) for m in request.messages], [template_tool(t) for t in request.tools],
+                                   add_generation_prompt=generation)
+    token_bytes = text.tokenizer.token_bytes
+    return gateway_pb2.TokenizeResponse(model=common_pb2.ModelRef(name=key.name, version=key.version),
+                                        token_ids=ids, token_bytes=[token_bytes(i) for i in ids],
+                                        max_seq_len=max_seq_len)
+
+
+def detokenize(request: gateway_pb2.DetokenizeRequest, key: ModelKey,
+               tokenizer: Tokenizer) -> gateway_pb2.DetokenizeResponse:
+    vocab_size = tokenizer.vocab_size
+    for index, token_id in enumerate(request.token_ids):
+        if token_id >= vocab_size:
+            raise errors.InvalidArgument(f"token_ids[{index}] is {token_id}, but the model's token ids are "
+                                         f"0..{vocab_size - 1} (vocab_size {vocab_size})")
+    spelled = b"".join(tokenizer.token_bytes(i) for i in request.token_ids)
+    return gateway_pb2.DetokenizeResponse(model=common_pb2.ModelRef(name=key.name, version=key.version),
+                                          text=spelled.decode("utf-8", errors="replace"))

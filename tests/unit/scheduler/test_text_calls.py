@@ -1,0 +1,59 @@
+"""Tokenize and Detokenize at the scheduler: the ids Generate would compute from, and text back."""
+
+from __future__ import annotations
+
+import pytest
+
+from infermesh.v1 import gateway_pb2
+from services.common import errors
+from services.scheduler.attach_types import ModelKey
+from services.scheduler.call_codec import prompt_token_ids
+from services.scheduler.text_calls import detokenize, tokenize
+
+from .test_chat_template import CHATML
+from .test_model_text import BYTE_BOS, BYTE_EOS, byte_text
+
+KEY = ModelKey("m", "2")
+
+
+def test_a_prompt_tokenizes_as_generate_tokenizes_it_with_its_bos_unless_asked_not_to():
+    text = byte_text()
+    request = gateway_pb2.TokenizeRequest(prompt="hé")
+    reply = tokenize(request, KEY, text, 512)
+    generate = gateway_pb2.GenerateRequest(prompt="hé")
+    assert tuple(reply.token_ids) == prompt_token_ids(generate, text) == (BYTE_BOS, 104, 0xC3, 0xA9)
+    assert list(reply.token_bytes) == [b"", b"h", b"\xc3", b"\xa9"]
+    assert (reply.model.name, reply.model.version, reply.max_seq_len) == ("m", "2", 512)
+    bare = tokenize(gateway_pb2.TokenizeRequest(prompt="hé", add_special_tokens=False), KEY, text, 512)
+    assert list(bare.token_ids) == [104, 0xC3, 0xA9]
+
+
+def test_a_conversation_renders_the_template_with_or_without_the_generation_prompt():
+    text = byte_text(chat_template=CHATML)
+    messages = [gateway_pb2.ChatMessage(role="user", content="hi")]
+    with_prompt = tokenize(gateway_pb2.TokenizeRequest(messages=messages), KEY, text, 512)
+    assert tuple(with_prompt.token_ids) == prompt_token_ids(gateway_pb2.GenerateRequest(messages=messages), text)
+    without = tokenize(gateway_pb2.TokenizeRequest(messages=messages, add_generation_prompt=False), KEY, text, 512)
+    assert len(without.token_ids) < len(with_prompt.token_ids)
+    assert tuple(with_prompt.token_ids[:len(without.token_ids)]) == tuple(without.token_ids)
+
+
+@pytest.mark.parametrize(("request_fields", "message"), [
+    ({}, "prompt must not be empty"),
+    ({"prompt": "a", "messages": [gateway_pb2.ChatMessage(role="user", content="a")]}, "set prompt or messages"),
+    ({"prompt": "a", "tools": [gateway_pb2.Tool(name="f")]}, "tools need messages"),
+])
+def test_bad_input_is_refused_as_generates(request_fields, message):
+    with pytest.raises(errors.InvalidArgument, match=message):
+        tokenize(gateway_pb2.TokenizeRequest(**request_fields), KEY, byte_text(), 512)
+
+
+def test_detokenize_joins_the_tokens_bytes_then_decodes_them():
+    text = byte_text()
+    reply = detokenize(gateway_pb2.DetokenizeRequest(token_ids=[BYTE_BOS, 104, 0xC3, 0xA9, BYTE_EOS]), KEY,
+                       text.tokenizer)
+    assert (reply.text, reply.model.version) == ("hé", "2")
+    assert detokenize(gateway_pb2.DetokenizeRequest(token_ids=[0xC3]), KEY, text.tokenizer).text == "\ufffd"
+    assert detokenize(gateway_pb2.DetokenizeRequest(), KEY, text.tokenizer).text == ""
+    with pytest.raises(errors.InvalidArgument, match=r"token_ids\[1\] is 260, but the model's token ids are 0..259"):
+        detokenize(gateway_pb2.DetokenizeRequest(token_ids=[1, 260]), KEY, text.tokenizer)
