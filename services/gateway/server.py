@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from inference import grpc_predict_v2_pb2, grpc_predict_v2_pb2_grpc
-from infermesh.v1 import gateway_pb2, gateway_pb2_grpc
+from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common import tls
 from services.common.admin_servicer import SERVICE_NAME as ADMIN_SERVICE
 from services.common.admin_servicer import AdminServicer, add_to_server
@@ -282,7 +282,8 @@ class GatewayService:
                                 context_len=self.catalog.max_seq_len)
         classify = ClassifyCore(self.admission, self.dispatcher, shadow=self.shadow)
         models = ModelList(self.admission, self.clients)
-        text = TextCalls(self.admission, self.clients)
+        text = TextCalls(self.admission, self.clients, generators=lambda: [
+            info.model.name for info in self.catalog.all_models() if info.kind == common_pb2.MODEL_KIND_GENERATOR])
         gateway_pb2_grpc.add_InferenceServicer_to_server(InferenceServicer(
             generate, classify, models, self.admission.parts.tenants.authenticate, text), server)
         kserve = KServeCore(admission=self.admission, catalog=self.catalog, refresh_catalog=self.poller.poll_once,

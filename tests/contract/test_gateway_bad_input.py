@@ -131,11 +131,13 @@ def test_tokenize_and_detokenize_answer_with_the_models_tokenizer(gateway_stub):
     text = gateway_stub.Detokenize(gateway_pb2.DetokenizeRequest(model=GENERATOR, token_ids=[104, 0xC3, 0xA9]),
                                    timeout=10)
     assert (text.text, text.model.version) == ("hé", "1")
+    # No model named: the caller's only generator (the toy mesh serves one), as vLLM's single model.
+    unnamed = gateway_stub.Tokenize(gateway_pb2.TokenizeRequest(prompt="abc"), timeout=10)
+    assert (list(unnamed.token_ids), unnamed.model.name) == ([97, 98, 99], "toy-generator")
 
 
 @pytest.mark.parametrize(("call", "request_fields", "code", "message"), [
     ("Tokenize", {"model": GENERATOR}, grpc.StatusCode.INVALID_ARGUMENT, "prompt must not be empty"),
-    ("Tokenize", {"prompt": "a"}, grpc.StatusCode.INVALID_ARGUMENT, "model.name is required"),
     ("Tokenize", {"model": common_pb2.ModelRef(name="nope"), "prompt": "a"}, grpc.StatusCode.NOT_FOUND,
      "model 'nope' is not served here"),
     ("Tokenize", {"model": GENERATOR, "prompt": "a", "tools": [gateway_pb2.Tool(name="f")]},

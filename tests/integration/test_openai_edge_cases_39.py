@@ -425,6 +425,12 @@ def test_tokenize_gives_the_ids_generate_computes_from_and_detokenize_the_text_b
     assert (reply["tokens"], reply["count"], reply["max_model_len"]) == (ids, len(ids), 2048)
     assert "".join(reply["token_strs"]) == PROMPT
     assert post_json(root, "/detokenize", {"model": MODEL, "tokens": ids}) == (200, {"prompt": PROMPT})
+    # What lm-evaluation-harness's remote tokenizer sends: no model (the mesh serves one here), no special
+    # tokens (this checkpoint's tokenizer puts a BOS first, which spells nothing).
+    assert reply["token_strs"][0] == ""
+    status, unnamed = post_json(root, "/tokenize", {"prompt": PROMPT, "add_special_tokens": False})
+    assert (status, unnamed["tokens"]) == (200, ids[1:])
+    assert post_json(root, "/detokenize", {"tokens": ids[1:]}) == (200, {"prompt": PROMPT})
     # A conversation: the template's tokens, as many as chat counts in its usage.
     messages = [{"role": "user", "content": "What time is it?"}]
     status, chat = post_json(root, "/tokenize", {"model": MODEL, "messages": messages, "tools": TOOLS})

@@ -18,6 +18,12 @@ def test_a_prompt_and_its_options():
     assert (request.add_special_tokens, strs) == (False, True)
 
 
+def test_no_model_is_the_callers_only_generator_as_vllms_single_model():
+    request, _ = openai_tokenize.parse_tokenize({"prompt": "test", "add_special_tokens": False})
+    assert (request.model.name, request.add_special_tokens) == ("", False)
+    assert openai_tokenize.parse_detokenize({"tokens": [1]}).model.name == ""
+
+
 def test_a_conversation_with_tools():
     tools = [{"type": "function", "function": {"name": "clock", "parameters": {"type": "object"}}}]
     request, _ = openai_tokenize.parse_tokenize({"model": "m", "messages": [{"role": "user", "content": "t?"}],
@@ -29,7 +35,8 @@ def test_a_conversation_with_tools():
 
 @pytest.mark.parametrize(("body", "param", "message"), [
     ([], None, "must be a JSON object"),
-    ({"prompt": "a"}, "model", "model is required"),
+    ({"model": 5, "prompt": "a"}, "model", "model must be a model id from GET /v1/models, got 5"),
+    ({"model": "m:", "prompt": "a"}, "model", "model must be a model id or <id>:<version>"),
     ({"model": "m"}, "prompt", "send prompt (a string) or messages (a conversation), exactly one"),
     ({"model": "m", "prompt": "a", "messages": []}, "prompt", "exactly one"),
     ({"model": "m", "prompt": ""}, "prompt", "prompt must be a non-empty string"),

@@ -2,19 +2,21 @@
 generator's tokenizer lives with its schedulers (they tokenize each request once, for the prefix
 cache and routing), so the gateway asks one that serves the model, trying the next when one cannot
 answer. Authenticated and limited to the tenant's models like Generate; nothing is queued, generated
-or counted against quotas, so no admission."""
+or counted against quotas, so no admission. A request that names no model means the caller's only
+generator, as vLLM's single model (lm-evaluation-harness's remote tokenizer names none)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
-from infermesh.v1 import gateway_pb2
+from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.gateway.admission.admission import Admission
 from services.gateway.tenants.credentials import Authorization
+from services.gateway.tenants.directory import Tenant
 from services.gateway.upstream.clients import AttemptError, SchedulerClient, SchedulerClients
 from services.gateway.upstream.status import UpstreamCode
 
@@ -24,9 +26,12 @@ _NEXT_SCHEDULER = frozenset({UpstreamCode.UNAVAILABLE, UpstreamCode.NOT_FOUND, U
 
 
 class TextCalls:
-    def __init__(self, admission: Admission, clients: SchedulerClients) -> None:
+    def __init__(self, admission: Admission, clients: SchedulerClients,
+                 generators: Callable[[], Iterable[str]] = tuple) -> None:
+        """generators: the names of the generator models the schedulers report (ModelCatalog)."""
         self._admission = admission
         self._clients = clients
+        self._generators = generators
 
     async def tokenize(self, request: gateway_pb2.TokenizeRequest, authorization: Authorization,
                        timeout_s: float) -> gateway_pb2.TokenizeResponse:
@@ -41,13 +46,13 @@ class TextCalls:
                    call: Callable[[SchedulerClient, Any, float], Awaitable[Reply]]) -> Reply:
         parts = self._admission.parts
         tenant = parts.tenants.authenticate(authorization)
-        model = request.model
-        if not model.name:
-            raise errors.InvalidArgument("model.name is required")
+        model = common_pb2.ModelRef(name=request.model.name or self._only_generator(tenant),
+                                    version=request.model.version)
         parts.tenants.check_model_allowed(tenant, model.name)
         candidates = parts.routing.candidates(model.name, model.version)  # NotFound for an unknown model
         upstream = type(request)()
         upstream.CopyFrom(request)
+        upstream.model.name = model.name
         upstream.model.version = model.version or candidates.route.version  # the version Generate would use
         failure: errors.InfermeshError | None = None
         for endpoint in candidates.untried:
@@ -60,3 +65,10 @@ class TextCalls:
         if failure is not None:
             raise failure
         raise errors.Unavailable(f"no scheduler serving model '{model.name}' can be reached now")
+
+    def _only_generator(self, tenant: Tenant) -> str:
+        names = sorted({name for name in self._generators() if tenant.may_use(name)})
+        if len(names) != 1:
+            served = f"{len(names)} generators ({', '.join(names)})" if names else "no generator"
+            raise errors.InvalidArgument(f"model.name is required: this gateway serves {served} to this caller")
+        return names[0]

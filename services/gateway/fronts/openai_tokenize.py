@@ -70,9 +70,12 @@ def _object(body: Any) -> dict:
 
 
 def _model(body: dict) -> common_pb2.ModelRef:
+    """The model named, or none: the caller's only generator (vLLM serves one; lm-eval names none)."""
     model = body.get("model")
+    if model is None:
+        return common_pb2.ModelRef()
     if not isinstance(model, str) or not model:
-        raise BadParameter("model", "model is required (a model id from GET /v1/models)")
+        raise BadParameter("model", f"model must be a model id from GET /v1/models, got {shown(model)}")
     name, colon, version = model.partition(":")
     if not name or (colon and not version):
         raise BadParameter("model", f"model must be a model id or <id>:<version>, got {shown(model)}")

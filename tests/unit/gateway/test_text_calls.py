@@ -28,18 +28,23 @@ class FakeScheduler:
         return gateway_pb2.TokenizeResponse(model=request.model, token_ids=[1, 2])
 
 
+class FakeTenant:
+    def may_use(self, model_name: str) -> bool:
+        return model_name != "secret"
+
+
 class FakeTenants:
     def authenticate(self, authorization):
         if authorization != "key":
             raise errors.Unauthenticated("invalid API key")
-        return "tenant"
+        return FakeTenant()
 
     def check_model_allowed(self, tenant, model_name):
         if model_name == "secret":
             raise errors.PermissionDenied(f"tenant may not use model '{model_name}'")
 
 
-def _calls(schedulers: dict[str, FakeScheduler], version: str = "2") -> TextCalls:
+def _calls(schedulers: dict[str, FakeScheduler], version: str = "2", generators: tuple[str, ...] = ()) -> TextCalls:
     class Routing:
         def candidates(self, model, wanted_version):
             if model == "nope":
@@ -49,7 +54,7 @@ def _calls(schedulers: dict[str, FakeScheduler], version: str = "2") -> TextCall
 
     admission = SimpleNamespace(parts=SimpleNamespace(tenants=FakeTenants(), routing=Routing()))
     clients = SimpleNamespace(get=lambda address: schedulers[address])
-    return TextCalls(admission, clients)  # type: ignore[arg-type]
+    return TextCalls(admission, clients, lambda: generators)  # type: ignore[arg-type]
 
 
 def _tokenize(calls: TextCalls, model: str = "m", authorization: str = "key", version: str = ""):
@@ -96,3 +101,14 @@ def test_the_caller_and_the_model_are_checked_before_any_scheduler_is_asked(mode
     with pytest.raises(error):
         _tokenize(_calls({"a": serving}), model=model, authorization=authorization)
     assert serving.asked == []
+
+
+def test_no_model_named_means_the_callers_only_generator():
+    serving = FakeScheduler()
+    assert _tokenize(_calls({"a": serving}, generators=("m", "secret")), model="").model.name == "m"
+    assert serving.asked[0].model.name == "m"
+    with pytest.raises(errors.InvalidArgument, match=r"model.name is required: this gateway serves 2 generators "
+                                                     r"\(m, n\) to this caller"):
+        _tokenize(_calls({"a": serving}, generators=("n", "m", "secret")), model="")
+    with pytest.raises(errors.InvalidArgument, match="serves no generator to this caller"):
+        _tokenize(_calls({"a": serving}, generators=("secret",)), model="")
