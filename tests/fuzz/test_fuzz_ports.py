@@ -47,6 +47,8 @@ IMAGE = common_pb2.Image(raw=common_pb2.RawImage(pixels=bytes([250] * 12), heigh
 CLASSIFY = gateway_pb2.ClassifyRequest(model=common_pb2.ModelRef(name="toy-classifier"), image=IMAGE, top_k=2)
 GENERATE = gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name="toy-generator"), prompt="ab",
                                        sampling=common_pb2.SamplingParams(max_tokens=4))
+TOKENIZE = gateway_pb2.TokenizeRequest(model=common_pb2.ModelRef(name="toy-generator"), prompt="ab")
+DETOKENIZE = gateway_pb2.DetokenizeRequest(model=common_pb2.ModelRef(name="toy-generator"), token_ids=[97, 98])
 TENANT = scheduler_pb2.TenantContext(tenant_id="fuzzer", priority=common_pb2.PRIORITY_STANDARD, weight=1)
 INFER = kserve.ModelInferRequest(model_name="toy-classifier", inputs=[kserve.ModelInferRequest.InferInputTensor(
     name="IMAGE", datatype="UINT8", shape=[2, 2, 3])], raw_input_contents=[bytes(12)])
@@ -56,6 +58,10 @@ SEEDS = {
     "/infermesh.v1.Inference/Classify": [CLASSIFY.SerializeToString()],
     "/infermesh.v1.Inference/Generate": [GENERATE.SerializeToString()],
     "/inference.GRPCInferenceService/ModelInfer": [INFER.SerializeToString()],
+    "/infermesh.v1.Inference/Tokenize": [TOKENIZE.SerializeToString()],
+    "/infermesh.v1.Inference/Detokenize": [DETOKENIZE.SerializeToString()],
+    "/infermesh.v1.Scheduler/Tokenize": [TOKENIZE.SerializeToString()],
+    "/infermesh.v1.Scheduler/Detokenize": [DETOKENIZE.SerializeToString()],
     "/infermesh.v1.Scheduler/Classify": [
         scheduler_pb2.ScheduleClassifyRequest(request=CLASSIFY, tenant=TENANT).SerializeToString()],
     "/infermesh.v1.Scheduler/Generate": [
