@@ -217,6 +217,10 @@ def _fill_run_step(command: scheduler_pb2.RunStep, plan: StepPlan,
                 sampling.temperature = step.sampling.temperature
             if step.sampling.top_p != 1.0:
                 sampling.top_p = step.sampling.top_p
+            if step.sampling.top_k:
+                sampling.top_k = step.sampling.top_k
+            if step.sampling.min_p:
+                sampling.min_p = step.sampling.min_p
             if step.sampling.logprobs:
                 sampling.logprobs = True
                 sampling.top_logprobs = step.sampling.top_logprobs

@@ -46,6 +46,8 @@ MAX_STOP_BYTES = 256
 MAX_PENALTY = 2.0
 MAX_BIAS = 100.0
 MAX_LOGIT_BIAS = 1024
+# top_k's bound: past any vocabulary (a larger value keeps every token, as vLLM reads it).
+MAX_TOP_K = 1_000_000
 
 
 class TenantCodec:
@@ -146,6 +148,7 @@ def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int, vocab_
         raise errors.InvalidArgument(f"sampling.prompt_logprobs must be at most {MAX_TOP_LOGPROBS}, "
                                      f"got {sampling.prompt_logprobs}")
     _check_penalties(sampling)
+    _check_cuts(sampling)
     _check_logit_bias(sampling.logit_bias, vocab_size)
     if sampling.HasField("structured") and sampling.ignore_eos:
         # A complete grammar allows only the end: generating past it has nothing left to sample.
@@ -165,6 +168,8 @@ def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int, vocab_
         logit_bias=tuple(sorted(sampling.logit_bias.items())),
         grammar=_grammar(sampling.structured) if sampling.HasField("structured") else "",
         prompt_logprobs=sampling.prompt_logprobs if sampling.HasField("prompt_logprobs") else None,
+        top_k=sampling.top_k,
+        min_p=sampling.min_p,
     )
 
 
@@ -187,6 +192,13 @@ def _check_penalties(sampling: common_pb2.SamplingParams) -> None:
     value = sampling.repetition_penalty
     if not (math.isfinite(value) and 0 <= value <= MAX_PENALTY):
         raise errors.InvalidArgument(f"sampling.repetition_penalty must be in (0, {MAX_PENALTY:g}] (0: off), got {value}")
+
+
+def _check_cuts(sampling: common_pb2.SamplingParams) -> None:
+    if sampling.top_k > MAX_TOP_K:
+        raise errors.InvalidArgument(f"sampling.top_k must be at most {MAX_TOP_K} (0: off), got {sampling.top_k}")
+    if not (math.isfinite(sampling.min_p) and 0 <= sampling.min_p <= 1):
+        raise errors.InvalidArgument(f"sampling.min_p must be in [0, 1] (0: off), got {sampling.min_p}")
 
 
 def _check_logit_bias(logit_bias: Mapping[int, float], vocab_size: int | None) -> None:

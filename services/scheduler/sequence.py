@@ -63,6 +63,9 @@ class SamplingParams:
     grammar: str = ""
     # Report the prompt's logprobs with this many alternatives each (None: not asked), on the first chunk.
     prompt_logprobs: int | None = None
+    # vLLM's top_k (0: off) and min_p (0: off), applied by the worker where it samples.
+    top_k: int = 0
+    min_p: float = 0.0
 
     @property
     def penalized(self) -> bool:
@@ -87,6 +90,8 @@ class SamplingParams:
             raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], and 0 without logprobs")
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.prompt_logprobs}")
+        if self.top_k < 0 or not (math.isfinite(self.min_p) and 0 <= self.min_p <= 1):
+            raise ValueError(f"top_k must be >= 0 and min_p in [0, 1], got {self.top_k} and {self.min_p}")
 
 
 @dataclass(eq=False)

@@ -39,6 +39,8 @@ def check_sampling(params: SamplingParams) -> None:
         raise ValueError(f"top_p must be in (0, 1] (0 means 1), got {params.top_p}")
     if params.seed is not None and not 0 <= params.seed < 2**64:
         raise ValueError(f"seed must be in [0, 2**64), got {params.seed}")
+    if params.top_k < 0 or not (math.isfinite(params.min_p) and 0 <= params.min_p <= 1):
+        raise ValueError(f"top_k must be >= 0 and min_p in [0, 1], got {params.top_k} and {params.min_p}")
     if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
         raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {params.top_logprobs}")
     for name in ("presence_penalty", "frequency_penalty"):
@@ -93,8 +95,8 @@ def sample(logits: np.ndarray, params: SamplingParams, *, seed: int, index: int)
 
     Greedy (temperature 0) returns the argmax and its log-probability under
     softmax(logits). Otherwise the distribution is softmax(logits / temperature)
-    cut to the smallest top-probability set whose mass reaches top_p and
-    renormalized; `Sample.logprob` is under that distribution. The token is the inverse CDF of
+    cut by min_p and top_k (when set), then to the smallest top-probability set whose mass reaches
+    top_p, and renormalized; `Sample.logprob` is under that distribution. The token is the inverse CDF of
     `uniform_draw(seed, index)` over the kept tokens in id order: no index is sorted, and with top_p 1
     no value either. The logprobs a request asks
     for (`params.logprobs`) are those of log_softmax(logits / temperature), temperature 0 read
@@ -108,14 +110,29 @@ def sample(logits: np.ndarray, params: SamplingParams, *, seed: int, index: int)
     scaled = logits / params.temperature
     peak = scaled.max()
     probs = np.exp(scaled - peak)
-    top_p = params.top_p or 1.0
-    kept = probs if top_p >= 1.0 else np.where(_nucleus(probs, top_p), probs, 0.0)
+    kept = _cut(probs, params)
     cumulative = np.cumsum(kept)
     token = _inverse_cdf(cumulative, uniform_draw(seed, index))
     reported = None
     if params.logprobs:
         reported = _reported(scaled - (peak + math.log(probs.sum())), token, params)
     return Sample(token, float(math.log(kept[token] / cumulative[-1])), reported)
+
+
+def _cut(probs: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """`probs` (unnormalized) with the tokens min_p, top_k and top_p drop set to 0, in vLLM's order: min_p
+    against the most likely token, top_k (every token tied with the k-th kept, as vLLM keeps them), then
+    top_p over the mass left. Each is skipped when off, so the plain draw costs nothing more."""
+    kept = probs
+    if params.min_p:
+        kept = np.where(kept >= params.min_p * kept.max(), kept, 0.0)
+    if 0 < params.top_k < len(kept):
+        edge = np.partition(kept, len(kept) - params.top_k)[len(kept) - params.top_k]
+        kept = np.where(kept >= edge, kept, 0.0)
+    top_p = params.top_p or 1.0
+    if top_p < 1.0:
+        kept = np.where(_nucleus(kept, top_p), kept, 0.0)
+    return kept
 
 
 def _inverse_cdf(cumulative: np.ndarray, draw: float) -> int:

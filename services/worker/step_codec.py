@@ -32,6 +32,8 @@ def sequence_step_from_proto(seq: scheduler_pb2.SequenceStep) -> work.SequenceSt
             repetition_penalty=sampling.repetition_penalty or 1.0,
             logit_bias=tuple(sorted(sampling.logit_bias.items())),
             grammar=seq.grammar,
+            top_k=sampling.top_k,
+            min_p=sampling.min_p,
         ),
         num_generated=seq.num_generated,
         num_cached_tokens=seq.num_cached_tokens,

@@ -76,6 +76,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # HF's, (0, 2]: off at 1
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), by id
     grammar: str = ""  # SequenceStep.grammar: the llguidance grammar the output must match; "": none
+    top_k: int = 0  # vLLM's: keep the top_k most likely tokens; 0: off
+    min_p: float = 0.0  # vLLM's: drop tokens below min_p x the most likely one's probability; 0: off
 
     @property
     def penalized(self) -> bool:

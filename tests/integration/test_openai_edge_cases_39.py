@@ -450,3 +450,18 @@ def test_tokenize_gives_the_ids_generate_computes_from_and_detokenize_the_text_b
 def test_bad_tokenize_and_detokenize_bodies_are_refused_in_openais_shape(served, path, body, status, param):
     got, reply = post_json(served.base.removesuffix("/v1"), path, body)
     assert (got, reply["error"]["param"]) == (status, param), reply
+
+
+# -- vLLM's top_k and min_p ------------------------------------------------------------------
+
+
+def test_top_k_and_min_p_cut_what_the_worker_draws_from(served):
+    ask = {"max_tokens": 24, "ignore_eos": True}
+    greedy = _complete(served, temperature=0, **ask)["choices"][0]["text"]
+    assert _complete(served, temperature=2.0, seed=3, **ask)["choices"][0]["text"] != greedy, "a draw, uncut"
+    for cut in ({"top_k": 1}, {"min_p": 1.0}):
+        assert _complete(served, temperature=2.0, seed=3, **ask, **cut)["choices"][0]["text"] == greedy, cut
+    # top_k 2: every token drawn is one of the two most likely there (the logprobs reported are before the cut).
+    for seed in range(3):
+        logprobs = _complete(served, temperature=2.0, seed=seed, top_k=2, logprobs=2, **ask)["choices"][0]["logprobs"]
+        assert all(token in top for token, top in zip(logprobs["tokens"], logprobs["top_logprobs"], strict=True))

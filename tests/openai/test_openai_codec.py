@@ -74,6 +74,21 @@ def test_penalties_and_logit_bias_become_sampling_params():
     assert (plain.presence_penalty, plain.repetition_penalty, dict(plain.logit_bias)) == (0.0, 1.0, {})
 
 
+def test_vllms_top_k_and_min_p_become_sampling_params_and_min_tokens_is_refused():
+    sampling = openai_codec.parse_completion({"model": "m", "prompt": "a", "top_k": 20, "min_p": 0.05}).generate.sampling
+    assert (sampling.top_k, sampling.min_p) == (20, pytest.approx(0.05))
+    for off in (-1, 0, None):
+        assert openai_codec.parse_completion({"model": "m", "prompt": "a", "top_k": off}).generate.sampling.top_k == 0
+    assert openai_codec.parse_completion({"model": "m", "prompt": "a", "min_tokens": 0}).generate.sampling.top_k == 0
+    for body, param, message in (({"top_k": -2}, "top_k", "top_k must be an integer in [-1, 1000000] (-1 and 0: off)"),
+                                 ({"top_k": 2.5}, "top_k", "got 2.5"), ({"top_k": True}, "top_k", "got True"),
+                                 ({"min_p": 1.5}, "min_p", "min_p must be a number in [0, 1], got 1.5"),
+                                 ({"min_tokens": 4}, "min_tokens", "min_tokens is not supported (0 only), got 4")):
+        with pytest.raises(openai_codec.BadParameter) as caught:
+            openai_codec.parse_chat({"model": "m", "messages": [{"role": "user", "content": "a"}], **body})
+        assert caught.value.param == param and message in str(caught.value)
+
+
 def test_the_schedulers_logit_bias_refusal_names_the_parameter():
     reply = openai_codec.error_reply(errors.InvalidArgument("sampling.logit_bias: token id 9 is not a token"))
     assert (reply.status, reply.body["error"]["param"]) == (400, "logit_bias")

@@ -29,11 +29,17 @@ def shown(value: Any) -> str:
 
 
 def penalties(body: dict, sampling: common_pb2.SamplingParams) -> None:
-    """presence_penalty, frequency_penalty (OpenAI's), repetition_penalty (vLLM's) and logit_bias."""
+    """presence_penalty, frequency_penalty (OpenAI's), repetition_penalty (vLLM's) and logit_bias; and
+    vLLM's top_k and min_p. vLLM's min_tokens is refused unless 0: read silently, it would end outputs
+    early that the client asked to be longer."""
     sampling.presence_penalty = number(body, "presence_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY)
     sampling.frequency_penalty = number(body, "frequency_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY)
     sampling.repetition_penalty = _repetition_penalty(body)
     sampling.logit_bias.update(_logit_bias(body))
+    sampling.top_k = _top_k(body)
+    sampling.min_p = number(body, "min_p", 0.0, 0.0, 1.0)
+    if body.get("min_tokens") not in (None, 0):
+        raise BadParameter("min_tokens", f"min_tokens is not supported (0 only), got {shown(body['min_tokens'])}")
 
 
 # guided_choice's most strings (the scheduler's bound, structured_output.MAX_CHOICES).
@@ -43,6 +49,7 @@ MAX_GUIDED_CHOICES = 256
 MAX_PENALTY = 2.0
 MAX_BIAS = 100.0
 MAX_LOGIT_BIAS = 1024
+MAX_TOP_K = 1_000_000
 
 
 _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
@@ -150,6 +157,16 @@ def number(body: dict, name: str, default: float, low: float, high: float) -> fl
         raise BadParameter(name, f"{name} must be a number in [{low:g}, {high:g}], got {shown(value)}")
     return float(value)
 
+
+
+def _top_k(body: dict) -> int:
+    """vLLM's top_k: the k most likely tokens; -1 and 0 (the default) are off."""
+    value = body.get("top_k")
+    if value is None:
+        return 0
+    if not is_int(value) or not -1 <= value <= MAX_TOP_K:
+        raise BadParameter("top_k", f"top_k must be an integer in [-1, {MAX_TOP_K}] (-1 and 0: off), got {shown(value)}")
+    return max(value, 0)
 
 
 def _repetition_penalty(body: dict) -> float:

@@ -16,6 +16,7 @@ from services.scheduler.fair_queue import TenantContext
 from services.scheduler.generate_stream import GenerateStream
 from services.scheduler.sequence import SamplingParams
 from services.scheduler.step_plan import StepPlan
+from services.worker.step_codec import run_step_from_proto
 
 from .conftest import FakePagedWorker, make_scheduler, tenant
 
@@ -123,3 +124,31 @@ def test_structured_output_refuses_ignore_eos() -> None:
     with pytest.raises(errors.InvalidArgument, match="sampling.ignore_eos cannot be combined with sampling.structured"):
         decode_sampling(common_pb2.SamplingParams(ignore_eos=True,
                                                   structured=common_pb2.StructuredOutput(regex="a")), 4)
+
+
+def test_top_k_and_min_p_are_decoded_checked_and_sent_to_the_worker_only_when_set(clock):
+    cut = decode_sampling(common_pb2.SamplingParams(temperature=0.7, top_k=5, min_p=0.05), 4)
+    assert (cut.top_k, cut.min_p) == (5, pytest.approx(0.05)) and not cut.needs_history
+    scheduler, worker = make_scheduler(clock, block_size=4), FakePagedWorker(4)
+    scheduler.add_request(1, PROMPT, cut, tenant(), deadline_s=None)
+    scheduler.add_request(2, PROMPT, SamplingParams(max_tokens=4, temperature=0.7), tenant(), deadline_s=None)
+    steps = {n: _first_step(scheduler, worker, n) for n in (1, 2)}
+    streams = {n: GenerateStream(seq_id=n, tenant=TenantContext("t"), seed=5, trace_context={}, arrival_s=0.0,
+                                 deadline_s=None) for n in (1, 2)}
+    sent = {n: attach_codec.encode_run_step(StepPlan(1, (steps[n],), ()), streams).seqs[0] for n in (1, 2)}
+    assert (sent[1].sampling.top_k, sent[1].sampling.min_p) == (5, pytest.approx(0.05))
+    assert (sent[2].sampling.top_k, sent[2].sampling.min_p) == (0, 0.0)
+    decoded = run_step_from_proto(  # the worker's side of the same message
+        attach_codec.encode_run_step(StepPlan(1, (steps[1],), ()), streams)).seqs[0]
+    assert (decoded.sampling.top_k, decoded.sampling.min_p) == (5, pytest.approx(0.05))
+
+
+@pytest.mark.parametrize(("sampling", "message"), [
+    (common_pb2.SamplingParams(top_k=1_000_001), r"sampling.top_k must be at most 1000000 \(0: off\), got 1000001"),
+    (common_pb2.SamplingParams(min_p=1.5), r"sampling.min_p must be in \[0, 1\] \(0: off\), got 1.5"),
+    (common_pb2.SamplingParams(min_p=-0.1), r"sampling.min_p must be in \[0, 1\]"),
+    (common_pb2.SamplingParams(min_p=float("nan")), r"sampling.min_p must be in \[0, 1\] \(0: off\), got nan"),
+])
+def test_bad_top_k_or_min_p_is_invalid_argument_naming_the_field(sampling, message) -> None:
+    with pytest.raises(errors.InvalidArgument, match=message):
+        decode_sampling(sampling, 4)

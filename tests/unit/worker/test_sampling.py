@@ -189,3 +189,41 @@ def test_invalid_penalties_are_rejected(params: SamplingParams, fragment: str) -
     with pytest.raises(ValueError) as caught:
         check_sampling(params)
     assert fragment in str(caught.value)
+
+
+# vLLM's top_k and min_p: cut after the temperature, min_p first, then top_k, then top_p over the rest.
+CUT_LOGITS = np.log(np.array([0.05, 0.4, 0.25, 0.15, 0.15]))
+
+
+def _drawn(params: SamplingParams, draws: int = 400) -> set[int]:
+    return {sample_token(CUT_LOGITS, params, seed=3, index=i)[0] for i in range(draws)}
+
+
+def test_top_k_keeps_the_k_most_likely_and_every_token_tied_with_the_kth() -> None:
+    assert _drawn(SamplingParams(temperature=1.0, top_k=1)) == {1}
+    assert _drawn(SamplingParams(temperature=1.0, top_k=2)) == {1, 2}
+    assert _drawn(SamplingParams(temperature=1.0, top_k=3)) == {1, 2, 3, 4}, "3 and 4 tie at the third place"
+    assert _drawn(SamplingParams(temperature=1.0, top_k=5)) == _drawn(SamplingParams(temperature=1.0)) == set(range(5))
+    token, logprob = sample_token(CUT_LOGITS, SamplingParams(temperature=1.0, top_k=2), seed=3, index=0)
+    assert logprob == pytest.approx(math.log({1: 0.4, 2: 0.25}[token] / 0.65)), "under the cut distribution"
+
+
+def test_min_p_drops_tokens_below_that_share_of_the_most_likely() -> None:
+    assert _drawn(SamplingParams(temperature=1.0, min_p=0.5)) == {1, 2}  # 0.25 >= 0.5 * 0.4 > 0.15
+    assert _drawn(SamplingParams(temperature=1.0, min_p=1.0)) == {1}
+    # Against the tempered distribution: at temperature 2 the shares flatten and 0.15 passes 0.5 x max.
+    assert _drawn(SamplingParams(temperature=2.0, min_p=0.5)) == {1, 2, 3, 4}
+
+
+def test_the_cuts_combine_in_vllms_order_and_greedy_ignores_them() -> None:
+    # min_p 0.3 keeps {1, 2, 3, 4}; top_k 3 keeps them all (3 and 4 tie); top_p 0.6 of what is left
+    # (0.95 x 0.6 = 0.57) needs 1 and 2 (0.65).
+    assert _drawn(SamplingParams(temperature=1.0, min_p=0.3, top_k=3, top_p=0.6)) == {1, 2}
+    assert sample_token(CUT_LOGITS, SamplingParams(top_k=3, min_p=0.9), seed=3, index=0)[0] == 1
+
+
+@pytest.mark.parametrize("params", [SamplingParams(top_k=-1), SamplingParams(min_p=1.5),
+                                    SamplingParams(min_p=float("nan"))])
+def test_a_top_k_or_min_p_no_distribution_can_be_cut_by_is_refused(params: SamplingParams) -> None:
+    with pytest.raises(ValueError, match="top_k must be >= 0 and min_p in"):
+        check_sampling(params)
