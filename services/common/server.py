@@ -30,6 +30,7 @@ from prometheus_client import Gauge, start_http_server
 
 from services.common import build_info, tls
 from services.common.authz import IdentityInterceptor
+from services.common.call_backlog import HandedCalls, serve_backlog
 from services.common.cert_files import DEFAULT_CHECK_INTERVAL_S
 from services.common.config import ConfigError, ServerSettings
 from services.common.log_context import configure_logging
@@ -120,7 +121,10 @@ async def serve(service_name: str, settings: ServerSettings, service: Service) -
     tls_plan = tls.plan(settings, service_name)
     tls.configure_client_tls(tls_plan.files)
     # The identity check runs first: a refused caller learns nothing about how its bytes parse.
-    interceptors = [IdentityInterceptor(tls_plan.identity_policy)] if tls_plan.identity_policy else []
+    handed = HandedCalls()
+    interceptors: list[grpc.aio.ServerInterceptor] = [handed]
+    if tls_plan.identity_policy:
+        interceptors.append(IdentityInterceptor(tls_plan.identity_policy))
     interceptors.append(RequestDecodingInterceptor())
     server = grpc.aio.server(options=server_options(settings), interceptors=interceptors)
     health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
@@ -164,7 +168,9 @@ async def serve(service_name: str, settings: ServerSettings, service: Service) -
         # means no call reaches it as server.stop() sends GOAWAY, which grpc core would cancel
         # (grpc/grpc#41785) rather than fail with a retryable UNAVAILABLE.
         log.info("serving on for the %.0f ms drain notice before stopping", settings.drain_notice_ms)
+        num_before_notice = handed.num_handed
         await asyncio.sleep(settings.drain_notice_ms / 1000)
+        await _serve_backlog(handed, handed.num_handed - num_before_notice, settings.drain_grace_s / 2)
     try:
         async with asyncio.timeout(settings.drain_grace_s):  # not wait_for: it can swallow a cancellation on 3.11
             await service.drain(settings.drain_grace_s)
@@ -176,6 +182,19 @@ async def serve(service_name: str, settings: ServerSettings, service: Service) -
     await service.close()
     provider.shutdown()
     log.info("stopped")
+
+
+async def _serve_backlog(handed: HandedCalls, num_in_notice: int, limit_s: float) -> None:
+    """Serves on until grpc core's queue of calls not yet handed to a handler is empty (the calls sent before
+    health turned NOT_SERVING, which an event loop short of CPU may still be behind on), for at most `limit_s`:
+    stopping the server cancels every queued call (services/common/call_backlog.py)."""
+    served = await serve_backlog(lambda: handed.num_handed, limit_s)
+    if not served.quiet:
+        log.warning("calls still arriving %.1fs after the drain notice (%d during it, %d since); stopping anyway: "
+                    "any still queued end CANCELLED", served.waited_s, num_in_notice, served.num_calls)
+    else:
+        log.info("no call queued any more %.1fs after the drain notice (%d calls handed over during it, %d since)",
+                 served.waited_s, num_in_notice, served.num_calls)
 
 
 def _add_port(server: grpc.aio.Server, settings: ServerSettings, tls_plan: tls.TlsPlan) -> int:
