@@ -23,6 +23,9 @@ from dataclasses import dataclass
 
 import grpc
 
+# What a drain leaves of its grace to the calls running when it stops the server, however long the backlog took:
+# the last calls handed over need about one call's time (a classify: well under a second, even on a starved box).
+STOP_RESERVE_S = 1.0
 POLL_S = 0.05
 # Polls in a row with no call handed over: 4 x 50 ms, each at least one turn of the loop; a handover
 # takes three or four turns (request completes, the serving loop's task, the call's task, the handler).
@@ -52,8 +55,8 @@ class BacklogServed:
 
 
 async def serve_backlog(num_handed: Callable[[], int], limit_s: float, *, poll_s: float = POLL_S,
-                        num_quiet_polls: int = NUM_QUIET_POLLS,
-                        clock: Callable[[], float] = time.monotonic) -> BacklogServed:
+                        num_quiet_polls: int = NUM_QUIET_POLLS, clock: Callable[[], float] = time.monotonic,
+                        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> BacklogServed:
     """Until `num_quiet_polls` polls in a row see `num_handed()` unchanged, or `limit_s` has passed."""
     began = clock()
     first = last = num_handed()
@@ -61,7 +64,7 @@ async def serve_backlog(num_handed: Callable[[], int], limit_s: float, *, poll_s
     while num_quiet < num_quiet_polls:
         if clock() - began >= limit_s:
             return BacklogServed(num_handed() - first, clock() - began, quiet=False)
-        await asyncio.sleep(poll_s)
+        await sleep(poll_s)
         now = num_handed()
         num_quiet = num_quiet + 1 if now == last else 0
         last = now

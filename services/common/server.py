@@ -5,7 +5,8 @@ A service supplies the `Service` protocol; `run()` owns the process lifecycle:
     start: bind, serve health NOT_SERVING, `service.start()` (which marks itself
            SERVING when ready: the worker only after load, warm-up and golden check)
     SIGTERM/SIGINT: health NOT_SERVING at once, serve on for `drain_notice_ms` (clients
-           watching health move off), `service.drain(grace)`, stop the
+           watching health move off) and then until grpc core has handed over every call it
+           queued before (services/common/call_backlog.py), `service.drain(grace)`, stop the
            server with the rest of the grace period, `service.close()`, flush spans.
 """
 
@@ -30,7 +31,7 @@ from prometheus_client import Gauge, start_http_server
 
 from services.common import build_info, tls
 from services.common.authz import IdentityInterceptor
-from services.common.call_backlog import HandedCalls, serve_backlog
+from services.common.call_backlog import STOP_RESERVE_S, HandedCalls, serve_backlog
 from services.common.cert_files import DEFAULT_CHECK_INTERVAL_S
 from services.common.config import ConfigError, ServerSettings
 from services.common.log_context import configure_logging
@@ -166,11 +167,14 @@ async def serve(service_name: str, settings: ServerSettings, service: Service) -
         # Health Watch streams have just seen NOT_SERVING: clients with client-side health checking
         # take this server out of their picks and send new calls elsewhere. Serving on meanwhile
         # means no call reaches it as server.stop() sends GOAWAY, which grpc core would cancel
-        # (grpc/grpc#41785) rather than fail with a retryable UNAVAILABLE.
+        # (grpc/grpc#41785) rather than fail with a retryable UNAVAILABLE. The same holds for calls sent
+        # before the notice and still queued in grpc core, so the server serves on until those are handed
+        # over too, leaving the calls it then runs STOP_RESERVE_S of the grace at least.
         log.info("serving on for the %.0f ms drain notice before stopping", settings.drain_notice_ms)
         num_before_notice = handed.num_handed
         await asyncio.sleep(settings.drain_notice_ms / 1000)
-        await _serve_backlog(handed, handed.num_handed - num_before_notice, settings.drain_grace_s / 2)
+        backlog_limit_s = settings.drain_grace_s - (time.monotonic() - began) - STOP_RESERVE_S
+        await _serve_backlog(handed, handed.num_handed - num_before_notice, max(0.0, backlog_limit_s))
     try:
         async with asyncio.timeout(settings.drain_grace_s):  # not wait_for: it can swallow a cancellation on 3.11
             await service.drain(settings.drain_grace_s)
