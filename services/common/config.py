@@ -167,7 +167,8 @@ class ServerSettings:
     drain_notice_ms: float = setting(
         0.0, "on SIGTERM, how long to go on serving new calls after health turns NOT_SERVING and before the "
         "server stops (GOAWAY): clients with client-side health checking move off meanwhile, so no call "
-        "reaches the server as it stops (grpc/grpc#41785)", minimum=0)
+        "reaches the server as it stops (grpc/grpc#41785); it then serves on until the calls grpc queued before "
+        "are handed over (at most drain_grace_s less 1 s)", minimum=0)
     max_message_bytes: int = setting(8 * 1024 * 1024, "largest gRPC message accepted")
     keepalive_min_ping_interval_ms: int = setting(
         10_000, "shortest gap between a client's pings on a connection with no data that this server accepts "

@@ -33,7 +33,8 @@ class GatewayConfig(ServerSettings):
     drain_notice_ms: float = setting(
         1000.0, "on SIGTERM, how long to go on serving new calls after health turns NOT_SERVING and before the "
         "server stops (GOAWAY): clients with client-side health checking (docs/operations.md) move their "
-        "new calls to another gateway meanwhile, so none reaches this one as it stops (grpc/grpc#41785)",
+        "new calls to another gateway meanwhile, so none reaches this one as it stops (grpc/grpc#41785); it then "
+        "serves on until the calls grpc queued before are handed over (at most drain_grace_s less 1 s)",
         minimum=0)
     silence_probe_after_ms: float = setting(
         300.0, "a scheduler that sent nothing this long while calls wait on it is probed; 0: never"
