@@ -112,8 +112,8 @@ _NUMBER = re.compile(r"\d+(\.\d+)?")
 
 
 def _status(line: str) -> str:
-    """A failed call's status and message: its line is "<name>: <status> <details>[ after N tokens]"
-    (tools/testbed/mesh_load.py)."""
+    """A failed call's status and message: its line is "<name>, failed <time>: <status> <details>[ after N
+    tokens]" (tools/testbed/mesh_load.py)."""
     return _AFTER_TOKENS.sub("", line.split(": ", 1)[-1])
 
 

@@ -5,8 +5,12 @@ health checking) loses nothing (issue 35).
 A gateway's SIGTERM turns its health NOT_SERVING at once and serves on for `drain_notice_ms`
 before the server stops (GOAWAY). Clients watching health take it out of their picks during the
 notice, so no call reaches it in the moment grpc core cancels calls not yet handed to a handler
-(grpc/grpc#41785: CANCELLED, which the retry policy does not retry). `roll_gateways` is also what
-the figures in docs/operations.md were measured with, each step on and off.
+(grpc/grpc#41785: CANCELLED, which the retry policy does not retry). The same cancellation hits the
+calls grpc core still queues for the gateway when it stops, not yet handed to a handler: on a loaded
+box the gateway left alone while its peer restarts falls seconds behind, and the second SIGTERM found
+hundreds queued. So a drain also serves on until that backlog is handed over
+(services/common/call_backlog.py). `roll_gateways` is also what the figures in docs/operations.md were
+measured with, each step on and off.
 """
 
 from __future__ import annotations

@@ -193,7 +193,8 @@ def _pushback_s(exc: grpc.RpcError) -> float | None:
 
 
 def _wall_clock() -> str:
-    """Time of day to the millisecond, as the services' log lines print it (to match a failure to them)."""
+    """Time of day to the millisecond, as the services' log lines print it (to match a failure to them: the
+    gateway roll's lost calls were sent at a restarted gateway's start, and failed at the other one's stop)."""
     now = time.time()
     return time.strftime("%H:%M:%S", time.localtime(now)) + f",{int(now * 1000) % 1000:03d}"
 
@@ -293,7 +294,7 @@ class MeshLoad:
             if reply.labels[0].label != BRIGHT_LABEL:
                 self._counts.failed_classify.append(f"{name}: label {reply.labels[0].label!r}")
         except grpc.RpcError as exc:
-            self._counts.failed_classify.append(f"{name}: {exc.code().name} {exc.details()}")
+            self._counts.failed_classify.append(f"{name}, failed {_wall_clock()}: {exc.code().name} {exc.details()}")
             self._counts.failure_codes[f"classify {exc.code().name}"] += 1
         finally:
             self._finished()
@@ -309,7 +310,7 @@ class MeshLoad:
         try:
             await self._read_stream(stub, spec, f"s{number}", read)
         except grpc.RpcError as exc:
-            self._counts.failed_streams.append(f"{name}: {exc.code().name} {exc.details()} "
+            self._counts.failed_streams.append(f"{name}, failed {_wall_clock()}: {exc.code().name} {exc.details()} "
                                                f"after {len(read.token_ids)} tokens")
             self._counts.failure_codes[f"stream {exc.code().name}"] += 1
             return
