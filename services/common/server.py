@@ -122,8 +122,10 @@ async def serve(service_name: str, settings: ServerSettings, service: Service) -
     tls_plan = tls.plan(settings, service_name)
     tls.configure_client_tls(tls_plan.files)
     # The identity check runs first: a refused caller learns nothing about how its bytes parse.
-    handed = HandedCalls()
-    interceptors: list[grpc.aio.ServerInterceptor] = [handed]
+    # Counting the calls handed to handlers is only for a drain with a notice (the gateway's): the
+    # other services' calls go through one interceptor less.
+    handed = HandedCalls() if settings.drain_notice_ms > 0 else None
+    interceptors: list[grpc.aio.ServerInterceptor] = [handed] if handed is not None else []
     if tls_plan.identity_policy:
         interceptors.append(IdentityInterceptor(tls_plan.identity_policy))
     interceptors.append(RequestDecodingInterceptor())
@@ -163,7 +165,7 @@ async def serve(service_name: str, settings: ServerSettings, service: Service) -
     began = time.monotonic()
     starting.cancel()
     await health.enter_drain()
-    if settings.drain_notice_ms > 0:
+    if handed is not None:  # a drain notice (settings.drain_notice_ms > 0)
         # Health Watch streams have just seen NOT_SERVING: clients with client-side health checking
         # take this server out of their picks and send new calls elsewhere. Serving on meanwhile
         # means no call reaches it as server.stop() sends GOAWAY, which grpc core would cancel
