@@ -48,11 +48,14 @@ def free_port() -> int:
     Not from bind(0): that draws from the kernel's ephemeral range, which every outgoing connection
     also draws its source port from, so a client socket could take the port between this call and
     the service's bind (CI saw "Address already in use" on a worker's metrics port). Ports below
-    that range are only ever taken by explicit binds; none is handed out twice per test session.
+    that range are only ever taken by explicit binds; none is handed out twice per test session, and
+    pytest-xdist's workers draw from disjoint slices of it: a port handed out by one worker is free to
+    bind until its service starts, seconds later on a loaded box, so another worker's bind check could
+    not see it (a scheduler died on "Address already in use" on its metrics port in a -n 3 run).
     """
-    low = _ephemeral_low()
+    first, end = _port_slice(max(1024, _ephemeral_low() - 12000), _ephemeral_low())
     for _ in range(1000):
-        port = random.randrange(max(1024, low - 12000), low)
+        port = random.randrange(first, end)
         if port in _handed_out:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -62,7 +65,18 @@ def free_port() -> int:
                 continue
         _handed_out.add(port)
         return port
-    raise RuntimeError(f"no free port below {low} on 127.0.0.1")
+    raise RuntimeError(f"no free port in [{first}, {end}) on 127.0.0.1")
+
+
+def _port_slice(low: int, high: int) -> tuple[int, int]:
+    """This pytest-xdist worker's share of [low, high) (all of it outside xdist)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or not worker[2:].isdigit() or count <= 1:
+        return low, high
+    index = int(worker[2:]) % count
+    size = (high - low) // count
+    return low + index * size, low + (index + 1) * size
 
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
