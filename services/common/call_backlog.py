@@ -21,8 +21,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import grpc
-
 # What a drain leaves of its grace to the calls running when it stops the server, however long the backlog took:
 # the last calls handed over need about one call's time (a classify: well under a second, even on a starved box).
 STOP_RESERVE_S = 1.0
@@ -30,21 +28,6 @@ POLL_S = 0.05
 # Polls in a row with no call handed over: 4 x 50 ms, each at least one turn of the loop; a handover
 # takes three or four turns (request completes, the serving loop's task, the call's task, the handler).
 NUM_QUIET_POLLS = 4
-
-
-class HandedCalls(grpc.aio.ServerInterceptor):
-    """Counts the calls grpc.aio hands to a handler (every method, known or not, health included)."""
-
-    def __init__(self) -> None:
-        self.num_handed = 0
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        self.num_handed += 1
-        return await continuation(handler_call_details)
 
 
 @dataclass(frozen=True)

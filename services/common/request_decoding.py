@@ -17,7 +17,7 @@ per message.
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -83,7 +83,23 @@ async def decoded_requests(requests: AsyncIterator, context: grpc.aio.ServicerCo
 
 
 class RequestDecodingInterceptor(HandlerWrappingInterceptor):
-    """Answers INVALID_ARGUMENT for request bytes the method's message type cannot parse."""
+    """Answers INVALID_ARGUMENT for request bytes the method's message type cannot parse. Counts the
+    calls grpc.aio hands it (`num_handed`: every one that passed the identity check, unknown methods
+    too), which a drain watches to know grpc core's queue is empty (call_backlog.py): counted here, in
+    the interceptor every server has, not in one of its own (one more interceptor costs a unary call
+    ~40 us of CPU on a 2-core box)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_handed = 0
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        self.num_handed += 1
+        return await super().intercept_service(continuation, handler_call_details)
 
     def wrap(self, handler: grpc.RpcMethodHandler, kind: str, method: str) -> grpc.RpcMethodHandler:
         wrap = _wrap_stream_request if handler.request_streaming else _wrap_unary_request

@@ -31,7 +31,7 @@ from prometheus_client import Gauge, start_http_server
 
 from services.common import build_info, tls
 from services.common.authz import IdentityInterceptor
-from services.common.call_backlog import STOP_RESERVE_S, HandedCalls, serve_backlog
+from services.common.call_backlog import STOP_RESERVE_S, serve_backlog
 from services.common.cert_files import DEFAULT_CHECK_INTERVAL_S
 from services.common.config import ConfigError, ServerSettings
 from services.common.log_context import configure_logging
@@ -122,13 +122,12 @@ async def serve(service_name: str, settings: ServerSettings, service: Service) -
     tls_plan = tls.plan(settings, service_name)
     tls.configure_client_tls(tls_plan.files)
     # The identity check runs first: a refused caller learns nothing about how its bytes parse.
-    # Counting the calls handed to handlers is only for a drain with a notice (the gateway's): the
-    # other services' calls go through one interceptor less.
-    handed = HandedCalls() if settings.drain_notice_ms > 0 else None
-    interceptors: list[grpc.aio.ServerInterceptor] = [handed] if handed is not None else []
+    interceptors: list[grpc.aio.ServerInterceptor] = []
     if tls_plan.identity_policy:
         interceptors.append(IdentityInterceptor(tls_plan.identity_policy))
-    interceptors.append(RequestDecodingInterceptor())
+    # It also counts the calls handed to handlers, which a drain with a notice watches.
+    handed = RequestDecodingInterceptor()
+    interceptors.append(handed)
     server = grpc.aio.server(options=server_options(settings), interceptors=interceptors)
     health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     reflection.enable_server_reflection(
@@ -165,7 +164,7 @@ async def serve(service_name: str, settings: ServerSettings, service: Service) -
     began = time.monotonic()
     starting.cancel()
     await health.enter_drain()
-    if handed is not None:  # a drain notice (settings.drain_notice_ms > 0)
+    if settings.drain_notice_ms > 0:
         # Health Watch streams have just seen NOT_SERVING: clients with client-side health checking
         # take this server out of their picks and send new calls elsewhere. Serving on meanwhile
         # means no call reaches it as server.stop() sends GOAWAY, which grpc core would cancel
@@ -190,7 +189,7 @@ async def serve(service_name: str, settings: ServerSettings, service: Service) -
     log.info("stopped")
 
 
-async def _serve_backlog(handed: HandedCalls, num_in_notice: int, limit_s: float) -> None:
+async def _serve_backlog(handed: RequestDecodingInterceptor, num_in_notice: int, limit_s: float) -> None:
     """Serves on until grpc core's queue of calls not yet handed to a handler is empty (the calls sent before
     health turned NOT_SERVING, which an event loop short of CPU may still be behind on), for at most `limit_s`:
     stopping the server cancels every queued call (services/common/call_backlog.py)."""

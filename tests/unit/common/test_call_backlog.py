@@ -3,10 +3,13 @@ been handed to a handler for a number of event-loop polls, or until its limit.""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import grpc
 import pytest
 
-from services.common.call_backlog import HandedCalls, serve_backlog
+from services.common.call_backlog import serve_backlog
+from services.common.request_decoding import RequestDecodingInterceptor
 from tools.testbed.fake_clock import FakeClock
 
 
@@ -53,13 +56,18 @@ async def test_gives_up_at_its_limit_while_calls_still_arrive():
     assert served.num_calls == 22  # one more at each poll, and at the read that counts them
 
 
-async def test_the_interceptor_counts_every_call_it_hands_on():
-    handed = HandedCalls()
+async def test_the_decoding_interceptor_counts_every_call_it_hands_on():
+    handed = RequestDecodingInterceptor()
     handler = grpc.unary_unary_rpc_method_handler(lambda request, context: request)
 
     async def continuation(details):
         return handler
 
+    async def unknown(details):
+        return None
+
+    details = SimpleNamespace(method="/infermesh.v1.Inference/Classify")
     for _ in range(3):
-        assert await handed.intercept_service(continuation, None) is handler
-    assert handed.num_handed == 3
+        assert (await handed.intercept_service(continuation, details)).unary_unary is not None
+    assert await handed.intercept_service(unknown, details) is None
+    assert handed.num_handed == 4
