@@ -1,5 +1,8 @@
-"""Requests cannot grow the metric store: 10 000 calls with made-up model names and tenant ids
-leave the number of exported series where it was (issue 13, bounded metric cardinality)."""
+"""Requests cannot grow the metric store: thousands of calls with made-up model names and tenant ids
+leave the number of exported series where it was (issue 13, bounded metric cardinality).
+
+One mesh for the module: each test counts the series of its own service before and after its flood,
+and neither kills or reconfigures a process."""
 
 from __future__ import annotations
 
@@ -8,17 +11,23 @@ import random
 import string
 import urllib.request
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from services.scheduler.request_metrics import MAX_TENANT_LABELS
 from tools.testbed import session_tls
-from tools.testbed.processes import ROOT, free_port, running_mesh
+from tools.testbed.processes import ROOT, Mesh, free_port, running_mesh
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-NUM_CALLS = 10_000
+# Made-up values after the first flood: each one new, eight times the scheduler's tenant-label budget, so a
+# bound that leaked would show as thousands of series. 10 000 calls showed nothing more and cost ~35 s more
+# CPU on the 2-core box.
+NUM_CALLS = 8 * MAX_TENANT_LABELS
+TENANTS = str(ROOT / "deploy" / "local" / "tenants.yaml")
 PIXELS = common_pb2.Image(raw=common_pb2.RawImage(pixels=bytes(12), height=2, width=2, channels=3))
 
 
@@ -61,21 +70,32 @@ async def _flood_scheduler(address: str, num_calls: int, seed: int) -> None:
         await _flood(num_calls, one)
 
 
-def test_made_up_models_and_tenants_at_the_scheduler_add_no_series(tmp_path):
-    metrics_port = free_port()
-    with running_mesh(tmp_path) as mesh:
-        scheduler = mesh.start_scheduler("--metrics-port", str(metrics_port))
+@dataclass
+class _Served:
+    mesh: Mesh
+    scheduler_metrics_port: int
+    gateway_metrics_port: int
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> _Served:
+    scheduler_metrics_port, gateway_metrics_port = free_port(), free_port()
+    with running_mesh(tmp_path_factory.mktemp("cardinality")) as mesh:
+        mesh.start_scheduler("--metrics-port", str(scheduler_metrics_port))
         mesh.start_worker("toy-classifier")
-        # The first flood fills the fixed "_other" series (and up to the tenant-label budget).
-        asyncio.run(_flood_scheduler(scheduler.address, 1_000, seed=1))
-        before = _num_series(metrics_port)
-        asyncio.run(_flood_scheduler(scheduler.address, NUM_CALLS, seed=2))
-        after = _num_series(metrics_port)
-        print(f"scheduler series: {before} before, {after} after {NUM_CALLS} made-up calls")
-        assert after == before
+        mesh.start_gateway("--metrics-port", str(gateway_metrics_port), "--tenants-file", TENANTS)
+        yield _Served(mesh, scheduler_metrics_port, gateway_metrics_port)
 
 
-TENANTS = str(ROOT / "deploy" / "local" / "tenants.yaml")
+def test_made_up_models_and_tenants_at_the_scheduler_add_no_series(served):
+    address, metrics_port = served.mesh.scheduler.address, served.scheduler_metrics_port
+    # The first flood fills the fixed "_other" series (and the tenant-label budget: 1 000 new tenants).
+    asyncio.run(_flood_scheduler(address, 1_000, seed=1))
+    before = _num_series(metrics_port)
+    asyncio.run(_flood_scheduler(address, NUM_CALLS, seed=2))
+    after = _num_series(metrics_port)
+    print(f"scheduler series: {before} before, {after} after {NUM_CALLS} made-up calls")
+    assert after == before
 
 
 async def _flood_gateway(address: str, num_calls: int, seed: int) -> None:
@@ -97,15 +117,11 @@ async def _flood_gateway(address: str, num_calls: int, seed: int) -> None:
         await _flood(num_calls, one)
 
 
-def test_made_up_models_and_keys_at_the_gateway_add_no_series(tmp_path):
-    metrics_port = free_port()
-    with running_mesh(tmp_path) as mesh:
-        mesh.start_scheduler()
-        mesh.start_worker("toy-classifier")
-        gateway = mesh.start_gateway("--metrics-port", str(metrics_port), "--tenants-file", TENANTS)
-        asyncio.run(_flood_gateway(gateway.address, 1_000, seed=1))
-        before = _num_series(metrics_port)
-        asyncio.run(_flood_gateway(gateway.address, NUM_CALLS, seed=2))
-        after = _num_series(metrics_port)
-        print(f"gateway series: {before} before, {after} after {NUM_CALLS} made-up calls")
-        assert after == before
+def test_made_up_models_and_keys_at_the_gateway_add_no_series(served):
+    address, metrics_port = served.mesh.gateway.address, served.gateway_metrics_port
+    asyncio.run(_flood_gateway(address, 1_000, seed=1))
+    before = _num_series(metrics_port)
+    asyncio.run(_flood_gateway(address, NUM_CALLS, seed=2))
+    after = _num_series(metrics_port)
+    print(f"gateway series: {before} before, {after} after {NUM_CALLS} made-up calls")
+    assert after == before
