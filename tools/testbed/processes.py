@@ -27,7 +27,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tools.testbed import session_tls
+from tools.testbed import fork_server, session_tls
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,6 +100,9 @@ STOP_POLL_S = 0.02
 # the variable (and a flag wins over both). Empty for benchmarks; the test suite sets its defaults
 # (tests/conftest.py).
 GATEWAY_ENV_DEFAULTS: dict[str, str] = {}
+# Fork services from a warm interpreter (tools/testbed/fork_server.py) instead of starting them cold: the test
+# suite turns it on (tests/conftest.py); benchmarks keep plain Popen.
+FORK_SERVER = False
 
 
 @dataclass
@@ -110,7 +113,7 @@ class ServiceProcess:
     args: list[str]
     env: dict[str, str]
     log_path: Path
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen | fork_server.ForkedProcess | None = None
     # Prepended to the command line, e.g. ("ip", "netns", "exec", "ns") to run it in a network namespace.
     launcher: tuple[str, ...] = ()
     # The interpreter (another environment's python, e.g. one built from a service's requirements set).
@@ -155,12 +158,14 @@ class ServiceProcess:
         notice = {"INFERMESH_GATEWAY_DRAIN_NOTICE_MS": "0"} if self.service == "gateway" else {}
         defaults = GATEWAY_ENV_DEFAULTS if self.service == "gateway" else {}
         env = {**defaults, **os.environ, **notice, **self.env, "PYTHONUNBUFFERED": "1"}
+        module = self.module or f"services.{self.service}"
+        args = ["--port", str(self.port), *self.tls_args(), *self.anonymous_args(), *self.args]
+        if FORK_SERVER and not self.launcher and self.python == sys.executable and fork_server.available():
+            self.proc = fork_server.spawn(module, args, env, ROOT, self.log_path)
+            return self
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process for its lifetime
-        self.proc = subprocess.Popen(
-            [*self.launcher, self.python, "-m", self.module or f"services.{self.service}", "--port", str(self.port),
-             *self.tls_args(), *self.anonymous_args(), *self.args],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )
+        self.proc = subprocess.Popen([*self.launcher, self.python, "-m", module, *args],
+                                     cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         return self
 
