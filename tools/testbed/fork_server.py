@@ -1,15 +1,15 @@
 """Service processes forked from a warm interpreter instead of started cold, for the test suite.
 
-A service started with `python -m services.<name>` spends ~0.6 s of CPU before it serves on the 2-core
-box, much of it starting an interpreter and importing grpc, protobuf, prometheus_client, cryptography,
-OpenTelemetry and uvloop; the suite starts ~480 of them. Forked, a toy mesh's start and stop took 0.3 s
-of CPU a process instead of 0.6. The fork server is one interpreter per test process that has imported those libraries
-once (PRELOADED: third-party only, none that reads a setting the tests vary when it is imported, none
-that starts a thread) and forks a service from there: the child sets up what `python -m` would have
-(environment, working directory, argv, stdout and stderr on the log, stdin from /dev/null, no other
-file descriptor) and runs the module as __main__. The service's own modules are imported in the child,
-as they are in a cold start, so nothing of one service leaks into another (a module-level metric, a
-start time).
+A service started with `python -m services.<name>` spent ~0.6 s of CPU before it served on the 2-core
+box: starting an interpreter, importing grpc, protobuf, prometheus_client, cryptography, OpenTelemetry,
+uvloop and then its own modules; the suite starts ~480 of them. A fork server is an interpreter per
+service kind and test process that has imported all of that once (PRELOADED, then `services.<kind>.server`)
+and forks each service of that kind from there. The child sets up what `python -m` and Popen would have
+(environment, working directory, argv, stdout and stderr on the log, stdin from /dev/null, no other file
+descriptor) and runs the module as __main__. What is imported first is what a cold start imports before
+it reads its configuration: no module of ours reads the environment, the clock or the pid at import, and
+each kind has its own server, so no metric of one service is registered in another. Not torch or numba: a
+worker exports its thread counts to the environment before they load (services/worker/thread_settings.py).
 
 The service must be the test process's own child, as a Popen's is: the test signals it, waits for it
 and reads its exit status. The server forks twice and the middle process exits, so the service is
@@ -19,8 +19,8 @@ are not adopted. `ForkedProcess` is the part of Popen the testbed and the tests 
 returncode, send_signal, kill, terminate).
 
 Benchmarks and `make up` keep plain Popen: tests/conftest.py turns this on for the suite
-(processes.FORK_SERVER). Where it cannot work (no prctl, another interpreter, a launcher such as `ip
-netns exec`) a process is started with Popen as before.
+(processes.FORK_SERVER). Where it cannot work (another interpreter, a launcher such as `ip netns exec`)
+a process is started with Popen as before.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ import sys
 import threading
 from pathlib import Path
 
-# What every service imports before it serves, imported once here. Not numpy or torch: a worker exports
-# its thread counts to the environment before they load (services/worker/thread_settings.py).
+# Third-party modules every service imports before it serves; the server of a kind then imports its
+# services.<kind>.server (argv).
 PRELOADED = (
     "asyncio", "concurrent.futures", "http.server", "json", "logging.handlers", "ssl", "uuid",
     "grpc", "grpc.aio", "grpc_health.v1.health_pb2", "grpc_health.v1.health_pb2_grpc", "grpc_health.v1._async",
@@ -53,13 +53,13 @@ _PR_SET_CHILD_SUBREAPER = 36
 # --------------------------------------------------------------------------- the server (its own process)
 
 
-def serve() -> None:
+def serve(preload: list[str]) -> None:
     """Reads one JSON request a line on stdin, answers each with the forked service's pid (0: failed)."""
-    for name in PRELOADED:
+    for name in (*PRELOADED, *preload):
         try:
             importlib.import_module(name)
         except ImportError:
-            pass  # the child imports what it needs itself
+            pass  # the child imports what it needs itself, and fails as a cold start would
     for line in sys.stdin.buffer:
         request = json.loads(line)
         sys.stdout.write(f"{_fork_twice(request)}\n")
@@ -153,10 +153,10 @@ class ForkedProcess:
 
 
 class _Client:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, preload: str) -> None:
         self._lock = threading.Lock()
         self._libc = ctypes.CDLL(None, use_errno=True)
-        self._server = subprocess.Popen([sys.executable, "-m", "tools.testbed.fork_server"], cwd=root,
+        self._server = subprocess.Popen([sys.executable, "-m", "tools.testbed.fork_server", preload], cwd=root,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
     def spawn(self, module: str, args: list[str], env: dict[str, str], cwd: Path, log_path: Path) -> ForkedProcess:
@@ -185,30 +185,30 @@ class _Client:
         self._server.wait(timeout=10)
 
 
-_client: _Client | None = None
-_client_lock = threading.Lock()
+_clients: dict[str, _Client] = {}  # by service kind
+_clients_lock = threading.Lock()
 
 
 def available() -> bool:
     return sys.platform == "linux" and hasattr(os, "pidfd_open")
 
 
-def spawn(module: str, args: list[str], env: dict[str, str], cwd: Path, log_path: Path) -> ForkedProcess:
-    """`python -m module args` forked from this test process's fork server (started on first use)."""
-    global _client
-    with _client_lock:
-        if _client is None or not _client.alive():
-            _client = _Client(cwd)
-    return _client.spawn(module, args, env, cwd, log_path)
+def spawn(kind: str, module: str, args: list[str], env: dict[str, str], cwd: Path, log_path: Path) -> ForkedProcess:
+    """`python -m module args` forked from this test process's server for `kind` (gateway, scheduler, worker),
+    started on first use."""
+    with _clients_lock:
+        client = _clients.get(kind)
+        if client is None or not client.alive():
+            client = _clients[kind] = _Client(cwd, f"services.{kind}.server")
+    return client.spawn(module, args, env, cwd, log_path)
 
 
 def stop() -> None:
-    global _client
-    with _client_lock:
-        if _client is not None:
-            _client.close()
-            _client = None
+    with _clients_lock:
+        for client in _clients.values():
+            client.close()
+        _clients.clear()
 
 
 if __name__ == "__main__":
-    serve()
+    serve(sys.argv[1:])

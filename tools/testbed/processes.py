@@ -161,7 +161,7 @@ class ServiceProcess:
         module = self.module or f"services.{self.service}"
         args = ["--port", str(self.port), *self.tls_args(), *self.anonymous_args(), *self.args]
         if FORK_SERVER and not self.launcher and self.python == sys.executable and fork_server.available():
-            self.proc = fork_server.spawn(module, args, env, ROOT, self.log_path)
+            self.proc = fork_server.spawn(self.service, module, args, env, ROOT, self.log_path)
             return self
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process for its lifetime
         self.proc = subprocess.Popen([*self.launcher, self.python, "-m", module, *args],
