@@ -8,8 +8,10 @@ and forks each service of that kind from there. The child sets up what `python -
 (environment, working directory, argv, stdout and stderr on the log, stdin from /dev/null, no other file
 descriptor) and runs the module as __main__. What is imported first is what a cold start imports before
 it reads its configuration: no module of ours reads the environment, the clock or the pid at import, and
-each kind has its own server, so no metric of one service is registered in another. Not torch or numba: a
-worker exports its thread counts to the environment before they load (services/worker/thread_settings.py).
+each kind has its own server, so no metric of one service is registered in another. The workers' server
+has torch imported too (~2 s of CPU in each model worker's start): the worker sizes torch's pools with
+torch.set_num_threads after it exports its thread counts (services/worker/thread_settings.py), and numba,
+whose pool is sized at import, is imported in the child.
 
 The service must be the test process's own child, as a Popen's is: the test signals it, waits for it
 and reads its exit status. The server forks twice and the middle process exits, so the service is
@@ -37,8 +39,8 @@ import sys
 import threading
 from pathlib import Path
 
-# Third-party modules every service imports before it serves; the server of a kind then imports its
-# services.<kind>.server (argv).
+# Third-party modules every service imports before it serves; the server of a kind then imports what
+# KIND_PRELOADED names.
 PRELOADED = (
     "asyncio", "concurrent.futures", "http.server", "json", "logging.handlers", "ssl", "uuid",
     "grpc", "grpc.aio", "grpc_health.v1.health_pb2", "grpc_health.v1.health_pb2_grpc", "grpc_health.v1._async",
@@ -47,6 +49,11 @@ PRELOADED = (
     "opentelemetry.propagate", "opentelemetry.sdk.resources", "opentelemetry.sdk.trace",
     "opentelemetry.sdk.trace.export",
 )
+KIND_PRELOADED = {
+    "gateway": ("services.gateway.server",),
+    "scheduler": ("services.scheduler.server",),
+    "worker": ("services.worker.server", "torch"),
+}
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -153,10 +160,10 @@ class ForkedProcess:
 
 
 class _Client:
-    def __init__(self, root: Path, preload: str) -> None:
+    def __init__(self, root: Path, preload: tuple[str, ...]) -> None:
         self._lock = threading.Lock()
         self._libc = ctypes.CDLL(None, use_errno=True)
-        self._server = subprocess.Popen([sys.executable, "-m", "tools.testbed.fork_server", preload], cwd=root,
+        self._server = subprocess.Popen([sys.executable, "-m", "tools.testbed.fork_server", *preload], cwd=root,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
     def spawn(self, module: str, args: list[str], env: dict[str, str], cwd: Path, log_path: Path) -> ForkedProcess:
@@ -199,7 +206,7 @@ def spawn(kind: str, module: str, args: list[str], env: dict[str, str], cwd: Pat
     with _clients_lock:
         client = _clients.get(kind)
         if client is None or not client.alive():
-            client = _clients[kind] = _Client(cwd, f"services.{kind}.server")
+            client = _clients[kind] = _Client(cwd, KIND_PRELOADED.get(kind, ()))
     return client.spawn(module, args, env, cwd, log_path)
 
 
