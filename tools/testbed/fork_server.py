@@ -159,16 +159,20 @@ class ForkedProcess:
         self.send_signal(9)
 
 
+# One fork at a time across the servers: PR_SET_CHILD_SUBREAPER is the process's, and a window closed by
+# one thread while another's middle process is still exiting would leave that service to init.
+_fork_lock = threading.Lock()
+
+
 class _Client:
     def __init__(self, root: Path, preload: tuple[str, ...]) -> None:
-        self._lock = threading.Lock()
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._server = subprocess.Popen([sys.executable, "-m", "tools.testbed.fork_server", *preload], cwd=root,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
     def spawn(self, module: str, args: list[str], env: dict[str, str], cwd: Path, log_path: Path) -> ForkedProcess:
         request = {"module": module, "args": args, "env": env, "cwd": str(cwd), "log_path": str(log_path)}
-        with self._lock:
+        with _fork_lock:
             self._subreaper(True)
             try:
                 self._server.stdin.write(json.dumps(request).encode() + b"\n")
