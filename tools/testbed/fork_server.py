@@ -28,6 +28,7 @@ a process is started with Popen as before.
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib
 import io
 import json
@@ -200,8 +201,19 @@ _clients: dict[str, _Client] = {}  # by service kind
 _clients_lock = threading.Lock()
 
 
+@functools.cache
 def available() -> bool:
-    return sys.platform == "linux" and hasattr(os, "pidfd_open")
+    """Whether this machine lets the test process adopt forked services and wait on them: Linux, a kernel with
+    pidfd_open (5.3+) and a prctl that sets the child subreaper (a sandbox's seccomp may refuse it). Asked once;
+    where it answers no, services start cold with Popen as before."""
+    if sys.platform != "linux" or not hasattr(os, "pidfd_open"):
+        return False
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) == 0
 
 
 def spawn(kind: str, module: str, args: list[str], env: dict[str, str], cwd: Path, log_path: Path) -> ForkedProcess:
