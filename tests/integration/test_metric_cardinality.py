@@ -87,13 +87,19 @@ def served(tmp_path_factory) -> _Served:
         yield _Served(mesh, scheduler_metrics_port, gateway_metrics_port)
 
 
-def test_made_up_models_and_tenants_at_the_scheduler_add_no_series(served):
-    address, metrics_port = served.mesh.scheduler.address, served.scheduler_metrics_port
-    # The first flood fills the fixed "_other" series (and the tenant-label budget: 1 000 new tenants).
-    asyncio.run(_flood_scheduler(address, 1_000, seed=1))
+def _series_before_and_after(flood: Callable[[str, int, int], Awaitable[None]], address: str,
+                             metrics_port: int) -> tuple[int, int]:
+    """The service's series after a first flood (it fills the fixed "_other" series and the tenant-label
+    budget: 1 000 new tenants) and after NUM_CALLS more made-up calls."""
+    asyncio.run(flood(address, 1_000, 1))
     before = _num_series(metrics_port)
-    asyncio.run(_flood_scheduler(address, NUM_CALLS, seed=2))
-    after = _num_series(metrics_port)
+    asyncio.run(flood(address, NUM_CALLS, 2))
+    return before, _num_series(metrics_port)
+
+
+def test_made_up_models_and_tenants_at_the_scheduler_add_no_series(served):
+    before, after = _series_before_and_after(_flood_scheduler, served.mesh.scheduler.address,
+                                             served.scheduler_metrics_port)
     print(f"scheduler series: {before} before, {after} after {NUM_CALLS} made-up calls")
     assert after == before
 
@@ -118,10 +124,7 @@ async def _flood_gateway(address: str, num_calls: int, seed: int) -> None:
 
 
 def test_made_up_models_and_keys_at_the_gateway_add_no_series(served):
-    address, metrics_port = served.mesh.gateway.address, served.gateway_metrics_port
-    asyncio.run(_flood_gateway(address, 1_000, seed=1))
-    before = _num_series(metrics_port)
-    asyncio.run(_flood_gateway(address, NUM_CALLS, seed=2))
-    after = _num_series(metrics_port)
+    before, after = _series_before_and_after(_flood_gateway, served.mesh.gateway.address,
+                                             served.gateway_metrics_port)
     print(f"gateway series: {before} before, {after} after {NUM_CALLS} made-up calls")
     assert after == before
