@@ -78,17 +78,18 @@ def prompt_token_ids(request: gateway_pb2.GenerateRequest, text: ModelText) -> t
     (a resumed stream's too: the same conversation renders the same ids)."""
     check_input(request.prompt, request.messages, request.tools, request.prompt_token_ids)
     if request.prompt_token_ids:
-        return _known_token_ids(request.prompt_token_ids, text.tokenizer.vocab_size)
+        return known_token_ids(request.prompt_token_ids, text.tokenizer.vocab_size, "prompt_token_ids")
     if request.prompt:
         return text.tokenizer.encode(request.prompt)
     return text.chat_prompt_ids([chat_turn(m) for m in request.messages], [template_tool(t) for t in request.tools])
 
 
-def _known_token_ids(token_ids: Sequence[int], vocab_size: int) -> tuple[int, ...]:
+def known_token_ids(token_ids: Sequence[int], vocab_size: int, field: str) -> tuple[int, ...]:
+    """`token_ids` (a request's `field`), each below the model's vocab_size, else InvalidArgument naming the first."""
     ids = tuple(token_ids)
-    if max(ids) >= vocab_size:
+    if ids and max(ids) >= vocab_size:
         index = next(i for i, token_id in enumerate(ids) if token_id >= vocab_size)
-        raise errors.InvalidArgument(f"prompt_token_ids[{index}] is {ids[index]}, but the model's token ids are "
+        raise errors.InvalidArgument(f"{field}[{index}] is {ids[index]}, but the model's token ids are "
                                      f"0..{vocab_size - 1} (vocab_size {vocab_size})")
     return ids
 
@@ -255,4 +256,4 @@ def add_stages(timings: common_pb2.Timings, stages: tuple[StageTime, ...]) -> No
 
 
 __all__ = ["ANONYMOUS_TENANT", "FINISH_REASONS", "KIND_TO_WIRE", "MAX_STOP_BYTES", "MAX_STOP_SEQUENCES", "TenantCodec", "add_labels", "add_stages",
-           "decode_sampling", "encode_pressure", "prompt_token_ids"]
+           "decode_sampling", "encode_pressure", "known_token_ids", "prompt_token_ids"]

@@ -5,10 +5,9 @@ tokenizes it, a conversation rendered through the model's chat template. Pure: n
 from __future__ import annotations
 
 from infermesh.v1 import common_pb2, gateway_pb2
-from services.common import errors
 from services.common.generate_input import check_input
 from services.scheduler.attach_types import ModelKey
-from services.scheduler.call_codec import chat_turn, template_tool
+from services.scheduler.call_codec import chat_turn, known_token_ids, template_tool
 from services.scheduler.model_text import ModelText
 from services.scheduler.tokenizer import Tokenizer
 
@@ -31,11 +30,7 @@ def tokenize(request: gateway_pb2.TokenizeRequest, key: ModelKey, text: ModelTex
 
 def detokenize(request: gateway_pb2.DetokenizeRequest, key: ModelKey,
                tokenizer: Tokenizer) -> gateway_pb2.DetokenizeResponse:
-    vocab_size = tokenizer.vocab_size
-    for index, token_id in enumerate(request.token_ids):
-        if token_id >= vocab_size:
-            raise errors.InvalidArgument(f"token_ids[{index}] is {token_id}, but the model's token ids are "
-                                         f"0..{vocab_size - 1} (vocab_size {vocab_size})")
-    spelled = b"".join(tokenizer.token_bytes(i) for i in request.token_ids)
+    ids = known_token_ids(request.token_ids, tokenizer.vocab_size, "token_ids")
+    spelled = b"".join(tokenizer.token_bytes(i) for i in ids)
     return gateway_pb2.DetokenizeResponse(model=common_pb2.ModelRef(name=key.name, version=key.version),
                                           text=spelled.decode("utf-8", errors="replace"))

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from infermesh.v1 import gateway_pb2
-from services.gateway.fronts.openai_params import BadParameter, shown
+from services.gateway.fronts.openai_params import BadParameter, is_int, shown, token_ids
 
 if TYPE_CHECKING:
     from services.gateway.fronts.openai_codec import OpenAIRequest
@@ -32,8 +32,6 @@ MAX_BATCH_SEQUENCES = 64
 
 # A prompt: text, or token ids of the model's tokenizer.
 Prompt = str | tuple[int, ...]
-# GenerateRequest.prompt_token_ids holds uint32s; the model's vocabulary is checked upstream.
-_MAX_TOKEN_ID = 2**32 - 1
 _PROMPT_SHAPES = "a string, a list of strings, a list of token ids, or a list of lists of token ids"
 
 
@@ -47,12 +45,12 @@ def completion_prompts(value: Any) -> tuple[Prompt, ...]:
     prompts: tuple[Prompt, ...]
     if isinstance(value, str):
         prompts = (value,)
-    elif isinstance(value, list) and all(_is_token_id(p) for p in value):
-        prompts = (_token_ids(value, "prompt"),)
+    elif isinstance(value, list) and all(is_int(p) for p in value):
+        prompts = (token_ids(value, "prompt", "prompt"),)
     elif isinstance(value, list) and all(isinstance(p, str) for p in value):
         prompts = tuple(value)
     elif isinstance(value, list) and all(isinstance(p, list) for p in value):
-        prompts = tuple(_token_ids(p, f"prompt[{index}]") for index, p in enumerate(value))
+        prompts = tuple(token_ids(p, "prompt", f"prompt[{index}]") for index, p in enumerate(value))
     else:
         raise BadParameter("prompt", f"prompt must be {_PROMPT_SHAPES} (not a mix), got {shown(value)}")
     for index, prompt in enumerate(prompts):
@@ -60,17 +58,6 @@ def completion_prompts(value: Any) -> tuple[Prompt, ...]:
             where = "prompt" if len(prompts) == 1 else f"prompt[{index}]"
             raise BadParameter("prompt", f"{where} must not be empty")
     return prompts
-
-
-def _is_token_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _token_ids(values: list, where: str) -> tuple[int, ...]:
-    for index, value in enumerate(values):
-        if not _is_token_id(value) or not 0 <= value <= _MAX_TOKEN_ID:
-            raise BadParameter("prompt", f"{where}[{index}] must be a token id (an integer >= 0), got {shown(value)}")
-    return tuple(values)
 
 
 def set_prompt(generate: gateway_pb2.GenerateRequest, prompt: Prompt) -> None:

@@ -34,6 +34,8 @@ from services.gateway.fronts.openai_params import (
     chat_logprobs,
     is_int,
     is_number,
+    json_object,
+    model_ref,
     number,
     penalties,
     shown,
@@ -94,7 +96,7 @@ class OpenAIRequest:
 
 
 def parse_completion(body: Any) -> OpenAIRequest:
-    body = _object(body)
+    body = json_object(body)
     prompts = completion_prompts(body.get("prompt"))
     prompt = prompts[0]
     _refuse_unsupported(body)
@@ -122,7 +124,7 @@ def parse_completion(body: Any) -> OpenAIRequest:
 
 
 def parse_chat(body: Any) -> OpenAIRequest:
-    body = _object(body)
+    body = json_object(body)
     messages = chat_messages(body.get("messages"))
     _refuse_unsupported(body)
     options = prompt_options(body, completion=False)
@@ -192,9 +194,7 @@ def _request(kind: str, body: dict, prompt: str, max_tokens: int,
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadParameter("model", "model is required (a model id from GET /v1/models)")
-    name, colon, version = model.partition(":")
-    if not name or (colon and not version):
-        raise BadParameter("model", f"model must be a model id or <id>:<version>, got {shown(model)}")
+    ref = model_ref(model)
     stream = boolean(body, "stream", False)
     include_usage = False
     options = body.get("stream_options")
@@ -218,7 +218,7 @@ def _request(kind: str, body: dict, prompt: str, max_tokens: int,
             raise BadParameter("seed", f"seed must be an integer in [0, 2**63), got {shown(seed)}")
         sampling.seed = seed
     generate = gateway_pb2.GenerateRequest(
-        model=common_pb2.ModelRef(name=name, version=version), prompt=prompt, sampling=sampling, messages=messages)
+        model=ref, prompt=prompt, sampling=sampling, messages=messages)
     return OpenAIRequest(kind, model, generate, stream, include_usage)
 
 
@@ -288,12 +288,6 @@ def _is_default(value: Any, allowed: tuple) -> bool:
     if isinstance(value, bool):  # True == 1: n=true is not n=1
         return value is False and False in allowed
     return value in allowed
-
-
-def _object(body: Any) -> dict:
-    if not isinstance(body, dict):
-        raise BadParameter(None, "the request body must be a JSON object")
-    return body
 
 
 def _top_p(body: dict) -> float:

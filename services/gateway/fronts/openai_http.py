@@ -93,22 +93,33 @@ class OpenAIFront:
         return routes
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        assert self._text is not None  # routed only with it
-        try:
-            parsed, token_strs = openai_tokenize.parse_tokenize(await _json_body(request))
-            reply = await self._text.tokenize(parsed, http_authorization(request), _TEXT_TIMEOUT_S)
-        except errors.InfermeshError as err:
-            return error_response(self._refusal(request, err))
-        return web.json_response(openai_tokenize.tokenize_body(reply, token_strs), dumps=_dumps)
+        async def answer(body, authorization: Authorization) -> dict:
+            parsed, token_strs = openai_tokenize.parse_tokenize(body)
+            reply = await self._text_calls().tokenize(parsed, authorization, _TEXT_TIMEOUT_S)
+            return openai_tokenize.tokenize_body(reply, token_strs)
+
+        return await self._text_answer(request, answer)
 
     async def detokenize(self, request: web.Request) -> web.Response:
-        assert self._text is not None
+        async def answer(body, authorization: Authorization) -> dict:
+            reply = await self._text_calls().detokenize(openai_tokenize.parse_detokenize(body), authorization,
+                                                        _TEXT_TIMEOUT_S)
+            return openai_tokenize.detokenize_body(reply)
+
+        return await self._text_answer(request, answer)
+
+    async def _text_answer(self, request: web.Request,
+                           answer: Callable[[object, Authorization], Awaitable[dict]]) -> web.Response:
+        """/tokenize's or /detokenize's JSON answer, or its refusal in OpenAI's error shape."""
         try:
-            parsed = openai_tokenize.parse_detokenize(await _json_body(request))
-            reply = await self._text.detokenize(parsed, http_authorization(request), _TEXT_TIMEOUT_S)
+            body = await answer(await _json_body(request), http_authorization(request))
         except errors.InfermeshError as err:
             return error_response(self._refusal(request, err))
-        return web.json_response(openai_tokenize.detokenize_body(reply), dumps=_dumps)
+        return web.json_response(body, dumps=_dumps)
+
+    def _text_calls(self) -> TextCalls:
+        assert self._text is not None  # the routes exist only with it
+        return self._text
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, openai_codec.parse_completion)

@@ -22,6 +22,40 @@ class BadParameter(errors.InvalidArgument):
         self.param = param
 
 
+# Token ids travel as uint32 (GenerateRequest.prompt_token_ids, DetokenizeRequest.token_ids); the model's
+# vocabulary is checked upstream, where it is known.
+MAX_TOKEN_ID = 2**32 - 1
+
+
+def json_object(body: Any) -> dict:
+    """A request body that must be a JSON object."""
+    if not isinstance(body, dict):
+        raise BadParameter(None, "the request body must be a JSON object")
+    return body
+
+
+def model_ref(model: Any) -> common_pb2.ModelRef:
+    """`model`: a model id, or `<id>:<version>` pinning a version."""
+    if not isinstance(model, str) or not model:
+        raise BadParameter("model", f"model must be a model id from GET /v1/models, got {shown(model)}")
+    name, colon, version = model.partition(":")
+    if not name or (colon and not version):
+        raise BadParameter("model", f"model must be a model id or <id>:<version>, got {shown(model)}")
+    return common_pb2.ModelRef(name=name, version=version)
+
+
+def is_token_id(value: Any) -> bool:
+    return is_int(value) and 0 <= value <= MAX_TOKEN_ID
+
+
+def token_ids(values: list, param: str, where: str) -> tuple[int, ...]:
+    """`values` as token ids; a refusal names `param` and the place (`where[i]`) of the first that is not one."""
+    for index, value in enumerate(values):
+        if not is_token_id(value):
+            raise BadParameter(param, f"{where}[{index}] must be a token id (an integer >= 0), got {shown(value)}")
+    return tuple(values)
+
+
 def shown(value: Any) -> str:
     """A value in a message: its repr, cut to 40 characters."""
     text = repr(value)

@@ -14,15 +14,20 @@ from typing import Any
 
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.gateway.fronts.openai_codec import chat_messages
-from services.gateway.fronts.openai_params import BadParameter, boolean, shown
+from services.gateway.fronts.openai_params import (
+    BadParameter,
+    boolean,
+    json_object,
+    model_ref,
+    shown,
+    token_ids,
+)
 from services.gateway.fronts.openai_tools import parse_tools
-
-_MAX_TOKEN_ID = 2**32 - 1
 
 
 def parse_tokenize(body: Any) -> tuple[gateway_pb2.TokenizeRequest, bool]:
     """The request, and whether the caller wants each token's text (return_token_strs)."""
-    body = _object(body)
+    body = json_object(body)
     request = gateway_pb2.TokenizeRequest(model=_model(body))
     token_strs = boolean(body, "return_token_strs", False)
     prompt, messages = body.get("prompt"), body.get("messages")
@@ -43,14 +48,11 @@ def parse_tokenize(body: Any) -> tuple[gateway_pb2.TokenizeRequest, bool]:
 
 
 def parse_detokenize(body: Any) -> gateway_pb2.DetokenizeRequest:
-    body = _object(body)
+    body = json_object(body)
     tokens = body.get("tokens")
     if not isinstance(tokens, list):
         raise BadParameter("tokens", f"tokens must be a list of token ids, got {shown(tokens)}")
-    for index, token in enumerate(tokens):
-        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token <= _MAX_TOKEN_ID:
-            raise BadParameter("tokens", f"tokens[{index}] must be a token id (an integer >= 0), got {shown(token)}")
-    return gateway_pb2.DetokenizeRequest(model=_model(body), token_ids=tokens)
+    return gateway_pb2.DetokenizeRequest(model=_model(body), token_ids=token_ids(tokens, "tokens", "tokens"))
 
 
 def tokenize_body(reply: gateway_pb2.TokenizeResponse, token_strs: bool) -> dict:
@@ -63,20 +65,7 @@ def detokenize_body(reply: gateway_pb2.DetokenizeResponse) -> dict:
     return {"prompt": reply.text}
 
 
-def _object(body: Any) -> dict:
-    if not isinstance(body, dict):
-        raise BadParameter(None, "the request body must be a JSON object")
-    return body
-
-
 def _model(body: dict) -> common_pb2.ModelRef:
     """The model named, or none: the caller's only generator (vLLM serves one; lm-eval names none)."""
     model = body.get("model")
-    if model is None:
-        return common_pb2.ModelRef()
-    if not isinstance(model, str) or not model:
-        raise BadParameter("model", f"model must be a model id from GET /v1/models, got {shown(model)}")
-    name, colon, version = model.partition(":")
-    if not name or (colon and not version):
-        raise BadParameter("model", f"model must be a model id or <id>:<version>, got {shown(model)}")
-    return common_pb2.ModelRef(name=name, version=version)
+    return common_pb2.ModelRef() if model is None else model_ref(model)
