@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
@@ -132,9 +132,11 @@ def prediction_factor(factor: float) -> float:
     return factor or 1.0
 
 
-def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int, vocab_size: int | None = None) -> SamplingParams:
+def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int, vocab_size: int | None = None,
+                    end_token_ids: Iterable[int] = ()) -> SamplingParams:
     """`max_tokens`: the request's, or the default the servicer chose. `vocab_size`: the model's,
-    which every logit_bias token id must be below (None: not checked)."""
+    which every logit_bias token id must be below (None: not checked). `end_token_ids`: the model's
+    (Tokenizer.end_token_ids), which min_tokens holds off."""
     if not (math.isfinite(sampling.temperature) and sampling.temperature >= 0):  # NaN passes a plain < 0
         raise errors.InvalidArgument(f"sampling.temperature must be a finite number >= 0, got {sampling.temperature}")
     if not 0 <= sampling.top_p <= 1:
@@ -154,6 +156,10 @@ def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int, vocab_
     if sampling.HasField("structured") and sampling.ignore_eos:
         # A complete grammar allows only the end: generating past it has nothing left to sample.
         raise errors.InvalidArgument("sampling.ignore_eos cannot be combined with sampling.structured")
+    if sampling.min_tokens > max_tokens:
+        asked = "max_tokens" if sampling.max_tokens else "the default max_tokens"
+        raise errors.InvalidArgument(f"sampling.min_tokens ({sampling.min_tokens}) must be at most {asked} "
+                                     f"({max_tokens})")
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=sampling.temperature,
@@ -171,6 +177,8 @@ def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int, vocab_
         prompt_logprobs=sampling.prompt_logprobs if sampling.HasField("prompt_logprobs") else None,
         top_k=sampling.top_k,
         min_p=sampling.min_p,
+        min_tokens=sampling.min_tokens,
+        min_tokens_ban=() if not sampling.min_tokens or sampling.ignore_eos else tuple(sorted(end_token_ids)),
     )
 
 

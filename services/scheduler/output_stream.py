@@ -37,8 +37,11 @@ class StreamChunk:
 
 
 class OutputStream:
-    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = ()) -> None:
+    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = (), min_tokens: int = 0) -> None:
+        """`min_tokens` (vLLM's): no stop string is looked for until more tokens than that were
+        appended; then only those ending in the new token's bytes (as vLLM's detokenizer looks)."""
         self._tokenizer = tokenizer
+        self._min_tokens = min_tokens
         self._stops = tuple(s.encode("utf-8") for s in stop if s)
         self._max_stop_len_bytes = max((len(s) for s in self._stops), default=0)
         self._token_ids: list[int] = []
@@ -64,14 +67,15 @@ class OutputStream:
         """Adds a generated token; True when the text now contains a stop string."""
         if self._stop_at_byte is not None:
             raise ValueError("cannot append after a stop string matched")
-        search_from = len(self._bytes) - self._max_stop_len_bytes + 1
+        old_end = len(self._bytes)
         self._bytes += self._tokenizer.token_bytes(token_id)
         self._token_ids.append(token_id)
         self._byte_ends.append(len(self._bytes))
-        if not self._stops:  # the common case: once per generated token, so no search at all
+        if not self._stops or len(self._token_ids) <= self._min_tokens:  # no stops: no search at all
             return False
-        search_from = max(0, search_from)
-        matches = [i for i in (self._bytes.find(s, search_from) for s in self._stops) if i >= 0]
+        # Only a match ending in the new bytes: one that ended before was found then, or fell in
+        # min_tokens' tokens, where it does not count.
+        matches = [i for i in (self._bytes.find(s, max(0, old_end - len(s) + 1)) for s in self._stops) if i >= 0]
         if matches:
             self._stop_at_byte = min(matches)
         return self.stopped

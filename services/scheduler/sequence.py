@@ -66,6 +66,10 @@ class SamplingParams:
     # vLLM's top_k (0: off) and min_p (0: off), applied by the worker where it samples.
     top_k: int = 0
     min_p: float = 0.0
+    # vLLM's min_tokens (0: off): until this many tokens were generated the worker may not draw
+    # min_tokens_ban (the model's end ids; none with ignore_eos) and stop strings are not looked for.
+    min_tokens: int = 0
+    min_tokens_ban: tuple[int, ...] = ()
 
     @property
     def penalized(self) -> bool:
@@ -92,6 +96,8 @@ class SamplingParams:
             raise ValueError(f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.prompt_logprobs}")
         if self.top_k < 0 or not (math.isfinite(self.min_p) and 0 <= self.min_p <= 1):
             raise ValueError(f"top_k must be >= 0 and min_p in [0, 1], got {self.top_k} and {self.min_p}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
 
 
 @dataclass(eq=False)

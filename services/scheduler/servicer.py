@@ -261,7 +261,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             raise errors.InvalidArgument(f"prompt of {len(prompt_ids)} tokens does not fit the model's context of "
                                          f"{max_seq_len} tokens (prompt and output together)")
         max_tokens = req.sampling.max_tokens or min(DEFAULT_MAX_TOKENS, max_seq_len - len(prompt_ids))
-        sampling = decode_sampling(req.sampling, max_tokens, entry.pool.tokenizer.vocab_size)
+        tokenizer = entry.pool.tokenizer
+        sampling = decode_sampling(req.sampling, max_tokens, tokenizer.vocab_size, tokenizer.end_token_ids)
         options = stream_options(req.stream.max_tokens_per_chunk, req.stream.interval_ms)
         if options.coalesces:
             # Coalesced here, not at the gateway, so both hops carry the fewer, larger chunks.

@@ -177,7 +177,7 @@ class StepScheduler:
         (tpot_pacing.py); None: none."""
         now = self._clock()
         self._check_admissible(seq_id, prompt_token_ids, sampling, tenant, deadline_s, now)
-        stream = OutputStream(self._tokenizer, sampling.stop)
+        stream = OutputStream(self._tokenizer, sampling.stop, sampling.min_tokens)
         if delivered_token_ids:
             check_continuation(delivered_token_ids, sampling, self._tokenizer)
             try:

@@ -67,6 +67,14 @@ def sample_token(logits: np.ndarray, params: SamplingParams, *, seed: int, index
     return drawn.token_id, drawn.logprob
 
 
+def without_banned(logits: np.ndarray, banned: Sequence[int]) -> np.ndarray:
+    """A copy of `logits` with the `banned` ids at -inf (min_tokens' end ids), or `logits` itself when
+    that would leave nothing to draw (a grammar that allows only the end wins over min_tokens)."""
+    kept = np.array(logits, dtype=np.float64)
+    kept[list(banned)] = -math.inf
+    return kept if np.isfinite(kept).any() else logits
+
+
 def processed_logits(logits: np.ndarray, params: SamplingParams, token_ids: Sequence[int] = (),
                      num_generated: int = 0) -> np.ndarray:
     """The logits the draw uses, float64: `logits` plus logit_bias, then the repetition penalty over

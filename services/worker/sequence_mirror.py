@@ -246,6 +246,10 @@ class SequenceMirror:
             if bad_bias:
                 raise InvalidArgument(f"sequence {seq.seq_id}: logit_bias token ids {bad_bias[:5]} outside "
                                       f"[0, {self.vocab_size})")
+            bad_bans = [t for t in seq.banned_token_ids if not 0 <= t < self.vocab_size]
+            if bad_bans:
+                raise InvalidArgument(f"sequence {seq.seq_id}: banned token ids {bad_bans[:5]} outside "
+                                      f"[0, {self.vocab_size})")
         if seq.prompt_logprobs is not None:
             self._check_prompt_logprobs(seq)
         bad_context = [t for t in seq.context_token_ids if not 0 <= t < self.vocab_size]

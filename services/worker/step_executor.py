@@ -26,7 +26,7 @@ from services.worker.grammar import GrammarError, GrammarTokenizer
 from services.worker.models.generator import Generator
 from services.worker.models.paged import KVCache, PagedSequence
 from services.worker.prompt_logprobs import chunk_targets, prompt_logprobs
-from services.worker.sampling import processed_logits, sample
+from services.worker.sampling import processed_logits, sample, without_banned
 from services.worker.sequence_mirror import AdmittedSequence, SequenceMirror
 from services.worker.step_masks import MaskJob, StepMasker, StepMasks, mask_logits
 from services.worker.work import ErrorCode, ItemError, RunStep, SequenceOutput, StageDurations
@@ -197,6 +197,8 @@ class StepExecutor:
             assert logits is not None  # a sampling sequence means the step ran (paged is non-empty)
             # The sample's row: the last of the sequence's rows (already masked when constrained).
             row_logits = logits[row + _num_logit_rows(paged[position]) - 1].numpy()
+            if seq.banned_token_ids:
+                row_logits = without_banned(row_logits, seq.banned_token_ids)
             if seq.sampling.penalized or seq.sampling.logit_bias:
                 # A masked logit stays -inf under the bias and the penalties, so masking first is the same.
                 row_logits = processed_logits(row_logits, seq.sampling, admitted.token_ids, seq.num_generated)

@@ -111,6 +111,8 @@ class SequenceStep:
     # (None: none): token_ids[1:], then next_prompt_token_id's (a chunk ending before the prompt).
     prompt_logprobs: int | None = None
     next_prompt_token_id: int | None = None
+    # Ids the sample must not be (min_tokens: the model's end ids until enough were generated).
+    banned_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import pytest
 from inference import grpc_predict_v2_pb2 as kserve
 from inference import grpc_predict_v2_pb2_grpc as kserve_grpc
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.support.hf_checkpoints import END_OF_TEXT_ID
+from tests.support.hf_checkpoints import END_OF_TEXT_ID, EOT_ID
 from tests.support.hf_mesh import run_stock_client, serving_hermes_qwen2
 from tests.support.https_json import post_json, post_stream
 from tools.testbed import session_tls
@@ -465,3 +465,31 @@ def test_top_k_and_min_p_cut_what_the_worker_draws_from(served):
     for seed in range(3):
         logprobs = _complete(served, temperature=2.0, seed=seed, top_k=2, logprobs=2, **ask)["choices"][0]["logprobs"]
         assert all(token in top for token, top in zip(logprobs["tokens"], logprobs["top_logprobs"], strict=True))
+
+
+# -- vLLM's min_tokens -----------------------------------------------------------------------
+
+
+def test_min_tokens_holds_off_the_end_of_sequence_and_stop_strings(served):
+    ends = {str(END_OF_TEXT_ID): -100, str(EOT_ID): -100}  # both end ids of the checkpoint's generation_config
+    # Greedy with the end forced at once: an empty output; with min_tokens 5, the five tokens greedy
+    # draws when neither end id may be drawn, then the end.
+    forced = {"temperature": 0, "max_tokens": 16, "logit_bias": {str(END_OF_TEXT_ID): 100}}
+    assert _complete(served, **forced)["choices"][0] | {"logprobs": None} == \
+        {"index": 0, "text": "", "finish_reason": "stop", "logprobs": None}
+    held = _complete(served, min_tokens=5, **forced)
+    free = _complete(served, temperature=0, max_tokens=5, logit_bias=ends, ignore_eos=True)
+    assert (held["choices"][0]["text"], held["choices"][0]["finish_reason"]) == (free["choices"][0]["text"], "stop")
+    assert held["usage"]["completion_tokens"] - _complete(served, **forced)["usage"]["completion_tokens"] == 5
+    # A stop string, a token's text, ends the output where it first appears; with min_tokens 3 tokens
+    # past that token it is looked for only where it ends after them, so the first one is kept.
+    greedy = _complete(served, temperature=0, max_tokens=24, ignore_eos=True, logit_bias=ends, logprobs=0)
+    tokens = greedy["choices"][0]["logprobs"]["tokens"]
+    first = next(t for t in tokens if t.strip() and t.isascii())  # random weights: some tokens split characters
+    plain = {"temperature": 0, "max_tokens": 24, "logit_bias": ends, "stop": [first]}
+    cut = greedy["choices"][0]["text"].index(first)
+    assert _complete(served, **plain)["choices"][0]["text"] == greedy["choices"][0]["text"][:cut]
+    late = _complete(served, min_tokens=3 + tokens.index(first), **plain)["choices"][0]["text"]
+    assert greedy["choices"][0]["text"].startswith(late) and len(late) >= cut + len(first)  # the stop's text, kept
+    status, reply = post_json(served.base, "/completions", {"model": MODEL, "prompt": PROMPT, "min_tokens": 300})
+    assert (status, reply["error"]["param"]) == (400, "min_tokens"), reply  # past the default max_tokens

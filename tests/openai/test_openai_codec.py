@@ -74,16 +74,23 @@ def test_penalties_and_logit_bias_become_sampling_params():
     assert (plain.presence_penalty, plain.repetition_penalty, dict(plain.logit_bias)) == (0.0, 1.0, {})
 
 
-def test_vllms_top_k_and_min_p_become_sampling_params_and_min_tokens_is_refused():
+def test_vllms_top_k_min_p_and_min_tokens_become_sampling_params():
     sampling = openai_codec.parse_completion({"model": "m", "prompt": "a", "top_k": 20, "min_p": 0.05}).generate.sampling
     assert (sampling.top_k, sampling.min_p) == (20, pytest.approx(0.05))
     for off in (-1, 0, None):
         assert openai_codec.parse_completion({"model": "m", "prompt": "a", "top_k": off}).generate.sampling.top_k == 0
-    assert openai_codec.parse_completion({"model": "m", "prompt": "a", "min_tokens": 0}).generate.sampling.top_k == 0
+    assert openai_codec.parse_completion({"model": "m", "prompt": "a", "min_tokens": 0}).generate.sampling.min_tokens == 0
+    assert openai_codec.parse_completion({"model": "m", "prompt": "a", "min_tokens": 9}).generate.sampling.min_tokens == 9
+    chat = openai_codec.parse_chat({"model": "m", "messages": [{"role": "user", "content": "a"}],
+                                    "max_completion_tokens": 5, "min_tokens": 5})
+    assert (chat.generate.sampling.min_tokens, chat.generate.sampling.max_tokens) == (5, 5)
     for body, param, message in (({"top_k": -2}, "top_k", "top_k must be an integer in [-1, 1000000] (-1 and 0: off)"),
                                  ({"top_k": 2.5}, "top_k", "got 2.5"), ({"top_k": True}, "top_k", "got True"),
                                  ({"min_p": 1.5}, "min_p", "min_p must be a number in [0, 1], got 1.5"),
-                                 ({"min_tokens": 4}, "min_tokens", "min_tokens is not supported (0 only), got 4")):
+                                 ({"min_tokens": -1}, "min_tokens", "min_tokens must be an integer in [0, 4294967295]"),
+                                 ({"min_tokens": 1.5}, "min_tokens", "got 1.5"),
+                                 ({"min_tokens": 9, "max_tokens": 8}, "min_tokens",
+                                  "min_tokens (9) must be at most max_tokens (8)")):
         with pytest.raises(openai_codec.BadParameter) as caught:
             openai_codec.parse_chat({"model": "m", "messages": [{"role": "user", "content": "a"}], **body})
         assert caught.value.param == param and message in str(caught.value)
@@ -92,6 +99,9 @@ def test_vllms_top_k_and_min_p_become_sampling_params_and_min_tokens_is_refused(
 def test_the_schedulers_logit_bias_refusal_names_the_parameter():
     reply = openai_codec.error_reply(errors.InvalidArgument("sampling.logit_bias: token id 9 is not a token"))
     assert (reply.status, reply.body["error"]["param"]) == (400, "logit_bias")
+    reply = openai_codec.error_reply(errors.InvalidArgument("sampling.min_tokens (200) must be at most the default "
+                                                            "max_tokens (128)"))
+    assert (reply.status, reply.body["error"]["param"]) == (400, "min_tokens")
     assert openai_codec.error_reply(errors.InvalidArgument("sampling.top_p bad")).body["error"]["param"] is None
 
 

@@ -569,7 +569,7 @@ def error_reply(err: errors.InfermeshError) -> ErrorReply:
 
 # Parameters only the scheduler can check (it has the tokenizer, and its own byte cap on stop strings):
 # its message names the field.
-_UPSTREAM_PARAMS = ("logit_bias", "stop")
+_UPSTREAM_PARAMS = ("logit_bias", "stop", "min_tokens")
 # The scheduler's context-length refusals (scheduler/servicer.py, generate_pool.py): what they read as.
 _PROMPT_AND_MAX_TOKENS_OVER = re.compile(r"prompt of \d+ tokens plus max_tokens \d+ exceeds")
 _PROMPT_OVER = re.compile(r"prompt of \d+ tokens does not fit")

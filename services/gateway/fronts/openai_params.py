@@ -64,16 +64,15 @@ def shown(value: Any) -> str:
 
 def penalties(body: dict, sampling: common_pb2.SamplingParams) -> None:
     """presence_penalty, frequency_penalty (OpenAI's), repetition_penalty (vLLM's) and logit_bias; and
-    vLLM's top_k and min_p. vLLM's min_tokens is refused unless 0: read silently, it would end outputs
-    early that the client asked to be longer."""
+    vLLM's top_k, min_p and min_tokens (at most max_tokens when that is set; else the scheduler checks
+    it against the model's default)."""
     sampling.presence_penalty = number(body, "presence_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY)
     sampling.frequency_penalty = number(body, "frequency_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY)
     sampling.repetition_penalty = _repetition_penalty(body)
     sampling.logit_bias.update(_logit_bias(body))
     sampling.top_k = _top_k(body)
     sampling.min_p = number(body, "min_p", 0.0, 0.0, 1.0)
-    if body.get("min_tokens") not in (None, 0):
-        raise BadParameter("min_tokens", f"min_tokens is not supported (0 only), got {shown(body['min_tokens'])}")
+    sampling.min_tokens = _min_tokens(body, sampling.max_tokens)
 
 
 # guided_choice's most strings (the scheduler's bound, structured_output.MAX_CHOICES).
@@ -84,6 +83,7 @@ MAX_PENALTY = 2.0
 MAX_BIAS = 100.0
 MAX_LOGIT_BIAS = 1024
 MAX_TOP_K = 1_000_000
+MAX_MIN_TOKENS = 2**32 - 1  # the proto's uint32; max_tokens bounds it further
 
 
 _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
@@ -201,6 +201,18 @@ def _top_k(body: dict) -> int:
     if not is_int(value) or not -1 <= value <= MAX_TOP_K:
         raise BadParameter("top_k", f"top_k must be an integer in [-1, {MAX_TOP_K}] (-1 and 0: off), got {shown(value)}")
     return max(value, 0)
+
+
+def _min_tokens(body: dict, max_tokens: int) -> int:
+    """vLLM's min_tokens: 0 (the default) is off; never past max_tokens (0: the model's default)."""
+    value = body.get("min_tokens")
+    if value is None:
+        return 0
+    if not is_int(value) or not 0 <= value <= MAX_MIN_TOKENS:
+        raise BadParameter("min_tokens", f"min_tokens must be an integer in [0, {MAX_MIN_TOKENS}], got {shown(value)}")
+    if max_tokens and value > max_tokens:
+        raise BadParameter("min_tokens", f"min_tokens ({value}) must be at most max_tokens ({max_tokens})")
+    return value
 
 
 def _repetition_penalty(body: dict) -> float:

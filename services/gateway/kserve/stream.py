@@ -8,7 +8,7 @@ Contract (docs/clients.md), shaped like Triton's vLLM backend so its clients nee
           ttft_ms, tpot_ms (int): latency targets, GenerateRequest.objectives (docs/gateway.md);
           the OpenAI front's sampling options under its names, checked by the same code
           (fronts/openai_params.py): logprobs (bool), top_logprobs (int), presence_penalty,
-          frequency_penalty, repetition_penalty, top_k, min_p (numbers; min_tokens only 0), and as JSON text (a string parameter;
+          frequency_penalty, repetition_penalty, top_k, min_p, min_tokens (numbers), and as JSON text (a string parameter;
           REST may send the JSON value itself) logit_bias ({"<token id>": bias}), response_format,
           guided_json (a schema), guided_choice (a list of strings); guided_regex and
           guided_grammar (strings)

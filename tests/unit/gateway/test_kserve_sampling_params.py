@@ -33,6 +33,7 @@ def test_logprobs_penalties_and_logit_bias_are_read_as_the_openai_front_reads_th
         (False, 0.0, 1.0, {})
     cut = _sampling(top_k=40, min_p=0.1)  # Triton's vLLM backend takes both as sampling parameters
     assert (cut.top_k, cut.min_p, plain.top_k, plain.min_p) == (40, pytest.approx(0.1), 0, 0.0)
+    assert (_sampling(min_tokens=3).min_tokens, plain.min_tokens) == (3, 0)
 
 
 @pytest.mark.parametrize("parameters, expected", [
@@ -60,7 +61,8 @@ def test_structured_output_parameters_set_sampling_structured(parameters, expect
     ({"repetition_penalty": 0}, "repetition_penalty", "repetition_penalty must be a number in (0, 2]"),
     ({"top_k": -3}, "top_k", "top_k must be an integer in [-1, 1000000]"),
     ({"min_p": 2.0}, "min_p", "min_p must be a number in [0, 1]"),
-    ({"min_tokens": 3}, "min_tokens", "min_tokens is not supported"),
+    ({"min_tokens": -3}, "min_tokens", "min_tokens must be an integer in [0, 4294967295]"),
+    ({"min_tokens": 9, "max_tokens": 8}, "min_tokens", "min_tokens (9) must be at most max_tokens (8)"),
     ({"logit_bias": "{5: 1}"}, "logit_bias", "parameter 'logit_bias' must be JSON text"),
     ({"logit_bias": '{"a": 1}'}, "logit_bias", "logit_bias keys must be token ids"),
     ({"logit_bias": '{"5": 101}'}, "logit_bias", "logit_bias[5] must be a number in [-100, 100]"),

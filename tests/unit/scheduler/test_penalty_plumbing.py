@@ -15,7 +15,7 @@ from services.scheduler.call_codec import decode_sampling
 from services.scheduler.fair_queue import TenantContext
 from services.scheduler.generate_stream import GenerateStream
 from services.scheduler.sequence import SamplingParams
-from services.scheduler.step_plan import StepPlan
+from services.scheduler.step_plan import SequenceStep, StepPlan
 from services.worker.step_codec import run_step_from_proto
 
 from .conftest import FakePagedWorker, make_scheduler, tenant
@@ -152,3 +152,34 @@ def test_top_k_and_min_p_are_decoded_checked_and_sent_to_the_worker_only_when_se
 def test_bad_top_k_or_min_p_is_invalid_argument_naming_the_field(sampling, message) -> None:
     with pytest.raises(errors.InvalidArgument, match=message):
         decode_sampling(sampling, 4)
+
+
+# -- vLLM's min_tokens --------------------------------------------------------------------------------
+
+
+def test_min_tokens_bans_the_models_end_ids_until_enough_were_generated() -> None:
+    sampling = decode_sampling(common_pb2.SamplingParams(min_tokens=2), 4, end_token_ids=frozenset({7, 3}))
+    assert (sampling.min_tokens, sampling.min_tokens_ban) == (2, (3, 7))
+    assert decode_sampling(common_pb2.SamplingParams(min_tokens=2, ignore_eos=True), 4, end_token_ids={3}).min_tokens_ban == ()
+    assert decode_sampling(common_pb2.SamplingParams(), 4, end_token_ids={3}).min_tokens_ban == ()
+    streams = {1: GenerateStream(seq_id=1, tenant=TenantContext("t"), seed=5, trace_context={}, arrival_s=0.0,
+                                 deadline_s=None)}
+
+    def sent(num_generated: int, sample: bool = True):
+        step = SequenceStep(seq_id=1, token_ids=(97,), start_position=4 + num_generated, new_blocks=(),
+                            reset_block_table=False, sample=sample, sampling=sampling, num_generated=num_generated)
+        return attach_codec.encode_run_step(StepPlan(1, (step,), ()), streams)
+
+    assert [list(sent(n).seqs[0].banned_token_ids) for n in (0, 1, 2, 3)] == [[3, 7], [3, 7], [], []]
+    assert list(sent(0, sample=False).seqs[0].banned_token_ids) == []  # a prompt chunk draws nothing
+    assert run_step_from_proto(sent(1)).seqs[0].banned_token_ids == (3, 7)  # the worker's side
+
+
+@pytest.mark.parametrize(("sampling", "max_tokens", "message"), [
+    (common_pb2.SamplingParams(min_tokens=5, max_tokens=4), 4, r"sampling.min_tokens \(5\) must be at most max_tokens \(4\)"),
+    (common_pb2.SamplingParams(min_tokens=200), 128,
+     r"sampling.min_tokens \(200\) must be at most the default max_tokens \(128\)"),
+])
+def test_min_tokens_past_max_tokens_is_invalid_argument(sampling, max_tokens, message) -> None:
+    with pytest.raises(errors.InvalidArgument, match=message):
+        decode_sampling(sampling, max_tokens)

@@ -99,3 +99,36 @@ def test_chunks_concatenate_to_the_text_before_the_first_stop_for_random_streams
         token_ids = [t for c in chunks for t in c.token_ids]
         assert bytes(token_ids) == text[:cut].encode()
         assert [c.index for c in chunks] == [sum(len(c.token_ids) for c in chunks[:i]) for i in range(len(chunks))]
+
+
+# -- vLLM's min_tokens: no stop string counts in the first min_tokens tokens ------------------------
+
+
+def _text(chunks) -> str:
+    return "".join(c.text for c in chunks)
+
+
+def test_min_tokens_ignores_a_stop_string_that_ends_in_its_tokens():
+    # "ab" ends at token 2 of 3 held off; the next "ab" ends at token 6.
+    assert _text(stream_all(OutputStream(TOKENIZER, stop=("ab",), min_tokens=3), list(b"abxxabyy"))) == "abxx"
+    assert _text(stream_all(OutputStream(TOKENIZER, stop=("ab",)), list(b"abxxabyy"))) == ""
+    # Held off at every token it could end in, it is never found.
+    assert _text(stream_all(OutputStream(TOKENIZER, stop=("ab",), min_tokens=8), list(b"abxxabyy"))) == "abxxabyy"
+
+
+def test_min_tokens_finds_a_stop_string_that_begins_in_its_tokens_and_ends_after_them():
+    stream = OutputStream(TOKENIZER, stop=("xyz",), min_tokens=3)
+    assert _text(stream_all(stream, list(b"axyzb"))) == "a"  # "xyz" ends at token 4, past the 3 held off
+    assert stream.stopped
+
+
+def test_a_short_stop_string_inside_min_tokens_is_not_found_later_beside_a_longer_one():
+    # "b" ends at token 2 (held off); the search at token 4 must not find it in text already passed.
+    stream = OutputStream(TOKENIZER, stop=("b", "zzzz"), min_tokens=3)
+    assert _text(stream_all(stream, list(b"abcdef"))) == "abcdef" and not stream.stopped
+
+
+def test_a_continuation_replays_min_tokens_as_the_unbroken_stream_counted_them():
+    stream = OutputStream(TOKENIZER, stop=("ab",), min_tokens=3)
+    stream.replay(list(b"ab"))  # "ab" ended inside min_tokens: no stop, so a valid prefix
+    assert _text(stream_all(stream, list(b"xab"))) == "x"

@@ -5,7 +5,14 @@ import math
 import numpy as np
 import pytest
 
-from services.worker.sampling import check_sampling, processed_logits, sample, sample_token, uniform_draw
+from services.worker.sampling import (
+    check_sampling,
+    processed_logits,
+    sample,
+    sample_token,
+    uniform_draw,
+    without_banned,
+)
 from services.worker.work import SamplingParams
 
 LOGITS = np.log(np.array([0.05, 0.5, 0.3, 0.15]))
@@ -227,3 +234,14 @@ def test_the_cuts_combine_in_vllms_order_and_greedy_ignores_them() -> None:
 def test_a_top_k_or_min_p_no_distribution_can_be_cut_by_is_refused(params: SamplingParams) -> None:
     with pytest.raises(ValueError, match="top_k must be >= 0 and min_p in"):
         check_sampling(params)
+
+
+def test_banned_ids_are_never_drawn_unless_they_are_all_there_is():
+    logits = np.array([0.0, 5.0, 1.0, 4.0])
+    kept = without_banned(logits, (1, 3))
+    assert sample(kept, SamplingParams(), seed=0, index=0).token_id == 2
+    assert logits[1] == 5.0, "the caller's row is left as it was"
+    drawn = {sample(kept, SamplingParams(temperature=2.0), seed=0, index=i).token_id for i in range(200)}
+    assert drawn == {0, 2}
+    masked = np.array([-np.inf, 3.0, -np.inf])  # a grammar that allows only the end (id 1)
+    assert without_banned(masked, (1,)) is masked

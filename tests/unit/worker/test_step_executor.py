@@ -109,6 +109,13 @@ def test_greedy_step_returns_argmax_with_logprob(tinylm: LoadedModel) -> None:
     assert (durations.compute_s, durations.postprocess_s) == (1.0, 1.0)  # one fake-clock tick each
 
 
+def test_banned_ids_are_not_drawn(tinylm: LoadedModel) -> None:
+    top_two = tinylm.generator.dense_logits(PROMPT)[-1].topk(2).indices.tolist()
+    outputs, _ = _executor(tinylm).run(RunStep(0, (SequenceStep(5, PROMPT, 0, (3, 9, 4, 0), True, sample=True,
+                                                                banned_token_ids=(top_two[0],)),)))
+    assert outputs[0].token_id == top_two[1]
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_logprobs_are_log_softmax_of_the_models_logits_over_temperature(tinylm: LoadedModel,
                                                                        temperature: float) -> None:
@@ -139,6 +146,8 @@ def test_bad_sequences_fail_alone_with_invalid_argument(tinylm: LoadedModel) -> 
         (SequenceStep(7, (1,), 0, (7,), True, sample=True, sampling=SamplingParams(temperature=-1.0)),
          "temperature must be a finite number >= 0"),
         (SequenceStep(8, (), 0, (8,), True), "no token_ids"),
+        (SequenceStep(9, (1,), 0, (10,), True, sample=True, banned_token_ids=(4, 300)),
+         "banned token ids [300] outside [0, 258)"),
         (SequenceStep(1, (1,), 0, (9,), True, sample=True), "sequence 1 appears twice"),
     ]
     outputs, _ = executor.run(RunStep(0, (good, *(s for s, _ in bad))))
