@@ -1,5 +1,5 @@
-"""The OpenAI-compatible HTTP front (aiohttp): /v1/completions, /v1/chat/completions, /v1/models[/{id}], and
-vLLM's /tokenize and /detokenize.
+"""The OpenAI-compatible HTTP front (aiohttp): /v1/completions, /v1/chat/completions, /v1/responses (on the
+chat path: openai_responses.py), /v1/models[/{id}], and vLLM's /tokenize and /detokenize.
 
 Thin: read the caller from the headers, parse the body (openai_codec), run the same
 GenerateCore as the gRPC Generate, write JSON or server-sent events, map domain errors to
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 
@@ -36,6 +37,7 @@ from services.gateway.fronts import (
     openai_batch,
     openai_choices,
     openai_codec,
+    openai_responses,
     openai_tokenize,
     tool_calls,
 )
@@ -68,6 +70,60 @@ def _event(value: dict) -> bytes:
     return b"data: " + _dumps(value).encode() + b"\n\n"
 
 
+class ChatShape:
+    """How an answer of the chat path is written: completions' and chat's own JSON and events."""
+
+    def body(self, body: dict) -> dict:
+        return body
+
+    def refusal(self, err: errors.InfermeshError) -> errors.InfermeshError:
+        return err
+
+    def opened(self) -> bytes:
+        return b""
+
+    def event(self, value: dict) -> bytes:
+        return _event(value)
+
+    def failed(self, error_body: dict) -> bytes:
+        return _event(error_body)
+
+    def closed(self) -> bytes:
+        return _DONE
+
+
+class ResponsesShape(ChatShape):
+    """The Responses API's: a Response object, or its named events (no [DONE])."""
+
+    def __init__(self, wanted: openai_responses.ResponsesRequest, parsed: openai_codec.OpenAIRequest,
+                 created_s: int) -> None:
+        self._wanted = wanted
+        self._request_id = parsed.generate.request_id
+        self._events = openai_responses.ResponseEvents(wanted, self._request_id, created_s, parsed.model)
+
+    def body(self, body: dict) -> dict:
+        return openai_responses.completed(self._wanted, body, self._request_id)
+
+    def refusal(self, err: errors.InfermeshError) -> errors.InfermeshError:
+        return openai_responses.renamed(err) if isinstance(err, openai_codec.BadParameter) else err
+
+    def opened(self) -> bytes:
+        return _named_events(self._events.opened())
+
+    def event(self, value: dict) -> bytes:
+        return _named_events(self._events.chunk(value))
+
+    def failed(self, error_body: dict) -> bytes:
+        return _named_events(self._events.failed(error_body["error"]))
+
+    def closed(self) -> bytes:
+        return _named_events(self._events.closed())
+
+
+def _named_events(events: list[dict]) -> bytes:
+    return b"".join(b"event: " + e["type"].encode() + b"\ndata: " + _dumps(e).encode() + b"\n\n" for e in events)
+
+
 class OpenAIFront:
     def __init__(self, core: GenerateCore, list_models: ListModels, authenticate: Callable[[Authorization], object],
                  clock=time.time, text: TextCalls | None = None) -> None:
@@ -84,6 +140,8 @@ class OpenAIFront:
         routes = [
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat_completions),
+            web.post("/v1/responses", self.responses),
+            web.get("/v1/responses/{response_id}", self.stored_response),
             web.get("/v1/models", self.models),
             # Ids may hold slashes (Hugging Face style, "org/name"), as stock clients put them in the path.
             web.get("/v1/models/{model:.+}", self.model),
@@ -127,6 +185,28 @@ class OpenAIFront:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, openai_codec.parse_chat)
 
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        try:
+            caller = http_caller(request)
+            wanted = openai_responses.chat_request(await _json_body(request))
+            try:
+                parsed = openai_codec.parse_chat(wanted.chat)
+            except openai_codec.BadParameter as err:
+                raise openai_responses.renamed(err) from None
+        except errors.InfermeshError as err:
+            return error_response(self._refusal(request, err))
+        parsed.generate.request_id = parsed.generate.request_id or uuid.uuid4().hex  # names the Response and its items
+        return await self._answer(request, caller, parsed, ResponsesShape(wanted, parsed, int(self._clock())))
+
+    async def stored_response(self, request: web.Request) -> web.Response:
+        """GET /v1/responses/{id}: nothing is stored (the requests' `store` is not honoured), so none is found."""
+        try:
+            self._authenticate(http_authorization(request))
+        except errors.InfermeshError as err:
+            return error_response(err)
+        return error_response(errors.NotFound(f"response {request.match_info['response_id']!r} not found: this "
+                                              "server stores no responses"))
+
     async def models(self, request: web.Request) -> web.Response:
         try:
             data = await self._model_objects(request)
@@ -162,14 +242,18 @@ class OpenAIFront:
             parsed = parse(await _json_body(request))
         except errors.InfermeshError as err:
             return error_response(self._refusal(request, err))
+        return await self._answer(request, caller, parsed, ChatShape())
+
+    async def _answer(self, request: web.Request, caller, parsed: openai_codec.OpenAIRequest,
+                      shape: ChatShape) -> web.StreamResponse:
         parts = openai_batch.prompt_parts(parsed)
         chunks = openai_choices.merged_groups(
             lambda r, further: self._core.generate(r, caller, further_choice=further),
             [openai_choices.choice_requests(part.generate, parsed.best_of) for part in parts])
         async with aclosing(chunks):
             if parsed.stream:
-                return await self._stream(request, parsed, parts, chunks)
-            return await self._complete(parsed, parts, chunks)
+                return await self._stream(request, parsed, parts, chunks, shape)
+            return await self._complete(parsed, parts, chunks, shape)
 
     def _refusal(self, request: web.Request, err: errors.InfermeshError) -> errors.InfermeshError:
         """What a request whose headers or body are refused is told: Unauthenticated first, if it is."""
@@ -180,13 +264,13 @@ class OpenAIFront:
         return err
 
     async def _complete(self, parsed: openai_codec.OpenAIRequest, parts: list[openai_codec.OpenAIRequest],
-                        chunks: Choices) -> web.Response:
+                        chunks: Choices, shape: ChatShape) -> web.Response:
         results = [[openai_choices.ChoiceResult() for _ in range(parsed.best_of)] for _ in parts]
         try:
             async for part, index, chunk in chunks:
                 results[part][index].add(chunk)
         except errors.InfermeshError as err:
-            return error_response(openai_codec.upstream_refusal(err, parsed))
+            return error_response(shape.refusal(openai_codec.upstream_refusal(err, parsed)))
         if not all(result.finished for generated in results for result in generated):
             return error_response(errors.Internal("the stream ended without its last chunk"))
         created_s = int(self._clock())
@@ -199,14 +283,14 @@ class OpenAIFront:
         last = firsts[0].last
         assert last is not None  # every result finished
         headers = {REQUEST_ID_HEADER: parsed.generate.request_id, TIMINGS_HEADER: openai_codec.timings_header(last)}
-        return web.json_response(body, headers=headers, dumps=_dumps)
+        return web.json_response(shape.body(body), headers=headers, dumps=_dumps)
 
     async def _stream(self, request: web.Request, parsed: openai_codec.OpenAIRequest,
-                      parts: list[openai_codec.OpenAIRequest], chunks: Choices) -> web.StreamResponse:
+                      parts: list[openai_codec.OpenAIRequest], chunks: Choices, shape: ChatShape) -> web.StreamResponse:
         try:
             first = await anext(chunks)  # admission and the first token, before any byte is sent
         except errors.InfermeshError as err:
-            return error_response(openai_codec.upstream_refusal(err, parsed))
+            return error_response(shape.refusal(openai_codec.upstream_refusal(err, parsed)))
         except StopAsyncIteration:
             return error_response(errors.Internal("the stream ended without its last chunk"))
         response = web.StreamResponse(headers={**_SSE_HEADERS, REQUEST_ID_HEADER: parsed.generate.request_id})
@@ -231,14 +315,15 @@ class OpenAIFront:
                     prompts[part] = list(chunk.prompt_logprobs)
             body = openai_codec.stream_chunk(parts[part], created_s, chunk, is_first, writers[choice], choice,
                                              splitters[choice], parsers[choice], prompts[part])
-            return _event({**body, "id": response_id})  # one id for the whole answer, whichever prompt
+            return shape.event({**body, "id": response_id})  # one id for the whole answer, whichever prompt
 
-        await response.write(event(*first))
+        await response.write(shape.opened() + event(*first))
         try:
             async for part, index, chunk in chunks:
                 await response.write(event(part, index, chunk))
         except errors.InfermeshError as err:  # a grammar found endless while sampling, too: it names its parameter
-            await response.write(_event(openai_codec.error_reply(openai_codec.upstream_refusal(err, parsed)).body))
+            refusal = shape.refusal(openai_codec.upstream_refusal(err, parsed))
+            await response.write(shape.failed(openai_codec.error_reply(refusal).body))
             await response.write_eof()
             return response
         if parsed.include_usage:
@@ -246,8 +331,8 @@ class OpenAIFront:
             usages = [openai_codec.usage_chunk(part, created_s, *(c for c in lasts[k * n:(k + 1) * n] if c))
                       for k, part in enumerate(parts)]
             summed = openai_batch.summed_usage([u["usage"] for u in usages])
-            await response.write(_event({**usages[0], "usage": summed}))
-        await response.write(_DONE)
+            await response.write(shape.event({**usages[0], "usage": summed}))
+        await response.write(shape.closed())
         await response.write_eof()
         return response
 
