@@ -17,7 +17,7 @@ from services.common.timings import StageTime, seconds_to_us
 from services.scheduler.attach_codec import KIND_TO_WIRE
 from services.scheduler.attach_types import Label, ModelKey
 from services.scheduler.fair_queue import TenantContext
-from services.scheduler.model_text import ModelText
+from services.scheduler.model_text import ChatRendering, ModelText
 from services.scheduler.pressure import ModelPressure
 from services.scheduler.sequence import FinishReason, SamplingParams
 from services.scheduler.structured_output import compile_grammar
@@ -77,11 +77,54 @@ def prompt_token_ids(request: gateway_pb2.GenerateRequest, text: ModelText) -> t
     BOS added, as vLLM takes token prompts), or its messages rendered with the model's chat template
     (a resumed stream's too: the same conversation renders the same ids)."""
     check_input(request.prompt, request.messages, request.tools, request.prompt_token_ids)
+    rendering = chat_rendering(request)
     if request.prompt_token_ids:
         return known_token_ids(request.prompt_token_ids, text.tokenizer.vocab_size, "prompt_token_ids")
     if request.prompt:
         return text.tokenizer.encode(request.prompt)
-    return text.chat_prompt_ids([chat_turn(m) for m in request.messages], [template_tool(t) for t in request.tools])
+    return text.chat_prompt_ids([chat_turn(m) for m in request.messages], [template_tool(t) for t in request.tools],
+                                rendering)
+
+
+# Template variables a request sets itself, which chat_template_kwargs may not (transformers refuses them too).
+_RESERVED_TEMPLATE_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt")
+MAX_TEMPLATE_KWARGS_BYTES = 64 * 1024
+_DEFAULT_RENDERING = ChatRendering()
+
+
+def chat_rendering(request: gateway_pb2.GenerateRequest | gateway_pb2.TokenizeRequest) -> ChatRendering:
+    """vLLM's chat options of a Generate or Tokenize request, checked (only with messages)."""
+    if not (request.continue_final_message or request.chat_template_kwargs or request.HasField("add_generation_prompt")):
+        return _DEFAULT_RENDERING  # every request sending none: no parsing, no object
+    generation = request.add_generation_prompt if request.HasField("add_generation_prompt") else True
+    if generation and request.continue_final_message:
+        raise errors.InvalidArgument("continue_final_message leaves the final message open, so it cannot be "
+                                     "combined with add_generation_prompt true (set it false)")
+    rendering = ChatRendering(generation, request.continue_final_message,
+                              _template_variables(request.chat_template_kwargs))
+    if not request.messages and (rendering != _DEFAULT_RENDERING or request.chat_template_kwargs):
+        raise errors.InvalidArgument("add_generation_prompt, continue_final_message and chat_template_kwargs "
+                                     "shape how messages render: send them with messages, not a prompt")
+    return rendering
+
+
+def _template_variables(text: str) -> dict[str, Any]:
+    if not text:
+        return {}
+    if len(text.encode()) > MAX_TEMPLATE_KWARGS_BYTES:
+        raise errors.InvalidArgument(f"chat_template_kwargs holds {len(text.encode())} bytes; at most "
+                                     f"{MAX_TEMPLATE_KWARGS_BYTES} are allowed")
+    try:
+        variables = json.loads(text)
+    except ValueError as exc:
+        raise errors.InvalidArgument(f"chat_template_kwargs must be a JSON object: {exc}") from None
+    if not isinstance(variables, dict):
+        raise errors.InvalidArgument(f"chat_template_kwargs must be a JSON object, got {type(variables).__name__}")
+    reserved = [name for name in _RESERVED_TEMPLATE_VARIABLES if name in variables]
+    if reserved:
+        raise errors.InvalidArgument(f"chat_template_kwargs.{reserved[0]}: set by the request itself, not a "
+                                     "template variable it may pass")
+    return variables
 
 
 def known_token_ids(token_ids: Sequence[int], vocab_size: int, field: str) -> tuple[int, ...]:
@@ -264,4 +307,4 @@ def add_stages(timings: common_pb2.Timings, stages: tuple[StageTime, ...]) -> No
 
 
 __all__ = ["ANONYMOUS_TENANT", "FINISH_REASONS", "KIND_TO_WIRE", "MAX_STOP_BYTES", "MAX_STOP_SEQUENCES", "TenantCodec", "add_labels", "add_stages",
-           "decode_sampling", "encode_pressure", "known_token_ids", "prompt_token_ids"]
+           "chat_rendering", "decode_sampling", "encode_pressure", "known_token_ids", "prompt_token_ids"]

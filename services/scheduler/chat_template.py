@@ -132,15 +132,35 @@ class ChatTemplate:
         self._special_tokens = dict(special_tokens)
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
-               tools: Sequence[Mapping[str, Any]] = ()) -> str:
+               tools: Sequence[Mapping[str, Any]] = (), continue_final_message: bool = False,
+               variables: Mapping[str, Any] | None = None) -> str:
         """The prompt text for `messages` ({role, content, ...} each) offering `tools`;
-        ChatTemplateRefused when the template raises."""
+        ChatTemplateRefused when the template raises. `variables`: extra ones (vLLM's
+        chat_template_kwargs; over the special tokens' names, as transformers lets them).
+        `continue_final_message`: the text ends where the final message's content does."""
         conversation = [_message(m) for m in messages]
         try:
-            return self._template.render(messages=conversation, tools=_plain(list(tools)) or None, documents=None,
-                                         add_generation_prompt=add_generation_prompt, **self._special_tokens)
+            rendered = self._template.render(messages=conversation, tools=_plain(list(tools)) or None, documents=None,
+                                             add_generation_prompt=add_generation_prompt,
+                                             **{**self._special_tokens, **_plain(dict(variables or {}))})
         except jinja2.TemplateError as exc:  # raise_exception, undefined names, the sandbox's SecurityError
             raise ChatTemplateRefused(f"the model's chat template refused the conversation: {exc}") from None
         except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError) as exc:
             raise ChatTemplateRefused(f"the model's chat template failed on the conversation: "
                                       f"{type(exc).__name__}: {exc}") from None
+        return _open_final_message(rendered, conversation[-1]) if continue_final_message and conversation else rendered
+
+
+def _open_final_message(rendered: str, final: Mapping[str, Any]) -> str:
+    """`rendered` cut where the final message's content ends, as transformers' continue_final_message
+    cuts it (its trailing spacing kept only when the template kept it)."""
+    content = final.get("content")
+    text = content if isinstance(content, str) else ""
+    if text.strip() not in rendered:
+        raise ChatTemplateRefused("continue_final_message: the final message's content does not appear in the "
+                                  "conversation as the model's chat template renders it (it must be text the "
+                                  "template writes out, such as an assistant turn's start)")
+    at = rendered.rindex(text.strip())
+    if rendered[at:at + len(text.lstrip())] == text.lstrip():
+        return rendered[:at + len(text.lstrip())]
+    return rendered[:at + len(text.strip())]

@@ -8,7 +8,7 @@ cache-aware routing work on ids; the gateway charges quotas from the usage the s
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from services.common import errors
@@ -32,6 +32,16 @@ BYTE_CHAT_TEMPLATE = (
 
 
 @dataclass(frozen=True)
+class ChatRendering:
+    """How a conversation is rendered (vLLM's chat options): the assistant turn's opening added, the
+    final message left open instead, extra template variables (chat_template_kwargs)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    variables: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ModelText:
     tokenizer: Tokenizer
     # None: the model has no chat template (chat is refused; prompts work).
@@ -42,15 +52,18 @@ class ModelText:
     # The format the model writes tool calls in (tool_call_formats.py); "": not known.
     tool_call_parser: str = ""
 
-    def chat_prompt_ids(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = (), *,
-                        add_generation_prompt: bool = True) -> tuple[int, ...]:
-        """The template rendered with add_generation_prompt (and `tools`, as apply_chat_template's
+    def chat_prompt_ids(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = (),
+                        rendering: ChatRendering = ChatRendering()) -> tuple[int, ...]:
+        """The template rendered as `rendering` asks (and with `tools`, as apply_chat_template's
         argument) and encoded as apply_chat_template encodes it (HF: the rendered text holds its own
-        BOS, so none is added). `add_generation_prompt` False: Tokenize's, a conversation as it stands."""
+        BOS, so none is added)."""
         if self.chat_template is None:
             raise errors.InvalidArgument("this model has no chat template, so it cannot answer chat; "
                                          "send a prompt (completions) instead of messages")
-        rendered = self.chat_template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+        rendered = self.chat_template.render(messages, tools=tools,
+                                             add_generation_prompt=rendering.add_generation_prompt,
+                                             continue_final_message=rendering.continue_final_message,
+                                             variables=rendering.variables)
         return self.tokenizer.encode(rendered, add_special_tokens=self.chat_adds_special_tokens)
 
 

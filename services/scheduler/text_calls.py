@@ -7,7 +7,7 @@ from __future__ import annotations
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common.generate_input import check_input
 from services.scheduler.attach_types import ModelKey
-from services.scheduler.call_codec import chat_turn, known_token_ids, template_tool
+from services.scheduler.call_codec import chat_rendering, chat_turn, known_token_ids, template_tool
 from services.scheduler.model_text import ModelText
 from services.scheduler.tokenizer import Tokenizer
 
@@ -15,13 +15,13 @@ from services.scheduler.tokenizer import Tokenizer
 def tokenize(request: gateway_pb2.TokenizeRequest, key: ModelKey, text: ModelText,
              max_seq_len: int) -> gateway_pb2.TokenizeResponse:
     check_input(request.prompt, request.messages, request.tools)
+    rendering = chat_rendering(request)
     if request.prompt:
         add_special = request.add_special_tokens if request.HasField("add_special_tokens") else True
         ids = text.tokenizer.encode(request.prompt, add_special_tokens=add_special)
     else:
-        generation = request.add_generation_prompt if request.HasField("add_generation_prompt") else True
         ids = text.chat_prompt_ids([chat_turn(m) for m in request.messages], [template_tool(t) for t in request.tools],
-                                   add_generation_prompt=generation)
+                                   rendering)
     token_bytes = text.tokenizer.token_bytes
     return gateway_pb2.TokenizeResponse(model=common_pb2.ModelRef(name=key.name, version=key.version),
                                         token_ids=ids, token_bytes=[token_bytes(i) for i in ids],

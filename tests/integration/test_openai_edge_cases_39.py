@@ -493,3 +493,33 @@ def test_min_tokens_holds_off_the_end_of_sequence_and_stop_strings(served):
     assert greedy["choices"][0]["text"].startswith(late) and len(late) >= cut + len(first)  # the stop's text, kept
     status, reply = post_json(served.base, "/completions", {"model": MODEL, "prompt": PROMPT, "min_tokens": 300})
     assert (status, reply["error"]["param"]) == (400, "min_tokens"), reply  # past the default max_tokens
+
+
+# -- vLLM's chat options ---------------------------------------------------------------------
+
+
+def test_continue_final_message_continues_the_assistants_turn_as_its_token_prompt_does(served):
+    messages = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "Once upon"}]
+    opened = {"messages": messages, "add_generation_prompt": False, "continue_final_message": True}
+    status, tokenized = post_json(served.base.removesuffix("/v1"), "/tokenize", {"model": MODEL, **opened})
+    assert status == 200, tokenized
+    greedy = {"model": MODEL, "temperature": 0, "max_tokens": 8, "ignore_eos": True}
+    status, chat = post_json(served.base, "/chat/completions", {**greedy, **opened})
+    assert status == 200, chat
+    status, completion = post_json(served.base, "/completions", {**greedy, "prompt": tokenized["tokens"]})
+    assert chat["choices"][0]["message"]["content"] == completion["choices"][0]["text"]
+    assert chat["usage"]["prompt_tokens"] == tokenized["count"]
+    status, closed = post_json(served.base.removesuffix("/v1"), "/tokenize",
+                               {"model": MODEL, "messages": messages, "add_generation_prompt": False})
+    assert closed["tokens"][:tokenized["count"]] == tokenized["tokens"] and closed["count"] > tokenized["count"]
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"continue_final_message": True}, "continue_final_message"),  # add_generation_prompt defaults to true
+    ({"chat_template_kwargs": ["x"]}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),  # the scheduler's refusal
+])
+def test_bad_chat_options_are_400s_naming_them(served, body, param):
+    status, reply = post_json(served.base, "/chat/completions",
+                              {"model": MODEL, "messages": [{"role": "user", "content": "a"}], **body})
+    assert (status, reply["error"]["param"]) == (400, param), reply

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2
@@ -330,3 +332,23 @@ def test_bad_structured_output_is_refused_naming_the_parameter(body, param):
     with pytest.raises(openai_codec.BadParameter) as caught:
         openai_codec.parse_completion({"model": "m", "prompt": "a", **body})
     assert caught.value.param == param
+
+
+def test_vllms_chat_options_travel_with_the_conversation():
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "Su"}]
+    plain = openai_codec.parse_chat({"model": "m", "messages": messages}).generate
+    assert (plain.HasField("add_generation_prompt"), plain.continue_final_message, plain.chat_template_kwargs) == \
+        (False, False, "")
+    opened = openai_codec.parse_chat({"model": "m", "messages": messages, "add_generation_prompt": False,
+                                      "continue_final_message": True,
+                                      "chat_template_kwargs": {"enable_thinking": False, "note": "é"}}).generate
+    assert (opened.add_generation_prompt, opened.continue_final_message) == (False, True)
+    assert json.loads(opened.chat_template_kwargs) == {"enable_thinking": False, "note": "é"}
+    for body, param in (({"continue_final_message": True}, "continue_final_message"),
+                        ({"add_generation_prompt": "no"}, "add_generation_prompt"),
+                        ({"chat_template_kwargs": "enable_thinking=false"}, "chat_template_kwargs")):
+        with pytest.raises(openai_codec.BadParameter) as caught:
+            openai_codec.parse_chat({"model": "m", "messages": messages, **body})
+        assert caught.value.param == param
+    reply = openai_codec.error_reply(errors.InvalidArgument("chat_template_kwargs.tools: set by the request itself"))
+    assert (reply.status, reply.body["error"]["param"]) == (400, "chat_template_kwargs")

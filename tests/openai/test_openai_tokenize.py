@@ -31,6 +31,10 @@ def test_a_conversation_with_tools():
     assert [(m.role, m.content) for m in request.messages] == [("user", "t?")]
     assert [t.name for t in request.tools] == ["clock"] and request.add_generation_prompt is False
     assert not request.prompt
+    opened, _ = openai_tokenize.parse_tokenize({"model": "m", "messages": [{"role": "assistant", "content": "S"}],
+                                                "add_generation_prompt": False, "continue_final_message": True,
+                                                "chat_template_kwargs": {"x": 1}})
+    assert (opened.continue_final_message, opened.chat_template_kwargs) == (True, '{"x": 1}')
 
 
 @pytest.mark.parametrize(("body", "param", "message"), [

@@ -32,6 +32,7 @@ from services.gateway.fronts.openai_params import (
     BadParameter,
     boolean,
     chat_logprobs,
+    chat_options,
     is_int,
     is_number,
     json_object,
@@ -130,6 +131,7 @@ def parse_chat(body: Any) -> OpenAIRequest:
     options = prompt_options(body, completion=False)
     param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     parsed = dataclasses.replace(_request(CHAT, body, "", _max_tokens(body, param), messages), max_tokens_param=param)
+    chat_options(body, parsed.generate)
     chat_logprobs(body, parsed.generate.sampling)
     if options.prompt_logprobs is not None:
         parsed.generate.sampling.prompt_logprobs = options.prompt_logprobs
@@ -570,6 +572,8 @@ def error_reply(err: errors.InfermeshError) -> ErrorReply:
 # Parameters only the scheduler can check (it has the tokenizer, and its own byte cap on stop strings):
 # its message names the field.
 _UPSTREAM_PARAMS = ("logit_bias", "stop", "min_tokens")
+# The scheduler's refusals of how messages render (call_codec.chat_rendering, chat_template.py).
+_UPSTREAM_CHAT_PARAMS = ("chat_template_kwargs", "continue_final_message")
 # The scheduler's context-length refusals (scheduler/servicer.py, generate_pool.py): what they read as.
 _PROMPT_AND_MAX_TOKENS_OVER = re.compile(r"prompt of \d+ tokens plus max_tokens \d+ exceeds")
 _PROMPT_OVER = re.compile(r"prompt of \d+ tokens does not fit")
@@ -599,6 +603,9 @@ def _param(err: errors.InfermeshError) -> str | None:
     if param is None and isinstance(err, errors.InvalidArgument):
         for name in _UPSTREAM_PARAMS:
             if err.message.startswith(f"sampling.{name}"):
+                return name
+        for name in _UPSTREAM_CHAT_PARAMS:
+            if err.message.startswith(name):
                 return name
     return param
 

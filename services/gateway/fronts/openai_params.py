@@ -9,7 +9,7 @@ import json
 import math
 from typing import Any
 
-from infermesh.v1 import common_pb2
+from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.common.logprobs import MAX_TOP_LOGPROBS
 
@@ -201,6 +201,23 @@ def _top_k(body: dict) -> int:
     if not is_int(value) or not -1 <= value <= MAX_TOP_K:
         raise BadParameter("top_k", f"top_k must be an integer in [-1, {MAX_TOP_K}] (-1 and 0: off), got {shown(value)}")
     return max(value, 0)
+
+
+def chat_options(body: dict, request: gateway_pb2.GenerateRequest | gateway_pb2.TokenizeRequest) -> None:
+    """vLLM's chat rendering options: add_generation_prompt (default true), continue_final_message (default
+    false; not with add_generation_prompt true) and chat_template_kwargs (an object of template variables)."""
+    generation = boolean(body, "add_generation_prompt", True)
+    if not generation:
+        request.add_generation_prompt = False
+    request.continue_final_message = boolean(body, "continue_final_message", False)
+    if generation and request.continue_final_message:
+        raise BadParameter("continue_final_message", "continue_final_message cannot be combined with "
+                                                     "add_generation_prompt true (set add_generation_prompt false)")
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None:
+        if not isinstance(kwargs, dict):
+            raise BadParameter("chat_template_kwargs", f"chat_template_kwargs must be an object, got {shown(kwargs)}")
+        request.chat_template_kwargs = json.dumps(kwargs, ensure_ascii=False)
 
 
 def _min_tokens(body: dict, max_tokens: int) -> int:

@@ -17,6 +17,7 @@ from services.gateway.fronts.openai_codec import chat_messages
 from services.gateway.fronts.openai_params import (
     BadParameter,
     boolean,
+    chat_options,
     json_object,
     model_ref,
     shown,
@@ -43,7 +44,7 @@ def parse_tokenize(body: Any) -> tuple[gateway_pb2.TokenizeRequest, bool]:
     generate = gateway_pb2.GenerateRequest()
     parse_tools({"tools": body.get("tools")}, generate)
     request.tools.extend(generate.tools)
-    request.add_generation_prompt = boolean(body, "add_generation_prompt", True)
+    chat_options(body, request)
     return request, token_strs
 
 

@@ -100,14 +100,9 @@ TEMPLATES = {  # name: (template, which tokenizer, its special tokens)
 }
 
 
-def alternating(conversation) -> bool:
-    roles = [m["role"] for m in conversation if m["role"] != "system"]
-    return all(role == ("user" if i % 2 == 0 else "assistant") for i, role in enumerate(roles))
-
-
-@pytest.mark.parametrize("name", TEMPLATES)
-@pytest.mark.parametrize("conversation", range(len(CONVERSATIONS)))
-def test_renders_and_encodes_as_transformers_apply_chat_template(name, conversation, monkeypatch):
+@pytest.fixture
+def transformers_at_fixed_now(monkeypatch):
+    """transformers, its templates' strftime_now reading FIXED_NOW (as ours are given it)."""
     transformers = pytest.importorskip("transformers")
     from transformers.utils import chat_template_utils
 
@@ -117,6 +112,18 @@ def test_renders_and_encodes_as_transformers_apply_chat_template(name, conversat
             return FIXED_NOW
 
     monkeypatch.setattr(chat_template_utils, "datetime", FixedNow)
+    return transformers
+
+
+def alternating(conversation) -> bool:
+    roles = [m["role"] for m in conversation if m["role"] != "system"]
+    return all(role == ("user" if i % 2 == 0 else "assistant") for i, role in enumerate(roles))
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+@pytest.mark.parametrize("conversation", range(len(CONVERSATIONS)))
+def test_renders_and_encodes_as_transformers_apply_chat_template(name, conversation, transformers_at_fixed_now):
+    transformers = transformers_at_fixed_now
     source, kind, special = TEMPLATES[name]
     js = byte_level_json() if kind == "byte_level" else sentencepiece_json()
     reference = transformers.PreTrainedTokenizerFast(tokenizer_object=RustTokenizer.from_str(js.decode()),
@@ -176,3 +183,52 @@ def test_none_fields_are_dropped_and_generation_prompt_is_on_by_default():
     template = ChatTemplate("{% for m in messages %}{{ m | tojson }}{% endfor %}{{ add_generation_prompt }}", {})
     assert template.render([{"role": "user", "content": "x", "name": None}]) == (
         '{"role": "user", "content": "x"}True')
+
+
+# -- vLLM's chat options: continue_final_message, chat_template_kwargs ---------------------------------
+
+OPEN_ENDINGS = ["Sure, the answer is", "  Spaced out,  ", "日本の"]
+THINKING = CHATML.replace("{%- if add_generation_prompt %}",
+                          "{%- if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}"
+                          "{%- if add_generation_prompt %}")
+
+
+def _reference(source: str, special: dict, kind: str = "byte_level"):
+    transformers = pytest.importorskip("transformers")
+    js = byte_level_json() if kind == "byte_level" else sentencepiece_json()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=RustTokenizer.from_str(js.decode()),
+                                                chat_template=source, **special)
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+@pytest.mark.parametrize("ending", OPEN_ENDINGS)
+def test_continue_final_message_leaves_the_last_turn_open_as_transformers_does(name, ending, transformers_at_fixed_now):
+    source, kind, special = TEMPLATES[name]
+    messages = [{"role": "user", "content": "Say it."}, {"role": "assistant", "content": ending}]
+    ours = ChatTemplate(source, special, now=lambda: FIXED_NOW).render(messages, add_generation_prompt=False,
+                                                                        continue_final_message=True)
+    expected = _reference(source, special, kind).apply_chat_template(messages, tokenize=False,
+                                                                     add_generation_prompt=False,
+                                                                     continue_final_message=True)
+    assert ours == expected and ours.rstrip().endswith(ending.strip())
+
+
+def test_template_variables_reach_the_template_as_transformers_passes_them():
+    special = TEMPLATES["chatml"][2]
+    messages = [{"role": "user", "content": "Hi"}]
+    template = ChatTemplate(THINKING, special)
+    reference = _reference(THINKING, special)
+    for variables in ({}, {"enable_thinking": False}, {"enable_thinking": True}):
+        assert template.render(messages, variables=variables) == \
+            reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **variables)
+    assert "<think></think>" in template.render(messages, variables={"enable_thinking": False})
+    # A variable may stand in for a special token's name, as in transformers.
+    assert "<|end|>" in ChatTemplate("{{ eos_token }}", special).render(messages, variables={"eos_token": "<|end|>"})
+
+
+def test_continue_final_message_is_refused_when_the_template_drops_the_final_message():
+    drops_assistant = "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}"
+    with pytest.raises(ChatTemplateRefused, match="continue_final_message: the final message's content does not"):
+        ChatTemplate(drops_assistant, {}).render([{"role": "user", "content": "a"},
+                                                  {"role": "assistant", "content": "zzz"}],
+                                                 add_generation_prompt=False, continue_final_message=True)

@@ -57,3 +57,38 @@ def test_detokenize_joins_the_tokens_bytes_then_decodes_them():
     assert detokenize(gateway_pb2.DetokenizeRequest(), KEY, text.tokenizer).text == ""
     with pytest.raises(errors.InvalidArgument, match=r"token_ids\[1\] is 260, but the model's token ids are 0..259"):
         detokenize(gateway_pb2.DetokenizeRequest(token_ids=[1, 260]), KEY, text.tokenizer)
+
+
+def test_chat_options_render_the_same_ids_for_generate_and_tokenize():
+    text = byte_text(chat_template=CHATML)
+    messages = [gateway_pb2.ChatMessage(role="user", content="hi"), gateway_pb2.ChatMessage(role="assistant", content="Su")]
+    options = {"add_generation_prompt": False, "continue_final_message": True}
+    opened = tokenize(gateway_pb2.TokenizeRequest(messages=messages, **options), KEY, text, 512)
+    assert tuple(opened.token_ids) == prompt_token_ids(gateway_pb2.GenerateRequest(messages=messages, **options), text)
+    assert bytes(opened.token_ids[-2:]) == b"Su"  # the assistant's turn left open, its end not written
+    closed = tokenize(gateway_pb2.TokenizeRequest(messages=messages, add_generation_prompt=False), KEY, text, 512)
+    assert tuple(closed.token_ids[:len(opened.token_ids)]) == tuple(opened.token_ids)
+    assert len(closed.token_ids) > len(opened.token_ids)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"continue_final_message": True}, "cannot be combined with add_generation_prompt true"),
+    ({"chat_template_kwargs": "[1]"}, "chat_template_kwargs must be a JSON object, got list"),
+    ({"chat_template_kwargs": "{"}, "chat_template_kwargs must be a JSON object: "),
+    ({"chat_template_kwargs": '{"tools": []}'}, r"chat_template_kwargs.tools: set by the request itself"),
+    ({"chat_template_kwargs": '{"a": "' + "x" * 70_000 + '"}'}, "at most 65536 are allowed"),
+])
+def test_bad_chat_options_are_invalid_argument(fields, message):
+    messages = [gateway_pb2.ChatMessage(role="user", content="hi")]
+    with pytest.raises(errors.InvalidArgument, match=message):
+        prompt_token_ids(gateway_pb2.GenerateRequest(messages=messages, **fields), byte_text(chat_template=CHATML))
+
+
+@pytest.mark.parametrize("fields", [{"add_generation_prompt": False}, {"chat_template_kwargs": "{}"}])
+def test_chat_options_with_a_prompt_are_refused_rather_than_ignored(fields):
+    for request in (gateway_pb2.GenerateRequest(prompt="hi", **fields),
+                    gateway_pb2.GenerateRequest(prompt_token_ids=[104], **fields)):
+        with pytest.raises(errors.InvalidArgument, match="send them with messages, not a prompt"):
+            prompt_token_ids(request, byte_text())
+    with pytest.raises(errors.InvalidArgument, match="send them with messages"):
+        tokenize(gateway_pb2.TokenizeRequest(prompt="hi", **fields), KEY, byte_text(), 512)
