@@ -40,6 +40,7 @@ _MAX_REMEMBERED_TENANTS = 10_000
 # list is bounded: 400 000 stop strings once stalled the loop (24 ms a token) for every stream on it.
 # OpenAI allows 4; vLLM and SGLang users pass a handful.
 MAX_STOP_SEQUENCES = 16
+MAX_STOP_TOKEN_IDS = 64
 MAX_STOP_BYTES = 256
 # Sampling bounds the worker checks again (services/worker/sampling.py, which is not imported here):
 # penalties (OpenAI's [-2, 2]), a logit bias value (OpenAI's) and how many entries logit_bias holds.
@@ -199,6 +200,7 @@ def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int, vocab_
     if sampling.HasField("structured") and sampling.ignore_eos:
         # A complete grammar allows only the end: generating past it has nothing left to sample.
         raise errors.InvalidArgument("sampling.ignore_eos cannot be combined with sampling.structured")
+    stop_token_ids = _stop_token_ids(sampling.stop_token_ids, vocab_size)
     if sampling.min_tokens > max_tokens:
         asked = "max_tokens" if sampling.max_tokens else "the default max_tokens"
         raise errors.InvalidArgument(f"sampling.min_tokens ({sampling.min_tokens}) must be at most {asked} "
@@ -221,7 +223,10 @@ def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int, vocab_
         top_k=sampling.top_k,
         min_p=sampling.min_p,
         min_tokens=sampling.min_tokens,
-        min_tokens_ban=() if not sampling.min_tokens or sampling.ignore_eos else tuple(sorted(end_token_ids)),
+        min_tokens_ban=tuple(sorted(stop_token_ids | (set() if sampling.ignore_eos else set(end_token_ids))))
+        if sampling.min_tokens else (),
+        stop_token_ids=stop_token_ids,
+        include_stop_str_in_output=sampling.include_stop_str_in_output,
     )
 
 
@@ -265,6 +270,15 @@ def _check_logit_bias(logit_bias: Mapping[int, float], vocab_size: int | None) -
         if not (math.isfinite(bias) and -MAX_BIAS <= bias <= MAX_BIAS):
             raise errors.InvalidArgument(f"sampling.logit_bias[{token_id}] must be in [-{MAX_BIAS:g}, {MAX_BIAS:g}], "
                                          f"got {bias}")
+
+
+def _stop_token_ids(token_ids: Sequence[int], vocab_size: int | None) -> frozenset[int]:
+    if len(token_ids) > MAX_STOP_TOKEN_IDS:
+        raise errors.InvalidArgument(f"sampling.stop_token_ids holds {len(token_ids)} ids; at most "
+                                     f"{MAX_STOP_TOKEN_IDS} are allowed")
+    if vocab_size is not None:
+        known_token_ids(token_ids, vocab_size, "sampling.stop_token_ids")
+    return frozenset(token_ids)
 
 
 def _check_stops(stops) -> None:

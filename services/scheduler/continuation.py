@@ -51,3 +51,6 @@ def check_continuation(token_ids: Sequence[int], sampling: SamplingParams, token
                 f"continuation.token_ids[{i}] is the end-of-sequence id {token_id}, which a stream never "
                 "delivers (unless ignore_eos): a stream that ended is not resumed"
             )
+        if token_id in sampling.stop_token_ids:
+            raise InvalidArgument(f"continuation.token_ids[{i}] is {token_id}, one of sampling.stop_token_ids: "
+                                  "a stream that ended is not resumed")

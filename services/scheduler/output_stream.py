@@ -37,11 +37,14 @@ class StreamChunk:
 
 
 class OutputStream:
-    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = (), min_tokens: int = 0) -> None:
+    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = (), min_tokens: int = 0,
+                 include_stop: bool = False) -> None:
         """`min_tokens` (vLLM's): no stop string is looked for until more tokens than that were
-        appended; then only those ending in the new token's bytes (as vLLM's detokenizer looks)."""
+        appended; then only those ending in the new token's bytes (as vLLM's detokenizer looks).
+        `include_stop` (vLLM's include_stop_str_in_output): the text ends after the matched stop string."""
         self._tokenizer = tokenizer
         self._min_tokens = min_tokens
+        self._include_stop = include_stop
         self._stops = tuple(s.encode("utf-8") for s in stop if s)
         self._max_stop_len_bytes = max((len(s) for s in self._stops), default=0)
         self._token_ids: list[int] = []
@@ -50,8 +53,10 @@ class OutputStream:
         self._bytes = bytearray()
         self._num_emitted_tokens = 0
         self._num_emitted_bytes = 0
-        # Offset where the first matched stop string begins; None while none matched.
+        # Offset where the first matched stop string begins; None while none matched. Where the text ends
+        # then: there, or after the stop string with include_stop.
         self._stop_at_byte: int | None = None
+        self._text_end_byte = 0
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     @property
@@ -75,9 +80,11 @@ class OutputStream:
             return False
         # Only a match ending in the new bytes: one that ended before was found then, or fell in
         # min_tokens' tokens, where it does not count.
-        matches = [i for i in (self._bytes.find(s, max(0, old_end - len(s) + 1)) for s in self._stops) if i >= 0]
+        matches = [(i, i + len(s)) for i, s in ((self._bytes.find(s, max(0, old_end - len(s) + 1)), s)
+                                                for s in self._stops) if i >= 0]
         if matches:
-            self._stop_at_byte = min(matches)
+            self._stop_at_byte, stop_end = min(matches)
+            self._text_end_byte = stop_end if self._include_stop else self._stop_at_byte
         return self.stopped
 
     def replay(self, token_ids: Sequence[int]) -> None:
@@ -105,8 +112,8 @@ class OutputStream:
         num_tokens = len(self._token_ids)
         byte_ends = self._byte_ends
         end = start
-        if self._stop_at_byte is not None:  # every token that begins before the stop; text up to it
-            end_byte = self._stop_at_byte
+        if self._stop_at_byte is not None:  # every token that begins before the text's end; text up to it
+            end_byte = self._text_end_byte
             while end < num_tokens and (byte_ends[end - 1] if end > 0 else 0) < end_byte:
                 end += 1
             final = True

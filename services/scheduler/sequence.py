@@ -67,9 +67,14 @@ class SamplingParams:
     top_k: int = 0
     min_p: float = 0.0
     # vLLM's min_tokens (0: off): until this many tokens were generated the worker may not draw
-    # min_tokens_ban (the model's end ids; none with ignore_eos) and stop strings are not looked for.
+    # min_tokens_ban (stop_token_ids and the model's end ids, those none with ignore_eos) and stop
+    # strings are not looked for.
     min_tokens: int = 0
     min_tokens_ban: tuple[int, ...] = ()
+    # vLLM's: ids that end the output as the model's end ids do (even with ignore_eos); and whether the
+    # matched stop string (or such a token's text) stays in the text.
+    stop_token_ids: frozenset[int] = frozenset()
+    include_stop_str_in_output: bool = False
 
     @property
     def penalized(self) -> bool:

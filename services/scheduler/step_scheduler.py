@@ -177,7 +177,7 @@ class StepScheduler:
         (tpot_pacing.py); None: none."""
         now = self._clock()
         self._check_admissible(seq_id, prompt_token_ids, sampling, tenant, deadline_s, now)
-        stream = OutputStream(self._tokenizer, sampling.stop, sampling.min_tokens)
+        stream = OutputStream(self._tokenizer, sampling.stop, sampling.min_tokens, sampling.include_stop_str_in_output)
         if delivered_token_ids:
             check_continuation(delivered_token_ids, sampling, self._tokenizer)
             try:
@@ -927,8 +927,11 @@ class StepScheduler:
             seq.first_token_s = now
             seq.first_token_index = seq.num_generated
         seq.last_token_s = now
-        if token_id in self._tokenizer.end_token_ids and not seq.sampling.ignore_eos:
-            reason = FinishReason.EOS  # an end-of-sequence token is counted, never streamed
+        if (token_id in self._tokenizer.end_token_ids and not seq.sampling.ignore_eos) \
+                or token_id in seq.sampling.stop_token_ids:
+            reason = FinishReason.EOS  # an end-of-sequence token is counted, never streamed...
+            if seq.sampling.include_stop_str_in_output and token_id in seq.sampling.stop_token_ids:
+                seq.stream.append(token_id)  # ...but a request's stop token's text when asked
         elif seq.stream.append(token_id):
             reason = FinishReason.STOP
         elif seq.num_generated >= seq.sampling.max_tokens:

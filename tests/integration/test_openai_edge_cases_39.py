@@ -523,3 +523,24 @@ def test_bad_chat_options_are_400s_naming_them(served, body, param):
     status, reply = post_json(served.base, "/chat/completions",
                               {"model": MODEL, "messages": [{"role": "user", "content": "a"}], **body})
     assert (status, reply["error"]["param"]) == (400, param), reply
+
+
+def test_stop_token_ids_end_the_output_and_include_stop_str_in_output_keeps_the_stop(served):
+    banned = {END_OF_TEXT_ID: -100, EOT_ID: -100}  # both end ids of the checkpoint's generation_config
+    free = {"max_tokens": 12, "ignore_eos": True, "logit_bias": banned}
+    chunks = _generate(served, sampling=free)
+    ids = [t for c in chunks for t in c.token_ids]
+    k = ids.index(ids[2])  # where the third token's id first comes
+    cut = _generate(served, sampling={**free, "stop_token_ids": [ids[2]]})
+    assert [t for c in cut for t in c.token_ids] == ids[:k]  # counted, not streamed, as an end id
+    assert cut[-1].finish_reason == common_pb2.FINISH_REASON_EOS and cut[-1].usage.completion_tokens == k + 1
+    http = _complete(served, temperature=0, max_tokens=12, ignore_eos=True,
+                     logit_bias={str(t): b for t, b in banned.items()}, stop_token_ids=[ids[2]])
+    assert (http["choices"][0]["text"], http["choices"][0]["finish_reason"]) == ("".join(c.text for c in cut), "stop")
+    kept = _generate(served, sampling={**free, "stop_token_ids": [ids[2]], "include_stop_str_in_output": True})
+    assert [t for c in kept for t in c.token_ids] == ids[:k + 1]
+    # A stop string kept in the text: it ends the output after the stop instead of before.
+    text = "".join(c.text for c in chunks)
+    first = next(c.text for c in chunks if c.text.strip() and c.text.isascii())
+    stopped = _generate(served, sampling={**free, "stop": [first], "include_stop_str_in_output": True})
+    assert "".join(c.text for c in stopped) == text[:text.index(first) + len(first)]

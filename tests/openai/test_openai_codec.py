@@ -352,3 +352,15 @@ def test_vllms_chat_options_travel_with_the_conversation():
         assert caught.value.param == param
     reply = openai_codec.error_reply(errors.InvalidArgument("chat_template_kwargs.tools: set by the request itself"))
     assert (reply.status, reply.body["error"]["param"]) == (400, "chat_template_kwargs")
+
+
+def test_vllms_stop_token_ids_and_include_stop_str_in_output():
+    sampling = openai_codec.parse_completion({"model": "m", "prompt": "a", "stop_token_ids": [7, 128009],
+                                              "include_stop_str_in_output": True}).generate.sampling
+    assert (list(sampling.stop_token_ids), sampling.include_stop_str_in_output) == ([7, 128009], True)
+    for value in (7, [-1], ["7"], list(range(65))):
+        with pytest.raises(openai_codec.BadParameter) as caught:
+            openai_codec.parse_completion({"model": "m", "prompt": "a", "stop_token_ids": value})
+        assert caught.value.param == "stop_token_ids"
+    reply = openai_codec.error_reply(errors.InvalidArgument("sampling.stop_token_ids[0] is 9999999, but the model's"))
+    assert reply.body["error"]["param"] == "stop_token_ids"

@@ -571,7 +571,7 @@ def error_reply(err: errors.InfermeshError) -> ErrorReply:
 
 # Parameters only the scheduler can check (it has the tokenizer, and its own byte cap on stop strings):
 # its message names the field.
-_UPSTREAM_PARAMS = ("logit_bias", "stop", "min_tokens")
+_UPSTREAM_PARAMS = ("logit_bias", "stop_token_ids", "stop", "min_tokens")  # stop_token_ids before its prefix
 # The scheduler's refusals of how messages render (call_codec.chat_rendering, chat_template.py).
 _UPSTREAM_CHAT_PARAMS = ("chat_template_kwargs", "continue_final_message")
 # The scheduler's context-length refusals (scheduler/servicer.py, generate_pool.py): what they read as.

@@ -64,8 +64,8 @@ def shown(value: Any) -> str:
 
 def penalties(body: dict, sampling: common_pb2.SamplingParams) -> None:
     """presence_penalty, frequency_penalty (OpenAI's), repetition_penalty (vLLM's) and logit_bias; and
-    vLLM's top_k, min_p and min_tokens (at most max_tokens when that is set; else the scheduler checks
-    it against the model's default)."""
+    vLLM's top_k, min_p, min_tokens (at most max_tokens when that is set; else the scheduler checks
+    it against the model's default), stop_token_ids and include_stop_str_in_output."""
     sampling.presence_penalty = number(body, "presence_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY)
     sampling.frequency_penalty = number(body, "frequency_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY)
     sampling.repetition_penalty = _repetition_penalty(body)
@@ -73,6 +73,13 @@ def penalties(body: dict, sampling: common_pb2.SamplingParams) -> None:
     sampling.top_k = _top_k(body)
     sampling.min_p = number(body, "min_p", 0.0, 0.0, 1.0)
     sampling.min_tokens = _min_tokens(body, sampling.max_tokens)
+    stop_ids = body.get("stop_token_ids")
+    if stop_ids is not None:
+        if not isinstance(stop_ids, list) or len(stop_ids) > MAX_STOP_TOKEN_IDS:
+            raise BadParameter("stop_token_ids", f"stop_token_ids must be a list of at most {MAX_STOP_TOKEN_IDS} "
+                                                 f"token ids, got {shown(stop_ids)}")
+        sampling.stop_token_ids.extend(token_ids(stop_ids, "stop_token_ids", "stop_token_ids"))
+    sampling.include_stop_str_in_output = boolean(body, "include_stop_str_in_output", False)
 
 
 # guided_choice's most strings (the scheduler's bound, structured_output.MAX_CHOICES).
@@ -83,6 +90,7 @@ MAX_PENALTY = 2.0
 MAX_BIAS = 100.0
 MAX_LOGIT_BIAS = 1024
 MAX_TOP_K = 1_000_000
+MAX_STOP_TOKEN_IDS = 64  # the scheduler's bound (call_codec.py)
 MAX_MIN_TOKENS = 2**32 - 1  # the proto's uint32; max_tokens bounds it further
 
 

@@ -34,6 +34,8 @@ def test_logprobs_penalties_and_logit_bias_are_read_as_the_openai_front_reads_th
     cut = _sampling(top_k=40, min_p=0.1)  # Triton's vLLM backend takes both as sampling parameters
     assert (cut.top_k, cut.min_p, plain.top_k, plain.min_p) == (40, pytest.approx(0.1), 0, 0.0)
     assert (_sampling(min_tokens=3).min_tokens, plain.min_tokens) == (3, 0)
+    stops = _sampling(stop_token_ids="[5, 9]", include_stop_str_in_output=True)
+    assert (list(stops.stop_token_ids), stops.include_stop_str_in_output) == ([5, 9], True)
 
 
 @pytest.mark.parametrize("parameters, expected", [

@@ -183,3 +183,15 @@ def test_min_tokens_bans_the_models_end_ids_until_enough_were_generated() -> Non
 def test_min_tokens_past_max_tokens_is_invalid_argument(sampling, max_tokens, message) -> None:
     with pytest.raises(errors.InvalidArgument, match=message):
         decode_sampling(sampling, max_tokens)
+
+
+def test_stop_token_ids_are_checked_and_min_tokens_holds_them_off_with_ignore_eos_too() -> None:
+    sampling = decode_sampling(common_pb2.SamplingParams(stop_token_ids=[9, 5], min_tokens=1, ignore_eos=True), 4,
+                               vocab_size=16, end_token_ids={3})
+    assert (sampling.stop_token_ids, sampling.min_tokens_ban) == (frozenset({5, 9}), (5, 9))
+    both = decode_sampling(common_pb2.SamplingParams(stop_token_ids=[9], min_tokens=1), 4, 16, end_token_ids={3})
+    assert both.min_tokens_ban == (3, 9)
+    with pytest.raises(errors.InvalidArgument, match=r"sampling.stop_token_ids\[1\] is 16, but the model's token ids"):
+        decode_sampling(common_pb2.SamplingParams(stop_token_ids=[1, 16]), 4, vocab_size=16)
+    with pytest.raises(errors.InvalidArgument, match="sampling.stop_token_ids holds 65 ids; at most 64"):
+        decode_sampling(common_pb2.SamplingParams(stop_token_ids=range(65)), 4)

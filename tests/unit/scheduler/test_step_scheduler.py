@@ -274,6 +274,17 @@ def test_stops_at_end_of_sequence_without_streaming_it(clock):
     assert transcript.last(1).num_generated == 3
 
 
+def test_a_requests_stop_token_ids_end_it_even_with_ignore_eos_and_its_text_only_when_asked(clock):
+    scheduler = make_scheduler(clock)
+    make_requests(scheduler, 1, max_tokens=10, stop_token_ids=frozenset({106}), ignore_eos=True)
+    make_requests(scheduler, 1, max_tokens=10, first_id=2, stop_token_ids=frozenset({106}),
+                  include_stop_str_in_output=True)
+    transcript = run_steps(scheduler, ScriptedWorker({1: [104, EOS, 106, 107], 2: [104, 106, 107]}), clock)
+    assert transcript.token_ids(1) == [104, EOS] and transcript.last(1).finish_reason is FinishReason.EOS
+    assert transcript.last(1).num_generated == 3  # counted, not streamed
+    assert transcript.text(2) == "hj" and transcript.last(2).finish_reason is FinishReason.EOS
+
+
 @dataclasses.dataclass(frozen=True)
 class ByteTokenizerWithStops(ByteTokenizer):
     """A model whose generation_config.json lists more than one end-of-sequence id (Llama 3 Instruct)."""

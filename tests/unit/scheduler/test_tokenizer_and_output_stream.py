@@ -132,3 +132,11 @@ def test_a_continuation_replays_min_tokens_as_the_unbroken_stream_counted_them()
     stream = OutputStream(TOKENIZER, stop=("ab",), min_tokens=3)
     stream.replay(list(b"ab"))  # "ab" ended inside min_tokens: no stop, so a valid prefix
     assert _text(stream_all(stream, list(b"xab"))) == "x"
+
+
+def test_include_stop_str_in_output_ends_the_text_after_the_stop_string():
+    stream = OutputStream(TOKENIZER, stop=("END", "EN!"), include_stop=True)
+    chunks = stream_all(stream, list(b"okENDmore"))
+    assert _text(chunks) == "okEND" and [t for c in chunks for t in c.token_ids] == list(b"okEND")
+    held = OutputStream(TOKENIZER, stop=("xyz",), min_tokens=2, include_stop=True)
+    assert _text(stream_all(held, list(b"axyzb"))) == "axyz"
