@@ -3,6 +3,7 @@ ListModels): protobuf <-> the scheduler's domain types. Used by servicer.py only
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -82,9 +83,24 @@ def prompt_token_ids(request: gateway_pb2.GenerateRequest, text: ModelText) -> t
     if request.prompt_token_ids:
         return known_token_ids(request.prompt_token_ids, text.tokenizer.vocab_size, "prompt_token_ids")
     if request.prompt:
-        return text.tokenizer.encode(request.prompt)
+        special = request.add_special_tokens if request.HasField("add_special_tokens") else True
+        return text.tokenizer.encode(request.prompt, add_special_tokens=special)
+    if request.HasField("add_special_tokens"):
+        rendering = dataclasses.replace(rendering, add_special_tokens=request.add_special_tokens)
     return text.chat_prompt_ids([chat_turn(m) for m in request.messages], [template_tool(t) for t in request.tools],
                                 rendering)
+
+
+def truncated_prompt(prompt_ids: tuple[int, ...], request: gateway_pb2.GenerateRequest,
+                     max_seq_len: int) -> tuple[int, ...]:
+    """vLLM's truncate_prompt_tokens: the prompt's last N tokens (-1: the model's context)."""
+    if not request.HasField("truncate_prompt_tokens"):
+        return prompt_ids
+    keep = max_seq_len if request.truncate_prompt_tokens == -1 else request.truncate_prompt_tokens
+    if not 1 <= keep <= max_seq_len:
+        raise errors.InvalidArgument(f"truncate_prompt_tokens must be -1 (the model's context) or in [1, "
+                                     f"{max_seq_len}] (the model's context), got {request.truncate_prompt_tokens}")
+    return prompt_ids[-keep:]
 
 
 # Template variables a request sets itself, which chat_template_kwargs may not (transformers refuses them too).
@@ -321,4 +337,4 @@ def add_stages(timings: common_pb2.Timings, stages: tuple[StageTime, ...]) -> No
 
 
 __all__ = ["ANONYMOUS_TENANT", "FINISH_REASONS", "KIND_TO_WIRE", "MAX_STOP_BYTES", "MAX_STOP_SEQUENCES", "TenantCodec", "add_labels", "add_stages",
-           "chat_rendering", "decode_sampling", "encode_pressure", "known_token_ids", "prompt_token_ids"]
+           "chat_rendering", "decode_sampling", "truncated_prompt", "encode_pressure", "known_token_ids", "prompt_token_ids"]

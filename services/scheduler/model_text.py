@@ -39,6 +39,8 @@ class ChatRendering:
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     variables: Mapping[str, Any] = field(default_factory=dict)
+    # The rendered text encoded with the tokenizer's special tokens or not; None: the model's way.
+    add_special_tokens: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,8 @@ class ModelText:
                                              add_generation_prompt=rendering.add_generation_prompt,
                                              continue_final_message=rendering.continue_final_message,
                                              variables=rendering.variables)
-        return self.tokenizer.encode(rendered, add_special_tokens=self.chat_adds_special_tokens)
+        special = self.chat_adds_special_tokens if rendering.add_special_tokens is None else rendering.add_special_tokens
+        return self.tokenizer.encode(rendered, add_special_tokens=special)
 
 
 def build_model_text(spec: TokenizerSpec, tokenizer_json: bytes = b"") -> ModelText:

@@ -44,6 +44,7 @@ from services.scheduler.call_codec import (
     encode_pressure,
     prediction_factor,
     prompt_token_ids,
+    truncated_prompt,
 )
 from services.scheduler.chunk_coalescer import ChunkCoalescer, CoalescedEvents
 from services.scheduler.classify_pool import ClassifyJob, ClassifyOutcome
@@ -255,8 +256,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def _make_stream(self, req: gateway_pb2.GenerateRequest, tenant: scheduler_pb2.TenantContext,
                      entry: GeneratorEntry, began_s: float, remaining_s: float | None,
                      events: EventSink) -> tuple[GenerateStream, tuple[int, ...], SamplingParams]:
-        prompt_ids = prompt_token_ids(req, entry.pool.text)
         max_seq_len = entry.pool.max_seq_len()
+        prompt_ids = truncated_prompt(prompt_token_ids(req, entry.pool.text), req, max_seq_len)
         if len(prompt_ids) >= max_seq_len:
             raise errors.InvalidArgument(f"prompt of {len(prompt_ids)} tokens does not fit the model's context of "
                                          f"{max_seq_len} tokens (prompt and output together)")

@@ -544,3 +544,19 @@ def test_stop_token_ids_end_the_output_and_include_stop_str_in_output_keeps_the_
     first = next(c.text for c in chunks if c.text.strip() and c.text.isascii())
     stopped = _generate(served, sampling={**free, "stop": [first], "include_stop_str_in_output": True})
     assert "".join(c.text for c in stopped) == text[:text.index(first) + len(first)]
+
+
+def test_truncate_prompt_tokens_and_add_special_tokens_shape_the_prompt_as_tokenize_counts_it(served):
+    root = served.base.removesuffix("/v1")
+    greedy = {"temperature": 0, "max_tokens": 6, "ignore_eos": True}
+    for special in (True, False):
+        status, ids = post_json(root, "/tokenize", {"model": MODEL, "prompt": PROMPT, "add_special_tokens": special})
+        assert status == 200, ids
+        reply = _complete(served, add_special_tokens=special, **greedy)
+        assert reply["usage"]["prompt_tokens"] == ids["count"]
+    status, ids = post_json(root, "/tokenize", {"model": MODEL, "prompt": PROMPT})
+    cut = _complete(served, truncate_prompt_tokens=5, logprobs=0, **greedy)
+    tail = _complete(served, **{**greedy, "prompt": ids["tokens"][-5:]}, logprobs=0)
+    assert cut["usage"]["prompt_tokens"] == 5 and cut["choices"][0]["text"] == tail["choices"][0]["text"]
+    status, reply = post_json(served.base, "/completions", {"model": MODEL, "prompt": PROMPT, "truncate_prompt_tokens": 4096})
+    assert (status, reply["error"]["param"]) == (400, "truncate_prompt_tokens"), reply  # past the model's context

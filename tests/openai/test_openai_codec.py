@@ -364,3 +364,35 @@ def test_vllms_stop_token_ids_and_include_stop_str_in_output():
         assert caught.value.param == "stop_token_ids"
     reply = openai_codec.error_reply(errors.InvalidArgument("sampling.stop_token_ids[0] is 9999999, but the model's"))
     assert reply.body["error"]["param"] == "stop_token_ids"
+
+
+def test_vllms_add_special_tokens_and_truncate_prompt_tokens():
+    plain = openai_codec.parse_completion({"model": "m", "prompt": "a"}).generate
+    assert (plain.HasField("add_special_tokens"), plain.HasField("truncate_prompt_tokens")) == (False, False)
+    asked = openai_codec.parse_completion({"model": "m", "prompt": "a", "add_special_tokens": False,
+                                           "truncate_prompt_tokens": -1}).generate
+    assert (asked.add_special_tokens, asked.truncate_prompt_tokens) == (False, -1)
+    chat = openai_codec.parse_chat({"model": "m", "messages": [{"role": "user", "content": "a"}],
+                                    "truncate_prompt_tokens": 100}).generate
+    assert chat.truncate_prompt_tokens == 100
+    for value in (0, -2, 1.5, True, "10"):
+        with pytest.raises(openai_codec.BadParameter) as caught:
+            openai_codec.parse_completion({"model": "m", "prompt": "a", "truncate_prompt_tokens": value})
+        assert caught.value.param == "truncate_prompt_tokens"
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("use_beam_search", True), ("length_penalty", 0.8), ("bad_words", ["x"]), ("allowed_token_ids", [1, 2]),
+    ("skip_special_tokens", False), ("chat_template", "{{ messages }}"), ("documents", [{"text": "d"}]),
+    ("return_tokens_as_token_ids", True), ("return_token_ids", True), ("prompt_embeds", "AAAA"),
+    ("logits_processors", ["p"]),
+])
+def test_vllm_extensions_not_done_here_are_refused_not_ignored(field, value):
+    for parse, body in ((openai_codec.parse_completion, {"prompt": "a"}),
+                        (openai_codec.parse_chat, {"messages": [{"role": "user", "content": "a"}]})):
+        with pytest.raises(openai_codec.BadParameter) as caught:
+            parse({"model": "m", **body, field: value})
+        assert caught.value.param == field
+        parse({"model": "m", **body, field: None})  # absent or default: fine
+    assert openai_codec.parse_chat({"model": "m", "messages": [{"role": "user", "content": "a"}],
+                                    "skip_special_tokens": True, "use_beam_search": False})

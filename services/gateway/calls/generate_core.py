@@ -110,10 +110,14 @@ def chat_tokens_estimate(messages: Sequence[gateway_pb2.ChatMessage], tools: Seq
 
 def prompt_tokens_estimate(request: gateway_pb2.GenerateRequest) -> int:
     if request.prompt_token_ids:
-        return len(request.prompt_token_ids)  # exact: the scheduler uses them as they are
-    if request.prompt:
-        return prompt_tokens_upper_bound(request.prompt)
-    return chat_tokens_estimate(request.messages, request.tools)
+        estimate = len(request.prompt_token_ids)  # exact: the scheduler uses them as they are
+    elif request.prompt:
+        estimate = prompt_tokens_upper_bound(request.prompt)
+    else:
+        estimate = chat_tokens_estimate(request.messages, request.tools)
+    if request.truncate_prompt_tokens > 0:  # the scheduler keeps no more (-1: the context, which caps it anyway)
+        return min(estimate, request.truncate_prompt_tokens)
+    return estimate
 
 
 def quota_hold(request: gateway_pb2.GenerateRequest, context_len: int) -> tuple[int, int]:

@@ -221,7 +221,20 @@ def _request(kind: str, body: dict, prompt: str, max_tokens: int,
         sampling.seed = seed
     generate = gateway_pb2.GenerateRequest(
         model=ref, prompt=prompt, sampling=sampling, messages=messages)
+    _tokenizing(body, generate)
     return OpenAIRequest(kind, model, generate, stream, include_usage)
+
+
+def _tokenizing(body: dict, generate: gateway_pb2.GenerateRequest) -> None:
+    """vLLM's add_special_tokens (unset: the model's way) and truncate_prompt_tokens (-1: the context)."""
+    if body.get("add_special_tokens") is not None:
+        generate.add_special_tokens = boolean(body, "add_special_tokens", True)
+    keep = body.get("truncate_prompt_tokens")
+    if keep is not None:
+        if not is_int(keep) or not -1 <= keep < 2**31 or keep == 0:
+            raise BadParameter("truncate_prompt_tokens", "truncate_prompt_tokens must be -1 (the model's context) "
+                                                         f"or an integer >= 1, got {shown(keep)}")
+        generate.truncate_prompt_tokens = keep
 
 
 def _with_choices(parsed: OpenAIRequest, body: dict) -> OpenAIRequest:
@@ -259,6 +272,19 @@ _UNSUPPORTED_UNLESS = (
     ("suffix", (None, ""), "suffix is not supported"),
     ("functions", (None,), "functions are not supported"),
     ("function_call", (None, "none"), "function_call is not supported"),
+    # vLLM's extensions not done here: refused rather than read as 'other fields' and silently not applied.
+    ("use_beam_search", (None, False), "beam search is not supported"),
+    ("length_penalty", (None, 1, 1.0), "length_penalty (beam search) is not supported"),
+    ("bad_words", (None,), "bad_words is not supported"),
+    ("allowed_token_ids", (None,), "allowed_token_ids is not supported (logit_bias can ban tokens)"),
+    ("skip_special_tokens", (None, True), "skip_special_tokens false is not supported: special tokens have no text here"),
+    ("chat_template", (None, ""), "a request's own chat_template is not supported: the model's is used (vLLM without "
+                                  "--trust-request-chat-template refuses it too)"),
+    ("documents", (None,), "documents is not supported"),
+    ("return_tokens_as_token_ids", (None, False), "return_tokens_as_token_ids is not supported"),
+    ("return_token_ids", (None, False), "return_token_ids is not supported (the gRPC API streams token ids)"),
+    ("prompt_embeds", (None,), "prompt_embeds is not supported"),
+    ("logits_processors", (None,), "logits_processors is not supported"),
 )
 
 
@@ -288,7 +314,7 @@ def _is_default(value: Any, allowed: tuple) -> bool:
     if isinstance(value, dict | list):
         return not value
     if isinstance(value, bool):  # True == 1: n=true is not n=1
-        return value is False and False in allowed
+        return any(value is a for a in allowed)
     return value in allowed
 
 
@@ -572,8 +598,8 @@ def error_reply(err: errors.InfermeshError) -> ErrorReply:
 # Parameters only the scheduler can check (it has the tokenizer, and its own byte cap on stop strings):
 # its message names the field.
 _UPSTREAM_PARAMS = ("logit_bias", "stop_token_ids", "stop", "min_tokens")  # stop_token_ids before its prefix
-# The scheduler's refusals of how messages render (call_codec.chat_rendering, chat_template.py).
-_UPSTREAM_CHAT_PARAMS = ("chat_template_kwargs", "continue_final_message")
+# The scheduler's refusals of how the prompt is made (call_codec.chat_rendering and truncated_prompt, chat_template.py).
+_UPSTREAM_REQUEST_PARAMS = ("chat_template_kwargs", "continue_final_message", "truncate_prompt_tokens")
 # The scheduler's context-length refusals (scheduler/servicer.py, generate_pool.py): what they read as.
 _PROMPT_AND_MAX_TOKENS_OVER = re.compile(r"prompt of \d+ tokens plus max_tokens \d+ exceeds")
 _PROMPT_OVER = re.compile(r"prompt of \d+ tokens does not fit")
@@ -604,7 +630,7 @@ def _param(err: errors.InfermeshError) -> str | None:
         for name in _UPSTREAM_PARAMS:
             if err.message.startswith(f"sampling.{name}"):
                 return name
-        for name in _UPSTREAM_CHAT_PARAMS:
+        for name in _UPSTREAM_REQUEST_PARAMS:
             if err.message.startswith(name):
                 return name
     return param

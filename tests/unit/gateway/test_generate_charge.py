@@ -71,3 +71,12 @@ def test_a_token_prompt_is_held_at_its_count_exactly():
     request = gateway_pb2.GenerateRequest(prompt_token_ids=[5] * 40, sampling=common_pb2.SamplingParams(max_tokens=8))
     assert quota_hold(request, context_len=0) == (40, 48)
     assert quota_hold(request, context_len=44) == (40, 44)
+
+
+def test_a_truncated_prompt_is_held_at_what_the_scheduler_keeps():
+    long_prompt = gateway_pb2.GenerateRequest(prompt="x" * 1000, truncate_prompt_tokens=100,
+                                              sampling=common_pb2.SamplingParams(max_tokens=20))
+    assert quota_hold(long_prompt, context_len=0) == (100, 120)
+    whole = gateway_pb2.GenerateRequest(prompt="x" * 1000, truncate_prompt_tokens=-1,
+                                        sampling=common_pb2.SamplingParams(max_tokens=20))
+    assert quota_hold(whole, context_len=512) == (512, 512)  # the context caps it, as for any prompt

@@ -7,7 +7,7 @@ import pytest
 from infermesh.v1 import gateway_pb2
 from services.common import errors
 from services.scheduler.attach_types import ModelKey
-from services.scheduler.call_codec import prompt_token_ids
+from services.scheduler.call_codec import prompt_token_ids, truncated_prompt
 from services.scheduler.text_calls import detokenize, tokenize
 
 from .test_chat_template import CHATML
@@ -92,3 +92,21 @@ def test_chat_options_with_a_prompt_are_refused_rather_than_ignored(fields):
             prompt_token_ids(request, byte_text())
     with pytest.raises(errors.InvalidArgument, match="send them with messages"):
         tokenize(gateway_pb2.TokenizeRequest(prompt="hi", **fields), KEY, byte_text(), 512)
+
+
+def test_add_special_tokens_and_truncation_shape_the_prompt_ids():
+    text = byte_text()
+    bare = prompt_token_ids(gateway_pb2.GenerateRequest(prompt="hé", add_special_tokens=False), text)
+    assert bare == (104, 0xC3, 0xA9)
+    chat = byte_text(chat_template=CHATML)
+    messages = [gateway_pb2.ChatMessage(role="user", content="hi")]
+    default = prompt_token_ids(gateway_pb2.GenerateRequest(messages=messages), chat)
+    without = prompt_token_ids(gateway_pb2.GenerateRequest(messages=messages, add_special_tokens=False), chat)
+    assert default == (BYTE_BOS, *without)  # a byte model's chat gets the BOS its template cannot write
+    request = gateway_pb2.GenerateRequest(prompt="abcdef", truncate_prompt_tokens=3)
+    assert truncated_prompt(prompt_token_ids(request, text), request, 512) == tuple(b"def")
+    whole = gateway_pb2.GenerateRequest(prompt="abcdef", truncate_prompt_tokens=-1)
+    assert truncated_prompt((1, 2, 3), whole, 2) == (2, 3)
+    for keep in (0, -2, 513):
+        with pytest.raises(errors.InvalidArgument, match=r"truncate_prompt_tokens must be -1 .* or in \[1, 512\]"):
+            truncated_prompt((1,), gateway_pb2.GenerateRequest(prompt="a", truncate_prompt_tokens=keep), 512)
