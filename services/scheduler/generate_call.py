@@ -26,12 +26,14 @@ SERVICE = "scheduler"
 
 class GenerateCall:
     __slots__ = ("_request_id", "_entry", "stream", "_began_s", "_span", "_model", "_first", "_clock",
-                 "_finished", "_tool_call_parser")
+                 "_finished", "_tool_call_parser", "_prompt_token_ids")
 
     def __init__(self, request_id: str, entry: GeneratorEntry, stream: GenerateStream, began_s: float,
-                 span: Any, clock: Clock, finished: Callable[[str, float], None], tool_call_parser: str = "") -> None:
+                 span: Any, clock: Clock, finished: Callable[[str, float], None], tool_call_parser: str = "",
+                 prompt_token_ids: Sequence[int] = ()) -> None:
         """`finished(model_name, latency_s)`: called as the last chunk is built. `tool_call_parser`:
-        named on the first chunk (a request offering tools)."""
+        named on the first chunk (a request offering tools), as are `prompt_token_ids` (return_token_ids)."""
+        self._prompt_token_ids = prompt_token_ids
         self._request_id = request_id
         self._entry = entry
         self.stream = stream
@@ -58,7 +60,11 @@ class GenerateCall:
         if self._first:
             chunk.model.CopyFrom(self._model)
             chunk.tool_call_parser = self._tool_call_parser
+            if self._prompt_token_ids:
+                chunk.prompt_token_ids.extend(self._prompt_token_ids)
             self._first = False
+        if delta.end_token_id is not None:
+            chunk.end_token_id = delta.end_token_id
         if delta.is_last:
             self._fill_last(chunk, delta)
             self._span.set_attribute("infermesh.completion_tokens", delta.num_generated)

@@ -97,6 +97,8 @@ class SequenceDelta:
     # per prompt token (None for the first, and where the worker sent none).
     prompt_token_ids: tuple[int, ...] = ()
     prompt_logprobs: tuple[PositionLogprobs | None, ...] = ()
+    # On the last chunk of a sequence that ended on an end-of-sequence or stop token id: that token.
+    end_token_id: int | None = None
 
     @property
     def is_last(self) -> bool:

@@ -927,9 +927,11 @@ class StepScheduler:
             seq.first_token_s = now
             seq.first_token_index = seq.num_generated
         seq.last_token_s = now
+        end_token_id = None
         if (token_id in self._tokenizer.end_token_ids and not seq.sampling.ignore_eos) \
                 or token_id in seq.sampling.stop_token_ids:
             reason = FinishReason.EOS  # an end-of-sequence token is counted, never streamed...
+            end_token_id = token_id
             if seq.sampling.include_stop_str_in_output and token_id in seq.sampling.stop_token_ids:
                 seq.stream.append(token_id)  # ...but a request's stop token's text when asked
         elif seq.stream.append(token_id):
@@ -944,10 +946,11 @@ class StepScheduler:
         chunk = seq.stream.take(final=reason is not None)
         if not chunk and reason is None:
             return None
-        return self._delta(seq, chunk)
+        return self._delta(seq, chunk, end_token_id)
 
-    def _delta(self, seq: Sequence, chunk: StreamChunk) -> SequenceDelta:
+    def _delta(self, seq: Sequence, chunk: StreamChunk, end_token_id: int | None = None) -> SequenceDelta:
         return SequenceDelta(
+            end_token_id=end_token_id,
             seq_id=seq.seq_id,
             token_ids=chunk.token_ids,
             text=chunk.text,

@@ -560,3 +560,30 @@ def test_truncate_prompt_tokens_and_add_special_tokens_shape_the_prompt_as_token
     assert cut["usage"]["prompt_tokens"] == 5 and cut["choices"][0]["text"] == tail["choices"][0]["text"]
     status, reply = post_json(served.base, "/completions", {"model": MODEL, "prompt": PROMPT, "truncate_prompt_tokens": 4096})
     assert (status, reply["error"]["param"]) == (400, "truncate_prompt_tokens"), reply  # past the model's context
+
+
+def test_return_token_ids_gives_the_prompts_and_every_generated_token_the_end_included(served):
+    root = served.base.removesuffix("/v1")
+    status, ids = post_json(root, "/tokenize", {"model": MODEL, "prompt": PROMPT})
+    ended = {"temperature": 0, "max_tokens": 8, "min_tokens": 3, "logit_bias": {str(END_OF_TEXT_ID): 100},
+             "return_token_ids": True}
+    whole = _complete(served, **ended)
+    choice = whole["choices"][0]
+    assert choice["prompt_token_ids"] == ids["tokens"]
+    assert len(choice["token_ids"]) == whole["usage"]["completion_tokens"] == 4 and choice["token_ids"][-1] == END_OF_TEXT_ID
+    grpc_ids = [t for c in _generate(served, sampling={"max_tokens": 8, "min_tokens": 3,
+                                                         "logit_bias": {END_OF_TEXT_ID: 100}}) for t in c.token_ids]
+    assert choice["token_ids"][:-1] == grpc_ids  # the end is counted, never streamed as a token of the text
+    status, events = post_stream(served.base, "/completions", {"model": MODEL, "prompt": PROMPT, "stream": True, **ended})
+    choices = [e["choices"][0] for e in events if e != "[DONE]"]
+    assert [t for c in choices for t in c["token_ids"]] == choice["token_ids"]
+    assert choices[0]["prompt_token_ids"] == ids["tokens"] and all("prompt_token_ids" not in c for c in choices[1:])
+    messages = [{"role": "user", "content": PROMPT}]
+    status, chat_ids = post_json(root, "/tokenize", {"model": MODEL, "messages": messages})
+    status, chat = post_json(served.base, "/chat/completions", {"model": MODEL, "messages": messages, **ended})
+    assert chat["prompt_token_ids"] == chat_ids["tokens"] and chat["choices"][0]["token_ids"][-1] == END_OF_TEXT_ID
+    status, events = post_stream(served.base, "/chat/completions",
+                                 {"model": MODEL, "messages": messages, "stream": True, **ended})
+    chunks = [e for e in events if e != "[DONE]"]
+    assert chunks[0]["prompt_token_ids"] == chat_ids["tokens"]
+    assert [t for e in chunks for t in e["choices"][0]["token_ids"]] == chat["choices"][0]["token_ids"]

@@ -384,7 +384,7 @@ def test_vllms_add_special_tokens_and_truncate_prompt_tokens():
 @pytest.mark.parametrize(("field", "value"), [
     ("use_beam_search", True), ("length_penalty", 0.8), ("bad_words", ["x"]), ("allowed_token_ids", [1, 2]),
     ("skip_special_tokens", False), ("chat_template", "{{ messages }}"), ("documents", [{"text": "d"}]),
-    ("return_tokens_as_token_ids", True), ("return_token_ids", True), ("prompt_embeds", "AAAA"),
+    ("return_tokens_as_token_ids", True), ("prompt_embeds", "AAAA"),
     ("logits_processors", ["p"]),
 ])
 def test_vllm_extensions_not_done_here_are_refused_not_ignored(field, value):
@@ -396,3 +396,14 @@ def test_vllm_extensions_not_done_here_are_refused_not_ignored(field, value):
         parse({"model": "m", **body, field: None})  # absent or default: fine
     assert openai_codec.parse_chat({"model": "m", "messages": [{"role": "user", "content": "a"}],
                                     "skip_special_tokens": True, "use_beam_search": False})
+
+
+def test_a_choices_token_ids_end_with_the_token_that_ended_it():
+    result = ChoiceResult()
+    result.add(gateway_pb2.GenerateResponse(token_ids=[5, 6], prompt_token_ids=[1, 2]))
+    result.add(gateway_pb2.GenerateResponse(token_ids=[7], end_token_id=0,
+                                            finish_reason=common_pb2.FINISH_REASON_EOS))
+    assert (result.token_ids, result.prompt_token_ids) == ([5, 6, 7, 0], [1, 2])
+    cut = ChoiceResult()
+    cut.add(gateway_pb2.GenerateResponse(token_ids=[5], finish_reason=common_pb2.FINISH_REASON_LENGTH))
+    assert cut.token_ids == [5]

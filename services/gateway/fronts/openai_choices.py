@@ -210,6 +210,16 @@ class ChoiceResult:
         return "".join(self.texts)
 
     @property
+    def token_ids(self) -> list[int]:
+        """vLLM's return_token_ids: every token generated, the end-of-sequence or stop token that
+        ended it included (counted, never streamed as text)."""
+        return [t for chunk in self.chunks for t in chunk_token_ids(chunk)]
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return list(self.chunks[0].prompt_token_ids) if self.chunks else []
+
+    @property
     def finished(self) -> bool:
         return self.last is not None and self.last.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
 
@@ -221,6 +231,14 @@ class ChoiceResult:
         best_of summed it in, which ranked such a choice by how likely the end was)."""
         values = [p.token.logprob for p in self.logprobs if not math.isnan(p.token.logprob)]
         return sum(values) / len(values) if values else None
+
+
+def chunk_token_ids(chunk: gateway_pb2.GenerateResponse) -> list[int]:
+    """A chunk's generated tokens as vLLM's token_ids lists them: the end token on the last."""
+    ids = list(chunk.token_ids)
+    if chunk.HasField("end_token_id"):
+        ids.append(chunk.end_token_id)
+    return ids
 
 
 def _completion_tokens(results: Sequence[ChoiceResult]) -> int:

@@ -27,7 +27,7 @@ from services.common.logprobs import MAX_TOP_LOGPROBS
 from services.gateway.admission.latency_admission import ObjectiveMissed, ObjectiveUnmeetable, TpotUnmeetable
 from services.gateway.fronts.http_status import HttpRefusal, http_refusal, matching
 from services.gateway.fronts.openai_batch import Prompt, check_batch_size, completion_prompts, set_prompt
-from services.gateway.fronts.openai_choices import MAX_CHOICES, ChoiceResult
+from services.gateway.fronts.openai_choices import MAX_CHOICES, ChoiceResult, chunk_token_ids
 from services.gateway.fronts.openai_params import (
     BadParameter,
     boolean,
@@ -226,7 +226,9 @@ def _request(kind: str, body: dict, prompt: str, max_tokens: int,
 
 
 def _tokenizing(body: dict, generate: gateway_pb2.GenerateRequest) -> None:
-    """vLLM's add_special_tokens (unset: the model's way) and truncate_prompt_tokens (-1: the context)."""
+    """vLLM's add_special_tokens (unset: the model's way), truncate_prompt_tokens (-1: the context) and
+    return_token_ids (the prompt's and each choice's token ids in the answer)."""
+    generate.return_token_ids = boolean(body, "return_token_ids", False)
     if body.get("add_special_tokens") is not None:
         generate.add_special_tokens = boolean(body, "add_special_tokens", True)
     keep = body.get("truncate_prompt_tokens")
@@ -282,7 +284,6 @@ _UNSUPPORTED_UNLESS = (
                                   "--trust-request-chat-template refuses it too)"),
     ("documents", (None,), "documents is not supported"),
     ("return_tokens_as_token_ids", (None, False), "return_tokens_as_token_ids is not supported"),
-    ("return_token_ids", (None, False), "return_token_ids is not supported (the gRPC API streams token ids)"),
     ("prompt_embeds", (None,), "prompt_embeds is not supported"),
     ("logits_processors", (None,), "logits_processors is not supported"),
 )
@@ -490,6 +491,14 @@ def full_response(request: OpenAIRequest, created_s: int, returned: Sequence[Cho
     }
     if request.kind == CHAT and request.prompt.prompt_logprobs is not None:
         body["prompt_logprobs"] = vllm_prompt_logprobs(prompt, request.prompt.prompt_logprobs)  # vLLM's place
+    if request.generate.return_token_ids:  # vLLM's places: the prompt's per choice (completions) or once (chat)
+        prompt_ids = (generated or returned)[0].prompt_token_ids
+        for choice, result in zip(choices, returned, strict=True):
+            if request.kind == COMPLETION:
+                choice["prompt_token_ids"] = prompt_ids
+            choice["token_ids"] = result.token_ids
+        if request.kind == CHAT:
+            body["prompt_token_ids"] = prompt_ids
     return body
 
 
@@ -537,6 +546,10 @@ def stream_chunk(request: OpenAIRequest, created_s: int, chunk: gateway_pb2.Gene
         kind = "chat.completion.chunk"
     event = {"id": response_id(request), "object": kind, "created": created_s, "model": request.model,
              "choices": [choice]}
+    if request.generate.return_token_ids:
+        choice["token_ids"] = chunk_token_ids(chunk)
+        if chunk.prompt_token_ids:  # the choice's first chunk
+            (choice if request.kind == COMPLETION else event)["prompt_token_ids"] = list(chunk.prompt_token_ids)
     if request.include_usage:
         event["usage"] = None
     if first and request.kind == CHAT and request.prompt.prompt_logprobs is not None and prompt is not None:

@@ -270,7 +270,7 @@ def test_stops_at_end_of_sequence_without_streaming_it(clock):
     make_requests(scheduler, 1, max_tokens=10)
     transcript = run_steps(scheduler, ScriptedWorker({1: [104, 105, EOS, 106]}), clock)
     assert transcript.token_ids(1) == [104, 105] and transcript.text(1) == "hi"
-    assert transcript.last(1).finish_reason is FinishReason.EOS
+    assert transcript.last(1).finish_reason is FinishReason.EOS and transcript.last(1).end_token_id == EOS
     assert transcript.last(1).num_generated == 3
 
 
@@ -282,6 +282,7 @@ def test_a_requests_stop_token_ids_end_it_even_with_ignore_eos_and_its_text_only
     transcript = run_steps(scheduler, ScriptedWorker({1: [104, EOS, 106, 107], 2: [104, 106, 107]}), clock)
     assert transcript.token_ids(1) == [104, EOS] and transcript.last(1).finish_reason is FinishReason.EOS
     assert transcript.last(1).num_generated == 3  # counted, not streamed
+    assert transcript.last(1).end_token_id == 106  # named on the last chunk (return_token_ids lists it)
     assert transcript.text(2) == "hj" and transcript.last(2).finish_reason is FinishReason.EOS
 
 
