@@ -90,6 +90,9 @@ def test_the_chat_parsers_refusals_are_renamed(chat_param, param):
     with pytest.raises(BadParameter) as caught:
         openai_codec.parse_chat(chat_request({"model": "m", "input": "a", "max_output_tokens": 0}).chat)
     assert renamed(caught.value).param == "max_output_tokens"
+    too_long = renamed(openai_codec.ContextLengthExceeded("max_completion_tokens", "prompt of 9 tokens plus"))
+    assert isinstance(too_long, openai_codec.ContextLengthExceeded) and too_long.param == "max_output_tokens"
+    assert openai_codec.error_reply(too_long).body["error"]["code"] == "context_length_exceeded"
 
 
 def _chat_reply(message: dict, finish_reason: str = "stop") -> dict:

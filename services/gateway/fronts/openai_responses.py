@@ -97,7 +97,8 @@ def renamed(err: BadParameter) -> BadParameter:
     base = param.partition(".")[0].partition("[")[0]
     if base not in _RENAMED:
         return err
-    return BadParameter("input" if base == "messages" else _RENAMED[base] + param[len(base):], err.message)
+    # The same class: a context-length refusal keeps OpenAI's code.
+    return type(err)("input" if base == "messages" else _RENAMED[base] + param[len(base):], err.message)
 
 
 def _messages(items: Any) -> list[dict]:
