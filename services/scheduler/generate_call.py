@@ -104,6 +104,7 @@ class GenerateCall:
         chunk.usage.completion_tokens = delta.num_generated
         if stream.seq is not None:
             chunk.usage.cached_prompt_tokens = stream.seq.num_cached_prompt_tokens
+            chunk.stop_string = stream.seq.stream.matched_stop
         first_token_s = stream.seq.first_token_s if stream.seq is not None and stream.seq.first_token_s else now_s
         chunk.ttft_us = seconds_to_us(first_token_s - began_s)
         scheduled_s = stream.first_scheduled_s or began_s

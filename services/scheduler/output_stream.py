@@ -57,12 +57,18 @@ class OutputStream:
         # then: there, or after the stop string with include_stop.
         self._stop_at_byte: int | None = None
         self._text_end_byte = 0
+        self._matched_stop = ""
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     @property
     def stopped(self) -> bool:
         """A stop string matched: append nothing more."""
         return self._stop_at_byte is not None
+
+    @property
+    def matched_stop(self) -> str:
+        """The stop string that matched ("": none)."""
+        return self._matched_stop
 
     @property
     def num_emitted_tokens(self) -> int:
@@ -80,11 +86,12 @@ class OutputStream:
             return False
         # Only a match ending in the new bytes: one that ended before was found then, or fell in
         # min_tokens' tokens, where it does not count.
-        matches = [(i, i + len(s)) for i, s in ((self._bytes.find(s, max(0, old_end - len(s) + 1)), s)
-                                                for s in self._stops) if i >= 0]
+        matches = [(i, i + len(s), s) for i, s in ((self._bytes.find(s, max(0, old_end - len(s) + 1)), s)
+                                                   for s in self._stops) if i >= 0]
         if matches:
-            self._stop_at_byte, stop_end = min(matches)
+            self._stop_at_byte, stop_end, stop = min(matches)
             self._text_end_byte = stop_end if self._include_stop else self._stop_at_byte
+            self._matched_stop = stop.decode("utf-8")
         return self.stopped
 
     def replay(self, token_ids: Sequence[int]) -> None:

@@ -476,7 +476,7 @@ def test_min_tokens_holds_off_the_end_of_sequence_and_stop_strings(served):
     # draws when neither end id may be drawn, then the end.
     forced = {"temperature": 0, "max_tokens": 16, "logit_bias": {str(END_OF_TEXT_ID): 100}}
     assert _complete(served, **forced)["choices"][0] | {"logprobs": None} == \
-        {"index": 0, "text": "", "finish_reason": "stop", "logprobs": None}
+        {"index": 0, "text": "", "finish_reason": "stop", "logprobs": None, "stop_reason": None}
     held = _complete(served, min_tokens=5, **forced)
     free = _complete(served, temperature=0, max_tokens=5, logit_bias=ends, ignore_eos=True)
     assert (held["choices"][0]["text"], held["choices"][0]["finish_reason"]) == (free["choices"][0]["text"], "stop")
@@ -488,7 +488,8 @@ def test_min_tokens_holds_off_the_end_of_sequence_and_stop_strings(served):
     first = next(t for t in tokens if t.strip() and t.isascii())  # random weights: some tokens split characters
     plain = {"temperature": 0, "max_tokens": 24, "logit_bias": ends, "stop": [first]}
     cut = greedy["choices"][0]["text"].index(first)
-    assert _complete(served, **plain)["choices"][0]["text"] == greedy["choices"][0]["text"][:cut]
+    stopped = _complete(served, **plain)["choices"][0]
+    assert (stopped["text"], stopped["stop_reason"]) == (greedy["choices"][0]["text"][:cut], first)  # vLLM's field
     late = _complete(served, min_tokens=3 + tokens.index(first), **plain)["choices"][0]["text"]
     assert greedy["choices"][0]["text"].startswith(late) and len(late) >= cut + len(first)  # the stop's text, kept
     status, reply = post_json(served.base, "/completions", {"model": MODEL, "prompt": PROMPT, "min_tokens": 300})
@@ -537,6 +538,7 @@ def test_stop_token_ids_end_the_output_and_include_stop_str_in_output_keeps_the_
     http = _complete(served, temperature=0, max_tokens=12, ignore_eos=True,
                      logit_bias={str(t): b for t, b in banned.items()}, stop_token_ids=[ids[2]])
     assert (http["choices"][0]["text"], http["choices"][0]["finish_reason"]) == ("".join(c.text for c in cut), "stop")
+    assert http["choices"][0]["stop_reason"] == ids[2]  # vLLM's: the stop id that ended it
     kept = _generate(served, sampling={**free, "stop_token_ids": [ids[2]], "include_stop_str_in_output": True})
     assert [t for c in kept for t in c.token_ids] == ids[:k + 1]
     # A stop string kept in the text: it ends the output after the stop instead of before.

@@ -132,7 +132,7 @@ def test_last_stream_chunk_carries_finish_reason_and_timings():
                                         timings=common_pb2.Timings(total_us=1500, stages=[common_pb2.StageTiming(
                                             stage=common_pb2.STAGE_ADMISSION, duration_us=500, service="gateway")]))
     event = openai_codec.stream_chunk(parsed, 1, last, first=False)
-    assert event["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}
+    assert event["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop", "stop_reason": None}
     assert event["infermesh"]["timings"] == {"total_us": 1500, "stages": [
         {"service": "gateway", "stage": "admission", "duration_us": 500}]}
     assert openai_codec.timings_header(last) == "gateway.admission;dur=0.500, total;dur=1.500"

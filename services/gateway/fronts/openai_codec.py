@@ -356,6 +356,16 @@ def finish_reason(chunk: gateway_pb2.GenerateResponse) -> str | None:
     return _FINISH_REASONS.get(chunk.finish_reason)
 
 
+def stop_reason(request: OpenAIRequest, last: gateway_pb2.GenerateResponse) -> str | int | None:
+    """vLLM's stop_reason: the stop string, or the request's stop_token_ids id, that ended the choice;
+    None for the model's end of sequence, the length, or anything else."""
+    if last.stop_string:
+        return last.stop_string
+    if last.HasField("end_token_id") and last.end_token_id in request.generate.sampling.stop_token_ids:
+        return last.end_token_id
+    return None
+
+
 def usage(*lasts: gateway_pb2.GenerateResponse, echo_only: bool = False) -> dict:
     """The last chunks of every choice: the prompt counted once (the first choice's, which computed
     it), the completion tokens of every choice generated (best_of's unreturned ones too); none for
@@ -510,14 +520,16 @@ def _last_of(result: ChoiceResult) -> gateway_pb2.GenerateResponse:
 
 def _choice(request: OpenAIRequest, index: int, result: ChoiceResult,
             prompt: Sequence[common_pb2.PositionLogprobs] = ()) -> dict:
-    reason = finish_reason(_last_of(result))
+    last = _last_of(result)
+    reason = finish_reason(last)
     if request.kind == COMPLETION:
-        return completion_choice(request, index, result.text, result.logprobs, reason, prompt, LogprobsWriter(request))
+        choice = completion_choice(request, index, result.text, result.logprobs, reason, prompt, LogprobsWriter(request))
+        return {**choice, "stop_reason": None if request.prompt.echo_only else stop_reason(request, last)}
     written = LogprobsWriter(request).write(result.logprobs)
     splitter = ToolCallSplitter(request.tools)
     splitter.feed(result.text, True, result.tool_call_parser)
     return {"index": index, "message": splitter.message(), "logprobs": written,
-            "finish_reason": splitter.finish_reason(reason)}
+            "finish_reason": splitter.finish_reason(reason), "stop_reason": stop_reason(request, last)}
 
 
 def stream_chunk(request: OpenAIRequest, created_s: int, chunk: gateway_pb2.GenerateResponse, first: bool,
@@ -546,6 +558,8 @@ def stream_chunk(request: OpenAIRequest, created_s: int, chunk: gateway_pb2.Gene
         kind = "chat.completion.chunk"
     event = {"id": response_id(request), "object": kind, "created": created_s, "model": request.model,
              "choices": [choice]}
+    if reason is not None:
+        choice["stop_reason"] = None if request.prompt.echo_only else stop_reason(request, chunk)
     if request.generate.return_token_ids:
         choice["token_ids"] = chunk_token_ids(chunk)
         if chunk.prompt_token_ids:  # the choice's first chunk
