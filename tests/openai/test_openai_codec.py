@@ -385,7 +385,7 @@ def test_vllms_add_special_tokens_and_truncate_prompt_tokens():
     ("use_beam_search", True), ("length_penalty", 0.8), ("bad_words", ["x"]), ("allowed_token_ids", [1, 2]),
     ("skip_special_tokens", False), ("chat_template", "{{ messages }}"), ("documents", [{"text": "d"}]),
     ("return_tokens_as_token_ids", True), ("prompt_embeds", "AAAA"),
-    ("logits_processors", ["p"]),
+    ("logits_processors", ["p"]), ("priority", 5), ("priority", -1), ("cache_salt", "user-7"),
 ])
 def test_vllm_extensions_not_done_here_are_refused_not_ignored(field, value):
     for parse, body in ((openai_codec.parse_completion, {"prompt": "a"}),
@@ -395,7 +395,8 @@ def test_vllm_extensions_not_done_here_are_refused_not_ignored(field, value):
         assert caught.value.param == field
         parse({"model": "m", **body, field: None})  # absent or default: fine
     assert openai_codec.parse_chat({"model": "m", "messages": [{"role": "user", "content": "a"}],
-                                    "skip_special_tokens": True, "use_beam_search": False})
+                                    "skip_special_tokens": True, "use_beam_search": False, "priority": 0,
+                                    "cache_salt": ""})
 
 
 def test_a_choices_token_ids_end_with_the_token_that_ended_it():

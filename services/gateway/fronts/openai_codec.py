@@ -286,6 +286,10 @@ _UNSUPPORTED_UNLESS = (
     ("return_tokens_as_token_ids", (None, False), "return_tokens_as_token_ids is not supported"),
     ("prompt_embeds", (None,), "prompt_embeds is not supported"),
     ("logits_processors", (None,), "logits_processors is not supported"),
+    ("priority", (None, 0), "priority (vLLM's integer) is not supported: send the x-infermesh-priority header "
+                            "(critical, standard or sheddable)"),
+    ("cache_salt", (None, ""), "cache_salt is not supported: the prefix cache is salted per tenant (a tenant's "
+                               "prompts are never served from another tenant's cache)"),
 )
 
 
