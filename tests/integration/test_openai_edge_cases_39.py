@@ -61,6 +61,12 @@ def _complete(served, **body) -> dict:
     return reply
 
 
+def _whole_text(text: str) -> bool:
+    """A token's or chunk's text usable as a stop string: not blank, and no character its bytes left
+    incomplete (random weights draw tokens that split characters; U+FFFD matches no output bytes)."""
+    return bool(text.strip()) and "\ufffd" not in text
+
+
 def _streamed_choices(events: list) -> dict[int, list[dict]]:
     """Each choice's events' choice objects, by index, in order."""
     choices: dict[int, list[dict]] = {}
@@ -485,7 +491,7 @@ def test_min_tokens_holds_off_the_end_of_sequence_and_stop_strings(served):
     # past that token it is looked for only where it ends after them, so the first one is kept.
     greedy = _complete(served, temperature=0, max_tokens=24, ignore_eos=True, logit_bias=ends, logprobs=0)
     tokens = greedy["choices"][0]["logprobs"]["tokens"]
-    first = next(t for t in tokens if t.strip() and t.isascii())  # random weights: some tokens split characters
+    first = next(t for t in tokens if _whole_text(t))
     plain = {"temperature": 0, "max_tokens": 24, "logit_bias": ends, "stop": [first]}
     cut = greedy["choices"][0]["text"].index(first)
     stopped = _complete(served, **plain)["choices"][0]
@@ -543,7 +549,7 @@ def test_stop_token_ids_end_the_output_and_include_stop_str_in_output_keeps_the_
     assert [t for c in kept for t in c.token_ids] == ids[:k + 1]
     # A stop string kept in the text: it ends the output after the stop instead of before.
     text = "".join(c.text for c in chunks)
-    first = next(c.text for c in chunks if c.text.strip() and c.text.isascii())
+    first = next(c.text for c in chunks if _whole_text(c.text))
     stopped = _generate(served, sampling={**free, "stop": [first], "include_stop_str_in_output": True})
     assert "".join(c.text for c in stopped) == text[:text.index(first) + len(first)]
 
