@@ -20,7 +20,7 @@ from services.scheduler.attach_types import Label, ModelKey
 from services.scheduler.fair_queue import TenantContext
 from services.scheduler.model_text import ChatRendering, ModelText
 from services.scheduler.pressure import ModelPressure
-from services.scheduler.sequence import FinishReason, SamplingParams
+from services.scheduler.sequence import FinishReason, SamplingParams, ending_token_ids
 from services.scheduler.structured_output import compile_grammar
 
 # Requests that carry no tenant (direct calls, tests) share one queue.
@@ -239,7 +239,7 @@ def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int, vocab_
         top_k=sampling.top_k,
         min_p=sampling.min_p,
         min_tokens=sampling.min_tokens,
-        min_tokens_ban=tuple(sorted(stop_token_ids | (set() if sampling.ignore_eos else set(end_token_ids))))
+        min_tokens_ban=tuple(sorted(ending_token_ids(end_token_ids, sampling.ignore_eos, stop_token_ids)))
         if sampling.min_tokens else (),
         stop_token_ids=stop_token_ids,
         include_stop_str_in_output=sampling.include_stop_str_in_output,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from services.common.logprobs import MAX_TOP_LOGPROBS, PositionLogprobs
@@ -105,6 +106,12 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
 
 
+def ending_token_ids(model_end_ids: Iterable[int], ignore_eos: bool, stop_token_ids: frozenset[int]) -> frozenset[int]:
+    """The ids that end an output (counted, never streamed): the model's end ids unless ignore_eos, and the
+    request's stop_token_ids in any case (vLLM's rule). min_tokens bans these same ids."""
+    return stop_token_ids if ignore_eos else frozenset(model_end_ids) | stop_token_ids
+
+
 @dataclass(eq=False)
 class Sequence:
     seq_id: int
@@ -117,6 +124,8 @@ class Sequence:
     deadline_s: float | None
     stream: OutputStream
     output_token_ids: list[int] = field(default_factory=list)
+    # ending_token_ids() for this request, resolved once at admission: one lookup per generated token.
+    ending_token_ids: frozenset[int] = frozenset()
     # Tokens whose KV the current worker holds; 0 after preemption.
     num_computed_tokens: int = 0
     status: SequenceStatus = SequenceStatus.WAITING

@@ -84,6 +84,7 @@ from services.scheduler.sequence import (
     SamplingParams,
     Sequence,
     SequenceStatus,
+    ending_token_ids,
 )
 from services.scheduler.step_builder import StepBuilder
 from services.scheduler.step_plan import SequenceDelta, SequenceStep, StepPlan
@@ -193,6 +194,7 @@ class StepScheduler:
             deadline_s=deadline_s,
             stream=stream,
             output_token_ids=list(delivered_token_ids),
+            ending_token_ids=ending_token_ids(self._tokenizer.end_token_ids, sampling.ignore_eos, sampling.stop_token_ids),
             tpot_target_s=tpot_target_s,
             output_logprobs=[None] * len(delivered_token_ids) if sampling.logprobs else [],
             prompt_logprobs=[None] * len(prompt_token_ids) if sampling.prompt_logprobs is not None else [],
@@ -928,8 +930,7 @@ class StepScheduler:
             seq.first_token_index = seq.num_generated
         seq.last_token_s = now
         end_token_id = None
-        if (token_id in self._tokenizer.end_token_ids and not seq.sampling.ignore_eos) \
-                or token_id in seq.sampling.stop_token_ids:
+        if token_id in seq.ending_token_ids:
             reason = FinishReason.EOS  # an end-of-sequence token is counted, never streamed...
             end_token_id = token_id
             if seq.sampling.include_stop_str_in_output and token_id in seq.sampling.stop_token_ids:

@@ -180,23 +180,23 @@ class OpenAIFront:
         return self._text
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, openai_codec.parse_completion)
+        return await self._generate(request, lambda body: (openai_codec.parse_completion(body), ChatShape()))
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, openai_codec.parse_chat)
+        return await self._generate(request, lambda body: (openai_codec.parse_chat(body), ChatShape()))
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, self._parse_responses)
+
+    def _parse_responses(self, body: object) -> tuple[openai_codec.OpenAIRequest, ChatShape]:
+        """A Responses request as the chat request it is, and the shape its answer is written in."""
+        wanted = openai_responses.chat_request(body)
         try:
-            caller = http_caller(request)
-            wanted = openai_responses.chat_request(await _json_body(request))
-            try:
-                parsed = openai_codec.parse_chat(wanted.chat)
-            except openai_codec.BadParameter as err:
-                raise openai_responses.renamed(err) from None
-        except errors.InfermeshError as err:
-            return error_response(self._refusal(request, err))
+            parsed = openai_codec.parse_chat(wanted.chat)
+        except openai_codec.BadParameter as err:
+            raise openai_responses.renamed(err) from None
         parsed.generate.request_id = parsed.generate.request_id or uuid.uuid4().hex  # names the Response and its items
-        return await self._answer(request, caller, parsed, ResponsesShape(wanted, parsed, int(self._clock())))
+        return parsed, ResponsesShape(wanted, parsed, int(self._clock()))
 
     async def stored_response(self, request: web.Request) -> web.Response:
         """GET /v1/responses/{id}: nothing is stored (the requests' `store` is not honoured), so none is found."""
@@ -237,15 +237,12 @@ class OpenAIFront:
                 for name in names]
 
     async def _generate(self, request: web.Request, parse) -> web.StreamResponse:
+        """`parse(body)`: the request and the shape its answer is written in."""
         try:
             caller = http_caller(request)
-            parsed = parse(await _json_body(request))
+            parsed, shape = parse(await _json_body(request))
         except errors.InfermeshError as err:
             return error_response(self._refusal(request, err))
-        return await self._answer(request, caller, parsed, ChatShape())
-
-    async def _answer(self, request: web.Request, caller, parsed: openai_codec.OpenAIRequest,
-                      shape: ChatShape) -> web.StreamResponse:
         parts = openai_batch.prompt_parts(parsed)
         chunks = openai_choices.merged_groups(
             lambda r, further: self._core.generate(r, caller, further_choice=further),
