@@ -2,7 +2,7 @@
 greedy tokens equal transformers' generate(do_sample=False) for 16 prompts x 64 tokens per family.
 
 One mesh for the module: a tiny random-weight checkpoint per family (llama with llama3 rope scaling,
-qwen2, mistral; stored in float32, float16 and bfloat16 respectively, served in float32, against
+qwen2, mistral, qwen3; stored in float32, float16, bfloat16 and bfloat16, served in float32, against
 transformers' float32 model of the same rounded weights), each made with transformers' save_pretrained
 and imported as
 `infermesh models import` does, each served by its own worker. The scheduler prefills in chunks
@@ -38,11 +38,12 @@ from tools.testbed.processes import free_port, running_mesh, wait_all_serving, w
 
 pytestmark = pytest.mark.integration
 
-FAMILIES = {"tiny-llama": "llama3", "tiny-qwen2": "qwen2", "tiny-mistral": "mistral"}
+FAMILIES = {"tiny-llama": "llama3", "tiny-qwen2": "qwen2", "tiny-mistral": "mistral", "tiny-qwen3": "qwen3"}
 # Each family's checkpoint in another storage dtype: the worker reads float16 and bfloat16 files into
 # its float32 compute (the default --compute-dtype), as transformers' float32 model holds the same
 # rounded weights.
-STORAGE_DTYPES = {"tiny-llama": torch.float32, "tiny-qwen2": torch.float16, "tiny-mistral": torch.bfloat16}
+STORAGE_DTYPES = {"tiny-llama": torch.float32, "tiny-qwen2": torch.float16, "tiny-mistral": torch.bfloat16,
+                  "tiny-qwen3": torch.bfloat16}
 NUM_NEW_TOKENS = 64
 MIN_MARGIN = 4e-4
 # Random weights drawn this wide give logits far enough apart that near ties are rare (at 0.25,

@@ -1,4 +1,5 @@
-"""Tiny random-weight Hugging Face checkpoints of the Llama family, made with transformers (tests only).
+"""Tiny random-weight Hugging Face checkpoints of the Llama family (Llama, Qwen2, Qwen3, Mistral), made with
+transformers (tests only).
 
 `save_tiny_checkpoint(dir, "qwen2")` writes what a user would bring (config.json,
 model.safetensors, generation_config.json) via `save_pretrained`; nothing is
@@ -35,6 +36,10 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "original_max_position_embeddings": 64}}),
     "llama_tied": ("LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": True}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"rope_theta": 1000000.0}),
+    # Qwen3's config class defaults head_dim to 128 whatever the width: this one's is 32 (q is 128
+    # wide over a 64-wide model), and its embeddings are tied, as Qwen3-0.6B's are.
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"rope_theta": 1000000.0, "head_dim": 32,
+                                                  "tie_word_embeddings": True}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 256, "head_dim": 16}),
 }
 

@@ -1,9 +1,10 @@
 """The Llama family's architecture, read from a Hugging Face `config.json`.
 
-One frozen `LlamaFamilyConfig` covers LlamaForCausalLM, Qwen2ForCausalLM and
-MistralForCausalLM: they are one decoder (RMSNorm, RoPE, grouped-query
-attention, SwiGLU) and differ only in the fields this dataclass names: qkv
-bias, tied embeddings, rope scaling and a sliding window. Everything else a
+One frozen `LlamaFamilyConfig` covers LlamaForCausalLM, Qwen2ForCausalLM,
+Qwen3ForCausalLM and MistralForCausalLM: they are one decoder (RMSNorm, RoPE,
+grouped-query attention, SwiGLU) and differ only in the fields this dataclass
+names: qkv bias (Qwen2), per-head q/k norms (Qwen3), tied embeddings, rope
+scaling and a sliding window. Everything else a
 config may say is either irrelevant to inference (dropout, initializer range)
 or refused with a `CheckpointError` naming the field and what is supported, so
 a checkpoint we cannot compute exactly is never served approximately.
@@ -20,7 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# Architectures that read Qwen2's sliding-window switches (use_sliding_window, max_window_layers).
+_QWEN_WINDOWS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 SUPPORTED_ACTIVATIONS = ("silu",)
 # What a config's `dtype` (transformers 5) or `torch_dtype` (4) may declare the stored weights as.
@@ -66,6 +69,9 @@ class LlamaFamilyConfig:
     rope_scaling: Llama3RopeScaling | None = None
     norm_eps: float = 1e-6
     qkv_bias: bool = False  # Qwen2: q, k and v projections carry a bias; o does not
+    # Qwen3: each head's q and k pass an RMSNorm over head_size (its own weight for q and for k)
+    # after the projection and before RoPE.
+    qk_norm: bool = False
     tie_word_embeddings: bool = False  # the LM head is the embedding matrix (no lm_head.weight stored)
     storage_dtype: str | None = None  # what config.json declares the weights are stored as, if it says
 
@@ -146,6 +152,7 @@ class _Parser:
             rope_scaling=rope_scaling,
             norm_eps=self.positive_float("rms_norm_eps", default=1e-6),
             qkv_bias=architecture == "Qwen2ForCausalLM",
+            qk_norm=architecture == "Qwen3ForCausalLM",
             tie_word_embeddings=self.boolean("tie_word_embeddings", default=False),
             storage_dtype=self.storage_dtype(),
         )
@@ -218,7 +225,7 @@ class _Parser:
         layer_types = self.raw.get("layer_types")
         if layer_types is not None:
             # transformers 5 writes which layers slide; without it, Qwen2 slides layers from
-            # max_window_layers on when use_sliding_window is set, and Mistral slides every layer.
+            # max_window_layers on when use_sliding_window is set (Qwen3 too), and Mistral slides every layer.
             if not isinstance(layer_types, list) or not set(layer_types) <= {"full_attention", "sliding_attention"}:
                 raise self.fail("layer_types", "must be a list of 'full_attention' or 'sliding_attention', "
                                 f"got {layer_types!r}")
@@ -226,7 +233,7 @@ class _Parser:
                 return
         elif architecture == "LlamaForCausalLM":
             return
-        elif architecture == "Qwen2ForCausalLM" and (
+        elif architecture in _QWEN_WINDOWS and (
             not self.boolean("use_sliding_window", default=False)
             or self.count("max_window_layers") >= self.positive_int("num_hidden_layers")
         ):

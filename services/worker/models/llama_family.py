@@ -1,4 +1,4 @@
-"""The Llama-family decoder (Llama, Qwen2, Mistral): one module, parametrized by `LlamaFamilyConfig`.
+"""The Llama-family decoder (Llama, Qwen2, Qwen3, Mistral): one module, parametrized by `LlamaFamilyConfig`.
 
 It has the shape `paged_forward` runs (`embed`, `rotary`, `blocks()` with `qkv`,
 `attn_out` and `mlp`, `logits`), so a step over the worker's paged KV cache is
@@ -55,6 +55,8 @@ class LlamaFamilyBlock(nn.Module):
         self.attn_norm = _empty(c.d_model, dtype=dtype, device=device)
         self.qkv_weight = _empty(q_size + 2 * kv_size, c.d_model, dtype=dtype, device=device)
         self.qkv_bias = _empty(q_size + 2 * kv_size, dtype=dtype, device=device) if c.qkv_bias else None
+        self.q_norm = _empty(c.head_size, dtype=dtype, device=device) if c.qk_norm else None
+        self.k_norm = _empty(c.head_size, dtype=dtype, device=device) if c.qk_norm else None
         self.o_weight = _empty(c.d_model, q_size, dtype=dtype, device=device)
         self.mlp_norm = _empty(c.d_model, dtype=dtype, device=device)
         self.gate_up_weight = _empty(2 * c.d_ff, c.d_model, dtype=dtype, device=device)
@@ -66,12 +68,16 @@ class LlamaFamilyBlock(nn.Module):
         c = self.config
         h = rms_norm(x, self.attn_norm, c.norm_eps)
         lead = h.shape[:-1]
-        qkv = F.linear(h, self.qkv_weight, self.qkv_bias).float()
+        qkv = F.linear(h, self.qkv_weight, self.qkv_bias)
         q, k, v = qkv.split(self._split, dim=-1)
+        q, k = q.view(*lead, c.num_heads, c.head_size), k.view(*lead, c.num_kv_heads, c.head_size)
+        if self.q_norm is not None and self.k_norm is not None:
+            # In the compute dtype, as the checkpoint was trained; RoPE and attention then run in float32.
+            q, k = rms_norm(q, self.q_norm, c.norm_eps), rms_norm(k, self.k_norm, c.norm_eps)
         # q and k rotate by the same angles: one rotation over their heads side by side.
-        qk = torch.cat((q.view(*lead, c.num_heads, c.head_size), k.view(*lead, c.num_kv_heads, c.head_size)), dim=-2)
+        qk = torch.cat((q.float(), k.float()), dim=-2)
         q, k = apply_rope(qk, rope).split((c.num_heads, c.num_kv_heads), dim=-2)
-        return q, k, v.reshape(*lead, c.num_kv_heads, c.head_size)
+        return q, k, v.float().reshape(*lead, c.num_kv_heads, c.head_size)
 
     def attn_out(self, attn: torch.Tensor) -> torch.Tensor:
         """Float32 attention output `[..., T, num_heads, hs]` → residual update `[..., T, d_model]` (compute dtype)."""

@@ -64,6 +64,9 @@ def expected_tensors(config: LlamaFamilyConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.q_proj.bias"] = (q_size,)
             shapes[p + "self_attn.k_proj.bias"] = (kv_size,)
             shapes[p + "self_attn.v_proj.bias"] = (kv_size,)
+        if c.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (c.head_size,)
+            shapes[p + "self_attn.k_norm.weight"] = (c.head_size,)
         shapes[p + "self_attn.o_proj.weight"] = (c.d_model, q_size)
         shapes[p + "post_attention_layernorm.weight"] = (c.d_model,)
         shapes[p + "mlp.gate_proj.weight"] = (c.d_ff, c.d_model)
@@ -97,7 +100,7 @@ def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> dict[str,
                     continue  # tied: the embedding matrix is the head; a stored copy is not used
                 if name not in expected:
                     raise CheckpointError(str(path), name, f"unexpected tensor for {config.architecture} "
-                                          f"({config.num_layers} layers, qkv_bias={config.qkv_bias}, "
+                                          f"({config.num_layers} layers, qkv_bias={config.qkv_bias}, qk_norm={config.qk_norm}, "
                                           f"tie_word_embeddings={config.tie_word_embeddings})")
                 if name in where:
                     raise CheckpointError(str(path), name, f"also stored in {where[name]}")
@@ -160,6 +163,9 @@ def _destinations(model: LlamaFamilyLM) -> dict[str, torch.Tensor]:
             places[f"{p}self_attn.{part}_proj.weight"] = layer.qkv_weight[rows]
             if layer.qkv_bias is not None:
                 places[f"{p}self_attn.{part}_proj.bias"] = layer.qkv_bias[rows]
+        if layer.q_norm is not None and layer.k_norm is not None:
+            places[p + "self_attn.q_norm.weight"] = layer.q_norm
+            places[p + "self_attn.k_norm.weight"] = layer.k_norm
         places[p + "self_attn.o_proj.weight"] = layer.o_weight
         places[p + "post_attention_layernorm.weight"] = layer.mlp_norm
         places[p + "mlp.gate_proj.weight"] = layer.gate_up_weight[: c.d_ff]

@@ -128,6 +128,8 @@ def weight_bytes(config: LlamaFamilyConfig, bytes_per_value: int = 4) -> int:
     attention = c.d_model * (c.num_heads + 2 * c.num_kv_heads) * c.head_size + c.num_heads * c.head_size * c.d_model
     if c.qkv_bias:
         attention += (c.num_heads + 2 * c.num_kv_heads) * c.head_size
+    if c.qk_norm:
+        attention += 2 * c.head_size
     layer = attention + 3 * c.d_model * c.d_ff + 2 * c.d_model
     heads = 1 if c.tie_word_embeddings else 2
     return bytes_per_value * (c.num_layers * layer + heads * c.vocab_size * c.d_model + c.d_model)

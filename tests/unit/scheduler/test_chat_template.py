@@ -83,6 +83,42 @@ MISTRAL = """{%- if messages[0]['role'] == 'system' %}
 {%- endfor %}
 """
 
+# Written for these tests in the shape of Qwen3's template: what it asks of the renderer is a
+# namespace assigned inside a loop, reversed iteration, string methods (startswith, split, rstrip,
+# lstrip), a past turn's reasoning dropped before the last user query, and `enable_thinking`.
+QWEN3_STYLE = """{%- set ns = namespace(last_query=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if message.role == 'user' and message.content is string and not message.content.startswith('<tool_response>') %}
+        {%- if ns.last_query == messages|length - 1 %}{%- set ns.last_query = index %}{%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- set content = message.content if message.content is string else '' %}
+    {%- if message.role == 'assistant' %}
+        {%- set reasoning = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning = message.reasoning_content %}
+        {%- elif '</think>' in content %}
+            {%- set reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query and reasoning %}
+            {{- '<|im_start|>assistant\n<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+        {%- else %}
+            {{- '<|im_start|>assistant\n' + content }}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}
+{%- endif %}
+"""
+
 CONVERSATIONS = [
     [{"role": "user", "content": "Grüße! Wie geht's? 🙂"}],
     [{"role": "system", "content": "  Answer in Japanese.  "}, {"role": "user", "content": "東京は？"},
@@ -91,12 +127,16 @@ CONVERSATIONS = [
      {"role": "assistant", "content": "", "reasoning": "Call the tool.", "tool_calls": [
          {"type": "function", "function": {"name": "weather", "arguments": {"city": "Köln", "unit": "°C"}}}]},
      {"role": "user", "content": "and tomorrow?", "name": None}],
+    [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "<think>\nadd them\n</think>\n\n4"},
+     {"role": "user", "content": "and 3+3?"}, {"role": "assistant", "content": "<think>\ncheck</think>6, sure"},
+     {"role": "user", "content": "<tool_response>x</tool_response>"}],
 ]
 
 TEMPLATES = {  # name: (template, which tokenizer, its special tokens)
     "llama3": (LLAMA3, "byte_level", {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}),
     "chatml": (CHATML, "byte_level", {"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>"}),
     "mistral": (MISTRAL, "sentencepiece", {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}),
+    "qwen3": (QWEN3_STYLE, "byte_level", {"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>"}),
 }
 
 
@@ -232,3 +272,12 @@ def test_continue_final_message_is_refused_when_the_template_drops_the_final_mes
         ChatTemplate(drops_assistant, {}).render([{"role": "user", "content": "a"},
                                                   {"role": "assistant", "content": "zzz"}],
                                                  add_generation_prompt=False, continue_final_message=True)
+
+
+def test_the_qwen3_style_template_drops_reasoning_before_the_last_query_and_keeps_it_after():
+    source, _, special = TEMPLATES["qwen3"]
+    text = ChatTemplate(source, special).render(CONVERSATIONS[3], variables={"enable_thinking": False})
+    # The first turn's reasoning precedes the last real user query (a tool response is not one): dropped.
+    assert "<|im_start|>assistant\n4<|im_end|>" in text and "add them" not in text
+    assert "<|im_start|>assistant\n<think>\ncheck\n</think>\n\n6, sure<|im_end|>" in text
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")

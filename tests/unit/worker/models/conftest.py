@@ -10,6 +10,10 @@ import transformers
 
 from tests.support.hf_checkpoints import FAMILIES, save_tiny_checkpoint
 
+# Weights seed per family (default 0): qwen3's seed-0 reference meets a near tie (top two within
+# 3.3e-4) inside the greedy test's 16 x 64 tokens, where no machine's rounding could be trusted.
+SEEDS = {"qwen3": 3}
+
 
 @dataclass(frozen=True)
 class TinyCheckpoint:
@@ -23,5 +27,6 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Tiny
     checkpoints = {}
     for family in FAMILIES:
         directory = tmp_path_factory.mktemp(f"hf-{family}")
-        checkpoints[family] = TinyCheckpoint(family, directory, save_tiny_checkpoint(directory, family))
+        checkpoints[family] = TinyCheckpoint(family, directory, save_tiny_checkpoint(directory, family,
+                                                                                 seed=SEEDS.get(family, 0)))
     return checkpoints

@@ -53,7 +53,10 @@ def llama_config(**fields: Any) -> dict[str, Any]:
 # --- config.json ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("fields", "field", "says"), [
-    ({"architectures": ["GPT2LMHeadModel"]}, "architectures[0]", "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"),
+    ({"architectures": ["GPT2LMHeadModel"]}, "architectures[0]",
+     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"),
+    ({"architectures": ["Qwen3MoeForCausalLM"]}, "architectures[0]", "supported: LlamaForCausalLM"),
+    ({"architectures": ["Qwen3ForCausalLM"], "attention_bias": True}, "attention_bias", "supported: false"),
     ({"architectures": []}, "architectures", "supported: LlamaForCausalLM"),
     ({"rope_scaling": {"type": "yarn", "factor": 4.0}}, "rope_scaling.type", "supported: default, llama3"),
     ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling.rope_type", "supported: default, llama3"),
@@ -100,6 +103,10 @@ def test_a_sliding_window_is_refused_only_when_it_hides_part_of_the_sequence():
         LlamaFamilyConfig.from_hf({**qwen, "use_sliding_window": True})
     with pytest.raises(CheckpointError, match="sliding_window"):
         LlamaFamilyConfig.from_hf({**qwen, "layer_types": ["full_attention", "sliding_attention"]})
+    qwen3 = {**qwen, "architectures": ["Qwen3ForCausalLM"]}  # Qwen3 reads Qwen2's switches
+    assert LlamaFamilyConfig.from_hf({**qwen3, "use_sliding_window": False}).qk_norm
+    with pytest.raises(CheckpointError, match="sliding_window"):
+        LlamaFamilyConfig.from_hf({**qwen3, "use_sliding_window": True})
     with pytest.raises(CheckpointError, match="max_position_embeddings"):
         LlamaFamilyConfig.from_hf(llama_config(), max_seq_len=257)
 
@@ -181,6 +188,17 @@ def test_missing_and_unexpected_tensors_are_named(tiny_checkpoints, tmp_path):
     assert (error.file, error.field) == (str(weights), "model.layers.2.input_layernorm.weight")
     assert "unexpected tensor for LlamaForCausalLM (2 layers" in str(error)
 
+    # Qwen3's per-head norms: one missing is named; a Qwen2 config over Qwen3's weights finds them unexpected.
+    directory = copy_of(tiny_checkpoints, "qwen3", tmp_path / "third")
+    weights = directory / "model.safetensors"
+    edit_tensors(weights, lambda t: t.pop("model.layers.0.self_attn.k_norm.weight"))
+    error = refusal(directory)
+    assert error.field == "model.layers.0.self_attn.k_norm.weight" and "missing" in str(error)
+    directory = copy_of(tiny_checkpoints, "qwen3", tmp_path / "fourth")
+    edit_config(directory, lambda c: c.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2"))
+    error = refusal(directory)
+    assert error.field.endswith("_norm.weight") and "qk_norm=False" in str(error)
+
 
 def test_a_directory_without_weights_is_refused(tiny_checkpoints, tmp_path):
     directory = copy_of(tiny_checkpoints, "llama", tmp_path)
@@ -232,6 +250,14 @@ QWEN2_5_0_5B = {
     "sliding_window": 32768, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True,
     "use_sliding_window": False, "vocab_size": 151936,
 }
+QWEN3_0_6B = {
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024, "initializer_range": 0.02,
+    "intermediate_size": 3072, "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+    "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+}
 MISTRAL_7B_V0_1 = {
     "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
     "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 32768,
@@ -249,6 +275,11 @@ def test_released_checkpoints_configs_read_as_their_architecture():
 
     qwen = LlamaFamilyConfig.from_hf(QWEN2_5_0_5B)  # use_sliding_window false: its window is no window
     assert qwen.qkv_bias and qwen.tie_word_embeddings and qwen.head_size == 64 and qwen.max_seq_len == 32768
+
+    qwen3 = LlamaFamilyConfig.from_hf(QWEN3_0_6B)  # head_dim 128 over hidden 1024 / 16 heads (64)
+    assert qwen3.qk_norm and not qwen3.qkv_bias and qwen3.tie_word_embeddings
+    assert (qwen3.head_size, qwen3.num_heads * qwen3.head_size, qwen3.d_model) == (128, 2048, 1024)
+    assert qwen3.rope_theta == 1e6 and qwen3.rope_scaling is None and qwen3.max_seq_len == 40960
 
     with pytest.raises(CheckpointError, match="sliding_window: 4096 < max_seq_len 32768"):
         LlamaFamilyConfig.from_hf(MISTRAL_7B_V0_1)

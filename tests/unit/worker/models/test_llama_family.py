@@ -46,9 +46,10 @@ def test_config_json_says_what_each_family_differs_in(tiny_checkpoints):
     assert scaling is not None and (scaling.factor, scaling.original_max_position_embeddings) == (8.0, 64)
     assert configs["llama3"].rope_theta == 500000.0
     assert configs["mistral"].architecture == "MistralForCausalLM"
-    assert {(c.num_layers, c.d_model, c.num_heads, c.num_kv_heads, c.head_size) for c in configs.values()} == {
-        (2, 64, 4, 2, 16)
-    }
+    assert configs["qwen3"].qk_norm and not configs["qwen3"].qkv_bias and configs["qwen3"].tie_word_embeddings
+    assert not any(c.qk_norm for family, c in configs.items() if family != "qwen3")
+    assert {(c.num_layers, c.d_model, c.num_heads, c.num_kv_heads) for c in configs.values()} == {(2, 64, 4, 2)}
+    assert {family: c.head_size for family, c in configs.items() if c.head_size != 16} == {"qwen3": 32}
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
@@ -94,11 +95,12 @@ def test_half_precision_checkpoints_load_exactly_into_float32(tmp_path, storage)
         torch.testing.assert_close(lm(ids), reference(ids).logits, **LOGITS_TOLERANCE)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3"])  # qwen3: its q/k norms run in the compute dtype
 @pytest.mark.parametrize("compute", [torch.bfloat16, torch.float16])
-def test_half_precision_compute_stays_near_float32(tiny_checkpoints, compute):
+def test_half_precision_compute_stays_near_float32(tiny_checkpoints, compute, family):
     """The compute dtype is a parameter; its logits are float32 and near the float32 model's
     (attention runs in float32 either way)."""
-    ckpt = tiny_checkpoints["llama"]
+    ckpt = tiny_checkpoints[family]
     lm = load_llama_family(ckpt.directory, dtype=compute)
     assert lm.dtype == compute
     ids = torch.tensor([random_ids(40, seed=6)])
@@ -166,3 +168,11 @@ def test_greedy_paged_decode_equals_transformers_generate(tiny_checkpoints, fami
     assert margin >= GREEDY_MIN_MARGIN, f"a near-tie in the reference ({margin:.1e}): choose other seeds"
     got = paged_greedy(load_llama_family(ckpt.directory), prompts, 64, block_size=4, prefill_chunk=7)
     assert got == expected
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_the_imports_memory_estimate_counts_every_parameter(tiny_checkpoints, family):
+    from services.worker.repository.hf_import import weight_bytes
+
+    lm = load_llama_family(tiny_checkpoints[family].directory)
+    assert weight_bytes(lm.config) == sum(p.numel() * p.element_size() for p in lm.parameters())
