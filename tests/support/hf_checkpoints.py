@@ -1,5 +1,5 @@
-"""Tiny random-weight Hugging Face checkpoints of the Llama family (Llama, Qwen2, Qwen3, Mistral), made with
-transformers (tests only).
+"""Tiny random-weight Hugging Face checkpoints of the Llama family (Llama, Qwen2, Qwen3, Mistral, Phi-3),
+made with transformers (tests only).
 
 `save_tiny_checkpoint(dir, "qwen2")` writes what a user would bring (config.json,
 model.safetensors, generation_config.json) via `save_pretrained`; nothing is
@@ -41,6 +41,7 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"rope_theta": 1000000.0, "head_dim": 32,
                                                   "tie_word_embeddings": True}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 256, "head_dim": 16}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"rope_theta": 10000.0}),  # q/k/v and gate/up stored fused
 }
 
 

@@ -1,10 +1,10 @@
 """The Llama family's architecture, read from a Hugging Face `config.json`.
 
 One frozen `LlamaFamilyConfig` covers LlamaForCausalLM, Qwen2ForCausalLM,
-Qwen3ForCausalLM and MistralForCausalLM: they are one decoder (RMSNorm, RoPE,
-grouped-query attention, SwiGLU) and differ only in the fields this dataclass
-names: qkv bias (Qwen2), per-head q/k norms (Qwen3), tied embeddings, rope
-scaling and a sliding window. Everything else a
+Qwen3ForCausalLM, MistralForCausalLM and Phi3ForCausalLM: they are one decoder
+(RMSNorm, RoPE, grouped-query attention, SwiGLU) and differ only in the fields
+this dataclass names: qkv bias (Qwen2), per-head q/k norms (Qwen3), projections
+stored fused (Phi-3), tied embeddings, rope scaling and a sliding window. Everything else a
 config may say is either irrelevant to inference (dropout, initializer range)
 or refused with a `CheckpointError` naming the field and what is supported, so
 a checkpoint we cannot compute exactly is never served approximately.
@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM",
+                           "Qwen3ForCausalLM")
 # Architectures that read Qwen2's sliding-window switches (use_sliding_window, max_window_layers).
 _QWEN_WINDOWS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
@@ -72,6 +73,9 @@ class LlamaFamilyConfig:
     # Qwen3: each head's q and k pass an RMSNorm over head_size (its own weight for q and for k)
     # after the projection and before RoPE.
     qk_norm: bool = False
+    # Phi-3: the checkpoint stores q/k/v as one qkv_proj and gate/up as one gate_up_proj (the
+    # layout the model keeps them in), not five matrices.
+    fused_projections: bool = False
     tie_word_embeddings: bool = False  # the LM head is the embedding matrix (no lm_head.weight stored)
     storage_dtype: str | None = None  # what config.json declares the weights are stored as, if it says
 
@@ -153,6 +157,7 @@ class _Parser:
             norm_eps=self.positive_float("rms_norm_eps", default=1e-6),
             qkv_bias=architecture == "Qwen2ForCausalLM",
             qk_norm=architecture == "Qwen3ForCausalLM",
+            fused_projections=architecture == "Phi3ForCausalLM",
             tie_word_embeddings=self.boolean("tie_word_embeddings", default=False),
             storage_dtype=self.storage_dtype(),
         )
@@ -172,6 +177,12 @@ class _Parser:
         # transformers 5 writes rope_parameters (theta inside); 4 writes rope_theta beside rope_scaling.
         key = "rope_parameters" if self.raw.get("rope_parameters") is not None else "rope_scaling"
         params = self.raw.get(key)
+        # RoPE over part of each head (Phi-4-mini, GLM) is not implemented, wherever the config says it.
+        field, partial = "partial_rotary_factor", self.raw.get("partial_rotary_factor")
+        if isinstance(params, Mapping) and params.get("partial_rotary_factor") is not None:
+            field, partial = f"{key}.partial_rotary_factor", params["partial_rotary_factor"]
+        if partial is not None and not (_is_number(partial) and partial == 1.0):
+            raise self.fail(field, f"{partial!r} is not supported; supported: 1.0")
         if params is None:
             return self.positive_float("rope_theta", default=10000.0), None
         if not isinstance(params, Mapping):
@@ -181,9 +192,6 @@ class _Parser:
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise self.fail(f"{key}.{type_key}", f"{rope_type!r} is not supported; supported: "
                             f"{', '.join(SUPPORTED_ROPE_TYPES)}")
-        partial = params.get("partial_rotary_factor", self.raw.get("partial_rotary_factor", 1.0))
-        if partial != 1.0:
-            raise self.fail(f"{key}.partial_rotary_factor", f"{partial!r} is not supported; supported: 1.0")
         theta = params.get("rope_theta", self.raw.get("rope_theta", 10000.0))
         if not _is_number(theta) or not theta > 0:
             raise self.fail(f"{key}.rope_theta", f"must be a number > 0, got {theta!r}")

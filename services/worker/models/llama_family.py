@@ -1,4 +1,4 @@
-"""The Llama-family decoder (Llama, Qwen2, Qwen3, Mistral): one module, parametrized by `LlamaFamilyConfig`.
+"""The Llama-family decoder (Llama, Qwen2, Qwen3, Mistral, Phi-3): one module, parametrized by `LlamaFamilyConfig`.
 
 It has the shape `paged_forward` runs (`embed`, `rotary`, `blocks()` with `qkv`,
 `attn_out` and `mlp`, `logits`), so a step over the worker's paged KV cache is

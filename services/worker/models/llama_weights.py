@@ -57,9 +57,12 @@ def expected_tensors(config: LlamaFamilyConfig) -> dict[str, tuple[int, ...]]:
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
         shapes[p + "input_layernorm.weight"] = (c.d_model,)
-        shapes[p + "self_attn.q_proj.weight"] = (q_size, c.d_model)
-        shapes[p + "self_attn.k_proj.weight"] = (kv_size, c.d_model)
-        shapes[p + "self_attn.v_proj.weight"] = (kv_size, c.d_model)
+        if c.fused_projections:
+            shapes[p + "self_attn.qkv_proj.weight"] = (q_size + 2 * kv_size, c.d_model)
+        else:
+            shapes[p + "self_attn.q_proj.weight"] = (q_size, c.d_model)
+            shapes[p + "self_attn.k_proj.weight"] = (kv_size, c.d_model)
+            shapes[p + "self_attn.v_proj.weight"] = (kv_size, c.d_model)
         if c.qkv_bias:
             shapes[p + "self_attn.q_proj.bias"] = (q_size,)
             shapes[p + "self_attn.k_proj.bias"] = (kv_size,)
@@ -69,8 +72,11 @@ def expected_tensors(config: LlamaFamilyConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.k_norm.weight"] = (c.head_size,)
         shapes[p + "self_attn.o_proj.weight"] = (c.d_model, q_size)
         shapes[p + "post_attention_layernorm.weight"] = (c.d_model,)
-        shapes[p + "mlp.gate_proj.weight"] = (c.d_ff, c.d_model)
-        shapes[p + "mlp.up_proj.weight"] = (c.d_ff, c.d_model)
+        if c.fused_projections:
+            shapes[p + "mlp.gate_up_proj.weight"] = (2 * c.d_ff, c.d_model)  # gate's rows, then up's
+        else:
+            shapes[p + "mlp.gate_proj.weight"] = (c.d_ff, c.d_model)
+            shapes[p + "mlp.up_proj.weight"] = (c.d_ff, c.d_model)
         shapes[p + "mlp.down_proj.weight"] = (c.d_model, c.d_ff)
     shapes["model.norm.weight"] = (c.d_model,)
     if not c.tie_word_embeddings:
@@ -101,6 +107,7 @@ def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> dict[str,
                 if name not in expected:
                     raise CheckpointError(str(path), name, f"unexpected tensor for {config.architecture} "
                                           f"({config.num_layers} layers, qkv_bias={config.qkv_bias}, qk_norm={config.qk_norm}, "
+                                          f"fused_projections={config.fused_projections}, "
                                           f"tie_word_embeddings={config.tie_word_embeddings})")
                 if name in where:
                     raise CheckpointError(str(path), name, f"also stored in {where[name]}")
@@ -159,17 +166,23 @@ def _destinations(model: LlamaFamilyLM) -> dict[str, torch.Tensor]:
     for i, layer in enumerate(model.blocks()):
         p = f"model.layers.{i}."
         places[p + "input_layernorm.weight"] = layer.attn_norm
-        for part, rows in qkv_rows.items():
-            places[f"{p}self_attn.{part}_proj.weight"] = layer.qkv_weight[rows]
-            if layer.qkv_bias is not None:
-                places[f"{p}self_attn.{part}_proj.bias"] = layer.qkv_bias[rows]
+        if c.fused_projections:
+            places[p + "self_attn.qkv_proj.weight"] = layer.qkv_weight
+        else:
+            for part, rows in qkv_rows.items():
+                places[f"{p}self_attn.{part}_proj.weight"] = layer.qkv_weight[rows]
+                if layer.qkv_bias is not None:
+                    places[f"{p}self_attn.{part}_proj.bias"] = layer.qkv_bias[rows]
         if layer.q_norm is not None and layer.k_norm is not None:
             places[p + "self_attn.q_norm.weight"] = layer.q_norm
             places[p + "self_attn.k_norm.weight"] = layer.k_norm
         places[p + "self_attn.o_proj.weight"] = layer.o_weight
         places[p + "post_attention_layernorm.weight"] = layer.mlp_norm
-        places[p + "mlp.gate_proj.weight"] = layer.gate_up_weight[: c.d_ff]
-        places[p + "mlp.up_proj.weight"] = layer.gate_up_weight[c.d_ff:]
+        if c.fused_projections:
+            places[p + "mlp.gate_up_proj.weight"] = layer.gate_up_weight
+        else:
+            places[p + "mlp.gate_proj.weight"] = layer.gate_up_weight[: c.d_ff]
+            places[p + "mlp.up_proj.weight"] = layer.gate_up_weight[c.d_ff:]
         places[p + "mlp.down_proj.weight"] = layer.down_weight
     places["model.norm.weight"] = model.final_norm
     if model.lm_head_weight is not None:

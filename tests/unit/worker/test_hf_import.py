@@ -262,3 +262,20 @@ def test_a_kv_budget_below_one_sequence_is_refused_naming_the_flags(checkpoint, 
 def test_an_existing_version_is_never_overwritten(checkpoint, imported):
     with pytest.raises(ImportRefused, match="already exists"):
         import_checkpoint(checkpoint[0], imported, OPTIONS)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "phi3"])
+def test_the_newer_families_import_golden_check_and_load_in_a_worker(family, tmp_path):
+    """Qwen3 (q/k norms) and Phi-3 (fused projections): the import records golden cases from its own
+    float32 forward, checks them as a worker loads, and they are transformers' greedy continuations."""
+    source, root = tmp_path / family, tmp_path / "repo"
+    reference = save_model_directory(source, family)
+    manifest = import_checkpoint(source, root, OPTIONS)
+    assert manifest.generator.architecture.architecture == type(reference).__name__
+    for case in manifest.generator.golden:
+        with torch.no_grad():
+            out = reference.generate(torch.tensor([case.prompt_ids]), do_sample=False,
+                                     max_new_tokens=len(case.expected_ids), eos_token_id=None, pad_token_id=1)
+        assert tuple(out[0, len(case.prompt_ids):].tolist()) == case.expected_ids
+    model = load_model(root, "tiny", "1")
+    GeneratorRuntime(model, model.manifest.envelope.num_kv_blocks).load()  # warm-up and the golden check

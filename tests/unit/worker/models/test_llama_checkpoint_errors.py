@@ -54,7 +54,7 @@ def llama_config(**fields: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("fields", "field", "says"), [
     ({"architectures": ["GPT2LMHeadModel"]}, "architectures[0]",
-     "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"),
+     "LlamaForCausalLM, MistralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"),
     ({"architectures": ["Qwen3MoeForCausalLM"]}, "architectures[0]", "supported: LlamaForCausalLM"),
     ({"architectures": ["Qwen3ForCausalLM"], "attention_bias": True}, "attention_bias", "supported: false"),
     ({"architectures": []}, "architectures", "supported: LlamaForCausalLM"),
@@ -63,6 +63,12 @@ def llama_config(**fields: Any) -> dict[str, Any]:
     ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_parameters.rope_type", "llama3"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}},
      "rope_scaling.original_max_position_embeddings", "needs a number > 0"),
+    ({"partial_rotary_factor": 0.5, "rope_scaling": None}, "partial_rotary_factor", "supported: 1.0"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.75}},
+     "rope_parameters.partial_rotary_factor", "supported: 1.0"),
+    ({"architectures": ["Phi3ForCausalLM"], "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 8,
+                                                             "long_factor": [1.0] * 8}},
+     "rope_scaling.type", "supported: default, llama3"),
     ({"hidden_act": "gelu"}, "hidden_act", "supported: silu"),
     ({"attention_bias": True}, "attention_bias", "supported: false"),
     ({"mlp_bias": True}, "mlp_bias", "supported: false"),
@@ -103,6 +109,11 @@ def test_a_sliding_window_is_refused_only_when_it_hides_part_of_the_sequence():
         LlamaFamilyConfig.from_hf({**qwen, "use_sliding_window": True})
     with pytest.raises(CheckpointError, match="sliding_window"):
         LlamaFamilyConfig.from_hf({**qwen, "layer_types": ["full_attention", "sliding_attention"]})
+    phi3 = llama_config(architectures=["Phi3ForCausalLM"], sliding_window=127)  # Phi-3-mini-4k's 2047, scaled
+    assert LlamaFamilyConfig.from_hf(phi3, max_seq_len=127).fused_projections
+    with pytest.raises(CheckpointError, match="sliding_window: 127 < max_seq_len 256"):
+        LlamaFamilyConfig.from_hf(phi3)
+
     qwen3 = {**qwen, "architectures": ["Qwen3ForCausalLM"]}  # Qwen3 reads Qwen2's switches
     assert LlamaFamilyConfig.from_hf({**qwen3, "use_sliding_window": False}).qk_norm
     with pytest.raises(CheckpointError, match="sliding_window"):
