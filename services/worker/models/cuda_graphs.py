@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import importlib
-import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -151,7 +150,7 @@ def decode_forward(lm: PagedLM, cache: KVCache, inputs: StaticDecodeInputs,
                    attention: DecodeAttention) -> torch.Tensor:
     """One decode step over a bucket's static inputs: logits `float32[bucket, vocab]`, padding rows
     included. No host reads, host-built tensors or synchronization: this is what a graph captures."""
-    scale = 1.0 / math.sqrt(lm.config.head_size)
+    scale = lm.config.attention_scale
     block_size = cache.block_size
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,

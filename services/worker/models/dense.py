@@ -25,7 +25,8 @@ def dense_forward(lm: PagedLM, input_ids: torch.Tensor) -> torch.Tensor:
         q, k, v = layer.qkv(x, rope)
         # SDPA wants [B, heads, T, hs]; GQA by sharing each KV head across its query group.
         attn = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True,
+            scale=lm.config.attention_scale,
         )
         x = x + layer.attn_out(attn.transpose(1, 2))
         x = x + layer.mlp(x)

@@ -1,10 +1,11 @@
 """The Llama family's architecture, read from a Hugging Face `config.json`.
 
 One frozen `LlamaFamilyConfig` covers LlamaForCausalLM, Qwen2ForCausalLM,
-Qwen3ForCausalLM, MistralForCausalLM and Phi3ForCausalLM: they are one decoder
-(RMSNorm, RoPE, grouped-query attention, SwiGLU) and differ only in the fields
-this dataclass names: qkv bias (Qwen2), per-head q/k norms (Qwen3), projections
-stored fused (Phi-3), tied embeddings, rope scaling and a sliding window. Everything else a
+Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM and GraniteForCausalLM:
+they are one decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) and
+differ only in the fields this dataclass names: qkv bias (Qwen2), per-head q/k
+norms (Qwen3), projections stored fused (Phi-3), Granite's four scalings, tied
+embeddings, rope scaling and a sliding window. Everything else a
 config may say is either irrelevant to inference (dropout, initializer range)
 or refused with a `CheckpointError` naming the field and what is supported, so
 a checkpoint we cannot compute exactly is never served approximately.
@@ -21,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM", "Qwen2ForCausalLM",
-                           "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("GraniteForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
+                           "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 # Architectures that read Qwen2's sliding-window switches (use_sliding_window, max_window_layers).
 _QWEN_WINDOWS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
@@ -76,8 +77,21 @@ class LlamaFamilyConfig:
     # Phi-3: the checkpoint stores q/k/v as one qkv_proj and gate/up as one gate_up_proj (the
     # layout the model keeps them in), not five matrices.
     fused_projections: bool = False
+    # Granite scales the embeddings, each residual branch (attention's and the MLP's) and the logits
+    # (divided), and replaces attention's 1 / sqrt(head_size); 1.0 and None elsewhere.
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float | None = None
+    logits_scaling: float = 1.0
     tie_word_embeddings: bool = False  # the LM head is the embedding matrix (no lm_head.weight stored)
     storage_dtype: str | None = None  # what config.json declares the weights are stored as, if it says
+
+    @property
+    def attention_scale(self) -> float:
+        """What q·k is multiplied by before the softmax."""
+        if self.attention_multiplier is not None:
+            return self.attention_multiplier
+        return 1.0 / math.sqrt(self.head_size)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "num_layers", "d_model", "num_heads", "num_kv_heads", "head_size", "d_ff",
@@ -158,6 +172,7 @@ class _Parser:
             qkv_bias=architecture == "Qwen2ForCausalLM",
             qk_norm=architecture == "Qwen3ForCausalLM",
             fused_projections=architecture == "Phi3ForCausalLM",
+            **self.granite_scalings(architecture),
             tie_word_embeddings=self.boolean("tie_word_embeddings", default=False),
             storage_dtype=self.storage_dtype(),
         )
@@ -218,6 +233,13 @@ class _Parser:
             high_freq_factor=values["high_freq_factor"],
             original_max_position_embeddings=int(original),
         )
+
+    def granite_scalings(self, architecture: str) -> dict[str, float]:
+        # Read for Granite only: transformers' other decoders ignore these keys, and so do we.
+        if architecture != "GraniteForCausalLM":
+            return {}
+        return {name: self.positive_float(name, default=1.0) for name in (
+            "embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")}
 
     def check_biases(self, architecture: str) -> None:
         # Qwen2's q/k/v biases are fixed by its architecture; Llama (and Mistral) configs may switch

@@ -1,4 +1,5 @@
-"""The Llama-family decoder (Llama, Qwen2, Qwen3, Mistral, Phi-3): one module, parametrized by `LlamaFamilyConfig`.
+"""The Llama-family decoder (Llama, Qwen2, Qwen3, Mistral, Phi-3, Granite): one module, parametrized by
+`LlamaFamilyConfig`.
 
 It has the shape `paged_forward` runs (`embed`, `rotary`, `blocks()` with `qkv`,
 `attn_out` and `mlp`, `logits`), so a step over the worker's paged KV cache is
@@ -46,6 +47,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
 
 
+def _scaled(x: torch.Tensor, multiplier: float) -> torch.Tensor:
+    return x if multiplier == 1.0 else x * multiplier
+
+
 class LlamaFamilyBlock(nn.Module):
     def __init__(self, config: LlamaFamilyConfig, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
@@ -81,12 +86,13 @@ class LlamaFamilyBlock(nn.Module):
 
     def attn_out(self, attn: torch.Tensor) -> torch.Tensor:
         """Float32 attention output `[..., T, num_heads, hs]` → residual update `[..., T, d_model]` (compute dtype)."""
-        return F.linear(attn.flatten(-2).to(self.o_weight.dtype), self.o_weight)
+        return _scaled(F.linear(attn.flatten(-2).to(self.o_weight.dtype), self.o_weight),
+                       self.config.residual_multiplier)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         h = rms_norm(x, self.mlp_norm, self.config.norm_eps)
         gate, up = F.linear(h, self.gate_up_weight).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_weight)
+        return _scaled(F.linear(F.silu(gate) * up, self.down_weight), self.config.residual_multiplier)
 
 
 class LlamaFamilyLM(nn.Module):
@@ -116,7 +122,7 @@ class LlamaFamilyLM(nn.Module):
         return self.embed_weight.device
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(token_ids, self.embed_weight)
+        return _scaled(F.embedding(token_ids, self.embed_weight), self.config.embedding_multiplier)
 
     def blocks(self) -> Iterator[LlamaFamilyBlock]:
         return iter(cast("Iterable[LlamaFamilyBlock]", self.layers))
@@ -128,7 +134,10 @@ class LlamaFamilyLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.embed_weight if self.lm_head_weight is None else self.lm_head_weight
-        return F.linear(rms_norm(hidden, self.final_norm, self.config.norm_eps), head).float()
+        logits = F.linear(rms_norm(hidden, self.final_norm, self.config.norm_eps), head)
+        if self.config.logits_scaling != 1.0:
+            logits = logits / self.config.logits_scaling
+        return logits.float()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Dense causal reference: `input_ids int64[B, T]` (positions 0..T-1) → logits `float32[B, T, vocab]`."""

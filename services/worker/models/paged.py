@@ -12,7 +12,6 @@ chunk sees its own keys the same way a later step will.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -46,6 +45,11 @@ class PagedBlock(Protocol):
 class AttentionShape(Protocol):
     @property
     def head_size(self) -> int: ...
+
+    @property
+    def attention_scale(self) -> float:
+        """What q·k is multiplied by before the softmax (1 / sqrt(head_size) unless the model says)."""
+        ...
 
 
 class PagedLM(Protocol):
@@ -147,7 +151,7 @@ def paged_forward(lm: PagedLM, seqs: Sequence[PagedSequence], cache: KVCache) ->
     chunks = [i for i, n in enumerate(lengths) if n > 1]
     decode_rows = torch.tensor([starts[i] for i in decode], dtype=torch.int64, device=device)
     decode_tables, decode_lens = _decode_tables([seqs[i] for i in decode], bs, device)
-    scale = 1.0 / math.sqrt(lm.config.head_size)
+    scale = lm.config.attention_scale
 
     rope = lm.rotary(positions)
 

@@ -8,6 +8,7 @@ cache. Tests hold the two to the same greedy tokens.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import cast
@@ -48,6 +49,10 @@ class TransformerConfig:
     @property
     def head_size(self) -> int:
         return self.d_model // self.num_heads
+
+    @property
+    def attention_scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_size)
 
 
 class RMSNorm(nn.Module):

@@ -165,7 +165,7 @@ def test_an_unsupported_architecture_is_refused_at_load_naming_the_field_and_wha
     config_pin = dataclasses.replace(spec.architecture.config, sha256=sha256_of(directory / "config.json"))
     write_manifest(dataclasses.replace(manifest, generator=dataclasses.replace(
         spec, architecture=dataclasses.replace(spec.architecture, config=config_pin))), directory)
-    with pytest.raises(IncompatibleWeights, match=r"architectures\[0\].*GPT2LMHeadModel.*supported: LlamaForCausalLM"):
+    with pytest.raises(IncompatibleWeights, match=r"architectures\[0\].*GPT2LMHeadModel.*supported: GraniteForCausalLM, LlamaForCausalLM"):
         load_model(root, "tiny", "1")
 
 
@@ -176,7 +176,7 @@ def test_a_manifest_naming_an_unsupported_architecture_is_invalid(imported, tmp_
     data = json.loads(path.read_text())
     data["generator"]["architecture"]["architecture"] = "GPT2LMHeadModel"
     path.write_text(json.dumps(data))
-    with pytest.raises(InvalidManifest, match=r"generator.architecture.architecture.*supported: LlamaForCausalLM"):
+    with pytest.raises(InvalidManifest, match=r"generator.architecture.architecture.*supported: GraniteForCausalLM, LlamaForCausalLM"):
         load_manifest(root, "tiny", "1")
 
 

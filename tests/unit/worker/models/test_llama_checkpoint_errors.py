@@ -5,6 +5,7 @@ the whole sequence, sharded weights)."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -54,10 +55,11 @@ def llama_config(**fields: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("fields", "field", "says"), [
     ({"architectures": ["GPT2LMHeadModel"]}, "architectures[0]",
-     "LlamaForCausalLM, MistralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"),
-    ({"architectures": ["Qwen3MoeForCausalLM"]}, "architectures[0]", "supported: LlamaForCausalLM"),
+     "supported: GraniteForCausalLM, LlamaForCausalLM, MistralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, "
+     "Qwen3ForCausalLM"),
+    ({"architectures": ["Qwen3MoeForCausalLM"]}, "architectures[0]", "supported: GraniteForCausalLM, Llama"),
     ({"architectures": ["Qwen3ForCausalLM"], "attention_bias": True}, "attention_bias", "supported: false"),
-    ({"architectures": []}, "architectures", "supported: LlamaForCausalLM"),
+    ({"architectures": []}, "architectures", "supported: GraniteForCausalLM, LlamaForCausalLM"),
     ({"rope_scaling": {"type": "yarn", "factor": 4.0}}, "rope_scaling.type", "supported: default, llama3"),
     ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling.rope_type", "supported: default, llama3"),
     ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_parameters.rope_type", "llama3"),
@@ -269,6 +271,14 @@ QWEN3_0_6B = {
     "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": True,
     "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
 }
+GRANITE_3_3_8B = {  # the fields that set it apart; the rest as Llama's
+    "architectures": ["GraniteForCausalLM"], "attention_bias": False, "attention_multiplier": 0.0078125,
+    "embedding_multiplier": 12.0, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 12800,
+    "logits_scaling": 16.0, "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "granite",
+    "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8, "residual_multiplier": 0.22,
+    "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000000.0, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "vocab_size": 49159,
+}
 MISTRAL_7B_V0_1 = {
     "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
     "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 32768,
@@ -291,6 +301,14 @@ def test_released_checkpoints_configs_read_as_their_architecture():
     assert qwen3.qk_norm and not qwen3.qkv_bias and qwen3.tie_word_embeddings
     assert (qwen3.head_size, qwen3.num_heads * qwen3.head_size, qwen3.d_model) == (128, 2048, 1024)
     assert qwen3.rope_theta == 1e6 and qwen3.rope_scaling is None and qwen3.max_seq_len == 40960
+
+    granite = LlamaFamilyConfig.from_hf(GRANITE_3_3_8B)
+    assert (granite.embedding_multiplier, granite.residual_multiplier, granite.logits_scaling) == (12.0, 0.22, 16.0)
+    assert granite.attention_scale == 0.0078125 and llama.attention_scale == 1 / math.sqrt(128)
+    # Granite's keys mean nothing to another architecture's config (transformers ignores them too).
+    assert LlamaFamilyConfig.from_hf({**LLAMA_3_1_8B, "logits_scaling": 16.0}, max_seq_len=8192) == llama
+    with pytest.raises(CheckpointError, match="logits_scaling: must be a finite number > 0"):
+        LlamaFamilyConfig.from_hf({**GRANITE_3_3_8B, "logits_scaling": 0})
 
     with pytest.raises(CheckpointError, match="sliding_window: 4096 < max_seq_len 32768"):
         LlamaFamilyConfig.from_hf(MISTRAL_7B_V0_1)
