@@ -36,6 +36,11 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
         "original_max_position_embeddings": 64}}),
     "llama_tied": ("LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": True}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"rope_theta": 1000000.0}),
+    # Qwen2.5's long-context YaRN (factor 4 over an original context of 64 here: the head's pairs fall
+    # on both ends of the ramp and on it), and Llama 2 style linear interpolation.
+    "qwen2_yarn": ("Qwen2Config", "Qwen2ForCausalLM", {"rope_theta": 1000000.0, "rope_scaling": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}}),
+    "llama_linear": ("LlamaConfig", "LlamaForCausalLM", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
     # Qwen3's config class defaults head_dim to 128 whatever the width: this one's is 32 (q is 128
     # wide over a 64-wide model), and its embeddings are tied, as Qwen3-0.6B's are.
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"rope_theta": 1000000.0, "head_dim": 32,

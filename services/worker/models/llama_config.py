@@ -26,7 +26,7 @@ SUPPORTED_ARCHITECTURES = ("GraniteForCausalLM", "LlamaForCausalLM", "MistralFor
                            "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 # Architectures that read Qwen2's sliding-window switches (use_sliding_window, max_window_layers).
 _QWEN_WINDOWS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
-SUPPORTED_ROPE_TYPES = ("default", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 SUPPORTED_ACTIVATIONS = ("silu",)
 # What a config's `dtype` (transformers 5) or `torch_dtype` (4) may declare the stored weights as.
 SUPPORTED_STORAGE_DTYPES = ("float32", "float16", "bfloat16")
@@ -55,6 +55,30 @@ class Llama3RopeScaling:
 
 
 @dataclass(frozen=True)
+class LinearRopeScaling:
+    """Position interpolation: every frequency divided by `factor`."""
+
+    factor: float
+
+
+@dataclass(frozen=True)
+class YarnRopeScaling:
+    """YaRN (Qwen2.5's and Qwen3's long-context setting): frequencies that turn fewer than `beta_slow`
+    times over the original context are divided by `factor`, those turning more than `beta_fast` times
+    kept, a linear ramp between; cos and sin are multiplied by `attention_factor`."""
+
+    factor: float
+    original_max_position_embeddings: int
+    attention_factor: float  # resolved from the config's attention_factor, or mscale / mscale_all_dim, or factor
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True  # the ramp's ends rounded outwards to whole dimensions
+
+
+RopeScaling = Llama3RopeScaling | LinearRopeScaling | YarnRopeScaling
+
+
+@dataclass(frozen=True)
 class LlamaFamilyConfig:
     # Names shared with TransformerConfig (tinylm's) mean the same thing there.
     architecture: str  # architectures[0], one of SUPPORTED_ARCHITECTURES
@@ -68,7 +92,7 @@ class LlamaFamilyConfig:
     max_position_embeddings: int
     max_seq_len: int  # the longest sequence this config was checked for (sliding window); <= max_position_embeddings
     rope_theta: float = 10000.0
-    rope_scaling: Llama3RopeScaling | None = None
+    rope_scaling: RopeScaling | None = None
     norm_eps: float = 1e-6
     qkv_bias: bool = False  # Qwen2: q, k and v projections carry a bias; o does not
     # Qwen3: each head's q and k pass an RMSNorm over head_size (its own weight for q and for k)
@@ -188,7 +212,7 @@ class _Parser:
                             f"{', '.join(SUPPORTED_ARCHITECTURES)}")
         return str(name)
 
-    def rope(self) -> tuple[float, Llama3RopeScaling | None]:
+    def rope(self) -> tuple[float, RopeScaling | None]:
         # transformers 5 writes rope_parameters (theta inside); 4 writes rope_theta beside rope_scaling.
         key = "rope_parameters" if self.raw.get("rope_parameters") is not None else "rope_scaling"
         params = self.raw.get(key)
@@ -212,7 +236,49 @@ class _Parser:
             raise self.fail(f"{key}.rope_theta", f"must be a number > 0, got {theta!r}")
         if rope_type == "default":
             return float(theta), None
+        if rope_type == "linear":
+            return float(theta), LinearRopeScaling(self.rope_number(key, params, "factor"))
+        if rope_type == "yarn":
+            return float(theta), self.yarn_scaling(key, params)
         return float(theta), self.llama3_scaling(key, params)
+
+    def rope_number(self, key: str, params: Mapping[str, Any], name: str,
+                    default: float | None = None) -> float:
+        value = params.get(name)
+        if value is None:
+            value = default
+        if not _is_number(value) or not value > 0 or not math.isfinite(value):
+            raise self.fail(f"{key}.{name}", f"needs a finite number > 0, got {params.get(name)!r}")
+        return float(value)
+
+    def yarn_scaling(self, key: str, params: Mapping[str, Any]) -> YarnRopeScaling:
+        # transformers' reading: original_max_position_embeddings from the scaling, else the config's
+        # top level (Phi-3 keeps it there), else max_position_embeddings; a missing factor is their ratio.
+        max_positions = self.positive_int("max_position_embeddings")
+        original = params.get("original_max_position_embeddings",
+                               self.raw.get("original_max_position_embeddings", max_positions))
+        if not _is_number(original) or not original > 0 or not float(original).is_integer():
+            raise self.fail(f"{key}.original_max_position_embeddings", f"must be an integer > 0, got {original!r}")
+        factor = self.rope_number(key, params, "factor", max_positions / original)
+        attention_factor = params.get("attention_factor")
+        if attention_factor is None:
+            mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+            if mscale and mscale_all_dim:
+                attention_factor = _yarn_mscale(factor, self.rope_number(key, params, "mscale")) / _yarn_mscale(
+                    factor, self.rope_number(key, params, "mscale_all_dim"))
+            else:
+                attention_factor = _yarn_mscale(factor)
+        else:
+            attention_factor = self.rope_number(key, params, "attention_factor")
+        truncate = params.get("truncate", True)
+        if not isinstance(truncate, bool):
+            raise self.fail(f"{key}.truncate", f"must be true or false, got {truncate!r}")
+        # transformers reads a beta of 0 as unset too.
+        beta_fast = self.rope_number(key, params, "beta_fast") if params.get("beta_fast") else 32.0
+        beta_slow = self.rope_number(key, params, "beta_slow") if params.get("beta_slow") else 1.0
+        return YarnRopeScaling(factor=factor, original_max_position_embeddings=int(original),
+                               attention_factor=float(attention_factor), beta_fast=beta_fast, beta_slow=beta_slow,
+                               truncate=truncate)
 
     def llama3_scaling(self, key: str, params: Mapping[str, Any]) -> Llama3RopeScaling:
         values: dict[str, float] = {}
@@ -316,6 +382,11 @@ class _Parser:
         if not isinstance(value, bool):
             raise self.fail(name, f"must be true or false, got {value!r}")
         return value
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature for a context stretched `factor` times."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 def _is_number(value: object) -> TypeGuard[int | float]:

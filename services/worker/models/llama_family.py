@@ -20,7 +20,6 @@ them.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator
 from typing import cast
 
@@ -29,8 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.worker.models.dense import dense_forward
-from services.worker.models.llama_config import Llama3RopeScaling, LlamaFamilyConfig
+from services.worker.models.llama_config import LlamaFamilyConfig
 from services.worker.models.rope import Rotary, apply_rope
+from services.worker.models.rope_scaling import rope_attention_factor, rope_inv_freq
 
 COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -112,6 +112,7 @@ class LlamaFamilyLM(nn.Module):
             None if config.tie_word_embeddings else _empty(config.vocab_size, config.d_model, dtype=dtype, device=device)
         )
         self.register_buffer("inv_freq", rope_inv_freq(config, device), persistent=False)
+        self._rope_attention_factor = rope_attention_factor(config)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -130,6 +131,8 @@ class LlamaFamilyLM(nn.Module):
     def rotary(self, positions: torch.Tensor) -> Rotary:
         angles = positions.to(torch.float32)[..., None] * cast(torch.Tensor, self.inv_freq)  # [..., T, hs / 2]
         cos, sin = angles.cos(), angles.sin()
+        if self._rope_attention_factor != 1.0:
+            cos, sin = cos * self._rope_attention_factor, sin * self._rope_attention_factor
         return Rotary(cos[..., None, :], sin[..., None, :])  # broadcast over heads
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -142,27 +145,3 @@ class LlamaFamilyLM(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Dense causal reference: `input_ids int64[B, T]` (positions 0..T-1) → logits `float32[B, T, vocab]`."""
         return dense_forward(self, input_ids)
-
-
-def rope_inv_freq(config: LlamaFamilyConfig, device: torch.device) -> torch.Tensor:
-    """RoPE's inverse frequency of each rotated pair, `float32[head_size // 2]`, scaled per config."""
-    exponents = torch.arange(0, config.head_size, 2, dtype=torch.int64, device=device).float() / config.head_size
-    inv_freq = 1.0 / (config.rope_theta ** exponents)
-    if config.rope_scaling is None:
-        return inv_freq
-    return llama3_scaled(inv_freq, config.rope_scaling)
-
-
-def llama3_scaled(inv_freq: torch.Tensor, scaling: Llama3RopeScaling) -> torch.Tensor:
-    """Llama 3.1's RoPE stretch: wavelengths longer than original_context / low_freq_factor are divided by
-    `factor`, those shorter than original_context / high_freq_factor kept, and the band between
-    interpolated linearly in original_context / wavelength."""
-    original = scaling.original_max_position_embeddings
-    wavelength = 2 * math.pi / inv_freq
-    stretched = inv_freq / scaling.factor
-    # 0 at the low-frequency edge of the band, 1 at its high-frequency edge.
-    blend = (original / wavelength - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
-    interpolated = (1 - blend) * stretched + blend * inv_freq
-    long = wavelength > original / scaling.low_freq_factor
-    short = wavelength < original / scaling.high_freq_factor
-    return torch.where(long, stretched, torch.where(short, inv_freq, interpolated))

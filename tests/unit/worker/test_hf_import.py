@@ -248,10 +248,11 @@ def test_a_tokenizer_larger_than_vocab_size_is_refused(tmp_path):
 def test_an_unsupported_architecture_is_refused_at_import(checkpoint, tmp_path):
     source = copy_of(checkpoint, tmp_path)
     config = json.loads((source / "config.json").read_text())
-    config["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}
+    config["rope_parameters"] = {"rope_type": "longrope", "rope_theta": 1e6, "factor": 4.0}
     (source / "config.json").write_text(json.dumps(config))
     says = refused(source, tmp_path)
-    assert "config.json: rope_parameters.rope_type: 'yarn' is not supported; supported: default, llama3" in says
+    assert ("config.json: rope_parameters.rope_type: 'longrope' is not supported; "
+            "supported: default, linear, llama3, yarn") in says
 
 
 def test_a_kv_budget_below_one_sequence_is_refused_naming_the_flags(checkpoint, tmp_path):

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from services.worker.models.llama_config import CheckpointError, LlamaFamilyConfig
+from services.worker.models.llama_config import CheckpointError, LlamaFamilyConfig, YarnRopeScaling
 from services.worker.models.llama_weights import load_llama_family, read_config
 from tests.support.hf_checkpoints import save_tiny_checkpoint
 
@@ -60,8 +60,8 @@ def llama_config(**fields: Any) -> dict[str, Any]:
     ({"architectures": ["Qwen3MoeForCausalLM"]}, "architectures[0]", "supported: GraniteForCausalLM, Llama"),
     ({"architectures": ["Qwen3ForCausalLM"], "attention_bias": True}, "attention_bias", "supported: false"),
     ({"architectures": []}, "architectures", "supported: GraniteForCausalLM, LlamaForCausalLM"),
-    ({"rope_scaling": {"type": "yarn", "factor": 4.0}}, "rope_scaling.type", "supported: default, llama3"),
-    ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling.rope_type", "supported: default, llama3"),
+    ({"rope_scaling": {"type": "su", "factor": 4.0}}, "rope_scaling.type", "supported: default, linear, llama3, yarn"),
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling.rope_type", "supported: default, linear"),
     ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_parameters.rope_type", "llama3"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}},
      "rope_scaling.original_max_position_embeddings", "needs a number > 0"),
@@ -70,7 +70,13 @@ def llama_config(**fields: Any) -> dict[str, Any]:
      "rope_parameters.partial_rotary_factor", "supported: 1.0"),
     ({"architectures": ["Phi3ForCausalLM"], "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 8,
                                                              "long_factor": [1.0] * 8}},
-     "rope_scaling.type", "supported: default, llama3"),
+     "rope_scaling.type", "supported: default, linear, llama3, yarn"),
+    ({"rope_scaling": {"rope_type": "linear"}}, "rope_scaling.factor", "needs a finite number > 0, got None"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": -4.0}}, "rope_scaling.factor", "got -4.0"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 6.5}},
+     "rope_scaling.original_max_position_embeddings", "must be an integer > 0"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "truncate": "no"}}, "rope_scaling.truncate",
+     "must be true or false"),
     ({"hidden_act": "gelu"}, "hidden_act", "supported: silu"),
     ({"attention_bias": True}, "attention_bias", "supported: false"),
     ({"mlp_bias": True}, "mlp_bias", "supported: false"),
@@ -94,6 +100,28 @@ def test_transformers_4_and_5_spellings_of_llama3_rope_read_alike():
     assert old == new and old.rope_theta == 5e5 and old.rope_scaling is not None
     default = LlamaFamilyConfig.from_hf(llama_config(rope_theta=5e5, rope_scaling=None))
     assert default.rope_scaling is None and default.rope_theta == 5e5
+
+
+def test_yarn_reads_its_fields_as_transformers_does():
+    """Qwen2.5's long-context setting; the factor from the context ratio when absent; the attention
+    factor from mscale / mscale_all_dim (DeepSeek's spelling) or given outright; a 0 beta is the default."""
+    qwen25 = llama_config(max_position_embeddings=131072, rope_scaling={
+        "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})
+    scaling = LlamaFamilyConfig.from_hf(qwen25).rope_scaling
+    assert isinstance(scaling, YarnRopeScaling)
+    assert (scaling.factor, scaling.original_max_position_embeddings, scaling.beta_fast, scaling.beta_slow) == (
+        4.0, 32768, 32.0, 1.0)
+    assert scaling.attention_factor == 0.1 * math.log(4.0) + 1.0
+    ratio = LlamaFamilyConfig.from_hf(llama_config(max_position_embeddings=256, rope_scaling={
+        "rope_type": "yarn", "original_max_position_embeddings": 64, "beta_fast": 0})).rope_scaling
+    assert isinstance(ratio, YarnRopeScaling) and (ratio.factor, ratio.beta_fast) == (4.0, 32.0)
+    deepseek = LlamaFamilyConfig.from_hf(llama_config(rope_scaling={
+        "rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 64, "mscale": 1.0,
+        "mscale_all_dim": 1.0})).rope_scaling
+    assert isinstance(deepseek, YarnRopeScaling) and deepseek.attention_factor == 1.0
+    given = LlamaFamilyConfig.from_hf(llama_config(rope_scaling={
+        "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64, "attention_factor": 1.5}))
+    assert isinstance(given.rope_scaling, YarnRopeScaling) and given.rope_scaling.attention_factor == 1.5
 
 
 def test_a_sliding_window_is_refused_only_when_it_hides_part_of_the_sequence():

@@ -49,6 +49,8 @@ def test_config_json_says_what_each_family_differs_in(tiny_checkpoints):
     assert configs["qwen3"].qk_norm and not configs["qwen3"].qkv_bias and configs["qwen3"].tie_word_embeddings
     assert not any(c.qk_norm for family, c in configs.items() if family != "qwen3")
     assert [family for family, c in configs.items() if c.fused_projections] == ["phi3"]
+    assert type(configs["qwen2_yarn"].rope_scaling).__name__ == "YarnRopeScaling"
+    assert type(configs["llama_linear"].rope_scaling).__name__ == "LinearRopeScaling"
     assert {(c.num_layers, c.d_model, c.num_heads, c.num_kv_heads) for c in configs.values()} == {(2, 64, 4, 2)}
     assert {family: c.head_size for family, c in configs.items() if c.head_size != 16} == {"qwen3": 32}
 
