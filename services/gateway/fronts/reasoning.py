@@ -39,6 +39,9 @@ class ReasoningFormat:
         return cls(chunk.reasoning_parser, chunk.reasoning_opened)
 
 
+NO_REASONING = ReasoningFormat()
+
+
 class _Part(enum.Enum):
     HEAD = "head"  # whether the output opens a block is not known yet
     REASONING = "reasoning"
@@ -84,6 +87,20 @@ class ReasoningSplitter:
                 self._part = _Part.ANSWER
             self._reasoning.append(reasoning)
         return reasoning, held
+
+
+def chat_message(message: dict, reasoning: str) -> dict:
+    """A chat choice's `message` with its reasoning as vLLM returns it: `reasoning_content` (the
+    name vLLM used first, and DeepSeek's API) and `reasoning` (vLLM's newer name) alike, null when
+    there is none; a reply that only reasoned has null content, as in vLLM."""
+    if reasoning and not message.get("content") and not message.get("tool_calls"):
+        message = {**message, "content": None}
+    return {**message, "reasoning_content": reasoning or None, "reasoning": reasoning or None}
+
+
+def reasoning_delta(piece: str) -> dict:
+    """A stream delta's reasoning fields (both names, as chat_message); none for no text."""
+    return {"reasoning_content": piece, "reasoning": piece} if piece else {}
 
 
 def split_reasoning(text: str, fmt: ReasoningFormat, constrained: bool = False) -> tuple[str, str]:
