@@ -21,7 +21,8 @@ from services.gateway.fronts.openai_params import BadParameter, json_object, sho
 
 # Sampling extensions passed to the chat parser as they are (vLLM takes them on /v1/responses too).
 _PASSED = ("temperature", "top_p", "parallel_tool_calls", "seed", "top_k", "min_p", "min_tokens",
-           "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "ignore_eos", "logit_bias")
+           "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "ignore_eos", "logit_bias",
+           "chat_template_kwargs")
 # Stored-response features: nothing is stored here.
 _STATEFUL = ("previous_response_id", "conversation")
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
