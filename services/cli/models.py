@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from services.cli.errors import UsageError
+from services.common.reasoning_formats import NO_REASONING_PARSER, QWEN3, REASONING_PARSERS
 from services.common.tool_call_formats import TOOL_CALL_PARSERS
 
 TENSOR = "tensor"
@@ -72,6 +73,15 @@ def add_parser(commands) -> None:
     llm.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS, default="",
                      help="the format the model writes tool calls in, recorded in the manifest (default: told from "
                           "the chat template when it serves)")
+    llm.add_argument("--reasoning-parser", choices=(*REASONING_PARSERS, NO_REASONING_PARSER), default=None,
+                     help="how the model sets its reasoning apart (<think>...</think>), recorded in the manifest; "
+                          f"{NO_REASONING_PARSER}: not split (default: {QWEN3} for a chat template that writes "
+                          "<think> and </think>, else none)")
+
+
+def _reasoning_parser(flag: str | None) -> str | None:
+    """--reasoning-parser as ImportOptions takes it: None (absent) tells it from the template."""
+    return "" if flag == NO_REASONING_PARSER else flag
 
 
 def source_kind(source: Path) -> str:
@@ -151,7 +161,8 @@ def _import_hf(source: Path, args: argparse.Namespace) -> int:
         raise UsageError(f"--kv-cache-gb must be > 0 and --max-seq-len >= 0, got {args.kv_cache_gb} and "
                          f"{args.max_seq_len}")
     options = ImportOptions(name=args.name, version=args.version, kv_cache_bytes=int(args.kv_cache_gb * 2**30),
-                            max_seq_len=args.max_seq_len or None, tool_call_parser=args.tool_call_parser)
+                            max_seq_len=args.max_seq_len or None, tool_call_parser=args.tool_call_parser,
+                            reasoning_parser=_reasoning_parser(args.reasoning_parser))
     try:
         manifest = import_checkpoint(source, args.repository, options)
     except (ImportRefused, InfermeshError) as exc:  # InfermeshError: a name or version the repository refuses

@@ -103,6 +103,7 @@ def decode_tokenizer_spec(spec: scheduler_pb2.TokenizerSpec) -> TokenizerSpec:
         chat_template=spec.chat_template,
         stop_token_ids=tuple(spec.stop_token_ids),
         tool_call_parser=spec.tool_call_parser,
+        reasoning_parser=spec.reasoning_parser,
     )
 
 

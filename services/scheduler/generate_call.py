@@ -19,6 +19,7 @@ from services.scheduler.call_codec import FINISH_REASONS
 from services.scheduler.chunk_coalescer import CoalescedEvents
 from services.scheduler.generate_stream import GenerateStream, StreamEvent
 from services.scheduler.model_registry import GeneratorEntry
+from services.scheduler.model_text import NO_REASONING, ReasoningStart
 from services.scheduler.step_plan import SequenceDelta
 
 SERVICE = "scheduler"
@@ -26,13 +27,15 @@ SERVICE = "scheduler"
 
 class GenerateCall:
     __slots__ = ("_request_id", "_entry", "stream", "_began_s", "_span", "_model", "_first", "_clock",
-                 "_finished", "_tool_call_parser", "_prompt_token_ids")
+                 "_finished", "_tool_call_parser", "_prompt_token_ids", "_reasoning")
 
     def __init__(self, request_id: str, entry: GeneratorEntry, stream: GenerateStream, began_s: float,
                  span: Any, clock: Clock, finished: Callable[[str, float], None], tool_call_parser: str = "",
-                 prompt_token_ids: Sequence[int] = ()) -> None:
+                 prompt_token_ids: Sequence[int] = (), reasoning: ReasoningStart = NO_REASONING) -> None:
         """`finished(model_name, latency_s)`: called as the last chunk is built. `tool_call_parser`:
-        named on the first chunk (a request offering tools), as are `prompt_token_ids` (return_token_ids)."""
+        named on the first chunk (a request offering tools), as are `prompt_token_ids` (return_token_ids)
+        and `reasoning` (the model's reasoning parser and what the prompt left open)."""
+        self._reasoning = reasoning
         self._prompt_token_ids = prompt_token_ids
         self._request_id = request_id
         self._entry = entry
@@ -60,6 +63,8 @@ class GenerateCall:
         if self._first:
             chunk.model.CopyFrom(self._model)
             chunk.tool_call_parser = self._tool_call_parser
+            chunk.reasoning_parser = self._reasoning.parser
+            chunk.reasoning_opened = self._reasoning.opened
             if self._prompt_token_ids:
                 chunk.prompt_token_ids.extend(self._prompt_token_ids)
             self._first = False

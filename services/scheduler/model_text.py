@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common import errors
+from services.common.reasoning_formats import THINK_END, THINK_START
 from services.common.tool_call_formats import parser_for_template
 from services.scheduler.chat_template import ChatTemplate
 from services.scheduler.hf_tokenizer import HFTokenizer, HFTokenizerSource
@@ -43,6 +44,20 @@ class ChatRendering:
     add_special_tokens: bool | None = None
 
 
+# Prompt tokens read for a think tag at its end: the tag and the whitespace after it, even where
+# each character is a token of its own.
+_TAIL_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class ReasoningStart:
+    parser: str = ""  # "": nothing to split (no parser, or the prompt closed the block)
+    opened: bool = False  # the prompt ends inside a think block
+
+
+NO_REASONING = ReasoningStart()
+
+
 @dataclass(frozen=True)
 class ModelText:
     tokenizer: Tokenizer
@@ -53,6 +68,8 @@ class ModelText:
     chat_adds_special_tokens: bool = False
     # The format the model writes tool calls in (tool_call_formats.py); "": not known.
     tool_call_parser: str = ""
+    # How the model sets its reasoning apart (reasoning_formats.py); "": it does not.
+    reasoning_parser: str = ""
 
     def chat_prompt_ids(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = (),
                         rendering: ChatRendering = ChatRendering()) -> tuple[int, ...]:
@@ -68,6 +85,19 @@ class ModelText:
                                              variables=rendering.variables)
         special = self.chat_adds_special_tokens if rendering.add_special_tokens is None else rendering.add_special_tokens
         return self.tokenizer.encode(rendered, add_special_tokens=special)
+
+    def reasoning_start(self, prompt_ids: Sequence[int]) -> ReasoningStart:
+        """What a stream of this prompt names on its first chunk: the parser, unless the prompt ends
+        with a closed think block (the template turned thinking off: there is nothing to split), and
+        whether it ends inside an open one (the output begins as reasoning). Only the prompt's last
+        tokens are read: a block in an earlier turn says nothing about this one."""
+        if not self.reasoning_parser:
+            return NO_REASONING
+        tail = b"".join(self.tokenizer.token_bytes(i) for i in prompt_ids[-_TAIL_TOKENS:])
+        text = tail.decode("utf-8", errors="replace").rstrip()
+        if text.endswith(THINK_END):
+            return NO_REASONING
+        return ReasoningStart(self.reasoning_parser, opened=text.endswith(THINK_START))
 
 
 def build_model_text(spec: TokenizerSpec, tokenizer_json: bytes = b"") -> ModelText:
@@ -87,4 +117,5 @@ def build_model_text(spec: TokenizerSpec, tokenizer_json: bytes = b"") -> ModelT
     source = spec.chat_template or (BYTE_CHAT_TEMPLATE if is_bytes else "")
     template = ChatTemplate(source, special_tokens) if source else None
     return ModelText(tokenizer, template, chat_adds_special_tokens=is_bytes,
-                     tool_call_parser=spec.tool_call_parser or parser_for_template(spec.chat_template))
+                     tool_call_parser=spec.tool_call_parser or parser_for_template(spec.chat_template),
+                     reasoning_parser=spec.reasoning_parser)

@@ -252,7 +252,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                           ttft_prediction_factor=prediction_factor(request.ttft_prediction_factor))
         return GenerateCall(req.request_id, entry, stream, began_s, span, self._clock, self._metrics.generate_finished,
                             tool_call_parser=entry.pool.text.tool_call_parser if req.tools else "",
-                            prompt_token_ids=prompt_ids if req.return_token_ids and not delivered else ())
+                            prompt_token_ids=prompt_ids if req.return_token_ids and not delivered else (),
+                            reasoning=entry.pool.text.reasoning_start(prompt_ids))
 
     def _make_stream(self, req: gateway_pb2.GenerateRequest, tenant: scheduler_pb2.TenantContext,
                      entry: GeneratorEntry, began_s: float, remaining_s: float | None,

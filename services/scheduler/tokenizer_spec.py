@@ -35,3 +35,5 @@ class TokenizerSpec:
     stop_token_ids: tuple[int, ...] = ()
     # The manifest's tool-call format (tool_call_formats.py); "": told from the chat template.
     tool_call_parser: str = ""
+    # The manifest's reasoning parser (services/common/reasoning_formats.py); "": none.
+    reasoning_parser: str = ""

@@ -220,7 +220,7 @@ def _tokenizer_spec(spec: AnyTokenizerSpec, text: HFTextFiles | None) -> schedul
         tokenizer_json_sha256=spec.tokenizer_json.sha256, tokenizer_json_size_bytes=len(text.tokenizer_json),
         add_bos_token=text.add_bos_token, add_eos_token=text.add_eos_token,
         special_tokens=dict(text.special_tokens), chat_template=text.chat_template,
-        tool_call_parser=spec.tool_call_parser,
+        tool_call_parser=spec.tool_call_parser, reasoning_parser=spec.reasoning_parser,
     )
 
 

@@ -109,7 +109,8 @@ def test_what_a_stateless_server_cannot_do_is_refused_naming_the_field(served, c
     ({"input": []}, "input"),
     ({"input": "a", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "a", "tools": [{"type": "web_search"}]}, "tools[0].type"),
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input"),  # accepted and dropped: no turn is left
     ({"input": [{"role": "critic", "content": "a"}]}, "input[0].role"),
     ({"input": "a", "text": {"format": {"type": "yaml"}}}, "text.format"),
     ({"input": "a", "background": True}, "background"),

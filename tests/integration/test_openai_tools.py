@@ -5,11 +5,16 @@ client's types, streamed and not. tool_choice required and a named function cons
 output, so even this random model always makes valid calls; the scheduler renders tools, calls
 and results through the template as transformers' apply_chat_template does. gRPC callers get the
 tools rendered and the format named on the first chunk.
+
+The same mesh serves a reasoning model (a Qwen3-shaped template, so the importer records qwen3):
+a regex holds it to `<think>...</think>answer`, or its template opens the block in the prompt, and
+chat, Responses and gRPC callers see the reasoning split off the real streamed output.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -19,7 +24,7 @@ import transformers
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common.tool_call_formats import HERMES, LLAMA3_JSON
-from tests.support import tool_templates
+from tests.support import reasoning_templates, tool_templates
 from tests.support.hf_checkpoints import save_model_directory
 from tests.support.hf_mesh import serving_checkpoints
 from tests.support.https_json import post_json, post_stream
@@ -29,6 +34,7 @@ from tools.testbed import session_tls
 pytestmark = pytest.mark.integration
 
 MODEL = "tiny-tools"
+THINK = "tiny-think"
 LLAMA = "tiny-tools-llama"
 SIDE_VENV = ("openai", "openai==3.51.0")  # the venv of tests/openai/test_openai_client.py, built once
 SCRIPT = Path(__file__).with_name("openai_tools_script.py")
@@ -54,7 +60,10 @@ def served(tmp_path_factory):
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp / MODEL)
     # A template that does not tell the format (no tools section): the manifest names it.
     save_model_directory(tmp / LLAMA, "llama3", seed=8)
-    with serving_checkpoints(tmp, [MODEL, LLAMA], kv_cache_bytes=1 << 22,
+    # A reasoning model's template (Qwen3's shape): the importer tells qwen3 from it.
+    save_model_directory(tmp / THINK, "qwen2", seed=5, chat_template=reasoning_templates.QWEN3,
+                         max_position_embeddings=2048)
+    with serving_checkpoints(tmp, [MODEL, LLAMA, THINK], kv_cache_bytes=1 << 22,
                              options={LLAMA: {"tool_call_parser": LLAMA3_JSON}}) as mesh:
         yield mesh, tokenizer
 
@@ -217,3 +226,97 @@ def test_a_manifests_parser_reads_llama3_json_calls(served, stream):
     assert status == 200
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [("clock", "{}")]
     assert finish_reason == "tool_calls"
+
+
+# Reasoning through the mesh: a regex holds the random model to a think block, then an answer.
+FORCED_THOUGHT = r"<think>[a-z]{2,6}( [a-z]{2,6}){1,3}</think>[a-z]{2,6}( [a-z]{2,6}){1,3}"
+THOUGHT = re.compile(r"[a-z]{2,6}( [a-z]{2,6}){1,3}")
+
+
+def think_chat(served, stream: bool, **body) -> tuple[str | None, str | None, str]:
+    """(reasoning_content, content, finish_reason) of a chat reply of the reasoning model, streamed or
+    not; a stream's reasoning and content are its deltas' joined, and both names agree."""
+    body = {"model": THINK, "messages": [{"role": "user", "content": "Why?"}], "temperature": 1.0, "seed": 4,
+            "max_tokens": 40, "stream": stream, **body}
+    if not stream:
+        status, reply = post_json(served[0].base, "/chat/completions", body)
+        assert status == 200, reply
+        message = reply["choices"][0]["message"]
+        assert message["reasoning"] == message["reasoning_content"]
+        return message["reasoning_content"], message["content"], reply["choices"][0]["finish_reason"]
+    status, events = post_stream(served[0].base, "/chat/completions", body)
+    assert status == 200
+    deltas = [e["choices"][0]["delta"] for e in events[:-1]]
+    assert all(d.get("reasoning") == d.get("reasoning_content") for d in deltas)
+    if "guided_regex" in body:  # no "<" but the tags': no piece of one was passed on
+        assert all("<" not in (d.get("reasoning_content") or "") + (d.get("content") or "") for d in deltas)
+    reasoning = "".join(d.get("reasoning_content") or "" for d in deltas)
+    content = "".join(d.get("content") or "" for d in deltas)
+    return reasoning or None, content or None, events[-2]["choices"][0]["finish_reason"]
+
+
+def test_a_reasoning_models_think_block_is_split_off_streamed_and_not(served):
+    whole = think_chat(served, False, guided_regex=FORCED_THOUGHT)
+    streamed = think_chat(served, True, guided_regex=FORCED_THOUGHT)
+    assert whole == streamed  # the same seeded output, split the same way whatever its chunks
+    reasoning, content, finish_reason = whole
+    assert THOUGHT.fullmatch(reasoning) and re.fullmatch(r"[a-z][a-z ]*", content), whole
+    assert finish_reason in ("stop", "length")  # the answer may be cut by max_tokens
+
+
+def test_tool_calls_are_read_after_the_reasoning(served):
+    forced = r'<think>[a-z]{2,6} [a-z]{2,6}</think><tool_call>\{"name": "clock", "arguments": \{\}\}</tool_call>'
+    body = {"model": THINK, "messages": [{"role": "user", "content": "Time?"}], "tools": TOOLS, "max_tokens": 80,
+            "temperature": 1.0, "seed": 3, "guided_regex": forced}
+    status, reply = post_json(served[0].base, "/chat/completions", body)
+    assert status == 200, reply
+    message = reply["choices"][0]["message"]
+    assert re.fullmatch(r"[a-z]{2,6} [a-z]{2,6}", message["reasoning_content"])
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["clock"]
+    assert reply["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_block_the_prompt_opens_makes_the_whole_free_output_reasoning(served):
+    opened = {"chat_template_kwargs": {"thinking_in_prompt": True}, "max_tokens": 6, "min_tokens": 6}
+    for stream in (False, True):
+        reasoning, content, finish_reason = think_chat(served, stream, **opened)
+        # A random model never writes </think> in 6 tokens here: a reply cut mid-thought is all reasoning.
+        assert (bool(reasoning), content, finish_reason) == (True, None, "length")
+
+
+def test_thinking_turned_off_in_the_template_leaves_the_output_unsplit(served):
+    off = {"chat_template_kwargs": {"enable_thinking": False}, "guided_regex": FORCED_THOUGHT}
+    reasoning, content, _ = think_chat(served, False, **off)
+    assert reasoning is None and content.startswith("<think>")
+
+
+def test_responses_put_the_reasoning_item_before_the_message_streamed_and_not(served):
+    body = {"model": THINK, "input": "Why?", "max_output_tokens": 6, "min_tokens": 6, "temperature": 1.0,
+            "seed": 4, "chat_template_kwargs": {"thinking_in_prompt": True}}
+    status, reply = post_json(served[0].base, "/responses", body)
+    assert status == 200, reply
+    assert [item["type"] for item in reply["output"]] == ["reasoning", "message"]
+    thought = reply["output"][0]["content"][0]["text"]
+    assert thought and reply["output"][1]["content"][0]["text"] == ""
+    status, events = post_stream(served[0].base, "/responses", {**body, "stream": True})
+    assert status == 200
+    deltas = [e["delta"] for e in events if e["type"] == "response.reasoning_text.delta"]
+    (done,) = [e for e in events if e["type"] == "response.reasoning_text.done"]
+    assert "".join(deltas) == done["text"] == thought  # the same seeded output
+    assert [item["type"] for item in events[-1]["response"]["output"]] == ["reasoning", "message"]
+
+
+@pytest.mark.parametrize(("kwargs", "parser", "opened"), [
+    ("", "qwen3", False), ('{"thinking_in_prompt": true}', "qwen3", True), ('{"enable_thinking": false}', "", False),
+])
+def test_grpc_callers_get_the_text_as_written_and_the_reasoning_parser_named(served, kwargs, parser, opened):
+    request = gateway_pb2.GenerateRequest(
+        model=common_pb2.ModelRef(name=THINK), messages=[gateway_pb2.ChatMessage(role="user", content="Why?")],
+        chat_template_kwargs=kwargs,
+        sampling=common_pb2.SamplingParams(max_tokens=30, temperature=1.0, seed=4, structured=common_pb2.StructuredOutput(
+            regex=FORCED_THOUGHT)))
+    with session_tls.channel(served[0].mesh.gateway.address) as channel:
+        chunks = list(gateway_pb2_grpc.InferenceStub(channel).Generate(request, timeout=60))
+    assert (chunks[0].reasoning_parser, chunks[0].reasoning_opened) == (parser, opened)
+    text = "".join(c.text for c in chunks)
+    assert re.match(r"<think>[a-z ]+</think>[a-z]", text), text  # tags and all: the client splits

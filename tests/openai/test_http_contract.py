@@ -66,7 +66,8 @@ def test_chat_completion_applies_the_byte_models_template(http_mesh):
     reply = json.loads(body)
     assert reply["object"] == "chat.completion" and reply["id"].startswith("chatcmpl-")
     (choice,) = reply["choices"]
-    assert choice["message"] == {"role": "assistant", "content": toy_continuation(CHAT_TEMPLATE_ABC, 4)}
+    assert choice["message"] == {"role": "assistant", "content": toy_continuation(CHAT_TEMPLATE_ABC, 4),
+                                 "reasoning_content": None, "reasoning": None}
     assert reply["usage"]["prompt_tokens"] == len(CHAT_TEMPLATE_ABC.encode())
 
 

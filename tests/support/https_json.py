@@ -24,11 +24,13 @@ def post_json(base: str, path: str, body: dict) -> tuple[int, dict]:
 
 
 def post_stream(base: str, path: str, body: dict) -> tuple[int, list]:
-    """(status, events) of a streamed POST: each `data:` event's JSON, and "[DONE]" as it is."""
+    """(status, events) of a streamed POST: each event's `data:` JSON (a named event's too: Responses'),
+    and "[DONE]" as it is."""
     request = urllib.request.Request(base + path, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
     context = ssl.create_default_context(cafile=str(session_tls.session_pki().ca_path))
     with urllib.request.urlopen(request, timeout=60, context=context) as reply:
         raw = reply.read().decode()
-    events = [b.removeprefix("data: ") for b in raw.split("\n\n") if b.startswith("data: ")]
+    events = [line.removeprefix("data: ") for block in raw.split("\n\n") for line in block.split("\n")
+              if line.startswith("data: ")]
     return reply.status, [e if e == "[DONE]" else json.loads(e) for e in events]

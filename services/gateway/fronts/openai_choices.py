@@ -23,6 +23,7 @@ from typing import Any
 
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
+from services.gateway.fronts.reasoning import NO_REASONING, ReasoningFormat
 
 SEED_MODULUS = 2**63  # seeds are below it (the gateway's own draws and the OpenAI front's bound)
 # Most choices one request generates (n, best_of): each is a sequence of its own upstream, admitted,
@@ -192,6 +193,7 @@ class ChoiceResult:
     logprobs: list[common_pb2.PositionLogprobs] = field(default_factory=list)
     last: gateway_pb2.GenerateResponse | None = None
     tool_call_parser: str = ""  # the format the first chunk named (a request offering tools)
+    reasoning: ReasoningFormat = NO_REASONING  # how the first chunk said the model reasons
     # The prompt's, from the first chunk (the first choice's only: sampling.prompt_logprobs).
     prompt_logprobs: list[common_pb2.PositionLogprobs] = field(default_factory=list)
     chunks: list[gateway_pb2.GenerateResponse] = field(default_factory=list)
@@ -199,6 +201,7 @@ class ChoiceResult:
     def add(self, chunk: gateway_pb2.GenerateResponse) -> None:
         if self.last is None:
             self.tool_call_parser = chunk.tool_call_parser
+            self.reasoning = ReasoningFormat.of_chunk(chunk)
         self.chunks.append(chunk)
         self.texts.append(chunk.text)
         self.logprobs.extend(chunk.logprobs)

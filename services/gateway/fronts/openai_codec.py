@@ -44,6 +44,12 @@ from services.gateway.fronts.openai_params import (
 )
 from services.gateway.fronts.openai_prompt import PromptOptions, prompt_options, vllm_prompt_logprobs
 from services.gateway.fronts.openai_tools import add_turn_fields, parse_tools
+from services.gateway.fronts.reasoning import (
+    ReasoningSplitter,
+    chat_message,
+    reasoning_delta,
+    split_reasoning,
+)
 from services.gateway.fronts.tool_calls import ChatTools, ToolCallSplitter
 from services.gateway.quota.quotas import QuotaExceeded
 
@@ -516,6 +522,12 @@ def full_response(request: OpenAIRequest, created_s: int, returned: Sequence[Cho
     return body
 
 
+def constrained(request: OpenAIRequest) -> bool:
+    """Whether a grammar holds the output (response_format, guided_*, a required or named tool
+    choice): its reasoning split assumes no reasoning (reasoning.py)."""
+    return request.generate.sampling.HasField("structured")
+
+
 def _last_of(result: ChoiceResult) -> gateway_pb2.GenerateResponse:
     if result.last is None:
         raise ValueError("a choice without its last chunk")
@@ -530,20 +542,24 @@ def _choice(request: OpenAIRequest, index: int, result: ChoiceResult,
         choice = completion_choice(request, index, result.text, result.logprobs, reason, prompt, LogprobsWriter(request))
         return {**choice, "stop_reason": None if request.prompt.echo_only else stop_reason(request, last)}
     written = LogprobsWriter(request).write(result.logprobs)
+    reasoning, answer = split_reasoning(result.text, result.reasoning, constrained(request))
     splitter = ToolCallSplitter(request.tools)
-    splitter.feed(result.text, True, result.tool_call_parser)
-    return {"index": index, "message": splitter.message(), "logprobs": written,
+    splitter.feed(answer, True, result.tool_call_parser)
+    return {"index": index, "message": chat_message(splitter.message(), reasoning), "logprobs": written,
             "finish_reason": splitter.finish_reason(reason), "stop_reason": stop_reason(request, last)}
 
 
 def stream_chunk(request: OpenAIRequest, created_s: int, chunk: gateway_pb2.GenerateResponse, first: bool,
                  logprobs: LogprobsWriter | None = None, index: int = 0, tools: ToolCallSplitter | None = None,
-                 parser: str = "", prompt: Sequence[common_pb2.PositionLogprobs] = ()) -> dict:
+                 parser: str = "", prompt: Sequence[common_pb2.PositionLogprobs] = (),
+                 reasoning: ReasoningSplitter | None = None) -> dict:
     """One SSE event's object for one upstream chunk of choice `index`; the last carries finish_reason
     and the timings. `first`: the choice's first chunk. `logprobs`: the choice's writer (one per
     choice), when the request asked for logprobs. `tools`: the choice's splitter (chat; one per
     choice), `parser` the tool-call format its first chunk named. `prompt`: the prompt's logprobs
-    (the first choice's first chunk brought them), for a first chunk's echo and prompt_logprobs."""
+    (the first choice's first chunk brought them), for a first chunk's echo and prompt_logprobs.
+    `reasoning`: the choice's reasoning splitter (chat; none: no reasoning is split off); tool
+    calls are read from the answer after it."""
     reason = finish_reason(chunk)
     if request.kind == COMPLETION:
         choice = completion_choice(request, index, chunk.text, chunk.logprobs, reason, prompt if first else None,
@@ -552,9 +568,11 @@ def stream_chunk(request: OpenAIRequest, created_s: int, chunk: gateway_pb2.Gene
     else:
         written = logprobs.write(chunk.logprobs) if logprobs is not None else None
         splitter = tools if tools is not None else ToolCallSplitter(None)
-        content, calls = splitter.feed(chunk.text, reason is not None, parser)
+        thought, answer = reasoning.feed(chunk.text, reason is not None) if reasoning is not None else ("", chunk.text)
+        content, calls = splitter.feed(answer, reason is not None, parser)
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
-        if content or (first and not calls) or (not calls and reason is None):
+        delta.update(reasoning_delta(thought))
+        if content or (not calls and not thought and (first or reason is None)):
             delta["content"] = content
         if calls:
             delta["tool_calls"] = calls

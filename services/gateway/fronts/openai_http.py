@@ -43,6 +43,7 @@ from services.gateway.fronts import (
 )
 from services.gateway.fronts.caller import http_authorization, http_caller
 from services.gateway.fronts.http_refusals import refusal_middleware
+from services.gateway.fronts.reasoning import ReasoningFormat, ReasoningSplitter
 from services.gateway.tenants.credentials import Authorization
 
 TIMINGS_HEADER = "x-infermesh-timings"
@@ -299,6 +300,7 @@ class OpenAIFront:
         writers = [openai_codec.LogprobsWriter(parts[c // parsed.n]) for c in range(count)]
         splitters = [tool_calls.ToolCallSplitter(parsed.tools) for _ in range(count)]
         parsers = [""] * count
+        reasonings: list[ReasoningSplitter | None] = [None] * count  # chat: made from each choice's first chunk
         lasts: list[gateway_pb2.GenerateResponse | None] = [None] * count
         prompts: list[list] = [[] for _ in parts]
         response_id = openai_codec.response_id(parsed)
@@ -308,10 +310,13 @@ class OpenAIFront:
             is_first, lasts[choice] = lasts[choice] is None, chunk
             if is_first:
                 parsers[choice] = chunk.tool_call_parser
+                if parsed.kind == openai_codec.CHAT:
+                    reasonings[choice] = ReasoningSplitter(ReasoningFormat.of_chunk(chunk),
+                                                           openai_codec.constrained(parsed))
                 if index == 0:
                     prompts[part] = list(chunk.prompt_logprobs)
             body = openai_codec.stream_chunk(parts[part], created_s, chunk, is_first, writers[choice], choice,
-                                             splitters[choice], parsers[choice], prompts[part])
+                                             splitters[choice], parsers[choice], prompts[part], reasonings[choice])
             return shape.event({**body, "id": response_id})  # one id for the whole answer, whichever prompt
 
         await response.write(shape.opened() + event(*first))

@@ -21,7 +21,8 @@ from services.gateway.fronts.openai_params import BadParameter, json_object, sho
 
 # Sampling extensions passed to the chat parser as they are (vLLM takes them on /v1/responses too).
 _PASSED = ("temperature", "top_p", "parallel_tool_calls", "seed", "top_k", "min_p", "min_tokens",
-           "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "ignore_eos", "logit_bias")
+           "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "ignore_eos", "logit_bias",
+           "chat_template_kwargs")
 # Stored-response features: nothing is stored here.
 _STATEFUL = ("previous_response_id", "conversation")
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
@@ -125,8 +126,8 @@ def _messages(items: Any) -> list[dict]:
             output = item.get("output")
             content = output if isinstance(output, str) else _parts_text(output, f"input[{i}].output")
             messages.append({"role": "tool", "tool_call_id": _text(item, "call_id", i), "content": content})
-        else:
-            raise BadParameter(f"input[{i}].type", f"input[{i}].type must be message, function_call or "
+        elif kind != "reasoning":  # a reply's reasoning sent back: dropped, as the templates drop past turns'
+            raise BadParameter(f"input[{i}].type", f"input[{i}].type must be message, reasoning, function_call or "
                                                    f"function_call_output, got {shown(kind)}")
     return messages
 
@@ -245,7 +246,8 @@ def completed(request: ResponsesRequest, chat_reply: dict, request_id: str) -> d
     choice = chat_reply["choices"][0]
     message = choice["message"]
     logprobs = (choice.get("logprobs") or {}).get("content") or []
-    output = []
+    output = [_reasoning_item(request_id, message["reasoning_content"], "completed")] if message.get(
+        "reasoning_content") else []
     if message.get("content") or not message.get("tool_calls"):
         output.append(_message_item(request_id, message.get("content") or "", logprobs, "completed"))
     output += [_call_item(call, call["function"]["arguments"], "completed") for call in message.get("tool_calls") or ()]
@@ -254,6 +256,7 @@ def completed(request: ResponsesRequest, chat_reply: dict, request_id: str) -> d
 
 
 def responses_usage(usage: dict) -> dict:
+    """reasoning_tokens stays 0: the scheduler counts a choice's tokens, not where its text was split."""
     return {"input_tokens": usage["prompt_tokens"],
             "input_tokens_details": {"cached_tokens": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)},
             "output_tokens": usage["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
@@ -267,6 +270,18 @@ def _status(finish_reason: str | None) -> str:
 def _message_item(request_id: str, text: str, logprobs: list, status: str) -> dict:
     content = [_text_part(text, logprobs)] if status == "completed" else []
     return {"type": "message", "id": "msg_" + request_id, "status": status, "role": "assistant", "content": content}
+
+
+def _reasoning_item(request_id: str, text: str, status: str) -> dict:
+    """The model's reasoning (a think block), as Responses shows an open model's: its text as a
+    reasoning_text part, no summary."""
+    content = [_reasoning_part(text)] if status == "completed" else []
+    return {"type": "reasoning", "id": "rs_" + request_id, "summary": [], "content": content,
+            "encrypted_content": None, "status": status}
+
+
+def _reasoning_part(text: str) -> dict:
+    return {"type": "reasoning_text", "text": text}
 
 
 def _text_part(text: str, logprobs: list) -> dict:
@@ -305,6 +320,8 @@ class ResponseEvents:
         out: list[dict] = []
         for choice in event.get("choices", ()):
             delta = choice.get("delta", {})
+            if delta.get("reasoning_content"):
+                out += self._reasoning(delta["reasoning_content"])
             if delta.get("content"):
                 out += self._text(delta["content"], (choice.get("logprobs") or {}).get("content") or [])
             for call in delta.get("tool_calls") or ():
@@ -315,7 +332,8 @@ class ResponseEvents:
 
     def closed(self) -> list[dict]:
         out = self._close()
-        if not self._output:  # nothing said and nothing called: an empty message, as a whole answer has
+        if not any(item["type"] != "reasoning" for item in self._output):
+            # nothing said and nothing called: an empty message, as a whole answer has
             out += self._text("", []) + self._close()
         status = _status(self._finish_reason)
         final = self._response(status)
@@ -355,6 +373,22 @@ class ResponseEvents:
                                    output_index=self._open["index"], content_index=0, delta=text, logprobs=logprobs))
         return out
 
+    def _reasoning(self, text: str) -> list[dict]:
+        out: list[dict] = []
+        if self._open is None or self._open["type"] != "reasoning":
+            out += self._close()
+            index = len(self._output)
+            item = _reasoning_item(self._request_id, "", "in_progress")
+            self._output.append(item)
+            self._open = {"type": "reasoning", "index": index, "text": ""}
+            out.append(self._event("response.output_item.added", output_index=index, item=dict(item)))
+            out.append(self._event("response.content_part.added", item_id=item["id"], output_index=index,
+                                   content_index=0, part=_reasoning_part("")))
+        self._open["text"] += text
+        out.append(self._event("response.reasoning_text.delta", item_id=self._output[self._open["index"]]["id"],
+                               output_index=self._open["index"], content_index=0, delta=text))
+        return out
+
     def _call(self, delta: dict) -> list[dict]:
         out: list[dict] = []
         index = delta.get("index", 0)
@@ -390,6 +424,13 @@ class ResponseEvents:
             out.append(self._event("response.content_part.done", item_id=item["id"], output_index=index,
                                    content_index=0, part=_text_part(text, logprobs)))
             item.update(status="completed", content=[_text_part(text, logprobs)])
+        elif self._open["type"] == "reasoning":
+            text = self._open["text"]
+            out.append(self._event("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                                   content_index=0, text=text))
+            out.append(self._event("response.content_part.done", item_id=item["id"], output_index=index,
+                                   content_index=0, part=_reasoning_part(text)))
+            item.update(status="completed", content=[_reasoning_part(text)])
         else:
             out.append(self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                                    arguments=self._open["arguments"]))

@@ -23,6 +23,12 @@ from typing import Any
 
 import torch
 
+from services.common.reasoning_formats import (
+    NO_REASONING_PARSER,
+    REASONING_PARSERS,
+    reasoning_parser_for_template,
+)
+from services.worker.hf_text_files import chat_template_of
 from services.worker.models.generator import Generator
 from services.worker.models.llama_config import CheckpointError, LlamaFamilyConfig
 from services.worker.models.llama_weights import (
@@ -34,7 +40,7 @@ from services.worker.models.llama_weights import (
     read_config,
 )
 from services.worker.repository.envelope import Envelope
-from services.worker.repository.errors import ImportRefused
+from services.worker.repository.errors import ImportRefused, InvalidManifest
 from services.worker.repository.generator_spec import GeneratorSpec, GoldenGeneration
 from services.worker.repository.hf_architecture import HFArchitecture
 from services.worker.repository.manifest import Manifest, ModelKind
@@ -66,6 +72,8 @@ class ImportOptions:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
     tool_call_parser: str = ""  # the manifest's tokenizer.tool_call_parser ("": told from the chat template)
+    # The manifest's tokenizer.reasoning_parser: None: told here from the chat template; "": none.
+    reasoning_parser: str | None = None
 
 
 def import_checkpoint(source: str | Path, repository: str | Path, options: ImportOptions) -> Manifest:
@@ -103,7 +111,8 @@ def import_checkpoint(source: str | Path, repository: str | Path, options: Impor
                 max_seq_len=max_seq_len,
                 tokenizer=HFTokenizerSpec(HF, config.vocab_size, eos, -1 if bos is None else bos, stops,
                                           files[TOKENIZER_FILE], files.get(TOKENIZER_CONFIG_FILE),
-                                          files.get(CHAT_TEMPLATE_FILE), options.tool_call_parser),
+                                          files.get(CHAT_TEMPLATE_FILE), options.tool_call_parser,
+                                          _reasoning_parser(source, options.reasoning_parser)),
                 architecture=HFArchitecture(files[CONFIG_FILE], config.architecture, config.vocab_size),
                 golden=golden,
             ),
@@ -115,6 +124,27 @@ def import_checkpoint(source: str | Path, repository: str | Path, options: Impor
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return manifest
+
+
+def _reasoning_parser(source: Path, given: str | None) -> str:
+    """The parser given, else the one the chat template implies (chat_template.jinja, else
+    tokenizer_config.json's); a template that cannot be read is the worker's to refuse, as today."""
+    if given is not None:
+        if given and given not in REASONING_PARSERS:
+            raise ImportRefused(f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)} or "
+                                f"{NO_REASONING_PARSER}, got {given!r}")
+        return given
+    template_file = source / CHAT_TEMPLATE_FILE
+    if template_file.is_file():
+        return reasoning_parser_for_template(template_file.read_text(encoding="utf-8", errors="replace"))
+    config_file = source / TOKENIZER_CONFIG_FILE
+    if not config_file.is_file():
+        return ""
+    try:
+        template = chat_template_of(_json_object(config_file), str(config_file))
+    except InvalidManifest:
+        return ""
+    return reasoning_parser_for_template(template)
 
 
 def kv_bytes_per_token(config: LlamaFamilyConfig) -> int:

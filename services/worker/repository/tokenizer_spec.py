@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from services.common.reasoning_formats import REASONING_PARSERS
 from services.common.tool_call_formats import TOOL_CALL_PARSERS
 from services.worker.repository.json_fields import JsonFields, one_of
 from services.worker.repository.pinned_file import PinnedFile
@@ -59,6 +60,10 @@ class HFTokenizerSpec:
     # The format the model writes tool calls in (services/common/tool_call_formats.py), where its chat
     # template does not tell it; "": the scheduler tells it from the template.
     tool_call_parser: str = ""
+    # How the model sets its reasoning apart (services/common/reasoning_formats.py); "": it does not
+    # (or it is not split). The importer tells it from the chat template; unlike tool_call_parser,
+    # "" here is final: the scheduler does not guess it.
+    reasoning_parser: str = ""
 
     @classmethod
     def from_json(cls, t: JsonFields) -> HFTokenizerSpec:
@@ -77,8 +82,11 @@ class HFTokenizerSpec:
         parser = t.data.get("tool_call_parser") or ""
         if parser and parser not in TOOL_CALL_PARSERS:
             raise t.fail("tool_call_parser", f"must be {one_of(TOOL_CALL_PARSERS)}, got {parser!r}")
+        reasoning = t.data.get("reasoning_parser") or ""
+        if reasoning and reasoning not in REASONING_PARSERS:
+            raise t.fail("reasoning_parser", f"must be {one_of(REASONING_PARSERS)}, got {reasoning!r}")
         return cls(HF, vocab_size, eos, bos, stop, PinnedFile.from_json(t.obj("tokenizer_json")), **optional,
-                   tool_call_parser=parser)
+                   tool_call_parser=parser, reasoning_parser=reasoning)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -88,6 +96,7 @@ class HFTokenizerSpec:
             "tokenizer_config": None if self.tokenizer_config is None else self.tokenizer_config.to_json(),
             "chat_template": None if self.chat_template is None else self.chat_template.to_json(),
             **({"tool_call_parser": self.tool_call_parser} if self.tool_call_parser else {}),
+            **({"reasoning_parser": self.reasoning_parser} if self.reasoning_parser else {}),
         }
 
     @property

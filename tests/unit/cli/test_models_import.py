@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from services.cli import main as cli
 from tests.support.tensor_models import MLP, SEQ, export_onnx, export_torchscript
 
@@ -44,3 +46,24 @@ def test_an_image_input_needs_mean_and_std(tmp_path, capsys):
     source = export_onnx(MLP, tmp_path)
     assert cli.main(["models", "import", str(source), "--name", "m", "--version", "1", "--image-input", "a"]) == 2
     assert "--image-input needs --image-mean and --image-std" in capsys.readouterr().err
+
+
+def test_a_checkpoints_reasoning_parser_is_told_from_its_template_and_none_switches_it_off(tmp_path, capsys):
+    from tests.support.hf_checkpoints import save_model_directory
+    from tests.support.reasoning_templates import QWEN3
+
+    save_model_directory(tmp_path / "ckpt", "qwen2", chat_template=QWEN3)
+    repo = str(tmp_path / "repo")
+    for version, flags in (("1", []), ("2", ["--reasoning-parser", "none"]),
+                           ("3", ["--reasoning-parser", "deepseek_r1"])):
+        code = cli.main(["models", "import", str(tmp_path / "ckpt"), "--name", "think", "--version", version,
+                         "--repository", repo, "--kv-cache-gb", "0.001", *flags])
+        assert code == 0, capsys.readouterr().err
+    recorded = [json.loads((tmp_path / "repo" / "think" / v / "manifest.json").read_text())["generator"]["tokenizer"]
+                .get("reasoning_parser") for v in ("1", "2", "3")]
+    assert recorded == ["qwen3", None, "deepseek_r1"]
+    with pytest.raises(SystemExit) as exited:  # argparse's refusal of a choice it does not list
+        cli.main(["models", "import", str(tmp_path / "ckpt"), "--name", "think", "--version", "4",
+                  "--repository", repo, "--reasoning-parser", "granite"])
+    assert exited.value.code == 2
+    assert "--reasoning-parser: invalid choice: 'granite'" in capsys.readouterr().err

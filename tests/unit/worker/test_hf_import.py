@@ -27,6 +27,7 @@ from services.worker.repository.hf_import import (
 )
 from services.worker.repository.loader import load_model
 from services.worker.repository.store import load_manifest, sha256_of, version_dir, write_manifest
+from tests.support import reasoning_templates
 from tests.support.hf_checkpoints import CHAT_TEMPLATE, END_OF_TEXT_ID, EOT_ID, save_model_directory
 
 OPTIONS = ImportOptions("tiny", "1", kv_cache_bytes=1 << 20)
@@ -265,9 +266,9 @@ def test_an_existing_version_is_never_overwritten(checkpoint, imported):
         import_checkpoint(checkpoint[0], imported, OPTIONS)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "phi3"])
+@pytest.mark.parametrize("family", ["qwen3", "phi3", "granite"])
 def test_the_newer_families_import_golden_check_and_load_in_a_worker(family, tmp_path):
-    """Qwen3 (q/k norms) and Phi-3 (fused projections): the import records golden cases from its own
+    """Qwen3 (q/k norms), Phi-3 (fused projections) and Granite (scalings): the import records golden cases from its own
     float32 forward, checks them as a worker loads, and they are transformers' greedy continuations."""
     source, root = tmp_path / family, tmp_path / "repo"
     reference = save_model_directory(source, family)
@@ -280,3 +281,38 @@ def test_the_newer_families_import_golden_check_and_load_in_a_worker(family, tmp
         assert tuple(out[0, len(case.prompt_ids):].tolist()) == case.expected_ids
     model = load_model(root, "tiny", "1")
     GeneratorRuntime(model, model.manifest.envelope.num_kv_blocks).load()  # warm-up and the golden check
+
+
+@pytest.mark.parametrize(("template", "flag", "recorded"), [
+    (None, None, None),  # CHAT_TEMPLATE writes no think blocks
+    (reasoning_templates.QWEN3, None, "qwen3"),  # told from the template
+    (reasoning_templates.QWEN3, "deepseek_r1", "deepseek_r1"),  # the flag overrides it
+    (reasoning_templates.QWEN3, "", None),  # --reasoning-parser none: nothing recorded
+    (None, "qwen3", "qwen3"),
+])
+def test_the_importer_tells_the_reasoning_parser_from_the_template_unless_given(tmp_path, template, flag, recorded):
+    source = tmp_path / "ckpt"
+    save_model_directory(source, "qwen2", chat_template=template)
+    import_checkpoint(source, tmp_path / "repo", dataclasses.replace(OPTIONS, reasoning_parser=flag))
+    tokenizer = load_manifest(tmp_path / "repo", "tiny", "1").generator.tokenizer
+    assert tokenizer.to_json().get("reasoning_parser") == recorded
+    model = load_model(tmp_path / "repo", "tiny", "1")
+    runtime = GeneratorRuntime(model, model.manifest.envelope.num_kv_blocks)
+    assert runtime.hello("w1").tokenizer.reasoning_parser == (recorded or "")
+
+
+def test_the_importer_refuses_an_unknown_reasoning_parser_naming_the_flag(checkpoint, tmp_path):
+    says = refused(checkpoint[0], tmp_path, reasoning_parser="granite")
+    assert says == "--reasoning-parser must be one of qwen3, deepseek_r1 or none, got 'granite'"
+
+
+def test_a_manifests_unknown_reasoning_parser_is_invalid_naming_the_field(imported, tmp_path):
+    root = tmp_path / "repo"
+    shutil.copytree(imported, root)
+    path = version_dir(root, "tiny", "1") / "manifest.json"
+    data = json.loads(path.read_text())
+    data["generator"]["tokenizer"]["reasoning_parser"] = "granite"
+    path.write_text(json.dumps(data))
+    with pytest.raises(InvalidManifest, match=r"generator.tokenizer.reasoning_parser.*'qwen3' or 'deepseek_r1'.*"
+                                              r"got 'granite'"):
+        load_manifest(root, "tiny", "1")
