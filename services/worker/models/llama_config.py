@@ -1,11 +1,12 @@
 """The Llama family's architecture, read from a Hugging Face `config.json`.
 
 One frozen `LlamaFamilyConfig` covers LlamaForCausalLM, Qwen2ForCausalLM,
-Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM and GraniteForCausalLM:
-they are one decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) and
-differ only in the fields this dataclass names: qkv bias (Qwen2), per-head q/k
-norms (Qwen3), projections stored fused (Phi-3), Granite's four scalings, tied
-embeddings, rope scaling and a sliding window. Everything else a
+Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM, GraniteForCausalLM and
+SmolLM3ForCausalLM: they are one decoder (RMSNorm, RoPE, grouped-query
+attention, SwiGLU) and differ only in the fields this dataclass names: qkv bias
+(Qwen2), per-head q/k norms (Qwen3), projections stored fused (Phi-3),
+Granite's four scalings, layers without RoPE (SmolLM3), tied embeddings, rope
+scaling and a sliding window. Everything else a
 config may say is either irrelevant to inference (dropout, initializer range)
 or refused with a `CheckpointError` naming the field and what is supported, so
 a checkpoint we cannot compute exactly is never served approximately.
@@ -23,9 +24,10 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 SUPPORTED_ARCHITECTURES = ("GraniteForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
-                           "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-# Architectures that read Qwen2's sliding-window switches (use_sliding_window, max_window_layers).
-_QWEN_WINDOWS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
+                           "Qwen2ForCausalLM", "Qwen3ForCausalLM", "SmolLM3ForCausalLM")
+# Architectures whose sliding window applies only with use_sliding_window (Qwen2's switch; Qwen's
+# max_window_layers too).
+_SWITCHED_WINDOWS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "SmolLM3ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 SUPPORTED_ACTIVATIONS = ("silu",)
 # What a config's `dtype` (transformers 5) or `torch_dtype` (4) may declare the stored weights as.
@@ -107,6 +109,7 @@ class LlamaFamilyConfig:
     residual_multiplier: float = 1.0
     attention_multiplier: float | None = None
     logits_scaling: float = 1.0
+    nope_layers: tuple[int, ...] = ()  # SmolLM3: the layers whose q and k are not rotated (NoPE)
     tie_word_embeddings: bool = False  # the LM head is the embedding matrix (no lm_head.weight stored)
     storage_dtype: str | None = None  # what config.json declares the weights are stored as, if it says
 
@@ -197,6 +200,7 @@ class _Parser:
             qk_norm=architecture == "Qwen3ForCausalLM",
             fused_projections=architecture == "Phi3ForCausalLM",
             **self.granite_scalings(architecture),
+            nope_layers=self.nope_layers(architecture),
             tie_word_embeddings=self.boolean("tie_word_embeddings", default=False),
             storage_dtype=self.storage_dtype(),
         )
@@ -307,6 +311,22 @@ class _Parser:
         return {name: self.positive_float(name, default=1.0) for name in (
             "embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")}
 
+    def nope_layers(self, architecture: str) -> tuple[int, ...]:
+        """SmolLM3's layers without RoPE: no_rope_layers (1 rotates, 0 does not, one per layer), or
+        by default every no_rope_layer_interval-th layer (transformers' default 4)."""
+        if architecture != "SmolLM3ForCausalLM":
+            return ()
+        num_layers = self.positive_int("num_hidden_layers")
+        flags = self.raw.get("no_rope_layers")
+        if flags is None:
+            interval = self.positive_int("no_rope_layer_interval", default=4)
+            return tuple(i for i in range(num_layers) if (i + 1) % interval == 0)
+        if not isinstance(flags, list) or len(flags) != num_layers or any(f not in (0, 1) or isinstance(f, bool)
+                                                                           for f in flags):
+            raise self.fail("no_rope_layers", f"must be a list of {num_layers} 0s and 1s (one per layer), "
+                            f"got {flags!r}")
+        return tuple(i for i, rotates in enumerate(flags) if not rotates)
+
     def check_biases(self, architecture: str) -> None:
         # Qwen2's q/k/v biases are fixed by its architecture; Llama (and Mistral) configs may switch
         # biases on, which no released checkpoint of theirs does: refused rather than half-supported.
@@ -329,7 +349,7 @@ class _Parser:
                 return
         elif architecture == "LlamaForCausalLM":
             return
-        elif architecture in _QWEN_WINDOWS and (
+        elif architecture in _SWITCHED_WINDOWS and (
             not self.boolean("use_sliding_window", default=False)
             or self.count("max_window_layers") >= self.positive_int("num_hidden_layers")
         ):

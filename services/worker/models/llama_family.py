@@ -1,5 +1,5 @@
-"""The Llama-family decoder (Llama, Qwen2, Qwen3, Mistral, Phi-3, Granite): one module, parametrized by
-`LlamaFamilyConfig`.
+"""The Llama-family decoder (Llama, Qwen2, Qwen3, Mistral, Phi-3, Granite, SmolLM3): one module,
+parametrized by `LlamaFamilyConfig`.
 
 It has the shape `paged_forward` runs (`embed`, `rotary`, `blocks()` with `qkv`,
 `attn_out` and `mlp`, `logits`), so a step over the worker's paged KV cache is
@@ -52,9 +52,10 @@ def _scaled(x: torch.Tensor, multiplier: float) -> torch.Tensor:
 
 
 class LlamaFamilyBlock(nn.Module):
-    def __init__(self, config: LlamaFamilyConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, config: LlamaFamilyConfig, dtype: torch.dtype, device: torch.device, index: int) -> None:
         super().__init__()
         self.config = config
+        self.uses_rope = index not in config.nope_layers
         c = config
         q_size, kv_size = c.num_heads * c.head_size, c.num_kv_heads * c.head_size
         self.attn_norm = _empty(c.d_model, dtype=dtype, device=device)
@@ -79,10 +80,13 @@ class LlamaFamilyBlock(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             # In the compute dtype, as the checkpoint was trained; RoPE and attention then run in float32.
             q, k = rms_norm(q, self.q_norm, c.norm_eps), rms_norm(k, self.k_norm, c.norm_eps)
+        v = v.float().reshape(*lead, c.num_kv_heads, c.head_size)
+        if not self.uses_rope:  # SmolLM3's NoPE layers: positions reach them only through the others
+            return q.float(), k.float(), v
         # q and k rotate by the same angles: one rotation over their heads side by side.
         qk = torch.cat((q.float(), k.float()), dim=-2)
         q, k = apply_rope(qk, rope).split((c.num_heads, c.num_kv_heads), dim=-2)
-        return q, k, v.float().reshape(*lead, c.num_kv_heads, c.head_size)
+        return q, k, v
 
     def attn_out(self, attn: torch.Tensor) -> torch.Tensor:
         """Float32 attention output `[..., T, num_heads, hs]` → residual update `[..., T, d_model]` (compute dtype)."""
@@ -106,7 +110,7 @@ class LlamaFamilyLM(nn.Module):
         device = torch.device(device)
         self.config = config
         self.embed_weight = _empty(config.vocab_size, config.d_model, dtype=dtype, device=device)
-        self.layers = nn.ModuleList(LlamaFamilyBlock(config, dtype, device) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(LlamaFamilyBlock(config, dtype, device, i) for i in range(config.num_layers))
         self.final_norm = _empty(config.d_model, dtype=dtype, device=device)
         self.lm_head_weight = (
             None if config.tie_word_embeddings else _empty(config.vocab_size, config.d_model, dtype=dtype, device=device)

@@ -56,7 +56,7 @@ def llama_config(**fields: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(("fields", "field", "says"), [
     ({"architectures": ["GPT2LMHeadModel"]}, "architectures[0]",
      "supported: GraniteForCausalLM, LlamaForCausalLM, MistralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, "
-     "Qwen3ForCausalLM"),
+     "Qwen3ForCausalLM, SmolLM3ForCausalLM"),
     ({"architectures": ["Qwen3MoeForCausalLM"]}, "architectures[0]", "supported: GraniteForCausalLM, Llama"),
     ({"architectures": ["Qwen3ForCausalLM"], "attention_bias": True}, "attention_bias", "supported: false"),
     ({"architectures": []}, "architectures", "supported: GraniteForCausalLM, LlamaForCausalLM"),
@@ -77,6 +77,8 @@ def llama_config(**fields: Any) -> dict[str, Any]:
      "rope_scaling.original_max_position_embeddings", "must be an integer > 0"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "truncate": "no"}}, "rope_scaling.truncate",
      "must be true or false"),
+    ({"architectures": ["SmolLM3ForCausalLM"], "no_rope_layers": [1, 2]}, "no_rope_layers", "0s and 1s"),
+    ({"architectures": ["SmolLM3ForCausalLM"], "no_rope_layers": [1]}, "no_rope_layers", "a list of 2"),
     ({"hidden_act": "gelu"}, "hidden_act", "supported: silu"),
     ({"attention_bias": True}, "attention_bias", "supported: false"),
     ({"mlp_bias": True}, "mlp_bias", "supported: false"),
@@ -143,6 +145,13 @@ def test_a_sliding_window_is_refused_only_when_it_hides_part_of_the_sequence():
     assert LlamaFamilyConfig.from_hf(phi3, max_seq_len=127).fused_projections
     with pytest.raises(CheckpointError, match="sliding_window: 127 < max_seq_len 256"):
         LlamaFamilyConfig.from_hf(phi3)
+
+    smollm3 = llama_config(architectures=["SmolLM3ForCausalLM"], sliding_window=128)
+    assert LlamaFamilyConfig.from_hf(smollm3).max_seq_len == 256  # no use_sliding_window: no window
+    with pytest.raises(CheckpointError, match="sliding_window"):
+        LlamaFamilyConfig.from_hf({**smollm3, "use_sliding_window": True})
+    assert LlamaFamilyConfig.from_hf({**smollm3, "no_rope_layers": [0, 1]}).nope_layers == (0,)
+    assert LlamaFamilyConfig.from_hf({**smollm3, "num_hidden_layers": 8}).nope_layers == (3, 7)  # every 4th
 
     qwen3 = {**qwen, "architectures": ["Qwen3ForCausalLM"]}  # Qwen3 reads Qwen2's switches
     assert LlamaFamilyConfig.from_hf({**qwen3, "use_sliding_window": False}).qk_norm

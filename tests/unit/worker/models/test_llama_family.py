@@ -51,6 +51,7 @@ def test_config_json_says_what_each_family_differs_in(tiny_checkpoints):
     assert [family for family, c in configs.items() if c.fused_projections] == ["phi3"]
     assert type(configs["qwen2_yarn"].rope_scaling).__name__ == "YarnRopeScaling"
     assert type(configs["llama_linear"].rope_scaling).__name__ == "LinearRopeScaling"
+    assert {family: c.nope_layers for family, c in configs.items() if c.nope_layers} == {"smollm3": (1,)}
     assert {(c.num_layers, c.d_model, c.num_heads, c.num_kv_heads) for c in configs.values()} == {(2, 64, 4, 2)}
     assert {family: c.head_size for family, c in configs.items() if c.head_size != 16} == {"qwen3": 32}
 
