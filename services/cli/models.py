@@ -3,7 +3,7 @@
 What SOURCE is picks the importer (IMPORTERS, keyed by `source_kind`): a TorchScript or ONNX
 file becomes a `kind: tensor` version (services/worker/repository/tensor_import.py); a directory
 holding config.json, a Hugging Face decoder checkpoint (Llama, Qwen2, Qwen3, Mistral, Phi-3,
-Granite, SmolLM3 families), becomes a generator served with its own tokenizer
+Granite, SmolLM3, OLMo 2 families), becomes a generator served with its own tokenizer
 (services/worker/repository/hf_import.py). The importers load torch, onnxruntime and tokenizers, so
 they are imported only when the command runs.
 Exit codes: 0 imported (and golden-checked); 2 refused, with the flag or fix in the message.

@@ -1,5 +1,5 @@
 """Tiny random-weight Hugging Face checkpoints of the Llama family (Llama, Qwen2, Qwen3, Mistral, Phi-3,
-Granite, SmolLM3), made with transformers (tests only).
+Granite, SmolLM3, OLMo 2), made with transformers (tests only).
 
 `save_tiny_checkpoint(dir, "qwen2")` writes what a user would bring (config.json,
 model.safetensors, generation_config.json) via `save_pretrained`; nothing is
@@ -47,6 +47,8 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
                                                   "tie_word_embeddings": True}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 256, "head_dim": 16}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"rope_theta": 10000.0}),  # q/k/v and gate/up stored fused
+    # OLMo 2: norms after each branch, q/k norms over the whole projection.
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {"rope_theta": 500000.0}),
     # SmolLM3 leaves every no_rope_layer_interval-th layer unrotated: here the second of two.
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"no_rope_layer_interval": 2}),
     # Granite's four scalings, none of them 1 (Granite 3's are 12, 0.22, 1/128 and 16 at full size).

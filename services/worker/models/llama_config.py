@@ -1,12 +1,13 @@
 """The Llama family's architecture, read from a Hugging Face `config.json`.
 
 One frozen `LlamaFamilyConfig` covers LlamaForCausalLM, Qwen2ForCausalLM,
-Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM, GraniteForCausalLM and
-SmolLM3ForCausalLM: they are one decoder (RMSNorm, RoPE, grouped-query
-attention, SwiGLU) and differ only in the fields this dataclass names: qkv bias
-(Qwen2), per-head q/k norms (Qwen3), projections stored fused (Phi-3),
-Granite's four scalings, layers without RoPE (SmolLM3), tied embeddings, rope
-scaling and a sliding window. Everything else a
+Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM, GraniteForCausalLM,
+SmolLM3ForCausalLM and Olmo2ForCausalLM: they are one decoder (RMSNorm, RoPE,
+grouped-query attention, SwiGLU) and differ only in the fields this dataclass
+names: qkv bias (Qwen2), q/k norms per head (Qwen3) or over the whole
+projection (OLMo 2), norms after each branch instead of before (OLMo 2),
+projections stored fused (Phi-3), Granite's four scalings, layers without RoPE
+(SmolLM3), tied embeddings, rope scaling and a sliding window. Everything else a
 config may say is either irrelevant to inference (dropout, initializer range)
 or refused with a `CheckpointError` naming the field and what is supported, so
 a checkpoint we cannot compute exactly is never served approximately.
@@ -23,8 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-SUPPORTED_ARCHITECTURES = ("GraniteForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM",
-                           "Qwen2ForCausalLM", "Qwen3ForCausalLM", "SmolLM3ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("GraniteForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "Olmo2ForCausalLM",
+                           "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "SmolLM3ForCausalLM")
+# q/k norms: over each head (weights of head_size) or over the whole projection (num_heads * head_size).
+QK_NORM_PER_HEAD, QK_NORM_FULL = "head", "full"
 # Architectures whose sliding window applies only with use_sliding_window (Qwen2's switch; Qwen's
 # max_window_layers too).
 _SWITCHED_WINDOWS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "SmolLM3ForCausalLM")
@@ -97,9 +100,12 @@ class LlamaFamilyConfig:
     rope_scaling: RopeScaling | None = None
     norm_eps: float = 1e-6
     qkv_bias: bool = False  # Qwen2: q, k and v projections carry a bias; o does not
-    # Qwen3: each head's q and k pass an RMSNorm over head_size (its own weight for q and for k)
-    # after the projection and before RoPE.
-    qk_norm: bool = False
+    # q and k pass an RMSNorm (their own weights) after the projection and before RoPE: over each
+    # head (QK_NORM_PER_HEAD: Qwen3) or over the whole projection (QK_NORM_FULL: OLMo 2); "": none.
+    qk_norm: str = ""
+    # OLMo 2: each branch's norm (post_attention_layernorm, post_feedforward_layernorm) normalizes the
+    # branch's output before the residual add, and its input is not normalized; else the Llama way.
+    post_norms: bool = False
     # Phi-3: the checkpoint stores q/k/v as one qkv_proj and gate/up as one gate_up_proj (the
     # layout the model keeps them in), not five matrices.
     fused_projections: bool = False
@@ -197,7 +203,8 @@ class _Parser:
             rope_scaling=rope_scaling,
             norm_eps=self.positive_float("rms_norm_eps", default=1e-6),
             qkv_bias=architecture == "Qwen2ForCausalLM",
-            qk_norm=architecture == "Qwen3ForCausalLM",
+            qk_norm={"Qwen3ForCausalLM": QK_NORM_PER_HEAD, "Olmo2ForCausalLM": QK_NORM_FULL}.get(architecture, ""),
+            post_norms=architecture == "Olmo2ForCausalLM",
             fused_projections=architecture == "Phi3ForCausalLM",
             **self.granite_scalings(architecture),
             nope_layers=self.nope_layers(architecture),

@@ -1,4 +1,4 @@
-"""The Llama-family decoder (Llama, Qwen2, Qwen3, Mistral, Phi-3, Granite, SmolLM3): one module,
+"""The Llama-family decoder (Llama, Qwen2, Qwen3, Mistral, Phi-3, Granite, SmolLM3, OLMo 2): one module,
 parametrized by `LlamaFamilyConfig`.
 
 It has the shape `paged_forward` runs (`embed`, `rotary`, `blocks()` with `qkv`,
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.worker.models.dense import dense_forward
-from services.worker.models.llama_config import LlamaFamilyConfig
+from services.worker.models.llama_config import QK_NORM_FULL, QK_NORM_PER_HEAD, LlamaFamilyConfig
 from services.worker.models.rope import Rotary, apply_rope
 from services.worker.models.rope_scaling import rope_attention_factor, rope_inv_freq
 
@@ -58,11 +58,15 @@ class LlamaFamilyBlock(nn.Module):
         self.uses_rope = index not in config.nope_layers
         c = config
         q_size, kv_size = c.num_heads * c.head_size, c.num_kv_heads * c.head_size
+        # The attention branch's norm and the MLP branch's: on their inputs (Llama's input_layernorm and
+        # post_attention_layernorm) or, with post_norms, on their outputs (OLMo 2's post_attention_layernorm
+        # and post_feedforward_layernorm).
         self.attn_norm = _empty(c.d_model, dtype=dtype, device=device)
         self.qkv_weight = _empty(q_size + 2 * kv_size, c.d_model, dtype=dtype, device=device)
         self.qkv_bias = _empty(q_size + 2 * kv_size, dtype=dtype, device=device) if c.qkv_bias else None
-        self.q_norm = _empty(c.head_size, dtype=dtype, device=device) if c.qk_norm else None
-        self.k_norm = _empty(c.head_size, dtype=dtype, device=device) if c.qk_norm else None
+        per_head = c.qk_norm == QK_NORM_PER_HEAD
+        self.q_norm = _empty(c.head_size if per_head else q_size, dtype=dtype, device=device) if c.qk_norm else None
+        self.k_norm = _empty(c.head_size if per_head else kv_size, dtype=dtype, device=device) if c.qk_norm else None
         self.o_weight = _empty(c.d_model, q_size, dtype=dtype, device=device)
         self.mlp_norm = _empty(c.d_model, dtype=dtype, device=device)
         self.gate_up_weight = _empty(2 * c.d_ff, c.d_model, dtype=dtype, device=device)
@@ -72,13 +76,15 @@ class LlamaFamilyBlock(nn.Module):
     def qkv(self, x: torch.Tensor, rope: Rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`x[..., T, d_model]` → float32 q `[..., T, num_heads, hs]`, k and v `[..., T, num_kv_heads, hs]`, RoPE applied."""
         c = self.config
-        h = rms_norm(x, self.attn_norm, c.norm_eps)
+        h = x if c.post_norms else rms_norm(x, self.attn_norm, c.norm_eps)
         lead = h.shape[:-1]
         qkv = F.linear(h, self.qkv_weight, self.qkv_bias)
         q, k, v = qkv.split(self._split, dim=-1)
+        # q/k norms run in the compute dtype, as the checkpoint was trained; RoPE and attention in float32.
+        if c.qk_norm == QK_NORM_FULL and self.q_norm is not None and self.k_norm is not None:
+            q, k = rms_norm(q, self.q_norm, c.norm_eps), rms_norm(k, self.k_norm, c.norm_eps)
         q, k = q.view(*lead, c.num_heads, c.head_size), k.view(*lead, c.num_kv_heads, c.head_size)
-        if self.q_norm is not None and self.k_norm is not None:
-            # In the compute dtype, as the checkpoint was trained; RoPE and attention then run in float32.
+        if c.qk_norm == QK_NORM_PER_HEAD and self.q_norm is not None and self.k_norm is not None:
             q, k = rms_norm(q, self.q_norm, c.norm_eps), rms_norm(k, self.k_norm, c.norm_eps)
         v = v.float().reshape(*lead, c.num_kv_heads, c.head_size)
         if not self.uses_rope:  # SmolLM3's NoPE layers: positions reach them only through the others
@@ -90,13 +96,19 @@ class LlamaFamilyBlock(nn.Module):
 
     def attn_out(self, attn: torch.Tensor) -> torch.Tensor:
         """Float32 attention output `[..., T, num_heads, hs]` → residual update `[..., T, d_model]` (compute dtype)."""
-        return _scaled(F.linear(attn.flatten(-2).to(self.o_weight.dtype), self.o_weight),
-                       self.config.residual_multiplier)
+        out = F.linear(attn.flatten(-2).to(self.o_weight.dtype), self.o_weight)
+        if self.config.post_norms:
+            out = rms_norm(out, self.attn_norm, self.config.norm_eps)
+        return _scaled(out, self.config.residual_multiplier)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        h = rms_norm(x, self.mlp_norm, self.config.norm_eps)
+        c = self.config
+        h = x if c.post_norms else rms_norm(x, self.mlp_norm, c.norm_eps)
         gate, up = F.linear(h, self.gate_up_weight).chunk(2, dim=-1)
-        return _scaled(F.linear(F.silu(gate) * up, self.down_weight), self.config.residual_multiplier)
+        out = F.linear(F.silu(gate) * up, self.down_weight)
+        if c.post_norms:
+            out = rms_norm(out, self.mlp_norm, c.norm_eps)
+        return _scaled(out, c.residual_multiplier)
 
 
 class LlamaFamilyLM(nn.Module):

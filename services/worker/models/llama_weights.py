@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from services.worker.models.llama_config import CheckpointError, LlamaFamilyConfig
+from services.worker.models.llama_config import QK_NORM_PER_HEAD, CheckpointError, LlamaFamilyConfig
 from services.worker.models.llama_family import LlamaFamilyLM
 
 CONFIG_FILE = "config.json"
@@ -56,7 +56,8 @@ def expected_tensors(config: LlamaFamilyConfig) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, c.d_model)}
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
-        shapes[p + "input_layernorm.weight"] = (c.d_model,)
+        if not c.post_norms:
+            shapes[p + "input_layernorm.weight"] = (c.d_model,)
         if c.fused_projections:
             shapes[p + "self_attn.qkv_proj.weight"] = (q_size + 2 * kv_size, c.d_model)
         else:
@@ -68,10 +69,13 @@ def expected_tensors(config: LlamaFamilyConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.k_proj.bias"] = (kv_size,)
             shapes[p + "self_attn.v_proj.bias"] = (kv_size,)
         if c.qk_norm:
-            shapes[p + "self_attn.q_norm.weight"] = (c.head_size,)
-            shapes[p + "self_attn.k_norm.weight"] = (c.head_size,)
+            per_head = c.qk_norm == QK_NORM_PER_HEAD
+            shapes[p + "self_attn.q_norm.weight"] = (c.head_size if per_head else q_size,)
+            shapes[p + "self_attn.k_norm.weight"] = (c.head_size if per_head else kv_size,)
         shapes[p + "self_attn.o_proj.weight"] = (c.d_model, q_size)
         shapes[p + "post_attention_layernorm.weight"] = (c.d_model,)
+        if c.post_norms:
+            shapes[p + "post_feedforward_layernorm.weight"] = (c.d_model,)
         if c.fused_projections:
             shapes[p + "mlp.gate_up_proj.weight"] = (2 * c.d_ff, c.d_model)  # gate's rows, then up's
         else:
@@ -106,7 +110,8 @@ def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> dict[str,
                     continue  # tied: the embedding matrix is the head; a stored copy is not used
                 if name not in expected:
                     raise CheckpointError(str(path), name, f"unexpected tensor for {config.architecture} "
-                                          f"({config.num_layers} layers, qkv_bias={config.qkv_bias}, qk_norm={config.qk_norm}, "
+                                          f"({config.num_layers} layers, qkv_bias={config.qkv_bias}, qk_norm={config.qk_norm!r}, "
+                                          f"post_norms={config.post_norms}, "
                                           f"fused_projections={config.fused_projections}, "
                                           f"tie_word_embeddings={config.tie_word_embeddings})")
                 if name in where:
@@ -165,7 +170,12 @@ def _destinations(model: LlamaFamilyLM) -> dict[str, torch.Tensor]:
     qkv_rows = {"q": slice(0, q_size), "k": slice(q_size, q_size + kv_size), "v": slice(q_size + kv_size, None)}
     for i, layer in enumerate(model.blocks()):
         p = f"model.layers.{i}."
-        places[p + "input_layernorm.weight"] = layer.attn_norm
+        if c.post_norms:  # OLMo 2: the norms on each branch's output
+            places[p + "post_attention_layernorm.weight"] = layer.attn_norm
+            places[p + "post_feedforward_layernorm.weight"] = layer.mlp_norm
+        else:
+            places[p + "input_layernorm.weight"] = layer.attn_norm
+            places[p + "post_attention_layernorm.weight"] = layer.mlp_norm
         if c.fused_projections:
             places[p + "self_attn.qkv_proj.weight"] = layer.qkv_weight
         else:
@@ -177,7 +187,6 @@ def _destinations(model: LlamaFamilyLM) -> dict[str, torch.Tensor]:
             places[p + "self_attn.q_norm.weight"] = layer.q_norm
             places[p + "self_attn.k_norm.weight"] = layer.k_norm
         places[p + "self_attn.o_proj.weight"] = layer.o_weight
-        places[p + "post_attention_layernorm.weight"] = layer.mlp_norm
         if c.fused_projections:
             places[p + "mlp.gate_up_proj.weight"] = layer.gate_up_weight
         else:

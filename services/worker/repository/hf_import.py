@@ -30,7 +30,7 @@ from services.common.reasoning_formats import (
 )
 from services.worker.hf_text_files import chat_template_of
 from services.worker.models.generator import Generator
-from services.worker.models.llama_config import CheckpointError, LlamaFamilyConfig
+from services.worker.models.llama_config import QK_NORM_PER_HEAD, CheckpointError, LlamaFamilyConfig
 from services.worker.models.llama_weights import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -158,8 +158,10 @@ def weight_bytes(config: LlamaFamilyConfig, bytes_per_value: int = 4) -> int:
     attention = c.d_model * (c.num_heads + 2 * c.num_kv_heads) * c.head_size + c.num_heads * c.head_size * c.d_model
     if c.qkv_bias:
         attention += (c.num_heads + 2 * c.num_kv_heads) * c.head_size
-    if c.qk_norm:
+    if c.qk_norm == QK_NORM_PER_HEAD:
         attention += 2 * c.head_size
+    elif c.qk_norm:
+        attention += (c.num_heads + c.num_kv_heads) * c.head_size
     layer = attention + 3 * c.d_model * c.d_ff + 2 * c.d_model
     heads = 1 if c.tie_word_embeddings else 2
     return bytes_per_value * (c.num_layers * layer + heads * c.vocab_size * c.d_model + c.d_model)

@@ -266,9 +266,9 @@ def test_an_existing_version_is_never_overwritten(checkpoint, imported):
         import_checkpoint(checkpoint[0], imported, OPTIONS)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "phi3", "granite", "smollm3"])
+@pytest.mark.parametrize("family", ["qwen3", "phi3", "granite", "smollm3", "olmo2"])
 def test_the_newer_families_import_golden_check_and_load_in_a_worker(family, tmp_path):
-    """Qwen3 (q/k norms), Phi-3 (fused projections), Granite (scalings) and SmolLM3 (NoPE layers): the import records golden cases from its own
+    """Qwen3 (q/k norms), Phi-3 (fused projections), Granite (scalings), SmolLM3 (NoPE layers) and OLMo 2 (norms after each branch): the import records golden cases from its own
     float32 forward, checks them as a worker loads, and they are transformers' greedy continuations."""
     source, root = tmp_path / family, tmp_path / "repo"
     reference = save_model_directory(source, family)

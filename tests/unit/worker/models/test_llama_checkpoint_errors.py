@@ -55,8 +55,10 @@ def llama_config(**fields: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("fields", "field", "says"), [
     ({"architectures": ["GPT2LMHeadModel"]}, "architectures[0]",
-     "supported: GraniteForCausalLM, LlamaForCausalLM, MistralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, "
+     "supported: GraniteForCausalLM, LlamaForCausalLM, MistralForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, "
+     "Qwen2ForCausalLM, "
      "Qwen3ForCausalLM, SmolLM3ForCausalLM"),
+    ({"architectures": ["Olmo3ForCausalLM"]}, "architectures[0]", "Olmo2ForCausalLM"),
     ({"architectures": ["Qwen3MoeForCausalLM"]}, "architectures[0]", "supported: GraniteForCausalLM, Llama"),
     ({"architectures": ["Qwen3ForCausalLM"], "attention_bias": True}, "attention_bias", "supported: false"),
     ({"architectures": []}, "architectures", "supported: GraniteForCausalLM, LlamaForCausalLM"),
@@ -247,7 +249,7 @@ def test_missing_and_unexpected_tensors_are_named(tiny_checkpoints, tmp_path):
     directory = copy_of(tiny_checkpoints, "qwen3", tmp_path / "fourth")
     edit_config(directory, lambda c: c.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2"))
     error = refusal(directory)
-    assert error.field.endswith("_norm.weight") and "qk_norm=False" in str(error)
+    assert error.field.endswith("_norm.weight") and "qk_norm=''" in str(error)
 
 
 def test_a_directory_without_weights_is_refused(tiny_checkpoints, tmp_path):
@@ -335,7 +337,7 @@ def test_released_checkpoints_configs_read_as_their_architecture():
     assert qwen.qkv_bias and qwen.tie_word_embeddings and qwen.head_size == 64 and qwen.max_seq_len == 32768
 
     qwen3 = LlamaFamilyConfig.from_hf(QWEN3_0_6B)  # head_dim 128 over hidden 1024 / 16 heads (64)
-    assert qwen3.qk_norm and not qwen3.qkv_bias and qwen3.tie_word_embeddings
+    assert qwen3.qk_norm == "head" and not qwen3.qkv_bias and qwen3.tie_word_embeddings
     assert (qwen3.head_size, qwen3.num_heads * qwen3.head_size, qwen3.d_model) == (128, 2048, 1024)
     assert qwen3.rope_theta == 1e6 and qwen3.rope_scaling is None and qwen3.max_seq_len == 40960
 

@@ -46,8 +46,9 @@ def test_config_json_says_what_each_family_differs_in(tiny_checkpoints):
     assert scaling is not None and (scaling.factor, scaling.original_max_position_embeddings) == (8.0, 64)
     assert configs["llama3"].rope_theta == 500000.0
     assert configs["mistral"].architecture == "MistralForCausalLM"
-    assert configs["qwen3"].qk_norm and not configs["qwen3"].qkv_bias and configs["qwen3"].tie_word_embeddings
-    assert not any(c.qk_norm for family, c in configs.items() if family != "qwen3")
+    assert configs["qwen3"].qk_norm == "head" and not configs["qwen3"].qkv_bias and configs["qwen3"].tie_word_embeddings
+    assert {family: c.qk_norm for family, c in configs.items() if c.qk_norm} == {"qwen3": "head", "olmo2": "full"}
+    assert [family for family, c in configs.items() if c.post_norms] == ["olmo2"]
     assert [family for family, c in configs.items() if c.fused_projections] == ["phi3"]
     assert type(configs["qwen2_yarn"].rope_scaling).__name__ == "YarnRopeScaling"
     assert type(configs["llama_linear"].rope_scaling).__name__ == "LinearRopeScaling"
