@@ -24,13 +24,35 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-SUPPORTED_ARCHITECTURES = ("GraniteForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "Olmo2ForCausalLM",
-                           "Phi3ForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "SmolLM3ForCausalLM")
 # q/k norms: over each head (weights of head_size) or over the whole projection (num_heads * head_size).
 QK_NORM_PER_HEAD, QK_NORM_FULL = "head", "full"
-# Architectures whose sliding window applies only with use_sliding_window (Qwen2's switch; Qwen's
-# max_window_layers too).
-_SWITCHED_WINDOWS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "SmolLM3ForCausalLM")
+# How an architecture reads a config's sliding_window: not at all (its attention has none), on every
+# layer, or only with use_sliding_window set (Qwen2's switch, with max_window_layers).
+WINDOW_NONE, WINDOW_ALWAYS, WINDOW_SWITCHED = "none", "always", "switched"
+
+
+@dataclass(frozen=True)
+class _Traits:
+    """What an architecture fixes, as transformers' modeling code for it does."""
+
+    qkv_bias: bool = False
+    qk_norm: str = ""
+    post_norms: bool = False
+    fused_projections: bool = False
+    window: str = WINDOW_NONE
+
+
+_TRAITS = {
+    "GraniteForCausalLM": _Traits(),  # and its four scalings, read from the config
+    "LlamaForCausalLM": _Traits(),
+    "MistralForCausalLM": _Traits(window=WINDOW_ALWAYS),
+    "Olmo2ForCausalLM": _Traits(qk_norm=QK_NORM_FULL, post_norms=True),
+    "Phi3ForCausalLM": _Traits(fused_projections=True, window=WINDOW_ALWAYS),
+    "Qwen2ForCausalLM": _Traits(qkv_bias=True, window=WINDOW_SWITCHED),
+    "Qwen3ForCausalLM": _Traits(qk_norm=QK_NORM_PER_HEAD, window=WINDOW_SWITCHED),
+    "SmolLM3ForCausalLM": _Traits(window=WINDOW_SWITCHED),  # and its NoPE layers, read from the config
+}
+SUPPORTED_ARCHITECTURES = tuple(sorted(_TRAITS))
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 SUPPORTED_ACTIVATIONS = ("silu",)
 # What a config's `dtype` (transformers 5) or `torch_dtype` (4) may declare the stored weights as.
@@ -162,6 +184,7 @@ class _Parser:
 
     def config(self, max_seq_len: int | None) -> LlamaFamilyConfig:
         architecture = self.architecture()
+        traits = _TRAITS[architecture]
         if self.raw.get("quantization_config") is not None:
             raise self.fail("quantization_config", "quantized checkpoints are not supported; "
                             f"supported: unquantized weights stored as {', '.join(SUPPORTED_STORAGE_DTYPES)}")
@@ -202,10 +225,10 @@ class _Parser:
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             norm_eps=self.positive_float("rms_norm_eps", default=1e-6),
-            qkv_bias=architecture == "Qwen2ForCausalLM",
-            qk_norm={"Qwen3ForCausalLM": QK_NORM_PER_HEAD, "Olmo2ForCausalLM": QK_NORM_FULL}.get(architecture, ""),
-            post_norms=architecture == "Olmo2ForCausalLM",
-            fused_projections=architecture == "Phi3ForCausalLM",
+            qkv_bias=traits.qkv_bias,
+            qk_norm=traits.qk_norm,
+            post_norms=traits.post_norms,
+            fused_projections=traits.fused_projections,
             **self.granite_scalings(architecture),
             nope_layers=self.nope_layers(architecture),
             tie_word_embeddings=self.boolean("tie_word_embeddings", default=False),
@@ -335,10 +358,10 @@ class _Parser:
         return tuple(i for i, rotates in enumerate(flags) if not rotates)
 
     def check_biases(self, architecture: str) -> None:
-        # Qwen2's q/k/v biases are fixed by its architecture; Llama (and Mistral) configs may switch
-        # biases on, which no released checkpoint of theirs does: refused rather than half-supported.
+        # Qwen2's q/k/v biases are fixed by its architecture; the others' configs may switch biases on,
+        # which no released checkpoint of theirs does: refused rather than half-supported.
         for name in ("attention_bias", "mlp_bias"):
-            if architecture != "Qwen2ForCausalLM" and self.boolean(name, default=False):
+            if not _TRAITS[architecture].qkv_bias and self.boolean(name, default=False):
                 raise self.fail(name, f"true is not supported for {architecture}; supported: false "
                                 "(Qwen2ForCausalLM's q/k/v biases are)")
 
@@ -354,9 +377,9 @@ class _Parser:
                                 f"got {layer_types!r}")
             if "sliding_attention" not in layer_types:
                 return
-        elif architecture == "LlamaForCausalLM":
+        elif _TRAITS[architecture].window == WINDOW_NONE:
             return
-        elif architecture in _SWITCHED_WINDOWS and (
+        elif _TRAITS[architecture].window == WINDOW_SWITCHED and (
             not self.boolean("use_sliding_window", default=False)
             or self.count("max_window_layers") >= self.positive_int("num_hidden_layers")
         ):
