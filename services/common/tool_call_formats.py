@@ -10,10 +10,18 @@ from __future__ import annotations
 HERMES = "hermes"
 # {"name": ..., "parameters": {...}} as the whole reply, after <|python_tag|> or not: Llama 3.1+.
 LLAMA3_JSON = "llama3_json"
-TOOL_CALL_PARSERS = (HERMES, LLAMA3_JSON)
+# [{"name": ..., "arguments": {...}}, ...] as the whole reply, after <|tool_call|> or not: Granite 3.
+GRANITE = "granite"
+# [{"name": ..., "arguments": {...}}, ...] after [TOOL_CALLS] (a special token the detokenizer drops):
+# Mistral's tokenizer v3 models (Mistral 7B v0.3, Mistral-Nemo).
+MISTRAL = "mistral"
+TOOL_CALL_PARSERS = (HERMES, LLAMA3_JSON, GRANITE, MISTRAL)
 
-# What each family's template writes when it tells the model how to call (checked in this order).
-_TEMPLATE_MARKS = ((HERMES, ("<tool_call>",)), (LLAMA3_JSON, ("<|python_tag|>", "ipython", '"parameters"')))
+# What each family's template writes when it tells the model how to call (checked in this order:
+# llama3_json's marks are the least particular).
+_TEMPLATE_MARKS = ((HERMES, ("<tool_call>",)), (GRANITE, ("<|tool_call|>",)),
+                   (MISTRAL, ("[TOOL_CALLS]", "[AVAILABLE_TOOLS]")),
+                   (LLAMA3_JSON, ("<|python_tag|>", "ipython", '"parameters"')))
 
 
 def parser_for_template(template: str) -> str:

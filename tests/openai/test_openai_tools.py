@@ -12,7 +12,7 @@ import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
-from services.common.tool_call_formats import HERMES, LLAMA3_JSON
+from services.common.tool_call_formats import GRANITE, HERMES, LLAMA3_JSON, MISTRAL
 from services.gateway.fronts import openai_codec
 from services.gateway.fronts.tool_call_parsers import PARSERS, Parsed, ParsedCall
 from services.gateway.fronts.tool_calls import (
@@ -157,7 +157,33 @@ def test_llama3_json_calls_are_the_whole_reply(text, expected):
     assert PARSERS[LLAMA3_JSON].parse(text) == expected
 
 
+OSLO_CALL = ParsedCall("weather", '{"city": "Oslo"}')
+
+
+@pytest.mark.parametrize("parser", [GRANITE, MISTRAL])
+@pytest.mark.parametrize(("text", "expected"), [
+    ("It is sunny.", Parsed("It is sunny.", ())),
+    # the marker dropped by the detokenizer (a special token), or kept, or another spelling of it
+    ('[{"name": "weather", "arguments": {"city": "Oslo"}}]', Parsed("", (OSLO_CALL,))),
+    ('{MARK} [{"name": "weather", "arguments": {"city": "Oslo"}, "id": "a1b2c3d4e"}, {"name": "clock", '
+     '"arguments": {}}]', Parsed("", (OSLO_CALL, ParsedCall("clock", "{}")))),
+    ('Checking.{MARK}[{"name": "weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}]',
+     Parsed("Checking.", (OSLO_CALL,))),
+    ('{MARK}{"name": "weather", "arguments": {"city": "Oslo"}}', Parsed("", (OSLO_CALL,))),  # one object
+    ('[{"name": "weather", "arguments": {"city": "Os', Parsed('[{"name": "weather", "arguments": {"city": "Os', ())),
+    ("[1, 2]", Parsed("[1, 2]", ())),  # an array, not of calls: content
+    ("[]", Parsed("[]", ())),
+])
+def test_granite_and_mistral_calls_are_a_json_array_after_their_marker_or_not(parser, text, expected):
+    mark = {GRANITE: "<|tool_call|>", MISTRAL: "[TOOL_CALLS]"}[parser]
+    text = text.replace("{MARK}", mark)
+    expected = Parsed(expected.content.replace("{MARK}", mark), expected.calls)
+    assert PARSERS[parser].parse(text) == expected
+
+
 @pytest.mark.parametrize(("parser", "text", "end"), [
+    (GRANITE, "  ", 0), (GRANITE, ' [{"na', 0), (GRANITE, "Sure <|tool", 5), (GRANITE, "Sure <|tool_call|>[", 5),
+    (GRANITE, "Hi [x]", 6), (MISTRAL, "[TOOL_C", 0), (MISTRAL, "Yes [TOOL", 4), (MISTRAL, "Yes", 3),
     (HERMES, "Sure", 4), (HERMES, "Sure <tool", 5), (HERMES, "Sure <tool_call>{", 5), (HERMES, "a<b", 3), (HERMES, "a<t", 1),
     (LLAMA3_JSON, "  ", 0), (LLAMA3_JSON, ' {"na', 0), (LLAMA3_JSON, "<|python", 0), (LLAMA3_JSON, "Hi", 2),
 ])
@@ -233,6 +259,8 @@ def test_auto_streams_content_until_a_call_may_begin_then_parses_the_rest():
 @pytest.mark.parametrize(("parser", "pieces"), [
     (HERMES, ["The answer ", "<b>is</b> 4", "2"]),
     (LLAMA3_JSON, ["  {not json", "}"]),
+    (GRANITE, ["[See the ", "docs](https://example.com)"]),
+    (MISTRAL, ["Yes, [1", ", 2]"]),
     ("", ['<tool_call>{"name": "clock", "arguments": {}}</tool_call>']),  # no known format: all content
 ])
 def test_auto_text_without_a_call_is_ordinary_content(parser, pieces):
@@ -242,18 +270,20 @@ def test_auto_text_without_a_call_is_ordinary_content(parser, pieces):
     assert splitter.finish_reason("stop") == "stop"
 
 
-@pytest.mark.parametrize("parser", [HERMES, LLAMA3_JSON])
+@pytest.mark.parametrize("parser", [HERMES, LLAMA3_JSON, GRANITE, MISTRAL])
 def test_auto_without_parallel_calls_keeps_only_the_first_call_as_vllm_does(parser):
+    array = '[{"name": "clock", "arguments": {}}, {"name": "weather", "arguments": {"city": "Oslo"}}]'
     text = {HERMES: 'Both. <tool_call>{"name": "clock", "arguments": {}}</tool_call>\n'
                     '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>',
-            LLAMA3_JSON: '{"name": "clock", "parameters": {}}; {"name": "weather", "parameters": {"city": "Oslo"}}'}
+            LLAMA3_JSON: '{"name": "clock", "parameters": {}}; {"name": "weather", "parameters": {"city": "Oslo"}}',
+            GRANITE: "<|tool_call|>" + array, MISTRAL: "Both. [TOOL_CALLS]" + array}
     parsed = chat(tools=TOOLS, parallel_tool_calls=False).tools
     assert parsed == ChatTools(AUTO, parallel=False)
     splitter = ToolCallSplitter(parsed, ids())
     content, deltas = stream(splitter, [text[parser][:9], text[parser][9:]], parser)
     assert accumulated(deltas) == splitter.calls == [
         {"id": "call_0", "type": "function", "function": {"name": "clock", "arguments": "{}"}}]
-    assert content == ("Both. " if parser == HERMES else "") and splitter.finish_reason("stop") == "tool_calls"
+    assert content == ("Both. " if parser in (HERMES, MISTRAL) else "") and splitter.finish_reason("stop") == "tool_calls"
     both = ToolCallSplitter(chat(tools=TOOLS, parallel_tool_calls=True).tools, ids())
     assert len(stream(both, [text[parser]], parser)[1]) == 2
 

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from services.common.tool_call_formats import HERMES, LLAMA3_JSON
+from services.common.tool_call_formats import GRANITE, HERMES, LLAMA3_JSON, MISTRAL
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,51 @@ class Llama3JsonParser:
         return Parsed("", tuple(calls))
 
 
-PARSERS: dict[str, ToolCallParser] = {HERMES: HermesParser(), LLAMA3_JSON: Llama3JsonParser()}
+class JsonArrayParser:
+    """The reply is a JSON array of `{"name": ..., "arguments": {...}}` calls (one object is read as
+    one call), after one of `markers` or not: the marker is a special token, which the detokenizer
+    drops from the text, so a reply that begins with `[` is read the same. Text before a marker is
+    content; a reply that is not such an array is all content (Granite 3's `<|tool_call|>`, Mistral's
+    `[TOOL_CALLS]`, as vLLM's granite and mistral parsers read them)."""
+
+    def __init__(self, *markers: str) -> None:
+        self.markers = markers
+
+    def _marker(self, text: str) -> tuple[int, int]:
+        """Where the first marker in `text` begins and ends; (-1, -1) when there is none."""
+        found = [(at, at + len(m)) for m in self.markers if (at := text.find(m)) >= 0]
+        return min(found, default=(-1, -1))
+
+    def content_end(self, text: str) -> int:
+        start, _ = self._marker(text)
+        if start >= 0:
+            return start
+        head = text.lstrip()
+        if not head or head.startswith("["):
+            return 0  # may be a call: held to the end
+        for marker in self.markers:  # a marker's beginning at the end is held
+            for size in range(min(len(marker) - 1, len(text)), 0, -1):
+                if marker.startswith(text[-size:]):
+                    return len(text) - size
+        return len(text)
+
+    def parse(self, text: str) -> Parsed:
+        start, end = self._marker(text)
+        content, body = (text[:start], text[end:]) if start >= 0 else ("", text)
+        value = _json_or_none(body.strip()) if body.strip().startswith(("[", "{")) else None
+        items = [value] if isinstance(value, dict) else value
+        if not isinstance(items, list) or not items:
+            return Parsed(text, ())
+        calls = [call_from_object(item, "arguments") for item in items]
+        if any(call is None for call in calls):
+            return Parsed(text, ())
+        return Parsed(content, tuple(c for c in calls if c is not None))
+
+
+PARSERS: dict[str, ToolCallParser] = {
+    HERMES: HermesParser(), LLAMA3_JSON: Llama3JsonParser(),
+    GRANITE: JsonArrayParser("<|tool_call|>", "<tool_call>"), MISTRAL: JsonArrayParser("[TOOL_CALLS]"),
+}
 
 
 def _json_or_none(text: str) -> Any:

@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer as RustTokenizer
 
 from infermesh.v1 import common_pb2, gateway_pb2
-from services.common.tool_call_formats import HERMES, LLAMA3_JSON, parser_for_template
+from services.common.tool_call_formats import GRANITE, HERMES, LLAMA3_JSON, MISTRAL, parser_for_template
 from services.scheduler.call_codec import chat_turn, prompt_token_ids, template_tool
 from services.scheduler.model_text import build_model_text
 from services.scheduler.tokenizer_spec import TokenizerKind, TokenizerSpec
@@ -82,6 +82,12 @@ def test_without_tools_the_template_sees_none():
 @pytest.mark.parametrize(("template", "parser"), [
     (tool_templates.HERMES, HERMES),
     (tool_templates.LLAMA3_JSON, LLAMA3_JSON),
+    # Granite 3's and Mistral v0.3's templates, reduced to the lines that say how the model calls.
+    ("{% if tools %}<|start_of_role|>available_tools<|end_of_role|>{{ tools | tojson }}{% endif %}"
+     "{% for m in messages %}{% if m.tool_calls %}<|tool_call|>{{ m.tool_calls | tojson }}{% endif %}{% endfor %}",
+     GRANITE),
+    ("{% for m in messages %}{% if tools and loop.last %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]"
+     "{% endif %}[INST]{{ m.content }}[/INST]{% endfor %}", MISTRAL),
     (CHATML, ""),  # no tools section: nothing to tell
     (LLAMA3, ""),
 ])
