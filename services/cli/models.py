@@ -74,6 +74,10 @@ def add_parser(commands) -> None:
     llm.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS, default="",
                      help="the format the model writes tool calls in, recorded in the manifest (default: told from "
                           "the chat template when it serves)")
+    llm.add_argument("--generation-config", choices=("auto", "none"), default="auto",
+                     help="auto: record generation_config.json's recommended sampling (temperature, top_p, top_k, "
+                          "min_p, repetition_penalty), which OpenAI requests that leave a field out get, as vLLM's "
+                          "--generation-config auto; none: record none (default: %(default)s)")
     llm.add_argument("--reasoning-parser", choices=(*REASONING_PARSERS, NO_REASONING_PARSER), default=None,
                      help="how the model sets its reasoning apart (<think>...</think>), recorded in the manifest; "
                           f"{NO_REASONING_PARSER}: not split (default: {QWEN3} for a chat template that writes "
@@ -163,7 +167,8 @@ def _import_hf(source: Path, args: argparse.Namespace) -> int:
                          f"{args.max_seq_len}")
     options = ImportOptions(name=args.name, version=args.version, kv_cache_bytes=int(args.kv_cache_gb * 2**30),
                             max_seq_len=args.max_seq_len or None, tool_call_parser=args.tool_call_parser,
-                            reasoning_parser=_reasoning_parser(args.reasoning_parser))
+                            reasoning_parser=_reasoning_parser(args.reasoning_parser),
+                            generation_config=args.generation_config == "auto")
     try:
         manifest = import_checkpoint(source, args.repository, options)
     except (ImportRefused, InfermeshError) as exc:  # InfermeshError: a name or version the repository refuses

@@ -86,6 +86,7 @@ def decode_hello(hello: scheduler_pb2.WorkerHello) -> WorkerHello:
         tensor_inputs=tuple(hello.tensor_inputs),
         tensor_outputs=tuple(hello.tensor_outputs),
         preferred_batch_sizes=tuple(hello.preferred_batch_sizes),
+        sampling_defaults=tuple((f.name, value) for f, value in hello.sampling_defaults.ListFields()),
     )
 
 

@@ -76,6 +76,9 @@ class WorkerHello:
     tensor_inputs: tuple[object, ...] = ()
     tensor_outputs: tuple[object, ...] = ()
     preferred_batch_sizes: tuple[int, ...] = ()  # the model's own; the scheduler's flag wins when set
+    # Generator: its recommended sampling, (SamplingParams field name, value) for each it recommends;
+    # what GenerateRequest.model_default_fields asks for.
+    sampling_defaults: tuple[tuple[str, float], ...] = ()
     # Generator: its tokenizer and chat template, built by the Attach session from `tokenizer` (and
     # the file that followed the hello); None until then (GeneratePool builds a BYTES one itself).
     text: ModelText | None = None

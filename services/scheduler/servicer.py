@@ -45,6 +45,7 @@ from services.scheduler.call_codec import (
     prediction_factor,
     prompt_token_ids,
     truncated_prompt,
+    with_model_defaults,
 )
 from services.scheduler.chunk_coalescer import ChunkCoalescer, CoalescedEvents
 from services.scheduler.classify_pool import ClassifyJob, ClassifyOutcome
@@ -265,7 +266,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                          f"{max_seq_len} tokens (prompt and output together)")
         max_tokens = req.sampling.max_tokens or min(DEFAULT_MAX_TOKENS, max_seq_len - len(prompt_ids))
         tokenizer = entry.pool.tokenizer
-        sampling = decode_sampling(req.sampling, max_tokens, tokenizer.vocab_size, tokenizer.end_token_ids)
+        sampling = decode_sampling(with_model_defaults(req.sampling, req.model_default_fields,
+                                                       entry.hello.sampling_defaults),
+                                   max_tokens, tokenizer.vocab_size, tokenizer.end_token_ids)
         options = stream_options(req.stream.max_tokens_per_chunk, req.stream.interval_ms)
         if options.coalesces:
             # Coalesced here, not at the gateway, so both hops carry the fewer, larger chunks.

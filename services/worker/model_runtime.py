@@ -175,6 +175,7 @@ class GeneratorRuntime:
             ),
             tokenizer=_tokenizer_spec(spec.tokenizer, self._text),
             protocol_version=PROTOCOL_VERSION,
+            sampling_defaults=spec.sampling_defaults.to_proto(),
         )
 
     def tokenizer_file(self) -> bytes:

@@ -45,6 +45,9 @@ FAMILIES = {"tiny-llama": "llama3", "tiny-qwen2": "qwen2", "tiny-mistral": "mist
 STORAGE_DTYPES = {"tiny-llama": torch.float32, "tiny-qwen2": torch.float16, "tiny-mistral": torch.bfloat16,
                   "tiny-qwen3": torch.bfloat16}
 NUM_NEW_TOKENS = 64
+# tiny-qwen3's generation_config.json recommends greedy decoding (with Qwen3's top_p and top_k beside it,
+# which greedy decoding reads past), so an OpenAI request that leaves the temperature out is greedy.
+RECOMMENDED_SAMPLING = {"tiny-qwen3": {"do_sample": True, "temperature": 0.0, "top_p": 0.95, "top_k": 20}}
 MIN_MARGIN = 4e-4
 # Random weights drawn this wide give logits far enough apart that near ties are rare (at 0.25,
 # a quarter of the tokens came after one).
@@ -77,6 +80,9 @@ def served(tmp_path_factory) -> Served:
         references[name] = save_model_directory(checkpoint, family, seed=seed, std=WEIGHT_STD,
                                                 dtype=STORAGE_DTYPES[name])
         tokenizers[name] = transformers.AutoTokenizer.from_pretrained(checkpoint)
+        if name in RECOMMENDED_SAMPLING:  # what a model card's generation_config.json recommends
+            path = checkpoint / "generation_config.json"
+            path.write_text(json.dumps({**json.loads(path.read_text()), **RECOMMENDED_SAMPLING[name]}))
         import_checkpoint(checkpoint, root, ImportOptions(name, "1", kv_cache_bytes=1 << 20))
     metrics_port, http_port = free_port(), free_port()
     with running_mesh(tmp, env={"HF_HUB_OFFLINE": "1"}) as mesh:
@@ -207,6 +213,24 @@ def test_a_prompt_longer_than_the_context_is_invalid_argument_with_both_lengths(
     status, body = _post(served, "/completions", {"model": "tiny-qwen2", "prompt": prompt, "max_tokens": 8})
     assert status == 400
     assert f"{num_ids} tokens" in body.decode() and "256" in body.decode()
+
+
+def _completion_ids(served: Served, name: str, **body) -> list[int]:
+    status, raw = _post(served, "/completions", {"model": name, "prompt": PROMPTS[5], "max_tokens": 16,
+                                                 "ignore_eos": True, "return_token_ids": True, **body})
+    assert status == 200, raw
+    return json.loads(raw)["choices"][0]["token_ids"]
+
+
+def test_openai_requests_that_leave_sampling_out_get_the_models_recommended_sampling(served):
+    """As vLLM applies generation_config.json: tiny-qwen3 recommends temperature 0, so a completion
+    without one is greedy, and one that sets its own samples; tiny-qwen2 recommends nothing, so a
+    completion without one samples at OpenAI's temperature 1, as gRPC does when asked for it."""
+    greedy = generate(served, "tiny-qwen3", PROMPTS[5], max_tokens=16, ignore_eos=True).token_ids
+    assert _completion_ids(served, "tiny-qwen3", seed=3) == greedy
+    assert _completion_ids(served, "tiny-qwen3", seed=3, temperature=1.0) != greedy
+    at_one = generate(served, "tiny-qwen2", PROMPTS[5], max_tokens=16, ignore_eos=True, temperature=1.0, seed=3)
+    assert _completion_ids(served, "tiny-qwen2", seed=3) == at_one.token_ids
 
 
 def test_seeded_sampling_gives_the_same_tokens_each_time(served):

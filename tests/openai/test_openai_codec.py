@@ -408,3 +408,18 @@ def test_a_choices_token_ids_end_with_the_token_that_ended_it():
     cut = ChoiceResult()
     cut.add(gateway_pb2.GenerateResponse(token_ids=[5], finish_reason=common_pb2.FINISH_REASON_LENGTH))
     assert cut.token_ids == [5]
+
+
+def test_the_sampling_fields_a_body_leaves_out_are_left_to_the_models_recommendation():
+    """As vLLM applies a model's generation_config.json: each field the body leaves out (or sends null)
+    is listed for the scheduler, which uses the model's value where it has one (OpenAI's default sent
+    here otherwise)."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_p": 0.5, "min_p": None}
+    request = openai_codec.parse_chat(body).generate
+    assert list(request.model_default_fields) == [
+        common_pb2.SAMPLING_FIELD_TEMPERATURE, common_pb2.SAMPLING_FIELD_TOP_K, common_pb2.SAMPLING_FIELD_MIN_P,
+        common_pb2.SAMPLING_FIELD_REPETITION_PENALTY]
+    assert (request.sampling.temperature, request.sampling.top_p) == (1.0, 0.5)
+    every = openai_codec.parse_completion({"model": "m", "prompt": "p", "temperature": 0, "top_p": 1, "top_k": 0,
+                                           "min_p": 0, "repetition_penalty": 1})
+    assert not every.generate.model_default_fields

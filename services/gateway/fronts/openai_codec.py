@@ -197,6 +197,15 @@ def _content(content: Any, i: int) -> str:
     raise BadParameter(f"messages[{i}].content", f"messages[{i}].content must be a string or a list of text parts")
 
 
+# The sampling fields a body may leave to the model's recommendation (its generation_config.json, as
+# vLLM applies it); where the model recommends nothing, OpenAI's default sent here stands.
+_MODEL_DEFAULT_FIELDS = (
+    ("temperature", common_pb2.SAMPLING_FIELD_TEMPERATURE), ("top_p", common_pb2.SAMPLING_FIELD_TOP_P),
+    ("top_k", common_pb2.SAMPLING_FIELD_TOP_K), ("min_p", common_pb2.SAMPLING_FIELD_MIN_P),
+    ("repetition_penalty", common_pb2.SAMPLING_FIELD_REPETITION_PENALTY),
+)
+
+
 def _request(kind: str, body: dict, prompt: str, max_tokens: int,
              messages: list[gateway_pb2.ChatMessage] | None = None) -> OpenAIRequest:
     model = body.get("model")
@@ -226,7 +235,8 @@ def _request(kind: str, body: dict, prompt: str, max_tokens: int,
             raise BadParameter("seed", f"seed must be an integer in [0, 2**63), got {shown(seed)}")
         sampling.seed = seed
     generate = gateway_pb2.GenerateRequest(
-        model=ref, prompt=prompt, sampling=sampling, messages=messages)
+        model=ref, prompt=prompt, sampling=sampling, messages=messages,
+        model_default_fields=[field for name, field in _MODEL_DEFAULT_FIELDS if body.get(name) is None])
     _tokenizing(body, generate)
     return OpenAIRequest(kind, model, generate, stream, include_usage)
 

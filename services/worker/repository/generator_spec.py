@@ -11,6 +11,7 @@ from services.worker.repository.envelope import Envelope
 from services.worker.repository.errors import InvalidManifest
 from services.worker.repository.hf_architecture import HF_CONFIG, HFArchitecture
 from services.worker.repository.json_fields import JsonFields, one_of
+from services.worker.repository.sampling_defaults import SamplingDefaults
 from services.worker.repository.tokenizer_spec import AnyTokenizerSpec, parse_tokenizer
 
 TINYLM = "tinylm"  # our own DecoderLM (models/transformer.py); its block predates `format` and is written without
@@ -39,13 +40,15 @@ class GeneratorSpec:
     tokenizer: AnyTokenizerSpec
     architecture: TransformerConfig | HFArchitecture
     golden: tuple[GoldenGeneration, ...]
+    # The model's recommended sampling (generation_config.json's, recorded at import); empty: none.
+    sampling_defaults: SamplingDefaults = SamplingDefaults()
 
     ENVELOPE_NEEDS: ClassVar[frozenset[str]] = frozenset(
         {"max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "block_size"})
 
     @classmethod
     def from_json(cls, g: JsonFields, envelope: Envelope) -> GeneratorSpec:
-        g.allow_only("inputs", "tokenizer", "architecture", "golden")
+        g.allow_only("inputs", "tokenizer", "architecture", "golden", "sampling_defaults")
         i = g.obj("inputs")
         i.allow_only("max_seq_len")
         max_seq_len = i.integer("max_seq_len", 1)
@@ -61,7 +64,9 @@ class GeneratorSpec:
                 f"fewer than one sequence of max_seq_len {max_seq_len}"
             )
         golden = tuple(GoldenGeneration.from_json(x, tokenizer.vocab_size, max_seq_len) for x in g.items("golden", 1))
-        return cls(max_seq_len, tokenizer, architecture, golden)
+        defaults = SamplingDefaults.from_json(g.obj("sampling_defaults")) if "sampling_defaults" in g.data \
+            else SamplingDefaults()
+        return cls(max_seq_len, tokenizer, architecture, golden, defaults)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -70,6 +75,7 @@ class GeneratorSpec:
             "architecture": (self.architecture.to_json() if isinstance(self.architecture, HFArchitecture)
                              else asdict(self.architecture)),
             "golden": [x.to_json() for x in self.golden],
+            **({} if self.sampling_defaults.empty else {"sampling_defaults": self.sampling_defaults.to_json()}),
         }
 
 

@@ -45,6 +45,7 @@ from services.worker.repository.generator_spec import GeneratorSpec, GoldenGener
 from services.worker.repository.hf_architecture import HFArchitecture
 from services.worker.repository.manifest import Manifest, ModelKind
 from services.worker.repository.pinned_file import PinnedFile
+from services.worker.repository.sampling_defaults import SamplingDefaults
 from services.worker.repository.store import check_new_version, sha256_of, version_dir, write_manifest
 from services.worker.repository.tokenizer_spec import HF, HFTokenizerSpec
 from services.worker.repository.weights_spec import SafetensorsWeights
@@ -74,6 +75,8 @@ class ImportOptions:
     tool_call_parser: str = ""  # the manifest's tokenizer.tool_call_parser ("": told from the chat template)
     # The manifest's tokenizer.reasoning_parser: None: told here from the chat template; "": none.
     reasoning_parser: str | None = None
+    # Record generation_config.json's recommended sampling (vLLM's --generation-config auto); False: none.
+    generation_config: bool = True
 
 
 def import_checkpoint(source: str | Path, repository: str | Path, options: ImportOptions) -> Manifest:
@@ -95,6 +98,7 @@ def import_checkpoint(source: str | Path, repository: str | Path, options: Impor
                             "required; a slow-tokenizer-only checkpoint can be converted with transformers' "
                             "AutoTokenizer.from_pretrained(dir).save_pretrained(dir)")
     eos, stops, bos = _end_ids(source, config)
+    sampling_defaults = _sampling_defaults(source) if options.generation_config else SamplingDefaults()
     _check_tokenizer(tokenizer_json, config.vocab_size, (eos, *stops))
     target = version_dir(repository, options.name, options.version)
     check_new_version(target)
@@ -115,6 +119,7 @@ def import_checkpoint(source: str | Path, repository: str | Path, options: Impor
                                           _reasoning_parser(source, options.reasoning_parser)),
                 architecture=HFArchitecture(files[CONFIG_FILE], config.architecture, config.vocab_size),
                 golden=golden,
+                sampling_defaults=sampling_defaults,
             ),
             build={"tool": "infermesh models import", "source": str(source.resolve())},
         )
@@ -284,6 +289,17 @@ def _parent(target: Path) -> Path:
 
 def _is_id(value: Any, vocab_size: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab_size
+
+
+def _sampling_defaults(source: Path) -> SamplingDefaults:
+    """generation_config.json's recommended sampling (none without the file)."""
+    path = source / GENERATION_CONFIG_FILE
+    if not path.is_file():
+        return SamplingDefaults()
+    try:
+        return SamplingDefaults.from_generation_config(_json_object(path), str(path))
+    except ValueError as exc:
+        raise ImportRefused(str(exc)) from None
 
 
 def _json_object(path: Path) -> dict[str, Any]:

@@ -316,3 +316,23 @@ def test_a_manifests_unknown_reasoning_parser_is_invalid_naming_the_field(import
     with pytest.raises(InvalidManifest, match=r"generator.tokenizer.reasoning_parser.*'qwen3' or 'deepseek_r1'.*"
                                               r"got 'granite'"):
         load_manifest(root, "tiny", "1")
+
+
+def test_the_import_records_generation_configs_recommended_sampling_unless_told_not_to(tmp_path):
+    source = tmp_path / "ckpt"
+    save_model_directory(source, "qwen2")
+    path = source / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "temperature": 0.6, "top_p": 0.95, "top_k": 20}))
+    import_checkpoint(source, tmp_path / "repo", OPTIONS)
+    spec = load_manifest(tmp_path / "repo", "tiny", "1").generator
+    assert spec.sampling_defaults.to_json() == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    model = load_model(tmp_path / "repo", "tiny", "1")
+    hello = GeneratorRuntime(model, model.manifest.envelope.num_kv_blocks).hello("w1")
+    assert (hello.sampling_defaults.top_k, hello.sampling_defaults.HasField("min_p")) == (20, False)
+
+    import_checkpoint(source, tmp_path / "repo", dataclasses.replace(OPTIONS, version="2", generation_config=False))
+    assert load_manifest(tmp_path / "repo", "tiny", "2").generator.sampling_defaults.empty
+
+    path.write_text(json.dumps({**json.loads(path.read_text()), "top_p": 1.5}))
+    says = refused(source, tmp_path / "another")
+    assert "generation_config.json: top_p must be in (0, 1], got 1.5" in says and "--generation-config none" in says
