@@ -170,13 +170,19 @@ def test_an_unsupported_architecture_is_refused_at_load_naming_the_field_and_wha
         load_model(root, "tiny", "1")
 
 
-def test_a_manifest_naming_an_unsupported_architecture_is_invalid(imported, tmp_path):
+def edited_manifest(imported: Path, tmp_path: Path, edit) -> Path:
+    """A copy of the imported repository whose manifest `edit(generator_block)` changed; its root."""
     root = tmp_path / "repo"
     shutil.copytree(imported, root)
     path = version_dir(root, "tiny", "1") / "manifest.json"
     data = json.loads(path.read_text())
-    data["generator"]["architecture"]["architecture"] = "GPT2LMHeadModel"
+    edit(data["generator"])
     path.write_text(json.dumps(data))
+    return root
+
+
+def test_a_manifest_naming_an_unsupported_architecture_is_invalid(imported, tmp_path):
+    root = edited_manifest(imported, tmp_path, lambda g: g["architecture"].update(architecture="GPT2LMHeadModel"))
     with pytest.raises(InvalidManifest, match=r"generator.architecture.architecture.*supported: GraniteForCausalLM, LlamaForCausalLM"):
         load_manifest(root, "tiny", "1")
 
@@ -307,12 +313,7 @@ def test_the_importer_refuses_an_unknown_reasoning_parser_naming_the_flag(checkp
 
 
 def test_a_manifests_unknown_reasoning_parser_is_invalid_naming_the_field(imported, tmp_path):
-    root = tmp_path / "repo"
-    shutil.copytree(imported, root)
-    path = version_dir(root, "tiny", "1") / "manifest.json"
-    data = json.loads(path.read_text())
-    data["generator"]["tokenizer"]["reasoning_parser"] = "granite"
-    path.write_text(json.dumps(data))
+    root = edited_manifest(imported, tmp_path, lambda g: g["tokenizer"].update(reasoning_parser="granite"))
     with pytest.raises(InvalidManifest, match=r"generator.tokenizer.reasoning_parser.*'qwen3' or 'deepseek_r1'.*"
                                               r"got 'granite'"):
         load_manifest(root, "tiny", "1")
