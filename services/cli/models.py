@@ -16,10 +16,14 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.cli.errors import UsageError
 from services.common.reasoning_formats import NO_REASONING_PARSER, QWEN3, REASONING_PARSERS
-from services.common.tool_call_formats import TOOL_CALL_PARSERS
+from services.common.tool_call_formats import TOOL_CALL_PARSERS, parser_for_template
+
+if TYPE_CHECKING:  # the worker's modules load torch: imported only when a command runs
+    from services.worker.repository.generator_spec import GeneratorSpec
 
 TENSOR = "tensor"
 HF = "hf"
@@ -158,7 +162,12 @@ def _import_hf(source: Path, args: argparse.Namespace) -> int:
     from services.common.errors import InfermeshError
     from services.worker.repository.errors import ModelRepositoryError
     from services.worker.repository.golden import run_golden_check
-    from services.worker.repository.hf_import import ImportOptions, ImportRefused, import_checkpoint
+    from services.worker.repository.hf_import import (
+        ImportOptions,
+        ImportRefused,
+        chat_template_text,
+        import_checkpoint,
+    )
     from services.worker.repository.loader import load_model
     from services.worker.repository.store import version_dir
 
@@ -183,7 +192,21 @@ def _import_hf(source: Path, args: argparse.Namespace) -> int:
     print(f"imported {source} as {args.name}/{args.version} in {args.repository}: {spec.max_seq_len}-token "
           f"context, {envelope.num_kv_blocks} KV blocks of {envelope.block_size} tokens, {len(spec.golden)} "
           "golden prompts")
+    print(_recorded(spec, parser_for_template(chat_template_text(source))))
     return 0
+
+
+def _recorded(spec: GeneratorSpec, template_tool_parser: str) -> str:
+    """What the import told from the checkpoint, on one line, so a user sees what will be served;
+    `template_tool_parser`: the one the chat template implies (the scheduler tells it the same way)."""
+    tokenizer = spec.tokenizer
+    tool_parser = (getattr(tokenizer, "tool_call_parser", "") or template_tool_parser
+                   or "none (auto tool choice returns content)")
+    reasoning_parser = getattr(tokenizer, "reasoning_parser", "") or "none"
+    sampling = ", ".join(f"{name} {value:g}" for name, value in spec.sampling_defaults.to_json().items()) or "none"
+    architecture = getattr(spec.architecture, "architecture", "tinylm")
+    return (f"{architecture}; tool-call parser: {tool_parser}; reasoning parser: {reasoning_parser}; "
+            f"recommended sampling: {sampling}")
 
 
 # Each kind of SOURCE (source_kind) and the importer that reads it.

@@ -139,17 +139,22 @@ def _reasoning_parser(source: Path, given: str | None) -> str:
             raise ImportRefused(f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)} or "
                                 f"{NO_REASONING_PARSER}, got {given!r}")
         return given
+    return reasoning_parser_for_template(chat_template_text(source))
+
+
+def chat_template_text(source: Path) -> str:
+    """The checkpoint's chat template: chat_template.jinja, else tokenizer_config.json's; "" when it has
+    none or it cannot be read (the worker refuses an unreadable one, as today)."""
     template_file = source / CHAT_TEMPLATE_FILE
     if template_file.is_file():
-        return reasoning_parser_for_template(template_file.read_text(encoding="utf-8", errors="replace"))
+        return template_file.read_text(encoding="utf-8", errors="replace")
     config_file = source / TOKENIZER_CONFIG_FILE
     if not config_file.is_file():
         return ""
     try:
-        template = chat_template_of(_json_object(config_file), str(config_file))
-    except InvalidManifest:
+        return chat_template_of(_json_object(config_file), str(config_file))
+    except (InvalidManifest, ImportRefused):
         return ""
-    return reasoning_parser_for_template(template)
 
 
 def kv_bytes_per_token(config: LlamaFamilyConfig) -> int:

@@ -59,6 +59,10 @@ def test_a_checkpoints_reasoning_parser_is_told_from_its_template_and_none_switc
         code = cli.main(["models", "import", str(tmp_path / "ckpt"), "--name", "think", "--version", version,
                          "--repository", repo, "--kv-cache-gb", "0.001", *flags])
         assert code == 0, capsys.readouterr().err
+    said = capsys.readouterr().out.splitlines()  # each import says what it recorded, on its second line
+    assert [line for line in said if line.startswith("Qwen2ForCausalLM;")] == [
+        f"Qwen2ForCausalLM; tool-call parser: hermes; reasoning parser: {parser}; recommended sampling: none"
+        for parser in ("qwen3", "none", "deepseek_r1")]
     recorded = [json.loads((tmp_path / "repo" / "think" / v / "manifest.json").read_text())["generator"]["tokenizer"]
                 .get("reasoning_parser") for v in ("1", "2", "3")]
     assert recorded == ["qwen3", None, "deepseek_r1"]
