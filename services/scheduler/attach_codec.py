@@ -232,6 +232,10 @@ def _fill_run_step(command: scheduler_pb2.RunStep, plan: StepPlan,
                 seq.grammar = step.sampling.grammar
             if step.sampling.min_tokens_ban and step.sample and step.num_generated < step.sampling.min_tokens:
                 seq.banned_token_ids.extend(step.sampling.min_tokens_ban)
+            if step.banned_token_ids:
+                seq.banned_token_ids.extend(step.banned_token_ids)
+            if step.sampling.allowed_token_ids:
+                sampling.allowed_token_ids.extend(step.sampling.allowed_token_ids)
             if step.prompt_logprobs is not None:
                 seq.prompt_logprobs = step.prompt_logprobs
                 if step.next_prompt_token_id is not None:

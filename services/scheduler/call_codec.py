@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
@@ -17,6 +17,7 @@ from services.common.priority import Priority
 from services.common.timings import StageTime, seconds_to_us
 from services.scheduler.attach_codec import KIND_TO_WIRE
 from services.scheduler.attach_types import Label, ModelKey
+from services.scheduler.bad_words import BadWordRefused, BadWords, tokenize_bad_words
 from services.scheduler.fair_queue import TenantContext
 from services.scheduler.model_text import ChatRendering, ModelText
 from services.scheduler.pressure import ModelPressure
@@ -50,6 +51,10 @@ MAX_BIAS = 100.0
 MAX_LOGIT_BIAS = 1024
 # top_k's bound: past any vocabulary (a larger value keeps every token, as vLLM reads it).
 MAX_TOP_K = 1_000_000
+# allowed_token_ids travels with every sampling step to the worker, so it is bounded (vLLM bounds it
+# only by the vocabulary): 4096 ids are 8-12 KiB a step; a list that keeps nearly every token is better
+# said with bad_words or logit_bias.
+MAX_ALLOWED_TOKEN_IDS = 4096
 
 
 class TenantCodec:
@@ -218,10 +223,12 @@ def with_model_defaults(sampling: common_pb2.SamplingParams, default_fields: Ite
 
 
 def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int, vocab_size: int | None = None,
-                    end_token_ids: Iterable[int] = ()) -> SamplingParams:
+                    end_token_ids: Iterable[int] = (),
+                    encode: Callable[[str], Sequence[int]] | None = None) -> SamplingParams:
     """`max_tokens`: the request's, or the default the servicer chose. `vocab_size`: the model's,
     which every logit_bias token id must be below (None: not checked). `end_token_ids`: the model's
-    (Tokenizer.end_token_ids), which min_tokens holds off."""
+    (Tokenizer.end_token_ids), which min_tokens holds off. `encode`: the model's tokenizer without
+    special tokens, for bad_words (None: bad_words is refused)."""
     if not (math.isfinite(sampling.temperature) and sampling.temperature >= 0):  # NaN passes a plain < 0
         raise errors.InvalidArgument(f"sampling.temperature must be a finite number >= 0, got {sampling.temperature}")
     if not 0 <= sampling.top_p <= 1:
@@ -268,7 +275,30 @@ def decode_sampling(sampling: common_pb2.SamplingParams, max_tokens: int, vocab_
         if sampling.min_tokens else (),
         stop_token_ids=stop_token_ids,
         include_stop_str_in_output=sampling.include_stop_str_in_output,
+        allowed_token_ids=_allowed_token_ids(sampling.allowed_token_ids, vocab_size),
+        bad_words=_bad_words(sampling.bad_words, encode, vocab_size),
     )
+
+
+def _allowed_token_ids(token_ids: Sequence[int], vocab_size: int | None) -> tuple[int, ...]:
+    if len(token_ids) > MAX_ALLOWED_TOKEN_IDS:
+        raise errors.InvalidArgument(f"sampling.allowed_token_ids holds {len(token_ids)} ids; at most "
+                                     f"{MAX_ALLOWED_TOKEN_IDS} are allowed")
+    if vocab_size is not None:
+        known_token_ids(token_ids, vocab_size, "sampling.allowed_token_ids")
+    return tuple(sorted(set(token_ids)))
+
+
+def _bad_words(words: Sequence[str], encode: Callable[[str], Sequence[int]] | None,
+               vocab_size: int | None) -> BadWords | None:
+    if not words:
+        return None
+    if encode is None or vocab_size is None:
+        raise errors.InvalidArgument("sampling.bad_words needs the model's tokenizer, which this call has not")
+    try:
+        return tokenize_bad_words(list(words), encode, vocab_size, "sampling.bad_words")
+    except BadWordRefused as exc:
+        raise errors.InvalidArgument(str(exc)) from None
 
 
 def _grammar(structured: common_pb2.StructuredOutput) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from services.common.logprobs import MAX_TOP_LOGPROBS, PositionLogprobs
+from services.scheduler.bad_words import BadWords
 from services.scheduler.fair_queue import Priority, TenantContext
 from services.scheduler.output_stream import OutputStream
 
@@ -76,6 +77,10 @@ class SamplingParams:
     # matched stop string (or such a token's text) stays in the text.
     stop_token_ids: frozenset[int] = frozenset()
     include_stop_str_in_output: bool = False
+    # vLLM's allowed_token_ids (sorted, distinct; empty: every token), which the worker masks to, and its
+    # bad_words tokenized (None: none), which each sampling step turns into banned ids (bad_words.py).
+    allowed_token_ids: tuple[int, ...] = ()
+    bad_words: BadWords | None = None
 
     @property
     def penalized(self) -> bool:

@@ -268,7 +268,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         tokenizer = entry.pool.tokenizer
         sampling = decode_sampling(with_model_defaults(req.sampling, req.model_default_fields,
                                                        entry.hello.sampling_defaults),
-                                   max_tokens, tokenizer.vocab_size, tokenizer.end_token_ids)
+                                   max_tokens, tokenizer.vocab_size, tokenizer.end_token_ids,
+                                   lambda text: tokenizer.encode(text, add_special_tokens=False))
         options = stream_options(req.stream.max_tokens_per_chunk, req.stream.interval_ms)
         if options.coalesces:
             # Coalesced here, not at the gateway, so both hops carry the fewer, larger chunks.

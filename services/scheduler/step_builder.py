@@ -43,10 +43,13 @@ class StepBuilder:
     def pick_ahead(self, seq: Sequence, start: int, num_generated: int, new_blocks: tuple[int, ...]) -> None:
         """A decode at `start` of the token the newest step in flight samples for `seq`
         (input_from_last_sample), `num_generated` tokens into its output."""
+        # Its output lacks the sample in flight: only one-token bad words reach here (step_scheduler.py
+        # plans no sequence with a longer one ahead), and their bans read nothing of the output.
+        bad_words = seq.sampling.bad_words
         self.ahead.append(SequenceStep(
             seq_id=seq.seq_id, token_ids=(), start_position=start, new_blocks=new_blocks,
             reset_block_table=False, sample=True, sampling=seq.sampling, num_generated=num_generated,
-            input_from_last_sample=True,
+            input_from_last_sample=True, banned_token_ids=bad_words.always if bad_words is not None else (),
         ))
         self.token_budget -= 1
         self._service.charge(seq.tenant, num_decode_tokens=1)
@@ -87,6 +90,8 @@ class StepBuilder:
         for seq, num_new, new_blocks in self.picked.values():
             start = self.start_of(seq)
             reset = seq.needs_block_table_reset
+            sample = start + num_new == seq.num_tokens
+            bad_words = seq.sampling.bad_words
             steps.append(
                 SequenceStep(
                     seq_id=seq.seq_id,
@@ -94,13 +99,15 @@ class StepBuilder:
                     start_position=start,
                     new_blocks=new_blocks,
                     reset_block_table=reset,
-                    sample=start + num_new == seq.num_tokens,
+                    sample=sample,
                     sampling=seq.sampling,
                     num_generated=seq.num_generated,
                     # A reset table's tokens before `start` are reused cached blocks (0 without a hit).
                     num_cached_tokens=start if reset else 0,
                     context_token_ids=seq.token_ids(0, start) if reset and start and seq.sampling.needs_history else (),
                     **_prompt_logprobs(seq, start, start + num_new),
+                    banned_token_ids=bad_words.banned(seq.output_token_ids) if bad_words is not None and sample
+                    else (),
                 )
             )
             seq.needs_block_table_reset = False

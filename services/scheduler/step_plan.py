@@ -44,6 +44,9 @@ class SequenceStep:
     prompt_logprobs: int | None = None
     # With prompt_logprobs, a chunk ending before the prompt does: the prompt token after it.
     next_prompt_token_id: int | None = None
+    # With sample and sampling.bad_words: the ids this sample must not be after the output so far
+    # (min_tokens' bans are added where the step is encoded, from num_generated).
+    banned_token_ids: tuple[int, ...] = ()
 
     @property
     def num_new_tokens(self) -> int:

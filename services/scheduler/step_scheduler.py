@@ -34,7 +34,9 @@ sequences are admitted as far as room allows without preempting. When N+1 leaves
 for room that schedule() would preempt for (a prompt chunk's blocks; a waiting sequence of a higher
 class, or of a tenant under its share, with a victim), the step after it waits for the results and
 `schedule()`; when the decodes' blocks are short or a deadline passed, N+1 itself does. Called
-again, it plans N+2 from N+1, and so on: the loop decides how deep.
+again, it plans N+2 from N+1, and so on: the loop decides how deep. A sequence with a bad word of
+several tokens is the exception: its bans depend on its last tokens (bad_words.py), so no step
+planned ahead decodes it from a sample in flight; it decodes again once that sample is back.
 
 A sequence that the result of a step M ends (EOS, stop string, failure) or that is aborted
 meanwhile is freed at once; the output for it of the steps after M already in flight is dropped.
@@ -351,6 +353,8 @@ class StepScheduler:
                 num_generated = sent.num_generated + 1  # generated once `sent` has sampled
                 if num_generated >= seq.sampling.max_tokens:
                     continue  # `sent` samples its last token
+                if seq.sampling.bad_words is not None and seq.sampling.bad_words.reads_output:
+                    continue  # its bans need the sample in flight: decoded once that is back
                 start = sent.start_position + sent.num_new_tokens
                 step.in_flight_samples[seq.seq_id] = (start, num_generated)
                 last_token_s = began_s + (index + 1) * self.step_time_s

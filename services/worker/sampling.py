@@ -22,6 +22,8 @@ from services.worker.work import SamplingParams
 MAX_PENALTY = 2.0
 MAX_BIAS = 100.0
 MAX_LOGIT_BIAS = 1024
+# allowed_token_ids' most ids (the scheduler refuses more: it sends them with every sampling step).
+MAX_ALLOWED_TOKEN_IDS = 4096
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,9 @@ def check_sampling(params: SamplingParams) -> None:
             raise ValueError(f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value}")
     if not (math.isfinite(params.repetition_penalty) and 0 < params.repetition_penalty <= MAX_PENALTY):
         raise ValueError(f"repetition_penalty must be in (0, {MAX_PENALTY:g}], got {params.repetition_penalty}")
+    if len(params.allowed_token_ids) > MAX_ALLOWED_TOKEN_IDS:
+        raise ValueError(f"allowed_token_ids holds {len(params.allowed_token_ids)} ids; at most "
+                         f"{MAX_ALLOWED_TOKEN_IDS} are allowed")
     if len(params.logit_bias) > MAX_LOGIT_BIAS:
         raise ValueError(f"logit_bias holds {len(params.logit_bias)} entries; at most {MAX_LOGIT_BIAS} are allowed")
     for token_id, bias in params.logit_bias:
@@ -73,6 +78,16 @@ def without_banned(logits: np.ndarray, banned: Sequence[int]) -> np.ndarray:
     kept = np.array(logits, dtype=np.float64)
     kept[list(banned)] = -math.inf
     return kept if np.isfinite(kept).any() else logits
+
+
+def only_allowed(logits: np.ndarray, allowed: Sequence[int]) -> np.ndarray | None:
+    """A copy of `logits` with every id but the `allowed` ones at -inf (vLLM's allowed_token_ids), or None
+    when none of those is finite (a grammar allows none of them here): the caller fails the sequence, as
+    drawing any token would break either the grammar or the list."""
+    ids = np.fromiter(allowed, dtype=np.int64, count=len(allowed))
+    kept = np.full(len(logits), -math.inf)
+    kept[ids] = logits[ids]
+    return kept if np.isfinite(kept[ids]).any() else None
 
 
 def processed_logits(logits: np.ndarray, params: SamplingParams, token_ids: Sequence[int] = (),

@@ -246,6 +246,10 @@ class SequenceMirror:
             if bad_bias:
                 raise InvalidArgument(f"sequence {seq.seq_id}: logit_bias token ids {bad_bias[:5]} outside "
                                       f"[0, {self.vocab_size})")
+            bad_allowed = [t for t in seq.sampling.allowed_token_ids if not 0 <= t < self.vocab_size]
+            if bad_allowed:
+                raise InvalidArgument(f"sequence {seq.seq_id}: allowed token ids {bad_allowed[:5]} outside "
+                                      f"[0, {self.vocab_size})")
             bad_bans = [t for t in seq.banned_token_ids if not 0 <= t < self.vocab_size]
             if bad_bans:
                 raise InvalidArgument(f"sequence {seq.seq_id}: banned token ids {bad_bans[:5]} outside "

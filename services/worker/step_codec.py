@@ -34,6 +34,7 @@ def sequence_step_from_proto(seq: scheduler_pb2.SequenceStep) -> work.SequenceSt
             grammar=seq.grammar,
             top_k=sampling.top_k,
             min_p=sampling.min_p,
+            allowed_token_ids=tuple(sampling.allowed_token_ids),
         ),
         num_generated=seq.num_generated,
         num_cached_tokens=seq.num_cached_tokens,

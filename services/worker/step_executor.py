@@ -26,7 +26,7 @@ from services.worker.grammar import GrammarError, GrammarTokenizer
 from services.worker.models.generator import Generator
 from services.worker.models.paged import KVCache, PagedSequence
 from services.worker.prompt_logprobs import chunk_targets, prompt_logprobs
-from services.worker.sampling import processed_logits, sample, without_banned
+from services.worker.sampling import only_allowed, processed_logits, sample, without_banned
 from services.worker.sequence_mirror import AdmittedSequence, SequenceMirror
 from services.worker.step_masks import MaskJob, StepMasker, StepMasks, mask_logits
 from services.worker.work import ErrorCode, ItemError, RunStep, SequenceOutput, StageDurations
@@ -197,6 +197,16 @@ class StepExecutor:
             assert logits is not None  # a sampling sequence means the step ran (paged is non-empty)
             # The sample's row: the last of the sequence's rows (already masked when constrained).
             row_logits = logits[row + _num_logit_rows(paged[position]) - 1].numpy()
+            if seq.sampling.allowed_token_ids:
+                # Before the bans: a ban gives way when nothing else is left, the caller's list never does.
+                allowed_logits = only_allowed(row_logits, seq.sampling.allowed_token_ids)
+                if allowed_logits is None:
+                    self._mirror.forget([seq.seq_id])  # the scheduler aborts a failed sequence
+                    outputs[admitted.index] = SequenceOutput(seq.seq_id, error=ItemError(
+                        ErrorCode.INVALID_ARGUMENT, "sampling.allowed_token_ids: the grammar (structured output) "
+                        f"allows none of them at output token {seq.num_generated}"))
+                    continue
+                row_logits = allowed_logits
             if seq.banned_token_ids:
                 row_logits = without_banned(row_logits, seq.banned_token_ids)
             if seq.sampling.penalized or seq.sampling.logit_bias:

@@ -78,6 +78,8 @@ class SamplingParams:
     grammar: str = ""  # SequenceStep.grammar: the llguidance grammar the output must match; "": none
     top_k: int = 0  # vLLM's: keep the top_k most likely tokens; 0: off
     min_p: float = 0.0  # vLLM's: drop tokens below min_p x the most likely one's probability; 0: off
+    # vLLM's: the only ids the sample may be (every other logit -inf before anything else); (): every id.
+    allowed_token_ids: tuple[int, ...] = ()
 
     @property
     def penalized(self) -> bool:

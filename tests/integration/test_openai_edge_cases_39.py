@@ -293,6 +293,8 @@ def test_a_grammar_that_matches_no_string_is_refused_on_every_front(served, clie
     ({"guided_grammar": 'start: "a"\n' + "// padding\n" * 7000}, "guided_grammar"),
     ({"guided_grammar": "\u0000\u0001\u00ff"}, "guided_grammar"), ({"guided_grammar": ["start: \"a\""]}, "guided_grammar"),
     ({"parallel_tool_calls": "false"}, "parallel_tool_calls"), ({"ignore_eos": True, "guided_grammar": GBNF}, "ignore_eos"),
+    ({"allowed_token_ids": [10**6]}, "allowed_token_ids"), ({"allowed_token_ids": []}, "allowed_token_ids"),
+    ({"bad_words": ["x" * 300]}, "bad_words"),  # past the vocabulary, the byte cap: the scheduler's refusals
 ])
 def test_bad_values_are_a_400_naming_the_field(served, body, param):
     status, reply = post_json(served.base, "/completions", {"model": MODEL, "prompt": PROMPT, **body})
@@ -595,3 +597,30 @@ def test_return_token_ids_gives_the_prompts_and_every_generated_token_the_end_in
     chunks = [e for e in events if e != "[DONE]"]
     assert chunks[0]["prompt_token_ids"] == chat_ids["tokens"]
     assert [t for e in chunks for t in e["choices"][0]["token_ids"]] == chat["choices"][0]["token_ids"]
+
+
+def _one_token_word(root: str, token_id: int) -> str | None:
+    """The token's text when it is a word that bad_words tokenizes (bare or after a space) to that token alone."""
+    status, reply = post_json(root, "/detokenize", {"model": MODEL, "tokens": [token_id]})
+    word = reply["prompt"].lstrip()
+    if status != 200 or not _whole_text(word):
+        return None
+    for text in (word, " " + word):
+        status, ids = post_json(root, "/tokenize", {"model": MODEL, "prompt": text, "add_special_tokens": False})
+        if status == 200 and ids["tokens"] == [token_id]:
+            return word
+    return None
+
+
+def test_allowed_token_ids_and_bad_words_shape_a_greedy_output(served):
+    root = served.base.removesuffix("/v1")
+    greedy = {"temperature": 0, "max_tokens": 8, "ignore_eos": True, "return_token_ids": True}
+    ids = _complete(served, **greedy)["choices"][0]["token_ids"]
+    allowed = sorted({ids[1], ids[4], ids[6]})  # ids the model takes up after this prompt
+    only = _complete(served, **greedy, allowed_token_ids=allowed)["choices"][0]["token_ids"]
+    assert len(only) == 8 and set(only) <= set(allowed)
+    # The 3rd token (or the first later one that is a one-token word new to the output) as a bad word.
+    k, word = next((k, w) for k in range(2, len(ids)) if ids[k] not in ids[:k]
+                   and (w := _one_token_word(root, ids[k])) is not None)
+    banned = _complete(served, **greedy, bad_words=[word])["choices"][0]["token_ids"]
+    assert banned[:k] == ids[:k] and banned[k] != ids[k] and ids[k] not in banned

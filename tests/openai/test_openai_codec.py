@@ -366,6 +366,36 @@ def test_vllms_stop_token_ids_and_include_stop_str_in_output():
     assert reply.body["error"]["param"] == "stop_token_ids"
 
 
+def test_vllms_allowed_token_ids_and_bad_words_reach_the_sampling_params():
+    for parse, body in ((openai_codec.parse_completion, {"prompt": "a"}),
+                        (openai_codec.parse_chat, {"messages": [{"role": "user", "content": "a"}]})):
+        sampling = parse({"model": "m", **body, "allowed_token_ids": [5, 3, 5],
+                          "bad_words": [" hello", "big cat"]}).generate.sampling
+        assert list(sampling.allowed_token_ids) == [5, 3, 5]  # as given: the scheduler sorts and dedupes
+        assert list(sampling.bad_words) == [" hello", "big cat"]
+    plain = openai_codec.parse_completion({"model": "m", "prompt": "a", "bad_words": []}).generate.sampling
+    assert not plain.bad_words and not plain.allowed_token_ids
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("allowed_token_ids", []), ("allowed_token_ids", 7), ("allowed_token_ids", [-1]), ("allowed_token_ids", ["7"]),
+    ("allowed_token_ids", [1.5]), ("allowed_token_ids", [True]), ("allowed_token_ids", list(range(4097))),
+    ("bad_words", "word"), ("bad_words", [3]), ("bad_words", [""]), ("bad_words", ["  "]), ("bad_words", [None]),
+    ("bad_words", ["w"] * 129),
+])
+def test_bad_allowed_token_ids_and_bad_words_are_a_400_naming_the_field(field, value):
+    with pytest.raises(openai_codec.BadParameter) as caught:
+        openai_codec.parse_completion({"model": "m", "prompt": "a", field: value})
+    assert caught.value.param == field
+
+
+def test_the_schedulers_refusals_of_allowed_token_ids_and_bad_words_name_the_field():
+    for field, message in (("allowed_token_ids", "sampling.allowed_token_ids[1] is 99999, but the model's"),
+                           ("bad_words", "sampling.bad_words[0] must be 1-256 bytes of UTF-8")):
+        reply = openai_codec.error_reply(errors.InvalidArgument(message))
+        assert (reply.status, reply.body["error"]["param"]) == (400, field)
+
+
 def test_vllms_add_special_tokens_and_truncate_prompt_tokens():
     plain = openai_codec.parse_completion({"model": "m", "prompt": "a"}).generate
     assert (plain.HasField("add_special_tokens"), plain.HasField("truncate_prompt_tokens")) == (False, False)
@@ -382,7 +412,7 @@ def test_vllms_add_special_tokens_and_truncate_prompt_tokens():
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("use_beam_search", True), ("length_penalty", 0.8), ("bad_words", ["x"]), ("allowed_token_ids", [1, 2]),
+    ("use_beam_search", True), ("length_penalty", 0.8),
     ("skip_special_tokens", False), ("chat_template", "{{ messages }}"), ("documents", [{"text": "d"}]),
     ("return_tokens_as_token_ids", True), ("prompt_embeds", "AAAA"),
     ("logits_processors", ["p"]), ("priority", 5), ("priority", -1), ("cache_salt", "user-7"),

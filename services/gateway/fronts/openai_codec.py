@@ -293,8 +293,6 @@ _UNSUPPORTED_UNLESS = (
     # vLLM's extensions not done here: refused rather than read as 'other fields' and silently not applied.
     ("use_beam_search", (None, False), "beam search is not supported"),
     ("length_penalty", (None, 1, 1.0), "length_penalty (beam search) is not supported"),
-    ("bad_words", (None,), "bad_words is not supported"),
-    ("allowed_token_ids", (None,), "allowed_token_ids is not supported (logit_bias can ban tokens)"),
     ("skip_special_tokens", (None, True), "skip_special_tokens false is not supported: special tokens have no text here"),
     ("chat_template", (None, ""), "a request's own chat_template is not supported: the model's is used (vLLM without "
                                   "--trust-request-chat-template refuses it too)"),
@@ -656,7 +654,8 @@ def error_reply(err: errors.InfermeshError) -> ErrorReply:
 
 # Parameters only the scheduler can check (it has the tokenizer, and its own byte cap on stop strings):
 # its message names the field.
-_UPSTREAM_PARAMS = ("logit_bias", "stop_token_ids", "stop", "min_tokens")  # stop_token_ids before its prefix
+_UPSTREAM_PARAMS = ("logit_bias", "stop_token_ids", "stop", "min_tokens", "allowed_token_ids",
+                    "bad_words")  # stop_token_ids before its prefix
 # The scheduler's refusals of how the prompt is made (call_codec.chat_rendering and truncated_prompt, chat_template.py).
 _UPSTREAM_REQUEST_PARAMS = ("chat_template_kwargs", "continue_final_message", "truncate_prompt_tokens")
 # The scheduler's context-length refusals (scheduler/servicer.py, generate_pool.py): what they read as.

@@ -65,7 +65,8 @@ def shown(value: Any) -> str:
 def penalties(body: dict, sampling: common_pb2.SamplingParams) -> None:
     """presence_penalty, frequency_penalty (OpenAI's), repetition_penalty (vLLM's) and logit_bias; and
     vLLM's top_k, min_p, min_tokens (at most max_tokens when that is set; else the scheduler checks
-    it against the model's default), stop_token_ids and include_stop_str_in_output."""
+    it against the model's default), stop_token_ids, include_stop_str_in_output, allowed_token_ids and
+    bad_words (the scheduler checks the ids against the vocabulary and tokenizes the words)."""
     sampling.presence_penalty = number(body, "presence_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY)
     sampling.frequency_penalty = number(body, "frequency_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY)
     sampling.repetition_penalty = _repetition_penalty(body)
@@ -80,6 +81,8 @@ def penalties(body: dict, sampling: common_pb2.SamplingParams) -> None:
                                                  f"token ids, got {shown(stop_ids)}")
         sampling.stop_token_ids.extend(token_ids(stop_ids, "stop_token_ids", "stop_token_ids"))
     sampling.include_stop_str_in_output = boolean(body, "include_stop_str_in_output", False)
+    sampling.allowed_token_ids.extend(_allowed_token_ids(body))
+    sampling.bad_words.extend(_bad_words(body))
 
 
 # guided_choice's most strings (the scheduler's bound, structured_output.MAX_CHOICES).
@@ -91,6 +94,8 @@ MAX_BIAS = 100.0
 MAX_LOGIT_BIAS = 1024
 MAX_TOP_K = 1_000_000
 MAX_STOP_TOKEN_IDS = 64  # the scheduler's bound (call_codec.py)
+MAX_ALLOWED_TOKEN_IDS = 4096  # the scheduler's bound (call_codec.py)
+MAX_BAD_WORDS = 128  # the scheduler's bound (bad_words.py), which also caps each word's bytes
 MAX_MIN_TOKENS = 2**32 - 1  # the proto's uint32; max_tokens bounds it further
 
 
@@ -237,6 +242,32 @@ def _min_tokens(body: dict, max_tokens: int) -> int:
         raise BadParameter("min_tokens", f"min_tokens must be an integer in [0, {MAX_MIN_TOKENS}], got {shown(value)}")
     if max_tokens and value > max_tokens:
         raise BadParameter("min_tokens", f"min_tokens ({value}) must be at most max_tokens ({max_tokens})")
+    return value
+
+
+def _allowed_token_ids(body: dict) -> tuple[int, ...]:
+    """vLLM's allowed_token_ids: a non-empty list of token ids (empty is vLLM's 400 too: nothing could be drawn)."""
+    value = body.get("allowed_token_ids")
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_ALLOWED_TOKEN_IDS:
+        raise BadParameter("allowed_token_ids", f"allowed_token_ids must be a list of 1 to {MAX_ALLOWED_TOKEN_IDS} "
+                                                f"token ids, got {shown(value)}")
+    return token_ids(value, "allowed_token_ids", "allowed_token_ids")
+
+
+def _bad_words(body: dict) -> list[str]:
+    """vLLM's bad_words: a list of strings, each with a non-space character (an empty list is none)."""
+    value = body.get("bad_words")
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > MAX_BAD_WORDS:
+        raise BadParameter("bad_words", f"bad_words must be a list of at most {MAX_BAD_WORDS} strings, "
+                                        f"got {shown(value)}")
+    for index, word in enumerate(value):
+        if not isinstance(word, str) or not word.strip():
+            raise BadParameter("bad_words", f"bad_words[{index}] must be a string with a non-space character, "
+                                            f"got {shown(word)}")
     return value
 
 

@@ -10,7 +10,7 @@ Contract (docs/clients.md), shaped like Triton's vLLM backend so its clients nee
           (fronts/openai_params.py): logprobs (bool), top_logprobs (int), presence_penalty,
           frequency_penalty, repetition_penalty, top_k, min_p, min_tokens (numbers), include_stop_str_in_output (bool), and as JSON text (a string
           parameter; REST may send the JSON value itself) logit_bias ({"<token id>": bias}), stop_token_ids
-          ([ids]), response_format,
+          ([ids]), allowed_token_ids ([ids]), bad_words ([strings]), response_format,
           guided_json (a schema), guided_choice (a list of strings); guided_regex and
           guided_grammar (strings)
   output  text_output  BYTES [1] per response: the chunk's text
@@ -58,7 +58,8 @@ class StreamRequest:
 
 
 # The OpenAI front's sampling options, read by its code (openai_params); these hold JSON text.
-JSON_PARAMETERS = ("logit_bias", "response_format", "guided_json", "guided_choice", "stop_token_ids")
+JSON_PARAMETERS = ("logit_bias", "response_format", "guided_json", "guided_choice", "stop_token_ids",
+                   "allowed_token_ids", "bad_words")
 _OPENAI_PARAMETERS = ("logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty",
                       "top_k", "min_p", "min_tokens", "include_stop_str_in_output", "guided_regex", "guided_grammar",
                       *JSON_PARAMETERS)

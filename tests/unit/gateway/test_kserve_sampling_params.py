@@ -36,6 +36,11 @@ def test_logprobs_penalties_and_logit_bias_are_read_as_the_openai_front_reads_th
     assert (_sampling(min_tokens=3).min_tokens, plain.min_tokens) == (3, 0)
     stops = _sampling(stop_token_ids="[5, 9]", include_stop_str_in_output=True)
     assert (list(stops.stop_token_ids), stops.include_stop_str_in_output) == ([5, 9], True)
+    words = _sampling(allowed_token_ids="[3, 4]", bad_words='["cat", "big dog"]')
+    assert (list(words.allowed_token_ids), list(words.bad_words)) == ([3, 4], ["cat", "big dog"])
+    with pytest.raises(BadParameter) as caught:
+        _sampling(allowed_token_ids="[]")
+    assert caught.value.param == "allowed_token_ids"
 
 
 @pytest.mark.parametrize("parameters, expected", [
