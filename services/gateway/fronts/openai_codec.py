@@ -579,7 +579,8 @@ def stream_chunk(request: OpenAIRequest, created_s: int, chunk: gateway_pb2.Gene
         thought, answer = reasoning.feed(chunk.text, reason is not None) if reasoning is not None else ("", chunk.text)
         content, calls = splitter.feed(answer, reason is not None, parser)
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
-        delta.update(reasoning_delta(thought))
+        if thought:
+            delta.update(reasoning_delta(thought))
         if content or (not calls and not thought and (first or reason is None)):
             delta["content"] = content
         if calls:

@@ -310,7 +310,7 @@ class OpenAIFront:
             is_first, lasts[choice] = lasts[choice] is None, chunk
             if is_first:
                 parsers[choice] = chunk.tool_call_parser
-                if parsed.kind == openai_codec.CHAT:
+                if parsed.kind == openai_codec.CHAT and chunk.reasoning_parser:  # else every chunk is answer
                     reasonings[choice] = ReasoningSplitter(ReasoningFormat.of_chunk(chunk),
                                                            openai_codec.constrained(parsed))
                 if index == 0:
