@@ -5,6 +5,8 @@ Responses' reasoning item before the message, whole and streamed."""
 
 from __future__ import annotations
 
+import pytest
+
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common.reasoning_formats import DEEPSEEK_R1, QWEN3
 from services.gateway.fronts import openai_codec
@@ -75,6 +77,17 @@ def test_deltas_carry_reasoning_until_the_end_tag_then_content_and_never_part_of
         {"content": "\n\nRay"},
         {"content": "leigh."},
     ]
+
+
+def test_include_reasoning_false_leaves_the_reasoning_out_and_the_answer_as_it_was():
+    """vLLM's include_reasoning: the answer is still only what follows </think>."""
+    message = whole({"include_reasoning": False}, PIECES)["message"]
+    assert message == {"role": "assistant", "content": "\n\nRayleigh.", "reasoning_content": None, "reasoning": None}
+    deltas = [choice["delta"] for choice in streamed({"include_reasoning": False}, PIECES)]
+    assert not any("reasoning" in d or "reasoning_content" in d for d in deltas)
+    assert "".join(d.get("content") or "" for d in deltas) == "\n\nRayleigh."
+    with pytest.raises(openai_codec.BadParameter, match="include_reasoning"):
+        whole({"include_reasoning": "no"}, PIECES)
 
 
 def test_tool_calls_are_parsed_from_the_answer_after_the_reasoning():

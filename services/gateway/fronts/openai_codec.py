@@ -97,6 +97,8 @@ class OpenAIRequest:
     # Completions with a list of prompts: every prompt (generate holds the first); empty for one
     # (openai_batch.py).
     batch_prompts: tuple[Prompt, ...] = ()
+    # vLLM's include_reasoning (chat): false leaves a reasoning model's reasoning out of the answer.
+    include_reasoning: bool = True
 
 
 # -- requests ---------------------------------------------------------------------------
@@ -136,7 +138,8 @@ def parse_chat(body: Any) -> OpenAIRequest:
     _refuse_unsupported(body)
     options = prompt_options(body, completion=False)
     param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    parsed = dataclasses.replace(_request(CHAT, body, "", _max_tokens(body, param), messages), max_tokens_param=param)
+    parsed = dataclasses.replace(_request(CHAT, body, "", _max_tokens(body, param), messages), max_tokens_param=param,
+                                 include_reasoning=boolean(body, "include_reasoning", True))
     chat_options(body, parsed.generate)
     chat_logprobs(body, parsed.generate.sampling)
     if options.prompt_logprobs is not None:
@@ -553,6 +556,8 @@ def _choice(request: OpenAIRequest, index: int, result: ChoiceResult,
     reasoning, answer = split_reasoning(result.text, result.reasoning, constrained(request))
     splitter = ToolCallSplitter(request.tools)
     splitter.feed(answer, True, result.tool_call_parser)
+    if not request.include_reasoning:
+        reasoning = ""
     return {"index": index, "message": chat_message(splitter.message(), reasoning), "logprobs": written,
             "finish_reason": splitter.finish_reason(reason), "stop_reason": stop_reason(request, last)}
 
@@ -579,7 +584,7 @@ def stream_chunk(request: OpenAIRequest, created_s: int, chunk: gateway_pb2.Gene
         thought, answer = reasoning.feed(chunk.text, reason is not None) if reasoning is not None else ("", chunk.text)
         content, calls = splitter.feed(answer, reason is not None, parser)
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
-        if thought:
+        if thought and request.include_reasoning:
             delta.update(reasoning_delta(thought))
         if content or (not calls and not thought and (first or reason is None)):
             delta["content"] = content
