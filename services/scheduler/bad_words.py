@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-# Words a request may give, and each one's UTF-8 bytes: every sampling step compares the output's end
-# with each longer word's tokens, so the list is bounded (vLLM sets no bound; 128 covers a block list).
-MAX_BAD_WORDS = 128
-MAX_BAD_WORD_BYTES = 256
+from services.common.sampling_bounds import MAX_BAD_WORD_BYTES, MAX_BAD_WORDS
+
+# MAX_BAD_WORDS and MAX_BAD_WORD_BYTES: every sampling step compares the output's end with each longer
+# word's tokens, so the list is bounded (vLLM sets no bound; 128 covers a block list).
 
 
 class BadWordRefused(ValueError):

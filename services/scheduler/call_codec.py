@@ -14,6 +14,14 @@ from services.common import errors
 from services.common.generate_input import check_input
 from services.common.logprobs import MAX_TOP_LOGPROBS
 from services.common.priority import Priority
+from services.common.sampling_bounds import (
+    MAX_ALLOWED_TOKEN_IDS,
+    MAX_BIAS,
+    MAX_LOGIT_BIAS,
+    MAX_PENALTY,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOP_K,
+)
 from services.common.timings import StageTime, seconds_to_us
 from services.scheduler.attach_codec import KIND_TO_WIRE
 from services.scheduler.attach_types import Label, ModelKey
@@ -42,19 +50,7 @@ _MAX_REMEMBERED_TENANTS = 10_000
 # list is bounded: 400 000 stop strings once stalled the loop (24 ms a token) for every stream on it.
 # OpenAI allows 4; vLLM and SGLang users pass a handful.
 MAX_STOP_SEQUENCES = 16
-MAX_STOP_TOKEN_IDS = 64
 MAX_STOP_BYTES = 256
-# Sampling bounds the worker checks again (services/worker/sampling.py, which is not imported here):
-# penalties (OpenAI's [-2, 2]), a logit bias value (OpenAI's) and how many entries logit_bias holds.
-MAX_PENALTY = 2.0
-MAX_BIAS = 100.0
-MAX_LOGIT_BIAS = 1024
-# top_k's bound: past any vocabulary (a larger value keeps every token, as vLLM reads it).
-MAX_TOP_K = 1_000_000
-# allowed_token_ids travels with every sampling step to the worker, so it is bounded (vLLM bounds it
-# only by the vocabulary): 4096 ids are 8-12 KiB a step; a list that keeps nearly every token is better
-# said with bad_words or logit_bias.
-MAX_ALLOWED_TOKEN_IDS = 4096
 
 
 class TenantCodec:

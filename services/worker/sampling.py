@@ -15,15 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from services.common.logprobs import MAX_TOP_LOGPROBS, PositionLogprobs, TokenLogprob
+from services.common.sampling_bounds import MAX_ALLOWED_TOKEN_IDS, MAX_BIAS, MAX_LOGIT_BIAS, MAX_PENALTY
 from services.worker.work import SamplingParams
-
-# Penalties' bounds (OpenAI's for presence and frequency; repetition's upper bound alike), logit_bias's
-# value bound (OpenAI's) and entry count (the scheduler refuses the same).
-MAX_PENALTY = 2.0
-MAX_BIAS = 100.0
-MAX_LOGIT_BIAS = 1024
-# allowed_token_ids' most ids (the scheduler refuses more: it sends them with every sampling step).
-MAX_ALLOWED_TOKEN_IDS = 4096
 
 
 @dataclass(frozen=True)

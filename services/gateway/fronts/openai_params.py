@@ -12,6 +12,15 @@ from typing import Any
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.common.logprobs import MAX_TOP_LOGPROBS
+from services.common.sampling_bounds import (
+    MAX_ALLOWED_TOKEN_IDS,
+    MAX_BAD_WORDS,
+    MAX_BIAS,
+    MAX_LOGIT_BIAS,
+    MAX_PENALTY,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOP_K,
+)
 
 
 class BadParameter(errors.InvalidArgument):
@@ -87,15 +96,6 @@ def penalties(body: dict, sampling: common_pb2.SamplingParams) -> None:
 
 # guided_choice's most strings (the scheduler's bound, structured_output.MAX_CHOICES).
 MAX_GUIDED_CHOICES = 256
-# Penalties' bounds (OpenAI's [-2, 2]; vLLM's repetition_penalty within (0, 2]), a logit bias value's
-# (OpenAI's) and logit_bias's entry count: the scheduler's bounds (call_codec.py).
-MAX_PENALTY = 2.0
-MAX_BIAS = 100.0
-MAX_LOGIT_BIAS = 1024
-MAX_TOP_K = 1_000_000
-MAX_STOP_TOKEN_IDS = 64  # the scheduler's bound (call_codec.py)
-MAX_ALLOWED_TOKEN_IDS = 4096  # the scheduler's bound (call_codec.py)
-MAX_BAD_WORDS = 128  # the scheduler's bound (bad_words.py), which also caps each word's bytes
 MAX_MIN_TOKENS = 2**32 - 1  # the proto's uint32; max_tokens bounds it further
 
 

@@ -12,10 +12,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from infermesh.v1 import common_pb2
+from services.common.sampling_bounds import MAX_PENALTY, MAX_TOP_K
 from services.worker.repository.json_fields import JsonFields
-
-MAX_REPETITION_PENALTY = 2.0  # the sampler's bound (services/worker/sampling.py)
-MAX_TOP_K = 1_000_000  # the scheduler's bound (services/scheduler/call_codec.py)
 
 
 @dataclass(frozen=True)
@@ -73,7 +71,7 @@ def _problem(name: str, value: Any) -> str:
         return "must be a finite number"
     bounds = {"temperature": (0.0, math.inf, "must be >= 0"), "top_p": (0.0, 1.0, "must be in (0, 1]"),
               "min_p": (0.0, 1.0, "must be in [0, 1]"),
-              "repetition_penalty": (0.0, MAX_REPETITION_PENALTY, f"must be in (0, {MAX_REPETITION_PENALTY:g}]")}
+              "repetition_penalty": (0.0, MAX_PENALTY, f"must be in (0, {MAX_PENALTY:g}]")}
     low, high, says = bounds[name]
     if name in ("top_p", "repetition_penalty"):
         return "" if low < value <= high else says
