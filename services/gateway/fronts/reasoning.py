@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from infermesh.v1 import gateway_pb2
 from services.common.reasoning_formats import DEEPSEEK_R1, REASONING_PARSERS, THINK_END, THINK_START
+from services.gateway.fronts.partial_tags import partial_tag_len
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ class ReasoningSplitter:
         if self._part is _Part.REASONING:
             end = held.find(THINK_END)
             if end < 0:
-                keep = 0 if last else _tag_prefix_len(held, THINK_END)
+                keep = 0 if last else partial_tag_len(held, THINK_END)
                 reasoning, self._held = held[:len(held) - keep], held[len(held) - keep:]
                 held = ""
             else:
@@ -107,10 +108,3 @@ def split_reasoning(text: str, fmt: ReasoningFormat, constrained: bool = False) 
     """A whole output's (reasoning, answer)."""
     return ReasoningSplitter(fmt, constrained).feed(text, True)
 
-
-def _tag_prefix_len(text: str, tag: str) -> int:
-    """The length of the longest end of `text` that begins `tag` (0: none)."""
-    for size in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-size:]):
-            return size
-    return 0

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from services.common.tool_call_formats import GRANITE, HERMES, LLAMA3_JSON, MISTRAL
+from services.gateway.fronts.partial_tags import partial_tag_len
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,7 @@ class HermesParser:
         start = text.find(self.START)
         if start >= 0:
             return start
-        for size in range(min(len(self.START) - 1, len(text)), 0, -1):  # a tag's beginning is held
-            if self.START.startswith(text[-size:]):
-                return len(text) - size
-        return len(text)
+        return len(text) - partial_tag_len(text, self.START)  # a tag's beginning is held
 
     def parse(self, text: str) -> Parsed:
         start = text.find(self.START)
@@ -137,11 +135,7 @@ class JsonArrayParser:
         head = text.lstrip()
         if not head or head.startswith("["):
             return 0  # may be a call: held to the end
-        for marker in self.markers:  # a marker's beginning at the end is held
-            for size in range(min(len(marker) - 1, len(text)), 0, -1):
-                if marker.startswith(text[-size:]):
-                    return len(text) - size
-        return len(text)
+        return len(text) - partial_tag_len(text, *self.markers)  # a marker's beginning is held
 
     def parse(self, text: str) -> Parsed:
         start, end = self._marker(text)
