@@ -13,6 +13,7 @@ from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 from services.common import errors
 from services.common.generate_input import check_input
 from services.common.logprobs import MAX_TOP_LOGPROBS
+from services.common.model_default_fields import MODEL_DEFAULT_FIELDS
 from services.common.priority import Priority
 from services.common.sampling_bounds import (
     MAX_ALLOWED_TOKEN_IDS,
@@ -193,22 +194,14 @@ def prediction_factor(factor: float) -> float:
     return factor or 1.0
 
 
-# GenerateRequest.model_default_fields: the SamplingParams field each value names.
-_DEFAULT_FIELDS: dict[int, str] = {
-    common_pb2.SAMPLING_FIELD_TEMPERATURE: "temperature", common_pb2.SAMPLING_FIELD_TOP_P: "top_p",
-    common_pb2.SAMPLING_FIELD_TOP_K: "top_k", common_pb2.SAMPLING_FIELD_MIN_P: "min_p",
-    common_pb2.SAMPLING_FIELD_REPETITION_PENALTY: "repetition_penalty",
-}
-
-
-def with_model_defaults(sampling: common_pb2.SamplingParams, default_fields: Iterable[int],
+def with_model_defaults(sampling: common_pb2.SamplingParams, default_fields: Iterable[common_pb2.SamplingField],
                         defaults: Iterable[tuple[str, float]]) -> common_pb2.SamplingParams:
     """`sampling` with each field the request left to the model (`default_fields`) set to the model's
     recommended value (`defaults`: its hello's) where it has one; the request's own value where it has
     none. A field value this scheduler does not know (a newer gateway's) is passed over."""
     recommended = dict(defaults)
     chosen = {name: recommended[name] for f in default_fields
-              if (name := _DEFAULT_FIELDS.get(f)) is not None and name in recommended}
+              if (name := MODEL_DEFAULT_FIELDS.get(f)) is not None and name in recommended}
     if not chosen:
         return sampling
     out = common_pb2.SamplingParams()

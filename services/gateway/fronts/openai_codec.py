@@ -24,6 +24,7 @@ from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.common.generate_input import CHAT_ROLES
 from services.common.logprobs import MAX_TOP_LOGPROBS
+from services.common.model_default_fields import MODEL_DEFAULT_FIELDS
 from services.gateway.admission.latency_admission import ObjectiveMissed, ObjectiveUnmeetable, TpotUnmeetable
 from services.gateway.fronts.http_status import HttpRefusal, http_refusal, matching
 from services.gateway.fronts.openai_batch import Prompt, check_batch_size, completion_prompts, set_prompt
@@ -200,14 +201,6 @@ def _content(content: Any, i: int) -> str:
     raise BadParameter(f"messages[{i}].content", f"messages[{i}].content must be a string or a list of text parts")
 
 
-# The sampling fields a body may leave to the model's recommendation (its generation_config.json, as
-# vLLM applies it); where the model recommends nothing, OpenAI's default sent here stands.
-_MODEL_DEFAULT_FIELDS = (
-    ("temperature", common_pb2.SAMPLING_FIELD_TEMPERATURE), ("top_p", common_pb2.SAMPLING_FIELD_TOP_P),
-    ("top_k", common_pb2.SAMPLING_FIELD_TOP_K), ("min_p", common_pb2.SAMPLING_FIELD_MIN_P),
-    ("repetition_penalty", common_pb2.SAMPLING_FIELD_REPETITION_PENALTY),
-)
-
 
 def _request(kind: str, body: dict, prompt: str, max_tokens: int,
              messages: list[gateway_pb2.ChatMessage] | None = None) -> OpenAIRequest:
@@ -239,7 +232,9 @@ def _request(kind: str, body: dict, prompt: str, max_tokens: int,
         sampling.seed = seed
     generate = gateway_pb2.GenerateRequest(
         model=ref, prompt=prompt, sampling=sampling, messages=messages,
-        model_default_fields=[field for name, field in _MODEL_DEFAULT_FIELDS if body.get(name) is None])
+        # The fields the body leaves out go to the model's recommendation (its generation_config.json, as
+        # vLLM applies it); where the model recommends nothing, OpenAI's default sent here stands.
+        model_default_fields=[field for field, name in MODEL_DEFAULT_FIELDS.items() if body.get(name) is None])
     _tokenizing(body, generate)
     return OpenAIRequest(kind, model, generate, stream, include_usage)
 
