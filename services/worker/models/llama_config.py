@@ -40,17 +40,19 @@ class _Traits:
     post_norms: bool = False
     fused_projections: bool = False
     window: str = WINDOW_NONE
+    scalings: bool = False  # Granite's four scalings are read from the config
+    nope_layers: bool = False  # SmolLM3's layers without RoPE are read from the config
 
 
 _TRAITS = {
-    "GraniteForCausalLM": _Traits(),  # and its four scalings, read from the config
+    "GraniteForCausalLM": _Traits(scalings=True),
     "LlamaForCausalLM": _Traits(),
     "MistralForCausalLM": _Traits(window=WINDOW_ALWAYS),
     "Olmo2ForCausalLM": _Traits(qk_norm=QK_NORM_FULL, post_norms=True),
     "Phi3ForCausalLM": _Traits(fused_projections=True, window=WINDOW_ALWAYS),
     "Qwen2ForCausalLM": _Traits(qkv_bias=True, window=WINDOW_SWITCHED),
     "Qwen3ForCausalLM": _Traits(qk_norm=QK_NORM_PER_HEAD, window=WINDOW_SWITCHED),
-    "SmolLM3ForCausalLM": _Traits(window=WINDOW_SWITCHED),  # and its NoPE layers, read from the config
+    "SmolLM3ForCausalLM": _Traits(window=WINDOW_SWITCHED, nope_layers=True),
 }
 SUPPORTED_ARCHITECTURES = tuple(sorted(_TRAITS))
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -336,7 +338,7 @@ class _Parser:
 
     def granite_scalings(self, architecture: str) -> dict[str, float]:
         # Read for Granite only: transformers' other decoders ignore these keys, and so do we.
-        if architecture != "GraniteForCausalLM":
+        if not _TRAITS[architecture].scalings:
             return {}
         return {name: self.positive_float(name, default=1.0) for name in (
             "embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")}
@@ -344,7 +346,7 @@ class _Parser:
     def nope_layers(self, architecture: str) -> tuple[int, ...]:
         """SmolLM3's layers without RoPE: no_rope_layers (1 rotates, 0 does not, one per layer), or
         by default every no_rope_layer_interval-th layer (transformers' default 4)."""
-        if architecture != "SmolLM3ForCausalLM":
+        if not _TRAITS[architecture].nope_layers:
             return ()
         num_layers = self.positive_int("num_hidden_layers")
         flags = self.raw.get("no_rope_layers")
