@@ -15,7 +15,14 @@ includes the current token, whose K/V ``write_kv_cache`` has already stored.
 Grouped-query attention: query head ``h`` reads KV head
 ``h // (num_heads // num_kv_heads)``.
 
-    out[s, h] = softmax(scale * q[s, h] · K[s, :ctx]) · V[s, :ctx]
+    out[s, h] = softmax(cap(scale * q[s, h] · K[s, first:ctx])) · V[s, first:ctx]
+
+where ``first = max(0, ctx - sliding_window)`` with a window (the query, at
+position ``ctx - 1``, sees the last ``sliding_window`` tokens, itself
+included; transformers' ``kv_idx > q_idx - W``) and 0 without one, and
+``cap(s) = softcap * tanh(s / softcap)`` with a cap (Gemma 2's
+``attn_logit_softcapping``) and ``s`` without one. Keys before ``first`` are
+never read.
 
 Decode attention reads every cached K/V byte once per step and does two FLOPs
 per byte loaded, so it is bound by memory bandwidth; the kernels are written
@@ -59,12 +66,18 @@ _CPU_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_CPU_FASTMATH)
-def _paged_attention_cpu(out, query, key_cache, value_cache, block_tables, context_lens, block_size, scale):
+def _paged_attention_cpu(out, query, key_cache, value_cache, block_tables, context_lens, block_size, scale,
+                         sliding_window, softcap):
     """CPU twin: one (sequence, KV head) per iteration, serving all query heads of its group.
 
     Each K/V row is loaded once for the whole group. Two passes (scores, then
-    values) over a scratch of group * context_len scores: on a CPU that buffer
-    sits in cache, so the max-then-sum softmax is cheaper than an online one.
+    values) over a scratch of group * (context_len - first) scores: on a CPU
+    that buffer sits in cache, so the max-then-sum softmax is cheaper than an
+    online one. A window only moves the first token (the blocks before it are
+    skipped); the cap is a pass of its own over a head's scores before its
+    softmax, so neither touches the dot loops. (A cap pass over all the
+    group's scores at once changed how LLVM vectorized the uncapped path:
+    results moved by an ulp.)
     """
     num_seqs, num_heads, head_size = query.shape
     num_kv_heads = key_cache.shape[2]
@@ -74,39 +87,53 @@ def _paged_attention_cpu(out, query, key_cache, value_cache, block_tables, conte
         kv_head = item - seq * num_kv_heads
         first_head = kv_head * group
         context_len = context_lens[seq]
+        first = 0
+        if sliding_window > 0 and context_len > sliding_window:
+            first = context_len - sliding_window
+        num_keys = context_len - first
+        first_block = first // block_size
         num_logical_blocks = (context_len + block_size - 1) // block_size
         q = np.empty((group, head_size), np.float32)
         for g in range(group):
             for dim in range(head_size):
                 q[g, dim] = query[seq, first_head + g, dim] * scale
-        scores = np.empty((group, context_len), np.float32)
-        for logical_block in range(num_logical_blocks):
+        scores = np.empty((group, num_keys), np.float32)
+        for logical_block in range(first_block, num_logical_blocks):
             block = block_tables[seq, logical_block]
             start = logical_block * block_size
-            for offset in range(min(block_size, context_len - start)):
+            # Rows counted from 0 and shifted: a range from max(first - start, 0) made LLVM compile the
+            # whole-context loop ~5% slower.
+            skipped = max(first - start, 0)  # > 0 only in the window's first block
+            for row in range(min(block_size, context_len - start) - skipped):
+                offset = skipped + row
                 for g in range(group):
                     dot = np.float32(0.0)
                     for dim in range(head_size):
                         dot += q[g, dim] * key_cache[block, offset, kv_head, dim]
-                    scores[g, start + offset] = dot
+                    scores[g, start + offset - first] = dot
         inv_sums = np.empty(group, np.float32)
         for g in range(group):
+            if softcap > 0:
+                for t in range(num_keys):
+                    scores[g, t] = softcap * np.tanh(scores[g, t] / softcap)
             peak = scores[g, 0]
-            for t in range(1, context_len):
+            for t in range(1, num_keys):
                 peak = max(peak, scores[g, t])
             total = np.float32(0.0)
-            for t in range(context_len):
+            for t in range(num_keys):
                 p = np.exp(scores[g, t] - peak)
                 scores[g, t] = p
                 total += p
             inv_sums[g] = np.float32(1.0) / total
         acc = np.zeros((group, head_size), np.float32)
-        for logical_block in range(num_logical_blocks):
+        for logical_block in range(first_block, num_logical_blocks):
             block = block_tables[seq, logical_block]
             start = logical_block * block_size
-            for offset in range(min(block_size, context_len - start)):
+            skipped = max(first - start, 0)
+            for row in range(min(block_size, context_len - start) - skipped):
+                offset = skipped + row
                 for g in range(group):
-                    p = scores[g, start + offset]
+                    p = scores[g, start + offset - first]
                     for dim in range(head_size):
                         acc[g, dim] += p * value_cache[block, offset, kv_head, dim]
         for g in range(group):
@@ -114,8 +141,10 @@ def _paged_attention_cpu(out, query, key_cache, value_cache, block_tables, conte
                 out[seq, first_head + g, dim] = acc[g, dim] * inv_sums[g]
 
 
-def paged_attention_decode_reference(query, key_cache, value_cache, block_tables, context_lens, block_size, scale):
-    """PyTorch reference, gather-then-dense: per sequence, gather its K/V by block table, then matmul/softmax.
+def paged_attention_decode_reference(query, key_cache, value_cache, block_tables, context_lens, block_size, scale,
+                                     sliding_window=0, softcap=0.0):
+    """PyTorch reference, gather-then-dense: per sequence, gather its K/V by block table, keep the window's
+    tokens, then matmul, cap and softmax.
 
     Computes in float32 whatever the input dtype and returns the query's dtype.
     """
@@ -133,8 +162,12 @@ def paged_attention_decode_reference(query, key_cache, value_cache, block_tables
         blocks = tables[seq, : (context_len + block_size - 1) // block_size]
         keys = key_cache_t[blocks].reshape(-1, num_kv_heads, head_size)[:context_len].float()  # [ctx, kv, d]
         values = value_cache_t[blocks].reshape(-1, num_kv_heads, head_size)[:context_len].float()
+        if sliding_window > 0:  # positions >= context_len - sliding_window
+            keys, values = keys[-sliding_window:], values[-sliding_window:]
         q = q_all[seq].reshape(num_kv_heads, group, head_size)
         scores = torch.bmm(q, keys.permute(1, 2, 0)) * scale  # [kv, group, ctx]
+        if softcap > 0:
+            scores = softcap * torch.tanh(scores / softcap)
         probs = torch.softmax(scores, dim=-1)
         out[seq] = torch.bmm(probs, values.permute(1, 0, 2)).reshape(num_heads, head_size)
     return out.to(in_dtype)
@@ -154,6 +187,8 @@ def paged_attention_decode(
     partition_size: int | None = None,
     cuda_kernel: str = "warp",
     warp_layout: warp.WarpLayout | None = None,
+    sliding_window: int = 0,
+    softcap: float = 0.0,
 ):
     """Decode attention over paged KV; returns ``out`` (allocated like ``query`` when None).
 
@@ -172,6 +207,11 @@ def paged_attention_decode(
     for comparison. ``warp_layout`` replaces the warp kernel's own choice of
     load width, lanes, heads per block and tokens in flight (for tuning;
     ``kernels.paged_attention_warp.layout_for``).
+    ``sliding_window`` (an int >= 0) limits each query to the last that many
+    tokens of its context and ``softcap`` (a finite float >= 0) caps the
+    scores (the module docstring); 0 turns either off. On CUDA the cap is
+    compiled into the kernel (one build per value) and the window is a
+    launch argument.
     """
     if cuda_kernel not in ("warp", "tile"):
         raise ValueError(f"cuda_kernel must be 'warp' or 'tile'; got {cuda_kernel!r}")
@@ -198,6 +238,7 @@ def paged_attention_decode(
     check_dim("context_lens", "num_seqs", num_lens, num_seqs, "query")
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite; got {scale}")
+    sliding_window, softcap = _check_window_and_cap(sliding_window, softcap)
     if out is not None:
         out_shape = check_array("out", out, dtypes=(dtype,), layout=("num_seqs", "num_heads", "head_size"))
         if out_shape != (num_seqs, num_heads, head_size):
@@ -222,7 +263,7 @@ def paged_attention_decode(
     if chosen is Backend.REFERENCE:
         as_torch(out).copy_(
             paged_attention_decode_reference(query, key_cache, value_cache, block_tables, context_lens,
-                                             block_size, scale)
+                                             block_size, scale, sliding_window, softcap)
         )
     elif chosen is Backend.CPU:
         if on_device:
@@ -236,30 +277,36 @@ def paged_attention_decode(
             np.ascontiguousarray(host_view(context_lens)),
             block_size,
             scale,
+            sliding_window,
+            softcap,
         )
     else:
         _launch_cuda(arrays, out, num_kv_heads, int(block_size), float(scale), partition_size, cuda_kernel,
-                     warp_layout)
+                     warp_layout, sliding_window, softcap)
     return out
 
 
 def paged_attention_decode_host(out: np.ndarray, query: np.ndarray, key_cache: np.ndarray, value_cache: np.ndarray,
                                 block_tables: np.ndarray, context_lens: np.ndarray, block_size: int,
-                                scale: float) -> None:
+                                scale: float, sliding_window: int = 0, softcap: float = 0.0) -> None:
     """The CPU twin on arrays the caller has checked, writing ``out``: C-contiguous float32 numpy
     arrays in the layouts above, int32 tables and lengths in range (what ``paged_attention_decode``
     checks). Nothing is checked here; an index out of range reads outside the caches. For a model
     that checks its step once and calls this in every layer: the checks, backend choice and views
     cost ~17 us a call, about a sixth of a batch-1 tinylm step."""
     num_kv_heads, head_size = key_cache.shape[2], key_cache.shape[3]
-    with cpu_threads_for(2 * int(context_lens.sum()) * num_kv_heads * head_size * 4):
+    num_tokens = int(np.minimum(context_lens, sliding_window).sum() if sliding_window else context_lens.sum())
+    with cpu_threads_for(2 * num_tokens * num_kv_heads * head_size * 4):
         _paged_attention_cpu(out, query, key_cache, value_cache, block_tables, context_lens, int(block_size),
-                             np.float32(scale))
+                             np.float32(scale), int(sliding_window), np.float32(softcap))
 
 
 def _launch_cuda(arrays: dict[str, Any], out: Any, num_kv_heads: int, block_size: int, scale: float,
-                 partition_size: int | None, cuda_kernel: str, warp_layout: warp.WarpLayout | None) -> None:
+                 partition_size: int | None, cuda_kernel: str, warp_layout: warp.WarpLayout | None,
+                 sliding_window: int, softcap: float) -> None:
     """Launches the split-context kernel (and its merge when the context is split) on PyTorch's stream."""
+    if sliding_window or softcap:
+        raise ValueError("sliding_window and softcap run on 'cpu' and 'reference' only, for now")
     num_seqs, num_heads, head_size = arrays["query"].shape
     group, dtype = num_heads // num_kv_heads, dtype_name(arrays["key_cache"])
     arrays = {name: as_kernel_array(array) for name, array in arrays.items()}  # bfloat16 as its int16 bits
@@ -320,6 +367,16 @@ def _multiprocessor_count() -> int:
         return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
     except AttributeError:  # the simulator has no such attribute
         return 1
+
+
+def _check_window_and_cap(sliding_window: Any, softcap: Any) -> tuple[int, float]:
+    """The two options as an int and a float, or ValueError (bools are refused: neither is a flag)."""
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int | np.integer) or sliding_window < 0:
+        raise ValueError(f"sliding_window must be an int >= 0 (0: the whole context); got {sliding_window!r}")
+    if (isinstance(softcap, bool) or not isinstance(softcap, int | float | np.integer | np.floating)
+            or not math.isfinite(softcap) or softcap < 0):
+        raise ValueError(f"softcap must be a finite float >= 0 (0: no cap); got {softcap!r}")
+    return int(sliding_window), float(softcap)
 
 
 def _empty_like(query: Any):
