@@ -1,5 +1,5 @@
 """Tiny random-weight Hugging Face checkpoints of the Llama family (Llama, Qwen2, Qwen3, Mistral, Phi-3,
-Granite, SmolLM3, OLMo 2), made with transformers (tests only).
+Granite, SmolLM3, OLMo 2, Gemma 2 and 3), made with transformers (tests only).
 
 `save_tiny_checkpoint(dir, "qwen2")` writes what a user would bring (config.json,
 model.safetensors, generation_config.json) via `save_pretrained`; nothing is
@@ -51,6 +51,19 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {"rope_theta": 500000.0}),
     # SmolLM3 leaves every no_rope_layer_interval-th layer unrotated: here the second of two.
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"no_rope_layer_interval": 2}),
+    # Gemma 3: layer 0 slides over 8 tokens with its own RoPE base, layer 1 is full with linear scaling
+    # (Gemma 3 4B's shape, in small); query_pre_attn_scalar apart from head_dim, so the scale is read.
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
+        "head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 8, "sliding_window_pattern": 2,
+        "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        "attn_implementation": "eager"}),
+    # Gemma 2: both softcaps, small enough to bend these weights' scores and logits (released: 50 and 30).
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {
+        "head_dim": 16, "query_pre_attn_scalar": 24, "sliding_window": 8, "attn_logit_softcapping": 3.0,
+        "final_logit_softcapping": 8.0, "attn_implementation": "eager"}),
+    # Mistral 7B v0.1's sliding window on every layer, shorter than the tests' sequences.
+    "mistral_window": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 12, "head_dim": 16}),
     # Granite's four scalings, none of them 1 (Granite 3's are 12, 0.22, 1/128 and 16 at full size).
     "granite": ("GraniteConfig", "GraniteForCausalLM", {"embedding_multiplier": 4.0, "residual_multiplier": 0.5,
                                                         "attention_multiplier": 0.2, "logits_scaling": 2.0}),

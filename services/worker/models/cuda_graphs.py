@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from kernels import paged_attention_decode, write_kv_cache
+from services.worker.models.attention import attention
 from services.worker.models.paged import KVCache, PagedLM, PagedSequence, run_layers
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32)
@@ -150,18 +150,19 @@ def decode_forward(lm: PagedLM, cache: KVCache, inputs: StaticDecodeInputs,
                    attention: DecodeAttention) -> torch.Tensor:
     """One decode step over a bucket's static inputs: logits `float32[bucket, vocab]`, padding rows
     included. No host reads, host-built tensors or synchronization: this is what a graph captures."""
-    scale = lm.config.attention_scale
+    scale, softcap = lm.config.attention_scale, lm.config.attention_softcap
     block_size = cache.block_size
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,
-               value_cache: torch.Tensor) -> torch.Tensor:
+               value_cache: torch.Tensor, window: int) -> torch.Tensor:
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         if attention is DecodeAttention.KERNEL:
             write_kv_cache(k, v, key_cache, value_cache, inputs.slots)
             return paged_attention_decode(q, key_cache, value_cache, inputs.block_tables, inputs.context_lens,
-                                          block_size, scale)
+                                          block_size, scale, sliding_window=window, softcap=softcap)
         torch_write_kv(k, v, key_cache, value_cache, inputs.slots)
-        return torch_decode_attention(q, key_cache, value_cache, inputs.block_tables, inputs.context_lens, scale)
+        return torch_decode_attention(q, key_cache, value_cache, inputs.block_tables, inputs.context_lens, scale,
+                                      window, softcap)
 
     return lm.logits(run_layers(lm, lm.embed(inputs.tokens), lm.rotary(inputs.positions), cache, attend))
 
@@ -175,18 +176,21 @@ def torch_write_kv(k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor, va
 
 
 def torch_decode_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, window: int = 0,
+                           softcap: float = 0.0) -> torch.Tensor:
     """paged_attention_decode in PyTorch with static shapes: every sequence gathers its whole table
-    (`width * block_size` tokens) and masks the tokens past its context."""
+    (`width * block_size` tokens) and masks the tokens past its context (and before its window)."""
     num_seqs, width = block_tables.shape
     _, block_size, num_kv_heads, head_size = key_cache.shape
     max_context = width * block_size
     index = block_tables.long()
     keys = key_cache[index].view(num_seqs, max_context, num_kv_heads, head_size).transpose(1, 2)
     values = value_cache[index].view(num_seqs, max_context, num_kv_heads, head_size).transpose(1, 2)
-    allowed = torch.arange(max_context, device=q.device)[None, :] < context_lens[:, None]  # [seqs, ctx]
-    out = F.scaled_dot_product_attention(q[:, :, None, :], keys, values, attn_mask=allowed[:, None, None, :],
-                                         scale=scale, enable_gqa=True)
+    key_pos = torch.arange(max_context, device=q.device)[None, :]
+    visible = key_pos < context_lens[:, None]  # [seqs, ctx]
+    if window:
+        visible &= key_pos >= context_lens[:, None] - window
+    out = attention(q[:, :, None, :], keys, values, visible=visible[:, None, None, :], scale=scale, softcap=softcap)
     return out[:, :, 0, :]
 
 

@@ -27,8 +27,9 @@ from typing import Any, TypeGuard
 # q/k norms: over each head (weights of head_size) or over the whole projection (num_heads * head_size).
 QK_NORM_PER_HEAD, QK_NORM_FULL = "head", "full"
 # How an architecture reads a config's sliding_window: not at all (its attention has none), on every
-# layer, or only with use_sliding_window set (Qwen2's switch, with max_window_layers).
-WINDOW_NONE, WINDOW_ALWAYS, WINDOW_SWITCHED = "none", "always", "switched"
+# layer, only with use_sliding_window set (Qwen2's switch, with max_window_layers), or on the layers a
+# pattern picks (Gemma: every layer but each sliding_window_pattern-th).
+WINDOW_NONE, WINDOW_ALWAYS, WINDOW_SWITCHED, WINDOW_PATTERN = "none", "always", "switched", "pattern"
 
 
 @dataclass(frozen=True)
@@ -37,26 +38,38 @@ class _Traits:
 
     qkv_bias: bool = False
     qk_norm: str = ""
+    pre_norms: bool = True
     post_norms: bool = False
     fused_projections: bool = False
     window: str = WINDOW_NONE
     scalings: bool = False  # Granite's four scalings are read from the config
     nope_layers: bool = False  # SmolLM3's layers without RoPE are read from the config
+    # Gemma 2/3: (1 + w) norms, GELU-tanh, the sqrt(d_model) embedding scale, query_pre_attn_scalar,
+    # sliding layers by pattern, and the softcaps, all read as transformers' Gemma code reads them.
+    gemma: bool = False
+    local_rope: bool = False  # Gemma 3: the sliding layers have their own RoPE base
+    window_pattern: int = 0  # WINDOW_PATTERN: every window_pattern-th layer is full (config may override)
+    tied_by_default: bool = False  # what a config without tie_word_embeddings means (transformers' default)
 
 
 _TRAITS = {
+    "Gemma2ForCausalLM": _Traits(post_norms=True, window=WINDOW_PATTERN, window_pattern=2, gemma=True,
+                                 tied_by_default=True),
+    "Gemma3ForCausalLM": _Traits(qk_norm=QK_NORM_PER_HEAD, post_norms=True, window=WINDOW_PATTERN,
+                                 window_pattern=6, gemma=True, local_rope=True, tied_by_default=True),
     "GraniteForCausalLM": _Traits(scalings=True),
     "LlamaForCausalLM": _Traits(),
     "MistralForCausalLM": _Traits(window=WINDOW_ALWAYS),
-    "Olmo2ForCausalLM": _Traits(qk_norm=QK_NORM_FULL, post_norms=True),
+    "Olmo2ForCausalLM": _Traits(qk_norm=QK_NORM_FULL, pre_norms=False, post_norms=True),
     "Phi3ForCausalLM": _Traits(fused_projections=True, window=WINDOW_ALWAYS),
     "Qwen2ForCausalLM": _Traits(qkv_bias=True, window=WINDOW_SWITCHED),
     "Qwen3ForCausalLM": _Traits(qk_norm=QK_NORM_PER_HEAD, window=WINDOW_SWITCHED),
-    "SmolLM3ForCausalLM": _Traits(window=WINDOW_SWITCHED, nope_layers=True),
+    "SmolLM3ForCausalLM": _Traits(window=WINDOW_SWITCHED, nope_layers=True, tied_by_default=True),
 }
 SUPPORTED_ARCHITECTURES = tuple(sorted(_TRAITS))
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 SUPPORTED_ACTIVATIONS = ("silu",)
+GEMMA_ACTIVATIONS = ("gelu_pytorch_tanh",)
 # What a config's `dtype` (transformers 5) or `torch_dtype` (4) may declare the stored weights as.
 SUPPORTED_STORAGE_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -127,9 +140,15 @@ class LlamaFamilyConfig:
     # q and k pass an RMSNorm (their own weights) after the projection and before RoPE: over each
     # head (QK_NORM_PER_HEAD: Qwen3) or over the whole projection (QK_NORM_FULL: OLMo 2); "": none.
     qk_norm: str = ""
-    # OLMo 2: each branch's norm (post_attention_layernorm, post_feedforward_layernorm) normalizes the
-    # branch's output before the residual add, and its input is not normalized; else the Llama way.
+    # Where each branch (attention, MLP) is normalized: its input (pre_norms: Llama's input_layernorm
+    # and post_attention_layernorm), its output before the residual add (post_norms: OLMo 2's
+    # post_attention_layernorm and post_feedforward_layernorm), or both (Gemma 2/3's four norms).
+    pre_norms: bool = True
     post_norms: bool = False
+    # Gemma: every RMSNorm weighs by (1 + w), in float32 before the cast back (Llama casts, then weighs).
+    norm_plus_one: bool = False
+    activation: str = "silu"  # the MLP gate's: "silu", or Gemma's "gelu_pytorch_tanh"
+    embedding_normalizer: bool = False  # Gemma: embeddings times sqrt(d_model), rounded to the compute dtype
     # Phi-3: the checkpoint stores q/k/v as one qkv_proj and gate/up as one gate_up_proj (the
     # layout the model keeps them in), not five matrices.
     fused_projections: bool = False
@@ -140,6 +159,12 @@ class LlamaFamilyConfig:
     attention_multiplier: float | None = None
     logits_scaling: float = 1.0
     nope_layers: tuple[int, ...] = ()  # SmolLM3: the layers whose q and k are not rotated (NoPE)
+    # Each layer's sliding window in tokens (a query sees itself and the window - 1 keys before it), 0
+    # for full attention; () when no layer slides. A window of max_seq_len or more is stored as 0.
+    layer_windows: tuple[int, ...] = ()
+    local_rope_theta: float | None = None  # Gemma 3: the sliding layers' own (unscaled) RoPE base
+    attention_softcap: float = 0.0  # Gemma 2: scores become c * tanh(score / c); 0 = none
+    final_logit_softcap: float = 0.0  # Gemma 2: logits likewise
     tie_word_embeddings: bool = False  # the LM head is the embedding matrix (no lm_head.weight stored)
     storage_dtype: str | None = None  # what config.json declares the weights are stored as, if it says
 
@@ -149,6 +174,10 @@ class LlamaFamilyConfig:
         if self.attention_multiplier is not None:
             return self.attention_multiplier
         return 1.0 / math.sqrt(self.head_size)
+
+    def window_of(self, layer: int) -> int:
+        """The layer's sliding window in tokens, 0 for full attention."""
+        return self.layer_windows[layer] if self.layer_windows else 0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "num_layers", "d_model", "num_heads", "num_kv_heads", "head_size", "d_ff",
@@ -160,6 +189,10 @@ class LlamaFamilyConfig:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         if self.head_size % 2:
             raise ValueError(f"head_size {self.head_size} must be even for rotary embeddings")
+        if self.layer_windows and (len(self.layer_windows) != self.num_layers or min(self.layer_windows) < 0):
+            raise ValueError(f"layer_windows must hold {self.num_layers} windows >= 0, got {self.layer_windows}")
+        if not (self.pre_norms or self.post_norms):
+            raise ValueError("a branch is normalized on its input, its output or both")
         if self.max_seq_len > self.max_position_embeddings:
             raise ValueError(
                 f"max_seq_len {self.max_seq_len} exceeds max_position_embeddings {self.max_position_embeddings}"
@@ -190,10 +223,7 @@ class _Parser:
         if self.raw.get("quantization_config") is not None:
             raise self.fail("quantization_config", "quantized checkpoints are not supported; "
                             f"supported: unquantized weights stored as {', '.join(SUPPORTED_STORAGE_DTYPES)}")
-        activation = self.raw.get("hidden_act", "silu")
-        if activation not in SUPPORTED_ACTIVATIONS:
-            raise self.fail("hidden_act", f"{activation!r} is not supported; supported: "
-                            f"{', '.join(SUPPORTED_ACTIVATIONS)}")
+        activation = self.activation(traits)
         d_model = self.positive_int("hidden_size")
         num_heads = self.positive_int("num_attention_heads")
         num_kv_heads = self.positive_int("num_key_value_heads", default=num_heads)
@@ -212,11 +242,11 @@ class _Parser:
                             f"max_position_embeddings {max_positions}")
         rope_theta, rope_scaling = self.rope()
         self.check_biases(architecture)
-        self.check_sliding_window(architecture, seq_len)
+        num_layers = self.positive_int("num_hidden_layers")
         return LlamaFamilyConfig(
             architecture=architecture,
             vocab_size=self.positive_int("vocab_size"),
-            num_layers=self.positive_int("num_hidden_layers"),
+            num_layers=num_layers,
             d_model=d_model,
             num_heads=num_heads,
             num_kv_heads=num_kv_heads,
@@ -229,11 +259,18 @@ class _Parser:
             norm_eps=self.positive_float("rms_norm_eps", default=1e-6),
             qkv_bias=traits.qkv_bias,
             qk_norm=traits.qk_norm,
+            pre_norms=traits.pre_norms,
             post_norms=traits.post_norms,
+            norm_plus_one=traits.gemma,
+            activation=activation,
+            embedding_normalizer=traits.gemma,
             fused_projections=traits.fused_projections,
             **self.granite_scalings(architecture),
+            **self.gemma_scalings(traits),
             nope_layers=self.nope_layers(architecture),
-            tie_word_embeddings=self.boolean("tie_word_embeddings", default=False),
+            layer_windows=self.layer_windows(traits, num_layers, seq_len),
+            local_rope_theta=self.local_rope_theta(traits),
+            tie_word_embeddings=self.boolean("tie_word_embeddings", default=traits.tied_by_default),
             storage_dtype=self.storage_dtype(),
         )
 
@@ -252,6 +289,8 @@ class _Parser:
         # transformers 5 writes rope_parameters (theta inside); 4 writes rope_theta beside rope_scaling.
         key = "rope_parameters" if self.raw.get("rope_parameters") is not None else "rope_scaling"
         params = self.raw.get(key)
+        if _per_layer_type(params):  # Gemma 3's (transformers 5): the full-attention layers' are the model's
+            key, params = f"{key}.full_attention", params.get("full_attention")
         # RoPE over part of each head (Phi-4-mini, GLM) is not implemented, wherever the config says it.
         field, partial = "partial_rotary_factor", self.raw.get("partial_rotary_factor")
         if isinstance(params, Mapping) and params.get("partial_rotary_factor") is not None:
@@ -336,6 +375,49 @@ class _Parser:
             original_max_position_embeddings=int(original),
         )
 
+    def activation(self, traits: _Traits) -> str:
+        # Gemma's modeling code reads hidden_activation (its configs carry hidden_act beside it).
+        name, supported = ("hidden_activation", GEMMA_ACTIVATIONS) if traits.gemma else ("hidden_act",
+                                                                                        SUPPORTED_ACTIVATIONS)
+        value = self.raw.get(name)
+        if value is None:
+            value = supported[0]
+        if value not in supported:
+            raise self.fail(name, f"{value!r} is not supported; supported: {', '.join(supported)}")
+        return str(value)
+
+    def gemma_scalings(self, traits: _Traits) -> dict[str, float]:
+        """Gemma's attention scale (query_pre_attn_scalar ** -0.5) and its two softcaps (null: none)."""
+        if not traits.gemma:
+            return {}
+        if self.raw.get("use_bidirectional_attention"):
+            raise self.fail("use_bidirectional_attention", "true is not supported (an embedding model); "
+                            "supported: false")
+        softcaps = {}
+        for name, field in (("attn_logit_softcapping", "attention_softcap"),
+                            ("final_logit_softcapping", "final_logit_softcap")):
+            value = self.raw.get(name)
+            softcaps[field] = 0.0 if value is None else self.positive_float(name, default=1.0)
+        return {"attention_multiplier": self.positive_float("query_pre_attn_scalar", default=256.0) ** -0.5,
+                **softcaps}
+
+    def local_rope_theta(self, traits: _Traits) -> float | None:
+        """Gemma 3's sliding layers' RoPE base: rope_parameters.sliding_attention (transformers 5, default
+        RoPE only) or rope_local_base_freq (4); 10000 when neither says."""
+        if not traits.local_rope:
+            return None
+        params = self.raw.get("rope_parameters")
+        if _per_layer_type(params) and params.get("sliding_attention") is not None:
+            local = params["sliding_attention"]
+            field = "rope_parameters.sliding_attention"
+            if not isinstance(local, Mapping):
+                raise self.fail(field, f"must be an object, got {local!r}")
+            rope_type = local.get("rope_type", local.get("type", "default"))
+            if rope_type != "default":
+                raise self.fail(f"{field}.rope_type", f"{rope_type!r} is not supported; supported: default")
+            return self.rope_number(field, local, "rope_theta", 10000.0)
+        return self.positive_float("rope_local_base_freq", default=10000.0)
+
     def granite_scalings(self, architecture: str) -> dict[str, float]:
         # Read for Granite only: transformers' other decoders ignore these keys, and so do we.
         if not _TRAITS[architecture].scalings:
@@ -367,34 +449,40 @@ class _Parser:
                 raise self.fail(name, f"true is not supported for {architecture}; supported: false "
                                 "(Qwen2ForCausalLM's q/k/v biases are)")
 
-    def check_sliding_window(self, architecture: str, max_seq_len: int) -> None:
-        """A window of at least max_seq_len tokens never hides a key from a query, so it is the same as
-        none; a smaller one is refused (not implemented)."""
-        layer_types = self.raw.get("layer_types")
-        if layer_types is not None:
-            # transformers 5 writes which layers slide; without it, Qwen2 slides layers from
-            # max_window_layers on when use_sliding_window is set (Qwen3 too), and Mistral slides every layer.
-            if not isinstance(layer_types, list) or not set(layer_types) <= {"full_attention", "sliding_attention"}:
-                raise self.fail("layer_types", "must be a list of 'full_attention' or 'sliding_attention', "
-                                f"got {layer_types!r}")
-            if "sliding_attention" not in layer_types:
-                return
-        elif _TRAITS[architecture].window == WINDOW_NONE:
-            return
-        elif _TRAITS[architecture].window == WINDOW_SWITCHED and (
-            not self.boolean("use_sliding_window", default=False)
-            or self.count("max_window_layers") >= self.positive_int("num_hidden_layers")
-        ):
-            return
+    def layer_windows(self, traits: _Traits, num_layers: int, max_seq_len: int) -> tuple[int, ...]:
+        """Each layer's sliding window (0: full attention), as transformers reads the config: its
+        layer_types when given (transformers 5 writes them); else Mistral and Phi-3 slide every layer,
+        Qwen2, Qwen3 and SmolLM3 the layers from max_window_layers on when use_sliding_window is set,
+        Gemma all but every sliding_window_pattern-th. A window of max_seq_len tokens or more never
+        hides a key, so it is stored as 0; () when no layer slides."""
+        sliding = self.sliding_layers(traits, num_layers)
+        if not sliding:
+            return ()
         window = self.raw.get("sliding_window")
         if window is None:
-            return
+            return ()
         if not isinstance(window, int) or isinstance(window, bool) or window < 1:
             raise self.fail("sliding_window", f"must be a positive int or null, got {window!r}")
-        if window < max_seq_len:
-            raise self.fail("sliding_window", f"{window} < max_seq_len {max_seq_len}: sliding-window attention "
-                            "is not supported; supported: null, or a window >= max_seq_len (serve with "
-                            f"max_seq_len <= {window})")
+        if window >= max_seq_len:
+            return ()
+        return tuple(window if i in sliding else 0 for i in range(num_layers))
+
+    def sliding_layers(self, traits: _Traits, num_layers: int) -> set[int]:
+        layer_types = self.raw.get("layer_types")
+        if layer_types is not None:
+            if not isinstance(layer_types, list) or len(layer_types) != num_layers or not set(layer_types) <= {
+                    "full_attention", "sliding_attention"}:
+                raise self.fail("layer_types", f"must be a list of {num_layers} 'full_attention' or "
+                                f"'sliding_attention', got {layer_types!r}")
+            return {i for i, kind in enumerate(layer_types) if kind == "sliding_attention"}
+        if traits.window == WINDOW_ALWAYS:
+            return set(range(num_layers))
+        if traits.window == WINDOW_SWITCHED and self.boolean("use_sliding_window", default=False):
+            return set(range(self.count("max_window_layers"), num_layers))
+        if traits.window == WINDOW_PATTERN:
+            pattern = self.positive_int("sliding_window_pattern", default=traits.window_pattern)
+            return {i for i in range(num_layers) if (i + 1) % pattern}
+        return set()
 
     def storage_dtype(self) -> str | None:
         key = "dtype" if self.raw.get("dtype") is not None else "torch_dtype"
@@ -439,6 +527,11 @@ class _Parser:
 def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     """YaRN's attention temperature for a context stretched `factor` times."""
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _per_layer_type(params: object) -> TypeGuard[Mapping[str, Any]]:
+    """Whether RoPE parameters are given per layer type (Gemma 3's rope_parameters in transformers 5)."""
+    return isinstance(params, Mapping) and ("full_attention" in params or "sliding_attention" in params)
 
 
 def _is_number(value: object) -> TypeGuard[int | float]:

@@ -1,4 +1,5 @@
-"""The Llama-family decoder (Llama, Qwen2, Qwen3, Mistral, Phi-3, Granite, SmolLM3, OLMo 2): one module,
+"""The Llama-family decoder (Llama, Qwen2, Qwen3, Mistral, Phi-3, Granite, SmolLM3, OLMo 2, Gemma 2 and 3):
+one module,
 parametrized by `LlamaFamilyConfig`.
 
 It has the shape `paged_forward` runs (`embed`, `rotary`, `blocks()` with `qkv`,
@@ -41,10 +42,17 @@ def _empty(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Paramete
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Normalizes in float32 and casts back before the weight, as the family's checkpoints were trained."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, plus_one: bool = False) -> torch.Tensor:
+    """Normalizes in float32 and casts back before the weight, as the family's checkpoints were trained;
+    `plus_one` (Gemma) weighs by 1 + w in float32 and casts after."""
     x32 = x.float()
-    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+    normalized = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if plus_one:
+        return (normalized * (1.0 + weight.float())).to(x.dtype)
+    return normalized.to(x.dtype) * weight
+
+
+_ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
 def _scaled(x: torch.Tensor, multiplier: float) -> torch.Tensor:
@@ -56,39 +64,50 @@ class LlamaFamilyBlock(nn.Module):
         super().__init__()
         self.config = config
         self.uses_rope = index not in config.nope_layers
+        self.window = config.window_of(index)  # sliding window in tokens; 0: full attention
+        # Gemma 3's sliding layers rotate by their own RoPE base (Rotary.local).
+        self.uses_local_rope = bool(self.window) and config.local_rope_theta is not None
         c = config
+        self._act = _ACTIVATIONS[c.activation]
         q_size, kv_size = c.num_heads * c.head_size, c.num_kv_heads * c.head_size
-        # The attention branch's norm and the MLP branch's: on their inputs (Llama's input_layernorm and
-        # post_attention_layernorm) or, with post_norms, on their outputs (OLMo 2's post_attention_layernorm
-        # and post_feedforward_layernorm).
-        self.attn_norm = _empty(c.d_model, dtype=dtype, device=device)
+        # Each branch's norms (llama_config's pre_norms / post_norms): on its input, its output, or both.
+        self.attn_norm = _empty(c.d_model, dtype=dtype, device=device) if c.pre_norms else None
+        self.attn_post_norm = _empty(c.d_model, dtype=dtype, device=device) if c.post_norms else None
         self.qkv_weight = _empty(q_size + 2 * kv_size, c.d_model, dtype=dtype, device=device)
         self.qkv_bias = _empty(q_size + 2 * kv_size, dtype=dtype, device=device) if c.qkv_bias else None
         per_head = c.qk_norm == QK_NORM_PER_HEAD
         self.q_norm = _empty(c.head_size if per_head else q_size, dtype=dtype, device=device) if c.qk_norm else None
         self.k_norm = _empty(c.head_size if per_head else kv_size, dtype=dtype, device=device) if c.qk_norm else None
         self.o_weight = _empty(c.d_model, q_size, dtype=dtype, device=device)
-        self.mlp_norm = _empty(c.d_model, dtype=dtype, device=device)
+        self.mlp_norm = _empty(c.d_model, dtype=dtype, device=device) if c.pre_norms else None
+        self.mlp_post_norm = _empty(c.d_model, dtype=dtype, device=device) if c.post_norms else None
         self.gate_up_weight = _empty(2 * c.d_ff, c.d_model, dtype=dtype, device=device)
         self.down_weight = _empty(c.d_model, c.d_ff, dtype=dtype, device=device)
         self._split = (q_size, kv_size, kv_size)
 
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        if weight is None:
+            return x
+        return rms_norm(x, weight, self.config.norm_eps, plus_one=self.config.norm_plus_one)
+
     def qkv(self, x: torch.Tensor, rope: Rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`x[..., T, d_model]` → float32 q `[..., T, num_heads, hs]`, k and v `[..., T, num_kv_heads, hs]`, RoPE applied."""
         c = self.config
-        h = x if c.post_norms else rms_norm(x, self.attn_norm, c.norm_eps)
+        h = self._norm(x, self.attn_norm)
         lead = h.shape[:-1]
         qkv = F.linear(h, self.qkv_weight, self.qkv_bias)
         q, k, v = qkv.split(self._split, dim=-1)
         # q/k norms run in the compute dtype, as the checkpoint was trained; RoPE and attention in float32.
-        if c.qk_norm == QK_NORM_FULL and self.q_norm is not None and self.k_norm is not None:
-            q, k = rms_norm(q, self.q_norm, c.norm_eps), rms_norm(k, self.k_norm, c.norm_eps)
+        if c.qk_norm == QK_NORM_FULL:
+            q, k = self._norm(q, self.q_norm), self._norm(k, self.k_norm)
         q, k = q.view(*lead, c.num_heads, c.head_size), k.view(*lead, c.num_kv_heads, c.head_size)
-        if c.qk_norm == QK_NORM_PER_HEAD and self.q_norm is not None and self.k_norm is not None:
-            q, k = rms_norm(q, self.q_norm, c.norm_eps), rms_norm(k, self.k_norm, c.norm_eps)
+        if c.qk_norm == QK_NORM_PER_HEAD:
+            q, k = self._norm(q, self.q_norm), self._norm(k, self.k_norm)
         v = v.float().reshape(*lead, c.num_kv_heads, c.head_size)
         if not self.uses_rope:  # SmolLM3's NoPE layers: positions reach them only through the others
             return q.float(), k.float(), v
+        if self.uses_local_rope and rope.local is not None:
+            rope = rope.local
         # q and k rotate by the same angles: one rotation over their heads side by side.
         qk = torch.cat((q.float(), k.float()), dim=-2)
         q, k = apply_rope(qk, rope).split((c.num_heads, c.num_kv_heads), dim=-2)
@@ -97,18 +116,12 @@ class LlamaFamilyBlock(nn.Module):
     def attn_out(self, attn: torch.Tensor) -> torch.Tensor:
         """Float32 attention output `[..., T, num_heads, hs]` → residual update `[..., T, d_model]` (compute dtype)."""
         out = F.linear(attn.flatten(-2).to(self.o_weight.dtype), self.o_weight)
-        if self.config.post_norms:
-            out = rms_norm(out, self.attn_norm, self.config.norm_eps)
-        return _scaled(out, self.config.residual_multiplier)
+        return _scaled(self._norm(out, self.attn_post_norm), self.config.residual_multiplier)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        c = self.config
-        h = x if c.post_norms else rms_norm(x, self.mlp_norm, c.norm_eps)
-        gate, up = F.linear(h, self.gate_up_weight).chunk(2, dim=-1)
-        out = F.linear(F.silu(gate) * up, self.down_weight)
-        if c.post_norms:
-            out = rms_norm(out, self.mlp_norm, c.norm_eps)
-        return _scaled(out, c.residual_multiplier)
+        gate, up = F.linear(self._norm(x, self.mlp_norm), self.gate_up_weight).chunk(2, dim=-1)
+        out = F.linear(self._act(gate) * up, self.down_weight)
+        return _scaled(self._norm(out, self.mlp_post_norm), self.config.residual_multiplier)
 
 
 class LlamaFamilyLM(nn.Module):
@@ -128,7 +141,13 @@ class LlamaFamilyLM(nn.Module):
             None if config.tie_word_embeddings else _empty(config.vocab_size, config.d_model, dtype=dtype, device=device)
         )
         self.register_buffer("inv_freq", rope_inv_freq(config, device), persistent=False)
+        self.register_buffer("local_inv_freq", None if config.local_rope_theta is None else
+                             rope_inv_freq(config, device, theta=config.local_rope_theta, scaled=False),
+                             persistent=False)
         self._rope_attention_factor = rope_attention_factor(config)
+        # Gemma multiplies embeddings by sqrt(d_model) rounded to the weights' dtype, as transformers does.
+        self._embed_scale = (float(torch.tensor(config.d_model ** 0.5).to(dtype))
+                             if config.embedding_normalizer else config.embedding_multiplier)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -139,7 +158,7 @@ class LlamaFamilyLM(nn.Module):
         return self.embed_weight.device
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return _scaled(F.embedding(token_ids, self.embed_weight), self.config.embedding_multiplier)
+        return _scaled(F.embedding(token_ids, self.embed_weight), self._embed_scale)
 
     def blocks(self) -> Iterator[LlamaFamilyBlock]:
         return iter(cast("Iterable[LlamaFamilyBlock]", self.layers))
@@ -149,13 +168,20 @@ class LlamaFamilyLM(nn.Module):
         cos, sin = angles.cos(), angles.sin()
         if self._rope_attention_factor != 1.0:
             cos, sin = cos * self._rope_attention_factor, sin * self._rope_attention_factor
-        return Rotary(cos[..., None, :], sin[..., None, :])  # broadcast over heads
+        local = None
+        if self.local_inv_freq is not None:
+            local_angles = positions.to(torch.float32)[..., None] * cast(torch.Tensor, self.local_inv_freq)
+            local = Rotary(local_angles.cos()[..., None, :], local_angles.sin()[..., None, :])
+        return Rotary(cos[..., None, :], sin[..., None, :], local)  # broadcast over heads
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        c = self.config
         head = self.embed_weight if self.lm_head_weight is None else self.lm_head_weight
-        logits = F.linear(rms_norm(hidden, self.final_norm, self.config.norm_eps), head)
-        if self.config.logits_scaling != 1.0:
-            logits = logits / self.config.logits_scaling
+        logits = F.linear(rms_norm(hidden, self.final_norm, c.norm_eps, plus_one=c.norm_plus_one), head)
+        if c.logits_scaling != 1.0:
+            logits = logits / c.logits_scaling
+        if c.final_logit_softcap:  # Gemma 2: in the compute dtype, as transformers caps them
+            logits = torch.tanh(logits / c.final_logit_softcap) * c.final_logit_softcap
         return logits.float()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -56,8 +56,8 @@ def expected_tensors(config: LlamaFamilyConfig) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, c.d_model)}
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
-        if not c.post_norms:
-            shapes[p + "input_layernorm.weight"] = (c.d_model,)
+        for name in norm_names(c).values():
+            shapes[p + name] = (c.d_model,)
         if c.fused_projections:
             shapes[p + "self_attn.qkv_proj.weight"] = (q_size + 2 * kv_size, c.d_model)
         else:
@@ -73,9 +73,6 @@ def expected_tensors(config: LlamaFamilyConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.q_norm.weight"] = (c.head_size if per_head else q_size,)
             shapes[p + "self_attn.k_norm.weight"] = (c.head_size if per_head else kv_size,)
         shapes[p + "self_attn.o_proj.weight"] = (c.d_model, q_size)
-        shapes[p + "post_attention_layernorm.weight"] = (c.d_model,)
-        if c.post_norms:
-            shapes[p + "post_feedforward_layernorm.weight"] = (c.d_model,)
         if c.fused_projections:
             shapes[p + "mlp.gate_up_proj.weight"] = (2 * c.d_ff, c.d_model)  # gate's rows, then up's
         else:
@@ -86,6 +83,20 @@ def expected_tensors(config: LlamaFamilyConfig) -> dict[str, tuple[int, ...]]:
     if not c.tie_word_embeddings:
         shapes["lm_head.weight"] = (c.vocab_size, c.d_model)
     return shapes
+
+
+def norm_names(config: LlamaFamilyConfig) -> dict[str, str]:
+    """Each of a layer's branch norms (LlamaFamilyBlock's attribute) → the checkpoint's name for it. Llama
+    normalizes each branch's input (input_layernorm, post_attention_layernorm), OLMo 2 each branch's
+    output (post_attention_layernorm, post_feedforward_layernorm), Gemma both (and pre_feedforward_layernorm)."""
+    names: dict[str, str] = {}
+    if config.pre_norms:
+        names["attn_norm"] = "input_layernorm.weight"
+        names["mlp_norm"] = "pre_feedforward_layernorm.weight" if config.post_norms else "post_attention_layernorm.weight"
+    if config.post_norms:
+        names["attn_post_norm"] = "post_attention_layernorm.weight"
+        names["mlp_post_norm"] = "post_feedforward_layernorm.weight"
+    return names
 
 
 def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> dict[str, Path]:
@@ -111,7 +122,7 @@ def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> dict[str,
                 if name not in expected:
                     raise CheckpointError(str(path), name, f"unexpected tensor for {config.architecture} "
                                           f"({config.num_layers} layers, qkv_bias={config.qkv_bias}, qk_norm={config.qk_norm!r}, "
-                                          f"post_norms={config.post_norms}, "
+                                          f"pre_norms={config.pre_norms}, post_norms={config.post_norms}, "
                                           f"fused_projections={config.fused_projections}, "
                                           f"tie_word_embeddings={config.tie_word_embeddings})")
                 if name in where:
@@ -170,12 +181,8 @@ def _destinations(model: LlamaFamilyLM) -> dict[str, torch.Tensor]:
     qkv_rows = {"q": slice(0, q_size), "k": slice(q_size, q_size + kv_size), "v": slice(q_size + kv_size, None)}
     for i, layer in enumerate(model.blocks()):
         p = f"model.layers.{i}."
-        if c.post_norms:  # OLMo 2: the norms on each branch's output
-            places[p + "post_attention_layernorm.weight"] = layer.attn_norm
-            places[p + "post_feedforward_layernorm.weight"] = layer.mlp_norm
-        else:
-            places[p + "input_layernorm.weight"] = layer.attn_norm
-            places[p + "post_attention_layernorm.weight"] = layer.mlp_norm
+        for attribute, name in norm_names(c).items():
+            places[p + name] = getattr(layer, attribute)
         if c.fused_projections:
             places[p + "self_attn.qkv_proj.weight"] = layer.qkv_weight
         else:

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 
 from kernels import (
     Backend,
@@ -27,11 +26,14 @@ from kernels import (
     write_kv_cache_host,
 )
 from kernels.backend import resolve_backend
+from services.worker.models.attention import attention, visible_keys
 from services.worker.models.rope import Rotary
 
 
 class PagedBlock(Protocol):
     """A decoder layer split where the paged step puts its attention between the pieces."""
+
+    window: int  # its sliding window in tokens (a query sees itself and window - 1 keys before it); 0: all
 
     def qkv(self, x: torch.Tensor, rope: Rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`x[T, d_model]` → float32 q `[T, num_heads, hs]`, k and v `[T, num_kv_heads, hs]`, RoPE applied."""
@@ -49,6 +51,11 @@ class AttentionShape(Protocol):
     @property
     def attention_scale(self) -> float:
         """What q·k is multiplied by before the softmax (1 / sqrt(head_size) unless the model says)."""
+        ...
+
+    @property
+    def attention_softcap(self) -> float:
+        """c > 0: each scaled score becomes c * tanh(score / c) (Gemma 2); 0: none."""
         ...
 
 
@@ -151,7 +158,7 @@ def paged_forward(lm: PagedLM, seqs: Sequence[PagedSequence], cache: KVCache) ->
     chunks = [i for i, n in enumerate(lengths) if n > 1]
     decode_rows = torch.tensor([starts[i] for i in decode], dtype=torch.int64, device=device)
     decode_tables, decode_lens = _decode_tables([seqs[i] for i in decode], bs, device)
-    scale = lm.config.attention_scale
+    scale, softcap = lm.config.attention_scale, lm.config.attention_softcap
 
     rope = lm.rotary(positions)
 
@@ -161,7 +168,7 @@ def paged_forward(lm: PagedLM, seqs: Sequence[PagedSequence], cache: KVCache) ->
     on_host = cache.device.type == "cpu" and resolve_backend(None, prefer_cuda=False) is Backend.CPU
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_cache: torch.Tensor,
-               value_cache: torch.Tensor) -> torch.Tensor:
+               value_cache: torch.Tensor, window: int) -> torch.Tensor:
         attn = torch.empty_like(q)
         if on_host:
             key_np, value_np = key_cache.numpy(), value_cache.numpy()
@@ -170,26 +177,27 @@ def paged_forward(lm: PagedLM, seqs: Sequence[PagedSequence], cache: KVCache) ->
                 query = q[decode_rows].contiguous()
                 out = torch.empty_like(query)
                 paged_attention_decode_host(out.numpy(), query.numpy(), key_np, value_np, decode_tables.numpy(),
-                                            decode_lens.numpy(), bs, scale)
+                                            decode_lens.numpy(), bs, scale, window, softcap)
                 attn[decode_rows] = out
         else:
             write_kv_cache(k.contiguous(), v.contiguous(), key_cache, value_cache, slots)
             if decode:
                 attn[decode_rows] = paged_attention_decode(
-                    q[decode_rows].contiguous(), key_cache, value_cache, decode_tables, decode_lens, bs, scale
+                    q[decode_rows].contiguous(), key_cache, value_cache, decode_tables, decode_lens, bs, scale,
+                    sliding_window=window, softcap=softcap,
                 )
         for i in chunks:
             rows = slice(starts[i], starts[i] + lengths[i])
-            attn[rows] = _chunk_attention(q[rows], seqs[i], key_cache, value_cache, bs, scale)
+            attn[rows] = _chunk_attention(q[rows], seqs[i], key_cache, value_cache, bs, scale, window, softcap)
         return attn
 
     x = run_layers(lm, lm.embed(tokens), rope, cache, attend)
     return lm.logits(x[logit_rows(seqs, starts, lengths)])
 
 
-# attend(q, k, v, key_cache, value_cache): writes the step's K/V into the layer's caches and returns the
-# attention output, shaped like q.
-Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# attend(q, k, v, key_cache, value_cache, window): writes the step's K/V into the layer's caches and
+# returns the attention output, shaped like q, each query seeing the layer's sliding window (0: all).
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
 def run_layers(lm: PagedLM, x: torch.Tensor, rope: Rotary, cache: KVCache, attend: Attend) -> torch.Tensor:
@@ -198,7 +206,7 @@ def run_layers(lm: PagedLM, x: torch.Tensor, rope: Rotary, cache: KVCache, atten
     (cuda_graphs.decode_forward) differ only in how they attend."""
     for layer_index, layer in enumerate(lm.blocks()):
         q, k, v = layer.qkv(x, rope)
-        attn = attend(q, k, v, cache.key[layer_index], cache.value[layer_index])
+        attn = attend(q, k, v, cache.key[layer_index], cache.value[layer_index], layer.window)
         x = x + layer.attn_out(attn)
         x = x + layer.mlp(x)
     return x
@@ -236,18 +244,20 @@ def _chunk_attention(
     value_cache: torch.Tensor,
     block_size: int,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
-    """Causal attention of a chunk's queries `[n, num_heads, hs]` over its cached prefix and itself."""
+    """Causal attention of a chunk's queries `[n, num_heads, hs]` over its cached prefix and itself; with
+    a sliding window, only the blocks that hold keys inside it are gathered."""
     context_len = seq.end_position
-    blocks = torch.tensor(seq.block_table[: -(-context_len // block_size)], dtype=torch.int64, device=q.device)
+    first = max(0, seq.start_position - window + 1) // block_size * block_size if window else 0
+    blocks = torch.tensor(seq.block_table[first // block_size: -(-context_len // block_size)], dtype=torch.int64,
+                          device=q.device)
     num_kv_heads, head_size = key_cache.shape[2], key_cache.shape[3]
-    keys = key_cache[blocks].reshape(-1, num_kv_heads, head_size)[:context_len]
-    values = value_cache[blocks].reshape(-1, num_kv_heads, head_size)[:context_len]
+    keys = key_cache[blocks].reshape(-1, num_kv_heads, head_size)[:context_len - first]
+    values = value_cache[blocks].reshape(-1, num_kv_heads, head_size)[:context_len - first]
     query_pos = torch.arange(seq.start_position, context_len, device=q.device)
-    key_pos = torch.arange(context_len, device=q.device)
-    allowed = key_pos[None, :] <= query_pos[:, None]  # [n, context_len]
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
-        attn_mask=allowed, scale=scale, enable_gqa=True,
-    )
+    key_pos = torch.arange(first, context_len, device=q.device)
+    out = attention(q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
+                    visible=visible_keys(query_pos, key_pos, window), scale=scale, softcap=softcap)
     return out[0].transpose(0, 1)

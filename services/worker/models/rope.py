@@ -17,6 +17,8 @@ class Rotary:
 
     cos: torch.Tensor
     sin: torch.Tensor
+    # Gemma 3's sliding-window layers rotate by a RoPE of their own base; None where every layer shares one.
+    local: Rotary | None = None
 
 
 def rotary(positions: torch.Tensor, head_size: int, theta: float) -> Rotary:

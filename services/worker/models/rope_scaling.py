@@ -18,13 +18,16 @@ from services.worker.models.llama_config import (
 )
 
 
-def rope_inv_freq(config: LlamaFamilyConfig, device: torch.device) -> torch.Tensor:
-    """RoPE's inverse frequency of each rotated pair, `float32[head_size // 2]`, scaled per config."""
+def rope_inv_freq(config: LlamaFamilyConfig, device: torch.device, *, theta: float | None = None,
+                  scaled: bool = True) -> torch.Tensor:
+    """RoPE's inverse frequency of each rotated pair, `float32[head_size // 2]`, scaled per config; `theta`
+    and `scaled=False` give another base's plain frequencies (Gemma 3's sliding layers)."""
+    theta = config.rope_theta if theta is None else theta
     exponents = torch.arange(0, config.head_size, 2, dtype=torch.int64, device=device).float() / config.head_size
-    scaling = config.rope_scaling
+    scaling = config.rope_scaling if scaled else None
     if isinstance(scaling, YarnRopeScaling):
-        return yarn_scaled(config.rope_theta ** exponents, config.head_size, config.rope_theta, scaling)
-    inv_freq = 1.0 / (config.rope_theta ** exponents)
+        return yarn_scaled(theta ** exponents, config.head_size, theta, scaling)
+    inv_freq = 1.0 / (theta ** exponents)
     if isinstance(scaling, LinearRopeScaling):
         return inv_freq / scaling.factor
     if isinstance(scaling, Llama3RopeScaling):

@@ -54,6 +54,10 @@ class TransformerConfig:
     def attention_scale(self) -> float:
         return 1.0 / math.sqrt(self.head_size)
 
+    @property
+    def attention_softcap(self) -> float:
+        return 0.0
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
@@ -72,6 +76,8 @@ def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
 
 
 class DecoderBlock(nn.Module):
+    window = 0  # full attention in every layer (paged.PagedBlock)
+
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.config = config

@@ -88,7 +88,7 @@ def import_checkpoint(source: str | Path, repository: str | Path, options: Impor
     try:
         config = read_config(source)
         envelope, max_seq_len = _envelope(config, options)
-        config = read_config(source, max_seq_len=max_seq_len)  # the sliding window is checked at this length
+        config = read_config(source, max_seq_len=max_seq_len)  # sliding windows read against this length
         check_weights(source, config)
     except CheckpointError as exc:
         raise ImportRefused(str(exc)) from None
@@ -172,7 +172,8 @@ def weight_bytes(config: LlamaFamilyConfig, bytes_per_value: int = 4) -> int:
         attention += 2 * c.head_size
     elif c.qk_norm:
         attention += (c.num_heads + c.num_kv_heads) * c.head_size
-    layer = attention + 3 * c.d_model * c.d_ff + 2 * c.d_model
+    num_norms = (2 if c.pre_norms else 0) + (2 if c.post_norms else 0)
+    layer = attention + 3 * c.d_model * c.d_ff + num_norms * c.d_model
     heads = 1 if c.tie_word_embeddings else 2
     return bytes_per_value * (c.num_layers * layer + heads * c.vocab_size * c.d_model + c.d_model)
 

@@ -15,6 +15,8 @@ from services.worker.models.cuda_graphs import (
     graph_refusal,
     pack_decode_batch,
 )
+from services.worker.models.llama_config import LlamaFamilyConfig
+from services.worker.models.llama_family import LlamaFamilyLM
 from services.worker.models.paged import KVCache, PagedSequence, paged_forward
 from services.worker.models.transformer import DecoderLM, TransformerConfig
 
@@ -39,7 +41,7 @@ def decode(token: int, prompt: list[int], table: tuple[int, ...]) -> PagedSequen
     return PagedSequence((token,), len(prompt), table, needs_logits=True)
 
 
-def prefilled_pair(lm: DecoderLM) -> tuple[KVCache, KVCache]:
+def prefilled_pair(lm: DecoderLM | LlamaFamilyLM) -> tuple[KVCache, KVCache]:
     """Two caches holding the same prefilled prompts: one for paged_forward, one for the graphs' body."""
     eager, graphed = make_cache(), make_cache()
     with torch.inference_mode():
@@ -134,6 +136,34 @@ def test_graph_body_matches_paged_forward_and_padding_rows_touch_no_real_block(a
                                    atol=1e-5)
         torch.testing.assert_close(graphed.value[layer][real_blocks], eager.value[layer][real_blocks], rtol=1e-5,
                                    atol=1e-5)
+
+
+def make_windowed_lm() -> LlamaFamilyLM:
+    """A Gemma 2 shaped model (layer 0 slides over 3 tokens, scores and logits softcapped), random weights."""
+    config = LlamaFamilyConfig(
+        architecture="Gemma2ForCausalLM", vocab_size=40, num_layers=2, d_model=32, num_heads=4, num_kv_heads=2,
+        head_size=8, d_ff=64, max_position_embeddings=64, max_seq_len=64, post_norms=True, norm_plus_one=True,
+        activation="gelu_pytorch_tanh", embedding_normalizer=True, layer_windows=(3, 0), attention_softcap=2.0,
+        final_logit_softcap=5.0, tie_word_embeddings=True)
+    lm = LlamaFamilyLM(config)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for param in lm.parameters():
+            param.normal_(0.0, 0.3)
+    return lm.eval()
+
+
+@pytest.mark.parametrize(("attention", "padding_slot"), [(DecodeAttention.KERNEL, -1),
+                                                          (DecodeAttention.TORCH, PADDING_SLOT)])
+def test_graph_body_keeps_sliding_windows_and_softcaps(attention, padding_slot):
+    lm = make_windowed_lm()
+    eager, graphed = prefilled_pair(lm)
+    graphs = DecodeGraphs(lm, graphed, max_blocks_per_seq=4, buckets=(4,), attention=attention,
+                          padding_slot=padding_slot)
+    seqs = [decode(20 + i, p, t) for i, (p, t) in enumerate(zip(PROMPTS, TABLES, strict=True))]
+    with torch.inference_mode():
+        expected = paged_forward(lm, seqs, eager)
+    torch.testing.assert_close(graphs.run_uncaptured(seqs), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_greedy_decode_through_the_graph_body_follows_paged_forward():

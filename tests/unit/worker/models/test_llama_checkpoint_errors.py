@@ -1,6 +1,6 @@
 """Checkpoints the Llama family refuses, each with a CheckpointError naming the file and the field or
-tensor; and the spellings of a config it accepts (transformers 4 and 5, sliding windows that cover
-the whole sequence, sharded weights)."""
+tensor; and the spellings of a config it accepts (transformers 4 and 5, sliding windows per layer,
+sharded weights)."""
 
 from __future__ import annotations
 
@@ -55,13 +55,12 @@ def llama_config(**fields: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("fields", "field", "says"), [
     ({"architectures": ["GPT2LMHeadModel"]}, "architectures[0]",
-     "supported: GraniteForCausalLM, LlamaForCausalLM, MistralForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, "
-     "Qwen2ForCausalLM, "
-     "Qwen3ForCausalLM, SmolLM3ForCausalLM"),
+     "supported: Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, LlamaForCausalLM, MistralForCausalLM, "
+     "Olmo2ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, SmolLM3ForCausalLM"),
     ({"architectures": ["Olmo3ForCausalLM"]}, "architectures[0]", "Olmo2ForCausalLM"),
-    ({"architectures": ["Qwen3MoeForCausalLM"]}, "architectures[0]", "supported: GraniteForCausalLM, Llama"),
+    ({"architectures": ["Qwen3MoeForCausalLM"]}, "architectures[0]", "supported: Gemma2ForCausalLM, Gemma3"),
     ({"architectures": ["Qwen3ForCausalLM"], "attention_bias": True}, "attention_bias", "supported: false"),
-    ({"architectures": []}, "architectures", "supported: GraniteForCausalLM, LlamaForCausalLM"),
+    ({"architectures": []}, "architectures", "supported: Gemma2ForCausalLM, Gemma3ForCausalLM, Granite"),
     ({"rope_scaling": {"type": "su", "factor": 4.0}}, "rope_scaling.type", "supported: default, linear, llama3, yarn"),
     ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling.rope_type", "supported: default, linear"),
     ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_parameters.rope_type", "llama3"),
@@ -128,39 +127,65 @@ def test_yarn_reads_its_fields_as_transformers_does():
     assert isinstance(given.rope_scaling, YarnRopeScaling) and given.rope_scaling.attention_factor == 1.5
 
 
-def test_a_sliding_window_is_refused_only_when_it_hides_part_of_the_sequence():
+def test_sliding_windows_are_read_per_layer_and_one_covering_the_sequence_is_none():
     mistral = llama_config(architectures=["MistralForCausalLM"], sliding_window=128)
-    with pytest.raises(CheckpointError) as caught:
-        LlamaFamilyConfig.from_hf(mistral)
-    assert caught.value.field == "sliding_window" and "128 < max_seq_len 256" in str(caught.value)
-    assert LlamaFamilyConfig.from_hf(mistral, max_seq_len=128).max_seq_len == 128
-    assert LlamaFamilyConfig.from_hf({**mistral, "sliding_window": None}).max_seq_len == 256
+    assert LlamaFamilyConfig.from_hf(mistral).layer_windows == (128, 128)  # every layer slides
+    assert LlamaFamilyConfig.from_hf(mistral, max_seq_len=128).layer_windows == ()  # covers the sequence
+    assert LlamaFamilyConfig.from_hf({**mistral, "sliding_window": None}).layer_windows == ()
+    with pytest.raises(CheckpointError, match="sliding_window: must be a positive int or null"):
+        LlamaFamilyConfig.from_hf({**mistral, "sliding_window": 0})
 
+    # Qwen2 (and Qwen3, SmolLM3) slide the layers from max_window_layers on, with use_sliding_window.
     qwen = llama_config(architectures=["Qwen2ForCausalLM"], sliding_window=128, max_window_layers=0)
-    assert LlamaFamilyConfig.from_hf({**qwen, "use_sliding_window": False}).qkv_bias
-    assert LlamaFamilyConfig.from_hf({**qwen, "use_sliding_window": True, "max_window_layers": 2}).qkv_bias
-    with pytest.raises(CheckpointError, match="sliding_window"):
-        LlamaFamilyConfig.from_hf({**qwen, "use_sliding_window": True})
-    with pytest.raises(CheckpointError, match="sliding_window"):
-        LlamaFamilyConfig.from_hf({**qwen, "layer_types": ["full_attention", "sliding_attention"]})
+    assert LlamaFamilyConfig.from_hf({**qwen, "use_sliding_window": False}).layer_windows == ()
+    assert LlamaFamilyConfig.from_hf({**qwen, "use_sliding_window": True, "max_window_layers": 2}).layer_windows == ()
+    assert LlamaFamilyConfig.from_hf({**qwen, "use_sliding_window": True, "max_window_layers": 1}).layer_windows \
+        == (0, 128)
+    assert LlamaFamilyConfig.from_hf({**qwen, "use_sliding_window": True}).layer_windows == (128, 128)
+    # transformers 5's layer_types say it for every architecture.
+    typed = LlamaFamilyConfig.from_hf({**qwen, "layer_types": ["full_attention", "sliding_attention"]})
+    assert typed.layer_windows == (0, 128) and typed.window_of(1) == 128
+    with pytest.raises(CheckpointError, match="layer_types: must be a list of 2"):
+        LlamaFamilyConfig.from_hf({**qwen, "layer_types": ["sliding_attention"]})
     phi3 = llama_config(architectures=["Phi3ForCausalLM"], sliding_window=127)  # Phi-3-mini-4k's 2047, scaled
-    assert LlamaFamilyConfig.from_hf(phi3, max_seq_len=127).fused_projections
-    with pytest.raises(CheckpointError, match="sliding_window: 127 < max_seq_len 256"):
-        LlamaFamilyConfig.from_hf(phi3)
+    assert LlamaFamilyConfig.from_hf(phi3).layer_windows == (127, 127)
 
     smollm3 = llama_config(architectures=["SmolLM3ForCausalLM"], sliding_window=128)
-    assert LlamaFamilyConfig.from_hf(smollm3).max_seq_len == 256  # no use_sliding_window: no window
-    with pytest.raises(CheckpointError, match="sliding_window"):
-        LlamaFamilyConfig.from_hf({**smollm3, "use_sliding_window": True})
+    assert LlamaFamilyConfig.from_hf(smollm3).layer_windows == ()  # no use_sliding_window: no window
+    assert LlamaFamilyConfig.from_hf({**smollm3, "use_sliding_window": True}).layer_windows == (128, 128)
     assert LlamaFamilyConfig.from_hf({**smollm3, "no_rope_layers": [0, 1]}).nope_layers == (0,)
     assert LlamaFamilyConfig.from_hf({**smollm3, "num_hidden_layers": 8}).nope_layers == (3, 7)  # every 4th
-
-    qwen3 = {**qwen, "architectures": ["Qwen3ForCausalLM"]}  # Qwen3 reads Qwen2's switches
-    assert LlamaFamilyConfig.from_hf({**qwen3, "use_sliding_window": False}).qk_norm
-    with pytest.raises(CheckpointError, match="sliding_window"):
-        LlamaFamilyConfig.from_hf({**qwen3, "use_sliding_window": True})
+    assert LlamaFamilyConfig.from_hf(llama_config(sliding_window=16)).layer_windows == ()  # Llama has none
     with pytest.raises(CheckpointError, match="max_position_embeddings"):
         LlamaFamilyConfig.from_hf(llama_config(), max_seq_len=257)
+
+
+def test_gemma_reads_its_pattern_scalings_softcaps_and_local_rope():
+    gemma3 = llama_config(architectures=["Gemma3ForCausalLM"], num_hidden_layers=12, head_dim=16, sliding_window=32,
+                          rope_theta=1000000.0, rope_local_base_freq=10000.0, query_pre_attn_scalar=256,
+                          rope_scaling={"rope_type": "linear", "factor": 8.0}, hidden_activation="gelu_pytorch_tanh")
+    config = LlamaFamilyConfig.from_hf(gemma3)  # transformers 4's spelling, Gemma 3 4B's shape
+    assert config.layer_windows == (32,) * 5 + (0,) + (32,) * 5 + (0,)  # every 6th layer is full
+    assert (config.rope_theta, config.local_rope_theta, config.rope_scaling.factor) == (1000000.0, 10000.0, 8.0)
+    assert config.attention_scale == 1 / 16 and config.qk_norm == "head" and config.norm_plus_one
+    assert (config.pre_norms, config.post_norms, config.embedding_normalizer) == (True, True, True)
+    assert (config.attention_softcap, config.final_logit_softcap) == (0.0, 0.0)
+    assert LlamaFamilyConfig.from_hf({**gemma3, "sliding_window_pattern": 3}).layer_windows[:3] == (32, 32, 0)
+    gemma2 = llama_config(architectures=["Gemma2ForCausalLM"], head_dim=16, sliding_window=32,
+                          attn_logit_softcapping=50.0, final_logit_softcapping=30.0, query_pre_attn_scalar=144)
+    config = LlamaFamilyConfig.from_hf(gemma2)
+    assert config.layer_windows == (32, 0) and config.local_rope_theta is None and not config.qk_norm
+    assert (config.attention_softcap, config.final_logit_softcap, config.attention_scale) == (50.0, 30.0, 144 ** -0.5)
+    for field, value, says in [("hidden_activation", "silu", "supported: gelu_pytorch_tanh"),
+                               ("attn_logit_softcapping", -1.0, "finite number > 0"),
+                               ("use_bidirectional_attention", True, "embedding model")]:
+        with pytest.raises(CheckpointError, match=says) as caught:
+            LlamaFamilyConfig.from_hf({**gemma2, field: value})
+        assert caught.value.field == field
+    with pytest.raises(CheckpointError, match="rope_parameters.sliding_attention.rope_type"):
+        LlamaFamilyConfig.from_hf({**gemma3, "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "linear", "factor": 2.0}}})
 
 
 def test_unsupported_architecture_in_a_directory_names_config_json(tiny_checkpoints, tmp_path):
@@ -327,6 +352,28 @@ MISTRAL_7B_V0_1 = {
 }
 
 
+GEMMA_3_1B = {
+    "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "attn_logit_softcapping": None, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": [1, 106],
+    "final_logit_softcapping": None, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152,
+    "initializer_range": 0.02, "intermediate_size": 6912, "max_position_embeddings": 32768,
+    "model_type": "gemma3_text", "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+    "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000,
+    "rope_scaling": None, "rope_theta": 1000000, "sliding_window": 512, "sliding_window_pattern": 6,
+    "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 262144,
+}
+GEMMA_2_2B = {
+    "architectures": ["Gemma2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": [1, 107],
+    "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304, "initializer_range": 0.02,
+    "intermediate_size": 9216, "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 8,
+    "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0, "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096, "torch_dtype": "float32",
+    "use_cache": True, "vocab_size": 256000,
+}
+
+
 def test_released_checkpoints_configs_read_as_their_architecture():
     llama = LlamaFamilyConfig.from_hf(LLAMA_3_1_8B, max_seq_len=8192)
     assert (llama.num_layers, llama.num_heads, llama.num_kv_heads, llama.head_size, llama.storage_dtype) == (
@@ -349,7 +396,13 @@ def test_released_checkpoints_configs_read_as_their_architecture():
     with pytest.raises(CheckpointError, match="logits_scaling: must be a finite number > 0"):
         LlamaFamilyConfig.from_hf({**GRANITE_3_3_8B, "logits_scaling": 0})
 
-    with pytest.raises(CheckpointError, match="sliding_window: 4096 < max_seq_len 32768"):
-        LlamaFamilyConfig.from_hf(MISTRAL_7B_V0_1)
-    mistral = LlamaFamilyConfig.from_hf(MISTRAL_7B_V0_1, max_seq_len=4096)  # the window covers every sequence
-    assert mistral.max_seq_len == 4096 and not mistral.qkv_bias
+    mistral = LlamaFamilyConfig.from_hf(MISTRAL_7B_V0_1)
+    assert mistral.layer_windows == (4096,) * 32 and mistral.max_seq_len == 32768 and not mistral.qkv_bias
+    assert LlamaFamilyConfig.from_hf(MISTRAL_7B_V0_1, max_seq_len=4096).layer_windows == ()  # it covers all
+
+    gemma3 = LlamaFamilyConfig.from_hf(GEMMA_3_1B)  # tied by Gemma's default: the config does not say
+    assert gemma3.tie_word_embeddings and gemma3.head_size == 256 and gemma3.num_kv_heads == 1
+    assert gemma3.layer_windows == ((512,) * 5 + (0,)) * 4 + (512,) * 2 and gemma3.local_rope_theta == 10000
+    gemma2 = LlamaFamilyConfig.from_hf(GEMMA_2_2B)
+    assert gemma2.tie_word_embeddings and gemma2.layer_windows == (4096, 0) * 13
+    assert (gemma2.attention_softcap, gemma2.final_logit_softcap, gemma2.attention_scale) == (50.0, 30.0, 1 / 16)

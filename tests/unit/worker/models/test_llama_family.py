@@ -12,11 +12,13 @@ reference's choice is the only one.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 import torch
 
+from services.worker.models.llama_family import LlamaFamilyLM
 from services.worker.models.llama_weights import load_llama_family, read_config
 from services.worker.models.paged import KVCache, PagedSequence, paged_forward
 from tests.support.hf_checkpoints import FAMILIES, save_tiny_checkpoint
@@ -47,8 +49,15 @@ def test_config_json_says_what_each_family_differs_in(tiny_checkpoints):
     assert configs["llama3"].rope_theta == 500000.0
     assert configs["mistral"].architecture == "MistralForCausalLM"
     assert configs["qwen3"].qk_norm == "head" and not configs["qwen3"].qkv_bias and configs["qwen3"].tie_word_embeddings
-    assert {family: c.qk_norm for family, c in configs.items() if c.qk_norm} == {"qwen3": "head", "olmo2": "full"}
-    assert [family for family, c in configs.items() if c.post_norms] == ["olmo2"]
+    assert {family: c.qk_norm for family, c in configs.items() if c.qk_norm} == {
+        "qwen3": "head", "olmo2": "full", "gemma3": "head"}
+    assert sorted(family for family, c in configs.items() if c.post_norms) == ["gemma2", "gemma3", "olmo2"]
+    assert sorted(family for family, c in configs.items() if not c.pre_norms) == ["olmo2"]
+    assert {family: c.layer_windows for family, c in configs.items() if c.layer_windows} == {
+        "gemma2": (8, 0), "gemma3": (8, 0), "mistral_window": (12, 12)}
+    assert configs["gemma3"].local_rope_theta == 10000.0 and configs["gemma3"].rope_theta == 1000000.0
+    assert (configs["gemma2"].attention_softcap, configs["gemma2"].final_logit_softcap) == (3.0, 8.0)
+    assert {family for family, c in configs.items() if c.norm_plus_one} == {"gemma2", "gemma3"}
     assert [family for family, c in configs.items() if c.fused_projections] == ["phi3"]
     assert type(configs["qwen2_yarn"].rope_scaling).__name__ == "YarnRopeScaling"
     assert type(configs["llama_linear"].rope_scaling).__name__ == "LinearRopeScaling"
@@ -88,6 +97,27 @@ def test_paged_logits_match_transformers_at_every_position(tiny_checkpoints, fam
                 got.append(paged_forward(lm, [PagedSequence(new, start, table, needs_logits=True)], cache)[0])
                 positions.append(start + len(new) - 1)
         torch.testing.assert_close(torch.stack(got), expected[positions], **LOGITS_TOLERANCE)
+
+
+@pytest.mark.parametrize(("family", "switched_off"), [
+    ("gemma3", {"layer_windows": ()}), ("gemma3", {"local_rope_theta": None}),
+    ("gemma2", {"layer_windows": ()}), ("gemma2", {"attention_softcap": 0.0}),
+    ("gemma2", {"final_logit_softcap": 0.0}), ("mistral_window", {"layer_windows": ()}),
+    ("smollm3", {"nope_layers": ()}),
+])
+def test_what_sets_a_family_apart_moves_its_logits_far_beyond_the_tolerance(tiny_checkpoints, family, switched_off):
+    """The tests above would see each difference missed: the same weights with it switched off are
+    far from transformers' logits (attention spreads over many keys at these weights, so a window
+    hides some that matter)."""
+    ckpt = tiny_checkpoints[family]
+    lm = load_llama_family(ckpt.directory)
+    without = LlamaFamilyLM(dataclasses.replace(lm.config, **switched_off))
+    without.load_state_dict(lm.state_dict())
+    ids = torch.tensor([random_ids(60, seed=1)])
+    with torch.inference_mode():
+        expected = ckpt.reference(ids).logits
+        torch.testing.assert_close(lm(ids), expected, **LOGITS_TOLERANCE)
+        assert (without(ids) - expected).abs().max() > 1.0
 
 
 @pytest.mark.parametrize("storage", [torch.bfloat16, torch.float16])
