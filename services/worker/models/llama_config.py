@@ -2,15 +2,18 @@
 
 One frozen `LlamaFamilyConfig` covers LlamaForCausalLM, Qwen2ForCausalLM,
 Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM, GraniteForCausalLM,
-SmolLM3ForCausalLM and Olmo2ForCausalLM: they are one decoder (RMSNorm, RoPE,
-grouped-query attention, SwiGLU) and differ only in the fields this dataclass
-names: qkv bias (Qwen2), q/k norms per head (Qwen3) or over the whole
-projection (OLMo 2), norms after each branch instead of before (OLMo 2),
-projections stored fused (Phi-3), Granite's four scalings, layers without RoPE
-(SmolLM3), tied embeddings, rope scaling and a sliding window. Everything else a
-config may say is either irrelevant to inference (dropout, initializer range)
-or refused with a `CheckpointError` naming the field and what is supported, so
-a checkpoint we cannot compute exactly is never served approximately.
+SmolLM3ForCausalLM, Olmo2ForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM:
+they are one decoder (RMSNorm, RoPE, grouped-query attention, a gated MLP) and
+differ only in the fields this dataclass names: qkv bias (Qwen2), q/k norms per
+head (Qwen3, Gemma 3) or over the whole projection (OLMo 2), norms after each
+branch instead of (OLMo 2) or beside (Gemma) those before, projections stored
+fused (Phi-3), Granite's four scalings, Gemma's (1 + w) norms, GELU-tanh,
+embedding scale and softcaps, layers without RoPE (SmolLM3), tied embeddings,
+rope scaling, and each layer's sliding window (with Gemma 3's own RoPE base for
+its sliding layers). Everything else a config may say is either irrelevant to
+inference (dropout, initializer range) or refused with a `CheckpointError`
+naming the field and what is supported, so a checkpoint we cannot compute
+exactly is never served approximately.
 
 Both spellings of RoPE settings are read: transformers 4's top-level
 `rope_theta` with `rope_scaling` (keyed `type` or `rope_type`), and
