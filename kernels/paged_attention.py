@@ -304,15 +304,16 @@ def paged_attention_decode_host(out: np.ndarray, query: np.ndarray, key_cache: n
 def _launch_cuda(arrays: dict[str, Any], out: Any, num_kv_heads: int, block_size: int, scale: float,
                  partition_size: int | None, cuda_kernel: str, warp_layout: warp.WarpLayout | None,
                  sliding_window: int, softcap: float) -> None:
-    """Launches the split-context kernel (and its merge when the context is split) on PyTorch's stream."""
-    if sliding_window or softcap:
-        raise ValueError("sliding_window and softcap run on 'cpu' and 'reference' only, for now")
+    """Launches the split-context kernel (and its merge when the context is split) on PyTorch's stream.
+
+    Partitions start at each sequence's window (``kernels.paged_attention_cuda``), so with a window the
+    grid spans the window, not the table."""
     num_seqs, num_heads, head_size = arrays["query"].shape
     group, dtype = num_heads // num_kv_heads, dtype_name(arrays["key_cache"])
     arrays = {name: as_kernel_array(array) for name, array in arrays.items()}  # bfloat16 as its int16 bits
     out = as_kernel_array(out)
     # bfloat16 has no tile kernel: a warp kernel that cannot build is an error there, not a fallback.
-    tile_kernel = attention_kernels(head_size, group, dtype)[0] if dtype != "bfloat16" else None
+    tile_kernel = attention_kernels(head_size, group, dtype, softcap=softcap)[0] if dtype != "bfloat16" else None
     merge = merge_kernel(head_size, dtype)
     threads = THREADS
     if cuda_kernel == "warp" and (not _warp_failures or tile_kernel is None):
@@ -323,19 +324,21 @@ def _launch_cuda(arrays: dict[str, Any], out: Any, num_kv_heads: int, block_size
             layout.check(head_size, group, itemsize)
             if layout.width > max_width:
                 raise ValueError(f"warp_layout width {layout.width} exceeds the caches' alignment ({max_width} bytes)")
-        partition_kernel, blocks_x = warp.warp_attention_kernel(head_size, group, dtype, layout), \
+        partition_kernel, blocks_x = warp.warp_attention_kernel(head_size, group, dtype, layout, softcap), \
             warp.grid_x(num_kv_heads, group, layout)
         threads = warp.THREADS
     else:
         partition_kernel, blocks_x = tile_kernel, num_kv_heads
-    max_context = arrays["block_tables"].shape[1] * block_size
+    max_span = arrays["block_tables"].shape[1] * block_size  # the most tokens a sequence attends to
+    if sliding_window:
+        max_span = min(max_span, sliding_window)
     if partition_size is None:
-        part_len = partition_length(max_context, num_seqs * blocks_x, 4 * _multiprocessor_count())
+        part_len = partition_length(max_span, num_seqs * blocks_x, 4 * _multiprocessor_count())
     elif partition_size < 1:
         raise ValueError(f"partition_size must be >= 1; got {partition_size}")
     else:
-        part_len = min(int(partition_size), max_context)
-    num_parts = -(-max_context // part_len)
+        part_len = min(int(partition_size), max_span)
+    num_parts = -(-max_span // part_len)
     launch = DeviceLaunch([*arrays.values(), out])
     inputs = [arrays[name] for name in ("query", "key_cache", "value_cache", "block_tables", "context_lens")]
     if num_parts == 1:
@@ -344,7 +347,7 @@ def _launch_cuda(arrays: dict[str, Any], out: Any, num_kv_heads: int, block_size
         part_max = launch.scratch((num_seqs, num_heads, num_parts))
         part_sum = launch.scratch((num_seqs, num_heads, num_parts))
         part_out = launch.scratch((num_seqs, num_heads, num_parts, head_size))
-    args = [out, part_max, part_sum, part_out, *inputs, block_size, scale, part_len]
+    args = [out, part_max, part_sum, part_out, *inputs, block_size, scale, part_len, sliding_window]
     try:
         launch.launch(partition_kernel, (blocks_x, num_seqs, num_parts), threads, args, outputs=(0,))
     except Exception as error:  # a Numba/NVVM that cannot build the vector loads: serve with the first kernel
@@ -355,7 +358,8 @@ def _launch_cuda(arrays: dict[str, Any], out: Any, num_kv_heads: int, block_size
         launch.launch(tile_kernel, (num_kv_heads, num_seqs, num_parts), THREADS, args, outputs=(0,))
     if num_parts > 1:
         launch.launch(merge, (num_heads, num_seqs), THREADS,
-                      [out, part_max, part_sum, part_out, arrays["context_lens"], part_len], outputs=(0,))
+                      [out, part_max, part_sum, part_out, arrays["context_lens"], part_len, sliding_window],
+                      outputs=(0,))
 
 
 _warp_failures: list[str] = []  # why the warp kernel is off in this process, if it is

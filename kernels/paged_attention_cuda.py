@@ -21,6 +21,18 @@ FLOP per byte, so the design is about bytes and parallelism:
   ``partition_size`` tokens, each block writes an unnormalised partial result
   with its max and sum, and a second kernel merges them. One partition means
   one launch that writes the output directly.
+* **A sliding window moves the partitions, not the grid's shape.** The
+  window (``sliding_window``, a launch argument, so one kernel serves every
+  window) starts each sequence's partitions at its first token,
+  ``max(0, context_len - window)``: partition ``p`` covers ``window start +
+  [p, p + 1) * partition_size``, the grid spans ``min(window, longest
+  context)`` tokens, and no block is launched for tokens before any window
+  (a 4k window on a 32k context launches partitions for 4k tokens, not 32k).
+  A partition past its sequence's last token writes nothing and the merge
+  reads only the partitions its sequence has, as without a window.
+* **The score cap is compiled in.** ``softcap`` (Gemma 2) is a constant of
+  the kernel: ``softcap * tanh(score / softcap)`` on each summed score,
+  nothing at all when it is 0.
 
 K/V may be float32 or float16 (loads are widened to float32; accumulation is
 float32). Under ``NUMBA_ENABLE_CUDASIM=1`` the simulator has no warp shuffles,
@@ -52,9 +64,18 @@ MAX_GROUP = 16
 DEFAULT_TILE = 32 if SIMULATED else 128
 
 
+@cuda.jit(device=True, inline=True)
+def capped_score(score, softcap, inv_softcap):
+    """``softcap * tanh(score / softcap)``, compiled without fast math even inside a fast-math kernel: there
+    ``math.tanh`` becomes ``tanh.approx.f32`` (11 bits), a logit error of up to ``softcap * 5e-4``."""
+    return softcap * math.tanh(score * inv_softcap)
+
+
 @functools.cache
-def attention_kernels(head_size: int, group: int, dtype: str = "float32", tile: int = DEFAULT_TILE):
-    """(partition kernel, merge kernel) for one head size, GQA group and K/V dtype, all compile-time constants.
+def attention_kernels(head_size: int, group: int, dtype: str = "float32", tile: int = DEFAULT_TILE,
+                      softcap: float = 0.0):
+    """(partition kernel, merge kernel) for one head size, GQA group, K/V dtype and score cap (0: none), all
+    compile-time constants.
 
     K and V rows are loaded into registers of their own dtype and widened only when used: a
     float16 widening is an inline-asm `cvt` that the compiler keeps in order, so widening at the
@@ -83,10 +104,12 @@ def attention_kernels(head_size: int, group: int, dtype: str = "float32", tile: 
     scores_size = group * tile
     merge_size = group * THREADS
     neg_inf = np.float32(-np.inf)
+    capped = softcap > 0
+    cap, inv_cap = np.float32(softcap), np.float32(1.0 / softcap if capped else 0.0)
 
     @cuda.jit
     def partition_kernel(out, part_max, part_sum, part_out, query, key_cache, value_cache, block_tables,
-                         context_lens, block_size, scale, part_len):
+                         context_lens, block_size, scale, part_len, sliding_window):
         kv_head = cuda.blockIdx.x
         seq = cuda.blockIdx.y
         part = cuda.blockIdx.z
@@ -95,7 +118,10 @@ def attention_kernels(head_size: int, group: int, dtype: str = "float32", tile: 
         lane = tid % WARP
         warp = tid // WARP
         context_len = context_lens[seq]
-        part_start = part * part_len
+        first = 0  # the window's first token
+        if sliding_window > 0 and context_len > sliding_window:
+            first = context_len - sliding_window
+        part_start = first + part * part_len
         if part_start >= context_len:
             return  # the whole block leaves together: no barrier is skipped by some threads only
         part_end = part_start + part_len
@@ -160,6 +186,8 @@ def attention_kernels(head_size: int, group: int, dtype: str = "float32", tile: 
                             if dim < head_size:
                                 dot += q[g * head_size + dim] * float32(keys[u, k])
                         dot = sum_lanes(dot, LANES_PER_TOKEN, scratch, tid)
+                        if capped:
+                            dot = capped_score(dot, cap, inv_cap)
                         if sub == 0:
                             scores[g * tile + t] = dot if t < num_valid else neg_inf
             cuda.syncthreads()
@@ -248,11 +276,14 @@ def merge_kernel(head_size: int, dtype: str = "float32"):
     neg_inf = np.float32(-np.inf)
 
     @cuda.jit
-    def merge(out, part_max, part_sum, part_out, context_lens, part_len):
+    def merge(out, part_max, part_sum, part_out, context_lens, part_len, sliding_window):
         head = cuda.blockIdx.x
         seq = cuda.blockIdx.y
         tid = cuda.threadIdx.x
-        num_parts = (context_lens[seq] + part_len - 1) // part_len
+        span = context_lens[seq]  # tokens attended to, from the window's first
+        if sliding_window > 0 and span > sliding_window:
+            span = sliding_window
+        num_parts = (span + part_len - 1) // part_len
         best = neg_inf
         for p in range(num_parts):
             if part_max[seq, head, p] > best:
@@ -275,6 +306,8 @@ def partition_length(max_context: int, num_blocks_in_grid: int, target_blocks: i
 
     `num_blocks_in_grid` is sequences × KV heads; when it reaches the target
     alone, the whole context is one partition (one launch, no merge).
+    `max_context` is the most tokens a sequence attends to: with a sliding
+    window, the window when it is shorter than the table.
     """
     if num_blocks_in_grid >= target_blocks or max_context <= 2 * tile:
         return max_context

@@ -19,7 +19,9 @@ streaming copy:
   any is used, so loads are in flight together.
 * **Merges at the end only.** The lane groups of a warp merge by shuffles,
   the warps through shared memory, and split partitions by the merge kernel
-  of ``kernels.paged_attention_cuda`` (flash-decoding), as before.
+  of ``kernels.paged_attention_cuda`` (flash-decoding), as before; a sliding
+  window moves each sequence's partitions to start at its first token, and
+  a score cap is compiled in, as there.
 * **Registers bound the shape.** The query slice (``group`` heads × the lane's
   dims) and the accumulators live in registers, so ``L`` grows with
   ``group × head_size`` and a large GQA group is split over blocks
@@ -49,6 +51,7 @@ from numba import cuda, float32, int32, uint32
 
 from kernels.element_formats import format_itemsize, narrower, widener
 from kernels.lane_shuffles import SIMULATED, sum_lanes, xor_lane
+from kernels.paged_attention_cuda import capped_score
 from kernels.vector_access import ACCESS_WIDTHS, pair_unpacker, vector_loader, word_loader
 
 WARP = 32
@@ -150,9 +153,9 @@ def _tokens_in_flight(dims_per_lane: int, packed: bool = False) -> int:
 
 
 @functools.cache
-def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLayout):
-    """The partition kernel for one shape and element format (float32, float16, bfloat16 as int16 bits);
-    it writes ``out`` directly when the grid has one partition."""
+def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLayout, softcap: float = 0.0):
+    """The partition kernel for one shape, element format (float32, float16, bfloat16 as int16 bits) and score
+    cap (0: none); it writes ``out`` directly when the grid has one partition."""
     itemsize = format_itemsize(dtype)
     vec = layout.elements_per_load(itemsize)
     lanes = layout.lanes_per_token
@@ -173,6 +176,8 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
     fast = layout.fastmath
     neg_inf = np.float32(-np.inf)
     zero = np.float32(0.0)
+    capped = softcap > 0
+    cap, inv_cap = np.float32(softcap), np.float32(1.0 / softcap if capped else 0.0)
 
     # Per load and per token: elements (widened to float32), or uint32 words of two 16-bit elements when packed.
     per_load = words_per_load if packed else vec
@@ -215,6 +220,8 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
                 for d in range(dims):
                     dot += q[g, d] * keys[u, d]
                 dot = sum_lanes(dot, lanes, scratch, tid)
+                if capped:
+                    dot = capped_score(dot, cap, inv_cap)
                 scores[g, u] = dot if valid else neg_inf
         # Online softmax over the new tokens, and their values into this lane's dims.
         for g in range(heads):
@@ -253,6 +260,8 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
                 for d in range(dims):
                     dot += q[g, d] * wide[d]
                 dot = sum_lanes(dot, lanes, scratch, tid)
+                if capped:
+                    dot = capped_score(dot, cap, inv_cap)
                 scores[g, u] = dot if valid else neg_inf
         for g in range(heads):  # scores become this step's weights; the accumulators are rescaled once
             best = run_max[g]
@@ -322,7 +331,7 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
 
     @cuda.jit(fastmath=fast)
     def kernel(out, part_max, part_sum, part_out, query, key_cache, value_cache, block_tables, context_lens,
-               block_size, scale, part_len):
+               block_size, scale, part_len, sliding_window):
         kv_head = cuda.blockIdx.x // chunks
         first_head = kv_head * group + (cuda.blockIdx.x - kv_head * chunks) * heads
         seq = cuda.blockIdx.y
@@ -334,7 +343,10 @@ def warp_attention_kernel(head_size: int, group: int, dtype: str, layout: WarpLa
         slot = lane // lanes
         sub = lane - slot * lanes
         context_len = int32(context_lens[seq])
-        part_start = int32(part * part_len)
+        first = int32(0)  # the window's first token
+        if sliding_window > 0 and context_len > sliding_window:
+            first = int32(context_len - sliding_window)
+        part_start = int32(first + part * part_len)
         if part_start >= context_len:
             return  # the whole block leaves together: no barrier is skipped by some threads only
         part_end = part_start + int32(part_len)

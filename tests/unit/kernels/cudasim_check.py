@@ -108,17 +108,23 @@ def _check_out_of_range_slots_are_dropped(rng: np.random.Generator) -> None:
 
 
 def _attention_case(rng: np.random.Generator, context_lens: list[int], *, num_heads: int, num_kv_heads: int,
-                    head_size: int, block_size: int, dtype=np.float32):
+                    head_size: int, block_size: int, dtype=np.float32, distinct_blocks: bool = False):
     lens = np.array(context_lens, np.int32)
-    max_blocks = (int(lens.max()) + block_size - 1) // block_size
-    num_blocks = max_blocks + 3
+    blocks_per_seq = (lens + block_size - 1) // block_size
+    max_blocks = int(blocks_per_seq.max())
+    num_blocks = (int(blocks_per_seq.sum()) if distinct_blocks else max_blocks) + 3
     cache_shape = (num_blocks, block_size, num_kv_heads, head_size)
     key_cache = rng.standard_normal(cache_shape, dtype=np.float32).astype(dtype)
     value_cache = rng.standard_normal(cache_shape, dtype=np.float32).astype(dtype)
-    # Each sequence its own shuffled table (not the identity), padded with -1 past its blocks.
+    # Each sequence its own shuffled table (not the identity), padded with -1 past its blocks; with
+    # distinct_blocks no two sequences share a block.
     tables = np.full((len(lens), max_blocks + 1), -1, np.int32)
-    for row, n in enumerate((lens + block_size - 1) // block_size):
-        tables[row, :n] = rng.permutation(num_blocks)[:n]
+    pool = rng.permutation(num_blocks) if distinct_blocks else None
+    for row, n in enumerate(blocks_per_seq):
+        if pool is not None:
+            tables[row, :n], pool = pool[:n], pool[n:]
+        else:
+            tables[row, :n] = rng.permutation(num_blocks)[:n]
     query = (rng.standard_normal((len(lens), num_heads, head_size), dtype=np.float32) * 3).astype(dtype)
     return query, key_cache, value_cache, tables, lens, block_size, head_size**-0.5
 
@@ -143,6 +149,7 @@ def check_paged_attention(rng: np.random.Generator, quick: bool) -> None:
           paged_attention_decode(*pair, backend="cuda", warp_layout=WarpLayout(16, 4, 2, 1, prefetch=True)),
           paged_attention_decode(*pair, backend="reference"))
     _check_packed_16_bit(pair, quick)
+    _check_window_and_cap(rng, quick)
     if quick:
         return
     check("paged_attention_decode same 2 seqs, one partition, warp layout of one query head per block, "
@@ -192,6 +199,55 @@ def _check_packed_16_bit(pair, quick: bool) -> None:
         if not quick:
             check(f"paged_attention_decode {name}, the default layout",
                   paged_attention_decode(*rounded, backend="cuda").float().numpy(), want.numpy(), bound)
+
+
+def _poison_before_window(case, sliding_window: int):
+    """NaN in each sequence's K/V rows before its window: a kernel that loads one returns NaN, even at weight 0."""
+    _, key_cache, value_cache, tables, lens, block_size, _ = case
+    for seq, context_len in enumerate(lens):
+        for t in range(max(0, int(context_len) - sliding_window)):
+            key_cache[tables[seq, t // block_size], t % block_size] = np.nan
+            value_cache[tables[seq, t // block_size], t % block_size] = np.nan
+    return case
+
+
+def _check_window_and_cap(rng: np.random.Generator, quick: bool) -> None:
+    """sliding_window and softcap. Partitions start at each sequence's window: with a 22-token window and
+    11-token partitions the grid has 2, the 45-token sequence attends to tokens 23..44 (from the middle of
+    a block of 8) over both and the 5-token one fills 1 and leaves 1 empty, which the merge must skip.
+    K/V before the window is NaN, so a load there shows. One KV head for a GQA group of 4 keeps the
+    simulated blocks few."""
+    from kernels import paged_attention_decode
+
+    window, cap = 22, 5.0
+    case = _poison_before_window(_attention_case(rng, [5, 45], num_heads=4, num_kv_heads=1, head_size=16,
+                                                 block_size=8, distinct_blocks=True), window)
+    half = tuple(a.astype(np.float16) if isinstance(a, np.ndarray) and a.dtype == np.float32 else a for a in case)
+    # (name, inputs, kernel, tolerance): float32 through the warp kernel's plain fold and the tile kernel,
+    # float16 through the warp kernel's default 16-bit layout (packed K/V, prefetch, fast math).
+    runs = [("float32 warp", case, "warp", TOLERANCE), ("float32 tile", case, "tile", TOLERANCE),
+            ("float16 warp", half, "warp", 2e-3)]
+    if not quick:
+        runs.append(("float16 tile", half, "tile", 2e-3))
+    for name, inputs, kernel, tolerance in runs:
+        want = paged_attention_decode(*inputs, backend="reference", sliding_window=window, softcap=cap)
+        got = paged_attention_decode(*inputs, backend="cuda", cuda_kernel=kernel, partition_size=11,
+                                     sliding_window=window, softcap=cap)
+        check(f"paged_attention_decode GQA 4/1 x16 {name}, window {window} + softcap {cap}, 11-token partitions "
+              f"(one sequence's second empty) + merge", got, want, tolerance)
+    if quick:
+        return
+    # The cap alone (on K/V without NaN) and a 1-token window, one partition each, so the partition kernel
+    # writes out itself; a window starting at a block boundary (45 - 13 = 32) over 4 partitions of 4 tokens.
+    clean = _attention_case(rng, [5, 45], num_heads=4, num_kv_heads=1, head_size=16, block_size=8)
+    for name, inputs, options, partition_size in (("softcap alone", clean, {"softcap": cap}, None),
+                                                  ("window of 1", case, {"sliding_window": 1}, None),
+                                                  ("window 13 from a block boundary", case, {"sliding_window": 13}, 4)):
+        want = paged_attention_decode(*inputs, backend="reference", **options)
+        for kernel in ("warp", "tile"):
+            check(f"paged_attention_decode float32 {kernel}, {name}, partitions of {partition_size or 'the whole'}",
+                  paged_attention_decode(*inputs, backend="cuda", cuda_kernel=kernel, partition_size=partition_size,
+                                         **options), want)
 
 
 def check_preprocess(rng: np.random.Generator, quick: bool) -> None:

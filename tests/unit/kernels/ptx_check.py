@@ -50,14 +50,19 @@ def main() -> None:
             partition, merge = attention_kernels(head_size, group, name)
             x3, x4 = dtype[:, :, ::1], dtype[:, :, :, ::1]
             attention_args = (x3, t.float32[:, :, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1], x3, x4, x4,
-                              t.int32[:, ::1], t.int32[::1], t.int64, t.float64, t.int64)
+                              t.int32[:, ::1], t.int32[::1], t.int64, t.float64, t.int64, t.int64)
             cases[f"paged_attention tile partition {head_size}/{group} {name}"] = (partition, attention_args)
             layout = layout_for(head_size, group, 4 if name == "float32" else 2)
             for each in (layout, replace(layout, fastmath=not layout.fastmath)):
                 cases[f"paged_attention warp {head_size}/{group} {name} {each}"] = (
                     warp_attention_kernel(head_size, group, name, each), attention_args)
+            if (head_size, group) == (128, 4):  # Gemma 2's score cap, compiled in; in fast math too
+                cases[f"paged_attention tile partition {head_size}/{group} {name} softcap 50"] = (
+                    attention_kernels(head_size, group, name, softcap=50.0)[0], attention_args)
+                cases[f"paged_attention warp {head_size}/{group} {name} {layout} softcap 50"] = (
+                    warp_attention_kernel(head_size, group, name, layout, 50.0), attention_args)
             cases[f"paged_attention merge {head_size}/{group} {name}"] = (merge, (
-                x3, t.float32[:, :, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1], t.int32[::1], t.int64))
+                x3, t.float32[:, :, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1], t.int32[::1], t.int64, t.int64))
     # bfloat16 (int16 bits) and packed 16-bit K/V words, at the benchmark's 128/4 and tinylm's 32/2.
     from kernels.paged_attention_cuda import merge_kernel
 
@@ -65,7 +70,7 @@ def main() -> None:
     for head_size, group in ((32, 2), (128, 4)):
         for name, x3, x4 in (("float16", f16_3, f16_4), ("bfloat16", bf3, bf4)):
             attention_args = (x3, t.float32[:, :, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1], x3, x4, x4,
-                              t.int32[:, ::1], t.int32[::1], t.int64, t.float64, t.int64)
+                              t.int32[:, ::1], t.int32[::1], t.int64, t.float64, t.int64, t.int64)
             layouts = [layout_for(head_size, group, 2), layout_for(head_size, group, 2, packed=True)]
             if name == "bfloat16":
                 layouts.append(layout_for(head_size, group, 2, packed=False))
@@ -73,7 +78,7 @@ def main() -> None:
                 cases[f"paged_attention warp {head_size}/{group} {name} {layout}"] = (
                     warp_attention_kernel(head_size, group, name, layout), attention_args)
         cases[f"paged_attention merge {head_size}/{group} bfloat16"] = (merge_kernel(head_size, "bfloat16"), (
-            bf3, t.float32[:, :, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1], t.int32[::1], t.int64))
+            bf3, t.float32[:, :, ::1], t.float32[:, :, ::1], t.float32[:, :, :, ::1], t.int32[::1], t.int64, t.int64))
     cases.update({
         "preprocess_images float32 C=3": (preprocess_kernel("float32", 3), (*packed, f32_4, t.int64)),
         "preprocess_images float16 C=3": (preprocess_kernel("float16", 3),
@@ -87,6 +92,8 @@ def main() -> None:
             ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=_OfflineDevice.compute_capability)
         except Exception as error:  # report which kernel, then fail
             sys.exit(f"FAIL {name}: {type(error).__name__}: {error}")
+        if "tanh.approx" in ptx:  # 11 bits: the score cap must use libdevice's tanhf (capped_score)
+            sys.exit(f"FAIL {name}: tanh.approx.f32 in the PTX")
         local_bytes = "uses local memory" if "__local_depot" in ptx else "no local memory"
         shuffles = ptx.count("shfl.sync")
         vectors = f"{ptx.count('ld.global.v4')} ld.global.v4, {ptx.count('st.global.v4')} st.global.v4"
