@@ -166,7 +166,7 @@ def test_an_unsupported_architecture_is_refused_at_load_naming_the_field_and_wha
     config_pin = dataclasses.replace(spec.architecture.config, sha256=sha256_of(directory / "config.json"))
     write_manifest(dataclasses.replace(manifest, generator=dataclasses.replace(
         spec, architecture=dataclasses.replace(spec.architecture, config=config_pin))), directory)
-    with pytest.raises(IncompatibleWeights, match=r"architectures\[0\].*GPT2LMHeadModel.*supported: Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, LlamaForCausalLM"):
+    with pytest.raises(IncompatibleWeights, match=r"architectures\[0\].*GPT2LMHeadModel.*supported: Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GraniteForCausalLM"):
         load_model(root, "tiny", "1")
 
 
@@ -183,7 +183,7 @@ def edited_manifest(imported: Path, tmp_path: Path, edit) -> Path:
 
 def test_a_manifest_naming_an_unsupported_architecture_is_invalid(imported, tmp_path):
     root = edited_manifest(imported, tmp_path, lambda g: g["architecture"].update(architecture="GPT2LMHeadModel"))
-    with pytest.raises(InvalidManifest, match=r"generator.architecture.architecture.*supported: Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, LlamaForCausalLM"):
+    with pytest.raises(InvalidManifest, match=r"generator.architecture.architecture.*supported: Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GraniteForCausalLM"):
         load_manifest(root, "tiny", "1")
 
 
