@@ -1,5 +1,6 @@
 """Tiny random-weight Hugging Face checkpoints of the Llama family (Llama, Qwen2, Qwen3, Mistral, Phi-3,
-Granite, SmolLM3, OLMo 2, Gemma 2 and 3), made with transformers (tests only).
+Granite, SmolLM3, OLMo 2, Gemma 2 and 3, and Gemma 3 with its vision tower), made with transformers
+(tests only).
 
 `save_tiny_checkpoint(dir, "qwen2")` writes what a user would bring (config.json,
 model.safetensors, generation_config.json) via `save_pretrained`; nothing is
@@ -70,14 +71,31 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
 }
 
 
+# Vision + text checkpoints, served text-only; not in FAMILIES (their tests are their own): family →
+# (config class, model class, the text_config's family, the vision config's class and fields). Gemma 3
+# 4B and up as released, around a SigLIP as small as it goes: one layer, a 28-pixel image in four
+# 14-pixel patches (mm_tokens_per_image 4: one token a patch).
+VISION_FAMILIES: dict[str, tuple[str, str, str, str, dict[str, Any]]] = {
+    "gemma3_vision": ("Gemma3Config", "Gemma3ForConditionalGeneration", "gemma3", "SiglipVisionConfig", {
+        "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "image_size": 28, "patch_size": 14}),
+}
+
+
 def hf_config(family: str, **overrides: Any) -> transformers.PretrainedConfig:
+    """`family`'s config; a vision family's `overrides` are its text_config's."""
+    if family in VISION_FAMILIES:
+        config_class, _, text_family, vision_class, vision = VISION_FAMILIES[family]
+        return getattr(transformers, config_class)(
+            text_config=hf_config(text_family, **overrides), vision_config=getattr(transformers, vision_class)(**vision),
+            mm_tokens_per_image=4, attn_implementation="eager")
     config_class, _, extra = FAMILIES[family]
     return getattr(transformers, config_class)(**{**BASE, **extra, **overrides})
 
 
 def tiny_model(family: str, *, seed: int = 0, std: float = 0.25, **overrides: Any) -> transformers.PreTrainedModel:
-    """A random-weight model of `family` in eval mode, float32."""
-    _, model_class, _ = FAMILIES[family]
+    """A random-weight model of `family` (FAMILIES or VISION_FAMILIES) in eval mode, float32."""
+    model_class = VISION_FAMILIES[family][1] if family in VISION_FAMILIES else FAMILIES[family][1]
     torch.manual_seed(seed)
     model = getattr(transformers, model_class)(hf_config(family, **overrides))
     with torch.no_grad():

@@ -18,13 +18,19 @@ exactly is never served approximately.
 Both spellings of RoPE settings are read: transformers 4's top-level
 `rope_theta` with `rope_scaling` (keyed `type` or `rope_type`), and
 transformers 5's `rope_parameters`.
+
+Gemma3ForConditionalGeneration (Gemma 3 4B and up: vision and text) is served
+text-only, as vLLM serves it a text prompt: its `text_config` is read as a
+Gemma3ForCausalLM config, with transformers' defaults for the keys released
+configs leave out, and its errors name the field as `text_config.<name>`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any, TypeGuard
 
 # q/k norms: over each head (weights of head_size) or over the whole projection (num_heads * head_size).
@@ -53,13 +59,29 @@ class _Traits:
     local_rope: bool = False  # Gemma 3: the sliding layers have their own RoPE base
     window_pattern: int = 0  # WINDOW_PATTERN: every window_pattern-th layer is full (config may override)
     tied_by_default: bool = False  # what a config without tie_word_embeddings means (transformers' default)
+    # A vision + text checkpoint served text-only: the language model is described by config.json's
+    # text_config, whose absent keys take these defaults (its config class's); None: config.json is flat.
+    text_config_defaults: Mapping[str, Any] | None = None
 
 
+# transformers' Gemma3TextConfig defaults (models/gemma3/configuration_gemma3.py, the same in 4.50 and
+# 5.24; the RoPE bases are 5's default_theta): released Gemma3ForConditionalGeneration configs leave
+# these out of text_config. hidden_size, intermediate_size and num_hidden_layers, which every released
+# config states, stay required.
+GEMMA3_TEXT_DEFAULTS: Mapping[str, Any] = MappingProxyType({
+    "vocab_size": 262208, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+    "sliding_window_pattern": 6, "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True,
+    "final_logit_softcapping": None, "attn_logit_softcapping": None,
+})
+_GEMMA3 = _Traits(qk_norm=QK_NORM_PER_HEAD, post_norms=True, window=WINDOW_PATTERN, window_pattern=6, gemma=True,
+                  local_rope=True, tied_by_default=True)
 _TRAITS = {
     "Gemma2ForCausalLM": _Traits(post_norms=True, window=WINDOW_PATTERN, window_pattern=2, gemma=True,
                                  tied_by_default=True),
-    "Gemma3ForCausalLM": _Traits(qk_norm=QK_NORM_PER_HEAD, post_norms=True, window=WINDOW_PATTERN,
-                                 window_pattern=6, gemma=True, local_rope=True, tied_by_default=True),
+    "Gemma3ForCausalLM": _GEMMA3,
+    "Gemma3ForConditionalGeneration": replace(_GEMMA3, text_config_defaults=GEMMA3_TEXT_DEFAULTS),
     "GraniteForCausalLM": _Traits(scalings=True),
     "LlamaForCausalLM": _Traits(),
     "MistralForCausalLM": _Traits(window=WINDOW_ALWAYS),
@@ -170,6 +192,9 @@ class LlamaFamilyConfig:
     final_logit_softcap: float = 0.0  # Gemma 2: logits likewise
     tie_word_embeddings: bool = False  # the LM head is the embedding matrix (no lm_head.weight stored)
     storage_dtype: str | None = None  # what config.json declares the weights are stored as, if it says
+    # Gemma3ForConditionalGeneration: the checkpoint is the language model's tensors under a prefix,
+    # beside a vision tower and projector that are stored but never loaded (text prompts only).
+    multimodal: bool = False
 
     @property
     def attention_scale(self) -> float:
@@ -207,25 +232,47 @@ class LlamaFamilyConfig:
         """Parses a `config.json` dict; `max_seq_len` (default max_position_embeddings) is the longest
         sequence the caller will run, which decides whether a sliding window matters. CheckpointError
         names the field of anything unsupported or malformed."""
-        return _Parser(raw, file).config(max_seq_len)
+        parser = _Parser(raw, file)
+        architecture = parser.architecture()
+        defaults = _TRAITS[architecture].text_config_defaults
+        if defaults is not None:
+            parser = parser.text_config(defaults)
+        return parser.config(architecture, max_seq_len)
 
 
 class _Parser:
-    def __init__(self, raw: Mapping[str, Any], file: str) -> None:
+    """Reads one config object: config.json, or its text_config (`prefix` "text_config.", inside
+    `outer`, which may hold what the whole checkpoint shares: its dtype, its quantization)."""
+
+    def __init__(self, raw: Mapping[str, Any], file: str, prefix: str = "", outer: _Parser | None = None) -> None:
         if not isinstance(raw, Mapping):
             raise CheckpointError(file, "(top level)", f"must be a JSON object, got {type(raw).__name__}")
         self.raw = raw
         self.file = file
+        self.prefix = prefix
+        self.outer = outer
 
     def fail(self, field: str, problem: str) -> CheckpointError:
-        return CheckpointError(self.file, field, problem)
+        return CheckpointError(self.file, self.prefix + field, problem)
 
-    def config(self, max_seq_len: int | None) -> LlamaFamilyConfig:
-        architecture = self.architecture()
+    def text_config(self, defaults: Mapping[str, Any]) -> _Parser:
+        """The language model's config inside a vision + text config, its absent keys as `defaults`.
+        transformers 4 ties the head by text_config's tie_word_embeddings, 5 by the top level's (and
+        writes both): a config where they differ is refused."""
+        text = self.raw.get("text_config")
+        if not isinstance(text, Mapping):
+            raise self.fail("text_config", f"must be an object (the language model's config), got {text!r}")
+        parser = _Parser({**defaults, **text}, self.file, "text_config.", outer=self)
+        tied = parser.boolean("tie_word_embeddings", default=True)
+        if self.raw.get("tie_word_embeddings", tied) != tied:
+            raise self.fail("tie_word_embeddings", f"{self.raw['tie_word_embeddings']!r}, but "
+                            f"text_config.tie_word_embeddings is {tied!r}: transformers 4 and 5 would read "
+                            "this checkpoint differently")
+        return parser
+
+    def config(self, architecture: str, max_seq_len: int | None) -> LlamaFamilyConfig:
         traits = _TRAITS[architecture]
-        if self.raw.get("quantization_config") is not None:
-            raise self.fail("quantization_config", "quantized checkpoints are not supported; "
-                            f"supported: unquantized weights stored as {', '.join(SUPPORTED_STORAGE_DTYPES)}")
+        self.check_unquantized()
         activation = self.activation(traits)
         d_model = self.positive_int("hidden_size")
         num_heads = self.positive_int("num_attention_heads")
@@ -275,7 +322,15 @@ class _Parser:
             local_rope_theta=self.local_rope_theta(traits),
             tie_word_embeddings=self.boolean("tie_word_embeddings", default=traits.tied_by_default),
             storage_dtype=self.storage_dtype(),
+            multimodal=traits.text_config_defaults is not None,
         )
+
+    def check_unquantized(self) -> None:
+        if self.raw.get("quantization_config") is not None:
+            raise self.fail("quantization_config", "quantized checkpoints are not supported; "
+                            f"supported: unquantized weights stored as {', '.join(SUPPORTED_STORAGE_DTYPES)}")
+        if self.outer is not None:
+            self.outer.check_unquantized()
 
     def architecture(self) -> str:
         architectures = self.raw.get("architectures")
@@ -490,8 +545,8 @@ class _Parser:
     def storage_dtype(self) -> str | None:
         key = "dtype" if self.raw.get("dtype") is not None else "torch_dtype"
         value = self.raw.get(key)
-        if value is None:
-            return None
+        if value is None:  # a text_config's may be said at the top level (transformers writes it there)
+            return None if self.outer is None else self.outer.storage_dtype()
         if value not in SUPPORTED_STORAGE_DTYPES:
             raise self.fail(key, f"{value!r} is not supported; supported: {', '.join(SUPPORTED_STORAGE_DTYPES)}")
         return str(value)

@@ -11,6 +11,11 @@ into the parameters and hashed on the way, so loading costs one pass over
 the bytes (not a hash pass, then a memory-mapped pass and a copy). A
 checkpoint that fails is refused whole with a `CheckpointError` naming the
 file and the tensor (or config field); nothing is served half-loaded.
+
+A multimodal checkpoint served text-only (Gemma3ForConditionalGeneration)
+stores the language model's tensors under a prefix, read as the text model's
+names, beside a vision tower and projector that are hashed with their file but
+never loaded.
 """
 
 from __future__ import annotations
@@ -37,6 +42,12 @@ STORAGE_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 # Older checkpoints saved RoPE's computed inverse frequencies; they follow from the config, so a
 # stored copy is skipped (the config's are used).
 _DERIVED_TENSOR = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+# A multimodal checkpoint's language model: transformers 4's hub names (language_model.model.*,
+# language_model.lm_head.weight) or 5's module paths (model.language_model.*, lm_head.weight).
+_LANGUAGE_MODEL = re.compile(r"(?:language_model\.model|model\.language_model)\.(.+)")
+_LANGUAGE_MODEL_HEADS = ("language_model.lm_head.weight", "lm_head.weight")
+# Its image side, in either spelling: stored, not served (text prompts only).
+_IMAGE_SIDE = re.compile(r"(?:model\.)?(?:vision_tower|multi_modal_projector)\..+")
 # Weight files are read and hashed in pieces this size: large enough for few system calls, small
 # enough that a piece is still in the CPU's cache when it is hashed.
 _CHUNK_BYTES = 4 << 20
@@ -99,11 +110,12 @@ def norm_names(config: LlamaFamilyConfig) -> dict[str, str]:
     return names
 
 
-def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> dict[str, Path]:
-    """Checks every weight file's header against `config` (no tensor data is read) and returns the
-    file holding each expected tensor. CheckpointError names the file and tensor of the first problem."""
+def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> dict[str, tuple[Path, str]]:
+    """Checks every weight file's header against `config` (no tensor data is read) and returns where
+    each expected tensor is stored: its file and its name there. CheckpointError names the file and
+    tensor (as stored) of the first problem."""
     expected = expected_tensors(config)
-    where: dict[str, Path] = {}
+    where: dict[str, tuple[Path, str]] = {}
     storage_dtype: tuple[str, Path, str] | None = None  # (dtype, file, tensor) of the first tensor seen
     files = _weight_files(Path(directory))
     for path, names in files.items():
@@ -115,23 +127,26 @@ def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> dict[str,
                     raise CheckpointError(str(path), absent[0], f"listed in {WEIGHTS_INDEX_FILE} but not in the file")
                 stored = names  # a shard's tensors the index assigns elsewhere are not its to give
             for name in sorted(stored):
-                if _DERIVED_TENSOR.fullmatch(name):
+                model_name = _model_name(name, config)
+                if _stored_only(name, model_name, config):
                     continue
-                if name == "lm_head.weight" and config.tie_word_embeddings:
-                    continue  # tied: the embedding matrix is the head; a stored copy is not used
-                if name not in expected:
+                if model_name is None or model_name not in expected:
+                    where_from = "" if model_name is not None else (
+                        "; a vision + text checkpoint stores its language model under language_model.model. or "
+                        "model.language_model.")
                     raise CheckpointError(str(path), name, f"unexpected tensor for {config.architecture} "
                                           f"({config.num_layers} layers, qkv_bias={config.qkv_bias}, qk_norm={config.qk_norm!r}, "
                                           f"pre_norms={config.pre_norms}, post_norms={config.post_norms}, "
                                           f"fused_projections={config.fused_projections}, "
-                                          f"tie_word_embeddings={config.tie_word_embeddings})")
-                if name in where:
-                    raise CheckpointError(str(path), name, f"also stored in {where[name]}")
+                                          f"tie_word_embeddings={config.tie_word_embeddings}){where_from}")
+                if model_name in where:
+                    raise CheckpointError(str(path), name, f"the same tensor as {where[model_name][1]} in "
+                                          f"{where[model_name][0]}")
                 tensor = weights.get_slice(name)
                 shape, dtype = tuple(tensor.get_shape()), tensor.get_dtype()
-                if shape != expected[name]:
+                if shape != expected[model_name]:
                     raise CheckpointError(str(path), name, f"shape {list(shape)} but config.json implies "
-                                          f"{list(expected[name])}")
+                                          f"{list(expected[model_name])}")
                 if dtype not in STORAGE_DTYPES:
                     raise CheckpointError(str(path), name, f"dtype {dtype} is not supported; supported: "
                                           f"{', '.join(STORAGE_DTYPES)}")
@@ -144,11 +159,32 @@ def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> dict[str,
                 elif dtype != storage_dtype[0]:
                     raise CheckpointError(str(path), name, f"dtype {dtype} but {storage_dtype[2]} in "
                                           f"{storage_dtype[1]} is {storage_dtype[0]}: one storage dtype per checkpoint")
-                where[name] = path
+                where[model_name] = (path, name)
     missing = sorted(expected.keys() - where.keys())
     if missing:
         raise CheckpointError(", ".join(sorted(str(p) for p in files)), missing[0], f"missing ({len(missing)} expected tensors missing in all)")
     return where
+
+
+def _model_name(name: str, config: LlamaFamilyConfig) -> str | None:
+    """What the model calls a stored tensor (expected_tensors' names): its stored name, or in a
+    multimodal checkpoint the language model's name without its prefix; None for a name the language
+    model does not have there."""
+    if not config.multimodal:
+        return name
+    if name in _LANGUAGE_MODEL_HEADS:
+        return "lm_head.weight"
+    match = _LANGUAGE_MODEL.fullmatch(name)
+    return None if match is None else "model." + match[1]
+
+
+def _stored_only(name: str, model_name: str | None, config: LlamaFamilyConfig) -> bool:
+    """Whether a checkpoint may store this tensor without the model loading it (it is hashed with its
+    file all the same): RoPE's derived frequencies, a tied head's copy, a multimodal image side."""
+    if model_name is None:
+        return _IMAGE_SIDE.fullmatch(name) is not None
+    return bool(_DERIVED_TENSOR.fullmatch(model_name)) or (model_name == "lm_head.weight"
+                                                             and config.tie_word_embeddings)
 
 
 def load_llama_family(directory: str | Path, *, dtype: torch.dtype = torch.float32,
@@ -166,8 +202,9 @@ def load_llama_family(directory: str | Path, *, dtype: torch.dtype = torch.float
     model = LlamaFamilyLM(config, dtype=dtype, device=device)
     destinations = _destinations(model)
     with torch.no_grad():
-        for path in sorted(set(where.values())):
-            digest = _read_file(path, {name: destinations[name] for name, at in where.items() if at == path})
+        for path in sorted({at for at, _ in where.values()}):
+            places = {stored: destinations[name] for name, (at, stored) in where.items() if at == path}
+            digest = _read_file(path, places)
             if sha256 is not None:
                 sha256[path] = digest
     return model.eval()
@@ -207,8 +244,8 @@ def _destinations(model: LlamaFamilyLM) -> dict[str, torch.Tensor]:
 
 
 def _read_file(path: Path, destinations: Mapping[str, torch.Tensor]) -> str:
-    """Reads the safetensors file at `path` front to back in one pass, copying each tensor named in
-    `destinations` into its place, and returns the sha256 of every byte of the file (header, tensors
+    """Reads the safetensors file at `path` front to back in one pass, copying each tensor named (as
+    stored) in `destinations` into its place, and returns the sha256 of every byte of the file (header, tensors
     used or not, padding). CheckpointError when the file is not what check_weights saw."""
     digest = hashlib.sha256()
     scratch = bytearray(_CHUNK_BYTES)
@@ -226,8 +263,10 @@ def _read_file(path: Path, destinations: Mapping[str, torch.Tensor]) -> str:
         for begin, end, name, stored_dtype in entries:
             _skip(f, begin - position, path, digest, scratch)
             target = destinations.get(name)
-            if target is None:  # a derived or tied tensor: hashed, not kept
+            if target is None:  # a derived or tied tensor, or the image side: hashed, not kept
                 _skip(f, end - begin, path, digest, scratch)
+            elif stored_dtype not in STORAGE_DTYPES:
+                raise CheckpointError(str(path), name, f"changed since its header was checked: dtype {stored_dtype}")
             else:
                 _read_tensor(f, end - begin, target, getattr(torch, STORAGE_DTYPES[stored_dtype]), path, name, digest)
             position = end
@@ -237,7 +276,8 @@ def _read_file(path: Path, destinations: Mapping[str, torch.Tensor]) -> str:
 
 
 def _data_entries(header: Any, path: Path) -> list[tuple[int, int, str, str]]:
-    """(begin, end, name, dtype) of each tensor in the data section, by position."""
+    """(begin, end, name, dtype) of each tensor in the data section, by position (a tensor not loaded
+    may have any dtype: it is only hashed)."""
     if not isinstance(header, dict):
         raise CheckpointError(str(path), "header", "not a JSON object")
     entries = []
@@ -246,7 +286,7 @@ def _data_entries(header: Any, path: Path) -> list[tuple[int, int, str, str]]:
             continue
         try:
             (begin, end), dtype = info["data_offsets"], info["dtype"]
-            valid = dtype in STORAGE_DTYPES and 0 <= int(begin) <= int(end)
+            valid = isinstance(dtype, str) and 0 <= int(begin) <= int(end)
         except (TypeError, KeyError, ValueError):
             valid = False
         if not valid:

@@ -24,6 +24,7 @@ from services.worker.repository.hf_import import (
     ImportRefused,
     import_checkpoint,
     kv_bytes_per_token,
+    weight_bytes,
 )
 from services.worker.repository.loader import load_model
 from services.worker.repository.store import load_manifest, sha256_of, version_dir, write_manifest
@@ -166,7 +167,7 @@ def test_an_unsupported_architecture_is_refused_at_load_naming_the_field_and_wha
     config_pin = dataclasses.replace(spec.architecture.config, sha256=sha256_of(directory / "config.json"))
     write_manifest(dataclasses.replace(manifest, generator=dataclasses.replace(
         spec, architecture=dataclasses.replace(spec.architecture, config=config_pin))), directory)
-    with pytest.raises(IncompatibleWeights, match=r"architectures\[0\].*GPT2LMHeadModel.*supported: Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, LlamaForCausalLM"):
+    with pytest.raises(IncompatibleWeights, match=r"architectures\[0\].*GPT2LMHeadModel.*supported: Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GraniteForCausalLM"):
         load_model(root, "tiny", "1")
 
 
@@ -183,7 +184,7 @@ def edited_manifest(imported: Path, tmp_path: Path, edit) -> Path:
 
 def test_a_manifest_naming_an_unsupported_architecture_is_invalid(imported, tmp_path):
     root = edited_manifest(imported, tmp_path, lambda g: g["architecture"].update(architecture="GPT2LMHeadModel"))
-    with pytest.raises(InvalidManifest, match=r"generator.architecture.architecture.*supported: Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, LlamaForCausalLM"):
+    with pytest.raises(InvalidManifest, match=r"generator.architecture.architecture.*supported: Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GraniteForCausalLM"):
         load_manifest(root, "tiny", "1")
 
 
@@ -272,9 +273,10 @@ def test_an_existing_version_is_never_overwritten(checkpoint, imported):
         import_checkpoint(checkpoint[0], imported, OPTIONS)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "phi3", "granite", "smollm3", "olmo2"])
+@pytest.mark.parametrize("family", ["qwen3", "phi3", "granite", "smollm3", "olmo2", "gemma3_vision"])
 def test_the_newer_families_import_golden_check_and_load_in_a_worker(family, tmp_path):
-    """Qwen3 (q/k norms), Phi-3 (fused projections), Granite (scalings), SmolLM3 (NoPE layers) and OLMo 2 (norms after each branch): the import records golden cases from its own
+    """Qwen3 (q/k norms), Phi-3 (fused projections), Granite (scalings), SmolLM3 (NoPE layers), OLMo 2 (norms
+    after each branch) and Gemma 3 with its vision tower (text-only): the import records golden cases from its own
     float32 forward, checks them as a worker loads, and they are transformers' greedy continuations."""
     source, root = tmp_path / family, tmp_path / "repo"
     reference = save_model_directory(source, family)
@@ -287,6 +289,28 @@ def test_the_newer_families_import_golden_check_and_load_in_a_worker(family, tmp
         assert tuple(out[0, len(case.prompt_ids):].tolist()) == case.expected_ids
     model = load_model(root, "tiny", "1")
     GeneratorRuntime(model, model.manifest.envelope.num_kv_blocks).load()  # warm-up and the golden check
+
+
+def test_a_vision_checkpoint_imports_its_language_model_and_pins_the_image_side_too(tmp_path):
+    """The memory estimate is what the worker holds (no vision tower); the vision tower's bytes are
+    still the weights file's: one changed is refused as a modified file."""
+    source, root = tmp_path / "gemma3_vision", tmp_path / "repo"
+    reference = save_model_directory(source, "gemma3_vision")
+    manifest = import_checkpoint(source, root, OPTIONS)
+    config = read_config(source)
+    language_model = 4 * sum(p.numel() for p in reference.model.language_model.parameters())
+    assert weight_bytes(config) == language_model < 4 * sum(p.numel() for p in reference.parameters())
+    per_block = kv_bytes_per_token(config) * manifest.envelope.block_size
+    assert manifest.envelope.memory_bytes == language_model + manifest.envelope.num_kv_blocks * per_block
+
+    path = version_dir(root, "tiny", "1") / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    header_size = int.from_bytes(data[:8], "little")
+    begin, _ = json.loads(data[8:8 + header_size])["vision_tower.post_layernorm.weight"]["data_offsets"]
+    data[8 + header_size + begin] ^= 0x40
+    path.write_bytes(bytes(data))
+    with pytest.raises(ChecksumMismatch, match="weights file .*model.safetensors has sha256"):
+        load_model(root, "tiny", "1")
 
 
 @pytest.mark.parametrize(("template", "flag", "recorded"), [

@@ -4,6 +4,7 @@ sharded weights)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -15,7 +16,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from services.worker.models.llama_config import CheckpointError, LlamaFamilyConfig, YarnRopeScaling
+from services.worker.models.llama_config import (
+    CheckpointError,
+    LinearRopeScaling,
+    LlamaFamilyConfig,
+    YarnRopeScaling,
+)
 from services.worker.models.llama_weights import load_llama_family, read_config
 from tests.support.hf_checkpoints import save_tiny_checkpoint
 
@@ -55,12 +61,13 @@ def llama_config(**fields: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("fields", "field", "says"), [
     ({"architectures": ["GPT2LMHeadModel"]}, "architectures[0]",
-     "supported: Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, LlamaForCausalLM, MistralForCausalLM, "
-     "Olmo2ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, SmolLM3ForCausalLM"),
+     "supported: Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GraniteForCausalLM, "
+     "LlamaForCausalLM, MistralForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+     "SmolLM3ForCausalLM"),
     ({"architectures": ["Olmo3ForCausalLM"]}, "architectures[0]", "Olmo2ForCausalLM"),
     ({"architectures": ["Qwen3MoeForCausalLM"]}, "architectures[0]", "supported: Gemma2ForCausalLM, Gemma3"),
     ({"architectures": ["Qwen3ForCausalLM"], "attention_bias": True}, "attention_bias", "supported: false"),
-    ({"architectures": []}, "architectures", "supported: Gemma2ForCausalLM, Gemma3ForCausalLM, Granite"),
+    ({"architectures": []}, "architectures", "supported: Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForCond"),
     ({"rope_scaling": {"type": "su", "factor": 4.0}}, "rope_scaling.type", "supported: default, linear, llama3, yarn"),
     ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling.rope_type", "supported: default, linear"),
     ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_parameters.rope_type", "llama3"),
@@ -362,6 +369,19 @@ GEMMA_3_1B = {
     "rope_scaling": None, "rope_theta": 1000000, "sliding_window": 512, "sliding_window_pattern": 6,
     "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 262144,
 }
+# Gemma 3 4B (vision + text; transformers 4.50): text_config gives only what differs from Gemma3TextConfig.
+GEMMA_3_4B_IT = {
+    "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999, "eoi_token_index": 256000,
+    "eos_token_id": [1, 106], "image_token_index": 262144, "initializer_range": 0.02, "mm_tokens_per_image": 256,
+    "model_type": "gemma3",
+    "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                    "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                    "sliding_window": 1024},
+    "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+    "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                      "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27,
+                      "patch_size": 14, "vision_use_head": False},
+}
 GEMMA_2_2B = {
     "architectures": ["Gemma2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
     "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": [1, 107],
@@ -406,3 +426,57 @@ def test_released_checkpoints_configs_read_as_their_architecture():
     gemma2 = LlamaFamilyConfig.from_hf(GEMMA_2_2B)
     assert gemma2.tie_word_embeddings and gemma2.layer_windows == (4096, 0) * 13
     assert (gemma2.attention_softcap, gemma2.final_logit_softcap, gemma2.attention_scale) == (50.0, 30.0, 1 / 16)
+
+    gemma3_4b = LlamaFamilyConfig.from_hf(GEMMA_3_4B_IT)  # the rest from Gemma3TextConfig's defaults
+    assert (gemma3_4b.architecture, gemma3_4b.multimodal, gemma3_4b.storage_dtype) == (
+        "Gemma3ForConditionalGeneration", True, "bfloat16")
+    assert (gemma3_4b.vocab_size, gemma3_4b.d_model, gemma3_4b.d_ff, gemma3_4b.num_layers) == (262208, 2560, 10240, 34)
+    assert (gemma3_4b.num_heads, gemma3_4b.num_kv_heads, gemma3_4b.head_size) == (8, 4, 256)
+    assert (gemma3_4b.max_position_embeddings, gemma3_4b.norm_eps, gemma3_4b.attention_scale) == (131072, 1e-6, 1 / 16)
+    assert (gemma3_4b.rope_theta, gemma3_4b.local_rope_theta, gemma3_4b.rope_scaling) == (
+        1e6, 1e4, LinearRopeScaling(8.0))
+    assert gemma3_4b.layer_windows == ((1024,) * 5 + (0,)) * 5 + (1024,) * 4
+    assert gemma3_4b.tie_word_embeddings and gemma3_4b.activation == "gelu_pytorch_tanh"
+    assert (gemma3_4b.attention_softcap, gemma3_4b.final_logit_softcap, gemma3_4b.qk_norm) == (0.0, 0.0, "head")
+    # Gemma3ForCausalLM's reading of the same text config, with what the defaults supply written out.
+    text = {**GEMMA_3_4B_IT["text_config"], "architectures": ["Gemma3ForCausalLM"], "torch_dtype": "bfloat16",
+            "vocab_size": 262208, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+            "max_position_embeddings": 131072, "rope_theta": 1e6}
+    assert LlamaFamilyConfig.from_hf(text) == dataclasses.replace(
+        gemma3_4b, architecture="Gemma3ForCausalLM", multimodal=False)
+
+
+def edited(config: dict[str, Any], text: dict[str, Any] | None = None, drop: str = "", **top: Any) -> dict[str, Any]:
+    """`config` with `top` over its top level and `text` over its text_config, less text_config's `drop`."""
+    text_config = {k: v for k, v in {**config["text_config"], **(text or {})}.items() if k != drop}
+    return {**config, **top, "text_config": text_config}
+
+
+@pytest.mark.parametrize(("config", "field", "says"), [
+    (edited(GEMMA_3_4B_IT, drop="hidden_size"), "text_config.hidden_size", "is required"),
+    (edited(GEMMA_3_4B_IT, {"sliding_window": 0}), "text_config.sliding_window", "must be a positive int or null"),
+    (edited(GEMMA_3_4B_IT, {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}),
+     "text_config.rope_scaling.rope_type", "supported: default, linear, llama3, yarn"),
+    (edited(GEMMA_3_4B_IT, {"num_key_value_heads": 3}), "text_config.num_key_value_heads", "does not divide"),
+    (edited(GEMMA_3_4B_IT, {"torch_dtype": "float64"}), "text_config.torch_dtype", "supported: float32"),
+    (edited(GEMMA_3_4B_IT, torch_dtype="int8"), "torch_dtype", "supported: float32"),
+    (edited(GEMMA_3_4B_IT, quantization_config={"quant_method": "bitsandbytes"}), "quantization_config",
+     "quantized checkpoints are not supported"),
+    (edited(GEMMA_3_4B_IT, {"tie_word_embeddings": False}, tie_word_embeddings=True), "tie_word_embeddings",
+     "transformers 4 and 5 would read this checkpoint differently"),
+    ({**GEMMA_3_4B_IT, "text_config": None}, "text_config", "must be an object"),
+    # The defaults are the vision checkpoint's: a flat Gemma 3 config still states its shape.
+    ({**GEMMA_3_1B, "vocab_size": None}, "vocab_size", "is required"),
+])
+def test_a_vision_checkpoints_text_config_errors_name_the_field_inside_it(config, field, says):
+    with pytest.raises(CheckpointError) as caught:
+        LlamaFamilyConfig.from_hf(config, file="dir/config.json")
+    assert (caught.value.file, caught.value.field) == ("dir/config.json", field) and says in str(caught.value)
+    assert str(caught.value).startswith(f"dir/config.json: {field}: ")
+
+
+def test_a_vision_checkpoints_dtype_is_read_from_text_config_or_the_top_level():
+    assert LlamaFamilyConfig.from_hf(edited(GEMMA_3_4B_IT, torch_dtype=None)).storage_dtype is None
+    assert LlamaFamilyConfig.from_hf(edited(GEMMA_3_4B_IT, {"dtype": "float32"})).storage_dtype == "float32"
+    top_level_5 = edited(GEMMA_3_4B_IT, torch_dtype=None, dtype="float16")  # transformers 5's spelling
+    assert LlamaFamilyConfig.from_hf(top_level_5).storage_dtype == "float16"
