@@ -59,6 +59,7 @@ class _Traits:
     local_rope: bool = False  # Gemma 3: the sliding layers have their own RoPE base
     window_pattern: int = 0  # WINDOW_PATTERN: every window_pattern-th layer is full (config may override)
     tied_by_default: bool = False  # what a config without tie_word_embeddings means (transformers' default)
+    default_rope_theta: float = 10000.0  # what a config without rope_theta means (Gemma 3's: 1e6)
     # A vision + text checkpoint served text-only: the language model is described by config.json's
     # text_config, whose absent keys take these defaults (its config class's); None: config.json is flat.
     text_config_defaults: Mapping[str, Any] | None = None
@@ -76,7 +77,7 @@ GEMMA3_TEXT_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "final_logit_softcapping": None, "attn_logit_softcapping": None,
 })
 _GEMMA3 = _Traits(qk_norm=QK_NORM_PER_HEAD, post_norms=True, window=WINDOW_PATTERN, window_pattern=6, gemma=True,
-                  local_rope=True, tied_by_default=True)
+                  local_rope=True, tied_by_default=True, default_rope_theta=1000000.0)
 _TRAITS = {
     "Gemma2ForCausalLM": _Traits(post_norms=True, window=WINDOW_PATTERN, window_pattern=2, gemma=True,
                                  tied_by_default=True),
@@ -290,7 +291,7 @@ class _Parser:
         if not 1 <= seq_len <= max_positions:
             raise self.fail("max_position_embeddings", f"max_seq_len {seq_len} must be between 1 and "
                             f"max_position_embeddings {max_positions}")
-        rope_theta, rope_scaling = self.rope()
+        rope_theta, rope_scaling = self.rope(traits.default_rope_theta)
         self.check_biases(architecture)
         num_layers = self.positive_int("num_hidden_layers")
         return LlamaFamilyConfig(
@@ -343,7 +344,7 @@ class _Parser:
                             f"{', '.join(SUPPORTED_ARCHITECTURES)}")
         return str(name)
 
-    def rope(self) -> tuple[float, RopeScaling | None]:
+    def rope(self, default_theta: float) -> tuple[float, RopeScaling | None]:
         # transformers 5 writes rope_parameters (theta inside); 4 writes rope_theta beside rope_scaling.
         key = "rope_parameters" if self.raw.get("rope_parameters") is not None else "rope_scaling"
         params = self.raw.get(key)
@@ -356,7 +357,7 @@ class _Parser:
         if partial is not None and not (_is_number(partial) and partial == 1.0):
             raise self.fail(field, f"{partial!r} is not supported; supported: 1.0")
         if params is None:
-            return self.positive_float("rope_theta", default=10000.0), None
+            return self.positive_float("rope_theta", default=default_theta), None
         if not isinstance(params, Mapping):
             raise self.fail(key, f"must be an object or null, got {params!r}")
         type_key = "rope_type" if "rope_type" in params else "type"
@@ -364,7 +365,7 @@ class _Parser:
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise self.fail(f"{key}.{type_key}", f"{rope_type!r} is not supported; supported: "
                             f"{', '.join(SUPPORTED_ROPE_TYPES)}")
-        theta = params.get("rope_theta", self.raw.get("rope_theta", 10000.0))
+        theta = params.get("rope_theta", self.raw.get("rope_theta", default_theta))
         if not _is_number(theta) or not theta > 0:
             raise self.fail(f"{key}.rope_theta", f"must be a number > 0, got {theta!r}")
         if rope_type == "default":

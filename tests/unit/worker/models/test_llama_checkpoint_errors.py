@@ -178,6 +178,9 @@ def test_gemma_reads_its_pattern_scalings_softcaps_and_local_rope():
     assert (config.pre_norms, config.post_norms, config.embedding_normalizer) == (True, True, True)
     assert (config.attention_softcap, config.final_logit_softcap) == (0.0, 0.0)
     assert LlamaFamilyConfig.from_hf({**gemma3, "sliding_window_pattern": 3}).layer_windows[:3] == (32, 32, 0)
+    unsaid = {key: value for key, value in gemma3.items() if key not in ("rope_theta", "rope_local_base_freq")}
+    assert (LlamaFamilyConfig.from_hf(unsaid).rope_theta, LlamaFamilyConfig.from_hf(unsaid).local_rope_theta) == (
+        1000000.0, 10000.0)  # Gemma3TextConfig's defaults
     gemma2 = llama_config(architectures=["Gemma2ForCausalLM"], head_dim=16, sliding_window=32,
                           attn_logit_softcapping=50.0, final_logit_softcapping=30.0, query_pre_attn_scalar=144)
     config = LlamaFamilyConfig.from_hf(gemma2)
