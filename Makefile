@@ -57,7 +57,7 @@ MESH_SCHEME := PLAINTEXT (MESH_PLAINTEXT=$(MESH_PLAINTEXT))
 MESH_HTTP_SCHEME := http
 endif
 
-.PHONY: help setup protos models model-repo up down demo test test-all compile-suite lint typecheck chaos fuzz bench bench-gpu images clean
+.PHONY: help setup protos models model-repo up down demo test test-all compile-suite warm-kernels lint typecheck chaos fuzz bench bench-gpu images clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-8s %s\n", $$1, $$2}'
@@ -129,11 +129,16 @@ XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 # ~3,700 modules (torch, transformers, scipy, our sources, the rewritten test modules) side by side: collecting
 # cost 44 s of CPU instead of 19. One collection beside mypy (one core each, ~15 s of CPU apiece) compiles
 # them first; its result is not used (collection errors fail the suite's own collection).
-TEST_PREPARE := typecheck $(if $(XDIST),compile-suite)
+# The kernels' CPU twins compile once into Numba's cache (tools/warm_kernels.py) before the test processes
+# and the meshes' workers would each compile them side by side on a fresh clone.
+TEST_PREPARE := typecheck warm-kernels $(if $(XDIST),compile-suite)
 
 test: setup lint ## lint, typecheck, then the whole suite (unit, contract, integration, reliability)
 	@$(MAKE) --no-print-directory -j2 $(TEST_PREPARE)
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+
+warm-kernels: setup
+	@$(PY) -m tools.warm_kernels
 
 compile-suite: setup
 	-@$(PY) -m pytest --collect-only -q -p no:cacheprovider $(PYTEST_ARGS) > /dev/null 2>&1

@@ -1,7 +1,8 @@
-"""Tiny Llama-family checkpoints for the model tests: one per family, saved once per session."""
+"""Tiny Llama-family checkpoints for the model tests: one per family, saved once per session when first used."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,11 +24,30 @@ class TinyCheckpoint:
     reference: transformers.PreTrainedModel  # transformers' model with the same (float32) weights
 
 
+class TinyCheckpoints(Mapping[str, TinyCheckpoint]):
+    """Every family's checkpoint, each saved when first asked for: a test process that runs only the
+    refusal tests (a few families) does not build all of them (about 2 s each)."""
+
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
+        self._tmp_path_factory = tmp_path_factory
+        self._saved: dict[str, TinyCheckpoint] = {}
+
+    def __getitem__(self, family: str) -> TinyCheckpoint:
+        if family not in self._saved:
+            if family not in FAMILIES:
+                raise KeyError(family)
+            directory = self._tmp_path_factory.mktemp(f"hf-{family}")
+            reference = save_tiny_checkpoint(directory, family, seed=SEEDS.get(family, 0))
+            self._saved[family] = TinyCheckpoint(family, directory, reference)
+        return self._saved[family]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(FAMILIES)
+
+    def __len__(self) -> int:
+        return len(FAMILIES)
+
+
 @pytest.fixture(scope="session")
-def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TinyCheckpoint]:
-    checkpoints = {}
-    for family in FAMILIES:
-        directory = tmp_path_factory.mktemp(f"hf-{family}")
-        checkpoints[family] = TinyCheckpoint(family, directory, save_tiny_checkpoint(directory, family,
-                                                                                 seed=SEEDS.get(family, 0)))
-    return checkpoints
+def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> TinyCheckpoints:
+    return TinyCheckpoints(tmp_path_factory)
