@@ -200,11 +200,15 @@ def _envelope(config: LlamaFamilyConfig, options: ImportOptions) -> tuple[Envelo
 
 
 def _end_ids(source: Path, config: LlamaFamilyConfig) -> tuple[int, tuple[int, ...], int | None]:
-    """(eos, further stop ids, bos) from generation_config.json, else config.json."""
+    """(eos, further stop ids, bos) from generation_config.json, else config.json (whose vision + text
+    form may say them only in its text_config, as transformers 5 writes Gemma 3's)."""
     path = source / GENERATION_CONFIG_FILE
     if not path.is_file():
         path = source / CONFIG_FILE
     data = _json_object(path)
+    text_config = data.get("text_config") if path.name == CONFIG_FILE else None
+    if data.get("eos_token_id") is None and isinstance(text_config, dict):
+        data = {**text_config, **{k: v for k, v in data.items() if v is not None}}
     eos = data.get("eos_token_id")
     eos_ids = eos if isinstance(eos, list) else [eos]
     if not eos_ids or not all(_is_id(i, config.vocab_size) for i in eos_ids) or len(set(eos_ids)) != len(eos_ids):

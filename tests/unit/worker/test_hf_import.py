@@ -312,6 +312,17 @@ def test_a_vision_checkpoint_imports_its_language_model_and_pins_the_image_side_
     with pytest.raises(ChecksumMismatch, match="weights file .*model.safetensors has sha256"):
         load_model(root, "tiny", "1")
 
+    # Without generation_config.json, the end ids come from config.json, where transformers 5 may write
+    # them only in text_config.
+    (source / "generation_config.json").unlink()
+    raw = json.loads((source / "config.json").read_text())
+    raw["text_config"].update(eos_token_id=[END_OF_TEXT_ID, EOT_ID], bos_token_id=0)
+    raw.pop("eos_token_id", None)
+    raw.pop("bos_token_id", None)
+    (source / "config.json").write_text(json.dumps(raw))
+    tokenizer = import_checkpoint(source, root, dataclasses.replace(OPTIONS, version="2")).generator.tokenizer
+    assert (tokenizer.eos_token_id, tokenizer.stop_token_ids) == (END_OF_TEXT_ID, (EOT_ID,))
+
 
 @pytest.mark.parametrize(("template", "flag", "recorded"), [
     (None, None, None),  # CHAT_TEMPLATE writes no think blocks
