@@ -9,7 +9,8 @@ reference computed from the same (upcast) inputs. Bounds: 1e-5 for float32,
 2e-3 for float16 outputs (half precision rounds at ~5e-4). Covers ragged
 contexts, partial last blocks, shuffled block tables padded with -1, MHA / GQA
 / MQA, head sizes 32 to 256, batch 1 to 256, contexts up to 4096, split and
-unsplit attention, prefill-sized cache scatters and ragged image batches.
+unsplit attention, sliding windows and softcaps at Gemma 2/3's and Mistral v0.1's shapes (K/V before
+each window poisoned with NaN), prefill-sized cache scatters and ragged image batches.
 """
 
 from __future__ import annotations
@@ -84,6 +85,49 @@ def check_attention(gen: torch.Generator, results: list[CheckResult]) -> None:
                                            error, BOUND[dtype], error <= BOUND[dtype]))
 
 
+def check_windowed_attention(gen: torch.Generator, results: list[CheckResult]) -> None:
+    """Sliding windows and softcaps at the shapes of the models that have them, split and unsplit, with
+    K/V before each window poisoned with NaN (a kernel that reads one fails)."""
+    cases = [  # name, batch, top context, heads, kv heads, head size, window, softcap
+        ("Gemma 2 2B 8/4x256, window 4096, cap 50", 16, 8192, 8, 4, 256, 4096, 50.0),
+        ("Gemma 3 1B 4/1x256, window 512", 32, 4096, 4, 1, 256, 512, 0.0),
+        ("Mistral 7B v0.1 32/8x128, window 4096", 8, 8192, 32, 8, 128, 4096, 0.0),
+        ("tinylm-sized 4/2x32, window 1, cap 5", 64, 300, 4, 2, 32, 1, 5.0),
+    ]
+    block_size = 16
+    for name, batch, top, num_heads, num_kv_heads, head_size, window, softcap in cases:
+        lens = torch.randint(1, top + 1, (batch,), generator=gen).tolist()
+        lens[0], lens[-1] = 1, top
+        for dtype in (torch.float32, torch.float16):
+            args = attention_inputs(gen, lens, num_heads, num_kv_heads, head_size, block_size, dtype)
+            scale = head_size**-0.5
+            want = attention_reference64(*args, block_size, scale, window, softcap)
+            _poison_before_windows(args[1], args[2], args[3], lens, block_size, window)
+            for split_name, partition_size, kernel in (("auto", None, "warp"), ("unsplit", 1 << 30, "warp"),
+                                                       ("256-token partitions", 256, "warp"),
+                                                       ("tile kernel, auto", None, "tile")):
+                out = torch.full_like(args[0], float("nan"))
+                paged_attention_decode(*args, block_size, scale, out=out, backend="cuda", partition_size=partition_size,
+                                       cuda_kernel=kernel, sliding_window=window, softcap=softcap)
+                torch.cuda.synchronize()
+                error = relative_error(out, want)
+                results.append(CheckResult("paged_attention_decode", f"{name}, {split_name}", str(dtype)[6:], error,
+                                           BOUND[dtype], error <= BOUND[dtype]))
+
+
+def _poison_before_windows(key_cache: torch.Tensor, value_cache: torch.Tensor, tables: torch.Tensor, lens: list[int],
+                           block_size: int, window: int) -> None:
+    """NaN in every cached K/V slot before each sequence's window. attention_inputs gives each sequence
+    blocks of its own, so no slot inside a window is touched."""
+    host_tables = tables.cpu()
+    slots = [int(host_tables[seq, position // block_size]) * block_size + position % block_size
+             for seq, n in enumerate(lens) for position in range(max(0, n - window))]
+    if slots:
+        index = torch.tensor(slots, dtype=torch.int64, device=key_cache.device)
+        for cache in (key_cache, value_cache):
+            cache.view(-1, *cache.shape[2:])[index] = float("nan")
+
+
 def _misaligned_copy(cache: torch.Tensor) -> torch.Tensor:
     """The same values in a contiguous view that starts one element past a 16-byte boundary."""
     flat = torch.empty(cache.numel() + 1, dtype=cache.dtype, device=cache.device)
@@ -140,6 +184,7 @@ def main() -> None:
     results: list[CheckResult] = []
     started = time.perf_counter()
     for name, check in (("paged_attention_decode", lambda: check_attention(gen, results)),
+                        ("paged_attention_decode windowed", lambda: check_windowed_attention(gen, results)),
                         ("write_kv_cache", lambda: check_kv_cache(gen, results)),
                         ("preprocess_images", lambda: check_preprocess(np.random.default_rng(args.seed), results))):
         try:

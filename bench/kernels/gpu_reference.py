@@ -46,15 +46,22 @@ def shuffled_block_tables(blocks_per_seq: list[int], num_blocks: int, width: int
     return tables
 
 
-def attention_reference64(query, key_cache, value_cache, tables, lens, block_size, scale) -> torch.Tensor:
+def attention_reference64(query, key_cache, value_cache, tables, lens, block_size, scale, sliding_window: int = 0,
+                          softcap: float = 0.0) -> torch.Tensor:
+    """Decode attention in float64; a window keeps each sequence's last `sliding_window` keys, a softcap
+    c makes each score c * tanh(score / c) (kernels.paged_attention's definitions)."""
     num_seqs, num_heads, head_size = query.shape
     num_kv_heads = key_cache.shape[2]
     out = torch.empty((num_seqs, num_heads, head_size), dtype=torch.float64, device=query.device)
     for seq, n in enumerate(lens.tolist()):
         blocks = tables[seq, : -(-n // block_size)].long()
-        keys = key_cache[blocks].reshape(-1, num_kv_heads, head_size)[:n].double()
-        values = value_cache[blocks].reshape(-1, num_kv_heads, head_size)[:n].double()
+        first = max(0, n - sliding_window) if sliding_window else 0
+        keys = key_cache[blocks].reshape(-1, num_kv_heads, head_size)[first:n].double()
+        values = value_cache[blocks].reshape(-1, num_kv_heads, head_size)[first:n].double()
         q = query[seq].double().reshape(num_kv_heads, -1, head_size)
-        probs = torch.softmax(torch.bmm(q, keys.permute(1, 2, 0)) * scale, dim=-1)
+        scores = torch.bmm(q, keys.permute(1, 2, 0)) * scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        probs = torch.softmax(scores, dim=-1)
         out[seq] = torch.bmm(probs, values.permute(1, 0, 2)).reshape(num_heads, head_size)
     return out
