@@ -86,8 +86,13 @@ def test_paged_logits_match_transformers_at_every_position(tiny_checkpoints, fam
     ids = random_ids(60, seed=3)
     with torch.inference_mode():
         expected = ckpt.reference(torch.tensor([ids])).logits[0]
-    table = tuple(random.Random(0).sample(range(32), 15))
+    assert_paged_logits_at_chunk_ends(lm, ids, expected)
 
+
+def assert_paged_logits_at_chunk_ends(lm, ids: list[int], expected: torch.Tensor) -> None:
+    """Feeds `ids` through paged_forward one token a step, then 7 a step (4-token blocks, a scrambled
+    table), and compares the logits after each step's last token with `expected[position]`."""
+    table = tuple(random.Random(0).sample(range(32), 15))
     for chunk in (1, 7):
         cache = new_cache(lm, num_blocks=32, block_size=4)
         got, positions = [], []

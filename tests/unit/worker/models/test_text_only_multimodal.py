@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import shutil
 from pathlib import Path
 
@@ -19,10 +18,13 @@ from safetensors.torch import load_file, save_file
 
 from services.worker.models.llama_config import CheckpointError
 from services.worker.models.llama_weights import check_weights, load_llama_family, read_config
-from services.worker.models.paged import PagedSequence, paged_forward
 from services.worker.repository.hf_import import weight_bytes
 from tests.support.hf_checkpoints import save_tiny_checkpoint
-from tests.unit.worker.models.test_llama_family import LOGITS_TOLERANCE, new_cache, random_ids
+from tests.unit.worker.models.test_llama_family import (
+    LOGITS_TOLERANCE,
+    assert_paged_logits_at_chunk_ends,
+    random_ids,
+)
 
 IMAGE_SIDE = ("vision_tower.", "multi_modal_projector.")
 
@@ -55,16 +57,7 @@ def test_text_logits_are_transformers_text_only_forward_at_every_position(gemma3
     with torch.inference_mode():
         expected = reference(input_ids=torch.tensor([ids])).logits[0]
         torch.testing.assert_close(lm(torch.tensor([ids]))[0], expected, **LOGITS_TOLERANCE)
-    table = tuple(random.Random(0).sample(range(32), 15))
-    for chunk in (1, 7):
-        cache = new_cache(lm, num_blocks=32, block_size=4)
-        got, positions = [], []
-        with torch.inference_mode():
-            for start in range(0, len(ids), chunk):
-                new = tuple(ids[start:start + chunk])
-                got.append(paged_forward(lm, [PagedSequence(new, start, table, needs_logits=True)], cache)[0])
-                positions.append(start + len(new) - 1)
-        torch.testing.assert_close(torch.stack(got), expected[positions], **LOGITS_TOLERANCE)
+    assert_paged_logits_at_chunk_ends(lm, ids, expected)
 
 
 def test_the_vision_tower_and_projector_are_hashed_with_the_file_but_not_loaded(gemma3_vision):
