@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from infermesh.v1 import common_pb2, scheduler_pb2
 from services.common import errors
+from services.common.grammar_after_reasoning import GrammarAfterReasoning
 from services.common.logprobs import PositionLogprobs, TokenLogprob
 from services.common.status import ERROR_BY_STATUS, STATUS_BY_NUMBER
 from services.common.timings import StageTime
@@ -230,6 +231,8 @@ def _fill_run_step(command: scheduler_pb2.RunStep, plan: StepPlan,
                 _fill_penalties(sampling, step.sampling)
             if step.sampling.grammar:
                 seq.grammar = step.sampling.grammar
+                if step.sampling.grammar_after_reasoning is not None:
+                    _fill_grammar_after(seq.grammar_after_reasoning, step.sampling.grammar_after_reasoning)
             if step.sampling.min_tokens_ban and step.sample and step.num_generated < step.sampling.min_tokens:
                 seq.banned_token_ids.extend(step.sampling.min_tokens_ban)
             if step.banned_token_ids:
@@ -262,6 +265,12 @@ def _fill_penalties(sampling: common_pb2.SamplingParams, params: SamplingParams)
         sampling.repetition_penalty = params.repetition_penalty
     if params.logit_bias:
         sampling.logit_bias.update(params.logit_bias)
+
+
+def _fill_grammar_after(field: scheduler_pb2.GrammarAfterReasoning, after: GrammarAfterReasoning) -> None:
+    field.end_token_id = after.end_token_id
+    if after.start_token_id is not None:
+        field.start_token_id = after.start_token_id
 
 
 def _traced(step: SequenceStep) -> bool:

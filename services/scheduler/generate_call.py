@@ -34,7 +34,8 @@ class GenerateCall:
                  prompt_token_ids: Sequence[int] = (), reasoning: ReasoningStart = NO_REASONING) -> None:
         """`finished(model_name, latency_s)`: called as the last chunk is built. `tool_call_parser`:
         named on the first chunk (a request offering tools), as are `prompt_token_ids` (return_token_ids)
-        and `reasoning` (the model's reasoning parser and what the prompt left open)."""
+        and `reasoning` (the model's reasoning parser, what the prompt left open, and whether the
+        request's grammar waits for the reasoning to end)."""
         self._reasoning = reasoning
         self._prompt_token_ids = prompt_token_ids
         self._request_id = request_id
@@ -65,6 +66,7 @@ class GenerateCall:
             chunk.tool_call_parser = self._tool_call_parser
             chunk.reasoning_parser = self._reasoning.parser
             chunk.reasoning_opened = self._reasoning.opened
+            chunk.grammar_after_reasoning = self._reasoning.grammar_after is not None
             if self._prompt_token_ids:
                 chunk.prompt_token_ids.extend(self._prompt_token_ids)
             self._first = False

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common import errors
-from services.common.reasoning_formats import THINK_END, THINK_START
+from services.common.grammar_after_reasoning import GrammarAfterReasoning
+from services.common.reasoning_formats import DEEPSEEK_R1, THINK_END, THINK_START
 from services.common.tool_call_formats import parser_for_template
 from services.scheduler.chat_template import ChatTemplate
 from services.scheduler.hf_tokenizer import HFTokenizer, HFTokenizerSource
@@ -53,6 +54,9 @@ _TAIL_TOKENS = 32
 class ReasoningStart:
     parser: str = ""  # "": nothing to split (no parser, or the prompt closed the block)
     opened: bool = False  # the prompt ends inside a think block
+    # Where the output's grammar (structured output) starts: after the think block, as vLLM constrains
+    # a reasoning model; None: it holds the whole output from its first token, or there is none.
+    grammar_after: GrammarAfterReasoning | None = None
 
 
 NO_REASONING = ReasoningStart()
@@ -70,6 +74,9 @@ class ModelText:
     tool_call_parser: str = ""
     # How the model sets its reasoning apart (reasoning_formats.py); "": it does not.
     reasoning_parser: str = ""
+    # The ids of `<think>` and `</think>` where each is one token of the tokenizer (None: it is not).
+    think_start_token_id: int | None = None
+    think_end_token_id: int | None = None
 
     def chat_prompt_ids(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = (),
                         rendering: ChatRendering = ChatRendering()) -> tuple[int, ...]:
@@ -86,18 +93,33 @@ class ModelText:
         special = self.chat_adds_special_tokens if rendering.add_special_tokens is None else rendering.add_special_tokens
         return self.tokenizer.encode(rendered, add_special_tokens=special)
 
-    def reasoning_start(self, prompt_ids: Sequence[int]) -> ReasoningStart:
+    def reasoning_start(self, prompt_ids: Sequence[int], constrained: bool = False) -> ReasoningStart:
         """What a stream of this prompt names on its first chunk: the parser, unless the prompt ends
-        with a closed think block (the template turned thinking off: there is nothing to split), and
-        whether it ends inside an open one (the output begins as reasoning). Only the prompt's last
-        tokens are read: a block in an earlier turn says nothing about this one."""
+        with a closed think block (the template turned thinking off: there is nothing to split),
+        whether it ends inside an open one (the output begins as reasoning), and, for a `constrained`
+        output (a grammar), where its grammar starts. Only the prompt's last tokens are read: a block
+        in an earlier turn says nothing about this one (vLLM reads the whole prompt for its last tag)."""
         if not self.reasoning_parser:
             return NO_REASONING
         tail = b"".join(self.tokenizer.token_bytes(i) for i in prompt_ids[-_TAIL_TOKENS:])
         text = tail.decode("utf-8", errors="replace").rstrip()
         if text.endswith(THINK_END):
             return NO_REASONING
-        return ReasoningStart(self.reasoning_parser, opened=text.endswith(THINK_START))
+        opened = text.endswith(THINK_START)
+        return ReasoningStart(self.reasoning_parser, opened, self._grammar_after(opened) if constrained else None)
+
+    def _grammar_after(self, opened: bool) -> GrammarAfterReasoning | None:
+        """Where a grammar starts in an output that may begin as reasoning: after `</think>`, found by its
+        id, so only where it is one token; for a qwen3 output that the prompt did not open, only if
+        the output opens with `<think>`, likewise one token. None (the grammar holds the whole output,
+        as before): a tag that the model would write in pieces."""
+        if self.think_end_token_id is None:
+            return None
+        if opened or self.reasoning_parser == DEEPSEEK_R1:
+            return GrammarAfterReasoning(self.think_end_token_id)
+        if self.think_start_token_id is None:
+            return None
+        return GrammarAfterReasoning(self.think_end_token_id, self.think_start_token_id)
 
 
 def build_model_text(spec: TokenizerSpec, tokenizer_json: bytes = b"") -> ModelText:
@@ -118,4 +140,14 @@ def build_model_text(spec: TokenizerSpec, tokenizer_json: bytes = b"") -> ModelT
     template = ChatTemplate(source, special_tokens) if source else None
     return ModelText(tokenizer, template, chat_adds_special_tokens=is_bytes,
                      tool_call_parser=spec.tool_call_parser or parser_for_template(spec.chat_template),
-                     reasoning_parser=spec.reasoning_parser)
+                     reasoning_parser=spec.reasoning_parser,
+                     think_start_token_id=_one_token(tokenizer, THINK_START),
+                     think_end_token_id=_one_token(tokenizer, THINK_END))
+
+
+def _one_token(tokenizer: Tokenizer, tag: str) -> int | None:
+    """The id of the token whose text is `tag` (an added token of tokenizer.json, as Qwen3's and the R1
+    distills' think tags are), or None where the tokenizer writes it in several, or its token carries
+    no text (a special token, which a stream never shows)."""
+    ids = tokenizer.encode(tag, add_special_tokens=False)
+    return ids[0] if len(ids) == 1 and tokenizer.token_bytes(ids[0]) == tag.encode() else None

@@ -14,6 +14,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from services.common.grammar_after_reasoning import GrammarAfterReasoning
 from services.common.logprobs import MAX_TOP_LOGPROBS, PositionLogprobs
 from services.scheduler.bad_words import BadWords
 from services.scheduler.fair_queue import Priority, TenantContext
@@ -63,6 +64,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     # sampling.structured compiled (structured_output.py): the llguidance grammar; "": free text.
     grammar: str = ""
+    # With grammar, a reasoning model's output that may begin as reasoning: the grammar holds only what
+    # follows the think block (ModelText.reasoning_start decides); None: the whole output.
+    grammar_after_reasoning: GrammarAfterReasoning | None = None
     # Report the prompt's logprobs with this many alternatives each (None: not asked), on the first chunk.
     prompt_logprobs: int | None = None
     # vLLM's top_k (0: off) and min_p (0: off), applied by the worker where it samples.

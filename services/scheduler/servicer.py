@@ -4,6 +4,7 @@ Attach stream's session in attach_session.py), domain errors -> statuses."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -241,6 +242,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         req = request.request
         entry = self.registry.resolve_generator(req.model.name, req.model.version)
         stream, prompt_ids, sampling = self._make_stream(req, request.tenant, entry, began_s, remaining_s, events)
+        reasoning = entry.pool.text.reasoning_start(prompt_ids, constrained=bool(sampling.grammar))
+        if reasoning.grammar_after is not None:
+            sampling = dataclasses.replace(sampling, grammar_after_reasoning=reasoning.grammar_after)
         span.set_attribute("infermesh.model", str(entry.key))
         span.set_attribute("infermesh.tenant", stream.tenant.tenant_id)
         span.set_attribute("infermesh.prompt_tokens", len(prompt_ids))
@@ -254,7 +258,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return GenerateCall(req.request_id, entry, stream, began_s, span, self._clock, self._metrics.generate_finished,
                             tool_call_parser=entry.pool.text.tool_call_parser if req.tools else "",
                             prompt_token_ids=prompt_ids if req.return_token_ids and not delivered else (),
-                            reasoning=entry.pool.text.reasoning_start(prompt_ids))
+                            reasoning=reasoning)
 
     def _make_stream(self, req: gateway_pb2.GenerateRequest, tenant: scheduler_pb2.TenantContext,
                      entry: GeneratorEntry, began_s: float, remaining_s: float | None,

@@ -7,6 +7,11 @@ its tokens) before each sample. So a table reset, a recompute or a continuation 
 rebuilds the same matcher from the same tokens: constrained sampling stays a function of the
 tokens, the seed and the position. Once the grammar is complete only end-of-sequence ids are
 allowed, so the sequence ends there.
+
+A reasoning model's grammar may wait for its think block to end (GrammarAfterReasoning): the
+matcher is then fed only the output tokens after the first `</think>`, and the tokens up to it are
+sampled without a mask. Where the grammar starts is read from the output tokens too
+(services/common/grammar_after_reasoning.py).
 """
 
 from __future__ import annotations

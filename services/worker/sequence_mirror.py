@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common.errors import InvalidArgument
+from services.common.grammar_after_reasoning import GrammarAfterReasoning, GrammarScan
 from services.common.logprobs import MAX_TOP_LOGPROBS
 from services.worker.sampling import check_sampling
 from services.worker.work import ErrorCode, ItemError, RunStep, SequenceOutput, SequenceStep
@@ -53,6 +54,9 @@ class _SequenceState:
     # Constrained sampling: the sequence's grammar matcher (services/worker/grammar.py), made by the
     # step executor; a reset table starts without one, so it is rebuilt from the tokens.
     guide: Any = None
+    # A grammar that waits for the reasoning: where it starts in the output, likewise found again
+    # from the tokens after a reset.
+    grammar_scan: GrammarScan | None = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,14 @@ class SequenceMirror:
 
     def set_guide(self, seq_id: int, guide: Any) -> None:
         self._seqs[seq_id].guide = guide
+
+    def grammar_scan(self, seq_id: int, after: GrammarAfterReasoning) -> GrammarScan:
+        """The sequence's scan for where its grammar starts after the reasoning (a new one for a reset
+        table, or for another `after`)."""
+        state = self._seqs[seq_id]
+        if state.grammar_scan is None or state.grammar_scan.after != after:
+            state.grammar_scan = GrammarScan(after)
+        return state.grammar_scan
 
     def computed(self, sequence: AdmittedSequence, sampled_token: int | None = None) -> None:
         """The step ran: the sequence's KV now covers every position up to its last new token, and
@@ -254,12 +266,22 @@ class SequenceMirror:
             if bad_bans:
                 raise InvalidArgument(f"sequence {seq.seq_id}: banned token ids {bad_bans[:5]} outside "
                                       f"[0, {self.vocab_size})")
+            self._check_grammar_after(seq)
         if seq.prompt_logprobs is not None:
             self._check_prompt_logprobs(seq)
         bad_context = [t for t in seq.context_token_ids if not 0 <= t < self.vocab_size]
         if bad_context:
             raise InvalidArgument(f"sequence {seq.seq_id}: context token ids {bad_context[:5]} outside "
                                   f"[0, {self.vocab_size})")
+
+    def _check_grammar_after(self, seq: SequenceStep) -> None:
+        after = seq.sampling.grammar_after_reasoning
+        if after is None:
+            return
+        tags = (after.end_token_id,) if after.start_token_id is None else (after.end_token_id, after.start_token_id)
+        if not seq.sampling.grammar or not all(0 <= t < self.vocab_size for t in tags):
+            raise InvalidArgument(f"sequence {seq.seq_id}: grammar_after_reasoning needs a grammar and token ids "
+                                  f"in [0, {self.vocab_size}), got {list(tags)}")
 
     def _check_prompt_logprobs(self, seq: SequenceStep) -> None:
         assert seq.prompt_logprobs is not None

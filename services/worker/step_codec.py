@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from infermesh.v1 import common_pb2, scheduler_pb2
+from services.common.grammar_after_reasoning import GrammarAfterReasoning
 from services.worker import work
 
 
@@ -32,6 +33,7 @@ def sequence_step_from_proto(seq: scheduler_pb2.SequenceStep) -> work.SequenceSt
             repetition_penalty=sampling.repetition_penalty or 1.0,
             logit_bias=tuple(sorted(sampling.logit_bias.items())),
             grammar=seq.grammar,
+            grammar_after_reasoning=_grammar_after(seq) if seq.HasField("grammar_after_reasoning") else None,
             top_k=sampling.top_k,
             min_p=sampling.min_p,
             allowed_token_ids=tuple(sampling.allowed_token_ids),
@@ -44,6 +46,12 @@ def sequence_step_from_proto(seq: scheduler_pb2.SequenceStep) -> work.SequenceSt
         next_prompt_token_id=seq.next_prompt_token_id if seq.HasField("next_prompt_token_id") else None,
         banned_token_ids=tuple(seq.banned_token_ids),
     )
+
+
+def _grammar_after(seq: scheduler_pb2.SequenceStep) -> GrammarAfterReasoning:
+    after = seq.grammar_after_reasoning
+    return GrammarAfterReasoning(after.end_token_id,
+                                 after.start_token_id if after.HasField("start_token_id") else None)
 
 
 def run_step_from_proto(command: scheduler_pb2.RunStep) -> work.RunStep:

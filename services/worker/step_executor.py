@@ -99,21 +99,45 @@ class StepExecutor:
             self._masker.close()
         self._masker = StepMasker(tokenizer) if tokenizer is not None else None
 
-    def _mask_job(self, admitted: AdmittedSequence) -> MaskJob:
-        """What the mask thread needs for the sequence: its guide (None: make one) and the output
-        tokens the guide has not consumed (the mirror's list is read here, never on the thread)."""
+    def _grammar_starts(self, admitted: Sequence[AdmittedSequence]) -> dict[int, int]:
+        """The constrained sequences of the step, by position: those that sample now under their
+        grammar, each with how many of its output tokens come before the grammar's first (0 unless
+        the grammar waited for a think block). One still thinking is not among them: it samples as
+        an unconstrained one does, and starts no mask job."""
+        starts: dict[int, int] = {}
+        for position, a in enumerate(admitted):
+            if a.step.sample and a.step.sampling.grammar:
+                start = self._grammar_start(a)
+                if start is not None:
+                    starts[position] = start
+        return starts
+
+    def _grammar_start(self, admitted: AdmittedSequence) -> int | None:
+        after = admitted.step.sampling.grammar_after_reasoning
+        if after is None:
+            return 0
+        scan = self._mirror.grammar_scan(admitted.step.seq_id, after)
+        return scan.grammar_start(admitted.token_ids, admitted.step.num_generated)
+
+    def _mask_job(self, admitted: AdmittedSequence, grammar_start: int) -> MaskJob:
+        """What the mask thread needs for the sequence: its guide (None: make one), the output tokens
+        from `grammar_start` on that the guide has not consumed (the mirror's list is read here, never
+        on the thread), and the block's opening where it may come first."""
         seq = admitted.step
         guide = self._mirror.guide(seq.seq_id)
         if guide is not None and guide.grammar != seq.sampling.grammar:
             guide = None
-        output_start = len(admitted.token_ids) - seq.num_generated
+        held_start = len(admitted.token_ids) - seq.num_generated + grammar_start
         consumed = guide.num_consumed if guide is not None else 0
-        return MaskJob(seq.sampling.grammar, guide, admitted.token_ids[output_start + consumed :])
+        after = seq.sampling.grammar_after_reasoning
+        return MaskJob(seq.sampling.grammar, guide, admitted.token_ids[held_start + consumed :],
+                       after.also_allowed(seq.num_generated) if after is not None else None)
 
-    def _start_masks(self, constrained: Sequence[AdmittedSequence]) -> Future[StepMasks] | None:
+    def _start_masks(self, constrained: Sequence[AdmittedSequence],
+                     grammar_starts: Sequence[int]) -> Future[StepMasks] | None:
         if not constrained or self._masker is None:
             return None
-        return self._masker.start([self._mask_job(a) for a in constrained])
+        return self._masker.start([self._mask_job(a, s) for a, s in zip(constrained, grammar_starts, strict=True)])
 
     def _take_masks(self, constrained: Sequence[AdmittedSequence], masks: StepMasks | None,
                     logits: np.ndarray, rows: Sequence[int]) -> dict[int, GrammarError]:
@@ -158,11 +182,12 @@ class StepExecutor:
                                needs_logits=a.step.sample, all_logits=a.step.prompt_logprobs is not None)
                  for a in admission.admitted]
         first_rows = _first_logit_rows(paged)
-        constrained_positions = [p for p, a in enumerate(admission.admitted) if a.step.sample and a.step.sampling.grammar]
+        grammar_starts = self._grammar_starts(admission.admitted)
+        constrained_positions = list(grammar_starts)
         constrained = [admission.admitted[p] for p in constrained_positions]
 
         t_start = self.clock()
-        pending_masks = self._start_masks(constrained)
+        pending_masks = self._start_masks(constrained, list(grammar_starts.values()))
         try:
             # One device-to-host copy per step (sampling runs on the host); it also waits for the GPU,
             # so compute_s covers the device work, not only its launch.

@@ -31,7 +31,10 @@ class MaskJob:
 
     grammar: str
     guide: Guide | None  # the sequence's matcher; None: one is built from `grammar` (first sample, or a reset)
-    pending_token_ids: Sequence[int]  # output tokens the guide has not consumed (the whole output for a new one)
+    # Output tokens the guide has not consumed (for a new one, the whole output from the grammar's start).
+    pending_token_ids: Sequence[int]
+    # A token allowed beside the grammar's (a reasoning model's `<think>`, at its output's first token).
+    also_allowed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,8 @@ class StepMasker:
                 guide = job.guide or Guide(self.tokenizer, job.grammar)
                 guide.advance(job.pending_token_ids)
                 guide.fill_mask(row)
+                if job.also_allowed is not None:
+                    _allow(row, job.also_allowed)
             except GrammarError as exc:
                 guides.append(None)
                 errors.append(exc)
@@ -85,6 +90,13 @@ class StepMasker:
         if self._thread is not None:
             self._thread.shutdown(wait=True)
             self._thread = None
+
+
+def _allow(row: np.ndarray, token_id: int) -> None:
+    """Sets token_id's bit in a bitmask row (its words read unsigned: bit 31 is a token like any); an id
+    past the tokenizer's vocabulary stays disallowed, as mask_logits leaves it."""
+    if token_id < 32 * len(row):
+        row.view(np.uint32)[token_id >> 5] |= np.uint32(1 << (token_id & 31))
 
 
 def mask_logits(logits: np.ndarray, rows: Sequence[int], bitmask: np.ndarray) -> None:

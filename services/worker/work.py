@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from services.common.grammar_after_reasoning import GrammarAfterReasoning
 from services.common.logprobs import PositionLogprobs
 
 
@@ -76,6 +77,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # HF's, (0, 2]: off at 1
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), by id
     grammar: str = ""  # SequenceStep.grammar: the llguidance grammar the output must match; "": none
+    # SequenceStep.grammar_after_reasoning: the grammar holds only what follows the think block; None: all.
+    grammar_after_reasoning: GrammarAfterReasoning | None = None
     top_k: int = 0  # vLLM's: keep the top_k most likely tokens; 0: off
     min_p: float = 0.0  # vLLM's: drop tokens below min_p x the most likely one's probability; 0: off
     # vLLM's: the only ids the sample may be (every other logit -inf before anything else); (): every id.

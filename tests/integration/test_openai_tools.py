@@ -8,7 +8,9 @@ tools rendered and the format named on the first chunk.
 
 The same mesh serves a reasoning model (a Qwen3-shaped template, so the importer records qwen3):
 a regex holds it to `<think>...</think>answer`, or its template opens the block in the prompt, and
-chat, Responses and gRPC callers see the reasoning split off the real streamed output.
+chat, Responses and gRPC callers see the reasoning split off the real streamed output. Its tokenizer
+writes the think tags in pieces, so a grammar holds its whole output; a twin whose tokenizer has them
+as single tokens (as Qwen3's) thinks freely first, and only its answer is held to a JSON schema.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import tokenizers
 import transformers
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
@@ -29,12 +32,14 @@ from tests.support.hf_checkpoints import save_model_directory
 from tests.support.hf_mesh import serving_checkpoints
 from tests.support.https_json import post_json, post_stream
 from tests.support.side_venv import side_venv_python
+from tests.unit.scheduler.hf_tokenizer_files import byte_level_json, num_ids
 from tools.testbed import session_tls
 
 pytestmark = pytest.mark.integration
 
 MODEL = "tiny-tools"
 THINK = "tiny-think"
+THINK_TAGS = "tiny-think-tags"  # THINK with <think> and </think> one token each, as in Qwen3's tokenizer
 LLAMA = "tiny-tools-llama"
 SIDE_VENV = ("openai", "openai==3.51.0")  # the venv of tests/openai/test_openai_client.py, built once
 SCRIPT = Path(__file__).with_name("openai_tools_script.py")
@@ -63,7 +68,9 @@ def served(tmp_path_factory):
     # A reasoning model's template (Qwen3's shape): the importer tells qwen3 from it.
     save_model_directory(tmp / THINK, "qwen2", seed=5, chat_template=reasoning_templates.QWEN3,
                          max_position_embeddings=2048)
-    with serving_checkpoints(tmp, [MODEL, LLAMA, THINK], kv_cache_bytes=1 << 22,
+    save_model_directory(tmp / THINK_TAGS, "qwen2", seed=5, chat_template=reasoning_templates.QWEN3,
+                         added_tokens=("<think>", "</think>"), max_position_embeddings=2048)
+    with serving_checkpoints(tmp, [MODEL, LLAMA, THINK, THINK_TAGS], kv_cache_bytes=1 << 22,
                              options={LLAMA: {"tool_call_parser": LLAMA3_JSON}}) as mesh:
         yield mesh, tokenizer
 
@@ -318,5 +325,30 @@ def test_grpc_callers_get_the_text_as_written_and_the_reasoning_parser_named(ser
     with session_tls.channel(served[0].mesh.gateway.address) as channel:
         chunks = list(gateway_pb2_grpc.InferenceStub(channel).Generate(request, timeout=60))
     assert (chunks[0].reasoning_parser, chunks[0].reasoning_opened) == (parser, opened)
+    assert not chunks[0].grammar_after_reasoning  # "</think>" is not one token here: the grammar held it all
     text = "".join(c.text for c in chunks)
     assert re.match(r"<think>[a-z ]+</think>[a-z]", text), text  # tags and all: the client splits
+
+
+ANSWER = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 22, 333]}},
+          "required": ["ok", "n"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("kwargs", [{"thinking_in_prompt": True}, {}])  # the prompt opens the block, or the model
+def test_a_json_answer_follows_a_thought_its_grammar_left_free(served, kwargs):
+    """vLLM's way: the grammar holds what follows </think> only. The biases push "Q" and the think
+    tags, none of which the schema allows anywhere: they make the thought (which the model, on a
+    prompt that opened no block, may open at its first token beside the grammar's), </think> ends
+    it, and the answer is JSON anyway."""
+    vocabulary = tokenizers.Tokenizer.from_str(byte_level_json().decode())
+    think, end_think = num_ids(byte_level_json()), num_ids(byte_level_json()) + 1  # the tags, added after it
+    bias = {str(vocabulary.token_to_id("Q")): 14, str(think): 12, str(end_think): 11}
+    body = {"model": THINK_TAGS, "messages": [{"role": "user", "content": "Ok?"}], "temperature": 1.0, "seed": 4,
+            "max_tokens": 120, "logit_bias": bias, "chat_template_kwargs": kwargs,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}}
+    status, reply = post_json(served[0].base, "/chat/completions", body)
+    assert status == 200, reply
+    message = reply["choices"][0]["message"]
+    assert re.fullmatch("(Q|<think>)+", message["reasoning_content"] or ""), reply  # the grammar never allows these
+    jsonschema.validate(json.loads(message["content"]), ANSWER)
+    assert reply["choices"][0]["finish_reason"] == "stop"

@@ -101,9 +101,18 @@ def test_tool_calls_are_parsed_from_the_answer_after_the_reasoning():
     assert [c["function"]["name"] for d in deltas for c in d.get("tool_calls", [])] == ["clock"]
 
 
-def test_a_constrained_output_is_all_content_even_for_deepseek_r1():
+def test_a_constrained_output_is_all_content_even_for_deepseek_r1_where_the_grammar_held_it_all():
     body = {"response_format": {"type": "json_object"}}
     message = whole(body, ['{"a": ', "1}"], parser=DEEPSEEK_R1)["message"]
+    assert (message["reasoning_content"], message["content"]) == (None, '{"a": 1}')
+
+
+def test_a_grammar_that_waited_for_the_reasoning_leaves_it_apart_and_the_json_as_content():
+    body = {"response_format": {"type": "json_object"}}
+    message = whole(body, ["sky is", " blue</think>", '{"a": ', "1}"], parser=DEEPSEEK_R1,
+                    grammar_after_reasoning=True)["message"]
+    assert (message["reasoning_content"], message["content"]) == ("sky is blue", '{"a": 1}')
+    message = whole(body, ['{"a": 1}'], grammar_after_reasoning=True)["message"]  # qwen3 that did not open one
     assert (message["reasoning_content"], message["content"]) == (None, '{"a": 1}')
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -130,11 +131,12 @@ BOS_ID, END_OF_TEXT_ID, EOT_ID = 0, 1, 4
 
 
 def save_model_directory(directory: str | Path, family: str, *, seed: int = 0, dtype: torch.dtype = torch.float32,
-                         std: float = 0.25, chat_template: str | None = None,
+                         std: float = 0.25, chat_template: str | None = None, added_tokens: Sequence[str] = (),
                          **overrides: Any) -> transformers.PreTrainedModel:
     """A whole checkpoint directory as a user brings it: the tiny model (save_tiny_checkpoint), a
     byte-level BPE trained on local text (tokenizer.json, tokenizer_config.json, the chat template:
     CHAT_TEMPLATE unless given), and generation_config.json ending on <|end_of_text|> or <|eot_id|>.
+    `added_tokens`: plain-text tokens added after the BPE's ids (Qwen3's `<think>` and `</think>`).
     Returns the float32 model."""
     from tests.unit.scheduler.hf_tokenizer_files import byte_level_json
 
@@ -144,6 +146,7 @@ def save_model_directory(directory: str | Path, family: str, *, seed: int = 0, d
     tokenizer = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tokenizers.Tokenizer.from_str(byte_level_json().decode()),
         bos_token="<|begin_of_text|>", eos_token="<|eot_id|>", pad_token="<|end_of_text|>")
+    tokenizer.add_tokens(list(added_tokens))
     tokenizer.chat_template = CHAT_TEMPLATE if chat_template is None else chat_template
     tokenizer.save_pretrained(directory)
     return model

@@ -530,7 +530,8 @@ def full_response(request: OpenAIRequest, created_s: int, returned: Sequence[Cho
 
 def constrained(request: OpenAIRequest) -> bool:
     """Whether a grammar holds the output (response_format, guided_*, a required or named tool
-    choice): its reasoning split assumes no reasoning (reasoning.py)."""
+    choice): its reasoning split assumes no reasoning unless the first chunk says the grammar waited
+    for it (reasoning.py)."""
     return request.generate.sampling.HasField("structured")
 
 

@@ -2,16 +2,19 @@
 or whole, for the OpenAI chat path; no transport here.
 
 The scheduler names the model's parser on a stream's first chunk (GenerateResponse.reasoning_parser,
-services/common/reasoning_formats.py) and whether the prompt left a think block open
-(reasoning_opened). Where the output begins:
+services/common/reasoning_formats.py), whether the prompt left a think block open
+(reasoning_opened), and, for a constrained output (sampling.structured: response_format, guided_*,
+a required or named tool choice), whether its grammar waited for the reasoning to end
+(grammar_after_reasoning). Where the output begins:
 - the prompt opened a block, or the parser is deepseek_r1: inside reasoning. A `<think>` the model
   writes first anyway is dropped.
 - qwen3 otherwise: reasoning only if the output begins with `<think>` (after whitespace); an output
   that does not is all answer, as older Qwen3 templates and non-thinking turns produce.
-- a constrained output (sampling.structured: response_format, guided_*, a required or named tool
-  choice): the grammar shaped the whole output, so none is assumed to be reasoning; a `<think>` the
-  grammar itself spells first still opens a block. (vLLM instead lets the model reason freely and
-  constrains only what follows </think>; here the grammar applies from the first token.)
+- a constrained output whose grammar waited for the reasoning (vLLM's way: the model reasons freely,
+  the grammar holds what follows `</think>`): as above.
+- a constrained output whose grammar held it from its first token (the model's tokenizer writes a
+  think tag in pieces): the grammar shaped the whole output, so none is assumed to be reasoning; a
+  `<think>` the grammar itself spells first still opens a block.
 Reasoning runs to the first `</think>`; everything after it is answer, passed on as written.
 Without a `</think>` (max_tokens reached mid-thought), the reasoning is all there is, as vLLM's
 current qwen3 parser reads a truncated output. A tag split across chunks is never passed on in
@@ -34,10 +37,11 @@ class ReasoningFormat:
 
     parser: str = ""  # "": nothing to split
     opened: bool = False  # the prompt ends inside a think block
+    grammar_after_reasoning: bool = False  # a grammar held only what follows the reasoning
 
     @classmethod
     def of_chunk(cls, chunk: gateway_pb2.GenerateResponse) -> ReasoningFormat:
-        return cls(chunk.reasoning_parser, chunk.reasoning_opened)
+        return cls(chunk.reasoning_parser, chunk.reasoning_opened, chunk.grammar_after_reasoning)
 
 
 NO_REASONING = ReasoningFormat()
@@ -57,7 +61,8 @@ class ReasoningSplitter:
     def __init__(self, fmt: ReasoningFormat, constrained: bool = False) -> None:
         known = fmt.parser in REASONING_PARSERS
         self._part = _Part.HEAD if known else _Part.ANSWER
-        self._reasoning_first = known and not constrained and (fmt.opened or fmt.parser == DEEPSEEK_R1)
+        free_reasoning = not constrained or fmt.grammar_after_reasoning
+        self._reasoning_first = known and free_reasoning and (fmt.opened or fmt.parser == DEEPSEEK_R1)
         self._held = ""  # text that may begin a tag
         self._reasoning: list[str] = []
 

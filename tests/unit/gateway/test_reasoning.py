@@ -4,6 +4,7 @@ with no part of a tag ever passed on."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -94,6 +95,13 @@ def test_a_constrained_output_is_answer_unless_the_grammar_spells_a_block_first(
     assert split_reasoning('{"a": 1}', R1, constrained=True) == ("", '{"a": 1}')
     assert split_reasoning('{"a": 1}', QWEN_OPENED, constrained=True) == ("", '{"a": 1}')
     assert split_reasoning("<think>r</think>{}", R1, constrained=True) == ("r", "{}")
+
+
+def test_a_constrained_output_whose_grammar_waited_for_the_reasoning_splits_as_a_free_one():
+    for fmt, text in ((R1, "sky</think>{}"), (QWEN_OPENED, "sky</think>{}"), (QWEN, "<think>sky</think>{}")):
+        waited = dataclasses.replace(fmt, grammar_after_reasoning=True)
+        assert split_reasoning(text, waited, constrained=True) == split_reasoning(text, fmt) == ("sky", "{}")
+    assert split_reasoning("{}", ReasoningFormat(QWEN3, grammar_after_reasoning=True), constrained=True) == ("", "{}")
 
 
 def test_tool_calls_are_read_from_the_answer_after_the_reasoning():

@@ -91,5 +91,14 @@ def with_decoder(tokenizer_json: bytes, decoder: dict | None) -> bytes:
     return json.dumps(spec).encode()
 
 
+@functools.cache
+def with_added_tokens(tokenizer_json: bytes, tokens: tuple[str, ...], special: bool = False) -> bytes:
+    """`tokenizer_json` with `tokens` added after its ids: plain text (Qwen3's and the R1 distills' think
+    tags are), or special ones, which carry no text."""
+    tok = Tokenizer.from_str(tokenizer_json.decode())
+    tok.add_tokens([AddedToken(token, special=special) for token in tokens])
+    return tok.to_str().encode()
+
+
 def num_ids(tokenizer_json: bytes) -> int:
     return Tokenizer.from_str(tokenizer_json.decode()).get_vocab_size(with_added_tokens=True)

@@ -10,6 +10,7 @@ import pytest
 
 from infermesh.v1 import common_pb2
 from services.common import errors
+from services.common.grammar_after_reasoning import GrammarAfterReasoning
 from services.scheduler import attach_codec
 from services.scheduler.call_codec import decode_sampling
 from services.scheduler.fair_queue import TenantContext
@@ -98,6 +99,23 @@ def test_a_structured_output_is_compiled_once_and_travels_with_every_step(clock)
     stream = GenerateStream(seq_id=2, tenant=TenantContext("t"), seed=5, trace_context={}, arrival_s=0.0,
                             deadline_s=None)
     assert attach_codec.encode_run_step(StepPlan(1, (step,), ()), {2: stream}).seqs[0].grammar == sampling.grammar
+
+
+@pytest.mark.parametrize("after", [
+    None,  # the grammar holds the whole output: nothing sent, as from every older scheduler
+    GrammarAfterReasoning(0),  # id 0 is an id like any: the message's presence says the grammar waits
+    GrammarAfterReasoning(422, start_token_id=0),
+])
+def test_where_a_grammar_starts_after_the_reasoning_reaches_the_worker_with_every_step(after) -> None:
+    sampling = dataclasses.replace(decode_sampling(common_pb2.SamplingParams(
+        structured=common_pb2.StructuredOutput(regex="[a-c]{2}")), 4), grammar_after_reasoning=after)
+    stream = GenerateStream(seq_id=2, tenant=TenantContext("t"), seed=5, trace_context={}, arrival_s=0.0,
+                            deadline_s=None)
+    for step in (SequenceStep(2, PROMPT, 0, (0, 1, 2, 3), True, True, sampling, 0),
+                 SequenceStep(2, (7,), len(PROMPT) + 3, (), False, True, sampling, 4)):
+        sent = attach_codec.encode_run_step(StepPlan(1, (step,), ()), {2: stream})
+        assert sent.seqs[0].HasField("grammar_after_reasoning") == (after is not None)
+        assert run_step_from_proto(sent).seqs[0].sampling.grammar_after_reasoning == after
 
 
 @pytest.mark.parametrize(("structured", "message"), [
