@@ -96,6 +96,7 @@ SUPPORTED_ARCHITECTURES = tuple(sorted(_TRAITS))
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 SUPPORTED_ACTIVATIONS = ("silu",)
 GEMMA_ACTIVATIONS = ("gelu_pytorch_tanh",)
+MAX_LAYERS = 1024  # released decoders have up to ~130; a config saying 10**12 must not build 10**12 of anything
 # What a config's `dtype` (transformers 5) or `torch_dtype` (4) may declare the stored weights as.
 SUPPORTED_STORAGE_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -293,7 +294,7 @@ class _Parser:
                             f"max_position_embeddings {max_positions}")
         rope_theta, rope_scaling = self.rope(traits.default_rope_theta)
         self.check_biases(architecture)
-        num_layers = self.positive_int("num_hidden_layers")
+        num_layers = self.num_layers()
         return LlamaFamilyConfig(
             architecture=architecture,
             vocab_size=self.positive_int("vocab_size"),
@@ -489,7 +490,7 @@ class _Parser:
         by default every no_rope_layer_interval-th layer (transformers' default 4)."""
         if not _TRAITS[architecture].nope_layers:
             return ()
-        num_layers = self.positive_int("num_hidden_layers")
+        num_layers = self.num_layers()
         flags = self.raw.get("no_rope_layers")
         if flags is None:
             interval = self.positive_int("no_rope_layer_interval", default=4)
@@ -551,6 +552,13 @@ class _Parser:
         if value not in SUPPORTED_STORAGE_DTYPES:
             raise self.fail(key, f"{value!r} is not supported; supported: {', '.join(SUPPORTED_STORAGE_DTYPES)}")
         return str(value)
+
+    def num_layers(self) -> int:
+        """num_hidden_layers, bounded: per-layer tables are built from it before any weight is read."""
+        value = self.positive_int("num_hidden_layers")
+        if value > MAX_LAYERS:
+            raise self.fail("num_hidden_layers", f"{value} is more than {MAX_LAYERS}; no supported model has as many")
+        return value
 
     def positive_int(self, name: str, *, default: int | None = None) -> int:
         value = self.raw.get(name)

@@ -94,6 +94,8 @@ def llama_config(**fields: Any) -> dict[str, Any]:
     ({"torch_dtype": "float64"}, "torch_dtype", "supported: float32, float16, bfloat16"),
     ({"num_key_value_heads": 3}, "num_key_value_heads", "does not divide num_attention_heads 4"),
     ({"vocab_size": None}, "vocab_size", "is required"),
+    ({"num_hidden_layers": 10**12}, "num_hidden_layers", "is more than 1024"),  # per-layer tables come first
+    ({"architectures": ["Gemma3ForCausalLM"], "num_hidden_layers": 10**12}, "num_hidden_layers", "more than 1024"),
     ({"hidden_size": "64"}, "hidden_size", "must be a positive int"),
 ])
 def test_unsupported_or_malformed_config_names_the_field(fields, field, says):
