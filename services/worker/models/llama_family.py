@@ -30,7 +30,7 @@ from torch import nn
 
 from services.worker.models.dense import dense_forward
 from services.worker.models.llama_config import QK_NORM_FULL, QK_NORM_PER_HEAD, LlamaFamilyConfig
-from services.worker.models.rope import Rotary, apply_rope
+from services.worker.models.rope import Rotary, apply_rope, rotary_from
 from services.worker.models.rope_scaling import rope_attention_factor, rope_inv_freq
 
 COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -164,15 +164,10 @@ class LlamaFamilyLM(nn.Module):
         return iter(cast("Iterable[LlamaFamilyBlock]", self.layers))
 
     def rotary(self, positions: torch.Tensor) -> Rotary:
-        angles = positions.to(torch.float32)[..., None] * cast(torch.Tensor, self.inv_freq)  # [..., T, hs / 2]
-        cos, sin = angles.cos(), angles.sin()
-        if self._rope_attention_factor != 1.0:
-            cos, sin = cos * self._rope_attention_factor, sin * self._rope_attention_factor
         local = None
         if self.local_inv_freq is not None:
-            local_angles = positions.to(torch.float32)[..., None] * cast(torch.Tensor, self.local_inv_freq)
-            local = Rotary(local_angles.cos()[..., None, :], local_angles.sin()[..., None, :])
-        return Rotary(cos[..., None, :], sin[..., None, :], local)  # broadcast over heads
+            local = rotary_from(positions, cast(torch.Tensor, self.local_inv_freq))
+        return rotary_from(positions, cast(torch.Tensor, self.inv_freq), self._rope_attention_factor, local)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         c = self.config

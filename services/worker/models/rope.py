@@ -23,9 +23,17 @@ class Rotary:
 
 def rotary(positions: torch.Tensor, head_size: int, theta: float) -> Rotary:
     half = head_size // 2
-    inv_freq = theta ** (-torch.arange(half, dtype=torch.float32, device=positions.device) / half)
-    angles = positions.to(torch.float32)[..., None] * inv_freq  # [..., T, half]
-    return Rotary(angles.cos()[..., None, :], angles.sin()[..., None, :])  # broadcast over heads
+    return rotary_from(positions, theta ** (-torch.arange(half, dtype=torch.float32, device=positions.device) / half))
+
+
+def rotary_from(positions: torch.Tensor, inv_freq: torch.Tensor, factor: float = 1.0,
+                local: Rotary | None = None) -> Rotary:
+    """RoPE's cos and sin of `positions` at each pair's inverse frequency, times `factor` (YaRN's)."""
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # [..., T, head_size // 2]
+    cos, sin = angles.cos(), angles.sin()
+    if factor != 1.0:
+        cos, sin = cos * factor, sin * factor
+    return Rotary(cos[..., None, :], sin[..., None, :], local)  # broadcast over heads
 
 
 def apply_rope(x: torch.Tensor, rope: Rotary) -> torch.Tensor:
