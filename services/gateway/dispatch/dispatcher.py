@@ -220,6 +220,11 @@ class Dispatcher:
                 if not num_chunks:
                     _note_unserved(scope, failure)
                 self._report(route, failure)
+                if resume.finished:
+                    # The last chunk reached the client before the call failed (a per-call stream severed
+                    # between it and its status): the stream is whole. A continuation of it would be refused
+                    # as complete, and the client, which has its finish_reason, would then see an error.
+                    return
                 if num_delivered_before and not num_chunks and self._may_hold(failure):
                     decision = self._resume_untaken(scope, route, attempts)
                 elif resume.num_delivered:

@@ -173,6 +173,22 @@ async def test_generate_is_resumed_not_retried_once_a_token_was_sent(parts):
     assert parts.sleeps == [], "a resume goes at once, with no backoff"
 
 
+async def test_a_call_that_fails_after_its_last_chunk_is_a_whole_stream_not_resumed(parts):
+    # A per-call stream severed (a silent scheduler's calls failed over) after the final chunk, before its
+    # status: the client has every token and the finish_reason. Found by a fresh clone's suite: the resume
+    # sent all 80 tokens as a continuation and the client got INVALID_ARGUMENT after its last chunk.
+    streams = [FakeStream([_chunk(0, 7), _chunk(1, 8, final=True)], _unavailable())]
+    calls = []
+
+    def call(client, version, timeout_s, continuation):
+        calls.append(continuation)
+        return streams.pop(0)
+
+    out = [c async for c in parts.dispatcher.stream(parts.scope, call, lambda c: None)]
+    assert [list(c.token_ids) for c in out] == [[7], [8]] and out[-1].finish_reason
+    assert calls == [()], "no resume"
+
+
 async def test_generate_is_not_resumed_after_an_answer_a_continuation_would_get_again(parts):
     error = AttemptError(InvalidArgument("prompt too long"), UpstreamCode.INVALID_ARGUMENT, None)
     streams = [FakeStream([_chunk(0, 7)], error), FakeStream([_chunk(1, 8, final=True)])]
