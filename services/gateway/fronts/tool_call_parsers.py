@@ -133,8 +133,8 @@ class JsonArrayParser:
         if start >= 0:
             return start
         head = text.lstrip()
-        if not head or head.startswith("["):
-            return 0  # may be a call: held to the end
+        if not head or head.startswith(("[", "{")):
+            return 0  # may be a call (one object is read as one): held to the end
         return len(text) - partial_tag_len(text, *self.markers)  # a marker's beginning is held
 
     def parse(self, text: str) -> Parsed:
