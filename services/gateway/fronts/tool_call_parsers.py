@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -154,6 +155,12 @@ PARSERS: dict[str, ToolCallParser] = {
     HERMES: HermesParser(), LLAMA3_JSON: Llama3JsonParser(),
     GRANITE: JsonArrayParser("<|tool_call|>", "<tool_call>"), MISTRAL: JsonArrayParser("[TOOL_CALLS]"),
 }
+
+
+def parser_for(name: str, schemas: Mapping[str, dict]) -> ToolCallParser | None:
+    """Format `name`'s parser for a request offering tools with these parameter schemas (by tool name,
+    for a format that types text arguments by them); None for a format not known ("" among them)."""
+    return PARSERS.get(name)
 
 
 def _json_or_none(text: str) -> Any:
