@@ -12,8 +12,9 @@ HERMES = "hermes"
 LLAMA3_JSON = "llama3_json"
 # [{"name": ..., "arguments": {...}}, ...] as the whole reply, after <|tool_call|> or not: Granite 3.
 GRANITE = "granite"
-# [{"name": ..., "arguments": {...}}, ...] after [TOOL_CALLS] (a special token the detokenizer drops):
-# Mistral's tokenizer v3 models (Mistral 7B v0.3, Mistral-Nemo).
+# After [TOOL_CALLS] (a special token the detokenizer drops): [{"name": ..., "arguments": {...}}, ...]
+# from Mistral's tokenizer v3 models (Mistral 7B v0.3, Mistral-Nemo), or name[ARGS]{...} per call
+# from v11+ (Mistral Small 3.1/3.2, Magistral, Devstral; [ARGS] is special too).
 MISTRAL = "mistral"
 TOOL_CALL_PARSERS = (HERMES, LLAMA3_JSON, GRANITE, MISTRAL)
 

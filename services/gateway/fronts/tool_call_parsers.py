@@ -151,9 +151,70 @@ class JsonArrayParser:
         return Parsed(content, tuple(c for c in calls if c is not None))
 
 
+class MistralParser:
+    """Mistral's two forms, as vLLM's mistral parser reads them: tokenizer v3's JSON array of calls
+    after [TOOL_CALLS] (read as JsonArrayParser reads it), and v11+'s `name[ARGS]{...}` per call, each
+    after its own [TOOL_CALLS] (Mistral Small 3.1/3.2, Magistral, Devstral). Both markers are special
+    tokens, which the detokenizer drops, so `name{...}name{...}` reads the same, and a `[CALL_ID]id`
+    before [ARGS] is skipped where the text keeps the markers (where it drops them the id runs into
+    the name: not told apart). Content before a call is told only by a [TOOL_CALLS] in the text:
+    without one, a reply that does not begin with a call is all content."""
+
+    MARKER, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+    # A v11 call up to its arguments' "{": a name (OpenAI's characters), then the markers the text kept.
+    _NAMED_CALL = re.compile(r"\s*(?:\[TOOL_CALLS\])?\s*(?P<name>[A-Za-z0-9_-]+)"
+                             r"(?:\[CALL_ID\][A-Za-z0-9]*)?(?:\[ARGS\])?(?=\{)")
+    _NAME_SO_FAR = re.compile(r"[A-Za-z0-9_-]+(?:\[CALL_ID\][A-Za-z0-9]*)?(?:\[ARGS\])?")
+
+    def __init__(self) -> None:
+        self._array = JsonArrayParser(self.MARKER)
+
+    def content_end(self, text: str) -> int:
+        start = text.find(self.MARKER)
+        if start >= 0:
+            return start
+        head = text.lstrip()
+        if not head or head.startswith(("[", "{")) or self._may_begin_named_call(head):
+            return 0  # may be a call: held to the end
+        return len(text) - partial_tag_len(text, self.MARKER)
+
+    def parse(self, text: str) -> Parsed:
+        start = text.find(self.MARKER)
+        content, body = (text[:start], text[start + len(self.MARKER):]) if start >= 0 else ("", text)
+        if body.lstrip().startswith(("[", "{")):
+            return self._array.parse(text)
+        calls = self._named_calls(body)
+        return Parsed(content, calls) if calls else Parsed(text, ())
+
+    def _may_begin_named_call(self, head: str) -> bool:
+        """Whether `head` (a reply so far, without a marker) may still grow into a v11 call: a name so
+        far, then what the text kept of the markers, then the arguments' "{" or nothing yet."""
+        match = self._NAME_SO_FAR.match(head)
+        if match is None:
+            return False
+        rest = head[match.end():]
+        return not rest or rest.startswith("{") or self.ARGS.startswith(rest) or self.CALL_ID.startswith(rest)
+
+    def _named_calls(self, body: str) -> tuple[ParsedCall, ...]:
+        """`body` as v11 calls one after another, each an object of arguments; () unless it is wholly that."""
+        decoder, position, calls = json.JSONDecoder(), 0, []
+        while body[position:].strip():
+            match = self._NAMED_CALL.match(body, position)
+            if match is None:
+                return ()
+            try:
+                arguments, position = decoder.raw_decode(body, match.end())
+            except ValueError:
+                return ()
+            if not isinstance(arguments, dict):
+                return ()
+            calls.append(ParsedCall(match["name"], json.dumps(arguments, ensure_ascii=False)))
+        return tuple(calls)
+
+
 PARSERS: dict[str, ToolCallParser] = {
     HERMES: HermesParser(), LLAMA3_JSON: Llama3JsonParser(),
-    GRANITE: JsonArrayParser("<|tool_call|>", "<tool_call>"), MISTRAL: JsonArrayParser("[TOOL_CALLS]"),
+    GRANITE: JsonArrayParser("<|tool_call|>", "<tool_call>"), MISTRAL: MistralParser(),
 }
 
 
