@@ -16,13 +16,21 @@ GRANITE = "granite"
 # from Mistral's tokenizer v3 models (Mistral 7B v0.3, Mistral-Nemo), or name[ARGS]{...} per call
 # from v11+ (Mistral Small 3.1/3.2, Magistral, Devstral; [ARGS] is special too).
 MISTRAL = "mistral"
-TOOL_CALL_PARSERS = (HERMES, LLAMA3_JSON, GRANITE, MISTRAL)
+# <tool_call><function=NAME><parameter=P>text</parameter>...</function></tool_call> per call, the
+# parameters' text typed by the request's tool schemas: Qwen3-Coder.
+QWEN3_CODER = "qwen3_coder"
+TOOL_CALL_PARSERS = (HERMES, LLAMA3_JSON, GRANITE, MISTRAL, QWEN3_CODER)
 
-# What each family's template writes when it tells the model how to call (checked in this order:
-# llama3_json's marks are the least particular).
-_TEMPLATE_MARKS = ((HERMES, ("<tool_call>",)), (GRANITE, ("<|tool_call|>",)),
-                   (MISTRAL, ("[TOOL_CALLS]", "[AVAILABLE_TOOLS]")),
-                   (LLAMA3_JSON, ("<|python_tag|>", "ipython", '"parameters"')))
+# What each family's template writes when it tells the model how to call: a parser is told by any
+# one of its marks, and a mark of several parts needs them all. Checked in this order: qwen3_coder's
+# template also writes hermes's <tool_call>, and llama3_json's marks are the least particular.
+_TEMPLATE_MARKS: tuple[tuple[str, tuple[tuple[str, ...], ...]], ...] = (
+    (QWEN3_CODER, (("<tool_call>", "<function=", "<parameter="),)),
+    (HERMES, (("<tool_call>",),)),
+    (GRANITE, (("<|tool_call|>",),)),
+    (MISTRAL, (("[TOOL_CALLS]",), ("[AVAILABLE_TOOLS]",))),
+    (LLAMA3_JSON, (("<|python_tag|>",), ("ipython",), ('"parameters"',))),
+)
 
 
 def parser_for_template(template: str) -> str:
@@ -31,6 +39,6 @@ def parser_for_template(template: str) -> str:
     if "tools" not in template:
         return ""
     for parser, marks in _TEMPLATE_MARKS:
-        if any(mark in template for mark in marks):
+        if any(all(part in template for part in mark) for mark in marks):
             return parser
     return ""

@@ -9,13 +9,15 @@ what the model wrote rather than a made-up call.
 
 from __future__ import annotations
 
+import ast
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from services.common.tool_call_formats import GRANITE, HERMES, LLAMA3_JSON, MISTRAL
+from services.common.tool_call_formats import GRANITE, HERMES, LLAMA3_JSON, MISTRAL, QWEN3_CODER
 from services.gateway.fronts.partial_tags import partial_tag_len
 
 
@@ -212,6 +214,121 @@ class MistralParser:
         return tuple(calls)
 
 
+class Qwen3CoderParser:
+    """`<tool_call><function=NAME><parameter=P>text</parameter>...</function></tool_call>` per call
+    (a line break after each tag), after any content (Qwen3-Coder), as vLLM's qwen3_coder parser
+    reads it: a parameter's text is typed by its tool's JSON schema (`typed_parameter`). A
+    <function=...> without its <tool_call>, a </parameter> left out before the next parameter, and a
+    last call the end of the reply cut before its closing tags are read too. Text after the calls
+    makes the reply content."""
+
+    STARTS = ("<tool_call>", "<function=")
+    _CALL = re.compile(r"\s*(?:<tool_call>\s*)?<function=(?P<name>[^>\n]+)>(?P<body>.*?)"
+                       r"(?:</function>\s*(?:</tool_call>)?|</tool_call>|\Z)", re.DOTALL)
+    _PARAMETER = re.compile(r"\s*<parameter=(?P<name>[^>\n]+)>(?P<value>.*?)(?:</parameter>|(?=<parameter=)|\Z)",
+                            re.DOTALL)
+
+    def __init__(self, schemas: Mapping[str, dict]) -> None:
+        self._schemas = schemas  # the request's tools' parameter schemas, by name
+
+    def content_end(self, text: str) -> int:
+        start = self._start(text)
+        if start >= 0:
+            return start
+        return len(text) - partial_tag_len(text, *self.STARTS)  # a tag's beginning is held
+
+    def parse(self, text: str) -> Parsed:
+        start = self._start(text)
+        if start < 0:
+            return Parsed(text, ())
+        position, calls = start, []
+        while text[position:].strip():
+            match = self._CALL.match(text, position)
+            call = self._call(match["name"].strip(), match["body"]) if match is not None else None
+            if match is None or call is None:
+                return Parsed(text, ())
+            calls.append(call)
+            position = match.end()
+        return Parsed(text[:start], tuple(calls))
+
+    def _start(self, text: str) -> int:
+        found = [at for tag in self.STARTS if (at := text.find(tag)) >= 0]
+        return min(found, default=-1)
+
+    def _call(self, name: str, body: str) -> ParsedCall | None:
+        """One function element's parameters as a call; None unless `body` is wholly parameters."""
+        schema = self._schemas.get(name)
+        properties = schema.get("properties") if isinstance(schema, dict) else None
+        properties = properties if isinstance(properties, dict) else {}
+        arguments, position = {}, 0
+        while body[position:].strip():
+            match = self._PARAMETER.match(body, position)
+            if match is None:
+                return None
+            value = match["value"].removeprefix("\n").removesuffix("\n")  # the template's own line breaks
+            arguments[match["name"].strip()] = typed_parameter(value, properties.get(match["name"].strip()))
+            position = match.end()
+        return ParsedCall(name, json.dumps(arguments, ensure_ascii=False))
+
+
+def typed_parameter(text: str, schema: Any) -> Any:
+    """A qwen3_coder parameter's text as the JSON value its schema's type asks for, as vLLM types it:
+    "null" is null whatever the type; integer, number and boolean as their literals; object and array
+    as JSON (or a Python literal of one); text that does not read as its type, and a parameter of
+    another type or none (one its tool's schema does not name), stays a string. Unlike vLLM, a
+    boolean that reads as neither true nor false stays a string rather than becoming false."""
+    if text.lower() == "null":
+        return None
+    kind = _schema_type(schema)
+    if kind == "integer":
+        return _number(text, integer=True)
+    if kind == "number":
+        return _number(text, integer=False)
+    if kind == "boolean":
+        return {"true": True, "false": False}.get(text.strip().lower(), text)
+    if kind in ("object", "array"):
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass
+        try:
+            return _as_json(ast.literal_eval(text.strip()))
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return text
+    return text
+
+
+def _schema_type(schema: Any) -> str:
+    """A property schema's one type ("" where it names none); of a list of types, the first but null."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), None)
+    return kind if isinstance(kind, str) else ""
+
+
+def _number(text: str, integer: bool) -> Any:
+    """`text` as an int, or (integer false) an int or a finite float (a whole one as an int, as vLLM);
+    `text` itself when it is not one."""
+    try:
+        return int(text)
+    except ValueError:
+        if integer:
+            return text
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    if not math.isfinite(value):
+        return text  # JSON has no NaN or infinity
+    return int(value) if value.is_integer() else value
+
+
+def _as_json(value: Any) -> Any:
+    """A Python literal as JSON reads it back (tuples as lists); ValueError or TypeError where JSON
+    has no such value (bytes, sets, complex numbers, NaN)."""
+    return json.loads(json.dumps(value, ensure_ascii=False, allow_nan=False))
+
+
 PARSERS: dict[str, ToolCallParser] = {
     HERMES: HermesParser(), LLAMA3_JSON: Llama3JsonParser(),
     GRANITE: JsonArrayParser("<|tool_call|>", "<tool_call>"), MISTRAL: MistralParser(),
@@ -219,8 +336,10 @@ PARSERS: dict[str, ToolCallParser] = {
 
 
 def parser_for(name: str, schemas: Mapping[str, dict]) -> ToolCallParser | None:
-    """Format `name`'s parser for a request offering tools with these parameter schemas (by tool name,
-    for a format that types text arguments by them); None for a format not known ("" among them)."""
+    """Format `name`'s parser for a request offering tools with these parameter schemas (by tool name;
+    qwen3_coder types its text arguments by them); None for a format not known ("" among them)."""
+    if name == QWEN3_CODER:
+        return Qwen3CoderParser(schemas)
     return PARSERS.get(name)
 
 
