@@ -19,16 +19,21 @@ MISTRAL = "mistral"
 # <tool_call><function=NAME><parameter=P>text</parameter>...</function></tool_call> per call, the
 # parameters' text typed by the request's tool schemas: Qwen3-Coder.
 QWEN3_CODER = "qwen3_coder"
-TOOL_CALL_PARSERS = (HERMES, LLAMA3_JSON, GRANITE, MISTRAL, QWEN3_CODER)
+# [name(p=literal, ...), ...] as the whole reply, a Python list of calls: Llama 3.2 and Llama 4 with
+# their pythonic templates, ToolACE.
+PYTHONIC = "pythonic"
+TOOL_CALL_PARSERS = (HERMES, LLAMA3_JSON, GRANITE, MISTRAL, QWEN3_CODER, PYTHONIC)
 
 # What each family's template writes when it tells the model how to call: a parser is told by any
 # one of its marks, and a mark of several parts needs them all. Checked in this order: qwen3_coder's
-# template also writes hermes's <tool_call>, and llama3_json's marks are the least particular.
+# template also writes hermes's <tool_call>, pythonic's templates llama3_json's ipython, and
+# llama3_json's marks are the least particular.
 _TEMPLATE_MARKS: tuple[tuple[str, tuple[tuple[str, ...], ...]], ...] = (
     (QWEN3_CODER, (("<tool_call>", "<function=", "<parameter="),)),
     (HERMES, (("<tool_call>",),)),
     (GRANITE, (("<|tool_call|>",),)),
     (MISTRAL, (("[TOOL_CALLS]",), ("[AVAILABLE_TOOLS]",))),
+    (PYTHONIC, (("[func_name1(",),)),
     (LLAMA3_JSON, (("<|python_tag|>",), ("ipython",), ('"parameters"',))),
 )
 

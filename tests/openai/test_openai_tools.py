@@ -12,7 +12,7 @@ import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
-from services.common.tool_call_formats import GRANITE, HERMES, LLAMA3_JSON, MISTRAL, QWEN3_CODER
+from services.common.tool_call_formats import GRANITE, HERMES, LLAMA3_JSON, MISTRAL, PYTHONIC, QWEN3_CODER
 from services.gateway.fronts import openai_codec
 from services.gateway.fronts.tool_call_parsers import PARSERS, Parsed, ParsedCall
 from services.gateway.fronts.tool_calls import (
@@ -271,7 +271,7 @@ def test_auto_text_without_a_call_is_ordinary_content(parser, pieces):
     assert splitter.finish_reason("stop") == "stop"
 
 
-@pytest.mark.parametrize("parser", [HERMES, LLAMA3_JSON, GRANITE, MISTRAL, QWEN3_CODER])
+@pytest.mark.parametrize("parser", [HERMES, LLAMA3_JSON, GRANITE, MISTRAL, QWEN3_CODER, PYTHONIC])
 def test_auto_without_parallel_calls_keeps_only_the_first_call_as_vllm_does(parser):
     array = '[{"name": "clock", "arguments": {}}, {"name": "weather", "arguments": {"city": "Oslo"}}]'
     text = {HERMES: 'Both. <tool_call>{"name": "clock", "arguments": {}}</tool_call>\n'
@@ -279,7 +279,8 @@ def test_auto_without_parallel_calls_keeps_only_the_first_call_as_vllm_does(pars
             LLAMA3_JSON: '{"name": "clock", "parameters": {}}; {"name": "weather", "parameters": {"city": "Oslo"}}',
             GRANITE: "<|tool_call|>" + array, MISTRAL: "Both. [TOOL_CALLS]" + array,
             QWEN3_CODER: "Both. <tool_call>\n<function=clock>\n</function>\n</tool_call>\n<tool_call>\n"
-                         "<function=weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>"}
+                         "<function=weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>",
+            PYTHONIC: '[clock(), weather(city="Oslo")]'}
     parsed = chat(tools=TOOLS, parallel_tool_calls=False).tools
     assert parsed == ChatTools(AUTO, parallel=False)
     splitter = ToolCallSplitter(parsed, ids())

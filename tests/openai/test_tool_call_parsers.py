@@ -1,6 +1,6 @@
 """The tool-call formats of 2026's models, read as vLLM's parsers of the same names read them:
 Mistral's tokenizer v11+ calls (`name[ARGS]{...}`, its markers kept or dropped), qwen3_coder's XML
-with each parameter typed by the request's schemas.
+with each parameter typed by the request's schemas, and pythonic lists of calls read with `ast`.
 Every reply, old formats' included, is also streamed a character at a time: no prefix ever sends as
 content what the whole reply reads as a call, and the stream ends where the whole reply does."""
 
@@ -12,7 +12,7 @@ import json
 import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2
-from services.common.tool_call_formats import GRANITE, HERMES, LLAMA3_JSON, MISTRAL, QWEN3_CODER
+from services.common.tool_call_formats import GRANITE, HERMES, LLAMA3_JSON, MISTRAL, PYTHONIC, QWEN3_CODER
 from services.gateway.fronts import openai_codec
 from services.gateway.fronts.tool_call_parsers import PARSERS, Parsed, ParsedCall, parser_for, typed_parameter
 from services.gateway.fronts.tool_calls import (
@@ -164,6 +164,46 @@ def test_a_qwen3_coder_parameter_is_typed_by_its_schemas_type(text, schema, valu
     assert typed == value and type(typed) is type(value)
 
 
+# -- pythonic ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ('[weather(city="Oslo")]', Parsed("", (OSLO,))),
+    ("[weather(city='Oslo'), clock()]\n", Parsed("", (OSLO, CLOCK))),
+    ('  [weather(city="Köln", days=-2, threshold=1.5, hourly=True, note=None, fields=["a", ("b", 3)], '
+     'where={"lat": 59.9})]',
+     Parsed("", (ParsedCall("weather", '{"city": "Köln", "days": -2, "threshold": 1.5, "hourly": true, "note": null, '
+                                       '"fields": ["a", ["b", 3]], "where": {"lat": 59.9}}'),))),
+    ("[\n    weather(\n        city='Oslo',\n    ),\n]", Parsed("", (OSLO,))),
+])
+def test_pythonic_reads_a_list_of_calls_with_literal_arguments(text, expected):
+    assert parse(PYTHONIC, text) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "Paris is lovely in May.",
+    'weather(city="Oslo")',  # a call, but not in a list
+    '[weather("Oslo")]',  # positional: no name to give the value
+    "[weather(city=city)]",  # a variable
+    '[weather(**{"city": "Oslo"})]',
+    '[os.system(command="ls")]',
+    '[weather(city=__import__("os").getcwd())]',
+    '[weather(city="Os" + "lo")]',
+    '[weather(city=b"Oslo")]', "[weather(days={1, 2})]", "[weather(days=1+2j)]", "[weather(days=...)]",
+    '[weather(city="Oslo")',  # cut by max_tokens
+    '[weather(city="Oslo")] Done.',
+    "[1, 2]", "[]", "[See the docs](https://example.com)",
+])
+def test_pythonic_text_that_is_not_a_list_of_literal_calls_is_content(text):
+    assert parse(PYTHONIC, text) == Parsed(text, ())
+
+
+def test_pythonic_arguments_are_read_never_run(tmp_path):
+    marker = tmp_path / "ran"
+    text = f"[weather(city=open({str(marker)!r}, 'w').write('x'))]"
+    assert parse(PYTHONIC, text) == Parsed(text, ()) and not marker.exists()
+
+
 # -- every format, streamed -------------------------------------------------------------
 
 
@@ -175,6 +215,7 @@ REPLIES = {
     QWEN3_CODER: ["Checking.\n" + xml_call("weather", city="Oslo", days="2") + "\n" + xml_call("clock"),
                   "See <function=clock>\n</function>", "a <b>bold</b> <tool answer", "<tool_call>\n<function=x>\n",
                   xml_call("weather", city="Oslo") + " trailing"],
+    PYTHONIC: ['[weather(city="Oslo"), clock()]', " [clock()]", "[link](x) is markdown", "Plain answer."],
     HERMES: ['Sure <tool_call>{"name": "clock", "arguments": {}}</tool_call>', "a<b>c</b>"],
     LLAMA3_JSON: ['<|python_tag|>{"name": "clock", "parameters": {}}', "Hi there"],
     GRANITE: ['<|tool_call|>[{"name": "clock", "arguments": {}}]', '{"name": "clock", "arguments": {}}', "Hi [x]"],

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from services.common.tool_call_formats import GRANITE, HERMES, LLAMA3_JSON, MISTRAL, QWEN3_CODER
+from services.common.tool_call_formats import GRANITE, HERMES, LLAMA3_JSON, MISTRAL, PYTHONIC, QWEN3_CODER
 from services.gateway.fronts.partial_tags import partial_tag_len
 
 
@@ -323,6 +323,47 @@ def _number(text: str, integer: bool) -> Any:
     return int(value) if value.is_integer() else value
 
 
+class PythonicParser:
+    """The whole reply is a Python list of calls, `[get_weather(city="Paris", unit="c"), clock()]`
+    (Llama 3.2 and Llama 4 with their pythonic templates, ToolACE), as vLLM's pythonic parser reads
+    it; Llama 4's <|python_start|> around it is a special token, dropped. Read with `ast`, never run:
+    each call is a plain name with keyword arguments, each a literal (strings, numbers, True, False,
+    None, and lists, tuples and dicts of them). A reply that is anything else is content."""
+
+    def content_end(self, text: str) -> int:
+        head = text.lstrip()
+        if not head or head.startswith("["):
+            return 0  # may be a call: held to the end
+        return len(text)
+
+    def parse(self, text: str) -> Parsed:
+        try:
+            tree = ast.parse(text.strip(), mode="eval")
+        except (SyntaxError, ValueError, MemoryError, RecursionError):
+            return Parsed(text, ())
+        elements = tree.body.elts if isinstance(tree.body, ast.List) else []
+        calls = [_pythonic_call(element) for element in elements]
+        if not calls or any(call is None for call in calls):
+            return Parsed(text, ())
+        return Parsed("", tuple(c for c in calls if c is not None))
+
+
+def _pythonic_call(node: ast.expr) -> ParsedCall | None:
+    """`name(key=literal, ...)` as a call; None for any other expression (positional or ** arguments,
+    a call of an attribute or of a call, a value that is not a literal JSON can hold)."""
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
+        return None
+    arguments = {}
+    for keyword in node.keywords:
+        if keyword.arg is None:
+            return None
+        try:
+            arguments[keyword.arg] = _as_json(ast.literal_eval(keyword.value))
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return None
+    return ParsedCall(node.func.id, json.dumps(arguments, ensure_ascii=False))
+
+
 def _as_json(value: Any) -> Any:
     """A Python literal as JSON reads it back (tuples as lists); ValueError or TypeError where JSON
     has no such value (bytes, sets, complex numbers, NaN)."""
@@ -330,8 +371,8 @@ def _as_json(value: Any) -> Any:
 
 
 PARSERS: dict[str, ToolCallParser] = {
-    HERMES: HermesParser(), LLAMA3_JSON: Llama3JsonParser(),
-    GRANITE: JsonArrayParser("<|tool_call|>", "<tool_call>"), MISTRAL: MistralParser(),
+    HERMES: HermesParser(), LLAMA3_JSON: Llama3JsonParser(), GRANITE: JsonArrayParser("<|tool_call|>", "<tool_call>"),
+    MISTRAL: MistralParser(), PYTHONIC: PythonicParser(),
 }
 
 

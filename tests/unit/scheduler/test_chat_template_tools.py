@@ -15,6 +15,7 @@ from services.common.tool_call_formats import (
     HERMES,
     LLAMA3_JSON,
     MISTRAL,
+    PYTHONIC,
     QWEN3_CODER,
     parser_for_template,
 )
@@ -68,6 +69,32 @@ MISTRAL_V11 = """{%- for message in messages %}
 {%- elif message.role == 'tool' %}{{- '[TOOL_RESULTS]' + message.content + '[/TOOL_RESULTS]' }}
 {%- endif %}
 {%- endfor %}"""
+# Llama 3.2's pythonic template (vLLM's examples): the tools in the system turn, results under ipython.
+LLAMA32_PYTHONIC = """{{- bos_token + '<|start_header_id|>system<|end_header_id|>\\n\\n' }}
+{%- if tools is not none %}
+{{- 'Environment: ipython\\nYou have access to the following functions. To call functions, please respond with a '
+    'python list of the calls. Respond in the format [func_name1(params_name1=params_value1, '
+    'params_name2=params_value2...), func_name2(params)] Do not use variables.\\n\\n' }}
+{%- for t in tools %}{{- t | tojson(indent=4) + '\\n\\n' }}{%- endfor %}
+{%- endif %}
+{{- '<|eot_id|>' }}
+{%- for message in messages %}
+{%- if message.role == 'tool' %}{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + message.content }}
+{%- else %}{{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + message.content }}{%- endif %}
+{{- '<|eot_id|>' }}
+{%- endfor %}"""
+# Llama 4's pythonic template: the calls between <|python_start|> and <|python_end|>.
+LLAMA4_PYTHONIC = """{%- if tools %}
+{{- '<|header_start|>system<|header_end|>\\n\\nIf you decide to invoke any of the function(s), you MUST put it '
+    'in the format of [func_name1(params_name1=params_value1, params_name2=params_value2...), func_name2(params)]'
+    '\\nYou SHOULD NOT include any other text in the response.\\n\\n' + tools | tojson + '<|eot|>' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message.tool_calls %}{{- '<|header_start|>assistant<|header_end|>\\n\\n<|python_start|>[' }}
+{%- for call in message.tool_calls %}{{- call.function.name + '(...)' }}{%- endfor %}
+{{- ']<|python_end|><|eot|>' }}
+{%- else %}{{- '<|header_start|>' + message.role + '<|header_end|>\\n\\n' + message.content + '<|eot|>' }}{%- endif %}
+{%- endfor %}"""
 # Llama 3.1's custom tool prompt: <function=name>{...}</function> and ipython, but no <parameter=.
 LLAMA31_CUSTOM_FUNCTION = """{%- if tools %}
 {{- '<|start_header_id|>system<|end_header_id|>\\n\\nEnvironment: ipython\\nTo call a function, reply '
@@ -118,6 +145,8 @@ def test_without_tools_the_template_sees_none():
      "{% endif %}[INST]{{ m.content }}[/INST]{% endfor %}", MISTRAL),
     (MISTRAL_V11, MISTRAL),
     (tool_templates.QWEN3_CODER, QWEN3_CODER),
+    (LLAMA32_PYTHONIC, PYTHONIC),
+    (LLAMA4_PYTHONIC, PYTHONIC),
     (LLAMA31_CUSTOM_FUNCTION, LLAMA3_JSON),  # <function=...> alone is not qwen3_coder's
     (CHATML, ""),  # no tools section: nothing to tell
     (LLAMA3, ""),
@@ -127,6 +156,6 @@ def test_the_tool_call_format_is_told_from_the_template(template, parser):
     assert model_text(template).tool_call_parser == parser
 
 
-@pytest.mark.parametrize("parser", [LLAMA3_JSON, QWEN3_CODER])
+@pytest.mark.parametrize("parser", [LLAMA3_JSON, PYTHONIC, QWEN3_CODER])
 def test_the_manifests_tool_call_parser_overrides_the_template(parser):
     assert model_text(tool_templates.HERMES, parser).tool_call_parser == parser
