@@ -6,6 +6,9 @@ output, so even this random model always makes valid calls; the scheduler render
 and results through the template as transformers' apply_chat_template does. gRPC callers get the
 tools rendered and the format named on the first chunk.
 
+A third tools model's template asks for Qwen3-Coder's XML calls: the scheduler tells qwen3_coder
+from it, and the front types each parameter's text by the request's tool schemas.
+
 The same mesh serves a reasoning model (a Qwen3-shaped template, so the importer records qwen3):
 a regex holds it to `<think>...</think>answer`, or its template opens the block in the prompt, and
 chat, Responses and gRPC callers see the reasoning split off the real streamed output. Its tokenizer
@@ -26,7 +29,7 @@ import tokenizers
 import transformers
 
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from services.common.tool_call_formats import HERMES, LLAMA3_JSON
+from services.common.tool_call_formats import HERMES, LLAMA3_JSON, QWEN3_CODER
 from tests.support import reasoning_templates, tool_templates
 from tests.support.hf_checkpoints import save_model_directory
 from tests.support.hf_mesh import serving_checkpoints
@@ -41,6 +44,7 @@ MODEL = "tiny-tools"
 THINK = "tiny-think"
 THINK_TAGS = "tiny-think-tags"  # THINK with <think> and </think> one token each, as in Qwen3's tokenizer
 LLAMA = "tiny-tools-llama"
+CODER = "tiny-tools-coder"  # a Qwen3-Coder-shaped template: qwen3_coder, told from it
 SIDE_VENV = ("openai", "openai==3.51.0")  # the venv of tests/openai/test_openai_client.py, built once
 SCRIPT = Path(__file__).with_name("openai_tools_script.py")
 WEATHER = {"type": "object", "properties": {"city": {"enum": ["Oslo", "Rome", "Lima"]},
@@ -54,6 +58,9 @@ TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Th
 SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
 # Auto through the mesh: a regex holds the random model to a Hermes call, so the parser has one to read.
 FORCED_CALL = r'<tool_call>\{"name": "weather", "arguments": \{"city": "(Oslo|Rome)", "days": [1-7]\}\}</tool_call>'
+# The same call in Qwen3-Coder's XML: every value is text, typed by the schema (days: an integer).
+FORCED_XML_CALL = (r"Checking\.\n<tool_call>\n<function=weather>\n<parameter=city>\n(Oslo|Rome)\n</parameter>\n"
+                   r"<parameter=days>\n[1-7]\n</parameter>\n</function>\n</tool_call>")
 
 
 @pytest.fixture(scope="module")
@@ -65,12 +72,14 @@ def served(tmp_path_factory):
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp / MODEL)
     # A template that does not tell the format (no tools section): the manifest names it.
     save_model_directory(tmp / LLAMA, "llama3", seed=8)
+    save_model_directory(tmp / CODER, "qwen2", seed=6, chat_template=tool_templates.QWEN3_CODER,
+                         max_position_embeddings=2048)
     # A reasoning model's template (Qwen3's shape): the importer tells qwen3 from it.
     save_model_directory(tmp / THINK, "qwen2", seed=5, chat_template=reasoning_templates.QWEN3,
                          max_position_embeddings=2048)
     save_model_directory(tmp / THINK_TAGS, "qwen2", seed=5, chat_template=reasoning_templates.QWEN3,
                          added_tokens=("<think>", "</think>"), max_position_embeddings=2048)
-    with serving_checkpoints(tmp, [MODEL, LLAMA, THINK, THINK_TAGS], kv_cache_bytes=1 << 22,
+    with serving_checkpoints(tmp, [MODEL, LLAMA, CODER, THINK, THINK_TAGS], kv_cache_bytes=1 << 22,
                              options={LLAMA: {"tool_call_parser": LLAMA3_JSON}}) as mesh:
         yield mesh, tokenizer
 
@@ -197,25 +206,53 @@ def test_bad_tools_are_400s_naming_the_field(served, body, param, fragment):
 
 
 
+def auto_chat(served, body: dict) -> tuple[str, str, list[dict]]:
+    """(content, finish_reason, the calls' functions) of a chat reply, streamed (body's "stream") or
+    not; a stream's calls must each come whole in one delta, numbered from 0."""
+    if body["stream"]:
+        status, events = post_stream(served[0].base, "/chat/completions", body)
+        assert status == 200
+        deltas = [e["choices"][0]["delta"] for e in events[:-1]]
+        calls = [c for d in deltas for c in d.get("tool_calls", [])]
+        assert [c["index"] for c in calls] == list(range(len(calls))) and all(c["id"].startswith("call_") for c in calls)
+        content = "".join(d.get("content") or "" for d in deltas)
+        return content, events[-2]["choices"][0]["finish_reason"], [c["function"] for c in calls]
+    status, reply = post_json(served[0].base, "/chat/completions", body)
+    assert status == 200, reply
+    message = reply["choices"][0]["message"]
+    calls = [c["function"] for c in message.get("tool_calls") or []]
+    return message["content"] or "", reply["choices"][0]["finish_reason"], calls
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_auto_parses_the_models_own_call_format_streamed_and_not(served, stream):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS, "max_tokens": 120,
             "temperature": 1.0, "seed": 9, "guided_regex": FORCED_CALL, "stream": stream}
-    if stream:
-        status, events = post_stream(served[0].base, "/chat/completions", body)
-        deltas = [e["choices"][0]["delta"] for e in events[:-1]]
-        calls = [c for d in deltas for c in d.get("tool_calls", [])]
-        content = "".join(d.get("content") or "" for d in deltas)
-        finish_reason = events[-2]["choices"][0]["finish_reason"]
-        assert [c["index"] for c in calls] == [0] and calls[0]["id"].startswith("call_")
-        call = calls[0]["function"]
-    else:
-        status, reply = post_json(served[0].base, "/chat/completions", body)
-        message, finish_reason = reply["choices"][0]["message"], reply["choices"][0]["finish_reason"]
-        content, call = message["content"] or "", message["tool_calls"][0]["function"]
-    assert status == 200
-    assert (content, finish_reason, call["name"]) == ("", "tool_calls", "weather")
-    jsonschema.validate(json.loads(call["arguments"]), WEATHER)
+    content, finish_reason, calls = auto_chat(served, body)
+    assert (content, finish_reason, [c["name"] for c in calls]) == ("", "tool_calls", ["weather"])
+    jsonschema.validate(json.loads(calls[0]["arguments"]), WEATHER)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_qwen3_coder_calls_are_told_from_the_template_and_typed_by_the_tools_schemas(served, stream):
+    body = {"model": CODER, "messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS, "max_tokens": 160,
+            "temperature": 1.0, "seed": 9, "guided_regex": FORCED_XML_CALL, "stream": stream}
+    content, finish_reason, calls = auto_chat(served, body)
+    assert (content, finish_reason, [c["name"] for c in calls]) == ("Checking.\n", "tool_calls", ["weather"])
+    jsonschema.validate(json.loads(calls[0]["arguments"]), WEATHER)  # "days" an integer, as the schema says
+
+
+def test_grpc_callers_are_told_a_templates_qwen3_coder_format(served):
+    request = gateway_pb2.GenerateRequest(
+        model=common_pb2.ModelRef(name=CODER), messages=[gateway_pb2.ChatMessage(role="user", content="Weather?")],
+        tools=[gateway_pb2.Tool(name="weather", parameters=json.dumps(WEATHER))],
+        sampling=common_pb2.SamplingParams(max_tokens=160, temperature=1.0, seed=9,
+                                           structured=common_pb2.StructuredOutput(regex=FORCED_XML_CALL)))
+    with session_tls.channel(served[0].mesh.gateway.address) as channel:
+        chunks = list(gateway_pb2_grpc.InferenceStub(channel).Generate(request, timeout=60))
+    assert chunks[0].tool_call_parser == QWEN3_CODER
+    (call,) = chunks[-1].tool_calls
+    assert call.name == "weather" and isinstance(json.loads(call.arguments)["days"], int)
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -12,7 +12,7 @@ import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
-from services.common.tool_call_formats import GRANITE, HERMES, LLAMA3_JSON, MISTRAL
+from services.common.tool_call_formats import GRANITE, HERMES, LLAMA3_JSON, MISTRAL, PYTHONIC, QWEN3_CODER
 from services.gateway.fronts import openai_codec
 from services.gateway.fronts.tool_call_parsers import PARSERS, Parsed, ParsedCall
 from services.gateway.fronts.tool_calls import (
@@ -183,7 +183,8 @@ def test_granite_and_mistral_calls_are_a_json_array_after_their_marker_or_not(pa
 
 @pytest.mark.parametrize(("parser", "text", "end"), [
     (GRANITE, "  ", 0), (GRANITE, ' [{"na', 0), (GRANITE, "Sure <|tool", 5), (GRANITE, "Sure <|tool_call|>[", 5),
-    (GRANITE, "Hi [x]", 6), (MISTRAL, "[TOOL_C", 0), (MISTRAL, "Yes [TOOL", 4), (MISTRAL, "Yes", 3),
+    (GRANITE, "Hi [x]", 6), (GRANITE, ' {"name', 0), (MISTRAL, "[TOOL_C", 0), (MISTRAL, "Yes [TOOL", 4),
+    (MISTRAL, "Yes", 0), (MISTRAL, "Yes.", 4),  # a first word may be a v11 call's name ([TOOL_CALLS] dropped)
     (HERMES, "Sure", 4), (HERMES, "Sure <tool", 5), (HERMES, "Sure <tool_call>{", 5), (HERMES, "a<b", 3), (HERMES, "a<t", 1),
     (LLAMA3_JSON, "  ", 0), (LLAMA3_JSON, ' {"na', 0), (LLAMA3_JSON, "<|python", 0), (LLAMA3_JSON, "Hi", 2),
 ])
@@ -270,20 +271,23 @@ def test_auto_text_without_a_call_is_ordinary_content(parser, pieces):
     assert splitter.finish_reason("stop") == "stop"
 
 
-@pytest.mark.parametrize("parser", [HERMES, LLAMA3_JSON, GRANITE, MISTRAL])
+@pytest.mark.parametrize("parser", [HERMES, LLAMA3_JSON, GRANITE, MISTRAL, QWEN3_CODER, PYTHONIC])
 def test_auto_without_parallel_calls_keeps_only_the_first_call_as_vllm_does(parser):
     array = '[{"name": "clock", "arguments": {}}, {"name": "weather", "arguments": {"city": "Oslo"}}]'
     text = {HERMES: 'Both. <tool_call>{"name": "clock", "arguments": {}}</tool_call>\n'
                     '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>',
             LLAMA3_JSON: '{"name": "clock", "parameters": {}}; {"name": "weather", "parameters": {"city": "Oslo"}}',
-            GRANITE: "<|tool_call|>" + array, MISTRAL: "Both. [TOOL_CALLS]" + array}
+            GRANITE: "<|tool_call|>" + array, MISTRAL: "Both. [TOOL_CALLS]" + array,
+            QWEN3_CODER: "Both. <tool_call>\n<function=clock>\n</function>\n</tool_call>\n<tool_call>\n"
+                         "<function=weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>",
+            PYTHONIC: '[clock(), weather(city="Oslo")]'}
     parsed = chat(tools=TOOLS, parallel_tool_calls=False).tools
     assert parsed == ChatTools(AUTO, parallel=False)
     splitter = ToolCallSplitter(parsed, ids())
     content, deltas = stream(splitter, [text[parser][:9], text[parser][9:]], parser)
     assert accumulated(deltas) == splitter.calls == [
         {"id": "call_0", "type": "function", "function": {"name": "clock", "arguments": "{}"}}]
-    assert content == ("Both. " if parser in (HERMES, MISTRAL) else "") and splitter.finish_reason("stop") == "tool_calls"
+    assert content == ("Both. " if parser in (HERMES, MISTRAL, QWEN3_CODER) else "") and splitter.finish_reason("stop") == "tool_calls"
     both = ToolCallSplitter(chat(tools=TOOLS, parallel_tool_calls=True).tools, ids())
     assert len(stream(both, [text[parser]], parser)[1]) == 2
 

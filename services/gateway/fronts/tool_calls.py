@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common.generate_input import check_input
 from services.gateway.fronts.openai_params import BadParameter, shown
-from services.gateway.fronts.tool_call_parsers import PARSERS, ParsedCall, call_from_object
+from services.gateway.fronts.tool_call_parsers import ParsedCall, call_from_object, parser_for
 
 AUTO, NONE, REQUIRED, NAMED = "auto", "none", "required", "named"
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}  # a tool without parameters takes {}
@@ -41,6 +41,9 @@ class ChatTools:
     # parallel_tool_calls: false allows one call (required: the schema's array holds one; auto: the
     # first call parsed is kept, the rest dropped, as vLLM does).
     parallel: bool = True
+    # The tools' parameter schemas by name, which auto's parsers type text arguments by (qwen3_coder).
+    # The tools offered, not the choice: left out of equality.
+    schemas: Mapping[str, dict] = field(default_factory=dict, compare=False)
 
     @property
     def constrained(self) -> bool:
@@ -81,9 +84,9 @@ def constrain(generate: gateway_pb2.GenerateRequest, chosen: ChatTools, schemas:
 def choose(choice: Any, schemas: dict[str, dict], parallel: bool = True) -> ChatTools:
     """OpenAI's tool_choice (None: auto) checked against the tools offered (their schemas by name)."""
     if choice is None:
-        return ChatTools(AUTO, parallel=parallel)
+        return ChatTools(AUTO, parallel=parallel, schemas=schemas)
     if choice in (AUTO, NONE, REQUIRED):
-        return ChatTools(choice, parallel=parallel)
+        return ChatTools(choice, parallel=parallel, schemas=schemas)
     function = choice.get("function") if isinstance(choice, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
@@ -93,7 +96,7 @@ def choose(choice: Any, schemas: dict[str, dict], parallel: bool = True) -> Chat
     if name not in schemas:
         raise BadParameter("tool_choice", f"tool_choice names {name!r}, which is not among the tools "
                                           f"({', '.join(schemas)})")
-    return ChatTools(NAMED, name, parallel)
+    return ChatTools(NAMED, name, parallel, schemas)
 
 
 def _calls_schema(schemas: dict[str, dict], parallel: bool) -> dict:
@@ -127,15 +130,15 @@ class ToolCallSplitter:
 
     def feed(self, text: str, last: bool, parser: str = "") -> tuple[str, list[dict]]:
         """This chunk's content and its tool_calls deltas. `parser`: the format the first chunk named."""
-        mode = self._tools.mode if self._tools is not None else NONE
-        tool_parser = PARSERS.get(parser) if mode == AUTO else None
-        if mode in (NONE, AUTO) and tool_parser is None:  # plain chat: every chunk passes, nothing is kept but it
+        tools = self._tools if self._tools is not None else ChatTools(NONE)
+        tool_parser = parser_for(parser, tools.schemas) if tools.mode == AUTO else None
+        if tools.mode in (NONE, AUTO) and tool_parser is None:  # plain chat: every chunk passes, nothing is kept but it
             self._contents.append(text)
             return text, []
         self._text += text
-        if mode == NAMED:
+        if tools.mode == NAMED:
             return "", self._named_delta()
-        if mode == REQUIRED:
+        if tools.mode == REQUIRED:
             return self._whole(self._required_calls) if last else ("", [])
         assert tool_parser is not None
         if not last:
@@ -144,8 +147,7 @@ class ToolCallSplitter:
         if not parsed.calls:
             return self._content(len(self._text)), []
         content = self._content(max(self._sent, len(parsed.content)))
-        assert self._tools is not None
-        return content, self._add_calls(parsed.calls if self._tools.parallel else parsed.calls[:1])
+        return content, self._add_calls(parsed.calls if tools.parallel else parsed.calls[:1])
 
     def finish_reason(self, reason: str | None) -> str | None:
         """"tool_calls" for a reply that called and ended as the model chose (not cut by max_tokens)."""
