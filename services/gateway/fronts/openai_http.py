@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP front (aiohttp): /v1/completions, /v1/chat/completions, /v1/responses (on the
-chat path: openai_responses.py), /v1/models[/{id}], and vLLM's /tokenize and /detokenize.
+chat path: openai_responses.py; stored ones under /v1/responses/{id} when the gateway stores them:
+openai_stored.py), /v1/models[/{id}], and vLLM's /tokenize and /detokenize.
 
 Thin: read the caller from the headers, parse the body (openai_codec), run the same
 GenerateCore as the gRPC Generate, write JSON or server-sent events, map domain errors to
@@ -25,6 +26,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -38,12 +40,14 @@ from services.gateway.fronts import (
     openai_choices,
     openai_codec,
     openai_responses,
+    openai_stored,
     openai_tokenize,
     tool_calls,
 )
 from services.gateway.fronts.caller import http_authorization, http_caller
 from services.gateway.fronts.http_refusals import refusal_middleware
 from services.gateway.fronts.reasoning import ReasoningFormat, ReasoningSplitter
+from services.gateway.fronts.response_store import ResponseStore, StoredResponse
 from services.gateway.tenants.credentials import Authorization
 
 TIMINGS_HEADER = "x-infermesh-timings"
@@ -93,17 +97,40 @@ class ChatShape:
         return _DONE
 
 
+@dataclass(frozen=True)
+class StoredResponses:
+    """The gateway's stored Responses: the store, and the scope a caller's responses live under."""
+
+    store: ResponseStore
+    scope_of: Callable[[Authorization], str]  # the caller's tenant id; raises Unauthenticated as the tenants do
+
+
+Keep = Callable[[dict], bool]  # stores a finished Response; False when it cannot be kept
+
+
 class ResponsesShape(ChatShape):
-    """The Responses API's: a Response object, or its named events (no [DONE])."""
+    """The Responses API's: a Response object, or its named events (no [DONE]). `keep`: stores the
+    finished Response (a whole one, an incomplete one, a failed stream's) before the client sees it
+    finish, so its next turn finds it; its `store` then says whether it was kept."""
 
     def __init__(self, wanted: openai_responses.ResponsesRequest, parsed: openai_codec.OpenAIRequest,
-                 created_s: int) -> None:
+                 created_s: int, keep: Keep | None = None) -> None:
         self._wanted = wanted
         self._request_id = parsed.generate.request_id
         self._events = openai_responses.ResponseEvents(wanted, self._request_id, created_s, parsed.model)
+        self._keep = keep
 
     def body(self, body: dict) -> dict:
-        return openai_responses.completed(self._wanted, body, self._request_id)
+        return self._kept(openai_responses.completed(self._wanted, body, self._request_id))
+
+    def _kept(self, response: dict) -> dict:
+        if self._keep is not None:
+            response["store"] = self._keep(response)
+        return response
+
+    def _last_kept(self, events: list[dict]) -> list[dict]:
+        self._kept(events[-1]["response"])
+        return events
 
     def refusal(self, err: errors.InfermeshError) -> errors.InfermeshError:
         return openai_responses.renamed(err) if isinstance(err, openai_codec.BadParameter) else err
@@ -115,10 +142,10 @@ class ResponsesShape(ChatShape):
         return _named_events(self._events.chunk(value))
 
     def failed(self, error_body: dict) -> bytes:
-        return _named_events(self._events.failed(error_body["error"]))
+        return _named_events(self._last_kept(self._events.failed(error_body["error"])))
 
     def closed(self) -> bytes:
-        return _named_events(self._events.closed())
+        return _named_events(self._last_kept(self._events.closed()))
 
 
 def _named_events(events: list[dict]) -> bytes:
@@ -127,15 +154,17 @@ def _named_events(events: list[dict]) -> bytes:
 
 class OpenAIFront:
     def __init__(self, core: GenerateCore, list_models: ListModels, authenticate: Callable[[Authorization], object],
-                 clock=time.time, text: TextCalls | None = None) -> None:
+                 clock=time.time, text: TextCalls | None = None, stored: StoredResponses | None = None) -> None:
         """authenticate: the tenants' own check (Unauthenticated), asked only of a request whose body is refused,
         so a caller without a valid key learns nothing about what the gateway would accept.
-        text: vLLM's /tokenize and /detokenize (none: not served)."""
+        text: vLLM's /tokenize and /detokenize (none: not served).
+        stored: the stored Responses (none: nothing is stored, and previous_response_id is a 400)."""
         self._core = core
         self._list_models = list_models
         self._authenticate = authenticate
         self._clock = clock
         self._text = text
+        self._stored = stored
 
     def routes(self) -> list[web.RouteDef]:
         routes = [
@@ -143,6 +172,8 @@ class OpenAIFront:
             web.post("/v1/chat/completions", self.chat_completions),
             web.post("/v1/responses", self.responses),
             web.get("/v1/responses/{response_id}", self.stored_response),
+            web.delete("/v1/responses/{response_id}", self.delete_response),
+            web.get("/v1/responses/{response_id}/input_items", self.input_items),
             web.get("/v1/models", self.models),
             # Ids may hold slashes (Hugging Face style, "org/name"), as stock clients put them in the path.
             web.get("/v1/models/{model:.+}", self.model),
@@ -187,26 +218,88 @@ class OpenAIFront:
         return await self._generate(request, lambda body: (openai_codec.parse_chat(body), ChatShape()))
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, self._parse_responses)
+        return await self._generate(request, lambda body: self._parse_responses(body, request))
 
-    def _parse_responses(self, body: object) -> tuple[openai_codec.OpenAIRequest, ChatShape]:
-        """A Responses request as the chat request it is, and the shape its answer is written in."""
-        wanted = openai_responses.chat_request(body)
+    def _parse_responses(self, body: object, request: web.Request) -> tuple[openai_codec.OpenAIRequest, ChatShape]:
+        """A Responses request as the chat request it is (after the stored turn it continues, if any),
+        and the shape its answer is written in."""
+        chain, scope = openai_stored.Chain(), None
+        if self._stored is not None and isinstance(body, dict) and (
+                openai_stored.wants_store(body) or body.get("previous_response_id") is not None):
+            scope = self._stored.scope_of(http_authorization(request))
+            previous = openai_stored.previous_response_id(body)
+            if previous is not None:
+                chain = openai_stored.chain_of(self._stored_entry(scope, previous, "previous_response_id"))
+        wanted = openai_responses.chat_request(body, storing=self._stored is not None, earlier=chain.items)
         try:
             parsed = openai_codec.parse_chat(wanted.chat)
         except openai_codec.BadParameter as err:
             raise openai_responses.renamed(err) from None
         parsed.generate.request_id = parsed.generate.request_id or uuid.uuid4().hex  # names the Response and its items
-        return parsed, ResponsesShape(wanted, parsed, int(self._clock()))
+        keep = self._keeper(scope, chain, wanted, parsed.generate.request_id) if wanted.store else None
+        return parsed, ResponsesShape(wanted, parsed, int(self._clock()), keep)
+
+    def _keeper(self, scope: str | None, chain: openai_stored.Chain, wanted: openai_responses.ResponsesRequest,
+                request_id: str) -> Keep:
+        assert self._stored is not None and scope is not None  # wanted.store: the gateway stores, scope was read
+        store = self._stored.store
+        items = openai_stored.input_items(wanted.input, request_id)
+
+        def keep(response: dict) -> bool:
+            response = {**response, "store": True}  # as a GET will show it
+            return store.put(scope, response["id"], openai_stored.stored_response(response, chain, items))
+
+        return keep
 
     async def stored_response(self, request: web.Request) -> web.Response:
-        """GET /v1/responses/{id}: nothing is stored (the requests' `store` is not honoured), so none is found."""
+        """GET /v1/responses/{id}: the Response as it was answered."""
         try:
-            self._authenticate(http_authorization(request))
+            entry = self._requested_entry(request)
         except errors.InfermeshError as err:
             return error_response(err)
-        return error_response(errors.NotFound(f"response {request.match_info['response_id']!r} not found: this "
-                                              "server stores no responses"))
+        return web.json_response(entry.response, dumps=_dumps)
+
+    async def delete_response(self, request: web.Request) -> web.Response:
+        """DELETE /v1/responses/{id}: OpenAI's deleted object. Later turns that continued it keep their context."""
+        try:
+            scope, response_id = self._requested(request)
+            if self._stored is None:
+                raise openai_stored.ResponseNotFound(response_id, why=openai_stored.STORING_OFF)
+            if not self._stored.store.delete(scope, response_id):
+                raise openai_stored.ResponseNotFound(response_id)
+        except errors.InfermeshError as err:
+            return error_response(err)
+        return web.json_response(openai_stored.deleted(response_id), dumps=_dumps)
+
+    async def input_items(self, request: web.Request) -> web.Response:
+        """GET /v1/responses/{id}/input_items: the items that produced it, earlier turns' included."""
+        try:
+            page = openai_stored.input_items_page(self._requested_entry(request), request.query)
+        except errors.InfermeshError as err:
+            return error_response(err)
+        return web.json_response(page, dumps=_dumps)
+
+    def _requested(self, request: web.Request) -> tuple[str, str]:
+        """The caller's scope and the response id in the path; authenticated first, so a caller without a
+        valid key learns nothing, and without storing a well-formed id is simply not found."""
+        authorization = http_authorization(request)
+        if self._stored is None:
+            self._authenticate(authorization)
+            scope = ""
+        else:
+            scope = self._stored.scope_of(authorization)
+        return scope, openai_stored.response_id_of(request.match_info["response_id"], "response_id")
+
+    def _requested_entry(self, request: web.Request) -> StoredResponse:
+        return self._stored_entry(*self._requested(request), None)
+
+    def _stored_entry(self, scope: str, response_id: str, param: str | None) -> StoredResponse:
+        if self._stored is None:
+            raise openai_stored.ResponseNotFound(response_id, param, openai_stored.STORING_OFF)
+        entry = self._stored.store.get(scope, response_id)
+        if entry is None:
+            raise openai_stored.ResponseNotFound(response_id, param)
+        return entry
 
     async def models(self, request: web.Request) -> web.Response:
         try:
