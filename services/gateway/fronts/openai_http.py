@@ -223,13 +223,7 @@ class OpenAIFront:
     def _parse_responses(self, body: object, request: web.Request) -> tuple[openai_codec.OpenAIRequest, ChatShape]:
         """A Responses request as the chat request it is (after the stored turn it continues, if any),
         and the shape its answer is written in."""
-        chain, scope = openai_stored.Chain(), None
-        if self._stored is not None and isinstance(body, dict) and (
-                openai_stored.wants_store(body) or body.get("previous_response_id") is not None):
-            scope = self._stored.scope_of(http_authorization(request))
-            previous = openai_stored.previous_response_id(body)
-            if previous is not None:
-                chain = openai_stored.chain_of(self._stored_entry(scope, previous, "previous_response_id"))
+        scope, chain = self._continued(body, request)
         wanted = openai_responses.chat_request(body, storing=self._stored is not None, earlier=chain.items)
         try:
             parsed = openai_codec.parse_chat(wanted.chat)
@@ -238,6 +232,17 @@ class OpenAIFront:
         parsed.generate.request_id = parsed.generate.request_id or uuid.uuid4().hex  # names the Response and its items
         keep = self._keeper(scope, chain, wanted, parsed.generate.request_id) if wanted.store else None
         return parsed, ResponsesShape(wanted, parsed, int(self._clock()), keep)
+
+    def _continued(self, body: object, request: web.Request) -> tuple[str | None, openai_stored.Chain]:
+        """The caller's scope when the gateway stores Responses, and the stored turn the request continues
+        (previous_response_id; none: an empty chain). A body that is not an object is chat_request's to refuse."""
+        if self._stored is None or not isinstance(body, dict):
+            return None, openai_stored.Chain()
+        scope = self._stored.scope_of(http_authorization(request))
+        previous = openai_stored.previous_response_id(body)
+        if previous is None:
+            return scope, openai_stored.Chain()
+        return scope, openai_stored.chain_of(self._stored_entry(scope, previous, "previous_response_id"))
 
     def _keeper(self, scope: str | None, chain: openai_stored.Chain, wanted: openai_responses.ResponsesRequest,
                 request_id: str) -> Keep:
@@ -262,10 +267,8 @@ class OpenAIFront:
     async def delete_response(self, request: web.Request) -> web.Response:
         """DELETE /v1/responses/{id}: OpenAI's deleted object. Later turns that continued it keep their context."""
         try:
-            scope, response_id = self._requested(request)
-            if self._stored is None:
-                raise openai_stored.ResponseNotFound(response_id, why=openai_stored.STORING_OFF)
-            if not self._stored.store.delete(scope, response_id):
+            store, scope, response_id = self._requested(request)
+            if not store.delete(scope, response_id):
                 raise openai_stored.ResponseNotFound(response_id)
         except errors.InfermeshError as err:
             return error_response(err)
@@ -279,23 +282,22 @@ class OpenAIFront:
             return error_response(err)
         return web.json_response(page, dumps=_dumps)
 
-    def _requested(self, request: web.Request) -> tuple[str, str]:
-        """The caller's scope and the response id in the path; authenticated first, so a caller without a
-        valid key learns nothing, and without storing a well-formed id is simply not found."""
+    def _requested(self, request: web.Request) -> tuple[ResponseStore, str, str]:
+        """The store, the caller's scope and the response id in the path. The caller is authenticated
+        first, so one without a valid key learns nothing; without storing, a well-formed id is not found."""
         authorization = http_authorization(request)
         if self._stored is None:
             self._authenticate(authorization)
-            scope = ""
-        else:
-            scope = self._stored.scope_of(authorization)
-        return scope, openai_stored.response_id_of(request.match_info["response_id"], "response_id")
+            raise openai_stored.ResponseNotFound(_path_response_id(request), why=openai_stored.STORING_OFF)
+        scope = self._stored.scope_of(authorization)
+        return self._stored.store, scope, _path_response_id(request)
 
     def _requested_entry(self, request: web.Request) -> StoredResponse:
-        return self._stored_entry(*self._requested(request), None)
+        _, scope, response_id = self._requested(request)
+        return self._stored_entry(scope, response_id, None)
 
     def _stored_entry(self, scope: str, response_id: str, param: str | None) -> StoredResponse:
-        if self._stored is None:
-            raise openai_stored.ResponseNotFound(response_id, param, openai_stored.STORING_OFF)
+        assert self._stored is not None  # asked only of a gateway that stores
         entry = self._stored.store.get(scope, response_id)
         if entry is None:
             raise openai_stored.ResponseNotFound(response_id, param)
@@ -430,6 +432,10 @@ class OpenAIFront:
         await response.write(shape.closed())
         await response.write_eof()
         return response
+
+
+def _path_response_id(request: web.Request) -> str:
+    return openai_stored.response_id_of(request.match_info["response_id"], "response_id")
 
 
 async def _json_body(request: web.Request):
