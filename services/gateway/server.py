@@ -79,7 +79,7 @@ from services.gateway.upstream.clients import SchedulerClients, UpstreamMode
 
 if TYPE_CHECKING:  # the HTTP fronts (and aiohttp) are imported only by a gateway given --http-port
     from services.gateway.fronts.http_server import HttpServer
-    from services.gateway.fronts.openai_http import StoredResponses
+    from services.gateway.fronts.openai_stored_http import StoredResponses
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +314,7 @@ class GatewayService:
 
     def _stored_responses(self) -> StoredResponses | None:
         """The OpenAI front's stored Responses, kept per tenant; none when --responses-store-bytes is 0."""
-        from services.gateway.fronts.openai_http import StoredResponses
+        from services.gateway.fronts.openai_stored_http import StoredResponses
         from services.gateway.fronts.response_store import ResponseStore
 
         if not self._config.responses_store_bytes:

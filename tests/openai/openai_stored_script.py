@@ -3,7 +3,8 @@
 Run by tests/openai/test_stored_responses.py with .venv-openai's python (the package is not a project
 dependency): argv = base_url, keys (JSON name -> key), CA file. Two turns chained with
 previous_response_id, a streamed third, retrieve, input_items (paged one by one: the client follows
-`after`), delete, and another tenant's attempts at all of them.
+`after`), delete, and another tenant's attempts at all of them; a background Response polled until
+done, and one cancelled while it runs.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import ssl
 import sys
+import time
 
 import openai
 
@@ -25,6 +27,16 @@ def not_found(call) -> dict:
         error = error.get("error", error)
         return {"status": err.status_code, "param": error.get("param"), "message": error.get("message")}
     return {"status": 200}
+
+
+def polled(client: openai.OpenAI, response_id: str, timeout_s: float = 30.0):
+    """The Response once it is no longer queued or in progress, as the background guide polls it."""
+    deadline = time.monotonic() + timeout_s
+    response = client.responses.retrieve(response_id)
+    while response.status in ("queued", "in_progress") and time.monotonic() < deadline:
+        time.sleep(0.05)
+        response = client.responses.retrieve(response_id)
+    return response
 
 
 def main() -> None:
@@ -56,6 +68,14 @@ def main() -> None:
             "chain": not_found(lambda: other.responses.create(input="x", previous_response_id=second.id, **turn)),
         },
     }
+    queued = alpha.responses.create(input="abc", background=True, **turn)
+    seen["background"] = {"queued": queued.status, "done": polled(alpha, queued.id).model_dump(mode="json")}
+    # 20 ms a token: still running when cancelled.
+    long = alpha.responses.create(input="abc", background=True, model=MODEL, max_output_tokens=400,
+                                  extra_body={"ignore_eos": True})
+    seen["cancelled"] = {"answered": alpha.responses.cancel(long.id).status,
+                         "retrieved": alpha.responses.retrieve(long.id).status,
+                         "other": not_found(lambda: other.responses.cancel(queued.id))}
     alpha.responses.delete(first.id)
     seen["after_delete"] = {
         "retrieve": not_found(lambda: alpha.responses.retrieve(first.id)),

@@ -20,6 +20,7 @@ from services.gateway.fronts.openai_stored import (
     input_items_page,
     response_id_of,
     stored_response,
+    too_large,
 )
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "clock", "arguments": "{}"}}
@@ -85,12 +86,27 @@ def _json_bytes(value) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def test_a_failed_response_is_not_continued():
+@pytest.mark.parametrize(("status", "message"), [
+    ("failed", "resp_r1' failed"), ("cancelled", "resp_r1' was cancelled"),
+    ("queued", "resp_r1' is still running"), ("in_progress", "resp_r1' is still running"),
+])
+def test_only_a_finished_response_is_continued(status, message):
     _, response, kept = _turn({"input": "Hi"}, "He", "r1")
-    failed = stored_response({**response, "status": "failed"}, Chain(), kept.context)
-    with pytest.raises(BadParameter, match="resp_r1' failed") as caught:
-        chain_of(failed)
+    unfinished = stored_response({**response, "status": status}, Chain(), kept.context)
+    with pytest.raises(BadParameter, match=message) as caught:
+        chain_of(unfinished)
     assert caught.value.param == "previous_response_id"
+    cut = stored_response({**response, "status": "incomplete"}, Chain(), kept.context)
+    assert chain_of(cut).items[-1] == response["output"][0]
+
+
+def test_a_background_request_is_one_that_is_stored_and_not_streamed():
+    wanted = chat_request({"model": "m", "input": "a", "background": True}, storing=True)
+    assert wanted.background and wanted.store and wanted.echoed["background"] is True
+    assert not chat_request({"model": "m", "input": "a", "background": False}, storing=True).background
+    failed = too_large({"id": "resp_r", "status": "completed", "output": [{"type": "message"}],
+                                         "error": None, "incomplete_details": None, "background": True})
+    assert (failed["status"], failed["output"], failed["error"]["code"]) == ("failed", [], "server_error")
 
 
 def _entry(num_items: int):
@@ -137,7 +153,7 @@ def test_a_response_id_of_another_shape_is_a_400(value):
                                                                   "--responses-store-bytes"),
     ({"previous_response_id": 7}, "previous_response_id", "must be a response id"),
     ({"store": "yes"}, "store", "store must be true or false"),
-    ({"background": True}, "background", "background responses are not supported"),
+    ({"background": True}, "background", "background responses are not supported: this gateway stores no"),
     ({"conversation": "conv_1"}, "conversation", "no Conversations API"),
 ])
 def test_what_cannot_be_stored_or_continued_is_a_400_saying_why(body, param, message):

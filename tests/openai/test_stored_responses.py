@@ -1,7 +1,8 @@
 """Stored Responses through the whole mesh of tests/openai/conftest.py (its gateway runs with
 --responses-store-bytes), as the official `openai` package uses them: turns chained with
 previous_response_id reach the model as one conversation (the toy model's byte-level template makes
-every prompt's token count exact), retrieve, input_items, delete, and another tenant's 404s.
+every prompt's token count exact), retrieve, input_items, delete, another tenant's 404s, and
+background Responses polled and cancelled.
 """
 
 from __future__ import annotations
@@ -69,3 +70,14 @@ def test_another_tenant_gets_a_404_for_everything_and_the_owner_keeps_the_chain_
     # The first turn's deletion leaves the second's context whole.
     assert seen["after_delete"]["chain_from_second"] == _prompt_tokens(
         "user: abc", f"assistant: {ANSWER}", "user: xyz", f"assistant: {ANSWER}", "user: rst")
+
+
+def test_a_background_response_is_polled_until_done_and_one_still_running_is_cancelled(seen, http_mesh):
+    background = seen["background"]
+    assert background["queued"] == "queued"
+    done = background["done"]
+    assert (done["status"], done["background"], done["output"][0]["content"][0]["text"]) == \
+        ("completed", True, ANSWER)
+    assert seen["cancelled"]["answered"] == seen["cancelled"]["retrieved"] == "cancelled"
+    assert seen["cancelled"]["other"]["status"] == 404
+    http_mesh.wait_idle()  # the cancelled generation's sequence and blocks are gone upstream

@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP front (aiohttp): /v1/completions, /v1/chat/completions, /v1/responses (on the
 chat path: openai_responses.py; stored ones under /v1/responses/{id} when the gateway stores them:
-openai_stored.py), /v1/models[/{id}], and vLLM's /tokenize and /detokenize.
+openai_stored_http.py), /v1/models[/{id}], and vLLM's /tokenize and /detokenize.
 
 Thin: read the caller from the headers, parse the body (openai_codec), run the same
 GenerateCore as the gRPC Generate, write JSON or server-sent events, map domain errors to
@@ -21,18 +21,18 @@ generation: the upstream stream is cancelled and the scheduler frees the sequenc
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
 
 from aiohttp import web
 
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
-from services.gateway.calls.generate_core import GenerateCore
+from services.gateway.calls.generate_core import Caller, GenerateCore
 from services.gateway.calls.text_calls import TextCalls
 from services.gateway.fronts import (
     json_body,
@@ -40,14 +40,13 @@ from services.gateway.fronts import (
     openai_choices,
     openai_codec,
     openai_responses,
-    openai_stored,
     openai_tokenize,
     tool_calls,
 )
 from services.gateway.fronts.caller import http_authorization, http_caller
 from services.gateway.fronts.http_refusals import refusal_middleware
+from services.gateway.fronts.openai_stored_http import Keep, StoredResponses, StoredResponsesFront
 from services.gateway.fronts.reasoning import ReasoningFormat, ReasoningSplitter
-from services.gateway.fronts.response_store import ResponseStore, StoredResponse
 from services.gateway.tenants.credentials import Authorization
 
 TIMINGS_HEADER = "x-infermesh-timings"
@@ -60,6 +59,7 @@ _TEXT_TIMEOUT_S = 10.0
 # (prompt, choice index within the prompt, chunk); one prompt unless the completion batched several
 Choices = AsyncGenerator[tuple[int, int, gateway_pb2.GenerateResponse], None]
 ListModels = Callable[[Authorization, float], Awaitable[gateway_pb2.ListModelsResponse]]
+JsonAnswer = Callable[[web.Request], Awaitable[dict]]
 
 
 def error_response(err: errors.InfermeshError) -> web.Response:
@@ -97,17 +97,6 @@ class ChatShape:
         return _DONE
 
 
-@dataclass(frozen=True)
-class StoredResponses:
-    """The gateway's stored Responses: the store, and the scope a caller's responses live under."""
-
-    store: ResponseStore
-    scope_of: Callable[[Authorization], str]  # the caller's tenant id; raises Unauthenticated as the tenants do
-
-
-Keep = Callable[[dict], bool]  # stores a finished Response; False when it cannot be kept
-
-
 class ResponsesShape(ChatShape):
     """The Responses API's: a Response object, or its named events (no [DONE]). `keep`: stores the
     finished Response (a whole one, an incomplete one, a failed stream's) before the client sees it
@@ -117,8 +106,17 @@ class ResponsesShape(ChatShape):
                  created_s: int, keep: Keep | None = None) -> None:
         self._wanted = wanted
         self._request_id = parsed.generate.request_id
+        self._created_s = created_s
+        self._model = parsed.model
         self._events = openai_responses.ResponseEvents(wanted, self._request_id, created_s, parsed.model)
         self._keep = keep
+        self.background = wanted.background  # answered at once (queued) and run on in the gateway's loop
+
+    def kept_as(self, status: str, error: dict | None = None) -> dict:
+        """A background Response as it stands before its answer (queued, in_progress) or instead of one
+        (failed, cancelled: no output), kept so its poller reads it."""
+        return self._kept(openai_responses.response_object(self._wanted, self._request_id, self._created_s,
+                                                           self._model, output=[], status=status, error=error))
 
     def body(self, body: dict) -> dict:
         return self._kept(openai_responses.completed(self._wanted, body, self._request_id))
@@ -164,16 +162,17 @@ class OpenAIFront:
         self._authenticate = authenticate
         self._clock = clock
         self._text = text
-        self._stored = stored
+        self._stored = StoredResponsesFront(stored, authenticate)
 
     def routes(self) -> list[web.RouteDef]:
         routes = [
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat_completions),
             web.post("/v1/responses", self.responses),
-            web.get("/v1/responses/{response_id}", self.stored_response),
-            web.delete("/v1/responses/{response_id}", self.delete_response),
-            web.get("/v1/responses/{response_id}/input_items", self.input_items),
+            web.get("/v1/responses/{response_id}", _json_answer(self._stored.retrieve)),
+            web.delete("/v1/responses/{response_id}", _json_answer(self._stored.delete)),
+            web.get("/v1/responses/{response_id}/input_items", _json_answer(self._stored.input_items)),
+            web.post("/v1/responses/{response_id}/cancel", _json_answer(self._stored.cancel)),
             web.get("/v1/models", self.models),
             # Ids may hold slashes (Hugging Face style, "org/name"), as stock clients put them in the path.
             web.get("/v1/models/{model:.+}", self.model),
@@ -223,85 +222,19 @@ class OpenAIFront:
     def _parse_responses(self, body: object, request: web.Request) -> tuple[openai_codec.OpenAIRequest, ChatShape]:
         """A Responses request as the chat request it is (after the stored turn it continues, if any),
         and the shape its answer is written in."""
-        scope, chain = self._continued(body, request)
-        wanted = openai_responses.chat_request(body, storing=self._stored is not None, earlier=chain.items)
+        scope, chain = self._stored.continued(body, request)
+        wanted = openai_responses.chat_request(body, storing=self._stored.storing, earlier=chain.items)
         try:
             parsed = openai_codec.parse_chat(wanted.chat)
         except openai_codec.BadParameter as err:
             raise openai_responses.renamed(err) from None
         parsed.generate.request_id = parsed.generate.request_id or uuid.uuid4().hex  # names the Response and its items
-        keep = self._keeper(scope, chain, wanted, parsed.generate.request_id) if wanted.store else None
+        keep = self._stored.keeper(scope, chain, wanted, parsed.generate.request_id) if wanted.store else None
         return parsed, ResponsesShape(wanted, parsed, int(self._clock()), keep)
 
-    def _continued(self, body: object, request: web.Request) -> tuple[str | None, openai_stored.Chain]:
-        """The caller's scope when the gateway stores Responses, and the stored turn the request continues
-        (previous_response_id; none: an empty chain). A body that is not an object is chat_request's to refuse."""
-        if self._stored is None or not isinstance(body, dict):
-            return None, openai_stored.Chain()
-        scope = self._stored.scope_of(http_authorization(request))
-        previous = openai_stored.previous_response_id(body)
-        if previous is None:
-            return scope, openai_stored.Chain()
-        return scope, openai_stored.chain_of(self._stored_entry(scope, previous, "previous_response_id"))
-
-    def _keeper(self, scope: str | None, chain: openai_stored.Chain, wanted: openai_responses.ResponsesRequest,
-                request_id: str) -> Keep:
-        assert self._stored is not None and scope is not None  # wanted.store: the gateway stores, scope was read
-        store = self._stored.store
-        items = openai_stored.input_items(wanted.input, request_id)
-
-        def keep(response: dict) -> bool:
-            response = {**response, "store": True}  # as a GET will show it
-            return store.put(scope, response["id"], openai_stored.stored_response(response, chain, items))
-
-        return keep
-
-    async def stored_response(self, request: web.Request) -> web.Response:
-        """GET /v1/responses/{id}: the Response as it was answered."""
-        try:
-            entry = self._requested_entry(request)
-        except errors.InfermeshError as err:
-            return error_response(err)
-        return web.json_response(entry.response, dumps=_dumps)
-
-    async def delete_response(self, request: web.Request) -> web.Response:
-        """DELETE /v1/responses/{id}: OpenAI's deleted object. Later turns that continued it keep their context."""
-        try:
-            store, scope, response_id = self._requested(request)
-            if not store.delete(scope, response_id):
-                raise openai_stored.ResponseNotFound(response_id)
-        except errors.InfermeshError as err:
-            return error_response(err)
-        return web.json_response(openai_stored.deleted(response_id), dumps=_dumps)
-
-    async def input_items(self, request: web.Request) -> web.Response:
-        """GET /v1/responses/{id}/input_items: the items that produced it, earlier turns' included."""
-        try:
-            page = openai_stored.input_items_page(self._requested_entry(request), request.query)
-        except errors.InfermeshError as err:
-            return error_response(err)
-        return web.json_response(page, dumps=_dumps)
-
-    def _requested(self, request: web.Request) -> tuple[ResponseStore, str, str]:
-        """The store, the caller's scope and the response id in the path. The caller is authenticated
-        first, so one without a valid key learns nothing; without storing, a well-formed id is not found."""
-        authorization = http_authorization(request)
-        if self._stored is None:
-            self._authenticate(authorization)
-            raise openai_stored.ResponseNotFound(_path_response_id(request), why=openai_stored.STORING_OFF)
-        scope = self._stored.scope_of(authorization)
-        return self._stored.store, scope, _path_response_id(request)
-
-    def _requested_entry(self, request: web.Request) -> StoredResponse:
-        _, scope, response_id = self._requested(request)
-        return self._stored_entry(scope, response_id, None)
-
-    def _stored_entry(self, scope: str, response_id: str, param: str | None) -> StoredResponse:
-        assert self._stored is not None  # asked only of a gateway that stores
-        entry = self._stored.store.get(scope, response_id)
-        if entry is None:
-            raise openai_stored.ResponseNotFound(response_id, param)
-        return entry
+    async def close(self) -> None:
+        """Ends what runs on after its request was answered: background Responses."""
+        await self._stored.close()
 
     async def models(self, request: web.Request) -> web.Response:
         try:
@@ -339,14 +272,37 @@ class OpenAIFront:
             parsed, shape = parse(await _json_body(request))
         except errors.InfermeshError as err:
             return error_response(self._refusal(request, err))
+        if isinstance(shape, ResponsesShape) and shape.background:
+            response_id = openai_responses.response_id(parsed.generate.request_id)
+            self._stored.run_in_background(response_id, self._background(caller, parsed, shape))
+            return web.json_response(shape.kept_as("queued"), dumps=_dumps)
         parts = openai_batch.prompt_parts(parsed)
-        chunks = openai_choices.merged_groups(
-            lambda r, further: self._core.generate(r, caller, further_choice=further),
-            [openai_choices.choice_requests(part.generate, parsed.best_of) for part in parts])
-        async with aclosing(chunks):
+        async with aclosing(self._chunks(caller, parsed, parts)) as chunks:
             if parsed.stream:
                 return await self._stream(request, parsed, parts, chunks, shape)
             return await self._complete(parsed, parts, chunks, shape)
+
+    def _chunks(self, caller: Caller, parsed: openai_codec.OpenAIRequest,
+                parts: list[openai_codec.OpenAIRequest]) -> Choices:
+        return openai_choices.merged_groups(
+            lambda r, further: self._core.generate(r, caller, further_choice=further),
+            [openai_choices.choice_requests(part.generate, parsed.best_of) for part in parts])
+
+    async def _background(self, caller: Caller, parsed: openai_codec.OpenAIRequest, shape: ResponsesShape) -> None:
+        """A background Response's run, its request already answered (queued): in_progress, then what it
+        ends as (completed or incomplete, failed with the error its request would have had, or cancelled)."""
+        shape.kept_as("in_progress")
+        parts = openai_batch.prompt_parts(parsed)
+        try:
+            async with aclosing(self._chunks(caller, parsed, parts)) as chunks:
+                body, _ = await self._whole(parsed, parts, chunks)
+            shape.body(body)
+        except errors.InfermeshError as err:
+            error = openai_codec.error_reply(shape.refusal(openai_codec.upstream_refusal(err, parsed))).body["error"]
+            shape.kept_as("failed", {"code": "server_error", "message": error["message"]})
+        except asyncio.CancelledError:
+            shape.kept_as("cancelled")
+            raise
 
     def _refusal(self, request: web.Request, err: errors.InfermeshError) -> errors.InfermeshError:
         """What a request whose headers or body are refused is told: Unauthenticated first, if it is."""
@@ -358,25 +314,30 @@ class OpenAIFront:
 
     async def _complete(self, parsed: openai_codec.OpenAIRequest, parts: list[openai_codec.OpenAIRequest],
                         chunks: Choices, shape: ChatShape) -> web.Response:
-        results = [[openai_choices.ChoiceResult() for _ in range(parsed.best_of)] for _ in parts]
         try:
-            async for part, index, chunk in chunks:
-                results[part][index].add(chunk)
+            body, last = await self._whole(parsed, parts, chunks)
         except errors.InfermeshError as err:
             return error_response(shape.refusal(openai_codec.upstream_refusal(err, parsed)))
+        headers = {REQUEST_ID_HEADER: parsed.generate.request_id, TIMINGS_HEADER: openai_codec.timings_header(last)}
+        return web.json_response(shape.body(body), headers=headers, dumps=_dumps)
+
+    async def _whole(self, parsed: openai_codec.OpenAIRequest, parts: list[openai_codec.OpenAIRequest],
+                     chunks: Choices) -> tuple[dict, gateway_pb2.GenerateResponse]:
+        """The whole answer's body (completions' or chat's), and the first choice's last chunk (its timings)."""
+        results = [[openai_choices.ChoiceResult() for _ in range(parsed.best_of)] for _ in parts]
+        async for part, index, chunk in chunks:
+            results[part][index].add(chunk)
         if not all(result.finished for generated in results for result in generated):
-            return error_response(errors.Internal("the stream ended without its last chunk"))
+            raise errors.Internal("the stream ended without its last chunk")
         created_s = int(self._clock())
         bodies, firsts = [], []
         for prompt_request, generated in zip(parts, results, strict=True):
             returned = openai_choices.best(generated, parsed.n) if parsed.best_of > parsed.n else generated
             bodies.append(openai_codec.full_response(prompt_request, created_s, returned, generated))
             firsts.append(returned[0])
-        body = openai_batch.batch_response(bodies, parsed.n)
         last = firsts[0].last
         assert last is not None  # every result finished
-        headers = {REQUEST_ID_HEADER: parsed.generate.request_id, TIMINGS_HEADER: openai_codec.timings_header(last)}
-        return web.json_response(shape.body(body), headers=headers, dumps=_dumps)
+        return openai_batch.batch_response(bodies, parsed.n), last
 
     async def _stream(self, request: web.Request, parsed: openai_codec.OpenAIRequest,
                       parts: list[openai_codec.OpenAIRequest], chunks: Choices, shape: ChatShape) -> web.StreamResponse:
@@ -434,8 +395,16 @@ class OpenAIFront:
         return response
 
 
-def _path_response_id(request: web.Request) -> str:
-    return openai_stored.response_id_of(request.match_info["response_id"], "response_id")
+def _json_answer(answer: JsonAnswer) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """A route whose answer is a JSON object, or its refusal in OpenAI's error shape."""
+    async def handler(request: web.Request) -> web.Response:
+        try:
+            body = await answer(request)
+        except errors.InfermeshError as err:
+            return error_response(err)
+        return web.json_response(body, dumps=_dumps)
+
+    return handler
 
 
 async def _json_body(request: web.Request):

@@ -4,10 +4,11 @@
 
 Stateless unless the gateway stores responses (openai_stored.py, response_store.py): then a turn may
 name a stored one in `previous_response_id`, whose items the front looks up and hands to
-`chat_request` as `earlier`, and a Response says whether it is kept (`store`). Without storing,
-`previous_response_id` is a 400 saying so and a Response says `"store": false`, as vLLM serves it
-by default. `conversation` (the Conversations API) and `background` are a 400 naming them. Inputs are text: messages (string content or
-input_text / output_text parts), the model's own function_call items and their
+`chat_request` as `earlier`, a Response says whether it is kept (`store`), and `background` asks
+for it to be answered at once and run on (the front's to do). Without storing, `previous_response_id`
+and `background` are a 400 saying so and a Response says `"store": false`, as vLLM serves it by
+default. `conversation` (the Conversations API) is a 400 naming it. Inputs are text: messages (string
+content or input_text / output_text parts), the model's own function_call items and their
 function_call_output items; images, files and hosted tools (web_search, file_search, ...) are a 400
 naming the item or tool. What chat checks (sampling, tools, structured output) is checked by the
 chat parser, its refusals renamed to the Responses parameter (`max_output_tokens`, `text.format`,
@@ -46,6 +47,11 @@ class ResponsesRequest:
         """Whether its Response is to be kept: asked for (the default) and the gateway stores."""
         return bool(self.echoed["store"])
 
+    @property
+    def background(self) -> bool:
+        """Whether it is answered at once (status queued) and run on in the gateway, its Response polled."""
+        return bool(self.echoed["background"])
+
 
 def chat_request(body: Any, *, storing: bool = False, earlier: Sequence[dict] = ()) -> ResponsesRequest:
     """The chat body for a Responses request, checked where chat would name a different field.
@@ -61,9 +67,7 @@ def chat_request(body: Any, *, storing: bool = False, earlier: Sequence[dict] = 
         raise BadParameter("conversation", "conversation is not supported: this server has no Conversations API; "
                                            "chain turns with previous_response_id, or send the whole conversation "
                                            "in input")
-    if body.get("background"):
-        raise BadParameter("background", "background responses are not supported: send the request without "
-                                         "background (stream it to see it progress)")
+    background = _background(body, storing=storing, store=store)
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise BadParameter("instructions", f"instructions must be a string, got {shown(instructions)}")
@@ -106,8 +110,26 @@ def chat_request(body: Any, *, storing: bool = False, earlier: Sequence[dict] = 
         "user": body.get("user"),
         "store": store and storing,
         "previous_response_id": previous,
+        "background": background,
     }
     return ResponsesRequest(chat, echoed, body.get("input"))
+
+
+def _background(body: dict, *, storing: bool, store: bool) -> bool:
+    """`background` as sent: only for a Response that is stored (it is read back by polling) and not streamed."""
+    background = body.get("background")
+    if background is None or background is False:
+        return False
+    if background is not True:
+        raise BadParameter("background", f"background must be true or false, got {shown(background)}")
+    if not storing:
+        raise BadParameter("background", f"background responses are not supported: {STORING_OFF}")
+    if not store:
+        raise BadParameter("background", "background responses are read back when done, so they need store: true")
+    if body.get("stream"):
+        raise BadParameter("background", "background with stream is not supported: send background alone and poll "
+                                         "GET /v1/responses/{id}, or stream without background")
+    return True
 
 
 def renamed(err: BadParameter) -> BadParameter:
@@ -255,7 +277,7 @@ def response_object(request: ResponsesRequest, request_id: str, created_s: int, 
     """A Response: `status` in_progress, completed, incomplete (max_output_tokens reached) or failed."""
     return {
         "id": response_id(request_id), "object": "response", "created_at": created_s, "status": status,
-        "background": False, "error": error,
+        "error": error,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "model": model, "output": output, "reasoning": {"effort": None, "summary": None}, "usage": usage,
         **request.echoed,

@@ -31,6 +31,14 @@ _MAX_ITEMS_PAGE = 100
 _DEFAULT_ITEMS_PAGE = 20
 _WHY_NOT_FOUND = ("responses are kept for their own tenant, on the gateway that answered them, until deleted, "
                   "expired or pushed out by newer ones")
+_CONTINUED = ("completed", "incomplete")
+_NOT_CONTINUED = {
+    "failed": "failed, so it has no output to continue from: send previous_response_id of the turn before it",
+    "cancelled": "was cancelled, so it has no output to continue from: send previous_response_id of the turn "
+                 "before it",
+    "queued": "is still running in the background: poll GET /v1/responses/{id} until it is done",
+    "in_progress": "is still running in the background: poll GET /v1/responses/{id} until it is done",
+}
 _ITEM_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 
 
@@ -75,12 +83,12 @@ def wants_store(body: dict) -> bool:
 
 
 def chain_of(previous: StoredResponse) -> Chain:
-    """The items a turn naming `previous` continues from. A failed response's output is what it got to
-    before failing: nothing to continue from."""
+    """The items a turn naming `previous` continues from: only a finished one's (completed, or incomplete
+    at its token limit). A failed or cancelled one's output is what it got to before it ended, and a
+    background one still running has none yet."""
     response = previous.response
-    if response["status"] == "failed":
-        raise BadParameter("previous_response_id", f"response '{response['id']}' failed, so it has no output to "
-                                                   "continue from: send previous_response_id of the turn before it")
+    if response["status"] not in _CONTINUED:
+        raise BadParameter("previous_response_id", f"response '{response['id']}' {_NOT_CONTINUED[response['status']]}")
     output = tuple(response["output"])
     return Chain(previous.context + output, _context_bytes(previous) + _size_bytes(output))
 
@@ -98,6 +106,13 @@ def stored_response(response: dict, chain: Chain, items: tuple[dict, ...]) -> St
     context = chain.items + items
     size_bytes = _size_bytes((response,)) + chain.size_bytes + _size_bytes(items)
     return StoredResponse(response, context, size_bytes)
+
+
+def too_large(response: dict) -> dict:
+    """A background Response that ended too large for the store, as its poller finds it: failed, saying so."""
+    message = f"the response was too large to keep in this gateway's store ({STORE_FLAG})"
+    return {**response, "status": "failed", "output": [], "incomplete_details": None,
+            "error": {"code": "server_error", "message": message}}
 
 
 def input_items_page(entry: StoredResponse, query: Mapping[str, str]) -> dict:

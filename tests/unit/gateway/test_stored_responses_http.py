@@ -1,12 +1,16 @@
 """Stored Responses through the real HTTP front (openai_http.py over HttpServer, plaintext on a free
 127.0.0.1 port): a fake generator that answers with the conversation it was given, so a test reads
-what a chained turn sent upstream; two tenants; a store small enough to fill. Expiry and eviction
-are the store's own tests (test_response_store.py, on a fake clock); here they are seen through HTTP.
+what a chained turn sent upstream, and holds a conversation saying HOLD until the test releases it
+(a background Response still running); two tenants; a store small enough to fill. Expiry and
+eviction are the store's own tests (test_response_store.py, on a fake clock); here they are seen
+through HTTP.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import aiohttp
 import pytest
@@ -14,7 +18,8 @@ import pytest
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.gateway.fronts.http_server import HttpServer
-from services.gateway.fronts.openai_http import OpenAIFront, StoredResponses
+from services.gateway.fronts.openai_http import OpenAIFront
+from services.gateway.fronts.openai_stored_http import StoredResponses
 from services.gateway.fronts.response_store import ResponseStore
 from services.gateway.tenants.directory import TenantConfig, TenantDirectory, hash_api_key
 from tests.unit.gateway.conftest import make_tenant
@@ -28,7 +33,13 @@ STORE_BYTES = 20_000
 
 class _ConversationCore:
     """Answers every chat with the conversation it received, one `role:content` line per message, in two
-    chunks (so a stream has deltas); a prompt containing FAIL fails after the first chunk."""
+    chunks (so a stream has deltas); a prompt containing FAIL fails after the first chunk, one containing
+    HOLD waits for `release` before its second. Counts the generations closed before their end."""
+
+    def __init__(self) -> None:
+        self.holding = asyncio.Event()  # set once a HOLD conversation waits
+        self.release = asyncio.Event()
+        self.num_abandoned = 0
 
     async def generate(self, request: gateway_pb2.GenerateRequest, caller, *, further_choice: bool = False):
         _TENANTS.authenticate(caller.authorization)
@@ -36,6 +47,13 @@ class _ConversationCore:
         yield gateway_pb2.GenerateResponse(text=text[:3])
         if "FAIL" in text:
             raise errors.Unavailable("the worker went away")
+        try:
+            if "HOLD" in text:
+                self.holding.set()
+                await self.release.wait()
+        except asyncio.CancelledError:
+            self.num_abandoned += 1
+            raise
         usage = common_pb2.Usage(prompt_tokens=len(text), completion_tokens=len(text))
         yield gateway_pb2.GenerateResponse(text=text[3:], finish_reason=common_pb2.FINISH_REASON_STOP, usage=usage)
 
@@ -44,25 +62,30 @@ async def _list_models(authorization, timeout_s: float) -> gateway_pb2.ListModel
     return gateway_pb2.ListModelsResponse()
 
 
-async def _serve(stored: StoredResponses | None):
+async def _serve(core: _ConversationCore, stored: StoredResponses | None):
     port = free_port()
-    server = HttpServer(OpenAIFront(_ConversationCore(), _list_models, _TENANTS.authenticate, stored=stored),
+    server = HttpServer(OpenAIFront(core, _list_models, _TENANTS.authenticate, stored=stored),
                         "127.0.0.1", port, None, max_body_bytes=1 << 20)
     await server.start()
     return server, f"http://127.0.0.1:{port}/v1"
 
 
 @pytest.fixture
-async def base():
+def core() -> _ConversationCore:
+    return _ConversationCore()
+
+
+@pytest.fixture
+async def base(core):
     store = ResponseStore(STORE_BYTES, ttl_s=3600)
-    server, url = await _serve(StoredResponses(store, lambda a: _TENANTS.authenticate(a).tenant_id))
+    server, url = await _serve(core, StoredResponses(store, lambda a: _TENANTS.authenticate(a).tenant_id))
     yield url
     await server.close()
 
 
 @pytest.fixture
-async def stateless_base():
-    server, url = await _serve(None)
+async def stateless_base(core):
+    server, url = await _serve(core, None)
     yield url
     await server.close()
 
@@ -209,3 +232,105 @@ async def test_without_storing_nothing_is_kept_and_previous_response_id_says_how
     assert "--responses-store-bytes" in reply["error"]["message"]
     assert (await _call("DELETE", f"{stateless_base}/responses/{response['id']}"))[0] == 404
     assert (await _call("GET", f"{stateless_base}/responses/{response['id']}", key="bad"))[0] == 401
+
+
+# ------------------------------------------------------------------------------------ background
+
+
+async def _polled(base: str, response_id: str, timeout_s: float = 5.0) -> dict:
+    """GET the Response until it is no longer queued or in progress, as a client polls it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status, response = await _call("GET", f"{base}/responses/{response_id}")
+        assert status == 200, response
+        if response["status"] not in ("queued", "in_progress") or time.monotonic() > deadline:
+            return response
+        await asyncio.sleep(0.01)
+
+
+async def test_a_background_response_is_answered_queued_and_polled_until_done(base, core):
+    queued = await _create(base, input="HOLD", background=True)
+    assert (queued["status"], queued["background"], queued["output"], queued["store"]) == ("queued", True, [], True)
+    await core.holding.wait()
+    status, running = await _call("GET", f"{base}/responses/{queued['id']}")
+    assert (status, running["status"]) == (200, "in_progress")
+    status, reply = await _call("POST", base + "/responses", {"model": "m", "input": "x",
+                                                              "previous_response_id": queued["id"]})
+    assert (status, reply["error"]["param"]) == (400, "previous_response_id")
+    assert "still running" in reply["error"]["message"]
+    core.release.set()
+    done = await _polled(base, queued["id"])
+    assert (done["status"], _text(done), done["background"]) == ("completed", "user:HOLD", True)
+    chained = await _create(base, input="And?", previous_response_id=done["id"])
+    assert _text(chained) == "user:HOLD\nassistant:user:HOLD\nuser:And?"
+
+
+async def test_cancelling_a_running_background_response_stops_its_generation(base, core):
+    queued = await _create(base, input="HOLD", background=True)
+    await core.holding.wait()
+    status, cancelled = await _call("POST", f"{base}/responses/{queued['id']}/cancel")
+    assert (status, cancelled["status"], cancelled["output"]) == (200, "cancelled", [])
+    assert core.num_abandoned == 1
+    assert (await _call("GET", f"{base}/responses/{queued['id']}"))[1]["status"] == "cancelled"
+    assert await _call("POST", f"{base}/responses/{queued['id']}/cancel") == (200, cancelled)  # twice: the same
+    status, reply = await _call("POST", base + "/responses", {"model": "m", "input": "x",
+                                                              "previous_response_id": queued["id"]})
+    assert (status, reply["error"]["param"]) == (400, "previous_response_id")
+
+
+async def test_cancelling_a_finished_background_response_answers_it_as_it_ended(base):
+    queued = await _create(base, input="Hi", background=True)
+    done = await _polled(base, queued["id"])
+    assert await _call("POST", f"{base}/responses/{queued['id']}/cancel") == (200, done)
+
+
+async def test_deleting_a_running_background_response_cancels_it(base, core):
+    queued = await _create(base, input="HOLD", background=True)
+    await core.holding.wait()
+    assert (await _call("DELETE", f"{base}/responses/{queued['id']}"))[1]["deleted"] is True
+    assert core.num_abandoned == 1
+    assert (await _call("GET", f"{base}/responses/{queued['id']}"))[0] == 404
+
+
+async def test_a_background_response_that_fails_is_kept_failed_with_its_error(base):
+    queued = await _create(base, input="FAIL", background=True)
+    failed = await _polled(base, queued["id"])
+    assert (failed["status"], failed["output"]) == ("failed", [])
+    assert failed["error"] == {"code": "server_error", "message": "the worker went away"}
+
+
+async def test_a_background_response_too_large_to_keep_ends_failed_saying_so(base):
+    queued = await _create(base, input="y" * (STORE_BYTES // 2), background=True)
+    failed = await _polled(base, queued["id"])
+    assert failed["status"] == "failed" and "--responses-store-bytes" in failed["error"]["message"]
+
+
+async def test_closing_the_front_cancels_the_background_responses_still_running(core):
+    store = ResponseStore(STORE_BYTES, ttl_s=3600)
+    server, url = await _serve(core, StoredResponses(store, lambda a: _TENANTS.authenticate(a).tenant_id))
+    queued = await _create(url, input="HOLD", background=True)
+    await core.holding.wait()
+    await server.close()
+    assert core.num_abandoned == 1
+    assert store.get("alpha", queued["id"]).response["status"] == "cancelled"
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"background": True, "stream": True}, "background with stream is not supported"),
+    ({"background": True, "store": False}, "need store: true"),
+    ({"background": "yes"}, "background must be true or false"),
+])
+async def test_what_cannot_run_in_the_background_is_a_400_naming_background(base, body, message):
+    status, reply = await _call("POST", base + "/responses", {"model": "m", "input": "x", **body})
+    assert (status, reply["error"]["param"]) == (400, "background"), reply
+    assert message in reply["error"]["message"]
+
+
+async def test_only_background_responses_can_be_cancelled(base, stateless_base):
+    response = await _create(base, input="Hi")
+    status, reply = await _call("POST", f"{base}/responses/{response['id']}/cancel")
+    assert status == 400 and "only background responses can be cancelled" in reply["error"]["message"]
+    status, reply = await _call("POST", stateless_base + "/responses", {"model": "m", "input": "x",
+                                                                        "background": True})
+    assert (status, reply["error"]["param"]) == (400, "background")
+    assert "--responses-store-bytes" in reply["error"]["message"]
