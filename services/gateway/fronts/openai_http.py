@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -48,6 +49,8 @@ from services.gateway.fronts.http_refusals import refusal_middleware
 from services.gateway.fronts.openai_stored_http import Keep, StoredResponses, StoredResponsesFront
 from services.gateway.fronts.reasoning import ReasoningFormat, ReasoningSplitter
 from services.gateway.tenants.credentials import Authorization
+
+log = logging.getLogger(__name__)
 
 TIMINGS_HEADER = "x-infermesh-timings"
 REQUEST_ID_HEADER = "x-request-id"
@@ -303,6 +306,9 @@ class OpenAIFront:
         except asyncio.CancelledError:
             shape.kept_as("cancelled")
             raise
+        except Exception:  # a bug: what the middleware makes a 500 elsewhere; its poller must still see it end
+            log.exception("background response %s failed", openai_responses.response_id(parsed.generate.request_id))
+            shape.kept_as("failed", {"code": "server_error", "message": "internal error (logged by the gateway)"})
 
     def _refusal(self, request: web.Request, err: errors.InfermeshError) -> errors.InfermeshError:
         """What a request whose headers or body are refused is told: Unauthenticated first, if it is."""

@@ -33,8 +33,8 @@ STORE_BYTES = 20_000
 
 class _ConversationCore:
     """Answers every chat with the conversation it received, one `role:content` line per message, in two
-    chunks (so a stream has deltas); a prompt containing FAIL fails after the first chunk, one containing
-    HOLD waits for `release` before its second. Counts the generations closed before their end."""
+    chunks (so a stream has deltas); a prompt containing FAIL fails after the first chunk (BUG: raises
+    what no domain error is), one containing HOLD waits for `release` before its second. Counts the generations closed before their end."""
 
     def __init__(self) -> None:
         self.holding = asyncio.Event()  # set once a HOLD conversation waits
@@ -47,6 +47,8 @@ class _ConversationCore:
         yield gateway_pb2.GenerateResponse(text=text[:3])
         if "FAIL" in text:
             raise errors.Unavailable("the worker went away")
+        if "BUG" in text:
+            raise RuntimeError("a bug")
         try:
             if "HOLD" in text:
                 self.holding.set()
@@ -297,6 +299,13 @@ async def test_a_background_response_that_fails_is_kept_failed_with_its_error(ba
     failed = await _polled(base, queued["id"])
     assert (failed["status"], failed["output"]) == ("failed", [])
     assert failed["error"] == {"code": "server_error", "message": "the worker went away"}
+
+
+async def test_a_background_response_that_meets_a_bug_ends_failed_and_the_bug_is_logged(base, caplog):
+    queued = await _create(base, input="BUG", background=True)
+    failed = await _polled(base, queued["id"])
+    assert (failed["status"], failed["error"]["code"]) == ("failed", "server_error")
+    assert f"background response {queued['id']} failed" in caplog.text and "RuntimeError: a bug" in caplog.text
 
 
 async def test_a_background_response_too_large_to_keep_ends_failed_saying_so(base):
