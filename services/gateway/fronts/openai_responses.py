@@ -274,7 +274,8 @@ def response_id(request_id: str) -> str:
 def response_object(request: ResponsesRequest, request_id: str, created_s: int, model: str, *,
                     output: list[dict], status: str, usage: dict | None = None,
                     error: dict | None = None) -> dict:
-    """A Response: `status` in_progress, completed, incomplete (max_output_tokens reached) or failed."""
+    """A Response: `status` in_progress, completed, incomplete (max_output_tokens reached) or failed; a
+    background one also queued or cancelled."""
     return {
         "id": response_id(request_id), "object": "response", "created_at": created_s, "status": status,
         "error": error,
