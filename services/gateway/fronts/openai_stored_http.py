@@ -96,8 +96,13 @@ class StoredResponsesFront:
     # -- the answers (each raises a domain error for its refusal) --------------------------------
 
     async def retrieve(self, request: web.Request) -> dict:
-        """GET /v1/responses/{id}: the Response as it was answered, or a background one as it stands."""
-        return self._requested_entry(request).response
+        """GET /v1/responses/{id}: the Response as it was answered, or a background one as it stands.
+        `stream=true` (replaying a background stream's events) is a 400: background streams are not run."""
+        entry = self._requested_entry(request)
+        if request.query.get("stream", "false").lower() != "false":
+            raise BadParameter("stream", "stream is not supported here: background Responses are not streamed, so "
+                                         "there are no events to replay; GET the Response without stream")
+        return entry.response
 
     async def delete(self, request: web.Request) -> dict:
         """DELETE /v1/responses/{id}: OpenAI's deleted object. Later turns that continued it keep their

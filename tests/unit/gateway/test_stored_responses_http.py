@@ -209,6 +209,7 @@ async def test_a_stream_that_fails_is_stored_failed_and_cannot_be_continued(base
     ("GET", "/responses/{id}/input_items?limit=x", "limit"),
     ("GET", "/responses/{id}/input_items?order=newest", "order"),
     ("GET", "/responses/{id}/input_items?after=msg_nope", "after"),
+    ("GET", "/responses/{id}?stream=true", "stream"),
 ])
 async def test_bad_ids_and_list_parameters_are_400s_naming_them(base, method, path, param):
     mine = await _create(base, input="Hi")
