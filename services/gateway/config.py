@@ -52,7 +52,8 @@ class GatewayConfig(ServerSettings):
     # Stored Responses (services/gateway/fronts/response_store.py, docs/clients.md "Stored responses").
     responses_store_bytes: int = setting(
         0, "memory this gateway keeps OpenAI Responses in (POST /v1/responses with store, then previous_response_id, "
-        "GET / DELETE /v1/responses/{id}), bytes of their JSON; the least recently used go first when full; "
+        "GET / DELETE /v1/responses/{id}), bytes of their JSON (in Python up to ~6x that for short texts); the least "
+        "recently used go first when full; "
         "0: off, nothing is stored and previous_response_id is a 400", minimum=0)
     responses_store_ttl_s: float = setting(
         3600.0, "how long a stored Response is kept after it was answered, read or not")

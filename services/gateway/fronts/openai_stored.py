@@ -7,8 +7,8 @@ A stored Response keeps its context: every input item that produced it, the earl
 inputs and outputs, as `previous_response_id` prepended them), each with an id. A turn that names it
 continues from that context plus its output, so a chain is one lookup however long it grew, and
 deleting or losing an earlier turn never breaks a later one. `instructions` are not carried over, as
-OpenAI documents: each turn sends its own. The context counts against the store's bound whole, though
-turns share their items' objects in memory, so what the store holds is never more than it counts.
+OpenAI documents: each turn sends its own. The context counts against the store's bound whole (its
+JSON bytes), though a chain's turns share their items' objects in memory.
 """
 
 from __future__ import annotations
