@@ -320,8 +320,11 @@ class GatewayService:
         if not self._config.responses_store_bytes:
             return None
         tenants = self.admission.parts.tenants
-        return StoredResponses(ResponseStore(self._config.responses_store_bytes, self._config.responses_store_ttl_s),
-                               lambda authorization: tenants.authenticate(authorization).tenant_id)
+        store = ResponseStore(self._config.responses_store_bytes, self._config.responses_store_ttl_s,
+                              on_dropped=lambda reason: metrics.RESPONSES_DROPPED.labels(reason.value).inc())
+        metrics.RESPONSES_STORED.set_function(lambda: store.num_responses)
+        metrics.RESPONSES_STORED_BYTES.set_function(lambda: store.num_bytes)
+        return StoredResponses(store, lambda authorization: tenants.authenticate(authorization).tenant_id)
 
     async def start(self, health: Health) -> None:
         self._health = health

@@ -16,6 +16,7 @@ import pytest
 from tests.openai.conftest import KEYS
 from tests.openai.test_openai_client import SIDE_VENV
 from tests.support.side_venv import side_venv_python
+from tools.testbed.gateway_fixtures import scrape
 from tools.testbed.scheduler_fixtures import toy_continuation
 
 pytestmark = pytest.mark.integration
@@ -81,3 +82,10 @@ def test_a_background_response_is_polled_until_done_and_one_still_running_is_can
     assert seen["cancelled"]["answered"] == seen["cancelled"]["retrieved"] == "cancelled"
     assert seen["cancelled"]["other"]["status"] == 404
     http_mesh.wait_idle()  # the cancelled generation's sequence and blocks are gone upstream
+
+
+def test_the_gateway_reports_what_it_keeps(seen, http_mesh):
+    metrics = scrape(http_mesh.gateway_metrics_port)
+    # The script's: second, third, the background one, the cancelled one and the last turn (first: deleted).
+    assert metrics.value("infermesh_gateway_responses_stored") >= 5
+    assert 0 < metrics.value("infermesh_gateway_responses_stored_bytes") <= 1_000_000

@@ -9,6 +9,8 @@ read or not (OpenAI, too, keeps a response for a fixed time from its creation).
 Scoped: an entry is found only under the scope (the tenant) that put it, so another scope's lookup
 misses exactly as an unknown or expired id does, and ids say nothing across tenants.
 
+What leaves without being deleted is told to `on_dropped` with why (DropReason), for the metrics.
+
 Invariant: `_by_use` and `_by_expiry` hold the same keys, and `num_bytes`, the sum of their entries'
 sizes, never exceeds `max_bytes`. The TTL is one for all, so the order entries were put in is the
 order they expire in: `_by_expiry` is that order, and expiring is popping its head (O(1) each).
@@ -16,12 +18,19 @@ order they expire in: `_by_expiry` is that order, and expiring is popping its he
 
 from __future__ import annotations
 
+import enum
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 Key = tuple[str, str]  # (scope, response id)
+
+
+class DropReason(enum.Enum):
+    EXPIRED = "expired"  # its TTL passed
+    PUSHED_OUT = "pushed_out"  # the least recently used, out for a newer one
+    TOO_LARGE = "too_large"  # never kept: larger than the whole bound
 
 
 @dataclass(frozen=True)
@@ -32,7 +41,8 @@ class StoredResponse:
 
 
 class ResponseStore:
-    def __init__(self, max_bytes: int, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, max_bytes: int, ttl_s: float, clock: Callable[[], float] = time.monotonic,
+                 on_dropped: Callable[[DropReason], None] = lambda reason: None) -> None:
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
         if ttl_s <= 0:
@@ -40,6 +50,7 @@ class ResponseStore:
         self.max_bytes = max_bytes
         self.ttl_s = ttl_s
         self._clock = clock
+        self._on_dropped = on_dropped
         self._by_use: OrderedDict[Key, StoredResponse] = OrderedDict()  # least recently used first
         self._by_expiry: OrderedDict[Key, float] = OrderedDict()  # key -> expiry time, soonest first
         self.num_bytes = 0
@@ -57,11 +68,13 @@ class ResponseStore:
         it needs room from; False, and nothing changed but expiry, when it can never fit."""
         self._expire()
         if not self.can_put(entry.size_bytes):
+            self._on_dropped(DropReason.TOO_LARGE)
             return False
         key = (scope, response_id)
         self._remove(key)
         while self.num_bytes + entry.size_bytes > self.max_bytes:
             self._remove(next(iter(self._by_use)))
+            self._on_dropped(DropReason.PUSHED_OUT)
         self._by_use[key] = entry
         self._by_expiry[key] = self._clock() + self.ttl_s
         self.num_bytes += entry.size_bytes
@@ -88,6 +101,7 @@ class ResponseStore:
             if expiry > now:
                 return
             self._remove(key)
+            self._on_dropped(DropReason.EXPIRED)
 
     def _remove(self, key: Key) -> bool:
         entry = self._by_use.pop(key, None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.fronts.response_store import ResponseStore, StoredResponse
+from services.gateway.fronts.response_store import DropReason, ResponseStore, StoredResponse
 
 
 class FakeClock:
@@ -94,6 +94,20 @@ def test_delete_frees_its_bytes_and_answers_whether_there_was_one():
     assert store.delete("t", "resp_a")
     assert not store.delete("t", "resp_a")
     assert (store.num_bytes, store.num_responses) == (0, 0)
+
+
+def test_what_leaves_without_a_delete_is_told_with_why():
+    dropped: list[DropReason] = []
+    clock = FakeClock()
+    store = ResponseStore(30, 60.0, clock, on_dropped=dropped.append)
+    store.put("t", "resp_a", entry(20))
+    store.put("t", "resp_b", entry(20))  # pushes a out
+    store.put("t", "resp_huge", entry(31))
+    store.delete("t", "resp_b")  # asked for: not a drop
+    store.put("t", "resp_c", entry(10))
+    clock.now_s += 60
+    store.get("t", "resp_c")
+    assert dropped == [DropReason.PUSHED_OUT, DropReason.TOO_LARGE, DropReason.EXPIRED]
 
 
 @pytest.mark.parametrize(("max_bytes", "ttl_s", "message"), [
