@@ -49,6 +49,14 @@ class GatewayConfig(ServerSettings):
     http_cors_origins: tuple[str, ...] = setting(
         (), "origins whose browser pages may call the HTTP port (CORS), e.g. https://chat.example.com; * for any "
         "(callers bring API keys, not cookies); none: no CORS headers, and a browser's preflight is refused")
+    # Stored Responses (services/gateway/fronts/response_store.py, docs/clients.md "Stored responses").
+    responses_store_bytes: int = setting(
+        0, "memory this gateway keeps OpenAI Responses in (POST /v1/responses with store, then previous_response_id, "
+        "GET / DELETE /v1/responses/{id}), bytes of their JSON (in Python up to ~6x that for short texts); the least "
+        "recently used go first when full; "
+        "0: off, nothing is stored and previous_response_id is a 400", minimum=0)
+    responses_store_ttl_s: float = setting(
+        3600.0, "how long a stored Response is kept after it was answered, read or not")
     routing_file: str = setting("", "routing YAML (models: name -> versions -> scheduler endpoints); empty: all to scheduler_address")
     # Rollouts (services/gateway/rollout/controller.py, docs/operations.md "Rollouts").
     rollout_state_file: str = setting(
@@ -158,6 +166,7 @@ class GatewayConfig(ServerSettings):
         for origin in self.http_cors_origins:
             require(origin == "*" or (origin.startswith(("http://", "https://")) and origin.count("/") == 2),
                     f"http_cors_origins: each is * or scheme://host[:port] with no path, got {origin!r}")
+        require(self.responses_store_ttl_s > 0, f"responses_store_ttl_s must be > 0, got {self.responses_store_ttl_s}")
         require(self.discovery_interval_ms > 0, f"discovery_interval_ms must be > 0, got {self.discovery_interval_ms}")
         require(self.silence_probe_after_ms >= 0,
                 f"silence_probe_after_ms must be >= 0, got {self.silence_probe_after_ms}")

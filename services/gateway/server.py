@@ -79,6 +79,7 @@ from services.gateway.upstream.clients import SchedulerClients, UpstreamMode
 
 if TYPE_CHECKING:  # the HTTP fronts (and aiohttp) are imported only by a gateway given --http-port
     from services.gateway.fronts.http_server import HttpServer
+    from services.gateway.fronts.openai_stored_http import StoredResponses
 
 log = logging.getLogger(__name__)
 
@@ -305,11 +306,25 @@ class GatewayService:
         config = self._config
         files = TlsFiles(config.tls_cert_file, config.tls_key_file, config.tls_ca_file) if config.tls_enabled else None
         return HttpServer(OpenAIFront(generate, models.list_models, self.admission.parts.tenants.authenticate,
-                                      text=text), config.host, config.http_port,
+                                      text=text, stored=self._stored_responses()), config.host, config.http_port,
                           files, max_body_bytes=config.max_message_bytes, shutdown_timeout_s=config.drain_grace_s,
                           kserve=KServeHttp(kserve, ready=self._ready),
                           client_cert=tls.client_cert_mode(config, "gateway"), ready=self._ready,
                           cors_origins=config.http_cors_origins)
+
+    def _stored_responses(self) -> StoredResponses | None:
+        """The OpenAI front's stored Responses, kept per tenant; none when --responses-store-bytes is 0."""
+        from services.gateway.fronts.openai_stored_http import StoredResponses
+        from services.gateway.fronts.response_store import ResponseStore
+
+        if not self._config.responses_store_bytes:
+            return None
+        tenants = self.admission.parts.tenants
+        store = ResponseStore(self._config.responses_store_bytes, self._config.responses_store_ttl_s,
+                              on_dropped=lambda reason: metrics.RESPONSES_DROPPED.labels(reason.value).inc())
+        metrics.RESPONSES_STORED.set_function(lambda: store.num_responses)
+        metrics.RESPONSES_STORED_BYTES.set_function(lambda: store.num_bytes)
+        return StoredResponses(store, lambda authorization: tenants.authenticate(authorization).tenant_id)
 
     async def start(self, health: Health) -> None:
         self._health = health

@@ -3,7 +3,8 @@
 a gateway with its OpenAI-compatible HTTP port (HTTPS with the session's dev CA).
 
 The gateway admits at most 2 requests at once and sheds sheddable traffic from 1 in flight
-(`--max-in-flight 2 --shed-in-flight-at 0.5,1.0`), so one held stream is enough to show 503s.
+(`--max-in-flight 2 --shed-in-flight-at 0.5,1.0`), so one held stream is enough to show 503s. It
+stores Responses (`--responses-store-bytes`, 1 MB) for test_stored_responses.py.
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def http_mesh(tmp_path_factory):
         mesh.start_worker(MODEL, "--toy-compute-ms", str(STEP_MS))
         mesh.start_gateway("--tenants-file", str(tenants), "--http-port", str(http_port),
                            "--metrics-port", str(gateway_metrics), "--max-in-flight", "2",
-                           "--shed-in-flight-at", "0.5,1.0", "--pressure-poll-interval-ms", "100")
+                           "--shed-in-flight-at", "0.5,1.0", "--pressure-poll-interval-ms", "100",
+                           "--responses-store-bytes", "1000000")
         served = HttpMesh(mesh, f"https://127.0.0.1:{http_port}/v1", str(session_tls.session_pki().ca_path),
                           scheduler_metrics, gateway_metrics)
         # The gateway learns of the model from its first poll of the scheduler.

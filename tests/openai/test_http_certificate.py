@@ -18,6 +18,9 @@ class _NoRoutes:
     def routes(self) -> list:
         return []
 
+    async def close(self) -> None:
+        pass
+
 
 def _serial(port: int) -> int:
     pem = ssl.get_server_certificate(("127.0.0.1", port), timeout=5)

@@ -33,6 +33,9 @@ class _WhoAmI:
             return web.Response(text=f"{seen} -")
         return [web.get("/whoami", whoami)]
 
+    async def close(self) -> None:
+        pass
+
 
 def _get(port: int, pki: DevPki, folder: Path, cert: str | None) -> str:
     context = ssl.create_default_context(cadata=pki.ca.cert_pem.decode())

@@ -63,7 +63,7 @@ def test_settings_map_to_chat_and_are_repeated_in_the_response():
 
 
 @pytest.mark.parametrize(("body", "param"), [
-    ({"input": "a", "previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"input": "a", "previous_response_id": "resp_1"}, "previous_response_id"),  # storing off
     ({"input": "a", "conversation": "conv_1"}, "conversation"),
     ({"input": None}, "input"),
     ({"input": [5]}, "input[0]"),
@@ -166,7 +166,7 @@ def test_random_bodies_are_parsed_or_refused_never_crash():
               "function_call_output", "json_schema", "input_text", [], {}]
     keys = ["model", "input", "instructions", "tools", "tool_choice", "text", "format", "type", "role", "content",
             "name", "call_id", "arguments", "output", "max_output_tokens", "include", "metadata", "top_logprobs",
-            "stream", "parameters", "schema", "text_", "background", "previous_response_id"]
+            "stream", "parameters", "schema", "text_", "background", "previous_response_id", "store"]
 
     def value(depth: int):
         roll = rng.random()

@@ -101,6 +101,7 @@ class HttpServer:
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                     shutdown_timeout=shutdown_timeout_s, keepalive_timeout=idle_timeout_s,
                                     auto_decompress=False, logger=_server_log)
+        self._front = front
         self._host = host
         self._port = port
         self._tls_files = tls_files
@@ -126,6 +127,7 @@ class HttpServer:
     async def close(self) -> None:
         if self._rotation is not None:
             self._rotation.cancel()
+        await self._front.close()
         await self._runner.cleanup()
 
     async def _follow_rotation(self, watcher: CertificateWatcher) -> None:

@@ -44,6 +44,7 @@ from services.gateway.fronts.openai_params import (
     structured,
 )
 from services.gateway.fronts.openai_prompt import PromptOptions, prompt_options, vllm_prompt_logprobs
+from services.gateway.fronts.openai_stored import ResponseNotFound
 from services.gateway.fronts.openai_tools import add_turn_fields, parse_tools
 from services.gateway.fronts.reasoning import (
     ReasoningSplitter,
@@ -640,6 +641,7 @@ _ERROR_TYPES: dict[type, tuple[str, str | None]] = {
     errors.InvalidArgument: ("invalid_request_error", None),
     errors.Unauthenticated: ("authentication_error", "invalid_api_key"),
     errors.PermissionDenied: ("permission_error", "model_not_allowed"),
+    ResponseNotFound: ("invalid_request_error", None),  # OpenAI's for an unknown response id
     errors.NotFound: ("not_found_error", "model_not_found"),
     errors.ResourceExhausted: ("overloaded_error", "overloaded"),
     errors.Unavailable: ("service_unavailable_error", "unavailable"),

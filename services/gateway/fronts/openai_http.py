@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP front (aiohttp): /v1/completions, /v1/chat/completions, /v1/responses (on the
-chat path: openai_responses.py), /v1/models[/{id}], and vLLM's /tokenize and /detokenize.
+chat path: openai_responses.py; stored ones under /v1/responses/{id} when the gateway stores them:
+openai_stored_http.py), /v1/models[/{id}], and vLLM's /tokenize and /detokenize.
 
 Thin: read the caller from the headers, parse the body (openai_codec), run the same
 GenerateCore as the gRPC Generate, write JSON or server-sent events, map domain errors to
@@ -20,7 +21,9 @@ generation: the upstream stream is cancelled and the scheduler frees the sequenc
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -30,7 +33,7 @@ from aiohttp import web
 
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
-from services.gateway.calls.generate_core import GenerateCore
+from services.gateway.calls.generate_core import Caller, GenerateCore
 from services.gateway.calls.text_calls import TextCalls
 from services.gateway.fronts import (
     json_body,
@@ -43,8 +46,11 @@ from services.gateway.fronts import (
 )
 from services.gateway.fronts.caller import http_authorization, http_caller
 from services.gateway.fronts.http_refusals import refusal_middleware
+from services.gateway.fronts.openai_stored_http import Keep, StoredResponses, StoredResponsesFront
 from services.gateway.fronts.reasoning import ReasoningFormat, ReasoningSplitter
 from services.gateway.tenants.credentials import Authorization
+
+log = logging.getLogger(__name__)
 
 TIMINGS_HEADER = "x-infermesh-timings"
 REQUEST_ID_HEADER = "x-request-id"
@@ -56,6 +62,7 @@ _TEXT_TIMEOUT_S = 10.0
 # (prompt, choice index within the prompt, chunk); one prompt unless the completion batched several
 Choices = AsyncGenerator[tuple[int, int, gateway_pb2.GenerateResponse], None]
 ListModels = Callable[[Authorization, float], Awaitable[gateway_pb2.ListModelsResponse]]
+JsonAnswer = Callable[[web.Request], Awaitable[dict]]
 
 
 def error_response(err: errors.InfermeshError) -> web.Response:
@@ -94,16 +101,37 @@ class ChatShape:
 
 
 class ResponsesShape(ChatShape):
-    """The Responses API's: a Response object, or its named events (no [DONE])."""
+    """The Responses API's: a Response object, or its named events (no [DONE]). `keep`: stores the
+    finished Response (a whole one, an incomplete one, a failed stream's) before the client sees it
+    finish, so its next turn finds it; its `store` then says whether it was kept."""
 
     def __init__(self, wanted: openai_responses.ResponsesRequest, parsed: openai_codec.OpenAIRequest,
-                 created_s: int) -> None:
+                 created_s: int, keep: Keep | None = None) -> None:
         self._wanted = wanted
         self._request_id = parsed.generate.request_id
+        self._created_s = created_s
+        self._model = parsed.model
         self._events = openai_responses.ResponseEvents(wanted, self._request_id, created_s, parsed.model)
+        self._keep = keep
+        self.background = wanted.background  # answered at once (queued) and run on in the gateway's loop
+
+    def kept_as(self, status: str, error: dict | None = None) -> dict:
+        """A background Response as it stands before its answer (queued, in_progress) or instead of one
+        (failed, cancelled: no output), kept so its poller reads it."""
+        return self._kept(openai_responses.response_object(self._wanted, self._request_id, self._created_s,
+                                                           self._model, output=[], status=status, error=error))
 
     def body(self, body: dict) -> dict:
-        return openai_responses.completed(self._wanted, body, self._request_id)
+        return self._kept(openai_responses.completed(self._wanted, body, self._request_id))
+
+    def _kept(self, response: dict) -> dict:
+        if self._keep is not None:
+            response["store"] = self._keep(response)
+        return response
+
+    def _last_kept(self, events: list[dict]) -> list[dict]:
+        self._kept(events[-1]["response"])
+        return events
 
     def refusal(self, err: errors.InfermeshError) -> errors.InfermeshError:
         return openai_responses.renamed(err) if isinstance(err, openai_codec.BadParameter) else err
@@ -115,10 +143,10 @@ class ResponsesShape(ChatShape):
         return _named_events(self._events.chunk(value))
 
     def failed(self, error_body: dict) -> bytes:
-        return _named_events(self._events.failed(error_body["error"]))
+        return _named_events(self._last_kept(self._events.failed(error_body["error"])))
 
     def closed(self) -> bytes:
-        return _named_events(self._events.closed())
+        return _named_events(self._last_kept(self._events.closed()))
 
 
 def _named_events(events: list[dict]) -> bytes:
@@ -127,22 +155,27 @@ def _named_events(events: list[dict]) -> bytes:
 
 class OpenAIFront:
     def __init__(self, core: GenerateCore, list_models: ListModels, authenticate: Callable[[Authorization], object],
-                 clock=time.time, text: TextCalls | None = None) -> None:
+                 clock=time.time, text: TextCalls | None = None, stored: StoredResponses | None = None) -> None:
         """authenticate: the tenants' own check (Unauthenticated), asked only of a request whose body is refused,
         so a caller without a valid key learns nothing about what the gateway would accept.
-        text: vLLM's /tokenize and /detokenize (none: not served)."""
+        text: vLLM's /tokenize and /detokenize (none: not served).
+        stored: the stored Responses (none: nothing is stored, and previous_response_id is a 400)."""
         self._core = core
         self._list_models = list_models
         self._authenticate = authenticate
         self._clock = clock
         self._text = text
+        self._stored = StoredResponsesFront(stored, authenticate)
 
     def routes(self) -> list[web.RouteDef]:
         routes = [
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat_completions),
             web.post("/v1/responses", self.responses),
-            web.get("/v1/responses/{response_id}", self.stored_response),
+            web.get("/v1/responses/{response_id}", _json_answer(self._stored.retrieve)),
+            web.delete("/v1/responses/{response_id}", _json_answer(self._stored.delete)),
+            web.get("/v1/responses/{response_id}/input_items", _json_answer(self._stored.input_items)),
+            web.post("/v1/responses/{response_id}/cancel", _json_answer(self._stored.cancel)),
             web.get("/v1/models", self.models),
             # Ids may hold slashes (Hugging Face style, "org/name"), as stock clients put them in the path.
             web.get("/v1/models/{model:.+}", self.model),
@@ -187,26 +220,24 @@ class OpenAIFront:
         return await self._generate(request, lambda body: (openai_codec.parse_chat(body), ChatShape()))
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, self._parse_responses)
+        return await self._generate(request, lambda body: self._parse_responses(body, request))
 
-    def _parse_responses(self, body: object) -> tuple[openai_codec.OpenAIRequest, ChatShape]:
-        """A Responses request as the chat request it is, and the shape its answer is written in."""
-        wanted = openai_responses.chat_request(body)
+    def _parse_responses(self, body: object, request: web.Request) -> tuple[openai_codec.OpenAIRequest, ChatShape]:
+        """A Responses request as the chat request it is (after the stored turn it continues, if any),
+        and the shape its answer is written in."""
+        scope, chain = self._stored.continued(body, request)
+        wanted = openai_responses.chat_request(body, storing=self._stored.storing, earlier=chain.items)
         try:
             parsed = openai_codec.parse_chat(wanted.chat)
         except openai_codec.BadParameter as err:
             raise openai_responses.renamed(err) from None
         parsed.generate.request_id = parsed.generate.request_id or uuid.uuid4().hex  # names the Response and its items
-        return parsed, ResponsesShape(wanted, parsed, int(self._clock()))
+        keep = self._stored.keeper(scope, chain, wanted, parsed.generate.request_id) if wanted.store else None
+        return parsed, ResponsesShape(wanted, parsed, int(self._clock()), keep)
 
-    async def stored_response(self, request: web.Request) -> web.Response:
-        """GET /v1/responses/{id}: nothing is stored (the requests' `store` is not honoured), so none is found."""
-        try:
-            self._authenticate(http_authorization(request))
-        except errors.InfermeshError as err:
-            return error_response(err)
-        return error_response(errors.NotFound(f"response {request.match_info['response_id']!r} not found: this "
-                                              "server stores no responses"))
+    async def close(self) -> None:
+        """Ends what runs on after its request was answered: background Responses."""
+        await self._stored.close()
 
     async def models(self, request: web.Request) -> web.Response:
         try:
@@ -244,14 +275,40 @@ class OpenAIFront:
             parsed, shape = parse(await _json_body(request))
         except errors.InfermeshError as err:
             return error_response(self._refusal(request, err))
+        if isinstance(shape, ResponsesShape) and shape.background:
+            response_id = openai_responses.response_id(parsed.generate.request_id)
+            self._stored.run_in_background(response_id, self._background(caller, parsed, shape))
+            return web.json_response(shape.kept_as("queued"), dumps=_dumps)
         parts = openai_batch.prompt_parts(parsed)
-        chunks = openai_choices.merged_groups(
-            lambda r, further: self._core.generate(r, caller, further_choice=further),
-            [openai_choices.choice_requests(part.generate, parsed.best_of) for part in parts])
-        async with aclosing(chunks):
+        async with aclosing(self._chunks(caller, parsed, parts)) as chunks:
             if parsed.stream:
                 return await self._stream(request, parsed, parts, chunks, shape)
             return await self._complete(parsed, parts, chunks, shape)
+
+    def _chunks(self, caller: Caller, parsed: openai_codec.OpenAIRequest,
+                parts: list[openai_codec.OpenAIRequest]) -> Choices:
+        return openai_choices.merged_groups(
+            lambda r, further: self._core.generate(r, caller, further_choice=further),
+            [openai_choices.choice_requests(part.generate, parsed.best_of) for part in parts])
+
+    async def _background(self, caller: Caller, parsed: openai_codec.OpenAIRequest, shape: ResponsesShape) -> None:
+        """A background Response's run, its request already answered (queued): in_progress, then what it
+        ends as (completed or incomplete, failed with the error its request would have had, or cancelled)."""
+        shape.kept_as("in_progress")
+        parts = openai_batch.prompt_parts(parsed)
+        try:
+            async with aclosing(self._chunks(caller, parsed, parts)) as chunks:
+                body, _ = await self._whole(parsed, parts, chunks)
+            shape.body(body)
+        except errors.InfermeshError as err:
+            error = openai_codec.error_reply(shape.refusal(openai_codec.upstream_refusal(err, parsed))).body["error"]
+            shape.kept_as("failed", {"code": "server_error", "message": error["message"]})
+        except asyncio.CancelledError:
+            shape.kept_as("cancelled")
+            raise
+        except Exception:  # a bug: what the middleware makes a 500 elsewhere; its poller must still see it end
+            log.exception("background response %s failed", openai_responses.response_id(parsed.generate.request_id))
+            shape.kept_as("failed", {"code": "server_error", "message": "internal error (logged by the gateway)"})
 
     def _refusal(self, request: web.Request, err: errors.InfermeshError) -> errors.InfermeshError:
         """What a request whose headers or body are refused is told: Unauthenticated first, if it is."""
@@ -263,25 +320,30 @@ class OpenAIFront:
 
     async def _complete(self, parsed: openai_codec.OpenAIRequest, parts: list[openai_codec.OpenAIRequest],
                         chunks: Choices, shape: ChatShape) -> web.Response:
-        results = [[openai_choices.ChoiceResult() for _ in range(parsed.best_of)] for _ in parts]
         try:
-            async for part, index, chunk in chunks:
-                results[part][index].add(chunk)
+            body, last = await self._whole(parsed, parts, chunks)
         except errors.InfermeshError as err:
             return error_response(shape.refusal(openai_codec.upstream_refusal(err, parsed)))
+        headers = {REQUEST_ID_HEADER: parsed.generate.request_id, TIMINGS_HEADER: openai_codec.timings_header(last)}
+        return web.json_response(shape.body(body), headers=headers, dumps=_dumps)
+
+    async def _whole(self, parsed: openai_codec.OpenAIRequest, parts: list[openai_codec.OpenAIRequest],
+                     chunks: Choices) -> tuple[dict, gateway_pb2.GenerateResponse]:
+        """The whole answer's body (completions' or chat's), and the first choice's last chunk (its timings)."""
+        results = [[openai_choices.ChoiceResult() for _ in range(parsed.best_of)] for _ in parts]
+        async for part, index, chunk in chunks:
+            results[part][index].add(chunk)
         if not all(result.finished for generated in results for result in generated):
-            return error_response(errors.Internal("the stream ended without its last chunk"))
+            raise errors.Internal("the stream ended without its last chunk")
         created_s = int(self._clock())
         bodies, firsts = [], []
         for prompt_request, generated in zip(parts, results, strict=True):
             returned = openai_choices.best(generated, parsed.n) if parsed.best_of > parsed.n else generated
             bodies.append(openai_codec.full_response(prompt_request, created_s, returned, generated))
             firsts.append(returned[0])
-        body = openai_batch.batch_response(bodies, parsed.n)
         last = firsts[0].last
         assert last is not None  # every result finished
-        headers = {REQUEST_ID_HEADER: parsed.generate.request_id, TIMINGS_HEADER: openai_codec.timings_header(last)}
-        return web.json_response(shape.body(body), headers=headers, dumps=_dumps)
+        return openai_batch.batch_response(bodies, parsed.n), last
 
     async def _stream(self, request: web.Request, parsed: openai_codec.OpenAIRequest,
                       parts: list[openai_codec.OpenAIRequest], chunks: Choices, shape: ChatShape) -> web.StreamResponse:
@@ -337,6 +399,18 @@ class OpenAIFront:
         await response.write(shape.closed())
         await response.write_eof()
         return response
+
+
+def _json_answer(answer: JsonAnswer) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """A route whose answer is a JSON object, or its refusal in OpenAI's error shape."""
+    async def handler(request: web.Request) -> web.Response:
+        try:
+            body = await answer(request)
+        except errors.InfermeshError as err:
+            return error_response(err)
+        return web.json_response(body, dumps=_dumps)
+
+    return handler
 
 
 async def _json_body(request: web.Request):

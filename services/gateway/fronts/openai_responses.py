@@ -2,10 +2,13 @@
 (`chat_request`), its answer a Response object (`response_object`) or Responses' streaming events
 (`ResponseEvents`, fed the chat stream's event objects). Pure: no I/O.
 
-Stateless, as vLLM serves it by default: nothing is stored, so `previous_response_id`,
-`conversation` and `background` are refused with a 400 naming them (send the whole conversation in
-`input`), and a Response says `"store": false`. Inputs are text: messages (string content or
-input_text / output_text parts), the model's own function_call items and their
+Stateless unless the gateway stores responses (openai_stored.py, response_store.py): then a turn may
+name a stored one in `previous_response_id`, whose items the front looks up and hands to
+`chat_request` as `earlier`, a Response says whether it is kept (`store`), and `background` asks
+for it to be answered at once and run on (the front's to do). Without storing, `previous_response_id`
+and `background` are a 400 saying so and a Response says `"store": false`, as vLLM serves it by
+default. `conversation` (the Conversations API) is a 400 naming it. Inputs are text: messages (string
+content or input_text / output_text parts), the model's own function_call items and their
 function_call_output items; images, files and hosted tools (web_search, file_search, ...) are a 400
 naming the item or tool. What chat checks (sampling, tools, structured output) is checked by the
 chat parser, its refusals renamed to the Responses parameter (`max_output_tokens`, `text.format`,
@@ -14,17 +17,17 @@ chat parser, its refusals renamed to the Responses parameter (`max_output_tokens
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from services.gateway.fronts.openai_params import BadParameter, json_object, shown
+from services.gateway.fronts.openai_stored import STORING_OFF, previous_response_id, wants_store
 
 # Sampling extensions passed to the chat parser as they are (vLLM takes them on /v1/responses too).
 _PASSED = ("temperature", "top_p", "parallel_tool_calls", "seed", "top_k", "min_p", "min_tokens",
            "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "ignore_eos", "logit_bias",
            "chat_template_kwargs")
-# Stored-response features: nothing is stored here.
-_STATEFUL = ("previous_response_id", "conversation")
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = ("input_text", "output_text", "text")
 # A chat parameter's name in a Responses request.
@@ -36,22 +39,40 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 @dataclass(frozen=True)
 class ResponsesRequest:
     chat: dict  # the chat completions body the chat parser reads
-    echoed: dict  # the request's settings a Response repeats (instructions, tools, text, ...)
+    echoed: dict  # the request's settings a Response repeats (instructions, tools, text, store, ...)
+    input: Any = None  # `input` as sent and checked: what a stored Response keeps (openai_stored.input_items)
+
+    @property
+    def store(self) -> bool:
+        """Whether its Response is to be kept: asked for (the default) and the gateway stores."""
+        return bool(self.echoed["store"])
+
+    @property
+    def background(self) -> bool:
+        """Whether it is answered at once (status queued) and run on in the gateway, its Response polled."""
+        return bool(self.echoed["background"])
 
 
-def chat_request(body: Any) -> ResponsesRequest:
-    """The chat body for a Responses request, checked where chat would name a different field."""
+def chat_request(body: Any, *, storing: bool = False, earlier: Sequence[dict] = ()) -> ResponsesRequest:
+    """The chat body for a Responses request, checked where chat would name a different field.
+    storing: whether the gateway stores responses. earlier: the items of the stored response named in
+    previous_response_id (openai_stored.chain_of), looked up by the caller; they come before `input`."""
     body = json_object(body)
-    for name in _STATEFUL:
-        if body.get(name) is not None:
-            raise BadParameter(name, f"{name} is not supported: this server stores no responses or conversations; "
-                                     "send the whole conversation in input")
-    if body.get("background"):
-        raise BadParameter("background", "background responses are not supported: this server stores no responses")
+    store = wants_store(body)
+    previous = previous_response_id(body)
+    if previous is not None and not storing:
+        raise BadParameter("previous_response_id", f"previous_response_id is not supported: {STORING_OFF}; "
+                                                   "send the whole conversation in input instead")
+    if body.get("conversation") is not None:
+        raise BadParameter("conversation", "conversation is not supported: this server has no Conversations API; "
+                                           "chain turns with previous_response_id, or send the whole conversation "
+                                           "in input")
+    background = _background(body, storing=storing, store=store)
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise BadParameter("instructions", f"instructions must be a string, got {shown(instructions)}")
-    messages = ([{"role": "system", "content": instructions}] if instructions else []) + _messages(body.get("input"))
+    system = [{"role": "system", "content": instructions}] if instructions else []
+    messages = system + _messages(body.get("input"), earlier)
     chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}
     chat.update({name: body[name] for name in _PASSED if name in body})
     if body.get("max_output_tokens") is not None:
@@ -87,8 +108,28 @@ def chat_request(body: Any) -> ResponsesRequest:
         "tools": body.get("tools") or [],
         "truncation": body.get("truncation") or "disabled",
         "user": body.get("user"),
+        "store": store and storing,
+        "previous_response_id": previous,
+        "background": background,
     }
-    return ResponsesRequest(chat, echoed)
+    return ResponsesRequest(chat, echoed, body.get("input"))
+
+
+def _background(body: dict, *, storing: bool, store: bool) -> bool:
+    """`background` as sent: only for a Response that is stored (it is read back by polling) and not streamed."""
+    background = body.get("background")
+    if background is None or background is False:
+        return False
+    if background is not True:
+        raise BadParameter("background", f"background must be true or false, got {shown(background)}")
+    if not storing:
+        raise BadParameter("background", f"background responses are not supported: {STORING_OFF}")
+    if not store:
+        raise BadParameter("background", "background responses are read back when done, so they need store: true")
+    if body.get("stream"):
+        raise BadParameter("background", "background with stream is not supported: send background alone and poll "
+                                         "GET /v1/responses/{id}, or stream without background")
+    return True
 
 
 def renamed(err: BadParameter) -> BadParameter:
@@ -102,13 +143,15 @@ def renamed(err: BadParameter) -> BadParameter:
     return type(err)("input" if base == "messages" else _RENAMED[base] + param[len(base):], err.message)
 
 
-def _messages(items: Any) -> list[dict]:
+def _messages(items: Any, earlier: Sequence[dict] = ()) -> list[dict]:
+    """The chat messages of `earlier` then `items`; a refused item is named by its index in `items`
+    (the earlier ones were checked when their own turn was)."""
     if isinstance(items, str):
-        return [{"role": "user", "content": items}]
+        items = [{"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
         raise BadParameter("input", "input must be a string or a non-empty list of input items")
     messages: list[dict] = []
-    for i, item in enumerate(items):
+    for i, item in enumerate([*earlier, *items], start=-len(earlier)):
         if not isinstance(item, dict):
             raise BadParameter(f"input[{i}]", f"input[{i}] must be an object")
         kind = item.get("type", "message")
@@ -231,13 +274,14 @@ def response_id(request_id: str) -> str:
 def response_object(request: ResponsesRequest, request_id: str, created_s: int, model: str, *,
                     output: list[dict], status: str, usage: dict | None = None,
                     error: dict | None = None) -> dict:
-    """A Response: `status` in_progress, completed, incomplete (max_output_tokens reached) or failed."""
+    """A Response: `status` in_progress, completed, incomplete (max_output_tokens reached) or failed; a
+    background one also queued or cancelled."""
     return {
         "id": response_id(request_id), "object": "response", "created_at": created_s, "status": status,
-        "background": False, "error": error,
+        "error": error,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-        "model": model, "output": output, "previous_response_id": None, "reasoning": {"effort": None, "summary": None},
-        "store": False, "usage": usage, **request.echoed,
+        "model": model, "output": output, "reasoning": {"effort": None, "summary": None}, "usage": usage,
+        **request.echoed,
     }
 
 

@@ -109,6 +109,20 @@ HELD_REQUESTS = Gauge(
     "Calls held now, waiting for a scheduler able to take them (at most --hold-max-calls).",
     ["model"],
 )
+RESPONSES_STORED = Gauge(
+    "infermesh_gateway_responses_stored",
+    "OpenAI Responses this gateway keeps now (--responses-store-bytes; docs/clients.md, \"Stored responses\").",
+)
+RESPONSES_STORED_BYTES = Gauge(
+    "infermesh_gateway_responses_stored_bytes",
+    "JSON bytes of the OpenAI Responses this gateway keeps now, with their contexts (at most --responses-store-bytes).",
+)
+RESPONSES_DROPPED = Counter(
+    "infermesh_gateway_responses_dropped",
+    "Stored OpenAI Responses gone without a DELETE (reason=expired: their TTL; pushed_out: the least recently "
+    "used, for a newer one), or never kept (reason=too_large: larger than the whole bound).",
+    ["reason"],
+)
 STREAM_RESUMES = Counter(
     "infermesh_gateway_stream_resumes",
     "Generate streams resumed on another scheduler as a continuation after tokens were sent.",

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from services.common.config import ConfigError
+from services.common.config import ConfigError, load_config
 from services.gateway.config import GatewayConfig
 from services.gateway.routing.circuit_breaker import BreakerConfig, CircuitBreakers
 from services.gateway.server import load_routing
@@ -26,3 +26,21 @@ def test_a_cors_origin_that_is_not_an_origin_is_a_config_error(origin):
     with pytest.raises(ConfigError, match=r"http_cors_origins: each is \* or scheme://host\[:port\] with no path"):
         GatewayConfig(http_cors_origins=(origin,), allow_anonymous=True)
     GatewayConfig(http_cors_origins=("*", "http://localhost:3000"), allow_anonymous=True)
+
+
+def test_responses_are_not_stored_unless_a_bound_is_given_by_flag_or_env():
+    assert load_config(GatewayConfig, "gateway", ["--allow-anonymous"], {}).responses_store_bytes == 0
+    flags = ["--allow-anonymous", "--responses-store-bytes", "1000000", "--responses-store-ttl-s", "60"]
+    config = load_config(GatewayConfig, "gateway", flags, {})
+    assert (config.responses_store_bytes, config.responses_store_ttl_s) == (1_000_000, 60.0)
+    env = {"INFERMESH_GATEWAY_RESPONSES_STORE_BYTES": "5000", "INFERMESH_GATEWAY_ALLOW_ANONYMOUS": "true"}
+    assert load_config(GatewayConfig, "gateway", [], env).responses_store_bytes == 5000
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--responses-store-bytes", "-1"], "responses_store_bytes"),
+    (["--responses-store-ttl-s", "0"], "responses_store_ttl_s must be > 0, got 0.0"),
+])
+def test_bad_responses_store_settings_are_config_errors_naming_them(flags, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(GatewayConfig, "gateway", ["--allow-anonymous", *flags], {})

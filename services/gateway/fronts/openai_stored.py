@@ -1,0 +1,171 @@
+"""Stored Responses in OpenAI's shapes (the gateway's --responses-store-bytes; docs/clients.md, "Stored
+responses"): what a stored Response keeps, how a later turn continues it (`previous_response_id`), and
+the answers of GET /v1/responses/{id}/input_items and DELETE /v1/responses/{id}. Pure: no I/O; the
+store itself is response_store.py.
+
+A stored Response keeps its context: every input item that produced it, the earlier turns' first (their
+inputs and outputs, as `previous_response_id` prepended them), each with an id. A turn that names it
+continues from that context plus its output, so a chain is one lookup however long it grew, and
+deleting or losing an earlier turn never breaks a later one. `instructions` are not carried over, as
+OpenAI documents: each turn sends its own. The context counts against the store's bound whole (its
+JSON bytes), though a chain's turns share their items' objects in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from services.common import errors
+from services.gateway.fronts.openai_params import BadParameter, shown
+from services.gateway.fronts.response_store import StoredResponse
+
+STORE_FLAG = "--responses-store-bytes (INFERMESH_GATEWAY_RESPONSES_STORE_BYTES)"
+STORING_OFF = f"this gateway stores no responses (storing is off: its operator turns it on with {STORE_FLAG})"
+# Ours are resp_ and 32 hex digits; anything of this shape is looked up (and not found), anything else is a 400.
+_RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9_-]{1,128}")
+_MAX_ITEMS_PAGE = 100
+_DEFAULT_ITEMS_PAGE = 20
+_WHY_NOT_FOUND = ("responses are kept for their own tenant, on the gateway that answered them, until deleted, "
+                  "expired or pushed out by newer ones")
+_CONTINUED = ("completed", "incomplete")
+_NOT_CONTINUED = {
+    "failed": "failed, so it has no output to continue from: send previous_response_id of the turn before it",
+    "cancelled": "was cancelled, so it has no output to continue from: send previous_response_id of the turn "
+                 "before it",
+    "queued": "is still running in the background: poll GET /v1/responses/{id} until it is done",
+    "in_progress": "is still running in the background: poll GET /v1/responses/{id} until it is done",
+}
+_ITEM_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+class ResponseNotFound(errors.NotFound):
+    """No stored response by that id for this caller: never stored, another tenant's, deleted, expired or
+    pushed out. One message for all, so ids say nothing across tenants; `param` names where it was sent."""
+
+    def __init__(self, response_id: str, param: str | None = None, why: str = _WHY_NOT_FOUND) -> None:
+        super().__init__(f"response with id '{response_id}' not found ({why})")
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Chain:
+    """What a turn that names a stored response continues from: its context, then its output."""
+
+    items: tuple[dict, ...] = ()
+    size_bytes: int = 0  # the items' JSON, as the store counts it
+
+
+def response_id_of(value: Any, param: str) -> str:
+    """A response id as sent (a path segment or previous_response_id), checked for shape only."""
+    if not isinstance(value, str) or not _RESPONSE_ID.fullmatch(value):
+        raise BadParameter(param, f"{param} must be a response id (resp_ and up to 128 letters, digits, _ or -), "
+                                  f"got {shown(value)}")
+    return value
+
+
+def previous_response_id(body: dict) -> str | None:
+    value = body.get("previous_response_id")
+    return None if value is None else response_id_of(value, "previous_response_id")
+
+
+def wants_store(body: dict) -> bool:
+    """`store` as sent; true when absent, as OpenAI defaults it."""
+    store = body.get("store", True)
+    if store is None:
+        return True
+    if not isinstance(store, bool):
+        raise BadParameter("store", f"store must be true or false, got {shown(store)}")
+    return store
+
+
+def chain_of(previous: StoredResponse) -> Chain:
+    """The items a turn naming `previous` continues from: only a finished one's (completed, or incomplete
+    at its token limit). A failed or cancelled one's output is what it got to before it ended, and a
+    background one still running has none yet."""
+    response = previous.response
+    if response["status"] not in _CONTINUED:
+        raise BadParameter("previous_response_id", f"response '{response['id']}' {_NOT_CONTINUED[response['status']]}")
+    output = tuple(response["output"])
+    return Chain(previous.context + output, _context_bytes(previous) + _size_bytes(output))
+
+
+def input_items(value: Any, request_id: str) -> tuple[dict, ...]:
+    """A request's `input` (already checked by openai_responses.chat_request) as the items input_items
+    lists: a string is one user message, string content becomes a text part, and an item without an id
+    gets one (msg_, fc_, fco_ or rs_, then the request id and its index)."""
+    items = [{"type": "message", "role": "user", "content": value}] if isinstance(value, str) else value
+    return tuple(_input_item(item, f"{request_id}_{i}") for i, item in enumerate(items))
+
+
+def stored_response(response: dict, chain: Chain, items: tuple[dict, ...]) -> StoredResponse:
+    """What the store keeps of a Response answered after `chain`, for this turn's input `items`."""
+    context = chain.items + items
+    size_bytes = _size_bytes((response,)) + chain.size_bytes + _size_bytes(items)
+    return StoredResponse(response, context, size_bytes)
+
+
+def too_large(response: dict) -> dict:
+    """A background Response that ended too large for the store, as its poller finds it: failed, saying so."""
+    message = f"the response was too large to keep in this gateway's store ({STORE_FLAG})"
+    return {**response, "status": "failed", "output": [], "incomplete_details": None,
+            "error": {"code": "server_error", "message": message}}
+
+
+def input_items_page(entry: StoredResponse, query: Mapping[str, str]) -> dict:
+    """GET /v1/responses/{id}/input_items: a list object of the context's items. `limit` 1..100 (20),
+    `order` desc (the default, newest first) or asc, `after` / `before` an item id of the list."""
+    limit = _limit(query.get("limit"))
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise BadParameter("order", f"order must be asc or desc, got {shown(order)}")
+    items = list(entry.context) if order == "asc" else list(reversed(entry.context))
+    if query.get("after") is not None:
+        items = items[_position(items, query["after"], "after") + 1:]
+    if query.get("before") is not None:
+        items = items[:_position(items, query["before"], "before")]
+    page = items[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
+
+
+def deleted(response_id: str) -> dict:
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+def _input_item(item: dict, suffix: str) -> dict:
+    kind = item.get("type", "message")
+    stored = {"type": kind, **item}
+    if kind == "message" and isinstance(item.get("content"), str):
+        part = "output_text" if item.get("role") == "assistant" else "input_text"
+        stored["content"] = [{"type": part, "text": item["content"]}]
+    stored.setdefault("status", "completed")
+    if not isinstance(stored.get("id"), str):
+        stored["id"] = f"{_ITEM_ID_PREFIX.get(kind, 'item')}_{suffix}"
+    return stored
+
+
+def _limit(value: str | None) -> int:
+    if value is None:
+        return _DEFAULT_ITEMS_PAGE
+    if not value.isdigit() or not 1 <= int(value) <= _MAX_ITEMS_PAGE:
+        raise BadParameter("limit", f"limit must be an integer from 1 to {_MAX_ITEMS_PAGE}, got {shown(value)}")
+    return int(value)
+
+
+def _position(items: list[dict], item_id: str, param: str) -> int:
+    for i, item in enumerate(items):
+        if item["id"] == item_id:
+            return i
+    raise BadParameter(param, f"{param}: no input item with id {shown(item_id)} in this response")
+
+
+def _context_bytes(entry: StoredResponse) -> int:
+    return entry.size_bytes - _size_bytes((entry.response,))
+
+
+def _size_bytes(values: tuple[dict, ...]) -> int:
+    return sum(len(json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode()) for v in values)

@@ -1,0 +1,159 @@
+"""The stored Responses' HTTP side (the gateway's --responses-store-bytes): the answers of GET and
+DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items and POST /v1/responses/{id}/cancel
+(openai_http.py routes them and writes them, or their refusals), and what POST /v1/responses asks of
+the store: the caller's scope, the stored turn it continues, keeping its answer, and running it on in
+the background. Thin over openai_stored.py (OpenAI's shapes) and response_store.py (the memory).
+
+Every read is the caller's tenant's: it is authenticated first (a caller without a valid key learns
+nothing), and another tenant's id is not found, as an unknown one is. Without storing, a well-formed
+id is not found either, with a message saying storing is off.
+
+Background Responses run as tasks of the gateway's event loop, one per Response, until they end, are
+cancelled (POST .../cancel) or the HTTP front closes; what they end as is kept under their id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from services.gateway.fronts import openai_responses, openai_stored
+from services.gateway.fronts.caller import http_authorization
+from services.gateway.fronts.openai_params import BadParameter
+from services.gateway.fronts.response_store import ResponseStore, StoredResponse
+from services.gateway.tenants.credentials import Authorization
+
+Keep = Callable[[dict], bool]  # keeps a Response (its latest state); False when it cannot be kept
+
+
+@dataclass(frozen=True)
+class StoredResponses:
+    """The gateway's stored Responses: the store, and the scope a caller's Responses live under."""
+
+    store: ResponseStore
+    scope_of: Callable[[Authorization], str]  # the caller's tenant id; raises Unauthenticated as the tenants do
+
+
+class StoredResponsesFront:
+    def __init__(self, stored: StoredResponses | None, authenticate: Callable[[Authorization], object]) -> None:
+        """stored: none when the gateway stores nothing. authenticate: the tenants' own check, for the
+        refusals of a gateway that stores nothing."""
+        self._stored = stored
+        self._authenticate = authenticate
+        self._running: dict[str, asyncio.Task] = {}  # background Response id -> its task, while it runs
+
+    @property
+    def storing(self) -> bool:
+        return self._stored is not None
+
+    # -- what POST /v1/responses asks --------------------------------------------------------
+
+    def continued(self, body: object, request: web.Request) -> tuple[str | None, openai_stored.Chain]:
+        """The caller's scope when the gateway stores Responses, and the stored turn the request continues
+        (previous_response_id; none: an empty chain). A body that is not an object is chat_request's to refuse."""
+        if self._stored is None or not isinstance(body, dict):
+            return None, openai_stored.Chain()
+        scope = self._stored.scope_of(http_authorization(request))
+        previous = openai_stored.previous_response_id(body)
+        if previous is None:
+            return scope, openai_stored.Chain()
+        return scope, openai_stored.chain_of(self._entry(scope, previous, "previous_response_id"))
+
+    def keeper(self, scope: str | None, chain: openai_stored.Chain, wanted: openai_responses.ResponsesRequest,
+               request_id: str) -> Keep:
+        """Keeps a Response of `wanted` (the request continuing `chain`) under the caller's scope."""
+        assert self._stored is not None and scope is not None  # wanted.store: the gateway stores, scope was read
+        store = self._stored.store
+        items = openai_stored.input_items(wanted.input, request_id)
+
+        def keep(response: dict) -> bool:
+            response = {**response, "store": True}  # as a GET will show it
+            if store.put(scope, response["id"], openai_stored.stored_response(response, chain, items)):
+                return True
+            if response["background"]:  # its poller must still learn that it ended
+                store.put(scope, response["id"], openai_stored.stored_response(
+                    openai_stored.too_large(response), openai_stored.Chain(), ()))
+            return False
+
+        return keep
+
+    def run_in_background(self, response_id: str, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work, name=f"background-{response_id}")
+        self._running[response_id] = task
+        task.add_done_callback(lambda _: self._running.pop(response_id, None))
+
+    async def close(self) -> None:
+        """Cancels the background Responses still running (each keeps its cancelled state)."""
+        tasks = list(self._running.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- the answers (each raises a domain error for its refusal) --------------------------------
+
+    async def retrieve(self, request: web.Request) -> dict:
+        """GET /v1/responses/{id}: the Response as it was answered, or a background one as it stands.
+        `stream=true` (replaying a background stream's events) is a 400: background streams are not run."""
+        entry = self._requested_entry(request)
+        if request.query.get("stream", "false").lower() != "false":
+            raise BadParameter("stream", "stream is not supported here: background Responses are not streamed, so "
+                                         "there are no events to replay; GET the Response without stream")
+        return entry.response
+
+    async def delete(self, request: web.Request) -> dict:
+        """DELETE /v1/responses/{id}: OpenAI's deleted object. Later turns that continued it keep their
+        context; a background one still running is cancelled first."""
+        store, scope, response_id = self._requested(request)
+        self._entry(scope, response_id, None)
+        await self._cancelled(response_id)
+        store.delete(scope, response_id)
+        return openai_stored.deleted(response_id)
+
+    async def input_items(self, request: web.Request) -> dict:
+        """GET /v1/responses/{id}/input_items: the items that produced it, earlier turns' included."""
+        return openai_stored.input_items_page(self._requested_entry(request), request.query)
+
+    async def cancel(self, request: web.Request) -> dict:
+        """POST /v1/responses/{id}/cancel: a background Response, cancelled if it was still running (its
+        state as it ended otherwise: cancelling twice is harmless). Only background ones can be."""
+        _, scope, response_id = self._requested(request)
+        if not self._entry(scope, response_id, None).response["background"]:
+            raise BadParameter(None, f"response '{response_id}' was not created with background: true; only "
+                                     "background responses can be cancelled")
+        await self._cancelled(response_id)
+        return self._entry(scope, response_id, None).response
+
+    async def _cancelled(self, response_id: str) -> None:
+        """Once a background Response's task, if it still runs, has ended cancelled (and kept so)."""
+        task = self._running.get(response_id)
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])
+
+    def _requested(self, request: web.Request) -> tuple[ResponseStore, str, str]:
+        """The store, the caller's scope and the response id in the path."""
+        authorization = http_authorization(request)
+        if self._stored is None:
+            self._authenticate(authorization)
+            raise openai_stored.ResponseNotFound(_path_response_id(request), why=openai_stored.STORING_OFF)
+        scope = self._stored.scope_of(authorization)
+        return self._stored.store, scope, _path_response_id(request)
+
+    def _requested_entry(self, request: web.Request) -> StoredResponse:
+        _, scope, response_id = self._requested(request)
+        return self._entry(scope, response_id, None)
+
+    def _entry(self, scope: str, response_id: str, param: str | None) -> StoredResponse:
+        assert self._stored is not None  # asked only of a gateway that stores
+        entry = self._stored.store.get(scope, response_id)
+        if entry is None:
+            raise openai_stored.ResponseNotFound(response_id, param)
+        return entry
+
+
+def _path_response_id(request: web.Request) -> str:
+    return openai_stored.response_id_of(request.match_info["response_id"], "response_id")

@@ -1,0 +1,112 @@
+"""Stored Responses: a bounded in-memory map from (scope, response id) to what a later turn or a GET
+needs (openai_stored.py says what that is, in OpenAI's shapes). Pure: no I/O; the clock is injected.
+
+Bounded twice. By bytes: a response that does not fit pushes out the least recently used ones (a
+GET, a chained turn or an input-items read counts as a use) until it does; one larger than the
+whole bound is not kept, and `put` says so. By age: each entry lives `ttl_s` from when it was put,
+read or not (OpenAI, too, keeps a response for a fixed time from its creation).
+
+Scoped: an entry is found only under the scope (the tenant) that put it, so another scope's lookup
+misses exactly as an unknown or expired id does, and ids say nothing across tenants.
+
+What leaves without being deleted is told to `on_dropped` with why (DropReason), for the metrics.
+
+Invariant: `_by_use` and `_by_expiry` hold the same keys, and `num_bytes`, the sum of their entries'
+sizes, never exceeds `max_bytes`. The TTL is one for all, so the order entries were put in is the
+order they expire in: `_by_expiry` is that order, and expiring is popping its head (O(1) each).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+Key = tuple[str, str]  # (scope, response id)
+
+
+class DropReason(enum.Enum):
+    EXPIRED = "expired"  # its TTL passed
+    PUSHED_OUT = "pushed_out"  # the least recently used, out for a newer one
+    TOO_LARGE = "too_large"  # never kept: larger than the whole bound
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    response: dict  # the Response object as answered (JSON-able): a GET returns it
+    context: tuple[dict, ...]  # the input items that produced it, earlier turns' first: input_items lists them
+    size_bytes: int  # what it counts against the bound (openai_stored.stored_response measures it)
+
+
+class ResponseStore:
+    def __init__(self, max_bytes: int, ttl_s: float, clock: Callable[[], float] = time.monotonic,
+                 on_dropped: Callable[[DropReason], None] = lambda reason: None) -> None:
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
+        self.max_bytes = max_bytes
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._on_dropped = on_dropped
+        self._by_use: OrderedDict[Key, StoredResponse] = OrderedDict()  # least recently used first
+        self._by_expiry: OrderedDict[Key, float] = OrderedDict()  # key -> expiry time, soonest first
+        self.num_bytes = 0
+
+    @property
+    def num_responses(self) -> int:
+        return len(self._by_use)
+
+    def can_put(self, size_bytes: int) -> bool:
+        """Whether an entry this large can be kept at all (after pushing out every other)."""
+        return size_bytes <= self.max_bytes
+
+    def put(self, scope: str, response_id: str, entry: StoredResponse) -> bool:
+        """Keeps `entry` (replacing one under the same key), pushing out the least recently used ones
+        it needs room from; False, and nothing changed but expiry, when it can never fit."""
+        self._expire()
+        if not self.can_put(entry.size_bytes):
+            self._on_dropped(DropReason.TOO_LARGE)
+            return False
+        key = (scope, response_id)
+        self._remove(key)
+        while self.num_bytes + entry.size_bytes > self.max_bytes:
+            self._remove(next(iter(self._by_use)))
+            self._on_dropped(DropReason.PUSHED_OUT)
+        self._by_use[key] = entry
+        self._by_expiry[key] = self._clock() + self.ttl_s
+        self.num_bytes += entry.size_bytes
+        return True
+
+    def get(self, scope: str, response_id: str) -> StoredResponse | None:
+        """The entry, now the most recently used; None when unknown, expired, pushed out or another scope's."""
+        self._expire()
+        key = (scope, response_id)
+        entry = self._by_use.get(key)
+        if entry is not None:
+            self._by_use.move_to_end(key)
+        return entry
+
+    def delete(self, scope: str, response_id: str) -> bool:
+        """False when there was nothing to delete under this scope."""
+        self._expire()
+        return self._remove((scope, response_id))
+
+    def _expire(self) -> None:
+        now = self._clock()
+        while self._by_expiry:
+            key, expiry = next(iter(self._by_expiry.items()))
+            if expiry > now:
+                return
+            self._remove(key)
+            self._on_dropped(DropReason.EXPIRED)
+
+    def _remove(self, key: Key) -> bool:
+        entry = self._by_use.pop(key, None)
+        if entry is None:
+            return False
+        del self._by_expiry[key]
+        self.num_bytes -= entry.size_bytes
+        return True

@@ -1,0 +1,89 @@
+"""Runs the official `openai` package, unchanged, on the gateway's stored Responses; prints what it saw as JSON.
+
+Run by tests/openai/test_stored_responses.py with .venv-openai's python (the package is not a project
+dependency): argv = base_url, keys (JSON name -> key), CA file. Two turns chained with
+previous_response_id, a streamed third, retrieve, input_items (paged one by one: the client follows
+`after`), delete, and another tenant's attempts at all of them; a background Response polled until
+done, and one cancelled while it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import sys
+import time
+
+import openai
+
+MODEL = "toy-generator"
+
+
+def not_found(call) -> dict:
+    try:
+        call()
+    except openai.NotFoundError as err:
+        error = err.body if isinstance(err.body, dict) else {}
+        error = error.get("error", error)
+        return {"status": err.status_code, "param": error.get("param"), "message": error.get("message")}
+    return {"status": 200}
+
+
+def polled(client: openai.OpenAI, response_id: str, timeout_s: float = 30.0):
+    """The Response once it is no longer queued or in progress, as the background guide polls it."""
+    deadline = time.monotonic() + timeout_s
+    response = client.responses.retrieve(response_id)
+    while response.status in ("queued", "in_progress") and time.monotonic() < deadline:
+        time.sleep(0.05)
+        response = client.responses.retrieve(response_id)
+    return response
+
+
+def main() -> None:
+    base_url, keys, ca_path = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    tls = ssl.create_default_context(cafile=ca_path)
+
+    def client(key: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=30,
+                             http_client=openai.DefaultHttpx2Client(verify=tls))
+
+    alpha, other = client(keys["alpha"]), client(keys["cheap"])
+    # Each answer ends at the stop string (status completed: the stream helper wants response.completed).
+    turn = dict(model=MODEL, max_output_tokens=8, temperature=0, extra_body={"stop": ["d"]})
+    first = alpha.responses.create(input="abc", instructions="Be brief.", **turn)
+    second = alpha.responses.create(input="xyz", previous_response_id=first.id, **turn)
+    with alpha.responses.stream(input="uvw", previous_response_id=second.id, **turn) as stream:
+        third = stream.get_final_response()
+    seen: dict = {
+        "first": first.model_dump(mode="json"), "second": second.model_dump(mode="json"),
+        "third": third.model_dump(mode="json"),
+        "retrieved": alpha.responses.retrieve(second.id).model_dump(mode="json"),
+        "items": [item.model_dump(mode="json", exclude_none=True) for item in
+                  alpha.responses.input_items.list(second.id, order="asc", limit=1)],
+        "newest": alpha.responses.input_items.list(second.id, limit=2).model_dump(mode="json"),
+        "other": {
+            "retrieve": not_found(lambda: other.responses.retrieve(second.id)),
+            "input_items": not_found(lambda: other.responses.input_items.list(second.id)),
+            "delete": not_found(lambda: other.responses.delete(second.id)),
+            "chain": not_found(lambda: other.responses.create(input="x", previous_response_id=second.id, **turn)),
+        },
+    }
+    queued = alpha.responses.create(input="abc", background=True, **turn)
+    seen["background"] = {"queued": queued.status, "done": polled(alpha, queued.id).model_dump(mode="json")}
+    # 20 ms a token: still running when cancelled.
+    long = alpha.responses.create(input="abc", background=True, model=MODEL, max_output_tokens=400,
+                                  extra_body={"ignore_eos": True})
+    seen["cancelled"] = {"answered": alpha.responses.cancel(long.id).status,
+                         "retrieved": alpha.responses.retrieve(long.id).status,
+                         "other": not_found(lambda: other.responses.cancel(queued.id))}
+    alpha.responses.delete(first.id)
+    seen["after_delete"] = {
+        "retrieve": not_found(lambda: alpha.responses.retrieve(first.id)),
+        "chain_from_second": alpha.responses.create(input="rst", previous_response_id=second.id,
+                                                    **turn).usage.input_tokens,
+    }
+    print(json.dumps(seen))
+
+
+if __name__ == "__main__":
+    main()

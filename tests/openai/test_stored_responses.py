@@ -1,0 +1,91 @@
+"""Stored Responses through the whole mesh of tests/openai/conftest.py (its gateway runs with
+--responses-store-bytes), as the official `openai` package uses them: turns chained with
+previous_response_id reach the model as one conversation (the toy model's byte-level template makes
+every prompt's token count exact), retrieve, input_items, delete, another tenant's 404s, and
+background Responses polled and cancelled.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.openai.conftest import KEYS
+from tests.openai.test_openai_client import SIDE_VENV
+from tests.support.side_venv import side_venv_python
+from tools.testbed.gateway_fixtures import scrape
+from tools.testbed.scheduler_fixtures import toy_continuation
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = Path(__file__).with_name("openai_stored_script.py")
+# Every turn's answer: the toy continues the template's last character (a, b, c, ...) up to the stop string "d".
+ANSWER = toy_continuation("assistant:", 3)
+
+
+@pytest.fixture(scope="module")
+def seen(http_mesh) -> dict:
+    done = subprocess.run([str(side_venv_python(*SIDE_VENV)), str(SCRIPT), http_mesh.base_url, json.dumps(KEYS),
+                           http_mesh.ca_path], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr + http_mesh.mesh.logs()
+    return json.loads(done.stdout)
+
+
+def _prompt_tokens(*lines: str) -> int:
+    """The byte-level template's length for these `role: content` lines, then `assistant:`."""
+    return len("".join(f"{line}\n" for line in lines).encode()) + len("assistant:")
+
+
+def test_chained_turns_reach_the_model_as_one_conversation_without_earlier_instructions(seen):
+    first, second, third = seen["first"], seen["second"], seen["third"]
+    assert first["usage"]["input_tokens"] == _prompt_tokens("system: Be brief.", "user: abc")
+    assert second["usage"]["input_tokens"] == _prompt_tokens("user: abc", f"assistant: {ANSWER}", "user: xyz")
+    assert third["usage"]["input_tokens"] == _prompt_tokens("user: abc", f"assistant: {ANSWER}", "user: xyz",
+                                                            f"assistant: {ANSWER}", "user: uvw")
+    assert (second["previous_response_id"], third["previous_response_id"]) == (first["id"], second["id"])
+    assert all(r["store"] and r["status"] == "completed" for r in (first, second, third))
+    assert third["output"][0]["content"][0]["text"] == ANSWER
+
+
+def test_a_stored_response_is_retrieved_as_answered_and_lists_its_input_items(seen):
+    assert seen["retrieved"] == seen["second"]
+    items = seen["items"]  # asc, one page at a time
+    assert [(i["type"], i["role"]) for i in items] == [("message", "user"), ("message", "assistant"),
+                                                       ("message", "user")]
+    assert items[0]["content"] == [{"type": "input_text", "text": "abc"}]
+    assert items[1]["id"] == seen["first"]["output"][0]["id"]
+    newest = seen["newest"]
+    assert [i["content"][0]["text"] for i in newest["data"]] == ["xyz", ANSWER]
+    assert newest["has_more"] is True
+
+
+def test_another_tenant_gets_a_404_for_everything_and_the_owner_keeps_the_chain_after_a_delete(seen):
+    for what, refused in seen["other"].items():
+        assert refused["status"] == 404, what
+        assert seen["second"]["id"] in refused["message"], what
+    assert seen["other"]["chain"]["param"] == "previous_response_id"
+    assert seen["after_delete"]["retrieve"]["status"] == 404
+    # The first turn's deletion leaves the second's context whole.
+    assert seen["after_delete"]["chain_from_second"] == _prompt_tokens(
+        "user: abc", f"assistant: {ANSWER}", "user: xyz", f"assistant: {ANSWER}", "user: rst")
+
+
+def test_a_background_response_is_polled_until_done_and_one_still_running_is_cancelled(seen, http_mesh):
+    background = seen["background"]
+    assert background["queued"] == "queued"
+    done = background["done"]
+    assert (done["status"], done["background"], done["output"][0]["content"][0]["text"]) == \
+        ("completed", True, ANSWER)
+    assert seen["cancelled"]["answered"] == seen["cancelled"]["retrieved"] == "cancelled"
+    assert seen["cancelled"]["other"]["status"] == 404
+    http_mesh.wait_idle()  # the cancelled generation's sequence and blocks are gone upstream
+
+
+def test_the_gateway_reports_what_it_keeps(seen, http_mesh):
+    metrics = scrape(http_mesh.gateway_metrics_port)
+    # The script's: second, third, the background one, the cancelled one and the last turn (first: deleted).
+    assert metrics.value("infermesh_gateway_responses_stored") >= 5
+    assert 0 < metrics.value("infermesh_gateway_responses_stored_bytes") <= 1_000_000

@@ -1,0 +1,119 @@
+"""The stored Responses' bound (services/gateway/fronts/response_store.py): bytes with the least recently
+used out first, a time to live from when each was put, and scopes that never see each other's. A fake
+clock drives expiry."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.gateway.fronts.response_store import DropReason, ResponseStore, StoredResponse
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def make_store(max_bytes: int = 100, ttl_s: float = 60.0) -> tuple[ResponseStore, FakeClock]:
+    clock = FakeClock()
+    return ResponseStore(max_bytes, ttl_s, clock), clock
+
+
+def entry(size_bytes: int, name: str = "r") -> StoredResponse:
+    return StoredResponse({"id": name}, (), size_bytes)
+
+
+def test_a_put_response_is_found_under_its_scope_only():
+    store, _ = make_store()
+    assert store.put("alpha", "resp_1", entry(10))
+    assert store.get("alpha", "resp_1") == entry(10)
+    assert store.get("beta", "resp_1") is None
+    assert not store.delete("beta", "resp_1")
+    assert store.get("alpha", "resp_1") is not None
+
+
+def test_a_full_store_pushes_out_the_least_recently_used_first():
+    store, _ = make_store(max_bytes=30)
+    for name in ("resp_a", "resp_b", "resp_c"):
+        store.put("t", name, entry(10, name))
+    store.get("t", "resp_a")  # now b is the least recently used
+    store.put("t", "resp_d", entry(10, "resp_d"))
+    assert [store.get("t", n) is not None for n in ("resp_a", "resp_b", "resp_c", "resp_d")] == [True, False, True,
+                                                                                                 True]
+    assert (store.num_bytes, store.num_responses) == (30, 3)
+
+
+def test_a_large_response_pushes_out_as_many_as_it_needs():
+    store, _ = make_store(max_bytes=30)
+    for name in ("resp_a", "resp_b", "resp_c"):
+        store.put("t", name, entry(10, name))
+    store.put("t", "resp_big", entry(25, "resp_big"))
+    assert (store.num_responses, store.num_bytes) == (1, 25)
+
+
+def test_a_response_larger_than_the_whole_bound_is_not_kept_and_pushes_nothing_out():
+    store, _ = make_store(max_bytes=30)
+    store.put("t", "resp_a", entry(10))
+    assert not store.can_put(31)
+    assert not store.put("t", "resp_huge", entry(31))
+    assert store.get("t", "resp_huge") is None and store.get("t", "resp_a") is not None
+    assert store.num_bytes == 10
+
+
+def test_responses_expire_their_ttl_after_being_put_even_if_read():
+    store, clock = make_store(ttl_s=60)
+    store.put("t", "resp_a", entry(10))
+    clock.now_s += 30
+    store.put("t", "resp_b", entry(10))
+    clock.now_s += 29.9
+    assert store.get("t", "resp_a") is not None  # read: still expires at its own time
+    clock.now_s += 0.1
+    assert store.get("t", "resp_a") is None
+    assert store.get("t", "resp_b") is not None
+    clock.now_s += 30
+    assert store.get("t", "resp_b") is None
+    assert (store.num_bytes, store.num_responses) == (0, 0)
+
+
+def test_putting_again_under_the_same_id_replaces_and_restarts_its_ttl():
+    store, clock = make_store(max_bytes=30, ttl_s=60)
+    store.put("t", "resp_a", entry(10))
+    clock.now_s += 50
+    store.put("t", "resp_a", entry(20))
+    clock.now_s += 50
+    assert store.get("t", "resp_a") == entry(20)
+    assert store.num_bytes == 20
+
+
+def test_delete_frees_its_bytes_and_answers_whether_there_was_one():
+    store, _ = make_store()
+    store.put("t", "resp_a", entry(10))
+    assert store.delete("t", "resp_a")
+    assert not store.delete("t", "resp_a")
+    assert (store.num_bytes, store.num_responses) == (0, 0)
+
+
+def test_what_leaves_without_a_delete_is_told_with_why():
+    dropped: list[DropReason] = []
+    clock = FakeClock()
+    store = ResponseStore(30, 60.0, clock, on_dropped=dropped.append)
+    store.put("t", "resp_a", entry(20))
+    store.put("t", "resp_b", entry(20))  # pushes a out
+    store.put("t", "resp_huge", entry(31))
+    store.delete("t", "resp_b")  # asked for: not a drop
+    store.put("t", "resp_c", entry(10))
+    clock.now_s += 60
+    store.get("t", "resp_c")
+    assert dropped == [DropReason.PUSHED_OUT, DropReason.TOO_LARGE, DropReason.EXPIRED]
+
+
+@pytest.mark.parametrize(("max_bytes", "ttl_s", "message"), [
+    (0, 60.0, "max_bytes must be > 0, got 0"),
+    (100, 0.0, "ttl_s must be > 0, got 0.0"),
+])
+def test_bounds_must_be_positive(max_bytes, ttl_s, message):
+    with pytest.raises(ValueError, match=message):
+        ResponseStore(max_bytes, ttl_s)
