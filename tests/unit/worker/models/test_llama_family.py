@@ -50,7 +50,7 @@ def test_config_json_says_what_each_family_differs_in(tiny_checkpoints):
     assert configs["mistral"].architecture == "MistralForCausalLM"
     assert configs["qwen3"].qk_norm == "head" and not configs["qwen3"].qkv_bias and configs["qwen3"].tie_word_embeddings
     assert {family: c.qk_norm for family, c in configs.items() if c.qk_norm} == {
-        "qwen3": "head", "olmo2": "full", "gemma3": "head"}
+        "qwen3": "head", "olmo2": "full", "gemma3": "head", "qwen3_moe": "head"}
     assert sorted(family for family, c in configs.items() if c.post_norms) == ["gemma2", "gemma3", "olmo2"]
     assert sorted(family for family, c in configs.items() if not c.pre_norms) == ["olmo2"]
     assert {family: c.layer_windows for family, c in configs.items() if c.layer_windows} == {
@@ -64,6 +64,14 @@ def test_config_json_says_what_each_family_differs_in(tiny_checkpoints):
     assert {family: c.nope_layers for family, c in configs.items() if c.nope_layers} == {"smollm3": (1,)}
     assert {(c.num_layers, c.d_model, c.num_heads, c.num_kv_heads) for c in configs.values()} == {(2, 64, 4, 2)}
     assert {family: c.head_size for family, c in configs.items() if c.head_size != 16} == {"qwen3": 32}
+    experts = {family: c.experts for family, c in configs.items() if c.experts is not None}
+    assert sorted(experts) == ["mixtral", "qwen2_moe", "qwen3_moe"]
+    assert [(e.num_experts, e.top_k, e.d_ff, e.layers, e.renormalize, e.float32_weights, e.shared_d_ff)
+            for e in (experts["qwen3_moe"], experts["mixtral"], experts["qwen2_moe"])] == [
+        (8, 2, 32, (0,), True, False, 0),  # layer 1 dense by mlp_only_layers
+        (8, 2, 32, (0, 1), True, True, 0),
+        (8, 4, 32, (0, 1), False, False, 96)]
+    assert configs["qwen2_moe"].qkv_bias and not configs["qwen3_moe"].qkv_bias and configs["qwen3_moe"].d_ff == 128
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
