@@ -9,9 +9,9 @@ transformers' way), then rounded to the compute dtype (Qwen) or kept in float32 
 
 Experts are stacked per layer, as transformers 5 holds them (`gate_up float[num_experts, 2 * d_ff,
 d_model]`, each expert's gate rows then its up rows; `down float[num_experts, d_model, d_ff]`), so
-the forward is a few batched ops (`grouped_experts`): the (token, choice) pairs are sorted by expert,
-each expert that any token chose runs once over its rows, the rows are scaled by their weights,
-put back in token order and summed per token in expert order (transformers' order of additions).
+the forward is a few batched ops (`grouped_experts`, the shape of transformers 5's default experts
+forward): the (token, choice) pairs are sorted by expert, each expert that any token chose runs once
+over its rows, the rows are scaled by their weights, put back in token order and summed per token.
 
 Eager only: how many rows each expert gets depends on the routing, which the host reads once a layer
 (one synchronization), so a CUDA graph cannot record it; the worker serves these models without
@@ -54,11 +54,9 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tenso
 
     `experts int64[num_tokens, top_k]` and `weights [num_tokens, top_k]` as `route` gives them; one
     gate/up and one down matmul per expert chosen at least once, over the rows that chose it. A
-    token's weighted outputs are added in ascending expert order, as transformers adds them (one
-    index_add_ per expert), here without a scatter (index_add_ costs milliseconds a call on a CPU)."""
+    token's weighted outputs (float32 with float32 weights) are summed with one rounding to the
+    compute dtype, as transformers 5's default experts forward (grouped_mm) sums them."""
     num_tokens, top_k = experts.shape
-    experts, by_expert = experts.sort(dim=-1)
-    weights = weights.gather(-1, by_expert)
     choices = experts.flatten()  # token-major: token t's choices are rows t * top_k ...
     order = torch.argsort(choices, stable=True)  # ... and here expert-major, token order within one
     rows = x[order // top_k]
@@ -70,12 +68,8 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tenso
             gate, up = F.linear(rows[chosen], gate_up[expert]).chunk(2, dim=-1)
             out[chosen] = F.linear(act(gate) * up, down[expert])
             start += count
-    weighted = (out * weights.flatten()[order, None]).to(x.dtype)
-    per_choice = weighted[torch.argsort(order)].view(num_tokens, top_k, -1)
-    total = per_choice[:, 0]
-    for k in range(1, top_k):
-        total = total + per_choice[:, k]
-    return total
+    weighted = out * weights.flatten()[order, None]
+    return weighted[torch.argsort(order)].view(num_tokens, top_k, -1).sum(dim=1).to(x.dtype)
 
 
 class MixtureOfExperts(nn.Module):
