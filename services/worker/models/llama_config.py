@@ -179,8 +179,8 @@ class ExpertsConfig:
     # The top-k probabilities divided by their sum (Qwen's norm_topk_prob; Mixtral always), else kept as
     # the softmax over all experts gave them.
     renormalize: bool
-    # Mixtral multiplies each expert's output by its float32 routing weight and rounds the product to
-    # the compute dtype; Qwen rounds the weight first. The same in float32.
+    # Mixtral keeps the routing weights in float32 (a token's weighted sum is float32, rounded to the
+    # compute dtype once); Qwen rounds them to the compute dtype first. The same in float32.
     float32_weights: bool = False
     shared_d_ff: int = 0  # Qwen2-MoE: the shared expert's intermediate size (every token, sigmoid-gated); 0: none
 
