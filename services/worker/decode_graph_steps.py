@@ -6,6 +6,11 @@ captured batch, replays a decode graph (services/worker/models/cuda_graphs.py);
 every other step runs eagerly through `Generator.step`. Both return the same
 thing: logits `float32[num_rows, vocab]`, one row per sequence in step order.
 
+A mixture-of-experts model (Mixtral, Qwen MoE) is never captured: how many rows
+each expert runs depends on each step's routing, which the host reads every
+layer (models/experts.py), and a graph records fixed sizes and no host read.
+Its decode steps run eagerly, as a log line at start says.
+
 Graphs are an optimisation, never a condition of serving: a capture that fails,
 or whose replay disagrees with the eager step, leaves the worker serving
 eagerly with a warning saying why; so does a replay that raises mid-serving
@@ -26,6 +31,7 @@ import torch
 
 from services.worker.models.cuda_graphs import DEFAULT_BUCKETS, DecodeGraphs, kernel_capture_problem
 from services.worker.models.generator import Generator
+from services.worker.models.llama_config import LlamaFamilyConfig
 from services.worker.models.paged import KVCache, PagedSequence
 
 log = logging.getLogger(__name__)
@@ -78,6 +84,10 @@ def build_decode_graphs(generator: Generator, cache: KVCache, *, max_batch_size:
     Runs at start with no sequence live: the check writes a few tokens' KV into the first blocks."""
     if cache.device.type != "cuda":
         return None
+    never = model_capture_refusal(generator)
+    if never is not None:
+        log.info("CUDA graphs off, every step runs eagerly: %s", never)
+        return None
     try:
         with torch.cuda.device(cache.device):
             problem = kernel_capture_problem(cache.device)
@@ -101,6 +111,15 @@ def build_decode_graphs(generator: Generator, cache: KVCache, *, max_batch_size:
              "steps run eagerly", ", ".join(map(str, graphs.buckets)), sum(seconds.values()),
              ", ".join(f"{b}: {s:.2f} s" for b, s in sorted(seconds.items())))
     return graphs
+
+
+def model_capture_refusal(generator: Generator) -> str | None:
+    """Why this model's decode step is never captured, whatever the device; None when it may be."""
+    config = generator.config
+    if isinstance(config, LlamaFamilyConfig) and config.experts is not None:
+        return (f"{config.architecture} is a mixture of experts, whose rows per expert follow each step's "
+                "routing (read on the host every layer), and a graph records fixed sizes and no host read")
+    return None
 
 
 def eager_mismatch(graphs: DecodeGraphs, generator: Generator, cache: KVCache) -> str | None:

@@ -1,6 +1,6 @@
 """Tiny random-weight Hugging Face checkpoints of the Llama family (Llama, Qwen2, Qwen3, Mistral, Phi-3,
-Granite, SmolLM3, OLMo 2, Gemma 2 and 3, and Gemma 3 with its vision tower), made with transformers
-(tests only).
+Granite, SmolLM3, OLMo 2, Gemma 2 and 3, Gemma 3 with its vision tower, and the mixtures of experts
+Qwen3-MoE, Mixtral and Qwen2-MoE), made with transformers (tests only).
 
 `save_tiny_checkpoint(dir, "qwen2")` writes what a user would bring (config.json,
 model.safetensors, generation_config.json) via `save_pretrained`; nothing is
@@ -69,6 +69,17 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     # Granite's four scalings, none of them 1 (Granite 3's are 12, 0.22, 1/128 and 16 at full size).
     "granite": ("GraniteConfig", "GraniteForCausalLM", {"embedding_multiplier": 4.0, "residual_multiplier": 0.5,
                                                         "attention_multiplier": 0.2, "logits_scaling": 2.0}),
+    # Mixtures of experts, saved per expert as released. Qwen3-MoE (Qwen3-30B-A3B's routing: the top
+    # k renormalized) with its second layer dense by mlp_only_layers; Mixtral (8x7B's 8 experts, top 2,
+    # in small) on every layer; Qwen2-MoE (Qwen1.5-MoE's: top 4 not renormalized, a gated shared expert).
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {
+        "rope_theta": 1000000.0, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "norm_topk_prob": True, "mlp_only_layers": [1]}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {
+        "rope_theta": 1000000.0, "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32}),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {
+        "rope_theta": 1000000.0, "num_experts": 8, "num_experts_per_tok": 4, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 96, "norm_topk_prob": False}),
 }
 
 

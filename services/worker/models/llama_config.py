@@ -2,9 +2,11 @@
 
 One frozen `LlamaFamilyConfig` covers LlamaForCausalLM, Qwen2ForCausalLM,
 Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM, GraniteForCausalLM,
-SmolLM3ForCausalLM, Olmo2ForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM:
-they are one decoder (RMSNorm, RoPE, grouped-query attention, a gated MLP) and
-differ only in the fields this dataclass names: qkv bias (Qwen2), q/k norms per
+SmolLM3ForCausalLM, Olmo2ForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM,
+and the mixture-of-experts MixtralForCausalLM, Qwen2MoeForCausalLM and
+Qwen3MoeForCausalLM: they are one decoder (RMSNorm, RoPE, grouped-query
+attention, a gated MLP or a routed set of gated experts) and differ only in the
+fields this dataclass names: qkv bias (Qwen2), q/k norms per
 head (Qwen3, Gemma 3) or over the whole projection (OLMo 2), norms after each
 branch instead of (OLMo 2) or beside (Gemma) those before, projections stored
 fused (Phi-3), Granite's four scalings, Gemma's (1 + w) norms, GELU-tanh,
@@ -14,6 +16,14 @@ its sliding layers). Everything else a config may say is either irrelevant to
 inference (dropout, initializer range) or refused with a `CheckpointError`
 naming the field and what is supported, so a checkpoint we cannot compute
 exactly is never served approximately.
+
+Mixture of experts (`ExpertsConfig`): Mixtral's every layer, and the Qwen MoE
+layers that mlp_only_layers and decoder_sparse_step leave sparse, route each
+token to num_experts_per_tok of num_experts gated MLPs (Qwen2-MoE adds a shared
+expert behind a sigmoid gate). The router's training settings are read by
+nobody at inference, here as in transformers' eval mode: output_router_logits
+and router_aux_loss_coef feed the load-balancing loss, router_jitter_noise
+(Mixtral) multiplies the input only while training. They are ignored.
 
 Both spellings of RoPE settings are read: transformers 4's top-level
 `rope_theta` with `rope_scaling` (keyed `type` or `rope_type`), and
@@ -39,6 +49,11 @@ QK_NORM_PER_HEAD, QK_NORM_FULL = "head", "full"
 # layer, only with use_sliding_window set (Qwen2's switch, with max_window_layers), or on the layers a
 # pattern picks (Gemma: every layer but each sliding_window_pattern-th).
 WINDOW_NONE, WINDOW_ALWAYS, WINDOW_SWITCHED, WINDOW_PATTERN = "none", "always", "switched", "pattern"
+# How a mixture-of-experts config says its experts. Qwen: num_experts of moe_intermediate_size, sparse
+# layers by mlp_only_layers and decoder_sparse_step, top-k renormalized only with norm_topk_prob, the
+# routing weights cast to the compute dtype. Mixtral: num_local_experts of intermediate_size on every
+# layer, top-k always renormalized, the routing weights kept in float32 (as transformers computes each).
+EXPERTS_QWEN, EXPERTS_MIXTRAL = "qwen", "mixtral"
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,8 @@ class _Traits:
     # A vision + text checkpoint served text-only: the language model is described by config.json's
     # text_config, whose absent keys take these defaults (its config class's); None: config.json is flat.
     text_config_defaults: Mapping[str, Any] | None = None
+    experts: str = ""  # EXPERTS_QWEN or EXPERTS_MIXTRAL: how the config says its experts; "": dense
+    shared_expert: bool = False  # Qwen2-MoE: a shared expert beside the routed ones
 
 
 # transformers' Gemma3TextConfig defaults (models/gemma3/configuration_gemma3.py, the same in 4.50 and
@@ -86,10 +103,13 @@ _TRAITS = {
     "GraniteForCausalLM": _Traits(scalings=True),
     "LlamaForCausalLM": _Traits(),
     "MistralForCausalLM": _Traits(window=WINDOW_ALWAYS),
+    "MixtralForCausalLM": _Traits(window=WINDOW_ALWAYS, experts=EXPERTS_MIXTRAL),
     "Olmo2ForCausalLM": _Traits(qk_norm=QK_NORM_FULL, pre_norms=False, post_norms=True),
     "Phi3ForCausalLM": _Traits(fused_projections=True, window=WINDOW_ALWAYS),
     "Qwen2ForCausalLM": _Traits(qkv_bias=True, window=WINDOW_SWITCHED),
+    "Qwen2MoeForCausalLM": _Traits(qkv_bias=True, experts=EXPERTS_QWEN, shared_expert=True),
     "Qwen3ForCausalLM": _Traits(qk_norm=QK_NORM_PER_HEAD, window=WINDOW_SWITCHED),
+    "Qwen3MoeForCausalLM": _Traits(qk_norm=QK_NORM_PER_HEAD, experts=EXPERTS_QWEN),
     "SmolLM3ForCausalLM": _Traits(window=WINDOW_SWITCHED, nope_layers=True, tied_by_default=True),
 }
 SUPPORTED_ARCHITECTURES = tuple(sorted(_TRAITS))
@@ -148,6 +168,36 @@ RopeScaling = Llama3RopeScaling | LinearRopeScaling | YarnRopeScaling
 
 
 @dataclass(frozen=True)
+class ExpertsConfig:
+    """A mixture of experts in place of some layers' MLP: each token's router picks `top_k` of
+    `num_experts` gated MLPs, whose outputs it sums weighted by the routing probabilities."""
+
+    num_experts: int
+    top_k: int  # num_experts_per_tok
+    d_ff: int  # each expert's intermediate size (Qwen: moe_intermediate_size; Mixtral: intermediate_size)
+    layers: tuple[int, ...]  # the layers whose MLP is the experts; the others keep the dense MLP of d_ff
+    # The top-k probabilities divided by their sum (Qwen's norm_topk_prob; Mixtral always), else kept as
+    # the softmax over all experts gave them.
+    renormalize: bool
+    # Mixtral keeps the routing weights in float32 (a token's weighted sum is float32, rounded to the
+    # compute dtype once); Qwen rounds them to the compute dtype first. The same in float32.
+    float32_weights: bool = False
+    shared_d_ff: int = 0  # Qwen2-MoE: the shared expert's intermediate size (every token, sigmoid-gated); 0: none
+
+    def __post_init__(self) -> None:
+        for name in ("num_experts", "top_k", "d_ff"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k {self.top_k} exceeds num_experts {self.num_experts}")
+        if not self.layers or list(self.layers) != sorted(set(self.layers)) or min(self.layers) < 0:
+            raise ValueError(f"layers must be distinct layer indices in order, got {self.layers}")
+        if self.shared_d_ff < 0:
+            raise ValueError(f"shared_d_ff must be >= 0, got {self.shared_d_ff}")
+
+
+@dataclass(frozen=True)
 class LlamaFamilyConfig:
     # Names shared with TransformerConfig (tinylm's) mean the same thing there.
     architecture: str  # architectures[0], one of SUPPORTED_ARCHITECTURES
@@ -197,6 +247,11 @@ class LlamaFamilyConfig:
     # Gemma3ForConditionalGeneration: the checkpoint is the language model's tensors under a prefix,
     # beside a vision tower and projector that are stored but never loaded (text prompts only).
     multimodal: bool = False
+    experts: ExpertsConfig | None = None  # Mixtral, Qwen2-MoE, Qwen3-MoE: the layers whose MLP is routed experts
+
+    def has_experts(self, layer: int) -> bool:
+        """Whether the layer's MLP is a mixture of experts (else the dense gated MLP of d_ff)."""
+        return self.experts is not None and layer in self.experts.layers
 
     @property
     def attention_scale(self) -> float:
@@ -227,6 +282,8 @@ class LlamaFamilyConfig:
             raise ValueError(
                 f"max_seq_len {self.max_seq_len} exceeds max_position_embeddings {self.max_position_embeddings}"
             )
+        if self.experts is not None and max(self.experts.layers) >= self.num_layers:
+            raise ValueError(f"expert layers {self.experts.layers} reach past the {self.num_layers} layers")
 
     @classmethod
     def from_hf(cls, raw: Mapping[str, Any], *, max_seq_len: int | None = None,
@@ -295,6 +352,7 @@ class _Parser:
         rope_theta, rope_scaling = self.rope(traits.default_rope_theta)
         self.check_biases(architecture)
         num_layers = self.num_layers()
+        experts = self.experts(traits, num_layers)
         return LlamaFamilyConfig(
             architecture=architecture,
             vocab_size=self.positive_int("vocab_size"),
@@ -325,7 +383,62 @@ class _Parser:
             tie_word_embeddings=self.boolean("tie_word_embeddings", default=traits.tied_by_default),
             storage_dtype=self.storage_dtype(),
             multimodal=traits.text_config_defaults is not None,
+            experts=experts,
         )
+
+    def experts(self, traits: _Traits, num_layers: int) -> ExpertsConfig | None:
+        """The mixture of experts as transformers builds it from the config; None for a dense
+        architecture, or a Qwen MoE config whose every layer is dense."""
+        if not traits.experts:
+            return None
+        num_experts = self.num_experts(traits)
+        if traits.experts == EXPERTS_MIXTRAL:
+            return ExpertsConfig(num_experts=num_experts, top_k=self.top_k(num_experts),
+                                 d_ff=self.positive_int("intermediate_size"), layers=tuple(range(num_layers)),
+                                 renormalize=True, float32_weights=True)
+        if self.boolean("use_sliding_window", default=False):
+            # transformers' Qwen MoE layers would slide (Qwen3-MoE every layer, Qwen2-MoE by its own
+            # pattern); no released Qwen MoE checkpoint sets it.
+            raise self.fail("use_sliding_window", "true is not supported for a Qwen mixture of experts; "
+                            "supported: false")
+        if traits.qkv_bias and not self.boolean("qkv_bias", default=True):  # Qwen2-MoE's switch (transformers 5)
+            raise self.fail("qkv_bias", "false is not supported; supported: true (every released Qwen2-MoE's)")
+        step = self.positive_int("decoder_sparse_step", default=1)
+        dense = self.layer_list("mlp_only_layers", num_layers)
+        layers = tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
+        if not layers:
+            return None
+        return ExpertsConfig(
+            num_experts=num_experts, top_k=self.top_k(num_experts), d_ff=self.positive_int("moe_intermediate_size"),
+            layers=layers, renormalize=self.boolean("norm_topk_prob", default=False),
+            shared_d_ff=self.positive_int("shared_expert_intermediate_size") if traits.shared_expert else 0)
+
+    def num_experts(self, traits: _Traits) -> int:
+        """num_experts (Qwen's released configs) or num_local_experts (Mixtral's, and what transformers
+        5 writes for Qwen3-MoE): one of them, or both saying the same."""
+        said = {name: self.raw[name] for name in ("num_experts", "num_local_experts") if self.raw.get(name) is not None}
+        if len(set(map(repr, said.values()))) > 1:
+            raise self.fail("num_local_experts", f"{said['num_local_experts']!r}, but num_experts is "
+                            f"{said['num_experts']!r}: one number of experts")
+        name = next(iter(said), "num_local_experts" if traits.experts == EXPERTS_MIXTRAL else "num_experts")
+        return self.positive_int(name)
+
+    def top_k(self, num_experts: int) -> int:
+        top_k = self.positive_int("num_experts_per_tok")
+        if top_k > num_experts:
+            raise self.fail("num_experts_per_tok", f"{top_k} exceeds the {num_experts} experts")
+        return top_k
+
+    def layer_list(self, name: str, num_layers: int) -> set[int]:
+        """A list of layer indices (null or absent: none)."""
+        value = self.raw.get(name)
+        if value is None:
+            return set()
+        if not isinstance(value, list) or any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < num_layers
+                                               for i in value):
+            raise self.fail(name, f"must be a list of layer indices below num_hidden_layers {num_layers}, "
+                            f"got {value!r}")
+        return set(value)
 
     def check_unquantized(self) -> None:
         if self.raw.get("quantization_config") is not None:

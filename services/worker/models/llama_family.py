@@ -1,6 +1,6 @@
-"""The Llama-family decoder (Llama, Qwen2, Qwen3, Mistral, Phi-3, Granite, SmolLM3, OLMo 2, Gemma 2 and 3):
-one module,
-parametrized by `LlamaFamilyConfig`.
+"""The Llama-family decoder (Llama, Qwen2, Qwen3, Mistral, Phi-3, Granite, SmolLM3, OLMo 2, Gemma 2 and 3,
+and the mixtures of experts Mixtral, Qwen2-MoE and Qwen3-MoE): one module, parametrized by
+`LlamaFamilyConfig`.
 
 It has the shape `paged_forward` runs (`embed`, `rotary`, `blocks()` with `qkv`,
 `attn_out` and `mlp`, `logits`), so a step over the worker's paged KV cache is
@@ -15,8 +15,9 @@ checkpoints were trained. Logits are float32.
 
 Parameters are fused the way a serving engine wants them: one q/k/v matrix
 (rows q, then k, then v) and one gate/up matrix, so a layer makes two matmuls
-where the checkpoint stores five. `llama_weights` maps checkpoint tensors onto
-them.
+where the checkpoint stores five. A layer whose MLP is a mixture of experts
+holds them stacked (`experts.MixtureOfExperts`) in place of the dense MLP.
+`llama_weights` maps checkpoint tensors onto them.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.worker.models.dense import dense_forward
+from services.worker.models.experts import MixtureOfExperts
 from services.worker.models.llama_config import QK_NORM_FULL, QK_NORM_PER_HEAD, LlamaFamilyConfig
 from services.worker.models.rope import Rotary, apply_rope, rotary_from
 from services.worker.models.rope_scaling import rope_attention_factor, rope_inv_freq
@@ -81,8 +83,12 @@ class LlamaFamilyBlock(nn.Module):
         self.o_weight = _empty(c.d_model, q_size, dtype=dtype, device=device)
         self.mlp_norm = _empty(c.d_model, dtype=dtype, device=device) if c.pre_norms else None
         self.mlp_post_norm = _empty(c.d_model, dtype=dtype, device=device) if c.post_norms else None
-        self.gate_up_weight = _empty(2 * c.d_ff, c.d_model, dtype=dtype, device=device)
-        self.down_weight = _empty(c.d_model, c.d_ff, dtype=dtype, device=device)
+        # The MLP: routed experts (Mixtral's layers, Qwen MoE's sparse ones), or the dense gated MLP.
+        self.experts = (MixtureOfExperts(c.experts, c.d_model, self._act, dtype, device)
+                        if c.experts is not None and c.has_experts(index) else None)
+        dense = self.experts is None
+        self.gate_up_weight = _empty(2 * c.d_ff, c.d_model, dtype=dtype, device=device) if dense else None
+        self.down_weight = _empty(c.d_model, c.d_ff, dtype=dtype, device=device) if dense else None
         self._split = (q_size, kv_size, kv_size)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
@@ -119,8 +125,13 @@ class LlamaFamilyBlock(nn.Module):
         return _scaled(self._norm(out, self.attn_post_norm), self.config.residual_multiplier)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(self._norm(x, self.mlp_norm), self.gate_up_weight).chunk(2, dim=-1)
-        out = F.linear(self._act(gate) * up, self.down_weight)
+        h = self._norm(x, self.mlp_norm)
+        if self.experts is not None:
+            out = self.experts.forward(h)
+        else:
+            assert self.gate_up_weight is not None and self.down_weight is not None  # built with no experts
+            gate, up = F.linear(h, self.gate_up_weight).chunk(2, dim=-1)
+            out = F.linear(self._act(gate) * up, self.down_weight)
         return _scaled(self._norm(out, self.mlp_post_norm), self.config.residual_multiplier)
 
 

@@ -12,6 +12,10 @@ the bytes (not a hash pass, then a memory-mapped pass and a copy). A
 checkpoint that fails is refused whole with a `CheckpointError` naming the
 file and the tensor (or config field); nothing is served half-loaded.
 
+A mixture-of-experts checkpoint stores its experts per expert (as released)
+or stacked (transformers 5's layout); expert_weights names both, and either is
+read into the same stacked parameters.
+
 A multimodal checkpoint served text-only (Gemma3ForConditionalGeneration)
 stores the language model's tensors under a prefix, read as the text model's
 names, beside a vision tower and projector that are hashed with their file but
@@ -31,6 +35,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from services.worker.models.expert_weights import expert_places, expert_shape, expert_view, stores_stacked
 from services.worker.models.llama_config import QK_NORM_PER_HEAD, CheckpointError, LlamaFamilyConfig
 from services.worker.models.llama_family import LlamaFamilyLM
 
@@ -52,6 +57,7 @@ _IMAGE_SIDE = re.compile(r"(?:model\.)?(?:vision_tower|multi_modal_projector)\..
 # enough that a piece is still in the CPU's cache when it is hashed.
 _CHUNK_BYTES = 4 << 20
 _MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
+_MIXTRAL = "MixtralForCausalLM"  # names its experts its own way (expert_weights)
 
 
 def read_config(directory: str | Path, *, max_seq_len: int | None = None) -> LlamaFamilyConfig:
@@ -60,11 +66,14 @@ def read_config(directory: str | Path, *, max_seq_len: int | None = None) -> Lla
     return LlamaFamilyConfig.from_hf(_read_json(path), max_seq_len=max_seq_len, file=str(path))
 
 
-def expected_tensors(config: LlamaFamilyConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor a checkpoint of this config stores, by name, with its shape."""
+def expected_tensors(config: LlamaFamilyConfig, *, stacked_experts: bool = False) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint of this config stores, by name, with its shape; a mixture of experts'
+    in the layout `stacked_experts` says (expert_weights)."""
     c = config
     q_size, kv_size = c.num_heads * c.head_size, c.num_kv_heads * c.head_size
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, c.d_model)}
+    places = {} if c.experts is None else expert_places(c.experts, mixtral=c.architecture == _MIXTRAL,
+                                                          stacked=stacked_experts)
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
         for name in norm_names(c).values():
@@ -84,6 +93,9 @@ def expected_tensors(config: LlamaFamilyConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.q_norm.weight"] = (c.head_size if per_head else q_size,)
             shapes[p + "self_attn.k_norm.weight"] = (c.head_size if per_head else kv_size,)
         shapes[p + "self_attn.o_proj.weight"] = (c.d_model, q_size)
+        if c.experts is not None and c.has_experts(i):
+            shapes.update({p + name: expert_shape(place, c.experts, c.d_model) for name, place in places.items()})
+            continue
         if c.fused_projections:
             shapes[p + "mlp.gate_up_proj.weight"] = (2 * c.d_ff, c.d_model)  # gate's rows, then up's
         else:
@@ -114,10 +126,11 @@ def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> dict[str,
     """Checks every weight file's header against `config` (no tensor data is read) and returns where
     each expected tensor is stored: its file and its name there. CheckpointError names the file and
     tensor (as stored) of the first problem."""
-    expected = expected_tensors(config)
+    files = _weight_files(Path(directory))
+    stacked = config.experts is not None and stores_stacked(_model_name(n, config) or "" for n in _stored_names(files))
+    expected = expected_tensors(config, stacked_experts=stacked)
     where: dict[str, tuple[Path, str]] = {}
     storage_dtype: tuple[str, Path, str] | None = None  # (dtype, file, tensor) of the first tensor seen
-    files = _weight_files(Path(directory))
     for path, names in files.items():
         with _open(path) as weights:
             stored = set(weights.keys())
@@ -138,7 +151,8 @@ def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> dict[str,
                                           f"({config.num_layers} layers, qkv_bias={config.qkv_bias}, qk_norm={config.qk_norm!r}, "
                                           f"pre_norms={config.pre_norms}, post_norms={config.post_norms}, "
                                           f"fused_projections={config.fused_projections}, "
-                                          f"tie_word_embeddings={config.tie_word_embeddings}){where_from}")
+                                          f"tie_word_embeddings={config.tie_word_embeddings}"
+                                          f"{_experts_said(config, stacked)}){where_from}")
                 if model_name in where:
                     raise CheckpointError(str(path), name, f"the same tensor as {where[model_name][1]} in "
                                           f"{where[model_name][0]}")
@@ -164,6 +178,24 @@ def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> dict[str,
     if missing:
         raise CheckpointError(", ".join(sorted(str(p) for p in files)), missing[0], f"missing ({len(missing)} expected tensors missing in all)")
     return where
+
+
+def _experts_said(config: LlamaFamilyConfig, stacked: bool) -> str:
+    if config.experts is None:
+        return ""
+    return (f", {config.experts.num_experts} experts on layers {list(config.experts.layers)} stored "
+            f"{'stacked (mlp.experts.gate_up_proj)' if stacked else 'per expert'}")
+
+
+def _stored_names(files: Mapping[Path, set[str] | None]) -> set[str]:
+    """Every tensor name the weight files hold: the index's, or each lone file's header's."""
+    names: set[str] = set()
+    for path, listed in files.items():
+        if listed is None:
+            with _open(path) as weights:
+                listed = set(weights.keys())
+        names |= listed
+    return names
 
 
 def _model_name(name: str, config: LlamaFamilyConfig) -> str | None:
@@ -231,6 +263,13 @@ def _destinations(model: LlamaFamilyLM) -> dict[str, torch.Tensor]:
             places[p + "self_attn.q_norm.weight"] = layer.q_norm
             places[p + "self_attn.k_norm.weight"] = layer.k_norm
         places[p + "self_attn.o_proj.weight"] = layer.o_weight
+        if layer.experts is not None and c.experts is not None:
+            for stacked in (False, True):  # a checkpoint's tensors are named in one of the two layouts
+                for name, place in expert_places(c.experts, mixtral=c.architecture == _MIXTRAL,
+                                                 stacked=stacked).items():
+                    places[p + name] = expert_view(place, layer.experts)
+            continue
+        assert layer.gate_up_weight is not None and layer.down_weight is not None  # a dense layer
         if c.fused_projections:
             places[p + "mlp.gate_up_proj.weight"] = layer.gate_up_weight
         else:

@@ -163,7 +163,8 @@ def kv_bytes_per_token(config: LlamaFamilyConfig) -> int:
 
 
 def weight_bytes(config: LlamaFamilyConfig, bytes_per_value: int = 4) -> int:
-    """Parameters the worker holds, at float32 (the default compute dtype)."""
+    """Parameters the worker holds, at float32 (the default compute dtype): every expert of a mixture
+    of experts too (each worker holds them all; no expert parallelism)."""
     c = config
     attention = c.d_model * (c.num_heads + 2 * c.num_kv_heads) * c.head_size + c.num_heads * c.head_size * c.d_model
     if c.qkv_bias:
@@ -173,9 +174,20 @@ def weight_bytes(config: LlamaFamilyConfig, bytes_per_value: int = 4) -> int:
     elif c.qk_norm:
         attention += (c.num_heads + c.num_kv_heads) * c.head_size
     num_norms = (2 if c.pre_norms else 0) + (2 if c.post_norms else 0)
-    layer = attention + 3 * c.d_model * c.d_ff + num_norms * c.d_model
+    layer = attention + num_norms * c.d_model
+    mlps = sum(_mlp_values(c, i) for i in range(c.num_layers))
     heads = 1 if c.tie_word_embeddings else 2
-    return bytes_per_value * (c.num_layers * layer + heads * c.vocab_size * c.d_model + c.d_model)
+    return bytes_per_value * (c.num_layers * layer + mlps + heads * c.vocab_size * c.d_model + c.d_model)
+
+
+def _mlp_values(config: LlamaFamilyConfig, layer: int) -> int:
+    """A layer's MLP parameters: the dense gated MLP's, or every expert's with the router (and a
+    shared expert with its gate)."""
+    c, e = config, config.experts
+    if e is None or not c.has_experts(layer):
+        return 3 * c.d_model * c.d_ff
+    shared = 3 * c.d_model * e.shared_d_ff + c.d_model if e.shared_d_ff else 0
+    return e.num_experts * (3 * c.d_model * e.d_ff + c.d_model) + shared
 
 
 def _envelope(config: LlamaFamilyConfig, options: ImportOptions) -> tuple[Envelope, int]:

@@ -16,6 +16,9 @@ from services.worker.config import WorkerConfig
 from services.worker.decode_graph_steps import StepPath, build_decode_graphs, capture_buckets, step_path
 from services.worker.model_runtime import GeneratorRuntime, load_repository_runtime
 from services.worker.models.cuda_graphs import DecodeGraphs, graph_refusal
+from services.worker.models.generator import Generator
+from services.worker.models.llama_config import ExpertsConfig, LlamaFamilyConfig
+from services.worker.models.llama_family import LlamaFamilyLM
 from services.worker.models.paged import KVCache, PagedSequence
 from services.worker.step_executor import StepExecutor
 from services.worker.work import RunStep, SequenceOutput, SequenceStep
@@ -164,6 +167,22 @@ def test_a_capture_that_raises_leaves_no_graphs_and_a_warning(tinylm, caplog):
     with caplog.at_level(logging.WARNING):
         assert build_decode_graphs(tinylm.generator, cache, max_batch_size=32, max_num_seqs=8) is None
     assert any(r.message.startswith("CUDA graphs off, every step runs eagerly: ") for r in caplog.records)
+
+
+def test_a_mixture_of_experts_is_never_captured_and_the_log_says_why(caplog):
+    config = LlamaFamilyConfig(architecture="MixtralForCausalLM", vocab_size=64, num_layers=1, d_model=16,
+                               num_heads=2, num_kv_heads=1, head_size=8, d_ff=32, max_position_embeddings=64,
+                               max_seq_len=64, experts=ExpertsConfig(num_experts=4, top_k=2, d_ff=32, layers=(0,),
+                                                                     renormalize=True))
+    generator = Generator(LlamaFamilyLM(config), max_seq_len=64, eos_token_id=0, bos_token_id=None)
+    cache = generator.new_kv_cache(4, BLOCK_SIZE)
+    cache.device = torch.device("cuda")  # no GPU here: the refusal comes before anything touches the device
+    with caplog.at_level(logging.INFO):
+        assert build_decode_graphs(generator, cache, max_batch_size=32, max_num_seqs=8) is None
+    assert [r.message for r in caplog.records] == [
+        "CUDA graphs off, every step runs eagerly: MixtralForCausalLM is a mixture of experts, whose rows per "
+        "expert follow each step's routing (read on the host every layer), and a graph records fixed sizes "
+        "and no host read"]
 
 
 def test_a_cpu_worker_never_captures_graphs(model_root, monkeypatch):

@@ -273,11 +273,13 @@ def test_an_existing_version_is_never_overwritten(checkpoint, imported):
         import_checkpoint(checkpoint[0], imported, OPTIONS)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "phi3", "granite", "smollm3", "olmo2", "gemma3_vision"])
+@pytest.mark.parametrize("family", ["qwen3", "phi3", "granite", "smollm3", "olmo2", "gemma3_vision", "qwen3_moe"])
 def test_the_newer_families_import_golden_check_and_load_in_a_worker(family, tmp_path):
     """Qwen3 (q/k norms), Phi-3 (fused projections), Granite (scalings), SmolLM3 (NoPE layers), OLMo 2 (norms
-    after each branch) and Gemma 3 with its vision tower (text-only): the import records golden cases from its own
-    float32 forward, checks them as a worker loads, and they are transformers' greedy continuations."""
+    after each branch), Gemma 3 with its vision tower (text-only) and Qwen3-MoE (routed experts beside a dense
+    layer; Mixtral's and Qwen2-MoE's import differs from it only in what models/ checks): the import records
+    golden cases from its own float32 forward, checks them as a worker loads, and they are transformers' greedy
+    continuations."""
     source, root = tmp_path / family, tmp_path / "repo"
     reference = save_model_directory(source, family)
     manifest = import_checkpoint(source, root, OPTIONS)

@@ -62,10 +62,10 @@ def llama_config(**fields: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(("fields", "field", "says"), [
     ({"architectures": ["GPT2LMHeadModel"]}, "architectures[0]",
      "supported: Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GraniteForCausalLM, "
-     "LlamaForCausalLM, MistralForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-     "SmolLM3ForCausalLM"),
+     "LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, "
+     "Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, SmolLM3ForCausalLM"),
     ({"architectures": ["Olmo3ForCausalLM"]}, "architectures[0]", "Olmo2ForCausalLM"),
-    ({"architectures": ["Qwen3MoeForCausalLM"]}, "architectures[0]", "supported: Gemma2ForCausalLM, Gemma3"),
+    ({"architectures": ["DeepseekV3ForCausalLM"]}, "architectures[0]", "supported: Gemma2ForCausalLM, Gemma3"),
     ({"architectures": ["Qwen3ForCausalLM"], "attention_bias": True}, "attention_bias", "supported: false"),
     ({"architectures": []}, "architectures", "supported: Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForCond"),
     ({"rope_scaling": {"type": "su", "factor": 4.0}}, "rope_scaling.type", "supported: default, linear, llama3, yarn"),
@@ -202,7 +202,7 @@ def test_gemma_reads_its_pattern_scalings_softcaps_and_local_rope():
 
 def test_unsupported_architecture_in_a_directory_names_config_json(tiny_checkpoints, tmp_path):
     directory = copy_of(tiny_checkpoints, "llama", tmp_path)
-    edit_config(directory, lambda c: c.update(architectures=["MixtralForCausalLM"]))
+    edit_config(directory, lambda c: c.update(architectures=["OlmoeForCausalLM"]))
     error = refusal(directory)
     assert (error.file, error.field) == (str(directory / "config.json"), "architectures[0]")
 

@@ -12,6 +12,7 @@ reference's choice is the only one.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import random
 
@@ -50,7 +51,7 @@ def test_config_json_says_what_each_family_differs_in(tiny_checkpoints):
     assert configs["mistral"].architecture == "MistralForCausalLM"
     assert configs["qwen3"].qk_norm == "head" and not configs["qwen3"].qkv_bias and configs["qwen3"].tie_word_embeddings
     assert {family: c.qk_norm for family, c in configs.items() if c.qk_norm} == {
-        "qwen3": "head", "olmo2": "full", "gemma3": "head"}
+        "qwen3": "head", "olmo2": "full", "gemma3": "head", "qwen3_moe": "head"}
     assert sorted(family for family, c in configs.items() if c.post_norms) == ["gemma2", "gemma3", "olmo2"]
     assert sorted(family for family, c in configs.items() if not c.pre_norms) == ["olmo2"]
     assert {family: c.layer_windows for family, c in configs.items() if c.layer_windows} == {
@@ -64,6 +65,14 @@ def test_config_json_says_what_each_family_differs_in(tiny_checkpoints):
     assert {family: c.nope_layers for family, c in configs.items() if c.nope_layers} == {"smollm3": (1,)}
     assert {(c.num_layers, c.d_model, c.num_heads, c.num_kv_heads) for c in configs.values()} == {(2, 64, 4, 2)}
     assert {family: c.head_size for family, c in configs.items() if c.head_size != 16} == {"qwen3": 32}
+    experts = {family: c.experts for family, c in configs.items() if c.experts is not None}
+    assert sorted(experts) == ["mixtral", "qwen2_moe", "qwen3_moe"]
+    assert [(e.num_experts, e.top_k, e.d_ff, e.layers, e.renormalize, e.float32_weights, e.shared_d_ff)
+            for e in (experts["qwen3_moe"], experts["mixtral"], experts["qwen2_moe"])] == [
+        (8, 2, 32, (0,), True, False, 0),  # layer 1 dense by mlp_only_layers
+        (8, 2, 32, (0, 1), True, True, 0),
+        (8, 4, 32, (0, 1), False, False, 96)]
+    assert configs["qwen2_moe"].qkv_bias and not configs["qwen3_moe"].qkv_bias and configs["qwen3_moe"].d_ff == 128
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
@@ -125,6 +134,27 @@ def test_what_sets_a_family_apart_moves_its_logits_far_beyond_the_tolerance(tiny
         assert (without(ids) - expected).abs().max() > 1.0
 
 
+@pytest.mark.parametrize(("family", "routing"), [
+    ("qwen3_moe", {"top_k": 1}), ("qwen3_moe", {"renormalize": False}), ("mixtral", {"top_k": 1}),
+    ("mixtral", {"renormalize": False}), ("qwen2_moe", {"top_k": 2}), ("qwen2_moe", {"renormalize": True}),
+])
+def test_routing_otherwise_moves_a_mixture_of_experts_logits_far_beyond_the_tolerance(tiny_checkpoints, family,
+                                                                                       routing):
+    """The same experts routed to one fewer expert a token, or with the top-k probabilities renormalized
+    where transformers keeps them (and the reverse), are far from transformers' logits (0.9 and more
+    at these weights, against 2e-4): the tests above see the routing, not only the experts."""
+    ckpt = tiny_checkpoints[family]
+    lm = load_llama_family(ckpt.directory)
+    assert lm.config.experts is not None
+    rerouted = LlamaFamilyLM(dataclasses.replace(lm.config, experts=dataclasses.replace(lm.config.experts, **routing)))
+    rerouted.load_state_dict(lm.state_dict())
+    ids = torch.tensor([random_ids(60, seed=1)])
+    with torch.inference_mode():
+        expected = ckpt.reference(ids).logits
+        torch.testing.assert_close(lm(ids), expected, **LOGITS_TOLERANCE)
+        assert (rerouted(ids) - expected).abs().max() > 0.5
+
+
 @pytest.mark.parametrize("storage", [torch.bfloat16, torch.float16])
 def test_half_precision_checkpoints_load_exactly_into_float32(tmp_path, storage):
     reference = save_tiny_checkpoint(tmp_path, "qwen2", seed=5, dtype=storage)  # weights rounded to storage
@@ -148,6 +178,24 @@ def test_half_precision_compute_stays_near_float32(tiny_checkpoints, compute, fa
         got, expected = lm(ids), ckpt.reference(ids).logits
     assert got.dtype == torch.float32
     assert (got - expected).abs().max() < 0.05 * expected.abs().max()
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("compute", [torch.bfloat16, torch.float16])
+def test_a_mixture_of_experts_layer_rounds_as_transformers_does_in_half_precision(tiny_checkpoints, family,
+                                                                                   compute):
+    """One layer's experts against transformers' block on the same input, both in `compute`, within
+    that dtype's own tolerance (about one rounding): routing weights rounded to it (Qwen) or kept
+    float32 (Mixtral) and each token's sum rounded once. The other choice at either place is off at
+    about a third of the outputs. (Whole models are not compared in half precision: a near tie in the
+    routing goes either way in either rounding.)"""
+    ckpt = tiny_checkpoints[family]
+    experts = load_llama_family(ckpt.directory, dtype=compute).layers[0].experts
+    block = copy.deepcopy(ckpt.reference.model.layers[0].mlp).to(compute)
+    torch.manual_seed(0)
+    hidden = torch.randn(1, 50, 64).to(compute)
+    with torch.inference_mode():
+        torch.testing.assert_close(experts.forward(hidden), block(hidden))
 
 
 def paged_greedy(lm, prompts: list[list[int]], num_new_tokens: int, *, block_size: int,
