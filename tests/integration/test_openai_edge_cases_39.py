@@ -424,6 +424,28 @@ def test_a_token_prompt_streams_what_its_text_streams(served):
     assert streamed["ids"] == streamed["text"] and streamed["ids"][1]["prompt_tokens"] == len(ids)
 
 
+def test_kserves_generate_takes_the_prompt_as_input_ids_and_answers_as_for_its_text(served):
+    root = served.base.removesuffix("/v1")
+    ids = _prompt_ids(served, PROMPT)
+    parameters = {"max_tokens": 6, "temperature": 0}
+    answers = [post_json(root, f"/v2/models/{MODEL}/generate", {**prompt, "parameters": parameters})
+               for prompt in ({"input_ids": ids}, {"text_input": PROMPT})]
+    assert [status for status, _ in answers] == [200, 200], answers
+    by_ids, by_text = (reply for _, reply in answers)
+    assert by_ids["text_output"] == by_text["text_output"] and by_ids["text_output"]
+    assert by_ids["parameters"]["prompt_tokens"] == by_text["parameters"]["prompt_tokens"] == len(ids)
+
+
+@pytest.mark.parametrize(("body", "fragment"), [
+    ({"input_ids": [1, 10**9]}, "input 'input_ids'[1] is 1000000000, but the model's token ids are 0.."),
+    ({"input_ids": [1], "text_input": "a"}, "send 'text_input' (the prompt's text) or 'input_ids'"),
+    ({"input_ids": []}, "'input_ids' must be a non-empty list of token ids"),
+])
+def test_bad_input_ids_on_kserves_generate_are_a_400_naming_them(served, body, fragment):
+    status, reply = post_json(served.base.removesuffix("/v1"), f"/v2/models/{MODEL}/generate", body)
+    assert status == 400 and fragment in reply["error"], reply
+
+
 # -- vLLM's /tokenize and /detokenize --------------------------------------------------------
 
 
