@@ -50,6 +50,7 @@ METHOD_ROLES: Mapping[str, frozenset[Role]] = {
     _SCHEDULER + "ListModels": _GATEWAY,
     _SCHEDULER + "Tokenize": _GATEWAY,
     _SCHEDULER + "Detokenize": _GATEWAY,
+    _SCHEDULER + "GetTokenizerInfo": _GATEWAY,
     # Read-only load figures. Workers read them too: a worker given several schedulers probes
     # each one's GetPressure to attach where its model has the fewest workers (issue 12).
     _SCHEDULER + "GetPressure": frozenset({Role.GATEWAY, Role.WORKER}),

@@ -46,6 +46,9 @@ class GatewayConfig(ServerSettings):
         0, "port of the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models) on the "
         "gateway's host, HTTPS when the gRPC port serves TLS; 0: off (docs/clients.md)"
     )
+    enable_tokenizer_info_endpoint: bool = setting(
+        False, "serve vLLM's GET /tokenizer_info on the HTTP port: a generator's tokenizer configuration, its chat "
+        "template included (vLLM serves it only behind this flag, as the template may be the model owner's to keep)")
     http_cors_origins: tuple[str, ...] = setting(
         (), "origins whose browser pages may call the HTTP port (CORS), e.g. https://chat.example.com; * for any "
         "(callers bring API keys, not cookies); none: no CORS headers, and a browser's preflight is refused")

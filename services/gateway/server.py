@@ -306,7 +306,9 @@ class GatewayService:
         config = self._config
         files = TlsFiles(config.tls_cert_file, config.tls_key_file, config.tls_ca_file) if config.tls_enabled else None
         return HttpServer(OpenAIFront(generate, models.list_models, self.admission.parts.tenants.authenticate,
-                                      text=text, stored=self._stored_responses()), config.host, config.http_port,
+                                      text=text, stored=self._stored_responses(),
+                                      tokenizer_info=config.enable_tokenizer_info_endpoint),
+                          config.host, config.http_port,
                           files, max_body_bytes=config.max_message_bytes, shutdown_timeout_s=config.drain_grace_s,
                           kserve=KServeHttp(kserve, ready=self._ready),
                           client_cert=tls.client_cert_mode(config, "gateway"), ready=self._ready,

@@ -60,7 +60,7 @@ from services.scheduler.sequence import SamplingParams
 from services.scheduler.step_scheduler import StepScheduler, StepSchedulerFactory
 from services.scheduler.step_scheduler_config import step_scheduler_config
 from services.scheduler.submit_stream import SubmitStream
-from services.scheduler.text_calls import detokenize, tokenize
+from services.scheduler.text_calls import detokenize, tokenize, tokenizer_info
 from services.scheduler.worker_link import WorkerLink
 
 log = logging.getLogger(__name__)
@@ -373,6 +373,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def Detokenize(self, request: gateway_pb2.DetokenizeRequest, context: Any) -> gateway_pb2.DetokenizeResponse:
         entry = self.registry.resolve_generator(request.model.name, request.model.version)
         return detokenize(request, entry.key, entry.pool.tokenizer)
+
+    @maps_domain_errors
+    async def GetTokenizerInfo(self, request: gateway_pb2.GetTokenizerInfoRequest,
+                               context: Any) -> gateway_pb2.GetTokenizerInfoResponse:
+        entry = self.registry.resolve_generator(request.model.name, request.model.version)
+        return tokenizer_info(entry.key, entry.hello.tokenizer, entry.hello.capacity.max_seq_len)
 
     def _batching_info(self, entry: ModelEntry) -> gateway_pb2.BatchingInfo:
         """The batching in force for a model, as KServe's ModelConfig reports it at the gateway."""

@@ -24,9 +24,10 @@ import pytest
 from inference import grpc_predict_v2_pb2 as kserve
 from inference import grpc_predict_v2_pb2_grpc as kserve_grpc
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tests.support import tool_templates
 from tests.support.hf_checkpoints import END_OF_TEXT_ID, EOT_ID
 from tests.support.hf_mesh import run_stock_client, serving_hermes_qwen2
-from tests.support.https_json import post_json, post_stream
+from tests.support.https_json import get_json, post_json, post_stream
 from tools.testbed import session_tls
 
 pytestmark = pytest.mark.integration
@@ -45,7 +46,8 @@ SAME = 1e-5
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    with serving_hermes_qwen2(tmp_path_factory.mktemp("openai-edges"), MODEL) as served:
+    with serving_hermes_qwen2(tmp_path_factory.mktemp("openai-edges"), MODEL,
+                              gateway_args=("--enable-tokenizer-info-endpoint",)) as served:
         yield served
 
 
@@ -422,6 +424,28 @@ def test_a_token_prompt_streams_what_its_text_streams(served):
     assert streamed["ids"] == streamed["text"] and streamed["ids"][1]["prompt_tokens"] == len(ids)
 
 
+def test_kserves_generate_takes_the_prompt_as_input_ids_and_answers_as_for_its_text(served):
+    root = served.base.removesuffix("/v1")
+    ids = _prompt_ids(served, PROMPT)
+    parameters = {"max_tokens": 6, "temperature": 0}
+    answers = [post_json(root, f"/v2/models/{MODEL}/generate", {**prompt, "parameters": parameters})
+               for prompt in ({"input_ids": ids}, {"text_input": PROMPT})]
+    assert [status for status, _ in answers] == [200, 200], answers
+    by_ids, by_text = (reply for _, reply in answers)
+    assert by_ids["text_output"] == by_text["text_output"] and by_ids["text_output"]
+    assert by_ids["parameters"]["prompt_tokens"] == by_text["parameters"]["prompt_tokens"] == len(ids)
+
+
+@pytest.mark.parametrize(("body", "fragment"), [
+    ({"input_ids": [1, 10**9]}, "input 'input_ids'[1] is 1000000000, but the model's token ids are 0.."),
+    ({"input_ids": [1], "text_input": "a"}, "send 'text_input' (the prompt's text) or 'input_ids'"),
+    ({"input_ids": []}, "'input_ids' must be a non-empty list of token ids"),
+])
+def test_bad_input_ids_on_kserves_generate_are_a_400_naming_them(served, body, fragment):
+    status, reply = post_json(served.base.removesuffix("/v1"), f"/v2/models/{MODEL}/generate", body)
+    assert status == 400 and fragment in reply["error"], reply
+
+
 # -- vLLM's /tokenize and /detokenize --------------------------------------------------------
 
 
@@ -447,6 +471,18 @@ def test_tokenize_gives_the_ids_generate_computes_from_and_detokenize_the_text_b
     assert status == answered == 200 and chat["count"] == asked["usage"]["prompt_tokens"]
     status, bare = post_json(root, "/tokenize", {"model": MODEL, "messages": messages, "add_generation_prompt": False})
     assert status == 200 and bare["count"] < chat["count"]
+
+
+def test_tokenizer_info_gives_what_tokenizer_config_json_says_as_vllm_serves_it(served):
+    """Served behind --enable-tokenizer-info-endpoint (this mesh's gateway has it), as in vLLM."""
+    root = served.base.removesuffix("/v1")
+    status, info = get_json(root, "/tokenizer_info")  # no model: the mesh's only one, as vLLM's
+    assert status == 200, info
+    assert (info["tokenizer_class"], info["model_max_length"]) == ("PreTrainedTokenizerFast", 2048)
+    assert info["chat_template"] == tool_templates.HERMES and info["eos_token"]
+    assert get_json(root, f"/tokenizer_info?model={MODEL}") == (200, info)
+    status, refused = get_json(root, "/tokenizer_info?model=nope")
+    assert status == 404, refused
 
 
 @pytest.mark.parametrize(("path", "body", "status", "param"), [

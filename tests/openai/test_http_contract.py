@@ -162,8 +162,9 @@ def test_one_model_is_retrieved_as_listed_and_one_not_listed_is_404(http_mesh):
      "max_tokens must be an integer in [1, 1048576], got 0"),
     ({"model": MODEL, "prompt": "a", "prompt_logprobs": 21}, "prompt_logprobs",
      "prompt_logprobs must be an integer in [0, 20], got 21"),
-    ({"model": MODEL, "prompt": "a", "prompt_logprobs": -1}, "prompt_logprobs",
-     "prompt_logprobs must be an integer in [0, 20], got -1"),
+    ({"model": MODEL, "prompt": "a", "prompt_logprobs": -1}, "prompt_logprobs",  # vLLM's whole vocabulary
+     "Requested prompt logprobs of -1 (every token of the model's vocabulary), which is greater than max allowed: "
+     "20 (vLLM's default max_logprobs); ask for 0..20"),
     ({"model": MODEL, "prompt": "a", "presence_penalty": 2.5}, "presence_penalty",
      "presence_penalty must be a number in [-2, 2], got 2.5"),
     ({"model": MODEL, "prompt": "a", "frequency_penalty": "x"}, "frequency_penalty",
@@ -208,6 +209,9 @@ def test_bad_completion_parameters_are_400_naming_the_parameter(http_mesh, body,
      "top_logprobs", "top_logprobs must be an integer in [0, 20], got 21"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}, "top_logprobs",
      "top_logprobs needs logprobs: true"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "a"}], "logprobs": True, "top_logprobs": -1},
+     "top_logprobs", "Requested sample logprobs of -1 (every token of the model's vocabulary), which is greater than "
+                     "max allowed: 20 (vLLM's default max_logprobs); ask for 0..20"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "a"}], "echo": True}, "echo",
      "echo is a completions parameter (/v1/completions), not a chat one"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "a"}], "prompt_logprobs": 21}, "prompt_logprobs",

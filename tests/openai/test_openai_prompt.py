@@ -135,3 +135,28 @@ def test_bad_prompt_options_are_refused_naming_the_parameter(parse, body, param)
     with pytest.raises(openai_codec.BadParameter) as caught:
         parse({"model": "m", **body})
     assert caught.value.param == param
+
+
+CHAT = {"messages": [{"role": "user", "content": "a"}]}
+
+
+@pytest.mark.parametrize(("parse", "body", "param", "message"), [
+    (openai_codec.parse_completion, {"prompt": "a", "prompt_logprobs": -1}, "prompt_logprobs",
+     "Requested prompt logprobs of -1 (every token of the model's vocabulary), which is greater than max "
+     "allowed: 20"),
+    (openai_codec.parse_chat, {**CHAT, "prompt_logprobs": -1}, "prompt_logprobs", "Requested prompt logprobs of -1"),
+    (openai_codec.parse_chat, {**CHAT, "logprobs": True, "top_logprobs": -1}, "top_logprobs",
+     "Requested sample logprobs of -1 (every token of the model's vocabulary), which is greater than max "
+     "allowed: 20"),
+    (openai_codec.parse_chat, {**CHAT, "top_logprobs": -1}, "top_logprobs", "top_logprobs needs logprobs: true"),
+    # vLLM's completions refuse logprobs -1 before counting it ("must be a positive value").
+    (openai_codec.parse_completion, {"prompt": "a", "logprobs": -1}, "logprobs",
+     "logprobs must be an integer in [0, 20], got -1"),
+    (openai_codec.parse_completion, {"prompt": "a", "prompt_logprobs": -2}, "prompt_logprobs",
+     "prompt_logprobs must be an integer in [0, 20], got -2"),
+])
+def test_minus_one_the_whole_vocabulary_is_refused_past_max_logprobs_as_vllm_refuses_it(parse, body, param,
+                                                                                       message):
+    with pytest.raises(openai_codec.BadParameter) as caught:
+        parse({"model": "m", **body})
+    assert caught.value.param == param and message in str(caught.value)

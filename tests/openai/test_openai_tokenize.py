@@ -6,6 +6,7 @@ import pytest
 
 from infermesh.v1 import gateway_pb2
 from services.gateway.fronts import openai_tokenize
+from services.gateway.fronts.openai_http import OpenAIFront
 from services.gateway.fronts.openai_params import BadParameter
 
 
@@ -73,3 +74,32 @@ def test_replies_in_vllms_shape():
     assert openai_tokenize.tokenize_body(reply, True)["token_strs"] == ["h", "\ufffd"]
     assert openai_tokenize.detokenize_body(gateway_pb2.DetokenizeResponse(text="hé")) == {"prompt": "hé"}
     assert openai_tokenize.parse_detokenize({"model": "m", "tokens": [3, 4]}).token_ids == [3, 4]
+
+
+def test_tokenizer_info_names_a_model_in_its_query_or_none():
+    assert openai_tokenize.parse_tokenizer_info({}).model.name == ""  # the caller's only generator
+    assert openai_tokenize.parse_tokenizer_info({"model": "m:3"}).model.version == "3"
+    with pytest.raises(BadParameter) as refused:
+        openai_tokenize.parse_tokenizer_info({"modle": "m"})
+    assert refused.value.param == "modle" and "takes model" in str(refused.value)
+
+
+def test_tokenizer_info_answers_tokenizer_config_jsons_fields_as_vllm_does():
+    reply = gateway_pb2.GetTokenizerInfoResponse(tokenizer_class="PreTrainedTokenizerFast", add_bos_token=False,
+                                                 special_tokens={"eos_token": "</s>", "bos_token": "<s>"},
+                                                 chat_template="{{ messages }}", max_seq_len=2048)
+    assert openai_tokenize.tokenizer_info_body(reply) == {
+        "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": False, "model_max_length": 2048,
+        "chat_template": "{{ messages }}", "tokenizer_class": "PreTrainedTokenizerFast"}
+    # No template: none named (vLLM's answer has chat_template only when the model has one).
+    assert openai_tokenize.tokenizer_info_body(gateway_pb2.GetTokenizerInfoResponse(tokenizer_class="ByteTokenizer",
+                                                                                    max_seq_len=64)) == {
+        "model_max_length": 64, "tokenizer_class": "ByteTokenizer"}
+
+
+@pytest.mark.parametrize(("flag", "paths"), [
+    (False, ["/tokenize", "/detokenize"]), (True, ["/tokenize", "/detokenize", "/tokenizer_info"]),
+])
+def test_tokenizer_info_is_served_only_behind_its_flag_as_in_vllm(flag, paths):
+    front = OpenAIFront(None, None, None, text=object(), tokenizer_info=flag)  # type: ignore[arg-type]
+    assert [route.path for route in front.routes() if "token" in route.path] == paths

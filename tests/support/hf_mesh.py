@@ -31,9 +31,10 @@ class HFMesh:
 
 @contextmanager
 def serving_checkpoints(tmp: Path, names: Sequence[str], kv_cache_bytes: int = 1 << 20,
-                        options: Mapping[str, Mapping[str, Any]] | None = None) -> Iterator[HFMesh]:
+                        options: Mapping[str, Mapping[str, Any]] | None = None,
+                        gateway_args: Sequence[str] = ()) -> Iterator[HFMesh]:
     """`tmp/<name>` for each name: checkpoint directories, served until the block ends. `options`:
-    more ImportOptions fields for some of them, by name."""
+    more ImportOptions fields for some of them, by name; `gateway_args`: more gateway flags."""
     root = tmp / "model_repo"
     for name in names:
         more = (options or {}).get(name, {})
@@ -43,7 +44,7 @@ def serving_checkpoints(tmp: Path, names: Sequence[str], kv_cache_bytes: int = 1
         mesh.start_scheduler("--metrics-port", str(metrics_port))
         wait_all_serving([mesh.start_worker(name, "--model-repository", str(root), "--model-version", "1", wait=False)
                           for name in names])
-        mesh.start_gateway("--http-port", str(http_port))
+        mesh.start_gateway("--http-port", str(http_port), *gateway_args)
         base = f"https://127.0.0.1:{http_port}/v1"
         wait_until(lambda: all(post_json(base, "/completions", {"model": name, "prompt": "hi", "max_tokens": 1})[0]
                                == 200 for name in names), timeout_s=30, message="models served")
@@ -52,13 +53,13 @@ def serving_checkpoints(tmp: Path, names: Sequence[str], kv_cache_bytes: int = 1
 
 
 @contextmanager
-def serving_hermes_qwen2(tmp: Path, name: str) -> Iterator[HFMesh]:
+def serving_hermes_qwen2(tmp: Path, name: str, gateway_args: Sequence[str] = ()) -> Iterator[HFMesh]:
     """`tmp/<name>`: a tiny Qwen2 checkpoint whose chat template offers tools in the Hermes format,
     served until the block ends. The tools' signatures make prompts of a few hundred byte-level
     tokens: a longer context (2048) and KV cache (4 MiB) than the defaults."""
     save_model_directory(tmp / name, "qwen2", seed=11, chat_template=tool_templates.HERMES,
                          max_position_embeddings=2048)
-    with serving_checkpoints(tmp, [name], kv_cache_bytes=1 << 22) as served:
+    with serving_checkpoints(tmp, [name], kv_cache_bytes=1 << 22, gateway_args=gateway_args) as served:
         yield served
 
 

@@ -13,8 +13,16 @@ from tools.testbed import session_tls
 
 def post_json(base: str, path: str, body: dict) -> tuple[int, dict]:
     """(status, reply) of POST `base + path`; a 4xx/5xx is returned, not raised."""
-    request = urllib.request.Request(base + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+    return _json_reply(urllib.request.Request(base + path, data=json.dumps(body).encode(),
+                                              headers={"Content-Type": "application/json"}, method="POST"))
+
+
+def get_json(base: str, path: str) -> tuple[int, dict]:
+    """(status, reply) of GET `base + path`; a 4xx/5xx is returned, not raised."""
+    return _json_reply(urllib.request.Request(base + path, method="GET"))
+
+
+def _json_reply(request: urllib.request.Request) -> tuple[int, dict]:
     context = ssl.create_default_context(cafile=str(session_tls.session_pki().ca_path))
     try:
         with urllib.request.urlopen(request, timeout=60, context=context) as reply:

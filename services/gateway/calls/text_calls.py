@@ -1,4 +1,5 @@
-"""Tokenize and Detokenize, whatever the transport (gRPC, vLLM's POST /tokenize and /detokenize): a
+"""Tokenize, Detokenize and the tokenizer's configuration, whatever the transport (gRPC, vLLM's POST
+/tokenize and /detokenize, GET /tokenizer_info): a
 generator's tokenizer lives with its schedulers (they tokenize each request once, for the prefix
 cache and routing), so the gateway asks one that serves the model, trying the next when one cannot
 answer. Authenticated and limited to the tenant's models like Generate; nothing is queued, generated
@@ -41,7 +42,12 @@ class TextCalls:
                          timeout_s: float) -> gateway_pb2.DetokenizeResponse:
         return await self._ask(request, authorization, timeout_s, lambda client, r, t: client.detokenize(r, t))
 
-    async def _ask(self, request: gateway_pb2.TokenizeRequest | gateway_pb2.DetokenizeRequest,
+    async def tokenizer_info(self, request: gateway_pb2.GetTokenizerInfoRequest, authorization: Authorization,
+                             timeout_s: float) -> gateway_pb2.GetTokenizerInfoResponse:
+        return await self._ask(request, authorization, timeout_s, lambda client, r, t: client.tokenizer_info(r, t))
+
+    async def _ask(self, request: gateway_pb2.TokenizeRequest | gateway_pb2.DetokenizeRequest
+                   | gateway_pb2.GetTokenizerInfoRequest,
                    authorization: Authorization, timeout_s: float,
                    call: Callable[[SchedulerClient, Any, float], Awaitable[Reply]]) -> Reply:
         parts = self._admission.parts

@@ -13,6 +13,7 @@ and asks for binary tensors by default.
 
 Generate extension (Triton's, for generators; POST .../generate and .../generate_stream):
     {"id": "...", "text_input": "<prompt>", "parameters": {"max_tokens": 16, "logprobs": true, ...}}
+or `"input_ids": [ids]` in place of text_input: the prompt as token ids (the input of that name);
 the parameters those of ModelStreamInfer (kserve/stream.py; the JSON ones may be JSON values).
 Each response is an object of the model, its outputs by name (text_output a string, logprobs and
 top_logprobs lists) and, on the last, `parameters` (finish_reason and the token counts);
@@ -35,7 +36,7 @@ from services.common.errors import InvalidArgument
 from services.common.tensor_datatypes import STRUCT_CODES
 from services.gateway.fronts import json_body
 from services.gateway.kserve.codec import class_count, pack_bytes_tensor, unpack_bytes_tensor
-from services.gateway.kserve.models import TEXT_INPUT, TEXT_OUTPUT
+from services.gateway.kserve.models import TEXT_INPUT, TEXT_OUTPUT, TOKEN_INPUT
 from services.gateway.kserve.stream import FINAL, JSON_PARAMETERS
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -86,17 +87,36 @@ def parse_infer(body: bytes, header_length: str | None, name: str, version: str)
 def parse_generate(body: bytes, name: str, version: str) -> kserve.ModelInferRequest:
     """A generate extension body as the ModelStreamInfer request it asks for."""
     document = _document(body)
-    unknown = sorted(set(document) - {"id", TEXT_INPUT, "parameters"})
+    unknown = sorted(set(document) - {"id", TEXT_INPUT, TOKEN_INPUT, "parameters"})
     if unknown:
-        raise InvalidArgument(f"unknown field '{unknown[0]}'; a generate request has id, {TEXT_INPUT}, parameters")
-    prompt = document.get(TEXT_INPUT)
-    if not isinstance(prompt, str):
-        raise InvalidArgument(f"'{TEXT_INPUT}' must be a string (the prompt)")
+        raise InvalidArgument(f"unknown field '{unknown[0]}'; a generate request has id, {TEXT_INPUT} or "
+                              f"{TOKEN_INPUT}, parameters")
     request = kserve.ModelInferRequest(model_name=name, model_version=version, id=_string(document, "id"))
-    request.inputs.add(name=TEXT_INPUT, datatype="BYTES", shape=[1])
-    request.raw_input_contents.append(pack_bytes_tensor([prompt.encode()]))
+    _add_prompt(request, document)
     _set_parameters(request.parameters, _object(document, "parameters"), "parameters")
     return request
+
+
+def _add_prompt(request: kserve.ModelInferRequest, document: dict) -> None:
+    """text_input (the prompt's text) or input_ids (its token ids) as the one input, as Triton's generate
+    maps a body's fields onto the inputs of the same name."""
+    if TOKEN_INPUT in document:
+        if TEXT_INPUT in document:
+            raise InvalidArgument(f"send '{TEXT_INPUT}' (the prompt's text) or '{TOKEN_INPUT}' (its token ids), "
+                                  "not both")
+        ids = document[TOKEN_INPUT]
+        if not isinstance(ids, list) or not ids or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**32 for i in ids):
+            raise InvalidArgument(f"'{TOKEN_INPUT}' must be a non-empty list of token ids (integers >= 0), got "
+                                  f"{json.dumps(ids)[:80]}")
+        request.inputs.add(name=TOKEN_INPUT, datatype="INT64", shape=[len(ids)])
+        request.raw_input_contents.append(struct.pack(f"<{len(ids)}q", *ids))
+        return
+    prompt = document.get(TEXT_INPUT)
+    if not isinstance(prompt, str):
+        raise InvalidArgument(f"'{TEXT_INPUT}' must be a string (the prompt), or send '{TOKEN_INPUT}' (its token ids)")
+    request.inputs.add(name=TEXT_INPUT, datatype="BYTES", shape=[1])
+    request.raw_input_contents.append(pack_bytes_tensor([prompt.encode()]))
 
 
 def generate_document(response: kserve.ModelInferResponse) -> dict:

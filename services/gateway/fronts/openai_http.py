@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP front (aiohttp): /v1/completions, /v1/chat/completions, /v1/responses (on the
 chat path: openai_responses.py; stored ones under /v1/responses/{id} when the gateway stores them:
-openai_stored_http.py), /v1/models[/{id}], and vLLM's /tokenize and /detokenize.
+openai_stored_http.py), /v1/models[/{id}], and vLLM's /tokenize and /detokenize (and, when the gateway
+is asked to, its /tokenizer_info).
 
 Thin: read the caller from the headers, parse the body (openai_codec), run the same
 GenerateCore as the gRPC Generate, write JSON or server-sent events, map domain errors to
@@ -155,16 +156,19 @@ def _named_events(events: list[dict]) -> bytes:
 
 class OpenAIFront:
     def __init__(self, core: GenerateCore, list_models: ListModels, authenticate: Callable[[Authorization], object],
-                 clock=time.time, text: TextCalls | None = None, stored: StoredResponses | None = None) -> None:
+                 clock=time.time, text: TextCalls | None = None, stored: StoredResponses | None = None,
+                 tokenizer_info: bool = False) -> None:
         """authenticate: the tenants' own check (Unauthenticated), asked only of a request whose body is refused,
         so a caller without a valid key learns nothing about what the gateway would accept.
         text: vLLM's /tokenize and /detokenize (none: not served).
+        tokenizer_info: with text, vLLM's GET /tokenizer_info too (--enable-tokenizer-info-endpoint).
         stored: the stored Responses (none: nothing is stored, and previous_response_id is a 400)."""
         self._core = core
         self._list_models = list_models
         self._authenticate = authenticate
         self._clock = clock
         self._text = text
+        self._tokenizer_info = tokenizer_info
         self._stored = StoredResponsesFront(stored, authenticate)
 
     def routes(self) -> list[web.RouteDef]:
@@ -182,6 +186,8 @@ class OpenAIFront:
         ]
         if self._text is not None:
             routes += [web.post("/tokenize", self.tokenize), web.post("/detokenize", self.detokenize)]
+            if self._tokenizer_info:
+                routes.append(web.get("/tokenizer_info", self.tokenizer_info))
         return routes
 
     async def tokenize(self, request: web.Request) -> web.Response:
@@ -199,6 +205,14 @@ class OpenAIFront:
             return openai_tokenize.detokenize_body(reply)
 
         return await self._text_answer(request, answer)
+
+    async def tokenizer_info(self, request: web.Request) -> web.Response:
+        try:
+            reply = await self._text_calls().tokenizer_info(openai_tokenize.parse_tokenizer_info(request.query),
+                                                            http_authorization(request), _TEXT_TIMEOUT_S)
+        except errors.InfermeshError as err:
+            return error_response(self._refusal(request, err))
+        return web.json_response(openai_tokenize.tokenizer_info_body(reply), dumps=_dumps)
 
     async def _text_answer(self, request: web.Request,
                            answer: Callable[[object, Authorization], Awaitable[dict]]) -> web.Response:

@@ -164,11 +164,28 @@ def _response_format(value: Any, structured: common_pb2.StructuredOutput) -> Non
 
 
 
+# vLLM's -1 for top_logprobs and prompt_logprobs: every token of the model's vocabulary. vLLM
+# counts it as the vocabulary's size against its max_logprobs, whose default (20) is our cap, and
+# refuses it past that: so for every vocabulary served here (the byte models' 257 ids and up).
+WHOLE_VOCABULARY = -1
+
+
+def whole_vocabulary_refused(param: str, kind: str) -> BadParameter:
+    """vLLM's refusal of -1 (`kind`: sample or prompt), in its words."""
+    return BadParameter(param, f"Requested {kind} logprobs of -1 (every token of the model's vocabulary), which "
+                               f"is greater than max allowed: {MAX_TOP_LOGPROBS} (vLLM's default max_logprobs); ask "
+                               f"for 0..{MAX_TOP_LOGPROBS}")
+
+
 def chat_logprobs(body: dict, sampling: common_pb2.SamplingParams) -> None:
     """Chat: `logprobs: true`, and `top_logprobs: <int>` alternatives with it."""
     logprobs = boolean(body, "logprobs", False)
     top = body.get("top_logprobs")
     if top is not None:
+        if top == WHOLE_VOCABULARY and is_int(top):
+            if not logprobs:
+                raise BadParameter("top_logprobs", "top_logprobs needs logprobs: true")
+            raise whole_vocabulary_refused("top_logprobs", "sample")
         if not is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
             raise BadParameter("top_logprobs", f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], "
                                                f"got {shown(top)}")

@@ -16,7 +16,14 @@ from dataclasses import dataclass
 
 from infermesh.v1 import common_pb2
 from services.common.logprobs import MAX_TOP_LOGPROBS
-from services.gateway.fronts.openai_params import BadParameter, boolean, is_int, shown
+from services.gateway.fronts.openai_params import (
+    WHOLE_VOCABULARY,
+    BadParameter,
+    boolean,
+    is_int,
+    shown,
+    whole_vocabulary_refused,
+)
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,8 @@ def prompt_options(body: dict, completion: bool) -> PromptOptions:
     max_tokens = body.get("max_tokens")
     echo_only = echo and is_int(max_tokens) and max_tokens == 0
     value = body.get("prompt_logprobs")
+    if value == WHOLE_VOCABULARY and is_int(value):
+        raise whole_vocabulary_refused("prompt_logprobs", "prompt")
     if value is not None and (not is_int(value) or not 0 <= value <= MAX_TOP_LOGPROBS):
         raise BadParameter("prompt_logprobs", f"prompt_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], "
                                               f"got {shown(value)}")

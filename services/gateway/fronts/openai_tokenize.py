@@ -6,10 +6,16 @@ and answers `{"count", "max_model_len", "tokens", "token_strs"}` as vLLM does (`
 token's text, when `return_token_strs` is true; else null). /detokenize takes `tokens` and answers
 `{"prompt": text}`. Clients count a prompt's tokens with them, and lm-evaluation-harness's
 local-completions uses them in place of a local tokenizer when the server has them.
+
+GET /tokenizer_info (behind --enable-tokenizer-info-endpoint, as in vLLM) answers what vLLM's does: the
+tokenizer's configuration as tokenizer_config.json holds it (add_bos_token, add_eos_token, bos_token,
+eos_token, ..., model_max_length, chat_template) and `tokenizer_class`, for clients that rebuild the
+tokenizer. vLLM serves one model; here `?model=` names one, and without it the caller's only generator.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from infermesh.v1 import common_pb2, gateway_pb2
@@ -64,6 +70,27 @@ def tokenize_body(reply: gateway_pb2.TokenizeResponse, token_strs: bool) -> dict
 
 def detokenize_body(reply: gateway_pb2.DetokenizeResponse) -> dict:
     return {"prompt": reply.text}
+
+
+def parse_tokenizer_info(query: Mapping[str, str]) -> gateway_pb2.GetTokenizerInfoRequest:
+    """The query string's `model`, if any (vLLM's endpoint takes none: it serves one model)."""
+    unknown = sorted(set(query) - {"model"})
+    if unknown:
+        raise BadParameter(unknown[0], f"unknown query parameter '{unknown[0]}'; /tokenizer_info takes model")
+    return gateway_pb2.GetTokenizerInfoRequest(model=_model(dict(query)))
+
+
+def tokenizer_info_body(reply: gateway_pb2.GetTokenizerInfoResponse) -> dict:
+    """tokenizer_config.json's fields as vLLM answers them; chat_template only when the model has one."""
+    body: dict[str, Any] = dict(sorted(reply.special_tokens.items()))
+    for name in ("add_bos_token", "add_eos_token"):
+        if reply.HasField(name):
+            body[name] = getattr(reply, name)
+    body["model_max_length"] = reply.max_seq_len
+    if reply.chat_template:
+        body["chat_template"] = reply.chat_template
+    body["tokenizer_class"] = reply.tokenizer_class
+    return body
 
 
 def _model(body: dict) -> common_pb2.ModelRef:

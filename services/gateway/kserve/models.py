@@ -30,6 +30,8 @@ CLASSIFIER_PLATFORM = "infermesh_classifier"
 GENERATOR_PLATFORM = "infermesh_generator"
 TENSOR_PLATFORM = "infermesh_tensor"
 TEXT_INPUT = "text_input"
+# A generator's prompt as token ids, in place of text_input (Triton's TensorRT-LLM models name it so).
+TOKEN_INPUT = "input_ids"
 TEXT_OUTPUT = "text_output"
 # The channels metadata describes (RGB); 1 and 4 are accepted as well.
 DESCRIBED_CHANNELS = 3

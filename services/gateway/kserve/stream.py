@@ -1,7 +1,10 @@
 """Generator requests over Triton's decoupled streaming (ModelStreamInfer): tensors <-> Generate.
 
 Contract (docs/clients.md), shaped like Triton's vLLM backend so its clients need no changes:
-  input   text_input   BYTES [1] (or [1, 1]): the UTF-8 prompt
+  input   text_input   BYTES [1] (or [1, 1]): the UTF-8 prompt; or instead
+          input_ids    INT32 or INT64 [n] (or [1, n]): the prompt as token ids of the model's tokenizer
+                       (Triton's TensorRT-LLM models name it so), used as they are, as the OpenAI
+                       front's token prompts (GenerateRequest.prompt_token_ids)
   params  max_tokens (int), temperature (float), top_p (float), seed (int), ignore_eos (bool),
           stop (string, one stop sequence): the request's `parameters` (tritonclient's
           `parameters={...}`); `stream` is accepted and ignored (a stream is always streamed);
@@ -36,7 +39,7 @@ from infermesh.v1 import common_pb2, gateway_pb2
 from services.common.errors import InvalidArgument
 from services.gateway.fronts.openai_params import BadParameter, chat_logprobs, penalties, structured
 from services.gateway.kserve.codec import pack_bytes_tensor, unpack_bytes_tensor
-from services.gateway.kserve.models import TEXT_INPUT, TEXT_OUTPUT
+from services.gateway.kserve.models import TEXT_INPUT, TEXT_OUTPUT, TOKEN_INPUT
 
 FINAL = "triton_final_response"
 EMPTY_FINAL = "triton_enable_empty_final_response"
@@ -82,8 +85,9 @@ def parse_stream_request(request: kserve.ModelInferRequest) -> StreamRequest:
     structured_param = _set_options(sampling, options)
     generate = gateway_pb2.GenerateRequest(
         model=common_pb2.ModelRef(name=request.model_name, version=request.model_version),
-        prompt=_prompt(request), sampling=sampling, request_id=request.id, objectives=objectives,
+        sampling=sampling, request_id=request.id, objectives=objectives,
     )
+    _set_prompt(generate, request)
     empty_final = EMPTY_FINAL in parameters and _value(parameters[EMPTY_FINAL]) is True
     return StreamRequest(generate, request.id, empty_final, structured_param)
 
@@ -112,10 +116,55 @@ def _set_options(sampling: common_pb2.SamplingParams, options: dict[str, Any]) -
         raise BadParameter(err.param, f"parameter '{err.param}': {err.message}") from None
 
 
-def _prompt(request: kserve.ModelInferRequest) -> str:
+def _set_prompt(generate: gateway_pb2.GenerateRequest, request: kserve.ModelInferRequest) -> None:
+    """The one input: the prompt's text as prompt, or its token ids as prompt_token_ids."""
     names = [tensor.name for tensor in request.inputs]
-    if names != [TEXT_INPUT]:
-        raise InvalidArgument(f"expected exactly one input named '{TEXT_INPUT}', got {names}")
+    if names == [TEXT_INPUT]:
+        generate.prompt = _text_prompt(request)
+    elif names == [TOKEN_INPUT]:
+        generate.prompt_token_ids.extend(_token_prompt(request))
+    else:
+        raise InvalidArgument(f"expected exactly one input: '{TEXT_INPUT}' (the prompt's text) or '{TOKEN_INPUT}' "
+                              f"(its token ids), got {names}")
+
+
+def _token_prompt(request: kserve.ModelInferRequest) -> list[int]:
+    """input_ids' elements, each a token id (< 2^32; the scheduler checks them against the vocabulary)."""
+    tensor = request.inputs[0]
+    shape = list(tensor.shape)
+    if tensor.datatype not in _TOKEN_DATATYPES:
+        raise InvalidArgument(f"input '{TOKEN_INPUT}' must be INT32 or INT64 token ids, got "
+                              f"{tensor.datatype or '(none)'}")
+    if not (len(shape) == 1 or (len(shape) == 2 and shape[0] == 1)) or shape[-1] < 1:
+        raise InvalidArgument(f"input '{TOKEN_INPUT}' must have shape [n] or [1, n] with n >= 1, got {shape}")
+    ids = _token_elements(request, tensor)
+    if len(ids) != shape[-1]:
+        raise InvalidArgument(f"input '{TOKEN_INPUT}' holds {len(ids)} elements, its shape {shape} says {shape[-1]}")
+    for index, token_id in enumerate(ids):
+        if not 0 <= token_id < 2**32:
+            raise InvalidArgument(f"input '{TOKEN_INPUT}'[{index}] must be a token id (an integer >= 0), "
+                                  f"got {token_id}")
+    return ids
+
+
+def _token_elements(request: kserve.ModelInferRequest, tensor) -> list[int]:
+    if not request.raw_input_contents:
+        return list(tensor.contents.int_contents if tensor.datatype == "INT32" else tensor.contents.int64_contents)
+    if len(request.raw_input_contents) != 1:
+        raise InvalidArgument(f"raw_input_contents has {len(request.raw_input_contents)} entries for 1 input")
+    raw = request.raw_input_contents[0]
+    code = _TOKEN_DATATYPES[tensor.datatype]
+    if len(raw) % struct.calcsize(code):
+        raise InvalidArgument(f"input '{TOKEN_INPUT}' has {len(raw)} bytes, not a whole number of "
+                              f"{tensor.datatype} elements")
+    return list(struct.unpack(f"<{len(raw) // struct.calcsize(code)}{code}", raw))
+
+
+# input_ids' datatypes and their little-endian struct codes (Triton's raw layout).
+_TOKEN_DATATYPES = {"INT32": "i", "INT64": "q"}
+
+
+def _text_prompt(request: kserve.ModelInferRequest) -> str:
     tensor = request.inputs[0]
     if tensor.datatype != "BYTES" or list(tensor.shape) not in ([1], [1, 1]):
         raise InvalidArgument(f"input '{TEXT_INPUT}' must be BYTES of shape [1] or [1, 1], "
@@ -225,7 +274,10 @@ def _finite(logprob: float) -> float | None:
 
 def named_refusal(request: StreamRequest, err: InvalidArgument) -> InvalidArgument:
     """The scheduler's refusal of a structured output (it compiles the schema, regex or grammar) names the
-    parameter that asked for it, as the OpenAI front's 400 does."""
+    parameter that asked for it, as the OpenAI front's 400 does; of a token id past the model's
+    vocabulary, the input that held it."""
     if request.structured_param is not None and err.message.startswith("sampling.structured"):
         return BadParameter(request.structured_param, f"parameter '{request.structured_param}': {err.message}")
+    if request.generate.prompt_token_ids and err.message.startswith("prompt_token_ids["):
+        return InvalidArgument(f"input '{TOKEN_INPUT}'" + err.message.removeprefix("prompt_token_ids"))
     return err

@@ -210,6 +210,13 @@ class SchedulerClient:
         except grpc.aio.AioRpcError as exc:
             raise AttemptError.from_rpc_error(exc) from None
 
+    async def tokenizer_info(self, request: gateway_pb2.GetTokenizerInfoRequest,
+                             timeout_s: float) -> gateway_pb2.GetTokenizerInfoResponse:
+        try:
+            return await self._stub.GetTokenizerInfo(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise AttemptError.from_rpc_error(exc) from None
+
     async def get_pressure(self, timeout_s: float) -> scheduler_pb2.GetPressureResponse:
         try:
             return await self._stub.GetPressure(scheduler_pb2.GetPressureRequest(), timeout=timeout_s)

@@ -9,7 +9,7 @@ from services.common.identity import METHOD_ROLES, IdentityPolicy, PeerIdentity,
 
 GATEWAY = PeerIdentity(("spiffe://infermesh/gateway", "gateway", "localhost"))
 WORKER = PeerIdentity(("spiffe://infermesh/worker", "worker", "localhost"))
-SCHEDULER_METHODS = ["Classify", "Generate", "Submit", "ListModels", "Tokenize", "Detokenize"]
+SCHEDULER_METHODS = ["Classify", "Generate", "Submit", "ListModels", "Tokenize", "Detokenize", "GetTokenizerInfo"]
 
 
 def _auth_context(**properties: list[bytes]) -> dict[str, list[bytes]]:

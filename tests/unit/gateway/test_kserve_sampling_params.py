@@ -160,3 +160,74 @@ def test_rest_generate_joins_the_stream_responses_into_one_answer():
     assert (joined["text_output"], joined["logprobs"], joined["id"]) == ("abab", [-0.25, -0.5, -1.0], "s-1")
     assert joined["parameters"] == {"finish_reason": "length", "prompt_tokens": 2, "completion_tokens": 3,
                                     "cached_prompt_tokens": 0}
+
+
+# -- token prompts: input_ids in place of text_input ------------------------------------------------
+
+
+def _token_request(datatype: str, shape: list[int], ids: list[int], raw: bool = True) -> kserve.ModelInferRequest:
+    request = kserve.ModelInferRequest(model_name="tinylm", id="t-1")
+    tensor = request.inputs.add(name="input_ids", datatype=datatype, shape=shape)
+    if raw:
+        request.raw_input_contents.append(struct.pack(f"<{len(ids)}{'i' if datatype == 'INT32' else 'q'}", *ids))
+    elif datatype == "INT32":
+        tensor.contents.int_contents.extend(ids)
+    else:
+        tensor.contents.int64_contents.extend(ids)
+    return request
+
+
+@pytest.mark.parametrize(("datatype", "shape", "raw"), [
+    ("INT32", [3], True), ("INT64", [1, 3], True), ("INT32", [1, 3], False), ("INT64", [3], False),
+])
+def test_input_ids_go_upstream_as_prompt_token_ids(datatype, shape, raw):
+    parsed = kserve_stream.parse_stream_request(_token_request(datatype, shape, [104, 105, 0], raw))
+    assert list(parsed.generate.prompt_token_ids) == [104, 105, 0] and not parsed.generate.prompt
+
+
+@pytest.mark.parametrize(("request_", "fragment"), [
+    (_token_request("FP32", [2], [1, 2]), "input 'input_ids' must be INT32 or INT64 token ids, got FP32"),
+    (_token_request("INT32", [0], []), "input 'input_ids' must have shape [n] or [1, n] with n >= 1, got [0]"),
+    (_token_request("INT64", [2, 2], [1, 2, 3, 4]), "must have shape [n] or [1, n]"),
+    (_token_request("INT32", [3], [1, 2]), "input 'input_ids' holds 2 elements, its shape [3] says 3"),
+    (_token_request("INT64", [2], [5, -3]), "input 'input_ids'[1] must be a token id (an integer >= 0), got -3"),
+    (_token_request("INT64", [1], [2**32], raw=False), "input 'input_ids'[0] must be a token id"),
+])
+def test_bad_input_ids_are_invalid_argument_naming_the_input(request_, fragment):
+    with pytest.raises(InvalidArgument) as refused:
+        kserve_stream.parse_stream_request(request_)
+    assert fragment in refused.value.message
+
+
+def test_text_input_and_input_ids_together_are_refused():
+    both = _token_request("INT32", [1], [7])
+    both.inputs.insert(0, kserve.ModelInferRequest.InferInputTensor(
+        name="text_input", datatype="BYTES", shape=[1], contents=kserve.InferTensorContents(bytes_contents=[b"Hi"])))
+    both.ClearField("raw_input_contents")
+    with pytest.raises(InvalidArgument, match="expected exactly one input: 'text_input' .* or 'input_ids'"):
+        kserve_stream.parse_stream_request(both)
+
+
+def test_the_schedulers_refusal_of_an_id_past_the_vocabulary_names_input_ids():
+    parsed = kserve_stream.parse_stream_request(_token_request("INT32", [2], [1, 10**9]))
+    refused = InvalidArgument("prompt_token_ids[1] is 1000000000, but the model's token ids are 0..256 (vocab_size 257)")
+    assert kserve_stream.named_refusal(parsed, refused).message == (
+        "input 'input_ids'[1] is 1000000000, but the model's token ids are 0..256 (vocab_size 257)")
+
+
+def test_rest_generate_takes_input_ids_in_place_of_text_input():
+    request = kserve_http_codec.parse_generate(b'{"input_ids": [104, 105], "parameters": {"max_tokens": 2}}',
+                                               "tinylm", "")
+    parsed = kserve_stream.parse_stream_request(request)
+    assert (list(parsed.generate.prompt_token_ids), parsed.generate.prompt) == ([104, 105], "")
+    for body, fragment in [
+        (b'{"input_ids": [1], "text_input": "a"}', "send 'text_input' (the prompt's text) or 'input_ids'"),
+        (b'{"input_ids": []}', "'input_ids' must be a non-empty list of token ids (integers >= 0), got []"),
+        (b'{"input_ids": [1, -2]}', "'input_ids' must be a non-empty list of token ids"),
+        (b'{"input_ids": "1 2"}', "'input_ids' must be a non-empty list"),
+        (b'{"input_ids": [1.5]}', "'input_ids' must be a non-empty list"),
+        (b'{}', "'text_input' must be a string (the prompt), or send 'input_ids' (its token ids)"),
+    ]:
+        with pytest.raises(InvalidArgument) as refused:
+            kserve_http_codec.parse_generate(body, "tinylm", "")
+        assert fragment in refused.value.message, body

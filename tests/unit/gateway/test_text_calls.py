@@ -27,6 +27,10 @@ class FakeScheduler:
             raise self.failure
         return gateway_pb2.TokenizeResponse(model=request.model, token_ids=[1, 2])
 
+    async def tokenizer_info(self, request, timeout_s):
+        self.asked.append(request)
+        return gateway_pb2.GetTokenizerInfoResponse(model=request.model, tokenizer_class="PreTrainedTokenizerFast")
+
 
 class FakeTenant:
     def may_use(self, model_name: str) -> bool:
@@ -112,3 +116,12 @@ def test_no_model_named_means_the_callers_only_generator():
         _tokenize(_calls({"a": serving}, generators=("n", "m", "secret")), model="")
     with pytest.raises(errors.InvalidArgument, match="serves no generator to this caller"):
         _tokenize(_calls({"a": serving}, generators=("secret",)), model="")
+
+
+def test_tokenizer_info_asks_the_callers_only_generators_scheduler_as_tokenize_does():
+    serving = FakeScheduler()
+    calls = _calls({"a": serving}, generators=("m", "secret"))
+    reply = asyncio.run(calls.tokenizer_info(gateway_pb2.GetTokenizerInfoRequest(), "key", 5.0))  # type: ignore[arg-type]
+    assert (reply.model.name, reply.model.version, reply.tokenizer_class) == ("m", "2", "PreTrainedTokenizerFast")
+    with pytest.raises(errors.Unauthenticated):
+        asyncio.run(calls.tokenizer_info(gateway_pb2.GetTokenizerInfoRequest(), "wrong", 5.0))  # type: ignore[arg-type]

@@ -1,4 +1,5 @@
-"""Tokenize and Detokenize at the scheduler: the ids Generate would compute from, and text back."""
+"""Tokenize, Detokenize and GetTokenizerInfo at the scheduler: the ids Generate would compute from, text
+back, and what the workers declared of the tokenizer."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from infermesh.v1 import gateway_pb2
 from services.common import errors
 from services.scheduler.attach_types import ModelKey
 from services.scheduler.call_codec import prompt_token_ids, truncated_prompt
-from services.scheduler.text_calls import detokenize, tokenize
+from services.scheduler.model_text import BYTE_CHAT_TEMPLATE
+from services.scheduler.text_calls import detokenize, tokenize, tokenizer_info
+from services.scheduler.tokenizer_spec import TokenizerKind, TokenizerSpec
 
 from .test_chat_template import CHATML
 from .test_model_text import BYTE_BOS, BYTE_EOS, byte_text
@@ -110,3 +113,19 @@ def test_add_special_tokens_and_truncation_shape_the_prompt_ids():
     for keep in (0, -2, 513):
         with pytest.raises(errors.InvalidArgument, match=r"truncate_prompt_tokens must be -1 .* or in \[1, 512\]"):
             truncated_prompt((1,), gateway_pb2.GenerateRequest(prompt="a", truncate_prompt_tokens=keep), 512)
+
+
+def test_tokenizer_info_is_what_the_workers_declared_of_tokenizer_config_json():
+    spec = TokenizerSpec(vocab_size=300, kind=TokenizerKind.HF, add_bos_token=True, chat_template=CHATML,
+                         special_tokens=(("bos_token", "<s>"), ("eos_token", "</s>")))
+    reply = tokenizer_info(KEY, spec, 2048)
+    assert (reply.model.name, reply.model.version, reply.tokenizer_class, reply.max_seq_len) == (
+        "m", "2", "PreTrainedTokenizerFast", 2048)
+    assert dict(reply.special_tokens) == {"bos_token": "<s>", "eos_token": "</s>"} and reply.chat_template == CHATML
+    assert reply.add_bos_token is True and not reply.HasField("add_eos_token")  # the file does not say
+
+
+def test_a_byte_model_reports_the_plain_template_its_chat_renders_and_an_hf_model_without_one_none():
+    byte_model = tokenizer_info(KEY, TokenizerSpec(vocab_size=257), 512)
+    assert (byte_model.tokenizer_class, byte_model.chat_template) == ("ByteTokenizer", BYTE_CHAT_TEMPLATE)
+    assert tokenizer_info(KEY, TokenizerSpec(kind=TokenizerKind.HF), 512).chat_template == ""
