@@ -25,6 +25,10 @@ nobody at inference, here as in transformers' eval mode: output_router_logits
 and router_aux_loss_coef feed the load-balancing loss, router_jitter_noise
 (Mixtral) multiplies the input only while training. They are ignored.
 
+An FP8 checkpoint (`quantization_config`: fp8 block-wise, or compressed-tensors FP8) is the same model
+with its Linear weights stored as float8 and scales; fp8_config reads the scheme (refusing, naming the
+field, every other), and the weights are dequantized at load (fp8_weights).
+
 Both spellings of RoPE settings are read: transformers 4's top-level
 `rope_theta` with `rope_scaling` (keyed `type` or `rope_type`), and
 transformers 5's `rope_parameters`.
