@@ -23,8 +23,8 @@ Which weights are quantized is read from the weight files (each float8_e4m3fn Li
 scale; see fp8_weights), not from `ignore` / `modules_to_not_convert`: an ignored lm_head or router is
 stored in the checkpoint's dtype and read as such. Everything else a config may say is refused naming
 the field: other methods (gptq, awq, bitsandbytes, mxfp4, ...), int8 and 4-bit schemes, e5m2, UE8M0
-scales, quantized output activations and an FP8 KV cache (`kv_cache_scheme`, not implemented: the KV
-cache is float32).
+scales, quantized output activations, sparse storage and transforms, and an FP8 KV cache
+(`kv_cache_scheme`, not implemented: the KV cache is float32).
 """
 
 from __future__ import annotations
@@ -125,6 +125,12 @@ def _compressed_tensors(raw: Mapping[str, Any], fail: Fail) -> Fp8Quantization:
         raise fail("quantization_status", f"{status!r} is not supported; supported: compressed")
     if raw.get("kv_cache_scheme") is not None:
         raise fail("kv_cache_scheme", "an FP8 KV cache is not supported (the KV cache is float32); supported: null")
+    if raw.get("transform_config") is not None:  # rotations (SpinQuant, QuIP) folded around the weights
+        raise fail("transform_config", "transforms are not supported; supported: null")
+    sparsity = raw.get("sparsity_config")
+    if sparsity is not None and (not isinstance(sparsity, Mapping) or sparsity.get("format") != "dense"):
+        raise fail("sparsity_config", f"{sparsity!r} is not supported; supported: null, or format dense "
+                   "(weights stored whole)")
     groups = raw.get("config_groups")
     if not isinstance(groups, Mapping) or not groups:
         raise fail("config_groups", f"must be a non-empty object of quantization groups, got {groups!r}")

@@ -152,6 +152,8 @@ def ct(**weights: Any) -> dict[str, Any]:
     ({**CT, "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor"}}, "kv_cache_scheme",
      "an FP8 KV cache is not supported"),
     ({**CT, "quantization_status": "frozen"}, "quantization_status", "supported: compressed"),
+    ({**CT, "sparsity_config": {"format": "sparse-24-bitmask"}}, "sparsity_config", "supported: null, or format dense"),
+    ({**CT, "transform_config": {"config_groups": {}}}, "transform_config", "supported: null"),
     (ct(type="int"), "config_groups.group_0.weights.type", "int8 and int4 schemes are not"),
     (ct(num_bits=4, type="float"), "config_groups.group_0.weights.num_bits", "supported: 8"),
     (ct(strategy="group", group_size=128), "config_groups.group_0.weights.strategy", "supported: tensor, channel, block"),
@@ -172,6 +174,8 @@ def test_the_schemes_read_as_the_checkpoints_publish_them():
     channel = LlamaFamilyConfig.from_hf(llama_config(quantization_config=CT)).quantization
     assert channel == Fp8Quantization("compressed-tensors", "weight_scale", PER_CHANNEL)
     assert channel.scale_shapes((64, 128)) == ((64, 1),) and channel.input_scale_names == ()
+    dense = {**CT, "sparsity_config": {"format": "dense", "sparsity_structure": "unstructured"}}
+    assert LlamaFamilyConfig.from_hf(llama_config(quantization_config=dense)).quantization == channel
 
 
 def _fp8_copy(fp8_checkpoints, variant: str, tmp_path: Path) -> Path:
