@@ -6,13 +6,14 @@ and raw little-endian tensor bytes, no pickle). Before any tensor data is
 read, every file's header is checked against the config (with `safetensors`'
 own reader): each expected tensor present once, nothing unexpected, each
 shape what the config implies, each dtype float32, float16 or bfloat16 and
-the one the config declares (in an FP8 checkpoint, a Linear weight may instead
-be float8_e4m3fn with its scale beside it: fp8_weights checks the pairs). Then each file is read once, front to back,
-into the parameters (an FP8 weight and its scale land in host memory and are
-dequantized into theirs once both are read) and hashed on the way, so loading
-costs one pass over the bytes (not a hash pass, then a memory-mapped pass and a copy). A
-checkpoint that fails is refused whole with a `CheckpointError` naming the
-file and the tensor (or config field); nothing is served half-loaded.
+the one the config declares (in an FP8 checkpoint a Linear weight may instead
+be float8_e4m3fn, its scale beside it: fp8_weights checks the pairs). Then
+each file is read once, front to back, into the parameters (an FP8 weight and
+its scale land in host memory, and are dequantized into theirs once both are
+read) and hashed on the way, so loading costs one pass over the bytes (not a
+hash pass, then a memory-mapped pass and a copy). A checkpoint that fails
+is refused whole with a `CheckpointError` naming the file and the tensor (or
+config field); nothing is served half-loaded.
 
 A mixture-of-experts checkpoint stores its experts per expert (as released)
 or stacked (transformers 5's layout); expert_weights names both, and either is
