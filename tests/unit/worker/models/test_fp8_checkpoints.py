@@ -107,11 +107,11 @@ def test_logits_match_transformers_on_the_dequantized_weights(fp8_checkpoints, v
         torch.testing.assert_close(lm(ids), ckpt.reference(ids).logits, **LOGITS_TOLERANCE)
 
 
-@pytest.mark.parametrize("variant", ["fp8_llama", "fp8_qwen3_moe"])
-def test_greedy_paged_decode_equals_transformers_generate_on_the_dequantized_weights(fp8_checkpoints, variant):
-    """A few prompts continuously batched through the paged path (the weights test above makes the rest
-    of the variants the dense checkpoints that test_llama_family decodes)."""
-    ckpt = fp8_checkpoints[variant]
+def test_greedy_paged_decode_equals_transformers_generate_on_the_dequantized_weights(fp8_checkpoints):
+    """A few prompts continuously batched through the paged path, on the mixture of experts (the FP8
+    Qwen3 import's golden cases are this on a dense model; the weights test above makes the other
+    variants the dense checkpoints test_llama_family decodes)."""
+    ckpt = fp8_checkpoints["fp8_qwen3_moe"]
     prompts = [random_ids(n, seed=200 + n) for n in (5, 11, 23)]
     expected, margin = transformers_greedy(ckpt.reference, prompts, 12)
     assert margin >= GREEDY_MIN_MARGIN, f"a near-tie in the reference ({margin:.1e}): choose other prompts"
