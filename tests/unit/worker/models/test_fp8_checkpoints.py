@@ -229,6 +229,17 @@ def test_a_static_activation_scale_is_read_past_and_only_beside_a_float8_weight(
     assert error.field == "lm_head.input_scale" and "not a F8_E4M3 weight" in str(error)
 
 
+def test_fp8_static_activation_scales_are_read_past_under_either_name(fp8_checkpoints, tmp_path):
+    """transformers writes an fp8 checkpoint's static scales as activation_scale, vLLM as input_scale."""
+    directory = _fp8_copy(fp8_checkpoints, "fp8_llama", tmp_path)
+    edit_config(directory, lambda c: c["quantization_config"].update(activation_scheme="static"))
+    edit_tensors(directory / "model.safetensors", lambda t: t.update({
+        f"{Q_PROJ}.activation_scale": torch.ones(()), "model.layers.1.mlp.up_proj.input_scale": torch.ones(1)}))
+    got, expected = load_llama_family(directory).state_dict(), load_llama_family(
+        fp8_checkpoints["fp8_llama"].dense).state_dict()
+    assert all(torch.equal(tensor, expected[name]) for name, tensor in got.items())
+
+
 def test_a_scale_in_another_shard_than_its_weight_is_paired(fp8_checkpoints, tmp_path):
     """Shards split where they split: a weight's scale may come in a later file than the weight."""
     ckpt = fp8_checkpoints["fp8_llama"]
