@@ -25,6 +25,10 @@ nobody at inference, here as in transformers' eval mode: output_router_logits
 and router_aux_loss_coef feed the load-balancing loss, router_jitter_noise
 (Mixtral) multiplies the input only while training. They are ignored.
 
+An FP8 checkpoint (`quantization_config`: fp8 block-wise, or compressed-tensors FP8) is the same model
+with its Linear weights stored as float8 and scales; fp8_config reads the scheme (refusing, naming the
+field, every other), and the weights are dequantized at load (fp8_weights).
+
 Both spellings of RoPE settings are read: transformers 4's top-level
 `rope_theta` with `rope_scaling` (keyed `type` or `rope_type`), and
 transformers 5's `rope_parameters`.
@@ -42,6 +46,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, TypeGuard
+
+from services.worker.models.fp8_config import Fp8Quantization, read_quantization
 
 # q/k norms: over each head (weights of head_size) or over the whole projection (num_heads * head_size).
 QK_NORM_PER_HEAD, QK_NORM_FULL = "head", "full"
@@ -248,6 +254,9 @@ class LlamaFamilyConfig:
     # beside a vision tower and projector that are stored but never loaded (text prompts only).
     multimodal: bool = False
     experts: ExpertsConfig | None = None  # Mixtral, Qwen2-MoE, Qwen3-MoE: the layers whose MLP is routed experts
+    # An FP8 checkpoint (quantization_config): its Linear weights are stored as float8 with scales and
+    # dequantized at load to the compute dtype; the model itself is the same. None: unquantized.
+    quantization: Fp8Quantization | None = None
 
     def has_experts(self, layer: int) -> bool:
         """Whether the layer's MLP is a mixture of experts (else the dense gated MLP of d_ff)."""
@@ -331,7 +340,7 @@ class _Parser:
 
     def config(self, architecture: str, max_seq_len: int | None) -> LlamaFamilyConfig:
         traits = _TRAITS[architecture]
-        self.check_unquantized()
+        quantization = self.quantization()
         activation = self.activation(traits)
         d_model = self.positive_int("hidden_size")
         num_heads = self.positive_int("num_attention_heads")
@@ -384,6 +393,7 @@ class _Parser:
             storage_dtype=self.storage_dtype(),
             multimodal=traits.text_config_defaults is not None,
             experts=experts,
+            quantization=quantization,
         )
 
     def experts(self, traits: _Traits, num_layers: int) -> ExpertsConfig | None:
@@ -440,12 +450,13 @@ class _Parser:
                             f"got {value!r}")
         return set(value)
 
-    def check_unquantized(self) -> None:
-        if self.raw.get("quantization_config") is not None:
-            raise self.fail("quantization_config", "quantized checkpoints are not supported; "
-                            f"supported: unquantized weights stored as {', '.join(SUPPORTED_STORAGE_DTYPES)}")
-        if self.outer is not None:
-            self.outer.check_unquantized()
+    def quantization(self) -> Fp8Quantization | None:
+        """quantization_config: an FP8 scheme (fp8_config), or None for unquantized weights. A vision +
+        text config's is read from its top level (where transformers writes it) unless text_config has one."""
+        if self.raw.get("quantization_config") is None and self.outer is not None:
+            return self.outer.quantization()
+        return read_quantization(self.raw.get("quantization_config"), lambda field, problem: self.fail(
+            f"quantization_config.{field}" if field else "quantization_config", problem))
 
     def architecture(self) -> str:
         architectures = self.raw.get("architectures")

@@ -6,11 +6,14 @@ and raw little-endian tensor bytes, no pickle). Before any tensor data is
 read, every file's header is checked against the config (with `safetensors`'
 own reader): each expected tensor present once, nothing unexpected, each
 shape what the config implies, each dtype float32, float16 or bfloat16 and
-the one the config declares. Then each file is read once, front to back,
-into the parameters and hashed on the way, so loading costs one pass over
-the bytes (not a hash pass, then a memory-mapped pass and a copy). A
-checkpoint that fails is refused whole with a `CheckpointError` naming the
-file and the tensor (or config field); nothing is served half-loaded.
+the one the config declares (in an FP8 checkpoint a Linear weight may instead
+be float8_e4m3fn, its scale beside it: fp8_weights checks the pairs). Then
+each file is read once, front to back, into the parameters (an FP8 weight and
+its scale land in host memory, and are dequantized into theirs once both are
+read) and hashed on the way, so loading costs one pass over the bytes (not a
+hash pass, then a memory-mapped pass and a copy). A checkpoint that fails
+is refused whole with a `CheckpointError` naming the file and the tensor (or
+config field); nothing is served half-loaded.
 
 A mixture-of-experts checkpoint stores its experts per expert (as released)
 or stacked (transformers 5's layout); expert_weights names both, and either is
@@ -28,7 +31,8 @@ import hashlib
 import json
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +40,8 @@ import torch
 from safetensors import safe_open
 
 from services.worker.models.expert_weights import expert_places, expert_shape, expert_view, stores_stacked
+from services.worker.models.fp8_config import Fp8Quantization
+from services.worker.models.fp8_weights import QUANTIZED_DTYPE, Fp8Pair, Fp8Tensors, StoredTensor
 from services.worker.models.llama_config import QK_NORM_PER_HEAD, CheckpointError, LlamaFamilyConfig
 from services.worker.models.llama_family import LlamaFamilyLM
 
@@ -44,6 +50,8 @@ WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 # safetensors' dtype names → torch's, for the storage dtypes the family is served from.
 STORAGE_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+# Every dtype a loaded tensor may be stored in: the storage dtypes, and an FP8 checkpoint's float8 weights.
+_READ_DTYPES = {**STORAGE_DTYPES, QUANTIZED_DTYPE: "float8_e4m3fn"}
 # Older checkpoints saved RoPE's computed inverse frequencies; they follow from the config, so a
 # stored copy is skipped (the config's are used).
 _DERIVED_TENSOR = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
@@ -122,13 +130,23 @@ def norm_names(config: LlamaFamilyConfig) -> dict[str, str]:
     return names
 
 
-def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> dict[str, tuple[Path, str]]:
+@dataclass(frozen=True)
+class CheckedWeights:
+    """Where a checked checkpoint's tensors are, by the model's names for them."""
+
+    where: dict[str, tuple[Path, str]]  # each expected tensor → its file and its name there
+    # An FP8 checkpoint's quantized weights (by the weight's model name) → their scales; {}: none.
+    scales: dict[str, StoredTensor]
+
+
+def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> CheckedWeights:
     """Checks every weight file's header against `config` (no tensor data is read) and returns where
-    each expected tensor is stored: its file and its name there. CheckpointError names the file and
-    tensor (as stored) of the first problem."""
+    each expected tensor is stored, and each quantized weight's scale. CheckpointError names the file
+    and tensor (as stored) of the first problem."""
     files = _weight_files(Path(directory))
     stacked = config.experts is not None and stores_stacked(_model_name(n, config) or "" for n in _stored_names(files))
     expected = expected_tensors(config, stacked_experts=stacked)
+    fp8 = None if config.quantization is None else Fp8Tensors(config.quantization, expected)
     where: dict[str, tuple[Path, str]] = {}
     storage_dtype: tuple[str, Path, str] | None = None  # (dtype, file, tensor) of the first tensor seen
     for path, names in files.items():
@@ -143,6 +161,11 @@ def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> dict[str,
                 model_name = _model_name(name, config)
                 if _stored_only(name, model_name, config):
                     continue
+                tensor = weights.get_slice(name)
+                shape, dtype = tuple(tensor.get_shape()), tensor.get_dtype()
+                if fp8 is not None and model_name is not None and fp8.take_scale(
+                        model_name, StoredTensor(path, name, shape, dtype)):
+                    continue
                 if model_name is None or model_name not in expected:
                     where_from = "" if model_name is not None else (
                         "; a vision + text checkpoint stores its language model under language_model.model. or "
@@ -156,14 +179,17 @@ def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> dict[str,
                 if model_name in where:
                     raise CheckpointError(str(path), name, f"the same tensor as {where[model_name][1]} in "
                                           f"{where[model_name][0]}")
-                tensor = weights.get_slice(name)
-                shape, dtype = tuple(tensor.get_shape()), tensor.get_dtype()
                 if shape != expected[model_name]:
                     raise CheckpointError(str(path), name, f"shape {list(shape)} but config.json implies "
                                           f"{list(expected[model_name])}")
+                where[model_name] = (path, name)
+                if fp8 is not None and dtype == QUANTIZED_DTYPE:
+                    fp8.add_weight(model_name, StoredTensor(path, name, shape, dtype))
+                    continue  # the one storage dtype is the unquantized tensors'
                 if dtype not in STORAGE_DTYPES:
+                    quantized = f", {QUANTIZED_DTYPE} (quantized Linear weights)" if fp8 is not None else ""
                     raise CheckpointError(str(path), name, f"dtype {dtype} is not supported; supported: "
-                                          f"{', '.join(STORAGE_DTYPES)}")
+                                          f"{', '.join(STORAGE_DTYPES)}{quantized}")
                 declared = config.storage_dtype
                 if declared is not None and STORAGE_DTYPES[dtype] != declared:
                     raise CheckpointError(str(path), name, f"dtype {dtype} ({STORAGE_DTYPES[dtype]}) but "
@@ -173,11 +199,10 @@ def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> dict[str,
                 elif dtype != storage_dtype[0]:
                     raise CheckpointError(str(path), name, f"dtype {dtype} but {storage_dtype[2]} in "
                                           f"{storage_dtype[1]} is {storage_dtype[0]}: one storage dtype per checkpoint")
-                where[model_name] = (path, name)
     missing = sorted(expected.keys() - where.keys())
     if missing:
         raise CheckpointError(", ".join(sorted(str(p) for p in files)), missing[0], f"missing ({len(missing)} expected tensors missing in all)")
-    return where
+    return CheckedWeights(where, {} if fp8 is None else fp8.check())
 
 
 def _experts_said(config: LlamaFamilyConfig, stacked: bool) -> str:
@@ -230,16 +255,48 @@ def load_llama_family(directory: str | Path, *, dtype: torch.dtype = torch.float
     file's hex digest, so a caller that pins the files compares them before it serves the model (and the
     bytes it compared are the bytes it serves)."""
     config = read_config(directory, max_seq_len=max_seq_len)
-    where = check_weights(directory, config)
+    checked = check_weights(directory, config)
     model = LlamaFamilyLM(config, dtype=dtype, device=device)
-    destinations = _destinations(model)
+    places, pairs = _places(checked, _destinations(model), config.quantization)
     with torch.no_grad():
-        for path in sorted({at for at, _ in where.values()}):
-            places = {stored: destinations[name] for name, (at, stored) in where.items() if at == path}
-            digest = _read_file(path, places)
+        for path in sorted({at for at, _ in places}):
+            digest = _read_file(path, {stored: place for (at, stored), place in places.items() if at == path})
             if sha256 is not None:
                 sha256[path] = digest
+    unfilled = [name for name, pair in pairs.items() if not pair.done]
+    if unfilled:
+        raise CheckpointError(str(checked.where[unfilled[0]][0]), unfilled[0], "changed since its header was "
+                              "checked: its weight or its scale was not read")
     return model.eval()
+
+
+@dataclass(frozen=True)
+class _Landing:
+    """A tensor read whole into host memory of its stored dtype and handed to `receive`: an FP8 weight
+    or its scale, dequantized into the model once both are read."""
+
+    shape: tuple[int, ...]
+    dtype: str  # safetensors' name, as check_weights saw it
+    receive: Callable[[torch.Tensor], None]
+
+
+def _places(checked: CheckedWeights, destinations: Mapping[str, torch.Tensor],
+            quantization: Fp8Quantization | None) -> tuple[dict[tuple[Path, str], torch.Tensor | _Landing],
+                                                           dict[str, Fp8Pair]]:
+    """Where each stored tensor (its file, its name there) goes: its view in the model, or for an FP8
+    weight and its scale a landing that pairs them; and the pairs, by the weight's model name."""
+    places: dict[tuple[Path, str], torch.Tensor | _Landing] = {}
+    pairs: dict[str, Fp8Pair] = {}
+    for name, stored in checked.where.items():
+        scale = checked.scales.get(name)
+        if scale is None:
+            places[stored] = destinations[name]
+            continue
+        assert quantization is not None  # check_weights finds scales only in an FP8 checkpoint
+        pair = pairs[name] = Fp8Pair(destinations[name], quantization)
+        places[stored] = _Landing(tuple(destinations[name].shape), QUANTIZED_DTYPE, pair.receive_weight)
+        places[(scale.path, scale.name)] = _Landing(scale.shape, scale.dtype, pair.receive_scale)
+    return places, pairs
 
 
 def _destinations(model: LlamaFamilyLM) -> dict[str, torch.Tensor]:
@@ -282,7 +339,7 @@ def _destinations(model: LlamaFamilyLM) -> dict[str, torch.Tensor]:
     return places
 
 
-def _read_file(path: Path, destinations: Mapping[str, torch.Tensor]) -> str:
+def _read_file(path: Path, destinations: Mapping[str, torch.Tensor | _Landing]) -> str:
     """Reads the safetensors file at `path` front to back in one pass, copying each tensor named (as
     stored) in `destinations` into its place, and returns the sha256 of every byte of the file (header, tensors
     used or not, padding). CheckpointError when the file is not what check_weights saw."""
@@ -302,8 +359,14 @@ def _read_file(path: Path, destinations: Mapping[str, torch.Tensor]) -> str:
         for begin, end, name, stored_dtype in entries:
             _skip(f, begin - position, path, digest, scratch)
             target = destinations.get(name)
-            if target is None:  # a derived or tied tensor, or the image side: hashed, not kept
+            if target is None:  # a derived or tied tensor, the image side, an input scale: hashed, not kept
                 _skip(f, end - begin, path, digest, scratch)
+            elif isinstance(target, _Landing):
+                if stored_dtype != target.dtype:
+                    raise CheckpointError(str(path), name, f"changed since its header was checked: dtype {stored_dtype}")
+                landing = torch.empty(target.shape, dtype=getattr(torch, _READ_DTYPES[stored_dtype]))
+                _read_tensor(f, end - begin, landing, landing.dtype, path, name, digest)
+                target.receive(landing)
             elif stored_dtype not in STORAGE_DTYPES:
                 raise CheckpointError(str(path), name, f"changed since its header was checked: dtype {stored_dtype}")
             else:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from safetensors.torch import load_file, save_file
 
 from infermesh.v1 import scheduler_pb2
@@ -29,6 +30,7 @@ from services.worker.repository.hf_import import (
 from services.worker.repository.loader import load_model
 from services.worker.repository.store import load_manifest, sha256_of, version_dir, write_manifest
 from tests.support import reasoning_templates
+from tests.support.fp8_checkpoints import Fp8Scheme, quantize_checkpoint, save_dequantized
 from tests.support.hf_checkpoints import CHAT_TEMPLATE, END_OF_TEXT_ID, EOT_ID, save_model_directory
 
 OPTIONS = ImportOptions("tiny", "1", kv_cache_bytes=1 << 20)
@@ -324,6 +326,31 @@ def test_a_vision_checkpoint_imports_its_language_model_and_pins_the_image_side_
     (source / "config.json").write_text(json.dumps(raw))
     tokenizer = import_checkpoint(source, root, dataclasses.replace(OPTIONS, version="2")).generator.tokenizer
     assert (tokenizer.eos_token_id, tokenizer.stop_token_ids) == (END_OF_TEXT_ID, (EOT_ID,))
+
+
+
+def test_an_fp8_checkpoint_imports_its_dequantized_model_and_a_worker_loads_it(tmp_path):
+    """Qwen3 as Qwen3-*-FP8 are published (float8 weights, a float32 scale per block): the memory estimate
+    counts the float32 weights the worker holds after dequantizing, not the file's bytes; the golden cases
+    are transformers' greedy continuations on the dequantized weights, and a worker passes them."""
+    source, root = tmp_path / "qwen3_fp8", tmp_path / "repo"
+    save_model_directory(source, "qwen3")
+    save_dequantized(source, tmp_path / "dense", quantize_checkpoint(source, Fp8Scheme("fp8")))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "dense", dtype=torch.float32).eval()
+    manifest = import_checkpoint(source, root, OPTIONS)
+    config = read_config(source)
+    held = 4 * sum(p.numel() for p in reference.parameters())
+    assert config.quantization is not None and weight_bytes(config) == held > (source / "model.safetensors").stat().st_size
+    per_block = kv_bytes_per_token(config) * manifest.envelope.block_size
+    assert manifest.envelope.memory_bytes == held + manifest.envelope.num_kv_blocks * per_block
+    assert manifest.generator.golden
+    for case in manifest.generator.golden:
+        with torch.no_grad():
+            out = reference.generate(torch.tensor([case.prompt_ids]), do_sample=False,
+                                     max_new_tokens=len(case.expected_ids), eos_token_id=None, pad_token_id=1)
+        assert tuple(out[0, len(case.prompt_ids):].tolist()) == case.expected_ids
+    model = load_model(root, "tiny", "1")
+    GeneratorRuntime(model, model.manifest.envelope.num_kv_blocks).load()  # warm-up and the golden check
 
 
 @pytest.mark.parametrize(("template", "flag", "recorded"), [
