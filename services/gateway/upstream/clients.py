@@ -192,36 +192,21 @@ class SchedulerClient:
         return self._unary_calls.sever(why)
 
     async def list_models(self, timeout_s: float) -> gateway_pb2.ListModelsResponse:
-        try:
-            return await self._stub.ListModels(gateway_pb2.ListModelsRequest(), timeout=timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            raise AttemptError.from_rpc_error(exc) from None
+        return await _unary(self._stub.ListModels, gateway_pb2.ListModelsRequest(), timeout_s)
 
     async def tokenize(self, request: gateway_pb2.TokenizeRequest, timeout_s: float) -> gateway_pb2.TokenizeResponse:
-        try:
-            return await self._stub.Tokenize(request, timeout=timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            raise AttemptError.from_rpc_error(exc) from None
+        return await _unary(self._stub.Tokenize, request, timeout_s)
 
     async def detokenize(self, request: gateway_pb2.DetokenizeRequest,
                          timeout_s: float) -> gateway_pb2.DetokenizeResponse:
-        try:
-            return await self._stub.Detokenize(request, timeout=timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            raise AttemptError.from_rpc_error(exc) from None
+        return await _unary(self._stub.Detokenize, request, timeout_s)
 
     async def tokenizer_info(self, request: gateway_pb2.GetTokenizerInfoRequest,
                              timeout_s: float) -> gateway_pb2.GetTokenizerInfoResponse:
-        try:
-            return await self._stub.GetTokenizerInfo(request, timeout=timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            raise AttemptError.from_rpc_error(exc) from None
+        return await _unary(self._stub.GetTokenizerInfo, request, timeout_s)
 
     async def get_pressure(self, timeout_s: float) -> scheduler_pb2.GetPressureResponse:
-        try:
-            return await self._stub.GetPressure(scheduler_pb2.GetPressureRequest(), timeout=timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            raise AttemptError.from_rpc_error(exc) from None
+        return await _unary(self._stub.GetPressure, scheduler_pb2.GetPressureRequest(), timeout_s)
 
     async def close(self) -> None:
         if self._stream is not None:
@@ -257,3 +242,12 @@ class SchedulerClients:
         for client in self._by_address.values():
             await client.close()
         self._by_address.clear()
+
+
+async def _unary(method, request, timeout_s: float):
+    """A unary scheduler call outside the dispatcher (listing, tokenizing, pressure polls): an RPC error as an
+    AttemptError."""
+    try:
+        return await method(request, timeout=timeout_s)
+    except grpc.aio.AioRpcError as exc:
+        raise AttemptError.from_rpc_error(exc) from None

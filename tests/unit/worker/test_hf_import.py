@@ -78,12 +78,7 @@ def test_the_envelope_fills_the_kv_budget_and_max_seq_len_defaults_to_the_contex
 
 
 def test_golden_cases_are_transformers_greedy_continuations(checkpoint, imported):
-    reference = checkpoint[1]
-    for case in load_manifest(imported, "tiny", "1").generator.golden:
-        with torch.no_grad():
-            out = reference.generate(torch.tensor([case.prompt_ids]), do_sample=False,
-                                     max_new_tokens=len(case.expected_ids), eos_token_id=None, pad_token_id=1)
-        assert tuple(out[0, len(case.prompt_ids):].tolist()) == case.expected_ids
+    assert_transformers_greedy(load_manifest(imported, "tiny", "1").generator.golden, checkpoint[1])
 
 
 def test_a_worker_loads_the_version_says_hf_and_sends_tokenizer_json_after_its_hello(imported):
@@ -286,11 +281,7 @@ def test_the_newer_families_import_golden_check_and_load_in_a_worker(family, tmp
     reference = save_model_directory(source, family)
     manifest = import_checkpoint(source, root, OPTIONS)
     assert manifest.generator.architecture.architecture == type(reference).__name__
-    for case in manifest.generator.golden:
-        with torch.no_grad():
-            out = reference.generate(torch.tensor([case.prompt_ids]), do_sample=False,
-                                     max_new_tokens=len(case.expected_ids), eos_token_id=None, pad_token_id=1)
-        assert tuple(out[0, len(case.prompt_ids):].tolist()) == case.expected_ids
+    assert_transformers_greedy(manifest.generator.golden, reference)
     model = load_model(root, "tiny", "1")
     GeneratorRuntime(model, model.manifest.envelope.num_kv_blocks).load()  # warm-up and the golden check
 
@@ -344,11 +335,7 @@ def test_an_fp8_checkpoint_imports_its_dequantized_model_and_a_worker_loads_it(t
     per_block = kv_bytes_per_token(config) * manifest.envelope.block_size
     assert manifest.envelope.memory_bytes == held + manifest.envelope.num_kv_blocks * per_block
     assert manifest.generator.golden
-    for case in manifest.generator.golden:
-        with torch.no_grad():
-            out = reference.generate(torch.tensor([case.prompt_ids]), do_sample=False,
-                                     max_new_tokens=len(case.expected_ids), eos_token_id=None, pad_token_id=1)
-        assert tuple(out[0, len(case.prompt_ids):].tolist()) == case.expected_ids
+    assert_transformers_greedy(manifest.generator.golden, reference)
     model = load_model(root, "tiny", "1")
     GeneratorRuntime(model, model.manifest.envelope.num_kv_blocks).load()  # warm-up and the golden check
 
@@ -401,3 +388,12 @@ def test_the_import_records_generation_configs_recommended_sampling_unless_told_
     path.write_text(json.dumps({**json.loads(path.read_text()), "top_p": 1.5}))
     says = refused(source, tmp_path / "another")
     assert "generation_config.json: top_p must be in (0, 1], got 1.5" in says and "--generation-config none" in says
+
+
+def assert_transformers_greedy(golden, reference) -> None:
+    """Each golden case is transformers' greedy continuation of its prompt."""
+    for case in golden:
+        with torch.no_grad():
+            out = reference.generate(torch.tensor([case.prompt_ids]), do_sample=False,
+                                     max_new_tokens=len(case.expected_ids), eos_token_id=None, pad_token_id=1)
+        assert tuple(out[0, len(case.prompt_ids):].tolist()) == case.expected_ids
