@@ -123,6 +123,7 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 SUPPORTED_ACTIVATIONS = ("silu",)
 GEMMA_ACTIVATIONS = ("gelu_pytorch_tanh",)
 MAX_LAYERS = 1024  # released decoders have up to ~130; a config saying 10**12 must not build 10**12 of anything
+MAX_EXPERTS = 4096  # released mixtures have up to 512 a layer; the expected tensors are listed per expert
 # What a config's `dtype` (transformers 5) or `torch_dtype` (4) may declare the stored weights as.
 SUPPORTED_STORAGE_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -431,7 +432,10 @@ class _Parser:
             raise self.fail("num_local_experts", f"{said['num_local_experts']!r}, but num_experts is "
                             f"{said['num_experts']!r}: one number of experts")
         name = next(iter(said), "num_local_experts" if traits.experts == EXPERTS_MIXTRAL else "num_experts")
-        return self.positive_int(name)
+        value = self.positive_int(name)
+        if value > MAX_EXPERTS:
+            raise self.fail(name, f"{value} is more than {MAX_EXPERTS}; no supported model has as many")
+        return value
 
     def top_k(self, num_experts: int) -> int:
         top_k = self.positive_int("num_experts_per_tok")

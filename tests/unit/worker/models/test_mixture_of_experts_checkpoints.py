@@ -111,6 +111,9 @@ def without(config: dict[str, Any], key: str) -> dict[str, Any]:
     (without(MIXTRAL_8X7B, "num_local_experts"), "num_local_experts", "is required"),
     ({**QWEN3_30B_A3B, "num_local_experts": 64}, "num_local_experts", "64, but num_experts is 128"),
     ({**QWEN3_30B_A3B, "num_experts": 0}, "num_experts", "must be a positive int"),
+    # The expected tensors are listed per expert before any is read: a config saying 10**12 must not list them.
+    ({**QWEN3_30B_A3B, "num_experts": 10**12, "num_experts_per_tok": 2}, "num_experts", "is more than 4096"),
+    ({**MIXTRAL_8X7B, "num_local_experts": 10**9}, "num_local_experts", "is more than 4096"),
     (without(QWEN3_30B_A3B, "moe_intermediate_size"), "moe_intermediate_size", "is required"),
     ({**QWEN3_30B_A3B, "mlp_only_layers": [48]}, "mlp_only_layers", "layer indices below num_hidden_layers 48"),
     ({**QWEN3_30B_A3B, "mlp_only_layers": "all"}, "mlp_only_layers", "must be a list of layer indices"),
