@@ -53,6 +53,7 @@ _TOKENIZER_KIND_FROM_WIRE = {
 }
 # A value this scheduler does not know (a newer worker's) is skipped: it is never asked for.
 _FEATURE_FROM_WIRE = {
+    scheduler_pb2.WORKER_FEATURE_STRUCTURED_OUTPUT: WorkerFeature.STRUCTURED_OUTPUT,
     scheduler_pb2.WORKER_FEATURE_GRAMMAR_AFTER_REASONING: WorkerFeature.GRAMMAR_AFTER_REASONING,
 }
 _STAGE_NAMES = {

@@ -43,7 +43,7 @@ from services.scheduler.step_plan import SequenceDelta, StepPlan
 from services.scheduler.step_scheduler import StepScheduler, StepSchedulerFactory
 from services.scheduler.step_scheduler_config import step_scheduler_config
 from services.scheduler.tenant_service import TenantService
-from services.scheduler.worker_features import WorkerFeature, needed_features, wire_names
+from services.scheduler.worker_features import WorkerFeature, described, needed_features
 from services.scheduler.worker_link import ModelKey, WorkerLink
 
 log = logging.getLogger(__name__)
@@ -193,8 +193,9 @@ class GeneratePool:
         needed = needed_features(sampling)
         loops = self._usable_loops(needed)
         if not loops:
-            raise errors.Unavailable(f"no worker of model {self.model} declares {wire_names(needed)} (its workers "
-                                     f"are older than this scheduler)", retry_after_s=1.0)
+            missing = {feature for feature in needed if not self.honours(feature)} or needed
+            raise errors.Unavailable(f"no worker of model {self.model} honours {described(missing)}: its workers "
+                                     f"are older than this scheduler, or sample without it", retry_after_s=1.0)
         max_seq_len = self.max_seq_len()
         if len(prompt_ids) + sampling.max_tokens > max_seq_len:
             raise errors.InvalidArgument(

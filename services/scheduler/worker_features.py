@@ -15,8 +15,12 @@ from services.scheduler.sequence import SamplingParams
 
 
 class WorkerFeature(enum.Enum):
+    """Each value is what a request asks for that relies on it, as a refusal names it."""
+
+    # SequenceStep.grammar: structured output masks what the grammar cannot take.
+    STRUCTURED_OUTPUT = "sampling.structured"
     # SequenceStep.grammar_after_reasoning: the grammar waits for the think block to end.
-    GRAMMAR_AFTER_REASONING = "grammar_after_reasoning"
+    GRAMMAR_AFTER_REASONING = "a grammar after the reasoning"
 
     @property
     def wire_name(self) -> str:
@@ -27,10 +31,13 @@ class WorkerFeature(enum.Enum):
 def needed_features(sampling: SamplingParams) -> frozenset[WorkerFeature]:
     """The features every step of a sequence sampled with `sampling` relies on."""
     needed = set()
+    if sampling.grammar:
+        needed.add(WorkerFeature.STRUCTURED_OUTPUT)
     if sampling.grammar_after_reasoning is not None:
         needed.add(WorkerFeature.GRAMMAR_AFTER_REASONING)
     return frozenset(needed)
 
 
-def wire_names(features: Iterable[WorkerFeature]) -> str:
-    return ", ".join(sorted(feature.wire_name for feature in features))
+def described(features: Iterable[WorkerFeature]) -> str:
+    """`features` as a refusal names them: what the request asked for, and the declaration it needs."""
+    return ", ".join(sorted(f"{feature.value} ({feature.wire_name})" for feature in features))

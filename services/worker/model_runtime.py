@@ -35,9 +35,10 @@ from services.worker.step_executor import StepExecutor
 from services.worker.tensor_runtime import TensorRuntime
 from services.worker.thread_settings import set_library_threads
 
-# What StepExecutor honours beyond a plain step (WorkerHello.features): it gates the grammar after the
-# think block (grammar.py). The toy and mock generators sample no grammar and declare none.
-STEP_FEATURES = (scheduler_pb2.WORKER_FEATURE_GRAMMAR_AFTER_REASONING,)
+# What StepExecutor honours beyond a plain step (WorkerHello.features): it masks by the grammar (or
+# fails the sequence where llguidance cannot read the tokenizer), after the think block where asked
+# (grammar.py). The toy and mock generators sample no grammar and declare none.
+STEP_FEATURES = (scheduler_pb2.WORKER_FEATURE_STRUCTURED_OUTPUT, scheduler_pb2.WORKER_FEATURE_GRAMMAR_AFTER_REASONING)
 
 log = logging.getLogger(__name__)
 SERVICE = "worker"

@@ -20,7 +20,9 @@ from tests.unit.scheduler.test_generate_pool import FakeWorker, Reader, _settle,
 from tests.unit.scheduler.test_generate_pool import pool as pool  # noqa: F401  (the fixture)
 
 WAITING = SamplingParams(max_tokens=20, grammar='start: "x"', grammar_after_reasoning=GrammarAfterReasoning(7))
+HELD_WHOLE = dataclasses.replace(WAITING, grammar_after_reasoning=None)
 ALL_FEATURES = frozenset(WorkerFeature)
+STRUCTURED_ONLY = frozenset({WorkerFeature.STRUCTURED_OUTPUT})
 
 
 def attach(pool: GeneratePool, worker_id: str, features: frozenset[WorkerFeature] = frozenset(),
@@ -37,9 +39,10 @@ def submit(pool: GeneratePool, prompt: str, sampling: SamplingParams = WAITING) 
     return Reader(stream)
 
 
-def test_a_grammar_that_waits_for_the_reasoning_needs_the_feature_and_nothing_else_does():
-    assert needed_features(WAITING) == {WorkerFeature.GRAMMAR_AFTER_REASONING}
-    assert needed_features(dataclasses.replace(WAITING, grammar_after_reasoning=None)) == frozenset()
+def test_a_grammar_needs_structured_output_and_one_that_waits_for_the_reasoning_needs_both():
+    assert needed_features(WAITING) == ALL_FEATURES
+    assert needed_features(HELD_WHOLE) == {WorkerFeature.STRUCTURED_OUTPUT}
+    assert needed_features(SamplingParams(max_tokens=4, logprobs=True)) == frozenset()
 
 
 async def test_with_an_older_and_a_newer_worker_a_waiting_grammar_runs_only_on_the_newer(pool):
@@ -55,18 +58,29 @@ async def test_with_an_older_and_a_newer_worker_a_waiting_grammar_runs_only_on_t
 async def test_an_older_worker_still_takes_what_needs_no_feature(pool):
     attach(pool, "new", ALL_FEATURES)
     old = attach(pool, "old")
-    plain = dataclasses.replace(WAITING, grammar_after_reasoning=None)
+    plain = SamplingParams(max_tokens=20)
     readers = [submit(pool, prompt, plain) for prompt in ("abc", "def", "ghi", "jkl")]
     for reader in readers:
         await reader.read()
     assert old.num_steps > 0, "least loaded routing spreads plain sequences over both"
 
 
-async def test_with_only_older_workers_the_pool_says_so_and_refuses_a_waiting_grammar(pool):
+async def test_with_only_older_workers_a_grammar_is_refused_naming_what_none_honours(pool):
     attach(pool, "old")
-    assert not pool.honours(WorkerFeature.GRAMMAR_AFTER_REASONING)
-    with pytest.raises(errors.Unavailable, match="no worker of model toy-generator:1 declares "
-                                                 "WORKER_FEATURE_GRAMMAR_AFTER_REASONING"):
+    assert not pool.honours(WorkerFeature.STRUCTURED_OUTPUT)
+    with pytest.raises(errors.Unavailable) as refused:
+        submit(pool, "abc", HELD_WHOLE)
+    assert str(refused.value) == ("no worker of model toy-generator:1 honours sampling.structured "
+                                  "(WORKER_FEATURE_STRUCTURED_OUTPUT): its workers are older than this scheduler, "
+                                  "or sample without it")
+
+
+async def test_a_worker_that_masks_only_from_the_first_token_takes_a_grammar_not_a_waiting_one(pool):
+    worker = attach(pool, "masks", STRUCTURED_ONLY)
+    assert pool.honours(WorkerFeature.STRUCTURED_OUTPUT) and not pool.honours(WorkerFeature.GRAMMAR_AFTER_REASONING)
+    assert await submit(pool, "abc", HELD_WHOLE).read() == expected("abc", 20) and worker.num_steps > 0
+    with pytest.raises(errors.Unavailable, match=r"honours a grammar after the reasoning "
+                                                 r"\(WORKER_FEATURE_GRAMMAR_AFTER_REASONING\):"):
         submit(pool, "abc")
 
 
