@@ -95,3 +95,15 @@ async def test_a_waiting_grammar_is_held_rather_than_moved_to_an_older_worker(po
     attach(pool, "newer", ALL_FEATURES)
     tail = await reader.read()
     assert head + tail == expected("xyz", 20) and old.num_steps == 0
+
+
+async def test_a_draining_worker_keeps_the_waiting_grammars_no_other_worker_may_take(pool):
+    new = attach(pool, "new", ALL_FEATURES)
+    old = attach(pool, "old")
+    prompts = [f"{chr(ord('a') + n)}bc" for n in range(10)]  # more than max_num_seqs: some wait
+    readers = [submit(pool, prompt) for prompt in prompts]
+    new.link.draining = True  # its Draining message
+    pool.drain_worker(new.link)
+    for reader, prompt in zip(readers, prompts, strict=True):
+        assert await reader.read() == expected(prompt, 20)
+    assert old.num_steps == 0 and pool.queue_depth == 0
