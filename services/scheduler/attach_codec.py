@@ -36,6 +36,7 @@ from services.scheduler.attach_types import (
 from services.scheduler.sequence import SamplingParams
 from services.scheduler.step_plan import SequenceStep, StepPlan
 from services.scheduler.tokenizer_spec import TokenizerKind, TokenizerSpec
+from services.scheduler.worker_features import WorkerFeature
 
 _KIND_FROM_WIRE = {
     common_pb2.MODEL_KIND_CLASSIFIER: ModelKind.CLASSIFIER,
@@ -49,6 +50,11 @@ _TOKENIZER_KIND_FROM_WIRE = {
     scheduler_pb2.TOKENIZER_KIND_UNSPECIFIED: TokenizerKind.BYTES,  # workers before the kind was read
     scheduler_pb2.TOKENIZER_KIND_BYTES: TokenizerKind.BYTES,
     scheduler_pb2.TOKENIZER_KIND_HF: TokenizerKind.HF,
+}
+# A value this scheduler does not know (a newer worker's) is skipped: it is never asked for.
+_FEATURE_FROM_WIRE = {
+    scheduler_pb2.WORKER_FEATURE_STRUCTURED_OUTPUT: WorkerFeature.STRUCTURED_OUTPUT,
+    scheduler_pb2.WORKER_FEATURE_GRAMMAR_AFTER_REASONING: WorkerFeature.GRAMMAR_AFTER_REASONING,
 }
 _STAGE_NAMES = {
     value: name.removeprefix("STAGE_").lower()
@@ -88,6 +94,7 @@ def decode_hello(hello: scheduler_pb2.WorkerHello) -> WorkerHello:
         tensor_outputs=tuple(hello.tensor_outputs),
         preferred_batch_sizes=tuple(hello.preferred_batch_sizes),
         sampling_defaults=tuple((f.name, value) for f, value in hello.sampling_defaults.ListFields()),
+        features=frozenset(_FEATURE_FROM_WIRE[f] for f in hello.features if f in _FEATURE_FROM_WIRE),
     )
 
 

@@ -18,6 +18,7 @@ from services.common.timings import StageTime
 from services.scheduler.model_text import ModelText
 from services.scheduler.step_plan import StepPlan
 from services.scheduler.tokenizer_spec import TokenizerSpec
+from services.scheduler.worker_features import WorkerFeature
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,8 @@ class WorkerHello:
     # Generator: its recommended sampling, (SamplingParams field name, value) for each it recommends;
     # what GenerateRequest.model_default_fields asks for.
     sampling_defaults: tuple[tuple[str, float], ...] = ()
+    # Generator: what it honours beyond a plain step (worker_features.py); empty: an older worker.
+    features: frozenset[WorkerFeature] = frozenset()
     # Generator: its tokenizer and chat template, built by the Attach session from `tokenizer` (and
     # the file that followed the hello); None until then (GeneratePool builds a BYTES one itself).
     text: ModelText | None = None

@@ -43,6 +43,7 @@ from services.scheduler.step_plan import SequenceDelta, StepPlan
 from services.scheduler.step_scheduler import StepScheduler, StepSchedulerFactory
 from services.scheduler.step_scheduler_config import step_scheduler_config
 from services.scheduler.tenant_service import TenantService
+from services.scheduler.worker_features import WorkerFeature, described, needed_features
 from services.scheduler.worker_link import ModelKey, WorkerLink
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ class GeneratePool:
         if loop is None:
             return
         if self._usable_loops():
-            self._place(loop.scheduler.evict_waiting())
+            self._place(loop.scheduler.evict_waiting(), fallback=loop)
         loop.wake()
 
     def remove_worker(self, link: WorkerLink) -> None:
@@ -187,9 +188,14 @@ class GeneratePool:
         its predecessor earned, it refused streams the gateway had admitted in a reliability test).
         `tpot_target_s`: its TPOT target, which paces the steps it runs in (tpot_pacing.py); below one
         step alone, FailedPrecondition at once."""
-        loops = self._usable_loops()
-        if not loops:
+        if not self._usable_loops():
             raise errors.Unavailable(f"no worker serves model {self.model}", retry_after_s=1.0)
+        needed = needed_features(sampling)
+        loops = self._usable_loops(needed)
+        if not loops:
+            missing = {feature for feature in needed if not self.honours(feature)} or needed
+            raise errors.Unavailable(f"no worker of model {self.model} honours {described(missing)}: its workers "
+                                     f"are older than this scheduler, or sample without it", retry_after_s=1.0)
         max_seq_len = self.max_seq_len()
         if len(prompt_ids) + sampling.max_tokens > max_seq_len:
             raise errors.InvalidArgument(
@@ -295,8 +301,13 @@ class GeneratePool:
         """A stream ended (its sequence finished, failed or expired): the sequence is on no worker."""
         self._where.pop(seq_id, None)
 
-    def _usable_loops(self) -> list[WorkerLoop]:
-        return [loop for loop in self._loops.values() if loop.link.usable]
+    def honours(self, feature: WorkerFeature) -> bool:
+        """Whether a worker that takes new sequences declared `feature` (WorkerHello.features)."""
+        return bool(self._usable_loops(frozenset((feature,))))
+
+    def _usable_loops(self, needed: frozenset[WorkerFeature] = frozenset()) -> list[WorkerLoop]:
+        """Workers that take new sequences and declared every feature in `needed`."""
+        return [loop for loop in self._loops.values() if loop.link.usable and needed <= loop.link.hello.features]
 
     def _note_prefilling(self, seq: Sequence, route: Route[WorkerLoop]) -> None:
         if self._router.mode is RoutingMode.CACHE_AWARE:
@@ -330,12 +341,17 @@ class GeneratePool:
             views.append(WorkerView(loop, load, scheduler.kv))
         return views
 
-    def _place(self, seqs: list[Sequence]) -> None:
-        """Hands evicted sequences to usable workers as `--routing` says (their generated tokens
-        count as prompt: they are recomputed), or holds them."""
-        loops = self._usable_loops()
+    def _place(self, seqs: list[Sequence], fallback: WorkerLoop | None = None) -> None:
+        """Hands evicted sequences to usable workers that declared the features each needs, as
+        `--routing` says (their generated tokens count as prompt: they are recomputed); one no such
+        worker can take goes back to `fallback` (a draining worker finishes it), else is held."""
         now = self.clock()
         for seq in seqs:
+            loops = self._usable_loops(needed_features(seq.sampling))
+            if not loops and fallback is not None:
+                fallback.scheduler.adopt(seq)
+                self._where[seq.seq_id] = fallback
+                continue
             if not loops:
                 self._held[seq.seq_id] = (seq, now)
                 continue

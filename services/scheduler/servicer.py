@@ -61,6 +61,7 @@ from services.scheduler.step_scheduler import StepScheduler, StepSchedulerFactor
 from services.scheduler.step_scheduler_config import step_scheduler_config
 from services.scheduler.submit_stream import SubmitStream
 from services.scheduler.text_calls import detokenize, tokenize, tokenizer_info
+from services.scheduler.worker_features import WorkerFeature
 from services.scheduler.worker_link import WorkerLink
 
 log = logging.getLogger(__name__)
@@ -243,6 +244,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         entry = self.registry.resolve_generator(req.model.name, req.model.version)
         stream, prompt_ids, sampling = self._make_stream(req, request.tenant, entry, began_s, remaining_s, events)
         reasoning = entry.pool.text.reasoning_start(prompt_ids, constrained=bool(sampling.grammar))
+        if reasoning.grammar_after is not None and not entry.pool.honours(WorkerFeature.GRAMMAR_AFTER_REASONING):
+            # Only workers older than this scheduler serve the model, and one would ignore the field and
+            # constrain from the first token anyway: ask for that, and the first chunk says so.
+            reasoning = dataclasses.replace(reasoning, grammar_after=None)
         if reasoning.grammar_after is not None:
             sampling = dataclasses.replace(sampling, grammar_after_reasoning=reasoning.grammar_after)
         span.set_attribute("infermesh.model", str(entry.key))

@@ -35,6 +35,11 @@ from services.worker.step_executor import StepExecutor
 from services.worker.tensor_runtime import TensorRuntime
 from services.worker.thread_settings import set_library_threads
 
+# What StepExecutor honours beyond a plain step (WorkerHello.features): it masks by the grammar (or
+# fails the sequence where llguidance cannot read the tokenizer), after the think block where asked
+# (grammar.py). The toy and mock generators sample no grammar and declare none.
+STEP_FEATURES = (scheduler_pb2.WORKER_FEATURE_STRUCTURED_OUTPUT, scheduler_pb2.WORKER_FEATURE_GRAMMAR_AFTER_REASONING)
+
 log = logging.getLogger(__name__)
 SERVICE = "worker"
 
@@ -176,6 +181,7 @@ class GeneratorRuntime:
             tokenizer=_tokenizer_spec(spec.tokenizer, self._text),
             protocol_version=PROTOCOL_VERSION,
             sampling_defaults=spec.sampling_defaults.to_proto(),
+            features=STEP_FEATURES,
         )
 
     def tokenizer_file(self) -> bytes:

@@ -40,8 +40,13 @@ CHAT_TEMPLATE = LLAMA3.replace(TODAY_LINE, "")
 
 class ScriptedHFWorker:
     def __init__(self, address: str, tokenizer_json: bytes, model: common_pb2.ModelRef = MODEL,
-                 chat_template: str = "") -> None:
+                 chat_template: str = "", worker_id: str = "", features: tuple[int, ...] = (),
+                 reasoning_parser: str = "") -> None:
+        """`features`: WorkerHello.features (none: a worker older than WorkerFeature)."""
         self._address = address
+        self._worker_id = worker_id or f"scripted-{model.name}"
+        self._features = features
+        self._reasoning_parser = reasoning_parser
         self._json = tokenizer_json
         self._model = model
         self._chat_template = chat_template
@@ -50,6 +55,7 @@ class ScriptedHFWorker:
         self.outputs = [*rust.encode(CONTINUATION, add_special_tokens=False).ids, self.eos]
         self.vocab_size = rust.get_vocab_size(with_added_tokens=True)
         self.prompts: dict[int, list[int]] = {}  # seq_id -> the ids its steps carried, in order
+        self.steps: dict[int, scheduler_pb2.SequenceStep] = {}  # seq_id -> its last step
         self._replies: queue.Queue = queue.Queue()
         self._channel = session_tls.channel(address, identity="worker").__enter__()
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -63,14 +69,16 @@ class ScriptedHFWorker:
     def _messages(self):
         assert TOKENIZER_FILE_CHUNK_BYTES >= PIECE_BYTES
         yield scheduler_pb2.WorkerMessage(hello=scheduler_pb2.WorkerHello(
-            worker_id=f"scripted-{self._model.name}", model=self._model, kind=common_pb2.MODEL_KIND_GENERATOR,
+            worker_id=self._worker_id, model=self._model, kind=common_pb2.MODEL_KIND_GENERATOR,
+            features=self._features,
             capacity=scheduler_pb2.WorkerCapacity(num_kv_blocks=64, block_size=16, max_seq_len=512, max_num_seqs=4),
             protocol_version=ATTACH_PROTOCOL_VERSION,
             tokenizer=scheduler_pb2.TokenizerSpec(
                 kind=scheduler_pb2.TOKENIZER_KIND_HF, vocab_size=self.vocab_size + 3, eos_token_id=self.eos,
                 tokenizer_json_sha256=hashlib.sha256(self._json).hexdigest(),
                 tokenizer_json_size_bytes=len(self._json),
-                special_tokens=SPECIAL_TOKENS, chat_template=self._chat_template)))
+                special_tokens=SPECIAL_TOKENS, chat_template=self._chat_template,
+                reasoning_parser=self._reasoning_parser)))
         for at in range(0, len(self._json), PIECE_BYTES):
             yield scheduler_pb2.WorkerMessage(tokenizer_file=scheduler_pb2.TokenizerFile(
                 data=self._json[at:at + PIECE_BYTES]))
@@ -96,6 +104,7 @@ class ScriptedHFWorker:
         result = scheduler_pb2.StepResult(step_id=step.step_id)
         for seq in step.seqs:
             self.prompts.setdefault(seq.seq_id, []).extend(seq.token_ids)
+            self.steps[seq.seq_id] = seq
             if seq.sample:
                 result.outputs.add(seq_id=seq.seq_id, token_id=self.outputs[seq.num_generated])
         return result

@@ -13,6 +13,7 @@ from services.scheduler.fair_queue import TenantContext
 from services.scheduler.generate_stream import GenerateStream
 from services.scheduler.sequence import SamplingParams
 from services.scheduler.step_plan import SequenceStep, StepPlan
+from services.scheduler.worker_features import WorkerFeature
 from services.worker.builtin_models import ToyGeneratorRuntime
 from services.worker.step_codec import run_step_from_proto
 
@@ -87,6 +88,12 @@ def test_a_hello_decodes_to_what_the_worker_declared() -> None:
     assert hello.worker_id == "w1" and hello.kind is ModelKind.GENERATOR
     assert hello.capacity.num_kv_blocks > 0 and hello.tokenizer.vocab_size > 0
     assert attach_codec.decode_hello(scheduler_pb2.WorkerHello()).kind is None
+
+
+def test_an_older_workers_hello_declares_no_features_and_an_unknown_one_is_skipped() -> None:
+    assert attach_codec.decode_hello(ToyGeneratorRuntime("1").hello("w1")).features == frozenset()
+    declared = scheduler_pb2.WorkerHello(features=[scheduler_pb2.WORKER_FEATURE_GRAMMAR_AFTER_REASONING, 99])
+    assert attach_codec.decode_hello(declared).features == {WorkerFeature.GRAMMAR_AFTER_REASONING}
 
 
 def test_a_table_starting_with_cached_blocks_tells_the_worker_how_many_positions_are_valid() -> None:

@@ -77,6 +77,12 @@ def test_generator_hello_declares_kv_capacity_and_byte_tokenizer(generator, tiny
     assert hello.tokenizer.eos_token_id == tinylm.manifest.generator.tokenizer.eos_token_id
 
 
+def test_generator_hello_declares_it_honours_a_grammar_and_one_after_the_reasoning(generator, classifier):
+    assert set(generator.hello("w-2").features) == {scheduler_pb2.WORKER_FEATURE_STRUCTURED_OUTPUT,
+                                                    scheduler_pb2.WORKER_FEATURE_GRAMMAR_AFTER_REASONING}
+    assert not classifier.hello("w-1").features
+
+
 def test_steps_through_protobuf_reproduce_greedy_dense_generation(generator, tinylm):
     prompt = list(b"The ")
     expected = tinylm.generator.greedy_dense(prompt, 6)
