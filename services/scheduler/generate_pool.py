@@ -188,10 +188,10 @@ class GeneratePool:
         its predecessor earned, it refused streams the gateway had admitted in a reliability test).
         `tpot_target_s`: its TPOT target, which paces the steps it runs in (tpot_pacing.py); below one
         step alone, FailedPrecondition at once."""
-        if not self._usable_loops():
-            raise errors.Unavailable(f"no worker serves model {self.model}", retry_after_s=1.0)
         needed = needed_features(sampling)
         loops = self._usable_loops(needed)
+        if not loops and not self._usable_loops():
+            raise errors.Unavailable(f"no worker serves model {self.model}", retry_after_s=1.0)
         if not loops:
             missing = {feature for feature in needed if not self.honours(feature)} or needed
             raise errors.Unavailable(f"no worker of model {self.model} honours {described(missing)}: its workers "
