@@ -5,8 +5,7 @@ the worker's forward, each of its two ways of running the rows alone, and two fl
 
 Random float32 weights at three CPU-sized shapes (`SHAPES`), one torch thread as a worker runs, the
 tokens routed by a random router as `experts.route` routes them (top k renormalized). Each batch's
-routing is fixed, and five ways run over it, interleaved within every run (each run starting at
-the next way, so none always runs first after another's weights):
+routing is fixed, and five ways run over it, one call each a round in a shuffled order:
 - `serving`: `experts.grouped_experts`, what the worker runs (it picks one of the next two);
 - `loop`: the rows through `experts.per_expert_rows`, a host read of the rows per expert, then a
   Python loop of a few operator calls per chosen expert: the only way before grouped_mm (2d99cfe);
@@ -15,7 +14,7 @@ the next way, so none always runs first after another's weights):
   through one expert's weights: no routing, and weights that stay in cache;
 - `weights floor`: one pass over as many experts' weights as the step chose (a one-row matmul over
   them): the bytes any forward must read from memory, at about the speed memory gives them.
-Process CPU per call, the median of `--repeats` calls a run; the table gives the median of the runs'
+Process CPU per call, the median of a run's `--repeats` rounds; the table gives the median of the runs'
 figures, and the JSON every run's. Writes bench/results/moe_layer.json.
 """
 
@@ -23,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -101,23 +101,26 @@ def layer_ways(shape: Shape, num_tokens: int, seed: int) -> tuple[dict[str, Call
             "flops floor": flops_floor, "weights floor": weights_floor}, num_chosen
 
 
-def median_call_ms(fn: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        began = time.process_time()
-        fn()
-        times.append((time.process_time() - began) * 1e3)
-    return statistics.median(times)
+def call_ms(fn: Callable[[], object]) -> float:
+    began = time.process_time()
+    fn()
+    return (time.process_time() - began) * 1e3
 
 
 def measure(shape: Shape, num_tokens: int, runs: int, repeats: int) -> dict[str, object]:
     ways, num_chosen = layer_ways(shape, num_tokens, seed=num_tokens)
     for fn in ways.values():
         fn()  # warm-up: first-touch of the weights, allocator
+    shuffler = random.Random(num_tokens)
     runs_ms: dict[str, list[float]] = {way: [] for way in WAYS}
-    for run in range(runs):
-        for way in WAYS[run % len(WAYS):] + WAYS[:run % len(WAYS)]:  # each run starts at another way
-            runs_ms[way].append(round(median_call_ms(ways[way], repeats), 3))
+    for _ in range(runs):
+        calls_ms: dict[str, list[float]] = {way: [] for way in WAYS}
+        for _ in range(repeats):
+            # A fresh order every round: a way that always ran after another's weights would pay for it.
+            for way in shuffler.sample(WAYS, len(WAYS)):
+                calls_ms[way].append(call_ms(ways[way]))
+        for way, ms in calls_ms.items():
+            runs_ms[way].append(round(statistics.median(ms), 3))
     return {"shape": shape.name, "tokens": num_tokens, "experts_chosen": num_chosen,
             "median_ms": {way: statistics.median(ms) for way, ms in runs_ms.items()}, "runs_ms": runs_ms}
 
