@@ -27,6 +27,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -107,7 +108,7 @@ def call_ms(fn: Callable[[], object]) -> float:
     return (time.process_time() - began) * 1e3
 
 
-def measure(shape: Shape, num_tokens: int, runs: int, repeats: int) -> dict[str, object]:
+def measure(shape: Shape, num_tokens: int, runs: int, repeats: int) -> dict[str, Any]:
     ways, num_chosen = layer_ways(shape, num_tokens, seed=num_tokens)
     for fn in ways.values():
         fn()  # warm-up: first-touch of the weights, allocator

@@ -40,10 +40,18 @@ def test_the_grouped_matmuls_give_the_loops_values_bit_for_bit(dtype, num_rows):
 
 
 def taken_way(monkeypatch, num_rows: int, **rows) -> str:
-    taken = []
-    for name in ("grouped_mm_rows", "per_expert_rows"):
+    taken: list[str] = []
+
+    def spy(name: str):
         way = getattr(experts, name)
-        monkeypatch.setattr(experts, name, lambda *a, name=name, way=way: taken.append(name) or way(*a))
+
+        def counted(*args):
+            taken.append(name)
+            return way(*args)
+        return counted
+
+    for name in ("grouped_mm_rows", "per_expert_rows"):
+        monkeypatch.setattr(experts, name, spy(name))
     expert_rows(*make_rows(num_rows, **rows), F.silu)
     return taken[0]
 
