@@ -13,9 +13,16 @@ the forward is a few batched ops (`grouped_experts`, the shape of transformers 5
 forward): the (token, choice) pairs are sorted by expert, each expert that any token chose runs once
 over its rows, the rows are scaled by their weights, put back in token order and summed per token.
 
-Eager only: how many rows each expert gets depends on the routing, which the host reads once a layer
-(one synchronization), so a CUDA graph cannot record it; the worker serves these models without
-decode graphs (services/worker/decode_graph_steps.py).
+The experts run one of two ways (`expert_rows`), bit for bit the same on CPU: two grouped matmuls
+(`F.grouped_mm`, which costs a little for every expert, chosen or not), or a Python loop over the
+chosen experts (which costs several operator calls for each). A step of many rows an expert takes the
+first, a decode step of a few tokens over many experts the second. On CPU most of either is the
+matmuls themselves, a few rows through each expert's weights (bench/worker/bench_moe_layer.py).
+
+Eager only: the loop reads each expert's row count on the host, and grouped_mm reads it too wherever
+it has no fused kernel (on CPU; on CUDA it has one for bfloat16 on recent GPUs), and a graph records
+no host read; the worker serves these models without decode graphs
+(services/worker/decode_graph_steps.py).
 """
 
 from __future__ import annotations
@@ -29,6 +36,11 @@ from torch import nn
 from services.worker.models.llama_config import ExpertsConfig
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
+
+# Rows an expert (tokens x top_k / num_experts) from which grouped_mm beats the loop, measured on CPU
+# with one thread (bench/worker/bench_moe_layer.py): grouped_mm pays for every expert (about 5 us for
+# its two calls), the loop only for the chosen ones, but about six times as much (its operator calls).
+GROUPED_MM_ROWS_PER_EXPERT = 0.25
 
 
 def _uninitialized(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
@@ -52,24 +64,57 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tenso
                     down: torch.Tensor, act: Activation) -> torch.Tensor:
     """Each token's experts over `x [num_tokens, d_model]`, weighted and summed: `[num_tokens, d_model]`.
 
-    `experts int64[num_tokens, top_k]` and `weights [num_tokens, top_k]` as `route` gives them; one
-    gate/up and one down matmul per expert chosen at least once, over the rows that chose it. A
-    token's weighted outputs (float32 with float32 weights) are summed with one rounding to the
-    compute dtype, as transformers 5's default experts forward (grouped_mm) sums them."""
+    `experts int64[num_tokens, top_k]` and `weights [num_tokens, top_k]` as `route` gives them; each
+    chosen expert runs once over the rows that chose it (`expert_rows`). A token's weighted outputs
+    (float32 with float32 weights) are summed with one rounding to the compute dtype, as transformers
+    5's default experts forward (grouped_mm) sums them."""
     num_tokens, top_k = experts.shape
     choices = experts.flatten()  # token-major: token t's choices are rows t * top_k ...
-    order = torch.argsort(choices, stable=True)  # ... and here expert-major, token order within one
-    rows = x[order // top_k]
+    by_expert, order = torch.sort(choices, stable=True)  # ... and here expert-major, token order within one
+    out = expert_rows(x[order // top_k], by_expert, gate_up, down, act)
+    weighted = out * weights.flatten()[order, None]
+    return weighted[torch.argsort(order)].view(num_tokens, top_k, -1).sum(dim=1).to(x.dtype)
+
+
+def expert_rows(rows: torch.Tensor, by_expert: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                act: Activation) -> torch.Tensor:
+    """`rows [num_rows, d_model]` sorted by their expert (`by_expert int64[num_rows]`, ascending), each
+    through its expert's gated MLP: `[num_rows, d_model]`, bit for bit the same on CPU whichever way runs.
+
+    Two grouped matmuls where there are at least `GROUPED_MM_ROWS_PER_EXPERT` rows an expert (on
+    average) and the shapes suit grouped_mm; else a loop over the chosen experts."""
+    num_experts, d_ff = gate_up.shape[0], down.shape[-1]
+    aligned = all(n * rows.element_size() % 16 == 0 for n in (rows.shape[-1], d_ff))
+    if aligned and rows.shape[0] >= GROUPED_MM_ROWS_PER_EXPERT * num_experts:
+        return grouped_mm_rows(rows, by_expert, gate_up, down, act)
+    return per_expert_rows(rows, by_expert, gate_up, down, act)
+
+
+def grouped_mm_rows(rows: torch.Tensor, by_expert: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                    act: Activation) -> torch.Tensor:
+    """`expert_rows` as two `F.grouped_mm`s (one kernel each on CUDA in bfloat16; elsewhere torch loops
+    over the experts in C++, a few microseconds an expert, chosen or not). The rows' stride must be a
+    multiple of 16 bytes (d_model and d_ff)."""
+    # ends[e]: one past expert e's last row (int32, as grouped_mm takes it), found without a host read.
+    ends = torch.searchsorted(by_expert, torch.arange(gate_up.shape[0], device=rows.device), right=True,
+                              out_int32=True)
+    gate, up = F.grouped_mm(rows, gate_up.transpose(1, 2), offs=ends).chunk(2, dim=-1)
+    return F.grouped_mm(act(gate) * up, down.transpose(1, 2), offs=ends)
+
+
+def per_expert_rows(rows: torch.Tensor, by_expert: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                    act: Activation) -> torch.Tensor:
+    """`expert_rows` as a Python loop over the chosen experts, a few operator calls each, after one host
+    read of the rows per expert."""
     out = torch.empty_like(rows)
     start = 0
-    for expert, count in enumerate(torch.bincount(choices, minlength=gate_up.shape[0]).tolist()):
+    for expert, count in enumerate(torch.bincount(by_expert, minlength=gate_up.shape[0]).tolist()):
         if count:
             chosen = slice(start, start + count)
             gate, up = F.linear(rows[chosen], gate_up[expert]).chunk(2, dim=-1)
             out[chosen] = F.linear(act(gate) * up, down[expert])
             start += count
-    weighted = out * weights.flatten()[order, None]
-    return weighted[torch.argsort(order)].view(num_tokens, top_k, -1).sum(dim=1).to(x.dtype)
+    return out
 
 
 class MixtureOfExperts(nn.Module):
