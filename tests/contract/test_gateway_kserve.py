@@ -98,10 +98,14 @@ def test_model_metadata_describes_the_tensor_contract(stub):
     ]
 
 
-def test_generator_metadata_is_text_in_text_out(stub):
+def test_generator_metadata_is_text_or_token_ids_in_text_out(stub):
     meta = stub.ModelMetadata(kserve.ModelMetadataRequest(name="toy-generator"), timeout=5)
     assert (meta.platform, [(t.name, t.datatype, list(t.shape)) for t in [*meta.inputs, *meta.outputs]]) == (
-        "infermesh_generator", [("text_input", "BYTES", [1]), ("text_output", "BYTES", [1])])
+        "infermesh_generator",
+        [("text_input", "BYTES", [1]), ("input_ids", "INT32", [-1]), ("text_output", "BYTES", [1])])
+    config = stub.ModelConfig(kserve.ModelConfigRequest(name="toy-generator"), timeout=5).config
+    assert [(i.name, list(i.dims), i.optional) for i in config.input] == [("text_input", [1], True),
+                                                                          ("input_ids", [-1], True)]
 
 
 @pytest.mark.parametrize(

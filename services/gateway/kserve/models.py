@@ -63,7 +63,9 @@ def model_metadata(info: gateway_pb2.ModelInfo, versions: Sequence[str]) -> kser
     if is_generator(info):
         return kserve.ModelMetadataResponse(
             name=name, versions=list(versions), platform=GENERATOR_PLATFORM,
-            inputs=[_Tensor(name=TEXT_INPUT, datatype="BYTES", shape=[1])],
+            # The prompt as text or as token ids: one of the two (model_config marks both optional).
+            inputs=[_Tensor(name=TEXT_INPUT, datatype="BYTES", shape=[1]),
+                    _Tensor(name=TOKEN_INPUT, datatype="INT32", shape=[-1])],
             outputs=[_Tensor(name=TEXT_OUTPUT, datatype="BYTES", shape=[1])],
         )
     if tensor_codec.is_tensor(info):
@@ -92,7 +94,9 @@ def model_config(info: gateway_pb2.ModelInfo) -> kserve.ModelConfig:
                            "max_num_batched_tokens": batching.max_num_batched_tokens}
         return kserve.ModelConfig(
             name=info.model.name, platform=GENERATOR_PLATFORM, backend="infermesh", max_batch_size=0,
-            input=[kserve.ModelInput(name=TEXT_INPUT, data_type=kserve.TYPE_STRING, dims=[1])],
+            # Triton's reading of "one of the two": both optional, the request sends exactly one.
+            input=[kserve.ModelInput(name=TEXT_INPUT, data_type=kserve.TYPE_STRING, dims=[1], optional=True),
+                   kserve.ModelInput(name=TOKEN_INPUT, data_type=kserve.TYPE_INT32, dims=[-1], optional=True)],
             output=[kserve.ModelOutput(name=TEXT_OUTPUT, data_type=kserve.TYPE_STRING, dims=[1])],
             model_transaction_policy=kserve.ModelTransactionPolicy(decoupled=True),
             parameters={k: kserve.ModelParameter(string_value=str(v)) for k, v in parameters.items()},
