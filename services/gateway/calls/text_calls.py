@@ -65,6 +65,11 @@ class TextCalls:
             try:
                 return await call(self._clients.get(endpoint.address), upstream, timeout_s)
             except AttemptError as err:
+                if err.code is UpstreamCode.UNIMPLEMENTED:  # mid-roll: a scheduler older than this gateway
+                    failure = errors.Unavailable(
+                        f"scheduler {endpoint.address} is older than this gateway and does not answer this "
+                        "(UNIMPLEMENTED); it will once the schedulers are upgraded")
+                    continue
                 if err.code not in _NEXT_SCHEDULER:
                     raise err.error from None
                 failure = err.error

@@ -125,3 +125,12 @@ def test_tokenizer_info_asks_the_callers_only_generators_scheduler_as_tokenize_d
     assert (reply.model.name, reply.model.version, reply.tokenizer_class) == ("m", "2", "PreTrainedTokenizerFast")
     with pytest.raises(errors.Unauthenticated):
         asyncio.run(calls.tokenizer_info(gateway_pb2.GetTokenizerInfoRequest(), "wrong", 5.0))  # type: ignore[arg-type]
+
+
+def test_a_scheduler_older_than_the_gateway_is_passed_over_and_alone_is_named_as_older():
+    """Mid-roll a scheduler without the RPC answers UNIMPLEMENTED ("Method not found!"): the next one is asked,
+    and with none left the caller is told why, not handed grpc's bare message as an internal error."""
+    older = FakeScheduler(_failure(UpstreamCode.UNIMPLEMENTED, errors.Internal("Method not found!")))
+    assert list(_tokenize(_calls({"a": older, "b": FakeScheduler()})).token_ids) == [1, 2]
+    with pytest.raises(errors.Unavailable, match="scheduler a is older than this gateway .*UNIMPLEMENTED"):
+        _tokenize(_calls({"a": older}))
