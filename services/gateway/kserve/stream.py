@@ -37,6 +37,7 @@ from typing import Any
 from inference import grpc_predict_v2_pb2 as kserve
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common.errors import InvalidArgument
+from services.common.tensor_datatypes import STRUCT_CODES
 from services.gateway.fronts.openai_params import BadParameter, chat_logprobs, penalties, structured
 from services.gateway.kserve.codec import pack_bytes_tensor, unpack_bytes_tensor
 from services.gateway.kserve.models import TEXT_INPUT, TEXT_OUTPUT, TOKEN_INPUT
@@ -160,8 +161,8 @@ def _token_elements(request: kserve.ModelInferRequest, tensor) -> list[int]:
     return list(struct.unpack(f"<{len(raw) // struct.calcsize(code)}{code}", raw))
 
 
-# input_ids' datatypes and their little-endian struct codes (Triton's raw layout).
-_TOKEN_DATATYPES = {"INT32": "i", "INT64": "q"}
+# input_ids' datatypes and their struct codes (Triton's raw layout is little-endian).
+_TOKEN_DATATYPES = {datatype: STRUCT_CODES[datatype] for datatype in ("INT32", "INT64")}
 
 
 def _text_prompt(request: kserve.ModelInferRequest) -> str:
