@@ -32,11 +32,13 @@ def make_rows(num_rows: int, *, d_ff: int = 32, dtype: torch.dtype = torch.float
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("num_rows", [1, 5, 40])
-def test_the_grouped_matmuls_give_the_loops_values_bit_for_bit(dtype, num_rows):
-    """On CPU grouped_mm runs the same matmuls one expert at a time, so which way a step takes never
-    shows in its logits (the family tests hold transformers' exactness through either)."""
+def test_the_grouped_matmuls_give_the_loops_values(dtype, num_rows):
+    """Both ways run each row through its own expert's matmuls; on this box's CPU they even agree bit for bit.
+    Checked within the dtype's rounding, not bit for bit: another CPU's BLAS may order a dot product's sums
+    differently in the two kernels (no test may depend on one CPU's float results). A row sent to a wrong
+    expert would be off by O(1)."""
     args = (*make_rows(num_rows, dtype=dtype), F.silu)
-    assert torch.equal(grouped_mm_rows(*args), per_expert_rows(*args))
+    torch.testing.assert_close(grouped_mm_rows(*args), per_expert_rows(*args))
 
 
 def taken_way(monkeypatch, num_rows: int, **rows) -> str:
