@@ -196,7 +196,7 @@ class SchedulerStream:
                 while (message := self._outbox.take()) is not None:
                     await call.write(message)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
-            self._broken(call, _why(exc))
+            self._broken(call, await _why_write_failed(call, exc))
 
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
         try:
@@ -272,3 +272,13 @@ def _why(exc: BaseException) -> str:
     if isinstance(exc, grpc.aio.AioRpcError):
         return f"{exc.code().name}: {exc.details()}"
     return f"{type(exc).__name__}: {exc}"
+
+
+async def _why_write_failed(call: grpc.aio.StreamStreamCall, exc: BaseException) -> str:
+    """A write to a stream that had already ended (the scheduler died or closed it) fails with grpc's bare
+    "RPC already finished"; the call's own status says why it ended, so that is what the log and the calls'
+    errors carry."""
+    if isinstance(exc, grpc.aio.AioRpcError) or not call.done():
+        return _why(exc)
+    code, details = await call.code(), await call.details()
+    return f"{code.name}: {details}" if code is not None else _why(exc)

@@ -42,6 +42,18 @@ class FakeSubmitCall:
     def cancel(self) -> None:
         self.cancelled = True
 
+    # The call's end, as grpc.aio reports it once the RPC has finished (finished_with sets it).
+    status: tuple[grpc.StatusCode, str] | None = None
+
+    def done(self) -> bool:
+        return self.status is not None
+
+    async def code(self) -> grpc.StatusCode | None:
+        return None if self.status is None else self.status[0]
+
+    async def details(self) -> str | None:
+        return None if self.status is None else self.status[1]
+
     def entries(self) -> list[scheduler_pb2.SubmitEntry]:
         return [entry for batch in self.written for entry in batch.entries]
 
@@ -206,6 +218,27 @@ async def test_a_broken_stream_fails_every_call_unavailable_without_pushback_and
     assert len(calls) == 2 and [e.call_id for e in calls[1].entries()] == [3]
     calls[1].reply(scheduler_pb2.CallReply(call_id=3, classify=gateway_pb2.ClassifyResponse(request_id="r3")))
     assert (await again).request_id == "r3"
+
+
+async def test_a_write_to_a_stream_that_already_ended_fails_the_calls_with_the_streams_own_status(stream, calls):
+    """The scheduler died with the stream's status already in (grpc then answers a write with a bare "RPC already
+    finished"): the calls' errors, and the log, say why the stream ended instead."""
+    classify = asyncio.create_task(stream.classify(classify_request(), 2.0, {}))
+    await settle()
+
+    async def refuse(message: bytes) -> None:
+        raise asyncio.InvalidStateError("RPC already finished.")
+
+    calls[0].status = (grpc.StatusCode.UNAVAILABLE, "Socket closed")
+    calls[0].write = refuse
+    stream.generate(generate_request(), 2.0, {})
+    await settle()
+
+    with pytest.raises(AttemptError) as caught:
+        await classify
+    assert caught.value.code == UpstreamCode.UNAVAILABLE
+    assert caught.value.error.message == "scheduler stream to sched:1 broke: UNAVAILABLE: Socket closed"
+    assert stream.num_calls == 0
 
 
 async def test_cancelling_a_generate_call_sends_a_cancel_entry_once(stream, calls):
