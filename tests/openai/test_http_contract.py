@@ -304,8 +304,8 @@ def test_an_unknown_model_is_404(http_mesh):
 
 
 def test_unknown_paths_and_methods_answer_in_the_openai_error_shape(http_mesh):
-    assert _error(http_mesh.request("GET", "/embeddings")) == (404, {
-        "message": "GET /v1/embeddings: Not Found", "type": "not_found_error", "param": None, "code": "404"})
+    assert _error(http_mesh.request("GET", "/audio/speech")) == (404, {
+        "message": "GET /v1/audio/speech: Not Found", "type": "not_found_error", "param": None, "code": "404"})
     status, headers, body = http_mesh.request("GET", "/completions")
     assert (status, json.loads(body)["error"]["code"], headers["Allow"]) == (405, "405", "POST")
 
