@@ -44,6 +44,8 @@ _KIND_FROM_WIRE = {
     common_pb2.MODEL_KIND_GENERATOR: ModelKind.GENERATOR,
     # Scheduled as classifiers are (dynamic batching); the hello's tensor signature tells them apart.
     common_pb2.MODEL_KIND_TENSOR: ModelKind.CLASSIFIER,
+    # Scheduled as generators are (continuous batching); the hello's embedding spec tells them apart.
+    common_pb2.MODEL_KIND_EMBEDDING: ModelKind.GENERATOR,
 }
 KIND_TO_WIRE = {ModelKind.CLASSIFIER: common_pb2.MODEL_KIND_CLASSIFIER,
                 ModelKind.GENERATOR: common_pb2.MODEL_KIND_GENERATOR}
@@ -97,7 +99,7 @@ def decode_hello(hello: scheduler_pb2.WorkerHello) -> WorkerHello:
         sampling_defaults=tuple((f.name, value) for f, value in hello.sampling_defaults.ListFields()),
         features=frozenset(_FEATURE_FROM_WIRE[f] for f in hello.features if f in _FEATURE_FROM_WIRE),
         embedding=EmbeddingInfo(hello.embedding.dimensions, hello.embedding.normalize, hello.embedding.matryoshka,
-                                hello.embedding.pooling) if hello.HasField("embedding") else None,
+                                hello.embedding.pooling) if hello.kind == common_pb2.MODEL_KIND_EMBEDDING else None,
     )
 
 

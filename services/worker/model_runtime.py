@@ -171,7 +171,8 @@ class GeneratorRuntime:
         return scheduler_pb2.WorkerHello(
             worker_id=worker_id,
             model=common_pb2.ModelRef(name=manifest.name, version=manifest.version),
-            kind=common_pb2.MODEL_KIND_GENERATOR,
+            # An embedding model declares its own kind: a scheduler that predates it refuses the worker.
+            kind=common_pb2.MODEL_KIND_GENERATOR if spec.embedding is None else common_pb2.MODEL_KIND_EMBEDDING,
             capacity=scheduler_pb2.WorkerCapacity(
                 num_kv_blocks=self._num_kv_blocks,
                 block_size=envelope.block_size,

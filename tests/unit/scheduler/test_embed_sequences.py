@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from infermesh.v1 import gateway_pb2, scheduler_pb2
+from infermesh.v1 import common_pb2, gateway_pb2, scheduler_pb2
 from services.common import errors
 from services.scheduler import attach_codec
-from services.scheduler.attach_types import EmbeddingInfo, ModelKey
+from services.scheduler.attach_session import check_hello
+from services.scheduler.attach_types import EmbeddingInfo, ModelKey, ModelKind
 from services.scheduler.embed_request import check_task, shaped
 from services.scheduler.sequence import AbortReason, FinishReason, SamplingParams
 from services.scheduler.step_plan import StepPlan
@@ -118,10 +119,16 @@ def test_a_shortened_vector_is_renormalized_where_the_model_normalizes() -> None
 
 
 def test_the_spec_and_the_vector_travel_on_the_wire() -> None:
-    hello = attach_codec.decode_hello(scheduler_pb2.WorkerHello(embedding=scheduler_pb2.EmbeddingSpec(
-        dimensions=4, normalize=True, matryoshka=True, pooling="mean")))
-    assert hello.embedding == INFO
-    assert attach_codec.decode_hello(scheduler_pb2.WorkerHello()).embedding is None
+    hello = attach_codec.decode_hello(scheduler_pb2.WorkerHello(
+        kind=common_pb2.MODEL_KIND_EMBEDDING,
+        embedding=scheduler_pb2.EmbeddingSpec(dimensions=4, normalize=True, matryoshka=True, pooling="mean")))
+    assert (hello.kind, hello.embedding) == (ModelKind.GENERATOR, INFO)  # scheduled as a generator
+    plain = attach_codec.decode_hello(scheduler_pb2.WorkerHello(kind=common_pb2.MODEL_KIND_GENERATOR))
+    assert (plain.kind, plain.embedding) == (ModelKind.GENERATOR, None)
+    with pytest.raises(errors.InvalidArgument, match="must declare embedding.dimensions >= 1"):
+        check_hello(attach_codec.decode_hello(scheduler_pb2.WorkerHello(
+            worker_id="w", model=common_pb2.ModelRef(name="m", version="1"), kind=common_pb2.MODEL_KIND_EMBEDDING,
+            capacity=scheduler_pb2.WorkerCapacity(num_kv_blocks=4, block_size=4))))
     outcome = attach_codec.decode_step_result(scheduler_pb2.StepResult(outputs=[
         scheduler_pb2.SequenceOutput(seq_id=3, embedding=[0.5, -0.5]), scheduler_pb2.SequenceOutput(seq_id=4)]))
     assert outcome.embeddings == {3: (0.5, -0.5)}

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from infermesh.v1 import common_pb2
 from services.worker.model_runtime import GeneratorRuntime
 from services.worker.pooling import PooledSequence, Pooling, PoolingSpec, pool_dense
 from services.worker.repository.errors import InvalidManifest
@@ -154,4 +155,5 @@ def test_the_hello_declares_the_models_embeddings(imported):
     runtime = GeneratorRuntime(load_model(imported, "emb", "1"), num_kv_blocks=16)
     runtime.load()
     hello = runtime.hello("w1")
+    assert hello.kind == common_pb2.MODEL_KIND_EMBEDDING
     assert (hello.embedding.dimensions, hello.embedding.normalize, hello.embedding.pooling) == (64, True, "mean")
