@@ -10,6 +10,10 @@ One mesh for the module: a scheduler, a worker per model, a gateway.
 from __future__ import annotations
 
 import base64
+import json
+import ssl
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -158,6 +162,23 @@ def test_each_task_refuses_the_other_with_a_400(served):
         status, reply = post_json(served[0].base, path, {"model": "embed-last", **body})
         assert status == 400, reply
         assert "is an embedding model" in reply["error"]["message"]
+
+
+def test_an_embedding_past_its_deadline_is_refused_as_a_generation_would_be(served):
+    tokenizer = served[2]
+    body = json.dumps({"model": "embed-mean", "input": [LONG] * 8}).encode()
+    context = ssl.create_default_context(cafile=str(session_tls.session_pki().ca_path))
+    request = urllib.request.Request(served[0].base + "/embeddings", data=body, method="POST", headers={
+        "Content-Type": "application/json", "x-infermesh-timeout-ms": "1"})
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, context=context, timeout=30)
+    assert caught.value.code == 504
+    assert json.loads(caught.value.read())["error"]["code"] == "deadline_exceeded"
+    # The mesh is none the worse for it: the next request is served.
+    status, reply = embeddings(served, {"model": "embed-mean", "input": TEXTS[0]})
+    assert status == 200, reply
+    assert_close(reply["data"][0]["embedding"], reference(served, "embed-mean",
+                                                          [tokenizer(TEXTS[0])["input_ids"]])[0])
 
 
 def test_grpc_embed_reads_no_prefix_cache_and_a_generation_request_is_invalid_argument(served):
