@@ -27,6 +27,7 @@ from tests.support.hf_mesh import run_stock_client, serving_checkpoints
 from tests.support.https_json import post_json
 from tests.support.st_checkpoints import reference_embeddings, save_embedding_directory
 from tools.testbed import session_tls
+from tools.testbed.scheduler_fixtures import scheduler_stub, wait_for_idle_kv
 
 pytestmark = pytest.mark.integration
 
@@ -174,11 +175,13 @@ def test_an_embedding_past_its_deadline_is_refused_as_a_generation_would_be(serv
         urllib.request.urlopen(request, context=context, timeout=30)
     assert caught.value.code == 504
     assert json.loads(caught.value.read())["error"]["code"] == "deadline_exceeded"
-    # The mesh is none the worse for it: the next request is served.
+    # The mesh is none the worse for it: the next request is served, and no KV block stays held.
     status, reply = embeddings(served, {"model": "embed-mean", "input": TEXTS[0]})
     assert status == 200, reply
     assert_close(reply["data"][0]["embedding"], reference(served, "embed-mean",
                                                           [tokenizer(TEXTS[0])["input_ids"]])[0])
+    with scheduler_stub(served[0].mesh.scheduler.address) as stub:
+        wait_for_idle_kv(stub, common_pb2.ModelRef(name="embed-mean", version="1"))
 
 
 def test_grpc_embed_reads_no_prefix_cache_and_a_generation_request_is_invalid_argument(served):
