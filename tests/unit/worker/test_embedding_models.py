@@ -57,6 +57,10 @@ def test_import_records_the_pooling_normalization_and_golden_vectors(imported):
     run_golden_check(load_model(imported, "emb", "1"))
 
 
+def test_a_worker_computing_in_bfloat16_passes_the_float32_golden_vectors(imported):
+    run_golden_check(load_model(imported, "emb", "1", compute_dtype="bfloat16"))
+
+
 def test_a_changed_golden_vector_fails_the_golden_check(imported, tmp_path):
     shutil.copytree(version_dir(imported, "emb", "1"), tmp_path / "emb" / "1")
     manifest = load_manifest(tmp_path, "emb", "1")
