@@ -202,6 +202,11 @@ def test_grpc_embed_reads_no_prefix_cache_and_a_generation_request_is_invalid_ar
                                timeout=60))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "is an embedding model" in caught.value.details()
+    with session_tls.channel(mesh.gateway.address) as channel:
+        listed = gateway_pb2_grpc.InferenceStub(channel).ListModels(gateway_pb2.ListModelsRequest(), timeout=10)
+    dimensions = {m.model.name: (m.kind, m.embedding_dimensions) for m in listed.models}
+    assert dimensions["embed-mean"] == (common_pb2.MODEL_KIND_GENERATOR, 64)
+    assert dimensions[GENERATOR] == (common_pb2.MODEL_KIND_GENERATOR, 0)
 
 
 def test_the_stock_client_creates_embeddings(served):
