@@ -10,8 +10,9 @@ the one the config declares (in an FP8 checkpoint a Linear weight may instead
 be float8_e4m3fn, its scale beside it: fp8_weights checks the pairs). Then
 each file is read once, front to back, into the parameters (an FP8 weight and
 its scale land in host memory, and are dequantized into theirs once both are
-read) and hashed on the way, so loading costs one pass over the bytes (not a
-hash pass, then a memory-mapped pass and a copy). A checkpoint that fails
+read) and hashed on the way (on a second thread: pipelined_digest), so loading
+costs one pass over the bytes (not a hash pass, then a memory-mapped pass and a
+copy). A checkpoint that fails
 is refused whole with a `CheckpointError` naming the file and the tensor (or
 config field); nothing is served half-loaded.
 
@@ -27,7 +28,6 @@ never loaded.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import struct
@@ -44,6 +44,7 @@ from services.worker.models.fp8_config import Fp8Quantization
 from services.worker.models.fp8_weights import QUANTIZED_DTYPE, Fp8Pair, Fp8Tensors, StoredTensor
 from services.worker.models.llama_config import QK_NORM_PER_HEAD, CheckpointError, LlamaFamilyConfig
 from services.worker.models.llama_family import LlamaFamilyLM
+from services.worker.models.pipelined_digest import PipelinedSha256
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -343,9 +344,7 @@ def _read_file(path: Path, destinations: Mapping[str, torch.Tensor | _Landing]) 
     """Reads the safetensors file at `path` front to back in one pass, copying each tensor named (as
     stored) in `destinations` into its place, and returns the sha256 of every byte of the file (header, tensors
     used or not, padding). CheckpointError when the file is not what check_weights saw."""
-    digest = hashlib.sha256()
-    scratch = bytearray(_CHUNK_BYTES)
-    with path.open("rb", buffering=0) as f:
+    with PipelinedSha256() as digest, path.open("rb", buffering=0) as f:
         header_bytes = _read_exactly(f, 8, path, digest)
         (header_size,) = struct.unpack("<Q", header_bytes)
         if header_size > _MAX_HEADER_BYTES:
@@ -357,10 +356,10 @@ def _read_file(path: Path, destinations: Mapping[str, torch.Tensor | _Landing]) 
         entries = _data_entries(header, path)
         position = 0  # within the data section
         for begin, end, name, stored_dtype in entries:
-            _skip(f, begin - position, path, digest, scratch)
+            _skip(f, begin - position, path, digest)
             target = destinations.get(name)
             if target is None:  # a derived or tied tensor, the image side, an input scale: hashed, not kept
-                _skip(f, end - begin, path, digest, scratch)
+                _skip(f, end - begin, path, digest)
             elif isinstance(target, _Landing):
                 if stored_dtype != target.dtype:
                     raise CheckpointError(str(path), name, f"changed since its header was checked: dtype {stored_dtype}")
@@ -372,9 +371,9 @@ def _read_file(path: Path, destinations: Mapping[str, torch.Tensor | _Landing]) 
             else:
                 _read_tensor(f, end - begin, target, getattr(torch, STORAGE_DTYPES[stored_dtype]), path, name, digest)
             position = end
-        while n := f.readinto(scratch):
-            digest.update(memoryview(scratch)[:n])
-    return digest.hexdigest()
+        while tail := f.read(_CHUNK_BYTES):
+            digest.update(tail)
+        return digest.hexdigest()
 
 
 def _data_entries(header: Any, path: Path) -> list[tuple[int, int, str, str]]:
@@ -415,20 +414,19 @@ def _read_tensor(f: Any, size: int, target: torch.Tensor, stored: torch.dtype, p
         piece = view[at:at + _CHUNK_BYTES]
         if f.readinto(piece) != len(piece):
             raise CheckpointError(str(path), name, "the file ends inside this tensor")
-        digest.update(piece)  # while the chunk is still in the CPU's cache
+        digest.update(piece)  # hashed on the digest's thread while the next piece is read
     if not direct:
         target.copy_(landing)
 
 
-def _skip(f: Any, size: int, path: Path, digest: Any, scratch: bytearray) -> None:
-    """Reads and hashes `size` bytes nothing keeps."""
-    view = memoryview(scratch)
+def _skip(f: Any, size: int, path: Path, digest: Any) -> None:
+    """Reads and hashes `size` bytes nothing keeps (each piece fresh: the digest hashes it later)."""
     while size > 0:
-        n = f.readinto(view[:min(size, len(view))])
-        if not n:
+        piece = f.read(min(size, _CHUNK_BYTES))
+        if not piece:
             raise CheckpointError(str(path), "data", "the file ends before its tensors do")
-        digest.update(view[:n])
-        size -= n
+        digest.update(piece)
+        size -= len(piece)
 
 
 def _read_exactly(f: Any, size: int, path: Path, digest: Any) -> bytes:
