@@ -15,8 +15,8 @@ A quantized `<module>.weight` ([out, in]) is not stored; its parts are, beside e
 
 Input i, output o dequantizes to `(q[i, o] - z[g(i), o]) * s[g(i), o]`, computed in float32: the
 difference is a small integer and the scale a float16 (or bfloat16) value, so the product is exact,
-and it is rounded once, to the compute dtype, where it lands. That is transformers' and vLLM's
-value in float16. Which weights are quantized is read from the files: a Linear (attention and MLP
+and it is rounded once, to the compute dtype, where it lands (in float16, what `(q - z) * s` in
+float16 gives, as vLLM's AWQ dequantize and AutoGPTQ's torch path compute it). Which weights are quantized is read from the files: a Linear (attention and MLP
 projections, each expert's, a router, lm_head) stores its `qweight` and companions, or a plain
 `weight`; every part is checked (present, shape, dtype) before any tensor data is read, and `g_idx`'s
 values when it is read.
@@ -107,8 +107,8 @@ class IntTensors:
         expected_shapes = self.quantization.part_shapes((out, in_))
         for part, tensor in parts.items():
             if tensor.shape != expected_shapes[part]:
-                raise CheckpointError(str(tensor.path), tensor.name, f"shape {list(tensor.shape)} but a "
-                                      f"{self._layout()} [{out}, {in_}] weight stores "
+                raise CheckpointError(str(tensor.path), tensor.name, f"shape {list(tensor.shape)}, but "
+                                      f"{self._layout()} stores a [{out}, {in_}] weight's {part} as "
                                       f"{list(expected_shapes[part])}")
             dtypes = SCALE_DTYPES if part == "scales" else (PACKED_DTYPE,)
             if tensor.dtype not in dtypes:
@@ -119,7 +119,7 @@ class IntTensors:
     def _layout(self) -> str:
         q = self.quantization
         group = "one group" if q.group_size is None else f"group_size {q.group_size}"
-        return f"{q.method} {q.bits}-bit, {group},"
+        return f"{q.method} {q.bits}-bit with {group}"
 
 
 def unpack_along_columns(packed: torch.Tensor, bits: int) -> torch.Tensor:
