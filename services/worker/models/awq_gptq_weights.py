@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from services.worker.models.awq_gptq_config import AWQ, IntQuantization
+from services.worker.models.awq_gptq_config import AWQ, PACKED_BITS, IntQuantization
 from services.worker.models.fp8_weights import StoredTensor, is_linear_weight
 from services.worker.models.llama_config import CheckpointError
 
@@ -122,10 +122,12 @@ class IntTensors:
         return f"{q.method} {q.bits}-bit with {group}"
 
 
-def unpack_along_columns(packed: torch.Tensor, bits: int) -> torch.Tensor:
-    """int32 `[rows, cols * 32 / bits]`: each int32 of `packed` ([rows, cols]) as its codes, lowest bits first."""
-    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
-    codes = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # arithmetic shift, masked: the sign is gone
+def unpack_along_columns(packed: torch.Tensor, bits: int, places: tuple[int, ...] | None = None) -> torch.Tensor:
+    """int32 `[rows, cols * 32 / bits]`: each int32 of `packed` ([rows, cols]) as its codes, lowest bits
+    first, or the code in place `places[j]` (counted from the lowest bits) as the j-th."""
+    order = torch.arange(PACKED_BITS // bits, dtype=torch.int32) if places is None else torch.tensor(
+        places, dtype=torch.int32)
+    codes = (packed.unsqueeze(-1) >> order * bits) & ((1 << bits) - 1)  # arithmetic shift, masked: the sign is gone
     return codes.reshape(packed.shape[0], -1)
 
 
@@ -136,10 +138,9 @@ def unpack_along_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:
     return codes.reshape(-1, packed.shape[1])
 
 
-def _awq_outputs(codes: torch.Tensor) -> torch.Tensor:
-    """AWQ's codes (unpack_along_columns') in output order: each eight reordered by AWQ_ORDER."""
-    rows = codes.shape[0]
-    return codes.view(rows, -1, 8)[:, :, list(_AWQ_UNPACK)].reshape(rows, -1)
+def unpack_awq(packed: torch.Tensor) -> torch.Tensor:
+    """int32 `[rows, cols * 8]`: AWQ's packed codes or zeros ([rows, cols]) in output order."""
+    return unpack_along_columns(packed, 4, _AWQ_UNPACK)
 
 
 class Dequantizer:
@@ -150,8 +151,9 @@ class Dequantizer:
         self.q = quantization
         self.qweight = parts["qweight"]
         self.scales = parts["scales"].to(torch.float32)
-        zeros = unpack_along_columns(parts["qzeros"], quantization.bits)
-        self.zeros = (_awq_outputs(zeros) if quantization.method == AWQ else zeros) + quantization.zero_offset
+        qzeros = parts["qzeros"]
+        zeros = unpack_awq(qzeros) if quantization.method == AWQ else unpack_along_columns(qzeros, quantization.bits)
+        self.zeros = zeros + quantization.zero_offset
         self.in_features = self.qweight.shape[0] * (1 if quantization.method == AWQ else quantization.pack_factor)
         g_idx = parts.get("g_idx")
         if g_idx is None:
@@ -176,7 +178,7 @@ class Dequantizer:
     def _slab(self, begin: int, end: int) -> torch.Tensor:
         """float32 `[end - begin, out]`: inputs begin..end of the weight, dequantized."""
         if self.q.method == AWQ:
-            codes = _awq_outputs(unpack_along_columns(self.qweight[begin:end], self.q.bits))
+            codes = unpack_awq(self.qweight[begin:end])
         else:
             pack = self.q.pack_factor
             codes = unpack_along_rows(self.qweight[begin // pack:-(-end // pack)], self.q.bits)
