@@ -19,7 +19,8 @@ and it is rounded once, to the compute dtype, where it lands (in float16, what `
 float16 gives, as vLLM's AWQ dequantize and AutoGPTQ's torch path compute it). Which weights are quantized is read from the files: a Linear (attention and MLP
 projections, each expert's, a router, lm_head) stores its `qweight` and companions, or a plain
 `weight`; every part is checked (present, shape, dtype) before any tensor data is read, and `g_idx`'s
-values when it is read.
+values when it is read. A zero `bias` beside a quantized weight of a model without one (older
+AutoGPTQ wrote one on every Linear) is read past; a non-zero one is refused.
 
 A weight is dequantized a slab of inputs at a time, straight into its parameter, once all its parts
 are read: loading holds one weight's packed parts and a slab of float32, never a second model.
@@ -42,6 +43,9 @@ AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 _AWQ_UNPACK = tuple(AWQ_ORDER.index(o) for o in range(8))  # output o's place among the eight
 PACKED_DTYPE = "I32"
 SCALE_DTYPES = ("F16", "BF16", "F32")  # AutoAWQ and AutoGPTQ write float16; the model's dtype, elsewhere
+# AutoGPTQ's older QuantLinear stored a bias on every quantized Linear, zeros where the model has none
+# (vLLM reads such biases past): accepted beside a quantized weight, and only if zero.
+EXTRA_BIAS = "bias"
 _SLAB_VALUES = 1 << 22  # dequantized a slab of inputs at a time: about this many float32 values
 
 
@@ -66,7 +70,8 @@ class IntTensors:
         """Whether the tensor is a quantized weight's part, which is gathered here; the tensors it is not
         are the checkpoint's own (expected_tensors')."""
         module, _, part = model_name.rpartition(".")
-        if part not in self.quantization.part_names:
+        extra_bias = part == EXTRA_BIAS and model_name not in self.expected
+        if part not in self.quantization.part_names and not extra_bias:
             return False
         parts = self.parts.setdefault(f"{module}.weight", {})
         if part in parts:
@@ -85,7 +90,11 @@ class IntTensors:
         return checked
 
     def _check(self, weight: str, parts: dict[str, StoredTensor], stored: Mapping[str, tuple[Path, str]]) -> IntWeight:
-        some = parts.get("qweight") or next(iter(parts.values()))
+        if parts.keys() == {EXTRA_BIAS}:
+            bias = parts[EXTRA_BIAS]
+            raise CheckpointError(str(bias.path), bias.name, "unexpected tensor: the model has no bias here (a "
+                                  "zero bias is read past only beside a quantized weight)")
+        some = parts.get("qweight") or next(p for n, p in parts.items() if n != EXTRA_BIAS)
         prefix = some.name.rpartition(".")[0]
         shape = self.expected.get(weight)
         if shape is None or not is_linear_weight(weight, shape):
@@ -104,13 +113,13 @@ class IntTensors:
         if problem is not None:
             first = parts.get("qweight", some)
             raise CheckpointError(str(first.path), first.name, f"cannot hold {weight}: {problem}")
-        expected_shapes = self.quantization.part_shapes((out, in_))
+        expected_shapes = {**self.quantization.part_shapes((out, in_)), EXTRA_BIAS: (out,)}
         for part, tensor in parts.items():
             if tensor.shape != expected_shapes[part]:
                 raise CheckpointError(str(tensor.path), tensor.name, f"shape {list(tensor.shape)}, but "
                                       f"{self._layout()} stores a [{out}, {in_}] weight's {part} as "
                                       f"{list(expected_shapes[part])}")
-            dtypes = SCALE_DTYPES if part == "scales" else (PACKED_DTYPE,)
+            dtypes = SCALE_DTYPES if part in ("scales", EXTRA_BIAS) else (PACKED_DTYPE,)
             if tensor.dtype not in dtypes:
                 raise CheckpointError(str(tensor.path), tensor.name, f"dtype {tensor.dtype} is not supported for "
                                       f"{part}; supported: {', '.join(dtypes)}")
@@ -212,6 +221,11 @@ class IntGroup:
     def _fill(self) -> None:
         if self._read.keys() != self.stored.parts.keys():
             return
+        bias = self._read.get(EXTRA_BIAS)
+        if bias is not None and bool(bias.any()):
+            stored = self.stored.parts[EXTRA_BIAS]
+            raise CheckpointError(str(stored.path), stored.name, "a non-zero bias on a Linear the model has no "
+                                  "bias for (only zero biases beside quantized weights are read past)")
         dequantizer = Dequantizer(self.quantization, self._read)
         bad = dequantizer.bad_group()
         if bad is not None:

@@ -361,3 +361,28 @@ def test_an_unquantized_module_beside_quantized_ones_is_read_as_stored(int_check
     edit_tensors(directory / "model.safetensors", unquantize)
     got, expected = load_llama_family(directory).state_dict(), load_llama_family(ckpt.dense).state_dict()
     assert all(torch.equal(tensor, expected[name]) for name, tensor in got.items())
+
+
+O_PROJ = "model.layers.1.self_attn.o_proj"
+
+
+def test_a_zero_bias_beside_a_quantized_weight_is_read_past_and_a_non_zero_one_refused(int_checkpoints, tmp_path):
+    """Older AutoGPTQ stored a bias on every quantized Linear, zeros where the model has none (vLLM reads
+    them past): the model loads as without them; a bias that is not zero would change the model, and one
+    beside a plain weight is simply unexpected."""
+    ckpt = int_checkpoints["gptq_qwen2"]
+    directory = _copy(int_checkpoints, "gptq_qwen2", tmp_path)
+    path = directory / "model.safetensors"
+    edit_tensors(path, lambda t: t.update({f"{O_PROJ}.bias": torch.zeros(64, dtype=torch.float16),
+                                           "model.layers.0.mlp.up_proj.bias": torch.zeros(128)}))
+    got, expected = load_llama_family(directory).state_dict(), load_llama_family(ckpt.dense).state_dict()
+    assert all(torch.equal(tensor, expected[name]) for name, tensor in got.items())
+
+    edit_tensors(path, lambda t: t.update({f"{O_PROJ}.bias": torch.full((64,), 0.5)}))
+    error = refusal(directory)
+    assert error.field == f"{O_PROJ}.bias" and "a non-zero bias" in str(error)
+    edit_tensors(path, lambda t: t.update({f"{O_PROJ}.bias": torch.zeros(32)}))
+    assert "shape [32], but gptq 4-bit with group_size 32 stores a [64, 64] weight's bias as [64]" in str(refusal(directory))
+    edit_tensors(path, lambda t: t.update({f"{O_PROJ}.bias": torch.zeros(64), "lm_head.bias": torch.zeros(512)}))
+    error = refusal(directory)
+    assert error.field == "lm_head.bias" and "unexpected tensor" in str(error)
