@@ -90,8 +90,7 @@ class IntQuantization:
         """Why a weight of `weight_shape` ([out, in]) cannot be stored in this layout; None when it can."""
         out, in_ = weight_shape
         if self.group_size is not None and in_ % self.group_size:
-            return (f"its {in_} inputs are not a multiple of quantization_config.group_size {self.group_size} "
-                    f"(a [{out}, {in_}] weight)")
+            return f"its {in_} inputs are not a multiple of quantization_config.group_size {self.group_size}"
         if out % self.pack_factor:
             return f"its {out} outputs are not a multiple of {self.pack_factor} ({self.bits}-bit zeros per int32)"
         if self.method == GPTQ and in_ % self.pack_factor:

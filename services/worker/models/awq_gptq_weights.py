@@ -29,7 +29,7 @@ are read: loading holds one weight's packed parts and a slab of float32, never a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -51,10 +51,15 @@ _SLAB_VALUES = 1 << 22  # dequantized a slab of inputs at a time: about this man
 
 @dataclass(frozen=True)
 class IntWeight:
-    """One quantized Linear weight as stored: its parts, by part name (qweight, qzeros, scales, g_idx)."""
+    """One quantized Linear weight as stored: its parts, by part name (qweight, qzeros, scales, g_idx,
+    and a zero bias read past)."""
 
-    shape: tuple[int, int]  # the weight's, [out, in]
-    parts: dict[str, StoredTensor] = field(default_factory=dict)
+    parts: dict[str, StoredTensor]
+
+
+def _some_part(parts: Mapping[str, StoredTensor]) -> StoredTensor:
+    """The part an error about the whole weight names: its qweight, else another of its packed parts."""
+    return parts.get("qweight") or next(p for n, p in parts.items() if n != EXTRA_BIAS)
 
 
 class IntTensors:
@@ -90,12 +95,18 @@ class IntTensors:
         return checked
 
     def _check(self, weight: str, parts: dict[str, StoredTensor], stored: Mapping[str, tuple[Path, str]]) -> IntWeight:
+        shape = self._placed(weight, parts, stored)
+        self._complete(parts)
+        self._laid_out(shape, parts)
+        return IntWeight(dict(parts))
+
+    def _placed(self, weight: str, parts: dict[str, StoredTensor], stored: Mapping[str, tuple[Path, str]]) -> tuple[int, int]:
+        """The weight's [out, in]; CheckpointError unless it is a Linear weight of the model stored only quantized."""
         if parts.keys() == {EXTRA_BIAS}:
             bias = parts[EXTRA_BIAS]
             raise CheckpointError(str(bias.path), bias.name, "unexpected tensor: the model has no bias here (a "
                                   "zero bias is read past only beside a quantized weight)")
-        some = parts.get("qweight") or next(p for n, p in parts.items() if n != EXTRA_BIAS)
-        prefix = some.name.rpartition(".")[0]
+        some = _some_part(parts)
         shape = self.expected.get(weight)
         if shape is None or not is_linear_weight(weight, shape):
             raise CheckpointError(str(some.path), some.name, f"a quantized part of {weight}, which is not a "
@@ -104,26 +115,34 @@ class IntTensors:
             path, name = stored[weight]
             raise CheckpointError(str(some.path), some.name, f"beside {name} in {path}: a Linear weight is "
                                   "stored quantized or as it is, not both")
+        out, in_ = shape
+        return out, in_
+
+    def _complete(self, parts: dict[str, StoredTensor]) -> None:
+        some = _some_part(parts)
+        prefix = some.name.rpartition(".")[0]
         for part in self.quantization.required_parts:
             if part not in parts:
                 why = " (quantization_config.desc_act is true: each input's group is stored)" if part == "g_idx" else ""
                 raise CheckpointError(str(some.path), f"{prefix}.{part}", f"missing beside {some.name}{why}")
-        out, in_ = shape
-        problem = self.quantization.layout_problem((out, in_))
+
+    def _laid_out(self, shape: tuple[int, int], parts: dict[str, StoredTensor]) -> None:
+        """CheckpointError unless the layout can hold the weight and each part has its shape and dtype."""
+        problem = self.quantization.layout_problem(shape)
         if problem is not None:
-            first = parts.get("qweight", some)
-            raise CheckpointError(str(first.path), first.name, f"cannot hold {weight}: {problem}")
-        expected_shapes = {**self.quantization.part_shapes((out, in_)), EXTRA_BIAS: (out,)}
+            qweight = parts["qweight"]
+            raise CheckpointError(str(qweight.path), qweight.name, f"cannot hold a [{shape[0]}, {shape[1]}] "
+                                  f"weight: {problem}")
+        expected_shapes = {**self.quantization.part_shapes(shape), EXTRA_BIAS: (shape[0],)}
         for part, tensor in parts.items():
             if tensor.shape != expected_shapes[part]:
                 raise CheckpointError(str(tensor.path), tensor.name, f"shape {list(tensor.shape)}, but "
-                                      f"{self._layout()} stores a [{out}, {in_}] weight's {part} as "
+                                      f"{self._layout()} stores a {list(shape)} weight's {part} as "
                                       f"{list(expected_shapes[part])}")
             dtypes = SCALE_DTYPES if part in ("scales", EXTRA_BIAS) else (PACKED_DTYPE,)
             if tensor.dtype not in dtypes:
                 raise CheckpointError(str(tensor.path), tensor.name, f"dtype {tensor.dtype} is not supported for "
                                       f"{part}; supported: {', '.join(dtypes)}")
-        return IntWeight((out, in_), dict(parts))
 
     def _layout(self) -> str:
         q = self.quantization
