@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from services.worker.models.awq_gptq_config import AWQ, IntQuantization, read_int_quantization
 from services.worker.models.awq_gptq_config import METHODS as INT_METHODS
-from services.worker.models.awq_gptq_config import IntQuantization, read_int_quantization
+from services.worker.models.fp8_config import PER_BLOCK, Fail, Fp8Quantization, read_fp8_quantization
 from services.worker.models.fp8_config import SUPPORTED_METHODS as FP8_METHODS
-from services.worker.models.fp8_config import Fail, Fp8Quantization, read_fp8_quantization
 
 Quantization = Fp8Quantization | IntQuantization
 SUPPORTED_METHODS = (*FP8_METHODS, *INT_METHODS)
@@ -32,3 +32,16 @@ def read_quantization(raw: Any, fail: Fail) -> Quantization | None:
         return read_int_quantization(raw, fail)
     raise fail("quant_method", f"{method!r} is not supported; supported: {', '.join(SUPPORTED_METHODS)} "
                "(dequantized at load)")
+
+
+def describe(quantization: Quantization) -> str:
+    """The scheme in a few words, for a person: "gptq 4-bit, group_size 128, act-order (v1 zeros)"."""
+    q = quantization
+    if isinstance(q, Fp8Quantization):
+        per = f"{q.block[0]} x {q.block[1]} blocks" if q.granularity == PER_BLOCK and q.block else q.granularity
+        return f"{q.method} FP8 (e4m3), a scale per {per}"
+    group = "one group" if q.group_size is None else f"group_size {q.group_size}"
+    if q.method == AWQ:
+        return f"awq {q.bits}-bit, {group} (GEMM layout)"
+    order = ", act-order" if q.desc_act else ""
+    return f"gptq {q.bits}-bit, {group}{order} ({'v1' if q.zero_offset else 'v2'} zeros)"

@@ -18,8 +18,10 @@ from safetensors.torch import load_file, save_file
 
 from services.worker.models.awq_gptq_config import AWQ, GPTQ, IntQuantization
 from services.worker.models.awq_gptq_weights import dequantize
+from services.worker.models.fp8_config import Fp8Quantization
 from services.worker.models.llama_config import CheckpointError, LlamaFamilyConfig
 from services.worker.models.llama_weights import load_llama_family, read_config
+from services.worker.models.quantization_config import describe
 from services.worker.repository.hf_import import weight_bytes
 from tests.support.awq_gptq_checkpoints import IntScheme, quantize, quantize_checkpoint, stored_parts
 from tests.support.fp8_checkpoints import save_dequantized
@@ -386,3 +388,14 @@ def test_a_zero_bias_beside_a_quantized_weight_is_read_past_and_a_non_zero_one_r
     edit_tensors(path, lambda t: t.update({f"{O_PROJ}.bias": torch.zeros(64), "lm_head.bias": torch.zeros(512)}))
     error = refusal(directory)
     assert error.field == "lm_head.bias" and "unexpected tensor" in str(error)
+
+
+@pytest.mark.parametrize(("quantization", "said"), [
+    (IntQuantization(AWQ, 4, 128), "awq 4-bit, group_size 128 (GEMM layout)"),
+    (IntQuantization(GPTQ, 8, None, desc_act=True), "gptq 8-bit, one group, act-order (v2 zeros)"),
+    (IntQuantization(GPTQ, 4, 64, zero_offset=1), "gptq 4-bit, group_size 64 (v1 zeros)"),
+    (Fp8Quantization("fp8", "weight_scale_inv", "block", (128, 128)), "fp8 FP8 (e4m3), a scale per 128 x 128 blocks"),
+    (Fp8Quantization("compressed-tensors", "weight_scale", "channel"), "compressed-tensors FP8 (e4m3), a scale per channel"),
+])
+def test_the_import_describes_the_scheme_in_a_few_words(quantization, said):
+    assert describe(quantization) == said
