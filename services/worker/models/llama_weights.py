@@ -11,8 +11,9 @@ be float8_e4m3fn, its scale beside it: fp8_weights checks the pairs; in an AWQ
 or GPTQ checkpoint it is stored as packed integers, scales and zeros instead:
 awq_gptq_weights checks the parts). Then each file is read once, front to back,
 into the parameters (a quantized weight's stored tensors land in host memory,
-and are dequantized into its place once all are read) and hashed on the way, so loading costs one pass over the bytes (not a
-hash pass, then a memory-mapped pass and a copy). A checkpoint that fails
+and are dequantized into its place once all are read) and hashed on the way,
+so loading costs one pass over the bytes (not a hash pass, then a
+memory-mapped pass and a copy). A checkpoint that fails
 is refused whole with a `CheckpointError` naming the file and the tensor (or
 config field); nothing is served half-loaded.
 
@@ -286,7 +287,7 @@ def load_llama_family(directory: str | Path, *, dtype: torch.dtype = torch.float
         stored = checked.where.get(unfilled[0]) or next(
             (t.path, t.name) for t in checked.packed[unfilled[0]].parts.values())
         raise CheckpointError(str(stored[0]), unfilled[0], "changed since its header was checked: its weight "
-                              "or its scale was not read")
+                              "or its scale (or packed part) was not read")
     return model.eval()
 
 
