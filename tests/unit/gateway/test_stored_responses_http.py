@@ -33,7 +33,8 @@ STORE_BYTES = 20_000
 
 class _ConversationCore:
     """Answers every chat with the conversation it received, one `role:content` line per message, in two
-    chunks (so a stream has deltas); a prompt containing FAIL fails after the first chunk (BUG: raises
+    chunks (so a stream has deltas), after telling `on_admitted`; one containing REFUSE is refused as
+    admission refuses (before `on_admitted`); a prompt containing FAIL fails after the first chunk (BUG: raises
     what no domain error is), one containing HOLD waits for `release` before its second. Counts the generations closed before their end."""
 
     def __init__(self) -> None:
@@ -41,9 +42,14 @@ class _ConversationCore:
         self.release = asyncio.Event()
         self.num_abandoned = 0
 
-    async def generate(self, request: gateway_pb2.GenerateRequest, caller, *, further_choice: bool = False):
+    async def generate(self, request: gateway_pb2.GenerateRequest, caller, *, further_choice: bool = False,
+                       on_admitted=None):
         _TENANTS.authenticate(caller.authorization)
         text = "\n".join(f"{m.role}:{m.content}" for m in request.messages)
+        if "REFUSE" in text:  # what admission refuses (a quota)
+            raise errors.ResourceExhausted("tenant 'alpha' is over its request rate quota")
+        if on_admitted is not None:
+            on_admitted()
         yield gateway_pb2.GenerateResponse(text=text[:3])
         if "FAIL" in text:
             raise errors.Unavailable("the worker went away")
@@ -326,7 +332,6 @@ async def test_closing_the_front_cancels_the_background_responses_still_running(
 
 
 @pytest.mark.parametrize(("body", "message"), [
-    ({"background": True, "stream": True}, "background with stream is not supported"),
     ({"background": True, "store": False}, "need store: true"),
     ({"background": "yes"}, "background must be true or false"),
 ])
