@@ -5,15 +5,15 @@
 Stateless unless the gateway stores responses (openai_stored.py, response_store.py): then a turn may
 name a stored one in `previous_response_id`, whose items the front looks up and hands to
 `chat_request` as `earlier`, a Response says whether it is kept (`store`), and `background` asks
-for it to be answered at once and run on (the front's to do). Without storing, `previous_response_id`
-and `background` are a 400 saying so and a Response says `"store": false`, as vLLM serves it by
-default. `conversation` (the Conversations API) is a 400 naming it. Inputs are text: messages (string
-content or input_text / output_text parts), the model's own function_call items and their
-function_call_output items; images, files and hosted tools (web_search, file_search, ...) are a 400
-naming the item or tool; `item_reference` items are resolved to the stored items they name before
-this reads them (a 400 saying so without storing). What chat checks (sampling, tools, structured output) is checked by the
-chat parser, its refusals renamed to the Responses parameter (`max_output_tokens`, `text.format`,
-`input`).
+for it to be answered once admitted and run on (openai_background.py), streamed or not. Without
+storing, `previous_response_id` and `background` are a 400 saying so and a Response says
+`"store": false`, as vLLM serves it by default. `conversation` (the Conversations API) is a 400
+naming it. Inputs are text: messages (string content or input_text / output_text parts), the model's
+own function_call items and their function_call_output items; images, files and hosted tools
+(web_search, file_search, ...) are a 400 naming the item or tool; `item_reference` items are resolved
+to the stored items they name before this reads them (a 400 saying so without storing). What chat
+checks (sampling, tools, structured output) is checked by the chat parser, its refusals renamed to
+the Responses parameter (`max_output_tokens`, `text.format`, `input`).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class ResponsesRequest:
 
     @property
     def background(self) -> bool:
-        """Whether it is answered at once (status queued, or its stream) and run on in the gateway."""
+        """Whether it is answered once admitted (status queued, or its stream) and run on in the gateway."""
         return bool(self.echoed["background"])
 
     @property
