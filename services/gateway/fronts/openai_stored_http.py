@@ -125,7 +125,12 @@ class StoredResponsesFront:
         starting_after = openai_stored.stream_query(request.query)
         if starting_after is None:
             return entry.response
-        return await streamed(request, openai_stored.replayed_events(entry), starting_after)
+        events = openai_stored.replayed_events(entry)
+        try:
+            events.check(starting_after)  # before the stream starts: a 400
+        except EventsGone as gone:
+            raise BadParameter("starting_after", str(gone)) from None
+        return await streamed(request, events, starting_after)
 
     async def delete(self, request: web.Request) -> dict:
         """DELETE /v1/responses/{id}: OpenAI's deleted object. Later turns that continued it keep their
@@ -180,12 +185,8 @@ class StoredResponsesFront:
 
 async def streamed(request: web.Request, events: EventLog, starting_after: int) -> web.StreamResponse:
     """The events after `starting_after` as server-sent events, each as it comes, until the Response
-    ends. Events no longer kept are a 400 naming starting_after before the stream starts; a reader that
-    falls that far behind while it reads gets an `error` event where the hole would be, and the end."""
-    try:
-        events.check(starting_after)
-    except EventsGone as gone:
-        raise BadParameter("starting_after", str(gone)) from None
+    ends. A reader that falls behind past the events still kept gets an `error` event where the hole
+    would be, and the end: never a stream with a hole in it."""
     response = web.StreamResponse(headers=_SSE_HEADERS)
     await response.prepare(request)
     position = starting_after

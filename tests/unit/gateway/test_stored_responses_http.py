@@ -463,3 +463,20 @@ async def test_a_background_request_refused_at_admission_is_answered_so_and_noth
     assert (status, reply["error"]["code"], headers["Retry-After"]) == (429, "rate_limit_exceeded", "2"), reply
     assert "over its request rate quota" in reply["error"]["message"]
     assert store.num_responses == 0
+
+
+async def test_a_background_stream_past_the_stores_bound_says_which_events_it_no_longer_keeps(base, core):
+    async with aiohttp.ClientSession() as session, session.post(
+            base + "/responses", json={"model": "m", "input": "HOLD" + "y" * 6000, "background": True, "stream": True},
+            headers={"Authorization": f"Bearer {ALPHA}"}) as reply:
+        await core.holding.wait()
+        core.release.set()  # its last events (the text four times over) outgrow the bound at once
+        events = _sse((await reply.read()).decode())
+    assert reply.status == 200 and events[0]["type"] == "response.created"
+    assert (events[-1]["type"], events[-1]["code"], events[-1]["param"]) == ("error", "events_dropped", "starting_after")
+    assert events[-1]["sequence_number"] == events[-2]["sequence_number"] + 1  # where the hole begins
+    response_id = events[0]["response"]["id"]
+    done = await _polled(base, response_id)
+    assert done["status"] == "completed" and done["store"] is True  # kept, without its events
+    status, reply_body = await _get_stream(base, response_id)
+    assert (status, reply_body["error"]["param"]) == (400, "stream")
