@@ -203,7 +203,25 @@ def _import_hf(source: Path, args: argparse.Namespace) -> int:
         print(f"an embedding model (/v1/embeddings only): {e.dimensions} dimensions, {e.pooling.value} pooling, "
               f"{'normalized' if e.normalize else 'not normalized'}{', Matryoshka' if e.matryoshka else ''}")
     print(_recorded(spec, parser_for_template(chat_template_text(source))))
+    quantized = _quantized(source)
+    if quantized:
+        print(quantized)
     return 0
+
+
+def _quantized(source: Path) -> str:
+    """For a quantized checkpoint, what it is and what serving it costs (the worker dequantizes it at
+    load); "" for an unquantized one."""
+    from services.worker.models.llama_weights import read_config
+    from services.worker.models.quantization_config import describe
+    from services.worker.repository.hf_import import weight_bytes
+
+    config = read_config(source)
+    if config.quantization is None:
+        return ""
+    return (f"weights: {describe(config.quantization)}, dequantized at load: the worker holds the unquantized "
+            f"model, {weight_bytes(config) / 2**30:.2f} GiB in float32 ({weight_bytes(config, 2) / 2**30:.2f} GiB "
+            "in bfloat16)")
 
 
 def _recorded(spec: GeneratorSpec, template_tool_parser: str) -> str:

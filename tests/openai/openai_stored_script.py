@@ -3,8 +3,10 @@
 Run by tests/openai/test_stored_responses.py with .venv-openai's python (the package is not a project
 dependency): argv = base_url, keys (JSON name -> key), CA file. Two turns chained with
 previous_response_id, a streamed third, retrieve, input_items (paged one by one: the client follows
-`after`), delete, and another tenant's attempts at all of them; a background Response polled until
-done, and one cancelled while it runs.
+`after`), delete, and another tenant's attempts at all of them; item_reference items (the owner's
+resolved, another tenant's a 404); a background Response polled until done, and one cancelled while it
+runs; a background stream read in part, then resumed with `starting_after`; background requests a
+rate-limited tenant sends, refused up front.
 """
 
 from __future__ import annotations
@@ -27,6 +29,36 @@ def not_found(call) -> dict:
         error = error.get("error", error)
         return {"status": err.status_code, "param": error.get("param"), "message": error.get("message")}
     return {"status": 200}
+
+
+def refused(call) -> dict:
+    """The HTTP status and error of a call the gateway refuses (200 when it answered)."""
+    try:
+        call()
+    except openai.APIStatusError as err:
+        error = err.body if isinstance(err.body, dict) else {}
+        error = error.get("error", error)
+        return {"status": err.status_code, "param": error.get("param"), "code": error.get("code"),
+                "message": error.get("message")}
+    return {"status": 200}
+
+
+def resumed_stream(client: openai.OpenAI) -> dict:
+    """A background stream read up to its first text delta (then the connection dropped), resumed after
+    the last event seen, and the Response as it ended."""
+    first: list = []
+    with client.responses.stream(input="abc", background=True, model=MODEL, max_output_tokens=40,
+                                 extra_body={"ignore_eos": True}) as stream:
+        for event in stream:
+            first.append(event)
+            if event.type == "response.output_text.delta":
+                break
+    response_id = first[0].response.id
+    rest = list(client.responses.retrieve(response_id, stream=True, starting_after=first[-1].sequence_number))
+    events = first + rest
+    return {"numbers": [e.sequence_number for e in events], "types": [e.type for e in events],
+            "num_first": len(first), "text": "".join(e.delta for e in events if e.type == "response.output_text.delta"),
+            "done": polled(client, response_id).model_dump(mode="json")}
 
 
 def polled(client: openai.OpenAI, response_id: str, timeout_s: float = 30.0):
@@ -68,6 +100,11 @@ def main() -> None:
             "chain": not_found(lambda: other.responses.create(input="x", previous_response_id=second.id, **turn)),
         },
     }
+    said = second.output[0].id
+    seen["referenced"] = alpha.responses.create(input=[{"type": "item_reference", "id": said},
+                                                       {"role": "user", "content": "xyz"}], **turn).model_dump(mode="json")
+    seen["other_reference"] = not_found(lambda: other.responses.create(
+        input=[{"type": "item_reference", "id": said}], **turn))
     queued = alpha.responses.create(input="abc", background=True, **turn)
     seen["background"] = {"queued": queued.status, "done": polled(alpha, queued.id).model_dump(mode="json")}
     # 20 ms a token: still running when cancelled.
@@ -76,6 +113,10 @@ def main() -> None:
     seen["cancelled"] = {"answered": alpha.responses.cancel(long.id).status,
                          "retrieved": alpha.responses.retrieve(long.id).status,
                          "other": not_found(lambda: other.responses.cancel(queued.id))}
+    seen["resumed"] = resumed_stream(alpha)
+    limited = client(keys["ratelimited"])  # 0.2 requests/s, a burst of 1: one of three at most is let in
+    seen["limited"] = [refused(lambda: limited.responses.create(input="abc", background=True, **turn))
+                       for _ in range(3)]
     alpha.responses.delete(first.id)
     seen["after_delete"] = {
         "retrieve": not_found(lambda: alpha.responses.retrieve(first.id)),

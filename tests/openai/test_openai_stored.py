@@ -13,13 +13,18 @@ from services.gateway.fronts.openai_params import BadParameter
 from services.gateway.fronts.openai_responses import chat_request, completed
 from services.gateway.fronts.openai_stored import (
     Chain,
+    ItemNotFound,
     ResponseNotFound,
     chain_of,
     deleted,
     input_items,
     input_items_page,
+    is_item_reference,
+    replayed_events,
+    resolved_input,
     response_id_of,
     stored_response,
+    stream_query,
     too_large,
 )
 
@@ -100,9 +105,10 @@ def test_only_a_finished_response_is_continued(status, message):
     assert chain_of(cut).items[-1] == response["output"][0]
 
 
-def test_a_background_request_is_one_that_is_stored_and_not_streamed():
+def test_a_background_request_is_one_that_is_stored_streamed_or_not():
     wanted = chat_request({"model": "m", "input": "a", "background": True}, storing=True)
-    assert wanted.background and wanted.store and wanted.echoed["background"] is True
+    assert wanted.background and wanted.store and wanted.echoed["background"] is True and not wanted.streamed
+    assert chat_request({"model": "m", "input": "a", "background": True, "stream": True}, storing=True).streamed
     assert not chat_request({"model": "m", "input": "a", "background": False}, storing=True).background
     failed = too_large({"id": "resp_r", "status": "completed", "output": [{"type": "message"}],
                                          "error": None, "incomplete_details": None, "background": True})
@@ -176,3 +182,57 @@ def test_a_missing_response_is_openais_404_naming_the_id_and_the_deleted_object_
     assert reply.body["error"]["param"] == "previous_response_id" and "'resp_gone' not found" in \
         reply.body["error"]["message"]
     assert deleted("resp_a") == {"id": "resp_a", "object": "response.deleted", "deleted": True}
+
+
+STORED = {"msg_1": {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": "hi", "annotations": [], "logprobs": []}]},
+          "fc_1": {"id": "fc_1", "type": "function_call", "call_id": "call_1", "name": "clock", "arguments": "{}"}}
+
+
+def test_an_item_reference_is_replaced_by_the_stored_item_it_names_typed_or_not():
+    sent = [{"type": "item_reference", "id": "msg_1"}, {"id": "fc_1"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "12:00"}]
+    resolved = resolved_input(sent, STORED.get)
+    assert resolved == [STORED["msg_1"], STORED["fc_1"], sent[2]]
+    assert chat_request({"model": "m", "input": resolved}, storing=True).chat["messages"] == [
+        {"role": "assistant", "content": "hi",
+         "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "clock", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12:00"}]
+    plain = [{"role": "user", "content": "a"}]
+    assert resolved_input(plain, STORED.get) is plain and resolved_input("a", STORED.get) == "a"
+    assert not is_item_reference({"id": "msg_1", "role": "user", "content": "a"})  # a message with its id
+
+
+def test_an_unknown_item_is_a_404_and_a_bad_reference_a_400_naming_it():
+    with pytest.raises(ItemNotFound, match="item with id 'msg_9' not found") as caught:
+        resolved_input([{"role": "user", "content": "a"}, {"type": "item_reference", "id": "msg_9"}], STORED.get)
+    assert caught.value.param == "input[1].id"
+    with pytest.raises(BadParameter, match="must be the id of a stored item") as bad:
+        resolved_input([{"type": "item_reference", "id": 7}], STORED.get)
+    assert bad.value.param == "input[0].id"
+    with pytest.raises(BadParameter, match="storing is off") as stateless:
+        chat_request({"model": "m", "input": [{"type": "item_reference", "id": "msg_1"}]})
+    assert stateless.value.param == "input[0].type"
+
+
+@pytest.mark.parametrize(("query", "expected"), [
+    ({}, None), ({"stream": "false"}, None), ({"stream": "true"}, -1), ({"stream": "True", "starting_after": "7"}, 7),
+])
+def test_a_get_streams_from_after_starting_after(query, expected):
+    assert stream_query(query) == expected
+
+
+@pytest.mark.parametrize(("query", "param"), [
+    ({"stream": "yes"}, "stream"), ({"stream": "true", "starting_after": "-2"}, "starting_after"),
+    ({"stream": "true", "starting_after": "x"}, "starting_after"), ({"starting_after": "3"}, "starting_after"),
+])
+def test_bad_stream_parameters_are_400s_naming_them(query, param):
+    with pytest.raises(BadParameter) as caught:
+        stream_query(query)
+    assert caught.value.param == param
+
+
+def test_a_response_without_kept_events_cannot_be_streamed():
+    with pytest.raises(BadParameter, match="no events to stream") as caught:
+        replayed_events(stored_response({"id": "resp_r"}, Chain(), ()))
+    assert caught.value.param == "stream"

@@ -1,8 +1,9 @@
 """Stored Responses through the whole mesh of tests/openai/conftest.py (its gateway runs with
 --responses-store-bytes), as the official `openai` package uses them: turns chained with
 previous_response_id reach the model as one conversation (the toy model's byte-level template makes
-every prompt's token count exact), retrieve, input_items, delete, another tenant's 404s, and
-background Responses polled and cancelled.
+every prompt's token count exact), retrieve, input_items, delete, another tenant's 404s, item_reference
+items, background Responses polled and cancelled, a background stream resumed after the last event its
+client saw, and background requests refused up front.
 """
 
 from __future__ import annotations
@@ -82,6 +83,32 @@ def test_a_background_response_is_polled_until_done_and_one_still_running_is_can
     assert seen["cancelled"]["answered"] == seen["cancelled"]["retrieved"] == "cancelled"
     assert seen["cancelled"]["other"]["status"] == 404
     http_mesh.wait_idle()  # the cancelled generation's sequence and blocks are gone upstream
+
+
+def test_an_item_reference_sends_the_stored_item_and_another_tenant_cannot_name_it(seen):
+    referenced = seen["referenced"]
+    assert referenced["usage"]["input_tokens"] == _prompt_tokens(f"assistant: {ANSWER}", "user: xyz")
+    assert referenced["status"] == "completed"
+    refused = seen["other_reference"]
+    assert (refused["status"], refused["param"]) == (404, "input[0].id")
+    assert seen["second"]["output"][0]["id"] in refused["message"]
+
+
+def test_a_background_stream_resumed_after_its_last_seen_event_misses_nothing_and_repeats_nothing(seen):
+    resumed = seen["resumed"]
+    assert resumed["numbers"] == list(range(len(resumed["numbers"])))
+    assert 0 < resumed["num_first"] < len(resumed["numbers"])
+    assert resumed["types"][0] == "response.created" and resumed["types"][-1] == "response.incomplete"
+    done = resumed["done"]
+    assert (done["status"], done["background"], done["usage"]["output_tokens"]) == ("incomplete", True, 40)
+    assert done["output"][0]["content"][0]["text"] == resumed["text"]
+
+
+def test_a_background_request_over_its_tenants_quota_is_refused_up_front(seen):
+    limited = seen["limited"]
+    refusals = [r for r in limited if r["status"] != 200]
+    assert len(refusals) >= 2, limited
+    assert all((r["status"], r["code"]) == (429, "rate_limit_exceeded") for r in refusals), limited
 
 
 def test_the_gateway_reports_what_it_keeps(seen, http_mesh):

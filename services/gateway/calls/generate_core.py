@@ -208,15 +208,17 @@ class GenerateCore:
         self._shadow = shadow
         self._context_len = context_len
 
-    async def generate(self, request: gateway_pb2.GenerateRequest, caller: Caller, *,
-                       further_choice: bool = False) -> AsyncGenerator[gateway_pb2.GenerateResponse, None]:
+    async def generate(self, request: gateway_pb2.GenerateRequest, caller: Caller, *, further_choice: bool = False,
+                       on_admitted: Callable[[], None] | None = None,
+                       ) -> AsyncGenerator[gateway_pb2.GenerateResponse, None]:
         """The request's chunks; the last has finish_reason, usage and every stage's timings.
 
         `further_choice`: a choice after the first of a request with several (n, best_of), started once the
         first streamed: admitted like any request but not judged on its TTFT target, here or at the scheduler
         (the first choice was); its TPOT target still paces it (openai_choices.py).
 
-        Admission runs on the first iteration, so a refusal is raised before any chunk. Closing
+        Admission runs on the first iteration, so a refusal is raised before any chunk; `on_admitted` is
+        told when it let the request through (a background Response is answered then). Closing
         the iterator early (the client went away) cancels the upstream stream, which frees the
         sequence's KV blocks at the scheduler's next step."""
         request.request_id = request.request_id or uuid.uuid4().hex
@@ -228,6 +230,8 @@ class GenerateCore:
             with span("admission"):
                 prompt_tokens = self._admit(scope, request, caller, waited_s, further_choice)
             admitted_s = self._clock()
+            if on_admitted is not None:
+                on_admitted()
             upstream = schedule_request(request, scope, self._admission.parts.ttft_admission)
 
             def call(client, version: str, timeout_s: float, continuation: tuple[int, ...]):

@@ -22,9 +22,7 @@ generation: the upstream stream is cancelled and the scheduler frees the sequenc
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -38,6 +36,7 @@ from services.gateway.calls.generate_core import Caller, GenerateCore
 from services.gateway.calls.text_calls import TextCalls
 from services.gateway.fronts import (
     json_body,
+    openai_background,
     openai_batch,
     openai_choices,
     openai_codec,
@@ -50,9 +49,8 @@ from services.gateway.fronts.caller import http_authorization, http_caller
 from services.gateway.fronts.http_refusals import refusal_middleware
 from services.gateway.fronts.openai_stored_http import Keep, StoredResponses, StoredResponsesFront
 from services.gateway.fronts.reasoning import ReasoningFormat, ReasoningSplitter
+from services.gateway.fronts.response_event_log import EventLog
 from services.gateway.tenants.credentials import Authorization
-
-log = logging.getLogger(__name__)
 
 TIMINGS_HEADER = "x-infermesh-timings"
 REQUEST_ID_HEADER = "x-request-id"
@@ -64,7 +62,7 @@ _TEXT_TIMEOUT_S = 10.0
 # (prompt, choice index within the prompt, chunk); one prompt unless the completion batched several
 Choices = AsyncGenerator[tuple[int, int, gateway_pb2.GenerateResponse], None]
 ListModels = Callable[[Authorization, float], Awaitable[gateway_pb2.ListModelsResponse]]
-JsonAnswer = Callable[[web.Request], Awaitable[dict]]
+JsonAnswer = Callable[[web.Request], Awaitable[dict | web.StreamResponse]]  # a stream: already written
 
 
 def error_response(err: errors.InfermeshError) -> web.Response:
@@ -105,17 +103,20 @@ class ChatShape:
 class ResponsesShape(ChatShape):
     """The Responses API's: a Response object, or its named events (no [DONE]). `keep`: stores the
     finished Response (a whole one, an incomplete one, a failed stream's) before the client sees it
-    finish, so its next turn finds it; its `store` then says whether it was kept."""
+    finish, so its next turn finds it; its `store` then says whether it was kept. `log`: where a
+    background stream's events go as they are written (openai_background.py)."""
 
     def __init__(self, wanted: openai_responses.ResponsesRequest, parsed: openai_codec.OpenAIRequest,
-                 created_s: int, keep: Keep | None = None) -> None:
+                 created_s: int, keep: Keep | None = None, log: EventLog | None = None) -> None:
         self._wanted = wanted
         self._request_id = parsed.generate.request_id
         self._created_s = created_s
         self._model = parsed.model
         self._events = openai_responses.ResponseEvents(wanted, self._request_id, created_s, parsed.model)
         self._keep = keep
-        self.background = wanted.background  # answered at once (queued) and run on in the gateway's loop
+        self.background = wanted.background  # answered once admitted and run on in the gateway's loop
+        self.log = log
+        self._last: dict | None = None  # the Response as last kept
 
     def kept_as(self, status: str, error: dict | None = None) -> dict:
         """A background Response as it stands before its answer (queued, in_progress) or instead of one
@@ -126,10 +127,24 @@ class ResponsesShape(ChatShape):
     def body(self, body: dict) -> dict:
         return self._kept(openai_responses.completed(self._wanted, body, self._request_id))
 
+    def ended(self) -> None:
+        """A background stream's end: kept again with all its events counted, then its log closed."""
+        if self.log is not None:
+            if self._last is not None:
+                self._kept(self._last)
+            self.log.close()
+
     def _kept(self, response: dict) -> dict:
         if self._keep is not None:
             response["store"] = self._keep(response)
+            self._last = response
         return response
+
+    def _written(self, events: list[dict]) -> bytes:
+        data = [_named_event(e) for e in events]
+        if self.log is not None:
+            self.log.extend((e["sequence_number"], d) for e, d in zip(events, data, strict=True))
+        return b"".join(data)
 
     def _last_kept(self, events: list[dict]) -> list[dict]:
         self._kept(events[-1]["response"])
@@ -139,20 +154,20 @@ class ResponsesShape(ChatShape):
         return openai_responses.renamed(err) if isinstance(err, openai_codec.BadParameter) else err
 
     def opened(self) -> bytes:
-        return _named_events(self._events.opened())
+        return self._written(self._events.opened())
 
     def event(self, value: dict) -> bytes:
-        return _named_events(self._events.chunk(value))
+        return self._written(self._events.chunk(value))
 
     def failed(self, error_body: dict) -> bytes:
-        return _named_events(self._last_kept(self._events.failed(error_body["error"])))
+        return self._written(self._last_kept(self._events.failed(error_body["error"])))
 
     def closed(self) -> bytes:
-        return _named_events(self._last_kept(self._events.closed()))
+        return self._written(self._last_kept(self._events.closed()))
 
 
-def _named_events(events: list[dict]) -> bytes:
-    return b"".join(b"event: " + e["type"].encode() + b"\ndata: " + _dumps(e).encode() + b"\n\n" for e in events)
+def _named_event(event: dict) -> bytes:
+    return b"event: " + event["type"].encode() + b"\ndata: " + _dumps(event).encode() + b"\n\n"
 
 
 class OpenAIFront:
@@ -242,15 +257,16 @@ class OpenAIFront:
     def _parse_responses(self, body: object, request: web.Request) -> tuple[openai_codec.OpenAIRequest, ChatShape]:
         """A Responses request as the chat request it is (after the stored turn it continues, if any),
         and the shape its answer is written in."""
-        scope, chain = self._stored.continued(body, request)
+        scope, chain, body = self._stored.continued(body, request)
         wanted = openai_responses.chat_request(body, storing=self._stored.storing, earlier=chain.items)
         try:
             parsed = openai_codec.parse_chat(wanted.chat)
         except openai_codec.BadParameter as err:
             raise openai_responses.renamed(err) from None
         parsed.generate.request_id = parsed.generate.request_id or uuid.uuid4().hex  # names the Response and its items
-        keep = self._stored.keeper(scope, chain, wanted, parsed.generate.request_id) if wanted.store else None
-        return parsed, ResponsesShape(wanted, parsed, int(self._clock()), keep)
+        log = self._stored.event_log(wanted)
+        keep = self._stored.keeper(scope, chain, wanted, parsed.generate.request_id, log) if wanted.store else None
+        return parsed, ResponsesShape(wanted, parsed, int(self._clock()), keep, log)
 
     async def close(self) -> None:
         """Ends what runs on after its request was answered: background Responses."""
@@ -293,9 +309,8 @@ class OpenAIFront:
         except errors.InfermeshError as err:
             return error_response(self._refusal(request, err))
         if isinstance(shape, ResponsesShape) and shape.background:
-            response_id = openai_responses.response_id(parsed.generate.request_id)
-            self._stored.run_in_background(response_id, self._background(caller, parsed, shape))
-            return web.json_response(shape.kept_as("queued"), dumps=_dumps)
+            generation = openai_background.Generation(self._chunks, self._whole, self._stream)
+            return await openai_background.answer(self._stored, generation, request, caller, parsed, shape)
         parts = openai_batch.prompt_parts(parsed)
         async with aclosing(self._chunks(caller, parsed, parts)) as chunks:
             if parsed.stream:
@@ -303,29 +318,10 @@ class OpenAIFront:
             return await self._complete(parsed, parts, chunks, shape)
 
     def _chunks(self, caller: Caller, parsed: openai_codec.OpenAIRequest,
-                parts: list[openai_codec.OpenAIRequest]) -> Choices:
+                parts: list[openai_codec.OpenAIRequest], on_admitted: Callable[[], None] | None = None) -> Choices:
         return openai_choices.merged_groups(
-            lambda r, further: self._core.generate(r, caller, further_choice=further),
+            lambda r, further: self._core.generate(r, caller, further_choice=further, on_admitted=on_admitted),
             [openai_choices.choice_requests(part.generate, parsed.best_of) for part in parts])
-
-    async def _background(self, caller: Caller, parsed: openai_codec.OpenAIRequest, shape: ResponsesShape) -> None:
-        """A background Response's run, its request already answered (queued): in_progress, then what it
-        ends as (completed or incomplete, failed with the error its request would have had, or cancelled)."""
-        shape.kept_as("in_progress")
-        parts = openai_batch.prompt_parts(parsed)
-        try:
-            async with aclosing(self._chunks(caller, parsed, parts)) as chunks:
-                body, _ = await self._whole(parsed, parts, chunks)
-            shape.body(body)
-        except errors.InfermeshError as err:
-            error = openai_codec.error_reply(shape.refusal(openai_codec.upstream_refusal(err, parsed))).body["error"]
-            shape.kept_as("failed", {"code": "server_error", "message": error["message"]})
-        except asyncio.CancelledError:
-            shape.kept_as("cancelled")
-            raise
-        except Exception:  # a bug: what the middleware makes a 500 elsewhere; its poller must still see it end
-            log.exception("background response %s failed", openai_responses.response_id(parsed.generate.request_id))
-            shape.kept_as("failed", {"code": "server_error", "message": "internal error (logged by the gateway)"})
 
     def _refusal(self, request: web.Request, err: errors.InfermeshError) -> errors.InfermeshError:
         """What a request whose headers or body are refused is told: Unauthenticated first, if it is."""
@@ -363,14 +359,17 @@ class OpenAIFront:
         return openai_batch.batch_response(bodies, parsed.n), last
 
     async def _stream(self, request: web.Request, parsed: openai_codec.OpenAIRequest,
-                      parts: list[openai_codec.OpenAIRequest], chunks: Choices, shape: ChatShape) -> web.StreamResponse:
+                      parts: list[openai_codec.OpenAIRequest], chunks: Choices, shape: ChatShape,
+                      response: web.StreamResponse | None = None) -> web.StreamResponse:
+        """`response`: where the events are written (a background stream's writes go nowhere); the request's own."""
         try:
             first = await anext(chunks)  # admission and the first token, before any byte is sent
         except errors.InfermeshError as err:
             return error_response(shape.refusal(openai_codec.upstream_refusal(err, parsed)))
         except StopAsyncIteration:
             return error_response(errors.Internal("the stream ended without its last chunk"))
-        response = web.StreamResponse(headers={**_SSE_HEADERS, REQUEST_ID_HEADER: parsed.generate.request_id})
+        if response is None:
+            response = web.StreamResponse(headers={**_SSE_HEADERS, REQUEST_ID_HEADER: parsed.generate.request_id})
         await response.prepare(request)
         created_s = int(self._clock())
         # Per choice (prompt k's choice i is choice k * n + i); per prompt, its logprobs, which its first
@@ -418,14 +417,14 @@ class OpenAIFront:
         return response
 
 
-def _json_answer(answer: JsonAnswer) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """A route whose answer is a JSON object, or its refusal in OpenAI's error shape."""
-    async def handler(request: web.Request) -> web.Response:
+def _json_answer(answer: JsonAnswer) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """A route whose answer is a JSON object (or a stream it wrote), or its refusal in OpenAI's error shape."""
+    async def handler(request: web.Request) -> web.StreamResponse:
         try:
             body = await answer(request)
         except errors.InfermeshError as err:
             return error_response(err)
-        return web.json_response(body, dumps=_dumps)
+        return body if isinstance(body, web.StreamResponse) else web.json_response(body, dumps=_dumps)
 
     return handler
 

@@ -5,14 +5,15 @@
 Stateless unless the gateway stores responses (openai_stored.py, response_store.py): then a turn may
 name a stored one in `previous_response_id`, whose items the front looks up and hands to
 `chat_request` as `earlier`, a Response says whether it is kept (`store`), and `background` asks
-for it to be answered at once and run on (the front's to do). Without storing, `previous_response_id`
-and `background` are a 400 saying so and a Response says `"store": false`, as vLLM serves it by
-default. `conversation` (the Conversations API) is a 400 naming it. Inputs are text: messages (string
-content or input_text / output_text parts), the model's own function_call items and their
-function_call_output items; images, files and hosted tools (web_search, file_search, ...) are a 400
-naming the item or tool. What chat checks (sampling, tools, structured output) is checked by the
-chat parser, its refusals renamed to the Responses parameter (`max_output_tokens`, `text.format`,
-`input`).
+for it to be answered once admitted and run on (openai_background.py), streamed or not. Without
+storing, `previous_response_id` and `background` are a 400 saying so and a Response says
+`"store": false`, as vLLM serves it by default. `conversation` (the Conversations API) is a 400
+naming it. Inputs are text: messages (string content or input_text / output_text parts), the model's
+own function_call items and their function_call_output items; images, files and hosted tools
+(web_search, file_search, ...) are a 400 naming the item or tool; `item_reference` items are resolved
+to the stored items they name before this reads them (a 400 saying so without storing). What chat
+checks (sampling, tools, structured output) is checked by the chat parser, its refusals renamed to
+the Responses parameter (`max_output_tokens`, `text.format`, `input`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.gateway.fronts.openai_params import BadParameter, json_object, shown
-from services.gateway.fronts.openai_stored import STORING_OFF, previous_response_id, wants_store
+from services.gateway.fronts.openai_stored import (
+    STORING_OFF,
+    is_item_reference,
+    previous_response_id,
+    wants_store,
+)
 
 # Sampling extensions passed to the chat parser as they are (vLLM takes them on /v1/responses too).
 _PASSED = ("temperature", "top_p", "parallel_tool_calls", "seed", "top_k", "min_p", "min_tokens",
@@ -49,8 +55,12 @@ class ResponsesRequest:
 
     @property
     def background(self) -> bool:
-        """Whether it is answered at once (status queued) and run on in the gateway, its Response polled."""
+        """Whether it is answered once admitted (status queued, or its stream) and run on in the gateway."""
         return bool(self.echoed["background"])
+
+    @property
+    def streamed(self) -> bool:
+        return self.chat.get("stream") is True
 
 
 def chat_request(body: Any, *, storing: bool = False, earlier: Sequence[dict] = ()) -> ResponsesRequest:
@@ -116,7 +126,8 @@ def chat_request(body: Any, *, storing: bool = False, earlier: Sequence[dict] = 
 
 
 def _background(body: dict, *, storing: bool, store: bool) -> bool:
-    """`background` as sent: only for a Response that is stored (it is read back by polling) and not streamed."""
+    """`background` as sent: only for a Response that is stored (it is read back by polling, or its stream
+    by GET with stream=true)."""
     background = body.get("background")
     if background is None or background is False:
         return False
@@ -126,9 +137,6 @@ def _background(body: dict, *, storing: bool, store: bool) -> bool:
         raise BadParameter("background", f"background responses are not supported: {STORING_OFF}")
     if not store:
         raise BadParameter("background", "background responses are read back when done, so they need store: true")
-    if body.get("stream"):
-        raise BadParameter("background", "background with stream is not supported: send background alone and poll "
-                                         "GET /v1/responses/{id}, or stream without background")
     return True
 
 
@@ -155,6 +163,9 @@ def _messages(items: Any, earlier: Sequence[dict] = ()) -> list[dict]:
         if not isinstance(item, dict):
             raise BadParameter(f"input[{i}]", f"input[{i}] must be an object")
         kind = item.get("type", "message")
+        if is_item_reference(item):  # a storing gateway resolved them before (openai_stored.resolved_input)
+            raise BadParameter(f"input[{i}].type", f"input[{i}] is an item_reference, which names a stored item: "
+                                                   f"{STORING_OFF}; send the item itself")
         if kind == "message":
             messages.append(_message(item, i))
         elif kind == "function_call":

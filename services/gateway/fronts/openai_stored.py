@@ -9,18 +9,24 @@ continues from that context plus its output, so a chain is one lookup however lo
 deleting or losing an earlier turn never breaks a later one. `instructions` are not carried over, as
 OpenAI documents: each turn sends its own. The context counts against the store's bound whole (its
 JSON bytes), though a chain's turns share their items' objects in memory.
+
+An `item_reference` input item (`{"type": "item_reference", "id": ...}`, the type may be left out)
+names an item the caller's tenant has stored, an input or an output item of any kept Response; it is
+replaced by that item before anything else reads the input (`resolved_input`), so the model, the
+kept context and input_items all see the item itself.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from services.common import errors
 from services.gateway.fronts.openai_params import BadParameter, shown
+from services.gateway.fronts.response_event_log import EventLog
 from services.gateway.fronts.response_store import StoredResponse
 
 STORE_FLAG = "--responses-store-bytes (INFERMESH_GATEWAY_RESPONSES_STORE_BYTES)"
@@ -31,6 +37,8 @@ _MAX_ITEMS_PAGE = 100
 _DEFAULT_ITEMS_PAGE = 20
 _WHY_NOT_FOUND = ("responses are kept for their own tenant, on the gateway that answered them, until deleted, "
                   "expired or pushed out by newer ones")
+_WHY_ITEM_NOT_FOUND = ("an item_reference names an input or output item of a response kept for its own tenant, "
+                       "on the gateway that answered it, until deleted, expired or pushed out by newer ones")
 _CONTINUED = ("completed", "incomplete")
 _NOT_CONTINUED = {
     "failed": "failed, so it has no output to continue from: send previous_response_id of the turn before it",
@@ -48,6 +56,14 @@ class ResponseNotFound(errors.NotFound):
 
     def __init__(self, response_id: str, param: str | None = None, why: str = _WHY_NOT_FOUND) -> None:
         super().__init__(f"response with id '{response_id}' not found ({why})")
+        self.param = param
+
+
+class ItemNotFound(errors.NotFound):
+    """No stored item by that id for this caller (as ResponseNotFound: one message, whatever the reason)."""
+
+    def __init__(self, item_id: str, param: str) -> None:
+        super().__init__(f"item with id '{item_id}' not found ({_WHY_ITEM_NOT_FOUND})")
         self.param = param
 
 
@@ -82,6 +98,30 @@ def wants_store(body: dict) -> bool:
     return store
 
 
+def is_item_reference(item: Any) -> bool:
+    """An item_reference input item: typed so, or (as OpenAI's type allows) an object holding only an id."""
+    return isinstance(item, dict) and (item.get("type") == "item_reference" or ("type" not in item and
+                                                                             set(item) == {"id"}))
+
+
+def resolved_input(value: Any, find_item: Callable[[str], dict | None]) -> Any:
+    """`input` with each item_reference replaced by the stored item it names (`find_item`: the caller's
+    tenant's item by id, None when it has none). Anything else is left for chat_request to check."""
+    if not isinstance(value, list) or not any(is_item_reference(item) for item in value):
+        return value
+    return [_referenced(item, i, find_item) if is_item_reference(item) else item for i, item in enumerate(value)]
+
+
+def _referenced(reference: dict, i: int, find_item: Callable[[str], dict | None]) -> dict:
+    item_id = reference.get("id")
+    if not isinstance(item_id, str) or not item_id:
+        raise BadParameter(f"input[{i}].id", f"input[{i}].id must be the id of a stored item, got {shown(item_id)}")
+    item = find_item(item_id)
+    if item is None:
+        raise ItemNotFound(item_id, f"input[{i}].id")
+    return dict(item)
+
+
 def chain_of(previous: StoredResponse) -> Chain:
     """The items a turn naming `previous` continues from: only a finished one's (completed, or incomplete
     at its token limit). A failed or cancelled one's output is what it got to before it ended, and a
@@ -101,11 +141,41 @@ def input_items(value: Any, request_id: str) -> tuple[dict, ...]:
     return tuple(_input_item(item, f"{request_id}_{i}") for i, item in enumerate(items))
 
 
-def stored_response(response: dict, chain: Chain, items: tuple[dict, ...]) -> StoredResponse:
-    """What the store keeps of a Response answered after `chain`, for this turn's input `items`."""
+def stored_response(response: dict, chain: Chain, items: tuple[dict, ...],
+                    events: EventLog | None = None) -> StoredResponse:
+    """What the store keeps of a Response answered after `chain`, for this turn's input `items` (and, for
+    a background stream, its events as far as they came)."""
     context = chain.items + items
     size_bytes = _size_bytes((response,)) + chain.size_bytes + _size_bytes(items)
-    return StoredResponse(response, context, size_bytes)
+    return StoredResponse(response, context, size_bytes + (events.num_bytes if events else 0), events)
+
+
+def stream_query(query: Mapping[str, str]) -> int | None:
+    """GET /v1/responses/{id}'s `stream` and `starting_after`: the sequence number to stream after (-1:
+    from the first event), or None when the Response is not to be streamed."""
+    stream = query.get("stream", "false").lower()
+    if stream not in ("true", "false"):
+        raise BadParameter("stream", f"stream must be true or false, got {shown(query['stream'])}")
+    after = query.get("starting_after")
+    if stream == "false":
+        if after is not None:
+            raise BadParameter("starting_after", "starting_after is for streaming: send it with stream=true")
+        return None
+    if after is None:
+        return -1
+    if not after.isdigit() or len(after) > 18:
+        raise BadParameter("starting_after", f"starting_after must be an event's sequence_number (an integer "
+                                             f">= 0), got {shown(after)}")
+    return int(after)
+
+
+def replayed_events(entry: StoredResponse) -> EventLog:
+    """The events a GET with stream=true replays; a 400 naming `stream` when there are none to replay."""
+    if entry.events is None:
+        raise BadParameter("stream", f"response '{entry.response['id']}' has no events to stream: only a Response "
+                                     "created with background: true and stream: true keeps them, while they fit in "
+                                     f"this gateway's store ({STORE_FLAG}); GET it without stream")
+    return entry.events
 
 
 def too_large(response: dict) -> dict:

@@ -9,12 +9,16 @@ nothing), and another tenant's id is not found, as an unknown one is. Without st
 id is not found either, with a message saying storing is off.
 
 Background Responses run as tasks of the gateway's event loop, one per Response, until they end, are
-cancelled (POST .../cancel) or the HTTP front closes; what they end as is kept under their id.
+cancelled (POST .../cancel) or the HTTP front closes; what they end as is kept under their id
+(openai_background.py runs them). A streamed one keeps its events (response_event_log.py) with it:
+the POST that created it and any GET with stream=true follow them (`streamed`), from after
+`starting_after`, while it runs and after it ended.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -24,10 +28,12 @@ from aiohttp import web
 from services.gateway.fronts import openai_responses, openai_stored
 from services.gateway.fronts.caller import http_authorization
 from services.gateway.fronts.openai_params import BadParameter
+from services.gateway.fronts.response_event_log import EventLog, EventsGone
 from services.gateway.fronts.response_store import ResponseStore, StoredResponse
 from services.gateway.tenants.credentials import Authorization
 
 Keep = Callable[[dict], bool]  # keeps a Response (its latest state); False when it cannot be kept
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @dataclass(frozen=True)
@@ -52,28 +58,44 @@ class StoredResponsesFront:
 
     # -- what POST /v1/responses asks --------------------------------------------------------
 
-    def continued(self, body: object, request: web.Request) -> tuple[str | None, openai_stored.Chain]:
-        """The caller's scope when the gateway stores Responses, and the stored turn the request continues
-        (previous_response_id; none: an empty chain). A body that is not an object is chat_request's to refuse."""
+    def continued(self, body: object, request: web.Request) -> tuple[str | None, openai_stored.Chain, object]:
+        """The caller's scope when the gateway stores Responses, the stored turn the request continues
+        (previous_response_id; none: an empty chain), and the body with its item_reference items resolved
+        to the caller's stored items. A body that is not an object is chat_request's to refuse."""
         if self._stored is None or not isinstance(body, dict):
-            return None, openai_stored.Chain()
+            return None, openai_stored.Chain(), body
         scope = self._stored.scope_of(http_authorization(request))
+        store = self._stored.store
+        resolved = openai_stored.resolved_input(body.get("input"), lambda item_id: store.find_item(scope, item_id))
+        if resolved is not body.get("input"):
+            body = {**body, "input": resolved}
         previous = openai_stored.previous_response_id(body)
         if previous is None:
-            return scope, openai_stored.Chain()
-        return scope, openai_stored.chain_of(self._entry(scope, previous, "previous_response_id"))
+            return scope, openai_stored.Chain(), body
+        return scope, openai_stored.chain_of(self._entry(scope, previous, "previous_response_id")), body
+
+    def event_log(self, wanted: openai_responses.ResponsesRequest) -> EventLog | None:
+        """Where a background stream's events are kept (none for any other Response): bounded as the
+        store is, as no Response is kept larger."""
+        if self._stored is None or not (wanted.background and wanted.streamed):
+            return None
+        return EventLog(self._stored.store.max_bytes)
 
     def keeper(self, scope: str | None, chain: openai_stored.Chain, wanted: openai_responses.ResponsesRequest,
-               request_id: str) -> Keep:
-        """Keeps a Response of `wanted` (the request continuing `chain`) under the caller's scope."""
+               request_id: str, events: EventLog | None = None) -> Keep:
+        """Keeps a Response of `wanted` (the request continuing `chain`) under the caller's scope, with
+        its `events` while they fit beside it."""
         assert self._stored is not None and scope is not None  # wanted.store: the gateway stores, scope was read
         store = self._stored.store
         items = openai_stored.input_items(wanted.input, request_id)
 
         def keep(response: dict) -> bool:
             response = {**response, "store": True}  # as a GET will show it
-            if store.put(scope, response["id"], openai_stored.stored_response(response, chain, items)):
+            if store.put(scope, response["id"], openai_stored.stored_response(response, chain, items, events)):
                 return True
+            if events is not None and store.put(scope, response["id"],
+                                                openai_stored.stored_response(response, chain, items)):
+                return True  # kept without its events: a GET with stream=true says so
             if response["background"]:  # its poller must still learn that it ended
                 store.put(scope, response["id"], openai_stored.stored_response(
                     openai_stored.too_large(response), openai_stored.Chain(), ()))
@@ -95,14 +117,20 @@ class StoredResponsesFront:
 
     # -- the answers (each raises a domain error for its refusal) --------------------------------
 
-    async def retrieve(self, request: web.Request) -> dict:
+    async def retrieve(self, request: web.Request) -> dict | web.StreamResponse:
         """GET /v1/responses/{id}: the Response as it was answered, or a background one as it stands.
-        `stream=true` (replaying a background stream's events) is a 400: background streams are not run."""
+        With `stream=true`, a background stream's events after `starting_after` (from the first without
+        it), then each as it comes until the Response ends."""
         entry = self._requested_entry(request)
-        if request.query.get("stream", "false").lower() != "false":
-            raise BadParameter("stream", "stream is not supported here: background Responses are not streamed, so "
-                                         "there are no events to replay; GET the Response without stream")
-        return entry.response
+        starting_after = openai_stored.stream_query(request.query)
+        if starting_after is None:
+            return entry.response
+        events = openai_stored.replayed_events(entry)
+        try:
+            events.check(starting_after)  # before the stream starts: a 400
+        except EventsGone as gone:
+            raise BadParameter("starting_after", str(gone)) from None
+        return await streamed(request, events, starting_after)
 
     async def delete(self, request: web.Request) -> dict:
         """DELETE /v1/responses/{id}: OpenAI's deleted object. Later turns that continued it keep their
@@ -153,6 +181,25 @@ class StoredResponsesFront:
         if entry is None:
             raise openai_stored.ResponseNotFound(response_id, param)
         return entry
+
+
+async def streamed(request: web.Request, events: EventLog, starting_after: int) -> web.StreamResponse:
+    """The events after `starting_after` as server-sent events, each as it comes, until the Response
+    ends. A reader that falls behind past the events still kept gets an `error` event where the hole
+    would be, and the end: never a stream with a hole in it."""
+    response = web.StreamResponse(headers=_SSE_HEADERS)
+    await response.prepare(request)
+    position = starting_after
+    try:
+        async for sequence, data in events.follow(starting_after):
+            await response.write(data)
+            position = sequence
+    except EventsGone as gone:
+        error = {"type": "error", "code": "events_dropped", "message": str(gone), "param": "starting_after",
+                 "sequence_number": position + 1}
+        await response.write(b"event: error\ndata: " + json.dumps(error).encode() + b"\n\n")
+    await response.write_eof()
+    return response
 
 
 def _path_response_id(request: web.Request) -> str:

@@ -7,12 +7,15 @@ whole bound is not kept, and `put` says so. By age: each entry lives `ttl_s` fro
 read or not (OpenAI, too, keeps a response for a fixed time from its creation).
 
 Scoped: an entry is found only under the scope (the tenant) that put it, so another scope's lookup
-misses exactly as an unknown or expired id does, and ids say nothing across tenants.
+misses exactly as an unknown or expired id does, and ids say nothing across tenants. So is an item
+(an input or output item, by its own id: what an `item_reference` names): `find_item` looks only
+through the scope's entries, by an index kept beside them.
 
 What leaves without being deleted is told to `on_dropped` with why (DropReason), for the metrics.
 
 Invariant: `_by_use` and `_by_expiry` hold the same keys, and `num_bytes`, the sum of their entries'
-sizes, never exceeds `max_bytes`. The TTL is one for all, so the order entries were put in is the
+sizes, never exceeds `max_bytes`; `_items` names, for each (scope, item id), exactly the kept entries
+of that scope that hold an item with that id. The TTL is one for all, so the order entries were put in is the
 order they expire in: `_by_expiry` is that order, and expiring is popping its head (O(1) each).
 """
 
@@ -23,6 +26,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from services.gateway.fronts.response_event_log import EventLog
 
 Key = tuple[str, str]  # (scope, response id)
 
@@ -38,6 +43,13 @@ class StoredResponse:
     response: dict  # the Response object as answered (JSON-able): a GET returns it
     context: tuple[dict, ...]  # the input items that produced it, earlier turns' first: input_items lists them
     size_bytes: int  # what it counts against the bound (openai_stored.stored_response measures it)
+    # A background stream's events (GET ?stream=true replays them); None when it was not streamed, or its
+    # events did not fit beside it. Counted in size_bytes as far as they had come when it was put.
+    events: EventLog | None = None
+
+    def items(self) -> tuple[dict, ...]:
+        """Every item an item_reference may name: its context's, then its output's."""
+        return self.context + tuple(self.response.get("output") or ())
 
 
 class ResponseStore:
@@ -53,6 +65,7 @@ class ResponseStore:
         self._on_dropped = on_dropped
         self._by_use: OrderedDict[Key, StoredResponse] = OrderedDict()  # least recently used first
         self._by_expiry: OrderedDict[Key, float] = OrderedDict()  # key -> expiry time, soonest first
+        self._items: dict[Key, dict[str, None]] = {}  # (scope, item id) -> the response ids holding it, oldest first
         self.num_bytes = 0
 
     @property
@@ -78,6 +91,8 @@ class ResponseStore:
         self._by_use[key] = entry
         self._by_expiry[key] = self._clock() + self.ttl_s
         self.num_bytes += entry.size_bytes
+        for item_id in _item_ids(entry):
+            self._items.setdefault((scope, item_id), {})[response_id] = None
         return True
 
     def get(self, scope: str, response_id: str) -> StoredResponse | None:
@@ -88,6 +103,18 @@ class ResponseStore:
         if entry is not None:
             self._by_use.move_to_end(key)
         return entry
+
+    def find_item(self, scope: str, item_id: str) -> dict | None:
+        """The item with this id in the scope's newest entry holding one (now the most recently used);
+        None when no kept entry of this scope holds it."""
+        self._expire()
+        holders = self._items.get((scope, item_id))
+        if not holders:
+            return None
+        response_id = next(reversed(holders))
+        entry = self.get(scope, response_id)
+        assert entry is not None  # the index names kept entries only
+        return next(item for item in entry.items() if item.get("id") == item_id)
 
     def delete(self, scope: str, response_id: str) -> bool:
         """False when there was nothing to delete under this scope."""
@@ -109,4 +136,14 @@ class ResponseStore:
             return False
         del self._by_expiry[key]
         self.num_bytes -= entry.size_bytes
+        scope, response_id = key
+        for item_id in _item_ids(entry):
+            holders = self._items[(scope, item_id)]
+            del holders[response_id]
+            if not holders:
+                del self._items[(scope, item_id)]
         return True
+
+
+def _item_ids(entry: StoredResponse) -> set[str]:
+    return {item["id"] for item in entry.items() if isinstance(item.get("id"), str)}

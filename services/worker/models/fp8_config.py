@@ -22,9 +22,10 @@ bit-identical to FP8 serving).
 Which weights are quantized is read from the weight files (each float8_e4m3fn Linear weight and its
 scale; see fp8_weights), not from `ignore` / `modules_to_not_convert`: an ignored lm_head or router is
 stored in the checkpoint's dtype and read as such. Everything else a config may say is refused naming
-the field: other methods (gptq, awq, bitsandbytes, mxfp4, ...), int8 and 4-bit schemes, e5m2, UE8M0
-scales, quantized output activations, sparse storage and transforms, and an FP8 KV cache
-(`kv_cache_scheme`, not implemented: the KV cache is float32).
+the field: int8 and 4-bit compressed-tensors schemes, e5m2, UE8M0 scales, quantized output
+activations, sparse storage and transforms, and an FP8 KV cache (`kv_cache_scheme`, not implemented:
+the KV cache is float32). quantization_config chooses between this module and awq_gptq_config by
+`quant_method`.
 """
 
 from __future__ import annotations
@@ -78,18 +79,11 @@ class Fp8Quantization:
         return ((-(-out // self.block[0]), -(-in_ // self.block[1])),)
 
 
-def read_quantization(raw: Any, fail: Fail) -> Fp8Quantization | None:
-    """config.json's `quantization_config` (None when absent or null); `fail(field, problem)` makes the
-    error for a field (named under quantization_config.) that is not an FP8 scheme read here."""
-    if raw is None:
-        return None
-    if not isinstance(raw, Mapping):
-        raise fail("", f"must be an object or null, got {raw!r}")
-    method = raw.get("quant_method")
-    if method not in SUPPORTED_METHODS:
-        raise fail("quant_method", f"{method!r} is not supported; supported: {', '.join(SUPPORTED_METHODS)} "
-                   "(FP8 weights, dequantized at load)")
-    if method == FP8:
+def read_fp8_quantization(raw: Mapping[str, Any], fail: Fail) -> Fp8Quantization:
+    """An fp8 or compressed-tensors `quantization_config` (raw["quant_method"] is one of
+    SUPPORTED_METHODS); `fail(field, problem)` makes the error for a field (named under
+    quantization_config.) that is not an FP8 scheme read here."""
+    if raw["quant_method"] == FP8:
         return _fine_grained_fp8(raw, fail)
     return _compressed_tensors(raw, fail)
 

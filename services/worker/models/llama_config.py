@@ -25,9 +25,10 @@ nobody at inference, here as in transformers' eval mode: output_router_logits
 and router_aux_loss_coef feed the load-balancing loss, router_jitter_noise
 (Mixtral) multiplies the input only while training. They are ignored.
 
-An FP8 checkpoint (`quantization_config`: fp8 block-wise, or compressed-tensors FP8) is the same model
-with its Linear weights stored as float8 and scales; fp8_config reads the scheme (refusing, naming the
-field, every other), and the weights are dequantized at load (fp8_weights).
+A quantized checkpoint (`quantization_config`: fp8 block-wise or compressed-tensors FP8; AWQ or GPTQ)
+is the same model with its Linear weights stored as float8 and scales, or as packed integers with
+scales and zeros; quantization_config reads the scheme (refusing, naming the field, every other), and
+the weights are dequantized at load (fp8_weights, awq_gptq_weights).
 
 Both spellings of RoPE settings are read: transformers 4's top-level
 `rope_theta` with `rope_scaling` (keyed `type` or `rope_type`), and
@@ -47,7 +48,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, TypeGuard
 
-from services.worker.models.fp8_config import Fp8Quantization, read_quantization
+from services.worker.models.quantization_config import Quantization, read_quantization
 
 # q/k norms: over each head (weights of head_size) or over the whole projection (num_heads * head_size).
 QK_NORM_PER_HEAD, QK_NORM_FULL = "head", "full"
@@ -261,9 +262,10 @@ class LlamaFamilyConfig:
     # beside a vision tower and projector that are stored but never loaded (text prompts only).
     multimodal: bool = False
     experts: ExpertsConfig | None = None  # Mixtral, Qwen2-MoE, Qwen3-MoE: the layers whose MLP is routed experts
-    # An FP8 checkpoint (quantization_config): its Linear weights are stored as float8 with scales and
-    # dequantized at load to the compute dtype; the model itself is the same. None: unquantized.
-    quantization: Fp8Quantization | None = None
+    # A quantized checkpoint (quantization_config): its Linear weights are stored as float8 with scales
+    # (FP8) or packed integers with scales and zeros (AWQ, GPTQ), and dequantized at load to the compute
+    # dtype; the model itself is the same. None: unquantized.
+    quantization: Quantization | None = None
     # A base model's checkpoint (Qwen2Model, ...): no LM head (it serves embeddings only), and tensor
     # names without the `model.` prefix.
     base_model: bool = False
@@ -464,8 +466,8 @@ class _Parser:
                             f"got {value!r}")
         return set(value)
 
-    def quantization(self) -> Fp8Quantization | None:
-        """quantization_config: an FP8 scheme (fp8_config), or None for unquantized weights. A vision +
+    def quantization(self) -> Quantization | None:
+        """quantization_config: an FP8, AWQ or GPTQ scheme (quantization_config), or None for unquantized weights. A vision +
         text config's is read from its top level (where transformers writes it) unless text_config has one."""
         if self.raw.get("quantization_config") is None and self.outer is not None:
             return self.outer.quantization()

@@ -7,11 +7,13 @@ read, every file's header is checked against the config (with `safetensors`'
 own reader): each expected tensor present once, nothing unexpected, each
 shape what the config implies, each dtype float32, float16 or bfloat16 and
 the one the config declares (in an FP8 checkpoint a Linear weight may instead
-be float8_e4m3fn, its scale beside it: fp8_weights checks the pairs). Then
-each file is read once, front to back, into the parameters (an FP8 weight and
-its scale land in host memory, and are dequantized into theirs once both are
-read) and hashed on the way, so loading costs one pass over the bytes (not a
-hash pass, then a memory-mapped pass and a copy). A checkpoint that fails
+be float8_e4m3fn, its scale beside it: fp8_weights checks the pairs; in an AWQ
+or GPTQ checkpoint it is stored as packed integers, scales and zeros instead:
+awq_gptq_weights checks the parts). Then each file is read once, front to back,
+into the parameters (a quantized weight's stored tensors land in host memory,
+and are dequantized into its place once all are read) and hashed on the way (on
+a second thread: pipelined_digest), so loading costs one pass over the bytes
+(not a hash pass, then a memory-mapped pass and a copy). A checkpoint that fails
 is refused whole with a `CheckpointError` naming the file and the tensor (or
 config field); nothing is served half-loaded.
 
@@ -27,31 +29,36 @@ never loaded.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import struct
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
 
+from services.worker.models.awq_gptq_config import IntQuantization
+from services.worker.models.awq_gptq_weights import PACKED_DTYPE, IntGroup, IntTensors, IntWeight
 from services.worker.models.expert_weights import expert_places, expert_shape, expert_view, stores_stacked
 from services.worker.models.fp8_config import Fp8Quantization
 from services.worker.models.fp8_weights import QUANTIZED_DTYPE, Fp8Pair, Fp8Tensors, StoredTensor
 from services.worker.models.llama_config import QK_NORM_PER_HEAD, CheckpointError, LlamaFamilyConfig
 from services.worker.models.llama_family import LlamaFamilyLM
+from services.worker.models.pipelined_digest import PipelinedSha256
+from services.worker.models.quantization_config import Quantization
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 # safetensors' dtype names → torch's, for the storage dtypes the family is served from.
 STORAGE_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
-# Every dtype a loaded tensor may be stored in: the storage dtypes, and an FP8 checkpoint's float8 weights.
-_READ_DTYPES = {**STORAGE_DTYPES, QUANTIZED_DTYPE: "float8_e4m3fn"}
+# Every dtype a loaded tensor may be stored in: the storage dtypes, an FP8 checkpoint's float8 weights,
+# and an AWQ or GPTQ checkpoint's packed integers.
+_READ_DTYPES = {**STORAGE_DTYPES, QUANTIZED_DTYPE: "float8_e4m3fn", PACKED_DTYPE: "int32"}
 # Older checkpoints saved RoPE's computed inverse frequencies; they follow from the config, so a
 # stored copy is skipped (the config's are used).
 _DERIVED_TENSOR = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
@@ -137,6 +144,9 @@ class CheckedWeights:
     where: dict[str, tuple[Path, str]]  # each expected tensor → its file and its name there
     # An FP8 checkpoint's quantized weights (by the weight's model name) → their scales; {}: none.
     scales: dict[str, StoredTensor]
+    # An AWQ or GPTQ checkpoint's quantized weights (by the weight's model name; not in `where`, as no
+    # tensor of that name is stored) → their stored parts; {}: none.
+    packed: dict[str, IntWeight] = field(default_factory=dict)
 
 
 def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> CheckedWeights:
@@ -146,7 +156,9 @@ def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> CheckedWe
     files = _weight_files(Path(directory))
     stacked = config.experts is not None and stores_stacked(_model_name(n, config) or "" for n in _stored_names(files))
     expected = expected_tensors(config, stacked_experts=stacked)
-    fp8 = None if config.quantization is None else Fp8Tensors(config.quantization, expected)
+    quantization = config.quantization
+    fp8 = Fp8Tensors(quantization, expected) if isinstance(quantization, Fp8Quantization) else None
+    packed = IntTensors(quantization, expected) if isinstance(quantization, IntQuantization) else None
     where: dict[str, tuple[Path, str]] = {}
     storage_dtype: tuple[str, Path, str] | None = None  # (dtype, file, tensor) of the first tensor seen
     for path, names in files.items():
@@ -164,6 +176,9 @@ def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> CheckedWe
                 tensor = weights.get_slice(name)
                 shape, dtype = tuple(tensor.get_shape()), tensor.get_dtype()
                 if fp8 is not None and model_name is not None and fp8.take_scale(
+                        model_name, StoredTensor(path, name, shape, dtype)):
+                    continue
+                if packed is not None and model_name is not None and packed.take(
                         model_name, StoredTensor(path, name, shape, dtype)):
                     continue
                 if model_name is None or model_name not in expected:
@@ -188,6 +203,9 @@ def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> CheckedWe
                     continue  # the one storage dtype is the unquantized tensors'
                 if dtype not in STORAGE_DTYPES:
                     quantized = f", {QUANTIZED_DTYPE} (quantized Linear weights)" if fp8 is not None else ""
+                    if packed is not None:
+                        quantized = (f"; a quantized Linear weight is stored as {', '.join(packed.quantization.part_names)}"
+                                     " beside each other")
                     raise CheckpointError(str(path), name, f"dtype {dtype} is not supported; supported: "
                                           f"{', '.join(STORAGE_DTYPES)}{quantized}")
                 declared = config.storage_dtype
@@ -199,10 +217,11 @@ def check_weights(directory: str | Path, config: LlamaFamilyConfig) -> CheckedWe
                 elif dtype != storage_dtype[0]:
                     raise CheckpointError(str(path), name, f"dtype {dtype} but {storage_dtype[2]} in "
                                           f"{storage_dtype[1]} is {storage_dtype[0]}: one storage dtype per checkpoint")
-    missing = sorted(expected.keys() - where.keys())
+    packed_weights = {} if packed is None else packed.check(where)
+    missing = sorted(expected.keys() - where.keys() - packed_weights.keys())
     if missing:
         raise CheckpointError(", ".join(sorted(str(p) for p in files)), missing[0], f"missing ({len(missing)} expected tensors missing in all)")
-    return CheckedWeights(where, {} if fp8 is None else fp8.check())
+    return CheckedWeights(where, {} if fp8 is None else fp8.check(), packed_weights)
 
 
 def _experts_said(config: LlamaFamilyConfig, stacked: bool) -> str:
@@ -267,15 +286,18 @@ def load_llama_family(directory: str | Path, *, dtype: torch.dtype = torch.float
                 sha256[path] = digest
     unfilled = [name for name, pair in pairs.items() if not pair.done]
     if unfilled:
-        raise CheckpointError(str(checked.where[unfilled[0]][0]), unfilled[0], "changed since its header was "
-                              "checked: its weight or its scale was not read")
+        stored = checked.where.get(unfilled[0]) or next(
+            (t.path, t.name) for t in checked.packed[unfilled[0]].parts.values())
+        raise CheckpointError(str(stored[0]), unfilled[0], "changed since its header was checked: its weight "
+                              "or its scale (or packed part) was not read")
     return model.eval()
 
 
 @dataclass(frozen=True)
 class _Landing:
     """A tensor read whole into host memory of its stored dtype and handed to `receive`: an FP8 weight
-    or its scale, dequantized into the model once both are read."""
+    or its scale, or an AWQ or GPTQ weight's part, dequantized into the model once all are read.
+    `receive` must not change the tensor in place: its bytes may not have been hashed yet."""
 
     shape: tuple[int, ...]
     dtype: str  # safetensors' name, as check_weights saw it
@@ -283,21 +305,29 @@ class _Landing:
 
 
 def _places(checked: CheckedWeights, destinations: Mapping[str, torch.Tensor],
-            quantization: Fp8Quantization | None) -> tuple[dict[tuple[Path, str], torch.Tensor | _Landing],
-                                                           dict[str, Fp8Pair]]:
+            quantization: Quantization | None) -> tuple[dict[tuple[Path, str], torch.Tensor | _Landing],
+                                                        dict[str, Fp8Pair | IntGroup]]:
     """Where each stored tensor (its file, its name there) goes: its view in the model, or for an FP8
-    weight and its scale a landing that pairs them; and the pairs, by the weight's model name."""
+    weight and its scale, or an AWQ or GPTQ weight's parts, a landing that gathers them; and the
+    gatherings, by the weight's model name."""
     places: dict[tuple[Path, str], torch.Tensor | _Landing] = {}
-    pairs: dict[str, Fp8Pair] = {}
+    pairs: dict[str, Fp8Pair | IntGroup] = {}
     for name, stored in checked.where.items():
         scale = checked.scales.get(name)
         if scale is None:
             places[stored] = destinations[name]
             continue
-        assert quantization is not None  # check_weights finds scales only in an FP8 checkpoint
-        pair = pairs[name] = Fp8Pair(destinations[name], quantization)
+        assert isinstance(quantization, Fp8Quantization)  # check_weights finds scales only in an FP8 checkpoint
+        pair = Fp8Pair(destinations[name], quantization)
+        pairs[name] = pair
         places[stored] = _Landing(tuple(destinations[name].shape), QUANTIZED_DTYPE, pair.receive_weight)
         places[(scale.path, scale.name)] = _Landing(scale.shape, scale.dtype, pair.receive_scale)
+    for name, weight in checked.packed.items():
+        assert isinstance(quantization, IntQuantization)  # and packed weights only in an AWQ or GPTQ one
+        group = IntGroup(destinations[name], quantization, weight)
+        pairs[name] = group
+        for part, tensor in weight.parts.items():
+            places[(tensor.path, tensor.name)] = _Landing(tensor.shape, tensor.dtype, partial(group.receive, part))
     return places, pairs
 
 
@@ -345,9 +375,7 @@ def _read_file(path: Path, destinations: Mapping[str, torch.Tensor | _Landing]) 
     """Reads the safetensors file at `path` front to back in one pass, copying each tensor named (as
     stored) in `destinations` into its place, and returns the sha256 of every byte of the file (header, tensors
     used or not, padding). CheckpointError when the file is not what check_weights saw."""
-    digest = hashlib.sha256()
-    scratch = bytearray(_CHUNK_BYTES)
-    with path.open("rb", buffering=0) as f:
+    with PipelinedSha256() as digest, path.open("rb", buffering=0) as f:
         header_bytes = _read_exactly(f, 8, path, digest)
         (header_size,) = struct.unpack("<Q", header_bytes)
         if header_size > _MAX_HEADER_BYTES:
@@ -359,10 +387,10 @@ def _read_file(path: Path, destinations: Mapping[str, torch.Tensor | _Landing]) 
         entries = _data_entries(header, path)
         position = 0  # within the data section
         for begin, end, name, stored_dtype in entries:
-            _skip(f, begin - position, path, digest, scratch)
+            _skip(f, begin - position, path, digest)
             target = destinations.get(name)
             if target is None:  # a derived or tied tensor, the image side, an input scale: hashed, not kept
-                _skip(f, end - begin, path, digest, scratch)
+                _skip(f, end - begin, path, digest)
             elif isinstance(target, _Landing):
                 if stored_dtype != target.dtype:
                     raise CheckpointError(str(path), name, f"changed since its header was checked: dtype {stored_dtype}")
@@ -374,9 +402,9 @@ def _read_file(path: Path, destinations: Mapping[str, torch.Tensor | _Landing]) 
             else:
                 _read_tensor(f, end - begin, target, getattr(torch, STORAGE_DTYPES[stored_dtype]), path, name, digest)
             position = end
-        while n := f.readinto(scratch):
-            digest.update(memoryview(scratch)[:n])
-    return digest.hexdigest()
+        while tail := f.read(_CHUNK_BYTES):
+            digest.update(tail)
+        return digest.hexdigest()
 
 
 def _data_entries(header: Any, path: Path) -> list[tuple[int, int, str, str]]:
@@ -417,20 +445,19 @@ def _read_tensor(f: Any, size: int, target: torch.Tensor, stored: torch.dtype, p
         piece = view[at:at + _CHUNK_BYTES]
         if f.readinto(piece) != len(piece):
             raise CheckpointError(str(path), name, "the file ends inside this tensor")
-        digest.update(piece)  # while the chunk is still in the CPU's cache
+        digest.update(piece)  # hashed on the digest's thread while the next piece is read
     if not direct:
         target.copy_(landing)
 
 
-def _skip(f: Any, size: int, path: Path, digest: Any, scratch: bytearray) -> None:
-    """Reads and hashes `size` bytes nothing keeps."""
-    view = memoryview(scratch)
+def _skip(f: Any, size: int, path: Path, digest: Any) -> None:
+    """Reads and hashes `size` bytes nothing keeps (each piece fresh: the digest hashes it later)."""
     while size > 0:
-        n = f.readinto(view[:min(size, len(view))])
-        if not n:
+        piece = f.read(min(size, _CHUNK_BYTES))
+        if not piece:
             raise CheckpointError(str(path), "data", "the file ends before its tensors do")
-        digest.update(view[:n])
-        size -= n
+        digest.update(piece)
+        size -= len(piece)
 
 
 def _read_exactly(f: Any, size: int, path: Path, digest: Any) -> bytes:

@@ -217,8 +217,9 @@ def kv_bytes_per_token(config: LlamaFamilyConfig) -> int:
 
 def weight_bytes(config: LlamaFamilyConfig, bytes_per_value: int = 4) -> int:
     """Parameters the worker holds, at float32 (the default compute dtype): every expert of a mixture
-    of experts too (each worker holds them all; no expert parallelism), and an FP8 checkpoint's weights
-    as dequantized at load (4 bytes a value, not the file's 1; the scales are not kept)."""
+    of experts too (each worker holds them all; no expert parallelism), and a quantized checkpoint's
+    weights as dequantized at load (4 bytes a value, not FP8's 1 or AWQ's and GPTQ's half; the scales
+    and zeros are not kept)."""
     c = config
     attention = c.d_model * (c.num_heads + 2 * c.num_kv_heads) * c.head_size + c.num_heads * c.head_size * c.d_model
     if c.qkv_bias:

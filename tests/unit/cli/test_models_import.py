@@ -71,3 +71,23 @@ def test_a_checkpoints_reasoning_parser_is_told_from_its_template_and_none_switc
                   "--repository", repo, "--reasoning-parser", "granite"])
     assert exited.value.code == 2
     assert "--reasoning-parser: invalid choice: 'granite'" in capsys.readouterr().err
+
+
+def test_an_awq_or_gptq_checkpoint_is_imported_and_said_to_be_dequantized(tmp_path, capsys):
+    """The directory as AutoGPTQ publishes it; the import passes the worker's golden check and says what
+    the weights are and what they cost once dequantized (an unquantized checkpoint gets no such line)."""
+    import torch
+
+    from tests.support.awq_gptq_checkpoints import IntScheme, quantize_checkpoint
+    from tests.support.hf_checkpoints import save_model_directory
+
+    save_model_directory(tmp_path / "ckpt", "qwen2", dtype=torch.float16)
+    quantize_checkpoint(tmp_path / "ckpt", IntScheme("gptq", desc_act=True))
+    code = cli.main(["models", "import", str(tmp_path / "ckpt"), "--name", "q", "--version", "1",
+                     "--repository", str(tmp_path / "repo"), "--kv-cache-gb", "0.001"])
+    assert code == 0, capsys.readouterr().err
+    said = capsys.readouterr().out.splitlines()
+    assert said[-1].startswith("weights: gptq 4-bit, group_size 32, act-order (v1 zeros), dequantized at load: "
+                               "the worker holds the unquantized model, 0.00 GiB in float32"), said
+    pinned = json.loads((tmp_path / "repo" / "q" / "1" / "config.json").read_text())
+    assert pinned["quantization_config"]["quant_method"] == "gptq"

@@ -42,7 +42,8 @@ def _authenticate(authorization: str | None) -> None:
 class _EchoCore:
     """Generates the prompt back, in one chunk."""
 
-    async def generate(self, request: gateway_pb2.GenerateRequest, caller, *, further_choice: bool = False):
+    async def generate(self, request: gateway_pb2.GenerateRequest, caller, *, further_choice: bool = False,
+                       on_admitted=None):
         _authenticate(caller.authorization)
         yield gateway_pb2.GenerateResponse(text=request.prompt, finish_reason=common_pb2.FINISH_REASON_LENGTH)
 

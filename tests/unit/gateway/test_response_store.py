@@ -117,3 +117,33 @@ def test_what_leaves_without_a_delete_is_told_with_why():
 def test_bounds_must_be_positive(max_bytes, ttl_s, message):
     with pytest.raises(ValueError, match=message):
         ResponseStore(max_bytes, ttl_s)
+
+
+def _with_items(name: str, context_ids: tuple[str, ...], output_ids: tuple[str, ...] = ()) -> StoredResponse:
+    context = tuple({"id": i, "type": "message", "role": "user", "content": i} for i in context_ids)
+    output = [{"id": i, "type": "message", "role": "assistant", "content": i} for i in output_ids]
+    return StoredResponse({"id": name, "output": output}, context, 10)
+
+
+def test_an_item_is_found_by_its_id_in_its_scope_only_among_inputs_and_outputs():
+    store, _ = make_store()
+    store.put("alpha", "resp_1", _with_items("resp_1", ("msg_in",), ("msg_out",)))
+    assert store.find_item("alpha", "msg_in")["content"] == "msg_in"
+    assert store.find_item("alpha", "msg_out")["role"] == "assistant"
+    assert store.find_item("beta", "msg_in") is None
+    assert store.find_item("alpha", "msg_none") is None
+
+
+def test_an_item_held_by_several_responses_is_found_until_the_last_of_them_goes():
+    store, clock = make_store(max_bytes=30, ttl_s=60)
+    store.put("alpha", "resp_1", _with_items("resp_1", ("msg_a",)))
+    clock.now_s += 10
+    store.put("alpha", "resp_2", _with_items("resp_2", ("msg_a", "msg_b")))  # a chain repeats its context
+    store.delete("alpha", "resp_2")
+    assert store.find_item("alpha", "msg_a") is not None and store.find_item("alpha", "msg_b") is None
+    clock.now_s += 55  # resp_1 expires
+    assert store.find_item("alpha", "msg_a") is None
+    for name in ("resp_3", "resp_4", "resp_5", "resp_6"):  # resp_3 is pushed out by resp_6
+        store.put("alpha", name, _with_items(name, (f"msg_{name}",)))
+    assert store.find_item("alpha", "msg_resp_3") is None and store.find_item("alpha", "msg_resp_6") is not None
+    assert store._items.keys() == {("alpha", f"msg_resp_{n}") for n in (4, 5, 6)}  # the index holds no stale id

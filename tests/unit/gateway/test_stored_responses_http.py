@@ -21,6 +21,7 @@ from services.gateway.fronts.http_server import HttpServer
 from services.gateway.fronts.openai_http import OpenAIFront
 from services.gateway.fronts.openai_stored_http import StoredResponses
 from services.gateway.fronts.response_store import ResponseStore
+from services.gateway.quota.quotas import QuotaExceeded
 from services.gateway.tenants.directory import TenantConfig, TenantDirectory, hash_api_key
 from tests.unit.gateway.conftest import make_tenant
 from tools.testbed.processes import free_port
@@ -33,7 +34,8 @@ STORE_BYTES = 20_000
 
 class _ConversationCore:
     """Answers every chat with the conversation it received, one `role:content` line per message, in two
-    chunks (so a stream has deltas); a prompt containing FAIL fails after the first chunk (BUG: raises
+    chunks (so a stream has deltas), after telling `on_admitted`; one containing REFUSE is refused as
+    admission refuses (before `on_admitted`); a prompt containing FAIL fails after the first chunk (BUG: raises
     what no domain error is), one containing HOLD waits for `release` before its second. Counts the generations closed before their end."""
 
     def __init__(self) -> None:
@@ -41,9 +43,14 @@ class _ConversationCore:
         self.release = asyncio.Event()
         self.num_abandoned = 0
 
-    async def generate(self, request: gateway_pb2.GenerateRequest, caller, *, further_choice: bool = False):
+    async def generate(self, request: gateway_pb2.GenerateRequest, caller, *, further_choice: bool = False,
+                       on_admitted=None):
         _TENANTS.authenticate(caller.authorization)
         text = "\n".join(f"{m.role}:{m.content}" for m in request.messages)
+        if "REFUSE" in text:  # what admission refuses (a quota)
+            raise QuotaExceeded("tenant 'alpha' is over its request rate quota", "requests_per_s", retry_after_s=2.0)
+        if on_admitted is not None:
+            on_admitted()
         yield gateway_pb2.GenerateResponse(text=text[:3])
         if "FAIL" in text:
             raise errors.Unavailable("the worker went away")
@@ -326,7 +333,6 @@ async def test_closing_the_front_cancels_the_background_responses_still_running(
 
 
 @pytest.mark.parametrize(("body", "message"), [
-    ({"background": True, "stream": True}, "background with stream is not supported"),
     ({"background": True, "store": False}, "need store: true"),
     ({"background": "yes"}, "background must be true or false"),
 ])
@@ -344,3 +350,133 @@ async def test_only_background_responses_can_be_cancelled(base, stateless_base):
                                                                         "background": True})
     assert (status, reply["error"]["param"]) == (400, "background")
     assert "--responses-store-bytes" in reply["error"]["message"]
+
+
+# ------------------------------------------------------------------------------------ item references
+
+
+async def test_an_item_reference_sends_the_stored_item_upstream_and_is_listed_as_that_item(base):
+    first = await _create(base, input="Hi")
+    (said,) = first["output"]
+    second = await _create(base, input=[{"type": "item_reference", "id": said["id"]},
+                                        {"role": "user", "content": "And?"}])
+    assert _text(second) == "assistant:user:Hi\nuser:And?"
+    status, page = await _call("GET", f"{base}/responses/{second['id']}/input_items?order=asc")
+    assert status == 200 and page["data"][0] == said
+    input_id = (await _call("GET", f"{base}/responses/{first['id']}/input_items"))[1]["data"][0]["id"]
+    third = await _create(base, input=[{"id": input_id}])  # the type may be left out, as OpenAI's may
+    assert _text(third) == "user:Hi"
+
+
+async def test_another_tenants_item_or_an_unknown_one_is_a_404_naming_it(base, stateless_base):
+    mine = await _create(base, input="secret")
+    item_id = mine["output"][0]["id"]
+    for key, wanted in ((BETA, item_id), (ALPHA, "msg_unknown")):
+        status, reply = await _call("POST", base + "/responses", {
+            "model": "m", "input": [{"type": "item_reference", "id": wanted}]}, key)
+        assert (status, reply["error"]["param"]) == (404, "input[0].id"), reply
+        assert f"item with id '{wanted}' not found" in reply["error"]["message"]
+    status, reply = await _call("POST", base + "/responses", {"model": "m", "input": [{"type": "item_reference"}]})
+    assert (status, reply["error"]["param"]) == (400, "input[0].id")
+    status, reply = await _call("POST", stateless_base + "/responses", {
+        "model": "m", "input": [{"type": "item_reference", "id": item_id}]})
+    assert (status, reply["error"]["param"]) == (400, "input[0].type") and "storing is off" in reply["error"]["message"]
+
+
+# ------------------------------------------------------------------------------------ background streams
+
+
+def _sse(raw: str) -> list[dict]:
+    return [json.loads(line.removeprefix("data: ")) for line in raw.split("\n") if line.startswith("data: ")]
+
+
+async def _get_stream(base: str, response_id: str, query: str = "") -> tuple[int, list[dict] | dict]:
+    async with aiohttp.ClientSession() as session, session.get(
+            f"{base}/responses/{response_id}?stream=true{query}", headers={"Authorization": f"Bearer {ALPHA}"}) as reply:
+        raw = (await reply.read()).decode()
+        return reply.status, (_sse(raw) if reply.status == 200 else json.loads(raw))
+
+
+async def test_a_background_stream_resumed_after_its_last_seen_event_gets_exactly_the_missing_ones(base, core):
+    seen: list[dict] = []
+    async with aiohttp.ClientSession() as session, session.post(
+            base + "/responses", json={"model": "m", "input": "HOLD", "background": True, "stream": True},
+            headers={"Authorization": f"Bearer {ALPHA}"}) as reply:
+        assert reply.status == 200 and reply.headers["Content-Type"] == "text/event-stream"
+        async for line in reply.content:  # the client reads up to the first delta, then loses its connection
+            if line.startswith(b"data: "):
+                seen.append(json.loads(line[len(b"data: "):]))
+                if seen[-1]["type"] == "response.output_text.delta":
+                    break
+    response_id = seen[0]["response"]["id"]
+    await core.holding.wait()
+    assert (await _call("GET", f"{base}/responses/{response_id}"))[1]["status"] == "in_progress"
+    core.release.set()  # it runs on without its client
+    status, rest = await _get_stream(base, response_id, f"&starting_after={seen[-1]['sequence_number']}")
+    assert status == 200 and core.num_abandoned == 0
+    numbers = [e["sequence_number"] for e in seen + rest]
+    assert numbers == list(range(len(numbers)))  # none twice, none lost
+    assert rest[-1]["type"] == "response.completed"
+    assert _text(rest[-1]["response"]) == "user:HOLD"
+    assert (await _get_stream(base, response_id))[1] == seen + rest  # replayed whole once it ended
+    assert (await _get_stream(base, response_id, f"&starting_after={numbers[-1]}"))[1] == []
+    done = (await _call("GET", f"{base}/responses/{response_id}"))[1]
+    assert (done["status"], done["background"], done == rest[-1]["response"]) == ("completed", True, True)
+
+
+async def test_a_background_stream_that_fails_ends_with_response_failed_for_every_reader(base):
+    status, events = await _post_stream(base, input="FAIL")
+    assert status == 200 and events[-1]["type"] == "response.failed"
+    assert events[-1]["response"]["error"]["message"] == "the worker went away"
+    assert (await _get_stream(base, events[0]["response"]["id"]))[1] == events
+
+
+async def test_streaming_what_kept_no_events_or_from_a_bad_point_is_a_400_naming_it(base):
+    plain = await _create(base, input="Hi")
+    status, reply = await _get_stream(base, plain["id"])
+    assert (status, reply["error"]["param"]) == (400, "stream") and "no events to stream" in reply["error"]["message"]
+    for query, param in (("?stream=maybe", "stream"), ("?starting_after=2", "starting_after"),
+                         ("?stream=true&starting_after=-5", "starting_after")):
+        status, reply = await _call("GET", f"{base}/responses/{plain['id']}{query}")
+        assert (status, reply["error"]["param"]) == (400, param), query
+
+
+async def _post_stream(base: str, **body) -> tuple[int, list[dict] | dict]:
+    async with aiohttp.ClientSession() as session, session.post(
+            base + "/responses", json={"model": "m", "background": True, "stream": True, **body},
+            headers={"Authorization": f"Bearer {ALPHA}"}) as reply:
+        raw = (await reply.read()).decode()
+        return reply.status, (_sse(raw) if reply.status == 200 else json.loads(raw))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_background_request_refused_at_admission_is_answered_so_and_nothing_is_kept(stream, core):
+    store = ResponseStore(STORE_BYTES, ttl_s=3600)
+    server, url = await _serve(core, StoredResponses(store, lambda a: _TENANTS.authenticate(a).tenant_id))
+    try:
+        async with aiohttp.ClientSession() as session, session.post(
+                url + "/responses", json={"model": "m", "input": "REFUSE", "background": True, "stream": stream},
+                headers={"Authorization": f"Bearer {ALPHA}"}) as answered:
+            status, headers, reply = answered.status, answered.headers, await answered.json()
+    finally:
+        await server.close()
+    assert (status, reply["error"]["code"], headers["Retry-After"]) == (429, "rate_limit_exceeded", "2"), reply
+    assert "over its request rate quota" in reply["error"]["message"]
+    assert store.num_responses == 0
+
+
+async def test_a_background_stream_past_the_stores_bound_says_which_events_it_no_longer_keeps(base, core):
+    async with aiohttp.ClientSession() as session, session.post(
+            base + "/responses", json={"model": "m", "input": "HOLD" + "y" * 6000, "background": True, "stream": True},
+            headers={"Authorization": f"Bearer {ALPHA}"}) as reply:
+        await core.holding.wait()
+        core.release.set()  # its last events (the text four times over) outgrow the bound at once
+        events = _sse((await reply.read()).decode())
+    assert reply.status == 200 and events[0]["type"] == "response.created"
+    assert (events[-1]["type"], events[-1]["code"], events[-1]["param"]) == ("error", "events_dropped", "starting_after")
+    assert events[-1]["sequence_number"] == events[-2]["sequence_number"] + 1  # where the hole begins
+    response_id = events[0]["response"]["id"]
+    done = await _polled(base, response_id)
+    assert done["status"] == "completed" and done["store"] is True  # kept, without its events
+    status, reply_body = await _get_stream(base, response_id)
+    assert (status, reply_body["error"]["param"]) == (400, "stream")

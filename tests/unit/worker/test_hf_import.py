@@ -29,7 +29,7 @@ from services.worker.repository.hf_import import (
 )
 from services.worker.repository.loader import load_model
 from services.worker.repository.store import load_manifest, sha256_of, version_dir, write_manifest
-from tests.support import reasoning_templates
+from tests.support import awq_gptq_checkpoints, reasoning_templates
 from tests.support.fp8_checkpoints import Fp8Scheme, quantize_checkpoint, save_dequantized
 from tests.support.hf_checkpoints import CHAT_TEMPLATE, END_OF_TEXT_ID, EOT_ID, save_model_directory
 
@@ -334,6 +334,30 @@ def test_an_fp8_checkpoint_imports_its_dequantized_model_and_a_worker_loads_it(t
     assert config.quantization is not None and weight_bytes(config) == held > (source / "model.safetensors").stat().st_size
     per_block = kv_bytes_per_token(config) * manifest.envelope.block_size
     assert manifest.envelope.memory_bytes == held + manifest.envelope.num_kv_blocks * per_block
+    assert manifest.generator.golden
+    assert_transformers_greedy(manifest.generator.golden, reference)
+    model = load_model(root, "tiny", "1")
+    GeneratorRuntime(model, model.manifest.envelope.num_kv_blocks).load()  # warm-up and the golden check
+
+
+@pytest.mark.parametrize("scheme", [awq_gptq_checkpoints.IntScheme("awq"),
+                                    awq_gptq_checkpoints.IntScheme("gptq", desc_act=True)],
+                         ids=["awq", "gptq_act_order"])
+def test_an_awq_or_gptq_checkpoint_imports_its_dequantized_model_and_a_worker_serves_it(tmp_path, scheme):
+    """A float16 checkpoint as AutoAWQ and AutoGPTQ publish them (packed int32 weights, float16 scales
+    and everything else): the manifest pins config.json, which says the scheme; the memory estimate
+    counts the float32 weights the worker holds; the golden cases are transformers' greedy
+    continuations on the dequantized weights, and a worker passes them."""
+    source, root = tmp_path / "quantized", tmp_path / "repo"
+    save_model_directory(source, "llama", dtype=torch.float16)
+    save_dequantized(source, tmp_path / "dense", awq_gptq_checkpoints.quantize_checkpoint(source, scheme))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "dense", dtype=torch.float32).eval()
+    manifest = import_checkpoint(source, root, OPTIONS)
+    pinned = json.loads((version_dir(root, "tiny", "1") / "config.json").read_text())
+    assert pinned["quantization_config"]["quant_method"] == scheme.method
+    assert manifest.generator.architecture.config.sha256 == sha256_of(source / "config.json")
+    held = 4 * sum(p.numel() for p in reference.parameters())
+    assert weight_bytes(read_config(source)) == held > (source / "model.safetensors").stat().st_size
     assert manifest.generator.golden
     assert_transformers_greedy(manifest.generator.golden, reference)
     model = load_model(root, "tiny", "1")

@@ -137,8 +137,7 @@ def ct(**weights: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("quantization", "field", "says"), [
-    ({"quant_method": "gptq", "bits": 4}, "quant_method", "'gptq' is not supported; supported: fp8, compressed-tensors"),
-    ({"quant_method": "awq"}, "quant_method", "supported: fp8, compressed-tensors"),
+    ({"quant_method": "hqq"}, "quant_method", "'hqq' is not supported; supported: fp8, compressed-tensors, awq, gptq"),
     ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quant_method", "'bitsandbytes' is not supported"),
     ({"quant_method": "mxfp4"}, "quant_method", "'mxfp4' is not supported"),
     ({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]}, "fmt", "supported: e4m3"),
