@@ -82,6 +82,11 @@ def add_parser(commands) -> None:
                      help="auto: record generation_config.json's recommended sampling (temperature, top_p, top_k, "
                           "min_p, repetition_penalty), which OpenAI requests that leave a field out get, as vLLM's "
                           "--generation-config auto; none: record none (default: %(default)s)")
+    llm.add_argument("--task", choices=("auto", "embed", "generate"), default="auto",
+                     help="embed: an embedding model, served on /v1/embeddings only (pooling and normalization from "
+                          "the sentence-transformers files, else last token, normalized); generate: a generator of "
+                          "text; auto: embed for a sentence-transformers directory (modules.json) or a base model "
+                          "without an LM head, else generate (default: %(default)s)")
     llm.add_argument("--reasoning-parser", choices=(*REASONING_PARSERS, NO_REASONING_PARSER), default=None,
                      help="how the model sets its reasoning apart (<think>...</think>), recorded in the manifest; "
                           f"{NO_REASONING_PARSER}: not split (default: {QWEN3} for a chat template that writes "
@@ -177,7 +182,7 @@ def _import_hf(source: Path, args: argparse.Namespace) -> int:
     options = ImportOptions(name=args.name, version=args.version, kv_cache_bytes=int(args.kv_cache_gb * 2**30),
                             max_seq_len=args.max_seq_len or None, tool_call_parser=args.tool_call_parser,
                             reasoning_parser=_reasoning_parser(args.reasoning_parser),
-                            generation_config=args.generation_config == "auto")
+                            generation_config=args.generation_config == "auto", task=args.task)
     try:
         manifest = import_checkpoint(source, args.repository, options)
     except (ImportRefused, InfermeshError) as exc:  # InfermeshError: a name or version the repository refuses
@@ -189,9 +194,14 @@ def _import_hf(source: Path, args: argparse.Namespace) -> int:
         raise UsageError(f"the imported version does not load as a worker loads it, so it was removed: {exc}") from None
     spec, envelope = manifest.generator, manifest.envelope
     assert spec is not None
+    num_golden = len(spec.golden) if spec.embedding is None else len(spec.embedding.golden)
     print(f"imported {source} as {args.name}/{args.version} in {args.repository}: {spec.max_seq_len}-token "
-          f"context, {envelope.num_kv_blocks} KV blocks of {envelope.block_size} tokens, {len(spec.golden)} "
+          f"context, {envelope.num_kv_blocks} KV blocks of {envelope.block_size} tokens, {num_golden} "
           "golden prompts")
+    if spec.embedding is not None:
+        e = spec.embedding
+        print(f"an embedding model (/v1/embeddings only): {e.dimensions} dimensions, {e.pooling.value} pooling, "
+              f"{'normalized' if e.normalize else 'not normalized'}{', Matryoshka' if e.matryoshka else ''}")
     print(_recorded(spec, parser_for_template(chat_template_text(source))))
     quantized = _quantized(source)
     if quantized:

@@ -22,6 +22,7 @@ from services.scheduler.attach_types import (
     BatchOutcome,
     Command,
     DrainCommand,
+    EmbeddingInfo,
     ItemOutcome,
     Label,
     ModelKey,
@@ -43,6 +44,8 @@ _KIND_FROM_WIRE = {
     common_pb2.MODEL_KIND_GENERATOR: ModelKind.GENERATOR,
     # Scheduled as classifiers are (dynamic batching); the hello's tensor signature tells them apart.
     common_pb2.MODEL_KIND_TENSOR: ModelKind.CLASSIFIER,
+    # Scheduled as generators are (continuous batching); the hello's embedding spec tells them apart.
+    common_pb2.MODEL_KIND_EMBEDDING: ModelKind.GENERATOR,
 }
 KIND_TO_WIRE = {ModelKind.CLASSIFIER: common_pb2.MODEL_KIND_CLASSIFIER,
                 ModelKind.GENERATOR: common_pb2.MODEL_KIND_GENERATOR}
@@ -95,6 +98,8 @@ def decode_hello(hello: scheduler_pb2.WorkerHello) -> WorkerHello:
         preferred_batch_sizes=tuple(hello.preferred_batch_sizes),
         sampling_defaults=tuple((f.name, value) for f, value in hello.sampling_defaults.ListFields()),
         features=frozenset(_FEATURE_FROM_WIRE[f] for f in hello.features if f in _FEATURE_FROM_WIRE),
+        embedding=EmbeddingInfo(hello.embedding.dimensions, hello.embedding.normalize, hello.embedding.matryoshka,
+                                hello.embedding.pooling) if hello.kind == common_pb2.MODEL_KIND_EMBEDDING else None,
     )
 
 
@@ -121,6 +126,7 @@ def decode_step_result(result: scheduler_pb2.StepResult) -> StepOutcome:
     failures: dict[int, errors.InfermeshError] = {}
     logprobs: dict[int, PositionLogprobs] = {}
     prompt_logprobs: dict[int, tuple[PositionLogprobs, ...]] = {}
+    embeddings: dict[int, tuple[float, ...]] = {}
     for out in result.outputs:
         if out.HasField("error") and out.error.code != 0:
             failures[out.seq_id] = _item_error(out.error)
@@ -130,7 +136,9 @@ def decode_step_result(result: scheduler_pb2.StepResult) -> StepOutcome:
                 logprobs[out.seq_id] = decode_logprobs(out.logprobs)
             if out.prompt_logprobs:
                 prompt_logprobs[out.seq_id] = tuple(decode_logprobs(p) for p in out.prompt_logprobs)
-    return StepOutcome(token_ids, failures, result.timings.total_us / 1e6, logprobs, prompt_logprobs)
+            if out.embedding:
+                embeddings[out.seq_id] = tuple(out.embedding)
+    return StepOutcome(token_ids, failures, result.timings.total_us / 1e6, logprobs, prompt_logprobs, embeddings)
 
 
 def decode_logprobs(logprobs: common_pb2.PositionLogprobs) -> PositionLogprobs:

@@ -61,6 +61,8 @@ def check_hello(hello: WorkerHello) -> None:
         raise errors.InvalidArgument("a generator worker must declare num_kv_blocks and block_size >= 1")
     if hello.kind is ModelKind.GENERATOR:
         _check_tokenizer(hello)
+    if hello.embedding is not None and hello.embedding.dimensions < 1:
+        raise errors.InvalidArgument("a MODEL_KIND_EMBEDDING worker must declare embedding.dimensions >= 1")
 
 
 def _check_tokenizer(hello: WorkerHello) -> None:

@@ -59,6 +59,16 @@ class WorkerCapacity:
 
 
 @dataclass(frozen=True)
+class EmbeddingInfo:
+    """An embedding model's vectors, as its worker declares them (infermesh.v1.EmbeddingSpec)."""
+
+    dimensions: int
+    normalize: bool
+    matryoshka: bool
+    pooling: str
+
+
+@dataclass(frozen=True)
 class WorkerHello:
     """What a worker declares when it attaches; `kind` is None when it named none."""
 
@@ -82,6 +92,8 @@ class WorkerHello:
     sampling_defaults: tuple[tuple[str, float], ...] = ()
     # Generator: what it honours beyond a plain step (worker_features.py); empty: an older worker.
     features: frozenset[WorkerFeature] = frozenset()
+    # Generator: set for an embedding model (WorkerHello.embedding), which serves embed requests only.
+    embedding: EmbeddingInfo | None = None
     # Generator: its tokenizer and chat template, built by the Attach session from `tokenizer` (and
     # the file that followed the hello); None until then (GeneratePool builds a BYTES one itself).
     text: ModelText | None = None
@@ -186,3 +198,5 @@ class StepOutcome:
     logprobs: Mapping[int, PositionLogprobs] = field(default_factory=dict)
     # By seq_id, for the prompt chunks that asked (SequenceStep.prompt_logprobs): one per prompt token predicted.
     prompt_logprobs: Mapping[int, tuple[PositionLogprobs, ...]] = field(default_factory=dict)
+    # By seq_id, for the embedding sequences whose prompt the step ended: the pooled vector.
+    embeddings: Mapping[int, tuple[float, ...]] = field(default_factory=dict)

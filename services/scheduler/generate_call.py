@@ -17,6 +17,7 @@ from services.common.logprobs import PositionLogprobs
 from services.common.timings import StageTime, seconds_to_us, to_proto
 from services.scheduler.call_codec import FINISH_REASONS
 from services.scheduler.chunk_coalescer import CoalescedEvents
+from services.scheduler.embed_request import shaped
 from services.scheduler.generate_stream import GenerateStream, StreamEvent
 from services.scheduler.model_registry import GeneratorEntry
 from services.scheduler.model_text import NO_REASONING, ReasoningStart
@@ -27,15 +28,18 @@ SERVICE = "scheduler"
 
 class GenerateCall:
     __slots__ = ("_request_id", "_entry", "stream", "_began_s", "_span", "_model", "_first", "_clock",
-                 "_finished", "_tool_call_parser", "_prompt_token_ids", "_reasoning")
+                 "_finished", "_tool_call_parser", "_prompt_token_ids", "_reasoning", "_embedding")
 
     def __init__(self, request_id: str, entry: GeneratorEntry, stream: GenerateStream, began_s: float,
                  span: Any, clock: Clock, finished: Callable[[str, float], None], tool_call_parser: str = "",
-                 prompt_token_ids: Sequence[int] = (), reasoning: ReasoningStart = NO_REASONING) -> None:
+                 prompt_token_ids: Sequence[int] = (), reasoning: ReasoningStart = NO_REASONING,
+                 embedding: tuple[int | None, bool] | None = None) -> None:
         """`finished(model_name, latency_s)`: called as the last chunk is built. `tool_call_parser`:
         named on the first chunk (a request offering tools), as are `prompt_token_ids` (return_token_ids)
         and `reasoning` (the model's reasoning parser, what the prompt left open, and whether the
-        request's grammar waits for the reasoning to end)."""
+        request's grammar waits for the reasoning to end). `embedding`: an embed request's (dimensions asked,
+        None: all; whether the model normalizes), which shape its vector (embed_request.shaped)."""
+        self._embedding = embedding
         self._reasoning = reasoning
         self._prompt_token_ids = prompt_token_ids
         self._request_id = request_id
@@ -72,6 +76,8 @@ class GenerateCall:
             self._first = False
         if delta.end_token_id is not None:
             chunk.end_token_id = delta.end_token_id
+        if delta.embedding and self._embedding is not None:
+            chunk.embedding.extend(shaped(delta.embedding, *self._embedding))
         if delta.is_last:
             self._fill_last(chunk, delta)
             self._span.set_attribute("infermesh.completion_tokens", delta.num_generated)

@@ -197,7 +197,7 @@ class GeneratePool:
             raise errors.Unavailable(f"no worker of model {self.model} honours {described(missing)}: its workers "
                                      f"are older than this scheduler, or sample without it", retry_after_s=1.0)
         max_seq_len = self.max_seq_len()
-        if len(prompt_ids) + sampling.max_tokens > max_seq_len:
+        if len(prompt_ids) + sampling.num_output_positions > max_seq_len:
             raise errors.InvalidArgument(
                 f"prompt of {len(prompt_ids)} tokens plus max_tokens {sampling.max_tokens} exceeds the "
                 f"model's max sequence length {max_seq_len}"

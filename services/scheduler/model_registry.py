@@ -75,6 +75,11 @@ class ModelRegistry:
                 f"worker {hello.worker_id} declares {hello.model} as kind {declared}, "
                 f"but attached workers serve it as kind {entry.kind.wire_name}"
             )
+        if entry.kind is ModelKind.GENERATOR and entry.hello.embedding != hello.embedding:
+            raise errors.InvalidArgument(
+                f"worker {hello.worker_id} declares {hello.model}'s embeddings as {hello.embedding}, but attached "
+                f"workers serve them as {entry.hello.embedding}; a version's task and pooling are part of it"
+            )
         if entry.kind is ModelKind.GENERATOR and entry.hello.tokenizer != hello.tokenizer:
             raise errors.InvalidArgument(
                 f"worker {hello.worker_id} declares another tokenizer for {hello.model} than attached workers "

@@ -85,6 +85,14 @@ class SamplingParams:
     # bad_words tokenized (None: none), which each sampling step turns into banned ids (bad_words.py).
     allowed_token_ids: tuple[int, ...] = ()
     bad_words: BadWords | None = None
+    # GenerateRequest.embed: the prompt's embedding instead of text (max_tokens 1: the step that reaches the
+    # prompt's end returns the vector, and the sequence ends there with nothing generated).
+    embed: bool = False
+
+    @property
+    def num_output_positions(self) -> int:
+        """The positions past the prompt the sequence may need: an embedding's none."""
+        return 0 if self.embed else self.max_tokens
 
     @property
     def penalized(self) -> bool:
@@ -172,6 +180,8 @@ class Sequence:
     # yet; the first stays None). Sent once, with the stream's first chunk; a continuation sends none.
     prompt_logprobs: list[PositionLogprobs | None] = field(default_factory=list)
     prompt_logprobs_sent: bool = False
+    # With sampling.embed: the pooled vector, once the worker returned it.
+    embedding: tuple[float, ...] = ()
 
     @property
     def needs_prompt_logprobs(self) -> bool:

@@ -51,6 +51,7 @@ from services.scheduler.call_codec import (
 from services.scheduler.chunk_coalescer import ChunkCoalescer, CoalescedEvents
 from services.scheduler.classify_pool import ClassifyJob, ClassifyOutcome
 from services.scheduler.config import SchedulerConfig
+from services.scheduler.embed_request import check_task
 from services.scheduler.generate_call import ChunkSink, GenerateCall
 from services.scheduler.generate_stream import EventSink, GenerateStream, StreamEvent
 from services.scheduler.in_flight import InFlightCalls, draining_error, idle
@@ -242,6 +243,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._refuse_if_draining()
         req = request.request
         entry = self.registry.resolve_generator(req.model.name, req.model.version)
+        dimensions = check_task(req, entry.key, entry.hello.embedding)
         stream, prompt_ids, sampling = self._make_stream(req, request.tenant, entry, began_s, remaining_s, events)
         reasoning = entry.pool.text.reasoning_start(prompt_ids, constrained=bool(sampling.grammar))
         if reasoning.grammar_after is not None and not entry.pool.honours(WorkerFeature.GRAMMAR_AFTER_REASONING):
@@ -263,22 +265,30 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return GenerateCall(req.request_id, entry, stream, began_s, span, self._clock, self._metrics.generate_finished,
                             tool_call_parser=entry.pool.text.tool_call_parser if req.tools else "",
                             prompt_token_ids=prompt_ids if req.return_token_ids and not delivered else (),
-                            reasoning=reasoning)
+                            reasoning=reasoning, embedding=(dimensions, entry.hello.embedding.normalize)
+                            if entry.hello.embedding is not None else None)
 
     def _make_stream(self, req: gateway_pb2.GenerateRequest, tenant: scheduler_pb2.TenantContext,
                      entry: GeneratorEntry, began_s: float, remaining_s: float | None,
                      events: EventSink) -> tuple[GenerateStream, tuple[int, ...], SamplingParams]:
         max_seq_len = entry.pool.max_seq_len()
         prompt_ids = truncated_prompt(prompt_token_ids(req, entry.pool.text), req, max_seq_len)
-        if len(prompt_ids) >= max_seq_len:
+        embed = req.HasField("embed")
+        if embed and len(prompt_ids) > max_seq_len:  # a prompt alone, no output: it may fill the context
+            raise errors.InvalidArgument(f"prompt of {len(prompt_ids)} tokens is longer than the model's context "
+                                         f"of {max_seq_len} tokens")
+        if not embed and len(prompt_ids) >= max_seq_len:
             raise errors.InvalidArgument(f"prompt of {len(prompt_ids)} tokens does not fit the model's context of "
                                          f"{max_seq_len} tokens (prompt and output together)")
         max_tokens = req.sampling.max_tokens or min(DEFAULT_MAX_TOKENS, max_seq_len - len(prompt_ids))
         tokenizer = entry.pool.tokenizer
-        sampling = decode_sampling(with_model_defaults(req.sampling, req.model_default_fields,
-                                                       entry.hello.sampling_defaults),
-                                   max_tokens, tokenizer.vocab_size, tokenizer.end_token_ids,
-                                   lambda text: tokenizer.encode(text, add_special_tokens=False))
+        if embed:  # nothing is sampled: one step reaches the prompt's end and returns the vector
+            sampling = SamplingParams(max_tokens=1, embed=True)
+        else:
+            sampling = decode_sampling(with_model_defaults(req.sampling, req.model_default_fields,
+                                                           entry.hello.sampling_defaults),
+                                       max_tokens, tokenizer.vocab_size, tokenizer.end_token_ids,
+                                       lambda text: tokenizer.encode(text, add_special_tokens=False))
         options = stream_options(req.stream.max_tokens_per_chunk, req.stream.interval_ms)
         if options.coalesces:
             # Coalesced here, not at the gateway, so both hops carry the fewer, larger chunks.
@@ -365,6 +375,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     # The worker's TensorMetadata messages (attach_types keeps them opaque).
                     tensor_inputs=cast("list[common_pb2.TensorMetadata]", hello.tensor_inputs),
                     tensor_outputs=cast("list[common_pb2.TensorMetadata]", hello.tensor_outputs),
+                    embedding_dimensions=hello.embedding.dimensions if hello.embedding is not None else 0,
                 )
             )
         return response

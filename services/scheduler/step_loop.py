@@ -246,7 +246,8 @@ class WorkerLoop:
         timing = self._pacing.on_result(step.sent_at_s, step.index_in_command, step.command_size)
         self._metrics.timed(timing.took_s, outcome.worker_total_s, timing.gap_s)
         self._deltas = self.scheduler.update_from_output(step.plan, outcome.token_ids, timing.share_s,
-                                                          outcome.logprobs, outcome.prompt_logprobs)
+                                                          outcome.logprobs, outcome.prompt_logprobs,
+                                                          outcome.embeddings)
         self._done = (step.plan, outcome)
 
     # -- rest ------------------------------------------------------------------

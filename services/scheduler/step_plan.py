@@ -102,6 +102,8 @@ class SequenceDelta:
     prompt_logprobs: tuple[PositionLogprobs | None, ...] = ()
     # On the last chunk of a sequence that ended on an end-of-sequence or stop token id: that token.
     end_token_id: int | None = None
+    # With sampling.embed, on its only chunk: the pooled vector the worker returned.
+    embedding: tuple[float, ...] = ()
 
     @property
     def is_last(self) -> bool:

@@ -57,6 +57,7 @@ import bisect
 from collections import deque
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as SequenceOf
+from dataclasses import replace
 from typing import Protocol
 
 from services.common.clock import Clock
@@ -428,12 +429,14 @@ class StepScheduler:
                            step_time_s: float | None = None,
                            logprobs: Mapping[int, PositionLogprobs] | None = None,
                            prompt_logprobs: Mapping[int, SequenceOf[PositionLogprobs]] | None = None,
+                           embeddings: Mapping[int, SequenceOf[float]] | None = None,
                            ) -> list[SequenceDelta]:
         """Applies the worker's result of `plan` (the oldest step in flight): one sampled token per
         sequence whose step sampled. Sequences that ended since `plan` was made are skipped.
         `step_time_s`: what the step took, when the caller knows better than the time since the last
         result (steps whose results came back together). `logprobs`: by seq_id, what the worker
-        reported for the sequences that asked; `prompt_logprobs` the same for their prompt chunks.
+        reported for the sequences that asked; `prompt_logprobs` the same for their prompt chunks;
+        `embeddings` the vectors of the embedding sequences whose prompt the step ended.
 
         A sampling sequence missing from `sampled_token_ids` (the worker failed it), or given
         a token outside the vocabulary, is aborted with AbortReason.FAILED and reported in its delta.
@@ -470,6 +473,9 @@ class StepScheduler:
             if step.prompt_logprobs is not None and prompt_logprobs:
                 _keep_prompt_logprobs(seq, step, prompt_logprobs.get(seq.seq_id, ()))
             if not step.sample:
+                continue
+            if seq.sampling.embed:
+                deltas.append(self._embedded(seq, embeddings.get(seq.seq_id) if embeddings else None))
                 continue
             token_id = sampled_token_ids.get(seq.seq_id)
             if token_id is None or not 0 <= token_id < vocab_size:
@@ -627,7 +633,7 @@ class StepScheduler:
             raise ValueError(f"sequence {seq_id} already exists")
         if not prompt_token_ids:
             raise InvalidArgument("prompt must be non-empty")
-        total = len(prompt_token_ids) + sampling.max_tokens
+        total = len(prompt_token_ids) + sampling.num_output_positions
         if total > self.config.max_seq_len:
             raise InvalidArgument(
                 f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({sampling.max_tokens}) = {total} "
@@ -792,8 +798,10 @@ class StepScheduler:
         block of its last token, which a step must compute to sample."""
         max_blocks = (seq.num_tokens - 1) // self.kv.block_size
         # Prompt logprobs come from every prompt position's forward, so they read no cached block
-        # (vLLM's rule; their blocks are still registered for others).
-        if not self.config.enable_prefix_cache or max_blocks == 0 or seq.needs_prompt_logprobs:
+        # (vLLM's rule; their blocks are still registered for others); nor does an embedding, whose
+        # pooling (mean, CLS) may read every position's hidden state, which the worker keeps for none.
+        if (not self.config.enable_prefix_cache or max_blocks == 0 or seq.needs_prompt_logprobs
+                or seq.sampling.embed):
             return []
         hashes = self._block_hashes(seq, max_blocks)
         return hashes[:self.kv.num_cached_prefix_blocks(hashes[:max_blocks])]
@@ -952,6 +960,17 @@ class StepScheduler:
         if not chunk and reason is None:
             return None
         return self._delta(seq, chunk, end_token_id)
+
+    def _embedded(self, seq: Sequence, embedding: SequenceOf[float] | None) -> SequenceDelta:
+        """An embedding sequence whose prompt the worker finished: it ends with its vector, or fails
+        without one (a worker that sent none)."""
+        if not embedding:
+            self.abort(seq.seq_id, AbortReason.FAILED)
+        else:
+            seq.embedding = tuple(embedding)
+            seq.finish_reason = FinishReason.STOP
+            self._retire(seq)
+        return replace(self._delta(seq, StreamChunk((), "", 0)), embedding=seq.embedding)
 
     def _delta(self, seq: Sequence, chunk: StreamChunk, end_token_id: int | None = None) -> SequenceDelta:
         return SequenceDelta(

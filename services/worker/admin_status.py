@@ -21,7 +21,7 @@ from services.common import admin, build_info
 from services.worker.metrics import MODEL_STATES
 
 _KINDS = (("classify", "classify"), ("step", "sequence_step"))  # (batch_size kind, items kind)
-_GENERATOR = 2  # common_pb2.MODEL_KIND_GENERATOR
+_STEPPED_KINDS = (2, 4)  # common_pb2.MODEL_KIND_GENERATOR, MODEL_KIND_EMBEDDING: served by steps
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def collect(service, config) -> WorkerView:
     threads, runtime = service.threads, service.runtime
     hello = runtime.hello(service.worker_id) if runtime is not None else None
     device = hello.capacity.device if hello is not None else ""
-    generator = hello is not None and hello.kind == _GENERATOR
+    generator = hello is not None and hello.kind in _STEPPED_KINDS
     return WorkerView(
         worker_id=service.worker_id, model=model, version=version, state=_state(model, version),
         device=device or "unknown", threads=threads.num_threads if threads else 0,

@@ -24,6 +24,7 @@ from services.worker.decode_graph_steps import build_decode_graphs
 from services.worker.grammar import GrammarTokenizer
 from services.worker.hf_text_files import HFTextFiles, read_hf_text_files
 from services.worker.repository.classifier_spec import ClassifierSpec
+from services.worker.repository.embedding_spec import EmbeddingSpec
 from services.worker.repository.golden import run_golden_check
 from services.worker.repository.loader import LoadedModel, load_model
 from services.worker.repository.manifest import ModelKind
@@ -136,7 +137,8 @@ class GeneratorRuntime:
         self._text = read_hf_text_files(model.path, spec.tokenizer) if isinstance(spec.tokenizer, HFTokenizerSpec) \
             else None
         self._executor = StepExecutor(model.generator, num_kv_blocks, envelope.block_size,
-                                      grammar_tokenizer=_grammar_tokenizer(spec.tokenizer, self._text))
+                                      grammar_tokenizer=_grammar_tokenizer(spec.tokenizer, self._text),
+                                      pooling=spec.embedding.pooling_spec if spec.embedding is not None else None)
 
     def load(self) -> None:
         envelope = self._model.manifest.envelope
@@ -154,7 +156,9 @@ class GeneratorRuntime:
         memory) is not spent on it; and the check runs in caches of its own, so it could not test the
         graphs anyway; build_decode_graphs checks a replay against the eager step in the executor's
         cache instead. A failure leaves the worker serving eagerly, with a warning."""
-        if not self._cuda_graph_max_batch_size or self._executor.cache.device.type != "cuda":
+        spec = self._model.manifest.generator
+        embeds = spec is not None and spec.embedding is not None  # an embedding model never decodes
+        if not self._cuda_graph_max_batch_size or self._executor.cache.device.type != "cuda" or embeds:
             return
         self._executor.use_decode_graphs(build_decode_graphs(
             self._model.generator, self._executor.cache, max_batch_size=self._cuda_graph_max_batch_size,
@@ -167,7 +171,8 @@ class GeneratorRuntime:
         return scheduler_pb2.WorkerHello(
             worker_id=worker_id,
             model=common_pb2.ModelRef(name=manifest.name, version=manifest.version),
-            kind=common_pb2.MODEL_KIND_GENERATOR,
+            # An embedding model declares its own kind: a scheduler that predates it refuses the worker.
+            kind=common_pb2.MODEL_KIND_GENERATOR if spec.embedding is None else common_pb2.MODEL_KIND_EMBEDDING,
             capacity=scheduler_pb2.WorkerCapacity(
                 num_kv_blocks=self._num_kv_blocks,
                 block_size=envelope.block_size,
@@ -182,6 +187,7 @@ class GeneratorRuntime:
             protocol_version=PROTOCOL_VERSION,
             sampling_defaults=spec.sampling_defaults.to_proto(),
             features=STEP_FEATURES,
+            embedding=_embedding_spec(spec.embedding),
         )
 
     def tokenizer_file(self) -> bytes:
@@ -200,6 +206,13 @@ class GeneratorRuntime:
 
     def kv_blocks_used(self) -> int:
         return self._executor.num_kv_blocks_used
+
+
+def _embedding_spec(spec: EmbeddingSpec | None) -> scheduler_pb2.EmbeddingSpec | None:
+    if spec is None:
+        return None
+    return scheduler_pb2.EmbeddingSpec(dimensions=spec.dimensions, normalize=spec.normalize,
+                                       matryoshka=spec.matryoshka, pooling=spec.pooling.value)
 
 
 def _grammar_tokenizer(spec: AnyTokenizerSpec, text: HFTextFiles | None) -> GrammarTokenizer | None:

@@ -86,9 +86,10 @@ def step_result_to_proto(step_id: int, outputs: Iterable[work.SequenceOutput],
                 error=item_error_to_proto(out.error),
                 logprobs=logprobs_to_proto(out.logprobs),
                 prompt_logprobs=[_position_to_proto(p) for p in out.prompt_logprobs],
+                embedding=out.embedding,
             )
             for out in outputs
-            if out.token_id is not None or out.error is not None or out.prompt_logprobs
+            if out.token_id is not None or out.error is not None or out.prompt_logprobs or out.embedding
         ],
         timings=timings,
     )

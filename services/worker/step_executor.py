@@ -25,6 +25,7 @@ from services.worker.decode_graph_steps import DecodeGraphRunner, StepPath, step
 from services.worker.grammar import GrammarError, GrammarTokenizer
 from services.worker.models.generator import Generator
 from services.worker.models.paged import KVCache, PagedSequence
+from services.worker.pooling import PooledSequence, PoolingSpec
 from services.worker.prompt_logprobs import chunk_targets, prompt_logprobs
 from services.worker.sampling import only_allowed, processed_logits, sample, without_banned
 from services.worker.sequence_mirror import AdmittedSequence, SequenceMirror
@@ -43,8 +44,10 @@ class StepExecutor:
         clock: Clock = time.perf_counter,
         seed_source: Callable[[], int] | None = None,
         grammar_tokenizer: GrammarTokenizer | None = None,
+        pooling: PoolingSpec | None = None,
     ) -> None:
-        """`grammar_tokenizer`: the model's tokenizer for constrained sampling (None: refused per sequence)."""
+        """`grammar_tokenizer`: the model's tokenizer for constrained sampling (None: refused per sequence).
+        `pooling`: an embedding model's; every step then pools (`_run_pooled`) and nothing is sampled."""
         self.generator = generator
         self._cache = generator.new_kv_cache(num_kv_blocks, block_size)
         self.num_kv_blocks = num_kv_blocks
@@ -57,6 +60,8 @@ class StepExecutor:
         # Captured over self.cache (use_decode_graphs); None: every step runs eagerly.
         self._decode_graphs: DecodeGraphRunner | None = None
         self.num_steps_by_path = dict.fromkeys(StepPath, 0)
+        self._pooling = pooling
+        self._pooled: dict[int, PooledSequence] = {}  # by seq_id: the prompts being pooled
 
     @property
     def cache(self) -> KVCache:
@@ -168,14 +173,20 @@ class StepExecutor:
 
     def forget(self, seq_ids: Iterable[int]) -> None:
         """Drop block-table mirrors (finished, aborted or preempted sequences); unknown ids are ignored."""
+        seq_ids = list(seq_ids)
         self._mirror.forget(seq_ids)
+        for seq_id in seq_ids:
+            self._pooled.pop(seq_id, None)
 
     def forget_all(self) -> None:
         """The scheduler session ended: no block table is used again."""
         self._mirror.forget_all()
+        self._pooled.clear()
 
     def run(self, step: RunStep) -> tuple[list[SequenceOutput], StageDurations]:
         """One output per sequence of the step, in order, and the step's stage durations."""
+        if self._pooling is not None:
+            return self._run_pooled(step, self._pooling)
         admission = self._mirror.admit_step(step)
         outputs = dict(admission.refused)
         paged = [PagedSequence(tuple(a.step.token_ids), a.step.start_position, a.block_table,
@@ -245,6 +256,43 @@ class StepExecutor:
         return [outputs[pos] for pos in range(len(step.seqs))], StageDurations(
             compute_s=t_computed - t_start, postprocess_s=t_done - t_computed
         )
+
+
+    def _run_pooled(self, step: RunStep, spec: PoolingSpec) -> tuple[list[SequenceOutput], StageDurations]:
+        """An embedding model's step: every sequence's chunk runs through the model to its final hidden
+        states, which its pooling takes in; the chunk that ends the prompt (sample) returns the vector. The
+        hidden states stay on the model's device; only the vectors come to the host."""
+        for seq_id in step.finished_seq_ids:
+            self._pooled.pop(seq_id, None)
+        admission = self._mirror.admit_step(step)
+        outputs = dict(admission.refused)
+        admitted = admission.admitted
+        paged = [PagedSequence(tuple(a.step.token_ids), a.step.start_position, a.block_table, needs_logits=True,
+                               all_logits=True) for a in admitted]
+        t_start = self.clock()
+        hidden = self.generator.hidden_step(paged, self._cache) if paged else None
+        t_computed = self.clock()
+        row = 0
+        for admitted_seq, seq in zip(admitted, paged, strict=True):
+            assert hidden is not None  # the sequence is in the step, so the step ran
+            seq_id, rows = admitted_seq.step.seq_id, hidden[row:row + len(seq.token_ids)]
+            row += len(seq.token_ids)
+            pooled = self._pooled.setdefault(seq_id, PooledSequence(spec.pooling))
+            try:
+                pooled.add(rows, seq.start_position)
+            except ValueError as exc:  # a chunk this worker did not see the ones before
+                self.forget([seq_id])  # the scheduler aborts a failed sequence
+                outputs[admitted_seq.index] = SequenceOutput(seq_id, error=ItemError(
+                    ErrorCode.INVALID_ARGUMENT, f"sequence {seq_id}: {exc}"))
+                continue
+            self._mirror.computed(admitted_seq)
+            embedding = ()
+            if admitted_seq.step.sample:
+                embedding = tuple(pooled.vector(spec.normalize).tolist())
+                del self._pooled[seq_id]
+            outputs[admitted_seq.index] = SequenceOutput(seq_id, embedding=embedding)
+        return [outputs[pos] for pos in range(len(step.seqs))], StageDurations(
+            compute_s=t_computed - t_start, postprocess_s=self.clock() - t_computed)
 
 
 def _grammar_failure(seq_id: int, error: GrammarError) -> ItemError:

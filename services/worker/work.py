@@ -135,6 +135,8 @@ class SequenceOutput:
     error: ItemError | None = None
     logprobs: PositionLogprobs | None = None  # with sampling.logprobs
     prompt_logprobs: tuple[PositionLogprobs, ...] = ()  # with SequenceStep.prompt_logprobs
+    # An embedding model's, on the step that ends the prompt: the pooled vector (token_id stays None).
+    embedding: tuple[float, ...] = ()
 
 
 # --- timings ----------------------------------------------------------------

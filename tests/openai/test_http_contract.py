@@ -286,6 +286,8 @@ def test_missing_or_wrong_key_is_401_even_with_a_bad_body(http_mesh, key, messag
     expected = (401, {"message": message, "type": "authentication_error", "param": None, "code": "invalid_api_key"})
     assert _error(http_mesh.post("/completions", {"model": MODEL, "prompt": "a"}, key=key)) == expected
     assert _error(http_mesh.post("/completions", {"model": MODEL, "n": 3}, key=key)) == expected
+    assert _error(http_mesh.post("/embeddings", {"model": MODEL, "input": "a"}, key=key)) == expected
+    assert _error(http_mesh.post("/embeddings", {"model": MODEL}, key=key)) == expected
     assert _error(http_mesh.request("GET", "/models", headers={} if key is None else {
         "Authorization": f"Bearer {key}"})) == expected
 
@@ -296,6 +298,15 @@ def test_a_model_the_tenant_may_not_use_is_403(http_mesh):
         "code": "model_not_allowed"})
 
 
+def test_embeddings_are_admitted_as_generations_are_and_a_generator_refuses_them(http_mesh):
+    assert _error(http_mesh.post("/embeddings", {"model": MODEL, "input": "a"}, key=KEYS["narrow"])) == (403, {
+        "message": f"tenant 'narrow' may not use model '{MODEL}'", "type": "permission_error", "param": None,
+        "code": "model_not_allowed"})
+    status, error = _error(http_mesh.post("/embeddings", {"model": MODEL, "input": ["a", "b"]}))
+    assert (status, error["param"], error["type"]) == (400, "model", "invalid_request_error")
+    assert error["message"].startswith(f"model {MODEL}:") and "is not an embedding model" in error["message"]
+
+
 def test_an_unknown_model_is_404(http_mesh):
     assert _error(http_mesh.post("/chat/completions", {
         "model": "no-such-model", "messages": [{"role": "user", "content": "a"}]})) == (404, {
@@ -304,8 +315,8 @@ def test_an_unknown_model_is_404(http_mesh):
 
 
 def test_unknown_paths_and_methods_answer_in_the_openai_error_shape(http_mesh):
-    assert _error(http_mesh.request("GET", "/embeddings")) == (404, {
-        "message": "GET /v1/embeddings: Not Found", "type": "not_found_error", "param": None, "code": "404"})
+    assert _error(http_mesh.request("GET", "/audio/speech")) == (404, {
+        "message": "GET /v1/audio/speech: Not Found", "type": "not_found_error", "param": None, "code": "404"})
     status, headers, body = http_mesh.request("GET", "/completions")
     assert (status, json.loads(body)["error"]["code"], headers["Allow"]) == (405, "405", "POST")
 

@@ -46,9 +46,15 @@ def serving_checkpoints(tmp: Path, names: Sequence[str], kv_cache_bytes: int = 1
                           for name in names])
         mesh.start_gateway("--http-port", str(http_port), *gateway_args)
         base = f"https://127.0.0.1:{http_port}/v1"
-        wait_until(lambda: all(post_json(base, "/completions", {"model": name, "prompt": "hi", "max_tokens": 1})[0]
-                               == 200 for name in names), timeout_s=30, message="models served")
-        manifest = json.loads((root / names[0] / "1" / "manifest.json").read_text())
+        manifests = {name: json.loads((root / name / "1" / "manifest.json").read_text()) for name in names}
+
+        def answers(name: str) -> bool:  # an embedding model serves /embeddings only
+            if "embedding" in manifests[name]["generator"]:
+                return post_json(base, "/embeddings", {"model": name, "input": "hi"})[0] == 200
+            return post_json(base, "/completions", {"model": name, "prompt": "hi", "max_tokens": 1})[0] == 200
+
+        wait_until(lambda: all(answers(name) for name in names), timeout_s=30, message="models served")
+        manifest = manifests[names[0]]
         yield HFMesh(mesh, base, metrics_port, manifest["envelope"]["block_size"])
 
 

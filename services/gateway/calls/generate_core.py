@@ -126,7 +126,8 @@ def quota_hold(request: gateway_pb2.GenerateRequest, context_len: int) -> tuple[
     a known context caps both: a prompt too long for the model reaches the scheduler, which says
     so with both lengths (400), instead of meeting the tenant's token burst first (429)."""
     prompt_tokens = prompt_tokens_estimate(request)
-    num_tokens = prompt_tokens + (request.sampling.max_tokens or DEFAULT_MAX_TOKENS)
+    # An embedding (request.embed) generates nothing: its prompt is all it uses.
+    num_tokens = prompt_tokens + (0 if request.HasField("embed") else request.sampling.max_tokens or DEFAULT_MAX_TOKENS)
     if context_len > 0:
         return min(prompt_tokens, context_len), min(num_tokens, context_len)
     return prompt_tokens, num_tokens

@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP front (aiohttp): /v1/completions, /v1/chat/completions, /v1/responses (on the
 chat path: openai_responses.py; stored ones under /v1/responses/{id} when the gateway stores them:
-openai_stored_http.py), /v1/models[/{id}], and vLLM's /tokenize and /detokenize (and, when the gateway
+openai_stored_http.py), /v1/embeddings (openai_embeddings.py), /v1/models[/{id}], and vLLM's /tokenize and /detokenize (and, when the gateway
 is asked to, its /tokenizer_info).
 
 Thin: read the caller from the headers, parse the body (openai_codec), run the same
@@ -40,6 +40,7 @@ from services.gateway.fronts import (
     openai_batch,
     openai_choices,
     openai_codec,
+    openai_embeddings,
     openai_responses,
     openai_tokenize,
     tool_calls,
@@ -185,12 +186,14 @@ class OpenAIFront:
         self._text = text
         self._tokenizer_info = tokenizer_info
         self._stored = StoredResponsesFront(stored, authenticate)
+        self._embeddings = openai_embeddings.EmbeddingsFront(core, self._refusal, error_response, _json_body, _dumps)
 
     def routes(self) -> list[web.RouteDef]:
         routes = [
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat_completions),
             web.post("/v1/responses", self.responses),
+            web.post("/v1/embeddings", self._embeddings.embeddings),
             web.get("/v1/responses/{response_id}", _json_answer(self._stored.retrieve)),
             web.delete("/v1/responses/{response_id}", _json_answer(self._stored.delete)),
             web.get("/v1/responses/{response_id}/input_items", _json_answer(self._stored.input_items)),

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from services.worker.models.llama_config import LlamaFamilyConfig
 from services.worker.models.llama_family import LlamaFamilyLM
 from services.worker.models.paged import KVCache, PagedSequence, paged_forward
 from services.worker.models.transformer import DecoderLM, TransformerConfig
+from services.worker.pooling import PooledSequence, PoolingSpec
 
 
 class Generator:
@@ -51,6 +53,35 @@ class Generator:
         """One paged step; logits `float32[num_needing_logits, vocab]` in the order of `seqs`."""
         with torch.inference_mode():
             return paged_forward(self.lm, seqs, cache)
+
+    def hidden_step(self, seqs: Sequence[PagedSequence], cache: KVCache) -> torch.Tensor:
+        """`step` for an embedding model: the rows' final hidden states `float32[rows, d_model]` (after the
+        final norm) instead of their logits."""
+        if not isinstance(self.lm, LlamaFamilyLM):
+            raise ValueError("only a Llama-family model serves embeddings")
+        with torch.inference_mode():
+            return paged_forward(self.lm, seqs, cache, head=self.lm.final_hidden)
+
+    def embed_paged(self, prompts: Sequence[Sequence[int]], spec: PoolingSpec, *, block_size: int = 16,
+                    prefill_chunk: int = 64) -> list[np.ndarray]:
+        """Each prompt's embedding through the paged path, chunked prefill and pooling as the worker's
+        steps run them (every prompt in the same steps, one shared cache)."""
+        num_blocks = [-(-len(p) // block_size) for p in prompts]
+        cache = self.new_kv_cache(max(1, sum(num_blocks)), block_size)
+        first = [sum(num_blocks[:i]) for i in range(len(prompts))]
+        tables = [tuple(reversed(range(f, f + n))) for f, n in zip(first, num_blocks, strict=True)]
+        pooled = [PooledSequence(spec.pooling) for _ in prompts]
+        computed = [0] * len(prompts)
+        while running := [i for i, p in enumerate(prompts) if computed[i] < len(p)]:
+            seqs = [PagedSequence(tuple(prompts[i][computed[i]:computed[i] + prefill_chunk]), computed[i], tables[i],
+                                  needs_logits=True, all_logits=True) for i in running]
+            hidden = self.hidden_step(seqs, cache)
+            row = 0
+            for i, seq in zip(running, seqs, strict=True):
+                pooled[i].add(hidden[row:row + len(seq.token_ids)], seq.start_position)
+                row += len(seq.token_ids)
+                computed[i] = seq.end_position
+        return [p.vector(spec.normalize) for p in pooled]
 
     def dense_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Dense reference over a whole sequence: logits `float32[len(token_ids), vocab]`."""

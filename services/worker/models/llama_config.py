@@ -87,6 +87,9 @@ class _Traits:
     text_config_defaults: Mapping[str, Any] | None = None
     experts: str = ""  # EXPERTS_QWEN or EXPERTS_MIXTRAL: how the config says its experts; "": dense
     shared_expert: bool = False  # Qwen2-MoE: a shared expert beside the routed ones
+    # A base model (Qwen2Model, MistralModel, ...: what embedding checkpoints such as gte-Qwen2 and
+    # e5-mistral declare): the decoder without an LM head, its tensors stored without the `model.` prefix.
+    base_model: bool = False
 
 
 # transformers' Gemma3TextConfig defaults (models/gemma3/configuration_gemma3.py, the same in 4.50 and
@@ -119,6 +122,9 @@ _TRAITS = {
     "Qwen3MoeForCausalLM": _Traits(qk_norm=QK_NORM_PER_HEAD, experts=EXPERTS_QWEN),
     "SmolLM3ForCausalLM": _Traits(window=WINDOW_SWITCHED, nope_layers=True, tied_by_default=True),
 }
+# The base models of the dense decoders, as sentence-transformers embedding checkpoints declare them.
+_TRAITS.update({name.replace("ForCausalLM", "Model"): replace(_TRAITS[name], base_model=True) for name in
+                ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")})
 SUPPORTED_ARCHITECTURES = tuple(sorted(_TRAITS))
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 SUPPORTED_ACTIVATIONS = ("silu",)
@@ -260,6 +266,9 @@ class LlamaFamilyConfig:
     # (FP8) or packed integers with scales and zeros (AWQ, GPTQ), and dequantized at load to the compute
     # dtype; the model itself is the same. None: unquantized.
     quantization: Quantization | None = None
+    # A base model's checkpoint (Qwen2Model, ...): no LM head (it serves embeddings only), and tensor
+    # names without the `model.` prefix.
+    base_model: bool = False
 
     def has_experts(self, layer: int) -> bool:
         """Whether the layer's MLP is a mixture of experts (else the dense gated MLP of d_ff)."""
@@ -397,6 +406,7 @@ class _Parser:
             multimodal=traits.text_config_defaults is not None,
             experts=experts,
             quantization=quantization,
+            base_model=traits.base_model,
         )
 
     def experts(self, traits: _Traits, num_layers: int) -> ExpertsConfig | None:

@@ -149,7 +149,7 @@ class LlamaFamilyLM(nn.Module):
         self.layers = nn.ModuleList(LlamaFamilyBlock(config, dtype, device, i) for i in range(config.num_layers))
         self.final_norm = _empty(config.d_model, dtype=dtype, device=device)
         self.lm_head_weight = (
-            None if config.tie_word_embeddings else _empty(config.vocab_size, config.d_model, dtype=dtype, device=device)
+            None if config.tie_word_embeddings or config.base_model else _empty(config.vocab_size, config.d_model, dtype=dtype, device=device)
         )
         self.register_buffer("inv_freq", rope_inv_freq(config, device), persistent=False)
         self.register_buffer("local_inv_freq", None if config.local_rope_theta is None else
@@ -180,8 +180,15 @@ class LlamaFamilyLM(nn.Module):
             local = rotary_from(positions, cast(torch.Tensor, self.local_inv_freq))
         return rotary_from(positions, cast(torch.Tensor, self.inv_freq), self._rope_attention_factor, local)
 
+    def final_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The last layer's output after the final norm, float32: transformers' last_hidden_state, which
+        an embedding model pools."""
+        c = self.config
+        return rms_norm(hidden, self.final_norm, c.norm_eps, plus_one=c.norm_plus_one).float()
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         c = self.config
+        # A base model has no head (it serves embeddings only); the embedding matrix stands in for it.
         head = self.embed_weight if self.lm_head_weight is None else self.lm_head_weight
         logits = F.linear(rms_norm(hidden, self.final_norm, c.norm_eps, plus_one=c.norm_plus_one), head)
         if c.logits_scaling != 1.0:

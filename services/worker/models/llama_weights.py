@@ -118,7 +118,7 @@ def expected_tensors(config: LlamaFamilyConfig, *, stacked_experts: bool = False
             shapes[p + "mlp.up_proj.weight"] = (c.d_ff, c.d_model)
         shapes[p + "mlp.down_proj.weight"] = (c.d_model, c.d_ff)
     shapes["model.norm.weight"] = (c.d_model,)
-    if not c.tie_word_embeddings:
+    if not (c.tie_word_embeddings or c.base_model):
         shapes["lm_head.weight"] = (c.vocab_size, c.d_model)
     return shapes
 
@@ -246,6 +246,8 @@ def _model_name(name: str, config: LlamaFamilyConfig) -> str | None:
     """What the model calls a stored tensor (expected_tensors' names): its stored name, or in a
     multimodal checkpoint the language model's name without its prefix; None for a name the language
     model does not have there."""
+    if config.base_model:  # a base model's tensors are the decoder's, without its prefix
+        return "model." + name
     if not config.multimodal:
         return name
     if name in _LANGUAGE_MODEL_HEADS:

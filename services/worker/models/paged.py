@@ -140,9 +140,12 @@ def check_sequence(seq: PagedSequence, cache: KVCache) -> None:
         raise ValueError(f"block ids {bad} are outside the cache's {cache.num_blocks} blocks")
 
 
-def paged_forward(lm: PagedLM, seqs: Sequence[PagedSequence], cache: KVCache) -> torch.Tensor:
+def paged_forward(lm: PagedLM, seqs: Sequence[PagedSequence], cache: KVCache,
+                  head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """Runs one step; returns logits `float32[num_rows, vocab]` in the order of `seqs`: a row after
-    every new token of an `all_logits` sequence, else one after the last of a `needs_logits` one."""
+    every new token of an `all_logits` sequence, else one after the last of a `needs_logits` one.
+    `head`: what those rows' last hidden states become instead of `lm.logits` (an embedding model's
+    final norm, LlamaFamilyLM.final_hidden)."""
     for seq in seqs:
         check_sequence(seq, cache)
     device = cache.device
@@ -192,7 +195,7 @@ def paged_forward(lm: PagedLM, seqs: Sequence[PagedSequence], cache: KVCache) ->
         return attn
 
     x = run_layers(lm, lm.embed(tokens), rope, cache, attend)
-    return lm.logits(x[logit_rows(seqs, starts, lengths)])
+    return (lm.logits if head is None else head)(x[logit_rows(seqs, starts, lengths)])
 
 
 # attend(q, k, v, key_cache, value_cache, window): writes the step's K/V into the layer's caches and

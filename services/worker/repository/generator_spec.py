@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
 from services.worker.models.transformer import TransformerConfig
+from services.worker.repository.embedding_spec import EmbeddingSpec
 from services.worker.repository.envelope import Envelope
 from services.worker.repository.errors import InvalidManifest
 from services.worker.repository.hf_architecture import HF_CONFIG, HFArchitecture
@@ -42,13 +43,15 @@ class GeneratorSpec:
     golden: tuple[GoldenGeneration, ...]
     # The model's recommended sampling (generation_config.json's, recorded at import); empty: none.
     sampling_defaults: SamplingDefaults = SamplingDefaults()
+    # Set: an embedding model (embedding_spec.py), whose golden cases are its own (`golden` is then empty).
+    embedding: EmbeddingSpec | None = None
 
     ENVELOPE_NEEDS: ClassVar[frozenset[str]] = frozenset(
         {"max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "block_size"})
 
     @classmethod
     def from_json(cls, g: JsonFields, envelope: Envelope) -> GeneratorSpec:
-        g.allow_only("inputs", "tokenizer", "architecture", "golden", "sampling_defaults")
+        g.allow_only("inputs", "tokenizer", "architecture", "golden", "sampling_defaults", "embedding")
         i = g.obj("inputs")
         i.allow_only("max_seq_len")
         max_seq_len = i.integer("max_seq_len", 1)
@@ -63,10 +66,14 @@ class GeneratorSpec:
                 f"{g.source}: envelope holds {envelope.num_kv_blocks}*{envelope.block_size} KV slots, "
                 f"fewer than one sequence of max_seq_len {max_seq_len}"
             )
-        golden = tuple(GoldenGeneration.from_json(x, tokenizer.vocab_size, max_seq_len) for x in g.items("golden", 1))
+        embedding = (EmbeddingSpec.from_json(g.obj("embedding"), tokenizer.vocab_size, max_seq_len)
+                     if "embedding" in g.data else None)
+        # An embedding model's golden cases are its vectors (embedding.golden); a generator needs one greedy case.
+        golden = tuple(GoldenGeneration.from_json(x, tokenizer.vocab_size, max_seq_len)
+                       for x in g.items("golden", 0 if embedding is not None else 1))
         defaults = SamplingDefaults.from_json(g.obj("sampling_defaults")) if "sampling_defaults" in g.data \
             else SamplingDefaults()
-        return cls(max_seq_len, tokenizer, architecture, golden, defaults)
+        return cls(max_seq_len, tokenizer, architecture, golden, defaults, embedding)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -76,6 +83,7 @@ class GeneratorSpec:
                              else asdict(self.architecture)),
             "golden": [x.to_json() for x in self.golden],
             **({} if self.sampling_defaults.empty else {"sampling_defaults": self.sampling_defaults.to_json()}),
+            **({} if self.embedding is None else {"embedding": self.embedding.to_json()}),
         }
 
 

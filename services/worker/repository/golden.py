@@ -39,6 +39,9 @@ def _generator(model: LoadedModel) -> None:
     the same steps (as the worker's steps batch sequences)."""
     m = model.manifest
     assert m.generator is not None
+    if m.generator.embedding is not None:
+        _embedding(model)
+        return
     goldens = m.generator.golden
     continued = model.generator.greedy_paged_batch(
         [g.prompt_ids for g in goldens], [len(g.expected_ids) for g in goldens], block_size=m.envelope.block_size,
@@ -49,6 +52,24 @@ def _generator(model: LoadedModel) -> None:
             raise GoldenCheckFailed(
                 f"{m.name}/{m.version}: golden prompt {i} continued as {got}, expected {list(golden.expected_ids)}"
             )
+
+
+def _embedding(model: LoadedModel) -> None:
+    """An embedding model: each golden prompt's vector through the paged path and the pooling, all prompts in
+    the same steps, within the spec's tolerance of the recorded one."""
+    import torch  # a generator's check: the other kinds' workers need not load it
+
+    m = model.manifest
+    assert m.generator is not None and m.generator.embedding is not None
+    spec = m.generator.embedding
+    vectors = model.generator.embed_paged([g.prompt_ids for g in spec.golden], spec.pooling_spec,
+                                          block_size=m.envelope.block_size,
+                                          prefill_chunk=max(1, m.envelope.max_num_batched_tokens // 2))
+    reduced = next(model.generator.lm.parameters()).dtype != torch.float32  # recorded in float32
+    for i, (golden, got) in enumerate(zip(spec.golden, vectors, strict=True)):
+        if not golden.matches(got, reduced_precision=reduced):
+            raise GoldenCheckFailed(f"{m.name}/{m.version}: golden prompt {i}'s embedding differs from the recorded "
+                                    f"one by up to {float(np.max(np.abs(got - np.asarray(golden.expected)))):.3g}")
 
 
 def _tensor(model: LoadedModel) -> None:

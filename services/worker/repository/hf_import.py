@@ -12,6 +12,7 @@ naming the file and the field.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -39,6 +40,8 @@ from services.worker.models.llama_weights import (
     load_llama_family,
     read_config,
 )
+from services.worker.pooling import Pooling
+from services.worker.repository.embedding_spec import EmbeddingSpec, GoldenEmbedding
 from services.worker.repository.envelope import Envelope
 from services.worker.repository.errors import ImportRefused, InvalidManifest
 from services.worker.repository.generator_spec import GeneratorSpec, GoldenGeneration
@@ -46,6 +49,7 @@ from services.worker.repository.hf_architecture import HFArchitecture
 from services.worker.repository.manifest import Manifest, ModelKind
 from services.worker.repository.pinned_file import PinnedFile
 from services.worker.repository.sampling_defaults import SamplingDefaults
+from services.worker.repository.st_pooling import StEmbedding, is_matryoshka, read_st_embedding
 from services.worker.repository.store import check_new_version, sha256_of, version_dir, write_manifest
 from services.worker.repository.tokenizer_spec import HF, HFTokenizerSpec
 from services.worker.repository.weights_spec import SafetensorsWeights
@@ -77,6 +81,13 @@ class ImportOptions:
     reasoning_parser: str | None = None
     # Record generation_config.json's recommended sampling (vLLM's --generation-config auto); False: none.
     generation_config: bool = True
+    # TASK_AUTO: an embedding model when the directory is a sentence-transformers one (modules.json) or a
+    # base model without an LM head, else a generator; TASK_EMBED / TASK_GENERATE: as said (vLLM's --task).
+    task: str = "auto"
+
+
+TASK_AUTO, TASK_EMBED, TASK_GENERATE = "auto", "embed", "generate"
+TASKS = (TASK_AUTO, TASK_EMBED, TASK_GENERATE)
 
 
 def import_checkpoint(source: str | Path, repository: str | Path, options: ImportOptions) -> Manifest:
@@ -97,6 +108,7 @@ def import_checkpoint(source: str | Path, repository: str | Path, options: Impor
         raise ImportRefused(f"{tokenizer_json}: missing: the model's tokenizer (tokenizers' tokenizer.json) is "
                             "required; a slow-tokenizer-only checkpoint can be converted with transformers' "
                             "AutoTokenizer.from_pretrained(dir).save_pretrained(dir)")
+    embedding = _embedding(source, config, options.task)
     eos, stops, bos = _end_ids(source, config)
     sampling_defaults = _sampling_defaults(source) if options.generation_config else SamplingDefaults()
     _check_tokenizer(tokenizer_json, config.vocab_size, (eos, *stops))
@@ -105,7 +117,11 @@ def import_checkpoint(source: str | Path, repository: str | Path, options: Impor
     staging = Path(tempfile.mkdtemp(prefix=f".{options.version}.", dir=_parent(target)))
     try:
         files = _copy_files(source, staging)
-        golden = _record_golden(staging, tokenizer_json.read_bytes(), max_seq_len, envelope)
+        if embedding is None:
+            golden = _record_golden(staging, tokenizer_json.read_bytes(), max_seq_len, envelope)
+        else:
+            golden, embedding = (), _record_golden_embeddings(staging, tokenizer_json.read_bytes(), max_seq_len,
+                                                              envelope, embedding)
         manifest = Manifest(
             name=options.name, version=options.version, kind=ModelKind.GENERATOR,
             weights=SafetensorsWeights(tuple(files[n] for n in sorted(files) if n.endswith(".safetensors")),
@@ -120,6 +136,7 @@ def import_checkpoint(source: str | Path, repository: str | Path, options: Impor
                 architecture=HFArchitecture(files[CONFIG_FILE], config.architecture, config.vocab_size),
                 golden=golden,
                 sampling_defaults=sampling_defaults,
+                embedding=embedding,
             ),
             build={"tool": "infermesh models import", "source": str(source.resolve())},
         )
@@ -129,6 +146,42 @@ def import_checkpoint(source: str | Path, repository: str | Path, options: Impor
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return manifest
+
+
+def _embedding(source: Path, config: LlamaFamilyConfig, task: str) -> EmbeddingSpec | None:
+    """The embedding the checkpoint serves (its golden cases still to record), or None for a generator of text."""
+    if task not in TASKS:
+        raise ImportRefused(f"--task must be one of {', '.join(TASKS)}, got {task!r}")
+    raw = _json_object(source / CONFIG_FILE)
+    st = read_st_embedding(source, raw)
+    if task == TASK_GENERATE:
+        if config.base_model:
+            raise ImportRefused(f"{source / CONFIG_FILE}: architectures[0] {config.architecture} is a base model "
+                                "without an LM head: it cannot generate text (import it with --task embed)")
+        return None
+    if task == TASK_AUTO and st is None and not config.base_model:
+        return None
+    # vLLM's default for a decoder embedding model without sentence-transformers files: last token, normalized.
+    st = st or StEmbedding(Pooling.LAST, normalize=True, matryoshka=is_matryoshka(raw))
+    return EmbeddingSpec(st.pooling, st.normalize, config.d_model, st.matryoshka)
+
+
+def _record_golden_embeddings(directory: Path, tokenizer_json: bytes, max_seq_len: int, envelope: Envelope,
+                              spec: EmbeddingSpec) -> EmbeddingSpec:
+    """`spec` with the golden prompts' vectors through the paged path and the pooling, as the worker's golden
+    check runs them."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
+    lm = load_llama_family(directory, dtype=torch.float32, max_seq_len=max_seq_len)
+    generator = Generator(lm, max_seq_len=max_seq_len, eos_token_id=0, bos_token_id=None)
+    prompts = [p for p in (tuple(tokenizer.encode(text).ids)[:max_seq_len] for text in GOLDEN_PROMPTS) if p]
+    if not prompts:
+        raise ImportRefused(f"{directory}: the tokenizer encodes every golden prompt as no token")
+    vectors = generator.embed_paged(prompts, spec.pooling_spec, block_size=envelope.block_size,
+                                    prefill_chunk=max(1, envelope.max_num_batched_tokens // 2))
+    golden = tuple(GoldenEmbedding(p, tuple(float(x) for x in v)) for p, v in zip(prompts, vectors, strict=True))
+    return dataclasses.replace(spec, golden=golden)
 
 
 def _reasoning_parser(source: Path, given: str | None) -> str:
@@ -178,7 +231,7 @@ def weight_bytes(config: LlamaFamilyConfig, bytes_per_value: int = 4) -> int:
     num_norms = (2 if c.pre_norms else 0) + (2 if c.post_norms else 0)
     layer = attention + num_norms * c.d_model
     mlps = sum(_mlp_values(c, i) for i in range(c.num_layers))
-    heads = 1 if c.tie_word_embeddings else 2
+    heads = 1 if c.tie_word_embeddings or c.base_model else 2
     return bytes_per_value * (c.num_layers * layer + mlps + heads * c.vocab_size * c.d_model + c.d_model)
 
 

@@ -80,3 +80,9 @@ def test_a_truncated_prompt_is_held_at_what_the_scheduler_keeps():
     whole = gateway_pb2.GenerateRequest(prompt="x" * 1000, truncate_prompt_tokens=-1,
                                         sampling=common_pb2.SamplingParams(max_tokens=20))
     assert quota_hold(whole, context_len=512) == (512, 512)  # the context caps it, as for any prompt
+
+
+def test_an_embedding_is_held_and_charged_for_its_prompt_only():
+    request = gateway_pb2.GenerateRequest(prompt_token_ids=[5, 6, 7], embed=gateway_pb2.EmbedOptions())
+    assert quota_hold(request, context_len=512) == (3, 3)
+    assert tokens_charged(common_pb2.Usage(prompt_tokens=3)) == 3

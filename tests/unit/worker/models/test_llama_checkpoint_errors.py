@@ -62,8 +62,9 @@ def llama_config(**fields: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(("fields", "field", "says"), [
     ({"architectures": ["GPT2LMHeadModel"]}, "architectures[0]",
      "supported: Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GraniteForCausalLM, "
-     "LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, "
-     "Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, SmolLM3ForCausalLM"),
+     "LlamaForCausalLM, LlamaModel, MistralForCausalLM, MistralModel, MixtralForCausalLM, Olmo2ForCausalLM, "
+     "Phi3ForCausalLM, Qwen2ForCausalLM, Qwen2Model, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3Model, "
+     "Qwen3MoeForCausalLM, SmolLM3ForCausalLM"),
     ({"architectures": ["Olmo3ForCausalLM"]}, "architectures[0]", "Olmo2ForCausalLM"),
     ({"architectures": ["DeepseekV3ForCausalLM"]}, "architectures[0]", "supported: Gemma2ForCausalLM, Gemma3"),
     ({"architectures": ["Qwen3ForCausalLM"], "attention_bias": True}, "attention_bias", "supported: false"),

@@ -1,0 +1,193 @@
+"""OpenAI's POST /v1/embeddings (vLLM's, for models served with --task embed) over the Generate path.
+
+Body: `model`, `input` (a string, a list of strings, a list of token ids, or a list of lists of token
+ids), `encoding_format` ("float", the default, or "base64": each vector's little-endian float32 bytes),
+`dimensions` (a Matryoshka model's shortened vectors; another model refuses it), `user` (ignored).
+Each input becomes a GenerateRequest with `embed` set, admitted, counted against the tenant's quotas
+(its prompt tokens) and run as a request of its own, as a batched completion's prompts are; at most
+MAX_PARALLEL_INPUTS run at once. The answer lists `{"object": "embedding", "index", "embedding"}` per
+input in order, the model as asked, and usage (prompt_tokens = total_tokens, summed over the inputs).
+The scheduler refuses an embedding request for a generator of text, and a generation request for an
+embedding model, each as a 400; its refusals are renamed here to the parameters the client sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+import uuid
+from collections.abc import Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from infermesh.v1 import gateway_pb2
+from services.common import errors
+from services.gateway.calls.generate_core import Caller, GenerateCore
+from services.gateway.fronts.caller import http_caller
+from services.gateway.fronts.openai_batch import Prompt, set_prompt
+from services.gateway.fronts.openai_codec import ContextLengthExceeded, timings_header
+from services.gateway.fronts.openai_params import (
+    BadParameter,
+    is_int,
+    json_object,
+    model_ref,
+    shown,
+    token_ids,
+)
+
+# OpenAI's limit on inputs per request (LangChain's OpenAIEmbeddings sends up to 1000 at once).
+MAX_INPUTS = 2048
+# Inputs of one request in flight at once: each is admitted as a request, so a large batch does not
+# take the gateway's whole concurrency at once.
+MAX_PARALLEL_INPUTS = 64
+ENCODING_FORMATS = ("float", "base64")
+_INPUT_SHAPES = "a string, a list of strings, a list of token ids, or a list of lists of token ids"
+_TOO_LONG = re.compile(r"prompt (of \d+ tokens is longer than the model's context.*)")
+
+
+@dataclass(frozen=True)
+class EmbeddingsRequest:
+    model: str  # as the client named it (the answer's `model`)
+    requests: tuple[gateway_pb2.GenerateRequest, ...]  # one per input, in order
+    base64: bool
+
+
+def parse_embeddings(body: Any) -> EmbeddingsRequest:
+    """The body checked; every refusal names its parameter."""
+    body = json_object(body)
+    model = model_ref(body.get("model"))
+    inputs = input_prompts(body.get("input"))
+    encoding = body.get("encoding_format", "float")
+    if encoding not in ENCODING_FORMATS:
+        raise BadParameter("encoding_format", f"encoding_format must be one of {', '.join(ENCODING_FORMATS)}, "
+                                              f"got {shown(encoding)}")
+    dimensions = body.get("dimensions")
+    if dimensions is not None and not (is_int(dimensions) and dimensions >= 1):
+        raise BadParameter("dimensions", f"dimensions must be an integer >= 1, got {shown(dimensions)}")
+    request_id = uuid.uuid4().hex
+    requests = []
+    for index, prompt in enumerate(inputs):
+        request = gateway_pb2.GenerateRequest(model=model, request_id=f"{request_id}-p{index}" if index else request_id)
+        request.embed.SetInParent()
+        if dimensions is not None:
+            request.embed.dimensions = dimensions
+        set_prompt(request, prompt)
+        requests.append(request)
+    return EmbeddingsRequest(body["model"], tuple(requests), encoding == "base64")
+
+
+def input_prompts(value: Any) -> tuple[Prompt, ...]:
+    """`input` as prompts: text or token ids, one per input."""
+    if value is None:
+        raise BadParameter("input", f"input is required ({_INPUT_SHAPES})")
+    if isinstance(value, list) and not value:
+        raise BadParameter("input", "input must not be an empty list")
+    prompts: tuple[Prompt, ...]
+    if isinstance(value, str):
+        prompts = (value,)
+    elif isinstance(value, list) and all(is_int(p) for p in value):
+        prompts = (token_ids(value, "input", "input"),)
+    elif isinstance(value, list) and all(isinstance(p, str) for p in value):
+        prompts = tuple(value)
+    elif isinstance(value, list) and all(isinstance(p, list) for p in value):
+        prompts = tuple(token_ids(p, "input", f"input[{index}]") for index, p in enumerate(value))
+    else:
+        raise BadParameter("input", f"input must be {_INPUT_SHAPES} (not a mix), got {shown(value)}")
+    if len(prompts) > MAX_INPUTS:
+        raise BadParameter("input", f"input holds {len(prompts)} inputs; a request may hold at most {MAX_INPUTS}")
+    for index, prompt in enumerate(prompts):
+        if not prompt:
+            raise BadParameter("input", f"{_where(index, len(prompts))} must not be empty")
+    return prompts
+
+
+def embeddings_body(parsed: EmbeddingsRequest, lasts: Sequence[gateway_pb2.GenerateResponse]) -> dict:
+    data = [{"object": "embedding", "index": index, "embedding": _encoded(last.embedding, parsed.base64)}
+            for index, last in enumerate(lasts)]
+    prompt_tokens = sum(last.usage.prompt_tokens for last in lasts)
+    return {"object": "list", "data": data, "model": parsed.model,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
+
+
+def _encoded(vector: Sequence[float], as_base64: bool) -> list[float] | str:
+    if not as_base64:
+        return list(vector)
+    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+
+
+def upstream_refusal(err: errors.InfermeshError, index: int, num_inputs: int) -> errors.InfermeshError:
+    """The scheduler's refusal of input `index` in the client's terms: the parameter it set, and which input."""
+    if not isinstance(err, errors.InvalidArgument):
+        return err
+    where, message = _where(index, num_inputs), err.message
+    if too_long := _TOO_LONG.match(message):
+        return ContextLengthExceeded("input", f"{where} {too_long[1]}")
+    if message.startswith("prompt_token_ids"):  # a token id past the model's vocabulary
+        return BadParameter("input", where + message.removeprefix("prompt_token_ids"))
+    if message.startswith("embed.dimensions"):
+        return BadParameter("dimensions", message.removeprefix("embed."))
+    if message.startswith("embed: "):
+        return BadParameter("model", message.removeprefix("embed: "))
+    return err
+
+
+def _where(index: int, num_inputs: int) -> str:
+    return "input" if num_inputs == 1 else f"input[{index}]"
+
+
+class EmbeddingsFront:
+    def __init__(self, core: GenerateCore, refusal: Callable[[web.Request, errors.InfermeshError], errors.InfermeshError],
+                 error_response: Callable[[errors.InfermeshError], web.Response],
+                 read_body: Callable[[web.Request], Any], dumps: Callable[[Any], str]) -> None:
+        """`refusal`: what a request whose body is refused is told (Unauthenticated first, if it is)."""
+        self._core = core
+        self._refusal = refusal
+        self._error_response = error_response
+        self._read_body = read_body
+        self._dumps = dumps
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        try:
+            caller = http_caller(request)
+            parsed = parse_embeddings(await self._read_body(request))
+        except errors.InfermeshError as err:
+            return self._error_response(self._refusal(request, err))
+        try:
+            lasts = await self._run(parsed, caller)
+        except errors.InfermeshError as err:
+            return self._error_response(err)
+        headers = {"x-request-id": parsed.requests[0].request_id, "x-infermesh-timings": timings_header(lasts[0])}
+        return web.json_response(embeddings_body(parsed, lasts), headers=headers, dumps=self._dumps)
+
+    async def _run(self, parsed: EmbeddingsRequest, caller: Caller) -> list[gateway_pb2.GenerateResponse]:
+        """Every input's last chunk, in order; the first refusal fails them all."""
+        limit = asyncio.Semaphore(MAX_PARALLEL_INPUTS)
+        num_inputs = len(parsed.requests)
+
+        async def one(index: int, request: gateway_pb2.GenerateRequest) -> gateway_pb2.GenerateResponse:
+            async with limit:
+                try:
+                    return await self._embedded(request, caller)
+                except errors.InfermeshError as err:
+                    raise upstream_refusal(err, index, num_inputs) from None
+
+        tasks = [asyncio.ensure_future(one(i, r)) for i, r in enumerate(parsed.requests)]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
+                task.cancel()  # the others' sequences are aborted when one input fails or the client leaves
+
+    async def _embedded(self, request: gateway_pb2.GenerateRequest, caller: Caller) -> gateway_pb2.GenerateResponse:
+        last = None
+        async with aclosing(self._core.generate(request, caller)) as chunks:
+            async for chunk in chunks:
+                last = chunk
+        if last is None or not last.embedding:
+            raise errors.Internal("the scheduler's answer carried no embedding")
+        return last

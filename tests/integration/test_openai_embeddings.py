@@ -1,0 +1,226 @@
+"""/v1/embeddings on decoder-family embedding checkpoints through the whole mesh: tiny random Qwen3 models
+saved as sentence-transformers directories (modules.json, 1_Pooling, 2_Normalize; one as the base
+Qwen3Model without an LM head), imported and served with a 16-token step budget, so a longer input is a
+chunked prefill. Each pooling (last token, mean, CLS) matches transformers' AutoModel last_hidden_state
+pooled and normalized here, for one input, a batch, token ids and base64; the stock `openai` client's
+embeddings.create works; bad inputs and requests of the other task are 400s naming the field.
+One mesh for the module: a scheduler, a worker per model, a gateway.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import transformers
+
+from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tests.support.hf_checkpoints import save_model_directory
+from tests.support.hf_mesh import run_stock_client, serving_checkpoints
+from tests.support.https_json import post_json
+from tests.support.st_checkpoints import reference_embeddings, save_embedding_directory
+from tools.testbed import session_tls
+from tools.testbed.scheduler_fixtures import scheduler_stub, wait_for_idle_kv
+
+pytestmark = pytest.mark.integration
+
+SIDE_VENV = ("openai", "openai==3.51.0")  # the venv of tests/openai/test_openai_client.py, built once
+SCRIPT = "openai_embeddings_script.py"
+# name -> (pooling, normalized, saved as the base model, Matryoshka)
+MODELS = {
+    "embed-last": ("last", True, False, True),
+    "embed-mean": ("mean", True, True, False),
+    "embed-cls": ("cls", False, False, False),
+}
+GENERATOR = "embed-neighbour-generator"
+CHUNK_TOKENS = 16  # max_num_batched_tokens: a prompt longer than this prefills in several steps
+CONTEXT = 256  # max_position_embeddings of the tiny models (hf_checkpoints.BASE)
+LONG = "Every position of this longer input must reach the pooling, one chunk after another, in order. " * 2
+TEXTS = ["hello world", "an embedding of a short sentence", LONG]
+# float32 on both sides (paged chunks here, one dense forward in transformers): they agree to ~1e-6 on this
+# machine; 1e-4 is a bound no CPU's kernels should break, and far below any real difference.
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("openai-embeddings")
+    for seed, (name, (pooling, normalize, base_model, matryoshka)) in enumerate(MODELS.items()):
+        save_embedding_directory(tmp / name, pooling=pooling, normalize=normalize, base_model=base_model,
+                                 matryoshka=matryoshka, seed=seed)
+    save_model_directory(tmp / GENERATOR, "qwen3", seed=9)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp / "embed-last")
+    options = {name: {"max_num_batched_tokens": CHUNK_TOKENS} for name in MODELS}
+    with serving_checkpoints(tmp, [*MODELS, GENERATOR], options=options) as served:
+        yield served, tmp, tokenizer
+
+
+def reference(served, name: str, prompts: list[list[int]]) -> list[np.ndarray]:
+    _, tmp, _ = served
+    pooling, normalize, _, _ = MODELS[name]
+    return reference_embeddings(tmp / name, prompts, pooling=pooling, normalize=normalize)
+
+
+def embeddings(served, body: dict) -> tuple[int, dict]:
+    return post_json(served[0].base, "/embeddings", body)
+
+
+def assert_close(got, want) -> None:
+    assert np.asarray(got).shape == want.shape
+    assert float(np.max(np.abs(np.asarray(got, dtype=np.float64) - want))) <= TOLERANCE
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_each_pooling_matches_transformers_for_one_input_and_a_batch(served, name):
+    tokenizer = served[2]
+    ids = [tokenizer(text)["input_ids"] for text in TEXTS]
+    assert len(ids[-1]) > 2 * CHUNK_TOKENS, "the long input must span several chunks"
+    want = reference(served, name, ids)
+    status, one = embeddings(served, {"model": name, "input": TEXTS[0]})
+    assert status == 200, one
+    assert one["object"] == "list" and one["model"] == name
+    assert [(d["object"], d["index"]) for d in one["data"]] == [("embedding", 0)]
+    assert_close(one["data"][0]["embedding"], want[0])
+    assert one["usage"] == {"prompt_tokens": len(ids[0]), "total_tokens": len(ids[0])}
+    status, batch = embeddings(served, {"model": name, "input": TEXTS})
+    assert status == 200, batch
+    assert [d["index"] for d in batch["data"]] == [0, 1, 2]
+    for got, expected in zip(batch["data"], want, strict=True):
+        assert_close(got["embedding"], expected)
+    assert batch["usage"]["prompt_tokens"] == sum(len(i) for i in ids)
+    if MODELS[name][1]:
+        assert np.linalg.norm(batch["data"][2]["embedding"]) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_token_id_inputs_and_base64(served):
+    ids = [[5, 6, 7], list(range(10, 10 + 3 * CHUNK_TOKENS + 5))]
+    want = reference(served, "embed-mean", ids)
+    status, reply = embeddings(served, {"model": "embed-mean", "input": ids, "encoding_format": "base64"})
+    assert status == 200, reply
+    for got, expected in zip(reply["data"], want, strict=True):
+        assert_close(np.frombuffer(base64.b64decode(got["embedding"]), dtype="<f4"), expected)
+    status, one = embeddings(served, {"model": "embed-mean", "input": ids[1]})
+    assert status == 200 and reply["usage"]["prompt_tokens"] == len(ids[0]) + len(ids[1])
+    assert_close(one["data"][0]["embedding"], want[1])
+
+
+def test_dimensions_shorten_a_matryoshka_models_vectors_renormalized(served):
+    tokenizer = served[2]
+    full = reference(served, "embed-last", [tokenizer(TEXTS[1])["input_ids"]])[0]
+    status, reply = embeddings(served, {"model": "embed-last", "input": TEXTS[1], "dimensions": 8})
+    assert status == 200, reply
+    assert_close(reply["data"][0]["embedding"], full[:8] / np.linalg.norm(full[:8]))
+
+
+def test_an_input_filling_the_context_is_served_and_one_past_it_is_400_with_both_lengths(served):
+    status, reply = embeddings(served, {"model": "embed-cls", "input": [list(range(3, 3 + CONTEXT))]})
+    assert status == 200, reply
+    status, reply = embeddings(served, {"model": "embed-cls", "input": [[3, 4], list(range(3, 3 + CONTEXT + 1))]})
+    assert status == 400
+    assert reply["error"]["param"] == "input" and reply["error"]["code"] == "context_length_exceeded", reply
+    assert reply["error"]["message"] == (f"input[1] of {CONTEXT + 1} tokens is longer than the model's context of "
+                                         f"{CONTEXT} tokens")
+
+
+@pytest.mark.parametrize(("body", "param", "says"), [
+    ({"input": ""}, "input", "must not be empty"),
+    ({"input": []}, "input", "must not be an empty list"),
+    ({"input": ["a", ""]}, "input", "input[1] must not be empty"),
+    ({"input": [[]]}, "input", "must not be empty"),
+    ({"input": 5}, "input", "input must be"),
+    ({"input": ["a", [1, 2]]}, "input", "not a mix"),
+    ({"input": [[1, -2]]}, "input", "input[0][1] must be a token id"),
+    ({}, "input", "input is required"),
+    ({"input": "a", "encoding_format": "hex"}, "encoding_format", "encoding_format must be one of"),
+    ({"input": "a", "dimensions": 0}, "dimensions", "dimensions must be an integer >= 1"),
+    ({"input": "a", "dimensions": "8"}, "dimensions", "dimensions must be an integer >= 1"),
+    ({"input": "a", "model": 3}, "model", "model must be"),
+    ({"input": [[100000]]}, "input", "input"),  # past the vocabulary: the scheduler's refusal, renamed
+])
+def test_bad_inputs_are_400_naming_the_field(served, body, param, says):
+    status, reply = embeddings(served, {"model": "embed-mean", **body})
+    assert status == 400, reply
+    assert reply["error"]["param"] == param
+    assert says in reply["error"]["message"]
+
+
+def test_each_task_refuses_the_other_with_a_400(served):
+    status, reply = embeddings(served, {"model": "embed-mean", "input": "a", "dimensions": 8})
+    assert (status, reply["error"]["param"]) == (400, "dimensions"), reply
+    assert "not a Matryoshka model" in reply["error"]["message"]
+    status, reply = embeddings(served, {"model": GENERATOR, "input": "a"})
+    assert (status, reply["error"]["param"]) == (400, "model"), reply
+    assert "is not an embedding model" in reply["error"]["message"]
+    for path, body in (("/completions", {"prompt": "a"}),
+                       ("/chat/completions", {"messages": [{"role": "user", "content": "a"}]})):
+        status, reply = post_json(served[0].base, path, {"model": "embed-last", **body})
+        assert status == 400, reply
+        assert "is an embedding model" in reply["error"]["message"]
+
+
+def test_an_embedding_past_its_deadline_is_refused_as_a_generation_would_be(served):
+    tokenizer = served[2]
+    body = json.dumps({"model": "embed-mean", "input": [LONG] * 8}).encode()
+    context = ssl.create_default_context(cafile=str(session_tls.session_pki().ca_path))
+    request = urllib.request.Request(served[0].base + "/embeddings", data=body, method="POST", headers={
+        "Content-Type": "application/json", "x-infermesh-timeout-ms": "1"})
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, context=context, timeout=30)
+    assert caught.value.code == 504
+    assert json.loads(caught.value.read())["error"]["code"] == "deadline_exceeded"
+    # The mesh is none the worse for it: the next request is served, and no KV block stays held.
+    status, reply = embeddings(served, {"model": "embed-mean", "input": TEXTS[0]})
+    assert status == 200, reply
+    assert_close(reply["data"][0]["embedding"], reference(served, "embed-mean",
+                                                          [tokenizer(TEXTS[0])["input_ids"]])[0])
+    with scheduler_stub(served[0].mesh.scheduler.address) as stub:
+        wait_for_idle_kv(stub, common_pb2.ModelRef(name="embed-mean", version="1"))
+
+
+def test_grpc_embed_reads_no_prefix_cache_and_a_generation_request_is_invalid_argument(served):
+    mesh = served[0].mesh
+    tokenizer = served[2]
+    request = gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name="embed-mean"), prompt=LONG,
+                                          embed=gateway_pb2.EmbedOptions())
+    want = reference(served, "embed-mean", [tokenizer(LONG)["input_ids"]])[0]
+    with session_tls.channel(mesh.gateway.address) as channel:
+        stub = gateway_pb2_grpc.InferenceStub(channel)
+        for _ in range(2):  # the second finds the first's blocks in the cache, and must compute every position
+            (chunk,) = list(stub.Generate(request, timeout=60))
+            assert chunk.finish_reason == common_pb2.FINISH_REASON_STOP
+            assert chunk.usage.cached_prompt_tokens == 0 and chunk.usage.completion_tokens == 0
+            assert_close(list(chunk.embedding), want)
+        with pytest.raises(grpc.RpcError) as caught:
+            list(stub.Generate(gateway_pb2.GenerateRequest(model=common_pb2.ModelRef(name="embed-mean"), prompt="a"),
+                               timeout=60))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "is an embedding model" in caught.value.details()
+    with session_tls.channel(mesh.gateway.address) as channel:
+        listed = gateway_pb2_grpc.InferenceStub(channel).ListModels(gateway_pb2.ListModelsRequest(), timeout=10)
+    dimensions = {m.model.name: (m.kind, m.embedding_dimensions) for m in listed.models}
+    assert dimensions["embed-mean"] == (common_pb2.MODEL_KIND_GENERATOR, 64)
+    assert dimensions[GENERATOR] == (common_pb2.MODEL_KIND_GENERATOR, 0)
+
+
+def test_the_stock_client_creates_embeddings(served):
+    tokenizer = served[2]
+    seen = run_stock_client(served[0], SIDE_VENV, Path(__file__).with_name(SCRIPT),
+                            "embed-last", {"single": TEXTS[0], "batch": TEXTS, "dimensions": 4})
+    ids = [tokenizer(text)["input_ids"] for text in TEXTS]
+    want = reference(served, "embed-last", ids)
+    assert seen["single"]["indexes"] == [0] and seen["single"]["objects"] == ["embedding"]
+    assert seen["single"]["model"] == "embed-last"
+    assert seen["single"]["usage"]["prompt_tokens"] == len(ids[0])
+    assert_close(seen["single"]["vectors"][0], want[0])
+    assert seen["batch"]["indexes"] == [0, 1, 2]
+    for got, expected in zip(seen["batch"]["vectors"], want, strict=True):
+        assert_close(got, expected)
+    assert_close(seen["short"], want[0][:4] / np.linalg.norm(want[0][:4]))
+    assert seen["empty"] == {"status": 400, "param": "input"}
