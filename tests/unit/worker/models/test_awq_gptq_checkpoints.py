@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import transformers
 from safetensors.torch import load_file, save_file
 
 from services.worker.models.awq_gptq_config import AWQ, GPTQ, IntQuantization
@@ -22,21 +20,20 @@ from services.worker.models.fp8_config import Fp8Quantization
 from services.worker.models.llama_config import CheckpointError, LlamaFamilyConfig
 from services.worker.models.llama_weights import load_llama_family, read_config
 from services.worker.models.quantization_config import describe
-from services.worker.repository.hf_import import weight_bytes
 from tests.support.awq_gptq_checkpoints import IntScheme, quantize, quantize_checkpoint, stored_parts
-from tests.support.fp8_checkpoints import save_dequantized
+from tests.support.quantized_checkpoints import (
+    QuantizedCheckpoint,
+    assert_greedy_matches_transformers,
+    assert_loads_as_the_dense_checkpoint,
+    assert_logits_match_transformers,
+    assert_memory_estimate_counts_the_dequantized_weights,
+    make_checkpoints,
+)
 from tests.unit.worker.models.test_llama_checkpoint_errors import (
     edit_config,
     edit_tensors,
     llama_config,
     refusal,
-)
-from tests.unit.worker.models.test_llama_family import (
-    GREEDY_MIN_MARGIN,
-    LOGITS_TOLERANCE,
-    paged_greedy,
-    random_ids,
-    transformers_greedy,
 )
 
 AWQ_SCHEME = IntScheme("awq")  # 4-bit, groups of 32 inputs (the tiny weights have 32 to 128), lm_head left out
@@ -52,24 +49,9 @@ VARIANTS: dict[str, tuple[str, IntScheme]] = {
 }
 
 
-@dataclass(frozen=True)
-class IntCheckpoint:
-    directory: Path  # the AWQ or GPTQ checkpoint
-    dense: Path  # the weights it means, as a plain float32 checkpoint
-    reference: transformers.PreTrainedModel  # transformers on `dense`
-
-
 @pytest.fixture(scope="module")
-def int_checkpoints(tiny_checkpoints, tmp_path_factory) -> dict[str, IntCheckpoint]:
-    made = {}
-    for variant, (family, scheme) in VARIANTS.items():
-        root = tmp_path_factory.mktemp(variant)
-        directory, dense = root / "quantized", root / "dense"
-        shutil.copytree(tiny_checkpoints[family].directory, directory)
-        save_dequantized(directory, dense, quantize_checkpoint(directory, scheme))
-        reference = transformers.AutoModelForCausalLM.from_pretrained(dense, dtype=torch.float32).eval()
-        made[variant] = IntCheckpoint(directory, dense, reference)
-    return made
+def int_checkpoints(tiny_checkpoints, tmp_path_factory) -> dict[str, QuantizedCheckpoint]:
+    return make_checkpoints(tiny_checkpoints, tmp_path_factory, VARIANTS, quantize_checkpoint)
 
 
 # --- the formats, by hand -----------------------------------------------------------------------------
@@ -166,38 +148,22 @@ def test_each_variant_stores_packed_weights_and_leaves_the_rest(int_checkpoints)
 def test_loaded_weights_equal_the_dequantized_checkpoints_exactly(int_checkpoints, variant, dtype):
     """(q - z) * s in float32, rounded once to the compute dtype: bit for bit what the float32
     checkpoint of the same weights loads as."""
-    ckpt = int_checkpoints[variant]
-    got, expected = load_llama_family(ckpt.directory, dtype=dtype), load_llama_family(ckpt.dense, dtype=dtype)
-    assert got.config.quantization is not None and expected.config.quantization is None
-    expected_state = expected.state_dict()
-    for name, tensor in got.state_dict().items():
-        assert torch.equal(tensor, expected_state[name]), name
+    assert_loads_as_the_dense_checkpoint(int_checkpoints[variant], dtype)
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_logits_match_transformers_on_the_dequantized_weights(int_checkpoints, variant):
-    ckpt = int_checkpoints[variant]
-    lm = load_llama_family(ckpt.directory)
-    ids = torch.tensor([random_ids(60, seed=1), random_ids(60, seed=2)])
-    with torch.inference_mode():
-        torch.testing.assert_close(lm(ids), ckpt.reference(ids).logits, **LOGITS_TOLERANCE)
+    assert_logits_match_transformers(int_checkpoints[variant])
 
 
 @pytest.mark.parametrize("variant", ["awq_mixtral", "gptq_act_order_qwen3"])
 def test_greedy_paged_decode_equals_transformers_generate_on_the_dequantized_weights(int_checkpoints, variant):
     ckpt = int_checkpoints[variant]
-    prompts = [random_ids(n, seed=300 + n) for n in (5, 11, 23)]
-    expected, margin = transformers_greedy(ckpt.reference, prompts, 12)
-    assert margin >= GREEDY_MIN_MARGIN, f"a near-tie in the reference ({margin:.1e}): choose other prompts"
-    assert paged_greedy(load_llama_family(ckpt.directory), prompts, 12, block_size=4, prefill_chunk=7) == expected
+    assert_greedy_matches_transformers(ckpt, seed=300)
 
 
 def test_the_memory_estimate_counts_the_dequantized_weights_not_the_file(int_checkpoints):
-    ckpt = int_checkpoints["awq_llama"]
-    lm = load_llama_family(ckpt.directory)
-    held = sum(p.numel() * p.element_size() for p in lm.parameters())
-    assert weight_bytes(lm.config) == held == weight_bytes(read_config(ckpt.dense))
-    assert (ckpt.directory / "model.safetensors").stat().st_size < held
+    assert_memory_estimate_counts_the_dequantized_weights(int_checkpoints["awq_llama"])
 
 
 def test_parts_in_several_shards_are_gathered(int_checkpoints, tmp_path):

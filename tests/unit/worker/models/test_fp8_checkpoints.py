@@ -7,32 +7,30 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import transformers
 from safetensors.torch import load_file, save_file
 
 from services.worker.models.fp8_config import PER_BLOCK, PER_CHANNEL, PER_TENSOR, Fp8Quantization
 from services.worker.models.llama_config import CheckpointError, LlamaFamilyConfig
 from services.worker.models.llama_weights import load_llama_family, read_config
-from services.worker.repository.hf_import import weight_bytes
-from tests.support.fp8_checkpoints import Fp8Scheme, quantize_checkpoint, save_dequantized
+from tests.support.fp8_checkpoints import Fp8Scheme, quantize_checkpoint
+from tests.support.quantized_checkpoints import (
+    QuantizedCheckpoint,
+    assert_greedy_matches_transformers,
+    assert_loads_as_the_dense_checkpoint,
+    assert_logits_match_transformers,
+    assert_memory_estimate_counts_the_dequantized_weights,
+    make_checkpoints,
+)
 from tests.unit.worker.models.test_llama_checkpoint_errors import (
     edit_config,
     edit_tensors,
     llama_config,
     refusal,
-)
-from tests.unit.worker.models.test_llama_family import (
-    GREEDY_MIN_MARGIN,
-    LOGITS_TOLERANCE,
-    paged_greedy,
-    random_ids,
-    transformers_greedy,
 )
 
 BLOCK = Fp8Scheme("fp8")  # 32 x 48 blocks, ragged at the edges of the tiny 64 x 128 weights; lm_head left out
@@ -49,24 +47,9 @@ VARIANTS: dict[str, tuple[str, Fp8Scheme]] = {
 }
 
 
-@dataclass(frozen=True)
-class Fp8Checkpoint:
-    directory: Path  # the FP8 checkpoint
-    dense: Path  # the same weights dequantized, as a plain float32 checkpoint
-    reference: transformers.PreTrainedModel  # transformers on `dense`
-
-
 @pytest.fixture(scope="module")
-def fp8_checkpoints(tiny_checkpoints, tmp_path_factory) -> dict[str, Fp8Checkpoint]:
-    made = {}
-    for variant, (family, scheme) in VARIANTS.items():
-        root = tmp_path_factory.mktemp(variant)
-        directory, dense = root / "fp8", root / "dense"
-        shutil.copytree(tiny_checkpoints[family].directory, directory)
-        save_dequantized(directory, dense, quantize_checkpoint(directory, scheme))
-        reference = transformers.AutoModelForCausalLM.from_pretrained(dense, dtype=torch.float32).eval()
-        made[variant] = Fp8Checkpoint(directory, dense, reference)
-    return made
+def fp8_checkpoints(tiny_checkpoints, tmp_path_factory) -> dict[str, QuantizedCheckpoint]:
+    return make_checkpoints(tiny_checkpoints, tmp_path_factory, VARIANTS, quantize_checkpoint)
 
 
 def test_each_variant_stores_float8_weights_and_its_scales(fp8_checkpoints):
@@ -90,21 +73,12 @@ def test_each_variant_stores_float8_weights_and_its_scales(fp8_checkpoints):
 def test_loaded_weights_equal_the_dequantized_checkpoints_exactly(fp8_checkpoints, variant, dtype):
     """float32(weight) * scale, rounded once to the compute dtype: bit for bit what the dequantized
     float32 checkpoint loads as."""
-    ckpt = fp8_checkpoints[variant]
-    got, expected = load_llama_family(ckpt.directory, dtype=dtype), load_llama_family(ckpt.dense, dtype=dtype)
-    assert got.config.quantization is not None and expected.config.quantization is None
-    expected_state = expected.state_dict()
-    for name, tensor in got.state_dict().items():
-        assert torch.equal(tensor, expected_state[name]), name
+    assert_loads_as_the_dense_checkpoint(fp8_checkpoints[variant], dtype)
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_logits_match_transformers_on_the_dequantized_weights(fp8_checkpoints, variant):
-    ckpt = fp8_checkpoints[variant]
-    lm = load_llama_family(ckpt.directory)
-    ids = torch.tensor([random_ids(60, seed=1), random_ids(60, seed=2)])
-    with torch.inference_mode():
-        torch.testing.assert_close(lm(ids), ckpt.reference(ids).logits, **LOGITS_TOLERANCE)
+    assert_logits_match_transformers(fp8_checkpoints[variant])
 
 
 def test_greedy_paged_decode_equals_transformers_generate_on_the_dequantized_weights(fp8_checkpoints):
@@ -112,18 +86,11 @@ def test_greedy_paged_decode_equals_transformers_generate_on_the_dequantized_wei
     Qwen3 import's golden cases are this on a dense model; the weights test above makes the other
     variants the dense checkpoints test_llama_family decodes)."""
     ckpt = fp8_checkpoints["fp8_qwen3_moe"]
-    prompts = [random_ids(n, seed=200 + n) for n in (5, 11, 23)]
-    expected, margin = transformers_greedy(ckpt.reference, prompts, 12)
-    assert margin >= GREEDY_MIN_MARGIN, f"a near-tie in the reference ({margin:.1e}): choose other prompts"
-    assert paged_greedy(load_llama_family(ckpt.directory), prompts, 12, block_size=4, prefill_chunk=7) == expected
+    assert_greedy_matches_transformers(ckpt, seed=200)
 
 
 def test_the_memory_estimate_counts_the_dequantized_weights_not_the_file(fp8_checkpoints):
-    ckpt = fp8_checkpoints["fp8_qwen3_moe"]
-    lm = load_llama_family(ckpt.directory)
-    held = sum(p.numel() * p.element_size() for p in lm.parameters())
-    assert weight_bytes(lm.config) == held == weight_bytes(read_config(ckpt.dense))
-    assert (ckpt.directory / "model.safetensors").stat().st_size < held  # one byte a quantized value, not four
+    assert_memory_estimate_counts_the_dequantized_weights(fp8_checkpoints["fp8_qwen3_moe"])
 
 
 # --- refused ------------------------------------------------------------------------------------------
