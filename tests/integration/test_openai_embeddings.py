@@ -21,10 +21,12 @@ import numpy as np
 import pytest
 import transformers
 
+from inference import grpc_predict_v2_pb2 as kserve
+from inference import grpc_predict_v2_pb2_grpc as kserve_grpc
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.support.hf_checkpoints import save_model_directory
 from tests.support.hf_mesh import run_stock_client, serving_checkpoints
-from tests.support.https_json import post_json
+from tests.support.https_json import get_json, post_json
 from tests.support.st_checkpoints import reference_embeddings, save_embedding_directory
 from tools.testbed import session_tls
 from tools.testbed.scheduler_fixtures import scheduler_stub, wait_for_idle_kv
@@ -224,3 +226,68 @@ def test_the_stock_client_creates_embeddings(served):
         assert_close(got, expected)
     assert_close(seen["short"], want[0][:4] / np.linalg.norm(want[0][:4]))
     assert seen["empty"] == {"status": 400, "param": "input"}
+
+
+def kserve_text(name: str, text: str, **parameters: kserve.InferParameter) -> kserve.ModelInferRequest:
+    return kserve.ModelInferRequest(model_name=name, id="k-1", parameters=parameters, inputs=[
+        kserve.ModelInferRequest.InferInputTensor(name="text_input", datatype="BYTES", shape=[1],
+                                                  contents=kserve.InferTensorContents(bytes_contents=[text.encode()]))])
+
+
+def test_kserve_model_infer_answers_the_embedding_over_grpc_and_rest(served):
+    tokenizer = served[2]
+    ids = tokenizer(TEXTS[2])["input_ids"]
+    want = reference(served, "embed-mean", [ids])[0]
+    with session_tls.channel(served[0].mesh.gateway.address) as channel:
+        stub = kserve_grpc.GRPCInferenceServiceStub(channel)
+        answer = stub.ModelInfer(kserve_text("embed-mean", TEXTS[2]), timeout=60)
+        meta = stub.ModelMetadata(kserve.ModelMetadataRequest(name="embed-mean"), timeout=10)
+        config = stub.ModelConfig(kserve.ModelConfigRequest(name="embed-mean"), timeout=10).config
+        short = stub.ModelInfer(kserve_text("embed-last", TEXTS[1], dimensions=kserve.InferParameter(int64_param=8)),
+                                timeout=60)
+    (output,) = answer.outputs
+    assert (output.name, output.datatype, list(output.shape), answer.id) == ("embedding", "FP32", [64], "k-1")
+    assert_close(np.frombuffer(answer.raw_output_contents[0], dtype="<f4"), want)
+    assert answer.parameters["prompt_tokens"].int64_param == len(ids)
+    assert [(t.name, t.datatype, list(t.shape)) for t in meta.outputs] == [("embedding", "FP32", [64])]
+    assert [(o.name, list(o.dims)) for o in config.output] == [("embedding", [64])]
+    assert not config.model_transaction_policy.decoupled
+    full = reference(served, "embed-last", [tokenizer(TEXTS[1])["input_ids"]])[0]
+    assert_close(np.frombuffer(short.raw_output_contents[0], dtype="<f4"), full[:8] / np.linalg.norm(full[:8]))
+    root = served[0].base.removesuffix("/v1")
+    status, reply = post_json(root, "/v2/models/embed-mean/infer", {"inputs": [
+        {"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [TEXTS[2]]}]})
+    assert status == 200, reply
+    (output,) = reply["outputs"]
+    assert (output["name"], output["datatype"], output["shape"]) == ("embedding", "FP32", [64])
+    assert_close(output["data"], want)
+    assert reply["parameters"]["prompt_tokens"] == len(ids)
+    status, meta = get_json(root, "/v2/models/embed-mean")
+    assert status == 200 and meta["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [64]}]
+
+
+@pytest.mark.parametrize(("name", "parameters", "says"), [
+    ("embed-mean", {"max_tokens": kserve.InferParameter(int64_param=4)},
+     "parameter 'max_tokens' is a generation parameter; model embed-mean:1 is an embedding model"),
+    ("embed-mean", {"dimensions": kserve.InferParameter(int64_param=8)}, "parameter 'dimensions': model"),
+    ("embed-last", {"dimensions": kserve.InferParameter(int64_param=65)}, "parameter 'dimensions' must be in [1, 64]"),
+])
+def test_kserve_refusals_name_the_parameter(served, name, parameters, says):
+    with session_tls.channel(served[0].mesh.gateway.address) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            kserve_grpc.GRPCInferenceServiceStub(channel).ModelInfer(kserve_text(name, "a", **parameters), timeout=60)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert says in caught.value.details()
+
+
+def test_kserve_streaming_refuses_an_embedding_model_and_rest_says_400(served):
+    with session_tls.channel(served[0].mesh.gateway.address) as channel:
+        responses = list(kserve_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
+            iter([kserve_text("embed-mean", "a")]), timeout=60))
+    assert [r.error_message for r in responses] == [
+        "model embed-mean:1 is an embedding model: send its requests with ModelInfer (REST: /infer), which "
+        "answers its 'embedding'"]
+    root = served[0].base.removesuffix("/v1")
+    status, reply = post_json(root, "/v2/models/embed-mean/infer", {"parameters": {"temperature": 0.5}, "inputs": [
+        {"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["a"]}]})
+    assert status == 400 and "parameter 'temperature' is a generation parameter" in reply["error"], reply
