@@ -291,3 +291,42 @@ def test_kserve_streaming_refuses_an_embedding_model_and_rest_says_400(served):
     status, reply = post_json(root, "/v2/models/embed-mean/infer", {"parameters": {"temperature": 0.5}, "inputs": [
         {"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["a"]}]})
     assert status == 400 and "parameter 'temperature' is a generation parameter" in reply["error"], reply
+
+
+CHAT = [{"role": "system", "content": "Represent the query for retrieval"}, {"role": "user", "content": "tiny models"}]
+
+
+def test_messages_are_rendered_through_the_chat_template_as_vllm_does(served):
+    tokenizer = served[2]
+    for options, generation in (({}, False), ({"add_generation_prompt": True}, True)):
+        text = tokenizer.apply_chat_template(CHAT, add_generation_prompt=generation, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]  # the template writes its own, as vLLM's
+        status, reply = embeddings(served, {"model": "embed-mean", "messages": CHAT, **options})
+        assert status == 200, reply
+        assert reply["usage"]["prompt_tokens"] == len(ids)
+        assert_close(reply["data"][0]["embedding"], reference(served, "embed-mean", [ids])[0])
+
+
+def test_truncate_prompt_tokens_keeps_each_inputs_last_tokens(served):
+    tokenizer = served[2]
+    ids = tokenizer(TEXTS[2])["input_ids"]
+    status, reply = embeddings(served, {"model": "embed-cls", "input": [TEXTS[2], TEXTS[0]],
+                                        "truncate_prompt_tokens": 10})
+    assert status == 200, reply
+    want = reference(served, "embed-cls", [ids[-10:], tokenizer(TEXTS[0])["input_ids"][-10:]])
+    for got, expected in zip(reply["data"], want, strict=True):
+        assert_close(got["embedding"], expected)
+    assert reply["usage"]["prompt_tokens"] == 10 + min(10, len(tokenizer(TEXTS[0])["input_ids"]))
+    over = list(range(3, 3 + CONTEXT + 7))
+    status, reply = embeddings(served, {"model": "embed-cls", "input": [over], "truncate_prompt_tokens": -1})
+    assert status == 200 and reply["usage"]["prompt_tokens"] == CONTEXT, reply
+    assert_close(reply["data"][0]["embedding"], reference(served, "embed-cls", [over[-CONTEXT:]])[0])
+    status, reply = embeddings(served, {"model": "embed-cls", "input": "a", "truncate_prompt_tokens": CONTEXT + 1})
+    assert (status, reply["error"]["param"]) == (400, "truncate_prompt_tokens"), reply
+    assert f"in [1, {CONTEXT}]" in reply["error"]["message"]
+
+
+def test_a_conversation_past_the_context_is_400_naming_messages(served):
+    status, reply = embeddings(served, {"model": "embed-mean", "messages": [{"role": "user", "content": LONG * 4}]})
+    assert status == 400 and reply["error"]["param"] == "messages", reply
+    assert reply["error"]["code"] == "context_length_exceeded"
