@@ -3,16 +3,20 @@ saved as sentence-transformers directories (modules.json, 1_Pooling, 2_Normalize
 Qwen3Model without an LM head), imported and served with a 16-token step budget, so a longer input is a
 chunked prefill. Each pooling (last token, mean, CLS) matches transformers' AutoModel last_hidden_state
 pooled and normalized here, for one input, a batch, token ids and base64; the stock `openai` client's
-embeddings.create works; bad inputs and requests of the other task are 400s naming the field.
-One mesh for the module: a scheduler, a worker per model, a gateway.
+embeddings.create works; bad inputs and requests of the other task are 400s naming the field. vLLM's
+`messages` (through the chat template) and `truncate_prompt_tokens`; KServe v2 ModelInfer (gRPC and REST)
+answering the `embedding` output; a client that disconnects mid-request cancels its inputs and frees
+their KV blocks. One mesh for the module: a scheduler, a worker per model, a gateway.
 """
 
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -29,7 +33,9 @@ from tests.support.hf_mesh import run_stock_client, serving_checkpoints
 from tests.support.https_json import get_json, post_json
 from tests.support.st_checkpoints import reference_embeddings, save_embedding_directory
 from tools.testbed import session_tls
-from tools.testbed.scheduler_fixtures import scheduler_stub, wait_for_idle_kv
+from tools.testbed.gateway_fixtures import scrape
+from tools.testbed.processes import wait_until
+from tools.testbed.scheduler_fixtures import pressure_of, scheduler_stub, wait_for_idle_kv
 
 pytestmark = pytest.mark.integration
 
@@ -330,3 +336,38 @@ def test_a_conversation_past_the_context_is_400_naming_messages(served):
     status, reply = embeddings(served, {"model": "embed-mean", "messages": [{"role": "user", "content": LONG * 4}]})
     assert status == 400 and reply["error"]["param"] == "messages", reply
     assert reply["error"]["code"] == "context_length_exceeded"
+
+
+def test_a_client_that_disconnects_cancels_its_embeddings_and_their_kv_blocks_are_freed(served):
+    """The client closes its connection while its inputs are running: the gateway's handler is cancelled
+    (handler_cancellation), which cancels every input's Generate; the scheduler aborts their sequences,
+    counts them CANCELLED and frees their KV blocks; the mesh then serves the next request as before."""
+    model = common_pb2.ModelRef(name="embed-mean", version="1")
+
+    def counted(code: str) -> float:
+        return scrape(served[0].metrics_port).value("infermesh_scheduler_requests_total", model="embed-mean",
+                                                    code=code)
+
+    before = {code: counted(code) for code in ("OK", "CANCELLED")}
+    num_inputs = 48  # each fills the context: 16 chunks of 16 tokens, far more steps than the cancel takes
+    body = json.dumps({"model": "embed-mean", "input": [list(range(3, 3 + CONTEXT))] * num_inputs})
+    url = urllib.parse.urlsplit(served[0].base)
+    connection = http.client.HTTPSConnection(url.hostname, url.port, timeout=60, context=ssl.create_default_context(
+        cafile=str(session_tls.session_pki().ca_path)))
+    with scheduler_stub(served[0].mesh.scheduler.address) as stub:
+        try:
+            connection.request("POST", "/v1/embeddings", body=body, headers={"Content-Type": "application/json"})
+            wait_until(lambda: (pressure_of(stub, model) or common_pb2.ModelPressure()).kv_usage > 0, timeout_s=30,
+                       interval_s=0.01, message="the inputs running")
+        finally:
+            connection.close()  # the client goes away before any answer
+        wait_for_idle_kv(stub, model, timeout_s=30)
+    wait_until(lambda: counted("CANCELLED") > before["CANCELLED"], timeout_s=10, message="inputs counted cancelled")
+    cancelled, served_ok = counted("CANCELLED") - before["CANCELLED"], counted("OK") - before["OK"]
+    assert cancelled >= 1 and cancelled + served_ok <= num_inputs, (cancelled, served_ok)
+    tokenizer = served[2]
+    status, reply = embeddings(served, {"model": "embed-mean", "input": TEXTS[1]})
+    assert status == 200, reply
+    assert_close(reply["data"][0]["embedding"], reference(served, "embed-mean", [tokenizer(TEXTS[1])["input_ids"]])[0])
+    with scheduler_stub(served[0].mesh.scheduler.address) as stub:
+        wait_for_idle_kv(stub, model)
