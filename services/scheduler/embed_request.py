@@ -31,8 +31,8 @@ def check_task(request: gateway_pb2.GenerateRequest, model: ModelKey, embedding:
     if not embed:
         raise errors.InvalidArgument(f"model {model} is an embedding model: it serves embeddings only "
                                      "(/v1/embeddings, or Generate with embed set), not generated text")
-    if request.messages:
-        raise errors.InvalidArgument("embed: messages cannot be embedded; send prompt or prompt_token_ids")
+    if request.tools:  # messages are rendered through the chat template, as vLLM's chat embeddings are
+        raise errors.InvalidArgument("embed: tools cannot be embedded; send messages, prompt or prompt_token_ids")
     if not request.embed.HasField("dimensions"):
         return None
     dimensions = request.embed.dimensions

@@ -3,16 +3,20 @@ saved as sentence-transformers directories (modules.json, 1_Pooling, 2_Normalize
 Qwen3Model without an LM head), imported and served with a 16-token step budget, so a longer input is a
 chunked prefill. Each pooling (last token, mean, CLS) matches transformers' AutoModel last_hidden_state
 pooled and normalized here, for one input, a batch, token ids and base64; the stock `openai` client's
-embeddings.create works; bad inputs and requests of the other task are 400s naming the field.
-One mesh for the module: a scheduler, a worker per model, a gateway.
+embeddings.create works; bad inputs and requests of the other task are 400s naming the field. vLLM's
+`messages` (through the chat template) and `truncate_prompt_tokens`; KServe v2 ModelInfer (gRPC and REST)
+answering the `embedding` output; a client that disconnects mid-request cancels its inputs and frees
+their KV blocks. One mesh for the module: a scheduler, a worker per model, a gateway.
 """
 
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -21,13 +25,17 @@ import numpy as np
 import pytest
 import transformers
 
+from inference import grpc_predict_v2_pb2 as kserve
+from inference import grpc_predict_v2_pb2_grpc as kserve_grpc
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.support.hf_checkpoints import save_model_directory
 from tests.support.hf_mesh import run_stock_client, serving_checkpoints
-from tests.support.https_json import post_json
+from tests.support.https_json import get_json, post_json
 from tests.support.st_checkpoints import reference_embeddings, save_embedding_directory
 from tools.testbed import session_tls
-from tools.testbed.scheduler_fixtures import scheduler_stub, wait_for_idle_kv
+from tools.testbed.gateway_fixtures import scrape
+from tools.testbed.processes import wait_until
+from tools.testbed.scheduler_fixtures import pressure_of, scheduler_stub, wait_for_idle_kv
 
 pytestmark = pytest.mark.integration
 
@@ -224,3 +232,142 @@ def test_the_stock_client_creates_embeddings(served):
         assert_close(got, expected)
     assert_close(seen["short"], want[0][:4] / np.linalg.norm(want[0][:4]))
     assert seen["empty"] == {"status": 400, "param": "input"}
+
+
+def kserve_text(name: str, text: str, **parameters: kserve.InferParameter) -> kserve.ModelInferRequest:
+    return kserve.ModelInferRequest(model_name=name, id="k-1", parameters=parameters, inputs=[
+        kserve.ModelInferRequest.InferInputTensor(name="text_input", datatype="BYTES", shape=[1],
+                                                  contents=kserve.InferTensorContents(bytes_contents=[text.encode()]))])
+
+
+def test_kserve_model_infer_answers_the_embedding_over_grpc_and_rest(served):
+    tokenizer = served[2]
+    ids = tokenizer(TEXTS[2])["input_ids"]
+    want = reference(served, "embed-mean", [ids])[0]
+    with session_tls.channel(served[0].mesh.gateway.address) as channel:
+        stub = kserve_grpc.GRPCInferenceServiceStub(channel)
+        answer = stub.ModelInfer(kserve_text("embed-mean", TEXTS[2]), timeout=60)
+        meta = stub.ModelMetadata(kserve.ModelMetadataRequest(name="embed-mean"), timeout=10)
+        config = stub.ModelConfig(kserve.ModelConfigRequest(name="embed-mean"), timeout=10).config
+        short = stub.ModelInfer(kserve_text("embed-last", TEXTS[1], dimensions=kserve.InferParameter(int64_param=8)),
+                                timeout=60)
+    (output,) = answer.outputs
+    assert (output.name, output.datatype, list(output.shape), answer.id) == ("embedding", "FP32", [64], "k-1")
+    assert_close(np.frombuffer(answer.raw_output_contents[0], dtype="<f4"), want)
+    assert answer.parameters["prompt_tokens"].int64_param == len(ids)
+    assert [(t.name, t.datatype, list(t.shape)) for t in meta.outputs] == [("embedding", "FP32", [64])]
+    assert [(o.name, list(o.dims)) for o in config.output] == [("embedding", [64])]
+    assert not config.model_transaction_policy.decoupled
+    full = reference(served, "embed-last", [tokenizer(TEXTS[1])["input_ids"]])[0]
+    assert_close(np.frombuffer(short.raw_output_contents[0], dtype="<f4"), full[:8] / np.linalg.norm(full[:8]))
+    root = served[0].base.removesuffix("/v1")
+    status, reply = post_json(root, "/v2/models/embed-mean/infer", {"inputs": [
+        {"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [TEXTS[2]]}]})
+    assert status == 200, reply
+    (output,) = reply["outputs"]
+    assert (output["name"], output["datatype"], output["shape"]) == ("embedding", "FP32", [64])
+    assert_close(output["data"], want)
+    assert reply["parameters"]["prompt_tokens"] == len(ids)
+    status, meta = get_json(root, "/v2/models/embed-mean")
+    assert status == 200 and meta["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [64]}]
+
+
+@pytest.mark.parametrize(("name", "parameters", "says"), [
+    ("embed-mean", {"max_tokens": kserve.InferParameter(int64_param=4)},
+     "parameter 'max_tokens' is a generation parameter; model embed-mean:1 is an embedding model"),
+    ("embed-mean", {"dimensions": kserve.InferParameter(int64_param=8)}, "parameter 'dimensions': model"),
+    ("embed-last", {"dimensions": kserve.InferParameter(int64_param=65)}, "parameter 'dimensions' must be in [1, 64]"),
+])
+def test_kserve_refusals_name_the_parameter(served, name, parameters, says):
+    with session_tls.channel(served[0].mesh.gateway.address) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            kserve_grpc.GRPCInferenceServiceStub(channel).ModelInfer(kserve_text(name, "a", **parameters), timeout=60)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert says in caught.value.details()
+
+
+def test_kserve_streaming_refuses_an_embedding_model_and_rest_says_400(served):
+    with session_tls.channel(served[0].mesh.gateway.address) as channel:
+        responses = list(kserve_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
+            iter([kserve_text("embed-mean", "a")]), timeout=60))
+    assert [r.error_message for r in responses] == [
+        "model embed-mean:1 is an embedding model: send its requests with ModelInfer (REST: /infer), which "
+        "answers its 'embedding'"]
+    root = served[0].base.removesuffix("/v1")
+    status, reply = post_json(root, "/v2/models/embed-mean/infer", {"parameters": {"temperature": 0.5}, "inputs": [
+        {"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["a"]}]})
+    assert status == 400 and "parameter 'temperature' is a generation parameter" in reply["error"], reply
+
+
+CHAT = [{"role": "system", "content": "Represent the query for retrieval"}, {"role": "user", "content": "tiny models"}]
+
+
+def test_messages_are_rendered_through_the_chat_template_as_vllm_does(served):
+    tokenizer = served[2]
+    for options, generation in (({}, False), ({"add_generation_prompt": True}, True)):
+        text = tokenizer.apply_chat_template(CHAT, add_generation_prompt=generation, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]  # the template writes its own, as vLLM's
+        status, reply = embeddings(served, {"model": "embed-mean", "messages": CHAT, **options})
+        assert status == 200, reply
+        assert reply["usage"]["prompt_tokens"] == len(ids)
+        assert_close(reply["data"][0]["embedding"], reference(served, "embed-mean", [ids])[0])
+
+
+def test_truncate_prompt_tokens_keeps_each_inputs_last_tokens(served):
+    tokenizer = served[2]
+    ids = tokenizer(TEXTS[2])["input_ids"]
+    status, reply = embeddings(served, {"model": "embed-cls", "input": [TEXTS[2], TEXTS[0]],
+                                        "truncate_prompt_tokens": 10})
+    assert status == 200, reply
+    want = reference(served, "embed-cls", [ids[-10:], tokenizer(TEXTS[0])["input_ids"][-10:]])
+    for got, expected in zip(reply["data"], want, strict=True):
+        assert_close(got["embedding"], expected)
+    assert reply["usage"]["prompt_tokens"] == 10 + min(10, len(tokenizer(TEXTS[0])["input_ids"]))
+    over = list(range(3, 3 + CONTEXT + 7))
+    status, reply = embeddings(served, {"model": "embed-cls", "input": [over], "truncate_prompt_tokens": -1})
+    assert status == 200 and reply["usage"]["prompt_tokens"] == CONTEXT, reply
+    assert_close(reply["data"][0]["embedding"], reference(served, "embed-cls", [over[-CONTEXT:]])[0])
+    status, reply = embeddings(served, {"model": "embed-cls", "input": "a", "truncate_prompt_tokens": CONTEXT + 1})
+    assert (status, reply["error"]["param"]) == (400, "truncate_prompt_tokens"), reply
+    assert f"in [1, {CONTEXT}]" in reply["error"]["message"]
+
+
+def test_a_conversation_past_the_context_is_400_naming_messages(served):
+    status, reply = embeddings(served, {"model": "embed-mean", "messages": [{"role": "user", "content": LONG * 4}]})
+    assert status == 400 and reply["error"]["param"] == "messages", reply
+    assert reply["error"]["code"] == "context_length_exceeded"
+
+
+def test_a_client_that_disconnects_cancels_its_embeddings_and_their_kv_blocks_are_freed(served):
+    """The client closes its connection while its inputs are running: the gateway's handler is cancelled
+    (handler_cancellation), which cancels every input's Generate; the scheduler aborts their sequences,
+    counts them CANCELLED and frees their KV blocks; the mesh then serves the next request as before."""
+    model = common_pb2.ModelRef(name="embed-mean", version="1")
+
+    def counted(code: str) -> float:
+        return scrape(served[0].metrics_port).value("infermesh_scheduler_requests_total", model="embed-mean",
+                                                    code=code)
+
+    before = {code: counted(code) for code in ("OK", "CANCELLED")}
+    num_inputs = 48  # each fills the context: 16 chunks of 16 tokens, far more steps than the cancel takes
+    body = json.dumps({"model": "embed-mean", "input": [list(range(3, 3 + CONTEXT))] * num_inputs})
+    url = urllib.parse.urlsplit(served[0].base)
+    connection = http.client.HTTPSConnection(url.hostname, url.port, timeout=60, context=ssl.create_default_context(
+        cafile=str(session_tls.session_pki().ca_path)))
+    with scheduler_stub(served[0].mesh.scheduler.address) as stub:
+        try:
+            connection.request("POST", "/v1/embeddings", body=body, headers={"Content-Type": "application/json"})
+            wait_until(lambda: (pressure_of(stub, model) or common_pb2.ModelPressure()).kv_usage > 0, timeout_s=30,
+                       interval_s=0.01, message="the inputs running")
+        finally:
+            connection.close()  # the client goes away before any answer
+        wait_for_idle_kv(stub, model, timeout_s=30)
+    wait_until(lambda: counted("CANCELLED") > before["CANCELLED"], timeout_s=10, message="inputs counted cancelled")
+    cancelled, served_ok = counted("CANCELLED") - before["CANCELLED"], counted("OK") - before["OK"]
+    assert cancelled >= 1 and cancelled + served_ok <= num_inputs, (cancelled, served_ok)
+    tokenizer = served[2]
+    status, reply = embeddings(served, {"model": "embed-mean", "input": TEXTS[1]})
+    assert status == 200, reply
+    assert_close(reply["data"][0]["embedding"], reference(served, "embed-mean", [tokenizer(TEXTS[1])["input_ids"]])[0])
+    with scheduler_stub(served[0].mesh.scheduler.address) as stub:
+        wait_for_idle_kv(stub, model)

@@ -12,7 +12,7 @@ the OpenAI front (400, 401, 403, 404, 429 with Retry-After, 503, 504).
     GET  /v2/models/{name}[/versions/{v}]/config    Triton's model configuration
     GET  /v2/models[/{name}[/versions/{v}]]/stats   Triton's statistics
     POST /v2/repository/index                       every model version and its state
-    POST /v2/models/{name}[/versions/{v}]/infer     classifier inference (JSON or binary tensors)
+    POST /v2/models/{name}[/versions/{v}]/infer     classifier, tensor or embedding inference (JSON or binary tensors)
     POST /v2/models/{name}[/versions/{v}]/generate  generator, one answer (Triton's generate extension)
     POST /v2/models/{name}[/versions/{v}]/generate_stream   the same as server-sent events
 """

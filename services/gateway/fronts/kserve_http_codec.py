@@ -269,6 +269,9 @@ def infer_response(response: kserve.ModelInferResponse, inference: HttpInference
     document: dict = {"model_name": response.model_name, "model_version": response.model_version}
     if response.id:
         document["id"] = response.id
+    if response.parameters:  # an embedding's prompt_tokens
+        document["parameters"] = {key: getattr(value, value.WhichOneof("parameter_choice"))
+                                  for key, value in response.parameters.items()}
     outputs, binary = [], []
     for tensor, raw in zip(response.outputs, response.raw_output_contents, strict=True):
         entry: dict = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}

@@ -241,9 +241,14 @@ def _request(kind: str, body: dict, prompt: str, max_tokens: int,
 
 
 def _tokenizing(body: dict, generate: gateway_pb2.GenerateRequest) -> None:
-    """vLLM's add_special_tokens (unset: the model's way), truncate_prompt_tokens (-1: the context) and
-    return_token_ids (the prompt's and each choice's token ids in the answer)."""
+    """prompt_tokenizing, and return_token_ids (the prompt's and each choice's token ids in the answer)."""
     generate.return_token_ids = boolean(body, "return_token_ids", False)
+    prompt_tokenizing(body, generate)
+
+
+def prompt_tokenizing(body: dict, generate: gateway_pb2.GenerateRequest) -> None:
+    """vLLM's add_special_tokens (unset: the model's way) and truncate_prompt_tokens (-1: the context; the
+    scheduler keeps the prompt's last N tokens and refuses N past the model's context)."""
     if body.get("add_special_tokens") is not None:
         generate.add_special_tokens = boolean(body, "add_special_tokens", True)
     keep = body.get("truncate_prompt_tokens")

@@ -1,8 +1,13 @@
 """OpenAI's POST /v1/embeddings (vLLM's, for models served with --task embed) over the Generate path.
 
 Body: `model`, `input` (a string, a list of strings, a list of token ids, or a list of lists of token
-ids), `encoding_format` ("float", the default, or "base64": each vector's little-endian float32 bytes),
-`dimensions` (a Matryoshka model's shortened vectors; another model refuses it), `user` (ignored).
+ids) or instead `messages` (vLLM's EmbeddingChatRequest: one conversation, rendered through the model's
+chat template by the scheduler, with vLLM's chat options add_generation_prompt (default false here, as
+vLLM's chat embeddings), continue_final_message and chat_template_kwargs), `encoding_format` ("float",
+the default, or "base64": each vector's little-endian float32 bytes), `dimensions` (a Matryoshka model's
+shortened vectors; another model refuses it), vLLM's `truncate_prompt_tokens` (each input's last N tokens;
+-1: the model's context) and `add_special_tokens` (default: the model's way for input, none for messages,
+as vLLM's), `user` (ignored).
 Each input becomes a GenerateRequest with `embed` set, admitted, counted against the tenant's quotas
 (its prompt tokens) and run as a request of its own, as a batched completion's prompts are; at most
 MAX_PARALLEL_INPUTS run at once. The answer lists `{"object": "embedding", "index", "embedding"}` per
@@ -30,9 +35,15 @@ from services.common import errors
 from services.gateway.calls.generate_core import Caller, GenerateCore
 from services.gateway.fronts.caller import http_caller
 from services.gateway.fronts.openai_batch import Prompt, set_prompt
-from services.gateway.fronts.openai_codec import ContextLengthExceeded, timings_header
+from services.gateway.fronts.openai_codec import (
+    ContextLengthExceeded,
+    chat_messages,
+    prompt_tokenizing,
+    timings_header,
+)
 from services.gateway.fronts.openai_params import (
     BadParameter,
+    chat_options,
     is_int,
     json_object,
     model_ref,
@@ -55,13 +66,27 @@ class EmbeddingsRequest:
     model: str  # as the client named it (the answer's `model`)
     requests: tuple[gateway_pb2.GenerateRequest, ...]  # one per input, in order
     base64: bool
+    # What the prompts came as, which the scheduler's refusals of them name: "input" or "messages".
+    prompt_param: str = "input"
+
+
+# The chat rendering options, read only with messages.
+_CHAT_OPTIONS = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs")
 
 
 def parse_embeddings(body: Any) -> EmbeddingsRequest:
     """The body checked; every refusal names its parameter."""
     body = json_object(body)
     model = model_ref(body.get("model"))
-    inputs = input_prompts(body.get("input"))
+    chat = body.get("messages") is not None
+    if chat and body.get("input") is not None:
+        raise BadParameter("messages", "send input or messages, not both")
+    if not chat and (named := next((o for o in _CHAT_OPTIONS if body.get(o) is not None), None)):
+        raise BadParameter(named, f"{named} is a chat option: it applies to messages, not input")
+    if body.get("chat_template") not in (None, ""):
+        raise BadParameter("chat_template", "a request's own chat_template is not supported: the model's is used "
+                                            "(vLLM without --trust-request-chat-template refuses it too)")
+    inputs: tuple[Prompt | None, ...] = (None,) if chat else input_prompts(body.get("input"))
     encoding = body.get("encoding_format", "float")
     if encoding not in ENCODING_FORMATS:
         raise BadParameter("encoding_format", f"encoding_format must be one of {', '.join(ENCODING_FORMATS)}, "
@@ -76,9 +101,14 @@ def parse_embeddings(body: Any) -> EmbeddingsRequest:
         request.embed.SetInParent()
         if dimensions is not None:
             request.embed.dimensions = dimensions
-        set_prompt(request, prompt)
+        if prompt is None:
+            request.messages.extend(chat_messages(body["messages"]))
+            chat_options(body, request, default_generation=False)
+        else:
+            set_prompt(request, prompt)
+        prompt_tokenizing(body, request)
         requests.append(request)
-    return EmbeddingsRequest(body["model"], tuple(requests), encoding == "base64")
+    return EmbeddingsRequest(body["model"], tuple(requests), encoding == "base64", "messages" if chat else "input")
 
 
 def input_prompts(value: Any) -> tuple[Prompt, ...]:
@@ -120,19 +150,29 @@ def _encoded(vector: Sequence[float], as_base64: bool) -> list[float] | str:
     return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
 
 
-def upstream_refusal(err: errors.InfermeshError, index: int, num_inputs: int) -> errors.InfermeshError:
-    """The scheduler's refusal of input `index` in the client's terms: the parameter it set, and which input."""
+# The scheduler's refusals that begin with the parameter they are about (call_codec, chat_template.py).
+_NAMED_UPSTREAM = ("truncate_prompt_tokens", "continue_final_message", "chat_template_kwargs")
+
+
+def upstream_refusal(err: errors.InfermeshError, index: int, num_inputs: int,
+                     prompt_param: str = "input") -> errors.InfermeshError:
+    """The scheduler's refusal of input `index` in the client's terms: the parameter it set, and which input
+    (`prompt_param`: "messages" for a conversation, whose template's refusals name it)."""
     if not isinstance(err, errors.InvalidArgument):
         return err
-    where, message = _where(index, num_inputs), err.message
+    where, message = _where(index, num_inputs) if prompt_param == "input" else prompt_param, err.message
     if too_long := _TOO_LONG.match(message):
-        return ContextLengthExceeded("input", f"{where} {too_long[1]}")
+        return ContextLengthExceeded(prompt_param, f"{where} {too_long[1]}")
+    if named := next((p for p in _NAMED_UPSTREAM if message.startswith(p)), None):
+        return BadParameter(named, message)
     if message.startswith("prompt_token_ids"):  # a token id past the model's vocabulary
         return BadParameter("input", where + message.removeprefix("prompt_token_ids"))
     if message.startswith("embed.dimensions"):
         return BadParameter("dimensions", message.removeprefix("embed."))
     if message.startswith("embed: "):
         return BadParameter("model", message.removeprefix("embed: "))
+    if prompt_param == "messages":  # the chat template's: no template, or one that raised on them
+        return BadParameter("messages", message)
     return err
 
 
@@ -174,7 +214,7 @@ class EmbeddingsFront:
                 try:
                     return await self._embedded(request, caller)
                 except errors.InfermeshError as err:
-                    raise upstream_refusal(err, index, num_inputs) from None
+                    raise upstream_refusal(err, index, num_inputs, parsed.prompt_param) from None
 
         tasks = [asyncio.ensure_future(one(i, r)) for i, r in enumerate(parsed.requests)]
         try:

@@ -233,10 +233,12 @@ def _top_k(body: dict) -> int:
     return max(value, 0)
 
 
-def chat_options(body: dict, request: gateway_pb2.GenerateRequest | gateway_pb2.TokenizeRequest) -> None:
-    """vLLM's chat rendering options: add_generation_prompt (default true), continue_final_message (default
-    false; not with add_generation_prompt true) and chat_template_kwargs (an object of template variables)."""
-    generation = boolean(body, "add_generation_prompt", True)
+def chat_options(body: dict, request: gateway_pb2.GenerateRequest | gateway_pb2.TokenizeRequest, *,
+                 default_generation: bool = True) -> None:
+    """vLLM's chat rendering options: add_generation_prompt (default true; vLLM's chat embeddings default it
+    to false: `default_generation`), continue_final_message (default false; not with add_generation_prompt
+    true) and chat_template_kwargs (an object of template variables)."""
+    generation = boolean(body, "add_generation_prompt", default_generation)
     if not generation:
         request.add_generation_prompt = False
     request.continue_final_message = boolean(body, "continue_final_message", False)

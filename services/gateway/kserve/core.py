@@ -27,6 +27,7 @@ from services.common.log_context import bind
 from services.gateway.admission.admission import Admission, RequestScope
 from services.gateway.calls.generate_core import Caller, GenerateCore, parse_priority
 from services.gateway.kserve import codec as kserve_codec
+from services.gateway.kserve import embed as kserve_embed
 from services.gateway.kserve import models as kserve_models
 from services.gateway.kserve import stream as kserve_stream
 from services.gateway.kserve import tensor_codec
@@ -143,8 +144,9 @@ class KServeCore:
     # -- inference -----------------------------------------------------------------------
 
     async def infer(self, request: kserve.ModelInferRequest, caller: Caller) -> kserve.ModelInferResponse:
-        """A classifier request of one or N images, or a tensor model's request of N rows (each row one
-        upstream Classify, so rows batch across callers); generators answer through `stream`."""
+        """A classifier request of one or N images, a tensor model's request of N rows (each row one
+        upstream Classify, so rows batch across callers), or an embedding model's text (one Generate with
+        `embed`, kserve/embed.py); generators answer through `stream`."""
         response, _ = await self.infer_timed(request, caller)
         return response
 
@@ -153,6 +155,9 @@ class KServeCore:
         """`infer`, and the stage timings of its slowest upstream call (the REST front's Server-Timing)."""
         request_id = request.id or uuid.uuid4().hex
         bind(request_id=request_id)
+        embedding = await self._embedding_model(request)
+        if embedding is not None:
+            return await self._embed(request, caller, embedding, request_id)
         with self._admission.scope("ModelInfer", request.model_name, request.model_version,
                                    caller.metadata, caller.authorization) as scope:
             with span("admission"):
@@ -182,6 +187,35 @@ class KServeCore:
                     kserve_codec.encode_outputs(response, outputs, batch, decoded.batched)
                 return response, timings
 
+    async def _embedding_model(self, request: kserve.ModelInferRequest) -> gateway_pb2.ModelInfo | None:
+        """The embedding model the request names, if it names one; None for anything else, which the
+        classifier path admits and refuses in its own order (an unknown model, a missing name included)."""
+        if not request.model_name:
+            return None
+        try:
+            info = await self.model(request.model_name, request.model_version)
+        except (errors.NotFound, errors.InvalidArgument):
+            return None
+        return info if kserve_models.is_embedding(info) else None
+
+    async def _embed(self, request: kserve.ModelInferRequest, caller: Caller, info: gateway_pb2.ModelInfo,
+                     request_id: str) -> tuple[kserve.ModelInferResponse, common_pb2.Timings]:
+        """An embedding model's request: one Generate with `embed`, admitted by GenerateCore like any."""
+        self.authorize(caller.authorization, request.model_name)  # before its body is judged
+        parsed = kserve_embed.parse_embed_request(request, info, request_id)
+        with self._counted(info, 1) as served:
+            last = None
+            async with aclosing(self._generate.generate(parsed.generate, caller)) as chunks:
+                try:
+                    async for chunk in chunks:
+                        last = chunk
+                except errors.InvalidArgument as err:
+                    raise kserve_embed.named_refusal(parsed, err) from None
+            if last is None or not last.embedding:
+                raise errors.Internal("the scheduler's answer carried no embedding")
+            served.timings = last.timings
+            return kserve_embed.embed_response(parsed, last), last.timings
+
     async def _classify_all(self, scope: RequestScope, request: kserve.ModelInferRequest, info: gateway_pb2.ModelInfo,
                             payloads: Sequence[dict[str, Any]], request_id: str) -> list[gateway_pb2.ClassifyResponse]:
         """`payloads`: each upstream call's `image` or `inputs` (a tensor model's row)."""
@@ -210,6 +244,10 @@ class KServeCore:
             raise errors.InvalidArgument("model_name is required")
         self.authorize(caller.authorization, request.model_name)
         info = await self.model(request.model_name, request.model_version)
+        if kserve_models.is_embedding(info):
+            raise errors.InvalidArgument(
+                f"model {info.model.name}:{info.model.version} is an embedding model: send its requests with "
+                f"ModelInfer (REST: /infer), which answers its '{kserve_models.EMBEDDING_OUTPUT}'")
         if not kserve_models.is_generator(info):
             raise errors.InvalidArgument(
                 f"model {info.model.name}:{info.model.version} is a classifier; ModelStreamInfer serves "

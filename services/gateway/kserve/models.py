@@ -12,6 +12,10 @@ backend: `text_input` BYTES [1] in, `text_output` BYTES [1] out per token chunk;
 from request parameters (kserve/stream.py). They have no batch dimension (max_batch_size 0): the
 scheduler batches sequences step by step, which `parameters` reports.
 
+Embedding models (served by Generate with `embed`) answer ModelInfer, not decoupled: `text_input`
+BYTES [1] (or `input_ids`) in, `embedding` FP32 [dimensions] out (kserve/embed.py); no batch
+dimension either (max_batch_size 0): concurrent requests share the scheduler's steps.
+
 Tensor models (TorchScript, ONNX) are described as their manifest declares them: metadata shapes
 with the batch dim as -1, config dims without it, max_batch_size and the dynamic batching in force.
 """
@@ -28,11 +32,14 @@ from services.gateway.kserve.stats import StageDurations, VersionStats
 
 CLASSIFIER_PLATFORM = "infermesh_classifier"
 GENERATOR_PLATFORM = "infermesh_generator"
+EMBEDDING_PLATFORM = "infermesh_embedding"
 TENSOR_PLATFORM = "infermesh_tensor"
 TEXT_INPUT = "text_input"
 # A generator's prompt as token ids, in place of text_input (Triton's TensorRT-LLM models name it so).
 TOKEN_INPUT = "input_ids"
 TEXT_OUTPUT = "text_output"
+# An embedding model's vector.
+EMBEDDING_OUTPUT = "embedding"
 # The channels metadata describes (RGB); 1 and 4 are accepted as well.
 DESCRIBED_CHANNELS = 3
 READY = "READY"
@@ -43,6 +50,11 @@ _Tensor = kserve.ModelMetadataResponse.TensorMetadata
 
 def is_generator(info: gateway_pb2.ModelInfo) -> bool:
     return info.kind == common_pb2.MODEL_KIND_GENERATOR
+
+
+def is_embedding(info: gateway_pb2.ModelInfo) -> bool:
+    """An embedding model: the scheduler lists it as a generator with its vectors' length."""
+    return is_generator(info) and info.embedding_dimensions > 0
 
 
 def max_batch_size(info: gateway_pb2.ModelInfo) -> int:
@@ -60,6 +72,13 @@ def _image_dims(info: gateway_pb2.ModelInfo) -> list[int]:
 
 def model_metadata(info: gateway_pb2.ModelInfo, versions: Sequence[str]) -> kserve.ModelMetadataResponse:
     name = info.model.name
+    if is_embedding(info):
+        return kserve.ModelMetadataResponse(
+            name=name, versions=list(versions), platform=EMBEDDING_PLATFORM,
+            inputs=[_Tensor(name=TEXT_INPUT, datatype="BYTES", shape=[1]),
+                    _Tensor(name=TOKEN_INPUT, datatype="INT32", shape=[-1])],
+            outputs=[_Tensor(name=EMBEDDING_OUTPUT, datatype="FP32", shape=[info.embedding_dimensions])],
+        )
     if is_generator(info):
         return kserve.ModelMetadataResponse(
             name=name, versions=list(versions), platform=GENERATOR_PLATFORM,
@@ -92,6 +111,15 @@ def model_config(info: gateway_pb2.ModelInfo) -> kserve.ModelConfig:
         if batching.max_batch_size:
             parameters |= {"max_num_seqs": batching.max_batch_size,
                            "max_num_batched_tokens": batching.max_num_batched_tokens}
+        if is_embedding(info):  # one answer per request: ModelInfer, not decoupled
+            return kserve.ModelConfig(
+                name=info.model.name, platform=EMBEDDING_PLATFORM, backend="infermesh", max_batch_size=0,
+                input=[kserve.ModelInput(name=TEXT_INPUT, data_type=kserve.TYPE_STRING, dims=[1], optional=True),
+                       kserve.ModelInput(name=TOKEN_INPUT, data_type=kserve.TYPE_INT32, dims=[-1], optional=True)],
+                output=[kserve.ModelOutput(name=EMBEDDING_OUTPUT, data_type=kserve.TYPE_FP32,
+                                           dims=[info.embedding_dimensions])],
+                parameters={k: kserve.ModelParameter(string_value=str(v)) for k, v in parameters.items()},
+            )
         return kserve.ModelConfig(
             name=info.model.name, platform=GENERATOR_PLATFORM, backend="infermesh", max_batch_size=0,
             # Triton's reading of "one of the two": both optional, the request sends exactly one.

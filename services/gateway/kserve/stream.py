@@ -44,8 +44,9 @@ from services.gateway.kserve.models import TEXT_INPUT, TEXT_OUTPUT, TOKEN_INPUT
 
 FINAL = "triton_final_response"
 EMPTY_FINAL = "triton_enable_empty_final_response"
-# Parameters tritonclient or Triton's own tools set on every request; not sampling, not refused.
-_TRANSPORT_PARAMETERS = {"stream", EMPTY_FINAL, "priority", "timeout", "sequence_id", "sequence_start",
+# Parameters tritonclient or Triton's own tools set on every request; not sampling, not refused (by an
+# embedding model either).
+TRANSPORT_PARAMETERS = {"stream", EMPTY_FINAL, "priority", "timeout", "sequence_id", "sequence_start",
                          "sequence_end"}
 _FINISH_REASONS = {common_pb2.FINISH_REASON_LENGTH: "length", common_pb2.FINISH_REASON_EOS: "eos",
                    common_pb2.FINISH_REASON_STOP: "stop"}
@@ -69,6 +70,10 @@ _OPENAI_PARAMETERS = ("logprobs", "top_logprobs", "presence_penalty", "frequency
                       *JSON_PARAMETERS)
 TOP_LOGPROBS = "top_logprobs"
 LOGPROBS = "logprobs"
+_OBJECTIVE_PARAMETERS = ("ttft_ms", "tpot_ms")
+_SAMPLING_PARAMETERS = ("max_tokens", "temperature", "top_p", "seed", "ignore_eos", "stop")
+# Every parameter a generator's request may set beyond the transport's: what an embedding model refuses by name.
+GENERATION_PARAMETERS = frozenset({*_SAMPLING_PARAMETERS, *_OBJECTIVE_PARAMETERS, *_OPENAI_PARAMETERS})
 
 
 def parse_stream_request(request: kserve.ModelInferRequest) -> StreamRequest:
@@ -88,7 +93,7 @@ def parse_stream_request(request: kserve.ModelInferRequest) -> StreamRequest:
         model=common_pb2.ModelRef(name=request.model_name, version=request.model_version),
         sampling=sampling, request_id=request.id, objectives=objectives,
     )
-    _set_prompt(generate, request)
+    set_prompt(generate, request)
     empty_final = EMPTY_FINAL in parameters and _value(parameters[EMPTY_FINAL]) is True
     return StreamRequest(generate, request.id, empty_final, structured_param)
 
@@ -117,7 +122,7 @@ def _set_options(sampling: common_pb2.SamplingParams, options: dict[str, Any]) -
         raise BadParameter(err.param, f"parameter '{err.param}': {err.message}") from None
 
 
-def _set_prompt(generate: gateway_pb2.GenerateRequest, request: kserve.ModelInferRequest) -> None:
+def set_prompt(generate: gateway_pb2.GenerateRequest, request: kserve.ModelInferRequest) -> None:
     """The one input: the prompt's text as prompt, or its token ids as prompt_token_ids."""
     names = [tensor.name for tensor in request.inputs]
     if names == [TEXT_INPUT]:
@@ -189,9 +194,6 @@ def _value(parameter: kserve.InferParameter):
     return None if choice is None else getattr(parameter, choice)
 
 
-_OBJECTIVE_PARAMETERS = ("ttft_ms", "tpot_ms")
-
-
 def _objective_ms(key: str, parameter: kserve.InferParameter) -> int:
     """A latency target in whole milliseconds; its bounds are the gateway's (checked at admission)."""
     value = _value(parameter)
@@ -203,7 +205,7 @@ def _objective_ms(key: str, parameter: kserve.InferParameter) -> int:
 
 def _set_sampling(sampling: common_pb2.SamplingParams, key: str, parameter: kserve.InferParameter) -> None:
     value = _value(parameter)
-    if key in _TRANSPORT_PARAMETERS:
+    if key in TRANSPORT_PARAMETERS:
         return
     numeric = isinstance(value, int | float) and not isinstance(value, bool)
     if key == "max_tokens" and isinstance(value, int) and not isinstance(value, bool) and 1 <= value < 2**32:
@@ -218,7 +220,7 @@ def _set_sampling(sampling: common_pb2.SamplingParams, key: str, parameter: kser
         sampling.ignore_eos = value
     elif key == "stop" and isinstance(value, str) and value:
         sampling.stop.append(value)
-    elif key in ("max_tokens", "temperature", "top_p", "seed", "ignore_eos", "stop"):
+    elif key in _SAMPLING_PARAMETERS:
         raise InvalidArgument(f"parameter '{key}' has an unusable value {value!r}; " + _EXPECTED[key])
     else:
         raise InvalidArgument(f"unknown parameter '{key}'; this model takes max_tokens, temperature, top_p, seed, "

@@ -269,6 +269,16 @@ class LlamaFamilyConfig:
     # A base model's checkpoint (Qwen2Model, ...): no LM head (it serves embeddings only), and tensor
     # names without the `model.` prefix.
     base_model: bool = False
+    # Served as an embedding model (the manifest's generator.embedding): its logits are never asked for,
+    # so a *ForCausalLM checkpoint's untied LM head is neither allocated nor loaded (its bytes are still
+    # hashed with its file). Not config.json's to say: the caller sets it (read_config's embedding_only).
+    embedding_only: bool = False
+
+    @property
+    def holds_lm_head(self) -> bool:
+        """Whether the model holds an LM head of its own: not when it is the embedding matrix (tied), the
+        checkpoint has none (a base model) or it would never be used (an embedding model)."""
+        return not (self.tie_word_embeddings or self.base_model or self.embedding_only)
 
     def has_experts(self, layer: int) -> bool:
         """Whether the layer's MLP is a mixture of experts (else the dense gated MLP of d_ff)."""
@@ -407,6 +417,7 @@ class _Parser:
             experts=experts,
             quantization=quantization,
             base_model=traits.base_model,
+            embedding_only=False,  # the task, not config.json, decides (read_config's embedding_only)
         )
 
     def experts(self, traits: _Traits, num_layers: int) -> ExpertsConfig | None:

@@ -149,7 +149,7 @@ class LlamaFamilyLM(nn.Module):
         self.layers = nn.ModuleList(LlamaFamilyBlock(config, dtype, device, i) for i in range(config.num_layers))
         self.final_norm = _empty(config.d_model, dtype=dtype, device=device)
         self.lm_head_weight = (
-            None if config.tie_word_embeddings or config.base_model else _empty(config.vocab_size, config.d_model, dtype=dtype, device=device)
+            _empty(config.vocab_size, config.d_model, dtype=dtype, device=device) if config.holds_lm_head else None
         )
         self.register_buffer("inv_freq", rope_inv_freq(config, device), persistent=False)
         self.register_buffer("local_inv_freq", None if config.local_rope_theta is None else
@@ -188,7 +188,8 @@ class LlamaFamilyLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         c = self.config
-        # A base model has no head (it serves embeddings only); the embedding matrix stands in for it.
+        # A base model or an embedding model holds no head (it serves embeddings only, final_hidden, and
+        # never asks for logits); the embedding matrix stands in for it.
         head = self.embed_weight if self.lm_head_weight is None else self.lm_head_weight
         logits = F.linear(rms_norm(hidden, self.final_norm, c.norm_eps, plus_one=c.norm_plus_one), head)
         if c.logits_scaling != 1.0:

@@ -33,7 +33,7 @@ import json
 import re
 import struct
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -75,10 +75,13 @@ _MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
 _MIXTRAL = "MixtralForCausalLM"  # names its experts its own way (expert_weights)
 
 
-def read_config(directory: str | Path, *, max_seq_len: int | None = None) -> LlamaFamilyConfig:
-    """The directory's `config.json`, parsed and checked (see `LlamaFamilyConfig.from_hf`)."""
+def read_config(directory: str | Path, *, max_seq_len: int | None = None,
+                embedding_only: bool = False) -> LlamaFamilyConfig:
+    """The directory's `config.json`, parsed and checked (see `LlamaFamilyConfig.from_hf`); `embedding_only`:
+    to be served as an embedding model (LlamaFamilyConfig.embedding_only: no LM head)."""
     path = Path(directory) / CONFIG_FILE
-    return LlamaFamilyConfig.from_hf(_read_json(path), max_seq_len=max_seq_len, file=str(path))
+    config = LlamaFamilyConfig.from_hf(_read_json(path), max_seq_len=max_seq_len, file=str(path))
+    return replace(config, embedding_only=True) if embedding_only else config
 
 
 def expected_tensors(config: LlamaFamilyConfig, *, stacked_experts: bool = False) -> dict[str, tuple[int, ...]]:
@@ -118,7 +121,7 @@ def expected_tensors(config: LlamaFamilyConfig, *, stacked_experts: bool = False
             shapes[p + "mlp.up_proj.weight"] = (c.d_ff, c.d_model)
         shapes[p + "mlp.down_proj.weight"] = (c.d_model, c.d_ff)
     shapes["model.norm.weight"] = (c.d_model,)
-    if not (c.tie_word_embeddings or c.base_model):
+    if c.holds_lm_head:
         shapes["lm_head.weight"] = (c.vocab_size, c.d_model)
     return shapes
 
@@ -258,24 +261,27 @@ def _model_name(name: str, config: LlamaFamilyConfig) -> str | None:
 
 def _stored_only(name: str, model_name: str | None, config: LlamaFamilyConfig) -> bool:
     """Whether a checkpoint may store this tensor without the model loading it (it is hashed with its
-    file all the same): RoPE's derived frequencies, a tied head's copy, a multimodal image side."""
+    file all the same): RoPE's derived frequencies, a tied head's copy, an embedding model's head (never
+    used: the final hidden states are pooled), a multimodal image side."""
     if model_name is None:
         return _IMAGE_SIDE.fullmatch(name) is not None
     return bool(_DERIVED_TENSOR.fullmatch(model_name)) or (model_name == "lm_head.weight"
-                                                             and config.tie_word_embeddings)
+                                                             and (config.tie_word_embeddings or config.embedding_only))
 
 
 def load_llama_family(directory: str | Path, *, dtype: torch.dtype = torch.float32,
                       device: str | torch.device = "cpu", max_seq_len: int | None = None,
-                      sha256: dict[Path, str] | None = None) -> LlamaFamilyLM:
+                      sha256: dict[Path, str] | None = None, embedding_only: bool = False) -> LlamaFamilyLM:
     """Reads and checks the checkpoint in `directory` and returns its model in eval mode, weights cast to
     `dtype` on `device`. CheckpointError (a ValueError) for anything refused; nothing half-loaded escapes.
+    `embedding_only`: the model serves embeddings (LlamaFamilyConfig.embedding_only), so a stored LM head
+    is hashed and skipped, never allocated.
 
     Each weight file is read once, front to back, straight into the parameters where its dtype is the
     compute dtype (on the host), and hashed in the same pass: `sha256`, when given, receives every weight
     file's hex digest, so a caller that pins the files compares them before it serves the model (and the
     bytes it compared are the bytes it serves)."""
-    config = read_config(directory, max_seq_len=max_seq_len)
+    config = read_config(directory, max_seq_len=max_seq_len, embedding_only=embedding_only)
     checked = check_weights(directory, config)
     model = LlamaFamilyLM(config, dtype=dtype, device=device)
     places, pairs = _places(checked, _destinations(model), config.quantization)

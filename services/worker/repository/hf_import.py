@@ -98,8 +98,12 @@ def import_checkpoint(source: str | Path, repository: str | Path, options: Impor
         raise ImportRefused(f"{source}: no {CONFIG_FILE}: not a Hugging Face checkpoint directory")
     try:
         config = read_config(source)
-        envelope, max_seq_len = _envelope(config, options)
-        config = read_config(source, max_seq_len=max_seq_len)  # sliding windows read against this length
+        # Before sizing: an embedding model holds no LM head (LlamaFamilyConfig.embedding_only).
+        embedding = _embedding(source, config, options.task)
+        embeds = embedding is not None
+        envelope, max_seq_len = _envelope(dataclasses.replace(config, embedding_only=embeds), options)
+        # sliding windows read against this length
+        config = read_config(source, max_seq_len=max_seq_len, embedding_only=embeds)
         check_weights(source, config)
     except CheckpointError as exc:
         raise ImportRefused(str(exc)) from None
@@ -108,7 +112,6 @@ def import_checkpoint(source: str | Path, repository: str | Path, options: Impor
         raise ImportRefused(f"{tokenizer_json}: missing: the model's tokenizer (tokenizers' tokenizer.json) is "
                             "required; a slow-tokenizer-only checkpoint can be converted with transformers' "
                             "AutoTokenizer.from_pretrained(dir).save_pretrained(dir)")
-    embedding = _embedding(source, config, options.task)
     eos, stops, bos = _end_ids(source, config)
     sampling_defaults = _sampling_defaults(source) if options.generation_config else SamplingDefaults()
     _check_tokenizer(tokenizer_json, config.vocab_size, (eos, *stops))
@@ -173,7 +176,7 @@ def _record_golden_embeddings(directory: Path, tokenizer_json: bytes, max_seq_le
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
-    lm = load_llama_family(directory, dtype=torch.float32, max_seq_len=max_seq_len)
+    lm = load_llama_family(directory, dtype=torch.float32, max_seq_len=max_seq_len, embedding_only=True)
     generator = Generator(lm, max_seq_len=max_seq_len, eos_token_id=0, bos_token_id=None)
     prompts = [p for p in (tuple(tokenizer.encode(text).ids)[:max_seq_len] for text in GOLDEN_PROMPTS) if p]
     if not prompts:
@@ -219,7 +222,7 @@ def weight_bytes(config: LlamaFamilyConfig, bytes_per_value: int = 4) -> int:
     """Parameters the worker holds, at float32 (the default compute dtype): every expert of a mixture
     of experts too (each worker holds them all; no expert parallelism), and a quantized checkpoint's
     weights as dequantized at load (4 bytes a value, not FP8's 1 or AWQ's and GPTQ's half; the scales
-    and zeros are not kept)."""
+    and zeros are not kept). An embedding model (embedding_only) holds no LM head."""
     c = config
     attention = c.d_model * (c.num_heads + 2 * c.num_kv_heads) * c.head_size + c.num_heads * c.head_size * c.d_model
     if c.qkv_bias:
@@ -231,7 +234,7 @@ def weight_bytes(config: LlamaFamilyConfig, bytes_per_value: int = 4) -> int:
     num_norms = (2 if c.pre_norms else 0) + (2 if c.post_norms else 0)
     layer = attention + num_norms * c.d_model
     mlps = sum(_mlp_values(c, i) for i in range(c.num_layers))
-    heads = 1 if c.tie_word_embeddings or c.base_model else 2
+    heads = 2 if c.holds_lm_head else 1  # the embedding matrix, and a head of its own if it holds one
     return bytes_per_value * (c.num_layers * layer + mlps + heads * c.vocab_size * c.d_model + c.d_model)
 
 

@@ -145,7 +145,8 @@ def _hf_generator(manifest: Manifest, directory: Path, device: str, dtype: torch
         verified_file(directory, pinned.file, pinned.sha256, "config" if pinned is architecture.config else "weights")
     digests: dict[Path, str] = {}
     try:
-        lm = load_llama_family(directory, dtype=dtype, device=device, max_seq_len=spec.max_seq_len, sha256=digests)
+        lm = load_llama_family(directory, dtype=dtype, device=device, max_seq_len=spec.max_seq_len, sha256=digests,
+                               embedding_only=spec.embedding is not None)
     except CheckpointError as exc:
         for pinned in weights.files:  # a modified file is refused as modified, not by what broke in it
             verified_file(directory, pinned.file, pinned.sha256, "weights")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,10 +18,17 @@ import torch
 
 from infermesh.v1 import common_pb2
 from services.worker.model_runtime import GeneratorRuntime
+from services.worker.models.llama_weights import read_config
 from services.worker.pooling import PooledSequence, Pooling, PoolingSpec, pool_dense
 from services.worker.repository.errors import InvalidManifest
 from services.worker.repository.golden import run_golden_check
-from services.worker.repository.hf_import import ImportOptions, ImportRefused, import_checkpoint
+from services.worker.repository.hf_import import (
+    ImportOptions,
+    ImportRefused,
+    import_checkpoint,
+    kv_bytes_per_token,
+    weight_bytes,
+)
 from services.worker.repository.loader import load_model
 from services.worker.repository.store import load_manifest, version_dir, write_manifest
 from services.worker.step_executor import StepExecutor
@@ -161,3 +169,48 @@ def test_the_hello_declares_the_models_embeddings(imported):
     hello = runtime.hello("w1")
     assert hello.kind == common_pb2.MODEL_KIND_EMBEDDING
     assert (hello.embedding.dimensions, hello.embedding.normalize, hello.embedding.pooling) == (64, True, "mean")
+
+
+@pytest.fixture(scope="module")
+def untied(tmp_path_factory) -> tuple[Path, Path]:
+    """A *ForCausalLM embedding checkpoint whose LM head is its own tensor (Llama: untied), imported."""
+    source = save_embedding_directory(tmp_path_factory.mktemp("st_untied") / "src", family="llama", pooling="last")
+    root = tmp_path_factory.mktemp("repo_untied")
+    import_checkpoint(source, root, OPTIONS)
+    return source, root
+
+
+def test_an_embedding_model_neither_allocates_nor_loads_an_untied_lm_head(untied):
+    source, root = untied
+    assert not read_config(source).tie_word_embeddings  # the checkpoint stores lm_head.weight
+    model = load_model(root, "emb", "1")
+    lm = model.generator.lm
+    assert lm.lm_head_weight is None and lm.config.embedding_only
+    assert not [name for name, _ in lm.named_parameters() if "head" in name]
+    run_golden_check(model)
+    want = reference_embeddings(source, [tuple(range(3, 30))], pooling="last", normalize=True)
+    (got,) = model.generator.embed_paged([tuple(range(3, 30))], PoolingSpec(Pooling.LAST, True), block_size=16)
+    assert np.max(np.abs(got - want[0])) <= TOLERANCE
+
+
+def test_the_import_sizes_an_embedding_model_without_its_lm_head(untied):
+    source, root = untied
+    manifest = load_manifest(root, "emb", "1")
+    config = read_config(source)
+    head_bytes = 4 * config.vocab_size * config.d_model
+    assert weight_bytes(replace(config, embedding_only=True)) == weight_bytes(config) - head_bytes
+    kv_bytes = manifest.envelope.num_kv_blocks * manifest.envelope.block_size * kv_bytes_per_token(config)
+    assert manifest.envelope.memory_bytes == weight_bytes(config) - head_bytes + kv_bytes
+
+
+def test_an_unloaded_lm_head_is_still_hashed_with_its_file(untied, tmp_path):
+    _, root = untied
+    shutil.copytree(version_dir(root, "emb", "1"), tmp_path / "emb" / "1")
+    weights = tmp_path / "emb" / "1" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    (header_size,) = struct.unpack("<Q", data[:8])
+    begin, end = json.loads(data[8:8 + header_size])["lm_head.weight"]["data_offsets"]
+    data[8 + header_size + begin] ^= 0xFF  # a byte the embedding model never reads
+    weights.write_bytes(bytes(data))
+    with pytest.raises(Exception, match="sha256"):
+        load_model(tmp_path, "emb", "1")
