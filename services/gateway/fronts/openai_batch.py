@@ -32,31 +32,40 @@ MAX_BATCH_SEQUENCES = 64
 
 # A prompt: text, or token ids of the model's tokenizer.
 Prompt = str | tuple[int, ...]
-_PROMPT_SHAPES = "a string, a list of strings, a list of token ids, or a list of lists of token ids"
+PROMPT_SHAPES = "a string, a list of strings, a list of token ids, or a list of lists of token ids"
 
 
 def completion_prompts(value: Any) -> tuple[Prompt, ...]:
     """`prompt` checked: a string, a list of token ids (one prompt), or a list of strings or of
     token-id lists (a prompt each); refusals name the parameter."""
+    return prompts_of(value, "prompt")
+
+
+def prompts_of(value: Any, field: str, max_prompts: int | None = None) -> tuple[Prompt, ...]:
+    """`field`'s value as prompts (completions' `prompt`, embeddings' `input`): a string, a list of token ids
+    (one prompt), or a list of strings or of token-id lists (a prompt each), at most `max_prompts`, none
+    empty; refusals name `field` (and the prompt, `field[i]`, among several)."""
     if value is None:
-        raise BadParameter("prompt", f"prompt is required ({_PROMPT_SHAPES})")
+        raise BadParameter(field, f"{field} is required ({PROMPT_SHAPES})")
     if isinstance(value, list) and not value:
-        raise BadParameter("prompt", "prompt must not be an empty list")
+        raise BadParameter(field, f"{field} must not be an empty list")
     prompts: tuple[Prompt, ...]
     if isinstance(value, str):
         prompts = (value,)
     elif isinstance(value, list) and all(is_int(p) for p in value):
-        prompts = (token_ids(value, "prompt", "prompt"),)
+        prompts = (token_ids(value, field, field),)
     elif isinstance(value, list) and all(isinstance(p, str) for p in value):
         prompts = tuple(value)
     elif isinstance(value, list) and all(isinstance(p, list) for p in value):
-        prompts = tuple(token_ids(p, "prompt", f"prompt[{index}]") for index, p in enumerate(value))
+        prompts = tuple(token_ids(p, field, f"{field}[{index}]") for index, p in enumerate(value))
     else:
-        raise BadParameter("prompt", f"prompt must be {_PROMPT_SHAPES} (not a mix), got {shown(value)}")
+        raise BadParameter(field, f"{field} must be {PROMPT_SHAPES} (not a mix), got {shown(value)}")
+    if max_prompts is not None and len(prompts) > max_prompts:
+        raise BadParameter(field, f"{field} holds {len(prompts)} inputs; a request may hold at most {max_prompts}")
     for index, prompt in enumerate(prompts):
         if not prompt:
-            where = "prompt" if len(prompts) == 1 else f"prompt[{index}]"
-            raise BadParameter("prompt", f"{where} must not be empty")
+            where = field if len(prompts) == 1 else f"{field}[{index}]"
+            raise BadParameter(field, f"{where} must not be empty")
     return prompts
 
 

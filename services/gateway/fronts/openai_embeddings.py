@@ -34,7 +34,7 @@ from infermesh.v1 import gateway_pb2
 from services.common import errors
 from services.gateway.calls.generate_core import Caller, GenerateCore
 from services.gateway.fronts.caller import http_caller
-from services.gateway.fronts.openai_batch import Prompt, set_prompt
+from services.gateway.fronts.openai_batch import Prompt, prompts_of, set_prompt
 from services.gateway.fronts.openai_codec import (
     ContextLengthExceeded,
     chat_messages,
@@ -48,7 +48,6 @@ from services.gateway.fronts.openai_params import (
     json_object,
     model_ref,
     shown,
-    token_ids,
 )
 
 # OpenAI's limit on inputs per request (LangChain's OpenAIEmbeddings sends up to 1000 at once).
@@ -57,7 +56,6 @@ MAX_INPUTS = 2048
 # take the gateway's whole concurrency at once.
 MAX_PARALLEL_INPUTS = 64
 ENCODING_FORMATS = ("float", "base64")
-_INPUT_SHAPES = "a string, a list of strings, a list of token ids, or a list of lists of token ids"
 _TOO_LONG = re.compile(r"prompt (of \d+ tokens is longer than the model's context.*)")
 
 
@@ -113,27 +111,7 @@ def parse_embeddings(body: Any) -> EmbeddingsRequest:
 
 def input_prompts(value: Any) -> tuple[Prompt, ...]:
     """`input` as prompts: text or token ids, one per input."""
-    if value is None:
-        raise BadParameter("input", f"input is required ({_INPUT_SHAPES})")
-    if isinstance(value, list) and not value:
-        raise BadParameter("input", "input must not be an empty list")
-    prompts: tuple[Prompt, ...]
-    if isinstance(value, str):
-        prompts = (value,)
-    elif isinstance(value, list) and all(is_int(p) for p in value):
-        prompts = (token_ids(value, "input", "input"),)
-    elif isinstance(value, list) and all(isinstance(p, str) for p in value):
-        prompts = tuple(value)
-    elif isinstance(value, list) and all(isinstance(p, list) for p in value):
-        prompts = tuple(token_ids(p, "input", f"input[{index}]") for index, p in enumerate(value))
-    else:
-        raise BadParameter("input", f"input must be {_INPUT_SHAPES} (not a mix), got {shown(value)}")
-    if len(prompts) > MAX_INPUTS:
-        raise BadParameter("input", f"input holds {len(prompts)} inputs; a request may hold at most {MAX_INPUTS}")
-    for index, prompt in enumerate(prompts):
-        if not prompt:
-            raise BadParameter("input", f"{_where(index, len(prompts))} must not be empty")
-    return prompts
+    return prompts_of(value, "input", MAX_INPUTS)
 
 
 def embeddings_body(parsed: EmbeddingsRequest, lasts: Sequence[gateway_pb2.GenerateResponse]) -> dict:
