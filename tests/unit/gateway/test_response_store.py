@@ -99,7 +99,7 @@ def test_delete_frees_its_bytes_and_answers_whether_there_was_one():
 def test_what_leaves_without_a_delete_is_told_with_why():
     dropped: list[DropReason] = []
     clock = FakeClock()
-    store = ResponseStore(30, 60.0, clock, on_dropped=dropped.append)
+    store = ResponseStore(30, 60.0, clock, on_dropped=lambda reason, kind: dropped.append(reason))
     store.put("t", "resp_a", entry(20))
     store.put("t", "resp_b", entry(20))  # pushes a out
     store.put("t", "resp_huge", entry(31))
