@@ -144,7 +144,7 @@ def _metadata(value: Any) -> dict:
 
 def _as_items(err: BadParameter) -> BadParameter:
     """A refusal of `input` (as the Responses checks name it) under the name `items`."""
-    return type(err)(_items_param(err.param), err.message.replace("input[", "items[").replace("input ", "items "))
+    return type(err)(_items_param(err.param), err.message.replace("input[", "items["))
 
 
 def _items_param(param: str | None) -> str:
