@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP front (aiohttp): /v1/completions, /v1/chat/completions, /v1/responses (on the
 chat path: openai_responses.py; stored ones under /v1/responses/{id} when the gateway stores them:
-openai_stored_http.py), /v1/conversations[/{id}[/items[/{item_id}]]] (openai_conversations_http.py), /v1/embeddings (openai_embeddings.py), /v1/models[/{id}], and vLLM's /tokenize and /detokenize (and, when the gateway
-is asked to, its /tokenizer_info).
+openai_stored_http.py), /v1/conversations[/{id}[/items[/{item_id}]]] (openai_conversations_http.py),
+/v1/embeddings (openai_embeddings.py), /v1/models[/{id}], and vLLM's /tokenize and /detokenize (and, when
+the gateway is asked to, its /tokenizer_info).
 
 Thin: read the caller from the headers, parse the body (openai_codec), run the same
 GenerateCore as the gRPC Generate, write JSON or server-sent events, map domain errors to
