@@ -236,3 +236,10 @@ async def test_without_storing_conversations_say_how_to_turn_it_on(stateless_bas
     assert (status, reply["error"]["param"]) == (400, "conversation")
     assert "--responses-store-bytes" in reply["error"]["message"]
     assert (await call("GET", stateless_base + "/conversations/conv_1", key=None))[0] == 401
+
+
+async def test_a_response_whose_items_would_not_fit_is_answered_and_leaves_the_conversation_as_it_was(base):
+    made = await _conversation(base, items=[{"role": "user", "content": "x" * (STORE_BYTES * 6 // 10)}])
+    response = await create(base, input="Hi", conversation=made["id"], store=False)  # its output echoes it all
+    assert response["status"] == "completed"
+    assert [role for role, _ in _texts(await _items(base, made["id"]))] == ["user"]
