@@ -54,12 +54,13 @@ class GatewayConfig(ServerSettings):
         "(callers bring API keys, not cookies); none: no CORS headers, and a browser's preflight is refused")
     # Stored Responses (services/gateway/fronts/response_store.py, docs/clients.md "Stored responses").
     responses_store_bytes: int = setting(
-        0, "memory this gateway keeps OpenAI Responses in (POST /v1/responses with store, then previous_response_id, "
-        "GET / DELETE /v1/responses/{id}), bytes of their JSON (in Python up to ~6x that for short texts); the least "
+        0, "memory this gateway keeps OpenAI Responses and Conversations in (POST /v1/responses with store, then "
+        "previous_response_id, GET / DELETE /v1/responses/{id}; /v1/conversations), bytes of their JSON (in Python up to ~6x that for short texts); the least "
         "recently used go first when full; "
-        "0: off, nothing is stored and previous_response_id is a 400", minimum=0)
+        "0: off, nothing is stored and previous_response_id and conversation are 400s", minimum=0)
     responses_store_ttl_s: float = setting(
-        3600.0, "how long a stored Response is kept after it was answered, read or not")
+        3600.0, "how long a stored Response is kept after it was answered, and a Conversation after its last change, "
+        "read or not")
     routing_file: str = setting("", "routing YAML (models: name -> versions -> scheduler endpoints); empty: all to scheduler_address")
     # Rollouts (services/gateway/rollout/controller.py, docs/operations.md "Rollouts").
     rollout_state_file: str = setting(

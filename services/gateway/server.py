@@ -317,14 +317,16 @@ class GatewayService:
     def _stored_responses(self) -> StoredResponses | None:
         """The OpenAI front's stored Responses, kept per tenant; none when --responses-store-bytes is 0."""
         from services.gateway.fronts.openai_stored_http import StoredResponses
-        from services.gateway.fronts.response_store import ResponseStore
+        from services.gateway.fronts.response_store import EntryKind, ResponseStore
 
         if not self._config.responses_store_bytes:
             return None
         tenants = self.admission.parts.tenants
+        dropped = {EntryKind.RESPONSE: metrics.RESPONSES_DROPPED, EntryKind.CONVERSATION: metrics.CONVERSATIONS_DROPPED}
         store = ResponseStore(self._config.responses_store_bytes, self._config.responses_store_ttl_s,
-                              on_dropped=lambda reason: metrics.RESPONSES_DROPPED.labels(reason.value).inc())
+                              on_dropped=lambda reason, kind: dropped[kind].labels(reason.value).inc())
         metrics.RESPONSES_STORED.set_function(lambda: store.num_responses)
+        metrics.CONVERSATIONS_STORED.set_function(lambda: store.num_conversations)
         metrics.RESPONSES_STORED_BYTES.set_function(lambda: store.num_bytes)
         return StoredResponses(store, lambda authorization: tenants.authenticate(authorization).tenant_id)
 

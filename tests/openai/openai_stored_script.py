@@ -6,7 +6,10 @@ previous_response_id, a streamed third, retrieve, input_items (paged one by one:
 `after`), delete, and another tenant's attempts at all of them; item_reference items (the owner's
 resolved, another tenant's a 404); a background Response polled until done, and one cancelled while it
 runs; a background stream read in part, then resumed with `starting_after`; background requests a
-rate-limited tenant sends, refused up front.
+rate-limited tenant sends, refused up front. Then a conversation (client.conversations): created with an
+item, two turns in it (one streamed), items added, listed (paged: the client follows `after`), retrieved
+and deleted, its metadata updated, another tenant's attempts, `conversation` beside
+previous_response_id, and its deletion.
 """
 
 from __future__ import annotations
@@ -71,6 +74,41 @@ def polled(client: openai.OpenAI, response_id: str, timeout_s: float = 30.0):
     return response
 
 
+def conversation_turns(alpha: openai.OpenAI, other: openai.OpenAI, turn: dict) -> dict:
+    """A conversation as the Agents SDK keeps one: created, continued by Responses, read, changed, deleted."""
+    conversation = alpha.conversations.create(metadata={"topic": "toy"}, items=[
+        {"type": "message", "role": "user", "content": "abc"}])
+    first = alpha.responses.create(input="xyz", conversation=conversation.id, **turn)
+    with alpha.responses.stream(input="uvw", conversation={"id": conversation.id}, **turn) as stream:
+        second = stream.get_final_response()
+    added = alpha.conversations.items.create(conversation.id, items=[{"type": "message", "role": "user",
+                                                                      "content": "rst"}])
+    added_id = added.data[0].id
+    seen = {
+        "created": conversation.model_dump(mode="json"),
+        "first": first.model_dump(mode="json"), "second": second.model_dump(mode="json"),
+        "added": added.model_dump(mode="json"),
+        "items": [item.model_dump(mode="json", exclude_none=True) for item in
+                  alpha.conversations.items.list(conversation.id, order="asc", limit=2)],
+        "item": alpha.conversations.items.retrieve(added_id, conversation_id=conversation.id).model_dump(mode="json"),
+        "updated": alpha.conversations.update(conversation.id, metadata={"topic": "done"}).model_dump(mode="json"),
+        "other": {
+            "retrieve": not_found(lambda: other.conversations.retrieve(conversation.id)),
+            "items": not_found(lambda: other.conversations.items.list(conversation.id)),
+            "turn": not_found(lambda: other.responses.create(input="x", conversation=conversation.id, **turn)),
+        },
+        "both": refused(lambda: alpha.responses.create(input="x", conversation=conversation.id,
+                                                       previous_response_id=first.id, **turn)),
+        "item_deleted": alpha.conversations.items.delete(added_id, conversation_id=conversation.id).model_dump(
+            mode="json"),
+    }
+    seen["num_items_left"] = len(list(alpha.conversations.items.list(conversation.id)))
+    seen["deleted"] = alpha.conversations.delete(conversation.id).model_dump(mode="json")
+    seen["gone"] = not_found(lambda: alpha.conversations.retrieve(conversation.id))
+    seen["kept"] = alpha.conversations.create().id  # left for the metrics
+    return seen
+
+
 def main() -> None:
     base_url, keys, ca_path = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
     tls = ssl.create_default_context(cafile=ca_path)
@@ -123,6 +161,7 @@ def main() -> None:
         "chain_from_second": alpha.responses.create(input="rst", previous_response_id=second.id,
                                                     **turn).usage.input_tokens,
     }
+    seen["conversation"] = conversation_turns(alpha, other, turn)
     print(json.dumps(seen))
 
 

@@ -160,7 +160,10 @@ def test_a_response_id_of_another_shape_is_a_400(value):
     ({"previous_response_id": 7}, "previous_response_id", "must be a response id"),
     ({"store": "yes"}, "store", "store must be true or false"),
     ({"background": True}, "background", "background responses are not supported: this gateway stores no"),
-    ({"conversation": "conv_1"}, "conversation", "no Conversations API"),
+    ({"conversation": "conv_1"}, "conversation", "conversation is not supported: this gateway stores no"),
+    ({"conversation": "resp_1"}, "conversation", "must be a conversation id"),
+    ({"conversation": {"id": 5}}, "conversation.id", "must be a conversation id"),
+    ({"conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation", "mutually exclusive"),
 ])
 def test_what_cannot_be_stored_or_continued_is_a_400_saying_why(body, param, message):
     with pytest.raises(BadParameter, match=message) as caught:

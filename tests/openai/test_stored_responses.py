@@ -3,7 +3,8 @@
 previous_response_id reach the model as one conversation (the toy model's byte-level template makes
 every prompt's token count exact), retrieve, input_items, delete, another tenant's 404s, item_reference
 items, background Responses polled and cancelled, a background stream resumed after the last event its
-client saw, and background requests refused up front.
+client saw, and background requests refused up front; and a conversation (the Conversations API)
+created, continued by Responses, read, changed and deleted.
 """
 
 from __future__ import annotations
@@ -116,3 +117,43 @@ def test_the_gateway_reports_what_it_keeps(seen, http_mesh):
     # The script's: second, third, the background one, the cancelled one and the last turn (first: deleted).
     assert metrics.value("infermesh_gateway_responses_stored") >= 5
     assert 0 < metrics.value("infermesh_gateway_responses_stored_bytes") <= 1_000_000
+
+
+def test_turns_in_a_conversation_reach_the_model_after_its_items_and_add_their_own(seen):
+    conversation = seen["conversation"]
+    conversation_id = conversation["created"]["id"]
+    assert conversation["created"]["object"] == "conversation" and conversation_id.startswith("conv_")
+    assert conversation["created"]["metadata"] == {"topic": "toy"}
+    first, second = conversation["first"], conversation["second"]
+    assert first["usage"]["input_tokens"] == _prompt_tokens("user: abc", "user: xyz")
+    assert second["usage"]["input_tokens"] == _prompt_tokens("user: abc", "user: xyz", f"assistant: {ANSWER}",
+                                                             "user: uvw")
+    assert first["conversation"] == second["conversation"] == {"id": conversation_id}
+    items = conversation["items"]  # asc, two a page
+    assert [(i["role"], i["content"][0]["text"]) for i in items] == [
+        ("user", "abc"), ("user", "xyz"), ("assistant", ANSWER), ("user", "uvw"), ("assistant", ANSWER),
+        ("user", "rst")]
+    assert items[2]["id"] == first["output"][0]["id"]
+    assert conversation["item"] == conversation["added"]["data"][0] and conversation["item"]["id"] == items[5]["id"]
+
+
+def test_a_conversation_is_updated_its_items_deleted_and_it_is_deleted(seen):
+    conversation = seen["conversation"]
+    conversation_id = conversation["created"]["id"]
+    assert conversation["updated"] == {**conversation["created"], "metadata": {"topic": "done"}}
+    assert conversation["item_deleted"]["id"] == conversation_id and conversation["num_items_left"] == 5
+    assert conversation["deleted"] == {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
+    assert conversation["gone"]["status"] == 404 and conversation_id in conversation["gone"]["message"]
+
+
+def test_another_tenant_cannot_use_a_conversation_and_previous_response_id_beside_it_is_a_400(seen):
+    conversation = seen["conversation"]
+    for what, refused in conversation["other"].items():
+        assert refused["status"] == 404 and conversation["created"]["id"] in refused["message"], what
+    assert conversation["other"]["turn"]["param"] == "conversation"
+    assert (conversation["both"]["status"], conversation["both"]["param"]) == (400, "conversation")
+
+
+def test_the_gateway_reports_the_conversations_it_keeps(seen, http_mesh):
+    metrics = scrape(http_mesh.gateway_metrics_port)
+    assert metrics.value("infermesh_gateway_conversations_stored") == 1  # the one left; the other was deleted

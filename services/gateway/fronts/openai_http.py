@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP front (aiohttp): /v1/completions, /v1/chat/completions, /v1/responses (on the
 chat path: openai_responses.py; stored ones under /v1/responses/{id} when the gateway stores them:
-openai_stored_http.py), /v1/embeddings (openai_embeddings.py), /v1/models[/{id}], and vLLM's /tokenize and /detokenize (and, when the gateway
-is asked to, its /tokenizer_info).
+openai_stored_http.py), /v1/conversations[/{id}[/items[/{item_id}]]] (openai_conversations_http.py),
+/v1/embeddings (openai_embeddings.py), /v1/models[/{id}], and vLLM's /tokenize and /detokenize (and, when
+the gateway is asked to, its /tokenizer_info).
 
 Thin: read the caller from the headers, parse the body (openai_codec), run the same
 GenerateCore as the gRPC Generate, write JSON or server-sent events, map domain errors to
@@ -47,6 +48,7 @@ from services.gateway.fronts import (
 )
 from services.gateway.fronts.caller import http_authorization, http_caller
 from services.gateway.fronts.http_refusals import refusal_middleware
+from services.gateway.fronts.openai_conversations_http import ConversationsFront
 from services.gateway.fronts.openai_stored_http import Keep, StoredResponses, StoredResponsesFront
 from services.gateway.fronts.reasoning import ReasoningFormat, ReasoningSplitter
 from services.gateway.fronts.response_event_log import EventLog
@@ -187,6 +189,7 @@ class OpenAIFront:
         self._tokenizer_info = tokenizer_info
         self._stored = StoredResponsesFront(stored, authenticate)
         self._embeddings = openai_embeddings.EmbeddingsFront(core, self._refusal, error_response, _json_body, _dumps)
+        self._conversations = ConversationsFront(stored, authenticate, _json_body, clock)
 
     def routes(self) -> list[web.RouteDef]:
         routes = [
@@ -198,6 +201,7 @@ class OpenAIFront:
             web.delete("/v1/responses/{response_id}", _json_answer(self._stored.delete)),
             web.get("/v1/responses/{response_id}/input_items", _json_answer(self._stored.input_items)),
             web.post("/v1/responses/{response_id}/cancel", _json_answer(self._stored.cancel)),
+            *self._conversations.routes(_json_answer),
             web.get("/v1/models", self.models),
             # Ids may hold slashes (Hugging Face style, "org/name"), as stock clients put them in the path.
             web.get("/v1/models/{model:.+}", self.model),
@@ -265,7 +269,8 @@ class OpenAIFront:
             raise openai_responses.renamed(err) from None
         parsed.generate.request_id = parsed.generate.request_id or uuid.uuid4().hex  # names the Response and its items
         log = self._stored.event_log(wanted)
-        keep = self._stored.keeper(scope, chain, wanted, parsed.generate.request_id, log) if wanted.store else None
+        keep = (self._stored.keeper(scope, chain, wanted, parsed.generate.request_id, log)
+                if wanted.store or wanted.conversation else None)
         return parsed, ResponsesShape(wanted, parsed, int(self._clock()), keep, log)
 
     async def close(self) -> None:

@@ -7,8 +7,9 @@ name a stored one in `previous_response_id`, whose items the front looks up and 
 `chat_request` as `earlier`, a Response says whether it is kept (`store`), and `background` asks
 for it to be answered once admitted and run on (openai_background.py), streamed or not. Without
 storing, `previous_response_id` and `background` are a 400 saying so and a Response says
-`"store": false`, as vLLM serves it by default. `conversation` (the Conversations API) is a 400
-naming it. Inputs are text: messages (string content or input_text / output_text parts), the model's
+`"store": false`, as vLLM serves it by default. With storing, `conversation` names a stored
+conversation (openai_conversations.py) whose items the front hands over as `earlier`, as for
+`previous_response_id` (the two together are a 400); without, it is a 400 saying storing is off. Inputs are text: messages (string content or input_text / output_text parts), the model's
 own function_call items and their function_call_output items; images, files and hosted tools
 (web_search, file_search, ...) are a 400 naming the item or tool; `item_reference` items are resolved
 to the stored items they name before this reads them (a 400 saying so without storing). What chat
@@ -25,6 +26,7 @@ from typing import Any
 from services.gateway.fronts.openai_params import BadParameter, json_object, shown
 from services.gateway.fronts.openai_stored import (
     STORING_OFF,
+    conversation_param,
     is_item_reference,
     previous_response_id,
     wants_store,
@@ -59,6 +61,12 @@ class ResponsesRequest:
         return bool(self.echoed["background"])
 
     @property
+    def conversation(self) -> str | None:
+        """The stored conversation it continues, and its items are added to once it completes."""
+        named = self.echoed.get("conversation")
+        return None if named is None else named["id"]
+
+    @property
     def streamed(self) -> bool:
         return self.chat.get("stream") is True
 
@@ -69,14 +77,14 @@ def chat_request(body: Any, *, storing: bool = False, earlier: Sequence[dict] = 
     previous_response_id (openai_stored.chain_of), looked up by the caller; they come before `input`."""
     body = json_object(body)
     store = wants_store(body)
+    conversation = conversation_param(body)  # first: beside previous_response_id it is refused, storing or not
     previous = previous_response_id(body)
     if previous is not None and not storing:
         raise BadParameter("previous_response_id", f"previous_response_id is not supported: {STORING_OFF}; "
                                                    "send the whole conversation in input instead")
-    if body.get("conversation") is not None:
-        raise BadParameter("conversation", "conversation is not supported: this server has no Conversations API; "
-                                           "chain turns with previous_response_id, or send the whole conversation "
-                                           "in input")
+    if conversation is not None and not storing:
+        raise BadParameter("conversation", f"conversation is not supported: {STORING_OFF}; send the whole "
+                                           "conversation in input instead")
     background = _background(body, storing=storing, store=store)
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
@@ -104,7 +112,7 @@ def chat_request(body: Any, *, storing: bool = False, earlier: Sequence[dict] = 
         chat["logprobs"] = True
     if top_logprobs is not None:
         chat["top_logprobs"] = top_logprobs  # the chat parser checks it (0..20, and with logprobs when > 0)
-    _check_metadata(body.get("metadata"))
+    check_metadata(body.get("metadata"))
     echoed = {
         "instructions": instructions,
         "max_output_tokens": body.get("max_output_tokens"),
@@ -122,6 +130,8 @@ def chat_request(body: Any, *, storing: bool = False, earlier: Sequence[dict] = 
         "previous_response_id": previous,
         "background": background,
     }
+    if conversation is not None:
+        echoed["conversation"] = {"id": conversation}
     return ResponsesRequest(chat, echoed, body.get("input"))
 
 
@@ -149,6 +159,11 @@ def renamed(err: BadParameter) -> BadParameter:
         return err
     # The same class: a context-length refusal keeps OpenAI's code.
     return type(err)("input" if base == "messages" else _RENAMED[base] + param[len(base):], err.message)
+
+
+def check_input(items: Any) -> None:
+    """Refuses what `input` may not hold, as a Responses request's own input is refused."""
+    _messages(items)
 
 
 def _messages(items: Any, earlier: Sequence[dict] = ()) -> list[dict]:
@@ -264,7 +279,7 @@ def _include(include: Any) -> list:
     return include
 
 
-def _check_metadata(metadata: Any) -> None:
+def check_metadata(metadata: Any) -> None:
     """OpenAI's bounds: up to 16 string pairs, keys up to 64 characters, values up to 512."""
     if metadata is None:
         return

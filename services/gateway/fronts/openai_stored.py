@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,7 @@ STORE_FLAG = "--responses-store-bytes (INFERMESH_GATEWAY_RESPONSES_STORE_BYTES)"
 STORING_OFF = f"this gateway stores no responses (storing is off: its operator turns it on with {STORE_FLAG})"
 # Ours are resp_ and 32 hex digits; anything of this shape is looked up (and not found), anything else is a 400.
 _RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9_-]{1,128}")
+_CONVERSATION_ID = re.compile(r"conv_[A-Za-z0-9_-]{1,128}")  # ours: conv_ and 32 hex digits
 _MAX_ITEMS_PAGE = 100
 _DEFAULT_ITEMS_PAGE = 20
 _WHY_NOT_FOUND = ("responses are kept for their own tenant, on the gateway that answered them, until deleted, "
@@ -83,6 +84,28 @@ def response_id_of(value: Any, param: str) -> str:
     return value
 
 
+def conversation_id_of(value: Any, param: str) -> str:
+    """A conversation id as sent (a path segment or `conversation`), checked for shape only."""
+    if not isinstance(value, str) or not _CONVERSATION_ID.fullmatch(value):
+        raise BadParameter(param, f"{param} must be a conversation id (conv_ and up to 128 letters, digits, _ or -), "
+                                  f"got {shown(value)}")
+    return value
+
+
+def conversation_param(body: dict) -> str | None:
+    """POST /v1/responses' `conversation` (an id, or an object with its id); a 400 beside
+    previous_response_id, as OpenAI answers: a turn continues one or the other."""
+    value = body.get("conversation")
+    if value is None:
+        return None
+    if body.get("previous_response_id") is not None:
+        raise BadParameter("conversation", "conversation and previous_response_id are mutually exclusive: send one "
+                                           "of them")
+    if isinstance(value, dict):
+        return conversation_id_of(value.get("id"), "conversation.id")
+    return conversation_id_of(value, "conversation")
+
+
 def previous_response_id(body: dict) -> str | None:
     value = body.get("previous_response_id")
     return None if value is None else response_id_of(value, "previous_response_id")
@@ -130,7 +153,7 @@ def chain_of(previous: StoredResponse) -> Chain:
     if response["status"] not in _CONTINUED:
         raise BadParameter("previous_response_id", f"response '{response['id']}' {_NOT_CONTINUED[response['status']]}")
     output = tuple(response["output"])
-    return Chain(previous.context + output, _context_bytes(previous) + _size_bytes(output))
+    return Chain(previous.context + output, _context_bytes(previous) + size_bytes(output))
 
 
 def input_items(value: Any, request_id: str) -> tuple[dict, ...]:
@@ -146,8 +169,8 @@ def stored_response(response: dict, chain: Chain, items: tuple[dict, ...],
     """What the store keeps of a Response answered after `chain`, for this turn's input `items` (and, for
     a background stream, its events as far as they came)."""
     context = chain.items + items
-    size_bytes = _size_bytes((response,)) + chain.size_bytes + _size_bytes(items)
-    return StoredResponse(response, context, size_bytes + (events.num_bytes if events else 0), events)
+    num_bytes = size_bytes((response,)) + chain.size_bytes + size_bytes(items)
+    return StoredResponse(response, context, num_bytes + (events.num_bytes if events else 0), events)
 
 
 def stream_query(query: Mapping[str, str]) -> int | None:
@@ -186,20 +209,25 @@ def too_large(response: dict) -> dict:
 
 
 def input_items_page(entry: StoredResponse, query: Mapping[str, str]) -> dict:
-    """GET /v1/responses/{id}/input_items: a list object of the context's items. `limit` 1..100 (20),
-    `order` desc (the default, newest first) or asc, `after` / `before` an item id of the list."""
+    """GET /v1/responses/{id}/input_items: a list object of the context's items."""
+    return items_page(entry.context, query, "input item", "this response")
+
+
+def items_page(items: Sequence[dict], query: Mapping[str, str], what: str, where: str) -> dict:
+    """A list object of `items` (oldest first; each with an id). `limit` 1..100 (20), `order` desc (the
+    default, newest first) or asc, `after` / `before` an item id of the list (`what`, in `where`)."""
     limit = _limit(query.get("limit"))
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise BadParameter("order", f"order must be asc or desc, got {shown(order)}")
-    items = list(entry.context) if order == "asc" else list(reversed(entry.context))
+    listed = list(items) if order == "asc" else list(reversed(items))
     if query.get("after") is not None:
-        items = items[_position(items, query["after"], "after") + 1:]
+        listed = listed[_position(listed, query["after"], "after", what, where) + 1:]
     if query.get("before") is not None:
-        items = items[:_position(items, query["before"], "before")]
-    page = items[:limit]
+        listed = listed[:_position(listed, query["before"], "before", what, where)]
+    page = listed[:limit]
     return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
+            "last_id": page[-1]["id"] if page else None, "has_more": len(listed) > limit}
 
 
 def deleted(response_id: str) -> dict:
@@ -226,16 +254,17 @@ def _limit(value: str | None) -> int:
     return int(value)
 
 
-def _position(items: list[dict], item_id: str, param: str) -> int:
+def _position(items: list[dict], item_id: str, param: str, what: str, where: str) -> int:
     for i, item in enumerate(items):
         if item["id"] == item_id:
             return i
-    raise BadParameter(param, f"{param}: no input item with id {shown(item_id)} in this response")
+    raise BadParameter(param, f"{param}: no {what} with id {shown(item_id)} in {where}")
 
 
 def _context_bytes(entry: StoredResponse) -> int:
-    return entry.size_bytes - _size_bytes((entry.response,))
+    return entry.size_bytes - size_bytes((entry.response,))
 
 
-def _size_bytes(values: tuple[dict, ...]) -> int:
+def size_bytes(values: Sequence[dict]) -> int:
+    """What `values` count against the store's bound: their JSON bytes."""
     return sum(len(json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode()) for v in values)

@@ -13,12 +13,19 @@ cancelled (POST .../cancel) or the HTTP front closes; what they end as is kept u
 (openai_background.py runs them). A streamed one keeps its events (response_event_log.py) with it:
 the POST that created it and any GET with stream=true follow them (`streamed`), from after
 `starting_after`, while it runs and after it ended.
+
+A Response created with `conversation` continues from the conversation's items (as from a chain's)
+and, once it completes (or ends incomplete at its token limit), its input and output items are added
+to the conversation as it stands then, whether the Response itself is stored or not. One that fails
+or is cancelled adds nothing; a conversation deleted, expired or pushed out meanwhile is not brought
+back, and one the items would make larger than the whole store is left as it was.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -27,12 +34,16 @@ from aiohttp import web
 
 from services.gateway.fronts import openai_responses, openai_stored
 from services.gateway.fronts.caller import http_authorization
+from services.gateway.fronts.openai_conversations import ConversationNotFound, items_bytes, with_items
 from services.gateway.fronts.openai_params import BadParameter
 from services.gateway.fronts.response_event_log import EventLog, EventsGone
 from services.gateway.fronts.response_store import ResponseStore, StoredResponse
 from services.gateway.tenants.credentials import Authorization
 
+log = logging.getLogger(__name__)
+
 Keep = Callable[[dict], bool]  # keeps a Response (its latest state); False when it cannot be kept
+_COMPLETED = ("completed", "incomplete")  # the Responses whose items a conversation takes
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -59,9 +70,10 @@ class StoredResponsesFront:
     # -- what POST /v1/responses asks --------------------------------------------------------
 
     def continued(self, body: object, request: web.Request) -> tuple[str | None, openai_stored.Chain, object]:
-        """The caller's scope when the gateway stores Responses, the stored turn the request continues
-        (previous_response_id; none: an empty chain), and the body with its item_reference items resolved
-        to the caller's stored items. A body that is not an object is chat_request's to refuse."""
+        """The caller's scope when the gateway stores Responses, the stored turn or conversation the request
+        continues (previous_response_id or conversation; neither: an empty chain), and the body with its
+        item_reference items resolved to the caller's stored items. A body that is not an object is
+        chat_request's to refuse."""
         if self._stored is None or not isinstance(body, dict):
             return None, openai_stored.Chain(), body
         scope = self._stored.scope_of(http_authorization(request))
@@ -69,6 +81,12 @@ class StoredResponsesFront:
         resolved = openai_stored.resolved_input(body.get("input"), lambda item_id: store.find_item(scope, item_id))
         if resolved is not body.get("input"):
             body = {**body, "input": resolved}
+        conversation_id = openai_stored.conversation_param(body)
+        if conversation_id is not None:
+            conversation = store.get_conversation(scope, conversation_id)
+            if conversation is None:
+                raise ConversationNotFound(conversation_id, "conversation")
+            return scope, openai_stored.Chain(conversation.items(), items_bytes(conversation)), body
         previous = openai_stored.previous_response_id(body)
         if previous is None:
             return scope, openai_stored.Chain(), body
@@ -84,12 +102,22 @@ class StoredResponsesFront:
     def keeper(self, scope: str | None, chain: openai_stored.Chain, wanted: openai_responses.ResponsesRequest,
                request_id: str, events: EventLog | None = None) -> Keep:
         """Keeps a Response of `wanted` (the request continuing `chain`) under the caller's scope, with
-        its `events` while they fit beside it."""
-        assert self._stored is not None and scope is not None  # wanted.store: the gateway stores, scope was read
+        its `events` while they fit beside it, if it is to be stored; adds its items to its conversation
+        once it completes, if it names one."""
+        # wanted.store or wanted.conversation: the gateway stores, and the scope was read
+        assert self._stored is not None and scope is not None
         store = self._stored.store
         items = openai_stored.input_items(wanted.input, request_id)
+        conversation_id = wanted.conversation
+        added_to_conversation = False
 
         def keep(response: dict) -> bool:
+            nonlocal added_to_conversation
+            if conversation_id is not None and not added_to_conversation and response["status"] in _COMPLETED:
+                added_to_conversation = True  # once: a background one is kept again as its events end
+                _add_to_conversation(store, scope, conversation_id, items + tuple(response["output"]))
+            if not wanted.store:
+                return False
             response = {**response, "store": True}  # as a GET will show it
             if store.put(scope, response["id"], openai_stored.stored_response(response, chain, items, events)):
                 return True
@@ -181,6 +209,16 @@ class StoredResponsesFront:
         if entry is None:
             raise openai_stored.ResponseNotFound(response_id, param)
         return entry
+
+
+def _add_to_conversation(store: ResponseStore, scope: str, conversation_id: str, items: tuple[dict, ...]) -> None:
+    conversation = store.get_conversation(scope, conversation_id)
+    if conversation is None:
+        log.info("conversation %s is gone: a response's items were not added to it", conversation_id)
+        return
+    if not store.put(scope, conversation_id, with_items(conversation, items)):
+        log.warning("conversation %s would be too large for the store: a response's items were not added",
+                    conversation_id)
 
 
 async def streamed(request: web.Request, events: EventLog, starting_after: int) -> web.StreamResponse:

@@ -1,17 +1,22 @@
-"""Stored Responses: a bounded in-memory map from (scope, response id) to what a later turn or a GET
-needs (openai_stored.py says what that is, in OpenAI's shapes). Pure: no I/O; the clock is injected.
+"""Stored Responses and Conversations: a bounded in-memory map from (scope, id) to what a later turn or
+a GET needs (openai_stored.py and openai_conversations.py say what that is, in OpenAI's shapes). Both
+kinds share one bound and one policy; their ids never collide (resp_ and conv_). Pure: no I/O; the clock
+is injected.
 
 Bounded twice. By bytes: a response that does not fit pushes out the least recently used ones (a
 GET, a chained turn or an input-items read counts as a use) until it does; one larger than the
 whole bound is not kept, and `put` says so. By age: each entry lives `ttl_s` from when it was put,
-read or not (OpenAI, too, keeps a response for a fixed time from its creation).
+read or not (OpenAI, too, keeps a response for a fixed time from its creation). A conversation is put
+again each time it changes, so it lives `ttl_s` from its last change (OpenAI keeps conversations without
+a TTL; a bounded gateway cannot).
 
 Scoped: an entry is found only under the scope (the tenant) that put it, so another scope's lookup
 misses exactly as an unknown or expired id does, and ids say nothing across tenants. So is an item
 (an input or output item, by its own id: what an `item_reference` names): `find_item` looks only
 through the scope's entries, by an index kept beside them.
 
-What leaves without being deleted is told to `on_dropped` with why (DropReason), for the metrics.
+What leaves without being deleted is told to `on_dropped` with why (DropReason) and what it was
+(EntryKind), for the metrics.
 
 Invariant: `_by_use` and `_by_expiry` hold the same keys, and `num_bytes`, the sum of their entries'
 sizes, never exceeds `max_bytes`; `_items` names, for each (scope, item id), exactly the kept entries
@@ -29,7 +34,12 @@ from dataclasses import dataclass
 
 from services.gateway.fronts.response_event_log import EventLog
 
-Key = tuple[str, str]  # (scope, response id)
+Key = tuple[str, str]  # (scope, response or conversation id)
+
+
+class EntryKind(enum.Enum):
+    RESPONSE = "response"
+    CONVERSATION = "conversation"
 
 
 class DropReason(enum.Enum):
@@ -52,9 +62,24 @@ class StoredResponse:
         return self.context + tuple(self.response.get("output") or ())
 
 
+@dataclass(frozen=True)
+class StoredConversation:
+    """A conversation as it stands: replaced whole (put again) when it changes."""
+
+    conversation: dict  # the Conversation object (id, created_at, metadata): a GET returns it
+    conversation_items: tuple[dict, ...]  # its items, oldest first, each with an id
+    size_bytes: int  # what it counts against the bound (openai_conversations measures it)
+
+    def items(self) -> tuple[dict, ...]:
+        return self.conversation_items
+
+
+Entry = StoredResponse | StoredConversation
+
+
 class ResponseStore:
     def __init__(self, max_bytes: int, ttl_s: float, clock: Callable[[], float] = time.monotonic,
-                 on_dropped: Callable[[DropReason], None] = lambda reason: None) -> None:
+                 on_dropped: Callable[[DropReason, EntryKind], None] = lambda reason, kind: None) -> None:
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
         if ttl_s <= 0:
@@ -63,42 +88,55 @@ class ResponseStore:
         self.ttl_s = ttl_s
         self._clock = clock
         self._on_dropped = on_dropped
-        self._by_use: OrderedDict[Key, StoredResponse] = OrderedDict()  # least recently used first
+        self._by_use: OrderedDict[Key, Entry] = OrderedDict()  # least recently used first
         self._by_expiry: OrderedDict[Key, float] = OrderedDict()  # key -> expiry time, soonest first
         self._items: dict[Key, dict[str, None]] = {}  # (scope, item id) -> the response ids holding it, oldest first
         self.num_bytes = 0
+        self.num_conversations = 0
 
     @property
     def num_responses(self) -> int:
-        return len(self._by_use)
+        return len(self._by_use) - self.num_conversations
 
     def can_put(self, size_bytes: int) -> bool:
         """Whether an entry this large can be kept at all (after pushing out every other)."""
         return size_bytes <= self.max_bytes
 
-    def put(self, scope: str, response_id: str, entry: StoredResponse) -> bool:
+    def put(self, scope: str, response_id: str, entry: Entry) -> bool:
         """Keeps `entry` (replacing one under the same key), pushing out the least recently used ones
         it needs room from; False, and nothing changed but expiry, when it can never fit."""
         self._expire()
         if not self.can_put(entry.size_bytes):
-            self._on_dropped(DropReason.TOO_LARGE)
+            self._on_dropped(DropReason.TOO_LARGE, _kind(entry))
             return False
         key = (scope, response_id)
         self._remove(key)
         while self.num_bytes + entry.size_bytes > self.max_bytes:
-            self._remove(next(iter(self._by_use)))
-            self._on_dropped(DropReason.PUSHED_OUT)
+            oldest = next(iter(self._by_use))
+            kind = _kind(self._by_use[oldest])
+            self._remove(oldest)
+            self._on_dropped(DropReason.PUSHED_OUT, kind)
         self._by_use[key] = entry
         self._by_expiry[key] = self._clock() + self.ttl_s
         self.num_bytes += entry.size_bytes
+        self.num_conversations += isinstance(entry, StoredConversation)
         for item_id in _item_ids(entry):
             self._items.setdefault((scope, item_id), {})[response_id] = None
         return True
 
     def get(self, scope: str, response_id: str) -> StoredResponse | None:
-        """The entry, now the most recently used; None when unknown, expired, pushed out or another scope's."""
+        """The response, now the most recently used; None when unknown, expired, pushed out or another scope's."""
+        entry = self._used(scope, response_id)
+        return entry if isinstance(entry, StoredResponse) else None
+
+    def get_conversation(self, scope: str, conversation_id: str) -> StoredConversation | None:
+        """The conversation, now the most recently used; None as `get` says."""
+        entry = self._used(scope, conversation_id)
+        return entry if isinstance(entry, StoredConversation) else None
+
+    def _used(self, scope: str, entry_id: str) -> Entry | None:
         self._expire()
-        key = (scope, response_id)
+        key = (scope, entry_id)
         entry = self._by_use.get(key)
         if entry is not None:
             self._by_use.move_to_end(key)
@@ -112,7 +150,7 @@ class ResponseStore:
         if not holders:
             return None
         response_id = next(reversed(holders))
-        entry = self.get(scope, response_id)
+        entry = self._used(scope, response_id)
         assert entry is not None  # the index names kept entries only
         return next(item for item in entry.items() if item.get("id") == item_id)
 
@@ -127,8 +165,9 @@ class ResponseStore:
             key, expiry = next(iter(self._by_expiry.items()))
             if expiry > now:
                 return
+            kind = _kind(self._by_use[key])
             self._remove(key)
-            self._on_dropped(DropReason.EXPIRED)
+            self._on_dropped(DropReason.EXPIRED, kind)
 
     def _remove(self, key: Key) -> bool:
         entry = self._by_use.pop(key, None)
@@ -136,6 +175,7 @@ class ResponseStore:
             return False
         del self._by_expiry[key]
         self.num_bytes -= entry.size_bytes
+        self.num_conversations -= isinstance(entry, StoredConversation)
         scope, response_id = key
         for item_id in _item_ids(entry):
             holders = self._items[(scope, item_id)]
@@ -145,5 +185,9 @@ class ResponseStore:
         return True
 
 
-def _item_ids(entry: StoredResponse) -> set[str]:
+def _kind(entry: Entry) -> EntryKind:
+    return EntryKind.CONVERSATION if isinstance(entry, StoredConversation) else EntryKind.RESPONSE
+
+
+def _item_ids(entry: Entry) -> set[str]:
     return {item["id"] for item in entry.items() if isinstance(item.get("id"), str)}

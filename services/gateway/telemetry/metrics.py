@@ -115,12 +115,24 @@ RESPONSES_STORED = Gauge(
 )
 RESPONSES_STORED_BYTES = Gauge(
     "infermesh_gateway_responses_stored_bytes",
-    "JSON bytes of the OpenAI Responses this gateway keeps now, with their contexts (at most --responses-store-bytes).",
+    "JSON bytes of the OpenAI Responses (with their contexts) and Conversations this gateway keeps now, in one "
+    "bound (at most --responses-store-bytes).",
 )
 RESPONSES_DROPPED = Counter(
     "infermesh_gateway_responses_dropped",
     "Stored OpenAI Responses gone without a DELETE (reason=expired: their TTL; pushed_out: the least recently "
     "used, for a newer one), or never kept (reason=too_large: larger than the whole bound).",
+    ["reason"],
+)
+CONVERSATIONS_STORED = Gauge(
+    "infermesh_gateway_conversations_stored",
+    "OpenAI Conversations this gateway keeps now, in the stored Responses' bound (docs/clients.md, \"Conversations\").",
+)
+CONVERSATIONS_DROPPED = Counter(
+    "infermesh_gateway_conversations_dropped",
+    "Stored OpenAI Conversations gone without a DELETE (reason=expired: their TTL from their last change; "
+    "pushed_out: the least recently used, for a newer entry), or not kept (reason=too_large: larger than the whole "
+    "bound, which refuses the change that made them so).",
     ["reason"],
 )
 STREAM_RESUMES = Counter(

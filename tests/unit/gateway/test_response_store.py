@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.fronts.response_store import DropReason, ResponseStore, StoredResponse
+from services.gateway.fronts.response_store import (
+    DropReason,
+    EntryKind,
+    ResponseStore,
+    StoredConversation,
+    StoredResponse,
+)
 
 
 class FakeClock:
@@ -99,7 +105,7 @@ def test_delete_frees_its_bytes_and_answers_whether_there_was_one():
 def test_what_leaves_without_a_delete_is_told_with_why():
     dropped: list[DropReason] = []
     clock = FakeClock()
-    store = ResponseStore(30, 60.0, clock, on_dropped=dropped.append)
+    store = ResponseStore(30, 60.0, clock, on_dropped=lambda reason, kind: dropped.append(reason))
     store.put("t", "resp_a", entry(20))
     store.put("t", "resp_b", entry(20))  # pushes a out
     store.put("t", "resp_huge", entry(31))
@@ -147,3 +153,50 @@ def test_an_item_held_by_several_responses_is_found_until_the_last_of_them_goes(
         store.put("alpha", name, _with_items(name, (f"msg_{name}",)))
     assert store.find_item("alpha", "msg_resp_3") is None and store.find_item("alpha", "msg_resp_6") is not None
     assert store._items.keys() == {("alpha", f"msg_resp_{n}") for n in (4, 5, 6)}  # the index holds no stale id
+
+
+def conversation(size_bytes: int, *item_ids: str) -> StoredConversation:
+    return StoredConversation({"id": "conv"}, tuple({"id": i} for i in item_ids), size_bytes)
+
+
+def test_conversations_share_the_bound_and_are_found_only_as_conversations():
+    store, _ = make_store(max_bytes=30)
+    store.put("t", "resp_a", entry(10))
+    store.put("t", "conv_a", conversation(10))
+    assert (store.num_responses, store.num_conversations, store.num_bytes) == (1, 1, 20)
+    assert store.get("t", "conv_a") is None and store.get_conversation("t", "resp_a") is None
+    assert store.get_conversation("t", "conv_a") == conversation(10)
+    assert store.get_conversation("u", "conv_a") is None
+    store.put("t", "resp_b", entry(15))  # pushes out resp_a, the least recently used
+    assert (store.num_responses, store.num_conversations, store.num_bytes) == (1, 1, 25)
+    assert store.delete("t", "conv_a")
+    assert (store.num_conversations, store.num_bytes) == (0, 15)
+
+
+def test_a_changed_conversation_is_put_again_and_lives_its_ttl_from_then():
+    store, clock = make_store(ttl_s=60.0)
+    store.put("t", "conv_a", conversation(10, "msg_1"))
+    clock.now_s += 50
+    assert store.put("t", "conv_a", conversation(20, "msg_1", "msg_2"))
+    assert (store.num_conversations, store.num_bytes) == (1, 20)
+    clock.now_s += 50  # 100 s after it was created, 50 after its change
+    assert store.find_item("t", "msg_2") == {"id": "msg_2"}
+    clock.now_s += 10
+    assert store.get_conversation("t", "conv_a") is None and store.find_item("t", "msg_1") is None
+
+
+def test_a_change_too_large_for_the_bound_leaves_the_conversation_as_it_was():
+    store, _ = make_store(max_bytes=30)
+    store.put("t", "conv_a", conversation(10, "msg_1"))
+    assert not store.put("t", "conv_a", conversation(31, "msg_1", "msg_2"))
+    assert store.get_conversation("t", "conv_a") == conversation(10, "msg_1")
+    assert store.find_item("t", "msg_2") is None
+
+
+def test_drops_say_which_kind_left():
+    dropped: list[tuple[DropReason, EntryKind]] = []
+    store = ResponseStore(30, 60.0, FakeClock(), on_dropped=lambda reason, kind: dropped.append((reason, kind)))
+    store.put("t", "conv_a", conversation(20))
+    store.put("t", "resp_b", entry(20))
+    store.put("t", "conv_c", conversation(31))
+    assert dropped == [(DropReason.PUSHED_OUT, EntryKind.CONVERSATION), (DropReason.TOO_LARGE, EntryKind.CONVERSATION)]

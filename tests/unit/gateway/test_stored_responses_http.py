@@ -15,100 +15,38 @@ import time
 import aiohttp
 import pytest
 
-from infermesh.v1 import common_pb2, gateway_pb2
-from services.common import errors
-from services.gateway.fronts.http_server import HttpServer
-from services.gateway.fronts.openai_http import OpenAIFront
 from services.gateway.fronts.openai_stored_http import StoredResponses
 from services.gateway.fronts.response_store import ResponseStore
-from services.gateway.quota.quotas import QuotaExceeded
-from services.gateway.tenants.directory import TenantConfig, TenantDirectory, hash_api_key
-from tests.unit.gateway.conftest import make_tenant
-from tools.testbed.processes import free_port
-
-ALPHA, BETA = "alpha-key", "beta-key"
-_TENANTS = TenantDirectory(TenantConfig((make_tenant("alpha", api_key_sha256=(hash_api_key(ALPHA),)),
-                                         make_tenant("beta", api_key_sha256=(hash_api_key(BETA),))), "test"))
-STORE_BYTES = 20_000
-
-
-class _ConversationCore:
-    """Answers every chat with the conversation it received, one `role:content` line per message, in two
-    chunks (so a stream has deltas), after telling `on_admitted`; one containing REFUSE is refused as
-    admission refuses (before `on_admitted`); a prompt containing FAIL fails after the first chunk (BUG: raises
-    what no domain error is), one containing HOLD waits for `release` before its second. Counts the generations closed before their end."""
-
-    def __init__(self) -> None:
-        self.holding = asyncio.Event()  # set once a HOLD conversation waits
-        self.release = asyncio.Event()
-        self.num_abandoned = 0
-
-    async def generate(self, request: gateway_pb2.GenerateRequest, caller, *, further_choice: bool = False,
-                       on_admitted=None):
-        _TENANTS.authenticate(caller.authorization)
-        text = "\n".join(f"{m.role}:{m.content}" for m in request.messages)
-        if "REFUSE" in text:  # what admission refuses (a quota)
-            raise QuotaExceeded("tenant 'alpha' is over its request rate quota", "requests_per_s", retry_after_s=2.0)
-        if on_admitted is not None:
-            on_admitted()
-        yield gateway_pb2.GenerateResponse(text=text[:3])
-        if "FAIL" in text:
-            raise errors.Unavailable("the worker went away")
-        if "BUG" in text:
-            raise RuntimeError("a bug")
-        try:
-            if "HOLD" in text:
-                self.holding.set()
-                await self.release.wait()
-        except asyncio.CancelledError:
-            self.num_abandoned += 1
-            raise
-        usage = common_pb2.Usage(prompt_tokens=len(text), completion_tokens=len(text))
-        yield gateway_pb2.GenerateResponse(text=text[3:], finish_reason=common_pb2.FINISH_REASON_STOP, usage=usage)
-
-
-async def _list_models(authorization, timeout_s: float) -> gateway_pb2.ListModelsResponse:
-    return gateway_pb2.ListModelsResponse()
-
-
-async def _serve(core: _ConversationCore, stored: StoredResponses | None):
-    port = free_port()
-    server = HttpServer(OpenAIFront(core, _list_models, _TENANTS.authenticate, stored=stored),
-                        "127.0.0.1", port, None, max_body_bytes=1 << 20)
-    await server.start()
-    return server, f"http://127.0.0.1:{port}/v1"
+from tests.unit.gateway.openai_http_support import (
+    ALPHA,
+    BETA,
+    STORE_BYTES,
+    TENANTS,
+    EchoCore,
+    call,
+    create,
+    serve,
+)
 
 
 @pytest.fixture
-def core() -> _ConversationCore:
-    return _ConversationCore()
+def core() -> EchoCore:
+    return EchoCore()
 
 
 @pytest.fixture
 async def base(core):
     store = ResponseStore(STORE_BYTES, ttl_s=3600)
-    server, url = await _serve(core, StoredResponses(store, lambda a: _TENANTS.authenticate(a).tenant_id))
+    server, url = await serve(core, StoredResponses(store, lambda a: TENANTS.authenticate(a).tenant_id))
     yield url
     await server.close()
 
 
 @pytest.fixture
 async def stateless_base(core):
-    server, url = await _serve(core, None)
+    server, url = await serve(core, None)
     yield url
     await server.close()
-
-
-async def _call(method: str, url: str, body: dict | None = None, key: str | None = ALPHA) -> tuple[int, dict]:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    async with aiohttp.ClientSession() as session, session.request(method, url, json=body, headers=headers) as reply:
-        return reply.status, await reply.json()
-
-
-async def _create(base: str, key: str = ALPHA, **body) -> dict:
-    status, reply = await _call("POST", base + "/responses", {"model": "m", **body}, key)
-    assert status == 200, reply
-    return reply
 
 
 async def _stream(base: str, **body) -> list[dict]:
@@ -124,78 +62,78 @@ def _text(response: dict) -> str:
 
 
 async def test_a_second_turn_sends_the_first_ones_input_and_output_upstream_without_its_instructions(base):
-    first = await _create(base, input="Hi", instructions="Be terse.")
+    first = await create(base, input="Hi", instructions="Be terse.")
     assert (first["store"], first["previous_response_id"], _text(first)) == (True, None, "system:Be terse.\nuser:Hi")
-    second = await _create(base, input="And?", previous_response_id=first["id"])
+    second = await create(base, input="And?", previous_response_id=first["id"])
     assert _text(second) == "user:Hi\nassistant:system:Be terse.\nuser:Hi\nuser:And?"
     assert (second["previous_response_id"], second["store"]) == (first["id"], True)
 
 
 async def test_a_stored_response_is_retrieved_listed_and_deleted(base):
-    first = await _create(base, input="Hi")
-    second = await _create(base, input=[{"role": "user", "content": "And?"}], previous_response_id=first["id"])
-    assert await _call("GET", f"{base}/responses/{second['id']}") == (200, second)
-    status, page = await _call("GET", f"{base}/responses/{second['id']}/input_items?order=asc")
+    first = await create(base, input="Hi")
+    second = await create(base, input=[{"role": "user", "content": "And?"}], previous_response_id=first["id"])
+    assert await call("GET", f"{base}/responses/{second['id']}") == (200, second)
+    status, page = await call("GET", f"{base}/responses/{second['id']}/input_items?order=asc")
     assert status == 200
     assert [(i["type"], i.get("role")) for i in page["data"]] == [("message", "user"), ("message", "assistant"),
                                                                  ("message", "user")]
     assert page["data"][1] == first["output"][0] and page["data"][2]["content"] == [{"type": "input_text",
                                                                                       "text": "And?"}]
-    status, newest = await _call("GET", f"{base}/responses/{second['id']}/input_items?limit=1")
+    status, newest = await call("GET", f"{base}/responses/{second['id']}/input_items?limit=1")
     assert (status, newest["data"], newest["has_more"]) == (200, [page["data"][2]], True)
-    assert await _call("DELETE", f"{base}/responses/{first['id']}") == \
+    assert await call("DELETE", f"{base}/responses/{first['id']}") == \
         (200, {"id": first["id"], "object": "response.deleted", "deleted": True})
-    status, reply = await _call("GET", f"{base}/responses/{first['id']}")
+    status, reply = await call("GET", f"{base}/responses/{first['id']}")
     assert status == 404 and first["id"] in reply["error"]["message"]
-    assert (await _call("DELETE", f"{base}/responses/{first['id']}"))[0] == 404
-    third = await _create(base, input="More", previous_response_id=second["id"])  # the deleted turn is in the context
+    assert (await call("DELETE", f"{base}/responses/{first['id']}"))[0] == 404
+    third = await create(base, input="More", previous_response_id=second["id"])  # the deleted turn is in the context
     assert _text(third).startswith("user:Hi\nassistant:")
 
 
 async def test_another_tenant_gets_404s_for_every_use_of_a_response_it_did_not_store(base):
-    mine = await _create(base, input="secret")
+    mine = await create(base, input="secret")
     for method, path in (("GET", ""), ("GET", "/input_items"), ("DELETE", "")):
-        status, reply = await _call(method, f"{base}/responses/{mine['id']}{path}", key=BETA)
+        status, reply = await call(method, f"{base}/responses/{mine['id']}{path}", key=BETA)
         assert (status, reply["error"]["type"]) == (404, "invalid_request_error"), (method, path, reply)
-    status, reply = await _call("POST", base + "/responses", {"model": "m", "input": "x",
+    status, reply = await call("POST", base + "/responses", {"model": "m", "input": "x",
                                                               "previous_response_id": mine["id"]}, BETA)
     assert (status, reply["error"]["param"]) == (404, "previous_response_id")
-    unknown = await _call("GET", f"{base}/responses/resp_0123456789abcdef", key=BETA)
+    unknown = await call("GET", f"{base}/responses/resp_0123456789abcdef", key=BETA)
     assert unknown[1]["error"]["message"].replace("resp_0123456789abcdef", mine["id"]) == reply["error"]["message"]
-    assert (await _call("GET", f"{base}/responses/{mine['id']}"))[0] == 200  # still the owner's
+    assert (await call("GET", f"{base}/responses/{mine['id']}"))[0] == 200  # still the owner's
 
 
 async def test_without_a_key_a_stored_response_is_a_401(base):
-    mine = await _create(base, input="Hi")
-    assert (await _call("GET", f"{base}/responses/{mine['id']}", key=None))[0] == 401
+    mine = await create(base, input="Hi")
+    assert (await call("GET", f"{base}/responses/{mine['id']}", key=None))[0] == 401
 
 
 async def test_store_false_is_answered_and_not_kept(base):
-    response = await _create(base, input="Hi", store=False)
+    response = await create(base, input="Hi", store=False)
     assert response["store"] is False
-    assert (await _call("GET", f"{base}/responses/{response['id']}"))[0] == 404
+    assert (await call("GET", f"{base}/responses/{response['id']}"))[0] == 404
 
 
 async def test_a_response_too_large_for_the_store_is_served_saying_it_was_not_stored(base):
-    response = await _create(base, input="x" * STORE_BYTES)
+    response = await create(base, input="x" * STORE_BYTES)
     assert response["store"] is False and response["status"] == "completed"
-    assert (await _call("GET", f"{base}/responses/{response['id']}"))[0] == 404
+    assert (await call("GET", f"{base}/responses/{response['id']}"))[0] == 404
 
 
 async def test_a_full_store_pushes_out_the_least_recently_used(base):
-    first = await _create(base, input="a" * 2000)
+    first = await create(base, input="a" * 2000)
     for _ in range(5):
-        await _create(base, input="b" * 2000)
-    assert (await _call("GET", f"{base}/responses/{first['id']}"))[0] == 404
+        await create(base, input="b" * 2000)
+    assert (await call("GET", f"{base}/responses/{first['id']}"))[0] == 404
 
 
 async def test_a_finished_stream_is_stored_as_its_last_event_says(base):
     events = await _stream(base, input="Hi")
     final = events[-1]
     assert (final["type"], final["response"]["store"]) == ("response.completed", True)
-    status, stored = await _call("GET", f"{base}/responses/{final['response']['id']}")
+    status, stored = await call("GET", f"{base}/responses/{final['response']['id']}")
     assert (status, stored) == (200, final["response"])
-    chained = await _create(base, input="And?", previous_response_id=stored["id"])
+    chained = await create(base, input="And?", previous_response_id=stored["id"])
     assert _text(chained) == "user:Hi\nassistant:user:Hi\nuser:And?"
 
 
@@ -203,8 +141,8 @@ async def test_a_stream_that_fails_is_stored_failed_and_cannot_be_continued(base
     events = await _stream(base, input="FAIL")
     failed = events[-1]["response"]
     assert (events[-1]["type"], failed["status"], failed["store"]) == ("response.failed", "failed", True)
-    assert (await _call("GET", f"{base}/responses/{failed['id']}"))[1]["status"] == "failed"
-    status, reply = await _call("POST", base + "/responses", {"model": "m", "input": "x",
+    assert (await call("GET", f"{base}/responses/{failed['id']}"))[1]["status"] == "failed"
+    status, reply = await call("POST", base + "/responses", {"model": "m", "input": "x",
                                                               "previous_response_id": failed["id"]})
     assert (status, reply["error"]["param"]) == (400, "previous_response_id")
 
@@ -219,29 +157,29 @@ async def test_a_stream_that_fails_is_stored_failed_and_cannot_be_continued(base
     ("GET", "/responses/{id}?stream=true", "stream"),
 ])
 async def test_bad_ids_and_list_parameters_are_400s_naming_them(base, method, path, param):
-    mine = await _create(base, input="Hi")
-    status, reply = await _call(method, base + path.format(id=mine["id"]))
+    mine = await create(base, input="Hi")
+    status, reply = await call(method, base + path.format(id=mine["id"]))
     assert (status, reply["error"]["param"]) == (400, param), reply
 
 
 async def test_an_unknown_previous_response_is_a_404_naming_it(base):
-    status, reply = await _call("POST", base + "/responses", {"model": "m", "input": "x",
+    status, reply = await call("POST", base + "/responses", {"model": "m", "input": "x",
                                                               "previous_response_id": "resp_nothere"})
     assert (status, reply["error"]["param"]) == (404, "previous_response_id")
     assert "'resp_nothere' not found" in reply["error"]["message"]
 
 
 async def test_without_storing_nothing_is_kept_and_previous_response_id_says_how_to_turn_it_on(stateless_base):
-    response = await _create(stateless_base, input="Hi")
+    response = await create(stateless_base, input="Hi")
     assert response["store"] is False
-    status, reply = await _call("GET", f"{stateless_base}/responses/{response['id']}")
+    status, reply = await call("GET", f"{stateless_base}/responses/{response['id']}")
     assert status == 404 and "--responses-store-bytes" in reply["error"]["message"]
-    status, reply = await _call("POST", stateless_base + "/responses", {"model": "m", "input": "x",
+    status, reply = await call("POST", stateless_base + "/responses", {"model": "m", "input": "x",
                                                                         "previous_response_id": response["id"]})
     assert (status, reply["error"]["param"]) == (400, "previous_response_id")
     assert "--responses-store-bytes" in reply["error"]["message"]
-    assert (await _call("DELETE", f"{stateless_base}/responses/{response['id']}"))[0] == 404
-    assert (await _call("GET", f"{stateless_base}/responses/{response['id']}", key="bad"))[0] == 401
+    assert (await call("DELETE", f"{stateless_base}/responses/{response['id']}"))[0] == 404
+    assert (await call("GET", f"{stateless_base}/responses/{response['id']}", key="bad"))[0] == 401
 
 
 # ------------------------------------------------------------------------------------ background
@@ -251,7 +189,7 @@ async def _polled(base: str, response_id: str, timeout_s: float = 5.0) -> dict:
     """GET the Response until it is no longer queued or in progress, as a client polls it."""
     deadline = time.monotonic() + timeout_s
     while True:
-        status, response = await _call("GET", f"{base}/responses/{response_id}")
+        status, response = await call("GET", f"{base}/responses/{response_id}")
         assert status == 200, response
         if response["status"] not in ("queued", "in_progress") or time.monotonic() > deadline:
             return response
@@ -259,73 +197,73 @@ async def _polled(base: str, response_id: str, timeout_s: float = 5.0) -> dict:
 
 
 async def test_a_background_response_is_answered_queued_and_polled_until_done(base, core):
-    queued = await _create(base, input="HOLD", background=True)
+    queued = await create(base, input="HOLD", background=True)
     assert (queued["status"], queued["background"], queued["output"], queued["store"]) == ("queued", True, [], True)
     await core.holding.wait()
-    status, running = await _call("GET", f"{base}/responses/{queued['id']}")
+    status, running = await call("GET", f"{base}/responses/{queued['id']}")
     assert (status, running["status"]) == (200, "in_progress")
-    status, reply = await _call("POST", base + "/responses", {"model": "m", "input": "x",
+    status, reply = await call("POST", base + "/responses", {"model": "m", "input": "x",
                                                               "previous_response_id": queued["id"]})
     assert (status, reply["error"]["param"]) == (400, "previous_response_id")
     assert "still running" in reply["error"]["message"]
     core.release.set()
     done = await _polled(base, queued["id"])
     assert (done["status"], _text(done), done["background"]) == ("completed", "user:HOLD", True)
-    chained = await _create(base, input="And?", previous_response_id=done["id"])
+    chained = await create(base, input="And?", previous_response_id=done["id"])
     assert _text(chained) == "user:HOLD\nassistant:user:HOLD\nuser:And?"
 
 
 async def test_cancelling_a_running_background_response_stops_its_generation(base, core):
-    queued = await _create(base, input="HOLD", background=True)
+    queued = await create(base, input="HOLD", background=True)
     await core.holding.wait()
-    status, cancelled = await _call("POST", f"{base}/responses/{queued['id']}/cancel")
+    status, cancelled = await call("POST", f"{base}/responses/{queued['id']}/cancel")
     assert (status, cancelled["status"], cancelled["output"]) == (200, "cancelled", [])
     assert core.num_abandoned == 1
-    assert (await _call("GET", f"{base}/responses/{queued['id']}"))[1]["status"] == "cancelled"
-    assert await _call("POST", f"{base}/responses/{queued['id']}/cancel") == (200, cancelled)  # twice: the same
-    status, reply = await _call("POST", base + "/responses", {"model": "m", "input": "x",
+    assert (await call("GET", f"{base}/responses/{queued['id']}"))[1]["status"] == "cancelled"
+    assert await call("POST", f"{base}/responses/{queued['id']}/cancel") == (200, cancelled)  # twice: the same
+    status, reply = await call("POST", base + "/responses", {"model": "m", "input": "x",
                                                               "previous_response_id": queued["id"]})
     assert (status, reply["error"]["param"]) == (400, "previous_response_id")
 
 
 async def test_cancelling_a_finished_background_response_answers_it_as_it_ended(base):
-    queued = await _create(base, input="Hi", background=True)
+    queued = await create(base, input="Hi", background=True)
     done = await _polled(base, queued["id"])
-    assert await _call("POST", f"{base}/responses/{queued['id']}/cancel") == (200, done)
+    assert await call("POST", f"{base}/responses/{queued['id']}/cancel") == (200, done)
 
 
 async def test_deleting_a_running_background_response_cancels_it(base, core):
-    queued = await _create(base, input="HOLD", background=True)
+    queued = await create(base, input="HOLD", background=True)
     await core.holding.wait()
-    assert (await _call("DELETE", f"{base}/responses/{queued['id']}"))[1]["deleted"] is True
+    assert (await call("DELETE", f"{base}/responses/{queued['id']}"))[1]["deleted"] is True
     assert core.num_abandoned == 1
-    assert (await _call("GET", f"{base}/responses/{queued['id']}"))[0] == 404
+    assert (await call("GET", f"{base}/responses/{queued['id']}"))[0] == 404
 
 
 async def test_a_background_response_that_fails_is_kept_failed_with_its_error(base):
-    queued = await _create(base, input="FAIL", background=True)
+    queued = await create(base, input="FAIL", background=True)
     failed = await _polled(base, queued["id"])
     assert (failed["status"], failed["output"]) == ("failed", [])
     assert failed["error"] == {"code": "server_error", "message": "the worker went away"}
 
 
 async def test_a_background_response_that_meets_a_bug_ends_failed_and_the_bug_is_logged(base, caplog):
-    queued = await _create(base, input="BUG", background=True)
+    queued = await create(base, input="BUG", background=True)
     failed = await _polled(base, queued["id"])
     assert (failed["status"], failed["error"]["code"]) == ("failed", "server_error")
     assert f"background response {queued['id']} failed" in caplog.text and "RuntimeError: a bug" in caplog.text
 
 
 async def test_a_background_response_too_large_to_keep_ends_failed_saying_so(base):
-    queued = await _create(base, input="y" * (STORE_BYTES // 2), background=True)
+    queued = await create(base, input="y" * (STORE_BYTES // 2), background=True)
     failed = await _polled(base, queued["id"])
     assert failed["status"] == "failed" and "--responses-store-bytes" in failed["error"]["message"]
 
 
 async def test_closing_the_front_cancels_the_background_responses_still_running(core):
     store = ResponseStore(STORE_BYTES, ttl_s=3600)
-    server, url = await _serve(core, StoredResponses(store, lambda a: _TENANTS.authenticate(a).tenant_id))
-    queued = await _create(url, input="HOLD", background=True)
+    server, url = await serve(core, StoredResponses(store, lambda a: TENANTS.authenticate(a).tenant_id))
+    queued = await create(url, input="HOLD", background=True)
     await core.holding.wait()
     await server.close()
     assert core.num_abandoned == 1
@@ -337,16 +275,16 @@ async def test_closing_the_front_cancels_the_background_responses_still_running(
     ({"background": "yes"}, "background must be true or false"),
 ])
 async def test_what_cannot_run_in_the_background_is_a_400_naming_background(base, body, message):
-    status, reply = await _call("POST", base + "/responses", {"model": "m", "input": "x", **body})
+    status, reply = await call("POST", base + "/responses", {"model": "m", "input": "x", **body})
     assert (status, reply["error"]["param"]) == (400, "background"), reply
     assert message in reply["error"]["message"]
 
 
 async def test_only_background_responses_can_be_cancelled(base, stateless_base):
-    response = await _create(base, input="Hi")
-    status, reply = await _call("POST", f"{base}/responses/{response['id']}/cancel")
+    response = await create(base, input="Hi")
+    status, reply = await call("POST", f"{base}/responses/{response['id']}/cancel")
     assert status == 400 and "only background responses can be cancelled" in reply["error"]["message"]
-    status, reply = await _call("POST", stateless_base + "/responses", {"model": "m", "input": "x",
+    status, reply = await call("POST", stateless_base + "/responses", {"model": "m", "input": "x",
                                                                         "background": True})
     assert (status, reply["error"]["param"]) == (400, "background")
     assert "--responses-store-bytes" in reply["error"]["message"]
@@ -356,29 +294,29 @@ async def test_only_background_responses_can_be_cancelled(base, stateless_base):
 
 
 async def test_an_item_reference_sends_the_stored_item_upstream_and_is_listed_as_that_item(base):
-    first = await _create(base, input="Hi")
+    first = await create(base, input="Hi")
     (said,) = first["output"]
-    second = await _create(base, input=[{"type": "item_reference", "id": said["id"]},
+    second = await create(base, input=[{"type": "item_reference", "id": said["id"]},
                                         {"role": "user", "content": "And?"}])
     assert _text(second) == "assistant:user:Hi\nuser:And?"
-    status, page = await _call("GET", f"{base}/responses/{second['id']}/input_items?order=asc")
+    status, page = await call("GET", f"{base}/responses/{second['id']}/input_items?order=asc")
     assert status == 200 and page["data"][0] == said
-    input_id = (await _call("GET", f"{base}/responses/{first['id']}/input_items"))[1]["data"][0]["id"]
-    third = await _create(base, input=[{"id": input_id}])  # the type may be left out, as OpenAI's may
+    input_id = (await call("GET", f"{base}/responses/{first['id']}/input_items"))[1]["data"][0]["id"]
+    third = await create(base, input=[{"id": input_id}])  # the type may be left out, as OpenAI's may
     assert _text(third) == "user:Hi"
 
 
 async def test_another_tenants_item_or_an_unknown_one_is_a_404_naming_it(base, stateless_base):
-    mine = await _create(base, input="secret")
+    mine = await create(base, input="secret")
     item_id = mine["output"][0]["id"]
     for key, wanted in ((BETA, item_id), (ALPHA, "msg_unknown")):
-        status, reply = await _call("POST", base + "/responses", {
+        status, reply = await call("POST", base + "/responses", {
             "model": "m", "input": [{"type": "item_reference", "id": wanted}]}, key)
         assert (status, reply["error"]["param"]) == (404, "input[0].id"), reply
         assert f"item with id '{wanted}' not found" in reply["error"]["message"]
-    status, reply = await _call("POST", base + "/responses", {"model": "m", "input": [{"type": "item_reference"}]})
+    status, reply = await call("POST", base + "/responses", {"model": "m", "input": [{"type": "item_reference"}]})
     assert (status, reply["error"]["param"]) == (400, "input[0].id")
-    status, reply = await _call("POST", stateless_base + "/responses", {
+    status, reply = await call("POST", stateless_base + "/responses", {
         "model": "m", "input": [{"type": "item_reference", "id": item_id}]})
     assert (status, reply["error"]["param"]) == (400, "input[0].type") and "storing is off" in reply["error"]["message"]
 
@@ -410,7 +348,7 @@ async def test_a_background_stream_resumed_after_its_last_seen_event_gets_exactl
                     break
     response_id = seen[0]["response"]["id"]
     await core.holding.wait()
-    assert (await _call("GET", f"{base}/responses/{response_id}"))[1]["status"] == "in_progress"
+    assert (await call("GET", f"{base}/responses/{response_id}"))[1]["status"] == "in_progress"
     core.release.set()  # it runs on without its client
     status, rest = await _get_stream(base, response_id, f"&starting_after={seen[-1]['sequence_number']}")
     assert status == 200 and core.num_abandoned == 0
@@ -420,7 +358,7 @@ async def test_a_background_stream_resumed_after_its_last_seen_event_gets_exactl
     assert _text(rest[-1]["response"]) == "user:HOLD"
     assert (await _get_stream(base, response_id))[1] == seen + rest  # replayed whole once it ended
     assert (await _get_stream(base, response_id, f"&starting_after={numbers[-1]}"))[1] == []
-    done = (await _call("GET", f"{base}/responses/{response_id}"))[1]
+    done = (await call("GET", f"{base}/responses/{response_id}"))[1]
     assert (done["status"], done["background"], done == rest[-1]["response"]) == ("completed", True, True)
 
 
@@ -432,12 +370,12 @@ async def test_a_background_stream_that_fails_ends_with_response_failed_for_ever
 
 
 async def test_streaming_what_kept_no_events_or_from_a_bad_point_is_a_400_naming_it(base):
-    plain = await _create(base, input="Hi")
+    plain = await create(base, input="Hi")
     status, reply = await _get_stream(base, plain["id"])
     assert (status, reply["error"]["param"]) == (400, "stream") and "no events to stream" in reply["error"]["message"]
     for query, param in (("?stream=maybe", "stream"), ("?starting_after=2", "starting_after"),
                          ("?stream=true&starting_after=-5", "starting_after")):
-        status, reply = await _call("GET", f"{base}/responses/{plain['id']}{query}")
+        status, reply = await call("GET", f"{base}/responses/{plain['id']}{query}")
         assert (status, reply["error"]["param"]) == (400, param), query
 
 
@@ -452,7 +390,7 @@ async def _post_stream(base: str, **body) -> tuple[int, list[dict] | dict]:
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_background_request_refused_at_admission_is_answered_so_and_nothing_is_kept(stream, core):
     store = ResponseStore(STORE_BYTES, ttl_s=3600)
-    server, url = await _serve(core, StoredResponses(store, lambda a: _TENANTS.authenticate(a).tenant_id))
+    server, url = await serve(core, StoredResponses(store, lambda a: TENANTS.authenticate(a).tenant_id))
     try:
         async with aiohttp.ClientSession() as session, session.post(
                 url + "/responses", json={"model": "m", "input": "REFUSE", "background": True, "stream": stream},
