@@ -90,7 +90,8 @@ def parse_embeddings(body: Any) -> EmbeddingsRequest:
         raise BadParameter("encoding_format", f"encoding_format must be one of {', '.join(ENCODING_FORMATS)}, "
                                               f"got {shown(encoding)}")
     dimensions = body.get("dimensions")
-    if dimensions is not None and not (is_int(dimensions) and dimensions >= 1):
+    # Below 2**32: EmbedOptions.dimensions is a uint32, which a larger value would crash into a 500.
+    if dimensions is not None and not (is_int(dimensions) and 1 <= dimensions < 2**32):
         raise BadParameter("dimensions", f"dimensions must be an integer >= 1, got {shown(dimensions)}")
     request_id = uuid.uuid4().hex
     requests = []

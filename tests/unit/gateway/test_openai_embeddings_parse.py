@@ -80,3 +80,11 @@ def test_the_schedulers_refusals_name_what_the_body_sent():
     assert upstream_refusal(no_template, 0, 1) is no_template
     assert upstream_refusal(errors.InvalidArgument("chat_template_kwargs.messages: set by the request itself"), 0, 1,
                             "messages").param == "chat_template_kwargs"
+
+
+@pytest.mark.parametrize("dimensions", [2**32, 2**64, 10**30])
+def test_dimensions_past_uint32_are_refused_naming_the_field_not_a_500(dimensions):
+    """EmbedOptions.dimensions is a uint32: a larger value once raised ValueError out of the parse (a 500)."""
+    with pytest.raises(BadParameter) as caught:
+        parse_embeddings({"model": "m", "input": "a", "dimensions": dimensions})
+    assert caught.value.param == "dimensions"
