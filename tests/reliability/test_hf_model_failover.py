@@ -6,6 +6,12 @@ stream is read once unbroken, then again with the scheduler serving it killed af
 the worker re-attaches to the other scheduler (sending its tokenizer again), the gateway resumes
 the stream there as a continuation of the tokens the client holds, and the client reads one
 stream whose tokens equal the unbroken one's.
+
+The resumed scheduler recomputes the delivered tokens' keys and values by prefill where the unbroken
+stream wrote them one decode at a time; the two differ in their last bits, so a sampled token whose
+draw falls that close to a boundary between two tokens can differ. At 900 tokens the stream met such a
+token at position 672 (2026-12-01, with the old and the new code alike, whatever the resume point):
+the test is held to 400 tokens, well under way when the kill lands, and fewer chances of that tie.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ pytestmark = pytest.mark.integration
 
 MODEL = "tiny-qwen2"
 PROMPT = "Grüße aus Köln, and the dog sleeps on."
-NUM_TOKENS = 900  # long enough to be under way when its scheduler dies
+NUM_TOKENS = 400  # long enough to be under way when its scheduler dies (see the docstring on why not longer)
 
 
 class Reader(threading.Thread):
