@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import pytest
 
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.gateway.fronts.http_server import HttpServer
 from services.gateway.fronts.openai_http import OpenAIFront
 from services.gateway.fronts.openai_stored_http import StoredResponses
+from services.gateway.fronts.response_store import ResponseStore
 from services.gateway.quota.quotas import QuotaExceeded
 from services.gateway.tenants.directory import TenantConfig, TenantDirectory, hash_api_key
 from tests.unit.gateway.conftest import make_tenant
@@ -81,3 +83,26 @@ async def create(base: str, key: str = ALPHA, **body) -> dict:
     status, reply = await call("POST", base + "/responses", {"model": "m", **body}, key)
     assert status == 200, reply
     return reply
+
+
+# The fixtures both HTTP test files use (imported there by name, which is how pytest finds them).
+@pytest.fixture
+def core() -> EchoCore:
+    return EchoCore()
+
+
+@pytest.fixture
+async def base(core):
+    """The front over a store small enough to fill (STORE_BYTES), tenants told apart by their keys."""
+    store = ResponseStore(STORE_BYTES, ttl_s=3600)
+    server, url = await serve(core, StoredResponses(store, lambda a: TENANTS.authenticate(a).tenant_id))
+    yield url
+    await server.close()
+
+
+@pytest.fixture
+async def stateless_base(core):
+    """The front of a gateway that stores nothing."""
+    server, url = await serve(core, None)
+    yield url
+    await server.close()

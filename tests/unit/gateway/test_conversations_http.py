@@ -4,6 +4,7 @@ reads what a turn in a conversation sent upstream; two tenants; a store small en
 store's own bounds are test_response_store.py's; the shapes' are test_openai_conversations.py's.
 """
 
+# ruff: noqa: F811 (the tests take the fixtures imported from openai_http_support by name)
 from __future__ import annotations
 
 import asyncio
@@ -11,38 +12,16 @@ import asyncio
 import aiohttp
 import pytest
 
-from services.gateway.fronts.openai_stored_http import StoredResponses
-from services.gateway.fronts.response_store import ResponseStore
 from tests.unit.gateway.openai_http_support import (
     ALPHA,
     BETA,
     STORE_BYTES,
-    TENANTS,
-    EchoCore,
+    base,  # noqa: F401 (a fixture)
     call,
+    core,  # noqa: F401 (a fixture)
     create,
-    serve,
+    stateless_base,  # noqa: F401 (a fixture)
 )
-
-
-@pytest.fixture
-def core() -> EchoCore:
-    return EchoCore()
-
-
-@pytest.fixture
-async def base(core):
-    store = ResponseStore(STORE_BYTES, ttl_s=3600)
-    server, url = await serve(core, StoredResponses(store, lambda a: TENANTS.authenticate(a).tenant_id))
-    yield url
-    await server.close()
-
-
-@pytest.fixture
-async def stateless_base(core):
-    server, url = await serve(core, None)
-    yield url
-    await server.close()
 
 
 async def _conversation(base: str, key: str = ALPHA, **body) -> dict:

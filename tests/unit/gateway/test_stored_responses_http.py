@@ -6,6 +6,7 @@ eviction are the store's own tests (test_response_store.py, on a fake clock); he
 through HTTP.
 """
 
+# ruff: noqa: F811 (the tests take the fixtures imported from openai_http_support by name)
 from __future__ import annotations
 
 import asyncio
@@ -22,31 +23,13 @@ from tests.unit.gateway.openai_http_support import (
     BETA,
     STORE_BYTES,
     TENANTS,
-    EchoCore,
+    base,  # noqa: F401 (a fixture)
     call,
+    core,  # noqa: F401 (a fixture)
     create,
     serve,
+    stateless_base,  # noqa: F401 (a fixture)
 )
-
-
-@pytest.fixture
-def core() -> EchoCore:
-    return EchoCore()
-
-
-@pytest.fixture
-async def base(core):
-    store = ResponseStore(STORE_BYTES, ttl_s=3600)
-    server, url = await serve(core, StoredResponses(store, lambda a: TENANTS.authenticate(a).tenant_id))
-    yield url
-    await server.close()
-
-
-@pytest.fixture
-async def stateless_base(core):
-    server, url = await serve(core, None)
-    yield url
-    await server.close()
 
 
 async def _stream(base: str, **body) -> list[dict]:
