@@ -25,7 +25,8 @@ from services.scheduler.step_plan import SequenceDelta, StepPlan
 _NO_VALID_TOKEN = "the worker returned no valid token"
 
 
-@dataclass(frozen=True)
+# Not frozen: one is built per token (why: step_plan.SequenceStep).
+@dataclass(slots=True)
 class StreamEvent:
     """One chunk for the client, or the error that ends its stream."""
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from services.scheduler.tokenizer import Tokenizer
 
 
-@dataclass(frozen=True)
+# Not frozen: one is built per token (why: step_plan.SequenceStep).
+@dataclass(slots=True)
 class StreamChunk:
     # Newly streamable token ids, in order (may be empty with text, or text empty with ids).
     token_ids: tuple[int, ...]

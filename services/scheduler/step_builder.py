@@ -87,37 +87,39 @@ class StepBuilder:
 
     def build_steps(self) -> tuple[SequenceStep, ...]:
         steps = []
+        ends = self.in_flight_ends
         for seq, num_new, new_blocks in self.picked.values():
-            start = self.start_of(seq)
+            start = ends.get(seq.seq_id, seq.num_computed_tokens) if ends else seq.num_computed_tokens
+            end = start + num_new
             reset = seq.needs_block_table_reset
-            sample = start + num_new == seq.num_tokens
-            bad_words = seq.sampling.bad_words
-            steps.append(
-                SequenceStep(
-                    seq_id=seq.seq_id,
-                    token_ids=seq.token_ids(start, start + num_new),
-                    start_position=start,
-                    new_blocks=new_blocks,
-                    reset_block_table=reset,
-                    sample=sample,
-                    sampling=seq.sampling,
-                    num_generated=seq.num_generated,
-                    # A reset table's tokens before `start` are reused cached blocks (0 without a hit).
-                    num_cached_tokens=start if reset else 0,
-                    context_token_ids=seq.token_ids(0, start) if reset and start and seq.sampling.needs_history else (),
-                    **_prompt_logprobs(seq, start, start + num_new),
-                    banned_token_ids=bad_words.banned(seq.output_token_ids) if bad_words is not None and sample
-                    else (),
-                )
+            sample = end == seq.num_tokens
+            sampling = seq.sampling
+            bad_words = sampling.bad_words
+            step = SequenceStep(
+                seq_id=seq.seq_id,
+                token_ids=seq.token_ids(start, end),
+                start_position=start,
+                new_blocks=new_blocks,
+                reset_block_table=reset,
+                sample=sample,
+                sampling=sampling,
+                num_generated=len(seq.output_token_ids),
+                # A reset table's tokens before `start` are reused cached blocks (0 without a hit).
+                num_cached_tokens=start if reset else 0,
+                context_token_ids=seq.token_ids(0, start) if reset and start and sampling.needs_history else (),
+                banned_token_ids=bad_words.banned(seq.output_token_ids) if bad_words is not None and sample
+                else (),
             )
+            if sampling.prompt_logprobs is not None:
+                _add_prompt_logprobs(step, seq, end)
+            steps.append(step)
             seq.needs_block_table_reset = False
         return (*self.ahead, *steps)
 
 
-def _prompt_logprobs(seq: Sequence, start: int, end: int) -> dict:
+def _add_prompt_logprobs(step: SequenceStep, seq: Sequence, end: int) -> None:
     """A prompt chunk's prompt_logprobs fields, while the sequence's are missing (none otherwise)."""
     num_prompt = seq.num_prompt_tokens
-    if not seq.needs_prompt_logprobs or end > num_prompt:
-        return {}
-    return {"prompt_logprobs": seq.sampling.prompt_logprobs,
-            "next_prompt_token_id": seq.prompt_token_ids[end] if end < num_prompt else None}
+    if seq.needs_prompt_logprobs and end <= num_prompt:
+        step.prompt_logprobs = seq.sampling.prompt_logprobs
+        step.next_prompt_token_id = seq.prompt_token_ids[end] if end < num_prompt else None

@@ -13,7 +13,9 @@ from services.common.logprobs import PositionLogprobs
 from services.scheduler.sequence import AbortReason, FinishReason, SamplingParams
 
 
-@dataclass(frozen=True)
+# Not frozen, though never changed once handed on: one is built per token, and a frozen dataclass's
+# __init__ costs ~3x (an object.__setattr__ per field; bench.scheduler.bench_step_cpu 18 -> 14 us a token).
+@dataclass(slots=True)
 class SequenceStep:
     seq_id: int
     # Tokens to compute: a prompt chunk, recomputed tokens after preemption, or the last sampled token
@@ -76,7 +78,8 @@ class StepPlan:
         return bool(self.seqs)
 
 
-@dataclass(frozen=True)
+# Not frozen: one is built per token (why: step_plan.SequenceStep).
+@dataclass(slots=True)
 class SequenceDelta:
     """New output of one sequence after a step: stream it as one GenerateResponse chunk."""
 

@@ -973,7 +973,8 @@ class StepScheduler:
         return replace(self._delta(seq, StreamChunk((), "", 0)), embedding=seq.embedding)
 
     def _delta(self, seq: Sequence, chunk: StreamChunk, end_token_id: int | None = None) -> SequenceDelta:
-        return SequenceDelta(
+        sampling = seq.sampling
+        delta = SequenceDelta(
             end_token_id=end_token_id,
             seq_id=seq.seq_id,
             token_ids=chunk.token_ids,
@@ -981,12 +982,17 @@ class StepScheduler:
             index=chunk.index,
             finish_reason=seq.finish_reason,
             abort_reason=seq.abort_reason,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_generated=seq.num_generated,
+            num_prompt_tokens=len(seq.prompt_token_ids),
+            num_generated=len(seq.output_token_ids),
             logprobs=(tuple(seq.output_logprobs[chunk.index : chunk.index + len(chunk.token_ids)])
-                      if seq.sampling.logprobs else ()),
-            **_first_prompt_logprobs(seq),
+                      if sampling.logprobs else ()),
         )
+        if sampling.prompt_logprobs is not None and not seq.prompt_logprobs_sent:
+            # The prompt's logprobs go on the stream's first chunk only.
+            seq.prompt_logprobs_sent = True
+            delta.prompt_token_ids = seq.prompt_token_ids
+            delta.prompt_logprobs = tuple(seq.prompt_logprobs)
+        return delta
 
     def _retire(self, seq: Sequence) -> None:
         """Removes a finished or aborted sequence from every list and frees its blocks."""
@@ -1013,10 +1019,3 @@ def _keep_prompt_logprobs(seq: Sequence, step: SequenceStep, reported: SequenceO
     for offset, position in enumerate(reported[: len(slots) - step.start_position - 1]):
         slots[step.start_position + 1 + offset] = position
 
-
-def _first_prompt_logprobs(seq: Sequence) -> dict:
-    """The prompt's logprobs for the stream's first chunk (once); none for later chunks."""
-    if seq.sampling.prompt_logprobs is None or seq.prompt_logprobs_sent:
-        return {}
-    seq.prompt_logprobs_sent = True
-    return {"prompt_token_ids": seq.prompt_token_ids, "prompt_logprobs": tuple(seq.prompt_logprobs)}

@@ -5,6 +5,7 @@ runs each plan when it is sent (a worker runs steps in the order sent); results 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 
 import pytest
 
@@ -44,8 +45,7 @@ class PipelinedWorker(FakePagedWorker):
         for step in plan.seqs:
             if step.input_from_last_sample:
                 assert step.token_ids == () and not step.reset_block_table
-                step = type(step)(**{**step.__dict__, "token_ids": (self.last_sample.pop(step.seq_id),),
-                                     "input_from_last_sample": False})
+                step = replace(step, token_ids=(self.last_sample.pop(step.seq_id),), input_from_last_sample=False)
             resolved.append(step)
         for seq_id in plan.finished_seq_ids:
             self.last_sample.pop(seq_id, None)
