@@ -13,8 +13,13 @@ def item_error_to_proto(error: work.ItemError | None) -> scheduler_pb2.ItemError
     return None if error is None else scheduler_pb2.ItemError(code=int(error.code), message=error.message)
 
 
+# A sequence's sampling is the same message every step: each distinct one is decoded once. Keyed by its
+# wire bytes (a seed alone is a few bytes); bounded, since seeds and requests never repeat for long.
+_SAMPLING_CACHE: dict[bytes, work.SamplingParams] = {}
+_SAMPLING_CACHE_SIZE = 4096
+
+
 def sequence_step_from_proto(seq: scheduler_pb2.SequenceStep) -> work.SequenceStep:
-    sampling = seq.sampling
     return work.SequenceStep(
         seq_id=seq.seq_id,
         token_ids=tuple(seq.token_ids),
@@ -22,22 +27,7 @@ def sequence_step_from_proto(seq: scheduler_pb2.SequenceStep) -> work.SequenceSt
         new_blocks=tuple(seq.new_blocks),
         reset_block_table=seq.reset_block_table,
         sample=seq.sample,
-        sampling=work.SamplingParams(
-            temperature=sampling.temperature,
-            top_p=sampling.top_p or 1.0,
-            seed=sampling.seed if sampling.HasField("seed") else None,
-            logprobs=sampling.logprobs,
-            top_logprobs=sampling.top_logprobs,
-            presence_penalty=sampling.presence_penalty,
-            frequency_penalty=sampling.frequency_penalty,
-            repetition_penalty=sampling.repetition_penalty or 1.0,
-            logit_bias=tuple(sorted(sampling.logit_bias.items())),
-            grammar=seq.grammar,
-            grammar_after_reasoning=_grammar_after(seq) if seq.HasField("grammar_after_reasoning") else None,
-            top_k=sampling.top_k,
-            min_p=sampling.min_p,
-            allowed_token_ids=tuple(sampling.allowed_token_ids),
-        ),
+        sampling=_sampling_of(seq),
         num_generated=seq.num_generated,
         num_cached_tokens=seq.num_cached_tokens,
         input_from_last_sample=seq.input_from_last_sample,
@@ -45,6 +35,38 @@ def sequence_step_from_proto(seq: scheduler_pb2.SequenceStep) -> work.SequenceSt
         prompt_logprobs=seq.prompt_logprobs if seq.HasField("prompt_logprobs") else None,
         next_prompt_token_id=seq.next_prompt_token_id if seq.HasField("next_prompt_token_id") else None,
         banned_token_ids=tuple(seq.banned_token_ids),
+    )
+
+
+def _sampling_of(seq: scheduler_pb2.SequenceStep) -> work.SamplingParams:
+    if seq.grammar or seq.HasField("grammar_after_reasoning"):
+        return _sampling_from_proto(seq)  # rare, and a grammar is no cheap key
+    key = seq.sampling.SerializeToString()
+    sampling = _SAMPLING_CACHE.get(key)
+    if sampling is None:
+        if len(_SAMPLING_CACHE) >= _SAMPLING_CACHE_SIZE:
+            _SAMPLING_CACHE.clear()
+        sampling = _SAMPLING_CACHE[key] = _sampling_from_proto(seq)
+    return sampling
+
+
+def _sampling_from_proto(seq: scheduler_pb2.SequenceStep) -> work.SamplingParams:
+    sampling = seq.sampling
+    return work.SamplingParams(
+        temperature=sampling.temperature,
+        top_p=sampling.top_p or 1.0,
+        seed=sampling.seed if sampling.HasField("seed") else None,
+        logprobs=sampling.logprobs,
+        top_logprobs=sampling.top_logprobs,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=sampling.repetition_penalty or 1.0,
+        logit_bias=tuple(sorted(sampling.logit_bias.items())),
+        grammar=seq.grammar,
+        grammar_after_reasoning=_grammar_after(seq) if seq.HasField("grammar_after_reasoning") else None,
+        top_k=sampling.top_k,
+        min_p=sampling.min_p,
+        allowed_token_ids=tuple(sampling.allowed_token_ids),
     )
 
 

@@ -94,7 +94,9 @@ class SamplingParams:
         return self.penalized or bool(self.grammar)
 
 
-@dataclass(frozen=True)
+# Not frozen, though never changed once built: the worker decodes one per sequence per step, and a frozen
+# dataclass's __init__ costs ~3x (an object.__setattr__ per field).
+@dataclass(slots=True)
 class SequenceStep:
     seq_id: int
     token_ids: tuple[int, ...]  # tokens to compute this step (prompt chunk, recomputed tokens, or last sample)
@@ -127,7 +129,8 @@ class RunStep:
     finished_seq_ids: tuple[int, ...] = ()  # forget these block tables before running the step
 
 
-@dataclass(frozen=True)
+# Not frozen: one per sequence per step (see SequenceStep).
+@dataclass(slots=True)
 class SequenceOutput:
     seq_id: int
     token_id: int | None = None  # set only when the step had sample=True and succeeded
