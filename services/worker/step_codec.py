@@ -98,20 +98,21 @@ def _position_to_proto(logprobs: work.PositionLogprobs) -> common_pb2.PositionLo
 def step_result_to_proto(step_id: int, outputs: Iterable[work.SequenceOutput],
                          timings: common_pb2.Timings) -> scheduler_pb2.StepResult:
     """Sequences that only computed (no sample, no error, no prompt logprobs) send nothing back."""
-    return scheduler_pb2.StepResult(
-        step_id=step_id,
-        outputs=[
-            scheduler_pb2.SequenceOutput(
-                seq_id=out.seq_id,
-                token_id=out.token_id if out.token_id is not None else 0,
-                logprob=out.logprob or 0.0,
-                error=item_error_to_proto(out.error),
-                logprobs=logprobs_to_proto(out.logprobs),
-                prompt_logprobs=[_position_to_proto(p) for p in out.prompt_logprobs],
-                embedding=out.embedding,
-            )
-            for out in outputs
-            if out.token_id is not None or out.error is not None or out.prompt_logprobs or out.embedding
-        ],
-        timings=timings,
-    )
+    result = scheduler_pb2.StepResult(step_id=step_id, timings=timings)
+    add = result.outputs.add  # in place, and only the fields an output has: an empty one passed costs too
+    for out in outputs:
+        if out.token_id is not None:
+            message = add(seq_id=out.seq_id, token_id=out.token_id, logprob=out.logprob or 0.0)
+        elif out.error is not None or out.prompt_logprobs or out.embedding:
+            message = add(seq_id=out.seq_id)
+        else:
+            continue
+        if out.error is not None:
+            message.error.CopyFrom(item_error_to_proto(out.error))
+        if out.logprobs is not None:
+            message.logprobs.CopyFrom(_position_to_proto(out.logprobs))
+        if out.prompt_logprobs:
+            message.prompt_logprobs.extend(_position_to_proto(p) for p in out.prompt_logprobs)
+        if out.embedding:
+            message.embedding.extend(out.embedding)
+    return result

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from infermesh.v1 import common_pb2, scheduler_pb2
 from services.common.grammar_after_reasoning import GrammarAfterReasoning
+from services.common.logprobs import PositionLogprobs, TokenLogprob
 from services.worker import step_codec, work
 
 
@@ -40,3 +41,26 @@ def test_the_kept_samplings_are_bounded() -> None:
         (seq,) = step_codec.run_step_from_proto(scheduler_pb2.RunStep(seqs=[_step(1, seed=seed)])).seqs
         assert seq.sampling.seed == seed
     assert len(step_codec._SAMPLING_CACHE) <= step_codec._SAMPLING_CACHE_SIZE
+
+
+def test_step_results_carry_each_outputs_fields_and_drop_compute_only_ones() -> None:
+    position = PositionLogprobs(TokenLogprob(5, -0.5), (TokenLogprob(5, -0.5), TokenLogprob(6, -1.5)))
+    outputs = [
+        work.SequenceOutput(1, token_id=5, logprob=-0.5),
+        work.SequenceOutput(2),  # computed a prompt chunk: nothing to send
+        work.SequenceOutput(3, token_id=0, logprob=None, logprobs=position),
+        work.SequenceOutput(4, error=work.ItemError(work.ErrorCode.INVALID_ARGUMENT, "bad token")),
+        work.SequenceOutput(5, prompt_logprobs=(position, position)),
+        work.SequenceOutput(6, embedding=(0.25, -1.0)),
+    ]
+    timings = common_pb2.Timings(total_us=1234)
+    result = step_codec.step_result_to_proto(9, outputs, timings)
+    assert result.step_id == 9 and result.timings == timings
+    assert [o.seq_id for o in result.outputs] == [1, 3, 4, 5, 6]
+    first, greedy_zero, failed, prompt, embedded = result.outputs
+    assert (first.token_id, first.logprob, first.HasField("error"), first.HasField("logprobs")) == (5, -0.5, False, False)
+    assert greedy_zero.token_id == 0 and greedy_zero.logprobs.token.token_id == 5
+    assert [t.token_id for t in greedy_zero.logprobs.top] == [5, 6]
+    assert (failed.error.code, failed.error.message) == (3, "bad token")
+    assert len(prompt.prompt_logprobs) == 2 and prompt.prompt_logprobs[1].top[1].logprob == -1.5
+    assert list(embedded.embedding) == [0.25, -1.0] and not embedded.HasField("error")
