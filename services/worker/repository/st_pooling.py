@@ -79,5 +79,6 @@ def _pooling(path: Path) -> Pooling:
 def _json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    # RecursionError: nesting deeper than json's recursion limit ("[" * 100_000).
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ImportRefused(f"{path}: not readable JSON: {exc}") from None

@@ -91,6 +91,9 @@ def test_a_changed_golden_vector_fails_the_golden_check(imported, tmp_path):
         {"type": "sentence_transformers.models.Pooling", "path": "1_Pooling"},
         {"type": "sentence_transformers.models.Dense", "path": "2_Dense"}])), "sentence_transformers.models.Dense"),
     (lambda d: (d / "modules.json").write_text("{"), "modules.json: not readable JSON"),
+    # Deeper than json's recursion: a RecursionError out of the import before, not a refusal.
+    (lambda d: (d / "modules.json").write_text("[" * 100_000), "modules.json: not readable JSON"),
+    (lambda d: (d / "1_Pooling" / "config.json").write_text("[" * 100_000), "1_Pooling/config.json: not readable"),
 ])
 def test_import_refuses_what_it_cannot_pool_naming_the_file(source, tmp_path, change, says):
     directory = copy_of(source, tmp_path)
