@@ -11,8 +11,9 @@ as vLLM's), `user` (ignored).
 Each input becomes a GenerateRequest with `embed` set, admitted, counted against the tenant's quotas
 (its prompt tokens) and run as a request of its own, as a batched completion's prompts are; at most
 MAX_PARALLEL_INPUTS run at once, and an input shed at admission while others of its request run waits for
-one of them to end (embedding_inputs.py: a large batch is not refused by its own inputs). The answer lists `{"object": "embedding", "index", "embedding"}` per
-input in order, the model as asked, and usage (prompt_tokens = total_tokens, summed over the inputs).
+one of them to end (embedding_inputs.py: a large batch is not refused by its own inputs). The answer
+lists `{"object": "embedding", "index", "embedding"}` per input in order, the model as asked, and usage
+(prompt_tokens = total_tokens, summed over the inputs).
 The scheduler refuses an embedding request for a generator of text, and a generation request for an
 embedding model, each as a 400; its refusals are renamed here to the parameters the client sent.
 """
