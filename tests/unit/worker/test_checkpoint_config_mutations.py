@@ -8,6 +8,7 @@ keep the property."""
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -15,12 +16,15 @@ from typing import Any
 
 import pytest
 
+from services.worker.hf_text_files import read_hf_text_files
 from services.worker.models.awq_gptq_config import IntQuantization
 from services.worker.models.llama_config import CheckpointError, LlamaFamilyConfig
 from services.worker.models.quantization_config import describe
 from services.worker.pooling import Pooling
-from services.worker.repository.errors import ImportRefused
+from services.worker.repository.errors import ImportRefused, InvalidManifest
+from services.worker.repository.pinned_file import PinnedFile
 from services.worker.repository.st_pooling import read_st_embedding
+from services.worker.repository.tokenizer_spec import HFTokenizerSpec
 from tests.unit.worker.models.test_llama_checkpoint_errors import llama_config
 
 NUM_CONFIGS = 400
@@ -137,3 +141,16 @@ def test_a_pooling_path_outside_the_directory_is_refused(tmp_path: Path):
         (directory / "modules.json").write_text(json.dumps([{**MODULES[1], "path": path}]))
         with pytest.raises(ImportRefused, match="must be a folder inside the checkpoint directory"):
             read_st_embedding(directory, {})
+
+
+def test_a_tokenizer_config_nested_past_jsons_recursion_is_refused_at_the_workers_load(tmp_path: Path):
+    """The import reads it for its chat template (and takes none from an unreadable one); the worker reads it
+    again at load, where it was a RecursionError instead of the manifest error naming the file."""
+    files = {"tokenizer.json": "{}", "tokenizer_config.json": "[" * 100_000}
+    pinned = {}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+        pinned[name] = PinnedFile(name, hashlib.sha256(text.encode()).hexdigest())
+    spec = HFTokenizerSpec("hf", 300, 0, -1, (), pinned["tokenizer.json"], pinned["tokenizer_config.json"], None)
+    with pytest.raises(InvalidManifest, match="tokenizer_config.json: not valid JSON"):
+        read_hf_text_files(tmp_path, spec)
