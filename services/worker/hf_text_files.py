@@ -97,7 +97,7 @@ def _optional_bool(config: Mapping[str, Any], key: str, source: Path | None) -> 
 def _json_object(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # Recursion: too deep
         raise InvalidManifest(f"{path}: not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidManifest(f"{path}: must be a JSON object, got {type(data).__name__}")

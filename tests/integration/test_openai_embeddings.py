@@ -192,6 +192,28 @@ def test_an_embedding_past_its_deadline_is_refused_as_a_generation_would_be(serv
         wait_for_idle_kv(stub, common_pb2.ModelRef(name="embed-mean", version="1"))
 
 
+def test_a_batch_past_what_the_gateway_admits_at_once_is_served_in_turns(served):
+    """300 sheddable inputs: each is admitted on its own, and sheddable traffic may hold 60% of the model's
+    adaptive limit (38 of the default 64), fewer than the 64 inputs a request runs at once. The inputs shed
+    while their siblings run wait for one of them to end; only the first is judged on its TTFT target. Before,
+    the request's own inputs refused it: a 503 for any batch past the limit's share (58 standard inputs)."""
+    tokenizer = served[2]
+    texts = [TEXTS[0], TEXTS[1], "a third, different input"]
+    body = json.dumps({"model": "embed-mean", "input": [texts[i % 3] for i in range(300)]}).encode()
+    context = ssl.create_default_context(cafile=str(session_tls.session_pki().ca_path))
+    request = urllib.request.Request(served[0].base + "/embeddings", data=body, method="POST", headers={
+        "Content-Type": "application/json", "x-infermesh-priority": "sheddable"})
+    with urllib.request.urlopen(request, context=context, timeout=120) as answer:
+        assert answer.status == 200
+        reply = json.loads(answer.read())
+    assert [d["index"] for d in reply["data"]] == list(range(300))
+    want = reference(served, "embed-mean", [tokenizer(text)["input_ids"] for text in texts])
+    for index in (0, 1, 2, 151, 299):
+        assert_close(reply["data"][index]["embedding"], want[index % 3])
+    with scheduler_stub(served[0].mesh.scheduler.address) as stub:
+        wait_for_idle_kv(stub, common_pb2.ModelRef(name="embed-mean", version="1"))
+
+
 def test_grpc_embed_reads_no_prefix_cache_and_a_generation_request_is_invalid_argument(served):
     mesh = served[0].mesh
     tokenizer = served[2]

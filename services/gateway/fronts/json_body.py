@@ -6,13 +6,16 @@ naming it (a 400), not a parser error logged with a traceback.
 
 `json.loads` accepts an escaped lone UTF-16 surrogate ("\\ud800") and returns a str that cannot be
 encoded as UTF-8, so it failed later, deep in protobuf, as a 500. It also recurses once per level
-of nesting, so a body of a thousand `[` was a RecursionError. Here both are ValueErrors naming
-the problem, like any other malformed body.
+of nesting, so a body of a thousand `[` was a RecursionError. An integer of more than 4300 digits
+(Python's int_max_str_digits) is a ValueError whose message tells the reader to call
+sys.set_int_max_str_digits(). Here each is a ValueError naming the problem for the client, like any
+other malformed body.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import zlib
 from typing import Any
 
@@ -70,6 +73,9 @@ def loads(data: str | bytes, charset: str | None = None) -> Any:
         raise ValueError(f"the request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise _too_deep() from None
+    except ValueError:  # the one other: an integer past Python's int_max_str_digits
+        raise ValueError(f"the request body holds a number of more than {sys.get_int_max_str_digits()} "
+                         "digits") from None
     if _deeper_than(document, MAX_DEPTH, data):
         raise _too_deep()
     try:  # one C-level pass over every string, keys included

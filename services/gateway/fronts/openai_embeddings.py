@@ -10,20 +10,20 @@ shortened vectors; another model refuses it), vLLM's `truncate_prompt_tokens` (e
 as vLLM's), `user` (ignored).
 Each input becomes a GenerateRequest with `embed` set, admitted, counted against the tenant's quotas
 (its prompt tokens) and run as a request of its own, as a batched completion's prompts are; at most
-MAX_PARALLEL_INPUTS run at once. The answer lists `{"object": "embedding", "index", "embedding"}` per
-input in order, the model as asked, and usage (prompt_tokens = total_tokens, summed over the inputs).
+MAX_PARALLEL_INPUTS run at once, and an input shed at admission while others of its request run waits for
+one of them to end (embedding_inputs.py: a large batch is not refused by its own inputs). The answer
+lists `{"object": "embedding", "index", "embedding"}` per input in order, the model as asked, and usage
+(prompt_tokens = total_tokens, summed over the inputs).
 The scheduler refuses an embedding request for a generator of text, and a generation request for an
 embedding model, each as a 400; its refusals are renamed here to the parameters the client sent.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import re
 import uuid
 from collections.abc import Callable, Sequence
-from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ from infermesh.v1 import gateway_pb2
 from services.common import errors
 from services.gateway.calls.generate_core import Caller, GenerateCore
 from services.gateway.fronts.caller import http_caller
+from services.gateway.fronts.embedding_inputs import run_inputs
 from services.gateway.fronts.openai_batch import Prompt, prompts_of, set_prompt
 from services.gateway.fronts.openai_codec import (
     ContextLengthExceeded,
@@ -52,9 +53,6 @@ from services.gateway.fronts.openai_params import (
 
 # OpenAI's limit on inputs per request (LangChain's OpenAIEmbeddings sends up to 1000 at once).
 MAX_INPUTS = 2048
-# Inputs of one request in flight at once: each is admitted as a request, so a large batch does not
-# take the gateway's whole concurrency at once.
-MAX_PARALLEL_INPUTS = 64
 ENCODING_FORMATS = ("float", "base64")
 _TOO_LONG = re.compile(r"prompt (of \d+ tokens is longer than the model's context.*)")
 
@@ -184,29 +182,9 @@ class EmbeddingsFront:
         return web.json_response(embeddings_body(parsed, lasts), headers=headers, dumps=self._dumps)
 
     async def _run(self, parsed: EmbeddingsRequest, caller: Caller) -> list[gateway_pb2.GenerateResponse]:
-        """Every input's last chunk, in order; the first refusal fails them all."""
-        limit = asyncio.Semaphore(MAX_PARALLEL_INPUTS)
+        """Every input's last chunk, in order; the first refusal that stands fails them all."""
         num_inputs = len(parsed.requests)
-
-        async def one(index: int, request: gateway_pb2.GenerateRequest) -> gateway_pb2.GenerateResponse:
-            async with limit:
-                try:
-                    return await self._embedded(request, caller)
-                except errors.InfermeshError as err:
-                    raise upstream_refusal(err, index, num_inputs, parsed.prompt_param) from None
-
-        tasks = [asyncio.ensure_future(one(i, r)) for i, r in enumerate(parsed.requests)]
-        try:
-            return list(await asyncio.gather(*tasks))
-        finally:
-            for task in tasks:
-                task.cancel()  # the others' sequences are aborted when one input fails or the client leaves
-
-    async def _embedded(self, request: gateway_pb2.GenerateRequest, caller: Caller) -> gateway_pb2.GenerateResponse:
-        last = None
-        async with aclosing(self._core.generate(request, caller)) as chunks:
-            async for chunk in chunks:
-                last = chunk
-        if last is None or not last.embedding:
-            raise errors.Internal("the scheduler's answer carried no embedding")
-        return last
+        return await run_inputs(
+            lambda request, further, on_admitted: self._core.generate(request, caller, further_choice=further,
+                                                                      on_admitted=on_admitted),
+            parsed.requests, lambda err, index: upstream_refusal(err, index, num_inputs, parsed.prompt_param))

@@ -145,9 +145,9 @@ def _gptq(raw: Mapping[str, Any], fail: Fail) -> IntQuantization:
 def _bits(raw: Mapping[str, Any], names: tuple[str, ...], supported: tuple[int, ...], fail: Fail) -> int:
     name = next((n for n in names if n in raw), names[0])
     bits = raw.get(name)
-    if bits not in supported or isinstance(bits, bool):
+    # An int, not merely equal to one: 4.0 and True compare equal to 4 and 1.
+    if not isinstance(bits, int) or isinstance(bits, bool) or bits not in supported:
         raise fail(name, f"{bits!r} is not supported; supported: {', '.join(map(str, supported))}")
-    assert isinstance(bits, int)
     return bits
 
 

@@ -510,7 +510,7 @@ def _read_json(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise CheckpointError(str(path), "(file)", "missing from the checkpoint directory") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # Recursion: nested too deep
         raise CheckpointError(str(path), "(file)", f"not readable JSON: {e}") from e
     if not isinstance(data, dict):
         raise CheckpointError(str(path), "(top level)", f"must be a JSON object, got {type(data).__name__}")

@@ -385,7 +385,7 @@ def _sampling_defaults(source: Path) -> SamplingDefaults:
 def _json_object(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # Recursion: too deep
         raise ImportRefused(f"{path}: not readable JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ImportRefused(f"{path}: must be a JSON object, got {type(data).__name__}")

@@ -52,21 +52,38 @@ def read_st_embedding(source: Path, config_json: dict[str, Any]) -> StEmbedding 
     if unknown:
         raise ImportRefused(f"{modules_file}: module {unknown[0]!r} is not supported; supported: the Transformer, "
                             "Pooling and Normalize modules (a Dense projection, say, is not)")
-    pooling_file = source / str(pooling_modules[0].get("path", "")) / "config.json"
+    path = pooling_modules[0].get("path", "")
+    # Inside the directory: the import reads and records only what the checkpoint holds.
+    if not isinstance(path, str) or Path(path).is_absolute() or ".." in Path(path).parts:
+        raise ImportRefused(f"{modules_file}: the Pooling module's path must be a folder inside the checkpoint "
+                            f"directory, got {path!r}")
+    pooling_file = source / path / "config.json"
     if not pooling_file.is_file():
         raise ImportRefused(f"{pooling_file}: missing: the Pooling module's config")
     return StEmbedding(_pooling(pooling_file), _NORMALIZE_MODULE in types, is_matryoshka(config_json))
 
 
 def is_matryoshka(config_json: dict[str, Any]) -> bool:
-    """config.json's say (vLLM reads the same keys): a prefix of the vector is an embedding too."""
-    return bool(config_json.get("is_matryoshka")) or bool(config_json.get("matryoshka_dimensions"))
+    """config.json's say (vLLM reads the same keys): a prefix of the vector is an embedding too.
+    ImportRefused for a value of another type ("false" is not false)."""
+    flag, dimensions = config_json.get("is_matryoshka"), config_json.get("matryoshka_dimensions")
+    if flag is not None and not isinstance(flag, bool):
+        raise ImportRefused(f"config.json: is_matryoshka must be true or false, got {flag!r}")
+    if dimensions is not None and not (isinstance(dimensions, list) and all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dimensions)):
+        raise ImportRefused(f"config.json: matryoshka_dimensions must be a list of positive integers, got "
+                            f"{dimensions!r}")
+    return bool(flag) or bool(dimensions)
 
 
 def _pooling(path: Path) -> Pooling:
     config = _json(path)
     if not isinstance(config, dict):
         raise ImportRefused(f"{path}: must be a JSON object")
+    # sentence-transformers writes booleans; a string "false" would read as on.
+    wrong = next((m for m in (*_MODES, *_UNSUPPORTED_MODES) if not isinstance(config.get(m, False), bool | None)), None)
+    if wrong is not None:
+        raise ImportRefused(f"{path}: {wrong} must be true or false, got {config[wrong]!r}")
     unsupported = [mode for mode in _UNSUPPORTED_MODES if config.get(mode)]
     if unsupported:
         raise ImportRefused(f"{path}: {unsupported[0]} is not supported; supported: {', '.join(_MODES)}")
@@ -79,5 +96,6 @@ def _pooling(path: Path) -> Pooling:
 def _json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    # RecursionError: nesting deeper than json's recursion limit ("[" * 100_000).
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ImportRefused(f"{path}: not readable JSON: {exc}") from None

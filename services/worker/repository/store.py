@@ -62,7 +62,7 @@ def load_manifest(root: str | Path, name: str, version: str) -> Manifest:
         raise NotFound(f"model {name}/{version} not found in {root} (no {path})")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # Recursion: too deep
         raise InvalidManifest(f"{path}: not valid JSON: {exc}") from None
     manifest = parse_manifest(data, source=str(path))
     if (manifest.name, manifest.version) != (name, version):

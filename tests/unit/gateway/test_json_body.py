@@ -19,6 +19,8 @@ def test_valid_json_and_paired_surrogates_parse():
     (b'[["\\ud83d x"]]', "unpaired UTF-16 surrogate"),
     (b"{not json", "the request body is not valid JSON: Expecting property name"),
     (b'\xff\xfe{}', "the request body is not valid JSON"),
+    # Python's own limit on reading an int (its message told the client to call sys.set_int_max_str_digits()).
+    (b'{"dimensions": 1' + b"0" * 5000 + b"}", r"^the request body holds a number of more than 4300 digits$"),
 ])
 def test_malformed_bodies_are_value_errors_naming_the_problem(raw, message):
     with pytest.raises(ValueError, match=message):

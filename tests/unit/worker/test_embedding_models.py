@@ -91,6 +91,23 @@ def test_a_changed_golden_vector_fails_the_golden_check(imported, tmp_path):
         {"type": "sentence_transformers.models.Pooling", "path": "1_Pooling"},
         {"type": "sentence_transformers.models.Dense", "path": "2_Dense"}])), "sentence_transformers.models.Dense"),
     (lambda d: (d / "modules.json").write_text("{"), "modules.json: not readable JSON"),
+    # Deeper than json's recursion: a RecursionError out of the import before, not a refusal.
+    (lambda d: (d / "modules.json").write_text("[" * 100_000), "modules.json: not readable JSON"),
+    (lambda d: (d / "1_Pooling" / "config.json").write_text("[" * 100_000), "1_Pooling/config.json: not readable"),
+    # A string "false" was truthy: mean pooling read as on beside the last token's, or alone where it was meant off.
+    (lambda d: (d / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": "false",
+                                                                        "pooling_mode_lasttoken": True})),
+     "pooling_mode_mean_tokens must be true or false, got 'false'"),
+    (lambda d: (d / "modules.json").write_text(json.dumps([
+        {"type": "sentence_transformers.models.Pooling", "path": "../src/1_Pooling"}])), "must be a folder inside"),
+    (lambda d: (d / "modules.json").write_text(json.dumps([
+        {"type": "sentence_transformers.models.Pooling", "path": str(d / "1_Pooling")}])), "must be a folder inside"),
+    (lambda d: (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()),
+                                                          "is_matryoshka": "false"})),
+     "is_matryoshka must be true or false, got 'false'"),
+    (lambda d: (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()),
+                                                          "matryoshka_dimensions": 64})),
+     "matryoshka_dimensions must be a list of positive integers, got 64"),
 ])
 def test_import_refuses_what_it_cannot_pool_naming_the_file(source, tmp_path, change, says):
     directory = copy_of(source, tmp_path)

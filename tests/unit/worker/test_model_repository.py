@@ -176,6 +176,9 @@ def test_manifest_that_is_not_json_or_names_another_version_is_rejected(model_ro
     manifest_path.write_text(json.dumps(data)[:-5])
     with pytest.raises(InvalidManifest, match="not valid JSON"):
         load_manifest(root, "digits", "1")
+    manifest_path.write_text("[" * 100_000)  # past json's recursion: a RecursionError out of the worker's load before
+    with pytest.raises(InvalidManifest, match="not valid JSON"):
+        load_manifest(root, "digits", "1")
 
 
 def test_build_skips_an_up_to_date_version(model_root: Path, digits: LoadedModel) -> None:

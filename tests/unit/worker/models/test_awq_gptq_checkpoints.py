@@ -199,6 +199,9 @@ GPTQ_CONFIG = IntScheme("gptq").quantization_config()
     ({**GPTQ_CONFIG, "bits": 3}, "bits", "3 is not supported; supported: 4, 8"),
     ({**GPTQ_CONFIG, "bits": 2}, "bits", "supported: 4, 8"),
     ({**GPTQ_CONFIG, "bits": True}, "bits", "supported: 4, 8"),
+    # JSON's 8.0 equals 8 but is no int: it was let through to an assert (an AssertionError, not a refusal).
+    ({**GPTQ_CONFIG, "bits": 8.0}, "bits", "8.0 is not supported; supported: 4, 8"),
+    ({k: v for k, v in AWQ_CONFIG.items() if k != "bits"} | {"w_bit": 4.0}, "w_bit", "4.0 is not supported"),
     ({**GPTQ_CONFIG, "group_size": "128"}, "group_size", "a positive int"),
     ({**GPTQ_CONFIG, "desc_act": "yes"}, "desc_act", "must be true or false"),
     ({**GPTQ_CONFIG, "checkpoint_format": "marlin"}, "checkpoint_format", "supported: gptq, gptq_v2"),

@@ -213,6 +213,8 @@ def test_missing_or_broken_config_json_is_refused(tiny_checkpoints, tmp_path):
     directory = copy_of(tiny_checkpoints, "llama", tmp_path)
     (directory / "config.json").write_text("{not json")
     assert "not readable JSON" in str(refusal(directory))
+    (directory / "config.json").write_text("[" * 100_000)  # deeper than json's recursion: RecursionError before
+    assert "not readable JSON" in str(refusal(directory))
     (directory / "config.json").unlink()
     assert "missing from the checkpoint directory" in str(refusal(directory))
 
@@ -223,6 +225,7 @@ def test_missing_or_broken_config_json_is_refused(tiny_checkpoints, tmp_path):
     lambda data: data[: len(data) // 2],  # truncated: the header names bytes the file lacks
     lambda data: b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all",
     lambda data: b"\xff" * 8 + data[8:],  # a header length past the end of the file
+    lambda data: (100_000).to_bytes(8, "little") + b"[" * 100_000,  # nested deeper than any JSON reader recurses
 ])
 def test_corrupt_safetensors_header_names_the_file(tiny_checkpoints, tmp_path, corrupt):
     directory = copy_of(tiny_checkpoints, "llama", tmp_path)
