@@ -11,8 +11,8 @@ Inputs are a fixed seeded set of texts cut from the repository's docs, 32-256 to
 peer's within TOLERANCE (a benchmark of wrong answers is worthless; a mismatch stops the run), and the
 mesh's usage.prompt_tokens must equal the texts' token counts. Then, every run reported with its
 median and the box's load average:
-1. saturated throughput (embeddings/s, prompt tokens/s): CLIENTS clients each sending requests whose
-   `input` lists 1, 8 or 32 texts, through gateway -> scheduler -> worker, against the same inputs in
+1. saturated throughput (embeddings/s, prompt tokens/s): 16, 4 or 2 clients (BATCHES) each sending
+   requests whose `input` lists 1, 8 or 32 texts, through gateway -> scheduler -> worker, against the same inputs in
    one process: the worker's StepExecutor (the paged forward to the final hidden states, then the
    pooling) on one compute thread, in the steps the scheduler's chunked prefill would plan
    (bench/worker/embed_plan.py: the step's token budget and max_num_seqs from the manifest);
@@ -88,7 +88,14 @@ MAX_SEQ_LEN = "512"
 # transformers agree far closer than this on a CPU; a real difference (a wrong position, pooling or
 # mask) moves them by orders of magnitude more.
 TOLERANCE = 1e-4
-BATCHES = (1, 8, 32)  # `input` list lengths of the saturated runs
+# `input` list length -> closed-loop clients of the saturated runs: enough inputs in flight to keep the
+# scheduler's 16 running sequences (max_num_seqs) and its 512-token steps full.
+BATCHES = {1: 16, 8: 4, 32: 2}
+# The gateway's flags. Throughput, not admission: a saturated run queues more than the default deadline
+# (30 s) and the adaptive limit's first value (64; standard traffic 57) allow, and each input of an `input`
+# list is admitted as a request of its own, so 2 clients x 32 inputs were refused (503 overloaded) with
+# the defaults. TTFT admission is off as in bench_hf_llm.
+GATEWAY_FLAGS = ("--slo-admission", "false", "--limit-initial", "1024", "--default-deadline-ms", "300000")
 PEER_LEVELS = (1, 2, 4, 8)  # closed-loop clients against the peer
 NUM_TEXTS = 64
 
@@ -307,13 +314,14 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=RESULTS_PATH)
     args = parser.parse_args()
     rounds = args.rounds or (1 if args.quick else 2)
-    longest, clients, inputs_in_all, num_light, peer_batch, peer_requests = \
-        (128, 2, 32, 4, 4, 4) if args.quick else (256, 4, 128, 8, 8, 8)
+    longest, inputs_in_all, num_light, peer_batch, peer_requests = \
+        (128, 32, 4, 4, 4) if args.quick else (256, 128, 8, 8, 8)
     set_library_threads(THREADS)  # as the worker does with --num-threads
     from tokenizers import Tokenizer
 
     with tempfile.TemporaryDirectory() as tmp_name:
         workdir = args.workdir or Path(tmp_name)
+        progress("the checkpoint and its import")
         checkpoint, root = repository(workdir)
         manifest = load_manifest(root, MODEL, "1")
         tokenizer = Tokenizer.from_file(str(root / MODEL / "1" / "tokenizer.json"))
@@ -323,6 +331,7 @@ def main() -> None:
         in_process = InProcess(root, compute)
         in_process.embed([ids[texts[0]]])  # warm-up, as the worker's load does
 
+        progress("starting the mesh and the peer")
         http_port = free_port()
         context = ssl.create_default_context(cafile=str(session_tls.session_pki().ca_path))
         mesh_url = f"https://127.0.0.1:{http_port}/v1/embeddings"
@@ -334,10 +343,11 @@ def main() -> None:
             mesh.start_scheduler()
             mesh.start_worker(MODEL, "--model-repository", str(root), "--model-version", "1",
                               "--num-threads", str(THREADS))
-            mesh.start_gateway("--http-port", str(http_port), "--slo-admission", "false")
+            mesh.start_gateway("--http-port", str(http_port), *GATEWAY_FLAGS)
             mesh_client, peer_client = Client(mesh_url, context), Client(peer_url, None)
             wait_until(lambda: _answers(mesh_client), timeout_s=60, message="the mesh serves embeddings")
 
+            progress("checking every text's vector on each side")
             # Correctness first: every text through each side, against the peer's vectors.
             reference, peer_tokens = embed_all(lambda b: peer_client.embed(b)[:2], texts)
             mesh_vectors, mesh_tokens = embed_all(lambda b: mesh_client.embed(b)[:2], texts)
@@ -350,7 +360,8 @@ def main() -> None:
 
             for _ in range(rounds):
                 load_avg.append(os.getloadavg()[0])
-                for batch in BATCHES:
+                for batch, clients in BATCHES.items():
+                    progress(f"round {len(load_avg)}: {clients} clients x input lists of {batch}")
                     each = requests_each(clients, batch, inputs_in_all)
                     text_batches = _batches(texts, batch)
                     saturated[batch]["in_process"].append(
@@ -367,6 +378,7 @@ def main() -> None:
             peer_batches = _batches(texts, peer_batch)
             versus: dict[int, dict[str, Level]] = {}
             for level in PEER_LEVELS:
+                progress(f"against the peer: {level} clients")
                 each = requests_each(level, 1, peer_requests)
                 versus[level] = {"peer": closed_loop(peer_url, None, peer_batches, level, each),
                                  "mesh": closed_loop(mesh_url, context, peer_batches, level, each)}
@@ -400,6 +412,13 @@ def main() -> None:
     }
     write_report(args.output, report)
     print(tables(report))
+
+
+_BEGAN = time.perf_counter()
+
+
+def progress(what: str) -> None:
+    print(f"[{time.perf_counter() - _BEGAN:6.1f} s, load {os.getloadavg()[0]:.1f}] {what}", file=sys.stderr, flush=True)
 
 
 def _answers(client: Client) -> bool:
