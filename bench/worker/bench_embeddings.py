@@ -91,10 +91,11 @@ TOLERANCE = 1e-4
 # `input` list length -> closed-loop clients of the saturated runs: enough inputs in flight to keep the
 # scheduler's 16 running sequences (max_num_seqs) and its 512-token steps full.
 BATCHES = {1: 16, 8: 4, 32: 2}
-# The gateway's flags. Throughput, not admission: a saturated run queues more than the default deadline
-# (30 s) and the adaptive limit's first value (64; standard traffic 57) allow, and each input of an `input`
-# list is admitted as a request of its own, so 2 clients x 32 inputs were refused (503 overloaded) with
-# the defaults. TTFT admission is off as in bench_hf_llm.
+# The gateway's flags. Throughput, not admission: each input of an `input` list is admitted as a request
+# of its own, and with the defaults one request of 57 inputs of 32-64 tokens was refused whole on this
+# box (429: TTFT admission predicted its later inputs' "first token" past 2 s, behind its own earlier
+# ones), and with TTFT admission off one of 64 inputs (503: the adaptive limit's first value, 64, of
+# which standard traffic may fill 90%). A saturated run also queues more than the default deadline (30 s).
 GATEWAY_FLAGS = ("--slo-admission", "false", "--limit-initial", "1024", "--default-deadline-ms", "300000")
 PEER_LEVELS = (1, 2, 4, 8)  # closed-loop clients against the peer
 NUM_TEXTS = 64
