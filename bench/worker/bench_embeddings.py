@@ -209,6 +209,7 @@ class Client:
         self._path, host = parts.path, parts.hostname or "127.0.0.1"
         self._conn = (http.client.HTTPSConnection(host, parts.port, context=context, timeout=600) if context
                       else http.client.HTTPConnection(host, parts.port, timeout=600))
+        self._conn.connect()  # the handshake before any timing; a phase opens its own (servers close idle ones)
 
     def embed(self, texts: Sequence[str]) -> tuple[list[np.ndarray], int, Sent]:
         """The vectors, usage.prompt_tokens, and the request's timing."""
@@ -345,8 +346,8 @@ def main() -> None:
             mesh.start_worker(MODEL, "--model-repository", str(root), "--model-version", "1",
                               "--num-threads", str(THREADS))
             mesh.start_gateway("--http-port", str(http_port), *GATEWAY_FLAGS)
+            wait_until(lambda: _answers(mesh_url, context), timeout_s=60, message="the mesh serves embeddings")
             mesh_client, peer_client = Client(mesh_url, context), Client(peer_url, None)
-            wait_until(lambda: _answers(mesh_client), timeout_s=60, message="the mesh serves embeddings")
 
             progress("checking every text's vector on each side")
             # Correctness first: every text through each side, against the peer's vectors.
@@ -358,6 +359,8 @@ def main() -> None:
             check = {"texts": len(texts), "prompt_tokens": counted,
                      "mesh": agreement("the mesh", mesh_vectors, reference),
                      "in_process": agreement("one process", in_process.embed([ids[t] for t in texts]), reference)}
+            mesh_client.close()
+            peer_client.close()
 
             for _ in range(rounds):
                 load_avg.append(os.getloadavg()[0])
@@ -368,12 +371,14 @@ def main() -> None:
                     saturated[batch]["in_process"].append(
                         in_process_level(in_process, [tuple(ids[t] for t in b) for b in text_batches], clients, each))
                     saturated[batch]["mesh"].append(closed_loop(mesh_url, context, text_batches, clients, each))
+                light_client = Client(mesh_url, context)
                 for k in range(num_light):
                     text = texts[k % len(texts)]
                     began = time.perf_counter()
                     in_process.embed([ids[text]])
                     light["in_process"].append(time.perf_counter() - began)
-                    light["mesh"].append(mesh_client.embed([text])[2].e2e_s)
+                    light["mesh"].append(light_client.embed([text])[2].e2e_s)
+                light_client.close()
             load_avg.append(os.getloadavg()[0])
 
             peer_batches = _batches(texts, peer_batch)
@@ -384,8 +389,6 @@ def main() -> None:
                 versus[level] = {"peer": closed_loop(peer_url, None, peer_batches, level, each),
                                  "mesh": closed_loop(mesh_url, context, peer_batches, level, each)}
             load_avg.append(os.getloadavg()[0])
-            mesh_client.close()
-            peer_client.close()
         compute.shutdown()
     report = {
         "box": "shared 2-core CPU machine (other agents' processes running)", "threads": THREADS,
@@ -422,12 +425,18 @@ def progress(what: str) -> None:
     print(f"[{time.perf_counter() - _BEGAN:6.1f} s, load {os.getloadavg()[0]:.1f}] {what}", file=sys.stderr, flush=True)
 
 
-def _answers(client: Client) -> bool:
+def _answers(url: str, context: ssl.SSLContext) -> bool:
+    try:
+        client = Client(url, context)
+    except OSError:
+        return False
     try:
         client.embed(["hello"])
         return True
     except (RuntimeError, OSError, http.client.HTTPException):
         return False
+    finally:
+        client.close()
 
 
 def _batches(texts: Sequence[str], size: int) -> list[list[str]]:
