@@ -65,7 +65,7 @@ from bench.harness.cpu import cpu_seconds  # noqa: E402
 from bench.harness.results import RESULTS_DIR, ROOT, write_report  # noqa: E402
 from bench.harness.stats import quantile  # noqa: E402
 from bench.harness.tables import markdown_table  # noqa: E402
-from bench.worker.bench_hf_llm import save_docs_tokenizer  # noqa: E402
+from bench.worker.docs_tokenizer import save_docs_tokenizer  # noqa: E402
 from bench.worker.embed_plan import Level, Sent, prefill_steps, requests_each  # noqa: E402
 from services.worker.repository.loader import load_model  # noqa: E402
 from services.worker.repository.store import load_manifest  # noqa: E402

@@ -74,6 +74,7 @@ from safetensors.torch import save_file  # noqa: E402
 
 from bench.harness.results import RESULTS_DIR, ROOT, write_report  # noqa: E402
 from bench.harness.stats import quantile  # noqa: E402
+from bench.worker.docs_tokenizer import save_docs_tokenizer  # noqa: E402
 from bench.worker.peer_report import LevelRun, peer_section, requests_per_client  # noqa: E402
 from bench.worker.peer_report import table as peer_table  # noqa: E402
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc  # noqa: E402
@@ -115,20 +116,6 @@ def make_checkpoint(directory: Path, hf_config: Mapping[str, object] = CONFIG) -
                for name, shape in expected_tensors(config).items()}
     save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
     save_docs_tokenizer(directory, config.vocab_size)
-
-
-def save_docs_tokenizer(directory: Path, vocab_size: int) -> None:
-    """directory/tokenizer.json: a byte-level BPE of `vocab_size` ids trained on the repository's docs,
-    <s> and </s> its ids 0 and 1."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tokenizer.train_from_iterator([p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))], trainer)
-    tokenizer.save(str(directory / "tokenizer.json"))
 
 
 def repository(workdir: Path, hf_config: Mapping[str, object] = CONFIG, name: str = MODEL) -> Path:
