@@ -47,7 +47,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -72,7 +72,7 @@ from services.worker.repository.store import load_manifest  # noqa: E402
 from services.worker.step_executor import StepExecutor  # noqa: E402
 from services.worker.work import RunStep, SequenceStep  # noqa: E402
 from tools.testbed import session_tls  # noqa: E402
-from tools.testbed.processes import free_port, running_mesh, wait_until  # noqa: E402
+from tools.testbed.processes import ServiceProcess, free_port, running_mesh, wait_until  # noqa: E402
 
 RESULTS_PATH = RESULTS_DIR / "embeddings.json"
 MODEL = "medium-embed"
@@ -234,10 +234,12 @@ class Client:
 
 
 def closed_loop(url: str, context: ssl.SSLContext | None, batches: Sequence[Sequence[str]], clients: int,
-                each: int) -> Level:
+                each: int, servers: Mapping[str, int]) -> Level:
     """`clients` clients, each on its own connection sending `each` requests in turn: client i's k-th
-    request is batches[(i * each + k) % len(batches)]."""
+    request is batches[(i * each + k) % len(batches)]. `servers`: the processes (name -> pid) whose CPU
+    the run reports."""
     load, cpu_before = os.getloadavg()[0], cpu_seconds(os.getpid())
+    servers_before = {name: cpu_seconds(pid) for name, pid in servers.items()}
     start = threading.Barrier(clients + 1)
 
     def client(i: int) -> list[Sent]:
@@ -254,22 +256,24 @@ def closed_loop(url: str, context: ssl.SSLContext | None, batches: Sequence[Sequ
         began = time.perf_counter()
         sent = [s for f in futures for s in f.result()]
         wall = time.perf_counter() - began
-    return Level(clients, len(batches[0]), wall, tuple(sent), load, cpu_seconds(os.getpid()) - cpu_before)
+    return Level(clients, len(batches[0]), wall, tuple(sent), load, cpu_seconds(os.getpid()) - cpu_before,
+                 tuple((name, cpu_seconds(pid) - servers_before[name]) for name, pid in servers.items()))
 
 
 def in_process_level(in_process: InProcess, batches: Sequence[Sequence[tuple[int, ...]]], clients: int,
                      each: int) -> Level:
     """Every input of the matching closed loop computed together in one process: one Sent for all."""
     prompts = [p for i in range(clients) for k in range(each) for p in batches[(i * each + k) % len(batches)]]
-    load, began = os.getloadavg()[0], time.perf_counter()
+    load, began, cpu_before = os.getloadavg()[0], time.perf_counter(), cpu_seconds(os.getpid())
     in_process.embed(prompts)
     wall = time.perf_counter() - began
-    return Level(clients, len(batches[0]), wall, (Sent(wall, 0.0, len(prompts), sum(map(len, prompts))),), load, 0.0)
+    return Level(clients, len(batches[0]), wall, (Sent(wall, 0.0, len(prompts), sum(map(len, prompts))),), load, 0.0,
+                 (("one_process", cpu_seconds(os.getpid()) - cpu_before),))
 
 
 @contextlib.contextmanager
-def embeddings_peer(checkpoint: Path) -> Iterator[str]:
-    """bench/worker/embeddings_server.py on a free port: its /v1/embeddings URL until the block ends."""
+def embeddings_peer(checkpoint: Path) -> Iterator[tuple[str, int]]:
+    """bench/worker/embeddings_server.py on a free port: its /v1/embeddings URL and pid until the block ends."""
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "bench.worker.embeddings_server", "--checkpoint", str(checkpoint),
                                "--port", str(port), "--threads", str(THREADS)], cwd=ROOT, stdout=subprocess.PIPE,
@@ -278,7 +282,7 @@ def embeddings_peer(checkpoint: Path) -> Iterator[str]:
         assert server.stdout is not None
         if server.stdout.readline().strip() != "serving":
             raise RuntimeError("the embeddings peer did not start")
-        yield f"http://127.0.0.1:{port}/v1/embeddings"
+        yield f"http://127.0.0.1:{port}/v1/embeddings", server.pid
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -340,12 +344,14 @@ def main() -> None:
         saturated: dict[int, dict[str, list[Level]]] = {b: {"mesh": [], "in_process": []} for b in BATCHES}
         light: dict[str, list[float]] = {"mesh": [], "in_process": []}
         load_avg: list[float] = []
-        with running_mesh(workdir / "mesh", env={"HF_HUB_OFFLINE": "1"}) as mesh, embeddings_peer(checkpoint) as peer_url:
+        with running_mesh(workdir / "mesh", env={"HF_HUB_OFFLINE": "1"}) as mesh, embeddings_peer(checkpoint) as (peer_url, peer_pid):
             (workdir / "mesh").mkdir(exist_ok=True)
-            mesh.start_scheduler()
-            mesh.start_worker(MODEL, "--model-repository", str(root), "--model-version", "1",
+            scheduler = mesh.start_scheduler()
+            worker = mesh.start_worker(MODEL, "--model-repository", str(root), "--model-version", "1",
                               "--num-threads", str(THREADS))
-            mesh.start_gateway("--http-port", str(http_port), *GATEWAY_FLAGS)
+            gateway = mesh.start_gateway("--http-port", str(http_port), *GATEWAY_FLAGS)
+            mesh_pids = {name: _pid(process) for name, process in
+                         (("gateway", gateway), ("scheduler", scheduler), ("worker", worker))}
             wait_until(lambda: _answers(mesh_url, context), timeout_s=60, message="the mesh serves embeddings")
             mesh_client, peer_client = Client(mesh_url, context), Client(peer_url, None)
 
@@ -370,7 +376,8 @@ def main() -> None:
                     text_batches = _batches(texts, batch)
                     saturated[batch]["in_process"].append(
                         in_process_level(in_process, [tuple(ids[t] for t in b) for b in text_batches], clients, each))
-                    saturated[batch]["mesh"].append(closed_loop(mesh_url, context, text_batches, clients, each))
+                    saturated[batch]["mesh"].append(closed_loop(mesh_url, context, text_batches, clients, each,
+                                                                        mesh_pids))
                 light_client = Client(mesh_url, context)
                 for k in range(num_light):
                     text = texts[k % len(texts)]
@@ -386,8 +393,8 @@ def main() -> None:
             for level in PEER_LEVELS:
                 progress(f"against the peer: {level} clients")
                 each = requests_each(level, 1, peer_requests)
-                versus[level] = {"peer": closed_loop(peer_url, None, peer_batches, level, each),
-                                 "mesh": closed_loop(mesh_url, context, peer_batches, level, each)}
+                versus[level] = {"peer": closed_loop(peer_url, None, peer_batches, level, each, {"peer": peer_pid}),
+                                 "mesh": closed_loop(mesh_url, context, peer_batches, level, each, mesh_pids)}
             load_avg.append(os.getloadavg()[0])
         compute.shutdown()
     report = {
@@ -416,6 +423,11 @@ def main() -> None:
     }
     write_report(args.output, report)
     print(tables(report))
+
+
+def _pid(process: ServiceProcess) -> int:
+    assert process.proc is not None  # started
+    return process.proc.pid
 
 
 _BEGAN = time.perf_counter()
@@ -450,12 +462,15 @@ def tables(report: dict) -> str:
     for b, sides in sat.items():
         mesh, proc = sides["mesh"], sides["in_process"]
         behind = any(r["generator"]["fell_behind"] for r in mesh["runs"])
+        cores = {name: statistics.mean(r["server_cpu_cores"][name] for r in mesh["runs"])
+                 for name in mesh["runs"][0]["server_cpu_cores"]}
         rows.append((b, mesh["runs"][0]["clients"], mesh["median_embeddings_per_s"], proc["median_embeddings_per_s"],
                      mesh["median_prompt_tokens_per_s"], proc["median_prompt_tokens_per_s"],
-                     sides["ratio_of_median_tokens_per_s"],
+                     sides["ratio_of_median_tokens_per_s"], " / ".join(f"{c:.2f}" for c in cores.values()),
                      max(r["generator"]["own_work_p99_s"] for r in mesh["runs"]) * 1000, "yes" if behind else "no"))
     out = [markdown_table(("input list", "clients", "mesh emb/s", "1-proc emb/s", "mesh tok/s", "1-proc tok/s",
-                           "mesh / 1-proc tok/s", "generator own p99 ms", "fell behind"), rows)]
+                           "mesh / 1-proc tok/s", "mesh CPU cores (gateway / scheduler / worker)",
+                           "generator own p99 ms", "fell behind"), rows)]
     light = report["light_e2e_s"]
     out.append(markdown_table(("light, 1 text a request", "p50 s", "p99 s"),
                               [(side, v["median"], v["p99"]) for side, v in light.items()]))

@@ -75,6 +75,8 @@ class Level:
     sent: tuple[Sent, ...]
     load_average_1m: float  # the box's, as the run began
     generator_cpu_s: float  # the load generator process's CPU over the run (all its threads)
+    # Each server process's CPU over the run (gateway, scheduler, worker; or the peer), seconds.
+    server_cpu_s: tuple[tuple[str, float], ...] = ()
 
     @property
     def embeddings_per_s(self) -> float:
@@ -108,6 +110,7 @@ class Level:
                 "generator": {"own_work_p99_s": self.client_p99_s, "cpu_share_of_one_core": self.generator_cpu_s / self.wall_s,
                               "fell_behind": self.fell_behind,
                               "limit": f"own work p99 <= {LAG_SHARE_LIMIT:g} x the median request"},
+                "server_cpu_cores": {name: cpu_s / self.wall_s for name, cpu_s in self.server_cpu_s},
                 "e2e_s": [round(s.e2e_s, 4) for s in self.sent]}
 
 
