@@ -62,7 +62,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench.harness.cpu import cpu_seconds  # noqa: E402
-from bench.harness.results import RESULTS_DIR, ROOT, write_report  # noqa: E402
+from bench.harness.results import RESULTS_DIR, ROOT, finite, write_report  # noqa: E402
 from bench.harness.stats import quantile  # noqa: E402
 from bench.harness.tables import markdown_table  # noqa: E402
 from bench.worker.docs_tokenizer import save_docs_tokenizer  # noqa: E402
@@ -412,7 +412,10 @@ def main() -> None:
                                       "median_prompt_tokens_per_s": statistics.median(lv.tokens_per_s for lv in runs)}
                                for side, runs in sides.items()} | {
                            "ratio_of_median_tokens_per_s": statistics.median(lv.tokens_per_s for lv in sides["mesh"]) /
-                           statistics.median(lv.tokens_per_s for lv in sides["in_process"])}
+                           statistics.median(lv.tokens_per_s for lv in sides["in_process"]),
+                           "ratio_of_median_tokens_per_server_cpu_s":
+                               statistics.median(lv.tokens_per_server_cpu_s for lv in sides["mesh"]) /
+                               statistics.median(lv.tokens_per_server_cpu_s for lv in sides["in_process"])}
                       for b, sides in saturated.items()},
         "light_e2e_s": {side: {**summary(v), "p99": quantile(v, 0.99)} for side, v in light.items()},
         "vs_sentence_transformers_style_behind_http": {
@@ -421,7 +424,7 @@ def main() -> None:
                 "tokens_per_s_ratio": sides["mesh"].tokens_per_s / sides["peer"].tokens_per_s}
                 for c, sides in versus.items()}},
     }
-    write_report(args.output, report)
+    write_report(args.output, finite(report))
     print(tables(report))
 
 
@@ -466,20 +469,23 @@ def tables(report: dict) -> str:
                  for name in mesh["runs"][0]["server_cpu_cores"]}
         rows.append((b, mesh["runs"][0]["clients"], mesh["median_embeddings_per_s"], proc["median_embeddings_per_s"],
                      mesh["median_prompt_tokens_per_s"], proc["median_prompt_tokens_per_s"],
-                     sides["ratio_of_median_tokens_per_s"], " / ".join(f"{c:.2f}" for c in cores.values()),
+                     sides["ratio_of_median_tokens_per_s"], sides["ratio_of_median_tokens_per_server_cpu_s"],
+                     " / ".join(f"{c:.2f}" for c in cores.values()),
                      max(r["generator"]["own_work_p99_s"] for r in mesh["runs"]) * 1000, "yes" if behind else "no"))
     out = [markdown_table(("input list", "clients", "mesh emb/s", "1-proc emb/s", "mesh tok/s", "1-proc tok/s",
-                           "mesh / 1-proc tok/s", "mesh CPU cores (gateway / scheduler / worker)",
+                           "mesh / 1-proc tok/s", "mesh / 1-proc tok per CPU s",
+                           "mesh CPU cores (gateway / scheduler / worker)",
                            "generator own p99 ms", "fell behind"), rows)]
     light = report["light_e2e_s"]
     out.append(markdown_table(("light, 1 text a request", "p50 s", "p99 s"),
                               [(side, v["median"], v["p99"]) for side, v in light.items()]))
     versus = report["vs_sentence_transformers_style_behind_http"]
     out.append(markdown_table(
-        ("clients", "peer tok/s", "peer p99 s", "mesh tok/s", "mesh p99 s", "mesh / peer tok/s", "generator own p99 ms "
-         "(peer, mesh)", "fell behind", "load (peer, mesh)"),
+        ("clients", "peer tok/s", "peer p99 s", "mesh tok/s", "mesh p99 s", "mesh / peer tok/s",
+         "tok per CPU s (peer, mesh)", "generator own p99 ms (peer, mesh)", "fell behind", "load (peer, mesh)"),
         [(c, v["peer"]["prompt_tokens_per_s"], v["peer"]["e2e_p99_s"], v["mesh"]["prompt_tokens_per_s"],
           v["mesh"]["e2e_p99_s"], v["tokens_per_s_ratio"],
+          f"{v['peer']['prompt_tokens_per_server_cpu_s']:.0f}, {v['mesh']['prompt_tokens_per_server_cpu_s']:.0f}",
           f"{v['peer']['generator']['own_work_p99_s'] * 1000:.1f}, {v['mesh']['generator']['own_work_p99_s'] * 1000:.1f}",
           "yes" if v["peer"]["generator"]["fell_behind"] or v["mesh"]["generator"]["fell_behind"] else "no",
           f"{v['peer']['load_average_1m']:.1f}, {v['mesh']['load_average_1m']:.1f}")

@@ -10,6 +10,7 @@ step that ends it.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -87,6 +88,13 @@ class Level:
         return sum(s.num_tokens for s in self.sent) / self.wall_s
 
     @property
+    def tokens_per_server_cpu_s(self) -> float:
+        """Prompt tokens per CPU second of the server's processes together: on a shared box, less
+        dependent than tokens/s on the share of a core each process was given."""
+        cpu_s = sum(c for _, c in self.server_cpu_s)
+        return sum(s.num_tokens for s in self.sent) / cpu_s if cpu_s > 0 else math.nan
+
+    @property
     def p50_s(self) -> float:
         return statistics.median(s.e2e_s for s in self.sent)
 
@@ -111,6 +119,7 @@ class Level:
                               "fell_behind": self.fell_behind,
                               "limit": f"own work p99 <= {LAG_SHARE_LIMIT:g} x the median request"},
                 "server_cpu_cores": {name: cpu_s / self.wall_s for name, cpu_s in self.server_cpu_s},
+                "prompt_tokens_per_server_cpu_s": self.tokens_per_server_cpu_s,
                 "e2e_s": [round(s.e2e_s, 4) for s in self.sent]}
 
 

@@ -55,6 +55,9 @@ def test_a_level_counts_inputs_and_tokens_over_its_wall_time_and_flags_a_busy_ge
     level = Level(clients=2, batch=8, wall_s=4.0, sent=sent, load_average_1m=1.0, generator_cpu_s=0.4)
     assert (level.embeddings_per_s, level.tokens_per_s, level.p50_s, level.p99_s) == (6.0, 600.0, 1.0, 3.0)
     assert level.fell_behind  # 0.2 s of its own work against a 1 s median request
-    calm = Level(2, 8, 4.0, sent[:2], 1.0, 0.4)
+    calm = Level(2, 8, 4.0, sent[:2], 1.0, 0.4, (("gateway", 0.2), ("worker", 1.4)))
     assert not calm.fell_behind
-    assert calm.summary()["generator"]["cpu_share_of_one_core"] == pytest.approx(0.1)
+    summary = calm.summary()
+    assert summary["generator"]["cpu_share_of_one_core"] == pytest.approx(0.1)
+    assert summary["server_cpu_cores"] == {"gateway": pytest.approx(0.05), "worker": pytest.approx(0.35)}
+    assert calm.tokens_per_server_cpu_s == pytest.approx(1000.0)  # 1600 tokens over 1.6 CPU seconds
