@@ -49,6 +49,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -68,11 +69,10 @@ from bench.harness.tables import markdown_table  # noqa: E402
 from bench.worker.docs_tokenizer import save_docs_tokenizer  # noqa: E402
 from bench.worker.embed_plan import Level, Sent, prefill_steps, requests_each  # noqa: E402
 from services.worker.repository.loader import load_model  # noqa: E402
-from services.worker.repository.store import load_manifest  # noqa: E402
 from services.worker.step_executor import StepExecutor  # noqa: E402
 from services.worker.work import RunStep, SequenceStep  # noqa: E402
 from tools.testbed import session_tls  # noqa: E402
-from tools.testbed.processes import ServiceProcess, free_port, running_mesh, wait_until  # noqa: E402
+from tools.testbed.processes import Mesh, ServiceProcess, free_port, running_mesh, wait_until  # noqa: E402
 
 RESULTS_PATH = RESULTS_DIR / "embeddings.json"
 MODEL = "medium-embed"
@@ -166,8 +166,9 @@ class InProcess:
         envelope, spec = model.manifest.envelope, model.manifest.generator
         assert spec is not None and spec.embedding is not None  # imported with --task embed
         self.block_size, self.budget, self.max_seqs = envelope.block_size, envelope.max_num_batched_tokens, envelope.max_num_seqs
+        self.pooling = spec.embedding.pooling_spec  # as the manifest records it
         self.executor = StepExecutor(model.generator, envelope.num_kv_blocks, envelope.block_size,
-                                     pooling=spec.embedding.pooling_spec)
+                                     pooling=self.pooling)
         self._num_blocks = envelope.num_kv_blocks
         self._next_step = 0
 
@@ -312,6 +313,77 @@ def summary(values: Sequence[float]) -> dict[str, object]:
     return {"runs": [round(v, 3) for v in values], "median": statistics.median(values)}
 
 
+@dataclass(frozen=True)
+class Sides:
+    """What every phase drives: the texts, the one process, the mesh's front and the peer's."""
+
+    texts: Sequence[str]
+    ids: Mapping[str, tuple[int, ...]]  # each text's token ids
+    in_process: InProcess
+    mesh_url: str
+    context: ssl.SSLContext  # the session CA, for the mesh's TLS
+    mesh_pids: Mapping[str, int]  # gateway, scheduler, worker
+    peer_url: str
+    peer_pid: int
+
+
+def check_vectors(sides: Sides) -> dict[str, object]:
+    """Every text through each side against the peer's vectors, and the prompt tokens each side counted;
+    RuntimeError for any difference."""
+    mesh, peer = Client(sides.mesh_url, sides.context), Client(sides.peer_url, None)
+    try:
+        reference, peer_tokens = embed_all(lambda b: peer.embed(b)[:2], sides.texts)
+        mesh_vectors, mesh_tokens = embed_all(lambda b: mesh.embed(b)[:2], sides.texts)
+    finally:
+        mesh.close()
+        peer.close()
+    counted = sum(len(sides.ids[t]) for t in sides.texts)
+    if mesh_tokens != counted or peer_tokens != counted:
+        raise RuntimeError(f"prompt tokens: mesh {mesh_tokens}, peer {peer_tokens}, the texts {counted}")
+    in_process = sides.in_process.embed([sides.ids[t] for t in sides.texts])
+    return {"texts": len(sides.texts), "prompt_tokens": counted, "mesh": agreement("the mesh", mesh_vectors, reference),
+            "in_process": agreement("one process", in_process, reference)}
+
+
+def saturated_round(sides: Sides, inputs_in_all: int, saturated: dict[int, dict[str, list[Level]]]) -> None:
+    """One round of every input-list length, one process then the mesh at each."""
+    for batch, clients in BATCHES.items():
+        progress(f"{clients} clients x input lists of {batch}")
+        each = requests_each(clients, batch, inputs_in_all)
+        text_batches = _batches(sides.texts, batch)
+        saturated[batch]["in_process"].append(in_process_level(
+            sides.in_process, [tuple(sides.ids[t] for t in b) for b in text_batches], clients, each))
+        saturated[batch]["mesh"].append(closed_loop(sides.mesh_url, sides.context, text_batches, clients, each,
+                                                    sides.mesh_pids))
+
+
+def light_round(sides: Sides, num_light: int, light: dict[str, list[float]]) -> None:
+    """`num_light` texts one at a time, each through one process then the mesh: e2e seconds."""
+    client = Client(sides.mesh_url, sides.context)
+    try:
+        for k in range(num_light):
+            text = sides.texts[k % len(sides.texts)]
+            began = time.perf_counter()
+            sides.in_process.embed([sides.ids[text]])
+            light["in_process"].append(time.perf_counter() - began)
+            light["mesh"].append(client.embed([text])[2].e2e_s)
+    finally:
+        client.close()
+
+
+def against_peer(sides: Sides, batch: int, requests_at_one: int) -> dict[int, dict[str, Level]]:
+    """Both servers under each closed-loop level of PEER_LEVELS, the peer then the mesh at each."""
+    batches = _batches(sides.texts, batch)
+    versus: dict[int, dict[str, Level]] = {}
+    for level in PEER_LEVELS:
+        progress(f"against the peer: {level} clients")
+        each = requests_each(level, 1, requests_at_one)
+        versus[level] = {
+            "peer": closed_loop(sides.peer_url, None, batches, level, each, {"peer": sides.peer_pid}),
+            "mesh": closed_loop(sides.mesh_url, sides.context, batches, level, each, sides.mesh_pids)}
+    return versus
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="texts of 32-128 tokens, fewer requests, one round")
@@ -325,107 +397,86 @@ def main() -> None:
     set_library_threads(THREADS)  # as the worker does with --num-threads
     from tokenizers import Tokenizer
 
+    saturated: dict[int, dict[str, list[Level]]] = {b: {"mesh": [], "in_process": []} for b in BATCHES}
+    light: dict[str, list[float]] = {"mesh": [], "in_process": []}
+    load_avg: list[float] = []
     with tempfile.TemporaryDirectory() as tmp_name:
         workdir = args.workdir or Path(tmp_name)
         progress("the checkpoint and its import")
         checkpoint, root = repository(workdir)
-        manifest = load_manifest(root, MODEL, "1")
         tokenizer = Tokenizer.from_file(str(root / MODEL / "1" / "tokenizer.json"))
         texts = docs_texts(tokenizer, NUM_TEXTS, 32, longest)
-        ids = {t: tuple(tokenizer.encode(t).ids) for t in texts}
         compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
         in_process = InProcess(root, compute)
-        in_process.embed([ids[texts[0]]])  # warm-up, as the worker's load does
-
         progress("starting the mesh and the peer")
-        http_port = free_port()
-        context = ssl.create_default_context(cafile=str(session_tls.session_pki().ca_path))
-        mesh_url = f"https://127.0.0.1:{http_port}/v1/embeddings"
-        saturated: dict[int, dict[str, list[Level]]] = {b: {"mesh": [], "in_process": []} for b in BATCHES}
-        light: dict[str, list[float]] = {"mesh": [], "in_process": []}
-        load_avg: list[float] = []
-        with running_mesh(workdir / "mesh", env={"HF_HUB_OFFLINE": "1"}) as mesh, embeddings_peer(checkpoint) as (peer_url, peer_pid):
-            (workdir / "mesh").mkdir(exist_ok=True)
-            scheduler = mesh.start_scheduler()
-            worker = mesh.start_worker(MODEL, "--model-repository", str(root), "--model-version", "1",
-                              "--num-threads", str(THREADS))
-            gateway = mesh.start_gateway("--http-port", str(http_port), *GATEWAY_FLAGS)
-            mesh_pids = {name: _pid(process) for name, process in
-                         (("gateway", gateway), ("scheduler", scheduler), ("worker", worker))}
-            wait_until(lambda: _answers(mesh_url, context), timeout_s=60, message="the mesh serves embeddings")
-            mesh_client, peer_client = Client(mesh_url, context), Client(peer_url, None)
-
+        with running_mesh(workdir / "mesh", env={"HF_HUB_OFFLINE": "1"}) as mesh, \
+                embeddings_peer(checkpoint) as (peer_url, peer_pid):
+            mesh_url, mesh_pids = serve(mesh, workdir / "mesh", root)
+            sides = Sides(texts, {t: tuple(tokenizer.encode(t).ids) for t in texts}, in_process, mesh_url,
+                          ssl.create_default_context(cafile=str(session_tls.session_pki().ca_path)), mesh_pids,
+                          peer_url, peer_pid)
+            in_process.embed([sides.ids[texts[0]]])  # warm-up, as the worker's load does
+            wait_until(lambda: _answers(mesh_url, sides.context), timeout_s=60, message="the mesh serves embeddings")
             progress("checking every text's vector on each side")
-            # Correctness first: every text through each side, against the peer's vectors.
-            reference, peer_tokens = embed_all(lambda b: peer_client.embed(b)[:2], texts)
-            mesh_vectors, mesh_tokens = embed_all(lambda b: mesh_client.embed(b)[:2], texts)
-            counted = sum(len(ids[t]) for t in texts)
-            if mesh_tokens != counted or peer_tokens != counted:
-                raise RuntimeError(f"prompt tokens: mesh {mesh_tokens}, peer {peer_tokens}, the texts {counted}")
-            check = {"texts": len(texts), "prompt_tokens": counted,
-                     "mesh": agreement("the mesh", mesh_vectors, reference),
-                     "in_process": agreement("one process", in_process.embed([ids[t] for t in texts]), reference)}
-            mesh_client.close()
-            peer_client.close()
-
+            check = check_vectors(sides)
             for _ in range(rounds):
                 load_avg.append(os.getloadavg()[0])
-                for batch, clients in BATCHES.items():
-                    progress(f"round {len(load_avg)}: {clients} clients x input lists of {batch}")
-                    each = requests_each(clients, batch, inputs_in_all)
-                    text_batches = _batches(texts, batch)
-                    saturated[batch]["in_process"].append(
-                        in_process_level(in_process, [tuple(ids[t] for t in b) for b in text_batches], clients, each))
-                    saturated[batch]["mesh"].append(closed_loop(mesh_url, context, text_batches, clients, each,
-                                                                        mesh_pids))
-                light_client = Client(mesh_url, context)
-                for k in range(num_light):
-                    text = texts[k % len(texts)]
-                    began = time.perf_counter()
-                    in_process.embed([ids[text]])
-                    light["in_process"].append(time.perf_counter() - began)
-                    light["mesh"].append(light_client.embed([text])[2].e2e_s)
-                light_client.close()
+                saturated_round(sides, inputs_in_all, saturated)
+                light_round(sides, num_light, light)
             load_avg.append(os.getloadavg()[0])
-
-            peer_batches = _batches(texts, peer_batch)
-            versus: dict[int, dict[str, Level]] = {}
-            for level in PEER_LEVELS:
-                progress(f"against the peer: {level} clients")
-                each = requests_each(level, 1, peer_requests)
-                versus[level] = {"peer": closed_loop(peer_url, None, peer_batches, level, each, {"peer": peer_pid}),
-                                 "mesh": closed_loop(mesh_url, context, peer_batches, level, each, mesh_pids)}
+            versus = against_peer(sides, peer_batch, peer_requests)
             load_avg.append(os.getloadavg()[0])
         compute.shutdown()
     report = {
         "box": "shared 2-core CPU machine (other agents' processes running)", "threads": THREADS,
-        "model": {"name": MODEL, "config": CONFIG, "embedding": manifest.generator.embedding.pooling.value
-                  if manifest.generator and manifest.generator.embedding else None,
+        "model": {"name": MODEL, "config": CONFIG, "pooling": in_process.pooling.pooling.value,
+                  "normalize": in_process.pooling.normalize, "gateway_flags": GATEWAY_FLAGS,
                   "max_num_batched_tokens": in_process.budget, "max_num_seqs": in_process.max_seqs},
         "load_average_1m": load_avg, "rounds": rounds, "quick": args.quick,
-        "texts": {"count": len(texts), "tokens_shortest": min(map(len, ids.values())),
-                  "tokens_longest": max(map(len, ids.values())),
-                  "tokens_mean": statistics.mean(map(len, ids.values()))},
+        "texts": {"count": len(texts), "tokens_shortest": min(map(len, sides.ids.values())),
+                  "tokens_longest": max(map(len, sides.ids.values())),
+                  "tokens_mean": statistics.mean(map(len, sides.ids.values()))},
         "correctness": check,
-        "saturated": {str(b): {side: {"runs": [lv.summary() for lv in runs],
-                                      "median_embeddings_per_s": statistics.median(lv.embeddings_per_s for lv in runs),
-                                      "median_prompt_tokens_per_s": statistics.median(lv.tokens_per_s for lv in runs)}
-                               for side, runs in sides.items()} | {
-                           "ratio_of_median_tokens_per_s": statistics.median(lv.tokens_per_s for lv in sides["mesh"]) /
-                           statistics.median(lv.tokens_per_s for lv in sides["in_process"]),
-                           "ratio_of_median_tokens_per_server_cpu_s":
-                               statistics.median(lv.tokens_per_server_cpu_s for lv in sides["mesh"]) /
-                               statistics.median(lv.tokens_per_server_cpu_s for lv in sides["in_process"])}
-                      for b, sides in saturated.items()},
+        "saturated": {str(b): saturated_section(runs) for b, runs in saturated.items()},
         "light_e2e_s": {side: {**summary(v), "p99": quantile(v, 0.99)} for side, v in light.items()},
         "vs_sentence_transformers_style_behind_http": {
             "batch": peer_batch,
-            "levels": {str(c): {side: lv.summary() for side, lv in sides.items()} | {
-                "tokens_per_s_ratio": sides["mesh"].tokens_per_s / sides["peer"].tokens_per_s}
-                for c, sides in versus.items()}},
+            "levels": {str(c): {side: lv.summary() for side, lv in sides_.items()} | {
+                "tokens_per_s_ratio": sides_["mesh"].tokens_per_s / sides_["peer"].tokens_per_s}
+                for c, sides_ in versus.items()}},
     }
     write_report(args.output, finite(report))
     print(tables(report))
+
+
+def serve(mesh: Mesh, logs: Path, root: Path) -> tuple[str, dict[str, int]]:
+    """A scheduler, the model's worker and a gateway with its HTTP front: the front's /v1/embeddings URL
+    and the three processes' pids."""
+    logs.mkdir(exist_ok=True)
+    http_port = free_port()
+    scheduler = mesh.start_scheduler()
+    worker = mesh.start_worker(MODEL, "--model-repository", str(root), "--model-version", "1", "--num-threads",
+                               str(THREADS))
+    gateway = mesh.start_gateway("--http-port", str(http_port), *GATEWAY_FLAGS)
+    pids = {name: _pid(p) for name, p in (("gateway", gateway), ("scheduler", scheduler), ("worker", worker))}
+    return f"https://127.0.0.1:{http_port}/v1/embeddings", pids
+
+
+def saturated_section(runs: Mapping[str, Sequence[Level]]) -> dict[str, object]:
+    """Both sides' runs at one input-list length, their medians and the ratios of the medians."""
+    def median(side: str, figure: Callable[[Level], float]) -> float:
+        return statistics.median(figure(lv) for lv in runs[side])
+
+    section: dict[str, object] = {
+        side: {"runs": [lv.summary() for lv in levels],
+               "median_embeddings_per_s": median(side, lambda lv: lv.embeddings_per_s),
+               "median_prompt_tokens_per_s": median(side, lambda lv: lv.tokens_per_s)}
+        for side, levels in runs.items()}
+    section["ratio_of_median_tokens_per_s"] = median("mesh", lambda lv: lv.tokens_per_s) / \
+        median("in_process", lambda lv: lv.tokens_per_s)
+    section["ratio_of_median_tokens_per_server_cpu_s"] = median("mesh", lambda lv: lv.tokens_per_server_cpu_s) / \
+        median("in_process", lambda lv: lv.tokens_per_server_cpu_s)
+    return section
 
 
 def _pid(process: ServiceProcess) -> int:
