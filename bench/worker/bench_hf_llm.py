@@ -74,6 +74,7 @@ from safetensors.torch import save_file  # noqa: E402
 
 from bench.harness.results import RESULTS_DIR, ROOT, write_report  # noqa: E402
 from bench.harness.stats import quantile  # noqa: E402
+from bench.worker.docs_tokenizer import save_docs_tokenizer  # noqa: E402
 from bench.worker.peer_report import LevelRun, peer_section, requests_per_client  # noqa: E402
 from bench.worker.peer_report import table as peer_table  # noqa: E402
 from infermesh.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc  # noqa: E402
@@ -105,8 +106,6 @@ PROMPTS = ("The scheduler ", "A worker attaches ", "Every request ", "The gatewa
 def make_checkpoint(directory: Path, hf_config: Mapping[str, object] = CONFIG) -> None:
     """A random-weight checkpoint of `hf_config` (config.json's fields; the medium Llama by default) and a
     tokenizer of its vocab_size trained on the repository's docs."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     directory.mkdir(parents=True)
     (directory / "config.json").write_text(json.dumps(hf_config))
     (directory / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
@@ -116,13 +115,7 @@ def make_checkpoint(directory: Path, hf_config: Mapping[str, object] = CONFIG) -
                       else torch.randn(shape, generator=generator) * 0.02)
                for name, shape in expected_tensors(config).items()}
     save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=config.vocab_size, special_tokens=["<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tokenizer.train_from_iterator([p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))], trainer)
-    tokenizer.save(str(directory / "tokenizer.json"))
+    save_docs_tokenizer(directory, config.vocab_size)
 
 
 def repository(workdir: Path, hf_config: Mapping[str, object] = CONFIG, name: str = MODEL) -> Path:
