@@ -23,8 +23,10 @@ import base64
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
+
+from bench.harness.json_handler import JsonHandler
 
 _NORMALIZE = "sentence_transformers.models.Normalize"
 
@@ -90,27 +92,19 @@ def main() -> None:
 
     compute.submit(embed, ["warm up"]).result()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JsonHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: a client reuses its connection, as with the mesh
 
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            body = self.read_json()
             texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
             vectors, num_tokens = compute.submit(embed, texts).result()
             as_base64 = body.get("encoding_format") == "base64"
             data = [{"object": "embedding", "index": i,
                      "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if as_base64 else v.tolist()}
                     for i, v in enumerate(vectors)]
-            reply = json.dumps({"object": "list", "data": data,
-                                "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
-
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (http.server's name)
-            pass
+            self.send_json({"object": "list", "data": data,
+                            "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}})
 
     server = KeepAliveServer(("127.0.0.1", args.port), Handler)
     print("serving", flush=True)

@@ -15,11 +15,12 @@ transformers (a test and dev dependency).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import HTTPServer
 from pathlib import Path
+
+from bench.harness.json_handler import JsonHandler
 
 
 class QueueingServer(HTTPServer):
@@ -57,19 +58,11 @@ def main() -> None:
 
     compute.submit(generate, "warm up", 2).result()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JsonHandler):
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            body = self.read_json()
             tokens = compute.submit(generate, body["prompt"], int(body["max_tokens"])).result()
-            reply = json.dumps({"token_ids": tokens}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
-
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (http.server's name)
-            pass
+            self.send_json({"token_ids": tokens})
 
     server = QueueingServer(("127.0.0.1", args.port), Handler)
     print("serving", flush=True)
