@@ -82,6 +82,8 @@ class StepExecutor:
         take the step, else the eager step. A replay that raises turns the graphs off for good (the
         eager step then computes this one: it rewrites the same slots with the same keys and values)."""
         graphs = self._decode_graphs
+        if graphs is not None and self.generator.lora is not None and any(s.adapter for s in paged):
+            graphs = None  # the graphs were captured over the base model: LoRA rows run eagerly
         if graphs is not None and step_path(paged, graphs) is StepPath.GRAPH:
             try:
                 logits = graphs.run(paged, checked=True)  # step_path has just asked graphs.refusal

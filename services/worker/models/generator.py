@@ -10,6 +10,7 @@ tests hold them to the same tokens.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,6 +21,9 @@ from services.worker.models.paged import KVCache, PagedSequence, paged_forward
 from services.worker.models.transformer import DecoderLM, TransformerConfig
 from services.worker.pooling import PooledSequence, PoolingSpec
 
+if TYPE_CHECKING:
+    from services.worker.models.lora import LoraAdapter, LoraSet
+
 
 class Generator:
     def __init__(self, lm: DecoderLM | LlamaFamilyLM, *, max_seq_len: int, eos_token_id: int, bos_token_id: int | None) -> None:
@@ -29,6 +33,19 @@ class Generator:
         self.max_seq_len = max_seq_len
         self.eos_token_id = eos_token_id
         self.bos_token_id = bos_token_id
+        # The LoRA adapters served over this model (models/lora); None: none, and a step is the base
+        # model's whatever its sequences' `adapter` says (the worker refuses those at admission).
+        self.lora: LoraSet | None = None
+
+    def add_lora(self, adapter: LoraAdapter) -> None:
+        """Serves `adapter` over this model from the next step on (sequences name it in `adapter`)."""
+        from services.worker.models.lora import LoraSet  # here: lora imports this module's neighbours
+
+        if not isinstance(self.lm, LlamaFamilyLM):
+            raise ValueError("only a Llama-family model serves LoRA adapters")
+        if self.lora is None:
+            self.lora = LoraSet(self.lm)
+        self.lora.add(adapter)
 
     @property
     def config(self) -> TransformerConfig | LlamaFamilyConfig:
@@ -52,7 +69,10 @@ class Generator:
     def step(self, seqs: Sequence[PagedSequence], cache: KVCache) -> torch.Tensor:
         """One paged step; logits `float32[num_needing_logits, vocab]` in the order of `seqs`."""
         with torch.inference_mode():
-            return paged_forward(self.lm, seqs, cache)
+            if self.lora is None:
+                return paged_forward(self.lm, seqs, cache)
+            with self.lora.bound(seqs):
+                return paged_forward(self.lm, seqs, cache)
 
     def hidden_step(self, seqs: Sequence[PagedSequence], cache: KVCache) -> torch.Tensor:
         """`step` for an embedding model: the rows' final hidden states `float32[rows, d_model]` (after the
