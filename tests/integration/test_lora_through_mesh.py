@@ -1,7 +1,8 @@
 """LoRA adapters served through the whole mesh (gateway -> scheduler -> worker, real processes).
 
-A tiny Llama checkpoint is imported as `tiny-lora:1` and served by one worker with two PEFT adapters
-(`--lora-adapters ad-x=DIR,ad-y=DIR`). The gateway lists each adapter as a model whose `parent` is the
+A tiny Llama checkpoint is imported as `tiny-lora:1` with one PEFT adapter pinned in the version
+(`infermesh models import ... --lora ad-x=DIR`) and served by one worker given another
+(`--lora-adapters ad-y=DIR`). The gateway lists each adapter as a model whose `parent` is the
 base; greedy tokens of the base and of both adapters, requested together (so their sequences share
 steps, and the same prompt's blocks are cached under each), equal each model alone: the base model's
 own and the merged-weight model's (`W + scale * B @ A`, merged by tests/support/lora_adapters) for each
@@ -60,18 +61,18 @@ def served(tmp_path_factory) -> Served:
     checkpoint = tmp / "base"
     save_model_directory(checkpoint, "llama", seed=5, std=0.5)
     root = tmp / "model_repo"
-    import_checkpoint(checkpoint, root, ImportOptions(MODEL, "1", kv_cache_bytes=1 << 20))
     references = {MODEL: _generator(checkpoint)}
-    flags = []
+    directories = {}
     for name, kwargs in ADAPTERS.items():
-        directory = save_lora_adapter(tmp / name, checkpoint, std=0.3, **kwargs)
-        references[name] = _generator(save_merged_checkpoint(tmp / f"{name}-merged", checkpoint, directory))
-        flags.append(f"{name}={directory}")
+        directories[name] = save_lora_adapter(tmp / name, checkpoint, std=0.3, **kwargs)
+        references[name] = _generator(save_merged_checkpoint(tmp / f"{name}-merged", checkpoint, directories[name]))
+    import_checkpoint(checkpoint, root, ImportOptions(MODEL, "1", kv_cache_bytes=1 << 20,
+                                                      lora_adapters=(("ad-x", str(directories["ad-x"])),)))
     http_port = free_port()
     with running_mesh(tmp, env={"HF_HUB_OFFLINE": "1"}) as mesh:
         mesh.start_scheduler("--long-prefill-chunk-tokens", "16")
         wait_all_serving([mesh.start_worker(MODEL, "--model-repository", str(root), "--model-version", "1",
-                                            "--lora-adapters", ",".join(flags), wait=False)])
+                                            "--lora-adapters", f"ad-y={directories['ad-y']}", wait=False)])
         mesh.start_gateway("--http-port", str(http_port))
         served = Served(mesh.gateway.address, f"https://127.0.0.1:{http_port}/v1",
                         transformers.AutoTokenizer.from_pretrained(checkpoint), references)

@@ -27,6 +27,7 @@ from services.worker.models.llama_config import LlamaFamilyConfig
 from services.worker.models.llama_family import LlamaFamilyLM
 from services.worker.models.paged import PagedSequence
 from services.worker.repository.lora_spec import (
+    ADAPTER_CONFIG_FILE,
     ADAPTER_WEIGHTS_FILE,
     LoraConfig,
     LoraTensorPair,
@@ -68,12 +69,14 @@ class LoraAdapter:
 
 
 def load_lora_adapter(name: str, directory: str | Path, config: LlamaFamilyConfig, *,
-                      dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> LoraAdapter:
+                      dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                      config_file: str = ADAPTER_CONFIG_FILE, weights_file: str = ADAPTER_WEIGHTS_FILE) -> LoraAdapter:
     """Reads and checks a PEFT adapter directory (lora_spec) against the base `config`, and builds its
-    factors in the compute `dtype` on `device`. CheckpointError names the field or tensor refused."""
-    lora = read_lora_config(directory, config)
-    pairs = check_lora_weights(directory, lora, config)
-    path = Path(directory) / ADAPTER_WEIGHTS_FILE
+    factors in the compute `dtype` on `device`. CheckpointError names the field or tensor refused.
+    `config_file` / `weights_file`: the files' names there (a repository version pins them renamed)."""
+    lora = read_lora_config(directory, config, file=config_file)
+    pairs = check_lora_weights(directory, lora, config, file=weights_file)
+    path = Path(directory) / weights_file
     with safe_open(str(path), framework="pt", device="cpu") as weights:
         loaded = [(p, weights.get_tensor(p.a_name).float(), weights.get_tensor(p.b_name).float()) for p in pairs]
     return LoraAdapter(name, lora, _fuse(loaded, lora, config, dtype, torch.device(device)))

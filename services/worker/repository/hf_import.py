@@ -46,6 +46,13 @@ from services.worker.repository.envelope import Envelope
 from services.worker.repository.errors import ImportRefused, InvalidManifest
 from services.worker.repository.generator_spec import GeneratorSpec, GoldenGeneration
 from services.worker.repository.hf_architecture import HFArchitecture
+from services.worker.repository.lora_pins import ADAPTER_NAME_RE, LoraPin, pinned_names
+from services.worker.repository.lora_spec import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_WEIGHTS_FILE,
+    check_lora_weights,
+    read_lora_config,
+)
 from services.worker.repository.manifest import Manifest, ModelKind
 from services.worker.repository.pinned_file import PinnedFile
 from services.worker.repository.sampling_defaults import SamplingDefaults
@@ -84,6 +91,8 @@ class ImportOptions:
     # TASK_AUTO: an embedding model when the directory is a sentence-transformers one (modules.json) or a
     # base model without an LM head, else a generator; TASK_EMBED / TASK_GENERATE: as said (vLLM's --task).
     task: str = "auto"
+    # LoRA adapters pinned beside the model, (name, PEFT directory) each (lora_pins.py).
+    lora_adapters: tuple[tuple[str, str], ...] = ()
 
 
 TASK_AUTO, TASK_EMBED, TASK_GENERATE = "auto", "embed", "generate"
@@ -105,6 +114,7 @@ def import_checkpoint(source: str | Path, repository: str | Path, options: Impor
         # sliding windows read against this length
         config = read_config(source, max_seq_len=max_seq_len, embedding_only=embeds)
         check_weights(source, config)
+        _check_lora_adapters(options.lora_adapters, config, embeds, options.name)
     except CheckpointError as exc:
         raise ImportRefused(str(exc)) from None
     tokenizer_json = source / TOKENIZER_FILE
@@ -120,6 +130,7 @@ def import_checkpoint(source: str | Path, repository: str | Path, options: Impor
     staging = Path(tempfile.mkdtemp(prefix=f".{options.version}.", dir=_parent(target)))
     try:
         files = _copy_files(source, staging)
+        adapters = _copy_lora_adapters(options.lora_adapters, staging)
         if embedding is None:
             golden = _record_golden(staging, tokenizer_json.read_bytes(), max_seq_len, envelope)
         else:
@@ -140,6 +151,7 @@ def import_checkpoint(source: str | Path, repository: str | Path, options: Impor
                 golden=golden,
                 sampling_defaults=sampling_defaults,
                 embedding=embedding,
+                lora_adapters=adapters,
             ),
             build={"tool": "infermesh models import", "source": str(source.resolve())},
         )
@@ -305,6 +317,31 @@ def _check_tokenizer(path: Path, vocab_size: int, end_ids: Sequence[int]) -> Non
     if num_ids > vocab_size:
         raise ImportRefused(f"{path}: its vocabulary has ids up to {num_ids - 1}, but config.json's vocab_size is "
                             f"{vocab_size}: the tokenizer does not belong to this model")
+
+
+def _check_lora_adapters(adapters: tuple[tuple[str, str], ...], config: LlamaFamilyConfig, embeds: bool,
+                         model_name: str) -> None:
+    """ImportRefused (or CheckpointError naming the file and field or tensor) for an adapter not to serve."""
+    names = [name for name, _ in adapters]
+    if adapters and embeds:
+        raise ImportRefused("--lora: an embedding model serves no LoRA adapters")
+    for name, directory in adapters:
+        if not ADAPTER_NAME_RE.match(name) or names.count(name) > 1 or name == model_name:
+            raise ImportRefused(f"--lora {name}={directory}: a name of letters, digits and ._- (after the first), "
+                                "given once and not the model's own, is required")
+        check_lora_weights(directory, read_lora_config(directory, config), config)
+
+
+def _copy_lora_adapters(adapters: tuple[tuple[str, str], ...], target: Path) -> tuple[LoraPin, ...]:
+    """Each adapter's two files, copied unchanged under their pinned names and hashed."""
+    pins = []
+    for name, directory in adapters:
+        pinned = []
+        for original, copy in zip((ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE), pinned_names(name), strict=True):
+            shutil.copyfile(Path(directory) / original, target / copy)
+            pinned.append(PinnedFile(copy, sha256_of(target / copy)))
+        pins.append(LoraPin(name, pinned[0], pinned[1]))
+    return tuple(pins)
 
 
 def _copy_files(source: Path, target: Path) -> dict[str, PinnedFile]:

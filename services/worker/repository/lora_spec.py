@@ -67,9 +67,11 @@ class LoraTensorPair:
     b_name: str  # lora_B: [out, rank]
 
 
-def read_lora_config(directory: str | Path, config: LlamaFamilyConfig) -> LoraConfig:
-    """The directory's adapter_config.json, checked against the base model's `config`."""
-    path = Path(directory) / ADAPTER_CONFIG_FILE
+def read_lora_config(directory: str | Path, config: LlamaFamilyConfig, *,
+                     file: str = ADAPTER_CONFIG_FILE) -> LoraConfig:
+    """The directory's adapter_config.json (in a repository version: its pinned copy, `file`), checked
+    against the base model's `config`."""
+    path = Path(directory) / file
     data = _read_json(path)
     file = str(path)
 
@@ -132,10 +134,12 @@ def lora_shape(module: str, config: LlamaFamilyConfig) -> tuple[int, int]:
     }[module]
 
 
-def check_lora_weights(directory: str | Path, lora: LoraConfig, config: LlamaFamilyConfig) -> list[LoraTensorPair]:
-    """Checks adapter_model.safetensors' header (no tensor data is read) against `lora` and the base
-    `config`; returns each adapted linear's pair, by layer then module. CheckpointError names the tensor."""
-    path = Path(directory) / ADAPTER_WEIGHTS_FILE
+def check_lora_weights(directory: str | Path, lora: LoraConfig, config: LlamaFamilyConfig, *,
+                       file: str = ADAPTER_WEIGHTS_FILE) -> list[LoraTensorPair]:
+    """Checks adapter_model.safetensors' header (or `file`'s; no tensor data is read) against `lora` and
+    the base `config`; returns each adapted linear's pair, by layer then module. CheckpointError names the
+    tensor."""
+    path = Path(directory) / file
     file = str(path)
     try:
         weights = safe_open(file, framework="pt", device="cpu")
