@@ -139,13 +139,23 @@ class Generator:
                 logits = self.step([PagedSequence((ids[-1],), len(ids) - 1, table, needs_logits=True)], cache)
         return ids[len(prompt_ids):]
 
+    def paged_logits(self, token_ids: Sequence[int], adapter: str = "", *, block_size: int = 16) -> torch.Tensor:
+        """Logits after every token of one sequence, `float32[len(token_ids), vocab]`, through one paged step
+        under `adapter` (LoRA; "": the base model): what the paged path computes where the dense
+        reference does not apply the adapter."""
+        num_blocks = -(-len(token_ids) // block_size)
+        cache = self.new_kv_cache(num_blocks, block_size)
+        return self.step([PagedSequence(tuple(token_ids), 0, tuple(range(num_blocks)), True, all_logits=True,
+                                        adapter=adapter)], cache)
+
     def greedy_paged_batch(
         self, prompts: Sequence[Sequence[int]], num_new_tokens: Sequence[int], *, block_size: int = 16,
-        prefill_chunk: int = 64,
+        prefill_chunk: int = 64, adapters: Sequence[str] | None = None,
     ) -> list[list[int]]:
         """`greedy_paged` for several prompts at once, as the worker's steps run them: each step carries
         every sequence not yet done (a prompt chunk each, then one token each), in one shared cache. The
-        golden check's path: a few wide steps instead of one narrow step per token of each prompt."""
+        golden check's path: a few wide steps instead of one narrow step per token of each prompt.
+        `adapters`: each prompt's LoRA adapter ("": the base model); None: all the base model."""
         for prompt, num_new in zip(prompts, num_new_tokens, strict=True):
             self._check_length(len(prompt), num_new)
         num_blocks = [-(-(len(p) + n) // block_size) for p, n in zip(prompts, num_new_tokens, strict=True)]
@@ -162,7 +172,8 @@ class Generator:
             for i in running:
                 new = tuple(ids[i][computed[i]:computed[i] + prefill_chunk])
                 seqs.append(PagedSequence(new, computed[i], tables[i],
-                                          needs_logits=computed[i] + len(new) == len(ids[i])))
+                                          needs_logits=computed[i] + len(new) == len(ids[i]),
+                                          adapter=adapters[i] if adapters is not None else ""))
                 computed[i] += len(new)
             logits = iter(self.step(seqs, cache))
             for i, seq in zip(running, seqs, strict=True):

@@ -23,17 +23,19 @@ TINYLM = "tinylm"  # our own DecoderLM (models/transformer.py); its block predat
 class GoldenGeneration:
     prompt_ids: tuple[int, ...]
     expected_ids: tuple[int, ...]  # greedy continuation
+    lora_adapter: str = ""  # under this LoRA adapter of the version (lora_adapters); "": the base model
 
     @classmethod
     def from_json(cls, x: JsonFields, vocab_size: int, max_seq_len: int) -> GoldenGeneration:
-        x.allow_only("prompt_ids", "expected_ids")
+        x.allow_only("prompt_ids", "expected_ids", "lora_adapter")
         prompt, expected = x.ints("prompt_ids", 0, vocab_size), x.ints("expected_ids", 0, vocab_size)
         if len(prompt) + len(expected) > max_seq_len:
             raise x.fail("expected_ids", f"with the prompt exceeds max_seq_len {max_seq_len}")
-        return cls(prompt, expected)
+        return cls(prompt, expected, x.text("lora_adapter") if "lora_adapter" in x.data else "")
 
     def to_json(self) -> dict[str, Any]:
-        return {"prompt_ids": list(self.prompt_ids), "expected_ids": list(self.expected_ids)}
+        return {"prompt_ids": list(self.prompt_ids), "expected_ids": list(self.expected_ids),
+                **({"lora_adapter": self.lora_adapter} if self.lora_adapter else {})}
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,9 @@ class GeneratorSpec:
             raise g.fail("lora_adapters", f"names an adapter twice: {sorted(names)}")
         if adapters and (embedding is not None or not isinstance(architecture, HFArchitecture)):
             raise g.fail("lora_adapters", "are served only over a Hugging Face text generator (architecture format 'hf')")
+        unknown = sorted({x.lora_adapter for x in golden if x.lora_adapter} - set(names))
+        if unknown:
+            raise g.fail("golden", f"names LoRA adapter {unknown[0]!r}, which lora_adapters does not pin")
         return cls(max_seq_len, tokenizer, architecture, golden, defaults, embedding, adapters)
 
     def to_json(self) -> dict[str, Any]:

@@ -132,7 +132,7 @@ def import_checkpoint(source: str | Path, repository: str | Path, options: Impor
         files = _copy_files(source, staging)
         adapters = _copy_lora_adapters(options.lora_adapters, staging)
         if embedding is None:
-            golden = _record_golden(staging, tokenizer_json.read_bytes(), max_seq_len, envelope)
+            golden = _record_golden(staging, tokenizer_json.read_bytes(), max_seq_len, envelope, adapters)
         else:
             golden, embedding = (), _record_golden_embeddings(staging, tokenizer_json.read_bytes(), max_seq_len,
                                                               envelope, embedding)
@@ -361,36 +361,50 @@ def _copy_files(source: Path, target: Path) -> dict[str, PinnedFile]:
     return pinned
 
 
-def _record_golden(directory: Path, tokenizer_json: bytes, max_seq_len: int,
-                   envelope: Envelope) -> tuple[GoldenGeneration, ...]:
+def _record_golden(directory: Path, tokenizer_json: bytes, max_seq_len: int, envelope: Envelope,
+                   adapters: Sequence[LoraPin] = ()) -> tuple[GoldenGeneration, ...]:
     """Greedy continuations of GOLDEN_PROMPTS through the paged path, as the worker's golden check runs
     them, each cut before the first token whose float32 margin over the runner-up is below
-    GOLDEN_MIN_MARGIN."""
+    GOLDEN_MIN_MARGIN; for the base model, then under each of `adapters` (pinned in `directory`)."""
     from tokenizers import Tokenizer
+
+    from services.worker.models.lora import load_lora_adapter
 
     tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
     lm = load_llama_family(directory, dtype=torch.float32, max_seq_len=max_seq_len)
     generator = Generator(lm, max_seq_len=max_seq_len, eos_token_id=0, bos_token_id=None)
+    for pin in adapters:
+        generator.add_lora(load_lora_adapter(pin.name, directory, lm.config, config_file=pin.config.file,
+                                             weights_file=pin.weights.file))
     cases = []
-    for text in GOLDEN_PROMPTS:
-        prompt = tuple(tokenizer.encode(text).ids)[: max_seq_len - GOLDEN_NEW_TOKENS]
-        if not prompt:
-            continue
-        tokens = generator.greedy_paged(prompt, GOLDEN_NEW_TOKENS, block_size=envelope.block_size,
-                                        prefill_chunk=max(1, envelope.max_num_batched_tokens // 2))
-        kept = _clear_prefix(generator, prompt, tokens)
-        if kept:
-            cases.append(GoldenGeneration(prompt, tuple(kept)))
-    if not cases:
-        raise ImportRefused(f"{directory}: every golden prompt's first token is a near tie (top-two logits within "
-                            f"{GOLDEN_MIN_MARGIN}): no golden case can be recorded reliably")
+    for adapter in ("", *(pin.name for pin in adapters)):
+        found = []
+        for text in GOLDEN_PROMPTS:
+            prompt = tuple(tokenizer.encode(text).ids)[: max_seq_len - GOLDEN_NEW_TOKENS]
+            if not prompt:
+                continue
+            chunk = max(1, envelope.max_num_batched_tokens // 2)
+            tokens = generator.greedy_paged(prompt, GOLDEN_NEW_TOKENS, block_size=envelope.block_size,
+                                            prefill_chunk=chunk) if not adapter else generator.greedy_paged_batch(
+                [prompt], [GOLDEN_NEW_TOKENS], block_size=envelope.block_size, prefill_chunk=chunk,
+                adapters=[adapter])[0]
+            kept = _clear_prefix(generator, prompt, tokens, adapter)
+            if kept:
+                found.append(GoldenGeneration(prompt, tuple(kept), adapter))
+        if not found:
+            under = f" under LoRA adapter {adapter!r}" if adapter else ""
+            raise ImportRefused(f"{directory}: every golden prompt's first token{under} is a near tie (top-two "
+                                f"logits within {GOLDEN_MIN_MARGIN}): no golden case can be recorded reliably")
+        cases += found
     return tuple(cases)
 
 
-def _clear_prefix(generator: Generator, prompt: Sequence[int], tokens: Sequence[int]) -> list[int]:
+def _clear_prefix(generator: Generator, prompt: Sequence[int], tokens: Sequence[int], adapter: str = "") -> list[int]:
     kept: list[int] = []
     with torch.no_grad():
-        logits = generator.dense_logits([*prompt, *tokens])[len(prompt) - 1:]
+        # Under an adapter through the paged step (the dense reference runs the base model only).
+        logits = (generator.paged_logits([*prompt, *tokens], adapter) if adapter
+                  else generator.dense_logits([*prompt, *tokens]))[len(prompt) - 1:]
     for token, row in zip(tokens, logits, strict=False):
         top = torch.topk(row.float(), 2).values
         if int(row.argmax()) != token or float(top[0] - top[1]) < GOLDEN_MIN_MARGIN:

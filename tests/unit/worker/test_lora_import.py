@@ -79,3 +79,26 @@ def test_a_manifest_naming_an_adapter_twice_is_refused(checkpoint, tmp_path):
     path.write_text(json.dumps(manifest))
     with pytest.raises(InvalidManifest, match="lora_adapters"):
         load_model(tmp_path, "m", "1")
+
+
+def test_golden_cases_are_recorded_under_each_adapter_and_checked_at_load(checkpoint, tmp_path):
+    from services.worker.repository.errors import GoldenCheckFailed
+    from services.worker.repository.golden import run_golden_check
+
+    manifest = _import(checkpoint, tmp_path, ("sql", str(checkpoint.parent / "sql")))
+    spec = manifest.generator
+    assert spec is not None
+    by_adapter = {g.lora_adapter for g in spec.golden}
+    assert by_adapter == {"", "sql"}
+    run_golden_check(load_model(tmp_path, "m", "1"))
+    # The adapter's cases differ from the base's (else the check below would prove nothing); stripped of
+    # their adapter, so checked against the base model, they fail.
+    sql = [g.expected_ids for g in spec.golden if g.lora_adapter == "sql"]
+    assert sql != [g.expected_ids for g in spec.golden if not g.lora_adapter]
+    path = tmp_path / "m" / "1" / "manifest.json"
+    data = json.loads(path.read_text())
+    for case in data["generator"]["golden"]:
+        case.pop("lora_adapter", None)
+    path.write_text(json.dumps(data))
+    with pytest.raises(GoldenCheckFailed, match=r"golden prompt \d+ continued"):
+        run_golden_check(load_model(tmp_path, "m", "1"))
