@@ -222,6 +222,9 @@ def _import_hf(source: Path, args: argparse.Namespace) -> int:
     quantized = _quantized(source)
     if quantized:
         print(quantized)
+    if spec.lora_adapters:
+        print(f"LoRA adapters, each served as a model of its own over {args.name}: "
+              f"{', '.join(pin.name for pin in spec.lora_adapters)}")
     return 0
 
 
