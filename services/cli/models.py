@@ -91,6 +91,21 @@ def add_parser(commands) -> None:
                      help="how the model sets its reasoning apart (<think>...</think>), recorded in the manifest; "
                           f"{NO_REASONING_PARSER}: not split (default: {QWEN3} for a chat template that writes "
                           "<think> and </think>, else none)")
+    llm.add_argument("--lora", action="append", default=[], metavar="NAME=ADAPTER_DIR",
+                     help="a PEFT LoRA adapter of the model (adapter_config.json, adapter_model.safetensors), pinned "
+                          "beside it by sha256 and served as model NAME (repeat for more; docs/models.md, "
+                          "\"LoRA adapters\")")
+
+
+def _lora_flags(flags: list[str]) -> tuple[tuple[str, str], ...]:
+    """--lora NAME=ADAPTER_DIR, each."""
+    pairs = []
+    for flag in flags:
+        name, sep, directory = flag.partition("=")
+        if not sep or not name or not directory:
+            raise UsageError(f"--lora {flag!r}: expected NAME=ADAPTER_DIR")
+        pairs.append((name, directory))
+    return tuple(pairs)
 
 
 def _reasoning_parser(flag: str | None) -> str | None:
@@ -182,7 +197,8 @@ def _import_hf(source: Path, args: argparse.Namespace) -> int:
     options = ImportOptions(name=args.name, version=args.version, kv_cache_bytes=int(args.kv_cache_gb * 2**30),
                             max_seq_len=args.max_seq_len or None, tool_call_parser=args.tool_call_parser,
                             reasoning_parser=_reasoning_parser(args.reasoning_parser),
-                            generation_config=args.generation_config == "auto", task=args.task)
+                            generation_config=args.generation_config == "auto", task=args.task,
+                            lora_adapters=_lora_flags(args.lora))
     try:
         manifest = import_checkpoint(source, args.repository, options)
     except (ImportRefused, InfermeshError) as exc:  # InfermeshError: a name or version the repository refuses
@@ -206,6 +222,9 @@ def _import_hf(source: Path, args: argparse.Namespace) -> int:
     quantized = _quantized(source)
     if quantized:
         print(quantized)
+    if spec.lora_adapters:
+        print(f"LoRA adapters, each served as a model of its own over {args.name}: "
+              f"{', '.join(pin.name for pin in spec.lora_adapters)}")
     return 0
 
 

@@ -100,6 +100,7 @@ def decode_hello(hello: scheduler_pb2.WorkerHello) -> WorkerHello:
         features=frozenset(_FEATURE_FROM_WIRE[f] for f in hello.features if f in _FEATURE_FROM_WIRE),
         embedding=EmbeddingInfo(hello.embedding.dimensions, hello.embedding.normalize, hello.embedding.matryoshka,
                                 hello.embedding.pooling) if hello.kind == common_pb2.MODEL_KIND_EMBEDDING else None,
+        lora_adapters=tuple(hello.lora_adapters),
     )
 
 
@@ -260,6 +261,8 @@ def _fill_run_step(command: scheduler_pb2.RunStep, plan: StepPlan,
                     seq.next_prompt_token_id = step.next_prompt_token_id
             if context.trace_context and _traced(step):
                 seq.trace_context.update(context.trace_context)
+        if step.sampling.lora_adapter:
+            seq.lora_adapter = step.sampling.lora_adapter
         if step.input_from_last_sample:
             seq.input_from_last_sample = True
         if step.new_blocks:

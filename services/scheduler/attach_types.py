@@ -94,6 +94,8 @@ class WorkerHello:
     features: frozenset[WorkerFeature] = frozenset()
     # Generator: set for an embedding model (WorkerHello.embedding), which serves embed requests only.
     embedding: EmbeddingInfo | None = None
+    # Generator: the LoRA adapters the worker serves over the model (WorkerHello.lora_adapters).
+    lora_adapters: tuple[str, ...] = ()
     # Generator: its tokenizer and chat template, built by the Attach session from `tokenizer` (and
     # the file that followed the hello); None until then (GeneratePool builds a BYTES one itself).
     text: ModelText | None = None

@@ -189,9 +189,12 @@ class GeneratePool:
         `tpot_target_s`: its TPOT target, which paces the steps it runs in (tpot_pacing.py); below one
         step alone, FailedPrecondition at once."""
         needed = needed_features(sampling)
-        loops = self._usable_loops(needed)
+        loops = self._usable_loops(needed, sampling.lora_adapter)
         if not loops and not self._usable_loops():
             raise errors.Unavailable(f"no worker serves model {self.model}", retry_after_s=1.0)
+        if not loops and sampling.lora_adapter and not self._usable_loops(lora_adapter=sampling.lora_adapter):
+            raise errors.Unavailable(f"no worker of model {self.model} serves LoRA adapter {sampling.lora_adapter!r} "
+                                     "now", retry_after_s=1.0)
         if not loops:
             missing = {feature for feature in needed if not self.honours(feature)} or needed
             raise errors.Unavailable(f"no worker of model {self.model} honours {described(missing)}: its workers "
@@ -202,7 +205,8 @@ class GeneratePool:
                 f"prompt of {len(prompt_ids)} tokens plus max_tokens {sampling.max_tokens} exceeds the "
                 f"model's max sequence length {max_seq_len}"
             )
-        route = self._router.choose(prompt_ids + delivered_token_ids, stream.tenant.tenant_id, self._views(loops))
+        route = self._router.choose(prompt_ids + delivered_token_ids, stream.tenant.tenant_id, self._views(loops),
+                                    sampling.lora_adapter)
         if tpot_target_s is not None and not delivered_token_ids:
             self._check_tpot_meetable(loops, tpot_target_s)
         if ttft_target_s is not None and not delivered_token_ids:
@@ -305,9 +309,10 @@ class GeneratePool:
         """Whether a worker that takes new sequences declared `feature` (WorkerHello.features)."""
         return bool(self._usable_loops(frozenset((feature,))))
 
-    def _usable_loops(self, needed: frozenset[WorkerFeature] = frozenset()) -> list[WorkerLoop]:
-        """Workers that take new sequences and declared every feature in `needed`."""
-        return [loop for loop in self._loops.values() if loop.link.usable and needed <= loop.link.hello.features]
+    def _usable_loops(self, needed: frozenset[WorkerFeature] = frozenset(), lora_adapter: str = "") -> list[WorkerLoop]:
+        """Workers that take new sequences, declared every feature in `needed`, and serve `lora_adapter`."""
+        return [loop for loop in self._loops.values() if loop.link.usable and needed <= loop.link.hello.features
+                and (not lora_adapter or lora_adapter in loop.link.hello.lora_adapters)]
 
     def _note_prefilling(self, seq: Sequence, route: Route[WorkerLoop]) -> None:
         if self._router.mode is RoutingMode.CACHE_AWARE:
@@ -347,7 +352,7 @@ class GeneratePool:
         worker can take goes back to `fallback` (a draining worker finishes it), else is held."""
         now = self.clock()
         for seq in seqs:
-            loops = self._usable_loops(needed_features(seq.sampling))
+            loops = self._usable_loops(needed_features(seq.sampling), seq.sampling.lora_adapter)
             if not loops and fallback is not None:
                 fallback.scheduler.adopt(seq)
                 self._where[seq.seq_id] = fallback
@@ -355,7 +360,8 @@ class GeneratePool:
             if not loops:
                 self._held[seq.seq_id] = (seq, now)
                 continue
-            route = self._router.choose(seq.token_ids(0, seq.num_tokens), seq.tenant.tenant_id, self._views(loops))
+            route = self._router.choose(seq.token_ids(0, seq.num_tokens), seq.tenant.tenant_id, self._views(loops),
+                                        seq.sampling.lora_adapter)
             loop = route.worker
             loop.scheduler.adopt(seq, route.block_hashes)
             self._note_prefilling(seq, route)

@@ -47,6 +47,8 @@ class ModelRegistry:
         self._config = config
         self._step_scheduler = step_scheduler
         self._models: dict[ModelKey, ModelEntry] = {}
+        # LoRA adapters (WorkerHello.lora_adapters), each a model name of its own -> the version it adapts.
+        self._adapters: dict[str, ModelKey] = {}
 
     def attach(self, link: WorkerLink) -> ModelEntry:
         hello = link.hello
@@ -57,6 +59,7 @@ class ModelRegistry:
                 self._models[link.model] = entry
             else:
                 self.check_compatible(hello)
+            self._add_adapters(hello)
             entry.pool.add_worker(link)
         except ValueError as exc:  # a capacity or tokenizer the scheduler cannot work with
             raise errors.InvalidArgument(f"worker {link.worker_id}: {exc}") from None
@@ -86,6 +89,20 @@ class ModelRegistry:
                 f"({_tokenizer_difference(entry.hello.tokenizer, hello.tokenizer)}); a version's tokenizer "
                 "and chat template are part of it"
             )
+
+    def _add_adapters(self, hello: WorkerHello) -> None:
+        """ValueError when an adapter's name is a model's, or another version's adapter's."""
+        for name in hello.lora_adapters:
+            base = self._adapters.get(name, hello.model)
+            if base != hello.model or any(key.name == name for key in self._models):
+                taken = f"LoRA adapter of {base}" if base != hello.model else "model"
+                raise ValueError(f"LoRA adapter {name!r} of {hello.model} is named as a {taken} already served here")
+        for name in hello.lora_adapters:
+            self._adapters[name] = hello.model
+
+    def adapters(self) -> dict[str, ModelKey]:
+        """Each LoRA adapter's name -> the model version it adapts."""
+        return dict(self._adapters)
 
     def model_text(self, model: ModelKey, spec: TokenizerSpec) -> ModelText | None:
         """The attached version's tokenizer and chat template when `spec` is the one it was built
@@ -127,9 +144,23 @@ class ModelRegistry:
         return entry
 
     def resolve_generator(self, name: str, version: str) -> GeneratorEntry:
+        """The generator `name` (a model, or a LoRA adapter: its base model) names."""
+        return self.resolve_generator_adapter(name, version)[0]
+
+    def resolve_generator_adapter(self, name: str, version: str) -> tuple[GeneratorEntry, str]:
+        """The generator a request's model reference names, and the LoRA adapter it runs under ("": none).
+        An adapter's name takes its base's version or none."""
+        base = self._adapters.get(name)
+        if base is not None:
+            if version and version != base.version:
+                raise errors.NotFound(f"model {name}:{version!r} is not served here: LoRA adapter {name!r} adapts "
+                                      f"{base}")
+            name, version, adapter = base.name, base.version, name
+        else:
+            adapter = ""
         entry = self._resolve(name, version, ModelKind.GENERATOR)
         assert isinstance(entry, GeneratorEntry)  # _resolve checked the kind
-        return entry
+        return entry, adapter
 
     def _resolve(self, name: str, version: str, kind: ModelKind) -> ModelEntry:
         """The entry a request's model reference (name, version or "") names."""
@@ -158,7 +189,7 @@ class ModelRegistry:
 
     def knows(self, name: str) -> bool:
         """Whether any worker ever attached a version of `name` here (metric labels use only these)."""
-        return any(key.name == name for key in self._models)
+        return name in self._adapters or any(key.name == name for key in self._models)
 
     def get(self, key: ModelKey) -> ModelEntry | None:
         return self._models.get(key)

@@ -33,6 +33,13 @@ def tenant_salt(tenant_id: str) -> bytes:
     return b"tenant:" + tenant_id.encode()
 
 
+def cache_salt(tenant_id: str, lora_adapter: str = "") -> bytes:
+    """A sequence's blocks' salt: its tenant's, and under a LoRA adapter that adapter's too, so two
+    adapters (or an adapter and the base model) never share KV: the same tokens make other keys."""
+    salt = tenant_salt(tenant_id)
+    return salt if not lora_adapter else salt + b"\x00lora:" + lora_adapter.encode()
+
+
 def next_block_hash(parent: int | None, token_ids: Sequence[int], salt: bytes) -> int:
     """The hash of one full block whose parent block hashed to `parent` (None: the first block)."""
     h = hashlib.blake2b(_ROOT if parent is None else parent.to_bytes(16, "little"), digest_size=16)
@@ -89,8 +96,12 @@ class PrefixCacheKeys:
                 return len(prefix)
         return 0
 
-    def block_hashes(self, token_ids: Sequence[int], block_size: int, tenant_id: str) -> list[int]:
-        """The hashes the scheduler gives the full blocks of a sequence of `tenant_id`."""
+    def block_hashes(self, token_ids: Sequence[int], block_size: int, tenant_id: str,
+                     lora_adapter: str = "") -> list[int]:
+        """The hashes the scheduler gives the full blocks of a sequence of `tenant_id` (under
+        `lora_adapter`: salted with it, and no public prefix, which the base model's KV fills)."""
+        if lora_adapter:
+            return block_hashes(token_ids, block_size, cache_salt(tenant_id, lora_adapter))
         return block_hashes(token_ids, block_size, tenant_salt(tenant_id),
                             num_public_tokens=self.num_public_tokens(token_ids))
 

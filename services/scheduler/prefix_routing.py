@@ -183,8 +183,9 @@ class PrefixIndex(Protocol):
     def num_cached_prefix_blocks(self, hashes: Sequence[int], /) -> int: ...
 
 
-# (token ids, block size, tenant id) -> one chained hash per full block, as the prefix cache names them.
-BlockHasher = Callable[[Sequence[int], int, str], list[int]]
+# (token ids, block size, tenant id, LoRA adapter or "") -> one chained hash per full block, as the prefix
+# cache names them.
+BlockHasher = Callable[[Sequence[int], int, str, str], list[int]]
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,8 @@ class Router(Generic[W]):
         self._weights = weights
         self._recent: RecentPrefixes[W] = RecentPrefixes(clock, recent_ttl_s)
 
-    def choose(self, token_ids: Sequence[int], tenant_id: str, workers: Sequence[WorkerView[W]]) -> Route[W]:
+    def choose(self, token_ids: Sequence[int], tenant_id: str, workers: Sequence[WorkerView[W]],
+               lora_adapter: str = "") -> Route[W]:
         if not workers:
             raise ValueError("no candidate workers")
         if self.mode is not RoutingMode.CACHE_AWARE or self._hash_blocks is None:
@@ -234,7 +236,7 @@ class Router(Generic[W]):
             if view.index is not None:
                 size = view.index.block_size
                 if size not in hashes_by_size:
-                    hashes_by_size[size] = self._hash_blocks(head, size, tenant_id)
+                    hashes_by_size[size] = self._hash_blocks(head, size, tenant_id, lora_adapter)
                 hashes = hashes_by_size[size]
                 num_blocks = max(view.index.num_cached_prefix_blocks(hashes),
                                  self._recent.num_leading(view.worker, hashes))

@@ -88,6 +88,9 @@ class SamplingParams:
     # GenerateRequest.embed: the prompt's embedding instead of text (max_tokens 1: the step that reaches the
     # prompt's end returns the vector, and the sequence ends there with nothing generated).
     embed: bool = False
+    # The LoRA adapter the sequence runs under (a model name of its own that names it: ModelRegistry);
+    # "": the base model. Workers get it in every step; its blocks are cached apart (prefix_cache.cache_salt).
+    lora_adapter: str = ""
 
     @property
     def num_output_positions(self) -> int:

@@ -242,9 +242,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         """Validate, make the sequence and submit it to the pool; `events` receives its StreamEvents."""
         self._refuse_if_draining()
         req = request.request
-        entry = self.registry.resolve_generator(req.model.name, req.model.version)
+        entry, lora_adapter = self.registry.resolve_generator_adapter(req.model.name, req.model.version)
         dimensions = check_task(req, entry.key, entry.hello.embedding)
         stream, prompt_ids, sampling = self._make_stream(req, request.tenant, entry, began_s, remaining_s, events)
+        if lora_adapter:
+            sampling = dataclasses.replace(sampling, lora_adapter=lora_adapter)
         reasoning = entry.pool.text.reasoning_start(prompt_ids, constrained=bool(sampling.grammar))
         if reasoning.grammar_after is not None and not entry.pool.honours(WorkerFeature.GRAMMAR_AFTER_REASONING):
             # Only workers older than this scheduler serve the model, and one would ignore the field and
@@ -378,7 +380,22 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     embedding_dimensions=hello.embedding.dimensions if hello.embedding is not None else 0,
                 )
             )
+        response.models.extend(self._adapter_infos())
         return response
+
+    def _adapter_infos(self) -> list[gateway_pb2.ModelInfo]:
+        """Each LoRA adapter as a model of its own, `parent` its base (vLLM's /v1/models)."""
+        infos = []
+        for name, base in sorted(self.registry.adapters().items()):
+            entry = self.registry.get(base)
+            if entry is None:
+                continue
+            workers = [w for w in entry.pool.workers if name in w.hello.lora_adapters]
+            infos.append(gateway_pb2.ModelInfo(
+                model=common_pb2.ModelRef(name=name, version=base.version), kind=KIND_TO_WIRE[entry.kind],
+                ready=not self._draining and any(w.usable for w in workers),
+                max_seq_len=entry.hello.capacity.max_seq_len, batching=self._batching_info(entry), parent=base.name))
+        return infos
 
     @maps_domain_errors
     async def Tokenize(self, request: gateway_pb2.TokenizeRequest, context: Any) -> gateway_pb2.TokenizeResponse:

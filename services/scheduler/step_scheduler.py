@@ -78,8 +78,8 @@ from services.scheduler.output_stream import OutputStream, StreamChunk
 from services.scheduler.prefix_cache import (
     PrefixCacheKeys,
     PrefixCacheStats,
+    cache_salt,
     extend_block_hashes,
-    tenant_salt,
 )
 from services.scheduler.sequence import (
     AbortReason,
@@ -205,8 +205,10 @@ class StepScheduler:
             prompt_logprobs_sent=bool(delivered_token_ids),
         )
         if self.config.enable_prefix_cache:
-            seq.cache_salt = tenant_salt(tenant.tenant_id)
-            seq.num_public_tokens = self.prefix_keys.num_public_tokens(seq.prompt_token_ids)
+            seq.cache_salt = cache_salt(tenant.tenant_id, sampling.lora_adapter)
+            # Public prefixes are the base model's KV; under an adapter every block is its own.
+            seq.num_public_tokens = 0 if sampling.lora_adapter else self.prefix_keys.num_public_tokens(
+                seq.prompt_token_ids)
             seq.block_hashes = list(block_hashes)
         self._waiting.push_over_share(seq, tenant, cost=seq.num_tokens)
         self._seqs[seq_id] = seq

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from services.common.config import ConfigError, ServerSettings, require, setting
@@ -58,6 +59,10 @@ class WorkerConfig(ServerSettings):
     cuda_graph_max_batch_size: int = setting(
         32, "with --cuda-graphs: the largest decode batch captured (graphs for 1, 2, 4, ... up to it, and no more "
         "than --max-num-seqs); larger decode steps run eagerly", minimum=1)
+    lora_adapters: str = setting(
+        "", "repository Llama-family generators: LoRA adapters served over the model, name=DIR[,name=DIR...] "
+        "(PEFT directories: adapter_config.json and adapter_model.safetensors); each name is a model of its own "
+        "on the API (requests for several adapters and the base share each step)")
     num_threads: int = setting(
         0, "torch/OpenMP/Numba threads (0: from the CPU allocation: cgroup quota, else CPU affinity)", minimum=0
     )
@@ -76,9 +81,31 @@ class WorkerConfig(ServerSettings):
             "need 0 < reconnect_initial_s <= reconnect_max_s, got "
             f"{self.reconnect_initial_s} and {self.reconnect_max_s}",
         )
+        try:
+            parse_lora_adapters(self.lora_adapters)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        require(self.model_name not in dict(parse_lora_adapters(self.lora_adapters)),
+                f"a LoRA adapter cannot be named as the model it adapts ({self.model_name!r})")
         require(_is_device(self.device), f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         require(self.compute_dtype in COMPUTE_DTYPE_NAMES,
                 f"compute_dtype must be one of {', '.join(COMPUTE_DTYPE_NAMES)}, got {self.compute_dtype!r}")
+
+
+_ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*")
+
+
+def parse_lora_adapters(value: str) -> tuple[tuple[str, str], ...]:
+    """`name=DIR[,name=DIR...]` -> ((name, DIR), ...); ValueError naming the bad entry."""
+    adapters: dict[str, str] = {}
+    for entry in filter(None, (e.strip() for e in value.split(","))):
+        name, sep, directory = entry.partition("=")
+        if not sep or not directory or not _ADAPTER_NAME.fullmatch(name):
+            raise ValueError(f"lora_adapters: {entry!r} is not name=DIR (a name of letters, digits and ._:/-)")
+        if name in adapters:
+            raise ValueError(f"lora_adapters: {name!r} is given twice")
+        adapters[name] = directory
+    return tuple(adapters.items())
 
 
 def _is_device(name: str) -> bool:

@@ -19,7 +19,7 @@ from services.common.protocol import ATTACH_PROTOCOL_VERSION as PROTOCOL_VERSION
 from services.common.timings import StageTime, seconds_to_us, to_proto
 from services.worker import work
 from services.worker.batch_executor import BatchExecutor
-from services.worker.config import WorkerConfig
+from services.worker.config import WorkerConfig, parse_lora_adapters
 from services.worker.decode_graph_steps import build_decode_graphs
 from services.worker.grammar import GrammarTokenizer
 from services.worker.hf_text_files import HFTextFiles, read_hf_text_files
@@ -188,6 +188,7 @@ class GeneratorRuntime:
             sampling_defaults=spec.sampling_defaults.to_proto(),
             features=STEP_FEATURES,
             embedding=_embedding_spec(spec.embedding),
+            lora_adapters=self._model.generator.lora.names if self._model.generator.lora is not None else (),
         )
 
     def tokenizer_file(self) -> bytes:
@@ -269,10 +270,33 @@ def _tensor_runtime(model: LoadedModel, config: WorkerConfig) -> TensorRuntime:
 
 
 def _generator_runtime(model: LoadedModel, config: WorkerConfig) -> GeneratorRuntime:
+    _add_lora_adapters(model, parse_lora_adapters(config.lora_adapters))
     graphs = config.cuda_graphs and config.device != "cpu"
     return GeneratorRuntime(model, config.num_kv_blocks or model.manifest.envelope.num_kv_blocks,
                             config.max_num_seqs, cuda_graph_max_batch_size=config.cuda_graph_max_batch_size if graphs
                             else 0)
+
+
+def _add_lora_adapters(model: LoadedModel, adapters: tuple[tuple[str, str], ...]) -> None:
+    """Loads --lora-adapters over the model before its executor is built (the executor's mirror admits
+    the names); ConfigError naming the adapter and what its files say wrong."""
+    if not adapters:
+        return
+    from services.worker.models.llama_config import LlamaFamilyConfig
+    from services.worker.models.lora import load_lora_adapter
+
+    generator = model.generator
+    config = generator.config
+    if not isinstance(config, LlamaFamilyConfig) or model.manifest.generator is None \
+            or model.manifest.generator.embedding is not None:
+        raise ConfigError(f"--lora-adapters: {model.manifest.name} is not a Llama-family text generator")
+    for name, directory in adapters:
+        try:
+            generator.add_lora(load_lora_adapter(name, directory, config, dtype=next(generator.lm.parameters()).dtype,
+                                                 device=generator.device))
+        except ValueError as exc:  # CheckpointError names the file and the field or tensor
+            raise ConfigError(f"--lora-adapters {name}={directory}: {exc}") from None
+        log.info("serving LoRA adapter %s over %s/%s", name, model.manifest.name, model.manifest.version)
 
 
 # The Attach runtime each kind of repository model is served by, with the worker's overrides applied.

@@ -94,6 +94,8 @@ class SequenceMirror:
         self.max_seq_len = max_seq_len
         self._seed_source = seed_source or (lambda: random.SystemRandom().getrandbits(64))
         self._seqs: dict[int, _SequenceState] = {}
+        # The LoRA adapters the model serves (StepExecutor sets them): a sequence naming another fails alone.
+        self.lora_adapters: frozenset[str] = frozenset()
 
     @property
     def num_sequences(self) -> int:
@@ -234,6 +236,9 @@ class SequenceMirror:
         n = len(seq.token_ids)
         if n == 0:
             raise InvalidArgument(f"sequence {seq.seq_id}: no token_ids to compute")
+        if seq.lora_adapter and seq.lora_adapter not in self.lora_adapters:
+            raise InvalidArgument(f"sequence {seq.seq_id}: lora_adapter {seq.lora_adapter!r} is not served by "
+                                  "this worker")
         bad_tokens = [t for t in seq.token_ids if not 0 <= t < self.vocab_size]
         if bad_tokens:
             raise InvalidArgument(f"sequence {seq.seq_id}: token ids {bad_tokens[:5]} outside [0, {self.vocab_size})")

@@ -35,6 +35,7 @@ def sequence_step_from_proto(seq: scheduler_pb2.SequenceStep) -> work.SequenceSt
         prompt_logprobs=seq.prompt_logprobs if seq.HasField("prompt_logprobs") else None,
         next_prompt_token_id=seq.next_prompt_token_id if seq.HasField("next_prompt_token_id") else None,
         banned_token_ids=tuple(seq.banned_token_ids),
+        lora_adapter=seq.lora_adapter,
     )
 
 

@@ -55,6 +55,8 @@ class StepExecutor:
         self.clock = clock
         self._mirror = SequenceMirror(num_kv_blocks, block_size, generator.vocab_size, generator.max_seq_len,
                                       seed_source)
+        if generator.lora is not None:
+            self._mirror.lora_adapters = frozenset(generator.lora.names)
         self._masker: StepMasker | None = None
         self.grammar_tokenizer = grammar_tokenizer
         # Captured over self.cache (use_decode_graphs); None: every step runs eagerly.
@@ -82,6 +84,8 @@ class StepExecutor:
         take the step, else the eager step. A replay that raises turns the graphs off for good (the
         eager step then computes this one: it rewrites the same slots with the same keys and values)."""
         graphs = self._decode_graphs
+        if graphs is not None and self.generator.lora is not None and any(s.adapter for s in paged):
+            graphs = None  # the graphs were captured over the base model: LoRA rows run eagerly
         if graphs is not None and step_path(paged, graphs) is StepPath.GRAPH:
             try:
                 logits = graphs.run(paged, checked=True)  # step_path has just asked graphs.refusal
@@ -190,7 +194,8 @@ class StepExecutor:
         admission = self._mirror.admit_step(step)
         outputs = dict(admission.refused)
         paged = [PagedSequence(tuple(a.step.token_ids), a.step.start_position, a.block_table,
-                               needs_logits=a.step.sample, all_logits=a.step.prompt_logprobs is not None)
+                               needs_logits=a.step.sample, all_logits=a.step.prompt_logprobs is not None,
+                               adapter=a.step.lora_adapter)
                  for a in admission.admitted]
         first_rows = _first_logit_rows(paged)
         grammar_starts = self._grammar_starts(admission.admitted)

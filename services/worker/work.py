@@ -120,6 +120,8 @@ class SequenceStep:
     next_prompt_token_id: int | None = None
     # Ids the sample must not be (min_tokens: the model's end ids until enough were generated).
     banned_token_ids: tuple[int, ...] = ()
+    # The LoRA adapter the sequence runs under (WorkerHello.lora_adapters); "": the base model.
+    lora_adapter: str = ""
 
 
 @dataclass(frozen=True)

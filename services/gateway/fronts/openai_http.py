@@ -301,9 +301,12 @@ class OpenAIFront:
         listed = await self._list_models(http_authorization(request), _LIST_MODELS_TIMEOUT_S)
         created_s = int(self._clock())
         names = sorted({info.model.name for info in listed.models if info.kind == common_pb2.MODEL_KIND_GENERATOR})
+        # A LoRA adapter names its base model as `parent`, as vLLM's list does (None: a model of its own).
+        parents = {info.model.name: info.parent for info in listed.models if info.parent}
         return [{"id": name, "object": "model", "created": created_s, "owned_by": "infermesh",
                  "versions": sorted(i.model.version for i in listed.models if i.model.name == name),
-                 "max_model_len": max(i.max_seq_len for i in listed.models if i.model.name == name)}
+                 "max_model_len": max(i.max_seq_len for i in listed.models if i.model.name == name),
+                 "parent": parents.get(name)}
                 for name in names]
 
     async def _generate(self, request: web.Request, parse) -> web.StreamResponse:

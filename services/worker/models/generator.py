@@ -10,6 +10,7 @@ tests hold them to the same tokens.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,6 +21,9 @@ from services.worker.models.paged import KVCache, PagedSequence, paged_forward
 from services.worker.models.transformer import DecoderLM, TransformerConfig
 from services.worker.pooling import PooledSequence, PoolingSpec
 
+if TYPE_CHECKING:
+    from services.worker.models.lora import LoraAdapter, LoraSet
+
 
 class Generator:
     def __init__(self, lm: DecoderLM | LlamaFamilyLM, *, max_seq_len: int, eos_token_id: int, bos_token_id: int | None) -> None:
@@ -29,6 +33,19 @@ class Generator:
         self.max_seq_len = max_seq_len
         self.eos_token_id = eos_token_id
         self.bos_token_id = bos_token_id
+        # The LoRA adapters served over this model (models/lora); None: none, and a step is the base
+        # model's whatever its sequences' `adapter` says (the worker refuses those at admission).
+        self.lora: LoraSet | None = None
+
+    def add_lora(self, adapter: LoraAdapter) -> None:
+        """Serves `adapter` over this model from the next step on (sequences name it in `adapter`)."""
+        from services.worker.models.lora import LoraSet  # here: lora imports this module's neighbours
+
+        if not isinstance(self.lm, LlamaFamilyLM):
+            raise ValueError("only a Llama-family model serves LoRA adapters")
+        if self.lora is None:
+            self.lora = LoraSet(self.lm)
+        self.lora.add(adapter)
 
     @property
     def config(self) -> TransformerConfig | LlamaFamilyConfig:
@@ -52,7 +69,10 @@ class Generator:
     def step(self, seqs: Sequence[PagedSequence], cache: KVCache) -> torch.Tensor:
         """One paged step; logits `float32[num_needing_logits, vocab]` in the order of `seqs`."""
         with torch.inference_mode():
-            return paged_forward(self.lm, seqs, cache)
+            if self.lora is None:
+                return paged_forward(self.lm, seqs, cache)
+            with self.lora.bound(seqs):
+                return paged_forward(self.lm, seqs, cache)
 
     def hidden_step(self, seqs: Sequence[PagedSequence], cache: KVCache) -> torch.Tensor:
         """`step` for an embedding model: the rows' final hidden states `float32[rows, d_model]` (after the
@@ -119,13 +139,23 @@ class Generator:
                 logits = self.step([PagedSequence((ids[-1],), len(ids) - 1, table, needs_logits=True)], cache)
         return ids[len(prompt_ids):]
 
+    def paged_logits(self, token_ids: Sequence[int], adapter: str = "", *, block_size: int = 16) -> torch.Tensor:
+        """Logits after every token of one sequence, `float32[len(token_ids), vocab]`, through one paged step
+        under `adapter` (LoRA; "": the base model): what the paged path computes where the dense
+        reference does not apply the adapter."""
+        num_blocks = -(-len(token_ids) // block_size)
+        cache = self.new_kv_cache(num_blocks, block_size)
+        return self.step([PagedSequence(tuple(token_ids), 0, tuple(range(num_blocks)), True, all_logits=True,
+                                        adapter=adapter)], cache)
+
     def greedy_paged_batch(
         self, prompts: Sequence[Sequence[int]], num_new_tokens: Sequence[int], *, block_size: int = 16,
-        prefill_chunk: int = 64,
+        prefill_chunk: int = 64, adapters: Sequence[str] | None = None,
     ) -> list[list[int]]:
         """`greedy_paged` for several prompts at once, as the worker's steps run them: each step carries
         every sequence not yet done (a prompt chunk each, then one token each), in one shared cache. The
-        golden check's path: a few wide steps instead of one narrow step per token of each prompt."""
+        golden check's path: a few wide steps instead of one narrow step per token of each prompt.
+        `adapters`: each prompt's LoRA adapter ("": the base model); None: all the base model."""
         for prompt, num_new in zip(prompts, num_new_tokens, strict=True):
             self._check_length(len(prompt), num_new)
         num_blocks = [-(-(len(p) + n) // block_size) for p, n in zip(prompts, num_new_tokens, strict=True)]
@@ -142,7 +172,8 @@ class Generator:
             for i in running:
                 new = tuple(ids[i][computed[i]:computed[i] + prefill_chunk])
                 seqs.append(PagedSequence(new, computed[i], tables[i],
-                                          needs_logits=computed[i] + len(new) == len(ids[i])))
+                                          needs_logits=computed[i] + len(new) == len(ids[i]),
+                                          adapter=adapters[i] if adapters is not None else ""))
                 computed[i] += len(new)
             logits = iter(self.step(seqs, cache))
             for i, seq in zip(running, seqs, strict=True):

@@ -23,7 +23,7 @@ holds them stacked (`experts.MixtureOfExperts`) in place of the dense MLP.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,9 @@ from services.worker.models.experts import MixtureOfExperts
 from services.worker.models.llama_config import QK_NORM_FULL, QK_NORM_PER_HEAD, LlamaFamilyConfig
 from services.worker.models.rope import Rotary, apply_rope, rotary_from
 from services.worker.models.rope_scaling import rope_attention_factor, rope_inv_freq
+
+if TYPE_CHECKING:
+    from services.worker.models.lora import LayerLora
 
 COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -90,6 +93,9 @@ class LlamaFamilyBlock(nn.Module):
         self.gate_up_weight = _empty(2 * c.d_ff, c.d_model, dtype=dtype, device=device) if dense else None
         self.down_weight = _empty(c.d_model, c.d_ff, dtype=dtype, device=device) if dense else None
         self._split = (q_size, kv_size, kv_size)
+        # LoRA adapters on this layer's linears (models/lora.LoraSet installs it); None: none loaded,
+        # and the forward is exactly the base model's.
+        self.lora: LayerLora | None = None
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         if weight is None:
@@ -102,6 +108,8 @@ class LlamaFamilyBlock(nn.Module):
         h = self._norm(x, self.attn_norm)
         lead = h.shape[:-1]
         qkv = F.linear(h, self.qkv_weight, self.qkv_bias)
+        if self.lora is not None:
+            qkv = self.lora.add("qkv", h, qkv)
         q, k, v = qkv.split(self._split, dim=-1)
         # q/k norms run in the compute dtype, as the checkpoint was trained; RoPE and attention in float32.
         if c.qk_norm == QK_NORM_FULL:
@@ -121,7 +129,10 @@ class LlamaFamilyBlock(nn.Module):
 
     def attn_out(self, attn: torch.Tensor) -> torch.Tensor:
         """Float32 attention output `[..., T, num_heads, hs]` → residual update `[..., T, d_model]` (compute dtype)."""
-        out = F.linear(attn.flatten(-2).to(self.o_weight.dtype), self.o_weight)
+        flat = attn.flatten(-2).to(self.o_weight.dtype)
+        out = F.linear(flat, self.o_weight)
+        if self.lora is not None:
+            out = self.lora.add("o", flat, out)
         return _scaled(self._norm(out, self.attn_post_norm), self.config.residual_multiplier)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
@@ -130,8 +141,14 @@ class LlamaFamilyBlock(nn.Module):
             out = self.experts.forward(h)
         else:
             assert self.gate_up_weight is not None and self.down_weight is not None  # built with no experts
-            gate, up = F.linear(h, self.gate_up_weight).chunk(2, dim=-1)
-            out = F.linear(self._act(gate) * up, self.down_weight)
+            gate_up = F.linear(h, self.gate_up_weight)
+            if self.lora is not None:
+                gate_up = self.lora.add("gate_up", h, gate_up)
+            gate, up = gate_up.chunk(2, dim=-1)
+            hidden = self._act(gate) * up
+            out = F.linear(hidden, self.down_weight)
+            if self.lora is not None:
+                out = self.lora.add("down", hidden, out)
         return _scaled(self._norm(out, self.mlp_post_norm), self.config.residual_multiplier)
 
 

@@ -82,6 +82,8 @@ class PagedSequence:
     needs_logits: bool  # return the logits after the last new token
     # Return the logits after every new token (prompt logprobs), needs_logits or not.
     all_logits: bool = False
+    # The LoRA adapter this sequence runs under (models/lora), by name; "": the base model.
+    adapter: str = ""
 
     @property
     def end_position(self) -> int:

@@ -45,12 +45,14 @@ def _generator(model: LoadedModel) -> None:
     goldens = m.generator.golden
     continued = model.generator.greedy_paged_batch(
         [g.prompt_ids for g in goldens], [len(g.expected_ids) for g in goldens], block_size=m.envelope.block_size,
-        prefill_chunk=max(1, m.envelope.max_num_batched_tokens // 2),
+        prefill_chunk=max(1, m.envelope.max_num_batched_tokens // 2), adapters=[g.lora_adapter for g in goldens],
     )
     for i, (golden, got) in enumerate(zip(goldens, continued, strict=True)):
         if tuple(got) != golden.expected_ids:
+            under = f" (LoRA adapter {golden.lora_adapter!r})" if golden.lora_adapter else ""
             raise GoldenCheckFailed(
-                f"{m.name}/{m.version}: golden prompt {i} continued as {got}, expected {list(golden.expected_ids)}"
+                f"{m.name}/{m.version}: golden prompt {i}{under} continued as {got}, expected "
+                f"{list(golden.expected_ids)}"
             )
 
 

@@ -46,6 +46,13 @@ from services.worker.repository.envelope import Envelope
 from services.worker.repository.errors import ImportRefused, InvalidManifest
 from services.worker.repository.generator_spec import GeneratorSpec, GoldenGeneration
 from services.worker.repository.hf_architecture import HFArchitecture
+from services.worker.repository.lora_pins import ADAPTER_NAME_RE, LoraPin, pinned_names
+from services.worker.repository.lora_spec import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_WEIGHTS_FILE,
+    check_lora_weights,
+    read_lora_config,
+)
 from services.worker.repository.manifest import Manifest, ModelKind
 from services.worker.repository.pinned_file import PinnedFile
 from services.worker.repository.sampling_defaults import SamplingDefaults
@@ -84,6 +91,8 @@ class ImportOptions:
     # TASK_AUTO: an embedding model when the directory is a sentence-transformers one (modules.json) or a
     # base model without an LM head, else a generator; TASK_EMBED / TASK_GENERATE: as said (vLLM's --task).
     task: str = "auto"
+    # LoRA adapters pinned beside the model, (name, PEFT directory) each (lora_pins.py).
+    lora_adapters: tuple[tuple[str, str], ...] = ()
 
 
 TASK_AUTO, TASK_EMBED, TASK_GENERATE = "auto", "embed", "generate"
@@ -105,6 +114,7 @@ def import_checkpoint(source: str | Path, repository: str | Path, options: Impor
         # sliding windows read against this length
         config = read_config(source, max_seq_len=max_seq_len, embedding_only=embeds)
         check_weights(source, config)
+        _check_lora_adapters(options.lora_adapters, config, embeds, options.name)
     except CheckpointError as exc:
         raise ImportRefused(str(exc)) from None
     tokenizer_json = source / TOKENIZER_FILE
@@ -120,8 +130,9 @@ def import_checkpoint(source: str | Path, repository: str | Path, options: Impor
     staging = Path(tempfile.mkdtemp(prefix=f".{options.version}.", dir=_parent(target)))
     try:
         files = _copy_files(source, staging)
+        adapters = _copy_lora_adapters(options.lora_adapters, staging)
         if embedding is None:
-            golden = _record_golden(staging, tokenizer_json.read_bytes(), max_seq_len, envelope)
+            golden = _record_golden(staging, tokenizer_json.read_bytes(), max_seq_len, envelope, adapters)
         else:
             golden, embedding = (), _record_golden_embeddings(staging, tokenizer_json.read_bytes(), max_seq_len,
                                                               envelope, embedding)
@@ -140,6 +151,7 @@ def import_checkpoint(source: str | Path, repository: str | Path, options: Impor
                 golden=golden,
                 sampling_defaults=sampling_defaults,
                 embedding=embedding,
+                lora_adapters=adapters,
             ),
             build={"tool": "infermesh models import", "source": str(source.resolve())},
         )
@@ -307,6 +319,31 @@ def _check_tokenizer(path: Path, vocab_size: int, end_ids: Sequence[int]) -> Non
                             f"{vocab_size}: the tokenizer does not belong to this model")
 
 
+def _check_lora_adapters(adapters: tuple[tuple[str, str], ...], config: LlamaFamilyConfig, embeds: bool,
+                         model_name: str) -> None:
+    """ImportRefused (or CheckpointError naming the file and field or tensor) for an adapter not to serve."""
+    names = [name for name, _ in adapters]
+    if adapters and embeds:
+        raise ImportRefused("--lora: an embedding model serves no LoRA adapters")
+    for name, directory in adapters:
+        if not ADAPTER_NAME_RE.match(name) or names.count(name) > 1 or name == model_name:
+            raise ImportRefused(f"--lora {name}={directory}: a name of letters, digits and ._- (after the first), "
+                                "given once and not the model's own, is required")
+        check_lora_weights(directory, read_lora_config(directory, config), config)
+
+
+def _copy_lora_adapters(adapters: tuple[tuple[str, str], ...], target: Path) -> tuple[LoraPin, ...]:
+    """Each adapter's two files, copied unchanged under their pinned names and hashed."""
+    pins = []
+    for name, directory in adapters:
+        pinned = []
+        for original, copy in zip((ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE), pinned_names(name), strict=True):
+            shutil.copyfile(Path(directory) / original, target / copy)
+            pinned.append(PinnedFile(copy, sha256_of(target / copy)))
+        pins.append(LoraPin(name, pinned[0], pinned[1]))
+    return tuple(pins)
+
+
 def _copy_files(source: Path, target: Path) -> dict[str, PinnedFile]:
     """The files the manifest pins, copied unchanged and hashed: config.json, the weights, the tokenizer's."""
     names = [CONFIG_FILE, TOKENIZER_FILE]
@@ -324,36 +361,50 @@ def _copy_files(source: Path, target: Path) -> dict[str, PinnedFile]:
     return pinned
 
 
-def _record_golden(directory: Path, tokenizer_json: bytes, max_seq_len: int,
-                   envelope: Envelope) -> tuple[GoldenGeneration, ...]:
+def _record_golden(directory: Path, tokenizer_json: bytes, max_seq_len: int, envelope: Envelope,
+                   adapters: Sequence[LoraPin] = ()) -> tuple[GoldenGeneration, ...]:
     """Greedy continuations of GOLDEN_PROMPTS through the paged path, as the worker's golden check runs
     them, each cut before the first token whose float32 margin over the runner-up is below
-    GOLDEN_MIN_MARGIN."""
+    GOLDEN_MIN_MARGIN; for the base model, then under each of `adapters` (pinned in `directory`)."""
     from tokenizers import Tokenizer
+
+    from services.worker.models.lora import load_lora_adapter
 
     tokenizer = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
     lm = load_llama_family(directory, dtype=torch.float32, max_seq_len=max_seq_len)
     generator = Generator(lm, max_seq_len=max_seq_len, eos_token_id=0, bos_token_id=None)
+    for pin in adapters:
+        generator.add_lora(load_lora_adapter(pin.name, directory, lm.config, config_file=pin.config.file,
+                                             weights_file=pin.weights.file))
     cases = []
-    for text in GOLDEN_PROMPTS:
-        prompt = tuple(tokenizer.encode(text).ids)[: max_seq_len - GOLDEN_NEW_TOKENS]
-        if not prompt:
-            continue
-        tokens = generator.greedy_paged(prompt, GOLDEN_NEW_TOKENS, block_size=envelope.block_size,
-                                        prefill_chunk=max(1, envelope.max_num_batched_tokens // 2))
-        kept = _clear_prefix(generator, prompt, tokens)
-        if kept:
-            cases.append(GoldenGeneration(prompt, tuple(kept)))
-    if not cases:
-        raise ImportRefused(f"{directory}: every golden prompt's first token is a near tie (top-two logits within "
-                            f"{GOLDEN_MIN_MARGIN}): no golden case can be recorded reliably")
+    for adapter in ("", *(pin.name for pin in adapters)):
+        found = []
+        for text in GOLDEN_PROMPTS:
+            prompt = tuple(tokenizer.encode(text).ids)[: max_seq_len - GOLDEN_NEW_TOKENS]
+            if not prompt:
+                continue
+            chunk = max(1, envelope.max_num_batched_tokens // 2)
+            tokens = generator.greedy_paged(prompt, GOLDEN_NEW_TOKENS, block_size=envelope.block_size,
+                                            prefill_chunk=chunk) if not adapter else generator.greedy_paged_batch(
+                [prompt], [GOLDEN_NEW_TOKENS], block_size=envelope.block_size, prefill_chunk=chunk,
+                adapters=[adapter])[0]
+            kept = _clear_prefix(generator, prompt, tokens, adapter)
+            if kept:
+                found.append(GoldenGeneration(prompt, tuple(kept), adapter))
+        if not found:
+            under = f" under LoRA adapter {adapter!r}" if adapter else ""
+            raise ImportRefused(f"{directory}: every golden prompt's first token{under} is a near tie (top-two "
+                                f"logits within {GOLDEN_MIN_MARGIN}): no golden case can be recorded reliably")
+        cases += found
     return tuple(cases)
 
 
-def _clear_prefix(generator: Generator, prompt: Sequence[int], tokens: Sequence[int]) -> list[int]:
+def _clear_prefix(generator: Generator, prompt: Sequence[int], tokens: Sequence[int], adapter: str = "") -> list[int]:
     kept: list[int] = []
     with torch.no_grad():
-        logits = generator.dense_logits([*prompt, *tokens])[len(prompt) - 1:]
+        # Under an adapter through the paged step (the dense reference runs the base model only).
+        logits = (generator.paged_logits([*prompt, *tokens], adapter) if adapter
+                  else generator.dense_logits([*prompt, *tokens]))[len(prompt) - 1:]
     for token, row in zip(tokens, logits, strict=False):
         top = torch.topk(row.float(), 2).values
         if int(row.argmax()) != token or float(top[0] - top[1]) < GOLDEN_MIN_MARGIN:

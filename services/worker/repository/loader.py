@@ -21,7 +21,7 @@ import torch
 
 from services.worker.models.classifier import Classifier, Cnn
 from services.worker.models.generator import Generator
-from services.worker.models.llama_config import CheckpointError
+from services.worker.models.llama_config import CheckpointError, LlamaFamilyConfig
 from services.worker.models.llama_weights import load_llama_family
 from services.worker.models.tensor_model import TensorModel, open_tensor_model
 from services.worker.models.transformer import DecoderLM, TransformerConfig
@@ -29,6 +29,7 @@ from services.worker.repository.classifier_spec import ClassifierSpec
 from services.worker.repository.errors import IncompatibleWeights
 from services.worker.repository.generator_spec import GeneratorSpec
 from services.worker.repository.hf_architecture import HFArchitecture
+from services.worker.repository.lora_pins import LoraPin
 from services.worker.repository.manifest import Manifest, ModelKind
 from services.worker.repository.store import check_sha256, load_manifest, verified_file, version_dir
 from services.worker.repository.tensor_spec import TensorSpec
@@ -163,8 +164,26 @@ def _hf_generator(manifest: Manifest, directory: Path, device: str, dtype: torch
             f"{directory / architecture.config.file}: architectures[0] {config.architecture!r} and vocab_size "
             f"{config.vocab_size}, but the manifest says {architecture.architecture!r} and {architecture.vocab_size}")
     bos = spec.tokenizer.bos_token_id
-    return Generator(lm, max_seq_len=spec.max_seq_len, eos_token_id=spec.tokenizer.eos_token_id,
-                     bos_token_id=None if bos < 0 else bos)
+    generator = Generator(lm, max_seq_len=spec.max_seq_len, eos_token_id=spec.tokenizer.eos_token_id,
+                          bos_token_id=None if bos < 0 else bos)
+    for pin in spec.lora_adapters:
+        _add_pinned_adapter(generator, pin, directory, dtype)
+    return generator
+
+
+def _add_pinned_adapter(generator: Generator, pin: LoraPin, directory: Path, dtype: torch.dtype) -> None:
+    """A LoRA adapter of the version (lora_pins.py): both files verified before either is read."""
+    from services.worker.models.lora import load_lora_adapter
+
+    for pinned in (pin.config, pin.weights):
+        verified_file(directory, pinned.file, pinned.sha256, f"LoRA adapter {pin.name!r}")
+    assert isinstance(generator.config, LlamaFamilyConfig)  # an 'hf' architecture (GeneratorSpec checks)
+    try:
+        generator.add_lora(load_lora_adapter(pin.name, directory, generator.config, dtype=dtype,
+                                             device=generator.device, config_file=pin.config.file,
+                                             weights_file=pin.weights.file))
+    except CheckpointError as exc:
+        raise IncompatibleWeights(f"LoRA adapter {pin.name!r}: {exc}") from None
 
 
 # weights.format -> (manifest, version directory, torch device, compute dtype) -> the serving runtime

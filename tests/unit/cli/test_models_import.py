@@ -91,3 +91,20 @@ def test_an_awq_or_gptq_checkpoint_is_imported_and_said_to_be_dequantized(tmp_pa
                                "the worker holds the unquantized model, 0.00 GiB in float32"), said
     pinned = json.loads((tmp_path / "repo" / "q" / "1" / "config.json").read_text())
     assert pinned["quantization_config"]["quant_method"] == "gptq"
+
+
+def test_lora_adapters_are_pinned_and_a_malformed_flag_is_refused(tmp_path, capsys):
+    from tests.support.hf_checkpoints import save_model_directory
+    from tests.support.lora_adapters import save_lora_adapter
+
+    base = tmp_path / "base"
+    save_model_directory(base, "llama")
+    adapter = save_lora_adapter(tmp_path / "sql", base)
+    repo = str(tmp_path / "repo")
+    flags = ["models", "import", str(base), "--name", "m", "--version", "1", "--repository", repo, "--kv-cache-gb", "0.01"]
+    assert cli.main([*flags, "--lora", str(adapter)]) == 2
+    assert "--lora" in capsys.readouterr().err and not (tmp_path / "repo" / "m" / "1").exists()
+    assert cli.main([*flags, "--lora", f"sql={adapter}"]) == 0, capsys.readouterr().err
+    assert "LoRA adapters, each served as a model of its own over m: sql" in capsys.readouterr().out
+    manifest = json.loads((tmp_path / "repo" / "m" / "1" / "manifest.json").read_text())
+    assert [a["name"] for a in manifest["generator"]["lora_adapters"]] == ["sql"]

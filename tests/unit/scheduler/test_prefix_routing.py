@@ -222,7 +222,7 @@ class FakeIndex:
         return num
 
 
-def hasher(token_ids, block_size, tenant_id):
+def hasher(token_ids, block_size, tenant_id, lora_adapter=""):
     """Chained and salted by tenant, like the prefix cache's (which the pool passes in)."""
     hashes, parent = [], hash(tenant_id)
     for start in range(0, len(token_ids) - block_size + 1, block_size):
@@ -264,7 +264,7 @@ def test_router_keeps_a_burst_of_one_prefix_together_until_its_blocks_are_reside
 def test_router_hashes_once_per_block_size():
     calls = []
 
-    def counting(token_ids, block_size, tenant_id):
+    def counting(token_ids, block_size, tenant_id, lora_adapter=""):
         calls.append(block_size)
         return hasher(token_ids, block_size, tenant_id)
 
@@ -277,7 +277,7 @@ def test_router_hashes_once_per_block_size():
 def test_router_never_counts_the_block_of_the_last_token():
     lengths = []
 
-    def recording(token_ids, block_size, tenant_id):
+    def recording(token_ids, block_size, tenant_id, lora_adapter=""):
         lengths.append(len(token_ids))
         return hasher(token_ids, block_size, tenant_id)
 
