@@ -135,7 +135,7 @@ def test_echo_with_max_tokens_0_ends_by_length_even_when_the_dropped_token_is_th
     ([], {}, "prompt must not be an empty list"),
     ([PROMPT, ""], {}, "prompt[1] must not be empty"),
     ([PROMPT, 7], {}, "(not a mix)"),
-    ([PROMPT] * 33, {"n": 2}, "33 prompts x 2 choices each is 66 sequences; a request may ask for at most 64"),
+    ([PROMPT] * 1025, {"n": 2}, "1025 prompts x 2 choices each is 2050 sequences; a request may ask for at most 2048"),
 ])
 def test_bad_token_ids_and_bad_batches_are_a_400_naming_prompt(served, prompt, extra, message):
     status, reply = post_json(served.base, "/completions", {"model": MODEL, "prompt": prompt, "echo": True, **extra})
