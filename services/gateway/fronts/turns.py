@@ -83,8 +83,8 @@ async def in_turns(start: Start, parts: Sequence[Part], refusal: Refusal = as_is
 
 async def last_chunks(start: Start, requests: Sequence[gateway_pb2.GenerateRequest], refusal: Refusal = as_is
                       ) -> list[gateway_pb2.GenerateResponse]:
-    """Every part's last chunk, in order (none taking turns but as the first part's admission and places
-    allow); a part that sent none is an Internal error."""
+    """Every part's last chunk, in order (an embeddings request's inputs: none waits for another's first
+    chunk, only for the first part's admission and a place); a part that sent none is an Internal error."""
     lasts: list[gateway_pb2.GenerateResponse | None] = [None] * len(requests)
     async with aclosing(in_turns(start, [Part(request) for request in requests], refusal)) as chunks:
         async for index, chunk in chunks:
