@@ -11,10 +11,13 @@ module.
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import re
+import ssl
 import urllib.error
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,6 +32,9 @@ from tests.support.hf_checkpoints import END_OF_TEXT_ID, EOT_ID
 from tests.support.hf_mesh import run_stock_client, serving_hermes_qwen2
 from tests.support.https_json import get_json, post_json, post_stream
 from tools.testbed import session_tls
+from tools.testbed.gateway_fixtures import scrape
+from tools.testbed.processes import wait_until
+from tools.testbed.scheduler_fixtures import scheduler_stub, wait_for_idle_kv
 
 pytestmark = pytest.mark.integration
 
@@ -135,7 +141,7 @@ def test_echo_with_max_tokens_0_ends_by_length_even_when_the_dropped_token_is_th
     ([], {}, "prompt must not be an empty list"),
     ([PROMPT, ""], {}, "prompt[1] must not be empty"),
     ([PROMPT, 7], {}, "(not a mix)"),
-    ([PROMPT] * 33, {"n": 2}, "33 prompts x 2 choices each is 66 sequences; a request may ask for at most 64"),
+    ([PROMPT] * 1025, {"n": 2}, "1025 prompts x 2 choices each is 2050 sequences; a request may ask for at most 2048"),
 ])
 def test_bad_token_ids_and_bad_batches_are_a_400_naming_prompt(served, prompt, extra, message):
     status, reply = post_json(served.base, "/completions", {"model": MODEL, "prompt": prompt, "echo": True, **extra})
@@ -175,6 +181,58 @@ def test_batched_prompts_answer_each_prompt_as_its_own_request_would(served, cli
     seen = client_seen["batch"]
     assert [c["index"] for c in seen["choices"]] == [0, 1, 2, 3]
     assert seen["usage"]["completion_tokens"] == 12 and seen["id"].startswith("cmpl-")
+
+
+def test_batches_past_what_the_gateway_admits_at_once_are_served_in_turns(served):
+    """100 prompts whole, and 20 prompts x n=4 streamed: each sequence is admitted on its own, and the
+    model's default adaptive limit (64) leaves 57 places to standard traffic. The sequences take turns (at
+    most 64 in flight; one shed while its siblings run waits for one of them to end, turns.py); before,
+    the request's own sequences refused it: a 503 `overloaded` from 58 of them on, on an idle mesh."""
+    prompts = [f"{k}: {PROMPT}" for k in range(100)]
+    status, reply = post_json(served.base, "/completions", {"model": MODEL, "prompt": prompts, "max_tokens": 2,
+                                                            "echo": True})
+    assert status == 200, reply
+    assert [c["index"] for c in reply["choices"]] == list(range(100))
+    assert all(c["text"].startswith(prompts[k]) for k, c in enumerate(reply["choices"])), "prompt after prompt"
+    status, events = post_stream(served.base, "/completions", {
+        "model": MODEL, "prompt": prompts[:20], "n": 4, "max_tokens": 3, "ignore_eos": True, "temperature": 1.0,
+        "seed": 3, "stream": True, "stream_options": {"include_usage": True}})
+    assert status == 200 and events[-1] == "[DONE]"
+    streamed = _streamed_choices(events)
+    assert sorted(streamed) == list(range(80))
+    assert all(choices[-1]["finish_reason"] == "length" for choices in streamed.values())
+    assert [e for e in events if e != "[DONE]" and e.get("usage")][-1]["usage"]["completion_tokens"] == 80 * 3
+    assert len({event["id"] for event in events if event != "[DONE]"}) == 1
+
+
+def test_a_client_that_leaves_a_streamed_batch_cancels_every_sequence_and_frees_their_kv(served):
+    """20 prompts x n=4 streamed, long: the client reads the first event and goes away. Every sequence,
+    running or waiting its turn, is cancelled: the scheduler's KV blocks all come free, and the mesh then
+    answers the next batch."""
+    model = common_pb2.ModelRef(name=MODEL, version="1")
+
+    def counted(code: str) -> float:
+        return scrape(served.metrics_port).value("infermesh_scheduler_requests_total", model=MODEL, code=code)
+
+    before = {code: counted(code) for code in ("OK", "CANCELLED")}
+    body = json.dumps({"model": MODEL, "prompt": [f"{k}: {PROMPT}" for k in range(20)], "n": 4, "max_tokens": 1500,
+                       "ignore_eos": True, "stream": True})
+    url = urllib.parse.urlsplit(served.base)
+    connection = http.client.HTTPSConnection(url.hostname, url.port, timeout=60, context=ssl.create_default_context(
+        cafile=str(session_tls.session_pki().ca_path)))
+    with scheduler_stub(served.mesh.scheduler.address) as stub:
+        try:
+            connection.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+            answer = connection.getresponse()
+            assert answer.status == 200 and answer.readline().startswith(b"data: ")
+        finally:
+            connection.close()  # the client goes away mid-stream
+        wait_for_idle_kv(stub, model, timeout_s=30)
+    wait_until(lambda: counted("CANCELLED") > before["CANCELLED"], timeout_s=10, message="sequences counted cancelled")
+    cancelled, served_ok = counted("CANCELLED") - before["CANCELLED"], counted("OK") - before["OK"]
+    assert cancelled >= 1 and cancelled + served_ok <= 80, (cancelled, served_ok)
+    status, reply = post_json(served.base, "/completions", {"model": MODEL, "prompt": [PROMPT] * 70, "max_tokens": 1})
+    assert status == 200 and len(reply["choices"]) == 70
 
 
 # -- prompt_logprobs and best_of ---------------------------------------------------------

@@ -76,9 +76,9 @@ def test_a_token_prompts_echo_asks_for_its_tokens_and_spells_them():
 
 
 def test_prompts_times_best_of_is_bounded():
-    openai_codec.parse_completion({"model": "m", "prompt": ["a"] * 16, "best_of": 4})
-    with pytest.raises(BadParameter, match="17 prompts x 4 choices each is 68 sequences"):
-        openai_codec.parse_completion({"model": "m", "prompt": ["a"] * 17, "best_of": 4})
+    openai_codec.parse_completion({"model": "m", "prompt": ["a"] * 512, "best_of": 4})
+    with pytest.raises(BadParameter, match="513 prompts x 4 choices each is 2052 sequences; .* at most 2048"):
+        openai_codec.parse_completion({"model": "m", "prompt": ["a"] * 513, "best_of": 4})
 
 
 def _usage(prompt: int, completion: int, cached: int) -> dict:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Callable
 
 import pytest
 
@@ -22,13 +22,15 @@ class FakeStreams:
         self.closed: list[str] = []
         self.first_chunk_before: dict[str, int] = {}  # request id -> streams started when its first chunk left
 
-    def start(self, request: gateway_pb2.GenerateRequest, further: bool) -> AsyncIterator[gateway_pb2.GenerateResponse]:
+    def start(self, request: gateway_pb2.GenerateRequest, further: bool, on_admitted: Callable[[], None]
+              ) -> AsyncGenerator[gateway_pb2.GenerateResponse, None]:
         self.started.append(request.request_id)
         if further:
             self.further.append(request.request_id)
-        return self._stream(request.request_id)
+        return self._stream(request.request_id, on_admitted)
 
-    async def _stream(self, request_id: str):
+    async def _stream(self, request_id: str, on_admitted: Callable[[], None]):
+        on_admitted()
         try:
             for i in range(self.length):
                 await asyncio.sleep(0)
@@ -176,12 +178,12 @@ def test_best_of_averages_only_the_tokens_with_a_logprob():
     assert _same(openai_choices.best([unknown, whole, partial], 3), [partial, whole, unknown])
 
 
-async def test_batched_prompts_run_at_once_each_merged_as_its_choices_are():
+async def test_batched_prompts_take_turns_each_merged_as_its_choices_are():
     streams = FakeStreams()
     groups = [openai_choices.choice_requests(gateway_pb2.GenerateRequest(request_id=rid), 2) for rid in ("a", "b")]
     seen = [(g, i, chunk.text) async for g, i, chunk in openai_choices.merged_groups(streams.start, groups)]
-    assert set(streams.started[:2]) == {"a-0", "b-0"}, "both prompts' first choices start before any other choice"
-    assert sorted(streams.further) == ["a-1", "b-1"]
+    assert streams.started[:2] == ["a-0", "b-0"], "the other prompts' first choices start once the first was admitted"
+    assert sorted(streams.further) == ["a-1", "b-0", "b-1"], "the first prompt's first choice alone is judged on TTFT"
     for g, rid in enumerate(("a", "b")):
         for i in range(2):
             assert [text for gg, ii, text in seen if (gg, ii) == (g, i)] == [f"{rid}-{i}:{k}" for k in range(3)]

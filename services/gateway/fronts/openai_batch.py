@@ -3,7 +3,8 @@
 LangChain's completions LLM and other stock clients send several prompts in one request. Each
 prompt becomes a part: the same request with its own prompt and request id (`<id>-p<k>` past the
 first), admitted, routed and generated as a request of its own, its n choices as usual. The parts
-run at once; the answer lists every part's choices prompt after prompt (choice `k * n + i` is
+take turns with the choices (turns.py: at most 64 sequences at once; one shed at admission while
+others of its request run asks again once one ended); the answer lists every part's choices prompt after prompt (choice `k * n + i` is
 prompt k's choice i, as OpenAI and vLLM number them), with one id, and usage summed over the parts
 (each prompt counted once).
 
@@ -25,9 +26,10 @@ from services.gateway.fronts.openai_params import BadParameter, is_int, shown, t
 if TYPE_CHECKING:
     from services.gateway.fronts.openai_codec import OpenAIRequest
 
-# Sequences one request may ask for: prompts x best_of. Each is admitted and counted against the
-# tenant's quotas and the gateway's concurrency like a request (LangChain batches 20 prompts by default).
-MAX_BATCH_SEQUENCES = 64
+# Sequences one request may ask for: prompts x best_of, as many as /v1/embeddings' inputs (OpenAI's bound
+# there). Each is admitted and counted against the tenant's quotas and the gateway's concurrency like a
+# request, and they take turns (turns.py), so a batch past what the gateway admits at once is served.
+MAX_BATCH_SEQUENCES = 2048
 
 
 # A prompt: text, or token ids of the model's tokenizer.

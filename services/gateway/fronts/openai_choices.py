@@ -4,34 +4,32 @@ the OpenAI front (n, best_of) and the gRPC Generate (GenerateRequest.n, best_of)
 The first choice runs alone until its first chunk: by then its prompt's full KV blocks are in the
 scheduler's prefix cache, so the other choices, sent after it, reuse them instead of computing the
 prompt again (cache-aware routing sends them to the same scheduler). The first choice's admission
-judges the request's TTFT target; the others are started as further choices (`start(r, True)`),
+judges the request's TTFT target; the others are started as further choices (`start(r, True, ...)`),
 which admission does not judge on it again: a request whose first choice streamed is not refused
-part-way for one of its own choices, as vLLM runs a request's n sequences as one. Choice i samples with the
+part-way for one of its own choices, as vLLM runs a request's n sequences as one. The choices (and a
+completion's batched prompts) take turns as the parts of one request (turns.py): one shed at admission
+while others of its request run asks again once one of them ended. Choice i samples with the
 request's seed + i, so a seeded request is reproducible choice by choice; an unseeded one gets a
 seed per choice at admission, as any request does. No transport here: the HTTP front drives it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from infermesh.v1 import common_pb2, gateway_pb2
 from services.common import errors
 from services.gateway.fronts.reasoning import NO_REASONING, ReasoningFormat
+from services.gateway.fronts.turns import Part, Start, in_turns
 
 SEED_MODULUS = 2**63  # seeds are below it (the gateway's own draws and the OpenAI front's bound)
 # Most choices one request generates (n, best_of): each is a sequence of its own upstream, admitted,
 # counted against the tenant's quotas and the gateway's concurrency like a request.
 MAX_CHOICES = 16
-
-# (a choice's request, whether it is a further choice of a request whose first choice has started)
-Start = Callable[[gateway_pb2.GenerateRequest, bool], AsyncIterator[gateway_pb2.GenerateResponse]]
 
 
 def choice_requests(request: gateway_pb2.GenerateRequest, num_choices: int) -> list[gateway_pb2.GenerateRequest]:
@@ -110,79 +108,31 @@ async def ranked(choices: AsyncIterator[tuple[int, gateway_pb2.GenerateResponse]
 
 async def merged(start: Start, requests: Sequence[gateway_pb2.GenerateRequest]
                  ) -> AsyncGenerator[tuple[int, gateway_pb2.GenerateResponse], None]:
-    """(choice index, chunk) of every choice, each choice's in order. The first choice's first chunk
-    comes before any other choice starts (its refusal is raised before anything is sent). An error
-    of any choice is raised here, and closing this iterator closes every choice's stream."""
-    streams = [start(requests[0], False)]
-    try:
-        first = await anext(streams[0], None)
-        if first is None:
-            return  # ended without a chunk: the caller reports it
-        yield 0, first
-        if len(requests) == 1:
-            async for chunk in streams[0]:
-                yield 0, chunk
-            return
-        streams += [start(r, True) for r in requests[1:]]
-        async with contextlib.aclosing(_interleaved(streams)) as chunks:
-            async for index, chunk in chunks:
-                yield index, chunk
-    finally:
-        await _close(streams)
+    """(choice index, chunk) of every choice, each choice's in order, the choices taking turns
+    (turns.py). The first choice's first chunk comes before any other choice starts (its refusal is
+    raised before anything is sent). An error of any choice is raised here, and closing this iterator
+    closes every choice's stream."""
+    async with contextlib.aclosing(merged_groups(start, [requests])) as chunks:
+        async for _, index, chunk in chunks:
+            yield index, chunk
 
 
 async def merged_groups(start: Start, groups: Sequence[Sequence[gateway_pb2.GenerateRequest]]
                         ) -> AsyncGenerator[tuple[int, int, gateway_pb2.GenerateResponse], None]:
-    """(group, choice index, chunk): each group `merged`, all groups at once (a completion's batched
-    prompts, each its own request). An error of any is raised here; closing this closes them all."""
-    if len(groups) == 1:
-        async for index, chunk in merged(start, groups[0]):
-            yield 0, index, chunk
-        return
-    async with contextlib.aclosing(_interleaved([merged(start, group) for group in groups])) as chunks:
-        async for group, (index, chunk) in chunks:
-            yield group, index, chunk
-
-
-async def _interleaved(streams: Sequence[AsyncIterator[Any]]) -> AsyncGenerator[tuple[int, Any], None]:
-    """(index, item) of every stream as items come, each stream's in order. An error of any stream is
-    raised here; closing this (or an error) cancels the pumps and closes every stream."""
-    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-    pumps = [asyncio.create_task(_pump(i, stream, queue)) for i, stream in enumerate(streams)]
-    try:
-        num_open = len(streams)
-        while num_open:
-            index, item = await queue.get()
-            if item is None:
-                num_open -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield index, item
-    finally:
-        for pump in pumps:
-            pump.cancel()
-        for pump in pumps:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await pump
-        await _close(streams)
-
-
-async def _close(streams: Sequence[AsyncIterator[Any]]) -> None:
-    for stream in streams:
-        with contextlib.suppress(Exception):
-            await stream.aclose()  # type: ignore[attr-defined]
-
-
-async def _pump(index: int, stream: AsyncIterator[Any], queue: asyncio.Queue[tuple[int, Any]]) -> None:
-    """Everything `stream` yields onto `queue` as (index, item), then (index, None); an error as (index, error)."""
-    try:
-        async for item in stream:
-            queue.put_nowait((index, item))
-    except Exception as exc:  # handed to the consumer, which raises it
-        queue.put_nowait((index, exc))
-        return
-    queue.put_nowait((index, None))
+    """(group, choice index, chunk): a completion's batched prompts (groups), each prompt's choices, all
+    taking turns as the parts of one request (turns.py): the first prompt's first choice is admitted
+    before any other starts, and each prompt's later choices start after its first choice's first chunk.
+    An error of any is raised here; closing this closes them all."""
+    parts: list[Part] = []
+    where: list[tuple[int, int]] = []
+    for group, requests in enumerate(groups):
+        first = len(parts)
+        for index, request in enumerate(requests):
+            parts.append(Part(request, after=first if index else None))
+            where.append((group, index))
+    async with contextlib.aclosing(in_turns(start, parts)) as chunks:
+        async for part, chunk in chunks:
+            yield (*where[part], chunk)
 
 
 @dataclass

@@ -10,8 +10,8 @@ shortened vectors; another model refuses it), vLLM's `truncate_prompt_tokens` (e
 as vLLM's), `user` (ignored).
 Each input becomes a GenerateRequest with `embed` set, admitted, counted against the tenant's quotas
 (its prompt tokens) and run as a request of its own, as a batched completion's prompts are; at most
-MAX_PARALLEL_INPUTS run at once, and an input shed at admission while others of its request run waits for
-one of them to end (embedding_inputs.py: a large batch is not refused by its own inputs). The answer
+MAX_PARALLEL_PARTS run at once, and an input shed at admission while others of its request run waits for
+one of them to end (turns.py: a large batch is not refused by its own inputs). The answer
 lists `{"object": "embedding", "index", "embedding"}` per input in order, the model as asked, and usage
 (prompt_tokens = total_tokens, summed over the inputs).
 The scheduler refuses an embedding request for a generator of text, and a generation request for an
@@ -34,7 +34,6 @@ from infermesh.v1 import gateway_pb2
 from services.common import errors
 from services.gateway.calls.generate_core import Caller, GenerateCore
 from services.gateway.fronts.caller import http_caller
-from services.gateway.fronts.embedding_inputs import run_inputs
 from services.gateway.fronts.openai_batch import Prompt, prompts_of, set_prompt
 from services.gateway.fronts.openai_codec import (
     ContextLengthExceeded,
@@ -50,6 +49,7 @@ from services.gateway.fronts.openai_params import (
     model_ref,
     shown,
 )
+from services.gateway.fronts.turns import last_chunks
 
 # OpenAI's limit on inputs per request (LangChain's OpenAIEmbeddings sends up to 1000 at once).
 MAX_INPUTS = 2048
@@ -184,7 +184,10 @@ class EmbeddingsFront:
     async def _run(self, parsed: EmbeddingsRequest, caller: Caller) -> list[gateway_pb2.GenerateResponse]:
         """Every input's last chunk, in order; the first refusal that stands fails them all."""
         num_inputs = len(parsed.requests)
-        return await run_inputs(
+        lasts = await last_chunks(
             lambda request, further, on_admitted: self._core.generate(request, caller, further_choice=further,
                                                                       on_admitted=on_admitted),
             parsed.requests, lambda err, index: upstream_refusal(err, index, num_inputs, parsed.prompt_param))
+        if not all(last.embedding for last in lasts):
+            raise errors.Internal("the scheduler's answer carried no embedding")
+        return lasts

@@ -327,9 +327,16 @@ class OpenAIFront:
 
     def _chunks(self, caller: Caller, parsed: openai_codec.OpenAIRequest,
                 parts: list[openai_codec.OpenAIRequest], on_admitted: Callable[[], None] | None = None) -> Choices:
+        def start(request: gateway_pb2.GenerateRequest, further: bool, admitted: Callable[[], None]):
+            def told() -> None:
+                admitted()  # the part's turn (turns.py), then the front's own (a background Response)
+                if on_admitted is not None:
+                    on_admitted()
+
+            return self._core.generate(request, caller, further_choice=further, on_admitted=told)
+
         return openai_choices.merged_groups(
-            lambda r, further: self._core.generate(r, caller, further_choice=further, on_admitted=on_admitted),
-            [openai_choices.choice_requests(part.generate, parsed.best_of) for part in parts])
+            start, [openai_choices.choice_requests(part.generate, parsed.best_of) for part in parts])
 
     def _refusal(self, request: web.Request, err: errors.InfermeshError) -> errors.InfermeshError:
         """What a request whose headers or body are refused is told: Unauthenticated first, if it is."""

@@ -58,7 +58,8 @@ class InferenceServicer(gateway_pb2_grpc.InferenceServicer):
                 yield chunk
             return
         calls = [GrpcToolCalls(tools) for _ in plan.requests] if tools is not None else None
-        choices = merged(lambda r, further: self._generate.generate(r, caller, further_choice=further), plan.requests)
+        choices = merged(lambda r, further, admitted: self._generate.generate(r, caller, further_choice=further,
+                                                                            on_admitted=admitted), plan.requests)
         async with aclosing(choices), aclosing(ranked(choices, plan) if plan.ranked else choices) as returned:
             async for index, chunk in returned:
                 chunk.choice_index = index
