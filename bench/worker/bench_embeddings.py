@@ -95,7 +95,7 @@ BATCHES = {1: 16, 8: 4, 32: 2}
 # refuse (with the defaults, 16 clients of one input each were answered 429 ttft_objective_missed, "would
 # start a standard stream in 2113 ms at best, past its TTFT target 2000 ms", as they should be), and the
 # adaptive limit starts at 64; bench_hf_llm runs its mesh the same way. (When this benchmark was written, one
-# request of 57+ inputs was also refused by its own inputs; since helper-81's turns (embedding_inputs.py) it
+# request of 57+ inputs was also refused by its own inputs; since the turns of services/gateway/fronts/turns.py it
 # is not.) A saturated run also queues more than the default deadline (30 s).
 GATEWAY_FLAGS = ("--slo-admission", "false", "--limit-initial", "1024", "--default-deadline-ms", "300000")
 PEER_LEVELS = (1, 2, 4, 8)  # closed-loop clients against the peer
