@@ -1,7 +1,7 @@
 """Goodput under latency objectives: admission on predicted TTFT vs deadlines alone, in the same run.
 
     .venv/bin/python -m bench.overload.bench_slo [--quick] [--generators mock,tinylm] [--placement shared|pinned]
-        [--output PATH] [--streams-csv PATH]
+        [--admit-ttft-ms interactive=60] [--output PATH] [--streams-csv PATH]
 
 For each generator (a mock whose step takes step_ms + per_token_us x tokens, so it grows with the
 batch as a GPU's does; tinylm on CPU), starts a scheduler, one worker and two gateways on the same
@@ -19,6 +19,12 @@ are read at the end of each window: the predictor's error.
 load generator, this one) on the rest, as a GPU keeps the worker's compute off the front end's cores
 (bench/overload/placement.py); the default, shared, lets every process run anywhere. Report a pinned
 figure beside the shared one, never instead of it, and name its placement.
+
+--admit-ttft-ms CLASS=MS[,...] makes a class's streams send a TTFT target other than the one they are
+judged at (interactive=60: admission judges each interactive stream against 60 ms, while goodput, the
+TTFT p99 and the predictor's error are still judged at the issue's 200 ms): what a queue budget tighter
+than the objective would buy and cost (issue 36). Each window counts the streams refused with a
+prediction within the judged target (`refused_predicted_within_judged`): refused by the budget alone.
 
 --streams-csv writes every measured stream (generator, multiple, gateway, class, when it was scheduled,
 status, TTFT from the send, the gateway's prediction, the refusal's message), to study the predictor beyond
@@ -94,8 +100,45 @@ GENERATORS = {
 }
 
 
-def templates(model: str, cls: StreamClass, seed: int, num: int = 300) -> tuple[RequestTemplate, ...]:
-    """Greedy, EOS ignored, prompts of 8-48 bytes, max_tokens 8-64, the class's targets in the request."""
+def parse_admit_ttft(text: str) -> dict[str, int]:
+    """`interactive=60,batch=2000` -> the TTFT (ms) each named class sends instead of its judged target."""
+    out: dict[str, int] = {}
+    names = {c.name for c in (INTERACTIVE, BATCH)}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or name.strip() not in names:
+            raise ValueError(f"--admit-ttft-ms: expected CLASS=MS with CLASS one of {', '.join(sorted(names))}, "
+                             f"got {item!r}")
+        try:
+            ms = int(value)
+        except ValueError:
+            raise ValueError(f"--admit-ttft-ms: {name.strip()}'s TTFT must be a whole number of ms, "
+                             f"got {value!r}") from None
+        if ms <= 0:
+            raise ValueError(f"--admit-ttft-ms: {name.strip()}'s TTFT must be > 0 ms, got {ms}")
+        out[name.strip()] = ms
+    return out
+
+
+# What a refusal on predicted TTFT says it predicted (latency_admission.check_ttft's message).
+_REFUSED_PREDICTION = re.compile(r"would start a \w+ stream in ([0-9.]+) ms at best(?: after ([0-9.]+) ms before)?")
+
+
+def refused_within(results: list[SendResult], target_ms: float) -> int:
+    """Streams refused on a predicted TTFT (plus their wait before the gateway) within `target_ms`: refused
+    by a budget tighter than the target they are judged at, where admission at that target would have taken
+    them (by the prediction, so an estimate of what the budget costs)."""
+    count = 0
+    for r in results:
+        found = _REFUSED_PREDICTION.search(r.message) if r.status == "RESOURCE_EXHAUSTED" else None
+        count += found is not None and float(found.group(1)) + float(found.group(2) or 0) <= target_ms
+    return count
+
+
+def templates(model: str, cls: StreamClass, seed: int, num: int = 300,
+              admit_ttft_ms: int | None = None) -> tuple[RequestTemplate, ...]:
+    """Greedy, EOS ignored, prompts of 8-48 bytes, max_tokens 8-64, the class's targets in the request
+    (`admit_ttft_ms`: a TTFT target to send instead of the class's, which the benchmark still judges at)."""
     rng = np.random.default_rng([seed, 17])
     out = []
     for i in range(num):
@@ -103,7 +146,7 @@ def templates(model: str, cls: StreamClass, seed: int, num: int = 300) -> tuple[
             model=common_pb2.ModelRef(name=model), prompt=make_prompt(int(rng.integers(8, 49)), rng),
             sampling=common_pb2.SamplingParams(max_tokens=int(rng.integers(8, 65)), temperature=0.0, ignore_eos=True,
                                                seed=i),
-            objectives=gateway_pb2.LatencyObjectives(ttft_ms=cls.ttft_ms, tpot_ms=cls.tpot_ms))
+            objectives=gateway_pb2.LatencyObjectives(ttft_ms=admit_ttft_ms or cls.ttft_ms, tpot_ms=cls.tpot_ms))
         out.append(RequestTemplate(Rpc.GENERATE, request.SerializeToString(), KEYS[cls.tenant], cls.name,
                                    cls.deadline_s))
     return tuple(out)
@@ -136,6 +179,7 @@ def summarize(results: list[SendResult], window_s: float) -> dict:
         good = sum(meets(r, cls) for r in mine)
         out[cls.name] = {"offered": len(mine), "ok": sum(r.ok for r in mine),
                          "refused": sum(r.status == "RESOURCE_EXHAUSTED" for r in mine),
+                         "refused_predicted_within_judged": refused_within(mine, cls.ttft_ms),
                          "other_errors": sum(not r.ok and r.status != "RESOURCE_EXHAUSTED" for r in mine),
                          "met_both": good, "goodput_per_s": good / window_s,
                          "missed": dict(Counter(misses(r, cls) or "none" for r in mine if r.ok and r.ttft_s is not None)),
@@ -332,13 +376,15 @@ def stream_rows(generator: str, multiple: float, gateway: str, results: list[Sen
 
 def run_generator(generator: str, pool: LoadPool, profile: Profile, multiples: tuple[float, ...],
                   where: placement.Placement = placement.Placement.SHARED,
-                  streams: list[tuple] | None = None) -> dict:
+                  streams: list[tuple] | None = None, admit_ttft_ms: dict[str, int] | None = None) -> dict:
+    admit = admit_ttft_ms or {}
     with mesh(generator) as started:
         model = started["model"]
         placed = place(where, started["pids"], pool)
         print(f"{generator}: placement {where.value} " + " ".join(f"{k} {v}" for k, v in placed["cores"].items()),
               flush=True)
-        interactive, batch = templates(model, INTERACTIVE, 1), templates(model, BATCH, 2)
+        interactive = templates(model, INTERACTIVE, 1, admit_ttft_ms=admit.get(INTERACTIVE.name))
+        batch = templates(model, BATCH, 2, admit_ttft_ms=admit.get(BATCH.name))
         benches = {name: Bench(started[name][0], pool, profile, started["pids"]) for name in ("slo", "deadline")}
         job = ClosedLoopJob(interactive, CLOSED_LOOP_CLIENTS, 1.0 + profile.capacity_s)
         results, _ = pool.closed_loop(started["deadline"][0], job)
@@ -377,7 +423,9 @@ def run_generator(generator: str, pool: LoadPool, profile: Profile, multiples: t
                 row[name]["load_average_1m"] = os.getloadavg()[0]
                 print(f"  {multiple}x ({rate_per_s:.1f}/s) {name}: goodput {row[name]['goodput_per_s']:.2f}/s, "
                       f"interactive TTFT p99 {row[name]['interactive']['ttft_p99_ms']:.0f} ms, "
-                      f"refused {row[name]['interactive']['refused']}+{row[name]['batch']['refused']}, "
+                      f"refused {row[name]['interactive']['refused']}+{row[name]['batch']['refused']} "
+                      f"({row[name]['interactive']['refused_predicted_within_judged']} interactive predicted "
+                      f"within {INTERACTIVE.ttft_ms} ms), "
                       f"TTFT median abs error {_predictor(row[name]['interactive']['predictor'])} / "
                       f"{_predictor(row[name]['batch']['predictor'])} ms (whole window incl. warm-up, gateway "
                       f"histogram: {_ms(row[name]['interactive']['ttft_error_median_ms'])} / "
@@ -398,12 +446,14 @@ def scheduler_queue(before: dict[float, float], after: dict[float, float]) -> di
             "share_over_50ms": share_over(before, after, 0.05), "share_over_100ms": share_over(before, after, 0.1)}
 
 
-def default_output(where: placement.Placement, load_procs: int, window_s: float = QUICK.generate_s) -> Path:
+def default_output(where: placement.Placement, load_procs: int, window_s: float = QUICK.generate_s,
+                   admit_ttft_ms: dict[str, int] | None = None) -> Path:
     """Where a run writes unless told: a setting off the default is in the name, so runs beside each other
     do not overwrite each other."""
     suffix = "".join((f"_{where.value}" if where is not placement.Placement.SHARED else "",
                       f"_{load_procs}procs" if load_procs != MAX_LOAD_PROCS else "",
-                      f"_{window_s:g}s" if window_s != QUICK.generate_s else ""))
+                      f"_{window_s:g}s" if window_s != QUICK.generate_s else "",
+                      "".join(f"_admit-{name}{ms}" for name, ms in sorted((admit_ttft_ms or {}).items()))))
     return RESULTS_PATH.with_name(f"{RESULTS_PATH.stem}{suffix}{RESULTS_PATH.suffix}")
 
 
@@ -434,15 +484,22 @@ def main() -> None:
                              "(overload_slo_pinned.json, overload_slo_1procs.json, ...)")
     parser.add_argument("--streams-csv", type=Path, default=None,
                         help="also write every measured stream, with its TTFT and the gateway's prediction, here")
+    parser.add_argument("--admit-ttft-ms", default="",
+                        help="CLASS=MS[,...]: the TTFT target a class's streams send (admission judges it) instead "
+                             "of the one the benchmark judges them at, e.g. interactive=60 (default: the same)")
     parser.add_argument("--multiples", default=",".join(map(str, MULTIPLES)),
                         help="comma-separated multiples of the peak to offer (1.0 is the reference)")
     args = parser.parse_args()
     exit_on_sigterm()  # stopped by SIGTERM, its mesh and load processes stop too
     if not args.window_s > 0:
         parser.error(f"--window-s must be > 0, got {args.window_s}")
+    try:
+        admit_ttft_ms = parse_admit_ttft(args.admit_ttft_ms)
+    except ValueError as err:
+        parser.error(str(err))
     profile = replace(QUICK, generate_s=args.window_s)
     where = placement.Placement(args.placement)
-    output = args.output or default_output(where, args.load_procs, args.window_s)
+    output = args.output or default_output(where, args.load_procs, args.window_s, admit_ttft_ms)
     multiples = tuple(float(m) for m in args.multiples.split(","))
     chosen = [g.strip() for g in args.generators.split(",") if g.strip()]
     unknown = sorted(set(chosen) - set(GENERATORS))
@@ -451,7 +508,9 @@ def main() -> None:
     report: dict = {"benchmark": "overload_slo", "commit": _commit(), "placement": where.value,
                     "load_average_1m": os.getloadavg()[0],
                     "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
-                    "classes": {c.name: c.__dict__ for c in (INTERACTIVE, BATCH)}, "generators": {}}
+                    "classes": {c.name: c.__dict__ for c in (INTERACTIVE, BATCH)}, "generators": {},
+                    # The TTFT each class sent where it differs from the one it is judged at (classes).
+                    "admit_ttft_ms": admit_ttft_ms}
     if not 1 <= args.load_procs <= MAX_LOAD_PROCS:
         parser.error(f"--load-procs must be in [1, {MAX_LOAD_PROCS}], got {args.load_procs}")
     report["load_procs"] = args.load_procs
@@ -459,14 +518,18 @@ def main() -> None:
     streams: list[tuple] | None = None if args.streams_csv is None else []
     with LoadPool(args.load_procs) as pool:
         for generator in chosen:
-            report["generators"][generator] = run_generator(generator, pool, profile, multiples, where, streams)
+            report["generators"][generator] = run_generator(generator, pool, profile, multiples, where, streams,
+                                                            admit_ttft_ms)
     if args.streams_csv is not None and streams is not None:
         with args.streams_csv.open("w", newline="") as out:
             writer = csv.writer(out)
             writer.writerow(STREAM_COLUMNS)
             writer.writerows(streams)
+    sent = ", ".join(f"{name} sent TTFT {ms} ms" for name, ms in admit_ttft_ms.items()) or "classes sent their targets"
     for generator, result in report["generators"].items():
         rows = result["multiples"]
+        print(f"{generator}: {sent}; judged at interactive {INTERACTIVE.ttft_ms} / {INTERACTIVE.tpot_ms} ms, "
+              f"batch {BATCH.ttft_ms} ms")
         for name in ("slo", "deadline"):
             base = rows["1.0"][name]["goodput_per_s"] if "1.0" in rows else float("nan")
             ratios = ", ".join(f"{m}x {rows[m][name]['goodput_per_s'] / base:.2f}x" for m in rows if m != "1.0" and base)

@@ -6,21 +6,31 @@ import pytest
 
 from bench.harness.send_result import SendResult
 from bench.overload.bench_slo import (
+    BATCH,
     INTERACTIVE,
     default_output,
     median_from_buckets,
     meets,
     misses,
     p99_interval_ms,
+    parse_admit_ttft,
     predictor_error,
     quantile_from_buckets,
     ratio_interval,
     refusal_reasons,
+    refused_within,
     scheduler_queue,
     share_over,
     stream_rows,
+    templates,
 )
 from bench.overload.placement import Placement
+from infermesh.v1 import gateway_pb2
+from services.common.errors import ResourceExhausted
+from services.common.objectives import LatencyObjective
+from services.common.priority import Priority
+from services.gateway.admission.latency_admission import check_ttft
+from services.gateway.routing.pressure import PressureReport
 
 INF = float("inf")
 
@@ -105,3 +115,37 @@ def test_each_stream_is_a_row_with_its_ttft_from_the_send_its_prediction_and_any
     assert stream_rows("tinylm", 2.0, "slo", [served, refused]) == [
         ("tinylm", 2.0, "slo", "batch", "1.000", "OK", "1750.0", "500.0", 9, ""),
         ("tinylm", 2.0, "slo", "interactive", "2.000", "RESOURCE_EXHAUSTED", "", "", 0, "overloaded: shedding")]
+
+
+def test_a_class_may_send_a_tighter_ttft_than_it_is_judged_at():
+    assert parse_admit_ttft("") == {}
+    assert parse_admit_ttft("interactive=60") == {"interactive": 60}
+    assert parse_admit_ttft(" interactive=100 , batch=2000 ") == {"interactive": 100, "batch": 2000}
+    for bad, names in (("interactive", "CLASS=MS"), ("premium=60", "CLASS=MS"), ("interactive=6.5", "whole"),
+                       ("interactive=0", "> 0")):
+        with pytest.raises(ValueError, match=names):
+            parse_admit_ttft(bad)
+    sent = gateway_pb2.GenerateRequest.FromString(templates("m", INTERACTIVE, 1, num=1, admit_ttft_ms=60)[0].body)
+    assert (sent.objectives.ttft_ms, sent.objectives.tpot_ms) == (60, INTERACTIVE.tpot_ms)
+    default = gateway_pb2.GenerateRequest.FromString(templates("m", BATCH, 2, num=1)[0].body)
+    assert default.objectives.ttft_ms == BATCH.ttft_ms
+    assert default_output(Placement.SHARED, 3, admit_ttft_ms={"interactive": 60}).name == (
+        "overload_slo_admit-interactive60.json")
+
+
+def _refused_at(predicted_s: float, target_ms: float, waited_s: float = 0.0) -> SendResult:
+    """A stream refused by check_ttft itself, so the message read is the one the gateway sends."""
+    report = PressureReport("m", {}, predicted_ttft_s={Priority.CRITICAL: predicted_s}, min_ttft_s=0.001)
+    with pytest.raises(ResourceExhausted) as refused:
+        check_ttft("m", Priority.CRITICAL, LatencyObjective(ttft_ms=target_ms, tpot_ms=50), report,
+                   waited_s=waited_s)
+    return SendResult("interactive", 0.0, 0.0, 0.0, "RESOURCE_EXHAUSTED", message=str(refused.value))
+
+
+def test_streams_refused_by_a_tight_budget_are_those_predicted_within_the_judged_target():
+    within, past = _refused_at(0.080, 60), _refused_at(0.250, 60)
+    waited_within, waited_past = _refused_at(0.080, 60, waited_s=0.050), _refused_at(0.180, 200, waited_s=0.050)
+    shed = SendResult("interactive", 0.0, 0.0, 0.0, "RESOURCE_EXHAUSTED", message="overloaded: shedding")
+    served = SendResult("interactive", 0.0, 0.0, 0.5, "OK", ttft_s=0.05, num_tokens=4)
+    # 80 ms, and 80 + 50 ms waited, are within 200 ms; 250 ms, and 180 + 50 ms waited, are not
+    assert refused_within([within, past, waited_within, waited_past, shed, served], INTERACTIVE.ttft_ms) == 2
